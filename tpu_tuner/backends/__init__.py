@@ -1,0 +1,37 @@
+"""Device backends: TorchTPU, CUDA and CPU behind one `Backend` interface."""
+
+from __future__ import annotations
+
+from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.cpu import CpuBackend
+from tpu_tuner.backends.cuda import CudaBackend
+from tpu_tuner.backends.torchtpu import TorchTpuBackend
+from tpu_tuner.errors import BackendError
+
+# Preference order for auto-detection: the TPU when present, then a GPU, then the CPU.
+BACKENDS: dict[str, type[Backend]] = {
+    "tpu": TorchTpuBackend,
+    "cuda": CudaBackend,
+    "cpu": CpuBackend,
+}
+
+__all__ = ["BACKENDS", "Backend", "DeviceInfo", "DevicePeak", "get_backend"]
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """The backend called `name` ("tpu", "cuda", "cpu"), or the best one present when None."""
+    if name is None or name == "auto":
+        for backend_class in BACKENDS.values():
+            if backend_class.is_available():
+                return backend_class()
+        raise BackendError("no device backend is available")  # unreachable: the CPU always is
+    if name not in BACKENDS:
+        raise BackendError(f"unknown device {name!r}; choose one of {', '.join(BACKENDS)} or auto")
+    backend_class = BACKENDS[name]
+    if not backend_class.is_available():
+        hint = {
+            "tpu": "install torch-tpu and libtpu on a TPU VM",
+            "cuda": "no CUDA device is visible to torch",
+        }.get(name, "")
+        raise BackendError(f"device {name!r} is not available here" + (f": {hint}" if hint else ""))
+    return backend_class()

@@ -1,0 +1,116 @@
+"""The device abstraction: the only code that knows which device a workload runs on."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from tpu_tuner.candidate import Candidate
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Peak FLOP/s per dtype and memory bandwidth of one device, with where they came from."""
+
+    flops_per_s: dict[str, float]  # dtype name ("float32", "bfloat16", "tf32", ...) -> FLOP/s
+    memory_bytes_per_s: float | None
+    source: str  # e.g. "Google TPU spec table" or "measured roofline probe (...)"
+
+    def flops_for(self, dtype: str) -> tuple[float, str]:
+        """Peak FLOP/s for `dtype`, falling back to float32; returns (value, dtype used)."""
+        if dtype in self.flops_per_s:
+            return self.flops_per_s[dtype], dtype
+        return self.flops_per_s["float32"], "float32"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a profile says about the device it ran on."""
+
+    kind: str  # "cpu", "cuda" or "tpu"
+    name: str
+    count: int
+    memory_bytes: int | None
+    peak: DevicePeak
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """A device backend: detects its device, reports its peaks, and maps candidates onto it."""
+
+    kind: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this backend's device is present in this process."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The torch device models and batches move to."""
+
+    @abstractmethod
+    def info(self) -> DeviceInfo:
+        """Device name, count, memory and peak FLOP/s."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until queued device work is done, so that a timer sees its end."""
+
+    @abstractmethod
+    def compute_dtype(self, candidate: Candidate) -> str:
+        """The dtype the candidate's matmuls run in, which picks the peak for MFU."""
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory window."""
+
+    @abstractmethod
+    def peak_memory_bytes(self) -> tuple[int | None, str]:
+        """Peak memory since the last reset, and how it was measured."""
+
+    def compile_events(self) -> dict[str, int]:
+        """Cumulative compilation counters of this process (differences give compiles).
+
+        The base counts torch.compile graph compilations; backends add their own caches.
+        """
+        from torch._dynamo.utils import counters
+
+        return {"torch_compile_graphs": int(counters["stats"].get("unique_graphs", 0))}
+
+    def default_compile_backend(self) -> str:
+        """The torch.compile backend that suits this device."""
+        return "inductor"
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU]
+
+    @contextlib.contextmanager
+    def applied(self, candidate: Candidate) -> Iterator[None]:
+        """Apply the candidate's process-wide settings (matmul precision) for a block."""
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(candidate.matmul_precision)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(previous)
+
+    def autocast(self, candidate: Candidate) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context of a candidate (a no-op context without autocast)."""
+        if candidate.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, candidate.autocast_dtype))
+
+    def compile(self, fn: Callable[..., Any], candidate: Candidate) -> Callable[..., Any]:
+        """Wrap `fn` with torch.compile when the candidate asks for it."""
+        if candidate.compile_backend is None:
+            return fn
+        options: dict[str, Any] = {"backend": candidate.compile_backend}
+        if candidate.compile_mode and candidate.compile_backend == "inductor":
+            options["mode"] = candidate.compile_mode
+        return torch.compile(fn, **options)

@@ -1,0 +1,85 @@
+"""The CPU backend: real work on this machine, with a measured roofline as its peak."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.roofline import cpu_model_name, cached_probe
+from tpu_tuner.candidate import Candidate
+
+
+class CpuBackend(Backend):
+    """Runs on the host CPU. Its peak FLOP/s come from the cached roofline probe."""
+
+    kind = "cpu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def info(self) -> DeviceInfo:
+        probe, was_cached = cached_probe(self.device, self.synchronize)
+        peak = DevicePeak(
+            flops_per_s={
+                "float32": probe.float32_flops_per_s,
+                "bfloat16": probe.bfloat16_flops_per_s,
+            },
+            memory_bytes_per_s=probe.copy_bytes_per_s,
+            source=probe.describe() + (" (cached)" if was_cached else ""),
+        )
+        return DeviceInfo(
+            kind="cpu",
+            name=cpu_model_name(),
+            count=1,
+            memory_bytes=_total_memory_bytes(),
+            peak=peak,
+            details={"threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+        )
+
+    def synchronize(self) -> None:
+        # CPU ops run synchronously: when the call returns, the work is done.
+        return None
+
+    def compute_dtype(self, candidate: Candidate) -> str:
+        # "medium" lets oneDNN run fp32 matmuls as bf16 on AMX / AVX512_BF16 (FACTS.md §4);
+        # "high" has no TF32 equivalent on CPU and changes nothing.
+        if candidate.autocast_dtype == "bfloat16" or candidate.matmul_precision == "medium":
+            return "bfloat16"
+        return "float32"
+
+    def reset_peak_memory(self) -> None:
+        # Writing 5 to clear_refs resets the kernel's peak-RSS mark (VmHWM) to the current RSS.
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_memory_bytes(self) -> tuple[int | None, str]:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, "peak resident set of the process (VmHWM)"
+        except OSError:
+            pass
+        import resource
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kib * 1024, "peak resident set of the process since start (ru_maxrss)"
+
+
+def _total_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,71 @@
+"""The CUDA backend: NVIDIA GPUs, with datasheet peaks (or a measured probe for unknown GPUs)."""
+
+from __future__ import annotations
+
+import torch
+
+from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.roofline import cached_probe
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.hardware import GIGA, TERA, gpu_spec_for_name
+
+
+class CudaBackend(Backend):
+    """Runs on the first CUDA device."""
+
+    kind = "cuda"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return torch.cuda.is_available()
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def info(self) -> DeviceInfo:
+        name = torch.cuda.get_device_name(self.device)
+        spec = gpu_spec_for_name(name)
+        if spec is not None:
+            peak = DevicePeak(
+                flops_per_s={dtype: tflops * TERA for dtype, tflops in spec.tflops.items()},
+                memory_bytes_per_s=spec.hbm_gbytes_per_s * GIGA,
+                source=f"NVIDIA datasheet, {spec.name} (dense)",
+            )
+        else:
+            probe, _ = cached_probe(self.device, self.synchronize)
+            peak = DevicePeak(
+                flops_per_s={
+                    "float32": probe.float32_flops_per_s,
+                    "bfloat16": probe.bfloat16_flops_per_s,
+                },
+                memory_bytes_per_s=probe.copy_bytes_per_s,
+                source=f"{name} is not in the datasheet table; " + probe.describe(),
+            )
+        properties = torch.cuda.get_device_properties(self.device)
+        return DeviceInfo(
+            kind="cuda",
+            name=name,
+            count=torch.cuda.device_count(),
+            memory_bytes=int(properties.total_memory),
+            peak=peak,
+            details={"capability": f"{properties.major}.{properties.minor}"},
+        )
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def compute_dtype(self, candidate: Candidate) -> str:
+        if candidate.autocast_dtype is not None:
+            return candidate.autocast_dtype
+        # "high" and "medium" let fp32 matmuls use TF32 tensor cores.
+        return "tf32" if candidate.matmul_precision != "highest" else "float32"
+
+    def reset_peak_memory(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_memory_bytes(self) -> tuple[int | None, str]:
+        return int(torch.cuda.max_memory_allocated(self.device)), "torch.cuda.max_memory_allocated"
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

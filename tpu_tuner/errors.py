@@ -1,0 +1,35 @@
+"""Typed exceptions. Library code raises these; only the CLI turns them into exit statuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TpuTuneError(Exception):
+    """Base class of every error tpu-tune raises on purpose."""
+
+    exit_status = 1
+
+
+class UserInputError(TpuTuneError):
+    """Bad input from the user (a file, a flag, a value): the CLI exits with status 2."""
+
+    exit_status = 2
+
+    def __init__(self, message: str, path: str | Path | None = None) -> None:
+        self.path = str(path) if path is not None else None
+        super().__init__(f"{self.path}: {message}" if self.path else message)
+
+
+class WorkloadError(UserInputError):
+    """The model file cannot be loaded or its workload does not run."""
+
+
+class DefinitionError(UserInputError):
+    """An agent or search-space TOML file is missing or malformed."""
+
+
+class BackendError(TpuTuneError):
+    """A device backend was requested that is not present or cannot run."""
+
+    exit_status = 2

@@ -1,0 +1,1 @@
+"""Measurement arithmetic: FLOPs, MFU and timing statistics."""

@@ -1,0 +1,191 @@
+"""FLOPs: counted with FlopCounterMode (gaps filled), and model FLOPs by a named formula.
+
+Counted FLOPs are what the step executes, as torch's FLOP counter sees it. Model FLOPs are the
+analytical figure MFU conventionally uses (PaLM / torchtitan / nanoGPT):
+
+* training step: ``6 N + 12 L H Q T`` per token, inference: ``2 N + 4 L H Q T`` per token,
+  with N the matmul parameters, L layers, H heads, Q head dimension, T sequence length;
+* the "full" attention convention counts the attention term whole even under a causal mask
+  (PaLM, torchtitan, nanoGPT); the "causal" convention halves it (MaxText since 2025).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from tpu_tuner.workload import TransformerDims
+
+aten = torch.ops.aten
+AttentionConvention = Literal["full", "causal"]
+
+
+def _sdpa_forward(query_shape, key_shape, value_shape, *args: Any, **kwargs: Any) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args: Any, **kwargs: Any) -> int:
+    """The four gradient matmuls of attention (dQ, dK, dV, dScores), 2x the forward.
+
+    torch's own formula also counts the scores that fused kernels recompute in backward;
+    that is hardware work (HFU), not model work, and would break the match with the
+    analytical formula and with the unfused path, so it is left out here.
+    """
+    batch, heads_q, seq_q, dim_qk = query_shape
+    seq_k, dim_v = key_shape[2], value_shape[3]
+    per_head = 2 * seq_q * seq_k * (dim_v + dim_v + dim_qk + dim_qk)
+    return batch * heads_q * per_head
+
+
+# Attention kernels whose counts torch's registry misses or counts as hardware work: the CPU flash
+# kernels (F.scaled_dot_product_attention counts zero on CPU without these), the "overrideable"
+# kernels that PrivateUse1 backends such as TorchTPU dispatch to, and the CUDA kernels' backward
+# passes (counted without recomputation, like every other op here).
+EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_forward,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward,
+    aten._scaled_dot_product_fused_attention_overrideable: _sdpa_forward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward: _sdpa_backward,
+    aten._scaled_dot_product_flash_attention_backward: _sdpa_backward,
+    aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward,
+    aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward,
+}
+
+
+def flop_counter() -> FlopCounterMode:
+    """A FlopCounterMode that also counts the attention kernels listed above."""
+    return FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
+
+
+class TrafficCounter(TorchDispatchMode):
+    """Counts aten ops and the bytes of their tensor inputs and outputs.
+
+    The byte total is an *unfused* estimate of memory traffic: every op reads its inputs and
+    writes its outputs once. Fused or compiled code moves fewer bytes, caches may move fewer.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.bytes = 0
+        self.op_counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        self.op_counts[str(func.overloadpacket)] += 1
+        self.bytes += _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+        return out
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+@dataclass(frozen=True)
+class CountedFlops:
+    """What one step executed, as counted."""
+
+    total: int
+    by_op: dict[str, int]
+    aten_ops: int
+    bytes_unfused: int
+    op_counts: dict[str, int] = field(default_factory=dict)
+
+
+def count_step(step: Callable[[], Any]) -> CountedFlops:
+    """Run `step` once under the FLOP and traffic counters (eager; never time this run)."""
+    flops = flop_counter()
+    traffic = TrafficCounter()
+    with flops, traffic:
+        step()
+    by_op = {str(op): int(n) for op, n in flops.get_flop_counts().get("Global", {}).items()}
+    return CountedFlops(
+        total=int(flops.get_total_flops()),
+        by_op=by_op,
+        aten_ops=traffic.ops,
+        bytes_unfused=traffic.bytes,
+        op_counts=dict(traffic.op_counts.most_common(20)),
+    )
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """N of the model-FLOPs formula: parameters that multiply activations in matmuls.
+
+    Counts every parameter of two or more dimensions once (tied weights once), except the
+    tables of ``nn.Embedding`` modules that no ``nn.Linear`` shares: a lookup does no FLOPs,
+    while an output head tied to the embedding does a full matmul. Biases and norm scales
+    (1-D) do no matmul FLOPs and are left out, so for a transformer the formula matches the
+    counted FLOPs exactly.
+    """
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    lookup_tables = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights
+    }
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():  # parameters() already skips tied duplicates
+        if id(parameter) in seen or id(parameter) in lookup_tables or parameter.dim() < 2:
+            continue
+        seen.add(id(parameter))
+        total += parameter.numel()
+    return total
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Model FLOPs of one step by a named formula."""
+
+    per_step: float
+    formula: str
+    convention: str
+    dense_per_step: float
+    attention_per_step: float
+
+
+def transformer_model_flops(
+    matmul_params: int,
+    dims: TransformerDims,
+    batch_size: int,
+    seq_len: int,
+    training: bool,
+    convention: AttentionConvention = "full",
+) -> ModelFlops:
+    """``(6N + 12 L H Q T)`` (training) or ``(2N + 4 L H Q T)`` (inference) times tokens."""
+    tokens = batch_size * seq_len
+    dense_factor, attention_factor = (6, 12) if training else (2, 4)
+    attention_per_token = attention_factor * dims.layers * dims.heads * dims.head_dim * seq_len
+    halved = convention == "causal" and dims.causal
+    if halved:
+        attention_per_token /= 2
+    dense = dense_factor * matmul_params * tokens
+    attention = attention_per_token * tokens
+    name = f"{dense_factor}N + {attention_factor}LHQT" + (" / 2 (causal)" if halved else "")
+    label = (
+        "causal attention counted as half (MaxText)"
+        if halved
+        else "full attention, causal mask not discounted (PaLM / torchtitan / nanoGPT)"
+    )
+    return ModelFlops(
+        per_step=float(dense + attention),
+        formula=f"({name}) x tokens, N={matmul_params:,} matmul parameters, "
+        f"L={dims.layers}, H={dims.heads}, Q={dims.head_dim}, T={seq_len}, tokens={tokens:,}",
+        convention=label,
+        dense_per_step=float(dense),
+        attention_per_step=float(attention),
+    )

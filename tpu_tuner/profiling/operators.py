@@ -1,0 +1,49 @@
+"""Top operators by self time, from torch.profiler over a few steps (never the timed ones)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tpu_tuner.backends.base import Backend
+
+
+@dataclass(frozen=True)
+class OperatorTime:
+    """One operator's share of the profiled steps."""
+
+    name: str
+    calls_per_step: float
+    self_ms_per_step: float
+    share: float  # of all operators' self time
+
+
+def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: int) -> list[OperatorTime]:
+    """Profile `steps` steps and return the `top` operators by self time per step."""
+    activities = backend.profiler_activities()
+    use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in activities)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        backend.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        # Device time where the device reports it (CUDA); host self time otherwise, which on a
+        # CPU is where the work runs.
+        self_us = event.self_device_time_total if use_device else event.self_cpu_time_total
+        if self_us > 0:
+            rows.append((event.key, event.count, self_us))
+    total = sum(r[2] for r in rows) or 1.0
+    rows.sort(key=lambda r: r[2], reverse=True)
+    return [
+        OperatorTime(
+            name=name,
+            calls_per_step=count / steps,
+            self_ms_per_step=self_us / 1000 / steps,
+            share=self_us / total,
+        )
+        for name, count, self_us in rows[:top]
+    ]

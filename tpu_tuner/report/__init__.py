@@ -1,0 +1,1 @@
+"""Rendering of measurements as Markdown reports and terminal tables."""
