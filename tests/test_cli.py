@@ -1,0 +1,71 @@
+"""`tpu-tune profile` end to end, and one-line errors with exit status 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tpu_tuner.cli import main
+
+from conftest import FIXTURES
+
+
+def _fast_agent(tmp_path):
+    agent = tmp_path / "fast.toml"
+    agent.write_text("[timing]\nmin_steps = 10\nmin_seconds = 0\n[operators]\nprofiled_steps = 1\ntop = 5\n")
+    return agent
+
+
+def test_profile_command_writes_json_and_markdown(tmp_path, capsys) -> None:
+    status = main(["-q", "profile", str(FIXTURES / "tiny_gpt.py"), "--out", str(tmp_path / "results"),
+                   "--agent", str(_fast_agent(tmp_path)), "--seq-len", "16"])
+    assert status == 0
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert run_dir.name.startswith("tiny_gpt-")
+    data = json.loads((run_dir / "profile.json").read_text())
+    assert data["workload"]["seq_len"] == 16
+    assert len(data["timing"]["samples"]) >= 10
+    report = (run_dir / "profile.md").read_text()
+    assert "MFU" in report and "Top operators" in report and "attention convention" in report
+    printed = capsys.readouterr().out
+    assert f"{data['mfu']:.1%}" in printed  # the table shows the same MFU the JSON holds
+    assert "verdict" in printed
+
+
+@pytest.mark.parametrize(
+    ("file", "problem"),
+    [
+        ("does_not_exist.py", "file not found"),
+        ("syntax_error.py", "syntax error"),
+        ("import_error.py", "error while importing"),
+        ("no_workload.py", "no workload found"),
+        ("bad_forward.py", "first step failed"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, file: str, problem: str) -> None:
+    status = main(["-q", "profile", str(FIXTURES / file), "--out", str(tmp_path), "--agent", str(_fast_agent(tmp_path))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("tpu-tune: error: ")
+    assert file in err[0] and problem in err[0]
+    assert not any(p.is_dir() for p in tmp_path.iterdir())  # no half-written run folder
+
+
+def test_console_script_exit_status_and_no_traceback(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "profile", str(FIXTURES / "syntax_error.py")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "syntax error at line 3" in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "--debug", "profile", str(FIXTURES / "no_workload.py")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode != 0 and "Traceback" in result.stderr
