@@ -28,6 +28,7 @@ class PreparedStep:
     batch: Any
     run: Callable[[], Any]
     run_eager: Callable[[], Any]
+    forward: Callable[..., Any]  # the model as the candidate runs it (compiled or not)
 
 
 def prepare_step(
@@ -86,6 +87,7 @@ def prepare_step(
         batch=(inputs, target),
         run=make_run(compiled),
         run_eager=make_run(model),
+        forward=compiled,
     )
 
 

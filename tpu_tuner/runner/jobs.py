@@ -1,0 +1,129 @@
+"""What a worker process does: profile, measure a candidate, or compare candidates interleaved.
+
+These functions run inside the isolated worker (see `pool.py`); they load the workload from its
+file once and keep the fp32 reference outputs for the guardrail.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from tpu_tuner.backends import Backend, get_backend
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.loader import load_workload
+from tpu_tuner.metrics.mfu import mfu
+from tpu_tuner.profiling import ProfilerSettings, profile
+from tpu_tuner.profiling.step import prepare_step, run_user_step
+from tpu_tuner.profiling.timer import compile_delta, time_steps, timed_call, warm_up
+from tpu_tuner.runner.accuracy import REFERENCE, Outputs, capture, relative_error
+from tpu_tuner.runner.measurement import Measurement
+from tpu_tuner.workload import Workload
+
+
+class WorkerState:
+    """Per-process caches: the loaded workload, the backend and the reference outputs."""
+
+    def __init__(self, workload_path: str, device: str | None) -> None:
+        self.workload: Workload = load_workload(workload_path)
+        self.backend: Backend = get_backend(device)
+        self._references: dict[tuple[Any, Any], Outputs] = {}
+
+    def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
+        key = (batch_size, seq_len)
+        if key not in self._references:
+            with self.backend.applied(REFERENCE):
+                step = prepare_step(self.workload, self.backend, REFERENCE, batch_size, seq_len)
+                self._references[key] = run_user_step(
+                    lambda: capture(step, self.workload, self.backend, REFERENCE), self.workload, "the reference step"
+                )
+        return self._references[key]
+
+
+def run_profile(state: WorkerState, candidate: dict[str, Any], options: dict[str, Any]) -> Any:
+    settings = ProfilerSettings(**options["settings"]) if options.get("settings") else ProfilerSettings.load()
+    return profile(
+        state.workload,
+        device=state.backend.kind,
+        candidate=Candidate.from_dict(candidate),
+        batch_size=options.get("batch_size"),
+        seq_len=options.get("seq_len"),
+        settings=settings,
+    )
+
+
+def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dict[str, Any]) -> Measurement:
+    """Warm up, check accuracy, and time one candidate."""
+    candidate = Candidate.from_dict(candidate_data)
+    backend, workload = state.backend, state.workload
+    batch_size, seq_len = options.get("batch_size"), options.get("seq_len")
+    reference = state.reference(batch_size, seq_len)
+    settings = ProfilerSettings(**options["settings"])
+    with backend.applied(candidate):
+        step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+        events_before = backend.compile_events()
+        start = time.perf_counter()
+        outputs = capture(step, workload, backend, candidate)  # first call: compiles
+        backend.synchronize()
+        first_call = time.perf_counter() - start
+        errors = relative_error(outputs, reference)
+        warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
+        backend.reset_peak_memory()
+        timing, compiles_while_timing = time_steps(
+            step.run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
+        )
+        peak_memory, _ = backend.peak_memory_bytes()
+        compiles = compile_delta(events_before, backend.compile_events())
+    # Compile cost: the time warm-up took beyond what the same number of steady steps take.
+    compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
+    peak = float(options["peak_flops_per_s"][backend.compute_dtype(candidate)])
+    flops = float(options["model_flops_per_step"])
+    warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
+    del step
+    gc.collect()
+    return Measurement(
+        candidate=candidate.to_dict(),
+        step_median=timing.median,
+        step_p10=timing.p10,
+        step_p90=timing.p90,
+        samples=timing.samples,
+        first_call_seconds=first_call,
+        compile_seconds=compile_seconds,
+        compiles=compiles,
+        model_flops_per_step=flops,
+        peak_flops_per_s=peak,
+        peak_dtype=backend.compute_dtype(candidate),
+        mfu=mfu(flops, timing.median, peak),
+        peak_memory_bytes=peak_memory,
+        accuracy_errors=errors,
+        warnings=warnings,
+    )
+
+
+def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """Time the candidates interleaved in one window: A B C, B C A, C A B, ... each round.
+
+    Every candidate is built and warmed up first; then each round runs one synced step of each
+    candidate, rotating the order so that no candidate always runs first.
+    """
+    backend, workload = state.backend, state.workload
+    parsed = [Candidate.from_dict(c) for c in candidates]
+    steps = []
+    for candidate in parsed:
+        with backend.applied(candidate):
+            step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
+            warm_up(step.run, backend, options.get("warmup_min_steps", 2), options.get("warmup_max_steps", 20))
+        steps.append(step)
+    samples: list[list[float]] = [[] for _ in parsed]
+    events_before = backend.compile_events()
+    for round_index in range(int(options["rounds"])):
+        for offset in range(len(parsed)):
+            index = (round_index + offset) % len(parsed)
+            with backend.applied(parsed[index]):
+                samples[index].append(timed_call(steps[index].run, backend))
+    compiles = compile_delta(events_before, backend.compile_events())
+    return {"samples": samples, "compiles_while_comparing": compiles}
+
+
+JOBS = {"profile": run_profile, "measure": run_measure, "compare": run_compare}

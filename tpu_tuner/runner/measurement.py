@@ -1,0 +1,53 @@
+"""A `Measurement`: what one trial measured, or why it failed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy")
+
+
+@dataclass
+class Measurement:
+    """Step-time samples, compile cost, MFU, memory and accuracy of one candidate."""
+
+    candidate: dict[str, Any]
+    step_median: float
+    step_p10: float
+    step_p90: float
+    samples: list[float]
+    first_call_seconds: float
+    compile_seconds: float
+    compiles: dict[str, int]
+    model_flops_per_step: float
+    peak_flops_per_s: float
+    peak_dtype: str
+    mfu: float
+    peak_memory_bytes: int | None
+    accuracy_errors: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def accuracy_error(self) -> float:
+        """The largest relative error over the compared outputs (0 when nothing differs)."""
+        return max(self.accuracy_errors.values(), default=0.0)
+
+    def amortised_step(self, planned_steps: int) -> float:
+        """Step time with the compile cost spread over the planned run."""
+        return self.step_median + self.compile_seconds / planned_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrialFailure:
+    """A trial that produced no usable measurement, and why."""
+
+    kind: str  # one of FAILURE_KINDS
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {self.kind!r}")
