@@ -51,6 +51,15 @@ class Candidate:
             raise ValueError(f"unknown candidate settings: {sorted(unknown)}")
         return cls(**data)
 
+    def compile_options(self) -> dict[str, Any] | None:
+        """Keyword arguments of ``torch.compile`` for this candidate; None means eager."""
+        if self.compile_backend is None:
+            return None
+        options: dict[str, Any] = {"backend": self.compile_backend}
+        if self.compile_mode:
+            options["mode"] = self.compile_mode
+        return options
+
     def describe(self) -> str:
         """A short human label, e.g. "eager, fp32 highest" or "inductor, medium, autocast bf16"."""
         parts = [self.compile_backend or "eager"]

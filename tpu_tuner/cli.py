@@ -44,7 +44,77 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--agent", default="profiler", help="profiler agent definition: a name or a TOML path")
     prof.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     prof.set_defaults(handler=_profile_command)
+
+    tune = commands.add_parser(
+        "tune",
+        help="search eager/compile mode and precision with Optuna; verify the win; write a tuned config",
+        description="Tune a model file (also: tpu-tune MODEL.py).",
+    )
+    tune.add_argument("model_file", type=Path, help="a model file (native contract or benchmark convention)")
+    tune.add_argument("--trials", type=int, default=12, help="trials in the study, baseline and seeds included (default 12)")
+    tune.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    tune.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="Optuna sampler (default tpe)")
+    tune.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    tune.add_argument("--space", default="default", help="search space: a name in search_spaces/ or a TOML path")
+    tune.add_argument("--steps", type=int, default=5000,
+                      help="steps of the run you plan; compile time is spread over them (default 5000)")
+    tune.add_argument("--tolerance", type=float, default=1e-2,
+                      help="largest relative error against fp32 eager a config may have (default 0.01)")
+    tune.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is killed (default 300)")
+    tune.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB")
+    tune.add_argument("--verify-rounds", type=int, default=12, help="interleaved rounds of the final comparison (default 12)")
+    tune.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+    tune.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
+    tune.add_argument("--seq-len", type=int, help="sequence length (default: the file's SEQ_LEN)")
+    tune.add_argument("--storage", help="Optuna storage URL (default: sqlite in the run folder), e.g. postgresql://...")
+    tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
+    tune.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+    tune.set_defaults(handler=_tune_command)
+
+    apply_cmd = commands.add_parser("apply", help="print what a tuned config sets, and where")
+    apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
+    apply_cmd.set_defaults(handler=_apply_command)
     return parser
+
+
+def _tune_command(args: argparse.Namespace) -> int:
+    from tpu_tuner.report.units import ms
+    from tpu_tuner.tuning import Progress, TuneOptions, tune
+
+    options = TuneOptions(
+        trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed, space=args.space,
+        planned_steps=args.steps, tolerance=args.tolerance, trial_timeout_s=args.trial_timeout,
+        memory_limit_bytes=int(args.trial_memory_gb * 1024**3) if args.trial_memory_gb else None,
+        verify_rounds=args.verify_rounds, device=None if args.device == "auto" else args.device,
+        batch_size=args.batch_size, seq_len=args.seq_len, storage=args.storage, out=args.out, resume=args.resume,
+    )
+
+    def show(event: Progress) -> None:
+        best = f"best {ms(event.best_seconds)}" if event.best_seconds else "best -"
+        where = f"trial {event.trial}/{event.trials}" if event.trial else event.phase
+        print(f"[{where} | {best} | {event.elapsed:5.0f} s] {event.message}", flush=True)
+
+    result = tune(args.model_file, options, progress=show)
+    base, chosen, v = result.baseline, result.chosen, result.verification
+    print()
+    if base is not None and chosen is not None:
+        print(f"baseline  {ms(base.step_median)} per step, MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})")
+        print(f"tuned     {ms(chosen.step_median)} per step, MFU {chosen.mfu:.1%}  ({v.chosen.describe()}); "
+              f"amortised over {options.planned_steps} steps {ms(chosen.amortised_step(options.planned_steps))}")
+        print(f"accuracy  relative error {chosen.accuracy_error:.2e} (tolerance {options.tolerance:g})")
+    print(f"speedup   {v.message}")
+    print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
+    print(f"dashboard optuna-dashboard {result.best_config.provenance['study']['storage']}")
+    return 0
+
+
+def _apply_command(args: argparse.Namespace) -> int:
+    from tpu_tuner.tuned_config import TunedConfig
+
+    config = TunedConfig.load(args.config)
+    print(f"# {args.config}: {config.candidate.describe()} on {config.device_kind}")
+    print("\n".join(config.instructions()))
+    return 0
 
 
 def _profile_command(args: argparse.Namespace) -> int:
@@ -77,10 +147,23 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS = ("profile", "tune", "apply")
+
+
+def _default_to_tune(argv: list[str]) -> list[str]:
+    """`tpu-tune model.py ...` means `tpu-tune tune model.py ...`."""
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            if arg not in COMMANDS:
+                return argv[:index] + ["tune"] + argv[index:]
+            break
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tpu-tune` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_default_to_tune(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

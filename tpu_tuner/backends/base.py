@@ -108,9 +108,5 @@ class Backend(ABC):
 
     def compile(self, fn: Callable[..., Any], candidate: Candidate) -> Callable[..., Any]:
         """Wrap `fn` with torch.compile when the candidate asks for it."""
-        if candidate.compile_backend is None:
-            return fn
-        options: dict[str, Any] = {"backend": candidate.compile_backend}
-        if candidate.compile_mode and candidate.compile_backend == "inductor":
-            options["mode"] = candidate.compile_mode
-        return torch.compile(fn, **options)
+        options = candidate.compile_options()
+        return fn if options is None else torch.compile(fn, **options)

@@ -1,0 +1,124 @@
+"""report.md of a tuning run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpu_tuner.report.units import binary_bytes, ms
+
+if TYPE_CHECKING:
+    from tpu_tuner.runner.measurement import Measurement
+    from tpu_tuner.tuning.result import TuningResult
+
+
+def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
+    v = result.verification
+    base, chosen = result.baseline, result.chosen
+    planned = result.options.planned_steps
+    out = [
+        f"# Tuning `{result.profile.workload['name']}` on {result.profile.device.name}",
+        "",
+        f"{result.profile.workload['step']}, batch {result.profile.workload['batch_size']}, "
+        f"seq {result.profile.workload['seq_len']}. Objective: amortised step time (steady step + compile "
+        f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
+        "against fp32 eager).",
+        "",
+        f"**Recommendation: {v.chosen.describe()}.** {v.message}",
+        "",
+        "## Baseline against tuned",
+        "",
+        "| | baseline | tuned |",
+        "|---|---:|---:|",
+    ]
+    out += _comparison_rows(base, chosen, planned)
+    out += ["", "## What each knob contributed", ""]
+    if v.contributions:
+        out += [
+            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
+            "over itself with that one knob set back to its baseline value.",
+            "", "| knob | baseline | tuned | contribution |", "|---|---|---|---|",
+        ]
+        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
+    else:
+        out.append("Nothing to attribute: the recommendation is the baseline.")
+    out += ["", "## Agents' findings from the profile", ""]
+    for agent, findings in result.findings.items():
+        out += [f"- **{agent}**: " + "; ".join(findings)]
+    out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
+    frame = result.trials_dataframe()
+    out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.sampler}, search space "
+            f"`{result.space.name}`; every row is in trials.csv.", ""]
+    out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for _, row in frame.iterrows():
+        settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
+        note = next((str(row[k]) for k in ("failure_message", "rejected_by") if _present(row.get(k))), "")
+        if _present(row.get("repeat_of")):
+            note = f"repeat of trial {int(row['repeat_of'])}, not re-measured" + (f"; {note}" if note else "")
+        out.append(
+            f"| {row['number']} | {row['state']} | {settings} | {_ms(row.get('amortised_step_s'))} | "
+            f"{_ms(row.get('step_median_s'))} | {_s(row.get('compile_s'))} | {_pct(row.get('mfu'))} | "
+            f"{_sci(row.get('accuracy_error'))} | {note.replace('|', '/')} |"
+        )
+    failures = frame[frame["failure_kind"].notna()] if "failure_kind" in frame else frame.iloc[0:0]
+    out += ["", "## Failures", ""]
+    if len(failures):
+        out += [f"- trial {int(r['number'])}: **{r['failure_kind']}**: {r.get('failure_message', '')}" for _, r in failures.iterrows()]
+    else:
+        out.append("None.")
+    out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
+    out += [
+        "", "## How these were measured", "",
+        f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
+        f"at least {result.options.trial_settings.timing_min_steps} synced steps; median reported.",
+        "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
+        f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
+        "95% percentile-bootstrap intervals.",
+        f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak of the run's compute dtype.",
+        f"- Worker processes started: {result.worker_starts}.",
+    ]
+    if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
+        out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
+    return "\n".join(out) + "\n"
+
+
+def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int) -> list[str]:
+    def cell(m: "Measurement | None", fn) -> str:
+        return "n/a" if m is None else fn(m)
+
+    rows = [
+        ("settings", lambda m: _describe(m)),
+        ("steady step (median)", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
+        ("compile time", lambda m: f"{m.compile_seconds:.2f} s"),
+        (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
+        ("MFU", lambda m: f"{m.mfu:.1%} of {m.peak_flops_per_s / 1e9:.0f} GFLOP/s {m.peak_dtype}"),
+        ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
+        ("accuracy error", lambda m: f"{m.accuracy_error:.2e}"),
+    ]
+    return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
+
+
+def _describe(m: "Measurement") -> str:
+    from tpu_tuner.candidate import Candidate
+
+    return Candidate.from_dict(m.candidate).describe()
+
+
+def _present(value) -> bool:
+    return value is not None and value == value  # NaN-safe
+
+
+def _ms(value) -> str:
+    return ms(float(value)) if _present(value) else ""
+
+
+def _s(value) -> str:
+    return f"{float(value):.2f} s" if _present(value) else ""
+
+
+def _pct(value) -> str:
+    return f"{float(value):.1%}" if _present(value) else ""
+
+
+def _sci(value) -> str:
+    return f"{float(value):.1e}" if _present(value) else ""

@@ -1,0 +1,138 @@
+"""The tuned config: the chosen Candidate plus its provenance, as TOML, and how to apply it.
+
+``tuned_config.toml`` round-trips: `TunedConfig.load(path).candidate` is the candidate that was
+saved, and `apply(model, config)` sets it up in the user's own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import torch
+from torch import nn
+
+from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.errors import UserInputError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TunedConfig:
+    """A candidate and where it came from (device, versions, measurements, verification)."""
+
+    candidate: Candidate
+    device_kind: str
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_toml(self) -> str:
+        settings = {k: v for k, v in self.candidate.to_dict().items() if v is not None}  # TOML has no null
+        document = {
+            "format_version": FORMAT_VERSION,
+            "device_kind": self.device_kind,
+            "settings": settings,
+            "provenance": _drop_none(self.provenance),
+        }
+        return tomli_w.dumps(document)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TunedConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise UserInputError("tuned config not found", path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise UserInputError(f"invalid TOML: {exc}", path) from exc
+        if data.get("format_version") != FORMAT_VERSION:
+            raise UserInputError(f"unsupported format_version {data.get('format_version')!r}", path)
+        try:
+            candidate = Candidate.from_dict(data.get("settings", {}))
+        except (TypeError, ValueError) as exc:
+            raise UserInputError(f"bad [settings]: {exc}", path) from exc
+        return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}))
+
+    def environment(self) -> dict[str, str]:
+        """Variables that must be set before the process imports torch (TorchTPU eager modes)."""
+        return dict(EAGER_MODE_ENV.get(self.candidate.eager_mode, {})) if self.device_kind == "tpu" else {}
+
+    def instructions(self) -> list[str]:
+        """What to set where, as lines a user can paste."""
+        c = self.candidate
+        lines = []
+        env = self.environment()
+        if env:
+            lines.append("# before the process imports torch (read once, at start-up):")
+            lines += [f"export {key}={value}" for key, value in env.items()]
+        lines.append("# in Python, once:")
+        lines.append(f'torch.set_float32_matmul_precision("{c.matmul_precision}")')
+        if c.compile_backend:
+            mode = f', mode="{c.compile_mode}"' if c.compile_mode else ""
+            lines.append(f'model = torch.compile(model, backend="{c.compile_backend}"{mode})')
+        if c.autocast_dtype:
+            lines.append("# around the forward pass (and the loss):")
+            lines.append(f'with torch.autocast("{self.device_kind}", dtype=torch.{c.autocast_dtype}):')
+            lines.append("    output = model(inputs)")
+        lines.append("# or: model, autocast = tpu_tuner.apply(model, tpu_tuner.TunedConfig.load(PATH))")
+        return lines
+
+
+@dataclass
+class AppliedConfig:
+    """The result of `apply`: the model to call and the autocast context to call it in."""
+
+    model: Callable[..., Any]
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.autocast))
+
+
+def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
+    """Apply a tuned config in this process: matmul precision (process-wide), compile, autocast.
+
+    Returns the (possibly compiled) model and a zero-argument autocast context factory:
+    ``model, autocast = tpu_tuner.apply(model, "tuned_config.toml")`` then
+    ``with autocast(): out = model(x)``.
+    """
+    if not isinstance(config, TunedConfig):
+        config = TunedConfig.load(config)
+    candidate = config.candidate
+    missing = {k: v for k, v in config.environment().items() if os.environ.get(k) != v}
+    if missing:
+        raise UserInputError(
+            "this config needs environment variables set before torch is imported: "
+            + " ".join(f"{k}={v}" for k, v in missing.items())
+        )
+    torch.set_float32_matmul_precision(candidate.matmul_precision)
+    options = candidate.compile_options()
+    compiled: Callable[..., Any] = model if options is None else torch.compile(model, **options)
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if candidate.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=getattr(torch, candidate.autocast_dtype))
+
+    return AppliedConfig(model=compiled, autocast=autocast)
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value if v is not None]
+    return value

@@ -1,0 +1,224 @@
+"""The tuning loop: profile, let the agents shape the search, search with Optuna, verify.
+
+Trials run in an isolated worker (`TrialRunner`); the study lives in an Optuna storage (SQLite
+in the run folder by default), so an interrupted run resumes without losing or repeating
+completed trials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tpu_tuner.agents import Agent, load_agents
+from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.loader import load_workload
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.results import new_run_dir
+from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.result import TuningResult, write_outputs
+from tpu_tuner.tuning.verify import verify
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event for whoever shows progress (the CLI prints these)."""
+
+    phase: str  # "profile" | "trial" | "verify" | "done"
+    message: str
+    trial: int | None = None
+    trials: int | None = None
+    best_seconds: float | None = None
+    elapsed: float = 0.0
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+def tune(model_file: str | Path, options: TuneOptions | None = None, progress: ProgressCallback | None = None) -> TuningResult:
+    """Tune a model file; returns the result and writes the run folder."""
+    options = options or TuneOptions()
+    options.validate()
+    model_file = Path(model_file)
+    workload = load_workload(model_file)  # bad files fail here, in this process, with exit 2
+    started = time.perf_counter()
+    emit = progress or (lambda event: None)
+    run_dir, storage, study_name = _run_location(workload.name, options)
+
+    with TrialRunner(str(model_file), options.device, options.trial_timeout_s, options.memory_limit_bytes) as runner:
+        emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
+        profiled = runner.run("profile", Candidate().to_dict(), {
+            "batch_size": options.batch_size, "seq_len": options.seq_len,
+            "settings": asdict(options.trial_settings),
+        })
+        if not profiled.ok:
+            raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
+        profile: Profile = profiled.value
+        device_kind = profile.device.kind
+        space = SearchSpace.load(options.space, device_kind)
+        agents = load_agents(list(options.agents), device_kind)
+        findings = {agent.name: agent.diagnose(profile) for agent in agents}
+        study = _open_study(storage, study_name, options, space)
+        _mark_interrupted(study)
+        if not study.trials:
+            _enqueue_seeds(study, space, agents, profile)
+        measure_options = {
+            "batch_size": options.batch_size,
+            "seq_len": options.seq_len,
+            "settings": asdict(options.trial_settings),
+            "peak_flops_per_s": profile.device.peak.flops_per_s,
+            "model_flops_per_step": profile.flops.model_per_step,
+        }
+        _search(study, space, agents, runner, measure_options, options, emit, started)
+        emit(Progress("verify", "re-measuring the best against the baseline, interleaved", elapsed=time.perf_counter() - started))
+        verification = verify(study, space, runner, options, device_kind)
+        worker_starts = runner.workers_started
+
+    result = TuningResult(
+        run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
+        verification=verification, options=options, worker_starts=worker_starts,
+    )
+    write_outputs(result)
+    emit(Progress("done", f"results in {run_dir}", elapsed=time.perf_counter() - started))
+    return result
+
+
+def _run_location(name: str, options: TuneOptions) -> tuple[Path, str, str]:
+    if options.resume is not None:
+        run_dir = Path(options.resume)
+        run_file = run_dir / RUN_FILE
+        if not run_file.is_file():
+            raise UserInputError(f"not a tuning run folder (no {RUN_FILE})", run_dir)
+        saved = json.loads(run_file.read_text())
+        return run_dir, saved["storage"], saved["study_name"]
+    run_dir = new_run_dir(options.out, name, "tune")
+    storage = options.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    study_name = run_dir.name
+    (run_dir / RUN_FILE).write_text(json.dumps({"storage": storage, "study_name": study_name}, indent=2))
+    return run_dir, storage, study_name
+
+
+def _open_study(storage: str, study_name: str, options: TuneOptions, space: SearchSpace) -> optuna.Study:
+    if options.sampler == "grid":
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.GridSampler(space.grid(), seed=options.seed)
+    elif options.sampler == "random":
+        sampler = optuna.samplers.RandomSampler(seed=options.seed)
+    else:
+        # Few startup trials: the seeds already cover the agents' best guesses.
+        sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=4)
+    try:
+        return optuna.create_study(
+            storage=storage, study_name=study_name, direction="minimize", sampler=sampler, load_if_exists=True
+        )
+    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
+        raise UserInputError(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _mark_interrupted(study: optuna.Study) -> None:
+    """Trials left RUNNING by an interrupted run are failed, so that resume repeats none."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        live = optuna.trial.Trial(study, trial._trial_id)  # noqa: SLF001 - reopen to annotate it
+        live.set_user_attr("failure_kind", "interrupted")
+        live.set_user_attr("failure_message", "the run stopped while this trial was running")
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+
+
+def _enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile) -> None:
+    """Baseline first (trial 0), then each agent's seeds, then all agents' first seeds combined."""
+    baseline = space.baseline_params()
+    queue: list[dict[str, str]] = [baseline]
+    first_seeds: dict[str, str] = {}
+    for agent in agents:
+        seeds = agent.seeds(profile, space)
+        queue += [{**baseline, **seed} for seed in seeds]
+        if seeds:
+            first_seeds.update(seeds[0])
+    queue.append({**baseline, **first_seeds})
+    seen: list[dict[str, str]] = []
+    for params in queue:
+        if params not in seen:
+            seen.append(params)
+            study.enqueue_trial(params, skip_if_exists=True)
+
+
+def _search(
+    study: optuna.Study,
+    space: SearchSpace,
+    agents: list[Agent],
+    runner: TrialRunner,
+    measure_options: dict[str, Any],
+    options: TuneOptions,
+    emit: ProgressCallback,
+    started: float,
+) -> None:
+    distinct_total = space.size()
+    while True:
+        finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        elapsed = time.perf_counter() - started
+        if len(finished) >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
+            return
+        measured = {_key(t.params): t for t in finished if t.user_attrs.get("measured") or t.user_attrs.get("rejected_by")}
+        if len(measured) >= distinct_total:
+            log.info("all %d settings of the space are measured", distinct_total)
+            return
+        trial = study.ask()
+        params = space.suggest(trial)
+        candidate = space.to_candidate(params)
+        number, label = trial.number + 1, candidate.describe()
+        earlier = measured.get(_key(params))
+        if earlier is not None:
+            # Samplers re-propose settings in small categorical spaces; re-measuring would spend the
+            # budget on noise. The repeat carries the first measurement's figures.
+            trial_attrs.copy_attrs(earlier, trial, options.tolerance)
+            study.tell(trial, earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE else None,
+                       state=earlier.state)
+            emit(Progress("trial", f"{label}: repeat of trial {earlier.number + 1}, not re-measured",
+                          number, options.trials, _best(study), elapsed))
+            continue
+        rejection = next((f"{a.name}: {r}" for a in agents if (r := a.validate(candidate))), None)
+        if rejection:
+            trial.set_user_attr("rejected_by", rejection)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed))
+            continue
+        emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed))
+        env = EAGER_MODE_ENV.get(candidate.eager_mode, {}) if space.device_kind == "tpu" else {}
+        outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
+        trial.set_user_attr("measured", True)
+        trial.set_user_attr("trial_wall_s", outcome.seconds)
+        if outcome.ok:
+            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance)
+            study.tell(trial, value)
+            verdict = "ok" if outcome.value.accuracy_error <= options.tolerance else "infeasible (accuracy)"
+            message = f"{label}: {outcome.value.step_median * 1e3:.1f} ms, MFU {outcome.value.mfu:.1%}, {verdict}"
+        else:
+            trial_attrs.record_failure(trial, outcome.failure)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
+        emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started))
+
+
+def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+def _best(study: optuna.Study) -> float | None:
+    values = [t.value for t in study.get_trials(deepcopy=False) if trial_attrs.is_feasible(t) and t.value is not None]
+    return min(values) if values else None

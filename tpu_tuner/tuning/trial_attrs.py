@@ -1,0 +1,65 @@
+"""What a trial stores in the Optuna storage, so results rebuild from the study alone."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import optuna
+
+from tpu_tuner.runner.measurement import Measurement, TrialFailure
+
+MAX_STORED_SAMPLES = 200
+
+
+def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float) -> float:
+    """Store the measurement and the accuracy constraint; return the objective value."""
+    objective = m.amortised_step(planned_steps)
+    data = m.to_dict()
+    data["samples"] = data["samples"][:MAX_STORED_SAMPLES]
+    trial.set_user_attr("measurement", json.dumps(data))
+    trial.set_user_attr("step_median_s", m.step_median)
+    trial.set_user_attr("compile_s", m.compile_seconds)
+    trial.set_user_attr("amortised_step_s", objective)
+    trial.set_user_attr("mfu", m.mfu)
+    trial.set_user_attr("accuracy_error", m.accuracy_error)
+    trial.set_user_attr("peak_memory_bytes", m.peak_memory_bytes)
+    trial.set_user_attr("feasible", m.accuracy_error <= tolerance)
+    trial.set_user_attr("candidate", m.candidate)
+    if m.accuracy_error > tolerance:
+        trial.set_user_attr("failure_kind", "accuracy")
+        trial.set_user_attr("failure_message", f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}")
+    # Optuna: a trial is feasible when every constraint is <= 0.
+    trial.set_constraint("accuracy", m.accuracy_error - tolerance)
+    return objective
+
+
+def record_failure(trial: optuna.Trial, failure: TrialFailure) -> None:
+    trial.set_user_attr("failure_kind", failure.kind)
+    trial.set_user_attr("failure_message", failure.message)
+    trial.set_user_attr("feasible", False)
+
+
+def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
+    """The measurement a trial stored, or None for failed, rejected and repeated trials."""
+    raw = trial.user_attrs.get("measurement")
+    return Measurement(**json.loads(raw)) if raw else None
+
+
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return trial.state == optuna.trial.TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
+
+
+def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:
+    """Make a repeated parameter set carry its first measurement's figures."""
+    for key, value in source.user_attrs.items():
+        if key != "measurement":
+            target.set_user_attr(key, value)
+    target.set_user_attr("repeat_of", source.number)
+    error = source.user_attrs.get("accuracy_error")
+    if error is not None:
+        target.set_constraint("accuracy", float(error) - tolerance)
+
+
+def summary_value(trial: optuna.trial.FrozenTrial, key: str, default: Any = None) -> Any:
+    return trial.user_attrs.get(key, default)

@@ -1,0 +1,113 @@
+"""Honest comparison: the best candidate against the baseline, interleaved in one window.
+
+The search's own timings come from different moments (and this machine drifts up to 2x), so
+they only rank candidates. The claim comes from here: baseline, best, and the best with each
+of its knobs reverted run round-robin in one worker, and paired per-round ratios give the
+speedup and each knob's contribution with 95% intervals. Without a significant win the
+recommendation is the baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
+from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.options import TuneOptions
+
+
+@dataclass
+class KnobContribution:
+    """How much slower the best gets when one knob goes back to its baseline value."""
+
+    param: str
+    baseline_value: str
+    best_value: str
+    speedup: PairedSpeedup
+
+
+@dataclass
+class Verification:
+    """The interleaved re-measurement and the resulting recommendation."""
+
+    baseline_trial: int | None
+    best_trial: int | None
+    chosen: Candidate
+    chosen_is_best: bool
+    speedup: PairedSpeedup | None
+    contributions: list[KnobContribution] = field(default_factory=list)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    compiles_while_comparing: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+
+def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options: TuneOptions, device_kind: str) -> Verification:
+    trials = study.get_trials(deepcopy=False)
+    measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
+    baseline_params = space.baseline_params()
+    baseline_trial = next((t for t in measured if t.params == baseline_params), None)
+    feasible = [t for t in measured if trial_attrs.is_feasible(t)]
+    baseline = space.to_candidate(baseline_params)
+    if baseline_trial is None or not trial_attrs.is_feasible(baseline_trial):
+        reason = "the baseline trial did not produce a measurement" if baseline_trial is None else "the baseline failed the accuracy check"
+        return Verification(None, None, baseline, False, None, message=f"not verified: {reason}")
+    best_trial = min(feasible, key=lambda t: t.value)
+    if best_trial.params == baseline_params:
+        return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
+                            message="no feasible candidate beat the baseline in the search; keep the baseline")
+
+    best_params = dict(best_trial.params)
+    differing = [p.name for p in space.searched if best_params.get(p.name) != baseline_params[p.name]]
+    labels = {"baseline": baseline_params, "best": best_params}
+    for name in differing:
+        ablated = {**best_params, name: baseline_params[name]}
+        if ablated != baseline_params:
+            labels[f"best without {name}"] = ablated
+    outcome = runner.run(
+        "compare",
+        [space.to_candidate(params).to_dict() for params in labels.values()],
+        {"rounds": options.verify_rounds, "batch_size": options.batch_size, "seq_len": options.seq_len,
+         "warmup_min_steps": options.trial_settings.warmup_min_steps,
+         "warmup_max_steps": options.trial_settings.warmup_max_steps},
+        timeout_s=options.trial_timeout_s * (len(labels) + 1),
+    )
+    if not outcome.ok:
+        return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
+                            message=f"verification failed ({outcome.failure.kind}: {outcome.failure.message}); keep the baseline")
+    samples = dict(zip(labels, outcome.value["samples"]))
+    speedup = paired_speedup(samples["baseline"], samples["best"])
+    contributions = []
+    for name in differing:
+        label = f"best without {name}"
+        reverted = samples[label] if label in samples else samples["baseline"]
+        contributions.append(KnobContribution(name, baseline_params[name], best_params[name], paired_speedup(reverted, samples["best"])))
+    chosen_is_best = speedup.significant
+    message = (
+        f"verified: {speedup.describe()}"
+        if chosen_is_best
+        else f"not significant: {speedup.describe()} includes 1; keep the baseline"
+    )
+    return Verification(
+        baseline_trial=baseline_trial.number,
+        best_trial=best_trial.number,
+        chosen=space.to_candidate(best_params) if chosen_is_best else baseline,
+        chosen_is_best=chosen_is_best,
+        speedup=speedup,
+        contributions=contributions,
+        samples=samples,
+        compiles_while_comparing=outcome.value["compiles_while_comparing"],
+        message=message,
+    )
+
+
+def trial_measurement(study: optuna.Study, number: int | None) -> Any:
+    """The stored measurement of trial `number` (None when absent)."""
+    if number is None:
+        return None
+    return trial_attrs.measurement_of(study.trials[number])
