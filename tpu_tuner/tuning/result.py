@@ -68,8 +68,10 @@ class TuningResult:
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
             rows.append(row)
         frame = pd.DataFrame(rows)
-        ordered = [c for c in TRIAL_COLUMNS if c in frame.columns]
-        return frame[ordered + [c for c in frame.columns if c not in ordered]]
+        # A stable schema: every documented column is present, even when no trial set it.
+        frame = frame.reindex(columns=TRIAL_COLUMNS + [c for c in frame.columns if c not in TRIAL_COLUMNS])
+        return frame.drop(columns=[p for p in ("execution", "matmul_precision", "autocast")
+                                   if p not in {q.name for q in self.space.searched}])
 
     def _provenance(self) -> dict[str, Any]:
         v = self.verification

@@ -117,7 +117,7 @@ def _run_location(name: str, options: TuneOptions) -> tuple[Path, str, str]:
 
 def _open_study(storage: str, study_name: str, options: TuneOptions, space: SearchSpace) -> optuna.Study:
     if options.sampler == "grid":
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.GridSampler(space.grid(), seed=options.seed)
+        sampler: optuna.samplers.BaseSampler = _AskTellGridSampler(space.grid(), seed=options.seed)
     elif options.sampler == "random":
         sampler = optuna.samplers.RandomSampler(seed=options.seed)
     else:
@@ -129,6 +129,14 @@ def _open_study(storage: str, study_name: str, options: TuneOptions, space: Sear
         )
     except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
         raise UserInputError(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler for an ask/tell loop: its after_trial only calls `study.stop()` once the grid
+    is exhausted, which Optuna forbids outside `optimize`; the loop stops on its own instead."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
+        return None
 
 
 def _mark_interrupted(study: optuna.Study) -> None:
@@ -169,15 +177,22 @@ def _search(
     started: float,
 ) -> None:
     distinct_total = space.size()
+    asked = 0
     while True:
         finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
         elapsed = time.perf_counter() - started
-        if len(finished) >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
+        # The budget counts distinct settings tried (measured, failed or rejected). Samplers
+        # re-propose settings in small categorical spaces; those repeats are answered from the
+        # earlier trial and cost nothing, so they do not count (a bound on asks stops a sampler
+        # that only repeats).
+        tried = {_key(t.params): t for t in finished if "repeat_of" not in t.user_attrs}
+        if len(tried) >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
             return
-        measured = {_key(t.params): t for t in finished if t.user_attrs.get("measured") or t.user_attrs.get("rejected_by")}
-        if len(measured) >= distinct_total:
-            log.info("all %d settings of the space are measured", distinct_total)
+        if len(tried) >= distinct_total or asked >= 20 * options.trials:
+            log.info("stopping: %d of %d settings of the space tried", len(tried), distinct_total)
             return
+        asked += 1
+        measured = tried
         trial = study.ask()
         params = space.suggest(trial)
         candidate = space.to_candidate(params)

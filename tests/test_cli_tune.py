@@ -1,0 +1,66 @@
+"""`tpu-tune MODEL.py` and `tpu-tune apply` end to end on a tiny model with a small budget."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from tpu_tuner.cli import main
+from tpu_tuner.tuned_config import TunedConfig
+from tpu_tuner.candidate import Candidate
+
+from conftest import FIXTURES
+
+
+def test_tune_is_the_default_command(tmp_path, capsys) -> None:
+    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--trials", "3", "--verify-rounds", "4",
+                   "--space", "precision", "--out", str(tmp_path)])
+    assert status == 0
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("tiny_mlp_benchmark-tune-")
+    printed = capsys.readouterr().out
+    assert "[trial 1/3" in printed and "baseline" in printed and "speedup" in printed
+    assert str(run_dir) in printed
+    frame = pd.read_csv(run_dir / "trials.csv")
+    assert len(frame[frame["repeat_of"].isna()]) == 3
+    config = TunedConfig.load(run_dir / "tuned_config.toml")
+    assert config.provenance["workload"]["name"] == "tiny_mlp_benchmark"
+
+    status = main(["apply", str(run_dir / "tuned_config.toml")])
+    assert status == 0
+    assert f'torch.set_float32_matmul_precision("{config.candidate.matmul_precision}")' in capsys.readouterr().out
+
+
+def test_apply_prints_torchtpu_environment(tmp_path, capsys) -> None:
+    path = TunedConfig(Candidate(eager_mode="defer_and_fuse", matmul_precision="medium"), "tpu").save(tmp_path / "c.toml")
+    assert main(["apply", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "export TORCH_TPU_DEFER_AND_FUSE=1" in out and "before the process imports torch" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--trials", "0"], "--trials must be at least 1"),
+        (["--tolerance", "-1"], "--tolerance must be positive"),
+        (["--space", "nope"], "no built-in search spaces definition 'nope'"),
+        (["--resume", "/nonexistent/run"], "not a tuning run folder"),
+    ],
+)
+def test_bad_tune_input_is_one_line_and_status_2(tmp_path, capsys, args, problem) -> None:
+    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and problem in err[0]
+
+
+def test_bad_model_file_for_tune(tmp_path, capsys) -> None:
+    assert main(["-q", str(FIXTURES / "syntax_error.py"), "--out", str(tmp_path)]) == 2
+    assert "syntax error" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no run folder for a file that never loaded
+
+
+def test_bad_config_for_apply(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("format_version = 1\n[settings]\nmatmul_precision = 'fastest'\n")
+    assert main(["apply", str(bad)]) == 2
+    assert "bad [settings]" in capsys.readouterr().err

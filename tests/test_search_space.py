@@ -1,0 +1,47 @@
+"""Search spaces load per device, map to candidates and back, and reject bad definitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.errors import DefinitionError
+from tpu_tuner.search import SearchSpace
+
+
+def test_default_space_per_device() -> None:
+    cpu = SearchSpace.load("default", "cpu")
+    assert cpu.grid() == {
+        "execution": ["eager", "aot_eager", "inductor"],
+        "matmul_precision": ["highest", "high", "medium"],
+        "autocast": ["none", "bfloat16"],
+    }
+    assert cpu.size() == 18
+    assert cpu.to_candidate(cpu.baseline_params()) == Candidate()  # first choices are the baseline
+    tpu = SearchSpace.load("default", "tpu")
+    fused = tpu.to_candidate({"execution": "eager:defer_and_fuse"})
+    assert fused.eager_mode == "defer_and_fuse" and fused.compile_backend is None
+    assert tpu.to_candidate({"execution": "tpu"}).compile_backend == "tpu"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "tpu"])
+def test_candidate_round_trip(device: str) -> None:
+    space = SearchSpace.load("default", device)
+    for execution in space.grid()["execution"]:
+        params = {**space.baseline_params(), "execution": execution, "autocast": "bfloat16"}
+        assert space.to_params(space.to_candidate(params)) == params
+
+
+def test_bad_definitions(tmp_path) -> None:
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[[param]]\nname = "learning_rate"\nchoices.cpu = ["1"]\n')
+    with pytest.raises(DefinitionError, match="unknown parameter 'learning_rate'"):
+        SearchSpace.load(unknown, "cpu")
+    bad_choice = tmp_path / "bad.toml"
+    bad_choice.write_text('[[param]]\nname = "matmul_precision"\nchoices.cpu = ["highest", "fastest"]\n')
+    with pytest.raises(DefinitionError, match="bad choice 'fastest'"):
+        SearchSpace.load(bad_choice, "cpu")
+    with pytest.raises(DefinitionError, match="no parameters for device 'cpu'"):
+        empty = tmp_path / "empty.toml"
+        empty.write_text('[[param]]\nname = "autocast"\nchoices.tpu = ["none", "bfloat16"]\n')
+        SearchSpace.load(empty, "cpu")

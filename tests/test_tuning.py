@@ -1,0 +1,129 @@
+"""The tuning loop: finds the known best, rejects accuracy violations, survives every failure
+kind, resumes without repeating trials, and writes a config that round-trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.tuning import TuneOptions, tune
+
+from conftest import FIXTURES
+
+SPACE = FIXTURES / "eager_precision_space.toml"
+FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
+                        timing_max_steps=20, profiled_steps=1, top_operators=3)
+
+
+def _options(tmp_path: Path, **overrides) -> TuneOptions:
+    settings = dict(space=SPACE, agents=(), trials=6, sampler="grid", verify_rounds=6, out=tmp_path,
+                    trial_timeout_s=60.0, trial_settings=FAST)
+    settings.update(overrides)
+    return TuneOptions(**settings)
+
+
+def _by_params(frame: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
+    return {(row["matmul_precision"], row["autocast"]): row for _, row in frame.iterrows()}
+
+
+def test_finds_the_known_best_and_rejects_the_inaccurate_one(tmp_path) -> None:
+    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path))
+    rows = _by_params(result.trials_dataframe())
+    assert len(rows) == 6  # the grid covered the space exactly once
+    # "high" is faster than the baseline but changes the output by 50%: infeasible, never chosen.
+    high = rows[("high", "none")]
+    assert high["failure_kind"] == "accuracy" and not high["feasible"]
+    assert high["accuracy_error"] == pytest.approx(0.5, rel=1e-3)
+    assert result.verification.chosen.matmul_precision == "medium"
+    assert result.verification.chosen.autocast_dtype is None
+    # 12 ms -> 3 ms of sleep: the interleaved verification sees a large, significant win.
+    assert result.verification.speedup.significant and result.verification.speedup.speedup > 2
+    assert result.best_config.candidate == result.verification.chosen
+
+
+def test_tpe_reaches_the_best_within_budget(tmp_path) -> None:
+    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)))
+    assert result.verification.chosen.matmul_precision == "medium"
+    frame = result.trials_dataframe()
+    # The precision agent rejects "high" on CPU without measuring it (no TF32 there).
+    rejected = frame[frame["state"] == "PRUNED"]
+    assert set(rejected["matmul_precision"]) <= {"high"}
+    assert all("identical to 'highest'" in r for r in rejected["rejected_by"])
+
+
+def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
+    result = tune(FIXTURES / "failing.py", _options(tmp_path, trial_timeout_s=20.0))
+    rows = _by_params(result.trials_dataframe())
+    assert len(rows) == 6
+    assert rows[("highest", "none")]["state"] == "COMPLETE"
+    expected = {
+        ("high", "none"): ("crash", "SIGSEGV"),
+        ("medium", "none"): ("timeout", "no result after 20 s"),
+        ("highest", "bfloat16"): ("error", "ValueError: this setting is not supported"),
+        ("high", "bfloat16"): ("oom", "allocate"),
+        ("medium", "bfloat16"): ("oom", "SIGKILL"),
+    }
+    for params, (kind, text) in expected.items():
+        row = rows[params]
+        assert row["state"] == "FAIL", params
+        assert row["failure_kind"] == kind, (params, row["failure_kind"], row["failure_message"])
+        assert text in row["failure_message"], (params, row["failure_message"])
+    # Nothing beat the baseline, so the baseline is the recommendation.
+    assert result.verification.chosen.matmul_precision == "highest"
+    assert not result.verification.chosen_is_best
+    report = (result.run_dir / "report.md").read_text()
+    assert "**timeout**" in report and "**crash**" in report and "**oom**" in report
+
+
+def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
+    first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3))
+    before = {t.number: (t.params, t.value, t.state) for t in first.study.trials}
+    # Simulate a run killed mid-trial: a trial left RUNNING in the storage.
+    storage = json.loads((first.run_dir / "run.json").read_text())
+    study = optuna.load_study(study_name=storage["study_name"], storage=storage["storage"])
+    orphan = study.ask({"matmul_precision": optuna.distributions.CategoricalDistribution(["highest", "high", "medium"]),
+                        "autocast": optuna.distributions.CategoricalDistribution(["none", "bfloat16"])})
+    resumed = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=6, resume=first.run_dir))
+    trials = resumed.study.trials
+    assert resumed.run_dir == first.run_dir
+    for number, (params, value, state) in before.items():  # completed trials kept as they were
+        assert (trials[number].params, trials[number].value, trials[number].state) == (params, value, state)
+    assert trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    assert trials[orphan.number].user_attrs["failure_kind"] == "interrupted"
+    measured = [tuple(sorted(t.params.items())) for t in trials if t.user_attrs.get("measurement")]
+    assert len(measured) == len(set(measured))  # no setting measured twice
+    assert len(set(measured)) == 6  # the resumed run finished the grid
+
+
+def test_outputs_and_config_round_trip(tmp_path) -> None:
+    import torch
+
+    from tpu_tuner.tuned_config import TunedConfig, apply
+
+    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path))
+    run_dir = result.run_dir
+    for name in ("tuned_config.toml", "report.md", "trials.csv", "optimisation_history.png",
+                 "mfu_per_trial.png", "speed_vs_accuracy.png", "study.db"):
+        assert (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0, name
+    assert len(pd.read_csv(run_dir / "trials.csv")) == len(result.study.trials)
+    loaded = TunedConfig.load(run_dir / "tuned_config.toml")
+    assert loaded.candidate == result.verification.chosen
+    assert loaded.provenance["verification"]["significant"] is True
+    assert loaded.provenance["tuned"]["accuracy_error"] <= result.options.tolerance
+    assert loaded.provenance["versions"]["torch"] == torch.__version__
+    # Applying it reproduces the configuration in this process.
+    model = torch.nn.Linear(8, 8)
+    previous = torch.get_float32_matmul_precision()
+    try:
+        applied_model, autocast = apply(model, run_dir / "tuned_config.toml")
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert applied_model is model  # eager: nothing to compile
+        with autocast():
+            assert not torch.is_autocast_enabled("cpu")
+    finally:
+        torch.set_float32_matmul_precision(previous)
