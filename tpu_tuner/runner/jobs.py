@@ -89,6 +89,7 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         step_p90=timing.p90,
         samples=timing.samples,
         first_call_seconds=first_call,
+        warmup_seconds=warmup.seconds,
         compile_seconds=compile_seconds,
         compiles=compiles,
         model_flops_per_step=flops,

@@ -18,6 +18,7 @@ class Measurement:
     step_p90: float
     samples: list[float]
     first_call_seconds: float
+    warmup_seconds: float  # the warm-up steps after the first call
     compile_seconds: float
     compiles: dict[str, int]
     model_flops_per_step: float

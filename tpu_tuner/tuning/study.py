@@ -184,8 +184,13 @@ def _search(
         # The budget counts distinct settings tried (measured, failed or rejected). Samplers
         # re-propose settings in small categorical spaces; those repeats are answered from the
         # earlier trial and cost nothing, so they do not count (a bound on asks stops a sampler
-        # that only repeats).
-        tried = {_key(t.params): t for t in finished if "repeat_of" not in t.user_attrs}
+        # that only repeats). Trials an interrupted run left behind were never measured: they
+        # neither count nor answer repeats.
+        tried = {
+            _key(t.params): t
+            for t in finished
+            if "repeat_of" not in t.user_attrs and t.user_attrs.get("failure_kind") != "interrupted"
+        }
         if len(tried) >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
             return
         if len(tried) >= distinct_total or asked >= 20 * options.trials:
