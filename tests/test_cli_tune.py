@@ -22,7 +22,8 @@ def test_tune_is_the_default_command(tmp_path, capsys) -> None:
     assert "[trial 1/3" in printed and "baseline" in printed and "speedup" in printed
     assert str(run_dir) in printed
     frame = pd.read_csv(run_dir / "trials.csv")
-    assert len(frame[frame["repeat_of"].isna()]) == 3
+    measured = frame[frame["repeat_of"].isna() & frame["rejected_by"].isna()]
+    assert len(measured) == 3  # the budget counts measured settings
     config = TunedConfig.load(run_dir / "tuned_config.toml")
     assert config.provenance["workload"]["name"] == "tiny_mlp_benchmark"
 

@@ -32,7 +32,7 @@ class Agent(ABC):
     def diagnose(self, profile: Profile) -> list[str]:
         """What the profile says about this agent's knobs."""
 
-    def seeds(self, profile: Profile, space: SearchSpace) -> list[dict[str, str]]:
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
         """Seeds from the definition's [seeds] table for this device, limited to the space."""
         owned = {p.name: p for p in self.params(space)}
         seeds = []

@@ -78,7 +78,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         study = _open_study(storage, study_name, options, space)
         _mark_interrupted(study)
         if not study.trials:
-            _enqueue_seeds(study, space, agents, profile)
+            enqueue_seeds(study, space, agents, profile)
         measure_options = {
             "batch_size": options.batch_size,
             "seq_len": options.seq_len,
@@ -86,7 +86,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
             "peak_flops_per_s": profile.device.peak.flops_per_s,
             "model_flops_per_step": profile.flops.model_per_step,
         }
-        _search(study, space, agents, runner, measure_options, options, emit, started)
+        run_search(study, space, agents, runner, measure_options, options, emit, started)
         emit(Progress("verify", "re-measuring the best against the baseline, interleaved", elapsed=time.perf_counter() - started))
         verification = verify(study, space, runner, options, device_kind)
         worker_starts = runner.workers_started
@@ -115,14 +115,18 @@ def _run_location(name: str, options: TuneOptions) -> tuple[Path, str, str]:
     return run_dir, storage, study_name
 
 
-def _open_study(storage: str, study_name: str, options: TuneOptions, space: SearchSpace) -> optuna.Study:
+def build_sampler(options: TuneOptions, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler `options.sampler` names, seeded."""
     if options.sampler == "grid":
-        sampler: optuna.samplers.BaseSampler = _AskTellGridSampler(space.grid(), seed=options.seed)
-    elif options.sampler == "random":
-        sampler = optuna.samplers.RandomSampler(seed=options.seed)
-    else:
-        # Few startup trials: the seeds already cover the agents' best guesses.
-        sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=4)
+        return _AskTellGridSampler(space.grid(), seed=options.seed)
+    if options.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=options.seed)
+    # Few startup trials: the seeds already cover the agents' best guesses.
+    return optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=4)
+
+
+def _open_study(storage: str, study_name: str, options: TuneOptions, space: SearchSpace) -> optuna.Study:
+    sampler = build_sampler(options, space)
     try:
         return optuna.create_study(
             storage=storage, study_name=study_name, direction="minimize", sampler=sampler, load_if_exists=True
@@ -148,7 +152,7 @@ def _mark_interrupted(study: optuna.Study) -> None:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def _enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile) -> None:
+def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None) -> None:
     """Baseline first (trial 0), then each agent's seeds, then all agents' first seeds combined."""
     baseline = space.baseline_params()
     queue: list[dict[str, str]] = [baseline]
@@ -166,7 +170,7 @@ def _enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent],
             study.enqueue_trial(params, skip_if_exists=True)
 
 
-def _search(
+def run_search(
     study: optuna.Study,
     space: SearchSpace,
     agents: list[Agent],
@@ -181,37 +185,35 @@ def _search(
     while True:
         finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
         elapsed = time.perf_counter() - started
-        # The budget counts distinct settings tried (measured, failed or rejected). Samplers
-        # re-propose settings in small categorical spaces; those repeats are answered from the
-        # earlier trial and cost nothing, so they do not count (a bound on asks stops a sampler
-        # that only repeats). Trials an interrupted run left behind were never measured: they
-        # neither count nor answer repeats.
-        tried = {
+        # Settings already covered: measured, failed or rejected. Trials an interrupted run left
+        # behind were never measured: they neither count nor answer repeats.
+        covered = {
             _key(t.params): t
             for t in finished
             if "repeat_of" not in t.user_attrs and t.user_attrs.get("failure_kind") != "interrupted"
         }
-        if len(tried) >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
+        # The budget counts settings *measured*. Rejections cost nothing, and samplers re-propose
+        # settings in small categorical spaces: a repeat is answered from the earlier trial, so
+        # neither counts (a bound on asks stops a sampler that only repeats).
+        measured = sum(1 for t in covered.values() if "rejected_by" not in t.user_attrs)
+        if measured >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
             return
-        if len(tried) >= distinct_total or asked >= 20 * options.trials:
-            log.info("stopping: %d of %d settings of the space tried", len(tried), distinct_total)
+        if len(covered) >= distinct_total or asked >= 20 * options.trials:
+            log.info("stopping: %d of %d settings of the space covered", len(covered), distinct_total)
             return
         asked += 1
-        measured = tried
         trial = study.ask()
         params = space.suggest(trial)
         candidate = space.to_candidate(params)
-        number, label = trial.number + 1, candidate.describe()
-        earlier = measured.get(_key(params))
+        label = candidate.describe()
+        earlier = covered.get(_key(params))
         if earlier is not None:
-            # Samplers re-propose settings in small categorical spaces; re-measuring would spend the
-            # budget on noise. The repeat carries the first measurement's figures.
             trial_attrs.copy_attrs(earlier, trial, options.tolerance)
             study.tell(trial, earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE else None,
                        state=earlier.state)
-            emit(Progress("trial", f"{label}: repeat of trial {earlier.number + 1}, not re-measured",
-                          number, options.trials, _best(study), elapsed))
+            log.debug("%s: repeat of trial %d, not re-measured", label, earlier.number)
             continue
+        number = measured + 1  # what the user sees: the n-th measured setting of the budget
         rejection = next((f"{a.name}: {r}" for a in agents if (r := a.validate(candidate))), None)
         if rejection:
             trial.set_user_attr("rejected_by", rejection)
