@@ -139,4 +139,4 @@ def write_outputs(result: TuningResult) -> None:
     (run_dir / "report.md").write_text(render_report(result, plots))
 
 
-__all__ = ["TuningResult", "write_outputs", "trial_attrs"]
+__all__ = ["TuningResult", "write_outputs"]
