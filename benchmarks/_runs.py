@@ -40,7 +40,7 @@ def describe_run(run_dir: Path) -> str:
         f"  chosen: {config.candidate.describe()}",
         f"  baseline step {base['step_median_s'] * 1e3:.1f} ms (MFU {base['mfu']:.1%}); "
         f"tuned step {tuned['step_median_s'] * 1e3:.1f} ms (MFU {tuned['mfu']:.1%}, compile {tuned['compile_s']:.1f} s)",
-        f"  verified: {v['message']}",
+        f"  verification: {v['message']}",
         f"  accuracy error of the chosen config: {tuned['accuracy_error']:.2e} (tolerance {p['tolerance']:g})",
     ]
     if overheads:

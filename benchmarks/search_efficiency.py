@@ -91,20 +91,23 @@ def main() -> None:
     print(f"grid table: {len(runner.table)} measured settings from {args.grid_run}; best amortised step "
           f"{best * 1e3:.1f} ms; target within 3%: <= {target * 1e3:.1f} ms")
     agents = load_agents(["compile", "precision"], device_kind)
-    print(f"{'sampler':8} {'reached':>8} {'median':>7} {'mean':>6} {'worst':>6}  measured trials to within 3% (budget {args.budget})")
-    for sampler in ("tpe", "random", "grid"):
-        counts: list[int | None] = []
-        for seed in range(args.seeds):
-            options = TuneOptions(sampler=sampler, seed=seed, trials=args.budget)
-            study = optuna.create_study(direction="minimize", sampler=build_sampler(options, space))
-            if sampler != "grid":
-                enqueue_seeds(study, space, agents, None)  # the loop's seeds: baseline, agents' guesses
-            run_search(study, space, agents, runner, {}, options, lambda event: None, time.perf_counter())
-            counts.append(trials_to_target(study, target))
-        reached = [c for c in counts if c is not None]
-        summary = (f"{statistics.median(reached):7.1f} {statistics.mean(reached):6.1f} {max(reached):6d}"
-                   if reached else f"{'-':>7} {'-':>6} {'-':>6}")
-        print(f"{sampler:8} {len(reached):>4}/{len(counts):<3} {summary}  {counts}")
+    for seeded in (True, False):
+        title = "with the agents' seeds (as tpu-tune runs)" if seeded else "samplers alone (no seeds)"
+        print(f"\n{title}: measured trials to within 3% of the grid's best (budget {args.budget}, {args.seeds} seeds)")
+        print(f"{'sampler':8} {'reached':>8} {'median':>7} {'mean':>6} {'worst':>6}  per seed")
+        for sampler in ("tpe", "random", "grid"):
+            counts: list[int | None] = []
+            for seed in range(args.seeds):
+                options = TuneOptions(sampler=sampler, seed=seed, trials=args.budget)
+                study = optuna.create_study(direction="minimize", sampler=build_sampler(options, space))
+                if seeded and sampler != "grid":
+                    enqueue_seeds(study, space, agents, None)  # the loop's seeds: baseline, agents' guesses
+                run_search(study, space, agents, runner, {}, options, lambda event: None, time.perf_counter())
+                counts.append(trials_to_target(study, target))
+            reached = [c for c in counts if c is not None]
+            summary = (f"{statistics.median(reached):7.1f} {statistics.mean(reached):6.1f} {max(reached):6d}"
+                       if reached else f"{'-':>7} {'-':>6} {'-':>6}")
+            print(f"{sampler:8} {len(reached):>4}/{len(counts):<3} {summary}  {counts}")
 
 
 if __name__ == "__main__":

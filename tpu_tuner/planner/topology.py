@@ -1,0 +1,96 @@
+"""TPU slice names as users write them, mapped to chips, devices and a physical torus shape.
+
+* ``v5p-256``, ``v4-64``: v4 and v5p slice names count TensorCores (two per chip), so v5p-256
+  is 128 chips;
+* ``v5e-16``, ``v6e-64``: v5e and v6e names count chips;
+* ``tpu7x-128``: counted in chips here (Google's TPU7x slice naming was not verifiable; the
+  README says so); each TPU7x chip is two devices;
+* ``v5p:8x8x8``, ``v6e:16x16``, ``tpu7x:2x2x1``: an explicit physical shape in chips.
+
+The physical shape is what ``jax.experimental.topologies.get_topology_desc`` takes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from tpu_tuner.errors import UserInputError
+from tpu_tuner.hardware import TPU_CHIPS, TpuChip
+
+# Standard slice shapes by chip count: 2D tori for v5e/v6e, 3D for v4/v5p/TPU7x.
+_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+_SHAPES_3D = {
+    4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8),
+    512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16), 8192: (16, 16, 32),
+    9216: (16, 24, 24),
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A TPU slice: its generation, chip and device counts, and physical shape in chips."""
+
+    name: str  # as the user wrote it
+    chip: TpuChip
+    shape: tuple[int, ...]
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def devices(self) -> int:
+        return self.chips * self.chip.devices_per_chip
+
+    @property
+    def jax_name(self) -> str:
+        """The name ``get_topology_desc`` accepts, e.g. "v5p:4x4x8"."""
+        return f"{self.chip.generation}:{'x'.join(map(str, self.shape))}"
+
+    @property
+    def hbm_bytes_per_device(self) -> float:
+        return self.chip.hbm_bytes_per_device
+
+    @property
+    def peak_flops_per_device(self) -> float:
+        return self.chip.bf16_flops_per_device
+
+    def describe(self) -> str:
+        per_chip = f", {self.chip.devices_per_chip} devices per chip" if self.chip.devices_per_chip > 1 else ""
+        return f"{self.name}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), {self.devices} devices"
+
+
+def parse_topology(text: str) -> Topology:
+    """Parse a slice name (``v5p-256``) or an explicit shape (``v5p:8x8x8``)."""
+    cleaned = text.strip().lower()
+    explicit = re.fullmatch(r"(v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+)+)", cleaned)
+    if explicit:
+        chip = TPU_CHIPS[explicit.group(1)]
+        shape = tuple(int(d) for d in explicit.group(2).split("x"))
+        if len(shape) != chip.torus_dims:
+            raise UserInputError(f"topology {text!r}: {chip.generation} is a {chip.torus_dims}D torus")
+        topology = Topology(text, chip, shape)
+    else:
+        named = re.fullmatch(r"(v4|v5e|v5p|v5litepod|v6e|tpu7x|v7x)-(\d+)", cleaned)
+        if not named:
+            raise UserInputError(
+                f"unknown topology {text!r}: write a slice name such as v5p-256, v6e-64, v5e-16, tpu7x-128, "
+                "or a shape such as v5p:8x8x8"
+            )
+        generation = {"v5litepod": "v5e", "v7x": "tpu7x"}.get(named.group(1), named.group(1))
+        chip = TPU_CHIPS[generation]
+        count = int(named.group(2))
+        if chip.slice_name_counts_cores:
+            if count % 2:
+                raise UserInputError(f"topology {text!r}: {generation} slice names count TensorCores (2 per chip); use an even number")
+            count //= 2
+        shapes = _SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D
+        if count not in shapes:
+            raise UserInputError(f"topology {text!r}: no standard {generation} slice of {count} chips; "
+                                 f"known chip counts: {', '.join(map(str, sorted(shapes)))}")
+        topology = Topology(text, chip, shapes[count])
+    if topology.chips > topology.chip.max_chips:
+        raise UserInputError(f"topology {text!r}: {topology.chips} chips exceed the {topology.chip.max_chips}-chip maximum of {topology.chip.generation}")
+    return topology
