@@ -68,6 +68,9 @@ def import_torchax() -> ModuleType:
         packet_class.__getattr__ = tolerant_getattr
         try:
             module = importlib.import_module("torchax")
+            # The environment loads torchax's op tables (decompositions, jaten, jtorch) lazily;
+            # create it while the tolerant lookup is in place so those tables load too.
+            module.default_env()
         except ImportError as exc:
             raise TpuTuneError(
                 "the planner needs torchax (pip install 'tpu-tune[plan]' or pip install torchax==0.0.13)"

@@ -1,0 +1,182 @@
+"""The user's PyTorch model as a sharded JAX training step, compiled ahead of time for a TPU slice.
+
+Route: torchax (Google's PyTorch-on-JAX library, imported through `torchax_compat`) turns the
+torch module's forward into a JAX function. Parameters are never materialised: the model is
+built on the ``meta`` device and enters the compiler as `jax.ShapeDtypeStruct`s with their
+`NamedSharding`, so a 70B model plans on a laptop. The step is MaxText's: fp32 master weights
+cast to bf16 for compute, cross-entropy, backward, AdamW (fp32 moments), with activation
+sharding constraints on the residual stream and optional full rematerialisation per block.
+
+Depth is handled by *block scaling*: the program is compiled with 1 and with 2 repeated blocks,
+and every figure (FLOPs, bytes, memory, collectives) is extrapolated linearly to the model's
+depth. The report says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tpu_tuner.planner.collectives import Collective, parse_collectives
+from tpu_tuner.planner.layouts import Layout, partition_spec, placements
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """The TPU compiler's per-device figures for one training step."""
+
+    flops: float
+    bytes_accessed: float
+    argument_bytes: float
+    output_bytes: float
+    temp_bytes: float
+    alias_bytes: float
+    collectives: list[Collective] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    error: str | None = None  # the compiler's own words when it refused (e.g. out of HBM)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Live bytes at the peak: arguments + outputs not aliased to them + temporaries."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The repeated blocks: the longest ModuleList of same-typed modules."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
+            if best is None or len(module) > len(best[1]):
+                best = (name, module)
+    if best is None:
+        raise ValueError("the model has no ModuleList of repeated blocks to scale")
+    return best
+
+
+def truncated(model: nn.Module, keep: int) -> nn.Module:
+    """The model with only its first `keep` repeated blocks (shares the rest)."""
+    name, blocks = blocks_of(model)
+    parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+    setattr(parent, name.rsplit(".", 1)[-1], nn.ModuleList(list(blocks)[:keep]))
+    return model
+
+
+def compile_step(
+    build_meta_model: Callable[[], nn.Module],
+    blocks: int,
+    layout: Layout,
+    devices: Any,
+    global_batch: int,
+    seq_len: int,
+    d_model: int,
+    remat: bool,
+) -> CompiledStep:
+    """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from tpu_tuner.planner.torchax_compat import import_torchax
+
+    torchax = import_torchax()
+    from torchax.interop import JittableModule, jax_view, torch_view
+
+    with torch.device("meta"):
+        model = truncated(build_meta_model(), blocks)
+    mesh = Mesh(np.asarray(devices).reshape(layout.data, layout.fsdp, layout.tensor), ("data", "fsdp", "tensor"))
+    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
+
+    def constrain(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        # The residual stream is split over the batch axes and replicated over tensor (Megatron).
+        return torch_view(jax.lax.with_sharding_constraint(jax_view(output), residual))
+
+    _, block_list = blocks_of(model)
+    for module in [*block_list, *[m for m in model.modules() if isinstance(m, nn.Embedding)]]:
+        module.register_forward_hook(constrain)
+    if remat:
+        for block in block_list:
+            block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": jax.checkpoint_policies.nothing_saveable})
+
+    placement = placements(model, d_model)
+    jittable = JittableModule(model)
+    env = torchax.default_env()
+
+    def param_struct(name: str, tensor: torch.Tensor) -> Any:
+        spec = partition_spec(placement.get(name, "replicated"), tensor.dim())
+        return jax.ShapeDtypeStruct(tuple(tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+
+    params = {name: param_struct(name, t) for name, t in jittable.params.items()}
+    buffers = {name: jax.ShapeDtypeStruct(tuple(t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
+               for name, t in jittable.buffers.items()}
+    tokens = jax.ShapeDtypeStruct((global_batch, seq_len), jnp.int32,
+                                  sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None)))
+
+    def loss_fn(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
+        compute = jax.tree.map(lambda w: w.astype(jnp.bfloat16), weights)  # bf16 compute, fp32 master
+        torch_weights, torch_buffers, torch_inputs = env.j2t_iso((compute, buffer_values, inputs))
+        with env:
+            logits = jittable.functional_call("forward", torch_weights, torch_buffers, torch_inputs)
+        logp = jax.nn.log_softmax(env.t2j_iso(logits).astype(jnp.float32), axis=-1)
+        return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+    def train_step(weights: Any, moments: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, inputs, targets)
+        first, second = moments
+        first = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, first, grads)
+        second = jax.tree.map(lambda v, g: 0.95 * v + 0.05 * g * g, second, grads)
+        weights = jax.tree.map(lambda w, m, v: w - 1e-4 * (m / (jnp.sqrt(v) + 1e-8) + 0.1 * w), weights, first, second)
+        return weights, (first, second), loss
+
+    start = time.perf_counter()
+    lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, (params, params), buffers, tokens, tokens)
+    try:
+        compiled = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 - the compiler reports out-of-HBM as an exception
+        message = str(exc).strip().splitlines()[0]
+        return CompiledStep(0, 0, 0, 0, 0, 0, [], time.perf_counter() - start, error=message)
+    seconds = time.perf_counter() - start
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):
+        cost = cost[0]
+    memory = compiled.memory_analysis()
+    return CompiledStep(
+        flops=float(cost.get("flops", 0.0)),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        argument_bytes=float(memory.argument_size_in_bytes),
+        output_bytes=float(memory.output_size_in_bytes),
+        temp_bytes=float(memory.temp_size_in_bytes),
+        alias_bytes=float(memory.alias_size_in_bytes),
+        collectives=parse_collectives(compiled.as_text()),
+        compile_seconds=seconds,
+    )
+
+
+def extrapolate(one: CompiledStep, two: CompiledStep, blocks: int) -> CompiledStep:
+    """Linear in depth: figure(L) = figure(1) + (L - 1) * (figure(2) - figure(1))."""
+    def scale(a: float, b: float) -> float:
+        return a + (blocks - 1) * (b - a)
+
+    by_key = {(c.kind, c.group_size): c for c in one.collectives}
+    collectives = []
+    for c2 in two.collectives:
+        c1 = by_key.get((c2.kind, c2.group_size), Collective(c2.kind, c2.group_size, 0, 0))
+        collectives.append(replace(c2, count=max(0, round(scale(c1.count, c2.count))), bytes=max(0, round(scale(c1.bytes, c2.bytes)))))
+    return CompiledStep(
+        flops=scale(one.flops, two.flops),
+        bytes_accessed=scale(one.bytes_accessed, two.bytes_accessed),
+        argument_bytes=scale(one.argument_bytes, two.argument_bytes),
+        output_bytes=scale(one.output_bytes, two.output_bytes),
+        temp_bytes=scale(one.temp_bytes, two.temp_bytes),
+        alias_bytes=scale(one.alias_bytes, two.alias_bytes),
+        collectives=collectives,
+        compile_seconds=one.compile_seconds + two.compile_seconds,
+    )
