@@ -71,6 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     tune.set_defaults(handler=_tune_command)
 
+    plan_cmd = commands.add_parser(
+        "plan",
+        help="rank sharding layouts for a TPU slice with the TPU compiler, without owning one",
+        description="Compile the model's training step ahead of time for a TPU topology, per layout.",
+    )
+    plan_cmd.add_argument("model_file", type=Path, help="a training workload (native contract, with loss())")
+    plan_cmd.add_argument("--topology", required=True, help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8")
+    plan_cmd.add_argument("--global-batch", type=int, help="sequences per step (default: BATCH_SIZE per device)")
+    plan_cmd.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN)")
+    plan_cmd.add_argument("--preset", help="a named model size from the file's PRESETS, e.g. 70b")
+    plan_cmd.add_argument("--remat", choices=("full", "minimal", "none"), default="full",
+                          help="per-block rematerialisation: full (default), minimal (keep matmul outputs) or none")
+    plan_cmd.add_argument("--attention", choices=("full", "causal"), default="full", help="attention FLOPs convention for MFU")
+    plan_cmd.add_argument("--max-layouts", type=int, default=10, help="layouts to compile (default 10)")
+    plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR",
+                          help="compile only this layout, e.g. 1x64x4 (repeatable)")
+    plan_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+    plan_cmd.set_defaults(handler=_plan_command)
+
     apply_cmd = commands.add_parser("apply", help="print what a tuned config sets, and where")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
     apply_cmd.set_defaults(handler=_apply_command)
@@ -105,6 +124,42 @@ def _tune_command(args: argparse.Namespace) -> int:
     print(f"speedup   {v.message}")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     print(f"dashboard optuna-dashboard {result.best_config.provenance['study']['storage']}")
+    return 0
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    import json
+
+    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.planner.plan import PlanOptions, plan
+    from tpu_tuner.report.plan_report import render_markdown, render_terminal, write_plot
+    from tpu_tuner.results import new_run_dir
+    from tpu_tuner.tuned_config import TunedConfig
+
+    layouts = None
+    if args.layout:
+        try:
+            layouts = [Layout(*(int(x) for x in text.lower().split("x"))) for text in args.layout]
+        except (TypeError, ValueError) as exc:
+            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR, e.g. 1x64x4: {exc}") from exc
+    options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
+                          remat=args.remat, attention=args.attention, max_layouts=args.max_layouts, layouts=layouts)
+    result = plan(args.model_file, options, progress=lambda message: print(message, flush=True))
+    name = result.workload + (f"_{result.preset}" if result.preset else "")
+    run_dir = new_run_dir(args.out, name, f"plan-{args.topology.replace(':', '_')}")
+    (run_dir / "plan.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    plot = write_plot(result, run_dir / "predicted_mfu.png")
+    (run_dir / "plan.md").write_text(render_markdown(result, plot))
+    if result.best is not None:
+        best = result.best
+        TunedConfig(Candidate(matmul_precision="medium"), "tpu", provenance={
+            "plan": str(run_dir / "plan.json"), "topology": result.topology.name,
+            "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
+        }, sharding={"mesh": best.layout.mesh_shape(), "placements": result.placements}).save(run_dir / "sharding_config.toml")
+    print()
+    print(render_terminal(result))
+    print(f"\nwrote {run_dir}/ (plan.json, plan.md, predicted_mfu.png" + (", sharding_config.toml)" if result.best else ")"))
     return 0
 
 
@@ -147,7 +202,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ("profile", "tune", "apply")
+COMMANDS = ("profile", "tune", "plan", "apply")
 
 
 def _default_to_tune(argv: list[str]) -> list[str]:

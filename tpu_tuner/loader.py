@@ -8,7 +8,8 @@ Two conventions are accepted (see the README, "The model file"):
 * **native contract**: ``build_model()``, ``make_batch(batch_size, seq_len)``, ``BATCH_SIZE``,
   optionally ``SEQ_LEN``, ``loss(output, target)`` (makes it a training step),
   ``make_optimizer(params)``, ``sample_lengths()``, ``model_flops(batch_size, seq_len,
-  training)`` and ``TRANSFORMER = dict(layers=..., heads=..., head_dim=..., causal=...)``.
+  training)``, ``TRANSFORMER = dict(layers=..., heads=..., head_dim=..., causal=...)``, and
+  ``PRESETS`` (named sizes; ``build_model(preset=...)``, ``transformer_dims(preset)``).
 
 Every problem with the file becomes a `WorkloadError` that names the file.
 """
@@ -93,6 +94,8 @@ def _native_workload(module: types.ModuleType, path: Path) -> Workload:
         sample_lengths=getattr(module, "sample_lengths", None),
         model_flops=getattr(module, "model_flops", None),
         transformer=_transformer_dims(module, path),
+        presets=_presets(module, path),
+        transformer_for_preset=getattr(module, "transformer_dims", None),
     )
 
 
@@ -127,6 +130,15 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
         convention="benchmark",
         notes=["benchmark convention: input shapes fixed by get_inputs()"],
     )
+
+
+def _presets(module: types.ModuleType, path: Path) -> tuple[str, ...]:
+    presets = getattr(module, "PRESETS", None)
+    if presets is None:
+        return ()
+    if not isinstance(presets, dict) or not all(isinstance(k, str) for k in presets):
+        raise WorkloadError("PRESETS must be a dict from preset name to configuration", path)
+    return tuple(presets)
 
 
 def _positive_int(module: types.ModuleType, name: str, path: Path, required: bool) -> int | None:

@@ -32,6 +32,9 @@ class TunedConfig:
     candidate: Candidate
     device_kind: str
     provenance: dict[str, Any] = field(default_factory=dict)
+    # Optional sharding plan: {"mesh": {"data": 1, "fsdp": 64, "tensor": 4},
+    # "placements": {parameter name: "tensor/fsdp" (mesh axis per dimension, "-" = replicated)}}
+    sharding: dict[str, Any] | None = None
 
     def to_toml(self) -> str:
         settings = {k: v for k, v in self.candidate.to_dict().items() if v is not None}  # TOML has no null
@@ -41,6 +44,8 @@ class TunedConfig:
             "settings": settings,
             "provenance": _drop_none(self.provenance),
         }
+        if self.sharding:
+            document["sharding"] = self.sharding
         return tomli_w.dumps(document)
 
     def save(self, path: str | Path) -> Path:
@@ -63,7 +68,8 @@ class TunedConfig:
             candidate = Candidate.from_dict(data.get("settings", {}))
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"bad [settings]: {exc}", path) from exc
-        return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}))
+        return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
+                   sharding=data.get("sharding"))
 
     def environment(self) -> dict[str, str]:
         """Variables that must be set before the process imports torch (TorchTPU eager modes)."""
@@ -87,6 +93,13 @@ class TunedConfig:
             lines.append(f'with torch.autocast("{self.device_kind}", dtype=torch.{c.autocast_dtype}):')
             lines.append("    output = model(inputs)")
         lines.append("# or: model, autocast = tpu_tuner.apply(model, tpu_tuner.TunedConfig.load(PATH))")
+        if self.sharding:
+            mesh = self.sharding["mesh"]
+            names = tuple(axis for axis, size in mesh.items() if size > 1) or ("fsdp",)
+            shape = tuple(mesh[axis] for axis in names)
+            lines.append("# sharding (one process per device, process group 'tpu_dist' on TorchTPU):")
+            lines.append(f"mesh = init_device_mesh('{self.device_kind}', {shape}, mesh_dim_names={names})")
+            lines.append("# placements per parameter are in [sharding.placements]; see the README's planner section")
         return lines
 
 

@@ -48,7 +48,26 @@ class Workload:
     sample_lengths: Callable[[], Sequence[int]] | None = None
     model_flops: Callable[[int | None, int | None, bool], float] | None = None
     transformer: TransformerDims | None = None
+    presets: tuple[str, ...] = ()
+    transformer_for_preset: Callable[[str], dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+
+    def model_for_preset(self, preset: str | None) -> torch.nn.Module:
+        """Build the model at a named size (``PRESETS`` in the file), or the default one."""
+        if preset is None:
+            return self.build_model()
+        if preset not in self.presets:
+            from tpu_tuner.errors import WorkloadError
+
+            known = ", ".join(self.presets) or "none"
+            raise WorkloadError(f"no preset {preset!r}; the file defines: {known}", self.source)
+        return self.build_model(preset=preset)  # type: ignore[call-arg]
+
+    def dims_for_preset(self, preset: str | None) -> TransformerDims | None:
+        """The attention shape at a preset (``transformer_dims(preset)`` in the file), else the default."""
+        if preset is not None and self.transformer_for_preset is not None:
+            return TransformerDims(**self.transformer_for_preset(preset))
+        return self.transformer
 
     @property
     def is_training(self) -> bool:

@@ -50,6 +50,11 @@ class CompiledStep:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
 
+# Rematerialisation per block, as MaxText names them: "full" recomputes the whole block in backward,
+# "minimal" keeps the outputs of weight matmuls and recomputes the rest, "none" keeps everything.
+REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable"}
+
+
 def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The repeated blocks: the longest ModuleList of same-typed modules."""
     best: tuple[str, nn.ModuleList] | None = None
@@ -78,7 +83,7 @@ def compile_step(
     global_batch: int,
     seq_len: int,
     d_model: int,
-    remat: bool,
+    remat: str,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology)."""
     import jax
@@ -102,9 +107,10 @@ def compile_step(
     _, block_list = blocks_of(model)
     for module in [*block_list, *[m for m in model.modules() if isinstance(m, nn.Embedding)]]:
         module.register_forward_hook(constrain)
-    if remat:
+    policy = REMAT_POLICIES[remat]
+    if policy is not None:
         for block in block_list:
-            block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": jax.checkpoint_policies.nothing_saveable})
+            block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": getattr(jax.checkpoint_policies, policy)})
 
     placement = placements(model, d_model)
     jittable = JittableModule(model)

@@ -1,0 +1,116 @@
+"""The planner against the real TPU compiler (libtpu, compile-only) and JAX on this CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+
+from tpu_tuner.cli import main
+from tpu_tuner.loader import load_workload
+
+from conftest import EXAMPLES
+
+# Find, don't import: a plain `import torchax` fails on torch 2.13 (see torchax_compat).
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
+    reason="the planner extra is not installed: pip install -e '.[plan]'",
+)
+
+
+def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
+    import jax.numpy as jnp
+
+    from tpu_tuner.planner.torchax_compat import SKIPPED, import_torchax
+
+    torchax = import_torchax()
+    from torchax.interop import JittableModule
+
+    assert SKIPPED and all("imname" in name or "names" in name for name in SKIPPED)
+    workload = load_workload(EXAMPLES / "llama.py")
+    torch.manual_seed(0)
+    model = workload.model_for_preset("tiny").eval()
+    tokens = torch.randint(0, 4096, (2, 32))
+    expected = model(tokens).detach().numpy()
+    jittable = JittableModule(model)
+    env = torchax.default_env()
+    params = {k: jnp.asarray(v.detach().numpy()) for k, v in jittable.params.items()}
+    buffers = {k: jnp.asarray(v.detach().numpy()) for k, v in jittable.buffers.items()}
+    p, b, t = env.j2t_iso((params, buffers, jnp.asarray(tokens.numpy())))
+    with env:
+        got = np.asarray(env.t2j_iso(jittable.functional_call("forward", p, b, t)))
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-4
+
+
+def test_plan_command_end_to_end(tmp_path, capsys) -> None:
+    status = main(["-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny", "--topology", "v5e-4",
+                   "--global-batch", "8", "--seq", "128", "--layout", "1x4x1", "--layout", "1x2x2", "--out", str(tmp_path)])
+    assert status == 0
+    (run_dir,) = tmp_path.iterdir()
+    data = json.loads((run_dir / "plan.json").read_text())
+    assert data["topology"]["jax_name"] == "v5e:2x2" and data["topology"]["devices"] == 4
+    assert len(data["plans"]) == 2
+    for entry in data["plans"]:
+        assert entry["fits"] and entry["compiled"]["flops"] > 0 and entry["prediction"]["mfu"] > 0
+    # Tensor parallelism adds collectives over the tensor axis that pure FSDP does not need.
+    by_layout = {(p["layout"]["fsdp"], p["layout"]["tensor"]): p for p in data["plans"]}
+    assert sum(c["count"] for c in by_layout[(2, 2)]["compiled"]["collectives"] if c["kind"] == "all-reduce") > 0
+    config = tomllib.loads((run_dir / "sharding_config.toml").read_text())
+    assert config["sharding"]["mesh"]["data"] == 1
+    assert config["sharding"]["placements"]["layers.0.attention.wq.weight"] == "tensor/fsdp"
+    assert (run_dir / "plan.md").read_text().count("| data 1 x fsdp") == 2
+    assert "best:" in capsys.readouterr().out
+
+
+def test_memory_truth_from_the_compiler(tmp_path) -> None:
+    """A batch that cannot fit in 16 GB of v5e HBM is reported as not fitting, with the buffers."""
+    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.planner.plan import PlanOptions, plan
+
+    result = plan(EXAMPLES / "llama.py", PlanOptions(topology="v5e-4", preset="tiny", global_batch=2048, seq_len=1024,
+                                                     remat="none", layouts=[Layout(1, 4, 1)]))
+    (entry,) = result.plans
+    assert not entry.fits
+    assert "HBM" in entry.why or "memory" in entry.why.lower()
+    assert result.best is None
+
+
+@pytest.mark.slow
+def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
+    """Same layouts on 8 emulated CPU devices: the same per-device FLOPs split between layouts and
+    the same collective kinds as the TPU compiler."""
+    script = textwrap.dedent(f"""
+        import os, json, sys
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        import jax
+        from jax.experimental import topologies
+        from tpu_tuner.loader import load_workload
+        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.planner.program import compile_step
+        w = load_workload({str(EXAMPLES / 'llama.py')!r})
+        tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
+        out = {{}}
+        for name, devices in (("cpu", jax.devices("cpu")), ("tpu", tpu)):
+            for layout in (Layout(1, 8, 1), Layout(1, 4, 2), Layout(2, 2, 2)):
+                r = compile_step(lambda: w.model_for_preset("tiny"), 1, layout, devices, 16, 128, 256, remat="none")
+                out[f"{{name}} {{layout.data}}x{{layout.fsdp}}x{{layout.tensor}}"] = {{
+                    "flops": r.flops, "kinds": sorted({{c.kind for c in r.collectives if c.group_size > 1 and c.count}})}}
+        print(json.dumps(out))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    layouts = ["1x8x1", "1x4x2", "2x2x2"]
+    cpu = np.array([data[f"cpu {l}"]["flops"] for l in layouts])
+    tpu = np.array([data[f"tpu {l}"]["flops"] for l in layouts])
+    np.testing.assert_allclose(cpu / cpu[0], tpu / tpu[0], rtol=0.05)
+    for l in layouts:
+        assert set(data[f"cpu {l}"]["kinds"]) & {"all-gather", "all-reduce", "reduce-scatter"}
+        assert {"all-gather"} <= set(data[f"tpu {l}"]["kinds"])

@@ -1,0 +1,1 @@
+"""The TPU planner: sharding layouts for a TPU slice, from the TPU compiler, without a TPU."""

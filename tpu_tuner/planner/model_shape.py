@@ -1,0 +1,48 @@
+"""Read the dimensions the planner needs off a (meta-device) model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from tpu_tuner.planner.layouts import ModelShape
+from tpu_tuner.planner.program import blocks_of
+
+HEAD_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads")
+KV_HEAD_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_kv_head")
+
+
+@dataclass(frozen=True)
+class Dims:
+    shape: ModelShape
+    head_dim: int
+
+
+def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
+    """d_model and vocabulary from the embedding, depth from the repeated blocks, heads from the
+    attention module's attributes (or `heads_hint`), the MLP width from the widest block Linear."""
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    if not embeddings:
+        raise ValueError("the planner needs a token embedding (nn.Embedding) to find d_model and the vocabulary")
+    token_embedding = max(embeddings, key=lambda m: m.num_embeddings)
+    d_model, vocab = token_embedding.embedding_dim, token_embedding.num_embeddings
+    _, blocks = blocks_of(model)
+    block = blocks[0]
+    heads = _attr(block, HEAD_ATTRS) or heads_hint
+    if not heads:
+        raise ValueError("cannot find the number of attention heads (an n_heads attribute or TRANSFORMER['heads'])")
+    kv_heads = _attr(block, KV_HEAD_ATTRS) or heads
+    head_dim = _attr(block, ("head_dim",)) or d_model // heads
+    widths = [m.out_features for m in block.modules() if isinstance(m, nn.Linear) and m.in_features == d_model]
+    mlp_hidden = max(widths) if widths else 4 * d_model
+    return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, len(blocks)), head_dim)
+
+
+def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
+    for sub in module.modules():
+        for name in names:
+            value = getattr(sub, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None

@@ -1,0 +1,196 @@
+"""`tpu-tune plan`: rank sharding layouts for a TPU slice, without owning one.
+
+For each layout the TPU compiler itself (libtpu, ahead of time, on this CPU) reports per-device
+memory, FLOPs, HBM bytes and collectives; `predict.py` turns them into step time and MFU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tpu_tuner.errors import TpuTuneError, UserInputError
+from tpu_tuner.loader import load_workload
+from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
+from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
+from tpu_tuner.planner.model_shape import read_dims
+from tpu_tuner.planner.predict import CostModel, Prediction, predict
+from tpu_tuner.planner.program import CompiledStep, compile_step, extrapolate
+from tpu_tuner.planner.topology import Topology, parse_topology
+from tpu_tuner.workload import Workload
+
+log = logging.getLogger(__name__)
+
+# Fitted to the published rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py).
+CALIBRATED = CostModel(mxu_efficiency=0.85, overlap=0.9)
+
+
+@dataclass
+class PlanOptions:
+    topology: str
+    global_batch: int | None = None
+    seq_len: int | None = None
+    preset: str | None = None
+    remat: str = "full"  # "full", "minimal" or "none" (see program.REMAT_POLICIES)
+    attention: str = "full"  # MFU convention: "full" or "causal"
+    max_layouts: int = 10
+    layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
+    cost_model: CostModel = field(default_factory=lambda: CALIBRATED)
+
+
+@dataclass
+class LayoutPlan:
+    """One layout's compiler figures and prediction (prediction None when it did not compile)."""
+
+    layout: Layout
+    compiled: CompiledStep
+    fits: bool
+    margin_bytes: float
+    why: str
+    prediction: Prediction | None
+
+
+@dataclass
+class PlanResult:
+    workload: str
+    preset: str | None
+    topology: Topology
+    global_batch: int
+    seq_len: int
+    remat: str
+    attention_convention: str
+    model_flops_per_step: float
+    matmul_parameters: int
+    plans: list[LayoutPlan]
+    rejected: list[tuple[Layout, str]]
+    placements: dict[str, str]
+    method: str
+    seconds: float
+
+    @property
+    def best(self) -> LayoutPlan | None:
+        fitting = [p for p in self.plans if p.fits and p.prediction]
+        return max(fitting, key=lambda p: p.prediction.mfu) if fitting else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
+                            "chips": self.topology.chips, "devices": self.topology.devices,
+                            "generation": self.topology.chip.generation}
+        data["best"] = self.best.layout.name() if self.best else None
+        return data
+
+
+def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
+    """Plan `model_file` on `options.topology`."""
+    emit = progress or (lambda message: None)
+    started = time.perf_counter()
+    workload = load_workload(model_file)
+    if not workload.is_training:
+        raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
+    topology = parse_topology(options.topology)
+    devices = _topology_devices(topology)
+    seq_len = options.seq_len or workload.seq_len
+    if not seq_len:
+        raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
+    global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
+    with torch.device("meta"):
+        meta_model = workload.model_for_preset(options.preset)
+    transformer = workload.dims_for_preset(options.preset)
+    dims = read_dims(meta_model, transformer.heads if transformer else None)
+    n_matmul = matmul_parameters(meta_model)
+    model_flops = _model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention)
+    # Work the chips do: full attention (the mask is applied, not skipped) plus the forward pass
+    # again under full remat. A floor under the compiler's count, which counts a while-loop body
+    # (XLA's windowed einsums for FSDP) once; see predict.py.
+    hardware_flops = _model_flops(n_matmul, transformer, dims, global_batch, seq_len, "full") * (
+        4 / 3 if options.remat == "full" else 1.0)
+
+    if options.layouts:
+        candidates, rejected = options.layouts, []
+    else:
+        candidates, rejected = enumerate_layouts(topology.devices, dims.shape, global_batch)
+        candidates = sorted(candidates, key=_preference)[: options.max_layouts]
+    if not candidates:
+        raise UserInputError(f"no layout divides this model on {topology.devices} devices: " + "; ".join(r for _, r in rejected[:3]))
+
+    plans = []
+    hbm = topology.hbm_bytes_per_device
+    for index, layout in enumerate(candidates, 1):
+        emit(f"[{index}/{len(candidates)}] compiling {layout.name()} for {topology.jax_name}")
+        steps = [
+            compile_step(lambda: workload.model_for_preset(options.preset), blocks, layout, devices,
+                         global_batch, seq_len, dims.shape.d_model, remat=options.remat)
+            for blocks in (1, 2)
+        ]
+        failed = next((s for s in steps if s.error), None)
+        if failed is not None:
+            plans.append(LayoutPlan(layout, failed, False, 0.0, f"the compiler refused: {failed.error}", None))
+            continue
+        full = extrapolate(steps[0], steps[1], dims.shape.n_layers)
+        fits = full.peak_bytes <= hbm
+        why = (
+            f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
+            f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
+            f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.1f} GiB HBM"
+        )
+        prediction = predict(full, topology, layout, dims.shape, dims.head_dim, model_flops / topology.devices,
+                             global_batch * seq_len, options.cost_model, hardware_flops / topology.devices)
+        plans.append(LayoutPlan(layout, full, fits, hbm - full.peak_bytes, why, prediction))
+    plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
+    placement = placements(meta_model, dims.shape.d_model)
+    return PlanResult(
+        workload=workload.name,
+        preset=options.preset,
+        topology=topology,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        remat=options.remat,
+        attention_convention="causal attention counted as half (MaxText)" if options.attention == "causal"
+        else "full attention (PaLM / torchtitan / nanoGPT)",
+        model_flops_per_step=model_flops,
+        matmul_parameters=n_matmul,
+        plans=plans,
+        rejected=rejected,
+        placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
+                    for name, kind in placement.items()},
+        method=("block scaling: compiled with 1 and 2 repeated blocks on the meta device and extrapolated "
+                f"linearly to {dims.shape.n_layers}; parameters never materialised"),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _preference(layout: Layout) -> tuple:
+    # Try the layouts practitioners reach for first: FSDP-heavy, small tensor axes, little pure DP.
+    return (layout.tensor > 8, layout.data, layout.tensor, -layout.fsdp)
+
+
+def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
+    from tpu_tuner.workload import TransformerDims
+
+    attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
+    return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]
+
+
+def _topology_devices(topology: Topology) -> Any:
+    # Compile-only use never touches a TPU, so several planner processes (a plan and the tests,
+    # say) may share libtpu; without this libtpu takes an exclusive lock on /tmp/libtpu_lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        from jax.experimental import topologies
+    except ImportError as exc:
+        raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
+    try:
+        return topologies.get_topology_desc(topology_name=topology.jax_name, platform="tpu").devices
+    except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know
+        raise TpuTuneError(
+            f"cannot build the TPU topology {topology.jax_name}: {type(exc).__name__}: {str(exc).splitlines()[0]} "
+            "(the planner needs libtpu: pip install 'tpu-tune[plan]')"
+        ) from exc

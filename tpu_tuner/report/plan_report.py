@@ -1,0 +1,87 @@
+"""plan.md, the MFU plot and the terminal table of a `PlanResult`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tpu_tuner.planner.plan import PlanResult  # noqa: E402
+from tpu_tuner.report.units import binary_bytes, ms, si  # noqa: E402
+
+
+def table_rows(result: PlanResult) -> list[list[str]]:
+    rows = []
+    for rank, p in enumerate(result.plans, 1):
+        c, pr = p.compiled, p.prediction
+        collectives = ", ".join(f"{x.kind} x{x.count} ({binary_bytes(x.bytes)}, groups of {x.group_size})"
+                                for x in c.collectives if x.count and x.group_size > 1) or "none"
+        rows.append([
+            str(rank), p.layout.name(),
+            ("fits" if p.fits else "DOES NOT FIT") + (f", margin {binary_bytes(p.margin_bytes)}" if p.fits else ""),
+            binary_bytes(c.peak_bytes) if not c.error else "n/a",
+            si(c.flops, "FLOP") if not c.error else "n/a",
+            binary_bytes(c.bytes_accessed) if not c.error else "n/a",
+            f"{ms(pr.compute_seconds)} / {ms(pr.memory_seconds)} / {ms(pr.comm_seconds)} ({ms(pr.exposed_comm_seconds)} exposed)" if pr else "n/a",
+            ms(pr.step_seconds) if pr else "n/a",
+            f"{pr.tokens_per_second:,.0f}" if pr else "n/a",
+            f"{pr.mfu:.1%}" if pr else "n/a",
+            collectives if not c.error else p.why,
+        ])
+    return rows
+
+
+HEADER = ["#", "mesh", "HBM", "peak per device", "FLOPs per device", "HBM bytes", "compute / memory / comm",
+          "step", "tokens/s", "MFU", "collectives per step"]
+
+
+def render_terminal(result: PlanResult) -> str:
+    lines = [f"{result.workload}{' (' + result.preset + ')' if result.preset else ''} on {result.topology.describe()}",
+             f"global batch {result.global_batch} x seq {result.seq_len}, remat {result.remat}; "
+             f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention})", ""]
+    short = [0, 1, 2, 3, 7, 8, 9]
+    rows = [[HEADER[i] for i in short]] + [[r[i] for i in short] for r in table_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(short))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    best = result.best
+    lines += ["", f"best: {best.layout.name()} (predicted MFU {best.prediction.mfu:.1%})" if best else "no layout fits"]
+    return "\n".join(lines)
+
+
+def render_markdown(result: PlanResult, plot: Path) -> str:
+    out = [f"# Plan: `{result.workload}`{' preset ' + result.preset if result.preset else ''} on {result.topology.name}", "",
+           f"{result.topology.describe()}; HBM {binary_bytes(result.topology.hbm_bytes_per_device)} and bf16 peak "
+           f"{si(result.topology.peak_flops_per_device, 'FLOP/s')} per device.", "",
+           f"Global batch {result.global_batch} sequences of {result.seq_len} tokens; remat `{result.remat}`; "
+           f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
+           f"({result.attention_convention}).", "",
+           f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
+           "compile-only); step time and MFU are predictions (see the README's planner section).", "",
+           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
+    out += ["", "## Memory per layout", ""] + [f"- {p.layout.name()}: {'fits' if p.fits else 'does not fit'}: {p.why}" for p in result.plans]
+    if result.rejected:
+        out += ["", f"## Rejected layouts ({len(result.rejected)})", ""] + [f"- {l.name()}: {why}" for l, why in result.rejected[:30]]
+    out += ["", "## Placements (per parameter: mesh axis of dimension 0 / dimension 1)", "", "```",
+            json.dumps(result.placements, indent=1)[:6000], "```", "", f"![predicted MFU per layout]({plot.name})",
+            "", f"Planned in {result.seconds:.0f} s."]
+    return "\n".join(out) + "\n"
+
+
+def write_plot(result: PlanResult, path: Path) -> Path:
+    labels = [p.layout.name().replace(" x ", "\n") for p in result.plans]
+    mfu = [p.prediction.mfu * 100 if p.prediction else 0 for p in result.plans]
+    colors = ["tab:blue" if p.fits else "tab:red" for p in result.plans]
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
+    ax.bar(range(len(labels)), mfu, color=colors)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("predicted MFU, %")
+    ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
