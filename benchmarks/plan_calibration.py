@@ -70,7 +70,8 @@ def main() -> None:
         print(f"{row.number:>3} {row.preset:>5} {row.topology:>12} {row.layout.name():>28} {str(p.fits):>5} "
               f"{p.compiled.peak_bytes / 2**30:9.1f} {pr.compute_seconds:8.2f}s {pr.memory_seconds:7.2f}s "
               f"{pr.comm_seconds:7.2f}s {pr.mfu:9.1%} {row.published_mfu:9.1%} {error:+6.1f}   "
-              f"({row.note}; {time.perf_counter() - start:.0f} s)", flush=True)
+              f"({row.note}; {time.perf_counter() - start:.0f} s; FLOPs {p.compiled.flops:.3g} compiler, "
+              f"alignment {pr.alignment:.3f})", flush=True)
     if errors:
         print(f"mean absolute error: {statistics.mean(errors):.1f} MFU points over {len(errors)} rows (target <= 5)")
 

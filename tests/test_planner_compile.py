@@ -74,7 +74,7 @@ def test_memory_truth_from_the_compiler(tmp_path) -> None:
     from tpu_tuner.planner.layouts import Layout
     from tpu_tuner.planner.plan import PlanOptions, plan
 
-    result = plan(EXAMPLES / "llama.py", PlanOptions(topology="v5e-4", preset="tiny", global_batch=2048, seq_len=1024,
+    result = plan(EXAMPLES / "llama.py", PlanOptions(topology="v5e-4", preset="tiny", global_batch=16384, seq_len=1024,
                                                      remat="none", layouts=[Layout(1, 4, 1)]))
     (entry,) = result.plans
     assert not entry.fits

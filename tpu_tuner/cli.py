@@ -14,6 +14,15 @@ from tpu_tuner.errors import TpuTuneError
 log = logging.getLogger("tpu_tuner.cli")
 
 
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments every command that runs the model shares: the file, device, sizes, output."""
+    parser.add_argument("model_file", type=Path, help="a model file (native contract or benchmark convention)")
+    parser.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+    parser.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the file's SEQ_LEN)")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpu-tune",
@@ -28,10 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure step time, FLOPs, MFU, memory, compilations and top operators",
         description="Profile one step of a model file on the present device.",
     )
-    prof.add_argument("model_file", type=Path, help="a model file (native contract or benchmark convention)")
-    prof.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
-    prof.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
-    prof.add_argument("--seq-len", type=int, help="sequence length (default: the file's SEQ_LEN)")
+    _add_run_args(prof)
     prof.add_argument("--precision", choices=MATMUL_PRECISIONS, default="highest",
                       help="torch.set_float32_matmul_precision (default: highest)")
     prof.add_argument("--autocast", choices=AUTOCAST_DTYPES, help="run under torch.autocast with this dtype")
@@ -42,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--attention", choices=("full", "causal"), default="full",
                       help="attention FLOPs convention for MFU: full (PaLM/torchtitan, default) or causal (MaxText)")
     prof.add_argument("--agent", default="profiler", help="profiler agent definition: a name or a TOML path")
-    prof.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     prof.set_defaults(handler=_profile_command)
 
     tune = commands.add_parser(
@@ -50,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="search eager/compile mode and precision with Optuna; verify the win; write a tuned config",
         description="Tune a model file (also: tpu-tune MODEL.py).",
     )
-    tune.add_argument("model_file", type=Path, help="a model file (native contract or benchmark convention)")
-    tune.add_argument("--trials", type=int, default=12, help="trials in the study, baseline and seeds included (default 12)")
+    _add_run_args(tune)
+    tune.add_argument("--trials", type=int, default=12,
+                      help="settings to measure, baseline and seeds included; repeats and rejections are free (default 12)")
     tune.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
     tune.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="Optuna sampler (default tpe)")
     tune.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
@@ -63,12 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is killed (default 300)")
     tune.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB")
     tune.add_argument("--verify-rounds", type=int, default=12, help="interleaved rounds of the final comparison (default 12)")
-    tune.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
-    tune.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
-    tune.add_argument("--seq-len", type=int, help="sequence length (default: the file's SEQ_LEN)")
     tune.add_argument("--storage", help="Optuna storage URL (default: sqlite in the run folder), e.g. postgresql://...")
     tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
-    tune.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     tune.set_defaults(handler=_tune_command)
 
     plan_cmd = commands.add_parser(

@@ -29,7 +29,7 @@ from tpu_tuner.workload import Workload
 log = logging.getLogger(__name__)
 
 # Fitted to the published rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py).
-CALIBRATED = CostModel(mxu_efficiency=0.85, overlap=0.9)
+CALIBRATED = CostModel(mxu_efficiency=0.85, memory_overlap=0.7, overlap=0.9)
 
 
 @dataclass

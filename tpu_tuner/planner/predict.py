@@ -14,10 +14,12 @@ The model, stated so it can be checked:
 * **communication** = each collective's bandwidth-optimal ring cost (see `collectives.py`) over
   the ICI links its device group spans: a group that fits along one torus axis gets that axis's
   share of the chip's ICI bandwidth (ICI / torus dimensions), one spanning k axes k times that;
-* **overlap**: compute and memory traffic overlap (the step takes the larger); XLA's async
-  collectives hide communication behind that busy time up to the `overlap` fraction of it.
+* **overlap**: matmuls and memory-bound work (norms, softmax, elementwise, optimizer) overlap
+  only in part: `memory_overlap` of the shorter one hides under the longer; XLA's async
+  collectives hide communication behind that busy time up to `overlap` of it.
 
-step = max(compute, memory) + max(0, communication - overlap x max(compute, memory)).
+busy = max(compute, memory) + (1 - memory_overlap) x min(compute, memory);
+step = busy + max(0, communication - overlap x busy).
 Predicted MFU = model FLOPs per device (the profiler's formula and attention convention) / step /
 per-device peak.
 """
@@ -41,6 +43,7 @@ class CostModel:
     """The two physical constants of the prediction (fitted once, to all calibration rows)."""
 
     mxu_efficiency: float = 0.85
+    memory_overlap: float = 0.7
     overlap: float = 0.9
 
 
@@ -107,7 +110,7 @@ def predict(
     compute = flops / (peak * cost_model.mxu_efficiency * aligned)
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
     comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives)
-    busy = max(compute, memory)
+    busy = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     exposed = max(0.0, comm - cost_model.overlap * busy)
     step = busy + exposed
     return Prediction(

@@ -98,10 +98,11 @@ def compile_step(
     with torch.device("meta"):
         model = truncated(build_meta_model(), blocks)
     mesh = Mesh(np.asarray(devices).reshape(layout.data, layout.fsdp, layout.tensor), ("data", "fsdp", "tensor"))
-    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
+    # MaxText's activation rules: the residual stream [batch, seq, embed] splits its batch over
+    # (data, fsdp) and its embed dimension over tensor (so saved activations shrink with tensor).
+    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor"))
 
     def constrain(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        # The residual stream is split over the batch axes and replicated over tensor (Megatron).
         return torch_view(jax.lax.with_sharding_constraint(jax_view(output), residual))
 
     _, block_list = blocks_of(model)
@@ -131,8 +132,12 @@ def compile_step(
         torch_weights, torch_buffers, torch_inputs = env.j2t_iso((compute, buffer_values, inputs))
         with env:
             logits = jittable.functional_call("forward", torch_weights, torch_buffers, torch_inputs)
-        logp = jax.nn.log_softmax(env.t2j_iso(logits).astype(jnp.float32), axis=-1)
-        return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+        logits = env.t2j_iso(logits)
+        # Cross-entropy without a float32 copy of the logits: the fp32 log-sum-exp fuses into its
+        # reduction, as in MaxText; a [tokens, vocab] fp32 buffer would dominate HBM at 128k vocab.
+        lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+        return (lse - target_logit).mean()
 
     def train_step(weights: Any, moments: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, inputs, targets)
