@@ -24,7 +24,6 @@ from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import CostModel, Prediction, predict
 from tpu_tuner.planner.program import CompiledStep, compile_step, extrapolate
 from tpu_tuner.planner.topology import Topology, parse_topology
-from tpu_tuner.workload import Workload
 
 log = logging.getLogger(__name__)
 

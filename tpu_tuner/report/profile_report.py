@@ -79,7 +79,7 @@ def render_markdown(p: Profile) -> str:
         + ", ".join(f"{s * 1e3:.1f}" for s in p.timing.samples[:50]),
         "- MFU = model FLOPs per step / median step time / peak FLOP/s of the devices used.",
         f"- Compilations while timing: {p.compiles_while_timing or 'none'}.",
-        f"- Environment: " + ", ".join(f"{k} {v}" for k, v in p.environment.items()),
+        "- Environment: " + ", ".join(f"{k} {v}" for k, v in p.environment.items()),
     ]
     if p.warnings:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in p.warnings]

@@ -16,7 +16,6 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.measurement import Measurement
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuned_config import TunedConfig
-from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 

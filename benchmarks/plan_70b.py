@@ -1,0 +1,38 @@
+"""Wall time of planning a Llama-3.1-70B-shaped model on an 8192-chip v5p slice (issue 4's target:
+at least 10 layouts in under 60 s), and the resulting table.
+
+    python benchmarks/plan_70b.py [--max-layouts 10] [--global-batch 8192] [--seq 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from tpu_tuner.planner.plan import PlanOptions, plan
+from tpu_tuner.report.plan_report import render_terminal
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-layouts", type=int, default=10)
+    parser.add_argument("--global-batch", type=int, default=8192)
+    parser.add_argument("--seq", type=int, default=4096)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    result = plan(REPO / "examples" / "llama.py", PlanOptions(
+        topology="v5p:16x16x32", preset="70b", global_batch=args.global_batch, seq_len=args.seq,
+        max_layouts=args.max_layouts), progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True))
+    wall = time.perf_counter() - start
+    print(render_terminal(result))
+    compile_times = [p.compiled.compile_seconds for p in result.plans]
+    print(f"\nplanned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
+          f"(target < 60 s for >= 10 layouts); compile time per layout (two compiles each): "
+          f"min {min(compile_times):.0f} s, max {max(compile_times):.0f} s")
+
+
+if __name__ == "__main__":
+    main()
