@@ -117,6 +117,8 @@ def compile_step(
     placement = placements(model, d_model)
     jittable = JittableModule(model)
     env = torchax.default_env()
+    if np.asarray(devices).flat[0].platform == "tpu":
+        _use_flash_attention(env, mesh)
 
     def param_struct(name: str, tensor: torch.Tensor) -> Any:
         spec = partition_spec(placement.get(name, "replicated"), tensor.dim())
@@ -170,6 +172,35 @@ def compile_step(
         collectives=parse_collectives(compiled.as_text()),
         compile_seconds=seconds,
     )
+
+
+def _use_flash_attention(env: Any, mesh: Any) -> None:
+    """Run F.scaled_dot_product_attention as TPU flash attention (Pallas), as MaxText does.
+
+    torchax's own translation materialises the [batch, heads, seq, seq] scores, which at 8k
+    tokens outweighs everything else in HBM; on a TPU the attention is a flash kernel that never
+    does. Heads split over the tensor axis, the batch over (data, fsdp).
+    """
+    import jax
+    import torch.nn.functional as F
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+    from jax.sharding import PartitionSpec
+    from torchax.interop import jax_view, torch_view
+
+    spec = PartitionSpec(("data", "fsdp"), "tensor", None, None)
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p or key.shape[1] != query.shape[1]:
+            raise NotImplementedError("the planner's flash attention takes causal or full attention with equal heads")
+        q, k, v = (jax_view(t) for t in (query, key, value))
+        sm_scale = scale if scale is not None else q.shape[-1] ** -0.5
+        kernel = jax.shard_map(
+            lambda q, k, v: pallas_flash.flash_attention(q, k, v, causal=bool(is_causal), sm_scale=sm_scale),
+            mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False,
+        )
+        return torch_view(kernel(q, k, v))
+
+    env.override_op_definition(F.scaled_dot_product_attention, sdpa)
 
 
 def extrapolate(one: CompiledStep, two: CompiledStep, blocks: int) -> CompiledStep:
