@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_tuner.planner.layouts import Layout
-from tpu_tuner.planner.plan import PlanOptions, plan
+from tpu_tuner.planner.plan import CALIBRATED, PlanOptions, plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,6 +55,7 @@ def main() -> None:
     print(f"{'row':>3} {'model':>5} {'topology':>12} {'layout':>28} {'fits':>5} {'peak GiB':>9} "
           f"{'compute':>9} {'memory':>8} {'comm':>8} {'predicted':>9} {'published':>9} {'error':>6}")
     errors = []
+    fitted_inputs = []  # per row: (compute at efficiency 1, memory, comm, model time at peak, published)
     for row in (r for r in ROWS if r.number in args.rows):
         start = time.perf_counter()
         result = plan(REPO / "examples" / "llama.py", PlanOptions(
@@ -67,13 +68,33 @@ def main() -> None:
         pr = p.prediction
         error = (pr.mfu - row.published_mfu) * 100
         errors.append(abs(error))
+        fitted_inputs.append((pr.compute_seconds * CALIBRATED.mxu_efficiency, pr.memory_seconds, pr.comm_seconds,
+                              pr.mfu * pr.step_seconds, row.published_mfu))
         print(f"{row.number:>3} {row.preset:>5} {row.topology:>12} {row.layout.name():>28} {str(p.fits):>5} "
               f"{p.compiled.peak_bytes / 2**30:9.1f} {pr.compute_seconds:8.2f}s {pr.memory_seconds:7.2f}s "
               f"{pr.comm_seconds:7.2f}s {pr.mfu:9.1%} {row.published_mfu:9.1%} {error:+6.1f}   "
               f"({row.note}; {time.perf_counter() - start:.0f} s; FLOPs {p.compiled.flops:.3g} compiler, "
               f"alignment {pr.alignment:.3f})", flush=True)
     if errors:
-        print(f"mean absolute error: {statistics.mean(errors):.1f} MFU points over {len(errors)} rows (target <= 5)")
+        print(f"mean absolute error: {statistics.mean(errors):.1f} MFU points over {len(errors)} rows (target <= 5), "
+              f"with {CALIBRATED}")
+        fit(fitted_inputs)
+
+
+def fit(rows: list[tuple[float, float, float, float, float]]) -> None:
+    """Grid-search the two physical constants (MXU efficiency, compute/memory overlap) that
+    minimise the mean absolute error over all rows at once; print them and the per-row errors."""
+    def mfu(row: tuple, efficiency: float, memory_overlap: float) -> float:
+        compute, memory, comm, model_time, _ = row
+        compute /= efficiency
+        busy = max(compute, memory) + (1 - memory_overlap) * min(compute, memory)
+        return model_time / (busy + max(0.0, comm - CALIBRATED.overlap * busy))
+
+    grid = [(e / 100, g / 100) for e in range(50, 101) for g in range(0, 101, 2)]
+    mae, efficiency, overlap = min((statistics.mean(abs(mfu(r, e, g) - r[4]) * 100 for r in rows), e, g) for e, g in grid)
+    print(f"fitted over {len(rows)} rows: mxu_efficiency {efficiency:.2f}, memory_overlap {overlap:.2f} -> "
+          f"mean absolute error {mae:.1f} points; per row: "
+          + ", ".join(f"{(mfu(r, efficiency, overlap) - r[4]) * 100:+.1f}" for r in rows))
 
 
 if __name__ == "__main__":
