@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.base import Backend, DeviceInfo
 from tpu_tuner.backends.roofline import cpu_model_name, cached_probe
 from tpu_tuner.candidate import Candidate
 
@@ -27,14 +27,7 @@ class CpuBackend(Backend):
 
     def info(self) -> DeviceInfo:
         probe, was_cached = cached_probe(self.device, self.synchronize)
-        peak = DevicePeak(
-            flops_per_s={
-                "float32": probe.float32_flops_per_s,
-                "bfloat16": probe.bfloat16_flops_per_s,
-            },
-            memory_bytes_per_s=probe.copy_bytes_per_s,
-            source=probe.describe() + (" (cached)" if was_cached else ""),
-        )
+        peak = probe.to_peak(probe.describe() + (" (cached)" if was_cached else ""))
         return DeviceInfo(
             kind="cpu",
             name=cpu_model_name(),

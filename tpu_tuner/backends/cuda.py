@@ -34,14 +34,7 @@ class CudaBackend(Backend):
             )
         else:
             probe, _ = cached_probe(self.device, self.synchronize)
-            peak = DevicePeak(
-                flops_per_s={
-                    "float32": probe.float32_flops_per_s,
-                    "bfloat16": probe.bfloat16_flops_per_s,
-                },
-                memory_bytes_per_s=probe.copy_bytes_per_s,
-                source=f"{name} is not in the datasheet table; " + probe.describe(),
-            )
+            peak = probe.to_peak(f"{name} is not in the datasheet table; " + probe.describe())
         properties = torch.cuda.get_device_properties(self.device)
         return DeviceInfo(
             kind="cuda",

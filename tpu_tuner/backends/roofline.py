@@ -15,8 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tpu_tuner.backends.base import DevicePeak
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,16 @@ class RooflineProbe:
     copy_bytes: int
     repeats: int
     measured_at: str
+
+    def to_peak(self, source: str) -> "DevicePeak":
+        """The probe as a backend's peak table (fp32 and bf16 FLOP/s, copy bandwidth)."""
+        from tpu_tuner.backends.base import DevicePeak
+
+        return DevicePeak(
+            flops_per_s={"float32": self.float32_flops_per_s, "bfloat16": self.bfloat16_flops_per_s},
+            memory_bytes_per_s=self.copy_bytes_per_s,
+            source=source,
+        )
 
     def describe(self) -> str:
         return (
