@@ -52,6 +52,7 @@ def test_bad_tune_input_is_one_line_and_status_2(tmp_path, capsys, args, problem
     status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--out", str(tmp_path), *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and problem in err[0]
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # rejected before any run folder exists
 
 
 def test_bad_model_file_for_tune(tmp_path, capsys) -> None:

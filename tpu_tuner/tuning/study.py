@@ -20,6 +20,7 @@ import optuna
 from tpu_tuner.agents import Agent, load_agents
 from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.profiling.profile import Profile
@@ -58,6 +59,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
     options.validate()
     model_file = Path(model_file)
     workload = load_workload(model_file)  # bad files fail here, in this process, with exit 2
+    load_definition("search_spaces", options.space)  # and a bad --space, before any run folder exists
     started = time.perf_counter()
     emit = progress or (lambda event: None)
     run_dir, storage, study_name = _run_location(workload.name, options)
