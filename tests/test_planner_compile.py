@@ -99,7 +99,6 @@ def test_memory_truth_from_the_compiler() -> None:
     assert "HBM" in data["why"] or "memory" in data["why"].lower()
 
 
-@pytest.mark.slow
 def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
     """Same layouts on 8 emulated CPU devices: the same per-device FLOPs split between layouts and
     the same collective kinds as the TPU compiler."""
