@@ -27,9 +27,8 @@ from tpu_tuner.planner.topology import Topology, parse_topology
 
 log = logging.getLogger(__name__)
 
-# Fitted once to all six expressible rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py
-# prints the fit): two global constants, physically plausible, not per-row adjustments.
-CALIBRATED = CostModel(mxu_efficiency=0.77, memory_overlap=0.64, overlap=0.9)
+# The calibrated defaults (see CostModel).
+CALIBRATED = CostModel()
 
 
 @dataclass

@@ -40,10 +40,12 @@ ICI_FALLBACK_GBYTES = 1200.0
 
 @dataclass(frozen=True)
 class CostModel:
-    """The two physical constants of the prediction (fitted once, to all calibration rows)."""
+    """The physical constants of the prediction. The defaults were fitted once to all six
+    expressible rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py prints the
+    fit): global constants, not per-row adjustments; `overlap` was fixed, not fitted."""
 
-    mxu_efficiency: float = 0.85
-    memory_overlap: float = 0.7
+    mxu_efficiency: float = 0.77
+    memory_overlap: float = 0.64
     overlap: float = 0.9
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import optuna
 
@@ -60,6 +59,3 @@ def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance
     if error is not None:
         target.set_constraint("accuracy", float(error) - tolerance)
 
-
-def summary_value(trial: optuna.trial.FrozenTrial, key: str, default: Any = None) -> Any:
-    return trial.user_attrs.get(key, default)
