@@ -131,3 +131,22 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
     for l in layouts:
         assert set(data[f"cpu {l}"]["kinds"]) & {"all-gather", "all-reduce", "reduce-scatter"}
         assert {"all-gather"} <= set(data[f"tpu {l}"]["kinds"])
+
+
+def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> None:
+    """A worker killed mid-job (as libtpu's SIGFPE on some 8192-device layouts does) gives that job
+    an error naming the signal; a fresh worker compiles the next job."""
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGFPE)\n")
+    out = _run_python(f"""
+        import json
+        from tpu_tuner.planner.compile_pool import CompileJob, compile_all
+        from tpu_tuner.planner.layouts import Layout
+        jobs = [CompileJob(path, "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
+                for path in ({str(crashing)!r}, {str(EXAMPLES / "llama.py")!r})]
+        results = compile_all(jobs, workers=1)
+        print(json.dumps([[results[j].error, results[j].flops] for j in jobs]))
+    """)
+    (crash_error, _), (ok_error, ok_flops) = json.loads(out)
+    assert "SIGFPE" in crash_error
+    assert ok_error is None and ok_flops > 0

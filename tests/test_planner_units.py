@@ -117,3 +117,12 @@ def test_depth_extrapolation_is_linear() -> None:
     full = extrapolate(one, two, 80)
     assert full.flops == 10 + 79 * 6 and full.temp_bytes == 5 + 79 * 2
     assert full.collectives == [Collective("all-gather", 8, 3 + 79 * 2, 300 + 79 * 200)]
+
+
+def test_depth_extrapolation_never_shrinks_temporaries_with_depth() -> None:
+    """Two blocks scheduled tighter than one is compiler noise: the extrapolated temporaries stay
+    at the larger measured figure instead of going negative over 80 layers."""
+    one = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.5, 1.0, [])
+    two = CompiledStep(16.0, 150.0, 2.0, 2.0, 5.1, 2.0, [])
+    full = extrapolate(one, two, 80)
+    assert full.temp_bytes == 5.5 and full.peak_bytes > 0

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--max-layouts", type=int, default=10, help="layouts to compile (default 10)")
     plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR",
                           help="compile only this layout, e.g. 1x64x4 (repeatable)")
+    plan_cmd.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
+    plan_cmd.add_argument("--full-compile", action="store_true",
+                          help="compile with the TPU compiler's full optimisation effort (slower; see the README)")
     plan_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     plan_cmd.set_defaults(handler=_plan_command)
 
@@ -146,7 +149,12 @@ def _plan_command(args: argparse.Namespace) -> int:
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"--layout takes DATAxFSDPxTENSOR, e.g. 1x64x4: {exc}") from exc
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
-                          remat=args.remat, attention=args.attention, max_layouts=args.max_layouts, layouts=layouts)
+                          remat=args.remat, attention=args.attention, max_layouts=args.max_layouts, layouts=layouts,
+                          fast_compile=not args.full_compile)
+    if args.workers is not None:
+        if args.workers < 1:
+            raise UserInputError(f"--workers must be at least 1, not {args.workers}")
+        options.workers = args.workers
     result = plan(args.model_file, options, progress=lambda message: print(message, flush=True))
     name = result.workload + (f"_{result.preset}" if result.preset else "")
     run_dir = new_run_dir(args.out, name, f"plan-{args.topology.replace(':', '_')}")

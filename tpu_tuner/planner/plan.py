@@ -19,10 +19,11 @@ import torch
 from tpu_tuner.errors import TpuTuneError, UserInputError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
+from tpu_tuner.planner.compile_pool import CompileJob, compile_all, default_workers
 from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import CostModel, Prediction, predict
-from tpu_tuner.planner.program import CompiledStep, compile_step, extrapolate
+from tpu_tuner.planner.program import CompiledStep, extrapolate
 from tpu_tuner.planner.topology import Topology, parse_topology
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class PlanOptions:
     attention: str = "full"  # MFU convention: "full" or "causal"
     max_layouts: int = 10
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
+    workers: int = field(default_factory=default_workers)  # compiler processes at once
+    fast_compile: bool = True  # program.FAST_COMPILE_OPTIONS; False for the compiler's full effort
     cost_model: CostModel = field(default_factory=lambda: CALIBRATED)
 
 
@@ -95,7 +98,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     topology = parse_topology(options.topology)
-    devices = _topology_devices(topology)
+    _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
@@ -112,23 +115,39 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     hardware_flops = _model_flops(n_matmul, transformer, dims, global_batch, seq_len, "full") * (
         4 / 3 if options.remat == "full" else 1.0)
 
+    hbm = topology.hbm_bytes_per_device
+    n_params = sum(p.numel() for p in meta_model.parameters())
     if options.layouts:
         candidates, rejected = options.layouts, []
     else:
         candidates, rejected = enumerate_layouts(topology.devices, dims.shape, global_batch)
+        candidates, too_big = _weights_fit(candidates, n_params, hbm)
+        rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
         raise UserInputError(f"no layout divides this model on {topology.devices} devices: " + "; ".join(r for _, r in rejected[:3]))
 
+    jobs = {(layout, blocks): CompileJob(str(workload.source), options.preset, blocks, layout, topology.jax_name,
+                                         global_batch, seq_len, dims.shape.d_model, options.remat, options.fast_compile)
+            for layout in candidates for blocks in (1, 2)}
+    emit(f"compiling {len(candidates)} layouts x 2 programs for {topology.jax_name} on {options.workers} compiler processes")
+    finished: set[Layout] = set()
+
+    def report(job: CompileJob, step: CompiledStep) -> None:
+        if all((job.layout, b) in compiled for b in (1, 2)) and job.layout not in finished:
+            finished.add(job.layout)
+            took = sum(compiled[(job.layout, b)].compile_seconds for b in (1, 2))
+            status = "refused" if any(compiled[(job.layout, b)].error for b in (1, 2)) else f"compiled in {took:.0f} s"
+            emit(f"[{len(finished)}/{len(candidates)}] {job.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
+
+    compiled: dict[tuple[Layout, int], CompiledStep] = {}
+    by_job = {job: key for key, job in jobs.items()}
+    compile_all(jobs.values(), options.workers,
+                done=lambda job, step: (compiled.__setitem__(by_job[job], step), report(job, step)))
+
     plans = []
-    hbm = topology.hbm_bytes_per_device
-    for index, layout in enumerate(candidates, 1):
-        emit(f"[{index}/{len(candidates)}] compiling {layout.name()} for {topology.jax_name}")
-        steps = [
-            compile_step(lambda: workload.model_for_preset(options.preset), blocks, layout, devices,
-                         global_batch, seq_len, dims.shape.d_model, remat=options.remat)
-            for blocks in (1, 2)
-        ]
+    for layout in candidates:
+        steps = [compiled[(layout, blocks)] for blocks in (1, 2)]
         failed = next((s for s in steps if s.error), None)
         if failed is not None:
             plans.append(LayoutPlan(layout, failed, False, 0.0, f"the compiler refused: {failed.error}", None))
@@ -164,6 +183,22 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
                 f"linearly to {dims.shape.n_layers}; parameters never materialised"),
         seconds=time.perf_counter() - started,
     )
+
+
+def _weights_fit(layouts: list[Layout], n_params: int, hbm: float) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Drop, without compiling, layouts whose fp32 weights and two AdamW moments alone (12 bytes a
+    parameter, split over fsdp x tensor, replicated over data) exceed a device's HBM: a lower bound
+    on the compiler's argument bytes, so nothing that could fit is dropped."""
+    keep, drop = [], []
+    for layout in layouts:
+        need = 12 * n_params / (layout.fsdp * layout.tensor)
+        if need > hbm:
+            reason = (f"fp32 weights + AdamW moments alone need {need / 2**30:.0f} GiB per device "
+                      f"(> {hbm / 2**30:.0f} GiB HBM)")
+            drop.append((layout, reason))
+        else:
+            keep.append(layout)
+    return keep, drop
 
 
 def _preference(layout: Layout) -> tuple:
