@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--verify-rounds", type=int, default=12, help="interleaved rounds of the final comparison (default 12)")
     tune.add_argument("--storage", help="Optuna storage URL (default: sqlite in the run folder), e.g. postgresql://...")
     tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
+    tune.add_argument("--lengths", type=Path, help="input length sample (CSV or one number a line; default: the file's "
+                      "sample_lengths()); each trial's objective then includes its best shape buckets")
+    tune.add_argument("--max-buckets", type=int, default=8, help="most compiled shapes when inputs vary (default 8)")
+    tune.add_argument("--bucket-align", type=int, default=8, help="bucket bounds are multiples of this (default 8)")
     tune.set_defaults(handler=_tune_command)
 
     plan_cmd = commands.add_parser(
@@ -90,10 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR",
                           help="compile only this layout, e.g. 1x64x4 (repeatable)")
     plan_cmd.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
-    plan_cmd.add_argument("--full-compile", action="store_true",
-                          help="compile with the TPU compiler's full optimisation effort (slower; see the README)")
+    plan_cmd.add_argument("--fast", action="store_true",
+                          help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs and "
+                               "collectives, but temporaries (so 'fits') overstated; see the README")
     plan_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     plan_cmd.set_defaults(handler=_plan_command)
+
+    buckets_cmd = commands.add_parser(
+        "buckets",
+        help="choose shape buckets for inputs of varying length (few compiles, little padding)",
+        description="Measure compile and step costs on this device, then choose the bucket bounds that "
+                    "minimise a planned run's total time; compare with the usual strategies.",
+    )
+    buckets_cmd.add_argument("model_file", type=Path, help="a workload whose make_batch(batch, seq_len) takes any length")
+    buckets_cmd.add_argument("--lengths", type=Path, help="length sample: CSV (a 'length' column) or one number a line "
+                             "(default: the file's sample_lengths())")
+    buckets_cmd.add_argument("--steps", type=int, default=20_000, help="steps of the planned run (default 20000)")
+    buckets_cmd.add_argument("--max-buckets", type=int, default=8, help="most compiled shapes allowed (default 8)")
+    buckets_cmd.add_argument("--align", type=int, default=8, help="bounds are multiples of this (default 8; 128 on TPU matmul units)")
+    buckets_cmd.add_argument("--device", help="cpu, cuda, tpu (default: the best present)")
+    buckets_cmd.add_argument("--compile-backend", help="torch.compile backend to measure (default: the device's: inductor / tpu)")
+    buckets_cmd.add_argument("--batch-size", type=int, help="sequences per step (default: the file's BATCH_SIZE)")
+    buckets_cmd.add_argument("--replay", type=int, default=0, metavar="N",
+                             help="also replay N drawn steps through the workload per strategy and report measured totals")
+    buckets_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+    buckets_cmd.set_defaults(handler=_buckets_command)
 
     apply_cmd = commands.add_parser("apply", help="print what a tuned config sets, and where")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
@@ -111,6 +136,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         memory_limit_bytes=int(args.trial_memory_gb * 1024**3) if args.trial_memory_gb else None,
         verify_rounds=args.verify_rounds, device=None if args.device == "auto" else args.device,
         batch_size=args.batch_size, seq_len=args.seq_len, storage=args.storage, out=args.out, resume=args.resume,
+        lengths_file=args.lengths, max_buckets=args.max_buckets, bucket_align=args.bucket_align,
     )
 
     def show(event: Progress) -> None:
@@ -132,6 +158,36 @@ def _tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _buckets_command(args: argparse.Namespace) -> int:
+    import json
+
+    from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
+    from tpu_tuner.bucketing.torchtpu import torchtpu_instructions
+    from tpu_tuner.report.bucket_report import render_markdown, render_terminal, write_plots
+    from tpu_tuner.results import new_run_dir
+    from tpu_tuner.tuned_config import TunedConfig
+
+    options = BucketOptions(lengths_file=args.lengths, steps=args.steps, max_buckets=args.max_buckets, align=args.align,
+                            device=args.device, compile_backend=args.compile_backend, batch_size=args.batch_size,
+                            replay_steps=args.replay)
+    result = plan_buckets(args.model_file, options, progress=lambda message: print(message, flush=True))
+    run_dir = new_run_dir(args.out, result.workload, "buckets")
+    (run_dir / "buckets.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    plots = write_plots(result, run_dir)
+    (run_dir / "buckets.md").write_text(render_markdown(result, plots))
+    bounds = list(result.chosen.strategy.bounds)
+    TunedConfig(Candidate(compile_backend=result.compile_backend), result.device, provenance={
+        "source": "tpu-tune buckets", "workload": str(args.model_file), "steps": result.steps,
+        "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
+        "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
+    }, bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)}).save(
+        run_dir / "bucket_config.toml")
+    print()
+    print(render_terminal(result))
+    print(f"\nwrote {run_dir}/ (buckets.json, buckets.md, {', '.join(plots)}, bucket_config.toml)")
+    return 0
+
+
 def _plan_command(args: argparse.Namespace) -> int:
     import json
 
@@ -150,7 +206,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             raise UserInputError(f"--layout takes DATAxFSDPxTENSOR, e.g. 1x64x4: {exc}") from exc
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, attention=args.attention, max_layouts=args.max_layouts, layouts=layouts,
-                          fast_compile=not args.full_compile)
+                          fast_compile=args.fast)
     if args.workers is not None:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
@@ -212,7 +268,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ("profile", "tune", "plan", "apply")
+COMMANDS = ("profile", "tune", "plan", "buckets", "apply")
 
 
 def _default_to_tune(argv: list[str]) -> list[str]:

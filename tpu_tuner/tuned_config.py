@@ -35,6 +35,8 @@ class TunedConfig:
     # Optional sharding plan: {"mesh": {"data": 1, "fsdp": 64, "tensor": 4},
     # "placements": {parameter name: "tensor/fsdp" (mesh axis per dimension, "-" = replicated)}}
     sharding: dict[str, Any] | None = None
+    # Optional shape bucketing: {"buckets": [80, 136, ...], "align": 8, "torchtpu": "..."}
+    bucketing: dict[str, Any] | None = None
 
     def to_toml(self) -> str:
         settings = {k: v for k, v in self.candidate.to_dict().items() if v is not None}  # TOML has no null
@@ -46,6 +48,8 @@ class TunedConfig:
         }
         if self.sharding:
             document["sharding"] = self.sharding
+        if self.bucketing:
+            document["bucketing"] = _drop_none(self.bucketing)
         return tomli_w.dumps(document)
 
     def save(self, path: str | Path) -> Path:
@@ -69,7 +73,7 @@ class TunedConfig:
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"bad [settings]: {exc}", path) from exc
         return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
-                   sharding=data.get("sharding"))
+                   sharding=data.get("sharding"), bucketing=data.get("bucketing"))
 
     def environment(self) -> dict[str, str]:
         """Variables that must be set before the process imports torch (TorchTPU eager modes)."""
@@ -100,6 +104,12 @@ class TunedConfig:
             lines.append("# sharding (one process per device, process group 'tpu_dist' on TorchTPU):")
             lines.append(f"mesh = init_device_mesh('{self.device_kind}', {shape}, mesh_dim_names={names})")
             lines.append("# placements per parameter are in [sharding.placements]; see the README's planner section")
+        if self.bucketing:
+            lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
+            lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
+            lines.append("tokens, attention_mask = tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)")
+            if self.bucketing.get("torchtpu"):
+                lines.append(f"# on TorchTPU: {self.bucketing['torchtpu']}")
         return lines
 
 

@@ -106,7 +106,10 @@ class Backend(ABC):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=getattr(torch, candidate.autocast_dtype))
 
-    def compile(self, fn: Callable[..., Any], candidate: Candidate) -> Callable[..., Any]:
-        """Wrap `fn` with torch.compile when the candidate asks for it."""
+    def compile(self, fn: Callable[..., Any], candidate: Candidate, static_shapes: bool = False) -> Callable[..., Any]:
+        """Wrap `fn` with torch.compile when the candidate asks for it. `static_shapes` compiles
+        every new input shape anew (``dynamic=False``), as TorchTPU always does."""
         options = candidate.compile_options()
+        if options is not None and static_shapes:
+            options["dynamic"] = False
         return fn if options is None else torch.compile(fn, **options)

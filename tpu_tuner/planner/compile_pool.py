@@ -3,20 +3,21 @@
 Why processes: one TPU compile keeps about one core busy (measured: 29 s of CPU in 26 s of wall
 time), so two workers on two cores halve a plan's wall time; a libtpu abort or a runaway compile
 ends one worker, not the plan; and torchax, which breaks torch.compile in any process that imports
-it, stays out of the caller's process. Workers are spawned (not forked: libtpu and JAX hold
-threads) and live for the whole plan, so each pays the JAX / torchax / libtpu start-up once.
+it, stays out of the caller's process. Workers are fresh interpreters (not forks: libtpu and JAX
+hold threads) that live for the whole plan, so each pays the JAX / torchax / libtpu start-up once.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from tpu_tuner.planner.layouts import Layout
@@ -64,7 +65,6 @@ def compile_all(jobs: Iterable[CompileJob], workers: int,
     # Compile-only use never touches a TPU; without this every worker after the first waits on
     # libtpu's exclusive /tmp/libtpu_lockfile.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    context = multiprocessing.get_context("spawn")
     idle: list[_Worker] = []
     busy: dict[Any, tuple[_Worker, CompileJob]] = {}  # connection -> (worker, job)
 
@@ -76,13 +76,13 @@ def compile_all(jobs: Iterable[CompileJob], workers: int,
     try:
         while queue or busy:
             while queue and len(busy) < max(1, workers):
-                worker = idle.pop() if idle else _Worker(context)
+                worker = idle.pop() if idle else _Worker()
                 job = queue.pop(0)
-                worker.connection.send(job)
+                worker.send.send(job)
                 busy[worker.connection] = (worker, job)
-            ready = set(wait([*busy, *(w.process.sentinel for w, _ in busy.values())]))
+            ready = set(wait(list(busy)))  # a dead worker's pipe is ready too: at end of file
             for connection, (worker, job) in list(busy.items()):
-                if connection not in ready and worker.process.sentinel not in ready:
+                if connection not in ready:
                     continue
                 del busy[connection]
                 try:
@@ -90,8 +90,7 @@ def compile_all(jobs: Iterable[CompileJob], workers: int,
                 except (EOFError, OSError):
                     step = None
                 if step is None:
-                    worker.process.join(timeout=5)
-                    reason = _death(worker.process.exitcode)
+                    reason = _death(worker.exitcode())
                     log.warning("compile worker died on %s (%d blocks): %s", job.layout.name(), job.blocks, reason)
                     finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
                     worker.close()
@@ -105,33 +104,48 @@ def compile_all(jobs: Iterable[CompileJob], workers: int,
 
 
 class _Worker:
-    """A spawned compiler process and the parent's end of its pipe."""
+    """A compiler process (`python -m tpu_tuner.planner.compile_pool`) on two pipes.
 
-    def __init__(self, context: Any) -> None:
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child,), daemon=True)
-        self.process.start()
-        child.close()
+    A plain subprocess rather than multiprocessing's spawn, which re-imports the caller's main
+    module and so breaks scripts that call `plan()` without a __main__ guard."""
+
+    def __init__(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        self.process = subprocess.Popen([sys.executable, "-m", "tpu_tuner.planner.compile_pool", str(to_child_r), str(from_child_w)],
+                                        pass_fds=(to_child_r, from_child_w))
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.send = Connection(to_child_w, readable=False)
+        self.connection = Connection(from_child_r, writable=False)
+
+    def exitcode(self) -> int | None:
+        try:
+            return self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            return None
 
     def close(self) -> None:
         try:
-            self.connection.send(None)
+            self.send.send(None)
         except (BrokenPipeError, OSError):
             pass
-        self.process.join(timeout=5)
-        if self.process.is_alive():
+        if self.exitcode() is None:
             self.process.kill()
+            self.process.wait()
+        self.send.close()
         self.connection.close()
 
 
-def _serve(connection: Any) -> None:
+def _serve(read_fd: int, write_fd: int) -> None:
     """The worker's loop: compile each job it is sent until it is sent None."""
-    while (job := connection.recv()) is not None:
+    receive, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    while (job := receive.recv()) is not None:
         try:
             step = run_job(job)
         except Exception as exc:  # noqa: BLE001 - a model the compiler cannot take is that layout's result
             step = CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
-        connection.send(step)
+        send.send(step)
 
 
 def _death(exitcode: int | None) -> str:
@@ -156,3 +170,7 @@ def _workload(model_file: str) -> Any:
     from tpu_tuner.loader import load_workload
 
     return load_workload(model_file)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

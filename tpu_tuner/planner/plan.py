@@ -43,7 +43,7 @@ class PlanOptions:
     max_layouts: int = 10
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
     workers: int = field(default_factory=default_workers)  # compiler processes at once
-    fast_compile: bool = True  # program.FAST_COMPILE_OPTIONS; False for the compiler's full effort
+    fast_compile: bool = False  # program.FAST_COMPILE_OPTIONS: quicker, but temporaries overstated
     cost_model: CostModel = field(default_factory=lambda: CALIBRATED)
 
 
@@ -180,7 +180,8 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
         method=("block scaling: compiled with 1 and 2 repeated blocks on the meta device and extrapolated "
-                f"linearly to {dims.shape.n_layers}; parameters never materialised"),
+                f"linearly to {dims.shape.n_layers}; parameters never materialised; collectives compiled as mocks"
+                + ("; FAST screening compile (least optimisation effort): temporaries overstated" if options.fast_compile else "")),
         seconds=time.perf_counter() - started,
     )
 

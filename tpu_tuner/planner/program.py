@@ -50,12 +50,15 @@ class CompiledStep:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
 
-# The planner reads the compiler's analyses, never runs the program, so it asks for the least
-# optimisation of the generated code: the lowest execution-time effort, and collectives emitted as
-# mocks (their code for an 8192-device group is most of the backend's time). Measured on 70B
-# blocks (64 and 8192 v5p chips): the same FLOPs and the same collectives (kind, group, count,
-# bytes), HBM bytes within 4%, temporaries within 6%, in a third to a half of the compile time.
-FAST_COMPILE_OPTIONS = {"exec_time_optimization_effort": -1.0, "xla_tpu_mock_collectives": True}
+# The planner reads the compiler's analyses and never runs the program, so collectives are emitted
+# as mocks: their code for a group of thousands of devices is most of the backend's time there.
+# Measured: the same FLOPs, bytes, memory and collectives (kind, group, count, bytes) as without.
+COMPILE_OPTIONS: dict[str, Any] = {"xla_tpu_mock_collectives": True}
+# `--fast` also asks for the least execution-time optimisation: 2-4x quicker compiles with the same
+# FLOPs and collectives, but the compiler then schedules rematerialised blocks less tightly, so
+# temporaries grow faster with depth (Llama-3.1-8B on v6e-256: 4.5 GiB a block instead of 0.6,
+# 151 GiB extrapolated instead of 28). Good for screening layouts, not for "does it fit".
+FAST_COMPILE_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "exec_time_optimization_effort": -1.0}
 
 # Rematerialisation per block, as MaxText names them: "full" recomputes the whole block in backward,
 # "minimal" keeps the outputs of weight matmuls and recomputes the rest, "none" keeps everything.
@@ -91,11 +94,11 @@ def compile_step(
     seq_len: int,
     d_model: int,
     remat: str,
-    fast: bool = True,
+    fast: bool = False,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
-    `fast` compiles with FAST_COMPILE_OPTIONS (TPU only), see there."""
+    On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -166,7 +169,7 @@ def compile_step(
     lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, (params, params), buffers, tokens, tokens)
     on_tpu = np.asarray(devices).flat[0].platform == "tpu"
     try:
-        compiled = lowered.compile(dict(FAST_COMPILE_OPTIONS) if fast and on_tpu else None)
+        compiled = lowered.compile(dict(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS) if on_tpu else None)
     except Exception as exc:  # noqa: BLE001 - the compiler reports out-of-HBM as an exception
         message = str(exc).strip().splitlines()[0]
         return CompiledStep(0, 0, 0, 0, 0, 0, [], time.perf_counter() - start, error=message)

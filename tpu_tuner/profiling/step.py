@@ -60,35 +60,39 @@ def prepare_step(
     optimizer = workload.optimizer_for(model)
     compiled = backend.compile(model, candidate)
 
-    def make_run(forward: Callable[..., Any]) -> Callable[[], Any]:
-        if workload.is_training:
-            assert optimizer is not None and workload.loss_fn is not None
-            loss_fn = workload.loss_fn
-
-            def train_step() -> Any:
-                with backend.autocast(candidate):
-                    loss = loss_fn(call_model(forward, inputs), target)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                return loss.detach()
-
-            return train_step
-
-        def inference_step() -> Any:
-            with torch.no_grad(), backend.autocast(candidate):
-                return call_model(forward, inputs)
-
-        return inference_step
-
     return PreparedStep(
         model=model,
         optimizer=optimizer,
         batch=(inputs, target),
-        run=make_run(compiled),
-        run_eager=make_run(model),
+        run=step_function(workload, backend, candidate, compiled, optimizer, inputs, target),
+        run_eager=step_function(workload, backend, candidate, model, optimizer, inputs, target),
         forward=compiled,
     )
+
+
+def step_function(workload: Workload, backend: Backend, candidate: Candidate, forward: Callable[..., Any],
+                  optimizer: torch.optim.Optimizer | None, inputs: Any, target: Any) -> Callable[[], Any]:
+    """One step of `forward` on fixed inputs: forward + loss + backward + optimizer step for
+    training, a no-grad forward for inference, under the candidate's autocast."""
+    if workload.is_training:
+        assert optimizer is not None and workload.loss_fn is not None
+        loss_fn = workload.loss_fn
+
+        def train_step() -> Any:
+            with backend.autocast(candidate):
+                loss = loss_fn(call_model(forward, inputs), target)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return train_step
+
+    def inference_step() -> Any:
+        with torch.no_grad(), backend.autocast(candidate):
+            return call_model(forward, inputs)
+
+    return inference_step
 
 
 def run_user_step(step: Callable[[], Any], workload: Workload, what: str) -> Any:

@@ -32,6 +32,14 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         "|---|---:|---:|",
     ]
     out += _comparison_rows(base, chosen, planned)
+    bucketing = result.chosen_bucketing()
+    if bucketing:
+        out += ["", "## Shape buckets (inputs vary in length)", "",
+                f"Chosen buckets `{bucketing['buckets']}` ({bucketing['padding_waste']:.1%} of processed tokens are "
+                "padding). Every trial's objective is its expected step over the length sample with the bucketing "
+                "best for it (exact DP: its measured compile time per shape, its steady step scaled by the step-time "
+                "curve measured at the start); the interleaved comparison above is at the reference length. "
+                f"On TorchTPU: {bucketing['torchtpu']}."]
     out += ["", "## What each knob contributed", ""]
     if v.contributions:
         out += [

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from tpu_tuner.backends import Backend, get_backend
+from tpu_tuner.bucketing.measure import run_bucket_costs, run_bucket_replay
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.mfu import mfu
@@ -127,4 +128,5 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
     return {"samples": samples, "compiles_while_comparing": compiles}
 
 
-JOBS = {"profile": run_profile, "measure": run_measure, "compare": run_compare}
+JOBS = {"profile": run_profile, "measure": run_measure, "compare": run_compare,
+        "bucket_costs": run_bucket_costs, "bucket_replay": run_bucket_replay}

@@ -38,6 +38,11 @@ class TuneOptions:
     storage: str | None = None
     out: Path = Path("results")
     resume: Path | None = None
+    # Varying input lengths (bucketing/knob.py): a length sample file, else the workload's
+    # sample_lengths(); the bucket limits the per-trial optimiser respects.
+    lengths_file: Path | None = None
+    max_buckets: int = 8
+    bucket_align: int = 8
     trial_settings: ProfilerSettings = field(
         default_factory=lambda: ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)
     )
@@ -47,7 +52,7 @@ class TuneOptions:
 
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
-        for name in ("trials", "planned_steps", "verify_rounds"):
+        for name in ("trials", "planned_steps", "verify_rounds", "max_buckets", "bucket_align"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
         if self.verify_rounds < 2:

@@ -55,7 +55,20 @@ class TuningResult:
     @property
     def best_config(self) -> TunedConfig:
         """The recommended config (the baseline when the win was not significant)."""
-        return TunedConfig(self.verification.chosen, self.profile.device.kind, self._provenance())
+        return TunedConfig(self.verification.chosen, self.profile.device.kind, self._provenance(),
+                           bucketing=self.chosen_bucketing())
+
+    def chosen_bucketing(self) -> dict[str, Any] | None:
+        """The buckets of the chosen setting's trial, when the inputs vary (bucketing/knob.py)."""
+        chosen = self.verification.chosen.to_dict()
+        for t in self.study.get_trials(deepcopy=False):
+            if t.user_attrs.get("buckets") and t.user_attrs.get("candidate") == chosen:
+                from tpu_tuner.bucketing.torchtpu import torchtpu_instructions
+
+                return {"buckets": t.user_attrs["buckets"], "align": self.options.bucket_align,
+                        "padding_waste": t.user_attrs.get("padding_waste"),
+                        "torchtpu": torchtpu_instructions(t.user_attrs["buckets"])}
+        return None
 
     def trials_dataframe(self) -> pd.DataFrame:
         """One row per trial: settings, objective, measurements, failures."""

@@ -19,6 +19,9 @@ import optuna
 
 from tpu_tuner.agents import Agent, load_agents
 from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
+from tpu_tuner.bucketing.cost_model import fit_cost_model
+from tpu_tuner.bucketing.knob import BucketingContext
+from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
@@ -60,6 +63,8 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
     model_file = Path(model_file)
     workload = load_workload(model_file)  # bad files fail here, in this process, with exit 2
     load_definition("search_spaces", options.space)  # and a bad --space, before any run folder exists
+    if options.lengths_file is not None or workload.sample_lengths is not None:
+        bucket_histogram(workload, options.lengths_file)  # and a bad length sample
     started = time.perf_counter()
     emit = progress or (lambda event: None)
     run_dir, storage, study_name = _run_location(workload.name, options)
@@ -81,6 +86,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         _mark_interrupted(study)
         if not study.trials:
             enqueue_seeds(study, space, agents, profile)
+        bucketing = _bucketing_context(workload, options, runner, profile, emit, started)
         measure_options = {
             "batch_size": options.batch_size,
             "seq_len": options.seq_len,
@@ -88,7 +94,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
             "peak_flops_per_s": profile.device.peak.flops_per_s,
             "model_flops_per_step": profile.flops.model_per_step,
         }
-        run_search(study, space, agents, runner, measure_options, options, emit, started)
+        run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing)
         emit(Progress("verify", "re-measuring the best against the baseline, interleaved", elapsed=time.perf_counter() - started))
         verification = verify(study, space, runner, options, device_kind)
         worker_starts = runner.workers_started
@@ -181,6 +187,7 @@ def run_search(
     options: TuneOptions,
     emit: ProgressCallback,
     started: float,
+    bucketing: BucketingContext | None = None,
 ) -> None:
     distinct_total = space.size()
     asked = 0
@@ -228,7 +235,7 @@ def run_search(
         trial.set_user_attr("measured", True)
         trial.set_user_attr("trial_wall_s", outcome.seconds)
         if outcome.ok:
-            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance)
+            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance, bucketing)
             study.tell(trial, value)
             verdict = "ok" if outcome.value.accuracy_error <= options.tolerance else "infeasible (accuracy)"
             message = f"{label}: {outcome.value.step_median * 1e3:.1f} ms, MFU {outcome.value.mfu:.1%}, {verdict}"
@@ -237,6 +244,28 @@ def run_search(
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
         emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started))
+
+
+def _bucketing_context(workload: Any, options: TuneOptions, runner: TrialRunner, profile: Profile,
+                       emit: ProgressCallback, started: float) -> BucketingContext | None:
+    """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
+    length once, so every trial's objective can include its best bucketing (bucketing/knob.py)."""
+    if options.lengths_file is None and workload.sample_lengths is None:
+        return None
+    hist = bucket_histogram(workload, options.lengths_file)
+    reference = int(profile.workload.get("seq_len") or 0)
+    if not reference:
+        raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
+    probes = probe_lengths(hist, options.bucket_align)
+    emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
+                  elapsed=time.perf_counter() - started))
+    measured = runner.run("bucket_costs", Candidate().to_dict(), {
+        "lengths": probes, "warmup_length": reference, "batch_size": options.batch_size})
+    if not measured.ok:
+        raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
+                            f"{measured.failure.message}", workload.source)
+    points = [(p["length"], p["step_seconds"]) for p in measured.value["points"]]
+    return BucketingContext(hist, fit_cost_model(points, []), reference, options.max_buckets, options.bucket_align)
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

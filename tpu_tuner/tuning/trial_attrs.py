@@ -6,14 +6,23 @@ import json
 
 import optuna
 
+from tpu_tuner.bucketing.knob import BucketingContext
 from tpu_tuner.runner.measurement import Measurement, TrialFailure
 
 MAX_STORED_SAMPLES = 200
 
 
-def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float) -> float:
-    """Store the measurement and the accuracy constraint; return the objective value."""
+def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float,
+                       bucketing: BucketingContext | None = None) -> float:
+    """Store the measurement and the accuracy constraint; return the objective value: the
+    amortised step, or with varying input lengths the expected step under the trial's best
+    bucketing (see bucketing/knob.py)."""
     objective = m.amortised_step(planned_steps)
+    if bucketing is not None:
+        best = bucketing.best(m.step_median, m.compile_seconds, planned_steps)
+        objective = best.total_seconds / planned_steps
+        trial.set_user_attr("buckets", list(best.strategy.bounds))
+        trial.set_user_attr("padding_waste", best.padding_waste)
     data = m.to_dict()
     data["samples"] = data["samples"][:MAX_STORED_SAMPLES]
     trial.set_user_attr("measurement", json.dumps(data))

@@ -1,0 +1,15 @@
+"""Shape bucketing: few compiled shapes, little padding, chosen from the real length distribution.
+
+* `lengths`: read a length sample (a file, or the workload's ``sample_lengths()``);
+* `cost_model`: compile cost per new shape and step time against length, measured and fitted;
+* `optimize`: the exact optimiser (dynamic programming) and the baseline strategies;
+* `padding`: the runtime helper that pads a batch to its bucket in the user's data pipeline;
+* `measure` / `study`: measurement on the present backend and the `tpu-tune buckets` pipeline.
+"""
+
+from tpu_tuner.bucketing.cost_model import CostModel
+from tpu_tuner.bucketing.lengths import LengthHistogram, read_lengths
+from tpu_tuner.bucketing.optimize import evaluate, optimal_buckets
+from tpu_tuner.bucketing.padding import bucket_for, pad_to_bucket
+
+__all__ = ["CostModel", "LengthHistogram", "bucket_for", "evaluate", "optimal_buckets", "pad_to_bucket", "read_lengths"]

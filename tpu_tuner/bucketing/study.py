@@ -1,0 +1,212 @@
+"""`tpu-tune buckets`: measure the cost model, choose buckets, compare strategies, replay them.
+
+1. The length sample: `--lengths FILE` or the workload's ``sample_lengths()``.
+2. The cost model, measured on the present backend in an isolated worker: compile cost of a new
+   shape and steady step time at a few lengths across the distribution (aligned quantiles), and
+   the fit of step time against length (cost_model.py).
+3. The exact optimiser (optimize.py) under the user's limits, and the baselines, evaluated under
+   the same model; the oracle bound.
+4. Optionally (`--replay N`), every strategy replayed end to end through the real workload on a
+   stream of N lengths drawn from the sample, each in a fresh worker (see measure.py). The
+   planned run has S steps; the replay runs N, so the measured total is
+   (measured compiles) + S/N x (measured stream step time), said so in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpu_tuner.backends import get_backend
+from tpu_tuner.bucketing.cost_model import CostModel, fit_cost_model
+from tpu_tuner.bucketing.lengths import LengthHistogram, read_lengths
+from tpu_tuner.bucketing.optimize import (
+    Evaluation,
+    Strategy,
+    assign,
+    baselines,
+    evaluate,
+    optimal_buckets,
+    oracle_seconds,
+)
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.errors import TpuTuneError, UserInputError
+from tpu_tuner.loader import load_workload
+from tpu_tuner.runner.pool import TrialRunner
+
+log = logging.getLogger(__name__)
+
+PROBE_QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
+
+
+@dataclass
+class BucketOptions:
+    lengths_file: Path | None = None
+    steps: int = 20_000  # steps of the planned run
+    max_buckets: int = 8
+    align: int = 8  # bucket bounds are multiples of this (128 matches TPU matmul units)
+    device: str | None = None
+    compile_backend: str | None = None  # default: the device's (inductor on CPU/CUDA, tpu on TPU)
+    batch_size: int | None = None
+    replay_steps: int = 0  # 0: no replay
+    replay_max_compiles: int = 16  # strategies needing more compiled shapes are predicted only
+    replay_only: tuple[str, ...] | None = None  # replay just these strategies (names as in the table)
+    trial_timeout_s: float = 3600.0
+    seed: int = 0
+
+
+@dataclass
+class Replay:
+    """A strategy replayed end to end: measured compiles and stream steps, scaled to the run."""
+
+    strategy: str
+    compiled_shapes: int
+    compile_seconds: float
+    stream_steps: int
+    stream_step_seconds: float
+    total_seconds: float  # compile + steps x planned / stream
+
+
+@dataclass
+class BucketResult:
+    workload: str
+    device: str
+    compile_backend: str
+    samples: int
+    distinct_lengths: int
+    length_summary: dict[str, float]
+    steps: int
+    max_buckets: int
+    align: int
+    cost_model: CostModel
+    chosen: Evaluation
+    table: list[Evaluation]
+    oracle_seconds: float
+    optimiser_seconds: float
+    histogram: LengthHistogram
+    replays: list[Replay] = field(default_factory=list)
+    replay_note: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["histogram"] = {"lengths": self.histogram.lengths.tolist(), "counts": self.histogram.counts.tolist()}
+        data["chosen_buckets"] = list(self.chosen.strategy.bounds)
+        return data
+
+
+def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Callable[[str], None] | None = None) -> BucketResult:
+    """Run the whole bucketing study on `model_file`."""
+    emit = progress or (lambda message: None)
+    started = time.perf_counter()
+    workload = load_workload(model_file)
+    hist = bucket_histogram(workload, options.lengths_file)
+    if options.steps < 1 or options.max_buckets < 1 or options.align < 1:
+        raise UserInputError("--steps, --max-buckets and --align must be at least 1")
+    backend = get_backend(options.device)
+    backend_name = options.compile_backend or backend.default_compile_backend()
+    candidate = Candidate(compile_backend=backend_name).to_dict()
+    probes = probe_lengths(hist, options.align)
+    warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
+    emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
+         f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)")
+    with TrialRunner(str(workload.source), options.device, options.trial_timeout_s) as runner:
+        measured = _value(runner.run("bucket_costs", candidate, {
+            "lengths": probes, "warmup_length": warmup, "batch_size": options.batch_size}), "measuring the cost model")
+    points = measured["points"]
+    model = fit_cost_model([(p["length"], p["step_seconds"]) for p in points],
+                           [(p["length"], p["compile_seconds"]) for p in points])
+    emit(f"cost model: {model.describe()}")
+
+    start = time.perf_counter()
+    chosen_strategy = optimal_buckets(hist, model, options.steps, options.max_buckets, options.align)
+    optimiser_seconds = time.perf_counter() - start
+    strategies = [chosen_strategy, *baselines(hist)]
+    table = [evaluate(s, hist, model, options.steps, options.max_buckets) for s in strategies]
+    result = BucketResult(
+        workload=workload.name, device=backend.kind, compile_backend=backend_name, samples=hist.total,
+        distinct_lengths=len(hist.lengths), length_summary=_summary(hist), steps=options.steps,
+        max_buckets=options.max_buckets, align=options.align, cost_model=model, chosen=table[0], table=table,
+        oracle_seconds=oracle_seconds(hist, model, options.steps), optimiser_seconds=optimiser_seconds, histogram=hist,
+    )
+    if options.replay_steps:
+        result.replays, result.replay_note = replay(workload.source, hist, strategies, options, candidate, warmup, emit)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], options: BucketOptions,
+           candidate: dict[str, Any], warmup: int, emit: Callable[[str], None]) -> tuple[list[Replay], str]:
+    """Replay a drawn length stream through the real workload under each strategy, each in a
+    fresh worker (no compile inherited from another strategy)."""
+    stream = hist.sample(options.replay_steps, options.seed)
+    scale = options.steps / len(stream)
+    replays = []
+    for strategy in strategies:
+        if options.replay_only is not None and strategy.name not in options.replay_only:
+            continue
+        bounds = np.asarray(strategy.bounds)
+        needed = sorted({int(b) for b in bounds[np.searchsorted(bounds, stream, side="left")]})
+        if len(needed) > options.replay_max_compiles:
+            emit(f"replay: {strategy.name} needs {len(needed)} compiled shapes (> {options.replay_max_compiles}); predicted only")
+            continue
+        emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
+        with TrialRunner(str(source), options.device, options.trial_timeout_s) as runner:
+            value = _value(runner.run("bucket_replay", candidate, {
+                "bounds": list(strategy.bounds), "stream": stream.tolist(), "warmup_length": warmup,
+                "batch_size": options.batch_size}), f"replaying {strategy.name}")
+        compile_seconds = float(sum(value["compile_seconds"].values()))
+        replays.append(Replay(strategy.name, len(needed), compile_seconds, len(stream), value["step_seconds"],
+                              compile_seconds + scale * value["step_seconds"]))
+    note = (f"replayed {len(stream)} steps drawn from the sample (seed {options.seed}); measured total = measured "
+            f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.steps} steps")
+    return replays, note
+
+
+def probe_lengths(hist: LengthHistogram, align: int) -> list[int]:
+    """Aligned lengths at the sample's quantiles (at least two distinct)."""
+    sample = np.repeat(hist.lengths, hist.counts)
+    values = sorted({int(-(-np.quantile(sample, q, method="higher") // align) * align) for q in PROBE_QUANTILES})
+    if len(values) < 2:
+        values.append(values[-1] + align)
+    return values
+
+
+def bucket_histogram(workload: Any, lengths_file: Path | None) -> LengthHistogram:
+    """The length sample of `lengths_file`, else of the workload's sample_lengths()."""
+    if lengths_file is not None:
+        sample = read_lengths(lengths_file)
+        source: Any = lengths_file
+    elif workload.sample_lengths is not None:
+        try:
+            sample = np.asarray(list(workload.sample_lengths()))
+        except Exception as exc:
+            raise UserInputError(f"sample_lengths() failed: {type(exc).__name__}: {exc}", workload.source) from exc
+        source = workload.source
+    else:
+        raise UserInputError("no length sample: give --lengths FILE or define sample_lengths() in the file", workload.source)
+    try:
+        return LengthHistogram.from_sample(sample)
+    except ValueError as exc:
+        raise UserInputError(str(exc), source) from exc
+
+
+def _summary(hist: LengthHistogram) -> dict[str, float]:
+    sample = np.repeat(hist.lengths, hist.counts)
+    return {"min": int(sample.min()), "median": float(np.median(sample)), "p90": float(np.quantile(sample, 0.9)),
+            "p99": float(np.quantile(sample, 0.99)), "max": int(sample.max()), "mean": float(sample.mean())}
+
+
+def _value(result: Any, what: str) -> Any:
+    if not result.ok:
+        raise TpuTuneError(f"{what} failed: {result.failure.kind}: {result.failure.message}")
+    return result.value
+
+
+__all__ = ["BucketOptions", "BucketResult", "Replay", "assign", "bucket_histogram", "plan_buckets", "probe_lengths"]
