@@ -125,25 +125,26 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
-        raise UserInputError(f"no layout divides this model on {topology.devices} devices: " + "; ".join(r for _, r in rejected[:3]))
+        raise UserInputError(f"no layout divides this model or fits it on {topology.devices} devices: "
+                             + "; ".join(r for _, r in rejected[:3]))
 
     jobs = {(layout, blocks): CompileJob(str(workload.source), options.preset, blocks, layout, topology.jax_name,
                                          global_batch, seq_len, dims.shape.d_model, options.remat, options.fast_compile)
             for layout in candidates for blocks in (1, 2)}
     emit(f"compiling {len(candidates)} layouts x 2 programs for {topology.jax_name} on {options.workers} compiler processes")
     finished: set[Layout] = set()
+    compiled: dict[tuple[Layout, int], CompiledStep] = {}
+    by_job = {job: key for key, job in jobs.items()}
 
-    def report(job: CompileJob, step: CompiledStep) -> None:
+    def done(job: CompileJob, step: CompiledStep) -> None:
+        compiled[by_job[job]] = step
         if all((job.layout, b) in compiled for b in (1, 2)) and job.layout not in finished:
             finished.add(job.layout)
             took = sum(compiled[(job.layout, b)].compile_seconds for b in (1, 2))
             status = "refused" if any(compiled[(job.layout, b)].error for b in (1, 2)) else f"compiled in {took:.0f} s"
             emit(f"[{len(finished)}/{len(candidates)}] {job.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
 
-    compiled: dict[tuple[Layout, int], CompiledStep] = {}
-    by_job = {job: key for key, job in jobs.items()}
-    compile_all(jobs.values(), options.workers,
-                done=lambda job, step: (compiled.__setitem__(by_job[job], step), report(job, step)))
+    compile_all(jobs.values(), options.workers, done=done)
 
     plans = []
     for layout in candidates:
