@@ -48,15 +48,18 @@ class ShapeRunner:
                                                 self.optimizer, inputs, target)
         return self._steps[length]
 
-    def first_and_steady(self, length: int) -> tuple[float, float]:
-        """(seconds of the first call at `length`, including its compile; median steady step)."""
-        step = self.step_at(length)
+    def first_call(self, length: int) -> float:
+        """Seconds of the first call at `length`, including its compile."""
         self.backend.synchronize()
         start = time.perf_counter()
-        run_user_step(step, self.workload, f"a step at length {length}")
+        run_user_step(self.step_at(length), self.workload, f"a step at length {length}")
         self.backend.synchronize()
-        first = time.perf_counter() - start
-        steady = statistics.median(timed_call(step, self.backend) for _ in range(STEADY_STEPS))
+        return time.perf_counter() - start
+
+    def first_and_steady(self, length: int) -> tuple[float, float]:
+        """(seconds of the first call at `length`, including its compile; median steady step)."""
+        first = self.first_call(length)
+        steady = statistics.median(timed_call(self.step_at(length), self.backend) for _ in range(STEADY_STEPS))
         return first, steady
 
 
@@ -70,14 +73,7 @@ def run_bucket_costs(state: Any, candidate_data: dict[str, Any], options: dict[s
     runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(candidate_data), options.get("batch_size"))
     runner.first_and_steady(int(options["warmup_length"]))
     lengths = [int(length) for length in options["lengths"]]
-    first = {}
-    for length in lengths:
-        step = runner.step_at(length)
-        runner.backend.synchronize()
-        start = time.perf_counter()
-        run_user_step(step, runner.workload, f"a step at length {length}")
-        runner.backend.synchronize()
-        first[length] = time.perf_counter() - start
+    first = {length: runner.first_call(length) for length in lengths}
     samples: dict[int, list[float]] = {length: [] for length in lengths}
     for _ in range(STEADY_STEPS):
         for length in lengths:

@@ -32,7 +32,6 @@ from tpu_tuner.bucketing.lengths import LengthHistogram, read_lengths
 from tpu_tuner.bucketing.optimize import (
     Evaluation,
     Strategy,
-    assign,
     baselines,
     evaluate,
     optimal_buckets,
@@ -223,4 +222,4 @@ def _value(result: Any, what: str) -> Any:
     return result.value
 
 
-__all__ = ["BucketOptions", "BucketResult", "Replay", "assign", "bucket_histogram", "plan_buckets", "probe_lengths"]
+__all__ = ["BucketOptions", "BucketResult", "Replay", "bucket_histogram", "plan_buckets", "probe_lengths"]

@@ -7,7 +7,6 @@ memory, FLOPs, HBM bytes and collectives; `predict.py` turns them into step time
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -216,15 +215,13 @@ def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: in
 
 
 def _topology_devices(topology: Topology) -> Any:
-    # Compile-only use never touches a TPU, so several planner processes (a plan and the tests,
-    # say) may share libtpu; without this libtpu takes an exclusive lock on /tmp/libtpu_lockfile.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    """The topology's devices (the workers build theirs the same way), or a clear error without libtpu."""
     try:
-        from jax.experimental import topologies
+        from tpu_tuner.planner.compile_pool import topology_devices
+
+        return topology_devices(topology.jax_name)
     except ImportError as exc:
         raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
-    try:
-        return topologies.get_topology_desc(topology_name=topology.jax_name, platform="tpu").devices
     except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know
         raise TpuTuneError(
             f"cannot build the TPU topology {topology.jax_name}: {type(exc).__name__}: {str(exc).splitlines()[0]} "
