@@ -120,6 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
     buckets_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     buckets_cmd.set_defaults(handler=_buckets_command)
 
+    dash = commands.add_parser(
+        "dashboard",
+        help="one HTML page of every run, MFU, plan and bucketing result in a results folder",
+        description="Write RESULTS_DIR/dashboard.html (self-contained, works offline), or serve it with --serve.",
+    )
+    dash.add_argument("results_dir", type=Path, help="the results folder that holds the run folders")
+    dash.add_argument("--out", type=Path, help="where to write the page (default: RESULTS_DIR/dashboard.html)")
+    dash.add_argument("--csv", type=Path, help="also write the runs table as CSV here")
+    dash.add_argument("--serve", action="store_true",
+                      help="serve the page (re-rendered when runs change) and the folder's files until Ctrl-C")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8765, help="port with --serve (default 8765; 0: any free port)")
+    dash.add_argument("--details", type=int, default=6,
+                      help="tuning runs (newest first) with per-trial figures on the page (default 6)")
+    dash.set_defaults(handler=_dashboard_command)
+
     apply_cmd = commands.add_parser("apply", help="print what a tuned config sets, and where")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
     apply_cmd.set_defaults(handler=_apply_command)
@@ -229,6 +245,30 @@ def _plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard_command(args: argparse.Namespace) -> int:
+    from tpu_tuner.dashboard import collect, make_server, write_csv, write_dashboard
+    from tpu_tuner.errors import UserInputError
+
+    if args.details < 0:
+        raise UserInputError(f"--details must be 0 or more, not {args.details}")
+    if not args.serve or args.csv is not None:
+        collection = collect(args.results_dir)
+        if args.csv is not None:
+            print(f"wrote {write_csv(collection, args.csv)}")
+        if not args.serve:
+            print(write_dashboard(args.results_dir, args.out, details=args.details, collection=collection))
+            return 0
+    server = make_server(args.results_dir, args.host, args.port, details=args.details)
+    print(f"serving {args.results_dir} on {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        print("\nstopped")
+    finally:
+        server.server_close()
+    return 0
+
+
 def _apply_command(args: argparse.Namespace) -> int:
     from tpu_tuner.tuned_config import TunedConfig
 
@@ -268,7 +308,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ("profile", "tune", "plan", "buckets", "apply")
+COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "apply")
 
 
 def _default_to_tune(argv: list[str]) -> list[str]:

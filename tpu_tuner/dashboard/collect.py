@@ -1,0 +1,320 @@
+"""Read every run folder under a results folder into one pandas table (one row per folder).
+
+A run folder is recognised by the file its command writes last or first:
+
+* ``plan.json``          -> ``plan``     (``tpu-tune plan``)
+* ``buckets.json``       -> ``buckets``  (``tpu-tune buckets``)
+* ``run.json`` or ``tuned_config.toml`` -> ``tune`` (``tpu-tune MODEL.py``; ``run.json`` is written
+  when the study starts, ``tuned_config.toml`` when the run ends)
+* ``profile.json``       -> ``profile``  (``tpu-tune profile``)
+
+Nothing here raises for a bad folder: a folder that cannot be read becomes a row with status
+``unreadable`` and the reason, so that one corrupt run never hides the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tpu_tuner.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+# Columns of the runs table, in order; the --csv export writes exactly these.
+COLUMNS = [
+    "run", "kind", "status", "reason", "model", "device", "device_name", "date",
+    "mfu", "baseline_mfu", "tuned_mfu", "peak_dtype", "speedup", "speedup_ci_low", "speedup_ci_high",
+    "significant", "accuracy_error", "trials", "failures", "step_s", "baseline_step_s", "settings",
+    "achieved_flops_per_s", "peak_flops_per_s", "peak_bytes_per_s", "arithmetic_intensity",
+    "topology", "chips", "report", "path",
+]
+# The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/result.py).
+KNOBS = ("execution", "matmul_precision", "autocast")
+# A tuning run without tuned_config.toml whose files changed this recently is taken to be running.
+LIVE_WINDOW_S = 600.0
+_STAMP = re.compile(r"(\d{8}-\d{6})")
+
+
+@dataclass
+class Collection:
+    """Everything the dashboard shows: the runs table plus the per-run data behind the plots."""
+
+    root: Path
+    runs: pd.DataFrame
+    trials: dict[str, pd.DataFrame] = field(default_factory=dict)  # run -> trials.csv
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> plan.json
+    buckets: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> buckets.json
+
+    @property
+    def live(self) -> bool:
+        """True when a tuning run is still being written (the served page then refreshes)."""
+        return bool((self.runs["status"] == "running").any()) if len(self.runs) else False
+
+    def missing(self) -> list[str]:
+        """What the page cannot show, in words (empty when every section has data)."""
+        ok = self.runs[self.runs["status"] == "ok"] if len(self.runs) else self.runs
+        kinds = set(ok["kind"]) if len(ok) else set()
+        notes = []
+        if not len(self.runs):
+            notes.append(f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
+                         "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here")
+            return notes
+        if not kinds & {"tune", "profile"}:
+            notes.append("no readable tuning run or profile: no MFU to show")
+        if "tune" not in kinds:
+            notes.append("no finished tuning run: no per-trial plots")
+        if "plan" not in kinds:
+            notes.append("no planner result (`tpu-tune plan`): no plans section")
+        if "buckets" not in kinds:
+            notes.append("no bucketing result (`tpu-tune buckets`): no buckets section")
+        return notes
+
+
+def collect(root: str | Path) -> Collection:
+    """Read every run folder directly under `root`. Raises UserInputError if `root` is no folder."""
+    root = Path(root)
+    if not root.exists():
+        raise UserInputError("no such results folder", root)
+    if not root.is_dir():
+        raise UserInputError("not a folder (give the results folder that holds the run folders)", root)
+    collection = Collection(root=root, runs=pd.DataFrame(columns=COLUMNS))
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        try:
+            row = _read_folder(folder, collection)
+        except Exception as exc:  # noqa: BLE001 - any failure of one folder must not stop the page
+            log.warning("unreadable run folder %s: %s", folder, _reason(exc))
+            row = _base_row(folder, _kind_of(folder) or "unknown")
+            row.update(status="unreadable", reason=_reason(exc))
+        if row is not None:
+            rows.append(row)
+    if rows:
+        frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+        frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce")
+        collection.runs = frame.sort_values("date", ascending=False, na_position="last", kind="stable")
+        collection.runs = collection.runs.reset_index(drop=True)
+    return collection
+
+
+def write_csv(collection: Collection, path: str | Path) -> Path:
+    """Write the runs table (every folder, unreadable ones included, with the reason) as CSV."""
+    path = Path(path)
+    try:
+        collection.runs.to_csv(path, index=False)
+    except OSError as exc:
+        raise UserInputError(f"cannot write the CSV: {exc.strerror or exc}", path) from exc
+    return path
+
+
+def _kind_of(folder: Path) -> str | None:
+    for name, kind in (("plan.json", "plan"), ("buckets.json", "buckets"), ("run.json", "tune"),
+                       ("tuned_config.toml", "tune"), ("profile.json", "profile")):
+        if (folder / name).exists():
+            return kind
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    """One line naming the file and the problem (our ValueErrors already name the file)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if type(exc) is ValueError else f"{type(exc).__name__}: {text}"
+
+
+def _base_row(folder: Path, kind: str) -> dict[str, Any]:
+    stamp = _STAMP.search(folder.name)
+    date = (datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc) if stamp
+            else datetime.fromtimestamp(folder.stat().st_mtime, timezone.utc))
+    return {"run": folder.name, "kind": kind, "status": "ok", "reason": "", "date": date, "path": str(folder)}
+
+
+def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
+    kind = _kind_of(folder)
+    if kind is None:
+        row = _base_row(folder, "unknown")
+        row.update(status="unreadable", reason="no profile.json, run.json, tuned_config.toml, plan.json or "
+                                               "buckets.json: not a tpu-tune run folder")
+        return row
+    row = _base_row(folder, kind)
+    reader = {"profile": _read_profile, "tune": _read_tune, "plan": _read_plan, "buckets": _read_buckets}[kind]
+    reader(folder, row, collection)
+    return row
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name}: invalid JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path.name}: invalid TOML: {exc}") from exc
+
+
+def _get(data: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return default
+        data = data[key]
+    return data
+
+
+def _date(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _report(folder: Path, name: str) -> str:
+    # Relative to the results folder, so that links work from dashboard.html and over HTTP alike.
+    return f"{folder.name}/{name}" if (folder / name).exists() else ""
+
+
+def _profile_fields(profile: dict[str, Any], row: dict[str, Any]) -> None:
+    """Device, MFU and the roofline coordinates of a profile.json."""
+    for key in ("workload", "device", "mfu", "achieved_flops_per_s", "peak_flops_per_s"):
+        if key not in profile:
+            raise ValueError(f"profile.json: missing key {key!r}")
+    device = profile["device"]
+    row["model"] = _get(profile, "workload", "name")
+    row["device"] = device.get("kind")
+    row["device_name"] = device.get("name")
+    row["peak_dtype"] = profile.get("peak_dtype")
+    row["achieved_flops_per_s"] = profile.get("achieved_flops_per_s")
+    row["peak_flops_per_s"] = profile.get("peak_flops_per_s")
+    row["peak_bytes_per_s"] = _get(device, "peak", "memory_bytes_per_s")
+    row["arithmetic_intensity"] = _get(profile, "verdict", "arithmetic_intensity")
+
+
+def _read_profile(folder: Path, row: dict[str, Any], collection: Collection) -> None:
+    profile = _load_json(folder / "profile.json")
+    _profile_fields(profile, row)
+    row["mfu"] = row["baseline_mfu"] = profile["mfu"]
+    row["step_s"] = row["baseline_step_s"] = _get(profile, "timing", "median")
+    row["settings"] = _describe(profile.get("candidate") or {})
+    row["date"] = _date(profile.get("created")) or row["date"]
+    row["report"] = _report(folder, "profile.md")
+
+
+def _describe(candidate: dict[str, Any]) -> str:
+    """A candidate dict ({eager_mode, compile_backend, ...}) or [settings] table in a few words."""
+    parts = [f"compile={candidate['compile_backend']}" if candidate.get("compile_backend") else "eager"]
+    if candidate.get("matmul_precision"):
+        parts.append(f"matmul={candidate['matmul_precision']}")
+    if candidate.get("autocast_dtype"):
+        parts.append(f"autocast={candidate['autocast_dtype']}")
+    return ", ".join(parts)
+
+
+def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> None:
+    run = folder.name
+    row["report"] = _report(folder, "report.md")
+    if (folder / "profile.json").exists():
+        _profile_fields(_load_json(folder / "profile.json"), row)
+    if (folder / "trials.csv").exists():
+        try:
+            trials = pd.read_csv(folder / "trials.csv")
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise ValueError(f"trials.csv: {str(exc).strip().splitlines()[0]}") from exc
+        if "state" not in trials or "number" not in trials:
+            raise ValueError("trials.csv: no 'number' and 'state' columns")
+        collection.trials[run] = trials
+        # Repeats of an earlier setting and settings rejected before running cost no measurement.
+        measured = trials
+        for column in ("repeat_of", "rejected_by"):
+            if column in measured:
+                measured = measured[measured[column].isna()]
+        row["trials"] = len(measured)
+        row["failures"] = int((measured["state"] == "FAIL").sum())
+    config_path = folder / "tuned_config.toml"
+    if not config_path.exists():
+        newest = max((p.stat().st_mtime for p in folder.iterdir()), default=folder.stat().st_mtime)
+        if time.time() - newest < LIVE_WINDOW_S:
+            row.update(status="running", reason="no tuned_config.toml yet: the run is still going")
+        else:
+            row.update(status="incomplete", reason="no tuned_config.toml: the run stopped before it finished")
+        return
+    config = _load_toml(config_path)
+    prov = config.get("provenance")
+    if not isinstance(prov, dict):
+        raise ValueError("tuned_config.toml: no [provenance] table")
+    row["model"] = _get(prov, "workload", "name") or row.get("model")
+    row["device"] = config.get("device_kind") or row.get("device")
+    row["device_name"] = prov.get("device") or row.get("device_name")
+    row["date"] = _date(prov.get("created")) or row["date"]
+    row["settings"] = _describe(config.get("settings") or {})
+    row["accuracy_error"] = prov.get("accuracy_error")
+    row["baseline_mfu"] = _get(prov, "baseline", "mfu")
+    row["baseline_step_s"] = _get(prov, "baseline", "step_median_s")
+    row["tuned_mfu"] = _get(prov, "tuned", "mfu")
+    row["step_s"] = _get(prov, "tuned", "step_median_s")
+    row["peak_dtype"] = _get(prov, "tuned", "peak_dtype") or row.get("peak_dtype")
+    row["mfu"] = row["tuned_mfu"] if row["tuned_mfu"] is not None else row["baseline_mfu"]
+    verification = prov.get("verification") or {}
+    row["speedup"] = verification.get("speedup")
+    row["speedup_ci_low"] = verification.get("ci_low")
+    row["speedup_ci_high"] = verification.get("ci_high")
+    row["significant"] = verification.get("significant")
+    if row.get("trials") is None:
+        row["trials"] = _get(prov, "study", "trials")
+
+
+def _read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None:
+    plan = _load_json(folder / "plan.json")
+    for key in ("workload", "topology", "plans"):
+        if key not in plan:
+            raise ValueError(f"plan.json: missing key {key!r}")
+    if not isinstance(plan["plans"], list):
+        raise ValueError("plan.json: 'plans' is not a list")
+    collection.plans[folder.name] = plan
+    row["model"] = plan["workload"] + (f"_{plan['preset']}" if plan.get("preset") else "")
+    row["device"] = "tpu"
+    row["topology"] = _get(plan, "topology", "name")
+    row["chips"] = _get(plan, "topology", "chips")
+    row["device_name"] = row["topology"]
+    predicted = [p["prediction"]["mfu"] for p in plan["plans"]
+                 if p.get("fits") and isinstance(p.get("prediction"), dict) and p["prediction"].get("mfu") is not None]
+    row["mfu"] = max(predicted) if predicted else None
+    row["trials"] = len(plan["plans"])
+    row["failures"] = sum(1 for p in plan["plans"] if not p.get("prediction"))
+    row["settings"] = f"best layout {plan['best']}" if plan.get("best") else "no layout fits"
+    row["report"] = _report(folder, "plan.md")
+
+
+def _read_buckets(folder: Path, row: dict[str, Any], collection: Collection) -> None:
+    data = _load_json(folder / "buckets.json")
+    for key in ("workload", "histogram", "chosen_buckets"):
+        if key not in data:
+            raise ValueError(f"buckets.json: missing key {key!r}")
+    hist = data["histogram"]
+    if len(hist.get("lengths", [])) != len(hist.get("counts", [])):
+        raise ValueError("buckets.json: histogram lengths and counts differ in length")
+    collection.buckets[folder.name] = data
+    row["model"] = data["workload"]
+    row["device"] = data.get("device")
+    row["settings"] = "buckets " + ", ".join(str(b) for b in data["chosen_buckets"])
+    row["report"] = _report(folder, "buckets.md")
+
+
+def finite(value: Any) -> bool:
+    """True for a real, finite number (not None, NaN or a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

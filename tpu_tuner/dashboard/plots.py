@@ -1,0 +1,239 @@
+"""The dashboard's matplotlib figures, returned as PNG data URIs to embed in the page.
+
+Figures are made with ``matplotlib.figure.Figure`` and the Agg canvas, never pyplot: pyplot keeps
+global state, and the server renders pages from several threads. PNG at a modest resolution keeps
+the page small (a detail figure is ~30-50 kB; the same as SVG is several times larger with many
+points), which is what lets 200 runs stay under the 5 MB budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any
+
+import matplotlib.dates as mdates
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
+from tpu_tuner.report.units import si
+
+DPI = 80
+_OK = "tab:blue"
+
+
+def to_data_uri(fig: Figure) -> str:
+    """Render `fig` as a base64 PNG data URI (the page needs no other file)."""
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _measured(runs: pd.DataFrame) -> pd.DataFrame:
+    """Readable profiles and tuning runs that have an MFU."""
+    if not len(runs):
+        return runs
+    rows = runs[(runs["status"] == "ok") & runs["kind"].isin(["tune", "profile"])]
+    return rows[pd.to_numeric(rows["mfu"], errors="coerce").notna()]
+
+
+def mfu_over_time(runs: pd.DataFrame) -> str | None:
+    """MFU of each profile and tuning run against its date, one line per model and device."""
+    rows = _measured(runs)
+    if not len(rows):
+        return None
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    for (model, device), group in rows.groupby(["model", "device"], dropna=False):
+        group = group.sort_values("date")
+        ax.plot(group["date"], group["mfu"].astype(float) * 100, marker="o", label=f"{model} on {device}")
+    ax.set_ylabel("MFU, % of device peak")
+    ax.set_ylim(bottom=0)
+    first, last = rows["date"].min(), rows["date"].max()
+    if first == last:  # one day's runs: matplotlib would otherwise pad the axis by years
+        ax.set_xlim(first - pd.Timedelta(hours=12), last + pd.Timedelta(hours=12))
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return to_data_uri(fig)
+
+
+def mfu_per_model(runs: pd.DataFrame) -> str | None:
+    """Best MFU each model reached on each device, as a bar against the device peak (100 %)."""
+    rows = _measured(runs)
+    if not len(rows):
+        return None
+    best = rows.assign(mfu=rows["mfu"].astype(float)).sort_values("mfu").groupby(["model", "device"]).tail(1)
+    labels = [f"{m}\n{d}" for m, d in zip(best["model"], best["device"])]
+    fig = Figure(figsize=(max(4.5, 1.1 * len(labels)), 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar(range(len(labels)), best["mfu"] * 100, color=_OK)
+    ax.axhline(100, color="black", linestyle="--", linewidth=1, label="device peak")
+    for x, (mfu, dtype) in enumerate(zip(best["mfu"], best["peak_dtype"])):
+        ax.text(x, mfu * 100 + 2, f"{mfu:.0%}\n({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
+                ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("best MFU, % of device peak")
+    ax.set_ylim(0, 115)
+    ax.legend(fontsize=7, loc="upper right")
+    return to_data_uri(fig)
+
+
+def roofline(runs: pd.DataFrame) -> str | None:
+    """Achieved FLOP/s against arithmetic intensity per profiled step, under each device's roof."""
+    rows = _measured(runs)
+    if not len(rows):
+        return None
+    cols = ["arithmetic_intensity", "achieved_flops_per_s", "peak_flops_per_s", "peak_bytes_per_s"]
+    rows = rows.dropna(subset=cols)
+    if not len(rows):
+        return None
+    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    intensity = rows["arithmetic_intensity"].astype(float)
+    x = np.logspace(math.log10(max(intensity.min() / 10, 1e-2)), math.log10(intensity.max() * 10), 100)
+    for (device, peak, bandwidth), _ in rows.groupby(["device_name", "peak_flops_per_s", "peak_bytes_per_s"]):
+        ax.plot(x, np.minimum(peak, bandwidth * x), linewidth=1,
+                label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}")
+    for (model, device), group in rows.groupby(["model", "device"]):
+        ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], marker="o", zorder=3,
+                   label=f"{model} on {device}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.minorticks_off()
+    ax.set_xlabel("arithmetic intensity, FLOP per byte")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return to_data_uri(fig)
+
+
+def run_detail(trials: pd.DataFrame) -> str:
+    """One tuning run: history, MFU per trial, speed against accuracy error, knob importance.
+
+    No title: the page puts the run's name above it.
+    """
+    done = measured_trials(trials)
+    # A fixed layout, not "constrained": the layout engine was over half of this figure's render time,
+    # and this figure is drawn once per tuning run.
+    fig = Figure(figsize=(13, 3.2))
+    fig.subplots_adjust(left=0.045, right=0.99, bottom=0.16, top=0.9, wspace=0.42)
+    history, mfu, pareto, knobs = fig.subplots(1, 4)
+    number = done["number"].to_numpy()
+    step_ms = done["amortised_step_s"].to_numpy(dtype=float) * 1e3
+    feasible = done["feasible"].fillna(False).astype(bool).to_numpy() if "feasible" in done else np.ones(len(done), bool)
+
+    history.scatter(number[feasible], step_ms[feasible], s=14, color=_OK, label="feasible")
+    history.scatter(number[~feasible], step_ms[~feasible], s=14, color="tab:red", marker="x", label="too inaccurate")
+    if len(done):
+        history.step(number, np.minimum.accumulate(np.where(feasible, step_ms, np.inf)), where="post",
+                     color="tab:green", label="best so far")
+    history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
+    history.legend(fontsize=6)
+
+    mfu_values = pd.to_numeric(done.get("mfu"), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
+    mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
+    mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, %")
+
+    if len(done) and "accuracy_error" in done:
+        error = pd.to_numeric(done["accuracy_error"], errors="coerce").to_numpy(dtype=float)
+        # Exact fp32 matches have error 0, which a log axis cannot show: they sit at a floor.
+        floor = np.nanmin(error[error > 0]) / 10 if (error > 0).any() else 1e-12
+        pareto.scatter(step_ms, np.maximum(error, floor), s=14, color="tab:gray", label="trial")
+        front = pareto_front(trials)
+        pareto.plot(front["amortised_step_s"].astype(float) * 1e3,
+                    np.maximum(front["accuracy_error"].astype(float), floor), marker="o", color="tab:orange",
+                    label="Pareto front")
+        pareto.set_yscale("log")
+        pareto.minorticks_off()  # minor ticks of log axes are many Line2D objects: a tenth of the render
+        pareto.legend(fontsize=6)
+    pareto.set(title="speed against accuracy error", xlabel="amortised step, ms", ylabel="relative error")
+
+    importance = knob_importance(trials)
+    if importance:
+        names = list(importance)[::-1]
+        knobs.barh(names, [importance[n] for n in names], color=_OK)
+        knobs.set(xlim=(0, 1))
+    else:
+        knobs.text(0.5, 0.5, "too few trials\nto rank the knobs", ha="center", va="center", transform=knobs.transAxes)
+    knobs.set(title="knob importance (PED-ANOVA)", xlabel="share of step-time variation")
+    for ax in (history, mfu, pareto, knobs):
+        ax.tick_params(labelsize=7)
+        ax.title.set_fontsize(8)
+    return to_data_uri(fig)
+
+
+def step_split(prediction: dict[str, Any]) -> tuple[float, float, float]:
+    """(compute, memory not hidden under compute, exposed communication) seconds; they sum to the step.
+
+    predict.py: busy = max(compute, memory) + (1 - memory_overlap) * min(...); step = busy + exposed.
+    """
+    step = float(prediction["step_seconds"])
+    exposed = float(prediction.get("exposed_comm_seconds") or 0.0)
+    compute = min(float(prediction.get("compute_seconds") or 0.0), step - exposed)
+    return compute, max(0.0, step - exposed - compute), exposed
+
+
+def plan(plan_data: dict[str, Any]) -> str:
+    """One planner result: predicted MFU per layout (fits or not) and each layout's step-time split."""
+    plans = plan_data["plans"]
+    labels = ["{data}x{fsdp}x{tensor}".format(**p["layout"]) for p in plans]
+    predictions = [p.get("prediction") for p in plans]
+    fig = Figure(figsize=(max(8, 1.3 * len(labels)), 3.4), layout="constrained")
+    mfu_ax, split_ax = fig.subplots(1, 2)
+    colors = [_OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red"
+              for p in plans]
+    mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors)
+    mfu_ax.set(title="predicted MFU (red: does not fit in HBM; grey: compiler failed)", ylabel="MFU, %",
+               xlabel="layout data x fsdp x tensor")
+    splits = np.array([step_split(p) if p else (0.0, 0.0, 0.0) for p in predictions]) * 1e3
+    bottom = np.zeros(len(labels))
+    for column, (name, color) in enumerate((("compute", _OK), ("memory (not overlapped)", "tab:purple"),
+                                            ("exposed communication", "tab:orange"))):
+        split_ax.bar(labels, splits[:, column], bottom=bottom, color=color, label=name)
+        bottom += splits[:, column]
+    split_ax.set(title="predicted step time split", ylabel="ms per step", xlabel="layout data x fsdp x tensor")
+    split_ax.legend(fontsize=6)
+    for ax in (mfu_ax, split_ax):
+        ax.tick_params(labelsize=7)
+        ax.title.set_fontsize(8)
+    return to_data_uri(fig)
+
+
+def plan_scaling(points: pd.DataFrame) -> str | None:
+    """Best predicted MFU against slice size (chips), one line per model; needs 2+ slice sizes."""
+    if not len(points) or points.groupby("model")["chips"].nunique().max() < 2:
+        return None
+    fig = Figure(figsize=(6, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    for model, group in points.groupby("model"):
+        group = group.sort_values("chips")
+        ax.plot(group["chips"], group["mfu"] * 100, marker="o", label=model)
+        for chips, mfu, topology in zip(group["chips"], group["mfu"], group["topology"]):
+            ax.annotate(topology, (chips, mfu * 100), fontsize=6, textcoords="offset points", xytext=(3, 3))
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="chips in the slice", ylabel="best predicted MFU, %")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return to_data_uri(fig)
+
+
+def buckets(data: dict[str, Any]) -> str:
+    """The length histogram of a bucketing result, with the chosen bucket bounds."""
+    hist = data["histogram"]
+    fig = Figure(figsize=(7, 3), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar(hist["lengths"], hist["counts"], width=max(1.0, (max(hist["lengths"]) - min(hist["lengths"])) / 200),
+           color=_OK, label="sequences per length")
+    for index, bound in enumerate(data["chosen_buckets"]):
+        ax.axvline(bound, color="tab:red", linestyle="--", linewidth=1, label="chosen bucket bounds" if index == 0 else None)
+    ax.set(xlabel="sequence length", ylabel="sequences", title=f"{data['workload']}: lengths and chosen buckets")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    return to_data_uri(fig)
