@@ -41,9 +41,9 @@ ROWS = [
     Row(1, "32b", "v5p-128", 2048, 6 * 64, Layout(1, 16, 4), "minimal", "full", 0.715, "remat minimal"),
     Row(2, "128b", "v5p-256", 2048, 1 * 128, Layout(1, 16, 8), "minimal", "full", 0.687, "remat minimal"),
     Row(3, "16b", "v5e-256", 2048, 6 * 256, Layout(1, 256, 1), "full", "full", 0.611, "remat full"),
-    Row(4, "8b", "v6e-256", 8192, 4 * 256, Layout(1, 256, 1), "full", "causal", 0.455, "offload -> full"),
-    Row(5, "70b", "v6e-256", 8192, 5 * 256, Layout(1, 256, 1), "full", "causal", 0.504, "offload -> full"),
-    Row(7, "70b", "tpu7x:4x4x4", 8192, 2 * 128, Layout(1, 128, 1), "full", "causal", 0.523, "offload -> full; 2 devices/chip"),
+    Row(4, "8b", "v6e-256", 8192, 4 * 256, Layout(1, 256, 1), "offload", "causal", 0.455, "remat offload"),
+    Row(5, "70b", "v6e-256", 8192, 5 * 256, Layout(1, 256, 1), "offload", "causal", 0.504, "remat offload"),
+    Row(7, "70b", "tpu7x:4x4x4", 8192, 2 * 128, Layout(1, 128, 1), "offload", "causal", 0.523, "remat offload; 2 devices/chip"),
 ]
 
 

@@ -100,8 +100,9 @@ def test_memory_truth_from_the_compiler() -> None:
 
 
 def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
-    """Same layouts on 8 emulated CPU devices: the same per-device FLOPs split between layouts and
-    the same collective kinds as the TPU compiler."""
+    """Same layouts, same program as the plan compiles (ends + scanned blocks), on 8 emulated CPU
+    devices: the same per-device FLOPs split between layouts and the same collectives (kind and
+    group size) as the TPU compiler."""
     script = textwrap.dedent(f"""
         import os, json, sys
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -109,15 +110,17 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from jax.experimental import topologies
         from tpu_tuner.loader import load_workload
         from tpu_tuner.planner.layouts import Layout
-        from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.program import combine_scanned, compile_step
         w = load_workload({str(EXAMPLES / 'llama.py')!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
         for name, devices in (("cpu", jax.devices("cpu")), ("tpu", tpu)):
             for layout in (Layout(1, 8, 1), Layout(1, 4, 2), Layout(2, 2, 2)):
-                r = compile_step(lambda: w.model_for_preset("tiny"), 1, layout, devices, 16, 128, 256, remat="none")
+                ends, scanned = (compile_step(lambda: w.model_for_preset("tiny"), blocks, layout, devices, 16, 128, 256,
+                                              remat="full", scan=True) for blocks in (0, 4))
+                r = combine_scanned(ends, scanned, 4)
                 out[f"{{name}} {{layout.data}}x{{layout.fsdp}}x{{layout.tensor}}"] = {{
-                    "flops": r.flops, "kinds": sorted({{c.kind for c in r.collectives if c.group_size > 1 and c.count}})}}
+                    "flops": r.flops, "collectives": sorted([c.kind, c.group_size] for c in r.collectives if c.group_size > 1 and c.count)}}
         print(json.dumps(out))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
@@ -129,8 +132,34 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
     tpu = np.array([data[f"tpu {l}"]["flops"] for l in layouts])
     np.testing.assert_allclose(cpu / cpu[0], tpu / tpu[0], rtol=0.05)
     for l in layouts:
-        assert set(data[f"cpu {l}"]["kinds"]) & {"all-gather", "all-reduce", "reduce-scatter"}
-        assert {"all-gather"} <= set(data[f"tpu {l}"]["kinds"])
+        assert data[f"cpu {l}"]["collectives"] == data[f"tpu {l}"]["collectives"], l
+    # Tensor parallelism brings collectives over the tensor axis (groups of 2) that pure FSDP lacks.
+    assert ["all-reduce", 2] in data["tpu 1x4x2"]["collectives"] and ["all-reduce", 2] not in data["tpu 1x8x1"]["collectives"]
+
+
+def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
+    """The plan's depth method (ends + one scanned block x depth) against the same model compiled
+    with its four blocks unrolled, on a TPU topology: the same FLOPs and all-gather traffic, and
+    the scanned program's memory no larger."""
+    out = _run_python(f"""
+        import json
+        from tpu_tuner.loader import load_workload
+        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.planner.program import combine_scanned, compile_step
+        w = load_workload({str(EXAMPLES / "llama.py")!r})
+        devices = topology_devices("v5p:2x2x2")
+        compile = lambda blocks, scan: compile_step(lambda: w.model_for_preset("tiny"), blocks, Layout(1, 8, 1), devices,
+                                                    16, 256, 256, remat="full", scan=scan)
+        unrolled, combined = compile(4, False), combine_scanned(compile(0, True), compile(4, True), 4)
+        gathered = lambda step: sum(c.bytes for c in step.collectives if c.kind == "all-gather")
+        print(json.dumps([[unrolled.flops, combined.flops], [gathered(unrolled), gathered(combined)],
+                          [unrolled.peak_bytes, combined.peak_bytes]]))
+    """)
+    (flops_unrolled, flops_scanned), (gathered_unrolled, gathered_scanned), (peak_unrolled, peak_scanned) = json.loads(out)
+    assert flops_scanned == pytest.approx(flops_unrolled, rel=0.01)
+    assert gathered_scanned == pytest.approx(gathered_unrolled, rel=0.01)
+    assert peak_scanned <= peak_unrolled
 
 
 def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> None:

@@ -11,7 +11,7 @@ from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_se
 from tpu_tuner.planner.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import ring_bandwidth
-from tpu_tuner.planner.program import extrapolate, CompiledStep
+from tpu_tuner.planner.program import CompiledStep, combine_scanned
 from tpu_tuner.planner.topology import parse_topology
 
 from conftest import EXAMPLES
@@ -111,18 +111,20 @@ def test_ring_costs() -> None:
     assert ring_bandwidth(v5p, 8192) == pytest.approx(1200e9)
 
 
-def test_depth_extrapolation_is_linear() -> None:
-    one = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [Collective("all-gather", 8, 3, 300)])
-    two = CompiledStep(16.0, 150.0, 2.0, 2.0, 7.0, 2.0, [Collective("all-gather", 8, 5, 500)])
-    full = extrapolate(one, two, 80)
-    assert full.flops == 10 + 79 * 6 and full.temp_bytes == 5 + 79 * 2
-    assert full.collectives == [Collective("all-gather", 8, 3 + 79 * 2, 300 + 79 * 200)]
+def test_scanned_program_scales_one_block_to_the_depth() -> None:
+    """The scanned program holds the loop body once: per-block work is it minus the ends, times
+    the depth; memory is the scanned program's own."""
+    ends = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [Collective("all-gather", 8, 3, 300), Collective("all-reduce", 4, 1, 50)])
+    scanned = CompiledStep(16.0, 150.0, 2.0, 2.0, 7.0, 2.0, [Collective("all-gather", 8, 5, 500)])
+    full = combine_scanned(ends, scanned, 80)
+    assert full.flops == 10 + 80 * 6 and full.bytes_accessed == 100 + 80 * 50
+    assert (full.argument_bytes, full.temp_bytes, full.alias_bytes) == (2.0, 7.0, 2.0)
+    assert full.collectives == [Collective("all-gather", 8, 3 + 80 * 2, 300 + 80 * 200), Collective("all-reduce", 4, 1, 50)]
 
 
-def test_depth_extrapolation_never_shrinks_temporaries_with_depth() -> None:
-    """Two blocks scheduled tighter than one is compiler noise: the extrapolated temporaries stay
-    at the larger measured figure instead of going negative over 80 layers."""
-    one = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.5, 1.0, [])
-    two = CompiledStep(16.0, 150.0, 2.0, 2.0, 5.1, 2.0, [])
-    full = extrapolate(one, two, 80)
-    assert full.temp_bytes == 5.5 and full.peak_bytes > 0
+def test_scanned_program_never_counts_negative_work() -> None:
+    """The ends fused differently inside the scanned program (fewer bytes there) is not a block
+    that frees bytes: the per-block difference stops at zero."""
+    ends = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [])
+    scanned = CompiledStep(16.0, 90.0, 2.0, 2.0, 5.1, 2.0, [])
+    assert combine_scanned(ends, scanned, 80).bytes_accessed == 100.0

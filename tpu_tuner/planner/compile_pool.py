@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CompileJob:
-    """One program to compile: the model cut to `blocks` repeated blocks, on one layout."""
+    """One program to compile: the model cut to `blocks` repeated blocks (scanned or unrolled), on one layout."""
 
     model_file: str
     preset: str | None
@@ -40,6 +40,7 @@ class CompileJob:
     d_model: int
     remat: str
     fast: bool
+    scan: bool = False
 
 
 def default_workers() -> int:
@@ -52,7 +53,7 @@ def run_job(job: CompileJob) -> CompiledStep:
     workload = _workload(job.model_file)
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
                         topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
-                        remat=job.remat, fast=job.fast)
+                        remat=job.remat, fast=job.fast, scan=job.scan)
 
 
 def compile_all(jobs: Iterable[CompileJob], workers: int,

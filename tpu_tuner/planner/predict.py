@@ -44,8 +44,8 @@ class CostModel:
     expressible rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py prints the
     fit): global constants, not per-row adjustments; `overlap` was fixed, not fitted."""
 
-    mxu_efficiency: float = 0.77
-    memory_overlap: float = 0.64
+    mxu_efficiency: float = 0.78
+    memory_overlap: float = 0.66
     overlap: float = 0.9
 
 

@@ -10,8 +10,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tpu_tuner.planner.plan import PlanResult  # noqa: E402
+from tpu_tuner.planner.plan import LayoutPlan, PlanResult  # noqa: E402
 from tpu_tuner.report.units import binary_bytes, ms, si  # noqa: E402
+
+
+def hbm_status(p: LayoutPlan) -> str:
+    """"fits, margin X", "DOES NOT FIT", or "COMPILER FAILED" where the compiler refused for
+    another reason than memory (e.g. libtpu's crash on some 8192-device layouts)."""
+    if p.compiled.error:
+        out_of_memory = any(word in p.compiled.error for word in ("RESOURCE_EXHAUSTED", "memory", "HBM"))
+        return "DOES NOT FIT" if out_of_memory else "COMPILER FAILED"
+    return f"fits, margin {binary_bytes(p.margin_bytes)}" if p.fits else "DOES NOT FIT"
 
 
 def table_rows(result: PlanResult) -> list[list[str]]:
@@ -22,7 +31,7 @@ def table_rows(result: PlanResult) -> list[list[str]]:
                                 for x in c.collectives if x.count and x.group_size > 1) or "none"
         rows.append([
             str(rank), p.layout.name(),
-            ("fits" if p.fits else "DOES NOT FIT") + (f", margin {binary_bytes(p.margin_bytes)}" if p.fits else ""),
+            hbm_status(p),
             binary_bytes(c.peak_bytes) if not c.error else "n/a",
             si(c.flops, "FLOP") if not c.error else "n/a",
             binary_bytes(c.bytes_accessed) if not c.error else "n/a",
@@ -63,7 +72,7 @@ def render_markdown(result: PlanResult, plot: Path) -> str:
            "compile-only); step time and MFU are predictions (see the README's planner section).", "",
            "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
-    out += ["", "## Memory per layout", ""] + [f"- {p.layout.name()}: {'fits' if p.fits else 'does not fit'}: {p.why}" for p in result.plans]
+    out += ["", "## Memory per layout", ""] + [f"- {p.layout.name()}: {hbm_status(p).split(',')[0].lower()}: {p.why}" for p in result.plans]
     if result.rejected:
         out += ["", f"## Rejected layouts ({len(result.rejected)})", ""] + [f"- {l.name()}: {why}" for l, why in result.rejected[:30]]
     out += ["", "## Placements (per parameter: mesh axis of dimension 0 / dimension 1)", "", "```",
@@ -75,12 +84,12 @@ def render_markdown(result: PlanResult, plot: Path) -> str:
 def write_plot(result: PlanResult, path: Path) -> Path:
     labels = [p.layout.name().replace(" x ", "\n") for p in result.plans]
     mfu = [p.prediction.mfu * 100 if p.prediction else 0 for p in result.plans]
-    colors = ["tab:blue" if p.fits else "tab:red" for p in result.plans]
+    colors = ["tab:blue" if p.fits else "tab:gray" if p.compiled.error else "tab:red" for p in result.plans]
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
     ax.bar(range(len(labels)), mfu, color=colors)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("predicted MFU, %")
-    ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM)")
+    ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM; grey: compiler failed)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
