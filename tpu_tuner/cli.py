@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--global-batch", type=int, help="sequences per step (default: BATCH_SIZE per device)")
     plan_cmd.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN)")
     plan_cmd.add_argument("--preset", help="a named model size from the file's PRESETS, e.g. 70b")
-    plan_cmd.add_argument("--remat", choices=("full", "minimal", "none"), default="full",
-                          help="per-block rematerialisation: full (default), minimal (keep matmul outputs) or none")
+    plan_cmd.add_argument("--remat", choices=("full", "offload", "minimal", "none"), default="full",
+                          help="per-block rematerialisation: full (default), offload (full, with each block's input "
+                               "kept in host memory), minimal (keep matmul outputs) or none")
     plan_cmd.add_argument("--attention", choices=("full", "causal"), default="full", help="attention FLOPs convention for MFU")
     plan_cmd.add_argument("--max-layouts", type=int, default=10, help="layouts to compile (default 10)")
     plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR",
