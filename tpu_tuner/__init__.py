@@ -3,14 +3,36 @@
 The public API is re-exported here; everything else is internal.
 """
 
-from tpu_tuner.backends import Backend, DeviceInfo, get_backend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import BackendError, DefinitionError, TpuTuneError, UserInputError, WorkloadError
-from tpu_tuner.loader import load_workload
-from tpu_tuner.profiling import Profile, ProfilerSettings, profile
-from tpu_tuner.tuned_config import AppliedConfig, TunedConfig, apply
-from tpu_tuner.tuning import TuneOptions, TuningResult, tune
-from tpu_tuner.workload import TransformerDims, Workload
+from importlib import import_module
+from typing import Any
+
+# Public name -> the module that defines it. Imported on first use (PEP 562) rather than here, so
+# that commands which never run a model (`tpu-tune dashboard`, `plan`'s parent process) do not pay
+# for importing torch: 6-10 s on this 2-core machine.
+_EXPORTS = {
+    "Backend": "tpu_tuner.backends", "DeviceInfo": "tpu_tuner.backends", "get_backend": "tpu_tuner.backends",
+    "Candidate": "tpu_tuner.candidate",
+    "BackendError": "tpu_tuner.errors", "DefinitionError": "tpu_tuner.errors", "TpuTuneError": "tpu_tuner.errors",
+    "UserInputError": "tpu_tuner.errors", "WorkloadError": "tpu_tuner.errors",
+    "load_workload": "tpu_tuner.loader",
+    "Profile": "tpu_tuner.profiling", "ProfilerSettings": "tpu_tuner.profiling", "profile": "tpu_tuner.profiling",
+    "AppliedConfig": "tpu_tuner.tuned_config", "TunedConfig": "tpu_tuner.tuned_config", "apply": "tpu_tuner.tuned_config",
+    "TuneOptions": "tpu_tuner.tuning", "TuningResult": "tpu_tuner.tuning", "tune": "tpu_tuner.tuning",
+    "TransformerDims": "tpu_tuner.workload", "Workload": "tpu_tuner.workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tpu_tuner' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "AppliedConfig",
