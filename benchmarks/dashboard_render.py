@@ -147,7 +147,7 @@ def screenshot(source: Path, path: Path) -> None:
             page = browser.new_page(viewport={"width": 1400, "height": 1500})
             page.goto(server.url, wait_until="load")
             path.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(path), full_page=False)
+            page.screenshot(path=str(path), full_page=True)  # every section: runs, MFU, tuning, plans, buckets
             browser.close()
     finally:
         server.shutdown()
