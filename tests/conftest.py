@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,3 +31,18 @@ def fast_settings() -> ProfilerSettings:
         warmup_min_steps=2, warmup_max_steps=10, timing_min_steps=10, timing_min_seconds=0.0,
         timing_max_steps=50, profiled_steps=1, top_operators=5, explained_share_min=0.5,
     )
+
+
+@contextmanager
+def serving(root: Path) -> Iterator:
+    """A dashboard server for `root` on a free loopback port, serving from a thread until the block ends."""
+    from tpu_tuner.dashboard import make_server
+
+    server = make_server(root, port=0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tpu_tuner.dashboard.collect import COLUMNS
 from tpu_tuner.dashboard.plots import step_split
 from tpu_tuner.profiling import ProfilerSettings
 
-from conftest import FIXTURES
+from conftest import FIXTURES, serving
 
 TUNED_CONFIG = """\
 format_version = 1
@@ -308,12 +307,8 @@ def served(tmp_path, profile_json):
     write_tune(root, profile_json)
     (tmp_path / "secret.txt").write_text("outside the results folder")
     (root / "gpt-tune-20261129-092208" / "escape").symlink_to(tmp_path / "secret.txt")
-    server = make_server(root, port=0)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(root) as server:
+        yield server
 
 
 def raw_get(server, path: str) -> tuple[int, bytes]:

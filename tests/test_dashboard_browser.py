@@ -8,16 +8,14 @@ cannot pass without having looked at the page in a browser.
 from __future__ import annotations
 
 import shutil
-import threading
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from tpu_tuner.cli import main
-from tpu_tuner.dashboard import make_server
 
-from conftest import FIXTURES
+from conftest import FIXTURES, serving
 
 CHROMIUM = "/usr/bin/chromium"
 # No sandbox (containers run as root), no GPU, and none of Chromium's own background connections,
@@ -38,12 +36,8 @@ def real_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def server(real_results):
-    server = make_server(real_results, port=0)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(real_results) as server:
+        yield server
 
 
 def test_dashboard_in_headless_chromium(server, real_results, tmp_path) -> None:
