@@ -150,7 +150,7 @@ def compile_step(
     # over tensor, as MaxText's `activation_embed` rule does: the residual and every block's
     # input and output, which the backward pass keeps, are then stored once per tensor group, not
     # tensor times. Measured on the 32B calibration row (fsdp 16 x tensor 4, remat minimal):
-    # 92.9 GiB per device instead of 122 GiB replicated over tensor (Megatron's layout), which does
+    # 94.1 GiB per device instead of 122 GiB replicated over tensor (Megatron's layout), which does
     # not fit the published run's 95 GiB.
     residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor"))
 
