@@ -174,6 +174,8 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
             f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
             f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.1f} GiB HBM"
             + (f"; {full.host_temp_bytes / 2**30:.1f} GiB of block inputs offloaded to host memory" if full.host_temp_bytes else "")
+            + ("; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
+               if full.loop_peeled else "")
         )
         prediction = predict(full, topology, layout, dims.shape, dims.head_dim, model_flops / topology.devices,
                              global_batch * seq_len, options.cost_model, hardware_flops / topology.devices)
