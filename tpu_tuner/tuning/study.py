@@ -21,6 +21,7 @@ from tpu_tuner.agents import Agent, load_agents
 from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
 from tpu_tuner.bucketing.cost_model import fit_cost_model
 from tpu_tuner.bucketing.knob import BucketingContext
+from tpu_tuner.bucketing.lengths import LengthHistogram
 from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
@@ -63,8 +64,9 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
     model_file = Path(model_file)
     workload = load_workload(model_file)  # bad files fail here, in this process, with exit 2
     load_definition("search_spaces", options.space)  # and a bad --space, before any run folder exists
-    if options.lengths_file is not None or workload.sample_lengths is not None:
-        bucket_histogram(workload, options.lengths_file)  # and a bad length sample
+    # And a bad length sample; read once, used for the bucketing knob below.
+    lengths = (bucket_histogram(workload, options.lengths_file)
+               if options.lengths_file is not None or workload.sample_lengths is not None else None)
     started = time.perf_counter()
     emit = progress or (lambda event: None)
     run_dir, storage, study_name = _run_location(workload.name, options)
@@ -86,7 +88,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         _mark_interrupted(study)
         if not study.trials:
             enqueue_seeds(study, space, agents, profile)
-        bucketing = _bucketing_context(workload, options, runner, profile, emit, started)
+        bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
         measure_options = {
             "batch_size": options.batch_size,
             "seq_len": options.seq_len,
@@ -246,13 +248,10 @@ def run_search(
         emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started))
 
 
-def _bucketing_context(workload: Any, options: TuneOptions, runner: TrialRunner, profile: Profile,
-                       emit: ProgressCallback, started: float) -> BucketingContext | None:
+def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: TrialRunner,
+                       profile: Profile, emit: ProgressCallback, started: float) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
     length once, so every trial's objective can include its best bucketing (bucketing/knob.py)."""
-    if options.lengths_file is None and workload.sample_lengths is None:
-        return None
-    hist = bucket_histogram(workload, options.lengths_file)
     reference = int(profile.workload.get("seq_len") or 0)
     if not reference:
         raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
