@@ -33,7 +33,7 @@ def main() -> None:
     print(render_terminal(result))
     compile_times = [p.compiled.compile_seconds for p in result.plans]
     print(f"\n{'fast screening' if args.fast else 'full-effort'} compiles; planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
-          f"(target < 60 s for >= 10 layouts); compile time per layout (two compiles each): "
+          f"(target < 60 s for >= 10 layouts); compile time per layout: "
           f"min {min(compile_times):.0f} s, max {max(compile_times):.0f} s")
 
 

@@ -11,7 +11,8 @@ from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_se
 from tpu_tuner.planner.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import ring_bandwidth
-from tpu_tuner.planner.program import CompiledStep, combine_scanned
+from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
+from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.topology import parse_topology
 
 from conftest import EXAMPLES
@@ -128,3 +129,47 @@ def test_scanned_program_never_counts_negative_work() -> None:
     ends = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [])
     scanned = CompiledStep(16.0, 90.0, 2.0, 2.0, 5.1, 2.0, [])
     assert combine_scanned(ends, scanned, 80).bytes_accessed == 100.0
+
+
+def test_one_compile_adds_the_loops_other_iterations() -> None:
+    """The compiler's totals hold the loops once; the other depth - 1 iterations are added, the
+    collectives per (kind, group) included; memory stays the program's own."""
+    iteration = LoopIteration(6.0, 50.0, [Collective("all-gather", 8, 2, 200)], loops=2)
+    scanned = CompiledStep(16.0, 150.0, 2.0, 2.0, 7.0, 2.0,
+                           [Collective("all-gather", 8, 5, 500), Collective("all-reduce", 4, 1, 50)], loop_iteration=iteration)
+    full = add_loop_iterations(scanned, 80)
+    assert full.flops == 16 + 79 * 6 and full.bytes_accessed == 150 + 79 * 50
+    assert (full.argument_bytes, full.temp_bytes, full.alias_bytes) == (2.0, 7.0, 2.0)
+    assert full.collectives == [Collective("all-gather", 8, 5 + 79 * 2, 500 + 79 * 200), Collective("all-reduce", 4, 1, 50)]
+    with pytest.raises(ValueError, match="not measured"):
+        add_loop_iterations(CompiledStep(1, 1, 1, 1, 1, 1), 80)
+
+
+def test_loop_iterations_measured_in_hlo_add_up_to_the_unrolled_program() -> None:
+    """A real XLA program (JAX on this CPU): a scan over 6 layers of matmul + tanh counts, with its
+    other 5 iterations added, the FLOPs of the same layers unrolled; a program with no scan has
+    no loop to measure."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    def layer(h, w):
+        return jnp.tanh(h @ w), None
+
+    def scanned(h, ws):
+        return jax.lax.scan(layer, h, ws)[0].sum()
+
+    def unrolled(h, ws):
+        for i in range(ws.shape[0]):
+            h = layer(h, ws[i])[0]
+        return h.sum()
+
+    h, ws = jnp.ones((64, 128)), jnp.ones((6, 128, 128))
+    # Gradients for the input too: otherwise the unrolled program drops the first layer's input
+    # gradient, which a scan body cannot.
+    compiled = {f.__name__: jax.jit(jax.grad(f, argnums=(0, 1))).lower(h, ws).compile() for f in (scanned, unrolled)}
+    iteration = block_loop_iteration(compiled["scanned"].as_text())
+    assert iteration is not None and iteration.loops == 2  # the forward scan and its transpose
+    assert iteration.flops >= 3 * 2 * 64 * 128 * 128  # three matmuls an iteration: forward, two in backward
+    flops = lambda c: (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]
+    assert flops(compiled["scanned"]) + 5 * iteration.flops == pytest.approx(flops(compiled["unrolled"]), rel=0.02)
+    assert block_loop_iteration(compiled["unrolled"].as_text()) is None

@@ -58,50 +58,76 @@ def run_job(job: CompileJob) -> CompiledStep:
 
 def compile_all(jobs: Iterable[CompileJob], workers: int,
                 done: Callable[[CompileJob, CompiledStep], None] | None = None) -> dict[CompileJob, CompiledStep]:
-    """Compile every job on `workers` processes, each with its own pipe, so a worker that dies (a
-    libtpu abort, the kernel's OOM killer) costs exactly its own job, which gets a CompiledStep
-    with the reason; a fresh worker takes the next job."""
-    queue = list(jobs)
-    results: dict[CompileJob, CompiledStep] = {}
-    # Compile-only use never touches a TPU; without this every worker after the first waits on
-    # libtpu's exclusive /tmp/libtpu_lockfile.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    idle: list[_Worker] = []
-    busy: dict[Any, tuple[_Worker, CompileJob]] = {}  # connection -> (worker, job)
+    """Compile every job on a pool of `workers` processes (see `CompilePool.compile`)."""
+    with CompilePool(workers) as pool:
+        return pool.compile(jobs, done)
 
-    def finish(job: CompileJob, step: CompiledStep) -> None:
-        results[job] = step
-        if done:
-            done(job, step)
 
-    try:
-        while queue or busy:
-            while queue and len(busy) < max(1, workers):
-                worker = idle.pop() if idle else _Worker()
-                job = queue.pop(0)
-                worker.send.send(job)
-                busy[worker.connection] = (worker, job)
-            ready = set(wait(list(busy)))  # a dead worker's pipe is ready too: at end of file
-            for connection, (worker, job) in list(busy.items()):
-                if connection not in ready:
-                    continue
-                del busy[connection]
-                try:
-                    step = worker.connection.recv() if worker.connection.poll() else None
-                except (EOFError, OSError):
-                    step = None
-                if step is None:
-                    reason = _death(worker.exitcode())
-                    log.warning("compile worker died on %s (%d blocks): %s", job.layout.name(), job.blocks, reason)
-                    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
-                    worker.close()
-                else:
-                    finish(job, step)
-                    idle.append(worker)
-    finally:
-        for worker in idle + [w for w, _ in busy.values()]:
+class CompilePool:
+    """Compiler processes, started as soon as the pool is made so that their start-up (JAX,
+    torchax, libtpu: a few seconds each) overlaps the caller's own work; use it as a context
+    manager so they always end."""
+
+    def __init__(self, workers: int) -> None:
+        # Compile-only use never touches a TPU; without this every worker after the first waits on
+        # libtpu's exclusive /tmp/libtpu_lockfile.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        self.workers = max(1, workers)
+        self._idle: list[_Worker] = [_Worker() for _ in range(self.workers)]
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self._idle:
             worker.close()
-    return results
+        self._idle = []
+
+    def compile(self, jobs: Iterable[CompileJob],
+                done: Callable[[CompileJob, CompiledStep], None] | None = None) -> dict[CompileJob, CompiledStep]:
+        """Compile every job, each worker on its own pipe, so a worker that dies (a libtpu abort,
+        the kernel's OOM killer) costs exactly its own job, which gets a CompiledStep with the
+        reason; a fresh worker takes the next job."""
+        queue = list(jobs)
+        results: dict[CompileJob, CompiledStep] = {}
+        busy: dict[Any, tuple[_Worker, CompileJob]] = {}  # connection -> (worker, job)
+
+        def finish(job: CompileJob, step: CompiledStep) -> None:
+            results[job] = step
+            if done:
+                done(job, step)
+
+        try:
+            while queue or busy:
+                while queue and len(busy) < self.workers:
+                    worker = self._idle.pop() if self._idle else _Worker()
+                    job = queue.pop(0)
+                    worker.send.send(job)
+                    busy[worker.connection] = (worker, job)
+                ready = set(wait(list(busy)))  # a dead worker's pipe is ready too: at end of file
+                for connection, (worker, job) in list(busy.items()):
+                    if connection not in ready:
+                        continue
+                    del busy[connection]
+                    try:
+                        step = worker.connection.recv() if worker.connection.poll() else None
+                    except (EOFError, OSError):
+                        step = None
+                    if step is None:
+                        reason = _death(worker.exitcode())
+                        log.warning("compile worker died on %s (%d blocks): %s", job.layout.name(), job.blocks, reason)
+                        finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
+                        worker.close()
+                    else:
+                        finish(job, step)
+                        self._idle.append(worker)
+        finally:
+            for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
+                worker.close()
+        return results
 
 
 class _Worker:
@@ -141,6 +167,14 @@ class _Worker:
 def _serve(read_fd: int, write_fd: int) -> None:
     """The worker's loop: compile each job it is sent until it is sent None."""
     receive, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    try:  # import the compile path's libraries while the caller still prepares its first job
+        import jax  # noqa: F401
+
+        from tpu_tuner.planner.torchax_compat import import_torchax
+
+        import_torchax()
+    except Exception:  # noqa: BLE001 - the first job reports the same failure, in its own words
+        pass
     while (job := receive.recv()) is not None:
         try:
             step = run_job(job)

@@ -18,11 +18,11 @@ import torch
 from tpu_tuner.errors import TpuTuneError, UserInputError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
-from tpu_tuner.planner.compile_pool import CompileJob, compile_all, default_workers
+from tpu_tuner.planner.compile_pool import CompileJob, CompilePool, default_workers
 from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import CostModel, Prediction, predict
-from tpu_tuner.planner.program import CompiledStep, combine_scanned
+from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.topology import Topology, parse_topology
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,18 @@ class PlanResult:
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
     """Plan `model_file` on `options.topology`."""
-    emit = progress or (lambda message: None)
     started = time.perf_counter()
+    topology = parse_topology(options.topology)
+    # The compiler processes start now: their start-up overlaps reading the model.
+    with CompilePool(options.workers) as pool:
+        return _plan(model_file, options, topology, pool, progress or (lambda message: None), started)
+
+
+def _plan(model_file: str | Path, options: PlanOptions, topology: Topology, pool: CompilePool,
+          emit: Callable[[str], None], started: float) -> PlanResult:
     workload = load_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
-    topology = parse_topology(options.topology)
     _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
@@ -127,45 +133,51 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         raise UserInputError(f"no layout divides this model or fits it on {topology.devices} devices: "
                              + "; ".join(r for _, r in rejected[:3]))
 
-    # Two programs a layout: the ends alone (0 blocks) and every block scanned (see program.py).
-    depths = (0, dims.shape.n_layers)
-    jobs = {(layout, blocks): CompileJob(str(workload.source), options.preset, blocks, layout, topology.jax_name,
-                                         global_batch, seq_len, dims.shape.d_model, options.remat, options.fast_compile,
-                                         scan=True)
-            for layout in candidates for blocks in depths}
-    emit(f"compiling {len(candidates)} layouts x 2 programs for {topology.jax_name} on {options.workers} compiler processes")
-    finished: set[Layout] = set()
-    compiled: dict[tuple[Layout, int], CompiledStep] = {}
-    by_job = {job: key for key, job in jobs.items()}
+    # One program a layout: every block scanned, its loops measured in its own HLO (program.py).
+    depth = dims.shape.n_layers
 
-    def done(job: CompileJob, step: CompiledStep) -> None:
-        compiled[by_job[job]] = step
-        if all((job.layout, b) in compiled for b in depths) and job.layout not in finished:
-            finished.add(job.layout)
-            took = sum(compiled[(job.layout, b)].compile_seconds for b in depths)
-            status = "refused" if any(compiled[(job.layout, b)].error for b in depths) else f"compiled in {took:.0f} s"
-            emit(f"[{len(finished)}/{len(candidates)}] {job.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
+    def job(layout: Layout, blocks: int, fast: bool = options.fast_compile) -> CompileJob:
+        return CompileJob(str(workload.source), options.preset, blocks, layout, topology.jax_name, global_batch,
+                          seq_len, dims.shape.d_model, options.remat, fast, scan=True)
 
-    compile_all(jobs.values(), options.workers, done=done)
-    # Where a full-effort compile peeled loop iterations, its cost analysis holds more than one
-    # block: the work is read from the same scanned program compiled with the least effort, which
-    # does not peel (measured: 8B with host offload on v6e-256 counted 4.09e15 FLOPs peeled, 2.10e15
-    # not; the unpeeled figure matches the unrolled program's).
-    recost = {layout: replace(jobs[(layout, depths[1])], fast=True) for layout in candidates
-              if not options.fast_compile and compiled[(layout, depths[1])].loop_peeled}
-    if recost:
-        emit(f"{len(recost)} layouts' block loops were peeled by the compiler: recompiling them once for their work")
-    costs = compile_all(recost.values(), options.workers)
+    emit(f"compiling {len(candidates)} layouts for {topology.jax_name} on {pool.workers} compiler processes")
+    finished: list[Layout] = []
+
+    def done(compiled_job: CompileJob, step: CompiledStep) -> None:
+        finished.append(compiled_job.layout)
+        status = "refused" if step.error else f"compiled in {step.compile_seconds:.0f} s"
+        emit(f"[{len(finished)}/{len(candidates)}] {compiled_job.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
+
+    scanned = {j.layout: step for j, step in pool.compile([job(layout, depth) for layout in candidates], done).items()}
+    # A second round, only where needed. Block loops that could not be measured: the ends-only
+    # program gives one block as the difference (program.combine_scanned). Loops a full-effort
+    # compile peeled (its cost analysis then holds more than one block): the work is read from the
+    # same program compiled with the least effort, which does not peel (measured: 8B with host
+    # offload on v6e-256 counted 4.09e15 FLOPs peeled, 2.10e15 not, as the unrolled program does).
+    ends_jobs = {layout: job(layout, 0) for layout, step in scanned.items() if not step.error and step.loop_iteration is None}
+    recost_jobs = {layout: job(layout, depth, fast=True) for layout, step in scanned.items()
+                   if not step.error and not options.fast_compile and step.loop_peeled}
+    if ends_jobs:
+        emit(f"{len(ends_jobs)} layouts' block loops could not be measured in their HLO: compiling their ends alone")
+    if recost_jobs:
+        emit(f"{len(recost_jobs)} layouts' block loops were peeled by the compiler: recompiling them once for their work")
+    second = pool.compile([*ends_jobs.values(), *recost_jobs.values()])
 
     plans = []
     for layout in candidates:
-        steps = [compiled[(layout, blocks)] for blocks in depths]
-        failed = next((s for s in steps if s.error), None)
+        step = scanned[layout]
+        ends = second[ends_jobs[layout]] if layout in ends_jobs else None
+        failed = step if step.error else ends if ends is not None and ends.error else None
         if failed is not None:
             plans.append(LayoutPlan(layout, failed, False, 0.0, f"the compiler refused: {failed.error}", None))
             continue
-        cost_step = costs.get(recost[layout]) if layout in recost else None
-        full = combine_scanned(steps[0], steps[1], dims.shape.n_layers, cost_step if cost_step and not cost_step.error else None)
+        cost_step = second[recost_jobs[layout]] if layout in recost_jobs else None
+        if cost_step is not None and cost_step.error:
+            cost_step = None
+        if ends is not None:
+            full = combine_scanned(ends, step, depth, cost_step)
+        else:
+            full = add_loop_iterations(step, depth, cost_step if cost_step and cost_step.loop_iteration else None)
         if full.loop_peeled:
             log.warning("%s: the compiler peeled the block loop; per-block work may count more than one block", layout.name())
         fits = full.peak_bytes <= hbm
@@ -198,8 +210,10 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
         method=(f"scanned layers: the {dims.shape.n_layers} blocks compiled as one loop over stacked weights (memory: "
-                "that whole program's), FLOPs / bytes / collectives per block from it minus the no-block program, "
-                "scaled to the depth; parameters never materialised (meta device); collectives compiled as mocks"
+                "that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' other "
+                f"{dims.shape.n_layers - 1} iterations, measured in the same program's HLO; parameters never materialised (meta device); collectives compiled as mocks"
+                + (f"; {len(ends_jobs)} layouts whose loops could not be measured: one block is the difference "
+                   "from a second, block-less program" if ends_jobs else "")
                 + ("; FAST screening compile (least optimisation effort)" if options.fast_compile else "")),
         seconds=time.perf_counter() - started,
     )

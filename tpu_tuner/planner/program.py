@@ -10,10 +10,12 @@ sharding constraints on the residual stream and optional rematerialisation per b
 Depth is handled as MaxText does it (``scan_layers``): the repeated blocks run as one
 `jax.lax.scan` over per-block weights stacked on a leading axis, so the compiler sees the whole
 model at its real depth (its memory analysis is the real program's: every saved activation,
-every buffer) while compiling one block. XLA's cost analysis counts a loop body once, so FLOPs,
-HBM bytes and collectives come from two programs: the model with no blocks ("ends": embedding,
-head, loss) and the scanned model; the difference is one block, scaled to the depth by
-`combine_scanned`. A test checks this against an unrolled program.
+every buffer) while compiling one block. XLA's cost analysis counts a loop body once, so the
+other (depth - 1) iterations are measured from the same compiled program's HLO (`loop_costs`)
+and added by `add_loop_iterations`: one compile a layout. Where that measurement is not possible
+the plan falls back to a second program, the model with no blocks ("ends": embedding, head,
+loss), and `combine_scanned` takes the difference as one block. Tests check both against an
+unrolled program.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch import nn
 
 from tpu_tuner.planner.collectives import Collective, parse_collectives
 from tpu_tuner.planner.layouts import Layout, partition_spec, placements
+from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,9 @@ class CompiledStep:
     # cost analysis then counts those iterations besides the body, so the scanned program's FLOPs,
     # bytes and collectives no longer hold exactly one block. Its memory is still the program's.
     loop_peeled: bool = False
+    # One iteration of the scanned block loops (forward + backward), measured from this program's
+    # HLO; None for unrolled or block-less programs, or when it could not be measured.
+    loop_iteration: LoopIteration | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -254,6 +260,7 @@ def compile_step(
         compile_seconds=seconds,
         host_temp_bytes=float(getattr(memory, "host_temp_size_in_bytes", 0)),
         loop_peeled="loop_peel" in text,
+        loop_iteration=block_loop_iteration(text) if scan and blocks else None,
     )
 
 
@@ -348,9 +355,37 @@ def _sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     env.override_op_definition(F.scaled_dot_product_attention, sdpa)
 
 
+def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None) -> CompiledStep:
+    """The whole step from the scanned program of `blocks` blocks alone.
+
+    Memory is the program's own. Its cost analysis and HLO text count the block loops once, so
+    the other `blocks - 1` iterations of its measured `loop_iteration` are added to its FLOPs,
+    bytes and collectives. `costs`, when given, is the same program compiled without loop peeling
+    (see `CompiledStep.loop_peeled`), and the work is read from it instead.
+    """
+    memory, work = scanned, costs or scanned
+    iteration = work.loop_iteration
+    if iteration is None:
+        raise ValueError("the program's block loops were not measured (see loop_costs.block_loop_iteration)")
+    extra = blocks - 1
+    by_key = {(c.kind, c.group_size): c for c in work.collectives}
+    for c in iteration.collectives:
+        seen = by_key.get((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
+        by_key[(c.kind, c.group_size)] = replace(seen, count=seen.count + extra * c.count, bytes=seen.bytes + extra * c.bytes)
+    return replace(
+        memory,
+        flops=work.flops + extra * iteration.flops,
+        bytes_accessed=work.bytes_accessed + extra * iteration.bytes_accessed,
+        collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size)),
+        compile_seconds=memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
+        loop_peeled=work.loop_peeled,
+    )
+
+
 def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
                     costs: CompiledStep | None = None) -> CompiledStep:
-    """The whole step from the ends-only program and the scanned program of `blocks` blocks.
+    """The whole step from the ends-only program and the scanned program of `blocks` blocks (the
+    fallback where `add_loop_iterations` cannot be used).
 
     Memory is the scanned program's own (it is the real program). XLA's cost analysis and the
     HLO text hold the loop body once, so one block's FLOPs, bytes and collectives are the scanned

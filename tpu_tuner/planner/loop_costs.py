@@ -1,0 +1,140 @@
+"""One iteration's work in a compiled program's scanned block loops, read from its optimised HLO.
+
+XLA's cost analysis, and the HLO text the collectives are parsed from, hold a while loop's body
+once, whatever its trip count. The planner compiles the model's blocks as one `jax.lax.scan`
+(forward) and its transpose (backward), so the compiler's totals are the step's "ends"
+(embedding, head, loss, optimizer) plus one block. This module finds those loops in the
+optimised HLO and measures one iteration of each, so the step's work is the compiler's total
+plus (blocks - 1) more iterations, from a single compile.
+
+How one iteration is measured: the loop's body computation is made the entry of a copy of the
+module and handed to XLA's own HloCostAnalysis (jaxlib's `hlo_module_cost_analysis`, run by the
+CPU client, as no TPU client exists here). FLOPs are exact: that analysis counts the same FLOPs as
+the TPU compiler's except Pallas kernels (custom calls), whose FLOPs the TPU analysis takes from
+the kernel's own cost estimate in its backend config; this module adds those estimates the same way
+(checked: 70B on v5p:16x16x32, the ends come out at the TPU's figure to 7 digits). HBM bytes are
+XLA's generic count (each op's operands and results once); the TPU analysis also counts matmul
+operands re-read between tiles, about 8% more on a 70B block.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tpu_tuner.planner.collectives import Collective, parse_collectives
+
+log = logging.getLogger(__name__)
+
+# A computation's first line: "ENTRY %main.26_spmd (p: f32[8]) -> f32[8] {" or "%region_0.4 (...) {".
+_HEADER = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) \(")
+_CALLED = re.compile(r"\b(?:to_apply|calls|body|condition|select|scatter|comparator)=%([\w.\-]+)")
+_CALLED_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_WHILE = re.compile(r"\bwhile\(.*?condition=%(?P<condition>[\w.\-]+), body=%(?P<body>[\w.\-]+).*?op_name=\"(?P<op>[^\"]*)\"")
+_KERNEL_FLOPS = re.compile(r"\"cost_estimate\":\{\"flops\":\"(\d+)\"")
+
+
+@dataclass(frozen=True)
+class LoopIteration:
+    """The work of one iteration of every block loop together (forward and backward)."""
+
+    flops: float
+    bytes_accessed: float
+    collectives: list[Collective] = field(default_factory=list)
+    loops: int = 0  # how many block loops were found
+
+
+def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
+    """One iteration of the program's scan loops, or None when it has none or cannot be measured.
+
+    The scan loops are the entry computation's while loops that JAX emitted (their op_name ends
+    in "/while"); loops the compiler makes itself (windowed einsums) are named after the op they
+    came from and stay counted once, as before."""
+    module = _Module(hlo_text)
+    if module.entry is None:
+        return None
+    loops = [m.group("body") for line in module.lines(module.entry)
+             if (m := _WHILE.search(line)) and m.group("op").endswith("/while")]
+    if not loops:
+        return None
+    flops = bytes_accessed = 0.0
+    collectives: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    # The bodies only: a scan's condition is one compare of the counter.
+    for body in loops:
+        reachable = module.reachable(body)
+        cost = _cost_as_entry(module.as_entry(body, reachable), body)
+        if cost is None:
+            return None
+        text = "\n".join(module.blocks[name] for name in reachable)
+        flops += cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text))
+        bytes_accessed += cost.get("bytes accessed", 0.0)
+        for c in parse_collectives(text):
+            totals = collectives[(c.kind, c.group_size)]
+            totals[0] += c.count
+            totals[1] += c.bytes
+    return LoopIteration(flops, bytes_accessed,
+                         [Collective(kind, group, count, nbytes) for (kind, group), (count, nbytes) in sorted(collectives.items())],
+                         loops=len(loops))
+
+
+class _Module:
+    """An HLO module's text cut into its computations, in their order (callees before callers)."""
+
+    def __init__(self, hlo_text: str) -> None:
+        self.blocks: dict[str, str] = {}  # name -> the computation's text, header to closing brace
+        self.entry: str | None = None
+        preamble: list[str] = []  # between the module line and the first computation (stack frames)
+        current: list[str] | None = None
+        for line in hlo_text.splitlines()[1:]:
+            header = _HEADER.match(line)
+            if header:
+                name = header.group("name")
+                current = [line[len("ENTRY "):] if header.group("entry") else line]
+                self.blocks[name] = current  # type: ignore[assignment] - joined below
+                if header.group("entry"):
+                    self.entry = name
+            elif current is not None:
+                current.append(line)
+                if line.startswith("}"):
+                    current = None
+            elif not self.blocks:
+                preamble.append(line)
+        self.blocks = {name: "\n".join(lines) for name, lines in self.blocks.items()}  # type: ignore[arg-type]
+        self.preamble = "\n".join(preamble)
+
+    def lines(self, name: str) -> list[str]:
+        return self.blocks[name].splitlines()
+
+    def reachable(self, root: str) -> list[str]:
+        """`root` and every computation it calls, directly or not, in the module's order."""
+        seen, stack = {root}, [root]
+        while stack:
+            block = self.blocks.get(stack.pop(), "")
+            called = _CALLED.findall(block) + [n.strip().lstrip("%") for group in _CALLED_LISTS.findall(block)
+                                                for n in group.split(",") if n.strip()]
+            for name in called:
+                if name not in seen and name in self.blocks:
+                    seen.add(name)
+                    stack.append(name)
+        return [name for name in self.blocks if name in seen]
+
+    def as_entry(self, root: str, reachable: list[str]) -> str:
+        """A module of `root` (as its entry) and the computations it calls."""
+        return "\n\n".join(["HloModule loop_iteration", self.preamble]
+                            + [self.blocks[name] for name in reachable if name != root] + ["ENTRY " + self.blocks[root]])
+
+
+def _cost_as_entry(module_text: str, computation: str) -> dict[str, float] | None:
+    """XLA's HloCostAnalysis of a module (`computation` made its entry), by the CPU client."""
+    try:
+        import jax
+        import jaxlib._hlo as hlo
+        from jax._src.lib import _jax
+
+        module = hlo.hlo_module_from_text(module_text)
+        return dict(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module))
+    except Exception as exc:  # noqa: BLE001 - a private API or an HLO the parser refuses: fall back
+        log.warning("cannot measure the loop body %s with XLA's cost analysis: %s", computation, str(exc).splitlines()[0])
+        return None
