@@ -82,8 +82,10 @@ class CompilePool:
         self.close()
 
     def close(self) -> None:
+        # An idle worker holds nothing: it is killed, not asked to exit (an interpreter holding
+        # libtpu takes over a second to exit cleanly; measured 2.4 s for two, one after the other).
         for worker in self._idle:
-            worker.close()
+            worker.close(kill=True)
         self._idle = []
 
     def compile(self, jobs: Iterable[CompileJob],
@@ -126,7 +128,7 @@ class CompilePool:
                         self._idle.append(worker)
         finally:
             for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
-                worker.close()
+                worker.close(kill=True)
         return results
 
 
@@ -152,12 +154,14 @@ class _Worker:
         except subprocess.TimeoutExpired:
             return None
 
-    def close(self) -> None:
-        try:
-            self.send.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-        if self.exitcode() is None:
+    def close(self, kill: bool = False) -> None:
+        """End the worker: ask it to exit and wait, or with `kill` end it at once."""
+        if not kill:
+            try:
+                self.send.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        if kill or self.exitcode() is None:
             self.process.kill()
             self.process.wait()
         self.send.close()
