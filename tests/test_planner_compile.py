@@ -187,3 +187,55 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     (crash_error, _), (ok_error, ok_flops) = json.loads(out)
     assert "SIGFPE" in crash_error
     assert ok_error is None and ok_flops > 0
+
+
+class _ScriptedPool:
+    """Stands in for the compiler processes: answers each job from `answer` and records the jobs."""
+
+    workers = 1
+
+    def __init__(self, answer) -> None:
+        self.answer, self.jobs = answer, []
+
+    def compile(self, jobs, done=None):
+        results = {}
+        for job in jobs:
+            self.jobs.append(job)
+            results[job] = self.answer(job)
+            if done:
+                done(job, results[job])
+        return results
+
+
+def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measured() -> None:
+    """A layout whose scanned program came back without a measured loop iteration gets a second,
+    block-less program and the difference as one block; a layout with one needs no second compile."""
+    import time
+
+    from tpu_tuner.planner.collectives import Collective
+    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.planner.loop_costs import LoopIteration
+    from tpu_tuner.planner.plan import PlanOptions, _plan
+    from tpu_tuner.planner.program import CompiledStep
+    from tpu_tuner.planner.topology import parse_topology
+
+    measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
+
+    def answer(job):
+        if job.blocks == 0:
+            return CompiledStep(1e9, 1e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 2, 100)])
+        iteration = LoopIteration(5e9, 5e6, [Collective("all-gather", 8, 3, 300)], loops=2) if job.layout == measured else None
+        return CompiledStep(6e9, 6e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 5, 400)], loop_iteration=iteration)
+
+    pool = _ScriptedPool(answer)
+    options = PlanOptions(topology="v5p:2x2x2", global_batch=16, seq_len=128, preset="tiny", layouts=[measured, unmeasured])
+    result = _plan(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), pool, lambda message: None, time.perf_counter())
+    assert sorted((j.layout.name(), j.blocks) for j in pool.jobs) == sorted(
+        [(measured.name(), 4), (unmeasured.name(), 4), (unmeasured.name(), 0)])
+    by_layout = {p.layout: p.compiled for p in result.plans}
+    # Measured: the program's totals + 3 more iterations. Unmeasured: ends + 4 x (scanned - ends).
+    assert by_layout[measured].flops == 6e9 + 3 * 5e9
+    assert by_layout[measured].collectives == [Collective("all-gather", 8, 5 + 3 * 3, 400 + 3 * 300)]
+    assert by_layout[unmeasured].flops == 1e9 + 4 * 5e9
+    assert by_layout[unmeasured].collectives == [Collective("all-gather", 8, 2 + 4 * 3, 100 + 4 * 300)]
+    assert "1 layout whose loops could not be measured" in result.method

@@ -212,7 +212,7 @@ def _plan(model_file: str | Path, options: PlanOptions, topology: Topology, pool
         method=(f"scanned layers: the {dims.shape.n_layers} blocks compiled as one loop over stacked weights (memory: "
                 "that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' other "
                 f"{dims.shape.n_layers - 1} iterations, measured in the same program's HLO; parameters never materialised (meta device); collectives compiled as mocks"
-                + (f"; {len(ends_jobs)} layouts whose loops could not be measured: one block is the difference "
+                + (f"; {len(ends_jobs)} layout{'s' if len(ends_jobs) != 1 else ''} whose loops could not be measured: one block is the difference "
                    "from a second, block-less program" if ends_jobs else "")
                 + ("; FAST screening compile (least optimisation effort)" if options.fast_compile else "")),
         seconds=time.perf_counter() - started,
