@@ -177,11 +177,12 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     crashing.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGFPE)\n")
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.compile_pool import CompileJob, compile_all
+        from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
         from tpu_tuner.planner.layouts import Layout
         jobs = [CompileJob(path, "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
                 for path in ({str(crashing)!r}, {str(EXAMPLES / "llama.py")!r})]
-        results = compile_all(jobs, workers=1)
+        with CompilePool(1) as pool:
+            results = pool.compile(jobs)
         print(json.dumps([[results[j].error, results[j].flops] for j in jobs]))
     """)
     (crash_error, _), (ok_error, ok_flops) = json.loads(out)

@@ -56,13 +56,6 @@ def run_job(job: CompileJob) -> CompiledStep:
                         remat=job.remat, fast=job.fast, scan=job.scan)
 
 
-def compile_all(jobs: Iterable[CompileJob], workers: int,
-                done: Callable[[CompileJob, CompiledStep], None] | None = None) -> dict[CompileJob, CompiledStep]:
-    """Compile every job on a pool of `workers` processes (see `CompilePool.compile`)."""
-    with CompilePool(workers) as pool:
-        return pool.compile(jobs, done)
-
-
 class CompilePool:
     """Compiler processes, started as soon as the pool is made so that their start-up (JAX,
     torchax, libtpu: a few seconds each) overlaps the caller's own work; use it as a context

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tpu_tuner.planner.collectives import Collective, parse_collectives
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 _HEADER = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) \(")
 _CALLED = re.compile(r"\b(?:to_apply|calls|body|condition|select|scatter|comparator)=%([\w.\-]+)")
 _CALLED_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_WHILE = re.compile(r"\bwhile\(.*?condition=%(?P<condition>[\w.\-]+), body=%(?P<body>[\w.\-]+).*?op_name=\"(?P<op>[^\"]*)\"")
+_WHILE = re.compile(r"\bwhile\(.*?body=%(?P<body>[\w.\-]+).*?op_name=\"(?P<op>[^\"]*)\"")
 _KERNEL_FLOPS = re.compile(r"\"cost_estimate\":\{\"flops\":\"(\d+)\"")
 
 
@@ -61,7 +60,7 @@ def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
     if not loops:
         return None
     flops = bytes_accessed = 0.0
-    collectives: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    texts = []
     # The bodies only: a scan's condition is one compare of the counter.
     for body in loops:
         reachable = module.reachable(body)
@@ -71,38 +70,31 @@ def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
         text = "\n".join(module.blocks[name] for name in reachable)
         flops += cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text))
         bytes_accessed += cost.get("bytes accessed", 0.0)
-        for c in parse_collectives(text):
-            totals = collectives[(c.kind, c.group_size)]
-            totals[0] += c.count
-            totals[1] += c.bytes
-    return LoopIteration(flops, bytes_accessed,
-                         [Collective(kind, group, count, nbytes) for (kind, group), (count, nbytes) in sorted(collectives.items())],
-                         loops=len(loops))
+        texts.append(text)
+    return LoopIteration(flops, bytes_accessed, parse_collectives("\n".join(texts)), loops=len(loops))
 
 
 class _Module:
     """An HLO module's text cut into its computations, in their order (callees before callers)."""
 
     def __init__(self, hlo_text: str) -> None:
-        self.blocks: dict[str, str] = {}  # name -> the computation's text, header to closing brace
-        self.entry: str | None = None
+        lines: dict[str, list[str]] = {}  # name -> the computation's lines, header to closing brace
         preamble: list[str] = []  # between the module line and the first computation (stack frames)
+        self.entry: str | None = None
         current: list[str] | None = None
         for line in hlo_text.splitlines()[1:]:
             header = _HEADER.match(line)
             if header:
-                name = header.group("name")
-                current = [line[len("ENTRY "):] if header.group("entry") else line]
-                self.blocks[name] = current  # type: ignore[assignment] - joined below
                 if header.group("entry"):
-                    self.entry = name
+                    self.entry, line = header.group("name"), line[len("ENTRY "):]
+                current = lines[header.group("name")] = [line]
             elif current is not None:
                 current.append(line)
                 if line.startswith("}"):
                     current = None
-            elif not self.blocks:
+            elif not lines:
                 preamble.append(line)
-        self.blocks = {name: "\n".join(lines) for name, lines in self.blocks.items()}  # type: ignore[arg-type]
+        self.blocks = {name: "\n".join(block) for name, block in lines.items()}
         self.preamble = "\n".join(preamble)
 
     def lines(self, name: str) -> list[str]:
