@@ -95,3 +95,114 @@ def test_matmul_parameters_skip_lookups_but_count_tied_head() -> None:
 
     # tied embedding/head 100*8 counts once, fc 64; positions, norm and bias do not count.
     assert matmul_parameters(Tied()) == 800 + 64
+
+
+# --- Recurrent kernels (issue 12, item 6) -------------------------------------------------------
+
+from tpu_tuner.metrics.rnn_flops import cudnn_rnn_backward_flops, cudnn_rnn_flops  # noqa: E402
+
+
+def _rnn_step(module: nn.Module, x: torch.Tensor, state, training: bool):
+    def step() -> None:
+        if training:
+            module(x, state)[0].sum().backward()
+        else:
+            with torch.no_grad():
+                module(x, state)
+
+    return step
+
+
+def _lstm_hand_count(inp: int, hidden: int, proj: int, layers: int, dirs: int, tokens: int) -> int:
+    """2 m n k per GEMM, written out per layer: x W_ih^T, h W_hh^T and (projection) h W_hr^T."""
+    out = proj or hidden
+    total = 0
+    for layer in range(layers):
+        layer_in = inp if layer == 0 else dirs * out
+        per_direction = 2 * tokens * (layer_in * 4 * hidden + out * 4 * hidden + (hidden * proj if proj else 0))
+        total += dirs * per_direction
+    return total
+
+
+@pytest.mark.parametrize("input_grad", [False, True], ids=["x-no-grad", "x-grad"])
+@pytest.mark.parametrize("state_grad", [False, True], ids=["h0-no-grad", "h0-grad"])
+def test_fused_cpu_lstm_counts_like_the_decomposed_path(input_grad: bool, state_grad: bool) -> None:
+    """aten::mkldnn_rnn_layer (+ backward) counted = the aten mm/addmm of the unfused path."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(5, 8, num_layers=2, bidirectional=True, batch_first=True)
+    x = torch.randn(3, 7, 5, requires_grad=input_grad)
+    state = (torch.randn(4, 3, 8, requires_grad=state_grad), torch.randn(4, 3, 8))
+    fused_forward = count_step(_rnn_step(lstm, x, state, training=False))
+    fused_train = count_step(_rnn_step(lstm, x, state, training=True))
+    assert "aten.mkldnn_rnn_layer" in fused_forward.by_op  # the fused kernel really ran
+    with torch.backends.mkldnn.flags(enabled=False):
+        unfused_forward = count_step(_rnn_step(lstm, x, state, training=False))
+        unfused_train = count_step(_rnn_step(lstm, x, state, training=True))
+    assert not any("rnn" in op for op in unfused_train.by_op)  # decomposed into mm / addmm
+    assert fused_forward.total == unfused_forward.total == _lstm_hand_count(5, 8, 0, 2, 2, 3 * 7)
+    assert fused_train.total == unfused_train.total
+    if input_grad and state_grad:
+        assert fused_train.total == 3 * fused_forward.total  # backward = 2 x forward
+
+
+def test_kernelbench_style_lstm_is_no_longer_blind() -> None:
+    """The issue's case: 10.2 kFLOP counted for a 1.54 GFLOP LSTM (only the Linear head seen)."""
+    lstm = nn.LSTM(32, 64, num_layers=3, batch_first=True)
+    x = torch.randn(4, 50, 32)
+    counted = count_step(_rnn_step(lstm, x, None, training=False))
+    expected = 2 * 4 * 50 * (32 * 256 + 64 * 256) + 2 * 2 * 4 * 50 * (64 * 256 + 64 * 256)
+    assert counted.total == expected
+
+
+def _cudnn_args(module: nn.RNNBase, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], int, torch.Tensor]:
+    """The arguments aten::_cudnn_rnn receives for `module` (seq-first input, flat weights)."""
+    weights = list(module._flat_weights)
+    stride = len(weights) // (module.num_layers * (2 if module.bidirectional else 1))
+    seq_first = x.transpose(0, 1) if module.batch_first else x
+    dirs = 2 if module.bidirectional else 1
+    out = module.proj_size or module.hidden_size if isinstance(module, nn.LSTM) else module.hidden_size
+    hx = torch.zeros(module.num_layers * dirs, seq_first.shape[1], out)
+    return seq_first, weights, stride, hx
+
+
+CUDNN_CASES = {
+    "lstm-2l-bidir-proj": lambda: nn.LSTM(6, 8, num_layers=2, bidirectional=True, proj_size=3, batch_first=True),
+    "lstm-no-bias": lambda: nn.LSTM(6, 8, num_layers=2, bias=False),
+    "gru-2l-bidir": lambda: nn.GRU(6, 8, num_layers=2, bidirectional=True, batch_first=True),
+    "rnn-tanh": lambda: nn.RNN(6, 8, num_layers=3),
+    "rnn-relu-bidir": lambda: nn.RNN(6, 8, num_layers=2, nonlinearity="relu", bidirectional=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CUDNN_CASES))
+@pytest.mark.parametrize("input_grad", [False, True], ids=["x-no-grad", "x-grad"])
+def test_cudnn_formulas_match_the_decomposed_cpu_path(case: str, input_grad: bool) -> None:
+    """aten::_cudnn_rnn (+ backward) formulas, fed the arguments cuDNN gets, equal the count of
+    the same module decomposed into mm / addmm on CPU (GRU, RNN and projected LSTM never fuse on
+    CPU), forward and training, for LSTM / GRU / RNN, layers, directions, projections."""
+    torch.manual_seed(0)
+    module = CUDNN_CASES[case]()
+    x = torch.randn(3, 5, 6, requires_grad=input_grad)
+    with torch.backends.mkldnn.flags(enabled=False):
+        forward = count_step(_rnn_step(module, x, None, training=False))
+        train = count_step(_rnn_step(module, x, None, training=True))
+    seq_first, weights, stride, hx = _cudnn_args(module, x)
+    assert cudnn_rnn_flops(seq_first, weights, stride) == forward.total
+    backward = cudnn_rnn_backward_flops(
+        seq_first, weights, stride, None, hx, None, None, None, None, None, 2, module.hidden_size,
+        module.proj_size, module.num_layers, module.batch_first, 0.0, True, module.bidirectional, [], None, None,
+        [input_grad, False, False, True],
+    )
+    assert forward.total + backward == train.total
+
+
+def test_gru_and_projected_lstm_hand_counts() -> None:
+    tokens = 3 * 5
+    gru = CUDNN_CASES["gru-2l-bidir"]()
+    seq_first, weights, stride, _ = _cudnn_args(gru, torch.randn(3, 5, 6))
+    # GRU: 3 gates; layer 0 reads 6 features, layer 1 reads both directions' 8.
+    gru_hand = 2 * 2 * tokens * (6 * 24 + 8 * 24) + 2 * 2 * tokens * (16 * 24 + 8 * 24)
+    assert cudnn_rnn_flops(seq_first, weights, stride) == gru_hand
+    lstm = CUDNN_CASES["lstm-2l-bidir-proj"]()
+    seq_first, weights, stride, _ = _cudnn_args(lstm, torch.randn(3, 5, 6))
+    assert cudnn_rnn_flops(seq_first, weights, stride) == _lstm_hand_count(6, 8, 3, 2, 2, tokens)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
 from tpu_tuner.workload import TransformerDims
 
 aten = torch.ops.aten
@@ -56,11 +57,13 @@ EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward,
+    # The fused recurrent kernels (nn.LSTM on CPU; LSTM, GRU, RNN on CUDA): see rnn_flops.py.
+    **RNN_FLOP_FORMULAS,
 }
 
 
 def flop_counter() -> FlopCounterMode:
-    """A FlopCounterMode that also counts the attention kernels listed above."""
+    """A FlopCounterMode that also counts the attention and recurrent kernels listed above."""
     return FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
 
 
