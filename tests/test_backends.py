@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from tpu_tuner.backends import roofline
 from tpu_tuner.backends.cpu import CpuBackend
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import BackendError
+
+from conftest import use_probe
 
 
 def test_auto_detects_cpu_here() -> None:
@@ -60,23 +63,115 @@ def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None
 
 
 @pytest.mark.parametrize(
-    ("candidate", "dtype"),
+    ("candidate", "medium_error", "dtype"),
     [
-        (Candidate(), "float32"),
-        (Candidate(matmul_precision="high"), "float32"),  # no TF32 on CPU
-        (Candidate(matmul_precision="medium"), "bfloat16"),  # oneDNN bf16 on AMX
-        (Candidate(autocast_dtype="bfloat16"), "bfloat16"),
+        (Candidate(), 2.5e-3, "float32"),
+        (Candidate(matmul_precision="high"), 2.5e-3, "float32"),  # no TF32 on CPU
+        (Candidate(matmul_precision="medium"), 2.5e-3, "bfloat16"),  # the probe saw bf16 numerics
+        (Candidate(matmul_precision="medium"), 4e-7, "float32"),  # the probe saw fp32 numerics
+        (Candidate(autocast_dtype="bfloat16"), 4e-7, "bfloat16"),
     ],
 )
-def test_cpu_compute_dtype_picks_the_peak(candidate: Candidate, dtype: str) -> None:
+def test_cpu_compute_dtype_follows_the_probe(candidate: Candidate, medium_error: float, dtype: str,
+                                             tmp_path, monkeypatch) -> None:
+    use_probe(monkeypatch, tmp_path, medium_relative_error=medium_error)
     assert CpuBackend().compute_dtype(candidate) == dtype
+
+
+def _fake_rounds(fp32: list[float], bf16: list[float], dispatch: list[float]) -> list[dict[str, float]]:
+    return [{"float32_flops_per_s": a, "bfloat16_flops_per_s": b, "copy_bytes_per_s": 1e10,
+             "dispatch_seconds_per_op": d} for a, b, d in zip(fp32, bf16, dispatch)]
+
+
+def test_probe_keeps_the_best_round_and_its_spread() -> None:
+    # Round 2 ran under load (fp32 234 instead of 319): the best round is the peak.
+    probe = roofline.probe_from_rounds(_fake_rounds([300e9, 234e9, 319e9], [60e9, 50e9, 58e9], [2e-6, 5e-6, 1e-6]),
+                                       repeats=3, medium_error=1e-7, now=1000.0)
+    assert probe.float32_flops_per_s == 319e9 and probe.bfloat16_flops_per_s == 60e9
+    assert probe.dispatch_seconds_per_op == 1e-6  # a cost: the lowest round is the floor
+    spread = probe.spread()["float32_flops_per_s"]
+    assert (spread.min, spread.median, spread.max) == (234e9, 300e9, 319e9)
+    assert spread.cv == pytest.approx(0.155, abs=0.005)
+    assert "best of 3 rounds x 3" in probe.describe() and "234-319 GFLOP/s" in probe.describe()
+    assert probe.medium_changes_numerics is False and probe.bf16_speed_ratio == pytest.approx(60 / 319)
+
+
+def test_best_of_uses_the_injected_clock() -> None:
+    ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # durations 5, 2, 3
+    assert roofline._best_of(lambda: None, lambda: None, 3, timer=lambda: next(ticks)) == 2.0
+
+
+def _probe(fp32: float, when: float) -> roofline.RooflineProbe:
+    return roofline.probe_from_rounds(_fake_rounds([fp32], [fp32 / 4], [1e-6]), 1, 1e-7, now=when)
+
+
+def test_probe_cache_expires_and_is_keyed_by_cpu_model_and_cores(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
+    clock = [1_000_000.0]
+    measured = []
+
+    def fake_measure(device, sync):
+        measured.append(clock[0])
+        return _probe(300e9, clock[0])
+
+    def probe() -> tuple[roofline.RooflineProbe, bool]:
+        return roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=fake_measure, now=lambda: clock[0])
+
+    assert probe()[1] is False
+    clock[0] += 6 * 86400
+    assert probe()[1] is True and len(measured) == 1  # six days old: still valid
+    clock[0] += 2 * 86400
+    assert probe()[1] is False and len(measured) == 2  # eight days old: measured again
+    key = roofline.machine_key(torch.device("cpu"))
+    assert roofline.cpu_model_name() in key and f"{roofline.usable_cores()} usable" in key
+    assert f"v{roofline.PROBE_VERSION}|" in key  # entries of an older probe format are ignored
+    monkeypatch.setattr(roofline, "cpu_model_name", lambda: "Another CPU")
+    assert probe()[1] is False and len(measured) == 3  # another processor: its own entry
+    assert len(json.loads((tmp_path / "roofline.json").read_text())) == 2
+
+
+def test_forced_reprobe_keeps_the_best_of_old_and_new(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
+    figures = iter([319e9, 234e9])  # quiet first, then under load
+
+    def fake_measure(device, sync):
+        return _probe(next(figures), 10.0)
+
+    roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=fake_measure, now=lambda: 10.0)
+    again, cached = roofline.cached_probe(torch.device("cpu"), lambda: None, force=True,
+                                          measure_fn=fake_measure, now=lambda: 10.0)
+    assert not cached and again.float32_flops_per_s == 319e9
+    assert again.rounds["float32_flops_per_s"] == [319e9, 234e9]
+
+
+def test_old_format_cache_entries_are_measured_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
+    old = {"float32_flops_per_s": 1e11, "bfloat16_flops_per_s": 2e11, "copy_bytes_per_s": 1e10, "matmul_size": 8,
+           "copy_bytes": 8, "repeats": 1, "measured_at": "then", "version": 1}
+    (tmp_path / "roofline.json").write_text(json.dumps({roofline.machine_key(torch.device("cpu")): old}))
+    fresh = _probe(300e9, 10.0)
+    probe, cached = roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=lambda d, s: fresh,
+                                          now=lambda: 10.0)
+    assert probe == fresh and not cached
+
+
+def test_the_real_probe_measures_numerics_and_dispatch(tmp_path, monkeypatch) -> None:
+    # Values are this host's; only their physical ranges are asserted.
+    probe, _ = roofline.cached_probe(torch.device("cpu"), lambda: None)
+    assert 1e-9 < probe.medium_relative_error < 1e-1
+    assert 1e-8 < probe.dispatch_seconds_per_op < 1e-3
+    assert set(probe.spread()) == {"float32_flops_per_s", "bfloat16_flops_per_s", "copy_bytes_per_s",
+                                   "dispatch_seconds_per_op"}
 
 
 def test_cpu_peak_memory_window_resets() -> None:
     backend = CpuBackend()
     backend.reset_peak_memory()
     before, method = backend.peak_memory_bytes()
-    block = torch.ones(64 * 1024**2 // 4)  # touch 64 MiB
+    # Touch 64 MiB of fresh pages: an anonymous mapping, never memory an allocator kept resident
+    # from earlier tests (the probe's freed buffers made a torch.ones block reuse resident pages).
+    block = mmap.mmap(-1, 64 * 1024**2)
+    block.write(b"\x01" * (64 * 1024**2))
     after, _ = backend.peak_memory_bytes()
-    del block
+    block.close()
     assert "VmHWM" in method and after - before >= 60 * 1024**2

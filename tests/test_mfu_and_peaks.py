@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+import tpu_tuner
+from tpu_tuner.backends import roofline
+from tpu_tuner.candidate import Candidate
 from tpu_tuner.hardware import TPU_CHIPS, gpu_spec_for_name, tpu_chip_for_name
-from tpu_tuner.metrics.mfu import achieved_flops_per_s, mfu
+from tpu_tuner.metrics.mfu import (MFU_CONVENTION, PeakChoice, achieved_flops_per_s, checked_peak, fastest_peak, mfu,
+                                   utilisation_by_dtype)
 from tpu_tuner.metrics.timing import TimingStats
+from tpu_tuner.report.profile_report import render_markdown
+from tpu_tuner.runner.measurement import Measurement
+
+from conftest import FIXTURES, use_probe
 
 
 def test_mfu_from_known_numbers() -> None:
@@ -67,3 +75,83 @@ def test_timing_stats_spread() -> None:
     assert stats.median == 6 and stats.p10 == 2 and stats.p90 == 10 and stats.count == 11
     with pytest.raises(ValueError):
         TimingStats.from_samples([])
+
+
+# --- one MFU convention: the fastest dtype's peak, never above 100% (issue 12, items 4 and 5) ---
+
+
+def test_fastest_peak_is_the_mfu_peak_of_every_device_kind() -> None:
+    # A CPU without fast bf16 (AVX-512F only): fp32 is its fastest measured rate.
+    assert fastest_peak({"float32": 300e9, "bfloat16": 60e9}) == (300e9, "float32")
+    # A CPU with AMX: bf16.
+    assert fastest_peak({"float32": 300e9, "bfloat16": 1200e9}) == (1200e9, "bfloat16")
+    # A GPU: the datasheet's dense bf16 (equal to fp16; bf16 is the dtype MFU is quoted in).
+    h200 = gpu_spec_for_name("NVIDIA H200")
+    assert h200 is not None
+    assert fastest_peak({k: v * 1e12 for k, v in h200.tflops.items()}) == (989.4e12, "bfloat16")
+    # A TPU: bf16 per chip, as TorchTPU's table (the backend lists fp32 at the same figure).
+    assert fastest_peak({"bfloat16": 459e12, "float32": 459e12}) == (459e12, "bfloat16")
+
+
+def test_checked_peak_remeasures_then_raises_never_above_100() -> None:
+    assert checked_peak(100.0, 200.0, "float32") == PeakChoice(200.0, "float32")
+    # Beaten, and a re-probe finds a higher peak: that one is used.
+    choice = checked_peak(250.0, 200.0, "float32", remeasure=lambda: (300.0, "float32"))
+    assert (choice.flops_per_s, choice.raised_to_achieved) == (300.0, False) and "re-measured" in choice.note
+    # Beaten even after re-probing: the achieved rate becomes the peak, and the note says so.
+    calls = []
+    choice = checked_peak(250.0, 200.0, "float32", remeasure=lambda: calls.append(1) or (210.0, "float32"))
+    assert choice.flops_per_s == 250.0 and choice.raised_to_achieved and len(calls) == 1
+    assert "achieved rate as the peak" in choice.note
+    # A datasheet peak (nothing to re-measure) is raised the same way.
+    assert checked_peak(250.0, 200.0, "bfloat16").flops_per_s == 250.0
+
+
+def test_utilisation_by_dtype_never_reports_above_100() -> None:
+    assert utilisation_by_dtype(150e9, {"float32": 300e9, "bfloat16": 60e9}) == {"float32": 0.5, "bfloat16": None}
+
+
+def test_baseline_and_medium_divide_by_the_same_peak(tmp_path, monkeypatch, fast_settings) -> None:
+    # The host of the issue: bf16 far slower than fp32. `matmul medium` used to be divided by the
+    # bf16 peak (159-177% MFU) while the baseline used fp32: the figures were not comparable.
+    use_probe(monkeypatch, tmp_path, float32_flops_per_s=1e15, bfloat16_flops_per_s=1e6)
+    baseline = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings)
+    medium = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings,
+                               candidate=Candidate(matmul_precision="medium"))
+    for result in (baseline, medium):
+        assert (result.peak_flops_per_s, result.peak_dtype) == (1e15, "float32")
+        assert 0 < result.mfu <= 1 and result.mfu_convention == MFU_CONVENTION
+        assert result.utilisation_by_dtype["bfloat16"] is None  # the step beats the bf16 probe
+    assert "fastest dense dtype" in render_markdown(medium)
+
+
+def test_a_step_that_beats_the_peak_reprobes_then_raises_it(tmp_path, monkeypatch, fast_settings) -> None:
+    # A cached peak far too low (measured under load): the profile re-probes once; when the step
+    # still beats it, the peak becomes the achieved rate, MFU is 100% and a warning says why.
+    low = use_probe(monkeypatch, tmp_path, float32_flops_per_s=1e3, bfloat16_flops_per_s=1e3)
+    probes = []
+    monkeypatch.setattr(roofline, "measure", lambda device, sync: probes.append(1) or low)
+    result = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings)
+    assert len(probes) == 1
+    assert result.mfu == pytest.approx(1.0) and result.peak_flops_per_s == pytest.approx(result.achieved_flops_per_s)
+    assert result.device.peak.fastest()[0] == result.peak_flops_per_s  # trials start from the raised peak
+    assert any("achieved rate as the peak" in w for w in result.warnings)
+    assert result.verdict.compute_share <= 1
+
+
+def _measurement(step: float, peak: float, dtype: str) -> Measurement:
+    return Measurement(candidate={}, step_median=step, step_p10=step, step_p90=step, samples=[step],
+                       first_call_seconds=0.0, warmup_seconds=0.0, compile_seconds=0.0, compiles={},
+                       model_flops_per_step=100e9, peak_flops_per_s=peak, peak_dtype=dtype, mfu=100e9 / step / peak,
+                       peak_memory_bytes=None, accuracy_errors={}, compute_dtype=dtype)
+
+
+def test_tuning_report_compares_mfu_on_one_peak() -> None:
+    from tpu_tuner.report.tuning_report import _comparison_rows
+
+    # The tuned trial beat the profile's peak and raised it: both columns use the raised peak,
+    # so the tuned run reads higher (it is faster) and nothing reads above 100%.
+    base = _measurement(1.0, 300e9, "float32")
+    tuned = _measurement(0.25, 400e9, "float32")
+    row = next(r for r in _comparison_rows(base, tuned, 100) if r.startswith("| MFU"))
+    assert "25.0% of 400 GFLOP/s" in row and "100.0% of 400 GFLOP/s" in row

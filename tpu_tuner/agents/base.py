@@ -4,6 +4,10 @@
 * ``params(space)``: its part of the search space;
 * ``seeds(profile, space)``: parameter settings worth trying first;
 * ``validate(candidate)``: a cheap, static reason to reject a candidate, or None.
+
+Agents that depend on the hardware decide from the measured probe (`RooflineProbe`: bf16 and
+fp32 matmul rates, whether "medium" changes matmul numerics, per-op dispatch cost) when the
+device has one, never from what a device kind usually has.
 """
 
 from __future__ import annotations
@@ -11,19 +15,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from tpu_tuner.backends.roofline import RooflineProbe
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.search.space import Param, SearchSpace
 
 
 class Agent(ABC):
-    """Base class of the knob-family specialists; `definition` is its agents/*.toml content."""
+    """Base class of the knob-family specialists; `definition` is its agents/*.toml content,
+    `probe` the device's measured probe (None where the device's peaks are published figures)."""
 
     name: str
 
-    def __init__(self, definition: dict[str, Any], device_kind: str) -> None:
+    def __init__(self, definition: dict[str, Any], device_kind: str, probe: RooflineProbe | None = None) -> None:
         self.definition = definition
         self.device_kind = device_kind
+        self.probe = probe
 
     def params(self, space: SearchSpace) -> tuple[Param, ...]:
         return tuple(p for p in space.searched if p.agent == self.name)

@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from tpu_tuner.backends.roofline import RooflineProbe
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.metrics.mfu import PeakChoice, checked_peak, fastest_peak
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class DevicePeak:
             return self.flops_per_s[dtype], dtype
         return self.flops_per_s["float32"], "float32"
 
+    def fastest(self) -> tuple[float, str]:
+        """The peak MFU divides by: the fastest dense dtype's FLOP/s (docs/mfu.md)."""
+        return fastest_peak(self.flops_per_s)
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -38,6 +44,9 @@ class DeviceInfo:
     memory_bytes: int | None
     peak: DevicePeak
     details: dict[str, Any] = field(default_factory=dict)
+    # The measured probe (CPUs, unknown GPUs): rates per dtype with their spread, whether
+    # "medium" changes the numerics, the per-op dispatch cost. None for datasheet peaks.
+    probe: RooflineProbe | None = None
 
 
 class Backend(ABC):
@@ -65,7 +74,33 @@ class Backend(ABC):
 
     @abstractmethod
     def compute_dtype(self, candidate: Candidate) -> str:
-        """The dtype the candidate's matmuls run in, which picks the peak for MFU."""
+        """The dtype the candidate's matmuls run in. MFU never depends on it (it divides by the
+        fastest dtype's peak, docs/mfu.md); reports name it beside the per-dtype utilisation."""
+
+    def remeasure_peak(self) -> DevicePeak | None:
+        """Measure the peak again because a step beat it; None where it is a published figure."""
+        return None
+
+    def mfu_peak(self, flops_per_s: dict[str, float], achieved: float) -> PeakChoice:
+        """The peak an MFU figure divides by: the fastest dtype of `flops_per_s`, re-measured
+        (or, failing that, raised to the achieved rate) when the step beats it."""
+        peak, dtype = fastest_peak(flops_per_s)
+
+        def remeasure() -> tuple[float, str] | None:
+            fresh = self.remeasure_peak()
+            return fresh.fastest() if fresh is not None else None
+
+        return checked_peak(achieved, peak, dtype, remeasure)
+
+    def dispatch_seconds_per_op(self) -> float | None:
+        """What one tiny op costs from Python to done (the per-op overhead floor), measured
+        now; backends with a cached probe return the cached figure."""
+        from tpu_tuner.backends.roofline import dispatch_seconds_per_op
+
+        try:
+            return dispatch_seconds_per_op(self.device, self.synchronize)
+        except Exception:  # noqa: BLE001 - a device that cannot run the probe has no figure
+            return None
 
     def reset_peak_memory(self) -> None:
         """Start a new peak-memory window."""

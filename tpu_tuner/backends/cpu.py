@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from tpu_tuner.backends.base import Backend, DeviceInfo
-from tpu_tuner.backends.roofline import cpu_model_name, cached_probe
+from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.roofline import cached_probe, cpu_model_name, usable_cores
 from tpu_tuner.candidate import Candidate
 
 
@@ -34,18 +34,31 @@ class CpuBackend(Backend):
             count=1,
             memory_bytes=_total_memory_bytes(),
             peak=peak,
-            details={"threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+            details={"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "usable_cores": usable_cores()},
+            probe=probe,
         )
+
+    def remeasure_peak(self) -> DevicePeak | None:
+        # The cached probe may have been taken under load: measure again, keep the best of both.
+        probe, _ = cached_probe(self.device, self.synchronize, force=True)
+        return probe.to_peak(probe.describe() + " (re-measured: a step beat the cached peak)")
+
+    def dispatch_seconds_per_op(self) -> float | None:
+        probe, _ = cached_probe(self.device, self.synchronize)
+        return probe.dispatch_seconds_per_op
 
     def synchronize(self) -> None:
         # CPU ops run synchronously: when the call returns, the work is done.
         return None
 
     def compute_dtype(self, candidate: Candidate) -> str:
-        # "medium" lets oneDNN run fp32 matmuls as bf16 on AMX / AVX512_BF16 (FACTS.md §4);
-        # "high" has no TF32 equivalent on CPU and changes nothing.
-        if candidate.autocast_dtype == "bfloat16" or candidate.matmul_precision == "medium":
+        # "medium" lets oneDNN run fp32 matmuls as bf16 on some hosts (AMX) and changes nothing on
+        # others: the probe's numerics check says which. "high" has no TF32 equivalent on CPU.
+        if candidate.autocast_dtype == "bfloat16":
             return "bfloat16"
+        if candidate.matmul_precision == "medium":
+            probe, _ = cached_probe(self.device, self.synchronize)
+            return "bfloat16" if probe.medium_changes_numerics else "float32"
         return "float32"
 
     def reset_peak_memory(self) -> None:

@@ -26,6 +26,7 @@ class CudaBackend(Backend):
     def info(self) -> DeviceInfo:
         name = torch.cuda.get_device_name(self.device)
         spec = gpu_spec_for_name(name)
+        probe = None
         if spec is not None:
             peak = DevicePeak(
                 flops_per_s={dtype: tflops * TERA for dtype, tflops in spec.tflops.items()},
@@ -43,7 +44,16 @@ class CudaBackend(Backend):
             memory_bytes=int(properties.total_memory),
             peak=peak,
             details={"capability": f"{properties.major}.{properties.minor}"},
+            probe=probe,
         )
+
+    def remeasure_peak(self) -> DevicePeak | None:
+        # A datasheet peak is not re-measured (a step beating it has a wrong FLOP count); a GPU
+        # missing from the table has a measured probe, which may have been taken under load.
+        if gpu_spec_for_name(torch.cuda.get_device_name(self.device)) is not None:
+            return None
+        probe, _ = cached_probe(self.device, self.synchronize, force=True)
+        return probe.to_peak(probe.describe() + " (re-measured: a step beat the cached peak)")
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
 
 def achieved_flops_per_s(flops_per_step: float, step_seconds: float) -> float:
     """FLOP/s of a step that does `flops_per_step` in `step_seconds`."""
@@ -15,3 +18,69 @@ def mfu(flops_per_step: float, step_seconds: float, peak_flops_per_device: float
     if peak_flops_per_device <= 0 or devices <= 0:
         raise ValueError("peak FLOP/s and device count must be positive")
     return achieved_flops_per_s(flops_per_step, step_seconds) / (peak_flops_per_device * devices)
+
+
+# The one convention every report states and every MFU figure (baseline and trials) follows.
+MFU_CONVENTION = (
+    "MFU = model FLOP/s / the device's peak for its fastest dense dtype "
+    "(TPU: bf16 per chip; GPU: datasheet dense bf16; CPU: the best measured matmul rate of fp32 and bf16)"
+)
+
+# Ties between equal peaks (a GPU's bf16 and fp16) go to the dtype MFU is usually quoted in.
+_DTYPE_PREFERENCE = ("bfloat16", "float16", "tf32", "float32")
+
+
+def fastest_peak(flops_per_s: Mapping[str, float]) -> tuple[float, str]:
+    """The device's peak for MFU: the highest FLOP/s of any dtype, and that dtype."""
+    if not flops_per_s:
+        raise ValueError("no peak FLOP/s for any dtype")
+
+    def rank(item: tuple[str, float]) -> tuple[float, int]:
+        dtype, value = item
+        preference = _DTYPE_PREFERENCE.index(dtype) if dtype in _DTYPE_PREFERENCE else len(_DTYPE_PREFERENCE)
+        return value, -preference
+
+    dtype, value = max(flops_per_s.items(), key=rank)
+    return float(value), dtype
+
+
+@dataclass(frozen=True)
+class PeakChoice:
+    """The peak an MFU figure divides by, and why it differs from the device's table, if it does."""
+
+    flops_per_s: float
+    dtype: str
+    note: str | None = None  # set when the step beat the table peak
+    raised_to_achieved: bool = False
+
+
+def checked_peak(
+    achieved: float,
+    peak: float,
+    dtype: str,
+    remeasure: Callable[[], tuple[float, str] | None] | None = None,
+) -> PeakChoice:
+    """The peak for an MFU figure that can never exceed 100%.
+
+    A step faster than the peak means the peak is wrong (a probe measured under load): re-measure
+    it with `remeasure` (returns the new fastest peak, or None where the peak is a datasheet
+    figure); if the step still beats it, the achieved rate becomes the peak and the note says so.
+    """
+    if achieved <= peak:
+        return PeakChoice(peak, dtype)
+    note = f"the step ran at {achieved / 1e9:.4g} GFLOP/s, above the {dtype} peak of {peak / 1e9:.4g} GFLOP/s"
+    fresh = remeasure() if remeasure is not None else None
+    if fresh is not None:
+        peak, dtype = max((peak, dtype), fresh)
+        note += f"; re-measured, the peak is now {peak / 1e9:.4g} GFLOP/s ({dtype})"
+    if achieved <= peak:
+        return PeakChoice(peak, dtype, note)
+    note += "; MFU uses the achieved rate as the peak (100%): the peak or the FLOP count is wrong"
+    return PeakChoice(achieved, dtype, note, raised_to_achieved=True)
+
+
+def utilisation_by_dtype(achieved: float, flops_per_s: Mapping[str, float]) -> dict[str, float | None]:
+    """Achieved rate over each dtype's peak; None where the step beats that dtype's peak (it
+    cannot have run in that dtype alone, so the ratio means nothing and is never printed)."""
+    return {dtype: (achieved / peak if 0 < peak and achieved <= peak else None)
+            for dtype, peak in flops_per_s.items()}

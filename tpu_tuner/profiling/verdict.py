@@ -1,30 +1,56 @@
-"""The one-line verdict: compute-bound, memory-bound or overhead-bound, with its numbers.
+"""The one-line verdict: compute-, memory- or overhead-bound, or kernels below the roofline.
 
-Roofline reasoning: a step cannot be faster than its FLOPs at peak FLOP/s (compute time) nor
-than its bytes at memory bandwidth (memory time). Whichever of the two explains most of the
-measured step time, if it explains at least `explained_share_min` of it, bounds the step; when
-neither does, the time goes elsewhere (op dispatch, kernel launches, Python): overhead-bound.
+Roofline reasoning: a step cannot be faster than its FLOPs at peak FLOP/s (compute time), than
+its bytes at memory bandwidth (memory time), nor than its op count times the measured per-op
+dispatch cost (dispatch time). Whichever of the three explains at least `explained_share_min`
+of the measured step time bounds the step. When none does, the kernels themselves run below the
+roofline: the verdict says at what share of the peak, and names the operators that take the time.
+A step whose times spread too much (high CV: other processes contending) gets its verdict
+marked as uncertain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+BOUNDS = ("compute-bound", "memory-bound", "overhead-bound", "below-roofline")
+MATMUL_LIKE = ("mm", "matmul", "linear", "conv", "attention", "bmm", "baddbmm", "addmm", "rnn", "lstm", "gru")
+
+
+def is_matmul_like(operator: str) -> bool:
+    """Whether an operator name is a matmul / convolution / attention kernel (compute-heavy)."""
+    name = operator.lower()
+    return any(key in name for key in MATMUL_LIKE)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The bound, the roofline terms behind it, and a sentence a user can act on."""
 
-    bound: str  # "compute-bound" | "memory-bound" | "overhead-bound"
+    bound: str  # one of BOUNDS
     compute_seconds: float
     memory_seconds: float | None
     step_seconds: float
-    compute_share: float
+    compute_share: float  # also the achieved share of the peak FLOP/s (counted FLOPs)
     memory_share: float | None
     arithmetic_intensity: float | None  # FLOPs per byte moved (unfused estimate)
     ridge_point: float | None  # peak FLOP/s / bandwidth
     ops_per_step: int
     summary: str
+    dispatch_seconds: float | None = None  # ops_per_step x measured per-op dispatch cost
+    dispatch_share: float | None = None
+    dispatch_seconds_per_op: float | None = None
+    top_operators: list[tuple[str, float]] = field(default_factory=list)  # (name, share of op time)
+    step_cv: float | None = None
+    uncertain: bool = False  # the step time spread too much for a verdict to be trusted
+
+    @property
+    def compute_kernels_dominate(self) -> bool:
+        """Whether matmul-like operators take most of the top operators' time."""
+        total = sum(share for _, share in self.top_operators)
+        heavy = sum(share for name, share in self.top_operators if is_matmul_like(name))
+        return total > 0 and heavy >= total / 2
 
 
 def decide(
@@ -36,8 +62,16 @@ def decide(
     memory_bytes_per_s: float | None,
     ops_per_step: int,
     explained_share_min: float,
+    dispatch_seconds_per_op: float | None = None,
+    top_operators: Sequence[tuple[str, float]] = (),
+    step_cv: float | None = None,
+    cv_max: float = 0.25,
 ) -> Verdict:
-    """Classify a step from its counted FLOPs and bytes against the device's roofline."""
+    """Classify a step from its counted FLOPs, bytes and ops against the device's roofline.
+
+    `top_operators` are (name, share of profiled op time) pairs, largest first; `step_cv` is the
+    coefficient of variation of the timed steps, above `cv_max` the verdict is marked uncertain.
+    """
     compute_seconds = flops_per_step / peak_flops
     compute_share = compute_seconds / step_seconds
     memory_seconds = memory_share = intensity = ridge = None
@@ -46,6 +80,10 @@ def decide(
         memory_share = memory_seconds / step_seconds
         intensity = flops_per_step / bytes_per_step
         ridge = peak_flops / memory_bytes_per_s
+    dispatch_seconds = dispatch_share = None
+    if dispatch_seconds_per_op is not None:
+        dispatch_seconds = ops_per_step * dispatch_seconds_per_op
+        dispatch_share = dispatch_seconds / step_seconds
 
     evidence = (
         f"{flops_per_step / 1e9:.3g} GFLOP at the {peak_dtype} peak take {compute_seconds * 1e3:.3g} ms "
@@ -57,13 +95,29 @@ def decide(
             f"take {memory_seconds * 1e3:.3g} ms ({memory_share:.0%}); "
             f"intensity {intensity:.3g} FLOP/B vs ridge {ridge:.3g}"
         )
+    if dispatch_seconds is not None:
+        evidence += (
+            f"; {ops_per_step} ops x {dispatch_seconds_per_op * 1e6:.3g} us measured dispatch cost take "
+            f"{dispatch_seconds * 1e3:.3g} ms ({dispatch_share:.0%})"
+        )
+    else:
+        evidence += f"; {ops_per_step} ops per step (dispatch cost not measured)"
 
-    shares = {"compute-bound": compute_share, "memory-bound": memory_share or 0.0}
+    shares = {"compute-bound": compute_share, "memory-bound": memory_share or 0.0,
+              "overhead-bound": dispatch_share or 0.0}
     bound, share = max(shares.items(), key=lambda item: item[1])
-    if share < explained_share_min:
-        bound = "overhead-bound"
-        per_op_us = step_seconds / max(ops_per_step, 1) * 1e6
-        evidence += f"; {ops_per_step} ops per step, {per_op_us:.3g} us per op on average"
+    if share >= explained_share_min:
+        summary = f"{bound}: {evidence}"
+    else:
+        bound = "below-roofline"
+        summary = (f"below-roofline: no roofline term explains the step; the kernels run at "
+                   f"{compute_share:.1%} of the {peak_dtype} peak. {evidence}")
+        if top_operators:
+            summary += "; time goes to " + ", ".join(f"{name} ({op_share:.0%})" for name, op_share in top_operators)
+    uncertain = step_cv is not None and step_cv > cv_max
+    if uncertain:
+        summary = (f"uncertain (step-time CV {step_cv:.0%} > {cv_max:.0%}: other processes may be "
+                   f"contending for the device; re-profile on a quiet machine): {summary}")
     return Verdict(
         bound=bound,
         compute_seconds=compute_seconds,
@@ -74,5 +128,11 @@ def decide(
         arithmetic_intensity=intensity,
         ridge_point=ridge,
         ops_per_step=ops_per_step,
-        summary=f"{bound}: {evidence}",
+        summary=summary,
+        dispatch_seconds=dispatch_seconds,
+        dispatch_share=dispatch_share,
+        dispatch_seconds_per_op=dispatch_seconds_per_op,
+        top_operators=[(name, op_share) for name, op_share in top_operators],
+        step_cv=step_cv,
+        uncertain=uncertain,
     )

@@ -1,0 +1,107 @@
+"""Agents decide from the measured hardware probe, not from what a device kind usually has
+(issue 12, item 8): both host kinds are injected, whatever this machine is."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from tpu_tuner.agents import PrecisionAgent, load_agents
+from tpu_tuner.backends import roofline
+from tpu_tuner.backends.cpu import CpuBackend
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.definitions import load_definition
+from tpu_tuner.profiling.verdict import decide
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.study import enqueue_seeds
+
+from conftest import use_probe
+
+
+def _probe(fp32: float, bf16: float, medium_error: float) -> roofline.RooflineProbe:
+    return roofline.RooflineProbe(float32_flops_per_s=fp32, bfloat16_flops_per_s=bf16, copy_bytes_per_s=2e10,
+                                  matmul_size=2048, copy_bytes=1, repeats=3, measured_at="injected",
+                                  dispatch_seconds_per_op=1e-6, medium_relative_error=medium_error,
+                                  measured_at_epoch=time.time())
+
+
+# The two host kinds of FACTS.md §4: AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
+NO_BF16_UNITS = _probe(300e9, 60e9, 1.2e-7)
+AMX = _probe(300e9, 1200e9, 2.5e-3)
+# This kind too: fast bf16 (AVX512_BF16) but "medium" leaves fp32 matmuls unchanged.
+BF16_BUT_MEDIUM_IS_FP32 = _probe(210e9, 900e9, 4e-7)
+
+
+def _agent(probe: roofline.RooflineProbe | None) -> PrecisionAgent:
+    return PrecisionAgent(load_definition("agents", "precision"), "cpu", probe)
+
+
+def _matmul_heavy_profile() -> SimpleNamespace:
+    verdict = decide(6e9, 1e8, 0.05, 300e9, "float32", 2e10, 40, 0.5, dispatch_seconds_per_op=1e-6,
+                     top_operators=[("aten::addmm", 0.8)])
+    return SimpleNamespace(verdict=verdict, peak_dtype="float32",
+                           operators=[SimpleNamespace(name="aten::addmm", share=0.8)])
+
+
+def _space() -> SearchSpace:
+    return SearchSpace.load("precision", "cpu")
+
+
+def test_host_without_bf16_units_skips_medium_and_bf16_with_the_figures() -> None:
+    agent = _agent(NO_BF16_UNITS)
+    medium = agent.validate(Candidate(matmul_precision="medium"))
+    assert medium is not None and "relative error 1.2e-07" in medium and "same kernels as 'highest'" in medium
+    bf16 = agent.validate(Candidate(autocast_dtype="bfloat16"))
+    assert bf16 is not None and "60 GFLOP/s against 300 GFLOP/s" in bf16 and "0.20x" in bf16
+    assert agent.seeds(None, _space()) == []
+    findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
+    assert "should pay off" not in findings and "no faster than fp32" in findings
+    assert "skipping matmul precision 'medium'" in findings and "bf16 autocast rejected" in findings
+
+
+def test_host_with_fast_bf16_still_seeds_both() -> None:
+    agent = _agent(AMX)
+    assert agent.validate(Candidate(matmul_precision="medium")) is None
+    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}, {"matmul_precision": "medium"}]
+    findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
+    assert "should pay off" in findings and "runs fp32 matmuls as bf16" in findings
+
+
+def test_fast_bf16_with_fp32_medium_seeds_only_autocast() -> None:
+    agent = _agent(BF16_BUT_MEDIUM_IS_FP32)
+    assert agent.validate(Candidate(matmul_precision="medium")) is not None
+    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}]
+    assert "bf16 matmuls (bf16 autocast) should pay off" in " ".join(agent.diagnose(_matmul_heavy_profile()))
+
+
+def test_bf16_a_little_slower_is_not_seeded_but_not_rejected() -> None:
+    agent = _agent(_probe(300e9, 240e9, 2.5e-3))  # 0.8x: not seeded, still searchable
+    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.seeds(None, _space()) == [{"matmul_precision": "medium"}]
+
+
+def test_published_peaks_keep_the_definition_seeds() -> None:
+    # TPU / datasheet GPUs carry no probe: nothing is skipped on its account.
+    agent = PrecisionAgent(load_definition("agents", "precision"), "tpu", None)
+    assert agent.validate(Candidate(matmul_precision="medium")) is None
+    assert {"matmul_precision": "medium"} in agent.seeds(None, SearchSpace.load("precision", "tpu"))
+
+
+def test_the_study_never_queues_what_the_probe_rules_out() -> None:
+    study = optuna.create_study()
+    agents = load_agents(["precision"], "cpu", NO_BF16_UNITS)
+    enqueue_seeds(study, _space(), agents, None)
+    queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+    assert queued == [{"matmul_precision": "highest", "autocast": "none"}]
+
+
+def test_the_cpu_backend_hands_its_probe_to_the_profile(tmp_path, monkeypatch) -> None:
+    injected = use_probe(monkeypatch, tmp_path, bfloat16_flops_per_s=60e9, medium_relative_error=1e-7)
+    probe = CpuBackend().info().probe
+    assert probe == injected and probe.medium_changes_numerics is False
+    assert probe.bf16_speed_ratio == pytest.approx(0.2)
