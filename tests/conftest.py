@@ -24,6 +24,30 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     mp.undo()
 
 
+def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float) -> "RooflineProbe":
+    """Make `figures` (RooflineProbe fields: float32_flops_per_s, bfloat16_flops_per_s,
+    medium_relative_error, ...) this machine's cached probe, in a private cache that worker
+    processes inherit: tests decide which kind of host they run on, whatever this one is."""
+    import json
+    import time
+    from dataclasses import asdict
+
+    import torch
+
+    from tpu_tuner.backends import roofline
+
+    values = dict(float32_flops_per_s=300e9, bfloat16_flops_per_s=1200e9, copy_bytes_per_s=20e9, matmul_size=8,
+                  copy_bytes=8, repeats=1, measured_at="injected", dispatch_seconds_per_op=1e-6,
+                  medium_relative_error=2.5e-3, measured_at_epoch=time.time())
+    values.update(figures)
+    probe = roofline.RooflineProbe(**values)
+    monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(cache_dir))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = roofline.machine_key(torch.device("cpu"))
+    (cache_dir / "roofline.json").write_text(json.dumps({key: asdict(probe)}))
+    return probe
+
+
 @pytest.fixture
 def fast_settings() -> ProfilerSettings:
     """Profiler settings that keep a tiny model's profile to about a second."""

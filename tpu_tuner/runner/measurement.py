@@ -28,6 +28,9 @@ class Measurement:
     peak_memory_bytes: int | None
     accuracy_errors: dict[str, float]
     warnings: list[str] = field(default_factory=list)
+    # The dtype the candidate's matmuls ran in; MFU itself always uses the fastest dtype's peak
+    # (`peak_dtype`). None in measurements recorded before the convention was unified.
+    compute_dtype: str | None = None
 
     @property
     def accuracy_error(self) -> float:
