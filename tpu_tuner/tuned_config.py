@@ -23,6 +23,8 @@ from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import UserInputError
 
 FORMAT_VERSION = 1
+# Candidate fields that only TorchTPU reads.
+TPU_ONLY_SETTINGS = ("eager_mode",)
 
 
 @dataclass
@@ -40,6 +42,11 @@ class TunedConfig:
 
     def to_toml(self) -> str:
         settings = {k: v for k, v in self.candidate.to_dict().items() if v is not None}  # TOML has no null
+        if self.device_kind != "tpu":
+            # Settings that only mean something on TorchTPU stay out of a CPU/GPU config (loading
+            # it back gives the default, which those backends ignore).
+            for key in TPU_ONLY_SETTINGS:
+                settings.pop(key, None)
         document = {
             "format_version": FORMAT_VERSION,
             "device_kind": self.device_kind,
@@ -79,35 +86,45 @@ class TunedConfig:
         """Variables that must be set before the process imports torch (TorchTPU eager modes)."""
         return dict(EAGER_MODE_ENV.get(self.candidate.eager_mode, {})) if self.device_kind == "tpu" else {}
 
-    def instructions(self) -> list[str]:
-        """What to set where, as lines a user can paste."""
+    def instructions(self, path: str | Path) -> list[str]:
+        """Python that applies this config, runnable as printed once `model` and a batch `inputs`
+        exist (the user's own names); everything else it mentions is a comment. `path` is where
+        this config is saved (printed as an absolute path, so the code runs from any folder)."""
         c = self.candidate
-        lines = []
         env = self.environment()
+        lines = [f"# with your `model` and a batch `inputs` (tuned on {self.device_kind}: {c.describe()})"]
         if env:
-            lines.append("# before the process imports torch (read once, at start-up):")
-            lines += [f"export {key}={value}" for key, value in env.items()]
-        lines.append("# in Python, once:")
-        lines.append(f'torch.set_float32_matmul_precision("{c.matmul_precision}")')
+            # TorchTPU reads these once, when torch is imported: they must come first.
+            lines.append("# before the process imports torch (read once, at start-up); or in the shell: "
+                         + " ".join(f"export {key}={value}" for key, value in env.items()))
+            lines.append("import os")
+            lines.append(f"os.environ.update({env!r})")
+        lines += [
+            "import tpu_tuner",
+            "",
+            f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
+            "with autocast():  # around the forward pass and the loss",
+            "    output = model(inputs)",
+            "",
+            "# what apply() does, if you would rather write it out:",
+            f'#   torch.set_float32_matmul_precision("{c.matmul_precision}")',
+        ]
         if c.compile_backend:
             mode = f', mode="{c.compile_mode}"' if c.compile_mode else ""
-            lines.append(f'model = torch.compile(model, backend="{c.compile_backend}"{mode})')
+            lines.append(f'#   model = torch.compile(model, backend="{c.compile_backend}"{mode})')
         if c.autocast_dtype:
-            lines.append("# around the forward pass (and the loss):")
-            lines.append(f'with torch.autocast("{self.device_kind}", dtype=torch.{c.autocast_dtype}):')
-            lines.append("    output = model(inputs)")
-        lines.append("# or: model, autocast = tpu_tuner.apply(model, tpu_tuner.TunedConfig.load(PATH))")
+            lines.append(f'#   with torch.autocast("{self.device_kind}", dtype=torch.{c.autocast_dtype}): output = model(inputs)')
         if self.sharding:
             mesh = self.sharding["mesh"]
             names = tuple(axis for axis, size in mesh.items() if size > 1) or ("fsdp",)
             shape = tuple(mesh[axis] for axis in names)
             lines.append("# sharding (one process per device, process group 'tpu_dist' on TorchTPU):")
-            lines.append(f"mesh = init_device_mesh('{self.device_kind}', {shape}, mesh_dim_names={names})")
-            lines.append("# placements per parameter are in [sharding.placements]; see the README's planner section")
+            lines.append(f"#   mesh = init_device_mesh('{self.device_kind}', {shape}, mesh_dim_names={names})")
+            lines.append("#   placements per parameter are in [sharding.placements] (docs/planner.md)")
         if self.bucketing:
             lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
             lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
-            lines.append("tokens, attention_mask = tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)")
+            lines.append("#   tokens, attention_mask = tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)")
             if self.bucketing.get("torchtpu"):
                 lines.append(f"# on TorchTPU: {self.bucketing['torchtpu']}")
         return lines

@@ -25,6 +25,8 @@ TRIAL_COLUMNS = [
     "rejected_by", "repeat_of", "trial_wall_s", "duration_s",
 ]
 
+INTEGER_COLUMNS = ("number", "repeat_of", "peak_memory_bytes")
+
 
 @dataclass
 class TuningResult:
@@ -82,6 +84,10 @@ class TuningResult:
         frame = pd.DataFrame(rows)
         # A stable schema: every documented column is present, even when no trial set it.
         frame = frame.reindex(columns=TRIAL_COLUMNS + [c for c in frame.columns if c not in TRIAL_COLUMNS])
+        # Ids and byte counts are integers; pandas' nullable Int64 keeps them so where some rows
+        # have none (NaN would turn the whole column into floats: "3.0" in trials.csv).
+        for column in INTEGER_COLUMNS:
+            frame[column] = pd.to_numeric(frame[column]).round().astype("Int64")
         return frame.drop(columns=[p for p in ("execution", "matmul_precision", "autocast")
                                    if p not in {q.name for q in self.space.searched}])
 

@@ -9,6 +9,8 @@ recommendation is the baseline.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,18 @@ class Verification:
     message: str = ""
 
 
-def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options: TuneOptions, device_kind: str) -> Verification:
+VerifyProgress = Callable[[int, int, float], None]
+"""Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
+
+
+def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options: TuneOptions, device_kind: str,
+           progress: VerifyProgress | None = None) -> Verification:
+    """Re-measure the search's best against the baseline (and each knob reverted), interleaved;
+    recommend the best only when its paired speedup is significant. `progress` hears every round.
+
+    The speedup compares *steady* steps (each candidate is built and warmed up before the first
+    round, so compile time is not in it); the search ranked by amortised step.
+    """
     trials = study.get_trials(deepcopy=False)
     measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
     baseline_params = space.baseline_params()
@@ -69,18 +82,12 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
         ablated = {**best_params, name: baseline_params[name]}
         if ablated != baseline_params:
             labels[f"best without {name}"] = ablated
-    outcome = runner.run(
-        "compare",
-        [space.to_candidate(params).to_dict() for params in labels.values()],
-        {"rounds": options.verify_rounds, "batch_size": options.batch_size, "seq_len": options.seq_len,
-         "warmup_min_steps": options.trial_settings.warmup_min_steps,
-         "warmup_max_steps": options.trial_settings.warmup_max_steps},
-        timeout_s=options.trial_timeout_s * (len(labels) + 1),
-    )
-    if not outcome.ok:
+    compared = _compare(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
+    if isinstance(compared, str):
         return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
-                            message=f"verification failed ({outcome.failure.kind}: {outcome.failure.message}); keep the baseline")
-    samples = dict(zip(labels, outcome.value["samples"]))
+                            message=f"verification failed ({compared}); keep the baseline")
+    per_label, compiles = compared
+    samples = dict(zip(labels, per_label))
     speedup = paired_speedup(samples["baseline"], samples["best"])
     contributions = []
     for name in differing:
@@ -101,9 +108,43 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
         speedup=speedup,
         contributions=contributions,
         samples=samples,
-        compiles_while_comparing=outcome.value["compiles_while_comparing"],
+        compiles_while_comparing=compiles,
         message=message,
     )
+
+
+def _compare(runner: TrialRunner, candidates: list[dict[str, Any]], options: TuneOptions,
+             progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
+    """The interleaved rounds, one job a round on the same warm worker (the worker keeps the built
+    steps between them), so that a comparison of minutes reports its progress. Candidate 0 is the
+    baseline, 1 the best. Returns per-candidate samples and compile counts, or why it failed."""
+    rounds = options.verify_rounds
+    samples: list[list[float]] = [[] for _ in candidates]
+    compiles: dict[str, int] = {}
+    for done in range(rounds):
+        outcome = runner.run(
+            "compare", candidates,
+            {"rounds": 1, "first_round": done, "last": done == rounds - 1,
+             "batch_size": options.batch_size, "seq_len": options.seq_len,
+             "warmup_min_steps": options.trial_settings.warmup_min_steps,
+             "warmup_max_steps": options.trial_settings.warmup_max_steps},
+            # The first round builds and warms up every candidate.
+            timeout_s=options.trial_timeout_s * ((len(candidates) + 1) if done == 0 else 1),
+        )
+        if not outcome.ok:
+            return f"{outcome.failure.kind} in round {done + 1} of {rounds}: {outcome.failure.message}"
+        for kept, new in zip(samples, outcome.value["samples"]):
+            kept.extend(new)
+        for kind, count in outcome.value["compiles_while_comparing"].items():
+            compiles[kind] = compiles.get(kind, 0) + int(count)
+        if progress is not None:
+            progress(done + 1, rounds, _running_ratio(samples[0], samples[1]))
+    return samples, compiles
+
+
+def _running_ratio(baseline: list[float], best: list[float]) -> float:
+    """Geometric mean of the per-round ratios so far (the estimate paired_speedup gives at the end)."""
+    return math.exp(sum(math.log(a / b) for a, b in zip(baseline, best)) / len(baseline))
 
 
 def trial_measurement(study: optuna.Study, number: int | None) -> Any:

@@ -1,0 +1,153 @@
+"""Output a user can read (issue 12, item 10): progress during verification, the same quantity in a
+trial's line and in "best", readable units, no "None" cells, integer ids in trials.csv, no TPU-only
+keys in a CPU config, and `tpu-tune apply` code that runs as printed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.cli import main
+from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.report.units import duration, ms, shape
+from tpu_tuner.tuned_config import TunedConfig
+
+from conftest import FIXTURES
+
+FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
+                        timing_max_steps=20, profiled_steps=1, top_operators=3)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One small tuning run through the CLI's printing (synthetic model: "medium" is 4x faster,
+    so verification runs): its folder and what the terminal showed."""
+    from tpu_tuner.tuning import study
+
+    out = tmp_path_factory.mktemp("runs")
+    printed = io.StringIO()
+    original = study.TuneOptions.__init__
+
+    # The CLI has no flags for these: fast profiler settings, and no agents (the precision agent
+    # would reject "medium" on a host whose matmuls it does not change; the fixture only sleeps).
+    def fast_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        self.trial_settings = FAST
+        self.agents = ()
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(study.TuneOptions, "__init__", fast_init)
+        status = main(["-q", str(FIXTURES / "synthetic_speed.py"), "--trials", "4", "--verify-rounds", "5",
+                       "--space", str(FIXTURES / "eager_precision_space.toml"), "--sampler", "grid",
+                       "--out", str(out)])
+    assert status == 0, printed.getvalue()
+    (run_dir,) = out.iterdir()
+    return run_dir, printed.getvalue()
+
+
+def test_durations_read_in_the_unit_that_fits() -> None:
+    assert duration(14.12) == "14.1 s"
+    assert duration(0.6123) == "612 ms"
+    assert duration(0.00235) == "2.35 ms"
+    assert duration(378.0) == "6.3 min"
+    assert ms(14.12) == "14.1 s"  # the old name no longer prints "1.412e+04 ms"
+    assert "e+" not in duration(1234.5) and "e-" not in duration(1.2e-5)
+
+
+def test_shape_omits_sizes_that_do_not_apply() -> None:
+    assert shape({"batch_size": 2, "seq_len": None}) == "batch 2"
+    assert shape({"batch_size": None, "seq_len": None}) == ""
+    assert shape({"batch_size": 8, "seq_len": 128}) == "batch 8, seq 128"
+
+
+def test_verification_reports_each_round_with_the_running_ratio(tuned) -> None:
+    _, printed = tuned
+    rounds = re.findall(r"round (\d+)/5: best ([0-9.]+)x", printed)
+    assert [int(k) for k, _ in rounds] == [1, 2, 3, 4, 5]
+    # "medium" sleeps 3 ms against 12 ms: the running ratio is well above 1 from the first round.
+    assert all(float(ratio) > 1.5 for _, ratio in rounds)
+
+
+def test_trial_line_and_best_show_the_same_quantity(tuned) -> None:
+    _, printed = tuned
+    finished = [line for line in printed.splitlines() if " amortised (step " in line]
+    assert finished, printed
+    # After a finished trial, "best" is the minimum of the amortised figures the trial lines led with.
+    firsts = []
+    for line in finished:
+        best, figure = re.search(r"best (\S+ \S+) amortised .*?: (\S+ \S+) amortised \(step", line).groups()
+        firsts.append(figure)
+        assert best in firsts, line
+
+
+def test_summary_says_which_step_the_speedup_compares(tuned) -> None:
+    run_dir, printed = tuned
+    assert "steady step against steady step" in printed
+    assert re.search(r"baseline  steady step \S+ \S+, amortised", printed)
+    report = (run_dir / "report.md").read_text()
+    assert "The verified speedup compares *steady* steps" in report
+
+
+def test_report_has_no_none_cells_and_no_scientific_times(tuned) -> None:
+    run_dir, _ = tuned
+    report = (run_dir / "report.md").read_text()
+    assert "None" not in report
+    cells = "\n".join(line for line in report.splitlines() if line.startswith("|"))
+    assert not re.search(r"\de[+-]\d+ m?s\b", cells)
+
+
+def test_trials_csv_ids_are_integers(tuned) -> None:
+    run_dir, _ = tuned
+    header, *rows = (run_dir / "trials.csv").read_text().splitlines()
+    columns = header.split(",")
+    for name in ("number", "repeat_of", "peak_memory_bytes"):
+        index = columns.index(name)
+        values = [row.split(",")[index] for row in rows]
+        assert all(re.fullmatch(r"\d*", v) for v in values), (name, values)
+
+
+def test_cpu_config_carries_no_tpu_only_keys(tuned) -> None:
+    run_dir, _ = tuned
+    settings = tomllib.loads((run_dir / "tuned_config.toml").read_text())["settings"]
+    assert "eager_mode" not in settings
+    assert TunedConfig.load(run_dir / "tuned_config.toml").candidate.matmul_precision == "medium"
+
+
+def test_apply_prints_code_that_runs(tuned, capsys, tmp_path) -> None:
+    run_dir, _ = tuned
+    assert main(["apply", str(run_dir / "tuned_config.toml")]) == 0
+    code = capsys.readouterr().out
+    assert "PATH" not in code
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(8, 8)\n"
+        "inputs = torch.randn(4, 8)\n"
+        + code
+        + "\nassert output.shape == (4, 8)\n"
+        "assert torch.get_float32_matmul_precision() == 'medium'\n"
+        "print('applied')\n"
+    )
+    # Run from another folder: the printed path must not depend on where the user is.
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("applied")
+
+
+def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
+    config = TunedConfig(Candidate(compile_backend="eager", autocast_dtype="bfloat16"), "cpu")
+    path = config.save(tmp_path / "c.toml")
+    script = tmp_path / "user.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(8, 8)\ninputs = torch.randn(4, 8)\n"
+                      + "\n".join(config.instructions(path))
+                      + "\nassert output.dtype == torch.bfloat16\nprint('applied')\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
