@@ -206,3 +206,36 @@ def test_gru_and_projected_lstm_hand_counts() -> None:
     lstm = CUDNN_CASES["lstm-2l-bidir-proj"]()
     seq_first, weights, stride, _ = _cudnn_args(lstm, torch.randn(3, 5, 6))
     assert cudnn_rnn_flops(seq_first, weights, stride) == _lstm_hand_count(6, 8, 3, 2, 2, tokens)
+
+
+# --- Operators without a FLOP formula (issue 12, item 6) ------------------------------------------
+
+import tpu_tuner  # noqa: E402
+from tpu_tuner.report.profile_report import render_markdown, render_terminal  # noqa: E402
+
+
+def test_uncounted_work_is_named_and_marks_the_mfu_as_a_lower_bound(fast_settings) -> None:
+    """cdist on CPU runs as aten::_euclidean_dist (its mm inside is invisible to the counter)."""
+    result = tpu_tuner.profile(FIXTURES / "cdist_benchmark.py", device="cpu", settings=fast_settings)
+    names = [op.name for op in result.flops.uncounted]
+    assert names and names[0] == "aten::_euclidean_dist" and result.flops.uncounted[0].share > 0.3
+    assert result.mfu_is_lower_bound
+    assert any(w.startswith("uncounted: aten::_euclidean_dist, ") and "lower bound" in w for w in result.warnings)
+    terminal, markdown = render_terminal(result), render_markdown(result)
+    assert "MFU  at least" in terminal and "uncounted work  aten::_euclidean_dist" in terminal
+    assert "| MFU | at least" in markdown and "`aten::_euclidean_dist`" in markdown
+
+
+@pytest.mark.parametrize("fixture", ["kernelbench_lstm.py", "tiny_gpt.py", "tiny_mlp_benchmark.py"])
+def test_no_uncounted_work_where_every_kernel_has_a_formula(fixture: str, fast_settings) -> None:
+    """Composites (aten::linear, aten::lstm), their kernels (mkldnn_*) and elementwise ops are no blind spot."""
+    result = tpu_tuner.profile(FIXTURES / fixture, device="cpu", settings=fast_settings)
+    assert result.flops.uncounted == [] and not result.mfu_is_lower_bound
+
+
+def test_kernelbench_lstm_profile_counts_the_recurrent_flops(fast_settings) -> None:
+    result = tpu_tuner.profile(FIXTURES / "kernelbench_lstm.py", device="cpu", settings=fast_settings)
+    lstm = _lstm_hand_count(8, 16, 0, 2, 2, 2 * 16)
+    head = 2 * 2 * 32 * 4
+    assert result.flops.counted_per_step == result.flops.model_per_step == lstm + head
+    assert result.flops.counted_by_op["aten.mkldnn_rnn_layer"] == lstm

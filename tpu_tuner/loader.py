@@ -25,7 +25,8 @@ from typing import Any
 
 from torch import nn
 
-from tpu_tuner.errors import WorkloadError
+from tpu_tuner.batch_resize import resize_batch
+from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.workload import TransformerDims, Workload
 
 NATIVE_REQUIRED = ("build_model", "make_batch")
@@ -117,8 +118,12 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
         return model_class(*init_args)
 
     def make_batch(batch_size: int | None, seq_len: int | None) -> Any:
-        # The convention fixes the input shapes; batch size and length are not knobs here.
-        return get_inputs()
+        # get_inputs() fixes the shapes. A batch size resizes dimension 0 of the inputs that share
+        # the leading size (batch_resize.py); a sequence length has no dimension to apply to.
+        if seq_len is not None:
+            raise UserInputError(SEQ_LEN_REFUSED, path)
+        inputs = get_inputs()
+        return inputs if batch_size is None else resize_batch(inputs, batch_size)
 
     return Workload(
         name=path.stem,
@@ -128,8 +133,12 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
         batch_size=None,
         seq_len=None,
         convention="benchmark",
-        notes=["benchmark convention: input shapes fixed by get_inputs()"],
+        notes=["benchmark convention: input shapes from get_inputs()"],
     )
+
+
+SEQ_LEN_REFUSED = ("--seq-len cannot be applied to a benchmark-style file (class Model + get_inputs()): "
+                   "get_inputs() fixes the shapes; change them there")
 
 
 def _presets(module: types.ModuleType, path: Path) -> tuple[str, ...]:

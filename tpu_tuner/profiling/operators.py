@@ -21,14 +21,21 @@ class OperatorTime:
     share: float  # of all operators' self time
 
 
-def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: int) -> list[OperatorTime]:
-    """Profile `steps` steps and return the `top` operators by self time per step."""
+def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: int,
+                  events_out: list[Any] | None = None) -> list[OperatorTime]:
+    """Profile `steps` steps and return the `top` operators by self time per step.
+
+    `events_out`, if given, receives the raw profiler events (with their call tree), for the
+    check of operators without a FLOP formula (`uncounted.py`).
+    """
     activities = backend.profiler_activities()
     use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in activities)
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         backend.synchronize()
+    if events_out is not None:
+        events_out.extend(prof.events())
     rows = []
     for event in prof.key_averages():
         # Device time where the device reports it (CUDA); host self time otherwise, which on a

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import platform
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,18 +22,22 @@ import torch
 from tpu_tuner.backends import DeviceInfo, get_backend
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import UserInputError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.batch_resize import leading_size
+from tpu_tuner.loader import SEQ_LEN_REFUSED, load_workload
+from tpu_tuner.metrics.estimate import StepEstimate, available_memory_bytes, check_budget, estimate_step
 from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.metrics.mfu import achieved_flops_per_s, mfu
+from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
 from tpu_tuner.profiling.operators import OperatorTime, top_operators
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.profiling.step import prepare_step, run_user_step
 from tpu_tuner.profiling.timer import WarmupResult, time_steps, warm_up
+from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
 from tpu_tuner.profiling.verdict import Verdict, decide
 from tpu_tuner.workload import Workload
 
 log = logging.getLogger(__name__)
+COUNTED_FORMULA = "counted FLOPs"  # how a model-FLOPs formula that is the counted figure starts
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class FlopsReport:
     total_parameters: int
     bytes_unfused_per_step: int
     aten_ops_per_step: int
+    # Operators that did work with no FLOP formula, with their share of the profiled time.
+    uncounted: list[UncountedOp] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,10 @@ class Profile:
     compiles_while_timing: dict[str, int]
     flops: FlopsReport
     achieved_flops_per_s: float
-    mfu: float
+    mfu: float  # model FLOP/s over `peak_flops_per_s`, the fastest dtype's peak (MFU_CONVENTION)
+    mfu_convention: str
+    compute_dtype: str  # the dtype the candidate's matmuls run in
+    utilisation_by_dtype: dict[str, float | None]  # achieved over each dtype's peak; None above it
     memory: MemoryReport
     operators: list[OperatorTime]
     operator_steps: int
@@ -78,6 +88,9 @@ class Profile:
     environment: dict[str, str]
     created: str
     warnings: list[str] = field(default_factory=list)
+    # True when the MFU rests on counted FLOPs and an uncounted operator took a share of the step.
+    mfu_is_lower_bound: bool = False
+    estimate: StepEstimate | None = None  # the meta-device estimate made before running
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,22 +113,27 @@ def profile(
         workload = load_workload(workload)
     _check_positive(batch_size, "batch size")
     _check_positive(seq_len, "sequence length")
+    if workload.convention == "benchmark" and seq_len is not None:
+        raise UserInputError(SEQ_LEN_REFUSED, workload.source)
     backend = get_backend(device)
     candidate = candidate or Candidate()
     settings = settings or ProfilerSettings.load()
     info = backend.info()
-    peak_dtype_wanted = backend.compute_dtype(candidate)
-    peak, peak_dtype = info.peak.flops_for(peak_dtype_wanted)
+    compute_dtype = backend.compute_dtype(candidate)
+    dispatch_cost = backend.dispatch_seconds_per_op()
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
-    if peak_dtype != peak_dtype_wanted:
-        warnings.append(f"no {peak_dtype_wanted} peak for {info.name}; MFU uses the {peak_dtype} peak")
+    estimate = _estimate_or_refuse(workload, backend.kind, info, batch_size, seq_len, settings)
+    deadline = time.monotonic() + settings.max_profile_seconds
 
     with backend.applied(candidate):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+        ran_batch_size = _ran_batch_size(workload, step.batch[0], batch_size)
         log.info("counting FLOPs of one eager %s", workload.step_kind)
+        started = time.monotonic()
         counted = run_user_step(lambda: count_step(step.run_eager), workload, "the first step")
+        settings = _within_budget(settings, time.monotonic() - started, deadline, warnings)
         flops = _flops_report(workload, step.model, counted, batch_size, seq_len, attention_convention)
         log.info("warming up %s", candidate.describe())
         warmup = run_user_step(
@@ -125,6 +143,7 @@ def profile(
         )
         if not warmup.settled:
             warnings.append(f"still compiling after {warmup.steps} warm-up steps")
+        settings = _within_budget(settings, _steady_seconds(warmup), deadline, warnings)
         backend.reset_peak_memory()
         log.info("timing at least %d steps", settings.timing_min_steps)
         timing, compiles_while_timing = time_steps(
@@ -133,10 +152,20 @@ def profile(
         peak_memory, memory_method = backend.peak_memory_bytes()
         if any(compiles_while_timing.values()):
             warnings.append(f"recompiled while timing: {compiles_while_timing}")
-        operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators)
+        events: list[Any] = []
+        operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators, events)
+        flops, mfu_is_lower_bound = _with_uncounted(flops, workload, events, backend, settings, warnings)
 
+    # One MFU convention for every run: the fastest dtype's peak, never exceeded (docs/mfu.md).
+    achieved = achieved_flops_per_s(flops.model_per_step, timing.median)
+    verdict_flops = flops.counted_per_step or flops.model_per_step
+    peak_choice = backend.mfu_peak(info.peak.flops_per_s, max(achieved, verdict_flops / timing.median))
+    peak, peak_dtype = peak_choice.flops_per_s, peak_choice.dtype
+    if peak_choice.note:
+        warnings.append(peak_choice.note)
+        info = _with_peak(backend.info(), peak_choice)  # the re-measured probe, or the raised peak
     verdict = decide(
-        flops_per_step=flops.counted_per_step or flops.model_per_step,
+        flops_per_step=verdict_flops,
         bytes_per_step=flops.bytes_unfused_per_step,
         step_seconds=timing.median,
         peak_flops=peak,
@@ -144,16 +173,23 @@ def profile(
         memory_bytes_per_s=info.peak.memory_bytes_per_s,
         ops_per_step=flops.aten_ops_per_step,
         explained_share_min=settings.explained_share_min,
+        dispatch_seconds_per_op=dispatch_cost,
+        top_operators=[(op.name, op.share) for op in operators[:3]],
+        step_cv=timing.cv,
+        cv_max=settings.verdict_cv_max,
     )
+    if verdict.uncertain:
+        warnings.append(f"step times spread too much for a verdict (CV {timing.cv:.0%} > "
+                        f"{settings.verdict_cv_max:.0%}): other processes may be contending for the device")
     return Profile(
         workload={
             "name": workload.name,
             "source": str(workload.source),
             "convention": workload.convention,
             "step": workload.step_kind,
-            "batch_size": batch_size,
+            "batch_size": ran_batch_size,
             "seq_len": seq_len,
-            "notes": workload.notes,
+            "notes": workload.notes + _size_notes(workload, batch_size, ran_batch_size),
         },
         device=info,
         candidate=candidate,
@@ -163,8 +199,11 @@ def profile(
         timing=timing,
         compiles_while_timing=compiles_while_timing,
         flops=flops,
-        achieved_flops_per_s=achieved_flops_per_s(flops.model_per_step, timing.median),
+        achieved_flops_per_s=achieved,
         mfu=mfu(flops.model_per_step, timing.median, peak, devices=1),
+        mfu_convention=MFU_CONVENTION,
+        compute_dtype=compute_dtype,
+        utilisation_by_dtype=utilisation_by_dtype(achieved, info.peak.flops_per_s),
         memory=MemoryReport(peak_memory, memory_method),
         operators=operators,
         operator_steps=settings.profiled_steps,
@@ -177,7 +216,20 @@ def profile(
         },
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         warnings=warnings,
+        mfu_is_lower_bound=mfu_is_lower_bound,
+        estimate=estimate,
     )
+
+
+def _with_peak(info: DeviceInfo, choice: PeakChoice) -> DeviceInfo:
+    """`info` with its peak table raised to `choice` where the step beat every re-measured peak,
+    so that trials measured against this profile start from the raised figure."""
+    if not choice.raised_to_achieved:
+        return info
+    flops = {**info.peak.flops_per_s, choice.dtype: choice.flops_per_s}
+    peak = dataclasses.replace(info.peak, flops_per_s=flops,
+                               source=info.peak.source + f"; {choice.dtype} raised to the baseline's achieved rate")
+    return dataclasses.replace(info, peak=peak)
 
 
 def _check_positive(value: int | None, what: str) -> None:
@@ -206,7 +258,7 @@ def _flops_report(
     else:
         # No architecture to apply a formula to (a CNN, an MLP): the counted FLOPs are the model's.
         model_flops = float(counted.total)
-        formula = "counted FLOPs (FlopCounterMode); no transformer shape declared for the 6N formula"
+        formula = f"{COUNTED_FORMULA} (FlopCounterMode); no transformer shape declared for the 6N formula"
         attention = "not applicable (no attention declared)"
     return FlopsReport(
         counted_per_step=counted.total,
@@ -219,3 +271,86 @@ def _flops_report(
         bytes_unfused_per_step=counted.bytes_unfused,
         aten_ops_per_step=counted.aten_ops,
     )
+
+
+def _estimate_or_refuse(workload: Workload, device_kind: str, info: DeviceInfo, batch_size: int | None,
+                        seq_len: int | None, settings: ProfilerSettings) -> StepEstimate | None:
+    """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot
+    fit in memory or in the time budget. None where the meta pass is impossible."""
+    estimate = estimate_step(workload, batch_size, seq_len)
+    if estimate is None:
+        return None
+    peak = max(info.peak.flops_per_s.values(), default=None)
+    seconds = estimate.seconds(peak, info.peak.memory_bytes_per_s)
+    log.info("meta-device estimate: %s; %s s per step at the device's peak", estimate.describe(),
+             f"{seconds:.3g}" if seconds is not None else "n/a")
+    check_budget(estimate, available_memory_bytes(device_kind, info.memory_bytes), seconds,
+                 settings.max_step_seconds, workload.source, resizable=True)
+    return estimate
+
+
+def _ran_batch_size(workload: Workload, inputs: Any, batch_size: int | None) -> int | None:
+    """The batch size that actually runs: what make_batch was called with (native files), or the
+    leading size of the inputs get_inputs() made, after any resize (benchmark files)."""
+    if workload.convention == "benchmark":
+        return leading_size(inputs)
+    return batch_size
+
+
+def _size_notes(workload: Workload, requested: int | None, ran: int | None) -> list[str]:
+    if workload.convention != "benchmark" or requested is None:
+        return []
+    return [f"--batch-size {requested}: dimension 0 of the get_inputs() tensors that shared the leading size "
+            f"was resized (sliced or repeated) to {ran}"]
+
+
+def _steady_seconds(warmup: WarmupResult) -> float:
+    """Seconds of one warm step: the warm-up steps after the first, else the first call."""
+    if warmup.steps > 1:
+        return max(0.0, warmup.seconds - warmup.first_call_seconds) / (warmup.steps - 1)
+    return warmup.first_call_seconds
+
+
+def _within_budget(settings: ProfilerSettings, step_seconds: float, deadline: float,
+                   warnings: list[str]) -> ProfilerSettings:
+    """`settings` with warm-up, timed and profiled steps capped so that, at `step_seconds` a
+    step, the rest of the profile ends by `deadline`; at least two warm-up steps, two timed
+    steps and one profiled step still run. Says so in `warnings` when it caps anything."""
+    remaining = deadline - time.monotonic()
+    if step_seconds <= 0:
+        return settings
+    affordable = int(remaining / step_seconds)
+    warmup_max = max(2, min(settings.warmup_max_steps, affordable // 4))
+    timing_max = max(2, min(settings.timing_max_steps, affordable // 2))
+    profiled = max(1, min(settings.profiled_steps, affordable // 8))
+    capped = dataclasses.replace(
+        settings,
+        warmup_max_steps=warmup_max,
+        warmup_min_steps=min(settings.warmup_min_steps, warmup_max),
+        timing_max_steps=timing_max,
+        timing_min_steps=min(settings.timing_min_steps, timing_max),
+        profiled_steps=profiled,
+    )
+    if capped != settings:
+        warnings[:] = [w for w in warnings if not w.startswith("time budget:")]  # keep the latest only
+        warnings.append(
+            f"time budget: steps take ~{step_seconds:.3g} s, so at most {warmup_max} warm-up, {timing_max} timed "
+            f"and {profiled} profiled steps run, to end within [budget] max_profile_seconds "
+            f"({settings.max_profile_seconds:.0f} s)"
+        )
+    return capped
+
+
+def _with_uncounted(flops: FlopsReport, workload: Workload, events: list[Any], backend: Any,
+                    settings: ProfilerSettings, warnings: list[str]) -> tuple[FlopsReport, bool]:
+    """Record the operators that worked without a FLOP formula; the MFU is a lower bound when it
+    rests on counted FLOPs (no formula, no user override) and such an operator took a share."""
+    use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in backend.profiler_activities())
+    uncounted = uncounted_operators(events, settings.profiled_steps, use_device, settings.uncounted_share_min)
+    if not uncounted:
+        return flops, False
+    lower_bound = flops.model_formula.startswith(COUNTED_FORMULA)
+    warnings.append(describe(uncounted) + (
+        "; the counted FLOPs miss their work, so the MFU is a lower bound" if lower_bound
+        else "; the counted FLOPs miss their work (the model FLOPs come from a formula)"))
+    return dataclasses.replace(flops, uncounted=uncounted), lower_bound
