@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpu_tuner.metrics.mfu import MFU_CONVENTION
 from tpu_tuner.report.units import binary_bytes, ms
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
         "95% percentile-bootstrap intervals.",
-        f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak of the run's compute dtype.",
+        f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
+        "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
         f"- Worker processes started: {result.worker_starts}.",
     ]
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
@@ -94,16 +96,27 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
     def cell(m: "Measurement | None", fn) -> str:
         return "n/a" if m is None else fn(m)
 
+    # Both columns divide by one peak: the higher of the two (a trial that beat the profile's
+    # peak re-measured or raised it), so neither can read above 100% and they stay comparable.
+    common = max(((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, ""))
+
     rows = [
         ("settings", lambda m: _describe(m)),
         ("steady step (median)", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
         ("compile time", lambda m: f"{m.compile_seconds:.2f} s"),
         (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
-        ("MFU", lambda m: f"{m.mfu:.1%} of {m.peak_flops_per_s / 1e9:.0f} GFLOP/s {m.peak_dtype}"),
+        ("MFU", lambda m: _mfu_cell(m, common)),
         ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
         ("accuracy error", lambda m: f"{m.accuracy_error:.2e}"),
     ]
     return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
+
+
+def _mfu_cell(m: "Measurement", peak: tuple[float, str]) -> str:
+    """MFU against the common peak, with the dtype the setting's matmuls ran in."""
+    value = m.model_flops_per_step / m.step_median / peak[0]
+    ran_in = f"; matmuls in {m.compute_dtype}" if m.compute_dtype else ""
+    return f"{value:.1%} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
 
 
 def _describe(m: "Measurement") -> str:

@@ -30,6 +30,9 @@ class WorkerState:
         self.workload: Workload = load_workload(workload_path)
         self.backend: Backend = get_backend(device)
         self._references: dict[tuple[Any, Any], Outputs] = {}
+        # The peak table trials divide by, once a trial beat the profile's (re-measured or
+        # raised): later trials of this worker start from it instead of re-probing again.
+        self.peak_flops_per_s: dict[str, float] | None = None
 
     def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
         key = (batch_size, seq_len)
@@ -78,9 +81,16 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         compiles = compile_delta(events_before, backend.compile_events())
     # Compile cost: the time warm-up took beyond what the same number of steady steps take.
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
-    peak = float(options["peak_flops_per_s"][backend.compute_dtype(candidate)])
     flops = float(options["model_flops_per_step"])
+    # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
+    peaks = state.peak_flops_per_s or {k: float(v) for k, v in options["peak_flops_per_s"].items()}
+    choice = backend.mfu_peak(peaks, flops / timing.median)
+    if choice.note:
+        state.peak_flops_per_s = {**peaks, choice.dtype: choice.flops_per_s}
+    peak = choice.flops_per_s
     warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
+    if choice.note:
+        warnings.append(choice.note)
     del step
     gc.collect()
     return Measurement(
@@ -95,8 +105,9 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         compiles=compiles,
         model_flops_per_step=flops,
         peak_flops_per_s=peak,
-        peak_dtype=backend.compute_dtype(candidate),
+        peak_dtype=choice.dtype,
         mfu=mfu(flops, timing.median, peak),
+        compute_dtype=backend.compute_dtype(candidate),
         peak_memory_bytes=peak_memory,
         accuracy_errors=errors,
         warnings=warnings,

@@ -82,7 +82,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         profile: Profile = profiled.value
         device_kind = profile.device.kind
         space = SearchSpace.load(options.space, device_kind)
-        agents = load_agents(list(options.agents), device_kind)
+        agents = load_agents(list(options.agents), device_kind, profile.device.probe)
         findings = {agent.name: agent.diagnose(profile) for agent in agents}
         study = _open_study(storage, study_name, options, space)
         _mark_interrupted(study)
