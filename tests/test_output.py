@@ -5,6 +5,7 @@ keys in a CPU config, and `tpu-tune apply` code that runs as printed."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import subprocess
@@ -151,3 +152,26 @@ def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
                       + "\nassert output.dtype == torch.bfloat16\nprint('applied')\n")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the planner extra (jax) is not installed")
+def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path, capfd, caplog, monkeypatch) -> None:
+    """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
+    log file; the caller's terminal gets one warning line naming the event and the log."""
+    from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+    from tpu_tuner.planner.layouts import Layout
+
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text("import os, signal, sys\nsys.stderr.write('*** STACK DUMP of a compiler crash ***\\n')\n"
+                        "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGFPE)\n")
+    log_file = tmp_path / "compiler.log"
+    job = CompileJob(str(crashing), "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
+    with caplog.at_level("WARNING"), CompilePool(1, log_file) as pool:
+        result = pool.compile([job])[job]
+    assert "SIGFPE" in result.error
+    assert "STACK DUMP" in log_file.read_text()
+    captured = capfd.readouterr()
+    assert "STACK DUMP" not in captured.err + captured.out
+    (warning,) = [r.getMessage() for r in caplog.records if "compile worker died" in r.getMessage()]
+    assert "SIGFPE" in warning and str(log_file) in warning

@@ -157,7 +157,8 @@ def _tune_command(args: argparse.Namespace) -> int:
     )
 
     def show(event: Progress) -> None:
-        best = f"best {ms(event.best_seconds)}" if event.best_seconds else "best -"
+        # "best" is the same quantity a finished trial's line leads with (its objective).
+        best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
         where = f"trial {event.trial}/{event.trials}" if event.trial else event.phase
         print(f"[{where} | {best} | {event.elapsed:5.0f} s] {event.message}", flush=True)
 
@@ -165,11 +166,16 @@ def _tune_command(args: argparse.Namespace) -> int:
     base, chosen, v = result.baseline, result.chosen, result.verification
     print()
     if base is not None and chosen is not None:
-        print(f"baseline  {ms(base.step_median)} per step, MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})")
-        print(f"tuned     {ms(chosen.step_median)} per step, MFU {chosen.mfu:.1%}  ({v.chosen.describe()}); "
-              f"amortised over {options.planned_steps} steps {ms(chosen.amortised_step(options.planned_steps))}")
+        planned = options.planned_steps
+        print(f"baseline  steady step {ms(base.step_median)}, amortised {ms(base.amortised_step(planned))}, "
+              f"MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})")
+        print(f"tuned     steady step {ms(chosen.step_median)}, amortised {ms(chosen.amortised_step(planned))}, "
+              f"MFU {chosen.mfu:.1%}  ({v.chosen.describe()})")
+        print(f"          (amortised = steady step + compile time / {planned} planned steps, from the search)")
         print(f"accuracy  relative error {chosen.accuracy_error:.2e} (tolerance {options.tolerance:g})")
     print(f"speedup   {v.message}")
+    if v.speedup is not None:
+        print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     print(f"dashboard optuna-dashboard {result.best_config.provenance['study']['storage']}")
     return 0
@@ -228,9 +234,16 @@ def _plan_command(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
         options.workers = args.workers
-    result = plan(args.model_file, options, progress=lambda message: print(message, flush=True))
-    name = result.workload + (f"_{result.preset}" if result.preset else "")
+    # The run folder comes first: the compiler processes write libtpu's logs (start-up noise,
+    # stack dumps of compiler crashes) into it rather than onto the terminal.
+    name = args.model_file.stem + (f"_{args.preset}" if args.preset else "")
     run_dir = new_run_dir(args.out, name, f"plan-{args.topology.replace(':', '_')}")
+    options.log_file = run_dir / "compiler.log"
+    try:
+        result = plan(args.model_file, options, progress=lambda message: print(message, flush=True))
+    except BaseException as exc:
+        _drop_failed_plan_folder(run_dir, options.log_file, bad_input=isinstance(exc, TpuTuneError))
+        raise
     (run_dir / "plan.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     plot = write_plot(result, run_dir / "predicted_mfu.png")
     (run_dir / "plan.md").write_text(render_markdown(result, plot))
@@ -242,8 +255,20 @@ def _plan_command(args: argparse.Namespace) -> int:
         }, sharding={"mesh": best.layout.mesh_shape(), "placements": result.placements}).save(run_dir / "sharding_config.toml")
     print()
     print(render_terminal(result))
-    print(f"\nwrote {run_dir}/ (plan.json, plan.md, predicted_mfu.png" + (", sharding_config.toml)" if result.best else ")"))
+    print(f"\nwrote {run_dir}/ (plan.json, plan.md, predicted_mfu.png" + (", sharding_config.toml" if result.best else "")
+          + ", compiler.log: the compiler processes' own output)")
     return 0
+
+
+def _drop_failed_plan_folder(run_dir: Path, log_file: Path, bad_input: bool) -> None:
+    """A plan refused for bad input leaves no folder behind; one that failed otherwise keeps its
+    compiler.log when the compilers wrote anything (it says why), else nothing either."""
+    import shutil
+
+    if bad_input or not log_file.exists() or log_file.stat().st_size == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        log.warning("the compiler processes' output is in %s", log_file)
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
@@ -274,8 +299,8 @@ def _apply_command(args: argparse.Namespace) -> int:
     from tpu_tuner.tuned_config import TunedConfig
 
     config = TunedConfig.load(args.config)
-    print(f"# {args.config}: {config.candidate.describe()} on {config.device_kind}")
-    print("\n".join(config.instructions()))
+    print(f"# {args.config}: Python that applies it")
+    print("\n".join(config.instructions(args.config)))
     return 0
 
 

@@ -14,11 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from tpu_tuner.planner.layouts import Layout
 from tpu_tuner.planner.program import CompiledStep, compile_step
@@ -61,12 +63,19 @@ class CompilePool:
     torchax, libtpu: a few seconds each) overlaps the caller's own work; use it as a context
     manager so they always end."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, log_path: str | Path | None = None) -> None:
+        """`log_path`: a file that takes the workers' stdout and stderr (libtpu's start-up
+        complaints about TPU_WORKER_HOSTNAMES, compiler stack dumps); None leaves them on the
+        caller's terminal. The caller still hears of every event, as one log line each."""
         # Compile-only use never touches a TPU; without this every worker after the first waits on
         # libtpu's exclusive /tmp/libtpu_lockfile.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         self.workers = max(1, workers)
-        self._idle: list[_Worker] = [_Worker() for _ in range(self.workers)]
+        self.log_path = Path(log_path) if log_path is not None else None
+        # Appended to by every worker (each holds its own descriptor); unbuffered, so a worker that
+        # dies leaves everything it wrote.
+        self._log = open(self.log_path, "ab", buffering=0) if self.log_path is not None else None  # noqa: SIM115
+        self._idle: list[_Worker] = [_Worker(self._log) for _ in range(self.workers)]
 
     def __enter__(self) -> CompilePool:
         return self
@@ -80,6 +89,9 @@ class CompilePool:
         for worker in self._idle:
             worker.close(kill=True)
         self._idle = []
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def compile(self, jobs: Iterable[CompileJob],
                 done: Callable[[CompileJob, CompiledStep], None] | None = None) -> dict[CompileJob, CompiledStep]:
@@ -98,7 +110,7 @@ class CompilePool:
         try:
             while queue or busy:
                 while queue and len(busy) < self.workers:
-                    worker = self._idle.pop() if self._idle else _Worker()
+                    worker = self._idle.pop() if self._idle else _Worker(self._log)
                     job = queue.pop(0)
                     worker.send.send(job)
                     busy[worker.connection] = (worker, job)
@@ -113,7 +125,8 @@ class CompilePool:
                         step = None
                     if step is None:
                         reason = _death(worker.exitcode())
-                        log.warning("compile worker died on %s (%d blocks): %s", job.layout.name(), job.blocks, reason)
+                        where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
+                        log.warning("compile worker died on %s (%d blocks): %s%s", job.layout.name(), job.blocks, reason, where)
                         finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
                         worker.close()
                     else:
@@ -131,11 +144,11 @@ class _Worker:
     A plain subprocess rather than multiprocessing's spawn, which re-imports the caller's main
     module and so breaks scripts that call `plan()` without a __main__ guard."""
 
-    def __init__(self) -> None:
+    def __init__(self, output: IO[bytes] | None = None) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "tpu_tuner.planner.compile_pool", str(to_child_r), str(from_child_w)],
-                                        pass_fds=(to_child_r, from_child_w))
+                                        pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output)
         os.close(to_child_r)
         os.close(from_child_w)
         self.send = Connection(to_child_w, readable=False)
@@ -159,6 +172,24 @@ class _Worker:
             self.process.wait()
         self.send.close()
         self.connection.close()
+
+
+@contextmanager
+def stderr_to(path: str | Path | None) -> Iterator[None]:
+    """Send this process's file descriptor 2 to `path` (appended) for the block: libtpu writes its
+    logs from C, past Python's sys.stderr. None changes nothing."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab", buffering=0) as target:
+            os.dup2(target.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _serve(read_fd: int, write_fd: int) -> None:

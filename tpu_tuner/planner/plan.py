@@ -18,7 +18,7 @@ import torch
 from tpu_tuner.errors import TpuTuneError, UserInputError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
-from tpu_tuner.planner.compile_pool import CompileJob, CompilePool, default_workers
+from tpu_tuner.planner.compile_pool import CompileJob, CompilePool, default_workers, stderr_to
 from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import CostModel, Prediction, predict
@@ -43,6 +43,7 @@ class PlanOptions:
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
     workers: int = field(default_factory=default_workers)  # compiler processes at once
     fast_compile: bool = False  # program.FAST_COMPILE_OPTIONS: quicker, but temporaries overstated
+    log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
     cost_model: CostModel = field(default_factory=lambda: CALIBRATED)
 
 
@@ -94,7 +95,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     started = time.perf_counter()
     topology = parse_topology(options.topology)
     # The compiler processes start now: their start-up overlaps reading the model.
-    with CompilePool(options.workers) as pool:
+    with CompilePool(options.workers, options.log_file) as pool:
         return _plan(model_file, options, topology, pool, progress or (lambda message: None), started)
 
 
@@ -103,7 +104,8 @@ def _plan(model_file: str | Path, options: PlanOptions, topology: Topology, pool
     workload = load_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
-    _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
+    with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
+        _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
