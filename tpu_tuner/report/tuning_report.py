@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from tpu_tuner.metrics.mfu import MFU_CONVENTION
-from tpu_tuner.report.units import binary_bytes, ms
+from tpu_tuner.report.units import binary_bytes, ms, shape
 
 if TYPE_CHECKING:
     from tpu_tuner.runner.measurement import Measurement
@@ -20,13 +21,17 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out = [
         f"# Tuning `{result.profile.workload['name']}` on {result.profile.device.name}",
         "",
-        f"{result.profile.workload['step']}, batch {result.profile.workload['batch_size']}, "
-        f"seq {result.profile.workload['seq_len']}. Objective: amortised step time (steady step + compile "
+        f"{', '.join(filter(None, (result.profile.workload['step'], shape(result.profile.workload))))}. "
+        "Objective: amortised step time (steady step + compile "
         f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
         "against fp32 eager).",
         "",
         f"**Recommendation: {v.chosen.describe()}.** {v.message}",
         "",
+        *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
+           "window; the table's \"steady step\" row is the same quantity as the search measured it, at different "
+           "moments, so its ratio can differ. The \"amortised step\" row, which the search ranked by, adds compile "
+           f"time / {planned} planned steps.", ""] if v.speedup is not None else []),
         "## Baseline against tuned",
         "",
         "| | baseline | tuned |",
@@ -103,7 +108,7 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
     rows = [
         ("settings", lambda m: _describe(m)),
         ("steady step (median)", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
-        ("compile time", lambda m: f"{m.compile_seconds:.2f} s"),
+        ("compile time", lambda m: ms(m.compile_seconds)),
         (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
         ("MFU", lambda m: _mfu_cell(m, common)),
         ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
@@ -126,7 +131,8 @@ def _describe(m: "Measurement") -> str:
 
 
 def _present(value) -> bool:
-    return value is not None and value == value  # NaN-safe
+    """False for None, NaN and pandas' NA (trials.csv's nullable integer columns)."""
+    return value is not None and not bool(pd.isna(value))
 
 
 def _ms(value) -> str:
@@ -134,7 +140,7 @@ def _ms(value) -> str:
 
 
 def _s(value) -> str:
-    return f"{float(value):.2f} s" if _present(value) else ""
+    return ms(float(value)) if _present(value) else ""
 
 
 def _pct(value) -> str:

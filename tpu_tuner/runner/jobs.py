@@ -7,6 +7,7 @@ file once and keep the fp32 reference outputs for the guardrail.
 from __future__ import annotations
 
 import gc
+import json
 import time
 from typing import Any
 
@@ -33,6 +34,10 @@ class WorkerState:
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
         self.peak_flops_per_s: dict[str, float] | None = None
+        # The interleaved comparison runs as several jobs (a few rounds each, so the parent can
+        # show progress); its built and warmed-up steps stay here between them.
+        self.compare_key: str | None = None
+        self.compare_steps: list[Any] = []
 
     def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
         key = (batch_size, seq_len)
@@ -118,24 +123,35 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
     """Time the candidates interleaved in one window: A B C, B C A, C A B, ... each round.
 
     Every candidate is built and warmed up first; then each round runs one synced step of each
-    candidate, rotating the order so that no candidate always runs first.
+    candidate, rotating the order so that no candidate always runs first. The rounds may come in
+    chunks (options ``first_round``, ``rounds``, ``last``): the steps built by the first chunk are
+    kept in the worker until the chunk marked ``last``, so later chunks time the same warm steps.
     """
     backend, workload = state.backend, state.workload
     parsed = [Candidate.from_dict(c) for c in candidates]
-    steps = []
-    for candidate in parsed:
-        with backend.applied(candidate):
-            step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
-            warm_up(step.run, backend, options.get("warmup_min_steps", 2), options.get("warmup_max_steps", 20))
-        steps.append(step)
+    key = json.dumps([candidates, options.get("batch_size"), options.get("seq_len")], sort_keys=True)
+    if state.compare_key != key:
+        state.compare_key, state.compare_steps = None, []
+        gc.collect()
+        for candidate in parsed:
+            with backend.applied(candidate):
+                step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
+                warm_up(step.run, backend, options.get("warmup_min_steps", 2), options.get("warmup_max_steps", 20))
+            state.compare_steps.append(step)
+        state.compare_key = key
+    steps = state.compare_steps
     samples: list[list[float]] = [[] for _ in parsed]
     events_before = backend.compile_events()
-    for round_index in range(int(options["rounds"])):
+    first = int(options.get("first_round", 0))
+    for round_index in range(first, first + int(options["rounds"])):
         for offset in range(len(parsed)):
             index = (round_index + offset) % len(parsed)
             with backend.applied(parsed[index]):
                 samples[index].append(timed_call(steps[index].run, backend))
     compiles = compile_delta(events_before, backend.compile_events())
+    if options.get("last", True):
+        state.compare_key, state.compare_steps = None, []
+        gc.collect()
     return {"samples": samples, "compiles_while_comparing": compiles}
 
 

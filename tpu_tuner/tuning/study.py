@@ -28,6 +28,7 @@ from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.report.units import duration
 from tpu_tuner.results import new_run_dir
 from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.search.space import SearchSpace
@@ -50,8 +51,11 @@ class Progress:
     message: str
     trial: int | None = None
     trials: int | None = None
+    # The best feasible objective so far: the same quantity a finished trial's message leads
+    # with, named by `objective` ("amortised": steady step + compile time / planned steps).
     best_seconds: float | None = None
     elapsed: float = 0.0
+    objective: str = "amortised"
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -97,8 +101,14 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
             "model_flops_per_step": profile.flops.model_per_step,
         }
         run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing)
-        emit(Progress("verify", "re-measuring the best against the baseline, interleaved", elapsed=time.perf_counter() - started))
-        verification = verify(study, space, runner, options, device_kind)
+        emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
+                      "of steady steps)", elapsed=time.perf_counter() - started))
+
+        def verify_progress(done: int, rounds: int, ratio: float) -> None:
+            emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
+                          "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
+
+        verification = verify(study, space, runner, options, device_kind, verify_progress)
         worker_starts = runner.workers_started
 
     result = TuningResult(
@@ -229,9 +239,10 @@ def run_search(
         if rejection:
             trial.set_user_attr("rejected_by", rejection)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed))
+            emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed,
+                          _objective_name(bucketing)))
             continue
-        emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed))
+        emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed, _objective_name(bucketing)))
         env = EAGER_MODE_ENV.get(candidate.eager_mode, {}) if space.device_kind == "tpu" else {}
         outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
         trial.set_user_attr("measured", True)
@@ -240,12 +251,28 @@ def run_search(
             value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance, bucketing)
             study.tell(trial, value)
             verdict = "ok" if outcome.value.accuracy_error <= options.tolerance else "infeasible (accuracy)"
-            message = f"{label}: {outcome.value.step_median * 1e3:.1f} ms, MFU {outcome.value.mfu:.1%}, {verdict}"
+            message = f"{label}: {_figures(value, outcome.value, options.planned_steps, bucketing)}, {verdict}"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
-        emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started))
+        emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
+                      _objective_name(bucketing)))
+
+
+def _objective_name(bucketing: BucketingContext | None) -> str:
+    """What a trial's objective is, as progress lines name it."""
+    return "expected (bucketed)" if bucketing is not None else "amortised"
+
+
+def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingContext | None) -> str:
+    """A trial's figures, leading with its objective (what "best" shows) and how it is made up:
+    "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
+    lead = f"{duration(objective)} {_objective_name(bucketing)}"
+    if bucketing is not None:
+        return f"{lead} (step {duration(m.step_median)} at the reference length, compile {duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}"
+    return (f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
+            f"MFU {m.mfu:.1%}")
 
 
 def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: TrialRunner,
