@@ -28,7 +28,7 @@ class ProfilerSettings:
     # `max_step_seconds`; stop warming up, timing and profiling once `max_profile_seconds` have
     # passed (at least one step of each still runs).
     max_step_seconds: float = 180.0
-    max_profile_seconds: float = 600.0
+    max_profile_seconds: float = 300.0
 
     @classmethod
     def load(cls, name_or_path: str | Path = "profiler") -> "ProfilerSettings":
@@ -41,7 +41,7 @@ class ProfilerSettings:
         operators = take_section(data, "operators", {"profiled_steps": 3, "top": 10}, where)
         verdict = take_section(data, "verdict", {"explained_share_min": 0.5, "cv_max": 0.25}, where)
         flops = take_section(data, "flops", {"uncounted_share_min": 0.05}, where)
-        budget = take_section(data, "budget", {"max_step_seconds": 180.0, "max_profile_seconds": 600.0}, where)
+        budget = take_section(data, "budget", {"max_step_seconds": 180.0, "max_profile_seconds": 300.0}, where)
         take_section(data, "agent", {"name": "", "description": ""}, where)
         return cls(
             warmup_min_steps=warmup["min_steps"],
