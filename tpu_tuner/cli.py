@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
     plan_cmd.add_argument("--fast", action="store_true",
                           help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs and "
-                               "collectives, but temporaries (so 'fits') overstated; see the README")
+                               "collectives, but temporaries (so 'fits') overstated; see docs/planner.md")
     plan_cmd.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     plan_cmd.set_defaults(handler=_plan_command)
 
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tuning runs (newest first) with per-trial figures on the page (default 6)")
     dash.set_defaults(handler=_dashboard_command)
 
-    apply_cmd = commands.add_parser("apply", help="print what a tuned config sets, and where")
+    apply_cmd = commands.add_parser("apply", help="print the Python that applies a tuned config (runs as printed)")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
     apply_cmd.set_defaults(handler=_apply_command)
     return parser

@@ -1,6 +1,6 @@
 """Load a `Workload` from a user's model file.
 
-Two conventions are accepted (see the README, "The model file"):
+Two conventions are accepted (see docs/model-file.md):
 
 * **benchmark convention** (KernelBench style): ``class Model(nn.Module)``, ``get_inputs()``
   returning the forward inputs, optionally ``get_init_inputs()`` returning constructor

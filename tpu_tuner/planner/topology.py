@@ -4,7 +4,7 @@
   is 128 chips;
 * ``v5e-16``, ``v6e-64``: v5e and v6e names count chips;
 * ``tpu7x-128``: counted in chips here (Google's TPU7x slice naming was not verifiable; the
-  README says so); each TPU7x chip is two devices;
+  docs/planner.md says so); each TPU7x chip is two devices;
 * ``v5p:8x8x8``, ``v6e:16x16``, ``tpu7x:2x2x1``: an explicit physical shape in chips.
 
 The physical shape is what ``jax.experimental.topologies.get_topology_desc`` takes.

@@ -69,7 +69,7 @@ def render_markdown(result: PlanResult, plot: Path) -> str:
            f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
            f"({result.attention_convention}).", "",
            f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
-           "compile-only); step time and MFU are predictions (see the README's planner section).", "",
+           "compile-only); step time and MFU are predictions (see docs/planner.md).", "",
            "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
     out += ["", "## Memory per layout", ""] + [f"- {p.layout.name()}: {hbm_status(p).split(',')[0].lower()}: {p.why}" for p in result.plans]
