@@ -159,8 +159,9 @@ def _tune_command(args: argparse.Namespace) -> int:
     def show(event: Progress) -> None:
         # "best" is the same quantity a finished trial's line leads with (its objective).
         best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
-        where = f"trial {event.trial}/{event.trials}" if event.trial else event.phase
-        print(f"[{where} | {best} | {event.elapsed:5.0f} s] {event.message}", flush=True)
+        # The search's best belongs on trial lines only; other phases show where and when.
+        where = f"trial {event.trial}/{event.trials} | {best}" if event.trial else event.phase
+        print(f"[{where} | {event.elapsed:5.0f} s] {event.message}", flush=True)
 
     result = tune(args.model_file, options, progress=show)
     base, chosen, v = result.baseline, result.chosen, result.verification
