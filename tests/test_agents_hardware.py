@@ -59,7 +59,7 @@ def test_host_without_bf16_units_skips_medium_and_bf16_with_the_figures() -> Non
     assert agent.seeds(None, _space()) == []
     findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
     assert "should pay off" not in findings and "no faster than fp32" in findings
-    assert "skipping matmul precision 'medium'" in findings and "bf16 autocast rejected" in findings
+    assert "matmul precision 'medium' skipped" in findings and "bf16 autocast rejected" in findings
 
 
 def test_host_with_fast_bf16_still_seeds_both() -> None:

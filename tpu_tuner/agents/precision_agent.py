@@ -80,7 +80,7 @@ class PrecisionAgent(Agent):
 
     def _medium_reason(self) -> str:
         assert self.probe is not None and self.probe.medium_relative_error is not None
-        return (f"matmul precision 'medium' leaves fp32 matmuls unchanged on this host (measured relative "
+        return (f"matmul precision 'medium' skipped: it leaves fp32 matmuls unchanged on this host (measured relative "
                 f"error {self.probe.medium_relative_error:.1e}, fp32 rounding; a bf16 pass gives ~1e-3): "
                 "it runs the same kernels as 'highest'")
 
@@ -98,7 +98,7 @@ class PrecisionAgent(Agent):
         findings = []
         if probe.medium_changes_numerics is not None:
             if self._medium_without_effect():
-                findings.append("skipping " + self._medium_reason())
+                findings.append(self._medium_reason())
             elif probe.medium_changes_numerics:
                 findings.append(f"matmul precision 'medium' runs fp32 matmuls as bf16 here (measured relative "
                                 f"error {probe.medium_relative_error:.1e})")
