@@ -107,5 +107,6 @@ class PrecisionAgent(Agent):
             findings.append(self._bf16_reason("rejected" if self._bf16_too_slow() else "not seeded"))
         else:
             findings.append(f"bf16 matmuls run at {probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s against "
-                            f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x): bf16 autocast is worth trying")
+                            f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x): "
+                            "bf16 autocast is worth trying")
         return findings
