@@ -144,6 +144,31 @@ def test_forced_reprobe_keeps_the_best_of_old_and_new(tmp_path, monkeypatch) -> 
     assert again.rounds["float32_flops_per_s"] == [319e9, 234e9]
 
 
+def test_a_probe_taken_under_load_is_measured_again_within_the_hour(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
+    clock = [1000.0]
+    cores = roofline.usable_cores()
+    probes = iter([(234e9, 2.0 * cores), (319e9, 0.1), (300e9, 0.1)])  # busy first, then quiet
+
+    def fake_measure(device, sync):
+        fp32, load = next(probes)
+        return roofline.probe_from_rounds(_fake_rounds([fp32], [fp32 / 4], [1e-6]), 1, 1e-7, now=clock[0],
+                                          load_average=load)
+
+    def probe() -> tuple[roofline.RooflineProbe, bool]:
+        return roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=fake_measure, now=lambda: clock[0])
+
+    busy, _ = probe()
+    assert busy.under_load and "taken under load" in busy.describe()
+    clock[0] += 1800
+    assert probe() == (busy, True)  # within the hour: kept
+    clock[0] += 1900
+    quiet, cached = probe()  # over an hour: measured again, the best of both kept
+    assert not cached and not quiet.under_load and quiet.float32_flops_per_s == 319e9
+    clock[0] += 2 * 86400
+    assert probe() == (quiet, True)  # a quiet probe lasts the week
+
+
 def test_old_format_cache_entries_are_measured_again(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
     old = {"float32_flops_per_s": 1e11, "bfloat16_flops_per_s": 2e11, "copy_bytes_per_s": 1e10, "matmul_size": 8,

@@ -39,6 +39,11 @@ DISPATCH_OPS = 2000  # tiny adds per dispatch timing
 DISPATCH_ELEMENTS = 8
 NUMERICS_SIZE = 512
 MAX_AGE_SECONDS = 7 * 24 * 3600.0
+# A probe taken while the machine was busy (1-minute load average above half its usable cores)
+# is probed again after an hour, keeping the best of both, until a quiet probe replaces it.
+LOADED_MAX_AGE_SECONDS = 3600.0
+LOADED_SHARE = 0.5
+MAX_ROUNDS_KEPT = 30
 # fp32 rounding gives a relative error near 1e-7 on a 512-deep matmul, one bf16 pass near 1e-3:
 # anything above this threshold means "medium" really runs the matmul in lower precision.
 LOWER_PRECISION_ERROR = 1e-5
@@ -82,6 +87,15 @@ class RooflineProbe:
     rounds: dict[str, list[float]] = field(default_factory=dict)
     measured_at_epoch: float = 0.0
     version: int = PROBE_VERSION
+    load_average: float | None = None  # 1-minute load average when the probe started
+    cores: int | None = None  # usable cores then
+
+    @property
+    def under_load(self) -> bool:
+        """Whether other work kept the machine busy when the probe started (its figures read low)."""
+        if self.load_average is None or not self.cores:
+            return False
+        return self.load_average > LOADED_SHARE * self.cores
 
     def to_peak(self, source: str) -> "DevicePeak":
         """The probe as a backend's peak table (fp32 and bf16 FLOP/s, copy bandwidth)."""
@@ -116,14 +130,17 @@ class RooflineProbe:
         rounds = f"best of {count} rounds x {self.repeats}" if count else f"best of {self.repeats}"
         spread_text = (f"; fp32 rounds {fp32.min / 1e9:.0f}-{fp32.max / 1e9:.0f} GFLOP/s (CV {fp32.cv:.0%})"
                        if fp32 else "")
+        load = (f"; taken under load (load average {self.load_average:.1f} on {self.cores} cores): "
+                "re-measured within the hour" if self.under_load else "")
         return (
             f"measured roofline probe: {self.matmul_size}x{self.matmul_size} matmuls and a "
-            f"{self.copy_bytes // 1024**2} MiB copy, {rounds}, at {self.measured_at}{spread_text}"
+            f"{self.copy_bytes // 1024**2} MiB copy, {rounds}, at {self.measured_at}{spread_text}{load}"
         )
 
     def merged_with(self, other: "RooflineProbe") -> "RooflineProbe":
         """The best of two probes of the same machine: a re-probe never lowers a peak."""
-        rounds = {name: self.rounds.get(name, []) + other.rounds.get(name, [])
+        # The latest rounds of both (bounded: a machine under load for days re-probes hourly).
+        rounds = {name: (self.rounds.get(name, []) + other.rounds.get(name, []))[-MAX_ROUNDS_KEPT:]
                   for name in {*self.rounds, *other.rounds}}
         dispatch = [v for v in (self.dispatch_seconds_per_op, other.dispatch_seconds_per_op) if v is not None]
         newer = max(self, other, key=lambda p: p.measured_at_epoch)
@@ -139,6 +156,8 @@ class RooflineProbe:
             medium_relative_error=newer.medium_relative_error,
             rounds=rounds,
             measured_at_epoch=newer.measured_at_epoch,
+            load_average=newer.load_average,
+            cores=newer.cores,
         )
 
 
@@ -179,8 +198,9 @@ def cached_probe(
     """The probe for this machine, from the cache or measured now; True when it was cached.
 
     An entry older than `max_age_seconds` (by the injectable clock `now`) is measured again.
-    `force` re-measures even a fresh entry (a step beat its peak) and keeps the best of the old
-    and the new probe, since a re-probe under load must not lower a peak measured quietly.
+    An entry taken under load is measured again after `LOADED_MAX_AGE_SECONDS`, and `force`
+    re-measures even a fresh entry (a step beat its peak); both keep the best of the old and the
+    new probe, since a re-probe under load must not lower a peak measured quietly.
     """
     measure_fn = measure_fn or measure  # looked up at call time, so tests can replace `measure`
     path = cache_path()
@@ -189,10 +209,14 @@ def cached_probe(
     cached = _entry(cache, key)
     if cached is not None and not force:
         age = now() - cached.measured_at_epoch
-        if age <= max_age_seconds:
+        if age > max_age_seconds:
+            log.info("roofline probe of %s is %.1f days old; measuring again", key, age / 86400)
+            cached = None
+        elif cached.under_load and age > LOADED_MAX_AGE_SECONDS:
+            log.info("roofline probe of %s was taken under load (load average %.1f on %d cores); measuring again",
+                     key, cached.load_average, cached.cores)
+        else:
             return cached, True
-        log.info("roofline probe of %s is %.1f days old; measuring again", key, age / 86400)
-        cached = None
     probe = measure_fn(device, sync)
     if cached is not None:
         probe = cached.merged_with(probe)
@@ -243,6 +267,7 @@ def measure(
     """Probe `device`: `rounds` interleaved rounds of matmuls, copy and tiny ops (a few seconds
     on a 2-core CPU), plus one numerics check of "medium"."""
     log.info("measuring the roofline of %s (%d rounds, cached afterwards)", device, rounds)
+    load = _load_average()
     flops = 2 * MATMUL_SIZE**3
     fp32 = _matmul_operands(torch.float32, device)
     bf16 = _matmul_operands(torch.bfloat16, device)
@@ -258,11 +283,23 @@ def measure(
             "copy_bytes_per_s": 2 * COPY_BYTES / _best_of(lambda: target.copy_(source), sync, repeats, timer),
             "dispatch_seconds_per_op": dispatch_seconds_per_op(device, sync, repeats, timer),
         })
-    return probe_from_rounds(measured, repeats, medium_relative_error(device), now=time.time())
+    probe = probe_from_rounds(measured, repeats, medium_relative_error(device), now=time.time(), load_average=load)
+    if probe.under_load:
+        log.warning("the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
+                    "it is measured again within the hour", load, probe.cores)
+    return probe
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def probe_from_rounds(
-    measured: list[dict[str, float]], repeats: int, medium_error: float | None, now: float
+    measured: list[dict[str, float]], repeats: int, medium_error: float | None, now: float,
+    load_average: float | None = None,
 ) -> RooflineProbe:
     """Combine rounds into a probe: the best round of each figure, every round kept for spread."""
     if not measured:
@@ -281,6 +318,8 @@ def probe_from_rounds(
         medium_relative_error=medium_error,
         rounds=rounds,
         measured_at_epoch=now,
+        load_average=load_average,
+        cores=usable_cores(),
     )
 
 
