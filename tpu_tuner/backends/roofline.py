@@ -285,7 +285,8 @@ def measure(
         })
     probe = probe_from_rounds(measured, repeats, medium_relative_error(device), now=time.time(), load_average=load)
     if probe.under_load:
-        log.warning("the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
+        # Info, not a warning: the profile's peak source line says it where the figures are shown.
+        log.info("the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
                     "it is measured again within the hour", load, probe.cores)
     return probe
 
