@@ -287,7 +287,7 @@ def measure(
     if probe.under_load:
         # Info, not a warning: the profile's peak source line says it where the figures are shown.
         log.info("the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
-                    "it is measured again within the hour", load, probe.cores)
+                 "it is measured again within the hour", load, probe.cores)
     return probe
 
 
