@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _tune_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.report.units import ms
-    from tpu_tuner.tuning import Progress, TuneOptions, tune
+    from tpu_tuner.credentials import redact
+    from tpu_tuner.tuning.options import TuneOptions
 
     options = TuneOptions(
         trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed, space=args.space,
@@ -154,7 +154,13 @@ def _tune_command(args: argparse.Namespace) -> int:
         verify_rounds=args.verify_rounds, device=None if args.device == "auto" else args.device,
         batch_size=args.batch_size, seq_len=args.seq_len, storage=args.storage, out=args.out, resume=args.resume,
         lengths_file=args.lengths, max_buckets=args.max_buckets, bucket_align=args.bucket_align,
+        trial_settings=None,  # the default, built by tune(): building it here would import torch
     )
+    # Bad options, space or storage are refused here, in well under a second: before torch and
+    # optuna are imported, before any model runs and before a run folder exists.
+    options.preflight()
+    from tpu_tuner.report.units import ms
+    from tpu_tuner.tuning.study import Progress, tune
 
     def show(event: Progress) -> None:
         # "best" is the same quantity a finished trial's line leads with (its objective).
@@ -178,7 +184,7 @@ def _tune_command(args: argparse.Namespace) -> int:
     if v.speedup is not None:
         print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
-    print(f"dashboard optuna-dashboard {result.best_config.provenance['study']['storage']}")
+    print(f"dashboard optuna-dashboard {redact(str(result.best_config.provenance['study']['storage']))}")
     return 0
 
 
@@ -307,9 +313,14 @@ def _apply_command(args: argparse.Namespace) -> int:
 
 def _profile_command(args: argparse.Namespace) -> int:
     # Imported here so that `tpu-tune --help` stays fast.
-    from tpu_tuner.profiling import ProfilerSettings, profile
+    from dataclasses import asdict
+
+    from tpu_tuner.errors import UserInputError, WorkloadError
+    from tpu_tuner.profiling.settings import ProfilerSettings
     from tpu_tuner.report.profile_report import render_markdown, render_terminal
     from tpu_tuner.results import new_run_dir
+    from tpu_tuner.runner.pool import TrialRunner
+    from tpu_tuner.runner.summary import load_summary
 
     candidate = Candidate(
         eager_mode=args.eager_mode,
@@ -318,15 +329,23 @@ def _profile_command(args: argparse.Namespace) -> int:
         matmul_precision=args.precision,
         autocast_dtype=args.autocast,
     )
-    result = profile(
-        args.model_file,
-        device=None if args.device == "auto" else args.device,
-        candidate=candidate,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        attention_convention=args.attention,
-        settings=ProfilerSettings.load(args.agent),
-    )
+    settings = ProfilerSettings.load(args.agent)
+    device = None if args.device == "auto" else args.device
+    # The model file runs in a worker, never in this process: a crash at import or in the step
+    # is reported, not fatal (docs/run-safety.md). Its own time budget bounds the profile.
+    timeout_s = max(600.0, 2 * settings.max_profile_seconds)
+    with TrialRunner(str(args.model_file), device, timeout_s) as runner:
+        load_summary(runner, args.model_file, args.batch_size, args.seq_len, sample_lengths=False)
+        outcome = runner.run("profile", candidate.to_dict(), {
+            "batch_size": args.batch_size, "seq_len": args.seq_len, "settings": asdict(settings),
+            "attention_convention": args.attention,
+        })
+    if not outcome.ok:
+        assert outcome.failure is not None
+        if outcome.failure.kind == "refused":
+            raise UserInputError(outcome.failure.message)
+        raise WorkloadError(f"profiling failed ({outcome.failure.kind}: {outcome.failure.message})", args.model_file)
+    result = outcome.value
     run_dir = new_run_dir(args.out, result.workload["name"])
     (run_dir / "profile.json").write_text(result.to_json())
     (run_dir / "profile.md").write_text(render_markdown(result))

@@ -58,6 +58,7 @@ def run_profile(state: WorkerState, candidate: dict[str, Any], options: dict[str
         candidate=Candidate.from_dict(candidate),
         batch_size=options.get("batch_size"),
         seq_len=options.get("seq_len"),
+        attention_convention=options.get("attention_convention", "full"),
         settings=settings,
     )
 

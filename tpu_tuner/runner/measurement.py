@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy")
+# "refused": the file or an option was refused while loading (a UserInputError in the worker).
+FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused")
 
 
 @dataclass

@@ -31,6 +31,8 @@ class JobResult:
     value: Any = None
     failure: TrialFailure | None = None
     seconds: float = 0.0
+    # How the worker ended when it died during the job (negative: the signal), else None.
+    exit_code: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,8 +143,10 @@ class TrialRunner:
         self._kill()
         seconds = time.perf_counter() - start
         if code == -signal.SIGKILL:
-            return JobResult(failure=TrialFailure("oom", "worker killed by SIGKILL (the kernel's OOM killer)"), seconds=seconds)
+            return JobResult(failure=TrialFailure("oom", "worker killed by SIGKILL (the kernel's OOM killer)"), seconds=seconds,
+                             exit_code=code)
         if code is not None and code < 0:
             name = signal.Signals(-code).name
-            return JobResult(failure=TrialFailure("crash", f"worker died from {name}"), seconds=seconds)
-        return JobResult(failure=TrialFailure("crash", f"worker exited with status {code}"), seconds=seconds)
+            return JobResult(failure=TrialFailure("crash", f"worker died from {name}"), seconds=seconds, exit_code=code)
+        return JobResult(failure=TrialFailure("crash", f"worker exited with status {code}"), seconds=seconds,
+                         exit_code=code)

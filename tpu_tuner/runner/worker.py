@@ -10,6 +10,9 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+# Jobs whose TpuTuneError (a bad file, option or device) is the parent's own error, passed on as
+# kind "refused" with its message; in a trial the same error is just a failed trial.
+REFUSABLE_JOBS = ("load", "profile")
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 
 
@@ -21,7 +24,12 @@ def main(argv: list[str]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory_limit), int(memory_limit)))
     receive = Connection(int(read_fd), writable=False)
     send = Connection(int(write_fd), readable=False)
+    from tpu_tuner.errors import TpuTuneError
     from tpu_tuner.runner.jobs import JOBS, WorkerState
+    from tpu_tuner.runner.summary import summarize
+
+    # "load": import and validate the file, describe it to the parent (which never imports it).
+    jobs = {**JOBS, "load": summarize}
 
     state = None
     while True:
@@ -35,8 +43,12 @@ def main(argv: list[str]) -> None:
         try:
             if state is None:
                 state = WorkerState(workload_path, None if device == "auto" else device)
-            send.send(("ok", JOBS[job](state, payload, options)))
+            send.send(("ok", jobs[job](state, payload, options)))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+            if job in REFUSABLE_JOBS and isinstance(exc, TpuTuneError):
+                # A bad file or option: its one-line message (naming the file) is the parent's error.
+                send.send(("refused", str(exc), traceback.format_exc()[-4000:]))
+                continue
             text = f"{type(exc).__name__}: {exc}".strip()
             is_oom = isinstance(exc, MemoryError) or any(marker in text.lower() for marker in OOM_MARKERS)
             send.send(("oom" if is_oom else "error", text.splitlines()[0][:500], traceback.format_exc()[-4000:]))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tpu_tuner.profiling.settings import ProfilerSettings
+if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and options are checked before it
+    from tpu_tuner.profiling.settings import ProfilerSettings
 
 SAMPLERS = ("tpe", "random", "grid")
 
@@ -43,9 +45,9 @@ class TuneOptions:
     lengths_file: Path | None = None
     max_buckets: int = 8
     bucket_align: int = 8
-    trial_settings: ProfilerSettings = field(
-        default_factory=lambda: ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)
-    )
+    # None defers the default (`default_trial_settings()`) to `tune()`: building it imports
+    # tpu_tuner.profiling and so torch, which the CLI avoids until the options are checked.
+    trial_settings: ProfilerSettings | None = field(default_factory=lambda: default_trial_settings())
 
     def validate(self) -> None:
         from tpu_tuner.errors import UserInputError
@@ -59,3 +61,57 @@ class TuneOptions:
             raise UserInputError("--verify-rounds must be at least 2")
         if not self.tolerance > 0:
             raise UserInputError("--tolerance must be positive")
+        for name, flag in (("timeout_s", "--timeout"), ("trial_timeout_s", "--trial-timeout")):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise UserInputError(f"{flag} must be positive, not {value:g}")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+            raise UserInputError("--trial-memory-gb must be positive")
+        for name, flag in (("batch_size", "--batch-size"), ("seq_len", "--seq-len")):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserInputError(f"{flag} must be at least 1, not {value}")
+
+    def preflight(self) -> None:
+        """Everything that can be checked without running the model, in seconds and without
+        importing torch or optuna: the numbers, the search space, the length sample's file and
+        the storage URL (parsed, driver installed, server reachable). Called before any run
+        folder exists, so a refused start leaves nothing behind (docs/run-safety.md)."""
+        from tpu_tuner.errors import UserInputError
+        from tpu_tuner.tuning.storage import check_storage
+
+        self.validate()
+        _check_space(self.space, self.device)
+        if self.lengths_file is not None and not Path(self.lengths_file).is_file():
+            raise UserInputError("length sample file not found", self.lengths_file)
+        if self.resume is not None and not (Path(self.resume) / "run.json").is_file():
+            raise UserInputError("not a tuning run folder (no run.json)", self.resume)
+        if self.storage is not None:
+            check_storage(self.storage)
+
+
+def _check_space(space: str | Path, device: str | None) -> None:
+    """Load the search space as a run would: for the named device, or (device auto, not yet
+    known) for every device kind, requiring it to search something on at least one."""
+    from tpu_tuner.errors import DefinitionError
+    from tpu_tuner.search.space import SearchSpace
+
+    kinds = [device] if device and device != "auto" else ["cpu", "cuda", "tpu"]
+    first_error: DefinitionError | None = None
+    for kind in kinds:
+        try:
+            SearchSpace.load(space, kind)
+            return
+        except DefinitionError as exc:
+            if not str(exc).endswith(f"no parameters for device {kind!r}"):
+                raise  # malformed: wrong on every device
+            first_error = first_error or exc
+    assert first_error is not None
+    raise first_error
+
+
+def default_trial_settings() -> ProfilerSettings:
+    """Shorter timing than a profile's: a trial needs a good median, not a full report."""
+    from tpu_tuner.profiling.settings import ProfilerSettings
+
+    return ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)

@@ -7,7 +7,6 @@ completed trials.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,21 +25,23 @@ from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.report.units import duration
 from tpu_tuner.results import new_run_dir
 from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.summary import WorkloadSummary, load_summary
 from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning import run_file, trial_attrs
+from tpu_tuner.tuning.fingerprint import differences, fingerprint
+from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
+from tpu_tuner.tuning.run_file import RUN_FILE
+from tpu_tuner.tuning.storage import check_storage
 from tpu_tuner.tuning.result import TuningResult, write_outputs
 from tpu_tuner.tuning.verify import verify
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-RUN_FILE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -62,77 +63,130 @@ ProgressCallback = Callable[[Progress], None]
 
 
 def tune(model_file: str | Path, options: TuneOptions | None = None, progress: ProgressCallback | None = None) -> TuningResult:
-    """Tune a model file; returns the result and writes the run folder."""
+    """Tune a model file; returns the result and writes the run folder.
+
+    This process never imports the model file: a worker loads it and describes it
+    (runner/summary.py). Bad options are refused before that, and a run that fails after its
+    folder exists is marked "failed" in run.json with the reason (docs/run-safety.md).
+    """
     options = options or TuneOptions()
-    options.validate()
+    options.preflight()  # numbers, search space, storage URL: seconds, nothing written yet
+    if options.trial_settings is None:
+        options.trial_settings = default_trial_settings()
     model_file = Path(model_file)
-    workload = load_workload(model_file)  # bad files fail here, in this process, with exit 2
-    load_definition("search_spaces", options.space)  # and a bad --space, before any run folder exists
-    # And a bad length sample; read once, used for the bucketing knob below.
-    lengths = (bucket_histogram(workload, options.lengths_file)
-               if options.lengths_file is not None or workload.sample_lengths is not None else None)
     started = time.perf_counter()
     emit = progress or (lambda event: None)
-    run_dir, storage, study_name = _run_location(workload.name, options)
 
     with TrialRunner(str(model_file), options.device, options.trial_timeout_s, options.memory_limit_bytes) as runner:
-        emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
-        profiled = runner.run("profile", Candidate().to_dict(), {
-            "batch_size": options.batch_size, "seq_len": options.seq_len,
-            "settings": asdict(options.trial_settings),
-        })
-        if not profiled.ok:
-            raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
-        profile: Profile = profiled.value
-        device_kind = profile.device.kind
-        space = SearchSpace.load(options.space, device_kind)
-        agents = load_agents(list(options.agents), device_kind, profile.device.probe)
-        findings = {agent.name: agent.diagnose(profile) for agent in agents}
-        study = _open_study(storage, study_name, options, space)
-        _mark_interrupted(study)
-        if not study.trials:
-            enqueue_seeds(study, space, agents, profile)
-        bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
-        measure_options = {
-            "batch_size": options.batch_size,
-            "seq_len": options.seq_len,
-            "settings": asdict(options.trial_settings),
-            "peak_flops_per_s": profile.device.peak.flops_per_s,
-            "model_flops_per_step": profile.flops.model_per_step,
-        }
-        run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing)
-        emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
-                      "of steady steps)", elapsed=time.perf_counter() - started))
+        # Bad files fail here, in the worker, with exit 2 (a crash at import too).
+        workload = load_summary(runner, model_file, options.batch_size, options.seq_len)
+        # And a bad length sample; read once, used for the bucketing knob below.
+        lengths = (bucket_histogram(workload.length_source(), options.lengths_file)
+                   if options.lengths_file is not None or workload.has_sample_lengths else None)
+        current = fingerprint(model_file, workload, options.batch_size, options.seq_len)
+        run_dir, storage, study_name = _run_location(workload.name, options, current)
+        try:
+            result = _tune_in(run_dir, storage, study_name, workload, lengths, options, runner, emit, started)
+        except BaseException as exc:
+            run_file.mark_failed(run_dir, exc)
+            raise
+    run_file.update(run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    emit(Progress("done", f"results in {run_dir}", elapsed=time.perf_counter() - started))
+    return result
 
-        def verify_progress(done: int, rounds: int, ratio: float) -> None:
-            emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
-                          "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
 
-        verification = verify(study, space, runner, options, device_kind, verify_progress)
-        worker_starts = runner.workers_started
+def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSummary, lengths: LengthHistogram | None,
+             options: TuneOptions, runner: TrialRunner, emit: ProgressCallback, started: float) -> TuningResult:
+    """Profile, search and verify, in an existing run folder."""
+    model_file = workload.source
+    emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
+    profiled = runner.run("profile", Candidate().to_dict(), {
+        "batch_size": options.batch_size, "seq_len": options.seq_len,
+        "settings": asdict(options.trial_settings),
+    })
+    if not profiled.ok:
+        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
+    profile: Profile = profiled.value
+    device_kind = profile.device.kind
+    space = SearchSpace.load(options.space, device_kind)
+    agents = load_agents(list(options.agents), device_kind, profile.device.probe)
+    findings = {agent.name: agent.diagnose(profile) for agent in agents}
+    study = _open_study(storage, study_name, options, space)
+    _mark_interrupted(study)
+    if not study.trials:
+        enqueue_seeds(study, space, agents, profile)
+    bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
+    measure_options = {
+        "batch_size": options.batch_size,
+        "seq_len": options.seq_len,
+        "settings": asdict(options.trial_settings),
+        "peak_flops_per_s": profile.device.peak.flops_per_s,
+        "model_flops_per_step": profile.flops.model_per_step,
+    }
+    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing)
+    emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
+                  "of steady steps)", elapsed=time.perf_counter() - started))
+
+    def verify_progress(done: int, rounds: int, ratio: float) -> None:
+        emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
+                      "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
+
+    verification = verify(study, space, runner, options, device_kind, verify_progress)
+    worker_starts = runner.workers_started
 
     result = TuningResult(
         run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
         verification=verification, options=options, worker_starts=worker_starts,
     )
     write_outputs(result)
-    emit(Progress("done", f"results in {run_dir}", elapsed=time.perf_counter() - started))
     return result
 
 
-def _run_location(name: str, options: TuneOptions) -> tuple[Path, str, str]:
+def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
+    """The run folder, the storage URL to connect with, and the study name.
+
+    A new run gets a fresh folder and a run.json; a resumed one is checked first (same workload
+    fingerprint, same storage) and refused with nothing rewritten when it differs. The URL
+    returned may carry a password (from --storage); the one written never does.
+    """
     if options.resume is not None:
-        run_dir = Path(options.resume)
-        run_file = run_dir / RUN_FILE
-        if not run_file.is_file():
-            raise UserInputError(f"not a tuning run folder (no {RUN_FILE})", run_dir)
-        saved = json.loads(run_file.read_text())
-        return run_dir, saved["storage"], saved["study_name"]
+        return _resumed_location(Path(options.resume), options, current)
     run_dir = new_run_dir(options.out, name, "tune")
     storage = options.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
     study_name = run_dir.name
-    (run_dir / RUN_FILE).write_text(json.dumps({"storage": storage, "study_name": study_name}, indent=2))
+    run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
+                             "model_file": str(current["model_file"]), "fingerprint": current,
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
     return run_dir, storage, study_name
+
+
+def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
+    saved = run_file.read(run_dir)
+    if "storage" not in saved or "study_name" not in saved:
+        raise UserInputError(f"not a tuning run folder (no readable {RUN_FILE})", run_dir)
+    where = f"{run_dir}/: resume refused"
+    recorded = saved.get("fingerprint")
+    if isinstance(recorded, dict):
+        differing = differences(recorded, current)
+        if differing:
+            raise UserInputError(f"{where}: {'; '.join(differing)}")
+    else:
+        log.warning("%s has no workload fingerprint (written before fingerprints): resuming unchecked", run_dir)
+    stored = str(saved["storage"])
+    storage = stored
+    if options.storage is not None:
+        # The password is never stored: it comes from --storage given again, which must name the
+        # same database (or from libpq's PGPASSWORD / ~/.pgpass when the URL has none).
+        if without_password(options.storage) != without_password(stored):
+            raise UserInputError(f"{where}: --storage {redact(options.storage)!r} is not the run's storage "
+                                 f"{redact(stored)!r}")
+        storage = with_password(stored, password_of(options.storage))
+    elif stored != without_password(stored):
+        log.warning("%s stores its storage URL with a password (written before redaction)", run_dir)
+    else:
+        check_storage(stored)  # a stored server URL: reachable, before anything is rewritten
+    run_file.update(run_dir, **run_file.this_process())
+    return run_dir, storage, str(saved["study_name"])
 
 
 def build_sampler(options: TuneOptions, space: SearchSpace) -> optuna.samplers.BaseSampler:
@@ -152,7 +206,8 @@ def _open_study(storage: str, study_name: str, options: TuneOptions, space: Sear
             storage=storage, study_name=study_name, direction="minimize", sampler=sampler, load_if_exists=True
         )
     except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
-        raise UserInputError(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {exc}") from exc
+        # Driver messages quote the URL, password included: redact the whole line.
+        raise UserInputError(redact(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {exc}")) from exc
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):

@@ -1,0 +1,85 @@
+"""A tuning run's workload fingerprint: what must be the same for `--resume` to continue it.
+
+Resuming an MLP run with another model file once rewrote the run's tuned config and report and
+reported a speedup mixing both. A run records this fingerprint in run.json; `--resume` compares
+it with the present one and refuses, naming what differs, before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.runner.summary import WorkloadSummary
+
+# Keys compared on resume, with the words a refusal uses for them.
+LABELS = {
+    "sha256": "model file differs",
+    "convention": "model file convention differs",
+    "step_kind": "step kind differs",
+    "inputs": "input shapes/dtypes differ",
+    "batch_size": "--batch-size differs",
+    "seq_len": "--seq-len differs",
+    "device_kind": "device kind differs",
+    "device_name": "device differs",
+    "versions": "package versions differ",
+}
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of the file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: int | None,
+                seq_len: int | None) -> dict[str, Any]:
+    """The fingerprint of a run of `model_file` (described by the worker's `summary`)."""
+    return {
+        "model_file": str(model_file),
+        "sha256": file_sha256(model_file),
+        "convention": summary.convention,
+        "step_kind": summary.step_kind,
+        "inputs": summary.inputs,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "device_kind": summary.device_kind,
+        "device_name": summary.device_name,
+        "versions": {name: _version(name) for name in ("torch", "optuna", "tpu-tune")},
+    }
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One phrase per differing key, e.g. "model file differs (examples/cnn.py sha256 1a2b3c4d..
+    vs 9f8e7d6c.. recorded)"; empty when the fingerprints match."""
+    found = []
+    for key, label in LABELS.items():
+        old, new = recorded.get(key), current.get(key)
+        if old == new:
+            continue
+        if key == "sha256":
+            found.append(f"{label} ({current.get('model_file')} sha256 {str(new)[:8]}.. vs {str(old)[:8]}.. recorded"
+                         f" for {recorded.get('model_file')})")
+        elif key == "versions" and isinstance(old, dict) and isinstance(new, dict):
+            changed = [f"{name} {new.get(name)} vs {old.get(name)}" for name in sorted(set(old) | set(new))
+                       if old.get(name) != new.get(name)]
+            found.append(f"{label} ({', '.join(changed)} recorded)")
+        else:
+            found.append(f"{label} ({_short(new)} vs {_short(old)} recorded)")
+    return found
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 2] + ".."
+
+
+__all__ = ["differences", "file_sha256", "fingerprint"]
