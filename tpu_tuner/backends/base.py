@@ -81,10 +81,13 @@ class Backend(ABC):
         """Measure the peak again because a step beat it; None where it is a published figure."""
         return None
 
-    def mfu_peak(self, flops_per_s: dict[str, float], achieved: float) -> PeakChoice:
+    def mfu_peak(self, flops_per_s: dict[str, float], achieved: float, remeasure: bool = True) -> PeakChoice:
         """The peak an MFU figure divides by: the fastest dtype of `flops_per_s`, re-measured
-        (or, failing that, raised to the achieved rate) when the step beats it."""
+        (unless `remeasure` is False: it was already) or else raised to the achieved rate when
+        the step beats it."""
         peak, dtype = fastest_peak(flops_per_s)
+        if not remeasure:
+            return checked_peak(achieved, peak, dtype)
 
         def remeasure() -> tuple[float, str] | None:
             fresh = self.remeasure_peak()

@@ -34,6 +34,7 @@ class WorkerState:
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
         self.peak_flops_per_s: dict[str, float] | None = None
+        self.peak_reprobed = False  # a worker re-probes at most once; later beats raise the peak
         # The interleaved comparison runs as several jobs (a few rounds each, so the parent can
         # show progress); its built and warmed-up steps stay here between them.
         self.compare_key: str | None = None
@@ -90,9 +91,10 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     flops = float(options["model_flops_per_step"])
     # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
     peaks = state.peak_flops_per_s or {k: float(v) for k, v in options["peak_flops_per_s"].items()}
-    choice = backend.mfu_peak(peaks, flops / timing.median)
+    choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed)
     if choice.note:
         state.peak_flops_per_s = {**peaks, choice.dtype: choice.flops_per_s}
+        state.peak_reprobed = True
     peak = choice.flops_per_s
     warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
     if choice.note:
