@@ -175,3 +175,49 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
     assert "STACK DUMP" not in captured.err + captured.out
     (warning,) = [r.getMessage() for r in caplog.records if "compile worker died" in r.getMessage()]
     assert "SIGFPE" in warning and str(log_file) in warning
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_first_screen_is_for_a_newcomer() -> None:
+    """The README opens with what it is, a venv, the two commands, the time they take and the
+    command table; every docs page it links exists."""
+    readme = (REPO / "README.md").read_text()
+    first_screen = "\n".join(readme.splitlines()[:40])
+    assert "python3 -m venv .venv && . .venv/bin/activate" in first_screen
+    assert "pip install -e . && tpu-tune examples/gpt.py" in first_screen
+    assert "bash .ci/run" in first_screen
+    assert re.search(r"took \d", first_screen)  # how long the first command takes here
+    for command in ("tpu-tune MODEL.py", "tpu-tune apply", "tpu-tune profile", "tpu-tune plan", "tpu-tune buckets",
+                    "tpu-tune dashboard"):
+        assert f"| `{command}" in first_screen, command
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert links and all((REPO / link).is_file() for link in links), [l for l in links if not (REPO / l).is_file()]
+    assert len(readme) < 12_000  # the write-ups live in docs/
+
+
+def test_jax_is_only_in_the_plan_extra() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11"
+    assert not [d for d in project["dependencies"] if d.lower().startswith(("jax", "libtpu", "torchax"))]
+    assert any(d.startswith("jax") for d in project["optional-dependencies"]["plan"])
+    importers = [str(path.relative_to(REPO)) for path in (REPO / "tpu_tuner").rglob("*.py")
+                 if "planner" not in path.parts
+                 and re.search(r"^\s*(import jax|from jax)", path.read_text(), re.MULTILINE)]
+    assert importers == []
+
+
+def test_help_and_dashboard_work_without_jax(tmp_path) -> None:
+    code = ("import sys\n"
+            "for name in ('jax', 'jaxlib', 'torchax'):\n"
+            "    sys.modules[name] = None  # importing any of them now fails\n"
+            "from tpu_tuner.cli import main\n"
+            f"assert main(['dashboard', {str(tmp_path)!r}]) == 0\n"
+            "try:\n"
+            "    main(['--help'])\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code == 0\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "tune" in done.stdout and (tmp_path / "dashboard.html").is_file()
