@@ -373,12 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(_default_to_tune(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from tpu_tuner.credentials import RedactingFilter, redact
+
+    for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
+        handler.addFilter(RedactingFilter())
     try:
         return args.handler(args)
     except TpuTuneError as exc:
         if args.debug:
             raise
-        print(f"tpu-tune: error: {exc}", file=sys.stderr)
+        print(f"tpu-tune: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("tpu-tune: interrupted", file=sys.stderr)

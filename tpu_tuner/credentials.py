@@ -8,6 +8,7 @@ sentence. See docs/run-safety.md.
 
 from __future__ import annotations
 
+import logging
 import re
 
 MASK = "***"
@@ -72,4 +73,16 @@ def with_password(url: str, password: str | None) -> str:
     return make_url(url).set(password=password).render_as_string(hide_password=False)
 
 
-__all__ = ["MASK", "password_of", "redact", "with_password", "without_password"]
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts every record's message (installed on the CLI's handler,
+    so that a library log line quoting a storage URL never shows its password)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+__all__ = ["MASK", "RedactingFilter", "password_of", "redact", "with_password", "without_password"]

@@ -39,8 +39,8 @@ from tpu_tuner.bucketing.optimize import (
 )
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import TpuTuneError, UserInputError
-from tpu_tuner.loader import load_workload
 from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.summary import load_summary
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,16 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     """Run the whole bucketing study on `model_file`."""
     emit = progress or (lambda message: None)
     started = time.perf_counter()
-    workload = load_workload(model_file)
-    hist = bucket_histogram(workload, options.lengths_file)
     if options.steps < 1 or options.max_buckets < 1 or options.align < 1:
         raise UserInputError("--steps, --max-buckets and --align must be at least 1")
+    if options.lengths_file is not None and not Path(options.lengths_file).is_file():
+        raise UserInputError("length sample file not found", options.lengths_file)
+    # This process never imports the model file: a worker loads it and sends back a summary
+    # (a crash at import becomes a WorkloadError, runner/summary.py).
+    with TrialRunner(str(model_file), options.device, options.trial_timeout_s) as loader:
+        workload = load_summary(loader, model_file, options.batch_size, None,
+                                sample_lengths=options.lengths_file is None)
+    hist = bucket_histogram(workload.length_source(), options.lengths_file)
     backend = get_backend(options.device)
     backend_name = options.compile_backend or backend.default_compile_backend()
     candidate = Candidate(compile_backend=backend_name).to_dict()

@@ -27,7 +27,9 @@ from typing import Any
 
 import pandas as pd
 
+from tpu_tuner.credentials import redact
 from tpu_tuner.errors import UserInputError
+from tpu_tuner.tuning import run_file
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +227,27 @@ def _describe(candidate: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _unfinished_status(folder: Path) -> dict[str, str]:
+    """Status of a tuning run without tuned_config.toml, from what run.json records: "failed"
+    with its reason; "incomplete" when the recorded process is gone (same host, pid not alive);
+    "running" only when it is alive. Runs written before run.json held a status fall back on
+    the age of their newest file."""
+    state = run_file.read(folder)
+    if state.get("status") == "failed":
+        return {"status": "failed", "reason": f"the run failed: {redact(str(state.get('reason') or 'no reason recorded'))}"}
+    alive = run_file.process_alive(state) if state.get("status") == "running" else None
+    if alive is False:
+        return {"status": "incomplete",
+                "reason": f"its process (pid {state.get('pid')}) is gone: the run stopped before it finished; "
+                          "continue it with --resume"}
+    if alive is True:
+        return {"status": "running", "reason": f"no tuned_config.toml yet: the run is still going (pid {state.get('pid')})"}
+    newest = max((p.stat().st_mtime for p in folder.iterdir()), default=folder.stat().st_mtime)
+    if time.time() - newest < LIVE_WINDOW_S:
+        return {"status": "running", "reason": "no tuned_config.toml yet: the run is still going"}
+    return {"status": "incomplete", "reason": "no tuned_config.toml: the run stopped before it finished"}
+
+
 def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> None:
     run = folder.name
     row["report"] = _report(folder, "report.md")
@@ -247,11 +270,7 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
         row["failures"] = int((measured["state"] == "FAIL").sum())
     config_path = folder / "tuned_config.toml"
     if not config_path.exists():
-        newest = max((p.stat().st_mtime for p in folder.iterdir()), default=folder.stat().st_mtime)
-        if time.time() - newest < LIVE_WINDOW_S:
-            row.update(status="running", reason="no tuned_config.toml yet: the run is still going")
-        else:
-            row.update(status="incomplete", reason="no tuned_config.toml: the run stopped before it finished")
+        row.update(_unfinished_status(folder))
         return
     config = _load_toml(config_path)
     prov = config.get("provenance")

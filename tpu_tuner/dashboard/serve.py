@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from tpu_tuner.credentials import redact
 from tpu_tuner.dashboard.collect import collect
 from tpu_tuner.dashboard.page import DEFAULT_DETAILS, render_page
 from tpu_tuner.errors import UserInputError
@@ -96,7 +97,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
                                   f"500: the dashboard could not be rendered: {exc}\n".encode(), body)
             kind = "text/csv; charset=utf-8" if path == "/dashboard.csv" else "text/html; charset=utf-8"
-            return self._send(HTTPStatus.OK, kind, data, body)
+            return self._send(HTTPStatus.OK, kind, redact(data.decode()).encode(), body)
         if path == "/favicon.ico":  # browsers ask for it; an error would show in their console
             return self._send(HTTPStatus.NO_CONTENT, "image/x-icon", b"", body)
         target = self._resolve(path)
@@ -106,9 +107,13 @@ class DashboardHandler(BaseHTTPRequestHandler):
                               b"403 forbidden: only files under the results folder are served\n", body)
         if not target.is_file():
             return self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", b"404 not found\n", body)
-        kind = ("text/plain; charset=utf-8" if target.suffix.lower() in _TEXT
-                else mimetypes.guess_type(target.name)[0] or "application/octet-stream")
-        self._send(HTTPStatus.OK, kind, target.read_bytes(), body)
+        is_text = target.suffix.lower() in _TEXT
+        kind = "text/plain; charset=utf-8" if is_text else mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        data = target.read_bytes()
+        if is_text:
+            # Never hand out a password, also from run folders written before run.json was redacted.
+            data = redact(data.decode("utf-8", errors="replace")).encode()
+        self._send(HTTPStatus.OK, kind, data, body)
 
     def _resolve(self, path: str) -> Path | None:
         """The file `path` names under the results folder, or None when it would climb out of it."""

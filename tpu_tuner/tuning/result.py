@@ -133,9 +133,10 @@ def _redact(storage: Any) -> str:
     url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
     if url is None:
         return type(storage).__name__
-    from sqlalchemy.engine import make_url
+    from tpu_tuner.credentials import redact
 
-    return make_url(url).render_as_string(hide_password=True)  # never write a password
+    # Never write a password: the one redaction every writer uses (credentials.py).
+    return redact(url if isinstance(url, str) else url.render_as_string(hide_password=False))
 
 
 def _version() -> str:

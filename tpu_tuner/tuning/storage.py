@@ -38,7 +38,12 @@ def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNE
         dialect.import_dbapi()
     except ImportError as exc:
         extra = DRIVER_EXTRAS.get(parsed.get_backend_name())
-        hint = (f'pip install -e ".[{extra}]"' if extra else f"install the Python package {exc.name or 'of its driver'}")
+        if extra and exc.name == "psycopg":
+            hint = f'pip install -e ".[{extra}]"'
+        elif exc.name == "psycopg2":  # SQLAlchemy < 2.1's default, or postgresql+psycopg2:// written out
+            hint = f'pip install psycopg2-binary, or pip install -e ".[postgres]" and write postgresql+psycopg://'
+        else:
+            hint = f"install the Python package {exc.name or 'of its driver'}"
         raise UserInputError(f"--storage {shown!r}: its database driver is not installed "
                              f"({type(exc).__name__}: {redact(str(exc))}); {hint}") from exc
     if parsed.get_backend_name() == "sqlite":

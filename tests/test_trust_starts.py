@@ -1,0 +1,197 @@
+"""Issue 12, items 1, 2, 3 and 9: secrets kept, crashes at import contained, resume checked,
+bad starts refused in seconds, dead runs shown as failed or incomplete (docs/run-safety.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, FIXTURES, serving
+from tpu_tuner.cli import main
+from tpu_tuner.credentials import redact, without_password
+from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.tuning import run_file
+
+SECRET = "SECRETPASS"
+PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
+
+
+def _files_with(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+# --- 1. secrets -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    (PG_URL, "postgresql://user:***@localhost:5432/optuna"),
+    (f"cannot open 'postgresql+psycopg://me:{SECRET}@db/x': refused", "cannot open 'postgresql+psycopg://me:***@db/x': refused"),
+    (f"mysql://a:p@ss{SECRET}@h/d", "mysql://a:***@h/d"),
+    (f"postgresql://u@h/d?password={SECRET}&sslmode=require", "postgresql://u@h/d?password=***&sslmode=require"),
+    ("postgresql://h:5432/db and sqlite:////tmp/a.db", "postgresql://h:5432/db and sqlite:////tmp/a.db"),
+])
+def test_redact_removes_passwords_from_urls_in_text(text: str, expected: str) -> None:
+    assert redact(text) == expected
+    assert without_password(PG_URL) == "postgresql://user@localhost:5432/optuna"
+
+
+def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Path) -> None:
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import _run_location
+
+    fingerprint = {"model_file": "m.py", "sha256": "0" * 64}
+    run_dir, storage, _ = _run_location("m", TuneOptions(storage=PG_URL, out=tmp_path), fingerprint)
+    assert storage == PG_URL  # what the process connects with
+    assert SECRET not in (run_dir / "run.json").read_text()
+    assert json.loads((run_dir / "run.json").read_text())["storage"] == without_password(PG_URL)
+    # Resume: the password comes from --storage given again, which must name the same database.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tpu_tuner.tuning.study.check_storage", lambda url: None)
+        _, resumed, _ = _run_location("m", TuneOptions(resume=run_dir, storage=PG_URL), fingerprint)
+        assert resumed == PG_URL
+        with pytest.raises(UserInputError, match="is not the run's storage") as info:
+            _run_location("m", TuneOptions(resume=run_dir, storage=PG_URL.replace("optuna", "other")), fingerprint)
+        assert SECRET not in str(info.value)
+
+
+def test_storage_url_with_password_is_refused_at_once_without_leaking(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(TrialRunner, "_start", _no_worker)
+    status = main(["tune", str(EXAMPLES / "mlp.py"), "--storage", PG_URL, "--out", str(tmp_path / "results")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert SECRET not in err and "user:***@localhost" in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_dashboard_server_never_serves_a_password_from_old_run_folders(tmp_path: Path) -> None:
+    old = tmp_path / "mlp-tune-20250101-000000"
+    old.mkdir()
+    (old / "run.json").write_text(json.dumps({"storage": PG_URL, "study_name": old.name}))
+    (old / "report.md").write_text(f"storage: {PG_URL}\n")
+    with serving(tmp_path) as server:
+        for name in ("run.json", "report.md"):
+            body = urllib.request.urlopen(f"{server.url}{old.name}/{name}").read().decode()
+            assert SECRET not in body and "user:***@" in body
+        assert SECRET not in urllib.request.urlopen(server.url).read().decode()
+
+
+# --- 2. the parent never runs user code -------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["tune"], ["profile"], ["buckets"]])
+@pytest.mark.parametrize("fixture, expected", [
+    ("segfault_at_import.py", "the process died with SIGSEGV while importing"),
+    ("exit_at_import.py", "the process exited with status 3 while importing"),
+])
+def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: list[str], fixture: str,
+                                                      expected: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", *command, str(FIXTURES / fixture),
+                           "--out", str(tmp_path / "results")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"{FIXTURES / fixture}: {expected}" in done.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypatch) -> None:
+    import tpu_tuner.loader
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the parent imported the model file")
+
+    monkeypatch.setattr(tpu_tuner.loader, "_import_file", refuse)
+    from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
+
+    # The worker loads the file (its own process, not patched); a file without a length sample is
+    # then refused in the parent, from the worker's summary.
+    with pytest.raises(UserInputError, match="no length sample"):
+        plan_buckets(EXAMPLES / "mlp.py", BucketOptions())
+
+
+# --- 3. resume checks the workload --------------------------------------------------------------
+
+
+def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Path) -> None:
+    from tpu_tuner.runner.summary import load_summary
+    from tpu_tuner.tuning.fingerprint import fingerprint
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import _run_location, tune
+
+    with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
+        summary = load_summary(runner, EXAMPLES / "mlp.py")
+    run_dir, _, _ = _run_location("mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None))
+    (run_dir / "tuned_config.toml").write_text("# the earlier run's result\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(UserInputError, match=r"resume refused: model file differs \(.*cnn.py sha256") as info:
+        tune(EXAMPLES / "cnn.py", TuneOptions(resume=run_dir, trials=1))
+    assert "\n" not in str(info.value)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+# --- 9. bad options fail in seconds; dead runs are marked --------------------------------------
+
+
+def _no_worker(self, env):  # noqa: ANN001 - TrialRunner._start's signature
+    raise AssertionError("a worker was started: the model would have run")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trials", "0"], "--trials must be at least 1"),
+    (["--space", "no-such-space"], "no-such-space"),
+    (["--storage", "notadb://x"], "unknown database kind 'notadb'"),
+    (["--storage", "sqlite:////no/such/folder/study.db"], "does not exist"),
+    (["--storage", "mysql://u@localhost/db"], "driver is not installed"),
+    (["--trial-timeout", "-1"], "--trial-timeout must be positive"),
+    (["--resume", "/no/such/run"], "not a tuning run folder"),
+])
+def test_bad_options_are_refused_before_any_model_runs(tmp_path: Path, capsys, monkeypatch, args: list[str],
+                                                       message: str) -> None:
+    monkeypatch.setattr(TrialRunner, "_start", _no_worker)
+    status = main(["tune", str(EXAMPLES / "mlp.py"), "--out", str(tmp_path / "results"), *args])
+    assert status == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_bad_options_are_refused_before_torch_is_imported() -> None:
+    code = ("import sys; from tpu_tuner.cli import main; status = main(['tune', 'examples/mlp.py', '--storage', "
+            "'notadb://x']); print(status, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+
+
+def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> None:
+    from tpu_tuner.dashboard import collect
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import tune
+
+    with pytest.raises(WorkloadError, match="profiling the baseline failed"):
+        tune(FIXTURES / "bad_forward.py", TuneOptions(out=tmp_path, trials=1))
+    (run_dir,) = tmp_path.iterdir()
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["status"] == "failed" and "profiling the baseline failed" in state["reason"]
+    row = collect(tmp_path).runs.iloc[0]
+    assert row["status"] == "failed" and "profiling the baseline failed" in row["reason"]
+    assert not collect(tmp_path).live  # no auto-refresh for a dead run
+
+
+def test_a_run_whose_process_is_gone_is_incomplete_not_running(tmp_path: Path) -> None:
+    from tpu_tuner.dashboard import collect
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for name, pid in (("dead-tune-20250101-000000", gone.pid), ("live-tune-20250101-000000", os.getpid())):
+        (tmp_path / name).mkdir()
+        run_file.write(tmp_path / name, {"storage": "sqlite:///x", "study_name": name, "status": "running",
+                                         "pid": pid, "host": socket.gethostname()})
+    runs = collect(tmp_path).runs.set_index("run")
+    assert runs.loc["dead-tune-20250101-000000", "status"] == "incomplete"
+    assert runs.loc["live-tune-20250101-000000", "status"] == "running"
