@@ -100,6 +100,16 @@ def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: 
     assert not (tmp_path / "results").exists()
 
 
+def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", str(FIXTURES / "segfault_at_import.py"),
+                           "--topology", "v5p-8", "--out", str(tmp_path / "results")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "the process died with SIGSEGV while importing" in done.stderr
+    assert not any((tmp_path / "results").glob("*"))
+
+
 def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypatch) -> None:
     import tpu_tuner.loader
 

@@ -99,8 +99,21 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         return _plan(model_file, options, topology, pool, progress or (lambda message: None), started)
 
 
+def _screen_in_worker(model_file: str | Path) -> None:
+    """Import the file in a worker first, so that one which crashes at import is reported
+    ("the process died with SIGSEGV while importing", exit 2) rather than killing tpu-tune.
+    The planner still builds the model (on the meta device) in this process afterwards: its shape
+    analysis needs the module itself (docs/run-safety.md)."""
+    from tpu_tuner.runner.pool import TrialRunner
+    from tpu_tuner.runner.summary import load_summary
+
+    with TrialRunner(str(model_file), "cpu") as runner:
+        load_summary(runner, model_file, sample_lengths=False)
+
+
 def _plan(model_file: str | Path, options: PlanOptions, topology: Topology, pool: CompilePool,
           emit: Callable[[str], None], started: float) -> PlanResult:
+    _screen_in_worker(model_file)
     workload = load_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
