@@ -33,7 +33,7 @@ def test_overhead_bound_only_when_dispatch_explains_the_time() -> None:
     verdict = decide(1e9, 1e8, 1.0, PEAK, "float32", BANDWIDTH, ops_per_step=100, explained_share_min=0.5,
                      dispatch_seconds_per_op=6e-3)
     assert verdict.bound == "overhead-bound" and verdict.dispatch_share == pytest.approx(0.6)
-    assert "100 ops x 6e+03 us measured dispatch cost" in verdict.summary
+    assert "100 ops x 6.00 ms measured dispatch cost" in verdict.summary
 
 
 def test_unexplained_time_is_below_the_roofline_not_overhead() -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tpu_tuner.report.units import duration, si
+
 BOUNDS = ("compute-bound", "memory-bound", "overhead-bound", "below-roofline")
 MATMUL_LIKE = ("mm", "matmul", "linear", "conv", "attention", "bmm", "baddbmm", "addmm", "rnn", "lstm", "gru")
 
@@ -85,20 +87,21 @@ def decide(
         dispatch_seconds = ops_per_step * dispatch_seconds_per_op
         dispatch_share = dispatch_seconds / step_seconds
 
+    # Readable units (report/units.py): "8.19 kFLOP ... take 19.0 ns", never "8.19e-06 GFLOP".
     evidence = (
-        f"{flops_per_step / 1e9:.3g} GFLOP at the {peak_dtype} peak take {compute_seconds * 1e3:.3g} ms "
-        f"({compute_share:.0%} of the {step_seconds * 1e3:.3g} ms step)"
+        f"{si(flops_per_step, 'FLOP')} at the {peak_dtype} peak take {duration(compute_seconds)} "
+        f"({compute_share:.0%} of the {duration(step_seconds)} step)"
     )
     if memory_seconds is not None:
         evidence += (
-            f"; {bytes_per_step / 1e9:.3g} GB of unfused traffic at {memory_bytes_per_s / 1e9:.3g} GB/s "
-            f"take {memory_seconds * 1e3:.3g} ms ({memory_share:.0%}); "
+            f"; {si(bytes_per_step, 'B')} of unfused traffic at {si(memory_bytes_per_s, 'B/s')} "
+            f"take {duration(memory_seconds)} ({memory_share:.0%}); "
             f"intensity {intensity:.3g} FLOP/B vs ridge {ridge:.3g}"
         )
     if dispatch_seconds is not None:
         evidence += (
-            f"; {ops_per_step} ops x {dispatch_seconds_per_op * 1e6:.3g} us measured dispatch cost take "
-            f"{dispatch_seconds * 1e3:.3g} ms ({dispatch_share:.0%})"
+            f"; {ops_per_step} ops x {duration(dispatch_seconds_per_op)} measured dispatch cost take "
+            f"{duration(dispatch_seconds)} ({dispatch_share:.0%})"
         )
     else:
         evidence += f"; {ops_per_step} ops per step (dispatch cost not measured)"
