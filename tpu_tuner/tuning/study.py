@@ -79,7 +79,8 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
 
     with TrialRunner(str(model_file), options.device, options.trial_timeout_s, options.memory_limit_bytes) as runner:
         # Bad files fail here, in the worker, with exit 2 (a crash at import too).
-        workload = load_summary(runner, model_file, options.batch_size, options.seq_len)
+        workload = load_summary(runner, model_file, options.batch_size, options.seq_len,
+                                sample_lengths=options.lengths_file is None)
         # And a bad length sample; read once, used for the bucketing knob below.
         lengths = (bucket_histogram(workload.length_source(), options.lengths_file)
                    if options.lengths_file is not None or workload.has_sample_lengths else None)
