@@ -62,6 +62,16 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
         assert SECRET not in str(info.value)
 
 
+def test_log_lines_are_redacted_by_the_cli_filter(caplog) -> None:
+    import logging
+
+    from tpu_tuner.credentials import RedactingFilter
+
+    record = logging.LogRecord("tpu_tuner.x", logging.WARNING, __file__, 1, "opening %s failed", (PG_URL,), None)
+    assert RedactingFilter().filter(record)
+    assert SECRET not in record.getMessage() and "user:***@localhost" in record.getMessage()
+
+
 def test_storage_url_with_password_is_refused_at_once_without_leaking(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(TrialRunner, "_start", _no_worker)
     status = main(["tune", str(EXAMPLES / "mlp.py"), "--storage", PG_URL, "--out", str(tmp_path / "results")])
