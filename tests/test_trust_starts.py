@@ -24,10 +24,6 @@ SECRET = "SECRETPASS"
 PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
 
 
-def _files_with(root: Path, text: str) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
-
-
 # --- 1. secrets -----------------------------------------------------------------------------
 
 
