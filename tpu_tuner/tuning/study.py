@@ -105,6 +105,8 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         "batch_size": options.batch_size, "seq_len": options.seq_len,
         "settings": asdict(options.trial_settings),
     })
+    if not profiled.ok and profiled.failure.kind == "refused":
+        raise UserInputError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:
         raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
     profile: Profile = profiled.value
