@@ -174,3 +174,33 @@ def test_trials_use_the_profile_peak_and_reprobe_once_per_worker(tmp_path, monke
     for m in (medium, baseline):
         assert m.peak_dtype == "bfloat16" and m.mfu <= 1.0 + 1e-12  # one peak for every setting
     assert "achieved rate as the peak" in medium.warnings[-1]
+
+
+def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> None:
+    """Trials measured before a worker raised the peak used the lower one: the result, its trials
+    table (repeats included) and its baseline / tuned figures all divide by the highest peak."""
+    import types
+
+    import optuna
+
+    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.tuning import trial_attrs
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.verify import Verification
+
+    study = optuna.create_study()
+    for m in (_measurement(1.0, 400e9, "bfloat16"), _measurement(0.25, 900e9, "bfloat16")):
+        trial = study.ask()
+        study.tell(trial, trial_attrs.record_measurement(trial, m, 100, 0.01))
+    repeat = study.ask()
+    trial_attrs.copy_attrs(study.trials[1], repeat, 0.01)
+    study.tell(repeat, study.trials[1].value)
+    profile = types.SimpleNamespace(peak_flops_per_s=400e9, peak_dtype="bfloat16")
+    result = TuningResult(run_dir=tmp_path, study=study, space=SearchSpace.load("default", "cpu"), profile=profile,
+                          findings={}, verification=Verification(0, 1, Candidate(), True, None), options=TuneOptions())
+    assert result.peak == (900e9, "bfloat16")
+    assert result.baseline.mfu == pytest.approx(100e9 / 1.0 / 900e9)  # 11.1%, not the 25% it stored
+    assert result.chosen.mfu == pytest.approx(100e9 / 0.25 / 900e9)
+    frame = result.trials_dataframe()
+    assert list(frame["mfu"].round(4)) == [0.1111, 0.4444, 0.4444]

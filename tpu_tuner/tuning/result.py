@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.measurement import Measurement
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuned_config import TunedConfig
+from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 
@@ -42,13 +43,36 @@ class TuningResult:
     worker_starts: int = 0
 
     @property
+    def peak(self) -> tuple[float, str]:
+        """The run's one MFU peak (FLOP/s, dtype): the highest any part of the run used.
+
+        A trial worker that beats the profile's peak re-measures it (or raises it to the rate it
+        achieved), so trials measured before and after that divided by different figures. Every
+        MFU this result reports is recomputed against this one peak: comparable across trials,
+        and never above 100%.
+        """
+        peaks = [(self.profile.peak_flops_per_s, self.profile.peak_dtype)]
+        for t in self.study.get_trials(deepcopy=False):
+            m = trial_attrs.measurement_of(t)
+            if m is not None and m.peak_flops_per_s > 0:
+                peaks.append((m.peak_flops_per_s, m.peak_dtype))
+        return max(peaks)
+
+    def on_run_peak(self, m: Measurement | None, run_peak: tuple[float, str] | None = None) -> Measurement | None:
+        """`m` with its MFU recomputed against the run's one peak (see `peak`)."""
+        if m is None:
+            return None
+        peak, dtype = run_peak or self.peak
+        return replace(m, peak_flops_per_s=peak, peak_dtype=dtype, mfu=m.model_flops_per_step / m.step_median / peak)
+
+    @property
     def baseline(self) -> Measurement | None:
-        return trial_measurement(self.study, self.verification.baseline_trial)
+        return self.on_run_peak(trial_measurement(self.study, self.verification.baseline_trial))
 
     @property
     def best(self) -> Measurement | None:
         """The search's best feasible measurement (which may not have been verified)."""
-        return trial_measurement(self.study, self.verification.best_trial)
+        return self.on_run_peak(trial_measurement(self.study, self.verification.best_trial))
 
     @property
     def chosen(self) -> Measurement | None:
@@ -75,11 +99,18 @@ class TuningResult:
     def trials_dataframe(self) -> pd.DataFrame:
         """One row per trial: settings, objective, measurements, failures."""
         rows = []
-        for t in self.study.get_trials(deepcopy=False):
+        run_peak = self.peak
+        trials = self.study.get_trials(deepcopy=False)
+        measurements = {t.number: trial_attrs.measurement_of(t) for t in trials}
+        for t in trials:
             row: dict[str, Any] = {"number": t.number, "state": t.state.name}
             row.update(t.params)
             row.update({k: v for k, v in t.user_attrs.items() if k not in ("measurement", "candidate", "measured")})
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
+            # A repeat carries its first trial's figures: its MFU too, on the run's peak.
+            measured = self.on_run_peak(measurements.get(t.user_attrs.get("repeat_of", t.number)), run_peak)
+            if measured is not None:
+                row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
             rows.append(row)
         frame = pd.DataFrame(rows)
         # A stable schema: every documented column is present, even when no trial set it.
