@@ -53,7 +53,7 @@ def test_a_noisy_step_marks_the_verdict_uncertain() -> None:
     steady = decide(8e11, 1e9, 1.0, PEAK, "float32", BANDWIDTH, 100, 0.5, step_cv=0.05, cv_max=0.25)
     noisy = decide(8e11, 1e9, 1.0, PEAK, "float32", BANDWIDTH, 100, 0.5, step_cv=0.4, cv_max=0.25)
     assert not steady.uncertain and noisy.uncertain and noisy.bound == "compute-bound"
-    assert noisy.summary.startswith("uncertain (step-time CV 40% > 25%")
+    assert noisy.summary.startswith("uncertain (step-time robust CV 40% > 25%")
 
 
 def _profile_with(verdict) -> SimpleNamespace:
@@ -85,4 +85,16 @@ def test_the_profile_uses_the_measured_dispatch_cost_and_operator_table(tmp_path
     assert verdict.dispatch_seconds_per_op == 3e-6
     assert verdict.dispatch_seconds == pytest.approx(result.flops.aten_ops_per_step * 3e-6)
     assert verdict.top_operators[0] == (result.operators[0].name, result.operators[0].share)
-    assert verdict.step_cv == result.timing.cv
+    assert verdict.step_cv == result.timing.robust_cv
+
+
+def test_one_slow_step_does_not_make_the_verdict_uncertain() -> None:
+    """A GC pause among hundreds of steady steps inflates the plain CV, not the robust one that
+    the verdict reads; many slow steps (contention) still show in both."""
+    from tpu_tuner.metrics.timing import TimingStats
+
+    steady = [280e-6 + 2e-6 * (i % 5) for i in range(200)]
+    one_pause = TimingStats.from_samples(steady + [50e-3])
+    assert one_pause.cv > 0.25 and one_pause.robust_cv < 0.05
+    contended = TimingStats.from_samples([t * (1 + 2 * (i % 2)) for i, t in enumerate(steady)])
+    assert contended.robust_cv > 0.25

@@ -175,11 +175,11 @@ def profile(
         explained_share_min=settings.explained_share_min,
         dispatch_seconds_per_op=dispatch_cost,
         top_operators=[(op.name, op.share) for op in operators[:3]],
-        step_cv=timing.cv,
+        step_cv=timing.robust_cv,  # one slow step among hundreds is no reason to doubt the verdict
         cv_max=settings.verdict_cv_max,
     )
     if verdict.uncertain:
-        warnings.append(f"step times spread too much for a verdict (CV {timing.cv:.0%} > "
+        warnings.append(f"step times spread too much for a verdict (robust CV {timing.robust_cv:.0%} > "
                         f"{settings.verdict_cv_max:.0%}): other processes may be contending for the device")
     return Profile(
         workload={

@@ -119,7 +119,7 @@ def decide(
             summary += "; time goes to " + ", ".join(f"{name} ({op_share:.0%})" for name, op_share in top_operators)
     uncertain = step_cv is not None and step_cv > cv_max
     if uncertain:
-        summary = (f"uncertain (step-time CV {step_cv:.0%} > {cv_max:.0%}: other processes may be "
+        summary = (f"uncertain (step-time robust CV {step_cv:.0%} > {cv_max:.0%}: other processes may be "
                    f"contending for the device; re-profile on a quiet machine): {summary}")
     return Verdict(
         bound=bound,

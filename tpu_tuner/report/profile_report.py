@@ -19,7 +19,7 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         ("peak for MFU", f"{si(p.peak_flops_per_s, 'FLOP/s')} {p.peak_dtype} per device (the fastest dtype); "
                          f"{device.peak.source}"),
         ("step time", f"median {ms(t.median)}, p10 {ms(t.p10)}, p90 {ms(t.p90)} over {t.count} synced steps "
-                      f"(CV {t.cv:.1%})"),
+                      f"(CV {t.cv:.1%}, robust CV {t.robust_cv:.1%})"),
         ("first call", f"{ms(p.warmup.first_call_seconds)} (compile + warm-up; {p.warmup.steps} warm-up steps, "
                        f"compilations: {compiles})"),
         ("FLOPs per step", f"counted {si(p.flops.counted_per_step, 'FLOP')}; model {si(p.flops.model_per_step, 'FLOP')}"),
