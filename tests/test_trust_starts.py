@@ -151,6 +151,18 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 
+def test_the_fingerprint_compares_the_sizes_that_run() -> None:
+    """--batch-size 32 on a file whose BATCH_SIZE is 32 resumes; --batch-size 16 does not."""
+    from tpu_tuner.runner.summary import WorkloadSummary
+    from tpu_tuner.tuning.fingerprint import differences, fingerprint
+
+    summary = WorkloadSummary(name="mlp", source=EXAMPLES / "mlp.py", convention="native", step_kind="training step",
+                              is_training=True, batch_size=32, seq_len=None)
+    default = fingerprint(EXAMPLES / "mlp.py", summary, None, None)
+    assert differences(default, fingerprint(EXAMPLES / "mlp.py", summary, 32, None)) == []
+    assert differences(default, fingerprint(EXAMPLES / "mlp.py", summary, 16, None)) == ["--batch-size differs (16 vs 32 recorded)"]
+
+
 # --- 9. bad options fail in seconds; dead runs are marked --------------------------------------
 
 

@@ -49,8 +49,9 @@ def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: in
         "convention": summary.convention,
         "step_kind": summary.step_kind,
         "inputs": summary.inputs,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
+        # The sizes that run: --batch-size 32 on a file whose BATCH_SIZE is 32 is the same run.
+        "batch_size": batch_size if batch_size is not None else summary.batch_size,
+        "seq_len": seq_len if seq_len is not None else summary.seq_len,
         "device_kind": summary.device_kind,
         "device_name": summary.device_name,
         "versions": {name: _version(name) for name in ("torch", "optuna", "tpu-tune")},
