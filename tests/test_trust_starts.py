@@ -201,13 +201,14 @@ def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> No
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.tuning.study import tune
 
-    with pytest.raises(WorkloadError, match="profiling the baseline failed"):
+    # The worker's own one-line error, naming the file and what failed in it.
+    with pytest.raises(WorkloadError, match=r"bad_forward.py: the first step failed: RuntimeError: mat1 and mat2"):
         tune(FIXTURES / "bad_forward.py", TuneOptions(out=tmp_path, trials=1))
     (run_dir,) = tmp_path.iterdir()
     state = json.loads((run_dir / "run.json").read_text())
-    assert state["status"] == "failed" and "profiling the baseline failed" in state["reason"]
+    assert state["status"] == "failed" and "the first step failed" in state["reason"]
     row = collect(tmp_path).runs.iloc[0]
-    assert row["status"] == "failed" and "profiling the baseline failed" in row["reason"]
+    assert row["status"] == "failed" and "the first step failed" in row["reason"]
     assert not collect(tmp_path).live  # no auto-refresh for a dead run
 
 

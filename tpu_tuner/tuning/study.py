@@ -106,7 +106,7 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         "settings": asdict(options.trial_settings),
     })
     if not profiled.ok and profiled.failure.kind == "refused":
-        raise UserInputError(profiled.failure.message)  # the worker's own one-line error, naming the file
+        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:
         raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
     profile: Profile = profiled.value
