@@ -1,19 +1,50 @@
-"""Agents: one specialist per knob family, configured by agents/*.toml."""
+"""Agents: one specialist per knob family, configured by agents/*.toml.
+
+The agent classes import torch; they are imported on first use (PEP 562), so that the schemas
+of their definitions (`tpu_tuner.agents.schema`) can be checked before torch is imported.
+"""
 
 from __future__ import annotations
 
-from tpu_tuner.agents.base import Agent
-from tpu_tuner.backends.roofline import RooflineProbe
-from tpu_tuner.agents.compile_agent import CompileAgent
-from tpu_tuner.agents.precision_agent import PrecisionAgent
-from tpu_tuner.definitions import load_definition
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-AGENT_CLASSES: dict[str, type[Agent]] = {"compile": CompileAgent, "precision": PrecisionAgent}
+if TYPE_CHECKING:
+    from tpu_tuner.agents.base import Agent
+    from tpu_tuner.backends.roofline import RooflineProbe
+
+_EXPORTS = {
+    "Agent": "tpu_tuner.agents.base",
+    "CompileAgent": "tpu_tuner.agents.compile_agent",
+    "PrecisionAgent": "tpu_tuner.agents.precision_agent",
+}
 
 __all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "load_agents"]
 
 
+def agent_classes() -> dict[str, type[Agent]]:
+    """Agent name -> class, for every agent `tpu-tune tune` can use."""
+    from tpu_tuner.agents.compile_agent import CompileAgent
+    from tpu_tuner.agents.precision_agent import PrecisionAgent
+
+    return {"compile": CompileAgent, "precision": PrecisionAgent}
+
+
 def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None = None) -> list[Agent]:
-    """Build the named agents from their built-in definitions; `probe` is the device's measured
-    probe (the profile's ``device.probe``), which hardware-dependent decisions read."""
-    return [AGENT_CLASSES[name](load_definition("agents", name), device_kind, probe) for name in names]
+    """Build the named agents from their built-in definitions (checked against their schemas,
+    `tpu_tuner.agents.schema`); `probe` is the device's measured probe (the profile's
+    ``device.probe``), which hardware-dependent decisions read."""
+    from tpu_tuner.agents.schema import load_tuning_agent_definition
+
+    classes = agent_classes()
+    return [classes[name](load_tuning_agent_definition(name), device_kind, probe) for name in names]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AGENT_CLASSES":
+        return agent_classes()
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tpu_tuner.agents' has no attribute {name!r}")

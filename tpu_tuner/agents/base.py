@@ -13,21 +13,30 @@ device has one, never from what a device kind usually has.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from tpu_tuner.agents.schema import seeds_for
 from tpu_tuner.backends.roofline import RooflineProbe
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.definitions import load_schema
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.search.space import Param, SearchSpace
 
 
 class Agent(ABC):
-    """Base class of the knob-family specialists; `definition` is its agents/*.toml content,
+    """Base class of the knob-family specialists; `definition` is its checked agents/*.toml
+    content (an instance of `definition_schema`; parsed TOML given as a mapping is checked here),
     `probe` the device's measured probe (None where the device's peaks are published figures)."""
 
     name: str
+    definition_schema: ClassVar[type]  # the dataclass of its definition, in tpu_tuner.agents.schema
 
-    def __init__(self, definition: dict[str, Any], device_kind: str, probe: RooflineProbe | None = None) -> None:
+    def __init__(self, definition: Any, device_kind: str, probe: RooflineProbe | None = None) -> None:
+        if isinstance(definition, Mapping):
+            definition = load_schema(self.definition_schema, definition, f"the {self.name} agent's definition")
+        if not isinstance(definition, self.definition_schema):
+            raise TypeError(f"the {self.name} agent needs a {self.definition_schema.__name__}, not {definition!r}")
         self.definition = definition
         self.device_kind = device_kind
         self.probe = probe
@@ -43,7 +52,7 @@ class Agent(ABC):
         """Seeds from the definition's [seeds] table for this device, limited to the space."""
         owned = {p.name: p for p in self.params(space)}
         seeds = []
-        for seed in self.definition.get("seeds", {}).get(self.device_kind, []):
+        for seed in seeds_for(self.definition.seeds, self.device_kind):
             params = seed if isinstance(seed, dict) else {self._seed_param(): seed}
             if params and all(name in owned and value in owned[name].choices for name, value in params.items()):
                 seeds.append(dict(params))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from tpu_tuner.agents.base import Agent
+from tpu_tuner.agents.schema import CompileDefinition
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import Verdict
@@ -12,6 +13,8 @@ from tpu_tuner.profiling.verdict import Verdict
 
 class CompileAgent(Agent):
     name = "compile"
+    definition_schema = CompileDefinition
+    definition: CompileDefinition
 
     def diagnose(self, profile: Profile) -> list[str]:
         verdict = profile.verdict
@@ -21,7 +24,7 @@ class CompileAgent(Agent):
         ]
         if verdict.uncertain:
             findings.append(f"the step time spread too much (CV {verdict.step_cv:.0%}) for a firm verdict")
-        if verdict.bound == "overhead-bound" and self.definition.get("diagnose", {}).get("overhead_bound_hint", True):
+        if verdict.bound == "overhead-bound" and self.definition.diagnose.overhead_bound_hint:
             findings.append(
                 f"overhead-bound: {verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured "
                 f"dispatch cost explain {verdict.dispatch_share:.0%} of the step; fusing ops with a compiler "
@@ -50,11 +53,11 @@ class CompileAgent(Agent):
         return "execution"
 
     def validate(self, candidate: Candidate) -> str | None:
-        rules = self.definition.get("validate", {})
+        rules = self.definition.validate
         if (
             self.device_kind == "cpu"
             and candidate.compile_backend == "inductor"
-            and rules.get("require_cxx_for_inductor_on_cpu", True)
+            and rules.require_cxx_for_inductor_on_cpu
             and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
         ):
             return "inductor on CPU needs a C++ compiler and none is on PATH"

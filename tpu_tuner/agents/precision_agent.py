@@ -8,9 +8,8 @@ measured figures, in the findings and in the rejected trial's reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tpu_tuner.agents.base import Agent
+from tpu_tuner.agents.schema import PrecisionDefinition
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import is_matmul_like
@@ -19,6 +18,8 @@ from tpu_tuner.search.space import SearchSpace
 
 class PrecisionAgent(Agent):
     name = "precision"
+    definition_schema = PrecisionDefinition
+    definition: PrecisionDefinition
 
     def diagnose(self, profile: Profile) -> list[str]:
         verdict = profile.verdict
@@ -28,9 +29,9 @@ class PrecisionAgent(Agent):
             f"compute explains {verdict.compute_share:.0%} of the step at the {profile.peak_dtype} peak"
         ]
         findings += self._hardware_findings()
-        hint = self.definition.get("diagnose", {}).get("compute_share_hint", 0.3)
+        hint = self.definition.diagnose.compute_share_hint
         if verdict.compute_share >= hint or matmul_share >= hint:
-            if self._bf16_ratio() is None or self._bf16_ratio() >= self._rule("seed_bf16_min_ratio", 1.0):
+            if self._bf16_ratio() is None or self._bf16_ratio() >= self.definition.hardware.seed_bf16_min_ratio:
                 means = "bf16 autocast" if self._medium_without_effect() else "autocast or lower matmul precision"
                 findings.append(f"matmul-heavy: bf16 matmuls ({means}) should pay off")
             else:
@@ -43,10 +44,10 @@ class PrecisionAgent(Agent):
         return [seed for seed in super().seeds(profile, space) if not self._seed_skip_reason(seed)]
 
     def validate(self, candidate: Candidate) -> str | None:
-        rules = self.definition.get("validate", {})
-        if self.device_kind == "cpu" and candidate.matmul_precision == "high" and rules.get("skip_high_on_cpu", True):
+        rules = self.definition.validate
+        if self.device_kind == "cpu" and candidate.matmul_precision == "high" and rules.skip_high_on_cpu:
             return "matmul precision 'high' is identical to 'highest' on CPU (no TF32)"
-        if self.device_kind == "cpu" and candidate.autocast_dtype == "float16" and rules.get("skip_float16_on_cpu", True):
+        if self.device_kind == "cpu" and candidate.autocast_dtype == "float16" and rules.skip_float16_on_cpu:
             return "float16 autocast is not a fast path on CPU"
         if candidate.matmul_precision == "medium" and self._medium_without_effect():
             return self._medium_reason()
@@ -56,25 +57,23 @@ class PrecisionAgent(Agent):
 
     # --- decisions from the measured probe -------------------------------------------------
 
-    def _rule(self, key: str, default: Any) -> Any:
-        return self.definition.get("hardware", {}).get(key, default)
-
     def _bf16_ratio(self) -> float | None:
         return self.probe.bf16_speed_ratio if self.probe is not None else None
 
     def _medium_without_effect(self) -> bool:
         return (self.probe is not None and self.probe.medium_changes_numerics is False
-                and self._rule("skip_medium_without_effect", True))
+                and self.definition.hardware.skip_medium_without_effect)
 
     def _bf16_too_slow(self) -> bool:
         ratio = self._bf16_ratio()
-        return ratio is not None and ratio < self._rule("reject_bf16_below_ratio", 0.5)
+        return ratio is not None and ratio < self.definition.hardware.reject_bf16_below_ratio
 
     def _seed_skip_reason(self, seed: dict[str, str]) -> str | None:
         if seed.get("matmul_precision") == "medium" and self._medium_without_effect():
             return self._medium_reason()
         ratio = self._bf16_ratio()
-        if seed.get("autocast") == "bfloat16" and ratio is not None and ratio < self._rule("seed_bf16_min_ratio", 1.0):
+        min_ratio = self.definition.hardware.seed_bf16_min_ratio
+        if seed.get("autocast") == "bfloat16" and ratio is not None and ratio < min_ratio:
             return self._bf16_reason("not seeded" if not self._bf16_too_slow() else "rejected")
         return None
 
@@ -103,7 +102,7 @@ class PrecisionAgent(Agent):
                 findings.append(f"matmul precision 'medium' runs fp32 matmuls as bf16 here (measured relative "
                                 f"error {probe.medium_relative_error:.1e})")
         ratio = probe.bf16_speed_ratio
-        if ratio < self._rule("seed_bf16_min_ratio", 1.0):
+        if ratio < self.definition.hardware.seed_bf16_min_ratio:
             findings.append(self._bf16_reason("rejected" if self._bf16_too_slow() else "not seeded"))
         else:
             findings.append(f"bf16 matmuls run at {probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s against "

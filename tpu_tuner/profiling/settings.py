@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_tuner.definitions import load_definition, take_section
+from tpu_tuner.definitions import AgentHeader, load_agent_definition
 
 
 @dataclass(frozen=True)
@@ -32,28 +32,85 @@ class ProfilerSettings:
 
     @classmethod
     def load(cls, name_or_path: str | Path = "profiler") -> "ProfilerSettings":
-        data = load_definition("agents", name_or_path)
-        where = str(name_or_path)
-        warmup = take_section(data, "warmup", {"min_steps": 2, "max_steps": 20}, where)
-        timing = take_section(
-            data, "timing", {"min_steps": 10, "min_seconds": 1.0, "max_steps": 200}, where
-        )
-        operators = take_section(data, "operators", {"profiled_steps": 3, "top": 10}, where)
-        verdict = take_section(data, "verdict", {"explained_share_min": 0.5, "cv_max": 0.25}, where)
-        flops = take_section(data, "flops", {"uncounted_share_min": 0.05}, where)
-        budget = take_section(data, "budget", {"max_step_seconds": 180.0, "max_profile_seconds": 300.0}, where)
-        take_section(data, "agent", {"name": "", "description": ""}, where)
+        """The built-in profiler definition, or a file overriding some of its keys; a key the
+        schema (`ProfilerDefinition`) does not know, or of the wrong type, is a `DefinitionError`."""
+        definition = load_agent_definition(ProfilerDefinition, "profiler", name_or_path, overrides=True)
         return cls(
-            warmup_min_steps=warmup["min_steps"],
-            warmup_max_steps=warmup["max_steps"],
-            timing_min_steps=timing["min_steps"],
-            timing_min_seconds=timing["min_seconds"],
-            timing_max_steps=timing["max_steps"],
-            profiled_steps=operators["profiled_steps"],
-            top_operators=operators["top"],
-            explained_share_min=verdict["explained_share_min"],
-            verdict_cv_max=verdict["cv_max"],
-            uncounted_share_min=flops["uncounted_share_min"],
-            max_step_seconds=budget["max_step_seconds"],
-            max_profile_seconds=budget["max_profile_seconds"],
+            warmup_min_steps=definition.warmup.min_steps,
+            warmup_max_steps=definition.warmup.max_steps,
+            timing_min_steps=definition.timing.min_steps,
+            timing_min_seconds=definition.timing.min_seconds,
+            timing_max_steps=definition.timing.max_steps,
+            profiled_steps=definition.operators.profiled_steps,
+            top_operators=definition.operators.top,
+            explained_share_min=definition.verdict.explained_share_min,
+            verdict_cv_max=definition.verdict.cv_max,
+            uncounted_share_min=definition.flops.uncounted_share_min,
+            max_step_seconds=definition.budget.max_step_seconds,
+            max_profile_seconds=definition.budget.max_profile_seconds,
         )
+
+
+# --- agents/profiler.toml, table by table (every key required: a file given to --agent is laid
+# over the built-in one, so it names only what it changes) -------------------------------------
+
+
+@dataclass(frozen=True)
+class WarmupTable:
+    """[warmup]: steps run before timing."""
+
+    min_steps: int
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class TimingTable:
+    """[timing]: how many steps, and how long, to time."""
+
+    min_steps: int
+    min_seconds: float
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class OperatorsTable:
+    """[operators]: the torch.profiler pass for the top-operator table."""
+
+    profiled_steps: int
+    top: int
+
+
+@dataclass(frozen=True)
+class VerdictTable:
+    """[verdict]: when a term explains the step, and when the timing is too noisy to say."""
+
+    explained_share_min: float
+    cv_max: float
+
+
+@dataclass(frozen=True)
+class FlopsTable:
+    """[flops]: when uncounted operators make the MFU a lower bound."""
+
+    uncounted_share_min: float
+
+
+@dataclass(frozen=True)
+class BudgetTable:
+    """[budget]: the time limits of one step and of a whole profile."""
+
+    max_step_seconds: float
+    max_profile_seconds: float
+
+
+@dataclass(frozen=True)
+class ProfilerDefinition:
+    """The schema of agents/profiler.toml."""
+
+    agent: AgentHeader
+    warmup: WarmupTable
+    timing: TimingTable
+    operators: OperatorsTable
+    verdict: VerdictTable
+    flops: FlopsTable
+    budget: BudgetTable

@@ -74,14 +74,16 @@ class TuneOptions:
 
     def preflight(self) -> None:
         """Everything that can be checked without running the model, in seconds and without
-        importing torch or optuna: the numbers, the search space, the length sample's file and
-        the storage URL (parsed, driver installed, server reachable). Called before any run
-        folder exists, so a refused start leaves nothing behind (docs/run-safety.md)."""
+        importing torch or optuna: the numbers, the search space, the agents' definitions, the
+        length sample's file and the storage URL (parsed, driver installed, server reachable).
+        Called before any run folder exists, so a refused start leaves nothing behind
+        (docs/run-safety.md)."""
         from tpu_tuner.errors import UserInputError
         from tpu_tuner.tuning.storage import check_storage
 
         self.validate()
         _check_space(self.space, self.device)
+        _check_agents(self.agents)
         if self.lengths_file is not None and not Path(self.lengths_file).is_file():
             raise UserInputError("length sample file not found", self.lengths_file)
         if self.resume is not None and not (Path(self.resume) / "run.json").is_file():
@@ -108,6 +110,15 @@ def _check_space(space: str | Path, device: str | None) -> None:
             first_error = first_error or exc
     assert first_error is not None
     raise first_error
+
+
+def _check_agents(agents: tuple[str, ...]) -> None:
+    """Load each agent's definition against its schema (torch-free), so that a typo in an
+    agents/*.toml file is refused before the baseline profile runs, not after it."""
+    from tpu_tuner.agents.schema import load_tuning_agent_definition
+
+    for agent in agents:
+        load_tuning_agent_definition(agent)
 
 
 def default_trial_settings() -> ProfilerSettings:

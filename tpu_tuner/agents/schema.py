@@ -1,0 +1,115 @@
+"""What each agent's TOML definition may say: one frozen dataclass per table, every key required.
+
+Kept free of torch so that `tpu-tune tune` can check the definitions before anything heavy is
+imported (`TuneOptions.preflight`). The agents read these typed fields; a typo in a file is an
+error when it is loaded (`tpu_tuner.definitions.load_schema`), never a rule left at a default.
+Adding a key to an agents/*.toml file means adding it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.definitions import AgentHeader, load_agent_definition
+from tpu_tuner.errors import DefinitionError
+
+# --- the compile agent (agents/compile.toml) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompileDiagnose:
+    """[diagnose]: which findings to report."""
+
+    overhead_bound_hint: bool  # say that a compiler should cut dispatch time of an overhead-bound step
+
+
+@dataclass(frozen=True)
+class CompileSeeds:
+    """[seeds]: settings tried first, per device kind: an `execution` choice, or a parameter ->
+    choice map."""
+
+    cpu: tuple[str | dict[str, str], ...]
+    cuda: tuple[str | dict[str, str], ...]
+    tpu: tuple[str | dict[str, str], ...]
+
+
+@dataclass(frozen=True)
+class CompileValidate:
+    """[validate]: cheap static rejections."""
+
+    require_cxx_for_inductor_on_cpu: bool
+
+
+@dataclass(frozen=True)
+class CompileDefinition:
+    """The schema of agents/compile.toml."""
+
+    agent: AgentHeader
+    diagnose: CompileDiagnose
+    seeds: CompileSeeds
+    validate: CompileValidate
+
+
+# --- the precision agent (agents/precision.toml) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrecisionDiagnose:
+    """[diagnose]: when a step counts as matmul-heavy."""
+
+    compute_share_hint: float
+
+
+@dataclass(frozen=True)
+class PrecisionSeeds:
+    """[seeds]: parameter -> choice maps tried first, per device kind."""
+
+    cpu: tuple[dict[str, str], ...]
+    cuda: tuple[dict[str, str], ...]
+    tpu: tuple[dict[str, str], ...]
+
+
+@dataclass(frozen=True)
+class PrecisionValidate:
+    """[validate]: cheap static rejections."""
+
+    skip_high_on_cpu: bool
+    skip_float16_on_cpu: bool
+
+
+@dataclass(frozen=True)
+class PrecisionHardware:
+    """[hardware]: decisions from the device's measured probe."""
+
+    skip_medium_without_effect: bool
+    seed_bf16_min_ratio: float
+    reject_bf16_below_ratio: float
+
+
+@dataclass(frozen=True)
+class PrecisionDefinition:
+    """The schema of agents/precision.toml."""
+
+    agent: AgentHeader
+    diagnose: PrecisionDiagnose
+    seeds: PrecisionSeeds
+    validate: PrecisionValidate
+    hardware: PrecisionHardware
+
+
+# Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.
+AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition}
+
+
+def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:
+    """The [seeds] entries of one device kind (none for a kind the table does not list)."""
+    return getattr(seeds, device_kind, ())
+
+
+def load_tuning_agent_definition(agent: str, name_or_path: str | Path | None = None) -> Any:
+    """The checked definition of a tuning agent: its built-in file, or a whole file of its own."""
+    if agent not in AGENT_DEFINITIONS:
+        raise DefinitionError(f"unknown agent {agent!r}; known: {', '.join(AGENT_DEFINITIONS)}")
+    return load_agent_definition(AGENT_DEFINITIONS[agent], agent, name_or_path)
