@@ -160,12 +160,17 @@ def test_a_wrong_type_is_refused(agents_folder: Path, agent: str, old: str, new:
     assert _refusal(agent) == message
 
 
-def test_an_integer_is_a_number_and_a_user_file_overrides_the_profiler_keys_it_names(tmp_path: Path) -> None:
+def test_an_integer_is_a_number_and_a_user_file_overrides_the_profiler_keys_it_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     override = tmp_path / "slow.toml"
     override.write_text("[budget]\nmax_step_seconds = 600\n")
     settings = ProfilerSettings.load(override)
     assert settings.max_step_seconds == 600.0 and isinstance(settings.max_step_seconds, float)
     assert settings.max_profile_seconds == ProfilerSettings().max_profile_seconds
+    (tmp_path / "agents").mkdir()  # a user's own agents/profiler.toml is an override file too
+    (tmp_path / "agents" / "profiler.toml").write_text("[warmup]\nmax_steps = 5\n")
+    monkeypatch.chdir(tmp_path)
+    assert ProfilerSettings.load("agents/profiler.toml").warmup_max_steps == 5
     typo = tmp_path / "typo.toml"
     typo.write_text("[timng]\nmin_steps = 50\n")
     with pytest.raises(DefinitionError, match=rf"^{typo}: unknown table \[timng\] \(known: agent, warmup, timing,"):
@@ -211,7 +216,8 @@ def _no_worker(self, env):  # noqa: ANN001 - TrialRunner._start's signature
 
 
 def test_tune_refuses_a_bad_agent_definition_before_any_worker_starts(
-        agents_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        agents_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from tpu_tuner.cli import main
     from tpu_tuner.runner.pool import TrialRunner
 

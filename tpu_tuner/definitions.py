@@ -111,8 +111,9 @@ def load_agent_definition(schema: type[Schema], agent: str, name_or_path: str | 
     changes and the built-in definition the rest (the profiler's ``--agent`` file). Either way
     every key it names must be one the schema knows, of the schema's type, and its [agent].name,
     when given, must be `agent`."""
-    data, where = read_definition("agents", agent if name_or_path is None else name_or_path)
-    if overrides and where != f"agents/{agent}.toml":
+    source = agent if name_or_path is None else name_or_path
+    data, where = read_definition("agents", source)
+    if overrides and str(source) != agent:  # a file, even one named agents/<agent>.toml, or another name
         base, base_where = read_definition("agents", agent)
         load_schema(schema, base, base_where)  # a broken built-in is named as such
         data = _merged(base, data)
