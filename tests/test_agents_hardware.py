@@ -54,7 +54,7 @@ def test_host_without_bf16_units_skips_medium_and_bf16_with_the_figures() -> Non
     agent = _agent(NO_BF16_UNITS)
     medium = agent.validate(Candidate(matmul_precision="medium"))
     assert medium is not None and "relative error 1.2e-07" in medium and "same kernels as 'highest'" in medium
-    bf16 = agent.validate(Candidate(autocast_dtype="bfloat16"))
+    bf16 = agent.validate(Candidate(autocast="bfloat16"))
     assert bf16 is not None and "60 GFLOP/s against 300 GFLOP/s" in bf16 and "0.20x" in bf16
     assert agent.seeds(None, _space()) == []
     findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
@@ -65,7 +65,7 @@ def test_host_without_bf16_units_skips_medium_and_bf16_with_the_figures() -> Non
 def test_host_with_fast_bf16_still_seeds_both() -> None:
     agent = _agent(AMX)
     assert agent.validate(Candidate(matmul_precision="medium")) is None
-    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}, {"matmul_precision": "medium"}]
     findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
     assert "should pay off" in findings and "runs fp32 matmuls as bf16" in findings
@@ -74,14 +74,14 @@ def test_host_with_fast_bf16_still_seeds_both() -> None:
 def test_fast_bf16_with_fp32_medium_seeds_only_autocast() -> None:
     agent = _agent(BF16_BUT_MEDIUM_IS_FP32)
     assert agent.validate(Candidate(matmul_precision="medium")) is not None
-    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}]
     assert "bf16 matmuls (bf16 autocast) should pay off" in " ".join(agent.diagnose(_matmul_heavy_profile()))
 
 
 def test_bf16_a_little_slower_is_not_seeded_but_not_rejected() -> None:
     agent = _agent(_probe(300e9, 240e9, 2.5e-3))  # 0.8x: not seeded, still searchable
-    assert agent.validate(Candidate(autocast_dtype="bfloat16")) is None
+    assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"matmul_precision": "medium"}]
 
 

@@ -69,7 +69,7 @@ def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None
         (Candidate(matmul_precision="high"), 2.5e-3, "float32"),  # no TF32 on CPU
         (Candidate(matmul_precision="medium"), 2.5e-3, "bfloat16"),  # the probe saw bf16 numerics
         (Candidate(matmul_precision="medium"), 4e-7, "float32"),  # the probe saw fp32 numerics
-        (Candidate(autocast_dtype="bfloat16"), 4e-7, "bfloat16"),
+        (Candidate(autocast="bfloat16"), 4e-7, "bfloat16"),
     ],
 )
 def test_cpu_compute_dtype_follows_the_probe(candidate: Candidate, medium_error: float, dtype: str,

@@ -32,11 +32,11 @@ def test_tune_is_the_default_command(tmp_path, capsys, monkeypatch, tmp_path_fac
 
     status = main(["apply", str(run_dir / "tuned_config.toml")])
     assert status == 0
-    assert f'torch.set_float32_matmul_precision("{config.candidate.matmul_precision}")' in capsys.readouterr().out
+    assert f'torch.set_float32_matmul_precision("{config.candidate["matmul_precision"]}")' in capsys.readouterr().out
 
 
 def test_apply_prints_torchtpu_environment(tmp_path, capsys) -> None:
-    path = TunedConfig(Candidate(eager_mode="defer_and_fuse", matmul_precision="medium"), "tpu").save(tmp_path / "c.toml")
+    path = TunedConfig(Candidate(execution="eager:defer_and_fuse", matmul_precision="medium"), "tpu").save(tmp_path / "c.toml")
     assert main(["apply", str(path)]) == 0
     out = capsys.readouterr().out
     assert "export TORCH_TPU_DEFER_AND_FUSE=1" in out and "before the process imports torch" in out

@@ -118,7 +118,7 @@ def test_cpu_config_carries_no_tpu_only_keys(tuned) -> None:
     run_dir, _ = tuned
     settings = tomllib.loads((run_dir / "tuned_config.toml").read_text())["settings"]
     assert "eager_mode" not in settings
-    assert TunedConfig.load(run_dir / "tuned_config.toml").candidate.matmul_precision == "medium"
+    assert TunedConfig.load(run_dir / "tuned_config.toml").candidate["matmul_precision"] == "medium"
 
 
 def test_apply_prints_code_that_runs(tuned, capsys, tmp_path) -> None:
@@ -143,7 +143,7 @@ def test_apply_prints_code_that_runs(tuned, capsys, tmp_path) -> None:
 
 
 def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
-    config = TunedConfig(Candidate(compile_backend="eager", autocast_dtype="bfloat16"), "cpu")
+    config = TunedConfig(Candidate(execution="aot_eager", autocast="bfloat16"), "cpu")
     path = config.save(tmp_path / "c.toml")
     script = tmp_path / "user.py"
     script.write_text("import torch\nmodel = torch.nn.Linear(8, 8)\ninputs = torch.randn(4, 8)\n"

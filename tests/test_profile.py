@@ -44,14 +44,14 @@ def test_profile_serialises_to_json(fast_settings) -> None:
 
 
 def test_bf16_candidate_uses_the_bf16_peak(fast_settings) -> None:
-    candidate = Candidate(autocast_dtype="bfloat16")
+    candidate = Candidate(autocast="bfloat16")
     result = tpu_tuner.profile(FIXTURES / "tiny_gpt.py", device="cpu", candidate=candidate, settings=fast_settings)
     assert result.peak_dtype == "bfloat16"
     assert result.peak_flops_per_s == result.device.peak.flops_per_s["bfloat16"]
 
 
 def test_torch_compile_is_warmed_up_before_timing(fast_settings) -> None:
-    candidate = Candidate(compile_backend="aot_eager")
+    candidate = Candidate(execution="aot_eager")
     result = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", candidate=candidate, settings=fast_settings)
     assert result.warmup.compiles["torch_compile_graphs"] >= 1
     assert result.warmup.settled

@@ -51,7 +51,7 @@ def test_peak_comes_from_the_spec_table(fake_tpu) -> None:
 def test_eager_mode_and_precision_are_applied_and_restored(fake_tpu) -> None:
     backend = TorchTpuBackend()
     before = torch.get_float32_matmul_precision()
-    with backend.applied(Candidate(eager_mode="defer_and_fuse", matmul_precision="medium")):
+    with backend.applied(Candidate(execution="eager:defer_and_fuse", matmul_precision="medium")):
         assert fake_tpu.eager_mode is EagerMode.DEFER_AND_FUSE
         assert torch.get_float32_matmul_precision() == "medium"
     assert fake_tpu.eager_mode is EagerMode.DEFER_NEVER

@@ -39,8 +39,8 @@ def test_finds_the_known_best_and_rejects_the_inaccurate_one(tmp_path) -> None:
     high = rows[("high", "none")]
     assert high["failure_kind"] == "accuracy" and not high["feasible"]
     assert high["accuracy_error"] == pytest.approx(0.5, rel=1e-3)
-    assert result.verification.chosen.matmul_precision == "medium"
-    assert result.verification.chosen.autocast_dtype is None
+    assert result.verification.chosen["matmul_precision"] == "medium"
+    assert result.verification.chosen["autocast"] == "none"
     # 12 ms -> 3 ms of sleep: the interleaved verification sees a large, significant win.
     assert result.verification.speedup.significant and result.verification.speedup.speedup > 2
     assert result.best_config.candidate == result.verification.chosen
@@ -50,7 +50,7 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     # A host where "medium" really runs matmuls as bf16 (the precision agent skips it elsewhere).
     use_probe(monkeypatch, tmp_path / "cache", medium_relative_error=2.5e-3)
     result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)))
-    assert result.verification.chosen.matmul_precision == "medium"
+    assert result.verification.chosen["matmul_precision"] == "medium"
     frame = result.trials_dataframe()
     # The precision agent rejects "high" on CPU without measuring it (no TF32 there).
     rejected = frame[frame["state"] == "PRUNED"]
@@ -76,7 +76,7 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
         assert row["failure_kind"] == kind, (params, row["failure_kind"], row["failure_message"])
         assert text in row["failure_message"], (params, row["failure_message"])
     # Nothing beat the baseline, so the baseline is the recommendation.
-    assert result.verification.chosen.matmul_precision == "highest"
+    assert result.verification.chosen["matmul_precision"] == "highest"
     assert not result.verification.chosen_is_best
     report = (result.run_dir / "report.md").read_text()
     assert "**timeout**" in report and "**crash**" in report and "**oom**" in report

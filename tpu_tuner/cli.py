@@ -206,7 +206,7 @@ def _buckets_command(args: argparse.Namespace) -> int:
     plots = write_plots(result, run_dir)
     (run_dir / "buckets.md").write_text(render_markdown(result, plots))
     bounds = list(result.chosen.strategy.bounds)
-    TunedConfig(Candidate(compile_backend=result.compile_backend), result.device, provenance={
+    TunedConfig(Candidate(execution=result.compile_backend), result.device, provenance={
         "source": "tpu-tune buckets", "workload": str(args.model_file), "steps": result.steps,
         "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
         "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
@@ -322,7 +322,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     from tpu_tuner.runner.pool import TrialRunner
     from tpu_tuner.runner.summary import load_summary
 
-    candidate = Candidate(
+    candidate = Candidate.from_fields(  # the profile command's flags name the pre-registry fields
         eager_mode=args.eager_mode,
         compile_backend=args.compile,
         compile_mode=args.compile_mode,

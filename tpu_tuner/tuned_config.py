@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import torch
 from torch import nn
 
-from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
+from tpu_tuner import knobs
+from tpu_tuner.backends import BACKENDS
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import UserInputError
 
 FORMAT_VERSION = 1
-# Candidate fields that only TorchTPU reads.
-TPU_ONLY_SETTINGS = ("eager_mode",)
 
 
 @dataclass
@@ -41,12 +39,10 @@ class TunedConfig:
     bucketing: dict[str, Any] | None = None
 
     def to_toml(self) -> str:
-        settings = {k: v for k, v in self.candidate.to_dict().items() if v is not None}  # TOML has no null
-        if self.device_kind != "tpu":
-            # Settings that only mean something on TorchTPU stay out of a CPU/GPU config (loading
-            # it back gives the default, which those backends ignore).
-            for key in TPU_ONLY_SETTINGS:
-                settings.pop(key, None)
+        # Every knob that means something on this device, by the registry; the others stay out
+        # (loading the config back gives their defaults).
+        settings = {name: self.candidate[name] for name, knob in knobs.REGISTRY.items()
+                    if knob.applies_to(self.device_kind)}
         document = {
             "format_version": FORMAT_VERSION,
             "device_kind": self.device_kind,
@@ -83,8 +79,9 @@ class TunedConfig:
                    sharding=data.get("sharding"), bucketing=data.get("bucketing"))
 
     def environment(self) -> dict[str, str]:
-        """Variables that must be set before the process imports torch (TorchTPU eager modes)."""
-        return dict(EAGER_MODE_ENV.get(self.candidate.eager_mode, {})) if self.device_kind == "tpu" else {}
+        """Variables that must be set before the process imports torch (TorchTPU eager modes):
+        the device's backend names them."""
+        return self.candidate.environment(_backend_class(self.device_kind))
 
     def instructions(self, path: str | Path) -> list[str]:
         """Python that applies this config, runnable as printed once `model` and a batch `inputs`
@@ -106,14 +103,9 @@ class TunedConfig:
             "with autocast():  # around the forward pass and the loss",
             "    output = model(inputs)",
             "",
-            "# what apply() does, if you would rather write it out:",
-            f'#   torch.set_float32_matmul_precision("{c.matmul_precision}")',
+            "# what apply() does, if you would rather write it out (the knobs' own code):",
         ]
-        if c.compile_backend:
-            mode = f', mode="{c.compile_mode}"' if c.compile_mode else ""
-            lines.append(f'#   model = torch.compile(model, backend="{c.compile_backend}"{mode})')
-        if c.autocast_dtype:
-            lines.append(f'#   with torch.autocast("{self.device_kind}", dtype=torch.{c.autocast_dtype}): output = model(inputs)')
+        lines += [f"#   {line}" for line in c.code(self.device_kind)]
         if self.sharding:
             mesh = self.sharding["mesh"]
             names = tuple(axis for axis, size in mesh.items() if size > 1) or ("fsdp",)
@@ -132,17 +124,33 @@ class TunedConfig:
 
 @dataclass
 class AppliedConfig:
-    """The result of `apply`: the model to call and the autocast context to call it in."""
+    """The result of `apply`: the model to call and the autocast context to call it in.
+    `restore()` undoes the process-wide settings (matmul precision, eager mode)."""
 
     model: Callable[..., Any]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    _process: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.autocast))
 
+    def restore(self) -> None:
+        """Put back the process-wide settings that `apply` changed."""
+        self._process.close()
+        if self._process in _OPEN_PROCESS_SETTINGS:
+            _OPEN_PROCESS_SETTINGS.remove(self._process)
+
+
+# The process-wide settings `apply` entered, held for the rest of the process: a knob's process
+# hook may be a generator context, whose `finally` (the restore) would run as soon as nothing
+# referenced it (`model, autocast = apply(...)` drops the AppliedConfig at once).
+_OPEN_PROCESS_SETTINGS: list[contextlib.ExitStack] = []
+
 
 def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
-    """Apply a tuned config in this process: matmul precision (process-wide), compile, autocast.
+    """Apply a tuned config in this process through the knobs' hooks, the ones a trial used:
+    process-wide settings (matmul precision), the model (memory format), its forward (compile),
+    and the step context (autocast).
 
     Returns the (possibly compiled) model and a zero-argument autocast context factory:
     ``model, autocast = tpu_tuner.apply(model, "tuned_config.toml")`` then
@@ -157,17 +165,19 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
             "this config needs environment variables set before torch is imported: "
             + " ".join(f"{k}={v}" for k, v in missing.items())
         )
-    torch.set_float32_matmul_precision(candidate.matmul_precision)
-    options = candidate.compile_options()
-    compiled: Callable[..., Any] = model if options is None else torch.compile(model, **options)
-    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    backend = _backend_class(config.device_kind)()
+    process = contextlib.ExitStack()
+    process.enter_context(candidate.process(backend))
+    _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
+    model = candidate.prepare_model(model, backend)
+    compiled = candidate.wrap_forward(model, backend)
+    return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process)
 
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        if candidate.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type, dtype=getattr(torch, candidate.autocast_dtype))
 
-    return AppliedConfig(model=compiled, autocast=autocast)
+def _backend_class(device_kind: str) -> Any:
+    if device_kind not in BACKENDS:
+        raise UserInputError(f"unknown device_kind {device_kind!r}; known: {', '.join(BACKENDS)}")
+    return BACKENDS[device_kind]
 
 
 def _drop_none(value: Any) -> Any:

@@ -56,7 +56,7 @@ class CompileAgent(Agent):
         rules = self.definition.validate
         if (
             self.device_kind == "cpu"
-            and candidate.compile_backend == "inductor"
+            and candidate["execution"].partition(":")[0] == "inductor"
             and rules.require_cxx_for_inductor_on_cpu
             and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
         ):

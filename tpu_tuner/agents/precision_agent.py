@@ -45,13 +45,13 @@ class PrecisionAgent(Agent):
 
     def validate(self, candidate: Candidate) -> str | None:
         rules = self.definition.validate
-        if self.device_kind == "cpu" and candidate.matmul_precision == "high" and rules.skip_high_on_cpu:
+        if self.device_kind == "cpu" and candidate["matmul_precision"] == "high" and rules.skip_high_on_cpu:
             return "matmul precision 'high' is identical to 'highest' on CPU (no TF32)"
-        if self.device_kind == "cpu" and candidate.autocast_dtype == "float16" and rules.skip_float16_on_cpu:
+        if self.device_kind == "cpu" and candidate["autocast"] == "float16" and rules.skip_float16_on_cpu:
             return "float16 autocast is not a fast path on CPU"
-        if candidate.matmul_precision == "medium" and self._medium_without_effect():
+        if candidate["matmul_precision"] == "medium" and self._medium_without_effect():
             return self._medium_reason()
-        if candidate.autocast_dtype == "bfloat16" and self._bf16_too_slow():
+        if candidate["autocast"] == "bfloat16" and self._bf16_too_slow():
             return self._bf16_reason("rejected")
         return None
 

@@ -128,26 +128,38 @@ class Backend(ABC):
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU]
 
-    @contextlib.contextmanager
-    def applied(self, candidate: Candidate) -> Iterator[None]:
-        """Apply the candidate's process-wide settings (matmul precision) for a block."""
-        previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(candidate.matmul_precision)
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(previous)
+    # --- the device's side of the knobs (tpu_tuner.knobs ask these) ---------------------------
+
+    @classmethod
+    def eager_modes(cls) -> tuple[str, ...]:
+        """Eager execution modes this device offers, the default first; () for plain eager only."""
+        return ()
+
+    @classmethod
+    def eager_mode_environment(cls, mode: str) -> dict[str, str]:
+        """Variables that select eager `mode` at process start-up (read once, before torch is
+        imported); the backend owns them, so the study and the tuned config ask it."""
+        return {}
+
+    def eager_mode(self, mode: str | None) -> contextlib.AbstractContextManager[Any]:
+        """A context running in eager `mode` (None: the default) where it can be switched in-process."""
+        return contextlib.nullcontext()
+
+    # --- applying a candidate: its knobs' hooks, the same ones `tpu_tuner.apply` uses --------
+
+    def applied(self, candidate: Candidate) -> contextlib.AbstractContextManager[None]:
+        """Apply the candidate's process-wide settings (matmul precision, eager mode) for a block."""
+        return candidate.process(self)
 
     def autocast(self, candidate: Candidate) -> contextlib.AbstractContextManager[Any]:
-        """The autocast context of a candidate (a no-op context without autocast)."""
-        if candidate.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=getattr(torch, candidate.autocast_dtype))
+        """The per-step context of a candidate (autocast; a no-op context without it)."""
+        return candidate.step(self)
+
+    def prepare_model(self, model: torch.nn.Module, candidate: Candidate) -> torch.nn.Module:
+        """The model with the candidate's model-level settings applied (memory format, ...)."""
+        return candidate.prepare_model(model, self)
 
     def compile(self, fn: Callable[..., Any], candidate: Candidate, static_shapes: bool = False) -> Callable[..., Any]:
-        """Wrap `fn` with torch.compile when the candidate asks for it. `static_shapes` compiles
-        every new input shape anew (``dynamic=False``), as TorchTPU always does."""
-        options = candidate.compile_options()
-        if options is not None and static_shapes:
-            options["dynamic"] = False
-        return fn if options is None else torch.compile(fn, **options)
+        """Wrap `fn` as the candidate's execution asks (torch.compile or not). `static_shapes`
+        compiles every new input shape anew (``dynamic=False``), as TorchTPU always does."""
+        return candidate.wrap_forward(fn, self, static_shapes)

@@ -54,9 +54,9 @@ class CpuBackend(Backend):
     def compute_dtype(self, candidate: Candidate) -> str:
         # "medium" lets oneDNN run fp32 matmuls as bf16 on some hosts (AMX) and changes nothing on
         # others: the probe's numerics check says which. "high" has no TF32 equivalent on CPU.
-        if candidate.autocast_dtype == "bfloat16":
+        if candidate["autocast"] == "bfloat16":
             return "bfloat16"
-        if candidate.matmul_precision == "medium":
+        if candidate["matmul_precision"] == "medium":
             probe, _ = cached_probe(self.device, self.synchronize)
             return "bfloat16" if probe.medium_changes_numerics else "float32"
         return "float32"

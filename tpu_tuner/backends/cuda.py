@@ -59,10 +59,10 @@ class CudaBackend(Backend):
         torch.cuda.synchronize(self.device)
 
     def compute_dtype(self, candidate: Candidate) -> str:
-        if candidate.autocast_dtype is not None:
-            return candidate.autocast_dtype
+        if candidate["autocast"] != "none":
+            return candidate["autocast"]
         # "high" and "medium" let fp32 matmuls use TF32 tensor cores.
-        return "tf32" if candidate.matmul_precision != "highest" else "float32"
+        return "tf32" if candidate["matmul_precision"] != "highest" else "float32"
 
     def reset_peak_memory(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -109,22 +109,30 @@ class TorchTpuBackend(Backend):
     def default_compile_backend(self) -> str:
         return "tpu"
 
+    @classmethod
+    def eager_modes(cls) -> tuple[str, ...]:
+        return tuple(EAGER_MODE_ENUM)
+
+    @classmethod
+    def eager_mode_environment(cls, mode: str) -> dict[str, str]:
+        # Environment variables are read once, at start-up: a trial with them needs a fresh
+        # process (FACTS.md §1).
+        return dict(EAGER_MODE_ENV.get(mode, {}))
+
     @contextlib.contextmanager
-    def applied(self, candidate: Candidate) -> Iterator[None]:
-        # Precision: TorchTPU patches set_float32_matmul_precision (medium = 1 bf16 pass,
-        # high = 3, highest = 6). The eager mode can also be switched in-process; a fresh
-        # process with EAGER_MODE_ENV set is the faithful way (env vars are read at start-up).
+    def eager_mode(self, mode: str | None) -> Iterator[None]:
+        # The eager mode can also be switched in-process (torch.tpu.eager_mode); a fresh process
+        # with EAGER_MODE_ENV set is the faithful way, which the study uses for measuring.
         tpu = _torch_tpu_module()
         previous_mode = getattr(tpu, "eager_mode", None)
-        with super().applied(candidate):
-            with contextlib.suppress(Exception):
-                tpu.eager_mode = getattr(tpu.EagerMode, EAGER_MODE_ENUM[candidate.eager_mode])
-            try:
-                yield
-            finally:
-                if previous_mode is not None:
-                    with contextlib.suppress(Exception):
-                        tpu.eager_mode = previous_mode
+        with contextlib.suppress(Exception):
+            tpu.eager_mode = getattr(tpu.EagerMode, EAGER_MODE_ENUM[mode or "strict"])
+        try:
+            yield
+        finally:
+            if previous_mode is not None:
+                with contextlib.suppress(Exception):
+                    tpu.eager_mode = previous_mode
 
 
 def _torch_tpu_module() -> Any:

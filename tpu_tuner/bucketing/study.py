@@ -119,7 +119,7 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     hist = bucket_histogram(workload.length_source(), options.lengths_file)
     backend = get_backend(options.device)
     backend_name = options.compile_backend or backend.default_compile_backend()
-    candidate = Candidate(compile_backend=backend_name).to_dict()
+    candidate = Candidate(execution=backend_name).to_dict()
     probes = probe_lengths(hist, options.align)
     warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
     emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "

@@ -27,6 +27,8 @@ from typing import Any
 
 import pandas as pd
 
+from tpu_tuner import knobs
+from tpu_tuner.candidate import Candidate
 from tpu_tuner.credentials import redact
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.tuning import run_file
@@ -42,7 +44,7 @@ COLUMNS = [
     "topology", "chips", "report", "path",
 ]
 # The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/result.py).
-KNOBS = ("execution", "matmul_precision", "autocast")
+KNOBS = knobs.names()
 # A tuning run without tuned_config.toml whose files changed this recently is taken to be running.
 LIVE_WINDOW_S = 600.0
 _STAMP = re.compile(r"(\d{8}-\d{6})")
@@ -218,12 +220,20 @@ def _read_profile(folder: Path, row: dict[str, Any], collection: Collection) -> 
 
 
 def _describe(candidate: dict[str, Any]) -> str:
-    """A candidate dict ({eager_mode, compile_backend, ...}) or [settings] table in a few words."""
-    parts = [f"compile={candidate['compile_backend']}" if candidate.get("compile_backend") else "eager"]
-    if candidate.get("matmul_precision"):
-        parts.append(f"matmul={candidate['matmul_precision']}")
-    if candidate.get("autocast_dtype"):
-        parts.append(f"autocast={candidate['autocast_dtype']}")
+    """A candidate dict or [settings] table (knob values, or the field style of older runs) in a
+    few words: the execution, the matmul precision, and every other knob set away from its default."""
+    try:
+        parsed = Candidate.from_dict(candidate)
+    except (TypeError, ValueError):  # a knob this version does not know: show it as written
+        return ", ".join(f"{key}={value}" for key, value in candidate.items())
+    execution = parsed["execution"]
+    parts = ["eager" if execution == "eager" else execution if execution.startswith("eager:")
+             else f"compile={execution}"]
+    for name, knob in knobs.REGISTRY.items():
+        if name == "matmul_precision":
+            parts.append(f"matmul={parsed[name]}")
+        elif name != "execution" and parsed[name] != knob.default:
+            parts.append(f"{name}={parsed[name]}")
     return ", ".join(parts)
 
 

@@ -93,7 +93,9 @@ class Profile:
     estimate: StepEstimate | None = None  # the meta-device estimate made before running
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["candidate"] = self.candidate.to_dict()  # knob values: a Candidate is no dataclass
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)

@@ -57,6 +57,9 @@ def prepare_step(
     model = model.to(device)
     model.train(workload.is_training)
     inputs, target = move_to(inputs, device), move_to(target, device)
+    # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,
+    # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too.
+    model = backend.prepare_model(model, candidate)
     optimizer = workload.optimizer_for(model)
     compiled = backend.compile(model, candidate)
 

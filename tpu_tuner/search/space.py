@@ -1,7 +1,8 @@
 """Search spaces: declarative TOML (search_spaces/*.toml) replayed as Optuna define-by-run calls.
 
-A parameter is a flat categorical with choices per device kind; its first choice is the
-baseline. Flat categoricals keep grid search exact and need no conditionals.
+A parameter is a registered knob (`tpu_tuner.knobs`) searched as a flat categorical with choices
+per device kind; its first choice is the baseline. Flat categoricals keep grid search exact and
+need no conditionals.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from typing import Any
 
 import optuna
 
+from tpu_tuner import knobs
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import DefinitionError
 
-KNOWN_PARAMS = ("execution", "matmul_precision", "autocast")
+# The parameters a space may search: the registered knobs.
+KNOWN_PARAMS = knobs.names()
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,15 @@ class SearchSpace:
             unknown = set(entry) - {"name", "agent", "choices", "help"}
             if unknown:
                 raise DefinitionError(f"parameter {name}: unknown keys {sorted(unknown)}", where)
-            choices = entry.get("choices", {}).get(device_kind)
+            knob = knobs.get(name)
+            try:
+                choices = knob.choices(device_kind, entry)  # rejects bad choices at load time
+            except ValueError as exc:
+                bad = next((c for c in entry.get("choices", {}).get(device_kind, []) if not _valid(knob, c)), None)
+                raise DefinitionError(f"parameter {name}: bad choice {bad!r}: {exc}", where) from exc
             if not choices:
                 continue  # not searched on this device
-            for choice in choices:
-                _apply_choice(Candidate(), name, choice, where)  # reject bad choices at load time
-            params.append(Param(name, entry.get("agent", ""), tuple(choices), entry.get("help", "")))
+            params.append(Param(name, entry.get("agent", knob.agent), choices, entry.get("help", "")))
         if not params:
             raise DefinitionError(f"no parameters for device {device_kind!r}", where)
         return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params))
@@ -81,40 +87,24 @@ class SearchSpace:
 
     def to_candidate(self, params: dict[str, Any]) -> Candidate:
         """A Candidate from parameter values (unsearched parameters take their only choice)."""
-        candidate = Candidate()
-        for p in self.params:
-            candidate = _apply_choice(candidate, p.name, params.get(p.name, p.choices[0]), self.name)
-        return candidate
+        try:
+            return Candidate({p.name: params.get(p.name, p.choices[0]) for p in self.params})
+        except ValueError as exc:
+            raise DefinitionError(f"bad parameter values {params}: {exc}", self.name) from exc
 
     def to_params(self, candidate: Candidate) -> dict[str, str]:
-        """The inverse of `to_candidate` for the searched parameters."""
-        values = {
-            "execution": _execution_label(candidate, self.device_kind),
-            "matmul_precision": candidate.matmul_precision,
-            "autocast": candidate.autocast_dtype or "none",
-        }
-        return {p.name: values[p.name] for p in self.searched}
+        """The inverse of `to_candidate` for the searched parameters: each knob's value spelled
+        as this space's choice (e.g. "eager:strict" on TPU for plain eager)."""
+        result = {}
+        for p in self.searched:
+            knob, value = knobs.get(p.name), candidate[p.name]
+            result[p.name] = next((c for c in p.choices if knob.check(c) == value), value)
+        return result
 
 
-def _apply_choice(candidate: Candidate, name: str, choice: str, where: str) -> Candidate:
-    settings = candidate.to_dict()
-    if name == "execution":
-        head, _, tail = choice.partition(":")
-        if head == "eager":
-            settings.update(compile_backend=None, compile_mode=None, eager_mode=tail or "strict")
-        else:
-            settings.update(compile_backend=head, compile_mode=tail or None)
-    elif name == "matmul_precision":
-        settings["matmul_precision"] = choice
-    elif name == "autocast":
-        settings["autocast_dtype"] = None if choice == "none" else choice
+def _valid(knob: knobs.Knob, choice: Any) -> bool:
     try:
-        return Candidate.from_dict(settings)
-    except ValueError as exc:
-        raise DefinitionError(f"parameter {name}: bad choice {choice!r}: {exc}", where) from exc
-
-
-def _execution_label(candidate: Candidate, device_kind: str) -> str:
-    if candidate.compile_backend is None:
-        return f"eager:{candidate.eager_mode}" if device_kind == "tpu" else "eager"
-    return candidate.compile_backend + (f":{candidate.compile_mode}" if candidate.compile_mode else "")
+        knob.check(choice)
+    except ValueError:
+        return False
+    return True

@@ -12,6 +12,7 @@ import optuna
 import pandas as pd
 import torch
 
+from tpu_tuner import knobs
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.measurement import Measurement
 from tpu_tuner.search.space import SearchSpace
@@ -21,7 +22,7 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 
 TRIAL_COLUMNS = [
-    "number", "state", "execution", "matmul_precision", "autocast", "amortised_step_s", "step_median_s",
+    "number", "state", *knobs.names(), "amortised_step_s", "step_median_s",
     "compile_s", "mfu", "accuracy_error", "feasible", "peak_memory_bytes", "failure_kind", "failure_message",
     "rejected_by", "repeat_of", "trial_wall_s", "duration_s",
 ]
@@ -119,7 +120,7 @@ class TuningResult:
         # have none (NaN would turn the whole column into floats: "3.0" in trials.csv).
         for column in INTEGER_COLUMNS:
             frame[column] = pd.to_numeric(frame[column]).round().astype("Int64")
-        return frame.drop(columns=[p for p in ("execution", "matmul_precision", "autocast")
+        return frame.drop(columns=[p for p in knobs.names()
                                    if p not in {q.name for q in self.space.searched}])
 
     def _provenance(self) -> dict[str, Any]:

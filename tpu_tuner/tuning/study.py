@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from tpu_tuner.agents import Agent, load_agents
-from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV
+from tpu_tuner.backends import BACKENDS
 from tpu_tuner.bucketing.cost_model import fit_cost_model
 from tpu_tuner.bucketing.knob import BucketingContext
 from tpu_tuner.bucketing.lengths import LengthHistogram
@@ -301,7 +301,9 @@ def run_search(
                           _objective_name(bucketing)))
             continue
         emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed, _objective_name(bucketing)))
-        env = EAGER_MODE_ENV.get(candidate.eager_mode, {}) if space.device_kind == "tpu" else {}
+        # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
+        # in a fresh worker started with them.
+        env = candidate.environment(BACKENDS[space.device_kind])
         outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
         trial.set_user_attr("measured", True)
         trial.set_user_attr("trial_wall_s", outcome.seconds)

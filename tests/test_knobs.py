@@ -1,0 +1,191 @@
+"""The knob registry and the contract every registered knob keeps.
+
+For each knob and each of its CPU choices in the default space: applying it makes `observe`
+read it back (the hooks do what they say) on the trial path (`Backend.applied` / `prepare_model` /
+`compile` / `autocast`, what `profiling/step.py` uses) and on the `tpu_tuner.apply` path alike;
+process-wide settings are restored afterwards; the value survives `TunedConfig.save/load`; its
+`code()` runs in a fresh interpreter against a tiny model and applies the same value there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from tpu_tuner import knobs
+from tpu_tuner.backends.cpu import CpuBackend
+from tpu_tuner.backends.torchtpu import TorchTpuBackend
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.dashboard.collect import KNOBS
+from tpu_tuner.definitions import load_definition
+from tpu_tuner.errors import DefinitionError
+from tpu_tuner.search import SearchSpace
+from tpu_tuner.search.space import KNOWN_PARAMS
+from tpu_tuner.tuned_config import TunedConfig, apply
+from tpu_tuner.tuning.result import TRIAL_COLUMNS
+
+# torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
+SLOW_VALUES = {("execution", "inductor")}
+
+
+def _cpu_cases() -> list[object]:
+    """(knob, value) for every registered knob and every CPU choice the default space gives it."""
+    entries = {entry["name"]: entry for entry in load_definition("search_spaces", "default").get("param", [])}
+    cases = []
+    for name, knob in knobs.REGISTRY.items():
+        for value in knob.choices("cpu", entries.get(name, {})) or (knob.default,):
+            marks = [pytest.mark.slow] if (name, value) in SLOW_VALUES else []
+            cases.append(pytest.param(name, value, id=f"{name}={value}", marks=marks))
+    return cases
+
+
+CASES = _cpu_cases()
+
+
+class TinyNet(nn.Module):
+    """A convolution and a linear layer: every knob has something to act on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+def test_everything_reads_the_registry() -> None:
+    names = knobs.names()
+    assert {"execution", "matmul_precision", "autocast"} <= set(names)
+    assert all(isinstance(k, knobs.Knob) and k.name == n for n, k in knobs.REGISTRY.items())
+    assert KNOWN_PARAMS == names and KNOBS == names
+    assert [c for c in TRIAL_COLUMNS if c in names] == list(names)
+    assert set(Candidate().to_dict()) == set(names)
+    with pytest.raises(ValueError, match="unknown candidate settings: \\['threads'\\]"):
+        Candidate(threads="2")
+
+
+def test_space_refuses_a_knob_the_registry_lacks(tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[param]]\nname = "threads"\nchoices.cpu = ["1", "2"]\n')
+    with pytest.raises(DefinitionError, match="unknown parameter 'threads'; known: execution"):
+        SearchSpace.load(bad, "cpu")
+
+
+def _observe(candidate: Candidate, model: nn.Module, forward, backend, autocast) -> dict[str, str | None]:
+    with autocast():
+        return {name: knob.observe(model, forward, backend) for name, knob in knobs.REGISTRY.items()}
+
+
+@pytest.mark.parametrize(("name", "value"), CASES)
+def test_knob_contract(name: str, value: str, tmp_path) -> None:
+    knob = knobs.get(name)
+    candidate = Candidate({name: value})
+    expected = knob.check(value)
+    backend = CpuBackend()
+    before = torch.get_float32_matmul_precision()
+    baseline = _observe(Candidate(), TinyNet(), TinyNet(), backend, lambda: Candidate().step(backend))
+    assert baseline[name] == knob.default  # nothing applied: the default reads back
+
+    # The trial path: what profiling/step.py and the worker's jobs do.
+    with backend.applied(candidate):
+        model = backend.prepare_model(TinyNet(), candidate)
+        forward = backend.compile(model, candidate)
+        trial = _observe(candidate, model, forward, backend, lambda: backend.autocast(candidate))
+    assert trial[name] == expected
+    assert torch.get_float32_matmul_precision() == before  # process-wide settings restored
+
+    # Describe, and the round trip through tuned_config.toml.
+    label = candidate.describe()
+    assert isinstance(label, str) and label and (not knob.describe(expected) or knob.describe(expected) in label)
+    path = TunedConfig(candidate, "cpu").save(tmp_path / "tuned_config.toml")
+    loaded = TunedConfig.load(path)
+    assert loaded.candidate == candidate and loaded.candidate[name] == expected
+
+    # The apply path gives the same state as the trial path.
+    applied = apply(TinyNet(), loaded)
+    try:
+        state = _observe(candidate, applied.model if isinstance(applied.model, nn.Module) else TinyNet(),
+                         applied.model, backend, applied.autocast)
+        if isinstance(applied.model, nn.Module):
+            assert state == trial
+        assert state[name] == expected
+    finally:
+        applied.restore()
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_printed_code_runs_and_applies_the_value() -> None:
+    """Every quick (knob, value)'s `code()` runs as printed, in one fresh interpreter, and the knob
+    then reads its value back there (inside the step's context)."""
+    sections = []
+    for case in CASES:
+        name, value = case.values
+        if case.marks:
+            continue
+        code = Candidate({name: value}).code("cpu")
+        body = "\n".join(code).replace(
+            "output = model(inputs)",
+            f"output = model(inputs); observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)")
+        sections.append(f"model = TinyNet()\ninputs = torch.randn(2, 3, 8, 8)\n{body}\n"
+                        "torch.set_float32_matmul_precision('highest')\n")
+    script = textwrap.dedent("""\
+        import json
+        import torch
+        from torch import nn
+        from tpu_tuner.backends.cpu import CpuBackend
+        from tpu_tuner.knobs import get
+
+        class TinyNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 4, 3, padding=1)
+                self.head = nn.Linear(4 * 8 * 8, 5)
+
+            def forward(self, x):
+                return self.head(torch.relu(self.conv(x)).flatten(1))
+
+        observed = {}
+        """) + "\n".join(sections) + "\nprint(json.dumps(observed))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    observed = json.loads(done.stdout.strip().splitlines()[-1])
+    for case in CASES:
+        name, value = case.values
+        if not case.marks:
+            assert observed[f"{name}={value}"] == knobs.get(name).check(value), (name, value)
+
+
+def test_start_up_environment_comes_from_the_backend() -> None:
+    """TorchTPU's eager modes are start-up variables the backend names; the study and the tuned
+    config ask the backend (by class: the device need not be present)."""
+    fused = Candidate(execution="eager:defer_and_fuse")
+    assert fused.environment(TorchTpuBackend) == {"TORCH_TPU_DEFER_AND_FUSE": "1"}
+    assert knobs.get("execution").fresh_process("eager:defer_and_fuse", TorchTpuBackend)
+    assert fused.environment(CpuBackend) == {}  # no such variables off TPU
+    assert Candidate(execution="eager:strict") == Candidate()  # the default eager mode is plain eager
+    config = TunedConfig(fused, "tpu")
+    assert config.environment() == {"TORCH_TPU_DEFER_AND_FUSE": "1"}
+    assert "export TORCH_TPU_DEFER_AND_FUSE=1" in "\n".join(config.instructions("c.toml"))
+    with pytest.raises(ValueError, match="eager mode must be one of strict"):
+        Candidate(execution="eager:fastest")
+
+
+def test_older_field_style_candidates_still_load(tmp_path) -> None:
+    """Run folders and tuned_config.toml written before the registry keep loading."""
+    old = {"eager_mode": "strict", "compile_backend": "inductor", "compile_mode": None,
+           "matmul_precision": "medium", "autocast_dtype": "bfloat16"}
+    assert Candidate.from_dict(old) == Candidate(execution="inductor", matmul_precision="medium", autocast="bfloat16")
+    assert Candidate.from_dict({**old, "compile_backend": None, "eager_mode": "defer_and_fuse"})["execution"] == \
+        "eager:defer_and_fuse"
+    path = tmp_path / "tuned_config.toml"
+    path.write_text('format_version = 1\ndevice_kind = "cpu"\n[settings]\neager_mode = "strict"\n'
+                    'compile_backend = "aot_eager"\nmatmul_precision = "highest"\n')
+    assert TunedConfig.load(path).candidate == Candidate(execution="aot_eager")
+    assert Candidate.from_dict(Candidate(autocast="bfloat16").to_dict()) == Candidate(autocast="bfloat16")

@@ -1,0 +1,40 @@
+"""The `autocast` knob: ``torch.autocast`` around each step's forward and loss."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+NONE = "none"
+
+
+class AutocastKnob(Knob):
+    name = "autocast"
+    agent = "precision"
+    default = NONE
+    position = 30
+    values = (NONE, "bfloat16", "float16")
+
+    def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
+        if value == NONE:
+            return contextlib.nullcontext()
+        import torch
+
+        # Backend kinds are torch device types ("cpu", "cuda", "tpu").
+        return torch.autocast(backend.kind, dtype=getattr(torch, value))
+
+    def step_code(self, value: str, device_kind: str) -> str | None:
+        return None if value == NONE else f'torch.autocast("{device_kind}", dtype=torch.{value})'
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        import torch
+
+        if not torch.is_autocast_enabled(backend.kind):
+            return NONE
+        return str(torch.get_autocast_dtype(backend.kind)).removeprefix("torch.")

@@ -1,0 +1,122 @@
+"""The `execution` knob: eager, or torch.compile with a backend (and mode); on TPU also
+TorchTPU's eager modes, which are start-up environment variables the backend names."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+EAGER = "eager"
+
+
+def split(value: str) -> tuple[str, str]:
+    """("eager", eager mode) or (torch.compile backend, mode or "")."""
+    head, _, tail = value.partition(":")
+    return head, tail
+
+
+class ExecutionKnob(Knob):
+    """``eager``, ``eager:<TorchTPU eager mode>``, or ``<compile backend>[:<mode>]``."""
+
+    name = "execution"
+    agent = "compile"
+    default = EAGER
+    position = 10
+
+    def check(self, value: str) -> str:
+        value = super().check(value)
+        head, tail = split(value)
+        if not head:
+            raise ValueError(f"execution {value!r} names no compile backend")
+        if head == EAGER and tail:
+            modes = _eager_modes()
+            if tail not in modes:
+                raise ValueError(f"eager mode must be one of {', '.join(modes)}, not {tail!r}")
+            # The default eager mode is plain eager: "eager:strict" and "eager" are one setting.
+            return EAGER if tail == modes[0] else value
+        if head == EAGER:
+            return EAGER
+        return value
+
+    def environment(self, value: str, backend: BackendLike) -> dict[str, str]:
+        head, tail = split(value)
+        return backend.eager_mode_environment(tail) if head == EAGER and tail else {}
+
+    def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
+        head, tail = split(value)
+        # Every candidate sets the mode (the default one for compiled execution), so a previous
+        # candidate's mode never leaks into the next one in the same worker.
+        return backend.eager_mode(tail if head == EAGER and tail else None)
+
+    def forward(self, value: str, fn: Callable[..., Any], backend: BackendLike,
+                static_shapes: bool = False) -> Callable[..., Any]:
+        options = compile_options(value)
+        if options is None:
+            return fn
+        if static_shapes:
+            options["dynamic"] = False
+        import torch
+
+        compiled = torch.compile(fn, **options)
+        compiled._tpu_tune_execution = value  # what `observe` reports once it sees a compiled forward
+        return compiled
+
+    def describe(self, value: str) -> str:
+        head, tail = split(value)
+        if head == EAGER:
+            return EAGER + (f", eager mode {tail}" if tail else "")
+        return head + (f"({tail})" if tail else "")
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        options = compile_options(value)
+        if options is None:
+            return []
+        mode = f', mode="{options["mode"]}"' if "mode" in options else ""
+        return [f'model = torch.compile(model, backend="{options["backend"]}"{mode})']
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        import torch
+
+        compiled = hasattr(forward, "_torchdynamo_orig_callable") or isinstance(
+            forward, torch._dynamo.eval_frame.OptimizedModule)
+        if not compiled:
+            return EAGER
+        backend_name = _compiled_backend_name(forward)
+        tagged = getattr(forward, "_tpu_tune_execution", None)
+        if tagged is not None and (backend_name is None or split(tagged)[0] == backend_name):
+            return tagged  # the mode is not recoverable from torch; the backend name agreed
+        return backend_name
+
+
+def _compiled_backend_name(forward: Any) -> str | None:
+    """The torch.compile backend of a compiled forward, read from dynamo's wrappers (private
+    attributes: None where this torch version lays them out differently)."""
+    try:
+        wrapper = forward.dynamo_ctx.callback._torchdynamo_orig_backend._torchdynamo_orig_backend
+        return str(wrapper._compiler_name)
+    except AttributeError:
+        return None
+
+
+def compile_options(value: str) -> dict[str, Any] | None:
+    """Keyword arguments of ``torch.compile`` for an execution value; None means eager."""
+    head, tail = split(value)
+    if head == EAGER:
+        return None
+    return {"backend": head, **({"mode": tail} if tail else {})}
+
+
+def _eager_modes() -> tuple[str, ...]:
+    """Every eager mode some backend knows (the first is the default), from the backends."""
+    from tpu_tuner.backends import BACKENDS  # lazy: the backends import candidates, which import knobs
+
+    modes = ["strict"]
+    for backend in BACKENDS.values():
+        modes += [m for m in backend.eager_modes() if m not in modes]
+    return tuple(modes)

@@ -1,0 +1,46 @@
+"""The `matmul_precision` knob: ``torch.set_float32_matmul_precision``, process-wide.
+
+TPU: highest/high/medium = 6/3/1 bf16 passes; CUDA: high/medium allow TF32; CPU: medium may run
+fp32 matmuls as bf16 (AMX hosts), and high is the same as highest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class MatmulPrecisionKnob(Knob):
+    name = "matmul_precision"
+    agent = "precision"
+    default = "highest"
+    position = 20
+    values = ("highest", "high", "medium")
+
+    @contextlib.contextmanager
+    def process(self, value: str, backend: BackendLike) -> Iterator[None]:
+        import torch
+
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(value)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(previous)
+
+    def describe(self, value: str) -> str:
+        return f"matmul {value}"  # always named: reports read "eager, matmul highest" for the baseline
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        return [f'torch.set_float32_matmul_precision("{value}")']
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        import torch
+
+        return torch.get_float32_matmul_precision()
