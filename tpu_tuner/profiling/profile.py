@@ -98,7 +98,21 @@ class Profile:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        from tpu_tuner.plain_data import json_default
+
+        return json.dumps(self.to_dict(), indent=2, default=json_default)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+        """The inverse of `to_dict`: every nested figure rebuilt as its dataclass."""
+        from tpu_tuner.plain_data import from_plain
+
+        return from_plain(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Profile":
+        """A profile.json back into a Profile (raises ValueError or TypeError when malformed)."""
+        return cls.from_dict(json.loads(text))
 
 
 def profile(
