@@ -19,6 +19,11 @@ _EXPORTS = {
     "AppliedConfig": "tpu_tuner.tuned_config", "TunedConfig": "tpu_tuner.tuned_config", "apply": "tpu_tuner.tuned_config",
     "TuneOptions": "tpu_tuner.tuning", "TuningResult": "tpu_tuner.tuning", "tune": "tpu_tuner.tuning",
     "TransformerDims": "tpu_tuner.workload", "Workload": "tpu_tuner.workload",
+    "PlanOptions": "tpu_tuner.planner.plan", "plan": "tpu_tuner.planner.plan",
+    "BucketOptions": "tpu_tuner.bucketing.study", "plan_buckets": "tpu_tuner.bucketing.study",
+    # Run folders: the same files the CLI writes (tpu_tuner/run_outputs.py).
+    "plan_to_folder": "tpu_tuner.run_outputs", "save_buckets": "tpu_tuner.run_outputs",
+    "save_profile": "tpu_tuner.run_outputs",
 }
 
 
@@ -38,9 +43,11 @@ __all__ = [
     "AppliedConfig",
     "Backend",
     "BackendError",
+    "BucketOptions",
     "Candidate",
     "DefinitionError",
     "DeviceInfo",
+    "PlanOptions",
     "Profile",
     "ProfilerSettings",
     "TpuTuneError",
@@ -54,7 +61,12 @@ __all__ = [
     "apply",
     "get_backend",
     "load_workload",
+    "plan",
+    "plan_buckets",
+    "plan_to_folder",
     "profile",
+    "save_buckets",
+    "save_profile",
     "tune",
 ]
 __version__ = "0.1.0"

@@ -189,44 +189,30 @@ def _tune_command(args: argparse.Namespace) -> int:
 
 
 def _buckets_command(args: argparse.Namespace) -> int:
-    import json
-
     from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
-    from tpu_tuner.bucketing.torchtpu import torchtpu_instructions
-    from tpu_tuner.report.bucket_report import render_markdown, render_terminal, write_plots
+    from tpu_tuner.report.bucket_report import render_terminal
     from tpu_tuner.results import new_run_dir
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.run_outputs import write_buckets
 
     options = BucketOptions(lengths_file=args.lengths, steps=args.steps, max_buckets=args.max_buckets, align=args.align,
                             device=args.device, compile_backend=args.compile_backend, batch_size=args.batch_size,
                             replay_steps=args.replay)
     result = plan_buckets(args.model_file, options, progress=lambda message: print(message, flush=True))
     run_dir = new_run_dir(args.out, result.workload, "buckets")
-    (run_dir / "buckets.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    plots = write_plots(result, run_dir)
-    (run_dir / "buckets.md").write_text(render_markdown(result, plots))
-    bounds = list(result.chosen.strategy.bounds)
-    TunedConfig(Candidate(execution=result.compile_backend), result.device, provenance={
-        "source": "tpu-tune buckets", "workload": str(args.model_file), "steps": result.steps,
-        "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
-        "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
-    }, bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)}).save(
-        run_dir / "bucket_config.toml")
+    written = write_buckets(run_dir, result, args.model_file)
     print()
     print(render_terminal(result))
-    print(f"\nwrote {run_dir}/ (buckets.json, buckets.md, {', '.join(plots)}, bucket_config.toml)")
+    print(f"\nwrote {run_dir}/ ({', '.join(written)})")
     return 0
 
 
 def _plan_command(args: argparse.Namespace) -> int:
-    import json
-
     from tpu_tuner.errors import UserInputError
     from tpu_tuner.planner.layouts import Layout
-    from tpu_tuner.planner.plan import PlanOptions, plan
-    from tpu_tuner.report.plan_report import render_markdown, render_terminal, write_plot
-    from tpu_tuner.results import new_run_dir
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.planner.plan import PlanOptions
+    from tpu_tuner.report.plan_report import render_terminal
+    from tpu_tuner.results import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
+    from tpu_tuner.run_outputs import plan_to_folder
 
     layouts = None
     if args.layout:
@@ -241,41 +227,13 @@ def _plan_command(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
         options.workers = args.workers
-    # The run folder comes first: the compiler processes write libtpu's logs (start-up noise,
-    # stack dumps of compiler crashes) into it rather than onto the terminal.
-    name = args.model_file.stem + (f"_{args.preset}" if args.preset else "")
-    run_dir = new_run_dir(args.out, name, f"plan-{args.topology.replace(':', '_')}")
-    options.log_file = run_dir / "compiler.log"
-    try:
-        result = plan(args.model_file, options, progress=lambda message: print(message, flush=True))
-    except BaseException as exc:
-        _drop_failed_plan_folder(run_dir, options.log_file, bad_input=isinstance(exc, TpuTuneError))
-        raise
-    (run_dir / "plan.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    plot = write_plot(result, run_dir / "predicted_mfu.png")
-    (run_dir / "plan.md").write_text(render_markdown(result, plot))
-    if result.best is not None:
-        best = result.best
-        TunedConfig(Candidate(matmul_precision="medium"), "tpu", provenance={
-            "plan": str(run_dir / "plan.json"), "topology": result.topology.name,
-            "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
-        }, sharding={"mesh": best.layout.mesh_shape(), "placements": result.placements}).save(run_dir / "sharding_config.toml")
+    run_dir, result = plan_to_folder(args.model_file, options, args.out,
+                                     progress=lambda message: print(message, flush=True))
     print()
     print(render_terminal(result))
-    print(f"\nwrote {run_dir}/ (plan.json, plan.md, predicted_mfu.png" + (", sharding_config.toml" if result.best else "")
-          + ", compiler.log: the compiler processes' own output)")
+    print(f"\nwrote {run_dir}/ ({PLAN_JSON}, {PLAN_MD}, {PLAN_PNG}" + (f", {SHARDING_CONFIG}" if result.best else "")
+          + f", {COMPILER_LOG}: the compiler processes' own output)")
     return 0
-
-
-def _drop_failed_plan_folder(run_dir: Path, log_file: Path, bad_input: bool) -> None:
-    """A plan refused for bad input leaves no folder behind; one that failed otherwise keeps its
-    compiler.log when the compilers wrote anything (it says why), else nothing either."""
-    import shutil
-
-    if bad_input or not log_file.exists() or log_file.stat().st_size == 0:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        log.warning("the compiler processes' output is in %s", log_file)
 
 
 def _dashboard_command(args: argparse.Namespace) -> int:
@@ -317,8 +275,9 @@ def _profile_command(args: argparse.Namespace) -> int:
 
     from tpu_tuner.errors import UserInputError, WorkloadError
     from tpu_tuner.profiling.settings import ProfilerSettings
-    from tpu_tuner.report.profile_report import render_markdown, render_terminal
-    from tpu_tuner.results import new_run_dir
+    from tpu_tuner.report.profile_report import render_terminal
+    from tpu_tuner.results import PROFILE_JSON, PROFILE_MD
+    from tpu_tuner.run_outputs import save_profile
     from tpu_tuner.runner.pool import TrialRunner
     from tpu_tuner.runner.summary import load_summary
 
@@ -346,11 +305,9 @@ def _profile_command(args: argparse.Namespace) -> int:
             raise UserInputError(outcome.failure.message)
         raise WorkloadError(f"profiling failed ({outcome.failure.kind}: {outcome.failure.message})", args.model_file)
     result = outcome.value
-    run_dir = new_run_dir(args.out, result.workload["name"])
-    (run_dir / "profile.json").write_text(result.to_json())
-    (run_dir / "profile.md").write_text(render_markdown(result))
+    run_dir = save_profile(result, args.out)
     print(render_terminal(result))
-    print(f"\nwrote {run_dir / 'profile.json'} and {run_dir / 'profile.md'}")
+    print(f"\nwrote {run_dir / PROFILE_JSON} and {run_dir / PROFILE_MD}")
     return 0
 
 

@@ -30,6 +30,8 @@ import pandas as pd
 from tpu_tuner import knobs
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.credentials import redact
+from tpu_tuner.results import (BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD, PROFILE_JSON, PROFILE_MD, REPORT_MD,
+                               RUN_JSON, TRIALS_CSV, TUNED_CONFIG)
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.tuning import run_file
 
@@ -122,8 +124,8 @@ def write_csv(collection: Collection, path: str | Path) -> Path:
 
 
 def _kind_of(folder: Path) -> str | None:
-    for name, kind in (("plan.json", "plan"), ("buckets.json", "buckets"), ("run.json", "tune"),
-                       ("tuned_config.toml", "tune"), ("profile.json", "profile")):
+    for name, kind in ((PLAN_JSON, "plan"), (BUCKETS_JSON, "buckets"), (RUN_JSON, "tune"),
+                       (TUNED_CONFIG, "tune"), (PROFILE_JSON, "profile")):
         if (folder / name).exists():
             return kind
     return None
@@ -147,8 +149,8 @@ def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
     kind = _kind_of(folder)
     if kind is None:
         row = _base_row(folder, "unknown")
-        row.update(status="unreadable", reason="no profile.json, run.json, tuned_config.toml, plan.json or "
-                                               "buckets.json: not a tpu-tune run folder")
+        row.update(status="unreadable", reason=f"no {PROFILE_JSON}, {RUN_JSON}, {TUNED_CONFIG}, {PLAN_JSON} or "
+                                               f"{BUCKETS_JSON}: not a tpu-tune run folder")
         return row
     row = _base_row(folder, kind)
     reader = {"profile": _read_profile, "tune": _read_tune, "plan": _read_plan, "buckets": _read_buckets}[kind]
@@ -197,7 +199,7 @@ def _profile_fields(profile: dict[str, Any], row: dict[str, Any]) -> None:
     """Device, MFU and the roofline coordinates of a profile.json."""
     for key in ("workload", "device", "mfu", "achieved_flops_per_s", "peak_flops_per_s"):
         if key not in profile:
-            raise ValueError(f"profile.json: missing key {key!r}")
+            raise ValueError(f"{PROFILE_JSON}: missing key {key!r}")
     device = profile["device"]
     row["model"] = _get(profile, "workload", "name")
     row["device"] = device.get("kind")
@@ -210,13 +212,13 @@ def _profile_fields(profile: dict[str, Any], row: dict[str, Any]) -> None:
 
 
 def _read_profile(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    profile = _load_json(folder / "profile.json")
+    profile = _load_json(folder / PROFILE_JSON)
     _profile_fields(profile, row)
     row["mfu"] = row["baseline_mfu"] = profile["mfu"]
     row["step_s"] = row["baseline_step_s"] = _get(profile, "timing", "median")
     row["settings"] = _describe(profile.get("candidate") or {})
     row["date"] = _date(profile.get("created")) or row["date"]
-    row["report"] = _report(folder, "profile.md")
+    row["report"] = _report(folder, PROFILE_MD)
 
 
 def _describe(candidate: dict[str, Any]) -> str:
@@ -251,25 +253,25 @@ def _unfinished_status(folder: Path) -> dict[str, str]:
                 "reason": f"its process (pid {state.get('pid')}) is gone: the run stopped before it finished; "
                           "continue it with --resume"}
     if alive is True:
-        return {"status": "running", "reason": f"no tuned_config.toml yet: the run is still going (pid {state.get('pid')})"}
+        return {"status": "running", "reason": f"no {TUNED_CONFIG} yet: the run is still going (pid {state.get('pid')})"}
     newest = max((p.stat().st_mtime for p in folder.iterdir()), default=folder.stat().st_mtime)
     if time.time() - newest < LIVE_WINDOW_S:
-        return {"status": "running", "reason": "no tuned_config.toml yet: the run is still going"}
-    return {"status": "incomplete", "reason": "no tuned_config.toml: the run stopped before it finished"}
+        return {"status": "running", "reason": f"no {TUNED_CONFIG} yet: the run is still going"}
+    return {"status": "incomplete", "reason": f"no {TUNED_CONFIG}: the run stopped before it finished"}
 
 
 def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> None:
     run = folder.name
-    row["report"] = _report(folder, "report.md")
-    if (folder / "profile.json").exists():
-        _profile_fields(_load_json(folder / "profile.json"), row)
-    if (folder / "trials.csv").exists():
+    row["report"] = _report(folder, REPORT_MD)
+    if (folder / PROFILE_JSON).exists():
+        _profile_fields(_load_json(folder / PROFILE_JSON), row)
+    if (folder / TRIALS_CSV).exists():
         try:
-            trials = pd.read_csv(folder / "trials.csv")
+            trials = pd.read_csv(folder / TRIALS_CSV)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise ValueError(f"trials.csv: {str(exc).strip().splitlines()[0]}") from exc
+            raise ValueError(f"{TRIALS_CSV}: {str(exc).strip().splitlines()[0]}") from exc
         if "state" not in trials or "number" not in trials:
-            raise ValueError("trials.csv: no 'number' and 'state' columns")
+            raise ValueError(f"{TRIALS_CSV}: no 'number' and 'state' columns")
         collection.trials[run] = trials
         # Repeats of an earlier setting and settings rejected before running cost no measurement.
         measured = trials
@@ -278,14 +280,14 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
                 measured = measured[measured[column].isna()]
         row["trials"] = len(measured)
         row["failures"] = int((measured["state"] == "FAIL").sum())
-    config_path = folder / "tuned_config.toml"
+    config_path = folder / TUNED_CONFIG
     if not config_path.exists():
         row.update(_unfinished_status(folder))
         return
     config = _load_toml(config_path)
     prov = config.get("provenance")
     if not isinstance(prov, dict):
-        raise ValueError("tuned_config.toml: no [provenance] table")
+        raise ValueError(f"{TUNED_CONFIG}: no [provenance] table")
     row["model"] = _get(prov, "workload", "name") or row.get("model")
     row["device"] = config.get("device_kind") or row.get("device")
     row["device_name"] = prov.get("device") or row.get("device_name")
@@ -308,12 +310,12 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
 
 
 def _read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    plan = _load_json(folder / "plan.json")
+    plan = _load_json(folder / PLAN_JSON)
     for key in ("workload", "topology", "plans"):
         if key not in plan:
-            raise ValueError(f"plan.json: missing key {key!r}")
+            raise ValueError(f"{PLAN_JSON}: missing key {key!r}")
     if not isinstance(plan["plans"], list):
-        raise ValueError("plan.json: 'plans' is not a list")
+        raise ValueError(f"{PLAN_JSON}: 'plans' is not a list")
     collection.plans[folder.name] = plan
     row["model"] = plan["workload"] + (f"_{plan['preset']}" if plan.get("preset") else "")
     row["device"] = "tpu"
@@ -326,22 +328,22 @@ def _read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     row["trials"] = len(plan["plans"])
     row["failures"] = sum(1 for p in plan["plans"] if not p.get("prediction"))
     row["settings"] = f"best layout {plan['best']}" if plan.get("best") else "no layout fits"
-    row["report"] = _report(folder, "plan.md")
+    row["report"] = _report(folder, PLAN_MD)
 
 
 def _read_buckets(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    data = _load_json(folder / "buckets.json")
+    data = _load_json(folder / BUCKETS_JSON)
     for key in ("workload", "histogram", "chosen_buckets"):
         if key not in data:
-            raise ValueError(f"buckets.json: missing key {key!r}")
+            raise ValueError(f"{BUCKETS_JSON}: missing key {key!r}")
     hist = data["histogram"]
     if len(hist.get("lengths", [])) != len(hist.get("counts", [])):
-        raise ValueError("buckets.json: histogram lengths and counts differ in length")
+        raise ValueError(f"{BUCKETS_JSON}: histogram lengths and counts differ in length")
     collection.buckets[folder.name] = data
     row["model"] = data["workload"]
     row["device"] = data.get("device")
     row["settings"] = "buckets " + ", ".join(str(b) for b in data["chosen_buckets"])
-    row["report"] = _report(folder, "buckets.md")
+    row["report"] = _report(folder, BUCKETS_MD)
 
 
 def finite(value: Any) -> bool:

@@ -19,6 +19,7 @@ from tpu_tuner.dashboard import plots
 from tpu_tuner.dashboard.collect import Collection, collect, finite
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.report.units import ms
+from tpu_tuner.results import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,7 @@ def _details(collection: Collection, limit: int) -> str:
                        + "</section>")
         else:
             links = [f'<a href="{_e(run)}/{name}">{label}</a>' for name, label in (
-                ("optimisation_history.png", "history"), ("mfu_per_trial.png", "MFU per trial"),
-                ("speed_vs_accuracy.png", "speed vs accuracy"))
+                (HISTORY_PNG, "history"), (MFU_PNG, "MFU per trial"), (ACCURACY_PNG, "speed vs accuracy"))
                 if (collection.root / run / name).exists()]
             out.append(f'<p class="muted">{_e(run)}: ' + (", ".join(links) or "no plots") + "</p>")
     if len(tuned) > limit:

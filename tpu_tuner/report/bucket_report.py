@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_tuner.bucketing.study import BucketResult
+from tpu_tuner.results import LENGTHS_PNG, STRATEGIES_PNG
 
 
 def _row(result: BucketResult, name: str) -> dict[str, object]:
@@ -107,7 +108,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_ylabel("samples")
     ax.set_title(f"{result.workload}: lengths and chosen bucket bounds (red)")
     fig.tight_layout()
-    fig.savefig(run_dir / "length_histogram.png", dpi=110)
+    fig.savefig(run_dir / LENGTHS_PNG, dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -126,9 +127,9 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_xlabel(f"seconds for {result.steps} steps (log scale)")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(run_dir / "strategy_totals.png", dpi=110)
+    fig.savefig(run_dir / STRATEGIES_PNG, dpi=110)
     plt.close(fig)
-    return ["length_histogram.png", "strategy_totals.png"]
+    return [LENGTHS_PNG, STRATEGIES_PNG]
 
 
 def _seconds(value: float) -> str:

@@ -10,6 +10,8 @@ matplotlib.use("Agg")  # headless: no display on CI machines or servers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tpu_tuner.results import ACCURACY_PNG, HISTORY_PNG, MFU_PNG  # noqa: E402
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -40,7 +42,7 @@ def _history(result: "TuningResult", done) -> "Path":
     ax.set_ylabel(f"amortised step time, ms ({result.options.planned_steps} planned steps)")
     ax.set_title("Optimisation history")
     ax.legend(loc="best", fontsize=8)
-    return _save(fig, result, "optimisation_history.png")
+    return _save(fig, result, HISTORY_PNG)
 
 
 def _mfu(result: "TuningResult", frame, done) -> "Path":
@@ -54,7 +56,7 @@ def _mfu(result: "TuningResult", frame, done) -> "Path":
     ax.set_xlabel("trial (red: accuracy violation; dotted: failed)")
     ax.set_ylabel("MFU, %")
     ax.set_title(f"MFU per trial on {result.profile.device.name}")
-    return _save(fig, result, "mfu_per_trial.png")
+    return _save(fig, result, MFU_PNG)
 
 
 def _pareto(result: "TuningResult", done) -> "Path":
@@ -79,7 +81,7 @@ def _pareto(result: "TuningResult", done) -> "Path":
     ax.set_ylabel("steady step time, ms")
     ax.set_title("Speed against accuracy error")
     ax.legend(loc="best", fontsize=8)
-    return _save(fig, result, "speed_vs_accuracy.png")
+    return _save(fig, result, ACCURACY_PNG)
 
 
 def _save(fig, result: "TuningResult", name: str) -> "Path":

@@ -1,9 +1,16 @@
-"""The result of a tuning run, rebuilt from the study storage, and the files it writes."""
+"""The result of a tuning run, rebuilt from the study storage; saved and loaded back by run folder.
+
+The files are written by `tpu_tuner.run_outputs.write_tuning`; `TuningResult.load(run_dir)` reads a
+finished run back (the study from its storage, profile.json, result.json). Nothing here imports
+`tpu_tuner.report`: the reports depend on the result, never the other way round.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import platform
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -12,7 +19,8 @@ import optuna
 import pandas as pd
 import torch
 
-from tpu_tuner import knobs
+from tpu_tuner import knobs, results
+from tpu_tuner.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.measurement import Measurement
 from tpu_tuner.search.space import SearchSpace
@@ -42,6 +50,9 @@ class TuningResult:
     verification: Verification
     options: TuneOptions
     worker_starts: int = 0
+    # When the result was made (the tuned config's provenance): kept by save and load, so a
+    # loaded result's best_config is the one the run wrote.
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
     def peak(self) -> tuple[float, str]:
@@ -123,10 +134,59 @@ class TuningResult:
         return frame.drop(columns=[p for p in knobs.names()
                                    if p not in {q.name for q in self.space.searched}])
 
+    def to_json(self) -> str:
+        """result.json: what `load` needs besides the study and profile.json (the verification,
+        the agents' findings, the options and the space). No password: the options' storage URL
+        is stored without one and the whole text goes through `redact` (docs/run-safety.md)."""
+        from tpu_tuner.credentials import redact, without_password
+        from tpu_tuner.plain_data import json_default
+
+        options = dataclasses.asdict(self.options)
+        if self.options.storage:
+            options["storage"] = without_password(self.options.storage)
+        record = {
+            "format": RESULT_FORMAT, "created": self.created, "worker_starts": self.worker_starts,
+            "findings": self.findings, "space": dataclasses.asdict(self.space), "options": options,
+            "verification": dataclasses.asdict(self.verification),
+        }
+        return redact(json.dumps(record, indent=2, default=json_default))
+
+    @classmethod
+    def load(cls, run_dir: str | Path, storage: str | None = None) -> "TuningResult":
+        """The result of the finished tuning run in `run_dir`, as `tune` returned it (as Ray
+        Tune's `Tuner.restore(...).get_results()` gives back a finished experiment).
+
+        The study comes from the run's storage: study.db in the folder (even if the folder was
+        moved), or the stored URL, which never holds a password; give `storage` (the URL with
+        its password, same database) where the database needs one that libpq's PGPASSWORD or
+        ~/.pgpass does not supply. Raises UserInputError, naming the folder, when `run_dir` is
+        not a finished tuning run.
+        """
+        from tpu_tuner.plain_data import from_plain
+        from tpu_tuner.profiling.settings import ProfilerSettings
+
+        run_dir = Path(run_dir)
+        state, record = _finished_run(run_dir)
+        try:
+            profile = Profile.from_json((run_dir / results.PROFILE_JSON).read_text())
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise UserInputError(f"unreadable {results.PROFILE_JSON}: {_first_line(exc)}", run_dir) from exc
+        try:
+            options = from_plain(TuneOptions, record["options"], {"ProfilerSettings": ProfilerSettings})
+            verification = from_plain(Verification, record["verification"])
+            findings = {str(k): list(v) for k, v in record["findings"].items()}
+            worker_starts, created = int(record["worker_starts"]), str(record["created"])
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UserInputError(f"unreadable {results.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
+        return cls(run_dir=run_dir, study=_load_study(run_dir, state, storage),
+                   space=_load_space(record.get("space"), options, profile.device.kind), profile=profile,
+                   findings=findings, verification=verification, options=options, worker_starts=worker_starts,
+                   created=created)
+
     def _provenance(self) -> dict[str, Any]:
         v = self.verification
         return {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": self.created,
             "device": self.profile.device.name,
             "device_count": self.profile.device.count,
             "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": optuna.__version__,
@@ -148,6 +208,77 @@ class TuningResult:
             "study": {"storage": _redact(self.study._storage), "name": self.study.study_name,  # noqa: SLF001
                       "trials": len(self.study.trials)},
         }
+
+
+RESULT_FORMAT = 1  # result.json's layout; raise it when a change makes old files unreadable
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """run.json and result.json of a finished tuning run, or a one-line UserInputError naming
+    the folder and what makes it something else."""
+    from tpu_tuner.tuning import run_file
+
+    if not run_dir.is_dir():
+        raise UserInputError("not a finished tuning run: no such folder", run_dir)
+    state = run_file.read(run_dir)
+    if "storage" not in state or "study_name" not in state:
+        raise UserInputError(f"not a finished tuning run: no readable {results.RUN_JSON} with the study's storage",
+                             run_dir)
+    status = state.get("status", "done")
+    if status != "done":
+        reason = f" ({state['reason']})" if state.get("reason") else ""
+        raise UserInputError(f"not a finished tuning run: {results.RUN_JSON} says {status!r}{reason}", run_dir)
+    path = run_dir / results.RESULT_JSON
+    if not path.is_file():
+        raise UserInputError(f"not a finished tuning run: no {results.RESULT_JSON} (runs written before it "
+                             "existed cannot be loaded)", run_dir)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"unreadable {results.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
+    if not isinstance(record, dict) or record.get("format") != RESULT_FORMAT:
+        raise UserInputError(f"{results.RESULT_JSON}: not a result of format {RESULT_FORMAT}", run_dir)
+    return state, record
+
+
+def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> optuna.Study:
+    """The run's study: from study.db in the folder when the run used the default SQLite (the
+    stored absolute path goes stale when a folder is moved), else from the stored URL."""
+    from tpu_tuner.credentials import redact, without_password
+
+    stored = str(state["storage"])
+    url = stored
+    if storage is not None:
+        if without_password(storage) != without_password(stored):
+            raise UserInputError(f"storage {redact(storage)!r} is not the run's storage {redact(stored)!r}", run_dir)
+        url = storage
+    elif stored.startswith("sqlite:"):
+        local = run_dir / results.STUDY_DB
+        if local.is_file():
+            url = f"sqlite:///{local.resolve()}"
+        elif not Path(stored.removeprefix("sqlite:///")).is_file():
+            raise UserInputError(f"the run's study database is gone ({results.STUDY_DB} and {stored})", run_dir)
+    try:
+        return optuna.load_study(study_name=str(state["study_name"]), storage=url)
+    except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
+        # Driver messages quote the URL, password included: redact the whole line.
+        raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
+
+
+def _load_space(data: Any, options: TuneOptions, device_kind: str) -> SearchSpace:
+    """The space the run searched, as stored; loaded again by name when the stored form no
+    longer matches the SearchSpace class (a newer version of tpu-tune)."""
+    from tpu_tuner.plain_data import from_plain
+
+    try:
+        return from_plain(SearchSpace, data)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return SearchSpace.load(options.space, device_kind)
 
 
 def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None:
@@ -177,17 +308,4 @@ def _version() -> str:
     return __version__
 
 
-def write_outputs(result: TuningResult) -> None:
-    """tuned_config.toml, trials.csv, report.md and the plots, in the run folder."""
-    from tpu_tuner.report.tuning_plots import write_plots
-    from tpu_tuner.report.tuning_report import render_report
-
-    run_dir = result.run_dir
-    result.best_config.save(run_dir / "tuned_config.toml")
-    result.trials_dataframe().to_csv(run_dir / "trials.csv", index=False)
-    (run_dir / "profile.json").write_text(result.profile.to_json())
-    plots = write_plots(result)
-    (run_dir / "report.md").write_text(render_report(result, plots))
-
-
-__all__ = ["TuningResult", "write_outputs"]
+__all__ = ["TuningResult"]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.credentials import redact
+from tpu_tuner.results import RUN_JSON
 
-RUN_FILE = "run.json"
+RUN_FILE = RUN_JSON  # the name lives with every other run-folder file name (tpu_tuner/results.py)
 
 
 def write(run_dir: Path, data: dict[str, Any]) -> None:

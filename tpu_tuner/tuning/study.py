@@ -28,7 +28,8 @@ from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.report.units import duration
-from tpu_tuner.results import new_run_dir
+from tpu_tuner.results import STUDY_DB, new_run_dir
+from tpu_tuner.run_outputs import write_tuning
 from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.runner.summary import WorkloadSummary, load_summary
 from tpu_tuner.search.space import SearchSpace
@@ -37,7 +38,7 @@ from tpu_tuner.tuning.fingerprint import differences, fingerprint
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.run_file import RUN_FILE
 from tpu_tuner.tuning.storage import check_storage
-from tpu_tuner.tuning.result import TuningResult, write_outputs
+from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.verify import verify
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
         verification=verification, options=options, worker_starts=worker_starts,
     )
-    write_outputs(result)
+    write_tuning(result)
     return result
 
 
@@ -155,7 +156,7 @@ def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> t
     if options.resume is not None:
         return _resumed_location(Path(options.resume), options, current)
     run_dir = new_run_dir(options.out, name, "tune")
-    storage = options.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    storage = options.storage or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
     study_name = run_dir.name
     run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
                              "model_file": str(current["model_file"]), "fingerprint": current,

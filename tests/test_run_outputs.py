@@ -1,0 +1,215 @@
+"""Run folders belong to the library: one module names and writes every file, the CLI and the
+Python API leave the same files, the collector reads the same names, the result modules do not
+import each other in a circle, and `TuningResult.load(run_dir)` gives back a finished run."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpu_tuner import results
+from tpu_tuner.errors import UserInputError
+
+from conftest import EXAMPLES, FIXTURES
+
+PACKAGE = Path(__file__).parent.parent / "tpu_tuner"
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, under TYPE_CHECKING) for every import statement of a file, at any depth."""
+    tree = ast.parse(path.read_text())
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            guarded.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, id(node) in guarded))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in guarded) for alias in node.names]
+    return found
+
+
+def test_tuning_result_and_reports_import_in_one_direction() -> None:
+    # The result never reaches for the reports (not even inside a function) ...
+    result_imports = [m for m, _ in _imports(PACKAGE / "tuning" / "result.py")]
+    assert not [m for m in result_imports if m.startswith("tpu_tuner.report")], result_imports
+    # ... and the reports know the result only as a type.
+    for report in sorted((PACKAGE / "report").glob("*.py")):
+        runtime = [m for m, typing_only in _imports(report) if m.startswith("tpu_tuner.tuning") and not typing_only]
+        assert not runtime, (report.name, runtime)
+    # Each imports on its own in a fresh interpreter.
+    for module in ("tpu_tuner.tuning.result", "tpu_tuner.report.tuning_report", "tpu_tuner.report.tuning_plots",
+                   "tpu_tuner.run_outputs", "tpu_tuner.dashboard.collect"):
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (module, done.stderr[-2000:])
+
+
+def _run_file_names() -> set[str]:
+    return {value for name, value in vars(results).items()
+            if name.isupper() and isinstance(value, str) and "." in value}
+
+
+def test_no_module_but_results_spells_a_run_file_name() -> None:
+    names = _run_file_names()
+    assert {"profile.json", "run.json", "result.json", "tuned_config.toml", "trials.csv", "plan.json",
+            "buckets.json", "compiler.log", "predicted_mfu.png"} <= names
+    spelled = {}
+    for path in [PACKAGE / "cli.py", PACKAGE / "run_outputs.py", PACKAGE / "tuning" / "result.py",
+                 *(PACKAGE / "dashboard").glob("*.py"), *(PACKAGE / "report").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                spelled.setdefault(path.name, []).append(node.value)
+    assert not spelled, spelled
+
+
+def _fast_agent(tmp_path: Path) -> Path:
+    agent = tmp_path / "fast.toml"
+    agent.write_text("[warmup]\nmin_steps = 2\nmax_steps = 10\n[timing]\nmin_steps = 10\nmin_seconds = 0\n"
+                     "max_steps = 50\n[operators]\nprofiled_steps = 1\ntop = 5\n")
+    return agent
+
+
+def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
+    from tpu_tuner import Profile, ProfilerSettings, profile, save_profile
+    from tpu_tuner.cli import main
+
+    agent = _fast_agent(tmp_path)
+    assert main(["-q", "profile", str(FIXTURES / "tiny_gpt.py"), "--out", str(tmp_path / "cli"), "--agent", str(agent),
+                 "--seq-len", "16"]) == 0
+    measured = profile(FIXTURES / "tiny_gpt.py", seq_len=16, settings=ProfilerSettings.load(agent))
+    api_dir = save_profile(measured, tmp_path / "api")
+    (cli_dir,) = (tmp_path / "cli").iterdir()
+    assert api_dir.parent == tmp_path / "api" and api_dir.name.startswith("tiny_gpt-")
+    assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == sorted(
+        [results.PROFILE_JSON, results.PROFILE_MD])
+    # profile.json reads back into the same Profile, nested figures and all.
+    loaded = Profile.from_json((api_dir / results.PROFILE_JSON).read_text())
+    assert loaded == measured
+    assert Profile.from_json((cli_dir / results.PROFILE_JSON).read_text()).workload["seq_len"] == 16
+
+
+def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
+    from tpu_tuner import BucketOptions, plan_buckets, save_buckets
+    from tpu_tuner.cli import main
+
+    assert main(["-q", "buckets", str(FIXTURES / "tiny_encoder.py"), "--compile-backend", "aot_eager", "--steps",
+                 "1000", "--max-buckets", "3", "--out", str(tmp_path / "cli")]) == 0
+    printed = capsys.readouterr().out
+    result = plan_buckets(FIXTURES / "tiny_encoder.py", BucketOptions(compile_backend="aot_eager", steps=1000,
+                                                                        max_buckets=3))
+    api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")
+    (cli_dir,) = (tmp_path / "cli").iterdir()
+    expected = sorted([results.BUCKETS_JSON, results.BUCKETS_MD, *results.BUCKET_PLOTS, results.BUCKET_CONFIG])
+    assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == expected
+    assert f"wrote {cli_dir}/ (" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
+                    reason="the planner extra is not installed: pip install -e '.[plan]'")
+def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
+    # In a fresh interpreter: importing torchax registers a device with torch that breaks
+    # torch.compile later in pytest's process (tests/test_planner_compile.py).
+    code = f"""
+        from pathlib import Path
+        from tpu_tuner import PlanOptions, plan_to_folder
+        from tpu_tuner.cli import main
+        from tpu_tuner.planner.layouts import Layout
+        args = ["{EXAMPLES / 'llama.py'}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
+                "--seq", "128", "--layout", "1x4x1"]
+        assert main(["-q", "plan", *args, "--out", "{tmp_path / 'cli'}"]) == 0
+        options = PlanOptions(topology="v5e-4", global_batch=8, seq_len=128, preset="tiny", layouts=[Layout(1, 4, 1)])
+        run_dir, result = plan_to_folder("{EXAMPLES / 'llama.py'}", options, "{tmp_path / 'api'}")
+        print(run_dir)
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (cli_dir,) = (tmp_path / "cli").iterdir()
+    api_dir = Path(done.stdout.strip().splitlines()[-1])
+    assert cli_dir.name.startswith("llama_tiny-plan-v5e-4-") and api_dir.name.startswith("llama_tiny-plan-v5e-4-")
+    expected = sorted([results.PLAN_JSON, results.PLAN_MD, results.PLAN_PNG, results.SHARDING_CONFIG,
+                       results.COMPILER_LOG])
+    assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == expected
+
+
+# --- TuningResult.load -------------------------------------------------------------------------
+
+def _tuned(tmp_path: Path):
+    from tpu_tuner.profiling import ProfilerSettings
+    from tpu_tuner.tuning import TuneOptions, tune
+
+    fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
+                            timing_max_steps=20, profiled_steps=1, top_operators=3)
+    options = TuneOptions(space=FIXTURES / "eager_precision_space.toml", agents=("precision",), trials=6,
+                          sampler="grid", verify_rounds=4, out=tmp_path / "runs", trial_timeout_s=60.0,
+                          trial_settings=fast)
+    return tune(FIXTURES / "synthetic_speed.py", options)
+
+
+def test_a_finished_run_loads_back_as_the_live_result(tmp_path) -> None:
+    from tpu_tuner import TuningResult
+
+    live = _tuned(tmp_path)
+    assert (live.run_dir / results.RESULT_JSON).is_file()
+    # Moved elsewhere: the study comes from the study.db in the folder, not the stored path.
+    moved = shutil.move(str(live.run_dir), str(tmp_path / "moved"))
+    loaded = TuningResult.load(moved)
+    assert loaded.run_dir == Path(moved)
+    assert loaded.verification.chosen == live.verification.chosen
+    assert loaded.verification.speedup == live.verification.speedup
+    assert loaded.verification.contributions == live.verification.contributions
+    assert loaded.verification.message == live.verification.message
+    assert loaded.findings == live.findings and loaded.space == live.space
+    assert loaded.profile == live.profile
+    assert loaded.options.planned_steps == live.options.planned_steps
+    assert loaded.options.trial_settings == live.options.trial_settings
+    assert loaded.peak == live.peak
+    for name in ("baseline", "best", "chosen"):
+        assert getattr(loaded, name) == getattr(live, name), name
+        assert getattr(loaded, name).mfu == getattr(live, name).mfu
+    pd.testing.assert_frame_equal(loaded.trials_dataframe(), live.trials_dataframe())
+    assert loaded.best_config.candidate == live.best_config.candidate
+    assert loaded.best_config.provenance["created"] == live.best_config.provenance["created"]
+    assert loaded.best_config.provenance["verification"] == live.best_config.provenance["verification"]
+
+
+def _one_line_error_naming(folder: Path) -> str:
+    from tpu_tuner import TuningResult
+
+    with pytest.raises(UserInputError) as caught:
+        TuningResult.load(folder)
+    message = str(caught.value)
+    assert "\n" not in message and str(folder) in message and "not a finished tuning run" in message
+    return message
+
+
+def test_a_folder_that_is_no_finished_run_is_refused_in_one_line(tmp_path) -> None:
+    assert "no such folder" in _one_line_error_naming(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert results.RUN_JSON in _one_line_error_naming(empty)
+    profile_dir = tmp_path / "tiny-20261130-000000"
+    profile_dir.mkdir()
+    (profile_dir / results.PROFILE_JSON).write_text("{}")
+    _one_line_error_naming(profile_dir)
+    running = tmp_path / "run-tune-20261130-000000"
+    running.mkdir()
+    (running / results.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
+                                                         "status": "failed", "reason": "interrupted (Ctrl-C)"}))
+    assert "'failed' (interrupted (Ctrl-C))" in _one_line_error_naming(running)
+    (running / results.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
+                                                         "status": "done"}))
+    assert results.RESULT_JSON in _one_line_error_naming(running)
