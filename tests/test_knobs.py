@@ -189,3 +189,49 @@ def test_older_field_style_candidates_still_load(tmp_path) -> None:
                     'compile_backend = "aot_eager"\nmatmul_precision = "highest"\n')
     assert TunedConfig.load(path).candidate == Candidate(execution="aot_eager")
     assert Candidate.from_dict(Candidate(autocast="bfloat16").to_dict()) == Candidate(autocast="bfloat16")
+
+
+def test_memory_format_relays_conv_weights_and_inputs() -> None:
+    """channels_last: 4-D weights and the 4-D input the convolution sees are NHWC, the output is
+    unchanged; a model without 4-D weights is left as it was."""
+    backend, candidate = CpuBackend(), Candidate(memory_format="channels_last")
+    torch.manual_seed(0)
+    reference = TinyNet()
+    model = backend.prepare_model(TinyNet(), candidate)
+    model.load_state_dict(reference.state_dict())
+    seen = []
+    model.conv.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    inputs = torch.randn(2, 3, 8, 8)
+    output = model(inputs)
+    assert model.conv.weight.is_contiguous(memory_format=torch.channels_last) and not model.conv.weight.is_contiguous()
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) and not seen[0].is_contiguous()
+    torch.testing.assert_close(output, reference(inputs))
+    linear = backend.prepare_model(nn.Linear(4, 4), candidate)
+    assert knobs.get("memory_format").observe(linear, linear, backend) is None
+    assert not knobs.get("memory_format").applies_to("tpu")
+    assert "memory_format" not in SearchSpace.load("default", "tpu").grid()
+    assert candidate.describe() == "eager, matmul highest, channels_last"
+
+
+def _profile_with(**shares: float) -> object:
+    from types import SimpleNamespace
+
+    from tpu_tuner.profiling.operators import OperatorTime
+
+    return SimpleNamespace(operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
+
+
+def test_compile_agent_seeds_channels_last_only_for_convolution_heavy_profiles() -> None:
+    from tpu_tuner.agents import load_agents
+
+    space = SearchSpace.load("default", "cpu")
+    (agent,) = load_agents(["compile"], "cpu")
+    seeds = agent.seeds(_profile_with(**{"aten::mkldnn_convolution": 0.7, "aten::addmm": 0.1}), space)
+    assert seeds[0] == {"execution": "inductor", "memory_format": "channels_last"}  # the combined seed carries it
+    assert {"memory_format": "channels_last"} in seeds
+    assert agent.validate(Candidate(memory_format="channels_last")) is None
+
+    (agent,) = load_agents(["compile"], "cpu")
+    seeds = agent.seeds(_profile_with(**{"aten::addmm": 0.8}), space)
+    assert all("memory_format" not in seed for seed in seeds)
+    assert "no convolution operator" in agent.validate(Candidate(memory_format="channels_last"))

@@ -9,10 +9,21 @@ from tpu_tuner.agents.schema import CompileDefinition
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import Verdict
+from tpu_tuner.search.space import SearchSpace
+
+# channels_last is seeded when convolutions take at least this share of the profiled self time:
+# then the NHWC kernels (no layout conversion around each convolution) can move the step.
+CONV_SEED_SHARE = 0.3
+
+
+def convolution_share(profile: Profile) -> float:
+    """The share of profiled operator self time spent in convolution kernels."""
+    return sum(op.share for op in profile.operators if "conv" in op.name.lower())
 
 
 class CompileAgent(Agent):
     name = "compile"
+    _conv_share: float | None = None  # from the profile diagnose/seeds saw; None before
     definition_schema = CompileDefinition
     definition: CompileDefinition
 
@@ -35,7 +46,29 @@ class CompileAgent(Agent):
             findings.append("compute-bound: a compiler helps little unless it picks faster matmul kernels")
         else:
             findings.append(self._below_roofline(verdict))
+        if self.device_kind != "tpu":
+            findings.append(self._layout_finding(profile))
         return findings
+
+    def _layout_finding(self, profile: Profile) -> str:
+        share = self._conv_share = convolution_share(profile)
+        if share >= CONV_SEED_SHARE:
+            return (f"convolutions take {share:.0%} of profiled self time: channels_last memory format is seeded "
+                    "(NHWC kernels, no layout conversion around each convolution)")
+        if share > 0:
+            return f"convolutions take only {share:.0%} of profiled self time: channels_last is searched, not seeded"
+        return "no convolution operators in the profile: channels_last memory format is skipped"
+
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
+        """The definition's execution seeds; on a convolution-heavy profile each also with
+        channels_last first (so the agents' combined seed carries it), and channels_last alone."""
+        seeds = super().seeds(profile, space)
+        if profile is not None:
+            self._conv_share = convolution_share(profile)
+        layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
+        if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
+            return seeds
+        return [{**seed, "memory_format": "channels_last"} for seed in seeds] + [{"memory_format": "channels_last"}] + seeds
 
     @staticmethod
     def _below_roofline(verdict: Verdict) -> str:
@@ -61,4 +94,7 @@ class CompileAgent(Agent):
             and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
         ):
             return "inductor on CPU needs a C++ compiler and none is on PATH"
+        if candidate["memory_format"] == "channels_last" and self._conv_share == 0.0:
+            return ("channels_last skipped: the profile shows no convolution operator, and the setting only "
+                    "re-lays 4-D convolution weights and inputs")
         return None
