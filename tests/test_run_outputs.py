@@ -100,6 +100,16 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
     assert Profile.from_json((cli_dir / results.PROFILE_JSON).read_text()).workload["seq_len"] == 16
 
 
+def test_the_profile_command_s_worker_is_a_library_call() -> None:
+    from tpu_tuner.errors import WorkloadError
+    from tpu_tuner.profiling.isolated import profile_in_worker
+
+    # The model file crashes at import in the worker; this process gets a one-line error.
+    with pytest.raises(WorkloadError) as caught:
+        profile_in_worker(FIXTURES / "exit_at_import.py")
+    assert "\n" not in str(caught.value) and "exit_at_import.py" in str(caught.value)
+
+
 def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     from tpu_tuner import BucketOptions, plan_buckets, save_buckets
     from tpu_tuner.cli import main

@@ -271,15 +271,11 @@ def _apply_command(args: argparse.Namespace) -> int:
 
 def _profile_command(args: argparse.Namespace) -> int:
     # Imported here so that `tpu-tune --help` stays fast.
-    from dataclasses import asdict
-
-    from tpu_tuner.errors import UserInputError, WorkloadError
+    from tpu_tuner.profiling.isolated import profile_in_worker
     from tpu_tuner.profiling.settings import ProfilerSettings
     from tpu_tuner.report.profile_report import render_terminal
     from tpu_tuner.results import PROFILE_JSON, PROFILE_MD
     from tpu_tuner.run_outputs import save_profile
-    from tpu_tuner.runner.pool import TrialRunner
-    from tpu_tuner.runner.summary import load_summary
 
     candidate = Candidate.from_fields(  # the profile command's flags name the pre-registry fields
         eager_mode=args.eager_mode,
@@ -288,23 +284,9 @@ def _profile_command(args: argparse.Namespace) -> int:
         matmul_precision=args.precision,
         autocast_dtype=args.autocast,
     )
-    settings = ProfilerSettings.load(args.agent)
-    device = None if args.device == "auto" else args.device
-    # The model file runs in a worker, never in this process: a crash at import or in the step
-    # is reported, not fatal (docs/run-safety.md). Its own time budget bounds the profile.
-    timeout_s = max(600.0, 2 * settings.max_profile_seconds)
-    with TrialRunner(str(args.model_file), device, timeout_s) as runner:
-        load_summary(runner, args.model_file, args.batch_size, args.seq_len, sample_lengths=False)
-        outcome = runner.run("profile", candidate.to_dict(), {
-            "batch_size": args.batch_size, "seq_len": args.seq_len, "settings": asdict(settings),
-            "attention_convention": args.attention,
-        })
-    if not outcome.ok:
-        assert outcome.failure is not None
-        if outcome.failure.kind == "refused":
-            raise UserInputError(outcome.failure.message)
-        raise WorkloadError(f"profiling failed ({outcome.failure.kind}: {outcome.failure.message})", args.model_file)
-    result = outcome.value
+    # The model file runs in a worker, never in this process (docs/run-safety.md).
+    result = profile_in_worker(args.model_file, candidate, None if args.device == "auto" else args.device,
+                               args.batch_size, args.seq_len, args.attention, ProfilerSettings.load(args.agent))
     run_dir = save_profile(result, args.out)
     print(render_terminal(result))
     print(f"\nwrote {run_dir / PROFILE_JSON} and {run_dir / PROFILE_MD}")
