@@ -57,8 +57,11 @@ def test_a_noisy_step_marks_the_verdict_uncertain() -> None:
 
 
 def _profile_with(verdict) -> SimpleNamespace:
+    # The operator table the verdict's top operators came from (the compile agent reads both).
+    operators = [SimpleNamespace(name=name, share=share) for name, share in verdict.top_operators]
     return SimpleNamespace(verdict=verdict, warmup=SimpleNamespace(first_call_seconds=0.1),
-                           timing=SimpleNamespace(median=verdict.step_seconds))
+                           timing=SimpleNamespace(median=verdict.step_seconds), operators=operators,
+                           workload={"step": "inference (forward)"})
 
 
 def test_compile_agent_acts_on_the_verdict() -> None:
