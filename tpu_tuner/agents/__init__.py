@@ -17,17 +17,19 @@ _EXPORTS = {
     "Agent": "tpu_tuner.agents.base",
     "CompileAgent": "tpu_tuner.agents.compile_agent",
     "PrecisionAgent": "tpu_tuner.agents.precision_agent",
+    "ThreadsAgent": "tpu_tuner.agents.threads_agent",
 }
 
-__all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "load_agents"]
+__all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "ThreadsAgent", "load_agents"]
 
 
 def agent_classes() -> dict[str, type[Agent]]:
     """Agent name -> class, for every agent `tpu-tune tune` can use."""
     from tpu_tuner.agents.compile_agent import CompileAgent
     from tpu_tuner.agents.precision_agent import PrecisionAgent
+    from tpu_tuner.agents.threads_agent import ThreadsAgent
 
-    return {"compile": CompileAgent, "precision": PrecisionAgent}
+    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent}
 
 
 def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None = None) -> list[Agent]:

@@ -99,8 +99,29 @@ class PrecisionDefinition:
     hardware: PrecisionHardware
 
 
+# --- the threads agent (agents/threads.toml) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThreadsSeeds:
+    """[seeds]: when fewer intra-op threads than torch's default are tried first (any one suffices)."""
+
+    overhead_share_min: float  # the verdict's dispatch share of the step at least this
+    op_microseconds_max: float  # the step's mean time per aten op (step / ops per step) at most this
+    contention_cv_min: float  # the step times' robust CV at least this (other work on the cores)
+
+
+@dataclass(frozen=True)
+class ThreadsDefinition:
+    """The schema of agents/threads.toml."""
+
+    agent: AgentHeader
+    seeds: ThreadsSeeds
+
+
 # Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.
-AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition}
+AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition,
+                                     "threads": ThreadsDefinition}
 
 
 def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:

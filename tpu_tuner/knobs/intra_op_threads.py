@@ -1,0 +1,108 @@
+"""The `intra_op_threads` knob: ``torch.set_num_threads`` on CPU, process-wide.
+
+PyTorch splits one CPU op across its intra-op threads (OpenMP); its default is the machine's
+physical core count. Fewer threads can win where the ops are small (the fork/join of every
+parallel region costs more than the split saves) or where other work shares the cores (a thread
+descheduled by another process stalls every parallel region at its barrier).
+
+The search space lists symbolic choices, resolved on the host at hand, never on the host a
+space was written for: ``all`` is torch's own default, left untouched (the baseline); ``half``
+is half the cores this process may run on (its CPU affinity), ``1`` one thread; a plain number
+is that many. Counts at or above the usable cores are dropped (not fewer threads than cores),
+and so are repeats: on a 2-core host the choices are ``all`` and ``1``, on a 1-core host only
+``all`` (not searched). A candidate holds the resolved count, so a tuned config applies the
+count that was measured.
+
+CPU only: on CUDA and TorchTPU the device's kernels do not use these threads (see docs/knobs.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+ALL = "all"
+HALF = "half"
+
+# torch.get_num_threads() as the knob first found it in this process: what "all" reads back as.
+_torch_default: int | None = None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset can allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def torch_default_threads() -> int:
+    """torch's intra-op thread count as this process had it before the knob changed anything."""
+    global _torch_default
+    if _torch_default is None:
+        import torch
+
+        _torch_default = torch.get_num_threads()
+    return _torch_default
+
+
+class IntraOpThreadsKnob(Knob):
+    name = "intra_op_threads"
+    agent = "threads"
+    default = ALL
+    position = 50
+    device_kinds = ("cpu",)
+
+    def check(self, value: str) -> str:
+        """``all``, or a positive thread count (``half`` resolves to half the usable cores)."""
+        if not isinstance(value, str):
+            raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
+        if value in (ALL, HALF):
+            return value if value == ALL else str(max(1, usable_cores() // 2))
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{self.name} must be 'all', 'half' or a positive thread count, not {value!r}")
+        return str(int(value))
+
+    def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:
+        """``all`` first, then the resolved counts below the usable cores, each once."""
+        if not self.applies_to(device_kind):
+            return ()
+        cores = usable_cores()
+        resolved: list[str] = [ALL]
+        for choice in entry.get("choices", {}).get(device_kind, []):
+            value = self.check(choice)
+            if value != ALL and int(value) < cores and value not in resolved:
+                resolved.append(value)
+        return tuple(resolved)
+
+    @contextlib.contextmanager
+    def process(self, value: str, backend: BackendLike) -> Iterator[None]:
+        import torch
+
+        torch_default_threads()  # note the default before anything changes it
+        previous = torch.get_num_threads()
+        if value != ALL:
+            torch.set_num_threads(int(value))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    def describe(self, value: str) -> str:
+        return "" if value == ALL else f"{value} thread" + ("" if value == "1" else "s")
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        return [] if value == ALL else [f"torch.set_num_threads({int(value)})"]
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        import torch
+
+        count = torch.get_num_threads()
+        return ALL if count == torch_default_threads() else str(count)
