@@ -17,6 +17,7 @@ _EXPORTS = {
     "Agent": "tpu_tuner.agents.base",
     "CompileAgent": "tpu_tuner.agents.compile_agent",
     "PrecisionAgent": "tpu_tuner.agents.precision_agent",
+    "MemoryAgent": "tpu_tuner.agents.memory_agent",
     "ThreadsAgent": "tpu_tuner.agents.threads_agent",
 }
 
@@ -27,9 +28,10 @@ def agent_classes() -> dict[str, type[Agent]]:
     """Agent name -> class, for every agent `tpu-tune tune` can use."""
     from tpu_tuner.agents.compile_agent import CompileAgent
     from tpu_tuner.agents.precision_agent import PrecisionAgent
+    from tpu_tuner.agents.memory_agent import MemoryAgent
     from tpu_tuner.agents.threads_agent import ThreadsAgent
 
-    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent}
+    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent, "memory": MemoryAgent}
 
 
 def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None = None) -> list[Agent]:

@@ -119,9 +119,28 @@ class ThreadsDefinition:
     seeds: ThreadsSeeds
 
 
+# --- the memory agent (agents/memory.toml) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemorySeeds:
+    """[seeds]: when the memory knob is tried first."""
+
+    near_limit_share: float  # seed when the baseline's peak memory is at least this share of the limit
+    activation_checkpointing: str  # the activation_checkpointing choice seeded then
+
+
+@dataclass(frozen=True)
+class MemoryDefinition:
+    """The schema of agents/memory.toml."""
+
+    agent: AgentHeader
+    seeds: MemorySeeds
+
+
 # Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.
 AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition,
-                                     "threads": ThreadsDefinition}
+                                     "threads": ThreadsDefinition, "memory": MemoryDefinition}
 
 
 def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # "refused": the file or an option was refused while loading (a UserInputError in the worker).
-FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused")
+# "memory": measured, but over the study's memory limit (tuning/memory_limit.py).
+FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused", "memory")
 
 
 @dataclass

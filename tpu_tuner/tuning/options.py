@@ -28,7 +28,7 @@ class TuneOptions:
     sampler: str = "tpe"
     seed: int = 0
     space: str | Path = "default"
-    agents: tuple[str, ...] = ("compile", "precision", "threads")
+    agents: tuple[str, ...] = ("compile", "precision", "threads", "memory")
     planned_steps: int = 5000
     tolerance: float = 1e-2
     trial_timeout_s: float = 300.0

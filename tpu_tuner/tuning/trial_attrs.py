@@ -8,15 +8,16 @@ import optuna
 
 from tpu_tuner.bucketing.knob import BucketingContext
 from tpu_tuner.runner.measurement import Measurement, TrialFailure
+from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 MAX_STORED_SAMPLES = 200
 
 
 def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float,
-                       bucketing: BucketingContext | None = None) -> float:
-    """Store the measurement and the accuracy constraint; return the objective value: the
-    amortised step, or with varying input lengths the expected step under the trial's best
-    bucketing (see bucketing/knob.py)."""
+                       bucketing: BucketingContext | None = None, memory: MemoryLimit | None = None) -> float:
+    """Store the measurement, the accuracy constraint and (with a `memory` limit) the memory
+    constraint; return the objective value: the amortised step, or with varying input lengths
+    the expected step under the trial's best bucketing (see bucketing/knob.py)."""
     objective = m.amortised_step(planned_steps)
     if bucketing is not None:
         best = bucketing.best(m.step_median, m.compile_seconds, planned_steps)
@@ -39,6 +40,14 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
         trial.set_user_attr("failure_message", f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}")
     # Optuna: a trial is feasible when every constraint is <= 0.
     trial.set_constraint("accuracy", m.accuracy_error - tolerance)
+    if memory is not None and m.peak_memory_bytes is not None:
+        trial.set_constraint("memory", float(m.peak_memory_bytes - memory.bytes))
+        over = memory.exceeded_by(m.peak_memory_bytes)
+        if over:
+            trial.set_user_attr("feasible", False)
+            if m.accuracy_error <= tolerance:  # the accuracy reason, where both fail, stays first
+                trial.set_user_attr("failure_kind", "memory")
+                trial.set_user_attr("failure_message", over)
     return objective
 
 
@@ -67,4 +76,6 @@ def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance
     error = source.user_attrs.get("accuracy_error")
     if error is not None:
         target.set_constraint("accuracy", float(error) - tolerance)
+    if "memory" in source.constraints:
+        target.set_constraint("memory", source.constraints["memory"])
 

@@ -1,0 +1,77 @@
+"""The memory agent: activation checkpointing, against the study's memory constraint.
+
+Checkpointing repeated blocks trades step time (one more forward of each checkpointed block)
+for peak memory, so it is worth trying first only when the baseline's measured peak is close to
+the limit a trial must stay under (`tpu_tuner.tuning.memory_limit`); otherwise it is searched
+like any knob and the study's step-time objective decides. An inference step keeps no
+activations for a backward pass: there the knob can change nothing and is rejected.
+"""
+
+from __future__ import annotations
+
+from tpu_tuner.agents.base import Agent
+from tpu_tuner.agents.schema import MemoryDefinition
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.memory_limit import MemoryLimit
+
+KNOB = "activation_checkpointing"
+
+
+def is_training(profile: Profile) -> bool:
+    """Whether the profiled step is a training step (forward, backward, optimizer)."""
+    return str(profile.workload.get("step", "")).startswith("training")
+
+
+class MemoryAgent(Agent):
+    name = "memory"
+    definition_schema = MemoryDefinition
+    definition: MemoryDefinition
+    limit: MemoryLimit | None = None  # set by the study once the baseline profile names the device
+    _training: bool | None = None  # from the profile diagnose/seeds saw; None before
+
+    def diagnose(self, profile: Profile) -> list[str]:
+        self._training = is_training(profile)
+        peak = profile.memory.peak_bytes
+        measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
+        if self.limit is None:
+            against = ("no memory limit on this device (CPU without --trial-memory-gb): the search does not "
+                       "constrain memory")
+        else:
+            share = f", {peak / self.limit.bytes:.0%} of it" if peak is not None else ""
+            against = f"limit {self.limit.bytes / 2**30:.2f} GiB ({self.limit.source}){share}"
+        findings = [f"baseline peak memory {measured} ({profile.memory.method}); {against}"]
+        if not self._training:
+            findings.append("inference step: no activations are kept for a backward pass, so activation "
+                            "checkpointing is skipped")
+        elif self._near_limit(profile):
+            findings.append(f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
+                            "checkpointing repeated blocks is seeded (less activation memory, one more forward "
+                            "of each block)")
+        else:
+            findings.append("the baseline is not near a memory limit: activation checkpointing is searched, not "
+                            "seeded (it costs a forward of each block)")
+        return findings
+
+    def _near_limit(self, profile: Profile) -> bool:
+        peak = profile.memory.peak_bytes
+        return (self.limit is not None and peak is not None
+                and peak >= self.definition.seeds.near_limit_share * self.limit.bytes)
+
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
+        """Checkpointing alone, for a training step whose baseline peak is near the limit."""
+        if profile is None:
+            return []
+        self._training = is_training(profile)
+        choice = self.definition.seeds.activation_checkpointing
+        param = next((p for p in self.params(space) if p.name == KNOB), None)
+        if param is None or choice not in param.choices or not self._training or not self._near_limit(profile):
+            return []
+        return [{KNOB: choice}]
+
+    def validate(self, candidate: Candidate) -> str | None:
+        if self._training is False and candidate[KNOB] != "none":
+            return ("activation checkpointing skipped: an inference step keeps no activations for a backward "
+                    "pass, so there is nothing to recompute")
+        return None

@@ -1,0 +1,122 @@
+"""The `activation_checkpointing` knob: recompute repeated blocks in the backward pass (training).
+
+A memory knob: a checkpointed block keeps only its inputs for the backward pass and runs its
+forward again there, so the step's peak memory drops (roughly by the blocks' saved activations)
+at the cost of one more forward of each checkpointed block. The study sees both: the step time is
+the objective, the peak memory a constraint (`--trial-memory-gb`, or the device's memory on
+CUDA/TPU; docs/knobs.md).
+
+Repeated blocks are found from the model's structure, as torchtitan and FSDP's auto-wrap
+policies do: the members of an ``nn.ModuleList`` / ``nn.Sequential`` whose two or more children
+are all one class with submodules of their own (transformer layers, ResNet stages' blocks), the
+outermost such container only. Each chosen block's forward runs through
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` while gradients are recorded; under
+``no_grad`` (inference, evaluation) it runs plainly. A model without repeated blocks is refused
+with that reason. Not offered on TPU: TorchTPU's rematerialisation belongs to its compiler.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.errors import WorkloadError
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+NONE = "none"
+BLOCKS = "blocks"
+EVERY_2ND = "every_2nd"
+# value -> checkpoint every n-th repeated block, starting with the first.
+_EVERY = {BLOCKS: 1, EVERY_2ND: 2}
+_MARK = "_tpu_tune_checkpointed"
+
+
+class ActivationCheckpointingKnob(Knob):
+    name = "activation_checkpointing"
+    agent = "memory"
+    default = NONE
+    position = 60
+    values = (NONE, BLOCKS, EVERY_2ND)
+    device_kinds = ("cpu", "cuda")
+
+    def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
+        if value == NONE:
+            return model
+        return checkpoint_blocks(model, every=_EVERY[value])
+
+    def describe(self, value: str) -> str:
+        return {BLOCKS: "checkpointed blocks", EVERY_2ND: "every 2nd block checkpointed"}.get(value, "")
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        if value == NONE:
+            return []
+        # The trial worker's own function: the same blocks, the same wrapper.
+        return ["from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks",
+                f"model = checkpoint_blocks(model, every={_EVERY[value]})  # recompute repeated blocks in backward"]
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        blocks = repeated_blocks(model)
+        if not blocks:
+            return NONE
+        pattern = [bool(getattr(block, _MARK, False)) for block in blocks]
+        for value, every in _EVERY.items():
+            if pattern == [i % every == 0 for i in range(len(blocks))]:
+                return value
+        return NONE if not any(pattern) else None
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, in order: the children of every outermost ModuleList /
+    Sequential holding two or more modules of one class that have submodules themselves (a
+    Sequential of Linear layers is not a stack of blocks)."""
+    from torch import nn
+
+    def is_stack(container: nn.Module) -> bool:
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            return False
+        members = list(container.children())
+        return (len(members) >= 2 and len({type(m) for m in members}) == 1
+                and next(members[0].children(), None) is not None)
+
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        if is_stack(module):
+            found.extend(module.children())
+            return  # the outermost stack only: its blocks' insides are not blocks of their own
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:
+    """Checkpoint every `every`-th repeated block of `model` (in place; returned for chaining):
+    its forward runs under ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` whenever
+    gradients are recorded. Raises WorkloadError when the model has no repeated blocks."""
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise WorkloadError(f"activation checkpointing needs repeated blocks (an nn.ModuleList or nn.Sequential "
+                            f"of two or more modules of one class) and {type(model).__name__} has none")
+    for index, block in enumerate(blocks):
+        if index % every == 0 and not getattr(block, _MARK, False):
+            # A partial over the block, not a closure over its bound forward: a deep copy of the
+            # model (the accuracy reference) then calls its own copy of the block.
+            block.forward = functools.partial(_checkpointed_forward, block)
+            setattr(block, _MARK, True)
+    return model
+
+
+def _checkpointed_forward(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    forward = type(block).forward.__get__(block)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)  # nothing is kept for a backward pass: nothing to save
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
