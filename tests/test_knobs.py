@@ -134,7 +134,10 @@ def test_printed_code_runs_and_applies_the_value() -> None:
             "output = model(inputs)",
             f"output = model(inputs); observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)")
         sections.append(f"model = TinyNet()\ninputs = torch.randn(2, 3, 8, 8)\n{body}\n"
-                        "torch.set_float32_matmul_precision('highest')\n")
+                        "torch.set_float32_matmul_precision('highest')\n"
+                        # printed compiler options are process-wide too: back to the defaults
+                        "torch._inductor.config.freezing = torch._inductor.config.max_autotune = False\n"
+                        "torch._dynamo.error_on_graph_break(False).__enter__()\n")
     script = textwrap.dedent("""\
         import json
         import torch

@@ -20,7 +20,9 @@ def test_default_space_per_device() -> None:
         "matmul_precision": ["highest", "high", "medium"],
         "autocast": ["none", "bfloat16"],
     }
-    assert cpu.size() == math.prod(len(choices) for choices in grid.values()) >= 18  # more knobs, more settings
+    # compile_options is conditional (inductor only): its choices multiply the inductor settings only.
+    others = math.prod(len(c) for name, c in grid.items() if name not in ("execution", "compile_options"))
+    assert cpu.size() == others * (2 + len(grid["compile_options"])) >= 18  # eager, aot_eager; inductor x options
     assert cpu.to_candidate(cpu.baseline_params()) == Candidate()  # first choices are the baseline
     tpu = SearchSpace.load("default", "tpu")
     fused = tpu.to_candidate({"execution": "eager:defer_and_fuse"})
@@ -33,7 +35,9 @@ def test_default_space_per_device() -> None:
 def test_candidate_round_trip(device: str) -> None:
     space = SearchSpace.load("default", device)
     for execution in space.grid()["execution"]:
-        params = {**space.baseline_params(), "execution": execution, "autocast": "bfloat16"}
+        # Every first choice, conditional parameters (compile_options) kept only where active.
+        params = space.normalize({**{p.name: p.choices[0] for p in space.searched},
+                                  "execution": execution, "autocast": "bfloat16"})
         assert space.to_params(space.to_candidate(params)) == params
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -62,6 +62,13 @@ class Knob(ABC):
         """Whether the knob means anything on this device kind (a config for another kind
         leaves it out)."""
         return device_kind in self.device_kinds
+
+    def active(self, settings: Mapping[str, str]) -> bool:
+        """Whether the knob means anything given the other knobs' `settings` (name -> value, the
+        ones decided so far). An inactive knob is neither searched nor set: the search space asks
+        for it only when this is true (a conditional parameter), and a setting without it runs
+        its default. E.g. inductor's options only under ``execution = inductor``."""
+        return True
 
     def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:
         """The choices of the search-space TOML `entry` on this device (the first is the

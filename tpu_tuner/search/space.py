@@ -1,8 +1,11 @@
 """Search spaces: declarative TOML (search_spaces/*.toml) replayed as Optuna define-by-run calls.
 
-A parameter is a registered knob (`tpu_tuner.knobs`) searched as a flat categorical with choices
-per device kind; its first choice is the baseline. Flat categoricals keep grid search exact and
-need no conditionals.
+A parameter is a registered knob (`tpu_tuner.knobs`) searched as a categorical with choices per
+device kind; its first choice is the baseline. A knob may be conditional (`Knob.active`: inductor's
+options only under ``execution = inductor``): `suggest` asks for it only where it is active, as
+Optuna's define-by-run allows (TPE models the parameter over the trials that have it), and a
+setting where it is inactive leaves it out. `settings()` enumerates only valid settings, each once;
+`size()` counts them and the grid sampler walks them.
 """
 
 from __future__ import annotations
@@ -72,34 +75,80 @@ class SearchSpace:
         return tuple(p for p in self.params if len(p.choices) > 1)
 
     def baseline_params(self) -> dict[str, str]:
-        return {p.name: p.choices[0] for p in self.searched}
+        """The baseline's searched parameters (first choices; conditional ones only where active)."""
+        return self.normalize({p.name: p.choices[0] for p in self.searched})
+
+    def baseline_value(self, name: str) -> str:
+        """The baseline choice of parameter `name` (also of a conditional one the baseline lacks)."""
+        return next(p.choices[0] for p in self.params if p.name == name)
+
+    def _fixed(self) -> dict[str, str]:
+        """The values of parameters with one choice here (conditions may read them)."""
+        return {p.name: p.choices[0] for p in self.params if len(p.choices) == 1}
+
+    def _ordered(self) -> list[Param]:
+        """Searched parameters in registry order, so a knob's condition is decided before it."""
+        order = {name: i for i, name in enumerate(KNOWN_PARAMS)}
+        return sorted(self.searched, key=lambda p: order[p.name])
+
+    def normalize(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` without the conditional parameters that are inactive under the others (a
+        setting has them only where they mean something), in registry order."""
+        context = {**self._fixed(), **params}
+        return {p.name: params[p.name] for p in self._ordered()
+                if p.name in params and knobs.get(p.name).active(context)}
 
     def suggest(self, trial: optuna.Trial) -> dict[str, str]:
-        """Define-by-run: ask the trial for every searched parameter."""
-        return {p.name: trial.suggest_categorical(p.name, list(p.choices)) for p in self.searched}
+        """Define-by-run: ask the trial for every searched parameter that is active under the
+        values suggested before it (registry order)."""
+        chosen: dict[str, str] = {}
+        context = self._fixed()
+        for p in self._ordered():
+            if knobs.get(p.name).active(context):
+                chosen[p.name] = context[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+        return chosen
+
+    def settings(self) -> list[dict[str, str]]:
+        """Every valid setting of the searched parameters, each once (a conditional parameter
+        appears only where active), in grid order."""
+        ordered = self._ordered()
+        found: list[dict[str, str]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for values in itertools.product(*(p.choices for p in ordered)):
+            setting = self.normalize(dict(zip((p.name for p in ordered), values)))
+            key = tuple(setting.items())
+            if key not in seen:
+                seen.add(key)
+                found.append(setting)
+        return found
 
     def grid(self) -> dict[str, list[str]]:
-        """The search space as Optuna's GridSampler wants it."""
+        """Every searched parameter's choices (the product; `settings()` is what a grid walks)."""
         return {p.name: list(p.choices) for p in self.searched}
 
     def size(self) -> int:
-        return len(list(itertools.product(*(p.choices for p in self.searched))))
+        """The number of valid settings."""
+        return len(self.settings())
 
     def to_candidate(self, params: dict[str, Any]) -> Candidate:
-        """A Candidate from parameter values (unsearched parameters take their only choice)."""
+        """A Candidate from parameter values (unsearched parameters take their only choice;
+        conditional ones inactive under the others their knob's default)."""
         try:
-            return Candidate({p.name: params.get(p.name, p.choices[0]) for p in self.params})
+            values = {p.name: params.get(p.name, p.choices[0]) for p in self.params}
+            context = {**self._fixed(), **values}
+            return Candidate({name: value for name, value in values.items() if knobs.get(name).active(context)})
         except ValueError as exc:
             raise DefinitionError(f"bad parameter values {params}: {exc}", self.name) from exc
 
     def to_params(self, candidate: Candidate) -> dict[str, str]:
         """The inverse of `to_candidate` for the searched parameters: each knob's value spelled
-        as this space's choice (e.g. "eager:strict" on TPU for plain eager)."""
+        as this space's choice (e.g. "eager:strict" on TPU for plain eager); inactive
+        conditional parameters left out."""
         result = {}
         for p in self.searched:
             knob, value = knobs.get(p.name), candidate[p.name]
             result[p.name] = next((c for c in p.choices if knob.check(c) == value), value)
-        return result
+        return self.normalize(result)
 
 
 def _valid(knob: knobs.Knob, choice: Any) -> bool:

@@ -196,7 +196,7 @@ def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, An
 def build_sampler(options: TuneOptions, space: SearchSpace) -> optuna.samplers.BaseSampler:
     """The Optuna sampler `options.sampler` names, seeded."""
     if options.sampler == "grid":
-        return _AskTellGridSampler(space.grid(), seed=options.seed)
+        return _AskTellGridSampler(space, seed=options.seed)
     if options.sampler == "random":
         return optuna.samplers.RandomSampler(seed=options.seed)
     # Few startup trials: the seeds already cover the agents' best guesses.
@@ -216,7 +216,20 @@ def _open_study(storage: str, study_name: str, options: TuneOptions, space: Sear
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler for an ask/tell loop: its after_trial only calls `study.stop()` once the grid
-    is exhausted, which Optuna forbids outside `optimize`; the loop stops on its own instead."""
+    is exhausted, which Optuna forbids outside `optimize`; the loop stops on its own instead.
+    It walks the space's valid settings (`SearchSpace.settings()`), not the product of every
+    parameter's choices: a conditional parameter (inductor's options) is in a grid point only
+    where it is active, so no setting is enumerated twice."""
+
+    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
+        super().__init__(space.grid(), seed=seed)
+        # A grid point is a tuple in `_param_names` order; an inactive parameter's slot holds a
+        # placeholder the trial never asks for. (Optuna keeps no public hook for a non-product grid.)
+        first = {name: choices[0] for name, choices in space.grid().items()}
+        self._all_grids = [tuple(setting.get(name, first[name]) for name in self._param_names)
+                           for setting in space.settings()]
+        self._rng.rng.shuffle(self._all_grids)  # type: ignore[arg-type]
+        self._n_min_trials = len(self._all_grids)
 
     def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
         return None

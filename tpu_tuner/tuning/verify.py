@@ -76,10 +76,11 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
                             message="no feasible candidate beat the baseline in the search; keep the baseline")
 
     best_params = dict(best_trial.params)
-    differing = [p.name for p in space.searched if best_params.get(p.name) != baseline_params[p.name]]
+    # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
+    differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
     labels = {"baseline": baseline_params, "best": best_params}
     for name in differing:
-        ablated = {**best_params, name: baseline_params[name]}
+        ablated = space.normalize({**best_params, name: space.baseline_value(name)})
         if ablated != baseline_params:
             labels[f"best without {name}"] = ablated
     compared = _compare(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
@@ -93,7 +94,8 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
     for name in differing:
         label = f"best without {name}"
         reverted = samples[label] if label in samples else samples["baseline"]
-        contributions.append(KnobContribution(name, baseline_params[name], best_params[name], paired_speedup(reverted, samples["best"])))
+        contributions.append(KnobContribution(name, space.baseline_value(name), best_params.get(name, space.baseline_value(name)),
+                                              paired_speedup(reverted, samples["best"])))
     chosen_is_best = speedup.significant
     message = (
         f"verified: {speedup.describe()}"
