@@ -184,7 +184,9 @@ def test_memory_agent_seeds_checkpointing_only_near_the_limit() -> None:
     space = SearchSpace.load("default", "cpu")
     limit = MemoryLimit(4 * GiB, "--trial-memory-gb")
     near = _memory_agent(limit)
-    assert near.seeds(_profile(int(3.6 * GiB)), space) == [{"activation_checkpointing": "blocks"}]
+    # Micro-batching, the other memory knob of a training step, is seeded alone beside it.
+    assert near.seeds(_profile(int(3.6 * GiB)), space) == [{"activation_checkpointing": "blocks"},
+                                                            {"micro_batches": "2"}]
     findings = near.diagnose(_profile(int(3.6 * GiB)))
     assert findings[0] == "baseline peak memory 3.60 GiB (VmHWM); limit 4.00 GiB (--trial-memory-gb), 90% of it"
     assert "seeded" in findings[1]

@@ -89,6 +89,9 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     candidate = Candidate({name: value})
     expected = knob.check(value)
     backend = CpuBackend()
+    if knob.training_only:
+        _training_step_contract(knob, candidate, expected, backend, tmp_path)
+        return
     before = torch.get_float32_matmul_precision()
     baseline = _observe(Candidate(), TinyNet(), TinyNet(), backend, lambda: Candidate().step(backend))
     assert baseline[name] == knob.default  # nothing applied: the default reads back
@@ -121,13 +124,33 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     assert torch.get_float32_matmul_precision() == before
 
 
+def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: str, backend, tmp_path) -> None:
+    """A knob of the training step only: the step that profiling/step.py builds (the trial path)
+    reads the value back from its optimizer / micro-batch count; the model is left alone; the value
+    round-trips through tuned_config.toml. (Its printed code: tests/test_training_step_knobs.py.)"""
+    from tpu_tuner.profiling.step import prepare_step
+    from tpu_tuner.workload import Workload
+
+    workload = Workload(name="tiny", source=tmp_path / "tiny.py", build_model=TinyNet,
+                        make_batch=lambda b, s: (torch.randn(b, 3, 8, 8), torch.randint(0, 5, (b,))),
+                        batch_size=4, seq_len=None, convention="native", loss_fn=nn.functional.cross_entropy)
+    for tried, wanted in ((Candidate(), knob.default), (candidate, expected)):
+        step = prepare_step(workload, backend, tried)
+        assert knob.observe_training(step.optimizer, tried.micro_batches(backend)) == wanted
+        assert knob.observe(step.model, step.forward, backend) is None  # the model is untouched
+        step.run()
+    loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(tmp_path / "tuned_config.toml"))
+    assert loaded.candidate == candidate and loaded.candidate[knob.name] == expected
+    assert not knob.describe(expected) or knob.describe(expected) in candidate.describe()
+
+
 def test_printed_code_runs_and_applies_the_value() -> None:
     """Every quick (knob, value)'s `code()` runs as printed, in one fresh interpreter, and the knob
     then reads its value back there (inside the step's context)."""
     sections = []
     for case in CASES:
         name, value = case.values
-        if case.marks:
+        if case.marks or knobs.get(name).training_only:  # a training loop's code: its own test
             continue
         code = Candidate({name: value}).code("cpu")
         body = "\n".join(code).replace(
@@ -161,7 +184,7 @@ def test_printed_code_runs_and_applies_the_value() -> None:
     observed = json.loads(done.stdout.strip().splitlines()[-1])
     for case in CASES:
         name, value = case.values
-        if not case.marks:
+        if not case.marks and not knobs.get(name).training_only:
             assert observed[f"{name}={value}"] == knobs.get(name).check(value), (name, value)
 
 

@@ -128,6 +128,25 @@ class Candidate:
                 stack.enter_context(knob.step(value, backend))
             yield
 
+    def prepare_optimizer(self, optimizer: Any, backend: "BackendLike") -> Any:
+        """The training step's optimizer with every optimizer-level setting applied."""
+        for knob, value in self._active(backend.kind):
+            optimizer = knob.optimizer(value, optimizer, backend)
+        return optimizer
+
+    def micro_batches(self, backend: "BackendLike") -> int:
+        """Into how many micro-batches the training step splits its batch (1: none)."""
+        counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]
+        return max(counts, default=1)
+
+    def training_code(self, device_kind: str) -> list[str]:
+        """Python for the user's own training loop (optimizer line, accumulation loop)."""
+        lines: list[str] = []
+        for name, knob in knobs.REGISTRY.items():
+            if knob.applies_to(device_kind):
+                lines += knob.training_code(self[name], device_kind)
+        return lines
+
     def code(self, device_kind: str) -> list[str]:
         """Runnable Python that applies the candidate to `model` and runs `inputs` through it."""
         lines = ["import torch"]

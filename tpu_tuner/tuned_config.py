@@ -106,6 +106,12 @@ class TunedConfig:
             "# what apply() does, if you would rather write it out (the knobs' own code):",
         ]
         lines += [f"#   {line}" for line in c.code(self.device_kind)]
+        training = c.training_code(self.device_kind)
+        if training:
+            # The training loop is the user's: apply() cannot rebuild their optimizer or split
+            # their batch, so the measured training-step settings are printed for them to write.
+            lines.append("# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):")
+            lines += [f"#   {line}" for line in training]
         if self.sharding:
             mesh = self.sharding["mesh"]
             names = tuple(axis for axis, size in mesh.items() if size > 1) or ("fsdp",)
@@ -130,6 +136,10 @@ class AppliedConfig:
     model: Callable[..., Any]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     _process: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    # Training: `optimizer(opt)` rebuilds the user's optimizer with the measured implementation
+    # (the hook a trial used); `micro_batches` is the k their own loop should accumulate over.
+    optimizer: Callable[[Any], Any] = field(default=lambda optimizer: optimizer, repr=False)
+    micro_batches: int = 1
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.autocast))
@@ -154,7 +164,10 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
 
     Returns the (possibly compiled) model and a zero-argument autocast context factory:
     ``model, autocast = tpu_tuner.apply(model, "tuned_config.toml")`` then
-    ``with autocast(): out = model(x)``.
+    ``with autocast(): out = model(x)``. The training loop stays the user's: `apply` cannot split
+    their batch or step their optimizer; ``applied.optimizer(opt)`` rebuilds an optimizer with the
+    measured implementation and ``applied.micro_batches`` says how many micro-batches to
+    accumulate over (`TunedConfig.instructions` prints the loop).
     """
     if not isinstance(config, TunedConfig):
         config = TunedConfig.load(config)
@@ -171,7 +184,9 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
     model = candidate.prepare_model(model, backend)
     compiled = candidate.wrap_forward(model, backend)
-    return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process)
+    return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
+                         optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
+                         micro_batches=candidate.micro_batches(backend))
 
 
 def _backend_class(device_kind: str) -> Any:

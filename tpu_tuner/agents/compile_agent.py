@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from tpu_tuner.agents import compiler_options
+from tpu_tuner.agents import compiler_options, training_step
 from tpu_tuner.agents.base import Agent
 from tpu_tuner.agents.schema import CompileDefinition
 from tpu_tuner.candidate import Candidate
@@ -50,7 +50,8 @@ class CompileAgent(Agent):
             findings.append(self._below_roofline(verdict))
         if self.device_kind != "tpu":
             findings.append(self._layout_finding(profile))
-        self._training = compiler_options.is_training(profile)
+        self._training = training_step.is_training(profile)
+        findings += training_step.findings(profile)
         if self.device_kind != "tpu":
             findings += compiler_options.findings(profile)
         return findings
@@ -70,7 +71,8 @@ class CompileAgent(Agent):
         seeds = super().seeds(profile, space)
         if profile is not None:
             self._conv_share = convolution_share(profile)
-            self._training = compiler_options.is_training(profile)
+            self._training = training_step.is_training(profile)
+        seeds += training_step.seeds(profile, {p.name: p.choices for p in self.params(space)})
         seeds += compiler_options.seeds(profile, {p.name: p.choices for p in self.params(space)})
         layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
         if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
@@ -104,4 +106,5 @@ class CompileAgent(Agent):
         if candidate["memory_format"] == "channels_last" and self._conv_share == 0.0:
             return ("channels_last skipped: the profile shows no convolution operator, and the setting only "
                     "re-lays 4-D convolution weights and inputs")
-        return compiler_options.validate(candidate, self._training, self.device_kind)
+        return (compiler_options.validate(candidate, self._training, self.device_kind)
+                or training_step.validate(candidate, self._training))

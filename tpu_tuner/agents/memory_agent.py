@@ -17,6 +17,9 @@ from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 KNOB = "activation_checkpointing"
+# Gradient accumulation (tpu_tuner/knobs/micro_batches.py): the other memory knob of a training
+# step; k smaller passes are slower by construction, so it is reasoned about like checkpointing.
+MICRO_BATCHES = "micro_batches"
 
 
 def is_training(profile: Profile) -> bool:
@@ -48,10 +51,11 @@ class MemoryAgent(Agent):
         elif self._near_limit(profile):
             findings.append(f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
                             "checkpointing repeated blocks is seeded (less activation memory, one more forward "
-                            "of each block)")
+                            "of each block), and so is splitting the batch into micro-batches (one slice's "
+                            "activations alive at a time, k smaller passes)")
         else:
-            findings.append("the baseline is not near a memory limit: activation checkpointing is searched, not "
-                            "seeded (it costs a forward of each block)")
+            findings.append("the baseline is not near a memory limit: activation checkpointing and micro-batching "
+                            "are searched, not seeded (they cost a forward of each block / k smaller passes)")
         return findings
 
     def _near_limit(self, profile: Profile) -> bool:
@@ -60,18 +64,26 @@ class MemoryAgent(Agent):
                 and peak >= self.definition.seeds.near_limit_share * self.limit.bytes)
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
-        """Checkpointing alone, for a training step whose baseline peak is near the limit."""
+        """Checkpointing alone, and two micro-batches alone, for a training step whose baseline
+        peak is near the limit."""
         if profile is None:
             return []
         self._training = is_training(profile)
         choice = self.definition.seeds.activation_checkpointing
         param = next((p for p in self.params(space) if p.name == KNOB), None)
-        if param is None or choice not in param.choices or not self._training or not self._near_limit(profile):
+        if not self._training or not self._near_limit(profile):
             return []
-        return [{KNOB: choice}]
+        seeds = [{KNOB: choice}] if param is not None and choice in param.choices else []
+        split = next((p for p in self.params(space) if p.name == MICRO_BATCHES), None)
+        if split is not None:
+            seeds.append({MICRO_BATCHES: split.choices[1]})  # the smallest split: the least time lost
+        return seeds
 
     def validate(self, candidate: Candidate) -> str | None:
         if self._training is False and candidate[KNOB] != "none":
             return ("activation checkpointing skipped: an inference step keeps no activations for a backward "
                     "pass, so there is nothing to recompute")
+        if self._training is False and candidate[MICRO_BATCHES] != "1":
+            return ("micro_batches skipped: an inference step has no backward pass or optimizer step to "
+                    "accumulate over")
         return None

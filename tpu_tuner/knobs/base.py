@@ -8,7 +8,11 @@ module of `tpu_tuner.knobs`. A knob applies a value through hooks, each a no-op 
 * ``process``: a context holding process-wide settings (matmul precision);
 * ``model``: a change to the model (memory format);
 * ``forward``: a wrapper of the model's forward (torch.compile);
-* ``step``: a context around each step (autocast).
+* ``step``: a context around each step (autocast);
+* ``optimizer`` / ``micro_batches``: how a training step is built (the optimizer's implementation,
+  gradient accumulation over micro-batches); `profiling/step.py` builds every training step, the
+  accuracy guardrail's included, through them. A user's training loop is their own, so
+  ``tpu_tuner.apply`` cannot change it: ``training_code`` prints what to write there.
 
 The trial worker (`profiling/step.py`, `backends.Backend.applied`) and `tpu_tuner.apply` call the
 same hooks, so what was measured is what gets applied. ``code`` prints the same thing as Python
@@ -107,6 +111,30 @@ class Knob(ABC):
     def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         """A context entered around every step (forward and loss)."""
         return contextlib.nullcontext()
+
+    # --- how a training step is built (no-ops by default; inference steps never call them) -----
+
+    # True for knobs that act only on the training step (optimizer, accumulation): they leave the
+    # model and its forward alone, so `observe` reads nothing there; `observe_training` does.
+    training_only: ClassVar[bool] = False
+
+    def optimizer(self, value: str, optimizer: Any, backend: BackendLike) -> Any:
+        """The training step's optimizer with the setting applied (the same one by default)."""
+        return optimizer
+
+    def micro_batches(self, value: str) -> int:
+        """Into how many micro-batches a training step splits its batch (1: the whole batch)."""
+        return 1
+
+    def training_code(self, value: str, device_kind: str) -> list[str]:
+        """Python for the user's own training loop (``optimizer``, ``loss_fn``, ``inputs``,
+        ``target`` are their names); ``tpu_tuner.apply`` cannot change a loop it does not run."""
+        return []
+
+    def observe_training(self, optimizer: Any, micro_batches: int) -> str | None:
+        """The value in force in a built training step (its optimizer, its micro-batch count);
+        None where the knob does not act on the training step."""
+        return None
 
     # --- reports and code ---------------------------------------------------------------------
 

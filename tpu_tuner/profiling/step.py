@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,8 @@ def prepare_step(
     # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,
     # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too.
     model = backend.prepare_model(model, candidate)
-    optimizer = workload.optimizer_for(model)
+    # The training step's optimizer as the candidate builds it (implementation flag).
+    optimizer = candidate.prepare_optimizer(workload.optimizer_for(model), backend)
     compiled = backend.compile(model, candidate)
 
     return PreparedStep(
@@ -80,11 +82,10 @@ def step_function(workload: Workload, backend: Backend, candidate: Candidate, fo
     if workload.is_training:
         assert optimizer is not None and workload.loss_fn is not None
         loss_fn = workload.loss_fn
+        slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
 
         def train_step() -> Any:
-            with backend.autocast(candidate):
-                loss = loss_fn(call_model(forward, inputs), target)
-            loss.backward()
+            loss = accumulate_gradients(forward, loss_fn, slices, lambda: backend.autocast(candidate))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return loss.detach()
@@ -96,6 +97,54 @@ def step_function(workload: Workload, backend: Backend, candidate: Candidate, fo
             return call_model(forward, inputs)
 
     return inference_step
+
+
+def micro_batches(inputs: Any, target: Any, k: int, workload: Workload) -> list[tuple[Any, Any]]:
+    """The batch as `k` equal (inputs, target) slices along the first dimension; tensors whose
+    first dimension is not the batch's travel whole with every slice. Refuses a batch that `k`
+    does not divide: unequal slices would weight the samples unequally under a 1/k loss scale."""
+    if k == 1:
+        return [(inputs, target)]
+    size = _batch_size(inputs)
+    if size is None or size % k:
+        raise WorkloadError(f"micro_batches {k}: the batch of {size} samples does not split into {k} equal parts",
+                            workload.source)
+    return [(_slice(inputs, size, k, i), _slice(target, size, k, i)) for i in range(k)]
+
+
+def accumulate_gradients(forward: Callable[..., Any], loss_fn: Callable[[Any, Any], torch.Tensor],
+                         slices: list[tuple[Any, Any]],
+                         autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> torch.Tensor:
+    """Forward and backward over each slice with its loss scaled by 1/len(slices), gradients
+    accumulating in `.grad`: for a mean-reduced loss the result is the whole batch's gradient.
+    Returns the whole batch's loss (the scaled losses summed), detached."""
+    total: torch.Tensor | None = None
+    for inputs, target in slices:
+        with autocast():
+            loss = loss_fn(call_model(forward, inputs), target)
+        if len(slices) > 1:
+            loss = loss / len(slices)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    assert total is not None
+    return total
+
+
+def _batch_size(obj: Any) -> int | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.shape[0] if obj.dim() else None
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    return next((size for value in values if (size := _batch_size(value)) is not None), None)
+
+
+def _slice(obj: Any, size: int, k: int, index: int) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.chunk(k)[index] if obj.dim() and obj.shape[0] == size else obj
+    if isinstance(obj, dict):
+        return {key: _slice(value, size, k, index) for key, value in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_slice(value, size, k, index) for value in obj)
+    return obj
 
 
 def run_user_step(step: Callable[[], Any], workload: Workload, what: str) -> Any:

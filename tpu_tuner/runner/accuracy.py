@@ -1,8 +1,9 @@
 """The accuracy guardrail: a trial's outputs against a full-fp32 eager reference.
 
 Inference compares the model outputs; training compares the loss and the gradients of the
-first step (before any optimizer step), on the same seeded weights and inputs. The error is
-relative: ||trial - reference|| / ||reference||, the largest over the compared parts.
+first step (before any optimizer step; accumulated over the candidate's micro-batches), on the
+same seeded weights and inputs. The error is relative: ||trial - reference|| / ||reference||,
+the largest over the compared parts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from tpu_tuner.backends.base import Backend
 from tpu_tuner.candidate import Candidate
-from tpu_tuner.profiling.step import PreparedStep
+from tpu_tuner.profiling.step import PreparedStep, accumulate_gradients, micro_batches
 from tpu_tuner.workload import Workload, call_model
 
 REFERENCE = Candidate()  # eager, fp32 "highest", no autocast
@@ -32,9 +33,10 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
     inputs, target = step.batch
     if workload.is_training:
         assert workload.loss_fn is not None
-        with backend.autocast(candidate):
-            loss = workload.loss_fn(call_model(step.forward, inputs), target)
-        loss.backward()
+        # The candidate's own accumulation (micro-batches, loss / k): its accumulated gradients
+        # are what is compared with the whole-batch fp32 reference.
+        slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
+        loss = accumulate_gradients(step.forward, workload.loss_fn, slices, lambda: backend.autocast(candidate))
         grads = [p.grad.detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
         parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": torch.cat(grads).cpu()}
         step.model.zero_grad(set_to_none=True)
