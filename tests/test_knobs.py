@@ -49,15 +49,16 @@ CASES = _cpu_cases()
 
 
 class TinyNet(nn.Module):
-    """A convolution and a linear layer: every knob has something to act on."""
+    """A convolution, a linear layer and two repeated blocks: every knob has something to act on."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.head = nn.Linear(4 * 8 * 8, 5)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(5, 5), nn.Tanh()) for _ in range(2)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.conv(x)).flatten(1))
+        return self.blocks(self.head(torch.relu(self.conv(x)).flatten(1)))
 
 
 def test_everything_reads_the_registry() -> None:
@@ -173,9 +174,10 @@ def test_printed_code_runs_and_applies_the_value() -> None:
                 super().__init__()
                 self.conv = nn.Conv2d(3, 4, 3, padding=1)
                 self.head = nn.Linear(4 * 8 * 8, 5)
+                self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(5, 5), nn.Tanh()) for _ in range(2)))
 
             def forward(self, x):
-                return self.head(torch.relu(self.conv(x)).flatten(1))
+                return self.blocks(self.head(torch.relu(self.conv(x)).flatten(1)))
 
         observed = {}
         """) + "\n".join(sections) + "\nprint(json.dumps(observed))\n"

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from tpu_tuner.agents import Agent, load_agents
+from tpu_tuner.agents.memory_agent import MemoryAgent
 from tpu_tuner.backends import BACKENDS
 from tpu_tuner.bucketing.cost_model import fit_cost_model
 from tpu_tuner.bucketing.knob import BucketingContext
@@ -35,6 +36,7 @@ from tpu_tuner.runner.summary import WorkloadSummary, load_summary
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
+from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.run_file import RUN_FILE
 from tpu_tuner.tuning.storage import check_storage
@@ -114,6 +116,12 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
     device_kind = profile.device.kind
     space = SearchSpace.load(options.space, device_kind)
     agents = load_agents(list(options.agents), device_kind, profile.device.probe)
+    # The memory constraint (--trial-memory-gb, or the device's memory): the memory agent
+    # reasons from it, every measured trial is checked against it.
+    memory = memory_limit(options.memory_limit_bytes, device_kind, profile.device.memory_bytes)
+    for agent in agents:
+        if isinstance(agent, MemoryAgent):
+            agent.limit = memory
     findings = {agent.name: agent.diagnose(profile) for agent in agents}
     study = _open_study(storage, study_name, options, space)
     _mark_interrupted(study)
@@ -127,7 +135,7 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         "peak_flops_per_s": profile.device.peak.flops_per_s,
         "model_flops_per_step": profile.flops.model_per_step,
     }
-    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing)
+    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory)
     emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
                   "of steady steps)", elapsed=time.perf_counter() - started))
 
@@ -272,6 +280,7 @@ def run_search(
     emit: ProgressCallback,
     started: float,
     bucketing: BucketingContext | None = None,
+    memory: MemoryLimit | None = None,
 ) -> None:
     distinct_total = space.size()
     asked = 0
@@ -322,9 +331,12 @@ def run_search(
         trial.set_user_attr("measured", True)
         trial.set_user_attr("trial_wall_s", outcome.seconds)
         if outcome.ok:
-            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance, bucketing)
+            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance,
+                                                   bucketing, memory)
             study.tell(trial, value)
-            verdict = "ok" if outcome.value.accuracy_error <= options.tolerance else "infeasible (accuracy)"
+            over = memory.exceeded_by(outcome.value.peak_memory_bytes) if memory is not None else None
+            verdict = ("infeasible (accuracy)" if outcome.value.accuracy_error > options.tolerance
+                       else f"infeasible ({over})" if over else "ok")
             message = f"{label}: {_figures(value, outcome.value, options.planned_steps, bucketing)}, {verdict}"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
