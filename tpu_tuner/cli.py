@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--tolerance", type=float, default=1e-2,
                       help="largest relative error against fp32 eager a config may have (default 0.01)")
     tune.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a trial is killed (default 300)")
-    tune.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB")
+    tune.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB; also the study's "
+                      "memory constraint (a trial whose measured peak memory exceeds it is infeasible)")
     tune.add_argument("--verify-rounds", type=int, default=12, help="interleaved rounds of the final comparison (default 12)")
     tune.add_argument("--storage", help="Optuna storage URL (default: sqlite in the run folder), e.g. postgresql://...")
     tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
