@@ -105,3 +105,18 @@ def test_the_cpu_backend_hands_its_probe_to_the_profile(tmp_path, monkeypatch) -
     probe = CpuBackend().info().probe
     assert probe == injected and probe.medium_changes_numerics is False
     assert probe.bf16_speed_ratio == pytest.approx(0.2)
+
+
+def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> None:
+    """One agent with many seeds must not fill a small budget before the others' first guess."""
+    from types import SimpleNamespace
+
+    many = SimpleNamespace(seeds=lambda profile, space: [{"autocast": "bfloat16"}, {"matmul_precision": "medium"},
+                                                          {"matmul_precision": "high"}])
+    one = SimpleNamespace(seeds=lambda profile, space: [{"matmul_precision": "medium"}])
+    study = optuna.create_study()
+    enqueue_seeds(study, _space(), [many, one], None)
+    queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+    base = {"matmul_precision": "highest", "autocast": "none"}
+    assert queued == [base, {**base, "autocast": "bfloat16"}, {**base, "matmul_precision": "medium"},
+                      {"matmul_precision": "medium", "autocast": "bfloat16"}, {**base, "matmul_precision": "high"}]

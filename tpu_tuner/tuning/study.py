@@ -253,16 +253,24 @@ def _mark_interrupted(study: optuna.Study) -> None:
 
 
 def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None) -> None:
-    """Baseline first (trial 0), then each agent's seeds, then all agents' first seeds combined."""
+    """Baseline first (trial 0), then every agent's first seed, then those first seeds combined,
+    then the agents' further seeds in turns.
+
+    Round-robin, not agent by agent: with many knobs one agent can propose more seeds than a
+    small budget holds (the compile agent's freezing / max-autotune / channels_last variants once
+    filled six trials of --trials 6 before bf16 autocast, the precision agent's first guess, ran).
+    """
     baseline = space.baseline_params()
-    queue: list[dict[str, str]] = [baseline]
+    per_agent = [agent.seeds(profile, space) for agent in agents]
     first_seeds: dict[str, str] = {}
-    for agent in agents:
-        seeds = agent.seeds(profile, space)
-        queue += [{**baseline, **seed} for seed in seeds]
+    for seeds in per_agent:
         if seeds:
             first_seeds.update(seeds[0])
+    queue: list[dict[str, str]] = [baseline]
+    queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
     queue.append({**baseline, **first_seeds})
+    for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
+        queue += [{**baseline, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
     seen: list[dict[str, str]] = []
     for params in queue:
         if params not in seen:
