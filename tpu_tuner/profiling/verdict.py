@@ -76,6 +76,10 @@ def decide(
     """
     compute_seconds = flops_per_step / peak_flops
     compute_share = compute_seconds / step_seconds
+    if 1.0 < compute_share <= 1.0 + 1e-9:
+        # A peak raised to the achieved rate (metrics.mfu.checked_peak) gives exactly 1 in exact
+        # arithmetic; the recomputed ratio may land a few ulps above it.
+        compute_share = 1.0
     memory_seconds = memory_share = intensity = ridge = None
     if bytes_per_step and memory_bytes_per_s:
         memory_seconds = bytes_per_step / memory_bytes_per_s
