@@ -202,6 +202,16 @@ def test_memory_agent_skips_checkpointing_for_inference() -> None:
     assert "inference step" in agent.diagnose(_profile(int(3.9 * GiB), training=False))[1]
     assert "inference step keeps no activations" in agent.validate(Candidate(activation_checkpointing="blocks"))
     assert agent.validate(Candidate()) is None
-    training = _memory_agent(None)
-    training.diagnose(_profile(GiB))
-    assert training.validate(Candidate(activation_checkpointing="every_2nd")) is None
+
+
+
+def test_memory_agent_tries_checkpointing_only_under_memory_pressure() -> None:
+    # Far from the limit, or with none, checkpointing can only cost time: rejected unmeasured.
+    for limit, peak in ((None, GiB), (MemoryLimit(4 * GiB, "--trial-memory-gb"), GiB)):
+        relaxed = _memory_agent(limit)
+        assert "checkpointing is not tried" in relaxed.diagnose(_profile(peak))[-1]
+        assert "not near a memory limit" in relaxed.validate(Candidate(activation_checkpointing="every_2nd"))
+        assert relaxed.validate(Candidate(micro_batches="2")) is None  # searched: it can also run faster
+    pressed = _memory_agent(MemoryLimit(4 * GiB, "--trial-memory-gb"))
+    pressed.diagnose(_profile(int(3.6 * GiB)))
+    assert pressed.validate(Candidate(activation_checkpointing="every_2nd")) is None

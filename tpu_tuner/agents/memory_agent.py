@@ -1,10 +1,11 @@
 """The memory agent: activation checkpointing, against the study's memory constraint.
 
 Checkpointing repeated blocks trades step time (one more forward of each checkpointed block)
-for peak memory, so it is worth trying first only when the baseline's measured peak is close to
-the limit a trial must stay under (`tpu_tuner.tuning.memory_limit`); otherwise it is searched
-like any knob and the study's step-time objective decides. An inference step keeps no
-activations for a backward pass: there the knob can change nothing and is rejected.
+for peak memory, so it is tried only when the baseline's measured peak is close to the limit a
+trial must stay under (`tpu_tuner.tuning.memory_limit`): there it is seeded; elsewhere a setting
+with it is rejected unmeasured (it could only be slower; docs/knobs.md has the measured cost).
+An inference step has no backward pass: the search space leaves both memory knobs out there
+(knobs/traits.py), and this agent rejects them should a space still hold them.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class MemoryAgent(Agent):
     definition: MemoryDefinition
     limit: MemoryLimit | None = None  # set by the study once the baseline profile names the device
     _training: bool | None = None  # from the profile diagnose/seeds saw; None before
+    _pressed: bool | None = None  # whether that profile's peak is near the limit; None before
 
     def diagnose(self, profile: Profile) -> list[str]:
         self._training = is_training(profile)
+        self._pressed = self._near_limit(profile)
         peak = profile.memory.peak_bytes
         measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
         if self.limit is None:
@@ -54,8 +57,10 @@ class MemoryAgent(Agent):
                             "of each block), and so is splitting the batch into micro-batches (one slice's "
                             "activations alive at a time, k smaller passes)")
         else:
-            findings.append("the baseline is not near a memory limit: activation checkpointing and micro-batching "
-                            "are searched, not seeded (they cost a forward of each block / k smaller passes)")
+            findings.append("the baseline is not near a memory limit: activation checkpointing is not tried (it "
+                            "only trades a forward of each block for memory the step does not need; give "
+                            "--trial-memory-gb to search it under a limit), micro-batching is searched, not "
+                            "seeded (k smaller passes, which can also run faster where activations fit in cache)")
         return findings
 
     def _near_limit(self, profile: Profile) -> bool:
@@ -69,6 +74,7 @@ class MemoryAgent(Agent):
         if profile is None:
             return []
         self._training = is_training(profile)
+        self._pressed = self._near_limit(profile)
         choice = self.definition.seeds.activation_checkpointing
         param = next((p for p in self.params(space) if p.name == KNOB), None)
         if not self._training or not self._near_limit(profile):
@@ -83,6 +89,9 @@ class MemoryAgent(Agent):
         if self._training is False and candidate[KNOB] != "none":
             return ("activation checkpointing skipped: an inference step keeps no activations for a backward "
                     "pass, so there is nothing to recompute")
+        if self._training and self._pressed is False and candidate[KNOB] != "none":
+            return ("activation checkpointing skipped: the baseline is not near a memory limit, and recomputing "
+                    "blocks only trades step time for memory the step does not need")
         if self._training is False and candidate[MICRO_BATCHES] != "1":
             return ("micro_batches skipped: an inference step has no backward pass or optimizer step to "
                     "accumulate over")

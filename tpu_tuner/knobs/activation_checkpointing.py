@@ -25,6 +25,7 @@ from tpu_tuner.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
+    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
 
 NONE = "none"
@@ -42,6 +43,11 @@ class ActivationCheckpointingKnob(Knob):
     position = 60
     values = (NONE, BLOCKS, EVERY_2ND)
     device_kinds = ("cpu", "cuda")
+    not_applicable = "it needs a training step and a model with two or more like blocks"
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        # Without grad nothing is kept for a backward pass; without two like blocks nothing to pick.
+        return traits.training and traits.repeated_blocks >= 2
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         if value == NONE:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from tpu_tuner.backends.base import Backend
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
     # A backend instance, or its class where only its tables are needed (the parent process and
     # `tpu-tune apply` ask the class: the device may not be present there).
@@ -72,6 +73,21 @@ class Knob(ABC):
         ones decided so far). An inactive knob is neither searched nor set: the search space asks
         for it only when this is true (a conditional parameter), and a setting without it runs
         its default. E.g. inductor's options only under ``execution = inductor``."""
+        return True
+
+    # Why `applies_to_workload` can say no, for the run's report ("left out: ...").
+    not_applicable: ClassVar[str] = "cannot change this workload's step"
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        """Whether the knob can change this workload's step at all (`knobs/traits.py`); a knob
+        that cannot is not a parameter of the workload's search space. E.g. the optimizer's
+        implementation only for a training step."""
+        return True
+
+    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+        """Whether one choice can run on this workload (e.g. inductor freezing only without
+        grad, a micro-batch count only where it divides the batch); the baseline choice always
+        can."""
         return True
 
     def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:

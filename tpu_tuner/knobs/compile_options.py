@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
+    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
 
 DEFAULT = "default"
@@ -81,6 +82,10 @@ class CompileOptionsKnob(Knob):
             if bad:
                 raise ValueError(f"compile_options {bad[0]!r}: CUDA graphs exist only on CUDA, not {device_kind}")
         return choices
+
+    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+        # Freezing bakes the weights into the graph: a training step updates them.
+        return not (traits.training and FREEZING in flags(self.check(value)))
 
     def active(self, settings: Mapping[str, str]) -> bool:
         """Searched only under inductor: the options are inductor's (any mode of it)."""

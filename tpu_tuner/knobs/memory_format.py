@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
+    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
 
 CONTIGUOUS = "contiguous"
@@ -28,6 +29,10 @@ class MemoryFormatKnob(Knob):
     position = 40
     values = (CONTIGUOUS, CHANNELS_LAST)
     device_kinds = ("cpu", "cuda")
+    not_applicable = "the model has no 4-D (convolution) weights to re-lay"
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        return traits.conv_weights > 0  # nothing else is re-laid
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         if value != CHANNELS_LAST:

@@ -11,7 +11,12 @@ less efficient forward/backward passes. A batch that k does not divide is refuse
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tpu_tuner.knobs.base import Knob
+
+if TYPE_CHECKING:
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
 
 class MicroBatchesKnob(Knob):
@@ -21,6 +26,13 @@ class MicroBatchesKnob(Knob):
     position = 65
     values = ("1", "2", "4", "8")
     training_only = True
+    not_applicable = "an inference step has no backward pass to accumulate over"
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        return traits.training  # an inference step has no backward pass to accumulate over
+
+    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+        return traits.batch_size is None or traits.batch_size % int(self.check(value)) == 0
 
     def micro_batches(self, value: str) -> int:
         return int(self.check(value))

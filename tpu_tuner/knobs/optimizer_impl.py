@@ -15,10 +15,13 @@ TorchTPU: unverified whether fused kernels exist there, so not offered.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
 DEFAULT = "default"
 FORLOOP = "forloop"
@@ -36,6 +39,10 @@ class OptimizerImplKnob(Knob):
     values = (DEFAULT, FORLOOP, FOREACH, FUSED)
     device_kinds = ("cpu", "cuda")
     training_only = True
+    not_applicable = "an inference step has no optimizer"
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        return traits.training  # an inference step has no optimizer
 
     def optimizer(self, value: str, optimizer: Any, backend: BackendLike) -> Any:
         if value == DEFAULT or optimizer is None:

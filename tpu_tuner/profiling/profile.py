@@ -30,6 +30,7 @@ from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per
 from tpu_tuner.metrics.timing import TimingStats
 from tpu_tuner.profiling.operators import OperatorTime, top_operators
 from tpu_tuner.profiling.settings import ProfilerSettings
+from tpu_tuner.knobs.traits import of_model
 from tpu_tuner.profiling.step import prepare_step, run_user_step
 from tpu_tuner.profiling.timer import WarmupResult, time_steps, warm_up
 from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
@@ -146,6 +147,9 @@ def profile(
     with backend.applied(candidate):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         ran_batch_size = _ran_batch_size(workload, step.batch[0], batch_size)
+        # What the search space is narrowed by (knobs/traits.py): read from the built model here,
+        # where the file is imported; the parent only reads the profile.
+        traits = of_model(step.model, workload.is_training, ran_batch_size)
         log.info("counting FLOPs of one eager %s", workload.step_kind)
         started = time.monotonic()
         counted = run_user_step(lambda: count_step(step.run_eager), workload, "the first step")
@@ -206,6 +210,7 @@ def profile(
             "batch_size": ran_batch_size,
             "seq_len": seq_len,
             "notes": workload.notes + _size_notes(workload, batch_size, ran_batch_size),
+            "traits": traits.to_dict(),
         },
         device=info,
         candidate=candidate,

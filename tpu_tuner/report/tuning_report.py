@@ -62,7 +62,11 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
     frame = result.trials_dataframe()
     out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.sampler}, search space "
-            f"`{result.space.name}`; every row is in trials.csv.", ""]
+            f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
+            "trials.csv.", ""]
+    if result.space.left_out:
+        out += ["Left out of the space for this workload (they cannot change its step):", ""]
+        out += [f"- {line}" for line in result.space.left_out] + [""]
     out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)

@@ -21,6 +21,7 @@ from tpu_tuner import knobs
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import DefinitionError
+from tpu_tuner.knobs.traits import WorkloadTraits
 
 # The parameters a space may search: the registered knobs.
 KNOWN_PARAMS = knobs.names()
@@ -43,6 +44,8 @@ class SearchSpace:
     name: str
     device_kind: str
     params: tuple[Param, ...]
+    # What `for_workload` left out and why, one line each ("memory_format: ...").
+    left_out: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, name_or_path: str | Path, device_kind: str) -> "SearchSpace":
@@ -68,6 +71,28 @@ class SearchSpace:
         if not params:
             raise DefinitionError(f"no parameters for device {device_kind!r}", where)
         return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params))
+
+    def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
+        """This space narrowed to what can change `traits`' step: knobs that cannot
+        (`Knob.applies_to_workload`) and choices that cannot run (`Knob.choice_applies`) are left
+        out, each noted in `left_out`. A knob left out keeps its baseline value, so every setting
+        of the narrowed space is a setting of this one. No traits (a profile written before
+        they were recorded): the space as it is."""
+        if traits is None:
+            return self
+        params, left_out = [], list(self.left_out)
+        for p in self.params:
+            knob = knobs.get(p.name)
+            if len(p.choices) > 1 and not knob.applies_to_workload(traits):
+                left_out.append(f"{p.name}: {knob.not_applicable} (kept at {p.choices[0]})")
+                params.append(Param(p.name, p.agent, p.choices[:1], p.help))
+                continue
+            kept = tuple(c for i, c in enumerate(p.choices) if i == 0 or knob.choice_applies(knob.check(c), traits))
+            if len(kept) < len(p.choices):
+                dropped = ", ".join(c for c in p.choices if c not in kept)
+                left_out.append(f"{p.name}: {dropped} cannot run on this workload's step")
+            params.append(Param(p.name, p.agent, kept, p.help))
+        return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out))
 
     @property
     def searched(self) -> tuple[Param, ...]:

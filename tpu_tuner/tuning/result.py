@@ -179,7 +179,7 @@ class TuningResult:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise UserInputError(f"unreadable {results.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
         return cls(run_dir=run_dir, study=_load_study(run_dir, state, storage),
-                   space=_load_space(record.get("space"), options, profile.device.kind), profile=profile,
+                   space=_load_space(record.get("space"), options, profile), profile=profile,
                    findings=findings, verification=verification, options=options, worker_starts=worker_starts,
                    created=created)
 
@@ -270,7 +270,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> op
         raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
 
 
-def _load_space(data: Any, options: TuneOptions, device_kind: str) -> SearchSpace:
+def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpace:
     """The space the run searched, as stored; loaded again by name when the stored form no
     longer matches the SearchSpace class (a newer version of tpu-tune)."""
     from tpu_tuner.plain_data import from_plain
@@ -278,7 +278,9 @@ def _load_space(data: Any, options: TuneOptions, device_kind: str) -> SearchSpac
     try:
         return from_plain(SearchSpace, data)
     except (TypeError, ValueError, KeyError, AttributeError):
-        return SearchSpace.load(options.space, device_kind)
+        from tpu_tuner.knobs.traits import of_profile
+
+        return SearchSpace.load(options.space, profile.device.kind).for_workload(of_profile(profile.workload))
 
 
 def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None:

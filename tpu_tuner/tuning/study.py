@@ -33,6 +33,7 @@ from tpu_tuner.results import STUDY_DB, new_run_dir
 from tpu_tuner.run_outputs import write_tuning
 from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.runner.summary import WorkloadSummary, load_summary
+from tpu_tuner.knobs import traits
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
@@ -114,7 +115,9 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
     profile: Profile = profiled.value
     device_kind = profile.device.kind
-    space = SearchSpace.load(options.space, device_kind)
+    # Narrowed to what can change this workload's step (no optimizer knob for inference, no
+    # memory format without convolutions): knobs/traits.py.
+    space = SearchSpace.load(options.space, device_kind).for_workload(traits.of_profile(profile.workload))
     agents = load_agents(list(options.agents), device_kind, profile.device.probe)
     # The memory constraint (--trial-memory-gb, or the device's memory): the memory agent
     # reasons from it, every measured trial is checked against it.

@@ -1,0 +1,63 @@
+"""What a workload is, as far as knobs care: the facts that decide which knobs and choices can
+mean anything for it.
+
+Read once from the baseline's built model in the profiling worker (`of_model`) and stored in the
+profile, so the parent, which never imports the model file, can narrow the search space
+(`SearchSpace.for_workload`): a knob that cannot change this workload's step is not a parameter
+of its study, rather than a parameter whose other values are all rejected. That keeps the space,
+the grid and the trials table to what can be measured (a convolution-free training step has no
+memory format to search; an inference step no optimizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class WorkloadTraits:
+    """The facts knobs are narrowed by (`Knob.applies_to_workload`, `Knob.choice_applies`)."""
+
+    training: bool  # a training step (forward, backward, optimizer), not inference
+    conv_weights: int  # 4-D parameters (convolution weights): what a memory format re-lays
+    repeated_blocks: int  # members of the model's outermost stack of like blocks
+    batch_size: int | None  # the batch one step runs (micro-batches must divide it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkloadTraits:
+        """From a stored profile's ``workload["traits"]``; KeyError/TypeError when malformed."""
+        return cls(training=bool(data["training"]), conv_weights=int(data["conv_weights"]),
+                   repeated_blocks=int(data["repeated_blocks"]),
+                   batch_size=None if data.get("batch_size") is None else int(data["batch_size"]))
+
+
+def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:
+    """The traits of a built model (called in the worker, which has imported the file)."""
+    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+
+    return WorkloadTraits(
+        training=training,
+        conv_weights=sum(1 for p in model.parameters() if p.dim() == 4),
+        repeated_blocks=len(repeated_blocks(model)),
+        batch_size=batch_size,
+    )
+
+
+def of_profile(workload: Mapping[str, Any]) -> WorkloadTraits | None:
+    """The traits a profile's ``workload`` table recorded; None for a profile written before
+    traits were recorded (or a malformed entry), so callers search the space unnarrowed."""
+    data = workload.get("traits")
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        return WorkloadTraits.from_dict(data)
+    except (KeyError, TypeError, ValueError):
+        return None
