@@ -92,3 +92,33 @@ def test_examples_profile_records_traits(example: str, training: bool) -> None:
     assert traits.training is training
     assert (traits.conv_weights > 0) is (example == "cnn")
     assert traits.repeated_blocks >= 2
+
+
+def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
+    # A seed naming only execution = inductor must be enqueued whole (inductor's options at
+    # their default): Optuna's grid sampler refuses to fill in an enqueued trial's missing params.
+    import optuna
+
+    from tpu_tuner.tuning import TuneOptions
+    from tpu_tuner.tuning.study import build_sampler, enqueue_seeds
+
+    space = SearchSpace.load("default", "cpu").for_workload(WorkloadTraits(False, 0, 0, 4))
+    assert space.complete({"execution": "inductor"})["compile_options"] == "default"
+    assert "compile_options" not in space.complete({"execution": "eager"})
+
+    class _Seeder:
+        name = "compile"
+
+        def seeds(self, profile: object, space: SearchSpace) -> list[dict[str, str]]:
+            return [{"execution": "inductor"}]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=build_sampler(TuneOptions(sampler="grid"), space))
+    enqueue_seeds(study, space, [_Seeder()], None)  # type: ignore[list-item]
+    asked = []
+    for _ in range(3):  # baseline, the seed, then the grid's own first point
+        trial = study.ask()
+        asked.append(space.suggest(trial))
+        study.tell(trial, 1.0)
+    assert asked[1]["execution"] == "inductor" and asked[1]["compile_options"] == "default"
+    assert asked[2] in space.settings()

@@ -123,6 +123,16 @@ class SearchSpace:
         return {p.name: params[p.name] for p in self._ordered()
                 if p.name in params and knobs.get(p.name).active(context)}
 
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with every active searched parameter it lacks at its baseline choice (a seed
+        naming ``execution = inductor`` gets inductor's default options), inactive ones left out:
+        a whole setting, as an enqueued trial must be (a sampler is not asked for the rest)."""
+        context = {**self._fixed(), **params}
+        for p in self._ordered():
+            if p.name not in context and knobs.get(p.name).active(context):
+                context[p.name] = p.choices[0]
+        return self.normalize({p.name: context[p.name] for p in self._ordered() if p.name in context})
+
     def suggest(self, trial: optuna.Trial) -> dict[str, str]:
         """Define-by-run: ask the trial for every searched parameter that is active under the
         values suggested before it (registry order)."""

@@ -275,7 +275,7 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], 
     for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
         queue += [{**baseline, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
     seen: list[dict[str, str]] = []
-    for params in queue:
+    for params in map(space.complete, queue):  # whole settings: a grid sampler asks for none
         if params not in seen:
             seen.append(params)
             study.enqueue_trial(params, skip_if_exists=True)
