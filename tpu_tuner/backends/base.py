@@ -121,6 +121,20 @@ class Backend(ABC):
 
         return {"torch_compile_graphs": int(counters["stats"].get("unique_graphs", 0))}
 
+    def fresh_compile_state(self, graphs: int = 64) -> None:
+        """Forget this process's earlier torch.compile frames and allow `graphs` cache entries
+        per function. A worker measures trial after trial: each builds a new model whose
+        forward is the same code object, and once dynamo's per-function recompile limit (8)
+        is spent it silently runs that forward eager. A trial labelled inductor then measured
+        eager (seen on examples/cnn.py's grid: fullgraph trials failed "no compiled frames").
+        Compiled artefacts on disk (inductor's FX graph cache) are kept."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(graphs, getattr(torch._dynamo.config, name)))
+
     def default_compile_backend(self) -> str:
         """The torch.compile backend that suits this device."""
         return "inductor"

@@ -14,6 +14,7 @@ from typing import Any
 from tpu_tuner.backends import Backend, get_backend
 from tpu_tuner.bucketing.measure import run_bucket_costs, run_bucket_replay
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.profiling import ProfilerSettings, profile
@@ -71,6 +72,7 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     batch_size, seq_len = options.get("batch_size"), options.get("seq_len")
     reference = state.reference(batch_size, seq_len)
     settings = ProfilerSettings(**options["settings"])
+    backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
     with backend.applied(candidate):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         events_before = backend.compile_events()
@@ -86,6 +88,11 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         )
         peak_memory, _ = backend.peak_memory_bytes()
         compiles = compile_delta(events_before, backend.compile_events())
+    if compile_options(candidate["execution"]) is not None and not any(compiles.values()):
+        # torch.compile gave up and ran eager (a graph break it could not trace, a limit): the
+        # timing is not the setting's, so it is no measurement of it.
+        raise RuntimeError(f"{candidate.describe()}: torch.compile compiled no graph, so the step ran eager; "
+                         "nothing of the setting was measured")
     # Compile cost: the time warm-up took beyond what the same number of steady steps take.
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
     flops = float(options["model_flops_per_step"])
@@ -136,6 +143,8 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
     if state.compare_key != key:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
+        # Every candidate of the window keeps its compiled frames: room for all of them.
+        backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
         for candidate in parsed:
             with backend.applied(candidate):
                 step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
