@@ -118,5 +118,7 @@ def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> 
     enqueue_seeds(study, _space(), [many, one], None)
     queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
     base = {"matmul_precision": "highest", "autocast": "none"}
+    combined = {"matmul_precision": "medium", "autocast": "bfloat16"}
+    # Further seeds go on top of the combined one ("medium" again is the combined seed: once).
     assert queued == [base, {**base, "autocast": "bfloat16"}, {**base, "matmul_precision": "medium"},
-                      {"matmul_precision": "medium", "autocast": "bfloat16"}, {**base, "matmul_precision": "high"}]
+                      combined, {**combined, "matmul_precision": "high"}]

@@ -118,14 +118,7 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions): knobs/traits.py.
     space = SearchSpace.load(options.space, device_kind).for_workload(traits.of_profile(profile.workload))
-    agents = load_agents(list(options.agents), device_kind, profile.device.probe)
-    # The memory constraint (--trial-memory-gb, or the device's memory): the memory agent
-    # reasons from it, every measured trial is checked against it.
-    memory = memory_limit(options.memory_limit_bytes, device_kind, profile.device.memory_bytes)
-    for agent in agents:
-        if isinstance(agent, MemoryAgent):
-            agent.limit = memory
-    findings = {agent.name: agent.diagnose(profile) for agent in agents}
+    agents, findings, memory = prepare_agents(options, profile)
     study = _open_study(storage, study_name, options, space)
     _mark_interrupted(study)
     if not study.trials:
@@ -155,6 +148,20 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
     )
     write_tuning(result)
     return result
+
+
+def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
+    """The run's agents, having read the baseline profile (their findings, by agent), and the
+    study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
+    reasons from it, and every measured trial is checked against it."""
+    device_kind = profile.device.kind
+    agents = load_agents(list(options.agents), device_kind, profile.device.probe)
+    memory = memory_limit(options.memory_limit_bytes, device_kind, profile.device.memory_bytes)
+    for agent in agents:
+        if isinstance(agent, MemoryAgent):
+            agent.limit = memory
+    findings = {agent.name: agent.diagnose(profile) for agent in agents}
+    return agents, findings, memory
 
 
 def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
@@ -256,12 +263,16 @@ def _mark_interrupted(study: optuna.Study) -> None:
 
 
 def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None) -> None:
-    """Baseline first (trial 0), then every agent's first seed, then those first seeds combined,
-    then the agents' further seeds in turns.
+    """Baseline first (trial 0), then every agent's first seed alone, then those first seeds
+    combined, then the agents' further seeds in turns, each on top of the combined seed.
 
     Round-robin, not agent by agent: with many knobs one agent can propose more seeds than a
     small budget holds (the compile agent's freezing / max-autotune / channels_last variants once
     filled six trials of --trials 6 before bf16 autocast, the precision agent's first guess, ran).
+    Further seeds on top of the combined one, not the baseline: they are variants of one agent's
+    knobs, and the other agents' knobs are mostly independent of them; on the baseline they
+    measured settings every agent already expects to lose (on examples/cnn.py, inductor freezing
+    in fp32 while bf16 autocast had already halved the step, and the grid's best was never queued).
     """
     baseline = space.baseline_params()
     per_agent = [agent.seeds(profile, space) for agent in agents]
@@ -271,9 +282,10 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], 
             first_seeds.update(seeds[0])
     queue: list[dict[str, str]] = [baseline]
     queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
-    queue.append({**baseline, **first_seeds})
+    queue.append({**baseline, **first_seeds})  # the combined seed
+    combined = {**baseline, **first_seeds}
     for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
-        queue += [{**baseline, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
+        queue += [{**combined, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
     seen: list[dict[str, str]] = []
     for params in map(space.complete, queue):  # whole settings: a grid sampler asks for none
         if params not in seen:

@@ -83,7 +83,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
         ablated = space.normalize({**best_params, name: space.baseline_value(name)})
         if ablated != baseline_params:
             labels[f"best without {name}"] = ablated
-    compared = _compare(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
+    compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
     if isinstance(compared, str):
         return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
                             message=f"verification failed ({compared}); keep the baseline")
@@ -115,7 +115,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
     )
 
 
-def _compare(runner: TrialRunner, candidates: list[dict[str, Any]], options: TuneOptions,
+def compare_interleaved(runner: TrialRunner, candidates: list[dict[str, Any]], options: TuneOptions,
              progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
     """The interleaved rounds, one job a round on the same warm worker (the worker keeps the built
     steps between them), so that a comparison of minutes reports its progress. Candidate 0 is the
