@@ -27,6 +27,7 @@ from pathlib import Path
 import optuna
 
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.profiling import profile
 from tpu_tuner.runner.measurement import TrialFailure
 from tpu_tuner.runner.pool import JobResult
 from tpu_tuner.tuning import TuneOptions, TuningResult, trial_attrs, tune
@@ -96,6 +97,9 @@ def main() -> None:
     parser.add_argument("--example", default="gpt", help="example to measure the grid on when no --grid-run")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--budget", type=int, help="measured trials per replay (default: 20%% of the grid's size)")
+    parser.add_argument("--reprofile", action="store_true",
+                        help="profile the workload again with this version and let the agents read that "
+                             "profile (a grid run made before the profile recorded what the agents now read)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -104,6 +108,11 @@ def main() -> None:
                       TuneOptions(sampler="grid", trials=100_000, out=REPO / "results"))
         args.grid_run = result.run_dir
     grid = TuningResult.load(args.grid_run)
+    if args.reprofile:
+        fresh = profile(grid.profile.workload["source"], batch_size=grid.options.batch_size,
+                        seq_len=grid.options.seq_len, settings=grid.options.trial_settings)
+        print(f"agents read a fresh profile of {fresh.workload['source']} (baseline step {fresh.timing.median * 1e3:.1f} ms)")
+        grid.profile = fresh
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
     rejected = sum(1 for t in grid.study.trials if "rejected_by" in t.user_attrs)

@@ -122,3 +122,4 @@ def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
         study.tell(trial, 1.0)
     assert asked[1]["execution"] == "inductor" and asked[1]["compile_options"] == "default"
     assert asked[2] in space.settings()
+

@@ -92,6 +92,9 @@ class Profile:
     # True when the MFU rests on counted FLOPs and an uncounted operator took a share of the step.
     mfu_is_lower_bound: bool = False
     estimate: StepEstimate | None = None  # the meta-device estimate made before running
+    # A training step's optimizer update, as a share of profiled operator self time (its
+    # profiler range, so every kernel of it counts); None for inference and older profiles.
+    optimizer_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -173,7 +176,8 @@ def profile(
         if any(compiles_while_timing.values()):
             warnings.append(f"recompiled while timing: {compiles_while_timing}")
         events: list[Any] = []
-        operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators, events)
+        shares: dict[str, float] = {}
+        operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators, events, shares)
         flops, mfu_is_lower_bound = _with_uncounted(flops, workload, events, backend, settings, warnings)
 
     # One MFU convention for every run: the fastest dtype's peak, never exceeded (docs/mfu.md).
@@ -228,6 +232,7 @@ def profile(
         memory=MemoryReport(peak_memory, memory_method),
         operators=operators,
         operator_steps=settings.profiled_steps,
+        optimizer_share=shares.get("optimizer_step") if workload.is_training else None,
         verdict=verdict,
         environment={
             "python": platform.python_version(),
