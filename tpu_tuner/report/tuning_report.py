@@ -46,6 +46,16 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
                 "best for it (exact DP: its measured compile time per shape, its steady step scaled by the step-time "
                 "curve measured at the start); the interleaved comparison above is at the reference length. "
                 f"On TorchTPU: {bucketing['torchtpu']}."]
+    if v.race:
+        out += ["", "## The search's leaders, raced", "",
+                "The search measured each setting once; its fastest settings within 15% of the best were re-measured "
+                "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
+                "time / planned steps) is the one verified above.", "",
+                "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
+                "|---:|---|---:|---:|---:|"]
+        out += [f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
+                f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
+                f"{e.speedup_over_baseline:.2f}x |" for e in v.race]
     out += ["", "## What each knob contributed", ""]
     if v.contributions:
         out += [

@@ -9,6 +9,7 @@ recommendation is the baseline.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.race import RaceEntry, leaders, race
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Verification:
     samples: dict[str, list[float]] = field(default_factory=dict)
     compiles_while_comparing: dict[str, int] = field(default_factory=dict)
     message: str = ""
+    # The search's leaders re-measured interleaved before this verification (tuning/race.py);
+    # empty when one leader stood alone. `best_trial` is the race's winner.
+    race: list[RaceEntry] = field(default_factory=list)
 
 
 VerifyProgress = Callable[[int, int, float], None]
@@ -74,6 +81,17 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
     if best_trial.params == baseline_params:
         return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
                             message="no feasible candidate beat the baseline in the search; keep the baseline")
+
+    # The search's leaders, raced interleaved: one measurement each cannot order settings a few
+    # percent apart (tuning/race.py).
+    race_entries: list[RaceEntry] = []
+    contenders = leaders(study, baseline_params)
+    if len(contenders) > 1:
+        raced = race(study, space, runner, options, contenders)
+        if isinstance(raced, str):
+            log.warning("racing the search's leaders failed (%s); verifying its best by one measurement", raced)
+        else:
+            best_trial, race_entries = raced
 
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
@@ -103,6 +121,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
         else f"not significant: {speedup.describe()} includes 1; keep the baseline"
     )
     return Verification(
+        race=race_entries,
         baseline_trial=baseline_trial.number,
         best_trial=best_trial.number,
         chosen=space.to_candidate(best_params) if chosen_is_best else baseline,

@@ -1,0 +1,99 @@
+"""The race: the search's leaders re-measured interleaved before one is verified. A setting the
+search ranked second by one noisy measurement but that is faster interleaved is the one verified
+and recommended; a lone leader is not raced."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tpu_tuner.runner.measurement import Measurement
+from tpu_tuner.runner.pool import JobResult
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning import TuneOptions, trial_attrs
+from tpu_tuner.tuning.race import leaders
+from tpu_tuner.tuning.verify import verify
+
+# Steady step each setting really takes (what every interleaved round sees), by autocast x precision.
+TRUE_STEP = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.050, ("none", "medium"): 0.040,
+             ("bfloat16", "medium"): 0.080}
+
+
+def _space() -> SearchSpace:
+    return SearchSpace.load("precision", "cpu")
+
+
+class _ScriptedRunner:
+    """Answers "compare" jobs with each candidate's true step (a little jitter per round)."""
+
+    def __init__(self) -> None:
+        self.compared: list[list[dict]] = []
+
+    def run(self, job, payload, options, env=None, timeout_s=None):  # noqa: ANN001
+        assert job == "compare"
+        self.compared.append(payload)
+        jitter = 1.0 + 0.01 * (options["first_round"] % 3)
+        times = [[TRUE_STEP[(c["autocast"], c["matmul_precision"])] * jitter] for c in payload]
+        return JobResult(value={"samples": times, "compiles_while_comparing": {}})
+
+
+def _study(search_figures: dict[tuple[str, str], float]) -> optuna.Study:
+    """A finished search: one measured trial per setting, valued at its (noisy) search figure."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = _space()
+    study = optuna.create_study()
+    for (autocast, precision), value in search_figures.items():
+        study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
+        trial = study.ask()
+        params = space.suggest(trial)
+        m = Measurement(candidate=space.to_candidate(params).to_dict(), step_median=value, step_p10=value,
+                        step_p90=value, samples=[value], first_call_seconds=value, warmup_seconds=0.0,
+                        compile_seconds=0.0, compiles={}, model_flops_per_step=1.0, peak_flops_per_s=1.0,
+                        peak_dtype="float32", mfu=0.1, peak_memory_bytes=None, accuracy_errors={})
+        study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
+    return study
+
+
+@pytest.fixture
+def options() -> TuneOptions:
+    from tpu_tuner.profiling.settings import ProfilerSettings
+
+    return TuneOptions(verify_rounds=6, trial_settings=ProfilerSettings())
+
+
+def test_a_leader_that_one_measurement_put_second_wins_the_race_and_is_verified(options) -> None:
+    # The search saw bf16 (truly 50 ms) at 41 ms and medium (truly 40 ms) at 45 ms.
+    study = _study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
+    runner = _ScriptedRunner()
+    v = verify(study, _space(), runner, options, "cpu")
+    assert [e.label for e in v.race] == ["eager, matmul highest, autocast bfloat16", "eager, matmul medium"]
+    winner = next(e for e in v.race if e.trial == v.best_trial)
+    assert winner.label == "eager, matmul medium" and winner.interleaved_amortised_s == pytest.approx(0.040, rel=0.03)
+    assert v.chosen.to_dict()["matmul_precision"] == "medium" and v.chosen_is_best
+    assert v.speedup.speedup == pytest.approx(2.5, rel=0.01)
+    assert len(runner.compared[0]) == 3  # the race: baseline and the two leaders, one window
+
+
+def test_a_lone_leader_and_a_distant_runner_up_are_not_raced(options) -> None:
+    # 45 ms against 100 ms: beyond RACE_WITHIN of the leader, one measurement's noise cannot reverse that.
+    study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040, ("bfloat16", "medium"): 0.080})
+    assert [t.params["matmul_precision"] for t in leaders(study, _space().baseline_params())] == ["medium"]
+    runner = _ScriptedRunner()
+    v = verify(study, _space(), runner, options, "cpu")
+    assert v.race == [] and v.chosen.to_dict()["matmul_precision"] == "medium"
+    assert all(len(payload) == 2 for payload in runner.compared)  # only baseline and best
+
+
+def test_the_race_is_kept_in_result_json(options) -> None:
+    import dataclasses
+    import json
+
+    from tpu_tuner.plain_data import from_plain
+    from tpu_tuner.tuning.verify import Verification
+
+    study = _study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
+    v = verify(study, _space(), _ScriptedRunner(), options, "cpu")
+    data = dataclasses.asdict(v)
+    data["chosen"] = v.chosen.to_dict()
+    again = from_plain(Verification, json.loads(json.dumps(data)))
+    assert again.race == v.race and again.best_trial == v.best_trial
