@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tune a model file (also: tpu-tune MODEL.py).",
     )
     _add_run_args(tune)
-    tune.add_argument("--trials", type=int, default=12,
-                      help="settings to measure, baseline and seeds included; repeats and rejections are free (default 12)")
+    tune.add_argument("--trials", type=int,
+                      help="settings to measure, baseline and seeds included; repeats and rejections are free (default: "
+                           "20%% of the settings the agents would measure, 12 to 48; a grid: all of them)")
     tune.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
     tune.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="Optuna sampler (default tpe)")
     tune.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")

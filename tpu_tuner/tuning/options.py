@@ -23,7 +23,8 @@ class TuneOptions:
       bf16 autocast on the examples (measured 2.9e-3 on gpt's gradients, 2.1e-3 on cnn's logits).
     """
 
-    trials: int = 12
+    # Settings to measure; None: automatic, a share of the space (tuning/budget.py).
+    trials: int | None = None
     timeout_s: float | None = None
     sampler: str = "tpe"
     seed: int = 0
@@ -55,7 +56,7 @@ class TuneOptions:
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
         for name in ("trials", "planned_steps", "verify_rounds", "max_buckets", "bucket_align"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
         if self.verify_rounds < 2:
             raise UserInputError("--verify-rounds must be at least 2")

@@ -11,7 +11,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tpu_tuner.run_outputs import write_tuning
 from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.runner.summary import WorkloadSummary, load_summary
 from tpu_tuner.knobs import traits
+from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
@@ -120,6 +121,9 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
     # memory format without convolutions): knobs/traits.py.
     space = SearchSpace.load(options.space, device_kind).for_workload(traits.of_profile(profile.workload))
     agents, findings, memory = prepare_agents(options, profile)
+    budget = search_budget(options.trials, options.sampler, space, agents)
+    options = replace(options, trials=budget.trials)  # the run's record holds the number it used
+    emit(Progress("budget", budget.describe(), elapsed=time.perf_counter() - started))
     study = _open_study(storage, study_name, options, space)
     _mark_interrupted(study)
     if not study.trials:
