@@ -48,7 +48,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
                 f"On TorchTPU: {bucketing['torchtpu']}."]
     if v.race:
         out += ["", "## The search's leaders, raced", "",
-                "The search measured each setting once; its fastest settings within 15% of the best were re-measured "
+                "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were re-measured "
                 "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
                 "time / planned steps) is the one verified above.", "",
                 "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
