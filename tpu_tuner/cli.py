@@ -252,6 +252,12 @@ def _dashboard_command(args: argparse.Namespace) -> int:
             print(write_dashboard(args.results_dir, args.out, details=args.details, collection=collection))
             return 0
     server = make_server(args.results_dir, args.host, args.port, details=args.details)
+    # A process started in the background by a non-interactive shell (`cmd &`, nohup, CI) inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt: Ctrl-C / SIGINT must stop it
+    # all the same (a test run launched that way hung here for 30 s).
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"serving {args.results_dir} on {server.url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
