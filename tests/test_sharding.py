@@ -1,0 +1,82 @@
+"""Sharding layouts run for real on 2 gloo ranks started by PyTorch's launcher: each layout's
+loss and gradients match the single-device fp32 reference; a layout the model cannot run, and a
+rank that crashes, hangs or raises, fail with the rank and the reason and leave no process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tpu_tuner.sharding.apply import LayoutError, parse_layout
+from tpu_tuner.sharding.check import check_layout
+from tpu_tuner.sharding.launch import run_ranks
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOLERANCE = 1e-5  # fp32 on both sides: only the order of reductions differs
+
+
+@pytest.mark.parametrize("layout", ["2x1x1", "1x2x1", "1x1x2"])
+def test_each_layout_matches_the_single_device_reference(layout: str) -> None:
+    result = check_layout(FIXTURES / "tiny_llama.py", layout, nproc=2, timeout_s=120)
+    assert result.ok, result.failure
+    report = result.reports[0]
+    assert report["loss_error"] < TOLERANCE and report["gradient_error"] < TOLERANCE
+    assert report["local_batch"] == (4 if layout == "1x1x2" else 2)  # tensor ranks share the batch
+
+
+def test_a_layout_the_model_cannot_run_fails_with_the_reason() -> None:
+    # examples/gpt.py projects q, k and v with one fused Linear: a column-wise split of it hands
+    # each rank part of q and part of k, which its forward cannot unpack.
+    result = check_layout(FIXTURES / "tiny_gpt.py", "1x1x2", nproc=2, timeout_s=120)
+    assert not result.ok and result.kind == "error"
+    assert result.failure.startswith("rank ") and "ValueError" in result.failure
+    refused = check_layout(FIXTURES / "tiny_llama.py", "2x1x1", nproc=2, batch_size=3, timeout_s=120)
+    assert "does not divide over data x fsdp = 2" in refused.failure
+
+
+def test_layout_strings_are_checked() -> None:
+    assert parse_layout("2x1x4").devices == 8
+    for bad in ("2x1", "0x1x1", "axbxc"):
+        with pytest.raises(LayoutError):
+            parse_layout(bad)
+
+
+def _alive(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
+                                              ("raise", "error", "RuntimeError: rank 1 gave up"),
+                                              ("hang", "timeout", "no rank finished within 8 s")])
+def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
+    result = run_ranks(2, "misbehaving_rank", [mode], timeout_s=8)
+    assert not result.ok and result.kind == kind and says in result.failure
+    assert _alive("misbehaving_rank") == []
+    healthy = run_ranks(2, "misbehaving_rank", ["none"], timeout_s=60)
+    assert healthy.ok and sorted(healthy.reports) == [0, 1]
+
+
+def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_slowest_rank() -> None:
+    from tpu_tuner.sharding.measure import measure_layout
+
+    ddp = measure_layout(FIXTURES / "tiny_llama.py", "2x1x1", nproc=2, steps=3, timeout_s=120)
+    fsdp = measure_layout(FIXTURES / "tiny_llama.py", "1x2x1", nproc=2, steps=3, timeout_s=120)
+    assert ddp.ok and fsdp.ok, (ddp.failure, fsdp.failure)
+    for result in (ddp, fsdp):
+        report = result.reports[0]
+        assert len(report["step_seconds"]) == 3 and min(report["step_seconds"]) > 0
+        assert len(report["peak_bytes"]) == 2 and min(report["peak_bytes"]) > 0
+    # Parameters and AdamW's two moments: DDP holds all of them on each rank, FSDP half.
+    for ddp_bytes, fsdp_bytes in zip(ddp.reports[0]["state_bytes"], fsdp.reports[0]["state_bytes"]):
+        assert fsdp_bytes < 0.6 * ddp_bytes

@@ -1,0 +1,152 @@
+"""Apply a data x fsdp x tensor layout to a model on the current process group.
+
+One function for every caller (the ranks of a trial, the numerics check, a user's script): the
+planner's `Layout` names the mesh, and the placements come from the model's structure as the
+planner derives them (`planner.layouts.placements`):
+
+* ``tensor`` > 1: inside each repeated block, column-wise linears become `ColwiseParallel`,
+  row-wise ones `RowwiseParallel` (DTensor `parallelize_module`), and the block's head-count
+  attributes are divided by the tensor size so its reshapes see the local heads (as torchtitan
+  does). Embeddings and the output head stay replicated;
+* ``fsdp`` > 1: FSDP2 `fully_shard` on each repeated block, then on the root (HSDP, replicate x
+  shard, when ``data`` > 1 too);
+* ``data`` only: `DistributedDataParallel`.
+
+Layouts this cannot run are refused with the reason (`LayoutError`) before anything is sharded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tpu_tuner.errors import UserInputError
+from tpu_tuner.planner.layouts import Layout, placements
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# Attributes holding a head count that a block's forward reshapes by (examples/llama.py, gpt.py).
+HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "n_head", "num_heads", "num_key_value_heads")
+
+
+class LayoutError(UserInputError):
+    """A layout that cannot apply to this model on this many ranks."""
+
+
+def parse_layout(text: str) -> Layout:
+    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout`."""
+    try:
+        data, fsdp, tensor = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise LayoutError(f"layout {text!r} must be DATAxFSDPxTENSOR, e.g. 1x2x1") from None
+    if min(data, fsdp, tensor) < 1:
+        raise LayoutError(f"layout {text!r}: every axis must be at least 1")
+    return Layout(data, fsdp, tensor)
+
+
+def layout_text(layout: Layout) -> str:
+    return f"{layout.data}x{layout.fsdp}x{layout.tensor}"
+
+
+def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int) -> str | None:
+    """Why `layout` cannot run `model` on `world_size` ranks with a global batch of
+    `batch_size`; None where it can."""
+    from torch import nn
+
+    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+
+    if layout.devices != world_size:
+        return f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}"
+    if batch_size % layout.batch_shards:
+        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
+    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
+        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
+    if (layout.fsdp > 1 or layout.tensor > 1) and len(repeated_blocks(model)) < 2:
+        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
+    if layout.tensor > 1:
+        d_model = _residual_width(model)
+        plan = placements(model, d_model)
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and plan.get(f"{name}.weight") in ("colwise", "rowwise"):
+                width = module.out_features if plan[f"{name}.weight"] == "colwise" else module.in_features
+                if width % layout.tensor:
+                    return f"tensor {layout.tensor} does not divide {name}'s width {width}"
+            for attr in HEAD_COUNT_ATTRS:
+                count = getattr(module, attr, None)
+                if isinstance(count, int) and count % layout.tensor:
+                    return f"tensor {layout.tensor} does not divide {name}.{attr} = {count}"
+    return None
+
+
+def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> nn.Module:
+    """Shard `model` (in place where the APIs allow; use the returned module) over the default
+    process group, which must have `layout.devices` ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world_size = dist.get_world_size()
+    if layout.devices != world_size:
+        raise LayoutError(f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}")
+    if layout.devices == 1:
+        return model
+    if layout.fsdp == 1 and layout.tensor == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    names = ("data", "fsdp", "tensor")
+    sizes = (layout.data, layout.fsdp, layout.tensor)
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    if layout.tensor > 1:
+        _tensor_parallel(model, mesh["tensor"], layout.tensor)
+    if layout.fsdp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+
+        dp_mesh = mesh["data", "fsdp"] if layout.data > 1 else mesh["fsdp"]
+        for block in repeated_blocks(model):
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def batch_shard(layout: Layout, rank: int) -> int:
+    """Which of the `layout.batch_shards` slices of the global batch `rank` runs (ranks of one
+    tensor-parallel group run the same slice; the mesh is data x fsdp x tensor, row-major)."""
+    return rank // layout.tensor
+
+
+def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+
+    plan = placements(model, _residual_width(model))
+    names = {id(module): name for name, module in model.named_modules()}
+    for block in repeated_blocks(model):
+        prefix = names[id(block)]
+        styles = {}
+        for name, module in block.named_modules():
+            kind = plan.get(f"{prefix}.{name}.weight") if isinstance(module, nn.Linear) else None
+            if kind == "colwise":
+                styles[name] = ColwiseParallel()
+            elif kind == "rowwise":
+                styles[name] = RowwiseParallel()
+        parallelize_module(block, tensor_mesh, styles)
+        for module in block.modules():
+            for attr in HEAD_COUNT_ATTRS:
+                count = getattr(module, attr, None)
+                if isinstance(count, int):
+                    setattr(module, attr, count // size)
+
+
+def _residual_width(model: nn.Module) -> int:
+    """The model's residual width: its largest embedding's dimension (the planner's reading)."""
+    from torch import nn
+
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    if embeddings:
+        return max(embeddings, key=lambda m: m.num_embeddings).embedding_dim
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return linears[0].in_features if linears else 0
