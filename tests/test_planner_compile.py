@@ -81,6 +81,15 @@ def test_plan_command_end_to_end(tmp_path) -> None:
     assert config["sharding"]["placements"]["layers.0.attention.wq.weight"] == "tensor/fsdp"
     assert (run_dir / "plan.md").read_text().count("| data 1 x fsdp") == 2
     assert "best:" in result.stdout
+    # The plan's sharding_config.toml, unchanged, shards the model on as many gloo ranks as its
+    # mesh has devices (through `apply_sharding`, which `tpu_tuner.apply` calls), and the sharded
+    # step's loss and gradients match the single-device fp32 step.
+    from tpu_tuner.sharding.check import check_layout
+
+    checked = check_layout(EXAMPLES / "llama.py", str(run_dir / "sharding_config.toml"), nproc=4, batch_size=4,
+                           timeout_s=300)
+    assert checked.ok, checked.failure
+    assert checked.reports[0]["loss_error"] < 1e-5 and checked.reports[0]["gradient_error"] < 1e-5
 
 
 def test_memory_truth_from_the_compiler() -> None:

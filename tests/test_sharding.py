@@ -80,3 +80,25 @@ def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_sl
     # Parameters and AdamW's two moments: DDP holds all of them on each rank, FSDP half.
     for ddp_bytes, fsdp_bytes in zip(ddp.reports[0]["state_bytes"], fsdp.reports[0]["state_bytes"]):
         assert fsdp_bytes < 0.6 * ddp_bytes
+
+
+def test_a_config_s_mesh_applies_only_on_a_process_group_of_its_size(tmp_path, caplog) -> None:
+    import torch.distributed as dist
+    from torch import nn
+
+    from tpu_tuner.candidate import Candidate
+    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.tuned_config import TunedConfig, apply_sharding
+
+    path = tmp_path / "sharding_config.toml"
+    TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}}).save(path)
+    model = nn.Linear(4, 4)
+    with caplog.at_level("WARNING"):
+        assert apply_sharding(model, path) is model  # one process: left whole, and said so
+    assert "no process group" in caplog.text
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(UserInputError, match="needs 2 processes; this process group has 1"):
+            apply_sharding(model, path)
+    finally:
+        dist.destroy_process_group()

@@ -183,10 +183,52 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     process.enter_context(candidate.process(backend))
     _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
     model = candidate.prepare_model(model, backend)
+    model = apply_sharding(model, config)
     compiled = candidate.wrap_forward(model, backend)
     return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
                          optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
                          micro_batches=candidate.micro_batches(backend))
+
+
+def apply_sharding(model: nn.Module, config: TunedConfig | str | Path) -> nn.Module:
+    """Apply only the config's [sharding.mesh] (a planner's sharding_config.toml, or a tuned
+    config's) on this process's process group, through the one function the sharded runs and the
+    numerics check use (`tpu_tuner.sharding.apply`); `apply` calls it after the model-level knobs.
+    Without a process group (a single process) the model stays whole, with a warning; a process
+    group of another size than the mesh is refused."""
+    import logging
+
+    import torch.distributed as dist
+
+    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.sharding.apply import apply_layout, layout_text
+
+    if not isinstance(config, TunedConfig):
+        config = TunedConfig.load(config)
+    if not config.sharding:
+        return model
+    mesh = config.sharding.get("mesh", {})
+    try:
+        layout = Layout(int(mesh.get("data", 1)), int(mesh.get("fsdp", 1)), int(mesh.get("tensor", 1)))
+    except (TypeError, ValueError):
+        raise UserInputError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}") from None
+    if layout.devices == 1:
+        return model
+    if not (dist.is_available() and dist.is_initialized()):
+        logging.getLogger(__name__).warning(
+            "sharding %s not applied: no process group (start one process per device, then apply)", layout_text(layout))
+        return model
+    if dist.get_world_size() != layout.devices:
+        raise UserInputError(f"the config's mesh {layout.name()} needs {layout.devices} processes; this process "
+                             f"group has {dist.get_world_size()}")
+    return apply_layout(model, layout, device_type=_mesh_device_type())
+
+
+def _mesh_device_type() -> str:
+    """The device type of this process group's backend: gloo runs on CPU tensors."""
+    import torch.distributed as dist
+
+    return "cpu" if dist.get_backend() == "gloo" else "cuda" if dist.get_backend() == "nccl" else "tpu"
 
 
 def _backend_class(device_kind: str) -> Any:

@@ -1,6 +1,6 @@
 """The numerics guardrail of a sharded training step, run as the ranks of one process group.
 
-    python -m tpu_tuner.sharding.check MODEL.py DATAxFSDPxTENSOR [--batch-size N]
+    python -m tpu_tuner.sharding.check MODEL.py DATAxFSDPxTENSOR|CONFIG.toml [--batch-size N]
     (started by `check_layout`, through `launch.run_ranks`)
 
 Every rank builds the model from the same seed; rank 0 first runs the single-device fp32 step on
@@ -8,7 +8,9 @@ the whole global batch (the reference). Then the layout is applied (`apply.apply
 rank runs forward and backward on its slice of the batch, and the loss (averaged over ranks) and
 every parameter's gradient (gathered from its shards) are compared on rank 0 with the reference,
 as the accuracy guardrail compares precision settings: relative error of the loss and of all
-gradients concatenated in parameter order.
+gradients concatenated in parameter order. Given a tuned or sharding config (``.toml``, e.g. the
+planner's sharding_config.toml) instead of a layout, the ranks shard through `tpu_tuner.apply`,
+as a user's script would, and the same comparison checks it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,16 @@ def main(argv: list[str] | None = None) -> None:
     from tpu_tuner.sharding.apply import apply_layout, batch_shard, parse_layout, why_not
 
     rank, world = init_rank()
-    layout = parse_layout(args.layout)
+    config = None
+    if args.layout.endswith(".toml"):
+        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.tuned_config import TunedConfig
+
+        config = TunedConfig.load(args.layout)
+        mesh = (config.sharding or {}).get("mesh", {})
+        layout = Layout(int(mesh.get("data", 1)), int(mesh.get("fsdp", 1)), int(mesh.get("tensor", 1)))
+    else:
+        layout = parse_layout(args.layout)
     workload = load_workload(args.model_file)
     if not workload.is_training:
         raise SystemExit(f"{args.model_file}: the sharded check needs a training step (the file declares no loss)")
@@ -67,7 +78,14 @@ def main(argv: list[str] | None = None) -> None:
         reference = {"loss": loss.detach(), "gradients": _flat_gradients(single.parameters())}
     dist.barrier()
 
-    sharded = apply_layout(model, layout)
+    if config is not None:
+        from tpu_tuner.tuned_config import apply_sharding
+
+        # The sharding alone, as `tpu_tuner.apply` applies it: the config's other settings are
+        # for its own device (a plan's are TPU's) and the precision guardrail's to check.
+        sharded = apply_sharding(model, config)
+    else:
+        sharded = apply_layout(model, layout)
     shard, shards = batch_shard(layout, rank), layout.batch_shards
     size = batch_size // shards
     local_inputs, local_target = (t[shard * size:(shard + 1) * size] for t in (inputs, target))
