@@ -37,7 +37,7 @@ class _ScriptedRunner:
         return JobResult(value={"samples": times, "compiles_while_comparing": {}})
 
 
-def _study(search_figures: dict[tuple[str, str], float]) -> optuna.Study:
+def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | None = None) -> optuna.Study:
     """A finished search: one measured trial per setting, valued at its (noisy) search figure."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _space()
@@ -50,6 +50,8 @@ def _study(search_figures: dict[tuple[str, str], float]) -> optuna.Study:
                         step_p90=value, samples=[value], first_call_seconds=value, warmup_seconds=0.0,
                         compile_seconds=0.0, compiles={}, model_flops_per_step=1.0, peak_flops_per_s=1.0,
                         peak_dtype="float32", mfu=0.1, peak_memory_bytes=None, accuracy_errors={})
+        if buckets:
+            trial.set_user_attr("buckets", buckets)  # as a search with varying input lengths records
         study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
     return study
 
@@ -97,3 +99,9 @@ def test_the_race_is_kept_in_result_json(options) -> None:
     data["chosen"] = v.chosen.to_dict()
     again = from_plain(Verification, json.loads(json.dumps(data)))
     assert again.race == v.race and again.best_trial == v.best_trial
+
+
+def test_a_bucketed_search_is_not_raced() -> None:
+    figures = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045}
+    assert len(leaders(_study(figures), _space().baseline_params())) == 2
+    assert leaders(_study(figures, buckets=[16, 32]), _space().baseline_params()) == []

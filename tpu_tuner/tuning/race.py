@@ -47,7 +47,10 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
                 if trial_attrs.is_feasible(t) and trial_attrs.measurement_of(t) is not None
                 and "repeat_of" not in t.user_attrs and t.params != baseline_params]
     feasible.sort(key=lambda t: t.value)
-    if not feasible:
+    if not feasible or any("buckets" in t.user_attrs for t in feasible):
+        # With varying input lengths the objective is the expected step over the length sample
+        # under each trial's own buckets (bucketing/knob.py), which a race at one shape cannot
+        # re-measure: the search's order stands.
         return []
     return [t for t in feasible[:RACE_TOP] if t.value <= feasible[0].value * RACE_WITHIN]
 
