@@ -27,6 +27,7 @@ from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.knobs import traits
 from tpu_tuner.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.report.units import duration
@@ -34,10 +35,9 @@ from tpu_tuner.results import STUDY_DB, new_run_dir
 from tpu_tuner.run_outputs import write_tuning
 from tpu_tuner.runner.pool import TrialRunner
 from tpu_tuner.runner.summary import WorkloadSummary, load_summary
-from tpu_tuner.knobs import traits
-from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import run_file, trial_attrs
+from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
@@ -294,8 +294,8 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], 
             first_seeds.update(seeds[0])
     queue: list[dict[str, str]] = [baseline]
     queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
-    queue.append({**baseline, **first_seeds})  # the combined seed
     combined = {**baseline, **first_seeds}
+    queue.append(combined)
     for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
         queue += [{**combined, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
     seen: list[dict[str, str]] = []
