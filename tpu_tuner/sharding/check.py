@@ -15,13 +15,12 @@ as a user's script would, and the same comparison checks it.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.sharding.launch import RanksResult, finish_rank, init_rank, run_ranks, write_report
+from tpu_tuner.sharding.launch import RanksResult, finish_rank, run_ranks, write_report
+from tpu_tuner.sharding.rank_step import prepare_rank_step, rank_arguments
 
-SEED = 0
 
 
 def check_layout(model_file: str | Path, layout: str, nproc: int, batch_size: int | None = None,
@@ -32,72 +31,39 @@ def check_layout(model_file: str | Path, layout: str, nproc: int, batch_size: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_file")
-    parser.add_argument("layout")
-    parser.add_argument("--batch-size", type=int)
-    args = parser.parse_args(argv)
+    args = rank_arguments(__doc__.splitlines()[0]).parse_args(argv)
 
-    import torch
+    import copy
+
     import torch.distributed as dist
 
-    from tpu_tuner.loader import load_workload
+    from tpu_tuner.sharding.apply import apply_layout
+    from tpu_tuner.tuned_config import apply_sharding
     from tpu_tuner.workload import call_model
-    from tpu_tuner.sharding.apply import apply_layout, batch_shard, parse_layout, why_not
 
-    rank, world = init_rank()
-    config = None
-    if args.layout.endswith(".toml"):
-        from tpu_tuner.planner.layouts import Layout
-        from tpu_tuner.tuned_config import TunedConfig
-
-        config = TunedConfig.load(args.layout)
-        mesh = (config.sharding or {}).get("mesh", {})
-        layout = Layout(int(mesh.get("data", 1)), int(mesh.get("fsdp", 1)), int(mesh.get("tensor", 1)))
-    else:
-        layout = parse_layout(args.layout)
-    workload = load_workload(args.model_file)
-    if not workload.is_training:
-        raise SystemExit(f"{args.model_file}: the sharded check needs a training step (the file declares no loss)")
-    torch.manual_seed(SEED)
-    model = workload.build_model()
-    batch_size = args.batch_size or workload.batch_size or 8
-    torch.manual_seed(SEED + 1)
-    inputs, target = workload.split_batch(workload.batch(batch_size))
-    reason = why_not(model, layout, world, batch_size)
-    if reason:
-        raise SystemExit(f"layout {args.layout}: {reason}")
-
+    step = prepare_rank_step(args.model_file, args.layout, args.batch_size)
+    workload = step.workload
     reference: dict[str, Any] | None = None
-    if rank == 0:
-        import copy
-
-        single = copy.deepcopy(model)
-        loss = workload.loss_fn(call_model(single, inputs), target)
+    if step.rank == 0:
+        single = copy.deepcopy(step.model)
+        loss = workload.loss_fn(call_model(single, step.inputs), step.target)
         loss.backward()
         reference = {"loss": loss.detach(), "gradients": _flat_gradients(single.parameters())}
     dist.barrier()
 
-    if config is not None:
-        from tpu_tuner.tuned_config import apply_sharding
-
-        # The sharding alone, as `tpu_tuner.apply` applies it: the config's other settings are
-        # for its own device (a plan's are TPU's) and the precision guardrail's to check.
-        sharded = apply_sharding(model, config)
-    else:
-        sharded = apply_layout(model, layout)
-    shard, shards = batch_shard(layout, rank), layout.batch_shards
-    size = batch_size // shards
-    local_inputs, local_target = (t[shard * size:(shard + 1) * size] for t in (inputs, target))
-    loss = workload.loss_fn(call_model(sharded, local_inputs), local_target)
+    # A config file shards as `tpu_tuner.apply` does (its other settings are for its own device,
+    # a plan's are TPU's, and the precision guardrail's to check); a layout string directly.
+    sharded = (apply_sharding(step.model, args.layout) if args.layout.endswith(".toml")
+               else apply_layout(step.model, step.layout))
+    loss = workload.loss_fn(call_model(sharded, step.local_inputs), step.local_target)
     loss.backward()
     mean_loss = loss.detach().clone()
     dist.all_reduce(mean_loss)
-    mean_loss /= world  # ranks of one tensor group hold the same slice: every slice counts equally
+    mean_loss /= step.world  # ranks of one tensor group hold the same slice: every slice counts equally
     parameters = (sharded.module if hasattr(sharded, "module") else sharded).parameters()
     gradients = _flat_gradients(parameters)  # gathers DTensor shards: every rank takes part
-    report: dict[str, Any] = {"rank": rank, "layout": args.layout, "local_batch": size}
-    if rank == 0 and reference is not None:
+    report: dict[str, Any] = {"rank": step.rank, "layout": args.layout, "local_batch": step.local_batch}
+    if reference is not None:
         report["loss"] = float(mean_loss)
         report["reference_loss"] = float(reference["loss"])
         report["loss_error"] = _relative(mean_loss, reference["loss"])

@@ -15,13 +15,12 @@ it, so the state bytes are where sharding's saving shows (FSDP holds 1/N of each
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from tpu_tuner.sharding.launch import RanksResult, finish_rank, init_rank, run_ranks, write_report
+from tpu_tuner.sharding.launch import RanksResult, finish_rank, run_ranks, write_report
+from tpu_tuner.sharding.rank_step import prepare_rank_step, rank_arguments
 
-SEED = 0
 WARMUP_STEPS = 2
 
 
@@ -34,10 +33,7 @@ def measure_layout(model_file: str | Path, layout: str, nproc: int, batch_size: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_file")
-    parser.add_argument("layout")
-    parser.add_argument("--batch-size", type=int)
+    parser = rank_arguments(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args(argv)
 
@@ -45,27 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 
     from tpu_tuner.backends.cpu import CpuBackend
-    from tpu_tuner.loader import load_workload
-    from tpu_tuner.sharding.apply import apply_layout, batch_shard, parse_layout, why_not
+    from tpu_tuner.sharding.apply import apply_layout
     from tpu_tuner.workload import call_model
 
-    rank, world = init_rank()
-    layout = parse_layout(args.layout)
-    workload = load_workload(args.model_file)
-    if not workload.is_training:
-        raise SystemExit(f"{args.model_file}: sharded timing needs a training step (the file declares no loss)")
-    torch.manual_seed(SEED)
-    model = workload.build_model()
-    batch_size = args.batch_size or workload.batch_size or 8
-    reason = why_not(model, layout, world, batch_size)
-    if reason:
-        raise SystemExit(f"layout {args.layout}: {reason}")
-    torch.manual_seed(SEED + 1)
-    inputs, target = workload.split_batch(workload.batch(batch_size))
-    size = batch_size // layout.batch_shards
-    shard = batch_shard(layout, rank)
-    inputs, target = (t[shard * size:(shard + 1) * size] for t in (inputs, target))
-    model = apply_layout(model, layout)
+    prepared = prepare_rank_step(args.model_file, args.layout, args.batch_size)
+    rank, world, workload = prepared.rank, prepared.world, prepared.workload
+    inputs, target = prepared.local_inputs, prepared.local_target
+    model = apply_layout(prepared.model, prepared.layout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> float:
@@ -87,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                         dtype=torch.float64)
     gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(gathered, mine)
-    report = {"rank": rank, "layout": args.layout, "local_batch": size}
+    report = {"rank": rank, "layout": args.layout, "local_batch": prepared.local_batch}
     if rank == 0:
         report["step_seconds"] = [float(t) for t in times]
         report["peak_bytes"] = [int(g[0].item()) for g in gathered]
