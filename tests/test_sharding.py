@@ -102,3 +102,13 @@ def test_a_config_s_mesh_applies_only_on_a_process_group_of_its_size(tmp_path, c
             apply_sharding(model, path)
     finally:
         dist.destroy_process_group()
+
+
+def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
+    from tpu_tuner.candidate import Candidate
+    from tpu_tuner.tuned_config import TunedConfig
+
+    config = TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}})
+    printed = "\n".join(config.instructions(tmp_path / "c.toml"))
+    assert "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2;" in printed
+    assert f"apply_sharding(model, {str((tmp_path / 'c.toml').resolve())!r})" in printed

@@ -114,11 +114,12 @@ class TunedConfig:
             lines += [f"#   {line}" for line in training]
         if self.sharding:
             mesh = self.sharding["mesh"]
-            names = tuple(axis for axis, size in mesh.items() if size > 1) or ("fsdp",)
-            shape = tuple(mesh[axis] for axis in names)
-            lines.append("# sharding (one process per device, process group 'tpu_dist' on TorchTPU):")
-            lines.append(f"#   mesh = init_device_mesh('{self.device_kind}', {shape}, mesh_dim_names={names})")
-            lines.append("#   placements per parameter are in [sharding.placements] (docs/planner.md)")
+            devices = int(mesh.get("data", 1)) * int(mesh.get("fsdp", 1)) * int(mesh.get("tensor", 1))
+            layout = " x ".join(f"{axis} {mesh.get(axis, 1)}" for axis in ("data", "fsdp", "tensor"))
+            lines.append(f"# sharding {layout}: run one process per device ({devices}; process group 'tpu_dist' on "
+                         "TorchTPU, gloo / NCCL elsewhere); apply() above then shards the model on it, or alone:")
+            lines.append("#   from tpu_tuner.tuned_config import apply_sharding")
+            lines.append(f"#   model = apply_sharding(model, {str(Path(path).resolve())!r})")
         if self.bucketing:
             lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
             lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
