@@ -82,7 +82,7 @@ def test_narrowed_space_round_trips_through_its_stored_form() -> None:
 
 
 @pytest.mark.parametrize("example, training", [("cnn", False), ("gpt", True)])
-def test_examples_profile_records_traits(example: str, training: bool) -> None:
+def test_the_examples_traits(example: str, training: bool) -> None:
     from pathlib import Path
 
     from tpu_tuner.loader import load_workload

@@ -17,8 +17,8 @@ KNOB = "optimizer_impl"
 # purpose: fused does the same update in one pass over parameters and state, with no known
 # downside where the device has it (PyTorch's optimizer docs rank it fastest), and the baseline
 # profile understates the update's share of a tuned step: autocast shrinks the matmuls, not the
-# fp32 update (examples/gpt.py: 2% of the fp32 baseline's self time; fused then measured
-# 1.16x on the bf16 step in the grid, docs/search-efficiency.md).
+# fp32 update (examples/gpt.py: 2% of the fp32 baseline's self time). Its gain there was within
+# noise when measured interleaved (1.02x, 95% CI 0.96-1.08, docs/knobs.md): the seed costs one trial.
 OPTIMIZER_SEED_SHARE = 0.01
 # Operator names of an optimizer update: multi-tensor and fused kernels, and the in-place ops
 # Adam's per-parameter loop is made of.

@@ -19,14 +19,19 @@ class Dims:
     head_dim: int
 
 
+def token_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The model's token embedding: its largest `nn.Embedding` (None without one)."""
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return max(embeddings, key=lambda m: m.num_embeddings) if embeddings else None
+
+
 def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
     """d_model and vocabulary from the embedding, depth from the repeated blocks, heads from the
     attention module's attributes (or `heads_hint`), the MLP width from the widest block Linear."""
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    if not embeddings:
+    embedding = token_embedding(model)
+    if embedding is None:
         raise ValueError("the planner needs a token embedding (nn.Embedding) to find d_model and the vocabulary")
-    token_embedding = max(embeddings, key=lambda m: m.num_embeddings)
-    d_model, vocab = token_embedding.embedding_dim, token_embedding.num_embeddings
+    d_model, vocab = embedding.embedding_dim, embedding.num_embeddings
     _, blocks = blocks_of(model)
     block = blocks[0]
     heads = _attr(block, HEAD_ATTRS) or heads_hint

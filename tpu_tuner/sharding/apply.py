@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.planner.layouts import Layout, placements
+from tpu_tuner.planner.model_shape import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
 
 if TYPE_CHECKING:
     from torch import nn
 
-# Attributes holding a head count that a block's forward reshapes by (examples/llama.py, gpt.py).
-HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "n_head", "num_heads", "num_key_value_heads")
+# Attributes holding a head count that a block's forward reshapes by: the ones the planner reads.
+HEAD_COUNT_ATTRS = HEAD_ATTRS + KV_HEAD_ATTRS
 
 
 class LayoutError(UserInputError):
@@ -142,11 +143,12 @@ def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
 
 
 def _residual_width(model: nn.Module) -> int:
-    """The model's residual width: its largest embedding's dimension (the planner's reading)."""
+    """The model's residual width: its token embedding's dimension (the planner's reading), else
+    the first Linear's input width."""
     from torch import nn
 
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    if embeddings:
-        return max(embeddings, key=lambda m: m.num_embeddings).embedding_dim
+    embedding = token_embedding(model)
+    if embedding is not None:
+        return embedding.embedding_dim
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     return linears[0].in_features if linears else 0

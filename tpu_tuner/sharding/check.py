@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.runner.accuracy import Outputs, relative_error
 from tpu_tuner.sharding.launch import RanksResult, finish_rank, run_ranks, write_report
 from tpu_tuner.sharding.rank_step import prepare_rank_step, rank_arguments
 
@@ -66,8 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     if reference is not None:
         report["loss"] = float(mean_loss)
         report["reference_loss"] = float(reference["loss"])
-        report["loss_error"] = _relative(mean_loss, reference["loss"])
-        report["gradient_error"] = _relative(gradients, reference["gradients"])
+        # The precision guardrail's own comparison (runner/accuracy.py), part by part.
+        errors = relative_error(Outputs({"loss": mean_loss.float().reshape(1), "gradients": gradients}),
+                                Outputs({"loss": reference["loss"].float().reshape(1),
+                                         "gradients": reference["gradients"]}))
+        report["loss_error"], report["gradient_error"] = errors["loss"], errors["gradients"]
     write_report(report)
     finish_rank()
 
@@ -86,15 +90,6 @@ def _flat_gradients(parameters: Any) -> Any:
             grad = grad.full_tensor()
         parts.append(grad.detach().float().flatten())
     return torch.cat(parts)
-
-
-def _relative(value: Any, reference: Any) -> float:
-    import torch
-
-    if value.shape != reference.shape:
-        return float("inf")
-    return float(torch.linalg.vector_norm(value.float() - reference.float()) /
-                 torch.linalg.vector_norm(reference.float()).clamp_min(1e-30))
 
 
 if __name__ == "__main__":
