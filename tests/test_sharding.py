@@ -82,23 +82,22 @@ def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_sl
         assert fsdp_bytes < 0.6 * ddp_bytes
 
 
-def test_a_config_s_mesh_applies_only_on_a_process_group_of_its_size(tmp_path, caplog) -> None:
+def test_a_config_s_layout_applies_only_on_a_process_group_of_its_size(tmp_path) -> None:
     import torch.distributed as dist
     from torch import nn
 
     from tpu_tuner.candidate import Candidate
-    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.sharding.apply import LayoutError
     from tpu_tuner.tuned_config import TunedConfig, apply_sharding
 
     path = tmp_path / "sharding_config.toml"
     TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}}).save(path)
     model = nn.Linear(4, 4)
-    with caplog.at_level("WARNING"):
-        assert apply_sharding(model, path) is model  # one process: left whole, and said so
-    assert "no process group" in caplog.text
+    with pytest.raises(LayoutError, match="layout 1x2x1 runs on 2 processes, one per device: start them"):
+        apply_sharding(model, path)  # one process: refused with what to start, never silently whole
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
-        with pytest.raises(UserInputError, match="needs 2 processes; this process group has 1"):
+        with pytest.raises(LayoutError, match="layout 1x2x1 needs 2 ranks, not 1"):
             apply_sharding(model, path)
     finally:
         dist.destroy_process_group()
@@ -109,6 +108,7 @@ def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
     from tpu_tuner.tuned_config import TunedConfig
 
     config = TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}})
+    assert config.candidate["layout"] == "1x2x1"  # the mesh alone is the layout setting
     printed = "\n".join(config.instructions(tmp_path / "c.toml"))
-    assert "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2;" in printed
-    assert f"apply_sharding(model, {str((tmp_path / 'c.toml').resolve())!r})" in printed
+    assert "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2, e.g. torchrun --nproc-per-node 2)" in printed
+    assert "apply_layout(model, Layout(data=1, fsdp=2, tensor=1), device_type='cpu')" in printed

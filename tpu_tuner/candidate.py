@@ -136,6 +136,13 @@ class Candidate:
             optimizer = knob.optimizer(value, optimizer, backend)
         return optimizer
 
+    def local_batch(self, inputs: Any, target: Any, backend: "BackendLike") -> tuple[Any, Any]:
+        """The part of the global batch this process runs (a rank's slice under a sharding
+        layout; the whole batch otherwise)."""
+        for knob, value in self._active(backend.kind):
+            inputs, target = knob.local_batch(value, inputs, target)
+        return inputs, target
+
     def micro_batches(self, backend: "BackendLike") -> int:
         """Into how many micro-batches the training step splits its batch (1: none)."""
         counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]

@@ -97,7 +97,10 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     written = [results.PLAN_JSON, results.PLAN_PNG, results.PLAN_MD]
     best = result.best
     if best is not None:
-        TunedConfig(Candidate(matmul_precision="medium"), "tpu", provenance={
+        layout = f"{best.layout.data}x{best.layout.fsdp}x{best.layout.tensor}"
+        # The layout is a setting like any other ([settings] layout, the knob a sharded trial
+        # applies); [sharding] repeats its mesh beside the placements the planner derived.
+        TunedConfig(Candidate(matmul_precision="medium", layout=layout), "tpu", provenance={
             "plan": str(run_dir / results.PLAN_JSON), "topology": result.topology.name,
             "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
         }, sharding={"mesh": best.layout.mesh_shape(), "placements": result.placements}).save(

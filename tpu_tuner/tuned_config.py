@@ -38,6 +38,10 @@ class TunedConfig:
     # Optional shape bucketing: {"buckets": [80, 136, ...], "align": 8, "torchtpu": "..."}
     bucketing: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        # One source for the layout: a mesh given alone becomes the candidate's layout setting.
+        self.candidate = _with_mesh(self.candidate, self.sharding, "the tuned config")
+
     def to_toml(self) -> str:
         # Every knob that means something on this device, by the registry; the others stay out
         # (loading the config back gives their defaults).
@@ -49,8 +53,9 @@ class TunedConfig:
             "settings": settings,
             "provenance": _drop_none(self.provenance),
         }
-        if self.sharding:
-            document["sharding"] = self.sharding
+        sharding = self.sharding_table()
+        if sharding:
+            document["sharding"] = sharding
         if self.bucketing:
             document["bucketing"] = _drop_none(self.bucketing)
         return tomli_w.dumps(document)
@@ -75,8 +80,20 @@ class TunedConfig:
             candidate = Candidate.from_dict(data.get("settings", {}))
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"bad [settings]: {exc}", path) from exc
+        candidate = _with_mesh(candidate, data.get("sharding"), path)  # refusals name the file
         return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
                    sharding=data.get("sharding"), bucketing=data.get("bucketing"))
+
+    def sharding_table(self) -> dict[str, Any] | None:
+        """[sharding]: the mesh of the candidate's layout (its one source: [settings] layout),
+        with the planner's placements where it wrote them; None for one process."""
+        from tpu_tuner.knobs.layout import SINGLE, parse
+
+        layout = self.candidate["layout"]
+        if layout == SINGLE:
+            return None
+        data, fsdp, tensor = parse(layout)
+        return {**(self.sharding or {}), "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}}
 
     def environment(self) -> dict[str, str]:
         """Variables that must be set before the process imports torch (TorchTPU eager modes):
@@ -112,14 +129,14 @@ class TunedConfig:
             # their batch, so the measured training-step settings are printed for them to write.
             lines.append("# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):")
             lines += [f"#   {line}" for line in training]
-        if self.sharding:
-            mesh = self.sharding["mesh"]
-            devices = int(mesh.get("data", 1)) * int(mesh.get("fsdp", 1)) * int(mesh.get("tensor", 1))
-            layout = " x ".join(f"{axis} {mesh.get(axis, 1)}" for axis in ("data", "fsdp", "tensor"))
-            lines.append(f"# sharding {layout}: run one process per device ({devices}; process group 'tpu_dist' on "
-                         "TorchTPU, gloo / NCCL elsewhere); apply() above then shards the model on it, or alone:")
-            lines.append("#   from tpu_tuner.tuned_config import apply_sharding")
-            lines.append(f"#   model = apply_sharding(model, {str(Path(path).resolve())!r})")
+        mesh = (self.sharding_table() or {}).get("mesh")
+        if mesh:
+            devices = int(mesh["data"]) * int(mesh["fsdp"]) * int(mesh["tensor"])
+            layout = " x ".join(f"{axis} {mesh[axis]}" for axis in ("data", "fsdp", "tensor"))
+            pg = _backend_class(self.device_kind).process_group_backend
+            lines.insert(1, f"# sharding {layout}: run one process per device ({devices}, e.g. torchrun "
+                         f"--nproc-per-node {devices}), each joined to the process group ({pg!r}) before apply(), "
+                         "which shards the model on it (or alone: tpu_tuner.tuned_config.apply_sharding(model, config))")
         if self.bucketing:
             lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
             lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
@@ -183,8 +200,7 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     process = contextlib.ExitStack()
     process.enter_context(candidate.process(backend))
     _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
-    model = candidate.prepare_model(model, backend)
-    model = apply_sharding(model, config)
+    model = candidate.prepare_model(model, backend)  # the layout too: one process per device, joined first
     compiled = candidate.wrap_forward(model, backend)
     return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
                          optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
@@ -192,44 +208,35 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
 
 
 def apply_sharding(model: nn.Module, config: TunedConfig | str | Path) -> nn.Module:
-    """Apply only the config's [sharding.mesh] (a planner's sharding_config.toml, or a tuned
-    config's) on this process's process group, through the one function the sharded runs and the
-    numerics check use (`tpu_tuner.sharding.apply`); `apply` calls it after the model-level knobs.
-    Without a process group (a single process) the model stays whole, with a warning; a process
-    group of another size than the mesh is refused."""
-    import logging
-
-    import torch.distributed as dist
-
-    from tpu_tuner.planner.layouts import Layout
-    from tpu_tuner.sharding.apply import apply_layout, layout_text
-
+    """Apply only the config's layout (its [settings] layout, the mesh of its [sharding] table:
+    a tuned config's or a planner's sharding_config.toml) on this process's process group,
+    through the layout knob's own hook, the one a sharded trial used (`tpu_tuner.sharding.apply`).
+    One process: the model as it is; a layout over N processes without a process group of N is
+    refused with what to start."""
     if not isinstance(config, TunedConfig):
         config = TunedConfig.load(config)
-    if not config.sharding:
-        return model
-    mesh = config.sharding.get("mesh", {})
+    knob = knobs.get("layout")
+    return knob.model(config.candidate["layout"], model, _backend_class(config.device_kind))
+
+
+def _with_mesh(candidate: Candidate, sharding: Any, where: str | Path) -> Candidate:
+    """The candidate with the layout of a [sharding.mesh] table (configs that gave the mesh
+    alone, as planners did before [settings] had a layout); refused when the two disagree."""
+    from tpu_tuner.knobs.layout import SINGLE
+
+    mesh = sharding.get("mesh") if isinstance(sharding, dict) else None
+    if not mesh:
+        return candidate
     try:
-        layout = Layout(int(mesh.get("data", 1)), int(mesh.get("fsdp", 1)), int(mesh.get("tensor", 1)))
-    except (TypeError, ValueError):
-        raise UserInputError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}") from None
-    if layout.devices == 1:
-        return model
-    if not (dist.is_available() and dist.is_initialized()):
-        logging.getLogger(__name__).warning(
-            "sharding %s not applied: no process group (start one process per device, then apply)", layout_text(layout))
-        return model
-    if dist.get_world_size() != layout.devices:
-        raise UserInputError(f"the config's mesh {layout.name()} needs {layout.devices} processes; this process "
-                             f"group has {dist.get_world_size()}")
-    return apply_layout(model, layout, device_type=_mesh_device_type())
-
-
-def _mesh_device_type() -> str:
-    """The device type of this process group's backend: gloo runs on CPU tensors."""
-    import torch.distributed as dist
-
-    return "cpu" if dist.get_backend() == "gloo" else "cuda" if dist.get_backend() == "nccl" else "tpu"
+        layout = "x".join(str(int(mesh.get(axis, 1))) for axis in ("data", "fsdp", "tensor"))
+        layout = knobs.get("layout").check(layout)
+    except (TypeError, ValueError, AttributeError):
+        raise UserInputError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}", where) from None
+    if candidate["layout"] == SINGLE:
+        return Candidate({**candidate.changed, "layout": layout})
+    if candidate["layout"] != layout:
+        raise UserInputError(f"[settings] layout {candidate['layout']} and [sharding.mesh] {layout} disagree", where)
+    return candidate
 
 
 def _backend_class(device_kind: str) -> Any:

@@ -90,9 +90,10 @@ class Knob(ABC):
         can."""
         return True
 
-    def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:
+    def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The choices of the search-space TOML `entry` on this device (the first is the
-        baseline); empty where the knob is not searched there."""
+        baseline); empty where the knob is not searched there. `ranks`: the processes each
+        trial runs on (``--nproc``), which only the sharding layout's choices depend on."""
         if not self.applies_to(device_kind):
             return ()
         choices = tuple(entry.get("choices", {}).get(device_kind, []))
@@ -127,6 +128,11 @@ class Knob(ABC):
     def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         """A context entered around every step (forward and loss)."""
         return contextlib.nullcontext()
+
+    def local_batch(self, value: str, inputs: Any, target: Any) -> tuple[Any, Any]:
+        """The part of the global batch this process runs (a rank of a sharded step runs its
+        slice); the whole batch by default."""
+        return inputs, target
 
     # --- how a training step is built (no-ops by default; inference steps never call them) -----
 

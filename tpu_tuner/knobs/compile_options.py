@@ -75,8 +75,8 @@ class CompileOptionsKnob(Knob):
                              f"{', '.join(FLAGS)} (each once), not {value!r}")
         return "+".join(f for f in FLAGS if f in given)
 
-    def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:
-        choices = super().choices(device_kind, entry)
+    def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
+        choices = super().choices(device_kind, entry, ranks)
         if device_kind != "cuda":
             bad = [c for c in choices if CUDAGRAPHS in flags(self.check(c))]
             if bad:

@@ -70,11 +70,12 @@ class IntraOpThreadsKnob(Knob):
             raise ValueError(f"{self.name} must be 'all', 'half' or a positive thread count, not {value!r}")
         return str(int(value))
 
-    def choices(self, device_kind: str, entry: dict[str, Any]) -> tuple[str, ...]:
-        """``all`` first, then the resolved counts below the usable cores, each once."""
+    def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
+        """``all`` first, then the resolved counts below the usable cores (a rank's share of them
+        when `ranks` processes share the host: each starts with that many), each once."""
         if not self.applies_to(device_kind):
             return ()
-        cores = usable_cores()
+        cores = max(1, usable_cores() // ranks)
         resolved: list[str] = [ALL]
         for choice in entry.get("choices", {}).get(device_kind, []):
             value = self.check(choice)

@@ -27,6 +27,10 @@ class WorkloadTraits:
     conv_weights: int  # 4-D parameters (convolution weights): what a memory format re-lays
     repeated_blocks: int  # members of the model's outermost stack of like blocks
     batch_size: int | None  # the batch one step runs (micro-batches must divide it)
+    # The greatest common divisor of what a tensor-parallel axis must divide (the column / row
+    # widths and head counts of the repeated blocks, `sharding.apply.tensor_widths`); None where
+    # tensor parallelism has nothing to shard (or for a profile written before it was recorded).
+    tensor_divisor: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,18 +40,24 @@ class WorkloadTraits:
         """From a stored profile's ``workload["traits"]``; KeyError/TypeError when malformed."""
         return cls(training=bool(data["training"]), conv_weights=int(data["conv_weights"]),
                    repeated_blocks=int(data["repeated_blocks"]),
-                   batch_size=None if data.get("batch_size") is None else int(data["batch_size"]))
+                   batch_size=None if data.get("batch_size") is None else int(data["batch_size"]),
+                   tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]))
 
 
 def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:
     """The traits of a built model (called in the worker, which has imported the file)."""
-    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+    import math
 
+    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+    from tpu_tuner.sharding.apply import tensor_widths
+
+    widths = list(tensor_widths(model).values())
     return WorkloadTraits(
         training=training,
         conv_weights=sum(1 for p in model.parameters() if p.dim() == 4),
         repeated_blocks=len(repeated_blocks(model)),
         batch_size=batch_size,
+        tensor_divisor=math.gcd(*widths) if widths else None,
     )
 
 

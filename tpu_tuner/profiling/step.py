@@ -53,6 +53,8 @@ def prepare_step(
         inputs, target = workload.split_batch(batch)
     except Exception as exc:  # noqa: BLE001 - user code
         raise WorkloadError(f"making a batch failed: {type(exc).__name__}: {exc}", workload.source) from exc
+    # Every rank of a sharded step makes the same seeded global batch and runs its slice.
+    inputs, target = candidate.local_batch(inputs, target, backend)
 
     device = backend.device
     model = model.to(device)
@@ -105,11 +107,11 @@ def micro_batches(inputs: Any, target: Any, k: int, workload: Workload) -> list[
     does not divide: unequal slices would weight the samples unequally under a 1/k loss scale."""
     if k == 1:
         return [(inputs, target)]
-    size = _batch_size(inputs)
+    size = batch_size_of(inputs)
     if size is None or size % k:
         raise WorkloadError(f"micro_batches {k}: the batch of {size} samples does not split into {k} equal parts",
                             workload.source)
-    return [(_slice(inputs, size, k, i), _slice(target, size, k, i)) for i in range(k)]
+    return [(batch_slice(inputs, size, k, i), batch_slice(target, size, k, i)) for i in range(k)]
 
 
 def accumulate_gradients(forward: Callable[..., Any], loss_fn: Callable[[Any, Any], torch.Tensor],
@@ -130,20 +132,23 @@ def accumulate_gradients(forward: Callable[..., Any], loss_fn: Callable[[Any, An
     return total
 
 
-def _batch_size(obj: Any) -> int | None:
+def batch_size_of(obj: Any) -> int | None:
+    """The first dimension of the first tensor in `obj` (a tensor, dict, tuple or list)."""
     if isinstance(obj, torch.Tensor):
         return obj.shape[0] if obj.dim() else None
     values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-    return next((size for value in values if (size := _batch_size(value)) is not None), None)
+    return next((size for value in values if (size := batch_size_of(value)) is not None), None)
 
 
-def _slice(obj: Any, size: int, k: int, index: int) -> Any:
+def batch_slice(obj: Any, size: int, k: int, index: int) -> Any:
+    """Slice `index` of `k` equal slices along the batch dimension (`size`); tensors whose first
+    dimension is not the batch's travel whole."""
     if isinstance(obj, torch.Tensor):
         return obj.chunk(k)[index] if obj.dim() and obj.shape[0] == size else obj
     if isinstance(obj, dict):
-        return {key: _slice(value, size, k, index) for key, value in obj.items()}
+        return {key: batch_slice(value, size, k, index) for key, value in obj.items()}
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_slice(value, size, k, index) for value in obj)
+        return type(obj)(batch_slice(value, size, k, index) for value in obj)
     return obj
 
 

@@ -46,9 +46,11 @@ class SearchSpace:
     params: tuple[Param, ...]
     # What `for_workload` left out and why, one line each ("memory_format: ...").
     left_out: tuple[str, ...] = ()
+    # The processes each trial runs on (--nproc): the sharding layouts are those of this many.
+    ranks: int = 1
 
     @classmethod
-    def load(cls, name_or_path: str | Path, device_kind: str) -> "SearchSpace":
+    def load(cls, name_or_path: str | Path, device_kind: str, ranks: int = 1) -> "SearchSpace":
         data = load_definition("search_spaces", name_or_path)
         where = str(name_or_path)
         params = []
@@ -61,7 +63,7 @@ class SearchSpace:
                 raise DefinitionError(f"parameter {name}: unknown keys {sorted(unknown)}", where)
             knob = knobs.get(name)
             try:
-                choices = knob.choices(device_kind, entry)  # rejects bad choices at load time
+                choices = knob.choices(device_kind, entry, ranks)  # rejects bad choices at load time
             except ValueError as exc:
                 bad = next((c for c in entry.get("choices", {}).get(device_kind, []) if not _valid(knob, c)), None)
                 raise DefinitionError(f"parameter {name}: bad choice {bad!r}: {exc}", where) from exc
@@ -70,7 +72,8 @@ class SearchSpace:
             params.append(Param(name, entry.get("agent", knob.agent), choices, entry.get("help", "")))
         if not params:
             raise DefinitionError(f"no parameters for device {device_kind!r}", where)
-        return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params))
+        return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params),
+                   ranks=ranks)
 
     def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
         """This space narrowed to what can change `traits`' step: knobs that cannot
@@ -92,7 +95,7 @@ class SearchSpace:
                 dropped = ", ".join(c for c in p.choices if c not in kept)
                 left_out.append(f"{p.name}: {dropped} cannot run on this workload's step")
             params.append(Param(p.name, p.agent, kept, p.help))
-        return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out))
+        return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
 
     @property
     def searched(self) -> tuple[Param, ...]:

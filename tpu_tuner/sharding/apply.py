@@ -17,6 +17,7 @@ Layouts this cannot run are refused with the reason (`LayoutError`) before anyth
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tpu_tuner.errors import UserInputError
@@ -49,34 +50,66 @@ def layout_text(layout: Layout) -> str:
     return f"{layout.data}x{layout.fsdp}x{layout.tensor}"
 
 
-def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int) -> str | None:
+def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int | None) -> str | None:
     """Why `layout` cannot run `model` on `world_size` ranks with a global batch of
     `batch_size`; None where it can."""
+    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
+
+    widths = tensor_widths(model) if layout.tensor > 1 else {}
+    return why_not_shape(layout, world_size, batch_size, len(repeated_blocks(model)), widths)
+
+
+def why_not_shape(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
+                  widths: Mapping[str, int]) -> str | None:
+    """`why_not` from the model's numbers: its count of repeated blocks and the widths a tensor
+    axis must divide (name -> width; see `tensor_widths`). The search space narrows by this
+    (knobs/layout.py, from the profile's traits) without the model at hand."""
+    if layout.devices != world_size:
+        return f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}"
+    if batch_size is not None and batch_size % layout.batch_shards:
+        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
+    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
+        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
+    if (layout.fsdp > 1 or layout.tensor > 1) and repeated_blocks < 2:
+        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
+    if layout.tensor > 1:
+        if not widths:
+            return "tensor parallelism finds no column- or row-wise linear layer in the repeated blocks"
+        for name, width in widths.items():
+            if width % layout.tensor:
+                return f"tensor {layout.tensor} does not divide {name} = {width}"
+    return None
+
+
+def tensor_widths(model: nn.Module) -> dict[str, int]:
+    """What a tensor axis must divide, by name: the sharded width of every column- or row-wise
+    linear layer of the repeated blocks (the planner's placements) and their head counts."""
     from torch import nn
 
     from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
 
-    if layout.devices != world_size:
-        return f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}"
-    if batch_size % layout.batch_shards:
-        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
-    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
-        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
-    if (layout.fsdp > 1 or layout.tensor > 1) and len(repeated_blocks(model)) < 2:
-        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
-    if layout.tensor > 1:
-        d_model = _residual_width(model)
-        plan = placements(model, d_model)
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear) and plan.get(f"{name}.weight") in ("colwise", "rowwise"):
-                width = module.out_features if plan[f"{name}.weight"] == "colwise" else module.in_features
-                if width % layout.tensor:
-                    return f"tensor {layout.tensor} does not divide {name}'s width {width}"
-            for attr in HEAD_COUNT_ATTRS:
-                count = getattr(module, attr, None)
-                if isinstance(count, int) and count % layout.tensor:
-                    return f"tensor {layout.tensor} does not divide {name}.{attr} = {count}"
-    return None
+    plan = placements(model, _residual_width(model))
+    in_blocks = {id(m) for block in repeated_blocks(model) for m in block.modules()}
+    widths: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if id(module) not in in_blocks:
+            continue
+        kind = plan.get(f"{name}.weight") if isinstance(module, nn.Linear) else None
+        if kind in ("colwise", "rowwise"):
+            widths[f"{name}'s width"] = module.out_features if kind == "colwise" else module.in_features
+        for attr in HEAD_COUNT_ATTRS:
+            count = getattr(module, attr, None)
+            if isinstance(count, int):
+                widths[f"{name}.{attr}"] = count
+    return widths
+
+
+def mesh_device_type() -> str:
+    """The device type of this process group's backend (gloo runs on CPU tensors)."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend()
+    return "cpu" if backend == "gloo" else "cuda" if backend == "nccl" else "tpu"
 
 
 def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> nn.Module:

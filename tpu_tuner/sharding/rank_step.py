@@ -51,8 +51,7 @@ def layout_of(text: str) -> Layout:
         return parse_layout(text)
     from tpu_tuner.tuned_config import TunedConfig
 
-    mesh = (TunedConfig.load(text).sharding or {}).get("mesh", {})
-    return Layout(int(mesh.get("data", 1)), int(mesh.get("fsdp", 1)), int(mesh.get("tensor", 1)))
+    return parse_layout(TunedConfig.load(text).candidate["layout"])
 
 
 def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None) -> RankStep:

@@ -1,0 +1,187 @@
+"""The `layout` knob: how the ranks of a multi-process run (``--nproc N``) share a training step.
+
+A value is a mesh, ``DATAxFSDPxTENSOR`` (the planner's `Layout`): ``Nx1x1`` is data parallel
+(DDP, the baseline of an N-rank study), ``1xNx1`` fully sharded (FSDP2), ``1x1xN`` tensor
+parallel (DTensor), and the mixes (HSDP, FSDP x TP). It is applied by the one function every
+caller shares (`tpu_tuner.sharding.apply.apply_layout`) on the process group the ranks joined,
+and each rank then runs its slice of the global batch (`local_batch`), so every layout runs the
+same global batch per step and their step times compare directly.
+
+The search space lists layout *families*, the mesh axes a layout may spread over ("data",
+"fsdp", "tensor", "data+fsdp", "fsdp+tensor", ...): for a run of N ranks each expands to every
+factorisation of N with exactly those axes above 1 (`choices`); with one process the knob has
+the single choice ``1x1x1`` and is not searched. The model's shapes narrow them further
+(`choice_applies`: the batch must divide over data x fsdp, tensor parallelism must divide the
+column / row widths and head counts, fsdp and tensor need repeated blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from itertools import product
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tpu_tuner.knobs.traits import WorkloadTraits
+
+SINGLE = "1x1x1"
+AXES = ("data", "fsdp", "tensor")
+# The families a search space may list: each a set of axes; "data+tensor" is not one (DDP cannot
+# wrap tensor-parallel parameters; `sharding.apply.why_not`).
+FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+fsdp+tensor")
+
+
+def parse(value: str) -> tuple[int, int, int]:
+    """``"DxFxT"`` as (data, fsdp, tensor); ValueError naming the knob when malformed."""
+    try:
+        data, fsdp, tensor = (int(part) for part in value.lower().split("x"))
+    except (ValueError, AttributeError):
+        raise ValueError(f"layout must be DATAxFSDPxTENSOR (e.g. 1x2x1), not {value!r}") from None
+    if min(data, fsdp, tensor) < 1:
+        raise ValueError(f"layout {value!r}: every axis must be at least 1")
+    return data, fsdp, tensor
+
+
+def expand(family: str, ranks: int) -> list[str]:
+    """Every ``DxFxT`` of `ranks` devices whose axes above 1 are exactly `family`'s."""
+    wanted = set(family.split("+"))
+    found = []
+    for sizes in product(_divisors(ranks), repeat=3):
+        if math.prod(sizes) == ranks and {axis for axis, size in zip(AXES, sizes) if size > 1} == wanted:
+            found.append("x".join(map(str, sizes)))
+    return found
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class LayoutKnob(Knob):
+    name = "layout"
+    agent = "sharding"
+    default = SINGLE
+    position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
+    training_only = False
+    not_applicable = "sharding layouts split a training step (an inference step runs on one process)"
+
+    def check(self, value: str) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
+        return "x".join(map(str, parse(value)))
+
+    def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
+        """The families of `entry` expanded for `ranks` ranks, the data-parallel one (the
+        baseline) first; ``1x1x1`` alone for one process."""
+        if not self.applies_to(device_kind):
+            return ()
+        families = list(entry.get("choices", {}).get(device_kind, []))
+        unknown = [f for f in families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"layout choices are families of mesh axes ({', '.join(FAMILIES)}), not {unknown[0]!r}")
+        if ranks == 1 or not families:
+            return (SINGLE,) if families else ()
+        baseline = f"{ranks}x1x1"
+        expanded = [baseline] + [v for family in families for v in expand(family, ranks) if v != baseline]
+        return tuple(dict.fromkeys(expanded))
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        return traits.training
+
+    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+        from tpu_tuner.sharding.apply import why_not_shape
+
+        data, fsdp, tensor = parse(value)
+        widths = {} if traits.tensor_divisor is None else {"its tensor-sharded widths and head counts": traits.tensor_divisor}
+        return why_not_shape(_layout(value), data * fsdp * tensor, traits.batch_size, traits.repeated_blocks,
+                             widths if tensor > 1 else {}) is None
+
+    def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
+        if value == SINGLE:
+            return model
+        import torch.distributed as dist
+
+        from tpu_tuner.sharding.apply import LayoutError, apply_layout, mesh_device_type
+
+        layout = _layout(value)
+        if not (dist.is_available() and dist.is_initialized()):
+            raise LayoutError(f"layout {value} runs on {layout.devices} processes, one per device: start them "
+                              f"(torchrun --nproc-per-node {layout.devices}, or tpu-tune --nproc {layout.devices}) "
+                              "and join a process group first")
+        return apply_layout(model, layout, device_type=mesh_device_type())
+
+    def local_batch(self, value: str, inputs: Any, target: Any) -> tuple[Any, Any]:
+        """This rank's slice of the global batch: ranks of one data x fsdp coordinate share one."""
+        layout = _layout(value)
+        if layout.batch_shards == 1:
+            return inputs, target
+        import torch.distributed as dist
+
+        from tpu_tuner.profiling.step import batch_size_of, batch_slice
+        from tpu_tuner.sharding.apply import batch_shard
+
+        size = batch_size_of(inputs)
+        if size is None or size % layout.batch_shards:
+            raise ValueError(f"layout {value}: the batch of {size} does not split into {layout.batch_shards} "
+                             "equal slices")
+        shard = batch_shard(layout, dist.get_rank())
+        return (batch_slice(inputs, size, layout.batch_shards, shard),
+                batch_slice(target, size, layout.batch_shards, shard))
+
+    def describe(self, value: str) -> str:
+        if value == SINGLE:
+            return ""
+        data, fsdp, tensor = parse(value)
+        parts = [f"{name} {size}" for name, size in (("DDP" if fsdp == 1 else "replicas", data), ("FSDP", fsdp),
+                                                    ("TP", tensor)) if size > 1]
+        return "layout " + " x ".join(parts)
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        if value == SINGLE:
+            return []
+        data, fsdp, tensor = parse(value)
+        return ["# one process per device, each joined to the process group first "
+                f"(torchrun --nproc-per-node {data * fsdp * tensor} script.py)",
+                "from tpu_tuner.planner.layouts import Layout",
+                "from tpu_tuner.sharding.apply import apply_layout",
+                f"model = apply_layout(model, Layout(data={data}, fsdp={fsdp}, tensor={tensor}), "
+                f"device_type={device_kind!r})  # before the optimizer is built"]
+
+    def training_code(self, value: str, device_kind: str) -> list[str]:
+        layout = _layout(value)
+        if layout.batch_shards == 1:
+            return []
+        return [f"# each rank trains on its slice of the global batch: {layout.batch_shards} slices, "
+                f"ranks of one tensor group ({layout.tensor}) share one",
+                "from torch.utils.data.distributed import DistributedSampler",
+                f"sampler = DistributedSampler(dataset, num_replicas={layout.batch_shards}, "
+                f"rank=torch.distributed.get_rank() // {layout.tensor})"]
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        """The mesh the model's parameters are laid out on: DDP's replicas, or the mesh axes of
+        its DTensor parameters (FSDP shards, tensor-parallel shards)."""
+        from torch.distributed.tensor import DTensor
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            import torch.distributed as dist
+
+            return f"{dist.get_world_size()}x1x1"
+        sizes = {axis: 1 for axis in AXES}
+        for parameter in model.parameters():
+            if isinstance(parameter, DTensor):
+                mesh = parameter.device_mesh
+                for axis, size in zip(mesh.mesh_dim_names or (), mesh.shape):
+                    if axis in sizes:
+                        sizes[axis] = max(sizes[axis], size)
+        return "x".join(str(sizes[axis]) for axis in AXES)
+
+
+def _layout(value: str) -> Any:
+    from tpu_tuner.planner.layouts import Layout
+
+    return Layout(*parse(value))
