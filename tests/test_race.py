@@ -26,6 +26,8 @@ def _space() -> SearchSpace:
 class _ScriptedRunner:
     """Answers "compare" jobs with each candidate's true step (a little jitter per round)."""
 
+    keeps_warm_steps = True  # a comparison comes one round a job, as from a warm worker
+
     def __init__(self) -> None:
         self.compared: list[list[dict]] = []
 

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
     tune.add_argument("--lengths", type=Path, help="input length sample (CSV or one number a line; default: the file's "
                       "sample_lengths()); each trial's objective then includes its best shape buckets")
+    tune.add_argument("--nproc", type=int, default=1, metavar="N",
+                      help="run every trial on N ranks of this host, one process per device, and search how they "
+                           "share a training step (data / fsdp / tensor layouts; default 1)")
+    tune.add_argument("--plan", type=Path, metavar="PLAN_DIR",
+                      help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)")
     tune.add_argument("--max-buckets", type=int, default=8, help="most compiled shapes when inputs vary (default 8)")
     tune.add_argument("--bucket-align", type=int, default=8, help="bucket bounds are multiples of this (default 8)")
     tune.set_defaults(handler=_tune_command)
@@ -156,6 +161,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         verify_rounds=args.verify_rounds, device=None if args.device == "auto" else args.device,
         batch_size=args.batch_size, seq_len=args.seq_len, storage=args.storage, out=args.out, resume=args.resume,
         lengths_file=args.lengths, max_buckets=args.max_buckets, bucket_align=args.bucket_align,
+        nproc=args.nproc, plan=args.plan,
         trial_settings=None,  # the default, built by tune(): building it here would import torch
     )
     # Bad options, space or storage are refused here, in well under a second: before torch and

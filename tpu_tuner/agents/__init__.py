@@ -19,6 +19,7 @@ _EXPORTS = {
     "PrecisionAgent": "tpu_tuner.agents.precision_agent",
     "MemoryAgent": "tpu_tuner.agents.memory_agent",
     "ThreadsAgent": "tpu_tuner.agents.threads_agent",
+    "ShardingAgent": "tpu_tuner.agents.sharding_agent",
 }
 
 __all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "ThreadsAgent", "load_agents"]
@@ -29,9 +30,11 @@ def agent_classes() -> dict[str, type[Agent]]:
     from tpu_tuner.agents.compile_agent import CompileAgent
     from tpu_tuner.agents.precision_agent import PrecisionAgent
     from tpu_tuner.agents.memory_agent import MemoryAgent
+    from tpu_tuner.agents.sharding_agent import ShardingAgent
     from tpu_tuner.agents.threads_agent import ThreadsAgent
 
-    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent, "memory": MemoryAgent}
+    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent, "memory": MemoryAgent,
+            "sharding": ShardingAgent}
 
 
 def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None = None) -> list[Agent]:

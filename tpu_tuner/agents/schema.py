@@ -138,9 +138,29 @@ class MemoryDefinition:
     seeds: MemorySeeds
 
 
+# --- the sharding agent (agents/sharding.toml) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardingSeeds:
+    """[seeds]: the layouts tried first."""
+
+    families: tuple[str, ...]  # layout families (knobs/layout.py FAMILIES) seeded without a plan, in order
+    plan_top: int  # with --plan: how many of the plan's fitting layouts are enqueued
+
+
+@dataclass(frozen=True)
+class ShardingDefinition:
+    """The schema of agents/sharding.toml."""
+
+    agent: AgentHeader
+    seeds: ShardingSeeds
+
+
 # Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.
 AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition,
-                                     "threads": ThreadsDefinition, "memory": MemoryDefinition}
+                                     "threads": ThreadsDefinition, "memory": MemoryDefinition,
+                                     "sharding": ShardingDefinition}
 
 
 def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:

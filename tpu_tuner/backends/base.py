@@ -53,6 +53,11 @@ class Backend(ABC):
     """A device backend: detects its device, reports its peaks, and maps candidates onto it."""
 
     kind: ClassVar[str]
+    # The torch.distributed backend the ranks of a sharded trial join (gloo on CPU tensors).
+    process_group_backend: ClassVar[str] = "gloo"
+    # The ranks of the process group this process times steps with (set by a rank of a sharded
+    # trial, `runner/rank_job.py`): its steps start and end together and report the slowest.
+    ranks: int = 1
 
     @classmethod
     @abstractmethod
@@ -107,6 +112,55 @@ class Backend(ABC):
 
     def reset_peak_memory(self) -> None:
         """Start a new peak-memory window."""
+
+    # --- a rank of a sharded step: every rank must take the same decisions --------------------
+
+    @classmethod
+    def rank_environment(cls, rank: int) -> dict[str, str]:
+        """Start-up variables of rank `rank` of a sharded trial (a device of its own); none where
+        ranks share the device (a CPU's cores)."""
+        return {}
+
+    def synchronize_ranks(self) -> None:
+        """`synchronize`, then (as a rank of a sharded step) wait for every rank: a step timed
+        between two of these lasts as long as the slowest rank's."""
+        self.synchronize()
+        if self.ranks > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest `value` any rank holds (the value itself in a single process): timings and
+        memory peaks are the slowest / largest rank's, and decisions taken from them (how many
+        steps to time) are the same on every rank, so their collectives stay in step."""
+        if self.ranks == 1:
+            return value
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(value)], dtype=torch.float64, device=self.collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The mean of `tensor` over the ranks (itself in a single process): each rank's loss is
+        its slice's, and the slices are equal, so the mean is the global batch's loss."""
+        if self.ranks == 1:
+            return tensor
+        import torch.distributed as dist
+
+        total = tensor.detach().clone().to(self.collective_device())
+        dist.all_reduce(total)
+        return (total / self.ranks).to(tensor.device)
+
+    def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:
+        """The peak FLOP/s of the devices the ranks run on, given one device's: each rank has a
+        device of its own, so N ranks have N times its peak (the MFU convention over a slice)."""
+        return {dtype: rate * self.ranks for dtype, rate in flops_per_s.items()}
+
+    def collective_device(self) -> torch.device:
+        """Where tensors for the process group's collectives live (gloo: the CPU)."""
+        return torch.device("cpu") if self.process_group_backend == "gloo" else self.device
 
     @abstractmethod
     def peak_memory_bytes(self) -> tuple[int | None, str]:

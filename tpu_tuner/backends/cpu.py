@@ -38,6 +38,10 @@ class CpuBackend(Backend):
             probe=probe,
         )
 
+    def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:
+        """The host's peak: the ranks of a CPU step share its cores (each runs cores / N threads)."""
+        return dict(flops_per_s)
+
     def remeasure_peak(self) -> DevicePeak | None:
         # The cached probe may have been taken under load: measure again, keep the best of both.
         probe, _ = cached_probe(self.device, self.synchronize, force=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
@@ -14,6 +16,14 @@ class CudaBackend(Backend):
     """Runs on the first CUDA device."""
 
     kind = "cuda"
+    process_group_backend = "nccl"  # NCCL: one GPU per rank
+
+    @classmethod
+    def rank_environment(cls, rank: int) -> dict[str, str]:
+        """Each rank sees one GPU, its own, as cuda:0."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else None
+        return {"CUDA_VISIBLE_DEVICES": devices[rank] if devices and rank < len(devices) else str(rank)}
 
     @classmethod
     def is_available(cls) -> bool:

@@ -39,6 +39,7 @@ class TorchTpuBackend(Backend):
     """Runs on a TPU through TorchTPU, when the package is installed and a TPU is present."""
 
     kind = "tpu"
+    process_group_backend = "tpu_dist"  # TorchTPU's own process group backend (one process per device)
 
     @classmethod
     def is_available(cls) -> bool:

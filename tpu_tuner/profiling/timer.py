@@ -32,12 +32,13 @@ def _compiled(delta: dict[str, int]) -> bool:
 
 
 def timed_call(step: Callable[[], Any], backend: Backend) -> float:
-    """Seconds of one step, synced with the device at both ends."""
-    backend.synchronize()
+    """Seconds of one step, synced with the device at both ends (and, as a rank of a sharded
+    step, with every rank: the slowest rank's seconds, the same on all of them)."""
+    backend.synchronize_ranks()
     start = time.perf_counter()
     step()
-    backend.synchronize()
-    return time.perf_counter() - start
+    backend.synchronize_ranks()
+    return backend.max_over_ranks(time.perf_counter() - start)
 
 
 def warm_up(step: Callable[[], Any], backend: Backend, min_steps: int, max_steps: int) -> WarmupResult:
@@ -51,7 +52,8 @@ def warm_up(step: Callable[[], Any], backend: Backend, min_steps: int, max_steps
         before = backend.compile_events()
         timed_call(step, backend)
         steps += 1
-        settled = not _compiled(compile_delta(before, backend.compile_events()))
+        compiled = _compiled(compile_delta(before, backend.compile_events()))
+        settled = not backend.max_over_ranks(float(compiled))  # settled on every rank, or on none
         if settled and steps >= min_steps:
             break
     return WarmupResult(

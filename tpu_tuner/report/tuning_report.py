@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from tpu_tuner.tuning.result import TuningResult
 
 
+def _ranks_line(nproc: int) -> str:
+    return (f"Every trial ran on {nproc} ranks, one process each, on the same global batch (each rank its slice): "
+            "a step is the slowest rank's (every step starts and ends on a barrier), peak memory the largest rank's, "
+            "and the accuracy check compares the loss averaged over the ranks and the gradients gathered from their "
+            "shards with one process's fp32 step on the whole batch. The baseline is data parallel (DDP).")
+
+
 def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     v = result.verification
     base, chosen = result.baseline, result.chosen
@@ -28,6 +35,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         "",
         f"**Recommendation: {v.chosen.describe()}.** {v.message}",
         "",
+        *([_ranks_line(result.options.nproc), ""] if result.options.nproc > 1 else []),
         *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
            "window; the table's \"steady step\" row is the same quantity as the search measured it, at different "
            "moments, so its ratio can differ. The \"amortised step\" row, which the search ranked by, adds compile "

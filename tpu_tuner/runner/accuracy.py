@@ -37,7 +37,10 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         # are what is compared with the whole-batch fp32 reference.
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
         loss = accumulate_gradients(step.forward, workload.loss_fn, slices, lambda: backend.autocast(candidate))
-        grads = [p.grad.detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
+        # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
+        # gradient whole (gathered from its shards; every rank takes part, in parameter order).
+        loss = backend.mean_over_ranks(loss)
+        grads = [_whole(p.grad).detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
         parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": torch.cat(grads).cpu()}
         step.model.zero_grad(set_to_none=True)
     else:
@@ -58,6 +61,13 @@ def relative_error(trial: Outputs, reference: Outputs) -> dict[str, float]:
         scale = expected.norm().item() or 1.0
         errors[name] = (got - expected).norm().item() / scale
     return errors
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor (a sharded gradient) gathered whole; any other tensor as it is."""
+    if type(tensor).__name__ == "DTensor":  # no torch.distributed import for single-process steps
+        return tensor.full_tensor()  # type: ignore[attr-defined]
+    return tensor
 
 
 def _flatten(output: Any) -> torch.Tensor:

@@ -28,9 +28,13 @@ from tpu_tuner.workload import Workload
 class WorkerState:
     """Per-process caches: the loaded workload, the backend and the reference outputs."""
 
-    def __init__(self, workload_path: str, device: str | None) -> None:
+    def __init__(self, workload_path: str, device: str | None, rank: int = 0, ranks: int = 1) -> None:
         self.workload: Workload = load_workload(workload_path)
         self.backend: Backend = get_backend(device)
+        # A rank of a sharded trial (runner/rank_job.py): its steps sync with the other ranks;
+        # rank 0 holds the reference and returns the measurement.
+        self.rank = rank
+        self.backend.ranks = ranks
         self._references: dict[tuple[Any, Any], Outputs] = {}
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
@@ -44,12 +48,19 @@ class WorkerState:
     def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
         key = (batch_size, seq_len)
         if key not in self._references:
-            with self.backend.applied(REFERENCE):
-                step = prepare_step(self.workload, self.backend, REFERENCE, batch_size, seq_len)
-                self._references[key] = run_user_step(
-                    lambda: capture(step, self.workload, self.backend, REFERENCE), self.workload, "the reference step"
-                )
+            ranks, self.backend.ranks = self.backend.ranks, 1  # one process, the whole batch: no collective
+            try:
+                self._references[key] = self._reference(batch_size, seq_len)
+            finally:
+                self.backend.ranks = ranks
         return self._references[key]
+
+    def _reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
+        with self.backend.applied(REFERENCE):
+            step = prepare_step(self.workload, self.backend, REFERENCE, batch_size, seq_len)
+            return run_user_step(
+                lambda: capture(step, self.workload, self.backend, REFERENCE), self.workload, "the reference step"
+            )
 
 
 def run_profile(state: WorkerState, candidate: dict[str, Any], options: dict[str, Any]) -> Any:
@@ -70,7 +81,8 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     candidate = Candidate.from_dict(candidate_data)
     backend, workload = state.backend, state.workload
     batch_size, seq_len = options.get("batch_size"), options.get("seq_len")
-    reference = state.reference(batch_size, seq_len)
+    # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0).
+    reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     settings = ProfilerSettings(**options["settings"])
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
     with backend.applied(candidate):
@@ -80,13 +92,15 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         outputs = capture(step, workload, backend, candidate)  # first call: compiles
         backend.synchronize()
         first_call = time.perf_counter() - start
-        errors = relative_error(outputs, reference)
+        errors = relative_error(outputs, reference) if reference is not None else {}
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
         backend.reset_peak_memory()
         timing, compiles_while_timing = time_steps(
             step.run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
         )
         peak_memory, _ = backend.peak_memory_bytes()
+        if peak_memory is not None:
+            peak_memory = int(backend.max_over_ranks(peak_memory))  # the largest rank's
         compiles = compile_delta(events_before, backend.compile_events())
     if compile_options(candidate["execution"]) is not None and not any(compiles.values()):
         # torch.compile gave up and ran eager (a graph break it could not trace, a limit): the
@@ -97,8 +111,10 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
     flops = float(options["model_flops_per_step"])
     # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
-    peaks = state.peak_flops_per_s or {k: float(v) for k, v in options["peak_flops_per_s"].items()}
-    choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed)
+    # N ranks: the peak of the devices they run on (backends.Backend.peak_of_ranks).
+    peaks = state.peak_flops_per_s or backend.peak_of_ranks({k: float(v) for k, v in options["peak_flops_per_s"].items()})
+    # A rank re-probing alone would measure its share of the cores, not the step's devices.
+    choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed and backend.ranks == 1)
     if choice.note:
         state.peak_flops_per_s = {**peaks, choice.dtype: choice.flops_per_s}
         state.peak_reprobed = True

@@ -42,6 +42,10 @@ class JobResult:
 class TrialRunner:
     """Runs jobs in isolated worker processes; a failure never takes the caller down."""
 
+    # A worker stays warm between jobs, so a comparison may run its rounds as several jobs
+    # (tuning/verify.py), the steps built by the first kept for the rest.
+    keeps_warm_steps = True
+
     def __init__(
         self,
         workload_path: str,

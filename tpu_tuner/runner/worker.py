@@ -49,9 +49,16 @@ def main(argv: list[str]) -> None:
                 # A bad file or option: its one-line message (naming the file) is the parent's error.
                 send.send(("refused", str(exc), traceback.format_exc()[-4000:]))
                 continue
-            text = f"{type(exc).__name__}: {exc}".strip()
-            is_oom = isinstance(exc, MemoryError) or any(marker in text.lower() for marker in OOM_MARKERS)
-            send.send(("oom" if is_oom else "error", text.splitlines()[0][:500], traceback.format_exc()[-4000:]))
+            kind, message = failure_of(exc)
+            send.send((kind, message, traceback.format_exc()[-4000:]))
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """A job's exception as a failure kind ("oom" for allocation failures, else "error") and its
+    first line (500 characters at most)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    is_oom = isinstance(exc, MemoryError) or any(marker in text.lower() for marker in OOM_MARKERS)
+    return ("oom" if is_oom else "error"), text.splitlines()[0][:500]
 
 
 if __name__ == "__main__":

@@ -17,12 +17,14 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Gloo's own timeout for a collective: shorter than any deadline given here, so that the ranks
-# still alive when a peer dies stop with an error instead of waiting forever.
+# The process group's timeout for one collective, at least: a rank whose peer died usually hears
+# at once (its connection closes), and the launcher stops every rank when one exits; a peer that
+# hangs is caught by the deadline of `run_ranks`, which the timeout is raised to.
 COLLECTIVE_TIMEOUT_S = 60.0
 
 
@@ -34,6 +36,8 @@ class RanksResult:
     failure: str | None = None
     kind: str | None = None  # "crash" | "oom" | "error" | "timeout"
     seconds: float = 0.0
+    failed_rank: int | None = None  # the rank that failed first (None: none, or a hang)
+    ranks: int = 0  # how many were started
 
     @property
     def ok(self) -> bool:
@@ -41,12 +45,14 @@ class RanksResult:
 
 
 def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, threads_per_rank: int | None = None,
-              workdir: str | Path | None = None) -> RanksResult:
-    """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one gloo process group.
+              workdir: str | Path | None = None, env: dict[str, str] | None = None,
+              rank_env: Callable[[int], dict[str, str]] | None = None) -> RanksResult:
+    """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one process group.
 
     Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
-    (see `init_rank`, `write_report`). Returns every rank's report, or the failure of the first
-    rank that failed (its exit status or signal, and the last line of its stderr)."""
+    (see `init_rank`, `write_report`), plus `env` and its own `rank_env(rank)` (a device of its
+    own). Returns every rank's report, or the failure of the first rank that failed (its exit
+    status or signal, and the last line of its stderr)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     started = time.perf_counter()
@@ -56,7 +62,11 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         envs = {rank: {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                        "TPU_TUNE_RENDEZVOUS": str(root / "rendezvous"),
                        "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
-                       "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1"}
+                       "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1",
+                       # A peer that died ends a collective with an error at once; a live peer
+                       # that is slow (rank 0 computing the reference) is waited for till the deadline.
+                       "TPU_TUNE_COLLECTIVE_TIMEOUT": str(max(COLLECTIVE_TIMEOUT_S, timeout_s)),
+                       **(env or {}), **(rank_env(rank) if rank_env else {})}
                 for rank in range(nproc)}
         logs = DefaultLogsSpecs(log_dir=str(root / "logs"), redirects=Std.ALL)
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
@@ -67,14 +77,20 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         # tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        result = RanksResult()
+        result = RanksResult(ranks=nproc)
         try:
             outcome = context.wait(timeout=timeout_s, period=0.05)
             if outcome is None:
                 result.failure, result.kind = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped", "timeout"
             elif outcome.is_failed():
-                rank, failed = min(outcome.failures.items(), key=lambda item: item[1].timestamp)
+                # The cause, not its echoes: the launcher's own SIGTERM to the others last, a
+                # rank killed by a signal before one that exited with an error (its peers'
+                # collectives fail when it dies), then the earliest.
+                rank, failed = min(outcome.failures.items(),
+                                   key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
+                                                     item[1].timestamp))
                 result.failure, result.kind = _describe(rank, failed.exitcode, _last_line(context, rank))
+                result.failed_rank = rank
         finally:
             context.close(death_sig=signal.SIGKILL, timeout=5)
         if result.ok:
@@ -86,15 +102,17 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         return result
 
 
-def init_rank() -> tuple[int, int]:
-    """In a rank: join the gloo process group `run_ranks` set up; returns (rank, world size)."""
+def init_rank(backend: str = "gloo") -> tuple[int, int]:
+    """In a rank: join the process group `run_ranks` set up (`backend`: gloo on CPU tensors, the
+    device backend's own otherwise); returns (rank, world size)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    timeout = float(os.environ.get("TPU_TUNE_COLLECTIVE_TIMEOUT", COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(backend, init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout))
     return rank, world
 
 

@@ -24,6 +24,7 @@ LABELS = {
     "seq_len": "--seq-len differs",
     "device_kind": "device kind differs",
     "device_name": "device differs",
+    "nproc": "--nproc differs",
     "versions": "package versions differ",
 }
 
@@ -40,8 +41,12 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+# A key an older run.json lacks reads as this (runs before --nproc ran one process).
+DEFAULTS = {"nproc": 1}
+
+
 def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: int | None,
-                seq_len: int | None) -> dict[str, Any]:
+                seq_len: int | None, nproc: int = 1) -> dict[str, Any]:
     """The fingerprint of a run of `model_file` (described by the worker's `summary`)."""
     return {
         "model_file": str(model_file),
@@ -54,6 +59,7 @@ def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: in
         "seq_len": seq_len if seq_len is not None else summary.seq_len,
         "device_kind": summary.device_kind,
         "device_name": summary.device_name,
+        "nproc": nproc,
         "versions": {name: _version(name) for name in ("torch", "optuna", "tpu-tune")},
     }
 
@@ -63,7 +69,7 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     vs 9f8e7d6c.. recorded)"; empty when the fingerprints match."""
     found = []
     for key, label in LABELS.items():
-        old, new = recorded.get(key), current.get(key)
+        old, new = recorded.get(key, DEFAULTS.get(key)), current.get(key, DEFAULTS.get(key))
         if old == new:
             continue
         if key == "sha256":

@@ -10,6 +10,8 @@ if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and op
     from tpu_tuner.profiling.settings import ProfilerSettings
 
 SAMPLERS = ("tpe", "random", "grid")
+# Ranks of one host a trial may start (one process each): beyond this a host is oversubscribed.
+MAX_NPROC = 64
 
 
 @dataclass
@@ -29,7 +31,7 @@ class TuneOptions:
     sampler: str = "tpe"
     seed: int = 0
     space: str | Path = "default"
-    agents: tuple[str, ...] = ("compile", "precision", "threads", "memory")
+    agents: tuple[str, ...] = ("compile", "precision", "threads", "memory", "sharding")
     planned_steps: int = 5000
     tolerance: float = 1e-2
     trial_timeout_s: float = 300.0
@@ -46,6 +48,10 @@ class TuneOptions:
     lengths_file: Path | None = None
     max_buckets: int = 8
     bucket_align: int = 8
+    # Processes each trial runs on, one per device (--nproc): the sharding layouts searched are
+    # those of this many ranks; `plan`: a `tpu-tune plan` folder whose ranked layouts are seeded.
+    nproc: int = 1
+    plan: Path | None = None
     # None defers the default (`default_trial_settings()`) to `tune()`: building it imports
     # tpu_tuner.profiling and so torch, which the CLI avoids until the options are checked.
     trial_settings: ProfilerSettings | None = field(default_factory=lambda: default_trial_settings())
@@ -55,9 +61,13 @@ class TuneOptions:
 
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
-        for name in ("trials", "planned_steps", "verify_rounds", "max_buckets", "bucket_align"):
+        for name in ("trials", "planned_steps", "verify_rounds", "max_buckets", "bucket_align", "nproc"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.nproc > MAX_NPROC:
+            raise UserInputError(f"--nproc must be at most {MAX_NPROC} (ranks of one host), not {self.nproc}")
+        if self.plan is not None and self.nproc == 1:
+            raise UserInputError("--plan seeds sharding layouts, which need several ranks: give --nproc N (N > 1)")
         if self.verify_rounds < 2:
             raise UserInputError("--verify-rounds must be at least 2")
         if not self.tolerance > 0:
@@ -87,6 +97,8 @@ class TuneOptions:
         _check_agents(self.agents)
         if self.lengths_file is not None and not Path(self.lengths_file).is_file():
             raise UserInputError("length sample file not found", self.lengths_file)
+        if self.plan is not None and not (Path(self.plan) / "plan.json").is_file():
+            raise UserInputError("not a plan folder (no plan.json; `tpu-tune plan` writes one)", self.plan)
         if self.resume is not None and not (Path(self.resume) / "run.json").is_file():
             raise UserInputError("not a tuning run folder (no run.json)", self.resume)
         if self.storage is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import optuna
 
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.ranked import Runner
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
@@ -55,7 +55,7 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
     return [t for t in feasible[:RACE_TOP] if t.value <= feasible[0].value * RACE_WITHIN]
 
 
-def race(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options: TuneOptions,
+def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions,
          contenders: list[optuna.trial.FrozenTrial]) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
     """Race `contenders` (fastest first by the search) against the baseline, interleaved;
     returns the winner and every entry, or why the race failed (the caller keeps the search's

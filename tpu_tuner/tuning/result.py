@@ -193,6 +193,7 @@ class TuningResult:
                          "python": platform.python_version()},
             "workload": dict(self.profile.workload),
             "objective": f"amortised step time over {self.options.planned_steps} planned steps",
+            "ranks": self.options.nproc,
             "tolerance": self.options.tolerance,
             "accuracy_error": self.chosen.accuracy_error if self.chosen else None,
             "baseline": _summary(self.baseline, self.options.planned_steps),
@@ -280,7 +281,8 @@ def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpac
     except (TypeError, ValueError, KeyError, AttributeError):
         from tpu_tuner.knobs.traits import of_profile
 
-        return SearchSpace.load(options.space, profile.device.kind).for_workload(of_profile(profile.workload))
+        return (SearchSpace.load(options.space, profile.device.kind, ranks=options.nproc)
+                .for_workload(of_profile(profile.workload)))
 
 
 def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ import optuna
 
 from tpu_tuner.agents import Agent, load_agents
 from tpu_tuner.agents.memory_agent import MemoryAgent
+from tpu_tuner.agents.sharding_agent import ShardingAgent
 from tpu_tuner.backends import BACKENDS
 from tpu_tuner.bucketing.cost_model import fit_cost_model
 from tpu_tuner.bucketing.knob import BucketingContext
@@ -33,9 +34,10 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.report.units import duration
 from tpu_tuner.results import STUDY_DB, new_run_dir
 from tpu_tuner.run_outputs import write_tuning
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
 from tpu_tuner.runner.summary import WorkloadSummary, load_summary
 from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.sharding.from_plan import planned_layouts
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
@@ -83,14 +85,16 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
     started = time.perf_counter()
     emit = progress or (lambda event: None)
 
-    with TrialRunner(str(model_file), options.device, options.trial_timeout_s, options.memory_limit_bytes) as runner:
+    with trial_runner(str(model_file), options.device, options.nproc, options.trial_timeout_s,
+                      options.memory_limit_bytes) as runner:
         # Bad files fail here, in the worker, with exit 2 (a crash at import too).
         workload = load_summary(runner, model_file, options.batch_size, options.seq_len,
                                 sample_lengths=options.lengths_file is None)
         # And a bad length sample; read once, used for the bucketing knob below.
         lengths = (bucket_histogram(workload.length_source(), options.lengths_file)
                    if options.lengths_file is not None or workload.has_sample_lengths else None)
-        current = fingerprint(model_file, workload, options.batch_size, options.seq_len)
+        _check_ranks(workload, lengths, options)
+        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc)
         run_dir, storage, study_name = _run_location(workload.name, options, current)
         try:
             result = _tune_in(run_dir, storage, study_name, workload, lengths, options, runner, emit, started)
@@ -103,7 +107,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
 
 
 def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSummary, lengths: LengthHistogram | None,
-             options: TuneOptions, runner: TrialRunner, emit: ProgressCallback, started: float) -> TuningResult:
+             options: TuneOptions, runner: Runner, emit: ProgressCallback, started: float) -> TuningResult:
     """Profile, search and verify, in an existing run folder."""
     model_file = workload.source
     emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
@@ -117,9 +121,13 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
     profile: Profile = profiled.value
     device_kind = profile.device.kind
+    if isinstance(runner, RankedTrialRunner):
+        _start_ranks_on(runner, profile, options)
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
-    # memory format without convolutions): knobs/traits.py.
-    space = SearchSpace.load(options.space, device_kind).for_workload(traits.of_profile(profile.workload))
+    # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
+    # knobs/traits.py.
+    space = (SearchSpace.load(options.space, device_kind, ranks=options.nproc)
+             .for_workload(traits.of_profile(profile.workload)))
     agents, findings, memory = prepare_agents(options, profile)
     budget = search_budget(options.trials, options.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record holds the number it used
@@ -165,8 +173,36 @@ def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent],
     for agent in agents:
         if isinstance(agent, MemoryAgent):
             agent.limit = memory
+        if isinstance(agent, ShardingAgent):
+            agent.ranks = options.nproc
+            if options.plan is not None:
+                agent.planned = planned_layouts(options.plan, options.nproc, agent.definition.seeds.plan_top)
+                agent.plan_source = str(options.plan)
     findings = {agent.name: agent.diagnose(profile) for agent in agents}
     return agents, findings, memory
+
+
+def _check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions) -> None:
+    """What --nproc N cannot run yet, refused before anything is measured."""
+    if options.nproc == 1:
+        return
+    if not workload.is_training:
+        raise UserInputError(f"--nproc {options.nproc} splits a training step over ranks (data / fsdp / tensor "
+                             "layouts); this file's step is inference (it declares no loss)", workload.source)
+    if lengths is not None:
+        raise UserInputError(f"--nproc {options.nproc} with varying input lengths is not supported: the bucketing "
+                             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
+                             workload.source)
+
+
+def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOptions) -> None:
+    """Give each rank a device of its own (the device kind is known once profiled), refusing
+    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
+    backend = BACKENDS[profile.device.kind]
+    if profile.device.kind != "cpu" and options.nproc > profile.device.count:
+        raise UserInputError(f"--nproc {options.nproc}: this host has {profile.device.count} "
+                             f"{profile.device.kind} device(s), one per rank")
+    runner.rank_environment = backend.rank_environment
 
 
 def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
@@ -309,7 +345,7 @@ def run_search(
     study: optuna.Study,
     space: SearchSpace,
     agents: list[Agent],
-    runner: TrialRunner,
+    runner: Runner,
     measure_options: dict[str, Any],
     options: TuneOptions,
     emit: ProgressCallback,
@@ -396,7 +432,7 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
             f"MFU {m.mfu:.1%}")
 
 
-def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: TrialRunner,
+def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: Runner,
                        profile: Profile, emit: ProgressCallback, started: float) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
     length once, so every trial's objective can include its best bucketing (bucketing/knob.py)."""

@@ -19,7 +19,7 @@ import optuna
 
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.ranked import Runner
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
@@ -60,7 +60,7 @@ VerifyProgress = Callable[[int, int, float], None]
 """Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
 
 
-def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options: TuneOptions, device_kind: str,
+def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
            progress: VerifyProgress | None = None) -> Verification:
     """Re-measure the search's best against the baseline (and each knob reverted), interleaved;
     recommend the best only when its paired speedup is significant. `progress` hears every round.
@@ -134,26 +134,29 @@ def verify(study: optuna.Study, space: SearchSpace, runner: TrialRunner, options
     )
 
 
-def compare_interleaved(runner: TrialRunner, candidates: list[dict[str, Any]], options: TuneOptions,
+def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], options: TuneOptions,
              progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
     """The interleaved rounds, one job a round on the same warm worker (the worker keeps the built
-    steps between them), so that a comparison of minutes reports its progress. Candidate 0 is the
-    baseline, 1 the best. Returns per-candidate samples and compile counts, or why it failed."""
+    steps between them), so that a comparison of minutes reports its progress; all rounds in one
+    job where each job starts fresh processes (trials on N ranks). Candidate 0 is the baseline,
+    1 the best. Returns per-candidate samples and compile counts, or why it failed."""
     rounds = options.verify_rounds
+    per_job = 1 if runner.keeps_warm_steps else rounds
     samples: list[list[float]] = [[] for _ in candidates]
     compiles: dict[str, int] = {}
-    for done in range(rounds):
+    for first in range(0, rounds, per_job):
+        done = first + per_job - 1
         outcome = runner.run(
             "compare", candidates,
-            {"rounds": 1, "first_round": done, "last": done == rounds - 1,
+            {"rounds": per_job, "first_round": first, "last": done == rounds - 1,
              "batch_size": options.batch_size, "seq_len": options.seq_len,
              "warmup_min_steps": options.trial_settings.warmup_min_steps,
              "warmup_max_steps": options.trial_settings.warmup_max_steps},
             # The first round builds and warms up every candidate.
-            timeout_s=options.trial_timeout_s * ((len(candidates) + 1) if done == 0 else 1),
+            timeout_s=options.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
         )
         if not outcome.ok:
-            return f"{outcome.failure.kind} in round {done + 1} of {rounds}: {outcome.failure.message}"
+            return f"{outcome.failure.kind} in round {first + 1} of {rounds}: {outcome.failure.message}"
         for kept, new in zip(samples, outcome.value["samples"]):
             kept.extend(new)
         for kind, count in outcome.value["compiles_while_comparing"].items():

@@ -1,0 +1,207 @@
+"""Trials on N ranks (``--nproc``): the `layout` knob in the search space and the study, each
+sharded trial run as a process group through PyTorch's launcher, checked against the
+single-device fp32 reference, timed on the slowest rank, and failing cleanly when a rank does.
+Two gloo ranks and tiny models throughout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs import get
+from tpu_tuner.knobs.layout import expand
+from tpu_tuner.knobs.traits import WorkloadTraits
+from tpu_tuner.search.space import SearchSpace
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_LLAMA = FIXTURES / "tiny_llama.py"
+
+
+def _measure_options() -> dict:
+    from dataclasses import asdict
+
+    from tpu_tuner.tuning.options import default_trial_settings
+
+    return {"batch_size": None, "seq_len": None, "settings": asdict(default_trial_settings()),
+            "peak_flops_per_s": {"float32": 1e11}, "model_flops_per_step": 1e8}
+
+
+# --- the knob and the space (no processes) -----------------------------------------------------
+
+
+def test_families_expand_to_every_split_of_the_rank_count() -> None:
+    assert expand("fsdp", 4) == ["1x4x1"]
+    assert expand("fsdp+tensor", 4) == ["1x2x2"]
+    assert expand("data+fsdp+tensor", 8) == ["2x2x2"]
+    assert sorted(expand("fsdp+tensor", 8)) == ["1x2x4", "1x4x2"]
+    assert expand("tensor", 1) == []
+    knob = get("layout")
+    assert knob.check("2X1x1") == "2x1x1"
+    for bad in ("2x1", "0x2x1", "fsdp"):
+        with pytest.raises(ValueError, match="layout"):
+            knob.check(bad)
+
+
+def test_the_space_searches_layouts_only_with_several_ranks_and_only_those_the_model_allows() -> None:
+    single = SearchSpace.load("default", "cpu")
+    assert next(p for p in single.params if p.name == "layout").choices == ("1x1x1",)  # one process: not searched
+    four = SearchSpace.load("default", "cpu", ranks=4)
+    layouts = next(p for p in four.params if p.name == "layout").choices
+    assert layouts[0] == "4x1x1"  # data parallel, the baseline
+    assert set(layouts) == {"4x1x1", "1x4x1", "1x1x4", "2x2x1", "1x2x2"}  # no data x tensor without fsdp
+    # Two heads per tensor group at most (tensor_divisor 2), a batch of 2: the model's shapes narrow.
+    narrowed = four.for_workload(WorkloadTraits(training=True, conv_weights=0, repeated_blocks=4, batch_size=2,
+                                                tensor_divisor=2))
+    assert next(p for p in narrowed.params if p.name == "layout").choices == ("4x1x1", "1x2x2")
+    assert any(line.startswith("layout: ") for line in narrowed.left_out)
+    # A training step only; fsdp and tensor need repeated blocks.
+    inference = four.for_workload(WorkloadTraits(False, 0, 4, 8, 2))
+    assert next(p for p in inference.params if p.name == "layout").choices == ("4x1x1",)
+    flat = four.for_workload(WorkloadTraits(True, 0, 0, 8, None))
+    assert next(p for p in flat.params if p.name == "layout").choices == ("4x1x1",)
+
+
+def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
+    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.tuned_config import TunedConfig
+
+    path = TunedConfig(Candidate(layout="1x2x1"), "cpu").save(tmp_path / "tuned_config.toml")
+    text = path.read_text()
+    assert 'layout = "1x2x1"' in text and "[sharding.mesh]" in text
+    assert TunedConfig.load(path).candidate["layout"] == "1x2x1"
+    # A planner's config of before: the mesh alone; and a config whose two disagree.
+    legacy = tmp_path / "legacy.toml"
+    legacy.write_text('format_version = 1\ndevice_kind = "tpu"\n[settings]\n[sharding.mesh]\ndata = 1\nfsdp = 4\ntensor = 2\n')
+    assert TunedConfig.load(legacy).candidate["layout"] == "1x4x2"
+    legacy.write_text(legacy.read_text().replace("[settings]\n", '[settings]\nlayout = "8x1x1"\n'))
+    with pytest.raises(UserInputError, match="layout 8x1x1 and \\[sharding.mesh\\] 1x4x2 disagree"):
+        TunedConfig.load(legacy)
+
+
+# --- sharded trials: the runner ----------------------------------------------------------------
+
+
+def test_each_layout_is_measured_on_two_ranks_against_the_single_device_reference() -> None:
+    from tpu_tuner.runner.ranked import RankedTrialRunner
+
+    with RankedTrialRunner(str(TINY_LLAMA), "cpu", 2, timeout_s=120) as runner:
+        measured = {}
+        for layout in ("2x1x1", "1x2x1", "1x1x2"):
+            outcome = runner.run("measure", Candidate(layout=layout).to_dict(), _measure_options())
+            assert outcome.ok, outcome.failure
+            measured[layout] = outcome.value
+        compared = runner.run("compare", [Candidate(layout="2x1x1").to_dict(), Candidate(layout="1x2x1").to_dict()],
+                              {"rounds": 3, "first_round": 0, "last": True})
+        assert runner.groups_started == 4
+    for layout, m in measured.items():
+        # Loss and gradients (gathered from the shards) against one process's fp32 step on the
+        # whole batch: a placement bug would read 1e-1 or more, fp32 reordering reads ~1e-7.
+        assert set(m.accuracy_errors) == {"loss", "gradients"} and m.accuracy_error < 1e-5, (layout, m.accuracy_errors)
+        assert m.step_median > 0 and len(m.samples) >= 10
+        assert m.peak_memory_bytes and m.peak_memory_bytes > 50 * 2**20  # a rank's resident set, at least torch's
+    assert compared.ok and [len(s) for s in compared.value["samples"]] == [3, 3]
+
+
+def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_result() -> None:
+    """examples/gpt.py's attention projects q, k and v with one fused linear and splits its output
+    in three: column-wise shards of it are not whole q / k / v heads, so tensor parallelism runs
+    but computes something else. The guardrail must see it."""
+    from tpu_tuner.runner.ranked import RankedTrialRunner
+
+    with RankedTrialRunner(str(FIXTURES / "tiny_gpt.py"), "cpu", 2, timeout_s=120) as runner:
+        tensor = runner.run("measure", Candidate(layout="1x1x2").to_dict(), _measure_options())
+        fsdp = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options())
+    assert fsdp.ok and fsdp.value.accuracy_error < 1e-5
+    assert (not tensor.ok) or tensor.value.accuracy_error > 1e-2, tensor.value.accuracy_errors
+
+
+def _alive(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
+                                              ("raise", "error", "rank 1: WorkloadError"),
+                                              ("hang", "timeout", "no rank finished within 10 s")])
+def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
+    from tpu_tuner.runner.ranked import RankedTrialRunner
+
+    monkeypatch.setenv("TPU_TUNE_TEST_MISBEHAVE", mode)
+    with RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10) as runner:
+        failed = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options())
+        assert not failed.ok and failed.failure.kind == kind and says in failed.failure.message, failed.failure
+        assert _alive("tpu_tuner.runner.rank_job") == []
+        monkeypatch.delenv("TPU_TUNE_TEST_MISBEHAVE")
+        healthy = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options(), timeout_s=120)
+        assert healthy.ok, healthy.failure  # the next trial starts a fresh group
+    assert _alive("tpu_tuner.runner.rank_job") == []
+
+
+# --- the study on N ranks ----------------------------------------------------------------------
+
+
+def _plan(folder: Path) -> Path:
+    """A plan folder as `tpu-tune plan` writes it (plan.json), ranked for a 64-chip slice: its
+    fitting layouts map onto 2 ranks as 1x2x1 (fsdp 8 x tensor 8: a tie, fsdp kept), then 1x1x2
+    (tensor-dominant); the first does not fit and is not seeded."""
+    import json
+
+    folder.mkdir()
+    plans = [{"layout": {"data": 1, "fsdp": 1, "tensor": 64}, "fits": False, "prediction": None},
+             {"layout": {"data": 1, "fsdp": 8, "tensor": 8}, "fits": True, "prediction": {"mfu": 0.41}},
+             {"layout": {"data": 1, "fsdp": 64, "tensor": 1}, "fits": True, "prediction": {"mfu": 0.39}},
+             {"layout": {"data": 1, "fsdp": 2, "tensor": 32}, "fits": True, "prediction": {"mfu": 0.38}}]
+    (folder / "plan.json").write_text(json.dumps({"plans": plans}))
+    return folder
+
+
+def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
+    import optuna
+
+    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import tune
+
+    plan = _plan(tmp_path / "plan")
+    options = TuneOptions(trials=5, space=FIXTURES / "layout_space.toml", nproc=2, plan=plan, verify_rounds=2,
+                          out=tmp_path / "results", agents=("sharding", "precision"))
+    result = tune(TINY_LLAMA, options)
+    trials = [t for t in result.study.get_trials() if t.user_attrs.get("measured")]
+    layouts = [t.params["layout"] for t in trials]
+    # The baseline is data parallel; the plan's first fitting layout comes next, its second on
+    # top of the agents' combined seed (bf16 autocast): seeds, before the search's own picks.
+    assert layouts[:2] == ["2x1x1", "1x2x1"]
+    assert trials[4].params == {"autocast": "bfloat16", "layout": "1x1x2"}
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    for trial in trials:  # every layout's step matched the single-device fp32 reference
+        assert trial.user_attrs["accuracy_error"] < (1e-5 if trial.params["autocast"] == "none" else 1e-2)
+    findings = " ".join(result.findings["sharding"])
+    assert "every trial runs on 2 ranks" in findings
+    assert f"from the plan in {plan}: 1x2x1 on 2 ranks from the plan's data 1 x fsdp 8 x tensor 8" in findings
+    assert "1x1x2 on 2 ranks from the plan's data 1 x fsdp 2 x tensor 32" in findings
+    config = TunedConfig.load(result.run_dir / "tuned_config.toml")
+    assert config.candidate["layout"] == result.verification.chosen["layout"]
+    report = (result.run_dir / "report.md").read_text()
+    assert "Every trial ran on 2 ranks, one process each" in report
+
+
+@pytest.mark.parametrize("layout", ["2x1x1", "1x2x1", "1x1x2"])
+def test_the_printed_layout_code_runs_on_two_ranks_and_applies_the_layout(monkeypatch, layout: str) -> None:
+    from tpu_tuner.sharding.launch import run_ranks
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
+    result = run_ranks(2, "printed_layout_code", [layout], timeout_s=120)
+    assert result.ok, result.failure
+    for report in result.reports.values():
+        assert report["observed"] == layout and "apply_layout(model, Layout(" in report["code"]
+        assert report["output_shape"][:2] == [4, 16]  # the whole batch through the sharded model

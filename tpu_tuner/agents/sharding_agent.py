@@ -1,0 +1,59 @@
+"""The sharding agent: the data x fsdp x tensor layout of an N-rank training step (`layout`).
+
+With a plan (``--plan DIR``, `sharding.from_plan`) its seeds are the plan's fitting layouts in the
+plan's order, mapped onto the local rank count, so that what the compile-only planner ranked
+first is measured first, before it is trusted. Without one, the definition's families are
+seeded (fully sharded first). Layouts the model's shapes cannot run never reach it: the search
+space left them out (`knobs/layout.py`), and the findings say which and why.
+"""
+
+from __future__ import annotations
+
+from tpu_tuner.agents.base import Agent
+from tpu_tuner.agents.schema import ShardingDefinition
+from tpu_tuner.knobs.layout import expand
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.sharding.from_plan import MappedLayout
+from tpu_tuner.sharding.apply import layout_text
+
+KNOB = "layout"
+
+
+class ShardingAgent(Agent):
+    name = "sharding"
+    definition_schema = ShardingDefinition
+    definition: ShardingDefinition
+    ranks: int = 1  # set by the study: the processes every trial runs on (--nproc)
+    planned: list[MappedLayout] | None = None  # set by the study from --plan: the plan's layouts, mapped
+    plan_source: str = ""  # the plan folder, for the findings
+
+    def diagnose(self, profile: Profile) -> list[str]:
+        if self.ranks == 1:
+            return ["one process per trial: no sharding layout to search (--nproc N runs every trial on N ranks)"]
+        findings = [f"every trial runs on {self.ranks} ranks, one process each, on the global batch of "
+                    f"{profile.workload.get('batch_size', '?')}; the baseline is data parallel ({self.ranks}x1x1, DDP)"]
+        if self.planned is not None:
+            if not self.planned:
+                findings.append(f"the plan in {self.plan_source} has no fitting layout to seed")
+            for mapped in self.planned:
+                mfu = f", predicted MFU {mapped.predicted_mfu:.1%}" if mapped.predicted_mfu is not None else ""
+                findings.append(f"from the plan in {self.plan_source}: {mapped.describe()}{mfu}")
+        return findings
+
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
+        """The plan's layouts (those the space holds), else the definition's families."""
+        param = next((p for p in self.params(space) if p.name == KNOB), None)
+        if param is None:
+            return []
+        if self.planned:
+            wanted = [layout_text(m.local) for m in self.planned[: self.definition.seeds.plan_top]]
+        else:
+            wanted = [next(iter(expand(family, space.ranks)), "") for family in self.definition.seeds.families]
+        return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
+
+    def left_out_planned(self, space: SearchSpace) -> list[str]:
+        """The plan's mapped layouts the space cannot run (the model's shapes refuse them)."""
+        param = next((p for p in space.params if p.name == KNOB), None)
+        choices = param.choices if param is not None else ()
+        return [layout_text(m.local) for m in (self.planned or []) if layout_text(m.local) not in choices]

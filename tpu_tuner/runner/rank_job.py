@@ -1,0 +1,61 @@
+"""One job of a sharded trial, run as one of its ranks: ``python -m tpu_tuner.runner.rank_job JOB``.
+
+`RankedTrialRunner` writes the job (its name, candidate payload and options, the model file and
+device) to JOB, a pickle in the trial's own folder, and starts N ranks of this module through
+`sharding.launch.run_ranks`. Each rank joins the process group, runs the same job function a
+single worker runs (`runner/jobs.py`), with its backend syncing steps with the other ranks, and
+rank 0 writes the result beside JOB. A rank whose job raises writes its failure (kind and first
+line, as a single worker reports one) and exits non-zero, which stops the other ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+RESULT = "result.pkl"
+
+
+def failure_path(job_file: Path, rank: int) -> Path:
+    """Where rank `rank` writes why its job failed (JSON: kind, message)."""
+    return job_file.parent / f"failure-{rank}.json"
+
+
+def main(argv: list[str]) -> None:
+    job_file = Path(argv[0])
+    spec = pickle.loads(job_file.read_bytes())
+    rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        if spec.get("memory_limit_bytes"):
+            import resource
+
+            limit = int(spec["memory_limit_bytes"])
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        from tpu_tuner.runner.jobs import JOBS, WorkerState
+        from tpu_tuner.sharding.launch import init_rank
+
+        state = WorkerState(spec["workload_path"], spec["device"], rank=rank, ranks=ranks)
+        init_rank(state.backend.process_group_backend)
+        value = JOBS[spec["job"]](state, spec["payload"], spec["options"])
+        if rank == 0:
+            (job_file.parent / RESULT).write_bytes(pickle.dumps(value))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        from tpu_tuner.runner.worker import failure_of
+
+        kind, message = failure_of(exc)
+        failure_path(job_file, rank).write_text(json.dumps({"kind": kind, "message": message}))
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    from tpu_tuner.sharding.launch import finish_rank
+
+    finish_rank()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

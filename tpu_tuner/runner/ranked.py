@@ -1,0 +1,124 @@
+"""Trials on N ranks: the `TrialRunner` interface, each sharded job a fresh process group.
+
+``tpu-tune MODEL.py --nproc N`` measures every setting as N processes, one per device (TorchTPU's
+model: one process per device, its own process group). Each job that times or compares settings
+(``measure``, ``compare``) starts N ranks of `runner.rank_job` through PyTorch's own launcher
+(`sharding.launch.run_ranks`: torch.distributed.elastic's `start_processes`), which stops every
+rank when one dies; a hang is stopped at the job's deadline. The trial fails with the rank and
+its reason, and the next job starts a new group: no process or rendezvous file outlives its job.
+The other jobs (loading the file, the baseline profile, bucketing) describe the workload, not a
+layout: they run in one single-process worker, as without ``--nproc``.
+
+A fresh group per job, not warm ranks: each trial compiles as a fresh process would, and a rank
+left in a broken collective can never poison the next trial. Its cost is a few seconds of start-up
+per job (interpreters, imports, the rendezvous), which the trial's wall time shows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.runner.measurement import TrialFailure
+from tpu_tuner.runner.pool import JobResult, TrialRunner
+
+log = logging.getLogger(__name__)
+
+# The jobs that run a layout, so run on the ranks.
+RANK_JOBS = ("measure", "compare")
+
+
+class RankedTrialRunner:
+    """Runs ``measure`` / ``compare`` jobs on `nproc` ranks and every other job in one worker."""
+
+    # Each job is a fresh group: a comparison cannot keep its built steps between jobs, so its
+    # rounds run in one job (tuning/verify.py asks this).
+    keeps_warm_steps = False
+
+    def __init__(self, workload_path: str, device: str | None, nproc: int, timeout_s: float = 300.0,
+                 memory_limit_bytes: int | None = None) -> None:
+        self.workload_path = str(workload_path)
+        self.device = device
+        self.nproc = nproc
+        self.timeout_s = timeout_s
+        self.memory_limit_bytes = memory_limit_bytes
+        self.single = TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
+        # Per-rank start-up variables (a device of its own); set once the device kind is known.
+        self.rank_environment: Callable[[int], dict[str, str]] | None = None
+        self.groups_started = 0
+
+    @property
+    def workers_started(self) -> int:
+        """Single-process workers plus process groups started."""
+        return self.single.workers_started + self.groups_started
+
+    def run(self, job: str, payload: Any, options: dict[str, Any], env: dict[str, str] | None = None,
+            timeout_s: float | None = None) -> JobResult:
+        """Run one job: on the ranks when it runs a layout, else in the single worker."""
+        if job not in RANK_JOBS:
+            return self.single.run(job, payload, options, env=env, timeout_s=timeout_s)
+        from tpu_tuner.runner.rank_job import RESULT, failure_path
+        from tpu_tuner.sharding.launch import run_ranks
+
+        limit = timeout_s or self.timeout_s
+        with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
+            job_file = Path(folder) / "job.pkl"
+            job_file.write_bytes(pickle.dumps({
+                "job": job, "payload": payload, "options": options, "workload_path": self.workload_path,
+                "device": self.device, "memory_limit_bytes": self.memory_limit_bytes}))
+            self.groups_started += 1
+            outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
+                                env=env, rank_env=self.rank_environment)
+            if outcome.ok:
+                return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
+            return JobResult(failure=_failure(outcome, job_file, failure_path), seconds=outcome.seconds)
+
+    def close(self) -> None:
+        """Stop the single worker (a group ends with its job)."""
+        self.single.close()
+
+    def __enter__(self) -> RankedTrialRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _failure(outcome: Any, job_file: Path, failure_path: Callable[[Path, int], Path]) -> TrialFailure:
+    """Why the ranks failed: a rank's own account of an error in its job (kind and first line)
+    where one wrote one that is not only a lost peer, else what the launcher saw first (a signal,
+    an exit status, a hang). When one rank raises, its peers' collectives fail too ("Connection
+    closed by peer"), and the launcher may see one of those first."""
+    accounts: dict[int, dict[str, str]] = {}
+    for rank in range(outcome.ranks):
+        try:
+            accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
+        except (OSError, ValueError):
+            continue
+    causes = [rank for rank, account in accounts.items() if not _lost_peer(str(account.get("message", "")))]
+    rank = causes[0] if causes else outcome.failed_rank if outcome.failed_rank in accounts and outcome.kind == "error" else None
+    if rank is not None:
+        return TrialFailure(str(accounts[rank].get("kind", "error")), f"rank {rank}: {accounts[rank].get('message', '')}")
+    return TrialFailure(outcome.kind or "error", outcome.failure or "the ranks failed")
+
+
+def _lost_peer(message: str) -> bool:
+    """Whether a rank's error only says that another rank went away."""
+    return any(marker in message for marker in ("Connection closed by peer", "Connection reset by peer",
+                                                  "remote worker crashing", "Broken pipe"))
+
+# Either runner: what the study, the race and the verification take.
+Runner = TrialRunner | RankedTrialRunner
+
+
+def trial_runner(workload_path: str, device: str | None, nproc: int, timeout_s: float,
+                 memory_limit_bytes: int | None) -> Runner:
+    """The runner for trials on `nproc` processes: a single worker for one, ranks for more."""
+    if nproc == 1:
+        return TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
+    return RankedTrialRunner(workload_path, device, nproc, timeout_s, memory_limit_bytes)
