@@ -205,3 +205,38 @@ def test_the_printed_layout_code_runs_on_two_ranks_and_applies_the_layout(monkey
     for report in result.reports.values():
         assert report["observed"] == layout and "apply_layout(model, Layout(" in report["code"]
         assert report["output_shape"][:2] == [4, 16]  # the whole batch through the sharded model
+
+
+def test_a_layout_the_model_cannot_run_is_given_up_after_two_errors(tmp_path) -> None:
+    """tiny_gpt's fused q/k/v cannot run tensor parallel: after two of its settings fail with
+    the rank's error, the sharding agent rejects the other two unmeasured, naming the trials."""
+    import optuna
+
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import tune
+
+    options = TuneOptions(trials=8, sampler="grid", space=FIXTURES / "tensor_or_data_space.toml", nproc=2,
+                          verify_rounds=2, out=tmp_path, agents=("sharding",))
+    result = tune(FIXTURES / "tiny_gpt.py", options)
+    tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
+    failed = [t for t in tensor if t.state == optuna.trial.TrialState.FAIL]
+    rejected = [t for t in tensor if "rejected_by" in t.user_attrs]
+    assert len(failed) == 2 and all("rank" in t.user_attrs["failure_message"] for t in failed)
+    assert len(rejected) == 2 and min(t.number for t in rejected) > failed[1].number
+    assert rejected[0].user_attrs["rejected_by"].startswith(
+        f"sharding: layout 1x1x2 failed with an error in trials {failed[0].number}, {failed[1].number} (")
+    measured = [t for t in result.study.get_trials()
+                if t.state == optuna.trial.TrialState.COMPLETE and "repeat_of" not in t.user_attrs]
+    assert len(measured) == 4 and {t.params["layout"] for t in measured} == {"2x1x1"}
+
+
+def test_micro_batches_that_do_not_split_a_rank_s_slice_are_rejected() -> None:
+    from tpu_tuner.agents import load_agents
+
+    memory = load_agents(["memory"], "cpu")[0]
+    memory._training, memory._pressed, memory._batch = True, False, 4  # what diagnose reads from a profile
+    assert memory.validate(Candidate(layout="2x1x1", micro_batches="2")) is None  # 2 samples a rank, in 2
+    refusal = memory.validate(Candidate(layout="2x1x1", micro_batches="4"))
+    assert refusal == ("micro_batches 4 skipped: under layout 2x1x1 each rank runs 2 of the batch's 4 samples, "
+                       "which do not split into 4 equal micro-batches")
+    assert memory.validate(Candidate(layout="1x1x2", micro_batches="4")) is None  # tensor ranks share the batch

@@ -61,5 +61,10 @@ class Agent(ABC):
     def validate(self, candidate: Candidate) -> str | None:
         return None
 
+    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> None:
+        """Hear that measuring `candidate` (trial number `trial`) failed; an agent may then stop
+        proposing what cannot run (`validate`). The study tells every agent of every failed
+        trial, those of an earlier run of a resumed study too."""
+
     def _seed_param(self) -> str:
         raise NotImplementedError(f"{self.name} seeds must be parameter -> choice maps")

@@ -35,9 +35,12 @@ class MemoryAgent(Agent):
     limit: MemoryLimit | None = None  # set by the study once the baseline profile names the device
     _training: bool | None = None  # from the profile diagnose/seeds saw; None before
     _pressed: bool | None = None  # whether that profile's peak is near the limit; None before
+    _batch: int | None = None  # the global batch of that profile's step
 
     def diagnose(self, profile: Profile) -> list[str]:
         self._training = is_training(profile)
+        batch = profile.workload.get("batch_size")
+        self._batch = int(batch) if isinstance(batch, int) else None
         self._pressed = self._near_limit(profile)
         peak = profile.memory.peak_bytes
         measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
@@ -95,4 +98,19 @@ class MemoryAgent(Agent):
         if self._training is False and candidate[MICRO_BATCHES] != "1":
             return ("micro_batches skipped: an inference step has no backward pass or optimizer step to "
                     "accumulate over")
-        return None
+        return self._slice_refusal(candidate)
+
+    def _slice_refusal(self, candidate: Candidate) -> str | None:
+        """Micro-batches split each rank's slice of the batch, which a sharding layout makes
+        smaller than the batch the search space narrowed the counts by."""
+        from tpu_tuner.knobs.layout import parse
+
+        k = int(candidate[MICRO_BATCHES])
+        data, fsdp, _ = parse(candidate["layout"])
+        if self._batch is None or k == 1 or data * fsdp == 1:
+            return None
+        local = self._batch // (data * fsdp)
+        if local % k == 0:
+            return None
+        return (f"micro_batches {k} skipped: under layout {candidate['layout']} each rank runs {local} of the batch's "
+                f"{self._batch} samples, which do not split into {k} equal micro-batches")

@@ -150,11 +150,19 @@ class ShardingSeeds:
 
 
 @dataclass(frozen=True)
+class ShardingValidate:
+    """[validate]: when a layout is given up."""
+
+    give_up_after_errors: int  # a layout whose trials failed with an error this many times is rejected
+
+
+@dataclass(frozen=True)
 class ShardingDefinition:
     """The schema of agents/sharding.toml."""
 
     agent: AgentHeader
     seeds: ShardingSeeds
+    validate: ShardingValidate
 
 
 # Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.

@@ -9,8 +9,12 @@ space left them out (`knobs/layout.py`), and the findings say which and why.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpu_tuner.agents.base import Agent
 from tpu_tuner.agents.schema import ShardingDefinition
+from tpu_tuner.backends.roofline import RooflineProbe
+from tpu_tuner.candidate import Candidate
 from tpu_tuner.knobs.layout import expand
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.search.space import SearchSpace
@@ -27,6 +31,10 @@ class ShardingAgent(Agent):
     ranks: int = 1  # set by the study: the processes every trial runs on (--nproc)
     planned: list[MappedLayout] | None = None  # set by the study from --plan: the plan's layouts, mapped
     plan_source: str = ""  # the plan folder, for the findings
+
+    def __init__(self, definition: Any, device_kind: str, probe: RooflineProbe | None = None) -> None:
+        super().__init__(definition, device_kind, probe)
+        self._errors: dict[str, list[tuple[int, str]]] = {}  # layout -> (trial, first line) of its errors
 
     def diagnose(self, profile: Profile) -> list[str]:
         if self.ranks == 1:
@@ -51,6 +59,19 @@ class ShardingAgent(Agent):
         else:
             wanted = [next(iter(expand(family, space.ranks)), "") for family in self.definition.seeds.families]
         return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
+
+    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> None:
+        if failure_kind == "error":
+            self._errors.setdefault(candidate[KNOB], []).append((trial, message))
+
+    def validate(self, candidate: Candidate) -> str | None:
+        """A layout that failed with an error on `give_up_after_errors` settings already."""
+        errors = self._errors.get(candidate[KNOB], [])
+        if len(errors) < self.definition.validate.give_up_after_errors:
+            return None
+        trials = ", ".join(str(number) for number, _ in errors)
+        return (f"layout {candidate[KNOB]} failed with an error in trials {trials} ({errors[-1][1][:160]}): the model "
+                "cannot run it, so it is not measured again")
 
     def left_out_planned(self, space: SearchSpace) -> list[str]:
         """The plan's mapped layouts the space cannot run (the model's shapes refuse them)."""

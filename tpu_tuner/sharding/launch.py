@@ -11,6 +11,7 @@ pick or leak), and every rank writes its report as JSON beside it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -69,6 +70,11 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                        **(env or {}), **(rank_env(rank) if rank_env else {})}
                 for rank in range(nproc)}
         logs = DefaultLogsSpecs(log_dir=str(root / "logs"), redirects=Std.ALL)
+        # The launcher logs every failed rank at ERROR on stderr; the failure is the caller's to
+        # report (a trial's line names the rank and its reason), once.
+        launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        launcher_level = launcher_log.level
+        launcher_log.setLevel(logging.CRITICAL)
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
         context = start_processes(name="tpu-tune-rank", entrypoint=sys.executable,
                                   args={rank: ("-m", module, *args) for rank in range(nproc)},
@@ -93,6 +99,7 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                 result.failed_rank = rank
         finally:
             context.close(death_sig=signal.SIGKILL, timeout=5)
+            launcher_log.setLevel(launcher_level)
         if result.ok:
             for rank in range(nproc):
                 path = root / f"report-{rank}.json"
