@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,3 +71,17 @@ def serving(root: Path) -> Iterator:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def processes_running(marker: str) -> list[int]:
+    """The pids of this host's processes whose command line holds `marker` (not this one): what
+    a test of process clean-up expects to be empty."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import processes_running
+
 from tpu_tuner.sharding.apply import LayoutError, parse_layout
 from tpu_tuner.sharding.check import check_layout
 from tpu_tuner.sharding.launch import run_ranks
@@ -43,18 +45,6 @@ def test_layout_strings_are_checked() -> None:
             parse_layout(bad)
 
 
-def _alive(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and int(pid) != os.getpid():
-            found.append(int(pid))
-    return found
-
-
 @pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
                                               ("raise", "error", "RuntimeError: rank 1 gave up"),
                                               ("hang", "timeout", "no rank finished within 8 s")])
@@ -62,7 +52,7 @@ def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     result = run_ranks(2, "misbehaving_rank", [mode], timeout_s=8)
     assert not result.ok and result.kind == kind and says in result.failure
-    assert _alive("misbehaving_rank") == []
+    assert processes_running("misbehaving_rank") == []
     healthy = run_ranks(2, "misbehaving_rank", ["none"], timeout_s=60)
     assert healthy.ok and sorted(healthy.reports) == [0, 1]
 

@@ -61,10 +61,12 @@ class Agent(ABC):
     def validate(self, candidate: Candidate) -> str | None:
         return None
 
-    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> None:
+    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> list[dict[str, str]]:
         """Hear that measuring `candidate` (trial number `trial`) failed; an agent may then stop
-        proposing what cannot run (`validate`). The study tells every agent of every failed
-        trial, those of an earlier run of a resumed study too."""
+        proposing what cannot run (`validate`), and return settings (parameter -> choice, the
+        rest at baseline) worth measuring next to tell what failed. The study tells every agent
+        of every failed trial, those of an earlier run of a resumed study too."""
+        return []
 
     def _seed_param(self) -> str:
         raise NotImplementedError(f"{self.name} seeds must be parameter -> choice maps")

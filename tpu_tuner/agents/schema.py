@@ -153,7 +153,7 @@ class ShardingSeeds:
 class ShardingValidate:
     """[validate]: when a layout is given up."""
 
-    give_up_after_errors: int  # a layout whose trials failed with an error this many times is rejected
+    measure_alone_after_error: bool  # on a layout's error, measure it alone; give up a layout that fails alone
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ class ShardingAgent(Agent):
 
     def __init__(self, definition: Any, device_kind: str, probe: RooflineProbe | None = None) -> None:
         super().__init__(definition, device_kind, probe)
-        self._errors: dict[str, list[tuple[int, str]]] = {}  # layout -> (trial, first line) of its errors
+        # Layouts that failed on their own: layout -> (trial, the error's first line).
+        self._dead: dict[str, tuple[int, str]] = {}
 
     def diagnose(self, profile: Profile) -> list[str]:
         if self.ranks == 1:
@@ -60,21 +61,24 @@ class ShardingAgent(Agent):
             wanted = [next(iter(expand(family, space.ranks)), "") for family in self.definition.seeds.families]
         return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
 
-    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> None:
-        if failure_kind == "error":
-            self._errors.setdefault(candidate[KNOB], []).append((trial, message))
+    def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> list[dict[str, str]]:
+        """A layout's error is the layout's own only where every other knob was at its baseline:
+        then the layout is given up (the model cannot run it: examples/gpt.py's fused q/k/v
+        under tensor parallelism). An error with other knobs set may be theirs (the foreach
+        optimizer cannot step tensor-parallel parameters, while other optimizers can), so the
+        layout alone is asked for next, which decides it."""
+        layout = candidate[KNOB]
+        if failure_kind != "error" or layout in self._dead or not self.definition.validate.measure_alone_after_error:
+            return []
+        if set(candidate.changed) <= {KNOB}:
+            self._dead[layout] = (trial, message)
+            return []
+        return [{KNOB: layout}]
 
     def validate(self, candidate: Candidate) -> str | None:
-        """A layout that failed with an error on `give_up_after_errors` settings already."""
-        errors = self._errors.get(candidate[KNOB], [])
-        if len(errors) < self.definition.validate.give_up_after_errors:
+        """A layout that failed with an error on its own (every other knob at its baseline)."""
+        if candidate[KNOB] not in self._dead:
             return None
-        trials = ", ".join(str(number) for number, _ in errors)
-        return (f"layout {candidate[KNOB]} failed with an error in trials {trials} ({errors[-1][1][:160]}): the model "
-                "cannot run it, so it is not measured again")
-
-    def left_out_planned(self, space: SearchSpace) -> list[str]:
-        """The plan's mapped layouts the space cannot run (the model's shapes refuse them)."""
-        param = next((p for p in space.params if p.name == KNOB), None)
-        choices = param.choices if param is not None else ()
-        return [layout_text(m.local) for m in (self.planned or []) if layout_text(m.local) not in choices]
+        trial, message = self._dead[candidate[KNOB]]
+        return (f"layout {candidate[KNOB]} failed on its own (every other knob at its baseline) in trial {trial} "
+                f"({message[:160]}): the model cannot run it, so it is not measured again")

@@ -42,6 +42,10 @@ else:
     BackendLike = Any
 
 
+# The reason a choice is left out when its knob gives no more specific one.
+CANNOT_RUN = "cannot run on this workload's step"
+
+
 class Knob(ABC):
     """One tunable setting. Values are strings in the search space's vocabulary; `default` is
     the baseline (what a candidate that does not set the knob runs)."""
@@ -89,6 +93,10 @@ class Knob(ABC):
         grad, a micro-batch count only where it divides the batch); the baseline choice always
         can."""
         return True
+
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
+        """Why one choice cannot run on this workload, for the run's report; None where it can."""
+        return None if self.choice_applies(value, traits) else CANNOT_RUN
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The choices of the search-space TOML `entry` on this device (the first is the

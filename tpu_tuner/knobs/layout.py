@@ -93,12 +93,18 @@ class LayoutKnob(Knob):
         return traits.training
 
     def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+        return self.choice_refusal(value, traits) is None
+
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
+        """`sharding.apply.why_not_shape` from the profile's numbers (`tensor_divisor`: the gcd
+        of what a tensor axis must divide)."""
         from tpu_tuner.sharding.apply import why_not_shape
 
         data, fsdp, tensor = parse(value)
-        widths = {} if traits.tensor_divisor is None else {"its tensor-sharded widths and head counts": traits.tensor_divisor}
+        widths = {} if traits.tensor_divisor is None else {
+            "the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
         return why_not_shape(_layout(value), data * fsdp * tensor, traits.batch_size, traits.repeated_blocks,
-                             widths if tensor > 1 else {}) is None
+                             widths if tensor > 1 else {})
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         if value == SINGLE:

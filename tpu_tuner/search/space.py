@@ -21,6 +21,7 @@ from tpu_tuner import knobs
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import DefinitionError
+from tpu_tuner.knobs.base import CANNOT_RUN
 from tpu_tuner.knobs.traits import WorkloadTraits
 
 # The parameters a space may search: the registered knobs.
@@ -90,10 +91,13 @@ class SearchSpace:
                 left_out.append(f"{p.name}: {knob.not_applicable} (kept at {p.choices[0]})")
                 params.append(Param(p.name, p.agent, p.choices[:1], p.help))
                 continue
-            kept = tuple(c for i, c in enumerate(p.choices) if i == 0 or knob.choice_applies(knob.check(c), traits))
-            if len(kept) < len(p.choices):
-                dropped = ", ".join(c for c in p.choices if c not in kept)
-                left_out.append(f"{p.name}: {dropped} cannot run on this workload's step")
+            refusals = {c: reason for i, c in enumerate(p.choices)
+                        if i > 0 and (reason := knob.choice_refusal(knob.check(c), traits)) is not None}
+            kept = tuple(c for c in p.choices if c not in refusals)
+            generic = [c for c, reason in refusals.items() if reason == CANNOT_RUN]
+            if generic:
+                left_out.append(f"{p.name}: {', '.join(generic)} {CANNOT_RUN}")
+            left_out += [f"{p.name}: {c}: {reason}" for c, reason in refusals.items() if c not in generic]
             params.append(Param(p.name, p.agent, kept, p.help))
         return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
 

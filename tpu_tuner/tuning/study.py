@@ -356,7 +356,7 @@ def run_search(
     distinct_total = space.size()
     asked = 0
     for earlier_trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-        _tell_agents(agents, space, earlier_trial.params, earlier_trial.number, earlier_trial.user_attrs)
+        _tell_agents(study, agents, space, earlier_trial.params, earlier_trial.number, earlier_trial.user_attrs)
     while True:
         finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
         elapsed = time.perf_counter() - started
@@ -414,22 +414,24 @@ def run_search(
         else:
             trial_attrs.record_failure(trial, outcome.failure)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            _tell_agents(agents, space, params, trial.number,
+            _tell_agents(study, agents, space, params, trial.number,
                          {"failure_kind": outcome.failure.kind, "failure_message": outcome.failure.message})
             message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
         emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
                       _objective_name(bucketing)))
 
 
-def _tell_agents(agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,
+def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,
                  attrs: dict[str, Any]) -> None:
-    """Tell every agent that a measured trial failed, and how (`Agent.learn`)."""
+    """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
+    ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
     kind = attrs.get("failure_kind")
     if kind is None or kind == "interrupted" or "rejected_by" in attrs or "repeat_of" in attrs:
         return
     candidate = space.to_candidate(dict(params))
     for agent in agents:
-        agent.learn(candidate, number, str(kind), str(attrs.get("failure_message", "")))
+        for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get("failure_message", ""))):
+            study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
 
 
 def _objective_name(bucketing: BucketingContext | None) -> str:
