@@ -15,18 +15,16 @@ import argparse
 import statistics
 
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.planner.layouts import Layout
-from tpu_tuner.sharding.apply import layout_text
 from tpu_tuner.sharding.check import check_layout
 from tpu_tuner.sharding.measure import measure_layout
 
 
 def layouts_for(nproc: int) -> list[str]:
-    """Every data x fsdp x tensor factorisation of `nproc`, DDP first."""
-    found = [Layout(nproc // t // f, f, t) for t in range(1, nproc + 1) if nproc % t == 0
-             for f in range(1, nproc // t + 1) if (nproc // t) % f == 0]
-    found.sort(key=lambda layout: (layout.data != nproc, layout.tensor, layout.fsdp))
-    return [layout_text(layout) for layout in found]
+    """Every layout of `nproc` ranks the layout knob searches (every family's splits), DDP first."""
+    from tpu_tuner import knobs
+    from tpu_tuner.knobs.layout import FAMILIES
+
+    return list(knobs.get("layout").choices("cpu", {"choices": {"cpu": list(FAMILIES)}}, ranks=nproc))
 
 
 def main() -> None:

@@ -248,3 +248,12 @@ def test_micro_batches_that_do_not_split_a_rank_s_slice_are_rejected() -> None:
     assert refusal == ("micro_batches 4 skipped: under layout 2x1x1 each rank runs 2 of the batch's 4 samples, "
                        "which do not split into 4 equal micro-batches")
     assert memory.validate(Candidate(layout="1x1x2", micro_batches="4")) is None  # tensor ranks share the batch
+
+
+def test_fullgraph_under_ddp_is_rejected_unmeasured() -> None:
+    from tpu_tuner.agents.compiler_options import validate
+
+    ddp = Candidate(execution="inductor", compile_options="fullgraph", layout="2x1x1")
+    assert validate(ddp, True, "cpu").startswith("fullgraph skipped: under DDP (layout 2x1x1)")
+    assert validate(Candidate(execution="inductor", compile_options="fullgraph", layout="1x1x2"), True, "cpu") is None
+    assert validate(Candidate(execution="inductor", compile_options="fullgraph"), True, "cpu") is None

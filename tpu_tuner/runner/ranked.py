@@ -65,6 +65,9 @@ class RankedTrialRunner:
         from tpu_tuner.runner.rank_job import RESULT, failure_path
         from tpu_tuner.sharding.launch import run_ranks
 
+        # The single worker is idle from here on (the profile is done): its memory and threads
+        # are the ranks' now. A later single-process job starts it again.
+        self.single.close()
         limit = timeout_s or self.timeout_s
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
