@@ -257,3 +257,12 @@ def test_fullgraph_under_ddp_is_rejected_unmeasured() -> None:
     assert validate(ddp, True, "cpu").startswith("fullgraph skipped: under DDP (layout 2x1x1)")
     assert validate(Candidate(execution="inductor", compile_options="fullgraph", layout="1x1x2"), True, "cpu") is None
     assert validate(Candidate(execution="inductor", compile_options="fullgraph"), True, "cpu") is None
+
+
+def test_multi_tensor_optimizers_under_tensor_parallelism_alone_are_rejected_unmeasured() -> None:
+    from tpu_tuner.agents.training_step import validate
+
+    for impl in ("foreach", "fused"):
+        assert "tensor parallelism alone (layout 1x1x2)" in validate(Candidate(optimizer_impl=impl, layout="1x1x2"), True)
+        assert validate(Candidate(optimizer_impl=impl, layout="1x2x1"), True) is None
+    assert validate(Candidate(layout="1x1x2"), True) is None

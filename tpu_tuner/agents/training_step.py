@@ -10,6 +10,7 @@ knob: the memory agent reasons about it against the study's memory limit.
 from __future__ import annotations
 
 from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.layout import parse as parse_layout
 from tpu_tuner.profiling.profile import Profile
 
 KNOB = "optimizer_impl"
@@ -60,4 +61,11 @@ def validate(candidate: Candidate, profile_is_training: bool | None) -> str | No
     """Reject an optimizer implementation on an inference step (it would measure the baseline again)."""
     if profile_is_training is False and KNOB in candidate.changed:
         return f"{KNOB} skipped: an inference step has no optimizer step"
+    data, fsdp, tensor = parse_layout(candidate["layout"])
+    if candidate[KNOB] in ("foreach", "fused") and tensor > 1 and fsdp == 1:
+        # Every such trial of a 2-rank study of examples/llama.py failed at its optimizer step:
+        # "aten._fused_adamw_.default got mixed torch.Tensor and DTensor" (foreach alike).
+        return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {candidate['layout']}) leaves the "
+                "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
+                "one kind (with fsdp every parameter is a DTensor)")
     return None
