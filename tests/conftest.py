@@ -85,3 +85,12 @@ def processes_running(marker: str) -> list[int]:
         if marker in cmdline and int(pid) != os.getpid():
             found.append(int(pid))
     return found
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator["PostgresServer"]:
+    """A real PostgreSQL server on a free loopback port for the session (tests/postgres_server.py)."""
+    from postgres_server import running_server
+
+    with running_server() as server:
+        yield server

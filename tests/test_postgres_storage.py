@@ -1,0 +1,62 @@
+"""Studies on a real PostgreSQL server (Debian's package, started by the `postgres` fixture on a
+loopback port): the storage a study of many workers shares (issue 15). The server is started
+for real: a test here fails, never skips, where PostgreSQL is not installed."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+
+from conftest import FIXTURES
+from postgres_server import PASSWORD
+from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.study import tune
+
+FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
+                        timing_max_steps=20, profiled_steps=1, top_operators=5, explained_share_min=0.5)
+
+
+def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(postgres, tmp_path) -> None:
+    url = postgres.url("secret", PASSWORD)
+    options = TuneOptions(trials=3, sampler="grid", agents=(), verify_rounds=2, storage=url,
+                          space=FIXTURES / "eager_precision_space.toml",
+                          out=tmp_path, trial_timeout_s=60.0, trial_settings=FAST)
+    result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
+    # The trials are on the server: a fresh connection reads them back by the study's name.
+    stored = optuna.load_study(study_name=result.study.study_name, storage=url)
+    measured = [t for t in stored.trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
+    assert len(measured) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
+    # Nothing the run wrote holds the password (the URL is kept without it).
+    for path in result.run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".toml", ".csv", ".html", ".log"):
+            assert PASSWORD not in path.read_text(errors="replace"), path
+    run = json.loads((result.run_dir / "run.json").read_text())
+    assert run["storage"] == postgres.url("secret")
+    # Loading the run again needs the password from the environment (libpq's PGPASSWORD).
+    reloaded_env = {"PGPASSWORD": PASSWORD}
+    import os
+
+    old = {k: os.environ.get(k) for k in reloaded_env}
+    os.environ.update(reloaded_env)
+    try:
+        loaded = TuningResult.load(result.run_dir)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert len(loaded.study.trials) == len(stored.trials)
+
+
+def test_the_server_refuses_a_wrong_password_in_one_line_without_it(postgres, tmp_path, capsys) -> None:
+    from tpu_tuner.cli import main
+
+    wrong = "not-the-password"
+    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--trials", "1", "--out", str(tmp_path),
+                   "--storage", postgres.url("secret", wrong)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and wrong not in err[0] and "password" in err[0].lower()
