@@ -55,9 +55,8 @@ def _free_port() -> int:
 
 def _as_postgres(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run `command` as the postgres user (initdb and the server refuse root)."""
-    user = pwd.getpwnam("postgres")
-
     def demote() -> None:
+        user = pwd.getpwnam("postgres")
         os.setgid(user.pw_gid)
         os.setuid(user.pw_uid)
 
@@ -71,12 +70,9 @@ def running_server() -> Iterator[PostgresServer]:
     bin_dir = binaries()
     folder = Path(tempfile.mkdtemp(prefix="tpu-tune-pg-"))
     data = folder / "data"
-    password_file = folder / "password"
-    password_file.write_text(PASSWORD + "\n")
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres")
         os.chown(folder, user.pw_uid, user.pw_gid)
-        os.chown(password_file, user.pw_uid, user.pw_gid)
     port = _free_port()
     try:
         _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",

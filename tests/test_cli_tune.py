@@ -74,3 +74,12 @@ def test_bad_config_for_apply(tmp_path, capsys) -> None:
     bad.write_text("format_version = 1\n[settings]\nmatmul_precision = 'fastest'\n")
     assert main(["apply", str(bad)]) == 2
     assert "bad [settings]" in capsys.readouterr().err
+
+
+def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts(tmp_path, capsys) -> None:
+    llama = FIXTURES / "tiny_llama.py"  # batch 4
+    assert main(["-q", str(llama), "--nproc", "3", "--out", str(tmp_path)]) == 2
+    assert "--nproc 3: the batch of 4 does not split over 3 ranks" in capsys.readouterr().err
+    assert main(["-q", str(llama), "--nproc", "2", "--space", str(FIXTURES / "eager_precision_space.toml"),
+                 "--out", str(tmp_path)]) == 2
+    assert "has no layout parameter" in capsys.readouterr().err

@@ -201,6 +201,7 @@ def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
     from tpu_tuner.agents import load_agents
 
     agent = load_agents(["sharding"], "cpu")[0]
+    agent.ranks = 2  # set by the study from --nproc
     foreach = Candidate(layout="1x1x2", optimizer_impl="foreach", autocast="bfloat16")
     # An error with other knobs set may be theirs: the layout alone is asked for, not given up.
     assert agent.learn(foreach, 3, "error", "RuntimeError: aten._foreach_mul_.Scalar got mixed torch.Tensor and DTensor") \
@@ -266,3 +267,14 @@ def test_multi_tensor_optimizers_under_tensor_parallelism_alone_are_rejected_unm
         assert "tensor parallelism alone (layout 1x1x2)" in validate(Candidate(optimizer_impl=impl, layout="1x1x2"), True)
         assert validate(Candidate(optimizer_impl=impl, layout="1x2x1"), True) is None
     assert validate(Candidate(layout="1x1x2"), True) is None
+
+
+def test_the_baseline_layout_and_one_process_runs_are_never_given_up() -> None:
+    from tpu_tuner.agents import load_agents
+
+    agent = load_agents(["sharding"], "cpu")[0]
+    agent.ranks = 1  # one process: every candidate is 1x1x1; a failed baseline is the workload's
+    assert agent.learn(Candidate(), 0, "error", "ValueError") == [] and agent.validate(Candidate(execution="inductor")) is None
+    agent.ranks = 2
+    assert agent.learn(Candidate(layout="2x1x1"), 0, "error", "ValueError") == []
+    assert agent.validate(Candidate(layout="2x1x1", autocast="bfloat16")) is None

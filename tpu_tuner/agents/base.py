@@ -65,7 +65,8 @@ class Agent(ABC):
         """Hear that measuring `candidate` (trial number `trial`) failed; an agent may then stop
         proposing what cannot run (`validate`), and return settings (parameter -> choice, the
         rest at baseline) worth measuring next to tell what failed. The study tells every agent
-        of every failed trial, those of an earlier run of a resumed study too."""
+        of every trial whose measurement failed (an error, crash, out-of-memory or timeout; not
+        a rejected, repeated, interrupted or infeasible one), an earlier run's too on resume."""
         return []
 
     def _seed_param(self) -> str:

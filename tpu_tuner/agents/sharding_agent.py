@@ -3,8 +3,9 @@
 With a plan (``--plan DIR``, `sharding.from_plan`) its seeds are the plan's fitting layouts in the
 plan's order, mapped onto the local rank count, so that what the compile-only planner ranked
 first is measured first, before it is trusted. Without one, the definition's families are
-seeded (fully sharded first). Layouts the model's shapes cannot run never reach it: the search
-space left them out (`knobs/layout.py`), and the findings say which and why.
+seeded (fully sharded first). Layouts other than the baseline that the model's shapes cannot run
+are left out of the search space (`knobs/layout.py`; report.md says which and why); a layout that
+fails when measured alone is given up (`learn`).
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class ShardingAgent(Agent):
         optimizer cannot step tensor-parallel parameters, while other optimizers can), so the
         layout alone is asked for next, which decides it."""
         layout = candidate[KNOB]
-        if failure_kind != "error" or layout in self._dead or not self.definition.validate.measure_alone_after_error:
-            return []
+        if (self.ranks == 1 or layout == f"{self.ranks}x1x1" or failure_kind != "error" or layout in self._dead
+                or not self.definition.validate.measure_alone_after_error):
+            return []  # the baseline layout (DDP) is never given up: its failure is the workload's
         if set(candidate.changed) <= {KNOB}:
             self._dead[layout] = (trial, message)
             return []

@@ -93,14 +93,16 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         backend.synchronize()
         first_call = time.perf_counter() - start
         errors = relative_error(outputs, reference) if reference is not None else {}
+        del outputs  # the gathered whole gradients: not part of the step's memory
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
         backend.reset_peak_memory()
         timing, compiles_while_timing = time_steps(
             step.run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
         )
         peak_memory, _ = backend.peak_memory_bytes()
-        if peak_memory is not None:
-            peak_memory = int(backend.max_over_ranks(peak_memory))  # the largest rank's
+        # The largest rank's; every rank takes part in the reduction (-1: none measured).
+        largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
+        peak_memory = None if largest < 0 else largest
         compiles = compile_delta(events_before, backend.compile_events())
     if compile_options(candidate["execution"]) is not None and not any(compiles.values()):
         # torch.compile gave up and ran eager (a graph break it could not trace, a limit): the

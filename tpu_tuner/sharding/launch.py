@@ -52,8 +52,9 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
 
     Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
     (see `init_rank`, `write_report`), plus `env` and its own `rank_env(rank)` (a device of its
-    own). Returns every rank's report, or the failure of the first rank that failed (its exit
-    status or signal, and the last line of its stderr)."""
+    own). Returns every rank's report, or the failure of the rank that most likely caused the
+    others' (a signal before an error exit, the launcher's own SIGTERM last, then the earliest):
+    its exit status or signal, and the telling line of its stderr."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     started = time.perf_counter()
@@ -74,17 +75,18 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         # report (a trial's line names the rank and its reason), once.
         launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         launcher_level = launcher_log.level
-        launcher_log.setLevel(logging.CRITICAL)
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-        context = start_processes(name="tpu-tune-rank", entrypoint=sys.executable,
-                                  args={rank: ("-m", module, *args) for rank in range(nproc)},
-                                  envs=envs, logs_specs=logs)
-        # start() installs handlers that turn these signals into exceptions in this process: the
-        # tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         result = RanksResult(ranks=nproc)
+        context = None
         try:
+            launcher_log.setLevel(logging.CRITICAL)
+            context = start_processes(name="tpu-tune-rank", entrypoint=sys.executable,
+                                      args={rank: ("-m", module, *args) for rank in range(nproc)},
+                                      envs=envs, logs_specs=logs)
+            # start() installs handlers that turn these signals into exceptions in this process:
+            # the tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             outcome = context.wait(timeout=timeout_s, period=0.05)
             if outcome is None:
                 result.failure, result.kind = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped", "timeout"
@@ -98,7 +100,10 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                 result.failure, result.kind = _describe(rank, failed.exitcode, _last_line(context, rank))
                 result.failed_rank = rank
         finally:
-            context.close(death_sig=signal.SIGKILL, timeout=5)
+            if context is not None:
+                context.close(death_sig=signal.SIGKILL, timeout=5)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             launcher_log.setLevel(launcher_level)
         if result.ok:
             for rank in range(nproc):

@@ -128,6 +128,10 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
     # knobs/traits.py.
     space = (SearchSpace.load(options.space, device_kind, ranks=options.nproc)
              .for_workload(traits.of_profile(profile.workload)))
+    if options.nproc > 1 and not any(p.name == "layout" for p in space.params):
+        # Without the knob every trial would be N unsharded copies of one process's step.
+        raise UserInputError(f"--nproc {options.nproc}: the search space {space.name!r} has no layout parameter "
+                             "(add one, as search_spaces/default.toml does)")
     agents, findings, memory = prepare_agents(options, profile)
     budget = search_budget(options.trials, options.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record holds the number it used
@@ -152,7 +156,7 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
                       "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
 
-    verification = verify(study, space, runner, options, device_kind, verify_progress)
+    verification = verify(study, space, runner, options, device_kind, verify_progress, agents)
     worker_starts = runner.workers_started
 
     result = TuningResult(
@@ -199,6 +203,10 @@ def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOp
     """Give each rank a device of its own (the device kind is known once profiled), refusing
     more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
     backend = BACKENDS[profile.device.kind]
+    batch = profile.workload.get("batch_size")
+    if isinstance(batch, int) and batch % options.nproc:
+        raise UserInputError(f"--nproc {options.nproc}: the batch of {batch} does not split over {options.nproc} ranks "
+                             "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
     if profile.device.kind != "cpu" and options.nproc > profile.device.count:
         raise UserInputError(f"--nproc {options.nproc}: this host has {profile.device.count} "
                              f"{profile.device.kind} device(s), one per rank")

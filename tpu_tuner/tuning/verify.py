@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
+from tpu_tuner.agents.base import Agent
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
 from tpu_tuner.runner.ranked import Runner
@@ -61,9 +62,10 @@ VerifyProgress = Callable[[int, int, float], None]
 
 
 def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
-           progress: VerifyProgress | None = None) -> Verification:
-    """Re-measure the search's best against the baseline (and each knob reverted), interleaved;
-    recommend the best only when its paired speedup is significant. `progress` hears every round.
+           progress: VerifyProgress | None = None, agents: Sequence[Agent] = ()) -> Verification:
+    """Re-measure the search's best against the baseline (and each knob reverted, unless an
+    agent in `agents` rejects the reverted setting), interleaved; recommend the best only when
+    its paired speedup is significant. `progress` hears every round.
 
     The speedup compares *steady* steps (each candidate is built and warmed up before the first
     round, so compile time is not in it); the search ranked by amortised step.
@@ -97,9 +99,15 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
     labels = {"baseline": baseline_params, "best": best_params}
+    unmeasurable: dict[str, str] = {}
     for name in differing:
         ablated = space.normalize({**best_params, name: space.baseline_value(name)})
-        if ablated != baseline_params:
+        # A reverted setting an agent rejects (fullgraph under DDP once the layout goes back)
+        # cannot run: it would fail the whole interleaved comparison, so it is left out.
+        refusal = next((r for a in agents if (r := a.validate(space.to_candidate(ablated)))), None)
+        if refusal:
+            unmeasurable[name] = refusal
+        elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
     compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
     if isinstance(compared, str):
@@ -110,6 +118,9 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     speedup = paired_speedup(samples["baseline"], samples["best"])
     contributions = []
     for name in differing:
+        if name in unmeasurable:
+            log.info("contribution of %s not measured: %s", name, unmeasurable[name])
+            continue
         label = f"best without {name}"
         reverted = samples[label] if label in samples else samples["baseline"]
         contributions.append(KnobContribution(name, space.baseline_value(name), best_params.get(name, space.baseline_value(name)),
