@@ -40,7 +40,7 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
         # gradient whole (gathered from its shards; every rank takes part, in parameter order).
         loss = backend.mean_over_ranks(loss)
-        grads = [_whole(p.grad).detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
+        grads = [whole(p.grad).detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
         parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": torch.cat(grads).cpu()}
         step.model.zero_grad(set_to_none=True)
     else:
@@ -63,7 +63,7 @@ def relative_error(trial: Outputs, reference: Outputs) -> dict[str, float]:
     return errors
 
 
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
+def whole(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor (a sharded gradient) gathered whole; any other tensor as it is."""
     if type(tensor).__name__ == "DTensor":  # no torch.distributed import for single-process steps
         return tensor.full_tensor()  # type: ignore[attr-defined]

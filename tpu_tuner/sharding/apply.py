@@ -36,14 +36,13 @@ class LayoutError(UserInputError):
 
 
 def parse_layout(text: str) -> Layout:
-    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout`."""
+    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout` (the layout knob's own parser)."""
+    from tpu_tuner.knobs.layout import parse
+
     try:
-        data, fsdp, tensor = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise LayoutError(f"layout {text!r} must be DATAxFSDPxTENSOR, e.g. 1x2x1") from None
-    if min(data, fsdp, tensor) < 1:
-        raise LayoutError(f"layout {text!r}: every axis must be at least 1")
-    return Layout(data, fsdp, tensor)
+        return Layout(*parse(text))
+    except ValueError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def layout_text(layout: Layout) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.runner.accuracy import Outputs, relative_error
+from tpu_tuner.runner.accuracy import Outputs, relative_error, whole
 from tpu_tuner.sharding.launch import RanksResult, finish_rank, run_ranks, write_report
 from tpu_tuner.sharding.rank_step import prepare_rank_step, rank_arguments
 
@@ -77,19 +77,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _flat_gradients(parameters: Any) -> Any:
+    """Every parameter's gradient whole (zeros where it has none), flat, in parameter order."""
     import torch
-    from torch.distributed.tensor import DTensor
 
-    parts = []
-    for p in parameters:
-        grad = p.grad
-        if grad is None:
-            parts.append(torch.zeros(p.numel()))
-            continue
-        if isinstance(grad, DTensor):
-            grad = grad.full_tensor()
-        parts.append(grad.detach().float().flatten())
-    return torch.cat(parts)
+    return torch.cat([whole(p.grad).detach().float().flatten() if p.grad is not None else torch.zeros(p.numel())
+                      for p in parameters])
 
 
 if __name__ == "__main__":
