@@ -71,7 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB; also the study's "
                       "memory constraint (a trial whose measured peak memory exceeds it is infeasible)")
     tune.add_argument("--verify-rounds", type=int, default=12, help="interleaved rounds of the final comparison (default 12)")
-    tune.add_argument("--storage", help="Optuna storage URL (default: sqlite in the run folder), e.g. postgresql://...")
+    tune.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: $TPU_TUNE_STORAGE, "
+                      "else SQLite: the run folder's study.db, or with --study the results folder's studies.db); a "
+                      "password may also come from PGPASSWORD or ~/.pgpass")
+    tune.add_argument("--study", metavar="NAME", help="join the study NAME in the storage (created by its first worker): "
+                      "every worker given the same storage and name works on one search")
+    tune.add_argument("--heartbeat-interval", type=int, default=10, metavar="S",
+                      help="seconds between a running trial's heartbeats (default 10)")
+    tune.add_argument("--grace-period", type=int, metavar="S",
+                      help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
+                           "queued again (default: three heartbeats)")
+    tune.add_argument("--cold", action="store_true",
+                      help="no warm start: do not enqueue the best settings of earlier studies first")
     tune.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder")
     tune.add_argument("--lengths", type=Path, help="input length sample (CSV or one number a line; default: the file's "
                       "sample_lengths()); each trial's objective then includes its best shape buckets")
@@ -144,6 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tuning runs (newest first) with per-trial figures on the page (default 6)")
     dash.set_defaults(handler=_dashboard_command)
 
+    study_cmd = commands.add_parser(
+        "study", help="a study shared by several workers (--study): its status, or finish it",
+        description="See how far a shared study is, or verify its best once on this host and write the tuned config.")
+    actions = study_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("status", "trials done / running / failed, per worker, and the best so far"),
+                         ("finish", "verify the best against the baseline on this host, once; write the run folder")):
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument("--storage", help="the study's storage URL (default: $TPU_TUNE_STORAGE, else "
+                                           "OUT/studies.db)")
+        sub.add_argument("--study", required=True, metavar="NAME", help="the study's name")
+        sub.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+        if action == "finish":
+            sub.add_argument("--model", type=Path, metavar="FILE",
+                             help="the model file, where it lies elsewhere on this host than the study recorded")
+            sub.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+        sub.set_defaults(handler=_study_command)
+
     apply_cmd = commands.add_parser("apply", help="print the Python that applies a tuned config (runs as printed)")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
     apply_cmd.set_defaults(handler=_apply_command)
@@ -161,7 +189,8 @@ def _tune_command(args: argparse.Namespace) -> int:
         verify_rounds=args.verify_rounds, device=None if args.device == "auto" else args.device,
         batch_size=args.batch_size, seq_len=args.seq_len, storage=args.storage, out=args.out, resume=args.resume,
         lengths_file=args.lengths, max_buckets=args.max_buckets, bucket_align=args.bucket_align,
-        nproc=args.nproc, plan=args.plan,
+        nproc=args.nproc, plan=args.plan, study=args.study, heartbeat_interval_s=args.heartbeat_interval,
+        grace_period_s=args.grace_period, warm_start=not args.cold,
         trial_settings=None,  # the default, built by tune(): building it here would import torch
     )
     # Bad options, space or storage are refused here, in well under a second: before torch and
@@ -180,6 +209,11 @@ def _tune_command(args: argparse.Namespace) -> int:
     result = tune(args.model_file, options, progress=show)
     base, chosen, v = result.baseline, result.chosen, result.verification
     print()
+    if not result.verified:
+        print(f"search    done: {v.message}")
+        print(f"results   {result.run_dir}/ (report.md, trials.csv: this worker's view of the study)")
+        print(f"status    tpu-tune study status --storage {result.storage_shown} --study {options.study}")
+        return 0
     if base is not None and chosen is not None:
         planned = options.planned_steps
         print(f"baseline  steady step {ms(base.step_median)}, amortised {ms(base.amortised_step(planned))}, "
@@ -193,6 +227,27 @@ def _tune_command(args: argparse.Namespace) -> int:
         print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     print(f"dashboard optuna-dashboard {redact(str(result.best_config.provenance['study']['storage']))}")
+    return 0
+
+
+def _study_command(args: argparse.Namespace) -> int:
+    from tpu_tuner.credentials import redact
+    from tpu_tuner.tuning.storage import check_storage, shared_sqlite, storage_from_environment
+
+    storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
+    check_storage(storage)
+    if args.action == "status":
+        from tpu_tuner.tuning.study_admin import study_status
+
+        print("\n".join(study_status(storage, args.study).lines()))
+        return 0
+    from tpu_tuner.tuning.study_admin import finish_study
+
+    result = finish_study(storage, args.study, args.out, args.model, None if args.device == "auto" else args.device)
+    print(f"speedup   {result.verification.message} (verified on {result.verification.host})")
+    print(f"tuned     {result.verification.chosen.describe()}")
+    print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
+    print(f"dashboard optuna-dashboard {redact(storage)}")
     return 0
 
 
@@ -307,7 +362,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "apply")
+COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "apply", "study")
 
 
 def _default_to_tune(argv: list[str]) -> list[str]:

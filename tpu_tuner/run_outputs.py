@@ -67,10 +67,14 @@ def write_tuning(result: "TuningResult") -> list[str]:
 
     run_dir = result.run_dir
     _write_text(run_dir / results.PROFILE_JSON, result.profile.to_json())
-    _write_text(run_dir / results.RESULT_JSON, result.to_json())
+    if result.verified:
+        _write_text(run_dir / results.RESULT_JSON, result.to_json())
     result.trials_dataframe().to_csv(run_dir / results.TRIALS_CSV, index=False)
     plots = write_plots(result)
     _write_text(run_dir / results.REPORT_MD, render_report(result, plots))
+    if not result.verified:
+        # A worker that left the verification to another writes no recommendation of its own.
+        return [results.PROFILE_JSON, results.TRIALS_CSV, *(p.name for p in plots.values()), results.REPORT_MD]
     result.best_config.save(run_dir / results.TUNED_CONFIG)
     return [results.PROFILE_JSON, results.RESULT_JSON, results.TRIALS_CSV, *(p.name for p in plots.values()),
             results.REPORT_MD, results.TUNED_CONFIG]

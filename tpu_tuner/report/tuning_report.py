@@ -78,6 +78,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     for agent, findings in result.findings.items():
         out += [f"- **{agent}**: " + "; ".join(findings)]
     out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
+    out += _warm_start_section(result) + _hosts_section(result)
     frame = result.trials_dataframe()
     out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.sampler}, search space "
             f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
@@ -117,6 +118,97 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
         out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
     return "\n".join(out) + "\n"
+
+
+# The trial user attr an enqueued earlier best carries (tuning/warm_start.py TRIAL_ATTR; the reports
+# know the tuning package only as types).
+WARM_START_ATTR = "warm_start"
+
+
+def _warm_start_section(result: "TuningResult") -> list[str]:
+    """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
+    what it measured there and what it measured here; nothing when no trial was warm-started."""
+    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(WARM_START_ATTR), dict)]
+    if not trials:
+        return []
+    base = _trial_value(result, result.verification.baseline_trial)
+    out = ["## Warm start", "",
+           "Queued right after the baseline: the best settings of earlier studies on this device kind, the same "
+           "workload first, then the nearest by FLOPs per parameter, bound and model kind. \"There\" is the earlier "
+           "study's own measurement (its speedup verified interleaved where it says so, else its search's ratio to "
+           "its baseline); \"here\" is this study's.", "",
+           "| trial | setting | from | there | here |", "|---:|---|---|---:|---:|"]
+    for t in trials:
+        seed = t.user_attrs[WARM_START_ATTR]
+        earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
+        there = _ms(seed.get("objective_s"))
+        if _present(seed.get("speedup")):
+            there += f", {float(seed['speedup']):.2f}x {'verified' if seed.get('speedup_verified') else 'in its search'}"
+        origin = f"{earlier}{seed.get('source', '?')} ({seed.get('match', '')})"
+        out.append(f"| {t.number} | {_setting(result, t.params)} | {origin.replace('|', '/')} | {there} | "
+                   f"{_measured_here(t, base)} |")
+    return out + [""]
+
+
+def _hosts_section(result: "TuningResult") -> list[str]:
+    """Which host measured what, when trials came from more than one (a shared study), and where
+    the comparison was re-measured; one line when everything ran on one known host."""
+    v = result.verification
+    trials = [t for t in result.study.get_trials(deepcopy=False) if t.user_attrs.get("host")]
+    hosts = sorted({str(t.user_attrs["host"]) for t in trials})
+    verified_on = getattr(v, "host", None)
+    if len(hosts) <= 1:
+        if not verified_on:
+            return []
+        where = f"Every trial ran on host `{hosts[0]}`" if hosts else "The trials record no host"
+        if hosts == [verified_on]:
+            return ["## Hosts", "", f"{where}, and so did the comparison above.", ""]
+        return ["## Hosts", "", f"{where}; the comparison above was re-measured on host `{verified_on}`.", ""]
+    out = ["## Hosts", "",
+           "Trials from different hosts only rank settings (each host's timings are its own); the comparison "
+           f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
+           "| host | trials measured | best objective there |", "|---|---:|---:|"]
+    for host in hosts:
+        own = [t for t in trials if str(t.user_attrs["host"]) == host and "repeat_of" not in t.user_attrs]
+        measured = sum(1 for t in own if t.user_attrs.get("measured"))
+        values = [t.value for t in own if t.value is not None and t.user_attrs.get("feasible")]
+        out.append(f"| {host} | {measured} | {_ms(min(values)) if values else 'none feasible'} |")
+    return out + [""]
+
+
+def _setting(result: "TuningResult", params: dict) -> str:
+    """A trial's setting as the report names settings ("inductor, matmul highest, autocast bfloat16")."""
+    try:
+        return result.space.to_candidate(params).describe()
+    except Exception:  # noqa: BLE001 - a setting this space cannot spell: its raw values
+        return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _trial_value(result: "TuningResult", number: int | None) -> float | None:
+    if number is None:
+        return None
+    trial = next((t for t in result.study.get_trials(deepcopy=False) if t.number == number), None)
+    return trial.value if trial is not None else None
+
+
+def _measured_here(trial, baseline_value: float | None) -> str:
+    """A trial's objective here (and its ratio to the baseline's), or why it has none."""
+    import optuna
+
+    if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+        text = _ms(trial.value)
+        if baseline_value:
+            text += f", {baseline_value / trial.value:.2f}x the baseline"
+        if not trial.user_attrs.get("feasible", True):
+            text += f", infeasible ({trial.user_attrs.get('failure_kind', 'constraint')})"
+        return text
+    if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
+        return "not measured yet"
+    if trial.user_attrs.get("rejected_by"):
+        return f"rejected ({str(trial.user_attrs['rejected_by']).replace('|', '/')})"
+    kind = trial.user_attrs.get("failure_kind")
+    state = "failed" if trial.state == optuna.trial.TrialState.FAIL else trial.state.name.lower()
+    return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 
 
 def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int) -> list[str]:

@@ -40,9 +40,19 @@ class TuneOptions:
     device: str | None = None
     batch_size: int | None = None
     seq_len: int | None = None
+    # Optuna storage URL; None: $TPU_TUNE_STORAGE, else SQLite (the run folder's study.db, or
+    # the results folder's studies.db for a named study).
     storage: str | None = None
     out: Path = Path("results")
     resume: Path | None = None
+    # A study shared by name (--study): every worker given the same storage and name joins it
+    # (tuning/shared_study.py). Trials keep heartbeats every `heartbeat_interval_s`; one without
+    # a beat for `grace_period_s` (default three beats) is failed as lost and queued again.
+    study: str | None = None
+    heartbeat_interval_s: int = 10
+    grace_period_s: int | None = None
+    # Enqueue the best settings of earlier studies of this device kind first (tuning/warm_start.py).
+    warm_start: bool = True
     # Varying input lengths (bucketing/knob.py): a length sample file, else the workload's
     # sample_lengths(); the bucket limits the per-trial optimiser respects.
     lengths_file: Path | None = None
@@ -76,6 +86,15 @@ class TuneOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise UserInputError(f"{flag} must be positive, not {value:g}")
+        if self.study is not None and not self.study.strip():
+            raise UserInputError("--study needs a name")
+        if self.study is not None and self.resume is not None:
+            raise UserInputError("--study and --resume: a resumed run rejoins the study its folder names; give one")
+        if self.heartbeat_interval_s < 1:
+            raise UserInputError(f"--heartbeat-interval must be at least 1 s, not {self.heartbeat_interval_s}")
+        if self.grace_period_s is not None and self.grace_period_s <= self.heartbeat_interval_s:
+            raise UserInputError(f"--grace-period ({self.grace_period_s} s) must be longer than the heartbeat interval "
+                                 f"({self.heartbeat_interval_s} s)")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise UserInputError("--trial-memory-gb must be positive")
         for name, flag in (("batch_size", "--batch-size"), ("seq_len", "--seq-len")):
@@ -90,9 +109,11 @@ class TuneOptions:
         Called before any run folder exists, so a refused start leaves nothing behind
         (docs/run-safety.md)."""
         from tpu_tuner.errors import UserInputError
-        from tpu_tuner.tuning.storage import check_storage
+        from tpu_tuner.tuning.storage import check_storage, storage_from_environment
 
         self.validate()
+        if self.storage is None and self.resume is None:
+            self.storage = storage_from_environment()
         _check_space(self.space, self.device)
         _check_agents(self.agents)
         if self.lengths_file is not None and not Path(self.lengths_file).is_file():

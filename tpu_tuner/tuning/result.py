@@ -32,8 +32,11 @@ from tpu_tuner.tuning.verify import Verification, trial_measurement
 TRIAL_COLUMNS = [
     "number", "state", *knobs.names(), "amortised_step_s", "step_median_s",
     "compile_s", "mfu", "accuracy_error", "feasible", "peak_memory_bytes", "failure_kind", "failure_message",
-    "rejected_by", "repeat_of", "trial_wall_s", "duration_s",
+    "rejected_by", "repeat_of", "trial_wall_s", "host", "duration_s",
 ]
+# User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
+# (the worker that ran a trial of a shared study; "host" says where it ran).
+HIDDEN_ATTRS = ("measurement", "candidate", "measured", "worker")
 
 INTEGER_COLUMNS = ("number", "repeat_of", "peak_memory_bytes")
 
@@ -50,6 +53,9 @@ class TuningResult:
     verification: Verification
     options: TuneOptions
     worker_starts: int = 0
+    # False for a worker of a shared study that left the verification to another worker (or to
+    # `tpu-tune study finish`): its verification holds only why, and it writes no tuned config.
+    verified: bool = True
     # When the result was made (the tuned config's provenance): kept by save and load, so a
     # loaded result's best_config is the one the run wrote.
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -76,6 +82,11 @@ class TuningResult:
             return None
         peak, dtype = run_peak or self.peak
         return replace(m, peak_flops_per_s=peak, peak_dtype=dtype, mfu=m.model_flops_per_step / m.step_median / peak)
+
+    @property
+    def storage_shown(self) -> str:
+        """The study's storage URL with its password masked (to show, never to connect)."""
+        return _redact(self.study._storage)  # noqa: SLF001 - Optuna keeps no public accessor
 
     @property
     def baseline(self) -> Measurement | None:
@@ -117,7 +128,9 @@ class TuningResult:
         for t in trials:
             row: dict[str, Any] = {"number": t.number, "state": t.state.name}
             row.update(t.params)
-            row.update({k: v for k, v in t.user_attrs.items() if k not in ("measurement", "candidate", "measured")})
+            row.update({k: v for k, v in t.user_attrs.items() if k not in HIDDEN_ATTRS})
+            if isinstance(row.get("warm_start"), dict):  # where the setting came from, not a dict repr
+                row["warm_start"] = row["warm_start"].get("source")
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
             # A repeat carries its first trial's figures: its MFU too, on the run's peak.
             measured = self.on_run_peak(measurements.get(t.user_attrs.get("repeat_of", t.number)), run_peak)

@@ -8,6 +8,7 @@ optuna or torch, so the check takes well under a second. See docs/run-safety.md.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tpu_tuner.credentials import redact
@@ -16,6 +17,23 @@ from tpu_tuner.errors import UserInputError
 # The pip extra that installs each server database's default driver (pyproject.toml).
 DRIVER_EXTRAS = {"postgresql": "postgres"}
 CONNECT_TIMEOUT_S = 5
+# The storage URL when no --storage is given: lets a password-bearing URL stay out of shell
+# history and process listings (with libpq's own PGPASSWORD / PGPASSFILE / ~/.pgpass for the
+# password alone).
+STORAGE_ENV = "TPU_TUNE_STORAGE"
+# The SQLite file, in the results folder, that holds the named studies of one host when there
+# is no server (`--study NAME` without --storage): workers on this host share it.
+SHARED_SQLITE = "studies.db"
+
+
+def storage_from_environment() -> str | None:
+    """The storage URL `TPU_TUNE_STORAGE` names, or None."""
+    return os.environ.get(STORAGE_ENV) or None
+
+
+def shared_sqlite(out: str | Path) -> str:
+    """The URL of the results folder's shared SQLite file."""
+    return f"sqlite:///{(Path(out) / SHARED_SQLITE).resolve()}"
 
 
 def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> None:
@@ -76,4 +94,4 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
         engine.dispose()
 
 
-__all__ = ["check_storage"]
+__all__ = ["STORAGE_ENV", "check_storage", "shared_sqlite", "storage_from_environment"]

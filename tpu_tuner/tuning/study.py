@@ -8,14 +8,20 @@ completed trials.
 from __future__ import annotations
 
 import logging
+import os
+import random
+import socket
 import time
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import RDBStorage
 
 from tpu_tuner.agents import Agent, load_agents
 from tpu_tuner.agents.memory_agent import MemoryAgent
@@ -41,12 +47,16 @@ from tpu_tuner.sharding.from_plan import planned_layouts
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
+from tpu_tuner.tuning.liveness import Heartbeat, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.run_file import RUN_FILE
-from tpu_tuner.tuning.storage import check_storage
+from tpu_tuner.tuning.shared_study import (RECORD_ATTR, SharedStudy, adopt_options, make_record, open_shared,
+                                           publish_profile, record_verification, recorded_verification, shared_profile)
+from tpu_tuner.tuning.storage import check_storage, shared_sqlite
 from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.verify import verify
+from tpu_tuner.tuning.verify import Verification, verify
+from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -75,7 +85,8 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
 
     This process never imports the model file: a worker loads it and describes it
     (runner/summary.py). Bad options are refused before that, and a run that fails after its
-    folder exists is marked "failed" in run.json with the reason (docs/run-safety.md).
+    folder exists is marked "failed" in run.json with the reason (docs/run-safety.md). With
+    `options.study` the run is one worker of a study shared by name (tuning/shared_study.py).
     """
     options = options or TuneOptions()
     options.preflight()  # numbers, search space, storage URL: seconds, nothing written yet
@@ -95,31 +106,67 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
                    if options.lengths_file is not None or workload.has_sample_lengths else None)
         _check_ranks(workload, lengths, options)
         current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc)
-        run_dir, storage, study_name = _run_location(workload.name, options, current)
+        location = _run_location(workload.name, options, current)
         try:
-            result = _tune_in(run_dir, storage, study_name, workload, lengths, options, runner, emit, started)
+            result = _tune_in(location, workload, lengths, options, runner, emit, started, current)
         except BaseException as exc:
-            run_file.mark_failed(run_dir, exc)
+            run_file.mark_failed(location.run_dir, exc)
             raise
-    run_file.update(run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    emit(Progress("done", f"results in {run_dir}", elapsed=time.perf_counter() - started))
+    if result.verified:
+        run_file.update(location.run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    else:
+        run_file.update(location.run_dir, status="searched", reason=result.verification.message,
+                        updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    emit(Progress("done", f"results in {location.run_dir}", elapsed=time.perf_counter() - started))
     return result
 
 
-def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSummary, lengths: LengthHistogram | None,
-             options: TuneOptions, runner: Runner, emit: ProgressCallback, started: float) -> TuningResult:
-    """Profile, search and verify, in an existing run folder."""
+@dataclass(frozen=True)
+class RunLocation:
+    """Where a run keeps its files and its study: the storage URL may carry a password (it is
+    used to connect, never written); `shared` for a study joined by name (`--study`)."""
+
+    run_dir: Path
+    storage: str
+    study_name: str
+    shared: bool
+    resumed: bool
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process as a worker of its study: every trial it runs records who and where, and
+    beats in `storage` while it runs (tuning/liveness.py)."""
+
+    id: str
+    host: str
+    storage: RDBStorage | None = None
+    # Seconds between looks at the study while other workers' trials hold the rest of the budget.
+    poll_s: float = 2.0
+
+    @classmethod
+    def this_process(cls, storage: RDBStorage | None) -> "Worker":
+        host = socket.gethostname()
+        return cls(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}", host, storage)
+
+
+def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
+             runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any]) -> TuningResult:
+    """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
-    emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
-    profiled = runner.run("profile", Candidate().to_dict(), {
-        "batch_size": options.batch_size, "seq_len": options.seq_len,
-        "settings": asdict(options.trial_settings),
-    })
-    if not profiled.ok and profiled.failure.kind == "refused":
-        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
-    if not profiled.ok:
-        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
-    profile: Profile = profiled.value
+    whole_space = SearchSpace.load(options.space, workload.device_kind, ranks=options.nproc)
+    storage = _open_storage(location.storage, options)
+    worker = Worker.this_process(storage)
+    opened = _open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
+    study, first = opened.study, opened.created or not location.shared
+    profile = None
+    if not first:
+        emit(Progress("profile", f"joined study {location.study_name!r}: waiting for its baseline profile",
+                      elapsed=time.perf_counter() - started))
+        profile = shared_profile(study, wait_s=options.trial_timeout_s + 60)
+    if profile is None:
+        emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
+        profile = _profile_baseline(runner, options, model_file)
     device_kind = profile.device.kind
     if isinstance(runner, RankedTrialRunner):
         _start_ranks_on(runner, profile, options)
@@ -132,14 +179,26 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         # Without the knob every trial would be N unsharded copies of one process's step.
         raise UserInputError(f"--nproc {options.nproc}: the search space {space.name!r} has no layout parameter "
                              "(add one, as search_spaces/default.toml does)")
+    if not first:
+        options = adopt_options(options, study.user_attrs.get(RECORD_ATTR, opened.record))
     agents, findings, memory = prepare_agents(options, profile)
     budget = search_budget(options.trials, options.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record holds the number it used
-    emit(Progress("budget", budget.describe(), elapsed=time.perf_counter() - started))
-    study = _open_study(storage, study_name, options, space)
-    _mark_interrupted(study)
+    emit(Progress("budget", budget.describe() if first else f"the study's budget: {budget.trials} measured settings "
+                  "across its workers", elapsed=time.perf_counter() - started))
+    # The study again, with the sampler of the narrowed space (a grid walks its settings).
+    study = optuna.load_study(study_name=location.study_name, storage=storage,
+                              sampler=build_sampler(options, space, shared=location.shared, first=first))
+    if first:
+        study.set_user_attr(RECORD_ATTR, {**opened.record, "options": make_record(current, whole_space, options)["options"],
+                                          "features": features_of(profile, current).to_dict()})
+    if location.resumed and not location.shared:
+        _mark_interrupted(study)  # nobody else works on a run folder's own study
     if not study.trials:
-        enqueue_seeds(study, space, agents, profile)
+        seeds = _warm_seeds(space, profile, current, location, options) if options.warm_start else []
+        enqueue_seeds(study, space, agents, profile, seeds)
+    if location.shared and first:
+        publish_profile(study, profile)  # after the seeds: a joining worker starts on them
     bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
     measure_options = {
         "batch_size": options.batch_size,
@@ -148,7 +207,41 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         "peak_flops_per_s": profile.device.peak.flops_per_s,
         "model_flops_per_step": profile.flops.model_per_step,
     }
-    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory)
+    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
+    verifier = _verifier(study, worker, storage) if location.shared else None
+    if verifier is not None:
+        emit(Progress("verify", f"not verifying here: {verifier}", elapsed=time.perf_counter() - started))
+        verification = Verification(None, None, space.to_candidate(space.baseline_params()), False, None,
+                                    message=f"not verified by this worker: {verifier}")
+    else:
+        verification = _verify_here(study, space, runner, options, device_kind, agents, emit, started)
+        if location.shared:
+            record_verification(study, verification, str(location.run_dir), worker.id)
+    result = TuningResult(
+        run_dir=location.run_dir, study=study, space=space, profile=profile, findings=findings,
+        verification=verification, options=options, worker_starts=runner.workers_started,
+        verified=verifier is None,
+    )
+    write_tuning(result)
+    return result
+
+
+def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path) -> Profile:
+    """The baseline's profile, measured in the trial worker."""
+    profiled = runner.run("profile", Candidate().to_dict(), {
+        "batch_size": options.batch_size, "seq_len": options.seq_len,
+        "settings": asdict(options.trial_settings),
+    })
+    if not profiled.ok and profiled.failure.kind == "refused":
+        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
+    if not profiled.ok:
+        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
+    return profiled.value
+
+
+def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
+                 agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
+    """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
     emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
                   "of steady steps)", elapsed=time.perf_counter() - started))
 
@@ -156,15 +249,30 @@ def _tune_in(run_dir: Path, storage: str, study_name: str, workload: WorkloadSum
         emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
                       "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
 
-    verification = verify(study, space, runner, options, device_kind, verify_progress, agents)
-    worker_starts = runner.workers_started
+    return replace(verify(study, space, runner, options, device_kind, verify_progress, agents), host=socket.gethostname())
 
-    result = TuningResult(
-        run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
-        verification=verification, options=options, worker_starts=worker_starts,
-    )
-    write_tuning(result)
-    return result
+
+def _verifier(study: optuna.Study, worker: Worker, storage: RDBStorage) -> str | None:
+    """Why this worker of a shared study leaves the verification to another, or None when it
+    verifies: the worker that measured the study's last trial does (the one that completed the
+    budget), once, when no trial is still running; otherwise `tpu-tune study finish`."""
+    fail_lost_trials(study, storage)
+    done = recorded_verification(study)
+    if done is not None:
+        return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
+    trials = study.get_trials(deepcopy=False)
+    running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    if running:
+        return (f"{len(running)} trial(s) of other workers still running; the worker that finishes the budget "
+                "verifies (or run `tpu-tune study finish`)")
+    measured = [t for t in trials if t.user_attrs.get("measured") and t.datetime_complete is not None]
+    if not measured:
+        return None
+    last = max(measured, key=lambda t: (t.datetime_complete, t.number))
+    if last.user_attrs.get("worker") == worker.id:
+        return None
+    return (f"worker {last.user_attrs.get('worker')} measured the study's last trial and verifies it "
+            "(or run `tpu-tune study finish`)")
 
 
 def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
@@ -213,25 +321,31 @@ def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOp
     runner.rank_environment = backend.rank_environment
 
 
-def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
+def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> RunLocation:
     """The run folder, the storage URL to connect with, and the study name.
 
     A new run gets a fresh folder and a run.json; a resumed one is checked first (same workload
     fingerprint, same storage) and refused with nothing rewritten when it differs. The URL
-    returned may carry a password (from --storage); the one written never does.
+    returned may carry a password (from --storage); the one written never does. A worker of a
+    shared study (`--study NAME`) has a folder of its own too: its report, its trials' view.
     """
     if options.resume is not None:
         return _resumed_location(Path(options.resume), options, current)
     run_dir = new_run_dir(options.out, name, "tune")
-    storage = options.storage or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
-    study_name = run_dir.name
+    if options.study is not None:
+        storage = options.storage or shared_sqlite(options.out)
+        study_name = options.study
+    else:
+        storage = options.storage or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
+        study_name = run_dir.name
     run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
+                             "shared": options.study is not None,
                              "model_file": str(current["model_file"]), "fingerprint": current,
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
-    return run_dir, storage, study_name
+    return RunLocation(run_dir, storage, study_name, shared=options.study is not None, resumed=False)
 
 
-def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, Any]) -> tuple[Path, str, str]:
+def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, Any]) -> RunLocation:
     saved = run_file.read(run_dir)
     if "storage" not in saved or "study_name" not in saved:
         raise UserInputError(f"not a tuning run folder (no readable {RUN_FILE})", run_dir)
@@ -257,15 +371,59 @@ def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, An
     else:
         check_storage(stored)  # a stored server URL: reachable, before anything is rewritten
     run_file.update(run_dir, **run_file.this_process())
-    return run_dir, storage, str(saved["study_name"])
+    return RunLocation(run_dir, storage, str(saved["study_name"]), shared=bool(saved.get("shared")), resumed=True)
 
 
-def build_sampler(options: TuneOptions, space: SearchSpace) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler `options.sampler` names, seeded."""
+def _open_storage(url: str, options: TuneOptions) -> RDBStorage:
+    """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
+    try:
+        return open_storage(url, options.heartbeat_interval_s, options.grace_period_s)
+    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
+        # Driver messages quote the URL, password included: redact the whole line.
+        raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
+
+
+def _open_or_join(storage: RDBStorage, location: RunLocation, record: dict[str, Any],
+                  space: SearchSpace) -> SharedStudy:
+    """The run's study: created or joined by name when shared, else created (or reopened, on
+    resume) under the run folder's name."""
+    # A placeholder sampler: the study is reopened with the real one once the space is narrowed.
+    placeholder = optuna.samplers.RandomSampler()
+    try:
+        if location.shared:
+            return open_shared(storage, location.study_name, placeholder, record, space)
+        study = optuna.create_study(storage=storage, study_name=location.study_name, direction="minimize",
+                                    sampler=placeholder, load_if_exists=True)
+    except UserInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the server went away between the check and here
+        raise UserInputError(redact(f"cannot open the study {location.study_name!r} in {location.storage!r}: "
+                                    f"{type(exc).__name__}: {exc}")) from exc
+    return SharedStudy(study, not study.trials, study.user_attrs.get(RECORD_ATTR) or record)
+
+
+def _warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], location: RunLocation,
+                options: TuneOptions) -> list[WarmSeed]:
+    """The best settings of earlier studies of this device kind (same storage, or the results
+    folder), nearest workload first (tuning/warm_start.py)."""
+    return find_warm_seeds(space, features_of(profile, current), storage=location.storage,
+                           results_dir=Path(options.out), exclude_study=location.study_name)
+
+
+def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,
+                  first: bool = True) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler `options.sampler` names, seeded.
+
+    In a shared study every worker but the first draws from a seed of its own (the same seed
+    would propose the same settings in every worker), and TPE treats the other workers' running
+    trials as if they had scored the worst so far (`constant_liar`, Optuna's remedy for parallel
+    workers proposing the same point).
+    """
+    seed = options.seed if first else random.SystemRandom().randrange(2**31)
     if options.sampler == "grid":
-        return _AskTellGridSampler(space, seed=options.seed)
+        return _AskTellGridSampler(space, seed=seed)
     if options.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=options.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     # Few startup trials: the seeds already cover the agents' best guesses. Multivariate TPE with
     # `group=True` models the knobs jointly, per group of trials that share a parameter set (the
     # conditional compiler options), where independent TPE models each knob alone: replayed on
@@ -274,18 +432,8 @@ def build_sampler(options: TuneOptions, space: SearchSpace) -> optuna.samplers.B
     # 10/10 and 5/10 (docs/search-efficiency.md). Optuna marks both options experimental.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=4, multivariate=True, group=True)
-
-
-def _open_study(storage: str, study_name: str, options: TuneOptions, space: SearchSpace) -> optuna.Study:
-    sampler = build_sampler(options, space)
-    try:
-        return optuna.create_study(
-            storage=storage, study_name=study_name, direction="minimize", sampler=sampler, load_if_exists=True
-        )
-    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
-        # Driver messages quote the URL, password included: redact the whole line.
-        raise UserInputError(redact(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {exc}")) from exc
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, group=True,
+                                          constant_liar=shared)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -318,9 +466,11 @@ def _mark_interrupted(study: optuna.Study) -> None:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None) -> None:
-    """Baseline first (trial 0), then every agent's first seed alone, then those first seeds
-    combined, then the agents' further seeds in turns, each on top of the combined seed.
+def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None,
+                  warm: Sequence[WarmSeed] = ()) -> None:
+    """Baseline first (trial 0), then the best settings of earlier studies (`warm`, nearest
+    workload first), then every agent's first seed alone, then those first seeds combined, then
+    the agents' further seeds in turns, each on top of the combined seed.
 
     Round-robin, not agent by agent: with many knobs one agent can propose more seeds than a
     small budget holds (the compile agent's freezing / max-autotune / channels_last variants once
@@ -342,7 +492,10 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], 
     queue.append(combined)
     for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
         queue += [{**combined, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
-    seen: list[dict[str, str]] = []
+    study.enqueue_trial(space.complete(baseline), skip_if_exists=True)
+    # An earlier study's best has been measured on a like workload: worth more than a guess.
+    enqueue_warm_seeds(study, list(warm))
+    seen: list[dict[str, str]] = [space.complete(baseline)]
     for params in map(space.complete, queue):  # whole settings: a grid sampler asks for none
         if params not in seen:
             seen.append(params)
@@ -360,20 +513,34 @@ def run_search(
     started: float,
     bucketing: BucketingContext | None = None,
     memory: MemoryLimit | None = None,
+    worker: Worker | None = None,
 ) -> None:
+    """Measure settings until the study holds `options.trials` measured ones (counted over all
+    its workers), the space is covered, or `options.timeout_s` passes.
+
+    With other workers on the study, a setting another worker is measuring is not measured again
+    here, and when their running trials hold the rest of the budget this worker waits for them
+    (one may still be lost and queued again) instead of starting more.
+    """
+    worker = worker or Worker.this_process(None)
     distinct_total = space.size()
     asked = 0
-    for earlier_trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-        _tell_agents(study, agents, space, earlier_trial.params, earlier_trial.number, earlier_trial.user_attrs)
+    told: set[int] = set()
+    waiting = False
     while True:
-        finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        if worker.storage is not None:
+            fail_lost_trials(study, worker.storage)
+        trials = study.get_trials(deepcopy=False)
+        _tell_new_failures(study, agents, space, trials, told)
+        finished = [t for t in trials if t.state.is_finished()]
         elapsed = time.perf_counter() - started
-        # Settings already covered: measured, failed or rejected. Trials an interrupted run left
-        # behind were never measured: they neither count nor answer repeats.
+        # Settings already covered: measured, failed or rejected. Trials an interrupted run or a
+        # lost worker left behind were never measured: they neither count nor answer repeats.
         covered = {
             _key(t.params): t
             for t in finished
             if "repeat_of" not in t.user_attrs and t.user_attrs.get("failure_kind") != "interrupted"
+            and not is_lost(t)
         }
         # The budget counts settings *measured*. Rejections cost nothing, and samplers re-propose
         # settings in small categorical spaces: a repeat is answered from the earlier trial, so
@@ -384,49 +551,108 @@ def run_search(
         if len(covered) >= distinct_total or asked >= 20 * options.trials:
             log.info("stopping: %d of %d settings of the space covered", len(covered), distinct_total)
             return
+        # Other workers' trials: none of this worker's is running between two of its trials.
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        if measured + len(running) >= options.trials:
+            if not waiting:
+                emit(Progress("trial", f"the rest of the budget is running on other workers ({len(running)} "
+                              "trial(s)): waiting for them", measured, options.trials, _best(study), elapsed,
+                              _objective_name(bucketing)))
+                waiting = True
+            time.sleep(worker.poll_s)
+            continue
+        waiting = False
         asked += 1
-        trial = study.ask()
-        params = space.suggest(trial)
-        candidate = space.to_candidate(params)
-        label = candidate.describe()
-        earlier = covered.get(_key(params))
-        if earlier is not None:
-            trial_attrs.copy_attrs(earlier, trial, options.tolerance)
-            study.tell(trial, earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE else None,
-                       state=earlier.state)
-            log.debug("%s: repeat of trial %d, not re-measured", label, earlier.number)
-            continue
-        number = measured + 1  # what the user sees: the n-th measured setting of the budget
-        rejection = next((f"{a.name}: {r}" for a in agents if (r := a.validate(candidate))), None)
-        if rejection:
-            trial.set_user_attr("rejected_by", rejection)
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed,
-                          _objective_name(bucketing)))
-            continue
-        emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed, _objective_name(bucketing)))
-        # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
-        # in a fresh worker started with them.
-        env = candidate.environment(BACKENDS[space.device_kind])
-        outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
-        trial.set_user_attr("measured", True)
-        trial.set_user_attr("trial_wall_s", outcome.seconds)
-        if outcome.ok:
-            value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance,
-                                                   bucketing, memory)
-            study.tell(trial, value)
-            over = memory.exceeded_by(outcome.value.peak_memory_bytes) if memory is not None else None
-            verdict = ("infeasible (accuracy)" if outcome.value.accuracy_error > options.tolerance
-                       else f"infeasible ({over})" if over else "ok")
-            message = f"{label}: {_figures(value, outcome.value, options.planned_steps, bucketing)}, {verdict}"
-        else:
-            trial_attrs.record_failure(trial, outcome.failure)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            _tell_agents(study, agents, space, params, trial.number,
-                         {"failure_kind": outcome.failure.kind, "failure_message": outcome.failure.message})
-            message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
-        emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for `optimize`; this loop beats itself.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask()
+        heartbeat = Heartbeat(worker.storage, trial._trial_id) if worker.storage is not None else nullcontext()  # noqa: SLF001
+        with heartbeat:
+            try:
+                _run_trial(study, trial, covered, measured + 1, space, agents, runner, measure_options, options, emit,
+                           started, bucketing, memory, worker)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Beats stopped for a whole grace period (a suspended host) and another worker
+                # failed this trial as lost and queued its setting again: its result is dropped.
+                log.warning("trial %d was failed as lost by another worker while it ran here; its result is dropped",
+                            trial.number)
+
+
+def _run_trial(study: optuna.Study, trial: optuna.Trial, covered: dict[Any, optuna.trial.FrozenTrial], number: int,
+               space: SearchSpace, agents: list[Agent], runner: Runner, measure_options: dict[str, Any],
+               options: TuneOptions, emit: ProgressCallback, started: float, bucketing: BucketingContext | None,
+               memory: MemoryLimit | None, worker: Worker) -> None:
+    """One asked trial: answered from an earlier one, left to the worker already measuring the
+    same setting, rejected by an agent, or measured; told to the study in every case. `number`
+    is what the user sees: the n-th measured setting of the budget."""
+    trial.set_user_attr("worker", worker.id)
+    trial.set_user_attr("host", worker.host)
+    params = space.suggest(trial)
+    candidate = space.to_candidate(params)
+    label = candidate.describe()
+    elapsed = time.perf_counter() - started
+    earlier = covered.get(_key(params))
+    if earlier is not None:
+        trial_attrs.copy_attrs(earlier, trial, options.tolerance)
+        study.tell(trial, earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE else None,
+                   state=earlier.state)
+        log.debug("%s: repeat of trial %d, not re-measured", label, earlier.number)
+        return
+    # Two workers asked for the same setting at once (TPE's lie about running trials makes it
+    # rare, an enqueued setting popped twice cannot happen): the lower trial number measures it.
+    elsewhere = _measured_elsewhere(study, params, trial.number)
+    if elsewhere is not None:
+        trial.set_user_attr("repeat_of", elsewhere.number)
+        trial.set_user_attr("in_flight_elsewhere", True)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        log.debug("%s: being measured by trial %d of another worker", label, elsewhere.number)
+        return
+    rejection = next((f"{a.name}: {r}" for a in agents if (r := a.validate(candidate))), None)
+    if rejection:
+        trial.set_user_attr("rejected_by", rejection)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed,
                       _objective_name(bucketing)))
+        return
+    emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed, _objective_name(bucketing)))
+    # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
+    # in a fresh worker started with them.
+    env = candidate.environment(BACKENDS[space.device_kind])
+    outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
+    trial.set_user_attr("measured", True)
+    trial.set_user_attr("trial_wall_s", outcome.seconds)
+    if outcome.ok:
+        value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance,
+                                               bucketing, memory)
+        study.tell(trial, value)
+        over = memory.exceeded_by(outcome.value.peak_memory_bytes) if memory is not None else None
+        verdict = ("infeasible (accuracy)" if outcome.value.accuracy_error > options.tolerance
+                   else f"infeasible ({over})" if over else "ok")
+        message = f"{label}: {_figures(value, outcome.value, options.planned_steps, bucketing)}, {verdict}"
+    else:
+        trial_attrs.record_failure(trial, outcome.failure)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
+    emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
+                  _objective_name(bucketing)))
+
+
+def _measured_elsewhere(study: optuna.Study, params: dict[str, Any], number: int) -> optuna.trial.FrozenTrial | None:
+    """A running trial of the same setting with a lower number (another worker's), if any."""
+    key = _key(params)
+    return next((t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                 if t.number < number and _key(t.params) == key), None)
+
+
+def _tell_new_failures(study: optuna.Study, agents: list[Agent], space: SearchSpace,
+                       trials: list[optuna.trial.FrozenTrial], told: set[int]) -> None:
+    """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
+    run's, or another worker's (each worker's agents learn from the whole study)."""
+    for trial in trials:
+        if trial.state == optuna.trial.TrialState.FAIL and trial.number not in told:
+            told.add(trial.number)
+            _tell_agents(study, agents, space, trial.params, trial.number, trial.user_attrs)
 
 
 def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,

@@ -55,6 +55,9 @@ class Verification:
     # The search's leaders re-measured interleaved before this verification (tuning/race.py);
     # empty when one leader stood alone. `best_trial` is the race's winner.
     race: list[RaceEntry] = field(default_factory=list)
+    # The host whose worker ran this verification (a shared study's trials come from many hosts;
+    # the comparison itself is always on one). None for results written before it was recorded.
+    host: str | None = None
 
 
 VerifyProgress = Callable[[int, int, float], None]

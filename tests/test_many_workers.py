@@ -1,0 +1,134 @@
+"""Many workers, one study, on a real PostgreSQL server (issue 15): three worker processes tune one
+study by name; one is killed with SIGKILL in the middle of a trial. The study still measures its
+whole budget, every setting once, the dead worker's trial failed by heartbeat and measured again
+by a live worker, and the best verified once. A worker with another workload is refused.
+
+The workers take the `secret` role's password three ways (in --storage, from $TPU_TUNE_STORAGE,
+from a pgpass file), and nothing any of them writes or logs holds it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+
+from conftest import FIXTURES
+from postgres_server import PASSWORD
+from tpu_tuner.cli import main
+from tpu_tuner.tuning.liveness import is_lost
+from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
+
+STUDY = "synthetic-shared"
+BUDGET = 6  # fixtures/shared_study_worker.py; the space holds 6 settings
+
+
+def _start_workers(postgres, tmp_path: Path) -> list[subprocess.Popen]:
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"127.0.0.1:{postgres.port}:tune:secret:{PASSWORD}\n")
+    pgpass.chmod(0o600)  # libpq ignores a pgpass file others can read
+    base = {k: v for k, v in os.environ.items() if k not in ("TPU_TUNE_STORAGE", "PGPASSWORD", "PGPASSFILE")}
+    ways = [
+        ([postgres.url("secret", PASSWORD)], {}),                               # in the URL given
+        ([], {"TPU_TUNE_STORAGE": postgres.url("secret", PASSWORD)}),          # from the environment
+        ([postgres.url("secret")], {"PGPASSFILE": str(pgpass)}),                 # from a pgpass file
+    ]
+    workers = []
+    for index, (args, env) in enumerate(ways):
+        log = (tmp_path / f"worker{index}.log").open("w")
+        workers.append(subprocess.Popen(
+            [sys.executable, str(FIXTURES / "shared_study_worker.py"), STUDY, str(tmp_path / "results"), *args],
+            env={**base, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        time.sleep(0.3)
+    return workers
+
+
+def _pid_of(trial: optuna.trial.FrozenTrial) -> int | None:
+    worker = trial.user_attrs.get("worker")
+    return int(worker.split(":")[1]) if isinstance(worker, str) else None
+
+
+def _kill_one_mid_trial(url: str, workers: list[subprocess.Popen]) -> tuple[int, set[int]]:
+    """SIGKILL the process group of a worker (the worker and its trial process: a host lost)
+    while it measures a trial; the trial's number and the trials complete at that moment."""
+    by_pid = {w.pid: w for w in workers}
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            study = optuna.load_study(study_name=STUDY, storage=url)
+        except KeyError:  # not created yet
+            time.sleep(0.5)
+            continue
+        trials = study.get_trials(deepcopy=False)
+        for trial in trials:
+            if (trial.state == optuna.trial.TrialState.RUNNING and _pid_of(trial) in by_pid
+                    and trial.datetime_start is not None and (time.time() - trial.datetime_start.timestamp()) > 0.8):
+                os.killpg(by_pid[_pid_of(trial)].pid, signal.SIGKILL)
+                complete = {t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+                return trial.number, complete
+        time.sleep(0.2)
+    raise AssertionError("no worker started a trial within 240 s")
+
+
+def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, tmp_path, capsys) -> None:
+    url = postgres.url("secret", PASSWORD)
+    workers = _start_workers(postgres, tmp_path)
+    try:
+        killed_trial, complete_before = _kill_one_mid_trial(url, workers)
+        codes = {w.pid: w.wait(timeout=300) for w in workers}
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGKILL)
+    logs = "\n".join(p.read_text() for p in sorted(tmp_path.glob("worker*.log")))
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    dead = by_number[killed_trial]
+    survivors = [pid for pid, code in codes.items() if code != -signal.SIGKILL]
+    assert len(survivors) == 2 and all(codes[pid] == 0 for pid in survivors), (codes, logs[-3000:])
+
+    # The dead worker's trial: failed by the others' heartbeat check, never measured, queued again.
+    assert is_lost(dead), dead
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed_trial]
+    assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE
+    assert _pid_of(retries[0]) in survivors
+    # No completed trial lost; the whole budget measured; no setting measured twice.
+    assert all(by_number[n].state == optuna.trial.TrialState.COMPLETE for n in complete_before)
+    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
+    settings = [tuple(sorted(t.params.items())) for t in measured if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(settings) == BUDGET and len(set(settings)) == BUDGET, settings
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+    # Verified once, by a live worker; the others left it to that one and wrote no config.
+    verification = study.user_attrs[VERIFICATION_ATTR]
+    assert int(verification["worker"].split(":")[1]) in survivors
+    configs = list((tmp_path / "results").glob("*/tuned_config.toml"))
+    assert len(configs) == 1 and str(configs[0].parent) == verification["run_dir"]
+    # The best the search found is the fixture's known best (medium matmuls, no autocast).
+    assert by_number[verification["best_trial"]].params == {"matmul_precision": "medium", "autocast": "none"}
+    # The baseline was profiled once, by the study's first worker.
+    assert logs.count("profiling the baseline") == 1, logs[-3000:]
+
+    # A worker with another workload is refused in one line, before it measures anything.
+    capsys.readouterr()
+    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--study", STUDY, "--storage", url,
+                   "--out", str(tmp_path / "refused")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "join refused" in err and "model file differs" in err and len(err.splitlines()) == 1, err
+    assert len(study.get_trials(deepcopy=False)) == len(trials)
+
+    # The status, from any host: the budget spent, the lost trial, the verification.
+    assert main(["study", "status", "--storage", url, "--study", STUDY]) == 0
+    shown = capsys.readouterr().out
+    assert f"measured  {BUDGET} settings of a budget of {BUDGET}" in shown and "1 lost" in shown, shown
+    assert "verified  on" in shown
+    # The password appears nowhere: not in the workers' logs, the run folders, the study's record.
+    assert PASSWORD not in logs + err + shown
+    assert PASSWORD not in str(study.user_attrs[RECORD_ATTR])
+    for path in (tmp_path / "results").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".toml", ".csv"):
+            assert PASSWORD not in path.read_text(errors="replace"), path

@@ -1,0 +1,225 @@
+"""`tpu-tune study status` and `tpu-tune study finish`: a shared study seen and closed from any host.
+
+`status` reads the study and says how far it is: trials by state, per worker and host, the
+budget, the best so far, and whether it was verified. `finish` verifies the study's best once,
+on this host (interleaved against the baseline, like a worker that completes the budget), and
+writes a run folder with the tuned config; when a worker has verified it already, it writes the
+folder from that recorded verification without measuring again.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage
+
+from tpu_tuner.credentials import redact, without_password
+from tpu_tuner.errors import UserInputError
+from tpu_tuner.knobs import traits
+from tpu_tuner.plain_data import from_plain
+from tpu_tuner.profiling.settings import ProfilerSettings
+from tpu_tuner.results import new_run_dir
+from tpu_tuner.run_outputs import write_tuning
+from tpu_tuner.runner.ranked import trial_runner
+from tpu_tuner.runner.summary import load_summary
+from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning import run_file, trial_attrs
+from tpu_tuner.tuning.fingerprint import file_sha256, fingerprint
+from tpu_tuner.tuning.liveness import fail_lost_trials, is_lost, open_storage
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
+                                           recorded_verification)
+from tpu_tuner.tuning.verify import Verification, verify
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerTally:
+    """One worker's share of a study."""
+
+    worker: str
+    host: str
+    measured: int = 0
+    running: int = 0
+    lost: int = 0
+
+
+@dataclass
+class StudyStatus:
+    """How far a shared study is."""
+
+    name: str
+    storage: str  # without its password
+    budget: int | None
+    measured: int  # distinct settings measured (the budget's count)
+    states: dict[str, int]
+    lost: int  # trials failed because their worker stopped beating
+    workers: list[WorkerTally] = field(default_factory=list)
+    best_value: float | None = None
+    best_label: str | None = None
+    best_host: str | None = None
+    verification: dict[str, Any] | None = None
+
+    def lines(self) -> list[str]:
+        """The status as the CLI prints it."""
+        budget = f"of a budget of {self.budget}" if self.budget else "(no budget recorded)"
+        states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(self.states.items())) or "no trials"
+        out = [f"study {self.name!r} in {self.storage}",
+               f"  measured  {self.measured} settings {budget}; trials: {states}"
+               + (f" ({self.lost} lost with their worker)" if self.lost else "")]
+        for w in self.workers:
+            out.append(f"  worker    {w.worker}: {w.measured} measured, {w.running} running"
+                       + (f", {w.lost} lost" if w.lost else ""))
+        if self.best_value is not None:
+            out.append(f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})")
+        else:
+            out.append("  best      none feasible yet")
+        v = self.verification
+        if v is None:
+            out.append("  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)")
+        else:
+            out.append(f"  verified  on {v.get('host')} by {v.get('worker')}: {v.get('message')} ({v.get('run_dir')})")
+        return out
+
+
+def load_named_study(storage: str, name: str) -> tuple[optuna.Study, RDBStorage]:
+    """The tpu-tune study `name` in `storage` and the storage (with heartbeats), or a one-line
+    UserInputError."""
+    try:
+        rdb = open_storage(storage)
+        study = optuna.load_study(study_name=name, storage=rdb)
+    except KeyError as exc:
+        raise UserInputError(f"no study {name!r} in {redact(storage)}") from exc
+    except Exception as exc:  # noqa: BLE001 - unreachable server, bad password: one line, redacted
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UserInputError(redact(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {first}")) from exc
+    if not isinstance(study.user_attrs.get(RECORD_ATTR), dict):
+        raise UserInputError(f"study {name!r} in {redact(storage)} was not made by tpu-tune (no {RECORD_ATTR} record)")
+    return study, rdb
+
+
+def study_status(storage: str, name: str) -> StudyStatus:
+    """The status of the study `name` (read only: fails no trial, writes nothing)."""
+    study, _ = load_named_study(storage, name)
+    record = study.user_attrs[RECORD_ATTR]
+    trials = study.get_trials(deepcopy=False)
+    states = Counter(t.state.name for t in trials)
+    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
+    tallies: dict[str, WorkerTally] = {}
+    for t in trials:
+        worker = t.user_attrs.get("worker")
+        if worker is None:
+            continue
+        tally = tallies.setdefault(worker, WorkerTally(worker, str(t.user_attrs.get("host", "?"))))
+        tally.measured += int(bool(t.user_attrs.get("measured")) and "repeat_of" not in t.user_attrs)
+        tally.running += int(t.state == optuna.trial.TrialState.RUNNING)
+        tally.lost += int(is_lost(t))
+    feasible = [t for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
+    best = min(feasible, key=lambda t: t.value) if feasible else None
+    options = record.get("options", {})
+    return StudyStatus(
+        name=name, storage=redact(without_password(storage)), budget=options.get("trials"),
+        measured=len({tuple(sorted(t.params.items())) for t in measured}), states=dict(states),
+        lost=sum(1 for t in trials if is_lost(t)), workers=list(tallies.values()),
+        best_value=best.value if best else None,
+        best_label=_label(best) if best else None,
+        best_host=str(best.user_attrs.get("host", "?")) if best else None,
+        verification=recorded_verification(study),
+    )
+
+
+def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,
+                 device: str | None = None) -> TuningResult:
+    """Verify the best of study `name` once, on this host, and write a run folder (tuned config,
+    report, trials); from the recorded verification when a worker already verified it."""
+    study, rdb = load_named_study(storage, name)
+    record = study.user_attrs[RECORD_ATTR]
+    profile_data = study.user_attrs.get(PROFILE_ATTR)
+    if not isinstance(profile_data, dict):
+        raise UserInputError(f"study {name!r}: no baseline profile recorded yet (its first worker is still profiling, "
+                             "or died before it finished)")
+    from tpu_tuner.profiling.profile import Profile
+
+    profile = Profile.from_dict(profile_data)
+    recorded_options = dict(record.get("options", {}))
+    options = from_plain(TuneOptions, recorded_options, {"ProfilerSettings": ProfilerSettings})
+    options = replace(options, storage=storage, out=out, resume=None, study=name,
+                      device=device if device is not None else options.device)
+    recorded_fingerprint = record.get("fingerprint", {})
+    model_file = model_file or Path(str(recorded_fingerprint.get("model_file", "")))
+    if not model_file.is_file():
+        raise UserInputError(f"study {name!r}: its model file is not here (give --model FILE)", model_file)
+    if file_sha256(model_file) != recorded_fingerprint.get("sha256"):
+        raise UserInputError(f"study {name!r}: not the model file the study measured (sha256 differs)", model_file)
+    with trial_runner(str(model_file), options.device, options.nproc, options.trial_timeout_s,
+                      options.memory_limit_bytes) as runner:
+        workload = load_summary(runner, model_file, options.batch_size, options.seq_len,
+                                sample_lengths=options.lengths_file is None)
+        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc)
+        whole_space = SearchSpace.load(options.space, workload.device_kind, ranks=options.nproc)
+        differing = join_differences(record, current, whole_space)
+        if differing:
+            raise UserInputError(f"study {name!r}: cannot verify it here: {'; '.join(differing)}")
+        run_dir = new_run_dir(out, workload.name, "tune")
+        run_file.write(run_dir, {"storage": without_password(storage), "study_name": name, "shared": True,
+                                 "model_file": str(model_file), "fingerprint": current,
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
+        try:
+            result = _finish_in(run_dir, study, rdb, options, profile, runner)
+        except BaseException as exc:
+            run_file.mark_failed(run_dir, exc)
+            raise
+    run_file.update(run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return result
+
+
+def _finish_in(run_dir: Path, study: optuna.Study, rdb: RDBStorage, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
+    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.tuning.study import _start_ranks_on, prepare_agents
+
+    if isinstance(runner, RankedTrialRunner):
+        _start_ranks_on(runner, profile, options)
+    space = (SearchSpace.load(options.space, profile.device.kind, ranks=options.nproc)
+             .for_workload(traits.of_profile(profile.workload)))
+    agents, findings, _ = prepare_agents(options, profile)
+    fail_lost_trials(study, rdb)
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running:
+        log.warning("%d trial(s) still running on other workers: verifying the best measured so far", len(running))
+    done = recorded_verification(study)
+    if done is not None:
+        log.info("the study was verified on %s (%s): writing the config from that verification", done.get("host"),
+                 done.get("run_dir"))
+        verification = from_plain(Verification, done)
+    else:
+        verification = replace(verify(study, space, runner, options, profile.device.kind, None, agents),
+                                host=socket.gethostname())
+        record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}")
+    result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
+                          verification=verification, options=options, worker_starts=runner.workers_started)
+    write_tuning(result)
+    return result
+
+
+def _label(trial: optuna.trial.FrozenTrial) -> str:
+    from tpu_tuner.candidate import Candidate
+
+    candidate = trial.user_attrs.get("candidate")
+    if isinstance(candidate, dict):
+        try:
+            return Candidate.from_dict(candidate).describe()
+        except (TypeError, ValueError, KeyError):
+            pass
+    return ", ".join(f"{k}={v}" for k, v in sorted(trial.params.items()))
+
+
+__all__ = ["StudyStatus", "WorkerTally", "finish_study", "load_named_study", "study_status"]
