@@ -20,8 +20,11 @@ import optuna
 from conftest import FIXTURES
 from postgres_server import PASSWORD
 from tpu_tuner.cli import main
+from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning.liveness import is_lost
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
+from tpu_tuner.tuning.study import enqueue_seeds
+from tpu_tuner.tuning.warm_start import WorkloadFeatures, find_warm_seeds
 
 STUDY = "synthetic-shared"
 BUDGET = 6  # fixtures/shared_study_worker.py; the space holds 6 settings
@@ -126,7 +129,22 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     shown = capsys.readouterr().out
     assert f"measured  {BUDGET} settings of a budget of {BUDGET}" in shown and "1 lost" in shown, shown
     assert "verified  on" in shown
-    # The password appears nowhere: not in the workers' logs, the run folders, the study's record.
+    # A later study of a like workload (another batch size: the nearest, not the same) on this
+    # storage measures this study's best right after its baseline (warm start).
+    record = study.user_attrs[RECORD_ATTR]
+    space = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
+    later = WorkloadFeatures.from_dict({**record["features"], "batch_size": 8})
+    seeds = find_warm_seeds(space, later, storage=url, results_dir=None, exclude_study="later")
+    assert seeds and seeds[0].params == {"matmul_precision": "medium", "autocast": "none"}, seeds
+    assert STUDY in seeds[0].source and "same workload" not in seeds[0].match
+    fresh = optuna.create_study()
+    enqueue_seeds(fresh, space, [], None, seeds)
+    queued = fresh.get_trials(deepcopy=False)
+    assert queued[0].params == space.complete(space.baseline_params()) and queued[1].params == seeds[0].params
+    assert STUDY in queued[1].user_attrs["warm_start"]["source"]
+    # The password appears nowhere: not in the workers' logs, the run folders, the study's record,
+    # the warm start's record of where a setting came from.
+    assert PASSWORD not in str([seed.attrs() for seed in seeds])
     assert PASSWORD not in logs + err + shown
     assert PASSWORD not in str(study.user_attrs[RECORD_ATTR])
     for path in (tmp_path / "results").rglob("*"):

@@ -247,6 +247,10 @@ def _unfinished_status(folder: Path) -> dict[str, str]:
     state = run_file.read(folder)
     if state.get("status") == "failed":
         return {"status": "failed", "reason": f"the run failed: {redact(str(state.get('reason') or 'no reason recorded'))}"}
+    if state.get("status") == "searched":
+        # A worker of a shared study: it searched, another worker (or `study finish`) verifies.
+        return {"status": "searched", "reason": f"worker of study {state.get('study_name')!r}: "
+                                                f"{redact(str(state.get('reason') or 'verified elsewhere'))}"}
     alive = run_file.process_alive(state) if state.get("status") == "running" else None
     if alive is False:
         return {"status": "incomplete",
