@@ -212,7 +212,7 @@ def _tune_command(args: argparse.Namespace) -> int:
     if not result.verified:
         print(f"search    done: {v.message}")
         print(f"results   {result.run_dir}/ (report.md, trials.csv: this worker's view of the study)")
-        print(f"status    tpu-tune study status --storage {result.storage_shown} --study {options.study}")
+        print(f"status    tpu-tune study status --storage {result.storage_shown} --study {result.study.study_name}")
         return 0
     if base is not None and chosen is not None:
         planned = options.planned_steps

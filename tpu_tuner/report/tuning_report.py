@@ -33,7 +33,9 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
         "against fp32 eager).",
         "",
-        f"**Recommendation: {v.chosen.describe()}.** {v.message}",
+        (f"**Recommendation: {v.chosen.describe()}.** {v.message}" if result.verified else
+         f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
+         "trials below are the whole study's as this worker last saw them."),
         "",
         *([_ranks_line(result.options.nproc), ""] if result.options.nproc > 1 else []),
         *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "

@@ -68,6 +68,7 @@ from tpu_tuner import knobs, results
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.credentials import redact, without_password
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 
 if TYPE_CHECKING:
     from tpu_tuner.profiling.profile import Profile
@@ -75,9 +76,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Study user attrs written by tuning/shared_study.py.
-STUDY_ATTR = "tpu_tune"  # {"fingerprint": {...}, "features": WorkloadFeatures.to_dict()}
-VERIFICATION_ATTR = "tpu_tune_verification"  # {"speedup": float | None, "chosen_is_best": bool, "best_trial"?: int}
+# Study user attrs written by tuning/shared_study.py: the record ({"fingerprint": {...},
+# "features": WorkloadFeatures.to_dict(), ...}) and the verification ({"speedup": ...,
+# "chosen_is_best": bool, "best_trial": int, ...}).
+STUDY_ATTR = RECORD_ATTR
 # The trial user attr an enqueued warm-start setting carries (WarmSeed.attrs()).
 TRIAL_ATTR = "warm_start"
 

@@ -1,0 +1,204 @@
+"""Warm start: measured trials to reach within 3% of the best, cold against warm, on a second
+model of the same family (issue 15).
+
+Two measured runs, made once (``--measure``) and kept in a folder outside the repository:
+
+* the *earlier run*: a normal TPE tuning run of the first model (examples/gpt.py, d_model 256);
+* the *grid run*: every valid setting of the second model (a copy of examples/gpt.py at another
+  d_model, 128 by default) measured once with the real tuning loop (``--sampler grid``).
+
+Both use one reduced space (written next to them, ``space.toml``: execution x matmul precision x
+autocast x optimizer implementation x micro-batches 1/2) and the same batch and sequence length,
+so that a whole grid of the second model costs minutes, not hours, on a 2-core host.
+
+The comparison is a replay, as benchmarks/search_efficiency.py does: the real search loop
+(`run_search`, the grid run's space, profile, agents and budget rule) runs for each sampler seed,
+and every trial is answered from the grid's table, so cold and warm over many seeds cost no new
+measurement. *Cold* is what ``tpu-tune --cold`` runs: the baseline, the agents' seeds, TPE.
+*Warm* is the same plus the seeds `find_warm_seeds` returns for the second model from a results
+folder that holds only the earlier run, enqueued after the baseline by `enqueue_seeds` as
+tpu-tune does. The count is measured trials (not rejected, not a repeat answered from an earlier
+trial) until the best feasible amortised step is within 3% of the grid's best.
+
+    python benchmarks/warm_start.py --measure --bench /work/bench/warm-start     # measures both runs
+    python benchmarks/warm_start.py --earlier-run DIR --grid-run DIR [--seeds 20] [--budget N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+
+from tpu_tuner.tuning import TuneOptions, TuningResult, tune
+from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, prepare_agents, run_search
+from tpu_tuner.tuning.warm_start import WarmSeed, features_of, find_warm_seeds
+
+from search_efficiency import WITHIN, TableRunner, best_feasible, trials_to_target, _measured
+
+REPO = Path(__file__).resolve().parent.parent
+
+SPACE = """\
+# benchmarks/warm_start.py: a reduced training-step space for the GPT family on CPU
+[space]
+name = "warm-start-gpt"
+
+[[param]]
+name = "execution"
+agent = "compile"
+choices.cpu = ["eager", "aot_eager", "inductor"]
+
+[[param]]
+name = "matmul_precision"
+agent = "precision"
+choices.cpu = ["highest", "high", "medium"]
+
+[[param]]
+name = "autocast"
+agent = "precision"
+choices.cpu = ["none", "bfloat16"]
+
+[[param]]
+name = "optimizer_impl"
+agent = "compile"
+choices.cpu = ["default", "foreach", "fused"]
+
+[[param]]
+name = "micro_batches"
+agent = "memory"
+choices.cpu = ["1", "2"]
+"""
+
+
+def write_model(folder: Path, width: int) -> Path:
+    """examples/gpt.py at another d_model (its own file: another sha256, as another model would be)."""
+    text = (REPO / "examples" / "gpt.py").read_text()
+    assert "d_model: int = 256" in text
+    path = folder / f"gpt_d{width}.py"
+    path.write_text(text.replace("d_model: int = 256", f"d_model: int = {width}"))
+    return path
+
+
+def measure(bench: Path, first_width: int, second_width: int, batch: int, seq: int, trials: int) -> tuple[Path, Path]:
+    """The earlier run (TPE, first model) and the grid run (second model), in `bench`."""
+    bench.mkdir(parents=True, exist_ok=True)
+    space = bench / "space.toml"
+    space.write_text(SPACE)
+    models = bench / "models"
+    models.mkdir(exist_ok=True)
+    first = REPO / "examples" / "gpt.py" if first_width == 256 else write_model(models, first_width)
+    second = write_model(models, second_width)
+
+    def progress(event) -> None:  # noqa: ANN001
+        print(f"[{event.phase} | {event.elapsed:6.0f} s] {event.message}", flush=True)
+
+    common = dict(space=space, batch_size=batch, seq_len=seq, warm_start=False)
+    started = time.perf_counter()
+    earlier = tune(first, TuneOptions(trials=trials, out=bench / "earlier", verify_rounds=4, **common), progress)
+    print(f"earlier run: {earlier.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
+    started = time.perf_counter()
+    grid = tune(second, TuneOptions(sampler="grid", trials=100_000, out=bench / "grid", verify_rounds=2, **common),
+                progress)
+    print(f"grid run: {grid.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
+    return earlier.run_dir, grid.run_dir
+
+
+def warm_seeds_for(grid: TuningResult, earlier_run: Path) -> list[WarmSeed]:
+    """What `tpu-tune` would enqueue for the grid's workload with only `earlier_run` in its
+    results folder (a temporary folder holding a link to it)."""
+    fingerprint = json.loads((grid.run_dir / "run.json").read_text())["fingerprint"]
+    with tempfile.TemporaryDirectory() as results_dir:
+        (Path(results_dir) / earlier_run.resolve().name).symlink_to(earlier_run.resolve(), target_is_directory=True)
+        return find_warm_seeds(grid.space, features_of(grid.profile, fingerprint), storage=None,
+                               results_dir=Path(results_dir), exclude_study=grid.study.study_name)
+
+
+def replay(grid: TuningResult, runner: TableRunner, seed: int, budget: int, warm: list[WarmSeed]) -> optuna.Study:
+    """One TPE search of `budget` measured settings as tpu-tune runs it, answered from the grid."""
+    options = TuneOptions(sampler="tpe", seed=seed, trials=budget, agents=grid.options.agents,
+                          memory_limit_bytes=grid.options.memory_limit_bytes)
+    agents, _, memory = prepare_agents(options, grid.profile)
+    study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
+    enqueue_seeds(study, grid.space, agents, grid.profile, warm)
+    run_search(study, grid.space, agents, runner, {}, options, lambda event: None, time.perf_counter(), memory=memory)
+    return study
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", action="store_true", help="measure the earlier run and the grid run first")
+    parser.add_argument("--bench", type=Path, default=Path("/work/bench/warm-start"),
+                        help="where --measure keeps its runs (outside the repository)")
+    parser.add_argument("--earlier-run", type=Path, help="a finished run of the first model")
+    parser.add_argument("--grid-run", type=Path, help="a finished --sampler grid run of the second model")
+    parser.add_argument("--first-width", type=int, default=256)
+    parser.add_argument("--second-width", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--earlier-trials", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--budget", type=int, help="measured trials per replay (default: tpu-tune's automatic budget)")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    if args.measure:
+        args.earlier_run, args.grid_run = measure(args.bench, args.first_width, args.second_width, args.batch_size,
+                                                  args.seq_len, args.earlier_trials)
+    if args.earlier_run is None or args.grid_run is None:
+        parser.error("give --earlier-run and --grid-run, or --measure")
+    grid = TuningResult.load(args.grid_run)
+    earlier = TuningResult.load(args.earlier_run)
+    runner = TableRunner(grid.study)
+    measured = _measured(grid.study)
+    best = best_feasible(grid.study)
+    if best is None:
+        raise SystemExit(f"{args.grid_run}: no feasible measured setting")
+    target = best * WITHIN
+    agents, _, _ = prepare_agents(TuneOptions(agents=grid.options.agents), grid.profile)
+    budget = args.budget or search_budget(None, "tpe", grid.space, agents).trials
+    best_trial = next(t for t in measured if t.value == best)
+    print(f"earlier run {args.earlier_run}: {earlier.profile.workload.get('name')} "
+          f"({earlier.profile.flops.total_parameters / 1e6:.2f}M parameters), best "
+          f"{earlier.verification.chosen.describe()}: {earlier.verification.message}")
+    print(f"grid run {args.grid_run}: {grid.profile.workload.get('name')} "
+          f"({grid.profile.flops.total_parameters / 1e6:.2f}M parameters), {grid.profile.workload.get('step')}; "
+          f"{len(measured)} settings measured")
+    print(f"grid's best {best * 1e3:.2f} ms amortised ({best_trial.user_attrs.get('label', best_trial.params)}); "
+          f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials")
+    ranked = sorted((t for t in measured if t.value is not None and t.user_attrs.get("feasible")), key=lambda t: t.value)
+    within = [t for t in ranked if t.value <= target]
+    print(f"settings of the grid within 3% of its best: {len(within)} of {len(measured)}")
+
+    warm = warm_seeds_for(grid, args.earlier_run)
+    for seed in warm:
+        value = runner.run("measure", grid.space.to_candidate(seed.params).to_dict(), {})
+        m = value.value if value.ok else None
+        here = f"{m.amortised_step(grid.options.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
+        print(f"warm seed: {seed.params} from {seed.describe()}; {here}")
+    if not warm:
+        print("warm start found no seed: warm and cold are the same search")
+
+    print(f"\n{args.seeds} TPE seeds each, budget {budget}:")
+    print(f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
+          "trials to target per seed")
+    for name, seeds in (("cold", []), ("warm", warm)):
+        counts, gaps = [], []
+        for seed in range(args.seeds):
+            study = replay(grid, runner, seed, budget, seeds)
+            counts.append(trials_to_target(study, target))
+            found = best_feasible(study)
+            gaps.append(found / best if found is not None else float("inf"))
+        reached = [c for c in counts if c is not None]
+        summary = f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}"
+        print(f"{name:6} {len(reached):>4}/{len(counts):<3} {summary} "
+              f"{f'{statistics.mean(gaps):.3f}x, {max(gaps):.3f}x':>36}  {counts}")
+
+
+if __name__ == "__main__":
+    main()
