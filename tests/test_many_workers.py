@@ -129,6 +129,20 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     shown = capsys.readouterr().out
     assert f"measured  {BUDGET} settings of a budget of {BUDGET}" in shown and "1 lost" in shown, shown
     assert "verified  on" in shown
+    # `study finish` from "another host": the recorded verification is written without measuring;
+    # with none recorded (a worker died at the end), it verifies here, once, and records it.
+    for recorded in (True, False):
+        if not recorded:
+            study.set_user_attr(VERIFICATION_ATTR, None)
+        assert main(["-q", "study", "finish", "--storage", url, "--study", STUDY, "--out", str(tmp_path / "finish")]) == 0
+        shown = capsys.readouterr().out
+        assert "verified on" in shown and PASSWORD not in shown, shown
+    finished = sorted((tmp_path / "finish").glob("*/tuned_config.toml"))
+    assert len(finished) == 2
+    again = study.user_attrs[VERIFICATION_ATTR]
+    assert again["worker"].startswith("study finish") and again["run_dir"] == str(finished[-1].parent)
+    assert "Hosts" in (finished[-1].parent / "report.md").read_text()
+
     # A later study of a like workload (another batch size: the nearest, not the same) on this
     # storage measures this study's best right after its baseline (warm start).
     record = study.user_attrs[RECORD_ATTR]
@@ -140,7 +154,8 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     fresh = optuna.create_study()
     enqueue_seeds(fresh, space, [], None, seeds)
     queued = fresh.get_trials(deepcopy=False)
-    assert queued[0].params == space.complete(space.baseline_params()) and queued[1].params == seeds[0].params
+    fixed = [t.system_attrs["fixed_params"] for t in queued]  # a queued trial's setting, until it runs
+    assert fixed[0] == space.complete(space.baseline_params()) and fixed[1] == seeds[0].params
     assert STUDY in queued[1].user_attrs["warm_start"]["source"]
     # The password appears nowhere: not in the workers' logs, the run folders, the study's record,
     # the warm start's record of where a setting came from.

@@ -1,0 +1,303 @@
+"""Many workers, one study (issue 15): the storage's cost per trial, and a 12-trial study on 1 and
+on 2 workers.
+
+1. **Storage overhead per trial.** The real search loop (`run_search`, TPE as tpu-tune builds it)
+   runs on one study with a runner that answers every "measure" job at once with a realistic
+   `Measurement` (50 timed samples, a training step's accuracy errors): each trial does what a
+   real one does in the storage (ask, the worker/host attrs, a heartbeat, the loop's
+   `get_trials` and `fail_lost_trials`, the measurement's attrs and constraint, tell) and
+   nothing else. Per-trial milliseconds = wall time / measured trials, for an in-memory study
+   (no storage: the loop and the sampler alone), SQLite (a file in a temporary folder) and
+   PostgreSQL (a loopback server, tests/postgres_server.py); the storages alternate, repeated.
+   The same on PostgreSQL and SQLite with 2 workers (forked processes, started together on one
+   study; wall from the start to the last one's end).
+2. **A 12-trial study on 1 and on 2 workers.** Separate `tune` processes on one PostgreSQL study
+   (`--study`), the model tests/fixtures/synthetic_speed.py (it sleeps 3-18 ms a step, so the
+   2 cores are not what limits), a 12-setting space (matmul precision x autocast x intra-op
+   threads, no agents: every setting measured), about 1.5 s of timed steps a trial, 4
+   verification rounds, no warm start. 1-worker and 2-worker studies alternate (fresh study names);
+   wall time from starting the processes to the last one's exit, and its phases from the
+   workers' progress lines (timestamped here).
+
+    python benchmarks/many_workers.py [--trials 40 --repeats 5] [--study-repeats 3] [--only overhead|study]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+STUDY_SPACE = """\
+# benchmarks/many_workers.py: 12 settings on a 2-core CPU (intra_op_threads: all, 1)
+[space]
+name = "many-workers"
+
+[[param]]
+name = "matmul_precision"
+agent = "precision"
+choices.cpu = ["highest", "high", "medium"]
+
+[[param]]
+name = "autocast"
+agent = "precision"
+choices.cpu = ["none", "bfloat16"]
+
+[[param]]
+name = "intra_op_threads"
+agent = "threads"
+choices.cpu = ["all", "half", "1"]
+"""
+
+# --- 1. storage overhead per trial ---------------------------------------------------------------
+
+
+class InstantRunner:
+    """Answers every "measure" job at once with a realistic measurement of the asked setting."""
+
+    workers_started = 0
+
+    def run(self, job, payload, options, env=None, timeout_s=None):  # noqa: ANN001, ANN201
+        from tpu_tuner.runner.measurement import Measurement
+        from tpu_tuner.runner.pool import JobResult
+
+        samples = [0.2 + 0.001 * (i % 7) for i in range(50)]
+        m = Measurement(candidate=dict(payload), step_median=0.2031, step_p10=0.2004, step_p90=0.2058,
+                        samples=samples, first_call_seconds=1.83, warmup_seconds=0.90, compile_seconds=1.36,
+                        compiles={"torch_compile_graphs": 1}, model_flops_per_step=7.1e10, peak_flops_per_s=8.9e11,
+                        peak_dtype="bfloat16", mfu=0.174, peak_memory_bytes=1_148_354_560,
+                        accuracy_errors={"loss": 1.2e-3, "gradients": 2.9e-3}, compute_dtype="float32")
+        return JobResult(value=m, seconds=0.001)
+
+
+def _loop_options(trials: int):  # noqa: ANN202
+    from tpu_tuner.tuning import TuneOptions
+
+    return TuneOptions(trials=trials, agents=(), sampler="tpe", seed=0)
+
+
+def _space():  # noqa: ANN202
+    from tpu_tuner.search.space import SearchSpace
+
+    return SearchSpace.load("default", "cpu")  # thousands of settings: 40 trials never cover it
+
+
+def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[float, float, int]:
+    """One worker's search loop on study `name`: (start, end, trials it measured)."""
+    import optuna
+
+    from tpu_tuner.tuning.liveness import open_storage
+    from tpu_tuner.tuning.study import Worker, build_sampler, run_search
+
+    space, options = _space(), _loop_options(trials)
+    storage = open_storage(url, 1) if url else None
+    study = optuna.load_study(study_name=name, storage=storage,
+                              sampler=build_sampler(options, space, shared=shared, first=not shared))
+    worker = Worker.this_process(storage)
+    started = time.perf_counter()
+    run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, started, worker=worker)
+    ended = time.perf_counter()
+    mine = sum(1 for t in study.get_trials(deepcopy=False)
+               if t.user_attrs.get("worker") == worker.id and t.user_attrs.get("measured"))
+    if storage is not None:
+        storage.engine.dispose()
+    return started, ended, mine
+
+
+def _child(url: str, name: str, trials: int, barrier, results) -> None:  # noqa: ANN001
+    barrier.wait()
+    results.put(_run_loop(url, name, trials, shared=True))
+
+
+def overhead_once(url: str | None, trials: int, workers: int) -> float:
+    """Milliseconds per measured trial of one study of `trials` trials on `workers` workers."""
+    import optuna
+
+    from tpu_tuner.tuning.liveness import open_storage
+
+    name = f"overhead-{uuid.uuid4().hex[:8]}"
+    if url is None:  # in memory: one process, no storage
+        from tpu_tuner.tuning.study import Worker, build_sampler, run_search
+
+        space, options = _space(), _loop_options(trials)
+        study = optuna.create_study(direction="minimize", sampler=build_sampler(options, space))
+        started = time.perf_counter()
+        run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, started,
+                   worker=Worker.this_process(None))
+        return (time.perf_counter() - started) * 1e3 / trials
+    storage = open_storage(url, 1)
+    optuna.create_study(storage=storage, study_name=name, direction="minimize")
+    storage.engine.dispose()
+    if workers == 1:
+        started, ended, _ = _run_loop(url, name, trials, shared=False)
+        return (ended - started) * 1e3 / trials
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(workers), context.Queue()
+    children = [context.Process(target=_child, args=(url, name, trials, barrier, results)) for _ in range(workers)]
+    for child in children:
+        child.start()
+    spans = [results.get(timeout=600) for _ in children]
+    for child in children:
+        child.join()
+    measured = sum(s[2] for s in spans)
+    return (max(s[1] for s in spans) - min(s[0] for s in spans)) * 1e3 / measured
+
+
+def overhead(trials: int, repeats: int) -> None:
+    from postgres_server import running_server
+
+    with tempfile.TemporaryDirectory() as folder, running_server() as server:
+        sqlite = f"sqlite:///{folder}/studies.db"
+        configs = [("in memory", None, 1), ("SQLite", sqlite, 1), ("PostgreSQL", server.url("tune"), 1),
+                   ("SQLite", sqlite, 2), ("PostgreSQL", server.url("tune"), 2)]
+        overhead_once(sqlite, 5, 1)  # warm up: imports, the schema created in both storages
+        overhead_once(server.url("tune"), 5, 1)
+        figures: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+        for repeat in range(repeats):
+            for i, (label, url, workers) in enumerate(configs):  # interleaved
+                figures[i].append(overhead_once(url, trials, workers))
+            print(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
+                f"{configs[i][0]} x{configs[i][2]} {figures[i][-1]:.1f}" for i in figures), flush=True)
+    print(f"\nper measured trial, {trials} trials a study, {repeats} interleaved repeats (ms: median, min-max)")
+    print(f"{'storage':12} {'workers':>7} {'median':>8} {'range':>15}")
+    for i, (label, _, workers) in enumerate(configs):
+        values = figures[i]
+        print(f"{label:12} {workers:>7} {statistics.median(values):8.1f} "
+              f"{f'{min(values):.1f}-{max(values):.1f}':>15}")
+
+
+# --- 2. a 12-trial study on 1 and 2 workers -------------------------------------------------------
+
+
+def study_worker(study: str, out: str, storage: str, space: str) -> None:
+    """One tune process of the shared study (run as `many_workers.py --_worker ...`)."""
+    print(f"{time.time():.3f} [start] imported nothing yet", flush=True)
+    from tpu_tuner.profiling import ProfilerSettings
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import tune
+
+    settings = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=10, timing_min_seconds=1.5,
+                                timing_max_steps=400, profiled_steps=1, top_operators=5, explained_share_min=0.5)
+    options = TuneOptions(trials=12, sampler="tpe", agents=(), verify_rounds=4, storage=storage, study=study,
+                          space=Path(space), out=Path(out), trial_settings=settings, warm_start=False)
+    print(f"{time.time():.3f} [imported] tpu_tuner and torch", flush=True)
+    result = tune(REPO / "tests" / "fixtures" / "synthetic_speed.py", options,
+                  progress=lambda event: print(f"{time.time():.3f} [{event.phase}] {event.message}", flush=True))
+    print(f"{time.time():.3f} [exit] verified={result.verified}", flush=True)
+
+
+def _events(log: str) -> list[tuple[float, str, str]]:
+    out = []
+    for line in log.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        phase, _, message = rest.partition("] ")
+        out.append((t, phase.lstrip("["), message))
+    return out
+
+
+def _phases(events: list[tuple[float, str, str]], start: float) -> dict[str, float]:
+    """Seconds from the study's start to each milestone of one worker."""
+    def first(pred) -> float | None:  # noqa: ANN001
+        return next((t - start for t, p, m in events if pred(p, m)), None)
+
+    def last(pred) -> float | None:  # noqa: ANN001
+        found = [t - start for t, p, m in events if pred(p, m)]
+        return found[-1] if found else None
+
+    return {
+        "imported": first(lambda p, m: p == "imported"),
+        "profile": first(lambda p, m: p == "profile"),
+        "budget": first(lambda p, m: p == "budget"),
+        "first trial": first(lambda p, m: p == "trial" and m.startswith("running")),
+        "last trial": last(lambda p, m: p == "trial" and not m.startswith(("running", "the rest"))),
+        "verify": first(lambda p, m: p == "verify"),
+        "exit": first(lambda p, m: p == "exit"),
+    }
+
+
+def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, list[dict[str, float]], int]:
+    """Wall seconds of one 12-trial study on `workers` processes; each worker's milestones; and
+    the settings measured."""
+    import optuna
+
+    name = f"mw{workers}-{uuid.uuid4().hex[:8]}"
+    logs = [out / f"{name}-{i}.log" for i in range(workers)]
+    env = {k: v for k, v in os.environ.items() if k != "TPU_TUNE_STORAGE"}
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--_worker", name, str(out), url, str(space)],
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, env=env) for log in logs]
+    codes = [p.wait(timeout=900) for p in procs]
+    wall = time.time() - start
+    if any(codes):
+        raise SystemExit(f"a worker failed ({codes}): see {logs}")
+    phases = [_phases(_events(log.read_text()), start) for log in logs]
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    measured = sum(1 for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs)
+    return wall, phases, measured
+
+
+def studies(repeats: int) -> None:
+    from postgres_server import running_server
+
+    with tempfile.TemporaryDirectory() as folder, running_server() as server:
+        space = Path(folder) / "space.toml"
+        space.write_text(STUDY_SPACE)
+        url = server.url("tune")
+        walls: dict[int, list[float]] = {1: [], 2: []}
+        for repeat in range(repeats):
+            for workers in (1, 2):  # interleaved
+                wall, phases, measured = study_once(url, workers, space, Path(folder))
+                walls[workers].append(wall)
+                print(f"repeat {repeat + 1}/{repeats}, {workers} worker(s): {wall:.1f} s, {measured} settings measured",
+                      flush=True)
+                for i, p in enumerate(phases):
+                    print("    worker %d: " % i + ", ".join(f"{k} {v:.1f}" for k, v in p.items() if v is not None),
+                          flush=True)
+    one, two = statistics.median(walls[1]), statistics.median(walls[2])
+    ratios = [a / b for a, b in zip(walls[1], walls[2])]
+    print(f"\n12-trial study on PostgreSQL, {repeats} interleaved repeats (s: median, min-max)")
+    for workers in (1, 2):
+        print(f"{workers} worker(s): {statistics.median(walls[workers]):6.1f}  "
+              f"({min(walls[workers]):.1f}-{max(walls[workers]):.1f})")
+    print(f"speedup (median 1 / median 2): {one / two:.2f}x; per repeat {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--_worker":
+        study_worker(*sys.argv[2:6])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=40, help="trials of each storage-overhead study")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the storage overhead")
+    parser.add_argument("--study-repeats", type=int, default=3, help="interleaved repeats of the 1- / 2-worker study")
+    parser.add_argument("--only", choices=("overhead", "study"))
+    args = parser.parse_args()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    amx = "amx_tile" in open("/proc/cpuinfo").read()
+    print(f"host: {os.cpu_count()} CPUs, {cpu}, AMX {'yes' if amx else 'no'}")
+    if args.only in (None, "overhead"):
+        overhead(args.trials, args.repeats)
+    if args.only in (None, "study"):
+        print()
+        studies(args.study_repeats)
+
+
+if __name__ == "__main__":
+    main()
