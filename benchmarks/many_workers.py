@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -92,8 +93,10 @@ def _space():  # noqa: ANN202
     return SearchSpace.load("default", "cpu")  # thousands of settings: 40 trials never cover it
 
 
-def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[float, float, int]:
-    """One worker's search loop on study `name`: (start, end, trials it measured)."""
+def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[float, float, int, int]:
+    """One worker's search loop on study `name`: (start, end, trials it measured, SQL statements
+    it sent), times as `time.time()` (comparable across processes and with the trials' completion
+    times). The heartbeat thread's statements are counted too (same engine)."""
     import optuna
 
     from tpu_tuner.tuning.liveness import open_storage
@@ -104,14 +107,20 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     study = optuna.load_study(study_name=name, storage=storage,
                               sampler=build_sampler(options, space, shared=shared, first=not shared))
     worker = Worker.this_process(storage)
-    started = time.perf_counter()
-    run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, started, worker=worker)
-    ended = time.perf_counter()
+    statements = [0]
+    if storage is not None:
+        from sqlalchemy import event
+
+        event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.__setitem__(0, statements[0] + 1))
+    started = time.time()
+    run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, time.perf_counter(), worker=worker)
+    ended = time.time()
+    counted = statements[0]
     mine = sum(1 for t in study.get_trials(deepcopy=False)
                if t.user_attrs.get("worker") == worker.id and t.user_attrs.get("measured"))
     if storage is not None:
         storage.engine.dispose()
-    return started, ended, mine
+    return started, ended, mine, counted
 
 
 def _child(url: str, name: str, trials: int, barrier, results) -> None:  # noqa: ANN001
@@ -119,38 +128,54 @@ def _child(url: str, name: str, trials: int, barrier, results) -> None:  # noqa:
     results.put(_run_loop(url, name, trials, shared=True))
 
 
-def overhead_once(url: str | None, trials: int, workers: int) -> float:
-    """Milliseconds per measured trial of one study of `trials` trials on `workers` workers."""
+def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, float, float, float, float]:
+    """Milliseconds per measured trial of one study of `trials` trials on `workers` workers:
+    from the start to the last worker's end; to the last trial's completion (the difference: a
+    worker that found the rest of the budget running elsewhere sleeps one poll, `Worker.poll_s`,
+    before it looks again and ends); over the first and the last quarter of the trials (the
+    loop reads the whole study every trial, so a trial costs more as the study grows); and the
+    SQL statements sent per measured trial."""
     import optuna
 
     from tpu_tuner.tuning.liveness import open_storage
+    from tpu_tuner.tuning.study import Worker, build_sampler, run_search
 
     name = f"overhead-{uuid.uuid4().hex[:8]}"
-    if url is None:  # in memory: one process, no storage
-        from tpu_tuner.tuning.study import Worker, build_sampler, run_search
-
+    if url is None:  # in memory: one process, no storage, no heartbeat
         space, options = _space(), _loop_options(trials)
         study = optuna.create_study(direction="minimize", sampler=build_sampler(options, space))
-        started = time.perf_counter()
-        run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, started,
+        start = time.time()
+        run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, time.perf_counter(),
                    worker=Worker.this_process(None))
-        return (time.perf_counter() - started) * 1e3 / trials
-    storage = open_storage(url, 1)
-    optuna.create_study(storage=storage, study_name=name, direction="minimize")
-    storage.engine.dispose()
-    if workers == 1:
-        started, ended, _ = _run_loop(url, name, trials, shared=False)
-        return (ended - started) * 1e3 / trials
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(workers), context.Queue()
-    children = [context.Process(target=_child, args=(url, name, trials, barrier, results)) for _ in range(workers)]
-    for child in children:
-        child.start()
-    spans = [results.get(timeout=600) for _ in children]
-    for child in children:
-        child.join()
+        spans = [(start, time.time(), sum(1 for t in study.trials if t.user_attrs.get("measured")), 0)]
+        done = study.get_trials(deepcopy=False)
+    else:
+        storage = open_storage(url, 1)
+        optuna.create_study(storage=storage, study_name=name, direction="minimize")
+        storage.engine.dispose()
+        if workers == 1:
+            spans = [_run_loop(url, name, trials, shared=False)]
+        else:
+            context = multiprocessing.get_context("fork")
+            barrier, results = context.Barrier(workers), context.Queue()
+            children = [context.Process(target=_child, args=(url, name, trials, barrier, results))
+                        for _ in range(workers)]
+            for child in children:
+                child.start()
+            spans = [results.get(timeout=600) for _ in children]
+            for child in children:
+                child.join()
+        done = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     measured = sum(s[2] for s in spans)
-    return (max(s[1] for s in spans) - min(s[0] for s in spans)) * 1e3 / measured
+    assert measured == trials, (measured, trials)
+    start = min(s[0] for s in spans)
+    told = sorted(t.datetime_complete.timestamp() for t in done
+                  if t.datetime_complete is not None and t.user_attrs.get("measured"))
+    quarter = max(1, trials // 4)
+    first_q = (told[quarter - 1] - start) * 1e3 / quarter
+    last_q = (told[-1] - told[-quarter - 1]) * 1e3 / quarter
+    return ((max(s[1] for s in spans) - start) * 1e3 / measured, (told[-1] - start) * 1e3 / measured, first_q, last_q,
+            sum(s[3] for s in spans) / measured)
 
 
 def overhead(trials: int, repeats: int) -> None:
@@ -162,18 +187,24 @@ def overhead(trials: int, repeats: int) -> None:
                    ("SQLite", sqlite, 2), ("PostgreSQL", server.url("tune"), 2)]
         overhead_once(sqlite, 5, 1)  # warm up: imports, the schema created in both storages
         overhead_once(server.url("tune"), 5, 1)
-        figures: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+        figures: dict[int, list[tuple[float, ...]]] = {i: [] for i in range(len(configs))}
         for repeat in range(repeats):
             for i, (label, url, workers) in enumerate(configs):  # interleaved
                 figures[i].append(overhead_once(url, trials, workers))
-            print(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
-                f"{configs[i][0]} x{configs[i][2]} {figures[i][-1]:.1f}" for i in figures), flush=True)
-    print(f"\nper measured trial, {trials} trials a study, {repeats} interleaved repeats (ms: median, min-max)")
-    print(f"{'storage':12} {'workers':>7} {'median':>8} {'range':>15}")
+            print(f"repeat {repeat + 1}/{repeats} (load {_load()}): " + ", ".join(
+                f"{configs[i][0]} x{configs[i][2]} {figures[i][-1][0]:.1f} ({figures[i][-1][1]:.1f})" for i in figures),
+                flush=True)
+    quarter = max(1, trials // 4)
+    print(f"\nms per measured trial, {trials} trials a study, {repeats} interleaved repeats (median, min-max): wall "
+          f"to the last worker's end; to the last trial told; over the first and the last {quarter} trials")
+    print(f"{'storage':12} {'workers':>7} {'to end':>8} {'range':>13} {'to last tell':>13} {'range':>13} "
+          f"{'first ' + str(quarter):>9} {'last ' + str(quarter):>9} {'SQL/trial':>9}")
     for i, (label, _, workers) in enumerate(configs):
-        values = figures[i]
-        print(f"{label:12} {workers:>7} {statistics.median(values):8.1f} "
-              f"{f'{min(values):.1f}-{max(values):.1f}':>15}")
+        ends, tells = [f[0] for f in figures[i]], [f[1] for f in figures[i]]
+        print(f"{label:12} {workers:>7} {statistics.median(ends):8.1f} {f'{min(ends):.1f}-{max(ends):.1f}':>13} "
+              f"{statistics.median(tells):13.1f} {f'{min(tells):.1f}-{max(tells):.1f}':>13} "
+              f"{statistics.median(f[2] for f in figures[i]):9.1f} {statistics.median(f[3] for f in figures[i]):9.1f} "
+              f"{statistics.median(f[4] for f in figures[i]):9.0f}")
 
 
 # --- 2. a 12-trial study on 1 and 2 workers -------------------------------------------------------
@@ -229,6 +260,16 @@ def _phases(events: list[tuple[float, str, str]], start: float) -> dict[str, flo
     }
 
 
+def _split(workers: list[dict[str, float]]) -> dict[str, float]:
+    """One study's phases from its workers' milestones; they add up to the wall time."""
+    start_up = min(p["profile"] for p in workers)  # the first "profile" line: profiling, or waiting for it
+    profiled = min(p["budget"] for p in workers)  # the first worker's budget line follows its profile
+    search_end = max(p["last trial"] for p in workers)
+    wall = workers[0]["wall"]
+    return {"start-up": start_up, "profile": profiled - start_up, "search": search_end - profiled,
+            "end": wall - search_end, "wall": wall}
+
+
 def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, list[dict[str, float]], int]:
     """Wall seconds of one 12-trial study on `workers` processes; each worker's milestones; and
     the settings measured."""
@@ -258,15 +299,28 @@ def studies(repeats: int) -> None:
         space.write_text(STUDY_SPACE)
         url = server.url("tune")
         walls: dict[int, list[float]] = {1: [], 2: []}
+        split: dict[int, list[list[dict[str, float]]]] = {1: [], 2: []}
         for repeat in range(repeats):
             for workers in (1, 2):  # interleaved
                 wall, phases, measured = study_once(url, workers, space, Path(folder))
                 walls[workers].append(wall)
-                print(f"repeat {repeat + 1}/{repeats}, {workers} worker(s): {wall:.1f} s, {measured} settings measured",
+                split[workers].append([{**p, "wall": wall} for p in phases])
+                print(f"repeat {repeat + 1}/{repeats}, {workers} worker(s): {wall:.1f} s, {measured} settings measured "
+                      f"(load {_load()})",
                       flush=True)
                 for i, p in enumerate(phases):
                     print("    worker %d: " % i + ", ".join(f"{k} {v:.1f}" for k, v in p.items() if v is not None),
                           flush=True)
+    print("\nphases (s, median over repeats): start-up = processes started to the first worker's baseline "
+          "profile starting (interpreter, torch and tpu_tuner imports, the trial worker loading the model); profile = "
+          "the first worker's baseline profile (joiners wait for it); search = profile done to the last trial done, over "
+          "the workers; end = last trial done to the last worker's exit (verification on one worker, "
+          "the run folder's report and plots)")
+    print(f"{'workers':>7} {'start-up':>9} {'profile':>8} {'search':>7} {'end':>6} {'wall':>6}")
+    for workers in (1, 2):
+        rows = [_split(p) for p in split[workers]]
+        print(f"{workers:>7} " + " ".join(f"{statistics.median(r[k] for r in rows):{w}.1f}" for k, w in
+                                          (("start-up", 9), ("profile", 8), ("search", 7), ("end", 6), ("wall", 6))))
     one, two = statistics.median(walls[1]), statistics.median(walls[2])
     ratios = [a / b for a, b in zip(walls[1], walls[2])]
     print(f"\n12-trial study on PostgreSQL, {repeats} interleaved repeats (s: median, min-max)")
@@ -276,7 +330,14 @@ def studies(repeats: int) -> None:
     print(f"speedup (median 1 / median 2): {one / two:.2f}x; per repeat {', '.join(f'{r:.2f}' for r in ratios)}")
 
 
+def _load() -> str:
+    """The 1-minute load average: above the workers' own share, something else ran alongside."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def main() -> None:
+    # Stopped with SIGTERM: leave through the context managers (the PostgreSQL server is stopped).
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
     if len(sys.argv) > 1 and sys.argv[1] == "--_worker":
         study_worker(*sys.argv[2:6])
         return

@@ -119,13 +119,15 @@ def warm_seeds_for(grid: TuningResult, earlier_run: Path) -> list[WarmSeed]:
                                results_dir=Path(results_dir), exclude_study=grid.study.study_name)
 
 
-def replay(grid: TuningResult, runner: TableRunner, seed: int, budget: int, warm: list[WarmSeed]) -> optuna.Study:
-    """One TPE search of `budget` measured settings as tpu-tune runs it, answered from the grid."""
+def replay(grid: TuningResult, runner: TableRunner, seed: int, budget: int, warm: list[WarmSeed],
+           agent_seeds: bool = True) -> optuna.Study:
+    """One TPE search of `budget` measured settings as tpu-tune runs it, answered from the grid
+    (`agent_seeds` False: the baseline and the warm seeds only are queued, the agents still reject)."""
     options = TuneOptions(sampler="tpe", seed=seed, trials=budget, agents=grid.options.agents,
                           memory_limit_bytes=grid.options.memory_limit_bytes)
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
-    enqueue_seeds(study, grid.space, agents, grid.profile, warm)
+    enqueue_seeds(study, grid.space, agents if agent_seeds else [], grid.profile, warm)
     run_search(study, grid.space, agents, runner, {}, options, lambda event: None, time.perf_counter(), memory=memory)
     return study
 
@@ -144,6 +146,9 @@ def main() -> None:
     parser.add_argument("--earlier-trials", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, help="measured trials per replay (default: tpu-tune's automatic budget)")
+    parser.add_argument("--reprofile", action="store_true",
+                        help="profile the grid's workload again with this version and let the agents (and the warm "
+                             "start's features) read that profile, as search_efficiency.py --reprofile does")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -154,6 +159,12 @@ def main() -> None:
         parser.error("give --earlier-run and --grid-run, or --measure")
     grid = TuningResult.load(args.grid_run)
     earlier = TuningResult.load(args.earlier_run)
+    if args.reprofile:
+        from tpu_tuner.profiling import profile
+
+        grid.profile = profile(grid.profile.workload["source"], batch_size=grid.options.batch_size,
+                               seq_len=grid.options.seq_len, settings=grid.options.trial_settings)
+        print(f"agents read a fresh profile of {grid.profile.workload['source']}")
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
     best = best_feasible(grid.study)
@@ -184,20 +195,28 @@ def main() -> None:
     if not warm:
         print("warm start found no seed: warm and cold are the same search")
 
-    print(f"\n{args.seeds} TPE seeds each, budget {budget}:")
-    print(f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
-          "trials to target per seed")
-    for name, seeds in (("cold", []), ("warm", warm)):
-        counts, gaps = [], []
-        for seed in range(args.seeds):
-            study = replay(grid, runner, seed, budget, seeds)
-            counts.append(trials_to_target(study, target))
-            found = best_feasible(study)
-            gaps.append(found / best if found is not None else float("inf"))
-        reached = [c for c in counts if c is not None]
-        summary = f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}"
-        print(f"{name:6} {len(reached):>4}/{len(counts):<3} {summary} "
-              f"{f'{statistics.mean(gaps):.3f}x, {max(gaps):.3f}x':>36}  {counts}")
+    for agent_seeds in (True, False):
+        title = "with the agents' seeds (as tpu-tune runs)" if agent_seeds else "without the agents' seeds"
+        print(f"\n{title}: {args.seeds} TPE seeds each, budget {budget}:")
+        print(f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
+              "trials to target per seed")
+        for name, seeds in (("cold", []), ("warm", warm)):
+            _compare(grid, runner, args.seeds, budget, seeds, target, best, name, agent_seeds)
+
+
+def _compare(grid: TuningResult, runner: TableRunner, n_seeds: int, budget: int, warm: list[WarmSeed],
+             target: float, best: float, name: str, agent_seeds: bool) -> None:
+    """One row: trials to target over `n_seeds` sampler seeds, and best/grid at the budget."""
+    counts, gaps = [], []
+    for seed in range(n_seeds):
+        study = replay(grid, runner, seed, budget, warm, agent_seeds)
+        counts.append(trials_to_target(study, target))
+        found = best_feasible(study)
+        gaps.append(found / best if found is not None else float("inf"))
+    reached = [c for c in counts if c is not None]
+    summary = f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}"
+    print(f"{name:6} {len(reached):>4}/{len(counts):<3} {summary} "
+          f"{f'{statistics.mean(gaps):.3f}x, {max(gaps):.3f}x':>36}  {counts}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from tpu_tuner.tuning.study import enqueue_seeds
 from tpu_tuner.tuning.warm_start import WorkloadFeatures, find_warm_seeds
 
 STUDY = "synthetic-shared"
-BUDGET = 6  # fixtures/shared_study_worker.py; the space holds 6 settings
+BUDGET = 5  # fixtures/shared_study_worker.py; fewer than the space's 6 settings, so a worker could overshoot
 
 
 def _start_workers(postgres, tmp_path: Path) -> list[subprocess.Popen]:
@@ -111,8 +111,10 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     assert int(verification["worker"].split(":")[1]) in survivors
     configs = list((tmp_path / "results").glob("*/tuned_config.toml"))
     assert len(configs) == 1 and str(configs[0].parent) == verification["run_dir"]
-    # The best the search found is the fixture's known best (medium matmuls, no autocast).
-    assert by_number[verification["best_trial"]].params == {"matmul_precision": "medium", "autocast": "none"}
+    # The verified best is the best feasible setting the study measured.
+    feasible = [t for t in measured if t.user_attrs.get("feasible")]
+    best_params = min(feasible, key=lambda t: t.value).params
+    assert by_number[verification["best_trial"]].params == best_params
     # The baseline was profiled once, by the study's first worker.
     assert logs.count("profiling the baseline") == 1, logs[-3000:]
 
@@ -123,6 +125,7 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     err = capsys.readouterr().err.strip()
     assert status == 2 and "join refused" in err and "model file differs" in err and len(err.splitlines()) == 1, err
     assert len(study.get_trials(deepcopy=False)) == len(trials)
+    assert list((tmp_path / "refused").iterdir()) == []  # its run folder removed: it never ran
 
     # The status, from any host: the budget spent, the lost trial, the verification.
     assert main(["study", "status", "--storage", url, "--study", STUDY]) == 0
@@ -149,19 +152,22 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     space = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
     later = WorkloadFeatures.from_dict({**record["features"], "batch_size": 8})
     seeds = find_warm_seeds(space, later, storage=url, results_dir=None, exclude_study="later")
-    assert seeds and seeds[0].params == {"matmul_precision": "medium", "autocast": "none"}, seeds
-    assert STUDY in seeds[0].source and "same workload" not in seeds[0].match
-    fresh = optuna.create_study()
-    enqueue_seeds(fresh, space, [], None, seeds)
-    queued = fresh.get_trials(deepcopy=False)
-    fixed = [t.system_attrs["fixed_params"] for t in queued]  # a queued trial's setting, until it runs
-    assert fixed[0] == space.complete(space.baseline_params()) and fixed[1] == seeds[0].params
-    assert STUDY in queued[1].user_attrs["warm_start"]["source"]
+    if best_params == space.baseline_params():  # medium matmuls left out of the 5 of 6: nothing beat it
+        assert seeds == []
+    else:
+        assert seeds and seeds[0].params == best_params, seeds
+        assert STUDY in seeds[0].source and "same workload" not in seeds[0].match
+        fresh = optuna.create_study()
+        enqueue_seeds(fresh, space, [], None, seeds)
+        queued = fresh.get_trials(deepcopy=False)
+        fixed = [t.system_attrs["fixed_params"] for t in queued]  # a queued trial's setting, until it runs
+        assert fixed[0] == space.complete(space.baseline_params()) and fixed[1] == seeds[0].params
+        assert STUDY in queued[1].user_attrs["warm_start"]["source"]
     # The password appears nowhere: not in the workers' logs, the run folders, the study's record,
     # the warm start's record of where a setting came from.
     assert PASSWORD not in str([seed.attrs() for seed in seeds])
     assert PASSWORD not in logs + err + shown
     assert PASSWORD not in str(study.user_attrs[RECORD_ATTR])
-    for path in (tmp_path / "results").rglob("*"):
+    for path in tmp_path.rglob("*"):  # every run folder: the workers', study finish's
         if path.is_file() and path.suffix in (".json", ".md", ".toml", ".csv"):
             assert PASSWORD not in path.read_text(errors="replace"), path

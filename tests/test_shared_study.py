@@ -5,8 +5,9 @@ the whole thing in test_many_workers.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
@@ -15,8 +16,7 @@ import pytest
 from conftest import FIXTURES
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning import liveness
-from tpu_tuner.tuning.liveness import Heartbeat, fail_lost_trials, is_lost, open_storage
+from tpu_tuner.tuning.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.shared_study import adopt_options, join_differences, make_record, open_shared
 
@@ -92,18 +92,103 @@ def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_
     study.tell(alive, 1.0)
 
 
-def test_a_trial_that_never_beat_is_failed_once_old(tmp_path, monkeypatch) -> None:
+def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftovers(tmp_path) -> None:
     storage = _storage(tmp_path, interval=1, grace=2)
     study = optuna.create_study(storage=storage, study_name="s")
-    orphan = study.ask()  # its worker died before its first beat and before naming itself
-    fail_lost_trials(study, storage)
-    assert study.get_trials(deepcopy=False)[0].state == optuna.trial.TrialState.RUNNING  # young: left alone
+    study.enqueue_trial({"x": "a"}, user_attrs={"warm_start": {"source": "earlier"}})
+    orphan = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
+    # Its worker died halfway through recording a measurement, never having beaten.
+    orphan.set_user_attr("measured", True)
+    orphan.set_user_attr("worker", "gone")
+    watch = RunningWatch(overdue_s=0.3)
+    fail_lost_trials(study, storage, watch)  # first seen now: left alone
+    assert study.get_trials(deepcopy=False)[orphan.number].state == optuna.trial.TrialState.RUNNING
+    time.sleep(0.5)
+    fail_lost_trials(study, storage, watch)
+    trials = study.get_trials(deepcopy=False)
+    assert is_lost(trials[orphan.number])
+    retry = next(t for t in trials if t.system_attrs.get("failed_trial") == orphan.number)
+    assert retry.user_attrs == {"warm_start": {"source": "earlier"}}  # not "measured", not its worker
 
-    class _Later(datetime):
-        @classmethod
-        def now(cls, tz=None):  # type: ignore[override]
-            return datetime.now(tz) + timedelta(seconds=60)
 
-    monkeypatch.setattr(liveness, "datetime", _Later)
-    fail_lost_trials(study, storage)
-    assert is_lost(study.get_trials(deepcopy=False)[orphan.number])
+def test_queued_trials_are_popped_once_by_concurrent_processes_on_sqlite(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study = optuna.create_study(storage=open_storage(url), study_name="q")
+    for i in range(60):
+        study.enqueue_trial({"x": i})
+    popper = (
+        "import sys, warnings, optuna\n"
+        "warnings.simplefilter('ignore'); optuna.logging.set_verbosity(optuna.logging.ERROR)\n"
+        "from tpu_tuner.tuning.liveness import open_storage\n"
+        f"study = optuna.load_study(study_name='q', storage=open_storage({url!r}))\n"
+        "while study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):\n"
+        "    trial = study.ask()\n"
+        "    study.tell(trial, 0.0)\n"
+        "    print(trial.number, flush=True)\n"
+    )
+    workers = [subprocess.Popen([sys.executable, "-c", popper], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(3)]
+    outputs = [w.communicate(timeout=120) for w in workers]
+    # A trial popped twice fails its second `tell` (UpdateFinishedTrialError): no process may fail.
+    assert all(w.returncode == 0 for w in workers), [err[-500:] for _, err in outputs]
+    popped = [int(n) for out, _ in outputs for n in out.split()]
+    assert len(popped) == len(set(popped)) >= 60
+
+
+def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: str, **attrs) -> optuna.trial.FrozenTrial:
+    distributions = {k: optuna.distributions.CategoricalDistribution(SPACE.grid()[k]) for k in params}
+    return optuna.trial.create_trial(params=params, distributions=distributions, state=state,
+                                     value=1.0 if state == optuna.trial.TrialState.COMPLETE else None,
+                                     user_attrs={"worker": worker, "host": "h", **attrs})
+
+
+def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
+    from tpu_tuner.tuning.liveness import Worker
+    from tpu_tuner.tuning.study import _run_trial
+
+    study = optuna.create_study()
+    study.add_trial(_trial(0, {"matmul_precision": "highest", "autocast": "none"}, optuna.trial.TrialState.COMPLETE,
+                           "a", measured=True, feasible=True))
+    # Another worker's trial is running: with it the budget of 2 is spoken for.
+    study.enqueue_trial({"matmul_precision": "medium", "autocast": "bfloat16"})
+    other = study.ask()
+    SPACE.suggest(other)
+
+    class NoRunner:
+        def run(self, *args, **kwargs):  # noqa: ANN002, ANN003
+            raise AssertionError("measured past the budget")
+
+    study.enqueue_trial({"matmul_precision": "high", "autocast": "none"})  # neither measured nor running
+    late = study.ask()
+    _run_trial(study, late, SPACE, [], NoRunner(), {}, TuneOptions(trials=2), lambda event: None, 0.0, None, None,
+               Worker("b", "h"))
+    released = study.get_trials(deepcopy=False)[late.number]
+    assert released.state == optuna.trial.TrialState.PRUNED and released.user_attrs.get("over_budget")
+    assert "measured" not in released.user_attrs
+
+
+def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
+    from tpu_tuner.tuning.liveness import Worker
+    from tpu_tuner.tuning.shared_study import record_verification, verification_left_to
+    from tpu_tuner.tuning.verify import Verification
+
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.add_trial(_trial(0, {"matmul_precision": "highest"}, optuna.trial.TrialState.COMPLETE, "a", measured=True))
+    study.add_trial(_trial(1, {"matmul_precision": "medium"}, optuna.trial.TrialState.COMPLETE, "b", measured=True))
+    # A repeat answered later by worker a measures nothing: b still measured last.
+    study.add_trial(_trial(2, {"matmul_precision": "medium"}, optuna.trial.TrialState.COMPLETE, "a", repeat_of=1))
+    a, b = Worker("a", "h", storage, poll_s=0.1), Worker("b", "h", storage, poll_s=0.1)
+    watch = RunningWatch(60)
+    assert verification_left_to(study, b, "budget", watch) is None
+    assert "worker b measured the study's last trial" in verification_left_to(study, a, "budget", watch)
+    assert "--timeout" in verification_left_to(study, b, "timeout", watch)
+    done = Verification(baseline_trial=0, best_trial=1, chosen=SPACE.to_candidate({"matmul_precision": "medium"}),
+                        chosen_is_best=True, speedup=None, message="verified")
+    record_verification(study, done, "/runs/b", "b", measured=2)
+    assert "was verified by worker b" in verification_left_to(study, b, "budget", watch)
+    # The study measured more since (a resumed worker): verified again, by who measured last.
+    study.add_trial(_trial(3, {"matmul_precision": "high"}, optuna.trial.TrialState.COMPLETE, "a", measured=True))
+    assert verification_left_to(study, a, "budget", watch) is None
+
+

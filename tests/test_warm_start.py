@@ -175,6 +175,14 @@ def test_other_device_kind_is_excluded(tmp_path: Path) -> None:
     assert len(find_warm_seeds(_space(), _here(device_kind="cuda"), storage=None, results_dir=tmp_path)) == 1
 
 
+def test_a_study_of_another_model_kind_is_too_far(tmp_path: Path) -> None:
+    # A convolutional model's best is no better a first guess for a transformer than the agents'.
+    _run_folder(tmp_path, "cnn", [(BASELINE, 4.0, True), (BF16, 1.0, True)],
+                fingerprint=_fingerprint(sha256=OTHER_SHA), profile=_profile_json(attention=False, conv_weights=3))
+    assert find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path) == []
+    assert len(find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path, max_distance=10.0)) == 1
+
+
 def test_settings_this_space_cannot_run_are_skipped(tmp_path: Path) -> None:
     # Faster than the one taken: a choice this space lacks (aot_eager), a knob this space keeps at
     # another value (channels_last), a knob it does not have (matmul precision medium), an
@@ -417,3 +425,28 @@ def test_the_report_reads_the_attr_warm_start_writes() -> None:
     from tpu_tuner.report import tuning_report
 
     assert tuning_report.WARM_START_ATTR == warm_start.TRIAL_ATTR == "warm_start"
+
+
+# --- through tune() ------------------------------------------------------------------------------
+
+
+def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_path: Path) -> None:
+    from conftest import FIXTURES
+    from tpu_tuner.profiling import ProfilerSettings
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.study import tune
+
+    fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=5, timing_min_seconds=0.0,
+                            timing_max_steps=10, profiled_steps=1, top_operators=5, explained_share_min=0.5)
+    common = dict(space=FIXTURES / "eager_precision_space.toml", out=tmp_path, verify_rounds=2, trial_timeout_s=60.0,
+                  trial_settings=fast)
+    # The earlier run measures the whole space (6 settings): its best is medium matmuls, no autocast.
+    earlier = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=6, sampler="grid", agents=(), **common))
+    later = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=2, agents=(), **common))
+    warm = [t for t in later.study.trials if "warm_start" in t.user_attrs]
+    assert [t.number for t in warm] == [1] and warm[0].params == {"matmul_precision": "medium", "autocast": "none"}
+    assert warm[0].user_attrs["warm_start"]["match"] == "same workload"
+    assert str(earlier.run_dir) in warm[0].user_attrs["warm_start"]["source"]
+    assert "## Warm start" in (later.run_dir / "report.md").read_text()
+    cold = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=1, agents=(), warm_start=False, **common))
+    assert not any("warm_start" in t.user_attrs for t in cold.study.trials)

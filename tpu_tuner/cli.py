@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tpu_tuner.candidate import AUTOCAST_DTYPES, MATMUL_PRECISIONS, Candidate
 from tpu_tuner.errors import TpuTuneError
+from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger("tpu_tuner.cli")
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "password may also come from PGPASSWORD or ~/.pgpass")
     tune.add_argument("--study", metavar="NAME", help="join the study NAME in the storage (created by its first worker): "
                       "every worker given the same storage and name works on one search")
-    tune.add_argument("--heartbeat-interval", type=int, default=10, metavar="S",
+    tune.add_argument("--heartbeat-interval", type=int, default=HEARTBEAT_INTERVAL_S, metavar="S",
                       help="seconds between a running trial's heartbeats (default 10)")
     tune.add_argument("--grace-period", type=int, metavar="S",
                       help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
@@ -170,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--model", type=Path, metavar="FILE",
                              help="the model file, where it lies elsewhere on this host than the study recorded")
             sub.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+            sub.add_argument("--now", action="store_true",
+                             help="verify even while trials are still running (the best measured so far)")
         sub.set_defaults(handler=_study_command)
 
     apply_cmd = commands.add_parser("apply", help="print the Python that applies a tuned config (runs as printed)")
@@ -179,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _tune_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.credentials import redact
+    from tpu_tuner.credentials import redact, without_password
+    from tpu_tuner.tuning.storage import storage_from_environment
     from tpu_tuner.tuning.options import TuneOptions
 
     options = TuneOptions(
@@ -212,7 +216,10 @@ def _tune_command(args: argparse.Namespace) -> int:
     if not result.verified:
         print(f"search    done: {v.message}")
         print(f"results   {result.run_dir}/ (report.md, trials.csv: this worker's view of the study)")
-        print(f"status    tpu-tune study status --storage {result.storage_shown} --study {result.study.study_name}")
+        storage = "" if options.storage is None or options.storage == storage_from_environment() else \
+            f" --storage {without_password(options.storage)}"
+        print(f"status    tpu-tune study status{storage} --study {result.study.study_name}"
+              + (f" --out {options.out}" if options.storage is None else ""))
         return 0
     if base is not None and chosen is not None:
         planned = options.planned_steps
@@ -243,7 +250,8 @@ def _study_command(args: argparse.Namespace) -> int:
         return 0
     from tpu_tuner.tuning.study_admin import finish_study
 
-    result = finish_study(storage, args.study, args.out, args.model, None if args.device == "auto" else args.device)
+    result = finish_study(storage, args.study, args.out, args.model, None if args.device == "auto" else args.device,
+                          now=args.now)
     print(f"speedup   {result.verification.message} (verified on {result.verification.host})")
     print(f"tuned     {result.verification.chosen.describe()}")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")

@@ -20,6 +20,7 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"<>]*):(?P<password>[^\s'\"<>/]*)@(?P<host>[^\s@'\"<>/]*(?:[/\s'\"<>]|$))"
 )
 # Query-string secrets (?password=..., &sslpassword=...) in the same URLs.
+SECRET_QUERY_KEYS = ("password", "sslpassword", "passwd", "pwd")
 _QUERY_PASSWORD = re.compile(r"(?P<key>[?&](?:password|sslpassword|passwd|pwd)=)(?P<value>[^&\s'\"<>]*)", re.IGNORECASE)
 
 
@@ -55,12 +56,14 @@ def without_password(url: str) -> str:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001
         return redact(url)
-    if parsed.password is None:
+    # A password may also ride in the query string (?password=..., libpq's sslpassword): dropped too.
+    query = {k: v for k, v in parsed.query.items() if k.lower() not in SECRET_QUERY_KEYS}
+    if parsed.password is None and query == dict(parsed.query):
         return url
     # URL.set(password=None) means "unchanged"; build the URL again without it.
     from sqlalchemy.engine import URL
 
-    bare = URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database, parsed.query)
+    bare = URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database, query)
     return bare.render_as_string(hide_password=False)
 
 

@@ -25,6 +25,7 @@ LABELS = {
     "device_kind": "device kind differs",
     "device_name": "device differs",
     "nproc": "--nproc differs",
+    "lengths": "input length sample differs",
     "versions": "package versions differ",
 }
 
@@ -42,12 +43,13 @@ def _version(package: str) -> str:
 
 
 # A key an older run.json lacks reads as this (runs before --nproc ran one process).
-DEFAULTS = {"nproc": 1}
+DEFAULTS = {"nproc": 1, "lengths": None}
 
 
 def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: int | None,
-                seq_len: int | None, nproc: int = 1) -> dict[str, Any]:
-    """The fingerprint of a run of `model_file` (described by the worker's `summary`)."""
+                seq_len: int | None, nproc: int = 1, lengths: Any = None) -> dict[str, Any]:
+    """The fingerprint of a run of `model_file` (described by the worker's `summary`); with a
+    length sample (`LengthHistogram`: the objective is then an expected step over it), its digest."""
     return {
         "model_file": str(model_file),
         "sha256": file_sha256(model_file),
@@ -60,8 +62,18 @@ def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: in
         "device_kind": summary.device_kind,
         "device_name": summary.device_name,
         "nproc": nproc,
+        "lengths": _histogram_digest(lengths),
         "versions": {name: _version(name) for name in ("torch", "optuna", "tpu-tune")},
     }
+
+
+def _histogram_digest(lengths: Any) -> str | None:
+    if lengths is None:
+        return None
+    digest = hashlib.sha256()
+    for values in (lengths.lengths, lengths.counts):
+        digest.update(",".join(str(int(v)) for v in values).encode() + b";")
+    return digest.hexdigest()[:16]
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

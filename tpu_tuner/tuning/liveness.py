@@ -14,22 +14,29 @@ would fail the live trials of the other workers (docs/tuning.md, "Many workers, 
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+import socket
 import threading
+import uuid
+import time
 import warnings
-from datetime import datetime, timedelta
+from dataclasses import dataclass
 from types import TracebackType
 
 import optuna
+import sqlalchemy
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
 # Seconds between a running trial's heartbeats, and without one before other workers call it
 # lost. The grace period is three beats, not Optuna's two: on a busy 2-core host a beat written
 # by a thread of a process that also compiles can come a few seconds late.
-HEARTBEAT_INTERVAL_S = 10
 GRACE_BEATS = 3
 # A lost trial is measured again at most this many times (a setting that kills its worker every
 # time must not eat the budget).
@@ -44,21 +51,77 @@ def default_grace_period(interval_s: int) -> int:
 def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_s: int | None = None) -> RDBStorage:
     """An RDB storage for `url` whose trials keep heartbeats and whose lost trials are retried.
 
-    SQLite waits up to a minute for a lock held by another worker (its default, 5 s, was not
-    enough for several processes writing trial attributes at once); server connections are
-    checked before use, so a connection the server closed while a long trial ran is replaced.
+    SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (the write lock at once), because
+    Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and SQLite
+    ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three processes
+    popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
+    minute for that lock (the default, 5 s, was too short for several workers). Server
+    connections are checked before use, so one the server closed during a long trial is replaced.
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
+    sqlite = url.startswith("sqlite")
+    # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = (
-        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
     )
     with warnings.catch_warnings():
         # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(
-            url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s, grace_period=grace,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES),
-        )
+        storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s, grace_period=grace,
+                             heartbeat_stale_trial_callback=RetryLostTrial())
+    if sqlite:
+        sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+    return storage
+
+
+def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def set_liveness(storage: RDBStorage, interval_s: int, grace_period_s: int | None) -> None:
+    """Make `storage` beat and judge staleness as the study's workers agreed (a worker that judged
+    others by a shorter grace period than theirs would fail their live trials)."""
+    storage.heartbeat_interval = interval_s
+    storage.grace_period = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
+
+
+class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a stale trial (queued again, at most `MAX_RETRIES` times), carrying none
+    of the lost run's attributes but how the setting was first queued (a warm start's origin):
+    a worker killed while recording a measurement left part of one behind, which the retry must
+    not pass for its own."""
+
+    def __init__(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            super().__init__(max_retry=MAX_RETRIES)
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEPT_ON_RETRY}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            super().__call__(study, trial)
+
+
+# The user attributes a retried trial keeps.
+KEPT_ON_RETRY = ("warm_start",)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process as a worker of its study: every trial it runs records who and where, and
+    beats in `storage` while it runs."""
+
+    id: str
+    host: str
+    storage: RDBStorage | None = None
+    # Seconds between looks at the study while other workers' trials hold the rest of the budget.
+    poll_s: float = 2.0
+
+    @classmethod
+    def this_process(cls, storage: RDBStorage | None) -> "Worker":
+        host = socket.gethostname()
+        return cls(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}", host, storage)
 
 
 class Heartbeat:
@@ -101,37 +164,57 @@ class Heartbeat:
             log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
 
 
-def fail_lost_trials(study: optuna.Study, storage: RDBStorage) -> None:
-    """Fail the study's RUNNING trials whose worker is gone, and queue their settings again.
+class RunningWatch:
+    """When this worker first saw each running trial, by its own monotonic clock.
 
-    Optuna's `fail_stale_trials` handles trials with a stale heartbeat. A trial without any beat
-    (its worker died between asking for it and its first beat, a window of one database write)
-    would never go stale there and would make every other worker wait for it: such a trial is
-    failed too once it is older than three grace periods (the start time is the asking host's
-    clock, hence the margin), with the same retry.
+    A trial runs at most its trial timeout (the runner kills it then) plus the time to record it.
+    One seen running much longer has a worker that is gone without ever beating (it died between
+    asking for the trial and its first heartbeat, or its beats never reached the storage), which
+    Optuna's stale check cannot see: it only judges trials that have a heartbeat. Timed here, not
+    from the trial's start time, which is the asking host's local clock.
     """
+
+    def __init__(self, overdue_s: float) -> None:
+        self.overdue_s = overdue_s
+        self._first_seen: dict[int, float] = {}
+
+    def overdue(self, running: list[FrozenTrial], now: float | None = None) -> list[FrozenTrial]:
+        """The trials of `running` seen running for longer than `overdue_s`."""
+        now = time.monotonic() if now is None else now
+        ids = {t._trial_id for t in running}  # noqa: SLF001
+        self._first_seen = {i: seen for i, seen in self._first_seen.items() if i in ids}
+        for trial_id in ids:
+            self._first_seen.setdefault(trial_id, now)
+        return [t for t in running if now - self._first_seen[t._trial_id] > self.overdue_s]  # noqa: SLF001
+
+
+def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> None:
+    """Fail the study's RUNNING trials whose worker is gone, and queue their settings again: those
+    with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
+    seen running for longer than any trial can (`RunningWatch`), with the same retry."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    grace = storage.grace_period or default_grace_period(storage.get_heartbeat_interval() or HEARTBEAT_INTERVAL_S)
-    cutoff = datetime.now() - timedelta(seconds=3 * grace)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "worker" in trial.user_attrs or trial.datetime_start is None or trial.datetime_start > cutoff:
-            continue
+    if watch is None:
+        return
+    for trial in watch.overdue(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
         try:
             if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):  # noqa: SLF001
-                log.warning("trial %d never recorded a worker or a heartbeat: failed as lost", trial.number)
+                log.warning("trial %d ran for over %.0f s: its worker is gone; failed as lost", trial.number,
+                            watch.overdue_s)
                 callback = storage.get_heartbeat_stale_trial_callback()
                 if callback is not None:
-                    callback(study, storage.get_trial(trial._trial_id))  # noqa: SLF001
+                    callback(study, copy.deepcopy(storage.get_trial(trial._trial_id)))  # noqa: SLF001
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker failed it first
 
 
 def is_lost(trial: FrozenTrial) -> bool:
-    """Whether `trial` was failed because its worker stopped beating (never measured)."""
-    return (trial.state == TrialState.FAIL and "failure_kind" not in trial.user_attrs
-            and "measured" not in trial.user_attrs)
+    """Whether `trial` was failed because its worker was lost. Every failure a worker records
+    names its kind (`trial_attrs.record_failure`, "interrupted" on resume); a lost worker
+    records none, even when it died halfway through recording a measurement."""
+    return trial.state == TrialState.FAIL and "failure_kind" not in trial.user_attrs
 
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "default_grace_period", "fail_lost_trials", "is_lost", "open_storage"]
+__all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
+           "fail_lost_trials", "is_lost", "open_storage", "set_liveness"]

@@ -10,6 +10,8 @@ if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and op
     from tpu_tuner.profiling.settings import ProfilerSettings
 
 SAMPLERS = ("tpe", "random", "grid")
+# Seconds between a running trial's heartbeats (tuning/liveness.py explains the default).
+HEARTBEAT_INTERVAL_S = 10
 # Ranks of one host a trial may start (one process each): beyond this a host is oversubscribed.
 MAX_NPROC = 64
 
@@ -49,7 +51,7 @@ class TuneOptions:
     # (tuning/shared_study.py). Trials keep heartbeats every `heartbeat_interval_s`; one without
     # a beat for `grace_period_s` (default three beats) is failed as lost and queued again.
     study: str | None = None
-    heartbeat_interval_s: int = 10
+    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
     grace_period_s: int | None = None
     # Enqueue the best settings of earlier studies of this device kind first (tuning/warm_start.py).
     warm_start: bool = True

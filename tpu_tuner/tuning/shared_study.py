@@ -25,7 +25,9 @@ import optuna
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.tuning.fingerprint import differences
+from tpu_tuner.tuning.liveness import RunningWatch, Worker, fail_lost_trials
 from tpu_tuner.tuning.options import TuneOptions
 
 log = logging.getLogger(__name__)
@@ -36,13 +38,25 @@ RECORD_ATTR = "tpu_tune"
 PROFILE_ATTR = "tpu_tune_profile"
 VERIFICATION_ATTR = "tpu_tune_verification"
 RECORD_FORMAT = 1
-# Options every worker of a study takes from its record (the objective and the budget).
-ADOPTED_OPTIONS = ("trials", "planned_steps", "tolerance", "memory_limit_bytes", "verify_rounds")
+# Options every worker of a study takes from its record: the budget, what the objective is and
+# how a trial is timed and judged, the search (sampler, seed, agents), liveness (a worker that
+# judged others by a shorter grace period than theirs would fail their live trials).
+ADOPTED_OPTIONS = ("trials", "planned_steps", "tolerance", "verify_rounds", "sampler", "seed", "agents",
+                   "trial_settings", "max_buckets", "bucket_align", "heartbeat_interval_s", "grace_period_s")
+# Options a joining worker must have as the study does, refused otherwise: they shape the
+# worker process it has already started (its address-space limit), so they cannot be adopted.
+# A trial timeout shorter than the others' would fail trials they complete (and count them).
+MATCHED_OPTIONS = {"memory_limit_bytes": "--trial-memory-gb", "trial_timeout_s": "--trial-timeout"}
 # Fingerprint keys a joining worker may differ in: where the file lies on its host, and the
 # host's device name (hosts of one device kind join; the report says which host measured what).
 HOST_KEYS = ("model_file", "device_name")
 # How often a joining worker looks for the first worker's record and profile.
 POLL_S = 0.5
+
+
+class JoinRefused(UserInputError):
+    """A worker whose workload, device kind, space or worker-shaping options differ from the
+    study's (its run folder is removed: it never ran)."""
 
 
 @dataclass
@@ -62,18 +76,25 @@ def space_signature(space: SearchSpace) -> dict[str, Any]:
 
 def make_record(fingerprint: dict[str, Any], space: SearchSpace, options: TuneOptions) -> dict[str, Any]:
     """The first worker's record: what later workers are checked against and adopt."""
+    return {"format": RECORD_FORMAT, "fingerprint": fingerprint, "space": space_signature(space),
+            "options": plain_options(options), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def plain_options(options: TuneOptions) -> dict[str, Any]:
+    """`options` as plain JSON, its storage URL without a password (a record is read by anyone
+    who can read the study)."""
     from tpu_tuner.credentials import without_password
     from tpu_tuner.plain_data import json_default
 
     plain = dataclasses.asdict(options)
     plain["storage"] = without_password(options.storage) if options.storage else None
-    plain = json.loads(json.dumps(plain, default=json_default))
-    return {"format": RECORD_FORMAT, "fingerprint": fingerprint, "space": space_signature(space), "options": plain,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return json.loads(json.dumps(plain, default=json_default))
 
 
-def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], space: SearchSpace) -> list[str]:
-    """Why a worker with `fingerprint` and `space` may not join the study `recorded` describes."""
+def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], space: SearchSpace,
+                     options: dict[str, Any] | None = None) -> list[str]:
+    """Why a worker with `fingerprint`, `space` and (a record's plain) `options` may not join the
+    study `recorded` describes."""
     theirs = {k: v for k, v in recorded.get("fingerprint", {}).items() if k not in HOST_KEYS}
     ours = {k: v for k, v in fingerprint.items() if k not in HOST_KEYS}
     found = differences(theirs, ours)
@@ -81,6 +102,10 @@ def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], spac
         found = [d for d in found if not d.startswith("model file differs")]
         found.insert(0, f"model file differs (sha256 {str(ours.get('sha256'))[:8]}.. vs {str(theirs['sha256'])[:8]}.. "
                         f"recorded for {recorded['fingerprint'].get('model_file')})")
+    theirs_options, ours_options = recorded.get("options", {}), options or {}
+    for key, flag in MATCHED_OPTIONS.items():
+        if options is not None and theirs_options.get(key) != ours_options.get(key):
+            found.append(f"{flag} differs ({ours_options.get(key)} vs {theirs_options.get(key)} recorded)")
     signature = space_signature(space)
     stored = recorded.get("space", {})
     if stored != signature:
@@ -112,9 +137,9 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
                              f"{recorded.get('format')!r}, this one reads {RECORD_FORMAT})")
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise UserInputError(f"--study {name}: not a tpu-tune study (it maximises)")
-    differing = join_differences(recorded, record["fingerprint"], space)
+    differing = join_differences(recorded, record["fingerprint"], space, record["options"])
     if differing:
-        raise UserInputError(f"--study {name}: join refused: {'; '.join(differing)}")
+        raise JoinRefused(f"--study {name}: join refused: {'; '.join(differing)}")
     log.info("joined study %r (created %s)", name, recorded.get("created"))
     return SharedStudy(study, False, recorded)
 
@@ -122,11 +147,21 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
 def adopt_options(options: TuneOptions, recorded: dict[str, Any]) -> TuneOptions:
     """`options` with the study's budget and objective (`ADOPTED_OPTIONS`), logging each value
     this worker was given otherwise."""
-    theirs = recorded.get("options", {})
-    changes = {key: theirs[key] for key in ADOPTED_OPTIONS if key in theirs and theirs[key] != getattr(options, key)}
+    from tpu_tuner.plain_data import from_plain
+
+    theirs = from_plain(TuneOptions, {**dataclasses.asdict(options), **recorded.get("options", {})},
+                        {"ProfilerSettings": _profiler_settings()})
+    changes = {key: getattr(theirs, key) for key in ADOPTED_OPTIONS
+               if key in recorded.get("options", {}) and getattr(theirs, key) != getattr(options, key)}
     for key, value in changes.items():
         log.info("the study's %s is %r (this worker had %r): using the study's", key, value, getattr(options, key))
     return dataclasses.replace(options, **changes)
+
+
+def _profiler_settings() -> type:
+    from tpu_tuner.profiling.settings import ProfilerSettings
+
+    return ProfilerSettings
 
 
 def publish_profile(study: optuna.Study, profile: Profile) -> None:
@@ -147,12 +182,13 @@ def shared_profile(study: optuna.Study, wait_s: float) -> Profile | None:
         return None
 
 
-def record_verification(study: optuna.Study, verification: Any, run_dir: str, worker: str) -> None:
-    """Record the study's verification (once: `study finish` and later workers read it)."""
+def record_verification(study: optuna.Study, verification: Any, run_dir: str, worker: str, measured: int) -> None:
+    """Record the study's verification, of its best among `measured` settings (`study finish` and
+    later workers read it; a study that has measured more since is verified again)."""
     from tpu_tuner.plain_data import json_default
 
     plain = json.loads(json.dumps(dataclasses.asdict(verification), default=json_default))
-    study.set_user_attr(VERIFICATION_ATTR, {**plain, "run_dir": run_dir, "worker": worker,
+    study.set_user_attr(VERIFICATION_ATTR, {**plain, "run_dir": run_dir, "worker": worker, "measured": measured,
                                             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
@@ -160,6 +196,38 @@ def recorded_verification(study: optuna.Study) -> dict[str, Any] | None:
     """The verification a worker recorded for the study, or None."""
     value = study.user_attrs.get(VERIFICATION_ATTR)
     return value if isinstance(value, dict) else None
+
+
+def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: RunningWatch) -> str | None:
+    """Why this worker of a shared study leaves the verification to another (or None: it verifies).
+
+    The study is verified once it is complete, by the worker that measured its last trial (the
+    one that completed the budget): every worker that stops decides the same from the same
+    trials, so exactly one verifies. A worker that stops on its own `--timeout` leaves it to the
+    others. Before deciding, the study's running trials are waited for (the last measurements of
+    others, short repeats; a lost one is failed meanwhile), since they decide who measured last.
+    `tpu-tune study finish` verifies wherever no worker did.
+    """
+    if end in ("timeout", "asks"):
+        why = ("this worker's --timeout ended its part of the search" if end == "timeout" else
+               "this worker's sampler proposed only settings the study has covered")
+        return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
+    assert worker.storage is not None
+    while True:
+        fail_lost_trials(study, worker.storage, watch)
+        trials = study.get_trials(deepcopy=False)
+        if not any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
+            break
+        time.sleep(worker.poll_s)
+    measured = measured_count(covered_settings(trials))
+    done = recorded_verification(study)
+    if done is not None and done.get("measured") == measured:
+        return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
+    last = last_measured(trials)
+    if last is None or last.user_attrs.get("worker") == worker.id:
+        return None
+    return (f"worker {last.user_attrs.get('worker')} measured the study's last trial and verifies it "
+            "(or run `tpu-tune study finish`)")
 
 
 def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
@@ -171,6 +239,6 @@ def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
         time.sleep(POLL_S)
 
 
-__all__ = ["ADOPTED_OPTIONS", "PROFILE_ATTR", "RECORD_ATTR", "VERIFICATION_ATTR", "SharedStudy", "adopt_options",
+__all__ = ["ADOPTED_OPTIONS", "JoinRefused", "MATCHED_OPTIONS", "plain_options", "PROFILE_ATTR", "RECORD_ATTR", "VERIFICATION_ATTR", "SharedStudy", "adopt_options",
            "join_differences", "make_record", "open_shared", "publish_profile", "record_verification",
-           "recorded_verification", "shared_profile", "space_signature"]
+           "recorded_verification", "shared_profile", "space_signature", "verification_left_to"]

@@ -8,11 +8,10 @@ completed trials.
 from __future__ import annotations
 
 import logging
-import os
 import random
+import shutil
 import socket
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -46,14 +45,16 @@ from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.sharding.from_plan import planned_layouts
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.coverage import covered_settings, measured_count, setting_key as _key
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
-from tpu_tuner.tuning.liveness import Heartbeat, fail_lost_trials, is_lost, open_storage
+from tpu_tuner.tuning.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, is_lost, open_storage,
+                                       set_liveness)
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.run_file import RUN_FILE
-from tpu_tuner.tuning.shared_study import (RECORD_ATTR, SharedStudy, adopt_options, make_record, open_shared,
-                                           publish_profile, record_verification, recorded_verification, shared_profile)
-from tpu_tuner.tuning.storage import check_storage, shared_sqlite
+from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, SharedStudy, adopt_options, make_record, open_shared,
+                                           plain_options, publish_profile, record_verification, shared_profile, verification_left_to)
+from tpu_tuner.tuning.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.verify import Verification, verify
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
@@ -105,10 +106,14 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         lengths = (bucket_histogram(workload.length_source(), options.lengths_file)
                    if options.lengths_file is not None or workload.has_sample_lengths else None)
         _check_ranks(workload, lengths, options)
-        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc)
+        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc, lengths)
         location = _run_location(workload.name, options, current)
         try:
             result = _tune_in(location, workload, lengths, options, runner, emit, started, current)
+        except JoinRefused:
+            if not location.resumed:
+                shutil.rmtree(location.run_dir, ignore_errors=True)  # it never ran: nothing to keep
+            raise
         except BaseException as exc:
             run_file.mark_failed(location.run_dir, exc)
             raise
@@ -133,23 +138,6 @@ class RunLocation:
     resumed: bool
 
 
-@dataclass(frozen=True)
-class Worker:
-    """This process as a worker of its study: every trial it runs records who and where, and
-    beats in `storage` while it runs (tuning/liveness.py)."""
-
-    id: str
-    host: str
-    storage: RDBStorage | None = None
-    # Seconds between looks at the study while other workers' trials hold the rest of the budget.
-    poll_s: float = 2.0
-
-    @classmethod
-    def this_process(cls, storage: RDBStorage | None) -> "Worker":
-        host = socket.gethostname()
-        return cls(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}", host, storage)
-
-
 def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
              runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any]) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
@@ -161,9 +149,15 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
+        # The study's search, objective and liveness; its budget again once its profile is in.
+        options = adopt_options(options, opened.record)
+        set_liveness(storage, options.heartbeat_interval_s, options.grace_period_s)
         emit(Progress("profile", f"joined study {location.study_name!r}: waiting for its baseline profile",
                       elapsed=time.perf_counter() - started))
         profile = shared_profile(study, wait_s=options.trial_timeout_s + 60)
+    # The worker that profiles the baseline keeps the study's record: its first worker, or a
+    # joining one whose first worker died while profiling.
+    keeper = profile is None
     if profile is None:
         emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
         profile = _profile_baseline(runner, options, model_file)
@@ -179,25 +173,26 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
         # Without the knob every trial would be N unsharded copies of one process's step.
         raise UserInputError(f"--nproc {options.nproc}: the search space {space.name!r} has no layout parameter "
                              "(add one, as search_spaces/default.toml does)")
-    if not first:
-        options = adopt_options(options, study.user_attrs.get(RECORD_ATTR, opened.record))
+    record = study.user_attrs.get(RECORD_ATTR, opened.record)
+    if not keeper:
+        options = adopt_options(options, record)
     agents, findings, memory = prepare_agents(options, profile)
     budget = search_budget(options.trials, options.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record holds the number it used
-    emit(Progress("budget", budget.describe() if first else f"the study's budget: {budget.trials} measured settings "
+    emit(Progress("budget", budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings "
                   "across its workers", elapsed=time.perf_counter() - started))
     # The study again, with the sampler of the narrowed space (a grid walks its settings).
     study = optuna.load_study(study_name=location.study_name, storage=storage,
                               sampler=build_sampler(options, space, shared=location.shared, first=first))
-    if first:
-        study.set_user_attr(RECORD_ATTR, {**opened.record, "options": make_record(current, whole_space, options)["options"],
+    if keeper:
+        study.set_user_attr(RECORD_ATTR, {**record, "options": plain_options(options),
                                           "features": features_of(profile, current).to_dict()})
     if location.resumed and not location.shared:
         _mark_interrupted(study)  # nobody else works on a run folder's own study
     if not study.trials:
         seeds = _warm_seeds(space, profile, current, location, options) if options.warm_start else []
         enqueue_seeds(study, space, agents, profile, seeds)
-    if location.shared and first:
+    if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
     bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
     measure_options = {
@@ -207,20 +202,25 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
         "peak_flops_per_s": profile.device.peak.flops_per_s,
         "model_flops_per_step": profile.flops.model_per_step,
     }
-    run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
-    verifier = _verifier(study, worker, storage) if location.shared else None
-    if verifier is not None:
-        emit(Progress("verify", f"not verifying here: {verifier}", elapsed=time.perf_counter() - started))
-        verification = Verification(None, None, space.to_candidate(space.baseline_params()), False, None,
-                                    message=f"not verified by this worker: {verifier}")
+    end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
+    left_to = None
+    if location.shared:
+        emit(Progress("verify", "settling: waiting for the study's running trials", elapsed=time.perf_counter() - started))
+        left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.trial_timeout_s + 60))
+    if left_to is not None:
+        emit(Progress("verify", f"not verifying here: {left_to}", elapsed=time.perf_counter() - started))
+        verification = Verification(baseline_trial=None, best_trial=None,
+                                    chosen=space.to_candidate(space.baseline_params()), chosen_is_best=False,
+                                    speedup=None, message=f"not verified by this worker: {left_to}")
     else:
         verification = _verify_here(study, space, runner, options, device_kind, agents, emit, started)
         if location.shared:
-            record_verification(study, verification, str(location.run_dir), worker.id)
+            record_verification(study, verification, str(location.run_dir), worker.id,
+                                measured_count(covered_settings(study.get_trials(deepcopy=False))))
     result = TuningResult(
         run_dir=location.run_dir, study=study, space=space, profile=profile, findings=findings,
         verification=verification, options=options, worker_starts=runner.workers_started,
-        verified=verifier is None,
+        verified=left_to is None,
     )
     write_tuning(result)
     return result
@@ -250,29 +250,6 @@ def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, option
                       "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
 
     return replace(verify(study, space, runner, options, device_kind, verify_progress, agents), host=socket.gethostname())
-
-
-def _verifier(study: optuna.Study, worker: Worker, storage: RDBStorage) -> str | None:
-    """Why this worker of a shared study leaves the verification to another, or None when it
-    verifies: the worker that measured the study's last trial does (the one that completed the
-    budget), once, when no trial is still running; otherwise `tpu-tune study finish`."""
-    fail_lost_trials(study, storage)
-    done = recorded_verification(study)
-    if done is not None:
-        return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
-    trials = study.get_trials(deepcopy=False)
-    running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-    if running:
-        return (f"{len(running)} trial(s) of other workers still running; the worker that finishes the budget "
-                "verifies (or run `tpu-tune study finish`)")
-    measured = [t for t in trials if t.user_attrs.get("measured") and t.datetime_complete is not None]
-    if not measured:
-        return None
-    last = max(measured, key=lambda t: (t.datetime_complete, t.number))
-    if last.user_attrs.get("worker") == worker.id:
-        return None
-    return (f"worker {last.user_attrs.get('worker')} measured the study's last trial and verifies it "
-            "(or run `tpu-tune study finish`)")
 
 
 def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
@@ -359,6 +336,13 @@ def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, An
         log.warning("%s has no workload fingerprint (written before fingerprints): resuming unchecked", run_dir)
     stored = str(saved["storage"])
     storage = stored
+    from_environment = storage_from_environment()
+    if options.storage is None and from_environment is not None:
+        # $TPU_TUNE_STORAGE is ambient: its password is used where it names this run's database.
+        if without_password(from_environment) == without_password(stored):
+            options = replace(options, storage=from_environment)
+        else:
+            log.info("$%s names another database than the run's: not used for this resume", STORAGE_ENV)
     if options.storage is not None:
         # The password is never stored: it comes from --storage given again, which must name the
         # same database (or from libpq's PGPASSWORD / ~/.pgpass when the URL has none).
@@ -399,7 +383,8 @@ def _open_or_join(storage: RDBStorage, location: RunLocation, record: dict[str, 
     except Exception as exc:  # noqa: BLE001 - the server went away between the check and here
         raise UserInputError(redact(f"cannot open the study {location.study_name!r} in {location.storage!r}: "
                                     f"{type(exc).__name__}: {exc}")) from exc
-    return SharedStudy(study, not study.trials, study.user_attrs.get(RECORD_ATTR) or record)
+    # A run's own study: this worker is its only one, and keeps its record.
+    return SharedStudy(study, True, study.user_attrs.get(RECORD_ATTR) or record)
 
 
 def _warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], location: RunLocation,
@@ -414,12 +399,14 @@ def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False
                   first: bool = True) -> optuna.samplers.BaseSampler:
     """The Optuna sampler `options.sampler` names, seeded.
 
-    In a shared study every worker but the first draws from a seed of its own (the same seed
-    would propose the same settings in every worker), and TPE treats the other workers' running
-    trials as if they had scored the worst so far (`constant_liar`, Optuna's remedy for parallel
-    workers proposing the same point).
+    In a shared study every TPE or random worker but the first draws from a seed of its own (the
+    same seed would propose the same settings in every worker), and TPE treats the other
+    workers' running trials as if they had scored the worst so far (`constant_liar`, Optuna's
+    remedy for parallel workers proposing the same point). A grid keeps the study's seed in
+    every worker: Optuna's GridSampler walks one shuffled grid that the workers share (with
+    other seeds, two workers on a 12-setting grid reached 8 settings in 12 trials).
     """
-    seed = options.seed if first else random.SystemRandom().randrange(2**31)
+    seed = options.seed if first or options.sampler == "grid" else random.SystemRandom().randrange(2**31)
     if options.sampler == "grid":
         return _AskTellGridSampler(space, seed=seed)
     if options.sampler == "random":
@@ -514,43 +501,35 @@ def run_search(
     bucketing: BucketingContext | None = None,
     memory: MemoryLimit | None = None,
     worker: Worker | None = None,
-) -> None:
+) -> SearchEnd:
     """Measure settings until the study holds `options.trials` measured ones (counted over all
-    its workers), the space is covered, or `options.timeout_s` passes.
+    its workers), the space is covered, or `options.timeout_s` passes; returns which.
 
     With other workers on the study, a setting another worker is measuring is not measured again
     here, and when their running trials hold the rest of the budget this worker waits for them
     (one may still be lost and queued again) instead of starting more.
     """
     worker = worker or Worker.this_process(None)
+    watch = RunningWatch(2 * options.trial_timeout_s + 60)
     distinct_total = space.size()
     asked = 0
     told: set[int] = set()
     waiting = False
     while True:
         if worker.storage is not None:
-            fail_lost_trials(study, worker.storage)
+            fail_lost_trials(study, worker.storage, watch)
         trials = study.get_trials(deepcopy=False)
         _tell_new_failures(study, agents, space, trials, told)
-        finished = [t for t in trials if t.state.is_finished()]
         elapsed = time.perf_counter() - started
-        # Settings already covered: measured, failed or rejected. Trials an interrupted run or a
-        # lost worker left behind were never measured: they neither count nor answer repeats.
-        covered = {
-            _key(t.params): t
-            for t in finished
-            if "repeat_of" not in t.user_attrs and t.user_attrs.get("failure_kind") != "interrupted"
-            and not is_lost(t)
-        }
-        # The budget counts settings *measured*. Rejections cost nothing, and samplers re-propose
-        # settings in small categorical spaces: a repeat is answered from the earlier trial, so
-        # neither counts (a bound on asks stops a sampler that only repeats).
-        measured = sum(1 for t in covered.values() if "rejected_by" not in t.user_attrs)
-        if measured >= options.trials or (options.timeout_s and elapsed > options.timeout_s):
-            return
+        covered = covered_settings(trials)
+        measured = measured_count(covered)
+        if measured >= options.trials:
+            return "budget"
+        if options.timeout_s and elapsed > options.timeout_s:
+            return "timeout"
         if len(covered) >= distinct_total or asked >= 20 * options.trials:
             log.info("stopping: %d of %d settings of the space covered", len(covered), distinct_total)
-            return
+            return "covered" if len(covered) >= distinct_total else "asks"
         # Other workers' trials: none of this worker's is running between two of its trials.
         running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
         if measured + len(running) >= options.trials:
@@ -570,8 +549,8 @@ def run_search(
         heartbeat = Heartbeat(worker.storage, trial._trial_id) if worker.storage is not None else nullcontext()  # noqa: SLF001
         with heartbeat:
             try:
-                _run_trial(study, trial, covered, measured + 1, space, agents, runner, measure_options, options, emit,
-                           started, bucketing, memory, worker)
+                _run_trial(study, trial, space, agents, runner, measure_options, options, emit, started, bucketing,
+                           memory, worker)
             except optuna.exceptions.UpdateFinishedTrialError:
                 # Beats stopped for a whole grace period (a suspended host) and another worker
                 # failed this trial as lost and queued its setting again: its result is dropped.
@@ -579,19 +558,27 @@ def run_search(
                             trial.number)
 
 
-def _run_trial(study: optuna.Study, trial: optuna.Trial, covered: dict[Any, optuna.trial.FrozenTrial], number: int,
-               space: SearchSpace, agents: list[Agent], runner: Runner, measure_options: dict[str, Any],
-               options: TuneOptions, emit: ProgressCallback, started: float, bucketing: BucketingContext | None,
-               memory: MemoryLimit | None, worker: Worker) -> None:
+SearchEnd = str
+"""Why a search stopped: "budget" (measured), "covered" (the whole space), "timeout" (this
+worker's --timeout) or "asks" (a sampler that only re-proposed covered settings)."""
+
+
+def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, agents: list[Agent], runner: Runner,
+               measure_options: dict[str, Any], options: TuneOptions, emit: ProgressCallback, started: float,
+               bucketing: BucketingContext | None, memory: MemoryLimit | None, worker: Worker) -> None:
     """One asked trial: answered from an earlier one, left to the worker already measuring the
-    same setting, rejected by an agent, or measured; told to the study in every case. `number`
-    is what the user sees: the n-th measured setting of the budget."""
+    same setting, released when the budget is spoken for, rejected by an agent, or measured;
+    told to the study in every case."""
     trial.set_user_attr("worker", worker.id)
     trial.set_user_attr("host", worker.host)
     params = space.suggest(trial)
     candidate = space.to_candidate(params)
     label = candidate.describe()
     elapsed = time.perf_counter() - started
+    # The study as it is now, after this trial was asked: another worker may have finished this
+    # setting, be measuring it, or have taken the last of the budget since this loop looked.
+    trials = study.get_trials(deepcopy=False)
+    covered = covered_settings(trials)
     earlier = covered.get(_key(params))
     if earlier is not None:
         trial_attrs.copy_attrs(earlier, trial, options.tolerance)
@@ -600,14 +587,25 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, covered: dict[Any, optu
         log.debug("%s: repeat of trial %d, not re-measured", label, earlier.number)
         return
     # Two workers asked for the same setting at once (TPE's lie about running trials makes it
-    # rare, an enqueued setting popped twice cannot happen): the lower trial number measures it.
-    elsewhere = _measured_elsewhere(study, params, trial.number)
+    # rare; on SQLite a queued setting could be popped twice before `open_storage` began every
+    # transaction with the write lock): the lower trial number measures it.
+    running_before = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and t.number < trial.number]
+    elsewhere = next((t for t in running_before if _key(t.params) == _key(params)), None)
     if elsewhere is not None:
         trial.set_user_attr("repeat_of", elsewhere.number)
         trial.set_user_attr("in_flight_elsewhere", True)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         log.debug("%s: being measured by trial %d of another worker", label, elsewhere.number)
         return
+    # Workers that passed the budget check at once: the trials asked first take what is left.
+    measured = measured_count(covered)
+    if measured + len(running_before) >= options.trials:
+        trial.set_user_attr("over_budget", True)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        log.debug("%s: released, the budget is taken by %d measured and %d running", label, measured,
+                  len(running_before))
+        return
+    number = measured + 1  # what the user sees: the n-th measured setting of the budget
     rejection = next((f"{a.name}: {r}" for a in agents if (r := a.validate(candidate))), None)
     if rejection:
         trial.set_user_attr("rejected_by", rejection)
@@ -636,13 +634,6 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, covered: dict[Any, optu
         message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
     emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
                   _objective_name(bucketing)))
-
-
-def _measured_elsewhere(study: optuna.Study, params: dict[str, Any], number: int) -> optuna.trial.FrozenTrial | None:
-    """A running trial of the same setting with a lower number (another worker's), if any."""
-    key = _key(params)
-    return next((t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                 if t.number < number and _key(t.params) == key), None)
 
 
 def _tell_new_failures(study: optuna.Study, agents: list[Agent], space: SearchSpace,
@@ -700,10 +691,6 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
                             f"{measured.failure.message}", workload.source)
     points = [(p["length"], p["step_seconds"]) for p in measured.value["points"]]
     return BucketingContext(hist, fit_cost_model(points, []), reference, options.max_buckets, options.bucket_align)
-
-
-def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(params.items()))
 
 
 def _best(study: optuna.Study) -> float | None:

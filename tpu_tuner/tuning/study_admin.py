@@ -32,7 +32,8 @@ from tpu_tuner.runner.summary import load_summary
 from tpu_tuner.search.space import SearchSpace
 from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.fingerprint import file_sha256, fingerprint
-from tpu_tuner.tuning.liveness import fail_lost_trials, is_lost, open_storage
+from tpu_tuner.tuning.coverage import covered_settings, measured_count
+from tpu_tuner.tuning.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
@@ -94,6 +95,9 @@ class StudyStatus:
 def load_named_study(storage: str, name: str) -> tuple[optuna.Study, RDBStorage]:
     """The tpu-tune study `name` in `storage` and the storage (with heartbeats), or a one-line
     UserInputError."""
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        # Opening it would create an empty database: say there is none instead.
+        raise UserInputError(f"no study {name!r}: {redact(storage)} does not exist")
     try:
         rdb = open_storage(storage)
         study = optuna.load_study(study_name=name, storage=rdb)
@@ -113,7 +117,6 @@ def study_status(storage: str, name: str) -> StudyStatus:
     record = study.user_attrs[RECORD_ATTR]
     trials = study.get_trials(deepcopy=False)
     states = Counter(t.state.name for t in trials)
-    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
     tallies: dict[str, WorkerTally] = {}
     for t in trials:
         worker = t.user_attrs.get("worker")
@@ -128,7 +131,7 @@ def study_status(storage: str, name: str) -> StudyStatus:
     options = record.get("options", {})
     return StudyStatus(
         name=name, storage=redact(without_password(storage)), budget=options.get("trials"),
-        measured=len({tuple(sorted(t.params.items())) for t in measured}), states=dict(states),
+        measured=measured_count(covered_settings(trials)), states=dict(states),
         lost=sum(1 for t in trials if is_lost(t)), workers=list(tallies.values()),
         best_value=best.value if best else None,
         best_label=_label(best) if best else None,
@@ -138,11 +141,22 @@ def study_status(storage: str, name: str) -> StudyStatus:
 
 
 def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,
-                 device: str | None = None) -> TuningResult:
+                 device: str | None = None, now: bool = False) -> TuningResult:
     """Verify the best of study `name` once, on this host, and write a run folder (tuned config,
-    report, trials); from the recorded verification when a worker already verified it."""
+    report, trials); from the recorded verification when a worker verified the study as it is.
+    Refused while trials are running (their workers are alive: the one that completes the budget
+    verifies), unless `now`."""
     study, rdb = load_named_study(storage, name)
     record = study.user_attrs[RECORD_ATTR]
+    recorded_options = dict(record.get("options", {}))
+    set_liveness(rdb, int(recorded_options.get("heartbeat_interval_s") or HEARTBEAT_INTERVAL_S),
+                 recorded_options.get("grace_period_s"))
+    fail_lost_trials(study, rdb)
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running and not now:
+        hosts = sorted({str(t.user_attrs.get("host", "?")) for t in running})
+        raise UserInputError(f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
+                             "that completes the budget verifies. Give --now to verify what is measured so far")
     profile_data = study.user_attrs.get(PROFILE_ATTR)
     if not isinstance(profile_data, dict):
         raise UserInputError(f"study {name!r}: no baseline profile recorded yet (its first worker is still profiling, "
@@ -150,7 +164,6 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     from tpu_tuner.profiling.profile import Profile
 
     profile = Profile.from_dict(profile_data)
-    recorded_options = dict(record.get("options", {}))
     options = from_plain(TuneOptions, recorded_options, {"ProfilerSettings": ProfilerSettings})
     options = replace(options, storage=storage, out=out, resume=None, study=name,
                       device=device if device is not None else options.device)
@@ -174,7 +187,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
                                  "model_file": str(model_file), "fingerprint": current,
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
         try:
-            result = _finish_in(run_dir, study, rdb, options, profile, runner)
+            result = _finish_in(run_dir, study, options, profile, runner)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
             raise
@@ -182,7 +195,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     return result
 
 
-def _finish_in(run_dir: Path, study: optuna.Study, rdb: RDBStorage, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
+def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
     from tpu_tuner.runner.ranked import RankedTrialRunner
     from tpu_tuner.tuning.study import _start_ranks_on, prepare_agents
 
@@ -191,19 +204,16 @@ def _finish_in(run_dir: Path, study: optuna.Study, rdb: RDBStorage, options: Tun
     space = (SearchSpace.load(options.space, profile.device.kind, ranks=options.nproc)
              .for_workload(traits.of_profile(profile.workload)))
     agents, findings, _ = prepare_agents(options, profile)
-    fail_lost_trials(study, rdb)
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    if running:
-        log.warning("%d trial(s) still running on other workers: verifying the best measured so far", len(running))
+    measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
     done = recorded_verification(study)
-    if done is not None:
+    if done is not None and done.get("measured") == measured:
         log.info("the study was verified on %s (%s): writing the config from that verification", done.get("host"),
                  done.get("run_dir"))
         verification = from_plain(Verification, done)
     else:
         verification = replace(verify(study, space, runner, options, profile.device.kind, None, agents),
                                 host=socket.gethostname())
-        record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}")
+        record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
     result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
                           verification=verification, options=options, worker_starts=runner.workers_started)
     write_tuning(result)

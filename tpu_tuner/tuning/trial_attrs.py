@@ -67,10 +67,16 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == optuna.trial.TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
 
 
+# What a repeat does not take from the trial it repeats: the measurement itself, and what says
+# who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
+# nothing: it must not pass for the earlier worker's measured trial), or how it was queued.
+NOT_COPIED = ("measurement", "measured", "worker", "host", "trial_wall_s", "warm_start")
+
+
 def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:
     """Make a repeated parameter set carry its first measurement's figures."""
     for key, value in source.user_attrs.items():
-        if key != "measurement":
+        if key not in NOT_COPIED:
             target.set_user_attr(key, value)
     target.set_user_attr("repeat_of", source.number)
     error = source.user_attrs.get("accuracy_error")

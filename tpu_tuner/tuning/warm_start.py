@@ -89,6 +89,10 @@ OTHER_MODEL_FILE = 0.25
 OTHER_BOUND = 1.0
 OTHER_KIND = 1.5
 UNKNOWN_RATIO = math.log(8.0)
+# Farther than this, an earlier best is a guess no better than the agents' own and would only take
+# a trial of a small budget: another model kind (1.5 alone) never qualifies; the same kind and
+# bound does within about 3.2x FLOPs per parameter (another model file), another bound within 1.16x.
+MAX_DISTANCE = 1.5
 
 SAME_WORKLOAD = "same workload"
 
@@ -304,9 +308,11 @@ class _Earlier:
 
 
 def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage: str | None,
-                    results_dir: Path | None, exclude_study: str | None = None, limit: int = 3) -> list[WarmSeed]:
+                    results_dir: Path | None, exclude_study: str | None = None, limit: int = 3,
+                    max_distance: float = MAX_DISTANCE) -> list[WarmSeed]:
     """Up to `limit` settings from earlier studies on `features.device_kind`, closest first (the
-    same workload, then the nearest by features), each a different setting valid in `space`.
+    same workload, then the nearest by features, no farther than `max_distance`), each a
+    different setting valid in `space`.
 
     Never raises for what it reads: an unreadable folder, study or storage is skipped with a
     debug log (the password of `storage` never in it)."""
@@ -314,7 +320,7 @@ def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage
         return []
     storages: dict[str, optuna.storages.RDBStorage] = {}
     try:
-        return _seeds(space, features, storage, results_dir, exclude_study, limit, storages)
+        return _seeds(space, features, storage, results_dir, exclude_study, limit, max_distance, storages)
     finally:
         for rdb in storages.values():  # no connection pool left open behind the search
             with contextlib.suppress(Exception):
@@ -322,7 +328,8 @@ def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage
 
 
 def _seeds(space: "SearchSpace", features: WorkloadFeatures, storage: str | None, results_dir: Path | None,
-           exclude_study: str | None, limit: int, storages: dict[str, optuna.storages.RDBStorage]) -> list[WarmSeed]:
+           exclude_study: str | None, limit: int, max_distance: float,
+           storages: dict[str, optuna.storages.RDBStorage]) -> list[WarmSeed]:
     found: dict[tuple[str, str], _Earlier] = {}
     for earlier in [*_storage_studies(storage, exclude_study, storages),
                     *_folder_studies(results_dir, storage, exclude_study)]:
@@ -334,6 +341,9 @@ def _seeds(space: "SearchSpace", features: WorkloadFeatures, storage: str | None
     baseline = space.to_candidate(space.baseline_params())
     seeds: list[WarmSeed] = []
     for d, match, earlier in ranked:
+        if d > max_distance:
+            log.debug("warm start: %s is too far (%.2f > %.2f): %s", earlier.source, d, max_distance, match)
+            break
         try:
             seed = _best_of(earlier.open(storages), space, baseline, earlier, d, match)
         except Exception as exc:  # noqa: BLE001 - a study that cannot be read offers nothing
