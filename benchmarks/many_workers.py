@@ -13,8 +13,9 @@ on 2 workers.
    study; wall from the start to the last one's end).
 2. **A 12-trial study on 1 and on 2 workers.** Separate `tune` processes on one PostgreSQL study
    (`--study`), the model tests/fixtures/synthetic_speed.py (it sleeps 3-18 ms a step, so the
-   2 cores are not what limits), a 12-setting space (matmul precision x autocast x intra-op
-   threads, no agents: every setting measured), about 1.5 s of timed steps a trial, 4
+   2 cores are not what limits), a 12-setting space on a 2-core host (matmul precision x
+   autocast x intra-op threads `all`/`1`; 18 settings where `half` is not 1 thread; no agents:
+   every setting measured; budget 12), about 1.5 s of timed steps a trial, 4
    verification rounds, no warm start. 1-worker and 2-worker studies alternate (fresh study names);
    wall time from starting the processes to the last one's exit, and its phases from the
    workers' progress lines (timestamped here).
@@ -132,9 +133,9 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     """Milliseconds per measured trial of one study of `trials` trials on `workers` workers:
     from the start to the last worker's end; to the last trial's completion (the difference: a
     worker that found the rest of the budget running elsewhere sleeps one poll, `Worker.poll_s`,
-    before it looks again and ends); over the first and the last quarter of the trials (the
-    loop reads the whole study every trial, so a trial costs more as the study grows); and the
-    SQL statements sent per measured trial."""
+    before it looks again and ends); over the first and the last quarter of the trials (does a
+    trial cost more as the study grows? the loop reads the whole study every trial); and the SQL
+    statements sent per measured trial."""
     import optuna
 
     from tpu_tuner.tuning.liveness import open_storage

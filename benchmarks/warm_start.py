@@ -18,7 +18,13 @@ measurement. *Cold* is what ``tpu-tune --cold`` runs: the baseline, the agents' 
 *Warm* is the same plus the seeds `find_warm_seeds` returns for the second model from a results
 folder that holds only the earlier run, enqueued after the baseline by `enqueue_seeds` as
 tpu-tune does. The count is measured trials (not rejected, not a repeat answered from an earlier
-trial) until the best feasible amortised step is within 3% of the grid's best.
+trial) until the best feasible amortised step is within 3% of the grid's best. Where the
+earlier run's verified choice (its race winner, result.json) is another setting than the seed
+offered (the search's fastest trial), that choice is replayed as the warm seed too.
+
+`--earlier-run` and `--grid-run` take any finished pair, e.g. a default-space run of a GPT copy
+at d_model 128 and the default-space grid of examples/gpt.py (with ``--reprofile``, as
+search_efficiency.py runs that grid).
 
     python benchmarks/warm_start.py --measure --bench /work/bench/warm-start     # measures both runs
     python benchmarks/warm_start.py --earlier-run DIR --grid-run DIR [--seeds 20] [--budget N]
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -96,7 +103,8 @@ def measure(bench: Path, first_width: int, second_width: int, batch: int, seq: i
     second = write_model(models, second_width)
 
     def progress(event) -> None:  # noqa: ANN001
-        print(f"[{event.phase} | {event.elapsed:6.0f} s] {event.message}", flush=True)
+        # The load average: above ~1 (this run's own worker), something else ran alongside.
+        print(f"[{event.phase} | {event.elapsed:6.0f} s | load {os.getloadavg()[0]:.2f}] {event.message}", flush=True)
 
     common = dict(space=space, batch_size=batch, seq_len=seq, warm_start=False)
     started = time.perf_counter()
@@ -117,6 +125,27 @@ def warm_seeds_for(grid: TuningResult, earlier_run: Path) -> list[WarmSeed]:
         (Path(results_dir) / earlier_run.resolve().name).symlink_to(earlier_run.resolve(), target_is_directory=True)
         return find_warm_seeds(grid.space, features_of(grid.profile, fingerprint), storage=None,
                                results_dir=Path(results_dir), exclude_study=grid.study.study_name)
+
+
+def _here(runner: TableRunner, grid: TuningResult, seed: WarmSeed) -> str:
+    """What the grid measured for a seed's setting."""
+    value = runner.run("measure", grid.space.to_candidate(seed.params).to_dict(), {})
+    m = value.value if value.ok else None
+    return f"{m.amortised_step(grid.options.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
+
+
+def _verified_choice(grid: TuningResult, earlier: TuningResult) -> WarmSeed | None:
+    """The earlier run's verified choice as a warm seed for the grid's space, or None (not
+    significant, the baseline, or not a setting of this space)."""
+    v = earlier.verification
+    if not v.chosen_is_best:  # not significant: the run recommends its baseline
+        return None
+    params = grid.space.complete(grid.space.to_params(v.chosen))
+    if params == grid.space.complete(grid.space.baseline_params()) or grid.space.to_candidate(params) != v.chosen:
+        return None
+    return WarmSeed(params=params, source=f"run {earlier.run_dir} (verified choice)", match="replayed by hand",
+                    distance=0.0, objective_s=0.0, speedup=v.speedup.speedup if v.speedup else None, verified=True,
+                    trial=v.best_trial)
 
 
 def replay(grid: TuningResult, runner: TableRunner, seed: int, budget: int, warm: list[WarmSeed],
@@ -188,19 +217,22 @@ def main() -> None:
 
     warm = warm_seeds_for(grid, args.earlier_run)
     for seed in warm:
-        value = runner.run("measure", grid.space.to_candidate(seed.params).to_dict(), {})
-        m = value.value if value.ok else None
-        here = f"{m.amortised_step(grid.options.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
-        print(f"warm seed: {seed.params} from {seed.describe()}; {here}")
+        print(f"warm seed: {seed.params} from {seed.describe()}; {_here(runner, grid, seed)}")
     if not warm:
         print("warm start found no seed: warm and cold are the same search")
 
+    starts: list[tuple[str, list[WarmSeed]]] = [("cold", []), ("warm", warm)]
+    verified = _verified_choice(grid, earlier)
+    if warm and verified is not None and verified.params not in [w.params for w in warm]:
+        print(f"the earlier run's verified choice is another setting: {verified.params}; "
+              f"{_here(runner, grid, verified)}; replayed as the warm seed too (\"warm*\")")
+        starts.append(("warm*", [verified, *warm[1:]]))
     for agent_seeds in (True, False):
         title = "with the agents' seeds (as tpu-tune runs)" if agent_seeds else "without the agents' seeds"
         print(f"\n{title}: {args.seeds} TPE seeds each, budget {budget}:")
         print(f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
               "trials to target per seed")
-        for name, seeds in (("cold", []), ("warm", warm)):
+        for name, seeds in starts:
             _compare(grid, runner, args.seeds, budget, seeds, target, best, name, agent_seeds)
 
 

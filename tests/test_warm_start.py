@@ -225,13 +225,18 @@ def test_verified_speedup_only_for_the_verified_trial(tmp_path: Path) -> None:
     _run_folder(tmp_path, "raced", rows, result={"format": 1, "verification": verification})
     (seed,) = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert (seed.speedup, seed.verified) == (3.5, True)
-    # The race picked another setting: the search's best gets the search's ratio.
+    # The race picked another setting than the search's fastest: that one is offered, with the
+    # verified speedup (the race ordered them; one search measurement each could not).
     _run_folder(tmp_path, "other", rows, result={"format": 1, "verification": {**verification, "best_trial": 2}},
                 fingerprint=_fingerprint(sha256=OTHER_SHA), started="2026-11-30T20:00:00")
     seeds = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path / "nowhere")
     assert seeds == []  # a results folder that does not exist offers nothing
     other = find_warm_seeds(_space(), _here(sha256=OTHER_SHA), storage=None, results_dir=tmp_path, limit=1)[0]
-    assert (other.speedup, other.verified) == (pytest.approx(4.0), False)
+    assert other.params == _space().complete(INDUCTOR) and (other.speedup, other.verified) == (3.5, True)
+    # Without a verification naming a setting, the search's fastest, with the search's ratio.
+    _run_folder(tmp_path, "unverified", rows, fingerprint=_fingerprint(sha256="c" * 64), started="2026-11-30T21:00:00")
+    plain = find_warm_seeds(_space(), _here(sha256="c" * 64), storage=None, results_dir=tmp_path, limit=1)[0]
+    assert plain.params == _space().complete(BF16) and (plain.speedup, plain.verified) == (pytest.approx(4.0), False)
 
 
 def test_unreadable_folders_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
