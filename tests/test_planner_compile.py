@@ -70,6 +70,9 @@ def test_plan_command_end_to_end(tmp_path) -> None:
     (run_dir,) = tmp_path.iterdir()
     data = json.loads((run_dir / "plan.json").read_text())
     assert data["topology"]["jax_name"] == "v5e:2x2" and data["topology"]["devices"] == 4
+    # "Fits" is judged against the compiler's own limit (15.75 GiB of v5e's 16 GiB), not a spec figure.
+    assert data["topology"]["hbm_from"] == "compiler"
+    assert data["topology"]["hbm_bytes_per_device"] == pytest.approx(15.75 * 2**30, abs=0.01 * 2**30)
     assert len(data["plans"]) == 2
     for entry in data["plans"]:
         assert entry["fits"] and entry["compiled"]["flops"] > 0 and entry["prediction"]["mfu"] > 0
@@ -90,6 +93,30 @@ def test_plan_command_end_to_end(tmp_path) -> None:
                            timeout_s=300)
     assert checked.ok, checked.failure
     assert checked.reports[0]["loss_error"] < 1e-5 and checked.reports[0]["gradient_error"] < 1e-5
+
+
+def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation() -> None:
+    """libtpu's compile-only topologies: v4 has one device per TensorCore (two per chip), TPU7x two
+    per chip; the HBM limit each states (planner/hbm.py) is what a layout must fit in."""
+    out = _run_python("""
+        import json
+        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.hbm import compiler_hbm_limit
+        from tpu_tuner.planner.topology import parse_topology
+        seen = {}
+        for name in ("v4-8", "v5e-4", "v5p-8", "v6e-4", "tpu7x:2x2x1"):
+            topology = parse_topology(name)
+            devices = topology_devices(topology.jax_name)
+            compiled = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
+            seen[name] = [compiled.devices_per_chip, compiled.hbm_bytes_per_device / 2**30]
+        print(json.dumps(seen))
+    """)
+    seen = json.loads(out)
+    assert {name: per_chip for name, (per_chip, _) in seen.items()} == {
+        "v4-8": 2, "v5e-4": 1, "v5p-8": 1, "v6e-4": 1, "tpu7x:2x2x1": 2}
+    limits = {name: gib for name, (_, gib) in seen.items()}
+    assert limits == pytest.approx({"v4-8": 15.25, "v5e-4": 15.75, "v5p-8": 95.74, "v6e-4": 31.25,
+                                    "tpu7x:2x2x1": 94.75}, abs=0.01)
 
 
 def test_memory_truth_from_the_compiler() -> None:

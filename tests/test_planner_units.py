@@ -173,3 +173,27 @@ def test_loop_iterations_measured_in_hlo_add_up_to_the_unrolled_program() -> Non
     flops = lambda c: (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]
     assert flops(compiled["scanned"]) + 5 * iteration.flops == pytest.approx(flops(compiled["unrolled"]), rel=0.02)
     assert block_loop_iteration(compiled["unrolled"].as_text()) is None
+
+
+def test_the_compilers_hbm_limit_is_read_from_its_refusal() -> None:
+    from tpu_tuner.planner.hbm import parse_hbm_limit
+
+    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+               "(1.00T) exceeds available HBM (95.74G).")
+    assert parse_hbm_limit(message) == int(95.74 * 2**30)
+    assert parse_hbm_limit("exceeds available HBM (512M)") == 512 * 2**20
+    assert parse_hbm_limit("some other failure") is None
+
+
+def test_a_topology_as_the_compiler_sees_it() -> None:
+    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.planner.topology import parse_topology
+
+    v4 = parse_topology("v4-8")  # 8 TensorCores: 4 chips
+    assert (v4.chips, v4.devices) == (4, 4)
+    compiled = v4.as_compiled(8, 15 * 2**30)  # libtpu's compile-only v4: one device per core
+    assert (compiled.devices, compiled.devices_per_chip, compiled.hbm_bytes_per_device) == (8, 2, 15 * 2**30)
+    assert compiled.peak_flops_per_device == pytest.approx(275e12 / 2)
+    assert parse_topology("v5e-4").hbm_bytes_per_device == 16 * 2**30  # GiB, as TorchTPU's table has it
+    with pytest.raises(UserInputError, match="the TPU compiler sees 6 devices for 4 v4 chips"):
+        v4.as_compiled(6, None)

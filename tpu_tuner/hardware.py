@@ -41,9 +41,9 @@ GIB = 1024**3
 
 TPU_CHIPS: dict[str, TpuChip] = {
     "v4": TpuChip("v4", 275, 32 * GIB, 1200, None, 1, 3, 4096, True),
-    "v5e": TpuChip("v5e", 197, 16e9, 819, 400, 1, 2, 256, False),
+    "v5e": TpuChip("v5e", 197, 16 * GIB, 819, 400, 1, 2, 256, False),
     "v5p": TpuChip("v5p", 459, 95 * GIB, 2765, 1200, 1, 3, 8960, True),
-    "v6e": TpuChip("v6e", 918, 32e9, 1638, 800, 1, 2, 256, False),
+    "v6e": TpuChip("v6e", 918, 32 * GIB, 1638, 800, 1, 2, 256, False),
     "tpu7x": TpuChip("tpu7x", 2307, 192 * GIB, 7380, 1200, 2, 3, 9216, False),
 }
 

@@ -23,6 +23,7 @@ from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec,
 from tpu_tuner.planner.model_shape import read_dims
 from tpu_tuner.planner.predict import CostModel, Prediction, predict
 from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.topology import Topology, parse_topology
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ class PlanResult:
         data = asdict(self)
         data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
                             "chips": self.topology.chips, "devices": self.topology.devices,
-                            "generation": self.topology.chip.generation}
+                            "generation": self.topology.chip.generation,
+                            "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
+                            "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec"}
         data["best"] = self.best.layout.name() if self.best else None
         return data
 
@@ -118,7 +121,11 @@ def _plan(model_file: str | Path, options: PlanOptions, topology: Topology, pool
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
-        _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
+        devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
+        # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
+        topology = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
+    emit(f"{topology.describe()}; HBM limit {topology.hbm_bytes_per_device / 2**30:.2f} GiB per device "
+         f"({'the compiler' if topology.compiler_hbm_bytes is not None else 'published capacity'})")
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)

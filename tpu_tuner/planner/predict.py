@@ -65,7 +65,7 @@ def ring_bandwidth(topology: Topology, group_devices: int) -> float:
     """Bytes/s a ring over `group_devices` devices gets from the ICI torus."""
     ici = (topology.chip.ici_gbytes_per_s or ICI_FALLBACK_GBYTES) * 1e9
     per_axis = ici / topology.chip.torus_dims
-    chips = max(1, math.ceil(group_devices / topology.chip.devices_per_chip))
+    chips = max(1, math.ceil(group_devices / topology.devices_per_chip))
     spanned, capacity = 0, 1
     for side in sorted(topology.shape, reverse=True):
         if capacity >= chips:

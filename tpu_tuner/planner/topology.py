@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpu_tuner.errors import UserInputError
 from tpu_tuner.hardware import TPU_CHIPS, TpuChip
@@ -35,6 +35,11 @@ class Topology:
     name: str  # as the user wrote it
     chip: TpuChip
     shape: tuple[int, ...]
+    # What the TPU compiler says once asked (`as_compiled`): its device count (libtpu's
+    # compile-only v4 has one device per TensorCore, where TorchTPU counts one per chip) and its
+    # HBM limit per device (planner/hbm.py). None: the published figures stand in.
+    compiler_devices: int | None = None
+    compiler_hbm_bytes: int | None = None
 
     @property
     def chips(self) -> int:
@@ -42,7 +47,11 @@ class Topology:
 
     @property
     def devices(self) -> int:
-        return self.chips * self.chip.devices_per_chip
+        return self.compiler_devices or self.chips * self.chip.devices_per_chip
+
+    @property
+    def devices_per_chip(self) -> int:
+        return self.devices // self.chips
 
     @property
     def jax_name(self) -> str:
@@ -51,14 +60,25 @@ class Topology:
 
     @property
     def hbm_bytes_per_device(self) -> float:
-        return self.chip.hbm_bytes_per_device
+        """The compiler's limit where known, else the chip's published HBM split over its devices."""
+        if self.compiler_hbm_bytes is not None:
+            return float(self.compiler_hbm_bytes)
+        return self.chip.hbm_bytes_per_chip / self.devices_per_chip
 
     @property
     def peak_flops_per_device(self) -> float:
-        return self.chip.bf16_flops_per_device
+        return self.chip.bf16_tflops_per_chip * 1e12 / self.devices_per_chip
+
+    def as_compiled(self, device_count: int, hbm_limit: int | None) -> "Topology":
+        """This topology as the TPU compiler sees it: `device_count` devices (a whole number per
+        chip, else a one-line error: the slice name and the compiler disagree) and its HBM limit."""
+        if device_count % self.chips or device_count < self.chips:
+            raise UserInputError(f"topology {self.name!r}: the TPU compiler sees {device_count} devices for "
+                                 f"{self.chips} {self.chip.generation} chips ({self.jax_name})")
+        return replace(self, compiler_devices=device_count, compiler_hbm_bytes=hbm_limit)
 
     def describe(self) -> str:
-        per_chip = f", {self.chip.devices_per_chip} devices per chip" if self.chip.devices_per_chip > 1 else ""
+        per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
         return f"{self.name}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), {self.devices} devices"
 
 
