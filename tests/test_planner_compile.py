@@ -276,3 +276,22 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     assert by_layout[unmeasured].flops == 1e9 + 4 * 5e9
     assert by_layout[unmeasured].collectives == [Collective("all-gather", 8, 2 + 4 * 3, 100 + 4 * 300)]
     assert "1 layout whose loops could not be measured" in result.method
+
+
+def test_a_shape_without_code_plans(tmp_path) -> None:
+    """A GPT-3-style shape (ungated GELU MLP, LayerNorm, learned positions, tied embeddings) from a
+    TOML file, through the generic decoder: compiled for a TPU topology like a user's file."""
+    shape = tmp_path / "gpt3_style.toml"
+    shape.write_text('[model]\nvocab = 4096\nd_model = 256\nlayers = 2\nheads = 8\nmlp = 1024\ngated = false\n'
+                     'activation = "gelu"\nnorm = "layer"\npositions = "learned"\ntied_embeddings = true\n'
+                     'max_seq_len = 512\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(shape), "--topology", "v5e-4", "--global-batch", "8",
+         "--seq", "128", "--layout", "1x4x1", "--fast", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert run_dir.name.startswith("gpt3_style-plan-v5e-4")
+    (entry,) = json.loads((run_dir / "plan.json").read_text())["plans"]
+    assert entry["fits"] and entry["compiled"]["flops"] > 0 and entry["prediction"]["mfu"] > 0

@@ -20,6 +20,7 @@ import importlib.util
 import sys
 import types
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,16 @@ NATIVE_OPTIONAL_CALLABLES = ("loss", "make_optimizer", "sample_lengths", "model_
 
 
 def load_workload(path: str | Path) -> Workload:
-    """Import `path` and return the workload it defines, or raise `WorkloadError`."""
+    """Import `path` and return the workload it defines, or raise `WorkloadError`. A decoder
+    shape (a .toml file or an inline ``decoder:d_model=...,layers=...`` spec) needs no code: the
+    generic decoder of tpu_tuner/models/decoder.py is built from it."""
+    from tpu_tuner.models.decoder import is_shape_source, shape_module
+
+    if is_shape_source(path):
+        module = shape_module(path)
+        workload = _native_workload(module, Path(str(path)))
+        return replace(workload, name=module.NAME,
+                       source=Path(str(path)).resolve() if str(path).endswith(".toml") else Path(str(path)))
     path = Path(path)
     module = _import_file(path)
     if all(hasattr(module, name) for name in NATIVE_REQUIRED):

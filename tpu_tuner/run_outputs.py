@@ -84,7 +84,10 @@ def write_tuning(result: "TuningResult") -> list[str]:
 
 def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset: str | None = None) -> Path:
     """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``."""
-    name = Path(model_file).stem + (f"_{preset}" if preset else "")
+    from tpu_tuner.models.decoder import INLINE_PREFIX
+
+    stem = "decoder" if str(model_file).startswith(INLINE_PREFIX) else Path(model_file).stem
+    name = stem + (f"_{preset}" if preset else "")
     return new_run_dir(out, name, f"plan-{topology.replace(':', '_')}")
 
 

@@ -161,6 +161,8 @@ def compile_step(
     residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor"))
 
     def constrain(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        if output.ndim != 3:  # not a residual stream: a learned position table looked up by position
+            return output
         return torch_view(jax.lax.with_sharding_constraint(jax_view(output), residual))
 
     env = torchax.default_env()

@@ -31,7 +31,11 @@ LABELS = {
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of the file's bytes."""
+    """sha256 of the file's bytes (of the text, for an inline ``decoder:...`` shape)."""
+    from tpu_tuner.models.decoder import INLINE_PREFIX
+
+    if str(path).startswith(INLINE_PREFIX):
+        return hashlib.sha256(str(path).encode()).hexdigest()
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 

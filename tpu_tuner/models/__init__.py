@@ -1,0 +1,1 @@
+"""Models tpu-tune builds itself: a generic decoder from a shape, so a shape needs no code."""
