@@ -22,6 +22,7 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
@@ -32,6 +33,7 @@ from tpu_tuner.runner.measurement import TrialFailure
 from tpu_tuner.runner.pool import JobResult
 from tpu_tuner.tuning import TuneOptions, TuningResult, trial_attrs, tune
 from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, prepare_agents, run_search
+from tpu_tuner.tuning.warm_start import WarmSeed
 
 REPO = Path(__file__).resolve().parent.parent
 WITHIN = 1.03
@@ -79,13 +81,18 @@ def best_feasible(study: optuna.Study) -> float | None:
     return min(values) if values else None
 
 
-def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, budget: int, seeded: bool) -> optuna.Study:
-    """One search of `budget` measured settings, answered from the grid table."""
+def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, budget: int, seeded: bool,
+           warm: Sequence[WarmSeed] | None = None) -> optuna.Study:
+    """One search of `budget` measured settings, answered from the grid table. With `warm` (warm
+    start's seeds, benchmarks/warm_start.py) the baseline and those are queued as tpu-tune queues
+    them, then the agents' seeds when `seeded`; without, the agents' seeds when `seeded`."""
     options = TuneOptions(sampler=sampler, seed=seed, trials=budget, agents=grid.options.agents,
                           memory_limit_bytes=grid.options.memory_limit_bytes)
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
-    if seeded and sampler != "grid":
+    if warm is not None:
+        enqueue_seeds(study, grid.space, agents if seeded else [], grid.profile, warm)
+    elif seeded and sampler != "grid":
         enqueue_seeds(study, grid.space, agents, grid.profile)  # as tpu-tune does: baseline, agents' seeds
     run_search(study, grid.space, agents, runner, {}, options, lambda event: None, time.perf_counter(), memory=memory)
     return study

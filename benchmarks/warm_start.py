@@ -44,10 +44,10 @@ import optuna
 
 from tpu_tuner.tuning import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, prepare_agents, run_search
+from tpu_tuner.tuning.study import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, features_of, find_warm_seeds
 
-from search_efficiency import WITHIN, TableRunner, best_feasible, trials_to_target, _measured
+from search_efficiency import WITHIN, TableRunner, best_feasible, replay, trials_to_target, _measured
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,19 +148,6 @@ def _verified_choice(grid: TuningResult, earlier: TuningResult) -> WarmSeed | No
                     trial=v.best_trial)
 
 
-def replay(grid: TuningResult, runner: TableRunner, seed: int, budget: int, warm: list[WarmSeed],
-           agent_seeds: bool = True) -> optuna.Study:
-    """One TPE search of `budget` measured settings as tpu-tune runs it, answered from the grid
-    (`agent_seeds` False: the baseline and the warm seeds only are queued, the agents still reject)."""
-    options = TuneOptions(sampler="tpe", seed=seed, trials=budget, agents=grid.options.agents,
-                          memory_limit_bytes=grid.options.memory_limit_bytes)
-    agents, _, memory = prepare_agents(options, grid.profile)
-    study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
-    enqueue_seeds(study, grid.space, agents if agent_seeds else [], grid.profile, warm)
-    run_search(study, grid.space, agents, runner, {}, options, lambda event: None, time.perf_counter(), memory=memory)
-    return study
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", action="store_true", help="measure the earlier run and the grid run first")
@@ -241,7 +228,7 @@ def _compare(grid: TuningResult, runner: TableRunner, n_seeds: int, budget: int,
     """One row: trials to target over `n_seeds` sampler seeds, and best/grid at the budget."""
     counts, gaps = [], []
     for seed in range(n_seeds):
-        study = replay(grid, runner, seed, budget, warm, agent_seeds)
+        study = replay(grid, runner, "tpe", seed, budget, agent_seeds, warm)
         counts.append(trials_to_target(study, target))
         found = best_feasible(study)
         gaps.append(found / best if found is not None else float("inf"))

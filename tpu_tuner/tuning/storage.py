@@ -59,7 +59,7 @@ def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNE
         if extra and exc.name == "psycopg":
             hint = f'pip install -e ".[{extra}]"'
         elif exc.name == "psycopg2":  # SQLAlchemy < 2.1's default, or postgresql+psycopg2:// written out
-            hint = f'pip install psycopg2-binary, or pip install -e ".[postgres]" and write postgresql+psycopg://'
+            hint = 'pip install psycopg2-binary, or pip install -e ".[postgres]" and write postgresql+psycopg://'
         else:
             hint = f"install the Python package {exc.name or 'of its driver'}"
         raise UserInputError(f"--storage {shown!r}: its database driver is not installed "

@@ -31,7 +31,6 @@ from tpu_tuner.bucketing.knob import BucketingContext
 from tpu_tuner.bucketing.lengths import LengthHistogram
 from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
-from tpu_tuner.definitions import load_definition
 from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.knobs import traits
 from tpu_tuner.credentials import password_of, redact, with_password, without_password
@@ -47,7 +46,7 @@ from tpu_tuner.tuning import run_file, trial_attrs
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.coverage import covered_settings, measured_count, setting_key as _key
 from tpu_tuner.tuning.fingerprint import differences, fingerprint
-from tpu_tuner.tuning.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, is_lost, open_storage,
+from tpu_tuner.tuning.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, open_storage,
                                        set_liveness)
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
