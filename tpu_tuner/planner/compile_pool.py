@@ -43,6 +43,7 @@ class CompileJob:
     remat: str
     fast: bool
     scan: bool = False
+    accumulation: int = 1  # micro-batches a step
 
 
 def default_workers() -> int:
@@ -55,7 +56,7 @@ def run_job(job: CompileJob) -> CompiledStep:
     workload = _workload(job.model_file)
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
                         topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
-                        remat=job.remat, fast=job.fast, scan=job.scan)
+                        remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation)
 
 
 class CompilePool:

@@ -5,8 +5,9 @@ parameters and splits the batch, ``fsdp`` splits both, ``tensor`` splits matmul 
 Megatron-style). `placements` derives, from the model's structure alone, how each parameter is
 laid out: column-wise linears (their output dimension over ``tensor``), row-wise linears
 (input dimension over ``tensor``), embeddings (vocabulary over ``tensor``), with the other
-dimension over ``fsdp``; 1-D parameters are replicated. Sequence and expert axes have a place
-in `AXES` but no layout uses them yet.
+dimension over ``fsdp``; 1-D parameters are replicated. ``context`` (MaxText's context
+parallelism; sequence parallelism in other tools' words) splits the sequence of every activation
+and, like ``fsdp``, the parameters: attention then gathers keys and values over it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal
 
 from torch import nn
 
-AXES = ("data", "fsdp", "tensor")  # room for "sequence" and "expert" later
+AXES = ("data", "fsdp", "context", "tensor")  # the mesh's axes, outermost first
 Placement = Literal["colwise", "rowwise", "embedding", "replicated"]
 
 
@@ -27,10 +28,16 @@ class Layout:
     data: int
     fsdp: int
     tensor: int
+    context: int = 1
 
     @property
     def devices(self) -> int:
-        return self.data * self.fsdp * self.tensor
+        return self.data * self.fsdp * self.tensor * self.context
+
+    @property
+    def parameter_shards(self) -> int:
+        """How many ways each matrix parameter is split (fsdp x context x tensor)."""
+        return self.fsdp * self.context * self.tensor
 
     @property
     def batch_shards(self) -> int:
@@ -38,10 +45,16 @@ class Layout:
         return self.data * self.fsdp
 
     def name(self) -> str:
-        return f"data {self.data} x fsdp {self.fsdp} x tensor {self.tensor}"
+        context = f" x context {self.context}" if self.context > 1 else ""
+        return f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}"
+
+    def short(self) -> str:
+        """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one (the --layout syntax)."""
+        return f"{self.data}x{self.fsdp}x{self.tensor}" + (f"x{self.context}" if self.context > 1 else "")
 
     def mesh_shape(self) -> dict[str, int]:
-        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        shape = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        return {**shape, "context": self.context} if self.context > 1 else shape
 
 
 @dataclass(frozen=True)
@@ -104,27 +117,41 @@ def partition_spec(placement: str, ndim: int) -> tuple:
     return ()
 
 
-def enumerate_layouts(devices: int, shape: ModelShape, global_batch: int) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """All data x fsdp x tensor factorisations of `devices`, split into valid and rejected (why)."""
+def enumerate_layouts(devices: int, shape: ModelShape, global_batch: int, seq_len: int | None = None,
+                      contexts: tuple[int, ...] = (1,)) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """All data x fsdp x tensor (x context, for each of `contexts`) factorisations of `devices`,
+    split into valid and rejected (why)."""
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
-    for tensor in _divisors(devices):
-        for fsdp in _divisors(devices // tensor):
-            layout = Layout(devices // tensor // fsdp, fsdp, tensor)
-            reason = _why_not(layout, shape, global_batch)
-            (rejected.append((layout, reason)) if reason else valid.append(layout))
+    for context in (c for c in contexts if devices % c == 0):
+        for tensor in _divisors(devices // context):
+            for fsdp in _divisors(devices // context // tensor):
+                layout = Layout(devices // context // tensor // fsdp, fsdp, tensor, context)
+                reason = why_not(layout, shape, global_batch, seq_len)
+                (rejected.append((layout, reason)) if reason else valid.append(layout))
     return valid, rejected
 
 
-def _why_not(layout: Layout, shape: ModelShape, global_batch: int) -> str | None:
+def parse_layout_text(text: str) -> Layout:
+    """DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4 or 1x32x4x2 (ValueError when it is not)."""
+    sizes = [int(x) for x in text.lower().split("x")]
+    if len(sizes) not in (3, 4) or min(sizes) < 1:
+        raise ValueError(f"{text!r} is not DATAxFSDPxTENSOR[xCONTEXT] with sizes of at least 1")
+    return Layout(*sizes)
+
+
+def why_not(layout: Layout, shape: ModelShape, global_batch: int, seq_len: int | None = None) -> str | None:
+    """Why `layout` cannot split this model and batch (None: it can)."""
+    if layout.context > 1 and (seq_len is None or seq_len % layout.context):
+        return f"context {layout.context} does not divide the sequence length {seq_len}"
     if global_batch % layout.batch_shards:
         return f"global batch {global_batch} does not divide over data x fsdp = {layout.batch_shards}"
     if shape.n_heads % layout.tensor or shape.n_kv_heads % layout.tensor:
         return f"tensor {layout.tensor} does not divide {shape.n_heads} heads / {shape.n_kv_heads} KV heads"
     if shape.mlp_hidden % layout.tensor or shape.vocab % layout.tensor:
         return f"tensor {layout.tensor} does not divide the MLP width {shape.mlp_hidden} or vocabulary {shape.vocab}"
-    if shape.d_model % layout.fsdp:
-        return f"fsdp {layout.fsdp} does not divide d_model {shape.d_model}"
+    if shape.d_model % (layout.fsdp * layout.context):
+        return f"fsdp x context {layout.fsdp * layout.context} does not divide d_model {shape.d_model}"
     return None
 
 

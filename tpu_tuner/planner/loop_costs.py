@@ -38,12 +38,18 @@ _KERNEL_FLOPS = re.compile(r"\"cost_estimate\":\{\"flops\":\"(\d+)\"")
 
 @dataclass(frozen=True)
 class LoopIteration:
-    """The work of one iteration of every block loop together (forward and backward)."""
+    """The work of one iteration of every block loop together (forward and backward).
+
+    With gradient accumulation the block loops sit inside the micro-batch loop; `micro_batch`
+    is then one iteration of that loop, its block loops counted once (as the compiler counts
+    them), so a step is the compiler's total + (micro-batches - 1) x micro_batch + micro-batches
+    x (blocks - 1) x this iteration."""
 
     flops: float
     bytes_accessed: float
     collectives: list[Collective] = field(default_factory=list)
     loops: int = 0  # how many block loops were found
+    micro_batch: LoopIteration | None = None
 
 
 def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
@@ -55,8 +61,24 @@ def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
     module = _Module(hlo_text)
     if module.entry is None:
         return None
-    loops = [m.group("body") for line in module.lines(module.entry)
-             if (m := _WHILE.search(line)) and m.group("op").endswith("/while")]
+    loops = _scan_loops(module, module.entry)
+    if len(loops) == 1 and (inner := _scan_loops(module, loops[0])):
+        # The micro-batch loop of gradient accumulation, the block loops inside it.
+        outer, blocks = _measure(module, loops), _measure(module, inner)
+        if outer is None or blocks is None:
+            return None
+        return LoopIteration(blocks.flops, blocks.bytes_accessed, blocks.collectives, blocks.loops, micro_batch=outer)
+    return _measure(module, loops)
+
+
+def _scan_loops(module: _Module, computation: str) -> list[str]:
+    """The bodies of the while loops JAX emitted (op_name ending in "/while") in `computation`."""
+    return [m.group("body") for line in module.lines(computation)
+            if (m := _WHILE.search(line)) and m.group("op").endswith("/while")]
+
+
+def _measure(module: _Module, loops: list[str]) -> LoopIteration | None:
+    """One iteration of each loop in `loops`, summed."""
     if not loops:
         return None
     flops = bytes_accessed = 0.0

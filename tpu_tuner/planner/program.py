@@ -33,6 +33,7 @@ from torch import nn
 from tpu_tuner.planner.collectives import Collective, parse_collectives
 from tpu_tuner.planner.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
+from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, parse_remat
 
 log = logging.getLogger(__name__)
 
@@ -76,29 +77,6 @@ COMPILE_OPTIONS: dict[str, Any] = {"xla_tpu_mock_collectives": True}
 # peel loop iterations, so the plan also uses it to recost peeled full-effort programs.
 FAST_COMPILE_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "exec_time_optimization_effort": -1.0}
 
-# Rematerialisation per block, as MaxText names them: "full" recomputes the whole block in backward,
-# "minimal" keeps the outputs of weight matmuls and recomputes the rest, "none" keeps everything;
-# "offload" is "full" with each block's input kept in the host's memory instead of HBM (MaxText's
-# `decoder_layer_input: offload`, the published 8B / 70B recipes): scanned blocks only.
-REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable",
-                  "offload": "offload_block_input"}
-BLOCK_INPUT = "block_input"  # the checkpoint name the offload policy moves to host memory
-
-
-def _checkpoint_policy(remat: str) -> Any:
-    """The jax.checkpoint policy of a REMAT_POLICIES name (None: save everything)."""
-    import jax
-
-    policy = REMAT_POLICIES[remat]
-    if policy is None:
-        return None
-    if remat == "offload":
-        return jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=[], names_which_can_be_offloaded=[BLOCK_INPUT],
-            offload_src="device", offload_dst="pinned_host")
-    return getattr(jax.checkpoint_policies, policy)
-
-
 def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The repeated blocks: the longest ModuleList of same-typed modules."""
     best: tuple[str, nn.ModuleList] | None = None
@@ -130,12 +108,15 @@ def compile_step(
     remat: str,
     fast: bool = False,
     scan: bool = False,
+    accumulation: int = 1,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
-    With `scan` the blocks run as one `jax.lax.scan` over stacked weights (see the module
-    docstring); otherwise they are unrolled. On a TPU topology it compiles with COMPILE_OPTIONS,
-    or FAST_COMPILE_OPTIONS when `fast`."""
+    `remat` is a policy as `remat.parse_remat` reads it. With `scan` the blocks run as one
+    `jax.lax.scan` over stacked weights (see the module docstring); otherwise they are unrolled.
+    With `accumulation` > 1 the global batch runs as that many micro-batches in a loop that
+    accumulates fp32 gradients, AdamW once after it (MaxText's gradient_accumulation_steps).
+    On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -151,14 +132,17 @@ def compile_step(
     blocks_name, _ = blocks_of(model)
     placement = placements(model, d_model)  # before the blocks are cut or stacked: their own names
     model = truncated(model, blocks)
-    mesh = Mesh(np.asarray(devices).reshape(layout.data, layout.fsdp, layout.tensor), ("data", "fsdp", "tensor"))
+    policy = parse_remat(remat)
+    mesh = Mesh(np.asarray(devices).reshape(layout.data, layout.fsdp, layout.context, layout.tensor),
+                ("data", "fsdp", "context", "tensor"))
     # The residual stream [batch, seq, embed] splits its batch over (data, fsdp) and its features
     # over tensor, as MaxText's `activation_embed` rule does: the residual and every block's
     # input and output, which the backward pass keeps, are then stored once per tensor group, not
     # tensor times. Measured on the 32B calibration row (fsdp 16 x tensor 4, remat minimal):
     # 94.1 GiB per device instead of 122 GiB replicated over tensor (Megatron's layout), which does
     # not fit the published run's 95 GiB.
-    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor"))
+    # Context parallelism splits the sequence too (MaxText's activation_length over context).
+    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), "context", "tensor"))
 
     def constrain(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         if output.ndim != 3:  # not a residual stream: a learned position table looked up by position
@@ -166,8 +150,10 @@ def compile_step(
         return torch_view(jax.lax.with_sharding_constraint(jax_view(output), residual))
 
     env = torchax.default_env()
-    checkpoint_policy = _checkpoint_policy(remat)
+    checkpoint_policy = policy.jax_policy()
     block_list = model.get_submodule(blocks_name)
+    if len(block_list):
+        _name_block_tensors(block_list, d_model, mlp_hidden=_mlp_width(block_list[0], d_model))
     stacked: dict[str, Any] = {}  # the scanned blocks' weights, set by loss_fn while tracing
     if scan and len(block_list):
         template = block_list[0]
@@ -186,8 +172,8 @@ def compile_step(
         parent = model.get_submodule(blocks_name.rsplit(".", 1)[0]) if "." in blocks_name else model
         setattr(parent, blocks_name.rsplit(".", 1)[-1], nn.ModuleList([_ScannedBlocks(run_blocks)]))
     else:
-        if remat == "offload" and len(block_list):
-            raise ValueError("offload rematerialisation needs the scanned blocks (scan=True)")
+        if policy.action(BLOCK_INPUT) == "offload" and len(block_list):
+            raise ValueError("offloading the block input needs the scanned blocks (scan=True)")
         template = None
         for block in block_list:
             block.register_forward_hook(constrain)
@@ -202,7 +188,10 @@ def compile_step(
     _sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
-        spec = (None,) * len(leading) + partition_spec(placement.get(name, "replicated"), tensor.dim())
+        # Parameters split over context as over fsdp (MaxText's rule for its embed axis).
+        split = tuple(("fsdp", "context") if axis == "fsdp" else axis
+                      for axis in partition_spec(placement.get(name, "replicated"), tensor.dim()))
+        spec = (None,) * len(leading) + split
         return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
     params: dict[str, Any] = {"model": {name: param_struct(name, t) for name, t in jittable.params.items()}}
@@ -212,8 +201,12 @@ def compile_step(
         params["blocks"] = {name: param_struct(f"{blocks_name}.0.{name}", t, (blocks,)) for name, t in template.named_parameters()}
         buffers["blocks"] = {name: jax.ShapeDtypeStruct((blocks, *t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
                              for name, t in template.named_buffers()}
-    tokens = jax.ShapeDtypeStruct((global_batch, seq_len), jnp.int32,
-                                  sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None)))
+    if global_batch % accumulation:
+        raise ValueError(f"{accumulation} micro-batches do not divide the global batch {global_batch}")
+    # The micro-batches on a leading axis, each split over (data, fsdp) and its sequence over context.
+    micro = (accumulation,) if accumulation > 1 else ()
+    tokens = jax.ShapeDtypeStruct((*micro, global_batch // accumulation, seq_len), jnp.int32,
+                                  sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), ("data", "fsdp"), "context")))
 
     def loss_fn(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         compute = jax.tree.map(lambda w: w.astype(jnp.bfloat16), weights)  # bf16 compute, fp32 master
@@ -229,8 +222,21 @@ def compile_step(
         target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
         return (lse - target_logit).mean()
 
+    def gradients(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        if accumulation == 1:
+            return jax.value_and_grad(loss_fn)(weights, buffer_values, inputs, targets)
+
+        def micro_step(carry: Any, batch: Any) -> tuple[Any, None]:
+            total, summed = carry
+            loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, *batch)
+            return (total + loss, jax.tree.map(lambda s, g: s + g.astype(jnp.float32), summed, grads)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, weights)  # fp32, sharded as the weights
+        (total, summed), _ = jax.lax.scan(micro_step, (jnp.zeros((), jnp.float32), zeros), (inputs, targets))
+        return total / accumulation, jax.tree.map(lambda g: g / accumulation, summed)
+
     def train_step(weights: Any, moments: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
-        loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, inputs, targets)
+        loss, grads = gradients(weights, buffer_values, inputs, targets)
         first, second = moments
         first = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, first, grads)
         second = jax.tree.map(lambda v, g: 0.95 * v + 0.05 * g * g, second, grads)
@@ -268,6 +274,36 @@ def compile_step(
         loop_peeled="loop_peel" in text,
         loop_iteration=block_loop_iteration(text) if scan and blocks else None,
     )
+
+
+def _mlp_width(block: nn.Module, d_model: int) -> int:
+    """The MLP's hidden width: the widest input among the block's linears that write d_model."""
+    widths = [m.in_features for m in block.modules() if isinstance(m, nn.Linear) and m.out_features == d_model]
+    return max(widths, default=d_model)
+
+
+def _name_block_tensors(blocks: nn.ModuleList, d_model: int, mlp_hidden: int) -> None:
+    """Give the block tensors MaxText's checkpoint names (remat.block_tensor_roles), so that a
+    policy can save or offload them: each projection's output, the out projection's input
+    (``context``). Hooks on every block (unrolled) or the one template the scan calls."""
+    from jax.ad_checkpoint import checkpoint_name
+    from torchax.interop import jax_view, torch_view
+
+    roles, context_of = block_tensor_roles(blocks[0], d_model, mlp_hidden)
+
+    def named(name: str) -> Callable[..., Any]:
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+            return torch_view(checkpoint_name(jax_view(output), name))
+        return hook
+
+    def named_context(module: nn.Module, args: tuple) -> tuple:
+        return (torch_view(checkpoint_name(jax_view(args[0]), "context")), *args[1:])
+
+    for block in blocks:
+        for path, role in roles.items():
+            block.get_submodule(path).register_forward_hook(named(role))
+        if context_of is not None:
+            block.get_submodule(context_of).register_forward_pre_hook(named_context)
 
 
 class _ScannedBlocks(nn.Module):
@@ -339,49 +375,71 @@ def _sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    spec = PartitionSpec(("data", "fsdp"), "tensor", None, None)
+    spec = PartitionSpec(("data", "fsdp"), "tensor", "context", None)
+    context = mesh.shape["context"]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if attn_mask is not None or dropout_p or key.shape[1] != query.shape[1]:
             raise NotImplementedError("the planner's flash attention takes causal or full attention with equal heads")
         q, k, v = (jax_view(t) for t in (query, key, value))
         sm_scale = scale if scale is not None else q.shape[-1] ** -0.5
+        # Context parallel: each device holds a slice of the queries and gathers every key and
+        # value over the context axis (MaxText's all-gather context parallelism). The kernel
+        # takes no query offset, so the slice attends to every key unmasked: the same cost to the
+        # compiler (the kernel's cost estimate does not discount a causal mask), not the same
+        # numbers, which the planner never computes.
+        causal = bool(is_causal) and context == 1
         if flash:
-            def attend(q: Any, k: Any, v: Any) -> Any:
-                return pallas_flash.flash_attention(q, k, v, causal=bool(is_causal), sm_scale=sm_scale)
+            def kernel(q: Any, k: Any, v: Any) -> Any:
+                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
         else:
-            def attend(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
+            def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
                 scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * sm_scale
-                if is_causal:
+                if causal:
                     scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], bool)), scores, -jnp.inf)
                 return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(q.dtype), v)
-        kernel = jax.shard_map(attend, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-        return torch_view(kernel(q, k, v))
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            if context > 1:
+                k, v = (jax.lax.all_gather(t, "context", axis=2, tiled=True) for t in (k, v))
+            return kernel(q, k, v)
+
+        sharded = jax.shard_map(attend, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+        return torch_view(sharded(q, k, v))
 
     env.override_op_definition(F.scaled_dot_product_attention, sdpa)
 
 
-def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None) -> CompiledStep:
+def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None,
+                        accumulation: int = 1) -> CompiledStep:
     """The whole step from the scanned program of `blocks` blocks alone.
 
-    Memory is the program's own. Its cost analysis and HLO text count the block loops once, so
-    the other `blocks - 1` iterations of its measured `loop_iteration` are added to its FLOPs,
-    bytes and collectives. `costs`, when given, is the same program compiled without loop peeling
-    (see `CompiledStep.loop_peeled`), and the work is read from it instead.
+    Memory is the program's own. Its cost analysis and HLO text count each loop once, so the
+    other `blocks - 1` iterations of its measured `loop_iteration` are added to its FLOPs, bytes
+    and collectives; with `accumulation` micro-batches in a loop, the other micro-batches too (see
+    `LoopIteration`). `costs`, when given, is the same program compiled without loop peeling (see
+    `CompiledStep.loop_peeled`), and the work is read from it instead.
     """
     memory, work = scanned, costs or scanned
     iteration = work.loop_iteration
     if iteration is None:
         raise ValueError("the program's block loops were not measured (see loop_costs.block_loop_iteration)")
-    extra = blocks - 1
+    # (how many more times, what) beyond the compiler's count of each loop body once
+    extra = [(blocks - 1, iteration)]
+    if iteration.micro_batch is not None:
+        extra = [(accumulation - 1, iteration.micro_batch), (accumulation * (blocks - 1), iteration)]
     by_key = {(c.kind, c.group_size): c for c in work.collectives}
-    for c in iteration.collectives:
-        seen = by_key.get((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
-        by_key[(c.kind, c.group_size)] = replace(seen, count=seen.count + extra * c.count, bytes=seen.bytes + extra * c.bytes)
+    flops, bytes_accessed = work.flops, work.bytes_accessed
+    for times, loop in extra:
+        flops += times * loop.flops
+        bytes_accessed += times * loop.bytes_accessed
+        for c in loop.collectives:
+            seen = by_key.get((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
+            by_key[(c.kind, c.group_size)] = replace(seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes)
     return replace(
         memory,
-        flops=work.flops + extra * iteration.flops,
-        bytes_accessed=work.bytes_accessed + extra * iteration.bytes_accessed,
+        flops=flops,
+        bytes_accessed=bytes_accessed,
         collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size)),
         compile_seconds=memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
         loop_peeled=work.loop_peeled,
