@@ -106,13 +106,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--global-batch", type=int, help="sequences per step (default: BATCH_SIZE per device)")
     plan_cmd.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN)")
     plan_cmd.add_argument("--preset", help="a named model size from the file's PRESETS, e.g. 70b")
-    plan_cmd.add_argument("--remat", choices=("full", "offload", "minimal", "none"), default="full",
-                          help="per-block rematerialisation: full (default), offload (full, with each block's input "
-                               "kept in host memory), minimal (keep matmul outputs) or none")
+    plan_cmd.add_argument("--remat", default="full", metavar="POLICY",
+                          help="per-block rematerialisation, by MaxText's names: full (default), minimal, "
+                               "save_dot_except_mlpwi, save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, "
+                               "or custom:decoder_layer_input=offload,query_proj=device,... (docs/planner.md)")
+    plan_cmd.add_argument("--accumulation", type=int, default=1, metavar="N",
+                          help="micro-batches a step (gradient accumulation; default 1)")
     plan_cmd.add_argument("--attention", choices=("full", "causal"), default="full", help="attention FLOPs convention for MFU")
     plan_cmd.add_argument("--max-layouts", type=int, default=10, help="layouts to compile (default 10)")
-    plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR",
-                          help="compile only this layout, e.g. 1x64x4 (repeatable)")
+    plan_cmd.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR[xCONTEXT]",
+                          help="compile only this layout, e.g. 1x64x4 or 1x32x4x2 (repeatable)")
+    search = plan_cmd.add_argument_group("search (Optuna over layout x remat x micro-batches)")
+    search.add_argument("--budget", type=int, metavar="N",
+                        help="search the joint space with N compiles instead of enumerating layouts")
+    search.add_argument("--sampler", choices=("tpe", "random", "exhaustive"), default="tpe",
+                        help="tpe (default), random, or exhaustive (every valid point; --budget optional)")
+    search.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    search.add_argument("--remats", metavar="P1,P2,...", help="the remat policies to search (default: ten, docs/planner.md)")
+    search.add_argument("--accumulations", metavar="N1,N2,...", help="micro-batch counts to search (default 1,2,4,8)")
+    search.add_argument("--contexts", metavar="N1,N2,...", help="context-parallel sizes to search (default 1,2,4)")
+    search.add_argument("--study", help="the study's name (default: one derived from the plan's inputs, so the same "
+                                        "plan run again resumes)")
+    search.add_argument("--storage", help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
     plan_cmd.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
     plan_cmd.add_argument("--fast", action="store_true",
                           help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs and "
@@ -279,21 +294,43 @@ def _buckets_command(args: argparse.Namespace) -> int:
 
 def _plan_command(args: argparse.Namespace) -> int:
     from tpu_tuner.errors import UserInputError
-    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.planner.layouts import parse_layout_text
     from tpu_tuner.planner.plan import PlanOptions
     from tpu_tuner.report.plan_report import render_terminal
     from tpu_tuner.results import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
     from tpu_tuner.run_outputs import plan_to_folder
 
+    from tpu_tuner.planner.remat import parse_remat
+
     layouts = None
     if args.layout:
         try:
-            layouts = [Layout(*(int(x) for x in text.lower().split("x"))) for text in args.layout]
-        except (TypeError, ValueError) as exc:
-            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR, e.g. 1x64x4: {exc}") from exc
+            layouts = [parse_layout_text(text) for text in args.layout]
+        except ValueError as exc:
+            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4: {exc}") from exc
+    parse_remat(args.remat, "--remat")
+    if args.accumulation < 1:
+        raise UserInputError(f"--accumulation must be at least 1, not {args.accumulation}")
+    if args.budget is not None and args.budget < 1:
+        raise UserInputError(f"--budget must be at least 1, not {args.budget}")
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
-                          remat=args.remat, attention=args.attention, max_layouts=args.max_layouts, layouts=layouts,
-                          fast_compile=args.fast)
+                          remat=args.remat, accumulation=args.accumulation, attention=args.attention,
+                          max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
+                          budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study, storage=args.storage)
+    if args.budget is None and args.sampler == "exhaustive":
+        options.budget = 0  # the search, over every valid point
+    if args.remats:
+        options.remats = tuple(parse_remat(r, "--remats").name for r in args.remats.split(",") if r.strip())
+    for flag in ("accumulations", "contexts"):
+        text = getattr(args, flag)
+        if text:
+            try:
+                values = tuple(int(x) for x in text.split(","))
+            except ValueError as exc:
+                raise UserInputError(f"--{flag} takes whole numbers separated by commas, not {text!r}") from exc
+            if min(values) < 1:
+                raise UserInputError(f"--{flag} takes sizes of at least 1, not {text!r}")
+            setattr(options, flag, values)
     if args.workers is not None:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
@@ -301,7 +338,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     run_dir, result = plan_to_folder(args.model_file, options, args.out,
                                      progress=lambda message: print(message, flush=True))
     print()
-    print(render_terminal(result))
+    print(render_terminal(result, str(args.model_file), str(run_dir)))
     print(f"\nwrote {run_dir}/ ({PLAN_JSON}, {PLAN_MD}, {PLAN_PNG}" + (f", {SHARDING_CONFIG}" if result.best else "")
           + f", {COMPILER_LOG}: the compiler processes' own output)")
     return 0

@@ -35,6 +35,7 @@ PLAN_MD = "plan.md"
 PLAN_PNG = "predicted_mfu.png"
 SHARDING_CONFIG = "sharding_config.toml"  # only when a layout fits
 COMPILER_LOG = "compiler.log"  # the compiler processes' own output (libtpu's logs)
+PLANS_DB = "plans.db"  # the planner's Optuna studies (its searches), shared by the plans of one results folder
 
 # `tpu-tune buckets`.
 BUCKETS_JSON = "buckets.json"

@@ -104,13 +104,20 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     written = [results.PLAN_JSON, results.PLAN_PNG, results.PLAN_MD]
     best = result.best
     if best is not None:
-        layout = f"{best.layout.data}x{best.layout.fsdp}x{best.layout.tensor}"
+        # The layout knob runs data x fsdp x tensor: a planned context axis is folded into fsdp
+        # there (the axis that also splits the parameters), and the planned mesh kept beside it.
+        layout = f"{best.layout.data}x{best.layout.fsdp * best.layout.context}x{best.layout.tensor}"
         # The layout is a setting like any other ([settings] layout, the knob a sharded trial
         # applies); [sharding] repeats its mesh beside the placements the planner derived.
         TunedConfig(Candidate(matmul_precision="medium", layout=layout), "tpu", provenance={
             "plan": str(run_dir / results.PLAN_JSON), "topology": result.topology.name,
             "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
-        }, sharding={"mesh": best.layout.mesh_shape(), "placements": result.placements}).save(
+            "predicted_mfu_error_points": result.error_band.points if result.error_band else None,
+        }, sharding={"mesh": {"data": best.layout.data, "fsdp": best.layout.fsdp * best.layout.context,
+                              "tensor": best.layout.tensor}, "planned_mesh": best.layout.mesh_shape(),
+                     "placements": result.placements, "remat": best.remat,
+                     "gradient_accumulation_steps": best.accumulation,
+                     "per_device_batch_size": best.per_device_batch}).save(
             run_dir / results.SHARDING_CONFIG)
         written.append(results.SHARDING_CONFIG)
     return written
@@ -127,6 +134,16 @@ def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Pa
     """
     from tpu_tuner.planner.plan import plan
 
+    if options.budget is not None and options.storage is None:
+        # The search's trials outlive the folder: the same plan run again resumes from them.
+        from tpu_tuner.tuning.storage import storage_from_environment
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        options.storage = storage_from_environment() or f"sqlite:///{(Path(out) / results.PLANS_DB).resolve()}"
+    if options.storage is not None:
+        from tpu_tuner.tuning.storage import check_storage
+
+        check_storage(options.storage)
     run_dir = plan_run_dir(out, model_file, options.topology, options.preset)
     options.log_file = run_dir / results.COMPILER_LOG
     try:

@@ -40,13 +40,42 @@ ICI_FALLBACK_GBYTES = 1200.0
 
 @dataclass(frozen=True)
 class CostModel:
-    """The physical constants of the prediction. The defaults were fitted once to all six
-    expressible rows of shared/notes/CALIBRATION.md (benchmarks/plan_calibration.py prints the
-    fit): global constants, not per-row adjustments; `overlap` was fixed, not fitted."""
+    """The physical constants of the prediction, fitted by benchmarks/plan_calibration.py to the
+    rows of shared/notes/CALIBRATION.md (global constants, not per-row adjustments; `overlap` is
+    fixed, not fitted), and the fit's leave-one-out error: each row predicted by constants fitted
+    to the other rows."""
 
     mxu_efficiency: float = 0.78
     memory_overlap: float = 0.66
     overlap: float = 0.9
+    # MFU points: the mean absolute leave-one-out error, overall and per generation (rows of it).
+    loo_error_points: float = 3.1
+    loo_error_by_generation: tuple[tuple[str, float, int], ...] = ()
+    fitted_rows: int = 6
+
+    def efficiency(self, generation: str) -> float:
+        """The fraction of peak that large aligned matmuls reach on `generation`."""
+        return self.mxu_efficiency
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """How far a predicted MFU may be off, in MFU points, and where that figure comes from."""
+
+    points: float
+    source: str
+
+
+def error_band(generation: str, cost_model: CostModel) -> ErrorBand:
+    """The band printed with every prediction for `generation`: the leave-one-out error of the
+    generation's calibration rows where it has some, the overall one otherwise."""
+    for name, points, rows in cost_model.loo_error_by_generation:
+        if name == generation and rows:
+            return ErrorBand(points, f"leave-one-out mean absolute error over the {rows} {generation} calibration "
+                                     f"row{'s' if rows != 1 else ''} (benchmarks/plan_calibration.py)")
+    return ErrorBand(cost_model.loo_error_points,
+                     f"leave-one-out mean absolute error over all {cost_model.fitted_rows} calibration rows "
+                     "(benchmarks/plan_calibration.py)")
 
 
 @dataclass(frozen=True)
@@ -109,7 +138,7 @@ def predict(
     mxu = 256 if topology.chip.generation == "v6e" else 128
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
-    compute = flops / (peak * cost_model.mxu_efficiency * aligned)
+    compute = flops / (peak * cost_model.efficiency(topology.chip.generation) * aligned)
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
     comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives)
     busy = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)

@@ -64,7 +64,9 @@ def planned_layouts(plan_dir: str | Path, devices: int, top: int = 4) -> list[Ma
     for entry in entries:
         if not entry.get("fits") or not entry.get("prediction"):
             continue
-        planned = Layout(**{axis: int(entry["layout"][axis]) for axis in ("data", "fsdp", "tensor")})
+        # A planned context axis runs as fsdp here (the local layouts have no context axis).
+        layout = entry["layout"]
+        planned = Layout(int(layout["data"]), int(layout["fsdp"]) * int(layout.get("context", 1)), int(layout["tensor"]))
         local = scale_to(planned, devices)
         if all(m.local != local for m in mapped):
             mapped.append(MappedLayout(planned, local, entry["prediction"].get("mfu")))

@@ -1,0 +1,226 @@
+"""The planner's joint space and its Optuna search, without the TPU compiler: remat policies by
+MaxText's names, the block tensors they name, valid points, the HBM lower bound, and the search
+loop (budget, pruning before compile, repeats, resume, exhaustive, a study that plans something
+else) against a scripted compiler."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_tuner.errors import UserInputError
+from tpu_tuner.loader import load_workload
+from tpu_tuner.models.decoder import Decoder, DecoderShape
+from tpu_tuner.planner.layouts import Layout, ModelShape
+from tpu_tuner.planner.model_shape import read_dims
+from tpu_tuner.planner.plan import PlanOptions, PlanProblem
+from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
+from tpu_tuner.planner.space import PlanPoint, SearchSpace, invalid_reason, memory_lower_bound, valid_points
+from tpu_tuner.planner.topology import parse_topology
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SHAPE = ModelShape(d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=768, vocab=4096, n_layers=4)
+
+
+def test_named_policies_keep_what_maxtext_keeps() -> None:
+    full, minimal = parse_remat("full"), parse_remat("minimal")
+    assert all(full.action(t) == "remat" for t in ("decoder_layer_input", "query_proj", "mlpwo", "context"))
+    assert minimal.action("mlpwi_0") == "device" and minimal.action("context") == "remat"
+    qkv = parse_remat("save_qkv_proj")
+    assert [qkv.action(t) for t in ("query_proj", "key_proj", "value_proj", "out_proj")] == ["device"] * 3 + ["remat"]
+    except_mlpwi = parse_remat("save_dot_except_mlpwi")
+    assert except_mlpwi.action("mlpwo") == "device" and except_mlpwi.action("mlpwi_1") == "remat"
+    offloaded = parse_remat("qkv_proj_offloaded")
+    assert offloaded.action("key_proj") == "offload" and offloaded.offloads
+    assert parse_remat("minimal_offloaded").action("out_proj") == "offload"
+    assert parse_remat("none").action("mlpwi_0") == "device"
+
+
+def test_custom_policies_are_read_as_maxtext_writes_them() -> None:
+    # The published Llama3.1-70B v6e-256 recipe: the block input and q / k / v in host memory.
+    policy = parse_remat("custom:query_proj=offload,decoder_layer_input=offload,key_proj=offload,value_proj=offload")
+    assert policy.name == "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload"
+    assert policy.action("out_proj") == "remat" and policy.action("value_proj") == "offload"
+    # TPU7x 70B: q / k / v and the attention's context kept on the device, out_proj recomputed.
+    device = parse_remat("custom:decoder_layer_input=device,context=device,query_proj=device,out_proj=remat")
+    assert device.action("context") == "device" and device.action("out_proj") == "remat" and not device.offloads
+    assert parse_remat("offload").name == "custom:decoder_layer_input=offload"  # the planner's older name
+    with pytest.raises(UserInputError, match="--remat.*unknown remat policy 'fulll'"):
+        parse_remat("fulll")
+    with pytest.raises(UserInputError, match="NAME=ACTION"):
+        parse_remat("custom:query_proj=disk")
+
+
+def test_jax_policies_are_built_for_every_named_policy() -> None:
+    from tpu_tuner.planner.remat import NAMED_POLICIES
+
+    for name in NAMED_POLICIES:
+        assert callable(parse_remat(name).jax_policy()), name
+    assert parse_remat("none").jax_policy() is None
+    assert callable(parse_remat("custom:decoder_layer_input=offload,mlpwo=device").jax_policy())
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_block_tensors_are_found_from_the_structure(gated: bool) -> None:
+    shape = DecoderShape(vocab=512, d_model=128, layers=2, heads=4, kv_heads=4 if not gated else 2, mlp=384, gated=gated)
+    with torch.device("meta"):
+        model = Decoder(shape)
+    roles, context_of = block_tensor_roles(model.layers[0], 128, 384)
+    expected = {"attention.wq": "query_proj", "attention.wk": "key_proj", "attention.wv": "value_proj",
+                "attention.wo": "out_proj", "feed_forward.w_down": "mlpwo"}
+    expected.update({"feed_forward.w_gate": "mlpwi_0", "feed_forward.w_up": "mlpwi_1"} if gated
+                    else {"feed_forward.w_up": "mlpwi_0"})
+    assert roles == expected
+    assert context_of == "attention.wo"
+
+
+def test_the_example_llama_block_is_named_too() -> None:
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        model = workload.model_for_preset("tiny")
+    dims = read_dims(model)
+    roles, _ = block_tensor_roles(model.layers[0], dims.shape.d_model, dims.shape.mlp_hidden)
+    assert sorted(roles.values()) == sorted(["query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"])
+
+
+def test_recomputed_work_follows_the_policy() -> None:
+    args = (256, 8, 2, 32, 768, True, 128)
+    total, full = forward_flops_per_token(parse_remat("full"), *args)
+    assert full == total
+    assert forward_flops_per_token(parse_remat("none"), *args)[1] == 0
+    _, minimal = forward_flops_per_token(parse_remat("minimal"), *args)
+    assert minimal == 4 * 128 * 8 * 32  # attention alone
+    _, qkv = forward_flops_per_token(parse_remat("save_qkv_proj"), *args)
+    assert minimal < qkv < full
+
+
+def test_points_that_cannot_split_the_model_are_invalid() -> None:
+    assert invalid_reason(PlanPoint(Layout(1, 4, 2)), SHAPE, 16, 128) is None
+    assert "tensor 16" in invalid_reason(PlanPoint(Layout(1, 1, 16)), SHAPE, 16, 128)
+    assert "micro-batch 2 (16 / 8)" in invalid_reason(PlanPoint(Layout(1, 8, 1), "full", 8), SHAPE, 16, 128)
+    assert "context 3" in invalid_reason(PlanPoint(Layout(1, 1, 1, 3)), SHAPE, 16, 128)
+    space = SearchSpace(tensors=(1, 2), contexts=(1, 2), datas=(1, 2), remats=("full", "minimal"), accumulations=(1, 2))
+    points = valid_points(space, 8, SHAPE, 16, 128)
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2
+    assert all(p.layout.devices == 8 for p in points)
+
+
+def test_the_memory_lower_bound_counts_what_no_compile_can_avoid() -> None:
+    params = 10_000_000
+    base = memory_lower_bound(PlanPoint(Layout(1, 8, 1)), params, SHAPE, 16, 128)
+    assert base.weights_and_moments == 12 * params / 8 and base.accumulated_gradients == 0
+    assert base.block_inputs == 4 * (16 / 8 * 128) * 256 * 2
+    accumulated = memory_lower_bound(PlanPoint(Layout(1, 8, 1), "full", 2), params, SHAPE, 16, 128)
+    assert accumulated.accumulated_gradients == 4 * params / 8 and accumulated.block_inputs == base.block_inputs / 2
+    offloaded = memory_lower_bound(PlanPoint(Layout(1, 8, 1), "custom:decoder_layer_input=offload"), params, SHAPE, 16, 128)
+    assert offloaded.block_inputs == 0
+    assert memory_lower_bound(PlanPoint(Layout(1, 4, 1, 2)), params, SHAPE, 16, 128).block_inputs == base.block_inputs
+
+
+# --- the search loop, against a scripted compiler ------------------------------------------
+
+
+class _FakePool:
+    """Answers every compile from the point: peak memory grows with the per-device batch and
+    what the policy keeps; FLOPs fall with the tensor size (so the objective has a shape)."""
+
+    workers = 2
+
+    def __init__(self) -> None:
+        self.compiled: list = []
+
+    def compile(self, jobs, done=None):
+        from tpu_tuner.planner.loop_costs import LoopIteration
+
+        results = {}
+        for job in jobs:
+            self.compiled.append(job)
+            keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.remat, 1.0)
+            batch = job.global_batch / job.accumulation / (job.layout.data * job.layout.fsdp)
+            peak = 1e9 * batch * keeps
+            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2)
+            step = CompiledStep(2e9, 2e6, peak / 2, 0.0, peak / 2, 0.0, [], 1.0, loop_iteration=iteration)
+            results[job] = step
+            if done:
+                done(job, step)
+        return results
+
+
+def _problem(hbm_gib: float = 6.0) -> PlanProblem:
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        model = workload.model_for_preset("tiny")
+    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
+    return PlanProblem(source=str(EXAMPLES / "llama.py"), workload="llama", preset="tiny", topology=topology,
+                       global_batch=16, seq_len=128, dims=read_dims(model), gated=True, matmul_parameters=3_000_000,
+                       parameters=3_100_000, model_flops=1e12, attention="full", fast=True, cost_model=CostModel(),
+                       placements={})
+
+
+SPACE = SearchSpace(tensors=(1, 2, 4, 8), contexts=(1, 2), datas=(1, 2), remats=("full", "minimal", "save_qkv_proj"),
+                    accumulations=(1, 2))
+
+
+def _search(tmp_path, pool, **options):
+    from tpu_tuner.planner.search import search
+
+    problem = options.pop("problem", None) or _problem()
+    opts = PlanOptions(topology="v5p:2x2x2", budget=options.pop("budget", 8), space=SPACE,
+                       storage=f"sqlite:///{tmp_path / 'plans.db'}", **options)
+    return search(problem, opts, pool, lambda message: None, time.perf_counter())
+
+
+def test_the_search_compiles_its_budget_and_keeps_every_trial(tmp_path) -> None:
+    pool = _FakePool()
+    result = _search(tmp_path, pool, budget=8, sampler="tpe", seed=1)
+    compiled_points = {(j.layout, j.remat, j.accumulation) for j in pool.compiled}
+    assert len(pool.compiled) == len(compiled_points) == 8  # each point compiled once, the budget exactly
+    search = result.search
+    assert search["compiled"] == 8 and len(result.plans) == 8
+    outcomes = [t["outcome"] for t in search["trials"]]
+    assert outcomes.count("compiled") == 8
+    assert set(outcomes) <= {"compiled", "invalid", "lower_bound", "repeat"}
+    # Nothing whose lower bound exceeds HBM was compiled; every compiled one is at or above its bound.
+    for plan in result.plans:
+        assert plan.lower_bound_bytes <= plan.compiled.peak_bytes
+        assert plan.lower_bound_bytes <= _problem().hbm
+    assert result.best is not None and result.best.fits
+
+
+def test_the_same_plan_run_again_resumes_its_study(tmp_path) -> None:
+    first = _FakePool()
+    _search(tmp_path, first, budget=5, sampler="random", seed=3)
+    again = _FakePool()
+    result = _search(tmp_path, again, budget=5, sampler="random", seed=3)
+    assert again.compiled == []  # the budget is spent: nothing compiles again
+    assert result.search["compiled"] == 5
+    more = _FakePool()
+    result = _search(tmp_path, more, budget=9, sampler="random", seed=4)
+    assert len(more.compiled) == 4 and result.search["compiled"] == 9
+    earlier = {(j.layout, j.remat, j.accumulation) for j in first.compiled}
+    assert not earlier & {(j.layout, j.remat, j.accumulation) for j in more.compiled}
+
+
+def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
+    pool = _FakePool()
+    valid = valid_points(SPACE, 8, _problem().dims.shape, 16, 128)
+    bounds = sorted(_problem().lower_bound(p).total for p in valid)
+    problem = _problem(hbm_gib=bounds[len(bounds) // 2] / 2**30)  # half the points cannot fit
+    result = _search(tmp_path, pool, budget=None, sampler="exhaustive", problem=problem)
+    may_fit = [p for p in valid if problem.lower_bound(p).total <= problem.hbm]
+    assert result.search["valid_points"] == len(valid)
+    assert len(pool.compiled) == len(may_fit) < len(valid)
+    assert sum(t["outcome"] == "lower_bound" for t in result.search["trials"]) == len(valid) - len(may_fit)
+
+
+def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
+    _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared")
+    other = replace(_problem(), global_batch=32)
+    with pytest.raises(UserInputError, match="study 'shared' plans something else.*global_batch"):
+        _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared", problem=other)

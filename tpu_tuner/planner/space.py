@@ -1,0 +1,143 @@
+"""The planner's joint space: layout (data x fsdp x tensor x context), remat policy, and
+gradient accumulation under a fixed global batch; which points are valid, and a lower bound on
+each point's HBM that rules points out before any compile.
+
+The per-device batch is not a free axis: with the global batch fixed, the micro-batch count
+decides it (global batch / micro-batches / devices, MaxText's per_device_batch_size), as
+MaxText's per_device_batch_size and gradient_accumulation_steps do together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpu_tuner.planner.layouts import Layout, ModelShape, why_not
+from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
+
+# The policies a search tries by default: MaxText's named ones that differ in what they keep, and
+# the published recipes' kind of custom policy (the block input, or it and q/k/v, in host memory).
+DEFAULT_REMATS = (
+    "full", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
+    "qkv_proj_offloaded", "minimal_offloaded", "custom:decoder_layer_input=offload",
+    "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
+)
+DEFAULT_ACCUMULATIONS = (1, 2, 4, 8)
+DEFAULT_CONTEXTS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One candidate: a layout, a remat policy and a micro-batch count."""
+
+    layout: Layout
+    remat: str = "full"
+    accumulation: int = 1
+
+    def name(self) -> str:
+        steps = f", {self.accumulation} micro-batches" if self.accumulation > 1 else ""
+        return f"{self.layout.name()}, remat {self.remat}{steps}"
+
+    def key(self) -> str:
+        """A short stable identifier (the Optuna trial attribute that finds repeats)."""
+        return f"{self.layout.short()}|{self.remat}|{self.accumulation}"
+
+    def per_device_batch(self, global_batch: int) -> float:
+        """MaxText's per_device_batch_size: sequences per device in one micro-batch (global batch /
+        micro-batches / devices; devices that split a sequence share it)."""
+        return global_batch / self.accumulation / self.layout.devices
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The choices of each axis; fsdp takes the devices the others leave."""
+
+    tensors: tuple[int, ...]
+    contexts: tuple[int, ...] = (1,)
+    datas: tuple[int, ...] = (1,)
+    remats: tuple[str, ...] = DEFAULT_REMATS
+    accumulations: tuple[int, ...] = (1,)
+
+    def describe(self) -> dict[str, list]:
+        return {"tensor": list(self.tensors), "context": list(self.contexts), "data": list(self.datas),
+                "remat": list(self.remats), "accumulation": list(self.accumulations)}
+
+
+def default_space(devices: int, shape: ModelShape, seq_len: int, remats: tuple[str, ...] = DEFAULT_REMATS,
+                  accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
+                  contexts: tuple[int, ...] = DEFAULT_CONTEXTS) -> SearchSpace:
+    """Every tensor size that divides the heads, KV heads, MLP width and vocabulary (and the
+    devices); context sizes that divide the sequence; data sizes in powers of two."""
+    tensors = tuple(t for t in range(1, devices + 1) if devices % t == 0 and not (
+        shape.n_heads % t or shape.n_kv_heads % t or shape.mlp_hidden % t or shape.vocab % t))
+    datas = tuple(d for d in (2 ** k for k in range(devices.bit_length())) if devices % d == 0)
+    return SearchSpace(tensors, tuple(c for c in contexts if devices % c == 0 and seq_len % c == 0), datas,
+                       tuple(remats), tuple(accumulations))
+
+
+def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
+    """The point of one choice per axis (None when the axes leave no whole fsdp size)."""
+    tensor, context, data = space_choice["tensor"], space_choice["context"], space_choice["data"]
+    if devices % (tensor * context * data):
+        return None
+    layout = Layout(data, devices // (tensor * context * data), tensor, context)
+    return PlanPoint(layout, space_choice["remat"], space_choice["accumulation"])
+
+
+def invalid_reason(point: PlanPoint, shape: ModelShape, global_batch: int, seq_len: int) -> str | None:
+    """Why the point cannot run this model and batch (None: it can)."""
+    if global_batch % point.accumulation:
+        return f"{point.accumulation} micro-batches do not divide the global batch {global_batch}"
+    micro = global_batch // point.accumulation
+    reason = why_not(point.layout, shape, micro, seq_len)
+    if reason and point.accumulation > 1:
+        reason = reason.replace(f"global batch {micro}", f"micro-batch {micro} ({global_batch} / {point.accumulation})")
+    return reason
+
+
+def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_batch: int,
+                 seq_len: int) -> list[PlanPoint]:
+    """Every valid point of the space, in a fixed order (the exhaustive plan's)."""
+    points = []
+    for tensor in space.tensors:
+        for context in space.contexts:
+            for data in space.datas:
+                for remat in space.remats:
+                    for accumulation in space.accumulations:
+                        point = point_of(dict(tensor=tensor, context=context, data=data, remat=remat,
+                                              accumulation=accumulation), devices)
+                        if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
+                            points.append(point)
+    return points
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """A lower bound on a point's HBM per device, from sizes the compiler cannot shrink."""
+
+    weights_and_moments: float  # fp32 weights and both AdamW moments, split over the parameter shards
+    accumulated_gradients: float  # the fp32 gradient sum across micro-batches
+    block_inputs: float  # every block's input (bf16), kept for the backward pass on the device
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.weights_and_moments + self.accumulated_gradients + self.block_inputs
+
+
+def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelShape, global_batch: int,
+                       seq_len: int) -> MemoryBound:
+    """What no compile of `point` can need less of, per device.
+
+    Only matrix parameters count (1-D ones are replicated; leaving them out keeps it a lower
+    bound), split over fsdp x context x tensor. The block inputs are the scan's saved carry:
+    [micro-batch / shards, sequence / context, d_model / tensor] in bf16 per block, unless the
+    policy keeps them in host memory. The planner checks this bound against every compile it
+    makes (a bound above a compiled peak is logged as an error in the bound)."""
+    layout = point.layout
+    weights = 12.0 * matrix_parameters / layout.parameter_shards
+    accumulated = 4.0 * matrix_parameters / layout.parameter_shards if point.accumulation > 1 else 0.0
+    inputs = 0.0
+    if parse_remat(point.remat).action(BLOCK_INPUT) != "offload":
+        tokens = global_batch / point.accumulation / layout.batch_shards * seq_len / layout.context
+        inputs = shape.n_layers * tokens * shape.d_model / layout.tensor * 2.0
+    return MemoryBound(weights, accumulated, inputs)
