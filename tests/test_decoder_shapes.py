@@ -70,9 +70,40 @@ def test_an_inline_shape_with_grouped_query_attention_and_a_gated_mlp() -> None:
     ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nactivation = 'tanh'\n", "activation must be one of"),
     ("[model]\nvocab = 8\nd_model = 64\n", "incomplete shape"),
     ("[run]\nbatch_size = 2\n", "no [model] table"),
+    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nexperts = 2\ntop_k = 3\n", "top_k (3) must be between 1 and experts (2)"),
 ])
 def test_a_bad_shape_is_refused_in_one_line_naming_the_file(tmp_path, text, words) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
         load_workload(path)
     assert str(path) in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_a_mixture_of_experts_routes_each_token_to_its_top_experts() -> None:
+    """With room for every token, the layer equals the per-token sum over its two chosen experts
+    weighted by their softmaxed router logits; with a capacity factor below one, tokens past an
+    expert's slots are dropped (their output for that expert is zero); only the chosen experts'
+    weights count as model FLOPs parameters."""
+    import torch.nn.functional as F
+
+    spec = "decoder:vocab=256,d_model=32,layers=1,heads=4,kv_heads=2,mlp=48,experts=4,top_k=2"
+    model = load_workload(spec).build_model()
+    moe = model.layers[0].feed_forward
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 32)
+    weights, chosen = moe.router(x).topk(2, dim=-1)
+    weights = weights.softmax(dim=-1)
+    expected = torch.zeros_like(x)
+    for b in range(2):
+        for t in range(16):
+            for j in range(2):
+                e = chosen[b, t, j]
+                hidden = F.silu(x[b, t] @ moe.w_gate[e]) * (x[b, t] @ moe.w_up[e])
+                expected[b, t] += weights[b, t, j] * (hidden @ moe.w_down[e])
+    moe.capacity_factor = 4.0  # 4 x 8 slots per expert: no token dropped
+    torch.testing.assert_close(moe(x), expected, atol=1e-5, rtol=1e-4)
+    moe.capacity_factor = 0.25  # 2 slots per expert: most routings dropped
+    dropped = moe(x)
+    assert (dropped.abs().sum(-1) == 0).any() and not torch.allclose(dropped, expected)
+    dense_part = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 32 * 4 + 32 * 256
+    assert matmul_parameters(model) == dense_part + 3 * 32 * 48 * 2  # two of four experts a token

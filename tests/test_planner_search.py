@@ -224,3 +224,22 @@ def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
     other = replace(_problem(), global_batch=32)
     with pytest.raises(UserInputError, match="study 'shared' plans something else.*global_batch"):
         _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared", problem=other)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--remat", "fulll"], "--remat: unknown remat policy 'fulll'"),
+    (["--remats", "full,custom:mlpwo=disk"], "custom remat takes NAME=ACTION"),
+    (["--budget", "0"], "--budget must be at least 1, not 0"),
+    (["--budget", "4", "--accumulations", "1,0"], "--accumulations takes sizes of at least 1"),
+    (["--accumulation", "0"], "--accumulation must be at least 1"),
+    (["--layout", "1x4"], "--layout takes DATAxFSDPxTENSOR[xCONTEXT]"),
+])
+def test_bad_plan_options_are_refused_in_one_line(tmp_path, args, message) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", str(EXAMPLES / "llama.py"), "--topology",
+                             "v5e-4", "--out", str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "plan run again resumes)")
     search.add_argument("--storage", help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
     plan_cmd.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
+    plan_cmd.add_argument("--mu-dtype", choices=("float32", "bfloat16"), default="float32",
+                          help="AdamW's first moment's storage (MaxText's mu_dtype; default float32)")
     plan_cmd.add_argument("--fast", action="store_true",
                           help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs and "
                                "collectives, but temporaries (so 'fits') overstated; see docs/planner.md")
@@ -315,6 +317,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise UserInputError(f"--budget must be at least 1, not {args.budget}")
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
+                          first_moment_dtype=args.mu_dtype,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study, storage=args.storage)
     if args.budget is None and args.sampler == "exhaustive":

@@ -132,8 +132,13 @@ def matmul_parameters(model: nn.Module) -> int:
     tables of ``nn.Embedding`` modules that no ``nn.Linear`` shares: a lookup does no FLOPs,
     while an output head tied to the embedding does a full matmul. Biases and norm scales
     (1-D) do no matmul FLOPs and are left out, so for a transformer the formula matches the
-    counted FLOPs exactly.
+    counted FLOPs exactly. A mixture of experts counts the experts a token uses (see below).
     """
+    # A mixture of experts (a module with `n_experts` and `top_k`) runs top_k of its n_experts
+    # experts a token: its stacked expert weights count that share (MaxText's MoE convention).
+    active_share = {id(p): m.top_k / m.n_experts for m in model.modules()
+                    if isinstance(getattr(m, "n_experts", None), int) and isinstance(getattr(m, "top_k", None), int)
+                    for p in m.parameters(recurse=False) if p.dim() == 3}
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     lookup_tables = {
         id(m.weight)
@@ -146,7 +151,7 @@ def matmul_parameters(model: nn.Module) -> int:
         if id(parameter) in seen or id(parameter) in lookup_tables or parameter.dim() < 2:
             continue
         seen.add(id(parameter))
-        total += parameter.numel()
+        total += round(parameter.numel() * active_share.get(id(parameter), 1.0))
     return total
 
 

@@ -22,6 +22,9 @@ norm = "layer"         # rms (default), layer
 positions = "learned"  # rope (default), learned
 tied_embeddings = true # default false
 max_seq_len = 2048     # default 8192
+experts = 8            # default 0 (dense): a mixture of `experts` MLPs of width mlp in every block
+top_k = 2              # experts per token (default 2)
+capacity_factor = 1.25 # expert slots per sequence: ceil(seq x top_k / experts) x this (default 1.25)
 
 [run]                  # optional: the step's default sizes (--global-batch / --seq override them)
 batch_size = 8
@@ -30,6 +33,8 @@ seq_len = 2048
 """
 
 from __future__ import annotations
+
+import math
 
 import tomllib
 import types
@@ -68,6 +73,9 @@ class DecoderShape:
     max_seq_len: int = 8192
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
+    experts: int = 0  # a mixture of experts in every block when > 0 (each expert an MLP of width `mlp`)
+    top_k: int = 2  # experts per token
+    capacity_factor: float = 1.25  # expert slots per sequence: ceil(seq x top_k / experts) x this
 
     @property
     def n_kv_heads(self) -> int:
@@ -82,6 +90,10 @@ class DecoderShape:
         for name in ("vocab", "d_model", "layers", "heads", "mlp", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"{name} must be at least 1, not {getattr(self, name)}", where)
+        if self.experts < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
+            raise WorkloadError(f"top_k ({self.top_k}) must be between 1 and experts ({self.experts})", where)
+        if self.experts and self.capacity_factor <= 0:
+            raise WorkloadError(f"capacity_factor must be above 0, not {self.capacity_factor}", where)
         if self.heads % self.n_kv_heads:
             raise WorkloadError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.n_kv_heads})", where)
         if self.head_dim is None and self.d_model % self.heads:
@@ -151,13 +163,54 @@ class FeedForward(nn.Module):
         return self.w_down(self.activation(self.w_up(x)))
 
 
+class MixtureOfExperts(nn.Module):
+    """Top-k routed experts with a capacity per sequence, tokens past it dropped: MaxText's
+    "dropping" MoE (Mixtral's published v6e-256 run). The router's top-k logits, softmaxed
+    among themselves, weight the chosen experts; each sequence gives every expert
+    ceil(seq x top_k / experts) x capacity_factor slots, filled in token order; dispatch and
+    combine are one-hot einsums over [batch, seq, experts, slots], as MaxText computes them.
+
+    `n_experts` and `top_k` are read by the model-FLOPs count (only top_k of n_experts experts'
+    weights touch each token)."""
+
+    def __init__(self, s: DecoderShape) -> None:
+        super().__init__()
+        self.n_experts, self.top_k, self.capacity_factor = s.experts, s.top_k, s.capacity_factor
+        self.activation = ACTIVATIONS[s.activation]
+        self.router = nn.Linear(s.d_model, s.experts, bias=False)
+        scale = s.d_model ** -0.5
+        self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, s.mlp) * scale) if s.gated else None
+        self.w_up = nn.Parameter(torch.randn(s.experts, s.d_model, s.mlp) * scale)
+        self.w_down = nn.Parameter(torch.randn(s.experts, s.mlp, s.d_model) * s.mlp ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        weights, chosen = self.router(x).topk(self.top_k, dim=-1)  # [batch, seq, k]
+        weights = weights.float().softmax(dim=-1).to(x.dtype)
+        capacity = int(max(math.ceil(seq * self.top_k / self.n_experts) * self.capacity_factor, self.capacity_factor))
+        routed = F.one_hot(chosen, self.n_experts).to(torch.int32)  # [batch, seq, k, experts]
+        # 1-based place of each (token, choice) in its expert's slots, in token order; 0: not routed.
+        place = (routed.reshape(batch, seq * self.top_k, -1).cumsum(dim=1).reshape(routed.shape) * routed)
+        slots = torch.arange(1, capacity + 1, device=x.device, dtype=torch.int32)
+        combine = ((place[..., None] == slots) * weights[..., None, None]).sum(dim=2)  # [batch, seq, experts, slots]
+        dispatch = (combine != 0).to(x.dtype)
+        expert_in = torch.einsum("bsm,bsec->ebcm", x, dispatch)
+        hidden = torch.einsum("ebcm,emh->ebch", expert_in, self.w_up.to(x.dtype))
+        if self.w_gate is not None:
+            hidden = self.activation(torch.einsum("ebcm,emh->ebch", expert_in, self.w_gate.to(x.dtype))) * hidden
+        else:
+            hidden = self.activation(hidden)
+        out = torch.einsum("ebch,ehm->ebcm", hidden, self.w_down.to(x.dtype))
+        return torch.einsum("ebcm,bsec->bsm", out, combine.to(x.dtype))
+
+
 class Block(nn.Module):
     def __init__(self, s: DecoderShape) -> None:
         super().__init__()
         self.attention_norm = _norm(s)
         self.attention = Attention(s)
         self.ffn_norm = _norm(s)
-        self.feed_forward = FeedForward(s)
+        self.feed_forward = MixtureOfExperts(s) if s.experts else FeedForward(s)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)

@@ -18,14 +18,28 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 from __future__ import annotations
 
+import json
+import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from tpu_tuner.planner.predict import CostModel
+
+log = logging.getLogger(__name__)
+
+# The calibration rows' compiler figures, as benchmarks/plan_calibration.py measured and wrote them.
+ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
+ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
 
 EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape")
 WIDE_MXU = ("v6e", "tpu7x")  # 256x256 MXUs; v4, v5e, v5p have 128x128
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
-_MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 4)]
+_MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 2)]
 
 
 @dataclass(frozen=True)
@@ -60,11 +74,20 @@ class Fitted:
 
 def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float) -> float:
     """predict.py's MFU for the row's figures and these constants."""
-    compute = row.compute_at_full_efficiency / efficiency
-    memory = row.memory_seconds
-    busy = max(compute, memory) + (1 - memory_overlap) * min(compute, memory)
-    step = busy + max(0.0, row.comm_seconds - OVERLAP * busy)
-    return row.model_seconds_at_peak / step
+    return float(_predicted(_arrays([row]), np.asarray(efficiency), np.asarray(memory_overlap))[0])
+
+
+def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
+    return {name: np.asarray([getattr(r, attr) for r in rows], dtype=float) for name, attr in (
+        ("compute", "compute_at_full_efficiency"), ("memory", "memory_seconds"), ("comm", "comm_seconds"),
+        ("model", "model_seconds_at_peak"), ("published", "published_mfu"))}
+
+
+def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
+    """Predicted MFU, broadcast over the constants' arrays (rows on the last axis)."""
+    compute = a["compute"] / efficiency
+    busy = np.maximum(compute, a["memory"]) + (1 - memory_overlap) * np.minimum(compute, a["memory"])
+    return a["model"] / (busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
 
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
@@ -73,36 +96,69 @@ def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
             for r in rows]
 
 
-def _mae(rows: list[CalibrationRow], fitted: Fitted) -> float:
-    return statistics.mean(abs(e) for e in errors(rows, fitted))
-
-
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
-    """The constants of `kind` that minimise the mean absolute error over `rows` (grid search:
-    a handful of rows and two or three constants)."""
+    """The constants of `kind` that minimise the mean absolute error over `rows` (a grid search,
+    vectorised: a handful of rows and two or three constants)."""
+    a = _arrays(rows)
+    eff = np.asarray(_EFFICIENCIES)[:, None, None]
+    overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
+    abs_err = np.abs(_predicted(a, eff, overlap) - a["published"])  # [efficiency, overlap, row]
     if kind == "global":
-        return min((Fitted(kind, {"*": e}, g) for e in _EFFICIENCIES for g in _MEMORY_OVERLAPS),
-                   key=lambda f: _mae(rows, f))
-    if kind == "mxu_shape":
-        return min((Fitted(kind, {"*": e, **{w: e * wide for w in WIDE_MXU}}, g)
-                    for e in _EFFICIENCIES for wide in [w / 100 for w in range(60, 121, 2)] for g in _MEMORY_OVERLAPS
-                    if e * wide <= 1.0), key=lambda f: _mae(rows, f))
+        e, g = np.unravel_index(np.argmin(abs_err.mean(axis=2)), abs_err.shape[:2])
+        return Fitted(kind, {"*": _EFFICIENCIES[e]}, _MEMORY_OVERLAPS[g])
     if kind == "per_generation":
-        best: Fitted | None = None
-        for g in _MEMORY_OVERLAPS:
-            # With the overlap fixed, each generation's efficiency only touches its own rows.
-            efficiency = {"*": min(_EFFICIENCIES, key=lambda e: _mae(rows, Fitted(kind, {"*": e}, g)))}
-            for generation in {r.generation for r in rows}:
-                own = [r for r in rows if r.generation == generation]
-                efficiency[generation] = min(_EFFICIENCIES, key=lambda e: _mae(own, Fitted(kind, {"*": e}, g)))
-            candidate = Fitted(kind, efficiency, g)
-            if best is None or _mae(rows, candidate) < _mae(rows, best):
-                best = candidate
-        assert best is not None
-        return best
+        # With the overlap fixed, each generation's efficiency only touches its own rows.
+        generations = sorted({r.generation for r in rows})
+        total = np.zeros(len(_MEMORY_OVERLAPS))
+        for generation in generations:
+            own = np.asarray([r.generation == generation for r in rows])
+            total += abs_err[:, :, own].sum(axis=2).min(axis=0)
+        g = int(np.argmin(total))
+        efficiency = {"*": _EFFICIENCIES[int(np.argmin(abs_err[:, g, :].mean(axis=1)))]}
+        for generation in generations:
+            own = np.asarray([r.generation == generation for r in rows])
+            efficiency[generation] = _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))]
+        return Fitted(kind, efficiency, _MEMORY_OVERLAPS[g])
+    if kind == "mxu_shape":
+        wides = np.asarray([w / 100 for w in range(60, 121, 2)])
+        is_wide = np.asarray([r.generation in WIDE_MXU for r in rows])
+        row_eff = eff[..., None] * np.where(is_wide, wides[:, None], 1.0)[None, None, :, :]  # [e, 1, wide, row]
+        err = np.abs(_predicted(a, row_eff, overlap[..., None]) - a["published"]).mean(axis=3)  # [e, g, wide]
+        err = np.where(eff * wides[None, None, :] <= 1.0, err, np.inf)
+        e, g, w = np.unravel_index(np.argmin(err), err.shape)
+        base = _EFFICIENCIES[e]
+        return Fitted(kind, {"*": base, **{name: base * float(wides[w]) for name in WIDE_MXU}}, _MEMORY_OVERLAPS[g])
     raise ValueError(f"unknown efficiency model {kind!r} (known: {', '.join(EFFICIENCY_MODELS)})")
 
 
 def leave_one_out(rows: list[CalibrationRow], kind: str) -> list[float]:
     """Each row's error (points) when the constants are fitted to the other rows alone."""
     return [errors([row], fit([r for r in rows if r is not row], kind))[0] for row in rows]
+
+
+def load_rows(path: Path = ROWS_FILE) -> list[CalibrationRow]:
+    """The calibration rows kept in `path` (benchmarks/plan_calibration.py writes them)."""
+    names = {f.name for f in fields(CalibrationRow)}
+    return [CalibrationRow(**{k: v for k, v in row.items() if k in names}) for row in json.loads(path.read_text())]
+
+
+@lru_cache(maxsize=1)
+def calibrated_cost_model() -> CostModel:
+    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with its leave-one-out
+    error overall and per generation (the error band printed with every prediction)."""
+    try:
+        rows = load_rows()
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("no calibration rows (%s): predicting with uncalibrated constants", exc)
+        return CostModel()
+    fitted = fit(rows, ADOPTED)
+    loo = leave_one_out(rows, ADOPTED)
+    by_generation = []
+    for generation in sorted({r.generation for r in rows}):
+        own = [abs(e) for r, e in zip(rows, loo) if r.generation == generation]
+        by_generation.append((generation, statistics.mean(own), len(own)))
+    return CostModel(
+        mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
+        efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
+        loo_error_points=statistics.mean(abs(e) for e in loo), loo_error_by_generation=tuple(by_generation),
+        fitted_rows=len(rows))

@@ -44,6 +44,8 @@ class CompileJob:
     fast: bool
     scan: bool = False
     accumulation: int = 1  # micro-batches a step
+    first_moment_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
+    compiler_options: tuple[tuple[str, Any], ...] = ()  # added to the TPU compile's options
 
 
 def default_workers() -> int:
@@ -56,7 +58,8 @@ def run_job(job: CompileJob) -> CompiledStep:
     workload = _workload(job.model_file)
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
                         topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
-                        remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation)
+                        remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
+                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options)
 
 
 class CompilePool:

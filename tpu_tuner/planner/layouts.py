@@ -18,7 +18,7 @@ from typing import Literal
 from torch import nn
 
 AXES = ("data", "fsdp", "context", "tensor")  # the mesh's axes, outermost first
-Placement = Literal["colwise", "rowwise", "embedding", "replicated"]
+Placement = Literal["colwise", "rowwise", "embedding", "expert_in", "expert_out", "replicated"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,13 @@ def placements(model: nn.Module, d_model: int) -> dict[str, Placement]:
                 full = f"{module_name}.{child}" if module_name else child
                 result[f"{full}.weight"] = "embedding"
     for name, parameter in model.named_parameters():
+        if parameter.dim() == 3 and name not in result:
+            # Stacked expert weights [experts, in, out]: the d_model side over fsdp and the MLP side
+            # over tensor, as MaxText's embed_no_exp / mlp axes place them.
+            if parameter.shape[1] == d_model:
+                result[name] = "expert_in"
+            elif parameter.shape[2] == d_model:
+                result[name] = "expert_out"
         result.setdefault(name, "replicated")
     return result
 
@@ -110,6 +117,10 @@ def partition_spec(placement: str, ndim: int) -> tuple:
     """
     if ndim < 2:
         return ("tensor",) if placement == "colwise_bias" else ()
+    if placement == "expert_in":
+        return (None, "fsdp", "tensor")
+    if placement == "expert_out":
+        return (None, "tensor", "fsdp")
     if placement in ("colwise", "embedding"):
         return ("tensor", "fsdp")
     if placement == "rowwise":

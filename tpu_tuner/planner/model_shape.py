@@ -40,6 +40,8 @@ def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
     kv_heads = _attr(block, KV_HEAD_ATTRS) or heads
     head_dim = _attr(block, ("head_dim",)) or d_model // heads
     widths = [m.out_features for m in block.modules() if isinstance(m, nn.Linear) and m.in_features == d_model]
+    # A mixture of experts keeps its MLPs as stacked [experts, d_model, width] weights.
+    widths += [p.shape[2] for p in block.parameters() if p.dim() == 3 and p.shape[1] == d_model]
     mlp_hidden = max(widths) if widths else 4 * d_model
     return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, len(blocks)), head_dim)
 

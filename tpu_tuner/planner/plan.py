@@ -18,6 +18,7 @@ import torch
 from tpu_tuner.errors import TpuTuneError, UserInputError
 from tpu_tuner.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
+from tpu_tuner.planner.calibration import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool, default_workers, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
@@ -31,8 +32,6 @@ from tpu_tuner.planner.topology import Topology, parse_topology
 
 log = logging.getLogger(__name__)
 
-# The calibrated defaults (see CostModel).
-CALIBRATED = CostModel()
 
 
 @dataclass
@@ -43,13 +42,14 @@ class PlanOptions:
     preset: str | None = None
     remat: str = "full"  # a policy as remat.parse_remat reads it: "full", "save_qkv_proj", "custom:...", ...
     accumulation: int = 1  # micro-batches a step (gradient accumulation)
+    first_moment_dtype: str = "float32"  # AdamW's first moment: "float32" or "bfloat16" (MaxText's mu_dtype)
     attention: str = "full"  # MFU convention: "full" or "causal"
     max_layouts: int = 10
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
     workers: int = field(default_factory=default_workers)  # compiler processes at once
     fast_compile: bool = False  # program.FAST_COMPILE_OPTIONS: quicker, but temporaries overstated
     log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
-    cost_model: CostModel = field(default_factory=lambda: CALIBRATED)
+    cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
     # The search (planner/search.py): with a budget, Optuna picks `budget` points of the joint
     # space to compile instead of the layout enumeration.
     budget: int | None = None
@@ -165,6 +165,7 @@ class PlanProblem:
     fast: bool
     cost_model: CostModel
     placements: dict[str, str]
+    first_moment_dtype: str = "float32"
 
     @property
     def hbm(self) -> float:
@@ -182,10 +183,11 @@ class PlanProblem:
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
-                          scan=True, accumulation=point.accumulation)
+                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
-        return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len)
+        return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
+                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4)
 
 
 def _screen_in_worker(model_file: str | Path) -> None:
@@ -207,6 +209,8 @@ def _problem(model_file: str | Path, options: PlanOptions, topology: Topology, e
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     for policy in (options.remat, *options.remats):
         parse_remat(policy)  # a bad policy is bad input, before any compile
+    if options.first_moment_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"the first moment's dtype is float32 or bfloat16, not {options.first_moment_dtype!r}")
     with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
         devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
         # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
@@ -231,6 +235,7 @@ def _problem(model_file: str | Path, options: PlanOptions, topology: Topology, e
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
+        first_moment_dtype=options.first_moment_dtype,
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
     )
@@ -374,9 +379,10 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
                   "and may have ruled out points that fit", point.name(), bound / 2**30, full.peak_bytes / 2**30)
     fits = full.peak_bytes <= hbm
     why = (
-        f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
+        (f"the compiler's peak {full.compiler_peak_bytes / 2**30:.1f} GiB of live buffers; allocated: " if full.compiler_peak_bytes else "")
+        + f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
         f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
-        f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.1f} GiB HBM"
+        f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.2f} GiB HBM limit"
         + (f"; {full.host_temp_bytes / 2**30:.1f} GiB offloaded to host memory" if full.host_temp_bytes else "")
         + ("; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
            if full.loop_peeled else "")

@@ -40,22 +40,27 @@ ICI_FALLBACK_GBYTES = 1200.0
 
 @dataclass(frozen=True)
 class CostModel:
-    """The physical constants of the prediction, fitted by benchmarks/plan_calibration.py to the
-    rows of shared/notes/CALIBRATION.md (global constants, not per-row adjustments; `overlap` is
-    fixed, not fitted), and the fit's leave-one-out error: each row predicted by constants fitted
-    to the other rows."""
+    """The physical constants of the prediction and their error.
+
+    The planner's are fitted to the published rows of shared/notes/CALIBRATION.md
+    (planner/calibration.py, from the compiler figures benchmarks/plan_calibration.py keeps):
+    an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
+    compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
+    fitted. The leave-one-out error is each row's error when the constants are fitted to the
+    other rows: the band printed with every prediction."""
 
     mxu_efficiency: float = 0.78
     memory_overlap: float = 0.66
     overlap: float = 0.9
-    # MFU points: the mean absolute leave-one-out error, overall and per generation (rows of it).
-    loo_error_points: float = 3.1
+    efficiency_by_generation: tuple[tuple[str, float], ...] = ()
+    # MFU points: the mean absolute leave-one-out error, overall and per generation (with its rows).
+    loo_error_points: float = 0.0
     loo_error_by_generation: tuple[tuple[str, float, int], ...] = ()
-    fitted_rows: int = 6
+    fitted_rows: int = 0
 
     def efficiency(self, generation: str) -> float:
         """The fraction of peak that large aligned matmuls reach on `generation`."""
-        return self.mxu_efficiency
+        return dict(self.efficiency_by_generation).get(generation, self.mxu_efficiency)
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,12 @@ class ErrorBand:
     source: str
 
 
-def error_band(generation: str, cost_model: CostModel) -> ErrorBand:
+def error_band(generation: str, cost_model: CostModel) -> ErrorBand | None:
     """The band printed with every prediction for `generation`: the leave-one-out error of the
-    generation's calibration rows where it has some, the overall one otherwise."""
+    generation's calibration rows where it has some, the overall one otherwise (None for an
+    uncalibrated cost model)."""
+    if not cost_model.fitted_rows:
+        return None
     for name, points, rows in cost_model.loo_error_by_generation:
         if name == generation and rows:
             return ErrorBand(points, f"leave-one-out mean absolute error over the {rows} {generation} calibration "

@@ -159,6 +159,7 @@ def fingerprint(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
     return {"model_sha256": file_sha256(problem.source), "preset": problem.preset,
             "topology": problem.topology.jax_name, "devices": problem.topology.devices,
             "global_batch": problem.global_batch, "seq_len": problem.seq_len, "fast": problem.fast,
+            "first_moment_dtype": problem.first_moment_dtype,
             "space": space.describe()}
 
 

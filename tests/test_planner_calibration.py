@@ -1,0 +1,54 @@
+"""The prediction's constants fitted to published runs, and the honesty of its error band."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_tuner.planner.calibration import (CalibrationRow, Fitted, calibrated_cost_model, errors, fit,
+                                           leave_one_out, load_rows, predicted_mfu)
+from tpu_tuner.planner.predict import CostModel, error_band
+
+
+def _row(number: int, generation: str, compute: float, memory: float, efficiency: float, overlap: float) -> CalibrationRow:
+    """A row whose published MFU is what the model gives with `efficiency` and `overlap`."""
+    row = CalibrationRow(number, generation, True, 1.0, 2.0, compute, memory, 0.01, 0.6 * compute, 0.0)
+    return CalibrationRow(**{**row.__dict__, "published_mfu": predicted_mfu(row, efficiency, overlap)})
+
+
+ROWS = [_row(1, "v5p", 5.0, 1.0, 0.80, 0.4), _row(2, "v5p", 3.0, 1.5, 0.80, 0.4),
+        _row(3, "v6e", 4.0, 2.0, 0.60, 0.4), _row(4, "v6e", 2.0, 1.8, 0.60, 0.4), _row(5, "v5e", 6.0, 1.0, 0.90, 0.4)]
+
+
+def test_per_generation_fit_recovers_the_constants_that_made_the_rows() -> None:
+    fitted = fit(ROWS, "per_generation")
+    assert fitted.efficiency_of("v5p") == pytest.approx(0.80) and fitted.efficiency_of("v6e") == pytest.approx(0.60)
+    assert fitted.efficiency_of("v5e") == pytest.approx(0.90) and fitted.memory_overlap == pytest.approx(0.4)
+    assert max(abs(e) for e in errors(ROWS, fitted)) < 0.01
+
+
+def test_leave_one_out_predicts_each_row_without_it() -> None:
+    loo = leave_one_out(ROWS, "per_generation")
+    # Rows with a sibling of their generation are predicted from it: exactly here.
+    assert all(abs(e) < 0.01 for e in loo[:4])
+    # The lone v5e row is predicted with the efficiency fitted to the other generations' rows: wrong.
+    others = fit(ROWS[:4], "per_generation")
+    assert loo[4] == pytest.approx(errors([ROWS[4]], Fitted("per_generation", {"*": others.efficiency["*"]},
+                                                           others.memory_overlap))[0])
+    assert abs(loo[4]) > 1.0
+    # One global efficiency cannot fit generations that differ.
+    assert sum(abs(e) for e in leave_one_out(ROWS, "global")) > sum(abs(e) for e in loo)
+
+
+def test_the_shipped_calibration_meets_the_issue_targets() -> None:
+    """Every published row the planner compiled fits in HBM with its published remat policy, and
+    the adopted model's leave-one-out error is at most 4 MFU points (issue 16); the plan's cost
+    model is that fit, its band that error."""
+    rows = load_rows()
+    assert len(rows) == 7 and all(r.fits and r.peak_bytes <= r.hbm_bytes for r in rows)
+    model = calibrated_cost_model()
+    assert model.fitted_rows == 7 and model.loo_error_points <= 4.0
+    band = error_band("v5p", model)
+    assert band is not None and "v5p" in band.source and band.points == dict(
+        (g, p) for g, p, _ in model.loo_error_by_generation)["v5p"]
+    assert error_band("v4", model).points == model.loo_error_points  # no v4 row: the overall error
+    assert error_band("v5p", CostModel()) is None
