@@ -30,7 +30,7 @@ def main() -> None:
         max_layouts=args.max_layouts, fast_compile=args.fast, **({"workers": args.workers} if args.workers else {})),
         progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True))
     wall = time.perf_counter() - start
-    print(render_terminal(result))
+    print(render_terminal(result, "examples/llama.py"))
     compile_times = [p.compiled.compile_seconds for p in result.plans]
     print(f"\n{'fast screening' if args.fast else 'full-effort'} compiles; planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
           f"(target < 60 s for >= 10 layouts); compile time per layout: "

@@ -84,6 +84,9 @@ def test_plan_command_end_to_end(tmp_path) -> None:
     assert config["sharding"]["placements"]["layers.0.attention.wq.weight"] == "tensor/fsdp"
     assert (run_dir / "plan.md").read_text().count("| data 1 x fsdp") == 2
     assert "best:" in result.stdout
+    # Quiet: libtpu's start-up complaints went to the run folder's log, not the terminal.
+    assert "TPU_WORKER_HOSTNAMES" in (run_dir / "compiler.log").read_text()
+    assert "TPU_WORKER_HOSTNAMES" not in result.stdout + result.stderr
     # The plan's sharding_config.toml, unchanged, shards the model on as many gloo ranks as its
     # mesh has devices (through `apply_sharding`, which `tpu_tuner.apply` calls), and the sharded
     # step's loss and gradients match the single-device fp32 step.
@@ -281,12 +284,13 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
 
 
 def test_a_shape_without_code_plans(tmp_path) -> None:
-    """A GPT-3-style shape (ungated GELU MLP, LayerNorm, learned positions, tied embeddings) from a
-    TOML file, through the generic decoder: compiled for a TPU topology like a user's file."""
+    """A GPT-3-style shape (ungated GELU MLP, LayerNorm, learned positions, tied embeddings), here
+    with a mixture of 4 experts, from a TOML file, through the generic decoder: compiled for a TPU
+    topology like a user's file, the stacked expert weights split as MaxText splits them."""
     shape = tmp_path / "gpt3_style.toml"
     shape.write_text('[model]\nvocab = 4096\nd_model = 256\nlayers = 2\nheads = 8\nmlp = 1024\ngated = false\n'
                      'activation = "gelu"\nnorm = "layer"\npositions = "learned"\ntied_embeddings = true\n'
-                     'max_seq_len = 512\n')
+                     'max_seq_len = 512\nexperts = 4\ntop_k = 2\n')
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(shape), "--topology", "v5e-4", "--global-batch", "8",
          "--seq", "128", "--layout", "1x4x1", "--fast", "--out", str(tmp_path / "out")],
@@ -295,8 +299,11 @@ def test_a_shape_without_code_plans(tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
     assert run_dir.name.startswith("gpt3_style-plan-v5e-4")
-    (entry,) = json.loads((run_dir / "plan.json").read_text())["plans"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    (entry,) = plan["plans"]
     assert entry["fits"] and entry["compiled"]["flops"] > 0 and entry["prediction"]["mfu"] > 0
+    assert plan["placements"]["layers.0.feed_forward.w_up"] == "-/fsdp/tensor"
+    assert plan["placements"]["layers.0.feed_forward.w_down"] == "-/tensor/fsdp"
 
 
 def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> None:
@@ -340,3 +347,24 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     assert flops["context"] == pytest.approx(flops["full"], rel=0.05)
     assert ["all-gather", 2] in data["context"][5]  # keys and values gathered over the context pair
     assert all(bound[k] <= peak[k] for k in data), (bound, peak)
+
+
+def test_plan_search_end_to_end_resumes_from_its_study(tmp_path) -> None:
+    """`--budget` searches with Optuna, one compile a trial, one terminal line each; the same
+    command again finds the study spent and compiles nothing; plan.json keeps every trial."""
+    command = [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny",
+               "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--fast", "--budget", "3",
+               "--sampler", "random", "--remats", "full,save_qkv_proj", "--accumulations", "1,2", "--contexts", "1",
+               "--out", str(tmp_path)]
+    env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    first = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len([line for line in first.stdout.splitlines() if "] trial " in line]) == 3
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "] trial " not in again.stdout  # nothing compiled: the study's budget is spent
+    newest = sorted(p for p in tmp_path.iterdir() if p.is_dir())[-1]
+    plan = json.loads((newest / "plan.json").read_text())
+    assert plan["search"]["compiled"] == 3 and len(plan["plans"]) == 3
+    assert {t["outcome"] for t in plan["search"]["trials"]} <= {"compiled", "refused", "invalid", "lower_bound", "repeat"}
+    assert (tmp_path / "plans.db").exists()

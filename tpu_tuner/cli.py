@@ -320,8 +320,6 @@ def _plan_command(args: argparse.Namespace) -> int:
                           first_moment_dtype=args.mu_dtype,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study, storage=args.storage)
-    if args.budget is None and args.sampler == "exhaustive":
-        options.budget = 0  # the search, over every valid point
     if args.remats:
         options.remats = tuple(parse_remat(r, "--remats").name for r in args.remats.split(",") if r.strip())
     for flag in ("accumulations", "contexts"):

@@ -132,14 +132,14 @@ class PlanResult:
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
     """Plan `model_file` on `options.topology`: the layout enumeration, or with `options.budget`
-    the search over the joint space."""
+    (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
     topology = parse_topology(options.topology)
     # The compiler processes start now: their start-up overlaps reading the model.
     with CompilePool(options.workers, options.log_file) as pool:
         emit = progress or (lambda message: None)
         problem = _problem(model_file, options, topology, emit)
-        if options.budget is not None:
+        if options.budget is not None or options.sampler == "exhaustive":
             from tpu_tuner.planner.search import search
 
             return search(problem, options, pool, emit, started)

@@ -259,13 +259,13 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
         finally:
             for beat in beats:
                 beat.__exit__(None, None, None)
-        for trial, point in batch:
+        for index, (trial, point) in enumerate(batch, 1):
             plan = results[point]
             _tell_compiled(study, trial, plan)
             status = (f"compiler refused: {plan.compiled.error}" if plan.compiled.error else
                       f"{'fits' if plan.fits else 'DOES NOT FIT'}, peak {binary_bytes(plan.compiled.peak_bytes)}, "
                       f"predicted MFU {plan.prediction.mfu:.1%}" if plan.prediction else "")
-            emit(f"[{count_compiles(study.get_trials(deepcopy=False))}/{budget}] trial {trial.number}: {point.name()}: "
+            emit(f"[{compiled + index}/{budget}] trial {trial.number}: {point.name()}: "
                  f"{status} ({time.perf_counter() - started:.0f} s)")
 
 
