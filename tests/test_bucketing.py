@@ -136,6 +136,8 @@ def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
     assert len(lines) == 1 and "lengths.txt" in lines[0] and "line 2" in lines[0]
 
 
+# Slow (25 s): the default run covers the command through test_run_outputs' CLI-and-API test.
+@pytest.mark.slow
 def test_buckets_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "buckets", str(FIXTURES / "tiny_encoder.py"), "--compile-backend",

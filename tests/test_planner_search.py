@@ -185,7 +185,7 @@ def test_the_search_compiles_its_budget_and_keeps_every_trial(tmp_path) -> None:
     assert search["compiled"] == 8 and len(result.plans) == 8
     outcomes = [t["outcome"] for t in search["trials"]]
     assert outcomes.count("compiled") == 8
-    assert set(outcomes) <= {"compiled", "invalid", "lower_bound", "repeat"}
+    assert set(outcomes) <= {"compiled", "invalid", "lower_bound", "repeat", "released"}
     # Nothing whose lower bound exceeds HBM was compiled; every compiled one is at or above its bound.
     for plan in result.plans:
         assert plan.lower_bound_bytes <= plan.compiled.peak_bytes
@@ -243,3 +243,41 @@ def test_bad_plan_options_are_refused_in_one_line(tmp_path, args, message) -> No
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_path) -> None:
+    """Two processes searching the same study (an SQLite storage; PostgreSQL works the same way)
+    compile the budget between them, each point once."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'plans.db'}"
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_planner_search import _FakePool, _problem, SPACE
+        from tpu_tuner.planner.plan import PlanOptions
+        from tpu_tuner.planner.search import search
+
+        class SlowPool(_FakePool):
+            def compile(self, jobs, done=None):
+                time.sleep(0.3)  # long enough for the two workers' trials to overlap
+                return super().compile(jobs, done)
+
+        options = PlanOptions(topology="v5p:2x2x2", budget=10, space=SPACE, storage={storage!r}, study="shared",
+                              sampler="tpe", seed=int(sys.argv[1]))
+        search(_problem(), options, SlowPool(), lambda message: None, time.perf_counter())
+    """)
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(seed)], stderr=subprocess.PIPE, text=True)
+               for seed in (1, 2)]
+    for worker in workers:
+        _, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err[-2000:]
+    study = optuna.load_study(study_name="shared", storage=storage)
+    compiled = [t for t in study.get_trials() if t.user_attrs.get("outcome") == "compiled"]
+    assert len(compiled) == 10, [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("point"), t.user_attrs.get("worker", "")[-6:]) for t in study.get_trials()]
+    assert len({t.user_attrs["point"] for t in compiled}) == 10
+    assert len({t.user_attrs["worker"] for t in compiled}) == 2

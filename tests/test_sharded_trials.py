@@ -155,6 +155,9 @@ def _plan(folder: Path) -> Path:
     return folder
 
 
+# Slow (20 s): a whole study on two ranks; the default run checks the plan's mapping onto ranks
+# (test_sharding_from_plan) and layouts on two ranks (test_each_layout_is_measured_...).
+@pytest.mark.slow
 def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
     import optuna
 

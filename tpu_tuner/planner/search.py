@@ -50,6 +50,7 @@ CONSTRAINT = "hbm_over_gib"  # the trial constraint: how far past the device's H
 RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner must plan the same)
 # Outcomes of a trial (its "outcome" attribute); only the first two compiled.
 COMPILED, REFUSED, INVALID, LOWER_BOUND, REPEAT = "compiled", "refused", "invalid", "lower_bound", "repeat"
+RELEASED = "released"  # asked when other workers' compiles had filled the budget
 # The constraint of a point the compiler refused (its peak unknown: out of memory, mostly) and of
 # one that cannot exist (sizes that do not divide), in GiB past the HBM.
 REFUSED_VIOLATION = 1.0
@@ -217,6 +218,8 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
                 # Optuna warns that heartbeats are meant for `optimize`; this loop beats itself.
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
                 trial = study.ask(distributions(space))
+            if storage is not None:  # one beat now, so a worker that dies before compiling is seen stale
+                storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
             point = point_of(trial.params, problem.topology.devices)
             trial.set_user_attr("worker", worker.id)
             reason = "the sizes leave no whole fsdp size" if point is None else invalid_reason(
@@ -245,6 +248,26 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
                 idle += 1
                 continue
             trial.set_user_attr("compiling", True)
+            # Other workers ask at the same moment: claims are settled by trial number. A point an
+            # earlier trial compiles or has compiled is theirs; past the budget, counting every
+            # earlier claim (an earlier trial still deciding counts as one), this trial is released
+            # without compiling.
+            claims = [t for t in study.get_trials(deepcopy=False) if t.number <= trial.number and (
+                t.user_attrs.get("outcome") in (COMPILED, REFUSED)
+                or (t.state == TrialState.RUNNING and t.user_attrs.get("compiling", True)))]
+            first = next((t for t in claims if t.user_attrs.get("point") == point.key()), None)
+            if first is not None and first.number != trial.number:
+                trial.set_user_attr("compiling", False)
+                if first.state == TrialState.COMPLETE:
+                    _tell_repeat(study, trial, first)
+                else:
+                    _tell_ruled_out(study, trial, REPEAT, 0.0, f"compiling in trial {first.number}")
+                idle += 1
+                continue
+            if len(claims) > budget:
+                trial.set_user_attr("compiling", False)
+                _tell_ruled_out(study, trial, RELEASED, 0.0, "the budget was filled by earlier trials")
+                break
             batch.append((trial, point))
             idle = 0
         if not batch:

@@ -43,6 +43,10 @@ GRACE_BEATS = 3
 MAX_RETRIES = 1
 
 
+# Tries at opening a storage whose tables another worker may be creating at the same moment.
+SCHEMA_ATTEMPTS = 5
+
+
 def default_grace_period(interval_s: int) -> int:
     """The grace period used when none is given: `GRACE_BEATS` heartbeats."""
     return GRACE_BEATS * interval_s
@@ -64,11 +68,21 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     engine_kwargs: dict[str, object] = (
         {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
     )
-    with warnings.catch_warnings():
-        # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s, grace_period=grace,
-                             heartbeat_stale_trial_callback=RetryLostTrial())
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
+                                     grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
+            break
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            # Workers that start together on a new database race to create its tables ("table
+            # study_directions already exists", "UNIQUE constraint failed: alembic_version"):
+            # the loser finds them made when it tries again.
+            if attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
     return storage
