@@ -93,9 +93,10 @@ def main() -> None:
             needed.append(_compiles_to_reach(result.search["trials"], table, WITHIN * best))
         reached = [n for n in needed if n is not None]
         share = [n / candidates for n in reached]
+        worst = f"{max(share):.0%} worst" if share else "none reached it"
         print(f"{sampler:>6}: compiles to within 1% of the exhaustive best, per seed: {needed}; "
               f"median {statistics.median(reached) if reached else 'n/a'}, worst {max(reached) if reached else 'n/a'} "
-              f"of {candidates} candidates ({max(share):.0%} worst; target <= {TARGET_SHARE:.0%} for tpe)"
+              f"of {candidates} candidates ({worst}; target <= {TARGET_SHARE:.0%} for tpe)"
               + ("" if len(reached) == len(needed) else f"; {len(needed) - len(reached)} seeds never reached it"))
 
 

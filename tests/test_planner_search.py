@@ -144,7 +144,8 @@ class _FakePool:
             keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.remat, 1.0)
             batch = job.global_batch / job.accumulation / (job.layout.data * job.layout.fsdp)
             peak = 1e9 * batch * keeps
-            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2)
+            micro = LoopIteration(3e9, 2e6, [], loops=1) if job.accumulation > 1 else None
+            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2, micro_batch=micro)
             step = CompiledStep(2e9, 2e6, peak / 2, 0.0, peak / 2, 0.0, [], 1.0, loop_iteration=iteration)
             results[job] = step
             if done:
@@ -228,11 +229,12 @@ def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["--remat", "fulll"], "--remat: unknown remat policy 'fulll'"),
-    (["--remats", "full,custom:mlpwo=disk"], "custom remat takes NAME=ACTION"),
+    (["--budget", "3", "--remats", "full,custom:mlpwo=disk"], "custom remat takes NAME=ACTION"),
     (["--budget", "0"], "--budget must be at least 1, not 0"),
-    (["--budget", "4", "--accumulations", "1,0"], "--accumulations takes sizes of at least 1"),
-    (["--accumulation", "0"], "--accumulation must be at least 1"),
     (["--layout", "1x4"], "--layout takes DATAxFSDPxTENSOR[xCONTEXT]"),
+    (["--remats", "full"], "--remats set(s) the search's space or study: give --budget N"),
+    (["--budget", "3", "--layout", "1x4x1"], "--layout names the layouts to compile instead of a search"),
+    (["--budget", "3", "--seed", "-1"], "--seed must be 0 or more, not -1"),
 ])
 def test_bad_plan_options_are_refused_in_one_line(tmp_path, args, message) -> None:
     import subprocess

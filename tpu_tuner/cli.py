@@ -315,6 +315,17 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise UserInputError(f"--accumulation must be at least 1, not {args.accumulation}")
     if args.budget is not None and args.budget < 1:
         raise UserInputError(f"--budget must be at least 1, not {args.budget}")
+    if args.seed < 0:
+        raise UserInputError(f"--seed must be 0 or more, not {args.seed}")
+    searching = args.budget is not None or args.sampler == "exhaustive"
+    search_only = [f"--{flag.replace('_', '-')}" for flag in ("remats", "accumulations", "contexts", "study", "storage")
+                   if getattr(args, flag) is not None]
+    if not searching and search_only:
+        raise UserInputError(f"{', '.join(search_only)} set(s) the search's space or study: give --budget N "
+                             "(or --sampler exhaustive)")
+    if searching and args.layout:
+        raise UserInputError("--layout names the layouts to compile instead of a search: leave out --budget, or "
+                             "give the search's axes (--contexts, --remats, --accumulations)")
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
                           first_moment_dtype=args.mu_dtype,

@@ -100,7 +100,7 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     run_dir = Path(run_dir)
     _write_text(run_dir / results.PLAN_JSON, json.dumps(result.to_dict(), indent=2, default=str))
     plot = write_plot(result, run_dir / results.PLAN_PNG)
-    _write_text(run_dir / results.PLAN_MD, render_markdown(result, plot))
+    _write_text(run_dir / results.PLAN_MD, render_markdown(result, plot, result.source or "MODEL.py", str(run_dir)))
     written = [results.PLAN_JSON, results.PLAN_PNG, results.PLAN_MD]
     best = result.best
     if best is not None:
@@ -134,7 +134,7 @@ def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Pa
     """
     from tpu_tuner.planner.plan import plan
 
-    if options.budget is not None and options.storage is None:
+    if (options.budget is not None or options.sampler == "exhaustive") and options.storage is None:
         # The search's trials outlive the folder: the same plan run again resumes from them.
         from tpu_tuner.tuning.storage import storage_from_environment
 

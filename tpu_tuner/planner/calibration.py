@@ -12,8 +12,8 @@ Efficiency models compared (EFFICIENCY_MODELS):
   other row is predicted with the efficiency fitted to all other rows (so its leave-one-out
   error is that of a generation the fit never saw);
 * ``mxu_shape``: physics instead of per-generation freedom: efficiency = base for a 128-wide MXU,
-  x `wide_mxu` for a 256-wide one (v6e, TPU7x), whose systolic array takes four times the
-  operands per cycle from the same VMEM, so it is harder to keep busy.
+  x `wide_mxu` for a 256-wide one (v6e: predict.MXU_WIDTH), whose systolic array takes four
+  times the operands per cycle from the same VMEM, so it is harder to keep busy.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
 
 EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape")
-WIDE_MXU = ("v6e", "tpu7x")  # 256x256 MXUs; v4, v5e, v5p have 128x128
+WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
 _MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 2)]
@@ -157,8 +157,12 @@ def calibrated_cost_model() -> CostModel:
     for generation in sorted({r.generation for r in rows}):
         own = [abs(e) for r, e in zip(rows, loo) if r.generation == generation]
         by_generation.append((generation, statistics.mean(own), len(own)))
+    # A generation without rows is predicted as the lone rows of a generation were in leave-one-out
+    # (with the others' efficiency): their error is its band.
+    lone = [abs(e) for r, e in zip(rows, loo) if sum(x.generation == r.generation for x in rows) == 1]
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo), loo_error_by_generation=tuple(by_generation),
+        unseen_generation_error_points=statistics.mean(lone) if lone else statistics.mean(abs(e) for e in loo),
         fitted_rows=len(rows))

@@ -25,7 +25,7 @@ from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec,
 from tpu_tuner.planner.model_shape import Dims, read_dims
 from tpu_tuner.planner.predict import CostModel, ErrorBand, Prediction, error_band, predict
 from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, blocks_of, combine_scanned
-from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
+from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.space import (DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, MemoryBound, PlanPoint,
                                      SearchSpace, invalid_reason, memory_lower_bound)
 from tpu_tuner.planner.topology import Topology, parse_topology
@@ -101,6 +101,7 @@ class PlanResult:
     seconds: float
     error_band: ErrorBand | None = None
     search: dict[str, Any] | None = None  # the search's study, space and every trial
+    source: str | None = None  # the model file (or shape) as given
 
     @property
     def best(self) -> LayoutPlan | None:
@@ -227,7 +228,7 @@ def _problem(model_file: str | Path, options: PlanOptions, topology: Topology, e
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
     _, blocks = blocks_of(meta_model)
-    roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, dims.shape.mlp_hidden)
+    roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
         source=str(workload.source), workload=workload.name, preset=options.preset, topology=topology,
@@ -251,7 +252,8 @@ def _enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, e
     else:
         candidates, rejected = enumerate_layouts(problem.topology.devices, shape,
                                                  problem.global_batch // max(1, options.accumulation), problem.seq_len)
-        candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm)
+        candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm,
+                                           2 if problem.first_moment_dtype == "bfloat16" else 4)
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
@@ -301,6 +303,7 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         seconds=time.perf_counter() - started,
         error_band=error_band(problem.topology.chip.generation, problem.cost_model),
         search=search,
+        source=problem.source,
     )
 
 
@@ -345,6 +348,12 @@ def _judge(problem: PlanProblem, point: PlanPoint, step: CompiledStep, ends: Com
     failed = step if step.error else ends if ends is not None and ends.error else None
     if failed is None and ends is None and step.loop_iteration is None:
         failed = replace(step, error="the block loops could not be measured in the compiled program")
+    iteration = step.loop_iteration
+    if (failed is None and point.accumulation > 1 and iteration is not None and iteration.micro_batch is None
+            and iteration.loops < 2 * point.accumulation):
+        # Neither a micro-batch loop around the block loops nor one pair of block loops per
+        # micro-batch (unrolled): the work cannot be counted (a model of one block, say).
+        failed = replace(step, error="the micro-batch loop could not be measured in the compiled program")
     if failed is not None:
         return judged(problem, point, failed)
     if cost_step is not None and (cost_step.error or cost_step.loop_iteration is None):
@@ -395,13 +404,15 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
                       point.accumulation, batch, bound)
 
 
-def _weights_fit(layouts: list[Layout], n_params: int, hbm: float) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """Drop, without compiling, layouts whose fp32 weights and two AdamW moments alone (12 bytes a
-    parameter, split over fsdp x context x tensor, replicated over data) exceed a device's HBM: a
-    lower bound on the compiler's argument bytes, so nothing that could fit is dropped."""
+def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
+                 first_moment_bytes: int = 4) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Drop, without compiling, layouts whose fp32 weights and two AdamW moments alone (8 bytes a
+    parameter plus the first moment's, split over fsdp x context x tensor, replicated over data)
+    exceed a device's HBM: a lower bound on the compiler's argument bytes, so nothing that could
+    fit is dropped."""
     keep, drop = [], []
     for layout in layouts:
-        need = 12 * n_params / layout.parameter_shards
+        need = (8 + first_moment_bytes) * n_params / layout.parameter_shards
         if need > hbm:
             reason = (f"fp32 weights + AdamW moments alone need {need / 2**30:.0f} GiB per device "
                       f"(> {hbm / 2**30:.0f} GiB HBM)")

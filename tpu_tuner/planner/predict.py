@@ -34,6 +34,8 @@ from tpu_tuner.planner.layouts import Layout, ModelShape
 from tpu_tuner.planner.program import CompiledStep
 from tpu_tuner.planner.topology import Topology
 
+# The MXU's width where it is not 128 (v6e's 256x256 systolic arrays; TPU7x's was not verifiable).
+MXU_WIDTH = {"v6e": 256}
 # ICI per chip where Google does not state it (v4): assumed equal to v5p's, and said so.
 ICI_FALLBACK_GBYTES = 1200.0
 
@@ -56,6 +58,8 @@ class CostModel:
     # MFU points: the mean absolute leave-one-out error, overall and per generation (with its rows).
     loo_error_points: float = 0.0
     loo_error_by_generation: tuple[tuple[str, float, int], ...] = ()
+    # A generation without rows: the leave-one-out error of the rows that were alone in theirs.
+    unseen_generation_error_points: float = 0.0
     fitted_rows: int = 0
 
     def efficiency(self, generation: str) -> float:
@@ -73,17 +77,18 @@ class ErrorBand:
 
 def error_band(generation: str, cost_model: CostModel) -> ErrorBand | None:
     """The band printed with every prediction for `generation`: the leave-one-out error of the
-    generation's calibration rows where it has some, the overall one otherwise (None for an
-    uncalibrated cost model)."""
+    generation's calibration rows where it has some; for a generation without rows, that of the
+    rows that were alone in theirs (predicted as it is, from the other generations); None for an
+    uncalibrated cost model."""
     if not cost_model.fitted_rows:
         return None
     for name, points, rows in cost_model.loo_error_by_generation:
         if name == generation and rows:
             return ErrorBand(points, f"leave-one-out mean absolute error over the {rows} {generation} calibration "
                                      f"row{'s' if rows != 1 else ''} (benchmarks/plan_calibration.py)")
-    return ErrorBand(cost_model.loo_error_points,
-                     f"leave-one-out mean absolute error over all {cost_model.fitted_rows} calibration rows "
-                     "(benchmarks/plan_calibration.py)")
+    return ErrorBand(cost_model.unseen_generation_error_points,
+                     f"no {generation} calibration row: the leave-one-out error of rows whose generation had no "
+                     "other row (benchmarks/plan_calibration.py)")
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ def predict(
     hardware_flops_per_device: float = 0.0,
 ) -> Prediction:
     peak = topology.peak_flops_per_device
-    mxu = 256 if topology.chip.generation == "v6e" else 128
+    mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
     compute = flops / (peak * cost_model.efficiency(topology.chip.generation) * aligned)

@@ -34,7 +34,7 @@ from torch import nn
 from tpu_tuner.planner.collectives import Collective, parse_collectives
 from tpu_tuner.planner.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
-from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, parse_remat
+from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def compile_step(
     checkpoint_policy = policy.jax_policy()
     block_list = model.get_submodule(blocks_name)
     if len(block_list):
-        _name_block_tensors(block_list, d_model, mlp_hidden=_mlp_width(block_list[0], d_model))
+        _name_block_tensors(block_list, d_model, mlp_hidden=mlp_width(block_list[0], d_model))
     stacked: dict[str, Any] = {}  # the scanned blocks' weights, set by loss_fn while tracing
     if scan and len(block_list):
         template = block_list[0]
@@ -306,12 +306,6 @@ def compile_step(
         loop_peeled="loop_peel" in text,
         loop_iteration=block_loop_iteration(text) if scan and blocks else None,
     )
-
-
-def _mlp_width(block: nn.Module, d_model: int) -> int:
-    """The MLP's hidden width: the widest input among the block's linears that write d_model."""
-    widths = [m.in_features for m in block.modules() if isinstance(m, nn.Linear) and m.out_features == d_model]
-    return max(widths, default=d_model)
 
 
 def _name_block_tensors(blocks: nn.ModuleList, d_model: int, mlp_hidden: int) -> None:

@@ -131,7 +131,9 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
     are query, key, value (one: qkv_proj), and the one writing the residual width is out_proj; the
     module with a linear reading the MLP width is the MLP: its linears reading the residual width
     are mlpwi_0 (gate) and mlpwi_1 (up), the one writing it mlpwo. A block that matches neither
-    gets no names (its policies then act on the block input alone)."""
+    gets no names (its policies then act on the block input alone), and so does a module holding
+    more than one linear that writes the residual width (attention and MLP side by side).
+    `mlp_hidden` is `mlp_width(block, d_model)`."""
     roles: dict[str, str] = {}
     context_of: str | None = None
     for parent_name, parent in block.named_modules():
@@ -140,6 +142,8 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
         reading = [(n, m) for n, m in linears if m.in_features == d_model and m.out_features != d_model
                    or m.in_features == d_model and m.out_features == d_model and (n, m) != linears[-1]]
         writing = [(n, m) for n, m in linears if m.out_features == d_model and (n, m) not in reading]
+        if len(writing) > 1 or len(reading) > 3:
+            continue  # attention and MLP in one module (a flat block): nothing is named, not misnamed
         is_mlp = any(m.in_features == mlp_hidden and m.out_features == d_model for _, m in writing) and len(reading) <= 2
         if is_mlp:
             for index, (name, _) in enumerate(reading):
@@ -155,6 +159,12 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
                 roles[writing[-1][0]] = "out_proj"
                 context_of = writing[-1][0]
     return roles, context_of
+
+
+def mlp_width(block: nn.Module, d_model: int) -> int:
+    """The MLP's hidden width: the widest input among the block's linears that write d_model."""
+    widths = [m.in_features for m in block.modules() if isinstance(m, nn.Linear) and m.out_features == d_model]
+    return max(widths, default=d_model)
 
 
 def forward_flops_per_token(policy: RematPolicy, d_model: int, heads: int, kv_heads: int, head_dim: int,

@@ -55,8 +55,6 @@ RELEASED = "released"  # asked when other workers' compiles had filled the budge
 # one that cannot exist (sizes that do not divide), in GiB past the HBM.
 REFUSED_VIOLATION = 1.0
 INVALID_VIOLATION = 1000.0
-# A compile that runs longer than this is taken for a lost worker's (its heartbeat says so first).
-OVERDUE_S = 3600.0
 # Asks without a new point to compile before the search stops (the sampler keeps proposing
 # points already compiled or ruled out: the space is spent as far as it can tell).
 MAX_IDLE_ASKS = 200
@@ -93,11 +91,15 @@ def search(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: 
     emit(f"search: {len(valid)} valid points (tensor {list(space.tensors)}, context {list(space.contexts)}, "
          f"data {list(space.datas)}, {len(space.remats)} remat policies, micro-batches {list(space.accumulations)}); "
          f"{options.sampler}, budget {budget} compiles; study {study.study_name!r}")
-    if options.sampler == "exhaustive":
-        done = {t.user_attrs.get("point") for t in study.get_trials(deepcopy=False)}
+    if exhaustive:
+        # Every point not settled (compiled, refused, ruled out) or queued already; a released or
+        # lost trial's point is queued again.
+        settled = (COMPILED, REFUSED, INVALID, LOWER_BOUND)
+        done = {_params_key(t.params) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("outcome") in settled or t.state == TrialState.WAITING}
         for point in valid:
-            if point.key() not in done:
-                study.enqueue_trial(_params(point), skip_if_exists=True)
+            if _params_key(_params(point)) not in done:
+                study.enqueue_trial(_params(point))
     # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
     _run(study, storage, problem, space, len(valid) if exhaustive and not options.budget else budget, pool, emit,
          started, queue_only=exhaustive, evaluator=evaluator)
@@ -148,6 +150,10 @@ def _set_constraint(trial: optuna.Trial, gib_over: float) -> None:
     trial.set_user_attr("constraint", gib_over)
 
 
+def _params_key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
 def _params(point: PlanPoint) -> dict[str, Any]:
     return {"tensor": point.layout.tensor, "context": point.layout.context, "data": point.layout.data,
             "remat": point.remat, "accumulation": point.accumulation}
@@ -167,6 +173,9 @@ def fingerprint(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
 def _open_study(problem: PlanProblem, options: PlanOptions,
                 space: SearchSpace) -> tuple[optuna.Study, optuna.storages.RDBStorage | None]:
     record = fingerprint(problem, space)
+    if options.sampler == "exhaustive":
+        # Its queue of every point must not become another sampler's first proposals.
+        record["exhaustive"] = True
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:10]
     name = options.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest}"
     storage = None
@@ -174,10 +183,12 @@ def _open_study(problem: PlanProblem, options: PlanOptions,
         from tpu_tuner.tuning.liveness import open_storage
 
         storage = open_storage(options.storage)
-    sampler = build_sampler(options.sampler, options.seed, options.budget or 0)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
-                                load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
+    # offsets it by the trials already there, so that two workers do not propose the same points.
+    study.sampler = build_sampler(options.sampler, options.seed + len(study.get_trials(deepcopy=False)),
+                                  options.budget or 0)
     recorded = study.user_attrs.get(RECORD_ATTR)
     if recorded is None:
         study.set_user_attr(RECORD_ATTR, record)
@@ -192,26 +203,27 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
          evaluator: Evaluator | None = None) -> None:
     """Compile `budget` points, `pool.workers` at a time; `queue_only`: only the queued ones."""
     from tpu_tuner.planner.plan import evaluate
-    from tpu_tuner.tuning.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials
+    from tpu_tuner.tuning.liveness import Heartbeat, Worker, fail_lost_trials
 
     shape = problem.dims.shape
     worker = Worker.this_process(storage)
-    watch = RunningWatch(OVERDUE_S)
     idle = 0
     while True:
         if storage is not None:
-            fail_lost_trials(study, storage, watch)
+            # Every trial beats from its ask on, so a stale heartbeat is the one sign of a lost
+            # worker (no overdue clock: a batch of large compiles may run for hours).
+            fail_lost_trials(study, storage)
         trials = study.get_trials(deepcopy=False)
         compiled = count_compiles(trials)
         if compiled >= budget:
             return
-        if idle >= MAX_IDLE_ASKS:
+        if idle >= MAX_IDLE_ASKS and not queue_only:
             emit(f"search: stopped after {idle} proposals in a row that were compiled, invalid or ruled out "
                  f"({compiled} of {budget} compiles): the sampler finds nothing new")
             return
         known = {t.user_attrs["point"]: t for t in trials if t.user_attrs.get("outcome") in (COMPILED, REFUSED)}
         batch: list[tuple[optuna.Trial, PlanPoint]] = []
-        while len(batch) < min(pool.workers, budget - compiled) and idle < MAX_IDLE_ASKS:
+        while len(batch) < min(pool.workers, budget - compiled) and (queue_only or idle < MAX_IDLE_ASKS):
             if queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 break
             with warnings.catch_warnings():
@@ -267,6 +279,8 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
             if len(claims) > budget:
                 trial.set_user_attr("compiling", False)
                 _tell_ruled_out(study, trial, RELEASED, 0.0, "the budget was filled by earlier trials")
+                idle += 1
+                time.sleep(worker.poll_s)  # the earlier trials settle (compile, or turn out not to)
                 break
             batch.append((trial, point))
             idle = 0
@@ -308,12 +322,21 @@ def _tell_repeat(study: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial)
 
 
 def _tell_compiled(study: optuna.Study, trial: optuna.Trial, plan: LayoutPlan) -> None:
+    try:
+        _record_compiled(study, trial, plan)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Failed as lost meanwhile (its heartbeat went stale: a suspended process); its point is
+        # queued again, and this compile's result is not recorded twice.
+        log.warning("trial %d was failed as lost while it compiled; its result is dropped", trial.number)
+
+
+def _record_compiled(study: optuna.Study, trial: optuna.Trial, plan: LayoutPlan) -> None:
     step = plan.compiled
     trial.set_user_attr("outcome", REFUSED if step.error else COMPILED)
     trial.set_user_attr("compiled", compiled_to_dict(step))
     _set_constraint(trial, REFUSED_VIOLATION if step.error else -plan.margin_bytes / 2**30)
     trial.set_user_attr("compiling", False)
-    study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0)
+    study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0, skip_if_finished=True)
 
 
 def compiled_to_dict(step: CompiledStep) -> dict[str, Any]:

@@ -9,7 +9,7 @@ MaxText's per_device_batch_size and gradient_accumulation_steps do together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tpu_tuner.planner.layouts import Layout, ModelShape, why_not
 from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
@@ -117,7 +117,6 @@ class MemoryBound:
     weights_and_moments: float  # fp32 weights and AdamW's moments, split over the parameter shards
     accumulated_gradients: float  # the fp32 gradient sum across micro-batches
     block_inputs: float  # every block's input (bf16), kept for the backward pass on the device
-    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> float:

@@ -82,7 +82,8 @@ def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: s
         search = result.search
         counts: dict[str, int] = {}
         for trial in search["trials"]:
-            counts[trial["outcome"] or "lost"] = counts.get(trial["outcome"] or "lost", 0) + 1
+            kind = trial["outcome"] or {"WAITING": "queued", "RUNNING": "running"}.get(trial["state"], "lost")
+            counts[kind] = counts.get(kind, 0) + 1
         lines.append(f"search: {search['sampler']}, {search['compiled']} compiles of {search['valid_points']} valid "
                      f"points; trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                      + f"; study {search['study']!r} in {search['storage']}")
@@ -101,7 +102,7 @@ def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: s
 TERMINAL_ROWS = 15
 
 
-def render_markdown(result: PlanResult, plot: Path) -> str:
+def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:
     out = [f"# Plan: `{result.workload}`{' preset ' + result.preset if result.preset else ''} on {result.topology.name}", "",
            f"{result.topology.describe()}; HBM {binary_bytes(result.topology.hbm_bytes_per_device)} and bf16 peak "
            f"{si(result.topology.peak_flops_per_device, 'FLOP/s')} per device.", "",
@@ -112,7 +113,7 @@ def render_markdown(result: PlanResult, plot: Path) -> str:
            "compile-only); step time and MFU are predictions (see docs/planner.md).", "",
            "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
-    out += [""] + [f"**{line}**" if i == 0 else line for i, line in enumerate(verdict(result))]
+    out += [""] + [f"**{line}**" if i == 0 else line for i, line in enumerate(verdict(result, model_file, run_dir))]
     if result.error_band:
         out += ["", f"Error band: ± {result.error_band.points:.1f} MFU points, the {result.error_band.source}."]
     out += ["", "## Memory per point", ""] + [f"- {point_label(p)}: {hbm_status(p).split(',')[0].lower()}: {p.why}"
