@@ -102,12 +102,13 @@ def main() -> None:
 
 def _compiles_to_reach(trials: list[dict], table: dict[PlanPoint, LayoutPlan], target: float) -> int | None:
     """Compiles made (in trial order) when a fitting point within `target` tokens/s was first compiled."""
+    by_key = {point.key(): plan_ for point, plan_ in table.items()}
     compiles = 0
     for trial in sorted(trials, key=lambda t: t["number"]):
         if trial["outcome"] not in ("compiled", "refused"):
             continue
         compiles += 1
-        plan_ = next((p for point, p in table.items() if point.key() == trial["point"]), None)
+        plan_ = by_key.get(trial["point"])
         if plan_ is not None and plan_.fits and plan_.prediction and plan_.prediction.tokens_per_second >= target:
             return compiles
     return None

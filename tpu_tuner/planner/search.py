@@ -36,8 +36,8 @@ from tpu_tuner.errors import UserInputError
 from tpu_tuner.planner.collectives import Collective
 from tpu_tuner.planner.program import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.report.units import binary_bytes
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
+from tpu_tuner.report.units import binary_bytes
 
 if TYPE_CHECKING:
     from tpu_tuner.planner.compile_pool import CompilePool
@@ -221,7 +221,6 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
             emit(f"search: stopped after {idle} proposals in a row that were compiled, invalid or ruled out "
                  f"({compiled} of {budget} compiles): the sampler finds nothing new")
             return
-        known = {t.user_attrs["point"]: t for t in trials if t.user_attrs.get("outcome") in (COMPILED, REFUSED)}
         batch: list[tuple[optuna.Trial, PlanPoint]] = []
         while len(batch) < min(pool.workers, budget - compiled) and (queue_only or idle < MAX_IDLE_ASKS):
             if queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
@@ -241,15 +240,6 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
                 idle += 1
                 continue
             trial.set_user_attr("point", point.key())
-            earlier = known.get(point.key()) or next((t for t, p in batch if p == point), None)
-            if isinstance(earlier, FrozenTrial):
-                _tell_repeat(study, trial, earlier)
-                idle += 1
-                continue
-            if earlier is not None:  # proposed twice in one batch: the liar did not keep them apart
-                _tell_ruled_out(study, trial, REPEAT, 0.0, "proposed twice in one batch")
-                idle += 1
-                continue
             bound = problem.lower_bound(point)
             if bound.total > problem.hbm:
                 _tell_ruled_out(study, trial, LOWER_BOUND, (bound.total - problem.hbm) / 2**30,
@@ -260,10 +250,10 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
                 idle += 1
                 continue
             trial.set_user_attr("compiling", True)
-            # Other workers ask at the same moment: claims are settled by trial number. A point an
-            # earlier trial compiles or has compiled is theirs; past the budget, counting every
-            # earlier claim (an earlier trial still deciding counts as one), this trial is released
-            # without compiling.
+            # Claims are settled by trial number (other workers, and this batch, ask too). A point an
+            # earlier trial compiles or has compiled is a repeat, answered from it once finished;
+            # past the budget, counting every earlier claim (an earlier trial still deciding counts
+            # as one), this trial is released without compiling.
             claims = [t for t in study.get_trials(deepcopy=False) if t.number <= trial.number and (
                 t.user_attrs.get("outcome") in (COMPILED, REFUSED)
                 or (t.state == TrialState.RUNNING and t.user_attrs.get("compiling", True)))]
