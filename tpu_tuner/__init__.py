@@ -6,6 +6,13 @@ The public API is re-exported here; everything else is internal.
 from importlib import import_module
 from typing import Any
 
+from tpu_tuner.tpu_host import settle_tpu_environment
+
+# Before anything here can load libtpu: on a host without a TPU chip, libtpu (which torch-tpu's
+# autoload brings into every `import torch`) must not spend minutes asking GCE's metadata server
+# for a TPU at the first backward pass (tpu_tuner/tpu_host.py).
+settle_tpu_environment()
+
 # Public name -> the module that defines it. Imported on first use (PEP 562) rather than here, so
 # that commands which never run a model (`tpu-tune dashboard`, `plan`'s parent process) do not pay
 # for importing torch: 6-10 s on this 2-core machine.

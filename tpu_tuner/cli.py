@@ -192,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help="verify even while trials are still running (the best measured so far)")
         sub.set_defaults(handler=_study_command)
 
+    devices_cmd = commands.add_parser(
+        "devices", help="each backend: available here or why not; installed versions; the TorchTPU API check",
+        description="List the tpu, cuda and cpu backends (available here, or why not), the installed torch, "
+                    "torch-tpu, libtpu, jax, jaxlib and torchax, and check every TorchTPU name tpu-tune uses "
+                    "against the installed torch-tpu (exit status 1 when one is missing).")
+    devices_cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+    devices_cmd.set_defaults(handler=_devices_command)
+
     apply_cmd = commands.add_parser("apply", help="print the Python that applies a tuned config (runs as printed)")
     apply_cmd.add_argument("config", type=Path, help="a tuned_config.toml")
     apply_cmd.set_defaults(handler=_apply_command)
@@ -356,6 +364,17 @@ def _plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _devices_command(args: argparse.Namespace) -> int:
+    import json
+
+    from tpu_tuner.devices import devices_report
+
+    report = devices_report()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    # A torch-tpu that lacks a name the adapter uses is an error (CI runs this); none installed is not.
+    return 1 if report.torchtpu_api_ok is False else 0
+
+
 def _dashboard_command(args: argparse.Namespace) -> int:
     from tpu_tuner.dashboard import collect, make_server, write_csv, write_dashboard
     from tpu_tuner.errors import UserInputError
@@ -419,7 +438,7 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "apply", "study")
+COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "apply", "study", "devices")
 
 
 def _default_to_tune(argv: list[str]) -> list[str]:
@@ -438,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(_default_to_tune(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not args.debug:  # torch's own INFO lines (inductor's registrations on import) are not ours to print
+        logging.getLogger("torch").setLevel(max(level, logging.WARNING))
     from tpu_tuner.credentials import RedactingFilter, redact
 
     for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)

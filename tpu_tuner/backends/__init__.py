@@ -28,10 +28,7 @@ def get_backend(name: str | None = None) -> Backend:
     if name not in BACKENDS:
         raise BackendError(f"unknown device {name!r}; choose one of {', '.join(BACKENDS)} or auto")
     backend_class = BACKENDS[name]
-    if not backend_class.is_available():
-        hint = {
-            "tpu": "install torch-tpu and libtpu on a TPU VM",
-            "cuda": "no CUDA device is visible to torch",
-        }.get(name, "")
-        raise BackendError(f"device {name!r} is not available here" + (f": {hint}" if hint else ""))
+    reason = backend_class.unavailable_reason()
+    if reason is not None:
+        raise BackendError(f"device {name!r} is not available here: {reason} (tpu-tune devices lists every backend)")
     return backend_class()

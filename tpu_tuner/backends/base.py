@@ -64,6 +64,11 @@ class Backend(ABC):
     def is_available(cls) -> bool:
         """Whether this backend's device is present in this process."""
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None where this backend can run here, else why not, in words (`tpu-tune devices`)."""
+        return None if cls.is_available() else f"no {cls.kind} device here"
+
     @property
     @abstractmethod
     def device(self) -> torch.device:
@@ -114,6 +119,12 @@ class Backend(ABC):
         """Start a new peak-memory window."""
 
     # --- a rank of a sharded step: every rank must take the same decisions --------------------
+
+    @classmethod
+    def launch_environment(cls, ranks: int) -> dict[str, str]:
+        """Start-up variables every rank of a `ranks`-rank trial shares, decided once by the
+        parent (TorchTPU's topology and slice addresses); none elsewhere."""
+        return {}
 
     @classmethod
     def rank_environment(cls, rank: int) -> dict[str, str]:
@@ -195,6 +206,10 @@ class Backend(ABC):
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU]
+
+    def profiler_config(self) -> Any:
+        """torch.profiler's ``experimental_config`` for this device (None: torch's default)."""
+        return None
 
     # --- the device's side of the knobs (tpu_tuner.knobs ask these) ---------------------------
 

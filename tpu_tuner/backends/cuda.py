@@ -29,6 +29,12 @@ class CudaBackend(Backend):
     def is_available(cls) -> bool:
         return torch.cuda.is_available()
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if torch.version.cuda is None:
+            return f"torch {torch.__version__} is built without CUDA"
+        return None if torch.cuda.is_available() else "torch sees no CUDA device"
+
     @property
     def device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())

@@ -1,28 +1,34 @@
-"""The TorchTPU backend (PyPI ``torch-tpu``, device ``"tpu"``).
+"""The TorchTPU backend (PyPI ``torch-tpu``, device ``"tpu"``), against the released 0.2.0.
 
-Every import of ``torch_tpu`` is lazy: the package changes every ``import torch`` in an
-environment where it is installed, and aborts without libtpu, so tpu-tune never imports it
-unless this backend is selected. API facts used here are in shared notes FACTS.md §1.
+Every TorchTPU name used here is listed in `backends/torchtpu_api.py`, which checks them against
+the installed package; the backend refuses to run on a package that fails that check, naming what
+moved. Nothing here swallows a TorchTPU error: an API change fails loudly.
+
+``import torch_tpu`` is lazy: on a host without a TPU chip tpu-tune's processes do not autoload it
+(`tpu_host.py`), and it costs seconds where they do. docs/torchtpu.md has what each name does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import logging
+import os
+import re
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 import torch
 
 from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.backends.torchtpu_api import (DISTRIBUTION, PROCESS_GROUP_BACKEND, cached_api_check,
+                                             installed_version, package_folder)
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import BackendError
 from tpu_tuner.hardware import GIGA, tpu_chip_for_name
+from tpu_tuner.tpu_host import tpu_chips_on_host
 
-log = logging.getLogger(__name__)
-
-# Candidate eager modes -> TorchTPU's EagerMode enum members and start-up environment variables.
+# Candidate eager modes -> TorchTPU's EagerMode members and the start-up variables that select them
+# (read once by its C++ runtime; LAUNCH_BLOCKING wins over DEFER_AND_FUSE when both are set).
 EAGER_MODE_ENUM = {
     "strict": "DEFER_NEVER",
     "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
@@ -33,54 +39,79 @@ EAGER_MODE_ENV = {
     "debug": {"TORCH_TPU_LAUNCH_BLOCKING": "1"},
     "defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"},
 }
+# torch-tpu releases whose API this adapter was read against, and the libtpu 0.2.0 requires.
+SUPPORTED_SERIES = "0.2"
+MIN_LIBTPU = (0, 0, 50)
+# Where the XPlane trace of a profile goes (for XProf / TensorBoard); unset: TorchTPU's default.
+XPROF_DIR_VARIABLE = "TPU_TUNE_XPROF_DIR"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:4])
 
 
 class TorchTpuBackend(Backend):
     """Runs on a TPU through TorchTPU, when the package is installed and a TPU is present."""
 
     kind = "tpu"
-    process_group_backend = "tpu_dist"  # TorchTPU's own process group backend (one process per device)
+    process_group_backend = PROCESS_GROUP_BACKEND  # TorchTPU's own; one process per device
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None where TorchTPU can run here, else why not (cheapest checks first: nothing is
+        imported on a host without the package or without a chip)."""
+        version = installed_version()
+        if version is None or package_folder() is None:
+            return f"{DISTRIBUTION} is not installed (pip install -e '.[tpu]')"
+        if not version.startswith(SUPPORTED_SERIES + "."):
+            return f"{DISTRIBUTION} {version} is outside the releases tpu-tune was checked against ({SUPPORTED_SERIES}.x)"
+        try:
+            libtpu = metadata.version("libtpu")
+        except metadata.PackageNotFoundError:
+            return f"libtpu is not installed ({DISTRIBUTION} {version} needs libtpu >= 0.0.50)"
+        if _version_tuple(libtpu) < MIN_LIBTPU:
+            return f"libtpu {libtpu} is older than {DISTRIBUTION} {version} needs (>= 0.0.50)"
+        if not tpu_chips_on_host():
+            return "no TPU chip on this host's PCI bus"
+        check = cached_api_check()
+        if not check.ok:
+            return check.summary()
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type != "tpu" or torch.accelerator.device_count() == 0:
+            return "TorchTPU sees no TPU device (torch.accelerator has none)"
+        return None
 
     @classmethod
     def is_available(cls) -> bool:
-        if importlib.util.find_spec("torch_tpu") is None:
-            return False
-        try:
-            accelerator = torch.accelerator.current_accelerator()
-            return accelerator is not None and accelerator.type == "tpu" and (
-                torch.accelerator.device_count() > 0
-            )
-        except Exception:  # noqa: BLE001 - a broken install means "not available"
-            return False
+        return cls.unavailable_reason() is None
 
     @property
     def device(self) -> torch.device:
         return torch.device("tpu", torch.accelerator.current_device_index())
 
     def info(self) -> DeviceInfo:
-        tpu = _torch_tpu_module()
+        tpu = torch_tpu_module()
         name = str(tpu.get_device_name())
         chip = tpu_chip_for_name(name)
-        flops, source = _runtime_peak()
-        if flops is None and chip is not None:
-            flops, source = chip.bf16_flops_per_device, f"Google TPU spec table ({chip.generation})"
-        if flops is None:
+        if chip is None:
             raise BackendError(f"unknown TPU generation {name!r}: no peak FLOP/s for MFU")
-        memory = None
-        with contextlib.suppress(Exception):
-            memory = int(tpu.get_device_properties().total_memory)
+        from torch_tpu._internal.utils.hardware import get_bf16_flops_per_device  # no public equivalent
+
+        runtime_flops = get_bf16_flops_per_device()
+        flops, source = ((float(runtime_flops), "torch_tpu hardware table (get_bf16_flops_per_device)")
+                         if runtime_flops else (chip.bf16_flops_per_device, f"Google TPU spec table ({chip.generation})"))
         return DeviceInfo(
             kind="tpu",
             name=name,
             count=int(torch.accelerator.device_count()),
-            memory_bytes=memory,
+            memory_bytes=int(tpu.get_device_properties().total_memory),
             peak=DevicePeak(
                 # MXU matmuls run in bf16 passes; MFU on TPU is quoted against the bf16 peak.
                 flops_per_s={"bfloat16": flops, "float32": flops},
-                memory_bytes_per_s=chip.hbm_gbytes_per_s * GIGA if chip else None,
+                memory_bytes_per_s=chip.hbm_gbytes_per_s * GIGA,
                 source=source,
             ),
-            details={"generation": chip.generation if chip else None},
+            details={"generation": chip.generation},
         )
 
     def synchronize(self) -> None:
@@ -90,25 +121,46 @@ class TorchTpuBackend(Backend):
         return "bfloat16"
 
     def reset_peak_memory(self) -> None:
-        with contextlib.suppress(Exception):
-            torch.accelerator.reset_peak_memory_stats()
+        torch.accelerator.reset_peak_memory_stats()
 
     def peak_memory_bytes(self) -> tuple[int | None, str]:
-        try:
-            return int(torch.accelerator.max_memory_allocated()), "torch.accelerator.max_memory_allocated"
-        except Exception:  # noqa: BLE001 - not every runtime version reports it
-            return None, "not reported by this TorchTPU version"
+        return int(torch.accelerator.max_memory_allocated()), "torch.accelerator.max_memory_allocated"
 
     def compile_events(self) -> dict[str, int]:
         events = super().compile_events()
-        with contextlib.suppress(Exception):
-            stats = _torch_tpu_module()._get_cache_stats()
-            events["tpu_cache_misses"] = int(_stat(stats, "misses"))
-            events["tpu_cache_requests"] = int(_stat(stats, "requests"))
+        stats = torch_tpu_module()._get_cache_stats()  # private; no public counter in 0.2.0
+        events["tpu_compilations"] = int(stats.num_compilations)
+        events["tpu_cache_requests"] = int(stats.num_cache_reqs)
+        events["tpu_cache_hits"] = int(stats.num_cache_hits)
         return events
 
     def default_compile_backend(self) -> str:
         return "tpu"
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        # TorchTPU registers its device tracer as torch.profiler's PrivateUse1 activity.
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+
+    def profiler_config(self) -> Any:
+        """TorchTPU's profiler configuration: the trace also goes to an XPlane file for XProf,
+        under $TPU_TUNE_XPROF_DIR when set."""
+        config = torch_tpu_module().profiler.TpuProfilerConfig
+        rank = os.environ.get("RANK") if self.ranks > 1 else None
+        return config(run_dir=os.environ.get(XPROF_DIR_VARIABLE), worker_rank=rank)
+
+    @classmethod
+    def launch_environment(cls, ranks: int) -> dict[str, str]:
+        """The variables every rank of an N-rank trial shares (topology, slice-builder addresses,
+        the XProf session), as TorchTPU's ``set_tpu_launch_env`` decides them in the parent."""
+        before = dict(os.environ)
+        torch_tpu_module().distributed.set_tpu_launch_env(nproc_per_node=ranks)
+        decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
+        for key in decided:  # the parent keeps its own environment; the ranks get these
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+        return decided
 
     @classmethod
     def eager_modes(cls) -> tuple[str, ...]:
@@ -116,42 +168,30 @@ class TorchTpuBackend(Backend):
 
     @classmethod
     def eager_mode_environment(cls, mode: str) -> dict[str, str]:
-        # Environment variables are read once, at start-up: a trial with them needs a fresh
-        # process (FACTS.md §1).
+        # Read once, at start-up: a trial with them needs a fresh process.
         return dict(EAGER_MODE_ENV.get(mode, {}))
 
     @contextlib.contextmanager
     def eager_mode(self, mode: str | None) -> Iterator[None]:
-        # The eager mode can also be switched in-process (torch.tpu.eager_mode); a fresh process
-        # with EAGER_MODE_ENV set is the faithful way, which the study uses for measuring.
-        tpu = _torch_tpu_module()
-        previous_mode = getattr(tpu, "eager_mode", None)
-        with contextlib.suppress(Exception):
-            tpu.eager_mode = getattr(tpu.EagerMode, EAGER_MODE_ENUM[mode or "strict"])
-        try:
+        # In-process switch for a block (the study measures in a fresh process with
+        # EAGER_MODE_ENV set, the faithful way); set_eager_mode restores the previous mode.
+        tpu = torch_tpu_module()
+        with tpu.set_eager_mode(getattr(tpu.EagerMode, EAGER_MODE_ENUM[mode or "strict"])):
             yield
-        finally:
-            if previous_mode is not None:
-                with contextlib.suppress(Exception):
-                    tpu.eager_mode = previous_mode
 
 
-def _torch_tpu_module() -> Any:
-    import torch_tpu  # noqa: F401 - registers torch.tpu
+def torch_tpu_module() -> Any:
+    """``torch.tpu``, importing torch_tpu first (it installs ``torch.tpu`` also where the
+    autoload is off)."""
+    import torch_tpu  # noqa: F401
 
     return torch.tpu  # type: ignore[attr-defined]
 
 
-def _runtime_peak() -> tuple[float | None, str]:
-    try:
-        from torch_tpu._internal.utils.hardware import get_bf16_flops_per_device
+def tpu_device_mesh(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """A DeviceMesh over the TPU ranks in TorchTPU's ICI-aware order (``topology_aware_mesh``),
+    so that a mesh axis's neighbours are neighbours on the chip interconnect."""
+    from torch.distributed.device_mesh import DeviceMesh
 
-        return float(get_bf16_flops_per_device()), "torch_tpu hardware table (get_bf16_flops_per_device)"
-    except Exception:  # noqa: BLE001 - private API; fall back to our table
-        return None, ""
-
-
-def _stat(stats: Any, name: str) -> int:
-    if isinstance(stats, dict):
-        return int(stats.get(name, 0))
-    return int(getattr(stats, name, 0))
+    ranks = torch_tpu_module().distributed.topology_aware_mesh(mesh_shape=tuple(sizes))
+    return DeviceMesh("tpu", ranks, mesh_dim_names=names)

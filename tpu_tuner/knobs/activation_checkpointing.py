@@ -12,7 +12,9 @@ are all one class with submodules of their own (transformer layers, ResNet stage
 outermost such container only. Each chosen block's forward runs through
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` while gradients are recorded; under
 ``no_grad`` (inference, evaluation) it runs plainly. A model without repeated blocks is refused
-with that reason. Not offered on TPU: TorchTPU's rematerialisation belongs to its compiler.
+with that reason. On TPU too: torch-tpu 0.2.0's compile keeps the recomputation (its FX pass
+``mark_activation_checkpoints`` puts an optimisation barrier after each recomputed region, so XLA
+does not fold it back into the forward) and eager mode runs ``checkpoint`` as on any device.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class ActivationCheckpointingKnob(Knob):
     default = NONE
     position = 60
     values = (NONE, BLOCKS, EVERY_2ND)
-    device_kinds = ("cpu", "cuda")
+    device_kinds = ("cpu", "cuda", "tpu")
     not_applicable = "it needs a training step and a model with two or more like blocks"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:

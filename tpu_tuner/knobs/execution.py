@@ -1,5 +1,16 @@
 """The `execution` knob: eager, or torch.compile with a backend (and mode); on TPU also
-TorchTPU's eager modes, which are start-up environment variables the backend names."""
+TorchTPU's eager modes, which are start-up environment variables the backend names.
+
+On TPU (torch-tpu 0.2.0, checked by `backends/torchtpu_api.py`): ``eager:strict`` is
+``EagerMode.DEFER_NEVER`` (the default), ``eager:defer_and_fuse`` is ``DEFER_AND_FUSE``
+(``TORCH_TPU_DEFER_AND_FUSE=1``), ``eager:debug`` is ``DEFER_NEVER_AND_LAUNCH_BLOCKING``
+(``TORCH_TPU_LAUNCH_BLOCKING=1``), and ``tpu`` is ``torch.compile(backend="tpu")``. Left out of
+the search: ``eager:debug`` (a debugging mode, synchronous launches: never the faster setting; it
+stays a valid value) and any ``tpu:<mode>``: the backend takes no mode (torch passes ``mode`` on
+and 0.2.0 raises ``TypeError: Unexpected keyword arguments: {'mode': ...}``), so it is refused
+here. Its options (``async_compile``: compile latency, not step time; ``num_dynamic_buckets`` /
+``bucket_size``: the bucketing study's, `bucketing/torchtpu.py`) are no knob of this one.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 EAGER = "eager"
+TPU_COMPILE_BACKEND = "tpu"  # torch.compile(backend="tpu"): TorchTPU's
 
 
 def split(value: str) -> tuple[str, str]:
@@ -42,6 +54,9 @@ class ExecutionKnob(Knob):
             return EAGER if tail == modes[0] else value
         if head == EAGER:
             return EAGER
+        if head == TPU_COMPILE_BACKEND and tail:
+            raise ValueError(f"execution {value!r}: TorchTPU's compile backend takes no mode "
+                             f"(torch-tpu 0.2.0 raises TypeError on one); use {TPU_COMPILE_BACKEND!r}")
         return value
 
     def environment(self, value: str, backend: BackendLike) -> dict[str, str]:

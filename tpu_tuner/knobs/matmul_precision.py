@@ -1,7 +1,11 @@
 """The `matmul_precision` knob: ``torch.set_float32_matmul_precision``, process-wide.
 
-TPU: highest/high/medium = 6/3/1 bf16 passes; CUDA: high/medium allow TF32; CPU: medium may run
-fp32 matmuls as bf16 (AMX hosts), and high is the same as highest.
+TPU: TorchTPU patches ``torch.set_float32_matmul_precision`` on a TPU host: medium / high / highest
+set ``torch.tpu.Precision.DEFAULT`` / ``HIGH`` / ``HIGHEST`` (XLA's 1 / 3 / 6 bf16 passes), and its
+global default is DEFAULT, so on TPU the baseline is medium (the search spaces list it first);
+CUDA: high/medium allow TF32; CPU: medium may run fp32 matmuls as bf16 (AMX hosts), and high is
+the same as highest. ``torch.tpu.precision(...)`` (a per-block override) is not used: it breaks
+the graph under torch.compile.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from tpu_tuner.planner.layouts import Layout
 from tpu_tuner.planner.program import CompiledStep, compile_step
+from tpu_tuner.tpu_host import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "tpu_tuner.planner.compile_pool", str(to_child_r), str(from_child_w)],
-                                        pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output)
+                                        pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output,
+                                        env={**os.environ, **child_environment()})
         os.close(to_child_r)
         os.close(from_child_w)
         self.send = Connection(to_child_w, readable=False)

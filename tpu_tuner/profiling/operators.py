@@ -38,7 +38,7 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
     """
     activities = backend.profiler_activities()
     use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in activities)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, experimental_config=backend.profiler_config()) as prof:
         for _ in range(steps):
             step()
         backend.synchronize()

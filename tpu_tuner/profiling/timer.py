@@ -28,7 +28,7 @@ def compile_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
 
 
 def _compiled(delta: dict[str, int]) -> bool:
-    return delta.get("torch_compile_graphs", 0) > 0 or delta.get("tpu_cache_misses", 0) > 0
+    return delta.get("torch_compile_graphs", 0) > 0 or delta.get("tpu_compilations", 0) > 0
 
 
 def timed_call(step: Callable[[], Any], backend: Backend) -> float:

@@ -120,7 +120,10 @@ class TrialRunner:
             sys.executable, "-m", "tpu_tuner.runner.worker", str(to_child_r), str(from_child_w),
             self.workload_path, self.device or "auto", str(self.memory_limit_bytes or 0),
         ]
-        self._process = subprocess.Popen(command, pass_fds=(to_child_r, from_child_w), env={**os.environ, **env})
+        from tpu_tuner.tpu_host import child_environment
+
+        self._process = subprocess.Popen(command, pass_fds=(to_child_r, from_child_w),
+                                         env={**os.environ, **child_environment(), **env})
         os.close(to_child_r)
         os.close(from_child_w)
         self._send = Connection(to_child_w, readable=False)

@@ -50,6 +50,8 @@ class RankedTrialRunner:
         self.single = TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
         # Per-rank start-up variables (a device of its own); set once the device kind is known.
         self.rank_environment: Callable[[int], dict[str, str]] | None = None
+        # Variables every rank shares, decided once by the parent (Backend.launch_environment).
+        self.launch_environment: dict[str, str] = {}
         self.groups_started = 0
 
     @property
@@ -76,7 +78,7 @@ class RankedTrialRunner:
                 "device": self.device, "memory_limit_bytes": self.memory_limit_bytes}))
             self.groups_started += 1
             outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
-                                env=env, rank_env=self.rank_environment)
+                                env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment)
             if outcome.ok:
                 return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
             return JobResult(failure=_failure(outcome, job_file, failure_path), seconds=outcome.seconds)

@@ -128,7 +128,12 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> 
         return DistributedDataParallel(model)
     names = ("data", "fsdp", "tensor")
     sizes = (layout.data, layout.fsdp, layout.tensor)
-    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    if device_type == "tpu":
+        from tpu_tuner.backends.torchtpu import tpu_device_mesh
+
+        mesh = tpu_device_mesh(sizes, names)  # ICI-aware rank order
+    else:
+        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     if layout.tensor > 1:
         _tensor_parallel(model, mesh["tensor"], layout.tensor)
     if layout.fsdp > 1:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.tpu_host import child_environment
+
 # The process group's timeout for one collective, at least: a rank whose peer died usually hears
 # at once (its connection closes), and the launcher stops every rank when one exits; a peer that
 # hangs is caught by the deadline of `run_ranks`, which the timeout is raised to.
@@ -61,7 +63,7 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
     with tempfile.TemporaryDirectory(prefix="tpu-tune-ranks-", dir=workdir) as folder:
         root = Path(folder)
         threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
-        envs = {rank: {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+        envs = {rank: {**os.environ, **child_environment(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                        "TPU_TUNE_RENDEZVOUS": str(root / "rendezvous"),
                        "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
                        "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1",

@@ -295,6 +295,7 @@ def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOp
         raise UserInputError(f"--nproc {options.nproc}: this host has {profile.device.count} "
                              f"{profile.device.kind} device(s), one per rank")
     runner.rank_environment = backend.rank_environment
+    runner.launch_environment = backend.launch_environment(options.nproc)
 
 
 def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> RunLocation:

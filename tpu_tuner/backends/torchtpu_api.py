@@ -1,0 +1,321 @@
+"""Every name tpu-tune uses of TorchTPU, in one table, and the check of that table against the
+installed package (``tpu-tune devices``, tests/test_torchtpu_contract.py).
+
+The adapter (`backends/torchtpu.py`) reaches TorchTPU only through the names listed here, so an API
+change in a new torch-tpu release fails this check with the name that moved, instead of a trial
+silently measuring something else. Read against torch-tpu 0.2.0's shipped sources
+(docs/torchtpu.md has what each name does and where it is defined).
+
+How each kind of name is checked, on a host without a TPU (``import torch_tpu`` works there: it
+installs ``torch.tpu`` and registers the ``"tpu"`` compile backend; only the device runtime needs
+a chip):
+
+* public names: listed in the package's public API table (``torch_tpu/_internal/public_api.py``,
+  read with ``ast``, no import), and resolved on the imported ``torch.tpu``;
+* enum members, keyword parameters, result fields: on the imported objects;
+* private names (where 0.2.0 has no public equivalent): resolved on the import;
+* compile options: string keys read by the registered ``"tpu"`` backend's ``__call__``;
+* the process-group backend: a ``register_backend("<name>", ...)`` call in the package's sources
+  (TorchTPU registers it only on a TPU host);
+* environment variables read by its C++ runtime: their names in the package's shared libraries.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import inspect
+import mmap
+import typing
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGE = "torch_tpu"
+DISTRIBUTION = "torch-tpu"
+TESTED_VERSION = "0.2.0"
+
+# (public module, attribute) pairs, as the public API table lists them.
+PUBLIC_NAMES: tuple[tuple[str, str], ...] = (
+    ("torch.tpu", "EagerMode"),  # eager modes (execution knob)
+    ("torch.tpu", "eager_mode"),  # the current mode (a get/set property)
+    ("torch.tpu", "set_eager_mode"),  # context manager: a mode for a block, restored after
+    ("torch.tpu", "Precision"),  # the matmul passes set_float32_matmul_precision maps to
+    ("torch.tpu", "get_device_name"),  # "TPU v5p": the generation, for peaks
+    ("torch.tpu", "get_device_properties"),  # HBM per device
+    ("torch.tpu", "get_amp_supported_dtype"),  # autocast on "tpu" (the autocast knob)
+    ("torch.tpu.distributed", "set_tpu_launch_env"),  # the variables every rank of a trial shares
+    ("torch.tpu.distributed", "topology_aware_mesh"),  # an ICI-aware rank order for DeviceMesh
+    ("torch.tpu.profiler", "TpuProfilerConfig"),  # torch.profiler's XPlane (XProf) trace on TPU
+)
+ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
+    "EagerMode": ("DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "DEFER_AND_FUSE"),
+    "Precision": ("DEFAULT", "HIGH", "HIGHEST"),
+}
+# Keyword parameters the adapter passes: callable (public module, attribute) -> names.
+PARAMETERS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("torch.tpu.distributed", "set_tpu_launch_env"): ("nproc_per_node",),
+    ("torch.tpu.distributed", "topology_aware_mesh"): ("mesh_shape",),
+    ("torch.tpu.profiler", "TpuProfilerConfig"): ("run_dir", "worker_rank"),
+}
+# Fields the adapter reads of a result: (public module, callable) -> field names.
+RESULT_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("torch.tpu", "get_device_properties"): ("total_memory",),
+}
+# Private names with no public equivalent in 0.2.0: the compile cache's counters, and the peak
+# bf16 FLOP/s per device (get_device_properties leaves it out on purpose, its docstring says).
+PRIVATE_NAMES: tuple[str, ...] = (
+    "torch.tpu._get_cache_stats",
+    "torch_tpu._internal.utils.hardware.get_bf16_flops_per_device",
+)
+CACHE_STATS_FIELDS: tuple[str, ...] = ("num_cache_reqs", "num_cache_hits", "num_compilations")
+COMPILE_BACKEND = "tpu"
+# torch.compile(backend="tpu", options={...}) keys: bounded dynamism (bucketing/torchtpu.py).
+COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
+PROCESS_GROUP_BACKEND = "tpu_dist"
+# Start-up variables of the eager modes, read once by TorchTPU's C++ runtime.
+ENVIRONMENT_VARIABLES: tuple[str, ...] = ("TORCH_TPU_DEFER_AND_FUSE", "TORCH_TPU_LAUNCH_BLOCKING")
+
+
+@dataclass(frozen=True)
+class NameCheck:
+    """One used name and whether the installed package has it."""
+
+    name: str
+    kind: str
+    present: bool
+    detail: str = ""  # why it is missing
+
+
+@dataclass(frozen=True)
+class ApiCheck:
+    """The adapter's names against the installed torch-tpu."""
+
+    version: str | None  # None: torch-tpu is not installed
+    checks: tuple[NameCheck, ...] = ()
+    error: str | None = None  # the package could not be imported at all
+
+    @property
+    def missing(self) -> list[NameCheck]:
+        return [c for c in self.checks if not c.present]
+
+    @property
+    def ok(self) -> bool:
+        return self.version is not None and self.error is None and not self.missing
+
+    def summary(self) -> str:
+        """One line: "TorchTPU 0.2.0: 31 names used, all present" or what is missing."""
+        if self.version is None:
+            return "TorchTPU: not installed (pip install -e '.[tpu]')"
+        if self.error is not None:
+            return f"TorchTPU {self.version}: import failed: {self.error}"
+        head = f"TorchTPU {self.version}: {len(self.checks)} names used"
+        if not self.missing:
+            return f"{head}, all present"
+        names = ", ".join(f"{c.name} ({c.detail})" if c.detail else c.name for c in self.missing)
+        return f"{head}, {len(self.missing)} missing: {names}"
+
+
+def installed_version() -> str | None:
+    """torch-tpu's installed version, read from its metadata (no import)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_folder() -> Path | None:
+    """Where torch_tpu is installed, found without importing it (importing it imports torch)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def public_table(folder: Path) -> dict[str, set[str]]:
+    """The public API table's names by public module, parsed from
+    ``_internal/public_api.py`` (its ``_PUBLIC_MODULES = {module: ModuleSpec(exports={...})}``)."""
+    path = folder / "_internal" / "public_api.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id == "_PUBLIC_MODULES" and isinstance(node.value, ast.Dict):
+            table: dict[str, set[str]] = {}
+            for key, value in zip(node.value.keys, node.value.values):
+                if not (isinstance(key, ast.Constant) and isinstance(value, ast.Call)):
+                    continue
+                exports = next((k.value for k in value.keywords if k.arg == "exports"), None)
+                if isinstance(exports, ast.Dict):
+                    table[key.value] = {k.value for k in exports.keys if isinstance(k, ast.Constant)}
+            return table
+    raise ValueError(f"{path}: no _PUBLIC_MODULES table (the layout of torch-tpu's public API table changed)")
+
+
+def registered_process_group_backends(folder: Path) -> set[str]:
+    """Names passed as the first argument of ``register_backend(...)`` in the package's sources."""
+    names: set[str] = set()
+    for path in folder.rglob("*.py"):
+        if "register_backend" not in (text := path.read_text(errors="replace")):
+            continue
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
+                    "register_backend" and node.args and isinstance(node.args[0], ast.Constant):
+                names.add(str(node.args[0].value))
+    return names
+
+
+def strings_in_libraries(folder: Path, wanted: tuple[str, ...]) -> set[str]:
+    """Which of `wanted` occur as bytes in the package's shared libraries (C++-only names)."""
+    found: set[str] = set()
+    for path in folder.rglob("*.so*"):
+        if len(found) == len(wanted):
+            break
+        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found |= {name for name in wanted if name not in found and data.find(name.encode()) >= 0}
+    return found
+
+
+def _resolve(dotted: str) -> Any:
+    """Import the longest importable prefix of `dotted`, then walk its attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            value = getattr(value, part)
+        return value
+    raise ImportError(dotted)
+
+
+def _has_attribute(module: Any, name: str) -> bool:
+    """`name` on `module`, without calling a property's getter (its class holds properties)."""
+    return name in vars(type(module)) or name in vars(module) or hasattr(module, name)
+
+
+def _option_keys(backend: Any) -> set[str]:
+    """String constants in the registered compile backend's ``__call__`` (where it reads options)."""
+    source = inspect.getsource(type(backend).__call__)
+    tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith((" ", "\t")) else source)
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def check_api(public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
+              enum_members: dict[str, tuple[str, ...]] | None = None,
+              private_names: tuple[str, ...] = PRIVATE_NAMES,
+              compile_options: tuple[str, ...] = COMPILE_OPTIONS,
+              environment_variables: tuple[str, ...] = ENVIRONMENT_VARIABLES,
+              process_group_backend: str = PROCESS_GROUP_BACKEND) -> ApiCheck:
+    """Check every name the adapter uses against the installed torch-tpu (imports it, and torch;
+    a few seconds). The arguments default to the adapter's tables; tests pass a wrong name to
+    see the check fail."""
+    version, folder = installed_version(), package_folder()
+    if version is None or folder is None:
+        return ApiCheck(version=None)
+    enum_members = ENUM_MEMBERS if enum_members is None else enum_members
+    with warnings.catch_warnings():
+        # Reading an experimental name warns once ("<TorchTpu/ApiStage/ExperimentalApi/>"): the
+        # check reads them all, and says what it found itself.
+        warnings.simplefilter("ignore")
+        return _check(version, folder, public_names, enum_members, private_names, compile_options,
+                      environment_variables, process_group_backend)
+
+
+def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...],
+           enum_members: dict[str, tuple[str, ...]], private_names: tuple[str, ...],
+           compile_options: tuple[str, ...], environment_variables: tuple[str, ...],
+           process_group_backend: str) -> ApiCheck:
+    try:
+        import torch
+        import torch_tpu  # noqa: F401 - installs torch.tpu (also without the autoload)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the answer, named
+        return ApiCheck(version=version, error=f"{type(exc).__name__}: {exc}")
+    checks: list[NameCheck] = []
+    table = public_table(folder)
+
+    for module_name, name in public_names:
+        dotted = f"{module_name}.{name}"
+        if name not in table.get(module_name, set()):
+            checks.append(NameCheck(dotted, "public name", False, "not in torch_tpu's public API table"))
+            continue
+        try:
+            present = _has_attribute(_resolve(module_name), name)
+        except (ImportError, AttributeError):
+            present = False
+        checks.append(NameCheck(dotted, "public name", present, "" if present else "listed but not importable"))
+
+    for enum_name, members in enum_members.items():
+        enum = getattr(torch.tpu, enum_name, None)
+        for member in members:
+            present = enum is not None and hasattr(enum, member)
+            checks.append(NameCheck(f"torch.tpu.{enum_name}.{member}", "enum member", present,
+                                    "" if present else "no such member"))
+
+    for (module_name, name), parameters in PARAMETERS.items():
+        if (module_name, name) not in public_names:
+            continue
+        try:
+            signature = inspect.signature(getattr(_resolve(module_name), name))
+        except (ImportError, AttributeError, ValueError, TypeError):
+            signature = None
+        for parameter in parameters:
+            present = signature is not None and parameter in signature.parameters
+            checks.append(NameCheck(f"{module_name}.{name}({parameter}=)", "parameter", present,
+                                    "" if present else "no such keyword"))
+
+    for (module_name, name), fields in RESULT_FIELDS.items():
+        try:
+            returned = typing.get_type_hints(getattr(_resolve(module_name), name))["return"]
+            known = {f.name for f in dataclasses.fields(returned)}
+        except Exception:  # noqa: BLE001 - an unreadable result type lacks every field
+            known = set()
+        for field_name in fields:
+            present = field_name in known
+            checks.append(NameCheck(f"{module_name}.{name}().{field_name}", "result field", present,
+                                    "" if present else "not a field of its result"))
+
+    resolved: dict[str, Any] = {}
+    for dotted in private_names:
+        try:
+            resolved[dotted] = _resolve(dotted)
+        except (ImportError, AttributeError):
+            pass
+        checks.append(NameCheck(dotted, "private name", dotted in resolved, "" if dotted in resolved else "not importable"))
+    if "torch.tpu._get_cache_stats" in resolved:
+        stats = resolved["torch.tpu._get_cache_stats"]()  # counters only: no device runtime needed
+        for field_name in CACHE_STATS_FIELDS:
+            checks.append(NameCheck(f"torch.tpu._get_cache_stats().{field_name}", "result field",
+                                    hasattr(stats, field_name)))
+
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import lookup_backend
+
+    registered = COMPILE_BACKEND in list_backends()
+    checks.append(NameCheck(f'torch.compile(backend="{COMPILE_BACKEND}")', "compile backend", registered,
+                            "" if registered else "not registered with dynamo"))
+    keys = _option_keys(lookup_backend(COMPILE_BACKEND)) if registered else set()
+    for option in compile_options:
+        checks.append(NameCheck(f"options={{'{option}': ...}}", "compile option", option in keys,
+                                "" if option in keys else "not read by the tpu backend"))
+
+    backends = registered_process_group_backends(folder)
+    checks.append(NameCheck(f'init_process_group("{process_group_backend}")', "process group backend",
+                            process_group_backend in backends,
+                            "" if process_group_backend in backends else "never registered"))
+
+    found = strings_in_libraries(folder, environment_variables)
+    for variable in environment_variables:
+        checks.append(NameCheck(variable, "environment variable", variable in found,
+                                "" if variable in found else "not in its libraries"))
+    return ApiCheck(version=version, checks=tuple(checks))
+
+
+@lru_cache(maxsize=1)
+def cached_api_check() -> ApiCheck:
+    """`check_api()` once per process (the backend refuses to run on a package that fails it)."""
+    return check_api()

@@ -1,0 +1,72 @@
+"""What this host has of TPUs, read from the PCI bus without loading any TPU library, and the
+environment that keeps libtpu from reaching for a TPU that is not there.
+
+Why tpu-tune sets anything: with torch-tpu installed, every ``import torch`` autoloads it (a
+``torch.backends`` entry point) and it loads libtpu. On a host without a TPU chip libtpu starts its
+runtime at the first autograd backward (the engine asks every device type for its device count)
+and, not finding the chip, asks Google Compute Engine's metadata server for the TPU's topology:
+30 tries per key, about 29 s each, over five minutes in all before the backward runs (measured on
+this 2-core host: `docs/torchtpu.md`), and network traffic to an address no test may reach.
+``TPU_SKIP_MDS_QUERY=1`` tells libtpu not to ask. On a real TPU VM the metadata server is how libtpu
+learns its slice, so the variable is set only where the PCI bus shows no TPU chip, and never over
+a value the user set.
+
+Child processes tpu-tune starts on such a host also get ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``: the
+autoload costs 2.6 s per process (1.2 s against 3.9 s for ``import torch``, three runs each) and
+changes dynamo's settings (``allow_rnn``, ``trace_autograd_ops``) and ``flex_attention`` for CPU and
+CUDA work too, which a CPU or GPU measurement should not carry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+GOOGLE_PCI_VENDOR = "0x1ae0"
+# Google's PCI device ids of TPU chips (torch-tpu 0.2.0's hardware table). Google's vendor id alone
+# is not enough: GCE's virtual NIC (gVNIC) has it too.
+TPU_PCI_DEVICE_IDS = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "tpu7x"}
+
+
+def tpu_chips_on_host(pci_devices: Path = PCI_DEVICES) -> dict[str, int]:
+    """TPU chips on this host's PCI bus by generation ({} on a host without one)."""
+    chips: dict[str, int] = {}
+    if not pci_devices.is_dir():
+        return chips
+    for device in pci_devices.iterdir():
+        try:
+            vendor = (device / "vendor").read_text().strip()
+            if vendor != GOOGLE_PCI_VENDOR:
+                continue
+            generation = TPU_PCI_DEVICE_IDS.get((device / "device").read_text().strip())
+        except OSError:  # a device that vanished or a file we may not read: not a chip we can use
+            continue
+        if generation is not None:
+            chips[generation] = chips.get(generation, 0) + 1
+    return chips
+
+
+def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
+                           pci_devices: Path = PCI_DEVICES) -> dict[str, str]:
+    """On a host without a TPU chip, tell libtpu not to ask the metadata server (module doc).
+    Returns what it set; never overrides a value already there."""
+    if tpu_chips_on_host(pci_devices):
+        return {}
+    if "TPU_SKIP_MDS_QUERY" in environ:
+        return {}
+    environ["TPU_SKIP_MDS_QUERY"] = "1"
+    return {"TPU_SKIP_MDS_QUERY": "1"}
+
+
+def child_environment(environ: MutableMapping[str, str] | None = None,
+                      pci_devices: Path = PCI_DEVICES) -> dict[str, str]:
+    """Variables for a process tpu-tune starts (trial workers, ranks, compilers): on a host
+    without a TPU chip, no torch-tpu autoload and no metadata queries (module doc); nothing on a
+    TPU host. A value the user set wins."""
+    environ = os.environ if environ is None else environ
+    if tpu_chips_on_host(pci_devices):
+        return {}
+    wanted = {"TPU_SKIP_MDS_QUERY": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    return {name: value for name, value in wanted.items() if name not in environ}
