@@ -35,6 +35,7 @@ def test_mfu_from_known_numbers() -> None:
         ("TPU v6e", "v6e", 918e12),
         ("TPU v6 lite", "v6e", 918e12),
         ("TPU7x", "tpu7x", 1153.5e12),  # two devices per chip share the 2307 TFLOP/s
+        ("TPU v7", "tpu7x", 1153.5e12),  # torch-tpu 0.2.0's get_device_name()
     ],
 )
 def test_tpu_table(name: str, generation: str, bf16_per_device: float) -> None:

@@ -102,3 +102,65 @@ def test_not_available_without_the_package_and_says_why() -> None:
     assert TorchTpuBackend.unavailable_reason() == "torch-tpu is not installed (pip install -e '.[tpu]')"
     with pytest.raises(BackendError, match="'tpu' is not available here: torch-tpu is not installed"):
         get_backend("tpu")
+
+
+def test_unavailable_says_which_requirement_is_missing(monkeypatch, tmp_path) -> None:
+    from importlib import metadata
+
+    import tpu_tuner.backends.torchtpu as adapter
+
+    versions = {"torch-tpu": "0.3.0", "libtpu": "0.0.52"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(adapter, "installed_version", lambda: versions.get("torch-tpu"))
+    monkeypatch.setattr(adapter, "package_folder", lambda: tmp_path)
+    monkeypatch.setattr(adapter.metadata, "version", version)
+    monkeypatch.setattr(adapter, "tpu_chips_on_host", lambda: {})
+    assert TorchTpuBackend.unavailable_reason() == (
+        "torch-tpu 0.3.0 is outside the releases tpu-tune was checked against (0.2.x)")
+    versions["torch-tpu"] = "0.2.0"
+    versions["libtpu"] = "0.0.42.1"  # the planner's libtpu, installed over torch-tpu's
+    assert TorchTpuBackend.unavailable_reason() == "libtpu 0.0.42.1 is older than torch-tpu 0.2.0 needs (>= 0.0.50)"
+    del versions["libtpu"]
+    assert TorchTpuBackend.unavailable_reason() == "libtpu is not installed (torch-tpu 0.2.0 needs libtpu >= 0.0.50)"
+    versions["libtpu"] = "0.0.52"
+    assert TorchTpuBackend.unavailable_reason() == "no TPU chip on this host's PCI bus"
+    # A TPU host whose TorchTPU cannot run is an error for --device auto, never a silent CPU run.
+    monkeypatch.setattr("tpu_tuner.tpu_host.tpu_chips_on_host", lambda: {"v5p": 4})
+    monkeypatch.setattr(TorchTpuBackend, "unavailable_reason", classmethod(lambda cls: "libtpu 0.0.42 is older"))
+    with pytest.raises(BackendError, match="this host has TPU chips but TorchTPU cannot run here: libtpu 0.0.42"):
+        get_backend("auto")
+
+
+def test_launch_environment_hands_the_ranks_torchtpus_variables_and_keeps_the_parents(fake_tpu, monkeypatch) -> None:
+    import os
+
+    from tpu_tuner.errors import UserInputError
+
+    def set_tpu_launch_env(*, nproc_per_node: int) -> None:  # fills unset variables, as 0.2.0's does
+        if nproc_per_node == 3:
+            raise RuntimeError("no TPU topology for 3 devices")
+        os.environ.setdefault("TORCH_TPU_TOPOLOGY", "2,2,1")
+        os.environ["TORCH_TPU_SLICEBUILDER_ADDRESSES"] = "localhost:8070,localhost:8071"
+
+    torch.tpu.distributed = types.SimpleNamespace(set_tpu_launch_env=set_tpu_launch_env)
+    monkeypatch.delenv("TORCH_TPU_TOPOLOGY", raising=False)
+    monkeypatch.setenv("TORCH_TPU_SLICEBUILDER_ADDRESSES", "mine")
+    before = dict(os.environ)
+    assert TorchTpuBackend.launch_environment(4) == {
+        "TORCH_TPU_TOPOLOGY": "2,2,1", "TORCH_TPU_SLICEBUILDER_ADDRESSES": "localhost:8070,localhost:8071"}
+    assert dict(os.environ) == before
+    with pytest.raises(UserInputError, match="--nproc 3: TorchTPU cannot lay out 3 ranks"):
+        TorchTpuBackend.launch_environment(3)
+    assert dict(os.environ) == before
+
+
+def test_the_runtimes_peak_wins_over_the_table(fake_tpu) -> None:
+    sys.modules["torch_tpu._internal.utils.hardware"].get_bf16_flops_per_device = lambda: 4.59e14
+    info = TorchTpuBackend().info()
+    assert info.peak.flops_per_s["bfloat16"] == 4.59e14
+    assert info.peak.source == "torch_tpu hardware table (get_bf16_flops_per_device)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from tpu_tuner.tpu_host import child_environment, settle_tpu_environment, tpu_chips_on_host
@@ -26,8 +27,11 @@ def test_chips_are_google_tpu_device_ids_not_every_google_device(tmp_path: Path)
     assert tpu_chips_on_host(tmp_path / "absent") == {}
 
 
-def test_without_a_chip_libtpu_is_told_not_to_ask_the_metadata_server(tmp_path: Path) -> None:
+def test_without_a_chip_libtpu_is_told_not_to_ask_the_metadata_server(tmp_path: Path, monkeypatch) -> None:
     no_chip = _pci_tree(tmp_path / "cpu-host", {"0000:00:07.0": ("0x8086", "0x1237")})
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # torch-tpu installed: its autoload goes too
+                        lambda name, *a: object() if name == "torch_tpu" else real_find_spec(name, *a))
     environ: dict[str, str] = {}
     assert settle_tpu_environment(environ, no_chip) == {"TPU_SKIP_MDS_QUERY": "1"}
     assert environ == {"TPU_SKIP_MDS_QUERY": "1"}
@@ -36,6 +40,9 @@ def test_without_a_chip_libtpu_is_told_not_to_ask_the_metadata_server(tmp_path: 
     environ = {"TPU_SKIP_MDS_QUERY": "0"}
     assert settle_tpu_environment(environ, no_chip) == {} and environ == {"TPU_SKIP_MDS_QUERY": "0"}
     assert child_environment({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, no_chip) == {"TPU_SKIP_MDS_QUERY": "1"}
+    # Without torch-tpu the autoload switch stays alone: it would turn off other torch plugins too.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch_tpu" else real_find_spec(name, *a))
+    assert child_environment({}, no_chip) == {"TPU_SKIP_MDS_QUERY": "1"}
 
 
 def test_a_tpu_host_keeps_libtpus_own_discovery(tmp_path: Path) -> None:

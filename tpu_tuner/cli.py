@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profile one step of a model file on the present device.",
     )
     _add_run_args(prof)
-    prof.add_argument("--precision", choices=MATMUL_PRECISIONS, default="highest",
-                      help="torch.set_float32_matmul_precision (default: highest)")
+    prof.add_argument("--precision", choices=MATMUL_PRECISIONS,
+                      help="torch.set_float32_matmul_precision (default: the device's own: highest on CPU and "
+                           "GPU, medium on TPU, TorchTPU's one-pass default)")
     prof.add_argument("--autocast", choices=AUTOCAST_DTYPES, help="run under torch.autocast with this dtype")
     prof.add_argument("--compile", metavar="BACKEND", help="torch.compile backend (inductor, aot_eager, tpu, ...)")
     prof.add_argument("--compile-mode", help="torch.compile mode (inductor only), e.g. max-autotune")
@@ -414,8 +415,21 @@ def _apply_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _likely_device_kind(device: str) -> str:
+    """The device kind `--device` names, or for auto "tpu" where this host has a TPU chip and
+    torch-tpu (the backend the worker will pick), else "other" (read without importing torch)."""
+    if device != "auto":
+        return device
+    import importlib.util
+
+    from tpu_tuner.tpu_host import tpu_chips_on_host
+
+    return "tpu" if tpu_chips_on_host() and importlib.util.find_spec("torch_tpu") else "other"
+
+
 def _profile_command(args: argparse.Namespace) -> int:
     # Imported here so that `tpu-tune --help` stays fast.
+    from tpu_tuner.knobs.matmul_precision import device_default
     from tpu_tuner.profiling.isolated import profile_in_worker
     from tpu_tuner.profiling.settings import ProfilerSettings
     from tpu_tuner.report.profile_report import render_terminal
@@ -426,7 +440,7 @@ def _profile_command(args: argparse.Namespace) -> int:
         eager_mode=args.eager_mode,
         compile_backend=args.compile,
         compile_mode=args.compile_mode,
-        matmul_precision=args.precision,
+        matmul_precision=args.precision or device_default(_likely_device_kind(args.device)),
         autocast_dtype=args.autocast,
     )
     # The model file runs in a worker, never in this process (docs/run-safety.md).

@@ -86,13 +86,13 @@ def devices_report() -> DevicesReport:
     """Check every backend and the TorchTPU API on this host (imports torch; with torch-tpu
     installed also torch_tpu, a few seconds)."""
     from tpu_tuner.backends import BACKENDS
-    from tpu_tuner.backends.torchtpu_api import check_api
+    from tpu_tuner.backends.torchtpu_api import cached_api_check
 
     statuses = []
     for kind, backend_class in BACKENDS.items():
         reason = backend_class.unavailable_reason()
         statuses.append(BackendStatus(kind, reason is None, _device_detail(kind) if reason is None else reason))
-    check = check_api()
+    check = cached_api_check()
     return DevicesReport(
         backends=statuses,
         versions=installed_versions(),

@@ -49,7 +49,7 @@ TPU_CHIPS: dict[str, TpuChip] = {
 
 # Device-name spellings seen from TPU runtimes, mapped to a generation key above.
 _TPU_NAME_PATTERNS: list[tuple[str, str]] = [
-    (r"7x|ironwood", "tpu7x"),
+    (r"7x|\bv7\b|ironwood", "tpu7x"),  # torch-tpu 0.2.0 names the chip "TPU v7"
     (r"v6\s*e|v6\s*lite|trillium", "v6e"),
     (r"v5\s*p", "v5p"),
     (r"v5\s*e|v5\s*lite", "v5e"),

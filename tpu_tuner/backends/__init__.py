@@ -21,6 +21,12 @@ __all__ = ["BACKENDS", "Backend", "DeviceInfo", "DevicePeak", "get_backend"]
 def get_backend(name: str | None = None) -> Backend:
     """The backend called `name` ("tpu", "cuda", "cpu"), or the best one present when None."""
     if name is None or name == "auto":
+        from tpu_tuner.tpu_host import tpu_chips_on_host
+
+        reason = TorchTpuBackend.unavailable_reason() if tpu_chips_on_host() else None
+        if reason is not None:  # a TPU host whose TorchTPU cannot run: never tune its CPU unasked
+            raise BackendError(f"this host has TPU chips but TorchTPU cannot run here: {reason} "
+                               "(--device cpu to use the CPU anyway; tpu-tune devices)")
         for backend_class in BACKENDS.values():
             if backend_class.is_available():
                 return backend_class()

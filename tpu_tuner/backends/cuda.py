@@ -31,7 +31,7 @@ class CudaBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if torch.version.cuda is None:
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
             return f"torch {torch.__version__} is built without CUDA"
         return None if torch.cuda.is_available() else "torch sees no CUDA device"
 

@@ -23,7 +23,7 @@ from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.backends.torchtpu_api import (DISTRIBUTION, PROCESS_GROUP_BACKEND, cached_api_check,
                                              installed_version, package_folder)
 from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import BackendError
+from tpu_tuner.errors import BackendError, UserInputError
 from tpu_tuner.hardware import GIGA, tpu_chip_for_name
 from tpu_tuner.tpu_host import tpu_chips_on_host
 
@@ -44,6 +44,8 @@ SUPPORTED_SERIES = "0.2"
 MIN_LIBTPU = (0, 0, 50)
 # Where the XPlane trace of a profile goes (for XProf / TensorBoard); unset: TorchTPU's default.
 XPROF_DIR_VARIABLE = "TPU_TUNE_XPROF_DIR"
+# Set by a process whose installed torch-tpu passed the API check, to that version.
+API_CHECKED_VARIABLE = "TPU_TUNE_TORCHTPU_API_CHECKED"
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -73,9 +75,13 @@ class TorchTpuBackend(Backend):
             return f"libtpu {libtpu} is older than {DISTRIBUTION} {version} needs (>= 0.0.50)"
         if not tpu_chips_on_host():
             return "no TPU chip on this host's PCI bus"
-        check = cached_api_check()
-        if not check.ok:
-            return check.summary()
+        # The full check (imports, parses sources, scans 340 MB of libraries) once per install:
+        # a process that passed it tells its trial workers and ranks, which inherit the variable.
+        if os.environ.get(API_CHECKED_VARIABLE) != version:
+            check = cached_api_check()
+            if not check.ok:
+                return check.summary()
+            os.environ[API_CHECKED_VARIABLE] = version
         accelerator = torch.accelerator.current_accelerator()
         if accelerator is None or accelerator.type != "tpu" or torch.accelerator.device_count() == 0:
             return "TorchTPU sees no TPU device (torch.accelerator has none)"
@@ -151,15 +157,19 @@ class TorchTpuBackend(Backend):
     @classmethod
     def launch_environment(cls, ranks: int) -> dict[str, str]:
         """The variables every rank of an N-rank trial shares (topology, slice-builder addresses,
-        the XProf session), as TorchTPU's ``set_tpu_launch_env`` decides them in the parent."""
+        the XProf session), as TorchTPU's ``set_tpu_launch_env`` decides them in the parent; the
+        parent's own environment is left as it was. TorchTPU decides each once per process, so a
+        process launches groups of one size (as a study does)."""
+        distributed = torch_tpu_module().distributed  # imported first: its own start-up variables stay
         before = dict(os.environ)
-        torch_tpu_module().distributed.set_tpu_launch_env(nproc_per_node=ranks)
-        decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
-        for key in decided:  # the parent keeps its own environment; the ranks get these
-            if key in before:
-                os.environ[key] = before[key]
-            else:
-                del os.environ[key]
+        try:
+            distributed.set_tpu_launch_env(nproc_per_node=ranks)
+        except (RuntimeError, ValueError) as exc:  # e.g. a rank count with no TPU topology
+            raise UserInputError(f"--nproc {ranks}: TorchTPU cannot lay out {ranks} ranks on this host: {exc}") from exc
+        finally:
+            decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
+            os.environ.clear()
+            os.environ.update(before)
         return decided
 
     @classmethod

@@ -108,7 +108,7 @@ class ApiCheck:
         return self.version is not None and self.error is None and not self.missing
 
     def summary(self) -> str:
-        """One line: "TorchTPU 0.2.0: 31 names used, all present" or what is missing."""
+        """One line: "TorchTPU 0.2.0: N names used, all present", or what is missing."""
         if self.version is None:
             return "TorchTPU: not installed (pip install -e '.[tpu]')"
         if self.error is not None:
@@ -161,7 +161,11 @@ def registered_process_group_backends(folder: Path) -> set[str]:
     for path in folder.rglob("*.py"):
         if "register_backend" not in (text := path.read_text(errors="replace")):
             continue
-        for node in ast.walk(ast.parse(text, filename=str(path))):
+        try:
+            tree = ast.parse(text, filename=str(path))
+        except SyntaxError:  # a file this Python cannot parse holds no registration we can read
+            continue
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
                     "register_backend" and node.args and isinstance(node.args[0], ast.Constant):
                 names.add(str(node.args[0].value))
@@ -174,6 +178,8 @@ def strings_in_libraries(folder: Path, wanted: tuple[str, ...]) -> set[str]:
     for path in folder.rglob("*.so*"):
         if len(found) == len(wanted):
             break
+        if not path.is_file() or path.stat().st_size == 0:  # mmap refuses an empty file
+            continue
         with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             found |= {name for name in wanted if name not in found and data.find(name.encode()) >= 0}
     return found
@@ -236,12 +242,17 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
     except Exception as exc:  # noqa: BLE001 - any import failure is the answer, named
         return ApiCheck(version=version, error=f"{type(exc).__name__}: {exc}")
     checks: list[NameCheck] = []
-    table = public_table(folder)
+    # Each step reports what it could not read as a missing name rather than raising: a changed
+    # release is what this check is for, and it must say what moved.
+    try:
+        table, table_error = public_table(folder), ""
+    except (OSError, SyntaxError, ValueError) as exc:
+        table, table_error = {}, f"public API table unreadable: {exc}"
 
     for module_name, name in public_names:
         dotted = f"{module_name}.{name}"
         if name not in table.get(module_name, set()):
-            checks.append(NameCheck(dotted, "public name", False, "not in torch_tpu's public API table"))
+            checks.append(NameCheck(dotted, "public name", False, table_error or "not in torch_tpu's public API table"))
             continue
         try:
             present = _has_attribute(_resolve(module_name), name)
@@ -287,10 +298,14 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
             pass
         checks.append(NameCheck(dotted, "private name", dotted in resolved, "" if dotted in resolved else "not importable"))
     if "torch.tpu._get_cache_stats" in resolved:
-        stats = resolved["torch.tpu._get_cache_stats"]()  # counters only: no device runtime needed
+        try:
+            stats, stats_error = resolved["torch.tpu._get_cache_stats"](), ""  # counters: no device runtime
+        except Exception as exc:  # noqa: BLE001 - a call that fails lacks every field; say why
+            stats, stats_error = None, f"call failed: {type(exc).__name__}: {exc}"
         for field_name in CACHE_STATS_FIELDS:
-            checks.append(NameCheck(f"torch.tpu._get_cache_stats().{field_name}", "result field",
-                                    hasattr(stats, field_name)))
+            present = stats is not None and hasattr(stats, field_name)
+            checks.append(NameCheck(f"torch.tpu._get_cache_stats().{field_name}", "result field", present,
+                                    "" if present else stats_error or "not a field of its result"))
 
     from torch._dynamo import list_backends
     from torch._dynamo.backends.registry import lookup_backend
@@ -298,10 +313,13 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
     registered = COMPILE_BACKEND in list_backends()
     checks.append(NameCheck(f'torch.compile(backend="{COMPILE_BACKEND}")', "compile backend", registered,
                             "" if registered else "not registered with dynamo"))
-    keys = _option_keys(lookup_backend(COMPILE_BACKEND)) if registered else set()
+    try:
+        keys, keys_error = (_option_keys(lookup_backend(COMPILE_BACKEND)) if registered else set()), ""
+    except (OSError, TypeError, SyntaxError) as exc:  # no source to read (a compiled backend)
+        keys, keys_error = set(), f"the backend's source is unreadable: {exc}"
     for option in compile_options:
         checks.append(NameCheck(f"options={{'{option}': ...}}", "compile option", option in keys,
-                                "" if option in keys else "not read by the tpu backend"))
+                                "" if option in keys else keys_error or "not read by the tpu backend"))
 
     backends = registered_process_group_backends(folder)
     checks.append(NameCheck(f'init_process_group("{process_group_backend}")', "process group backend",

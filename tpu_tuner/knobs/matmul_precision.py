@@ -19,6 +19,16 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+# The precision a device runs user code at when nothing sets one, where it is not the knob's
+# default: TorchTPU's global default is Precision.DEFAULT, i.e. medium (one bf16 pass).
+_DEVICE_DEFAULTS = {"tpu": "medium"}
+
+
+def device_default(device_kind: str | None) -> str:
+    """The matmul precision `device_kind` runs unchanged code at: a baseline ("the user's code as
+    it runs there") sets this one, not the knob's default (highest, torch's on CPU and CUDA)."""
+    return _DEVICE_DEFAULTS.get(device_kind or "", MatmulPrecisionKnob.default)
+
 
 class MatmulPrecisionKnob(Knob):
     name = "matmul_precision"

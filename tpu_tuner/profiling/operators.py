@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import torch
 
 from tpu_tuner.backends.base import Backend
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,14 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
         backend.synchronize()
     if events_out is not None:
         events_out.extend(prof.events())
+    averages = prof.key_averages()
+    if use_device and not any(event.self_device_time_total > 0 for event in averages):
+        # A device tracer that ties no time to operators (unverified for TorchTPU's): host time,
+        # said so, rather than an empty table.
+        log.warning("the device profiler attributed no time to operators; the table shows host time")
+        use_device = False
     rows = []
-    for event in prof.key_averages():
+    for event in averages:
         # Device time where the device reports it (CUDA); host self time otherwise, which on a
         # CPU is where the work runs.
         self_us = event.self_device_time_total if use_device else event.self_cpu_time_total
@@ -54,7 +63,7 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
     total = sum(r[2] for r in rows) or 1.0
     if shares_out is not None:
         update_us = sum((e.device_time_total if use_device else e.cpu_time_total)
-                        for e in prof.key_averages() if e.key.startswith(OPTIMIZER_STEP_RANGE))
+                        for e in averages if e.key.startswith(OPTIMIZER_STEP_RANGE))
         shares_out["optimizer_step"] = min(1.0, update_us / total)
     rows.sort(key=lambda r: r[2], reverse=True)
     return [

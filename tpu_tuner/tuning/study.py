@@ -33,6 +33,7 @@ from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import UserInputError, WorkloadError
 from tpu_tuner.knobs import traits
+from tpu_tuner.knobs.matmul_precision import device_default
 from tpu_tuner.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.report.units import duration
@@ -159,7 +160,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     keeper = profile is None
     if profile is None:
         emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
-        profile = _profile_baseline(runner, options, model_file)
+        profile = _profile_baseline(runner, options, model_file, workload.device_kind)
     device_kind = profile.device.kind
     if isinstance(runner, RankedTrialRunner):
         _start_ranks_on(runner, profile, options)
@@ -225,9 +226,11 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     return result
 
 
-def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path) -> Profile:
-    """The baseline's profile, measured in the trial worker."""
-    profiled = runner.run("profile", Candidate().to_dict(), {
+def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
+    """The baseline's profile, measured in the trial worker: the code as it runs on the device
+    (on TPU at TorchTPU's default matmul precision, medium)."""
+    baseline = Candidate(matmul_precision=device_default(device_kind))
+    profiled = runner.run("profile", baseline.to_dict(), {
         "batch_size": options.batch_size, "seq_len": options.seq_len,
         "settings": asdict(options.trial_settings),
     })
@@ -684,7 +687,7 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
     probes = probe_lengths(hist, options.bucket_align)
     emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
                   elapsed=time.perf_counter() - started))
-    measured = runner.run("bucket_costs", Candidate().to_dict(), {
+    measured = runner.run("bucket_costs", Candidate(matmul_precision=device_default(profile.device.kind)).to_dict(), {
         "lengths": probes, "warmup_length": reference, "batch_size": options.batch_size})
     if not measured.ok:
         raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
