@@ -89,7 +89,10 @@ def test_published_peaks_keep_the_definition_seeds() -> None:
     # TPU / datasheet GPUs carry no probe: nothing is skipped on its account.
     agent = PrecisionAgent(load_definition("agents", "precision"), "tpu", None)
     assert agent.validate(Candidate(matmul_precision="medium")) is None
-    assert {"matmul_precision": "medium"} in agent.seeds(None, SearchSpace.load("precision", "tpu"))
+    # On TPU medium is the baseline (TorchTPU's default): bf16 autocast is the seed left.
+    assert agent.seeds(None, SearchSpace.load("precision", "tpu")) == [{"autocast": "bfloat16"}]
+    cuda = PrecisionAgent(load_definition("agents", "precision"), "cuda", None)
+    assert {"matmul_precision": "high"} in cuda.seeds(None, SearchSpace.load("precision", "cuda"))
 
 
 def test_the_study_never_queues_what_the_probe_rules_out() -> None:

@@ -32,13 +32,17 @@ def test_without_a_chip_libtpu_is_told_not_to_ask_the_metadata_server(tmp_path: 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",  # torch-tpu installed: its autoload goes too
                         lambda name, *a: object() if name == "torch_tpu" else real_find_spec(name, *a))
+    both = {"TPU_SKIP_MDS_QUERY": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     environ: dict[str, str] = {}
-    assert settle_tpu_environment(environ, no_chip) == {"TPU_SKIP_MDS_QUERY": "1"}
-    assert environ == {"TPU_SKIP_MDS_QUERY": "1"}
-    assert child_environment({}, no_chip) == {"TPU_SKIP_MDS_QUERY": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    assert settle_tpu_environment(environ, no_chip, torch_imported=False) == both and environ == both
+    # Once torch is imported the autoload has happened: only libtpu's variable is worth setting.
+    environ = {}
+    assert settle_tpu_environment(environ, no_chip, torch_imported=True) == {"TPU_SKIP_MDS_QUERY": "1"}
+    assert child_environment({}, no_chip) == both
     # The user's own value wins.
     environ = {"TPU_SKIP_MDS_QUERY": "0"}
-    assert settle_tpu_environment(environ, no_chip) == {} and environ == {"TPU_SKIP_MDS_QUERY": "0"}
+    assert settle_tpu_environment(environ, no_chip, torch_imported=True) == {}
+    assert environ == {"TPU_SKIP_MDS_QUERY": "0"}
     assert child_environment({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, no_chip) == {"TPU_SKIP_MDS_QUERY": "1"}
     # Without torch-tpu the autoload switch stays alone: it would turn off other torch plugins too.
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch_tpu" else real_find_spec(name, *a))
@@ -48,7 +52,7 @@ def test_without_a_chip_libtpu_is_told_not_to_ask_the_metadata_server(tmp_path: 
 def test_a_tpu_host_keeps_libtpus_own_discovery(tmp_path: Path) -> None:
     tpu_vm = _pci_tree(tmp_path / "tpu-vm", {"0000:00:04.0": ("0x1ae0", "0x006f")})
     environ: dict[str, str] = {}
-    assert settle_tpu_environment(environ, tpu_vm) == {} and environ == {}
+    assert settle_tpu_environment(environ, tpu_vm, torch_imported=False) == {} and environ == {}
     assert child_environment({}, tpu_vm) == {}
 
 

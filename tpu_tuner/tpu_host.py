@@ -11,7 +11,8 @@ this 2-core host: `docs/torchtpu.md`), and network traffic to an address no test
 learns its slice, so the variable is set only where the PCI bus shows no TPU chip, and never over
 a value the user set.
 
-Child processes tpu-tune starts on such a host with torch-tpu installed also get
+Where torch-tpu is installed, tpu-tune's own processes on such a host (the CLI, when ``tpu_tuner``
+is imported before torch, and every worker, rank and compiler process it starts) also get
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (which turns off every ``torch.backends`` plugin): the
 autoload costs 2.6 s per process (1.2 s against 3.9 s for ``import torch``, three runs each) and
 changes dynamo's settings (``allow_rnn``, ``trace_autograd_ops``) and ``flex_attention`` for CPU and
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -51,15 +53,16 @@ def tpu_chips_on_host(pci_devices: Path = PCI_DEVICES) -> dict[str, int]:
 
 
 def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
-                           pci_devices: Path = PCI_DEVICES) -> dict[str, str]:
-    """On a host without a TPU chip, tell libtpu not to ask the metadata server (module doc).
-    Returns what it set; never overrides a value already there."""
-    if tpu_chips_on_host(pci_devices):
-        return {}
-    if "TPU_SKIP_MDS_QUERY" in environ:
-        return {}
-    environ["TPU_SKIP_MDS_QUERY"] = "1"
-    return {"TPU_SKIP_MDS_QUERY": "1"}
+                           pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None) -> dict[str, str]:
+    """On a host without a TPU chip: tell libtpu not to ask the metadata server, and, where torch
+    is not imported yet, do not autoload torch-tpu into this process either (module doc; its
+    import also prints a tcmalloc warning and libtpu's log lines, which broke tpu-tune's one-line
+    errors). Returns what it set; never overrides a value already there."""
+    wanted = child_environment(environ, pci_devices)
+    if torch_imported if torch_imported is not None else "torch" in sys.modules:
+        wanted.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # too late: it is read at import
+    environ.update(wanted)
+    return wanted
 
 
 def child_environment(environ: MutableMapping[str, str] | None = None,
