@@ -420,11 +420,9 @@ def _likely_device_kind(device: str) -> str:
     torch-tpu (the backend the worker will pick), else "other" (read without importing torch)."""
     if device != "auto":
         return device
-    import importlib.util
+    from tpu_tuner.tpu_host import torch_tpu_installed, tpu_chips_on_host
 
-    from tpu_tuner.tpu_host import tpu_chips_on_host
-
-    return "tpu" if tpu_chips_on_host() and importlib.util.find_spec("torch_tpu") else "other"
+    return "tpu" if tpu_chips_on_host() and torch_tpu_installed() else "other"
 
 
 def _profile_command(args: argparse.Namespace) -> int:

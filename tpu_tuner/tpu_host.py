@@ -52,6 +52,11 @@ def tpu_chips_on_host(pci_devices: Path = PCI_DEVICES) -> dict[str, int]:
     return chips
 
 
+def torch_tpu_installed() -> bool:
+    """Whether torch-tpu is installed here (found, not imported: importing it imports torch)."""
+    return importlib.util.find_spec("torch_tpu") is not None
+
+
 def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
                            pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None) -> dict[str, str]:
     """On a host without a TPU chip: tell libtpu not to ask the metadata server, and, where torch
@@ -75,6 +80,6 @@ def child_environment(environ: MutableMapping[str, str] | None = None,
         return {}
     wanted = {"TPU_SKIP_MDS_QUERY": "1"}
     # The autoload switch turns off every torch.backends plugin: only where torch-tpu is one.
-    if importlib.util.find_spec("torch_tpu") is not None:
+    if torch_tpu_installed():
         wanted["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     return {name: value for name, value in wanted.items() if name not in environ}

@@ -20,25 +20,13 @@ from typing import Any
 import torch
 
 from tpu_tuner.backends.base import Backend, DeviceInfo, DevicePeak
-from tpu_tuner.backends.torchtpu_api import (DISTRIBUTION, PROCESS_GROUP_BACKEND, cached_api_check,
-                                             installed_version, package_folder)
+from tpu_tuner.backends.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER_MODE_ENV, PROCESS_GROUP_BACKEND,
+                                             cached_api_check, installed_version, package_folder)
 from tpu_tuner.candidate import Candidate
 from tpu_tuner.errors import BackendError, UserInputError
 from tpu_tuner.hardware import GIGA, tpu_chip_for_name
 from tpu_tuner.tpu_host import tpu_chips_on_host
 
-# Candidate eager modes -> TorchTPU's EagerMode members and the start-up variables that select them
-# (read once by its C++ runtime; LAUNCH_BLOCKING wins over DEFER_AND_FUSE when both are set).
-EAGER_MODE_ENUM = {
-    "strict": "DEFER_NEVER",
-    "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
-    "defer_and_fuse": "DEFER_AND_FUSE",
-}
-EAGER_MODE_ENV = {
-    "strict": {},
-    "debug": {"TORCH_TPU_LAUNCH_BLOCKING": "1"},
-    "defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"},
-}
 # torch-tpu releases whose API this adapter was read against, and the libtpu 0.2.0 requires.
 SUPPORTED_SERIES = "0.2"
 MIN_LIBTPU = (0, 0, 50)

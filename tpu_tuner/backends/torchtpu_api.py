@@ -39,6 +39,19 @@ PACKAGE = "torch_tpu"
 DISTRIBUTION = "torch-tpu"
 TESTED_VERSION = "0.2.0"
 
+# tpu-tune's eager modes -> TorchTPU's EagerMode members and the start-up variables that select
+# them (read once by its C++ runtime; LAUNCH_BLOCKING wins over DEFER_AND_FUSE when both are set).
+EAGER_MODE_ENUM = {
+    "strict": "DEFER_NEVER",
+    "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
+    "defer_and_fuse": "DEFER_AND_FUSE",
+}
+EAGER_MODE_ENV = {
+    "strict": {},
+    "debug": {"TORCH_TPU_LAUNCH_BLOCKING": "1"},
+    "defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"},
+}
+
 # (public module, attribute) pairs, as the public API table lists them.
 PUBLIC_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.tpu", "EagerMode"),  # eager modes (execution knob)
@@ -53,7 +66,7 @@ PUBLIC_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.tpu.profiler", "TpuProfilerConfig"),  # torch.profiler's XPlane (XProf) trace on TPU
 )
 ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
-    "EagerMode": ("DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "DEFER_AND_FUSE"),
+    "EagerMode": tuple(EAGER_MODE_ENUM.values()),
     "Precision": ("DEFAULT", "HIGH", "HIGHEST"),
 }
 # Keyword parameters the adapter passes: callable (public module, attribute) -> names.
@@ -77,8 +90,8 @@ COMPILE_BACKEND = "tpu"
 # torch.compile(backend="tpu", options={...}) keys: bounded dynamism (bucketing/torchtpu.py).
 COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
 PROCESS_GROUP_BACKEND = "tpu_dist"
-# Start-up variables of the eager modes, read once by TorchTPU's C++ runtime.
-ENVIRONMENT_VARIABLES: tuple[str, ...] = ("TORCH_TPU_DEFER_AND_FUSE", "TORCH_TPU_LAUNCH_BLOCKING")
+# Start-up variables of the eager modes, read only by TorchTPU's C++ runtime.
+ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(name for env in EAGER_MODE_ENV.values() for name in env)
 
 
 @dataclass(frozen=True)
