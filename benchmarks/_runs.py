@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from tpu_tuner.tuned_config import TunedConfig
+from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
 
 

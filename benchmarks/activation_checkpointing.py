@@ -35,10 +35,10 @@ def measure(value: str, steps: int) -> dict[str, float | str]:
     """One setting in this process: FLOPs of a step, step times, peak memory."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tpu_tuner.backends.cpu import CpuBackend
-    from tpu_tuner.candidate import Candidate
-    from tpu_tuner.loader import load_workload
-    from tpu_tuner.profiling.step import prepare_step
+    from tpu_tuner.devices.cpu import CpuBackend
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.execution.step import prepare_step
 
     backend, candidate = CpuBackend(), Candidate(activation_checkpointing=value)
     with backend.applied(candidate):

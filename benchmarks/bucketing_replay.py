@@ -23,7 +23,7 @@ import numpy as np
 
 from tpu_tuner.bucketing import CostModel, LengthHistogram, optimal_buckets
 from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
-from tpu_tuner.report.bucket_report import render_terminal
+from tpu_tuner.outputs.bucket_report import render_terminal
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.intra_op_threads import usable_cores
-from tpu_tuner.loader import load_workload
-from tpu_tuner.profiling.step import prepare_step
-from tpu_tuner.search import SearchSpace
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.execution.step import prepare_step
+from tpu_tuner.tuning.space import SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 # (file, batch size or None for the file's own): small ops first, then larger ones.

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.agents import load_agents
+from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.runner.summary import load_summary
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.model.summary import load_summary
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.verify import compare_interleaved
 

@@ -70,7 +70,7 @@ class InstantRunner:
     workers_started = 0
 
     def run(self, job, payload, options, env=None, timeout_s=None):  # noqa: ANN001, ANN201
-        from tpu_tuner.runner.measurement import Measurement
+        from tpu_tuner.execution.measurement import Measurement
         from tpu_tuner.runner.pool import JobResult
 
         samples = [0.2 + 0.001 * (i % 7) for i in range(50)]
@@ -89,7 +89,7 @@ def _loop_options(trials: int):  # noqa: ANN202
 
 
 def _space():  # noqa: ANN202
-    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.tuning.space import SearchSpace
 
     return SearchSpace.load("default", "cpu")  # thousands of settings: 40 trials never cover it
 
@@ -100,7 +100,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     times). The heartbeat thread's statements are counted too (same engine)."""
     import optuna
 
-    from tpu_tuner.tuning.liveness import open_storage
+    from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.tuning.study import Worker, build_sampler, run_search
 
     space, options = _space(), _loop_options(trials)
@@ -138,7 +138,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     statements sent per measured trial."""
     import optuna
 
-    from tpu_tuner.tuning.liveness import open_storage
+    from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.tuning.study import Worker, build_sampler, run_search
 
     name = f"overhead-{uuid.uuid4().hex[:8]}"
@@ -216,7 +216,7 @@ def study_worker(study: str, out: str, storage: str, space: str) -> None:
     print(f"{time.time():.3f} [start] imported nothing yet", flush=True)
     from tpu_tuner.profiling import ProfilerSettings
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import tune
+    from tpu_tuner.api import tune
 
     settings = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=10, timing_min_seconds=1.5,
                                 timing_max_steps=400, profiled_steps=1, top_operators=5, explained_share_min=0.5)

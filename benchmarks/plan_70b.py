@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tpu_tuner.planner.plan import PlanOptions, plan
-from tpu_tuner.report.plan_report import render_terminal
+from tpu_tuner.outputs.plan_report import render_terminal
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tpu_tuner.planner.layouts import Layout
+from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, ROWS_FILE, CalibrationRow, errors, fit,
                                             leave_one_out)
 from tpu_tuner.planner.plan import PlanOptions, plan

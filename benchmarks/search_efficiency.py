@@ -27,11 +27,12 @@ from pathlib import Path
 
 import optuna
 
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling import profile
-from tpu_tuner.runner.measurement import TrialFailure
+from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.pool import JobResult
-from tpu_tuner.tuning import TuneOptions, TuningResult, trial_attrs, tune
+from tpu_tuner import TuneOptions, TuningResult, tune
+from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, prepare_agents, run_search
 from tpu_tuner.tuning.warm_start import WarmSeed
 

@@ -64,7 +64,7 @@ def main() -> None:
         result = TuningResult.load(args.run)
     else:
         from tpu_tuner.tuning.options import TuneOptions
-        from tpu_tuner.tuning.study import tune
+        from tpu_tuner.api import tune
 
         result = tune(args.model, TuneOptions(trials=args.trials, nproc=args.nproc, plan=args.plan, out=args.out))
     print(f"{result.run_dir}: {result.options.nproc} ranks, {result.profile.workload.get('name')}")

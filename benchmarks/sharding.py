@@ -15,13 +15,13 @@ import argparse
 import statistics
 
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.sharding.check import check_layout
-from tpu_tuner.sharding.measure import measure_layout
+from tpu_tuner.runner.sharded_check import check_layout
+from tpu_tuner.runner.sharded_measure import measure_layout
 
 
 def layouts_for(nproc: int) -> list[str]:
     """Every layout of `nproc` ranks the layout knob searches (every family's splits), DDP first."""
-    from tpu_tuner import knobs
+    from tpu_tuner.knobs import registry as knobs
     from tpu_tuner.knobs.layout import FAMILIES
 
     return list(knobs.get("layout").choices("cpu", {"choices": {"cpu": list(FAMILIES)}}, ranks=nproc))

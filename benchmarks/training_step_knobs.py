@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, sys, time
 import torch
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.loader import load_workload
-from tpu_tuner.profiling.step import prepare_step
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.execution.step import prepare_step
 
 model, batch, steps, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 backend = CpuBackend()

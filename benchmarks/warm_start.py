@@ -42,7 +42,7 @@ from pathlib import Path
 
 import optuna
 
-from tpu_tuner.tuning import TuneOptions, TuningResult, tune
+from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.study import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, features_of, find_warm_seeds

@@ -35,7 +35,7 @@ def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float
 
     import torch
 
-    from tpu_tuner.backends import roofline
+    from tpu_tuner.devices import roofline
 
     values = dict(float32_flops_per_s=300e9, bfloat16_flops_per_s=1200e9, copy_bytes_per_s=20e9, matmul_size=8,
                   copy_bytes=8, repeats=1, measured_at="injected", dispatch_seconds_per_op=1e-6,

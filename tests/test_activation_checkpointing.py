@@ -20,14 +20,15 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner import knobs
-from tpu_tuner.agents import load_agents
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import WorkloadError
-from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks, repeated_blocks
-from tpu_tuner.runner.measurement import Measurement
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.tuning.agents import load_agents
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks
+from tpu_tuner.model.blocks import repeated_blocks
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 
@@ -106,7 +107,7 @@ def test_printed_code_runs_and_checkpoints_the_blocks() -> None:
         import copy, json
         import torch
         from torch import nn
-        from tpu_tuner.knobs import get
+        from tpu_tuner.knobs.registry import get
 
         class Block(nn.Module):
             def __init__(self):

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from tpu_tuner.agents import PrecisionAgent, load_agents
-from tpu_tuner.backends import roofline
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.definitions import load_definition
+from tpu_tuner.tuning.agents import PrecisionAgent, load_agents
+from tpu_tuner.devices import roofline
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.profiling.verdict import decide
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.study import enqueue_seeds
 
 from conftest import use_probe

@@ -8,11 +8,11 @@ import mmap
 import pytest
 import torch
 
-from tpu_tuner.backends import get_backend
-from tpu_tuner.backends import roofline
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import BackendError
+from tpu_tuner.devices import get_backend
+from tpu_tuner.devices import roofline
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import BackendError
 
 from conftest import use_probe
 

@@ -23,9 +23,9 @@ from tpu_tuner.bucketing import (
     pad_to_bucket,
     read_lengths,
 )
-from tpu_tuner.bucketing.cost_model import fit_cost_model
-from tpu_tuner.bucketing.optimize import Strategy, baselines, oracle_seconds
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.model.bucket_choice import Strategy, baselines, oracle_seconds
+from tpu_tuner.core.errors import UserInputError
 
 
 def _random_case(rng: np.random.Generator) -> tuple[LengthHistogram, CostModel, int, int, int]:

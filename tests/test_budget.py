@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.budget import MAX_TRIALS, MIN_TRIALS, measurable_settings, search_budget
 
 

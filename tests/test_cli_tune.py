@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from tpu_tuner.cli import main
-from tpu_tuner.tuned_config import TunedConfig
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.tuned_config import TunedConfig
+from tpu_tuner.knobs.candidate import Candidate
 
 from conftest import FIXTURES, use_probe
 

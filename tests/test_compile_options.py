@@ -11,16 +11,17 @@ import torch._inductor.config as inductor_config
 from torch import nn
 
 from conftest import FIXTURES
-from tpu_tuner.agents.compiler_options import seeds, validate
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import DefinitionError
-from tpu_tuner.knobs import get
+from tpu_tuner.tuning.agents.compiler_options import seeds, validate
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.knobs.registry import get
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuned_config import TunedConfig, apply
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.study import build_sampler, tune
+from tpu_tuner.api import tune
+from tpu_tuner.tuning.study import build_sampler
 
 CONDITIONAL = """
 [[param]]

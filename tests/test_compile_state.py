@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.runner.jobs import WorkerState, run_measure
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES
-from tpu_tuner import definitions
-from tpu_tuner.agents.schema import AGENT_DEFINITIONS, load_tuning_agent_definition
-from tpu_tuner.definitions import builtin_names, load_agent_definition, load_definition
-from tpu_tuner.errors import DefinitionError
+from tpu_tuner.core import definitions
+from tpu_tuner.tuning.agents.schema import AGENT_DEFINITIONS, load_tuning_agent_definition
+from tpu_tuner.core.definitions import builtin_names, load_agent_definition, load_definition
+from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.profiling.settings import ProfilerDefinition
 
@@ -100,7 +100,7 @@ def test_every_shipped_definition_loads_and_states_every_key() -> None:
 
 
 def test_agent_classes_match_the_schemas() -> None:
-    from tpu_tuner.agents import agent_classes
+    from tpu_tuner.tuning.agents import agent_classes
 
     classes = agent_classes()
     assert set(classes) == set(AGENT_DEFINITIONS)
@@ -186,7 +186,7 @@ def test_another_agents_definition_is_refused_by_its_name() -> None:
 
 
 def test_an_agent_given_parsed_toml_checks_it() -> None:
-    from tpu_tuner.agents import PrecisionAgent
+    from tpu_tuner.tuning.agents import PrecisionAgent
 
     data = load_definition("agents", "precision")
     assert PrecisionAgent(data, "cpu").definition.validate.skip_high_on_cpu is True
@@ -202,7 +202,7 @@ def test_an_agent_given_parsed_toml_checks_it() -> None:
     ('params = []\n', "unknown key params (known: param, space)"),
 ])
 def test_a_typo_in_a_search_space_top_level_is_refused(tmp_path: Path, text: str, message: str) -> None:
-    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.tuning.space import SearchSpace
 
     path = tmp_path / "space.toml"
     path.write_text(text + '[[param]]\nname = "autocast"\nagent = "precision"\nchoices.cpu = ["none", "bfloat16"]\n')

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.loader import load_workload
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.workload import TransformerDims
+from tpu_tuner.model.workload import TransformerDims
 
 from conftest import EXAMPLES, FIXTURES
 
@@ -211,7 +211,7 @@ def test_gru_and_projected_lstm_hand_counts() -> None:
 # --- Operators without a FLOP formula (issue 12, item 6) ------------------------------------------
 
 import tpu_tuner  # noqa: E402
-from tpu_tuner.report.profile_report import render_markdown, render_terminal  # noqa: E402
+from tpu_tuner.outputs.profile_report import render_markdown, render_terminal  # noqa: E402
 
 
 def test_uncounted_work_is_named_and_marks_the_mfu_as_a_lower_bound(fast_settings) -> None:

@@ -18,16 +18,16 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner import knobs
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.backends.torchtpu import TorchTpuBackend
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.devices.torchtpu import TorchTpuBackend
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.dashboard.collect import KNOBS
-from tpu_tuner.definitions import load_definition
-from tpu_tuner.errors import DefinitionError
-from tpu_tuner.search import SearchSpace
-from tpu_tuner.search.space import KNOWN_PARAMS
-from tpu_tuner.tuned_config import TunedConfig, apply
+from tpu_tuner.core.definitions import load_definition
+from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.space import KNOWN_PARAMS
+from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.tuning.result import TRIAL_COLUMNS
 
 # torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
@@ -129,8 +129,8 @@ def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: st
     """A knob of the training step only: the step that profiling/step.py builds (the trial path)
     reads the value back from its optimizer / micro-batch count; the model is left alone; the value
     round-trips through tuned_config.toml. (Its printed code: tests/test_training_step_knobs.py.)"""
-    from tpu_tuner.profiling.step import prepare_step
-    from tpu_tuner.workload import Workload
+    from tpu_tuner.execution.step import prepare_step
+    from tpu_tuner.model.workload import Workload
 
     workload = Workload(name="tiny", source=tmp_path / "tiny.py", build_model=TinyNet,
                         make_batch=lambda b, s: (torch.randn(b, 3, 8, 8), torch.randint(0, 5, (b,))),
@@ -166,8 +166,8 @@ def test_printed_code_runs_and_applies_the_value() -> None:
         import json
         import torch
         from torch import nn
-        from tpu_tuner.backends.cpu import CpuBackend
-        from tpu_tuner.knobs import get
+        from tpu_tuner.devices.cpu import CpuBackend
+        from tpu_tuner.knobs.registry import get
 
         class TinyNet(nn.Module):
             def __init__(self):
@@ -244,13 +244,13 @@ def test_memory_format_relays_conv_weights_and_inputs() -> None:
 def _profile_with(**shares: float) -> object:
     from types import SimpleNamespace
 
-    from tpu_tuner.profiling.operators import OperatorTime
+    from tpu_tuner.execution.operators import OperatorTime
 
     return SimpleNamespace(operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
 
 
 def test_compile_agent_seeds_channels_last_only_for_convolution_heavy_profiles() -> None:
-    from tpu_tuner.agents import load_agents
+    from tpu_tuner.tuning.agents import load_agents
 
     space = SearchSpace.load("default", "cpu")
     (agent,) = load_agents(["compile"], "cpu")

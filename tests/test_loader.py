@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_tuner.errors import WorkloadError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.model.loader import load_workload
 
 from conftest import EXAMPLES, FIXTURES
 

@@ -20,8 +20,8 @@ import optuna
 from conftest import FIXTURES
 from postgres_server import PASSWORD
 from tpu_tuner.cli import main
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning.liveness import is_lost
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies.liveness import is_lost
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.study import enqueue_seeds
 from tpu_tuner.tuning.warm_start import WorkloadFeatures, find_warm_seeds

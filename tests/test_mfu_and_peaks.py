@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 import tpu_tuner
-from tpu_tuner.backends import roofline
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.hardware import TPU_CHIPS, gpu_spec_for_name, tpu_chip_for_name
+from tpu_tuner.devices import roofline
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.hardware import TPU_CHIPS, gpu_spec_for_name, tpu_chip_for_name
 from tpu_tuner.metrics.mfu import (MFU_CONVENTION, PeakChoice, achieved_flops_per_s, checked_peak, fastest_peak, mfu,
                                    utilisation_by_dtype)
 from tpu_tuner.metrics.timing import TimingStats
-from tpu_tuner.report.profile_report import render_markdown
-from tpu_tuner.runner.measurement import Measurement
+from tpu_tuner.outputs.profile_report import render_markdown
+from tpu_tuner.execution.measurement import Measurement
 
 from conftest import FIXTURES, use_probe
 
@@ -148,7 +148,7 @@ def _measurement(step: float, peak: float, dtype: str) -> Measurement:
 
 
 def test_tuning_report_compares_mfu_on_one_peak() -> None:
-    from tpu_tuner.report.tuning_report import _comparison_rows
+    from tpu_tuner.outputs.tuning_report import _comparison_rows
 
     # The tuned trial beat the profile's peak and raised it: both columns use the raised peak,
     # so the tuned run reads higher (it is faster) and nothing reads above 100%.
@@ -184,7 +184,7 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
 
     import optuna
 
-    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.tuning.space import SearchSpace
     from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.tuning.result import TuningResult

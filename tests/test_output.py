@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.cli import main
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.report.units import duration, ms, shape
-from tpu_tuner.tuned_config import TunedConfig
+from tpu_tuner.core.units import duration, ms, shape
+from tpu_tuner.knobs.tuned_config import TunedConfig
 
 from conftest import FIXTURES
 
@@ -158,7 +158,7 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
     """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
     log file; the caller's terminal gets one warning line naming the event and the log."""
     from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
-    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.model.layouts import Layout
 
     monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     crashing = tmp_path / "crashing.py"

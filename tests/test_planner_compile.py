@@ -36,7 +36,7 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
     out = _run_python(f"""
         import json
         import jax.numpy as jnp, numpy as np, torch
-        from tpu_tuner.loader import load_workload
+        from tpu_tuner.model.loader import load_workload
         from tpu_tuner.planner.torchax_compat import SKIPPED, import_torchax
         torchax = import_torchax()
         from torchax.interop import JittableModule
@@ -90,7 +90,7 @@ def test_plan_command_end_to_end(tmp_path) -> None:
     # The plan's sharding_config.toml, unchanged, shards the model on as many gloo ranks as its
     # mesh has devices (through `apply_sharding`, which `tpu_tuner.apply` calls), and the sharded
     # step's loss and gradients match the single-device fp32 step.
-    from tpu_tuner.sharding.check import check_layout
+    from tpu_tuner.runner.sharded_check import check_layout
 
     checked = check_layout(EXAMPLES / "llama.py", str(run_dir / "sharding_config.toml"), nproc=4, batch_size=4,
                            timeout_s=300)
@@ -126,7 +126,7 @@ def test_memory_truth_from_the_compiler() -> None:
     """A batch that cannot fit in 16 GB of v5e HBM is reported as not fitting, with the buffers."""
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.plan import PlanOptions, plan
         result = plan({str(EXAMPLES / "llama.py")!r}, PlanOptions(topology="v5e-4", preset="tiny", global_batch=16384,
                       seq_len=1024, remat="none", layouts=[Layout(1, 4, 1)]))
@@ -149,8 +149,8 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
         import jax
         from jax.experimental import topologies
-        from tpu_tuner.loader import load_workload
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.loader import load_workload
+        from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.program import add_loop_iterations, compile_step
         w = load_workload({str(EXAMPLES / 'llama.py')!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
@@ -190,9 +190,9 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     fallback's (every block counted by the TPU analysis)."""
     out = _run_python(f"""
         import json
-        from tpu_tuner.loader import load_workload
+        from tpu_tuner.model.loader import load_workload
         from tpu_tuner.planner.compile_pool import topology_devices
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.program import add_loop_iterations, combine_scanned, compile_step
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
@@ -222,7 +222,7 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     out = _run_python(f"""
         import json
         from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.layouts import Layout
         jobs = [CompileJob(path, "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
                 for path in ({str(crashing)!r}, {str(EXAMPLES / "llama.py")!r})]
         with CompilePool(1) as pool:
@@ -258,7 +258,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     import time
 
     from tpu_tuner.planner.collectives import Collective
-    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.model.layouts import Layout
     from tpu_tuner.planner.loop_costs import LoopIteration
     from tpu_tuner.planner.plan import PlanOptions, _enumerated, _problem
     from tpu_tuner.planner.program import CompiledStep
@@ -319,10 +319,10 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         import json
         from dataclasses import replace
         from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.program import add_loop_iterations
         from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
-        from tpu_tuner.planner.layouts import ModelShape
+        from tpu_tuner.model.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}
         offload = "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload"
         cases = {{"full": ("full", 1, Layout(1, 4, 1)), "minimal": ("minimal", 1, Layout(1, 4, 1)),

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.loader import load_workload
-from tpu_tuner.models.decoder import Decoder, DecoderShape
-from tpu_tuner.planner.layouts import Layout, ModelShape
-from tpu_tuner.planner.model_shape import read_dims
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.decoder import Decoder, DecoderShape
+from tpu_tuner.model.layouts import Layout, ModelShape
+from tpu_tuner.model.structure import read_dims
 from tpu_tuner.planner.plan import PlanOptions, PlanProblem
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.program import CompiledStep

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_seconds
-from tpu_tuner.planner.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
-from tpu_tuner.planner.model_shape import read_dims
+from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
+from tpu_tuner.model.structure import read_dims
 from tpu_tuner.planner.predict import ring_bandwidth
 from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
 from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
@@ -186,7 +186,7 @@ def test_the_compilers_hbm_limit_is_read_from_its_refusal() -> None:
 
 
 def test_a_topology_as_the_compiler_sees_it() -> None:
-    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.planner.topology import parse_topology
 
     v4 = parse_topology("v4-8")  # 8 TensorCores: 4 chips

@@ -13,7 +13,7 @@ from postgres_server import PASSWORD
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.study import tune
+from tpu_tuner.api import tune
 
 FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
                         timing_max_steps=20, profiled_steps=1, top_operators=5, explained_share_min=0.5)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import tpu_tuner
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.metrics.mfu import mfu
 
 from conftest import FIXTURES

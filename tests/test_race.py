@@ -7,9 +7,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tpu_tuner.runner.measurement import Measurement
+from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.runner.pool import JobResult
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import TuneOptions, trial_attrs
 from tpu_tuner.tuning.race import leaders
 from tpu_tuner.tuning.verify import verify
@@ -92,7 +92,7 @@ def test_the_race_is_kept_in_result_json(options) -> None:
     import dataclasses
     import json
 
-    from tpu_tuner.plain_data import from_plain
+    from tpu_tuner.core.plain_data import from_plain
     from tpu_tuner.tuning.verify import Verification
 
     study = _study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})

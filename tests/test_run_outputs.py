@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpu_tuner import results
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core import run_folder
+from tpu_tuner.core.errors import UserInputError
 
 from conftest import EXAMPLES, FIXTURES
 
@@ -44,20 +44,20 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
 def test_tuning_result_and_reports_import_in_one_direction() -> None:
     # The result never reaches for the reports (not even inside a function) ...
     result_imports = [m for m, _ in _imports(PACKAGE / "tuning" / "result.py")]
-    assert not [m for m in result_imports if m.startswith("tpu_tuner.report")], result_imports
+    assert not [m for m in result_imports if m.startswith("tpu_tuner.outputs")], result_imports
     # ... and the reports know the result only as a type.
     for report in sorted((PACKAGE / "report").glob("*.py")):
         runtime = [m for m, typing_only in _imports(report) if m.startswith("tpu_tuner.tuning") and not typing_only]
         assert not runtime, (report.name, runtime)
     # Each imports on its own in a fresh interpreter.
-    for module in ("tpu_tuner.tuning.result", "tpu_tuner.report.tuning_report", "tpu_tuner.report.tuning_plots",
-                   "tpu_tuner.run_outputs", "tpu_tuner.dashboard.collect"):
+    for module in ("tpu_tuner.tuning.result", "tpu_tuner.outputs.tuning_report", "tpu_tuner.outputs.tuning_plots",
+                   "tpu_tuner.outputs.write", "tpu_tuner.dashboard.collect"):
         done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (module, done.stderr[-2000:])
 
 
 def _run_file_names() -> set[str]:
-    return {value for name, value in vars(results).items()
+    return {value for name, value in vars(run_folder).items()
             if name.isupper() and isinstance(value, str) and "." in value}
 
 
@@ -93,16 +93,16 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
     (cli_dir,) = (tmp_path / "cli").iterdir()
     assert api_dir.parent == tmp_path / "api" and api_dir.name.startswith("tiny_gpt-")
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == sorted(
-        [results.PROFILE_JSON, results.PROFILE_MD])
+        [run_folder.PROFILE_JSON, run_folder.PROFILE_MD])
     # profile.json reads back into the same Profile, nested figures and all.
-    loaded = Profile.from_json((api_dir / results.PROFILE_JSON).read_text())
+    loaded = Profile.from_json((api_dir / run_folder.PROFILE_JSON).read_text())
     assert loaded == measured
-    assert Profile.from_json((cli_dir / results.PROFILE_JSON).read_text()).workload["seq_len"] == 16
+    assert Profile.from_json((cli_dir / run_folder.PROFILE_JSON).read_text()).workload["seq_len"] == 16
 
 
 def test_the_profile_command_s_worker_is_a_library_call() -> None:
-    from tpu_tuner.errors import WorkloadError
-    from tpu_tuner.profiling.isolated import profile_in_worker
+    from tpu_tuner.core.errors import WorkloadError
+    from tpu_tuner.runner.isolated_profile import profile_in_worker
 
     # The model file crashes at import in the worker; this process gets a one-line error.
     with pytest.raises(WorkloadError) as caught:
@@ -121,7 +121,7 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
                                                                         max_buckets=3))
     api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")
     (cli_dir,) = (tmp_path / "cli").iterdir()
-    expected = sorted([results.BUCKETS_JSON, results.BUCKETS_MD, *results.BUCKET_PLOTS, results.BUCKET_CONFIG])
+    expected = sorted([run_folder.BUCKETS_JSON, run_folder.BUCKETS_MD, *run_folder.BUCKET_PLOTS, run_folder.BUCKET_CONFIG])
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == expected
     assert f"wrote {cli_dir}/ (" in printed
 
@@ -136,7 +136,7 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
         from pathlib import Path
         from tpu_tuner import PlanOptions, plan_to_folder
         from tpu_tuner.cli import main
-        from tpu_tuner.planner.layouts import Layout
+        from tpu_tuner.model.layouts import Layout
         args = ["{EXAMPLES / 'llama.py'}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
                 "--seq", "128", "--layout", "1x4x1"]
         assert main(["-q", "plan", *args, "--out", "{tmp_path / 'cli'}"]) == 0
@@ -150,8 +150,8 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
     (cli_dir,) = (tmp_path / "cli").iterdir()
     api_dir = Path(done.stdout.strip().splitlines()[-1])
     assert cli_dir.name.startswith("llama_tiny-plan-v5e-4-") and api_dir.name.startswith("llama_tiny-plan-v5e-4-")
-    expected = sorted([results.PLAN_JSON, results.PLAN_MD, results.PLAN_PNG, results.SHARDING_CONFIG,
-                       results.COMPILER_LOG])
+    expected = sorted([run_folder.PLAN_JSON, run_folder.PLAN_MD, run_folder.PLAN_PNG, run_folder.SHARDING_CONFIG,
+                       run_folder.COMPILER_LOG])
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == expected
 
 
@@ -159,7 +159,7 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
 
 def _tuned(tmp_path: Path):
     from tpu_tuner.profiling import ProfilerSettings
-    from tpu_tuner.tuning import TuneOptions, tune
+    from tpu_tuner import TuneOptions, tune
 
     fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
                             timing_max_steps=20, profiled_steps=1, top_operators=3)
@@ -173,7 +173,7 @@ def test_a_finished_run_loads_back_as_the_live_result(tmp_path) -> None:
     from tpu_tuner import TuningResult
 
     live = _tuned(tmp_path)
-    assert (live.run_dir / results.RESULT_JSON).is_file()
+    assert (live.run_dir / run_folder.RESULT_JSON).is_file()
     # Moved elsewhere: the study comes from the study.db in the folder, not the stored path.
     moved = shutil.move(str(live.run_dir), str(tmp_path / "moved"))
     loaded = TuningResult.load(moved)
@@ -210,16 +210,16 @@ def test_a_folder_that_is_no_finished_run_is_refused_in_one_line(tmp_path) -> No
     assert "no such folder" in _one_line_error_naming(tmp_path / "missing")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert results.RUN_JSON in _one_line_error_naming(empty)
+    assert run_folder.RUN_JSON in _one_line_error_naming(empty)
     profile_dir = tmp_path / "tiny-20261130-000000"
     profile_dir.mkdir()
-    (profile_dir / results.PROFILE_JSON).write_text("{}")
+    (profile_dir / run_folder.PROFILE_JSON).write_text("{}")
     _one_line_error_naming(profile_dir)
     running = tmp_path / "run-tune-20261130-000000"
     running.mkdir()
-    (running / results.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
+    (running / run_folder.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
                                                          "status": "failed", "reason": "interrupted (Ctrl-C)"}))
     assert "'failed' (interrupted (Ctrl-C))" in _one_line_error_naming(running)
-    (running / results.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
+    (running / run_folder.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
                                                          "status": "done"}))
-    assert results.RESULT_JSON in _one_line_error_naming(running)
+    assert run_folder.RESULT_JSON in _one_line_error_naming(running)

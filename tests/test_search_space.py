@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from tpu_tuner.backends.torchtpu import TorchTpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import DefinitionError
-from tpu_tuner.search import SearchSpace
+from tpu_tuner.devices.torchtpu import TorchTpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.tuning.space import SearchSpace
 
 
 def test_default_space_per_device() -> None:

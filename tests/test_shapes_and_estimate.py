@@ -13,8 +13,8 @@ from torch import nn
 
 import tpu_tuner
 from tpu_tuner.cli import main
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.estimate import LiveMemory, estimate_step
 from tpu_tuner.metrics.flops import count_step
 from tpu_tuner.profiling.profile import _within_budget

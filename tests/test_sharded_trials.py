@@ -12,11 +12,11 @@ import pytest
 
 from conftest import processes_running
 
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.knobs import get
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.layout import expand
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny_llama.py"
@@ -67,8 +67,8 @@ def test_the_space_searches_layouts_only_with_several_ranks_and_only_those_the_m
 
 
 def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
-    from tpu_tuner.errors import UserInputError
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.knobs.tuned_config import TunedConfig
 
     path = TunedConfig(Candidate(layout="1x2x1"), "cpu").save(tmp_path / "tuned_config.toml")
     text = path.read_text()
@@ -161,9 +161,9 @@ def _plan(folder: Path) -> Path:
 def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
     import optuna
 
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import tune
+    from tpu_tuner.api import tune
 
     plan = _plan(tmp_path / "plan")
     options = TuneOptions(trials=5, space=FIXTURES / "layout_space.toml", nproc=2, plan=plan, verify_rounds=2,
@@ -190,7 +190,7 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
 
 @pytest.mark.parametrize("layout", ["2x1x1", "1x2x1", "1x1x2"])
 def test_the_printed_layout_code_runs_on_two_ranks_and_applies_the_layout(monkeypatch, layout: str) -> None:
-    from tpu_tuner.sharding.launch import run_ranks
+    from tpu_tuner.runner.launch import run_ranks
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     result = run_ranks(2, "printed_layout_code", [layout], timeout_s=120)
@@ -201,7 +201,7 @@ def test_the_printed_layout_code_runs_on_two_ranks_and_applies_the_layout(monkey
 
 
 def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
-    from tpu_tuner.agents import load_agents
+    from tpu_tuner.tuning.agents import load_agents
 
     agent = load_agents(["sharding"], "cpu")[0]
     agent.ranks = 2  # set by the study from --nproc
@@ -224,7 +224,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     import optuna
 
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import tune
+    from tpu_tuner.api import tune
 
     options = TuneOptions(trials=8, sampler="grid", space=FIXTURES / "tensor_or_data_space.toml", nproc=2,
                           verify_rounds=2, out=tmp_path, agents=("sharding",))
@@ -243,7 +243,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
 
 
 def test_micro_batches_that_do_not_split_a_rank_s_slice_are_rejected() -> None:
-    from tpu_tuner.agents import load_agents
+    from tpu_tuner.tuning.agents import load_agents
 
     memory = load_agents(["memory"], "cpu")[0]
     memory._training, memory._pressed, memory._batch = True, False, 4  # what diagnose reads from a profile
@@ -255,7 +255,7 @@ def test_micro_batches_that_do_not_split_a_rank_s_slice_are_rejected() -> None:
 
 
 def test_fullgraph_under_ddp_is_rejected_unmeasured() -> None:
-    from tpu_tuner.agents.compiler_options import validate
+    from tpu_tuner.tuning.agents.compiler_options import validate
 
     ddp = Candidate(execution="inductor", compile_options="fullgraph", layout="2x1x1")
     assert validate(ddp, True, "cpu").startswith("fullgraph skipped: under DDP (layout 2x1x1)")
@@ -264,7 +264,7 @@ def test_fullgraph_under_ddp_is_rejected_unmeasured() -> None:
 
 
 def test_multi_tensor_optimizers_under_tensor_parallelism_alone_are_rejected_unmeasured() -> None:
-    from tpu_tuner.agents.training_step import validate
+    from tpu_tuner.tuning.agents.training_step import validate
 
     for impl in ("foreach", "fused"):
         assert "tensor parallelism alone (layout 1x1x2)" in validate(Candidate(optimizer_impl=impl, layout="1x1x2"), True)
@@ -273,7 +273,7 @@ def test_multi_tensor_optimizers_under_tensor_parallelism_alone_are_rejected_unm
 
 
 def test_the_baseline_layout_and_one_process_runs_are_never_given_up() -> None:
-    from tpu_tuner.agents import load_agents
+    from tpu_tuner.tuning.agents import load_agents
 
     agent = load_agents(["sharding"], "cpu")[0]
     agent.ranks = 1  # one process: every candidate is 1x1x1; a failed baseline is the workload's

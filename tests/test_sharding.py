@@ -11,9 +11,9 @@ import pytest
 
 from conftest import processes_running
 
-from tpu_tuner.sharding.apply import LayoutError, parse_layout
-from tpu_tuner.sharding.check import check_layout
-from tpu_tuner.sharding.launch import run_ranks
+from tpu_tuner.parallel.apply import LayoutError, parse_layout
+from tpu_tuner.runner.sharded_check import check_layout
+from tpu_tuner.runner.launch import run_ranks
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOLERANCE = 1e-5  # fp32 on both sides: only the order of reductions differs
@@ -58,7 +58,7 @@ def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode
 
 
 def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_slowest_rank() -> None:
-    from tpu_tuner.sharding.measure import measure_layout
+    from tpu_tuner.runner.sharded_measure import measure_layout
 
     ddp = measure_layout(FIXTURES / "tiny_llama.py", "2x1x1", nproc=2, steps=3, timeout_s=120)
     fsdp = measure_layout(FIXTURES / "tiny_llama.py", "1x2x1", nproc=2, steps=3, timeout_s=120)
@@ -76,9 +76,9 @@ def test_a_config_s_layout_applies_only_on_a_process_group_of_its_size(tmp_path)
     import torch.distributed as dist
     from torch import nn
 
-    from tpu_tuner.candidate import Candidate
-    from tpu_tuner.sharding.apply import LayoutError
-    from tpu_tuner.tuned_config import TunedConfig, apply_sharding
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.parallel.apply import LayoutError
+    from tpu_tuner.knobs.tuned_config import TunedConfig, apply_sharding
 
     path = tmp_path / "sharding_config.toml"
     TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}}).save(path)
@@ -94,8 +94,8 @@ def test_a_config_s_layout_applies_only_on_a_process_group_of_its_size(tmp_path)
 
 
 def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
-    from tpu_tuner.candidate import Candidate
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.knobs.tuned_config import TunedConfig
 
     config = TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}})
     assert config.candidate["layout"] == "1x2x1"  # the mesh alone is the layout setting

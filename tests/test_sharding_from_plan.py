@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.planner.layouts import Layout
-from tpu_tuner.sharding.from_plan import planned_layouts, scale_to
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.parallel.from_plan import planned_layouts, scale_to
 
 
 def test_the_dominant_axis_survives_scaling_down() -> None:

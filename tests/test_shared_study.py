@@ -14,9 +14,9 @@ import optuna
 import pytest
 
 from conftest import FIXTURES
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.shared_study import adopt_options, join_differences, make_record, open_shared
 
@@ -119,7 +119,7 @@ def test_queued_trials_are_popped_once_by_concurrent_processes_on_sqlite(tmp_pat
     popper = (
         "import sys, warnings, optuna\n"
         "warnings.simplefilter('ignore'); optuna.logging.set_verbosity(optuna.logging.ERROR)\n"
-        "from tpu_tuner.tuning.liveness import open_storage\n"
+        "from tpu_tuner.studies.liveness import open_storage\n"
         f"study = optuna.load_study(study_name='q', storage=open_storage({url!r}))\n"
         "while study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):\n"
         "    trial = study.ask()\n"
@@ -143,7 +143,7 @@ def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: st
 
 
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
-    from tpu_tuner.tuning.liveness import Worker
+    from tpu_tuner.studies.liveness import Worker
     from tpu_tuner.tuning.study import _run_trial
 
     study = optuna.create_study()
@@ -168,7 +168,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
 
 
 def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
-    from tpu_tuner.tuning.liveness import Worker
+    from tpu_tuner.studies.liveness import Worker
     from tpu_tuner.tuning.shared_study import record_verification, verification_left_to
     from tpu_tuner.tuning.verify import Verification
 

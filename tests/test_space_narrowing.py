@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 
 
 class _Block(nn.Module):
@@ -74,7 +74,7 @@ def test_narrowed_space_round_trips_through_its_stored_form() -> None:
     import dataclasses
     import json
 
-    from tpu_tuner.plain_data import from_plain
+    from tpu_tuner.core.plain_data import from_plain
 
     space = SearchSpace.load("default", "cpu").for_workload(WorkloadTraits(False, 0, 0, 4))
     again = from_plain(SearchSpace, json.loads(json.dumps(dataclasses.asdict(space))))  # as result.json holds it
@@ -85,7 +85,7 @@ def test_narrowed_space_round_trips_through_its_stored_form() -> None:
 def test_the_examples_traits(example: str, training: bool) -> None:
     from pathlib import Path
 
-    from tpu_tuner.loader import load_workload
+    from tpu_tuner.model.loader import load_workload
 
     workload = load_workload(Path(__file__).resolve().parent.parent / "examples" / f"{example}.py")
     traits = of_model(workload.build_model(), workload.is_training, workload.batch_size)

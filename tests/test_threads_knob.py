@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner import knobs
-from tpu_tuner.agents import load_agents
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.tuning.agents import load_agents
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs import intra_op_threads
 from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.search import SearchSpace
-from tpu_tuner.tuned_config import TunedConfig, apply
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KNOB = knobs.get("intra_op_threads")
@@ -133,8 +133,8 @@ def test_threads_agent_on_one_core_and_off_cpu(monkeypatch) -> None:
 
 
 def test_a_typo_in_the_threads_agent_toml_is_refused(tmp_path) -> None:
-    from tpu_tuner.agents.schema import load_tuning_agent_definition
-    from tpu_tuner.errors import DefinitionError
+    from tpu_tuner.tuning.agents.schema import load_tuning_agent_definition
+    from tpu_tuner.core.errors import DefinitionError
 
     text = (Path(__file__).parents[1] / "agents" / "threads.toml").read_text()
     bad = tmp_path / "threads.toml"

@@ -14,10 +14,10 @@ import types
 import pytest
 import torch
 
-from tpu_tuner.backends import get_backend
-from tpu_tuner.backends.torchtpu import EAGER_MODE_ENV, TorchTpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import BackendError
+from tpu_tuner.devices import get_backend
+from tpu_tuner.devices.torchtpu import EAGER_MODE_ENV, TorchTpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import BackendError
 
 
 class EagerMode(enum.Enum):
@@ -107,7 +107,7 @@ def test_not_available_without_the_package_and_says_why() -> None:
 def test_unavailable_says_which_requirement_is_missing(monkeypatch, tmp_path) -> None:
     from importlib import metadata
 
-    import tpu_tuner.backends.torchtpu as adapter
+    import tpu_tuner.devices.torchtpu as adapter
 
     versions = {"torch-tpu": "0.3.0", "libtpu": "0.0.52"}
 
@@ -130,7 +130,7 @@ def test_unavailable_says_which_requirement_is_missing(monkeypatch, tmp_path) ->
     versions["libtpu"] = "0.0.52"
     assert TorchTpuBackend.unavailable_reason() == "no TPU chip on this host's PCI bus"
     # A TPU host whose TorchTPU cannot run is an error for --device auto, never a silent CPU run.
-    monkeypatch.setattr("tpu_tuner.tpu_host.tpu_chips_on_host", lambda: {"v5p": 4})
+    monkeypatch.setattr("tpu_tuner.core.tpu_host.tpu_chips_on_host", lambda: {"v5p": 4})
     monkeypatch.setattr(TorchTpuBackend, "unavailable_reason", classmethod(lambda cls: "libtpu 0.0.42 is older"))
     with pytest.raises(BackendError, match="this host has TPU chips but TorchTPU cannot run here: libtpu 0.0.42"):
         get_backend("auto")
@@ -139,7 +139,7 @@ def test_unavailable_says_which_requirement_is_missing(monkeypatch, tmp_path) ->
 def test_launch_environment_hands_the_ranks_torchtpus_variables_and_keeps_the_parents(fake_tpu, monkeypatch) -> None:
     import os
 
-    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.core.errors import UserInputError
 
     def set_tpu_launch_env(*, nproc_per_node: int) -> None:  # fills unset variables, as 0.2.0's does
         if nproc_per_node == 3:

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tpu_tuner.backends.torchtpu_api import (COMPILE_OPTIONS, ENUM_MEMBERS, ENVIRONMENT_VARIABLES, PUBLIC_NAMES,
+from tpu_tuner.devices.torchtpu_api import (COMPILE_OPTIONS, ENUM_MEMBERS, ENVIRONMENT_VARIABLES, PUBLIC_NAMES,
                                              TESTED_VERSION, check_api)
 
 pytestmark = pytest.mark.torchtpu
@@ -56,7 +56,7 @@ def test_a_name_that_moved_fails_the_check_naming_it() -> None:
 
 
 def test_the_eager_modes_map_onto_the_real_enum_in_process_and_at_start_up() -> None:
-    from tpu_tuner.backends.torchtpu import EAGER_MODE_ENUM, EAGER_MODE_ENV, TorchTpuBackend, torch_tpu_module
+    from tpu_tuner.devices.torchtpu import EAGER_MODE_ENUM, EAGER_MODE_ENV, TorchTpuBackend, torch_tpu_module
 
     tpu = torch_tpu_module()
     before = tpu.eager_mode
@@ -83,7 +83,7 @@ def test_the_tpu_compile_backend_is_registered_and_refuses_a_mode() -> None:
 
 
 def test_on_a_host_without_a_chip_the_backend_says_so_and_a_backward_pass_does_not_hang() -> None:
-    from tpu_tuner.backends.torchtpu import TorchTpuBackend
+    from tpu_tuner.devices.torchtpu import TorchTpuBackend
 
     assert TorchTpuBackend.unavailable_reason() == "no TPU chip on this host's PCI bus"
     # With torch-tpu autoloaded, the first backward pass starts libtpu, which without

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from tpu_tuner.tpu_host import child_environment, settle_tpu_environment, tpu_chips_on_host
+from tpu_tuner.core.tpu_host import child_environment, settle_tpu_environment, tpu_chips_on_host
 
 
 def _pci_tree(root: Path, devices: dict[str, tuple[str, str]]) -> Path:

@@ -15,16 +15,16 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.agents import load_agents, training_step
-from tpu_tuner.backends.cpu import CpuBackend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import WorkloadError
-from tpu_tuner.profiling.operators import OperatorTime
-from tpu_tuner.profiling.step import accumulate_gradients, micro_batches, prepare_step
-from tpu_tuner.runner.accuracy import REFERENCE, capture, relative_error
-from tpu_tuner.search import SearchSpace
-from tpu_tuner.tuned_config import TunedConfig, apply
-from tpu_tuner.workload import Workload
+from tpu_tuner.tuning.agents import load_agents, training_step
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.execution.operators import OperatorTime
+from tpu_tuner.execution.step import accumulate_gradients, micro_batches, prepare_step
+from tpu_tuner.execution.accuracy import REFERENCE, capture, relative_error
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.knobs.tuned_config import TunedConfig, apply
+from tpu_tuner.model.workload import Workload
 
 
 class Mlp(nn.Module):

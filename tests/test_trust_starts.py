@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import EXAMPLES, FIXTURES, serving
 from tpu_tuner.cli import main
-from tpu_tuner.credentials import redact, without_password
-from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.core.credentials import redact, without_password
+from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.tuning import run_file
+from tpu_tuner.studies import run_file
 
 SECRET = "SECRETPASS"
 PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
@@ -62,7 +62,7 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
 def test_log_lines_are_redacted_by_the_cli_filter(caplog) -> None:
     import logging
 
-    from tpu_tuner.credentials import RedactingFilter
+    from tpu_tuner.core.credentials import RedactingFilter
 
     record = logging.LogRecord("tpu_tuner.x", logging.WARNING, __file__, 1, "opening %s failed", (PG_URL,), None)
     assert RedactingFilter().filter(record)
@@ -118,12 +118,12 @@ def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
 
 
 def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypatch) -> None:
-    import tpu_tuner.loader
+    import tpu_tuner.model.loader
 
     def refuse(*args, **kwargs):
         raise AssertionError("the parent imported the model file")
 
-    monkeypatch.setattr(tpu_tuner.loader, "_import_file", refuse)
+    monkeypatch.setattr(tpu_tuner.model.loader, "_import_file", refuse)
     from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
 
     # The worker loads the file (its own process, not patched); a file without a length sample is
@@ -136,10 +136,11 @@ def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypat
 
 
 def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Path) -> None:
-    from tpu_tuner.runner.summary import load_summary
-    from tpu_tuner.tuning.fingerprint import fingerprint
+    from tpu_tuner.model.summary import load_summary
+    from tpu_tuner.studies.fingerprint import fingerprint
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import _run_location, tune
+    from tpu_tuner.api import tune
+    from tpu_tuner.tuning.study import _run_location
 
     with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
         summary = load_summary(runner, EXAMPLES / "mlp.py")
@@ -154,8 +155,8 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
 
 def test_the_fingerprint_compares_the_sizes_that_run() -> None:
     """--batch-size 32 on a file whose BATCH_SIZE is 32 resumes; --batch-size 16 does not."""
-    from tpu_tuner.runner.summary import WorkloadSummary
-    from tpu_tuner.tuning.fingerprint import differences, fingerprint
+    from tpu_tuner.model.summary import WorkloadSummary
+    from tpu_tuner.studies.fingerprint import differences, fingerprint
 
     summary = WorkloadSummary(name="mlp", source=EXAMPLES / "mlp.py", convention="native", step_kind="training step",
                               is_training=True, batch_size=32, seq_len=None)
@@ -200,7 +201,7 @@ def test_bad_options_are_refused_before_torch_is_imported() -> None:
 def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> None:
     from tpu_tuner.dashboard import collect
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import tune
+    from tpu_tuner.api import tune
 
     # The worker's own one-line error, naming the file and what failed in it.
     with pytest.raises(WorkloadError, match=r"bad_forward.py: the first step failed: RuntimeError: mat1 and mat2"):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.tuning import TuneOptions, tune
+from tpu_tuner import TuneOptions, tune
 
 from conftest import FIXTURES, use_probe
 
@@ -105,7 +105,7 @@ def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
 def test_outputs_and_config_round_trip(tmp_path) -> None:
     import torch
 
-    from tpu_tuner.tuned_config import TunedConfig, apply
+    from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
     result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path))
     run_dir = result.run_dir

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpu_tuner.agents import CompileAgent
-from tpu_tuner.definitions import load_definition
+from tpu_tuner.tuning.agents import CompileAgent
+from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.profiling.verdict import decide
 
 PEAK, BANDWIDTH = 1e12, 1e11  # ridge point 10 FLOP/B

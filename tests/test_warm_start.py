@@ -17,8 +17,8 @@ from typing import Any
 import optuna
 import pytest
 
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.search.space import Param, SearchSpace
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning import warm_start
 from tpu_tuner.tuning.warm_start import (WarmSeed, WorkloadFeatures, distance, enqueue_warm_seeds, features_of,
                                          features_of_json, find_warm_seeds, model_kind_of)
@@ -393,7 +393,7 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
 
 
 def test_report_shows_where_warm_start_settings_came_from(tmp_path: Path) -> None:
-    from tpu_tuner.report.tuning_report import render_report
+    from tpu_tuner.outputs.tuning_report import render_report
 
     text = render_report(_result(tmp_path, ["vm-a", "vm-b", "vm-b"], "vm-a"), {})
     section = text.split("## Warm start")[1].split("\n## ")[0]
@@ -408,7 +408,7 @@ def test_report_shows_where_warm_start_settings_came_from(tmp_path: Path) -> Non
 
 
 def test_report_hosts_line_for_one_host(tmp_path: Path) -> None:
-    from tpu_tuner.report.tuning_report import render_report
+    from tpu_tuner.outputs.tuning_report import render_report
 
     text = render_report(_result(tmp_path, ["vm-a"] * 3, "vm-a"), {})
     assert "Every trial ran on host `vm-a`, and so did the comparison above." in text
@@ -427,7 +427,7 @@ def test_trials_csv_keeps_host_and_names_the_warm_start_source(tmp_path: Path) -
 
 
 def test_the_report_reads_the_attr_warm_start_writes() -> None:
-    from tpu_tuner.report import tuning_report
+    from tpu_tuner.outputs import tuning_report
 
     assert tuning_report.WARM_START_ATTR == warm_start.TRIAL_ATTR == "warm_start"
 
@@ -439,7 +439,7 @@ def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_pa
     from conftest import FIXTURES
     from tpu_tuner.profiling import ProfilerSettings
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import tune
+    from tpu_tuner.api import tune
 
     fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=5, timing_min_seconds=0.0,
                             timing_max_steps=10, profiled_steps=1, top_operators=5, explained_share_min=0.5)

@@ -6,31 +6,32 @@ The public API is re-exported here; everything else is internal.
 from importlib import import_module
 from typing import Any
 
-from tpu_tuner.tpu_host import settle_tpu_environment
+from tpu_tuner.core.tpu_host import settle_tpu_environment
+from tpu_tuner.core.version import __version__  # noqa: F401 - the package version
 
 # Before anything here can load libtpu: on a host without a TPU chip, libtpu (which torch-tpu's
 # autoload brings into every `import torch`) must not spend minutes asking GCE's metadata server
-# for a TPU at the first backward pass (tpu_tuner/tpu_host.py).
+# for a TPU at the first backward pass (tpu_tuner/core/tpu_host.py).
 settle_tpu_environment()
 
 # Public name -> the module that defines it. Imported on first use (PEP 562) rather than here, so
 # that commands which never run a model (`tpu-tune dashboard`, `plan`'s parent process) do not pay
 # for importing torch: 6-10 s on this 2-core machine.
 _EXPORTS = {
-    "Backend": "tpu_tuner.backends", "DeviceInfo": "tpu_tuner.backends", "get_backend": "tpu_tuner.backends",
-    "Candidate": "tpu_tuner.candidate",
-    "BackendError": "tpu_tuner.errors", "DefinitionError": "tpu_tuner.errors", "TpuTuneError": "tpu_tuner.errors",
-    "UserInputError": "tpu_tuner.errors", "WorkloadError": "tpu_tuner.errors",
-    "load_workload": "tpu_tuner.loader",
+    "Backend": "tpu_tuner.devices", "DeviceInfo": "tpu_tuner.devices", "get_backend": "tpu_tuner.devices",
+    "Candidate": "tpu_tuner.knobs.candidate",
+    "BackendError": "tpu_tuner.core.errors", "DefinitionError": "tpu_tuner.core.errors", "TpuTuneError": "tpu_tuner.core.errors",
+    "UserInputError": "tpu_tuner.core.errors", "WorkloadError": "tpu_tuner.core.errors",
+    "load_workload": "tpu_tuner.model.loader",
     "Profile": "tpu_tuner.profiling", "ProfilerSettings": "tpu_tuner.profiling", "profile": "tpu_tuner.profiling",
-    "AppliedConfig": "tpu_tuner.tuned_config", "TunedConfig": "tpu_tuner.tuned_config", "apply": "tpu_tuner.tuned_config",
-    "TuneOptions": "tpu_tuner.tuning", "TuningResult": "tpu_tuner.tuning", "tune": "tpu_tuner.tuning",
-    "TransformerDims": "tpu_tuner.workload", "Workload": "tpu_tuner.workload",
+    "AppliedConfig": "tpu_tuner.knobs.tuned_config", "TunedConfig": "tpu_tuner.knobs.tuned_config", "apply": "tpu_tuner.knobs.tuned_config",
+    "TuneOptions": "tpu_tuner.tuning", "TuningResult": "tpu_tuner.tuning", "tune": "tpu_tuner.api",
+    "TransformerDims": "tpu_tuner.model.workload", "Workload": "tpu_tuner.model.workload",
     "PlanOptions": "tpu_tuner.planner.plan", "plan": "tpu_tuner.planner.plan",
     "BucketOptions": "tpu_tuner.bucketing.study", "plan_buckets": "tpu_tuner.bucketing.study",
-    # Run folders: the same files the CLI writes (tpu_tuner/run_outputs.py).
-    "plan_to_folder": "tpu_tuner.run_outputs", "save_buckets": "tpu_tuner.run_outputs",
-    "save_profile": "tpu_tuner.run_outputs",
+    # Run folders: the same files the CLI writes (tpu_tuner/outputs/write.py).
+    "plan_to_folder": "tpu_tuner.outputs.write", "save_buckets": "tpu_tuner.outputs.write",
+    "save_profile": "tpu_tuner.outputs.write",
 }
 
 
@@ -76,4 +77,3 @@ __all__ = [
     "save_profile",
     "tune",
 ]
-__version__ = "0.1.0"

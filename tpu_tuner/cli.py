@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpu_tuner.candidate import AUTOCAST_DTYPES, MATMUL_PRECISIONS, Candidate
-from tpu_tuner.errors import TpuTuneError
+from tpu_tuner.knobs.candidate import AUTOCAST_DTYPES, MATMUL_PRECISIONS, Candidate
+from tpu_tuner.core.errors import TpuTuneError
 from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger("tpu_tuner.cli")
@@ -208,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _tune_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.credentials import redact, without_password
-    from tpu_tuner.tuning.storage import storage_from_environment
+    from tpu_tuner.core.credentials import redact, without_password
+    from tpu_tuner.studies.storage import storage_from_environment
     from tpu_tuner.tuning.options import TuneOptions
 
     options = TuneOptions(
@@ -226,8 +226,9 @@ def _tune_command(args: argparse.Namespace) -> int:
     # Bad options, space or storage are refused here, in well under a second: before torch and
     # optuna are imported, before any model runs and before a run folder exists.
     options.preflight()
-    from tpu_tuner.report.units import ms
-    from tpu_tuner.tuning.study import Progress, tune
+    from tpu_tuner.core.units import ms
+    from tpu_tuner.api import tune
+    from tpu_tuner.tuning.study import Progress
 
     def show(event: Progress) -> None:
         # "best" is the same quantity a finished trial's line leads with (its objective).
@@ -264,8 +265,8 @@ def _tune_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.credentials import redact
-    from tpu_tuner.tuning.storage import check_storage, shared_sqlite, storage_from_environment
+    from tpu_tuner.core.credentials import redact
+    from tpu_tuner.studies.storage import check_storage, shared_sqlite, storage_from_environment
 
     storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
     check_storage(storage)
@@ -274,7 +275,7 @@ def _study_command(args: argparse.Namespace) -> int:
 
         print("\n".join(study_status(storage, args.study).lines()))
         return 0
-    from tpu_tuner.tuning.study_admin import finish_study
+    from tpu_tuner.api import finish_study
 
     result = finish_study(storage, args.study, args.out, args.model, None if args.device == "auto" else args.device,
                           now=args.now)
@@ -287,9 +288,9 @@ def _study_command(args: argparse.Namespace) -> int:
 
 def _buckets_command(args: argparse.Namespace) -> int:
     from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
-    from tpu_tuner.report.bucket_report import render_terminal
-    from tpu_tuner.results import new_run_dir
-    from tpu_tuner.run_outputs import write_buckets
+    from tpu_tuner.outputs.bucket_report import render_terminal
+    from tpu_tuner.core.run_folder import new_run_dir
+    from tpu_tuner.outputs.write import write_buckets
 
     options = BucketOptions(lengths_file=args.lengths, steps=args.steps, max_buckets=args.max_buckets, align=args.align,
                             device=args.device, compile_backend=args.compile_backend, batch_size=args.batch_size,
@@ -304,12 +305,12 @@ def _buckets_command(args: argparse.Namespace) -> int:
 
 
 def _plan_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.errors import UserInputError
-    from tpu_tuner.planner.layouts import parse_layout_text
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.model.layouts import parse_layout_text
     from tpu_tuner.planner.plan import PlanOptions
-    from tpu_tuner.report.plan_report import render_terminal
-    from tpu_tuner.results import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
-    from tpu_tuner.run_outputs import plan_to_folder
+    from tpu_tuner.outputs.plan_report import render_terminal
+    from tpu_tuner.core.run_folder import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
+    from tpu_tuner.outputs.write import plan_to_folder
 
     from tpu_tuner.planner.remat import parse_remat
 
@@ -368,7 +369,7 @@ def _plan_command(args: argparse.Namespace) -> int:
 def _devices_command(args: argparse.Namespace) -> int:
     import json
 
-    from tpu_tuner.devices import devices_report
+    from tpu_tuner.devices.listing import devices_report
 
     report = devices_report()
     print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.lines()))
@@ -378,7 +379,7 @@ def _devices_command(args: argparse.Namespace) -> int:
 
 def _dashboard_command(args: argparse.Namespace) -> int:
     from tpu_tuner.dashboard import collect, make_server, write_csv, write_dashboard
-    from tpu_tuner.errors import UserInputError
+    from tpu_tuner.core.errors import UserInputError
 
     if args.details < 0:
         raise UserInputError(f"--details must be 0 or more, not {args.details}")
@@ -407,7 +408,7 @@ def _dashboard_command(args: argparse.Namespace) -> int:
 
 
 def _apply_command(args: argparse.Namespace) -> int:
-    from tpu_tuner.tuned_config import TunedConfig
+    from tpu_tuner.knobs.tuned_config import TunedConfig
 
     config = TunedConfig.load(args.config)
     print(f"# {args.config}: Python that applies it")
@@ -420,7 +421,7 @@ def _likely_device_kind(device: str) -> str:
     torch-tpu (the backend the worker will pick), else "other" (read without importing torch)."""
     if device != "auto":
         return device
-    from tpu_tuner.tpu_host import torch_tpu_installed, tpu_chips_on_host
+    from tpu_tuner.core.tpu_host import torch_tpu_installed, tpu_chips_on_host
 
     return "tpu" if tpu_chips_on_host() and torch_tpu_installed() else "other"
 
@@ -428,11 +429,11 @@ def _likely_device_kind(device: str) -> str:
 def _profile_command(args: argparse.Namespace) -> int:
     # Imported here so that `tpu-tune --help` stays fast.
     from tpu_tuner.knobs.matmul_precision import device_default
-    from tpu_tuner.profiling.isolated import profile_in_worker
+    from tpu_tuner.runner.isolated_profile import profile_in_worker
     from tpu_tuner.profiling.settings import ProfilerSettings
-    from tpu_tuner.report.profile_report import render_terminal
-    from tpu_tuner.results import PROFILE_JSON, PROFILE_MD
-    from tpu_tuner.run_outputs import save_profile
+    from tpu_tuner.outputs.profile_report import render_terminal
+    from tpu_tuner.core.run_folder import PROFILE_JSON, PROFILE_MD
+    from tpu_tuner.outputs.write import save_profile
 
     candidate = Candidate.from_fields(  # the profile command's flags name the pre-registry fields
         eager_mode=args.eager_mode,
@@ -471,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.debug:  # torch's own INFO lines (inductor's registrations on import) are not ours to print
         logging.getLogger("torch").setLevel(max(level, logging.WARNING))
-    from tpu_tuner.credentials import RedactingFilter, redact
+    from tpu_tuner.core.credentials import RedactingFilter, redact
 
     for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
         handler.addFilter(RedactingFilter())

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from tpu_tuner.backends import get_backend
-from tpu_tuner.bucketing.cost_model import CostModel, fit_cost_model
-from tpu_tuner.bucketing.lengths import LengthHistogram, read_lengths
-from tpu_tuner.bucketing.optimize import (
+from tpu_tuner.devices import get_backend
+from tpu_tuner.model.bucket_cost import CostModel, fit_cost_model
+from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
+from tpu_tuner.model.bucket_choice import (
     Evaluation,
     Strategy,
     baselines,
@@ -37,14 +37,13 @@ from tpu_tuner.bucketing.optimize import (
     optimal_buckets,
     oracle_seconds,
 )
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import TpuTuneError, UserInputError
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.runner.summary import load_summary
+from tpu_tuner.model.summary import load_summary
 
 log = logging.getLogger(__name__)
 
-PROBE_QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 
 
 @dataclass
@@ -186,34 +185,6 @@ def cold_compile_env() -> Iterator[dict[str, str]]:
     3.2 s on a rerun with a warm folder)."""
     with tempfile.TemporaryDirectory(prefix="tpu-tune-inductor-") as folder:
         yield {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
-
-
-def probe_lengths(hist: LengthHistogram, align: int) -> list[int]:
-    """Aligned lengths at the sample's quantiles (at least two distinct)."""
-    sample = np.repeat(hist.lengths, hist.counts)
-    values = sorted({int(-(-np.quantile(sample, q, method="higher") // align) * align) for q in PROBE_QUANTILES})
-    if len(values) < 2:
-        values.append(values[-1] + align)
-    return values
-
-
-def bucket_histogram(workload: Any, lengths_file: Path | None) -> LengthHistogram:
-    """The length sample of `lengths_file`, else of the workload's sample_lengths()."""
-    if lengths_file is not None:
-        sample = read_lengths(lengths_file)
-        source: Any = lengths_file
-    elif workload.sample_lengths is not None:
-        try:
-            sample = np.asarray(list(workload.sample_lengths()))
-        except Exception as exc:
-            raise UserInputError(f"sample_lengths() failed: {type(exc).__name__}: {exc}", workload.source) from exc
-        source = workload.source
-    else:
-        raise UserInputError("no length sample: give --lengths FILE or define sample_lengths() in the file", workload.source)
-    try:
-        return LengthHistogram.from_sample(sample)
-    except ValueError as exc:
-        raise UserInputError(str(exc), source) from exc
 
 
 def _summary(hist: LengthHistogram) -> dict[str, float]:

@@ -27,13 +27,13 @@ from typing import Any
 
 import pandas as pd
 
-from tpu_tuner import knobs
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.credentials import redact
-from tpu_tuner.results import (BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD, PROFILE_JSON, PROFILE_MD, REPORT_MD,
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.credentials import redact
+from tpu_tuner.core.run_folder import (BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD, PROFILE_JSON, PROFILE_MD, REPORT_MD,
                                RUN_JSON, TRIALS_CSV, TUNED_CONFIG)
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.tuning import run_file
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.studies import run_file
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from tpu_tuner.dashboard import plots
+import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.dashboard.collect import Collection, collect, finite
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.report.units import ms
-from tpu_tuner.results import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.units import ms
+from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 
 log = logging.getLogger(__name__)
 

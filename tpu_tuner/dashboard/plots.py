@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
-from tpu_tuner.report.units import si
+from tpu_tuner.core.units import si
 
 DPI = 80
 _OK = "tab:blue"

@@ -22,10 +22,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tpu_tuner.credentials import redact
+from tpu_tuner.core.credentials import redact
 from tpu_tuner.dashboard.collect import collect
 from tpu_tuner.dashboard.page import DEFAULT_DETAILS, render_page
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tpu_tuner.errors import WorkloadError
+from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.model.blocks import repeated_blocks
 
 if TYPE_CHECKING:
     from tpu_tuner.knobs.traits import WorkloadTraits
@@ -75,32 +76,6 @@ class ActivationCheckpointingKnob(Knob):
             if pattern == [i % every == 0 for i in range(len(blocks))]:
                 return value
         return NONE if not any(pattern) else None
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, in order: the children of every outermost ModuleList /
-    Sequential holding two or more modules of one class that have submodules themselves (a
-    Sequential of Linear layers is not a stack of blocks)."""
-    from torch import nn
-
-    def is_stack(container: nn.Module) -> bool:
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            return False
-        members = list(container.children())
-        return (len(members) >= 2 and len({type(m) for m in members}) == 1
-                and next(members[0].children(), None) is not None)
-
-    found: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        if is_stack(module):
-            found.extend(module.children())
-            return  # the outermost stack only: its blocks' insides are not blocks of their own
-        for child in module.children():
-            visit(child)
-
-    visit(model)
-    return found
 
 
 def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:

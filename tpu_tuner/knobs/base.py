@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from torch import nn
 
-    from tpu_tuner.backends.base import Backend
+    from tpu_tuner.devices.base import Backend
     from tpu_tuner.knobs.traits import WorkloadTraits
 
     # A backend instance, or its class where only its tables are needed (the parent process and

@@ -129,7 +129,7 @@ def compile_options(value: str) -> dict[str, Any] | None:
 
 def _eager_modes() -> tuple[str, ...]:
     """Every eager mode some backend knows (the first is the default), from the backends."""
-    from tpu_tuner.backends import BACKENDS  # lazy: the backends import candidates, which import knobs
+    from tpu_tuner.devices import BACKENDS  # lazy: the backends import candidates, which import knobs
 
     modes = ["strict"]
     for backend in BACKENDS.values():

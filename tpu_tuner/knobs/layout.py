@@ -3,7 +3,7 @@
 A value is a mesh, ``DATAxFSDPxTENSOR`` (the planner's `Layout`): ``Nx1x1`` is data parallel
 (DDP, the baseline of an N-rank study), ``1xNx1`` fully sharded (FSDP2), ``1x1xN`` tensor
 parallel (DTensor), and the mixes (HSDP, FSDP x TP). It is applied by the one function every
-caller shares (`tpu_tuner.sharding.apply.apply_layout`) on the process group the ranks joined,
+caller shares (`tpu_tuner.parallel.apply.apply_layout`) on the process group the ranks joined,
 and each rank then runs its slice of the global batch (`local_batch`), so every layout runs the
 same global batch per step and their step times compare directly.
 
@@ -23,6 +23,7 @@ from itertools import product
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.model.layouts import parse_data_fsdp_tensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,17 +35,6 @@ AXES = ("data", "fsdp", "tensor")
 # The families a search space may list: each a set of axes; "data+tensor" is not one (DDP cannot
 # wrap tensor-parallel parameters; `sharding.apply.why_not`).
 FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+fsdp+tensor")
-
-
-def parse(value: str) -> tuple[int, int, int]:
-    """``"DxFxT"`` as (data, fsdp, tensor); ValueError naming the knob when malformed."""
-    try:
-        data, fsdp, tensor = (int(part) for part in value.lower().split("x"))
-    except (ValueError, AttributeError):
-        raise ValueError(f"layout must be DATAxFSDPxTENSOR (e.g. 1x2x1), not {value!r}") from None
-    if min(data, fsdp, tensor) < 1:
-        raise ValueError(f"layout {value!r}: every axis must be at least 1")
-    return data, fsdp, tensor
 
 
 def expand(family: str, ranks: int) -> list[str]:
@@ -72,7 +62,7 @@ class LayoutKnob(Knob):
     def check(self, value: str) -> str:
         if not isinstance(value, str):
             raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
-        return "x".join(map(str, parse(value)))
+        return "x".join(map(str, parse_data_fsdp_tensor(value)))
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The families of `entry` expanded for `ranks` ranks, the data-parallel one (the
@@ -98,9 +88,9 @@ class LayoutKnob(Knob):
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
         """`sharding.apply.why_not_shape` from the profile's numbers (`tensor_divisor`: the gcd
         of what a tensor axis must divide)."""
-        from tpu_tuner.sharding.apply import why_not_shape
+        from tpu_tuner.parallel.apply import why_not_shape
 
-        data, fsdp, tensor = parse(value)
+        data, fsdp, tensor = parse_data_fsdp_tensor(value)
         widths = {} if traits.tensor_divisor is None else {
             "the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
         return why_not_shape(_layout(value), data * fsdp * tensor, traits.batch_size, traits.repeated_blocks,
@@ -111,7 +101,7 @@ class LayoutKnob(Knob):
             return model
         import torch.distributed as dist
 
-        from tpu_tuner.sharding.apply import LayoutError, apply_layout, mesh_device_type
+        from tpu_tuner.parallel.apply import LayoutError, apply_layout, mesh_device_type
 
         layout = _layout(value)
         if not (dist.is_available() and dist.is_initialized()):
@@ -127,8 +117,8 @@ class LayoutKnob(Knob):
             return inputs, target
         import torch.distributed as dist
 
-        from tpu_tuner.profiling.step import batch_size_of, batch_slice
-        from tpu_tuner.sharding.apply import batch_shard
+        from tpu_tuner.model.batch import batch_size_of, batch_slice
+        from tpu_tuner.parallel.apply import batch_shard
 
         size = batch_size_of(inputs)
         if size is None or size % layout.batch_shards:
@@ -141,7 +131,7 @@ class LayoutKnob(Knob):
     def describe(self, value: str) -> str:
         if value == SINGLE:
             return ""
-        data, fsdp, tensor = parse(value)
+        data, fsdp, tensor = parse_data_fsdp_tensor(value)
         parts = [f"{name} {size}" for name, size in (("DDP" if fsdp == 1 else "replicas", data), ("FSDP", fsdp),
                                                     ("TP", tensor)) if size > 1]
         return "layout " + " x ".join(parts)
@@ -149,11 +139,11 @@ class LayoutKnob(Knob):
     def code(self, value: str, device_kind: str) -> list[str]:
         if value == SINGLE:
             return []
-        data, fsdp, tensor = parse(value)
+        data, fsdp, tensor = parse_data_fsdp_tensor(value)
         return ["# one process per device, each joined to the process group first "
                 f"(torchrun --nproc-per-node {data * fsdp * tensor} script.py)",
-                "from tpu_tuner.planner.layouts import Layout",
-                "from tpu_tuner.sharding.apply import apply_layout",
+                "from tpu_tuner.model.layouts import Layout",
+                "from tpu_tuner.parallel.apply import apply_layout",
                 f"model = apply_layout(model, Layout(data={data}, fsdp={fsdp}, tensor={tensor}), "
                 f"device_type={device_kind!r})  # before the optimizer is built"]
 
@@ -188,6 +178,6 @@ class LayoutKnob(Knob):
 
 
 def _layout(value: str) -> Any:
-    from tpu_tuner.planner.layouts import Layout
+    from tpu_tuner.model.layouts import Layout
 
-    return Layout(*parse(value))
+    return Layout(*parse_data_fsdp_tensor(value))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from tpu_tuner.errors import WorkloadError
+from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:

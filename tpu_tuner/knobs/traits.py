@@ -48,8 +48,8 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
     """The traits of a built model (called in the worker, which has imported the file)."""
     import math
 
-    from tpu_tuner.knobs.activation_checkpointing import repeated_blocks
-    from tpu_tuner.sharding.apply import tensor_widths
+    from tpu_tuner.model.blocks import repeated_blocks
+    from tpu_tuner.parallel.apply import tensor_widths
 
     widths = list(tensor_widths(model).values())
     return WorkloadTraits(

@@ -25,11 +25,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from tpu_tuner.batch_resize import leading_size
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.model.batch import leading_size
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.flops import TrafficCounter, flop_counter
-from tpu_tuner.report.units import binary_bytes, si
-from tpu_tuner.workload import Workload, call_model, move_to
+from tpu_tuner.core.units import binary_bytes, si
+from tpu_tuner.model.workload import Workload, call_model, move_to
 
 log = logging.getLogger(__name__)
 

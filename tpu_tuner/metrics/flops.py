@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
-from tpu_tuner.workload import TransformerDims
+from tpu_tuner.model.workload import TransformerDims
 
 aten = torch.ops.aten
 AttentionConvention = Literal["full", "causal"]

@@ -22,9 +22,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import IO, Any
 
-from tpu_tuner.planner.layouts import Layout
+from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.program import CompiledStep, compile_step
-from tpu_tuner.tpu_host import child_environment
+from tpu_tuner.core.tpu_host import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def topology_devices(jax_name: str) -> Any:
 
 @lru_cache(maxsize=4)
 def _workload(model_file: str) -> Any:
-    from tpu_tuner.loader import load_workload
+    from tpu_tuner.model.loader import load_workload
 
     return load_workload(model_file)
 

@@ -15,16 +15,17 @@ from typing import Any
 
 import torch
 
-from tpu_tuner.errors import TpuTuneError, UserInputError
-from tpu_tuner.loader import load_workload
+from tpu_tuner.core.errors import TpuTuneError, UserInputError
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 from tpu_tuner.planner.calibration import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool, default_workers, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
-from tpu_tuner.planner.layouts import Layout, enumerate_layouts, partition_spec, placements
-from tpu_tuner.planner.model_shape import Dims, read_dims
+from tpu_tuner.model.layouts import Layout, enumerate_layouts, partition_spec, placements
+from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.planner.predict import CostModel, ErrorBand, Prediction, error_band, predict
-from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, blocks_of, combine_scanned
+from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.space import (DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, MemoryBound, PlanPoint,
                                      SearchSpace, invalid_reason, memory_lower_bound)
@@ -197,7 +198,7 @@ def _screen_in_worker(model_file: str | Path) -> None:
     The planner still builds the model (on the meta device) in this process afterwards: its shape
     analysis needs the module itself (docs/run-safety.md)."""
     from tpu_tuner.runner.pool import TrialRunner
-    from tpu_tuner.runner.summary import load_summary
+    from tpu_tuner.model.summary import load_summary
 
     with TrialRunner(str(model_file), "cpu") as runner:
         load_summary(runner, model_file, sample_lengths=False)
@@ -428,7 +429,7 @@ def _preference(layout: Layout) -> tuple:
 
 
 def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
-    from tpu_tuner.workload import TransformerDims
+    from tpu_tuner.model.workload import TransformerDims
 
     attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]

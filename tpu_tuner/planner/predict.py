@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from tpu_tuner.planner.collectives import ring_seconds
-from tpu_tuner.planner.layouts import Layout, ModelShape
+from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.program import CompiledStep
 from tpu_tuner.planner.topology import Topology
 

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from tpu_tuner.planner.collectives import Collective, parse_collectives
-from tpu_tuner.planner.layouts import Layout, partition_spec, placements
+from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
 from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
 
@@ -97,17 +98,6 @@ COMPILE_OPTIONS: dict[str, Any] = {"xla_tpu_mock_collectives": True}
 # where compared (70B, fsdp 8192 on v5p:16x16x32: 15.17 GiB of temporaries both ways). It does not
 # peel loop iterations, so the plan also uses it to recost peeled full-effort programs.
 FAST_COMPILE_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "exec_time_optimization_effort": -1.0}
-
-def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The repeated blocks: the longest ModuleList of same-typed modules."""
-    best: tuple[str, nn.ModuleList] | None = None
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
-            if best is None or len(module) > len(best[1]):
-                best = (name, module)
-    if best is None:
-        raise ValueError("the model has no ModuleList of repeated blocks to scale")
-    return best
 
 
 def truncated(model: nn.Module, keep: int) -> nn.Module:

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError
 
 BLOCK_INPUT = "decoder_layer_input"
 WEIGHT_MATMULS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")

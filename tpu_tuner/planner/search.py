@@ -31,13 +31,13 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.credentials import without_password
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core.credentials import without_password
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.planner.collectives import Collective
 from tpu_tuner.planner.program import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
-from tpu_tuner.report.units import binary_bytes
+from tpu_tuner.core.units import binary_bytes
 
 if TYPE_CHECKING:
     from tpu_tuner.planner.compile_pool import CompilePool
@@ -161,7 +161,7 @@ def _params(point: PlanPoint) -> dict[str, Any]:
 
 def fingerprint(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
     """What a plan's trials depend on: another plan with the same fingerprint may reuse them."""
-    from tpu_tuner.tuning.fingerprint import file_sha256
+    from tpu_tuner.studies.fingerprint import file_sha256
 
     return {"model_sha256": file_sha256(problem.source), "preset": problem.preset,
             "topology": problem.topology.jax_name, "devices": problem.topology.devices,
@@ -180,7 +180,7 @@ def _open_study(problem: PlanProblem, options: PlanOptions,
     name = options.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest}"
     storage = None
     if options.storage:
-        from tpu_tuner.tuning.liveness import open_storage
+        from tpu_tuner.studies.liveness import open_storage
 
         storage = open_storage(options.storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -203,7 +203,7 @@ def _run(study: optuna.Study, storage: optuna.storages.RDBStorage | None, proble
          evaluator: Evaluator | None = None) -> None:
     """Compile `budget` points, `pool.workers` at a time; `queue_only`: only the queued ones."""
     from tpu_tuner.planner.plan import evaluate
-    from tpu_tuner.tuning.liveness import Heartbeat, Worker, fail_lost_trials
+    from tpu_tuner.studies.liveness import Heartbeat, Worker, fail_lost_trials
 
     shape = problem.dims.shape
     worker = Worker.this_process(storage)

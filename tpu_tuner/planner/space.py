@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_tuner.planner.layouts import Layout, ModelShape, why_not
+from tpu_tuner.model.layouts import Layout, ModelShape, why_not
 from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
 
 # The policies a search tries by default: MaxText's named ones that differ in what they keep, and

@@ -16,8 +16,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.hardware import TPU_CHIPS, TpuChip
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.hardware import TPU_CHIPS, TpuChip
 
 # Standard slice shapes by chip count: 2D tori for v5e/v6e, 3D for v4/v5p/TPU7x.
 _SHAPES_2D = {4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import torch
 
-from tpu_tuner.errors import TpuTuneError
+from tpu_tuner.core.errors import TpuTuneError
 
 log = logging.getLogger(__name__)
 

@@ -19,23 +19,23 @@ from typing import Any
 
 import torch
 
-from tpu_tuner.backends import DeviceInfo, get_backend
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import UserInputError
-from tpu_tuner.batch_resize import leading_size
-from tpu_tuner.loader import SEQ_LEN_REFUSED, load_workload
+from tpu_tuner.devices import DeviceInfo, get_backend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.batch import leading_size
+from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
 from tpu_tuner.metrics.estimate import StepEstimate, available_memory_bytes, check_budget, estimate_step
 from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
-from tpu_tuner.profiling.operators import OperatorTime, top_operators
+from tpu_tuner.execution.operators import OperatorTime, top_operators
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.knobs.traits import of_model
-from tpu_tuner.profiling.step import prepare_step, run_user_step
-from tpu_tuner.profiling.timer import WarmupResult, time_steps, warm_up
+from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
 from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
 from tpu_tuner.profiling.verdict import Verdict, decide
-from tpu_tuner.workload import Workload
+from tpu_tuner.model.workload import Workload
 
 log = logging.getLogger(__name__)
 COUNTED_FORMULA = "counted FLOPs"  # how a model-FLOPs formula that is the counted figure starts
@@ -102,14 +102,14 @@ class Profile:
         return data
 
     def to_json(self) -> str:
-        from tpu_tuner.plain_data import json_default
+        from tpu_tuner.core.plain_data import json_default
 
         return json.dumps(self.to_dict(), indent=2, default=json_default)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Profile":
         """The inverse of `to_dict`: every nested figure rebuilt as its dataclass."""
-        from tpu_tuner.plain_data import from_plain
+        from tpu_tuner.core.plain_data import from_plain
 
         return from_plain(cls, data)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_tuner.definitions import AgentHeader, load_agent_definition
+from tpu_tuner.core.definitions import AgentHeader, load_agent_definition
 
 
 @dataclass(frozen=True)

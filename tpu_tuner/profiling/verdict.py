@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpu_tuner.report.units import duration, si
+from tpu_tuner.core.units import duration, si
 
 BOUNDS = ("compute-bound", "memory-bound", "overhead-bound", "below-roofline")
 MATMUL_LIKE = ("mm", "matmul", "linear", "conv", "attention", "bmm", "baddbmm", "addmm", "rnn", "lstm", "gru")

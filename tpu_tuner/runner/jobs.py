@@ -11,18 +11,18 @@ import json
 import time
 from typing import Any
 
-from tpu_tuner.backends import Backend, get_backend
-from tpu_tuner.bucketing.measure import run_bucket_costs, run_bucket_replay
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.devices import Backend, get_backend
+from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compile_options
-from tpu_tuner.loader import load_workload
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.profiling import ProfilerSettings, profile
-from tpu_tuner.profiling.step import prepare_step, run_user_step
-from tpu_tuner.profiling.timer import compile_delta, time_steps, timed_call, warm_up
-from tpu_tuner.runner.accuracy import REFERENCE, Outputs, capture, relative_error
-from tpu_tuner.runner.measurement import Measurement
-from tpu_tuner.workload import Workload
+from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
+from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.model.workload import Workload
 
 
 class WorkerState:

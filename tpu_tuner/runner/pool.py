@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tpu_tuner.runner.measurement import TrialFailure
+from tpu_tuner.execution.measurement import TrialFailure
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class TrialRunner:
             sys.executable, "-m", "tpu_tuner.runner.worker", str(to_child_r), str(from_child_w),
             self.workload_path, self.device or "auto", str(self.memory_limit_bytes or 0),
         ]
-        from tpu_tuner.tpu_host import child_environment
+        from tpu_tuner.core.tpu_host import child_environment
 
         self._process = subprocess.Popen(command, pass_fds=(to_child_r, from_child_w),
                                          env={**os.environ, **child_environment(), **env})

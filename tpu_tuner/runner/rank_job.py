@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
             limit = int(spec["memory_limit_bytes"])
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         from tpu_tuner.runner.jobs import JOBS, WorkerState
-        from tpu_tuner.sharding.launch import init_rank
+        from tpu_tuner.runner.launch import init_rank
 
         state = WorkerState(spec["workload_path"], spec["device"], rank=rank, ranks=ranks)
         init_rank(state.backend.process_group_backend)
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    from tpu_tuner.sharding.launch import finish_rank
+    from tpu_tuner.runner.launch import finish_rank
 
     finish_rank()
 

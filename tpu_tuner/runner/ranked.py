@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.runner.measurement import TrialFailure
+from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.pool import JobResult, TrialRunner
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class RankedTrialRunner:
         if job not in RANK_JOBS:
             return self.single.run(job, payload, options, env=env, timeout_s=timeout_s)
         from tpu_tuner.runner.rank_job import RESULT, failure_path
-        from tpu_tuner.sharding.launch import run_ranks
+        from tpu_tuner.runner.launch import run_ranks
 
         # The single worker is idle from here on (the profile is done): its memory and threads
         # are the ranks' now. A later single-process job starts it again.

@@ -24,9 +24,9 @@ def main(argv: list[str]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory_limit), int(memory_limit)))
     receive = Connection(int(read_fd), writable=False)
     send = Connection(int(write_fd), readable=False)
-    from tpu_tuner.errors import TpuTuneError
+    from tpu_tuner.core.errors import TpuTuneError
     from tpu_tuner.runner.jobs import JOBS, WorkerState
-    from tpu_tuner.runner.summary import summarize
+    from tpu_tuner.model.summary import summarize
 
     # "load": import and validate the file, describe it to the parent (which never imports it).
     jobs = {**JOBS, "load": summarize}

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.study import Progress, tune
+    from tpu_tuner.tuning.study import Progress
 
-_WHERE = {"TuneOptions": "options", "TuningResult": "result", "Progress": "study", "tune": "study"}
+_WHERE = {"TuneOptions": "options", "TuningResult": "result", "Progress": "study"}
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +24,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
 
 
-__all__ = ["Progress", "TuneOptions", "TuningResult", "tune"]
+__all__ = ["Progress", "TuneOptions", "TuningResult"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tpu_tuner.agents.base import Agent
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.space import SearchSpace
 
 BUDGET_SHARE = 0.20
 MIN_TRIALS = 12

@@ -69,7 +69,7 @@ class TuneOptions:
     trial_settings: ProfilerSettings | None = field(default_factory=lambda: default_trial_settings())
 
     def validate(self) -> None:
-        from tpu_tuner.errors import UserInputError
+        from tpu_tuner.core.errors import UserInputError
 
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
@@ -110,8 +110,8 @@ class TuneOptions:
         length sample's file and the storage URL (parsed, driver installed, server reachable).
         Called before any run folder exists, so a refused start leaves nothing behind
         (docs/run-safety.md)."""
-        from tpu_tuner.errors import UserInputError
-        from tpu_tuner.tuning.storage import check_storage, storage_from_environment
+        from tpu_tuner.core.errors import UserInputError
+        from tpu_tuner.studies.storage import check_storage, storage_from_environment
 
         self.validate()
         if self.storage is None and self.resume is None:
@@ -131,8 +131,8 @@ class TuneOptions:
 def _check_space(space: str | Path, device: str | None) -> None:
     """Load the search space as a run would: for the named device, or (device auto, not yet
     known) for every device kind, requiring it to search something on at least one."""
-    from tpu_tuner.errors import DefinitionError
-    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.core.errors import DefinitionError
+    from tpu_tuner.tuning.space import SearchSpace
 
     kinds = [device] if device and device != "auto" else ["cpu", "cuda", "tpu"]
     first_error: DefinitionError | None = None
@@ -151,7 +151,7 @@ def _check_space(space: str | Path, device: str | None) -> None:
 def _check_agents(agents: tuple[str, ...]) -> None:
     """Load each agent's definition against its schema (torch-free), so that a typo in an
     agents/*.toml file is refused before the baseline profile runs, not after it."""
-    from tpu_tuner.agents.schema import load_tuning_agent_definition
+    from tpu_tuner.tuning.agents.schema import load_tuning_agent_definition
 
     for agent in agents:
         load_tuning_agent_definition(agent)

@@ -18,8 +18,9 @@ import optuna
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.ranked import Runner
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.interleaved import compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
 
 # How many of the search's leaders are raced, and how far behind the best one may be: beyond
@@ -60,8 +61,6 @@ def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneO
     """Race `contenders` (fastest first by the search) against the baseline, interleaved;
     returns the winner and every entry, or why the race failed (the caller keeps the search's
     best then)."""
-    from tpu_tuner.tuning.verify import compare_interleaved  # verify imports this module
-
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
     rounds = max(4, options.verify_rounds // 2)

@@ -1,8 +1,8 @@
 """The result of a tuning run, rebuilt from the study storage; saved and loaded back by run folder.
 
-The files are written by `tpu_tuner.run_outputs.write_tuning`; `TuningResult.load(run_dir)` reads a
+The files are written by `tpu_tuner.outputs.write.write_tuning`; `TuningResult.load(run_dir)` reads a
 finished run back (the study from its storage, profile.json, result.json). Nothing here imports
-`tpu_tuner.report`: the reports depend on the result, never the other way round.
+`tpu_tuner.outputs`: the reports depend on the result, never the other way round.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import optuna
 import pandas as pd
 import torch
 
-from tpu_tuner import knobs, results
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core import run_folder
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.runner.measurement import Measurement
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuned_config import TunedConfig
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
@@ -112,7 +113,7 @@ class TuningResult:
         chosen = self.verification.chosen.to_dict()
         for t in self.study.get_trials(deepcopy=False):
             if t.user_attrs.get("buckets") and t.user_attrs.get("candidate") == chosen:
-                from tpu_tuner.bucketing.torchtpu import torchtpu_instructions
+                from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
                 return {"buckets": t.user_attrs["buckets"], "align": self.options.bucket_align,
                         "padding_waste": t.user_attrs.get("padding_waste"),
@@ -151,8 +152,8 @@ class TuningResult:
         """result.json: what `load` needs besides the study and profile.json (the verification,
         the agents' findings, the options and the space). No password: the options' storage URL
         is stored without one and the whole text goes through `redact` (docs/run-safety.md)."""
-        from tpu_tuner.credentials import redact, without_password
-        from tpu_tuner.plain_data import json_default
+        from tpu_tuner.core.credentials import redact, without_password
+        from tpu_tuner.core.plain_data import json_default
 
         options = dataclasses.asdict(self.options)
         if self.options.storage:
@@ -175,22 +176,22 @@ class TuningResult:
         ~/.pgpass does not supply. Raises UserInputError, naming the folder, when `run_dir` is
         not a finished tuning run.
         """
-        from tpu_tuner.plain_data import from_plain
+        from tpu_tuner.core.plain_data import from_plain
         from tpu_tuner.profiling.settings import ProfilerSettings
 
         run_dir = Path(run_dir)
         state, record = _finished_run(run_dir)
         try:
-            profile = Profile.from_json((run_dir / results.PROFILE_JSON).read_text())
+            profile = Profile.from_json((run_dir / run_folder.PROFILE_JSON).read_text())
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise UserInputError(f"unreadable {results.PROFILE_JSON}: {_first_line(exc)}", run_dir) from exc
+            raise UserInputError(f"unreadable {run_folder.PROFILE_JSON}: {_first_line(exc)}", run_dir) from exc
         try:
             options = from_plain(TuneOptions, record["options"], {"ProfilerSettings": ProfilerSettings})
             verification = from_plain(Verification, record["verification"])
             findings = {str(k): list(v) for k, v in record["findings"].items()}
             worker_starts, created = int(record["worker_starts"]), str(record["created"])
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise UserInputError(f"unreadable {results.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
+            raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
         return cls(run_dir=run_dir, study=_load_study(run_dir, state, storage),
                    space=_load_space(record.get("space"), options, profile), profile=profile,
                    findings=findings, verification=verification, options=options, worker_starts=worker_starts,
@@ -235,35 +236,35 @@ def _first_line(exc: BaseException) -> str:
 def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """run.json and result.json of a finished tuning run, or a one-line UserInputError naming
     the folder and what makes it something else."""
-    from tpu_tuner.tuning import run_file
+    from tpu_tuner.studies import run_file
 
     if not run_dir.is_dir():
         raise UserInputError("not a finished tuning run: no such folder", run_dir)
     state = run_file.read(run_dir)
     if "storage" not in state or "study_name" not in state:
-        raise UserInputError(f"not a finished tuning run: no readable {results.RUN_JSON} with the study's storage",
+        raise UserInputError(f"not a finished tuning run: no readable {run_folder.RUN_JSON} with the study's storage",
                              run_dir)
     status = state.get("status", "done")
     if status != "done":
         reason = f" ({state['reason']})" if state.get("reason") else ""
-        raise UserInputError(f"not a finished tuning run: {results.RUN_JSON} says {status!r}{reason}", run_dir)
-    path = run_dir / results.RESULT_JSON
+        raise UserInputError(f"not a finished tuning run: {run_folder.RUN_JSON} says {status!r}{reason}", run_dir)
+    path = run_dir / run_folder.RESULT_JSON
     if not path.is_file():
-        raise UserInputError(f"not a finished tuning run: no {results.RESULT_JSON} (runs written before it "
+        raise UserInputError(f"not a finished tuning run: no {run_folder.RESULT_JSON} (runs written before it "
                              "existed cannot be loaded)", run_dir)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserInputError(f"unreadable {results.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
+        raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
     if not isinstance(record, dict) or record.get("format") != RESULT_FORMAT:
-        raise UserInputError(f"{results.RESULT_JSON}: not a result of format {RESULT_FORMAT}", run_dir)
+        raise UserInputError(f"{run_folder.RESULT_JSON}: not a result of format {RESULT_FORMAT}", run_dir)
     return state, record
 
 
 def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> optuna.Study:
     """The run's study: from study.db in the folder when the run used the default SQLite (the
     stored absolute path goes stale when a folder is moved), else from the stored URL."""
-    from tpu_tuner.credentials import redact, without_password
+    from tpu_tuner.core.credentials import redact, without_password
 
     stored = str(state["storage"])
     url = stored
@@ -272,11 +273,11 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> op
             raise UserInputError(f"storage {redact(storage)!r} is not the run's storage {redact(stored)!r}", run_dir)
         url = storage
     elif stored.startswith("sqlite:"):
-        local = run_dir / results.STUDY_DB
+        local = run_dir / run_folder.STUDY_DB
         if local.is_file():
             url = f"sqlite:///{local.resolve()}"
         elif not Path(stored.removeprefix("sqlite:///")).is_file():
-            raise UserInputError(f"the run's study database is gone ({results.STUDY_DB} and {stored})", run_dir)
+            raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
     try:
         return optuna.load_study(study_name=str(state["study_name"]), storage=url)
     except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
@@ -287,7 +288,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> op
 def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpace:
     """The space the run searched, as stored; loaded again by name when the stored form no
     longer matches the SearchSpace class (a newer version of tpu-tune)."""
-    from tpu_tuner.plain_data import from_plain
+    from tpu_tuner.core.plain_data import from_plain
 
     try:
         return from_plain(SearchSpace, data)
@@ -313,14 +314,14 @@ def _redact(storage: Any) -> str:
     url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
     if url is None:
         return type(storage).__name__
-    from tpu_tuner.credentials import redact
+    from tpu_tuner.core.credentials import redact
 
     # Never write a password: the one redaction every writer uses (credentials.py).
     return redact(url if isinstance(url, str) else url.render_as_string(hide_password=False))
 
 
 def _version() -> str:
-    from tpu_tuner import __version__
+    from tpu_tuner.core.version import __version__
 
     return __version__
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import optuna
 
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning.coverage import covered_settings, last_measured, measured_count
-from tpu_tuner.tuning.fingerprint import differences
-from tpu_tuner.tuning.liveness import RunningWatch, Worker, fail_lost_trials
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
+from tpu_tuner.studies.fingerprint import differences
+from tpu_tuner.studies.liveness import RunningWatch, Worker, fail_lost_trials
 from tpu_tuner.tuning.options import TuneOptions
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,8 @@ def make_record(fingerprint: dict[str, Any], space: SearchSpace, options: TuneOp
 def plain_options(options: TuneOptions) -> dict[str, Any]:
     """`options` as plain JSON, its storage URL without a password (a record is read by anyone
     who can read the study)."""
-    from tpu_tuner.credentials import without_password
-    from tpu_tuner.plain_data import json_default
+    from tpu_tuner.core.credentials import without_password
+    from tpu_tuner.core.plain_data import json_default
 
     plain = dataclasses.asdict(options)
     plain["storage"] = without_password(options.storage) if options.storage else None
@@ -147,7 +147,7 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
 def adopt_options(options: TuneOptions, recorded: dict[str, Any]) -> TuneOptions:
     """`options` with the study's budget and objective (`ADOPTED_OPTIONS`), logging each value
     this worker was given otherwise."""
-    from tpu_tuner.plain_data import from_plain
+    from tpu_tuner.core.plain_data import from_plain
 
     theirs = from_plain(TuneOptions, {**dataclasses.asdict(options), **recorded.get("options", {})},
                         {"ProfilerSettings": _profiler_settings()})
@@ -185,7 +185,7 @@ def shared_profile(study: optuna.Study, wait_s: float) -> Profile | None:
 def record_verification(study: optuna.Study, verification: Any, run_dir: str, worker: str, measured: int) -> None:
     """Record the study's verification, of its best among `measured` settings (`study finish` and
     later workers read it; a study that has measured more since is verified again)."""
-    from tpu_tuner.plain_data import json_default
+    from tpu_tuner.core.plain_data import json_default
 
     plain = json.loads(json.dumps(dataclasses.asdict(verification), default=json_default))
     study.set_user_attr(VERIFICATION_ATTR, {**plain, "run_dir": run_dir, "worker": worker, "measured": measured,

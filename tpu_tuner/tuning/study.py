@@ -22,39 +22,39 @@ from typing import Any
 import optuna
 from optuna.storages import RDBStorage
 
-from tpu_tuner.agents import Agent, load_agents
-from tpu_tuner.agents.memory_agent import MemoryAgent
-from tpu_tuner.agents.sharding_agent import ShardingAgent
-from tpu_tuner.backends import BACKENDS
-from tpu_tuner.bucketing.cost_model import fit_cost_model
-from tpu_tuner.bucketing.knob import BucketingContext
-from tpu_tuner.bucketing.lengths import LengthHistogram
-from tpu_tuner.bucketing.study import bucket_histogram, probe_lengths
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.errors import UserInputError, WorkloadError
+from tpu_tuner.tuning.agents import Agent, load_agents
+from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
+from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.lengths import bucket_histogram, probe_lengths
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.knobs import traits
 from tpu_tuner.knobs.matmul_precision import device_default
-from tpu_tuner.credentials import password_of, redact, with_password, without_password
+from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.report.units import duration
-from tpu_tuner.results import STUDY_DB, new_run_dir
-from tpu_tuner.run_outputs import write_tuning
+from tpu_tuner.core.units import duration
+from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
 from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
-from tpu_tuner.runner.summary import WorkloadSummary, load_summary
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.sharding.from_plan import planned_layouts
-from tpu_tuner.tuning import run_file, trial_attrs
+from tpu_tuner.model.summary import WorkloadSummary, load_summary
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.parallel.from_plan import planned_layouts
+from tpu_tuner.studies import run_file
+from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.coverage import covered_settings, measured_count, setting_key as _key
-from tpu_tuner.tuning.fingerprint import differences, fingerprint
-from tpu_tuner.tuning.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, open_storage,
+from tpu_tuner.studies.coverage import covered_settings, measured_count, setting_key as _key
+from tpu_tuner.studies.fingerprint import differences, fingerprint
+from tpu_tuner.studies.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, open_storage,
                                        set_liveness)
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
-from tpu_tuner.tuning.run_file import RUN_FILE
+from tpu_tuner.studies.run_file import RUN_FILE
 from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, SharedStudy, adopt_options, make_record, open_shared,
                                            plain_options, publish_profile, record_verification, shared_profile, verification_left_to)
-from tpu_tuner.tuning.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
+from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.verify import Verification, verify
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
@@ -79,10 +79,14 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
+# Writes a finished result's run-folder files (reports, plots, the tuned config): the outputs layer's
+# `write_tuning`, which `tpu_tuner.api.tune` passes in (this layer does not import it).
+OutputsWriter = Callable[[TuningResult], object]
 
 
-def tune(model_file: str | Path, options: TuneOptions | None = None, progress: ProgressCallback | None = None) -> TuningResult:
-    """Tune a model file; returns the result and writes the run folder.
+def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: ProgressCallback | None,
+               write_outputs: OutputsWriter) -> TuningResult:
+    """Tune a model file; returns the result, with the run folder written by `write_outputs`.
 
     This process never imports the model file: a worker loads it and describes it
     (runner/summary.py). Bad options are refused before that, and a run that fails after its
@@ -109,7 +113,7 @@ def tune(model_file: str | Path, options: TuneOptions | None = None, progress: P
         current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc, lengths)
         location = _run_location(workload.name, options, current)
         try:
-            result = _tune_in(location, workload, lengths, options, runner, emit, started, current)
+            result = _tune_in(location, workload, lengths, options, runner, emit, started, current, write_outputs)
         except JoinRefused:
             if not location.resumed:
                 shutil.rmtree(location.run_dir, ignore_errors=True)  # it never ran: nothing to keep
@@ -139,7 +143,8 @@ class RunLocation:
 
 
 def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
-             runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any]) -> TuningResult:
+             runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any],
+             write_outputs: OutputsWriter) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
     whole_space = SearchSpace.load(options.space, workload.device_kind, ranks=options.nproc)
@@ -222,7 +227,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
         verification=verification, options=options, worker_starts=runner.workers_started,
         verified=left_to is None,
     )
-    write_tuning(result)
+    write_outputs(result)
     return result
 
 

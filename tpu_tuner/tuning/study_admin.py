@@ -13,6 +13,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,20 +21,20 @@ from typing import Any
 import optuna
 from optuna.storages import RDBStorage
 
-from tpu_tuner.credentials import redact, without_password
-from tpu_tuner.errors import UserInputError
+from tpu_tuner.core.credentials import redact, without_password
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.knobs import traits
-from tpu_tuner.plain_data import from_plain
+from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.profiling.settings import ProfilerSettings
-from tpu_tuner.results import new_run_dir
-from tpu_tuner.run_outputs import write_tuning
+from tpu_tuner.core.run_folder import new_run_dir
 from tpu_tuner.runner.ranked import trial_runner
-from tpu_tuner.runner.summary import load_summary
-from tpu_tuner.search.space import SearchSpace
-from tpu_tuner.tuning import run_file, trial_attrs
-from tpu_tuner.tuning.fingerprint import file_sha256, fingerprint
-from tpu_tuner.tuning.coverage import covered_settings, measured_count
-from tpu_tuner.tuning.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
+from tpu_tuner.model.summary import load_summary
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies import run_file
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
+from tpu_tuner.studies.coverage import covered_settings, measured_count
+from tpu_tuner.studies.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
@@ -141,7 +142,8 @@ def study_status(storage: str, name: str) -> StudyStatus:
 
 
 def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,
-                 device: str | None = None, now: bool = False) -> TuningResult:
+                 device: str | None = None, now: bool = False, *,
+                 write_outputs: Callable[[TuningResult], object]) -> TuningResult:
     """Verify the best of study `name` once, on this host, and write a run folder (tuned config,
     report, trials); from the recorded verification when a worker verified the study as it is.
     Refused while trials are running (their workers are alive: the one that completes the budget
@@ -188,6 +190,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
         try:
             result = _finish_in(run_dir, study, options, profile, runner)
+            write_outputs(result)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
             raise
@@ -216,12 +219,11 @@ def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
     result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
                           verification=verification, options=options, worker_starts=runner.workers_started)
-    write_tuning(result)
     return result
 
 
 def _label(trial: optuna.trial.FrozenTrial) -> str:
-    from tpu_tuner.candidate import Candidate
+    from tpu_tuner.knobs.candidate import Candidate
 
     candidate = trial.user_attrs.get("candidate")
     if isinstance(candidate, dict):

@@ -6,8 +6,8 @@ import json
 
 import optuna
 
-from tpu_tuner.bucketing.knob import BucketingContext
-from tpu_tuner.runner.measurement import Measurement, TrialFailure
+from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.execution.measurement import Measurement, TrialFailure
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 MAX_STORED_SAMPLES = 200

@@ -10,19 +10,19 @@ recommendation is the baseline.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
-from tpu_tuner.agents.base import Agent
-from tpu_tuner.candidate import Candidate
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
 from tpu_tuner.runner.ranked import Runner
-from tpu_tuner.search.space import SearchSpace
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RaceEntry, leaders, race
 
@@ -60,7 +60,6 @@ class Verification:
     host: str | None = None
 
 
-VerifyProgress = Callable[[int, int, float], None]
 """Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
 
 
@@ -146,43 +145,6 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
         compiles_while_comparing=compiles,
         message=message,
     )
-
-
-def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], options: TuneOptions,
-             progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
-    """The interleaved rounds, one job a round on the same warm worker (the worker keeps the built
-    steps between them), so that a comparison of minutes reports its progress; all rounds in one
-    job where each job starts fresh processes (trials on N ranks). Candidate 0 is the baseline,
-    1 the best. Returns per-candidate samples and compile counts, or why it failed."""
-    rounds = options.verify_rounds
-    per_job = 1 if runner.keeps_warm_steps else rounds
-    samples: list[list[float]] = [[] for _ in candidates]
-    compiles: dict[str, int] = {}
-    for first in range(0, rounds, per_job):
-        done = first + per_job - 1
-        outcome = runner.run(
-            "compare", candidates,
-            {"rounds": per_job, "first_round": first, "last": done == rounds - 1,
-             "batch_size": options.batch_size, "seq_len": options.seq_len,
-             "warmup_min_steps": options.trial_settings.warmup_min_steps,
-             "warmup_max_steps": options.trial_settings.warmup_max_steps},
-            # The first round builds and warms up every candidate.
-            timeout_s=options.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
-        )
-        if not outcome.ok:
-            return f"{outcome.failure.kind} in round {first + 1} of {rounds}: {outcome.failure.message}"
-        for kept, new in zip(samples, outcome.value["samples"]):
-            kept.extend(new)
-        for kind, count in outcome.value["compiles_while_comparing"].items():
-            compiles[kind] = compiles.get(kind, 0) + int(count)
-        if progress is not None:
-            progress(done + 1, rounds, _running_ratio(samples[0], samples[1]))
-    return samples, compiles
-
-
-def _running_ratio(baseline: list[float], best: list[float]) -> float:
-    """Geometric mean of the per-round ratios so far (the estimate paired_speedup gives at the end)."""
-    return math.exp(sum(math.log(a / b) for a, b in zip(baseline, best)) / len(baseline))
 
 
 def trial_measurement(study: optuna.Study, number: int | None) -> Any:

@@ -64,15 +64,16 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from tpu_tuner import knobs, results
-from tpu_tuner.candidate import Candidate
-from tpu_tuner.credentials import redact, without_password
+from tpu_tuner.core import run_folder
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 
 if TYPE_CHECKING:
     from tpu_tuner.profiling.profile import Profile
-    from tpu_tuner.search.space import SearchSpace
+    from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class WarmSeed:
 
     def describe(self) -> str:
         """One line: "run results/x (trial 7; same workload): 12.3 ms amortised, 2.03x verified"."""
-        from tpu_tuner.report.units import duration
+        from tpu_tuner.core.units import duration
 
         trial = f"trial {self.trial}; " if self.trial is not None else ""
         gain = "" if self.speedup is None else \
@@ -510,20 +511,20 @@ def _folder_studies(results_dir: Path | None, storage: str | None, exclude_study
 
 def _folder_study(folder: Path, shared: str | None, exclude_study: str | None) -> _Earlier | None:
     """The study of one run folder, unopened; None (with a debug log) when it offers none."""
-    state = json.loads((folder / results.RUN_JSON).read_text())
+    state = json.loads((folder / run_folder.RUN_JSON).read_text())
     stored, name = str(state["storage"]), str(state["study_name"])
     if name == exclude_study or (shared is not None and without_password(stored) == shared):
         return None  # this study, or one the storage itself lists
     if not stored.startswith("sqlite:"):
         log.debug("warm start: skipping %s: its study is in a database server (found through --storage)", folder)
         return None
-    local = folder / results.STUDY_DB
+    local = folder / run_folder.STUDY_DB
     path = local if local.is_file() else Path(stored.removeprefix("sqlite:///"))
     if not path.is_file():
-        log.debug("warm start: skipping %s: no %s", folder, results.STUDY_DB)
+        log.debug("warm start: skipping %s: no %s", folder, run_folder.STUDY_DB)
         return None
     fingerprint = state.get("fingerprint") or {}
-    features = features_of_json(json.loads((folder / results.PROFILE_JSON).read_text()), fingerprint)
+    features = features_of_json(json.loads((folder / run_folder.PROFILE_JSON).read_text()), fingerprint)
     return _Earlier(source=f"run {folder}", key=(without_password(stored), name), features=features,
                     started=str(state.get("started") or ""), url=f"sqlite:///{path.resolve()}", name=name,
                     verified=_folder_verification(folder))
@@ -532,7 +533,7 @@ def _folder_study(folder: Path, shared: str | None, exclude_study: str | None) -
 def _folder_verification(folder: Path) -> _Verified | None:
     """result.json's verification, else tuned_config.toml's (runs written before result.json)."""
     try:
-        record = json.loads((folder / results.RESULT_JSON).read_text())
+        record = json.loads((folder / run_folder.RESULT_JSON).read_text())
         v = record["verification"]
         speedup = v.get("speedup")
         return _Verified(speedup=_opt(float, speedup.get("speedup") if isinstance(speedup, Mapping) else speedup),
@@ -540,7 +541,7 @@ def _folder_verification(folder: Path) -> _Verified | None:
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     try:
-        config = tomllib.loads((folder / results.TUNED_CONFIG).read_text())
+        config = tomllib.loads((folder / run_folder.TUNED_CONFIG).read_text())
         v = config["provenance"]["verification"]
         if not v.get("significant"):
             return None  # the config is the baseline: it does not say which setting was verified

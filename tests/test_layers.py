@@ -1,0 +1,176 @@
+"""The package's layering (docs/design.md, "Layers"), enforced: every import of every module,
+module-level and inside functions (``if TYPE_CHECKING:`` blocks excepted), runs down the layers
+or stays in its own package, and no imports close a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tpu_tuner"
+
+# Layer of each subpackage (or top-level module) of tpu_tuner. A module may import its own
+# package and any package of a lower layer; packages that share a layer never import each other.
+LAYERS = {
+    "builtin": 0, "core": 0,
+    "model": 1,
+    "metrics": 2,
+    "devices": 3,
+    "parallel": 4,
+    "knobs": 5,
+    "execution": 6,
+    "profiling": 7,
+    "runner": 8,
+    "studies": 9,
+    "tuning": 10, "planner": 10, "bucketing": 10,
+    "outputs": 11,
+    "dashboard": 12,
+    "api": 13,
+    "cli": 14,
+    "": 15,  # the package face, tpu_tuner/__init__.py
+}
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_names(module: str, path: Path) -> set[str]:
+    """Every dotted name `module` imports (relative imports resolved), TYPE_CHECKING excepted."""
+    names: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text())]
+    while stack:
+        for child in ast.iter_child_nodes(stack.pop()):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+            if isinstance(child, ast.Import):
+                names.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                if child.level:
+                    base = base[: len(base) - child.level + 1]
+                    prefix = ".".join([*base, *([child.module] if child.module else [])])
+                else:
+                    prefix = child.module or ""
+                names.add(prefix)
+                names.update(f"{prefix}.{alias.name}" for alias in child.names)
+    return names
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports."""
+    modules = _modules(package)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {module: {target for name in _imported_names(module, path)
+                     if (target := resolve(name)) and target != module}
+            for module, path in modules.items()}
+
+
+def _package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run up a layer or across to another package of the same layer."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            own, other = _package_of(module), _package_of(target)
+            if own == other:
+                continue
+            if LAYERS[other] >= LAYERS[own]:
+                found.append(f"{module} (layer {LAYERS[own]}) imports {target} (layer {LAYERS[other]})")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_package_has_a_layer() -> None:
+    unknown = {_package_of(module) for module in import_graph()} - set(LAYERS)
+    assert not unknown, f"packages with no layer in LAYERS (and docs/design.md): {sorted(unknown)}"
+
+
+def test_imports_only_run_down_the_layers() -> None:
+    violations = layer_violations(import_graph())
+    assert not violations, "\n".join(violations)
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph())
+    assert not found, "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "tpu_tuner"
+    for name, text in {"__init__.py": "", "core/__init__.py": "", "knobs/__init__.py": "",
+                       "core/units.py": "def f():\n    from tpu_tuner.knobs.base import Knob\n",
+                       "knobs/base.py": "from tpu_tuner.core import units\n",
+                       "knobs/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from tpu_tuner.cli import main\n"}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    graph = import_graph(package)
+    assert layer_violations(graph) == ["tpu_tuner.core.units (layer 0) imports tpu_tuner.knobs.base (layer 5)"]
+    assert cycles(graph) == [["tpu_tuner.core.units", "tpu_tuner.knobs.base"]]
+
+
+@pytest.mark.parametrize("limit", [400])
+def test_no_module_over_the_line_limit(limit: int) -> None:
+    long = {module: n for module, path in _modules(PACKAGE).items()
+            if (n := len(path.read_text().splitlines())) > limit}
+    assert not long, f"modules over {limit} lines: {long}"

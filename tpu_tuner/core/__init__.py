@@ -1,0 +1,2 @@
+"""Layer 0, the ground floor: errors, units, plain data, credentials, hardware tables, host facts,
+run-folder names and declarative definitions. Imports nothing else of the package."""

@@ -1,0 +1,63 @@
+"""Run folders: results/<model>-<kind>-<timestamp>/, one per run, never overwritten, and the
+names of every file a run folder holds.
+
+The names live here, in a module that imports nothing heavy, so that the writers
+(`tpu_tuner.outputs.write`), the readers (`TuningResult.load`, the dashboard's collector) and the
+tuning loop (run.json, study.db) all spell a file the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+# `tpu-tune profile` (and `tpu_tuner.outputs.write.save_profile`); a tuning run holds its baseline
+# profile.json too.
+PROFILE_JSON = "profile.json"  # every figure of the profile (schema: tpu_tuner.Profile)
+PROFILE_MD = "profile.md"
+
+# A tuning run (`tpu-tune MODEL.py`, `tpu_tuner.tune`).
+RUN_JSON = "run.json"  # storage URL (no password), study name, fingerprint, run state
+STUDY_DB = "study.db"  # the Optuna study, when the storage is the default SQLite in the folder
+RESULT_JSON = "result.json"  # what TuningResult.load needs besides the study: verification, options, ...
+TUNED_CONFIG = "tuned_config.toml"  # the recommendation; its presence marks a finished run
+REPORT_MD = "report.md"
+TRIALS_CSV = "trials.csv"
+HISTORY_PNG = "optimisation_history.png"
+MFU_PNG = "mfu_per_trial.png"
+ACCURACY_PNG = "speed_vs_accuracy.png"
+TUNING_PLOTS = (HISTORY_PNG, MFU_PNG, ACCURACY_PNG)
+
+# `tpu-tune plan`.
+PLAN_JSON = "plan.json"
+PLAN_MD = "plan.md"
+PLAN_PNG = "predicted_mfu.png"
+SHARDING_CONFIG = "sharding_config.toml"  # only when a layout fits
+COMPILER_LOG = "compiler.log"  # the compiler processes' own output (libtpu's logs)
+PLANS_DB = "plans.db"  # the planner's Optuna studies (its searches), shared by the plans of one results folder
+
+# `tpu-tune buckets`.
+BUCKETS_JSON = "buckets.json"
+BUCKETS_MD = "buckets.md"
+LENGTHS_PNG = "length_histogram.png"
+STRATEGIES_PNG = "strategy_totals.png"
+BUCKET_PLOTS = (LENGTHS_PNG, STRATEGIES_PNG)
+BUCKET_CONFIG = "bucket_config.toml"
+
+
+def new_run_dir(root: str | Path, model: str, kind: str | None = None) -> Path:
+    """Create and return a fresh run folder under `root`."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe_model = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    base = "-".join(part for part in (safe_model, kind, stamp) if part)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1000):
+        candidate = root / (base if attempt == 0 else f"{base}-{attempt}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a run folder under {root}")

@@ -1,0 +1,230 @@
+"""The device abstraction: the only code that knows which device a workload runs on."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from tpu_tuner.devices.roofline import RooflineProbe
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.devices.peak import DevicePeak
+from tpu_tuner.metrics.mfu import PeakChoice, checked_peak, fastest_peak
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a profile says about the device it ran on."""
+
+    kind: str  # "cpu", "cuda" or "tpu"
+    name: str
+    count: int
+    memory_bytes: int | None
+    peak: DevicePeak
+    details: dict[str, Any] = field(default_factory=dict)
+    # The measured probe (CPUs, unknown GPUs): rates per dtype with their spread, whether
+    # "medium" changes the numerics, the per-op dispatch cost. None for datasheet peaks.
+    probe: RooflineProbe | None = None
+
+
+class Backend(ABC):
+    """A device backend: detects its device, reports its peaks, and maps candidates onto it."""
+
+    kind: ClassVar[str]
+    # The torch.distributed backend the ranks of a sharded trial join (gloo on CPU tensors).
+    process_group_backend: ClassVar[str] = "gloo"
+    # The ranks of the process group this process times steps with (set by a rank of a sharded
+    # trial, `runner/rank_job.py`): its steps start and end together and report the slowest.
+    ranks: int = 1
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this backend's device is present in this process."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None where this backend can run here, else why not, in words (`tpu-tune devices`)."""
+        return None if cls.is_available() else f"no {cls.kind} device here"
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The torch device models and batches move to."""
+
+    @abstractmethod
+    def info(self) -> DeviceInfo:
+        """Device name, count, memory and peak FLOP/s."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until queued device work is done, so that a timer sees its end."""
+
+    @abstractmethod
+    def compute_dtype(self, candidate: Candidate) -> str:
+        """The dtype the candidate's matmuls run in. MFU never depends on it (it divides by the
+        fastest dtype's peak, docs/mfu.md); reports name it beside the per-dtype utilisation."""
+
+    def remeasure_peak(self) -> DevicePeak | None:
+        """Measure the peak again because a step beat it; None where it is a published figure."""
+        return None
+
+    def mfu_peak(self, flops_per_s: dict[str, float], achieved: float, remeasure: bool = True) -> PeakChoice:
+        """The peak an MFU figure divides by: the fastest dtype of `flops_per_s`, re-measured
+        (unless `remeasure` is False: it was already) or else raised to the achieved rate when
+        the step beats it."""
+        peak, dtype = fastest_peak(flops_per_s)
+        if not remeasure:
+            return checked_peak(achieved, peak, dtype)
+
+        def remeasure() -> tuple[float, str] | None:
+            fresh = self.remeasure_peak()
+            return fresh.fastest() if fresh is not None else None
+
+        return checked_peak(achieved, peak, dtype, remeasure)
+
+    def dispatch_seconds_per_op(self) -> float | None:
+        """What one tiny op costs from Python to done (the per-op overhead floor), measured
+        now; backends with a cached probe return the cached figure."""
+        from tpu_tuner.devices.roofline import dispatch_seconds_per_op
+
+        try:
+            return dispatch_seconds_per_op(self.device, self.synchronize)
+        except Exception:  # noqa: BLE001 - a device that cannot run the probe has no figure
+            return None
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory window."""
+
+    # --- a rank of a sharded step: every rank must take the same decisions --------------------
+
+    @classmethod
+    def launch_environment(cls, ranks: int) -> dict[str, str]:
+        """Start-up variables every rank of a `ranks`-rank trial shares, decided once by the
+        parent (TorchTPU's topology and slice addresses); none elsewhere."""
+        return {}
+
+    @classmethod
+    def rank_environment(cls, rank: int) -> dict[str, str]:
+        """Start-up variables of rank `rank` of a sharded trial (a device of its own); none where
+        ranks share the device (a CPU's cores)."""
+        return {}
+
+    def synchronize_ranks(self) -> None:
+        """`synchronize`, then (as a rank of a sharded step) wait for every rank: a step timed
+        between two of these lasts as long as the slowest rank's."""
+        self.synchronize()
+        if self.ranks > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest `value` any rank holds (the value itself in a single process): timings and
+        memory peaks are the slowest / largest rank's, and decisions taken from them (how many
+        steps to time) are the same on every rank, so their collectives stay in step."""
+        if self.ranks == 1:
+            return value
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(value)], dtype=torch.float64, device=self.collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The mean of `tensor` over the ranks (itself in a single process): each rank's loss is
+        its slice's, and the slices are equal, so the mean is the global batch's loss."""
+        if self.ranks == 1:
+            return tensor
+        import torch.distributed as dist
+
+        total = tensor.detach().clone().to(self.collective_device())
+        dist.all_reduce(total)
+        return (total / self.ranks).to(tensor.device)
+
+    def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:
+        """The peak FLOP/s of the devices the ranks run on, given one device's: each rank has a
+        device of its own, so N ranks have N times its peak (the MFU convention over a slice)."""
+        return {dtype: rate * self.ranks for dtype, rate in flops_per_s.items()}
+
+    def collective_device(self) -> torch.device:
+        """Where tensors for the process group's collectives live (gloo: the CPU)."""
+        return torch.device("cpu") if self.process_group_backend == "gloo" else self.device
+
+    @abstractmethod
+    def peak_memory_bytes(self) -> tuple[int | None, str]:
+        """Peak memory since the last reset, and how it was measured."""
+
+    def compile_events(self) -> dict[str, int]:
+        """Cumulative compilation counters of this process (differences give compiles).
+
+        The base counts torch.compile graph compilations; backends add their own caches.
+        """
+        from torch._dynamo.utils import counters
+
+        return {"torch_compile_graphs": int(counters["stats"].get("unique_graphs", 0))}
+
+    def fresh_compile_state(self, graphs: int = 64) -> None:
+        """Forget this process's earlier torch.compile frames and allow `graphs` cache entries
+        per function. A worker measures trial after trial: each builds a new model whose
+        forward is the same code object, and once dynamo's per-function recompile limit (8)
+        is spent it silently runs that forward eager. A trial labelled inductor then measured
+        eager (seen on examples/cnn.py's grid: fullgraph trials failed "no compiled frames").
+        Compiled artefacts on disk (inductor's FX graph cache) are kept."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(graphs, getattr(torch._dynamo.config, name)))
+
+    def default_compile_backend(self) -> str:
+        """The torch.compile backend that suits this device."""
+        return "inductor"
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU]
+
+    def profiler_config(self) -> Any:
+        """torch.profiler's ``experimental_config`` for this device (None: torch's default)."""
+        return None
+
+    # --- the device's side of the knobs (tpu_tuner.knobs ask these) ---------------------------
+
+    @classmethod
+    def eager_modes(cls) -> tuple[str, ...]:
+        """Eager execution modes this device offers, the default first; () for plain eager only."""
+        return ()
+
+    @classmethod
+    def eager_mode_environment(cls, mode: str) -> dict[str, str]:
+        """Variables that select eager `mode` at process start-up (read once, before torch is
+        imported); the backend owns them, so the study and the tuned config ask it."""
+        return {}
+
+    def eager_mode(self, mode: str | None) -> contextlib.AbstractContextManager[Any]:
+        """A context running in eager `mode` (None: the default) where it can be switched in-process."""
+        return contextlib.nullcontext()
+
+    # --- applying a candidate: its knobs' hooks, the same ones `tpu_tuner.apply` uses --------
+
+    def applied(self, candidate: Candidate) -> contextlib.AbstractContextManager[None]:
+        """Apply the candidate's process-wide settings (matmul precision, eager mode) for a block."""
+        return candidate.process(self)
+
+    def autocast(self, candidate: Candidate) -> contextlib.AbstractContextManager[Any]:
+        """The per-step context of a candidate (autocast; a no-op context without it)."""
+        return candidate.step(self)
+
+    def prepare_model(self, model: torch.nn.Module, candidate: Candidate) -> torch.nn.Module:
+        """The model with the candidate's model-level settings applied (memory format, ...)."""
+        return candidate.prepare_model(model, self)
+
+    def compile(self, fn: Callable[..., Any], candidate: Candidate, static_shapes: bool = False) -> Callable[..., Any]:
+        """Wrap `fn` as the candidate's execution asks (torch.compile or not). `static_shapes`
+        compiles every new input shape anew (``dynamic=False``), as TorchTPU always does."""
+        return candidate.wrap_forward(fn, self, static_shapes)

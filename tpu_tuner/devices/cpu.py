@@ -1,0 +1,95 @@
+"""The CPU backend: real work on this machine, with a measured roofline as its peak."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.devices.roofline import cached_probe, cpu_model_name, usable_cores
+from tpu_tuner.knobs.candidate import Candidate
+
+
+class CpuBackend(Backend):
+    """Runs on the host CPU. Its peak FLOP/s come from the cached roofline probe."""
+
+    kind = "cpu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def info(self) -> DeviceInfo:
+        probe, was_cached = cached_probe(self.device, self.synchronize)
+        peak = probe.to_peak(probe.describe() + (" (cached)" if was_cached else ""))
+        return DeviceInfo(
+            kind="cpu",
+            name=cpu_model_name(),
+            count=1,
+            memory_bytes=_total_memory_bytes(),
+            peak=peak,
+            details={"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "usable_cores": usable_cores()},
+            probe=probe,
+        )
+
+    def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:
+        """The host's peak: the ranks of a CPU step share its cores (each runs cores / N threads)."""
+        return dict(flops_per_s)
+
+    def remeasure_peak(self) -> DevicePeak | None:
+        # The cached probe may have been taken under load: measure again, keep the best of both.
+        probe, _ = cached_probe(self.device, self.synchronize, force=True)
+        return probe.to_peak(probe.describe() + " (re-measured: a step beat the cached peak)")
+
+    def dispatch_seconds_per_op(self) -> float | None:
+        probe, _ = cached_probe(self.device, self.synchronize)
+        return probe.dispatch_seconds_per_op
+
+    def synchronize(self) -> None:
+        # CPU ops run synchronously: when the call returns, the work is done.
+        return None
+
+    def compute_dtype(self, candidate: Candidate) -> str:
+        # "medium" lets oneDNN run fp32 matmuls as bf16 on some hosts (AMX) and changes nothing on
+        # others: the probe's numerics check says which. "high" has no TF32 equivalent on CPU.
+        if candidate["autocast"] == "bfloat16":
+            return "bfloat16"
+        if candidate["matmul_precision"] == "medium":
+            probe, _ = cached_probe(self.device, self.synchronize)
+            return "bfloat16" if probe.medium_changes_numerics else "float32"
+        return "float32"
+
+    def reset_peak_memory(self) -> None:
+        # Writing 5 to clear_refs resets the kernel's peak-RSS mark (VmHWM) to the current RSS.
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_memory_bytes(self) -> tuple[int | None, str]:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, "peak resident set of the process (VmHWM)"
+        except OSError:
+            pass
+        import resource
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kib * 1024, "peak resident set of the process since start (ru_maxrss)"
+
+
+def _total_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,146 @@
+"""Build the callable that runs one step of a workload under a candidate on a backend."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tpu_tuner.devices.base import Backend
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.model.batch import batch_size_of, batch_slice
+from tpu_tuner.model.workload import Workload, call_model, move_to
+
+
+@dataclass
+class PreparedStep:
+    """One workload step, ready to run: `run()` does a step and returns its output.
+
+    `run_eager` is the same step without torch.compile, for counting FLOPs: the dispatch-level
+    counters only see ops that eager code dispatches.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    batch: Any
+    run: Callable[[], Any]
+    run_eager: Callable[[], Any]
+    forward: Callable[..., Any]  # the model as the candidate runs it (compiled or not)
+
+
+def prepare_step(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+) -> PreparedStep:
+    """Build the model and a batch (seeded, so reruns see the same weights and data)."""
+    torch.manual_seed(seed)
+    try:
+        model = workload.build_model()
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise WorkloadError(f"building the model failed: {type(exc).__name__}: {exc}", workload.source) from exc
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(f"the model factory returned {type(model).__name__}, not an nn.Module", workload.source)
+    try:
+        batch = workload.batch(batch_size, seq_len)
+        inputs, target = workload.split_batch(batch)
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise WorkloadError(f"making a batch failed: {type(exc).__name__}: {exc}", workload.source) from exc
+    # Every rank of a sharded step makes the same seeded global batch and runs its slice.
+    inputs, target = candidate.local_batch(inputs, target, backend)
+
+    device = backend.device
+    model = model.to(device)
+    model.train(workload.is_training)
+    inputs, target = move_to(inputs, device), move_to(target, device)
+    # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,
+    # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too.
+    model = backend.prepare_model(model, candidate)
+    # The training step's optimizer as the candidate builds it (implementation flag).
+    optimizer = candidate.prepare_optimizer(workload.optimizer_for(model), backend)
+    compiled = backend.compile(model, candidate)
+
+    return PreparedStep(
+        model=model,
+        optimizer=optimizer,
+        batch=(inputs, target),
+        run=step_function(workload, backend, candidate, compiled, optimizer, inputs, target),
+        run_eager=step_function(workload, backend, candidate, model, optimizer, inputs, target),
+        forward=compiled,
+    )
+
+
+def step_function(workload: Workload, backend: Backend, candidate: Candidate, forward: Callable[..., Any],
+                  optimizer: torch.optim.Optimizer | None, inputs: Any, target: Any) -> Callable[[], Any]:
+    """One step of `forward` on fixed inputs: forward + loss + backward + optimizer step for
+    training, a no-grad forward for inference, under the candidate's autocast."""
+    if workload.is_training:
+        assert optimizer is not None and workload.loss_fn is not None
+        loss_fn = workload.loss_fn
+        slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
+
+        def train_step() -> Any:
+            loss = accumulate_gradients(forward, loss_fn, slices, lambda: backend.autocast(candidate))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return train_step
+
+    def inference_step() -> Any:
+        with torch.no_grad(), backend.autocast(candidate):
+            return call_model(forward, inputs)
+
+    return inference_step
+
+
+def micro_batches(inputs: Any, target: Any, k: int, workload: Workload) -> list[tuple[Any, Any]]:
+    """The batch as `k` equal (inputs, target) slices along the first dimension; tensors whose
+    first dimension is not the batch's travel whole with every slice. Refuses a batch that `k`
+    does not divide: unequal slices would weight the samples unequally under a 1/k loss scale."""
+    if k == 1:
+        return [(inputs, target)]
+    size = batch_size_of(inputs)
+    if size is None or size % k:
+        raise WorkloadError(f"micro_batches {k}: the batch of {size} samples does not split into {k} equal parts",
+                            workload.source)
+    return [(batch_slice(inputs, size, k, i), batch_slice(target, size, k, i)) for i in range(k)]
+
+
+def accumulate_gradients(forward: Callable[..., Any], loss_fn: Callable[[Any, Any], torch.Tensor],
+                         slices: list[tuple[Any, Any]],
+                         autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> torch.Tensor:
+    """Forward and backward over each slice with its loss scaled by 1/len(slices), gradients
+    accumulating in `.grad`: for a mean-reduced loss the result is the whole batch's gradient.
+    Returns the whole batch's loss (the scaled losses summed), detached."""
+    total: torch.Tensor | None = None
+    for inputs, target in slices:
+        with autocast():
+            loss = loss_fn(call_model(forward, inputs), target)
+        if len(slices) > 1:
+            loss = loss / len(slices)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    assert total is not None
+    return total
+
+
+def run_user_step(step: Callable[[], Any], workload: Workload, what: str) -> Any:
+    """Run a step the first time, turning an error in user code into a `WorkloadError`."""
+    try:
+        return step()
+    except (WorkloadError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WorkloadError(
+            f"{what} failed: {type(exc).__name__}: {message}", workload.source
+        ) from exc

@@ -1,0 +1,173 @@
+"""A `Candidate`: a frozen, serialisable description of *how* to run a workload.
+
+It is the values of the registered knobs (`tpu_tuner.knobs`): knob name -> value, baseline values
+omitted (reading one gives the knob's default). It applies itself through the knobs' hooks, the
+same ones for a trial and for `tpu_tuner.apply`, so what was measured is what gets applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs import registry as knobs
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tpu_tuner.knobs.base import BackendLike
+
+# Field names of candidates written before the knob registry (run folders, tuned_config.toml).
+LEGACY_FIELDS = ("eager_mode", "compile_backend", "compile_mode", "matmul_precision", "autocast_dtype")
+# Choices of the `tpu-tune profile` flags (read from the knobs, without importing torch).
+MATMUL_PRECISIONS = knobs.get("matmul_precision").values or ()
+AUTOCAST_DTYPES = tuple(v for v in knobs.get("autocast").values or () if v != "none")
+
+
+class Candidate:
+    """Knob values. ``Candidate()`` is the baseline; ``Candidate(execution="inductor",
+    autocast="bfloat16")`` sets two knobs; ``candidate["autocast"]`` reads one (default filled)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, str] | None = None, /, **settings: str) -> None:
+        merged = {**(values or {}), **settings}
+        unknown = sorted(set(merged) - set(knobs.REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown candidate settings: {unknown}; knobs: {', '.join(knobs.REGISTRY)}")
+        canonical = {}
+        for name, knob in knobs.REGISTRY.items():
+            if name in merged and (value := knob.check(merged[name])) != knob.default:
+                canonical[name] = value
+        self._values: dict[str, str] = canonical
+
+    def __getitem__(self, name: str) -> str:
+        return self._values.get(name, knobs.get(name).default)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Candidate) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return "Candidate(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+    @property
+    def changed(self) -> dict[str, str]:
+        """The knobs set away from their baseline."""
+        return dict(self._values)
+
+    def to_dict(self) -> dict[str, str]:
+        """Every knob's value (defaults filled), so a stored candidate reads on its own."""
+        return {name: self[name] for name in knobs.REGISTRY}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
+        """A candidate from `to_dict` output, or from the field-style dicts of older runs."""
+        if set(data) & (set(LEGACY_FIELDS) - set(knobs.REGISTRY)):
+            return cls.from_fields(**data)
+        return cls(dict(data))
+
+    @classmethod
+    def from_fields(cls, eager_mode: str | None = "strict", compile_backend: str | None = None,
+                    compile_mode: str | None = None, matmul_precision: str | None = "highest",
+                    autocast_dtype: str | None = None) -> "Candidate":
+        """A candidate from the pre-registry fields (older run folders, the profile CLI's flags)."""
+        if compile_backend:
+            execution = compile_backend + (f":{compile_mode}" if compile_mode else "")
+        else:
+            execution = "eager" + (f":{eager_mode}" if eager_mode else "")
+        return cls(execution=execution, matmul_precision=matmul_precision or "highest",
+                   autocast=autocast_dtype or "none")
+
+    def describe(self) -> str:
+        """A short human label, e.g. "eager, matmul highest" or "inductor, matmul medium, autocast bfloat16"."""
+        return ", ".join(part for name, knob in knobs.REGISTRY.items() if (part := knob.describe(self[name])))
+
+    # --- applying it: the knobs' hooks, in registry order ------------------------------------
+
+    def _active(self, kind: str) -> Iterator[tuple[knobs.Knob, str]]:
+        for name, knob in knobs.REGISTRY.items():
+            if knob.applies_to(kind):
+                yield knob, self[name]
+
+    def environment(self, backend: "BackendLike") -> dict[str, str]:
+        """Start-up variables this candidate needs (a non-empty answer means a fresh process)."""
+        env: dict[str, str] = {}
+        for knob, value in self._active(backend.kind):
+            env.update(knob.environment(value, backend))
+        return env
+
+    @contextlib.contextmanager
+    def process(self, backend: "BackendLike") -> Iterator[None]:
+        """Process-wide settings for a block, restored after it."""
+        with contextlib.ExitStack() as stack:
+            for knob, value in self._active(backend.kind):
+                stack.enter_context(knob.process(value, backend))
+            yield
+
+    def prepare_model(self, model: nn.Module, backend: "BackendLike") -> nn.Module:
+        """The model with every model-level setting applied."""
+        for knob, value in self._active(backend.kind):
+            model = knob.model(value, model, backend)
+        return model
+
+    def wrap_forward(self, fn: Callable[..., Any], backend: "BackendLike", static_shapes: bool = False) -> Callable[..., Any]:
+        """The forward as the candidate runs it (compiled or not)."""
+        for knob, value in self._active(backend.kind):
+            fn = knob.forward(value, fn, backend, static_shapes)
+        return fn
+
+    @contextlib.contextmanager
+    def step(self, backend: "BackendLike") -> Iterator[None]:
+        """The context of one step (autocast). Entered on every timed step: only the knobs that
+        override `Knob.step` are asked, so the others cost the loop nothing."""
+        with contextlib.ExitStack() as stack:
+            for knob, value in self._active(backend.kind):
+                if type(knob).step is not knobs.Knob.step:
+                    stack.enter_context(knob.step(value, backend))
+            yield
+
+    def prepare_optimizer(self, optimizer: Any, backend: "BackendLike") -> Any:
+        """The training step's optimizer with every optimizer-level setting applied."""
+        for knob, value in self._active(backend.kind):
+            optimizer = knob.optimizer(value, optimizer, backend)
+        return optimizer
+
+    def local_batch(self, inputs: Any, target: Any, backend: "BackendLike") -> tuple[Any, Any]:
+        """The part of the global batch this process runs (a rank's slice under a sharding
+        layout; the whole batch otherwise)."""
+        for knob, value in self._active(backend.kind):
+            inputs, target = knob.local_batch(value, inputs, target)
+        return inputs, target
+
+    def micro_batches(self, backend: "BackendLike") -> int:
+        """Into how many micro-batches the training step splits its batch (1: none)."""
+        counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]
+        return max(counts, default=1)
+
+    def training_code(self, device_kind: str) -> list[str]:
+        """Python for the user's own training loop (optimizer line, accumulation loop)."""
+        lines: list[str] = []
+        for name, knob in knobs.REGISTRY.items():
+            if knob.applies_to(device_kind):
+                lines += knob.training_code(self[name], device_kind)
+        return lines
+
+    def code(self, device_kind: str) -> list[str]:
+        """Runnable Python that applies the candidate to `model` and runs `inputs` through it."""
+        lines = ["import torch"]
+        contexts = []
+        for name, knob in knobs.REGISTRY.items():
+            if knob.applies_to(device_kind):
+                lines += knob.code(self[name], device_kind)
+                if (context := knob.step_code(self[name], device_kind)) is not None:
+                    contexts.append(context)
+        if contexts:
+            lines.append(f"with {', '.join(contexts)}:")
+            lines.append("    output = model(inputs)")
+        else:
+            lines.append("output = model(inputs)")
+        return lines

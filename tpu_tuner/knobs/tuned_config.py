@@ -1,0 +1,254 @@
+"""The tuned config: the chosen Candidate plus its provenance, as TOML, and how to apply it.
+
+``tuned_config.toml`` round-trips: `TunedConfig.load(path).candidate` is the candidate that was
+saved, and `apply(model, config)` sets it up in the user's own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from torch import nn
+
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.errors import UserInputError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TunedConfig:
+    """A candidate and where it came from (device, versions, measurements, verification)."""
+
+    candidate: Candidate
+    device_kind: str
+    provenance: dict[str, Any] = field(default_factory=dict)
+    # Optional sharding plan: {"mesh": {"data": 1, "fsdp": 64, "tensor": 4},
+    # "placements": {parameter name: "tensor/fsdp" (mesh axis per dimension, "-" = replicated)}}
+    sharding: dict[str, Any] | None = None
+    # Optional shape bucketing: {"buckets": [80, 136, ...], "align": 8, "torchtpu": "..."}
+    bucketing: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # One source for the layout: a mesh given alone becomes the candidate's layout setting.
+        self.candidate = _with_mesh(self.candidate, self.sharding, "the tuned config")
+
+    def to_toml(self) -> str:
+        # Every knob that means something on this device, by the registry; the others stay out
+        # (loading the config back gives their defaults).
+        settings = {name: self.candidate[name] for name, knob in knobs.REGISTRY.items()
+                    if knob.applies_to(self.device_kind)}
+        document = {
+            "format_version": FORMAT_VERSION,
+            "device_kind": self.device_kind,
+            "settings": settings,
+            "provenance": _drop_none(self.provenance),
+        }
+        sharding = self.sharding_table()
+        if sharding:
+            document["sharding"] = sharding
+        if self.bucketing:
+            document["bucketing"] = _drop_none(self.bucketing)
+        return tomli_w.dumps(document)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TunedConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise UserInputError("tuned config not found", path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise UserInputError(f"invalid TOML: {exc}", path) from exc
+        if data.get("format_version") != FORMAT_VERSION:
+            raise UserInputError(f"unsupported format_version {data.get('format_version')!r}", path)
+        try:
+            candidate = Candidate.from_dict(data.get("settings", {}))
+        except (TypeError, ValueError) as exc:
+            raise UserInputError(f"bad [settings]: {exc}", path) from exc
+        candidate = _with_mesh(candidate, data.get("sharding"), path)  # refusals name the file
+        return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
+                   sharding=data.get("sharding"), bucketing=data.get("bucketing"))
+
+    def sharding_table(self) -> dict[str, Any] | None:
+        """[sharding]: the mesh of the candidate's layout (its one source: [settings] layout),
+        with the planner's placements where it wrote them; None for one process."""
+        from tpu_tuner.knobs.layout import SINGLE
+        from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse
+
+        layout = self.candidate["layout"]
+        if layout == SINGLE:
+            return None
+        data, fsdp, tensor = parse(layout)
+        return {**(self.sharding or {}), "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}}
+
+    def environment(self) -> dict[str, str]:
+        """Variables that must be set before the process imports torch (TorchTPU eager modes):
+        the device's backend names them."""
+        return self.candidate.environment(_backend_class(self.device_kind))
+
+    def instructions(self, path: str | Path) -> list[str]:
+        """Python that applies this config, runnable as printed once `model` and a batch `inputs`
+        exist (the user's own names); everything else it mentions is a comment. `path` is where
+        this config is saved (printed as an absolute path, so the code runs from any folder)."""
+        c = self.candidate
+        env = self.environment()
+        lines = [f"# with your `model` and a batch `inputs` (tuned on {self.device_kind}: {c.describe()})"]
+        if env:
+            # TorchTPU reads these once, when torch is imported: they must come first.
+            lines.append("# before the process imports torch (read once, at start-up); or in the shell: "
+                         + " ".join(f"export {key}={value}" for key, value in env.items()))
+            lines.append("import os")
+            lines.append(f"os.environ.update({env!r})")
+        lines += [
+            "import tpu_tuner",
+            "",
+            f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
+            "with autocast():  # around the forward pass and the loss",
+            "    output = model(inputs)",
+            "",
+            "# what apply() does, if you would rather write it out (the knobs' own code):",
+        ]
+        lines += [f"#   {line}" for line in c.code(self.device_kind)]
+        training = c.training_code(self.device_kind)
+        if training:
+            # The training loop is the user's: apply() cannot rebuild their optimizer or split
+            # their batch, so the measured training-step settings are printed for them to write.
+            lines.append("# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):")
+            lines += [f"#   {line}" for line in training]
+        mesh = (self.sharding_table() or {}).get("mesh")
+        if mesh:
+            devices = int(mesh["data"]) * int(mesh["fsdp"]) * int(mesh["tensor"])
+            layout = " x ".join(f"{axis} {mesh[axis]}" for axis in ("data", "fsdp", "tensor"))
+            pg = _backend_class(self.device_kind).process_group_backend
+            lines.insert(1, f"# sharding {layout}: run one process per device ({devices}, e.g. torchrun "
+                         f"--nproc-per-node {devices}), each joined to the process group ({pg!r}) before apply(), "
+                         "which shards the model on it (or alone: tpu_tuner.knobs.tuned_config.apply_sharding(model, config))")
+        if self.bucketing:
+            lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
+            lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
+            lines.append("#   tokens, attention_mask = tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)")
+            if self.bucketing.get("torchtpu"):
+                lines.append(f"# on TorchTPU: {self.bucketing['torchtpu']}")
+        return lines
+
+
+@dataclass
+class AppliedConfig:
+    """The result of `apply`: the model to call and the autocast context to call it in.
+    `restore()` undoes the process-wide settings (matmul precision, eager mode)."""
+
+    model: Callable[..., Any]
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    _process: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    # Training: `optimizer(opt)` rebuilds the user's optimizer with the measured implementation
+    # (the hook a trial used); `micro_batches` is the k their own loop should accumulate over.
+    optimizer: Callable[[Any], Any] = field(default=lambda optimizer: optimizer, repr=False)
+    micro_batches: int = 1
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.autocast))
+
+    def restore(self) -> None:
+        """Put back the process-wide settings that `apply` changed."""
+        self._process.close()
+        if self._process in _OPEN_PROCESS_SETTINGS:
+            _OPEN_PROCESS_SETTINGS.remove(self._process)
+
+
+# The process-wide settings `apply` entered, held for the rest of the process: a knob's process
+# hook may be a generator context, whose `finally` (the restore) would run as soon as nothing
+# referenced it (`model, autocast = apply(...)` drops the AppliedConfig at once).
+_OPEN_PROCESS_SETTINGS: list[contextlib.ExitStack] = []
+
+
+def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
+    """Apply a tuned config in this process through the knobs' hooks, the ones a trial used:
+    process-wide settings (matmul precision), the model (memory format), its forward (compile),
+    and the step context (autocast).
+
+    Returns the (possibly compiled) model and a zero-argument autocast context factory:
+    ``model, autocast = tpu_tuner.apply(model, "tuned_config.toml")`` then
+    ``with autocast(): out = model(x)``. The training loop stays the user's: `apply` cannot split
+    their batch or step their optimizer; ``applied.optimizer(opt)`` rebuilds an optimizer with the
+    measured implementation and ``applied.micro_batches`` says how many micro-batches to
+    accumulate over (`TunedConfig.instructions` prints the loop).
+    """
+    if not isinstance(config, TunedConfig):
+        config = TunedConfig.load(config)
+    candidate = config.candidate
+    missing = {k: v for k, v in config.environment().items() if os.environ.get(k) != v}
+    if missing:
+        raise UserInputError(
+            "this config needs environment variables set before torch is imported: "
+            + " ".join(f"{k}={v}" for k, v in missing.items())
+        )
+    backend = _backend_class(config.device_kind)()
+    process = contextlib.ExitStack()
+    process.enter_context(candidate.process(backend))
+    _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
+    model = candidate.prepare_model(model, backend)  # the layout too: one process per device, joined first
+    compiled = candidate.wrap_forward(model, backend)
+    return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
+                         optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
+                         micro_batches=candidate.micro_batches(backend))
+
+
+def apply_sharding(model: nn.Module, config: TunedConfig | str | Path) -> nn.Module:
+    """Apply only the config's layout (its [settings] layout, the mesh of its [sharding] table:
+    a tuned config's or a planner's sharding_config.toml) on this process's process group,
+    through the layout knob's own hook, the one a sharded trial used (`tpu_tuner.parallel.apply`).
+    One process: the model as it is; a layout over N processes without a process group of N is
+    refused with what to start."""
+    if not isinstance(config, TunedConfig):
+        config = TunedConfig.load(config)
+    knob = knobs.get("layout")
+    return knob.model(config.candidate["layout"], model, _backend_class(config.device_kind))
+
+
+def _with_mesh(candidate: Candidate, sharding: Any, where: str | Path) -> Candidate:
+    """The candidate with the layout of a [sharding.mesh] table (configs that gave the mesh
+    alone, as planners did before [settings] had a layout); refused when the two disagree."""
+    from tpu_tuner.knobs.layout import SINGLE
+
+    mesh = sharding.get("mesh") if isinstance(sharding, dict) else None
+    if not mesh:
+        return candidate
+    try:
+        layout = "x".join(str(int(mesh.get(axis, 1))) for axis in ("data", "fsdp", "tensor"))
+        layout = knobs.get("layout").check(layout)
+    except (TypeError, ValueError, AttributeError):
+        raise UserInputError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}", where) from None
+    if candidate["layout"] == SINGLE:
+        return Candidate({**candidate.changed, "layout": layout})
+    if candidate["layout"] != layout:
+        raise UserInputError(f"[settings] layout {candidate['layout']} and [sharding.mesh] {layout} disagree", where)
+    return candidate
+
+
+def _backend_class(device_kind: str) -> Any:
+    if device_kind not in BACKENDS:
+        raise UserInputError(f"unknown device_kind {device_kind!r}; known: {', '.join(BACKENDS)}")
+    return BACKENDS[device_kind]
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value if v is not None]
+    return value

@@ -1,0 +1,56 @@
+"""A model's dimensions, read off a (meta-device) model: what the planner and the sharding layouts
+need (width, depth, heads, vocabulary), and its token embedding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.layouts import ModelShape
+
+HEAD_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads")
+KV_HEAD_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_kv_head")
+
+
+@dataclass(frozen=True)
+class Dims:
+    shape: ModelShape
+    head_dim: int
+
+
+def token_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The model's token embedding: its largest `nn.Embedding` (None without one)."""
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return max(embeddings, key=lambda m: m.num_embeddings) if embeddings else None
+
+
+def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
+    """d_model and vocabulary from the embedding, depth from the repeated blocks, heads from the
+    attention module's attributes (or `heads_hint`), the MLP width from the widest block Linear."""
+    embedding = token_embedding(model)
+    if embedding is None:
+        raise ValueError("the planner needs a token embedding (nn.Embedding) to find d_model and the vocabulary")
+    d_model, vocab = embedding.embedding_dim, embedding.num_embeddings
+    _, blocks = blocks_of(model)
+    block = blocks[0]
+    heads = _attr(block, HEAD_ATTRS) or heads_hint
+    if not heads:
+        raise ValueError("cannot find the number of attention heads (an n_heads attribute or TRANSFORMER['heads'])")
+    kv_heads = _attr(block, KV_HEAD_ATTRS) or heads
+    head_dim = _attr(block, ("head_dim",)) or d_model // heads
+    widths = [m.out_features for m in block.modules() if isinstance(m, nn.Linear) and m.in_features == d_model]
+    # A mixture of experts keeps its MLPs as stacked [experts, d_model, width] weights.
+    widths += [p.shape[2] for p in block.parameters() if p.dim() == 3 and p.shape[1] == d_model]
+    mlp_hidden = max(widths) if widths else 4 * d_model
+    return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, len(blocks)), head_dim)
+
+
+def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
+    for sub in module.modules():
+        for name in names:
+            value = getattr(sub, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None

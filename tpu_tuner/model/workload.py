@@ -1,0 +1,122 @@
+"""The workload: what a user's model file provides, with no tuning knobs in it.
+
+A `Workload` knows how to build the model, make a batch of a given size, and (for training) the
+loss and optimizer. It is loaded from a file by `tpu_tuner.model.loader.load_workload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+ModelInputs = Any  # a tensor, a tuple/list of positional inputs, or a dict of keyword inputs
+Batch = Any  # inference: ModelInputs; training: (ModelInputs, target)
+
+
+@dataclass(frozen=True)
+class TransformerDims:
+    """Attention shape of a transformer, for the analytical model-FLOPs formula.
+
+    `causal` says whether attention is masked causally; the FLOPs convention decides whether
+    that halves the attention term (MaxText) or not (PaLM / nanoGPT / torchtitan).
+    """
+
+    layers: int
+    heads: int
+    head_dim: int
+    causal: bool = True
+
+
+@dataclass
+class Workload:
+    """A model plus the batches it runs on, as the user's file defines them."""
+
+    name: str
+    source: Path
+    build_model: Callable[[], nn.Module]
+    make_batch: Callable[[int, int | None], Batch]
+    batch_size: int | None
+    seq_len: int | None
+    convention: Literal["native", "benchmark"]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
+    sample_lengths: Callable[[], Sequence[int]] | None = None
+    model_flops: Callable[[int | None, int | None, bool], float] | None = None
+    transformer: TransformerDims | None = None
+    presets: tuple[str, ...] = ()
+    transformer_for_preset: Callable[[str], dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def model_for_preset(self, preset: str | None) -> torch.nn.Module:
+        """Build the model at a named size (``PRESETS`` in the file), or the default one."""
+        if preset is None:
+            return self.build_model()
+        if preset not in self.presets:
+            from tpu_tuner.core.errors import WorkloadError
+
+            known = ", ".join(self.presets) or "none"
+            raise WorkloadError(f"no preset {preset!r}; the file defines: {known}", self.source)
+        return self.build_model(preset=preset)  # type: ignore[call-arg]
+
+    def dims_for_preset(self, preset: str | None) -> TransformerDims | None:
+        """The attention shape at a preset (``transformer_dims(preset)`` in the file), else the default."""
+        if preset is not None and self.transformer_for_preset is not None:
+            return TransformerDims(**self.transformer_for_preset(preset))
+        return self.transformer
+
+    @property
+    def is_training(self) -> bool:
+        """A workload with a loss is a training step (forward, backward, optimizer step)."""
+        return self.loss_fn is not None
+
+    @property
+    def step_kind(self) -> str:
+        return "training step" if self.is_training else "inference (forward)"
+
+    def batch(self, batch_size: int | None = None, seq_len: int | None = None) -> Batch:
+        """Make one batch at the given (or default) batch size and sequence length."""
+        return self.make_batch(batch_size or self.batch_size, seq_len or self.seq_len)
+
+    def split_batch(self, batch: Batch) -> tuple[ModelInputs, Any]:
+        """Split a batch into (model inputs, loss target); the target is None for inference."""
+        if not self.is_training:
+            return batch, None
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                "a training workload's make_batch must return (inputs, target), "
+                f"got {type(batch).__name__}"
+            )
+        return batch[0], batch[1]
+
+    def optimizer_for(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer of a training step (AdamW, lr 1e-4, unless the file gives one)."""
+        if not self.is_training:
+            return None
+        if self.make_optimizer is not None:
+            return self.make_optimizer(model.parameters())
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def call_model(model: Callable[..., Any], inputs: ModelInputs) -> Any:
+    """Call a model on inputs the way the benchmark convention does: *tuple, **dict, or one arg."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def move_to(obj: Any, device: torch.device | str) -> Any:
+    """Move every tensor in a nested tuple/list/dict structure to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {key: move_to(value, device) for key, value in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(move_to(value, device) for value in obj)
+    return obj

@@ -1,0 +1,140 @@
+"""The bucketing study as a terminal table, a markdown report and two plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpu_tuner.bucketing.study import BucketResult
+from tpu_tuner.core.run_folder import LENGTHS_PNG, STRATEGIES_PNG
+
+
+def _row(result: BucketResult, name: str) -> dict[str, object]:
+    evaluation = next(e for e in result.table if e.strategy.name == name)
+    replay = next((r for r in result.replays if r.strategy == name), None)
+    return {
+        "strategy": name,
+        "shapes": evaluation.compiled_shapes,
+        "padding": f"{evaluation.padding_waste:.1%}",
+        "compile s": _seconds(evaluation.compile_seconds),
+        "steps s": _seconds(evaluation.step_seconds),
+        "predicted total s": _seconds(evaluation.total_seconds) + ("" if evaluation.within_limits else " *"),
+        "measured total s": _seconds(replay.total_seconds) if replay else "-",
+        "vs oracle": f"{evaluation.total_seconds / result.oracle_seconds:.2f}x",
+    }
+
+
+def table_rows(result: BucketResult) -> list[dict[str, object]]:
+    rows = [_row(result, e.strategy.name) for e in result.table]
+    rows.append({"strategy": "oracle bound (free compiles, no padding)", "shapes": "-", "padding": "0.0%",
+                 "compile s": "0", "steps s": _seconds(result.oracle_seconds),
+                 "predicted total s": _seconds(result.oracle_seconds), "measured total s": "-", "vs oracle": "1.00x"})
+    return rows
+
+
+def render_terminal(result: BucketResult) -> str:
+    rows = table_rows(result)
+    headers = list(rows[0])
+    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    lines = [
+        f"{result.workload} on {result.device} (torch.compile backend {result.compile_backend!r}, static shapes): "
+        f"{result.samples} lengths, {result.distinct_lengths} distinct, median {result.length_summary['median']:.0f}, "
+        f"max {result.length_summary['max']}",
+        f"cost model: {result.cost_model.describe()}",
+        f"planned run: {result.steps} steps; at most {result.max_buckets} buckets, multiples of {result.align}",
+        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+    ]
+    lines += ["  ".join(str(r[h]).ljust(w) for h, w in zip(headers, widths, strict=True)) for r in rows]
+    if any(not e.within_limits for e in result.table):
+        lines.append(f"* compiles more shapes than --max-buckets {result.max_buckets}")
+    if result.replay_note:
+        lines.append(f"measured: {result.replay_note}")
+    lines.append(f"chosen buckets: {list(result.chosen.strategy.bounds)} "
+                 f"(optimiser {result.optimiser_seconds * 1e3:.1f} ms)")
+    return "\n".join(lines)
+
+
+def render_markdown(result: BucketResult, plots: list[str]) -> str:
+    rows = table_rows(result)
+    headers = list(rows[0])
+    chosen = result.chosen
+    lines = [
+        f"# Shape buckets for {result.workload}",
+        "",
+        f"**Chosen buckets:** `{list(chosen.strategy.bounds)}`: {chosen.compiled_shapes} compiled shapes, "
+        f"{chosen.padding_waste:.1%} of processed tokens are padding, predicted {chosen.total_seconds:,.0f} s for "
+        f"{result.steps} steps ({chosen.total_seconds / result.oracle_seconds:.2f}x the oracle bound).",
+        "",
+        "## Length sample",
+        f"{result.samples} lengths, {result.distinct_lengths} distinct; "
+        + ", ".join(f"{k} {v:g}" for k, v in result.length_summary.items()),
+        "",
+        "## Cost model (measured on this device)",
+        f"- device {result.device}, `torch.compile(backend={result.compile_backend!r}, dynamic=False)`",
+        f"- {result.cost_model.describe()}",
+        "- measured points (length: steady step s, compile s): "
+        + "; ".join(f"{length}: {step:.4f}, {comp:.2f}" for (length, step), (_, comp)
+                    in zip(result.cost_model.fit_points, result.cost_model.compile_samples, strict=True)),
+        "- expected total = compiled shapes x compile cost + steps x mean step time at the padded length",
+        "",
+        "## Strategies",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+    ]
+    lines += ["| " + " | ".join(str(r[h]) for h in headers) + " |" for r in rows]
+    if any(not e.within_limits for e in result.table):
+        lines.append(f"\n\\* compiles more shapes than the limit of {result.max_buckets}.")
+    if result.replay_note:
+        lines += ["", f"Measured totals: {result.replay_note}."]
+    lines += ["", "Bounds per strategy:", ""]
+    lines += [f"- {e.strategy.name}: {_short(e.strategy.bounds)} ({e.strategy.note})" for e in result.table]
+    lines += ["", *[f"![{p}]({p})" for p in plots], "",
+              "Reproduce: pad each batch with `tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)`; "
+              "see bucket_config.toml."]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
+    """length_histogram.png (with the chosen bounds) and strategy_totals.png; returns file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(result.histogram.lengths, result.histogram.counts, width=1.0, color="#4477aa")
+    for bound in result.chosen.strategy.bounds:
+        ax.axvline(bound, color="#cc3311", linewidth=1)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("samples")
+    ax.set_title(f"{result.workload}: lengths and chosen bucket bounds (red)")
+    fig.tight_layout()
+    fig.savefig(run_dir / LENGTHS_PNG, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [e.strategy.name for e in result.table] + ["oracle bound"]
+    compile_s = [e.compile_seconds for e in result.table] + [0.0]
+    steps_s = [e.step_seconds for e in result.table] + [result.oracle_seconds]
+    positions = range(len(names))
+    ax.barh(positions, steps_s, color="#4477aa", label="steps (predicted)")
+    ax.barh(positions, compile_s, left=steps_s, color="#ee7733", label="compiles (predicted)")
+    measured = {r.strategy: r.total_seconds for r in result.replays}
+    points = [(measured[name], index) for index, name in enumerate(names) if name in measured]
+    if points:
+        ax.plot([x for x, _ in points], [y for _, y in points], "kD", linestyle="none", label="measured total")
+    ax.set_yticks(list(positions), names)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"seconds for {result.steps} steps (log scale)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(run_dir / STRATEGIES_PNG, dpi=110)
+    plt.close(fig)
+    return [LENGTHS_PNG, STRATEGIES_PNG]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+
+
+def _short(bounds: tuple[int, ...]) -> str:
+    return str(list(bounds)) if len(bounds) <= 12 else f"[{', '.join(map(str, bounds[:6]))}, ... {bounds[-1]}] ({len(bounds)} bounds)"

@@ -1,0 +1,148 @@
+"""plan.md, the MFU plot and the terminal table of a `PlanResult`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tpu_tuner.planner.plan import LayoutPlan, PlanResult  # noqa: E402
+from tpu_tuner.core.units import binary_bytes, ms, si  # noqa: E402
+
+
+def hbm_status(p: LayoutPlan) -> str:
+    """"fits, margin X", "DOES NOT FIT", or "COMPILER FAILED" where the compiler refused for
+    another reason than memory (e.g. libtpu's crash on some 8192-device layouts)."""
+    if p.compiled.error:
+        out_of_memory = any(word in p.compiled.error for word in ("RESOURCE_EXHAUSTED", "memory", "HBM"))
+        return "DOES NOT FIT" if out_of_memory else "COMPILER FAILED"
+    return f"fits, margin {binary_bytes(p.margin_bytes)}" if p.fits else "DOES NOT FIT"
+
+
+def table_rows(result: PlanResult) -> list[list[str]]:
+    rows = []
+    band = f" ± {result.error_band.points:.1f}" if result.error_band else ""
+    for rank, p in enumerate(result.plans, 1):
+        c, pr = p.compiled, p.prediction
+        collectives = ", ".join(f"{x.kind} x{x.count} ({binary_bytes(x.bytes)}, groups of {x.group_size})"
+                                for x in c.collectives if x.count and x.group_size > 1) or "none"
+        rows.append([
+            str(rank), point_label(p),
+            hbm_status(p),
+            binary_bytes(c.peak_bytes) if not c.error else "n/a",
+            si(c.flops, "FLOP") if not c.error else "n/a",
+            binary_bytes(c.bytes_accessed) if not c.error else "n/a",
+            f"{ms(pr.compute_seconds)} / {ms(pr.memory_seconds)} / {ms(pr.comm_seconds)} ({ms(pr.exposed_comm_seconds)} exposed)" if pr else "n/a",
+            ms(pr.step_seconds) if pr else "n/a",
+            f"{pr.tokens_per_second:,.0f}" if pr else "n/a",
+            f"{pr.mfu:.1%}{band}" if pr else "n/a",
+            collectives if not c.error else p.why,
+        ])
+    return rows
+
+
+HEADER = ["#", "mesh", "HBM", "peak per device", "FLOPs per device", "HBM bytes", "compute / memory / comm",
+          "step", "tokens/s", "MFU", "collectives per step"]
+
+
+def point_label(p: LayoutPlan) -> str:
+    """The mesh, and where they vary, the remat policy and micro-batches (with the per-device batch)."""
+    label = p.layout.name() + f", remat {p.remat}"
+    if p.accumulation > 1:
+        label += f", {p.accumulation} micro-batches"
+    return label + (f" (per-device batch {p.per_device_batch:g})" if p.per_device_batch else "")
+
+
+def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> list[str]:
+    """The best point with its band; where others are within the band, that they are
+    indistinguishable and how to measure them."""
+    best = result.best
+    if best is None:
+        return ["no point fits in HBM"]
+    band = result.error_band
+    lines = [f"best: {point_label(best)}: predicted MFU {best.prediction.mfu:.1%}"
+             + (f" ± {band.points:.1f} points ({band.source})" if band else "")]
+    close = result.indistinguishable
+    if len(close) > 1:
+        lines += [f"{len(close)} points are within {band.points:.1f} MFU points of it, so the prediction cannot order "  # type: ignore[union-attr]
+                  "them: " + "; ".join(point_label(p) for p in close[1:4]) + (" ..." if len(close) > 4 else ""),
+                  f"measure them on the hardware: tpu-tune {model_file} --nproc N --plan {run_dir}"]
+    return lines
+
+
+def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:
+    lines = [f"{result.workload}{' (' + result.preset + ')' if result.preset else ''} on {result.topology.describe()}",
+             f"global batch {result.global_batch} x seq {result.seq_len}, remat {result.remat}; "
+             f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention})"]
+    if result.search:
+        search = result.search
+        counts: dict[str, int] = {}
+        for trial in search["trials"]:
+            kind = trial["outcome"] or {"WAITING": "queued", "RUNNING": "running"}.get(trial["state"], "lost")
+            counts[kind] = counts.get(kind, 0) + 1
+        lines.append(f"search: {search['sampler']}, {search['compiled']} compiles of {search['valid_points']} valid "
+                     f"points; trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                     + f"; study {search['study']!r} in {search['storage']}")
+    lines.append("")
+    short = [0, 1, 2, 3, 7, 8, 9]
+    shown = table_rows(result)[:TERMINAL_ROWS]
+    rows = [[HEADER[i] for i in short]] + [[r[i] for i in short] for r in shown]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(short))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    if len(result.plans) > TERMINAL_ROWS:
+        lines.append(f"... {len(result.plans) - TERMINAL_ROWS} more in plan.md")
+    lines += [""] + verdict(result, model_file, run_dir)
+    return "\n".join(lines)
+
+
+TERMINAL_ROWS = 15
+
+
+def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:
+    out = [f"# Plan: `{result.workload}`{' preset ' + result.preset if result.preset else ''} on {result.topology.name}", "",
+           f"{result.topology.describe()}; HBM {binary_bytes(result.topology.hbm_bytes_per_device)} and bf16 peak "
+           f"{si(result.topology.peak_flops_per_device, 'FLOP/s')} per device.", "",
+           f"Global batch {result.global_batch} sequences of {result.seq_len} tokens; remat `{result.remat}`; "
+           f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
+           f"({result.attention_convention}).", "",
+           f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
+           "compile-only); step time and MFU are predictions (see docs/planner.md).", "",
+           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
+    out += [""] + [f"**{line}**" if i == 0 else line for i, line in enumerate(verdict(result, model_file, run_dir))]
+    if result.error_band:
+        out += ["", f"Error band: ± {result.error_band.points:.1f} MFU points, the {result.error_band.source}."]
+    out += ["", "## Memory per point", ""] + [f"- {point_label(p)}: {hbm_status(p).split(',')[0].lower()}: {p.why}"
+                                               f" (lower bound {binary_bytes(p.lower_bound_bytes)})" for p in result.plans]
+    if result.search:
+        out += ["", f"## Search: every trial ({len(result.search['trials'])})", "",
+                "| trial | outcome | point | tokens/s | why |", "|---|---|---|---|---|"]
+        out += [f"| {t['number']} | {t['outcome'] or t['state'].lower()} | {t['point'] or t['params']} | "
+                f"{'' if t['tokens_per_second'] is None else format(t['tokens_per_second'], ',.0f')} | "
+                f"{(t['reason'] or '').replace('|', '/')} |" for t in result.search["trials"]]
+    if result.rejected:
+        out += ["", f"## Rejected layouts ({len(result.rejected)})", ""] + [f"- {l.name()}: {why}" for l, why in result.rejected[:30]]
+    out += ["", "## Placements (per parameter: mesh axis of dimension 0 / dimension 1)", "", "```",
+            json.dumps(result.placements, indent=1)[:6000], "```", "", f"![predicted MFU per layout]({plot.name})",
+            "", f"Planned in {result.seconds:.0f} s."]
+    return "\n".join(out) + "\n"
+
+
+def write_plot(result: PlanResult, path: Path) -> Path:
+    labels = [point_label(p).replace(" x ", "\n").replace(", ", "\n") for p in result.plans[:40]]
+    mfu = [p.prediction.mfu * 100 if p.prediction else 0 for p in result.plans[:40]]
+    colors = ["tab:blue" if p.fits else "tab:gray" if p.compiled.error else "tab:red" for p in result.plans[:40]]
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
+    band = result.error_band.points if result.error_band else 0.0
+    ax.bar(range(len(labels)), mfu, color=colors, yerr=[band if m else 0 for m in mfu], capsize=3)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("predicted MFU, %")
+    ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM; grey: compiler failed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

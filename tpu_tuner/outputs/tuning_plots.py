@@ -1,0 +1,92 @@
+"""The tuning run's plots (PNG, matplotlib, headless): history, MFU per trial, speed vs accuracy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on CI machines or servers
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG  # noqa: E402
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tpu_tuner.tuning.result import TuningResult
+
+
+def write_plots(result: "TuningResult") -> dict[str, "Path"]:
+    """Write the plots into the run folder; returns {title: path}."""
+    frame = result.trials_dataframe()
+    done = frame[frame["state"] == "COMPLETE"] if "state" in frame else frame.iloc[0:0]
+    out = {}
+    out["Optimisation history"] = _history(result, done)
+    out["MFU per trial"] = _mfu(result, frame, done)
+    out["Speed against accuracy error"] = _pareto(result, done)
+    return out
+
+
+def _history(result: "TuningResult", done) -> "Path":
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(done):
+        values = done["amortised_step_s"].to_numpy(dtype=float) * 1e3
+        feasible = done["feasible"].astype(bool).to_numpy()
+        ax.scatter(done["number"][feasible], values[feasible], label="feasible trial", color="tab:blue")
+        ax.scatter(done["number"][~feasible], values[~feasible], label="infeasible (accuracy)", color="tab:red", marker="x")
+        best = np.minimum.accumulate(np.where(feasible, values, np.inf))
+        ax.step(done["number"], best, where="post", color="tab:green", label="best feasible so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"amortised step time, ms ({result.options.planned_steps} planned steps)")
+    ax.set_title("Optimisation history")
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, result, HISTORY_PNG)
+
+
+def _mfu(result: "TuningResult", frame, done) -> "Path":
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(done):
+        colors = ["tab:blue" if f else "tab:red" for f in done["feasible"].astype(bool)]
+        ax.bar(done["number"], done["mfu"].astype(float) * 100, color=colors)
+    failed = frame[frame["state"] == "FAIL"] if "state" in frame else frame.iloc[0:0]
+    for number in failed["number"]:
+        ax.axvline(number, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("trial (red: accuracy violation; dotted: failed)")
+    ax.set_ylabel("MFU, %")
+    ax.set_title(f"MFU per trial on {result.profile.device.name}")
+    return _save(fig, result, MFU_PNG)
+
+
+def _pareto(result: "TuningResult", done) -> "Path":
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(done):
+        error = np.maximum(done["accuracy_error"].to_numpy(dtype=float), 1e-9)  # log axis: exact matches at 1e-9
+        step = done["step_median_s"].to_numpy(dtype=float) * 1e3
+        ax.scatter(error, step, color="tab:blue")
+        for number, x, y in zip(done["number"], error, step):
+            ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        order = np.argsort(error)
+        front_x, front_y, best = [], [], np.inf
+        for i in order:  # a point is on the front when no more-accurate point is faster
+            if step[i] < best:
+                best = step[i]
+                front_x.append(error[i])
+                front_y.append(step[i])
+        ax.step(front_x, front_y, where="post", color="tab:green", label="Pareto front")
+        ax.set_xscale("log")
+    ax.axvline(result.options.tolerance, color="tab:red", linestyle="--", label=f"tolerance {result.options.tolerance:g}")
+    ax.set_xlabel("relative error against the fp32 eager reference (1e-9 = exact)")
+    ax.set_ylabel("steady step time, ms")
+    ax.set_title("Speed against accuracy error")
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, result, ACCURACY_PNG)
+
+
+def _save(fig, result: "TuningResult", name: str) -> "Path":
+    path = result.run_dir / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

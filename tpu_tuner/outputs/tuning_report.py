@@ -1,0 +1,267 @@
+"""report.md of a tuning run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from tpu_tuner.metrics.mfu import MFU_CONVENTION
+from tpu_tuner.core.units import binary_bytes, ms, shape
+
+if TYPE_CHECKING:
+    from tpu_tuner.execution.measurement import Measurement
+    from tpu_tuner.tuning.result import TuningResult
+
+
+def _ranks_line(nproc: int) -> str:
+    return (f"Every trial ran on {nproc} ranks, one process each, on the same global batch (each rank its slice): "
+            "a step is the slowest rank's (every step starts and ends on a barrier), peak memory the largest rank's, "
+            "and the accuracy check compares the loss averaged over the ranks and the gradients gathered from their "
+            "shards with one process's fp32 step on the whole batch. The baseline is data parallel (DDP).")
+
+
+def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
+    v = result.verification
+    base, chosen = result.baseline, result.chosen
+    planned = result.options.planned_steps
+    out = [
+        f"# Tuning `{result.profile.workload['name']}` on {result.profile.device.name}",
+        "",
+        f"{', '.join(filter(None, (result.profile.workload['step'], shape(result.profile.workload))))}. "
+        "Objective: amortised step time (steady step + compile "
+        f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
+        "against fp32 eager).",
+        "",
+        (f"**Recommendation: {v.chosen.describe()}.** {v.message}" if result.verified else
+         f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
+         "trials below are the whole study's as this worker last saw them."),
+        "",
+        *([_ranks_line(result.options.nproc), ""] if result.options.nproc > 1 else []),
+        *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
+           "window; the table's \"steady step\" row is the same quantity as the search measured it, at different "
+           "moments, so its ratio can differ. The \"amortised step\" row, which the search ranked by, adds compile "
+           f"time / {planned} planned steps.", ""] if v.speedup is not None else []),
+        "## Baseline against tuned",
+        "",
+        "| | baseline | tuned |",
+        "|---|---:|---:|",
+    ]
+    out += _comparison_rows(base, chosen, planned)
+    bucketing = result.chosen_bucketing()
+    if bucketing:
+        out += ["", "## Shape buckets (inputs vary in length)", "",
+                f"Chosen buckets `{bucketing['buckets']}` ({bucketing['padding_waste']:.1%} of processed tokens are "
+                "padding). Every trial's objective is its expected step over the length sample with the bucketing "
+                "best for it (exact DP: its measured compile time per shape, its steady step scaled by the step-time "
+                "curve measured at the start); the interleaved comparison above is at the reference length. "
+                f"On TorchTPU: {bucketing['torchtpu']}."]
+    if v.race:
+        out += ["", "## The search's leaders, raced", "",
+                "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were re-measured "
+                "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
+                "time / planned steps) is the one verified above.", "",
+                "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
+                "|---:|---|---:|---:|---:|"]
+        out += [f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
+                f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
+                f"{e.speedup_over_baseline:.2f}x |" for e in v.race]
+    out += ["", "## What each knob contributed", ""]
+    if v.contributions:
+        out += [
+            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
+            "over itself with that one knob set back to its baseline value.",
+            "", "| knob | baseline | tuned | contribution |", "|---|---|---|---|",
+        ]
+        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
+    else:
+        out.append("Nothing to attribute: the recommendation is the baseline.")
+    out += ["", "## Agents' findings from the profile", ""]
+    for agent, findings in result.findings.items():
+        out += [f"- **{agent}**: " + "; ".join(findings)]
+    out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
+    out += _warm_start_section(result) + _hosts_section(result)
+    frame = result.trials_dataframe()
+    out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.sampler}, search space "
+            f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
+            "trials.csv.", ""]
+    if result.space.left_out:
+        out += ["Left out of the space for this workload (they cannot change its step):", ""]
+        out += [f"- {line}" for line in result.space.left_out] + [""]
+    out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for _, row in frame.iterrows():
+        settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
+        note = next((str(row[k]) for k in ("failure_message", "rejected_by") if _present(row.get(k))), "")
+        if _present(row.get("repeat_of")):
+            note = f"repeat of trial {int(row['repeat_of'])}, not re-measured" + (f"; {note}" if note else "")
+        out.append(
+            f"| {row['number']} | {row['state']} | {settings} | {_ms(row.get('amortised_step_s'))} | "
+            f"{_ms(row.get('step_median_s'))} | {_s(row.get('compile_s'))} | {_pct(row.get('mfu'))} | "
+            f"{_sci(row.get('accuracy_error'))} | {note.replace('|', '/')} |"
+        )
+    failures = frame[frame["failure_kind"].notna()] if "failure_kind" in frame else frame.iloc[0:0]
+    out += ["", "## Failures", ""]
+    if len(failures):
+        out += [f"- trial {int(r['number'])}: **{r['failure_kind']}**: {r.get('failure_message', '')}" for _, r in failures.iterrows()]
+    else:
+        out.append("None.")
+    out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
+    out += [
+        "", "## How these were measured", "",
+        f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
+        f"at least {result.options.trial_settings.timing_min_steps} synced steps; median reported.",
+        "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
+        f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
+        "95% percentile-bootstrap intervals.",
+        f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
+        "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
+        f"- Worker processes started: {result.worker_starts}.",
+    ]
+    if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
+        out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
+    return "\n".join(out) + "\n"
+
+
+# The trial user attr an enqueued earlier best carries (tuning/warm_start.py TRIAL_ATTR; the reports
+# know the tuning package only as types).
+WARM_START_ATTR = "warm_start"
+
+
+def _warm_start_section(result: "TuningResult") -> list[str]:
+    """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
+    what it measured there and what it measured here; nothing when no trial was warm-started."""
+    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(WARM_START_ATTR), dict)]
+    if not trials:
+        return []
+    base = _trial_value(result, result.verification.baseline_trial)
+    out = ["## Warm start", "",
+           "Queued right after the baseline: the best settings of earlier studies on this device kind, the same "
+           "workload first, then the nearest by FLOPs per parameter, bound and model kind. \"There\" is the earlier "
+           "study's own measurement (its speedup verified interleaved where it says so, else its search's ratio to "
+           "its baseline); \"here\" is this study's.", "",
+           "| trial | setting | from | there | here |", "|---:|---|---|---:|---:|"]
+    for t in trials:
+        seed = t.user_attrs[WARM_START_ATTR]
+        earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
+        there = _ms(seed.get("objective_s"))
+        if _present(seed.get("speedup")):
+            there += f", {float(seed['speedup']):.2f}x {'verified' if seed.get('speedup_verified') else 'in its search'}"
+        origin = f"{earlier}{seed.get('source', '?')} ({seed.get('match', '')})"
+        out.append(f"| {t.number} | {_setting(result, t.params)} | {origin.replace('|', '/')} | {there} | "
+                   f"{_measured_here(t, base)} |")
+    return out + [""]
+
+
+def _hosts_section(result: "TuningResult") -> list[str]:
+    """Which host measured what, when trials came from more than one (a shared study), and where
+    the comparison was re-measured; one line when everything ran on one known host."""
+    v = result.verification
+    trials = [t for t in result.study.get_trials(deepcopy=False) if t.user_attrs.get("host")]
+    hosts = sorted({str(t.user_attrs["host"]) for t in trials})
+    verified_on = getattr(v, "host", None)
+    if len(hosts) <= 1:
+        if not verified_on:
+            return []
+        where = f"Every trial ran on host `{hosts[0]}`" if hosts else "The trials record no host"
+        if hosts == [verified_on]:
+            return ["## Hosts", "", f"{where}, and so did the comparison above.", ""]
+        return ["## Hosts", "", f"{where}; the comparison above was re-measured on host `{verified_on}`.", ""]
+    out = ["## Hosts", "",
+           "Trials from different hosts only rank settings (each host's timings are its own); the comparison "
+           f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
+           "| host | trials measured | best objective there |", "|---|---:|---:|"]
+    for host in hosts:
+        own = [t for t in trials if str(t.user_attrs["host"]) == host and "repeat_of" not in t.user_attrs]
+        measured = sum(1 for t in own if t.user_attrs.get("measured"))
+        values = [t.value for t in own if t.value is not None and t.user_attrs.get("feasible")]
+        out.append(f"| {host} | {measured} | {_ms(min(values)) if values else 'none feasible'} |")
+    return out + [""]
+
+
+def _setting(result: "TuningResult", params: dict) -> str:
+    """A trial's setting as the report names settings ("inductor, matmul highest, autocast bfloat16")."""
+    try:
+        return result.space.to_candidate(params).describe()
+    except Exception:  # noqa: BLE001 - a setting this space cannot spell: its raw values
+        return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _trial_value(result: "TuningResult", number: int | None) -> float | None:
+    if number is None:
+        return None
+    trial = next((t for t in result.study.get_trials(deepcopy=False) if t.number == number), None)
+    return trial.value if trial is not None else None
+
+
+def _measured_here(trial, baseline_value: float | None) -> str:
+    """A trial's objective here (and its ratio to the baseline's), or why it has none."""
+    import optuna
+
+    if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+        text = _ms(trial.value)
+        if baseline_value:
+            text += f", {baseline_value / trial.value:.2f}x the baseline"
+        if not trial.user_attrs.get("feasible", True):
+            text += f", infeasible ({trial.user_attrs.get('failure_kind', 'constraint')})"
+        return text
+    if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
+        return "not measured yet"
+    if trial.user_attrs.get("rejected_by"):
+        return f"rejected ({str(trial.user_attrs['rejected_by']).replace('|', '/')})"
+    kind = trial.user_attrs.get("failure_kind")
+    state = "failed" if trial.state == optuna.trial.TrialState.FAIL else trial.state.name.lower()
+    return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
+
+
+def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int) -> list[str]:
+    def cell(m: "Measurement | None", fn) -> str:
+        return "n/a" if m is None else fn(m)
+
+    # Both columns divide by one peak: the higher of the two (a trial that beat the profile's
+    # peak re-measured or raised it), so neither can read above 100% and they stay comparable.
+    common = max(((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, ""))
+
+    rows = [
+        ("settings", lambda m: _describe(m)),
+        ("steady step (median)", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
+        ("compile time", lambda m: ms(m.compile_seconds)),
+        (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
+        ("MFU", lambda m: _mfu_cell(m, common)),
+        ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
+        ("accuracy error", lambda m: f"{m.accuracy_error:.2e}"),
+    ]
+    return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
+
+
+def _mfu_cell(m: "Measurement", peak: tuple[float, str]) -> str:
+    """MFU against the common peak, with the dtype the setting's matmuls ran in."""
+    value = m.model_flops_per_step / m.step_median / peak[0]
+    ran_in = f"; matmuls in {m.compute_dtype}" if m.compute_dtype else ""
+    return f"{value:.1%} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
+
+
+def _describe(m: "Measurement") -> str:
+    from tpu_tuner.knobs.candidate import Candidate
+
+    return Candidate.from_dict(m.candidate).describe()
+
+
+def _present(value) -> bool:
+    """False for None, NaN and pandas' NA (trials.csv's nullable integer columns)."""
+    return value is not None and not bool(pd.isna(value))
+
+
+def _ms(value) -> str:
+    return ms(float(value)) if _present(value) else ""
+
+
+def _s(value) -> str:
+    return ms(float(value)) if _present(value) else ""
+
+
+def _pct(value) -> str:
+    return f"{float(value):.1%}" if _present(value) else ""
+
+
+def _sci(value) -> str:
+    return f"{float(value):.1e}" if _present(value) else ""

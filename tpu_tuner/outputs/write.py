@@ -1,0 +1,199 @@
+"""Writing a run folder: the one place that writes the files of a profile, a tuning run, a plan
+and a bucketing study, under the names in `tpu_tuner.core.run_folder`.
+
+The CLI and the Python API both call these, so `tpu-tune profile` and
+``save_profile(tpu_tuner.profile(...))`` leave the same files, and the dashboard's collector
+(which reads the same names) understands both. Each writer returns the names it wrote. The
+heavy imports (matplotlib, the report renderers, torch through the results) happen inside the
+writers, so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.core import run_folder
+from tpu_tuner.core.errors import TpuTuneError
+from tpu_tuner.core.run_folder import new_run_dir
+
+if TYPE_CHECKING:
+    from tpu_tuner.bucketing.study import BucketResult
+    from tpu_tuner.planner.plan import PlanOptions, PlanResult
+    from tpu_tuner.profiling.profile import Profile
+    from tpu_tuner.tuning.result import TuningResult
+
+log = logging.getLogger(__name__)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write atomically: a reader (the dashboard, a served page) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# --- profile ---------------------------------------------------------------------------------
+
+def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
+    """profile.json (every figure) and profile.md in `run_dir`."""
+    from tpu_tuner.outputs.profile_report import render_markdown
+
+    run_dir = Path(run_dir)
+    _write_text(run_dir / run_folder.PROFILE_JSON, profile.to_json())
+    _write_text(run_dir / run_folder.PROFILE_MD, render_markdown(profile))
+    return [run_folder.PROFILE_JSON, run_folder.PROFILE_MD]
+
+
+def save_profile(profile: "Profile", out: str | Path = "results") -> Path:
+    """A new run folder under `out` (``<model>-<timestamp>``) holding the profile; returns it."""
+    run_dir = new_run_dir(out, profile.workload["name"])
+    write_profile(run_dir, profile)
+    return run_dir
+
+
+# --- tuning ----------------------------------------------------------------------------------
+
+def write_tuning(result: "TuningResult") -> list[str]:
+    """The files of a finished tuning run in `result.run_dir`: profile.json, result.json,
+    trials.csv, the plots, report.md, and last tuned_config.toml (whose presence tells the
+    dashboard the run finished). run.json and study.db are written by the tuning loop."""
+    from tpu_tuner.outputs.tuning_plots import write_plots
+    from tpu_tuner.outputs.tuning_report import render_report
+
+    run_dir = result.run_dir
+    _write_text(run_dir / run_folder.PROFILE_JSON, result.profile.to_json())
+    if result.verified:
+        _write_text(run_dir / run_folder.RESULT_JSON, result.to_json())
+    result.trials_dataframe().to_csv(run_dir / run_folder.TRIALS_CSV, index=False)
+    plots = write_plots(result)
+    _write_text(run_dir / run_folder.REPORT_MD, render_report(result, plots))
+    if not result.verified:
+        # A worker that left the verification to another writes no recommendation of its own.
+        return [run_folder.PROFILE_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()), run_folder.REPORT_MD]
+    result.best_config.save(run_dir / run_folder.TUNED_CONFIG)
+    return [run_folder.PROFILE_JSON, run_folder.RESULT_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()),
+            run_folder.REPORT_MD, run_folder.TUNED_CONFIG]
+
+
+# --- plan ------------------------------------------------------------------------------------
+
+def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset: str | None = None) -> Path:
+    """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``."""
+    from tpu_tuner.model.decoder import INLINE_PREFIX
+
+    stem = "decoder" if str(model_file).startswith(INLINE_PREFIX) else Path(model_file).stem
+    name = stem + (f"_{preset}" if preset else "")
+    return new_run_dir(out, name, f"plan-{topology.replace(':', '_')}")
+
+
+def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
+    """plan.json, predicted_mfu.png, plan.md and, when a layout fits, sharding_config.toml."""
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.outputs.plan_report import render_markdown, write_plot
+    from tpu_tuner.knobs.tuned_config import TunedConfig
+
+    run_dir = Path(run_dir)
+    _write_text(run_dir / run_folder.PLAN_JSON, json.dumps(result.to_dict(), indent=2, default=str))
+    plot = write_plot(result, run_dir / run_folder.PLAN_PNG)
+    _write_text(run_dir / run_folder.PLAN_MD, render_markdown(result, plot, result.source or "MODEL.py", str(run_dir)))
+    written = [run_folder.PLAN_JSON, run_folder.PLAN_PNG, run_folder.PLAN_MD]
+    best = result.best
+    if best is not None:
+        # The layout knob runs data x fsdp x tensor: a planned context axis is folded into fsdp
+        # there (the axis that also splits the parameters), and the planned mesh kept beside it.
+        layout = f"{best.layout.data}x{best.layout.fsdp * best.layout.context}x{best.layout.tensor}"
+        # The layout is a setting like any other ([settings] layout, the knob a sharded trial
+        # applies); [sharding] repeats its mesh beside the placements the planner derived.
+        TunedConfig(Candidate(matmul_precision="medium", layout=layout), "tpu", provenance={
+            "plan": str(run_dir / run_folder.PLAN_JSON), "topology": result.topology.name,
+            "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
+            "predicted_mfu_error_points": result.error_band.points if result.error_band else None,
+        }, sharding={"mesh": {"data": best.layout.data, "fsdp": best.layout.fsdp * best.layout.context,
+                              "tensor": best.layout.tensor}, "planned_mesh": best.layout.mesh_shape(),
+                     "placements": result.placements, "remat": best.remat,
+                     "gradient_accumulation_steps": best.accumulation,
+                     "per_device_batch_size": best.per_device_batch}).save(
+            run_dir / run_folder.SHARDING_CONFIG)
+        written.append(run_folder.SHARDING_CONFIG)
+    return written
+
+
+def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Path = "results",
+                   progress: Callable[[str], None] | None = None) -> tuple[Path, "PlanResult"]:
+    """Plan `model_file` into a new folder under `out`; returns (folder, result).
+
+    The folder comes first: the compiler processes write libtpu's logs (start-up noise, stack
+    dumps of compiler crashes) into its compiler.log rather than onto the terminal. A plan refused
+    for bad input leaves no folder behind; one that failed otherwise keeps compiler.log when the
+    compilers wrote anything (it says why).
+    """
+    from tpu_tuner.planner.plan import plan
+
+    if (options.budget is not None or options.sampler == "exhaustive") and options.storage is None:
+        # The search's trials outlive the folder: the same plan run again resumes from them.
+        from tpu_tuner.studies.storage import storage_from_environment
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        options.storage = storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
+    if options.storage is not None:
+        from tpu_tuner.studies.storage import check_storage
+
+        check_storage(options.storage)
+    run_dir = plan_run_dir(out, model_file, options.topology, options.preset)
+    options.log_file = run_dir / run_folder.COMPILER_LOG
+    try:
+        result = plan(model_file, options, progress=progress)
+    except BaseException as exc:
+        _drop_failed_plan(run_dir, options.log_file, bad_input=isinstance(exc, TpuTuneError))
+        raise
+    write_plan(run_dir, result)
+    return run_dir, result
+
+
+def _drop_failed_plan(run_dir: Path, log_file: Path, bad_input: bool) -> None:
+    if bad_input or not log_file.exists() or log_file.stat().st_size == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        log.warning("the compiler processes' output is in %s", log_file)
+
+
+# --- buckets ---------------------------------------------------------------------------------
+
+def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str | Path | None = None) -> list[str]:
+    """buckets.json, the two plots, buckets.md and bucket_config.toml (`model_file`, when given,
+    is recorded in the config's provenance; else the workload's name)."""
+    from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.outputs.bucket_report import render_markdown, write_plots
+    from tpu_tuner.knobs.tuned_config import TunedConfig
+
+    run_dir = Path(run_dir)
+    _write_text(run_dir / run_folder.BUCKETS_JSON, json.dumps(result.to_dict(), indent=2, default=str))
+    plots = write_plots(result, run_dir)
+    _write_text(run_dir / run_folder.BUCKETS_MD, render_markdown(result, plots))
+    bounds = list(result.chosen.strategy.bounds)
+    provenance: dict[str, Any] = {
+        "source": "tpu-tune buckets", "workload": str(model_file or result.workload), "steps": result.steps,
+        "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
+        "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
+    }
+    TunedConfig(Candidate(execution=result.compile_backend), result.device, provenance=provenance,
+                bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)}).save(
+        run_dir / run_folder.BUCKET_CONFIG)
+    return [run_folder.BUCKETS_JSON, *plots, run_folder.BUCKETS_MD, run_folder.BUCKET_CONFIG]
+
+
+def save_buckets(result: "BucketResult", out: str | Path = "results", model_file: str | Path | None = None) -> Path:
+    """A new run folder under `out` (``<model>-buckets-<timestamp>``) holding the study; returns it."""
+    run_dir = new_run_dir(out, result.workload, "buckets")
+    write_buckets(run_dir, result, model_file)
+    return run_dir
+
+
+__all__ = ["plan_run_dir", "plan_to_folder", "save_buckets", "save_profile", "write_buckets", "write_plan",
+           "write_profile", "write_tuning"]

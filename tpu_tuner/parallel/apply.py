@@ -1,0 +1,189 @@
+"""Apply a data x fsdp x tensor layout to a model on the current process group.
+
+One function for every caller (the ranks of a trial, the numerics check, a user's script): the
+planner's `Layout` names the mesh, and the placements come from the model's structure as the
+planner derives them (`planner.layouts.placements`):
+
+* ``tensor`` > 1: inside each repeated block, column-wise linears become `ColwiseParallel`,
+  row-wise ones `RowwiseParallel` (DTensor `parallelize_module`), and the block's head-count
+  attributes are divided by the tensor size so its reshapes see the local heads (as torchtitan
+  does). Embeddings and the output head stay replicated;
+* ``fsdp`` > 1: FSDP2 `fully_shard` on each repeated block, then on the root (HSDP, replicate x
+  shard, when ``data`` > 1 too);
+* ``data`` only: `DistributedDataParallel`.
+
+Layouts this cannot run are refused with the reason (`LayoutError`) before anything is sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.layouts import Layout, parse_data_fsdp_tensor, placements
+from tpu_tuner.model.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# Attributes holding a head count that a block's forward reshapes by: the ones the planner reads.
+HEAD_COUNT_ATTRS = HEAD_ATTRS + KV_HEAD_ATTRS
+
+
+class LayoutError(UserInputError):
+    """A layout that cannot apply to this model on this many ranks."""
+
+
+def parse_layout(text: str) -> Layout:
+    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout` (the layout knob's own parser)."""
+    try:
+        return Layout(*parse_data_fsdp_tensor(text))
+    except ValueError as exc:
+        raise LayoutError(str(exc)) from None
+
+
+def layout_text(layout: Layout) -> str:
+    return f"{layout.data}x{layout.fsdp}x{layout.tensor}"
+
+
+def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int | None) -> str | None:
+    """Why `layout` cannot run `model` on `world_size` ranks with a global batch of
+    `batch_size`; None where it can."""
+    from tpu_tuner.model.blocks import repeated_blocks
+
+    widths = tensor_widths(model) if layout.tensor > 1 else {}
+    return why_not_shape(layout, world_size, batch_size, len(repeated_blocks(model)), widths)
+
+
+def why_not_shape(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
+                  widths: Mapping[str, int]) -> str | None:
+    """`why_not` from the model's numbers: its count of repeated blocks and the widths a tensor
+    axis must divide (name -> width; see `tensor_widths`). The search space narrows by this
+    (knobs/layout.py, from the profile's traits) without the model at hand."""
+    if layout.devices != world_size:
+        return f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}"
+    if batch_size is not None and batch_size % layout.batch_shards:
+        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
+    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
+        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
+    if (layout.fsdp > 1 or layout.tensor > 1) and repeated_blocks < 2:
+        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
+    if layout.tensor > 1:
+        if not widths:
+            return "tensor parallelism finds no column- or row-wise linear layer in the repeated blocks"
+        for name, width in widths.items():
+            if width % layout.tensor:
+                return f"tensor {layout.tensor} does not divide {name} = {width}"
+    return None
+
+
+def tensor_widths(model: nn.Module) -> dict[str, int]:
+    """What a tensor axis must divide, by name: the sharded width of every column- or row-wise
+    linear layer of the repeated blocks (the planner's placements) and their head counts."""
+    from torch import nn
+
+    from tpu_tuner.model.blocks import repeated_blocks
+
+    plan = placements(model, _residual_width(model))
+    in_blocks = {id(m) for block in repeated_blocks(model) for m in block.modules()}
+    widths: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if id(module) not in in_blocks:
+            continue
+        kind = plan.get(f"{name}.weight") if isinstance(module, nn.Linear) else None
+        if kind in ("colwise", "rowwise"):
+            widths[f"{name}'s width"] = module.out_features if kind == "colwise" else module.in_features
+        for attr in HEAD_COUNT_ATTRS:
+            count = getattr(module, attr, None)
+            if isinstance(count, int):
+                widths[f"{name}.{attr}"] = count
+    return widths
+
+
+def mesh_device_type() -> str:
+    """The device type of this process group's backend (gloo runs on CPU tensors)."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend()
+    return "cpu" if backend == "gloo" else "cuda" if backend == "nccl" else "tpu"
+
+
+def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> nn.Module:
+    """Shard `model` (in place where the APIs allow; use the returned module) over the default
+    process group, which must have `layout.devices` ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world_size = dist.get_world_size()
+    if layout.devices != world_size:
+        raise LayoutError(f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}")
+    if layout.devices == 1:
+        return model
+    if layout.fsdp == 1 and layout.tensor == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    names = ("data", "fsdp", "tensor")
+    sizes = (layout.data, layout.fsdp, layout.tensor)
+    if device_type == "tpu":
+        from tpu_tuner.devices.torchtpu import tpu_device_mesh
+
+        mesh = tpu_device_mesh(sizes, names)  # ICI-aware rank order
+    else:
+        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    if layout.tensor > 1:
+        _tensor_parallel(model, mesh["tensor"], layout.tensor)
+    if layout.fsdp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        from tpu_tuner.model.blocks import repeated_blocks
+
+        dp_mesh = mesh["data", "fsdp"] if layout.data > 1 else mesh["fsdp"]
+        for block in repeated_blocks(model):
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def batch_shard(layout: Layout, rank: int) -> int:
+    """Which of the `layout.batch_shards` slices of the global batch `rank` runs (ranks of one
+    tensor-parallel group run the same slice; the mesh is data x fsdp x tensor, row-major)."""
+    return rank // layout.tensor
+
+
+def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from tpu_tuner.model.blocks import repeated_blocks
+
+    plan = placements(model, _residual_width(model))
+    names = {id(module): name for name, module in model.named_modules()}
+    for block in repeated_blocks(model):
+        prefix = names[id(block)]
+        styles = {}
+        for name, module in block.named_modules():
+            kind = plan.get(f"{prefix}.{name}.weight") if isinstance(module, nn.Linear) else None
+            if kind == "colwise":
+                styles[name] = ColwiseParallel()
+            elif kind == "rowwise":
+                styles[name] = RowwiseParallel()
+        parallelize_module(block, tensor_mesh, styles)
+        for module in block.modules():
+            for attr in HEAD_COUNT_ATTRS:
+                count = getattr(module, attr, None)
+                if isinstance(count, int):
+                    setattr(module, attr, count // size)
+
+
+def _residual_width(model: nn.Module) -> int:
+    """The model's residual width: its token embedding's dimension (the planner's reading), else
+    the first Linear's input width."""
+    from torch import nn
+
+    embedding = token_embedding(model)
+    if embedding is not None:
+        return embedding.embedding_dim
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return linears[0].in_features if linears else 0

@@ -1,0 +1,178 @@
+"""Start N ranks with PyTorch's own launcher machinery and collect what they report.
+
+`torch.distributed.elastic.multiprocessing.start_processes` (the layer torchrun's elastic agent
+runs its workers through) starts the ranks as fresh interpreters, each in its own session; when
+one exits non-zero (an exception, a segfault, the OOM killer's SIGKILL) it terminates the others
+(SIGTERM, then SIGKILL). A hang has no exit to see: the deadline here closes the whole group the
+same way. The rendezvous is a file in the run's folder (``init_method="file://..."``: no port to
+pick or leak), and every rank writes its report as JSON beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.core.tpu_host import child_environment
+
+# The process group's timeout for one collective, at least: a rank whose peer died usually hears
+# at once (its connection closes), and the launcher stops every rank when one exits; a peer that
+# hangs is caught by the deadline of `run_ranks`, which the timeout is raised to.
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class RanksResult:
+    """What N ranks reported, or why they did not: ``failure`` names the first rank that failed."""
+
+    reports: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failure: str | None = None
+    kind: str | None = None  # "crash" | "oom" | "error" | "timeout"
+    seconds: float = 0.0
+    failed_rank: int | None = None  # the rank that failed first (None: none, or a hang)
+    ranks: int = 0  # how many were started
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, threads_per_rank: int | None = None,
+              workdir: str | Path | None = None, env: dict[str, str] | None = None,
+              rank_env: Callable[[int], dict[str, str]] | None = None) -> RanksResult:
+    """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one process group.
+
+    Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
+    (see `init_rank`, `write_report`), plus `env` and its own `rank_env(rank)` (a device of its
+    own). Returns every rank's report, or the failure of the rank that most likely caused the
+    others' (a signal before an error exit, the launcher's own SIGTERM last, then the earliest):
+    its exit status or signal, and the telling line of its stderr."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tpu-tune-ranks-", dir=workdir) as folder:
+        root = Path(folder)
+        threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+        envs = {rank: {**os.environ, **child_environment(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                       "TPU_TUNE_RENDEZVOUS": str(root / "rendezvous"),
+                       "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
+                       "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1",
+                       # A peer that died ends a collective with an error at once; a live peer
+                       # that is slow (rank 0 computing the reference) is waited for till the deadline.
+                       "TPU_TUNE_COLLECTIVE_TIMEOUT": str(max(COLLECTIVE_TIMEOUT_S, timeout_s)),
+                       **(env or {}), **(rank_env(rank) if rank_env else {})}
+                for rank in range(nproc)}
+        logs = DefaultLogsSpecs(log_dir=str(root / "logs"), redirects=Std.ALL)
+        # The launcher logs every failed rank at ERROR on stderr; the failure is the caller's to
+        # report (a trial's line names the rank and its reason), once.
+        launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        launcher_level = launcher_log.level
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+        result = RanksResult(ranks=nproc)
+        context = None
+        try:
+            launcher_log.setLevel(logging.CRITICAL)
+            context = start_processes(name="tpu-tune-rank", entrypoint=sys.executable,
+                                      args={rank: ("-m", module, *args) for rank in range(nproc)},
+                                      envs=envs, logs_specs=logs)
+            # start() installs handlers that turn these signals into exceptions in this process:
+            # the tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            outcome = context.wait(timeout=timeout_s, period=0.05)
+            if outcome is None:
+                result.failure, result.kind = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped", "timeout"
+            elif outcome.is_failed():
+                # The cause, not its echoes: the launcher's own SIGTERM to the others last, a
+                # rank killed by a signal before one that exited with an error (its peers'
+                # collectives fail when it dies), then the earliest.
+                rank, failed = min(outcome.failures.items(),
+                                   key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
+                                                     item[1].timestamp))
+                result.failure, result.kind = _describe(rank, failed.exitcode, _last_line(context, rank))
+                result.failed_rank = rank
+        finally:
+            if context is not None:
+                context.close(death_sig=signal.SIGKILL, timeout=5)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            launcher_log.setLevel(launcher_level)
+        if result.ok:
+            for rank in range(nproc):
+                path = root / f"report-{rank}.json"
+                if path.is_file():
+                    result.reports[rank] = json.loads(path.read_text())
+        result.seconds = time.perf_counter() - started
+        return result
+
+
+def init_rank(backend: str = "gloo") -> tuple[int, int]:
+    """In a rank: join the process group `run_ranks` set up (`backend`: gloo on CPU tensors, the
+    device backend's own otherwise); returns (rank, world size)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = float(os.environ.get("TPU_TUNE_COLLECTIVE_TIMEOUT", COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(backend, init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout))
+    return rank, world
+
+
+def write_report(report: dict[str, Any]) -> None:
+    """In a rank: hand `report` (JSON) back to `run_ranks`."""
+    Path(os.environ["TPU_TUNE_REPORT"]).write_text(json.dumps(report))
+
+
+def finish_rank() -> None:
+    """In a rank, after `write_report`: leave the process group together, then exit at once.
+
+    Interpreter teardown after a tensor-parallel step aborted about one run in five here
+    ("terminate called without an active exception": a collective library thread still joinable
+    when its owner is destroyed), after the report was written; the launcher then saw a rank die
+    from SIGABRT. Everything is written by now, so the rank skips teardown (`os._exit`), as
+    distributed test harnesses do."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _describe(rank: int, exitcode: int, last_line: str) -> tuple[str, str]:
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        kind = "oom" if -exitcode == signal.SIGKILL else "crash"
+        return f"rank {rank} died from {name}" + (f": {last_line}" if last_line else ""), kind
+    return f"rank {rank} exited with status {exitcode}" + (f": {last_line}" if last_line else ""), "error"
+
+
+def _last_line(context: Any, rank: int) -> str:
+    """The line of a rank's stderr that says why it stopped: its last exception or C++ abort
+    message (a fatal signal's dump lists stack frames and extension modules after it), else
+    its last line."""
+    try:
+        lines = [line.strip() for line in Path(context.stderrs[rank]).read_text(errors="replace").splitlines()]
+    except (OSError, KeyError, TypeError):
+        return ""
+    lines = [line for line in lines if line]
+    telling = [line for line in lines if _TELLING.search(line)]
+    chosen = telling[-1] if telling else (lines[-1] if lines else "")
+    return chosen[:300]
+
+
+# Lines that name a failure: a Python exception ("ValueError: ..."), a C++ abort, a fatal signal.
+_TELLING = re.compile(r"(\w+(Error|Exception|Interrupt): |terminate called|what\(\):|Fatal Python error)")

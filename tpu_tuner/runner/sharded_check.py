@@ -1,0 +1,88 @@
+"""The numerics guardrail of a sharded training step, run as the ranks of one process group.
+
+    python -m tpu_tuner.runner.sharded_check MODEL.py DATAxFSDPxTENSOR|CONFIG.toml [--batch-size N]
+    (started by `check_layout`, through `launch.run_ranks`)
+
+Every rank builds the model from the same seed; rank 0 first runs the single-device fp32 step on
+the whole global batch (the reference). Then the layout is applied (`apply.apply_layout`), each
+rank runs forward and backward on its slice of the batch, and the loss (averaged over ranks) and
+every parameter's gradient (gathered from its shards) are compared on rank 0 with the reference,
+as the accuracy guardrail compares precision settings: relative error of the loss and of all
+gradients concatenated in parameter order. Given a tuned or sharding config (``.toml``, e.g. the
+planner's sharding_config.toml) instead of a layout, the ranks shard through `tpu_tuner.apply`,
+as a user's script would, and the same comparison checks it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.execution.accuracy import Outputs, relative_error, whole
+from tpu_tuner.runner.launch import RanksResult, finish_rank, run_ranks, write_report
+from tpu_tuner.runner.rank_step import prepare_rank_step, rank_arguments
+
+
+
+def check_layout(model_file: str | Path, layout: str, nproc: int, batch_size: int | None = None,
+                 timeout_s: float = 300.0) -> RanksResult:
+    """Run the check on `nproc` ranks; rank 0's report has ``loss_error`` and ``gradient_error``."""
+    args = [str(model_file), layout] + ([f"--batch-size={batch_size}"] if batch_size else [])
+    return run_ranks(nproc, "tpu_tuner.runner.sharded_check", args, timeout_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = rank_arguments(__doc__.splitlines()[0]).parse_args(argv)
+
+    import copy
+
+    import torch.distributed as dist
+
+    from tpu_tuner.parallel.apply import apply_layout
+    from tpu_tuner.knobs.tuned_config import apply_sharding
+    from tpu_tuner.model.workload import call_model
+
+    step = prepare_rank_step(args.model_file, args.layout, args.batch_size)
+    workload = step.workload
+    reference: dict[str, Any] | None = None
+    if step.rank == 0:
+        single = copy.deepcopy(step.model)
+        loss = workload.loss_fn(call_model(single, step.inputs), step.target)
+        loss.backward()
+        reference = {"loss": loss.detach(), "gradients": _flat_gradients(single.parameters())}
+    dist.barrier()
+
+    # A config file shards as `tpu_tuner.apply` does (its other settings are for its own device,
+    # a plan's are TPU's, and the precision guardrail's to check); a layout string directly.
+    sharded = (apply_sharding(step.model, args.layout) if args.layout.endswith(".toml")
+               else apply_layout(step.model, step.layout))
+    loss = workload.loss_fn(call_model(sharded, step.local_inputs), step.local_target)
+    loss.backward()
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    mean_loss /= step.world  # ranks of one tensor group hold the same slice: every slice counts equally
+    parameters = (sharded.module if hasattr(sharded, "module") else sharded).parameters()
+    gradients = _flat_gradients(parameters)  # gathers DTensor shards: every rank takes part
+    report: dict[str, Any] = {"rank": step.rank, "layout": args.layout, "local_batch": step.local_batch}
+    if reference is not None:
+        report["loss"] = float(mean_loss)
+        report["reference_loss"] = float(reference["loss"])
+        # The precision guardrail's own comparison (runner/accuracy.py), part by part.
+        errors = relative_error(Outputs({"loss": mean_loss.float().reshape(1), "gradients": gradients}),
+                                Outputs({"loss": reference["loss"].float().reshape(1),
+                                         "gradients": reference["gradients"]}))
+        report["loss_error"], report["gradient_error"] = errors["loss"], errors["gradients"]
+    write_report(report)
+    finish_rank()
+
+
+def _flat_gradients(parameters: Any) -> Any:
+    """Every parameter's gradient whole (zeros where it has none), flat, in parameter order."""
+    import torch
+
+    return torch.cat([whole(p.grad).detach().float().flatten() if p.grad is not None else torch.zeros(p.numel())
+                      for p in parameters])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Which settings a study has covered, and which of them count against its budget.
+
+One definition for every reader: the search loop (what to measure next, when the budget is
+spent), the verification's hand-over between the workers of a shared study, `study status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+
+from tpu_tuner.studies.liveness import is_lost
+
+SettingKey = tuple[tuple[str, Any], ...]
+
+
+def setting_key(params: dict[str, Any]) -> SettingKey:
+    """A setting as a hashable key (its parameters, sorted)."""
+    return tuple(sorted(params.items()))
+
+
+def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[SettingKey, optuna.trial.FrozenTrial]:
+    """The settings a study has covered (measured, failed or rejected), each by its trial.
+
+    Trials an interrupted run or a lost worker left behind were never measured, nor were those
+    released over the budget: they neither count nor answer repeats. A repeat is answered from
+    the trial it repeats."""
+    return {
+        setting_key(t.params): t
+        for t in trials
+        if t.state.is_finished() and "repeat_of" not in t.user_attrs and "over_budget" not in t.user_attrs
+        and t.user_attrs.get("failure_kind") != "interrupted" and not is_lost(t)
+    }
+
+
+def measured_count(covered: dict[Any, optuna.trial.FrozenTrial]) -> int:
+    """What the budget counts: settings *measured* (rejections cost nothing; repeats are answered
+    from the earlier trial, so a bound on asks stops a sampler that only repeats)."""
+    return sum(1 for t in covered.values() if "rejected_by" not in t.user_attrs)
+
+
+def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """The trial measured last (not a repeat: a repeat measures nothing), by completion time."""
+    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs
+                and t.datetime_complete is not None]
+    return max(measured, key=lambda t: (t.datetime_complete, t.number)) if measured else None
+
+
+__all__ = ["SettingKey", "covered_settings", "last_measured", "measured_count", "setting_key"]

@@ -1,0 +1,79 @@
+"""run.json: a tuning run's identity and state, written through one place.
+
+It holds the study's storage URL without its password, the study name, the workload fingerprint
+(fingerprint.py), and the run's state: "running" (with the pid and host of the process, so that
+the dashboard can tell a dead run from a live one), "done", or "failed" with the reason.
+Every write goes through `credentials.redact`, so no password reaches the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.core.credentials import redact
+from tpu_tuner.core.run_folder import RUN_JSON
+
+RUN_FILE = RUN_JSON  # the name lives with every other run-folder file name (tpu_tuner/core/run_folder.py)
+
+
+def write(run_dir: Path, data: dict[str, Any]) -> None:
+    """Write run.json (atomically: a reader never sees half a file)."""
+    path = Path(run_dir) / RUN_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(redact(json.dumps(data, indent=2, default=str)))
+    tmp.replace(path)
+
+
+def read(run_dir: Path) -> dict[str, Any]:
+    """The run.json of `run_dir` (an empty dict when unreadable)."""
+    try:
+        data = json.loads((Path(run_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update(run_dir: Path, **fields: Any) -> None:
+    """Merge `fields` into run.json."""
+    write(run_dir, {**read(run_dir), **fields})
+
+
+def this_process() -> dict[str, Any]:
+    """The fields that say which process is running the run now."""
+    return {"status": "running", "pid": os.getpid(), "host": socket.gethostname(), "reason": None,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def mark_failed(run_dir: Path, exc: BaseException) -> None:
+    """Record that the run stopped on `exc` (never raises: the original error matters more)."""
+    if isinstance(exc, KeyboardInterrupt):
+        reason = "interrupted (Ctrl-C); continue it with --resume"
+    else:
+        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+    try:
+        update(run_dir, status="failed", reason=reason, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    except OSError:
+        pass
+
+
+def process_alive(data: dict[str, Any]) -> bool | None:
+    """Whether the process run.json names is alive: None when that cannot be known here (no
+    pid recorded, or another host)."""
+    pid, host = data.get("pid"), data.get("host")
+    if not isinstance(pid, int) or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+__all__ = ["RUN_FILE", "mark_failed", "process_alive", "read", "this_process", "update", "write"]

@@ -1,0 +1,111 @@
+"""The compile agent: eager, TorchTPU eager modes, or torch.compile."""
+
+from __future__ import annotations
+
+import shutil
+
+import tpu_tuner.tuning.agents.compiler_options as compiler_options
+import tpu_tuner.tuning.agents.training_step as training_step
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import CompileDefinition
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.profiling.verdict import Verdict
+from tpu_tuner.tuning.space import SearchSpace
+
+# channels_last is seeded when convolutions take at least this share of the profiled self time:
+# then the NHWC kernels (no layout conversion around each convolution) can move the step.
+CONV_SEED_SHARE = 0.3
+
+
+def convolution_share(profile: Profile) -> float:
+    """The share of profiled operator self time spent in convolution kernels."""
+    return sum(op.share for op in profile.operators if "conv" in op.name.lower())
+
+
+class CompileAgent(Agent):
+    name = "compile"
+    _conv_share: float | None = None  # from the profile diagnose/seeds saw; None before
+    _training: bool | None = None  # whether that profile is a training step; None before
+    definition_schema = CompileDefinition
+    definition: CompileDefinition
+
+    def diagnose(self, profile: Profile) -> list[str]:
+        verdict = profile.verdict
+        findings = [
+            f"{verdict.ops_per_step} aten ops per step; first call {profile.warmup.first_call_seconds * 1e3:.0f} ms "
+            f"against a {profile.timing.median * 1e3:.1f} ms step"
+        ]
+        if verdict.uncertain:
+            findings.append(f"the step time spread too much (CV {verdict.step_cv:.0%}) for a firm verdict")
+        if verdict.bound == "overhead-bound" and self.definition.diagnose.overhead_bound_hint:
+            findings.append(
+                f"overhead-bound: {verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured "
+                f"dispatch cost explain {verdict.dispatch_share:.0%} of the step; fusing ops with a compiler "
+                "should cut dispatch time")
+        elif verdict.bound == "memory-bound":
+            findings.append("memory-bound: compiler fusion removes intermediate reads and writes")
+        elif verdict.bound == "compute-bound":
+            findings.append("compute-bound: a compiler helps little unless it picks faster matmul kernels")
+        else:
+            findings.append(self._below_roofline(verdict))
+        if self.device_kind != "tpu":
+            findings.append(self._layout_finding(profile))
+        self._training = training_step.is_training(profile)
+        findings += training_step.findings(profile)
+        if self.device_kind != "tpu":
+            findings += compiler_options.findings(profile)
+        return findings
+
+    def _layout_finding(self, profile: Profile) -> str:
+        share = self._conv_share = convolution_share(profile)
+        if share >= CONV_SEED_SHARE:
+            return (f"convolutions take {share:.0%} of profiled self time: channels_last memory format is seeded "
+                    "(NHWC kernels, no layout conversion around each convolution)")
+        if share > 0:
+            return f"convolutions take only {share:.0%} of profiled self time: channels_last is searched, not seeded"
+        return "no convolution operators in the profile: channels_last memory format is skipped"
+
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
+        """The definition's execution seeds; on a convolution-heavy profile each also with
+        channels_last first (so the agents' combined seed carries it), and channels_last alone."""
+        seeds = super().seeds(profile, space)
+        if profile is not None:
+            self._conv_share = convolution_share(profile)
+            self._training = training_step.is_training(profile)
+        seeds += training_step.seeds(profile, {p.name: p.choices for p in self.params(space)})
+        seeds += compiler_options.seeds(profile, {p.name: p.choices for p in self.params(space)})
+        layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
+        if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
+            return seeds
+        return [{**seed, "memory_format": "channels_last"} for seed in seeds] + [{"memory_format": "channels_last"}] + seeds
+
+    @staticmethod
+    def _below_roofline(verdict: Verdict) -> str:
+        """What a compiler can do for kernels that run below the roofline, by which kernels they are."""
+        top = ", ".join(f"{name} {share:.0%}" for name, share in verdict.top_operators) or "no operator table"
+        dispatch = (f"; dispatch explains only {verdict.dispatch_share:.0%}" if verdict.dispatch_share is not None
+                    else "")
+        head = f"below the roofline: the kernels reach {verdict.compute_share:.1%} of the peak ({top}){dispatch}"
+        if verdict.compute_kernels_dominate:
+            return (head + "; matmul/convolution kernels dominate, so fusion cuts little: lower precision, "
+                    "memory format or better kernels (a compiler's autotuned ones) are what can help")
+        return head + "; elementwise / data-movement kernels dominate, so compiler fusion can help"
+
+    def _seed_param(self) -> str:
+        return "execution"
+
+    def validate(self, candidate: Candidate) -> str | None:
+        rules = self.definition.validate
+        if (
+            self.device_kind == "cpu"
+            and candidate["execution"].partition(":")[0] == "inductor"
+            and rules.require_cxx_for_inductor_on_cpu
+            and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
+        ):
+            return "inductor on CPU needs a C++ compiler and none is on PATH"
+        if candidate["memory_format"] == "channels_last" and self._conv_share == 0.0:
+            return ("channels_last skipped: the profile shows no convolution operator, and the setting only "
+                    "re-lays 4-D convolution weights and inputs")
+        return (compiler_options.validate(candidate, self._training, self.device_kind)
+                or training_step.validate(candidate, self._training))

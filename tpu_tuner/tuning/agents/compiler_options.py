@@ -1,0 +1,73 @@
+"""The compile agent's reasoning about inductor's options (the `compile_options` knob).
+
+* Findings and seeds: for an *inference* step whose time is in matmul / convolution kernels
+  (compute-heavy), inductor's ``freezing`` (weights become constants: folded, prepacked for
+  oneDNN / cuBLAS) and ``max-autotune`` (benchmarked GEMM / convolution templates) are what a
+  compiler can add beyond fusion, so both are seeded under inductor. An elementwise-dominated
+  step gains from fusion alone: the options are searched, not seeded.
+* Rejections without measuring: ``freezing`` for a training step (inductor freezes only graphs
+  compiled without grad, and the optimizer changes the weights it would bake in); CUDA graphs
+  off CUDA (the space refuses them at load time too).
+"""
+
+from __future__ import annotations
+
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.compile_options import CUDAGRAPHS, FREEZING, FULLGRAPH, MAX_AUTOTUNE, flags
+from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse_layout
+from tpu_tuner.profiling.profile import Profile
+
+KNOB = "compile_options"
+SEEDED = (FREEZING, f"{FREEZING}+{MAX_AUTOTUNE}")  # in this order
+
+
+def is_training(profile: Profile) -> bool:
+    """Whether the profiled step is a training step (a profile that does not say is taken as not)."""
+    return (getattr(profile, "workload", None) or {}).get("step") == "training step"
+
+
+def compute_heavy(profile: Profile) -> bool:
+    """Whether matmul / convolution kernels dominate the profiled step."""
+    verdict = getattr(profile, "verdict", None)
+    if verdict is None:
+        return False
+    return verdict.bound == "compute-bound" or bool(verdict.compute_kernels_dominate)
+
+
+def findings(profile: Profile) -> list[str]:
+    """What the profile says about inductor's options."""
+    if is_training(profile):
+        return ["training step: inductor freezing is skipped (it bakes the weights the optimizer updates "
+                "into the compiled graph, and inductor freezes only graphs compiled without grad)"]
+    if compute_heavy(profile):
+        return ["inference dominated by matmul/convolution kernels: inductor freezing (constant weights, "
+                "prepacked kernels) and max-autotune (benchmarked GEMM/convolution templates) are seeded"]
+    return ["inference dominated by elementwise/data-movement kernels: inductor's fusion is what helps; "
+            "freezing / max-autotune are searched, not seeded"]
+
+
+def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
+    """Inductor with freezing, then freezing + max-autotune, for a compute-heavy inference
+    profile (where the space has them: `choices` is the agent's searched name -> choices)."""
+    options, execution = choices.get(KNOB, ()), choices.get("execution", ())
+    if profile is None or "inductor" not in execution or is_training(profile) or not compute_heavy(profile):
+        return []
+    return [{"execution": "inductor", KNOB: value} for value in SEEDED if value in options]
+
+
+def validate(candidate: Candidate, training: bool | None, device_kind: str) -> str | None:
+    """Why the candidate's compiler options cannot apply; None where they can."""
+    on = flags(candidate[KNOB])
+    if FREEZING in on and training:
+        return ("freezing skipped: the step trains, and inductor freezing bakes the weights the optimizer "
+                "updates into the graph (it applies only to graphs compiled without grad)")
+    if CUDAGRAPHS in on and device_kind != "cuda":
+        return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
+    data, fsdp, tensor = parse_layout(candidate["layout"])
+    if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
+        # Every such trial of the 2-rank studies of examples/gpt.py and examples/llama.py failed
+        # at its first step (dynamo: "Unsupported: Unsupported method call"): dynamo traces
+        # DistributedDataParallel's forward in pieces, split at its gradient buckets.
+        return ("fullgraph skipped: under DDP (layout " + candidate["layout"] + ") dynamo cannot compile the "
+                "forward as one graph (it splits it at DDP's gradient buckets)")
+    return None

@@ -1,0 +1,116 @@
+"""The memory agent: activation checkpointing, against the study's memory constraint.
+
+Checkpointing repeated blocks trades step time (one more forward of each checkpointed block)
+for peak memory, so it is tried only when the baseline's measured peak is close to the limit a
+trial must stay under (`tpu_tuner.tuning.memory_limit`): there it is seeded; elsewhere a setting
+with it is rejected unmeasured (it could only be slower; docs/knobs.md has the measured cost).
+An inference step has no backward pass: the search space leaves both memory knobs out there
+(knobs/traits.py), and this agent rejects them should a space still hold them.
+"""
+
+from __future__ import annotations
+
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import MemoryDefinition
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.memory_limit import MemoryLimit
+
+KNOB = "activation_checkpointing"
+# Gradient accumulation (tpu_tuner/knobs/micro_batches.py): the other memory knob of a training
+# step; k smaller passes are slower by construction, so it is reasoned about like checkpointing.
+MICRO_BATCHES = "micro_batches"
+
+
+def is_training(profile: Profile) -> bool:
+    """Whether the profiled step is a training step (forward, backward, optimizer)."""
+    return str(profile.workload.get("step", "")).startswith("training")
+
+
+class MemoryAgent(Agent):
+    name = "memory"
+    definition_schema = MemoryDefinition
+    definition: MemoryDefinition
+    limit: MemoryLimit | None = None  # set by the study once the baseline profile names the device
+    _training: bool | None = None  # from the profile diagnose/seeds saw; None before
+    _pressed: bool | None = None  # whether that profile's peak is near the limit; None before
+    _batch: int | None = None  # the global batch of that profile's step
+
+    def diagnose(self, profile: Profile) -> list[str]:
+        self._training = is_training(profile)
+        batch = profile.workload.get("batch_size")
+        self._batch = int(batch) if isinstance(batch, int) else None
+        self._pressed = self._near_limit(profile)
+        peak = profile.memory.peak_bytes
+        measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
+        if self.limit is None:
+            against = ("no memory limit on this device (CPU without --trial-memory-gb): the search does not "
+                       "constrain memory")
+        else:
+            share = f", {peak / self.limit.bytes:.0%} of it" if peak is not None else ""
+            against = f"limit {self.limit.bytes / 2**30:.2f} GiB ({self.limit.source}){share}"
+        findings = [f"baseline peak memory {measured} ({profile.memory.method}); {against}"]
+        if not self._training:
+            findings.append("inference step: no activations are kept for a backward pass, so activation "
+                            "checkpointing is skipped")
+        elif self._near_limit(profile):
+            findings.append(f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
+                            "checkpointing repeated blocks is seeded (less activation memory, one more forward "
+                            "of each block), and so is splitting the batch into micro-batches (one slice's "
+                            "activations alive at a time, k smaller passes)")
+        else:
+            findings.append("the baseline is not near a memory limit: activation checkpointing is not tried (it "
+                            "only trades a forward of each block for memory the step does not need; give "
+                            "--trial-memory-gb to search it under a limit), micro-batching is searched, not "
+                            "seeded (k smaller passes, which can also run faster where activations fit in cache)")
+        return findings
+
+    def _near_limit(self, profile: Profile) -> bool:
+        peak = profile.memory.peak_bytes
+        return (self.limit is not None and peak is not None
+                and peak >= self.definition.seeds.near_limit_share * self.limit.bytes)
+
+    def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
+        """Checkpointing alone, and two micro-batches alone, for a training step whose baseline
+        peak is near the limit."""
+        if profile is None:
+            return []
+        self._training = is_training(profile)
+        self._pressed = self._near_limit(profile)
+        choice = self.definition.seeds.activation_checkpointing
+        param = next((p for p in self.params(space) if p.name == KNOB), None)
+        if not self._training or not self._near_limit(profile):
+            return []
+        seeds = [{KNOB: choice}] if param is not None and choice in param.choices else []
+        split = next((p for p in self.params(space) if p.name == MICRO_BATCHES), None)
+        if split is not None:
+            seeds.append({MICRO_BATCHES: split.choices[1]})  # the smallest split: the least time lost
+        return seeds
+
+    def validate(self, candidate: Candidate) -> str | None:
+        if self._training is False and candidate[KNOB] != "none":
+            return ("activation checkpointing skipped: an inference step keeps no activations for a backward "
+                    "pass, so there is nothing to recompute")
+        if self._training and self._pressed is False and candidate[KNOB] != "none":
+            return ("activation checkpointing skipped: the baseline is not near a memory limit, and recomputing "
+                    "blocks only trades step time for memory the step does not need")
+        if self._training is False and candidate[MICRO_BATCHES] != "1":
+            return ("micro_batches skipped: an inference step has no backward pass or optimizer step to "
+                    "accumulate over")
+        return self._slice_refusal(candidate)
+
+    def _slice_refusal(self, candidate: Candidate) -> str | None:
+        """Micro-batches split each rank's slice of the batch, which a sharding layout makes
+        smaller than the batch the search space narrowed the counts by."""
+        from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse
+
+        k = int(candidate[MICRO_BATCHES])
+        data, fsdp, _ = parse(candidate["layout"])
+        if self._batch is None or k == 1 or data * fsdp == 1:
+            return None
+        local = self._batch // (data * fsdp)
+        if local % k == 0:
+            return None
+        return (f"micro_batches {k} skipped: under layout {candidate['layout']} each rank runs {local} of the batch's "
+                f"{self._batch} samples, which do not split into {k} equal micro-batches")

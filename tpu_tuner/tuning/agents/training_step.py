@@ -1,0 +1,71 @@
+"""The compile agent's reasoning about the training step's optimizer implementation
+(tpu_tuner/knobs/optimizer_impl.py). Micro-batching, the other training-step knob, is a memory
+knob: the memory agent reasons about it against the study's memory limit.
+
+* seeded ("fused") when the optimizer's operators take a noticeable share of the profiled self
+  time: a fused update only saves the kernel launches of that part of the step;
+* an inference step has no optimizer: a setting is rejected without measuring.
+"""
+
+from __future__ import annotations
+
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse_layout
+from tpu_tuner.profiling.profile import Profile
+
+KNOB = "optimizer_impl"
+# Seed the fused optimizer when the update takes at least this share of profiled self time. Low on
+# purpose: fused does the same update in one pass over parameters and state, with no known
+# downside where the device has it (PyTorch's optimizer docs rank it fastest), and the baseline
+# profile understates the update's share of a tuned step: autocast shrinks the matmuls, not the
+# fp32 update (examples/gpt.py: 2% of the fp32 baseline's self time). Its gain there was within
+# noise when measured interleaved (1.02x, 95% CI 0.96-1.08, docs/knobs.md): the seed costs one trial.
+OPTIMIZER_SEED_SHARE = 0.01
+# Operator names of an optimizer update: multi-tensor and fused kernels, and the in-place ops
+# Adam's per-parameter loop is made of.
+OPTIMIZER_OPS = ("_foreach_", "_fused_", "adam", "addcdiv", "addcmul", "lerp_")
+
+
+def is_training(profile: Profile) -> bool:
+    """Whether the profiled step is a training step (a profile that does not say is taken as not)."""
+    return str((getattr(profile, "workload", None) or {}).get("step", "")).startswith("training")
+
+
+def optimizer_share(profile: Profile) -> float:
+    """The share of profiled self time in the optimizer update: from its profiler range where
+    the profile measured it, else (older profiles) the update operators among the top ones."""
+    measured = getattr(profile, "optimizer_share", None)
+    if measured is not None:
+        return float(measured)
+    return sum(op.share for op in profile.operators if any(part in op.name.lower() for part in OPTIMIZER_OPS))
+
+
+def findings(profile: Profile) -> list[str]:
+    """What the profile says about the optimizer implementation."""
+    if not is_training(profile):
+        return ["inference step: the optimizer implementation does not apply (no optimizer step)"]
+    share = optimizer_share(profile)
+    return [f"the optimizer update takes {share:.0%} of profiled self time: "
+            + ("a fused optimizer is seeded" if share >= OPTIMIZER_SEED_SHARE
+               else "its implementation is searched, not seeded")]
+
+
+def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
+    """The fused optimizer alone, where it is searched and the update's share is noticeable."""
+    if profile is None or not is_training(profile) or "fused" not in choices.get(KNOB, ()):
+        return []
+    return [{KNOB: "fused"}] if optimizer_share(profile) >= OPTIMIZER_SEED_SHARE else []
+
+
+def validate(candidate: Candidate, profile_is_training: bool | None) -> str | None:
+    """Reject an optimizer implementation on an inference step (it would measure the baseline again)."""
+    if profile_is_training is False and KNOB in candidate.changed:
+        return f"{KNOB} skipped: an inference step has no optimizer step"
+    data, fsdp, tensor = parse_layout(candidate["layout"])
+    if candidate[KNOB] in ("foreach", "fused") and tensor > 1 and fsdp == 1:
+        # Every such trial of a 2-rank study of examples/llama.py failed at its optimizer step:
+        # "aten._fused_adamw_.default got mixed torch.Tensor and DTensor" (foreach alike).
+        return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {candidate['layout']}) leaves the "
+                "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
+                "one kind (with fsdp every parameter is a DTensor)")
+    return None

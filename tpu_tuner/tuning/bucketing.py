@@ -1,0 +1,40 @@
+"""Bucketing as a knob of the main tuning study, for workloads whose inputs vary in length.
+
+With varying lengths, an execution setting's cost over the planned run depends on how many shapes
+it compiles and how much padding it runs: inductor's compile is paid once per bucket, eager pays
+none. So when the workload has a length sample, every trial's objective is the expected per-step
+time over the planned run *with the bucketing best for that trial*, solved exactly by the DP of
+optimize.py rather than sampled: the trial's own measured compile time is the cost of a shape,
+and its steady step at the reference length, scaled by the step-time-against-length curve
+measured once at the start of the study, is its t(L). The chosen trial's buckets go into the
+tuned config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_tuner.model.bucket_cost import CostModel
+from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.bucket_choice import Evaluation, evaluate, optimal_buckets
+
+
+@dataclass(frozen=True)
+class BucketingContext:
+    hist: LengthHistogram
+    shape_model: CostModel  # step time against length, measured at the study's start
+    reference_length: int  # the length trials are measured at
+    max_buckets: int = 8
+    align: int = 8
+
+    def cost_model_for(self, step_seconds: float, compile_seconds: float) -> CostModel:
+        """The shape curve scaled to a trial's steady step at the reference length."""
+        scale = step_seconds / float(self.shape_model.step_seconds(self.reference_length))
+        a, b, c = self.shape_model.coefficients
+        return CostModel(compile_seconds, (a * scale, b * scale, c * scale))
+
+    def best(self, step_seconds: float, compile_seconds: float, planned_steps: int) -> Evaluation:
+        """The exact best bucketing for a trial, evaluated over the planned run."""
+        model = self.cost_model_for(step_seconds, compile_seconds)
+        strategy = optimal_buckets(self.hist, model, planned_steps, self.max_buckets, self.align)
+        return evaluate(strategy, self.hist, model, planned_steps, self.max_buckets)

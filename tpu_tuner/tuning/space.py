@@ -1,0 +1,201 @@
+"""Search spaces: declarative TOML (search_spaces/*.toml) replayed as Optuna define-by-run calls.
+
+A parameter is a registered knob (`tpu_tuner.knobs`) searched as a categorical with choices per
+device kind; its first choice is the baseline. A knob may be conditional (`Knob.active`: inductor's
+options only under ``execution = inductor``): `suggest` asks for it only where it is active, as
+Optuna's define-by-run allows (TPE models the parameter over the trials that have it), and a
+setting where it is inactive leaves it out. `settings()` enumerates only valid settings, each once;
+`size()` counts them and the grid sampler walks them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.core.definitions import load_definition
+from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.knobs.base import CANNOT_RUN
+from tpu_tuner.knobs.traits import WorkloadTraits
+
+# The parameters a space may search: the registered knobs.
+KNOWN_PARAMS = knobs.names()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched knob: its name, owning agent and choices on this device."""
+
+    name: str
+    agent: str
+    choices: tuple[str, ...]
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The knobs searched on one device kind."""
+
+    name: str
+    device_kind: str
+    params: tuple[Param, ...]
+    # What `for_workload` left out and why, one line each ("memory_format: ...").
+    left_out: tuple[str, ...] = ()
+    # The processes each trial runs on (--nproc): the sharding layouts are those of this many.
+    ranks: int = 1
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, device_kind: str, ranks: int = 1) -> "SearchSpace":
+        data = load_definition("search_spaces", name_or_path)
+        where = str(name_or_path)
+        params = []
+        for entry in data.get("param", []):
+            name = entry.get("name")
+            if name not in KNOWN_PARAMS:
+                raise DefinitionError(f"unknown parameter {name!r}; known: {', '.join(KNOWN_PARAMS)}", where)
+            unknown = set(entry) - {"name", "agent", "choices", "help"}
+            if unknown:
+                raise DefinitionError(f"parameter {name}: unknown keys {sorted(unknown)}", where)
+            knob = knobs.get(name)
+            try:
+                choices = knob.choices(device_kind, entry, ranks)  # rejects bad choices at load time
+            except ValueError as exc:
+                bad = next((c for c in entry.get("choices", {}).get(device_kind, []) if not _valid(knob, c)), None)
+                raise DefinitionError(f"parameter {name}: bad choice {bad!r}: {exc}", where) from exc
+            if not choices:
+                continue  # not searched on this device
+            params.append(Param(name, entry.get("agent", knob.agent), choices, entry.get("help", "")))
+        if not params:
+            raise DefinitionError(f"no parameters for device {device_kind!r}", where)
+        return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params),
+                   ranks=ranks)
+
+    def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
+        """This space narrowed to what can change `traits`' step: knobs that cannot
+        (`Knob.applies_to_workload`) and choices that cannot run (`Knob.choice_applies`) are left
+        out, each noted in `left_out`. A knob left out keeps its baseline value, so every setting
+        of the narrowed space is a setting of this one. No traits (a profile written before
+        they were recorded): the space as it is."""
+        if traits is None:
+            return self
+        params, left_out = [], list(self.left_out)
+        for p in self.params:
+            knob = knobs.get(p.name)
+            if len(p.choices) > 1 and not knob.applies_to_workload(traits):
+                left_out.append(f"{p.name}: {knob.not_applicable} (kept at {p.choices[0]})")
+                params.append(Param(p.name, p.agent, p.choices[:1], p.help))
+                continue
+            refusals = {c: reason for i, c in enumerate(p.choices)
+                        if i > 0 and (reason := knob.choice_refusal(knob.check(c), traits)) is not None}
+            kept = tuple(c for c in p.choices if c not in refusals)
+            generic = [c for c, reason in refusals.items() if reason == CANNOT_RUN]
+            if generic:
+                left_out.append(f"{p.name}: {', '.join(generic)} {CANNOT_RUN}")
+            left_out += [f"{p.name}: {c}: {reason}" for c, reason in refusals.items() if c not in generic]
+            params.append(Param(p.name, p.agent, kept, p.help))
+        return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
+
+    @property
+    def searched(self) -> tuple[Param, ...]:
+        """Parameters with more than one choice here."""
+        return tuple(p for p in self.params if len(p.choices) > 1)
+
+    def baseline_params(self) -> dict[str, str]:
+        """The baseline's searched parameters (first choices; conditional ones only where active)."""
+        return self.normalize({p.name: p.choices[0] for p in self.searched})
+
+    def baseline_value(self, name: str) -> str:
+        """The baseline choice of parameter `name` (also of a conditional one the baseline lacks)."""
+        return next(p.choices[0] for p in self.params if p.name == name)
+
+    def _fixed(self) -> dict[str, str]:
+        """The values of parameters with one choice here (conditions may read them)."""
+        return {p.name: p.choices[0] for p in self.params if len(p.choices) == 1}
+
+    def _ordered(self) -> list[Param]:
+        """Searched parameters in registry order, so a knob's condition is decided before it."""
+        order = {name: i for i, name in enumerate(KNOWN_PARAMS)}
+        return sorted(self.searched, key=lambda p: order[p.name])
+
+    def normalize(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` without the conditional parameters that are inactive under the others (a
+        setting has them only where they mean something), in registry order."""
+        context = {**self._fixed(), **params}
+        return {p.name: params[p.name] for p in self._ordered()
+                if p.name in params and knobs.get(p.name).active(context)}
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with every active searched parameter it lacks at its baseline choice (a seed
+        naming ``execution = inductor`` gets inductor's default options), inactive ones left out:
+        a whole setting, as an enqueued trial must be (a sampler is not asked for the rest)."""
+        context = {**self._fixed(), **params}
+        for p in self._ordered():
+            if p.name not in context and knobs.get(p.name).active(context):
+                context[p.name] = p.choices[0]
+        return self.normalize({p.name: context[p.name] for p in self._ordered() if p.name in context})
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, str]:
+        """Define-by-run: ask the trial for every searched parameter that is active under the
+        values suggested before it (registry order)."""
+        chosen: dict[str, str] = {}
+        context = self._fixed()
+        for p in self._ordered():
+            if knobs.get(p.name).active(context):
+                chosen[p.name] = context[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+        return chosen
+
+    def settings(self) -> list[dict[str, str]]:
+        """Every valid setting of the searched parameters, each once (a conditional parameter
+        appears only where active), in grid order."""
+        ordered = self._ordered()
+        found: list[dict[str, str]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for values in itertools.product(*(p.choices for p in ordered)):
+            setting = self.normalize(dict(zip((p.name for p in ordered), values)))
+            key = tuple(setting.items())
+            if key not in seen:
+                seen.add(key)
+                found.append(setting)
+        return found
+
+    def grid(self) -> dict[str, list[str]]:
+        """Every searched parameter's choices (the product; `settings()` is what a grid walks)."""
+        return {p.name: list(p.choices) for p in self.searched}
+
+    def size(self) -> int:
+        """The number of valid settings."""
+        return len(self.settings())
+
+    def to_candidate(self, params: dict[str, Any]) -> Candidate:
+        """A Candidate from parameter values (unsearched parameters take their only choice;
+        conditional ones inactive under the others their knob's default)."""
+        try:
+            values = {p.name: params.get(p.name, p.choices[0]) for p in self.params}
+            context = {**self._fixed(), **values}
+            return Candidate({name: value for name, value in values.items() if knobs.get(name).active(context)})
+        except ValueError as exc:
+            raise DefinitionError(f"bad parameter values {params}: {exc}", self.name) from exc
+
+    def to_params(self, candidate: Candidate) -> dict[str, str]:
+        """The inverse of `to_candidate` for the searched parameters: each knob's value spelled
+        as this space's choice (e.g. "eager:strict" on TPU for plain eager); inactive
+        conditional parameters left out."""
+        result = {}
+        for p in self.searched:
+            knob, value = knobs.get(p.name), candidate[p.name]
+            result[p.name] = next((c for c in p.choices if knob.check(c) == value), value)
+        return self.normalize(result)
+
+
+def _valid(knob: knobs.Knob, choice: Any) -> bool:
+    try:
+        knob.check(choice)
+    except ValueError:
+        return False
+    return True
