@@ -1,9 +1,18 @@
-"""MFU arithmetic, kept in one place so every report computes it the same way."""
+"""MFU arithmetic, kept in one place so every report computes it the same way.
+
+The only code that divides model FLOPs by time and a peak: the profile, the trial worker, the
+tuning result and report, the planner's prediction and its calibration all call these functions,
+and the peak an MFU divides by is chosen here too (`fastest_peak`, `checked_peak`, `common_peak`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+# A float, or a numpy array of them (the planner's calibration evaluates many constants at once).
+_Seconds = TypeVar("_Seconds")
 
 
 def achieved_flops_per_s(flops_per_step: float, step_seconds: float) -> float:
@@ -18,6 +27,13 @@ def mfu(flops_per_step: float, step_seconds: float, peak_flops_per_device: float
     if peak_flops_per_device <= 0 or devices <= 0:
         raise ValueError("peak FLOP/s and device count must be positive")
     return achieved_flops_per_s(flops_per_step, step_seconds) / (peak_flops_per_device * devices)
+
+
+def share_of_peak(seconds_at_peak: _Seconds, step_seconds: _Seconds) -> _Seconds:
+    """The share of the peak a step reaches: the time its FLOPs would take at the peak over the
+    time it took. With model FLOPs this is the MFU; with counted FLOPs, the roofline's compute
+    share. Element-wise on numpy arrays; no checks, since an array cannot be tested as one value."""
+    return seconds_at_peak / step_seconds  # type: ignore[operator]
 
 
 # The one convention every report states and every MFU figure (baseline and trials) follows.
@@ -77,6 +93,19 @@ def checked_peak(
         return PeakChoice(peak, dtype, note)
     note += "; MFU uses the achieved rate as the peak (100%): the peak or the FLOP count is wrong"
     return PeakChoice(achieved, dtype, note, raised_to_achieved=True)
+
+
+def common_peak(peaks: Iterable[tuple[float, str]], default: tuple[float, str] | None = None) -> tuple[float, str]:
+    """The one (FLOP/s, dtype) peak that MFU figures compared with each other divide by: the
+    highest of the peaks they were measured against. A trial worker that beat its peak
+    re-measured or raised it, so figures measured before and after divided by different peaks;
+    on the highest they compare, and none reads above 100%. `default` when `peaks` is empty."""
+    found = list(peaks)
+    if not found:
+        if default is None:
+            raise ValueError("no peak to compare MFU figures on")
+        return default
+    return max(found)
 
 
 def utilisation_by_dtype(achieved: float, flops_per_s: Mapping[str, float]) -> dict[str, float | None]:

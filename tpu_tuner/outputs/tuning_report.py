@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from tpu_tuner.metrics.mfu import MFU_CONVENTION
+from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.core.units import binary_bytes, ms, shape
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
 
     # Both columns divide by one peak: the higher of the two (a trial that beat the profile's
     # peak re-measured or raised it), so neither can read above 100% and they stay comparable.
-    common = max(((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, ""))
+    common = common_peak(((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, ""))
 
     rows = [
         ("settings", lambda m: _describe(m)),
@@ -235,7 +235,7 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
 
 def _mfu_cell(m: "Measurement", peak: tuple[float, str]) -> str:
     """MFU against the common peak, with the dtype the setting's matmuls ran in."""
-    value = m.model_flops_per_step / m.step_median / peak[0]
+    value = mfu(m.model_flops_per_step, m.step_median, peak[0])
     ran_in = f"; matmuls in {m.compute_dtype}" if m.compute_dtype else ""
     return f"{value:.1%} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
 

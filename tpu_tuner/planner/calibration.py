@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tpu_tuner.metrics.mfu import share_of_peak
 from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
     """Predicted MFU, broadcast over the constants' arrays (rows on the last axis)."""
     compute = a["compute"] / efficiency
     busy = np.maximum(compute, a["memory"]) + (1 - memory_overlap) * np.minimum(compute, a["memory"])
-    return a["model"] / (busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
+    return share_of_peak(a["model"], busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
 
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.planner.collectives import ring_seconds
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.program import CompiledStep
@@ -164,6 +165,6 @@ def predict(
         exposed_comm_seconds=exposed,
         step_seconds=step,
         alignment=aligned,
-        mfu=model_flops_per_device / step / peak,
+        mfu=mfu(model_flops_per_device, step, peak),
         tokens_per_second=tokens_per_step / step,
     )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tpu_tuner.core.units import duration, si
+from tpu_tuner.metrics.mfu import share_of_peak
 
 BOUNDS = ("compute-bound", "memory-bound", "overhead-bound", "below-roofline")
 MATMUL_LIKE = ("mm", "matmul", "linear", "conv", "attention", "bmm", "baddbmm", "addmm", "rnn", "lstm", "gru")
@@ -75,7 +76,7 @@ def decide(
     coefficient of variation of the timed steps, above `cv_max` the verdict is marked uncertain.
     """
     compute_seconds = flops_per_step / peak_flops
-    compute_share = compute_seconds / step_seconds
+    compute_share = share_of_peak(compute_seconds, step_seconds)
     if 1.0 < compute_share <= 1.0 + 1e-9:
         # A peak raised to the achieved rate (metrics.mfu.checked_peak) gives exactly 1 in exact
         # arithmetic; the recomputed ratio may land a few ulps above it.

@@ -24,6 +24,7 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
@@ -75,14 +76,14 @@ class TuningResult:
             m = trial_attrs.measurement_of(t)
             if m is not None and m.peak_flops_per_s > 0:
                 peaks.append((m.peak_flops_per_s, m.peak_dtype))
-        return max(peaks)
+        return common_peak(peaks)
 
     def on_run_peak(self, m: Measurement | None, run_peak: tuple[float, str] | None = None) -> Measurement | None:
         """`m` with its MFU recomputed against the run's one peak (see `peak`)."""
         if m is None:
             return None
         peak, dtype = run_peak or self.peak
-        return replace(m, peak_flops_per_s=peak, peak_dtype=dtype, mfu=m.model_flops_per_step / m.step_median / peak)
+        return replace(m, peak_flops_per_s=peak, peak_dtype=dtype, mfu=mfu(m.model_flops_per_step, m.step_median, peak))
 
     @property
     def storage_shown(self) -> str:
