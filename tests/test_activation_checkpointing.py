@@ -27,6 +27,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks
 from tpu_tuner.model.blocks import repeated_blocks
+from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
@@ -172,7 +173,8 @@ def test_the_limit_is_the_users_or_the_device_memory_and_none_on_cpu_without_one
 
 def _profile(peak_bytes: int, training: bool = True) -> SimpleNamespace:
     step = "training step" if training else "inference (forward)"
-    return SimpleNamespace(workload={"step": step}, memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM"))
+    return SimpleNamespace(workload=_workload(step),
+                           memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM"))
 
 
 def _memory_agent(limit: MemoryLimit | None):
@@ -216,3 +218,8 @@ def test_memory_agent_tries_checkpointing_only_under_memory_pressure() -> None:
     pressed = _memory_agent(MemoryLimit(4 * GiB, "--trial-memory-gb"))
     pressed.diagnose(_profile(int(3.6 * GiB)))
     assert pressed.validate(Candidate(activation_checkpointing="every_2nd")) is None
+
+
+def _workload(step: str) -> ProfiledWorkload:
+    """A profiled workload whose step reads `step`, as profile.json writes it."""
+    return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -28,7 +28,7 @@ def _probe(fp32: float, bf16: float, medium_error: float) -> roofline.RooflinePr
                                   measured_at_epoch=time.time())
 
 
-# The two host kinds of FACTS.md §4: AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
+# The two host kinds of docs/mfu.md ("medium" numerics): AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
 NO_BF16_UNITS = _probe(300e9, 60e9, 1.2e-7)
 AMX = _probe(300e9, 1200e9, 2.5e-3)
 # This kind too: fast bf16 (AVX512_BF16) but "medium" leaves fp32 matmuls unchanged.

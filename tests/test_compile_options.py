@@ -19,6 +19,7 @@ from tpu_tuner.knobs.registry import get
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
+from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.api import tune
 from tpu_tuner.tuning.study import build_sampler
@@ -155,7 +156,7 @@ def test_cudagraphs_refused_off_cuda_by_the_space(tmp_path) -> None:
 def _profile(training: bool, compute: bool) -> SimpleNamespace:
     verdict = SimpleNamespace(bound="compute-bound" if compute else "memory-bound",
                               compute_kernels_dominate=compute)
-    return SimpleNamespace(verdict=verdict, workload={"step": "training step" if training else "inference"})
+    return SimpleNamespace(verdict=verdict, workload=_workload("training step" if training else "inference"))
 
 
 def test_agent_seeds_freezing_for_compute_heavy_inference_and_rejects_what_cannot_apply() -> None:
@@ -182,3 +183,8 @@ def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
     assert rows["default"]["state"] == "COMPLETE"  # dynamo splits the graph and runs
     assert rows["fullgraph"]["state"] == "FAIL" and rows["fullgraph"]["failure_kind"] == "error"
     assert "graph_break" in rows["fullgraph"]["failure_message"] or "Unsupported" in rows["fullgraph"]["failure_message"]
+
+
+def _workload(step: str) -> ProfiledWorkload:
+    """A profiled workload whose step reads `step`, as profile.json writes it."""
+    return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -3,11 +3,14 @@ and choices that cannot run are left out, with the reason, and never measured.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
 from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
+from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.tuning.space import SearchSpace
 
 
@@ -32,6 +35,25 @@ def test_traits_read_convolutions_and_repeated_blocks() -> None:
     assert (traits.conv_weights, traits.repeated_blocks) == (0, 3)
     assert of_profile({"traits": traits.to_dict()}) == traits
     assert of_profile({}) is None and of_profile({"traits": {"training": True}}) is None
+
+
+def test_the_profiled_workload_has_one_training_flag_and_keeps_its_profile_json_table() -> None:
+    traits = WorkloadTraits(True, 0, 3, 8, 4)
+    table = {"name": "m", "source": "m.py", "convention": "native", "step": "training step", "batch_size": 8,
+             "seq_len": 64, "notes": ["a note"], "traits": traits.to_dict()}
+    workload = ProfiledWorkload.from_dict(table)
+    assert workload.training and of_profile(workload) == traits == of_profile(table)
+    assert json.dumps(workload.to_dict()) == json.dumps(table)  # the same keys, in the same order
+    assert workload["batch_size"] == workload.get("batch_size") == 8 and dict(workload) == table  # reads as the dict
+    # A profile written before traits were recorded: the step's words give the flag; no narrowing.
+    older = ProfiledWorkload.from_dict({key: value for key, value in table.items() if key != "traits"})
+    assert older.training and of_profile(older) is None and "traits" not in older.to_dict()
+    inference = ProfiledWorkload.from_dict({**table, "step": "inference (forward)",
+                                            "traits": {**traits.to_dict(), "training": False}})
+    assert not inference.training and of_profile(inference) == WorkloadTraits(False, 0, 3, 8, 4)
+    assert inference.to_dict()["step"] == "inference (forward)"
+    with pytest.raises(TypeError, match="name"):
+        ProfiledWorkload.from_dict({"step": "training step"})
 
 
 def test_inference_space_leaves_out_training_knobs_and_keeps_memory_format_for_convolutions() -> None:

@@ -25,6 +25,7 @@ from tpu_tuner.execution.accuracy import REFERENCE, capture, relative_error
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.profiled import ProfiledWorkload
 
 
 class Mlp(nn.Module):
@@ -149,8 +150,8 @@ def test_printed_training_code_runs_and_apply_rebuilds_the_optimizer(tmp_path) -
 
 
 def _profile(step: str, memory_share: float = 0.1, **shares: float) -> SimpleNamespace:
-    return SimpleNamespace(workload={"step": step}, memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30),
-                                                                           method="test"),
+    return SimpleNamespace(workload=_workload(step),
+                           memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30), method="test"),
                            device=SimpleNamespace(memory_bytes=2**30),
                            operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
 
@@ -203,3 +204,8 @@ def test_the_profile_measures_the_optimizer_update_from_its_profiler_range(fast_
     assert trained.workload["traits"]["training"] is True
     inference = profile(fixtures / "tiny_mlp_benchmark.py", settings=fast_settings)
     assert inference.optimizer_share is None and inference.workload["traits"]["training"] is False
+
+
+def _workload(step: str) -> ProfiledWorkload:
+    """A profiled workload whose step reads `step`, as profile.json writes it."""
+    return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -9,6 +9,7 @@ import pytest
 from tpu_tuner.tuning.agents import CompileAgent
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.profiling.verdict import decide
+from tpu_tuner.model.profiled import ProfiledWorkload
 
 PEAK, BANDWIDTH = 1e12, 1e11  # ridge point 10 FLOP/B
 
@@ -61,7 +62,7 @@ def _profile_with(verdict) -> SimpleNamespace:
     operators = [SimpleNamespace(name=name, share=share) for name, share in verdict.top_operators]
     return SimpleNamespace(verdict=verdict, warmup=SimpleNamespace(first_call_seconds=0.1),
                            timing=SimpleNamespace(median=verdict.step_seconds), operators=operators,
-                           workload={"step": "inference (forward)"})
+                           workload=_workload("inference (forward)"))
 
 
 def test_compile_agent_acts_on_the_verdict() -> None:
@@ -101,3 +102,8 @@ def test_one_slow_step_does_not_make_the_verdict_uncertain() -> None:
     assert one_pause.cv > 0.25 and one_pause.robust_cv < 0.05
     contended = TimingStats.from_samples([t * (1 + 2 * (i % 2)) for i, t in enumerate(steady)])
     assert contended.robust_cv > 0.25
+
+
+def _workload(step: str) -> ProfiledWorkload:
+    """A profiled workload whose step reads `step`, as profile.json writes it."""
+    return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

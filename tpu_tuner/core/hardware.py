@@ -1,8 +1,16 @@
 """Published per-device peak numbers for TPUs and GPUs (dense, no sparsity).
 
-TPU figures are Google's spec pages (see shared notes FACTS.md §2); GPU figures are NVIDIA's
-datasheets. Peaks are per *device* as PyTorch sees it: a TPU7x chip holds two devices, so its
-per-device bf16 peak is half the chip's.
+Sources, all public:
+
+* TPUs: Google Cloud's TPU system-architecture pages, one per generation
+  (https://cloud.google.com/tpu/docs/v4, .../v5e, .../v5p, .../v6e, .../tpu7x): bf16 TFLOP/s,
+  HBM capacity and bandwidth, ICI bandwidth and torus shape per chip.
+* GPUs: NVIDIA's datasheets (https://www.nvidia.com/en-us/data-center/h200/, .../h100/,
+  .../a100/, .../l4/, .../v100/): dense figures, without the 2:4 sparsity speed-up the headline
+  tensor-core numbers include.
+
+Peaks are per *device* as PyTorch sees it: a TPU7x chip holds two devices, so its per-device
+bf16 peak is half the chip's.
 """
 
 from __future__ import annotations

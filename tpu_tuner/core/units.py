@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 def si(value: float | None, unit: str, digits: int = 3) -> str:
     """1.23e12, "FLOP/s" -> "1.23 TFLOP/s"."""
@@ -55,7 +58,7 @@ def _three_digits(value: float) -> str:
 ms = duration
 
 
-def shape(workload: dict) -> str:
+def shape(workload: Mapping[str, Any]) -> str:
     """ "batch 8, seq 128": only the sizes that apply (a file without a sequence length shows no
     "seq None")."""
     parts = [f"{label} {workload[key]}" for key, label in (("batch_size", "batch"), ("seq_len", "seq"))

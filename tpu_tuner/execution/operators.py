@@ -37,7 +37,7 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
     check of operators without a FLOP formula (`uncounted.py`). `shares_out`, if given, receives
     ``optimizer_step``: the optimizer update's share of all operators' self time, from its
     profiler range (an AdamW for-loop is hundreds of small ``mul_`` / ``lerp_`` calls, none of
-    them in the top operators, which is how a top-N table once read 0% for 12% of the step).
+    them in the top operators: docs/profiling.md).
     """
     activities = backend.profiler_activities()
     use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in activities)

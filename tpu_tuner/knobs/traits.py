@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from tpu_tuner.model.profiled import ProfiledWorkload
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -61,10 +63,16 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
     )
 
 
-def of_profile(workload: Mapping[str, Any]) -> WorkloadTraits | None:
-    """The traits a profile's ``workload`` table recorded; None for a profile written before
-    traits were recorded (or a malformed entry), so callers search the space unnarrowed."""
-    data = workload.get("traits")
+def of_profile(workload: ProfiledWorkload | Mapping[str, Any]) -> WorkloadTraits | None:
+    """The traits a profile recorded (`Profile.workload`, or its profile.json table read as plain
+    JSON); None for a profile written before traits were recorded (or a malformed entry), so
+    callers search the space unnarrowed. A profile's traits take its one `training` flag."""
+    if isinstance(workload, ProfiledWorkload):
+        if workload.traits is None:
+            return None
+        data: Any = {**workload.traits, "training": workload.training}
+    else:
+        data = workload.get("traits")
     if not isinstance(data, Mapping):
         return None
     try:

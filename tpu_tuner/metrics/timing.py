@@ -33,8 +33,8 @@ class TimingStats:
         """Spread that one outlier cannot inflate: 1.4826 x median absolute deviation / median.
 
         It equals the CV for normally spread times; a single slow step (a GC pause, a page fault)
-        among hundreds of 280 us steps sends the plain CV to 56% and leaves this one at a few %.
-        Contention from other processes slows many steps, which this still shows.
+        among hundreds of short ones inflates the plain CV many times over and this one barely
+        (docs/mfu.md). Contention from other processes slows many steps, which this still shows.
         """
         if not self.median:
             return 0.0

@@ -76,7 +76,9 @@ class Workload:
 
     @property
     def step_kind(self) -> str:
-        return "training step" if self.is_training else "inference (forward)"
+        from tpu_tuner.model.profiled import step_kind
+
+        return step_kind(self.is_training)
 
     def batch(self, batch_size: int | None = None, seq_len: int | None = None) -> Batch:
         """Make one batch at the given (or default) batch size and sequence length."""

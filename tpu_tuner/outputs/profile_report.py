@@ -12,8 +12,8 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
     device = p.device
     compiles = ", ".join(f"{k} {v}" for k, v in p.warmup.compiles.items()) or "none"
     return [
-        ("workload", f"{p.workload['name']} ({', '.join(filter(None, (p.workload['step'], shape(p.workload))))}, "
-                     f"{p.workload['convention']} convention)"),
+        ("workload", f"{p.workload.name} ({', '.join(filter(None, (p.workload.step, shape(p.workload))))}, "
+                     f"{p.workload.convention} convention)"),
         ("device", f"{device.name} ({device.kind}, {device.count} device{'s' if device.count != 1 else ''})"),
         ("run settings", p.candidate.describe()),
         ("peak for MFU", f"{si(p.peak_flops_per_s, 'FLOP/s')} {p.peak_dtype} per device (the fastest dtype); "
@@ -73,8 +73,8 @@ def _flops_rows(p: Profile) -> list[tuple[str, str]]:
                         else "the counted FLOPs miss it; the model FLOPs come from a formula")))
     if p.estimate is not None:
         rows.append(("estimate before running", f"{p.estimate.describe()} (meta-device pass)"))
-    if p.workload.get("notes"):
-        rows.append(("notes", "; ".join(p.workload["notes"])))
+    if p.workload.notes:
+        rows.append(("notes", "; ".join(p.workload.notes)))
     return rows
 
 
@@ -94,7 +94,7 @@ def render_terminal(p: Profile) -> str:
 
 def render_markdown(p: Profile) -> str:
     """profile.md: the summary, the FLOPs split, the operators, and how each was measured."""
-    out = [f"# Profile of `{p.workload['name']}` on {p.device.name}", "", f"Created {p.created}.", ""]
+    out = [f"# Profile of `{p.workload.name}` on {p.device.name}", "", f"Created {p.created}.", ""]
     out += ["| | |", "|---|---|"]
     out += [f"| {label} | {value.replace('|', '/')} |" for label, value in summary_rows(p)]
     out += ["", "## FLOPs counted per operator", "", "| operator | FLOPs per step | share |", "|---|---:|---:|"]

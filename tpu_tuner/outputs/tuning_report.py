@@ -26,9 +26,9 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     base, chosen = result.baseline, result.chosen
     planned = result.options.planned_steps
     out = [
-        f"# Tuning `{result.profile.workload['name']}` on {result.profile.device.name}",
+        f"# Tuning `{result.profile.workload.name}` on {result.profile.device.name}",
         "",
-        f"{', '.join(filter(None, (result.profile.workload['step'], shape(result.profile.workload))))}. "
+        f"{', '.join(filter(None, (result.profile.workload.step, shape(result.profile.workload))))}. "
         "Objective: amortised step time (steady step + compile "
         f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
         "against fp32 eager).",

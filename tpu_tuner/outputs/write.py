@@ -51,7 +51,7 @@ def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
 
 def save_profile(profile: "Profile", out: str | Path = "results") -> Path:
     """A new run folder under `out` (``<model>-<timestamp>``) holding the profile; returns it."""
-    run_dir = new_run_dir(out, profile.workload["name"])
+    run_dir = new_run_dir(out, profile.workload.name)
     write_profile(run_dir, profile)
     return run_dir
 

@@ -45,8 +45,9 @@ ICI_FALLBACK_GBYTES = 1200.0
 class CostModel:
     """The physical constants of the prediction and their error.
 
-    The planner's are fitted to the published rows of shared/notes/CALIBRATION.md
-    (planner/calibration.py, from the compiler figures benchmarks/plan_calibration.py keeps):
+    The planner's are fitted to published TPU training runs (MaxText's and tpu-recipes'
+    configurations, docs/planner.md "Calibration"; planner/calibration.py, from the compiler
+    figures benchmarks/plan_calibration.py keeps in calibration_rows.json):
     an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
     fitted. The leave-one-out error is each row's error when the constants are fitted to the

@@ -24,6 +24,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.batch import leading_size
 from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
+from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.metrics.estimate import StepEstimate, available_memory_bytes, check_budget, estimate_step
 from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
@@ -68,7 +69,7 @@ class MemoryReport:
 class Profile:
     """Everything the profiler measured; serialises to profile.json."""
 
-    workload: dict[str, Any]
+    workload: ProfiledWorkload
     device: DeviceInfo
     candidate: Candidate
     peak_flops_per_s: float
@@ -99,6 +100,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["candidate"] = self.candidate.to_dict()  # knob values: a Candidate is no dataclass
+        data["workload"] = self.workload.to_dict()  # profile.json's table, with the step's words
         return data
 
     def to_json(self) -> str:
@@ -206,16 +208,17 @@ def profile(
         warnings.append(f"step times spread too much for a verdict (robust CV {timing.robust_cv:.0%} > "
                         f"{settings.verdict_cv_max:.0%}): other processes may be contending for the device")
     return Profile(
-        workload={
-            "name": workload.name,
-            "source": str(workload.source),
-            "convention": workload.convention,
-            "step": workload.step_kind,
-            "batch_size": ran_batch_size,
-            "seq_len": seq_len,
-            "notes": workload.notes + _size_notes(workload, batch_size, ran_batch_size),
-            "traits": traits.to_dict(),
-        },
+        workload=ProfiledWorkload(
+            name=workload.name,
+            source=str(workload.source),
+            convention=workload.convention,
+            training=workload.is_training,
+            batch_size=ran_batch_size,
+            seq_len=seq_len,
+            notes=tuple(workload.notes + _size_notes(workload, batch_size, ran_batch_size)),
+            # The traits' own training flag is the workload's (both from workload.is_training).
+            traits={key: value for key, value in traits.to_dict().items() if key != "training"},
+        ),
         device=info,
         candidate=candidate,
         peak_flops_per_s=peak,

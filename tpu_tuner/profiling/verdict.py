@@ -92,7 +92,7 @@ def decide(
         dispatch_seconds = ops_per_step * dispatch_seconds_per_op
         dispatch_share = dispatch_seconds / step_seconds
 
-    # Readable units (report/units.py): "8.19 kFLOP ... take 19.0 ns", never "8.19e-06 GFLOP".
+    # Readable units (core/units.py): "8.19 kFLOP ... take 19.0 ns", never "8.19e-06 GFLOP".
     evidence = (
         f"{si(flops_per_step, 'FLOP')} at the {peak_dtype} peak take {duration(compute_seconds)} "
         f"({compute_share:.0%} of the {duration(step_seconds)} step)"

@@ -206,7 +206,7 @@ class TuningResult:
             "device_count": self.profile.device.count,
             "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": optuna.__version__,
                          "python": platform.python_version()},
-            "workload": dict(self.profile.workload),
+            "workload": self.profile.workload.to_dict(),
             "objective": f"amortised step time over {self.options.planned_steps} planned steps",
             "ranks": self.options.nproc,
             "tolerance": self.options.tolerance,

@@ -295,7 +295,7 @@ def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOp
     """Give each rank a device of its own (the device kind is known once profiled), refusing
     more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
     backend = BACKENDS[profile.device.kind]
-    batch = profile.workload.get("batch_size")
+    batch = profile.workload.batch_size
     if isinstance(batch, int) and batch % options.nproc:
         raise UserInputError(f"--nproc {options.nproc}: the batch of {batch} does not split over {options.nproc} ranks "
                              "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
@@ -686,7 +686,7 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
                        profile: Profile, emit: ProgressCallback, started: float) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
     length once, so every trial's objective can include its best bucketing (bucketing/knob.py)."""
-    reference = int(profile.workload.get("seq_len") or 0)
+    reference = int(profile.workload.seq_len or 0)
     if not reference:
         raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
     probes = probe_lengths(hist, options.bucket_align)

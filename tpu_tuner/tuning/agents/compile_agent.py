@@ -51,7 +51,7 @@ class CompileAgent(Agent):
             findings.append(self._below_roofline(verdict))
         if self.device_kind != "tpu":
             findings.append(self._layout_finding(profile))
-        self._training = training_step.is_training(profile)
+        self._training = profile.workload.training
         findings += training_step.findings(profile)
         if self.device_kind != "tpu":
             findings += compiler_options.findings(profile)
@@ -72,7 +72,7 @@ class CompileAgent(Agent):
         seeds = super().seeds(profile, space)
         if profile is not None:
             self._conv_share = convolution_share(profile)
-            self._training = training_step.is_training(profile)
+            self._training = profile.workload.training
         seeds += training_step.seeds(profile, {p.name: p.choices for p in self.params(space)})
         seeds += compiler_options.seeds(profile, {p.name: p.choices for p in self.params(space)})
         layout = next((p for p in self.params(space) if p.name == "memory_format"), None)

@@ -21,11 +21,6 @@ KNOB = "compile_options"
 SEEDED = (FREEZING, f"{FREEZING}+{MAX_AUTOTUNE}")  # in this order
 
 
-def is_training(profile: Profile) -> bool:
-    """Whether the profiled step is a training step (a profile that does not say is taken as not)."""
-    return (getattr(profile, "workload", None) or {}).get("step") == "training step"
-
-
 def compute_heavy(profile: Profile) -> bool:
     """Whether matmul / convolution kernels dominate the profiled step."""
     verdict = getattr(profile, "verdict", None)
@@ -36,7 +31,7 @@ def compute_heavy(profile: Profile) -> bool:
 
 def findings(profile: Profile) -> list[str]:
     """What the profile says about inductor's options."""
-    if is_training(profile):
+    if profile.workload.training:
         return ["training step: inductor freezing is skipped (it bakes the weights the optimizer updates "
                 "into the compiled graph, and inductor freezes only graphs compiled without grad)"]
     if compute_heavy(profile):
@@ -50,7 +45,7 @@ def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[
     """Inductor with freezing, then freezing + max-autotune, for a compute-heavy inference
     profile (where the space has them: `choices` is the agent's searched name -> choices)."""
     options, execution = choices.get(KNOB, ()), choices.get("execution", ())
-    if profile is None or "inductor" not in execution or is_training(profile) or not compute_heavy(profile):
+    if profile is None or "inductor" not in execution or profile.workload.training or not compute_heavy(profile):
         return []
     return [{"execution": "inductor", KNOB: value} for value in SEEDED if value in options]
 
@@ -65,9 +60,8 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
     data, fsdp, tensor = parse_layout(candidate["layout"])
     if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
-        # Every such trial of the 2-rank studies of examples/gpt.py and examples/llama.py failed
-        # at its first step (dynamo: "Unsupported: Unsupported method call"): dynamo traces
-        # DistributedDataParallel's forward in pieces, split at its gradient buckets.
+        # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
+        # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
         return ("fullgraph skipped: under DDP (layout " + candidate["layout"] + ") dynamo cannot compile the "
                 "forward as one graph (it splits it at DDP's gradient buckets)")
     return None

@@ -23,11 +23,6 @@ KNOB = "activation_checkpointing"
 MICRO_BATCHES = "micro_batches"
 
 
-def is_training(profile: Profile) -> bool:
-    """Whether the profiled step is a training step (forward, backward, optimizer)."""
-    return str(profile.workload.get("step", "")).startswith("training")
-
-
 class MemoryAgent(Agent):
     name = "memory"
     definition_schema = MemoryDefinition
@@ -38,8 +33,8 @@ class MemoryAgent(Agent):
     _batch: int | None = None  # the global batch of that profile's step
 
     def diagnose(self, profile: Profile) -> list[str]:
-        self._training = is_training(profile)
-        batch = profile.workload.get("batch_size")
+        self._training = profile.workload.training
+        batch = profile.workload.batch_size
         self._batch = int(batch) if isinstance(batch, int) else None
         self._pressed = self._near_limit(profile)
         peak = profile.memory.peak_bytes
@@ -76,7 +71,7 @@ class MemoryAgent(Agent):
         peak is near the limit."""
         if profile is None:
             return []
-        self._training = is_training(profile)
+        self._training = profile.workload.training
         self._pressed = self._near_limit(profile)
         choice = self.definition.seeds.activation_checkpointing
         param = next((p for p in self.params(space) if p.name == KNOB), None)

@@ -42,7 +42,7 @@ class ShardingAgent(Agent):
         if self.ranks == 1:
             return ["one process per trial: no sharding layout to search (--nproc N runs every trial on N ranks)"]
         findings = [f"every trial runs on {self.ranks} ranks, one process each, on the global batch of "
-                    f"{profile.workload.get('batch_size', '?')}; the baseline is data parallel ({self.ranks}x1x1, DDP)"]
+                    f"{profile.workload.batch_size}; the baseline is data parallel ({self.ranks}x1x1, DDP)"]
         if self.planned is not None:
             if not self.planned:
                 findings.append(f"the plan in {self.plan_source} has no fitting layout to seed")
@@ -64,7 +64,7 @@ class ShardingAgent(Agent):
 
     def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> list[dict[str, str]]:
         """A layout's error is the layout's own only where every other knob was at its baseline:
-        then the layout is given up (the model cannot run it: examples/gpt.py's fused q/k/v
+        then the layout is given up (the model cannot run it, such as a fused q/k/v projection
         under tensor parallelism). An error with other knobs set may be theirs (the foreach
         optimizer cannot step tensor-parallel parameters, while other optimizers can), so the
         layout alone is asked for next, which decides it."""

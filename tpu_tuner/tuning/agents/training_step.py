@@ -17,18 +17,12 @@ KNOB = "optimizer_impl"
 # Seed the fused optimizer when the update takes at least this share of profiled self time. Low on
 # purpose: fused does the same update in one pass over parameters and state, with no known
 # downside where the device has it (PyTorch's optimizer docs rank it fastest), and the baseline
-# profile understates the update's share of a tuned step: autocast shrinks the matmuls, not the
-# fp32 update (examples/gpt.py: 2% of the fp32 baseline's self time). Its gain there was within
-# noise when measured interleaved (1.02x, 95% CI 0.96-1.08, docs/knobs.md): the seed costs one trial.
+# profile understates the update's share of a tuned step (autocast shrinks the matmuls, not the
+# fp32 update); the seed costs one trial. Measured share and gain: docs/knobs.md.
 OPTIMIZER_SEED_SHARE = 0.01
 # Operator names of an optimizer update: multi-tensor and fused kernels, and the in-place ops
 # Adam's per-parameter loop is made of.
 OPTIMIZER_OPS = ("_foreach_", "_fused_", "adam", "addcdiv", "addcmul", "lerp_")
-
-
-def is_training(profile: Profile) -> bool:
-    """Whether the profiled step is a training step (a profile that does not say is taken as not)."""
-    return str((getattr(profile, "workload", None) or {}).get("step", "")).startswith("training")
 
 
 def optimizer_share(profile: Profile) -> float:
@@ -42,7 +36,7 @@ def optimizer_share(profile: Profile) -> float:
 
 def findings(profile: Profile) -> list[str]:
     """What the profile says about the optimizer implementation."""
-    if not is_training(profile):
+    if not profile.workload.training:
         return ["inference step: the optimizer implementation does not apply (no optimizer step)"]
     share = optimizer_share(profile)
     return [f"the optimizer update takes {share:.0%} of profiled self time: "
@@ -52,7 +46,7 @@ def findings(profile: Profile) -> list[str]:
 
 def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
     """The fused optimizer alone, where it is searched and the update's share is noticeable."""
-    if profile is None or not is_training(profile) or "fused" not in choices.get(KNOB, ()):
+    if profile is None or not profile.workload.training or "fused" not in choices.get(KNOB, ()):
         return []
     return [{KNOB: "fused"}] if optimizer_share(profile) >= OPTIMIZER_SEED_SHARE else []
 
@@ -63,8 +57,8 @@ def validate(candidate: Candidate, profile_is_training: bool | None) -> str | No
         return f"{KNOB} skipped: an inference step has no optimizer step"
     data, fsdp, tensor = parse_layout(candidate["layout"])
     if candidate[KNOB] in ("foreach", "fused") and tensor > 1 and fsdp == 1:
-        # Every such trial of a 2-rank study of examples/llama.py failed at its optimizer step:
-        # "aten._fused_adamw_.default got mixed torch.Tensor and DTensor" (foreach alike).
+        # Such a trial fails at its optimizer step ("got mixed torch.Tensor and DTensor"), so it
+        # is rejected unmeasured (docs/sharding.md).
         return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {candidate['layout']}) leaves the "
                 "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
                 "one kind (with fsdp every parameter is a DTensor)")
