@@ -173,7 +173,7 @@ def test_the_limit_is_the_users_or_the_device_memory_and_none_on_cpu_without_one
 
 def _profile(peak_bytes: int, training: bool = True) -> SimpleNamespace:
     step = "training step" if training else "inference (forward)"
-    return SimpleNamespace(workload=_workload(step),
+    return SimpleNamespace(workload=_profiled_workload(step),
                            memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM"))
 
 
@@ -220,6 +220,6 @@ def test_memory_agent_tries_checkpointing_only_under_memory_pressure() -> None:
     assert pressed.validate(Candidate(activation_checkpointing="every_2nd")) is None
 
 
-def _workload(step: str) -> ProfiledWorkload:
+def _profiled_workload(step: str) -> ProfiledWorkload:
     """A profiled workload whose step reads `step`, as profile.json writes it."""
     return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

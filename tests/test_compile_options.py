@@ -156,7 +156,7 @@ def test_cudagraphs_refused_off_cuda_by_the_space(tmp_path) -> None:
 def _profile(training: bool, compute: bool) -> SimpleNamespace:
     verdict = SimpleNamespace(bound="compute-bound" if compute else "memory-bound",
                               compute_kernels_dominate=compute)
-    return SimpleNamespace(verdict=verdict, workload=_workload("training step" if training else "inference"))
+    return SimpleNamespace(verdict=verdict, workload=_profiled_workload("training step" if training else "inference"))
 
 
 def test_agent_seeds_freezing_for_compute_heavy_inference_and_rejects_what_cannot_apply() -> None:
@@ -185,6 +185,6 @@ def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
     assert "graph_break" in rows["fullgraph"]["failure_message"] or "Unsupported" in rows["fullgraph"]["failure_message"]
 
 
-def _workload(step: str) -> ProfiledWorkload:
+def _profiled_workload(step: str) -> ProfiledWorkload:
     """A profiled workload whose step reads `step`, as profile.json writes it."""
     return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -245,8 +245,10 @@ def _profile_with(**shares: float) -> object:
     from types import SimpleNamespace
 
     from tpu_tuner.execution.operators import OperatorTime
+    from tpu_tuner.model.profiled import ProfiledWorkload
 
-    return SimpleNamespace(operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
+    return SimpleNamespace(operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],
+                           workload=ProfiledWorkload("m", "m.py", "native", training=False))
 
 
 def test_compile_agent_seeds_channels_last_only_for_convolution_heavy_profiles() -> None:

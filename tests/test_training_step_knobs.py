@@ -150,7 +150,7 @@ def test_printed_training_code_runs_and_apply_rebuilds_the_optimizer(tmp_path) -
 
 
 def _profile(step: str, memory_share: float = 0.1, **shares: float) -> SimpleNamespace:
-    return SimpleNamespace(workload=_workload(step),
+    return SimpleNamespace(workload=_profiled_workload(step),
                            memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30), method="test"),
                            device=SimpleNamespace(memory_bytes=2**30),
                            operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
@@ -206,6 +206,6 @@ def test_the_profile_measures_the_optimizer_update_from_its_profiler_range(fast_
     assert inference.optimizer_share is None and inference.workload["traits"]["training"] is False
 
 
-def _workload(step: str) -> ProfiledWorkload:
+def _profiled_workload(step: str) -> ProfiledWorkload:
     """A profiled workload whose step reads `step`, as profile.json writes it."""
     return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -62,7 +62,7 @@ def _profile_with(verdict) -> SimpleNamespace:
     operators = [SimpleNamespace(name=name, share=share) for name, share in verdict.top_operators]
     return SimpleNamespace(verdict=verdict, warmup=SimpleNamespace(first_call_seconds=0.1),
                            timing=SimpleNamespace(median=verdict.step_seconds), operators=operators,
-                           workload=_workload("inference (forward)"))
+                           workload=_profiled_workload("inference (forward)"))
 
 
 def test_compile_agent_acts_on_the_verdict() -> None:
@@ -104,6 +104,6 @@ def test_one_slow_step_does_not_make_the_verdict_uncertain() -> None:
     assert contended.robust_cv > 0.25
 
 
-def _workload(step: str) -> ProfiledWorkload:
+def _profiled_workload(step: str) -> ProfiledWorkload:
     """A profiled workload whose step reads `step`, as profile.json writes it."""
     return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
+from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning import warm_start
@@ -385,7 +386,8 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
     verification = Verification(baseline_trial=0, best_trial=1, chosen=Candidate(), chosen_is_best=False,
                                 speedup=None, message="not verified", host=verified_on)
     profile = SimpleNamespace(
-        workload={"name": "gpt", "step": "training step", "batch_size": 8, "seq_len": 256},
+        workload=ProfiledWorkload.from_dict({"name": "gpt", "source": "gpt.py", "convention": "native",
+                                             "step": "training step", "batch_size": 8, "seq_len": 256}),
         device=SimpleNamespace(name="host cpu", kind="cpu"), peak_flops_per_s=1e12, peak_dtype="bfloat16",
         verdict=SimpleNamespace(summary="compute-bound"), flops=SimpleNamespace(model_formula="6N"))
     return TuningResult(run_dir=tmp_path, study=study, space=space, profile=profile,  # type: ignore[arg-type]
