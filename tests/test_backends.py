@@ -75,7 +75,7 @@ def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None
 def test_cpu_compute_dtype_follows_the_probe(candidate: Candidate, medium_error: float, dtype: str,
                                              tmp_path, monkeypatch) -> None:
     use_probe(monkeypatch, tmp_path, medium_relative_error=medium_error)
-    assert CpuBackend().compute_dtype(candidate) == dtype
+    assert candidate.compute_dtype(CpuBackend()) == dtype
 
 
 def _fake_rounds(fp32: list[float], bf16: list[float], dispatch: list[float]) -> list[dict[str, float]]:

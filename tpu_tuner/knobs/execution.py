@@ -15,7 +15,7 @@ here. Its options (``async_compile``: compile latency, not step time; ``num_dyna
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
@@ -40,6 +40,15 @@ class ExecutionKnob(Knob):
     agent = "compile"
     default = EAGER
     position = 10
+
+    legacy_fields = ("eager_mode", "compile_backend", "compile_mode")
+
+    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
+        backend, mode = fields.get("compile_backend"), fields.get("compile_mode")
+        if backend:
+            return backend + (f":{mode}" if mode else "")
+        eager_mode = fields.get("eager_mode", "strict")
+        return EAGER + (f":{eager_mode}" if eager_mode else "")
 
     def check(self, value: str) -> str:
         value = super().check(value)
@@ -81,6 +90,13 @@ class ExecutionKnob(Knob):
         compiled = torch.compile(fn, **options)
         compiled._tpu_tune_execution = value  # what `observe` reports once it sees a compiled forward
         return compiled
+
+    def compiles(self, value: str) -> bool:
+        return compile_options(value) is not None
+
+    def label(self, value: str) -> str:
+        # Always named: "eager", "eager:<mode>" or "compile=<backend>[:<mode>]".
+        return value if split(value)[0] == EAGER else f"compile={value}"
 
     def describe(self, value: str) -> str:
         head, tail = split(value)
@@ -129,7 +145,7 @@ def compile_options(value: str) -> dict[str, Any] | None:
 
 def _eager_modes() -> tuple[str, ...]:
     """Every eager mode some backend knows (the first is the default), from the backends."""
-    from tpu_tuner.devices import BACKENDS  # lazy: the backends import candidates, which import knobs
+    from tpu_tuner.devices import BACKENDS  # lazy: the CLI checks values before it may import torch
 
     modes = ["strict"]
     for backend in BACKENDS.values():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.compile_options import CUDAGRAPHS, FREEZING, FULLGRAPH, MAX_AUTOTUNE, flags
-from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse_layout
+from tpu_tuner.model.layouts import parse_layout
 from tpu_tuner.profiling.profile import Profile
 
 KNOB = "compile_options"
@@ -63,7 +63,8 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
                 "updates into the graph (it applies only to graphs compiled without grad)")
     if CUDAGRAPHS in on and device_kind != "cuda":
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
-    data, fsdp, tensor = parse_layout(candidate["layout"])
+    layout = parse_layout(candidate["layout"], context=False)
+    data, fsdp, tensor = layout.data, layout.fsdp, layout.tensor
     if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
         # Every such trial of the 2-rank studies of examples/gpt.py and examples/llama.py failed
         # at its first step (dynamo: "Unsupported: Unsupported method call"): dynamo traces
