@@ -200,3 +200,21 @@ def test_cpu_peak_memory_window_resets() -> None:
     after, _ = backend.peak_memory_bytes()
     block.close()
     assert "VmHWM" in method and after - before >= 60 * 1024**2
+
+
+@pytest.mark.parametrize(("candidate", "dtype"), [
+    (Candidate(), "float32"),
+    (Candidate(matmul_precision="high"), "tf32"),  # TF32 tensor cores
+    (Candidate(matmul_precision="medium", autocast="float16"), "float16"),  # autocast decides
+    (Candidate(autocast="bfloat16"), "bfloat16"),
+])
+def test_cuda_compute_dtype_combines_the_knobs_with_the_device(candidate: Candidate, dtype: str) -> None:
+    # The backend only answers for a precision or an autocast dtype; no GPU is needed to ask.
+    from tpu_tuner.devices.cuda import CudaBackend
+
+    assert candidate.compute_dtype(CudaBackend()) == dtype
+
+
+def test_a_device_s_baseline_runs_its_own_matmul_precision() -> None:
+    assert Candidate.baseline("cpu") == Candidate() == Candidate.baseline("cuda")
+    assert Candidate.baseline("tpu")["matmul_precision"] == "medium"  # TorchTPU's own default
