@@ -1,6 +1,6 @@
 """The TorchTPU backend (PyPI ``torch-tpu``, device ``"tpu"``), against the released 0.2.0.
 
-Every TorchTPU name used here is listed in `backends/torchtpu_api.py`, which checks them against
+Every TorchTPU name used here is listed in `devices/torchtpu_api.py`, which checks them against
 the installed package; the backend refuses to run on a package that fails that check, naming what
 moved. Nothing here swallows a TorchTPU error: an API change fails loudly.
 

@@ -10,7 +10,7 @@ module of `tpu_tuner.knobs`. A knob applies a value through hooks, each a no-op 
 * ``forward``: a wrapper of the model's forward (torch.compile);
 * ``step``: a context around each step (autocast);
 * ``optimizer`` / ``micro_batches``: how a training step is built (the optimizer's implementation,
-  gradient accumulation over micro-batches); `profiling/step.py` builds every training step, the
+  gradient accumulation over micro-batches); `execution/step.py` builds every training step, the
   accuracy guardrail's included, through them. A user's training loop is their own, so
   ``tpu_tuner.apply`` cannot change it: ``training_code`` prints what to write there.
 

@@ -1,7 +1,7 @@
 """The `execution` knob: eager, or torch.compile with a backend (and mode); on TPU also
 TorchTPU's eager modes, which are start-up environment variables the backend names.
 
-On TPU (torch-tpu 0.2.0, checked by `backends/torchtpu_api.py`): ``eager:strict`` is
+On TPU (torch-tpu 0.2.0, checked by `devices/torchtpu_api.py`): ``eager:strict`` is
 ``EagerMode.DEFER_NEVER`` (the default), ``eager:defer_and_fuse`` is ``DEFER_AND_FUSE``
 (``TORCH_TPU_DEFER_AND_FUSE=1``), ``eager:debug`` is ``DEFER_NEVER_AND_LAUNCH_BLOCKING``
 (``TORCH_TPU_LAUNCH_BLOCKING=1``), and ``tpu`` is ``torch.compile(backend="tpu")``. Left out of
@@ -9,7 +9,7 @@ the search: ``eager:debug`` (a debugging mode, synchronous launches: never the f
 stays a valid value) and any ``tpu:<mode>``: the backend takes no mode (torch passes ``mode`` on
 and 0.2.0 raises ``TypeError: Unexpected keyword arguments: {'mode': ...}``), so it is refused
 here. Its options (``async_compile``: compile latency, not step time; ``num_dynamic_buckets`` /
-``bucket_size``: the bucketing study's, `bucketing/torchtpu.py`) are no knob of this one.
+``bucket_size``: the bucketing study's, `model/torchtpu_buckets.py`) are no knob of this one.
 """
 
 from __future__ import annotations
