@@ -41,7 +41,7 @@ def measure(value: str, steps: int) -> dict[str, float | str]:
     from tpu_tuner.execution.step import prepare_step
 
     backend, candidate = CpuBackend(), Candidate(activation_checkpointing=value)
-    with backend.applied(candidate):
+    with candidate.process(backend):
         step = prepare_step(load_workload(GPT), backend, candidate)
         with FlopCounterMode(display=False) as counter:
             step.run()

@@ -44,7 +44,7 @@ def measure(path: str, batch_size: int | None, rounds: int, steps: int) -> list[
     candidates = [Candidate(intra_op_threads=c) for c in choices]
     built = []
     for candidate in candidates:
-        with backend.applied(candidate):
+        with candidate.process(backend):
             step = prepare_step(workload, backend, candidate, batch_size)
             for _ in range(5):
                 step.run()
@@ -53,7 +53,7 @@ def measure(path: str, batch_size: int | None, rounds: int, steps: int) -> list[
     for r in range(rounds):
         for offset in range(len(candidates)):
             i = (r + offset) % len(candidates)
-            with backend.applied(candidates[i]):
+            with candidates[i].process(backend):
                 times = []
                 for _ in range(steps):
                     start = time.perf_counter()

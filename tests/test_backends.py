@@ -75,7 +75,7 @@ def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None
 def test_cpu_compute_dtype_follows_the_probe(candidate: Candidate, medium_error: float, dtype: str,
                                              tmp_path, monkeypatch) -> None:
     use_probe(monkeypatch, tmp_path, medium_relative_error=medium_error)
-    assert CpuBackend().compute_dtype(candidate) == dtype
+    assert candidate.compute_dtype(CpuBackend()) == dtype
 
 
 def _fake_rounds(fp32: list[float], bf16: list[float], dispatch: list[float]) -> list[dict[str, float]]:
@@ -200,3 +200,21 @@ def test_cpu_peak_memory_window_resets() -> None:
     after, _ = backend.peak_memory_bytes()
     block.close()
     assert "VmHWM" in method and after - before >= 60 * 1024**2
+
+
+@pytest.mark.parametrize(("candidate", "dtype"), [
+    (Candidate(), "float32"),
+    (Candidate(matmul_precision="high"), "tf32"),  # TF32 tensor cores
+    (Candidate(matmul_precision="medium", autocast="float16"), "float16"),  # autocast decides
+    (Candidate(autocast="bfloat16"), "bfloat16"),
+])
+def test_cuda_compute_dtype_combines_the_knobs_with_the_device(candidate: Candidate, dtype: str) -> None:
+    # The backend only answers for a precision or an autocast dtype; no GPU is needed to ask.
+    from tpu_tuner.devices.cuda import CudaBackend
+
+    assert candidate.compute_dtype(CudaBackend()) == dtype
+
+
+def test_a_device_s_baseline_runs_its_own_matmul_precision() -> None:
+    assert Candidate.baseline("cpu") == Candidate() == Candidate.baseline("cuda")
+    assert Candidate.baseline("tpu")["matmul_precision"] == "medium"  # TorchTPU's own default

@@ -62,7 +62,7 @@ def test_freezing_is_on_in_the_trial_and_after_apply_and_restored(tmp_path) -> N
     backend = CpuBackend()
     knob = get("compile_options")
     assert not inductor_config.freezing
-    with backend.applied(candidate):
+    with candidate.process(backend):
         assert inductor_config.freezing and not inductor_config.max_autotune
         assert knob.observe(nn.Linear(2, 2), None, backend) == "freezing+fullgraph"
     assert not inductor_config.freezing and knob.observe(nn.Linear(2, 2), None, backend) == "default"
@@ -84,14 +84,14 @@ def test_the_compiled_forward_carries_the_options() -> None:
     with the options passed, so the backend differs. torch.compile is lazy: nothing compiles here."""
     backend = CpuBackend()
     candidate = Candidate(execution="inductor:max-autotune-no-cudagraphs", compile_options="freezing+fullgraph")
-    with backend.applied(candidate):
-        forward = backend.compile(nn.Linear(2, 2), candidate)
+    with candidate.process(backend):
+        forward = candidate.wrap_forward(nn.Linear(2, 2), backend)
     inductor = forward.dynamo_ctx.callback._torchdynamo_orig_backend._torchdynamo_orig_backend
     assert inductor.config["freezing"] is True and inductor.config["max_autotune"] is True  # mode kept
     assert forward._tpu_tune_execution == candidate["execution"]
     # Not under inductor: the options leave aot_eager's forward alone.
     other = Candidate(execution="aot_eager", compile_options="freezing")
-    assert backend.compile(nn.Linear(2, 2), other)._tpu_tune_execution == "aot_eager"
+    assert other.wrap_forward(nn.Linear(2, 2), backend)._tpu_tune_execution == "aot_eager"
 
 
 def test_printed_code_sets_the_options() -> None:

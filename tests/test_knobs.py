@@ -98,10 +98,10 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     assert baseline[name] == knob.default  # nothing applied: the default reads back
 
     # The trial path: what profiling/step.py and the worker's jobs do.
-    with backend.applied(candidate):
-        model = backend.prepare_model(TinyNet(), candidate)
-        forward = backend.compile(model, candidate)
-        trial = _observe(candidate, model, forward, backend, lambda: backend.autocast(candidate))
+    with candidate.process(backend):
+        model = candidate.prepare_model(TinyNet(), backend)
+        forward = candidate.wrap_forward(model, backend)
+        trial = _observe(candidate, model, forward, backend, lambda: candidate.step(backend))
     assert trial[name] == expected
     assert torch.get_float32_matmul_precision() == before  # process-wide settings restored
 
@@ -225,7 +225,7 @@ def test_memory_format_relays_conv_weights_and_inputs() -> None:
     backend, candidate = CpuBackend(), Candidate(memory_format="channels_last")
     torch.manual_seed(0)
     reference = TinyNet()
-    model = backend.prepare_model(TinyNet(), candidate)
+    model = candidate.prepare_model(TinyNet(), backend)
     model.load_state_dict(reference.state_dict())
     seen = []
     model.conv.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -234,7 +234,7 @@ def test_memory_format_relays_conv_weights_and_inputs() -> None:
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last) and not model.conv.weight.is_contiguous()
     assert seen[0].is_contiguous(memory_format=torch.channels_last) and not seen[0].is_contiguous()
     torch.testing.assert_close(output, reference(inputs))
-    linear = backend.prepare_model(nn.Linear(4, 4), candidate)
+    linear = candidate.prepare_model(nn.Linear(4, 4), backend)
     assert knobs.get("memory_format").observe(linear, linear, backend) is None
     assert not knobs.get("memory_format").applies_to("tpu")
     assert "memory_format" not in SearchSpace.load("default", "tpu").grid()

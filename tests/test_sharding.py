@@ -102,3 +102,16 @@ def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
     printed = "\n".join(config.instructions(tmp_path / "c.toml"))
     assert "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2, e.g. torchrun --nproc-per-node 2)" in printed
     assert "apply_layout(model, Layout(data=1, fsdp=2, tensor=1), device_type='cpu')" in printed
+
+
+def test_one_layout_spelling_parses_and_formats_alike() -> None:
+    from tpu_tuner.model.layouts import Layout, parse_layout
+
+    for text in ("1x64x4", "1x32x4x2", "2x1x1"):
+        layout = parse_layout(text)
+        assert layout.short() == text and Layout.from_mesh(layout.mesh_shape()) == layout
+    assert parse_layout("1x32x4x2").without_context().short() == "1x64x4"
+    assert parse_layout("1x32x4x2").short(with_context=False) == "1x32x4"
+    for bad, context in (("1x4", True), ("1x2x1x1x1", True), ("1x2x1x2", False), ("0x1x1", False), ("axbxc", True)):
+        with pytest.raises(ValueError, match="DATAxFSDPxTENSOR|at least 1"):
+            parse_layout(bad, context=context)

@@ -73,7 +73,7 @@ def test_an_unknown_generation_is_an_error_not_a_guess(fake_tpu) -> None:
 def test_eager_mode_and_precision_are_applied_and_restored(fake_tpu) -> None:
     backend = TorchTpuBackend()
     before = torch.get_float32_matmul_precision()
-    with backend.applied(Candidate(execution="eager:defer_and_fuse", matmul_precision="medium")):
+    with Candidate(execution="eager:defer_and_fuse", matmul_precision="medium").process(backend):
         assert fake_tpu.mode is EagerMode.DEFER_AND_FUSE
         assert torch.get_float32_matmul_precision() == "medium"
     assert fake_tpu.mode is EagerMode.DEFER_NEVER
@@ -87,7 +87,7 @@ def test_compile_events_read_the_cache_counters(fake_tpu) -> None:
     assert (events["tpu_compilations"], events["tpu_cache_requests"], events["tpu_cache_hits"]) == (3, 10, 7)
     assert TorchTpuBackend().default_compile_backend() == "tpu"
     # MFU on TPU is quoted against the bf16 peak, whatever the matmul precision.
-    assert TorchTpuBackend().compute_dtype(Candidate(matmul_precision="highest")) == "bfloat16"
+    assert Candidate(matmul_precision="highest").compute_dtype(TorchTpuBackend()) == "bfloat16"
 
 
 def test_a_mode_on_the_tpu_compile_backend_is_refused() -> None:

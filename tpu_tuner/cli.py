@@ -8,7 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpu_tuner.knobs.candidate import AUTOCAST_DTYPES, MATMUL_PRECISIONS, Candidate
+from tpu_tuner.knobs.autocast import AUTOCAST_DTYPES
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.matmul_precision import MATMUL_PRECISIONS
 from tpu_tuner.core.errors import TpuTuneError
 from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
 
@@ -306,7 +308,7 @@ def _buckets_command(args: argparse.Namespace) -> int:
 
 def _plan_command(args: argparse.Namespace) -> int:
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.model.layouts import parse_layout_text
+    from tpu_tuner.model.layouts import parse_layout
     from tpu_tuner.planner.plan import PlanOptions
     from tpu_tuner.outputs.plan_report import render_terminal
     from tpu_tuner.core.run_folder import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
@@ -317,7 +319,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     layouts = None
     if args.layout:
         try:
-            layouts = [parse_layout_text(text) for text in args.layout]
+            layouts = [parse_layout(text) for text in args.layout]
         except ValueError as exc:
             raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4: {exc}") from exc
     parse_remat(args.remat, "--remat")

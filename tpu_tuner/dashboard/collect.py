@@ -223,20 +223,13 @@ def _read_profile(folder: Path, row: dict[str, Any], collection: Collection) -> 
 
 def _describe(candidate: dict[str, Any]) -> str:
     """A candidate dict or [settings] table (knob values, or the field style of older runs) in a
-    few words: the execution, the matmul precision, and every other knob set away from its default."""
+    few words: each knob's `label` (the execution, the matmul precision, every other knob set
+    away from its default)."""
     try:
         parsed = Candidate.from_dict(candidate)
     except (TypeError, ValueError):  # a knob this version does not know: show it as written
         return ", ".join(f"{key}={value}" for key, value in candidate.items())
-    execution = parsed["execution"]
-    parts = ["eager" if execution == "eager" else execution if execution.startswith("eager:")
-             else f"compile={execution}"]
-    for name, knob in knobs.REGISTRY.items():
-        if name == "matmul_precision":
-            parts.append(f"matmul={parsed[name]}")
-        elif name != "execution" and parsed[name] != knob.default:
-            parts.append(f"{name}={parsed[name]}")
-    return ", ".join(parts)
+    return ", ".join(part for name, knob in knobs.REGISTRY.items() if (part := knob.label(parsed[name])))
 
 
 def _unfinished_status(folder: Path) -> dict[str, str]:

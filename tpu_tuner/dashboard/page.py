@@ -20,6 +20,7 @@ from tpu_tuner.dashboard.collect import Collection, collect, finite
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import ms
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.model.layouts import Layout
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _plans(collection: Collection) -> str:
                                                         "exposed comm", "memory", "why")) + "</tr></thead><tbody>")
         for plan in data["plans"]:
             p = plan.get("prediction") or {}
-            layout = "{data}x{fsdp}x{tensor}".format(**plan["layout"])
+            layout = Layout.from_mesh(plan["layout"]).short(with_context=False)
             out.append(f"<tr><td>{_e(layout)}</td><td>{'yes' if plan.get('fits') else 'no'}</td>"
                        + _num_cell(p.get("mfu"), _pct(p.get("mfu")))
                        + _num_cell(p.get("step_seconds"), ms(p.get("step_seconds")))

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.core.units import si
+from tpu_tuner.model.layouts import Layout
 
 DPI = 80
 _OK = "tab:blue"
@@ -192,7 +193,7 @@ def step_split(prediction: dict[str, Any]) -> tuple[float, float, float]:
 def plan(plan_data: dict[str, Any]) -> str:
     """One planner result: predicted MFU per layout (fits or not) and each layout's step-time split."""
     plans = plan_data["plans"]
-    labels = ["{data}x{fsdp}x{tensor}".format(**p["layout"]) for p in plans]
+    labels = [Layout.from_mesh(p["layout"]).short(with_context=False) for p in plans]
     predictions = [p.get("prediction") for p in plans]
     fig = _figure(max(8, 1.3 * len(labels)), 3.4, bottom=0.75, left=0.6, wspace=0.25)
     mfu_ax, split_ax = fig.subplots(1, 2)

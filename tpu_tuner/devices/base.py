@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from tpu_tuner.devices.roofline import RooflineProbe
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.devices.peak import DevicePeak
 from tpu_tuner.metrics.mfu import PeakChoice, checked_peak, fastest_peak
 
@@ -32,7 +30,9 @@ class DeviceInfo:
 
 
 class Backend(ABC):
-    """A device backend: detects its device, reports its peaks, and maps candidates onto it."""
+    """A device backend: detects its device, reports its facts (peaks, memory, compile counters)
+    and offers the primitives the knobs combine with a candidate (`tpu_tuner.knobs`); it never
+    sees a candidate itself."""
 
     kind: ClassVar[str]
     # The torch.distributed backend the ranks of a sharded trial join (gloo on CPU tensors).
@@ -65,9 +65,15 @@ class Backend(ABC):
         """Block until queued device work is done, so that a timer sees its end."""
 
     @abstractmethod
-    def compute_dtype(self, candidate: Candidate) -> str:
-        """The dtype the candidate's matmuls run in. MFU never depends on it (it divides by the
-        fastest dtype's peak, docs/mfu.md); reports name it beside the per-dtype utilisation."""
+    def matmul_dtype(self, precision: str) -> str:
+        """The dtype float32 matmuls run in under ``torch.set_float32_matmul_precision(precision)``.
+        MFU never depends on it (it divides by the fastest dtype's peak, docs/mfu.md); reports
+        name it beside the per-dtype utilisation."""
+
+    def autocast_matmul_dtype(self, dtype: str) -> str | None:
+        """The dtype matmuls run in under ``torch.autocast`` to `dtype`; None where autocast to
+        it leaves them as the matmul precision decides."""
+        return dtype
 
     def remeasure_peak(self) -> DevicePeak | None:
         """Measure the peak again because a step beat it; None where it is a published figure."""
@@ -209,22 +215,3 @@ class Backend(ABC):
     def eager_mode(self, mode: str | None) -> contextlib.AbstractContextManager[Any]:
         """A context running in eager `mode` (None: the default) where it can be switched in-process."""
         return contextlib.nullcontext()
-
-    # --- applying a candidate: its knobs' hooks, the same ones `tpu_tuner.apply` uses --------
-
-    def applied(self, candidate: Candidate) -> contextlib.AbstractContextManager[None]:
-        """Apply the candidate's process-wide settings (matmul precision, eager mode) for a block."""
-        return candidate.process(self)
-
-    def autocast(self, candidate: Candidate) -> contextlib.AbstractContextManager[Any]:
-        """The per-step context of a candidate (autocast; a no-op context without it)."""
-        return candidate.step(self)
-
-    def prepare_model(self, model: torch.nn.Module, candidate: Candidate) -> torch.nn.Module:
-        """The model with the candidate's model-level settings applied (memory format, ...)."""
-        return candidate.prepare_model(model, self)
-
-    def compile(self, fn: Callable[..., Any], candidate: Candidate, static_shapes: bool = False) -> Callable[..., Any]:
-        """Wrap `fn` as the candidate's execution asks (torch.compile or not). `static_shapes`
-        compiles every new input shape anew (``dynamic=False``), as TorchTPU always does."""
-        return candidate.wrap_forward(fn, self, static_shapes)

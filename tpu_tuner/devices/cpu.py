@@ -9,7 +9,6 @@ import torch
 
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.roofline import cached_probe, cpu_model_name, usable_cores
-from tpu_tuner.knobs.candidate import Candidate
 
 
 class CpuBackend(Backend):
@@ -55,15 +54,17 @@ class CpuBackend(Backend):
         # CPU ops run synchronously: when the call returns, the work is done.
         return None
 
-    def compute_dtype(self, candidate: Candidate) -> str:
+    def matmul_dtype(self, precision: str) -> str:
         # "medium" lets oneDNN run fp32 matmuls as bf16 on some hosts (AMX) and changes nothing on
         # others: the probe's numerics check says which. "high" has no TF32 equivalent on CPU.
-        if candidate["autocast"] == "bfloat16":
-            return "bfloat16"
-        if candidate["matmul_precision"] == "medium":
+        if precision == "medium":
             probe, _ = cached_probe(self.device, self.synchronize)
             return "bfloat16" if probe.medium_changes_numerics else "float32"
         return "float32"
+
+    def autocast_matmul_dtype(self, dtype: str) -> str | None:
+        # Only bfloat16 is counted as a CPU autocast dtype; float16 reports the precision's.
+        return dtype if dtype == "bfloat16" else None
 
     def reset_peak_memory(self) -> None:
         # Writing 5 to clear_refs resets the kernel's peak-RSS mark (VmHWM) to the current RSS.

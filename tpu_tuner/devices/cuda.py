@@ -8,7 +8,6 @@ import torch
 
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.roofline import cached_probe
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.hardware import GIGA, TERA, gpu_spec_for_name
 
 
@@ -74,11 +73,9 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def compute_dtype(self, candidate: Candidate) -> str:
-        if candidate["autocast"] != "none":
-            return candidate["autocast"]
+    def matmul_dtype(self, precision: str) -> str:
         # "high" and "medium" let fp32 matmuls use TF32 tensor cores.
-        return "tf32" if candidate["matmul_precision"] != "highest" else "float32"
+        return "tf32" if precision != "highest" else "float32"
 
     def reset_peak_memory(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -1,6 +1,6 @@
 """The TorchTPU backend (PyPI ``torch-tpu``, device ``"tpu"``), against the released 0.2.0.
 
-Every TorchTPU name used here is listed in `backends/torchtpu_api.py`, which checks them against
+Every TorchTPU name used here is listed in `devices/torchtpu_api.py`, which checks them against
 the installed package; the backend refuses to run on a package that fails that check, naming what
 moved. Nothing here swallows a TorchTPU error: an API change fails loudly.
 
@@ -22,7 +22,6 @@ import torch
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER_MODE_ENV, PROCESS_GROUP_BACKEND,
                                              cached_api_check, installed_version, package_folder)
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import BackendError, UserInputError
 from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
@@ -111,7 +110,10 @@ class TorchTpuBackend(Backend):
     def synchronize(self) -> None:
         torch.accelerator.synchronize()
 
-    def compute_dtype(self, candidate: Candidate) -> str:
+    def matmul_dtype(self, precision: str) -> str:
+        return "bfloat16"  # the MXU runs bf16 passes at every precision
+
+    def autocast_matmul_dtype(self, dtype: str) -> str | None:
         return "bfloat16"
 
     def reset_peak_memory(self) -> None:

@@ -1,7 +1,7 @@
 """Every name tpu-tune uses of TorchTPU, in one table, and the check of that table against the
 installed package (``tpu-tune devices``, tests/test_torchtpu_contract.py).
 
-The adapter (`backends/torchtpu.py`) reaches TorchTPU only through the names listed here, so an API
+The adapter (`devices/torchtpu.py`) reaches TorchTPU only through the names listed here, so an API
 change in a new torch-tpu release fails this check with the name that moved, instead of a trial
 silently measuring something else. Read against torch-tpu 0.2.0's shipped sources
 (docs/torchtpu.md has what each name does and where it is defined).
@@ -87,7 +87,7 @@ PRIVATE_NAMES: tuple[str, ...] = (
 )
 CACHE_STATS_FIELDS: tuple[str, ...] = ("num_cache_reqs", "num_cache_hits", "num_compilations")
 COMPILE_BACKEND = "tpu"
-# torch.compile(backend="tpu", options={...}) keys: bounded dynamism (bucketing/torchtpu.py).
+# torch.compile(backend="tpu", options={...}) keys: bounded dynamism (model/torchtpu_buckets.py).
 COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
 PROCESS_GROUP_BACKEND = "tpu_dist"
 # Start-up variables of the eager modes, read only by TorchTPU's C++ runtime.

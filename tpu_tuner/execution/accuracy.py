@@ -36,7 +36,7 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         # The candidate's own accumulation (micro-batches, loss / k): its accumulated gradients
         # are what is compared with the whole-batch fp32 reference.
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
-        loss = accumulate_gradients(step.forward, workload.loss_fn, slices, lambda: backend.autocast(candidate))
+        loss = accumulate_gradients(step.forward, workload.loss_fn, slices, lambda: candidate.step(backend))
         # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
         # gradient whole (gathered from its shards; every rank takes part, in parameter order).
         loss = backend.mean_over_ranks(loss)
@@ -44,7 +44,7 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": torch.cat(grads).cpu()}
         step.model.zero_grad(set_to_none=True)
     else:
-        with torch.no_grad(), backend.autocast(candidate):
+        with torch.no_grad(), candidate.step(backend):
             output = call_model(step.forward, inputs)
         parts = {"output": _flatten(output).cpu()}
     return Outputs(parts)

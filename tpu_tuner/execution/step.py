@@ -63,10 +63,10 @@ def prepare_step(
     inputs, target = move_to(inputs, device), move_to(target, device)
     # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,
     # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too.
-    model = backend.prepare_model(model, candidate)
+    model = candidate.prepare_model(model, backend)
     # The training step's optimizer as the candidate builds it (implementation flag).
     optimizer = candidate.prepare_optimizer(workload.optimizer_for(model), backend)
-    compiled = backend.compile(model, candidate)
+    compiled = candidate.wrap_forward(model, backend)
 
     return PreparedStep(
         model=model,
@@ -88,7 +88,7 @@ def step_function(workload: Workload, backend: Backend, candidate: Candidate, fo
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
 
         def train_step() -> Any:
-            loss = accumulate_gradients(forward, loss_fn, slices, lambda: backend.autocast(candidate))
+            loss = accumulate_gradients(forward, loss_fn, slices, lambda: candidate.step(backend))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return loss.detach()
@@ -96,7 +96,7 @@ def step_function(workload: Workload, backend: Backend, candidate: Candidate, fo
         return train_step
 
     def inference_step() -> Any:
-        with torch.no_grad(), backend.autocast(candidate):
+        with torch.no_grad(), candidate.step(backend):
             return call_model(forward, inputs)
 
     return inference_step

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
@@ -20,6 +20,16 @@ class AutocastKnob(Knob):
     default = NONE
     position = 30
     values = (NONE, "bfloat16", "float16")
+
+    legacy_fields = ("autocast_dtype",)
+
+    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
+        return fields.get("autocast_dtype") or NONE
+
+    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+        if value == NONE:
+            return dtype
+        return backend.autocast_matmul_dtype(value) or dtype
 
     def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         if value == NONE:
@@ -38,3 +48,7 @@ class AutocastKnob(Knob):
         if not torch.is_autocast_enabled(backend.kind):
             return NONE
         return str(torch.get_autocast_dtype(backend.kind)).removeprefix("torch.")
+
+
+# Choices of the `tpu-tune profile --autocast` flag (read without importing torch).
+AUTOCAST_DTYPES = tuple(v for v in AutocastKnob.values or () if v != NONE)

@@ -10,12 +10,13 @@ module of `tpu_tuner.knobs`. A knob applies a value through hooks, each a no-op 
 * ``forward``: a wrapper of the model's forward (torch.compile);
 * ``step``: a context around each step (autocast);
 * ``optimizer`` / ``micro_batches``: how a training step is built (the optimizer's implementation,
-  gradient accumulation over micro-batches); `profiling/step.py` builds every training step, the
+  gradient accumulation over micro-batches); `execution/step.py` builds every training step, the
   accuracy guardrail's included, through them. A user's training loop is their own, so
   ``tpu_tuner.apply`` cannot change it: ``training_code`` prints what to write there.
 
-The trial worker (`profiling/step.py`, `backends.Backend.applied`) and `tpu_tuner.apply` call the
-same hooks, so what was measured is what gets applied. ``code`` prints the same thing as Python
+The trial worker (`execution/step.py`, through `Candidate`) and `tpu_tuner.apply` call the same
+hooks, so what was measured is what gets applied. A backend never sees a candidate: the hooks
+combine a value with the backend's primitives (its eager modes, its matmul dtypes). ``code`` prints the same thing as Python
 for ``tpu-tune apply``; ``observe`` reads the setting back, which the contract test compares.
 
 Knob modules import torch inside their hooks only: the CLI reads the registry (choices, names)
@@ -66,6 +67,19 @@ class Knob(ABC):
         if self.values is not None and value not in self.values:
             raise ValueError(f"{self.name} must be one of {', '.join(self.values)}, not {value!r}")
         return value
+
+    # Fields of candidates written before the registry that held this knob's setting.
+    legacy_fields: ClassVar[tuple[str, ...]] = ()
+
+    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
+        """This knob's value in a pre-registry candidate (`legacy_fields` style: ``eager_mode``,
+        ``compile_backend``, ...); None where those fields never held it (its default then)."""
+        return None
+
+    def device_default(self, device_kind: str | None) -> str:
+        """The value `device_kind` runs unchanged code at: a baseline ("the user's code as it runs
+        there") sets it. `default` unless the device's own differs (TorchTPU's matmul precision)."""
+        return self.default
 
     def applies_to(self, device_kind: str) -> bool:
         """Whether the knob means anything on this device kind (a config for another kind
@@ -137,6 +151,20 @@ class Knob(ABC):
         """A context entered around every step (forward and loss)."""
         return contextlib.nullcontext()
 
+    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+        """The dtype the step's matmuls run in under `value`, given `dtype`, what the knobs before
+        it (registry order) decided; the start is float32."""
+        return dtype
+
+    def compiles(self, value: str) -> bool:
+        """Whether `value` runs the forward through torch.compile (a step that then counted no
+        compile ran eager, and measured nothing of the setting)."""
+        return False
+
+    # True for a knob whose values spread one step over several processes (the sharding layout):
+    # an ``--nproc N`` run searches one, and `apply_sharding` applies these knobs alone.
+    spreads_over_ranks: ClassVar[bool] = False
+
     def local_batch(self, value: str, inputs: Any, target: Any) -> tuple[Any, Any]:
         """The part of the global batch this process runs (a rank of a sharded step runs its
         slice); the whole batch by default."""
@@ -171,6 +199,29 @@ class Knob(ABC):
     def describe(self, value: str) -> str:
         """A few words for labels and reports; empty for the default (it goes without saying)."""
         return "" if value == self.default else f"{self.name} {value}"
+
+    def label(self, value: str) -> str:
+        """The knob's part of the dashboard's terse settings cell ("compile=inductor, matmul=high");
+        empty where it goes without saying (the default)."""
+        return "" if value == self.default else f"{self.name}={value}"
+
+    # --- the tuned config: tables beside [settings] -------------------------------------------
+
+    def config_tables(self, value: str) -> dict[str, dict[str, Any]]:
+        """Tables of ``tuned_config.toml`` that repeat `value` beside [settings] for other readers
+        (table name -> entries merged into it; the layout's [sharding.mesh])."""
+        return {}
+
+    def from_config_tables(self, value: str, tables: Mapping[str, Any]) -> str:
+        """The value of a config whose [settings] give `value` and whose other `tables` may give
+        it too (configs written with the table alone); ValueError naming both where they
+        disagree or a table is malformed."""
+        return value
+
+    def instructions(self, value: str, backend: BackendLike) -> list[str]:
+        """Comment lines heading a tuned config's printed instructions (how to start the
+        processes the value runs on); none by default."""
+        return []
 
     def code(self, value: str, device_kind: str) -> list[str]:
         """Python statements that apply `value` to `model` and a batch `inputs` (the user's own

@@ -18,11 +18,9 @@ if TYPE_CHECKING:
 
     from tpu_tuner.knobs.base import BackendLike
 
-# Field names of candidates written before the knob registry (run folders, tuned_config.toml).
-LEGACY_FIELDS = ("eager_mode", "compile_backend", "compile_mode", "matmul_precision", "autocast_dtype")
-# Choices of the `tpu-tune profile` flags (read from the knobs, without importing torch).
-MATMUL_PRECISIONS = knobs.get("matmul_precision").values or ()
-AUTOCAST_DTYPES = tuple(v for v in knobs.get("autocast").values or () if v != "none")
+# Field names of candidates written before the knob registry (run folders, tuned_config.toml),
+# each read by the knob that holds its setting now (`Knob.legacy_fields`).
+LEGACY_FIELDS = tuple(dict.fromkeys(field for knob in knobs.REGISTRY.values() for field in knob.legacy_fields))
 
 
 class Candidate:
@@ -75,12 +73,16 @@ class Candidate:
                     compile_mode: str | None = None, matmul_precision: str | None = "highest",
                     autocast_dtype: str | None = None) -> "Candidate":
         """A candidate from the pre-registry fields (older run folders, the profile CLI's flags)."""
-        if compile_backend:
-            execution = compile_backend + (f":{compile_mode}" if compile_mode else "")
-        else:
-            execution = "eager" + (f":{eager_mode}" if eager_mode else "")
-        return cls(execution=execution, matmul_precision=matmul_precision or "highest",
-                   autocast=autocast_dtype or "none")
+        fields = {"eager_mode": eager_mode, "compile_backend": compile_backend, "compile_mode": compile_mode,
+                  "matmul_precision": matmul_precision, "autocast_dtype": autocast_dtype}
+        return cls({name: value for name, knob in knobs.REGISTRY.items()
+                    if (value := knob.from_legacy_fields(fields)) is not None})
+
+    @classmethod
+    def baseline(cls, device_kind: str | None) -> "Candidate":
+        """The user's code as it runs on `device_kind` unchanged: each knob at the device's own
+        default (TorchTPU's matmul precision is medium)."""
+        return cls({name: knob.device_default(device_kind) for name, knob in knobs.REGISTRY.items()})
 
     def describe(self) -> str:
         """A short human label, e.g. "eager, matmul highest" or "inductor, matmul medium, autocast bfloat16"."""
@@ -92,6 +94,18 @@ class Candidate:
         for name, knob in knobs.REGISTRY.items():
             if knob.applies_to(kind):
                 yield knob, self[name]
+
+    def compute_dtype(self, backend: "BackendLike") -> str:
+        """The dtype the step's matmuls run in (reports name it beside the per-dtype utilisation):
+        each knob refines what the ones before it decided, from the backend's primitives."""
+        dtype = "float32"
+        for knob, value in self._active(backend.kind):
+            dtype = knob.compute_dtype(value, dtype, backend)
+        return dtype
+
+    def compiles(self) -> bool:
+        """Whether the candidate runs its forward through torch.compile."""
+        return any(knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items())
 
     def environment(self, backend: "BackendLike") -> dict[str, str]:
         """Start-up variables this candidate needs (a non-empty answer means a fresh process)."""

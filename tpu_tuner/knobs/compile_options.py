@@ -89,9 +89,10 @@ class CompileOptionsKnob(Knob):
 
     def active(self, settings: Mapping[str, str]) -> bool:
         """Searched only under inductor: the options are inductor's (any mode of it)."""
-        from tpu_tuner.knobs.execution import split
+        from tpu_tuner.knobs.execution import ExecutionKnob, split
 
-        return split(settings.get("execution", "eager"))[0] == INDUCTOR
+        # The condition is on another knob: named by its class, so a rename stays one edit.
+        return split(settings.get(ExecutionKnob.name, ExecutionKnob.default))[0] == INDUCTOR
 
     def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         return _compiler_settings(flags(value))

@@ -1,7 +1,7 @@
 """The `execution` knob: eager, or torch.compile with a backend (and mode); on TPU also
 TorchTPU's eager modes, which are start-up environment variables the backend names.
 
-On TPU (torch-tpu 0.2.0, checked by `backends/torchtpu_api.py`): ``eager:strict`` is
+On TPU (torch-tpu 0.2.0, checked by `devices/torchtpu_api.py`): ``eager:strict`` is
 ``EagerMode.DEFER_NEVER`` (the default), ``eager:defer_and_fuse`` is ``DEFER_AND_FUSE``
 (``TORCH_TPU_DEFER_AND_FUSE=1``), ``eager:debug`` is ``DEFER_NEVER_AND_LAUNCH_BLOCKING``
 (``TORCH_TPU_LAUNCH_BLOCKING=1``), and ``tpu`` is ``torch.compile(backend="tpu")``. Left out of
@@ -9,13 +9,13 @@ the search: ``eager:debug`` (a debugging mode, synchronous launches: never the f
 stays a valid value) and any ``tpu:<mode>``: the backend takes no mode (torch passes ``mode`` on
 and 0.2.0 raises ``TypeError: Unexpected keyword arguments: {'mode': ...}``), so it is refused
 here. Its options (``async_compile``: compile latency, not step time; ``num_dynamic_buckets`` /
-``bucket_size``: the bucketing study's, `bucketing/torchtpu.py`) are no knob of this one.
+``bucket_size``: the bucketing study's, `model/torchtpu_buckets.py`) are no knob of this one.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
@@ -40,6 +40,15 @@ class ExecutionKnob(Knob):
     agent = "compile"
     default = EAGER
     position = 10
+
+    legacy_fields = ("eager_mode", "compile_backend", "compile_mode")
+
+    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
+        backend, mode = fields.get("compile_backend"), fields.get("compile_mode")
+        if backend:
+            return backend + (f":{mode}" if mode else "")
+        eager_mode = fields.get("eager_mode", "strict")
+        return EAGER + (f":{eager_mode}" if eager_mode else "")
 
     def check(self, value: str) -> str:
         value = super().check(value)
@@ -81,6 +90,13 @@ class ExecutionKnob(Knob):
         compiled = torch.compile(fn, **options)
         compiled._tpu_tune_execution = value  # what `observe` reports once it sees a compiled forward
         return compiled
+
+    def compiles(self, value: str) -> bool:
+        return compile_options(value) is not None
+
+    def label(self, value: str) -> str:
+        # Always named: "eager", "eager:<mode>" or "compile=<backend>[:<mode>]".
+        return value if split(value)[0] == EAGER else f"compile={value}"
 
     def describe(self, value: str) -> str:
         head, tail = split(value)
@@ -129,7 +145,7 @@ def compile_options(value: str) -> dict[str, Any] | None:
 
 def _eager_modes() -> tuple[str, ...]:
     """Every eager mode some backend knows (the first is the default), from the backends."""
-    from tpu_tuner.devices import BACKENDS  # lazy: the backends import candidates, which import knobs
+    from tpu_tuner.devices import BACKENDS  # lazy: the CLI checks values before it may import torch
 
     modes = ["strict"]
     for backend in BACKENDS.values():

@@ -18,12 +18,12 @@ column / row widths and head counts, fsdp and tensor need repeated blocks).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
-from tpu_tuner.model.layouts import parse_data_fsdp_tensor
+from tpu_tuner.model.layouts import Layout, parse_layout, why_not_ranks
 
 if TYPE_CHECKING:
     from torch import nn
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 SINGLE = "1x1x1"
 AXES = ("data", "fsdp", "tensor")
 # The families a search space may list: each a set of axes; "data+tensor" is not one (DDP cannot
-# wrap tensor-parallel parameters; `sharding.apply.why_not`).
+# wrap tensor-parallel parameters; `model.layouts.why_not_ranks`).
 FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+fsdp+tensor")
 
 
@@ -43,7 +43,7 @@ def expand(family: str, ranks: int) -> list[str]:
     found = []
     for sizes in product(_divisors(ranks), repeat=3):
         if math.prod(sizes) == ranks and {axis for axis, size in zip(AXES, sizes) if size > 1} == wanted:
-            found.append("x".join(map(str, sizes)))
+            found.append(Layout(*sizes).short())
     return found
 
 
@@ -57,12 +57,13 @@ class LayoutKnob(Knob):
     default = SINGLE
     position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
     training_only = False
+    spreads_over_ranks = True
     not_applicable = "sharding layouts split a training step (an inference step runs on one process)"
 
     def check(self, value: str) -> str:
         if not isinstance(value, str):
             raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
-        return "x".join(map(str, parse_data_fsdp_tensor(value)))
+        return parse_layout(value, context=False).short()
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The families of `entry` expanded for `ranks` ranks, the data-parallel one (the
@@ -86,15 +87,13 @@ class LayoutKnob(Knob):
         return self.choice_refusal(value, traits) is None
 
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
-        """`sharding.apply.why_not_shape` from the profile's numbers (`tensor_divisor`: the gcd
+        """`model.layouts.why_not_ranks` from the profile's numbers (`tensor_divisor`: the gcd
         of what a tensor axis must divide)."""
-        from tpu_tuner.parallel.apply import why_not_shape
-
-        data, fsdp, tensor = parse_data_fsdp_tensor(value)
+        layout = _layout(value)
         widths = {} if traits.tensor_divisor is None else {
             "the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
-        return why_not_shape(_layout(value), data * fsdp * tensor, traits.batch_size, traits.repeated_blocks,
-                             widths if tensor > 1 else {})
+        return why_not_ranks(layout, layout.devices, traits.batch_size, traits.repeated_blocks,
+                             widths if layout.tensor > 1 else {})
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         if value == SINGLE:
@@ -131,20 +130,20 @@ class LayoutKnob(Knob):
     def describe(self, value: str) -> str:
         if value == SINGLE:
             return ""
-        data, fsdp, tensor = parse_data_fsdp_tensor(value)
-        parts = [f"{name} {size}" for name, size in (("DDP" if fsdp == 1 else "replicas", data), ("FSDP", fsdp),
-                                                    ("TP", tensor)) if size > 1]
+        layout = _layout(value)
+        parts = [f"{name} {size}" for name, size in (("DDP" if layout.fsdp == 1 else "replicas", layout.data),
+                                                    ("FSDP", layout.fsdp), ("TP", layout.tensor)) if size > 1]
         return "layout " + " x ".join(parts)
 
     def code(self, value: str, device_kind: str) -> list[str]:
         if value == SINGLE:
             return []
-        data, fsdp, tensor = parse_data_fsdp_tensor(value)
+        layout = _layout(value)
         return ["# one process per device, each joined to the process group first "
-                f"(torchrun --nproc-per-node {data * fsdp * tensor} script.py)",
+                f"(torchrun --nproc-per-node {layout.devices} script.py)",
                 "from tpu_tuner.model.layouts import Layout",
                 "from tpu_tuner.parallel.apply import apply_layout",
-                f"model = apply_layout(model, Layout(data={data}, fsdp={fsdp}, tensor={tensor}), "
+                f"model = apply_layout(model, Layout(data={layout.data}, fsdp={layout.fsdp}, tensor={layout.tensor}), "
                 f"device_type={device_kind!r})  # before the optimizer is built"]
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
@@ -174,10 +173,37 @@ class LayoutKnob(Knob):
                 for axis, size in zip(mesh.mesh_dim_names or (), mesh.shape):
                     if axis in sizes:
                         sizes[axis] = max(sizes[axis], size)
-        return "x".join(str(sizes[axis]) for axis in AXES)
+        return Layout.from_mesh(sizes).short()
+
+    # --- the tuned config: [sharding.mesh] repeats the layout for planners' readers -----------
+
+    def config_tables(self, value: str) -> dict[str, dict[str, Any]]:
+        return {} if value == SINGLE else {"sharding": {"mesh": _layout(value).mesh_shape()}}
+
+    def from_config_tables(self, value: str, tables: Mapping[str, Any]) -> str:
+        """The layout of a [sharding.mesh] table (configs that gave the mesh alone, as planners
+        did before [settings] had a layout); ValueError where the two disagree."""
+        sharding = tables.get("sharding")
+        mesh = sharding.get("mesh") if isinstance(sharding, dict) else None
+        if not mesh:
+            return value
+        try:
+            meshed = self.check(Layout.from_mesh({axis: mesh.get(axis, 1) for axis in AXES}).short())
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}") from None
+        if value not in (SINGLE, meshed):
+            raise ValueError(f"[settings] layout {value} and [sharding.mesh] {meshed} disagree")
+        return meshed
+
+    def instructions(self, value: str, backend: BackendLike) -> list[str]:
+        if value == SINGLE:
+            return []
+        layout = _layout(value)
+        return [f"# sharding {layout.name()}: run one process per device ({layout.devices}, e.g. torchrun "
+                f"--nproc-per-node {layout.devices}), each joined to the process group "
+                f"({backend.process_group_backend!r}) before apply(), which shards the model on it (or alone: "
+                "tpu_tuner.knobs.tuned_config.apply_sharding(model, config))"]
 
 
-def _layout(value: str) -> Any:
-    from tpu_tuner.model.layouts import Layout
-
-    return Layout(*parse_data_fsdp_tensor(value))
+def _layout(value: str) -> Layout:
+    return parse_layout(value, context=False)

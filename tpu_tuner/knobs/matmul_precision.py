@@ -11,7 +11,7 @@ the graph under torch.compile.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
@@ -37,6 +37,17 @@ class MatmulPrecisionKnob(Knob):
     position = 20
     values = ("highest", "high", "medium")
 
+    legacy_fields = ("matmul_precision",)
+
+    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
+        return fields.get("matmul_precision") or self.default
+
+    def device_default(self, device_kind: str | None) -> str:
+        return device_default(device_kind)
+
+    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+        return backend.matmul_dtype(value)
+
     @contextlib.contextmanager
     def process(self, value: str, backend: BackendLike) -> Iterator[None]:
         import torch
@@ -51,6 +62,9 @@ class MatmulPrecisionKnob(Knob):
     def describe(self, value: str) -> str:
         return f"matmul {value}"  # always named: reports read "eager, matmul highest" for the baseline
 
+    def label(self, value: str) -> str:
+        return f"matmul={value}"  # always named, as in `describe`
+
     def code(self, value: str, device_kind: str) -> list[str]:
         return [f'torch.set_float32_matmul_precision("{value}")']
 
@@ -58,3 +72,7 @@ class MatmulPrecisionKnob(Knob):
         import torch
 
         return torch.get_float32_matmul_precision()
+
+
+# Choices of the `tpu-tune profile --precision` flag (read without importing torch).
+MATMUL_PRECISIONS = MatmulPrecisionKnob.values

@@ -30,7 +30,7 @@ class WorkloadTraits:
     repeated_blocks: int  # members of the model's outermost stack of like blocks
     batch_size: int | None  # the batch one step runs (micro-batches must divide it)
     # The greatest common divisor of what a tensor-parallel axis must divide (the column / row
-    # widths and head counts of the repeated blocks, `sharding.apply.tensor_widths`); None where
+    # widths and head counts of the repeated blocks, `parallel.apply.tensor_widths`); None where
     # tensor parallelism has nothing to shard (or for a profile written before it was recorded).
     tensor_divisor: int | None = None
 

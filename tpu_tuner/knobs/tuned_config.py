@@ -39,8 +39,9 @@ class TunedConfig:
     bucketing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        # One source for the layout: a mesh given alone becomes the candidate's layout setting.
-        self.candidate = _with_mesh(self.candidate, self.sharding, "the tuned config")
+        # One source for each setting: a table that gives one alone (a planner's [sharding.mesh])
+        # becomes the candidate's setting.
+        self.candidate = _settled(self.candidate, {"sharding": self.sharding}, "the tuned config")
 
     def to_toml(self) -> str:
         # Every knob that means something on this device, by the registry; the others stay out
@@ -53,9 +54,7 @@ class TunedConfig:
             "settings": settings,
             "provenance": _drop_none(self.provenance),
         }
-        sharding = self.sharding_table()
-        if sharding:
-            document["sharding"] = sharding
+        document.update(self.knob_tables())
         if self.bucketing:
             document["bucketing"] = _drop_none(self.bucketing)
         return tomli_w.dumps(document)
@@ -80,21 +79,20 @@ class TunedConfig:
             candidate = Candidate.from_dict(data.get("settings", {}))
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"bad [settings]: {exc}", path) from exc
-        candidate = _with_mesh(candidate, data.get("sharding"), path)  # refusals name the file
+        candidate = _settled(candidate, data, path)  # refusals name the file
         return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
                    sharding=data.get("sharding"), bucketing=data.get("bucketing"))
 
-    def sharding_table(self) -> dict[str, Any] | None:
-        """[sharding]: the mesh of the candidate's layout (its one source: [settings] layout),
-        with the planner's placements where it wrote them; None for one process."""
-        from tpu_tuner.knobs.layout import SINGLE
-        from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse
-
-        layout = self.candidate["layout"]
-        if layout == SINGLE:
-            return None
-        data, fsdp, tensor = parse(layout)
-        return {**(self.sharding or {}), "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}}
+    def knob_tables(self) -> dict[str, dict[str, Any]]:
+        """The tables beside [settings] that the knobs write (`Knob.config_tables`: [sharding] with
+        the mesh of the candidate's layout, its one source being [settings]), each merged over
+        what this config holds of it (the planner's placements); none for one process."""
+        held = {"sharding": self.sharding or {}}
+        tables: dict[str, dict[str, Any]] = {}
+        for name, knob in knobs.REGISTRY.items():
+            for table, entries in knob.config_tables(self.candidate[name]).items():
+                tables[table] = {**held.get(table, {}), **tables.get(table, {}), **entries}
+        return tables
 
     def environment(self) -> dict[str, str]:
         """Variables that must be set before the process imports torch (TorchTPU eager modes):
@@ -130,14 +128,9 @@ class TunedConfig:
             # their batch, so the measured training-step settings are printed for them to write.
             lines.append("# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):")
             lines += [f"#   {line}" for line in training]
-        mesh = (self.sharding_table() or {}).get("mesh")
-        if mesh:
-            devices = int(mesh["data"]) * int(mesh["fsdp"]) * int(mesh["tensor"])
-            layout = " x ".join(f"{axis} {mesh[axis]}" for axis in ("data", "fsdp", "tensor"))
-            pg = _backend_class(self.device_kind).process_group_backend
-            lines.insert(1, f"# sharding {layout}: run one process per device ({devices}, e.g. torchrun "
-                         f"--nproc-per-node {devices}), each joined to the process group ({pg!r}) before apply(), "
-                         "which shards the model on it (or alone: tpu_tuner.knobs.tuned_config.apply_sharding(model, config))")
+        backend = _backend_class(self.device_kind)
+        lines[1:1] = [line for name, knob in knobs.REGISTRY.items() if knob.applies_to(self.device_kind)
+                      for line in knob.instructions(c[name], backend)]
         if self.bucketing:
             lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
             lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
@@ -216,28 +209,26 @@ def apply_sharding(model: nn.Module, config: TunedConfig | str | Path) -> nn.Mod
     refused with what to start."""
     if not isinstance(config, TunedConfig):
         config = TunedConfig.load(config)
-    knob = knobs.get("layout")
-    return knob.model(config.candidate["layout"], model, _backend_class(config.device_kind))
+    backend = _backend_class(config.device_kind)
+    for name, knob in knobs.REGISTRY.items():
+        if knob.spreads_over_ranks:
+            model = knob.model(config.candidate[name], model, backend)
+    return model
 
 
-def _with_mesh(candidate: Candidate, sharding: Any, where: str | Path) -> Candidate:
-    """The candidate with the layout of a [sharding.mesh] table (configs that gave the mesh
-    alone, as planners did before [settings] had a layout); refused when the two disagree."""
-    from tpu_tuner.knobs.layout import SINGLE
-
-    mesh = sharding.get("mesh") if isinstance(sharding, dict) else None
-    if not mesh:
-        return candidate
-    try:
-        layout = "x".join(str(int(mesh.get(axis, 1))) for axis in ("data", "fsdp", "tensor"))
-        layout = knobs.get("layout").check(layout)
-    except (TypeError, ValueError, AttributeError):
-        raise UserInputError(f"[sharding.mesh] must give integer data / fsdp / tensor sizes, not {mesh!r}", where) from None
-    if candidate["layout"] == SINGLE:
-        return Candidate({**candidate.changed, "layout": layout})
-    if candidate["layout"] != layout:
-        raise UserInputError(f"[settings] layout {candidate['layout']} and [sharding.mesh] {layout} disagree", where)
-    return candidate
+def _settled(candidate: Candidate, tables: dict[str, Any], where: str | Path) -> Candidate:
+    """The candidate with what the config's other `tables` give of its settings
+    (`Knob.from_config_tables`: a planner's [sharding.mesh] alone); refused, naming `where`,
+    when the two disagree."""
+    settled = candidate.changed
+    for name, knob in knobs.REGISTRY.items():
+        try:
+            value = knob.from_config_tables(candidate[name], tables)
+        except ValueError as exc:
+            raise UserInputError(str(exc), where) from None
+        if value != candidate[name]:
+            settled[name] = value
+    return Candidate(settled) if settled != candidate.changed else candidate
 
 
 def _backend_class(device_kind: str) -> Any:

@@ -12,8 +12,9 @@ and, like ``fsdp``, the parameters: attention then gathers keys and values over 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,13 +50,28 @@ class Layout:
         context = f" x context {self.context}" if self.context > 1 else ""
         return f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}"
 
-    def short(self) -> str:
-        """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one (the --layout syntax)."""
-        return f"{self.data}x{self.fsdp}x{self.tensor}" + (f"x{self.context}" if self.context > 1 else "")
+    def short(self, with_context: bool = True) -> str:
+        """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one (the --layout syntax and the
+        layout knob's values): the one spelling of a layout, `parse_layout`'s inverse.
+        `with_context` False leaves a context axis out (the dashboard's plan table)."""
+        context = f"x{self.context}" if with_context and self.context > 1 else ""
+        return f"{self.data}x{self.fsdp}x{self.tensor}{context}"
 
     def mesh_shape(self) -> dict[str, int]:
+        """Axis -> size, context only where there is one (a config's [sharding.mesh])."""
         shape = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         return {**shape, "context": self.context} if self.context > 1 else shape
+
+    @classmethod
+    def from_mesh(cls, mesh: Mapping[str, Any]) -> "Layout":
+        """`mesh_shape`'s inverse (an axis left out has size 1); ValueError / TypeError where a
+        size is no integer."""
+        return cls(*(int(mesh.get(axis, 1)) for axis in ("data", "fsdp", "tensor", "context")))
+
+    def without_context(self) -> "Layout":
+        """The layout on data x fsdp x tensor alone: a context axis folded into fsdp, the axis that
+        also splits the parameters (the layout knob has no context axis)."""
+        return Layout(self.data, self.fsdp * self.context, self.tensor)
 
 
 @dataclass(frozen=True)
@@ -146,10 +162,19 @@ def enumerate_layouts(devices: int, shape: ModelShape, global_batch: int, seq_le
     return valid, rejected
 
 
-def parse_layout_text(text: str) -> Layout:
-    """DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4 or 1x32x4x2 (ValueError when it is not)."""
-    sizes = [int(x) for x in text.lower().split("x")]
-    if len(sizes) not in (3, 4) or min(sizes) < 1:
+def parse_layout(text: str, context: bool = True) -> Layout:
+    """DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4 or 1x32x4x2; `context` False: the three axes
+    alone (the layout knob's values). ValueError saying the syntax when it is not one."""
+    try:
+        sizes = [int(part) for part in text.lower().split("x")]
+    except (ValueError, AttributeError):
+        sizes = []
+    if not context:
+        if len(sizes) != 3:
+            raise ValueError(f"layout must be DATAxFSDPxTENSOR (e.g. 1x2x1), not {text!r}")
+        if min(sizes) < 1:
+            raise ValueError(f"layout {text!r}: every axis must be at least 1")
+    elif len(sizes) not in (3, 4) or min(sizes) < 1:
         raise ValueError(f"{text!r} is not DATAxFSDPxTENSOR[xCONTEXT] with sizes of at least 1")
     return Layout(*sizes)
 
@@ -173,12 +198,25 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def parse_data_fsdp_tensor(value: str) -> tuple[int, int, int]:
-    """``"DxFxT"`` as (data, fsdp, tensor); ValueError naming the knob when malformed."""
-    try:
-        data, fsdp, tensor = (int(part) for part in value.lower().split("x"))
-    except (ValueError, AttributeError):
-        raise ValueError(f"layout must be DATAxFSDPxTENSOR (e.g. 1x2x1), not {value!r}") from None
-    if min(data, fsdp, tensor) < 1:
-        raise ValueError(f"layout {value!r}: every axis must be at least 1")
-    return data, fsdp, tensor
+def why_not_ranks(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
+                  widths: Mapping[str, int]) -> str | None:
+    """Why `layout` cannot run as `world_size` ranks of a torch step (`parallel/apply.py`: DDP,
+    FSDP2 on repeated blocks, DTensor tensor parallelism) with a global batch of `batch_size`,
+    from the model's numbers: its count of repeated blocks and the widths a tensor axis must
+    divide (name -> width); None where it can. `why_not` is the planner's question (a model
+    shape on a TPU mesh)."""
+    if layout.devices != world_size:
+        return f"layout {layout.short()} needs {layout.devices} ranks, not {world_size}"
+    if batch_size is not None and batch_size % layout.batch_shards:
+        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
+    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
+        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
+    if (layout.fsdp > 1 or layout.tensor > 1) and repeated_blocks < 2:
+        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
+    if layout.tensor > 1:
+        if not widths:
+            return "tensor parallelism finds no column- or row-wise linear layer in the repeated blocks"
+        for name, width in widths.items():
+            if width % layout.tensor:
+                return f"tensor {layout.tensor} does not divide {name} = {width}"
+    return None

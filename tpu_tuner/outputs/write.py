@@ -106,15 +106,13 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     if best is not None:
         # The layout knob runs data x fsdp x tensor: a planned context axis is folded into fsdp
         # there (the axis that also splits the parameters), and the planned mesh kept beside it.
-        layout = f"{best.layout.data}x{best.layout.fsdp * best.layout.context}x{best.layout.tensor}"
-        # The layout is a setting like any other ([settings] layout, the knob a sharded trial
-        # applies); [sharding] repeats its mesh beside the placements the planner derived.
-        TunedConfig(Candidate(matmul_precision="medium", layout=layout), "tpu", provenance={
+        # The mesh gives the TPU baseline its layout setting ([settings] layout, the knob a sharded
+        # trial applies); [sharding] repeats it beside the placements the planner derived.
+        TunedConfig(Candidate.baseline("tpu"), "tpu", provenance={
             "plan": str(run_dir / run_folder.PLAN_JSON), "topology": result.topology.name,
             "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
             "predicted_mfu_error_points": result.error_band.points if result.error_band else None,
-        }, sharding={"mesh": {"data": best.layout.data, "fsdp": best.layout.fsdp * best.layout.context,
-                              "tensor": best.layout.tensor}, "planned_mesh": best.layout.mesh_shape(),
+        }, sharding={"mesh": best.layout.without_context().mesh_shape(), "planned_mesh": best.layout.mesh_shape(),
                      "placements": result.placements, "remat": best.remat,
                      "gradient_accumulation_steps": best.accumulation,
                      "per_device_batch_size": best.per_device_batch}).save(

@@ -17,11 +17,11 @@ Layouts this cannot run are refused with the reason (`LayoutError`) before anyth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout, parse_data_fsdp_tensor, placements
+from tpu_tuner.model import layouts
+from tpu_tuner.model.layouts import Layout, placements, why_not_ranks
 from tpu_tuner.model.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
 
 if TYPE_CHECKING:
@@ -36,15 +36,12 @@ class LayoutError(UserInputError):
 
 
 def parse_layout(text: str) -> Layout:
-    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout` (the layout knob's own parser)."""
+    """``"DATAxFSDPxTENSOR"`` (e.g. ``"1x2x1"``) as a `Layout` (the layout knob's syntax), a bad
+    one refused as a `LayoutError`."""
     try:
-        return Layout(*parse_data_fsdp_tensor(text))
+        return layouts.parse_layout(text, context=False)
     except ValueError as exc:
         raise LayoutError(str(exc)) from None
-
-
-def layout_text(layout: Layout) -> str:
-    return f"{layout.data}x{layout.fsdp}x{layout.tensor}"
 
 
 def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int | None) -> str | None:
@@ -53,29 +50,7 @@ def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int |
     from tpu_tuner.model.blocks import repeated_blocks
 
     widths = tensor_widths(model) if layout.tensor > 1 else {}
-    return why_not_shape(layout, world_size, batch_size, len(repeated_blocks(model)), widths)
-
-
-def why_not_shape(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
-                  widths: Mapping[str, int]) -> str | None:
-    """`why_not` from the model's numbers: its count of repeated blocks and the widths a tensor
-    axis must divide (name -> width; see `tensor_widths`). The search space narrows by this
-    (knobs/layout.py, from the profile's traits) without the model at hand."""
-    if layout.devices != world_size:
-        return f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}"
-    if batch_size is not None and batch_size % layout.batch_shards:
-        return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
-    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
-        return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
-    if (layout.fsdp > 1 or layout.tensor > 1) and repeated_blocks < 2:
-        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
-    if layout.tensor > 1:
-        if not widths:
-            return "tensor parallelism finds no column- or row-wise linear layer in the repeated blocks"
-        for name, width in widths.items():
-            if width % layout.tensor:
-                return f"tensor {layout.tensor} does not divide {name} = {width}"
-    return None
+    return why_not_ranks(layout, world_size, batch_size, len(repeated_blocks(model)), widths)
 
 
 def tensor_widths(model: nn.Module) -> dict[str, int]:
@@ -117,7 +92,7 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> 
 
     world_size = dist.get_world_size()
     if layout.devices != world_size:
-        raise LayoutError(f"layout {layout_text(layout)} needs {layout.devices} ranks, not {world_size}")
+        raise LayoutError(f"layout {layout.short()} needs {layout.devices} ranks, not {world_size}")
     if layout.devices == 1:
         return model
     if layout.fsdp == 1 and layout.tensor == 1:

@@ -18,7 +18,6 @@ from typing import Any
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.parallel.apply import layout_text
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,8 @@ class MappedLayout:
 
     def describe(self) -> str:
         if self.planned == self.local:
-            return f"{layout_text(self.local)} (as planned)"
-        return (f"{layout_text(self.local)} on {self.local.devices} ranks from the plan's {self.planned.name()} "
+            return f"{self.local.short()} (as planned)"
+        return (f"{self.local.short()} on {self.local.devices} ranks from the plan's {self.planned.name()} "
                 f"({self.planned.devices} devices; its dominant axis kept)")
 
 
@@ -65,8 +64,7 @@ def planned_layouts(plan_dir: str | Path, devices: int, top: int = 4) -> list[Ma
         if not entry.get("fits") or not entry.get("prediction"):
             continue
         # A planned context axis runs as fsdp here (the local layouts have no context axis).
-        layout = entry["layout"]
-        planned = Layout(int(layout["data"]), int(layout["fsdp"]) * int(layout.get("context", 1)), int(layout["tensor"]))
+        planned = Layout.from_mesh(entry["layout"]).without_context()
         local = scale_to(planned, devices)
         if all(m.local != local for m in mapped):
             mapped.append(MappedLayout(planned, local, entry["prediction"].get("mfu")))

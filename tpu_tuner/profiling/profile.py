@@ -141,7 +141,7 @@ def profile(
     candidate = candidate or Candidate()
     settings = settings or ProfilerSettings.load()
     info = backend.info()
-    compute_dtype = backend.compute_dtype(candidate)
+    compute_dtype = candidate.compute_dtype(backend)
     dispatch_cost = backend.dispatch_seconds_per_op()
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
@@ -149,7 +149,7 @@ def profile(
     estimate = _estimate_or_refuse(workload, backend.kind, info, batch_size, seq_len, settings)
     deadline = time.monotonic() + settings.max_profile_seconds
 
-    with backend.applied(candidate):
+    with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         ran_batch_size = _ran_batch_size(workload, step.batch[0], batch_size)
         # What the search space is narrowed by (knobs/traits.py): read from the built model here,

@@ -35,7 +35,7 @@ class ShapeRunner:
         self.model = workload.build_model().to(backend.device)
         self.model.train(workload.is_training)
         self.optimizer = workload.optimizer_for(self.model)
-        self.forward = backend.compile(self.model, candidate, static_shapes=True)
+        self.forward = candidate.wrap_forward(self.model, backend, static_shapes=True)
         self._steps: dict[int, Callable[[], Any]] = {}
 
     def step_at(self, length: int) -> Callable[[], Any]:

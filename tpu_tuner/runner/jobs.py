@@ -14,7 +14,6 @@ from typing import Any
 from tpu_tuner.devices import Backend, get_backend
 from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.profiling import ProfilerSettings, profile
@@ -56,7 +55,7 @@ class WorkerState:
         return self._references[key]
 
     def _reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
-        with self.backend.applied(REFERENCE):
+        with REFERENCE.process(self.backend):
             step = prepare_step(self.workload, self.backend, REFERENCE, batch_size, seq_len)
             return run_user_step(
                 lambda: capture(step, self.workload, self.backend, REFERENCE), self.workload, "the reference step"
@@ -85,7 +84,7 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     settings = ProfilerSettings(**options["settings"])
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
-    with backend.applied(candidate):
+    with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         events_before = backend.compile_events()
         start = time.perf_counter()
@@ -104,7 +103,7 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
         peak_memory = None if largest < 0 else largest
         compiles = compile_delta(events_before, backend.compile_events())
-    if compile_options(candidate["execution"]) is not None and not any(compiles.values()):
+    if candidate.compiles() and not any(compiles.values()):
         # torch.compile gave up and ran eager (a graph break it could not trace, a limit): the
         # timing is not the setting's, so it is no measurement of it.
         raise RuntimeError(f"{candidate.describe()}: torch.compile compiled no graph, so the step ran eager; "
@@ -140,7 +139,7 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
         peak_flops_per_s=peak,
         peak_dtype=choice.dtype,
         mfu=mfu(flops, timing.median, peak),
-        compute_dtype=backend.compute_dtype(candidate),
+        compute_dtype=candidate.compute_dtype(backend),
         peak_memory_bytes=peak_memory,
         accuracy_errors=errors,
         warnings=warnings,
@@ -164,7 +163,7 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
         # Every candidate of the window keeps its compiled frames: room for all of them.
         backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
         for candidate in parsed:
-            with backend.applied(candidate):
+            with candidate.process(backend):
                 step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
                 warm_up(step.run, backend, options.get("warmup_min_steps", 2), options.get("warmup_max_steps", 20))
             state.compare_steps.append(step)
@@ -176,7 +175,7 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
     for round_index in range(first, first + int(options["rounds"])):
         for offset in range(len(parsed)):
             index = (round_index + offset) % len(parsed)
-            with backend.applied(parsed[index]):
+            with parsed[index].process(backend):
                 samples[index].append(timed_call(steps[index].run, backend))
     compiles = compile_delta(events_before, backend.compile_events())
     if options.get("last", True):

@@ -114,6 +114,11 @@ class SearchSpace:
         """The baseline choice of parameter `name` (also of a conditional one the baseline lacks)."""
         return next(p.choices[0] for p in self.params if p.name == name)
 
+    def spreads_over_ranks(self) -> bool:
+        """Whether a parameter spreads a step over processes (`Knob.spreads_over_ranks`: the
+        layout); a run of N ranks without one would time N unsharded copies of one step."""
+        return any(knobs.get(p.name).spreads_over_ranks for p in self.params)
+
     def _fixed(self) -> dict[str, str]:
         """The values of parameters with one choice here (conditions may read them)."""
         return {p.name: p.choices[0] for p in self.params if len(p.choices) == 1}

@@ -33,7 +33,6 @@ from tpu_tuner.model.lengths import bucket_histogram, probe_lengths
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.knobs import traits
-from tpu_tuner.knobs.matmul_precision import device_default
 from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.core.units import duration
@@ -174,7 +173,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     # knobs/traits.py.
     space = (SearchSpace.load(options.space, device_kind, ranks=options.nproc)
              .for_workload(traits.of_profile(profile.workload)))
-    if options.nproc > 1 and not any(p.name == "layout" for p in space.params):
+    if options.nproc > 1 and not space.spreads_over_ranks():
         # Without the knob every trial would be N unsharded copies of one process's step.
         raise UserInputError(f"--nproc {options.nproc}: the search space {space.name!r} has no layout parameter "
                              "(add one, as search_spaces/default.toml does)")
@@ -234,7 +233,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
 def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
     (on TPU at TorchTPU's default matmul precision, medium)."""
-    baseline = Candidate(matmul_precision=device_default(device_kind))
+    baseline = Candidate.baseline(device_kind)
     profiled = runner.run("profile", baseline.to_dict(), {
         "batch_size": options.batch_size, "seq_len": options.seq_len,
         "settings": asdict(options.trial_settings),
@@ -692,7 +691,7 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
     probes = probe_lengths(hist, options.bucket_align)
     emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
                   elapsed=time.perf_counter() - started))
-    measured = runner.run("bucket_costs", Candidate(matmul_precision=device_default(profile.device.kind)).to_dict(), {
+    measured = runner.run("bucket_costs", Candidate.baseline(profile.device.kind).to_dict(), {
         "lengths": probes, "warmup_length": reference, "batch_size": options.batch_size})
     if not measured.ok:
         raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "

@@ -98,10 +98,11 @@ class MemoryAgent(Agent):
     def _slice_refusal(self, candidate: Candidate) -> str | None:
         """Micro-batches split each rank's slice of the batch, which a sharding layout makes
         smaller than the batch the search space narrowed the counts by."""
-        from tpu_tuner.model.layouts import parse_data_fsdp_tensor as parse
+        from tpu_tuner.model.layouts import parse_layout
 
         k = int(candidate[MICRO_BATCHES])
-        data, fsdp, _ = parse(candidate["layout"])
+        layout = parse_layout(candidate["layout"], context=False)
+        data, fsdp = layout.data, layout.fsdp
         if self._batch is None or k == 1 or data * fsdp == 1:
             return None
         local = self._batch // (data * fsdp)

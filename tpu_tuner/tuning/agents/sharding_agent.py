@@ -20,7 +20,6 @@ from tpu_tuner.knobs.layout import expand
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.parallel.from_plan import MappedLayout
-from tpu_tuner.parallel.apply import layout_text
 
 KNOB = "layout"
 
@@ -57,7 +56,7 @@ class ShardingAgent(Agent):
         if param is None:
             return []
         if self.planned:
-            wanted = [layout_text(m.local) for m in self.planned[: self.definition.seeds.plan_top]]
+            wanted = [m.local.short() for m in self.planned[: self.definition.seeds.plan_top]]
         else:
             wanted = [next(iter(expand(family, space.ranks)), "") for family in self.definition.seeds.families]
         return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
