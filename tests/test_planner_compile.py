@@ -151,7 +151,8 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from jax.experimental import topologies
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations, compile_step
+        from tpu_tuner.planner.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.program import compile_step
         w = load_workload({str(EXAMPLES / 'llama.py')!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
@@ -193,7 +194,8 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.planner.compile_pool import topology_devices
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations, combine_scanned, compile_step
+        from tpu_tuner.planner.compiled_step import add_loop_iterations, combine_scanned
+        from tpu_tuner.planner.program import compile_step
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
         compile = lambda blocks, scan: compile_step(lambda: w.model_for_preset("tiny"), blocks, Layout(1, 8, 1), devices,
@@ -261,7 +263,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     from tpu_tuner.model.layouts import Layout
     from tpu_tuner.planner.loop_costs import LoopIteration
     from tpu_tuner.planner.plan import PlanOptions, _enumerated, _problem
-    from tpu_tuner.planner.program import CompiledStep
+    from tpu_tuner.planner.compiled_step import CompiledStep
     from tpu_tuner.planner.topology import parse_topology
 
     measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
@@ -320,7 +322,7 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         from dataclasses import replace
         from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations
+        from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
         from tpu_tuner.model.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}

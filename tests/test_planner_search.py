@@ -19,7 +19,7 @@ from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import read_dims
 from tpu_tuner.planner.plan import PlanOptions, PlanProblem
 from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, invalid_reason, memory_lower_bound, valid_points
 from tpu_tuner.planner.topology import parse_topology
