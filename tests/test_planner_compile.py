@@ -59,6 +59,10 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
     assert data["error"] < 1e-4
 
 
+# Slow: whole `tpu-tune plan` runs, JAX compiles in worker processes (tens of seconds each). The quick run
+# compiles for real in test_memory_truth_from_the_compiler and the compile pool's tests, and covers the command,
+# the search and its resume with a scripted compiler (tests/test_planner_search.py).
+@pytest.mark.slow
 def test_plan_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny",
@@ -290,6 +294,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     assert "1 program's block loops could not be measured in its HLO: compiling its ends alone" in said
 
 
+@pytest.mark.slow  # a whole `tpu-tune plan` run (see test_plan_command_end_to_end)
 def test_a_shape_without_code_plans(tmp_path) -> None:
     """A GPT-3-style shape (ungated GELU MLP, LayerNorm, learned positions, tied embeddings), here
     with a mixture of 4 experts, from a TOML file, through the generic decoder: compiled for a TPU
@@ -313,6 +318,7 @@ def test_a_shape_without_code_plans(tmp_path) -> None:
     assert plan["placements"]["layers.0.feed_forward.w_down"] == "-/tensor/fsdp"
 
 
+@pytest.mark.slow  # six real compiles of a four-block model
 def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> None:
     """MaxText's named policies keep what they name (the compiler's temporaries order them),
     host offload moves bytes to host memory, micro-batches cut activation memory but not the
@@ -356,6 +362,7 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     assert all(bound[k] <= peak[k] for k in data), (bound, peak)
 
 
+@pytest.mark.slow  # two whole `tpu-tune plan --budget` runs (see test_plan_command_end_to_end)
 def test_plan_search_end_to_end_resumes_from_its_study(tmp_path) -> None:
     """`--budget` searches with Optuna, one compile a trial, one terminal line each; the same
     command again finds the study spent and compiles nothing; plan.json keeps every trial."""
