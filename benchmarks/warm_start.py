@@ -45,7 +45,8 @@ import optuna
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.study import prepare_agents
-from tpu_tuner.tuning.warm_start import WarmSeed, features_of, find_warm_seeds
+from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
+from tpu_tuner.tuning.workload_features import features_of
 
 from search_efficiency import WITHIN, TableRunner, best_feasible, replay, trials_to_target, _measured
 

@@ -22,13 +22,10 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.devices.torchtpu import TorchTpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.dashboard.collect import KNOBS
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.space import KNOWN_PARAMS
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.tuning.result import TRIAL_COLUMNS
 
 # torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
 SLOW_VALUES = {("execution", "inductor")}
@@ -61,15 +58,57 @@ class TinyNet(nn.Module):
         return self.blocks(self.head(torch.relu(self.conv(x)).flatten(1)))
 
 
-def test_everything_reads_the_registry() -> None:
-    names = knobs.names()
-    assert {"execution", "matmul_precision", "autocast"} <= set(names)
+def test_the_registry_holds_each_knob_under_its_own_name() -> None:
+    assert {"execution", "matmul_precision", "autocast"} <= set(knobs.names())
     assert all(isinstance(k, knobs.Knob) and k.name == n for n, k in knobs.REGISTRY.items())
-    assert KNOWN_PARAMS == names and KNOBS == names
-    assert [c for c in TRIAL_COLUMNS if c in names] == list(names)
-    assert set(Candidate().to_dict()) == set(names)
+    assert knobs.names() == tuple(knobs.REGISTRY)
+    assert set(Candidate().to_dict()) == set(knobs.REGISTRY)  # a candidate sets every knob
     with pytest.raises(ValueError, match="unknown candidate settings: \\['threads'\\]"):
         Candidate(threads="2")
+
+
+# A knob added to the registry, then everything that lists knobs imported (some list them once, at
+# import): the knob is a searchable parameter, a trials.csv column before the measurements, a
+# dashboard knob, a candidate setting and a tuned config's [settings] entry, with no other edit.
+ADDED_KNOB = textwrap.dedent("""\
+    import json, pathlib, sys
+    from tpu_tuner.knobs import registry
+    from tpu_tuner.knobs.memory_format import MemoryFormatKnob
+
+    class Added(MemoryFormatKnob):
+        name = "added_knob"
+        position = 1000
+
+    registry.REGISTRY[Added.name] = Added()
+    from tpu_tuner.dashboard.collect import KNOBS
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.knobs.tuned_config import TunedConfig
+    from tpu_tuner.tuning.result import TRIAL_COLUMNS
+    from tpu_tuner.tuning.space import SearchSpace
+
+    folder = pathlib.Path(sys.argv[1])
+    (folder / "space.toml").write_text('[[param]]\\nname = "added_knob"\\nchoices.cpu = ["contiguous", "channels_last"]\\n')
+    space = SearchSpace.load(folder / "space.toml", "cpu")
+    candidate = space.to_candidate({"added_knob": "channels_last"})
+    loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(folder / "tuned_config.toml"))
+    print(json.dumps({
+        "searched": [p.name for p in space.searched],
+        "column_before_measurements": TRIAL_COLUMNS.index("added_knob") < TRIAL_COLUMNS.index("amortised_step_s"),
+        "dashboard": "added_knob" in KNOBS,
+        "candidate": candidate.to_dict()["added_knob"],
+        "tuned_config": loaded.candidate["added_knob"],
+    }))
+    """)
+
+
+def test_a_knob_added_to_the_registry_reaches_everything_that_lists_knobs(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", ADDED_KNOB, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "searched": ["added_knob"], "column_before_measurements": True, "dashboard": True,
+        "candidate": "channels_last", "tuned_config": "channels_last"}
+    assert 'added_knob = "channels_last"' in (tmp_path / "tuned_config.toml").read_text()
 
 
 def test_space_refuses_a_knob_the_registry_lacks(tmp_path) -> None:

@@ -24,7 +24,8 @@ from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.liveness import is_lost
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.study import enqueue_seeds
-from tpu_tuner.tuning.warm_start import WorkloadFeatures, find_warm_seeds
+from tpu_tuner.tuning.warm_start import find_warm_seeds
+from tpu_tuner.tuning.workload_features import WorkloadFeatures
 
 STUDY = "synthetic-shared"
 BUDGET = 5  # fixtures/shared_study_worker.py; fewer than the space's 6 settings, so a worker could overshoot

@@ -7,7 +7,7 @@ import pytest
 import tpu_tuner
 from tpu_tuner.devices import roofline
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.hardware import TPU_CHIPS, gpu_spec_for_name, tpu_chip_for_name
+from tpu_tuner.core.hardware import GPU_SPECS, TPU_CHIPS, GpuSpec, gpu_spec_for_name, tpu_chip_for_name
 from tpu_tuner.metrics.mfu import (MFU_CONVENTION, PeakChoice, achieved_flops_per_s, checked_peak, fastest_peak, mfu,
                                    utilisation_by_dtype)
 from tpu_tuner.metrics.timing import TimingStats
@@ -25,46 +25,90 @@ def test_mfu_from_known_numbers() -> None:
         mfu(1.0, 0.0, 1.0)
 
 
-@pytest.mark.parametrize(
-    ("name", "generation", "bf16_per_device"),
-    [
-        ("TPU v4", "v4", 275e12),
-        ("TPU v5e", "v5e", 197e12),
-        ("TPU v5 lite", "v5e", 197e12),
-        ("TPU v5p", "v5p", 459e12),
-        ("TPU v6e", "v6e", 918e12),
-        ("TPU v6 lite", "v6e", 918e12),
-        ("TPU7x", "tpu7x", 1153.5e12),  # two devices per chip share the 2307 TFLOP/s
-        ("TPU v7", "tpu7x", 1153.5e12),  # torch-tpu 0.2.0's get_device_name()
-    ],
-)
-def test_tpu_table(name: str, generation: str, bf16_per_device: float) -> None:
-    chip = tpu_chip_for_name(name)
-    assert chip is not None and chip.generation == generation
-    assert chip.bf16_flops_per_device == pytest.approx(bf16_per_device)
+# --- the peak tables: published figures for one device of each, relations for the rest ---------
+
+
+def test_a_published_tpu_figure() -> None:
+    # Google's TPU v5p page: 459 TFLOP/s bf16 and 95 GB of HBM per chip, one device per chip.
+    chip = tpu_chip_for_name("TPU v5p")
+    assert chip is not None and chip.generation == "v5p"
+    assert chip.bf16_flops_per_device == pytest.approx(459e12)
+    assert chip.hbm_bytes_per_device == 95 * 1024**3
+
+
+def test_tpu_relations() -> None:
+    # Trillium (v6e): "4.7x the peak compute per chip of TPU v5e" (Google's announcement).
+    v5e, v6e = tpu_chip_for_name("TPU v5e"), tpu_chip_for_name("TPU v6e")
+    assert v5e is not None and v6e is not None
+    assert v6e.bf16_flops_per_device / v5e.bf16_flops_per_device == pytest.approx(4.7, rel=0.02)
+    # TPU7x: two devices per chip, each with half the chip's compute and HBM (PyTorch sees devices).
+    ironwood = tpu_chip_for_name("TPU7x")
+    assert ironwood is not None and ironwood.devices_per_chip == 2
+    assert ironwood.bf16_flops_per_device * 2 == pytest.approx(ironwood.bf16_tflops_per_chip * 1e12)
+    assert ironwood.hbm_bytes_per_device * 2 == ironwood.hbm_bytes_per_chip
+    for chip in TPU_CHIPS.values():  # one device per chip elsewhere: the device is the chip
+        assert chip is ironwood or chip.bf16_flops_per_device == pytest.approx(chip.bf16_tflops_per_chip * 1e12)
+
+
+@pytest.mark.parametrize(("name", "same_as"), [
+    ("TPU v5 lite", "TPU v5e"),  # the name PJRT and torch report for v5e
+    ("TPU v6 lite", "TPU v6e"),
+    ("TPU v7", "TPU7x"),  # torch-tpu 0.2.0's get_device_name()
+    ("Ironwood", "TPU7x"),
+    ("Trillium", "TPU v6e"),
+])
+def test_tpu_names_that_mean_one_chip(name: str, same_as: str) -> None:
+    assert tpu_chip_for_name(name) is not None and tpu_chip_for_name(name) is tpu_chip_for_name(same_as)
+
+
+def test_every_tpu_generation_is_found_by_its_name() -> None:
+    for generation, chip in TPU_CHIPS.items():
+        assert tpu_chip_for_name(f"TPU {generation}") is chip
+    assert tpu_chip_for_name("TPU v5p") is not tpu_chip_for_name("TPU v5e")
 
 
 def test_tpu_memory_and_slice_naming() -> None:
-    assert TPU_CHIPS["v5p"].hbm_bytes_per_chip == 95 * 1024**3
-    assert TPU_CHIPS["tpu7x"].hbm_bytes_per_device == 96 * 1024**3
+    # "v5p-256" counts TensorCores (128 chips), "v5e-16" counts chips.
     assert TPU_CHIPS["v5p"].slice_name_counts_cores and not TPU_CHIPS["v5e"].slice_name_counts_cores
     assert tpu_chip_for_name("NVIDIA H100") is None
 
 
-@pytest.mark.parametrize(
-    ("name", "spec", "bf16_tflops"),
-    [
-        ("NVIDIA H200", "H200", 989.4),
-        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4),
-        ("NVIDIA H100 PCIe", "H100 PCIe", 756),
-        ("NVIDIA A100-SXM4-80GB", "A100 80GB", 312),
-        ("NVIDIA A100-PCIE-40GB", "A100 40GB", 312),
-    ],
-)
-def test_gpu_table(name: str, spec: str, bf16_tflops: float) -> None:
+def test_a_published_gpu_figure() -> None:
+    # NVIDIA's H100 SXM datasheet: 1,979 TFLOP/s bf16 with 2:4 sparsity, half that dense.
+    h100 = gpu_spec_for_name("NVIDIA H100 80GB HBM3")
+    assert h100 is not None and h100.name == "H100 SXM" and h100.tflops["bfloat16"] == pytest.approx(1979 / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize(("name", "spec"), [
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+])
+def test_gpu_names_find_their_datasheet(name: str, spec: str) -> None:
     found = gpu_spec_for_name(name)
-    assert found is not None and found.name == spec and found.tflops["bfloat16"] == bf16_tflops
-    assert found.tflops["float32"] < found.tflops["tf32"] < found.tflops["bfloat16"]
+    assert found is not None and found.name == spec
+
+
+def test_gpu_relations() -> None:
+    def spec(name: str) -> GpuSpec:
+        found = gpu_spec_for_name(name)
+        assert found is not None
+        return found
+
+    # The H200 is the H100 SXM's silicon with faster memory; the PCIe H100 runs slower clocks.
+    h200, sxm, pcie = spec("NVIDIA H200"), spec("NVIDIA H100 80GB HBM3"), spec("NVIDIA H100 PCIe")
+    assert h200.tflops == sxm.tflops and h200.hbm_gbytes_per_s > sxm.hbm_gbytes_per_s
+    assert all(pcie.tflops[k] < sxm.tflops[k] for k in sxm.tflops)
+    # The A100's two memory sizes share one chip.
+    assert spec("NVIDIA A100-SXM4-80GB").tflops == spec("NVIDIA A100-PCIE-40GB").tflops
+    for _, entry in GPU_SPECS:  # dense tensor-core rates: fp16 as fast as bf16, each above tf32 and fp32
+        rates = entry.tflops
+        if "bfloat16" in rates:
+            assert rates["float16"] == rates["bfloat16"]
+            assert rates["float32"] < rates["tf32"] < rates["bfloat16"]
+        assert rates["float32"] < rates["float16"]
 
 
 def test_unknown_gpu_has_no_table_entry() -> None:

@@ -59,6 +59,10 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
     assert data["error"] < 1e-4
 
 
+# Slow: whole `tpu-tune plan` runs, JAX compiles in worker processes (tens of seconds each). The quick run
+# compiles for real in test_memory_truth_from_the_compiler and the compile pool's tests, and covers the command,
+# the search and its resume with a scripted compiler (tests/test_planner_search.py).
+@pytest.mark.slow
 def test_plan_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny",
@@ -151,7 +155,8 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from jax.experimental import topologies
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations, compile_step
+        from tpu_tuner.planner.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.program import compile_step
         w = load_workload({str(EXAMPLES / 'llama.py')!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
@@ -193,7 +198,8 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.planner.compile_pool import topology_devices
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations, combine_scanned, compile_step
+        from tpu_tuner.planner.compiled_step import add_loop_iterations, combine_scanned
+        from tpu_tuner.planner.program import compile_step
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
         compile = lambda blocks, scan: compile_step(lambda: w.model_for_preset("tiny"), blocks, Layout(1, 8, 1), devices,
@@ -261,7 +267,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     from tpu_tuner.model.layouts import Layout
     from tpu_tuner.planner.loop_costs import LoopIteration
     from tpu_tuner.planner.plan import PlanOptions, _enumerated, _problem
-    from tpu_tuner.planner.program import CompiledStep
+    from tpu_tuner.planner.compiled_step import CompiledStep
     from tpu_tuner.planner.topology import parse_topology
 
     measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
@@ -288,6 +294,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     assert "1 program's block loops could not be measured in its HLO: compiling its ends alone" in said
 
 
+@pytest.mark.slow  # a whole `tpu-tune plan` run (see test_plan_command_end_to_end)
 def test_a_shape_without_code_plans(tmp_path) -> None:
     """A GPT-3-style shape (ungated GELU MLP, LayerNorm, learned positions, tied embeddings), here
     with a mixture of 4 experts, from a TOML file, through the generic decoder: compiled for a TPU
@@ -311,6 +318,7 @@ def test_a_shape_without_code_plans(tmp_path) -> None:
     assert plan["placements"]["layers.0.feed_forward.w_down"] == "-/tensor/fsdp"
 
 
+@pytest.mark.slow  # six real compiles of a four-block model
 def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> None:
     """MaxText's named policies keep what they name (the compiler's temporaries order them),
     host offload moves bytes to host memory, micro-batches cut activation memory but not the
@@ -320,7 +328,7 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         from dataclasses import replace
         from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.program import add_loop_iterations
+        from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
         from tpu_tuner.model.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}
@@ -354,6 +362,7 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     assert all(bound[k] <= peak[k] for k in data), (bound, peak)
 
 
+@pytest.mark.slow  # two whole `tpu-tune plan --budget` runs (see test_plan_command_end_to_end)
 def test_plan_search_end_to_end_resumes_from_its_study(tmp_path) -> None:
     """`--budget` searches with Optuna, one compile a trial, one terminal line each; the same
     command again finds the study spent and compiles nothing; plan.json keeps every trial."""

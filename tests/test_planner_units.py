@@ -12,7 +12,7 @@ from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts, parti
 from tpu_tuner.model.structure import read_dims
 from tpu_tuner.planner.predict import ring_bandwidth
 from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
-from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.topology import parse_topology
 
 from conftest import EXAMPLES

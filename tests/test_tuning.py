@@ -31,8 +31,14 @@ def _by_params(frame: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
     return {(row["matmul_precision"], row["autocast"]): row for _, row in frame.iterrows()}
 
 
-def test_finds_the_known_best_and_rejects_the_inaccurate_one(tmp_path) -> None:
-    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path))
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory: pytest.TempPathFactory):
+    """One grid run over the synthetic space, read by the tests below (none changes it)."""
+    return tune(FIXTURES / "synthetic_speed.py", _options(tmp_path_factory.mktemp("grid-run")))
+
+
+def test_finds_the_known_best_and_rejects_the_inaccurate_one(grid_run) -> None:
+    result = grid_run
     rows = _by_params(result.trials_dataframe())
     assert len(rows) == 6  # the grid covered the space exactly once
     # "high" is faster than the baseline but changes the output by 50%: infeasible, never chosen.
@@ -102,12 +108,12 @@ def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     assert len(set(measured)) == 6  # the resumed run finished the grid
 
 
-def test_outputs_and_config_round_trip(tmp_path) -> None:
+def test_outputs_and_config_round_trip(grid_run) -> None:
     import torch
 
     from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
-    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path))
+    result = grid_run
     run_dir = result.run_dir
     for name in ("tuned_config.toml", "report.md", "trials.csv", "optimisation_history.png",
                  "mfu_per_trial.png", "speed_vs_accuracy.png", "study.db"):

@@ -1,4 +1,4 @@
-"""Warm start (tuning/warm_start.py): earlier studies' best settings, found in the results folder
+"""Warm start (tuning/warm_start.py, earlier_studies.py, workload_features.py): earlier studies' best settings, found in the results folder
 and the storage, ranked (the same workload, then the nearest by features), valid for this space,
 never the baseline, never a password; and the report's "Warm start" and "Hosts" sections.
 
@@ -21,10 +21,14 @@ from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning import warm_start
-from tpu_tuner.tuning.warm_start import (WarmSeed, WorkloadFeatures, distance, enqueue_warm_seeds, features_of,
-                                         features_of_json, find_warm_seeds, model_kind_of)
+from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
+from tpu_tuner.tuning.workload_features import (WorkloadFeatures, distance, features_of, features_of_json,
+                                                model_kind_of)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# The warm start logs from its three modules (warm_start, earlier_studies, workload_features).
+WARM_START_LOGGERS = "tpu_tuner.tuning"
 
 SHA = "a" * 64
 OTHER_SHA = "b" * 64
@@ -256,7 +260,7 @@ def test_unreadable_folders_are_skipped(tmp_path: Path, caplog: pytest.LogCaptur
     (no_db / "study.db").unlink()
     (tmp_path / "empty-tune-x").mkdir()
     (tmp_path / "stray-tune-file").write_text("")
-    with caplog.at_level(logging.DEBUG, logger=warm_start.__name__):
+    with caplog.at_level(logging.DEBUG, logger=WARM_START_LOGGERS):
         seeds = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert [s.source for s in seeds] == [f"run {good}"]
     assert "skipping" in caplog.text
@@ -300,7 +304,7 @@ def test_storage_studies_without_password(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", ServerStandIn)
     url = "postgresql://tune:s3cret@db.example:5432/tune"
-    with caplog.at_level(logging.DEBUG, logger=warm_start.__name__):
+    with caplog.at_level(logging.DEBUG, logger=WARM_START_LOGGERS):
         seeds = find_warm_seeds(_space(), _here(), storage=url, results_dir=None, exclude_study="gpt-new")
     assert [s.params for s in seeds] == [_space().complete(BF16)]
     (seed,) = seeds
@@ -310,7 +314,7 @@ def test_storage_studies_without_password(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_unreachable_storage_logs_no_password(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger=warm_start.__name__):
+    with caplog.at_level(logging.DEBUG, logger=WARM_START_LOGGERS):
         seeds = find_warm_seeds(_space(), _here(), storage="postgresql://tune:s3cret@127.0.0.1:1/tune",
                                 results_dir=None)
     assert seeds == []

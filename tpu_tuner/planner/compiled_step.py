@@ -1,0 +1,135 @@
+"""The TPU compiler's per-device figures for one training step (`CompiledStep`), and the whole
+step's figures put together from a scanned program (`add_loop_iterations`, `combine_scanned`;
+why: planner/program.py). Plain data: no JAX, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from tpu_tuner.planner.collectives import Collective
+from tpu_tuner.planner.loop_costs import LoopIteration
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """The TPU compiler's per-device figures for one training step."""
+
+    flops: float
+    bytes_accessed: float
+    argument_bytes: float
+    output_bytes: float
+    temp_bytes: float
+    alias_bytes: float
+    collectives: list[Collective] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    error: str | None = None  # the compiler's own words when it refused (e.g. out of HBM)
+    host_temp_bytes: float = 0.0  # temporaries in the host's memory (remat "offload")
+    # The compiler peeled iterations out of a loop (seen with full effort and host offload): its
+    # cost analysis then counts those iterations besides the body, so the scanned program's FLOPs,
+    # bytes and collectives no longer hold exactly one block. Its memory is still the program's.
+    loop_peeled: bool = False
+    # One iteration of the scanned block loops (forward + backward), measured from this program's
+    # HLO; None for unrolled or block-less programs, or when it could not be measured.
+    loop_iteration: LoopIteration | None = None
+    # The compiler's own peak of live bytes over its schedule (memory_analysis().peak_memory_in_bytes;
+    # 0 where the compiler did not say).
+    compiler_peak_bytes: float = 0.0
+
+    @property
+    def allocated_bytes(self) -> float:
+        """Arguments + outputs not aliased to them + the temporaries' allocation."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def peak_bytes(self) -> float:
+        """HBM at the peak: the compiler's own peak of live bytes where it states one and the
+        program keeps nothing in host memory, else `allocated_bytes`.
+
+        The allocation overstates what the TPU compiler holds against its limit: 70B on TPU7x
+        4x4x4 (the published recipe, which ran) allocated 96.0 GiB (5.2 of arguments, 90.9 of
+        temporaries) against a 94.75 GiB limit, and the compiler accepted it with a peak of
+        84.9 GiB; at a per-device batch of 3 it refused ("HLO temporaries (119.42G) exceeds
+        available HBM (94.75G)"). The compiler's peak counts host-memory buffers too (8B on
+        v6e-256 with 28.0 GiB offloaded: peak 28.4 GiB, HBM allocation 12.0), so a program that
+        offloads is judged by its HBM allocation. A program the compiler refuses never gets here:
+        it is a refusal."""
+        if self.compiler_peak_bytes and not self.host_temp_bytes:
+            return self.compiler_peak_bytes
+        return self.allocated_bytes
+
+
+def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None,
+                        accumulation: int = 1) -> CompiledStep:
+    """The whole step from the scanned program of `blocks` blocks alone.
+
+    Memory is the program's own. Its cost analysis and HLO text count each loop once, so the
+    other `blocks - 1` iterations of its measured `loop_iteration` are added to its FLOPs, bytes
+    and collectives; with `accumulation` micro-batches in a loop, the other micro-batches too (see
+    `LoopIteration`). `costs`, when given, is the same program compiled without loop peeling (see
+    `CompiledStep.loop_peeled`), and the work is read from it instead.
+    """
+    memory, work = scanned, costs or scanned
+    iteration = work.loop_iteration
+    if iteration is None:
+        raise ValueError("the program's block loops were not measured (see loop_costs.block_loop_iteration)")
+    # (how many more times, what) beyond the compiler's count of each loop body once
+    extra = [(blocks - 1, iteration)]
+    if iteration.micro_batch is not None:
+        extra = [(accumulation - 1, iteration.micro_batch), (accumulation * (blocks - 1), iteration)]
+    by_key = {(c.kind, c.group_size): c for c in work.collectives}
+    flops, bytes_accessed = work.flops, work.bytes_accessed
+    for times, loop in extra:
+        flops += times * loop.flops
+        bytes_accessed += times * loop.bytes_accessed
+        for c in loop.collectives:
+            seen = by_key.get((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
+            by_key[(c.kind, c.group_size)] = replace(seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes)
+    return replace(
+        memory,
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size)),
+        compile_seconds=memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
+        loop_peeled=work.loop_peeled,
+    )
+
+
+def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
+                    costs: CompiledStep | None = None) -> CompiledStep:
+    """The whole step from the ends-only program and the scanned program of `blocks` blocks (the
+    fallback where `add_loop_iterations` cannot be used).
+
+    Memory is the scanned program's own (it is the real program). XLA's cost analysis and the
+    HLO text hold the loop body once, so one block's FLOPs, bytes and collectives are the scanned
+    program's minus the ends', and the step's are the ends' plus `blocks` of them. A difference
+    below zero (the compiler fusing the ends differently) counts as zero, never as negative work.
+    `costs`, when given, is the same scanned program compiled without loop peeling (see
+    `CompiledStep.loop_peeled`), and the work is read from it instead.
+    """
+    memory, scanned = scanned, costs or scanned
+    def total(end: float, with_body: float) -> float:
+        return end + blocks * max(0.0, with_body - end)
+
+    by_key = {(c.kind, c.group_size): c for c in ends.collectives}
+    collectives = []
+    for c in scanned.collectives:
+        e = by_key.pop((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
+        collectives.append(replace(c, count=round(total(e.count, c.count)), bytes=round(total(e.bytes, c.bytes))))
+    collectives += list(by_key.values())
+    return CompiledStep(
+        flops=total(ends.flops, scanned.flops),
+        bytes_accessed=total(ends.bytes_accessed, scanned.bytes_accessed),
+        argument_bytes=memory.argument_bytes,
+        output_bytes=memory.output_bytes,
+        temp_bytes=memory.temp_bytes,
+        alias_bytes=memory.alias_bytes,
+        collectives=sorted(collectives, key=lambda c: (c.kind, c.group_size)),
+        compile_seconds=ends.compile_seconds + memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
+        host_temp_bytes=memory.host_temp_bytes,
+        loop_peeled=scanned.loop_peeled,
+        compiler_peak_bytes=memory.compiler_peak_bytes,
+    )
+
+
+__all__ = ["CompiledStep", "add_loop_iterations", "combine_scanned"]
