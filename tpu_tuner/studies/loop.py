@@ -178,7 +178,8 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
         with ExitStack() as beats:
             batch: list[Claim] = []
             while len(batch) < min(rules.batch, rules.budget - spent):
-                if rules.max_idle_asks is not None and idle >= rules.max_idle_asks:
+                if ((rules.max_idle_asks is not None and idle >= rules.max_idle_asks)
+                        or (rules.max_asks is not None and asked >= rules.max_asks)):
                     break
                 if rules.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     break
