@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.plan import LayoutPlan, PlanOptions, _problem, judged, plan
+from tpu_tuner.planner.plan import LayoutPlan, PlanOptions, judged, plan
+from tpu_tuner.planner.problem import build_problem
 from tpu_tuner.planner.search import search
 from tpu_tuner.planner.space import PlanPoint, SearchSpace
 from tpu_tuner.planner.topology import parse_topology
@@ -79,7 +80,7 @@ def main() -> None:
         print(f"  {p.prediction.tokens_per_second:10,.0f} tokens/s  MFU {p.prediction.mfu:.1%}  "
               f"peak {p.compiled.peak_bytes / 2**30:5.1f} GiB  {p.point.name()}")
 
-    problem = _problem(model, options(), parse_topology("v5p-256"), lambda m: None)
+    problem = build_problem(model, options(), parse_topology("v5p-256"), lambda m: None)
 
     def from_table(problem_, points: list[PlanPoint], pool, emit) -> dict[PlanPoint, LayoutPlan]:
         return {point: judged(problem_, point, table[point].compiled) for point in points}

@@ -266,7 +266,8 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     from tpu_tuner.planner.collectives import Collective
     from tpu_tuner.model.layouts import Layout
     from tpu_tuner.planner.loop_costs import LoopIteration
-    from tpu_tuner.planner.plan import PlanOptions, _enumerated, _problem
+    from tpu_tuner.planner.plan import PlanOptions, enumerated
+    from tpu_tuner.planner.problem import build_problem
     from tpu_tuner.planner.compiled_step import CompiledStep
     from tpu_tuner.planner.topology import parse_topology
 
@@ -281,8 +282,8 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     pool = _ScriptedPool(answer)
     options = PlanOptions(topology="v5p:2x2x2", global_batch=16, seq_len=128, preset="tiny", layouts=[measured, unmeasured])
     said: list[str] = []
-    problem = _problem(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), said.append)
-    result = _enumerated(problem, options, pool, said.append, time.perf_counter())
+    problem = build_problem(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), said.append)
+    result = enumerated(problem, options, pool, said.append, time.perf_counter())
     assert sorted((j.layout.name(), j.blocks) for j in pool.jobs) == sorted(
         [(measured.name(), 4), (unmeasured.name(), 4), (unmeasured.name(), 0)])
     by_layout = {p.layout: p.compiled for p in result.plans}

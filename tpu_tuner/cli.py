@@ -307,6 +307,7 @@ def _buckets_command(args: argparse.Namespace) -> int:
 
 
 def _plan_command(args: argparse.Namespace) -> int:
+    from dataclasses import replace
     from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.model.layouts import parse_layout
     from tpu_tuner.planner.plan import PlanOptions
@@ -344,7 +345,7 @@ def _plan_command(args: argparse.Namespace) -> int:
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study, storage=args.storage)
     if args.remats:
-        options.remats = tuple(parse_remat(r, "--remats").name for r in args.remats.split(",") if r.strip())
+        options = replace(options, remats=tuple(parse_remat(r, "--remats").name for r in args.remats.split(",") if r.strip()))
     for flag in ("accumulations", "contexts"):
         text = getattr(args, flag)
         if text:
@@ -354,11 +355,11 @@ def _plan_command(args: argparse.Namespace) -> int:
                 raise UserInputError(f"--{flag} takes whole numbers separated by commas, not {text!r}") from exc
             if min(values) < 1:
                 raise UserInputError(f"--{flag} takes sizes of at least 1, not {text!r}")
-            setattr(options, flag, values)
+            options = replace(options, **{flag: values})
     if args.workers is not None:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
-        options.workers = args.workers
+        options = replace(options, workers=args.workers)
     run_dir, result = plan_to_folder(args.model_file, options, args.out,
                                      progress=lambda message: print(message, flush=True))
     print()

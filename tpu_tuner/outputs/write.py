@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,13 +138,14 @@ def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Pa
         from tpu_tuner.studies.storage import storage_from_environment
 
         Path(out).mkdir(parents=True, exist_ok=True)
-        options.storage = storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
+        options = replace(options, storage=storage_from_environment()
+                          or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}")
     if options.storage is not None:
         from tpu_tuner.studies.storage import check_storage
 
         check_storage(options.storage)
     run_dir = plan_run_dir(out, model_file, options.topology, options.preset)
-    options.log_file = run_dir / run_folder.COMPILER_LOG
+    options = replace(options, log_file=run_dir / run_folder.COMPILER_LOG)
     try:
         result = plan(model_file, options, progress=progress)
     except BaseException as exc:

@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost
 
 SettingKey = tuple[tuple[str, Any], ...]
@@ -30,20 +31,20 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
     return {
         setting_key(t.params): t
         for t in trials
-        if t.state.is_finished() and "repeat_of" not in t.user_attrs and "over_budget" not in t.user_attrs
-        and t.user_attrs.get("failure_kind") != "interrupted" and not is_lost(t)
+        if t.state.is_finished() and records.REPEAT_OF not in t.user_attrs and records.OVER_BUDGET not in t.user_attrs
+        and t.user_attrs.get(records.FAILURE_KIND) != records.INTERRUPTED and not is_lost(t)
     }
 
 
 def measured_count(covered: dict[Any, optuna.trial.FrozenTrial]) -> int:
     """What the budget counts: settings *measured* (rejections cost nothing; repeats are answered
     from the earlier trial, so a bound on asks stops a sampler that only repeats)."""
-    return sum(1 for t in covered.values() if "rejected_by" not in t.user_attrs)
+    return sum(1 for t in covered.values() if records.REJECTED_BY not in t.user_attrs)
 
 
 def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
     """The trial measured last (not a repeat: a repeat measures nothing), by completion time."""
-    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs
+    measured = [t for t in trials if t.user_attrs.get(records.MEASURED) and records.REPEAT_OF not in t.user_attrs
                 and t.datetime_complete is not None]
     return max(measured, key=lambda t: (t.datetime_complete, t.number)) if measured else None
 

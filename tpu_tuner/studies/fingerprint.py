@@ -8,6 +8,7 @@ it with the present one and refuses, naming what differs, before anything is wri
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,20 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return found
 
 
+def digest(record: dict[str, Any], length: int = 10) -> str:
+    """A short stable digest of a study's record (JSON with sorted keys): names a study after
+    what it depends on, so that the same inputs find the same study again."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def differing_keys(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The keys of `current` whose values `recorded` does not hold (a joiner's refusal names them)."""
+    return [key for key in current if current[key] != recorded.get(key)]
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 2] + ".."
 
 
-__all__ = ["differences", "file_sha256", "fingerprint"]
+__all__ = ["differences", "differing_keys", "digest", "file_sha256", "fingerprint"]

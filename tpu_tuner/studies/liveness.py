@@ -30,7 +30,8 @@ import sqlalchemy
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
+from tpu_tuner.studies import records
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
 
 
 # The user attributes a retried trial keeps.
-KEPT_ON_RETRY = ("warm_start",)
+KEPT_ON_RETRY = (records.WARM_START,)
 
 
 @dataclass(frozen=True)
@@ -195,11 +196,11 @@ class RunningWatch:
     def overdue(self, running: list[FrozenTrial], now: float | None = None) -> list[FrozenTrial]:
         """The trials of `running` seen running for longer than `overdue_s`."""
         now = time.monotonic() if now is None else now
-        ids = {t._trial_id for t in running}  # noqa: SLF001
-        self._first_seen = {i: seen for i, seen in self._first_seen.items() if i in ids}
-        for trial_id in ids:
-            self._first_seen.setdefault(trial_id, now)
-        return [t for t in running if now - self._first_seen[t._trial_id] > self.overdue_s]  # noqa: SLF001
+        numbers = {t.number for t in running}  # a watch follows one study: its trial numbers are unique
+        self._first_seen = {n: seen for n, seen in self._first_seen.items() if n in numbers}
+        for number in numbers:
+            self._first_seen.setdefault(number, now)
+        return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
 
 
 def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> None:
@@ -212,23 +213,31 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
     if watch is None:
         return
     for trial in watch.overdue(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+        trial_id = trial_id_of(storage, study, trial.number)
         try:
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):  # noqa: SLF001
+            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                 log.warning("trial %d ran for over %.0f s: its worker is gone; failed as lost", trial.number,
                             watch.overdue_s)
                 callback = storage.get_heartbeat_stale_trial_callback()
                 if callback is not None:
-                    callback(study, copy.deepcopy(storage.get_trial(trial._trial_id)))  # noqa: SLF001
+                    callback(study, copy.deepcopy(storage.get_trial(trial_id)))
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker failed it first
+
+
+def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
+    """The storage's id of trial `number` of `study` (what heartbeats and state changes name),
+    through the storage's public interface: Optuna keeps the id on a trial only privately."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
 def is_lost(trial: FrozenTrial) -> bool:
     """Whether `trial` was failed because its worker was lost. Every failure a worker records
     names its kind (`trial_attrs.record_failure`, "interrupted" on resume); a lost worker
     records none, even when it died halfway through recording a measurement."""
-    return trial.state == TrialState.FAIL and "failure_kind" not in trial.user_attrs
+    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in trial.user_attrs
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
-           "fail_lost_trials", "is_lost", "open_storage", "set_liveness"]
+           "fail_lost_trials", "is_lost", "open_storage", "set_liveness", "trial_id_of"]

@@ -24,6 +24,9 @@ STORAGE_ENV = "TPU_TUNE_STORAGE"
 # The SQLite file, in the results folder, that holds the named studies of one host when there
 # is no server (`--study NAME` without --storage): workers on this host share it.
 SHARED_SQLITE = "studies.db"
+# Seconds between a running trial's heartbeats, the default of every study tpu-tune opens
+# (studies/liveness.py: other workers call a trial lost after three missed beats).
+HEARTBEAT_INTERVAL_S = 10
 
 
 def storage_from_environment() -> str | None:
@@ -94,4 +97,4 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
         engine.dispose()
 
 
-__all__ = ["STORAGE_ENV", "check_storage", "shared_sqlite", "storage_from_environment"]
+__all__ = ["HEARTBEAT_INTERVAL_S", "STORAGE_ENV", "check_storage", "shared_sqlite", "storage_from_environment"]

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
+
 if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and options are checked before it
     from tpu_tuner.profiling.settings import ProfilerSettings
 
 SAMPLERS = ("tpe", "random", "grid")
-# Seconds between a running trial's heartbeats (tuning/liveness.py explains the default).
-HEARTBEAT_INTERVAL_S = 10
 # Ranks of one host a trial may start (one process each): beyond this a host is oversubscribed.
 MAX_NPROC = 64
 

@@ -41,7 +41,7 @@ from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
 from tpu_tuner.model.summary import WorkloadSummary, load_summary
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.parallel.from_plan import planned_layouts
-from tpu_tuner.studies import run_file
+from tpu_tuner.studies import run_file, samplers
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.studies.coverage import covered_settings, measured_count, setting_key as _key
@@ -404,51 +404,23 @@ def _warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], l
 
 def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,
                   first: bool = True) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler `options.sampler` names, seeded.
+    """The Optuna sampler `options.sampler` names, seeded (studies/samplers.py builds it).
 
     In a shared study every TPE or random worker but the first draws from a seed of its own (the
     same seed would propose the same settings in every worker), and TPE treats the other
-    workers' running trials as if they had scored the worst so far (`constant_liar`, Optuna's
-    remedy for parallel workers proposing the same point). A grid keeps the study's seed in
-    every worker: Optuna's GridSampler walks one shuffled grid that the workers share (with
-    other seeds, two workers on a 12-setting grid reached 8 settings in 12 trials).
+    workers' running trials as if they had scored the worst so far (`constant_liar`). A grid
+    keeps the study's seed in every worker: trial n takes the n-th setting of one shuffled grid
+    that the workers share (with other seeds, two workers on a 12-setting grid reached 8
+    settings in 12 trials). The grid walks the space's valid settings (`SearchSpace.settings()`),
+    not the product of every parameter's choices, so no conditional setting is walked twice.
     """
     seed = options.seed if first or options.sampler == "grid" else random.SystemRandom().randrange(2**31)
-    if options.sampler == "grid":
-        return _AskTellGridSampler(space, seed=seed)
-    if options.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
     # Few startup trials: the seeds already cover the agents' best guesses. Multivariate TPE with
     # `group=True` models the knobs jointly, per group of trials that share a parameter set (the
-    # conditional compiler options), where independent TPE models each knob alone: replayed on
-    # the measured grids of examples/cnn.py and examples/gpt.py (10 seeds each, with the agents'
-    # seeds), it reached within 3% of the grid's best on 10/10 and 10/10, independent TPE on
-    # 10/10 and 5/10 (docs/search-efficiency.md). Optuna marks both options experimental.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, group=True,
-                                          constant_liar=shared)
-
-
-class _AskTellGridSampler(optuna.samplers.GridSampler):
-    """GridSampler for an ask/tell loop: its after_trial only calls `study.stop()` once the grid
-    is exhausted, which Optuna forbids outside `optimize`; the loop stops on its own instead.
-    It walks the space's valid settings (`SearchSpace.settings()`), not the product of every
-    parameter's choices: a conditional parameter (inductor's options) is in a grid point only
-    where it is active, so no setting is enumerated twice."""
-
-    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
-        super().__init__(space.grid(), seed=seed)
-        # A grid point is a tuple in `_param_names` order; an inactive parameter's slot holds a
-        # placeholder the trial never asks for. (Optuna keeps no public hook for a non-product grid.)
-        first = {name: choices[0] for name, choices in space.grid().items()}
-        self._all_grids = [tuple(setting.get(name, first[name]) for name in self._param_names)
-                           for setting in space.settings()]
-        self._rng.rng.shuffle(self._all_grids)  # type: ignore[arg-type]
-        self._n_min_trials = len(self._all_grids)
-
-    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
-        return None
+    # conditional compiler options); docs/search-efficiency.md compares it with independent TPE.
+    return samplers.build_sampler(options.sampler, seed, startup_trials=4, group=True, constant_liar=shared,
+                                  settings=space.settings() if options.sampler == "grid" else None,
+                                  grid=space.grid() if options.sampler == "grid" else None)
 
 
 def _mark_interrupted(study: optuna.Study) -> None:

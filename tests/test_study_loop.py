@@ -1,0 +1,198 @@
+"""The studies' one ask/tell loop (studies/loop.py) with a scripted feature: the budget, repeats
+answered from earlier trials, release past the budget, caps on asks, the queue, and claims
+settled between two workers of one SQLite study. No model, no worker process: fast."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.studies import records
+from tpu_tuner.studies.liveness import Worker, open_storage
+from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+KEYS = [f"s{i}" for i in range(10)]
+
+
+class Scripted(Feature):
+    """A feature whose trial holds one categorical setting `x`; evaluating it returns its index,
+    after `delay_s`. Keys in `invalid` are ruled out before any claim."""
+
+    def __init__(self, worker: str = "w", delay_s: float = 0.0, invalid: Sequence[str] = ()) -> None:
+        self.worker, self.delay_s, self.invalid = worker, delay_s, set(invalid)
+        self.evaluated: list[str] = []
+        self.batches: list[int] = []
+        self.waited = 0
+
+    def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
+        trial.set_user_attr(records.WORKER, self.worker)
+        x = trial.suggest_categorical("x", KEYS)
+        if x in self.invalid:
+            trial.set_user_attr(records.REJECTED_BY, "invalid")
+            trial.study.tell(trial, state=TrialState.PRUNED)
+            return None
+        return x, x
+
+    def key_of(self, trial: FrozenTrial) -> Hashable | None:
+        return trial.params.get("x")
+
+    def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
+        return {t.params["x"]: t for t in trials if t.state == TrialState.COMPLETE
+                and records.REPEAT_OF not in t.user_attrs}
+
+    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+        trial.set_user_attr(records.REPEAT_OF, earlier.number)
+        trial.study.tell(trial, earlier.value)
+
+    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
+        trial.set_user_attr(records.REPEAT_OF, elsewhere.number)
+        trial.set_user_attr(records.IN_FLIGHT_ELSEWHERE, True)
+        trial.study.tell(trial, state=TrialState.PRUNED)
+
+    def tell_released(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr(records.OVER_BUDGET, True)
+        trial.study.tell(trial, state=TrialState.PRUNED)
+
+    def evaluate(self, claims: list[Claim]) -> list[Any]:
+        self.batches.append(len(claims))
+        time.sleep(self.delay_s)
+        self.evaluated += [c.point for c in claims]
+        return [float(KEYS.index(c.point)) for c in claims]
+
+    def tell(self, claim: Claim, result: Any) -> None:
+        claim.trial.study.tell(claim.trial, result)
+
+    def waiting(self, spent: int, running: int) -> None:
+        self.waited += 1
+
+
+def _worker(storage: Any = None) -> Worker:
+    return Worker("w", "h", storage, poll_s=0.01)
+
+
+def test_the_budget_counts_evaluated_settings_and_repeats_are_answered_not_evaluated() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial({"x": "s1"})
+    study.enqueue_trial({"x": "s1"})  # the same setting again: a repeat
+    feature = Scripted()
+    end = run_loop(study, feature, Rules(budget=4), _worker())
+    assert end.reason == "budget" and end.spent == 4
+    assert len(feature.evaluated) == len(set(feature.evaluated)) == 4
+    repeat = study.get_trials(deepcopy=False)[1]
+    assert repeat.user_attrs[records.REPEAT_OF] == 0 and repeat.value == 1.0
+
+
+def test_claims_evaluate_in_batches_up_to_the_budget() -> None:
+    study = optuna.create_study(sampler=SettingsGrid([{"x": k} for k in KEYS], {"x": KEYS}, seed=0))
+    feature = Scripted()
+    end = run_loop(study, feature, Rules(budget=7, batch=3), _worker())
+    assert end.reason == "budget" and feature.batches == [3, 3, 1]
+    assert sorted(feature.evaluated) == sorted(set(feature.evaluated))
+    positions_told = [t.number for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert len(positions_told) == 7
+
+
+def test_running_trials_that_hold_the_budget_are_spent_or_waited_for() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    study.enqueue_trial({"x": "s0"})
+    done = study.ask()
+    done.suggest_categorical("x", KEYS)
+    study.tell(done, 0.0)
+    study.enqueue_trial({"x": "s2"})
+    running = study.ask()  # another worker's, still evaluating: with it the budget of 2 is spoken for
+    running.suggest_categorical("x", KEYS)
+    study.enqueue_trial({"x": "s3"})
+    feature = Scripted()
+    end = run_loop(study, feature, Rules(budget=2, wait_for_running=False), _worker())
+    assert end.reason == "budget" and end.spent == 2 and feature.evaluated == []
+    assert running.number == 1
+    # Waiting instead: the loop waits for the running trial, which is then told by its worker.
+    waiting = Scripted()
+    threading.Timer(0.2, lambda: study.tell(running, 2.0)).start()
+    end = run_loop(study, waiting, Rules(budget=2), _worker())
+    assert end.reason == "budget" and waiting.waited == 1 and waiting.evaluated == []
+
+
+def test_a_late_trial_is_released_and_an_in_flight_setting_left_to_its_trial() -> None:
+    from tpu_tuner.studies.loop import _settle
+
+    study = optuna.create_study()
+    study.enqueue_trial({"x": "s4"})
+    study.ask().suggest_categorical("x", KEYS)
+    study.enqueue_trial({"x": "s4"})
+    same = study.ask()
+    assert _settle(study, Scripted(), Rules(budget=5), same, []) == "in flight"
+    assert study.get_trials()[same.number].user_attrs[records.IN_FLIGHT_ELSEWHERE]
+    study.enqueue_trial({"x": "s5"})
+    late = study.ask()
+    assert _settle(study, Scripted(), Rules(budget=1), late, []) == "released"
+    assert study.get_trials()[late.number].user_attrs[records.OVER_BUDGET]
+    study.enqueue_trial({"x": "s6"})
+    claim = _settle(study, Scripted(), Rules(budget=5), study.ask(), [])
+    assert isinstance(claim, Claim) and claim.position == 1 and claim.key == "s6"
+
+
+@pytest.mark.parametrize("rules, reason", [(Rules(budget=5, max_idle_asks=6), "idle"),
+                                           (Rules(budget=5, max_asks=4), "asks")])
+def test_asks_without_a_claim_are_capped(rules: Rules, reason: str) -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    end = run_loop(study, Scripted(invalid=KEYS), rules, _worker())
+    assert end.reason == reason and end.spent == 0
+
+
+def test_the_queue_only_loop_stops_when_the_queue_does_and_coverage_stops_the_search() -> None:
+    study = optuna.create_study()
+    for key in ("s1", "s2", "s3"):
+        study.enqueue_trial({"x": key})
+    feature = Scripted()
+    assert run_loop(study, feature, Rules(budget=10, queue_only=True, batch=2), _worker()).reason == "queue"
+    assert feature.evaluated == ["s1", "s2", "s3"]
+    covered = run_loop(study, Scripted(), Rules(budget=10, space_size=3), _worker())
+    assert covered.reason == "covered"
+
+
+def test_two_workers_on_one_sqlite_study_evaluate_the_budget_each_setting_once(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'loop.db'}"
+    optuna.create_study(study_name="shared", storage=open_storage(url, interval_s=1))
+    features = [Scripted(worker=name, delay_s=0.05) for name in ("a", "b")]
+    ends = []
+
+    def work(feature: Scripted, seed: int) -> None:
+        storage = open_storage(url, interval_s=1)
+        study = optuna.load_study(study_name="shared", storage=storage,
+                                  sampler=build_sampler("grid", 0, settings=[{"x": k} for k in KEYS], grid={"x": KEYS}))
+        ends.append(run_loop(study, feature, Rules(budget=6), Worker(feature.worker, "h", storage, poll_s=0.02)))
+
+    threads = [threading.Thread(target=work, args=(f, i)) for i, f in enumerate(features)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [e.reason for e in ends] == ["budget", "budget"]
+    evaluated = features[0].evaluated + features[1].evaluated
+    assert len(evaluated) == len(set(evaluated)) == 6
+    study = optuna.load_study(study_name="shared", storage=url)
+    complete = [t for t in study.get_trials() if t.state == TrialState.COMPLETE and records.REPEAT_OF not in t.user_attrs]
+    assert len(complete) == 6 and not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+
+
+def test_the_grid_walks_every_setting_once_in_the_order_its_seed_gives() -> None:
+    settings = [{"x": k} for k in KEYS]
+    walks = []
+    for _ in range(2):
+        study = optuna.create_study(sampler=build_sampler("grid", 3, settings=settings, grid={"x": KEYS}))
+        walk = []
+        for _ in KEYS:
+            trial = study.ask()
+            walk.append(trial.suggest_categorical("x", KEYS))
+            study.tell(trial, 0.0)
+        walks.append(walk)
+    assert walks[0] == walks[1] and sorted(walks[0]) == sorted(KEYS)

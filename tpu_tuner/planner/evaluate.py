@@ -1,0 +1,117 @@
+"""Points compiled and judged: each point's programs through the compile pool, its whole step's
+figures, whether it fits, and its prediction."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+from tpu_tuner.planner.predict import predict
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.result import LayoutPlan
+from tpu_tuner.planner.space import PlanPoint
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, emit: Callable[[str], None],
+             done: Callable[[PlanPoint, CompiledStep], None] | None = None) -> dict[PlanPoint, LayoutPlan]:
+    """Compile every point (one program each: every block scanned, its loops measured in its own
+    HLO; program.py) and predict it."""
+    depth = problem.dims.shape.n_layers
+    jobs = {point: problem.job(point, depth) for point in points}
+    by_job = {job: point for point, job in jobs.items()}
+
+    def first_done(job: CompileJob, step: CompiledStep) -> None:
+        if done is not None:
+            done(by_job[job], step)
+
+    scanned = {by_job[job]: step for job, step in pool.compile(list(jobs.values()), first_done).items()}
+    # A second round, only where needed. Block loops that could not be measured: the ends-only
+    # program gives one block as the difference (program.combine_scanned; single micro-batch
+    # programs only). Loops a full-effort compile peeled (its cost analysis then holds more than
+    # one block): the work is read from the same program compiled with the least effort, which
+    # does not peel (measured: 8B with host offload on v6e-256 counted 4.09e15 FLOPs peeled,
+    # 2.10e15 not, as the unrolled program does).
+    ends_jobs = {p: problem.job(p, 0) for p, step in scanned.items()
+                 if not step.error and step.loop_iteration is None and p.accumulation == 1}
+    recost_jobs = {p: problem.job(p, depth, fast=True) for p, step in scanned.items()
+                   if not step.error and not problem.fast and step.loop_peeled}
+    if ends_jobs:
+        emit(f"{_programs(len(ends_jobs))} block loops could not be measured in {_its(len(ends_jobs))} HLO: "
+             f"compiling {_its(len(ends_jobs))} ends alone")
+    if recost_jobs:
+        emit(f"{_programs(len(recost_jobs))} block loops were peeled by the compiler: recompiling "
+             f"{'it' if len(recost_jobs) == 1 else 'them'} once for {_its(len(recost_jobs))} work")
+    second = pool.compile([*ends_jobs.values(), *recost_jobs.values()])
+    return {point: _judge(problem, point, scanned[point], second.get(ends_jobs.get(point)),  # type: ignore[arg-type]
+                          second.get(recost_jobs.get(point))) for point in points}  # type: ignore[arg-type]
+
+
+def _judge(problem: PlanProblem, point: PlanPoint, step: CompiledStep, ends: CompiledStep | None,
+           cost_step: CompiledStep | None) -> LayoutPlan:
+    """One point's LayoutPlan from its compiled programs."""
+    depth = problem.dims.shape.n_layers
+    failed = step if step.error else ends if ends is not None and ends.error else None
+    if failed is None and ends is None and step.loop_iteration is None:
+        failed = replace(step, error="the block loops could not be measured in the compiled program")
+    iteration = step.loop_iteration
+    if (failed is None and point.accumulation > 1 and iteration is not None and iteration.micro_batch is None
+            and iteration.loops < 2 * point.accumulation):
+        # Neither a micro-batch loop around the block loops nor one pair of block loops per
+        # micro-batch (unrolled): the work cannot be counted (a model of one block, say).
+        failed = replace(step, error="the micro-batch loop could not be measured in the compiled program")
+    if failed is not None:
+        return judged(problem, point, failed)
+    if cost_step is not None and (cost_step.error or cost_step.loop_iteration is None):
+        cost_step = None
+    if ends is not None:
+        full = combine_scanned(ends, step, depth, cost_step)
+    else:
+        full = add_loop_iterations(step, depth, cost_step, point.accumulation)
+    return judged(problem, point, full)
+
+
+def _programs(n: int) -> str:
+    return "1 program's" if n == 1 else f"{n} programs'"
+
+
+def _its(n: int) -> str:
+    return "its" if n == 1 else "their"
+
+
+def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> LayoutPlan:
+    """The LayoutPlan of a point from its whole step's compiler figures (or refusal)."""
+    hbm = problem.hbm
+    bound = problem.lower_bound(point).total
+    batch = point.per_device_batch(problem.global_batch)
+    if full.error:
+        return LayoutPlan(point.layout, full, False, 0.0, f"the compiler refused: {full.error}", None,
+                          point.remat, point.accumulation, batch, bound)
+    if full.loop_peeled:
+        log.warning("%s: the compiler peeled the block loop; per-block work may count more than one block", point.name())
+    if bound > full.peak_bytes * 1.001:
+        log.error("%s: the memory lower bound (%.2f GiB) is above the compiled peak (%.2f GiB): the bound is wrong "
+                  "and may have ruled out points that fit", point.name(), bound / 2**30, full.peak_bytes / 2**30)
+    fits = full.peak_bytes <= hbm
+    why = (
+        (f"the compiler's peak {full.compiler_peak_bytes / 2**30:.1f} GiB of live buffers; allocated: " if full.compiler_peak_bytes else "")
+        + f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
+        f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
+        f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.2f} GiB HBM limit"
+        + (f"; {full.host_temp_bytes / 2**30:.1f} GiB offloaded to host memory" if full.host_temp_bytes else "")
+        + ("; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
+           if full.loop_peeled else "")
+    )
+    devices = problem.topology.devices
+    prediction = predict(full, problem.topology, point.layout, problem.dims.shape, problem.dims.head_dim,
+                         problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
+                         problem.hardware_flops(point.remat) / devices)
+    return LayoutPlan(point.layout, full, fits, hbm - full.peak_bytes, why, prediction, point.remat,
+                      point.accumulation, batch, bound)
+
+
+__all__ = ["evaluate", "judged"]

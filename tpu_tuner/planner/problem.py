@@ -1,0 +1,148 @@
+"""What every point of one plan shares (`PlanProblem`), read from the model file and the slice."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tpu_tuner.core.errors import TpuTuneError, UserInputError
+from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
+from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.layouts import partition_spec, placements
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.structure import Dims, read_dims
+from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
+from tpu_tuner.planner.hbm import compiler_hbm_limit
+from tpu_tuner.planner.options import PlanOptions
+from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
+from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
+from tpu_tuner.planner.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """What every point of one plan shares: the model, slice, batch and the FLOPs conventions."""
+
+    source: str
+    workload: str
+    preset: str | None
+    topology: Topology
+    global_batch: int
+    seq_len: int
+    dims: Dims
+    gated: bool
+    matmul_parameters: int
+    parameters: int
+    model_flops: float
+    attention: str
+    fast: bool
+    cost_model: CostModel
+    placements: dict[str, str]
+    first_moment_dtype: str = "float32"
+
+    @property
+    def hbm(self) -> float:
+        return self.topology.hbm_bytes_per_device
+
+    def hardware_flops(self, remat: str) -> float:
+        """The work the chips do, a floor under the compiler's count (predict.py): the model's
+        FLOPs with full attention plus what `remat` recomputes of each block's forward."""
+        shape = self.dims.shape
+        _, recomputed = forward_flops_per_token(parse_remat(remat), shape.d_model, shape.n_heads, shape.n_kv_heads,
+                                                self.dims.head_dim, shape.mlp_hidden, self.gated, self.seq_len)
+        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
+        return full + recomputed * shape.n_layers * self.global_batch * self.seq_len
+
+    def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
+        return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
+                          self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
+                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype)
+
+    def lower_bound(self, point: PlanPoint) -> MemoryBound:
+        return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
+                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4)
+
+
+def _screen_in_worker(model_file: str | Path) -> None:
+    """Import the file in a worker first, so that one which crashes at import is reported
+    ("the process died with SIGSEGV while importing", exit 2) rather than killing tpu-tune.
+    The planner still builds the model (on the meta device) in this process afterwards: its shape
+    analysis needs the module itself (docs/run-safety.md)."""
+    from tpu_tuner.runner.pool import TrialRunner
+    from tpu_tuner.model.summary import load_summary
+
+    with TrialRunner(str(model_file), "cpu") as runner:
+        load_summary(runner, model_file, sample_lengths=False)
+
+
+def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
+    """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first."""
+    _screen_in_worker(model_file)
+    workload = load_workload(model_file)
+    if not workload.is_training:
+        raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
+    for policy in (options.remat, *options.remats):
+        parse_remat(policy)  # a bad policy is bad input, before any compile
+    if options.first_moment_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"the first moment's dtype is float32 or bfloat16, not {options.first_moment_dtype!r}")
+    with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
+        devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
+        # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
+        topology = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
+    emit(f"{topology.describe()}; HBM limit {topology.hbm_bytes_per_device / 2**30:.2f} GiB per device "
+         f"({'the compiler' if topology.compiler_hbm_bytes is not None else 'published capacity'})")
+    seq_len = options.seq_len or workload.seq_len
+    if not seq_len:
+        raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
+    global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
+    with torch.device("meta"):
+        meta_model = workload.model_for_preset(options.preset)
+    transformer = workload.dims_for_preset(options.preset)
+    dims = read_dims(meta_model, transformer.heads if transformer else None)
+    n_matmul = matmul_parameters(meta_model)
+    _, blocks = blocks_of(meta_model)
+    roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
+    placement = placements(meta_model, dims.shape.d_model)
+    return PlanProblem(
+        source=str(workload.source), workload=workload.name, preset=options.preset, topology=topology,
+        global_batch=global_batch, seq_len=seq_len, dims=dims, gated="mlpwi_1" in roles.values(),
+        matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
+        model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
+        attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
+        first_moment_dtype=options.first_moment_dtype,
+        placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
+                    for name, kind in placement.items()},
+    )
+
+
+def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
+    from tpu_tuner.model.workload import TransformerDims
+
+    attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
+    return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]
+
+
+def _topology_devices(topology: Topology) -> Any:
+    """The topology's devices (the workers build theirs the same way), or a clear error without libtpu."""
+    try:
+        from tpu_tuner.planner.compile_pool import topology_devices
+
+        return topology_devices(topology.jax_name)
+    except ImportError as exc:
+        raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
+    except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know
+        raise TpuTuneError(
+            f"cannot build the TPU topology {topology.jax_name}: {type(exc).__name__}: {str(exc).splitlines()[0]} "
+            "(the planner needs libtpu: pip install 'tpu-tune[plan]')"
+        ) from exc
+
+
+__all__ = ["PlanProblem", "build_problem"]

@@ -1,0 +1,119 @@
+"""A plan's result: each point's compiler figures and prediction (`LayoutPlan`), and the whole
+plan (`PlanResult`), as plan.json holds it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.planner.predict import ErrorBand, Prediction, error_band
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.topology import Topology
+
+
+@dataclass
+class LayoutPlan:
+    """One point's compiler figures and prediction (prediction None when it did not compile)."""
+
+    layout: Layout
+    compiled: CompiledStep
+    fits: bool
+    margin_bytes: float
+    why: str
+    prediction: Prediction | None
+    remat: str = "full"
+    accumulation: int = 1
+    per_device_batch: float = 0.0  # MaxText's per_device_batch_size (space.PlanPoint.per_device_batch)
+    lower_bound_bytes: float = 0.0  # space.memory_lower_bound's total: never above the compiled peak
+
+    @property
+    def point(self) -> PlanPoint:
+        return PlanPoint(self.layout, self.remat, self.accumulation)
+
+
+@dataclass
+class PlanResult:
+    """A whole plan: every evaluated point, the best, and how the figures were made."""
+
+    workload: str
+    preset: str | None
+    topology: Topology
+    global_batch: int
+    seq_len: int
+    remat: str  # the policy of every point, or "searched"
+    attention_convention: str
+    model_flops_per_step: float
+    matmul_parameters: int
+    plans: list[LayoutPlan]
+    rejected: list[tuple[Layout, str]]
+    placements: dict[str, str]
+    method: str
+    seconds: float
+    error_band: ErrorBand | None = None
+    search: dict[str, Any] | None = None  # the search's study, space and every trial
+    source: str | None = None  # the model file (or shape) as given
+
+    @property
+    def best(self) -> LayoutPlan | None:
+        fitting = [p for p in self.plans if p.fits and p.prediction]
+        return max(fitting, key=lambda p: p.prediction.mfu) if fitting else None
+
+    @property
+    def indistinguishable(self) -> list[LayoutPlan]:
+        """The fitting points whose predicted MFU is within the error band of the best's (the
+        best first): the prediction cannot order them, a measurement can."""
+        best = self.best
+        if best is None or self.error_band is None:
+            return [best] if best else []
+        floor = best.prediction.mfu - self.error_band.points / 100
+        return [p for p in sorted(self.plans, key=lambda p: -(p.prediction.mfu if p.prediction else 0))
+                if p.fits and p.prediction and p.prediction.mfu >= floor]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
+                            "chips": self.topology.chips, "devices": self.topology.devices,
+                            "generation": self.topology.chip.generation,
+                            "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
+                            "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec"}
+        data["best"] = self.best.point.name() if self.best else None
+        data["indistinguishable"] = [p.point.name() for p in self.indistinguishable]
+        return data
+
+
+def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tuple[Layout, str]], remat: str,
+              started: float, search: dict[str, Any] | None = None) -> PlanResult:
+    """The PlanResult of evaluated points."""
+    peeled = sum(1 for p in plans if p.compiled.loop_peeled)
+    return PlanResult(
+        workload=problem.workload,
+        preset=problem.preset,
+        topology=problem.topology,
+        global_batch=problem.global_batch,
+        seq_len=problem.seq_len,
+        remat=remat,
+        attention_convention="causal attention counted as half (MaxText)" if problem.attention == "causal"
+        else "full attention (PaLM / torchtitan / nanoGPT)",
+        model_flops_per_step=problem.model_flops,
+        matmul_parameters=problem.matmul_parameters,
+        plans=plans,
+        rejected=rejected,
+        placements=problem.placements,
+        method=(f"scanned layers: the {problem.dims.shape.n_layers} blocks compiled as one loop over stacked weights "
+                "(memory: that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' "
+                "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
+                "collectives compiled as mocks"
+                + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
+                + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")),
+        seconds=time.perf_counter() - started,
+        error_band=error_band(problem.topology.chip.generation, problem.cost_model),
+        search=search,
+        source=problem.source,
+    )
+
+
+__all__ = ["LayoutPlan", "PlanResult", "result_of"]

@@ -1,0 +1,255 @@
+"""One ask/tell loop for every study tpu-tune searches: the tuner's (one measured trial at a time
+in a warm worker) and the planner's (batches of compiles run several at a time).
+
+The loop owns the mechanism that any worker of a study shared by several needs:
+
+* lost trials (a stale heartbeat, or one seen running too long) failed and queued again;
+* a budget counted over settled claims and running ones, every worker's;
+* claims settled by trial number: a trial whose setting an earlier one has settled is answered
+  from it (a repeat), one whose setting an earlier trial is still evaluating is left to it, and
+  one asked when earlier trials hold the rest of the budget is released unevaluated;
+* caps on asks (a sampler that only proposes what is settled) and on time;
+* a heartbeat for every trial from its ask until it is told, and the late result of a trial
+  that another worker failed as lost meanwhile dropped.
+
+The feature (`Feature`) says what a trial holds, what it spends, how each of these events is
+recorded in the trial, and how a batch of claims is evaluated and told.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, trial_id_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """When the loop asks, how many at once, and when it stops.
+
+    * ``batch``: claims evaluated together (the planner's compile workers; the tuner's 1).
+    * ``wait_for_running``: when running trials hold the rest of the budget, wait for them (one
+      may be lost and its setting queued again) rather than stop counting them as spent.
+    * ``queue_only``: ask only while the study has queued trials; stop when it has none.
+    * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
+    * ``space_size``: stop once this many distinct settings are settled.
+    * ``timeout_s``: stop asking this long after ``started`` (a `time.perf_counter` reading).
+    """
+
+    budget: int
+    batch: int = 1
+    wait_for_running: bool = True
+    queue_only: bool = False
+    max_asks: int | None = None
+    max_idle_asks: int | None = None
+    space_size: int | None = None
+    timeout_s: float | None = None
+    started: float = 0.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A trial that holds a setting to evaluate: its feature's `point`, the setting's `key`, and
+    its `position` in the budget (1-based, as progress lines count)."""
+
+    trial: optuna.Trial
+    key: Hashable
+    point: Any
+    position: int
+
+
+@dataclass(frozen=True)
+class LoopEnd:
+    """Why the loop stopped: "budget" (spent), "timeout", "covered" (`space_size` settled),
+    "asks" (`max_asks`), "idle" (`max_idle_asks` in a row) or "queue" (the queue is empty);
+    with what was spent and the asks in a row without a claim at that moment."""
+
+    reason: str
+    spent: int
+    idle: int
+
+
+class Feature(ABC):
+    """What a feature tells the loop: how trials are asked and read, and how each event is
+    recorded. The loop calls these; it never reads or writes a trial attribute itself."""
+
+    def ask(self, study: optuna.Study) -> optuna.Trial:
+        """A new trial (define-by-run by default; a feature may pass fixed distributions)."""
+        return study.ask()
+
+    @abstractmethod
+    def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
+        """Read a just-asked trial: its setting's key and the feature's point, or None when the
+        feature ruled the trial out and told it (it holds no claim)."""
+
+    @abstractmethod
+    def key_of(self, trial: FrozenTrial) -> Hashable | None:
+        """The setting key a stored trial holds (None: not known yet)."""
+
+    @abstractmethod
+    def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
+        """The settings the study has settled, each by the trial that answers its repeats."""
+
+    def spends(self, trial: FrozenTrial) -> bool:
+        """Whether a settled trial counts against the budget."""
+        return True
+
+    def holds_claim(self, trial: FrozenTrial) -> bool | None:
+        """Whether a running trial holds a claim on the budget: True, False, or None while it is
+        still being read (an earlier trial still deciding counts when claims are settled)."""
+        return True
+
+    @abstractmethod
+    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+        """Answer `trial` from the trial that settled its setting, and tell it."""
+
+    @abstractmethod
+    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
+        """Tell `trial`, whose setting the earlier trial `elsewhere` is evaluating."""
+
+    @abstractmethod
+    def tell_released(self, trial: optuna.Trial) -> None:
+        """Tell `trial`, asked when earlier trials held the rest of the budget."""
+
+    @abstractmethod
+    def evaluate(self, claims: list[Claim]) -> list[Any]:
+        """Evaluate a batch of claims; one result each, in order."""
+
+    @abstractmethod
+    def tell(self, claim: Claim, result: Any) -> None:
+        """Record a claim's result and tell it to the study."""
+
+    def observe(self, trials: Sequence[FrozenTrial]) -> None:
+        """See the study's trials before each round of asks (an agent learning of failures)."""
+
+    def waiting(self, spent: int, running: int) -> None:
+        """Running trials of other workers hold the rest of the budget: this worker waits."""
+
+
+def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker,
+             watch: RunningWatch | None = None) -> LoopEnd:
+    """Ask, settle and evaluate trials until `rules` stop the loop; returns why.
+
+    `worker.storage` (None: a study in memory) keeps the trials' heartbeats; `watch` also fails
+    trials seen running longer than any trial can run."""
+    storage = worker.storage
+    asked = idle = 0
+    waiting = False
+    while True:
+        if storage is not None:
+            fail_lost_trials(study, storage, watch)
+        trials = study.get_trials(deepcopy=False)
+        feature.observe(trials)
+        settled = feature.settled(trials)
+        spent = sum(1 for t in settled.values() if feature.spends(t))
+        running = [t for t in trials if t.state == TrialState.RUNNING and feature.holds_claim(t) is not False]
+        if not rules.wait_for_running:
+            # Without waiting, running claims are spent as far as this worker can tell.
+            spent += sum(1 for t in running if feature.holds_claim(t) is True)
+        if spent >= rules.budget:
+            return LoopEnd("budget", spent, idle)
+        if rules.timeout_s and time.perf_counter() - rules.started > rules.timeout_s:
+            return LoopEnd("timeout", spent, idle)
+        if rules.space_size is not None and len(settled) >= rules.space_size:
+            return LoopEnd("covered", spent, idle)
+        if rules.max_asks is not None and asked >= rules.max_asks:
+            return LoopEnd("asks", spent, idle)
+        if rules.max_idle_asks is not None and idle >= rules.max_idle_asks:
+            return LoopEnd("idle", spent, idle)
+        if rules.wait_for_running and spent + len(running) >= rules.budget:
+            if not waiting:
+                feature.waiting(spent, len(running))
+                waiting = True
+            time.sleep(worker.poll_s)
+            continue
+        waiting = False
+        with ExitStack() as beats:
+            batch: list[Claim] = []
+            while len(batch) < min(rules.batch, rules.budget - spent):
+                if ((rules.max_idle_asks is not None and idle >= rules.max_idle_asks)
+                        or (rules.max_asks is not None and asked >= rules.max_asks)):
+                    break
+                if rules.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    break
+                trial = _ask(study, feature)
+                asked += 1
+                # Beats from the ask on, so that a worker dying before its trial is told is seen.
+                beat = beats.enter_context(ExitStack())
+                if storage is not None:
+                    beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
+                outcome = _settle(study, feature, rules, trial, batch)
+                if isinstance(outcome, Claim):
+                    batch.append(outcome)
+                    idle = 0
+                    continue
+                beat.close()  # told already
+                idle += 1
+                if outcome == "released":
+                    if not rules.wait_for_running:
+                        time.sleep(worker.poll_s)  # the earlier trials settle, or turn out not to
+                    break
+            if not batch:
+                if rules.queue_only:
+                    return LoopEnd("queue", spent, idle)
+                continue
+            results = feature.evaluate(batch)
+            for claim, result in zip(batch, results):
+                try:
+                    feature.tell(claim, result)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Beats stopped for a whole grace period (a suspended host) and another worker
+                    # failed this trial as lost and queued its setting again: its result is dropped.
+                    log.warning("trial %d was failed as lost by another worker while it ran here; its result is "
+                                "dropped", claim.trial.number)
+
+
+def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
+    with warnings.catch_warnings():
+        # Optuna warns that heartbeats are meant for `optimize`; this loop beats itself.
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        return feature.ask(study)
+
+
+def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial,
+            batch: list[Claim]) -> Claim | str:
+    """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
+
+    The study is read again after the ask: another worker may have settled this setting, be
+    evaluating it, or have taken the last of the budget since the loop looked. Claims are
+    settled by trial number: the lower number evaluates a setting, and takes the budget first."""
+    begun = feature.begin(trial)
+    if begun is None:
+        return "ruled out"
+    key, point = begun
+    trials = study.get_trials(deepcopy=False)
+    settled = feature.settled(trials)
+    earlier = settled.get(key)
+    if earlier is not None and earlier.number != trial.number:
+        feature.tell_repeat(trial, earlier)
+        return "repeat"
+    running_before = [t for t in trials if t.state == TrialState.RUNNING and t.number < trial.number
+                      and feature.holds_claim(t) is not False]
+    elsewhere = next((t for t in running_before if feature.key_of(t) == key), None)
+    if elsewhere is not None:
+        feature.tell_in_flight(trial, elsewhere)
+        return "in flight"
+    spent = sum(1 for t in settled.values() if feature.spends(t))
+    if spent + len(running_before) >= rules.budget:
+        feature.tell_released(trial)
+        return "released"
+    return Claim(trial, key, point, spent + len(batch) + 1)
+
+
+__all__ = ["Claim", "Feature", "LoopEnd", "Rules", "run_loop"]

@@ -1,0 +1,58 @@
+"""The trial record: the user-attribute keys a trial of any tpu-tune study stores, named once.
+
+Both features keep their results in Optuna trial attributes, so that a study's storage alone
+rebuilds a run (the tuner's report, the planner's plan). The strings below are a file format:
+studies written by earlier versions are read with them, so a value never changes, only a name.
+Plain constants, no Optuna import: the options and the dashboard read them cheaply.
+"""
+
+from __future__ import annotations
+
+# Who ran a trial, and where (every trial the loop asks; studies/loop.py).
+WORKER = "worker"
+HOST = "host"
+
+# The loop's claims (the tuner's record): a trial answered from an earlier one's result names it;
+# one whose setting another worker was measuring also says so; one asked when the budget was
+# already spoken for was released unmeasured.
+REPEAT_OF = "repeat_of"
+IN_FLIGHT_ELSEWHERE = "in_flight_elsewhere"
+OVER_BUDGET = "over_budget"
+
+# How a tuning trial ended when it measured nothing useful (a lost worker records none of them:
+# liveness.is_lost), and who turned it away before it ran.
+FAILURE_KIND = "failure_kind"
+FAILURE_MESSAGE = "failure_message"
+REJECTED_BY = "rejected_by"
+INTERRUPTED = "interrupted"  # the failure kind of a trial left RUNNING by an interrupted run
+
+# A tuning trial's measurement and what it says.
+MEASURED = "measured"
+MEASUREMENT = "measurement"
+TRIAL_WALL_S = "trial_wall_s"
+FEASIBLE = "feasible"
+CANDIDATE = "candidate"
+ACCURACY_ERROR = "accuracy_error"
+PEAK_MEMORY_BYTES = "peak_memory_bytes"
+STEP_MEDIAN_S = "step_median_s"
+COMPILE_S = "compile_s"
+AMORTISED_STEP_S = "amortised_step_s"
+MFU = "mfu"
+BUCKETS = "buckets"
+PADDING_WASTE = "padding_waste"
+# How a setting was queued from an earlier study (tuning/warm_start.py); kept by a lost trial's retry.
+WARM_START = "warm_start"
+
+# The planner's record: what became of a trial ("outcome", one of the values below), why, the
+# point it holds, whether it holds a compile of the budget, and the compiler's figures.
+OUTCOME = "outcome"
+REASON = "reason"
+POINT = "point"
+COMPILING = "compiling"
+COMPILED_STEP = "compiled"
+CONSTRAINT_VALUE = "constraint"
+# Outcomes; only the first two compiled.
+COMPILED, REFUSED, INVALID, LOWER_BOUND, REPEAT = "compiled", "refused", "invalid", "lower_bound", "repeat"
+RELEASED = "released"  # asked when other workers' compiles had filled the budget
+
+__all__ = [name for name in dir() if name.isupper()]
