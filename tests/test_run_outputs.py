@@ -184,8 +184,8 @@ def test_a_finished_run_loads_back_as_the_live_result(tmp_path) -> None:
     assert loaded.verification.message == live.verification.message
     assert loaded.findings == live.findings and loaded.space == live.space
     assert loaded.profile == live.profile
-    assert loaded.options.planned_steps == live.options.planned_steps
-    assert loaded.options.trial_settings == live.options.trial_settings
+    assert loaded.options.objective.planned_steps == live.options.objective.planned_steps
+    assert loaded.options.runner.trial_settings == live.options.runner.trial_settings
     assert loaded.peak == live.peak
     for name in ("baseline", "best", "chosen"):
         assert getattr(loaded, name) == getattr(live, name), name

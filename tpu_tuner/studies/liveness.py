@@ -30,7 +30,7 @@ import sqlalchemy
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.tuning.options import HEARTBEAT_INTERVAL_S
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
 

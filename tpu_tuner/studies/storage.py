@@ -24,6 +24,9 @@ STORAGE_ENV = "TPU_TUNE_STORAGE"
 # The SQLite file, in the results folder, that holds the named studies of one host when there
 # is no server (`--study NAME` without --storage): workers on this host share it.
 SHARED_SQLITE = "studies.db"
+# Seconds between a running trial's heartbeats in the storage (studies/liveness.py explains the
+# default); here, where the torch- and optuna-free options can read it.
+HEARTBEAT_INTERVAL_S = 10
 
 
 def storage_from_environment() -> str | None:
