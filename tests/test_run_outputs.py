@@ -66,8 +66,8 @@ def test_no_module_but_results_spells_a_run_file_name() -> None:
     assert {"profile.json", "run.json", "result.json", "tuned_config.toml", "trials.csv", "plan.json",
             "buckets.json", "compiler.log", "predicted_mfu.png"} <= names
     spelled = {}
-    for path in [PACKAGE / "cli.py", PACKAGE / "run_outputs.py", PACKAGE / "tuning" / "result.py",
-                 *(PACKAGE / "dashboard").glob("*.py"), *(PACKAGE / "report").glob("*.py")]:
+    for path in [*(PACKAGE / "cli").glob("*.py"), *(PACKAGE / "outputs").glob("*.py"), PACKAGE / "tuning" / "result.py",
+                 *(PACKAGE / "dashboard").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 spelled.setdefault(path.name, []).append(node.value)

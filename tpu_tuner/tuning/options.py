@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from tpu_tuner.core.run_folder import RESULTS_DIR
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and options are checked before it
@@ -116,7 +117,7 @@ class StoreOptions:
 class OutputOptions:
     """Where the run folder is written."""
 
-    out: Path = Path("results")
+    out: Path = Path(RESULTS_DIR)
 
 
 SECTIONS: dict[str, type] = {"search": SearchOptions, "objective": ObjectiveOptions, "runner": RunnerOptions,
