@@ -20,42 +20,34 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 
-from tpu_tuner.tuning.agents import Agent, load_agents
-from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
-from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
-from tpu_tuner.devices import BACKENDS
-from tpu_tuner.model.bucket_cost import fit_cost_model
-from tpu_tuner.tuning.bucketing import BucketingContext
-from tpu_tuner.model.lengths import LengthHistogram
-from tpu_tuner.model.lengths import bucket_histogram, probe_lengths
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.knobs import traits
-from tpu_tuner.knobs.matmul_precision import device_default
-from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
-from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.core.units import duration
-from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
-from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.knobs import traits
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.matmul_precision import device_default
+from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.model.summary import WorkloadSummary, load_summary
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.parallel.from_plan import planned_layouts
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
 from tpu_tuner.studies import run_file
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.studies.coverage import covered_settings, measured_count, setting_key as _key
-from tpu_tuner.studies.fingerprint import differences, fingerprint
-from tpu_tuner.studies.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, open_storage,
-                                       set_liveness)
-from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
-from tpu_tuner.tuning.options import RunnerOptions, StoreOptions, TuneOptions, default_trial_settings
-from tpu_tuner.studies.run_file import RUN_FILE
-from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, SharedStudy, adopt_options, make_record, open_shared,
-                                           publish_profile, record_verification, shared_profile, verification_left_to)
-from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
+from tpu_tuner.studies.fingerprint import fingerprint
+from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, set_liveness
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.agents import Agent
+from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.memory_limit import MemoryLimit
+from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.run_location import RunLocation, open_or_join, open_run_storage, run_location
+from tpu_tuner.tuning.run_setup import check_ranks, prepare_agents, profile_baseline, start_ranks_on
+from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, adopt_options, make_record, publish_profile,
+                                           record_verification, shared_profile, verification_left_to)
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, verify
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
 
@@ -112,9 +104,9 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
         # And a bad length sample; read once, used for the bucketing knob below.
         lengths = (bucket_histogram(workload.length_source(), lengths_file)
                    if lengths_file is not None or workload.has_sample_lengths else None)
-        _check_ranks(workload, lengths, run.nproc)
+        check_ranks(workload, lengths, run.nproc)
         current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc, lengths)
-        location = _run_location(workload.name, options, current)
+        location = run_location(workload.name, options, current)
         try:
             result = _tune_in(location, workload, lengths, options, runner, emit, started, current, write_outputs)
         except JoinRefused:
@@ -133,27 +125,15 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     return result
 
 
-@dataclass(frozen=True)
-class RunLocation:
-    """Where a run keeps its files and its study: the storage URL may carry a password (it is
-    used to connect, never written); `shared` for a study joined by name (`--study`)."""
-
-    run_dir: Path
-    storage: str
-    study_name: str
-    shared: bool
-    resumed: bool
-
-
 def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
              runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any],
              write_outputs: OutputsWriter) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
     whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.nproc)
-    storage = _open_storage(location.storage, options.store)
+    storage = open_run_storage(location.storage, options.store)
     worker = Worker.this_process(storage)
-    opened = _open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
+    opened = open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
@@ -169,11 +149,11 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     keeper = profile is None
     if profile is None:
         emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
-        profile = _profile_baseline(runner, options.runner, model_file, workload.device_kind)
+        profile = profile_baseline(runner, options.runner, model_file, workload.device_kind)
     device_kind = profile.device.kind
     nproc = options.runner.nproc
     if isinstance(runner, RankedTrialRunner):
-        _start_ranks_on(runner, profile, nproc)
+        start_ranks_on(runner, profile, nproc)
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
@@ -234,21 +214,6 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     return result
 
 
-def _profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None) -> Profile:
-    """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium)."""
-    baseline = Candidate(matmul_precision=device_default(device_kind))
-    profiled = runner.run("profile", baseline.to_dict(), {
-        "batch_size": run.batch_size, "seq_len": run.seq_len,
-        "settings": asdict(run.trial_settings),
-    })
-    if not profiled.ok and profiled.failure.kind == "refused":
-        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
-    if not profiled.ok:
-        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
-    return profiled.value
-
-
 def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
                  agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
@@ -260,145 +225,6 @@ def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, option
                       "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
 
     return replace(verify(study, space, runner, options, device_kind, verify_progress, agents), host=socket.gethostname())
-
-
-def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
-    """The run's agents, having read the baseline profile (their findings, by agent), and the
-    study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
-    reasons from it, and every measured trial is checked against it."""
-    device_kind = profile.device.kind
-    search, nproc = options.search, options.runner.nproc
-    agents = load_agents(list(search.agents), device_kind, profile.device.probe)
-    memory = memory_limit(options.objective.memory_limit_bytes, device_kind, profile.device.memory_bytes)
-    for agent in agents:
-        if isinstance(agent, MemoryAgent):
-            agent.limit = memory
-        if isinstance(agent, ShardingAgent):
-            agent.ranks = nproc
-            if search.plan is not None:
-                agent.planned = planned_layouts(search.plan, nproc, agent.definition.seeds.plan_top)
-                agent.plan_source = str(search.plan)
-    findings = {agent.name: agent.diagnose(profile) for agent in agents}
-    return agents, findings, memory
-
-
-def _check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
-    """What --nproc N cannot run yet, refused before anything is measured."""
-    if nproc == 1:
-        return
-    if not workload.is_training:
-        raise UserInputError(f"--nproc {nproc} splits a training step over ranks (data / fsdp / tensor "
-                             "layouts); this file's step is inference (it declares no loss)", workload.source)
-    if lengths is not None:
-        raise UserInputError(f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
-                             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
-                             workload.source)
-
-
-def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> None:
-    """Give each rank a device of its own (the device kind is known once profiled), refusing
-    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
-    backend = BACKENDS[profile.device.kind]
-    batch = profile.workload.get("batch_size")
-    if isinstance(batch, int) and batch % nproc:
-        raise UserInputError(f"--nproc {nproc}: the batch of {batch} does not split over {nproc} ranks "
-                             "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
-    if profile.device.kind != "cpu" and nproc > profile.device.count:
-        raise UserInputError(f"--nproc {nproc}: this host has {profile.device.count} "
-                             f"{profile.device.kind} device(s), one per rank")
-    runner.rank_environment = backend.rank_environment
-    runner.launch_environment = backend.launch_environment(nproc)
-
-
-def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> RunLocation:
-    """The run folder, the storage URL to connect with, and the study name.
-
-    A new run gets a fresh folder and a run.json; a resumed one is checked first (same workload
-    fingerprint, same storage) and refused with nothing rewritten when it differs. The URL
-    returned may carry a password (from --storage); the one written never does. A worker of a
-    shared study (`--study NAME`) has a folder of its own too: its report, its trials' view.
-    """
-    store, out = options.store, options.outputs.out
-    if store.resume is not None:
-        return _resumed_location(Path(store.resume), store, current)
-    run_dir = new_run_dir(out, name, "tune")
-    if store.study is not None:
-        storage = store.url or shared_sqlite(out)
-        study_name = store.study
-    else:
-        storage = store.url or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
-        study_name = run_dir.name
-    run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
-                             "shared": store.study is not None,
-                             "model_file": str(current["model_file"]), "fingerprint": current,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
-    return RunLocation(run_dir, storage, study_name, shared=store.study is not None, resumed=False)
-
-
-def _resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]) -> RunLocation:
-    saved = run_file.read(run_dir)
-    if "storage" not in saved or "study_name" not in saved:
-        raise UserInputError(f"not a tuning run folder (no readable {RUN_FILE})", run_dir)
-    where = f"{run_dir}/: resume refused"
-    recorded = saved.get("fingerprint")
-    if isinstance(recorded, dict):
-        differing = differences(recorded, current)
-        if differing:
-            raise UserInputError(f"{where}: {'; '.join(differing)}")
-    else:
-        log.warning("%s has no workload fingerprint (written before fingerprints): resuming unchecked", run_dir)
-    stored = str(saved["storage"])
-    storage = stored
-    given = store.url
-    from_environment = storage_from_environment()
-    if given is None and from_environment is not None:
-        # $TPU_TUNE_STORAGE is ambient: its password is used where it names this run's database.
-        if without_password(from_environment) == without_password(stored):
-            given = from_environment
-        else:
-            log.info("$%s names another database than the run's: not used for this resume", STORAGE_ENV)
-    if given is not None:
-        # The password is never stored: it comes from --storage given again, which must name the
-        # same database (or from libpq's PGPASSWORD / ~/.pgpass when the URL has none).
-        if without_password(given) != without_password(stored):
-            raise UserInputError(f"{where}: --storage {redact(given)!r} is not the run's storage "
-                                 f"{redact(stored)!r}")
-        storage = with_password(stored, password_of(given))
-    elif stored != without_password(stored):
-        log.warning("%s stores its storage URL with a password (written before redaction)", run_dir)
-    else:
-        check_storage(stored)  # a stored server URL: reachable, before anything is rewritten
-    run_file.update(run_dir, **run_file.this_process())
-    return RunLocation(run_dir, storage, str(saved["study_name"]), shared=bool(saved.get("shared")), resumed=True)
-
-
-def _open_storage(url: str, store: StoreOptions) -> RDBStorage:
-    """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
-    try:
-        return open_storage(url, store.heartbeat_interval_s, store.grace_period_s)
-    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
-        # Driver messages quote the URL, password included: redact the whole line.
-        raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
-
-
-def _open_or_join(storage: RDBStorage, location: RunLocation, record: dict[str, Any],
-                  space: SearchSpace) -> SharedStudy:
-    """The run's study: created or joined by name when shared, else created (or reopened, on
-    resume) under the run folder's name."""
-    # A placeholder sampler: the study is reopened with the real one once the space is narrowed.
-    placeholder = optuna.samplers.RandomSampler()
-    try:
-        if location.shared:
-            return open_shared(storage, location.study_name, placeholder, record, space)
-        study = optuna.create_study(storage=storage, study_name=location.study_name, direction="minimize",
-                                    sampler=placeholder, load_if_exists=True)
-    except UserInputError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the server went away between the check and here
-        raise UserInputError(redact(f"cannot open the study {location.study_name!r} in {location.storage!r}: "
-                                    f"{type(exc).__name__}: {exc}")) from exc
-    # A run's own study: this worker is its only one, and keeps its record.
-    return SharedStudy(study, True, study.user_attrs.get(RECORD_ATTR) or record)
 
 
 def _warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], location: RunLocation,

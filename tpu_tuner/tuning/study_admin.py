@@ -36,6 +36,7 @@ from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
 from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
                                            recorded_verification)
 from tpu_tuner.tuning.verify import Verification, verify
@@ -200,10 +201,9 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
 
 def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
     from tpu_tuner.runner.ranked import RankedTrialRunner
-    from tpu_tuner.tuning.study import _start_ranks_on, prepare_agents
 
     if isinstance(runner, RankedTrialRunner):
-        _start_ranks_on(runner, profile, options.runner.nproc)
+        start_ranks_on(runner, profile, options.runner.nproc)
     space = (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc)
              .for_workload(traits.of_profile(profile.workload)))
     agents, findings, _ = prepare_agents(options, profile)
