@@ -51,7 +51,7 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
     assert json.loads((run_dir / "run.json").read_text())["storage"] == without_password(PG_URL)
     # Resume: the password comes from --storage given again, which must name the same database.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("tpu_tuner.tuning.study.check_storage", lambda url: None)
+        mp.setattr("tpu_tuner.tuning.run_location.check_storage", lambda url: None)
         resumed = run_location("m", TuneOptions(resume=run_dir, storage=PG_URL), fingerprint)
         assert resumed.storage == PG_URL and resumed.resumed and not resumed.shared
         with pytest.raises(UserInputError, match="is not the run's storage") as info:
