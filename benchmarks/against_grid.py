@@ -14,7 +14,6 @@ settings interleaved too, which says whether its best is ahead of the others or 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from tpu_tuner.metrics.paired import paired_speedup
@@ -43,10 +42,10 @@ def main() -> None:
     for rank, trial in enumerate(ranked, start=1):
         candidates["grid's best" if rank == 1 else f"grid #{rank}"] = grid.space.to_candidate(dict(trial.params))
     table = {label: trial.value for label, trial in zip(list(candidates)[-len(ranked):], ranked)}
-    options = replace(grid.options, verify_rounds=args.rounds)
-    with TrialRunner(str(grid.profile.workload["source"]), options.device, options.trial_timeout_s,
-                     options.memory_limit_bytes) as runner:
-        compared = compare_interleaved(runner, [c.to_dict() for c in candidates.values()], options, None)
+    run = grid.options.runner
+    with TrialRunner(str(grid.profile.workload["source"]), run.device, run.trial_timeout_s,
+                     grid.options.objective.memory_limit_bytes) as runner:
+        compared = compare_interleaved(runner, [c.to_dict() for c in candidates.values()], args.rounds, run, None)
     if isinstance(compared, str):
         raise SystemExit(f"comparison failed: {compared}")
     samples = dict(zip(candidates, compared[0]))

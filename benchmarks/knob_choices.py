@@ -42,7 +42,7 @@ def main() -> None:
     with TrialRunner(str(args.model)) as runner:
         summary = load_summary(runner, args.model, None, None)
         kind = summary.device_kind or "cpu"
-        profiled = runner.run("profile", {}, {"settings": vars(options.trial_settings)})
+        profiled = runner.run("profile", {}, {"settings": vars(options.runner.trial_settings)})
         if not profiled.ok:
             raise SystemExit(f"profiling failed: {profiled.failure.message}")
         from tpu_tuner.knobs.traits import of_profile
@@ -52,7 +52,7 @@ def main() -> None:
         if param is None or len(param.choices) < 2:
             raise SystemExit(f"{args.knob} is not searched for {args.model} on {kind}: {space.left_out}")
         base = _parse(args.base)
-        agents = load_agents(list(options.agents), kind, profiled.value.device.probe)
+        agents = load_agents(list(options.search.agents), kind, profiled.value.device.probe)
         candidates, labels = [], []
         for choice in param.choices:
             candidate = space.to_candidate(space.complete({**base, args.knob: choice}))
@@ -62,7 +62,7 @@ def main() -> None:
                 continue
             candidates.append(candidate.to_dict())
             labels.append(choice)
-        compared = compare_interleaved(runner, candidates, options, None)
+        compared = compare_interleaved(runner, candidates, args.rounds, options.runner, None)
     if isinstance(compared, str):
         raise SystemExit(f"comparison failed: {compared}")
     samples = compared[0]

@@ -33,7 +33,8 @@ from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.pool import JobResult
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, prepare_agents, run_search
+from tpu_tuner.tuning.run_setup import prepare_agents
+from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, run_search
 from tpu_tuner.tuning.warm_start import WarmSeed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,8 +88,8 @@ def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, bud
     """One search of `budget` measured settings, answered from the grid table. With `warm` (warm
     start's seeds, benchmarks/warm_start.py) the baseline and those are queued as tpu-tune queues
     them, then the agents' seeds when `seeded`; without, the agents' seeds when `seeded`."""
-    options = TuneOptions(sampler=sampler, seed=seed, trials=budget, agents=grid.options.agents,
-                          memory_limit_bytes=grid.options.memory_limit_bytes)
+    options = TuneOptions(sampler=sampler, seed=seed, trials=budget, agents=grid.options.search.agents,
+                          memory_limit_bytes=grid.options.objective.memory_limit_bytes)
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
     if warm is not None:
@@ -117,8 +118,8 @@ def main() -> None:
         args.grid_run = result.run_dir
     grid = TuningResult.load(args.grid_run)
     if args.reprofile:
-        fresh = profile(grid.profile.workload["source"], batch_size=grid.options.batch_size,
-                        seq_len=grid.options.seq_len, settings=grid.options.trial_settings)
+        fresh = profile(grid.profile.workload["source"], batch_size=grid.options.runner.batch_size,
+                        seq_len=grid.options.runner.seq_len, settings=grid.options.runner.trial_settings)
         print(f"agents read a fresh profile of {fresh.workload['source']} (baseline step {fresh.timing.median * 1e3:.1f} ms)")
         grid.profile = fresh
     runner = TableRunner(grid.study)

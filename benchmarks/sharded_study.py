@@ -67,7 +67,7 @@ def main() -> None:
         from tpu_tuner.api import tune
 
         result = tune(args.model, TuneOptions(trials=args.trials, nproc=args.nproc, plan=args.plan, out=args.out))
-    print(f"{result.run_dir}: {result.options.nproc} ranks, {result.profile.workload.get('name')}")
+    print(f"{result.run_dir}: {result.options.runner.nproc} ranks, {result.profile.workload.get('name')}")
     for line in summarise(result.study):
         print(line)
     for finding in result.findings.get("sharding", []):

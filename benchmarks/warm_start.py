@@ -44,7 +44,7 @@ import optuna
 
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.study import prepare_agents
+from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
 
@@ -132,7 +132,7 @@ def _here(runner: TableRunner, grid: TuningResult, seed: WarmSeed) -> str:
     """What the grid measured for a seed's setting."""
     value = runner.run("measure", grid.space.to_candidate(seed.params).to_dict(), {})
     m = value.value if value.ok else None
-    return f"{m.amortised_step(grid.options.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
+    return f"{m.amortised_step(grid.options.objective.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
 
 
 def _verified_choice(grid: TuningResult, earlier: TuningResult) -> WarmSeed | None:
@@ -179,8 +179,8 @@ def main() -> None:
     if args.reprofile:
         from tpu_tuner.profiling import profile
 
-        grid.profile = profile(grid.profile.workload["source"], batch_size=grid.options.batch_size,
-                               seq_len=grid.options.seq_len, settings=grid.options.trial_settings)
+        grid.profile = profile(grid.profile.workload["source"], batch_size=grid.options.runner.batch_size,
+                               seq_len=grid.options.runner.seq_len, settings=grid.options.runner.trial_settings)
         print(f"agents read a fresh profile of {grid.profile.workload['source']}")
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
@@ -188,7 +188,7 @@ def main() -> None:
     if best is None:
         raise SystemExit(f"{args.grid_run}: no feasible measured setting")
     target = best * WITHIN
-    agents, _, _ = prepare_agents(TuneOptions(agents=grid.options.agents), grid.profile)
+    agents, _, _ = prepare_agents(TuneOptions(agents=grid.options.search.agents), grid.profile)
     budget = args.budget or search_budget(None, "tpe", grid.space, agents).trials
     best_trial = next(t for t in measured if t.value == best)
     print(f"earlier run {args.earlier_run}: {earlier.profile.workload.get('name')} "

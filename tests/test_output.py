@@ -40,9 +40,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # The CLI has no flags for these: fast profiler settings, and no agents (the precision agent
     # would reject "medium" on a host whose matmuls it does not change; the fixture only sleeps).
     def fast_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        original(self, *args, **kwargs)
-        self.trial_settings = FAST
-        self.agents = ()
+        original(self, *args, **{**kwargs, "trial_settings": FAST, "agents": ()})
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setattr(study.TuneOptions, "__init__", fast_init)

@@ -71,7 +71,7 @@ def test_no_module_but_run_folder_spells_a_run_file_name() -> None:
     assert {"profile.json", "run.json", "result.json", "tuned_config.toml", "trials.csv", "plan.json",
             "buckets.json", "compiler.log", "predicted_mfu.png"} <= names
     spelled = {}
-    paths = [PACKAGE / "cli.py", PACKAGE / "api.py", PACKAGE / "tuning" / "result.py",
+    paths = [*(PACKAGE / "cli").glob("*.py"), PACKAGE / "api.py", PACKAGE / "tuning" / "result.py",
              *(PACKAGE / "dashboard").glob("*.py"), *(PACKAGE / "outputs").glob("*.py")]
     assert (PACKAGE / "outputs" / "write.py") in paths and (PACKAGE / "dashboard" / "collect.py") in paths
     for path in paths:
@@ -191,8 +191,8 @@ def test_a_finished_run_loads_back_as_the_live_result(tmp_path) -> None:
     assert loaded.verification.message == live.verification.message
     assert loaded.findings == live.findings and loaded.space == live.space
     assert loaded.profile == live.profile
-    assert loaded.options.planned_steps == live.options.planned_steps
-    assert loaded.options.trial_settings == live.options.trial_settings
+    assert loaded.options.objective.planned_steps == live.options.objective.planned_steps
+    assert loaded.options.runner.trial_settings == live.options.runner.trial_settings
     assert loaded.peak == live.peak
     for name in ("baseline", "best", "chosen"):
         assert getattr(loaded, name) == getattr(live, name), name

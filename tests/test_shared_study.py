@@ -40,7 +40,7 @@ def test_a_second_worker_joins_and_adopts_the_study_budget(tmp_path) -> None:
                          make_record(elsewhere, SPACE, TuneOptions(trials=3)), SPACE)
     assert first.created and not second.created
     adopted = adopt_options(TuneOptions(trials=3, planned_steps=5000), second.record)
-    assert adopted.trials == 7 and adopted.planned_steps == 100
+    assert adopted.search.trials == 7 and adopted.objective.planned_steps == 100
 
 
 @pytest.mark.parametrize("change, words", [

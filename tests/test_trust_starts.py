@@ -41,21 +41,21 @@ def test_redact_removes_passwords_from_urls_in_text(text: str, expected: str) ->
 
 def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Path) -> None:
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.study import _run_location
+    from tpu_tuner.tuning.run_location import run_location
 
     fingerprint = {"model_file": "m.py", "sha256": "0" * 64}
-    location = _run_location("m", TuneOptions(storage=PG_URL, out=tmp_path), fingerprint)
+    location = run_location("m", TuneOptions(storage=PG_URL, out=tmp_path), fingerprint)
     run_dir, storage = location.run_dir, location.storage
     assert storage == PG_URL  # what the process connects with
     assert SECRET not in (run_dir / "run.json").read_text()
     assert json.loads((run_dir / "run.json").read_text())["storage"] == without_password(PG_URL)
     # Resume: the password comes from --storage given again, which must name the same database.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("tpu_tuner.tuning.study.check_storage", lambda url: None)
-        resumed = _run_location("m", TuneOptions(resume=run_dir, storage=PG_URL), fingerprint)
+        mp.setattr("tpu_tuner.tuning.run_location.check_storage", lambda url: None)
+        resumed = run_location("m", TuneOptions(resume=run_dir, storage=PG_URL), fingerprint)
         assert resumed.storage == PG_URL and resumed.resumed and not resumed.shared
         with pytest.raises(UserInputError, match="is not the run's storage") as info:
-            _run_location("m", TuneOptions(resume=run_dir, storage=PG_URL.replace("optuna", "other")), fingerprint)
+            run_location("m", TuneOptions(resume=run_dir, storage=PG_URL.replace("optuna", "other")), fingerprint)
         assert SECRET not in str(info.value)
 
 
@@ -140,11 +140,11 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
     from tpu_tuner.studies.fingerprint import fingerprint
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.api import tune
-    from tpu_tuner.tuning.study import _run_location
+    from tpu_tuner.tuning.run_location import run_location
 
     with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
         summary = load_summary(runner, EXAMPLES / "mlp.py")
-    run_dir = _run_location("mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None)).run_dir
+    run_dir = run_location("mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None)).run_dir
     (run_dir / "tuned_config.toml").write_text("# the earlier run's result\n")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     with pytest.raises(UserInputError, match=r"resume refused: model file differs \(.*cnn.py sha256") as info:

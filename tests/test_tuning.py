@@ -122,7 +122,7 @@ def test_outputs_and_config_round_trip(grid_run) -> None:
     loaded = TunedConfig.load(run_dir / "tuned_config.toml")
     assert loaded.candidate == result.verification.chosen
     assert loaded.provenance["verification"]["significant"] is True
-    assert loaded.provenance["tuned"]["accuracy_error"] <= result.options.tolerance
+    assert loaded.provenance["tuned"]["accuracy_error"] <= result.options.objective.tolerance
     assert loaded.provenance["versions"]["torch"] == torch.__version__
     # Applying it reproduces the configuration in this process.
     model = torch.nn.Linear(8, 8)

@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class BucketOptions:
+    """What `tpu-tune buckets` measures and optimises, with the documented defaults (the CLI reads them)."""
+
     lengths_file: Path | None = None
     steps: int = 20_000  # steps of the planned run
     max_buckets: int = 8

@@ -12,6 +12,9 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+# The results folder every command writes its run folders under unless told otherwise (--out).
+RESULTS_DIR = "results"
+
 # `tpu-tune profile` (and `tpu_tuner.outputs.write.save_profile`); a tuning run holds its baseline
 # profile.json too.
 PROFILE_JSON = "profile.json"  # every figure of the profile (schema: tpu_tuner.Profile)

@@ -24,20 +24,20 @@ def _ranks_line(nproc: int) -> str:
 def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     v = result.verification
     base, chosen = result.baseline, result.chosen
-    planned = result.options.planned_steps
+    planned = result.options.objective.planned_steps
     out = [
         f"# Tuning `{result.profile.workload.name}` on {result.profile.device.name}",
         "",
         f"{', '.join(filter(None, (result.profile.workload.step, shape(result.profile.workload))))}. "
         "Objective: amortised step time (steady step + compile "
-        f"time / {planned} planned steps). Accuracy tolerance {result.options.tolerance:g} (relative error "
+        f"time / {planned} planned steps). Accuracy tolerance {result.options.objective.tolerance:g} (relative error "
         "against fp32 eager).",
         "",
         (f"**Recommendation: {v.chosen.describe()}.** {v.message}" if result.verified else
          f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
          "trials below are the whole study's as this worker last saw them."),
         "",
-        *([_ranks_line(result.options.nproc), ""] if result.options.nproc > 1 else []),
+        *([_ranks_line(result.options.runner.nproc), ""] if result.options.runner.nproc > 1 else []),
         *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
            "window; the table's \"steady step\" row is the same quantity as the search measured it, at different "
            "moments, so its ratio can differ. The \"amortised step\" row, which the search ranked by, adds compile "
@@ -82,7 +82,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
     out += _warm_start_section(result) + _hosts_section(result)
     frame = result.trials_dataframe()
-    out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.sampler}, search space "
+    out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.search.sampler}, search space "
             f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
             "trials.csv.", ""]
     if result.space.left_out:
@@ -109,7 +109,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += [
         "", "## How these were measured", "",
         f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
-        f"at least {result.options.trial_settings.timing_min_steps} synced steps; median reported.",
+        f"at least {result.options.runner.trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
         "95% percentile-bootstrap intervals.",

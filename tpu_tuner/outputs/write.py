@@ -50,7 +50,7 @@ def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
     return [run_folder.PROFILE_JSON, run_folder.PROFILE_MD]
 
 
-def save_profile(profile: "Profile", out: str | Path = "results") -> Path:
+def save_profile(profile: "Profile", out: str | Path = run_folder.RESULTS_DIR) -> Path:
     """A new run folder under `out` (``<model>-<timestamp>``) holding the profile; returns it."""
     run_dir = new_run_dir(out, profile.workload.name)
     write_profile(run_dir, profile)
@@ -122,7 +122,7 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     return written
 
 
-def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Path = "results",
+def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Path = run_folder.RESULTS_DIR,
                    progress: Callable[[str], None] | None = None) -> tuple[Path, "PlanResult"]:
     """Plan `model_file` into a new folder under `out`; returns (folder, result).
 
@@ -188,7 +188,8 @@ def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str |
     return [run_folder.BUCKETS_JSON, *plots, run_folder.BUCKETS_MD, run_folder.BUCKET_CONFIG]
 
 
-def save_buckets(result: "BucketResult", out: str | Path = "results", model_file: str | Path | None = None) -> Path:
+def save_buckets(result: "BucketResult", out: str | Path = run_folder.RESULTS_DIR,
+                 model_file: str | Path | None = None) -> Path:
     """A new run folder under `out` (``<model>-buckets-<timestamp>``) holding the study; returns it."""
     run_dir = new_run_dir(out, result.workload, "buckets")
     write_buckets(run_dir, result, model_file)

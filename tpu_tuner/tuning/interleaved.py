@@ -8,19 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_tuner.runner.ranked import Runner
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.options import RunnerOptions
 
 # (rounds done, rounds in all, running baseline/best ratio)
 VerifyProgress = Callable[[int, int, float], None]
 
 
-def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], options: TuneOptions,
-             progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
-    """The interleaved rounds, one job a round on the same warm worker (the worker keeps the built
-    steps between them), so that a comparison of minutes reports its progress; all rounds in one
-    job where each job starts fresh processes (trials on N ranks). Candidate 0 is the baseline,
-    1 the best. Returns per-candidate samples and compile counts, or why it failed."""
-    rounds = options.verify_rounds
+def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], rounds: int, trial: RunnerOptions,
+                        progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
+    """`rounds` interleaved rounds, one job a round on the same warm worker (the worker keeps the
+    built steps between them), so that a comparison of minutes reports its progress; all rounds in
+    one job where each job starts fresh processes (trials on N ranks). `trial`: the sizes, warm-up
+    and timeout of a trial. Candidate 0 is the baseline, 1 the best. Returns per-candidate samples
+    and compile counts, or why it failed."""
     per_job = 1 if runner.keeps_warm_steps else rounds
     samples: list[list[float]] = [[] for _ in candidates]
     compiles: dict[str, int] = {}
@@ -29,11 +29,11 @@ def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], option
         outcome = runner.run(
             "compare", candidates,
             {"rounds": per_job, "first_round": first, "last": done == rounds - 1,
-             "batch_size": options.batch_size, "seq_len": options.seq_len,
-             "warmup_min_steps": options.trial_settings.warmup_min_steps,
-             "warmup_max_steps": options.trial_settings.warmup_max_steps},
+             "batch_size": trial.batch_size, "seq_len": trial.seq_len,
+             "warmup_min_steps": trial.trial_settings.warmup_min_steps,
+             "warmup_max_steps": trial.trial_settings.warmup_max_steps},
             # The first round builds and warms up every candidate.
-            timeout_s=options.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
+            timeout_s=trial.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
         )
         if not outcome.ok:
             return f"{outcome.failure.kind} in round {first + 1} of {rounds}: {outcome.failure.message}"

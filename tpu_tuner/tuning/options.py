@@ -1,10 +1,28 @@
-"""Options of a tuning run, with the documented defaults."""
+"""Options of a tuning run, immutable and in sections, with the documented defaults.
+
+`TuneOptions` holds five frozen sections: `search` (what to search, how long), `objective`
+(what a setting is judged by), `runner` (how a trial runs), `store` (where the study is stored,
+whether shared or resumed) and `outputs` (where the run folder goes). It is built from flat keywords, each naming one
+field of one section (``TuneOptions(trials=20, device="cpu")``), and read by section
+(``options.search.trials``). A run never changes its options: what it resolves (the budget, the
+default trial settings, a shared study's options) is a new value (``dataclasses.replace(options,
+trials=12)`` takes the same flat keywords). Stored forms (result.json, a shared study's record)
+are the flat keywords: `to_plain` and `from_plain`.
+
+This module imports neither torch nor optuna: the CLI checks options before either is loaded.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, get_type_hints
+
+from tpu_tuner.core.run_folder import RESULTS_DIR
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
 
@@ -16,16 +34,16 @@ SAMPLERS = ("tpe", "random", "grid")
 MAX_NPROC = 64
 
 
-@dataclass
-class TuneOptions:
-    """How long to search, what to search, and the guardrails.
+def default_trial_settings() -> ProfilerSettings:
+    """Shorter timing than a profile's: a trial needs a good median, not a full report."""
+    from tpu_tuner.profiling.settings import ProfilerSettings
 
-    * ``planned_steps``: the length of the run the user plans; compile time is spread over it
-      in the objective (amortised step time = steady step + compile time / planned_steps).
-    * ``tolerance``: the largest relative error against the fp32 eager reference a chosen
-      config may have (outputs for inference; loss and gradients for training). 1e-2 admits
-      bf16 autocast on the examples (measured 2.9e-3 on gpt's gradients, 2.1e-3 on cnn's logits).
-    """
+    return ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What to search and for how long."""
 
     # Settings to measure; None: automatic, a share of the space (tuning/budget.py).
     trials: int | None = None
@@ -34,98 +52,212 @@ class TuneOptions:
     seed: int = 0
     space: str | Path = "default"
     agents: tuple[str, ...] = ("compile", "precision", "threads", "memory", "sharding")
-    planned_steps: int = 5000
-    tolerance: float = 1e-2
-    trial_timeout_s: float = 300.0
-    memory_limit_bytes: int | None = None
-    verify_rounds: int = 12
-    device: str | None = None
-    batch_size: int | None = None
-    seq_len: int | None = None
-    # Optuna storage URL; None: $TPU_TUNE_STORAGE, else SQLite (the run folder's study.db, or
-    # the results folder's studies.db for a named study).
-    storage: str | None = None
-    out: Path = Path("results")
-    resume: Path | None = None
-    # A study shared by name (--study): every worker given the same storage and name joins it
-    # (tuning/shared_study.py). Trials keep heartbeats every `heartbeat_interval_s`; one without
-    # a beat for `grace_period_s` (default three beats) is failed as lost and queued again.
-    study: str | None = None
-    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
-    grace_period_s: int | None = None
     # Enqueue the best settings of earlier studies of this device kind first (tuning/warm_start.py).
     warm_start: bool = True
+    # A `tpu-tune plan` folder whose ranked layouts the sharding agent seeds (with nproc > 1).
+    plan: Path | None = None
+
+
+@dataclass(frozen=True)
+class ObjectiveOptions:
+    """What a setting is judged by, and how the winner is verified.
+
+    * ``planned_steps``: the length of the run the user plans; compile time is spread over it
+      (amortised step time = steady step + compile time / planned_steps).
+    * ``tolerance``: the largest relative error against the fp32 eager reference a chosen config
+      may have (outputs for inference; loss and gradients for training); 1e-2 admits bf16
+      autocast on the examples (docs/tuning.md).
+    * ``memory_limit_bytes``: the trial worker's address-space limit, and the memory a feasible
+      setting may peak at; None: the device's memory.
+    """
+
+    planned_steps: int = 5000
+    tolerance: float = 1e-2
+    memory_limit_bytes: int | None = None
+    verify_rounds: int = 12
     # Varying input lengths (bucketing/knob.py): a length sample file, else the workload's
     # sample_lengths(); the bucket limits the per-trial optimiser respects.
     lengths_file: Path | None = None
     max_buckets: int = 8
     bucket_align: int = 8
-    # Processes each trial runs on, one per device (--nproc): the sharding layouts searched are
-    # those of this many ranks; `plan`: a `tpu-tune plan` folder whose ranked layouts are seeded.
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How each trial runs: on which device, on how many ranks, at what sizes, for how long."""
+
+    device: str | None = None  # None: the best device present
+    # Processes each trial runs on, one per device: the sharding layouts searched are those of
+    # this many ranks.
     nproc: int = 1
-    plan: Path | None = None
-    # None defers the default (`default_trial_settings()`) to `tune()`: building it imports
+    trial_timeout_s: float = 300.0
+    batch_size: int | None = None
+    seq_len: int | None = None
+    # None leaves the default (`default_trial_settings()`) to the run: building it imports
     # tpu_tuner.profiling and so torch, which the CLI avoids until the options are checked.
     trial_settings: ProfilerSettings | None = field(default_factory=lambda: default_trial_settings())
 
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Where the study lives, and how its workers tell each other they are alive."""
+
+    # Optuna storage URL (keyword `storage`); None: $TPU_TUNE_STORAGE, else SQLite (the run
+    # folder's study.db, or the results folder's studies.db for a named study).
+    url: str | None = field(default=None, metadata={"keyword": "storage"})
+    # A study shared by name: every worker given the same storage and name joins it
+    # (tuning/shared_study.py).
+    study: str | None = None
+    resume: Path | None = None  # an earlier run folder whose study continues
+    # Trials keep heartbeats every `heartbeat_interval_s`; one without a beat for
+    # `grace_period_s` (None: three beats) is failed as lost and queued again.
+    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
+    grace_period_s: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where the run folder is written."""
+
+    out: Path = Path(RESULTS_DIR)
+
+
+SECTIONS: dict[str, type] = {"search": SearchOptions, "objective": ObjectiveOptions, "runner": RunnerOptions,
+                             "store": StoreOptions, "outputs": OutputOptions}
+
+
+def _keyword(f: dataclasses.Field) -> str:
+    return f.metadata.get("keyword", f.name)
+
+
+# Flat keyword -> (section, field): the constructor's keywords and the stored form's keys.
+KEYWORDS: dict[str, tuple[str, str]] = {_keyword(f): (section, f.name)
+                                        for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+# A section named like a keyword would make `TuneOptions(storage=...)` ambiguous.
+assert not set(SECTIONS) & set(KEYWORDS), set(SECTIONS) & set(KEYWORDS)
+
+
+@dataclass(frozen=True, init=False)
+class TuneOptions:
+    """How long to search, what to search, and the guardrails: five frozen sections.
+
+    Built from flat keywords (``TuneOptions(trials=20, device="cpu")``; `KEYWORDS` says which
+    section each belongs to) or from sections, flat keywords overriding the sections' fields.
+    """
+
+    search: SearchOptions
+    objective: ObjectiveOptions
+    runner: RunnerOptions
+    store: StoreOptions
+    outputs: OutputOptions
+
+    def __init__(self, search: SearchOptions | None = None, objective: ObjectiveOptions | None = None,
+                 runner: RunnerOptions | None = None, store: StoreOptions | None = None,
+                 outputs: OutputOptions | None = None, **keywords: Any) -> None:
+        unknown = sorted(set(keywords) - set(KEYWORDS))
+        if unknown:
+            raise TypeError(f"TuneOptions() got unexpected keyword argument(s): {', '.join(unknown)}")
+        given = {"search": search, "objective": objective, "runner": runner, "store": store, "outputs": outputs}
+        for section, cls in SECTIONS.items():
+            changes = {name: keywords[key] for key, (where, name) in KEYWORDS.items()
+                       if where == section and key in keywords}
+            base = given[section]
+            # Frozen: set once here, as the generated __init__ of a frozen dataclass does.
+            object.__setattr__(self, section, dataclasses.replace(base, **changes) if base is not None else cls(**changes))
+
+    def to_plain(self) -> dict[str, Any]:
+        """The flat JSON form (result.json, a shared study's record): every option by its keyword,
+        the storage URL without its password (a record is read by anyone who can read the study)."""
+        from tpu_tuner.core.credentials import without_password
+        from tpu_tuner.core.plain_data import json_default
+
+        plain: dict[str, Any] = {}
+        for section in SECTIONS:
+            values = dataclasses.asdict(getattr(self, section))
+            for f in dataclasses.fields(SECTIONS[section]):
+                plain[_keyword(f)] = values[f.name]
+        plain["storage"] = without_password(self.store.url) if self.store.url else None
+        return json.loads(json.dumps(plain, default=json_default))
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any], base: TuneOptions | None = None) -> TuneOptions:
+        """Options from their flat JSON form (`to_plain`, or a file of an earlier version): the
+        keys it holds over `base` (default: the defaults); keys no section declares are ignored."""
+        from tpu_tuner.core.plain_data import from_plain
+        from tpu_tuner.profiling.settings import ProfilerSettings
+
+        names = {"ProfilerSettings": ProfilerSettings}
+        typed = {}
+        for key, value in data.items():
+            if key in KEYWORDS:
+                section, name = KEYWORDS[key]
+                typed[key] = from_plain(get_type_hints(SECTIONS[section], localns=names)[name], value, names)
+        return dataclasses.replace(base, **typed) if base is not None else cls(**typed)
+
     def validate(self) -> None:
+        """Refuse numbers and combinations no run can use (UserInputError naming the flag)."""
         from tpu_tuner.core.errors import UserInputError
 
-        if self.sampler not in SAMPLERS:
-            raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
-        for name in ("trials", "planned_steps", "verify_rounds", "max_buckets", "bucket_align", "nproc"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
+        search, objective, runner, store = self.search, self.objective, self.runner, self.store
+        if search.sampler not in SAMPLERS:
+            raise UserInputError(f"unknown sampler {search.sampler!r}; choose {', '.join(SAMPLERS)}")
+        for name, value in (("trials", search.trials), ("planned_steps", objective.planned_steps),
+                            ("verify_rounds", objective.verify_rounds), ("max_buckets", objective.max_buckets),
+                            ("bucket_align", objective.bucket_align), ("nproc", runner.nproc)):
+            if value is not None and value < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.nproc > MAX_NPROC:
-            raise UserInputError(f"--nproc must be at most {MAX_NPROC} (ranks of one host), not {self.nproc}")
-        if self.plan is not None and self.nproc == 1:
+        if runner.nproc > MAX_NPROC:
+            raise UserInputError(f"--nproc must be at most {MAX_NPROC} (ranks of one host), not {runner.nproc}")
+        if search.plan is not None and runner.nproc == 1:
             raise UserInputError("--plan seeds sharding layouts, which need several ranks: give --nproc N (N > 1)")
-        if self.verify_rounds < 2:
+        if objective.verify_rounds < 2:
             raise UserInputError("--verify-rounds must be at least 2")
-        if not self.tolerance > 0:
+        if not objective.tolerance > 0:
             raise UserInputError("--tolerance must be positive")
-        for name, flag in (("timeout_s", "--timeout"), ("trial_timeout_s", "--trial-timeout")):
-            value = getattr(self, name)
+        for flag, value in (("--timeout", search.timeout_s), ("--trial-timeout", runner.trial_timeout_s)):
             if value is not None and not value > 0:
                 raise UserInputError(f"{flag} must be positive, not {value:g}")
-        if self.study is not None and not self.study.strip():
+        if store.study is not None and not store.study.strip():
             raise UserInputError("--study needs a name")
-        if self.study is not None and self.resume is not None:
+        if store.study is not None and store.resume is not None:
             raise UserInputError("--study and --resume: a resumed run rejoins the study its folder names; give one")
-        if self.heartbeat_interval_s < 1:
-            raise UserInputError(f"--heartbeat-interval must be at least 1 s, not {self.heartbeat_interval_s}")
-        if self.grace_period_s is not None and self.grace_period_s <= self.heartbeat_interval_s:
-            raise UserInputError(f"--grace-period ({self.grace_period_s} s) must be longer than the heartbeat interval "
-                                 f"({self.heartbeat_interval_s} s)")
-        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+        if store.heartbeat_interval_s < 1:
+            raise UserInputError(f"--heartbeat-interval must be at least 1 s, not {store.heartbeat_interval_s}")
+        if store.grace_period_s is not None and store.grace_period_s <= store.heartbeat_interval_s:
+            raise UserInputError(f"--grace-period ({store.grace_period_s} s) must be longer than the heartbeat "
+                                 f"interval ({store.heartbeat_interval_s} s)")
+        if objective.memory_limit_bytes is not None and objective.memory_limit_bytes <= 0:
             raise UserInputError("--trial-memory-gb must be positive")
-        for name, flag in (("batch_size", "--batch-size"), ("seq_len", "--seq-len")):
-            value = getattr(self, name)
+        for flag, value in (("--batch-size", runner.batch_size), ("--seq-len", runner.seq_len)):
             if value is not None and value < 1:
                 raise UserInputError(f"{flag} must be at least 1, not {value}")
 
-    def preflight(self) -> None:
+    def preflight(self) -> TuneOptions:
         """Everything that can be checked without running the model, in seconds and without
         importing torch or optuna: the numbers, the search space, the agents' definitions, the
         length sample's file and the storage URL (parsed, driver installed, server reachable).
         Called before any run folder exists, so a refused start leaves nothing behind
-        (docs/run-safety.md)."""
+        (docs/run-safety.md). Returns the options the run uses: with the storage URL of
+        $TPU_TUNE_STORAGE where none was given (and the run does not resume)."""
         from tpu_tuner.core.errors import UserInputError
         from tpu_tuner.studies.storage import check_storage, storage_from_environment
 
         self.validate()
-        if self.storage is None and self.resume is None:
-            self.storage = storage_from_environment()
-        _check_space(self.space, self.device)
-        _check_agents(self.agents)
-        if self.lengths_file is not None and not Path(self.lengths_file).is_file():
-            raise UserInputError("length sample file not found", self.lengths_file)
-        if self.plan is not None and not (Path(self.plan) / "plan.json").is_file():
-            raise UserInputError("not a plan folder (no plan.json; `tpu-tune plan` writes one)", self.plan)
-        if self.resume is not None and not (Path(self.resume) / "run.json").is_file():
-            raise UserInputError("not a tuning run folder (no run.json)", self.resume)
-        if self.storage is not None:
-            check_storage(self.storage)
+        checked = self
+        if self.store.url is None and self.store.resume is None:
+            checked = dataclasses.replace(self, storage=storage_from_environment())
+        _check_space(self.search.space, self.runner.device)
+        _check_agents(self.search.agents)
+        lengths_file = self.objective.lengths_file
+        if lengths_file is not None and not Path(lengths_file).is_file():
+            raise UserInputError("length sample file not found", lengths_file)
+        if self.search.plan is not None and not (Path(self.search.plan) / "plan.json").is_file():
+            raise UserInputError("not a plan folder (no plan.json; `tpu-tune plan` writes one)", self.search.plan)
+        if self.store.resume is not None and not (Path(self.store.resume) / "run.json").is_file():
+            raise UserInputError("not a tuning run folder (no run.json)", self.store.resume)
+        if checked.store.url is not None:
+            check_storage(checked.store.url)
+        return checked
 
 
 def _check_space(space: str | Path, device: str | None) -> None:
@@ -157,8 +289,5 @@ def _check_agents(agents: tuple[str, ...]) -> None:
         load_tuning_agent_definition(agent)
 
 
-def default_trial_settings() -> ProfilerSettings:
-    """Shorter timing than a profile's: a trial needs a good median, not a full report."""
-    from tpu_tuner.profiling.settings import ProfilerSettings
-
-    return ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)
+__all__ = ["KEYWORDS", "MAX_NPROC", "SAMPLERS", "SECTIONS", "ObjectiveOptions", "OutputOptions", "RunnerOptions",
+           "SearchOptions", "StoreOptions", "TuneOptions", "default_trial_settings"]

@@ -12,7 +12,7 @@ the verification. A lone leader (no runner-up within reach) is not raced.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import optuna
 
@@ -63,15 +63,15 @@ def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneO
     best then)."""
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
-    rounds = max(4, options.verify_rounds // 2)
-    compared = compare_interleaved(runner, candidates, replace(options, verify_rounds=rounds), None)
+    rounds = max(4, options.objective.verify_rounds // 2)
+    compared = compare_interleaved(runner, candidates, rounds, options.runner, None)
     if isinstance(compared, str):
         return compared
     samples = compared[0]
     entries = []
     for trial, times in zip(contenders, samples[1:]):
         measured = trial_attrs.measurement_of(trial)
-        compile_share = measured.compile_seconds / options.planned_steps if measured is not None else 0.0
+        compile_share = measured.compile_seconds / options.objective.planned_steps if measured is not None else 0.0
         median = sorted(times)[len(times) // 2]
         entries.append(RaceEntry(
             trial=trial.number,

@@ -116,7 +116,7 @@ class TuningResult:
             if t.user_attrs.get("buckets") and t.user_attrs.get("candidate") == chosen:
                 from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
-                return {"buckets": t.user_attrs["buckets"], "align": self.options.bucket_align,
+                return {"buckets": t.user_attrs["buckets"], "align": self.options.objective.bucket_align,
                         "padding_waste": t.user_attrs.get("padding_waste"),
                         "torchtpu": torchtpu_instructions(t.user_attrs["buckets"])}
         return None
@@ -153,15 +153,12 @@ class TuningResult:
         """result.json: what `load` needs besides the study and profile.json (the verification,
         the agents' findings, the options and the space). No password: the options' storage URL
         is stored without one and the whole text goes through `redact` (docs/run-safety.md)."""
-        from tpu_tuner.core.credentials import redact, without_password
+        from tpu_tuner.core.credentials import redact
         from tpu_tuner.core.plain_data import json_default
 
-        options = dataclasses.asdict(self.options)
-        if self.options.storage:
-            options["storage"] = without_password(self.options.storage)
         record = {
             "format": RESULT_FORMAT, "created": self.created, "worker_starts": self.worker_starts,
-            "findings": self.findings, "space": dataclasses.asdict(self.space), "options": options,
+            "findings": self.findings, "space": dataclasses.asdict(self.space), "options": self.options.to_plain(),
             "verification": dataclasses.asdict(self.verification),
         }
         return redact(json.dumps(record, indent=2, default=json_default))
@@ -178,7 +175,6 @@ class TuningResult:
         not a finished tuning run.
         """
         from tpu_tuner.core.plain_data import from_plain
-        from tpu_tuner.profiling.settings import ProfilerSettings
 
         run_dir = Path(run_dir)
         state, record = _finished_run(run_dir)
@@ -187,7 +183,7 @@ class TuningResult:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise UserInputError(f"unreadable {run_folder.PROFILE_JSON}: {_first_line(exc)}", run_dir) from exc
         try:
-            options = from_plain(TuneOptions, record["options"], {"ProfilerSettings": ProfilerSettings})
+            options = TuneOptions.from_plain(record["options"])
             verification = from_plain(Verification, record["verification"])
             findings = {str(k): list(v) for k, v in record["findings"].items()}
             worker_starts, created = int(record["worker_starts"]), str(record["created"])
@@ -207,12 +203,12 @@ class TuningResult:
             "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": optuna.__version__,
                          "python": platform.python_version()},
             "workload": self.profile.workload.to_dict(),
-            "objective": f"amortised step time over {self.options.planned_steps} planned steps",
-            "ranks": self.options.nproc,
-            "tolerance": self.options.tolerance,
+            "objective": f"amortised step time over {self.options.objective.planned_steps} planned steps",
+            "ranks": self.options.runner.nproc,
+            "tolerance": self.options.objective.tolerance,
             "accuracy_error": self.chosen.accuracy_error if self.chosen else None,
-            "baseline": _summary(self.baseline, self.options.planned_steps),
-            "tuned": _summary(self.chosen, self.options.planned_steps),
+            "baseline": _summary(self.baseline, self.options.objective.planned_steps),
+            "tuned": _summary(self.chosen, self.options.objective.planned_steps),
             "verification": {
                 "message": v.message,
                 "speedup": v.speedup.speedup if v.speedup else None,
@@ -296,7 +292,7 @@ def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpac
     except (TypeError, ValueError, KeyError, AttributeError):
         from tpu_tuner.knobs.traits import of_profile
 
-        return (SearchSpace.load(options.space, profile.device.kind, ranks=options.nproc)
+        return (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc)
                 .for_workload(of_profile(profile.workload)))
 
 

@@ -77,18 +77,7 @@ def space_signature(space: SearchSpace) -> dict[str, Any]:
 def make_record(fingerprint: dict[str, Any], space: SearchSpace, options: TuneOptions) -> dict[str, Any]:
     """The first worker's record: what later workers are checked against and adopt."""
     return {"format": RECORD_FORMAT, "fingerprint": fingerprint, "space": space_signature(space),
-            "options": plain_options(options), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-
-
-def plain_options(options: TuneOptions) -> dict[str, Any]:
-    """`options` as plain JSON, its storage URL without a password (a record is read by anyone
-    who can read the study)."""
-    from tpu_tuner.core.credentials import without_password
-    from tpu_tuner.core.plain_data import json_default
-
-    plain = dataclasses.asdict(options)
-    plain["storage"] = without_password(options.storage) if options.storage else None
-    return json.loads(json.dumps(plain, default=json_default))
+            "options": options.to_plain(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], space: SearchSpace,
@@ -147,21 +136,11 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
 def adopt_options(options: TuneOptions, recorded: dict[str, Any]) -> TuneOptions:
     """`options` with the study's budget and objective (`ADOPTED_OPTIONS`), logging each value
     this worker was given otherwise."""
-    from tpu_tuner.core.plain_data import from_plain
-
-    theirs = from_plain(TuneOptions, {**dataclasses.asdict(options), **recorded.get("options", {})},
-                        {"ProfilerSettings": _profiler_settings()})
-    changes = {key: getattr(theirs, key) for key in ADOPTED_OPTIONS
-               if key in recorded.get("options", {}) and getattr(theirs, key) != getattr(options, key)}
+    stored, ours = recorded.get("options", {}), options.to_plain()
+    changes = {key: stored[key] for key in ADOPTED_OPTIONS if key in stored and stored[key] != ours[key]}
     for key, value in changes.items():
-        log.info("the study's %s is %r (this worker had %r): using the study's", key, value, getattr(options, key))
-    return dataclasses.replace(options, **changes)
-
-
-def _profiler_settings() -> type:
-    from tpu_tuner.profiling.settings import ProfilerSettings
-
-    return ProfilerSettings
+        log.info("the study's %s is %r (this worker had %r): using the study's", key, value, ours[key])
+    return TuneOptions.from_plain(changes, base=options)
 
 
 def publish_profile(study: optuna.Study, profile: Profile) -> None:
@@ -239,6 +218,6 @@ def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
         time.sleep(POLL_S)
 
 
-__all__ = ["ADOPTED_OPTIONS", "JoinRefused", "MATCHED_OPTIONS", "plain_options", "PROFILE_ATTR", "RECORD_ATTR", "VERIFICATION_ATTR", "SharedStudy", "adopt_options",
+__all__ = ["ADOPTED_OPTIONS", "JoinRefused", "MATCHED_OPTIONS", "PROFILE_ATTR", "RECORD_ATTR", "VERIFICATION_ATTR", "SharedStudy", "adopt_options",
            "join_differences", "make_record", "open_shared", "publish_profile", "record_verification",
            "recorded_verification", "shared_profile", "space_signature", "verification_left_to"]

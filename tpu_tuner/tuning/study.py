@@ -20,41 +20,33 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 
-from tpu_tuner.tuning.agents import Agent, load_agents
-from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
-from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
-from tpu_tuner.devices import BACKENDS
-from tpu_tuner.model.bucket_cost import fit_cost_model
-from tpu_tuner.tuning.bucketing import BucketingContext
-from tpu_tuner.model.lengths import LengthHistogram
-from tpu_tuner.model.lengths import bucket_histogram, probe_lengths
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.knobs import traits
-from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
-from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.core.units import duration
-from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
-from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.knobs import traits
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.model.summary import WorkloadSummary, load_summary
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.parallel.from_plan import planned_layouts
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
 from tpu_tuner.studies import run_file, samplers
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.studies.coverage import covered_settings, measured_count, setting_key as _key
-from tpu_tuner.studies.fingerprint import differences, fingerprint
-from tpu_tuner.studies.liveness import (Heartbeat, RunningWatch, Worker, fail_lost_trials, open_storage,
-                                       set_liveness)
-from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
+from tpu_tuner.studies.fingerprint import fingerprint
+from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, set_liveness
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.agents import Agent
+from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.memory_limit import MemoryLimit
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
-from tpu_tuner.studies.run_file import RUN_FILE
-from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, SharedStudy, adopt_options, make_record, open_shared,
-                                           plain_options, publish_profile, record_verification, shared_profile, verification_left_to)
-from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
 from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.run_location import RunLocation, open_or_join, open_run_storage, run_location
+from tpu_tuner.tuning.run_setup import check_ranks, prepare_agents, profile_baseline, start_ranks_on
+from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, adopt_options, make_record, publish_profile,
+                                           record_verification, shared_profile, verification_left_to)
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, verify
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
 
@@ -90,27 +82,30 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     This process never imports the model file: a worker loads it and describes it
     (runner/summary.py). Bad options are refused before that, and a run that fails after its
     folder exists is marked "failed" in run.json with the reason (docs/run-safety.md). With
-    `options.study` the run is one worker of a study shared by name (tuning/shared_study.py).
+    `options.store.study` the run is one worker of a study shared by name (tuning/shared_study.py).
+    The options are never changed: what the run resolves (the storage of $TPU_TUNE_STORAGE, the
+    default trial settings, a shared study's options, the budget) makes new ones, and the result
+    holds those the run used.
     """
-    options = options or TuneOptions()
-    options.preflight()  # numbers, search space, storage URL: seconds, nothing written yet
-    if options.trial_settings is None:
-        options.trial_settings = default_trial_settings()
+    # Numbers, search space, storage URL: seconds, nothing written yet.
+    options = (options or TuneOptions()).preflight()
+    if options.runner.trial_settings is None:  # left to the run by the CLI: building it imports torch
+        options = replace(options, trial_settings=default_trial_settings())
     model_file = Path(model_file)
     started = time.perf_counter()
     emit = progress or (lambda event: None)
+    run, lengths_file = options.runner, options.objective.lengths_file
 
-    with trial_runner(str(model_file), options.device, options.nproc, options.trial_timeout_s,
-                      options.memory_limit_bytes) as runner:
+    with trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s,
+                      options.objective.memory_limit_bytes) as runner:
         # Bad files fail here, in the worker, with exit 2 (a crash at import too).
-        workload = load_summary(runner, model_file, options.batch_size, options.seq_len,
-                                sample_lengths=options.lengths_file is None)
+        workload = load_summary(runner, model_file, run.batch_size, run.seq_len, sample_lengths=lengths_file is None)
         # And a bad length sample; read once, used for the bucketing knob below.
-        lengths = (bucket_histogram(workload.length_source(), options.lengths_file)
-                   if options.lengths_file is not None or workload.has_sample_lengths else None)
-        _check_ranks(workload, lengths, options)
-        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc, lengths)
-        location = _run_location(workload.name, options, current)
+        lengths = (bucket_histogram(workload.length_source(), lengths_file)
+                   if lengths_file is not None or workload.has_sample_lengths else None)
+        check_ranks(workload, lengths, run.nproc)
+        current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc, lengths)
+        location = run_location(workload.name, options, current)
         try:
             result = _tune_in(location, workload, lengths, options, runner, emit, started, current, write_outputs)
         except JoinRefused:
@@ -129,80 +124,68 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     return result
 
 
-@dataclass(frozen=True)
-class RunLocation:
-    """Where a run keeps its files and its study: the storage URL may carry a password (it is
-    used to connect, never written); `shared` for a study joined by name (`--study`)."""
-
-    run_dir: Path
-    storage: str
-    study_name: str
-    shared: bool
-    resumed: bool
-
-
 def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
              runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any],
              write_outputs: OutputsWriter) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
-    whole_space = SearchSpace.load(options.space, workload.device_kind, ranks=options.nproc)
-    storage = _open_storage(location.storage, options)
+    whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.nproc)
+    storage = open_run_storage(location.storage, options.store)
     worker = Worker.this_process(storage)
-    opened = _open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
+    opened = open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
-        # The study's search, objective and liveness; its budget again once its profile is in.
-        options = adopt_options(options, opened.record)
-        set_liveness(storage, options.heartbeat_interval_s, options.grace_period_s)
         emit(Progress("profile", f"joined study {location.study_name!r}: waiting for its baseline profile",
                       elapsed=time.perf_counter() - started))
-        profile = shared_profile(study, wait_s=options.trial_timeout_s + 60)
+        profile = shared_profile(study, wait_s=options.runner.trial_timeout_s + 60)
+        # The study's search, objective, liveness and budget, as recorded once its profile is in
+        # (as created, where its first worker died while profiling and this one profiles).
+        options = adopt_options(options, study.user_attrs.get(RECORD_ATTR, opened.record))
+        set_liveness(storage, options.store.heartbeat_interval_s, options.store.grace_period_s)
     # The worker that profiles the baseline keeps the study's record: its first worker, or a
     # joining one whose first worker died while profiling.
     keeper = profile is None
     if profile is None:
         emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
-        profile = _profile_baseline(runner, options, model_file, workload.device_kind)
+        profile = profile_baseline(runner, options.runner, model_file, workload.device_kind)
     device_kind = profile.device.kind
+    nproc = options.runner.nproc
     if isinstance(runner, RankedTrialRunner):
-        _start_ranks_on(runner, profile, options)
+        start_ranks_on(runner, profile, nproc)
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
-    space = (SearchSpace.load(options.space, device_kind, ranks=options.nproc)
+    space = (SearchSpace.load(options.search.space, device_kind, ranks=nproc)
              .for_workload(traits.of_profile(profile.workload)))
-    if options.nproc > 1 and not space.spreads_over_ranks():
+    if nproc > 1 and not space.spreads_over_ranks():
         # Without the knob every trial would be N unsharded copies of one process's step.
-        raise UserInputError(f"--nproc {options.nproc}: the search space {space.name!r} has no layout parameter "
+        raise UserInputError(f"--nproc {nproc}: the search space {space.name!r} has no layout parameter "
                              "(add one, as search_spaces/default.toml does)")
     record = study.user_attrs.get(RECORD_ATTR, opened.record)
-    if not keeper:
-        options = adopt_options(options, record)
     agents, findings, memory = prepare_agents(options, profile)
-    budget = search_budget(options.trials, options.sampler, space, agents)
-    options = replace(options, trials=budget.trials)  # the run's record holds the number it used
+    budget = search_budget(options.search.trials, options.search.sampler, space, agents)
+    options = replace(options, trials=budget.trials)  # the run's record and result hold the number it used
     emit(Progress("budget", budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings "
                   "across its workers", elapsed=time.perf_counter() - started))
     # The study again, with the sampler of the narrowed space (a grid walks its settings).
     study = optuna.load_study(study_name=location.study_name, storage=storage,
                               sampler=build_sampler(options, space, shared=location.shared, first=first))
     if keeper:
-        study.set_user_attr(RECORD_ATTR, {**record, "options": plain_options(options),
+        study.set_user_attr(RECORD_ATTR, {**record, "options": options.to_plain(),
                                           "features": features_of(profile, current).to_dict()})
     if location.resumed and not location.shared:
         _mark_interrupted(study)  # nobody else works on a run folder's own study
     if not study.trials:
-        seeds = _warm_seeds(space, profile, current, location, options) if options.warm_start else []
+        seeds = _warm_seeds(space, profile, current, location, options.outputs.out) if options.search.warm_start else []
         enqueue_seeds(study, space, agents, profile, seeds)
     if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
     bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
     measure_options = {
-        "batch_size": options.batch_size,
-        "seq_len": options.seq_len,
-        "settings": asdict(options.trial_settings),
+        "batch_size": options.runner.batch_size,
+        "seq_len": options.runner.seq_len,
+        "settings": asdict(options.runner.trial_settings),
         "peak_flops_per_s": profile.device.peak.flops_per_s,
         "model_flops_per_step": profile.flops.model_per_step,
     }
@@ -210,7 +193,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     left_to = None
     if location.shared:
         emit(Progress("verify", "settling: waiting for the study's running trials", elapsed=time.perf_counter() - started))
-        left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.trial_timeout_s + 60))
+        left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     if left_to is not None:
         emit(Progress("verify", f"not verifying here: {left_to}", elapsed=time.perf_counter() - started))
         verification = Verification(baseline_trial=None, best_trial=None,
@@ -230,25 +213,10 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     return result
 
 
-def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
-    """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium)."""
-    baseline = Candidate.baseline(device_kind)
-    profiled = runner.run("profile", baseline.to_dict(), {
-        "batch_size": options.batch_size, "seq_len": options.seq_len,
-        "settings": asdict(options.trial_settings),
-    })
-    if not profiled.ok and profiled.failure.kind == "refused":
-        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
-    if not profiled.ok:
-        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
-    return profiled.value
-
-
 def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
                  agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
-    emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.verify_rounds} rounds "
+    emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.objective.verify_rounds} rounds "
                   "of steady steps)", elapsed=time.perf_counter() - started))
 
     def verify_progress(done: int, rounds: int, ratio: float) -> None:
@@ -258,153 +226,17 @@ def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, option
     return replace(verify(study, space, runner, options, device_kind, verify_progress, agents), host=socket.gethostname())
 
 
-def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
-    """The run's agents, having read the baseline profile (their findings, by agent), and the
-    study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
-    reasons from it, and every measured trial is checked against it."""
-    device_kind = profile.device.kind
-    agents = load_agents(list(options.agents), device_kind, profile.device.probe)
-    memory = memory_limit(options.memory_limit_bytes, device_kind, profile.device.memory_bytes)
-    for agent in agents:
-        if isinstance(agent, MemoryAgent):
-            agent.limit = memory
-        if isinstance(agent, ShardingAgent):
-            agent.ranks = options.nproc
-            if options.plan is not None:
-                agent.planned = planned_layouts(options.plan, options.nproc, agent.definition.seeds.plan_top)
-                agent.plan_source = str(options.plan)
-    findings = {agent.name: agent.diagnose(profile) for agent in agents}
-    return agents, findings, memory
-
-
-def _check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions) -> None:
-    """What --nproc N cannot run yet, refused before anything is measured."""
-    if options.nproc == 1:
-        return
-    if not workload.is_training:
-        raise UserInputError(f"--nproc {options.nproc} splits a training step over ranks (data / fsdp / tensor "
-                             "layouts); this file's step is inference (it declares no loss)", workload.source)
-    if lengths is not None:
-        raise UserInputError(f"--nproc {options.nproc} with varying input lengths is not supported: the bucketing "
-                             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
-                             workload.source)
-
-
-def _start_ranks_on(runner: RankedTrialRunner, profile: Profile, options: TuneOptions) -> None:
-    """Give each rank a device of its own (the device kind is known once profiled), refusing
-    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
-    backend = BACKENDS[profile.device.kind]
-    batch = profile.workload.batch_size
-    if isinstance(batch, int) and batch % options.nproc:
-        raise UserInputError(f"--nproc {options.nproc}: the batch of {batch} does not split over {options.nproc} ranks "
-                             "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
-    if profile.device.kind != "cpu" and options.nproc > profile.device.count:
-        raise UserInputError(f"--nproc {options.nproc}: this host has {profile.device.count} "
-                             f"{profile.device.kind} device(s), one per rank")
-    runner.rank_environment = backend.rank_environment
-    runner.launch_environment = backend.launch_environment(options.nproc)
-
-
-def _run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> RunLocation:
-    """The run folder, the storage URL to connect with, and the study name.
-
-    A new run gets a fresh folder and a run.json; a resumed one is checked first (same workload
-    fingerprint, same storage) and refused with nothing rewritten when it differs. The URL
-    returned may carry a password (from --storage); the one written never does. A worker of a
-    shared study (`--study NAME`) has a folder of its own too: its report, its trials' view.
-    """
-    if options.resume is not None:
-        return _resumed_location(Path(options.resume), options, current)
-    run_dir = new_run_dir(options.out, name, "tune")
-    if options.study is not None:
-        storage = options.storage or shared_sqlite(options.out)
-        study_name = options.study
-    else:
-        storage = options.storage or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
-        study_name = run_dir.name
-    run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
-                             "shared": options.study is not None,
-                             "model_file": str(current["model_file"]), "fingerprint": current,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
-    return RunLocation(run_dir, storage, study_name, shared=options.study is not None, resumed=False)
-
-
-def _resumed_location(run_dir: Path, options: TuneOptions, current: dict[str, Any]) -> RunLocation:
-    saved = run_file.read(run_dir)
-    if "storage" not in saved or "study_name" not in saved:
-        raise UserInputError(f"not a tuning run folder (no readable {RUN_FILE})", run_dir)
-    where = f"{run_dir}/: resume refused"
-    recorded = saved.get("fingerprint")
-    if isinstance(recorded, dict):
-        differing = differences(recorded, current)
-        if differing:
-            raise UserInputError(f"{where}: {'; '.join(differing)}")
-    else:
-        log.warning("%s has no workload fingerprint (written before fingerprints): resuming unchecked", run_dir)
-    stored = str(saved["storage"])
-    storage = stored
-    from_environment = storage_from_environment()
-    if options.storage is None and from_environment is not None:
-        # $TPU_TUNE_STORAGE is ambient: its password is used where it names this run's database.
-        if without_password(from_environment) == without_password(stored):
-            options = replace(options, storage=from_environment)
-        else:
-            log.info("$%s names another database than the run's: not used for this resume", STORAGE_ENV)
-    if options.storage is not None:
-        # The password is never stored: it comes from --storage given again, which must name the
-        # same database (or from libpq's PGPASSWORD / ~/.pgpass when the URL has none).
-        if without_password(options.storage) != without_password(stored):
-            raise UserInputError(f"{where}: --storage {redact(options.storage)!r} is not the run's storage "
-                                 f"{redact(stored)!r}")
-        storage = with_password(stored, password_of(options.storage))
-    elif stored != without_password(stored):
-        log.warning("%s stores its storage URL with a password (written before redaction)", run_dir)
-    else:
-        check_storage(stored)  # a stored server URL: reachable, before anything is rewritten
-    run_file.update(run_dir, **run_file.this_process())
-    return RunLocation(run_dir, storage, str(saved["study_name"]), shared=bool(saved.get("shared")), resumed=True)
-
-
-def _open_storage(url: str, options: TuneOptions) -> RDBStorage:
-    """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
-    try:
-        return open_storage(url, options.heartbeat_interval_s, options.grace_period_s)
-    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
-        # Driver messages quote the URL, password included: redact the whole line.
-        raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
-
-
-def _open_or_join(storage: RDBStorage, location: RunLocation, record: dict[str, Any],
-                  space: SearchSpace) -> SharedStudy:
-    """The run's study: created or joined by name when shared, else created (or reopened, on
-    resume) under the run folder's name."""
-    # A placeholder sampler: the study is reopened with the real one once the space is narrowed.
-    placeholder = optuna.samplers.RandomSampler()
-    try:
-        if location.shared:
-            return open_shared(storage, location.study_name, placeholder, record, space)
-        study = optuna.create_study(storage=storage, study_name=location.study_name, direction="minimize",
-                                    sampler=placeholder, load_if_exists=True)
-    except UserInputError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the server went away between the check and here
-        raise UserInputError(redact(f"cannot open the study {location.study_name!r} in {location.storage!r}: "
-                                    f"{type(exc).__name__}: {exc}")) from exc
-    # A run's own study: this worker is its only one, and keeps its record.
-    return SharedStudy(study, True, study.user_attrs.get(RECORD_ATTR) or record)
-
-
 def _warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], location: RunLocation,
-                options: TuneOptions) -> list[WarmSeed]:
+                results_dir: Path) -> list[WarmSeed]:
     """The best settings of earlier studies of this device kind (same storage, or the results
     folder), nearest workload first (tuning/warm_start.py)."""
     return find_warm_seeds(space, features_of(profile, current), storage=location.storage,
-                           results_dir=Path(options.out), exclude_study=location.study_name)
+                           results_dir=Path(results_dir), exclude_study=location.study_name)
 
 
 def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,
                   first: bool = True) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler `options.sampler` names, seeded (studies/samplers.py builds it).
+    """The Optuna sampler `options.search.sampler` names, seeded (studies/samplers.py builds it).
 
     In a shared study every TPE or random worker but the first draws from a seed of its own (the
     same seed would propose the same settings in every worker), and TPE treats the other
@@ -414,13 +246,15 @@ def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False
     settings in 12 trials). The grid walks the space's valid settings (`SearchSpace.settings()`),
     not the product of every parameter's choices, so no conditional setting is walked twice.
     """
-    seed = options.seed if first or options.sampler == "grid" else random.SystemRandom().randrange(2**31)
+    search = options.search
+    seed = search.seed if first or search.sampler == "grid" else random.SystemRandom().randrange(2**31)
     # Few startup trials: the seeds already cover the agents' best guesses. Multivariate TPE with
     # `group=True` models the knobs jointly, per group of trials that share a parameter set (the
     # conditional compiler options); docs/search-efficiency.md compares it with independent TPE.
-    return samplers.build_sampler(options.sampler, seed, startup_trials=4, group=True, constant_liar=shared,
-                                  settings=space.settings() if options.sampler == "grid" else None,
-                                  grid=space.grid() if options.sampler == "grid" else None)
+    grid = search.sampler == "grid"
+    return samplers.build_sampler(search.sampler, seed, startup_trials=4, group=True, constant_liar=shared,
+                                  settings=space.settings() if grid else None,
+                                  grid=space.grid() if grid else None)
 
 
 def _mark_interrupted(study: optuna.Study) -> None:
@@ -481,15 +315,16 @@ def run_search(
     memory: MemoryLimit | None = None,
     worker: Worker | None = None,
 ) -> SearchEnd:
-    """Measure settings until the study holds `options.trials` measured ones (counted over all
-    its workers), the space is covered, or `options.timeout_s` passes; returns which.
+    """Measure settings until the study holds `options.search.trials` measured ones (counted over
+    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which.
 
     With other workers on the study, a setting another worker is measuring is not measured again
     here, and when their running trials hold the rest of the budget this worker waits for them
     (one may still be lost and queued again) instead of starting more.
     """
     worker = worker or Worker.this_process(None)
-    watch = RunningWatch(2 * options.trial_timeout_s + 60)
+    watch = RunningWatch(2 * options.runner.trial_timeout_s + 60)
+    budget, timeout_s = options.search.trials, options.search.timeout_s
     distinct_total = space.size()
     asked = 0
     told: set[int] = set()
@@ -502,19 +337,19 @@ def run_search(
         elapsed = time.perf_counter() - started
         covered = covered_settings(trials)
         measured = measured_count(covered)
-        if measured >= options.trials:
+        if measured >= budget:
             return "budget"
-        if options.timeout_s and elapsed > options.timeout_s:
+        if timeout_s and elapsed > timeout_s:
             return "timeout"
-        if len(covered) >= distinct_total or asked >= 20 * options.trials:
+        if len(covered) >= distinct_total or asked >= 20 * budget:
             log.info("stopping: %d of %d settings of the space covered", len(covered), distinct_total)
             return "covered" if len(covered) >= distinct_total else "asks"
         # Other workers' trials: none of this worker's is running between two of its trials.
         running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-        if measured + len(running) >= options.trials:
+        if measured + len(running) >= budget:
             if not waiting:
                 emit(Progress("trial", f"the rest of the budget is running on other workers ({len(running)} "
-                              "trial(s)): waiting for them", measured, options.trials, _best(study), elapsed,
+                              "trial(s)): waiting for them", measured, budget, _best(study), elapsed,
                               _objective_name(bucketing)))
                 waiting = True
             time.sleep(worker.poll_s)
@@ -554,13 +389,14 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
     candidate = space.to_candidate(params)
     label = candidate.describe()
     elapsed = time.perf_counter() - started
+    budget, objective = options.search.trials, options.objective
     # The study as it is now, after this trial was asked: another worker may have finished this
     # setting, be measuring it, or have taken the last of the budget since this loop looked.
     trials = study.get_trials(deepcopy=False)
     covered = covered_settings(trials)
     earlier = covered.get(_key(params))
     if earlier is not None:
-        trial_attrs.copy_attrs(earlier, trial, options.tolerance)
+        trial_attrs.copy_attrs(earlier, trial, objective.tolerance)
         study.tell(trial, earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE else None,
                    state=earlier.state)
         log.debug("%s: repeat of trial %d, not re-measured", label, earlier.number)
@@ -578,7 +414,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
         return
     # Workers that passed the budget check at once: the trials asked first take what is left.
     measured = measured_count(covered)
-    if measured + len(running_before) >= options.trials:
+    if measured + len(running_before) >= budget:
         trial.set_user_attr("over_budget", True)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         log.debug("%s: released, the budget is taken by %d measured and %d running", label, measured,
@@ -589,10 +425,10 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
     if rejection:
         trial.set_user_attr("rejected_by", rejection)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        emit(Progress("trial", f"rejected {label} ({rejection})", number, options.trials, _best(study), elapsed,
+        emit(Progress("trial", f"rejected {label} ({rejection})", number, budget, _best(study), elapsed,
                       _objective_name(bucketing)))
         return
-    emit(Progress("trial", f"running {label}", number, options.trials, _best(study), elapsed, _objective_name(bucketing)))
+    emit(Progress("trial", f"running {label}", number, budget, _best(study), elapsed, _objective_name(bucketing)))
     # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
     # in a fresh worker started with them.
     env = candidate.environment(BACKENDS[space.device_kind])
@@ -600,18 +436,18 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
     trial.set_user_attr("measured", True)
     trial.set_user_attr("trial_wall_s", outcome.seconds)
     if outcome.ok:
-        value = trial_attrs.record_measurement(trial, outcome.value, options.planned_steps, options.tolerance,
+        value = trial_attrs.record_measurement(trial, outcome.value, objective.planned_steps, objective.tolerance,
                                                bucketing, memory)
         study.tell(trial, value)
         over = memory.exceeded_by(outcome.value.peak_memory_bytes) if memory is not None else None
-        verdict = ("infeasible (accuracy)" if outcome.value.accuracy_error > options.tolerance
+        verdict = ("infeasible (accuracy)" if outcome.value.accuracy_error > objective.tolerance
                    else f"infeasible ({over})" if over else "ok")
-        message = f"{label}: {_figures(value, outcome.value, options.planned_steps, bucketing)}, {verdict}"
+        message = f"{label}: {_figures(value, outcome.value, objective.planned_steps, bucketing)}, {verdict}"
     else:
         trial_attrs.record_failure(trial, outcome.failure)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
-    emit(Progress("trial", message, number, options.trials, _best(study), time.perf_counter() - started,
+    emit(Progress("trial", message, number, budget, _best(study), time.perf_counter() - started,
                   _objective_name(bucketing)))
 
 
@@ -660,16 +496,17 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
     reference = int(profile.workload.seq_len or 0)
     if not reference:
         raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
-    probes = probe_lengths(hist, options.bucket_align)
+    objective = options.objective
+    probes = probe_lengths(hist, objective.bucket_align)
     emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
                   elapsed=time.perf_counter() - started))
     measured = runner.run("bucket_costs", Candidate.baseline(profile.device.kind).to_dict(), {
-        "lengths": probes, "warmup_length": reference, "batch_size": options.batch_size})
+        "lengths": probes, "warmup_length": reference, "batch_size": options.runner.batch_size})
     if not measured.ok:
         raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
                             f"{measured.failure.message}", workload.source)
     points = [(p["length"], p["step_seconds"]) for p in measured.value["points"]]
-    return BucketingContext(hist, fit_cost_model(points, []), reference, options.max_buckets, options.bucket_align)
+    return BucketingContext(hist, fit_cost_model(points, []), reference, objective.max_buckets, objective.bucket_align)
 
 
 def _best(study: optuna.Study) -> float | None:

@@ -25,7 +25,6 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.knobs import traits
 from tpu_tuner.core.plain_data import from_plain
-from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.core.run_folder import new_run_dir
 from tpu_tuner.runner.ranked import trial_runner
 from tpu_tuner.model.summary import load_summary
@@ -37,6 +36,7 @@ from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
 from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
                                            recorded_verification)
 from tpu_tuner.tuning.verify import Verification, verify
@@ -166,21 +166,22 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     from tpu_tuner.profiling.profile import Profile
 
     profile = Profile.from_dict(profile_data)
-    options = from_plain(TuneOptions, recorded_options, {"ProfilerSettings": ProfilerSettings})
+    options = TuneOptions.from_plain(recorded_options)
     options = replace(options, storage=storage, out=out, resume=None, study=name,
-                      device=device if device is not None else options.device)
+                      device=device if device is not None else options.runner.device)
+    run = options.runner
     recorded_fingerprint = record.get("fingerprint", {})
     model_file = model_file or Path(str(recorded_fingerprint.get("model_file", "")))
     if not model_file.is_file():
         raise UserInputError(f"study {name!r}: its model file is not here (give --model FILE)", model_file)
     if file_sha256(model_file) != recorded_fingerprint.get("sha256"):
         raise UserInputError(f"study {name!r}: not the model file the study measured (sha256 differs)", model_file)
-    with trial_runner(str(model_file), options.device, options.nproc, options.trial_timeout_s,
-                      options.memory_limit_bytes) as runner:
-        workload = load_summary(runner, model_file, options.batch_size, options.seq_len,
-                                sample_lengths=options.lengths_file is None)
-        current = fingerprint(model_file, workload, options.batch_size, options.seq_len, options.nproc)
-        whole_space = SearchSpace.load(options.space, workload.device_kind, ranks=options.nproc)
+    with trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s,
+                      options.objective.memory_limit_bytes) as runner:
+        workload = load_summary(runner, model_file, run.batch_size, run.seq_len,
+                                sample_lengths=options.objective.lengths_file is None)
+        current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc)
+        whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=run.nproc)
         differing = join_differences(record, current, whole_space)
         if differing:
             raise UserInputError(f"study {name!r}: cannot verify it here: {'; '.join(differing)}")
@@ -200,11 +201,10 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
 
 def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
     from tpu_tuner.runner.ranked import RankedTrialRunner
-    from tpu_tuner.tuning.study import _start_ranks_on, prepare_agents
 
     if isinstance(runner, RankedTrialRunner):
-        _start_ranks_on(runner, profile, options)
-    space = (SearchSpace.load(options.space, profile.device.kind, ranks=options.nproc)
+        start_ranks_on(runner, profile, options.runner.nproc)
+    space = (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc)
              .for_workload(traits.of_profile(profile.workload)))
     agents, findings, _ = prepare_agents(options, profile)
     measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))

@@ -111,7 +111,8 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
             unmeasurable[name] = refusal
         elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
-    compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()], options, progress)
+    compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()],
+                                   options.objective.verify_rounds, options.runner, progress)
     if isinstance(compared, str):
         return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
                             message=f"verification failed ({compared}); keep the baseline")

@@ -1,0 +1,84 @@
+"""The `tpu-tune` command line: one module a subcommand. The only package that prints to the
+terminal or exits.
+
+Each subcommand module holds its `NAME`, `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
+`run(args)`. Only the chosen subcommand's flags are built: they read their defaults from the
+options dataclasses, and building those of `plan` or `buckets` imports torch, which `tune`
+refuses bad options without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from tpu_tuner.cli import apply, buckets, dashboard, devices, plan, profile, study, tune
+from tpu_tuner.core.errors import TpuTuneError
+
+log = logging.getLogger("tpu_tuner.cli")
+
+# In the order `tpu-tune --help` lists them.
+SUBCOMMANDS = (profile, tune, plan, buckets, dashboard, study, devices, apply)
+COMMANDS = tuple(module.NAME for module in SUBCOMMANDS)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the flags of `command` (every subcommand's when None)."""
+    parser = argparse.ArgumentParser(
+        prog="tpu-tune",
+        description="Profile and tune PyTorch models for TPUs (TorchTPU), GPUs and CPUs.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        sub = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
+        if command is None or command == module.NAME:
+            module.add_arguments(sub)
+            sub.set_defaults(handler=module.run)
+    return parser
+
+
+def _default_to_tune(argv: list[str]) -> list[str]:
+    """`tpu-tune model.py ...` means `tpu-tune tune model.py ...`."""
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            if arg not in COMMANDS:
+                return argv[:index] + ["tune"] + argv[index:]
+            break
+    return argv
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not a flag; the top level's flags take
+    no values), or None (`tpu-tune --help`)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tpu-tune` console script."""
+    words = _default_to_tune(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser(_command_in(words)).parse_args(words)
+    level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not args.debug:  # torch's own INFO lines (inductor's registrations on import) are not ours to print
+        logging.getLogger("torch").setLevel(max(level, logging.WARNING))
+    from tpu_tuner.core.credentials import RedactingFilter, redact
+
+    for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
+        handler.addFilter(RedactingFilter())
+    try:
+        return args.handler(args)
+    except TpuTuneError as exc:
+        if args.debug:
+            raise
+        print(f"tpu-tune: error: {redact(str(exc))}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("tpu-tune: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]

@@ -1,0 +1,53 @@
+"""`tpu-tune study status|finish`: a study shared by several workers (--study), seen or finished."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tpu_tuner.cli.common import add_out, device_or_none
+
+NAME = "study"
+HELP = "a study shared by several workers (--study): its status, or finish it"
+DESCRIPTION = "See how far a shared study is, or verify its best once on this host and write the tuned config."
+ACTIONS = (("status", "trials done / running / failed, per worker, and the best so far"),
+           ("finish", "verify the best against the baseline on this host, once; write the run folder"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two actions and their flags."""
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in ACTIONS:
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument("--storage", help="the study's storage URL (default: $TPU_TUNE_STORAGE, else "
+                                           "OUT/studies.db)")
+        sub.add_argument("--study", required=True, metavar="NAME", help="the study's name")
+        add_out(sub)
+        if action == "finish":
+            sub.add_argument("--model", type=Path, metavar="FILE",
+                             help="the model file, where it lies elsewhere on this host than the study recorded")
+            sub.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+            sub.add_argument("--now", action="store_true",
+                             help="verify even while trials are still running (the best measured so far)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the study's status, or verify its best here and write the run folder."""
+    from tpu_tuner.core.credentials import redact
+    from tpu_tuner.studies.storage import check_storage, shared_sqlite, storage_from_environment
+
+    storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
+    check_storage(storage)
+    if args.action == "status":
+        from tpu_tuner.tuning.study_admin import study_status
+
+        print("\n".join(study_status(storage, args.study).lines()))
+        return 0
+    from tpu_tuner.api import finish_study
+
+    result = finish_study(storage, args.study, args.out, args.model, device_or_none(args.device), now=args.now)
+    print(f"speedup   {result.verification.message} (verified on {result.verification.host})")
+    print(f"tuned     {result.verification.chosen.describe()}")
+    print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
+    print(f"dashboard optuna-dashboard {redact(storage)}")
+    return 0

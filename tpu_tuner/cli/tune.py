@@ -1,0 +1,133 @@
+"""`tpu-tune tune` (also `tpu-tune MODEL.py`): search, verify, write a tuned config.
+
+Every flag sets one `TuneOptions` keyword (its `dest`), and takes its default from the section
+that holds it: the defaults are stated once, in tuning/options.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.cli.common import add_run_args, default_of, device_or_none
+from tpu_tuner.tuning.options import (KEYWORDS, SAMPLERS, ObjectiveOptions, RunnerOptions, SearchOptions, StoreOptions,
+                                      TuneOptions)
+
+NAME = "tune"
+HELP = "search eager/compile mode and precision with Optuna; verify the win; write a tuned config"
+DESCRIPTION = "Tune a model file (also: tpu-tune MODEL.py)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tune command's flags, their defaults read from the options' sections."""
+    add_run_args(parser)
+    search, objective = SearchOptions, ObjectiveOptions
+    parser.add_argument("--trials", type=int, default=default_of(search, "trials"),
+                        help="settings to measure, baseline and seeds included; repeats and rejections are free "
+                             "(default: 20%% of the settings the agents would measure, 12 to 48; a grid: all of them)")
+    parser.add_argument("--timeout", dest="timeout_s", metavar="TIMEOUT", type=float, default=default_of(search, "timeout_s"),
+                        help="stop starting trials after this many seconds")
+    parser.add_argument("--sampler", choices=SAMPLERS, default=default_of(search, "sampler"),
+                        help="Optuna sampler (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=default_of(search, "seed"), help="sampler seed (default %(default)s)")
+    parser.add_argument("--space", default=default_of(search, "space"),
+                        help="search space: a name in search_spaces/ or a TOML path")
+    parser.add_argument("--steps", dest="planned_steps", metavar="STEPS", type=int, default=default_of(objective, "planned_steps"),
+                        help="steps of the run you plan; compile time is spread over them (default %(default)s)")
+    parser.add_argument("--tolerance", type=float, default=default_of(objective, "tolerance"),
+                        help="largest relative error against fp32 eager a config may have (default %(default)g)")
+    parser.add_argument("--trial-timeout", dest="trial_timeout_s", metavar="TRIAL_TIMEOUT", type=float,
+                        default=default_of(RunnerOptions, "trial_timeout_s"),
+                        help="seconds before a trial is killed (default %(default)g)")
+    parser.add_argument("--trial-memory-gb", type=float, help="address-space limit of the trial worker, GiB; also the "
+                        "study's memory constraint (a trial whose measured peak memory exceeds it is infeasible)")
+    parser.add_argument("--verify-rounds", type=int, default=default_of(objective, "verify_rounds"),
+                        help="interleaved rounds of the final comparison (default %(default)s)")
+    parser.add_argument("--storage", default=default_of(StoreOptions, "url"),
+                        help="Optuna storage URL, e.g. postgresql://user@host/db (default: $TPU_TUNE_STORAGE, else "
+                             "SQLite: the run folder's study.db, or with --study the results folder's studies.db); a "
+                             "password may also come from PGPASSWORD or ~/.pgpass")
+    parser.add_argument("--study", metavar="NAME", default=default_of(StoreOptions, "study"),
+                        help="join the study NAME in the storage (created by its first worker): every worker given "
+                             "the same storage and name works on one search")
+    parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", type=int, metavar="S",
+                        default=default_of(StoreOptions, "heartbeat_interval_s"),
+                        help="seconds between a running trial's heartbeats (default %(default)s)")
+    parser.add_argument("--grace-period", dest="grace_period_s", type=int, metavar="S",
+                        default=default_of(StoreOptions, "grace_period_s"),
+                        help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
+                             "queued again (default: three heartbeats)")
+    parser.add_argument("--cold", action="store_true",
+                        help="no warm start: do not enqueue the best settings of earlier studies first")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", default=default_of(StoreOptions, "resume"),
+                        help="continue the study of an earlier run folder")
+    parser.add_argument("--lengths", dest="lengths_file", metavar="LENGTHS", type=Path, default=default_of(objective, "lengths_file"),
+                        help="input length sample (CSV or one number a line; default: the file's sample_lengths()); "
+                             "each trial's objective then includes its best shape buckets")
+    parser.add_argument("--nproc", type=int, metavar="N", default=default_of(RunnerOptions, "nproc"),
+                        help="run every trial on N ranks of this host, one process per device, and search how they "
+                             "share a training step (data / fsdp / tensor layouts; default %(default)s)")
+    parser.add_argument("--plan", type=Path, metavar="PLAN_DIR", default=default_of(search, "plan"),
+                        help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)")
+    parser.add_argument("--max-buckets", type=int, default=default_of(objective, "max_buckets"),
+                        help="most compiled shapes when inputs vary (default %(default)s)")
+    parser.add_argument("--bucket-align", type=int, default=default_of(objective, "bucket_align"),
+                        help="bucket bounds are multiples of this (default %(default)s)")
+
+
+def options_from(args: argparse.Namespace) -> TuneOptions:
+    """The options the flags name: each flag's `dest` is its keyword; the rest are converted."""
+    keywords: dict[str, Any] = {name: value for name, value in vars(args).items() if name in KEYWORDS}
+    gib = args.trial_memory_gb
+    keywords.update(device=device_or_none(args.device), warm_start=not args.cold,
+                    memory_limit_bytes=int(gib * 1024**3) if gib else None,
+                    trial_settings=None)  # the default, built by tune(): building it here would import torch
+    return TuneOptions(**keywords)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune, printing progress; then the baseline against the tuned setting, and where it is."""
+    from tpu_tuner.core.credentials import redact, without_password
+    from tpu_tuner.studies.storage import storage_from_environment
+
+    # Bad options, space or storage are refused here, in well under a second: before torch and
+    # optuna are imported, before any model runs and before a run folder exists.
+    options = options_from(args).preflight()
+    from tpu_tuner.api import tune
+    from tpu_tuner.core.units import ms
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.tuning.study import Progress
+
+    def show(event: Progress) -> None:
+        # "best" is the same quantity a finished trial's line leads with (its objective).
+        best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
+        # The search's best belongs on trial lines only; other phases show where and when.
+        where = f"trial {event.trial}/{event.trials} | {best}" if event.trial else event.phase
+        print(f"[{where} | {event.elapsed:5.0f} s] {event.message}", flush=True)
+
+    result = tune(args.model_file, options, progress=show)
+    base, chosen, v = result.baseline, result.chosen, result.verification
+    print()
+    url = options.store.url
+    if not result.verified:
+        print(f"search    done: {v.message}")
+        print(f"results   {result.run_dir}/ (report.md, trials.csv: this worker's view of the study)")
+        storage = "" if url is None or url == storage_from_environment() else f" --storage {without_password(url)}"
+        print(f"status    tpu-tune study status{storage} --study {result.study.study_name}"
+              + (f" --out {options.outputs.out}" if url is None else ""))
+        return 0
+    if base is not None and chosen is not None:
+        planned = options.objective.planned_steps
+        print(f"baseline  steady step {ms(base.step_median)}, amortised {ms(base.amortised_step(planned))}, "
+              f"MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})")
+        print(f"tuned     steady step {ms(chosen.step_median)}, amortised {ms(chosen.amortised_step(planned))}, "
+              f"MFU {chosen.mfu:.1%}  ({v.chosen.describe()})")
+        print(f"          (amortised = steady step + compile time / {planned} planned steps, from the search)")
+        print(f"accuracy  relative error {chosen.accuracy_error:.2e} (tolerance {options.objective.tolerance:g})")
+    print(f"speedup   {v.message}")
+    if v.speedup is not None:
+        print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
+    print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
+    print(f"dashboard optuna-dashboard {redact(str(result.best_config.provenance['study']['storage']))}")
+    return 0

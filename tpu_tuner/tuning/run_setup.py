@@ -1,0 +1,87 @@
+"""What a tuning run sets up before it searches: the ranks it may start, the baseline's profile,
+and the agents that read it (the study's memory constraint with them)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.parallel.from_plan import planned_layouts
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.runner.ranked import RankedTrialRunner, Runner
+from tpu_tuner.tuning.agents import Agent, load_agents
+from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
+from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
+from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
+from tpu_tuner.tuning.options import RunnerOptions, TuneOptions
+
+
+def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
+    """What --nproc N cannot run yet, refused before anything is measured."""
+    if nproc == 1:
+        return
+    if not workload.is_training:
+        raise UserInputError(f"--nproc {nproc} splits a training step over ranks (data / fsdp / tensor "
+                             "layouts); this file's step is inference (it declares no loss)", workload.source)
+    if lengths is not None:
+        raise UserInputError(f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
+                             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
+                             workload.source)
+
+
+def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> None:
+    """Give each rank a device of its own (the device kind is known once profiled), refusing
+    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
+    backend = BACKENDS[profile.device.kind]
+    batch = profile.workload.batch_size
+    if isinstance(batch, int) and batch % nproc:
+        raise UserInputError(f"--nproc {nproc}: the batch of {batch} does not split over {nproc} ranks "
+                             "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
+    if profile.device.kind != "cpu" and nproc > profile.device.count:
+        raise UserInputError(f"--nproc {nproc}: this host has {profile.device.count} "
+                             f"{profile.device.kind} device(s), one per rank")
+    runner.rank_environment = backend.rank_environment
+    runner.launch_environment = backend.launch_environment(nproc)
+
+
+def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None) -> Profile:
+    """The baseline's profile, measured in the trial worker: the code as it runs on the device
+    (on TPU at TorchTPU's default matmul precision, medium)."""
+    baseline = Candidate.baseline(device_kind)
+    profiled = runner.run("profile", baseline.to_dict(), {
+        "batch_size": run.batch_size, "seq_len": run.seq_len,
+        "settings": asdict(run.trial_settings),
+    })
+    if not profiled.ok and profiled.failure.kind == "refused":
+        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
+    if not profiled.ok:
+        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
+    return profiled.value
+
+
+def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
+    """The run's agents, having read the baseline profile (their findings, by agent), and the
+    study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
+    reasons from it, and every measured trial is checked against it."""
+    device_kind = profile.device.kind
+    search, nproc = options.search, options.runner.nproc
+    agents = load_agents(list(search.agents), device_kind, profile.device.probe)
+    memory = memory_limit(options.objective.memory_limit_bytes, device_kind, profile.device.memory_bytes)
+    for agent in agents:
+        if isinstance(agent, MemoryAgent):
+            agent.limit = memory
+        if isinstance(agent, ShardingAgent):
+            agent.ranks = nproc
+            if search.plan is not None:
+                agent.planned = planned_layouts(search.plan, nproc, agent.definition.seeds.plan_top)
+                agent.plan_source = str(search.plan)
+    findings = {agent.name: agent.diagnose(profile) for agent in agents}
+    return agents, findings, memory
+
+
+__all__ = ["check_ranks", "prepare_agents", "profile_baseline", "start_ranks_on"]
