@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from tpu_tuner.core.run_folder import RESULTS_DIR
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
-
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
 
 if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and options are checked before it
@@ -164,6 +162,14 @@ class TuneOptions:
             base = given[section]
             # Frozen: set once here, as the generated __init__ of a frozen dataclass does.
             object.__setattr__(self, section, dataclasses.replace(base, **changes) if base is not None else cls(**changes))
+
+    def __getattr__(self, name: str) -> Any:
+        """A flat read (``options.trials``) of the field its keyword names, so code written before
+        the sections keeps working; the package itself reads by section."""
+        if name in KEYWORDS:
+            section, field_name = KEYWORDS[name]
+            return getattr(object.__getattribute__(self, section), field_name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_plain(self) -> dict[str, Any]:
         """The flat JSON form (result.json, a shared study's record): every option by its keyword,
