@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,10 @@ from tpu_tuner.core.credentials import password_of, redact, with_password, witho
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.core.units import duration
 from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
-from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
-from tpu_tuner.model.summary import WorkloadSummary, load_summary
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner, trial_runner
+from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.requests import BucketCostsRequest, MeasureRequest, ProfileRequest
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.parallel.from_plan import planned_layouts
 from tpu_tuner.studies import run_file
@@ -200,13 +202,13 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
     bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
-    measure_options = {
-        "batch_size": options.batch_size,
-        "seq_len": options.seq_len,
-        "settings": asdict(options.trial_settings),
-        "peak_flops_per_s": profile.device.peak.flops_per_s,
-        "model_flops_per_step": profile.flops.model_per_step,
-    }
+    measure_options = MeasureRequest(  # each trial's request, with its candidate filled in
+        batch_size=options.batch_size,
+        seq_len=options.seq_len,
+        settings=options.trial_settings,
+        peak_flops_per_s=profile.device.peak.flops_per_s,
+        model_flops_per_step=profile.flops.model_per_step,
+    )
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None
     if location.shared:
@@ -235,10 +237,8 @@ def _profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, de
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
     (on TPU at TorchTPU's default matmul precision, medium)."""
     baseline = Candidate(matmul_precision=device_default(device_kind))
-    profiled = runner.run("profile", baseline.to_dict(), {
-        "batch_size": options.batch_size, "seq_len": options.seq_len,
-        "settings": asdict(options.trial_settings),
-    })
+    profiled = runner.run(ProfileRequest(candidate=baseline.to_dict(), batch_size=options.batch_size,
+                                         seq_len=options.seq_len, settings=options.trial_settings))
     if not profiled.ok and profiled.failure.kind == "refused":
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:
@@ -502,7 +502,7 @@ def run_search(
     space: SearchSpace,
     agents: list[Agent],
     runner: Runner,
-    measure_options: dict[str, Any],
+    measure_options: MeasureRequest,
     options: TuneOptions,
     emit: ProgressCallback,
     started: float,
@@ -572,7 +572,7 @@ worker's --timeout) or "asks" (a sampler that only re-proposed covered settings)
 
 
 def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, agents: list[Agent], runner: Runner,
-               measure_options: dict[str, Any], options: TuneOptions, emit: ProgressCallback, started: float,
+               measure_options: MeasureRequest, options: TuneOptions, emit: ProgressCallback, started: float,
                bucketing: BucketingContext | None, memory: MemoryLimit | None, worker: Worker) -> None:
     """One asked trial: answered from an earlier one, left to the worker already measuring the
     same setting, released when the budget is spoken for, rejected by an agent, or measured;
@@ -625,7 +625,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
     # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
     # in a fresh worker started with them.
     env = candidate.environment(BACKENDS[space.device_kind])
-    outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
+    outcome = runner.run(replace(measure_options, candidate=candidate.to_dict()), env=env)
     trial.set_user_attr("measured", True)
     trial.set_user_attr("trial_wall_s", outcome.seconds)
     if outcome.ok:
@@ -692,12 +692,12 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
     probes = probe_lengths(hist, options.bucket_align)
     emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
                   elapsed=time.perf_counter() - started))
-    measured = runner.run("bucket_costs", Candidate(matmul_precision=device_default(profile.device.kind)).to_dict(), {
-        "lengths": probes, "warmup_length": reference, "batch_size": options.batch_size})
+    measured = runner.run(BucketCostsRequest(candidate=Candidate(matmul_precision=device_default(profile.device.kind)).to_dict(),
+                                             lengths=probes, warmup_length=reference, batch_size=options.batch_size))
     if not measured.ok:
         raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
                             f"{measured.failure.message}", workload.source)
-    points = [(p["length"], p["step_seconds"]) for p in measured.value["points"]]
+    points = [(p.length, p.step_seconds) for p in measured.value.points]
     return BucketingContext(hist, fit_cost_model(points, []), reference, options.max_buckets, options.bucket_align)
 
 

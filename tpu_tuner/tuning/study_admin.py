@@ -27,8 +27,8 @@ from tpu_tuner.knobs import traits
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.core.run_folder import new_run_dir
-from tpu_tuner.runner.ranked import trial_runner
-from tpu_tuner.model.summary import load_summary
+from tpu_tuner.runner.ranked_runner import trial_runner
+from tpu_tuner.runner.load import load_summary
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies import run_file
 from tpu_tuner.tuning import trial_attrs
@@ -199,7 +199,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
 
 
 def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
-    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
     from tpu_tuner.tuning.study import _start_ranks_on, prepare_agents
 
     if isinstance(runner, RankedTrialRunner):
