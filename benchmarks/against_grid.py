@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuningResult, trial_attrs
 from tpu_tuner.tuning.verify import compare_interleaved
 

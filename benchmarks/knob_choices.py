@@ -19,8 +19,9 @@ from pathlib import Path
 from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.model.summary import load_summary
+from tpu_tuner.runner.trial_runner import TrialRunner
+from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.requests import ProfileRequest
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.verify import compare_interleaved
@@ -42,7 +43,7 @@ def main() -> None:
     with TrialRunner(str(args.model)) as runner:
         summary = load_summary(runner, args.model, None, None)
         kind = summary.device_kind or "cpu"
-        profiled = runner.run("profile", {}, {"settings": vars(options.runner.trial_settings)})
+        profiled = runner.run(ProfileRequest(settings=options.runner.trial_settings))
         if not profiled.ok:
             raise SystemExit(f"profiling failed: {profiled.failure.message}")
         from tpu_tuner.knobs.traits import of_profile

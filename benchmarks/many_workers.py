@@ -69,12 +69,12 @@ class InstantRunner:
 
     workers_started = 0
 
-    def run(self, job, payload, options, env=None, timeout_s=None):  # noqa: ANN001, ANN201
+    def run(self, request, env=None, timeout_s=None):  # noqa: ANN001, ANN201
         from tpu_tuner.execution.measurement import Measurement
-        from tpu_tuner.runner.pool import JobResult
+        from tpu_tuner.runner.trial_runner import JobResult
 
         samples = [0.2 + 0.001 * (i % 7) for i in range(50)]
-        m = Measurement(candidate=dict(payload), step_median=0.2031, step_p10=0.2004, step_p90=0.2058,
+        m = Measurement(candidate=dict(request.candidate), step_median=0.2031, step_p10=0.2004, step_p90=0.2058,
                         samples=samples, first_call_seconds=1.83, warmup_seconds=0.90, compile_seconds=1.36,
                         compiles={"torch_compile_graphs": 1}, model_flops_per_step=7.1e10, peak_flops_per_s=8.9e11,
                         peak_dtype="bfloat16", mfu=0.174, peak_memory_bytes=1_148_354_560,
@@ -101,6 +101,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     import optuna
 
     from tpu_tuner.studies.liveness import open_storage
+    from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.tuning.study import Worker, build_sampler, run_search
 
     space, options = _space(), _loop_options(trials)
@@ -114,7 +115,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
 
         event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.__setitem__(0, statements[0] + 1))
     started = time.time()
-    run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, time.perf_counter(), worker=worker)
+    run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(), worker=worker)
     ended = time.time()
     counted = statements[0]
     mine = sum(1 for t in study.get_trials(deepcopy=False)
@@ -139,6 +140,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     import optuna
 
     from tpu_tuner.studies.liveness import open_storage
+    from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.tuning.study import Worker, build_sampler, run_search
 
     name = f"overhead-{uuid.uuid4().hex[:8]}"
@@ -146,7 +148,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
         space, options = _space(), _loop_options(trials)
         study = optuna.create_study(direction="minimize", sampler=build_sampler(options, space))
         start = time.time()
-        run_search(study, space, [], InstantRunner(), {}, options, lambda event: None, time.perf_counter(),
+        run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(),
                    worker=Worker.this_process(None))
         spans = [(start, time.time(), sum(1 for t in study.trials if t.user_attrs.get("measured")), 0)]
         done = study.get_trials(deepcopy=False)

@@ -30,7 +30,8 @@ import optuna
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling import profile
 from tpu_tuner.execution.measurement import TrialFailure
-from tpu_tuner.runner.pool import JobResult
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.run_setup import prepare_agents
@@ -56,8 +57,8 @@ class TableRunner:
                 self.table[_key(key)] = JobResult(failure=TrialFailure(trial.user_attrs["failure_kind"], "from table"))
         self.workers_started = 0
 
-    def run(self, job, payload, options, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
-        return self.table.get(_key(payload), JobResult(failure=TrialFailure("error", "not in the grid table")))
+    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
+        return self.table.get(_key(request.candidate), JobResult(failure=TrialFailure("error", "not in the grid table")))
 
 
 def _key(candidate: dict) -> str:
@@ -96,7 +97,7 @@ def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, bud
         enqueue_seeds(study, grid.space, agents if seeded else [], grid.profile, warm)
     elif seeded and sampler != "grid":
         enqueue_seeds(study, grid.space, agents, grid.profile)  # as tpu-tune does: baseline, agents' seeds
-    run_search(study, grid.space, agents, runner, {}, options, lambda event: None, time.perf_counter(), memory=memory)
+    run_search(study, grid.space, agents, runner, MeasureRequest(), options, lambda event: None, time.perf_counter(), memory=memory)
     return study
 
 

@@ -4,9 +4,11 @@ and peak memory per rank, interleaved over rounds, and the best against DDP with
     python benchmarks/sharding.py [--model examples/gpt.py] [--nproc 2] [--rounds 5] [--steps 8]
 
 Each round launches every layout once (its own process group, PyTorch's launcher, gloo on CPU),
-in a rotating order; a launch times `--steps` steps after warm-up, and its median is that
-round's figure. A layout the model cannot run is reported with the rank's reason. The numerics
-of each layout are checked first against the single-device fp32 reference (`sharding.check`).
+in a rotating order, as a sharded trial runs (`RankedTrialRunner`, a `ShardedStepRequest`): a
+launch times `--steps` steps of the trial's own step after two warm-up steps, and its median is
+that round's figure. A layout the model cannot run is reported with the rank's reason. The
+numerics of each layout are checked first against the single-device fp32 reference
+(`runner/sharded_check.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import argparse
 import statistics
 
 from tpu_tuner.metrics.paired import paired_speedup
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner
+from tpu_tuner.runner.requests import ShardedStepRequest
 from tpu_tuner.runner.sharded_check import check_layout
-from tpu_tuner.runner.sharded_measure import measure_layout
 
 
 def layouts_for(nproc: int) -> list[str]:
@@ -34,6 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     runnable = []
@@ -49,16 +53,17 @@ def main() -> None:
     medians: dict[str, list[float]] = {layout: [] for layout in runnable}
     peaks: dict[str, list[int]] = {}
     states: dict[str, list[int]] = {}
-    for round_index in range(args.rounds):
-        order = runnable[round_index % len(runnable):] + runnable[:round_index % len(runnable)]
-        for layout in order:
-            result = measure_layout(args.model, layout, args.nproc, args.batch_size, args.steps)
-            if not result.ok:
-                raise SystemExit(f"{layout} failed in round {round_index + 1}: {result.failure}")
-            report = result.reports[0]
-            medians[layout].append(statistics.median(report["step_seconds"]))
-            peaks[layout] = report["peak_bytes"]
-            states[layout] = report["state_bytes"]
+    with RankedTrialRunner(args.model, args.device, args.nproc, timeout_s=600.0) as runner:
+        for round_index in range(args.rounds):
+            order = runnable[round_index % len(runnable):] + runnable[:round_index % len(runnable)]
+            for layout in order:
+                result = runner.run(ShardedStepRequest(layout=layout, batch_size=args.batch_size, steps=args.steps))
+                if not result.ok:
+                    raise SystemExit(f"{layout} failed in round {round_index + 1}: {result.failure.message}")
+                timing = result.value
+                medians[layout].append(statistics.median(timing.step_seconds))
+                peaks[layout] = timing.peak_bytes
+                states[layout] = timing.state_bytes
     print(f"\n{args.model} on {args.nproc} ranks, {args.rounds} interleaved rounds of {args.steps} steps "
           "(slowest rank per step; median per round):")
     baseline = runnable[0]

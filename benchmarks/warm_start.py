@@ -44,6 +44,7 @@ import optuna
 
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
@@ -130,7 +131,7 @@ def warm_seeds_for(grid: TuningResult, earlier_run: Path) -> list[WarmSeed]:
 
 def _here(runner: TableRunner, grid: TuningResult, seed: WarmSeed) -> str:
     """What the grid measured for a seed's setting."""
-    value = runner.run("measure", grid.space.to_candidate(seed.params).to_dict(), {})
+    value = runner.run(MeasureRequest(candidate=grid.space.to_candidate(seed.params).to_dict()))
     m = value.value if value.ok else None
     return f"{m.amortised_step(grid.options.objective.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
 

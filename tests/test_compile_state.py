@@ -4,20 +4,20 @@ graph is a failure, not a measurement."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.runner.jobs import WorkerState, run_measure
+from tpu_tuner.runner.requests import MeasureRequest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _options(fast_settings) -> dict:  # noqa: ANN001
-    return {"settings": asdict(fast_settings), "model_flops_per_step": 1e6,
-            "peak_flops_per_s": {"float32": 1e12, "bfloat16": 1e12}}
+def _measure(candidate: Candidate, fast_settings) -> MeasureRequest:  # noqa: ANN001
+    return MeasureRequest(candidate=candidate.to_dict(), settings=fast_settings, model_flops_per_step=1e6,
+                          peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12})
 
 
 def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_settings) -> None:
@@ -27,12 +27,12 @@ def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_sett
     limit = getattr(torch._dynamo.config, "recompile_limit", 8)
     # Each trial builds a new model: the same forward code object, a new cache entry each time.
     for _ in range(limit + 2):
-        measured = run_measure(state, Candidate(execution="aot_eager").to_dict(), _options(fast_settings))
+        measured = run_measure(state, _measure(Candidate(execution="aot_eager"), fast_settings))
         assert measured.compiles.get("torch_compile_graphs", 0) >= 1
 
 
 def test_a_compiled_setting_that_compiles_nothing_is_not_a_measurement(fast_settings) -> None:
     state = WorkerState(str(FIXTURES / "never_compiles.py"), "cpu")
     with pytest.raises(RuntimeError, match="compiled no graph, so the step ran eager"):
-        run_measure(state, Candidate(execution="aot_eager").to_dict(), _options(fast_settings))
-    assert run_measure(state, Candidate().to_dict(), _options(fast_settings)).step_median > 0
+        run_measure(state, _measure(Candidate(execution="aot_eager"), fast_settings))
+    assert run_measure(state, _measure(Candidate(), fast_settings)).step_median > 0

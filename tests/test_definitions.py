@@ -219,7 +219,7 @@ def test_tune_refuses_a_bad_agent_definition_before_any_worker_starts(
         agents_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tpu_tuner.cli import main
-    from tpu_tuner.runner.pool import TrialRunner
+    from tpu_tuner.runner.trial_runner import TrialRunner
 
     monkeypatch.setattr(TrialRunner, "_start", _no_worker)
     _edit(agents_folder, "compile", "require_cxx_for_inductor_on_cpu = true", "require_cxx_for_inductor_on_cpus = true")
@@ -233,7 +233,7 @@ def test_tune_refuses_a_bad_agent_definition_before_any_worker_starts(
 def test_profile_refuses_a_bad_agent_file_before_any_worker_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from tpu_tuner.cli import main
-    from tpu_tuner.runner.pool import TrialRunner
+    from tpu_tuner.runner.trial_runner import TrialRunner
 
     monkeypatch.setattr(TrialRunner, "_start", _no_worker)
     bad = tmp_path / "fast.toml"

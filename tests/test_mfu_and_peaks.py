@@ -203,18 +203,19 @@ def test_tuning_report_compares_mfu_on_one_peak() -> None:
 
 
 def test_trials_use_the_profile_peak_and_reprobe_once_per_worker(tmp_path, monkeypatch, fast_settings) -> None:
-    from dataclasses import asdict
+    from dataclasses import replace
 
     from tpu_tuner.runner.jobs import WorkerState, run_measure
+    from tpu_tuner.runner.requests import MeasureRequest
 
     low = use_probe(monkeypatch, tmp_path, float32_flops_per_s=1e3, bfloat16_flops_per_s=1e3)
     probes = []
     monkeypatch.setattr(roofline, "measure", lambda device, sync: probes.append(1) or low)
     state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
-    options = {"settings": asdict(fast_settings), "model_flops_per_step": 1e6,
-               "peak_flops_per_s": {"float32": 1e3, "bfloat16": 2e3}}
-    medium = run_measure(state, Candidate(matmul_precision="medium").to_dict(), options)
-    baseline = run_measure(state, Candidate().to_dict(), options)
+    options = MeasureRequest(settings=fast_settings, model_flops_per_step=1e6,
+                             peak_flops_per_s={"float32": 1e3, "bfloat16": 2e3})
+    medium = run_measure(state, replace(options, candidate=Candidate(matmul_precision="medium").to_dict()))
+    baseline = run_measure(state, replace(options, candidate=Candidate().to_dict()))
     assert len(probes) == 1  # the first trial that beat the peak re-probed; the worker kept the result
     for m in (medium, baseline):
         assert m.peak_dtype == "bfloat16" and m.mfu <= 1.0 + 1e-12  # one peak for every setting

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from tpu_tuner.execution.measurement import Measurement
-from tpu_tuner.runner.pool import JobResult
+from tpu_tuner.runner.requests import CompareRequest, Comparison
+from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import TuneOptions, trial_attrs
 from tpu_tuner.tuning.race import leaders
@@ -31,12 +32,12 @@ class _ScriptedRunner:
     def __init__(self) -> None:
         self.compared: list[list[dict]] = []
 
-    def run(self, job, payload, options, env=None, timeout_s=None):  # noqa: ANN001
-        assert job == "compare"
-        self.compared.append(payload)
-        jitter = 1.0 + 0.01 * (options["first_round"] % 3)
-        times = [[TRUE_STEP[(c["autocast"], c["matmul_precision"])] * jitter] for c in payload]
-        return JobResult(value={"samples": times, "compiles_while_comparing": {}})
+    def run(self, request, env=None, timeout_s=None):  # noqa: ANN001
+        assert isinstance(request, CompareRequest)
+        self.compared.append(request.candidates)
+        jitter = 1.0 + 0.01 * (request.first_round % 3)
+        times = [[TRUE_STEP[(c["autocast"], c["matmul_precision"])] * jitter] for c in request.candidates]
+        return JobResult(value=Comparison(samples=times, compiles_while_comparing={}))
 
 
 def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | None = None) -> optuna.Study:

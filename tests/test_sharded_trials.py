@@ -16,19 +16,18 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.layout import expand
 from tpu_tuner.knobs.traits import WorkloadTraits
+from tpu_tuner.runner.requests import CompareRequest, MeasureRequest
 from tpu_tuner.tuning.space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny_llama.py"
 
 
-def _measure_options() -> dict:
-    from dataclasses import asdict
-
+def _measure(layout: str) -> MeasureRequest:
     from tpu_tuner.tuning.options import default_trial_settings
 
-    return {"batch_size": None, "seq_len": None, "settings": asdict(default_trial_settings()),
-            "peak_flops_per_s": {"float32": 1e11}, "model_flops_per_step": 1e8}
+    return MeasureRequest(candidate=Candidate(layout=layout).to_dict(), settings=default_trial_settings(),
+                          peak_flops_per_s={"float32": 1e11}, model_flops_per_step=1e8)
 
 
 # --- the knob and the space (no processes) -----------------------------------------------------
@@ -87,16 +86,17 @@ def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
 
 
 def test_each_layout_is_measured_on_two_ranks_against_the_single_device_reference() -> None:
-    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     with RankedTrialRunner(str(TINY_LLAMA), "cpu", 2, timeout_s=120) as runner:
         measured = {}
         for layout in ("2x1x1", "1x2x1", "1x1x2"):
-            outcome = runner.run("measure", Candidate(layout=layout).to_dict(), _measure_options())
+            outcome = runner.run(_measure(layout))
             assert outcome.ok, outcome.failure
             measured[layout] = outcome.value
-        compared = runner.run("compare", [Candidate(layout="2x1x1").to_dict(), Candidate(layout="1x2x1").to_dict()],
-                              {"rounds": 3, "first_round": 0, "last": True})
+        compared = runner.run(CompareRequest(candidates=[Candidate(layout="2x1x1").to_dict(),
+                                                         Candidate(layout="1x2x1").to_dict()],
+                                             rounds=3, first_round=0, last=True))
         assert runner.groups_started == 4
     for layout, m in measured.items():
         # Loss and gradients (gathered from the shards) against one process's fp32 step on the
@@ -104,18 +104,18 @@ def test_each_layout_is_measured_on_two_ranks_against_the_single_device_referenc
         assert set(m.accuracy_errors) == {"loss", "gradients"} and m.accuracy_error < 1e-5, (layout, m.accuracy_errors)
         assert m.step_median > 0 and len(m.samples) >= 10
         assert m.peak_memory_bytes and m.peak_memory_bytes > 50 * 2**20  # a rank's resident set, at least torch's
-    assert compared.ok and [len(s) for s in compared.value["samples"]] == [3, 3]
+    assert compared.ok and [len(s) for s in compared.value.samples] == [3, 3]
 
 
 def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_result() -> None:
     """examples/gpt.py's attention projects q, k and v with one fused linear and splits its output
     in three: column-wise shards of it are not whole q / k / v heads, so tensor parallelism runs
     but computes something else. The guardrail must see it."""
-    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     with RankedTrialRunner(str(FIXTURES / "tiny_gpt.py"), "cpu", 2, timeout_s=120) as runner:
-        tensor = runner.run("measure", Candidate(layout="1x1x2").to_dict(), _measure_options())
-        fsdp = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options())
+        tensor = runner.run(_measure("1x1x2"))
+        fsdp = runner.run(_measure("1x2x1"))
     assert fsdp.ok and fsdp.value.accuracy_error < 1e-5
     assert (not tensor.ok) or tensor.value.accuracy_error > 1e-2, tensor.value.accuracy_errors
 
@@ -124,15 +124,15 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
                                               ("raise", "error", "rank 1: WorkloadError"),
                                               ("hang", "timeout", "no rank finished within 10 s")])
 def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
-    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     monkeypatch.setenv("TPU_TUNE_TEST_MISBEHAVE", mode)
     with RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10) as runner:
-        failed = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options())
+        failed = runner.run(_measure("1x2x1"))
         assert not failed.ok and failed.failure.kind == kind and says in failed.failure.message, failed.failure
         assert processes_running("tpu_tuner.runner.rank_job") == []
         monkeypatch.delenv("TPU_TUNE_TEST_MISBEHAVE")
-        healthy = runner.run("measure", Candidate(layout="1x2x1").to_dict(), _measure_options(), timeout_s=120)
+        healthy = runner.run(_measure("1x2x1"), timeout_s=120)
         assert healthy.ok, healthy.failure  # the next trial starts a fresh group
     assert processes_running("tpu_tuner.runner.rank_job") == []
 

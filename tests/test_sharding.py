@@ -58,17 +58,19 @@ def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode
 
 
 def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_slowest_rank() -> None:
-    from tpu_tuner.runner.sharded_measure import measure_layout
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
+    from tpu_tuner.runner.requests import ShardedStepRequest
 
-    ddp = measure_layout(FIXTURES / "tiny_llama.py", "2x1x1", nproc=2, steps=3, timeout_s=120)
-    fsdp = measure_layout(FIXTURES / "tiny_llama.py", "1x2x1", nproc=2, steps=3, timeout_s=120)
+    with RankedTrialRunner(str(FIXTURES / "tiny_llama.py"), "cpu", 2, timeout_s=120) as runner:
+        ddp = runner.run(ShardedStepRequest(layout="2x1x1", steps=3))
+        fsdp = runner.run(ShardedStepRequest(layout="1x2x1", steps=3))
     assert ddp.ok and fsdp.ok, (ddp.failure, fsdp.failure)
     for result in (ddp, fsdp):
-        report = result.reports[0]
-        assert len(report["step_seconds"]) == 3 and min(report["step_seconds"]) > 0
-        assert len(report["peak_bytes"]) == 2 and min(report["peak_bytes"]) > 0
+        timing = result.value
+        assert len(timing.step_seconds) == 3 and min(timing.step_seconds) > 0
+        assert len(timing.peak_bytes) == 2 and min(timing.peak_bytes) > 0
     # Parameters and AdamW's two moments: DDP holds all of them on each rank, FSDP half.
-    for ddp_bytes, fsdp_bytes in zip(ddp.reports[0]["state_bytes"], fsdp.reports[0]["state_bytes"]):
+    for ddp_bytes, fsdp_bytes in zip(ddp.value.state_bytes, fsdp.value.state_bytes):
         assert fsdp_bytes < 0.6 * ddp_bytes
 
 

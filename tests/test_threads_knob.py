@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +22,8 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs import intra_op_threads
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
@@ -54,15 +55,15 @@ def test_thread_count_inside_the_worker_during_a_measured_trial(tmp_path, monkey
         pytest.skip("one usable core: nothing fewer to set")
     log = tmp_path / "threads.log"
     monkeypatch.setenv("TPU_TUNE_TEST_THREADS_LOG", str(log))
-    options = {"settings": asdict(fast_settings), "model_flops_per_step": 1.0,
-               "peak_flops_per_s": {"float32": 1e18, "bfloat16": 1e18}}
+    options = MeasureRequest(settings=fast_settings, model_flops_per_step=1.0,
+                             peak_flops_per_s={"float32": 1e18, "bfloat16": 1e18})
     runner = TrialRunner(str(FIXTURES / "threads_probe.py"), "cpu", timeout_s=120)
     try:
-        one = runner.run("measure", Candidate(intra_op_threads="1").to_dict(), options)
+        one = runner.run(replace(options, candidate=Candidate(intra_op_threads="1").to_dict()))
         assert one.ok, one.failure
         during = [int(line) for line in log.read_text().split()]
         log.write_text("")
-        baseline = runner.run("measure", Candidate().to_dict(), options)
+        baseline = runner.run(replace(options, candidate=Candidate().to_dict()))
         assert baseline.ok, baseline.failure
         after = [int(line) for line in log.read_text().split()]
     finally:

@@ -17,7 +17,7 @@ from tests.conftest import EXAMPLES, FIXTURES, serving
 from tpu_tuner.cli import main
 from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.runner.pool import TrialRunner
+from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.studies import run_file
 
 SECRET = "SECRETPASS"
@@ -136,7 +136,7 @@ def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypat
 
 
 def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Path) -> None:
-    from tpu_tuner.model.summary import load_summary
+    from tpu_tuner.runner.load import load_summary
     from tpu_tuner.studies.fingerprint import fingerprint
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.api import tune

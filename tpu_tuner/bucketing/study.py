@@ -39,8 +39,9 @@ from tpu_tuner.model.bucket_choice import (
 )
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
-from tpu_tuner.runner.pool import TrialRunner
-from tpu_tuner.model.summary import load_summary
+from tpu_tuner.runner.trial_runner import TrialRunner
+from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +127,12 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
          f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)")
     with TrialRunner(str(workload.source), options.device, options.trial_timeout_s) as runner, cold_compile_env() as env:
-        measured = _value(runner.run("bucket_costs", candidate, {
-            "lengths": probes, "warmup_length": warmup, "batch_size": options.batch_size}, env=env),
-            "measuring the cost model")
-    points = measured["points"]
-    model = fit_cost_model([(p["length"], p["step_seconds"]) for p in points],
-                           [(p["length"], p["compile_seconds"]) for p in points])
+        measured = _value(runner.run(BucketCostsRequest(candidate=candidate, lengths=probes, warmup_length=warmup,
+                                                        batch_size=options.batch_size), env=env),
+                          "measuring the cost model")
+    points = measured.points
+    model = fit_cost_model([(p.length, p.step_seconds) for p in points],
+                           [(p.length, p.compile_seconds) for p in points])
     emit(f"cost model: {model.describe()}")
 
     start = time.perf_counter()
@@ -168,12 +169,13 @@ def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], opti
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
         with TrialRunner(str(source), options.device, options.trial_timeout_s) as runner, cold_compile_env() as env:
-            value = _value(runner.run("bucket_replay", candidate, {
-                "bounds": list(strategy.bounds), "stream": stream.tolist(), "warmup_length": warmup,
-                "batch_size": options.batch_size}, env=env), f"replaying {strategy.name}")
-        compile_seconds = float(sum(value["compile_seconds"].values()))
-        replays.append(Replay(strategy.name, len(needed), compile_seconds, len(stream), value["step_seconds"],
-                              compile_seconds + scale * value["step_seconds"]))
+            value = _value(runner.run(BucketReplayRequest(candidate=candidate, bounds=list(strategy.bounds),
+                                                          stream=stream.tolist(), warmup_length=warmup,
+                                                          batch_size=options.batch_size), env=env),
+                           f"replaying {strategy.name}")
+        compile_seconds = float(sum(value.compile_seconds.values()))
+        replays.append(Replay(strategy.name, len(needed), compile_seconds, len(stream), value.step_seconds,
+                              compile_seconds + scale * value.step_seconds))
     note = (f"replayed {len(stream)} steps drawn from the sample (seed {options.seed}); measured total = measured "
             f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.steps} steps")
     return replays, note

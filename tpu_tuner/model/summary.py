@@ -1,26 +1,18 @@
 """What the parent `tpu-tune` process knows about a model file, learnt without importing it.
 
 The parent never executes user code: a file that segfaults or calls `os._exit` at import would
-take tpu-tune down with it. A worker imports and validates the file ("load" job) and sends back
-a small picklable `WorkloadSummary`; the parent uses that instead of a `Workload`. A worker that
-dies while importing becomes a `WorkloadError` ("the process died with SIGSEGV while importing").
-See docs/run-safety.md.
+take tpu-tune down with it. A worker imports and validates the file (the load job,
+`runner/load.py`) and sends back a small picklable `WorkloadSummary`; the parent uses that instead
+of a `Workload`. See docs/run-safety.md.
 """
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpu_tuner.core.errors import UserInputError, WorkloadError
-
-if TYPE_CHECKING:
-    from tpu_tuner.runner.pool import JobResult, TrialRunner
-
-# Importing a file is quick; a minute covers `import torch` plus a model module on a busy machine.
-LOAD_TIMEOUT_S = 120.0
+from tpu_tuner.core.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -64,16 +56,13 @@ class _SampleLengthsFailed(Exception):
     """sample_lengths() raised in the worker; the message is its error."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker side
-
-
-def summarize(state: Any, _payload: Any, options: dict[str, Any]) -> WorkloadSummary:
-    """The "load" job: the worker has imported the file (WorkerState); describe it."""
-    workload, backend = state.workload, state.backend
+def summarize(workload: Any, backend: Any, batch_size: int | None, seq_len: int | None,
+              sample_lengths: bool = True) -> WorkloadSummary:
+    """The load job, in the worker that imported the file: describe `workload` on `backend`,
+    its inputs at `batch_size` x `seq_len`, and its sample_lengths() when `sample_lengths`."""
     lengths: tuple[int, ...] | None = None
     lengths_error = None
-    if workload.sample_lengths is not None and options.get("sample_lengths", True):
+    if workload.sample_lengths is not None and sample_lengths:
         try:
             lengths = tuple(int(x) for x in workload.sample_lengths())
         except Exception as exc:  # noqa: BLE001 - reported where the sample is used
@@ -84,7 +73,7 @@ def summarize(state: Any, _payload: Any, options: dict[str, Any]) -> WorkloadSum
         batch_size=workload.batch_size, seq_len=workload.seq_len, presets=tuple(workload.presets),
         has_sample_lengths=workload.sample_lengths is not None, sample_lengths=lengths,
         sample_lengths_error=lengths_error, device_kind=backend.kind, device_name=_device_name(backend),
-        inputs=input_signature(workload, options.get("batch_size"), options.get("seq_len")),
+        inputs=input_signature(workload, batch_size, seq_len),
         notes=list(workload.notes),
     )
 
@@ -135,39 +124,4 @@ def _device_name(backend: Any) -> str:
     return backend.kind
 
 
-# ---------------------------------------------------------------------------------------------
-# Parent side
-
-
-def load_summary(runner: TrialRunner, model_file: str | Path, batch_size: int | None = None,
-                 seq_len: int | None = None, sample_lengths: bool = True) -> WorkloadSummary:
-    """Import and validate `model_file` in `runner`'s worker; raise `WorkloadError` for a bad
-    file, including one whose import kills the process."""
-    result = runner.run("load", None, {"batch_size": batch_size, "seq_len": seq_len, "sample_lengths": sample_lengths},
-                        timeout_s=max(LOAD_TIMEOUT_S, runner.timeout_s))
-    if result.ok:
-        return result.value
-    raise load_failure(result, model_file)
-
-
-def load_failure(result: JobResult, model_file: str | Path) -> UserInputError:
-    """The error a failed "load" job means, naming the file."""
-    failure = result.failure
-    assert failure is not None
-    if failure.kind == "refused":  # the loader's own WorkloadError/UserInputError, already naming the file
-        return WorkloadError(failure.message)
-    code = result.exit_code
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return WorkloadError(f"the process died with {name} while importing", model_file)
-    if code is not None:
-        return WorkloadError(f"the process exited with status {code} while importing", model_file)
-    if failure.kind == "timeout":
-        return WorkloadError(f"importing took longer than {LOAD_TIMEOUT_S:.0f} s ({failure.message})", model_file)
-    return WorkloadError(f"error while importing: {failure.message}", model_file)
-
-
-__all__ = ["WorkloadSummary", "input_signature", "load_failure", "load_summary", "summarize"]
+__all__ = ["WorkloadSummary", "input_signature", "summarize"]

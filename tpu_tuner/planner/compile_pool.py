@@ -3,28 +3,32 @@
 Why processes: one TPU compile keeps about one core busy (measured: 29 s of CPU in 26 s of wall
 time), so two workers on two cores halve a plan's wall time; a libtpu abort or a runaway compile
 ends one worker, not the plan; and torchax, which breaks torch.compile in any process that imports
-it, stays out of the caller's process. Workers are fresh interpreters (not forks: libtpu and JAX
-hold threads) that live for the whole plan, so each pays the JAX / torchax / libtpu start-up once.
+it, stays out of the caller's process. Workers are fresh interpreters on the subprocess-worker
+primitive (`runner/worker_process.py`, as trial workers are) that live for the whole plan, so
+each pays the JAX / torchax / libtpu start-up once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.program import CompiledStep, compile_step
-from tpu_tuner.core.tpu_host import child_environment
+from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
+
+# The compile worker's entry module: this one (`_serve`).
+WORKER_MODULE = "tpu_tuner.planner.compile_pool"
+# An idle compile worker asked to exit is waited for this long before it is killed.
+EXIT_GRACE_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +84,7 @@ class CompilePool:
         # Appended to by every worker (each holds its own descriptor); unbuffered, so a worker that
         # dies leaves everything it wrote.
         self._log = open(self.log_path, "ab", buffering=0) if self.log_path is not None else None  # noqa: SIM115
-        self._idle: list[_Worker] = [_Worker(self._log) for _ in range(self.workers)]
+        self._idle: list[WorkerProcess] = [self._start() for _ in range(self.workers)]
 
     def __enter__(self) -> CompilePool:
         return self
@@ -88,7 +92,12 @@ class CompilePool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _start(self) -> WorkerProcess:
+        """A compiler process (`python -m tpu_tuner.planner.compile_pool`), its output to the log."""
+        return WorkerProcess(WORKER_MODULE, output=self._log)
+
     def close(self) -> None:
+        """End every idle worker and close the log."""
         # An idle worker holds nothing: it is killed, not asked to exit (an interpreter holding
         # libtpu takes over a second to exit cleanly; measured 2.4 s for two, one after the other).
         for worker in self._idle:
@@ -105,7 +114,7 @@ class CompilePool:
         reason; a fresh worker takes the next job."""
         queue = list(jobs)
         results: dict[CompileJob, CompiledStep] = {}
-        busy: dict[Any, tuple[_Worker, CompileJob]] = {}  # connection -> (worker, job)
+        busy: dict[Any, tuple[WorkerProcess, CompileJob]] = {}  # connection -> (worker, job)
 
         def finish(job: CompileJob, step: CompiledStep) -> None:
             results[job] = step
@@ -115,69 +124,29 @@ class CompilePool:
         try:
             while queue or busy:
                 while queue and len(busy) < self.workers:
-                    worker = self._idle.pop() if self._idle else _Worker(self._log)
+                    worker = self._idle.pop() if self._idle else self._start()
                     job = queue.pop(0)
-                    worker.send.send(job)
+                    worker.send(job)  # a worker that died already answers with its death below
                     busy[worker.connection] = (worker, job)
                 ready = set(wait(list(busy)))  # a dead worker's pipe is ready too: at end of file
                 for connection, (worker, job) in list(busy.items()):
                     if connection not in ready:
                         continue
                     del busy[connection]
-                    try:
-                        step = worker.connection.recv() if worker.connection.poll() else None
-                    except (EOFError, OSError):
-                        step = None
-                    if step is None:
-                        reason = _death(worker.exitcode())
-                        where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
-                        log.warning("compile worker died on %s (%d blocks): %s%s", job.layout.name(), job.blocks, reason, where)
-                        finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
-                        worker.close()
-                    else:
-                        finish(job, step)
+                    outcome = worker.receive()  # ready: the reply, or the end of a dead worker's pipe
+                    if isinstance(outcome, Replied):
+                        finish(job, outcome.value)
                         self._idle.append(worker)
+                        continue
+                    reason = _death(outcome) if isinstance(outcome, Died) else f"unexpected reply {outcome}"
+                    where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
+                    log.warning("compile worker died on %s (%d blocks): %s%s", job.layout.name(), job.blocks, reason, where)
+                    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
+                    worker.close(grace_s=EXIT_GRACE_S)
         finally:
             for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
                 worker.close(kill=True)
         return results
-
-
-class _Worker:
-    """A compiler process (`python -m tpu_tuner.planner.compile_pool`) on two pipes.
-
-    A plain subprocess rather than multiprocessing's spawn, which re-imports the caller's main
-    module and so breaks scripts that call `plan()` without a __main__ guard."""
-
-    def __init__(self, output: IO[bytes] | None = None) -> None:
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        self.process = subprocess.Popen([sys.executable, "-m", "tpu_tuner.planner.compile_pool", str(to_child_r), str(from_child_w)],
-                                        pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output,
-                                        env={**os.environ, **child_environment()})
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self.send = Connection(to_child_w, readable=False)
-        self.connection = Connection(from_child_r, writable=False)
-
-    def exitcode(self) -> int | None:
-        try:
-            return self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def close(self, kill: bool = False) -> None:
-        """End the worker: ask it to exit and wait, or with `kill` end it at once."""
-        if not kill:
-            try:
-                self.send.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        if kill or self.exitcode() is None:
-            self.process.kill()
-            self.process.wait()
-        self.send.close()
-        self.connection.close()
 
 
 @contextmanager
@@ -200,7 +169,6 @@ def stderr_to(path: str | Path | None) -> Iterator[None]:
 
 def _serve(read_fd: int, write_fd: int) -> None:
     """The worker's loop: compile each job it is sent until it is sent None."""
-    receive, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     try:  # import the compile path's libraries while the caller still prepares its first job
         import jax  # noqa: F401
 
@@ -209,20 +177,23 @@ def _serve(read_fd: int, write_fd: int) -> None:
         import_torchax()
     except Exception:  # noqa: BLE001 - the first job reports the same failure, in its own words
         pass
-    while (job := receive.recv()) is not None:
-        try:
-            step = run_job(job)
-        except Exception as exc:  # noqa: BLE001 - a model the compiler cannot take is that layout's result
-            step = CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
-        send.send(step)
+    # Only Exception is caught: anything else (an interrupt) ends the worker, which reads as its death.
+    serve(read_fd, write_fd, _compile, catch=Exception)
 
 
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
+def _compile(job: CompileJob) -> CompiledStep:
+    try:
+        return run_job(job)
+    except Exception as exc:  # noqa: BLE001 - a model the compiler cannot take is that layout's result
+        return CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _death(died: Died) -> str:
+    """Why a compile worker ended, in libtpu's terms where a signal says it."""
+    if died.signal_name is not None:
         return {"SIGKILL": "killed (SIGKILL; out of host memory?)", "SIGFPE": "SIGFPE inside libtpu (a compiler bug)",
-                "SIGSEGV": "SIGSEGV inside libtpu", "SIGABRT": "libtpu aborted"}.get(name, name)
-    return f"exit status {exitcode}"
+                "SIGSEGV": "SIGSEGV inside libtpu", "SIGABRT": "libtpu aborted"}.get(died.signal_name, died.signal_name)
+    return f"exit status {died.exit_code}"
 
 
 @lru_cache(maxsize=4)

@@ -76,8 +76,8 @@ def _screen_in_worker(model_file: str | Path) -> None:
     ("the process died with SIGSEGV while importing", exit 2) rather than killing tpu-tune.
     The planner still builds the model (on the meta device) in this process afterwards: its shape
     analysis needs the module itself (docs/run-safety.md)."""
-    from tpu_tuner.runner.pool import TrialRunner
-    from tpu_tuner.model.summary import load_summary
+    from tpu_tuner.runner.load import load_summary
+    from tpu_tuner.runner.trial_runner import TrialRunner
 
     with TrialRunner(str(model_file), "cpu") as runner:
         load_summary(runner, model_file, sample_lengths=False)

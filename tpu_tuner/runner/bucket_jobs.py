@@ -17,6 +17,7 @@ import torch
 
 from tpu_tuner.devices import Backend
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 from tpu_tuner.execution.step import run_user_step, step_function
 from tpu_tuner.execution.timer import timed_call
 from tpu_tuner.model.workload import Workload, move_to
@@ -63,16 +64,16 @@ class ShapeRunner:
         return first, steady
 
 
-def run_bucket_costs(state: Any, candidate_data: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Compile cost of a new shape and steady step time at each of `options["lengths"]`.
+def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
+    """Compile cost of a new shape and steady step time at each of the request's lengths.
 
-    A throwaway compile at `options["warmup_length"]` first pays the once-per-process costs
+    A throwaway compile at its `warmup_length` first pays the once-per-process costs
     (dynamo and backend start-up) that a new shape in a running job does not pay again. Steady
     steps are timed round-robin over the lengths, as a bucketed stream alternates shapes: timed
     back to back at one length they came out 14-23% faster than the replayed streams."""
-    runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(candidate_data), options.get("batch_size"))
-    runner.first_and_steady(int(options["warmup_length"]))
-    lengths = [int(length) for length in options["lengths"]]
+    runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(request.candidate), request.batch_size)
+    runner.first_and_steady(int(request.warmup_length))
+    lengths = [int(length) for length in request.lengths]
     first = {length: runner.first_call(length) for length in lengths}
     samples: dict[int, list[float]] = {length: [] for length in lengths}
     for _ in range(STEADY_STEPS):
@@ -81,26 +82,26 @@ def run_bucket_costs(state: Any, candidate_data: dict[str, Any], options: dict[s
     points = []
     for length in lengths:
         steady = statistics.median(samples[length])
-        points.append({"length": length, "compile_seconds": max(0.0, first[length] - steady), "step_seconds": steady})
-    return {"points": points}
+        points.append(BucketPoint(length, max(0.0, first[length] - steady), steady))
+    return BucketCosts(points)
 
 
-def run_bucket_replay(state: Any, candidate_data: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Replay `options["stream"]` (one length per step) under `options["bounds"]`.
+def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
+    """Replay the request's `stream` (one length per step) under its `bounds`.
 
     Each bound the stream needs is compiled on first use, timed as first call minus a steady step;
     every step of the stream is then timed at its padded length."""
-    runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(candidate_data), options.get("batch_size"))
-    runner.first_and_steady(int(options["warmup_length"]))
-    bounds = sorted(int(b) for b in options["bounds"])
-    stream = [int(length) for length in options["stream"]]
+    runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(request.candidate), request.batch_size)
+    runner.first_and_steady(int(request.warmup_length))
+    bounds = sorted(int(b) for b in request.bounds)
+    stream = [int(length) for length in request.stream]
     padded = [bounds[_bucket_index(bounds, length)] for length in stream]
     compiles = {}
     for bound in dict.fromkeys(padded):  # first-use order
         first, steady = runner.first_and_steady(bound)
         compiles[bound] = max(0.0, first - steady)
     step_seconds = sum(timed_call(runner.step_at(bound), runner.backend) for bound in padded)
-    return {"compile_seconds": compiles, "step_seconds": step_seconds, "steps": len(stream)}
+    return BucketReplay(compile_seconds=compiles, step_seconds=step_seconds, steps=len(stream))
 
 
 def _bucket_index(bounds: list[int], length: int) -> int:

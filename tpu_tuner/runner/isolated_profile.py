@@ -7,7 +7,6 @@ than taking the caller down (docs/run-safety.md).
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from tpu_tuner.knobs.candidate import Candidate
@@ -22,8 +21,9 @@ def profile_in_worker(model_file: str | Path, candidate: Candidate | None = None
                       attention_convention: AttentionConvention = "full",
                       settings: ProfilerSettings | None = None) -> Profile:
     """Profile `model_file` in an isolated worker on `device` (auto-detected when None)."""
-    from tpu_tuner.runner.pool import TrialRunner
-    from tpu_tuner.model.summary import load_summary
+    from tpu_tuner.runner.load import load_summary
+    from tpu_tuner.runner.requests import ProfileRequest
+    from tpu_tuner.runner.trial_runner import TrialRunner
 
     candidate = candidate or Candidate()
     settings = settings or ProfilerSettings.load()
@@ -31,10 +31,8 @@ def profile_in_worker(model_file: str | Path, candidate: Candidate | None = None
     timeout_s = max(600.0, 2 * settings.max_profile_seconds)
     with TrialRunner(str(model_file), device, timeout_s) as runner:
         load_summary(runner, Path(model_file), batch_size, seq_len, sample_lengths=False)
-        outcome = runner.run("profile", candidate.to_dict(), {
-            "batch_size": batch_size, "seq_len": seq_len, "settings": asdict(settings),
-            "attention_convention": attention_convention,
-        })
+        outcome = runner.run(ProfileRequest(candidate=candidate.to_dict(), batch_size=batch_size, seq_len=seq_len,
+                                            settings=settings, attention_convention=attention_convention))
     if not outcome.ok:
         assert outcome.failure is not None
         if outcome.failure.kind == "refused":

@@ -1,7 +1,8 @@
-"""What a worker process does: profile, measure a candidate, or compare candidates interleaved.
+"""What a worker process does: load, profile, measure a candidate, or compare candidates interleaved.
 
-These functions run inside the isolated worker (see `pool.py`); they load the workload from its
-file once and keep the fp32 reference outputs for the guardrail.
+These functions run inside the isolated worker (`trial_worker.py`) or a rank of a sharded trial
+(`rank_job.py`), one per request type (`requests.py`); they load the workload from its file once
+and keep the fp32 reference outputs for the guardrail.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tpu_tuner.devices import Backend, get_backend
 from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
+from tpu_tuner.runner.requests import (BucketCostsRequest, BucketReplayRequest, CompareRequest, Comparison,
+                                       LoadRequest, MeasureRequest, ProfileRequest, Request, ShardedStepRequest)
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.mfu import mfu
@@ -21,6 +25,7 @@ from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
 from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.model.summary import WorkloadSummary, summarize
 from tpu_tuner.model.workload import Workload
 
 
@@ -62,27 +67,31 @@ class WorkerState:
             )
 
 
-def run_profile(state: WorkerState, candidate: dict[str, Any], options: dict[str, Any]) -> Any:
-    settings = ProfilerSettings(**options["settings"]) if options.get("settings") else ProfilerSettings.load()
+def run_load(state: WorkerState, request: LoadRequest) -> WorkloadSummary:
+    """The worker has imported the file (`WorkerState`): describe it to the parent."""
+    return summarize(state.workload, state.backend, request.batch_size, request.seq_len, request.sample_lengths)
+
+
+def run_profile(state: WorkerState, request: ProfileRequest) -> Any:
     return profile(
         state.workload,
         device=state.backend.kind,
-        candidate=Candidate.from_dict(candidate),
-        batch_size=options.get("batch_size"),
-        seq_len=options.get("seq_len"),
-        attention_convention=options.get("attention_convention", "full"),
-        settings=settings,
+        candidate=Candidate.from_dict(request.candidate),
+        batch_size=request.batch_size,
+        seq_len=request.seq_len,
+        attention_convention=request.attention_convention,
+        settings=request.settings or ProfilerSettings.load(),
     )
 
 
-def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dict[str, Any]) -> Measurement:
+def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement:
     """Warm up, check accuracy, and time one candidate."""
-    candidate = Candidate.from_dict(candidate_data)
+    candidate = Candidate.from_dict(request.candidate)
     backend, workload = state.backend, state.workload
-    batch_size, seq_len = options.get("batch_size"), options.get("seq_len")
+    batch_size, seq_len = request.batch_size, request.seq_len
     # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0).
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
-    settings = ProfilerSettings(**options["settings"])
+    settings = request.settings or ProfilerSettings.load()
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
@@ -110,10 +119,10 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
                          "nothing of the setting was measured")
     # Compile cost: the time warm-up took beyond what the same number of steady steps take.
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
-    flops = float(options["model_flops_per_step"])
+    flops = float(request.model_flops_per_step)
     # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
     # N ranks: the peak of the devices they run on (backends.Backend.peak_of_ranks).
-    peaks = state.peak_flops_per_s or backend.peak_of_ranks({k: float(v) for k, v in options["peak_flops_per_s"].items()})
+    peaks = state.peak_flops_per_s or backend.peak_of_ranks({k: float(v) for k, v in request.peak_flops_per_s.items()})
     # A rank re-probing alone would measure its share of the cores, not the step's devices.
     choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed and backend.ranks == 1)
     if choice.note:
@@ -146,17 +155,18 @@ def run_measure(state: WorkerState, candidate_data: dict[str, Any], options: dic
     )
 
 
-def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
     """Time the candidates interleaved in one window: A B C, B C A, C A B, ... each round.
 
     Every candidate is built and warmed up first; then each round runs one synced step of each
     candidate, rotating the order so that no candidate always runs first. The rounds may come in
-    chunks (options ``first_round``, ``rounds``, ``last``): the steps built by the first chunk are
-    kept in the worker until the chunk marked ``last``, so later chunks time the same warm steps.
+    chunks (``first_round``, ``rounds``, ``last``): the steps built by the first chunk are kept in
+    the worker until the chunk marked ``last``, so later chunks time the same warm steps.
     """
     backend, workload = state.backend, state.workload
+    candidates, batch_size, seq_len = request.candidates, request.batch_size, request.seq_len
     parsed = [Candidate.from_dict(c) for c in candidates]
-    key = json.dumps([candidates, options.get("batch_size"), options.get("seq_len")], sort_keys=True)
+    key = json.dumps([candidates, batch_size, seq_len], sort_keys=True)
     if state.compare_key != key:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
@@ -164,25 +174,40 @@ def run_compare(state: WorkerState, candidates: list[dict[str, Any]], options: d
         backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
         for candidate in parsed:
             with candidate.process(backend):
-                step = prepare_step(workload, backend, candidate, options.get("batch_size"), options.get("seq_len"))
-                warm_up(step.run, backend, options.get("warmup_min_steps", 2), options.get("warmup_max_steps", 20))
+                step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+                warm_up(step.run, backend, request.warmup_min_steps, request.warmup_max_steps)
             state.compare_steps.append(step)
         state.compare_key = key
     steps = state.compare_steps
     samples: list[list[float]] = [[] for _ in parsed]
     events_before = backend.compile_events()
-    first = int(options.get("first_round", 0))
-    for round_index in range(first, first + int(options["rounds"])):
+    first = request.first_round
+    for round_index in range(first, first + request.rounds):
         for offset in range(len(parsed)):
             index = (round_index + offset) % len(parsed)
             with parsed[index].process(backend):
                 samples[index].append(timed_call(steps[index].run, backend))
     compiles = compile_delta(events_before, backend.compile_events())
-    if options.get("last", True):
+    if request.last:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
-    return {"samples": samples, "compiles_while_comparing": compiles}
+    return Comparison(samples=samples, compiles_while_comparing=compiles)
 
 
-JOBS = {"profile": run_profile, "measure": run_measure, "compare": run_compare,
-        "bucket_costs": run_bucket_costs, "bucket_replay": run_bucket_replay}
+def run_sharded_step(state: WorkerState, request: ShardedStepRequest) -> Any:
+    """The sharded step timed on every rank (`sharded_step.py`)."""
+    from tpu_tuner.runner.sharded_step import time_sharded_step
+
+    return time_sharded_step(state.workload, state.backend, request)
+
+
+# The job function of each request type.
+JOBS: dict[type[Request], Callable[[WorkerState, Any], Any]] = {
+    LoadRequest: run_load, ProfileRequest: run_profile, MeasureRequest: run_measure, CompareRequest: run_compare,
+    BucketCostsRequest: run_bucket_costs, BucketReplayRequest: run_bucket_replay, ShardedStepRequest: run_sharded_step,
+}
+
+
+def run_job(state: WorkerState, request: Request) -> Any:
+    """Run `request` with its job function."""
+    return JOBS[type(request)](state, request)

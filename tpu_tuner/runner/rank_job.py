@@ -1,8 +1,8 @@
 """One job of a sharded trial, run as one of its ranks: ``python -m tpu_tuner.runner.rank_job JOB``.
 
-`RankedTrialRunner` writes the job (its name, candidate payload and options, the model file and
-device) to JOB, a pickle in the trial's own folder, and starts N ranks of this module through
-`sharding.launch.run_ranks`. Each rank joins the process group, runs the same job function a
+`RankedTrialRunner` writes the job (its typed request, the model file and device) to JOB, a
+pickle in the trial's own folder, and starts N ranks of this module through
+`runner.launch.run_ranks`. Each rank joins the process group, runs the same job function a
 single worker runs (`runner/jobs.py`), with its backend syncing steps with the other ranks, and
 rank 0 writes the result beside JOB. A rank whose job raises writes its failure (kind and first
 line, as a single worker reports one) and exits non-zero, which stops the other ranks.
@@ -34,16 +34,16 @@ def main(argv: list[str]) -> None:
 
             limit = int(spec["memory_limit_bytes"])
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        from tpu_tuner.runner.jobs import JOBS, WorkerState
+        from tpu_tuner.runner.jobs import WorkerState, run_job
         from tpu_tuner.runner.launch import init_rank
 
         state = WorkerState(spec["workload_path"], spec["device"], rank=rank, ranks=ranks)
         init_rank(state.backend.process_group_backend)
-        value = JOBS[spec["job"]](state, spec["payload"], spec["options"])
+        value = run_job(state, spec["request"])
         if rank == 0:
             (job_file.parent / RESULT).write_bytes(pickle.dumps(value))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
-        from tpu_tuner.runner.worker import failure_of
+        from tpu_tuner.runner.worker_process import failure_of
 
         kind, message = failure_of(exc)
         failure_path(job_file, rank).write_text(json.dumps({"kind": kind, "message": message}))

@@ -7,7 +7,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from tpu_tuner.runner.ranked import Runner
+from tpu_tuner.runner.ranked_runner import Runner
+from tpu_tuner.runner.requests import CompareRequest
 from tpu_tuner.tuning.options import RunnerOptions
 
 # (rounds done, rounds in all, running baseline/best ratio)
@@ -27,19 +28,18 @@ def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], rounds
     for first in range(0, rounds, per_job):
         done = first + per_job - 1
         outcome = runner.run(
-            "compare", candidates,
-            {"rounds": per_job, "first_round": first, "last": done == rounds - 1,
-             "batch_size": trial.batch_size, "seq_len": trial.seq_len,
-             "warmup_min_steps": trial.trial_settings.warmup_min_steps,
-             "warmup_max_steps": trial.trial_settings.warmup_max_steps},
+            CompareRequest(candidates=candidates, rounds=per_job, first_round=first, last=done == rounds - 1,
+                           batch_size=trial.batch_size, seq_len=trial.seq_len,
+                           warmup_min_steps=trial.trial_settings.warmup_min_steps,
+                           warmup_max_steps=trial.trial_settings.warmup_max_steps),
             # The first round builds and warms up every candidate.
             timeout_s=trial.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
         )
         if not outcome.ok:
             return f"{outcome.failure.kind} in round {first + 1} of {rounds}: {outcome.failure.message}"
-        for kept, new in zip(samples, outcome.value["samples"]):
+        for kept, new in zip(samples, outcome.value.samples):
             kept.extend(new)
-        for kind, count in outcome.value["compiles_while_comparing"].items():
+        for kind, count in outcome.value.compiles_while_comparing.items():
             compiles[kind] = compiles.get(kind, 0) + int(count)
         if progress is not None:
             progress(done + 1, rounds, _running_ratio(samples[0], samples[1]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import optuna
 
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.runner.ranked import Runner
+from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.interleaved import compare_interleaved

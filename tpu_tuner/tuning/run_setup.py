@@ -3,7 +3,6 @@ and the agents that read it (the study's memory constraint with them)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
@@ -13,7 +12,8 @@ from tpu_tuner.model.lengths import LengthHistogram
 from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.parallel.from_plan import planned_layouts
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.runner.ranked import RankedTrialRunner, Runner
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner
+from tpu_tuner.runner.requests import ProfileRequest
 from tpu_tuner.tuning.agents import Agent, load_agents
 from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
 from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
@@ -53,10 +53,8 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
     (on TPU at TorchTPU's default matmul precision, medium)."""
     baseline = Candidate.baseline(device_kind)
-    profiled = runner.run("profile", baseline.to_dict(), {
-        "batch_size": run.batch_size, "seq_len": run.seq_len,
-        "settings": asdict(run.trial_settings),
-    })
+    profiled = runner.run(ProfileRequest(candidate=baseline.to_dict(), batch_size=run.batch_size,
+                                         seq_len=run.seq_len, settings=run.trial_settings))
     if not profiled.ok and profiled.failure.kind == "refused":
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:

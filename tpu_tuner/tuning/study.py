@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ from tpu_tuner.knobs import traits
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.bucket_cost import fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
-from tpu_tuner.model.summary import WorkloadSummary, load_summary
+from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.runner.ranked import RankedTrialRunner, Runner, trial_runner
+from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner, trial_runner
+from tpu_tuner.runner.requests import BucketCostsRequest, MeasureRequest
 from tpu_tuner.studies import run_file, samplers
 from tpu_tuner.studies.coverage import covered_settings, measured_count, setting_key as _key
 from tpu_tuner.studies.fingerprint import fingerprint
@@ -182,13 +184,13 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
     bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
-    measure_options = {
-        "batch_size": options.runner.batch_size,
-        "seq_len": options.runner.seq_len,
-        "settings": asdict(options.runner.trial_settings),
-        "peak_flops_per_s": profile.device.peak.flops_per_s,
-        "model_flops_per_step": profile.flops.model_per_step,
-    }
+    measure_options = MeasureRequest(  # each trial's request, with its candidate filled in
+        batch_size=options.runner.batch_size,
+        seq_len=options.runner.seq_len,
+        settings=options.runner.trial_settings,
+        peak_flops_per_s=profile.device.peak.flops_per_s,
+        model_flops_per_step=profile.flops.model_per_step,
+    )
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None
     if location.shared:
@@ -307,7 +309,7 @@ def run_search(
     space: SearchSpace,
     agents: list[Agent],
     runner: Runner,
-    measure_options: dict[str, Any],
+    measure_options: MeasureRequest,
     options: TuneOptions,
     emit: ProgressCallback,
     started: float,
@@ -378,7 +380,7 @@ worker's --timeout) or "asks" (a sampler that only re-proposed covered settings)
 
 
 def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, agents: list[Agent], runner: Runner,
-               measure_options: dict[str, Any], options: TuneOptions, emit: ProgressCallback, started: float,
+               measure_options: MeasureRequest, options: TuneOptions, emit: ProgressCallback, started: float,
                bucketing: BucketingContext | None, memory: MemoryLimit | None, worker: Worker) -> None:
     """One asked trial: answered from an earlier one, left to the worker already measuring the
     same setting, released when the budget is spoken for, rejected by an agent, or measured;
@@ -432,7 +434,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, age
     # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
     # in a fresh worker started with them.
     env = candidate.environment(BACKENDS[space.device_kind])
-    outcome = runner.run("measure", candidate.to_dict(), measure_options, env=env)
+    outcome = runner.run(replace(measure_options, candidate=candidate.to_dict()), env=env)
     trial.set_user_attr("measured", True)
     trial.set_user_attr("trial_wall_s", outcome.seconds)
     if outcome.ok:
@@ -500,12 +502,12 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
     probes = probe_lengths(hist, objective.bucket_align)
     emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
                   elapsed=time.perf_counter() - started))
-    measured = runner.run("bucket_costs", Candidate.baseline(profile.device.kind).to_dict(), {
-        "lengths": probes, "warmup_length": reference, "batch_size": options.runner.batch_size})
+    measured = runner.run(BucketCostsRequest(candidate=Candidate.baseline(profile.device.kind).to_dict(),
+                                             lengths=probes, warmup_length=reference, batch_size=options.runner.batch_size))
     if not measured.ok:
         raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
                             f"{measured.failure.message}", workload.source)
-    points = [(p["length"], p["step_seconds"]) for p in measured.value["points"]]
+    points = [(p.length, p.step_seconds) for p in measured.value.points]
     return BucketingContext(hist, fit_cost_model(points, []), reference, objective.max_buckets, objective.bucket_align)
 
 

@@ -26,8 +26,8 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.knobs import traits
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
-from tpu_tuner.runner.ranked import trial_runner
-from tpu_tuner.model.summary import load_summary
+from tpu_tuner.runner.ranked_runner import trial_runner
+from tpu_tuner.runner.load import load_summary
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies import run_file
 from tpu_tuner.tuning import trial_attrs
@@ -200,7 +200,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
 
 
 def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
-    from tpu_tuner.runner.ranked import RankedTrialRunner
+    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)

@@ -19,7 +19,7 @@ import optuna
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
-from tpu_tuner.runner.ranked import Runner
+from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved

@@ -2,8 +2,9 @@
 
 ``tpu-tune MODEL.py --nproc N`` measures every setting as N processes, one per device (TorchTPU's
 model: one process per device, its own process group). Each job that times or compares settings
-(``measure``, ``compare``) starts N ranks of `runner.rank_job` through PyTorch's own launcher
-(`sharding.launch.run_ranks`: torch.distributed.elastic's `start_processes`), which stops every
+(a request that runs a layout: `MeasureRequest`, `CompareRequest`, `ShardedStepRequest`) starts N
+ranks of `runner.rank_job` through PyTorch's own launcher
+(`runner.launch.run_ranks`: torch.distributed.elastic's `start_processes`), which stops every
 rank when one dies; a hang is stopped at the job's deadline. The trial fails with the rank and
 its reason, and the next job starts a new group: no process or rendezvous file outlives its job.
 The other jobs (loading the file, the baseline profile, bucketing) describe the workload, not a
@@ -25,16 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.execution.measurement import TrialFailure
-from tpu_tuner.runner.pool import JobResult, TrialRunner
+from tpu_tuner.runner.requests import Request
+from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
 
 log = logging.getLogger(__name__)
 
-# The jobs that run a layout, so run on the ranks.
-RANK_JOBS = ("measure", "compare")
-
 
 class RankedTrialRunner:
-    """Runs ``measure`` / ``compare`` jobs on `nproc` ranks and every other job in one worker."""
+    """Runs the requests that run a layout (`Request.on_ranks`) on `nproc` ranks and every other
+    job in one worker."""
 
     # Each job is a fresh group: a comparison cannot keep its built steps between jobs, so its
     # rounds run in one job (tuning/verify.py asks this).
@@ -59,11 +59,10 @@ class RankedTrialRunner:
         """Single-process workers plus process groups started."""
         return self.single.workers_started + self.groups_started
 
-    def run(self, job: str, payload: Any, options: dict[str, Any], env: dict[str, str] | None = None,
-            timeout_s: float | None = None) -> JobResult:
+    def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job: on the ranks when it runs a layout, else in the single worker."""
-        if job not in RANK_JOBS:
-            return self.single.run(job, payload, options, env=env, timeout_s=timeout_s)
+        if not request.on_ranks:
+            return self.single.run(request, env=env, timeout_s=timeout_s)
         from tpu_tuner.runner.rank_job import RESULT, failure_path
         from tpu_tuner.runner.launch import run_ranks
 
@@ -74,8 +73,8 @@ class RankedTrialRunner:
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
             job_file.write_bytes(pickle.dumps({
-                "job": job, "payload": payload, "options": options, "workload_path": self.workload_path,
-                "device": self.device, "memory_limit_bytes": self.memory_limit_bytes}))
+                "request": request, "workload_path": self.workload_path, "device": self.device,
+                "memory_limit_bytes": self.memory_limit_bytes}))
             self.groups_started += 1
             outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
                                 env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment)

@@ -1,0 +1,118 @@
+"""Isolated trial execution: a worker process per start-up environment, a timeout per job.
+
+A job that raises becomes an "error" (or "oom" for allocation failures); a worker that dies is a
+"crash" (a signal such as SIGSEGV) or "oom" (SIGKILL, which is how the kernel's OOM killer
+ends a process); a job past its timeout is killed and becomes a "timeout". The study goes on
+with a fresh worker. A warm worker is reused across jobs that need the same start-up
+environment (TorchTPU eager-mode variables are read once, at process start).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_tuner.execution.measurement import TrialFailure
+from tpu_tuner.runner.requests import Request
+from tpu_tuner.runner.worker_process import Died, Raised, Replied, TimedOut, WorkerProcess
+
+log = logging.getLogger(__name__)
+
+# The trial worker's entry module (`trial_worker.py`).
+WORKER_MODULE = "tpu_tuner.runner.trial_worker"
+
+
+@dataclass
+class JobResult:
+    """A job's value, or its failure; `seconds` is the wall time seen by the parent."""
+
+    value: Any = None
+    failure: TrialFailure | None = None
+    seconds: float = 0.0
+    # How the worker ended when it died during the job (negative: the signal), else None.
+    exit_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+class TrialRunner:
+    """Runs jobs in isolated worker processes; a failure never takes the caller down."""
+
+    # A worker stays warm between jobs, so a comparison may run its rounds as several jobs
+    # (tuning/verify.py), the steps built by the first kept for the rest.
+    keeps_warm_steps = True
+
+    def __init__(
+        self,
+        workload_path: str,
+        device: str | None = None,
+        timeout_s: float = 300.0,
+        memory_limit_bytes: int | None = None,
+    ) -> None:
+        self.workload_path = str(workload_path)
+        self.device = device
+        self.timeout_s = timeout_s
+        self.memory_limit_bytes = memory_limit_bytes
+        self._worker: WorkerProcess | None = None
+        self._env: dict[str, str] = {}
+        self.workers_started = 0
+
+    def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
+        """Run one job; start (or restart) a worker when none is alive or the environment differs."""
+        env = env or {}
+        start = time.perf_counter()
+        if self._worker is None or not self._worker.alive() or env != self._env:
+            self._start(env)
+        assert self._worker is not None
+        limit = timeout_s or self.timeout_s
+        outcome = self._worker.request(request, limit)
+        seconds = time.perf_counter() - start
+        match outcome:
+            case Replied(value):
+                return JobResult(value=value, seconds=seconds)
+            case Raised(kind, message, trace):
+                log.debug("worker job failed: %s", trace)
+                return JobResult(failure=TrialFailure(kind, message), seconds=seconds)
+            case TimedOut():
+                self._worker = None
+                return JobResult(failure=TrialFailure("timeout", f"no result after {limit:.0f} s; worker killed"),
+                                 seconds=seconds)
+            case Died() as died:
+                self._worker = None
+                return JobResult(failure=_death(died), seconds=seconds, exit_code=died.exit_code)
+        raise AssertionError(f"unknown outcome {outcome!r}")
+
+    def close(self) -> None:
+        """Stop the worker (politely, then by force)."""
+        if self._worker is not None:
+            self._worker.close()
+        self._worker = None
+
+    def __enter__(self) -> "TrialRunner":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _start(self, env: dict[str, str]) -> None:
+        """Start a worker (`python -m tpu_tuner.runner.trial_worker`); start-up environment
+        variables go into the child's environment only."""
+        if self._worker is not None:
+            self._worker.close(kill=True)
+        self._worker = WorkerProcess(WORKER_MODULE, [self.workload_path, self.device or "auto",
+                                                     str(self.memory_limit_bytes or 0)], env)
+        self._env = dict(env)
+        self.workers_started += 1
+
+
+def _death(died: Died) -> TrialFailure:
+    """A worker's death as a trial failure: SIGKILL reads as the kernel's OOM killer."""
+    if died.killed:
+        return TrialFailure("oom", "worker killed by SIGKILL (the kernel's OOM killer)")
+    if died.signal_name is not None:
+        return TrialFailure("crash", f"worker died from {died.signal_name}")
+    return TrialFailure("crash", f"worker exited with status {died.exit_code}")

@@ -1,0 +1,188 @@
+"""One subprocess worker: a fresh ``python -m MODULE`` on two pipes, and the loop it serves.
+
+Trial workers (`trial_runner.py`, `trial_worker.py`) and the planner's compile workers
+(`planner/compile_pool.py`) both run on this. The parent starts the child with the environment it
+needs, sends it a job (any picklable object), reads the reply with a timeout and, when the child
+dies, decodes its exit status; the child runs `serve`, which answers each job with
+``("ok", value)`` or ``(kind, message, traceback)`` until it is sent None.
+
+A plain subprocess rather than multiprocessing's spawn: spawn re-imports the caller's main
+module, which breaks scripts that call the API without a ``__main__`` guard. The child is a fresh
+interpreter (not a fork: libtpu, JAX and torch hold threads).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
+# The child's exit status is read this long after its pipe closed before it is killed.
+EXIT_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Replied:
+    """The job's value."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The job raised in the child: a failure kind ("error", "oom", or one the child's
+    `describe` chose), its first line and the traceback."""
+
+    kind: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Died:
+    """The child ended during the job: its exit status (negative: the signal; None: it did not
+    exit within `EXIT_WAIT_S` of its pipe closing, and was killed)."""
+
+    exit_code: int | None
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that ended the child ("SIGSEGV"), or None when it exited."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
+
+    @property
+    def killed(self) -> bool:
+        """Ended by SIGKILL: the kernel's OOM killer, since tpu-tune only kills on a timeout."""
+        return self.exit_code == -signal.SIGKILL
+
+    @property
+    def kind(self) -> str:
+        """The failure kind a death reads as: "oom" for SIGKILL, "crash" otherwise."""
+        return "oom" if self.killed else "crash"
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """No reply within `seconds`; the child was killed."""
+
+    seconds: float
+
+
+Outcome = Replied | Raised | Died | TimedOut
+
+
+class WorkerProcess:
+    """A child ``python -m MODULE READ_FD WRITE_FD ARGS...`` with the parent's environment plus
+    `child_environment()` and `env`; its stdout and stderr go to `output` (None: the parent's)."""
+
+    def __init__(self, module: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 output: IO[bytes] | None = None) -> None:
+        from tpu_tuner.core.tpu_host import child_environment
+
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, str(to_child_r), str(from_child_w), *args],
+            pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output,
+            env={**os.environ, **child_environment(), **(env or {})})
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._send = Connection(to_child_w, readable=False)
+        # The reply end: `multiprocessing.connection.wait` takes it to serve several workers at once.
+        self.connection = Connection(from_child_r, writable=False)
+
+    def alive(self) -> bool:
+        """Whether the child is still running."""
+        return self.process.poll() is None
+
+    def send(self, job: Any) -> bool:
+        """Send a job; False when the pipe is broken (the child died)."""
+        try:
+            self._send.send(job)
+        except (BrokenPipeError, OSError):
+            return False
+        return True
+
+    def receive(self, timeout_s: float | None = None) -> Outcome:
+        """The reply to the job sent, waiting at most `timeout_s` (None: until it comes or the
+        child dies); past the timeout the child is killed."""
+        if timeout_s is not None and not self.connection.poll(timeout_s):
+            self.close(kill=True)
+            return TimedOut(timeout_s)
+        try:
+            reply = self.connection.recv()
+        except (EOFError, OSError):
+            return self.died()
+        if reply[0] == "ok":
+            return Replied(reply[1])
+        return Raised(*reply)
+
+    def request(self, job: Any, timeout_s: float | None = None) -> Outcome:
+        """Send `job` and read its reply (`receive`)."""
+        return self.receive(timeout_s) if self.send(job) else self.died()
+
+    def died(self) -> Died:
+        """How the child ended (its pipe closed): its exit status, the child then cleaned up."""
+        try:
+            code: int | None = self.process.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.close(kill=True)
+        return Died(code)
+
+    def close(self, kill: bool = False, grace_s: float = 5.0) -> None:
+        """End the child: ask it to exit and wait `grace_s`, then kill it; with `kill`, at once."""
+        if not kill and self.alive():
+            try:
+                self._send.send(None)
+                self.process.wait(grace_s)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        if self.alive():
+            self.process.kill()
+        self.process.wait(EXIT_WAIT_S)
+        self._send.close()
+        self.connection.close()
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """An exception as a failure kind ("oom" for allocation failures, else "error") and its
+    first line (500 characters at most)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    is_oom = isinstance(exc, MemoryError) or any(marker in text.lower() for marker in OOM_MARKERS)
+    return ("oom" if is_oom else "error"), text.splitlines()[0][:500]
+
+
+def serve(read_fd: int, write_fd: int, handle: Callable[[Any], Any],
+          describe: Callable[[BaseException, Any], tuple[str, str]] | None = None,
+          catch: type[BaseException] = BaseException) -> None:
+    """The child's loop: answer each job with ``("ok", handle(job))``, or, when it raises one of
+    `catch`, with ``(kind, message, traceback)`` from `describe(exc, job)` (default: `failure_of`),
+    until the parent sends None or closes its end. An exception outside `catch` ends the child."""
+    receive = Connection(read_fd, writable=False)
+    send = Connection(write_fd, readable=False)
+    while True:
+        try:
+            job = receive.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        try:
+            reply: tuple[Any, ...] = ("ok", handle(job))
+        except catch as exc:  # noqa: BLE001 - every failure goes back to the parent
+            kind, message = describe(exc, job) if describe is not None else failure_of(exc)
+            reply = (kind, message, traceback.format_exc()[-4000:])
+        send.send(reply)
