@@ -16,7 +16,7 @@ settle_tpu_environment()
 
 # Public name -> the module that defines it. Imported on first use (PEP 562) rather than here, so
 # that commands which never run a model (`tpu-tune dashboard`, `plan`'s parent process) do not pay
-# for importing torch: 6-10 s on this 2-core machine.
+# for importing torch, seconds per process (docs/design.md, "Layers").
 _EXPORTS = {
     "Backend": "tpu_tuner.devices", "DeviceInfo": "tpu_tuner.devices", "get_backend": "tpu_tuner.devices",
     "Candidate": "tpu_tuner.knobs.candidate",

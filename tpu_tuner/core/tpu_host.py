@@ -4,9 +4,9 @@ environment that keeps libtpu from reaching for a TPU that is not there.
 Why tpu-tune sets anything: with torch-tpu installed, every ``import torch`` autoloads it (a
 ``torch.backends`` entry point) and it loads libtpu. On a host without a TPU chip libtpu starts its
 runtime at the first autograd backward (the engine asks every device type for its device count)
-and, not finding the chip, asks Google Compute Engine's metadata server for the TPU's topology:
-30 tries per key, about 29 s each, over five minutes in all before the backward runs (measured on
-this 2-core host: `docs/torchtpu.md`), and network traffic to an address no test may reach.
+and, not finding the chip, asks Google Compute Engine's metadata server for the TPU's topology,
+retrying for minutes before the backward runs (docs/torchtpu.md, "`import torch_tpu` on a machine
+without a TPU"), with network traffic to an address no test may reach.
 ``TPU_SKIP_MDS_QUERY=1`` tells libtpu not to ask. On a real TPU VM the metadata server is how libtpu
 learns its slice, so the variable is set only where the PCI bus shows no TPU chip, and never over
 a value the user set.
@@ -14,8 +14,7 @@ a value the user set.
 Where torch-tpu is installed, tpu-tune's own processes on such a host (the CLI, when ``tpu_tuner``
 is imported before torch, and every worker, rank and compiler process it starts) also get
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (which turns off every ``torch.backends`` plugin): the
-autoload costs 2.6 s per process (1.2 s against 3.9 s for ``import torch``, three runs each) and
-changes dynamo's settings (``allow_rnn``, ``trace_autograd_ops``) and ``flex_attention`` for CPU and
+autoload costs seconds per process (docs/torchtpu.md) and changes dynamo's settings (``allow_rnn``, ``trace_autograd_ops``) and ``flex_attention`` for CPU and
 CUDA work too, which a CPU or GPU measurement should not carry.
 """
 
@@ -61,7 +60,7 @@ def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
                            pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None) -> dict[str, str]:
     """On a host without a TPU chip: tell libtpu not to ask the metadata server, and, where torch
     is not imported yet, do not autoload torch-tpu into this process either (module doc; its
-    import also prints a tcmalloc warning and libtpu's log lines, which broke tpu-tune's one-line
+    import also prints a tcmalloc warning and libtpu's log lines around tpu-tune's one-line
     errors). Returns what it set; never overrides a value already there."""
     wanted = child_environment(environ, pci_devices)
     if torch_imported if torch_imported is not None else "torch" in sys.modules:

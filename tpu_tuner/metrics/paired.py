@@ -1,7 +1,7 @@
 """Paired comparison of interleaved timings: speedup with a bootstrap confidence interval.
 
-Each round times candidate A and candidate B back to back, so drift between rounds (this
-machine's timings wander up to 2x) cancels in the per-round ratio. The speedup is the geometric
+Each round times candidate A and candidate B back to back, so drift between rounds (on a shared
+machine, up to 2x: docs/design.md) cancels in the per-round ratio. The speedup is the geometric
 mean of the ratios; its 95% interval is a percentile bootstrap over rounds.
 """
 

@@ -1,6 +1,6 @@
 """Choose bucket bounds that minimise a planned run's expected total time, and the baselines.
 
-The optimiser is exact under the cost model (see cost_model.py). A bucket's best bound is the
+The optimiser is exact under the cost model (see bucket_cost.py). A bucket's best bound is the
 aligned ceiling of its longest member, so the candidate bounds are the m distinct aligned
 ceilings of the sample's lengths, and a bucketing is a partition of them into contiguous runs.
 With P the cumulative probability over candidates and x_j = S t(u_j):
@@ -9,8 +9,8 @@ With P the cumulative probability over candidates and x_j = S t(u_j):
 
 The inner minimum is over lines of slope -P_i, added in order of falling slope and queried at
 rising x_j (t is increasing), so a convex-hull sweep answers it in amortised O(1): O(K m) time and
-O(K m) memory for K buckets, against O(K m^2) for the plain recurrence. 10k distinct lengths
-and K = 8 take a few tenths of a second in pure Python (benchmarks/bucketing_replay.py prints it).
+O(K m) memory for K buckets, against O(K m^2) for the plain recurrence (timing: docs/bucketing.md,
+point 3).
 """
 
 from __future__ import annotations

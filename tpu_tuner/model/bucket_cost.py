@@ -1,6 +1,6 @@
 """What a planned run costs under a bucketing: compiles plus padded steps.
 
-The model, stated so it can be checked (the replay benchmark measures it):
+The model, stated so it can be checked (`benchmarks/bucketing_replay.py` measures it):
 
 * every distinct bucket bound is compiled once, at `compile_seconds` (measured: the first call at
   a new shape minus a steady step, median over the probed lengths);

@@ -129,7 +129,7 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
 
     def make_batch(batch_size: int | None, seq_len: int | None) -> Any:
         # get_inputs() fixes the shapes. A batch size resizes dimension 0 of the inputs that share
-        # the leading size (batch_resize.py); a sequence length has no dimension to apply to.
+        # the leading size (model/batch.py); a sequence length has no dimension to apply to.
         if seq_len is not None:
             raise UserInputError(SEQ_LEN_REFUSED, path)
         inputs = get_inputs()

@@ -25,8 +25,8 @@ def step_kind(training: bool) -> str:
 class ProfiledWorkload(Mapping[str, Any]):
     """Name, file, step kind and sizes of the profiled workload, and the knob traits recorded.
 
-    Reads as the profile.json table too (``workload["batch_size"]``, ``.get("notes")``), as it
-    did when it was a dict: code written against that keeps working.
+    Reads as the profile.json table too (``workload["batch_size"]``, ``.get("notes")``), so code
+    that indexes it as a dict keeps working.
     """
 
     name: str
@@ -69,7 +69,7 @@ class ProfiledWorkload(Mapping[str, Any]):
                    seq_len=_int_or_none(data.get("seq_len")),
                    notes=tuple(str(note) for note in data.get("notes") or ()), traits=traits)
 
-    # The dict it used to be, read-only.
+    # Read-only mapping access to the profile.json table.
     def __getitem__(self, key: str) -> Any:
         return self.to_dict()[key]
 

@@ -3,7 +3,7 @@
 TorchTPU's torch.compile(backend="tpu") has bounded dynamism (experimental): options
 ``num_dynamic_buckets`` (1..8) and ``bucket_size`` (default 128) pad a dynamic dimension up to a
 multiple of bucket_size and compile one executable per bucket (torch-tpu 0.2.0's backend reads
-both keys and refuses a count outside 1..8: `backends/torchtpu_api.py` checks them). Which
+both keys and refuses a count outside 1..8: `devices/torchtpu_api.py` checks them). Which
 multiples it compiles is TorchTPU's choice, not ours, so the dependable route is explicit padding
 with `pad_to_bucket`; the compile options are offered where the chosen bounds fit them.
 """
