@@ -178,9 +178,9 @@ class Backend(ABC):
         """Forget this process's earlier torch.compile frames and allow `graphs` cache entries
         per function. A worker measures trial after trial: each builds a new model whose
         forward is the same code object, and once dynamo's per-function recompile limit (8)
-        is spent it silently runs that forward eager. A trial labelled inductor then measured
-        eager (seen on examples/cnn.py's grid: fullgraph trials failed "no compiled frames").
-        Compiled artefacts on disk (inductor's FX graph cache) are kept."""
+        is spent it silently runs that forward eager: a trial labelled inductor would measure
+        eager (docs/knobs.md, "Compiler options"). Compiled artefacts on disk (inductor's FX
+        graph cache) are kept."""
         import torch._dynamo
 
         torch._dynamo.reset()

@@ -262,7 +262,7 @@ def measure(
     timer: Callable[[], float] = time.perf_counter,
 ) -> RooflineProbe:
     """Probe `device`: `rounds` interleaved rounds of matmuls, copy and tiny ops (a few seconds
-    on a 2-core CPU), plus one numerics check of "medium"."""
+    on a CPU), plus one numerics check of "medium"."""
     log.info("measuring the roofline of %s (%d rounds, cached afterwards)", device, rounds)
     load = _load_average()
     flops = 2 * MATMUL_SIZE**3

@@ -62,7 +62,7 @@ class TorchTpuBackend(Backend):
             return f"libtpu {libtpu} is older than {DISTRIBUTION} {version} needs (>= 0.0.50)"
         if not tpu_chips_on_host():
             return "no TPU chip on this host's PCI bus"
-        # The full check (imports, parses sources, scans 340 MB of libraries) once per install:
+        # The full check (imports, parses sources, scans the shared libraries) once per install:
         # a process that passed it tells its trial workers and ranks, which inherit the variable.
         if os.environ.get(API_CHECKED_VARIABLE) != version:
             check = cached_api_check()

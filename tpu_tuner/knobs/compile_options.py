@@ -19,9 +19,9 @@ printed code does, and what ``tpu_tuner.apply`` keeps until ``AppliedConfig.rest
 passed to ``torch.compile(options=..., fullgraph=...)``: dynamo caches compiled code per Python
 code object and guards on the backend, not on inductor's global config, so in a worker that has
 already compiled the same model under plain inductor a second ``torch.compile`` reuses that
-graph and the new config never takes effect (measured: freezing silently off). A backend built
-with other options compares unequal, so the forward compiles anew with them. One knob with composite values
-(not four on/off knobs): they are all "how inductor compiles", share one condition, and the
+graph and the new config never takes effect (freezing silently off: docs/knobs.md). A backend
+built with other options compares unequal, so the forward compiles anew with them. One knob with
+composite values (not four on/off knobs): they are all "how inductor compiles", share one condition, and the
 space lists only the combinations worth measuring (docs/knobs.md).
 """
 

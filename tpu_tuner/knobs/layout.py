@@ -181,8 +181,8 @@ class LayoutKnob(Knob):
         return {} if value == SINGLE else {"sharding": {"mesh": _layout(value).mesh_shape()}}
 
     def from_config_tables(self, value: str, tables: Mapping[str, Any]) -> str:
-        """The layout of a [sharding.mesh] table (configs that gave the mesh alone, as planners
-        did before [settings] had a layout); ValueError where the two disagree."""
+        """The layout of a [sharding.mesh] table (configs that give the mesh alone, as a planner's
+        sharding_config.toml does); ValueError where the two disagree."""
         sharding = tables.get("sharding")
         mesh = sharding.get("mesh") if isinstance(sharding, dict) else None
         if not mesh:

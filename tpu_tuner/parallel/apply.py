@@ -2,7 +2,7 @@
 
 One function for every caller (the ranks of a trial, the numerics check, a user's script): the
 planner's `Layout` names the mesh, and the placements come from the model's structure as the
-planner derives them (`planner.layouts.placements`):
+planner derives them (`model.layouts.placements`):
 
 * ``tensor`` > 1: inside each repeated block, column-wise linears become `ColwiseParallel`,
   row-wise ones `RowwiseParallel` (DTensor `parallelize_module`), and the block's head-count
