@@ -1,10 +1,11 @@
 """Shape bucketing: few compiled shapes, little padding, chosen from the real length distribution.
 
-* `lengths`: read a length sample (a file, or the workload's ``sample_lengths()``);
-* `cost_model`: compile cost per new shape and step time against length, measured and fitted;
-* `optimize`: the exact optimiser (dynamic programming) and the baseline strategies;
-* `padding`: the runtime helper that pads a batch to its bucket in the user's data pipeline;
-* `measure` / `study`: measurement on the present backend and the `tpu-tune buckets` pipeline.
+* `model/lengths.py`: read a length sample (a file, or the workload's ``sample_lengths()``);
+* `model/bucket_cost.py`: compile cost per new shape and step time against length, fitted;
+* `model/bucket_choice.py`: the exact optimiser (dynamic programming) and the baseline strategies;
+* `model/padding.py`: the runtime helper that pads a batch to its bucket in the user's data pipeline;
+* `runner/bucket_jobs.py`: the measurements on the present backend, in a worker;
+* `bucketing/study.py`: the `tpu-tune buckets` pipeline.
 """
 
 from tpu_tuner.model.bucket_cost import CostModel

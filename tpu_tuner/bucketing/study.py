@@ -3,11 +3,11 @@
 1. The length sample: `--lengths FILE` or the workload's ``sample_lengths()``.
 2. The cost model, measured on the present backend in an isolated worker: compile cost of a new
    shape and steady step time at a few lengths across the distribution (aligned quantiles), and
-   the fit of step time against length (cost_model.py).
-3. The exact optimiser (optimize.py) under the user's limits, and the baselines, evaluated under
+   the fit of step time against length (model/bucket_cost.py).
+3. The exact optimiser (model/bucket_choice.py) under the user's limits, and the baselines, evaluated under
    the same model; the oracle bound.
 4. Optionally (`--replay N`), every strategy replayed end to end through the real workload on a
-   stream of N lengths drawn from the sample, each in a fresh worker (see measure.py). The
+   stream of N lengths drawn from the sample, each in a fresh worker (runner/bucket_jobs.py). The
    planned run has S steps; the replay runs N, so the measured total is
    (measured compiles) + S/N x (measured stream step time), said so in the report.
 """
@@ -114,7 +114,7 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     if options.lengths_file is not None and not Path(options.lengths_file).is_file():
         raise UserInputError("length sample file not found", options.lengths_file)
     # This process never imports the model file: a worker loads it and sends back a summary
-    # (a crash at import becomes a WorkloadError, runner/summary.py).
+    # (a crash at import becomes a WorkloadError, runner/load.py).
     with TrialRunner(str(model_file), options.device, options.trial_timeout_s) as loader:
         workload = load_summary(loader, model_file, options.batch_size, None,
                                 sample_lengths=options.lengths_file is None)
@@ -185,8 +185,7 @@ def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], opti
 def cold_compile_env() -> Iterator[dict[str, str]]:
     """A fresh, empty inductor cache folder for one worker, removed afterwards: inductor keeps
     compiled kernels on disk across processes, so without it a strategy would reuse kernels an
-    earlier one compiled for the same shape (measured on the encoder: 8.7 s per new shape cold,
-    3.2 s on a rerun with a warm folder)."""
+    earlier one compiled for the same shape and look cheaper (docs/bucketing.md)."""
     with tempfile.TemporaryDirectory(prefix="tpu-tune-inductor-") as folder:
         yield {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
 

@@ -31,7 +31,7 @@ class Measurement:
     accuracy_errors: dict[str, float]
     warnings: list[str] = field(default_factory=list)
     # The dtype the candidate's matmuls ran in; MFU itself always uses the fastest dtype's peak
-    # (`peak_dtype`). None in measurements recorded before the convention was unified.
+    # (`peak_dtype`). None in older measurements that did not record it.
     compute_dtype: str | None = None
 
     @property

@@ -70,7 +70,7 @@ def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
     A throwaway compile at its `warmup_length` first pays the once-per-process costs
     (dynamo and backend start-up) that a new shape in a running job does not pay again. Steady
     steps are timed round-robin over the lengths, as a bucketed stream alternates shapes: timed
-    back to back at one length they came out 14-23% faster than the replayed streams."""
+    back to back at one length they read faster than a replayed stream (docs/bucketing.md)."""
     runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(request.candidate), request.batch_size)
     runner.first_and_steady(int(request.warmup_length))
     lengths = [int(length) for length in request.lengths]

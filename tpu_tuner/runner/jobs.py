@@ -121,7 +121,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement:
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
     flops = float(request.model_flops_per_step)
     # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
-    # N ranks: the peak of the devices they run on (backends.Backend.peak_of_ranks).
+    # N ranks: the peak of the devices they run on (devices.base.Backend.peak_of_ranks).
     peaks = state.peak_flops_per_s or backend.peak_of_ranks({k: float(v) for k, v in request.peak_flops_per_s.items()})
     # A rank re-probing alone would measure its share of the cores, not the step's devices.
     choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed and backend.ranks == 1)

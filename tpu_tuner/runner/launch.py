@@ -138,11 +138,11 @@ def write_report(report: dict[str, Any]) -> None:
 def finish_rank() -> None:
     """In a rank, after `write_report`: leave the process group together, then exit at once.
 
-    Interpreter teardown after a tensor-parallel step aborted about one run in five here
-    ("terminate called without an active exception": a collective library thread still joinable
-    when its owner is destroyed), after the report was written; the launcher then saw a rank die
-    from SIGABRT. Everything is written by now, so the rank skips teardown (`os._exit`), as
-    distributed test harnesses do."""
+    Interpreter teardown after a tensor-parallel step can abort ("terminate called without an
+    active exception": a collective library thread still joinable when its owner is destroyed),
+    and the launcher would see a rank die from SIGABRT after its report was written
+    (docs/sharding.md, "Launching ranks"). Everything is written by now, so the rank skips
+    teardown (`os._exit`), as distributed test harnesses do."""
     import torch.distributed as dist
 
     dist.barrier()

@@ -4,7 +4,7 @@
     (started by `check_layout`, through `launch.run_ranks`)
 
 Every rank builds the model from the same seed; rank 0 first runs the single-device fp32 step on
-the whole global batch (the reference). Then the layout is applied (`apply.apply_layout`), each
+the whole global batch (the reference). Then the layout is applied (`parallel.apply.apply_layout`), each
 rank runs forward and backward on its slice of the batch, and the loss (averaged over ranks) and
 every parameter's gradient (gathered from its shards) are compared on rank 0 with the reference,
 as the accuracy guardrail compares precision settings: relative error of the loss and of all
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     if reference is not None:
         report["loss"] = float(mean_loss)
         report["reference_loss"] = float(reference["loss"])
-        # The precision guardrail's own comparison (runner/accuracy.py), part by part.
+        # The precision guardrail's own comparison (execution/accuracy.py), part by part.
         errors = relative_error(Outputs({"loss": mean_loss.float().reshape(1), "gradients": gradients}),
                                 Outputs({"loss": reference["loss"].float().reshape(1),
                                          "gradients": reference["gradients"]}))
