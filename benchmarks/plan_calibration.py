@@ -1,9 +1,10 @@
-"""The planner against published TPU training runs (shared/notes/CALIBRATION.md).
+"""The planner against published TPU training runs (docs/planner.md, "Calibration").
 
 Each published row becomes a model (examples/llama.py at a preset, or the Mixtral shape file
 examples/mixtral_8x7b.toml) + a topology + the published layout, remat policy (exactly: MaxText's
-config or the tpu-recipes script), optimizer state dtype and FLOPs convention; the planner compiles
-it for that topology with full effort. Prints, per row, whether the compiler says it fits and the
+config or the tpu-recipes script: https://github.com/AI-Hypercomputer/maxtext,
+https://github.com/AI-Hypercomputer/tpu-recipes), optimizer state dtype and FLOPs convention; the
+planner compiles it for that topology with full effort. Prints, per row, whether the compiler says it fits and the
 prediction's inputs; then each efficiency model of tpu_tuner/planner/calibration.py fitted to all
 rows, and its leave-one-out error per row (each row predicted by constants fitted to the others).
 Targets (issue 16): every row fits; leave-one-out mean absolute error at most 4 MFU points.

@@ -4,7 +4,7 @@ step time per micro-batch count k, and step time per optimizer implementation.
     python benchmarks/training_step_knobs.py [--model examples/gpt.py] [--batch-size 32] [--steps 5]
 
 Each setting runs in a fresh interpreter (the peak resident set is per process): build the step
-as a trial does (`profiling/step.py`), one warm-up step, reset the peak mark, then `--steps`
+as a trial does (`execution/step.py`), one warm-up step, reset the peak mark, then `--steps`
 timed steps. Printed per setting: peak resident memory of the timed steps (VmHWM, MiB) and the
 median step time. Micro-batching should lower the peak (one slice's activations alive at a time)
 at a time cost; the optimizer implementation changes only the optimizer update's time.

@@ -1,7 +1,7 @@
 """A small convolutional image classifier, inference (native tpu-tune contract, no sequence).
 
 Batch 32 of 3x64x64 images, four conv stages. Convolutions are untouched by matmul precision;
-bf16 autocast and channels_last memory format are what speed them up (see FACTS.md).
+bf16 autocast and channels_last memory format are what speed them up (docs/knobs.md, `memory_format`).
 Run: tpu-tune profile examples/cnn.py
 """
 

@@ -1,7 +1,7 @@
 """Compile the planner's programs in worker processes, several at once.
 
-Why processes: one TPU compile keeps about one core busy (measured: 29 s of CPU in 26 s of wall
-time), so two workers on two cores halve a plan's wall time; a libtpu abort or a runaway compile
+Why processes: one TPU compile keeps about one core busy (docs/planner.md, "Compiling many
+layouts"), so two workers on two cores halve a plan's wall time; a libtpu abort or a runaway compile
 ends one worker, not the plan; and torchax, which breaks torch.compile in any process that imports
 it, stays out of the caller's process. Workers are fresh interpreters on the subprocess-worker
 primitive (`runner/worker_process.py`, as trial workers are) that live for the whole plan, so
@@ -99,7 +99,7 @@ class CompilePool:
     def close(self) -> None:
         """End every idle worker and close the log."""
         # An idle worker holds nothing: it is killed, not asked to exit (an interpreter holding
-        # libtpu takes over a second to exit cleanly; measured 2.4 s for two, one after the other).
+        # libtpu takes over a second to exit cleanly).
         for worker in self._idle:
             worker.close(kill=True)
         self._idle = []

@@ -25,7 +25,7 @@ class CompiledStep:
     compile_seconds: float = 0.0
     error: str | None = None  # the compiler's own words when it refused (e.g. out of HBM)
     host_temp_bytes: float = 0.0  # temporaries in the host's memory (remat "offload")
-    # The compiler peeled iterations out of a loop (seen with full effort and host offload): its
+    # The compiler peeled iterations out of a loop (full effort with host offload does): its
     # cost analysis then counts those iterations besides the body, so the scanned program's FLOPs,
     # bytes and collectives no longer hold exactly one block. Its memory is still the program's.
     loop_peeled: bool = False
@@ -46,14 +46,11 @@ class CompiledStep:
         """HBM at the peak: the compiler's own peak of live bytes where it states one and the
         program keeps nothing in host memory, else `allocated_bytes`.
 
-        The allocation overstates what the TPU compiler holds against its limit: 70B on TPU7x
-        4x4x4 (the published recipe, which ran) allocated 96.0 GiB (5.2 of arguments, 90.9 of
-        temporaries) against a 94.75 GiB limit, and the compiler accepted it with a peak of
-        84.9 GiB; at a per-device batch of 3 it refused ("HLO temporaries (119.42G) exceeds
-        available HBM (94.75G)"). The compiler's peak counts host-memory buffers too (8B on
-        v6e-256 with 28.0 GiB offloaded: peak 28.4 GiB, HBM allocation 12.0), so a program that
-        offloads is judged by its HBM allocation. A program the compiler refuses never gets here:
-        it is a refusal."""
+        The allocation overstates what the TPU compiler holds against its limit (a program it
+        accepts can allocate more than the limit), while the compiler's peak counts host-memory
+        buffers too, so a program that offloads is judged by its HBM allocation (figures:
+        docs/planner.md, "What fits"). A program the compiler refuses never gets here: it is a
+        refusal."""
         if self.compiler_peak_bytes and not self.host_temp_bytes:
             return self.compiler_peak_bytes
         return self.allocated_bytes

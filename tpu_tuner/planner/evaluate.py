@@ -34,8 +34,7 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
     # program gives one block as the difference (program.combine_scanned; single micro-batch
     # programs only). Loops a full-effort compile peeled (its cost analysis then holds more than
     # one block): the work is read from the same program compiled with the least effort, which
-    # does not peel (measured: 8B with host offload on v6e-256 counted 4.09e15 FLOPs peeled,
-    # 2.10e15 not, as the unrolled program does).
+    # does not peel (docs/planner.md, "One compile a layout").
     ends_jobs = {p: problem.job(p, 0) for p, step in scanned.items()
                  if not step.error and step.loop_iteration is None and p.accumulation == 1}
     recost_jobs = {p: problem.job(p, depth, fast=True) for p, step in scanned.items()

@@ -1,13 +1,11 @@
 """The TPU compiler's own HBM limit per device: what "fits" means.
 
 Google's spec pages state HBM per chip in round numbers whose units are easy to misread (v5e's
-"16 GB" is 16 GiB; the planner once took 16e9 bytes, 1.1 GiB short, and called layouts that ran
-"DOES NOT FIT"), and the compiler does not offer the whole of it. The compiler states its limit
-when a program does not fit: "... exceeds available HBM (95.74G)". So the planner compiles, once
-per topology, a one-operation program whose operand (1 TiB) fits nowhere and reads the limit
-from the refusal. Measured here with libtpu's compile-only topologies: v4 15.25G (per TensorCore:
-the compile-only v4 has one device per core), v5e 15.75G, v5p 95.74G, v6e 31.25G, TPU7x 94.75G
-per device; each compile takes well under a second.
+"16 GB" is 16 GiB, not 16e9 bytes), and the compiler does not offer the whole of it. The compiler
+states its limit when a program does not fit: "... exceeds available HBM (95.74G)". So the planner
+compiles, once per topology, a one-operation program whose operand (1 TiB) fits nowhere and reads
+the limit from the refusal (well under a second; the limits per generation: docs/planner.md,
+"What fits").
 
 The figure is XLA's human-readable byte count (binary units, two decimals): exact to 0.005 GiB
 (5 MiB), far below any margin the plan reports.

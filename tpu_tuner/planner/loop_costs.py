@@ -11,11 +11,10 @@ How one iteration is measured: the loop's body computation is made the entry of 
 module and handed to XLA's own HloCostAnalysis (jaxlib's `hlo_module_cost_analysis`, run by the
 CPU client, as no TPU client exists here). FLOPs are exact: that analysis counts the same FLOPs as
 the TPU compiler's except Pallas kernels (custom calls), whose FLOPs the TPU analysis takes from
-the kernel's own cost estimate in its backend config; this module adds those estimates the same way
-(checked: 70B on v5p:16x16x32, fsdp 8192, one iteration's FLOPs equal the TPU's count of the
-scanned program minus the block-less one, 2.7238e13, to all printed digits). HBM bytes are XLA's
-generic count (each op's operands and results once, unpadded); the TPU analysis also counts tile
-padding and matmul operands re-read between tiles: 8% more on that 70B block.
+the kernel's own cost estimate in its backend config; this module adds those estimates the same way.
+HBM bytes are XLA's generic count (each op's operands and results once, unpadded); the TPU analysis
+also counts tile padding and matmul operands re-read between tiles, so these are lower (figures:
+docs/planner.md, "One compile a layout").
 """
 
 from __future__ import annotations

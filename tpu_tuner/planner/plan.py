@@ -95,5 +95,5 @@ def _preference(layout: Layout) -> tuple:
     return (layout.tensor > 8, layout.data, layout.tensor, -layout.fsdp)
 
 
-# The planner's public names, where they have always been importable from.
+# The planner's public names, importable from here.
 __all__ = ["LayoutPlan", "PlanOptions", "PlanProblem", "PlanResult", "enumerated", "evaluate", "judged", "plan"]

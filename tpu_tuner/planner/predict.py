@@ -5,9 +5,8 @@ The model, stated so it can be checked:
 * **compute** = FLOPs / (bf16 peak x MXU efficiency x alignment), where FLOPs is the larger of
   the compiler's count and the analytical hardware FLOPs (6N + 12LHQT per token, x4/3 under full
   remat). The floor is needed because XLA's cost analysis counts a while-loop body once, and on
-  TPU it turns FSDP's gathered matmuls into windowed-einsum loops: measured here, a pure-FSDP
-  32B layout counted 0.84x the formula while the same model with tensor parallelism counted 1.08x. The efficiency is the
-  fraction of peak large, aligned matmuls reach (one constant for all TPUs); alignment is the
+  TPU it turns FSDP's gathered matmuls into windowed-einsum loops, which it then undercounts
+  (docs/planner.md, "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (one constant for all TPUs); alignment is the
   FLOP-weighted waste of matmul dimensions that are not multiples of the MXU width (128; 256
   on v6e), per device after sharding;
 * **memory** = compiler HBM bytes / HBM bandwidth;

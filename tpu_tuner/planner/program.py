@@ -13,8 +13,8 @@ Depth is handled as MaxText does it (``scan_layers``): the repeated blocks run a
 model at its real depth (its memory analysis is the real program's: every saved activation,
 every buffer) while compiling one block. XLA's cost analysis counts a loop body once, so the
 other (depth - 1) iterations are measured from the same compiled program's HLO (`loop_costs`)
-and added by `add_loop_iterations` (compiled_step.py): one compile a layout. Where that measurement is not possible
-the plan falls back to a second program, the model with no blocks ("ends": embedding, head,
+and added by `add_loop_iterations` (compiled_step.py): one compile a layout. Where that
+measurement is not possible the plan falls back to a second program, the model with no blocks ("ends": embedding, head,
 loss), and `combine_scanned` takes the difference as one block. Tests check both against an
 unrolled program. The pieces put into the traced model (checkpoint names, the scanned blocks, the
 embedding and attention the planner compiles) are in step_parts.py.
@@ -45,13 +45,12 @@ log = logging.getLogger(__name__)
 
 # The planner reads the compiler's analyses and never runs the program, so collectives are emitted
 # as mocks: their code for a group of thousands of devices is most of the backend's time there.
-# Measured: the same FLOPs, bytes, memory and collectives (kind, group, count, bytes) as without.
+# The analyses come out the same as without (docs/planner.md, "Compiler shortcuts").
 COMPILE_OPTIONS: dict[str, Any] = {"xla_tpu_mock_collectives": True}
-# `--fast` also asks for the least execution-time optimisation: about 3x quicker compiles with the
-# same FLOPs and collectives. With unrolled blocks it scheduled rematerialised blocks less tightly
-# (temporaries overstated 5x); with scanned blocks the memory came out the same as full effort
-# where compared (70B, fsdp 8192 on v5p:16x16x32: 15.17 GiB of temporaries both ways). It does not
-# peel loop iterations, so the plan also uses it to recost peeled full-effort programs.
+# `--fast` also asks for the least execution-time optimisation: quicker compiles with the same
+# FLOPs and collectives, and with scanned blocks the same memory as full effort (unrolled blocks'
+# temporaries it overstates); docs/planner.md, "Compiling many layouts". It does not peel loop
+# iterations, so the plan also uses it to recost peeled full-effort programs.
 FAST_COMPILE_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "exec_time_optimization_effort": -1.0}
 
 
@@ -108,9 +107,8 @@ def compile_step(
     # The residual stream [batch, seq, embed] splits its batch over (data, fsdp) and its features
     # over tensor, as MaxText's `activation_embed` rule does: the residual and every block's
     # input and output, which the backward pass keeps, are then stored once per tensor group, not
-    # tensor times. Measured on the 32B calibration row (fsdp 16 x tensor 4, remat minimal):
-    # 94.1 GiB per device instead of 122 GiB replicated over tensor (Megatron's layout), which does
-    # not fit the published run's 95 GiB.
+    # tensor times (replicated over tensor, Megatron's layout, the 32B calibration row does not
+    # fit: docs/planner.md, "Layouts").
     # Context parallelism splits the sequence too (MaxText's activation_length over context).
     residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), "context", "tensor"))
 
@@ -179,9 +177,9 @@ def compile_step(
                                   sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), ("data", "fsdp"), "context")))
 
     def loss_fn(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
-        # bf16 compute, fp32 master weights. Measured: casting each block's weights inside the
-        # loop instead (as MaxText's layers do) needed more memory here (32B on v5p-128: 95.9 GiB
-        # against 94.1; 70B on TPU7x: 98.1 against 96.0): the compiler then gathers fp32 weights.
+        # bf16 compute, fp32 master weights, cast here once: casting each block's weights inside
+        # the loop instead (as MaxText's layers do) makes the compiler gather fp32 weights and
+        # needs more memory (docs/planner.md, "Calibration").
         compute = jax.tree.map(lambda w: w.astype(jnp.bfloat16), weights)
         if "blocks" in compute:
             stacked["weights"] = {**compute["blocks"], **buffer_values["blocks"]}
@@ -214,9 +212,8 @@ def compile_step(
         first = jax.tree.map(lambda m, g: (0.9 * m + 0.1 * g).astype(m.dtype), first, grads)
         second = jax.tree.map(lambda v, g: 0.95 * v + 0.05 * g * g, second, grads)
         # AdamW with its epsilon inside the square root (optax's eps_root): a reciprocal square
-        # root instead of a square root and a divide. Measured on 70B (fsdp 8192, 8192 v5p): the
-        # same FLOPs, bytes and memory, and 8% less compile CPU time (13.2 s against 14.4 s, the
-        # mean of five interleaved pairs): the divide's code is long.
+        # root instead of a square root and a divide, whose code is long: the same FLOPs, bytes and
+        # memory, and less compile time (docs/planner.md, "Speed").
         weights = jax.tree.map(lambda w, m, v: w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w), weights, first, second)
         return weights, (first, second), loss
 

@@ -51,8 +51,8 @@ NAMED_POLICIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] =
     "save_out_proj": (("out_proj",), (), None),
     "qkv_proj_offloaded": ((), ("query_proj", "key_proj", "value_proj"), None),
 }
-# Not MaxText's: "none" keeps everything (no checkpoint); "offload" is this planner's earlier name
-# for full remat with the block input in host memory (MaxText: custom, decoder_layer_input offload).
+# Not MaxText's: "none" keeps everything (no checkpoint); "offload" is kept as another name for
+# full remat with the block input in host memory (MaxText: custom, decoder_layer_input offload).
 ALIASES = {"offload": "custom:decoder_layer_input=offload"}
 
 

@@ -56,11 +56,10 @@ def embedding_without_index_sort(env: Any) -> None:
     """Compile embedding lookups with a gradient that scatters without sorting the token ids.
 
     JAX's gradient of a gather is a scatter-add, which the TPU compiler lowers by sorting the
-    (token, update row) pairs: for a 70B model's 4,096 tokens x 8,192 features per device that sort
-    took 10 of the 14 s of a fast compile, and made a full-effort compile run for over 14 minutes.
-    The planner never runs the program, so it tells the compiler the ids are sorted; the sort it
-    leaves out is of a few thousand keys per step, while the scatter's FLOPs and bytes are
-    unchanged (measured: 9.412e10 HBM bytes and 2.584e13 FLOPs either way, 70B ends on 8192 v5p).
+    (token, update row) pairs; at a 70B model's size that sort is most of a compile's time
+    (docs/planner.md, "Compiler shortcuts"). The planner never runs the program, so it tells the
+    compiler the ids are sorted; the sort it leaves out is of a few thousand keys per step, while
+    the scatter's FLOPs and bytes are unchanged.
     """
     import jax
     import jax.numpy as jnp
@@ -97,9 +96,10 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
 
     torchax's own translation materialises the [batch, heads, seq, seq] scores, which at 8k
     tokens outweighs everything else in HBM; on a TPU the attention is a flash kernel that never
-    does. Elsewhere (the emulated-CPU cross-check) it is the textbook attention under the
-    same shard_map (plain softmax attention), so both compilers are given the same per-device split: left to XLA's own
-    partitioning, the CPU compile counted 7-10% more FLOPs per block for tensor-parallel layouts.
+    does. Elsewhere (the emulated-CPU cross-check) it is the textbook attention under the same
+    shard_map (plain softmax attention), so both compilers are given the same per-device split
+    (left to XLA's own partitioning, the CPU compile counts more FLOPs per block for
+    tensor-parallel layouts: docs/planner.md, "Prediction").
     """
     import jax
     import jax.numpy as jnp
