@@ -13,9 +13,10 @@ a value the user set.
 
 Where torch-tpu is installed, tpu-tune's own processes on such a host (the CLI, when ``tpu_tuner``
 is imported before torch, and every worker, rank and compiler process it starts) also get
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (which turns off every ``torch.backends`` plugin): the
-autoload costs seconds per process (docs/torchtpu.md) and changes dynamo's settings (``allow_rnn``, ``trace_autograd_ops``) and ``flex_attention`` for CPU and
-CUDA work too, which a CPU or GPU measurement should not carry.
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (which turns off every ``torch.backends`` plugin): the autoload
+costs seconds per process (docs/torchtpu.md) and changes dynamo's settings (``allow_rnn``,
+``trace_autograd_ops``) and ``flex_attention`` for CPU and CUDA work too, which a CPU or GPU
+measurement should not carry.
 """
 
 from __future__ import annotations

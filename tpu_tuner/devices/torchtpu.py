@@ -5,7 +5,7 @@ the installed package; the backend refuses to run on a package that fails that c
 moved. Nothing here swallows a TorchTPU error: an API change fails loudly.
 
 ``import torch_tpu`` is lazy: on a host without a TPU chip tpu-tune's processes do not autoload it
-(`tpu_host.py`), and it costs seconds where they do. docs/torchtpu.md has what each name does.
+(`core/tpu_host.py`), and it costs seconds where they do. docs/torchtpu.md has what each name does.
 """
 
 from __future__ import annotations

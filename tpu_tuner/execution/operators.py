@@ -34,7 +34,7 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
     """Profile `steps` steps and return the `top` operators by self time per step.
 
     `events_out`, if given, receives the raw profiler events (with their call tree), for the
-    check of operators without a FLOP formula (`uncounted.py`). `shares_out`, if given, receives
+    check of operators without a FLOP formula (`profiling/uncounted.py`). `shares_out`, if given, receives
     ``optimizer_step``: the optimizer update's share of all operators' self time, from its
     profiler range (an AdamW for-loop is hundreds of small ``mul_`` / ``lerp_`` calls, none of
     them in the top operators: docs/profiling.md).

@@ -16,8 +16,9 @@ module of `tpu_tuner.knobs`. A knob applies a value through hooks, each a no-op 
 
 The trial worker (`execution/step.py`, through `Candidate`) and `tpu_tuner.apply` call the same
 hooks, so what was measured is what gets applied. A backend never sees a candidate: the hooks
-combine a value with the backend's primitives (its eager modes, its matmul dtypes). ``code``
-prints the same thing as Python for ``tpu-tune apply``; ``observe`` reads the setting back, which the contract test compares.
+combine a value with the backend's primitives (its eager modes, its matmul dtypes). ``code`` prints
+the same thing as Python for ``tpu-tune apply``; ``observe`` reads the setting back, which the
+contract test compares.
 
 Knob modules import torch inside their hooks only: the CLI reads the registry (choices, names)
 before it may import torch (a bad option is refused first, docs/run-safety.md).

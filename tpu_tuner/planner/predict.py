@@ -2,13 +2,13 @@
 
 The model, stated so it can be checked:
 
-* **compute** = FLOPs / (bf16 peak x MXU efficiency x alignment), where FLOPs is the larger of
-  the compiler's count and the analytical hardware FLOPs (6N + 12LHQT per token, x4/3 under full
-  remat). The floor is needed because XLA's cost analysis counts a while-loop body once, and on
-  TPU it turns FSDP's gathered matmuls into windowed-einsum loops, which it then undercounts
-  (docs/planner.md, "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (one constant for all TPUs); alignment is the
-  FLOP-weighted waste of matmul dimensions that are not multiples of the MXU width (128; 256
-  on v6e), per device after sharding;
+* **compute** = FLOPs / (bf16 peak x MXU efficiency x alignment), where FLOPs is the larger of the
+  compiler's count and the analytical hardware FLOPs (6N + 12LHQT per token, x4/3 under full remat).
+  The floor is needed because XLA's cost analysis counts a while-loop body once, and on TPU it turns
+  FSDP's gathered matmuls into windowed-einsum loops, which it then undercounts (docs/planner.md,
+  "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (per
+  generation: `CostModel`); alignment is the FLOP-weighted waste of matmul dimensions that are not
+  multiples of the MXU width (128; 256 on v6e), per device after sharding;
 * **memory** = compiler HBM bytes / HBM bandwidth;
 * **communication** = each collective's bandwidth-optimal ring cost (see `collectives.py`) over
   the ICI links its device group spans: a group that fits along one torus axis gets that axis's

@@ -1,12 +1,12 @@
 """Import torchax 0.0.13 on torch 2.13.
 
 torchax 0.0.13 names, at import time, aten overloads for named tensors (``prod.dim_Dimname``,
-``index_fill.Dimname_Scalar``, ``std.correction_names``, ...) that torch 2.13 removed, so its
-import fails with ``AttributeError: The underlying op of 'aten.prod' has no overload name
-'dim_Dimname'`` (``python -c 'import torchax'`` with those two versions shows it). Those names
-only fill torchax's decomposition and autocast tables; no program can dispatch to an overload that does not exist. While torchax imports,
-this module answers a lookup of such a missing *named-tensor* overload with an inert
-placeholder (recorded in `SKIPPED`) and re-raises every other missing-attribute error.
+``index_fill.Dimname_Scalar``, ``std.correction_names``, ...) that torch 2.13 removed, so its import
+fails with ``AttributeError: The underlying op of 'aten.prod' has no overload name 'dim_Dimname'``
+(``python -c 'import torchax'`` with those two versions shows it). Those names only fill torchax's
+decomposition and autocast tables; no program can dispatch to an overload that does not exist. While
+torchax imports, this module answers a lookup of such a missing *named-tensor* overload with an
+inert placeholder (recorded in `SKIPPED`) and re-raises every other missing-attribute error.
 """
 
 from __future__ import annotations
