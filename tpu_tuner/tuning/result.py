@@ -61,6 +61,9 @@ class TuningResult:
     # When the result was made (the tuned config's provenance): kept by save and load, so a
     # loaded result's best_config is the one the run wrote.
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # The URL of the storage `study` was opened with (None: a study in memory), to show it
+    # redacted: Optuna gives a study's storage no public accessor.
+    storage_url: str | None = None
 
     @property
     def peak(self) -> tuple[float, str]:
@@ -88,7 +91,7 @@ class TuningResult:
     @property
     def storage_shown(self) -> str:
         """The study's storage URL with its password masked (to show, never to connect)."""
-        return _redact(self.study._storage)  # noqa: SLF001 - Optuna keeps no public accessor
+        return _redact(self.storage_url)
 
     @property
     def baseline(self) -> Measurement | None:
@@ -189,10 +192,11 @@ class TuningResult:
             worker_starts, created = int(record["worker_starts"]), str(record["created"])
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
-        return cls(run_dir=run_dir, study=_load_study(run_dir, state, storage),
+        study, url = _load_study(run_dir, state, storage)
+        return cls(run_dir=run_dir, study=study,
                    space=_load_space(record.get("space"), options, profile), profile=profile,
                    findings=findings, verification=verification, options=options, worker_starts=worker_starts,
-                   created=created)
+                   created=created, storage_url=url)
 
     def _provenance(self) -> dict[str, Any]:
         v = self.verification
@@ -217,7 +221,7 @@ class TuningResult:
                 "rounds": v.speedup.rounds if v.speedup else None,
                 "significant": v.chosen_is_best,
             },
-            "study": {"storage": _redact(self.study._storage), "name": self.study.study_name,  # noqa: SLF001
+            "study": {"storage": _redact(self.storage_url), "name": self.study.study_name,
                       "trials": len(self.study.trials)},
         }
 
@@ -258,9 +262,10 @@ def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return state, record
 
 
-def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> optuna.Study:
-    """The run's study: from study.db in the folder when the run used the default SQLite (the
-    stored absolute path goes stale when a folder is moved), else from the stored URL."""
+def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> tuple[optuna.Study, str]:
+    """The run's study and the URL it was loaded from: study.db in the folder when the run used
+    the default SQLite (the stored absolute path goes stale when a folder is moved), else the
+    stored URL."""
     from tpu_tuner.core.credentials import redact, without_password
 
     stored = str(state["storage"])
@@ -276,7 +281,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> op
         elif not Path(stored.removeprefix("sqlite:///")).is_file():
             raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
     try:
-        return optuna.load_study(study_name=str(state["study_name"]), storage=url)
+        return optuna.load_study(study_name=str(state["study_name"]), storage=url), url
     except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
@@ -307,14 +312,14 @@ def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None
     }
 
 
-def _redact(storage: Any) -> str:
-    url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
+def _redact(url: str | None) -> str:
+    """A storage URL to show (None: Optuna's in-memory storage, by the name it always had here)."""
     if url is None:
-        return type(storage).__name__
+        return "InMemoryStorage"
     from tpu_tuner.core.credentials import redact
 
     # Never write a password: the one redaction every writer uses (credentials.py).
-    return redact(url if isinstance(url, str) else url.render_as_string(hide_password=False))
+    return redact(url)
 
 
 def _version() -> str:

@@ -191,7 +191,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     result = TuningResult(
         run_dir=location.run_dir, study=study, space=space, profile=profile, findings=findings,
         verification=verification, options=options, worker_starts=runner.workers_started,
-        verified=left_to is None,
+        verified=left_to is None, storage_url=storage.url,
     )
     write_outputs(result)
     return result

@@ -190,7 +190,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
                                  "model_file": str(model_file), "fingerprint": current,
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
         try:
-            result = _finish_in(run_dir, study, options, profile, runner)
+            result = _finish_in(run_dir, study, rdb.url, options, profile, runner)
             write_outputs(result)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
@@ -199,7 +199,8 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     return result
 
 
-def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
+def _finish_in(run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any,
+               runner: Any) -> TuningResult:
     from tpu_tuner.runner.ranked import RankedTrialRunner
 
     if isinstance(runner, RankedTrialRunner):
@@ -218,7 +219,8 @@ def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile
                                 host=socket.gethostname())
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
     result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
-                          verification=verification, options=options, worker_starts=runner.workers_started)
+                          verification=verification, options=options, worker_starts=runner.workers_started,
+                          storage_url=storage_url)
     return result
 
 
