@@ -25,6 +25,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.metrics.mfu import common_peak, mfu
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
@@ -32,15 +33,16 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 
 TRIAL_COLUMNS = [
-    "number", "state", *knobs.names(), "amortised_step_s", "step_median_s",
-    "compile_s", "mfu", "accuracy_error", "feasible", "peak_memory_bytes", "failure_kind", "failure_message",
-    "rejected_by", "repeat_of", "trial_wall_s", "host", "duration_s",
+    "number", "state", *knobs.names(), records.AMORTISED_STEP_S, records.STEP_MEDIAN_S,
+    records.COMPILE_S, records.MFU, records.ACCURACY_ERROR, records.FEASIBLE, records.PEAK_MEMORY_BYTES,
+    records.FAILURE_KIND, records.FAILURE_MESSAGE, records.REJECTED_BY, records.REPEAT_OF, records.TRIAL_WALL_S,
+    records.HOST, "duration_s",
 ]
 # User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
 # (the worker that ran a trial of a shared study; "host" says where it ran).
-HIDDEN_ATTRS = ("measurement", "candidate", "measured", "worker")
+HIDDEN_ATTRS = (records.MEASUREMENT, records.CANDIDATE, records.MEASURED, records.WORKER)
 
-INTEGER_COLUMNS = ("number", "repeat_of", "peak_memory_bytes")
+INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES)
 
 
 @dataclass
@@ -116,12 +118,12 @@ class TuningResult:
         """The buckets of the chosen setting's trial, when the inputs vary (bucketing/knob.py)."""
         chosen = self.verification.chosen.to_dict()
         for t in self.study.get_trials(deepcopy=False):
-            if t.user_attrs.get("buckets") and t.user_attrs.get("candidate") == chosen:
+            if t.user_attrs.get(records.BUCKETS) and t.user_attrs.get(records.CANDIDATE) == chosen:
                 from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
-                return {"buckets": t.user_attrs["buckets"], "align": self.options.objective.bucket_align,
-                        "padding_waste": t.user_attrs.get("padding_waste"),
-                        "torchtpu": torchtpu_instructions(t.user_attrs["buckets"])}
+                return {"buckets": t.user_attrs[records.BUCKETS], "align": self.options.objective.bucket_align,
+                        "padding_waste": t.user_attrs.get(records.PADDING_WASTE),
+                        "torchtpu": torchtpu_instructions(t.user_attrs[records.BUCKETS])}
         return None
 
     def trials_dataframe(self) -> pd.DataFrame:
@@ -134,11 +136,11 @@ class TuningResult:
             row: dict[str, Any] = {"number": t.number, "state": t.state.name}
             row.update(t.params)
             row.update({k: v for k, v in t.user_attrs.items() if k not in HIDDEN_ATTRS})
-            if isinstance(row.get("warm_start"), dict):  # where the setting came from, not a dict repr
-                row["warm_start"] = row["warm_start"].get("source")
+            if isinstance(row.get(records.WARM_START), dict):  # where the setting came from, not a dict repr
+                row[records.WARM_START] = row[records.WARM_START].get("source")
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
             # A repeat carries its first trial's figures: its MFU too, on the run's peak.
-            measured = self.on_run_peak(measurements.get(t.user_attrs.get("repeat_of", t.number)), run_peak)
+            measured = self.on_run_peak(measurements.get(t.user_attrs.get(records.REPEAT_OF, t.number)), run_peak)
             if measured is not None:
                 row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
             rows.append(row)
