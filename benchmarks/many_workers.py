@@ -102,7 +102,9 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
 
     from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.tuning.study import Worker, build_sampler, run_search
+    from tpu_tuner.studies.liveness import Worker
+    from tpu_tuner.tuning.seeding import build_sampler
+    from tpu_tuner.tuning.trials import run_search
 
     space, options = _space(), _loop_options(trials)
     storage = open_storage(url, 1) if url else None
@@ -141,7 +143,9 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
 
     from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.tuning.study import Worker, build_sampler, run_search
+    from tpu_tuner.studies.liveness import Worker
+    from tpu_tuner.tuning.seeding import build_sampler
+    from tpu_tuner.tuning.trials import run_search
 
     name = f"overhead-{uuid.uuid4().hex[:8]}"
     if url is None:  # in memory: one process, no storage, no heartbeat

@@ -35,7 +35,8 @@ from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.run_setup import prepare_agents
-from tpu_tuner.tuning.study import build_sampler, enqueue_seeds, run_search
+from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
+from tpu_tuner.tuning.trials import run_search
 from tpu_tuner.tuning.warm_start import WarmSeed
 
 REPO = Path(__file__).resolve().parent.parent

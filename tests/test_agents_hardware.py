@@ -16,7 +16,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.study import enqueue_seeds
+from tpu_tuner.tuning.seeding import enqueue_seeds
 
 from conftest import use_probe
 

@@ -22,7 +22,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.api import tune
-from tpu_tuner.tuning.study import build_sampler
+from tpu_tuner.tuning.seeding import build_sampler
 
 CONDITIONAL = """
 [[param]]

@@ -23,7 +23,7 @@ from tpu_tuner.cli import main
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.liveness import is_lost
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
-from tpu_tuner.tuning.study import enqueue_seeds
+from tpu_tuner.tuning.seeding import enqueue_seeds
 from tpu_tuner.tuning.warm_start import find_warm_seeds
 from tpu_tuner.tuning.workload_features import WorkloadFeatures
 

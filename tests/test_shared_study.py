@@ -144,7 +144,8 @@ def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: st
 
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
     from tpu_tuner.studies.liveness import Worker
-    from tpu_tuner.tuning.study import _run_trial
+    from tpu_tuner.studies.loop import Rules, _settle
+    from tpu_tuner.tuning.trials import TuneTrials
 
     study = optuna.create_study()
     study.add_trial(_trial(0, {"matmul_precision": "highest", "autocast": "none"}, optuna.trial.TrialState.COMPLETE,
@@ -160,8 +161,9 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
 
     study.enqueue_trial({"matmul_precision": "high", "autocast": "none"})  # neither measured nor running
     late = study.ask()
-    _run_trial(study, late, SPACE, [], NoRunner(), {}, TuneOptions(trials=2), lambda event: None, 0.0, None, None,
-               Worker("b", "h"))
+    trials = TuneTrials(study, SPACE, [], NoRunner(), {}, TuneOptions(trials=2), lambda event: None, 0.0, None, None,
+                        Worker("b", "h"))
+    assert _settle(study, trials, Rules(budget=2), late, []) == "released"
     released = study.get_trials(deepcopy=False)[late.number]
     assert released.state == optuna.trial.TrialState.PRUNED and released.user_attrs.get("over_budget")
     assert "measured" not in released.user_attrs

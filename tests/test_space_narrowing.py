@@ -122,7 +122,7 @@ def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
     import optuna
 
     from tpu_tuner.tuning import TuneOptions
-    from tpu_tuner.tuning.study import build_sampler, enqueue_seeds
+    from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
 
     space = SearchSpace.load("default", "cpu").for_workload(WorkloadTraits(False, 0, 0, 4))
     assert space.complete({"execution": "inductor"})["compile_options"] == "default"

@@ -11,7 +11,8 @@ from pathlib import Path
 from tpu_tuner.outputs.write import write_tuning
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.study import ProgressCallback, run_tuning
+from tpu_tuner.tuning.progress import ProgressCallback
+from tpu_tuner.tuning.study import run_tuning
 from tpu_tuner.tuning.study_admin import finish_study as _finish_study
 
 

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.api import tune
     from tpu_tuner.core.units import ms
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.tuning.study import Progress
+    from tpu_tuner.tuning.progress import Progress
 
     def show(event: Progress) -> None:
         # "best" is the same quantity a finished trial's line leads with (its objective).

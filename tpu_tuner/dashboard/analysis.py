@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tpu_tuner.dashboard.collect import KNOBS
+from tpu_tuner.studies import records
 
 log = logging.getLogger(__name__)
 
@@ -15,22 +16,22 @@ log = logging.getLogger(__name__)
 def measured_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """Completed trials that were measured (not repeats of an earlier setting), in trial order."""
     done = trials[trials["state"] == "COMPLETE"]
-    if "repeat_of" in done:
-        done = done[done["repeat_of"].isna()]
-    if "amortised_step_s" in done:
-        done = done[pd.to_numeric(done["amortised_step_s"], errors="coerce").notna()]
+    if records.REPEAT_OF in done:
+        done = done[done[records.REPEAT_OF].isna()]
+    if records.AMORTISED_STEP_S in done:
+        done = done[pd.to_numeric(done[records.AMORTISED_STEP_S], errors="coerce").notna()]
     return done.sort_values("number")
 
 
 def pareto_front(trials: pd.DataFrame) -> pd.DataFrame:
     """The trials no other trial beats on both step time and accuracy error (both minimised)."""
     done = measured_trials(trials)
-    if not len(done) or "accuracy_error" not in done:
+    if not len(done) or records.ACCURACY_ERROR not in done:
         return done.iloc[0:0]
-    done = done[pd.to_numeric(done["accuracy_error"], errors="coerce").notna()]
-    ordered = done.sort_values(["amortised_step_s", "accuracy_error"])
+    done = done[pd.to_numeric(done[records.ACCURACY_ERROR], errors="coerce").notna()]
+    ordered = done.sort_values([records.AMORTISED_STEP_S, records.ACCURACY_ERROR])
     keep, best_error = [], np.inf
-    for index, error in zip(ordered.index, ordered["accuracy_error"].astype(float)):
+    for index, error in zip(ordered.index, ordered[records.ACCURACY_ERROR].astype(float)):
         if error < best_error:  # faster ones come first, so this one survives only if more accurate
             keep.append(index)
             best_error = error
@@ -54,7 +55,7 @@ def knob_importance(trials: pd.DataFrame) -> dict[str, float]:
     distributions = {k: optuna.distributions.CategoricalDistribution(sorted(done[k].astype(str).unique()))
                      for k in knobs}
     frozen = [optuna.trial.create_trial(params={k: str(row[k]) for k in knobs}, distributions=distributions,
-                                        value=float(row["amortised_step_s"]))
+                                        value=float(row[records.AMORTISED_STEP_S]))
               for _, row in done.iterrows()]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize")

@@ -34,6 +34,7 @@ from tpu_tuner.core.run_folder import (BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN
                                RUN_JSON, TRIALS_CSV, TUNED_CONFIG)
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.studies import run_file
+from tpu_tuner.studies import records
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
         collection.trials[run] = trials
         # Repeats of an earlier setting and settings rejected before running cost no measurement.
         measured = trials
-        for column in ("repeat_of", "rejected_by"):
+        for column in (records.REPEAT_OF, records.REJECTED_BY):
             if column in measured:
                 measured = measured[measured[column].isna()]
         row["trials"] = len(measured)

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.core.units import si
 from tpu_tuner.model.layouts import Layout
+from tpu_tuner.studies import records
 
 DPI = 80
 _OK = "tab:blue"
@@ -136,8 +137,8 @@ def run_detail(trials: pd.DataFrame) -> str:
     fig.subplots_adjust(left=0.045, right=0.99, bottom=0.16, top=0.9, wspace=0.42)
     history, mfu, pareto, knobs = fig.subplots(1, 4)
     number = done["number"].to_numpy()
-    step_ms = done["amortised_step_s"].to_numpy(dtype=float) * 1e3
-    feasible = done["feasible"].fillna(False).astype(bool).to_numpy() if "feasible" in done else np.ones(len(done), bool)
+    step_ms = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
+    feasible = done[records.FEASIBLE].fillna(False).astype(bool).to_numpy() if records.FEASIBLE in done else np.ones(len(done), bool)
 
     history.scatter(number[feasible], step_ms[feasible], s=14, color=_OK, label="feasible")
     history.scatter(number[~feasible], step_ms[~feasible], s=14, color="tab:red", marker="x", label="too inaccurate")
@@ -147,18 +148,18 @@ def run_detail(trials: pd.DataFrame) -> str:
     history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
     history.legend(fontsize=6)
 
-    mfu_values = pd.to_numeric(done.get("mfu"), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
+    mfu_values = pd.to_numeric(done.get(records.MFU), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
     mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
     mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, %")
 
-    if len(done) and "accuracy_error" in done:
-        error = pd.to_numeric(done["accuracy_error"], errors="coerce").to_numpy(dtype=float)
+    if len(done) and records.ACCURACY_ERROR in done:
+        error = pd.to_numeric(done[records.ACCURACY_ERROR], errors="coerce").to_numpy(dtype=float)
         # Exact fp32 matches have error 0, which a log axis cannot show: they sit at a floor.
         floor = np.nanmin(error[error > 0]) / 10 if (error > 0).any() else 1e-12
         pareto.scatter(step_ms, np.maximum(error, floor), s=14, color="tab:gray", label="trial")
         front = pareto_front(trials)
-        pareto.plot(front["amortised_step_s"].astype(float) * 1e3,
-                    np.maximum(front["accuracy_error"].astype(float), floor), marker="o", color="tab:orange",
+        pareto.plot(front[records.AMORTISED_STEP_S].astype(float) * 1e3,
+                    np.maximum(front[records.ACCURACY_ERROR].astype(float), floor), marker="o", color="tab:orange",
                     label="Pareto front")
         pareto.set_yscale("log")
         pareto.minorticks_off()  # minor ticks of log axes are many Line2D objects: a tenth of the render

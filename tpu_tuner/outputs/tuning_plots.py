@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG  # noqa: E402
+from tpu_tuner.studies import records  # noqa: E402
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,8 +33,8 @@ def write_plots(result: "TuningResult") -> dict[str, "Path"]:
 def _history(result: "TuningResult", done) -> "Path":
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
-        values = done["amortised_step_s"].to_numpy(dtype=float) * 1e3
-        feasible = done["feasible"].astype(bool).to_numpy()
+        values = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
+        feasible = done[records.FEASIBLE].astype(bool).to_numpy()
         ax.scatter(done["number"][feasible], values[feasible], label="feasible trial", color="tab:blue")
         ax.scatter(done["number"][~feasible], values[~feasible], label="infeasible (accuracy)", color="tab:red", marker="x")
         best = np.minimum.accumulate(np.where(feasible, values, np.inf))
@@ -48,8 +49,8 @@ def _history(result: "TuningResult", done) -> "Path":
 def _mfu(result: "TuningResult", frame, done) -> "Path":
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
-        colors = ["tab:blue" if f else "tab:red" for f in done["feasible"].astype(bool)]
-        ax.bar(done["number"], done["mfu"].astype(float) * 100, color=colors)
+        colors = ["tab:blue" if f else "tab:red" for f in done[records.FEASIBLE].astype(bool)]
+        ax.bar(done["number"], done[records.MFU].astype(float) * 100, color=colors)
     failed = frame[frame["state"] == "FAIL"] if "state" in frame else frame.iloc[0:0]
     for number in failed["number"]:
         ax.axvline(number, color="grey", linestyle=":", linewidth=1)
@@ -62,8 +63,8 @@ def _mfu(result: "TuningResult", frame, done) -> "Path":
 def _pareto(result: "TuningResult", done) -> "Path":
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
-        error = np.maximum(done["accuracy_error"].to_numpy(dtype=float), 1e-9)  # log axis: exact matches at 1e-9
-        step = done["step_median_s"].to_numpy(dtype=float) * 1e3
+        error = np.maximum(done[records.ACCURACY_ERROR].to_numpy(dtype=float), 1e-9)  # log axis: exact matches at 1e-9
+        step = done[records.STEP_MEDIAN_S].to_numpy(dtype=float) * 1e3
         ax.scatter(error, step, color="tab:blue")
         for number, x, y in zip(done["number"], error, step):
             ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")

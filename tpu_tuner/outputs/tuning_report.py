@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.core.units import binary_bytes, ms, shape
+from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
@@ -91,18 +92,18 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
-        note = next((str(row[k]) for k in ("failure_message", "rejected_by") if _present(row.get(k))), "")
-        if _present(row.get("repeat_of")):
-            note = f"repeat of trial {int(row['repeat_of'])}, not re-measured" + (f"; {note}" if note else "")
+        note = next((str(row[k]) for k in (records.FAILURE_MESSAGE, records.REJECTED_BY) if _present(row.get(k))), "")
+        if _present(row.get(records.REPEAT_OF)):
+            note = f"repeat of trial {int(row[records.REPEAT_OF])}, not re-measured" + (f"; {note}" if note else "")
         out.append(
-            f"| {row['number']} | {row['state']} | {settings} | {_ms(row.get('amortised_step_s'))} | "
-            f"{_ms(row.get('step_median_s'))} | {_s(row.get('compile_s'))} | {_pct(row.get('mfu'))} | "
-            f"{_sci(row.get('accuracy_error'))} | {note.replace('|', '/')} |"
+            f"| {row['number']} | {row['state']} | {settings} | {_ms(row.get(records.AMORTISED_STEP_S))} | "
+            f"{_ms(row.get(records.STEP_MEDIAN_S))} | {_s(row.get(records.COMPILE_S))} | {_pct(row.get(records.MFU))} | "
+            f"{_sci(row.get(records.ACCURACY_ERROR))} | {note.replace('|', '/')} |"
         )
-    failures = frame[frame["failure_kind"].notna()] if "failure_kind" in frame else frame.iloc[0:0]
+    failures = frame[frame[records.FAILURE_KIND].notna()] if records.FAILURE_KIND in frame else frame.iloc[0:0]
     out += ["", "## Failures", ""]
     if len(failures):
-        out += [f"- trial {int(r['number'])}: **{r['failure_kind']}**: {r.get('failure_message', '')}" for _, r in failures.iterrows()]
+        out += [f"- trial {int(r['number'])}: **{r[records.FAILURE_KIND]}**: {r.get(records.FAILURE_MESSAGE, '')}" for _, r in failures.iterrows()]
     else:
         out.append("None.")
     out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
@@ -122,9 +123,8 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     return "\n".join(out) + "\n"
 
 
-# The trial user attr an enqueued earlier best carries (tuning/warm_start.py TRIAL_ATTR; the reports
-# know the tuning package only as types).
-WARM_START_ATTR = "warm_start"
+# The trial user attr an enqueued earlier best carries (tuning/warm_start.py).
+WARM_START_ATTR = records.WARM_START
 
 
 def _warm_start_section(result: "TuningResult") -> list[str]:
@@ -156,8 +156,8 @@ def _hosts_section(result: "TuningResult") -> list[str]:
     """Which host measured what, when trials came from more than one (a shared study), and where
     the comparison was re-measured; one line when everything ran on one known host."""
     v = result.verification
-    trials = [t for t in result.study.get_trials(deepcopy=False) if t.user_attrs.get("host")]
-    hosts = sorted({str(t.user_attrs["host"]) for t in trials})
+    trials = [t for t in result.study.get_trials(deepcopy=False) if t.user_attrs.get(records.HOST)]
+    hosts = sorted({str(t.user_attrs[records.HOST]) for t in trials})
     verified_on = getattr(v, "host", None)
     if len(hosts) <= 1:
         if not verified_on:
@@ -171,9 +171,9 @@ def _hosts_section(result: "TuningResult") -> list[str]:
            f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
            "| host | trials measured | best objective there |", "|---|---:|---:|"]
     for host in hosts:
-        own = [t for t in trials if str(t.user_attrs["host"]) == host and "repeat_of" not in t.user_attrs]
-        measured = sum(1 for t in own if t.user_attrs.get("measured"))
-        values = [t.value for t in own if t.value is not None and t.user_attrs.get("feasible")]
+        own = [t for t in trials if str(t.user_attrs[records.HOST]) == host and records.REPEAT_OF not in t.user_attrs]
+        measured = sum(1 for t in own if t.user_attrs.get(records.MEASURED))
+        values = [t.value for t in own if t.value is not None and t.user_attrs.get(records.FEASIBLE)]
         out.append(f"| {host} | {measured} | {_ms(min(values)) if values else 'none feasible'} |")
     return out + [""]
 
@@ -201,14 +201,14 @@ def _measured_here(trial, baseline_value: float | None) -> str:
         text = _ms(trial.value)
         if baseline_value:
             text += f", {baseline_value / trial.value:.2f}x the baseline"
-        if not trial.user_attrs.get("feasible", True):
-            text += f", infeasible ({trial.user_attrs.get('failure_kind', 'constraint')})"
+        if not trial.user_attrs.get(records.FEASIBLE, True):
+            text += f", infeasible ({trial.user_attrs.get(records.FAILURE_KIND, 'constraint')})"
         return text
     if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
         return "not measured yet"
-    if trial.user_attrs.get("rejected_by"):
-        return f"rejected ({str(trial.user_attrs['rejected_by']).replace('|', '/')})"
-    kind = trial.user_attrs.get("failure_kind")
+    if trial.user_attrs.get(records.REJECTED_BY):
+        return f"rejected ({str(trial.user_attrs[records.REJECTED_BY]).replace('|', '/')})"
+    kind = trial.user_attrs.get(records.FAILURE_KIND)
     state = "failed" if trial.state == optuna.trial.TrialState.FAIL else trial.state.name.lower()
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 

@@ -43,6 +43,10 @@ class Rules:
     * ``wait_for_running``: when running trials hold the rest of the budget, wait for them (one
       may be lost and its setting queued again) rather than stop counting them as spent.
     * ``queue_only``: ask only while the study has queued trials; stop when it has none.
+    * ``look_between_asks``: after an ask that makes no claim, look at the study again (lost
+      trials, failures, the stop rules) before the next ask, instead of filling the batch on:
+      the tuner, one trial at a time, sees the clock and other workers' trials at every ask
+      (not with ``queue_only``, whose empty batch means an empty queue).
     * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
     * ``space_size``: stop once this many distinct settings are settled.
     * ``timeout_s``: stop asking this long after ``started`` (a `time.perf_counter` reading).
@@ -52,6 +56,7 @@ class Rules:
     batch: int = 1
     wait_for_running: bool = True
     queue_only: bool = False
+    look_between_asks: bool = False
     max_asks: int | None = None
     max_idle_asks: int | None = None
     space_size: int | None = None
@@ -199,6 +204,8 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 if outcome == "released":
                     if not rules.wait_for_running:
                         time.sleep(worker.poll_s)  # the earlier trials settle, or turn out not to
+                    break
+                if rules.look_between_asks:
                     break
             if not batch:
                 if rules.queue_only:

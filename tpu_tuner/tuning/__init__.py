@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.study import Progress
+    from tpu_tuner.tuning.progress import Progress
 
-_WHERE = {"TuneOptions": "options", "TuningResult": "result", "Progress": "study"}
+_WHERE = {"TuneOptions": "options", "TuningResult": "result", "Progress": "progress"}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ import optuna
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.interleaved import compare_interleaved
@@ -46,9 +47,9 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
     """The feasible, measured, non-baseline settings worth racing, fastest first."""
     feasible = [t for t in study.get_trials(deepcopy=False)
                 if trial_attrs.is_feasible(t) and trial_attrs.measurement_of(t) is not None
-                and "repeat_of" not in t.user_attrs and t.params != baseline_params]
+                and records.REPEAT_OF not in t.user_attrs and t.params != baseline_params]
     feasible.sort(key=lambda t: t.value)
-    if not feasible or any("buckets" in t.user_attrs for t in feasible):
+    if not feasible or any(records.BUCKETS in t.user_attrs for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
         # under each trial's own buckets (bucketing/knob.py), which a race at one shape cannot
         # re-measure: the search's order stands.

@@ -25,6 +25,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.metrics.mfu import common_peak, mfu
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
@@ -32,15 +33,16 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 
 TRIAL_COLUMNS = [
-    "number", "state", *knobs.names(), "amortised_step_s", "step_median_s",
-    "compile_s", "mfu", "accuracy_error", "feasible", "peak_memory_bytes", "failure_kind", "failure_message",
-    "rejected_by", "repeat_of", "trial_wall_s", "host", "duration_s",
+    "number", "state", *knobs.names(), records.AMORTISED_STEP_S, records.STEP_MEDIAN_S,
+    records.COMPILE_S, records.MFU, records.ACCURACY_ERROR, records.FEASIBLE, records.PEAK_MEMORY_BYTES,
+    records.FAILURE_KIND, records.FAILURE_MESSAGE, records.REJECTED_BY, records.REPEAT_OF, records.TRIAL_WALL_S,
+    records.HOST, "duration_s",
 ]
 # User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
 # (the worker that ran a trial of a shared study; "host" says where it ran).
-HIDDEN_ATTRS = ("measurement", "candidate", "measured", "worker")
+HIDDEN_ATTRS = (records.MEASUREMENT, records.CANDIDATE, records.MEASURED, records.WORKER)
 
-INTEGER_COLUMNS = ("number", "repeat_of", "peak_memory_bytes")
+INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES)
 
 
 @dataclass
@@ -61,6 +63,9 @@ class TuningResult:
     # When the result was made (the tuned config's provenance): kept by save and load, so a
     # loaded result's best_config is the one the run wrote.
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # The URL of the storage `study` was opened with (None: a study in memory), to show it
+    # redacted: Optuna gives a study's storage no public accessor.
+    storage_url: str | None = None
 
     @property
     def peak(self) -> tuple[float, str]:
@@ -88,7 +93,7 @@ class TuningResult:
     @property
     def storage_shown(self) -> str:
         """The study's storage URL with its password masked (to show, never to connect)."""
-        return _redact(self.study._storage)  # noqa: SLF001 - Optuna keeps no public accessor
+        return _redact(self.storage_url)
 
     @property
     def baseline(self) -> Measurement | None:
@@ -113,12 +118,12 @@ class TuningResult:
         """The buckets of the chosen setting's trial, when the inputs vary (bucketing/knob.py)."""
         chosen = self.verification.chosen.to_dict()
         for t in self.study.get_trials(deepcopy=False):
-            if t.user_attrs.get("buckets") and t.user_attrs.get("candidate") == chosen:
+            if t.user_attrs.get(records.BUCKETS) and t.user_attrs.get(records.CANDIDATE) == chosen:
                 from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
-                return {"buckets": t.user_attrs["buckets"], "align": self.options.objective.bucket_align,
-                        "padding_waste": t.user_attrs.get("padding_waste"),
-                        "torchtpu": torchtpu_instructions(t.user_attrs["buckets"])}
+                return {"buckets": t.user_attrs[records.BUCKETS], "align": self.options.objective.bucket_align,
+                        "padding_waste": t.user_attrs.get(records.PADDING_WASTE),
+                        "torchtpu": torchtpu_instructions(t.user_attrs[records.BUCKETS])}
         return None
 
     def trials_dataframe(self) -> pd.DataFrame:
@@ -131,11 +136,11 @@ class TuningResult:
             row: dict[str, Any] = {"number": t.number, "state": t.state.name}
             row.update(t.params)
             row.update({k: v for k, v in t.user_attrs.items() if k not in HIDDEN_ATTRS})
-            if isinstance(row.get("warm_start"), dict):  # where the setting came from, not a dict repr
-                row["warm_start"] = row["warm_start"].get("source")
+            if isinstance(row.get(records.WARM_START), dict):  # where the setting came from, not a dict repr
+                row[records.WARM_START] = row[records.WARM_START].get("source")
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
             # A repeat carries its first trial's figures: its MFU too, on the run's peak.
-            measured = self.on_run_peak(measurements.get(t.user_attrs.get("repeat_of", t.number)), run_peak)
+            measured = self.on_run_peak(measurements.get(t.user_attrs.get(records.REPEAT_OF, t.number)), run_peak)
             if measured is not None:
                 row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
             rows.append(row)
@@ -189,10 +194,11 @@ class TuningResult:
             worker_starts, created = int(record["worker_starts"]), str(record["created"])
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
-        return cls(run_dir=run_dir, study=_load_study(run_dir, state, storage),
+        study, url = _load_study(run_dir, state, storage)
+        return cls(run_dir=run_dir, study=study,
                    space=_load_space(record.get("space"), options, profile), profile=profile,
                    findings=findings, verification=verification, options=options, worker_starts=worker_starts,
-                   created=created)
+                   created=created, storage_url=url)
 
     def _provenance(self) -> dict[str, Any]:
         v = self.verification
@@ -217,7 +223,7 @@ class TuningResult:
                 "rounds": v.speedup.rounds if v.speedup else None,
                 "significant": v.chosen_is_best,
             },
-            "study": {"storage": _redact(self.study._storage), "name": self.study.study_name,  # noqa: SLF001
+            "study": {"storage": _redact(self.storage_url), "name": self.study.study_name,
                       "trials": len(self.study.trials)},
         }
 
@@ -258,9 +264,10 @@ def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return state, record
 
 
-def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> optuna.Study:
-    """The run's study: from study.db in the folder when the run used the default SQLite (the
-    stored absolute path goes stale when a folder is moved), else from the stored URL."""
+def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> tuple[optuna.Study, str]:
+    """The run's study and the URL it was loaded from: study.db in the folder when the run used
+    the default SQLite (the stored absolute path goes stale when a folder is moved), else the
+    stored URL."""
     from tpu_tuner.core.credentials import redact, without_password
 
     stored = str(state["storage"])
@@ -276,7 +283,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> op
         elif not Path(stored.removeprefix("sqlite:///")).is_file():
             raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
     try:
-        return optuna.load_study(study_name=str(state["study_name"]), storage=url)
+        return optuna.load_study(study_name=str(state["study_name"]), storage=url), url
     except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
@@ -307,14 +314,14 @@ def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None
     }
 
 
-def _redact(storage: Any) -> str:
-    url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
+def _redact(url: str | None) -> str:
+    """A storage URL to show (None: Optuna's in-memory storage, by the name it always had here)."""
     if url is None:
-        return type(storage).__name__
+        return "InMemoryStorage"
     from tpu_tuner.core.credentials import redact
 
     # Never write a password: the one redaction every writer uses (credentials.py).
-    return redact(url if isinstance(url, str) else url.render_as_string(hide_password=False))
+    return redact(url)
 
 
 def _version() -> str:

@@ -24,6 +24,7 @@ import optuna
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.fingerprint import differences
@@ -203,9 +204,9 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     if done is not None and done.get("measured") == measured:
         return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
     last = last_measured(trials)
-    if last is None or last.user_attrs.get("worker") == worker.id:
+    if last is None or last.user_attrs.get(records.WORKER) == worker.id:
         return None
-    return (f"worker {last.user_attrs.get('worker')} measured the study's last trial and verifies it "
+    return (f"worker {last.user_attrs.get(records.WORKER)} measured the study's last trial and verifies it "
             "(or run `tpu-tune study finish`)")
 
 

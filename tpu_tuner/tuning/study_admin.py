@@ -26,8 +26,9 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.knobs import traits
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
-from tpu_tuner.runner.ranked_runner import trial_runner
 from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.ranked_runner import trial_runner
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies import run_file
 from tpu_tuner.tuning import trial_attrs
@@ -120,11 +121,11 @@ def study_status(storage: str, name: str) -> StudyStatus:
     states = Counter(t.state.name for t in trials)
     tallies: dict[str, WorkerTally] = {}
     for t in trials:
-        worker = t.user_attrs.get("worker")
+        worker = t.user_attrs.get(records.WORKER)
         if worker is None:
             continue
-        tally = tallies.setdefault(worker, WorkerTally(worker, str(t.user_attrs.get("host", "?"))))
-        tally.measured += int(bool(t.user_attrs.get("measured")) and "repeat_of" not in t.user_attrs)
+        tally = tallies.setdefault(worker, WorkerTally(worker, str(t.user_attrs.get(records.HOST, "?"))))
+        tally.measured += int(bool(t.user_attrs.get(records.MEASURED)) and records.REPEAT_OF not in t.user_attrs)
         tally.running += int(t.state == optuna.trial.TrialState.RUNNING)
         tally.lost += int(is_lost(t))
     feasible = [t for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
@@ -136,7 +137,7 @@ def study_status(storage: str, name: str) -> StudyStatus:
         lost=sum(1 for t in trials if is_lost(t)), workers=list(tallies.values()),
         best_value=best.value if best else None,
         best_label=_label(best) if best else None,
-        best_host=str(best.user_attrs.get("host", "?")) if best else None,
+        best_host=str(best.user_attrs.get(records.HOST, "?")) if best else None,
         verification=recorded_verification(study),
     )
 
@@ -156,7 +157,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     fail_lost_trials(study, rdb)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running and not now:
-        hosts = sorted({str(t.user_attrs.get("host", "?")) for t in running})
+        hosts = sorted({str(t.user_attrs.get(records.HOST, "?")) for t in running})
         raise UserInputError(f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
                              "that completes the budget verifies. Give --now to verify what is measured so far")
     profile_data = study.user_attrs.get(PROFILE_ATTR)
@@ -190,7 +191,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
                                  "model_file": str(model_file), "fingerprint": current,
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
         try:
-            result = _finish_in(run_dir, study, options, profile, runner)
+            result = _finish_in(run_dir, study, rdb.url, options, profile, runner)
             write_outputs(result)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
@@ -199,7 +200,8 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     return result
 
 
-def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile: Any, runner: Any) -> TuningResult:
+def _finish_in(run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any,
+               runner: Any) -> TuningResult:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     if isinstance(runner, RankedTrialRunner):
@@ -218,14 +220,15 @@ def _finish_in(run_dir: Path, study: optuna.Study, options: TuneOptions, profile
                                 host=socket.gethostname())
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
     result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
-                          verification=verification, options=options, worker_starts=runner.workers_started)
+                          verification=verification, options=options, worker_starts=runner.workers_started,
+                          storage_url=storage_url)
     return result
 
 
 def _label(trial: optuna.trial.FrozenTrial) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
-    candidate = trial.user_attrs.get("candidate")
+    candidate = trial.user_attrs.get(records.CANDIDATE)
     if isinstance(candidate, dict):
         try:
             return Candidate.from_dict(candidate).describe()

@@ -6,6 +6,7 @@ import json
 
 import optuna
 
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.execution.measurement import Measurement, TrialFailure
 from tpu_tuner.tuning.memory_limit import MemoryLimit
@@ -22,55 +23,55 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
     if bucketing is not None:
         best = bucketing.best(m.step_median, m.compile_seconds, planned_steps)
         objective = best.total_seconds / planned_steps
-        trial.set_user_attr("buckets", list(best.strategy.bounds))
-        trial.set_user_attr("padding_waste", best.padding_waste)
+        trial.set_user_attr(records.BUCKETS, list(best.strategy.bounds))
+        trial.set_user_attr(records.PADDING_WASTE, best.padding_waste)
     data = m.to_dict()
     data["samples"] = data["samples"][:MAX_STORED_SAMPLES]
-    trial.set_user_attr("measurement", json.dumps(data))
-    trial.set_user_attr("step_median_s", m.step_median)
-    trial.set_user_attr("compile_s", m.compile_seconds)
-    trial.set_user_attr("amortised_step_s", objective)
-    trial.set_user_attr("mfu", m.mfu)
-    trial.set_user_attr("accuracy_error", m.accuracy_error)
-    trial.set_user_attr("peak_memory_bytes", m.peak_memory_bytes)
-    trial.set_user_attr("feasible", m.accuracy_error <= tolerance)
-    trial.set_user_attr("candidate", m.candidate)
+    trial.set_user_attr(records.MEASUREMENT, json.dumps(data))
+    trial.set_user_attr(records.STEP_MEDIAN_S, m.step_median)
+    trial.set_user_attr(records.COMPILE_S, m.compile_seconds)
+    trial.set_user_attr(records.AMORTISED_STEP_S, objective)
+    trial.set_user_attr(records.MFU, m.mfu)
+    trial.set_user_attr(records.ACCURACY_ERROR, m.accuracy_error)
+    trial.set_user_attr(records.PEAK_MEMORY_BYTES, m.peak_memory_bytes)
+    trial.set_user_attr(records.FEASIBLE, m.accuracy_error <= tolerance)
+    trial.set_user_attr(records.CANDIDATE, m.candidate)
     if m.accuracy_error > tolerance:
-        trial.set_user_attr("failure_kind", "accuracy")
-        trial.set_user_attr("failure_message", f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}")
+        trial.set_user_attr(records.FAILURE_KIND, "accuracy")
+        trial.set_user_attr(records.FAILURE_MESSAGE, f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}")
     # Optuna: a trial is feasible when every constraint is <= 0.
     trial.set_constraint("accuracy", m.accuracy_error - tolerance)
     if memory is not None and m.peak_memory_bytes is not None:
         trial.set_constraint("memory", float(m.peak_memory_bytes - memory.bytes))
         over = memory.exceeded_by(m.peak_memory_bytes)
         if over:
-            trial.set_user_attr("feasible", False)
+            trial.set_user_attr(records.FEASIBLE, False)
             if m.accuracy_error <= tolerance:  # the accuracy reason, where both fail, stays first
-                trial.set_user_attr("failure_kind", "memory")
-                trial.set_user_attr("failure_message", over)
+                trial.set_user_attr(records.FAILURE_KIND, "memory")
+                trial.set_user_attr(records.FAILURE_MESSAGE, over)
     return objective
 
 
 def record_failure(trial: optuna.Trial, failure: TrialFailure) -> None:
-    trial.set_user_attr("failure_kind", failure.kind)
-    trial.set_user_attr("failure_message", failure.message)
-    trial.set_user_attr("feasible", False)
+    trial.set_user_attr(records.FAILURE_KIND, failure.kind)
+    trial.set_user_attr(records.FAILURE_MESSAGE, failure.message)
+    trial.set_user_attr(records.FEASIBLE, False)
 
 
 def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
     """The measurement a trial stored, or None for failed, rejected and repeated trials."""
-    raw = trial.user_attrs.get("measurement")
+    raw = trial.user_attrs.get(records.MEASUREMENT)
     return Measurement(**json.loads(raw)) if raw else None
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.state == optuna.trial.TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
+    return trial.state == optuna.trial.TrialState.COMPLETE and bool(trial.user_attrs.get(records.FEASIBLE))
 
 
 # What a repeat does not take from the trial it repeats: the measurement itself, and what says
 # who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
 # nothing: it must not pass for the earlier worker's measured trial), or how it was queued.
-NOT_COPIED = ("measurement", "measured", "worker", "host", "trial_wall_s", "warm_start")
+NOT_COPIED = (records.MEASUREMENT, records.MEASURED, records.WORKER, records.HOST, records.TRIAL_WALL_S, records.WARM_START)
 
 
 def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:
@@ -78,8 +79,8 @@ def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance
     for key, value in source.user_attrs.items():
         if key not in NOT_COPIED:
             target.set_user_attr(key, value)
-    target.set_user_attr("repeat_of", source.number)
-    error = source.user_attrs.get("accuracy_error")
+    target.set_user_attr(records.REPEAT_OF, source.number)
+    error = source.user_attrs.get(records.ACCURACY_ERROR)
     if error is not None:
         target.set_constraint("accuracy", float(error) - tolerance)
     if "memory" in source.constraints:

@@ -29,6 +29,7 @@ import optuna
 from tpu_tuner.core.credentials import redact
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.earlier_studies import (STUDY_ATTR, VERIFICATION_ATTR, EarlierStudy, Verified, folder_studies,
                                               storage_studies)
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The trial user attr an enqueued warm-start setting carries (WarmSeed.attrs()).
-TRIAL_ATTR = "warm_start"
+TRIAL_ATTR = records.WARM_START
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def enqueue_warm_seeds(study: optuna.Study, seeds: list[WarmSeed]) -> None:
 
 
 def _candidate_of(trial: optuna.trial.FrozenTrial) -> Candidate | None:
-    stored = trial.user_attrs.get("candidate")
+    stored = trial.user_attrs.get(records.CANDIDATE)
     try:
         if isinstance(stored, Mapping):
             return Candidate.from_dict(stored)
@@ -178,7 +179,7 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
     # interleaved, which orders settings a few percent apart that one measurement each cannot
     # (benchmarks/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
     chosen = earlier.verified.best_trial if earlier.verified is not None else None
-    feasible.sort(key=lambda t: int(t.user_attrs.get("repeat_of", t.number)) != chosen)
+    feasible.sort(key=lambda t: int(t.user_attrs.get(records.REPEAT_OF, t.number)) != chosen)
     for t in feasible:
         candidate = _candidate_of(t)
         if candidate is None or candidate in (baseline, base_candidate) or \
@@ -189,7 +190,7 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
             log.debug("warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number,
                       candidate.describe())
             continue
-        number = int(t.user_attrs.get("repeat_of", t.number))
+        number = int(t.user_attrs.get(records.REPEAT_OF, t.number))
         if earlier.verified is not None and earlier.verified.applies_to(number, candidate, t is feasible[0]):
             speedup, verified = earlier.verified.speedup, True
         else:

@@ -1,0 +1,26 @@
+"""The progress events a tuning run reports (the CLI prints them; the Python API passes a callback)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event for whoever shows progress (the CLI prints these)."""
+
+    phase: str  # "profile" | "trial" | "verify" | "done"
+    message: str
+    trial: int | None = None
+    trials: int | None = None
+    # The best feasible objective so far: the same quantity a finished trial's message leads
+    # with, named by `objective` ("amortised": steady step + compile time / planned steps).
+    best_seconds: float | None = None
+    elapsed: float = 0.0
+    objective: str = "amortised"
+
+
+ProgressCallback = Callable[[Progress], None]
+
+__all__ = ["Progress", "ProgressCallback"]

@@ -1,0 +1,88 @@
+"""How a search starts: the sampler that proposes its settings, and the queue of settings it
+measures first (the baseline, earlier studies' best, the agents' seeds)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.studies import samplers
+from tpu_tuner.tuning.agents import Agent
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
+
+
+def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,
+                  first: bool = True) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler `options.search.sampler` names, seeded (studies/samplers.py builds it).
+
+    In a shared study every TPE or random worker but the first draws from a seed of its own (the
+    same seed would propose the same settings in every worker), and TPE treats the other
+    workers' running trials as if they had scored the worst so far (`constant_liar`). A grid
+    keeps the study's seed in every worker: trial n takes the n-th setting of one shuffled grid
+    that the workers share (with other seeds, two workers on a 12-setting grid reached 8
+    settings in 12 trials). The grid walks the space's valid settings (`SearchSpace.settings()`),
+    not the product of every parameter's choices, so no conditional setting is walked twice.
+    """
+    search = options.search
+    seed = search.seed if first or search.sampler == "grid" else random.SystemRandom().randrange(2**31)
+    # Few startup trials: the seeds already cover the agents' best guesses. Multivariate TPE with
+    # `group=True` models the knobs jointly, per group of trials that share a parameter set (the
+    # conditional compiler options); docs/search-efficiency.md compares it with independent TPE.
+    grid = search.sampler == "grid"
+    return samplers.build_sampler(search.sampler, seed, startup_trials=4, group=True, constant_liar=shared,
+                                  settings=space.settings() if grid else None,
+                                  grid=space.grid() if grid else None)
+
+
+def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None,
+                  warm: Sequence[WarmSeed] = ()) -> None:
+    """Baseline first (trial 0), then the best settings of earlier studies (`warm`, nearest
+    workload first), then every agent's first seed alone, then those first seeds combined, then
+    the agents' further seeds in turns, each on top of the combined seed.
+
+    Round-robin, not agent by agent: with many knobs one agent can propose more seeds than a
+    small budget holds (the compile agent's freezing / max-autotune / channels_last variants once
+    filled six trials of --trials 6 before bf16 autocast, the precision agent's first guess, ran).
+    Further seeds on top of the combined one, not the baseline: they are variants of one agent's
+    knobs, and the other agents' knobs are mostly independent of them; on the baseline they
+    measured settings every agent already expects to lose (on examples/cnn.py, inductor freezing
+    in fp32 while bf16 autocast had already halved the step, and the grid's best was never queued).
+    """
+    baseline = space.baseline_params()
+    per_agent = [agent.seeds(profile, space) for agent in agents]
+    first_seeds: dict[str, str] = {}
+    for seeds in per_agent:
+        if seeds:
+            first_seeds.update(seeds[0])
+    queue: list[dict[str, str]] = [baseline]
+    queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
+    combined = {**baseline, **first_seeds}
+    queue.append(combined)
+    for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
+        queue += [{**combined, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
+    study.enqueue_trial(space.complete(baseline), skip_if_exists=True)
+    # An earlier study's best has been measured on a like workload: worth more than a guess.
+    enqueue_warm_seeds(study, list(warm))
+    seen: list[dict[str, str]] = [space.complete(baseline)]
+    for params in map(space.complete, queue):  # whole settings: a grid sampler asks for none
+        if params not in seen:
+            seen.append(params)
+            study.enqueue_trial(params, skip_if_exists=True)
+
+
+def warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], storage: str, study_name: str,
+               results_dir: Path) -> list[WarmSeed]:
+    """The best settings of earlier studies of this device kind (same storage, or the results
+    folder), nearest workload first (tuning/warm_start.py)."""
+    return find_warm_seeds(space, features_of(profile, current), storage=storage,
+                           results_dir=Path(results_dir), exclude_study=study_name)
+
+
+__all__ = ["build_sampler", "enqueue_seeds", "warm_seeds"]

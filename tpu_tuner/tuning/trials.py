@@ -1,0 +1,229 @@
+"""The tuner's trials on the studies' one ask/tell loop (studies/loop.py).
+
+A trial holds one setting of the search space. The loop settles claims (repeats, settings
+another worker is measuring, trials past the budget); this module says how each of those is
+recorded, how the agents turn a setting away, how a claim is measured in the trial worker, and
+what the run reports as it goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.core.units import duration
+from tpu_tuner.devices import BACKENDS
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.runner.ranked_runner import Runner
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.studies import records
+from tpu_tuner.studies.coverage import covered_settings, setting_key
+from tpu_tuner.studies.liveness import RunningWatch, Worker
+from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.agents import Agent
+from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.tuning.memory_limit import MemoryLimit
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.progress import Progress, ProgressCallback
+from tpu_tuner.tuning.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+SearchEnd = str
+"""Why a search stopped: "budget" (measured), "covered" (the whole space), "timeout" (this
+worker's --timeout) or "asks" (a sampler that only re-proposed covered settings)."""
+
+
+def run_search(
+    study: optuna.Study,
+    space: SearchSpace,
+    agents: list[Agent],
+    runner: Runner,
+    measure_options: MeasureRequest,
+    options: TuneOptions,
+    emit: ProgressCallback,
+    started: float,
+    bucketing: BucketingContext | None = None,
+    memory: MemoryLimit | None = None,
+    worker: Worker | None = None,
+) -> SearchEnd:
+    """Measure settings until the study holds `options.search.trials` measured ones (counted over
+    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which.
+
+    With other workers on the study, a setting another worker is measuring is not measured again
+    here, and when their running trials hold the rest of the budget this worker waits for them
+    (one may still be lost and queued again) instead of starting more.
+    """
+    worker = worker or Worker.this_process(None)
+    budget = options.search.trials
+    rules = Rules(budget=budget, batch=1, wait_for_running=True, look_between_asks=True, max_asks=20 * budget,
+                  space_size=space.size(), timeout_s=options.search.timeout_s, started=started)
+    feature = TuneTrials(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory,
+                         worker)
+    end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
+    if end.reason in ("covered", "asks"):
+        log.info("stopping: %d of %d settings of the space covered",
+                 len(covered_settings(study.get_trials(deepcopy=False))), rules.space_size)
+    return end.reason
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """What evaluating a claim gave: its candidate, and an agent's rejection or the worker's outcome."""
+
+    candidate: Candidate
+    rejection: str | None = None
+    outcome: Any = None
+
+
+class TuneTrials(Feature):
+    """The tuner's side of the loop: one setting a trial, measured one at a time in the warm
+    trial worker; a rejection by an agent costs no budget."""
+
+    def __init__(self, study: optuna.Study, space: SearchSpace, agents: list[Agent], runner: Runner,
+                 measure_options: MeasureRequest, options: TuneOptions, emit: ProgressCallback, started: float,
+                 bucketing: BucketingContext | None, memory: MemoryLimit | None, worker: Worker) -> None:
+        self.study, self.space, self.agents, self.runner = study, space, agents, runner
+        self.measure_options, self.options, self.emit, self.started = measure_options, options, emit, started
+        self.bucketing, self.memory, self.worker = bucketing, memory, worker
+        self.told: set[int] = set()  # failed trials the agents have heard of
+
+    def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
+        trial.set_user_attr(records.WORKER, self.worker.id)
+        trial.set_user_attr(records.HOST, self.worker.host)
+        params = self.space.suggest(trial)
+        return setting_key(params), params
+
+    def key_of(self, trial: FrozenTrial) -> Hashable:
+        return setting_key(trial.params)
+
+    def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
+        return covered_settings(trials)  # type: ignore[return-value]
+
+    def spends(self, trial: FrozenTrial) -> bool:
+        return records.REJECTED_BY not in trial.user_attrs
+
+    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+        trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
+        self.study.tell(trial, earlier.value if earlier.state == TrialState.COMPLETE else None, state=earlier.state)
+        log.debug("%s: repeat of trial %d, not re-measured", self._label(trial), earlier.number)
+
+    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
+        # Two workers asked for the same setting at once (TPE's lie about running trials makes it
+        # rare): the lower trial number measures it.
+        trial.set_user_attr(records.REPEAT_OF, elsewhere.number)
+        trial.set_user_attr(records.IN_FLIGHT_ELSEWHERE, True)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        log.debug("%s: being measured by trial %d of another worker", self._label(trial), elsewhere.number)
+
+    def tell_released(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr(records.OVER_BUDGET, True)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        log.debug("%s: released, earlier trials hold the rest of the budget", self._label(trial))
+
+    def evaluate(self, claims: list[Claim]) -> list[TrialRun]:
+        return [self._evaluate(claim) for claim in claims]
+
+    def _evaluate(self, claim: Claim) -> TrialRun:
+        candidate = self.space.to_candidate(claim.point)
+        rejection = next((f"{a.name}: {r}" for a in self.agents if (r := a.validate(candidate))), None)
+        if rejection:
+            return TrialRun(candidate, rejection=rejection)
+        self._progress(f"running {candidate.describe()}", claim.position)
+        return TrialRun(candidate, outcome=self._measure(candidate))
+
+    def _measure(self, candidate: Candidate) -> Any:
+        """The trial worker's measure job for `candidate` (the one call of it in a search)."""
+        # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
+        # in a fresh worker started with them.
+        env = candidate.environment(BACKENDS[self.space.device_kind])
+        return self.runner.run(replace(self.measure_options, candidate=candidate.to_dict()), env=env)
+
+    def tell(self, claim: Claim, result: TrialRun) -> None:
+        trial, label, objective = claim.trial, result.candidate.describe(), self.options.objective
+        if result.rejection is not None:
+            trial.set_user_attr(records.REJECTED_BY, result.rejection)
+            self.study.tell(trial, state=TrialState.PRUNED)
+            self._progress(f"rejected {label} ({result.rejection})", claim.position)
+            return
+        outcome = result.outcome
+        trial.set_user_attr(records.MEASURED, True)
+        trial.set_user_attr(records.TRIAL_WALL_S, outcome.seconds)
+        if outcome.ok:
+            m, memory = outcome.value, self.memory
+            value = trial_attrs.record_measurement(trial, m, objective.planned_steps, objective.tolerance,
+                                                   self.bucketing, memory)
+            self.study.tell(trial, value)
+            over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None else None
+            verdict = ("infeasible (accuracy)" if m.accuracy_error > objective.tolerance
+                       else f"infeasible ({over})" if over else "ok")
+            message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
+        else:
+            trial_attrs.record_failure(trial, outcome.failure)
+            self.study.tell(trial, state=TrialState.FAIL)
+            message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
+        self._progress(message, claim.position)
+
+    def observe(self, trials: Sequence[FrozenTrial]) -> None:
+        """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
+        run's, or another worker's (each worker's agents learn from the whole study)."""
+        for trial in trials:
+            if trial.state == TrialState.FAIL and trial.number not in self.told:
+                self.told.add(trial.number)
+                _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, trial.user_attrs)
+
+    def waiting(self, spent: int, running: int) -> None:
+        self._progress(f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them",
+                       spent)
+
+    def _progress(self, message: str, number: int) -> None:
+        self.emit(Progress("trial", message, number, self.options.search.trials, _best(self.study),
+                           time.perf_counter() - self.started, _objective_name(self.bucketing)))
+
+    def _label(self, trial: optuna.Trial) -> str:
+        return self.space.to_candidate(dict(trial.params)).describe()
+
+
+def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,
+                 attrs: dict[str, Any]) -> None:
+    """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
+    ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
+    kind = attrs.get(records.FAILURE_KIND)
+    if kind is None or kind == records.INTERRUPTED or records.REJECTED_BY in attrs or records.REPEAT_OF in attrs:
+        return
+    candidate = space.to_candidate(dict(params))
+    for agent in agents:
+        for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get(records.FAILURE_MESSAGE, ""))):
+            study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
+
+
+def _objective_name(bucketing: BucketingContext | None) -> str:
+    """What a trial's objective is, as progress lines name it."""
+    return "expected (bucketed)" if bucketing is not None else "amortised"
+
+
+def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingContext | None) -> str:
+    """A trial's figures, leading with its objective (what "best" shows) and how it is made up:
+    "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
+    lead = f"{duration(objective)} {_objective_name(bucketing)}"
+    if bucketing is not None:
+        return (f"{lead} (step {duration(m.step_median)} at the reference length, compile "
+                f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}")
+    return (f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
+            f"MFU {m.mfu:.1%}")
+
+
+def _best(study: optuna.Study) -> float | None:
+    """The best feasible objective the study holds so far."""
+    values = [t.value for t in study.get_trials(deepcopy=False) if trial_attrs.is_feasible(t) and t.value is not None]
+    return min(values) if values else None
+
+
+__all__ = ["SearchEnd", "TrialRun", "TuneTrials", "run_search"]
