@@ -145,6 +145,7 @@ def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: st
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
     from tpu_tuner.studies.liveness import Worker
     from tpu_tuner.studies.loop import Rules, _settle
+    from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.tuning.trials import TuneTrials
 
     study = optuna.create_study()
@@ -161,7 +162,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
 
     study.enqueue_trial({"matmul_precision": "high", "autocast": "none"})  # neither measured nor running
     late = study.ask()
-    trials = TuneTrials(study, SPACE, [], NoRunner(), {}, TuneOptions(trials=2), lambda event: None, 0.0, None, None,
+    trials = TuneTrials(study, SPACE, [], NoRunner(), MeasureRequest(), TuneOptions(trials=2), lambda event: None, 0.0, None, None,
                         Worker("b", "h"))
     assert _settle(study, trials, Rules(budget=2), late, []) == "released"
     released = study.get_trials(deepcopy=False)[late.number]
