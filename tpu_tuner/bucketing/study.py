@@ -38,6 +38,7 @@ from tpu_tuner.model.bucket_choice import (
     oracle_seconds,
 )
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.execution import compiled_with
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.runner.load import load_summary
@@ -121,7 +122,7 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     hist = bucket_histogram(workload.length_source(), options.lengths_file)
     backend = get_backend(options.device)
     backend_name = options.compile_backend or backend.default_compile_backend()
-    candidate = Candidate(execution=backend_name).to_dict()
+    candidate = Candidate(compiled_with(backend_name)).to_dict()
     probes = probe_lengths(hist, options.align)
     warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
     emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "

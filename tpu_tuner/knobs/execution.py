@@ -151,3 +151,10 @@ def _eager_modes() -> tuple[str, ...]:
     for backend in BACKENDS.values():
         modes += [m for m in backend.eager_modes() if m not in modes]
     return tuple(modes)
+
+
+def compiled_with(backend_name: str) -> dict[str, str]:
+    """The setting that runs a step under torch.compile with `backend_name` (no mode): what the
+    bucketing study compiles its lengths with, named here rather than by this knob's name."""
+    return {ExecutionKnob.name: backend_name}
+

@@ -207,3 +207,9 @@ class LayoutKnob(Knob):
 
 def _layout(value: str) -> Layout:
     return parse_layout(value, context=False)
+
+
+def layout_in(settings: Mapping[str, str]) -> Layout:
+    """The layout a candidate (or a tuned config's settings) runs under: how the agents of other
+    knobs and the sharded numerics check read this knob's value without naming it."""
+    return parse_layout(settings[LayoutKnob.name], context=False)

@@ -169,6 +169,7 @@ def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str |
     is recorded in the config's provenance; else the workload's name)."""
     from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
     from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.knobs.execution import compiled_with
     from tpu_tuner.outputs.bucket_report import render_markdown, write_plots
     from tpu_tuner.knobs.tuned_config import TunedConfig
 
@@ -182,7 +183,7 @@ def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str |
         "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
         "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
     }
-    TunedConfig(Candidate(execution=result.compile_backend), result.device, provenance=provenance,
+    TunedConfig(Candidate(compiled_with(result.compile_backend)), result.device, provenance=provenance,
                 bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)}).save(
         run_dir / run_folder.BUCKET_CONFIG)
     return [run_folder.BUCKETS_JSON, *plots, run_folder.BUCKETS_MD, run_folder.BUCKET_CONFIG]

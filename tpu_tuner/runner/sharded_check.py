@@ -61,9 +61,10 @@ def layout_of(text: str) -> Layout:
 
     if not text.endswith(".toml"):
         return parse_layout(text)
+    from tpu_tuner.knobs.layout import layout_in
     from tpu_tuner.knobs.tuned_config import TunedConfig
 
-    return parse_layout(TunedConfig.load(text).candidate["layout"])
+    return layout_in(TunedConfig.load(text).candidate)
 
 
 def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None) -> RankStep:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.compile_options import CUDAGRAPHS, FREEZING, FULLGRAPH, MAX_AUTOTUNE, flags
-from tpu_tuner.model.layouts import parse_layout
+from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
 
 KNOB = "compile_options"
@@ -58,11 +58,11 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
                 "updates into the graph (it applies only to graphs compiled without grad)")
     if CUDAGRAPHS in on and device_kind != "cuda":
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
-    layout = parse_layout(candidate["layout"], context=False)
+    layout = layout_in(candidate)
     data, fsdp, tensor = layout.data, layout.fsdp, layout.tensor
     if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
         # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
         # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
-        return ("fullgraph skipped: under DDP (layout " + candidate["layout"] + ") dynamo cannot compile the "
+        return ("fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "
                 "forward as one graph (it splits it at DDP's gradient buckets)")
     return None

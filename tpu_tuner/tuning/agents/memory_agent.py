@@ -98,15 +98,15 @@ class MemoryAgent(Agent):
     def _slice_refusal(self, candidate: Candidate) -> str | None:
         """Micro-batches split each rank's slice of the batch, which a sharding layout makes
         smaller than the batch the search space narrowed the counts by."""
-        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.knobs.layout import layout_in
 
         k = int(candidate[MICRO_BATCHES])
-        layout = parse_layout(candidate["layout"], context=False)
+        layout = layout_in(candidate)
         data, fsdp = layout.data, layout.fsdp
         if self._batch is None or k == 1 or data * fsdp == 1:
             return None
         local = self._batch // (data * fsdp)
         if local % k == 0:
             return None
-        return (f"micro_batches {k} skipped: under layout {candidate['layout']} each rank runs {local} of the batch's "
+        return (f"micro_batches {k} skipped: under layout {layout.short()} each rank runs {local} of the batch's "
                 f"{self._batch} samples, which do not split into {k} equal micro-batches")

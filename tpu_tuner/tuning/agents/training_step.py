@@ -10,7 +10,7 @@ knob: the memory agent reasons about it against the study's memory limit.
 from __future__ import annotations
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.layouts import parse_layout
+from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
 
 KNOB = "optimizer_impl"
@@ -55,12 +55,12 @@ def validate(candidate: Candidate, profile_is_training: bool | None) -> str | No
     """Reject an optimizer implementation on an inference step (it would measure the baseline again)."""
     if profile_is_training is False and KNOB in candidate.changed:
         return f"{KNOB} skipped: an inference step has no optimizer step"
-    layout = parse_layout(candidate["layout"], context=False)
+    layout = layout_in(candidate)
     fsdp, tensor = layout.fsdp, layout.tensor
     if candidate[KNOB] in ("foreach", "fused") and tensor > 1 and fsdp == 1:
         # Such a trial fails at its optimizer step ("got mixed torch.Tensor and DTensor"), so it
         # is rejected unmeasured (docs/sharding.md).
-        return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {candidate['layout']}) leaves the "
+        return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {layout.short()}) leaves the "
                 "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
                 "one kind (with fsdp every parameter is a DTensor)")
     return None
