@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from conftest import FIXTURES
 from postgres_server import PASSWORD
@@ -78,6 +79,7 @@ def _kill_one_mid_trial(url: str, workers: list[subprocess.Popen]) -> tuple[int,
     raise AssertionError("no worker started a trial within 240 s")
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, tmp_path, capsys) -> None:
     url = postgres.url("secret", PASSWORD)
     workers = _start_workers(postgres, tmp_path)

@@ -126,6 +126,7 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
                                     "tpu7x:2x2x1": 94.75}, abs=0.01)
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_memory_truth_from_the_compiler() -> None:
     """A batch that cannot fit in 16 GB of v5e HBM is reported as not fitting, with the buffers."""
     out = _run_python(f"""
@@ -220,6 +221,7 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     assert data["scanned alone"][2] < data["one compile"][2] <= data["with ends"][2]
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> None:
     """A worker killed mid-job (as libtpu's SIGFPE on some 8192-device layouts does) gives that job
     an error naming the signal; a fresh worker compiles the next job."""

@@ -85,6 +85,7 @@ def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
 # --- sharded trials: the runner ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_each_layout_is_measured_on_two_ranks_against_the_single_device_reference() -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
@@ -123,6 +124,7 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
 @pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
                                               ("raise", "error", "rank 1: WorkloadError"),
                                               ("hang", "timeout", "no rank finished within 10 s")])
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
@@ -218,6 +220,7 @@ def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
     assert agent.validate(Candidate(layout="1x2x1")) is None
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> None:
     """tiny_gpt's fused q/k/v cannot run tensor parallel: after its first error the layout is
     measured alone, fails there too, and the rest of its settings are rejected unmeasured."""

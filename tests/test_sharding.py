@@ -48,6 +48,7 @@ def test_layout_strings_are_checked() -> None:
 @pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
                                               ("raise", "error", "RuntimeError: rank 1 gave up"),
                                               ("hang", "timeout", "no rank finished within 8 s")])
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     result = run_ranks(2, "misbehaving_rank", [mode], timeout_s=8)

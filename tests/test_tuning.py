@@ -64,6 +64,7 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     assert all("identical to 'highest'" in r for r in rejected["rejected_by"])
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     result = tune(FIXTURES / "failing.py", _options(tmp_path, trial_timeout_s=20.0))
     rows = _by_params(result.trials_dataframe())
@@ -88,6 +89,7 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     assert "**timeout**" in report and "**crash**" in report and "**oom**" in report
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3))
     before = {t.number: (t.params, t.value, t.state) for t in first.study.trials}

@@ -441,6 +441,7 @@ def test_the_report_reads_the_attr_warm_start_writes() -> None:
 # --- through tune() ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_path: Path) -> None:
     from conftest import FIXTURES
     from tpu_tuner.profiling import ProfilerSettings
