@@ -32,6 +32,7 @@ def _run_python(code: str, timeout: int = 900) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
 def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
     out = _run_python(f"""
         import json

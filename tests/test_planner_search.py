@@ -246,6 +246,7 @@ def test_bad_plan_options_are_refused_in_one_line(tmp_path, capsys, args, messag
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
 def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_path) -> None:
     """Two processes searching the same study (an SQLite storage; PostgreSQL works the same way)
     compile the budget between them, each point once."""

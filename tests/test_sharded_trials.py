@@ -108,6 +108,7 @@ def test_each_layout_is_measured_on_two_ranks_against_the_single_device_referenc
     assert compared.ok and [len(s) for s in compared.value.samples] == [3, 3]
 
 
+@pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
 def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_result() -> None:
     """examples/gpt.py's attention projects q, k and v with one fused linear and splits its output
     in three: column-wise shards of it are not whole q / k / v heads, so tensor parallelism runs

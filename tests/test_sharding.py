@@ -58,6 +58,7 @@ def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode
     assert healthy.ok and sorted(healthy.reports) == [0, 1]
 
 
+@pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
 def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_slowest_rank() -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
     from tpu_tuner.runner.requests import ShardedStepRequest
