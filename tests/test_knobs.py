@@ -2,7 +2,7 @@
 
 For each knob and each of its CPU choices in the default space: applying it makes `observe`
 read it back (the hooks do what they say) on the trial path (`Backend.applied` / `prepare_model` /
-`compile` / `autocast`, what `profiling/step.py` uses) and on the `tpu_tuner.apply` path alike;
+`compile` / `autocast`, what `execution/step.py` uses) and on the `tpu_tuner.apply` path alike;
 process-wide settings are restored afterwards; the value survives `TunedConfig.save/load`; its
 `code()` runs in a fresh interpreter against a tiny model and applies the same value there.
 """
@@ -136,7 +136,7 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     baseline = _observe(Candidate(), TinyNet(), TinyNet(), backend, lambda: Candidate().step(backend))
     assert baseline[name] == knob.default  # nothing applied: the default reads back
 
-    # The trial path: what profiling/step.py and the worker's jobs do.
+    # The trial path: what execution/step.py and the worker's jobs do.
     with candidate.process(backend):
         model = candidate.prepare_model(TinyNet(), backend)
         forward = candidate.wrap_forward(model, backend)
@@ -165,7 +165,7 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
 
 
 def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: str, backend, tmp_path) -> None:
-    """A knob of the training step only: the step that profiling/step.py builds (the trial path)
+    """A knob of the training step only: the step that execution/step.py builds (the trial path)
     reads the value back from its optimizer / micro-batch count; the model is left alone; the value
     round-trips through tuned_config.toml. (Its printed code: tests/test_training_step_knobs.py.)"""
     from tpu_tuner.execution.step import prepare_step

@@ -1,5 +1,5 @@
 """A study shared by name, without a model: joining and its refusals (tuning/shared_study.py), and
-liveness (tuning/liveness.py): a trial whose heartbeat stops is failed as lost and queued again,
+liveness (studies/liveness.py): a trial whose heartbeat stops is failed as lost and queued again,
 a beating one is left alone. On SQLite files in a temporary folder (the PostgreSQL server runs
 the whole thing in test_many_workers.py)."""
 

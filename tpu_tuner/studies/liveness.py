@@ -36,8 +36,8 @@ from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 log = logging.getLogger(__name__)
 
 # Seconds between a running trial's heartbeats, and without one before other workers call it
-# lost. The grace period is three beats, not Optuna's two: on a busy 2-core host a beat written
-# by a thread of a process that also compiles can come a few seconds late.
+# lost. The grace period is three beats, not Optuna's two: a beat written by a thread of a process
+# that also compiles can come a few seconds late on a busy host.
 GRACE_BEATS = 3
 # A lost trial is measured again at most this many times (a setting that kills its worker every
 # time must not eat the budget).

@@ -4,7 +4,7 @@ With varying lengths, an execution setting's cost over the planned run depends o
 it compiles and how much padding it runs: inductor's compile is paid once per bucket, eager pays
 none. So when the workload has a length sample, every trial's objective is the expected per-step
 time over the planned run *with the bucketing best for that trial*, solved exactly by the DP of
-optimize.py rather than sampled: the trial's own measured compile time is the cost of a shape,
+model/bucket_choice.py rather than sampled: the trial's own measured compile time is the cost of a shape,
 and its steady step at the reference length, scaled by the step-time-against-length curve
 measured once at the start of the study, is its t(L). The chosen trial's buckets go into the
 tuned config.

@@ -73,7 +73,7 @@ class ObjectiveOptions:
     tolerance: float = 1e-2
     memory_limit_bytes: int | None = None
     verify_rounds: int = 12
-    # Varying input lengths (bucketing/knob.py): a length sample file, else the workload's
+    # Varying input lengths (tuning/bucketing.py): a length sample file, else the workload's
     # sample_lengths(); the bucket limits the per-trial optimiser respects.
     lengths_file: Path | None = None
     max_buckets: int = 8

@@ -51,7 +51,7 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
     feasible.sort(key=lambda t: t.value)
     if not feasible or any(records.BUCKETS in t.user_attrs for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
-        # under each trial's own buckets (bucketing/knob.py), which a race at one shape cannot
+        # under each trial's own buckets (tuning/bucketing.py), which a race at one shape cannot
         # re-measure: the search's order stands.
         return []
     return [t for t in feasible[:RACE_TOP] if t.value <= feasible[0].value * RACE_WITHIN]

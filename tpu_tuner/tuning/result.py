@@ -115,7 +115,7 @@ class TuningResult:
                            bucketing=self.chosen_bucketing())
 
     def chosen_bucketing(self) -> dict[str, Any] | None:
-        """The buckets of the chosen setting's trial, when the inputs vary (bucketing/knob.py)."""
+        """The buckets of the chosen setting's trial, when the inputs vary (tuning/bucketing.py)."""
         chosen = self.verification.chosen.to_dict()
         for t in self.study.get_trials(deepcopy=False):
             if t.user_attrs.get(records.BUCKETS) and t.user_attrs.get(records.CANDIDATE) == chosen:

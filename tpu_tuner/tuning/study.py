@@ -65,7 +65,7 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     """Tune a model file; returns the result, with the run folder written by `write_outputs`.
 
     This process never imports the model file: a worker loads it and describes it
-    (runner/summary.py). Bad options are refused before that, and a run that fails after its
+    (runner/load.py). Bad options are refused before that, and a run that fails after its
     folder exists is marked "failed" in run.json with the reason (docs/run-safety.md). With
     `options.store.study` the run is one worker of a study shared by name (tuning/shared_study.py).
     The options are never changed: what the run resolves (the storage of $TPU_TUNE_STORAGE, the
@@ -227,7 +227,7 @@ def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage)
 def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: Runner,
                        profile: Profile, emit: ProgressCallback, started: float) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
-    length once, so every trial's objective can include its best bucketing (bucketing/knob.py)."""
+    length once, so every trial's objective can include its best bucketing (tuning/bucketing.py)."""
     reference = int(profile.workload.seq_len or 0)
     if not reference:
         raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)

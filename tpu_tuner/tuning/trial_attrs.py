@@ -18,7 +18,7 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
                        bucketing: BucketingContext | None = None, memory: MemoryLimit | None = None) -> float:
     """Store the measurement, the accuracy constraint and (with a `memory` limit) the memory
     constraint; return the objective value: the amortised step, or with varying input lengths
-    the expected step under the trial's best bucketing (see bucketing/knob.py)."""
+    the expected step under the trial's best bucketing (see tuning/bucketing.py)."""
     objective = m.amortised_step(planned_steps)
     if bucketing is not None:
         best = bucketing.best(m.step_median, m.compile_seconds, planned_steps)

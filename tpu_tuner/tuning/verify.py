@@ -1,6 +1,6 @@
 """Honest comparison: the best candidate against the baseline, interleaved in one window.
 
-The search's own timings come from different moments (and this machine drifts up to 2x), so
+The search's own timings come from different moments on a machine whose speed drifts, so
 they only rank candidates. The claim comes from here: baseline, best, and the best with each
 of its knobs reverted run round-robin in one worker, and paired per-round ratios give the
 speedup and each knob's contribution with 95% intervals. Without a significant win the
