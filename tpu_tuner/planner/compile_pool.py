@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.program import CompiledStep, compile_step
+from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.program import compile_step
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 
 # The compile worker's entry module: this one (`_serve`).

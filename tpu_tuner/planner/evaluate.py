@@ -10,7 +10,7 @@ from dataclasses import replace
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 from tpu_tuner.planner.predict import predict
 from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.program import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.result import LayoutPlan
 from tpu_tuner.planner.space import PlanPoint
 

@@ -16,7 +16,7 @@ from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
-from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
 from tpu_tuner.planner.search import search

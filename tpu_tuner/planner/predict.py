@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.planner.collectives import ring_seconds
 from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.topology import Topology
 
 # The MXU's width where it is not 128 (v6e's 256x256 systolic arrays; TPU7x's was not verifiable).

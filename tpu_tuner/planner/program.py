@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.planner.collectives import parse_collectives
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import block_loop_iteration
@@ -250,5 +250,4 @@ def compile_step(
     )
 
 
-__all__ = ["COMPILE_OPTIONS", "FAST_COMPILE_OPTIONS", "CompiledStep", "add_loop_iterations", "combine_scanned",
-           "compile_step", "truncated"]
+__all__ = ["COMPILE_OPTIONS", "FAST_COMPILE_OPTIONS", "compile_step", "truncated"]

@@ -10,7 +10,7 @@ from typing import Any
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.predict import ErrorBand, Prediction, error_band
 from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.program import CompiledStep
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.planner.topology import Topology
 

@@ -15,7 +15,8 @@ from tpu_tuner.studies import samplers
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, features_of, find_warm_seeds
+from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
+from tpu_tuner.tuning.workload_features import features_of
 
 
 def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,

@@ -49,7 +49,7 @@ from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds, warm_seeds
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
 from tpu_tuner.tuning.verify import Verification, verify
-from tpu_tuner.tuning.warm_start import features_of
+from tpu_tuner.tuning.workload_features import features_of
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)

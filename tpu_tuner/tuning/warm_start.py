@@ -31,10 +31,8 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.earlier_studies import (STUDY_ATTR, VERIFICATION_ATTR, EarlierStudy, Verified, folder_studies,
-                                              storage_studies)
-from tpu_tuner.tuning.workload_features import (MAX_DISTANCE, SAME_WORKLOAD, WorkloadFeatures, distance, features_of,
-                                                features_of_json, model_kind_of)
+from tpu_tuner.tuning.earlier_studies import EarlierStudy, Verified, folder_studies, storage_studies
+from tpu_tuner.tuning.workload_features import MAX_DISTANCE, WorkloadFeatures, distance
 
 if TYPE_CHECKING:
     from tpu_tuner.tuning.space import SearchSpace
@@ -201,6 +199,4 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
     return None
 
 
-__all__ = ["MAX_DISTANCE", "SAME_WORKLOAD", "STUDY_ATTR", "TRIAL_ATTR", "VERIFICATION_ATTR", "WarmSeed",
-           "WorkloadFeatures", "distance", "enqueue_warm_seeds", "features_of", "features_of_json", "find_warm_seeds",
-           "model_kind_of"]
+__all__ = ["TRIAL_ATTR", "WarmSeed", "enqueue_warm_seeds", "find_warm_seeds"]
