@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.cli.common import add_run_args, default_of, device_or_none
+from tpu_tuner.core.units import parse_duration
 from tpu_tuner.tuning.options import (KEYWORDS, SAMPLERS, ObjectiveOptions, RunnerOptions, SearchOptions, StoreOptions,
                                       TuneOptions)
 
@@ -26,8 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=default_of(search, "trials"),
                         help="settings to measure, baseline and seeds included; repeats and rejections are free "
                              "(default: 20%% of the settings the agents would measure, 12 to 48; a grid: all of them)")
+    parser.add_argument("--time-budget", metavar="DURATION", default=_budget_text(default_of(search, "time_budget_s")),
+                        help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
+                             "none: no clock, the trial budget alone (default %(default)s)")
+    parser.add_argument("--no-prune", dest="prune", action="store_false",
+                        help="measure every trial to the end, however far behind the best its first steps are")
     parser.add_argument("--timeout", dest="timeout_s", metavar="TIMEOUT", type=float, default=default_of(search, "timeout_s"),
-                        help="stop starting trials after this many seconds")
+                        help="stop starting trials after this many seconds (the search alone; --time-budget "
+                             "counts the whole run)")
     parser.add_argument("--sampler", choices=SAMPLERS, default=default_of(search, "sampler"),
                         help="Optuna sampler (default %(default)s)")
     parser.add_argument("--seed", type=int, default=default_of(search, "seed"), help="sampler seed (default %(default)s)")
@@ -76,11 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bucket bounds are multiples of this (default %(default)s)")
 
 
+def _budget_text(seconds: float | None) -> str:
+    """The default --time-budget as the flag spells it ("4m")."""
+    if seconds is None:
+        return "none"
+    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+
+
 def options_from(args: argparse.Namespace) -> TuneOptions:
     """The options the flags name: each flag's `dest` is its keyword; the rest are converted."""
     keywords: dict[str, Any] = {name: value for name, value in vars(args).items() if name in KEYWORDS}
     gib = args.trial_memory_gb
     keywords.update(device=device_or_none(args.device), warm_start=not args.cold,
+                    time_budget_s=parse_duration(args.time_budget),
                     memory_limit_bytes=int(gib * 1024**3) if gib else None,
                     trial_settings=None)  # the default, built by tune(): building it here would import torch
     return TuneOptions(**keywords)
@@ -95,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     # optuna are imported, before any model runs and before a run folder exists.
     options = options_from(args).preflight()
     from tpu_tuner.api import tune
-    from tpu_tuner.core.units import ms
+    from tpu_tuner.core.units import duration, ms
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.tuning.progress import Progress
 
@@ -104,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
         # The search's best belongs on trial lines only; other phases show where and when.
         where = f"trial {event.trial}/{event.trials} | {best}" if event.trial else event.phase
-        print(f"[{where} | {event.elapsed:5.0f} s] {event.message}", flush=True)
+        left = f", {duration(event.time_left)} left" if event.time_left is not None else ""
+        print(f"[{where} | {event.elapsed:5.0f} s{left}] {event.message}", flush=True)
 
     result = tune(args.model_file, options, progress=show)
     base, chosen, v = result.baseline, result.chosen, result.verification

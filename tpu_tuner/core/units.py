@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+
+from tpu_tuner.core.errors import UserInputError
+
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 def si(value: float | None, unit: str, digits: int = 3) -> str:
@@ -64,3 +69,16 @@ def shape(workload: Mapping[str, Any]) -> str:
     parts = [f"{label} {workload[key]}" for key, label in (("batch_size", "batch"), ("seq_len", "seq"))
              if workload.get(key) is not None]
     return ", ".join(parts)
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of "10m", "90s", "1h30m" or "600" (seconds); "none" or "0": no limit (None)."""
+    cleaned = text.strip().lower()
+    if cleaned in ("none", "0", "off"):
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", cleaned):
+        return float(cleaned)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", cleaned)
+    if not parts or "".join(f"{n}{u}" for n, u in parts) != re.sub(r"\s+", "", cleaned):
+        raise UserInputError(f"--time-budget {text!r}: give a duration such as 10m, 90s, 1h30m, or none")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)

@@ -48,6 +48,25 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class EarlyStop:
+    """A measurement stopped before its end: the trial was hopeless against the best so far
+    (execution/early_stop.py). `reason`: "steps" (its fastest steps were too slow) or "compile"
+    (its compile was cut off); what was measured until then is kept."""
+
+    candidate: dict[str, Any]
+    reason: str
+    message: str
+    steps: list[float]
+    first_call_seconds: float
+    compile_seconds: float  # spent so far: a lower bound where the compile was cut off
+    optimistic_s: float  # the best amortised step the trial could still have reached
+    accuracy_errors: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TrialFailure:
     """A trial that produced no usable measurement, and why."""
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.early_stop import StepCheck
 from tpu_tuner.metrics.timing import TimingStats
 
 
@@ -20,6 +21,8 @@ class WarmupResult:
     seconds: float
     compiles: dict[str, int]
     settled: bool  # False when the last warm-up step still compiled
+    # The warm-up steps after the first call that compiled nothing: steady steps already.
+    steady_steps: tuple[float, ...] = ()
 
 
 def compile_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -48,12 +51,15 @@ def warm_up(step: Callable[[], Any], backend: Backend, min_steps: int, max_steps
     first = timed_call(step, backend)
     steps = 1
     settled = False
+    steady: list[float] = []
     while steps < max_steps:
         before = backend.compile_events()
-        timed_call(step, backend)
+        seconds = timed_call(step, backend)
         steps += 1
         compiled = _compiled(compile_delta(before, backend.compile_events()))
         settled = not backend.max_over_ranks(float(compiled))  # settled on every rank, or on none
+        if settled:
+            steady.append(seconds)
         if settled and steps >= min_steps:
             break
     return WarmupResult(
@@ -62,13 +68,16 @@ def warm_up(step: Callable[[], Any], backend: Backend, min_steps: int, max_steps
         seconds=time.perf_counter() - begin,
         compiles=compile_delta(start_events, backend.compile_events()),
         settled=settled,
+        steady_steps=tuple(steady),
     )
 
 
 def time_steps(
-    step: Callable[[], Any], backend: Backend, min_steps: int, min_seconds: float, max_steps: int
+    step: Callable[[], Any], backend: Backend, min_steps: int, min_seconds: float, max_steps: int,
+    stop: StepCheck | None = None,
 ) -> tuple[TimingStats, dict[str, int]]:
-    """Time at least `min_steps` steps and at least `min_seconds` in all (up to `max_steps`).
+    """Time at least `min_steps` steps and at least `min_seconds` in all (up to `max_steps`);
+    `stop`, asked after every step, may end the timing sooner (a hopeless trial: early_stop.py).
 
     Returns the statistics and the compilations that happened while timing (should be none).
     """
@@ -79,4 +88,7 @@ def time_steps(
         seconds = timed_call(step, backend)
         samples.append(seconds)
         total += seconds
+        # Every rank decides alike: each sees the slowest rank's seconds (timed_call).
+        if stop is not None and stop(samples):
+            break
     return TimingStats.from_samples(samples), compile_delta(before, backend.compile_events())

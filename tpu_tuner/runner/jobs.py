@@ -24,7 +24,8 @@ from tpu_tuner.profiling import ProfilerSettings, profile
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
-from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
+from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.model.summary import WorkloadSummary, summarize
 from tpu_tuner.model.workload import Workload
 
@@ -84,29 +85,49 @@ def run_profile(state: WorkerState, request: ProfileRequest) -> Any:
     )
 
 
-def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement:
-    """Warm up, check accuracy, and time one candidate."""
+def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | EarlyStop:
+    """Warm up, check accuracy, and time one candidate; stop early where `request` says the trial
+    is hopeless (an `EarlyStop`), and time again where the steps say the host was disturbed."""
     candidate = Candidate.from_dict(request.candidate)
     backend, workload = state.backend, state.workload
     batch_size, seq_len = request.batch_size, request.seq_len
     # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0).
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     settings = request.settings or ProfilerSettings.load()
+    rule = StopRule(request.stop_above_s, request.planned_steps) if request.stop_above_s else None
+    # A rank cut off alone would leave the others waiting in a collective: one process only.
+    deadline = rule.compile_limit_s() if rule is not None and candidate.compiles() and backend.ranks == 1 else None
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         events_before = backend.compile_events()
         start = time.perf_counter()
-        outputs = capture(step, workload, backend, candidate)  # first call: compiles
-        backend.synchronize()
+        try:
+            with compile_deadline(deadline):
+                outputs = capture(step, workload, backend, candidate)  # first call: compiles
+                backend.synchronize()
+        except CompileCutOff as cut:
+            spent = time.perf_counter() - start
+            assert rule is not None
+            return EarlyStop(candidate.to_dict(), "compile", f"{cut}: alone it is {spent / rule.planned_steps * 1e3:.1f} ms "
+                             f"a step over {rule.planned_steps} steps, beyond the {rule.threshold_s * 1e3:.1f} ms "
+                             "the best so far allows", [], spent, spent, spent / rule.planned_steps)
         first_call = time.perf_counter() - start
         errors = relative_error(outputs, reference) if reference is not None else {}
         del outputs  # the gathered whole gradients: not part of the step's memory
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
+        steady = list(warmup.steady_steps)
+        compile_estimate = first_call + warmup.seconds - (warmup.steps + 1) * min(steady) if steady else first_call
+        if rule is not None and rule.hopeless(steady, compile_estimate):
+            return EarlyStop(candidate.to_dict(), "steps", rule.explain(steady, compile_estimate), steady, first_call,
+                             compile_estimate, rule.optimistic(steady, compile_estimate), errors)
+        stop = (lambda samples: rule.hopeless(steady + samples, compile_estimate)) if rule is not None else None
         backend.reset_peak_memory()
-        timing, compiles_while_timing = time_steps(
-            step.run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
-        )
+        timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
+        if rule is not None and rule.hopeless(steady + timing.samples, compile_estimate):
+            seen = steady + timing.samples
+            return EarlyStop(candidate.to_dict(), "steps", rule.explain(seen, compile_estimate), seen, first_call,
+                             compile_estimate, rule.optimistic(seen, compile_estimate), errors)
         peak_memory, _ = backend.peak_memory_bytes()
         # The largest rank's; every rank takes part in the reduction (-1: none measured).
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
@@ -130,6 +151,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement:
         state.peak_reprobed = True
     peak = choice.flops_per_s
     warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
+    warnings += disturbed
     if choice.note:
         warnings.append(choice.note)
     del step
@@ -153,6 +175,30 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement:
         accuracy_errors=errors,
         warnings=warnings,
     )
+
+
+# Timings of a trial whose spread says the host was disturbed: at most this many more tries.
+RETIMES = 2
+
+
+def _steady_timing(run: Callable[[], Any], backend: Backend, settings: ProfilerSettings,
+                   stop: Callable[[list[float]], bool] | None) -> tuple[Any, dict[str, int], list[str]]:
+    """The trial's timed steps; timed again (up to `RETIMES` more times) while their robust CV is
+    beyond the profile's own limit for a trusted verdict (another process took the cores), the
+    steadiest kept. Returns the timing, the compiles while timing, and what was re-timed, in words."""
+    tries = []
+    for _ in range(1 + RETIMES):
+        timing, compiles = time_steps(run, backend, settings.timing_min_steps, settings.timing_min_seconds,
+                                      settings.timing_max_steps, stop)
+        tries.append((timing, compiles))
+        # A hopeless trial stops early; its few steps are no spread to judge.
+        if (stop is not None and stop(timing.samples)) or timing.robust_cv <= settings.verdict_cv_max:
+            break
+    timing, compiles = min(tries, key=lambda pair: pair[0].robust_cv)
+    notes = ([f"timed {len(tries)} times: the step times spread beyond a robust CV of {settings.verdict_cv_max:.0%} "
+              f"(robust CVs {', '.join(f'{t.robust_cv:.0%}' for t, _ in tries)}; the steadiest kept)"]
+             if len(tries) > 1 else [])
+    return timing, compiles, notes
 
 
 def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:

@@ -52,7 +52,7 @@ class ProfileRequest(Request):
 
 @dataclass(frozen=True)
 class MeasureRequest(Request):
-    """Warm up, check accuracy and time `candidate` (a `Measurement`): MFU from
+    """Warm up, check accuracy and time `candidate` (a `Measurement`, or an `EarlyStop`): MFU from
     `model_flops_per_step` and the profile's `peak_flops_per_s` (by dtype, one device's)."""
 
     on_ranks: ClassVar[bool] = True
@@ -62,6 +62,10 @@ class MeasureRequest(Request):
     settings: ProfilerSettings | None = None
     model_flops_per_step: float = 0.0
     peak_flops_per_s: dict[str, float] = field(default_factory=dict)
+    # Stop early (an `EarlyStop`) once the trial's optimistic amortised step passes this, its
+    # compile spread over `planned_steps` (execution/early_stop.py); None measures to the end.
+    stop_above_s: float | None = None
+    planned_steps: int = 5000
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ class Claim:
 
 @dataclass(frozen=True)
 class LoopEnd:
-    """Why the loop stopped: "budget" (spent), "timeout", "covered" (`space_size` settled),
+    """Why the loop stopped: "budget" (spent), "timeout", the feature's own reason (`stop_reason`),
+    "covered" (`space_size` settled),
     "asks" (`max_asks`), "idle" (`max_idle_asks` in a row) or "queue" (the queue is empty);
     with what was spent and the asks in a row without a claim at that moment."""
 
@@ -142,6 +143,11 @@ class Feature(ABC):
     def waiting(self, spent: int, running: int) -> None:
         """Running trials of other workers hold the rest of the budget: this worker waits."""
 
+    def stop_reason(self) -> str | None:
+        """Why the feature stops the loop now (its own clock: "clock"), or None to go on; asked
+        after `observe`, before each round of asks."""
+        return None
+
 
 def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker,
              watch: RunningWatch | None = None) -> LoopEnd:
@@ -167,6 +173,8 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
             return LoopEnd("budget", spent, idle)
         if rules.timeout_s and time.perf_counter() - rules.started > rules.timeout_s:
             return LoopEnd("timeout", spent, idle)
+        if (reason := feature.stop_reason()) is not None:
+            return LoopEnd(reason, spent, idle)
         if rules.space_size is not None and len(settled) >= rules.space_size:
             return LoopEnd("covered", spent, idle)
         if rules.max_asks is not None and asked >= rules.max_asks:

@@ -26,6 +26,17 @@ FAILURE_MESSAGE = "failure_message"
 REJECTED_BY = "rejected_by"
 INTERRUPTED = "interrupted"  # the failure kind of a trial left RUNNING by an interrupted run
 
+# Failure learning (tuning/failures.py): a trial asked for a setting the study had excluded names
+# the cause (it is not measured); a probe queued to tell two suspects apart names what it tests;
+# the study keeps each cause found under EXCLUSION_PREFIX + its key (a study user attribute).
+EXCLUDED_BY = "excluded_by"
+PROBE_FOR = "probe_for"
+EXCLUSION_PREFIX = "exclusion:"
+# A trial whose measurement stopped early, hopeless against the best so far (tuning/pruning.py):
+# why, and what it measured until then (an EarlyStop's fields).
+STOPPED_EARLY = "stopped_early"
+EARLY_STOP = "early_stop"
+
 # A tuning trial's measurement and what it says.
 MEASURED = "measured"
 MEASUREMENT = "measurement"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,4 +116,48 @@ class SettingsGrid(optuna.samplers.BaseSampler):
         return unvisited[int(self._rng.choice(len(unvisited)))]
 
 
-__all__ = ["SAMPLERS", "SettingsGrid", "build_sampler"]
+class ExcludingSampler(optuna.samplers.BaseSampler):
+    """A sampler that never proposes what `excluded` rules out (a setting, or the part of one
+    sampled so far, holding a value the study has found to fail): each proposal of `base` that
+    is ruled out is drawn again, up to `REDRAWS` times (sampling TPE's proposal within the
+    allowed region). What still slips through (a grid keeps its setting; a pair of values drawn
+    one at a time) the caller tells without measuring it."""
+
+    REDRAWS = 16
+
+    def __init__(self, base: optuna.samplers.BaseSampler, excluded: Callable[[Mapping[str, Any]], bool]) -> None:
+        self.base, self.excluded = base, excluded
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        proposal = self.base.sample_relative(study, trial, search_space)
+        for _ in range(self.REDRAWS):
+            if not proposal or not self.excluded({**trial.params, **proposal}):
+                break
+            proposal = self.base.sample_relative(study, trial, search_space)
+        return proposal
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        value = self.base.sample_independent(study, trial, param_name, param_distribution)
+        for _ in range(self.REDRAWS):
+            if not self.excluded({**trial.params, param_name: value}):
+                break
+            value = self.base.sample_independent(study, trial, param_name, param_distribution)
+        return value
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
+__all__ = ["SAMPLERS", "ExcludingSampler", "SettingsGrid", "build_sampler"]

@@ -46,6 +46,11 @@ class SearchOptions:
     # Settings to measure; None: automatic, a share of the space (tuning/budget.py).
     trials: int | None = None
     timeout_s: float | None = None
+    # Stop trials that are hopeless against the best so far (tuning/pruning.py).
+    prune: bool = True
+    # The whole run's clock in seconds: search, race and verification fit in it (tuning/clock.py);
+    # None: no limit (the trial budget alone ends the search).
+    time_budget_s: float | None = 240.0
     sampler: str = "tpe"
     seed: int = 0
     space: str | Path = "default"
@@ -220,7 +225,8 @@ class TuneOptions:
             raise UserInputError("--verify-rounds must be at least 2")
         if not objective.tolerance > 0:
             raise UserInputError("--tolerance must be positive")
-        for flag, value in (("--timeout", search.timeout_s), ("--trial-timeout", runner.trial_timeout_s)):
+        for flag, value in (("--timeout", search.timeout_s), ("--trial-timeout", runner.trial_timeout_s),
+                            ("--time-budget", search.time_budget_s)):
             if value is not None and not value > 0:
                 raise UserInputError(f"{flag} must be positive, not {value:g}")
         if store.study is not None and not store.study.strip():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class Progress:
     """A progress event for whoever shows progress (the CLI prints these)."""
 
-    phase: str  # "profile" | "trial" | "verify" | "done"
+    phase: str  # "profile" | "budget" | "trial" | "learn" | "verify" | "done"
     message: str
     trial: int | None = None
     trials: int | None = None
@@ -19,6 +19,8 @@ class Progress:
     best_seconds: float | None = None
     elapsed: float = 0.0
     objective: str = "amortised"
+    # Seconds left of the run's time budget (--time-budget); None without one.
+    time_left: float | None = None
 
 
 ProgressCallback = Callable[[Progress], None]

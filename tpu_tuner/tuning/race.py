@@ -58,13 +58,15 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
 
 
 def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions,
-         contenders: list[optuna.trial.FrozenTrial]) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
-    """Race `contenders` (fastest first by the search) against the baseline, interleaved;
+         contenders: list[optuna.trial.FrozenTrial],
+         rounds: int | None = None) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
+    """Race `contenders` (fastest first by the search) against the baseline, interleaved, for
+    `rounds` rounds (default: half the verification's, at least 4);
     returns the winner and every entry, or why the race failed (the caller keeps the search's
     best then)."""
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
-    rounds = max(4, options.objective.verify_rounds // 2)
+    rounds = rounds or max(4, options.objective.verify_rounds // 2)
     compared = compare_interleaved(runner, candidates, rounds, options.runner, None)
     if isinstance(compared, str):
         return compared

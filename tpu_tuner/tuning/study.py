@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.core.units import duration
 from tpu_tuner.knobs import traits
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.bucket_cost import fit_cost_model
@@ -38,6 +39,8 @@ from tpu_tuner.studies.liveness import RunningWatch, Worker, set_liveness, trial
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.clock import Clock, plan_finish
+from tpu_tuner.tuning.race import RACE_TOP
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.result import TuningResult
@@ -105,7 +108,7 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     else:
         run_file.update(location.run_dir, status="searched", reason=result.verification.message,
                         updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    emit(Progress("done", f"results in {location.run_dir}", elapsed=time.perf_counter() - started))
+    emit(_event("done", f"results in {location.run_dir}", options, started))
     return result
 
 
@@ -121,8 +124,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
-        emit(Progress("profile", f"joined study {location.study_name!r}: waiting for its baseline profile",
-                      elapsed=time.perf_counter() - started))
+        emit(_event("profile", f"joined study {location.study_name!r}: waiting for its baseline profile", options, started))
         profile = shared_profile(study, wait_s=options.runner.trial_timeout_s + 60)
         # The study's search, objective, liveness and budget, as recorded once its profile is in
         # (as created, where its first worker died while profiling and this one profiles).
@@ -132,7 +134,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     # joining one whose first worker died while profiling.
     keeper = profile is None
     if profile is None:
-        emit(Progress("profile", "profiling the baseline", elapsed=time.perf_counter() - started))
+        emit(_event("profile", "profiling the baseline", options, started))
         profile = profile_baseline(runner, options.runner, model_file, workload.device_kind)
     device_kind = profile.device.kind
     nproc = options.runner.nproc
@@ -151,8 +153,11 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     agents, findings, memory = prepare_agents(options, profile)
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record and result hold the number it used
-    emit(Progress("budget", budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings "
-                  "across its workers", elapsed=time.perf_counter() - started))
+    clock = "" if options.search.time_budget_s is None else (
+        f"; the clock: {duration(options.search.time_budget_s)} for search, race and verification together "
+        "(--time-budget)")
+    emit(_event("budget", (budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings "
+                  "across its workers") + clock, options, started))
     # The study again, with the sampler of the narrowed space (a grid walks its settings).
     study = optuna.load_study(study_name=location.study_name, storage=storage,
                               sampler=build_sampler(options, space, shared=location.shared, first=first))
@@ -178,10 +183,10 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None
     if location.shared:
-        emit(Progress("verify", "settling: waiting for the study's running trials", elapsed=time.perf_counter() - started))
+        emit(_event("verify", "settling: waiting for the study's running trials", options, started))
         left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     if left_to is not None:
-        emit(Progress("verify", f"not verifying here: {left_to}", elapsed=time.perf_counter() - started))
+        emit(_event("verify", f"not verifying here: {left_to}", options, started))
         verification = Verification(baseline_trial=None, best_trial=None,
                                     chosen=space.to_candidate(space.baseline_params()), chosen_is_best=False,
                                     speedup=None, message=f"not verified by this worker: {left_to}")
@@ -199,17 +204,26 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     return result
 
 
+def _event(phase: str, message: str, options: TuneOptions, started: float) -> Progress:
+    """A progress event of this run, with its time and what is left of its --time-budget."""
+    clock = Clock(options.search.time_budget_s, started)
+    return Progress(phase, message, elapsed=clock.elapsed(), time_left=clock.left())
+
+
 def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
                  agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
-    emit(Progress("verify", f"re-measuring the best against the baseline, interleaved ({options.objective.verify_rounds} rounds "
-                  "of steady steps)", elapsed=time.perf_counter() - started))
+    clock = Clock(options.search.time_budget_s, started)
+    plan = plan_finish(study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds, clock.left())
+    emit(_event("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}",
+                options, started))
 
     def verify_progress(done: int, rounds: int, ratio: float) -> None:
-        emit(Progress("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
-                      "(steady step, geometric mean of rounds)", elapsed=time.perf_counter() - started))
+        emit(_event("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
+                    "(steady step, geometric mean of rounds)", options, started))
 
-    return replace(verify(study, space, runner, options, device_kind, verify_progress, agents), host=socket.gethostname())
+    return replace(verify(study, space, runner, options, device_kind, verify_progress, agents, clock),
+                   host=socket.gethostname())
 
 
 def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
@@ -233,8 +247,7 @@ def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOption
         raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
     objective = options.objective
     probes = probe_lengths(hist, objective.bucket_align)
-    emit(Progress("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
-                  elapsed=time.perf_counter() - started))
+    emit(_event("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}", options, started))
     measured = runner.run(BucketCostsRequest(candidate=Candidate.baseline(profile.device.kind).to_dict(),
                                              lengths=probes, warmup_length=reference, batch_size=options.runner.batch_size))
     if not measured.ok:

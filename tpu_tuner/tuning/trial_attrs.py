@@ -8,10 +8,12 @@ import optuna
 
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.bucketing import BucketingContext
-from tpu_tuner.execution.measurement import Measurement, TrialFailure
+from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 MAX_STORED_SAMPLES = 200
+# How the trial worker fails (runner/trial_runner.py); a trial that ran its steps got past them all.
+WORKER_FAILURES = ("crash", "oom", "timeout", "error")
 
 
 def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float,
@@ -56,6 +58,32 @@ def record_failure(trial: optuna.Trial, failure: TrialFailure) -> None:
     trial.set_user_attr(records.FAILURE_KIND, failure.kind)
     trial.set_user_attr(records.FAILURE_MESSAGE, failure.message)
     trial.set_user_attr(records.FEASIBLE, False)
+
+
+def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) -> None:
+    """Store what a trial stopped early measured (`EarlyStop`): why, its steps, and its accuracy
+    where the first call was compared; it is no setting to choose (infeasible)."""
+    data = stop.to_dict()
+    data["steps"] = data["steps"][:MAX_STORED_SAMPLES]
+    trial.set_user_attr(records.STOPPED_EARLY, stop.message)
+    trial.set_user_attr(records.EARLY_STOP, data)
+    trial.set_user_attr(records.CANDIDATE, stop.candidate)
+    trial.set_user_attr(records.FEASIBLE, False)
+    trial.set_user_attr(records.COMPILE_S, stop.compile_seconds)
+    if stop.accuracy_errors:
+        error = max(stop.accuracy_errors.values())
+        trial.set_user_attr(records.ACCURACY_ERROR, error)
+        if error > tolerance:
+            trial.set_user_attr(records.FAILURE_KIND, "accuracy")
+            trial.set_user_attr(records.FAILURE_MESSAGE, f"accuracy error {error:.3g} > tolerance {tolerance:g}")
+
+
+def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial's measurement failed in the worker (an error, crash, out-of-memory or
+    timeout): told as FAIL by earlier versions, as PRUNED with a failure kind now."""
+    return (trial.state != optuna.trial.TrialState.COMPLETE
+            and trial.user_attrs.get(records.FAILURE_KIND) in WORKER_FAILURES
+            and records.REPEAT_OF not in trial.user_attrs)
 
 
 def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:

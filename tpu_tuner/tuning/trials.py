@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.core.units import duration
 from tpu_tuner.devices import BACKENDS
+from tpu_tuner.execution.measurement import EarlyStop
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import MeasureRequest
@@ -26,19 +27,24 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.studies.samplers import ExcludingSampler
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.tuning.clock import Clock, search_may_go_on
+from tpu_tuner.tuning.failures import FailureLearning, label
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
+from tpu_tuner.tuning.pruning import HopelessPruner
 from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
 SearchEnd = str
 """Why a search stopped: "budget" (measured), "covered" (the whole space), "timeout" (this
-worker's --timeout) or "asks" (a sampler that only re-proposed covered settings)."""
+worker's --timeout), "clock" (the next trial would eat into the time the finish needs:
+--time-budget) or "asks" (a sampler that only re-proposed covered settings)."""
 
 
 def run_search(
@@ -67,7 +73,13 @@ def run_search(
                   space_size=space.size(), timeout_s=options.search.timeout_s, started=started)
     feature = TuneTrials(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory,
                          worker)
-    end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
+    # The sampler never proposes what the study has excluded (ExcludingSampler redraws).
+    sampler = study.sampler
+    study.sampler = ExcludingSampler(sampler, lambda setting: feature.learning.excluded_by(setting) is not None)
+    try:
+        end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
+    finally:
+        study.sampler = sampler
     if end.reason in ("covered", "asks"):
         log.info("stopping: %d of %d settings of the space covered",
                  len(covered_settings(study.get_trials(deepcopy=False))), rules.space_size)
@@ -94,11 +106,25 @@ class TuneTrials(Feature):
         self.measure_options, self.options, self.emit, self.started = measure_options, options, emit, started
         self.bucketing, self.memory, self.worker = bucketing, memory, worker
         self.told: set[int] = set()  # failed trials the agents have heard of
+        self.learning = FailureLearning(space, options.objective.tolerance)
+        # A trial's expected step under its own buckets is no amortised step: no pruning with buckets.
+        self.pruner = HopelessPruner() if options.search.prune and bucketing is None else None
+        self.stop_above_s: float | None = None  # the pruner's threshold, read each round
+        self.clock = Clock(options.search.time_budget_s, started)
+        self.out_of_time = False
 
     def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
         trial.set_user_attr(records.WORKER, self.worker.id)
         trial.set_user_attr(records.HOST, self.worker.host)
         params = self.space.suggest(trial)
+        cause = self.learning.excluded_by(params)
+        if cause is not None:
+            # Never measured: the study knows it fails. Infeasible to the sampler, so TPE moves away.
+            trial.set_user_attr(records.EXCLUDED_BY, cause.key)
+            trial.set_constraint("excluded", 1.0)
+            self.study.tell(trial, state=TrialState.PRUNED)
+            log.debug("%s: excluded (%s), not measured", self._label(trial), cause.describe(label))
+            return None
         return setting_key(params), params
 
     def key_of(self, trial: FrozenTrial) -> Hashable:
@@ -108,7 +134,7 @@ class TuneTrials(Feature):
         return covered_settings(trials)  # type: ignore[return-value]
 
     def spends(self, trial: FrozenTrial) -> bool:
-        return records.REJECTED_BY not in trial.user_attrs
+        return records.REJECTED_BY not in trial.user_attrs and records.EXCLUDED_BY not in trial.user_attrs
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
@@ -144,7 +170,9 @@ class TuneTrials(Feature):
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
         env = candidate.environment(BACKENDS[self.space.device_kind])
-        return self.runner.run(replace(self.measure_options, candidate=candidate.to_dict()), env=env)
+        request = replace(self.measure_options, candidate=candidate.to_dict(), stop_above_s=self.stop_above_s,
+                          planned_steps=self.options.objective.planned_steps)
+        return self.runner.run(request, env=env)
 
     def tell(self, claim: Claim, result: TrialRun) -> None:
         trial, label, objective = claim.trial, result.candidate.describe(), self.options.objective
@@ -156,7 +184,16 @@ class TuneTrials(Feature):
         outcome = result.outcome
         trial.set_user_attr(records.MEASURED, True)
         trial.set_user_attr(records.TRIAL_WALL_S, outcome.seconds)
-        if outcome.ok:
+        if outcome.ok and isinstance(outcome.value, EarlyStop):
+            stop = outcome.value
+            # What the worker measured, told to the pruner as Optuna's pruning interface is.
+            trial.report(stop.optimistic_s, step=len(stop.steps))
+            confirmed = trial.should_prune()
+            trial_attrs.record_early_stop(trial, stop, objective.tolerance)
+            self.study.tell(trial, state=TrialState.PRUNED)
+            note = "" if confirmed else " (the best so far moved on meanwhile)"
+            message = f"{label}: pruned, {stop.message}{note}"
+        elif outcome.ok:
             m, memory = outcome.value, self.memory
             value = trial_attrs.record_measurement(trial, m, objective.planned_steps, objective.tolerance,
                                                    self.bucketing, memory)
@@ -167,7 +204,10 @@ class TuneTrials(Feature):
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
-            self.study.tell(trial, state=TrialState.FAIL)
+            # Told as pruned with a violated constraint, not FAIL: TPE reads only complete and
+            # pruned trials, and puts an infeasible one among the worst, so it proposes away from it.
+            trial.set_constraint("failed", 1.0)
+            self.study.tell(trial, state=TrialState.PRUNED)
             message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
         self._progress(message, claim.position)
 
@@ -175,9 +215,17 @@ class TuneTrials(Feature):
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
         for trial in trials:
-            if trial.state == TrialState.FAIL and trial.number not in self.told:
+            if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
                 self.told.add(trial.number)
                 _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, trial.user_attrs)
+        for cause in self.learning.update(self.study, trials):
+            self.emit(Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left()))
+        if self.pruner is not None:
+            self.stop_above_s = self.pruner.threshold(trials)
+        self.out_of_time = not search_may_go_on(trials, self.clock)
+
+    def stop_reason(self) -> str | None:
+        return "clock" if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:
         self._progress(f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them",
@@ -185,7 +233,7 @@ class TuneTrials(Feature):
 
     def _progress(self, message: str, number: int) -> None:
         self.emit(Progress("trial", message, number, self.options.search.trials, _best(self.study),
-                           time.perf_counter() - self.started, _objective_name(self.bucketing)))
+                           self.clock.elapsed(), _objective_name(self.bucketing), self.clock.left()))
 
     def _label(self, trial: optuna.Trial) -> str:
         return self.space.to_candidate(dict(trial.params)).describe()

@@ -24,7 +24,8 @@ from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.race import RaceEntry, leaders, race
+from tpu_tuner.tuning.clock import Clock, plan_finish
+from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,15 @@ class Verification:
 
 
 def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
-           progress: VerifyProgress | None = None, agents: Sequence[Agent] = ()) -> Verification:
+           progress: VerifyProgress | None = None, agents: Sequence[Agent] = (),
+           clock: Clock | None = None) -> Verification:
     """Re-measure the search's best against the baseline (and each knob reverted, unless an
     agent in `agents` rejects the reverted setting), interleaved; recommend the best only when
     its paired speedup is significant. `progress` hears every round.
 
     The speedup compares *steady* steps (each candidate is built and warmed up before the first
-    round, so compile time is not in it); the search ranked by amortised step.
+    round, so compile time is not in it); the search ranked by amortised step. With a `clock` of
+    limited time, the race and the rounds are what fits the time left (tuning/clock.py).
     """
     trials = study.get_trials(deepcopy=False)
     measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
@@ -89,20 +92,25 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     # The search's leaders, raced interleaved: one measurement each cannot order settings a few
     # percent apart (tuning/race.py).
     race_entries: list[RaceEntry] = []
-    contenders = leaders(study, baseline_params)
+    left = clock.left() if clock is not None else None
+    plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, left)
+    contenders = leaders(study, baseline_params)[:plan.race_top]
     if len(contenders) > 1:
-        raced = race(study, space, runner, options, contenders)
+        raced = race(study, space, runner, options, contenders, plan.race_rounds)
         if isinstance(raced, str):
             log.warning("racing the search's leaders failed (%s); verifying its best by one measurement", raced)
         else:
             best_trial, race_entries = raced
 
+    # What the verification itself can afford once the race is run.
+    plan = plan_finish(study.get_trials(deepcopy=False), 0, options.objective.verify_rounds,
+                       clock.left() if clock is not None else None)
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
     labels = {"baseline": baseline_params, "best": best_params}
     unmeasurable: dict[str, str] = {}
-    for name in differing:
+    for name in differing if plan.ablations else []:
         ablated = space.normalize({**best_params, name: space.baseline_value(name)})
         # A reverted setting an agent rejects (fullgraph under DDP once the layout goes back)
         # cannot run: it would fail the whole interleaved comparison, so it is left out.
@@ -112,7 +120,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
         elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
     compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()],
-                                   options.objective.verify_rounds, options.runner, progress)
+                                   plan.verify_rounds, options.runner, progress)
     if isinstance(compared, str):
         return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
                             message=f"verification failed ({compared}); keep the baseline")
@@ -120,7 +128,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     samples = dict(zip(labels, per_label))
     speedup = paired_speedup(samples["baseline"], samples["best"])
     contributions = []
-    for name in differing:
+    for name in differing if plan.ablations else []:
         if name in unmeasurable:
             log.info("contribution of %s not measured: %s", name, unmeasurable[name])
             continue

@@ -1,0 +1,97 @@
+"""Failure attribution from a study's evidence (studies/attribution.py): single values, a
+combination, ties settled by probes, and no cause from one failure or a value that also worked."""
+
+from __future__ import annotations
+
+from tpu_tuner.studies.attribution import Evidence, attribute
+
+KINDS = ("crash", "oom", "timeout", "error")
+
+
+def _ok(number: int, **setting: str) -> Evidence:
+    return Evidence(number, setting, dict.fromkeys(KINDS, False))
+
+
+def _failed(number: int, kind: str, **setting: str) -> Evidence:
+    return Evidence(number, setting, {kind: True}, "worker died from SIGSEGV")
+
+
+def test_a_value_in_two_failures_and_no_success_is_the_cause() -> None:
+    evidence = [
+        _ok(0, autocast="none", compile="eager", threads="2"),
+        _failed(1, "crash", autocast="bfloat16", compile="eager", threads="2"),
+        _ok(2, autocast="none", compile="inductor", threads="2"),
+        _failed(3, "crash", autocast="bfloat16", compile="inductor", threads="1"),
+        _ok(4, autocast="none", compile="inductor", threads="1"),
+    ]
+    (cause,) = attribute(evidence).causes
+    assert cause.values == (("autocast", "bfloat16"),) and cause.kind == "crash"
+    assert (cause.failures_with, cause.settings_with, cause.failures_without, cause.settings_without) == (2, 2, 0, 3)
+    assert cause.after_trial == 4
+    assert cause.matches({"autocast": "bfloat16", "compile": "eager"})
+    assert not cause.matches({"autocast": "none"})
+    words = cause.describe(lambda name, value: f"{name} {value}")
+    assert words == "autocast bfloat16 excluded after trial 4: crash in 2 of 2 settings with it, 0 of 3 without"
+
+
+def test_one_failure_is_no_evidence_and_a_value_that_worked_is_never_a_cause() -> None:
+    one = [_ok(0, autocast="none"), _failed(1, "crash", autocast="bfloat16")]
+    assert attribute(one).causes == []
+    cleared = [_ok(0, autocast="none", compile="eager"), _failed(1, "crash", autocast="bfloat16", compile="eager"),
+               _failed(2, "crash", autocast="bfloat16", compile="inductor"), _ok(3, autocast="bfloat16", compile="eager")]
+    # bf16 worked once: two crashes with it are not its fault; no pair is held by two failures alone.
+    assert attribute(cleared).causes == []
+
+
+def test_a_combination_is_the_cause_when_neither_value_fails_alone() -> None:
+    evidence = [
+        _ok(0, backend="eager", fullgraph="off", opt="sgd"),
+        _ok(1, backend="inductor", fullgraph="off", opt="sgd"),
+        _ok(2, backend="aot_eager", fullgraph="on", opt="sgd"),
+        _failed(3, "error", backend="inductor", fullgraph="on", opt="sgd"),
+        _ok(4, backend="inductor", fullgraph="off", opt="adam"),
+        _ok(5, backend="aot_eager", fullgraph="on", opt="adam"),
+        _failed(6, "error", backend="inductor", fullgraph="on", opt="adam"),
+    ]
+    (cause,) = attribute(evidence).causes
+    assert cause.values == (("backend", "inductor"), ("fullgraph", "on"))
+    assert cause.matches({"backend": "inductor", "fullgraph": "on", "opt": "sgd"})
+    assert not cause.matches({"backend": "aot_eager", "fullgraph": "on"})
+    assert cause.describe(lambda n, v: f"{n} {v}").startswith("the combination backend inductor with fullgraph on excluded")
+
+
+def test_two_values_that_always_came_together_are_told_apart_by_a_probe() -> None:
+    evidence = [
+        _ok(0, autocast="none", layout="plain", opt="sgd"),
+        _failed(1, "oom", autocast="bfloat16", layout="wide", opt="sgd"),
+        _ok(2, autocast="none", layout="plain", opt="adam"),
+        _failed(3, "oom", autocast="bfloat16", layout="wide", opt="adam"),
+    ]
+    found = attribute(evidence)
+    assert found.causes == []  # bf16 or the wide layout: the evidence cannot say
+    (probe,) = found.probes
+    assert probe.failing_trial == 3 and probe.kind == "oom"
+    # The failing setting with one suspect changed back to the nearest setting that worked.
+    assert probe.setting == {"autocast": "none", "layout": "wide", "opt": "adam"}
+    # The probe fails too: the wide layout is enough, autocast is cleared of the out-of-memory.
+    failed_probe = _failed(4, "oom", **probe.setting)
+    (cause,) = attribute([*evidence, failed_probe]).causes
+    assert cause.values == (("layout", "wide"),)
+    # Or it works: then the wide layout is cleared and bf16 is the cause.
+    (cause,) = attribute([*evidence, _ok(4, **probe.setting)]).causes
+    assert cause.values == (("autocast", "bfloat16"),)
+
+
+def test_kinds_are_attributed_apart() -> None:
+    accuracy = {"accuracy": True, **dict.fromkeys(KINDS, False)}
+    fine = {"accuracy": False, **dict.fromkeys(KINDS, False)}
+    evidence = [
+        Evidence(0, {"precision": "highest", "autocast": "none"}, fine),
+        Evidence(1, {"precision": "high", "autocast": "none"}, accuracy),
+        _failed(2, "crash", precision="highest", autocast="bfloat16"),
+        Evidence(3, {"precision": "high", "autocast": "none", "x": "1"}, accuracy),
+        _failed(4, "crash", precision="medium", autocast="bfloat16"),
+    ]
+    causes = {c.kind: c.values for c in attribute(evidence).causes}
+    # A crash says nothing of accuracy: precision high is the accuracy cause with two failures of it.
+    assert causes == {"accuracy": (("precision", "high"),), "crash": (("autocast", "bfloat16"),)}

@@ -1,0 +1,175 @@
+"""The search learns from its failures: causes excluded in this worker, in every worker of a
+shared study and after a resume; failed trials reach the sampler; hopeless trials are pruned;
+the run keeps to its clock. The loop runs for real on a runner that answers from a rule."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tpu_tuner import TuneOptions
+from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.runner.trial_runner import JobResult
+from tpu_tuner.studies import records
+from tpu_tuner.tuning.clock import Clock, plan_finish
+from tpu_tuner.tuning.failures import stored_causes
+from tpu_tuner.tuning.pruning import HopelessPruner
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trials import run_search
+
+from conftest import FIXTURES
+
+SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
+STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
+
+
+def _measurement(candidate: dict, step: float, compile_s: float = 0.0) -> Measurement:
+    return Measurement(candidate=candidate, step_median=step, step_p10=step, step_p90=step, samples=[step] * 10,
+                       first_call_seconds=step + compile_s, warmup_seconds=step, compile_seconds=compile_s,
+                       compiles={}, model_flops_per_step=1e6, peak_flops_per_s=1e9, peak_dtype="float32",
+                       mfu=1e6 / step / 1e9, peak_memory_bytes=None, accuracy_errors={"output": 0.0})
+
+
+class RuleRunner:
+    """Answers a measure job by a rule: bf16 autocast crashes the worker; the step follows STEP.
+    With `stop`, a job whose threshold its step exceeds 1.5x stops early as the worker would."""
+
+    keeps_warm_steps = True
+    workers_started = 1
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds, self.jobs = seconds, []
+
+    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
+        self.jobs.append(dict(request.candidate))
+        time.sleep(self.seconds)
+        candidate = request.candidate
+        if candidate.get("autocast") == "bfloat16":
+            return JobResult(failure=TrialFailure("crash", "worker died from SIGSEGV"), seconds=self.seconds)
+        step = STEP[candidate["matmul_precision"]]
+        if request.stop_above_s is not None and step > request.stop_above_s:
+            return JobResult(value=EarlyStop(candidate, "steps", "too slow", [step] * 3, step, 0.0, step),
+                             seconds=self.seconds)
+        return JobResult(value=_measurement(candidate, step), seconds=self.seconds)
+
+
+def _search(study: optuna.Study, runner: RuleRunner, trials: int, **options) -> tuple[str, list]:
+    events: list = []
+    opts = TuneOptions(space=SPACE.name, agents=(), trials=trials, **options)
+    end = run_search(study, SPACE, [], runner, MeasureRequest(), opts, events.append, time.perf_counter())
+    return end, events
+
+
+def _bf16_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.trials if t.params.get("autocast") == "bfloat16" and t.user_attrs.get(records.MEASURED)]
+
+
+def _grid_study(storage: str | None = None, name: str = "s") -> optuna.Study:
+    from tpu_tuner.studies.samplers import build_sampler
+
+    sampler = build_sampler("grid", 0, settings=SPACE.settings(), grid=SPACE.grid())
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
+                               load_if_exists=True)
+
+
+def test_a_crashing_value_is_excluded_after_two_failures_and_said(tmp_path: Path) -> None:
+    study = _grid_study()
+    study.enqueue_trial(SPACE.baseline_params())
+    runner = RuleRunner()
+    end, events = _search(study, runner, trials=6, prune=False)
+    assert end == "covered"
+    # Three settings hold bf16: two crashed, the third was never run.
+    assert sum(1 for job in runner.jobs if job.get("autocast") == "bfloat16") == 2
+    excluded = [t for t in study.trials if t.user_attrs.get(records.EXCLUDED_BY)]
+    assert len(excluded) == 1 and excluded[0].params["autocast"] == "bfloat16"
+    assert not excluded[0].user_attrs.get(records.MEASURED)
+    said = [e.message for e in events if e.phase == "learn"]
+    assert len(said) == 1 and said[0].startswith("autocast bfloat16 excluded after trial ")
+    assert "the worker died from SIGSEGV in 2 of 2 settings with it, 0 of " in said[0]
+    # Failed trials reach the sampler: told pruned (TPE reads complete and pruned trials) and infeasible.
+    for trial in _bf16_measured(study):
+        assert trial.state == optuna.trial.TrialState.PRUNED and trial.constraints["failed"] > 0
+        assert trial.user_attrs[records.FAILURE_KIND] == "crash"
+
+
+def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _grid_study(storage)
+    first.enqueue_trial(SPACE.baseline_params())
+    for params in ({"matmul_precision": "highest", "autocast": "bfloat16"},
+                   {"matmul_precision": "high", "autocast": "bfloat16"}):
+        first.enqueue_trial(params)
+    _search(first, RuleRunner(), trials=3, prune=False)
+    (cause,) = stored_causes(first.user_attrs)  # kept in the study, for every worker
+    assert cause.key == "autocast=bfloat16"
+    # Another worker (a fresh process would read the same storage) and a resumed run: neither
+    # measures a bf16 setting, though the space still holds one.
+    for name in ("other worker", "resumed"):
+        runner = RuleRunner()
+        again = optuna.load_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
+        again.enqueue_trial({"matmul_precision": "medium", "autocast": "bfloat16"})
+        _search(again, runner, trials=6, prune=False)
+        assert all(job.get("autocast") != "bfloat16" for job in runner.jobs), name
+    assert len(_bf16_measured(optuna.load_study(study_name="s", storage=storage))) == 2
+
+
+def test_tpe_never_proposes_an_excluded_value() -> None:
+    from tpu_tuner.studies.samplers import build_sampler
+
+    study = optuna.create_study(direction="minimize", sampler=build_sampler("tpe", 3, startup_trials=2))
+    study.enqueue_trial(SPACE.baseline_params())
+    study.enqueue_trial({"matmul_precision": "high", "autocast": "bfloat16"})
+    study.enqueue_trial({"matmul_precision": "medium", "autocast": "bfloat16"})
+    runner = RuleRunner()
+    _search(study, runner, trials=5, prune=False)
+    after = [t for t in study.trials if t.number > 2]
+    # Redrawn by the sampler: no ask after the exclusion even holds bf16 (none told unmeasured).
+    assert after and all(t.params.get("autocast") != "bfloat16" for t in after)
+
+
+def test_a_hopeless_trial_is_pruned_through_the_pruner_interface() -> None:
+    study = optuna.create_study(direction="minimize", pruner=HopelessPruner())
+    for precision in ("medium", "highest"):
+        study.enqueue_trial({"matmul_precision": precision, "autocast": "none"})
+    runner = RuleRunner()
+    _search(study, runner, trials=2)
+    best, slow = study.trials
+    assert best.state == optuna.trial.TrialState.COMPLETE
+    # 12 ms against a best of 3 ms: beyond 1.5x, stopped with what it measured, reported to Optuna.
+    assert slow.state == optuna.trial.TrialState.PRUNED
+    assert slow.user_attrs[records.STOPPED_EARLY] == "too slow"
+    assert slow.intermediate_values == {3: pytest.approx(0.012)}
+    assert slow.user_attrs[records.EARLY_STOP]["steps"] == [0.012] * 3
+    assert HopelessPruner().threshold(study.trials) == pytest.approx(1.5 * 0.003)
+
+
+def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish() -> None:
+    study = _grid_study()
+    study.enqueue_trial(SPACE.baseline_params())
+    runner = RuleRunner(seconds=0.4)
+    end, events = _search(study, runner, trials=6, prune=False, time_budget_s=1.0)
+    assert end == "clock"
+    assert 1 <= len(runner.jobs) <= 3
+    lefts = [e.time_left for e in events if e.phase == "trial"]
+    assert lefts and all(left is not None and left <= 1.0 for left in lefts)
+
+
+def test_the_finish_shrinks_to_the_time_left() -> None:
+    study = optuna.create_study(direction="minimize")
+    for number, step in enumerate((0.4, 0.2, 0.21, 0.22, 0.25, 0.3)):
+        trial = study.ask()
+        for key, value in ((records.STEP_MEDIAN_S, step), (records.COMPILE_S, 20.0), (records.FEASIBLE, True)):
+            trial.set_user_attr(key, value)
+        study.tell(trial, step)
+    trials = study.trials
+    full = plan_finish(trials, 5, 12, None)
+    assert (full.race_top, full.verify_rounds, full.ablations) == (5, 12, True)
+    smaller = plan_finish(trials, 5, 12, full.seconds / 2)
+    assert smaller.seconds <= full.seconds / 2 and smaller.race_top < 5
+    tiny = plan_finish(trials, 5, 12, 0.0)
+    assert (tiny.race_top, tiny.verify_rounds, tiny.ablations) == (0, 4, False)
+    assert Clock(None, time.perf_counter()).left() is None

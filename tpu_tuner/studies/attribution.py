@@ -1,0 +1,190 @@
+"""Which knob values cause a study's failures: evidence from its trials, and the probes that settle
+what the evidence leaves open.
+
+A trial here is its setting (parameter -> value) and what became of it for each failure kind:
+failed with that kind, got past it (a success for that kind), or tells nothing about it (a crash
+tells nothing about accuracy). For a kind, a *suspect* is a value, or a pair of values of two
+parameters, that no success holds. A suspect is the cause once
+
+* at least `MIN_FAILURES` failures hold it (one failure may be chance: a flaky host, a lost rank),
+* no other suspect is held by every failure it is held by (when two values always came together,
+  the study cannot tell which one fails: a probe does), and
+* for a pair, neither value is a suspect alone (a value that fails everywhere is no combination).
+
+The probe for two suspects that always came together is the failing setting with one of them
+changed back to the value of the nearest setting that worked: whether it fails says which value
+is the cause. Deterministic: every worker of a study, given the same trials, finds the same causes.
+No Optuna here: the tuner reads its trials into `Evidence` (tuning/failures.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MIN_FAILURES = 2
+Value = tuple[str, Any]  # (parameter, value)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One measured trial: its number, its setting, and per failure kind whether it failed with
+    it (True), got past it (False); kinds it tells nothing about are absent."""
+
+    number: int
+    setting: Mapping[str, Any]
+    outcomes: Mapping[str, bool]
+    message: str = ""  # the failure's message, for the words of a cause
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A value (or a pair) that causes one failure kind, with the evidence counted when found."""
+
+    values: tuple[Value, ...]
+    kind: str
+    after_trial: int  # the last trial of the evidence that made it hold
+    failures_with: int
+    settings_with: int
+    failures_without: int
+    settings_without: int
+    detail: str = ""  # the failures' words ("the worker died from SIGSEGV")
+
+    @property
+    def key(self) -> str:
+        """A stable name of the cause: the same in every worker ("autocast=bfloat16|execution=...")."""
+        return "|".join(f"{name}={value}" for name, value in self.values)
+
+    def matches(self, setting: Mapping[str, Any]) -> bool:
+        """Whether `setting` holds every value of the cause."""
+        return all(name in setting and setting[name] == value for name, value in self.values)
+
+    def describe(self, label: Callable[[str, Any], str]) -> str:
+        """In words, `label` naming each value: "autocast bfloat16 excluded after trial 5: the
+        worker died from SIGSEGV in 2 of 2 settings with it, 0 of 3 without"."""
+        names = " with ".join(label(name, value) for name, value in self.values)
+        what = "the combination " + names if len(self.values) > 1 else names
+        return (f"{what} excluded after trial {self.after_trial}: {self.detail or self.kind} in {self.failures_with} "
+                f"of {self.settings_with} settings with it, {self.failures_without} of {self.settings_without} without")
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"values": [list(v) for v in self.values], "kind": self.kind, "after_trial": self.after_trial,
+                "failures_with": self.failures_with, "settings_with": self.settings_with,
+                "failures_without": self.failures_without, "settings_without": self.settings_without,
+                "detail": self.detail}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> Cause:
+        return cls(tuple((str(n), v) for n, v in data["values"]), str(data["kind"]), int(data["after_trial"]),
+                   int(data["failures_with"]), int(data["settings_with"]), int(data["failures_without"]),
+                   int(data["settings_without"]), str(data.get("detail", "")))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A setting worth measuring to tell two suspects apart: `setting` lacks `dropped`, keeps `kept`."""
+
+    setting: dict[str, Any]
+    kind: str
+    dropped: tuple[Value, ...]
+    kept: tuple[Value, ...]
+    failing_trial: int
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What the evidence says: causes found, and probes that would settle open suspects."""
+
+    causes: list[Cause]
+    probes: list[Probe]
+
+
+def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]], str] | None = None) -> Attribution:
+    """The causes of every failure kind in `evidence`, and probes for suspects it cannot separate.
+    `detail(kind, messages)` words a kind from its failures' messages."""
+    causes: list[Cause] = []
+    probes: list[Probe] = []
+    kinds = sorted({kind for e in evidence for kind, failed in e.outcomes.items() if failed})
+    for kind in kinds:
+        relevant = [e for e in evidence if kind in e.outcomes]
+        failures = [e for e in relevant if e.outcomes[kind]]
+        successes = [e for e in relevant if not e.outcomes[kind]]
+        words = detail(kind, [e.message for e in failures]) if detail else kind
+        found, open_ties = _causes_of(kind, failures, successes, words)
+        causes += found
+        probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes)) is not None]
+    return Attribution(causes, probes)
+
+
+def _suspects(failures: Sequence[Evidence], successes: Sequence[Evidence], size: int) -> dict[tuple[Value, ...], set[int]]:
+    """Every value (size 1) or pair (size 2) some failure holds and no success does, with the
+    failures that hold it."""
+    held: dict[tuple[Value, ...], set[int]] = {}
+    for e in failures:
+        for combo in itertools.combinations(sorted(e.setting.items(), key=lambda v: v[0]), size):
+            held.setdefault(combo, set()).add(e.number)
+    cleared = set()
+    for e in successes:
+        items = sorted(e.setting.items(), key=lambda v: v[0])
+        cleared.update(itertools.combinations(items, size))
+    return {combo: numbers for combo, numbers in held.items() if combo not in cleared}
+
+
+def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence],
+               words: str) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]]]:
+    """The confirmed causes of one kind, and the pairs of suspects that always came together."""
+    singles = _suspects(failures, successes, 1)
+    pairs = {combo: numbers for combo, numbers in _suspects(failures, successes, 2).items()
+             if not any((v,) in singles for v in combo)}
+    found: list[Cause] = []
+    ties: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []
+    for suspects in (singles, pairs):
+        for combo, numbers in suspects.items():
+            if len(numbers) < MIN_FAILURES:
+                continue
+            rivals = [other for other, theirs in suspects.items() if other != combo and numbers <= theirs]
+            if rivals:
+                ties += [(combo, other) for other in rivals if suspects[other] == numbers and combo < other]
+                continue
+            found.append(_cause(kind, combo, failures, successes, words))
+    return found, ties
+
+
+def _cause(kind: str, combo: tuple[Value, ...], failures: Sequence[Evidence], successes: Sequence[Evidence],
+           words: str) -> Cause:
+    def holds(e: Evidence) -> bool:
+        return all(e.setting.get(name) == value and name in e.setting for name, value in combo)
+
+    with_it = [e for e in (*failures, *successes) if holds(e)]
+    without = [e for e in (*failures, *successes) if not holds(e)]
+    return Cause(combo, kind, max(e.number for e in (*failures, *successes)),
+                 sum(1 for e in with_it if e.outcomes[kind]), len(with_it),
+                 sum(1 for e in without if e.outcomes[kind]), len(without), words)
+
+
+def _probe(kind: str, tie: tuple[tuple[Value, ...], tuple[Value, ...]], failures: Sequence[Evidence],
+           successes: Sequence[Evidence]) -> Probe | None:
+    """The latest failure holding both suspects, with one value of the first changed to the
+    nearest success's (fewest differing parameters); None when no success differs there."""
+    first, second = tie
+    both = [e for e in failures
+            if all(e.setting.get(n) == v for n, v in first + second)]
+    if not both or not successes:
+        return None
+    failing = max(both, key=lambda e: e.number)
+    nearest = min(successes, key=lambda e: (_distance(e.setting, failing.setting), -e.number))
+    for name, value in first:
+        if (name, value) in second or name not in nearest.setting or nearest.setting[name] == value:
+            continue
+        setting = {**failing.setting, name: nearest.setting[name]}
+        return Probe(setting, kind, dropped=((name, value),), kept=second, failing_trial=failing.number)
+    return None
+
+
+def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    return sum(1 for name in set(a) | set(b) if a.get(name) != b.get(name))
+
+
+__all__ = ["MIN_FAILURES", "Attribution", "Cause", "Evidence", "Probe", "attribute"]

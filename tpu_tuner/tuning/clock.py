@@ -1,0 +1,143 @@
+"""The user's clock: a run that fits its time budget, search, race and verification together.
+
+The budget counts from the run's start (loading and profiling the model are in it). The search
+stops starting trials once the next one (as long as the trials so far took, at the median) would
+eat into what the race and the verification need, estimated from the measured settings
+themselves: each setting compared is built and warmed up once (its compile, a few steps) and then
+runs one step a round. When less time is left than the full finish needs, the finish shrinks in
+the order that costs the claim least: fewer leaders raced, then no race, then fewer verification
+rounds (never under `MIN_VERIFY_ROUNDS`), then no knob-by-knob contributions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from optuna.trial import FrozenTrial
+
+from tpu_tuner.core.units import duration
+from tpu_tuner.studies import records
+from tpu_tuner.tuning import trial_attrs
+
+MIN_VERIFY_ROUNDS = 4
+WARMUP_STEPS = 3  # steps a compared setting runs before its first timed round (about warm_up's minimum)
+# A setting compared after the search compiles again, mostly from the compiler's cache: on
+# examples/gpt.py a graph compiled cold in 15.1 s compiled again in 0.8 s. A third is a margin.
+RECOMPILE_SHARE = 0.3
+# What the search keeps room for: a race of a few leaders and a short verification (the finish
+# then takes the fullest plan the time left allows).
+RESERVED_RACE_TOP = 3
+RESERVED_VERIFY_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The run's time budget (None: no limit) from `started`, a `time.perf_counter` reading."""
+
+    budget_s: float | None
+    started: float
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def left(self) -> float | None:
+        """Seconds left of the budget (never negative), or None without one."""
+        return None if self.budget_s is None else max(0.0, self.budget_s - self.elapsed())
+
+    def describe_left(self) -> str:
+        left = self.left()
+        return "" if left is None else f"{duration(left)} left"
+
+
+@dataclass(frozen=True)
+class FinishPlan:
+    """How the run finishes: leaders raced (0: no race), the race's and the verification's
+    rounds, whether each knob's contribution is measured, and the seconds it is expected to take."""
+
+    race_top: int
+    race_rounds: int
+    verify_rounds: int
+    ablations: bool
+    seconds: float
+
+    def describe(self) -> str:
+        race = f"race of {self.race_top} leaders ({self.race_rounds} rounds), " if self.race_top else "no race, "
+        knobs = "" if self.ablations else ", without knob-by-knob contributions"
+        return f"{race}{self.verify_rounds} verification rounds{knobs}: about {duration(self.seconds)}"
+
+
+@dataclass(frozen=True)
+class _Setting:
+    step_s: float
+    compile_s: float
+
+    def build_s(self) -> float:
+        return RECOMPILE_SHARE * self.compile_s + WARMUP_STEPS * self.step_s
+
+
+def _measured(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, _Setting]]:
+    found = []
+    for trial in trials:
+        step = trial.user_attrs.get(records.STEP_MEDIAN_S)
+        if step is not None and trial_attrs.is_feasible(trial) and records.REPEAT_OF not in trial.user_attrs:
+            found.append((trial, _Setting(float(step), float(trial.user_attrs.get(records.COMPILE_S) or 0.0))))
+    return sorted(found, key=lambda pair: pair[0].value if pair[0].value is not None else float("inf"))
+
+
+def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_knobs: int = 3) -> float:
+    """Expected seconds of `plan` on the study's measured settings: the baseline (the first
+    trial measured) and the best; each knob-reverted setting costs about as much as the best."""
+    measured = _measured(trials)
+    if not measured:
+        return 0.0
+    baseline = min(measured, key=lambda pair: pair[0].number)[1]
+    leaders = [s for _, s in measured[:max(1, plan.race_top)]]
+    best = leaders[0]
+    race = 0.0
+    if plan.race_top > 1:
+        raced = [baseline, *leaders]
+        race = sum(s.build_s() for s in raced) + plan.race_rounds * sum(s.step_s for s in raced)
+    verified = [baseline, best] + ([best] * differing_knobs if plan.ablations else [])
+    verify = sum(s.build_s() for s in verified) + plan.verify_rounds * sum(s.step_s for s in verified)
+    return race + verify
+
+
+def plan_finish(trials: Sequence[FrozenTrial], race_top: int, verify_rounds: int, seconds_left: float | None,
+                differing_knobs: int = 3) -> FinishPlan:
+    """The fullest finish that fits `seconds_left` (the whole one without a budget)."""
+    full = FinishPlan(race_top, max(4, verify_rounds // 2), verify_rounds, True, 0.0)
+    fewest = min(MIN_VERIFY_ROUNDS, verify_rounds)
+    plans = [full]
+    for top in range(race_top - 1, 1, -1):
+        plans.append(replace(full, race_top=top))
+    plans.append(replace(full, race_top=0))
+    for rounds in range(verify_rounds - 2, fewest - 1, -2):
+        plans.append(replace(full, race_top=0, verify_rounds=rounds))
+    plans.append(replace(full, race_top=0, verify_rounds=fewest, ablations=False))
+    costed = [replace(p, seconds=finish_seconds(trials, p, differing_knobs)) for p in plans]
+    if seconds_left is None:
+        return costed[0]
+    return next((p for p in costed if p.seconds <= seconds_left), costed[-1])
+
+
+def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
+    """What the next trial is expected to take: the median wall time of the measured ones."""
+    walls = [float(t.user_attrs[records.TRIAL_WALL_S]) for t in trials if records.TRIAL_WALL_S in t.user_attrs
+             and records.REPEAT_OF not in t.user_attrs]
+    return statistics.median(walls) if walls else 0.0
+
+
+def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
+    """Whether one more trial (as long as the median one so far) fits before the room kept for
+    the finish: a race of `RESERVED_RACE_TOP` leaders and `RESERVED_VERIFY_ROUNDS` rounds."""
+    left = clock.left()
+    if left is None:
+        return True
+    reserved = plan_finish(trials, RESERVED_RACE_TOP, RESERVED_VERIFY_ROUNDS, None)
+    return left - next_trial_seconds(trials) > reserved.seconds
+
+
+__all__ = ["MIN_VERIFY_ROUNDS", "Clock", "FinishPlan", "finish_seconds", "next_trial_seconds", "plan_finish", "search_may_go_on"]

@@ -1,0 +1,135 @@
+"""The tuner learns from its failures: which knob values cause them, excluded for the rest of the study.
+
+Every round of the search loop reads the study's measured trials as evidence
+(studies/attribution.py): per failure kind, a trial failed with it or got past it. A cause found
+is kept in the study itself (a user attribute per cause), so every worker of a shared study and
+a resumed run honour it; a setting holding an excluded value is then never measured again
+(tuning/trials.py tells such an ask without running it). Where two suspects always came
+together, a probe (the failing setting with one of them changed back to the nearest setting
+that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure kind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.studies import records
+from tpu_tuner.studies.attribution import Cause, Evidence, Probe, attribute
+from tpu_tuner.studies.coverage import setting_key
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trial_attrs import WORKER_FAILURES
+
+log = logging.getLogger(__name__)
+
+PROBES_PER_KIND = 2
+
+
+def label(name: str, value: Any) -> str:
+    """A knob value in words, as trial labels write it ("autocast bfloat16"), its default too."""
+    try:
+        words = knobs.get(name).describe(str(value))
+    except KeyError:
+        words = ""
+    return words or f"{name} {value}"
+
+
+def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidence]:
+    """The measured trials as evidence: the failure kind each failed with, and the kinds it got
+    past. Rejected, repeated, excluded, lost and interrupted trials measured nothing and say nothing."""
+    evidence = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs:
+            continue
+        kind = attrs.get(records.FAILURE_KIND)
+        early = attrs.get(records.EARLY_STOP) or {}
+        if kind in WORKER_FAILURES:
+            outcomes = {kind: True}
+        elif early and not early.get("steps"):
+            continue  # its compile was cut off: it got past nothing
+        else:
+            outcomes = dict.fromkeys(WORKER_FAILURES, False)
+            error = attrs.get(records.ACCURACY_ERROR)
+            if error is not None:
+                outcomes["accuracy"] = float(error) > tolerance
+            if not early:  # a stopped trial's peak memory was not measured
+                outcomes["memory"] = kind == "memory"
+        evidence.append(Evidence(trial.number, dict(trial.params), outcomes,
+                                 str(attrs.get(records.FAILURE_MESSAGE, ""))))
+    return evidence
+
+
+def describe_kind(kind: str, messages: Sequence[str]) -> str:
+    """A failure kind in words, from its failures' messages ("the worker died from SIGSEGV")."""
+    if kind == "crash":
+        signals = {m.split("died from ", 1)[1].split()[0] for m in messages if "died from " in m}
+        return f"the worker died from {signals.pop()}" if len(signals) == 1 else "the worker crashed"
+    if kind == "error":
+        firsts = {m.splitlines()[0][:80] if m else "" for m in messages}
+        return f"the step failed ({firsts.pop()})" if len(firsts) == 1 and "" not in firsts else "the step failed"
+    return {"oom": "the worker ran out of memory", "timeout": "the trial timed out",
+            "accuracy": "the accuracy check failed", "memory": "the peak memory went over the limit"}.get(kind, kind)
+
+
+class FailureLearning:
+    """The causes a study has found, and the finding of more; one per search (`TuneTrials`)."""
+
+    def __init__(self, space: SearchSpace, tolerance: float) -> None:
+        self.space, self.tolerance = space, tolerance
+        self.causes: dict[str, Cause] = {}
+
+    def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause]:
+        """Read the causes the study holds and find new ones in `trials` (stored in the study, and
+        probes queued); returns the causes this worker had not known of, in the order found."""
+        learned = [cause for cause in stored_causes(study.user_attrs) if cause.key not in self.causes]
+        for cause in learned:
+            self.causes[cause.key] = cause
+        found = attribute(evidence_of(trials, self.tolerance), describe_kind)
+        for cause in found.causes:
+            if cause.key not in self.causes:
+                self.causes[cause.key] = cause
+                study.set_user_attr(records.EXCLUSION_PREFIX + cause.key, cause.to_plain())
+                learned.append(cause)
+        self._queue_probes(study, trials, found.probes)
+        return learned
+
+    def excluded_by(self, setting: Mapping[str, Any]) -> Cause | None:
+        """The cause that excludes `setting`, or None."""
+        return next((cause for cause in self.causes.values() if cause.matches(setting)), None)
+
+    def _queue_probes(self, study: optuna.Study, trials: Sequence[FrozenTrial], probes: list[Probe]) -> None:
+        held = {setting_key(t.params) for t in trials}  # waiting ones too: a probe is queued once
+        queued: dict[str, int] = {}
+        for trial in trials:
+            probe_for = trial.user_attrs.get(records.PROBE_FOR)
+            if isinstance(probe_for, dict):
+                queued[probe_for.get("kind", "")] = queued.get(probe_for.get("kind", ""), 0) + 1
+        for probe in probes:
+            setting = self.space.complete(probe.setting)
+            if (queued.get(probe.kind, 0) >= PROBES_PER_KIND or setting_key(setting) in held
+                    or self.excluded_by(setting) is not None):
+                continue
+            dropped = ", ".join(label(n, v) for n, v in probe.dropped)
+            kept = ", ".join(label(n, v) for n, v in probe.kept)
+            study.enqueue_trial(setting, user_attrs={records.PROBE_FOR: {
+                "kind": probe.kind, "trial": probe.failing_trial,
+                "question": f"does trial {probe.failing_trial}'s failure ({probe.kind}) need {dropped}, or is {kept} "
+                            "enough?"}})
+            held.add(setting_key(setting))
+            queued[probe.kind] = queued.get(probe.kind, 0) + 1
+            log.info("probe queued: trial %d's setting without %s", probe.failing_trial, dropped)
+
+
+def stored_causes(user_attrs: Mapping[str, Any]) -> list[Cause]:
+    """The causes a study holds (its user attributes), in the order they were found."""
+    causes = [Cause.from_plain(value) for key, value in user_attrs.items() if key.startswith(records.EXCLUSION_PREFIX)]
+    return sorted(causes, key=lambda cause: (cause.after_trial, cause.key))
+
+
+__all__ = ["FailureLearning", "describe_kind", "evidence_of", "label", "stored_causes"]
