@@ -73,13 +73,15 @@ def run_search(
                   space_size=space.size(), timeout_s=options.search.timeout_s, started=started)
     feature = TuneTrials(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory,
                          worker)
-    # The sampler never proposes what the study has excluded (ExcludingSampler redraws).
-    sampler = study.sampler
+    # The sampler never proposes what the study has excluded (ExcludingSampler redraws); the
+    # study's pruner is the one the trials are stopped by (should_prune asks it).
+    sampler, pruner = study.sampler, study.pruner
     study.sampler = ExcludingSampler(sampler, lambda setting: feature.learning.excluded_by(setting) is not None)
+    study.pruner = feature.pruner or optuna.pruners.NopPruner()
     try:
         end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     finally:
-        study.sampler = sampler
+        study.sampler, study.pruner = sampler, pruner
     if end.reason in ("covered", "asks"):
         log.info("stopping: %d of %d settings of the space covered",
                  len(covered_settings(study.get_trials(deepcopy=False))), rules.space_size)
