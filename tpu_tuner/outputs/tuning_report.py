@@ -224,7 +224,8 @@ def _figures_note(compared: "ComparedSteps", verified: bool, significant: bool, 
             ratio = " (the recommendation is the baseline, so both columns are its figures)"
         elif compared.ratio is not None:
             ratio = (f" (their ratio, {compared.ratio:.2f}x, is a ratio of medians; the verified speedup is the "
-                     "geometric mean of the per-round ratios: the two agree closely, not exactly)")
+                     "geometric mean of the per-round ratios, the estimate its interval belongs to: from the same "
+                     "rounds they agree closely when the rounds are steady, less when they are few and noisy)")
         return [f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
                 "window. The table's steady steps and MFU are from that window: each setting's median over the "
                 f"same {compared.rounds} rounds{ratio}. Compile time, peak memory and accuracy error "
