@@ -39,7 +39,10 @@ def describe_run(run_dir: Path) -> str:
         f"run: {run_dir}",
         f"  chosen: {config.candidate.describe()}",
         f"  baseline step {base['step_median_s'] * 1e3:.1f} ms (MFU {base['mfu']:.1%}); "
-        f"tuned step {tuned['step_median_s'] * 1e3:.1f} ms (MFU {tuned['mfu']:.1%}, compile {tuned['compile_s']:.1f} s)",
+        f"tuned step {tuned['step_median_s'] * 1e3:.1f} ms (MFU {tuned['mfu']:.1%}, compile {tuned['compile_s']:.1f} s "
+        "in the search)",
+        # Configs written before the source was recorded took their steps from the search.
+        f"  steps from: {tuned.get('step_source', 'the search')}",
         f"  verification: {v['message']}",
         f"  accuracy error of the chosen config: {tuned['accuracy_error']:.2e} (tolerance {p['tolerance']:g})",
     ]

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{where} | {event.elapsed:5.0f} s{left}] {event.message}", flush=True)
 
     result = tune(args.model_file, options, progress=show)
-    base, chosen, v = result.baseline, result.chosen, result.verification
+    v = result.verification
     print()
     url = options.store.url
     if not result.verified:
@@ -133,17 +133,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"status    tpu-tune study status{storage} --study {result.study.study_name}"
               + (f" --out {options.outputs.out}" if url is None else ""))
         return 0
+    compared = result.compared
+    base, chosen = compared.baseline, compared.tuned
     if base is not None and chosen is not None:
         planned = options.objective.planned_steps
         print(f"baseline  steady step {ms(base.step_median)}, amortised {ms(base.amortised_step(planned))}, "
               f"MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})")
         print(f"tuned     steady step {ms(chosen.step_median)}, amortised {ms(chosen.amortised_step(planned))}, "
               f"MFU {chosen.mfu:.1%}  ({v.chosen.describe()})")
-        print(f"          (amortised = steady step + compile time / {planned} planned steps, from the search)")
+        if compared.from_window:
+            print(f"          (steady step: median of the {compared.rounds} rounds of the interleaved verification "
+                  f"window; amortised adds the search's compile time / {planned} planned steps)")
+        else:
+            print(f"          (from the search: {compared.why_search}; "
+                  f"amortised = steady step + compile time / {planned} planned steps)")
         print(f"accuracy  relative error {chosen.accuracy_error:.2e} (tolerance {options.objective.tolerance:g})")
     print(f"speedup   {v.message}")
     if v.speedup is not None:
         print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
+        if compared.from_window and compared.ratio is not None and v.chosen_is_best:
+            # Two estimators of one window: close, not identical.
+            print(f"          (geometric mean of the per-round ratios; the medians above give {compared.ratio:.2f}x)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     print(f"dashboard optuna-dashboard {redact(str(result.best_config.provenance['study']['storage']))}")
     return 0

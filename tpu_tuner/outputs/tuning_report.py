@@ -13,6 +13,7 @@ from tpu_tuner.studies import records
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
     from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.window import ComparedSteps
 
 
 def _ranks_line(nproc: int) -> str:
@@ -24,7 +25,8 @@ def _ranks_line(nproc: int) -> str:
 
 def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     v = result.verification
-    base, chosen = result.baseline, result.chosen
+    compared = result.compared
+    base, chosen = compared.baseline, compared.tuned
     planned = result.options.objective.planned_steps
     out = [
         f"# Tuning `{result.profile.workload.name}` on {result.profile.device.name}",
@@ -39,16 +41,17 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
          "trials below are the whole study's as this worker last saw them."),
         "",
         *([_ranks_line(result.options.runner.nproc), ""] if result.options.runner.nproc > 1 else []),
-        *([f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
-           "window; the table's \"steady step\" row is the same quantity as the search measured it, at different "
-           "moments, so its ratio can differ. The \"amortised step\" row, which the search ranked by, adds compile "
-           f"time / {planned} planned steps.", ""] if v.speedup is not None else []),
+        *(_figures_note(compared, v.speedup is not None, v.chosen_is_best, planned) + [""]),
         "## Baseline against tuned",
         "",
         "| | baseline | tuned |",
         "|---|---:|---:|",
     ]
-    out += _comparison_rows(base, chosen, planned)
+    out += _comparison_rows(base, chosen, planned, compared.where)
+    if compared.from_window:
+        # The search's one measurement of each, for the record: a disturbed one shows here.
+        out.append(f"| steady step in the search (one measurement) | {_search_step(result.baseline)} | "
+                   f"{_search_step(result.chosen)} |")
     bucketing = result.chosen_bucketing()
     if bucketing:
         out += ["", "## Shape buckets (inputs vary in length)", "",
@@ -213,7 +216,36 @@ def _measured_here(trial, baseline_value: float | None) -> str:
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 
 
-def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int) -> list[str]:
+def _figures_note(compared: "ComparedSteps", verified: bool, significant: bool, planned: int) -> list[str]:
+    """Where the table's steps come from, and how they relate to the verified speedup."""
+    if compared.from_window:
+        ratio = ""
+        if not significant:
+            ratio = " (the recommendation is the baseline, so both columns are its figures)"
+        elif compared.ratio is not None:
+            ratio = (f" (their ratio, {compared.ratio:.2f}x, is a ratio of medians; the verified speedup is the "
+                     "geometric mean of the per-round ratios, the estimate its interval belongs to: from the same "
+                     "rounds they agree closely when the rounds are steady, less when they are few and noisy)")
+        return [f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
+                "window. The table's steady steps and MFU are from that window: each setting's median over the "
+                f"same {compared.rounds} rounds{ratio}. Compile time, peak memory and accuracy error "
+                "are the search's, and the \"amortised step\" row, which the search ranked by, adds the search's "
+                f"compile time / {planned} planned steps to the window's step."]
+    if verified:
+        return [f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in "
+                f"one window; the table's figures are the search's ({compared.why_search}), measured at different "
+                "moments, so their ratio can differ. The \"amortised step\" row, which the search ranked by, adds "
+                f"compile time / {planned} planned steps."]
+    return [f"The table's figures are the search's one measurement of each setting ({compared.why_search}); "
+            f"the \"amortised step\" row adds compile time / {planned} planned steps."]
+
+
+def _search_step(m: "Measurement | None") -> str:
+    return "n/a" if m is None else f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"
+
+
+def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int,
+                     where: str = "search") -> list[str]:
     def cell(m: "Measurement | None", fn) -> str:
         return "n/a" if m is None else fn(m)
 
@@ -223,8 +255,8 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
 
     rows = [
         ("settings", lambda m: _describe(m)),
-        ("steady step (median)", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
-        ("compile time", lambda m: ms(m.compile_seconds)),
+        (f"steady step (median, {where})", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
+        ("compile time (search)", lambda m: ms(m.compile_seconds)),
         (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
         ("MFU", lambda m: _mfu_cell(m, common)),
         ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),

@@ -31,6 +31,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.verify import Verification, trial_measurement
+from tpu_tuner.tuning.window import ComparedSteps, with_window_step
 
 TRIAL_COLUMNS = [
     "number", "state", *knobs.names(), records.AMORTISED_STEP_S, records.STEP_MEDIAN_S,
@@ -97,6 +98,7 @@ class TuningResult:
 
     @property
     def baseline(self) -> Measurement | None:
+        """The search's measurement of the baseline (one, at its own moment: see `compared`)."""
         return self.on_run_peak(trial_measurement(self.study, self.verification.baseline_trial))
 
     @property
@@ -106,7 +108,28 @@ class TuningResult:
 
     @property
     def chosen(self) -> Measurement | None:
+        """The search's measurement of the recommended setting."""
         return self.best if self.verification.chosen_is_best else self.baseline
+
+    @property
+    def compared(self) -> ComparedSteps:
+        """Baseline and tuned as shown beside the verified speedup: steady steps (and the MFU of
+        them, on the run's peak) from the verification window where there is one, so that their
+        ratio agrees with the speedup; else the search's figures (not verified, verification
+        failed, or a result.json written before the window was stored)."""
+        v, base, chosen = self.verification, self.baseline, self.chosen
+        window = v.window
+        if window is None or base is None or chosen is None:
+            why = ("this result.json predates the window's stored figures" if window is None and v.speedup is not None
+                   else "no interleaved verification window")
+            return ComparedSteps(base, chosen, from_window=False, why_search=why)
+        run_peak = self.peak
+        # Not significant: the recommendation is the baseline, so "tuned" is its window figure too.
+        tuned_label, tuned_step = ("best", window.best) if v.chosen_is_best else ("baseline", window.baseline)
+        return ComparedSteps(
+            self.on_run_peak(with_window_step(base, window.baseline, v.samples.get("baseline", ())), run_peak),
+            self.on_run_peak(with_window_step(chosen, tuned_step, v.samples.get(tuned_label, ())), run_peak),
+            from_window=True, rounds=window.baseline.rounds)
 
     @property
     def best_config(self) -> TunedConfig:
@@ -202,6 +225,7 @@ class TuningResult:
 
     def _provenance(self) -> dict[str, Any]:
         v = self.verification
+        compared, planned = self.compared, self.options.objective.planned_steps
         return {
             "created": self.created,
             "device": self.profile.device.name,
@@ -213,8 +237,8 @@ class TuningResult:
             "ranks": self.options.runner.nproc,
             "tolerance": self.options.objective.tolerance,
             "accuracy_error": self.chosen.accuracy_error if self.chosen else None,
-            "baseline": _summary(self.baseline, self.options.objective.planned_steps),
-            "tuned": _summary(self.chosen, self.options.objective.planned_steps),
+            "baseline": _summary(compared.baseline, planned, compared, self.baseline),
+            "tuned": _summary(compared.tuned, planned, compared, self.chosen),
             "verification": {
                 "message": v.message,
                 "speedup": v.speedup.speedup if v.speedup else None,
@@ -303,15 +327,22 @@ def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpac
                 .for_workload(of_profile(profile.workload)))
 
 
-def _summary(m: Measurement | None, planned_steps: int) -> dict[str, Any] | None:
+def _summary(m: Measurement | None, planned_steps: int, compared: ComparedSteps,
+             search: Measurement | None) -> dict[str, Any] | None:
+    """One side of the provenance's comparison: its steps and MFU from `compared.source`, and
+    (from a window) the search's own step and MFU beside them; compile time is the search's."""
     if m is None:
         return None
-    return {
+    summary: dict[str, Any] = {
         "step_median_s": m.step_median, "step_p10_s": m.step_p10, "step_p90_s": m.step_p90,
-        "compile_s": m.compile_seconds, "amortised_step_s": m.amortised_step(planned_steps),
+        "step_source": compared.source, "compile_s": m.compile_seconds,
+        "amortised_step_s": m.amortised_step(planned_steps),
         "mfu": m.mfu, "peak_dtype": m.peak_dtype, "peak_memory_bytes": m.peak_memory_bytes,
         "accuracy_error": m.accuracy_error,
     }
+    if compared.from_window and search is not None:
+        summary.update(window_rounds=compared.rounds, search_step_median_s=search.step_median, search_mfu=search.mfu)
+    return summary
 
 
 def _redact(url: str | None) -> str:

@@ -26,6 +26,7 @@ from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.clock import Clock, plan_finish
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
+from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ class Verification:
     # The host whose worker ran this verification (a shared study's trials come from many hosts;
     # the comparison itself is always on one). None for results written before it was recorded.
     host: str | None = None
+    # The baseline's and the best's steady steps in this window (tuning/window.py): the figures
+    # shown beside the speedup. None when nothing was compared, and in results written before it.
+    window: WindowFigures | None = None
 
 
 """Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
@@ -153,6 +157,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
         samples=samples,
         compiles_while_comparing=compiles,
         message=message,
+        window=WindowFigures.of(samples),
     )
 
 

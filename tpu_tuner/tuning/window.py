@@ -1,0 +1,101 @@
+"""The verification window's own step figures: baseline and best measured together.
+
+The search measures each setting once, at its own moment; on a shared machine one of those
+moments can be disturbed (a baseline read 447 ms by the search was ~45 ms interleaved), and the
+ratio of two such figures says little. The verification times baseline and best round-robin in
+one worker, so the steps it saw are the ones to print beside the verified speedup: each label's
+median over the rounds (a ratio of medians, close to but not the same estimator as the paired
+geometric mean the speedup is).
+
+Only step figures live here; MFU is derived from them where the run's peak is known
+(`TuningResult.compared`, through metrics/mfu.py), and compile time, memory and accuracy stay
+the search's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.metrics.timing import TimingStats
+
+# How the figures are labelled wherever they are shown (summary, report, provenance).
+FROM_WINDOW = "steady step, interleaved verification window"
+FROM_SEARCH = "steady step, the search's one measurement of each setting"
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """One setting's steady step over the interleaved rounds of the verification (seconds)."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    rounds: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "WindowStep":
+        """The median, p10 and p90 of one label's per-round samples."""
+        stats = TimingStats.from_samples(samples)
+        return cls(stats.median, stats.p10, stats.p90, stats.count)
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    """The baseline's and the best's steps in the verification window."""
+
+    baseline: WindowStep
+    best: WindowStep
+
+    @classmethod
+    def of(cls, samples: Mapping[str, Sequence[float]]) -> "WindowFigures | None":
+        """From `Verification.samples` (labels "baseline" and "best"); None when either is missing."""
+        if not samples.get("baseline") or not samples.get("best"):
+            return None
+        return cls(WindowStep.of(samples["baseline"]), WindowStep.of(samples["best"]))
+
+
+@dataclass(frozen=True)
+class ComparedSteps:
+    """Baseline and tuned as the summary, report and provenance show them, and where from.
+
+    With a window, each is the search's Measurement with its steady step (median, p10, p90,
+    samples) replaced by the window's: compile time, memory, accuracy and FLOPs stay the
+    search's, so its amortised step is the window's step + the search's compile time / planned
+    steps. Without one, the search's Measurements as they were.
+    """
+
+    baseline: Measurement | None
+    tuned: Measurement | None
+    from_window: bool
+    rounds: int = 0  # the window's rounds (0: from the search)
+    why_search: str = ""  # why the figures are the search's (empty from a window)
+
+    @property
+    def source(self) -> str:
+        """Where the steady steps come from, in words (FROM_WINDOW or FROM_SEARCH)."""
+        return FROM_WINDOW if self.from_window else FROM_SEARCH
+
+    @property
+    def where(self) -> str:
+        """Where the steady steps come from, in two or three words (a table row's label)."""
+        return "interleaved verification window" if self.from_window else "search"
+
+    @property
+    def ratio(self) -> float | None:
+        """Baseline step / tuned step: the ratio of the shown medians (None when one is missing)."""
+        if self.baseline is None or self.tuned is None or self.tuned.step_median <= 0:
+            return None
+        return self.baseline.step_median / self.tuned.step_median
+
+
+def with_window_step(m: Measurement | None, step: WindowStep, samples: Sequence[float] = ()) -> Measurement | None:
+    """`m` with its steady step from the window (its MFU is recomputed by the caller, on the run's peak)."""
+    if m is None:
+        return None
+    return replace(m, step_median=step.median_s, step_p10=step.p10_s, step_p90=step.p90_s,
+                   samples=[float(s) for s in samples] or m.samples)
+
+
+__all__ = ["FROM_SEARCH", "FROM_WINDOW", "ComparedSteps", "WindowFigures", "WindowStep", "with_window_step"]
