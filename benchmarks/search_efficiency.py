@@ -29,7 +29,8 @@ import optuna
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling import profile
-from tpu_tuner.execution.measurement import TrialFailure
+from tpu_tuner.execution.early_stop import MIN_STEPS_TO_JUDGE, StopRule
+from tpu_tuner.execution.measurement import EarlyStop, TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner import TuneOptions, TuningResult, tune
@@ -45,21 +46,50 @@ BUDGET_SHARE = 0.20
 
 
 class TableRunner:
-    """Answers "measure" jobs from a grid run's measurements instead of running the workload."""
+    """Answers "measure" jobs from a grid run's measurements instead of running the workload.
+
+    Each answer takes the wall time the grid's trial took (`seconds`). A job that asks to stop
+    early (`MeasureRequest.stop_above_s`, the pruner's threshold) is answered as the worker would
+    answer it, from the trial's recorded steps: stopped after the first timed steps that put it
+    beyond the threshold (its wall time then its overhead, first call, warm-up and those steps
+    only), or at the compile limit when its compile alone could not pay back. The worker also
+    judges its warm-up steps, so a real pruned trial stops no later than this one."""
 
     def __init__(self, study: optuna.Study) -> None:
-        self.table: dict[str, JobResult] = {}
+        self.table: dict[str, tuple[JobResult, float]] = {}
         for trial in study.trials:
             m = trial_attrs.measurement_of(trial)
             key = trial.user_attrs.get("candidate")
+            wall = float(trial.user_attrs.get("trial_wall_s") or 0.0)
             if m is not None:
-                self.table[_key(m.candidate)] = JobResult(value=m)
+                self.table[_key(m.candidate)] = (JobResult(value=m, seconds=wall), wall)
             elif trial.user_attrs.get("failure_kind") and key:
-                self.table[_key(key)] = JobResult(failure=TrialFailure(trial.user_attrs["failure_kind"], "from table"))
+                failure = TrialFailure(trial.user_attrs["failure_kind"], "from table")
+                self.table[_key(key)] = (JobResult(failure=failure, seconds=wall), wall)
         self.workers_started = 0
 
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
-        return self.table.get(_key(request.candidate), JobResult(failure=TrialFailure("error", "not in the grid table")))
+        found = self.table.get(_key(request.candidate))
+        if found is None:
+            return JobResult(failure=TrialFailure("error", "not in the grid table"))
+        result, wall = found
+        m = result.value
+        if m is None or not request.stop_above_s:
+            return result
+        rule = StopRule(request.stop_above_s, request.planned_steps)
+        overhead = max(0.0, wall - m.first_call_seconds - m.warmup_seconds - sum(m.samples))
+        if m.compile_seconds > rule.compile_limit_s():
+            limit = rule.compile_limit_s()
+            return JobResult(value=EarlyStop(m.candidate, "compile", "from table", [], limit, limit,
+                                             limit / rule.planned_steps), seconds=overhead + limit)
+        for count in range(MIN_STEPS_TO_JUDGE, len(m.samples) + 1):
+            seen = m.samples[:count]
+            if rule.hopeless(seen, m.compile_seconds):
+                stopped = EarlyStop(m.candidate, "steps", rule.explain(seen, m.compile_seconds), list(seen),
+                                    m.first_call_seconds, m.compile_seconds, rule.optimistic(seen, m.compile_seconds),
+                                    dict(m.accuracy_errors))
+                return JobResult(value=stopped, seconds=overhead + m.first_call_seconds + m.warmup_seconds + sum(seen))
+        return result
 
 
 def _key(candidate: dict) -> str:
@@ -67,9 +97,11 @@ def _key(candidate: dict) -> str:
 
 
 def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that cost a measurement, in order (not rejected, not a repeat answered from an earlier one)."""
+    """Trials that cost a measurement, in order (not rejected, not a repeat answered from an
+    earlier one, not an ask of an excluded setting, told without running it)."""
     return [t for t in sorted(study.trials, key=lambda t: t.number)
-            if "repeat_of" not in t.user_attrs and "rejected_by" not in t.user_attrs]
+            if "repeat_of" not in t.user_attrs and "rejected_by" not in t.user_attrs
+            and "excluded_by" not in t.user_attrs and "over_budget" not in t.user_attrs]
 
 
 def trials_to_target(study: optuna.Study, target: float) -> int | None:
@@ -80,18 +112,30 @@ def trials_to_target(study: optuna.Study, target: float) -> int | None:
     return None
 
 
+def seconds_to_target(study: optuna.Study, target: float) -> float | None:
+    """Wall-clock seconds of the measured trials (the grid's, or a pruned trial's share of them)
+    until the best feasible amortised step is within `target`."""
+    spent = 0.0
+    for trial in _measured(study):
+        spent += float(trial.user_attrs.get("trial_wall_s") or 0.0)
+        if trial_attrs.is_feasible(trial) and trial.value is not None and trial.value <= target:
+            return spent
+    return None
+
+
 def best_feasible(study: optuna.Study) -> float | None:
     values = [t.value for t in _measured(study) if trial_attrs.is_feasible(t) and t.value is not None]
     return min(values) if values else None
 
 
 def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, budget: int, seeded: bool,
-           warm: Sequence[WarmSeed] | None = None) -> optuna.Study:
+           warm: Sequence[WarmSeed] | None = None, prune: bool = False) -> optuna.Study:
     """One search of `budget` measured settings, answered from the grid table. With `warm` (warm
     start's seeds, benchmarks/warm_start.py) the baseline and those are queued as tpu-tune queues
     them, then the agents' seeds when `seeded`; without, the agents' seeds when `seeded`."""
     options = TuneOptions(sampler=sampler, seed=seed, trials=budget, agents=grid.options.search.agents,
-                          memory_limit_bytes=grid.options.objective.memory_limit_bytes)
+                          memory_limit_bytes=grid.options.objective.memory_limit_bytes, prune=prune,
+                          time_budget_s=None, planned_steps=grid.options.objective.planned_steps)
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
     if warm is not None:
@@ -163,6 +207,24 @@ def main() -> None:
             gaps_by[sampler, seeded] = gaps[sampler]
             if seeded and sampler == "tpe":
                 verdicts.append(("TPE + seeds within 3% in <= 20% of the grid on every seed", len(reached) == len(counts)))
+    # Wall-clock time to the target: the search as it ran before pruning, and with pruning on.
+    print(f"\nwall-clock to within 3% of the grid's best, TPE + the agents' seeds, {args.seeds} seeds "
+          "(each trial's wall time from the grid; a pruned trial's up to where it stops):")
+    walls: dict[bool, list[float | None]] = {}
+    for prune in (False, True):
+        walls[prune] = [seconds_to_target(replay(grid, runner, "tpe", seed, budget, True, prune=prune), target)
+                        for seed in range(args.seeds)]
+        shown = ", ".join("-" if w is None else f"{w:.0f}" for w in walls[prune])
+        reached = [w for w in walls[prune] if w is not None]
+        summary = f"median {statistics.median(reached):.0f} s, worst {max(reached):.0f} s" if reached else "never"
+        print(f"  {'pruning on ' if prune else 'no pruning '}: {summary}; per seed {shown}")
+    paired = [(a, b) for a, b in zip(walls[False], walls[True]) if a is not None and b is not None]
+    if paired:
+        share = statistics.median(b / a for a, b in paired)
+        total = sum(b for _, b in paired) / sum(a for a, _ in paired)
+        print(f"  pruning on / no pruning: median of seeds {share:.0%}, all seeds together {total:.0%}")
+        verdicts.append((f"wall-clock to the target with pruning <= 60% of without (all seeds together {total:.0%})",
+                         total <= 0.60 and len(paired) == args.seeds))
     tpe, random_alone = statistics.mean(gaps_by["tpe", True]), statistics.mean(gaps_by["random", False])
     verdicts.append((f"TPE + seeds nearer the grid's best than random search at equal budget (mean best/grid "
                      f"{tpe:.3f}x against {random_alone:.3f}x)", tpe < random_alone))

@@ -181,7 +181,7 @@ def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
     result = tune(FIXTURES / "graph_break.py", options)
     rows = {row["compile_options"]: row for _, row in result.trials_dataframe().iterrows()}
     assert rows["default"]["state"] == "COMPLETE"  # dynamo splits the graph and runs
-    assert rows["fullgraph"]["state"] == "FAIL" and rows["fullgraph"]["failure_kind"] == "error"
+    assert rows["fullgraph"]["state"] == "PRUNED" and rows["fullgraph"]["failure_kind"] == "error"
     assert "graph_break" in rows["fullgraph"]["failure_message"] or "Unsupported" in rows["fullgraph"]["failure_message"]
 
 

@@ -227,6 +227,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     measured alone, fails there too, and the rest of its settings are rejected unmeasured."""
     import optuna
 
+    from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.api import tune
 
@@ -234,7 +235,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
                           verify_rounds=2, out=tmp_path, agents=("sharding",))
     result = tune(FIXTURES / "tiny_gpt.py", options)
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
-    failed = [t for t in tensor if t.state == optuna.trial.TrialState.FAIL]
+    failed = [t for t in tensor if trial_attrs.failed_to_run(t)]
     rejected = [t for t in tensor if "rejected_by" in t.user_attrs]
     alone = [t for t in failed if t.params == {"autocast": "none", "optimizer_impl": "default", "layout": "1x1x2"}]
     assert len(alone) == 1 and len(failed) <= 2 and all("rank" in t.user_attrs["failure_message"] for t in failed)

@@ -9,7 +9,6 @@ what the run reports as it goes.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
