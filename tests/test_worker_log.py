@@ -97,3 +97,59 @@ def test_a_worker_that_dies_importing_says_why_from_the_log(capfd: pytest.Captur
     finally:
         kept.unlink()
     assert "chatter" not in capfd.readouterr().err
+
+
+def test_what_ranks_print_is_appended_to_the_log_rank_by_rank(echo_path: None, tmp_path: Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    from tpu_tuner.runner.launch import run_ranks
+
+    with WorkerLog(tmp_path / "w.log") as log:
+        result = run_ranks(2, "misbehaving_rank", ["raise"], timeout_s=60, output=log)
+    assert not result.ok and "RuntimeError: rank 1 gave up" in (result.failure or "")
+    text = (tmp_path / "w.log").read_text()
+    rank_1 = text.split("--- misbehaving_rank rank 1/2 stderr ---\n", 1)[1]
+    assert "RuntimeError: rank 1 gave up" in rank_1
+    assert "gave up" not in capfd.readouterr().err
+
+
+# --- through the CLI: the terminal holds tpu-tune's lines only ---------------------------------
+
+NOISE = ("NOISY-IMPORT", "NOISY-STEP")
+
+
+def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import use_probe
+
+    from tpu_tuner.cli import main
+
+    use_probe(monkeypatch, tmp_path / "cache")  # no roofline measurement: seconds, not the point here
+    agent = tmp_path / "fast.toml"
+    agent.write_text("[timing]\nmin_steps = 10\nmin_seconds = 0\n[operators]\nprofiled_steps = 1\ntop = 5\n")
+    assert main(["-q", "profile", str(FIXTURES / "noisy_mlp.py"), "--out", str(tmp_path / "results"),
+                 "--agent", str(agent)]) == 0
+    printed = capfd.readouterr()
+    assert "MFU" in printed.out
+    assert not any(noise in printed.out + printed.err for noise in NOISE)
+    (run_dir,) = (tmp_path / "results").iterdir()
+    logged = (run_dir / WORKERS_LOG).read_text()
+    assert all(noise in logged for noise in NOISE) and "NOISY-IMPORT through print" in logged
+
+
+@pytest.mark.slow  # a whole tuning run (~20 s here): .ci/run's full pass; the quick CLI test checks its workers.log
+def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    from conftest import use_probe
+
+    from tpu_tuner.cli import main
+
+    use_probe(monkeypatch, tmp_path_factory.mktemp("cache"), medium_relative_error=2.5e-3)
+    assert main(["-q", str(FIXTURES / "noisy_mlp.py"), "--trials", "2", "--verify-rounds", "2",
+                 "--space", "precision", "--out", str(tmp_path)]) == 0
+    printed = capfd.readouterr()
+    assert "[trial 1/2" in printed.out
+    assert not any(noise in printed.out + printed.err for noise in NOISE), printed
+    (run_dir,) = tmp_path.iterdir()
+    logged = (run_dir / WORKERS_LOG).read_text()
+    assert all(noise in logged for noise in NOISE)
