@@ -74,6 +74,20 @@ def test_an_unnamed_temporary_log_is_removed_and_a_silent_one_adds_nothing() -> 
     assert not log.path.exists()
 
 
+def test_a_note_quotes_only_what_came_after_its_mark_across_a_move(tmp_path: Path) -> None:
+    (tmp_path / WORKERS_LOG).write_text("ValueError: a resumed run's earlier death\n")
+    with WorkerLog() as log:
+        log.write(b"RuntimeError: an earlier job's\n")
+        since = log.mark()
+        assert log.failure_note(since=since) == ""  # nothing since: nothing to quote
+        log.write(b"this job's chatter\n")
+        log.move_into(tmp_path)
+        log.write(b"this job's last words\n")
+        assert log.failure_note(since=since) == f"; last output: this job's last words (see {WORKERS_LOG})"
+        assert log.failure_note(quote=False, since=since) == f" (see {WORKERS_LOG})"
+        assert log.tail(since) == "this job's chatter\nthis job's last words\n"
+
+
 def test_the_telling_line_is_the_last_exception_or_abort() -> None:
     assert telling_line("ValueError: first\nframe 1\nframe 2\n") == "ValueError: first"
     assert telling_line("x\nterminate called after throwing\n  what():  bad\nstack\n") == "what():  bad"

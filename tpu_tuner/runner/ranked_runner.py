@@ -82,6 +82,7 @@ class RankedTrialRunner:
                 "request": request, "workload_path": self.workload_path, "device": self.device,
                 "memory_limit_bytes": self.memory_limit_bytes}))
             self.groups_started += 1
+            since = self.log.mark()
             outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
                                 env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment,
                                 output=self.log)
@@ -89,7 +90,7 @@ class RankedTrialRunner:
                 return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
             failure = _failure(outcome, job_file, failure_path)
             # The ranks' accounts already quote the telling line; the log has the rest.
-            note = self.log.failure_note(quote=False)
+            note = self.log.failure_note(quote=False, since=since)
             return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds,
                              note=note)
 

@@ -77,6 +77,8 @@ class TrialRunner:
         """Run one job; start (or restart) a worker when none is alive or the environment differs."""
         env = env or {}
         start = time.perf_counter()
+        self.log.reopen()  # after `close`, which closed a log of its own
+        since = self.log.mark()  # a failure quotes only this job's output (and its worker's start-up)
         if self._worker is None or not self._worker.alive() or env != self._env:
             self._start(env)
         assert self._worker is not None
@@ -91,12 +93,12 @@ class TrialRunner:
                 return JobResult(failure=TrialFailure(kind, message), seconds=seconds)
             case TimedOut():
                 self._worker = None
-                note = self.log.failure_note(quote=False)  # its last line is whatever ran, not a cause
+                note = self.log.failure_note(quote=False, since=since)  # its last line is whatever ran, not a cause
                 return JobResult(failure=TrialFailure("timeout", f"no result after {limit:.0f} s; worker killed{note}"),
                                  seconds=seconds, note=note)
             case Died() as died:
                 self._worker = None
-                note = self.log.failure_note()
+                note = self.log.failure_note(since=since)
                 failure = _death(died)
                 return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds,
                                  exit_code=died.exit_code, note=note)
@@ -121,7 +123,6 @@ class TrialRunner:
         variables go into the child's environment only."""
         if self._worker is not None:
             self._worker.close(kill=True)
-        self.log.reopen()  # started again after `close`, which closed a log of its own
         self._worker = WorkerProcess(WORKER_MODULE, [self.workload_path, self.device or "auto",
                                                      str(self.memory_limit_bytes or 0)], env, output=self.log)
         self._env = dict(env)

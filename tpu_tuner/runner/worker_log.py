@@ -56,6 +56,10 @@ class WorkerLog:
         self._pumps: list[threading.Thread] = []
         self._keep = False
         self._file: IO[bytes] | None = None
+        # The file offset of this log's first byte (a resumed run's log holds earlier runs), and
+        # how many bytes it wrote since: `mark` and `failure_note` count in the latter.
+        self._start = 0
+        self._written = 0
         self.temporary = path is None
         self.path = Path(path) if path is not None else Path()
         self.reopen()
@@ -70,6 +74,7 @@ class WorkerLog:
                 self._file, self.path, self._keep = os.fdopen(fd, "ab", buffering=0), Path(name), False
             else:
                 self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - open for the log's life
+            self._start, self._written = self._file.seek(0, os.SEEK_END), 0
 
     def __enter__(self) -> WorkerLog:
         return self
@@ -95,6 +100,12 @@ class WorkerLog:
         with self._lock:
             if self._file is not None:
                 self._file.write(data)
+                self._written += len(data)
+
+    def mark(self) -> int:
+        """Where the log ends now: `failure_note(since=mark)` quotes only what came after."""
+        with self._lock:
+            return self._written
 
     def move_into(self, folder: str | Path) -> Path:
         """Make the log `folder`/workers.log from here on: what is written so far is appended
@@ -105,29 +116,33 @@ class WorkerLog:
             if self._file is None or target == self.path:
                 return target
             moved = open(target, "ab", buffering=0)  # noqa: SIM115 - open for the log's life
+            start = moved.seek(0, os.SEEK_END)
             with open(self.path, "rb") as written:
+                written.seek(self._start)
                 shutil.copyfileobj(written, moved)
             self._file.close()
             if self.temporary:
                 self.path.unlink(missing_ok=True)
-            self._file, self.path, self.temporary = moved, target, False
+            self._file, self.path, self.temporary, self._start = moved, target, False, start
         return target
 
-    def tail(self) -> str:
-        """The end of the log (`TAIL_BYTES` at most), as text."""
+    def tail(self, since: int = 0) -> str:
+        """The end of what the log wrote after `since` (a `mark`; `TAIL_BYTES` at most), as text."""
         with self._lock:
             try:
                 with open(self.path, "rb") as written:
-                    written.seek(max(0, written.seek(0, os.SEEK_END) - TAIL_BYTES))
+                    end = written.seek(0, os.SEEK_END)
+                    written.seek(max(self._start + since, end - TAIL_BYTES, 0))
                     return written.read().decode(errors="replace")
             except OSError:
                 return ""
 
-    def failure_note(self, quote: bool = True) -> str:
-        """What a failure message adds: the log's telling line (with `quote`) and where the
-        log is, e.g. ``"; last output: RuntimeError: boom (see workers.log)"``, or "" when the
-        workers wrote nothing. A temporary log is named by its full path and then kept at `close`."""
-        text = self.tail()
+    def failure_note(self, quote: bool = True, since: int = 0) -> str:
+        """What a failure message adds: the telling line (with `quote`) of what the workers
+        wrote after `since` (a `mark`) and where the log is, e.g. ``"; last output:
+        RuntimeError: boom (see workers.log)"``, or "" when they wrote nothing. A temporary log
+        is named by its full path and then kept at `close`."""
+        text = self.tail(since)
         if not text.strip():
             return ""
         if self.temporary:
