@@ -166,7 +166,7 @@ class WorkerLog:
             self._file.close()
             self._file = None
             if self.temporary:
-                if self._keep and self.path.stat().st_size > 0:
+                if self._keep and self.path.is_file():
                     log.info("the workers' output is in %s", self.path)
                 else:
                     self.path.unlink(missing_ok=True)
