@@ -158,6 +158,7 @@ def test_buckets_command_end_to_end(tmp_path) -> None:
     assert config["bucketing"]["buckets"] == chosen
     for name in ("buckets.md", "length_histogram.png", "strategy_totals.png"):
         assert (run_dir / name).stat().st_size > 0
+    assert (run_dir / "workers.log").is_file()  # the workers' own output, kept off the terminal
     assert "chosen buckets:" in result.stdout
 
 

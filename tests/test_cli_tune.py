@@ -24,6 +24,7 @@ def test_tune_is_the_default_command(tmp_path, capsys, monkeypatch, tmp_path_fac
     printed = capsys.readouterr().out
     assert "[trial 1/3" in printed and "baseline" in printed and "speedup" in printed
     assert str(run_dir) in printed
+    assert (run_dir / "workers.log").is_file()  # the workers' own output, off the terminal
     frame = pd.read_csv(run_dir / "trials.csv")
     measured = frame[frame["repeat_of"].isna() & frame["rejected_by"].isna()]
     assert len(measured) == 3  # the budget counts measured settings

@@ -99,8 +99,10 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
     api_dir = save_profile(measured, tmp_path / "api")
     (cli_dir,) = (tmp_path / "cli").iterdir()
     assert api_dir.parent == tmp_path / "api" and api_dir.name.startswith("tiny_gpt-")
-    assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == sorted(
-        [run_folder.PROFILE_JSON, run_folder.PROFILE_MD])
+    assert sorted(p.name for p in api_dir.iterdir()) == sorted([run_folder.PROFILE_JSON, run_folder.PROFILE_MD])
+    # The command profiles in a worker, whose own output is kept beside (the API profiles in-process).
+    assert sorted(p.name for p in cli_dir.iterdir()) == sorted(
+        [run_folder.PROFILE_JSON, run_folder.PROFILE_MD, run_folder.WORKERS_LOG])
     # profile.json reads back into the same Profile, nested figures and all.
     loaded = Profile.from_json((api_dir / run_folder.PROFILE_JSON).read_text())
     assert loaded == measured

@@ -126,13 +126,18 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
                                               ("raise", "error", "rank 1: WorkloadError"),
                                               ("hang", "timeout", "no rank finished within 10 s")])
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
+def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, tmp_path, mode: str, kind: str,
+                                                                  says: str) -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
+    from tpu_tuner.runner.worker_log import WorkerLog
 
     monkeypatch.setenv("TPU_TUNE_TEST_MISBEHAVE", mode)
-    with RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10) as runner:
+    # The ranks' output goes to a log of the test's own (a run's folder holds it as workers.log).
+    with (WorkerLog(tmp_path / "workers.log") as log,
+          RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10, log=log) as runner):
         failed = runner.run(_measure("1x2x1"))
         assert not failed.ok and failed.failure.kind == kind and says in failed.failure.message, failed.failure
+        assert failed.failure.message.endswith("(see workers.log)") or mode == "hang"
         assert processes_running("tpu_tuner.runner.rank_job") == []
         monkeypatch.delenv("TPU_TUNE_TEST_MISBEHAVE")
         healthy = runner.run(_measure("1x2x1"), timeout_s=120)

@@ -43,6 +43,7 @@ from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
+from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,10 @@ class BucketResult:
         return data
 
 
-def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Callable[[str], None] | None = None) -> BucketResult:
-    """Run the whole bucketing study on `model_file`."""
+def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Callable[[str], None] | None = None,
+                 workers_log: WorkerLog | None = None) -> BucketResult:
+    """Run the whole bucketing study on `model_file`; the workers' output goes to `workers_log` (None:
+    each worker's own temporary log, dropped unless a failure names it)."""
     emit = progress or (lambda message: None)
     started = time.perf_counter()
     if options.steps < 1 or options.max_buckets < 1 or options.align < 1:
@@ -116,7 +119,7 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
         raise UserInputError("length sample file not found", options.lengths_file)
     # This process never imports the model file: a worker loads it and sends back a summary
     # (a crash at import becomes a WorkloadError, runner/load.py).
-    with TrialRunner(str(model_file), options.device, options.trial_timeout_s) as loader:
+    with TrialRunner(str(model_file), options.device, options.trial_timeout_s, log=workers_log) as loader:
         workload = load_summary(loader, model_file, options.batch_size, None,
                                 sample_lengths=options.lengths_file is None)
     hist = bucket_histogram(workload.length_source(), options.lengths_file)
@@ -127,7 +130,8 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
     emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
          f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)")
-    with TrialRunner(str(workload.source), options.device, options.trial_timeout_s) as runner, cold_compile_env() as env:
+    with (TrialRunner(str(workload.source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+          cold_compile_env() as env):
         measured = _value(runner.run(BucketCostsRequest(candidate=candidate, lengths=probes, warmup_length=warmup,
                                                         batch_size=options.batch_size), env=env),
                           "measuring the cost model")
@@ -148,13 +152,15 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
         oracle_seconds=oracle_seconds(hist, model, options.steps), optimiser_seconds=optimiser_seconds, histogram=hist,
     )
     if options.replay_steps:
-        result.replays, result.replay_note = replay(workload.source, hist, strategies, options, candidate, warmup, emit)
+        result.replays, result.replay_note = replay(workload.source, hist, strategies, options, candidate, warmup, emit,
+                                                    workers_log)
     result.seconds = time.perf_counter() - started
     return result
 
 
 def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], options: BucketOptions,
-           candidate: dict[str, Any], warmup: int, emit: Callable[[str], None]) -> tuple[list[Replay], str]:
+           candidate: dict[str, Any], warmup: int, emit: Callable[[str], None],
+           workers_log: WorkerLog | None = None) -> tuple[list[Replay], str]:
     """Replay a drawn length stream through the real workload under each strategy, each in a
     fresh worker (no compile inherited from another strategy)."""
     stream = hist.sample(options.replay_steps, options.seed)
@@ -169,7 +175,8 @@ def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], opti
             emit(f"replay: {strategy.name} needs {len(needed)} compiled shapes (> {options.replay_max_compiles}); predicted only")
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
-        with TrialRunner(str(source), options.device, options.trial_timeout_s) as runner, cold_compile_env() as env:
+        with (TrialRunner(str(source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+              cold_compile_env() as env):
             value = _value(runner.run(BucketReplayRequest(candidate=candidate, bounds=list(strategy.bounds),
                                                           stream=stream.tolist(), warmup_length=warmup,
                                                           batch_size=options.batch_size), env=env),

@@ -50,13 +50,18 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.core.run_folder import new_run_dir
     from tpu_tuner.outputs.bucket_report import render_terminal
     from tpu_tuner.outputs.write import write_buckets
+    from tpu_tuner.runner.worker_log import WorkerLog
 
     options = BucketOptions(lengths_file=args.lengths_file, steps=args.steps, max_buckets=args.max_buckets,
                             align=args.align, device=args.device, compile_backend=args.compile_backend,
                             batch_size=args.batch_size, replay_steps=args.replay_steps)
-    result = plan_buckets(args.model_file, options, progress=lambda message: print(message, flush=True))
-    run_dir = new_run_dir(args.out, result.workload, "buckets")
-    written = write_buckets(run_dir, result, args.model_file)
+    # What the workers' libraries print goes to the folder's workers.log, not the terminal.
+    with WorkerLog() as workers_log:
+        result = plan_buckets(args.model_file, options, progress=lambda message: print(message, flush=True),
+                              workers_log=workers_log)
+        run_dir = new_run_dir(args.out, result.workload, "buckets")
+        written = write_buckets(run_dir, result, args.model_file)
+        workers_log.move_into(run_dir)
     print()
     print(render_terminal(result))
     print(f"\nwrote {run_dir}/ ({', '.join(written)})")

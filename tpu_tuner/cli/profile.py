@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.outputs.write import save_profile
     from tpu_tuner.profiling.settings import ProfilerSettings
     from tpu_tuner.runner.isolated_profile import profile_in_worker
+    from tpu_tuner.runner.worker_log import WorkerLog
 
     candidate = Candidate.from_fields(  # the profile command's flags name the pre-registry fields
         eager_mode=args.eager_mode,
@@ -57,10 +58,13 @@ def run(args: argparse.Namespace) -> int:
         matmul_precision=args.precision or device_default(_likely_device_kind(args.device)),
         autocast_dtype=args.autocast,
     )
-    # The model file runs in a worker, never in this process (docs/run-safety.md).
-    result = profile_in_worker(args.model_file, candidate, device_or_none(args.device),
-                               args.batch_size, args.seq_len, args.attention, ProfilerSettings.load(args.agent))
-    run_dir = save_profile(result, args.out)
+    # The model file runs in a worker, never in this process (docs/run-safety.md); what its
+    # libraries print goes to the folder's workers.log, not the terminal.
+    with WorkerLog() as workers_log:
+        result = profile_in_worker(args.model_file, candidate, device_or_none(args.device), args.batch_size,
+                                   args.seq_len, args.attention, ProfilerSettings.load(args.agent), log=workers_log)
+        run_dir = save_profile(result, args.out)
+        workers_log.move_into(run_dir)
     print(render_terminal(result))
     print(f"\nwrote {run_dir / PROFILE_JSON} and {run_dir / PROFILE_MD}")
     return 0

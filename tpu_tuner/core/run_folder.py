@@ -15,6 +15,10 @@ from pathlib import Path
 # The results folder every command writes its run folders under unless told otherwise (--out).
 RESULTS_DIR = "results"
 
+# Every run whose model file runs in workers (tune, profile, buckets): what the workers' libraries
+# print (inductor's autotune tables, the profiler's lines), kept off the terminal (runner/worker_log.py).
+WORKERS_LOG = "workers.log"
+
 # `tpu-tune profile` (and `tpu_tuner.outputs.write.save_profile`); a tuning run holds its baseline
 # profile.json too.
 PROFILE_JSON = "profile.json"  # every figure of the profile (schema: tpu_tuner.Profile)

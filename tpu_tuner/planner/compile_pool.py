@@ -24,6 +24,7 @@ from typing import Any
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
+from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 
 # The compile worker's entry module: this one (`_serve`).
@@ -82,9 +83,9 @@ class CompilePool:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         self.workers = max(1, workers)
         self.log_path = Path(log_path) if log_path is not None else None
-        # Appended to by every worker (each holds its own descriptor); unbuffered, so a worker that
-        # dies leaves everything it wrote.
-        self._log = open(self.log_path, "ab", buffering=0) if self.log_path is not None else None  # noqa: SIM115
+        # Every worker's output appended as it comes (runner/worker_log.py, as trial workers'), so
+        # a worker that dies leaves everything it wrote.
+        self._log = WorkerLog(self.log_path) if self.log_path is not None else None
         self._idle: list[WorkerProcess] = [self._start() for _ in range(self.workers)]
 
     def __enter__(self) -> CompilePool:

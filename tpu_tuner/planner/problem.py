@@ -71,21 +71,23 @@ class PlanProblem:
                                   first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4)
 
 
-def _screen_in_worker(model_file: str | Path) -> None:
+def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
     """Import the file in a worker first, so that one which crashes at import is reported
     ("the process died with SIGSEGV while importing", exit 2) rather than killing tpu-tune.
     The planner still builds the model (on the meta device) in this process afterwards: its shape
-    analysis needs the module itself (docs/run-safety.md)."""
+    analysis needs the module itself (docs/run-safety.md). Its output goes to `log_file` with the
+    compiler processes' (None: a temporary log, dropped unless a failure names it)."""
     from tpu_tuner.runner.load import load_summary
     from tpu_tuner.runner.trial_runner import TrialRunner
+    from tpu_tuner.runner.worker_log import WorkerLog
 
-    with TrialRunner(str(model_file), "cpu") as runner:
+    with WorkerLog(log_file) as output, TrialRunner(str(model_file), "cpu", log=output) as runner:
         load_summary(runner, model_file, sample_lengths=False)
 
 
 def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
     """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first."""
-    _screen_in_worker(model_file)
+    _screen_in_worker(model_file, options.log_file)
     workload = load_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)

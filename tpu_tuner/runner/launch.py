@@ -5,7 +5,8 @@ runs its workers through) starts the ranks as fresh interpreters, each in its ow
 one exits non-zero (an exception, a segfault, the OOM killer's SIGKILL) it terminates the others
 (SIGTERM, then SIGKILL). A hang has no exit to see: the deadline here closes the whole group the
 same way. The rendezvous is a file in the run's folder (``init_method="file://..."``: no port to
-pick or leak), and every rank writes its report as JSON beside it.
+pick or leak), and every rank writes its report as JSON beside it. What the ranks print goes to
+files of the launcher's, appended to the caller's `WorkerLog` when the group ends.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.tpu_host import child_environment
+from tpu_tuner.runner.worker_log import WorkerLog, telling_line
 
 # The process group's timeout for one collective, at least: a rank whose peer died usually hears
 # at once (its connection closes), and the launcher stops every rank when one exits; a peer that
@@ -49,14 +50,16 @@ class RanksResult:
 
 def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, threads_per_rank: int | None = None,
               workdir: str | Path | None = None, env: dict[str, str] | None = None,
-              rank_env: Callable[[int], dict[str, str]] | None = None) -> RanksResult:
+              rank_env: Callable[[int], dict[str, str]] | None = None,
+              output: WorkerLog | None = None) -> RanksResult:
     """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one process group.
 
     Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
     (see `init_rank`, `write_report`), plus `env` and its own `rank_env(rank)` (a device of its
     own). Returns every rank's report, or the failure of the rank that most likely caused the
     others' (a signal before an error exit, the launcher's own SIGTERM last, then the earliest):
-    its exit status or signal, and the telling line of its stderr."""
+    its exit status or signal, and the telling line of its stderr. Each rank's stdout and stderr
+    are appended to `output` (None: dropped), under a line naming the rank."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     started = time.perf_counter()
@@ -104,6 +107,8 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         finally:
             if context is not None:
                 context.close(death_sig=signal.SIGKILL, timeout=5)
+                if output is not None:
+                    _append_outputs(context, nproc, module, output)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             launcher_log.setLevel(launcher_level)
@@ -161,18 +166,22 @@ def _describe(rank: int, exitcode: int, last_line: str) -> tuple[str, str]:
 
 
 def _last_line(context: Any, rank: int) -> str:
-    """The line of a rank's stderr that says why it stopped: its last exception or C++ abort
-    message (a fatal signal's dump lists stack frames and extension modules after it), else
-    its last line."""
+    """The line of a rank's stderr that says why it stopped (`worker_log.telling_line`)."""
     try:
-        lines = [line.strip() for line in Path(context.stderrs[rank]).read_text(errors="replace").splitlines()]
+        return telling_line(Path(context.stderrs[rank]).read_text(errors="replace"))
     except (OSError, KeyError, TypeError):
         return ""
-    lines = [line for line in lines if line]
-    telling = [line for line in lines if _TELLING.search(line)]
-    chosen = telling[-1] if telling else (lines[-1] if lines else "")
-    return chosen[:300]
 
 
-# Lines that name a failure: a Python exception ("ValueError: ..."), a C++ abort, a fatal signal.
-_TELLING = re.compile(r"(\w+(Error|Exception|Interrupt): |terminate called|what\(\):|Fatal Python error)")
+def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog) -> None:
+    """Each rank's stdout and stderr files (the launcher's, removed with the group's folder)
+    appended to `output`, a header line before each that is not empty."""
+    for rank in range(nproc):
+        for stream, files in (("stdout", context.stdouts), ("stderr", context.stderrs)):
+            try:
+                data = Path(files[rank]).read_bytes()
+            except (OSError, KeyError, TypeError):
+                continue
+            if data:
+                output.write(f"--- {module} rank {rank}/{nproc} {stream} ---\n".encode() + data
+                             + (b"" if data.endswith(b"\n") else b"\n"))

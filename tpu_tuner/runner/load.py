@@ -37,11 +37,13 @@ def load_failure(result: JobResult, model_file: str | Path) -> UserInputError:
     assert failure is not None
     if failure.kind == "refused":  # the loader's own WorkloadError/UserInputError, already naming the file
         return WorkloadError(failure.message)
+    # A death's own words are in the workers' log, not on the terminal: `note` quotes it.
     died = Died(result.exit_code)
     if died.signal_name is not None:
-        return WorkloadError(f"the process died with {died.signal_name} while importing", model_file)
+        return WorkloadError(f"the process died with {died.signal_name} while importing{result.note}", model_file)
     if result.exit_code is not None:
-        return WorkloadError(f"the process exited with status {result.exit_code} while importing", model_file)
+        return WorkloadError(f"the process exited with status {result.exit_code} while importing{result.note}",
+                             model_file)
     if failure.kind == "timeout":
         return WorkloadError(f"importing took longer than {LOAD_TIMEOUT_S:.0f} s ({failure.message})", model_file)
     return WorkloadError(f"error while importing: {failure.message}", model_file)

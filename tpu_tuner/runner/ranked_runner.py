@@ -13,6 +13,9 @@ layout: they run in one single-process worker, as without ``--nproc``.
 A fresh group per job, not warm ranks: each trial compiles as a fresh process would, and a rank
 left in a broken collective can never poison the next trial. Its cost is a few seconds of start-up
 per job (interpreters, imports, the rendezvous), which the trial's wall time shows.
+
+What the ranks print goes to the runner's `WorkerLog` (the single worker's too), each rank's
+output appended when its group ends.
 """
 
 from __future__ import annotations
@@ -28,26 +31,29 @@ from typing import Any
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
+from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
 
 
 class RankedTrialRunner:
     """Runs the requests that run a layout (`Request.on_ranks`) on `nproc` ranks and every other
-    job in one worker."""
+    job in one worker; their output goes to `log` (None: a temporary one, as `TrialRunner`'s)."""
 
     # Each job is a fresh group: a comparison cannot keep its built steps between jobs, so its
     # rounds run in one job (tuning/verify.py asks this).
     keeps_warm_steps = False
 
     def __init__(self, workload_path: str, device: str | None, nproc: int, timeout_s: float = 300.0,
-                 memory_limit_bytes: int | None = None) -> None:
+                 memory_limit_bytes: int | None = None, log: WorkerLog | None = None) -> None:
         self.workload_path = str(workload_path)
         self.device = device
         self.nproc = nproc
         self.timeout_s = timeout_s
         self.memory_limit_bytes = memory_limit_bytes
-        self.single = TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
+        self._owns_log = log is None
+        self.log = log if log is not None else WorkerLog()
+        self.single = TrialRunner(workload_path, device, timeout_s, memory_limit_bytes, log=self.log)
         # Per-rank start-up variables (a device of its own); set once the device kind is known.
         self.rank_environment: Callable[[int], dict[str, str]] | None = None
         # Variables every rank shares, decided once by the parent (Backend.launch_environment).
@@ -76,15 +82,23 @@ class RankedTrialRunner:
                 "request": request, "workload_path": self.workload_path, "device": self.device,
                 "memory_limit_bytes": self.memory_limit_bytes}))
             self.groups_started += 1
+            since = self.log.mark()
             outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
-                                env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment)
+                                env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment,
+                                output=self.log)
             if outcome.ok:
                 return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
-            return JobResult(failure=_failure(outcome, job_file, failure_path), seconds=outcome.seconds)
+            failure = _failure(outcome, job_file, failure_path)
+            # The ranks' accounts already quote the telling line; the log has the rest.
+            note = self.log.failure_note(quote=False, since=since)
+            return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds,
+                             note=note)
 
     def close(self) -> None:
         """Stop the single worker (a group ends with its job)."""
         self.single.close()
+        if self._owns_log:
+            self.log.close()
 
     def __enter__(self) -> RankedTrialRunner:
         return self
@@ -121,8 +135,10 @@ Runner = TrialRunner | RankedTrialRunner
 
 
 def trial_runner(workload_path: str, device: str | None, nproc: int, timeout_s: float,
-                 memory_limit_bytes: int | None) -> Runner:
-    """The runner for trials on `nproc` processes: a single worker for one, ranks for more."""
+                 memory_limit_bytes: int | None, log: WorkerLog | None = None) -> Runner:
+    """The runner for trials on `nproc` processes: a single worker for one, ranks for more; the
+    workers' output goes to `log` (None: the runner's own, which `runner.log.move_into` moves
+    into the run folder once it exists)."""
     if nproc == 1:
-        return TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
-    return RankedTrialRunner(workload_path, device, nproc, timeout_s, memory_limit_bytes)
+        return TrialRunner(workload_path, device, timeout_s, memory_limit_bytes, log=log)
+    return RankedTrialRunner(workload_path, device, nproc, timeout_s, memory_limit_bytes, log=log)

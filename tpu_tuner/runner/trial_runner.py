@@ -4,7 +4,8 @@ A job that raises becomes an "error" (or "oom" for allocation failures); a worke
 "crash" (a signal such as SIGSEGV) or "oom" (SIGKILL, which is how the kernel's OOM killer
 ends a process); a job past its timeout is killed and becomes a "timeout". The study goes on
 with a fresh worker. A warm worker is reused across jobs that need the same start-up
-environment (TorchTPU eager-mode variables are read once, at process start).
+environment (TorchTPU eager-mode variables are read once, at process start). The workers'
+stdout and stderr go to a `WorkerLog`, not the terminal; a death's message quotes its last line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
+from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Raised, Replied, TimedOut, WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,9 @@ class JobResult:
     seconds: float = 0.0
     # How the worker ended when it died during the job (negative: the signal), else None.
     exit_code: int | None = None
+    # What the workers' log adds to a death's or a timeout's message ("; last output: ... (see
+    # workers.log)"), already at the end of `failure.message`; "" when it says nothing.
+    note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -40,7 +45,11 @@ class JobResult:
 
 
 class TrialRunner:
-    """Runs jobs in isolated worker processes; a failure never takes the caller down."""
+    """Runs jobs in isolated worker processes; a failure never takes the caller down.
+
+    The workers' output goes to `log` (None: a temporary log of the runner's own, removed at
+    `close` unless a failure message named it); the caller may move it into its run folder
+    (`runner.log.move_into(run_dir)`) and owns a log it passed in."""
 
     # A worker stays warm between jobs, so a comparison may run its rounds as several jobs
     # (tuning/verify.py), the steps built by the first kept for the rest.
@@ -52,6 +61,7 @@ class TrialRunner:
         device: str | None = None,
         timeout_s: float = 300.0,
         memory_limit_bytes: int | None = None,
+        log: WorkerLog | None = None,
     ) -> None:
         self.workload_path = str(workload_path)
         self.device = device
@@ -60,11 +70,15 @@ class TrialRunner:
         self._worker: WorkerProcess | None = None
         self._env: dict[str, str] = {}
         self.workers_started = 0
+        self._owns_log = log is None
+        self.log = log if log is not None else WorkerLog()
 
     def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job; start (or restart) a worker when none is alive or the environment differs."""
         env = env or {}
         start = time.perf_counter()
+        self.log.reopen()  # after `close`, which closed a log of its own
+        since = self.log.mark()  # a failure quotes only this job's output (and its worker's start-up)
         if self._worker is None or not self._worker.alive() or env != self._env:
             self._start(env)
         assert self._worker is not None
@@ -79,11 +93,15 @@ class TrialRunner:
                 return JobResult(failure=TrialFailure(kind, message), seconds=seconds)
             case TimedOut():
                 self._worker = None
-                return JobResult(failure=TrialFailure("timeout", f"no result after {limit:.0f} s; worker killed"),
-                                 seconds=seconds)
+                note = self.log.failure_note(quote=False, since=since)  # its last line is whatever ran, not a cause
+                return JobResult(failure=TrialFailure("timeout", f"no result after {limit:.0f} s; worker killed{note}"),
+                                 seconds=seconds, note=note)
             case Died() as died:
                 self._worker = None
-                return JobResult(failure=_death(died), seconds=seconds, exit_code=died.exit_code)
+                note = self.log.failure_note(since=since)
+                failure = _death(died)
+                return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds,
+                                 exit_code=died.exit_code, note=note)
         raise AssertionError(f"unknown outcome {outcome!r}")
 
     def close(self) -> None:
@@ -91,6 +109,8 @@ class TrialRunner:
         if self._worker is not None:
             self._worker.close()
         self._worker = None
+        if self._owns_log:
+            self.log.close()
 
     def __enter__(self) -> "TrialRunner":
         return self
@@ -104,7 +124,7 @@ class TrialRunner:
         if self._worker is not None:
             self._worker.close(kill=True)
         self._worker = WorkerProcess(WORKER_MODULE, [self.workload_path, self.device or "auto",
-                                                     str(self.memory_limit_bytes or 0)], env)
+                                                     str(self.memory_limit_bytes or 0)], env, output=self.log)
         self._env = dict(env)
         self.workers_started += 1
 

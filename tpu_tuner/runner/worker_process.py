@@ -21,7 +21,11 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the log is handed in; this module never makes one
+    from tpu_tuner.runner.worker_log import WorkerLog
+
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 # The child's exit status is read this long after its pipe closed before it is killed.
@@ -85,20 +89,28 @@ Outcome = Replied | Raised | Died | TimedOut
 
 class WorkerProcess:
     """A child ``python -m MODULE READ_FD WRITE_FD ARGS...`` with the parent's environment plus
-    `child_environment()` and `env`; its stdout and stderr go to `output` (None: the parent's)."""
+    `child_environment()` and `env`; its stdout and stderr (file descriptors 1 and 2, so what C
+    code prints too) go to `output` (None: the parent's terminal)."""
 
     def __init__(self, module: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 output: IO[bytes] | None = None) -> None:
+                 output: WorkerLog | None = None) -> None:
         from tpu_tuner.core.tpu_host import child_environment
 
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        # One pipe for both streams: the log keeps their lines in the order the child wrote them;
+        # unbuffered, so a child that dies leaves its Python prints in the log too.
+        streams: dict[str, Any] = {}
+        if output is not None:
+            streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+            env = {"PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(to_child_r), str(from_child_w), *args],
-            pass_fds=(to_child_r, from_child_w), stdout=output, stderr=output,
-            env={**os.environ, **child_environment(), **(env or {})})
+            pass_fds=(to_child_r, from_child_w), env={**os.environ, **child_environment(), **(env or {})}, **streams)
         os.close(to_child_r)
         os.close(from_child_w)
+        self.output = output
+        self._pump = output.capture(self.process.stdout) if output is not None and self.process.stdout else None
         self._send = Connection(to_child_w, readable=False)
         # The reply end: `multiprocessing.connection.wait` takes it to serve several workers at once.
         self.connection = Connection(from_child_r, writable=False)
@@ -140,6 +152,8 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             code = None
         self.close(kill=True)
+        if self.output is not None:  # its last words reach the log before a message quotes it
+            self.output.drain(self._pump)
         return Died(code)
 
     def close(self, kill: bool = False, grace_s: float = 5.0) -> None:

@@ -94,6 +94,7 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
         check_ranks(workload, lengths, run.nproc)
         current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc, lengths)
         location = run_location(workload.name, options, current)
+        runner.log.move_into(location.run_dir)  # the workers' output, kept off the terminal, from here on
         try:
             result = _tune_in(location, workload, lengths, options, runner, emit, started, current, write_outputs)
         except JoinRefused:

@@ -187,6 +187,7 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
         if differing:
             raise UserInputError(f"study {name!r}: cannot verify it here: {'; '.join(differing)}")
         run_dir = new_run_dir(out, workload.name, "tune")
+        runner.log.move_into(run_dir)  # the workers' output, kept off the terminal
         run_file.write(run_dir, {"storage": without_password(storage), "study_name": name, "shared": True,
                                  "model_file": str(model_file), "fingerprint": current,
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
