@@ -273,11 +273,16 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
         collection.trials[run] = trials
         # Repeats of an earlier setting and settings rejected before running cost no measurement.
         measured = trials
-        for column in (records.REPEAT_OF, records.REJECTED_BY):
+        for column in (records.REPEAT_OF, records.REJECTED_BY, records.EXCLUDED_BY):
             if column in measured:
                 measured = measured[measured[column].isna()]
         row["trials"] = len(measured)
-        row["failures"] = int((measured["state"] == "FAIL").sum())
+        # A failed measurement: FAIL in studies of earlier versions, pruned with a failure kind now
+        # (told so, so that TPE learns from it); an infeasible complete trial is no failure here.
+        failed = measured["state"] == "FAIL"
+        if records.FAILURE_KIND in measured:
+            failed |= (measured["state"] == "PRUNED") & measured[records.FAILURE_KIND].notna()
+        row["failures"] = int(failed.sum())
     config_path = folder / TUNED_CONFIG
     if not config_path.exists():
         row.update(_unfinished_status(folder))

@@ -95,11 +95,14 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
-        note = next((str(row[k]) for k in (records.FAILURE_MESSAGE, records.REJECTED_BY) if _present(row.get(k))), "")
+        note = next((str(row[k]) for k in (records.FAILURE_MESSAGE, records.REJECTED_BY, records.STOPPED_EARLY)
+                     if _present(row.get(k))), "")
+        if _present(row.get(records.EXCLUDED_BY)):
+            note = f"excluded ({row[records.EXCLUDED_BY]}): not measured"
         if _present(row.get(records.REPEAT_OF)):
             note = f"repeat of trial {int(row[records.REPEAT_OF])}, not re-measured" + (f"; {note}" if note else "")
         out.append(
-            f"| {row['number']} | {row['state']} | {settings} | {_ms(row.get(records.AMORTISED_STEP_S))} | "
+            f"| {row['number']} | {_state(row)} | {settings} | {_ms(row.get(records.AMORTISED_STEP_S))} | "
             f"{_ms(row.get(records.STEP_MEDIAN_S))} | {_s(row.get(records.COMPILE_S))} | {_pct(row.get(records.MFU))} | "
             f"{_sci(row.get(records.ACCURACY_ERROR))} | {note.replace('|', '/')} |"
         )
@@ -109,6 +112,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         out += [f"- trial {int(r['number'])}: **{r[records.FAILURE_KIND]}**: {r.get(records.FAILURE_MESSAGE, '')}" for _, r in failures.iterrows()]
     else:
         out.append("None.")
+    out += _learned_section(result, frame)
     out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
     out += [
         "", "## How these were measured", "",
@@ -181,6 +185,38 @@ def _hosts_section(result: "TuningResult") -> list[str]:
     return out + [""]
 
 
+def _state(row) -> str:
+    """A trial's state as the report names it: a failed measurement is told to Optuna as pruned
+    (so that TPE learns from it), a hopeless one stopped early, an excluded ask never measured."""
+    if _present(row.get(records.EXCLUDED_BY)):
+        return "EXCLUDED"
+    if _present(row.get(records.STOPPED_EARLY)):
+        return "STOPPED EARLY"
+    if row["state"] != "COMPLETE" and _present(row.get(records.FAILURE_KIND)):
+        return "FAILED"
+    return str(row["state"])
+
+
+def _learned_section(result: "TuningResult", frame) -> list[str]:  # noqa: ANN001
+    """What the search learned from its failures, and the trials it stopped early."""
+    from tpu_tuner.tuning.failures import label, stored_causes
+
+    causes = stored_causes(result.study.user_attrs)
+    stopped = int(frame[records.STOPPED_EARLY].notna().sum()) if records.STOPPED_EARLY in frame else 0
+    out = ["", "## What the search learned", ""]
+    if causes:
+        out += [f"- {cause.describe(label)}" for cause in causes]
+        out += ["", "A setting holding an excluded value (or pair) is never measured again; the sampler redraws "
+                "proposals that hold one (docs/tuning.md, \"Failures, hopeless trials and the clock\")."]
+    else:
+        out.append("No failure cause found (a cause needs two failures of a kind, and no success, with one value).")
+    if stopped:
+        out += ["", f"{stopped} trial(s) stopped early: their first steady steps put them beyond "
+                "1.5x the best objective so far (with the compile time they spent), so the rest of their "
+                "measurement could not have made them the best."]
+    return out
+
+
 def _setting(result: "TuningResult", params: dict) -> str:
     """A trial's setting as the report names settings ("inductor, matmul highest, autocast bfloat16")."""
     try:
@@ -211,8 +247,14 @@ def _measured_here(trial, baseline_value: float | None) -> str:
         return "not measured yet"
     if trial.user_attrs.get(records.REJECTED_BY):
         return f"rejected ({str(trial.user_attrs[records.REJECTED_BY]).replace('|', '/')})"
+    if trial.user_attrs.get(records.EXCLUDED_BY):
+        return f"excluded ({trial.user_attrs[records.EXCLUDED_BY]}), not measured"
+    if trial.user_attrs.get(records.STOPPED_EARLY):
+        return "stopped early (hopeless against the best so far)"
     kind = trial.user_attrs.get(records.FAILURE_KIND)
-    state = "failed" if trial.state == optuna.trial.TrialState.FAIL else trial.state.name.lower()
+    # A failed measurement is told as pruned with a violated constraint (tuning/trials.py).
+    failed = trial.state == optuna.trial.TrialState.FAIL or kind is not None
+    state = "failed" if failed else trial.state.name.lower()
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 
 

@@ -35,6 +35,7 @@ from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
+from tpu_tuner.tuning.failures import label, stored_causes
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
@@ -71,6 +72,11 @@ class StudyStatus:
     best_label: str | None = None
     best_host: str | None = None
     verification: dict[str, Any] | None = None
+    # What the search learned (tuning/failures.py, tuning/pruning.py): each cause in words, and
+    # how many trials were stopped early or asked for an excluded setting (never measured).
+    exclusions: list[str] = field(default_factory=list)
+    stopped_early: int = 0
+    excluded_asks: int = 0
 
     def lines(self) -> list[str]:
         """The status as the CLI prints it."""
@@ -86,6 +92,11 @@ class StudyStatus:
             out.append(f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})")
         else:
             out.append("  best      none feasible yet")
+        for words in self.exclusions:
+            out.append(f"  excluded  {words}")
+        if self.stopped_early or self.excluded_asks:
+            out.append(f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
+                       f"{self.excluded_asks} ask(s) of an excluded setting told without measuring")
         v = self.verification
         if v is None:
             out.append("  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)")
@@ -139,6 +150,10 @@ def study_status(storage: str, name: str) -> StudyStatus:
         best_label=_label(best) if best else None,
         best_host=str(best.user_attrs.get(records.HOST, "?")) if best else None,
         verification=recorded_verification(study),
+        exclusions=[cause.describe(label) for cause in stored_causes(study.user_attrs)],
+        stopped_early=sum(1 for t in trials if records.STOPPED_EARLY in t.user_attrs
+                          and records.REPEAT_OF not in t.user_attrs),
+        excluded_asks=sum(1 for t in trials if records.EXCLUDED_BY in t.user_attrs),
     )
 
 
