@@ -115,6 +115,13 @@ def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Pat
         _search(again, runner, trials=6, prune=False)
         assert all(job.get("autocast") != "bfloat16" for job in runner.jobs), name
     assert len(_bf16_measured(optuna.load_study(study_name="s", storage=storage))) == 2
+    # `tpu-tune study status` lists the cause.
+    from tpu_tuner.tuning.shared_study import RECORD_ATTR
+    from tpu_tuner.tuning.study_admin import study_status
+
+    first.set_user_attr(RECORD_ATTR, {"options": {"trials": 6}})
+    lines = "\n".join(study_status(storage, "s").lines())
+    assert "  excluded  autocast bfloat16 excluded after trial " in lines
 
 
 def test_tpe_never_proposes_an_excluded_value() -> None:
