@@ -3,11 +3,12 @@ forward, a graph break that plain `torch.compile` splits around (two graphs, the
 that `fullgraph=True` refuses at tracing (bad value: compile_options = fullgraph, the only
 setting that asks for one graph); eager and every other compile setting run and are accurate.
 
-Benchmark convention, inference: batch 64 of 4096 features, a small linear bottleneck (4096-16-
-4096) between two chains of cheap elementwise ops. The chains are what makes inductor worth its compile here (eager runs each op as
-a pass over the activations; inductor fuses each chain into one), so the search spends its budget
-under inductor, among its compile options, where the fault is: a model where inductor loses would
-leave fullgraph unreached and the benchmark with nothing to count.
+Benchmark convention, inference: batch 64 of 4096 features, a small linear bottleneck
+(4096-16-4096) between two chains of cheap elementwise ops. The chains are what makes inductor
+worth its compile here (eager runs each op as a pass over the activations; inductor fuses each
+chain into one), so the search spends its budget under inductor, among its compile options,
+where the fault is: a model where inductor loses would leave fullgraph unreached and the
+benchmark with nothing to count.
 """
 
 import torch
