@@ -15,6 +15,8 @@ it takes to attribute a failure to a value; every further one is a wasted measur
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 import statistics
@@ -171,8 +173,8 @@ def main() -> None:
     args = parser.parse_args()
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="failure-learning-"))).resolve()
-    for line in header(args):
-        print(line)
+    where = header(args)
+    print("\n".join(where))
     print(f"runs in {out}\n")
     print(TABLE_HEADER, flush=True)
     runs = []
@@ -182,6 +184,10 @@ def main() -> None:
             print(table_row(runs[-1]), flush=True)
     print("\nper model:")
     print("\n".join(summary(runs)))
+    # The figures as data too, beside the runs: for comparing this version's with another's.
+    (out / "failure_learning.json").write_text(json.dumps({"header": where, "runs": [
+        {"model": run.model.name, "bad_value": str(run.model.bad), "seed": run.seed, "run_dir": str(run.run_dir),
+         "wall_s": round(run.wall_s, 1), **dataclasses.asdict(run.figures)} for run in runs]}, indent=1))
     worst = max(run.figures.bad_measured for run in runs)
     held = worst <= TARGET
     print(f"\n{'PASS' if held else 'FAIL'}  at most {TARGET} measured settings per bad value "
