@@ -130,7 +130,10 @@ def _seeds(args: argparse.Namespace) -> list[int]:
 
 
 def _speedup(figures: RunFigures) -> str:
-    return f"{figures.speedup:.2f}x" if figures.speedup is not None else "not verified"
+    """The verified speedup, or "not verified" and why (the verification's message, shortened)."""
+    if figures.speedup is not None:
+        return f"{figures.speedup:.2f}x"
+    return f"not verified ({figures.verification.split(';')[0].split(' (95% CI')[0]})"
 
 
 TABLE_HEADER = (f"{'model':10} {'seed':>4} {'bad value':28} {'measured':>8} {'bad':>4} {'bad failed':>14} "

@@ -79,7 +79,10 @@ def test_every_bad_value_is_a_choice_of_the_default_cpu_space():
         assert model.bad.value in choices[model.bad.param], model
 
 
-def test_crash_model_dies_with_sigsegv_under_bf16_autocast_only():
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_crash_model_dies_with_sigsegv_under_bf16_autocast_only(backend):
+    """Eager, and compiled: a compiled graph runs with autocast off inside (its casts are baked
+    in), so a fault that read the state at step time would not fire there (it did not, once)."""
     workload = _load("crash")
     assert torch.isfinite(_forward(workload)).all()  # fp32: fine
     # The file imported as it is (no tpu_tuner): the child's start-up is torch's import alone.
@@ -88,8 +91,13 @@ def test_crash_model_dies_with_sigsegv_under_bf16_autocast_only():
         spec = importlib.util.spec_from_file_location("crash_model", {str(FAULT_MODELS / "crash_model.py")!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            module.Model(*module.get_init_inputs())(*module.get_inputs())
+        model = module.Model(*module.get_init_inputs())
+        if {backend!r} is not None:
+            model = torch.compile(model, backend={backend!r})
+        with torch.no_grad():
+            model(*module.get_inputs())  # fp32 first: compiled, this is a graph without the fault
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(*module.get_inputs())
         print("survived")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

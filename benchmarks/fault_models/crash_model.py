@@ -2,9 +2,12 @@
 bf16 autocast is on (bad value: autocast = bfloat16); every other setting runs and is accurate.
 
 Benchmark convention, inference: batch 64 of 256 features through a 256-512-256 MLP (a few ms a
-step on CPU). The fault sits in a custom operator (`torch.library.custom_op`): dynamo and inductor
-treat it as an opaque call, so it runs at step time under every execution mode, fullgraph
-included, and reads the autocast state in force then, as a kernel that crashes in bf16 would.
+step on CPU). The forward reads the autocast state (dynamo traces that read, and guards on it)
+and, under bf16, calls a custom operator (`torch.library.custom_op`) that kills the process:
+dynamo and inductor treat the operator as an opaque call, so it runs at step time under every
+execution mode, fullgraph included, as a kernel that crashes in bf16 would. The operator itself
+cannot read the state: a compiled graph has autocast's casts baked in and runs with autocast off
+(seen: inductor and aot_eager trials under bf16 ran and did not crash).
 """
 
 import os
@@ -13,19 +16,18 @@ import signal
 import torch
 from torch import nn
 
-OP = "crash_under_bf16_autocast"
+OP = "segfault"
 
 
 def _define_fault() -> None:
-    """Register faultbench::crash_under_bf16_autocast once per process (tpu-tune imports a model
-    file under a fresh module name each time it loads it)."""
+    """Register faultbench::segfault once per process (tpu-tune imports a model file under a
+    fresh module name each time it loads it)."""
     if hasattr(torch.ops.faultbench, OP):
         return
 
     @torch.library.custom_op(f"faultbench::{OP}", mutates_args=())
     def fault(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
-            os.kill(os.getpid(), signal.SIGSEGV)  # what a segfaulting bf16 kernel does to its process
+        os.kill(os.getpid(), signal.SIGSEGV)  # what a segfaulting bf16 kernel does to its process
         return x.clone()
 
     @fault.register_fake
@@ -44,7 +46,9 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = torch.relu(self.fc1(x))
-        return self.fc2(getattr(torch.ops.faultbench, OP)(hidden))
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            hidden = getattr(torch.ops.faultbench, OP)(hidden)
+        return self.fc2(hidden)
 
 
 def get_init_inputs():
