@@ -50,6 +50,7 @@ class RunFigures:
     bad_measured: int  # measured settings that carried the bad value
     bad_failed: int  # of those, how many failed (any kind)
     bad_failed_as_expected: int  # of those, how many failed with the fault's own kind
+    bad_queued: int | None  # of the measured ones, how many were queued (seeds, agents' follow-ups), not sampled
     bad_unmeasured: int  # trials with the bad value answered without measuring (repeat, rejection, exclusion)
     speedup: float | None  # the verified speedup; None when the run verified none
     verification: str  # result.json's verification message
@@ -100,6 +101,21 @@ def verification_of(run_dir: Path) -> tuple[float | None, str]:
     return (float(speedup) if verified and speedup is not None else None), message
 
 
+def queued_numbers(run_dir: Path) -> set[int] | None:
+    """Numbers of the trials that were queued (`enqueue_trial`: the baseline, the agents' seeds,
+    their follow-ups) rather than proposed by the sampler; None where the study cannot be read.
+    Optuna marks them with the "fixed_params" system attribute, which trials.csv leaves out."""
+    try:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        saved = json.loads((run_dir / "run.json").read_text())
+        study = optuna.load_study(study_name=saved["study_name"], storage=saved["storage"])
+    except Exception:  # noqa: BLE001 - an extra figure: the table stands without it
+        return None
+    return {t.number for t in study.get_trials(deepcopy=False) if "fixed_params" in t.system_attrs}
+
+
 def chosen_settings(run_dir: Path) -> dict[str, str]:
     """The recommended settings (result.json's verification.chosen), values as strings."""
     chosen = json.loads((run_dir / "result.json").read_text()).get("verification", {}).get("chosen") or {}
@@ -114,12 +130,14 @@ def figures_of(run_dir: Path, bad: BadValue) -> RunFigures:
     failed = [row for row in measured if _failed(row)]
     bad_failed = [row for row in bad_rows if _failed(row)]
     speedup, message = verification_of(run_dir)
+    queued = queued_numbers(run_dir)
     return RunFigures(
         measured=len(measured),
         failed=len(failed),
         bad_measured=len(bad_rows),
         bad_failed=len(bad_failed),
         bad_failed_as_expected=sum(1 for row in bad_failed if row.get("failure_kind") == bad.kind),
+        bad_queued=None if queued is None else sum(1 for row in bad_rows if int(row["number"]) in queued),
         bad_unmeasured=sum(1 for row in rows if bad.matches(row) and not is_measured(row)),
         speedup=speedup,
         verification=message,

@@ -90,6 +90,28 @@ def tune(model: FaultModel, seed: int, args: argparse.Namespace, out: Path) -> R
     return Run(model, seed, run_dir, wall, figures_of(run_dir, model.bad))
 
 
+def read_back(roots: list[Path]) -> list[Run]:
+    """The runs an earlier invocation left in each root (`--out`), read again, not re-run. Wall
+    time from that invocation's failure_learning.json; for a run it does not list, the run
+    folder's own span (run.json: started to last update; the CLI's start-up is not in it)."""
+    runs = []
+    for root in roots:
+        recorded = {}
+        if (root / "failure_learning.json").exists():
+            saved = json.loads((root / "failure_learning.json").read_text())
+            recorded = {entry["run_dir"]: entry["wall_s"] for entry in saved["runs"]}
+        for model in MODELS:
+            for run_dir in sorted(root.glob(f"{model.name}-seed*/{model.path.stem}-tune-*")):
+                seed = int(run_dir.parent.name.rsplit("seed", 1)[1])
+                wall = recorded.get(str(run_dir))
+                if wall is None:
+                    state = json.loads((run_dir / "run.json").read_text())
+                    span = datetime.fromisoformat(state["updated"]) - datetime.fromisoformat(state["started"])
+                    wall = span.total_seconds()
+                runs.append(Run(model, seed, run_dir, wall, figures_of(run_dir, model.bad)))
+    return sorted(runs, key=lambda run: (MODELS.index(run.model), run.seed))
+
+
 def header(args: argparse.Namespace) -> list[str]:
     """Where the figures were measured: host CPU, date, the tuner's version and commit."""
     return [
@@ -136,18 +158,20 @@ def _speedup(figures: RunFigures) -> str:
     return f"not verified ({figures.verification.split(';')[0].split(' (95% CI')[0]})"
 
 
-TABLE_HEADER = (f"{'model':10} {'seed':>4} {'bad value':28} {'measured':>8} {'bad':>4} {'bad failed':>14} "
-                f"{'bad unmeasured':>14} {'wall':>6}  verified speedup")
+TABLE_HEADER = (f"{'model':10} {'seed':>4} {'bad value':28} {'measured':>8} {'bad':>4} {'queued':>6} "
+                f"{'bad failed':>14} {'bad unmeasured':>14} {'wall':>6}  verified speedup")
 
 
 def table_row(run: Run) -> str:
-    """One run: measured settings (all, with the bad value), how those failed, the settings with
-    the bad value answered without measuring, wall time, verified speedup."""
+    """One run: measured settings (all; with the bad value; of those, how many were queued
+    rather than sampled), how those failed, the trials with the bad value answered without
+    measuring (repeats, rejections, exclusions), wall time, verified speedup."""
     f = run.figures
     failed = f"{f.bad_failed} ({f.bad_failed_as_expected} {run.model.bad.kind})"
+    queued = "?" if f.bad_queued is None else str(f.bad_queued)
     chosen = "  CHOSEN SETTINGS CARRY THE BAD VALUE" if f.chosen_has_bad else ""
     return (f"{run.model.name:10} {run.seed:>4} {str(run.model.bad):28} {f.measured:>8} {f.bad_measured:>4} "
-            f"{failed:>14} {f.bad_unmeasured:>14} {run.wall_s:>5.0f}s  {_speedup(f)}{chosen}")
+            f"{queued:>6} {failed:>14} {f.bad_unmeasured:>14} {run.wall_s:>5.0f}s  {_speedup(f)}{chosen}")
 
 
 def summary(runs: list[Run]) -> list[str]:
@@ -173,8 +197,22 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12, help="the fixed budget: settings measured per run")
     parser.add_argument("--verify-rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, help="results folder for the runs (default: a temporary folder)")
+    parser.add_argument("--read", type=Path, nargs="+", metavar="OUT",
+                        help="tune nothing: read back the runs earlier invocations left in these --out folders")
     args = parser.parse_args()
 
+    if args.read:
+        runs = [run for run in read_back([root.resolve() for root in args.read]) if run.model.name in args.models]
+        if not runs:
+            raise SystemExit(f"no runs of {', '.join(args.models)} in {', '.join(map(str, args.read))}")
+        for root in args.read:  # where each invocation ran, as it printed it
+            saved = root / "failure_learning.json"
+            lines = json.loads(saved.read_text())["header"] if saved.exists() else ["(no failure_learning.json)"]
+            print(f"{root}:\n  " + "\n  ".join(lines))
+        print()
+        print(TABLE_HEADER)
+        print("\n".join(table_row(run) for run in runs))
+        return verdict(runs)
     out = (args.out or Path(tempfile.mkdtemp(prefix="failure-learning-"))).resolve()
     where = header(args)
     print("\n".join(where))
@@ -185,12 +223,17 @@ def main() -> None:
         for seed in _seeds(args):
             runs.append(tune(model, seed, args, out))
             print(table_row(runs[-1]), flush=True)
-    print("\nper model:")
-    print("\n".join(summary(runs)))
     # The figures as data too, beside the runs: for comparing this version's with another's.
     (out / "failure_learning.json").write_text(json.dumps({"header": where, "runs": [
         {"model": run.model.name, "bad_value": str(run.model.bad), "seed": run.seed, "run_dir": str(run.run_dir),
          "wall_s": round(run.wall_s, 1), **dataclasses.asdict(run.figures)} for run in runs]}, indent=1))
+    verdict(runs)
+
+
+def verdict(runs: list[Run]) -> None:
+    """The per-model summary and the PASS/FAIL lines."""
+    print("\nper model:")
+    print("\n".join(summary(runs)))
     worst = max(run.figures.bad_measured for run in runs)
     held = worst <= TARGET
     print(f"\n{'PASS' if held else 'FAIL'}  at most {TARGET} measured settings per bad value "
