@@ -11,6 +11,7 @@ in trials.csv), and the benchmark's reader counts measured trials by attributes,
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -79,29 +80,47 @@ def test_every_bad_value_is_a_choice_of_the_default_cpu_space():
         assert model.bad.value in choices[model.bad.param], model
 
 
-@pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_crash_model_dies_with_sigsegv_under_bf16_autocast_only(backend):
-    """Eager, and compiled: a compiled graph runs with autocast off inside (its casts are baked
-    in), so a fault that read the state at step time would not fire there (it did not, once)."""
-    workload = _load("crash")
-    assert torch.isfinite(_forward(workload)).all()  # fp32: fine
+def test_crash_model_dies_with_sigsegv_under_bf16_autocast():
+    """The real thing once, in a child: the signal the trial worker reports as a crash."""
     # The file imported as it is (no tpu_tuner): the child's start-up is torch's import alone.
     script = textwrap.dedent(f"""
         import importlib.util, torch
         spec = importlib.util.spec_from_file_location("crash_model", {str(FAULT_MODELS / "crash_model.py")!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        model = module.Model(*module.get_init_inputs())
-        if {backend!r} is not None:
-            model = torch.compile(model, backend={backend!r})
-        with torch.no_grad():
-            model(*module.get_inputs())  # fp32 first: compiled, this is a graph without the fault
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                model(*module.get_inputs())
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            module.Model(*module.get_init_inputs())(*module.get_inputs())
         print("survived")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGSEGV, (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+class Killed(Exception):
+    """os.kill, intercepted: the crash model's fault fired (with this signal)."""
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_crash_model_fault_fires_under_bf16_only_eager_and_compiled(backend, monkeypatch):
+    """In-process, os.kill intercepted: fp32 runs, bf16 fires, compiled too. A compiled graph
+    runs with autocast off inside (its casts are baked in), so a fault that read the state at
+    step time would not fire there (one did not: every compiled bf16 trial ran)."""
+
+    def kill(pid: int, sig: int) -> None:
+        raise Killed(sig)
+
+    monkeypatch.setattr(os, "kill", kill)
+    workload = _load("crash")
+    torch.manual_seed(0)
+    model = workload.build_model()
+    torch._dynamo.reset()
+    if backend is not None:
+        model = torch.compile(model, backend=backend)
+    assert torch.isfinite(_forward(workload, model)).all()  # fp32: fine (compiled: a graph without the fault)
+    with pytest.raises(Killed) as killed, torch.autocast("cpu", dtype=torch.bfloat16):
+        _forward(workload, model)
+    assert killed.value.args == (signal.SIGSEGV,)
+    torch._dynamo.reset()
 
 
 def test_oom_model_runs_out_of_memory_on_four_micro_batches_only():
