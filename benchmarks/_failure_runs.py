@@ -1,9 +1,10 @@
 """Read a finished tuning run back for benchmarks/failure_learning.py: which trials were measured,
 which of them carried a known-bad knob value, how they failed, and the verified speedup.
 
-Only the run folder's files are read (trials.csv, result.json), with the standard library: the
-benchmark must read runs made by the version before failure learning and by the one after, and
-the package on PYTHONPATH may be either (or neither, when reading runs made elsewhere).
+The figures come from the run folder's files (trials.csv, result.json), read with the standard
+library, not through tpu_tuner: the benchmark must read runs made by the version before failure
+learning and by the one after, and the package on PYTHONPATH may be either (or neither). Only
+the "queued" count opens the study, with Optuna, and is left out ("?") where that fails.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def is_measured(row: dict[str, str]) -> bool:
     """Whether the trial ran the model. Read from attributes, not the state: the version with
     failure learning may tell a failure as PRUNED (for the sampler) instead of FAIL."""
     if any(_true(row.get(mark)) if mark in BOOLEAN_MARKS else _present(row.get(mark)) for mark in NOT_MEASURED):
+        return False
+    # Whatever the version after names its exclusion record, "excluded..." says unmeasured.
+    if any(column.startswith("excluded") and _true(cell) for column, cell in row.items() if column):
         return False
     if _present(row.get("measured")):  # a version that writes the "measured" attribute to trials.csv
         return _true(row["measured"])

@@ -9,7 +9,10 @@ with the bad value, how many of them failed, the wall time and the verified spee
 Target (issue 26): at most 2 measured settings per bad value (two failures of one kind are what
 it takes to attribute a failure to a value; every further one is a wasted measurement).
 
-    PYTHONPATH=. python benchmarks/failure_learning.py [--seeds 2] [--models crash oom] [--trials 12]
+    PYTHONPATH=. python benchmarks/failure_learning.py [--seeds 3] [--models crash oom] [--trials 12] [--out DIR]
+    python benchmarks/failure_learning.py --read DIR [DIR ...]    # table earlier runs again, tune nothing
+
+Figures of the version before failure learning: docs/failure-learning-draft.md.
 """
 
 from __future__ import annotations

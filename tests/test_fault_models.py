@@ -202,6 +202,7 @@ def test_reader_counts_measured_trials_by_attributes_not_state():
         {"state": "FAIL", "repeat_of": "3", "failure_kind": "crash"},
         {"state": "PRUNED", "rejected_by": "precision: ..."},
         {"state": "PRUNED", "excluded_by": "autocast=bfloat16 failed in trials 2, 5", "failure_kind": "crash"},
+        {"state": "PRUNED", "excluded": "True", "failure_kind": "crash"},
         {"state": "PRUNED", "over_budget": "True"},
         {"state": "WAITING"},
     ]
