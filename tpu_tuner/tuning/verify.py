@@ -141,11 +141,13 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
         contributions.append(KnobContribution(name, space.baseline_value(name), best_params.get(name, space.baseline_value(name)),
                                               paired_speedup(reverted, samples["best"])))
     chosen_is_best = speedup.significant
-    message = (
-        f"verified: {speedup.describe()}"
-        if chosen_is_best
-        else f"not significant: {speedup.describe()} includes 1; keep the baseline"
-    )
+    if chosen_is_best:
+        message = f"verified: {speedup.describe()}"
+    elif speedup.ci_high < 1.0:
+        # The whole interval below 1: re-measured together, the search's best was slower.
+        message = f"slower than the baseline when re-measured: {speedup.describe()}; keep the baseline"
+    else:
+        message = f"not significant: {speedup.describe()} includes 1; keep the baseline"
     return Verification(
         race=race_entries,
         baseline_trial=baseline_trial.number,
