@@ -68,6 +68,9 @@ class TableRunner:
                 self.table[_key(key)] = (JobResult(failure=failure, seconds=wall), wall)
         self.workers_started = 0
 
+    def close(self) -> None:
+        """Nothing to stop (the tuner restarts its worker after a compile it cut off)."""
+
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
         found = self.table.get(_key(request.candidate))
         if found is None:

@@ -70,9 +70,9 @@ def test_two_values_that_always_came_together_are_told_apart_by_a_probe() -> Non
     found = attribute(evidence)
     assert found.causes == []  # bf16 or the wide layout: the evidence cannot say
     (probe,) = found.probes
-    assert probe.failing_trial == 3 and probe.kind == "oom"
+    assert probe.failing_trial == 1 and probe.kind == "oom"  # both as near a success: the earlier
     # The failing setting with one suspect changed back to the nearest setting that worked.
-    assert probe.setting == {"autocast": "none", "layout": "wide", "opt": "adam"}
+    assert probe.setting == {"autocast": "none", "layout": "wide", "opt": "sgd"}
     # The probe fails too: the wide layout is enough, autocast is cleared of the out-of-memory.
     failed_probe = _failed(4, "oom", **probe.setting)
     (cause,) = attribute([*evidence, failed_probe]).causes
@@ -95,3 +95,25 @@ def test_kinds_are_attributed_apart() -> None:
     causes = {c.kind: c.values for c in attribute(evidence).causes}
     # A crash says nothing of accuracy: precision high is the accuracy cause with two failures of it.
     assert causes == {"accuracy": (("precision", "high"),), "crash": (("autocast", "bfloat16"),)}
+
+
+def test_a_conditional_value_and_its_parent_are_told_apart_by_another_choice() -> None:
+    # compile_options exists only under inductor: the nearest success (eager) lacks it, so the
+    # probe tries another of its choices.
+    evidence = [
+        _ok(0, execution="eager", autocast="none"),
+        Evidence(1, {"execution": "inductor", "compile_options": "default", "autocast": "none"}, {"compile_cost": True}),
+        _ok(2, execution="eager", autocast="bfloat16"),
+        Evidence(3, {"execution": "inductor", "compile_options": "default", "autocast": "bfloat16"},
+                 {"compile_cost": True}),
+    ]
+    for e in (evidence[0], evidence[2]):
+        e.outcomes["compile_cost"] = False  # type: ignore[index]
+    choices = {"compile_options": ["default", "freezing", "max-autotune"]}
+    found = attribute(evidence, alternatives=lambda name, value: [c for c in choices.get(name, []) if c != value])
+    assert found.causes == []
+    (probe,) = found.probes
+    assert probe.setting == {"execution": "inductor", "compile_options": "freezing", "autocast": "none"}
+    cut_off_too = Evidence(4, probe.setting, {"compile_cost": True})
+    (cause,) = attribute([*evidence, cut_off_too]).causes
+    assert cause.values == (("execution", "inductor"),)

@@ -101,7 +101,13 @@ class Attribution:
     probes: list[Probe]
 
 
-def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]], str] | None = None) -> Attribution:
+Alternatives = Callable[[str, Any], Sequence[Any]]
+"""A parameter's other values (`name`, `value` -> choices but `value`), for a probe where the
+nearest success lacks the parameter (a conditional one, active only under another's value)."""
+
+
+def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]], str] | None = None,
+              alternatives: Alternatives | None = None) -> Attribution:
     """The causes of every failure kind in `evidence`, and probes for suspects it cannot separate.
     `detail(kind, messages)` words a kind from its failures' messages."""
     causes: list[Cause] = []
@@ -114,7 +120,7 @@ def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]
         words = detail(kind, [e.message for e in failures]) if detail else kind
         found, open_ties = _causes_of(kind, failures, successes, words)
         causes += found
-        probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes)) is not None]
+        probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes, alternatives)) is not None]
     return Attribution(causes, probes)
 
 
@@ -165,20 +171,32 @@ def _cause(kind: str, combo: tuple[Value, ...], failures: Sequence[Evidence], su
 
 
 def _probe(kind: str, tie: tuple[tuple[Value, ...], tuple[Value, ...]], failures: Sequence[Evidence],
-           successes: Sequence[Evidence]) -> Probe | None:
-    """The latest failure holding both suspects, with one value of the first changed to the
-    nearest success's (fewest differing parameters); None when no success differs there."""
+           successes: Sequence[Evidence], alternatives: Alternatives | None) -> Probe | None:
+    """The failure holding both suspects that is nearest a success (fewest differing parameters;
+    the earliest of equals), with one value of the first suspect changed to that success's, or
+    (a parameter the success lacks) to another of its values; None when neither can be had."""
     first, second = tie
-    both = [e for e in failures
-            if all(e.setting.get(n) == v for n, v in first + second)]
+    both = [e for e in failures if all(e.setting.get(n) == v for n, v in first + second)]
     if not both or not successes:
         return None
-    failing = max(both, key=lambda e: e.number)
-    nearest = min(successes, key=lambda e: (_distance(e.setting, failing.setting), -e.number))
+
+    def nearest_to(e: Evidence) -> Evidence:
+        return min(successes, key=lambda s: (_distance(s.setting, e.setting), -s.number))
+
+    # The earliest of equals: seeds come simplest first (one knob changed, then combined).
+    failing = min(both, key=lambda e: (_distance(nearest_to(e).setting, e.setting), e.number))
+    nearest = nearest_to(failing)
     for name, value in first:
-        if (name, value) in second or name not in nearest.setting or nearest.setting[name] == value:
+        if (name, value) in second:
             continue
-        setting = {**failing.setting, name: nearest.setting[name]}
+        if name in nearest.setting and nearest.setting[name] != value:
+            other = nearest.setting[name]
+        else:
+            others = [v for v in (alternatives(name, value) if alternatives else ()) if v != value]
+            if not others:
+                continue
+            other = others[0]
+        setting = {**failing.setting, name: other}
         return Probe(setting, kind, dropped=((name, value),), kept=second, failing_trial=failing.number)
     return None
 
@@ -187,4 +205,4 @@ def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
     return sum(1 for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
-__all__ = ["MIN_FAILURES", "Attribution", "Cause", "Evidence", "Probe", "attribute"]
+__all__ = ["MIN_FAILURES", "Alternatives", "Attribution", "Cause", "Evidence", "Probe", "attribute"]

@@ -28,6 +28,8 @@ from tpu_tuner.tuning.trial_attrs import WORKER_FAILURES
 log = logging.getLogger(__name__)
 
 PROBES_PER_KIND = 2
+# The kind of a trial whose compile was cut off (tuning/pruning.py): it could never pay back.
+COMPILE_COST = "compile_cost"
 
 
 def label(name: str, value: Any) -> str:
@@ -51,10 +53,11 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
         early = attrs.get(records.EARLY_STOP) or {}
         if kind in WORKER_FAILURES:
             outcomes = {kind: True}
-        elif early and not early.get("steps"):
-            continue  # its compile was cut off: it got past nothing
+        elif early and early.get("reason") == "compile":
+            # Cut off while compiling: a compile that cannot pay back is a failure of its own kind.
+            outcomes = {COMPILE_COST: True}
         else:
-            outcomes = dict.fromkeys(WORKER_FAILURES, False)
+            outcomes = dict.fromkeys((*WORKER_FAILURES, COMPILE_COST), False)
             error = attrs.get(records.ACCURACY_ERROR)
             if error is not None:
                 outcomes["accuracy"] = float(error) > tolerance
@@ -74,6 +77,7 @@ def describe_kind(kind: str, messages: Sequence[str]) -> str:
         firsts = {m.splitlines()[0][:80] if m else "" for m in messages}
         return f"the step failed ({firsts.pop()})" if len(firsts) == 1 and "" not in firsts else "the step failed"
     return {"oom": "the worker ran out of memory", "timeout": "the trial timed out",
+            COMPILE_COST: "the compile could not pay back within the planned steps (cut off)",
             "accuracy": "the accuracy check failed", "memory": "the peak memory went over the limit"}.get(kind, kind)
 
 
@@ -90,7 +94,7 @@ class FailureLearning:
         learned = [cause for cause in stored_causes(study.user_attrs) if cause.key not in self.causes]
         for cause in learned:
             self.causes[cause.key] = cause
-        found = attribute(evidence_of(trials, self.tolerance), describe_kind)
+        found = attribute(evidence_of(trials, self.tolerance), describe_kind, self._alternatives)
         for cause in found.causes:
             if cause.key not in self.causes:
                 self.causes[cause.key] = cause
@@ -98,6 +102,10 @@ class FailureLearning:
                 learned.append(cause)
         self._queue_probes(study, trials, found.probes)
         return learned
+
+    def _alternatives(self, name: str, value: Any) -> list[Any]:
+        """The other choices of a searched parameter (a probe's values for a conditional one)."""
+        return [c for p in self.space.searched if p.name == name for c in p.choices if c != value]
 
     def excluded_by(self, setting: Mapping[str, Any]) -> Cause | None:
         """The cause that excludes `setting`, or None."""

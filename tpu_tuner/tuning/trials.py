@@ -192,6 +192,10 @@ class TuneTrials(Feature):
             confirmed = trial.should_prune()
             trial_attrs.record_early_stop(trial, stop, objective.tolerance)
             self.study.tell(trial, state=TrialState.PRUNED)
+            if stop.reason == "compile":
+                # A compile interrupted midway can leave the compiler's state unusable (a later
+                # inductor compile in the same worker hung until its timeout): start afresh.
+                self.runner.close()
             note = "" if confirmed else " (the best so far moved on meanwhile)"
             message = f"{label}: pruned, {stop.message}{note}"
         elif outcome.ok:
