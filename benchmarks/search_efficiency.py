@@ -32,6 +32,7 @@ from tpu_tuner.profiling import profile
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
+from tpu_tuner.studies import records
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.run_setup import prepare_agents
@@ -51,11 +52,11 @@ class TableRunner:
         self.table: dict[str, JobResult] = {}
         for trial in study.trials:
             m = trial_attrs.measurement_of(trial)
-            key = trial.user_attrs.get("candidate")
+            key = records.attrs(trial).get("candidate")
             if m is not None:
                 self.table[_key(m.candidate)] = JobResult(value=m)
-            elif trial.user_attrs.get("failure_kind") and key:
-                self.table[_key(key)] = JobResult(failure=TrialFailure(trial.user_attrs["failure_kind"], "from table"))
+            elif records.attrs(trial).get("failure_kind") and key:
+                self.table[_key(key)] = JobResult(failure=TrialFailure(records.attrs(trial)["failure_kind"], "from table"))
         self.workers_started = 0
 
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
@@ -69,7 +70,7 @@ def _key(candidate: dict) -> str:
 def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that cost a measurement, in order (not rejected, not a repeat answered from an earlier one)."""
     return [t for t in sorted(study.trials, key=lambda t: t.number)
-            if "repeat_of" not in t.user_attrs and "rejected_by" not in t.user_attrs]
+            if "repeat_of" not in records.attrs(t) and "rejected_by" not in records.attrs(t)]
 
 
 def trials_to_target(study: optuna.Study, target: float) -> int | None:
@@ -126,7 +127,7 @@ def main() -> None:
         grid.profile = fresh
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
-    rejected = sum(1 for t in grid.study.trials if "rejected_by" in t.user_attrs)
+    rejected = sum(1 for t in grid.study.trials if "rejected_by" in records.attrs(t))
     best = best_feasible(grid.study)
     if best is None:
         raise SystemExit(f"{args.grid_run}: no feasible measured setting")
@@ -136,7 +137,7 @@ def main() -> None:
     print(f"grid run {args.grid_run} ({grid.profile.workload['name']}, {grid.profile.workload['step']}): "
           f"space of {grid.space.size()} valid settings; {len(measured)} measured, {rejected} rejected by the "
           f"agents unmeasured")
-    print(f"grid's best amortised step {best * 1e3:.2f} ms ({best_trial.user_attrs.get('label', best_trial.params)}); "
+    print(f"grid's best amortised step {best * 1e3:.2f} ms ({records.attrs(best_trial).get('label', best_trial.params)}); "
           f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
           f"({budget / len(measured):.0%} of the grid's {len(measured)})")
 

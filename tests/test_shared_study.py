@@ -19,6 +19,7 @@ from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.shared_study import adopt_options, join_differences, make_record, open_shared
+from tpu_tuner.studies import records
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 FINGERPRINT = {"model_file": "/host-a/gpt.py", "sha256": "a" * 64, "convention": "native", "step_kind": "training",
@@ -166,8 +167,8 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
                         Worker("b", "h"))
     assert _settle(study, trials, Rules(budget=2), late, []) == "released"
     released = study.get_trials(deepcopy=False)[late.number]
-    assert released.state == optuna.trial.TrialState.PRUNED and released.user_attrs.get("over_budget")
-    assert "measured" not in released.user_attrs
+    assert released.state == optuna.trial.TrialState.PRUNED and records.attrs(released).get("over_budget")
+    assert "measured" not in records.attrs(released)
 
 
 def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:

@@ -112,7 +112,7 @@ class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
             super().__init__(max_retry=MAX_RETRIES)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEPT_ON_RETRY}
+        trial.user_attrs = {k: v for k, v in records.attrs(trial).items() if k in KEPT_ON_RETRY}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             super().__call__(study, trial)
@@ -203,26 +203,34 @@ class RunningWatch:
         return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
 
 
-def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> None:
+def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> list[FrozenTrial]:
     """Fail the study's RUNNING trials whose worker is gone, and queue their settings again: those
     with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
-    seen running for longer than any trial can (`RunningWatch`), with the same retry."""
+    seen running for longer than any trial can (`RunningWatch`), with the same retry.
+
+    Returns the study's trials as they stand afterwards (`get_trials(deepcopy=False)`): the one
+    read of the whole study that the loop needs each round (it is read again only when a trial
+    was failed here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
     if watch is None:
-        return
-    for trial in watch.overdue(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+        return trials
+    failed = False
+    for trial in watch.overdue([t for t in trials if t.state == TrialState.RUNNING]):
         trial_id = trial_id_of(storage, study, trial.number)
         try:
             if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                failed = True
                 log.warning("trial %d ran for over %.0f s: its worker is gone; failed as lost", trial.number,
                             watch.overdue_s)
                 callback = storage.get_heartbeat_stale_trial_callback()
                 if callback is not None:
                     callback(study, copy.deepcopy(storage.get_trial(trial_id)))
         except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another worker failed it first
+            failed = True  # another worker failed it first (and queued its retry)
+    return study.get_trials(deepcopy=False) if failed else trials
 
 
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
@@ -236,7 +244,7 @@ def is_lost(trial: FrozenTrial) -> bool:
     """Whether `trial` was failed because its worker was lost. Every failure a worker records
     names its kind (`trial_attrs.record_failure`, "interrupted" on resume); a lost worker
     records none, even when it died halfway through recording a measurement."""
-    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in trial.user_attrs
+    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in records.attrs(trial)
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",

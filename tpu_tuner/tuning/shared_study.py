@@ -194,8 +194,7 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
         return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
     assert worker.storage is not None
     while True:
-        fail_lost_trials(study, worker.storage, watch)
-        trials = study.get_trials(deepcopy=False)
+        trials = fail_lost_trials(study, worker.storage, watch)
         if not any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
             break
         time.sleep(worker.poll_s)
@@ -204,9 +203,9 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     if done is not None and done.get("measured") == measured:
         return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
     last = last_measured(trials)
-    if last is None or last.user_attrs.get(records.WORKER) == worker.id:
+    if last is None or records.attrs(last).get(records.WORKER) == worker.id:
         return None
-    return (f"worker {last.user_attrs.get(records.WORKER)} measured the study's last trial and verifies it "
+    return (f"worker {records.attrs(last).get(records.WORKER)} measured the study's last trial and verifies it "
             "(or run `tpu-tune study finish`)")
 
 
