@@ -61,3 +61,34 @@ def test_the_server_refuses_a_wrong_password_in_one_line_without_it(postgres, tm
                    "--storage", postgres.url("secret", wrong)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and wrong not in err[0] and "password" in err[0].lower()
+
+
+def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_replaced(postgres, monkeypatch) -> None:
+    """Back-to-back storage calls (a trial's ~26 transactions) cost no check each; a connection
+    idle past `PING_IDLE_S` is checked first, and one the server closed meanwhile is replaced
+    without an error reaching the caller."""
+    import time
+    import uuid
+
+    import psycopg
+
+    from tpu_tuner.studies import liveness
+
+    monkeypatch.setattr(liveness, "PING_IDLE_S", 0.2)
+    storage = liveness.open_storage(postgres.url("tune"), 1)
+    pings: list[int] = []
+    ping = storage.engine.dialect.do_ping
+    monkeypatch.setattr(storage.engine.dialect, "do_ping", lambda connection: pings.append(1) or ping(connection))
+    name = f"ping-{uuid.uuid4().hex[:8]}"
+    study_id = optuna.create_study(storage=storage, study_name=name)._study_id
+    for _ in range(5):
+        assert storage.get_study_id_from_name(name) == study_id
+    assert pings == []
+    # The server ends every session of the role but this one (a restart, an idle timeout).
+    with psycopg.connect(postgres.url("tune"), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE usename = 'tune' AND pid <> pg_backend_pid()")
+    time.sleep(0.3)
+    assert storage.get_study_id_from_name(name) == study_id
+    assert pings == [1]
+    storage.engine.dispose()

@@ -60,14 +60,15 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and SQLite
     ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three processes
     popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
-    minute for that lock (the default, 5 s, was too short for several workers). Server
-    connections are checked before use, so one the server closed during a long trial is replaced.
+    minute for that lock (the default, 5 s, was too short for several workers). A server
+    connection that sat idle in the pool is checked before use (`ping_when_idle`), so one the
+    server closed during a long trial is replaced.
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = (
-        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
+        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
     )
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
@@ -86,7 +87,37 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+    else:
+        ping_when_idle(storage.engine)
     return storage
+
+
+# A pooled server connection idle longer than this is pinged before use. SQLAlchemy's
+# `pool_pre_ping` pings at every checkout: Optuna checks a connection out for every storage call,
+# so that was a round trip on each of the ~26 transactions of a trial (docs/many-workers.md,
+# "Storage overhead per trial"); a connection back in the pool for under a second was alive then.
+PING_IDLE_S = 1.0
+
+
+def ping_when_idle(engine: sqlalchemy.engine.Engine) -> None:
+    """Check a pooled connection before use when it has been idle over `PING_IDLE_S`; one that
+    fails the check (the server closed it, or restarted) is replaced by a fresh connection."""
+
+    def checked_in(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checkout(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry,
+                 proxy: sqlalchemy.pool.PoolProxiedConnection) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since <= PING_IDLE_S:
+            return  # a new connection, or one in use a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # noqa: BLE001 - the driver's error: the pool connects afresh
+            raise sqlalchemy.exc.DisconnectionError(f"idle connection lost: {type(exc).__name__}") from exc
+
+    sqlalchemy.event.listen(engine.pool, "checkin", checked_in)
+    sqlalchemy.event.listen(engine.pool, "checkout", checkout)
 
 
 def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
