@@ -22,6 +22,7 @@ import threading
 import uuid
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -266,9 +267,22 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
 
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
     """The storage's id of trial `number` of `study` (what heartbeats and state changes name),
-    through the storage's public interface: Optuna keeps the id on a trial only privately."""
-    study_id = storage.get_study_id_from_name(study.study_name)
+    through the storage's public interface: Optuna keeps the id on a trial only privately.
+
+    The study's id is looked up once per `Study` object and storage (a `Study` is bound to one
+    study id for its life); each trial's id is one query, a round trip that every heartbeat's
+    first beat paid twice."""
+    known = _study_ids.get(study)
+    if known is not None and known[0] is storage:
+        study_id = known[1]
+    else:
+        study_id = storage.get_study_id_from_name(study.study_name)
+        _study_ids[study] = (storage, study_id)
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
+_study_ids: "weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, int]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def is_lost(trial: FrozenTrial) -> bool:
