@@ -4,8 +4,8 @@ on 2 workers.
 1. **Storage overhead per trial.** The real search loop (`run_search`, TPE as tpu-tune builds it)
    runs on one study with a runner that answers every "measure" job at once with a realistic
    `Measurement` (50 timed samples, a training step's accuracy errors): each trial does what a
-   real one does in the storage (ask, the worker/host attrs, a heartbeat, the loop's
-   `get_trials` and `fail_lost_trials`, the measurement's attrs and constraint, tell) and
+   real one does in the storage (ask, its claim: worker and host, a heartbeat, the loop's
+   `fail_lost_trials` and `get_trials`, the measurement's record and constraint, tell) and
    nothing else. Per-trial milliseconds = wall time / measured trials, for an in-memory study
    (no storage: the loop and the sampler alone), SQLite (a file in a temporary folder) and
    PostgreSQL (a loopback server, tests/postgres_server.py); the storages alternate, repeated.
