@@ -75,7 +75,8 @@ def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_
     from tpu_tuner.studies import liveness
 
     monkeypatch.setattr(liveness, "PING_IDLE_S", 0.2)
-    storage = liveness.open_storage(postgres.url("tune"), 1)
+    url = postgres.url("secret", PASSWORD)  # the role that owns the tables the other tests made
+    storage = liveness.open_storage(url, 1)
     pings: list[int] = []
     ping = storage.engine.dialect.do_ping
     monkeypatch.setattr(storage.engine.dialect, "do_ping", lambda connection: pings.append(1) or ping(connection))
@@ -85,9 +86,9 @@ def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_
         assert storage.get_study_id_from_name(name) == study_id
     assert pings == []
     # The server ends every session of the role but this one (a restart, an idle timeout).
-    with psycopg.connect(postgres.url("tune"), autocommit=True) as admin:
+    with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE usename = 'tune' AND pid <> pg_backend_pid()")
+                      "WHERE usename = 'secret' AND pid <> pg_backend_pid()")
     time.sleep(0.3)
     assert storage.get_study_id_from_name(name) == study_id
     assert pings == [1]
