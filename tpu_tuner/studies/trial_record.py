@@ -54,13 +54,6 @@ class TrialRecord:
         for key, value in values.items():
             self.set(key, value)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A key set on this record (written or not yet)."""
-        return self._values.get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._values
-
     def values(self) -> dict[str, Any]:
         """A copy of every key set so far."""
         return dict(self._values)

@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 RECORD_ATTR = "tpu_tune"
 PROFILE_ATTR = "tpu_tune_profile"
 VERIFICATION_ATTR = "tpu_tune_verification"
-RECORD_FORMAT = 1
+# 2: each trial keeps its keys in one structured attribute (studies/trial_record.py). A worker of
+# format 1 reads only flat keys and would miscount this version's trials: it refuses a format-2
+# study; this version reads both, so it joins either.
+RECORD_FORMAT = 2
+JOINABLE_FORMATS = (1, 2)
 # Options every worker of a study takes from its record: the budget, what the objective is and
 # how a trial is timed and judged, the search (sampler, seed, agents), liveness (a worker that
 # judged others by a shorter grace period than theirs would fail their live trials).
@@ -122,9 +126,9 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
     if not isinstance(recorded, dict):
         raise UserInputError(f"--study {name}: the study exists but no tpu-tune worker recorded its workload "
                              f"(not created by tpu-tune, or its first worker died within {wait_s:.0f} s of creating it)")
-    if recorded.get("format") != RECORD_FORMAT:
+    if recorded.get("format") not in JOINABLE_FORMATS:
         raise UserInputError(f"--study {name}: recorded by another version of tpu-tune (format "
-                             f"{recorded.get('format')!r}, this one reads {RECORD_FORMAT})")
+                             f"{recorded.get('format')!r}, this one reads {', '.join(map(str, JOINABLE_FORMATS))})")
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise UserInputError(f"--study {name}: not a tpu-tune study (it maximises)")
     differing = join_differences(recorded, record["fingerprint"], space, record["options"])
