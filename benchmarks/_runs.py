@@ -10,6 +10,7 @@ import optuna
 
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.studies import records
 
 
 def load_study(run_dir: Path) -> optuna.Study:
@@ -22,7 +23,7 @@ def trial_overheads(run_dir: Path) -> list[float]:
     overheads = []
     for trial in load_study(run_dir).trials:
         m = trial_attrs.measurement_of(trial)
-        wall = trial.user_attrs.get("trial_wall_s")
+        wall = records.attrs(trial).get("trial_wall_s")
         if m is not None and wall is not None:
             overheads.append(wall - m.first_call_seconds - m.warmup_seconds - sum(m.samples))
     return overheads

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.trial_runner import TrialRunner
+from tpu_tuner.studies import records
 from tpu_tuner.tuning import TuningResult, trial_attrs
 from tpu_tuner.tuning.verify import compare_interleaved
 
@@ -33,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     grid = TuningResult.load(args.grid_run)
-    feasible = [t for t in grid.study.trials if trial_attrs.is_feasible(t) and "repeat_of" not in t.user_attrs]
+    feasible = [t for t in grid.study.trials if trial_attrs.is_feasible(t) and "repeat_of" not in records.attrs(t)]
     ranked = sorted(feasible, key=lambda t: t.value)[:max(1, args.top)]
     candidates = {"baseline": grid.space.to_candidate(grid.space.baseline_params())}
     if args.run is not None:

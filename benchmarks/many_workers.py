@@ -4,8 +4,8 @@ on 2 workers.
 1. **Storage overhead per trial.** The real search loop (`run_search`, TPE as tpu-tune builds it)
    runs on one study with a runner that answers every "measure" job at once with a realistic
    `Measurement` (50 timed samples, a training step's accuracy errors): each trial does what a
-   real one does in the storage (ask, the worker/host attrs, a heartbeat, the loop's
-   `get_trials` and `fail_lost_trials`, the measurement's attrs and constraint, tell) and
+   real one does in the storage (ask, its claim: worker and host, a heartbeat, the loop's
+   `fail_lost_trials` and `get_trials`, the measurement's record and constraint, tell) and
    nothing else. Per-trial milliseconds = wall time / measured trials, for an in-memory study
    (no storage: the loop and the sampler alone), SQLite (a file in a temporary folder) and
    PostgreSQL (a loopback server, tests/postgres_server.py); the storages alternate, repeated.
@@ -100,6 +100,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     times). The heartbeat thread's statements are counted too (same engine)."""
     import optuna
 
+    from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
@@ -121,7 +122,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     ended = time.time()
     counted = statements[0]
     mine = sum(1 for t in study.get_trials(deepcopy=False)
-               if t.user_attrs.get("worker") == worker.id and t.user_attrs.get("measured"))
+               if (attrs := records.attrs(t)).get("worker") == worker.id and attrs.get("measured"))
     if storage is not None:
         storage.engine.dispose()
     return started, ended, mine, counted
@@ -141,6 +142,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     statements sent per measured trial."""
     import optuna
 
+    from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import open_storage
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
@@ -154,7 +156,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
         start = time.time()
         run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(),
                    worker=Worker.this_process(None))
-        spans = [(start, time.time(), sum(1 for t in study.trials if t.user_attrs.get("measured")), 0)]
+        spans = [(start, time.time(), sum(1 for t in study.trials if records.attrs(t).get("measured")), 0)]
         done = study.get_trials(deepcopy=False)
     else:
         storage = open_storage(url, 1)
@@ -177,7 +179,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     assert measured == trials, (measured, trials)
     start = min(s[0] for s in spans)
     told = sorted(t.datetime_complete.timestamp() for t in done
-                  if t.datetime_complete is not None and t.user_attrs.get("measured"))
+                  if t.datetime_complete is not None and records.attrs(t).get("measured"))
     quarter = max(1, trials // 4)
     first_q = (told[quarter - 1] - start) * 1e3 / quarter
     last_q = (told[-1] - told[-quarter - 1]) * 1e3 / quarter
@@ -282,6 +284,8 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
     the settings measured."""
     import optuna
 
+    from tpu_tuner.studies import records
+
     name = f"mw{workers}-{uuid.uuid4().hex[:8]}"
     logs = [out / f"{name}-{i}.log" for i in range(workers)]
     env = {k: v for k, v in os.environ.items() if k != "TPU_TUNE_STORAGE"}
@@ -294,7 +298,7 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
         raise SystemExit(f"a worker failed ({codes}): see {logs}")
     phases = [_phases(_events(log.read_text()), start) for log in logs]
     trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
-    measured = sum(1 for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs)
+    measured = sum(1 for t in trials if (attrs := records.attrs(t)).get("measured") and "repeat_of" not in attrs)
     return wall, phases, measured
 
 

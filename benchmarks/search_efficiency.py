@@ -33,6 +33,7 @@ from tpu_tuner.execution.early_stop import MIN_STEPS_TO_JUDGE, StopRule
 from tpu_tuner.execution.measurement import EarlyStop, TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
+from tpu_tuner.studies import records
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.run_setup import prepare_agents
@@ -59,12 +60,13 @@ class TableRunner:
         self.table: dict[str, tuple[JobResult, float]] = {}
         for trial in study.trials:
             m = trial_attrs.measurement_of(trial)
-            key = trial.user_attrs.get("candidate")
-            wall = float(trial.user_attrs.get("trial_wall_s") or 0.0)
+            attrs = records.attrs(trial)
+            key = attrs.get("candidate")
+            wall = float(attrs.get("trial_wall_s") or 0.0)
             if m is not None:
                 self.table[_key(m.candidate)] = (JobResult(value=m, seconds=wall), wall)
-            elif trial.user_attrs.get("failure_kind") and key:
-                failure = TrialFailure(trial.user_attrs["failure_kind"], "from table")
+            elif attrs.get("failure_kind") and key:
+                failure = TrialFailure(attrs["failure_kind"], "from table")
                 self.table[_key(key)] = (JobResult(failure=failure, seconds=wall), wall)
         self.workers_started = 0
 
@@ -103,8 +105,7 @@ def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that cost a measurement, in order (not rejected, not a repeat answered from an
     earlier one, not an ask of an excluded setting, told without running it)."""
     return [t for t in sorted(study.trials, key=lambda t: t.number)
-            if "repeat_of" not in t.user_attrs and "rejected_by" not in t.user_attrs
-            and "excluded_by" not in t.user_attrs and "over_budget" not in t.user_attrs]
+            if not {"repeat_of", "rejected_by", "excluded_by", "over_budget"} & set(records.attrs(t))]
 
 
 def trials_to_target(study: optuna.Study, target: float) -> int | None:
@@ -120,7 +121,7 @@ def seconds_to_target(study: optuna.Study, target: float) -> float | None:
     until the best feasible amortised step is within `target`."""
     spent = 0.0
     for trial in _measured(study):
-        spent += float(trial.user_attrs.get("trial_wall_s") or 0.0)
+        spent += float(records.attrs(trial).get("trial_wall_s") or 0.0)
         if trial_attrs.is_feasible(trial) and trial.value is not None and trial.value <= target:
             return spent
     return None
@@ -173,7 +174,7 @@ def main() -> None:
         grid.profile = fresh
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
-    rejected = sum(1 for t in grid.study.trials if "rejected_by" in t.user_attrs)
+    rejected = sum(1 for t in grid.study.trials if "rejected_by" in records.attrs(t))
     best = best_feasible(grid.study)
     if best is None:
         raise SystemExit(f"{args.grid_run}: no feasible measured setting")
@@ -183,7 +184,7 @@ def main() -> None:
     print(f"grid run {args.grid_run} ({grid.profile.workload['name']}, {grid.profile.workload['step']}): "
           f"space of {grid.space.size()} valid settings; {len(measured)} measured, {rejected} rejected by the "
           f"agents unmeasured")
-    print(f"grid's best amortised step {best * 1e3:.2f} ms ({best_trial.user_attrs.get('label', best_trial.params)}); "
+    print(f"grid's best amortised step {best * 1e3:.2f} ms ({records.attrs(best_trial).get('label', best_trial.params)}); "
           f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
           f"({budget / len(measured):.0%} of the grid's {len(measured)})")
 

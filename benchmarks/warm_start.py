@@ -45,6 +45,7 @@ import optuna
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.studies import records
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
@@ -198,9 +199,9 @@ def main() -> None:
     print(f"grid run {args.grid_run}: {grid.profile.workload.get('name')} "
           f"({grid.profile.flops.total_parameters / 1e6:.2f}M parameters), {grid.profile.workload.get('step')}; "
           f"{len(measured)} settings measured")
-    print(f"grid's best {best * 1e3:.2f} ms amortised ({best_trial.user_attrs.get('label', best_trial.params)}); "
+    print(f"grid's best {best * 1e3:.2f} ms amortised ({records.attrs(best_trial).get('label', best_trial.params)}); "
           f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials")
-    ranked = sorted((t for t in measured if t.value is not None and t.user_attrs.get("feasible")), key=lambda t: t.value)
+    ranked = sorted((t for t in measured if t.value is not None and records.attrs(t).get("feasible")), key=lambda t: t.value)
     within = [t for t in ranked if t.value <= target]
     print(f"settings of the grid within 3% of its best: {len(within)} of {len(measured)}")
 

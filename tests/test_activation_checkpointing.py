@@ -32,6 +32,7 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
+from tpu_tuner.studies import records
 
 GiB = 2**30
 
@@ -153,8 +154,8 @@ def test_a_trial_over_the_memory_limit_is_infeasible_with_the_reason() -> None:
     study.tell(under, 0.02)
     over_t, under_t = study.trials
     assert not trial_attrs.is_feasible(over_t) and trial_attrs.is_feasible(under_t)
-    assert over_t.user_attrs["failure_kind"] == "memory"
-    assert over_t.user_attrs["failure_message"] == "peak memory 3.00 GiB > 2.00 GiB (--trial-memory-gb)"
+    assert records.attrs(over_t)["failure_kind"] == "memory"
+    assert records.attrs(over_t)["failure_message"] == "peak memory 3.00 GiB > 2.00 GiB (--trial-memory-gb)"
     assert over_t.constraints["memory"] == GiB and under_t.constraints["memory"] == -GiB
     # A repeat carries the constraint, as it carries the accuracy one.
     repeat = study.ask()

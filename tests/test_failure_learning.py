@@ -65,7 +65,7 @@ def _search(study: optuna.Study, runner: RuleRunner, trials: int, **options) -> 
 
 
 def _bf16_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.trials if t.params.get("autocast") == "bfloat16" and t.user_attrs.get(records.MEASURED)]
+    return [t for t in study.trials if t.params.get("autocast") == "bfloat16" and records.attrs(t).get(records.MEASURED)]
 
 
 def _grid_study(storage: str | None = None, name: str = "s") -> optuna.Study:
@@ -84,16 +84,16 @@ def test_a_crashing_value_is_excluded_after_two_failures_and_said(tmp_path: Path
     assert end == "covered"
     # Three settings hold bf16: two crashed, the third was never run.
     assert sum(1 for job in runner.jobs if job.get("autocast") == "bfloat16") == 2
-    excluded = [t for t in study.trials if t.user_attrs.get(records.EXCLUDED_BY)]
+    excluded = [t for t in study.trials if records.attrs(t).get(records.EXCLUDED_BY)]
     assert len(excluded) == 1 and excluded[0].params["autocast"] == "bfloat16"
-    assert not excluded[0].user_attrs.get(records.MEASURED)
+    assert not records.attrs(excluded[0]).get(records.MEASURED)
     said = [e.message for e in events if e.phase == "learn"]
     assert len(said) == 1 and said[0].startswith("autocast bfloat16 excluded after trial ")
     assert "the worker died from SIGSEGV in 2 of 2 settings with it, 0 of " in said[0]
     # Failed trials reach the sampler: told pruned (TPE reads complete and pruned trials) and infeasible.
     for trial in _bf16_measured(study):
         assert trial.state == optuna.trial.TrialState.PRUNED and trial.constraints["failed"] > 0
-        assert trial.user_attrs[records.FAILURE_KIND] == "crash"
+        assert records.attrs(trial)[records.FAILURE_KIND] == "crash"
 
 
 def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Path) -> None:
@@ -148,9 +148,9 @@ def test_a_hopeless_trial_is_pruned_through_the_pruner_interface() -> None:
     assert best.state == optuna.trial.TrialState.COMPLETE
     # 12 ms against a best of 3 ms: beyond 1.5x, stopped with what it measured, reported to Optuna.
     assert slow.state == optuna.trial.TrialState.PRUNED
-    assert slow.user_attrs[records.STOPPED_EARLY] == "too slow"
+    assert records.attrs(slow)[records.STOPPED_EARLY] == "too slow"
     assert slow.intermediate_values == {3: pytest.approx(0.012)}
-    assert slow.user_attrs[records.EARLY_STOP]["steps"] == [0.012] * 3
+    assert records.attrs(slow)[records.EARLY_STOP]["steps"] == [0.012] * 3
     assert HopelessPruner().threshold(study.trials) == pytest.approx(1.5 * 0.003)
 
 

@@ -27,6 +27,7 @@ from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.seeding import enqueue_seeds
 from tpu_tuner.tuning.warm_start import find_warm_seeds
 from tpu_tuner.tuning.workload_features import WorkloadFeatures
+from tpu_tuner.studies import records
 
 STUDY = "synthetic-shared"
 BUDGET = 5  # fixtures/shared_study_worker.py; fewer than the space's 6 settings, so a worker could overshoot
@@ -53,7 +54,7 @@ def _start_workers(postgres, tmp_path: Path) -> list[subprocess.Popen]:
 
 
 def _pid_of(trial: optuna.trial.FrozenTrial) -> int | None:
-    worker = trial.user_attrs.get("worker")
+    worker = records.attrs(trial).get("worker")
     return int(worker.split(":")[1]) if isinstance(worker, str) else None
 
 
@@ -105,7 +106,7 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     assert _pid_of(retries[0]) in survivors
     # No completed trial lost; the whole budget measured; no setting measured twice.
     assert all(by_number[n].state == optuna.trial.TrialState.COMPLETE for n in complete_before)
-    measured = [t for t in trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
+    measured = [t for t in trials if records.attrs(t).get("measured") and "repeat_of" not in records.attrs(t)]
     settings = [tuple(sorted(t.params.items())) for t in measured if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(settings) == BUDGET and len(set(settings)) == BUDGET, settings
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
@@ -115,7 +116,7 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     configs = list((tmp_path / "results").glob("*/tuned_config.toml"))
     assert len(configs) == 1 and str(configs[0].parent) == verification["run_dir"]
     # The verified best is the best feasible setting the study measured.
-    feasible = [t for t in measured if t.user_attrs.get("feasible")]
+    feasible = [t for t in measured if records.attrs(t).get("feasible")]
     best_params = min(feasible, key=lambda t: t.value).params
     assert by_number[verification["best_trial"]].params == best_params
     # The baseline was profiled once, by the study's first worker.

@@ -14,6 +14,7 @@ from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.api import tune
+from tpu_tuner.studies import records
 
 FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
                         timing_max_steps=20, profiled_steps=1, top_operators=5, explained_share_min=0.5)
@@ -27,7 +28,7 @@ def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(
     result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
     # The trials are on the server: a fresh connection reads them back by the study's name.
     stored = optuna.load_study(study_name=result.study.study_name, storage=url)
-    measured = [t for t in stored.trials if t.user_attrs.get("measured") and "repeat_of" not in t.user_attrs]
+    measured = [t for t in stored.trials if records.attrs(t).get("measured") and "repeat_of" not in records.attrs(t)]
     assert len(measured) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
     # Nothing the run wrote holds the password (the URL is kept without it).
     for path in result.run_dir.rglob("*"):
@@ -60,3 +61,35 @@ def test_the_server_refuses_a_wrong_password_in_one_line_without_it(postgres, tm
                    "--storage", postgres.url("secret", wrong)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and wrong not in err[0] and "password" in err[0].lower()
+
+
+def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_replaced(postgres, monkeypatch) -> None:
+    """Back-to-back storage calls (a trial's ~26 transactions) cost no check each; a connection
+    idle past `PING_IDLE_S` is checked first, and one the server closed meanwhile is replaced
+    without an error reaching the caller."""
+    import time
+    import uuid
+
+    import psycopg
+
+    from tpu_tuner.studies import liveness
+
+    monkeypatch.setattr(liveness, "PING_IDLE_S", 0.2)
+    url = postgres.url("secret", PASSWORD)  # the role that owns the tables the other tests made
+    storage = liveness.open_storage(url, 1)
+    pings: list[int] = []
+    ping = storage.engine.dialect.do_ping
+    monkeypatch.setattr(storage.engine.dialect, "do_ping", lambda connection: pings.append(1) or ping(connection))
+    name = f"ping-{uuid.uuid4().hex[:8]}"
+    study_id = optuna.create_study(storage=storage, study_name=name)._study_id
+    for _ in range(5):
+        assert storage.get_study_id_from_name(name) == study_id
+    assert pings == []
+    # The server ends every session of the role but this one (a restart, an idle timeout).
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE usename = 'secret' AND pid <> pg_backend_pid()")
+    time.sleep(0.3)
+    assert storage.get_study_id_from_name(name) == study_id
+    assert pings == [1]
+    storage.engine.dispose()

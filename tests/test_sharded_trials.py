@@ -18,6 +18,7 @@ from tpu_tuner.knobs.layout import expand
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.runner.requests import CompareRequest, MeasureRequest
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies import records
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny_llama.py"
@@ -177,7 +178,7 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
     options = TuneOptions(trials=5, space=FIXTURES / "layout_space.toml", nproc=2, plan=plan, verify_rounds=2,
                           out=tmp_path / "results", agents=("sharding", "precision"))
     result = tune(TINY_LLAMA, options)
-    trials = [t for t in result.study.get_trials() if t.user_attrs.get("measured")]
+    trials = [t for t in result.study.get_trials() if records.attrs(t).get("measured")]
     layouts = [t.params["layout"] for t in trials]
     # The baseline is data parallel; the plan's first fitting layout comes next, its second on
     # top of the agents' combined seed (bf16 autocast): seeds, before the search's own picks.
@@ -185,7 +186,7 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
     assert trials[4].params == {"autocast": "bfloat16", "layout": "1x1x2"}
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     for trial in trials:  # every layout's step matched the single-device fp32 reference
-        assert trial.user_attrs["accuracy_error"] < (1e-5 if trial.params["autocast"] == "none" else 1e-2)
+        assert records.attrs(trial)["accuracy_error"] < (1e-5 if trial.params["autocast"] == "none" else 1e-2)
     findings = " ".join(result.findings["sharding"])
     assert "every trial runs on 2 ranks" in findings
     assert f"from the plan in {plan}: 1x2x1 on 2 ranks from the plan's data 1 x fsdp 8 x tensor 8" in findings
@@ -241,14 +242,14 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     result = tune(FIXTURES / "tiny_gpt.py", options)
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
     failed = [t for t in tensor if trial_attrs.failed_to_run(t)]
-    rejected = [t for t in tensor if "rejected_by" in t.user_attrs]
+    rejected = [t for t in tensor if "rejected_by" in records.attrs(t)]
     alone = [t for t in failed if t.params == {"autocast": "none", "optimizer_impl": "default", "layout": "1x1x2"}]
-    assert len(alone) == 1 and len(failed) <= 2 and all("rank" in t.user_attrs["failure_message"] for t in failed)
+    assert len(alone) == 1 and len(failed) <= 2 and all("rank" in records.attrs(t)["failure_message"] for t in failed)
     assert len(rejected) == 4 - len(failed) and min(t.number for t in rejected) > alone[0].number
-    assert rejected[0].user_attrs["rejected_by"].startswith(
+    assert records.attrs(rejected[0])["rejected_by"].startswith(
         f"sharding: layout 1x1x2 failed on its own (every other knob at its baseline) in trial {alone[0].number} (")
     measured = [t for t in result.study.get_trials()
-                if t.state == optuna.trial.TrialState.COMPLETE and "repeat_of" not in t.user_attrs]
+                if t.state == optuna.trial.TrialState.COMPLETE and "repeat_of" not in records.attrs(t)]
     assert len(measured) == 4 and {t.params["layout"] for t in measured} == {"2x1x1"}
 
 

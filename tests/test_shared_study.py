@@ -18,7 +18,9 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.shared_study import adopt_options, join_differences, make_record, open_shared
+from tpu_tuner.tuning.shared_study import (RECORD_ATTR, RECORD_FORMAT, adopt_options, join_differences, make_record,
+                                           open_shared)
+from tpu_tuner.studies import records
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 FINGERPRINT = {"model_file": "/host-a/gpt.py", "sha256": "a" * 64, "convention": "native", "step_kind": "training",
@@ -61,6 +63,23 @@ def test_a_worker_with_another_space_is_refused() -> None:
     other = SearchSpace.load("default", "cpu")
     found = join_differences(make_record(FINGERPRINT, SPACE, TuneOptions()), FINGERPRINT, other)
     assert len(found) == 1 and found[0].startswith("search space differs ('default': parameters ")
+
+
+@pytest.mark.parametrize("recorded_format, joins", [(1, True), (2, True), (3, False)])
+def test_a_study_of_the_flat_record_format_is_joined_one_of_a_later_format_refused(tmp_path, recorded_format,
+                                                                                   joins) -> None:
+    """Format 1 studies hold each trial key as its own attribute, which this version reads; a
+    format-1 worker cannot read this version's structured records, and refuses format 2."""
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.set_user_attr(RECORD_ATTR, {**make_record(FINGERPRINT, SPACE, TuneOptions()), "format": recorded_format})
+    ours = make_record(FINGERPRINT, SPACE, TuneOptions())
+    if joins:
+        assert not open_shared(storage, "s", optuna.samplers.RandomSampler(), ours, SPACE).created
+    else:
+        with pytest.raises(UserInputError, match="recorded by another version of tpu-tune"):
+            open_shared(storage, "s", optuna.samplers.RandomSampler(), ours, SPACE)
+    assert make_record(FINGERPRINT, SPACE, TuneOptions())["format"] == RECORD_FORMAT == 2
 
 
 def test_a_study_not_made_by_tpu_tune_is_refused_after_waiting(tmp_path) -> None:
@@ -166,8 +185,8 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
                         Worker("b", "h"))
     assert _settle(study, trials, Rules(budget=2), late, []) == "released"
     released = study.get_trials(deepcopy=False)[late.number]
-    assert released.state == optuna.trial.TrialState.PRUNED and released.user_attrs.get("over_budget")
-    assert "measured" not in released.user_attrs
+    assert released.state == optuna.trial.TrialState.PRUNED and records.attrs(released).get("over_budget")
+    assert "measured" not in records.attrs(released)
 
 
 def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner import TuneOptions, tune
+from tpu_tuner.studies import records
 
 from conftest import FIXTURES, use_probe
 
@@ -106,8 +107,8 @@ def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     for number, (params, value, state) in before.items():  # completed trials kept as they were
         assert (trials[number].params, trials[number].value, trials[number].state) == (params, value, state)
     assert trials[orphan.number].state == optuna.trial.TrialState.FAIL
-    assert trials[orphan.number].user_attrs["failure_kind"] == "interrupted"
-    measured = [tuple(sorted(t.params.items())) for t in trials if t.user_attrs.get("measurement")]
+    assert records.attrs(trials[orphan.number])["failure_kind"] == "interrupted"
+    measured = [tuple(sorted(t.params.items())) for t in trials if records.attrs(t).get("measurement")]
     assert len(measured) == len(set(measured))  # no setting measured twice
     assert len(set(measured)) == 6  # the resumed run finished the grid
 

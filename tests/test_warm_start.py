@@ -18,6 +18,7 @@ import optuna
 import pytest
 
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.studies import records
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning import warm_start
@@ -352,7 +353,7 @@ def test_enqueued_trials_carry_the_warm_start_attr(tmp_path: Path) -> None:
     asked = [study.ask() for _ in range(3)]
     for trial in asked:
         space.suggest(trial)
-    attrs = [t.user_attrs.get("warm_start") for t in study.trials]
+    attrs = [records.attrs(t).get("warm_start") for t in study.trials]
     assert attrs[0] is None
     assert attrs[1] == seeds[0].attrs() and attrs[2]["source"] == "run results/other"
     assert [study.trials[i].params for i in (1, 2)] == [s.params for s in seeds]
@@ -455,10 +456,10 @@ def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_pa
     # The earlier run measures the whole space (6 settings): its best is medium matmuls, no autocast.
     earlier = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=6, sampler="grid", agents=(), **common))
     later = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=2, agents=(), **common))
-    warm = [t for t in later.study.trials if "warm_start" in t.user_attrs]
+    warm = [t for t in later.study.trials if "warm_start" in records.attrs(t)]
     assert [t.number for t in warm] == [1] and warm[0].params == {"matmul_precision": "medium", "autocast": "none"}
-    assert warm[0].user_attrs["warm_start"]["match"] == "same workload"
-    assert str(earlier.run_dir) in warm[0].user_attrs["warm_start"]["source"]
+    assert records.attrs(warm[0])["warm_start"]["match"] == "same workload"
+    assert str(earlier.run_dir) in records.attrs(warm[0])["warm_start"]["source"]
     assert "## Warm start" in (later.run_dir / "report.md").read_text()
     cold = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=1, agents=(), warm_start=False, **common))
-    assert not any("warm_start" in t.user_attrs for t in cold.study.trials)
+    assert not any("warm_start" in records.attrs(t) for t in cold.study.trials)

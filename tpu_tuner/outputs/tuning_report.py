@@ -137,7 +137,7 @@ WARM_START_ATTR = records.WARM_START
 def _warm_start_section(result: "TuningResult") -> list[str]:
     """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
     what it measured there and what it measured here; nothing when no trial was warm-started."""
-    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(WARM_START_ATTR), dict)]
+    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)]
     if not trials:
         return []
     base = _trial_value(result, result.verification.baseline_trial)
@@ -148,7 +148,7 @@ def _warm_start_section(result: "TuningResult") -> list[str]:
            "its baseline); \"here\" is this study's.", "",
            "| trial | setting | from | there | here |", "|---:|---|---|---:|---:|"]
     for t in trials:
-        seed = t.user_attrs[WARM_START_ATTR]
+        seed = records.attrs(t)[WARM_START_ATTR]
         earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
         there = _ms(seed.get("objective_s"))
         if _present(seed.get("speedup")):
@@ -163,8 +163,8 @@ def _hosts_section(result: "TuningResult") -> list[str]:
     """Which host measured what, when trials came from more than one (a shared study), and where
     the comparison was re-measured; one line when everything ran on one known host."""
     v = result.verification
-    trials = [t for t in result.study.get_trials(deepcopy=False) if t.user_attrs.get(records.HOST)]
-    hosts = sorted({str(t.user_attrs[records.HOST]) for t in trials})
+    trials = [t for t in result.study.get_trials(deepcopy=False) if records.attrs(t).get(records.HOST)]
+    hosts = sorted({str(records.attrs(t)[records.HOST]) for t in trials})
     verified_on = getattr(v, "host", None)
     if len(hosts) <= 1:
         if not verified_on:
@@ -178,9 +178,9 @@ def _hosts_section(result: "TuningResult") -> list[str]:
            f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
            "| host | trials measured | best objective there |", "|---|---:|---:|"]
     for host in hosts:
-        own = [t for t in trials if str(t.user_attrs[records.HOST]) == host and records.REPEAT_OF not in t.user_attrs]
-        measured = sum(1 for t in own if t.user_attrs.get(records.MEASURED))
-        values = [t.value for t in own if t.value is not None and t.user_attrs.get(records.FEASIBLE)]
+        own = [(t, a) for t in trials if str((a := records.attrs(t))[records.HOST]) == host and records.REPEAT_OF not in a]
+        measured = sum(1 for _, a in own if a.get(records.MEASURED))
+        values = [t.value for t, a in own if t.value is not None and a.get(records.FEASIBLE)]
         out.append(f"| {host} | {measured} | {_ms(min(values)) if values else 'none feasible'} |")
     return out + [""]
 
@@ -236,22 +236,23 @@ def _measured_here(trial, baseline_value: float | None) -> str:
     """A trial's objective here (and its ratio to the baseline's), or why it has none."""
     import optuna
 
+    attrs = records.attrs(trial)
     if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
         text = _ms(trial.value)
         if baseline_value:
             text += f", {baseline_value / trial.value:.2f}x the baseline"
-        if not trial.user_attrs.get(records.FEASIBLE, True):
-            text += f", infeasible ({trial.user_attrs.get(records.FAILURE_KIND, 'constraint')})"
+        if not attrs.get(records.FEASIBLE, True):
+            text += f", infeasible ({attrs.get(records.FAILURE_KIND, 'constraint')})"
         return text
     if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
         return "not measured yet"
-    if trial.user_attrs.get(records.REJECTED_BY):
-        return f"rejected ({str(trial.user_attrs[records.REJECTED_BY]).replace('|', '/')})"
-    if trial.user_attrs.get(records.EXCLUDED_BY):
-        return f"excluded ({trial.user_attrs[records.EXCLUDED_BY]}), not measured"
-    if trial.user_attrs.get(records.STOPPED_EARLY):
+    if attrs.get(records.REJECTED_BY):
+        return f"rejected ({str(attrs[records.REJECTED_BY]).replace('|', '/')})"
+    if attrs.get(records.EXCLUDED_BY):
+        return f"excluded ({attrs[records.EXCLUDED_BY]}), not measured"
+    if attrs.get(records.STOPPED_EARLY):
         return "stopped early (hopeless against the best so far)"
-    kind = trial.user_attrs.get(records.FAILURE_KIND)
+    kind = attrs.get(records.FAILURE_KIND)
     # A failed measurement is told as pruned with a violated constraint (tuning/trials.py).
     failed = trial.state == optuna.trial.TrialState.FAIL or kind is not None
     state = "failed" if failed else trial.state.name.lower()

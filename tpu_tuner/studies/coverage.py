@@ -28,24 +28,27 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
     Trials an interrupted run or a lost worker left behind were never measured, nor were those
     released over the budget: they neither count nor answer repeats. A repeat is answered from
     the trial it repeats."""
-    return {
-        setting_key(t.params): t
-        for t in trials
-        if t.state.is_finished() and records.REPEAT_OF not in t.user_attrs and records.OVER_BUDGET not in t.user_attrs
-        and t.user_attrs.get(records.FAILURE_KIND) != records.INTERRUPTED and not is_lost(t)
-    }
+    covered: dict[SettingKey, optuna.trial.FrozenTrial] = {}
+    for t in trials:
+        if not t.state.is_finished():
+            continue
+        attrs = records.attrs(t)
+        if (records.REPEAT_OF not in attrs and records.OVER_BUDGET not in attrs
+                and attrs.get(records.FAILURE_KIND) != records.INTERRUPTED and not is_lost(t)):
+            covered[setting_key(t.params)] = t
+    return covered
 
 
 def measured_count(covered: dict[Any, optuna.trial.FrozenTrial]) -> int:
     """What the budget counts: settings *measured* (rejections cost nothing; repeats are answered
     from the earlier trial, so a bound on asks stops a sampler that only repeats)."""
-    return sum(1 for t in covered.values() if records.REJECTED_BY not in t.user_attrs)
+    return sum(1 for t in covered.values() if records.REJECTED_BY not in records.attrs(t))
 
 
 def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
     """The trial measured last (not a repeat: a repeat measures nothing), by completion time."""
-    measured = [t for t in trials if t.user_attrs.get(records.MEASURED) and records.REPEAT_OF not in t.user_attrs
-                and t.datetime_complete is not None]
+    measured = [t for t in trials if t.datetime_complete is not None
+                and (attrs := records.attrs(t)).get(records.MEASURED) and records.REPEAT_OF not in attrs]
     return max(measured, key=lambda t: (t.datetime_complete, t.number)) if measured else None
 
 

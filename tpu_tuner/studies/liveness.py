@@ -22,6 +22,7 @@ import threading
 import uuid
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -60,14 +61,15 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and SQLite
     ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three processes
     popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
-    minute for that lock (the default, 5 s, was too short for several workers). Server
-    connections are checked before use, so one the server closed during a long trial is replaced.
+    minute for that lock (the default, 5 s, was too short for several workers). A server
+    connection that sat idle in the pool is checked before use (`ping_when_idle`), so one the
+    server closed during a long trial is replaced.
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = (
-        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
+        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
     )
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
@@ -86,7 +88,37 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+    else:
+        ping_when_idle(storage.engine)
     return storage
+
+
+# A pooled server connection idle longer than this is pinged before use. SQLAlchemy's
+# `pool_pre_ping` pings at every checkout: Optuna checks a connection out for every storage call,
+# so that was a round trip on each of the ~26 transactions of a trial (docs/many-workers.md,
+# "Storage overhead per trial"); a connection back in the pool for under a second was alive then.
+PING_IDLE_S = 1.0
+
+
+def ping_when_idle(engine: sqlalchemy.engine.Engine) -> None:
+    """Check a pooled connection before use when it has been idle over `PING_IDLE_S`; one that
+    fails the check (the server closed it, or restarted) is replaced by a fresh connection."""
+
+    def checked_in(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checkout(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry,
+                 proxy: sqlalchemy.pool.PoolProxiedConnection) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since <= PING_IDLE_S:
+            return  # a new connection, or one in use a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # noqa: BLE001 - the driver's error: the pool connects afresh
+            raise sqlalchemy.exc.DisconnectionError(f"idle connection lost: {type(exc).__name__}") from exc
+
+    sqlalchemy.event.listen(engine.pool, "checkin", checked_in)
+    sqlalchemy.event.listen(engine.pool, "checkout", checkout)
 
 
 def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
@@ -112,7 +144,7 @@ class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
             super().__init__(max_retry=MAX_RETRIES)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEPT_ON_RETRY}
+        trial.user_attrs = {k: v for k, v in records.attrs(trial).items() if k in KEPT_ON_RETRY}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             super().__call__(study, trial)
@@ -203,40 +235,61 @@ class RunningWatch:
         return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
 
 
-def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> None:
+def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> list[FrozenTrial]:
     """Fail the study's RUNNING trials whose worker is gone, and queue their settings again: those
     with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
-    seen running for longer than any trial can (`RunningWatch`), with the same retry."""
+    seen running for longer than any trial can (`RunningWatch`), with the same retry.
+
+    Returns the study's trials as they stand afterwards (`get_trials(deepcopy=False)`): the one
+    read of the whole study that the loop needs each round (it is read again only when a trial
+    was failed here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
     if watch is None:
-        return
-    for trial in watch.overdue(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+        return trials
+    failed = False
+    for trial in watch.overdue([t for t in trials if t.state == TrialState.RUNNING]):
         trial_id = trial_id_of(storage, study, trial.number)
         try:
             if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                failed = True
                 log.warning("trial %d ran for over %.0f s: its worker is gone; failed as lost", trial.number,
                             watch.overdue_s)
                 callback = storage.get_heartbeat_stale_trial_callback()
                 if callback is not None:
                     callback(study, copy.deepcopy(storage.get_trial(trial_id)))
         except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another worker failed it first
+            failed = True  # another worker failed it first (and queued its retry)
+    return study.get_trials(deepcopy=False) if failed else trials
 
 
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
     """The storage's id of trial `number` of `study` (what heartbeats and state changes name),
-    through the storage's public interface: Optuna keeps the id on a trial only privately."""
-    study_id = storage.get_study_id_from_name(study.study_name)
+    through the storage's public interface: Optuna keeps the id on a trial only privately.
+
+    The study's id is looked up once per `Study` object and storage (a `Study` is bound to one
+    study id for its life); each trial's id is one query, a round trip that every heartbeat's
+    first beat paid twice."""
+    known = _study_ids.get(study)
+    if known is not None and known[0] is storage:
+        study_id = known[1]
+    else:
+        study_id = storage.get_study_id_from_name(study.study_name)
+        _study_ids[study] = (storage, study_id)
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
+_study_ids: "weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, int]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def is_lost(trial: FrozenTrial) -> bool:
     """Whether `trial` was failed because its worker was lost. Every failure a worker records
     names its kind (`trial_attrs.record_failure`, "interrupted" on resume); a lost worker
     records none, even when it died halfway through recording a measurement."""
-    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in trial.user_attrs
+    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in records.attrs(trial)
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",

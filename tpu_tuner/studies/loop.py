@@ -159,9 +159,8 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
     asked = idle = 0
     waiting = False
     while True:
-        if storage is not None:
-            fail_lost_trials(study, storage, watch)
-        trials = study.get_trials(deepcopy=False)
+        # One read of the whole study a round: the one made after failing lost trials.
+        trials = fail_lost_trials(study, storage, watch) if storage is not None else study.get_trials(deepcopy=False)
         feature.observe(trials)
         settled = feature.settled(trials)
         spent = sum(1 for t in settled.values() if feature.spends(t))

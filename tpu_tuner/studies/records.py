@@ -4,9 +4,16 @@ Both features keep their results in Optuna trial attributes, so that a study's s
 rebuilds a run (the tuner's report, the planner's plan). The strings below are a file format:
 studies written by earlier versions are read with them, so a value never changes, only a name.
 Plain constants, no Optuna import: the options and the dashboard read them cheaply.
+
+Since the storage-overhead work (issue 26) a tuning trial keeps its keys in ONE user attribute,
+`RECORD` (a dict of the keys below, written by studies/trial_record.py in one storage call a
+write); studies of earlier versions hold each key as its own attribute. `attrs` reads either.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 # Who ran a trial, and where (every trial the loop asks; studies/loop.py).
 WORKER = "worker"
@@ -66,4 +73,26 @@ CONSTRAINT_VALUE = "constraint"
 COMPILED, REFUSED, INVALID, LOWER_BOUND, REPEAT = "compiled", "refused", "invalid", "lower_bound", "repeat"
 RELEASED = "released"  # asked when other workers' compiles had filled the budget
 
-__all__ = [name for name in dir() if name.isupper()]
+# The one user attribute that holds a trial's record (a dict of the keys above).
+RECORD = "record"
+
+
+class _HasUserAttrs(Protocol):
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+def attrs(trial: _HasUserAttrs) -> Mapping[str, Any]:
+    """A trial's record as flat keys: its user attributes with the structured `RECORD` merged
+    in (its keys win: it is written last). A trial of an earlier version (no `RECORD`) reads as
+    it was stored. Read only: the result may be the trial's own dict."""
+    user = trial.user_attrs
+    record = user.get(RECORD)
+    if not isinstance(record, dict):
+        return user
+    merged = {key: value for key, value in user.items() if key != RECORD}
+    merged.update(record)
+    return merged
+
+
+__all__ = [name for name in dir() if name.isupper()] + ["attrs"]

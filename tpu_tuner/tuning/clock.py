@@ -81,9 +81,10 @@ class _Setting:
 def _measured(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, _Setting]]:
     found = []
     for trial in trials:
-        step = trial.user_attrs.get(records.STEP_MEDIAN_S)
-        if step is not None and trial_attrs.is_feasible(trial) and records.REPEAT_OF not in trial.user_attrs:
-            found.append((trial, _Setting(float(step), float(trial.user_attrs.get(records.COMPILE_S) or 0.0))))
+        attrs = records.attrs(trial)
+        step = attrs.get(records.STEP_MEDIAN_S)
+        if step is not None and trial_attrs.is_feasible(trial) and records.REPEAT_OF not in attrs:
+            found.append((trial, _Setting(float(step), float(attrs.get(records.COMPILE_S) or 0.0))))
     return sorted(found, key=lambda pair: pair[0].value if pair[0].value is not None else float("inf"))
 
 
@@ -125,8 +126,8 @@ def plan_finish(trials: Sequence[FrozenTrial], race_top: int, verify_rounds: int
 
 def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
     """What the next trial is expected to take: the median wall time of the measured ones."""
-    walls = [float(t.user_attrs[records.TRIAL_WALL_S]) for t in trials if records.TRIAL_WALL_S in t.user_attrs
-             and records.REPEAT_OF not in t.user_attrs]
+    walls = [float(attrs[records.TRIAL_WALL_S]) for attrs in map(records.attrs, trials)
+             if records.TRIAL_WALL_S in attrs and records.REPEAT_OF not in attrs]
     return statistics.median(walls) if walls else 0.0
 
 

@@ -46,7 +46,7 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
     past. Rejected, repeated, excluded, lost and interrupted trials measured nothing and say nothing."""
     evidence = []
     for trial in trials:
-        attrs = trial.user_attrs
+        attrs = records.attrs(trial)
         if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs:
             continue
         kind = attrs.get(records.FAILURE_KIND)
@@ -115,7 +115,7 @@ class FailureLearning:
         held = {setting_key(t.params) for t in trials}  # waiting ones too: a probe is queued once
         queued: dict[str, int] = {}
         for trial in trials:
-            probe_for = trial.user_attrs.get(records.PROBE_FOR)
+            probe_for = records.attrs(trial).get(records.PROBE_FOR)
             if isinstance(probe_for, dict):
                 queued[probe_for.get("kind", "")] = queued.get(probe_for.get("kind", ""), 0) + 1
         for probe in probes:

@@ -47,9 +47,9 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
     """The feasible, measured, non-baseline settings worth racing, fastest first."""
     feasible = [t for t in study.get_trials(deepcopy=False)
                 if trial_attrs.is_feasible(t) and trial_attrs.measurement_of(t) is not None
-                and records.REPEAT_OF not in t.user_attrs and t.params != baseline_params]
+                and records.REPEAT_OF not in records.attrs(t) and t.params != baseline_params]
     feasible.sort(key=lambda t: t.value)
-    if not feasible or any(records.BUCKETS in t.user_attrs for t in feasible):
+    if not feasible or any(records.BUCKETS in records.attrs(t) for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
         # under each trial's own buckets (tuning/bucketing.py), which a race at one shape cannot
         # re-measure: the search's order stands.

@@ -141,12 +141,13 @@ class TuningResult:
         """The buckets of the chosen setting's trial, when the inputs vary (tuning/bucketing.py)."""
         chosen = self.verification.chosen.to_dict()
         for t in self.study.get_trials(deepcopy=False):
-            if t.user_attrs.get(records.BUCKETS) and t.user_attrs.get(records.CANDIDATE) == chosen:
+            attrs = records.attrs(t)
+            if attrs.get(records.BUCKETS) and attrs.get(records.CANDIDATE) == chosen:
                 from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
-                return {"buckets": t.user_attrs[records.BUCKETS], "align": self.options.objective.bucket_align,
-                        "padding_waste": t.user_attrs.get(records.PADDING_WASTE),
-                        "torchtpu": torchtpu_instructions(t.user_attrs[records.BUCKETS])}
+                return {"buckets": attrs[records.BUCKETS], "align": self.options.objective.bucket_align,
+                        "padding_waste": attrs.get(records.PADDING_WASTE),
+                        "torchtpu": torchtpu_instructions(attrs[records.BUCKETS])}
         return None
 
     def trials_dataframe(self) -> pd.DataFrame:
@@ -158,12 +159,13 @@ class TuningResult:
         for t in trials:
             row: dict[str, Any] = {"number": t.number, "state": t.state.name}
             row.update(t.params)
-            row.update({k: v for k, v in t.user_attrs.items() if k not in HIDDEN_ATTRS})
+            attrs = records.attrs(t)
+            row.update({k: v for k, v in attrs.items() if k not in HIDDEN_ATTRS})
             if isinstance(row.get(records.WARM_START), dict):  # where the setting came from, not a dict repr
                 row[records.WARM_START] = row[records.WARM_START].get("source")
             row["duration_s"] = t.duration.total_seconds() if t.duration else None
             # A repeat carries its first trial's figures: its MFU too, on the run's peak.
-            measured = self.on_run_peak(measurements.get(t.user_attrs.get(records.REPEAT_OF, t.number)), run_peak)
+            measured = self.on_run_peak(measurements.get(attrs.get(records.REPEAT_OF, t.number)), run_peak)
             if measured is not None:
                 row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
             rows.append(row)

@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 RECORD_ATTR = "tpu_tune"
 PROFILE_ATTR = "tpu_tune_profile"
 VERIFICATION_ATTR = "tpu_tune_verification"
-RECORD_FORMAT = 1
+# 2: each trial keeps its keys in one structured attribute (studies/trial_record.py). A worker of
+# format 1 reads only flat keys and would miscount this version's trials: it refuses a format-2
+# study; this version reads both, so it joins either.
+RECORD_FORMAT = 2
+JOINABLE_FORMATS = (1, 2)
 # Options every worker of a study takes from its record: the budget, what the objective is and
 # how a trial is timed and judged, the search (sampler, seed, agents), liveness (a worker that
 # judged others by a shorter grace period than theirs would fail their live trials).
@@ -122,9 +126,9 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
     if not isinstance(recorded, dict):
         raise UserInputError(f"--study {name}: the study exists but no tpu-tune worker recorded its workload "
                              f"(not created by tpu-tune, or its first worker died within {wait_s:.0f} s of creating it)")
-    if recorded.get("format") != RECORD_FORMAT:
+    if recorded.get("format") not in JOINABLE_FORMATS:
         raise UserInputError(f"--study {name}: recorded by another version of tpu-tune (format "
-                             f"{recorded.get('format')!r}, this one reads {RECORD_FORMAT})")
+                             f"{recorded.get('format')!r}, this one reads {', '.join(map(str, JOINABLE_FORMATS))})")
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise UserInputError(f"--study {name}: not a tpu-tune study (it maximises)")
     differing = join_differences(recorded, record["fingerprint"], space, record["options"])
@@ -194,8 +198,7 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
         return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
     assert worker.storage is not None
     while True:
-        fail_lost_trials(study, worker.storage, watch)
-        trials = study.get_trials(deepcopy=False)
+        trials = fail_lost_trials(study, worker.storage, watch)
         if not any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
             break
         time.sleep(worker.poll_s)
@@ -204,9 +207,9 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     if done is not None and done.get("measured") == measured:
         return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
     last = last_measured(trials)
-    if last is None or last.user_attrs.get(records.WORKER) == worker.id:
+    if last is None or records.attrs(last).get(records.WORKER) == worker.id:
         return None
-    return (f"worker {last.user_attrs.get(records.WORKER)} measured the study's last trial and verifies it "
+    return (f"worker {records.attrs(last).get(records.WORKER)} measured the study's last trial and verifies it "
             "(or run `tpu-tune study finish`)")
 
 

@@ -36,6 +36,7 @@ from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.fingerprint import fingerprint
 from tpu_tuner.studies.liveness import RunningWatch, Worker, set_liveness, trial_id_of
+from tpu_tuner.studies.trial_record import write_stored
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
@@ -233,9 +234,9 @@ def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage)
     `storage` is the one `study` was opened with: a trial of another process is annotated
     through it, by the trial's storage id (Optuna opens no `Trial` on a stored trial publicly)."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        trial_id = trial_id_of(storage, study, trial.number)
-        storage.set_trial_user_attr(trial_id, records.FAILURE_KIND, records.INTERRUPTED)
-        storage.set_trial_user_attr(trial_id, records.FAILURE_MESSAGE, "the run stopped while this trial was running")
+        write_stored(storage, trial_id_of(storage, study, trial.number), trial,
+                     {records.FAILURE_KIND: records.INTERRUPTED,
+                      records.FAILURE_MESSAGE: "the run stopped while this trial was running"})
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 

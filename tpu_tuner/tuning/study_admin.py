@@ -132,11 +132,12 @@ def study_status(storage: str, name: str) -> StudyStatus:
     states = Counter(t.state.name for t in trials)
     tallies: dict[str, WorkerTally] = {}
     for t in trials:
-        worker = t.user_attrs.get(records.WORKER)
+        attrs = records.attrs(t)
+        worker = attrs.get(records.WORKER)
         if worker is None:
             continue
-        tally = tallies.setdefault(worker, WorkerTally(worker, str(t.user_attrs.get(records.HOST, "?"))))
-        tally.measured += int(bool(t.user_attrs.get(records.MEASURED)) and records.REPEAT_OF not in t.user_attrs)
+        tally = tallies.setdefault(worker, WorkerTally(worker, str(attrs.get(records.HOST, "?"))))
+        tally.measured += int(bool(attrs.get(records.MEASURED)) and records.REPEAT_OF not in attrs)
         tally.running += int(t.state == optuna.trial.TrialState.RUNNING)
         tally.lost += int(is_lost(t))
     feasible = [t for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
@@ -148,12 +149,12 @@ def study_status(storage: str, name: str) -> StudyStatus:
         lost=sum(1 for t in trials if is_lost(t)), workers=list(tallies.values()),
         best_value=best.value if best else None,
         best_label=_label(best) if best else None,
-        best_host=str(best.user_attrs.get(records.HOST, "?")) if best else None,
+        best_host=str(records.attrs(best).get(records.HOST, "?")) if best else None,
         verification=recorded_verification(study),
         exclusions=[cause.describe(label) for cause in stored_causes(study.user_attrs)],
-        stopped_early=sum(1 for t in trials if records.STOPPED_EARLY in t.user_attrs
-                          and records.REPEAT_OF not in t.user_attrs),
-        excluded_asks=sum(1 for t in trials if records.EXCLUDED_BY in t.user_attrs),
+        stopped_early=sum(1 for a in map(records.attrs, trials) if records.STOPPED_EARLY in a
+                          and records.REPEAT_OF not in a),
+        excluded_asks=sum(1 for a in map(records.attrs, trials) if records.EXCLUDED_BY in a),
     )
 
 
@@ -169,10 +170,9 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     recorded_options = dict(record.get("options", {}))
     set_liveness(rdb, int(recorded_options.get("heartbeat_interval_s") or HEARTBEAT_INTERVAL_S),
                  recorded_options.get("grace_period_s"))
-    fail_lost_trials(study, rdb)
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    running = [t for t in fail_lost_trials(study, rdb) if t.state == optuna.trial.TrialState.RUNNING]
     if running and not now:
-        hosts = sorted({str(t.user_attrs.get(records.HOST, "?")) for t in running})
+        hosts = sorted({str(records.attrs(t).get(records.HOST, "?")) for t in running})
         raise UserInputError(f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
                              "that completes the budget verifies. Give --now to verify what is measured so far")
     profile_data = study.user_attrs.get(PROFILE_ATTR)
@@ -244,7 +244,7 @@ def _finish_in(run_dir: Path, study: optuna.Study, storage_url: str, options: Tu
 def _label(trial: optuna.trial.FrozenTrial) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
-    candidate = trial.user_attrs.get(records.CANDIDATE)
+    candidate = records.attrs(trial).get(records.CANDIDATE)
     if isinstance(candidate, dict):
         try:
             return Candidate.from_dict(candidate).describe()

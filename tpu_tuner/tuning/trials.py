@@ -9,7 +9,7 @@ what the run reports as it goes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler
+from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
@@ -113,15 +114,17 @@ class TuneTrials(Feature):
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
         self.clock = Clock(options.search.time_budget_s, started)
         self.out_of_time = False
+        # The best feasible objective so far, for progress lines: from the loop's read of the
+        # study (`observe`) and this worker's tells, not a read of the study a line.
+        self.best: float | None = None
 
     def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
-        trial.set_user_attr(records.WORKER, self.worker.id)
-        trial.set_user_attr(records.HOST, self.worker.host)
+        trial_attrs.record_claim(trial, self.worker.id, self.worker.host)
         params = self.space.suggest(trial)
         cause = self.learning.excluded_by(params)
         if cause is not None:
             # Never measured: the study knows it fails. Infeasible to the sampler, so TPE moves away.
-            trial.set_user_attr(records.EXCLUDED_BY, cause.key)
+            TrialRecord.of(trial).write({records.EXCLUDED_BY: cause.key})
             trial.set_constraint("excluded", 1.0)
             self.study.tell(trial, state=TrialState.PRUNED)
             log.debug("%s: excluded (%s), not measured", self._label(trial), cause.describe(label))
@@ -135,7 +138,8 @@ class TuneTrials(Feature):
         return covered_settings(trials)  # type: ignore[return-value]
 
     def spends(self, trial: FrozenTrial) -> bool:
-        return records.REJECTED_BY not in trial.user_attrs and records.EXCLUDED_BY not in trial.user_attrs
+        attrs = records.attrs(trial)
+        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
@@ -145,13 +149,12 @@ class TuneTrials(Feature):
     def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
         # Two workers asked for the same setting at once (TPE's lie about running trials makes it
         # rare): the lower trial number measures it.
-        trial.set_user_attr(records.REPEAT_OF, elsewhere.number)
-        trial.set_user_attr(records.IN_FLIGHT_ELSEWHERE, True)
+        TrialRecord.of(trial).write({records.REPEAT_OF: elsewhere.number, records.IN_FLIGHT_ELSEWHERE: True})
         self.study.tell(trial, state=TrialState.PRUNED)
         log.debug("%s: being measured by trial %d of another worker", self._label(trial), elsewhere.number)
 
     def tell_released(self, trial: optuna.Trial) -> None:
-        trial.set_user_attr(records.OVER_BUDGET, True)
+        TrialRecord.of(trial).write({records.OVER_BUDGET: True})
         self.study.tell(trial, state=TrialState.PRUNED)
         log.debug("%s: released, earlier trials hold the rest of the budget", self._label(trial))
 
@@ -178,13 +181,13 @@ class TuneTrials(Feature):
     def tell(self, claim: Claim, result: TrialRun) -> None:
         trial, label, objective = claim.trial, result.candidate.describe(), self.options.objective
         if result.rejection is not None:
-            trial.set_user_attr(records.REJECTED_BY, result.rejection)
+            TrialRecord.of(trial).write({records.REJECTED_BY: result.rejection})
             self.study.tell(trial, state=TrialState.PRUNED)
             self._progress(f"rejected {label} ({result.rejection})", claim.position)
             return
         outcome = result.outcome
-        trial.set_user_attr(records.MEASURED, True)
-        trial.set_user_attr(records.TRIAL_WALL_S, outcome.seconds)
+        # Stored with the measurement or the failure, in one write (trial_attrs.py).
+        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds})
         if outcome.ok and isinstance(outcome.value, EarlyStop):
             stop = outcome.value
             # What the worker measured, told to the pruner as Optuna's pruning interface is.
@@ -206,6 +209,8 @@ class TuneTrials(Feature):
             over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None else None
             verdict = ("infeasible (accuracy)" if m.accuracy_error > objective.tolerance
                        else f"infeasible ({over})" if over else "ok")
+            if verdict == "ok" and (self.best is None or value < self.best):
+                self.best = value
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
@@ -219,10 +224,11 @@ class TuneTrials(Feature):
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
+        self.best = _best(trials)
         for trial in trials:
             if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
                 self.told.add(trial.number)
-                _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, trial.user_attrs)
+                _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, records.attrs(trial))
         for cause in self.learning.update(self.study, trials):
             self.emit(Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left()))
         if self.pruner is not None:
@@ -237,7 +243,7 @@ class TuneTrials(Feature):
                        spent)
 
     def _progress(self, message: str, number: int) -> None:
-        self.emit(Progress("trial", message, number, self.options.search.trials, _best(self.study),
+        self.emit(Progress("trial", message, number, self.options.search.trials, self.best,
                            self.clock.elapsed(), _objective_name(self.bucketing), self.clock.left()))
 
     def _label(self, trial: optuna.Trial) -> str:
@@ -245,7 +251,7 @@ class TuneTrials(Feature):
 
 
 def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,
-                 attrs: dict[str, Any]) -> None:
+                 attrs: Mapping[str, Any]) -> None:
     """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
     ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
     kind = attrs.get(records.FAILURE_KIND)
@@ -273,9 +279,9 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
             f"MFU {m.mfu:.1%}")
 
 
-def _best(study: optuna.Study) -> float | None:
-    """The best feasible objective the study holds so far."""
-    values = [t.value for t in study.get_trials(deepcopy=False) if trial_attrs.is_feasible(t) and t.value is not None]
+def _best(trials: Sequence[FrozenTrial]) -> float | None:
+    """The best feasible objective of `trials` (the study as the loop read it)."""
+    values = [t.value for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
     return min(values) if values else None
 
 

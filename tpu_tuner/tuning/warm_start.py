@@ -133,7 +133,7 @@ def enqueue_warm_seeds(study: optuna.Study, seeds: list[WarmSeed]) -> None:
 
 
 def _candidate_of(trial: optuna.trial.FrozenTrial) -> Candidate | None:
-    stored = trial.user_attrs.get(records.CANDIDATE)
+    stored = records.attrs(trial).get(records.CANDIDATE)
     try:
         if isinstance(stored, Mapping):
             return Candidate.from_dict(stored)
@@ -177,7 +177,7 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
     # interleaved, which orders settings a few percent apart that one measurement each cannot
     # (benchmarks/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
     chosen = earlier.verified.best_trial if earlier.verified is not None else None
-    feasible.sort(key=lambda t: int(t.user_attrs.get(records.REPEAT_OF, t.number)) != chosen)
+    feasible.sort(key=lambda t: int(records.attrs(t).get(records.REPEAT_OF, t.number)) != chosen)
     for t in feasible:
         candidate = _candidate_of(t)
         if candidate is None or candidate in (baseline, base_candidate) or \
@@ -188,7 +188,7 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
             log.debug("warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number,
                       candidate.describe())
             continue
-        number = int(t.user_attrs.get(records.REPEAT_OF, t.number))
+        number = int(records.attrs(t).get(records.REPEAT_OF, t.number))
         if earlier.verified is not None and earlier.verified.applies_to(number, candidate, t is feasible[0]):
             speedup, verified = earlier.verified.speedup, True
         else:
