@@ -199,13 +199,11 @@ def _state(row) -> str:
 
 def _learned_section(result: "TuningResult", frame) -> list[str]:  # noqa: ANN001
     """What the search learned from its failures, and the trials it stopped early."""
-    from tpu_tuner.tuning.failures import label, stored_causes
-
-    causes = stored_causes(result.study.user_attrs)
+    causes = result.exclusions
     stopped = int(frame[records.STOPPED_EARLY].notna().sum()) if records.STOPPED_EARLY in frame else 0
     out = ["", "## What the search learned", ""]
     if causes:
-        out += [f"- {cause.describe(label)}" for cause in causes]
+        out += [f"- {words}" for words in causes]
         out += ["", "A setting holding an excluded value (or pair) is never measured again; the sampler redraws "
                 "proposals that hold one (docs/tuning.md, \"Failures, hopeless trials and the clock\")."]
     else:

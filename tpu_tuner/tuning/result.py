@@ -92,6 +92,13 @@ class TuningResult:
         return replace(m, peak_flops_per_s=peak, peak_dtype=dtype, mfu=mfu(m.model_flops_per_step, m.step_median, peak))
 
     @property
+    def exclusions(self) -> list[str]:
+        """What the search excluded, in words: each failure cause the study holds (tuning/failures.py)."""
+        from tpu_tuner.tuning.failures import label, stored_causes
+
+        return [cause.describe(label) for cause in stored_causes(self.study.user_attrs)]
+
+    @property
     def storage_shown(self) -> str:
         """The study's storage URL with its password masked (to show, never to connect)."""
         return _redact(self.storage_url)
