@@ -33,10 +33,13 @@ MAX_NPROC = 64
 
 
 def default_trial_settings() -> ProfilerSettings:
-    """Shorter timing than a profile's: a trial needs a good median, not a full report."""
+    """Shorter timing than a profile's: a trial's median only ranks it (the race re-measures the
+    leaders interleaved, and the verification the best), so 5 steps, at least 0.5 s; on the
+    examples/gpt.py grid the timed steps were two thirds of the search's wall time at 10 steps
+    (docs/search-efficiency.md)."""
     from tpu_tuner.profiling.settings import ProfilerSettings
 
-    return ProfilerSettings(timing_min_steps=10, timing_min_seconds=0.5, timing_max_steps=100)
+    return ProfilerSettings(timing_min_steps=5, timing_min_seconds=0.5, timing_max_steps=100)
 
 
 @dataclass(frozen=True)
