@@ -64,6 +64,7 @@ class TableRunner:
 
     def __init__(self, study: optuna.Study) -> None:
         self.table: dict[str, tuple[JobResult, float]] = {}
+        self.values: dict[str, float] = {}  # the grid's objective of each feasible setting
         for trial in study.trials:
             m = trial_attrs.measurement_of(trial)
             attrs = records.attrs(trial)
@@ -71,6 +72,8 @@ class TableRunner:
             wall = float(attrs.get("trial_wall_s") or 0.0)
             if m is not None:
                 self.table[_key(m.candidate)] = (JobResult(value=m, seconds=wall), wall)
+                if trial_attrs.is_feasible(trial) and trial.value is not None:
+                    self.values[_key(m.candidate)] = float(trial.value)
             elif attrs.get("failure_kind") and key:
                 failure = TrialFailure(attrs["failure_kind"], "from table")
                 self.table[_key(key)] = (JobResult(failure=failure, seconds=wall), wall)
@@ -140,13 +143,16 @@ def trials_to_target(study: optuna.Study, target: float) -> int | None:
     return None
 
 
-def seconds_to_target(study: optuna.Study, target: float) -> float | None:
+def seconds_to_target(study: optuna.Study, target: float, runner: TableRunner) -> float | None:
     """Wall-clock seconds of the measured trials (the grid's, or a pruned trial's share of them)
-    until the best feasible amortised step is within `target`."""
+    until the search has measured a setting within `target`: judged by the grid's own figure for
+    that setting, so that a search timing fewer steps is held to the same settings, not to its
+    noisier estimate of them; a trial stopped early found nothing."""
     spent = 0.0
     for trial in _measured(study):
         spent += float(records.attrs(trial).get("trial_wall_s") or 0.0)
-        if trial_attrs.is_feasible(trial) and trial.value is not None and trial.value <= target:
+        grid_value = runner.values.get(_key(records.attrs(trial).get("candidate") or {}))
+        if trial_attrs.is_feasible(trial) and grid_value is not None and grid_value <= target:
             return spent
     return None
 
@@ -185,6 +191,8 @@ def main() -> None:
     parser.add_argument("--reprofile", action="store_true",
                         help="profile the workload again with this version and let the agents read that "
                              "profile (a grid run made before the profile recorded what the agents now read)")
+    parser.add_argument("--wall-only", action="store_true",
+                        help="only the wall-clock replays (before against now), not the samplers' tables")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -216,7 +224,7 @@ def main() -> None:
 
     verdicts = []
     gaps_by: dict[tuple[str, bool], list[float]] = {}
-    for seeded in (True, False):
+    for seeded in (() if args.wall_only else (True, False)):
         title = "with the agents' seeds (as tpu-tune runs)" if seeded else "samplers alone (no seeds)"
         print(f"\n{title}, {args.seeds} seeds:")
         print(f"{'sampler':8} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
@@ -246,15 +254,16 @@ def main() -> None:
             "5 timed steps alone (no pruning)": (False, default_trial_settings()),
             "now (5 timed steps, pruning on)": (True, default_trial_settings())}
     walls: dict[str, list[float | None]] = {}
+    whole_by: dict[str, list[float]] = {}
     for name, (prune, settings) in arms.items():
         studies = [replay(grid, runner, "tpe", seed, budget, True, prune=prune, trial_settings=settings)
                    for seed in range(args.seeds)]
-        walls[name] = [seconds_to_target(study, target) for study in studies]
+        walls[name] = [seconds_to_target(study, target, runner) for study in studies]
         shown = ", ".join("-" if w is None else f"{w:.0f}" for w in walls[name])
         reached = [w for w in walls[name] if w is not None]
         summary = f"median {statistics.median(reached):.0f} s, worst {max(reached):.0f} s" if reached else "never"
-        whole = statistics.median(sum(float(records.attrs(t).get("trial_wall_s") or 0.0) for t in _measured(s))
-                                  for s in studies)
+        whole_by[name] = [sum(float(records.attrs(t).get("trial_wall_s") or 0.0) for t in _measured(s)) for s in studies]
+        whole = statistics.median(whole_by[name])
         print(f"  {name:38}: reached {len(reached)}/{len(studies)}, {summary}; whole search of {budget} "
               f"trials median {whole:.0f} s; per seed {shown}")
     before, now = walls["before (10 timed steps, no pruning)"], walls["now (5 timed steps, pruning on)"]
@@ -266,9 +275,19 @@ def main() -> None:
               f"all together {total:.0%}")
         verdicts.append((f"wall-clock to the target now <= 60% of before (all seeds that reached it together "
                          f"{total:.0%})", total <= 0.60))
-    tpe, random_alone = statistics.mean(gaps_by["tpe", True]), statistics.mean(gaps_by["random", False])
-    verdicts.append((f"TPE + seeds nearer the grid's best than random search at equal budget (mean best/grid "
-                     f"{tpe:.3f}x against {random_alone:.3f}x)", tpe < random_alone))
+    # Every seed: one that never reached the target counts its whole search's wall time, a lower
+    # bound of its time to the target (a censored figure), so a search that misses is not dropped.
+    censored = {name: [w if w is not None else whole_by[name][i] for i, w in enumerate(walls[name])] for name in walls}
+    before_all, now_all = (statistics.median(censored[name]) for name in ("before (10 timed steps, no pruning)",
+                                                                          "now (5 timed steps, pruning on)"))
+    print(f"  every seed, a miss counted as its whole search (a lower bound): median before {before_all:.0f} s, "
+          f"now {now_all:.0f} s: {now_all / before_all:.0%}")
+    verdicts.append((f"median wall-clock to the target over every seed now <= 60% of before ({now_all / before_all:.0%})",
+                     now_all <= 0.60 * before_all))
+    if not args.wall_only:
+        tpe, random_alone = statistics.mean(gaps_by["tpe", True]), statistics.mean(gaps_by["random", False])
+        verdicts.append((f"TPE + seeds nearer the grid's best than random search at equal budget (mean best/grid "
+                         f"{tpe:.3f}x against {random_alone:.3f}x)", tpe < random_alone))
     print()
     for claim, held in verdicts:
         print(f"{'PASS' if held else 'FAIL'}  {claim}")
