@@ -31,6 +31,9 @@ RECOMPILE_SHARE = 0.3
 # then takes the fullest plan the time left allows).
 RESERVED_RACE_TOP = 3
 RESERVED_VERIFY_ROUNDS = 6
+# Kept for what follows the verification: the run folder's reports and plots, and the process's
+# exit (on examples/gpt.py the last progress line came 5 s before the process ended).
+WRAP_UP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Clock:
     def left(self) -> float | None:
         """Seconds left of the budget (never negative), or None without one."""
         return None if self.budget_s is None else max(0.0, self.budget_s - self.elapsed())
+
+    def left_to_work(self) -> float | None:
+        """Seconds left for measuring: the budget's left less `WRAP_UP_S` for writing the results."""
+        left = self.left()
+        return None if left is None else max(0.0, left - WRAP_UP_S)
 
     def describe_left(self) -> str:
         left = self.left()
@@ -134,9 +142,9 @@ def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
 def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     """Whether one more trial (as long as the median one so far) fits before the room kept for
     the finish: a race of `RESERVED_RACE_TOP` leaders and `RESERVED_VERIFY_ROUNDS` rounds."""
-    left = clock.left()
-    if left is None:
-        return True
+    left = clock.left_to_work()
+    if left is None or next_trial_seconds(trials) == 0.0:
+        return True  # no budget, or nothing measured yet: the baseline is measured whatever the clock
     reserved = plan_finish(trials, RESERVED_RACE_TOP, RESERVED_VERIFY_ROUNDS, None)
     return left - next_trial_seconds(trials) > reserved.seconds
 

@@ -216,7 +216,8 @@ def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, option
                  agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
     clock = Clock(options.search.time_budget_s, started)
-    plan = plan_finish(study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds, clock.left())
+    plan = plan_finish(study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds,
+                       clock.left_to_work())
     emit(_event("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}",
                 options, started))
 

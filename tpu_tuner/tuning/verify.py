@@ -96,7 +96,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     # The search's leaders, raced interleaved: one measurement each cannot order settings a few
     # percent apart (tuning/race.py).
     race_entries: list[RaceEntry] = []
-    left = clock.left() if clock is not None else None
+    left = clock.left_to_work() if clock is not None else None
     plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, left)
     contenders = leaders(study, baseline_params)[:plan.race_top]
     if len(contenders) > 1:
@@ -108,7 +108,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
 
     # What the verification itself can afford once the race is run.
     plan = plan_finish(study.get_trials(deepcopy=False), 0, options.objective.verify_rounds,
-                       clock.left() if clock is not None else None)
+                       clock.left_to_work() if clock is not None else None)
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
