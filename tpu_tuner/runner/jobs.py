@@ -117,7 +117,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         del outputs  # the gathered whole gradients: not part of the step's memory
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
         steady = list(warmup.steady_steps)
-        compile_estimate = first_call + warmup.seconds - (warmup.steps + 1) * min(steady) if steady else first_call
+        # The compile's share of the first call and warm-up (never below 0: steps vary).
+        compile_estimate = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * min(steady)) if steady else first_call
         if rule is not None and rule.hopeless(steady, compile_estimate):
             return EarlyStop(candidate.to_dict(), "steps", rule.explain(steady, compile_estimate), steady, first_call,
                              compile_estimate, rule.optimistic(steady, compile_estimate), errors)
