@@ -5,8 +5,9 @@ stops starting trials once the next one (as long as the trials so far took, at t
 eat into what the race and the verification need, estimated from the measured settings
 themselves: each setting compared is built and warmed up once (its compile, a few steps) and then
 runs one step a round. When less time is left than the full finish needs, the finish shrinks in
-the order that costs the claim least: fewer leaders raced, then no race, then fewer verification
-rounds (never under `MIN_VERIFY_ROUNDS`), then no knob-by-knob contributions.
+the order that costs the claim least: fewer leaders raced, then no race, then no knob-by-knob
+contributions (each reverted knob is a setting compiled afresh), then fewer
+verification rounds (never under `MIN_VERIFY_ROUNDS`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ WARMUP_STEPS = 3  # steps a compared setting runs before its first timed round (
 # A setting compared after the search compiles again, mostly from the compiler's cache: on
 # examples/gpt.py a graph compiled cold in 15.1 s compiled again in 0.8 s. A third is a margin.
 RECOMPILE_SHARE = 0.3
-# What the search keeps room for: a race of a few leaders and a short verification (the finish
-# then takes the fullest plan the time left allows).
+# What the search keeps room for: a race of a few leaders and a short verification without the
+# knob-by-knob contributions (the finish then takes the fullest plan the time left allows).
 RESERVED_RACE_TOP = 3
 RESERVED_VERIFY_ROUNDS = 6
 # Kept for what follows the verification: the run folder's reports and plots, and the process's
@@ -82,8 +83,10 @@ class _Setting:
     step_s: float
     compile_s: float
 
-    def build_s(self) -> float:
-        return RECOMPILE_SHARE * self.compile_s + WARMUP_STEPS * self.step_s
+    def build_s(self, cached: bool = True) -> float:
+        """Building and warming it up again: its compile mostly from the cache when the search
+        compiled this very setting, in full when not (a knob reverted makes a new setting)."""
+        return (RECOMPILE_SHARE if cached else 1.0) * self.compile_s + WARMUP_STEPS * self.step_s
 
 
 def _measured(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, _Setting]]:
@@ -109,8 +112,10 @@ def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_kn
     if plan.race_top > 1:
         raced = [baseline, *leaders]
         race = sum(s.build_s() for s in raced) + plan.race_rounds * sum(s.step_s for s in raced)
-    verified = [baseline, best] + ([best] * differing_knobs if plan.ablations else [])
-    verify = sum(s.build_s() for s in verified) + plan.verify_rounds * sum(s.step_s for s in verified)
+    ablated = [best] * differing_knobs if plan.ablations else []
+    verified = [baseline, best, *ablated]
+    verify = (baseline.build_s() + best.build_s() + sum(s.build_s(cached=False) for s in ablated)
+              + plan.verify_rounds * sum(s.step_s for s in verified))
     return race + verify
 
 
@@ -123,9 +128,10 @@ def plan_finish(trials: Sequence[FrozenTrial], race_top: int, verify_rounds: int
     for top in range(race_top - 1, 1, -1):
         plans.append(replace(full, race_top=top))
     plans.append(replace(full, race_top=0))
+    # Each knob reverted is a setting never compiled before: the contributions go before rounds.
+    plans.append(replace(full, race_top=0, ablations=False))
     for rounds in range(verify_rounds - 2, fewest - 1, -2):
-        plans.append(replace(full, race_top=0, verify_rounds=rounds))
-    plans.append(replace(full, race_top=0, verify_rounds=fewest, ablations=False))
+        plans.append(replace(full, race_top=0, verify_rounds=rounds, ablations=False))
     costed = [replace(p, seconds=finish_seconds(trials, p, differing_knobs)) for p in plans]
     if seconds_left is None:
         return costed[0]
@@ -145,7 +151,8 @@ def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     left = clock.left_to_work()
     if left is None or next_trial_seconds(trials) == 0.0:
         return True  # no budget, or nothing measured yet: the baseline is measured whatever the clock
-    reserved = plan_finish(trials, RESERVED_RACE_TOP, RESERVED_VERIFY_ROUNDS, None)
+    reserved = FinishPlan(RESERVED_RACE_TOP, 4, RESERVED_VERIFY_ROUNDS, False, 0.0)
+    reserved = replace(reserved, seconds=finish_seconds(trials, reserved))
     return left - next_trial_seconds(trials) > reserved.seconds
 
 
