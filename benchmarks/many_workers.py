@@ -94,10 +94,12 @@ def _space():  # noqa: ANN202
     return SearchSpace.load("default", "cpu")  # thousands of settings: 40 trials never cover it
 
 
-def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[float, float, int, int]:
+def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[float, float, int, int, int]:
     """One worker's search loop on study `name`: (start, end, trials it measured, SQL statements
-    it sent), times as `time.time()` (comparable across processes and with the trials' completion
-    times). The heartbeat thread's statements are counted too (same engine)."""
+    it sent, transactions it committed), times as `time.time()` (comparable across processes and
+    with the trials' completion times). The heartbeat thread's are counted too (same engine). A
+    transaction costs a round trip or two besides its statements (BEGIN, COMMIT), which the
+    statement count does not see."""
     import optuna
 
     from tpu_tuner.studies import records
@@ -112,20 +114,21 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     study = optuna.load_study(study_name=name, storage=storage,
                               sampler=build_sampler(options, space, shared=shared, first=not shared))
     worker = Worker.this_process(storage)
-    statements = [0]
+    statements, commits = [0], [0]
     if storage is not None:
         from sqlalchemy import event
 
         event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.__setitem__(0, statements[0] + 1))
+        event.listen(storage.engine, "commit", lambda *args: commits.__setitem__(0, commits[0] + 1))
     started = time.time()
     run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(), worker=worker)
     ended = time.time()
-    counted = statements[0]
+    counted, committed = statements[0], commits[0]
     mine = sum(1 for t in study.get_trials(deepcopy=False)
                if (attrs := records.attrs(t)).get("worker") == worker.id and attrs.get("measured"))
     if storage is not None:
         storage.engine.dispose()
-    return started, ended, mine, counted
+    return started, ended, mine, counted, committed
 
 
 def _child(url: str, name: str, trials: int, barrier, results) -> None:  # noqa: ANN001
@@ -133,13 +136,13 @@ def _child(url: str, name: str, trials: int, barrier, results) -> None:  # noqa:
     results.put(_run_loop(url, name, trials, shared=True))
 
 
-def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, float, float, float, float]:
+def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, float, float, float, float, float]:
     """Milliseconds per measured trial of one study of `trials` trials on `workers` workers:
     from the start to the last worker's end; to the last trial's completion (the difference: a
     worker that found the rest of the budget running elsewhere sleeps one poll, `Worker.poll_s`,
     before it looks again and ends); over the first and the last quarter of the trials (does a
     trial cost more as the study grows? the loop reads the whole study every trial); and the SQL
-    statements sent per measured trial."""
+    statements sent and transactions committed per measured trial."""
     import optuna
 
     from tpu_tuner.studies import records
@@ -156,7 +159,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
         start = time.time()
         run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(),
                    worker=Worker.this_process(None))
-        spans = [(start, time.time(), sum(1 for t in study.trials if records.attrs(t).get("measured")), 0)]
+        spans = [(start, time.time(), sum(1 for t in study.trials if records.attrs(t).get("measured")), 0, 0)]
         done = study.get_trials(deepcopy=False)
     else:
         storage = open_storage(url, 1)
@@ -184,7 +187,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     first_q = (told[quarter - 1] - start) * 1e3 / quarter
     last_q = (told[-1] - told[-quarter - 1]) * 1e3 / quarter
     return ((max(s[1] for s in spans) - start) * 1e3 / measured, (told[-1] - start) * 1e3 / measured, first_q, last_q,
-            sum(s[3] for s in spans) / measured)
+            sum(s[3] for s in spans) / measured, sum(s[4] for s in spans) / measured)
 
 
 def overhead(trials: int, repeats: int) -> None:
@@ -207,13 +210,13 @@ def overhead(trials: int, repeats: int) -> None:
     print(f"\nms per measured trial, {trials} trials a study, {repeats} interleaved repeats (median, min-max): wall "
           f"to the last worker's end; to the last trial told; over the first and the last {quarter} trials")
     print(f"{'storage':12} {'workers':>7} {'to end':>8} {'range':>13} {'to last tell':>13} {'range':>13} "
-          f"{'first ' + str(quarter):>9} {'last ' + str(quarter):>9} {'SQL/trial':>9}")
+          f"{'first ' + str(quarter):>9} {'last ' + str(quarter):>9} {'SQL/trial':>9} {'txn/trial':>9}")
     for i, (label, _, workers) in enumerate(configs):
         ends, tells = [f[0] for f in figures[i]], [f[1] for f in figures[i]]
         print(f"{label:12} {workers:>7} {statistics.median(ends):8.1f} {f'{min(ends):.1f}-{max(ends):.1f}':>13} "
               f"{statistics.median(tells):13.1f} {f'{min(tells):.1f}-{max(tells):.1f}':>13} "
               f"{statistics.median(f[2] for f in figures[i]):9.1f} {statistics.median(f[3] for f in figures[i]):9.1f} "
-              f"{statistics.median(f[4] for f in figures[i]):9.0f}")
+              f"{statistics.median(f[4] for f in figures[i]):9.0f} {statistics.median(f[5] for f in figures[i]):9.0f}")
 
 
 # --- 2. a 12-trial study on 1 and 2 workers -------------------------------------------------------
