@@ -8,7 +8,8 @@ parameters, that no success holds. A suspect is the cause once
 
 * at least `MIN_FAILURES` failures hold it (one failure may be chance: a flaky host, a lost rank),
 * no other suspect is held by every failure it is held by (when two values always came together,
-  the study cannot tell which one fails: a probe does), and
+  the study cannot tell which one fails: a probe does; meanwhile the pair of them is the cause,
+  since a setting holding both fails whichever it is), and
 * for a pair, neither value is a suspect alone (a value that fails everywhere is no combination).
 
 The probe for two suspects that always came together is the failing setting with one of them
@@ -152,7 +153,13 @@ def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evid
                 continue
             rivals = [other for other, theirs in suspects.items() if other != combo and numbers <= theirs]
             if rivals:
-                ties += [(combo, other) for other in rivals if suspects[other] == numbers and combo < other]
+                for other in rivals:
+                    if suspects[other] == numbers and combo < other:
+                        ties.append((combo, other))
+                        # Whichever of the two it is, a setting holding both fails: the pair is
+                        # excluded now, and the probe settles which one alone.
+                        if len(combo) == len(other) == 1:
+                            found.append(_cause(kind, combo + other, failures, successes, words))
                 continue
             found.append(_cause(kind, combo, failures, successes, words))
     return found, ties
