@@ -22,7 +22,8 @@ FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps
 
 def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(postgres, tmp_path) -> None:
     url = postgres.url("secret", PASSWORD)
-    options = TuneOptions(trials=3, sampler="grid", agents=(), verify_rounds=2, storage=url,
+    # Every trial measured to the end (no pruning): the test reads three complete trials back.
+    options = TuneOptions(trials=3, sampler="grid", agents=(), verify_rounds=2, storage=url, prune=False,
                           space=FIXTURES / "eager_precision_space.toml",
                           out=tmp_path, trial_timeout_s=60.0, trial_settings=FAST)
     result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
