@@ -94,14 +94,15 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
-    first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3))
+    # No pruning: the test counts every setting of the grid measured to the end.
+    first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3, prune=False))
     before = {t.number: (t.params, t.value, t.state) for t in first.study.trials}
     # Simulate a run killed mid-trial: a trial left RUNNING in the storage.
     storage = json.loads((first.run_dir / "run.json").read_text())
     study = optuna.load_study(study_name=storage["study_name"], storage=storage["storage"])
     orphan = study.ask({"matmul_precision": optuna.distributions.CategoricalDistribution(["highest", "high", "medium"]),
                         "autocast": optuna.distributions.CategoricalDistribution(["none", "bfloat16"])})
-    resumed = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=6, resume=first.run_dir))
+    resumed = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=6, resume=first.run_dir, prune=False))
     trials = resumed.study.trials
     assert resumed.run_dir == first.run_dir
     for number, (params, value, state) in before.items():  # completed trials kept as they were
