@@ -36,7 +36,7 @@ from tpu_tuner.tuning.failures import FailureLearning, label
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
-from tpu_tuner.tuning.pruning import HopelessPruner
+from tpu_tuner.tuning.pruning import HopelessPruner, best_objective
 from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class TuneTrials(Feature):
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
-        self.best = _best(trials)
+        self.best = best_objective(trials)
         for trial in trials:
             if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
                 self.told.add(trial.number)
@@ -277,12 +277,6 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
                 f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}")
     return (f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
             f"MFU {m.mfu:.1%}")
-
-
-def _best(trials: Sequence[FrozenTrial]) -> float | None:
-    """The best feasible objective of `trials` (the study as the loop read it)."""
-    values = [t.value for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
-    return min(values) if values else None
 
 
 __all__ = ["SearchEnd", "TrialRun", "TuneTrials", "run_search"]
