@@ -30,16 +30,23 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
+STATEMENTS: dict[str, list[int]] = {}
+_executed = [0]
+
+
 def _timed(costs: dict[str, list[float]], step: str, call: Callable[[], Any]) -> Any:
+    before = _executed[0]
     started = time.perf_counter()
     result = call()
     costs.setdefault(step, []).append((time.perf_counter() - started) * 1e3)
+    STATEMENTS.setdefault(step, []).append(_executed[0] - before)
     return result
 
 
 def operations(trials: int) -> dict[str, list[float]]:
     """Each step's milliseconds, one entry a trial."""
     import optuna
+    import sqlalchemy
 
     from many_workers import InstantRunner, _loop_options, _space
     from postgres_server import running_server
@@ -53,6 +60,8 @@ def operations(trials: int) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {}
     with running_server() as server:
         storage = open_storage(server.url("tune"), 1)
+        sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
+                                lambda *args: _executed.__setitem__(0, _executed[0] + 1))
         study = optuna.create_study(storage=storage, study_name=f"operations-{uuid.uuid4().hex[:8]}",
                                     direction="minimize", sampler=build_sampler(options, space))
         for _ in range(trials):
@@ -83,10 +92,12 @@ def main() -> None:
     costs = operations(args.trials)
     skip = min(10, args.trials - 1)
     medians = {step: statistics.median(values[skip:]) for step, values in costs.items()}
+    statements = {step: statistics.median(values[skip:]) for step, values in STATEMENTS.items()}
     print(f"ms per trial, median over trials {skip + 1}-{args.trials} (load {os.getloadavg()[0]:.2f})")
+    print(f"{'step':34} {'ms':>7} {'SQL':>5}")
     for step, median in medians.items():
-        print(f"{step:34} {median:7.2f}")
-    print(f"{'sum':34} {sum(medians.values()):7.2f}")
+        print(f"{step:34} {median:7.2f} {statements[step]:5.0f}")
+    print(f"{'sum':34} {sum(medians.values()):7.2f} {sum(statements.values()):5.0f}")
 
 
 if __name__ == "__main__":
