@@ -37,9 +37,18 @@ NATIVE_OPTIONAL_CALLABLES = ("loss", "make_optimizer", "sample_lengths", "model_
 def load_workload(path: str | Path) -> Workload:
     """Import `path` and return the workload it defines, or raise `WorkloadError`. A decoder
     shape (a .toml file or an inline ``decoder:d_model=...,layers=...`` spec) needs no code: the
-    generic decoder of tpu_tuner/model/decoder.py is built from it."""
+    generic decoder of tpu_tuner/model/decoder.py is built from it; an ``hf:`` source names a
+    Hugging Face model (model/hf_source.py)."""
     from tpu_tuner.model.decoder import is_shape_source, shape_module
+    from tpu_tuner.model.hf_source import is_hf_source
 
+    if is_hf_source(path):
+        from tpu_tuner.model.hf_workload import hf_module
+
+        module = hf_module(str(path))
+        workload = _native_workload(module, Path(str(path)))
+        return replace(workload, name=module.NAME, source=Path(str(path)), hf_config=module.HF_CONFIG,
+                       hf_task=module.HF_TASK)
     if is_shape_source(path):
         module = shape_module(path)
         workload = _native_workload(module, Path(str(path)))

@@ -51,6 +51,9 @@ class Workload:
     presets: tuple[str, ...] = ()
     transformer_for_preset: Callable[[str], dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+    # A Hugging Face model (an ``hf:`` source): its transformers config and the task its step runs.
+    hf_config: Any = None
+    hf_task: str | None = None
 
     def model_for_preset(self, preset: str | None) -> torch.nn.Module:
         """Build the model at a named size (``PRESETS`` in the file), or the default one."""

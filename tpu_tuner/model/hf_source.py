@@ -1,0 +1,229 @@
+"""A Hugging Face model named on the command line: ``hf:`` plus where its config comes from.
+
+    hf:./Llama-3.2-1B/                         a local folder holding config.json
+    hf:Qwen/Qwen2.5-0.5B                        a hub id: config only, from the local hub cache,
+                                                or fetched where the machine has a network
+    hf:llama?hidden_size=512,num_hidden_layers=4  a transformers model type with overrides
+    hf:./bert-base/#inference                   after ``#``: workload options (inference,
+                                                weights, task=causal-lm|masked-lm|seq2seq|classification)
+
+Overrides (``?key=value,...``) apply to any of the three and must name a key the config knows.
+The CLI writes ``--inference`` and ``--weights`` into the ``#`` part, so the source string alone
+rebuilds the same workload in every worker process (workers load a workload from its path).
+
+Only the config is read here (transformers' ``AutoConfig``); `model/hf_workload.py` builds the
+model. Every problem is one `UserInputError` naming the source, raised within seconds: a hub id
+that is neither cached nor reachable is refused after a 3 s connection probe instead of
+transformers' own retries (27 s measured on a machine with no network).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlparse
+
+from tpu_tuner.core.errors import UserInputError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+PREFIX = "hf:"
+TASKS = ("causal-lm", "masked-lm", "seq2seq", "classification")
+OPTIONS = ("inference", "weights", "task")
+INSTALL_HINT = "Hugging Face models need the transformers package: pip install 'tpu-tune[hf]'"
+HUB_PROBE_TIMEOUT_S = 3.0
+
+Kind = Literal["directory", "hub", "type"]
+
+
+@dataclass(frozen=True)
+class HfSource:
+    """What an ``hf:`` source names: the config's origin, its overrides and the workload options."""
+
+    text: str  # the source as written (the workload's path in every process)
+    kind: Kind
+    location: str  # the folder, the hub id or the model type
+    overrides: dict[str, Any] = field(default_factory=dict)
+    inference: bool = False
+    weights: bool = False
+    task: str | None = None  # None: the head the config declares (causal LM first)
+
+    @property
+    def name(self) -> str:
+        """A short name for run folders and reports: the folder's or repository's last part, or
+        the model type."""
+        if self.kind == "type":
+            return self.location
+        return Path(self.location.rstrip("/")).name or self.location
+
+    def with_options(self, inference: bool = False, weights: bool = False) -> str:
+        """The source text with these workload options added (what the CLI passes on)."""
+        options = [o for o in self.text.partition("#")[2].split(",") if o]
+        options += [o for o, on in (("inference", inference), ("weights", weights)) if on and o not in options]
+        return self.text.partition("#")[0] + ("#" + ",".join(options) if options else "")
+
+
+def is_hf_source(path: str | Path) -> bool:
+    """Whether `path` names a Hugging Face model (``hf:...``)."""
+    return str(path).startswith(PREFIX)
+
+
+def parse(text: str | Path) -> HfSource:
+    """Split an ``hf:`` source into its parts; a malformed one is a one-line `UserInputError`."""
+    text = str(text)
+    body, _, fragment = text[len(PREFIX):].partition("#")
+    location, _, query = body.partition("?")
+    if not location:
+        raise UserInputError("hf: needs a config folder, a hub id or a model type after it", text)
+    options = _options(fragment, text)
+    kind: Kind
+    if location.startswith((".", "/", "~")) or Path(location).expanduser().is_dir():
+        kind = "directory"
+    elif "/" in location:
+        kind = "hub"
+    else:
+        kind = "type"
+    return HfSource(text=text, kind=kind, location=location, overrides=_overrides(query, text),
+                    inference=bool(options.get("inference")), weights=bool(options.get("weights")),
+                    task=options.get("task"))
+
+
+def _options(fragment: str, text: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, fragment.split(",")):
+        key, sep, value = item.partition("=")
+        if key not in OPTIONS:
+            raise UserInputError(f"unknown option {key!r} after '#'; known: {', '.join(OPTIONS)}", text)
+        if key == "task":
+            if value not in TASKS:
+                raise UserInputError(f"task {value!r} is not one of {', '.join(TASKS)}", text)
+            options[key] = value
+        else:
+            options[key] = True if not sep else value.lower() in ("1", "true", "yes")
+    if options.get("weights") and options.get("task") is not None:
+        raise UserInputError("--weights loads the head the checkpoint was saved with; drop task=", text)
+    return options
+
+
+def _overrides(query: str, text: str) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for item in filter(None, query.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserInputError(f"{item!r} is not key=value", text)
+        overrides[key.strip()] = _value(value.strip())
+    return overrides
+
+
+def _value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_config(source: HfSource) -> PretrainedConfig:
+    """The transformers config `source` names, overrides applied (`UserInputError` otherwise)."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise UserInputError(INSTALL_HINT, source.text) from exc
+    transformers.logging.set_verbosity_error()  # its config warnings would reach the user's terminal
+    if source.kind == "type":
+        return _config_for_type(source, transformers)
+    if source.kind == "directory":
+        folder = Path(source.location).expanduser()
+        if not folder.is_dir():
+            raise UserInputError(f"no such folder: {folder}", source.text)
+        if not (folder / "config.json").is_file():
+            raise UserInputError(f"no config.json in {folder}", source.text)
+        return _from_pretrained(transformers, str(folder), source, local_only=True)
+    return _hub_config(source, transformers)
+
+
+def _config_for_type(source: HfSource, transformers: Any) -> PretrainedConfig:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if source.location not in CONFIG_MAPPING_NAMES:
+        close = difflib.get_close_matches(source.location, list(CONFIG_MAPPING_NAMES), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UserInputError(f"unknown transformers model type {source.location!r}{hint}", source.text)
+    try:
+        default = transformers.AutoConfig.for_model(source.location)
+        _check_keys(default, source.overrides, source)
+        # Overrides go through the config's constructor, so what it derives (a head dimension
+        # from the width and the heads) follows them.
+        return transformers.AutoConfig.for_model(source.location, **source.overrides)
+    except UserInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad config
+        raise UserInputError(f"cannot make a {source.location} config: {_one_line(exc)}", source.text) from exc
+
+
+def _check_keys(config: PretrainedConfig, overrides: dict[str, Any], source: HfSource) -> None:
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UserInputError(f"{type(config).__name__} has no setting {key!r}{hint}", source.text)
+
+
+def _hub_config(source: HfSource, transformers: Any) -> PretrainedConfig:
+    try:
+        return _from_pretrained(transformers, source.location, source, local_only=True)
+    except UserInputError as exc:
+        if "has no setting" in str(exc):
+            raise
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise UserInputError(f"{source.location} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
+                             source.text)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    reason = _unreachable(endpoint)
+    if reason:
+        raise UserInputError(f"{source.location} is not in the local Hugging Face cache and {endpoint} cannot be "
+                             f"reached ({reason}); put its config.json in a folder and pass hf:./that-folder",
+                             source.text)
+    return _from_pretrained(transformers, source.location, source, local_only=False)
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why the hub at `endpoint` cannot be reached within a few seconds, or None."""
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=HUB_PROBE_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def _from_pretrained(transformers: Any, location: str, source: HfSource, local_only: bool) -> PretrainedConfig:
+    try:
+        config, unused = transformers.AutoConfig.from_pretrained(
+            location, local_files_only=local_only, return_unused_kwargs=True, **source.overrides)
+    except Exception as exc:  # noqa: BLE001 - OSError, ValueError (unknown model_type), JSON errors
+        raise UserInputError(f"cannot read the config of {location}: {_one_line(exc)}", source.text) from exc
+    if unused:
+        _check_keys(config, dict(unused), source)
+    return config
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__ = ["HfSource", "INSTALL_HINT", "PREFIX", "TASKS", "is_hf_source", "load_config", "parse"]
