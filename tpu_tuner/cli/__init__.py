@@ -70,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
         handler.addFilter(RedactingFilter())
     try:
+        if getattr(args, "model_file", None) is not None and args.command != "plan":
+            from tpu_tuner.cli.common import model_source
+
+            args.model_file = model_source(args)
         return args.handler(args)
     except TpuTuneError as exc:
         if args.debug:

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.cli.common import add_out, default_of
+from tpu_tuner.cli.common import add_hf_args, add_out, default_of
 
 NAME = "buckets"
 HELP = "choose shape buckets for inputs of varying length (few compiles, little padding)"
@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return default_of(BucketOptions, name)
 
     parser.add_argument("model_file", type=Path, help="a workload whose make_batch(batch, seq_len) takes any length")
+    add_hf_args(parser)
     parser.add_argument("--lengths", dest="lengths_file", metavar="LENGTHS", type=Path, default=default("lengths_file"),
                         help="length sample: CSV (a 'length' column) or one number a line "
                              "(default: the file's sample_lengths())")

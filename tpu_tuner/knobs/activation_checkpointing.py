@@ -12,7 +12,10 @@ are all one class with submodules of their own (transformer layers, ResNet stage
 outermost such container only. Each chosen block's forward runs through
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` while gradients are recorded; under
 ``no_grad`` (inference, evaluation) it runs plainly. A model without repeated blocks is refused
-with that reason. On TPU too: torch-tpu 0.2.0's compile keeps the recomputation (its FX pass
+with that reason. A Hugging Face model checkpoints through its own switch
+(``activation_checkpointing_enable(every_n_layers=...)`` in transformers 5.24, else
+``gradient_checkpointing_enable`` for every block): its layers recompute themselves in training
+mode, as transformers' docs tell users to do. On TPU too: torch-tpu 0.2.0's compile keeps the recomputation (its FX pass
 ``mark_activation_checkpoints`` puts an optimisation barrier after each recomputed region, so XLA
 does not fold it back into the forward) and eager mode runs ``checkpoint`` as on any device.
 """
@@ -63,12 +66,13 @@ class ActivationCheckpointingKnob(Knob):
     def code(self, value: str, device_kind: str) -> list[str]:
         if value == NONE:
             return []
-        # The trial worker's own function: the same blocks, the same wrapper.
+        # The trial worker's own function: the same blocks, the same wrapper (a transformers
+        # model's own switch for every block).
         return ["from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks",
                 f"model = checkpoint_blocks(model, every={_EVERY[value]})  # recompute repeated blocks in backward"]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
-        blocks = repeated_blocks(model)
+        blocks = _declared_blocks(model) or repeated_blocks(model)
         if not blocks:
             return NONE
         pattern = [bool(getattr(block, _MARK, False)) for block in blocks]
@@ -82,7 +86,9 @@ def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:
     """Checkpoint every `every`-th repeated block of `model` (in place; returned for chaining):
     its forward runs under ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` whenever
     gradients are recorded. Raises WorkloadError when the model has no repeated blocks."""
-    blocks = repeated_blocks(model)
+    if _own_switch(model, every):
+        return model
+    blocks = _declared_blocks(model) or repeated_blocks(model)
     if not blocks:
         raise WorkloadError(f"activation checkpointing needs repeated blocks (an nn.ModuleList or nn.Sequential "
                             f"of two or more modules of one class) and {type(model).__name__} has none")
@@ -93,6 +99,28 @@ def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:
             block.forward = functools.partial(_checkpointed_forward, block)
             setattr(block, _MARK, True)
     return model
+
+
+def _own_switch(model: nn.Module, every: int) -> bool:
+    """Checkpoint through a transformers model's own switch; False where it has none for `every`."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return False
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)  # type: ignore[operator]
+    elif every == 1 and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    else:
+        return False
+    for block in _declared_blocks(model):
+        setattr(block, _MARK, bool(getattr(block, "gradient_checkpointing", False)))
+    return True
+
+
+def _declared_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks a transformers model declares whole (``_no_split_modules``), in order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names] if names else []
 
 
 def _checkpointed_forward(block: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -9,6 +9,7 @@ one new module in this package, one line in `KNOB_CLASSES`, and its choices in
 from __future__ import annotations
 
 from tpu_tuner.knobs.activation_checkpointing import ActivationCheckpointingKnob
+from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob
 from tpu_tuner.knobs.autocast import AutocastKnob
 from tpu_tuner.knobs.base import Knob
 from tpu_tuner.knobs.compile_options import CompileOptionsKnob
@@ -23,7 +24,7 @@ from tpu_tuner.knobs.optimizer_impl import OptimizerImplKnob
 __all__ = ["KNOB_CLASSES", "Knob", "REGISTRY", "get", "names"]
 
 KNOB_CLASSES: tuple[type[Knob], ...] = (
-    ActivationCheckpointingKnob, AutocastKnob, CompileOptionsKnob, ExecutionKnob, IntraOpThreadsKnob,
+    ActivationCheckpointingKnob, AttnImplementationKnob, AutocastKnob, CompileOptionsKnob, ExecutionKnob, IntraOpThreadsKnob,
     LayoutKnob, MatmulPrecisionKnob, MemoryFormatKnob, MicroBatchesKnob, OptimizerImplKnob,
 )
 

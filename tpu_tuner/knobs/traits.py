@@ -33,6 +33,8 @@ class WorkloadTraits:
     # widths and head counts of the repeated blocks, `parallel.apply.tensor_widths`); None where
     # tensor parallelism has nothing to shard (or for a profile written before it was recorded).
     tensor_divisor: int | None = None
+    # The attention implementations a transformers model can switch to (`knobs/attn_implementation.py`).
+    attention_implementations: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,13 +45,15 @@ class WorkloadTraits:
         return cls(training=bool(data["training"]), conv_weights=int(data["conv_weights"]),
                    repeated_blocks=int(data["repeated_blocks"]),
                    batch_size=None if data.get("batch_size") is None else int(data["batch_size"]),
-                   tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]))
+                   tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]),
+                   attention_implementations=tuple(str(v) for v in data.get("attention_implementations") or ()))
 
 
 def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:
     """The traits of a built model (called in the worker, which has imported the file)."""
     import math
 
+    from tpu_tuner.knobs.attn_implementation import offered
     from tpu_tuner.model.blocks import repeated_blocks
     from tpu_tuner.parallel.apply import tensor_widths
 
@@ -60,6 +64,7 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
         repeated_blocks=len(repeated_blocks(model)),
         batch_size=batch_size,
         tensor_divisor=math.gcd(*widths) if widths else None,
+        attention_implementations=offered(model),
     )
 
 

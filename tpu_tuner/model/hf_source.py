@@ -221,9 +221,19 @@ def _from_pretrained(transformers: Any, location: str, source: HfSource, local_o
     return config
 
 
+def config_bytes(text: str) -> bytes:
+    """The bytes of the config.json a folder source reads (empty for hub ids and model types,
+    whose config the source text and the transformers version name)."""
+    source = parse(text)
+    if source.kind != "directory":
+        return b""
+    file = Path(source.location).expanduser() / "config.json"
+    return file.read_bytes() if file.is_file() else b""
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
-__all__ = ["HfSource", "INSTALL_HINT", "PREFIX", "TASKS", "is_hf_source", "load_config", "parse"]
+__all__ = ["HfSource", "INSTALL_HINT", "PREFIX", "TASKS", "config_bytes", "is_hf_source", "load_config", "parse"]

@@ -16,6 +16,7 @@ sees it (`metrics.flops.matmul_parameters`).
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +60,13 @@ def hf_module(path: str) -> types.ModuleType:
         # A vocabulary shrunk by an override leaves the published padding id outside it (Phi-3:
         # 32000), which the embedding refuses as its padding index.
         config.pad_token_id = None
+    dropped = switch_off_dropout(config)
     module = types.ModuleType(f"tpu_tune_hf_{source.name}")
 
     def build_model() -> nn.Module:
-        return build(source, config, auto_class)
+        # A copy a build: a knob that switches a built model (set_attn_implementation) writes
+        # into its config, which must not reach the next trial's model.
+        return build(source, copy.deepcopy(config), auto_class)
 
     def make_batch(batch_size: int, seq_len: int | None) -> Any:
         inputs = synthetic_inputs(config, task, batch_size, seq_len or DEFAULT_SEQ_LEN, vocab)
@@ -86,8 +90,22 @@ def hf_module(path: str) -> types.ModuleType:
         causal = not _auto_knows(_AUTO_CLASSES["masked-lm"], config)
         module.TRANSFORMER = {**dims, "causal": causal}  # type: ignore[attr-defined]
     module.NAME = source.name  # type: ignore[attr-defined]
+    module.NOTES = [f"dropout off for the accuracy guardrail ({', '.join(dropped)})"] if dropped else []  # type: ignore[attr-defined]
     module.HF_CONFIG, module.HF_TASK = config, task  # type: ignore[attr-defined]
     return module
+
+
+def check_source(path: str) -> str:
+    """Read the config, the task and its head for the ``hf:`` source `path` without building the
+    model (what a command checks before it makes a run folder); the task, or `UserInputError`."""
+    source = parse(path)
+    config = load_config(source)
+    task = resolve_task(config, source)
+    _auto_class(task, config, source)
+    _vocab(config, source)
+    if source.weights and source.kind == "type":
+        raise UserInputError("--weights needs a folder or a hub id with a checkpoint, not a model type", source.text)
+    return task
 
 
 def resolve_task(config: PretrainedConfig, source: HfSource) -> str:
@@ -143,6 +161,20 @@ def build(source: HfSource, config: PretrainedConfig, auto_class: Any) -> nn.Mod
         model = auto_class.from_config(config, dtype=torch.float32)
     mark_active_experts(model, config)
     return model
+
+
+def switch_off_dropout(config: PretrainedConfig) -> list[str]:
+    """Set the config's dropout probabilities to 0 and say which were not. The accuracy guardrail
+    compares a trial's loss and gradients with the reference step's; random dropout masks (drawn
+    differently by eager and compiled code) would make every trial differ. Dropout is a few
+    elementwise ops a layer; most current LLM configs have it at 0 already."""
+    dropped = []
+    for key, value in config.to_dict().items():
+        if (key.endswith("dropout") or key.endswith("pdrop") or key.endswith("dropout_prob")) \
+                and isinstance(value, float) and value > 0:
+            setattr(config, key, 0.0)
+            dropped.append(f"{key} {value:g}")
+    return dropped
 
 
 def mark_active_experts(model: nn.Module, config: PretrainedConfig) -> None:
@@ -220,5 +252,5 @@ def declared_dims(config: PretrainedConfig) -> dict[str, int] | None:
     return {"layers": layers, "heads": heads, "head_dim": head_dim}
 
 
-__all__ = ["build", "declared_dims", "hf_module", "mark_active_experts", "prepare_classification",
+__all__ = ["build", "check_source", "declared_dims", "hf_module", "mark_active_experts", "prepare_classification",
            "resolve_task", "synthetic_inputs"]

@@ -48,7 +48,7 @@ def load_workload(path: str | Path) -> Workload:
         module = hf_module(str(path))
         workload = _native_workload(module, Path(str(path)))
         return replace(workload, name=module.NAME, source=Path(str(path)), hf_config=module.HF_CONFIG,
-                       hf_task=module.HF_TASK)
+                       hf_task=module.HF_TASK, notes=list(module.NOTES))
     if is_shape_source(path):
         module = shape_module(path)
         workload = _native_workload(module, Path(str(path)))

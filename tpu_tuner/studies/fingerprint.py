@@ -32,9 +32,13 @@ LABELS = {
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of the file's bytes (of the text, for an inline ``decoder:...`` shape)."""
+    """sha256 of the file's bytes (of the text, for an inline ``decoder:...`` shape; of the text
+    and the config.json it reads, for a Hugging Face model)."""
     from tpu_tuner.model.decoder import INLINE_PREFIX
+    from tpu_tuner.model.hf_source import config_bytes, is_hf_source
 
+    if is_hf_source(path):
+        return hashlib.sha256(str(path).encode() + config_bytes(str(path))).hexdigest()
     if str(path).startswith(INLINE_PREFIX):
         return hashlib.sha256(str(path).encode()).hexdigest()
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
