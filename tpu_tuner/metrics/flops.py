@@ -45,6 +45,18 @@ def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args: A
     return batch * heads_q * per_head
 
 
+def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
+    """``aten._grouped_mm`` (transformers' mixture-of-experts kernel), uncounted by torch 2.13:
+    each token row meets the one expert its group names, so a group is an ordinary matmul."""
+    if len(a_shape) == 2 and len(b_shape) == 3:  # tokens grouped by rows: (T, K) x (E, K, N)
+        return 2 * a_shape[0] * a_shape[1] * b_shape[2]
+    if len(a_shape) == 2 and len(b_shape) == 2:  # grouped along the contraction (weight gradients)
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    if len(a_shape) == 3 and len(b_shape) == 2:  # (E, M, K) x (K, N) grouped by columns
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]  # batched: (E, M, K) x (E, K, N)
+
+
 # Attention kernels whose counts torch's registry misses or counts as hardware work: the CPU flash
 # kernels (F.scaled_dot_product_attention counts zero on CPU without these), the "overrideable"
 # kernels that PrivateUse1 backends such as TorchTPU dispatch to, and the CUDA kernels' backward
@@ -57,6 +69,7 @@ EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward,
+    aten._grouped_mm: _grouped_mm,
     # The fused recurrent kernels (nn.LSTM on CPU; LSTM, GRU, RNN on CUDA): see rnn_flops.py.
     **RNN_FLOP_FORMULAS,
 }

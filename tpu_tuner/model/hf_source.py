@@ -185,8 +185,8 @@ def _hub_config(source: HfSource, transformers: Any) -> PretrainedConfig:
     try:
         return _from_pretrained(transformers, source.location, source, local_only=True)
     except UserInputError as exc:
-        if "has no setting" in str(exc):
-            raise
+        if not str(exc).split(": ", 1)[-1].startswith("cannot read the config"):
+            raise  # read from the cache; the overrides are what is wrong
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise UserInputError(f"{source.location} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
                              source.text)
@@ -212,13 +212,21 @@ def _unreachable(endpoint: str) -> str | None:
 
 def _from_pretrained(transformers: Any, location: str, source: HfSource, local_only: bool) -> PretrainedConfig:
     try:
-        config, unused = transformers.AutoConfig.from_pretrained(
-            location, local_files_only=local_only, return_unused_kwargs=True, **source.overrides)
+        config = transformers.AutoConfig.from_pretrained(location, local_files_only=local_only)
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError (unknown model_type), JSON errors
         raise UserInputError(f"cannot read the config of {location}: {_one_line(exc)}", source.text) from exc
-    if unused:
-        _check_keys(config, dict(unused), source)
-    return config
+    if not source.overrides:
+        return config
+    _check_keys(config, source.overrides, source)
+    values = {**config.to_dict(), **source.overrides}
+    layers, pattern = source.overrides.get("num_hidden_layers"), values.get("layer_types")
+    if isinstance(layers, int) and isinstance(pattern, list) and pattern and "layer_types" not in source.overrides:
+        # A published per-layer pattern (Gemma 2's sliding / full attention) follows the new depth.
+        values["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    try:
+        return type(config).from_dict(values)
+    except Exception as exc:  # noqa: BLE001 - transformers' validation errors vary
+        raise UserInputError(f"the overrides make an invalid config: {_one_line(exc)}", source.text) from exc
 
 
 def config_bytes(text: str) -> bytes:
@@ -232,8 +240,8 @@ def config_bytes(text: str) -> bytes:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return text[:300] if text else type(exc).__name__
 
 
 __all__ = ["HfSource", "INSTALL_HINT", "PREFIX", "TASKS", "config_bytes", "is_hf_source", "load_config", "parse"]
