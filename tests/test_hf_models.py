@@ -138,6 +138,25 @@ def test_the_attention_knob_switches_the_model_and_its_code_line_runs_on_a_fresh
     assert fresh.config._attn_implementation == "eager"
 
 
+def test_the_attention_knob_on_the_trial_path_and_the_apply_path(tmp_path: Path) -> None:
+    """The knob contract (tests/test_knobs.py) on a transformers model: the trial's candidate and
+    `apply` of its tuned config leave the same implementation in force."""
+    from tpu_tuner.devices.cpu import CpuBackend
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.knobs.tuned_config import TunedConfig, apply
+
+    workload, knob, backend = load_workload(f"hf:llama?{SMALL}"), AttnImplementationKnob(), CpuBackend()
+    candidate = Candidate({"attn_implementation": "eager"})
+    trial = candidate.prepare_model(workload.build_model(), backend)
+    assert knob.observe(trial, trial, backend) == "eager" and "eager attention" in candidate.describe()
+    loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(tmp_path / "tuned_config.toml"))
+    applied = apply(workload.build_model(), loaded)
+    try:
+        assert knob.observe(applied.model, applied.model, backend) == "eager"
+    finally:
+        applied.restore()
+
+
 @pytest.mark.parametrize(("value", "every"), [("blocks", 1), ("every_2nd", 2)])
 def test_activation_checkpointing_goes_through_the_models_own_switch(value: str, every: int) -> None:
     workload = load_workload(f"hf:llama?{SMALL.replace('num_hidden_layers=2', 'num_hidden_layers=4')}")

@@ -29,6 +29,9 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
 # torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
 SLOW_VALUES = {("execution", "inductor")}
+# Knobs whose other values act on a transformers model only (TinyNet has no attention switch):
+# their contract runs on one, in tests/test_hf_models.py.
+TRANSFORMERS_ONLY = {"attn_implementation"}
 
 
 def _cpu_cases() -> list[object]:
@@ -37,6 +40,8 @@ def _cpu_cases() -> list[object]:
     cases = []
     for name, knob in knobs.REGISTRY.items():
         for value in knob.choices("cpu", entries.get(name, {})) or (knob.default,):
+            if name in TRANSFORMERS_ONLY and value != knob.default:
+                continue
             marks = [pytest.mark.slow] if (name, value) in SLOW_VALUES else []
             cases.append(pytest.param(name, value, id=f"{name}={value}", marks=marks))
     return cases

@@ -65,7 +65,7 @@ class AttnImplementationKnob(Knob):
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         if not hasattr(model, "set_attn_implementation"):
-            return None
+            return DEFAULT  # nothing to switch: the model runs its own attention
         chosen = getattr(model, _MARK, None)
         if chosen is None:
             return DEFAULT
