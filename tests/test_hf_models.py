@@ -208,3 +208,12 @@ def test_an_uncached_hub_id_offline_is_refused_within_seconds(tmp_path: Path) ->
     assert "Qwen/Qwen2.5-0.5B is not in the local Hugging Face cache" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and took < 10
     assert not (tmp_path / "r").exists()
+
+
+def test_without_transformers_one_line_says_which_install(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails
+    assert main(["profile", f"hf:llama?{SMALL}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pip install 'tpu-tune[hf]'") and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
