@@ -12,6 +12,10 @@ planner derives them (`model.layouts.placements`):
   shard, when ``data`` > 1 too);
 * ``data`` only: `DistributedDataParallel`.
 
+A Hugging Face transformers model splits as it declares (`parallel/hf.py`): tensor parallelism
+by its own ``tp_plan`` through transformers' ``apply_tensor_parallelism``, FSDP on its
+``_no_split_modules`` blocks; every rank first takes rank 0's weights.
+
 Layouts this cannot run are refused with the reason (`LayoutError`) before anything is sharded.
 """
 
@@ -19,20 +23,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model import layouts
 from tpu_tuner.model.layouts import Layout, placements, why_not_ranks
 from tpu_tuner.model.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
+from tpu_tuner.parallel import hf
+from tpu_tuner.parallel.errors import LayoutError
 
 if TYPE_CHECKING:
     from torch import nn
 
 # Attributes holding a head count that a block's forward reshapes by: the ones the planner reads.
 HEAD_COUNT_ATTRS = HEAD_ATTRS + KV_HEAD_ATTRS
-
-
-class LayoutError(UserInputError):
-    """A layout that cannot apply to this model on this many ranks."""
 
 
 def parse_layout(text: str) -> Layout:
@@ -49,14 +50,24 @@ def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int |
     `batch_size`; None where it can."""
     from tpu_tuner.model.blocks import repeated_blocks
 
+    if hf.is_hf_model(model):
+        if layout.tensor > 1 and (reason := hf.why_not_tensor(model, layout.tensor)):
+            return reason
+        blocks = len(hf.shard_blocks(model))
+    else:
+        blocks = len(repeated_blocks(model))
     widths = tensor_widths(model) if layout.tensor > 1 else {}
-    return why_not_ranks(layout, world_size, batch_size, len(repeated_blocks(model)), widths)
+    return why_not_ranks(layout, world_size, batch_size, blocks, widths)
 
 
 def tensor_widths(model: nn.Module) -> dict[str, int]:
     """What a tensor axis must divide, by name: the sharded width of every column- or row-wise
-    linear layer of the repeated blocks (the planner's placements) and their head counts."""
+    linear layer of the repeated blocks (the planner's placements) and their head counts; for a
+    transformers model, its plan's split widths and head counts (`hf.tensor_widths`)."""
     from torch import nn
+
+    if hf.is_hf_model(model):
+        return hf.tensor_widths(model)
 
     from tpu_tuner.model.blocks import repeated_blocks
 
@@ -99,6 +110,9 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> 
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model)
+    from_hf = hf.is_hf_model(model)
+    if from_hf and layout.tensor > 1 and (reason := hf.why_not_tensor(model, layout.tensor)):
+        raise LayoutError(f"layout {layout.short()}: {reason}")  # before a head is split across ranks
     names = ("data", "fsdp", "tensor")
     sizes = (layout.data, layout.fsdp, layout.tensor)
     if device_type == "tpu":
@@ -107,15 +121,20 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu") -> 
         mesh = tpu_device_mesh(sizes, names)  # ICI-aware rank order
     else:
         mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    if from_hf:
+        hf.same_weights_as_rank_zero(model)
     if layout.tensor > 1:
-        _tensor_parallel(model, mesh["tensor"], layout.tensor)
+        if from_hf:
+            hf.apply_tensor_plan(model, mesh["tensor"])
+        else:
+            _tensor_parallel(model, mesh["tensor"], layout.tensor)
     if layout.fsdp > 1:
         from torch.distributed.fsdp import fully_shard
 
         from tpu_tuner.model.blocks import repeated_blocks
 
         dp_mesh = mesh["data", "fsdp"] if layout.data > 1 else mesh["fsdp"]
-        for block in repeated_blocks(model):
+        for block in hf.shard_blocks(model) if from_hf else repeated_blocks(model):
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
     return model

@@ -72,6 +72,7 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
     has no training step or the layout cannot run the model."""
     import torch
 
+    from tpu_tuner.model.batch import batch_slice
     from tpu_tuner.model.loader import load_workload
     from tpu_tuner.parallel.apply import batch_shard, why_not
 
@@ -88,9 +89,9 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
         raise SystemExit(f"layout {layout_text}: {reason}")
     torch.manual_seed(SEED + 1)
     inputs, target = workload.split_batch(workload.batch(batch))
-    size = batch // layout.batch_shards
     shard = batch_shard(layout, rank)
-    local_inputs, local_target = (t[shard * size:(shard + 1) * size] for t in (inputs, target))
+    # Tensors, tuples or dicts of them (a transformers model's input_ids and labels) alike.
+    local_inputs, local_target = (batch_slice(t, batch, layout.batch_shards, shard) for t in (inputs, target))
     return RankStep(rank, world, layout, workload, model, inputs, target, local_inputs, local_target)
 
 
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
                                 Outputs({"loss": reference["loss"].float().reshape(1),
                                          "gradients": reference["gradients"]}))
         report["loss_error"], report["gradient_error"] = errors["loss"], errors["gradients"]
+        # The largest absolute differences beside the relative errors, for reports that quote them.
+        report["loss_abs_diff"] = abs(float(mean_loss) - float(reference["loss"]))
+        report["gradient_max_abs_diff"] = float((gradients - reference["gradients"]).abs().max())
     write_report(report)
     finish_rank()
 
