@@ -117,7 +117,7 @@ class TunedConfig:
             "",
             f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
             "with autocast():  # around the forward pass and the loss",
-            "    output = model(inputs)",
+            "    output = model(inputs)  # model(**inputs) for a dict batch (a Hugging Face model's)",
             "",
             "# what apply() does, if you would rather write it out (the knobs' own code):",
         ]
