@@ -217,3 +217,22 @@ def test_without_transformers_one_line_says_which_install(tmp_path: Path, capsys
     err = capsys.readouterr().err.strip()
     assert err.endswith("pip install 'tpu-tune[hf]'") and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_weights_load_the_checkpoint_the_folder_holds(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", **{k: int(v) for k, v in (item.split("=") for item in SMALL.split(","))})
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(1)
+    saved = AutoModelForCausalLM.from_config(config)
+    saved.save_pretrained(tmp_path / "tiny-llama")
+    loaded = load_workload(f"hf:{tmp_path / 'tiny-llama'}#weights").build_model()
+    random = load_workload(f"hf:{tmp_path / 'tiny-llama'}").build_model()
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(dict(loaded.named_parameters())[weight], dict(saved.named_parameters())[weight])
+    assert not torch.equal(dict(random.named_parameters())[weight], dict(saved.named_parameters())[weight])
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_text((tmp_path / "tiny-llama" / "config.json").read_text())
+    with pytest.raises(UserInputError, match="cannot load the weights of"):
+        load_workload(f"hf:{tmp_path / 'config-only'}#weights").build_model()
