@@ -44,8 +44,9 @@ FAMILIES = {
     "gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128)),
     "gpt2, wide MLP": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, vocab_size=256, n_positions=64)),
     "gpt_neox": ("gpt_neox", dict(BASE, num_key_value_heads=None, intermediate_size=256)),
-    "gpt_neox, sequential, no bias, tied": ("gpt_neox", dict(BASE, num_key_value_heads=None, use_parallel_residual=False,
-                                                             attention_bias=False, tie_word_embeddings=True)),
+    "gpt_neox, sequential, no bias, tied": ("gpt_neox", dict(BASE, num_key_value_heads=None,
+                                                             use_parallel_residual=False, attention_bias=False,
+                                                             tie_word_embeddings=True)),
     "mixtral": ("mixtral", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": ("qwen2_moe", dict(BASE, **MOE, num_experts=4, shared_expert_intermediate_size=96)),
     "qwen2_moe, dense layers": ("qwen2_moe", dict(BASE, **MOE, num_experts=4, shared_expert_intermediate_size=96,
@@ -77,7 +78,8 @@ def test_the_family_differences_are_where_the_families_put_them() -> None:
         "learned", "layer", False, "gelu_tanh", True)
     neox = decoder_shape(_config(*FAMILIES["gpt_neox"]))
     assert neox.parallel_residual and neox.rotary_fraction == 0.25 and neox.qkv_bias and neox.mlp_bias
-    assert decoder_shape(_config(*FAMILIES["qwen2"])).qkv_bias and not decoder_shape(_config(*FAMILIES["qwen2"])).out_bias
+    qwen2 = decoder_shape(_config(*FAMILIES["qwen2"]))
+    assert qwen2.qkv_bias and not qwen2.out_bias
     assert decoder_shape(_config(*FAMILIES["qwen3"])).qk_norm and decoder_shape(_config(*FAMILIES["gemma2"])).post_norms
     moe = decoder_shape(_config(*FAMILIES["qwen2_moe, dense layers"]))
     assert (moe.experts, moe.expert_mlp, moe.shared_expert_mlp, moe.dense_layers) == (4, 32, 96, (0, 2, 3))
@@ -102,8 +104,10 @@ def test_llama_3_2_1b_maps_to_its_published_parameter_count() -> None:
 
 @pytest.mark.parametrize("source, words", [
     ("hf:deepseek_v3?num_hidden_layers=2,n_routed_experts=4", "multi-head latent attention is not expressible"),
-    ("hf:olmoe?num_hidden_layers=2,num_experts=4", "routed experts (num_local_experts) in the olmoe config are not expressible"),
-    ("hf:bert?num_hidden_layers=2", "the planner plans causal language models, and this bert config's step is masked-lm"),
+    ("hf:olmoe?num_hidden_layers=2,num_experts=4",
+     "routed experts (num_local_experts) in the olmoe config are not expressible"),
+    ("hf:bert?num_hidden_layers=2",
+     "the planner plans causal language models, and this bert config's step is masked-lm"),
     ("hf:qwen2_moe?num_hidden_layers=4,decoder_sparse_step=2", "dense layers [0, 2] among expert layers"),
     ("hf:llama?num_hidden_layers=2#inference", "the planner plans training steps"),
 ])
@@ -114,7 +118,8 @@ def test_what_neither_route_can_plan_is_refused_in_one_line(source, words) -> No
 
 
 def test_an_unmapped_decoder_is_traced_through_torchax_with_its_shape_read() -> None:
-    source = "hf:olmo2?hidden_size=64,intermediate_size=128,num_hidden_layers=3,num_attention_heads=8,num_key_value_heads=2"
+    source = ("hf:olmo2?hidden_size=64,intermediate_size=128,num_hidden_layers=3,num_attention_heads=8,"
+              "num_key_value_heads=2")
     workload = planned_workload(source)
     assert "traced through torchax (the generic decoder does not map 'olmo2' configs" in workload.notes[0]
     with torch.device("meta"):
@@ -136,6 +141,25 @@ def test_a_mapped_config_whose_count_differs_is_traced_not_planned_wrong(monkeyp
                                 "num_attention_heads=4,attention_bias=true")
     assert re.search(r"traced through torchax \(the generic decoder's reading has [\d,]+ parameters, transformers' "
                      r"model [\d,]+", workload.notes[0])
+
+
+def test_the_families_keys_read_from_a_toml_shape_too(tmp_path) -> None:
+    """The keys the families add are shape keys like any other: a TOML array of dense layers
+    becomes a tuple (the shape stays hashable), and a layer out of range is refused."""
+    from tpu_tuner.core.errors import WorkloadError
+    from tpu_tuner.model.decoder_shape import read_shape
+
+    path = tmp_path / "moe.toml"
+    path.write_text("[model]\nvocab = 64\nd_model = 32\nlayers = 3\nheads = 4\nmlp = 48\nexperts = 4\n"
+                    "expert_mlp = 16\nshared_expert_mlp = 24\ndense_layers = [1]\nqk_norm = true\n")
+    shape, _, _ = read_shape(path)
+    assert shape.dense_layers == (1,) and hash(shape)
+    model = Decoder(shape)
+    assert [type(b.feed_forward).__name__ for b in model.layers] == ["MixtureOfExperts", "FeedForward",
+                                                                     "MixtureOfExperts"]
+    path.write_text(path.read_text().replace("dense_layers = [1]", "dense_layers = [3]"))
+    with pytest.raises(WorkloadError, match=re.escape("dense_layers must name layers 0 to 2, not [3]")):
+        read_shape(path)
 
 
 def test_an_unmapped_family_and_an_unknown_activation_name_what_is_missing() -> None:
@@ -211,8 +235,8 @@ def test_plan_of_the_published_llama_3_2_1b_config_on_v5e_16(tmp_path) -> None:
 def test_plan_of_an_unmapped_decoder_compiles_the_traced_transformers_module(tmp_path) -> None:
     source = ("hf:olmo2?hidden_size=256,intermediate_size=512,num_hidden_layers=2,num_attention_heads=8,"
               "num_key_value_heads=2,vocab_size=1024")
-    result = _plan([source, "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--layout", "1x2x2", "--fast"],
-                   tmp_path)
+    result = _plan([source, "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--layout", "1x2x2",
+                    "--fast"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "traced through torchax" in result.stdout
     import json

@@ -125,9 +125,12 @@ class DecoderShape:
         if self.positions == "rope" and (self.rotary_dim % 2 or not 0 < self.rotary_fraction <= 1):
             raise WorkloadError(f"rotary positions need an even rotated dimension in (0, head_dim], not "
                                 f"{self.rotary_dim} of {self.n_head_dim}", where)
-        if any(not 0 <= layer < self.layers for layer in self.dense_layers) or min(
-                self.expert_mlp if self.expert_mlp is not None else 1, self.shared_expert_mlp + 1) < 1:
-            raise WorkloadError("dense_layers must name layers 0 to layers - 1 and expert widths be positive", where)
+        if any(not 0 <= layer < self.layers for layer in self.dense_layers):
+            raise WorkloadError(f"dense_layers must name layers 0 to {self.layers - 1}, not {list(self.dense_layers)}",
+                                where)
+        if (self.expert_mlp is not None and self.expert_mlp < 1) or self.shared_expert_mlp < 0:
+            raise WorkloadError(f"expert widths must be positive, not expert_mlp {self.expert_mlp}, "
+                                f"shared_expert_mlp {self.shared_expert_mlp}", where)
         for name, allowed in (("activation", ACTIVATION_NAMES), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)

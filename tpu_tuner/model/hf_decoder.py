@@ -76,10 +76,10 @@ def _llama_like(config: PretrainedConfig, activation: str = "hidden_act", **extr
     """Llama's reading (rotary, RMSNorm, gated MLP); `extra` sets what a family adds."""
     theta, fraction = _rope(config)
     bias = bool(getattr(config, "attention_bias", False))
-    shape = {**_attention(config), "mlp": config.intermediate_size, "activation": _activation(getattr(config, activation)),
-             "max_seq_len": config.max_position_embeddings, "norm_eps": config.rms_norm_eps, "rope_theta": theta,
-             "rotary_fraction": fraction, "qkv_bias": bias, "out_bias": bias,
-             "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+    shape = {**_attention(config), "mlp": config.intermediate_size,
+             "activation": _activation(getattr(config, activation)), "max_seq_len": config.max_position_embeddings,
+             "norm_eps": config.rms_norm_eps, "rope_theta": theta, "rotary_fraction": fraction, "qkv_bias": bias,
+             "out_bias": bias, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
     return {**shape, **extra}
 
 
@@ -96,10 +96,11 @@ def _gpt2(config: PretrainedConfig) -> dict[str, Any]:
 def _gpt_neox(config: PretrainedConfig) -> dict[str, Any]:
     theta, fraction = _rope(config)
     bias = bool(config.attention_bias)
-    return {**_attention(config), "kv_heads": None, "head_dim": None, "mlp": config.intermediate_size, "gated": False,
-            "activation": _activation(config.hidden_act), "norm": "layer", "max_seq_len": config.max_position_embeddings,
-            "norm_eps": config.layer_norm_eps, "rope_theta": theta, "rotary_fraction": fraction, "qkv_bias": bias,
-            "out_bias": bias, "mlp_bias": True, "parallel_residual": bool(config.use_parallel_residual)}
+    return {**_attention(config), "kv_heads": None, "head_dim": None, "mlp": config.intermediate_size,
+            "gated": False, "activation": _activation(config.hidden_act), "norm": "layer",
+            "max_seq_len": config.max_position_embeddings, "norm_eps": config.layer_norm_eps, "rope_theta": theta,
+            "rotary_fraction": fraction, "qkv_bias": bias, "out_bias": bias, "mlp_bias": True,
+            "parallel_residual": bool(config.use_parallel_residual)}
 
 
 def _dense_layers(config: PretrainedConfig, experts: int) -> tuple[int, ...]:
@@ -113,9 +114,10 @@ def _qwen_moe(config: PretrainedConfig, shared: bool, **extra: Any) -> dict[str,
     dense = _dense_layers(config, experts)
     if len(dense) == config.num_hidden_layers:
         return _llama_like(config, **extra)
-    return _llama_like(config, experts=experts, top_k=config.num_experts_per_tok, expert_mlp=config.moe_intermediate_size,
-                       shared_expert_mlp=config.shared_expert_intermediate_size if shared else 0, dense_layers=dense,
-                       **extra)
+    return _llama_like(config, experts=experts, top_k=config.num_experts_per_tok,
+                       expert_mlp=config.moe_intermediate_size,
+                       shared_expert_mlp=config.shared_expert_intermediate_size if shared else 0,
+                       dense_layers=dense, **extra)
 
 
 # model_type -> the decoder's shape keys, read from a config of that type.

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.decoder import Decoder, decoder_module
 from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape, max_positions, not_expressible
 from tpu_tuner.model.hf_source import HfSource, is_hf_source, load_config, parse
@@ -58,7 +59,8 @@ def planned_workload(source: str | Path) -> Workload:
     name = hf.name
     try:
         shape = decoder_shape(config)
-        ours, theirs = sum(p.numel() for p in _on_meta(lambda: Decoder(shape)).parameters()), transformers_parameters(config)
+        ours = sum(p.numel() for p in _on_meta(lambda: Decoder(shape)).parameters())
+        theirs = transformers_parameters(config)
         if ours != theirs:
             raise NotExpressible(f"the generic decoder's reading has {ours:,} parameters, transformers' model "
                                  f"{theirs:,}: the config sets something its family's mapping does not read")
@@ -96,11 +98,12 @@ def untraceable(config: PretrainedConfig) -> str | None:
     lacking = not_expressible(config)
     if lacking:
         return lacking
-    experts = [key for key in _EXPERT_KEYS if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0]
+    experts = [key for key in _EXPERT_KEYS
+               if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0]
     if experts:
-        return (f"routed experts ({experts[0]}) in the {config.model_type} config are not expressible: the generic decoder "
-                "maps Mixtral's, Qwen2-MoE's and Qwen3-MoE's, and transformers' expert loop has data-dependent "
-                "shapes the TPU compiler cannot trace")
+        return (f"routed experts ({experts[0]}) in the {config.model_type} config are not expressible: the generic "
+                "decoder maps Mixtral's, Qwen2-MoE's and Qwen3-MoE's, and transformers' expert loop has "
+                "data-dependent shapes the TPU compiler cannot trace")
     return None
 
 
@@ -181,8 +184,6 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
 
         transformers.AttentionInterface.register(ATTENTION, planner_attention)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
-        from tpu_tuner.model.blocks import blocks_of
-
         # The planner reads heads off the blocks (model/structure.py); transformers' attention
         # modules do not all carry them.
         for block in blocks_of(model)[1]:

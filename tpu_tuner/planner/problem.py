@@ -124,7 +124,8 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
         # An hf: source as written: the compiler processes load it from this text.
-        source=str(model_file) if hf else str(workload.source), workload=workload.name, preset=options.preset, topology=topology,
+        source=str(model_file) if hf else str(workload.source), workload=workload.name, preset=options.preset,
+        topology=topology,
         global_batch=global_batch, seq_len=seq_len, dims=dims, gated="mlpwi_1" in roles.values(),
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
