@@ -24,10 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def default(name: str) -> Any:
         return default_of(PlanOptions, name)
 
-    parser.add_argument("model_file", type=Path, help="a training workload (native contract, with loss())")
+    parser.add_argument("model_file", type=_model_source,
+                        help="a training workload (native contract, with loss()), a decoder shape (shape.toml or "
+                             "decoder:d_model=...), or a Hugging Face config: hf:./folder, hf:org/name, "
+                             "hf:llama?hidden_size=512,... (docs/planner.md, \"Planning a Hugging Face model\")")
     parser.add_argument("--topology", required=True, help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8")
-    parser.add_argument("--global-batch", type=int, help="sequences per step (default: BATCH_SIZE per device)")
-    parser.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN)")
+    parser.add_argument("--global-batch", type=int,
+                        help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)")
+    parser.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN; an hf: config's "
+                                                 "max_position_embeddings, at most 8192)")
     parser.add_argument("--preset", help="a named model size from the file's PRESETS, e.g. 70b")
     parser.add_argument("--remat", default=default("remat"), metavar="POLICY",
                         help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
@@ -64,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
                              "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md")
     add_out(parser)
+
+
+def _model_source(text: str) -> str | Path:
+    """The model argument: an ``hf:`` source stays the text as written (a Path would turn
+    ``hf:./Llama-3.1-70B/`` into ``hf:Llama-3.1-70B``, no longer a folder's name); else a path."""
+    return text if text.startswith("hf:") else Path(text)
 
 
 def _joined(values: tuple[int, ...]) -> str:

@@ -84,10 +84,15 @@ def write_tuning(result: "TuningResult") -> list[str]:
 # --- plan ------------------------------------------------------------------------------------
 
 def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset: str | None = None) -> Path:
-    """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``."""
+    """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``; an ``hf:`` model is
+    named by its config's folder, hub repository or model type."""
     from tpu_tuner.model.decoder import INLINE_PREFIX
+    from tpu_tuner.model.hf_source import is_hf_source, parse
 
-    stem = "decoder" if str(model_file).startswith(INLINE_PREFIX) else Path(model_file).stem
+    if is_hf_source(model_file):
+        stem = parse(model_file).name  # Path("hf:./Llama-3.1-70B").stem would be "Llama-3"
+    else:
+        stem = "decoder" if str(model_file).startswith(INLINE_PREFIX) else Path(model_file).stem
     name = stem + (f"_{preset}" if preset else "")
     return new_run_dir(out, name, f"plan-{topology.replace(':', '_')}")
 

@@ -209,9 +209,9 @@ def topology_devices(jax_name: str) -> Any:
 
 @lru_cache(maxsize=4)
 def _workload(model_file: str) -> Any:
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.planner.hf_plan import planned_workload
 
-    return load_workload(model_file)
+    return planned_workload(model_file)  # an hf: source takes the route the plan's process took
 
 
 if __name__ == "__main__":

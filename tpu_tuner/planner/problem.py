@@ -14,10 +14,11 @@ from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.layouts import partition_spec, placements
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
+from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
@@ -47,6 +48,7 @@ class PlanProblem:
     cost_model: CostModel
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
+    model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
 
     @property
     def hbm(self) -> float:
@@ -86,9 +88,12 @@ def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> N
 
 
 def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
-    """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first."""
-    _screen_in_worker(model_file, options.log_file)
-    workload = load_workload(model_file)
+    """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first.
+    An ``hf:`` source runs no code of its own (a config is read), so it is not screened in a worker."""
+    hf = is_hf_source(model_file)
+    if not hf:
+        _screen_in_worker(model_file, options.log_file)
+    workload = planned_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     for policy in (options.remat, *options.remats):
@@ -104,6 +109,10 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
+    if hf:
+        check_seq_len(workload, seq_len)
+        for note in workload.notes:  # which route the config took (planner/hf_plan.py)
+            emit(note)
     global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
     with torch.device("meta"):
         meta_model = workload.model_for_preset(options.preset)
@@ -114,12 +123,15 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
     roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
-        source=str(workload.source), workload=workload.name, preset=options.preset, topology=topology,
+        # An hf: source as written: the compiler processes load it from this text.
+        source=str(model_file) if hf else str(workload.source), workload=workload.name, preset=options.preset,
+        topology=topology,
         global_batch=global_batch, seq_len=seq_len, dims=dims, gated="mlpwi_1" in roles.values(),
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
         first_moment_dtype=options.first_moment_dtype,
+        model_digest=source_digest(str(model_file)) if hf else None,
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
     )

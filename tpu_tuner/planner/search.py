@@ -234,7 +234,7 @@ def _params(point: PlanPoint) -> dict[str, Any]:
 
 def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
     """What a plan's trials depend on: another plan with the same record may reuse them."""
-    return {"model_sha256": file_sha256(problem.source), "preset": problem.preset,
+    return {"model_sha256": problem.model_digest or file_sha256(problem.source), "preset": problem.preset,
             "topology": problem.topology.jax_name, "devices": problem.topology.devices,
             "global_batch": problem.global_batch, "seq_len": problem.seq_len, "fast": problem.fast,
             "first_moment_dtype": problem.first_moment_dtype,

@@ -112,9 +112,14 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     context = mesh.shape["context"]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is not None or dropout_p or key.shape[1] != query.shape[1]:
-            raise NotImplementedError("the planner's flash attention takes causal or full attention with equal heads")
+        if attn_mask is not None or dropout_p or query.shape[1] % key.shape[1]:
+            raise NotImplementedError("the planner's flash attention takes causal or full attention, no mask, and "
+                                      "query heads a multiple of the key/value heads")
         q, k, v = (jax_view(t) for t in (query, key, value))
+        if k.shape[1] != q.shape[1]:
+            # Grouped-query attention (enable_gqa, as transformers' sdpa passes it): each K/V head
+            # serves a group of query heads, repeated here as the generic decoder repeats them.
+            k, v = (jnp.repeat(t, q.shape[1] // k.shape[1], axis=1) for t in (k, v))
         sm_scale = scale if scale is not None else q.shape[-1] ** -0.5
         # Context parallel: each device holds a slice of the queries and gathers every key and
         # value over the context axis (MaxText's all-gather context parallelism). The kernel

@@ -1,0 +1,180 @@
+"""A Hugging Face decoder's config as the generic decoder's shape: what `tpu-tune plan hf:...` plans.
+
+Each mapped family is read from its config the way its transformers modeling file builds the
+model, so that the generic decoder (model/decoder.py) has the same parameters: tests build both
+from tiny configs and require equal counts (tests/test_hf_decoder.py), and the planner checks the
+count again for the config at hand (planner/hf_plan.py). The families and what each adds to the
+Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positions):
+
+- ``llama``, ``mistral``: ``attention_bias`` (every attention projection) and ``mlp_bias``; small
+  Llama 3.2s tie the output head to the embedding.
+- ``qwen2``: query/key/value biases (always, the output projection none); ``qwen3``: a head_dim of
+  its own and an RMSNorm of each query and key head (qk-norm).
+- ``gemma``: head_dim of its own, GELU (tanh) gate, tied embeddings; ``gemma2`` adds norms after
+  attention and after the MLP; ``gemma3_text`` adds qk-norm too.
+- ``phi3``: fused qkv and gate/up projections, the same parameters as separate ones; partial rotary.
+- ``gpt2``: learned positions, LayerNorm (with bias), a plain GELU MLP, biases everywhere, tied.
+- ``gpt_neox``: LayerNorm, a plain GELU MLP with biases, fused qkv with biases, the parallel
+  residual and partial rotary (a quarter of each head by default).
+- ``mixtral``: routed experts (top-k of ``num_local_experts``) with a router; ``qwen2_moe``: experts
+  of ``moe_intermediate_size``, a shared expert behind a sigmoid gate, dense layers where
+  ``decoder_sparse_step`` / ``mlp_only_layers`` say; ``qwen3_moe``: experts with qk-norm.
+
+What changes neither parameters nor the matmul FLOPs is left out: sliding-window attention
+(flash attention's cost does not discount it), Gemma's embedding scale and (1 + w) norm scale,
+Gemma 2's logit soft-capping, rope scaling. A config the decoder cannot express raises
+`NotExpressible`, whose message names what is missing (one line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.model.decoder_shape import DecoderShape
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# transformers' activation names (ACT2FN) -> the decoder's: the tanh approximations are one.
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+class NotExpressible(ValueError):
+    """The config has something the generic decoder cannot express; the message names it."""
+
+
+def _activation(name: Any) -> str:
+    if name not in _ACTIVATIONS:
+        raise NotExpressible(f"the {name!r} activation is not expressible (known: {', '.join(_ACTIVATIONS)})")
+    return _ACTIVATIONS[name]
+
+
+def _rope(config: PretrainedConfig) -> tuple[float, float]:
+    """(rope theta, share of each head rotated) from transformers 5's ``rope_parameters`` (one per
+    attention kind in Gemma 3: the full-attention layers'), else the older top-level keys."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return float(theta), float(fraction)
+
+
+def _attention(config: PretrainedConfig) -> dict[str, Any]:
+    """The attention shape every family reads the same way."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return {"vocab": config.vocab_size, "d_model": config.hidden_size, "layers": config.num_hidden_layers,
+            "heads": heads, "kv_heads": getattr(config, "num_key_value_heads", None) or heads, "head_dim": head_dim,
+            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False))}
+
+
+def _llama_like(config: PretrainedConfig, activation: str = "hidden_act", **extra: Any) -> dict[str, Any]:
+    """Llama's reading (rotary, RMSNorm, gated MLP); `extra` sets what a family adds."""
+    theta, fraction = _rope(config)
+    bias = bool(getattr(config, "attention_bias", False))
+    shape = {**_attention(config), "mlp": config.intermediate_size,
+             "activation": _activation(getattr(config, activation)), "max_seq_len": config.max_position_embeddings,
+             "norm_eps": config.rms_norm_eps, "rope_theta": theta, "rotary_fraction": fraction, "qkv_bias": bias,
+             "out_bias": bias, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+    return {**shape, **extra}
+
+
+def _gpt2(config: PretrainedConfig) -> dict[str, Any]:
+    if getattr(config, "add_cross_attention", False):
+        raise NotExpressible("cross-attention (add_cross_attention) is not expressible")
+    return {"vocab": config.vocab_size, "d_model": config.n_embd, "layers": config.n_layer, "heads": config.n_head,
+            "mlp": config.n_inner or 4 * config.n_embd, "gated": False,
+            "activation": _activation(config.activation_function), "norm": "layer", "positions": "learned",
+            "tied_embeddings": bool(config.tie_word_embeddings), "max_seq_len": config.n_positions,
+            "norm_eps": config.layer_norm_epsilon, "qkv_bias": True, "out_bias": True, "mlp_bias": True}
+
+
+def _gpt_neox(config: PretrainedConfig) -> dict[str, Any]:
+    theta, fraction = _rope(config)
+    bias = bool(config.attention_bias)
+    return {**_attention(config), "kv_heads": None, "head_dim": None, "mlp": config.intermediate_size,
+            "gated": False, "activation": _activation(config.hidden_act), "norm": "layer",
+            "max_seq_len": config.max_position_embeddings, "norm_eps": config.layer_norm_eps, "rope_theta": theta,
+            "rotary_fraction": fraction, "qkv_bias": bias, "out_bias": bias, "mlp_bias": True,
+            "parallel_residual": bool(config.use_parallel_residual)}
+
+
+def _dense_layers(config: PretrainedConfig, experts: int) -> tuple[int, ...]:
+    """The layers whose MLP is dense, as Qwen2-MoE's decoder layer decides it."""
+    step, only = getattr(config, "decoder_sparse_step", 1) or 1, set(getattr(config, "mlp_only_layers", None) or ())
+    return tuple(i for i in range(config.num_hidden_layers) if i in only or not (experts > 0 and (i + 1) % step == 0))
+
+
+def _qwen_moe(config: PretrainedConfig, shared: bool, **extra: Any) -> dict[str, Any]:
+    experts = config.num_experts
+    dense = _dense_layers(config, experts)
+    if len(dense) == config.num_hidden_layers:
+        return _llama_like(config, **extra)
+    return _llama_like(config, experts=experts, top_k=config.num_experts_per_tok,
+                       expert_mlp=config.moe_intermediate_size,
+                       shared_expert_mlp=config.shared_expert_intermediate_size if shared else 0,
+                       dense_layers=dense, **extra)
+
+
+# model_type -> the decoder's shape keys, read from a config of that type.
+FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "llama": _llama_like,
+    "mistral": _llama_like,
+    "qwen2": lambda c: _llama_like(c, qkv_bias=True, out_bias=False),
+    "qwen3": lambda c: _llama_like(c, qk_norm=True),
+    "gemma": _llama_like,
+    "gemma2": lambda c: _llama_like(c, activation="hidden_activation", post_norms=True),
+    "gemma3_text": lambda c: _llama_like(c, activation="hidden_activation", post_norms=True, qk_norm=True),
+    "phi3": _llama_like,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "mixtral": lambda c: _llama_like(c, experts=c.num_local_experts, top_k=c.num_experts_per_tok),
+    "qwen2_moe": lambda c: _qwen_moe(c, shared=True, qkv_bias=bool(c.qkv_bias), out_bias=False),
+    "qwen3_moe": lambda c: _qwen_moe(c, shared=False, qk_norm=True),
+}
+
+
+def not_expressible(config: PretrainedConfig) -> str | None:
+    """What a config has that no family's reading can express, in a line (None: nothing known)."""
+    if getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None):
+        return ("multi-head latent attention is not expressible (kv_lora_rank: keys and values projected through a "
+                "low-rank latent, with a value head dimension unlike the keys')")
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder is not expressible: the generic decoder is decoder-only"
+    return None
+
+
+def decoder_shape(config: PretrainedConfig) -> DecoderShape:
+    """The generic decoder's shape for `config`; `NotExpressible` (one line, naming what is
+    missing) for a family that is not mapped or a config the decoder cannot express."""
+    lacking = not_expressible(config)
+    if lacking:
+        raise NotExpressible(lacking)
+    read = FAMILIES.get(config.model_type)
+    if read is None:
+        raise NotExpressible(f"the generic decoder does not map {config.model_type!r} configs "
+                             f"(it maps {', '.join(FAMILIES)})")
+    try:
+        shape = DecoderShape(**read(config))
+        shape.check(config.model_type)
+    except (AttributeError, TypeError) as exc:
+        raise NotExpressible(f"a {config.model_type} config without what its family needs: {exc}") from exc
+    except WorkloadError as exc:
+        raise NotExpressible(str(exc)) from exc
+    return shape
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest sequence the config declares (``max_position_embeddings`` or GPT-2's ``n_positions``)."""
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+__all__ = ["FAMILIES", "NotExpressible", "decoder_shape", "max_positions", "not_expressible"]
