@@ -107,7 +107,7 @@ def plan_part(name: str, source: str) -> str:
 
     from tpu_tuner.model.decoder import Decoder
     from tpu_tuner.model.hf_source import load_config, parse
-    from tpu_tuner.planner.hf_shape import decoder_shape
+    from tpu_tuner.model.hf_decoder import decoder_shape
 
     config = load_config(parse(source))
     started = time.monotonic()
