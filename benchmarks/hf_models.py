@@ -7,7 +7,10 @@ For each family, a transformers model built from a config with overrides (`hf:TY
 2. **tune**: a short tune (`--trials`, `--time-budget`): the verified speedup with its 95% CI and
    what was chosen, the wall time;
 3. **layouts** (`--nproc 2`): every layout the search measured on 2 ranks, its steady step;
-4. **planner**: the parameter count of the decoder the planner maps the config to, against
+4. **refusals**: each bad source of the issue (an unknown model type, a folder without
+   config.json, a hub id neither cached nor reachable, a config with no head to run) through the
+   CLI: its exit status, its one line and its wall time (target: under 10 s, no folder left);
+5. **planner**: the parameter count of the decoder the planner maps the config to, against
    `num_parameters()` of the transformers model built from the same config (on the meta device).
 
     python benchmarks/hf_models.py [--families llama qwen2 ...] [--parts profile tune layouts plan]
@@ -103,6 +106,28 @@ def layouts_part(name: str, source: str, out: Path, trials: int, budget: str) ->
             f"{s['speedup']:.2f}x ({s['ci_low']:.2f}-{s['ci_high']:.2f}), wall {wall:.0f} s")
 
 
+REFUSALS = {
+    "unknown model type": ["hf:lama"],
+    "folder without config.json": ["hf:{empty}"],
+    "hub id, no cache, no network": ["hf:Qwen/Qwen2.5-0.5B"],
+    "config with no head": ["hf:vit"],
+}
+
+
+def refusals_part(out: Path) -> list[str]:
+    (out / "empty").mkdir(exist_ok=True)
+    lines = []
+    for what, args in REFUSALS.items():
+        results = out / "refused"
+        log = out / "refusal.log"
+        status, wall = _cli(["tune", *(a.format(empty=out / "empty") for a in args), "--out", str(results)], log)
+        said = log.read_text().strip().splitlines()
+        ok = status == 2 and len(said) == 1 and not results.exists() and wall < 10
+        lines.append(f"refusal  {what}: exit {status}, {len(said)} line, {wall:.1f} s, folder left: {results.exists()} "
+                     f"({'PASS' if ok else 'FAIL'}): {said[-1] if said else ''}")
+    return lines
+
+
 def plan_part(name: str, source: str) -> str:
     sys.path.insert(0, str(REPO))
     import torch
@@ -124,8 +149,8 @@ def plan_part(name: str, source: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
-    parser.add_argument("--parts", nargs="+", choices=("profile", "tune", "layouts", "plan"),
-                        default=["profile", "tune", "layouts", "plan"])
+    parser.add_argument("--parts", nargs="+", choices=("refusals", "plan", "profile", "tune", "layouts"),
+                        default=["refusals", "plan", "profile", "tune", "layouts"])
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--time-budget", default="4m")
     parser.add_argument("--out", type=Path)
@@ -137,6 +162,8 @@ def main() -> None:
 
     print(f"host: {cpu_model_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
           f"runs in {out}", flush=True)
+    if "refusals" in args.parts:
+        print("\n".join(refusals_part(out)), flush=True)
     for name in args.families:
         source = FAMILIES[name]
         if "plan" in args.parts:
