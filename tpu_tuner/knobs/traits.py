@@ -37,7 +37,8 @@ class WorkloadTraits:
     attention_implementations: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Lists, as the profile's JSON gives them back (a stored profile equals the live one).
+        return {**asdict(self), "attention_implementations": list(self.attention_implementations)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkloadTraits:
