@@ -6,7 +6,8 @@ For each family, a transformers model built from a config with overrides (`hf:TY
    declared layers, heads and head dimension (target: within 1%), and the wall time;
 2. **tune**: a short tune (`--trials`, `--time-budget`): the verified speedup with its 95% CI and
    what was chosen, the wall time;
-3. **layouts** (`--nproc 2`): every layout the search measured on 2 ranks, its steady step;
+3. **layouts** (`--nproc 2`, the layouts alone: benchmarks/spaces/layouts.toml): every layout the
+   search measured on 2 ranks, its steady step;
 4. **refusals**: each bad source of the issue (an unknown model type, a folder without
    config.json, a hub id neither cached nor reachable, a config with no head to run) through the
    CLI: its exit status, its one line and its wall time (target: under 10 s, no folder left);
@@ -90,8 +91,9 @@ def tune_part(name: str, source: str, out: Path, trials: int, budget: str) -> st
 
 def layouts_part(name: str, source: str, out: Path, trials: int, budget: str) -> str:
     folder = out / f"{name}-layouts"
-    status, wall = _cli([source, *SIZES, "--nproc", "2", "--trials", str(trials), "--time-budget", budget,
-                         "--out", str(folder)], out / f"{name}-layouts.log")
+    status, wall = _cli([source, *SIZES, "--nproc", "2", "--space", str(REPO / "benchmarks" / "spaces" / "layouts.toml"),
+                         "--trials", str(trials), "--time-budget", budget, "--out", str(folder)],
+                        out / f"{name}-layouts.log")
     if status != 0:
         return f"{name:8} layouts failed ({status}): see {out / f'{name}-layouts.log'}"
     run = _only_run(folder)
