@@ -60,7 +60,8 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
     layout = layout_in(candidate)
     data, fsdp, tensor = layout.data, layout.fsdp, layout.tensor
-    if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
+    if FULLGRAPH in on and data > 1 and fsdp == tensor == 1 and training is not False:
+        # (An inference step's data axis is plain replicas, which compile whole.)
         # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
         # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
         return ("fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "
