@@ -79,8 +79,20 @@ def test_the_sharding_agent_seeds_tensor_layouts_first_for_an_inference_step() -
     space = SearchSpace.load("default", "cpu", ranks=4).for_workload(WorkloadTraits(False, 0, 4, 8, 4))
     inference = SimpleNamespace(workload=SimpleNamespace(training=False))
     training = SimpleNamespace(workload=SimpleNamespace(training=True))
-    assert agent.seeds(inference, space) == [{"layout": "1x1x4"}, {"layout": "2x1x2"}]
+    assert agent.seeds(inference, space) == [{"layout": "1x1x4"}, {"layout": "2x1x2"}, {"layout": "1x4x1"}]
     assert agent.seeds(training, space) == [{"layout": "1x4x1"}, {"layout": "1x2x2"}]
+
+
+def test_compile_options_that_cannot_run_an_inference_layout_are_rejected_and_others_kept() -> None:
+    from tpu_tuner.tuning.agents.compiler_options import validate
+
+    # Replicas are no DDP: fullgraph compiles them whole; it is refused only for a training step.
+    fullgraph = Candidate(execution="inductor", compile_options="fullgraph", layout="2x1x1")
+    assert validate(fullgraph, False, "cpu") is None and validate(fullgraph, True, "cpu") is not None
+    frozen = Candidate(execution="inductor", compile_options="freezing", layout="1x1x2")
+    assert validate(frozen, False, "cpu").startswith("freezing skipped: under tensor parallelism (layout 1x1x2)")
+    for layout in ("2x1x1", "1x2x1"):
+        assert validate(Candidate(execution="inductor", compile_options="freezing", layout=layout), False, "cpu") is None
 
 
 def test_the_printed_code_of_an_inference_config_applies_an_inference_layout(tmp_path) -> None:
