@@ -95,6 +95,16 @@ def test_compile_options_that_cannot_run_an_inference_layout_are_rejected_and_ot
         assert validate(Candidate(execution="inductor", compile_options="freezing", layout=layout), False, "cpu") is None
 
 
+def test_channels_last_under_fsdp_is_rejected_unmeasured() -> None:
+    from tpu_tuner.tuning.agents import load_agents
+
+    agent = next(a for a in load_agents(["compile"], "cpu", None) if a.name == "compile")
+    agent._conv_share = 0.5  # what diagnose reads from a convolution-heavy profile (examples/cnn.py)
+    refusal = agent.validate(Candidate(memory_format="channels_last", layout="1x2x1"))
+    assert refusal is not None and refusal.startswith("channels_last skipped: under fsdp (layout 1x2x1)")
+    assert agent.validate(Candidate(memory_format="channels_last", layout="2x1x1")) is None
+
+
 def test_the_printed_code_of_an_inference_config_applies_an_inference_layout(tmp_path) -> None:
     from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.model.profiled import INFERENCE_STEP
