@@ -1,10 +1,11 @@
 """Studies over ranks, one part a question: `python benchmarks/multi_host.py --only PART`.
 
-    python benchmarks/multi_host.py --only inference [--nproc 2] [--trials 6] [--time-budget 3m]
+    python benchmarks/multi_host.py --only inference [--nproc 2] [--trials 6] [--time-budget 3m] [--prune]
     python benchmarks/multi_host.py --only inference --runs results/<cnn run>/ results/<mlp run>/
 
 ``inference``: ``python -m tpu_tuner.cli examples/cnn.py --nproc 2 ...`` and the same for
-examples/mlp.py (both inference files: no loss), as a user runs them; then, from each run folder
+examples/mlp.py (both inference files: no loss), as a user runs them (with ``--no-prune`` unless
+``--prune``: every trial measured to the end); then, from each run folder
 (trials.csv's ``layout`` column, result.json's verification and the space's left-out layouts), the
 step time per layout (the fastest feasible setting of each, and the layout alone where it was
 measured) and the verified best with its interval. The host's CPU model and load average are
@@ -51,6 +52,9 @@ def tune(model_file: str, args: argparse.Namespace) -> Path:
     before = {p for p in out.iterdir() if p.is_dir()}
     command = [sys.executable, "-m", "tpu_tuner.cli", str(ROOT / model_file), "--nproc", str(args.nproc),
                "--trials", str(args.trials), "--time-budget", args.time_budget, "--out", str(out)]
+    if not args.prune:
+        # Each layout's figure a median of a whole timing, not the first steps of a pruned trial.
+        command.append("--no-prune")
     print("$ " + " ".join(command[1:]), flush=True)
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -129,6 +133,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--time-budget", default="3m")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench-multi-host"))
+    parser.add_argument("--prune", action="store_true", help="let the study prune hopeless trials (default: "
+                        "every trial measured to the end, so that each layout has a median)")
     parser.add_argument("--runs", nargs="+", help="summarise these finished runs (in the part's order) instead")
     args = parser.parse_args()
     for name in args.only or list(PARTS):
