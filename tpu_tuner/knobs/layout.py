@@ -14,8 +14,8 @@ The search space lists layout *families*, the mesh axes a layout may spread over
 factorisation of N with exactly those axes above 1 (`choices`); with one process the knob has
 the single choice ``1x1x1`` and is not searched. The model's shapes narrow them further
 (`choice_applies`: the batch must divide over data x fsdp, tensor parallelism must divide the
-column / row widths and head counts, fsdp needs repeated blocks, data x tensor an inference step). A Hugging Face
-transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
+column / row widths and head counts, fsdp needs repeated blocks, data x tensor an inference
+step). A Hugging Face transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
 ``_no_split_modules`` blocks), and the widths a tensor size must divide come from its plan.
 """
 

@@ -46,7 +46,8 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
          f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
          "trials below are the whole study's as this worker last saw them."),
         "",
-        *([_ranks_line(result.options.runner.nproc, result.profile.workload.training), ""] if result.options.runner.nproc > 1 else []),
+        *([_ranks_line(result.options.runner.nproc, result.profile.workload.training), ""]
+          if result.options.runner.nproc > 1 else []),
         *(_figures_note(compared, v.speedup is not None, v.chosen_is_best, planned) + [""]),
         "## Baseline against tuned",
         "",

@@ -4,9 +4,10 @@ inference.
 With a plan (``--plan DIR``, `sharding.from_plan`) its seeds are the plan's fitting layouts in the
 plan's order, mapped onto the local rank count, so that what the compile-only planner ranked
 first is measured first, before it is trusted. Without one, the definition's families are
-seeded (fully sharded first for a training step, tensor parallel first for an inference step). Layouts other than the baseline that the model's shapes cannot run
-are left out of the search space (`knobs/layout.py`; report.md says which and why); a layout that
-fails when measured alone is given up (`learn`).
+seeded (fully sharded first for a training step, tensor parallel first for an inference step).
+Layouts other than the baseline that the model's shapes cannot run are left out of the search
+space (`knobs/layout.py`; report.md says which and why); a layout that fails when measured alone
+is given up (`learn`).
 """
 
 from __future__ import annotations
