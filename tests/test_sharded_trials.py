@@ -53,15 +53,18 @@ def test_the_space_searches_layouts_only_with_several_ranks_and_only_those_the_m
     four = SearchSpace.load("default", "cpu", ranks=4)
     layouts = next(p for p in four.params if p.name == "layout").choices
     assert layouts[0] == "4x1x1"  # data parallel, the baseline
-    assert set(layouts) == {"4x1x1", "1x4x1", "1x1x4", "2x2x1", "1x2x2"}  # no data x tensor without fsdp
-    # Two heads per tensor group at most (tensor_divisor 2), a batch of 2: the model's shapes narrow.
+    assert set(layouts) == {"4x1x1", "1x4x1", "1x1x4", "2x2x1", "1x2x2", "2x1x2"}
+    # Two heads per tensor group at most (tensor_divisor 2), a batch of 2: the model's shapes narrow;
+    # a training step cannot run data x tensor without fsdp (DDP cannot wrap DTensor parameters).
     narrowed = four.for_workload(WorkloadTraits(training=True, conv_weights=0, repeated_blocks=4, batch_size=2,
                                                 tensor_divisor=2))
     assert next(p for p in narrowed.params if p.name == "layout").choices == ("4x1x1", "1x2x2")
-    assert any(line.startswith("layout: ") for line in narrowed.left_out)
-    # A training step only; fsdp and tensor need repeated blocks.
+    assert any(line.startswith("layout: 2x1x2: data x tensor without fsdp") for line in narrowed.left_out)
+    # An inference step: replicas on the data axis, so data x tensor runs too.
     inference = four.for_workload(WorkloadTraits(False, 0, 4, 8, 2))
-    assert next(p for p in inference.params if p.name == "layout").choices == ("4x1x1",)
+    assert set(next(p for p in inference.params if p.name == "layout").choices) == {
+        "4x1x1", "1x4x1", "2x2x1", "1x2x2", "2x1x2"}
+    # fsdp needs repeated blocks, tensor a linear layer to split.
     flat = four.for_workload(WorkloadTraits(True, 0, 0, 8, None))
     assert next(p for p in flat.params if p.name == "layout").choices == ("4x1x1",)
 

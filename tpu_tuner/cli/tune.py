@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "each trial's objective then includes its best shape buckets")
     parser.add_argument("--nproc", type=int, metavar="N", default=default_of(RunnerOptions, "nproc"),
                         help="run every trial on N ranks of this host, one process per device, and search how they "
-                             "share a training step (data / fsdp / tensor layouts; default %(default)s)")
+                             "share the step, training or inference (data / fsdp / tensor layouts; default %(default)s)")
     parser.add_argument("--plan", type=Path, metavar="PLAN_DIR", default=default_of(search, "plan"),
                         help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)")
     parser.add_argument("--max-buckets", type=int, default=default_of(objective, "max_buckets"),

@@ -16,6 +16,7 @@ import torch
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.execution.step import PreparedStep, accumulate_gradients, micro_batches
+from tpu_tuner.model.batch import batch_size_of
 from tpu_tuner.model.workload import Workload, call_model
 
 REFERENCE = Candidate()  # eager, fp32 "highest", no autocast
@@ -46,7 +47,10 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
     else:
         with torch.no_grad(), candidate.step(backend):
             output = call_model(step.forward, inputs)
-        parts = {"output": _flatten(output).cpu()}
+        # As a rank of a sharded step: the global batch's output, every rank's slice gathered in
+        # batch order (every rank takes part), as one device computes it on the whole batch.
+        output = candidate.gather_output(output, batch_size_of(inputs), backend)
+        parts = {"output": flatten_output(output).cpu()}
     return Outputs(parts)
 
 
@@ -70,11 +74,13 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _flatten(output: Any) -> torch.Tensor:
+def flatten_output(output: Any) -> torch.Tensor:
+    """A model's output (a tensor, a dict by key, a tuple or list of them) as one flat float32
+    tensor: what the guardrail compares."""
     if isinstance(output, torch.Tensor):
-        return output.detach().float().flatten()
+        return whole(output).detach().float().flatten()
     if isinstance(output, dict):
-        return torch.cat([_flatten(v) for _, v in sorted(output.items())])
+        return torch.cat([flatten_output(v) for _, v in sorted(output.items())])
     if isinstance(output, (tuple, list)):
-        return torch.cat([_flatten(v) for v in output])
+        return torch.cat([flatten_output(v) for v in output])
     raise TypeError(f"cannot compare a model output of type {type(output).__name__}")

@@ -62,8 +62,9 @@ def prepare_step(
     model.train(workload.is_training)
     inputs, target = move_to(inputs, device), move_to(target, device)
     # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,
-    # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too.
-    model = candidate.prepare_model(model, backend)
+    # then its forward wrapper (torch.compile): the hooks `tpu_tuner.apply` calls too. The layout
+    # hears which step it splits (an inference step's data axis needs no DDP).
+    model = candidate.prepare_model(model, backend, training=workload.is_training)
     # The training step's optimizer as the candidate builds it (implementation flag).
     optimizer = candidate.prepare_optimizer(workload.optimizer_for(model), backend)
     compiled = candidate.wrap_forward(model, backend)

@@ -142,6 +142,12 @@ class Knob(ABC):
         """The model with the setting applied (in place where possible)."""
         return model
 
+    def model_for_step(self, value: str, model: nn.Module, backend: BackendLike, training: bool) -> nn.Module:
+        """`model` for a step that trains (`training`) or only runs forwards; the callers that know
+        which (a trial's step, `tpu_tuner.apply`) call this. `model`'s answer unless the knob
+        applies differently to the two (the layout's data axis: DDP to train, replicas to infer)."""
+        return self.model(value, model, backend)
+
     def forward(self, value: str, fn: Callable[..., Any], backend: BackendLike,
                 static_shapes: bool = False) -> Callable[..., Any]:
         """`fn` (the model's forward) wrapped as the value asks. `static_shapes`: every new input
@@ -170,6 +176,12 @@ class Knob(ABC):
         """The part of the global batch this process runs (a rank of a sharded step runs its
         slice); the whole batch by default."""
         return inputs, target
+
+    def gather_output(self, value: str, output: Any, local_batch: int | None) -> Any:
+        """The global batch's model output from this process's output of its slice (`local_batch`
+        samples): `local_batch`'s inverse, which the accuracy guardrail compares with one
+        device's output of the whole batch; `output` as it is by default."""
+        return output
 
     # --- how a training step is built (no-ops by default; inference steps never call them) -----
 
@@ -228,6 +240,11 @@ class Knob(ABC):
         """Python statements that apply `value` to `model` and a batch `inputs` (the user's own
         names), runnable as printed after ``import torch``."""
         return []
+
+    def code_for_step(self, value: str, device_kind: str, training: bool) -> list[str]:
+        """`code` for a step that trains (`training`) or only runs forwards; `code`'s lines unless
+        the knob applies differently to the two (`model_for_step`)."""
+        return self.code(value, device_kind)
 
     def step_code(self, value: str, device_kind: str) -> str | None:
         """A context-manager expression to run the step in (``with <it>: output = model(inputs)``)."""

@@ -122,10 +122,11 @@ class Candidate:
                 stack.enter_context(knob.process(value, backend))
             yield
 
-    def prepare_model(self, model: nn.Module, backend: "BackendLike") -> nn.Module:
-        """The model with every model-level setting applied."""
+    def prepare_model(self, model: nn.Module, backend: "BackendLike", training: bool = True) -> nn.Module:
+        """The model with every model-level setting applied, for a step that trains (`training`)
+        or only runs forwards."""
         for knob, value in self._active(backend.kind):
-            model = knob.model(value, model, backend)
+            model = knob.model_for_step(value, model, backend, training)
         return model
 
     def wrap_forward(self, fn: Callable[..., Any], backend: "BackendLike", static_shapes: bool = False) -> Callable[..., Any]:
@@ -157,6 +158,13 @@ class Candidate:
             inputs, target = knob.local_batch(value, inputs, target)
         return inputs, target
 
+    def gather_output(self, output: Any, local_batch: int | None, backend: "BackendLike") -> Any:
+        """The global batch's output from this process's output of its slice (`local_batch`
+        samples): every rank's slice gathered in order under a sharding layout; `output` otherwise."""
+        for knob, value in self._active(backend.kind):
+            output = knob.gather_output(value, output, local_batch)
+        return output
+
     def micro_batches(self, backend: "BackendLike") -> int:
         """Into how many micro-batches the training step splits its batch (1: none)."""
         counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]
@@ -170,13 +178,14 @@ class Candidate:
                 lines += knob.training_code(self[name], device_kind)
         return lines
 
-    def code(self, device_kind: str) -> list[str]:
-        """Runnable Python that applies the candidate to `model` and runs `inputs` through it."""
+    def code(self, device_kind: str, training: bool = True) -> list[str]:
+        """Runnable Python that applies the candidate to `model` and runs `inputs` through it (for
+        a step that trains, `training`, or only runs forwards)."""
         lines = ["import torch"]
         contexts = []
         for name, knob in knobs.REGISTRY.items():
             if knob.applies_to(device_kind):
-                lines += knob.code(self[name], device_kind)
+                lines += knob.code_for_step(self[name], device_kind, training)
                 if (context := knob.step_code(self[name], device_kind)) is not None:
                     contexts.append(context)
         if contexts:

@@ -1,19 +1,21 @@
-"""The `layout` knob: how the ranks of a multi-process run (``--nproc N``) share a training step.
+"""The `layout` knob: how the ranks of a multi-process run (``--nproc N``) share a step.
 
 A value is a mesh, ``DATAxFSDPxTENSOR`` (the planner's `Layout`): ``Nx1x1`` is data parallel
-(DDP, the baseline of an N-rank study), ``1xNx1`` fully sharded (FSDP2), ``1x1xN`` tensor
-parallel (DTensor), and the mixes (HSDP, FSDP x TP). It is applied by the one function every
+(the baseline of an N-rank study: DDP for a training step, replicas of the model for an
+inference step), ``1xNx1`` fully sharded (FSDP2), ``1x1xN`` tensor parallel (DTensor), and the
+mixes (HSDP, FSDP x TP, and data x TP for inference). It is applied by the one function every
 caller shares (`tpu_tuner.parallel.apply.apply_layout`) on the process group the ranks joined,
 and each rank then runs its slice of the global batch (`local_batch`), so every layout runs the
-same global batch per step and their step times compare directly.
+same global batch per step and their step times compare directly. An inference step's outputs
+are gathered back into the global batch's for the accuracy guardrail (`gather_output`).
 
 The search space lists layout *families*, the mesh axes a layout may spread over ("data",
 "fsdp", "tensor", "data+fsdp", "fsdp+tensor", ...): for a run of N ranks each expands to every
 factorisation of N with exactly those axes above 1 (`choices`); with one process the knob has
 the single choice ``1x1x1`` and is not searched. The model's shapes narrow them further
 (`choice_applies`: the batch must divide over data x fsdp, tensor parallelism must divide the
-column / row widths and head counts, fsdp and tensor need repeated blocks). A Hugging Face
-transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
+column / row widths and head counts, fsdp needs repeated blocks, data x tensor an inference
+step). A Hugging Face transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
 ``_no_split_modules`` blocks), and the widths a tensor size must divide come from its plan.
 """
 
@@ -34,9 +36,9 @@ if TYPE_CHECKING:
 
 SINGLE = "1x1x1"
 AXES = ("data", "fsdp", "tensor")
-# The families a search space may list: each a set of axes; "data+tensor" is not one (DDP cannot
-# wrap tensor-parallel parameters; `model.layouts.why_not_ranks`).
-FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+fsdp+tensor")
+# The families a search space may list: each a set of axes. "data+tensor" runs only an inference
+# step (DDP cannot wrap tensor-parallel parameters; `model.layouts.why_not_ranks`).
+FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+tensor", "data+fsdp+tensor")
 
 
 def expand(family: str, ranks: int) -> list[str]:
@@ -60,7 +62,6 @@ class LayoutKnob(Knob):
     position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
     training_only = False
     spreads_over_ranks = True
-    not_applicable = "sharding layouts split a training step (an inference step runs on one process)"
 
     def check(self, value: str) -> str:
         if not isinstance(value, str):
@@ -82,9 +83,6 @@ class LayoutKnob(Knob):
         expanded = [baseline] + [v for family in families for v in expand(family, ranks) if v != baseline]
         return tuple(dict.fromkeys(expanded))
 
-    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
-        return traits.training
-
     def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
         return self.choice_refusal(value, traits) is None
 
@@ -95,9 +93,12 @@ class LayoutKnob(Knob):
         widths = {} if traits.tensor_divisor is None else {
             "the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
         return why_not_ranks(layout, layout.devices, traits.batch_size, traits.repeated_blocks,
-                             widths if layout.tensor > 1 else {})
+                             widths if layout.tensor > 1 else {}, inference=not traits.training)
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
+        return self.model_for_step(value, model, backend, training=True)
+
+    def model_for_step(self, value: str, model: nn.Module, backend: BackendLike, training: bool) -> nn.Module:
         if value == SINGLE:
             return model
         import torch.distributed as dist
@@ -109,7 +110,7 @@ class LayoutKnob(Knob):
             raise LayoutError(f"layout {value} runs on {layout.devices} processes, one per device: start them "
                               f"(torchrun --nproc-per-node {layout.devices}, or tpu-tune --nproc {layout.devices}) "
                               "and join a process group first")
-        return apply_layout(model, layout, device_type=mesh_device_type())
+        return apply_layout(model, layout, device_type=mesh_device_type(), inference=not training)
 
     def local_batch(self, value: str, inputs: Any, target: Any) -> tuple[Any, Any]:
         """This rank's slice of the global batch: ranks of one data x fsdp coordinate share one."""
@@ -129,24 +130,46 @@ class LayoutKnob(Knob):
         return (batch_slice(inputs, size, layout.batch_shards, shard),
                 batch_slice(target, size, layout.batch_shards, shard))
 
+    def gather_output(self, value: str, output: Any, local_batch: int | None) -> Any:
+        """Every rank's output of its slice, gathered in batch order (`parallel.inference`)."""
+        if value == SINGLE:
+            return output
+        from tpu_tuner.parallel.inference import gather_batch
+
+        return gather_batch(output, _layout(value), local_batch)
+
     def describe(self, value: str) -> str:
         if value == SINGLE:
             return ""
         layout = _layout(value)
-        parts = [f"{name} {size}" for name, size in (("DDP" if layout.fsdp == 1 else "replicas", layout.data),
+        # "data", not "DDP": an inference step's data axis holds plain replicas.
+        parts = [f"{name} {size}" for name, size in (("data" if layout.fsdp == 1 else "replicas", layout.data),
                                                     ("FSDP", layout.fsdp), ("TP", layout.tensor)) if size > 1]
         return "layout " + " x ".join(parts)
 
     def code(self, value: str, device_kind: str) -> list[str]:
+        return self.code_for_step(value, device_kind, training=True)
+
+    def code_for_step(self, value: str, device_kind: str, training: bool) -> list[str]:
         if value == SINGLE:
             return []
         layout = _layout(value)
-        return ["# one process per device, each joined to the process group first "
-                f"(torchrun --nproc-per-node {layout.devices} script.py)",
-                "from tpu_tuner.model.layouts import Layout",
-                "from tpu_tuner.parallel.apply import apply_layout",
-                f"model = apply_layout(model, Layout(data={layout.data}, fsdp={layout.fsdp}, tensor={layout.tensor}), "
-                f"device_type={device_kind!r})  # before the optimizer is built"]
+        mesh = f"Layout(data={layout.data}, fsdp={layout.fsdp}, tensor={layout.tensor})"
+        lines = ["# one process per device, each joined to the process group first "
+                 f"(torchrun --nproc-per-node {layout.devices} script.py)",
+                 "from tpu_tuner.model.layouts import Layout",
+                 "from tpu_tuner.parallel.apply import apply_layout"]
+        if training:
+            return lines + [f"model = apply_layout(model, {mesh}, device_type={device_kind!r})  "
+                            "# before the optimizer is built"]
+        lines.append(f"model = apply_layout(model, {mesh}, device_type={device_kind!r}, inference=True)  "
+                     "# every rank holds rank 0's weights (or its shards of them)")
+        if layout.batch_shards > 1:
+            lines += [f"# each rank runs its slice of the global batch ({layout.batch_shards} slices: rank "
+                      f"// {layout.tensor}'s); the whole batch's output on every rank, where you need it:",
+                      "#   from tpu_tuner.parallel.inference import gather_batch",
+                      f"#   output = gather_batch(output, {mesh}, local_batch)  # local_batch: your slice's size"]
+        return lines
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
         layout = _layout(value)
@@ -160,7 +183,8 @@ class LayoutKnob(Knob):
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         """The mesh the model's parameters are laid out on: DDP's replicas, or the mesh axes of
-        its DTensor parameters (FSDP shards, tensor-parallel shards)."""
+        its DTensor parameters (FSDP shards, tensor-parallel shards), and the replicas of an
+        inference layout (plain tensors: `apply_layout` marks their count on the model)."""
         from torch.distributed.tensor import DTensor
         from torch.nn.parallel import DistributedDataParallel
 
@@ -175,6 +199,9 @@ class LayoutKnob(Knob):
                 for axis, size in zip(mesh.mesh_dim_names or (), mesh.shape):
                     if axis in sizes:
                         sizes[axis] = max(sizes[axis], size)
+        from tpu_tuner.parallel.apply import REPLICAS_MARK
+
+        sizes["data"] = max(sizes["data"], int(getattr(model, REPLICAS_MARK, 1)))
         return Layout.from_mesh(sizes).short()
 
     # --- the tuned config: [sharding.mesh] repeats the layout for planners' readers -----------

@@ -83,6 +83,15 @@ class TunedConfig:
         return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
                    sharding=data.get("sharding"), bucketing=data.get("bucketing"))
 
+    @property
+    def training(self) -> bool:
+        """Whether the tuned step trains: its provenance's workload step, a training step where
+        none is recorded (a planner's sharding config plans training)."""
+        from tpu_tuner.model.profiled import INFERENCE_STEP
+
+        workload = self.provenance.get("workload")
+        return not (isinstance(workload, dict) and workload.get("step") == INFERENCE_STEP)
+
     def knob_tables(self) -> dict[str, dict[str, Any]]:
         """The tables beside [settings] that the knobs write (`Knob.config_tables`: [sharding] with
         the mesh of the candidate's layout, its one source being [settings]), each merged over
@@ -116,13 +125,16 @@ class TunedConfig:
             "import tpu_tuner",
             "",
             f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
-            "with autocast():  # around the forward pass and the loss",
+            "with autocast():  # around the forward pass and the loss" if self.training else
+            "with torch.no_grad(), autocast():  # the forward pass (tuned as inference)",
             "    output = model(inputs)  # model(**inputs) for a dict batch (a Hugging Face model's)",
             "",
             "# what apply() does, if you would rather write it out (the knobs' own code):",
         ]
-        lines += [f"#   {line}" for line in c.code(self.device_kind)]
-        training = c.training_code(self.device_kind)
+        if not self.training:
+            lines.insert(lines.index("import tpu_tuner"), "import torch")
+        lines += [f"#   {line}" for line in c.code(self.device_kind, training=self.training)]
+        training = c.training_code(self.device_kind) if self.training else []
         if training:
             # The training loop is the user's: apply() cannot rebuild their optimizer or split
             # their batch, so the measured training-step settings are printed for them to write.
@@ -194,25 +206,28 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     process = contextlib.ExitStack()
     process.enter_context(candidate.process(backend))
     _OPEN_PROCESS_SETTINGS.append(process)  # the settings are for the rest of the process
-    model = candidate.prepare_model(model, backend)  # the layout too: one process per device, joined first
+    # The layout too (one process per device, joined first), for the step the config was tuned on.
+    model = candidate.prepare_model(model, backend, training=config.training)
     compiled = candidate.wrap_forward(model, backend)
     return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
                          optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
                          micro_batches=candidate.micro_batches(backend))
 
 
-def apply_sharding(model: nn.Module, config: TunedConfig | str | Path) -> nn.Module:
+def apply_sharding(model: nn.Module, config: TunedConfig | str | Path, training: bool | None = None) -> nn.Module:
     """Apply only the config's layout (its [settings] layout, the mesh of its [sharding] table:
     a tuned config's or a planner's sharding_config.toml) on this process's process group,
-    through the layout knob's own hook, the one a sharded trial used (`tpu_tuner.parallel.apply`).
-    One process: the model as it is; a layout over N processes without a process group of N is
-    refused with what to start."""
+    through the layout knob's own hook, the one a sharded trial used (`tpu_tuner.parallel.apply`),
+    for a step that trains or only runs forwards (`training`; None: the step the config was
+    tuned on). One process: the model as it is; a layout over N processes without a process
+    group of N is refused with what to start."""
     if not isinstance(config, TunedConfig):
         config = TunedConfig.load(config)
     backend = _backend_class(config.device_kind)
+    training = config.training if training is None else training
     for name, knob in knobs.REGISTRY.items():
         if knob.spreads_over_ranks:
-            model = knob.model(config.candidate[name], model, backend)
+            model = knob.model_for_step(config.candidate[name], model, backend, training)
     return model
 
 

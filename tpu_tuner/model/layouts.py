@@ -199,23 +199,25 @@ def _divisors(n: int) -> list[int]:
 
 
 def why_not_ranks(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
-                  widths: Mapping[str, int]) -> str | None:
+                  widths: Mapping[str, int], inference: bool = False) -> str | None:
     """Why `layout` cannot run as `world_size` ranks of a torch step (`parallel/apply.py`: DDP,
     FSDP2 on repeated blocks, DTensor tensor parallelism) with a global batch of `batch_size`,
     from the model's numbers: its count of repeated blocks and the widths a tensor axis must
-    divide (name -> width); None where it can. `why_not` is the planner's question (a model
-    shape on a TPU mesh)."""
+    divide (name -> width, empty where no linear layer splits); None where it can. `inference`:
+    the step is a forward alone, whose data axis is plain replicas (no DDP), so data x tensor can
+    run. `why_not` is the planner's question (a model shape on a TPU mesh)."""
     if layout.devices != world_size:
         return f"layout {layout.short()} needs {layout.devices} ranks, not {world_size}"
     if batch_size is not None and batch_size % layout.batch_shards:
         return f"the batch of {batch_size} does not divide over data x fsdp = {layout.batch_shards}"
-    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
+    if layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1 and not inference:
         return "data x tensor without fsdp is not supported (DDP cannot wrap tensor-parallel parameters): use fsdp"
-    if (layout.fsdp > 1 or layout.tensor > 1) and repeated_blocks < 2:
-        return "fsdp and tensor layouts shard repeated blocks, and the model has fewer than two like blocks"
+    if layout.fsdp > 1 and repeated_blocks < 2:
+        return "fsdp layouts shard repeated blocks, and the model has fewer than two like blocks"
     if layout.tensor > 1:
         if not widths:
-            return "tensor parallelism finds no column- or row-wise linear layer in the repeated blocks"
+            return ("tensor parallelism finds no column- or row-wise linear layer (in the repeated blocks, or "
+                    "pairs of a chain of linear layers)")
         for name, width in widths.items():
             if width % layout.tensor:
                 return f"tensor {layout.tensor} does not divide {name} = {width}"

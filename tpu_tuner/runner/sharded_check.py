@@ -1,4 +1,4 @@
-"""The numerics guardrail of a sharded training step, run as the ranks of one process group.
+"""The numerics guardrail of a sharded step (training or inference), run as the ranks of one process group.
 
     python -m tpu_tuner.runner.sharded_check MODEL.py DATAxFSDPxTENSOR|CONFIG.toml [--batch-size N]
     (started by `check_layout`, through `launch.run_ranks`)
@@ -11,6 +11,10 @@ as the accuracy guardrail compares precision settings: relative error of the los
 gradients concatenated in parameter order. Given a tuned or sharding config (``.toml``, e.g. the
 planner's sharding_config.toml) instead of a layout, the ranks shard through `tpu_tuner.apply`,
 as a user's script would, and the same comparison checks it.
+
+An inference file (no loss) runs its forward alone, without grad: the single-device output of
+the whole batch against the ranks' outputs, each rank's slice gathered in batch order
+(`parallel.inference.gather_batch`; the ranks of a tensor group hold the same slice whole).
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ class RankStep:
 
     @property
     def local_batch(self) -> int:
-        return len(self.local_target)
+        from tpu_tuner.model.batch import batch_size_of
+
+        return int(batch_size_of(self.local_inputs) or 0)
 
 
 def rank_arguments(description: str) -> argparse.ArgumentParser:
@@ -68,8 +74,8 @@ def layout_of(text: str) -> Layout:
 
 
 def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None) -> RankStep:
-    """Join the group and build this rank's step inputs; exits with the reason when the file
-    has no training step or the layout cannot run the model."""
+    """Join the group and build this rank's step inputs (an inference file's target is None);
+    exits with the reason when the layout cannot run the model."""
     import torch
 
     from tpu_tuner.model.batch import batch_slice
@@ -79,12 +85,11 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
     rank, world = init_rank()
     layout = layout_of(layout_text)
     workload = load_workload(model_file)
-    if not workload.is_training:
-        raise SystemExit(f"{model_file}: a sharded run needs a training step (the file declares no loss)")
     torch.manual_seed(SEED)
     model = workload.build_model()
+    model.train(workload.is_training)  # as a trial's step runs it (prepare_step)
     batch = batch_size or workload.batch_size or 8
-    reason = why_not(model, layout, world, batch)
+    reason = why_not(model, layout, world, batch, inference=not workload.is_training)
     if reason:
         raise SystemExit(f"layout {layout_text}: {reason}")
     torch.manual_seed(SEED + 1)
@@ -97,7 +102,8 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
 
 def check_layout(model_file: str | Path, layout: str, nproc: int, batch_size: int | None = None,
                  timeout_s: float = 300.0) -> RanksResult:
-    """Run the check on `nproc` ranks; rank 0's report has ``loss_error`` and ``gradient_error``."""
+    """Run the check on `nproc` ranks; rank 0's report has ``loss_error`` and ``gradient_error``
+    (a training step) or ``output_error`` (an inference step)."""
     args = [str(model_file), layout] + ([f"--batch-size={batch_size}"] if batch_size else [])
     return run_ranks(nproc, "tpu_tuner.runner.sharded_check", args, timeout_s)
 
@@ -114,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     from tpu_tuner.model.workload import call_model
 
     step = prepare_rank_step(args.model_file, args.layout, args.batch_size)
+    if not step.workload.is_training:
+        _check_inference(step, args.layout)
+        return
     workload = step.workload
     reference: dict[str, Any] | None = None
     if step.rank == 0:
@@ -125,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # A config file shards as `tpu_tuner.apply` does (its other settings are for its own device,
     # a plan's are TPU's, and the precision guardrail's to check); a layout string directly.
-    sharded = (apply_sharding(step.model, args.layout) if args.layout.endswith(".toml")
+    sharded = (apply_sharding(step.model, args.layout, training=True) if args.layout.endswith(".toml")
                else apply_layout(step.model, step.layout))
     loss = workload.loss_fn(call_model(sharded, step.local_inputs), step.local_target)
     loss.backward()
@@ -146,6 +155,39 @@ def main(argv: list[str] | None = None) -> None:
         # The largest absolute differences beside the relative errors, for reports that quote them.
         report["loss_abs_diff"] = abs(float(mean_loss) - float(reference["loss"]))
         report["gradient_max_abs_diff"] = float((gradients - reference["gradients"]).abs().max())
+    write_report(report)
+    finish_rank()
+
+
+def _check_inference(step: RankStep, layout: str) -> None:
+    """The forward alone: rank 0's single-device output of the whole batch, then every rank's
+    output of its slice under the layout, gathered in batch order and compared on rank 0."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from tpu_tuner.execution.accuracy import flatten_output
+    from tpu_tuner.knobs.tuned_config import apply_sharding
+    from tpu_tuner.model.workload import call_model
+    from tpu_tuner.parallel.apply import apply_layout
+    from tpu_tuner.parallel.inference import gather_batch
+
+    reference = None
+    if step.rank == 0:
+        with torch.no_grad():
+            reference = flatten_output(call_model(copy.deepcopy(step.model), step.inputs))
+    dist.barrier()
+    sharded = (apply_sharding(step.model, layout, training=False) if layout.endswith(".toml")
+               else apply_layout(step.model, step.layout, inference=True))
+    with torch.no_grad():
+        output = call_model(sharded, step.local_inputs)
+    gathered = flatten_output(gather_batch(output, step.layout, step.local_batch))  # every rank takes part
+    report: dict[str, Any] = {"rank": step.rank, "layout": layout, "local_batch": step.local_batch}
+    if reference is not None:
+        report["output_error"] = relative_error(Outputs({"output": gathered}), Outputs({"output": reference}))["output"]
+        report["output_max_abs_diff"] = (float((gathered - reference).abs().max())
+                                         if gathered.shape == reference.shape else float("inf"))
     write_report(report)
     finish_rank()
 

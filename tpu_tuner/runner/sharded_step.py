@@ -1,5 +1,5 @@
-"""A sharded training step timed on every rank: the trial's own step (`execution/step.py`) under
-the layout, warmed up and timed as a trial is (`execution/timer.py`), plus what a layout changes
+"""A sharded step timed on every rank (training, or an inference forward): the trial's own step
+(`execution/step.py`) under the layout, warmed up and timed as a trial is (`execution/timer.py`), plus what a layout changes
 per rank: its peak memory over the timed steps and the model state it holds.
 
 Run as a `ShardedStepRequest` through `RankedTrialRunner` (ranks started by the launcher,
@@ -25,11 +25,8 @@ from tpu_tuner.runner.requests import ShardedStepRequest, ShardedStepTiming
 
 
 def time_sharded_step(workload: Workload, backend: Backend, request: ShardedStepRequest) -> ShardedStepTiming:
-    """Warm up, then time `request.steps` steps of the training step on `request.layout`."""
-    from tpu_tuner.core.errors import WorkloadError
-
-    if not workload.is_training:
-        raise WorkloadError("a sharded run needs a training step (the file declares no loss)", workload.source)
+    """Warm up, then time `request.steps` steps of the workload's step (a training step, or an
+    inference forward on each rank's slice) on `request.layout`."""
     candidate = Candidate(layout=request.layout)
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, request.batch_size)
@@ -40,7 +37,7 @@ def time_sharded_step(workload: Workload, backend: Backend, request: ShardedStep
         per_rank = _gather(backend, [float(peak or 0), float(_state_bytes(step.model, step.optimizer))])
     return ShardedStepTiming(step_seconds=list(timing.samples), peak_bytes=[int(r[0]) for r in per_rank],
                              state_bytes=[int(r[1]) for r in per_rank],
-                             local_batch=int(batch_size_of(step.batch[1]) or 0))
+                             local_batch=int(batch_size_of(step.batch[0]) or 0))
 
 
 def _gather(backend: Backend, values: list[float]) -> list[list[float]]:

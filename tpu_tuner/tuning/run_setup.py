@@ -22,12 +22,10 @@ from tpu_tuner.tuning.options import RunnerOptions, TuneOptions
 
 
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
-    """What --nproc N cannot run yet, refused before anything is measured."""
+    """What --nproc N cannot run yet, refused before anything is measured (a training step and an
+    inference step both split over ranks)."""
     if nproc == 1:
         return
-    if not workload.is_training:
-        raise UserInputError(f"--nproc {nproc} splits a training step over ranks (data / fsdp / tensor "
-                             "layouts); this file's step is inference (it declares no loss)", workload.source)
     if lengths is not None:
         raise UserInputError(f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
                              "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",

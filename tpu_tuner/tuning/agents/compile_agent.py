@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
+from tpu_tuner.knobs.layout import layout_in
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import CompileDefinition
@@ -107,5 +108,10 @@ class CompileAgent(Agent):
         if candidate["memory_format"] == "channels_last" and self._conv_share == 0.0:
             return ("channels_last skipped: the profile shows no convolution operator, and the setting only "
                     "re-lays 4-D convolution weights and inputs")
+        if candidate["memory_format"] == "channels_last" and layout_in(candidate).fsdp > 1:
+            # The memory format re-lays the weights before the layout shards them, and FSDP2 takes
+            # contiguous parameters only (examples/cnn.py on 2 ranks failed so on every rank).
+            return (f"channels_last skipped: under fsdp (layout {candidate['layout']}) FSDP2 refuses the "
+                    "non-contiguous convolution weights channels_last makes")
         return (compiler_options.validate(candidate, self._training, self.device_kind)
                 or training_step.validate(candidate, self._training))

@@ -60,7 +60,15 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
     layout = layout_in(candidate)
     data, fsdp, tensor = layout.data, layout.fsdp, layout.tensor
-    if FULLGRAPH in on and data > 1 and fsdp == tensor == 1:
+    if FREEZING in on and tensor > 1:
+        # Freezing folds the graph's parameter inputs into constants, and under tensor parallelism
+        # one input is the process group of the collectives (a script object, no tensor): the compile
+        # fails on every rank ("cannot assign FakeScriptObject to buffer", examples/mlp.py and
+        # tests/fixtures/tiny_residual_mlp.py on 2 ranks; FSDP and replicas compile).
+        return ("freezing skipped: under tensor parallelism (layout " + layout.short() + ") inductor freezing "
+                "cannot fold the collectives' process group into a constant (the compile fails)")
+    if FULLGRAPH in on and data > 1 and fsdp == tensor == 1 and training is not False:
+        # (An inference step's data axis is plain replicas, which compile whole.)
         # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
         # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
         return ("fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "

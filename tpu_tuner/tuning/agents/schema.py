@@ -146,6 +146,7 @@ class ShardingSeeds:
     """[seeds]: the layouts tried first."""
 
     families: tuple[str, ...]  # layout families (knobs/layout.py FAMILIES) seeded without a plan, in order
+    inference_families: tuple[str, ...]  # the same for an inference step (a forward alone)
     plan_top: int  # with --plan: how many of the plan's fitting layouts are enqueued
 
 

@@ -1,11 +1,13 @@
-"""The sharding agent: the data x fsdp x tensor layout of an N-rank training step (`layout`).
+"""The sharding agent: the data x fsdp x tensor layout of an N-rank step (`layout`), training or
+inference.
 
 With a plan (``--plan DIR``, `sharding.from_plan`) its seeds are the plan's fitting layouts in the
 plan's order, mapped onto the local rank count, so that what the compile-only planner ranked
 first is measured first, before it is trusted. Without one, the definition's families are
-seeded (fully sharded first). Layouts other than the baseline that the model's shapes cannot run
-are left out of the search space (`knobs/layout.py`; report.md says which and why); a layout that
-fails when measured alone is given up (`learn`).
+seeded (fully sharded first for a training step, tensor parallel first for an inference step).
+Layouts other than the baseline that the model's shapes cannot run are left out of the search
+space (`knobs/layout.py`; report.md says which and why); a layout that fails when measured alone
+is given up (`learn`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ShardingAgent(Agent):
     ranks: int = 1  # set by the study: the processes every trial runs on (--nproc)
     planned: list[MappedLayout] | None = None  # set by the study from --plan: the plan's layouts, mapped
     plan_source: str = ""  # the plan folder, for the findings
+    training: bool = True  # whether the profiled step trains (read in `diagnose`)
 
     def __init__(self, definition: Any, device_kind: str, probe: RooflineProbe | None = None) -> None:
         super().__init__(definition, device_kind, probe)
@@ -40,8 +43,11 @@ class ShardingAgent(Agent):
     def diagnose(self, profile: Profile) -> list[str]:
         if self.ranks == 1:
             return ["one process per trial: no sharding layout to search (--nproc N runs every trial on N ranks)"]
+        self.training = profile.workload.training
+        baseline = ("DDP" if self.training else "replicas of the model, each a slice of the batch: an inference "
+                    "step has no gradient to synchronise")
         findings = [f"every trial runs on {self.ranks} ranks, one process each, on the global batch of "
-                    f"{profile.workload.batch_size}; the baseline is data parallel ({self.ranks}x1x1, DDP)"]
+                    f"{profile.workload.batch_size}; the baseline is data parallel ({self.ranks}x1x1, {baseline})"]
         if self.planned is not None:
             if not self.planned:
                 findings.append(f"the plan in {self.plan_source} has no fitting layout to seed")
@@ -58,7 +64,9 @@ class ShardingAgent(Agent):
         if self.planned:
             wanted = [m.local.short() for m in self.planned[: self.definition.seeds.plan_top]]
         else:
-            wanted = [next(iter(expand(family, space.ranks)), "") for family in self.definition.seeds.families]
+            training = profile.workload.training if profile is not None else self.training
+            families = self.definition.seeds.families if training else self.definition.seeds.inference_families
+            wanted = [next(iter(expand(family, space.ranks)), "") for family in families]
         return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
 
     def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> list[dict[str, str]]:
