@@ -73,6 +73,9 @@ class TrialRunner:
         self._owns_log = log is None
         self.log = log if log is not None else WorkerLog()
 
+    def check_usable(self) -> None:
+        """Every job can run here (a runner over several hosts raises once they are lost for good)."""
+
     def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job; start (or restart) a worker when none is alive or the environment differs."""
         env = env or {}

@@ -212,6 +212,13 @@ class TuneTrials(Feature):
             if verdict == "ok" and (self.best is None or value < self.best):
                 self.best = value
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
+        elif outcome.failure.kind == records.INTERRUPTED:
+            # Cut short by a lost host (runner/multi_host.py): it measured nothing and says nothing
+            # of the setting, so FAIL (TPE ignores it) and queued again, to be measured once.
+            trial_attrs.record_failure(trial, outcome.failure)
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(dict(trial.params))
+            message = f"{label}: interrupted, queued again ({outcome.failure.message})"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
             # Told as pruned with a violated constraint, not FAIL: TPE reads only complete and
@@ -236,6 +243,9 @@ class TuneTrials(Feature):
         self.out_of_time = not search_may_go_on(trials, self.clock)
 
     def stop_reason(self) -> str | None:
+        # A runner whose hosts are gone for good raises here, before the next ask: no trial is
+        # left running for a relaunch to find.
+        self.runner.check_usable()
         return "clock" if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:
