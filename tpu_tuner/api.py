@@ -71,7 +71,8 @@ def tune_across_hosts(model_file: str | Path, options: TuneOptions,
             farewell(group, f"the driver stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                      failed=True)
             raise
-        farewell(group, f"the study ended on the driver ({me.describe()}); results in {result.run_dir}", failed=False)
+        farewell(group, f"the study ended on the driver ({me.describe()}); results in {result.run_dir} there",
+                 failed=False)
         return result
     finally:
         group.close()

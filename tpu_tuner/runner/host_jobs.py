@@ -166,6 +166,17 @@ def follow(group: HostGroup, output: WorkerLog,
     """A follower's run: each job the driver announces on this host's ranks, until the end.
     `environments(device_kind)` gives this host's launch variables and per-rank ones (TorchTPU's
     are decided on each host). `HostsError` when the driver goes away."""
+    from torch.distributed import DistError
+
+    try:
+        return _follow(group, output, environments)
+    except DistError as exc:  # the store went away with its host (the driver's, in the usual case)
+        raise HostsError(f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): "
+                         f"{_relaunch(group)}") from exc
+
+
+def _follow(group: HostGroup, output: WorkerLog,
+            environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]]) -> FollowEnd:
     jobs = 0
     while True:
         number, payload = next_announcement(group)

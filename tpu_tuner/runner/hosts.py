@@ -159,10 +159,16 @@ class HostGroup:
         """Stop beating and release the store (its server too, where this agent hosts it)."""
         self._stop_beating()
         if self._handler is not None:
+            # torch warns when the store is gone with its host; the run has said so in its own line.
+            torch_log = logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+            level = torch_log.level
+            torch_log.setLevel(logging.ERROR)
             try:
                 self._handler.shutdown()  # stops the rendezvous's own keep-alive thread
             except Exception as exc:  # noqa: BLE001 - the store may be gone with its host: nothing to close
                 log.debug("closing the rendezvous: %s", exc)
+            finally:
+                torch_log.setLevel(level)
         self._handler = self.store = self._raw = None
 
     # --- the rendezvous ------------------------------------------------------------------------
