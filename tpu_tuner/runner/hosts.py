@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # Seconds between an agent's heartbeats, and of silence after which a host counts as gone: long
 # enough for an agent on a loaded host (its ranks starting up on every core) to beat.
 BEAT_S = 1.0
-SILENT_S = 10.0
+SILENT_S = 6.0
 # The rendezvous's own keep-alive (seconds, beats): a dead agent leaves the rendezvous state after
 # their product, so a re-rendezvous after a lost host completes that soon after it comes back.
 KEEP_ALIVE_S, KEEP_ALIVE_BEATS = 2, 3

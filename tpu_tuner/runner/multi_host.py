@@ -87,7 +87,8 @@ class MultiHostTrialRunner(RankedTrialRunner):
         if lost:
             return JobResult(failure=TrialFailure(LOST_HOST, self._host_lost(lost)), seconds=seconds)
         if all(outcome.ok for outcome in outcomes.values()):
-            return JobResult(value=value, seconds=seconds)
+            ran = tuple(self.group.host(node).describe() for node in sorted(outcomes))
+            return JobResult(value=value, seconds=seconds, hosts=ran)
         failure = self._cause(outcomes)
         note = self.log.failure_note(quote=False, since=since)  # the driver's ranks' log; each host keeps its own
         return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds, note=note)

@@ -38,6 +38,8 @@ class JobResult:
     # What the workers' log adds to a death's or a timeout's message ("; last output: ... (see
     # workers.log)"), already at the end of `failure.message`; "" when it says nothing.
     note: str = ""
+    # The hosts whose ranks ran the job, where it spans hosts (runner/multi_host.py).
+    hosts: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -187,7 +187,8 @@ class TuneTrials(Feature):
             return
         outcome = result.outcome
         # Stored with the measurement or the failure, in one write (trial_attrs.py).
-        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds})
+        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds,
+                                      **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {})})
         if outcome.ok and isinstance(outcome.value, EarlyStop):
             stop = outcome.value
             # What the worker measured, told to the pruner as Optuna's pruning interface is.
