@@ -163,9 +163,8 @@ class TorchTpuBackend(Backend):
             else:
                 distributed.set_tpu_launch_env(nproc_per_node=ranks)
         except (RuntimeError, ValueError) as exc:  # e.g. a rank count with no TPU topology
-            where = f"{nnodes} hosts" if nnodes > 1 else "this host"
-            raise UserInputError(f"--nproc {ranks}{hosts}: TorchTPU cannot lay out {ranks} ranks a host on {where}: "
-                                 f"{exc}") from exc
+            where = f"a host on {nnodes} hosts" if nnodes > 1 else "on this host"
+            raise UserInputError(f"--nproc {ranks}{hosts}: TorchTPU cannot lay out {ranks} ranks {where}: {exc}") from exc
         finally:
             decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
             os.environ.clear()
