@@ -7,6 +7,7 @@ module joins the two, so that `tpu_tuner.tune(...)` and `tpu-tune tune` leave th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,13 +98,16 @@ def _fixed_node_rank(options: TuneOptions) -> int | None:
     return run.node_rank if run.node_rank is not None else slice_rank
 
 
-def _environments(nproc: int, nnodes: int):  # type: ignore[no-untyped-def]
+Environments = tuple[dict[str, str], Callable[[int], dict[str, str]]]
+
+
+def _environments(nproc: int, nnodes: int) -> Callable[[str | None], Environments]:
     """A follower's launch and per-rank variables by device kind, decided on this host once."""
     from tpu_tuner.devices import BACKENDS
 
-    decided: dict[str, tuple[dict[str, str], object]] = {}
+    decided: dict[str, Environments] = {}
 
-    def environments(kind: str | None) -> tuple[dict[str, str], object]:
+    def environments(kind: str | None) -> Environments:
         backend = BACKENDS[kind or "cpu"]
         if backend.kind not in decided:
             decided[backend.kind] = (backend.launch_environment(nproc, nnodes), backend.rank_environment)

@@ -241,8 +241,8 @@ class HostGroup:
             while not stop.is_set():
                 try:
                     beats.add(key, 1)
-                except Exception:  # noqa: BLE001 - the store went away: the main thread says so
-                    return
+                except Exception as exc:  # noqa: BLE001 - a hiccup passes; a store gone is the main thread's to say
+                    log.debug("heartbeat: %s", exc)
                 stop.wait(BEAT_S)
 
         beats.add(key, 1)

@@ -89,7 +89,10 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tpu-tune-ranks-", dir=workdir) as folder:
         root = Path(folder)
-        threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+        from tpu_tuner.devices.roofline import usable_cores
+
+        # The cores this launcher may use (its affinity: a container's, or one simulated host's).
+        threads = threads_per_rank or max(1, usable_cores() // nproc)
         first, world = (group.first_rank, group.world_size) if group is not None else (0, nproc)
         meeting = ({STORE_VARIABLE: group.store, STORE_PREFIX_VARIABLE: group.prefix} if group is not None
                    else {"TPU_TUNE_RENDEZVOUS": str(root / "rendezvous")})
