@@ -159,6 +159,33 @@ def test_launch_environment_hands_the_ranks_torchtpus_variables_and_keeps_the_pa
     assert dict(os.environ) == before
 
 
+def test_on_several_hosts_set_tpu_launch_env_gets_nnodes_and_decides_the_host_s_node_rank(fake_tpu, monkeypatch) -> None:
+    import os
+
+    from tpu_tuner.core.errors import UserInputError
+
+    calls = []
+
+    def set_tpu_launch_env(*, nproc_per_node: int, nnodes: int | None = None) -> None:  # 0.2.0's keywords
+        calls.append((nnodes, nproc_per_node))
+        if nnodes == 3:
+            raise ValueError("expected nnodes to match the number of hosts in TPU_WORKER_HOSTNAMES (2)")
+        os.environ.setdefault("NODE_RANK", "1")
+        os.environ["TORCH_TPU_SLICEBUILDER_ADDRESSES"] = "a:8070,a:8071,b:8070,b:8071"
+
+    torch.tpu.distributed = types.SimpleNamespace(set_tpu_launch_env=set_tpu_launch_env)
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    before = dict(os.environ)
+    assert TorchTpuBackend.launch_environment(2, nnodes=2) == {
+        "NODE_RANK": "1", "TORCH_TPU_SLICEBUILDER_ADDRESSES": "a:8070,a:8071,b:8070,b:8071"}
+    assert TorchTpuBackend.host_node_rank(2, 2) == 1 and dict(os.environ) == before
+    monkeypatch.setenv("NODE_RANK", "0")  # pinned by an operator: TorchTPU keeps it, and so does the adapter
+    assert TorchTpuBackend.host_node_rank(2, 2) == 0
+    assert calls == [(2, 2), (2, 2), (2, 2)]
+    with pytest.raises(UserInputError, match="--nproc 2 --nnodes 3: TorchTPU cannot lay out 2 ranks a host on 3 hosts"):
+        TorchTpuBackend.launch_environment(2, nnodes=3)
+
+
 def test_the_runtimes_peak_wins_over_the_table(fake_tpu) -> None:
     sys.modules["torch_tpu._internal.utils.hardware"].get_bf16_flops_per_device = lambda: 4.59e14
     info = TorchTpuBackend().info()

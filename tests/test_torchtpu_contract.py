@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from tpu_tuner.devices.torchtpu_api import (COMPILE_OPTIONS, ENUM_MEMBERS, ENVIRONMENT_VARIABLES, PUBLIC_NAMES,
-                                             TESTED_VERSION, check_api)
+from tpu_tuner.devices.torchtpu_api import (COMPILE_OPTIONS, ENUM_MEMBERS, ENVIRONMENT_VARIABLES, LAUNCH_VARIABLES,
+                                             PUBLIC_NAMES, TESTED_VERSION, check_api)
 
 pytestmark = pytest.mark.torchtpu
 
@@ -34,7 +34,7 @@ def test_every_name_the_adapter_uses_is_in_the_installed_package() -> None:
     assert check.ok, check.summary()
     kinds = {c.kind for c in check.checks}
     assert kinds == {"public name", "enum member", "parameter", "result field", "private name", "compile backend",
-                     "compile option", "process group backend", "environment variable"}
+                     "compile option", "process group backend", "environment variable", "launch variable"}
     assert check.summary() == f"TorchTPU {TESTED_VERSION}: {len(check.checks)} names used, all present"
 
 
@@ -43,7 +43,7 @@ def test_a_name_that_moved_fails_the_check_naming_it() -> None:
                       enum_members={**ENUM_MEMBERS, "EagerMode": (*ENUM_MEMBERS["EagerMode"], "DEFER_ALWAYS")},
                       compile_options=(*COMPILE_OPTIONS, "dynamic_buckets"),
                       environment_variables=(*ENVIRONMENT_VARIABLES, "TORCH_TPU_EAGER_MODE"),
-                      process_group_backend="xla_dist")
+                      process_group_backend="xla_dist", launch_variables=(*LAUNCH_VARIABLES, "TPU_WORKER_ID"))
     assert not check.ok
     assert {c.name: c.detail for c in check.missing} == {
         "torch.tpu.eager_mode_v2": "not in torch_tpu's public API table",
@@ -51,8 +51,9 @@ def test_a_name_that_moved_fails_the_check_naming_it() -> None:
         "options={'dynamic_buckets': ...}": "not read by the tpu backend",
         "TORCH_TPU_EAGER_MODE": "not in its libraries",
         'init_process_group("xla_dist")': "never registered",
+        "TPU_WORKER_ID": "not read or set by set_tpu_launch_env",
     }
-    assert "5 missing: torch.tpu.eager_mode_v2 (not in torch_tpu's public API table)" in check.summary()
+    assert "6 missing: torch.tpu.eager_mode_v2 (not in torch_tpu's public API table)" in check.summary()
 
 
 def test_the_eager_modes_map_onto_the_real_enum_in_process_and_at_start_up() -> None:
@@ -80,6 +81,28 @@ def test_the_tpu_compile_backend_is_registered_and_refuses_a_mode() -> None:
         lookup_backend("tpu")(graph, [torch.ones(2)], mode="max-autotune")
     with pytest.raises(ValueError, match="num_dynamic_buckets"):  # the bucketing's option, range 1..8
         lookup_backend("tpu")(graph, [torch.ones(2)], options={"num_dynamic_buckets": 9})
+
+
+def test_a_multi_host_slice_s_launch_environment_comes_from_set_tpu_launch_env_with_nnodes() -> None:
+    """TorchTPU's own multi-host path, run without a chip: two workers named in
+    TPU_WORKER_HOSTNAMES, this one JOB_COMPLETION_INDEX 1 (a JobSet's second pod). The adapter
+    hands the ranks the slice-builder addresses of both hosts' devices and reads this host's node
+    rank from TorchTPU's NODE_RANK; its own environment is left as it was."""
+    out = _python("""
+        import json, os
+        from tpu_tuner.devices.torchtpu import TorchTpuBackend
+        before = dict(os.environ)
+        env = TorchTpuBackend.launch_environment(4, 2)
+        print(json.dumps({"env": env, "node": TorchTpuBackend.host_node_rank(4, 2), "kept": dict(os.environ) == before}))
+    """, env={"TPU_WORKER_HOSTNAMES": "host-a,host-b", "JOB_COMPLETION_INDEX": "1"},
+                  drop=("NODE_RANK", "NNODES", "TORCH_TPU_SLICEBUILDER_ADDRESSES", "MASTER_ADDR"))
+    import json
+
+    seen = json.loads(out)
+    assert seen["node"] == 1 and seen["kept"]
+    assert seen["env"]["NODE_RANK"] == "1" and seen["env"]["NNODES"] == "2"
+    assert seen["env"]["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",") == [
+        f"{host}:{8070 + i}" for host in ("host-a", "host-b") for i in range(4)]
 
 
 def test_on_a_host_without_a_chip_the_backend_says_so_and_a_backward_pass_does_not_hang() -> None:

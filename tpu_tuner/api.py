@@ -6,14 +6,21 @@ module joins the two, so that `tpu_tuner.tune(...)` and `tpu-tune tune` leave th
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.outputs.write import write_tuning
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.progress import ProgressCallback
+from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.study import run_tuning
 from tpu_tuner.tuning.study_admin import finish_study as _finish_study
+
+if TYPE_CHECKING:
+    from tpu_tuner.runner.host_jobs import FollowEnd
 
 
 def tune(model_file: str | Path, options: TuneOptions | None = None,
@@ -25,7 +32,88 @@ def tune(model_file: str | Path, options: TuneOptions | None = None,
     run.json with the reason (docs/run-safety.md). With `options.study` the run is one worker of a
     study shared by name (docs/tuning.md).
     """
+    if options is not None and options.runner.nnodes > 1:
+        raise UserInputError(f"--nnodes {options.runner.nnodes}: every host runs its side of the study; "
+                             "call tpu_tuner.api.tune_across_hosts (what `tpu-tune` does)")
     return run_tuning(model_file, options, progress, write_tuning)
+
+
+def tune_across_hosts(model_file: str | Path, options: TuneOptions,
+                      progress: ProgressCallback | None = None) -> TuningResult | FollowEnd:
+    """One host's side of a study whose trials span `options.runner.nnodes` hosts: the same call
+    on every host. The hosts meet at the rendezvous (`runner/hosts.py`); the driver (node 0)
+    tunes as `tune` does, every trial on all hosts' ranks, and returns its result; any other host
+    runs the jobs the driver sends until the study ends and returns how it ended (`FollowEnd`).
+    `HostsMissing` when the hosts do not all come; `HostsError` when one goes away for good."""
+    from tpu_tuner.runner.host_jobs import farewell, follow
+    from tpu_tuner.runner.hosts import HostGroup
+    from tpu_tuner.runner.worker_log import WorkerLog
+
+    options = options.preflight()  # every host refuses bad options before it meets the others
+    run, emit, started = options.runner, progress or (lambda event: None), time.perf_counter()
+    assert run.rdzv is not None and options.store.study is not None  # validated by preflight
+    group = HostGroup(run.rdzv, options.store.study, run.nnodes, run.nproc, run.rdzv_timeout_s,
+                      _fixed_node_rank(options), run.max_restarts)
+    emit(Progress("hosts", f"waiting at {run.rdzv} for {run.nnodes} hosts (up to {run.rdzv_timeout_s:g} s)"))
+    group.join()
+    try:
+        me = group.me()
+        role = "the driver: it runs the study" if group.is_driver else "it runs the ranks the driver sends"
+        emit(Progress("hosts", f"{run.nnodes} hosts met; this is {me.describe()}, {role}",
+                      elapsed=time.perf_counter() - started))
+        if not group.is_driver:
+            folder = Path(options.outputs.out) / f"{options.store.study}-hosts"
+            folder.mkdir(parents=True, exist_ok=True)
+            with WorkerLog(folder / f"node{me.node}-{me.host}.log") as log:
+                return follow(group, log, _environments(run.nproc, run.nnodes))
+        try:
+            result = run_tuning(model_file, options, progress, write_tuning, hosts=group)
+        except BaseException as exc:
+            farewell(group, f"the driver stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                     failed=True)
+            raise
+        farewell(group, f"the study ended on the driver ({me.describe()}); results in {result.run_dir} there",
+                 failed=False)
+        return result
+    finally:
+        group.close()
+
+
+def _fixed_node_rank(options: TuneOptions) -> int | None:
+    """This host's node rank where it is fixed: --node-rank, else TorchTPU's NODE_RANK on a TPU
+    host (its place in the slice, which the ranks' order must follow); the two must agree."""
+    run = options.runner
+    if run.device not in (None, "tpu"):
+        return run.node_rank
+    from tpu_tuner.core.tpu_host import tpu_chips_on_host
+
+    if not tpu_chips_on_host():
+        return run.node_rank
+    from tpu_tuner.devices import BACKENDS
+
+    slice_rank = BACKENDS["tpu"].host_node_rank(run.nproc, run.nnodes)
+    if run.node_rank is not None and slice_rank is not None and slice_rank != run.node_rank:
+        raise UserInputError(f"--node-rank {run.node_rank}: TorchTPU places this host at NODE_RANK {slice_rank} of "
+                             "the slice; give that, or leave --node-rank out")
+    return run.node_rank if run.node_rank is not None else slice_rank
+
+
+Environments = tuple[dict[str, str], Callable[[int], dict[str, str]]]
+
+
+def _environments(nproc: int, nnodes: int) -> Callable[[str | None], Environments]:
+    """A follower's launch and per-rank variables by device kind, decided on this host once."""
+    from tpu_tuner.devices import BACKENDS
+
+    decided: dict[str, Environments] = {}
+
+    def environments(kind: str | None) -> Environments:
+        backend = BACKENDS[kind or "cpu"]
+        if backend.kind not in decided:
+            decided[backend.kind] = (backend.launch_environment(nproc, nnodes), backend.rank_environment)
+        return decided[backend.kind]
+
+    return environments
 
 
 def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,

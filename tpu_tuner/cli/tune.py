@@ -75,12 +75,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, metavar="N", default=default_of(RunnerOptions, "nproc"),
                         help="run every trial on N ranks of this host, one process per device, and search how they "
                              "share the step, training or inference (data / fsdp / tensor layouts; default %(default)s)")
+    add_host_args(parser)
     parser.add_argument("--plan", type=Path, metavar="PLAN_DIR", default=default_of(search, "plan"),
                         help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)")
     parser.add_argument("--max-buckets", type=int, default=default_of(objective, "max_buckets"),
                         help="most compiled shapes when inputs vary (default %(default)s)")
     parser.add_argument("--bucket-align", type=int, default=default_of(objective, "bucket_align"),
                         help="bucket bounds are multiples of this (default %(default)s)")
+
+
+def add_host_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of trials that span hosts (docs/sharding.md, "Trials across hosts")."""
+    runner = RunnerOptions
+    parser.add_argument("--nnodes", type=int, metavar="M", default=default_of(runner, "nnodes"),
+                        help="run every trial on M hosts of --nproc ranks each: the same command on every host, "
+                             "with --rdzv and --study (default %(default)s)")
+    parser.add_argument("--rdzv", metavar="HOST:PORT", default=default_of(runner, "rdzv"),
+                        help="with --nnodes: the rendezvous every host joins (torch's c10d), served by the agent on "
+                             "HOST, which drives the study")
+    parser.add_argument("--node-rank", type=int, metavar="K", default=default_of(runner, "node_rank"),
+                        help="with --nnodes: this host's place, 0 to M-1 (e.g. $JOB_COMPLETION_INDEX; default: the "
+                             "rendezvous assigns it, the host of --rdzv getting 0)")
+    parser.add_argument("--rdzv-timeout", dest="rdzv_timeout_s", type=float, metavar="S",
+                        default=default_of(runner, "rdzv_timeout_s"),
+                        help="seconds the hosts wait for each other at the rendezvous (default %(default)g)")
+    parser.add_argument("--max-restarts", type=int, metavar="R", default=default_of(runner, "max_restarts"),
+                        help="after a host is lost, meet again (waiting for it to be started again) up to R times; "
+                             "else the run stops (default %(default)s)")
+    parser.add_argument("--tensor-across-hosts", action="store_true",
+                        help="with --nnodes: also search tensor sizes that do not divide --nproc (tensor groups "
+                             "spanning hosts)")
 
 
 def _budget_text(seconds: float | None) -> str:
@@ -122,7 +146,17 @@ def run(args: argparse.Namespace) -> int:
         left = f", {duration(event.time_left)} left" if event.time_left is not None else ""
         print(f"[{where} | {event.elapsed:5.0f} s{left}] {event.message}", flush=True)
 
-    result = tune(args.model_file, options, progress=show)
+    if options.runner.nnodes > 1:
+        from tpu_tuner.api import tune_across_hosts
+        from tpu_tuner.tuning.result import TuningResult
+
+        outcome = tune_across_hosts(args.model_file, options, progress=show)
+        if not isinstance(outcome, TuningResult):  # a follower: the driver has the results
+            print(f"hosts     {outcome.reason} ({outcome.jobs} job(s) ran on this host's ranks)")
+            return 1 if outcome.failed else 0
+        result = outcome
+    else:
+        result = tune(args.model_file, options, progress=show)
     v = result.verification
     print()
     url = options.store.url

@@ -109,10 +109,17 @@ class Backend(ABC):
     # --- a rank of a sharded step: every rank must take the same decisions --------------------
 
     @classmethod
-    def launch_environment(cls, ranks: int) -> dict[str, str]:
-        """Start-up variables every rank of a `ranks`-rank trial shares, decided once by the
-        parent (TorchTPU's topology and slice addresses); none elsewhere."""
+    def launch_environment(cls, ranks: int, nnodes: int = 1) -> dict[str, str]:
+        """Start-up variables every rank of a trial of `ranks` ranks a host on `nnodes` hosts
+        shares, decided once by each host's parent (TorchTPU's topology and slice addresses);
+        none elsewhere."""
         return {}
+
+    @classmethod
+    def host_node_rank(cls, ranks: int, nnodes: int) -> int | None:
+        """This host's node rank in a multi-host slice where the device decides it (TorchTPU:
+        from the chips' coordinates or the JobSet's index); None where any order will do."""
+        return None
 
     @classmethod
     def rank_environment(cls, rank: int) -> dict[str, str]:

@@ -38,8 +38,10 @@ class CpuBackend(Backend):
         )
 
     def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:
-        """The host's peak: the ranks of a CPU step share its cores (each runs cores / N threads)."""
-        return dict(flops_per_s)
+        """The host's peak: the ranks of a CPU step share its cores (each runs cores / N threads);
+        over several hosts (LOCAL_WORLD_SIZE ranks each, as the launcher sets it), theirs added up."""
+        hosts = max(1, self.ranks // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", self.ranks))))
+        return {dtype: rate * hosts for dtype, rate in flops_per_s.items()}
 
     def remeasure_peak(self) -> DevicePeak | None:
         # The cached probe may have been taken under load: measure again, keep the best of both.

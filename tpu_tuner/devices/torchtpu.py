@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
-from tpu_tuner.devices.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER_MODE_ENV, PROCESS_GROUP_BACKEND,
-                                             cached_api_check, installed_version, package_folder)
+from tpu_tuner.devices.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER_MODE_ENV, NODE_RANK_VARIABLE,
+                                             PROCESS_GROUP_BACKEND, cached_api_check, installed_version,
+                                             package_folder)
 from tpu_tuner.core.errors import BackendError, UserInputError
 from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
@@ -145,22 +146,39 @@ class TorchTpuBackend(Backend):
         return config(run_dir=os.environ.get(XPROF_DIR_VARIABLE), worker_rank=rank)
 
     @classmethod
-    def launch_environment(cls, ranks: int) -> dict[str, str]:
+    def launch_environment(cls, ranks: int, nnodes: int = 1) -> dict[str, str]:
         """The variables every rank of an N-rank trial shares (topology, slice-builder addresses,
         the XProf session), as TorchTPU's ``set_tpu_launch_env`` decides them in the parent; the
         parent's own environment is left as it was. TorchTPU decides each once per process, so a
-        process launches groups of one size (as a study does)."""
+        process launches groups of one size (as a study does). On `nnodes` hosts each host's
+        agent asks it with ``nnodes``: TorchTPU then reads the slice from the environment
+        (TPU_WORKER_HOSTNAMES, the slice's TORCH_TPU_TOPOLOGY, JOB_COMPLETION_INDEX) and decides
+        this host's NODE_RANK and the slice-builder addresses of every host's devices."""
         distributed = torch_tpu_module().distributed  # imported first: its own start-up variables stay
         before = dict(os.environ)
+        hosts = f" --nnodes {nnodes}" if nnodes > 1 else ""
         try:
-            distributed.set_tpu_launch_env(nproc_per_node=ranks)
+            if nnodes > 1:
+                distributed.set_tpu_launch_env(nnodes=nnodes, nproc_per_node=ranks)
+            else:
+                distributed.set_tpu_launch_env(nproc_per_node=ranks)
         except (RuntimeError, ValueError) as exc:  # e.g. a rank count with no TPU topology
-            raise UserInputError(f"--nproc {ranks}: TorchTPU cannot lay out {ranks} ranks on this host: {exc}") from exc
+            where = f"a host on {nnodes} hosts" if nnodes > 1 else "on this host"
+            raise UserInputError(f"--nproc {ranks}{hosts}: TorchTPU cannot lay out {ranks} ranks {where}: {exc}") from exc
         finally:
             decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
             os.environ.clear()
             os.environ.update(before)
         return decided
+
+    @classmethod
+    def host_node_rank(cls, ranks: int, nnodes: int) -> int | None:
+        """TorchTPU's NODE_RANK for this host (``set_tpu_launch_env`` derives it from the chips'
+        coordinates in the slice topology, or JOB_COMPLETION_INDEX; an operator may set it): the
+        order of the slice-builder addresses, which global ranks must follow."""
+        decided = cls.launch_environment(ranks, nnodes)
+        value = decided.get(NODE_RANK_VARIABLE, os.environ.get(NODE_RANK_VARIABLE))
+        return int(value) if value not in (None, "") else None
 
     @classmethod
     def eager_modes(cls) -> tuple[str, ...]:

@@ -17,7 +17,9 @@ a chip):
 * compile options: string keys read by the registered ``"tpu"`` backend's ``__call__``;
 * the process-group backend: a ``register_backend("<name>", ...)`` call in the package's sources
   (TorchTPU registers it only on a TPU host);
-* environment variables read by its C++ runtime: their names in the package's shared libraries.
+* environment variables read by its C++ runtime: their names in the package's shared libraries;
+* variables ``set_tpu_launch_env`` reads or writes for a multi-host slice: string constants of its
+  source.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
 }
 # Keyword parameters the adapter passes: callable (public module, attribute) -> names.
 PARAMETERS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("torch.tpu.distributed", "set_tpu_launch_env"): ("nproc_per_node",),
+    ("torch.tpu.distributed", "set_tpu_launch_env"): ("nproc_per_node", "nnodes"),
     ("torch.tpu.distributed", "topology_aware_mesh"): ("mesh_shape",),
     ("torch.tpu.profiler", "TpuProfilerConfig"): ("run_dir", "worker_rank"),
 }
@@ -92,6 +94,12 @@ COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
 PROCESS_GROUP_BACKEND = "tpu_dist"
 # Start-up variables of the eager modes, read only by TorchTPU's C++ runtime.
 ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(name for env in EAGER_MODE_ENV.values() for name in env)
+# The host's place in a multi-host slice, as `set_tpu_launch_env(nnodes=...)` decides it.
+NODE_RANK_VARIABLE = "NODE_RANK"
+# Variables `set_tpu_launch_env` reads or writes that a multi-host run relies on (docs/sharding.md's
+# recipes set the first three; the adapter reads NODE_RANK): string constants of its source.
+LAUNCH_VARIABLES: tuple[str, ...] = ("TPU_WORKER_HOSTNAMES", "TORCH_TPU_TOPOLOGY", "JOB_COMPLETION_INDEX",
+                                     NODE_RANK_VARIABLE, "TORCH_TPU_SLICEBUILDER_ADDRESSES")
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,8 @@ def check_api(public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
               private_names: tuple[str, ...] = PRIVATE_NAMES,
               compile_options: tuple[str, ...] = COMPILE_OPTIONS,
               environment_variables: tuple[str, ...] = ENVIRONMENT_VARIABLES,
-              process_group_backend: str = PROCESS_GROUP_BACKEND) -> ApiCheck:
+              process_group_backend: str = PROCESS_GROUP_BACKEND,
+              launch_variables: tuple[str, ...] = LAUNCH_VARIABLES) -> ApiCheck:
     """Check every name the adapter uses against the installed torch-tpu (imports it, and torch;
     a few seconds). The arguments default to the adapter's tables; tests pass a wrong name to
     see the check fail."""
@@ -242,13 +251,13 @@ def check_api(public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
         # check reads them all, and says what it found itself.
         warnings.simplefilter("ignore")
         return _check(version, folder, public_names, enum_members, private_names, compile_options,
-                      environment_variables, process_group_backend)
+                      environment_variables, process_group_backend, launch_variables)
 
 
 def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...],
            enum_members: dict[str, tuple[str, ...]], private_names: tuple[str, ...],
            compile_options: tuple[str, ...], environment_variables: tuple[str, ...],
-           process_group_backend: str) -> ApiCheck:
+           process_group_backend: str, launch_variables: tuple[str, ...]) -> ApiCheck:
     try:
         import torch
         import torch_tpu  # noqa: F401 - installs torch.tpu (also without the autoload)
@@ -343,7 +352,21 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
     for variable in environment_variables:
         checks.append(NameCheck(variable, "environment variable", variable in found,
                                 "" if variable in found else "not in its libraries"))
+    try:
+        launch, launch_error = _string_constants(_resolve("torch.tpu.distributed").set_tpu_launch_env), ""
+    except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
+        launch, launch_error = set(), f"set_tpu_launch_env's source is unreadable: {exc}"
+    for variable in launch_variables:
+        checks.append(NameCheck(variable, "launch variable", variable in launch,
+                                "" if variable in launch else launch_error or "not read or set by set_tpu_launch_env"))
     return ApiCheck(version=version, checks=tuple(checks))
+
+
+def _string_constants(function: Any) -> set[str]:
+    """The string constants in `function`'s source (the names of the variables it reads and sets)."""
+    source = inspect.getsource(function)
+    tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith((" ", "\t")) else source)
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,9 @@ from typing import Any
 
 # "refused": the file or an option was refused while loading (a UserInputError in the worker).
 # "memory": measured, but over the study's memory limit (tuning/memory_limit.py).
-FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused", "memory")
+# "interrupted": cut short by something outside the setting (a host of a multi-host trial lost,
+# runner/multi_host.py): nothing measured, nothing learnt, the setting measured again.
+FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused", "memory", "interrupted")
 
 
 @dataclass

@@ -16,14 +16,15 @@ if TYPE_CHECKING:
     from tpu_tuner.tuning.window import ComparedSteps
 
 
-def _ranks_line(nproc: int, training: bool) -> str:
+def _ranks_line(nproc: int, training: bool, nnodes: int = 1) -> str:
+    hosts = f" ({nnodes} hosts of {nproc // nnodes}: see the hosts' findings for the ranks each held)" if nnodes > 1 else ""
     if not training:
-        return (f"Every trial ran on {nproc} ranks, one process each, on the same global batch (each data x fsdp "
+        return (f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each data x fsdp "
                 "rank its slice; the ranks of a tensor group share one): a step is the slowest rank's forward (every "
                 "step starts and ends on a barrier), peak memory the largest rank's, and the accuracy check compares "
                 "the ranks' outputs, gathered in batch order, with one process's fp32 output of the whole batch. "
                 "The baseline is data parallel (replicas of the model: an inference step has no gradient to sync).")
-    return (f"Every trial ran on {nproc} ranks, one process each, on the same global batch (each rank its slice): "
+    return (f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each rank its slice): "
             "a step is the slowest rank's (every step starts and ends on a barrier), peak memory the largest rank's, "
             "and the accuracy check compares the loss averaged over the ranks and the gradients gathered from their "
             "shards with one process's fp32 step on the whole batch. The baseline is data parallel (DDP).")
@@ -46,8 +47,8 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
          f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
          "trials below are the whole study's as this worker last saw them."),
         "",
-        *([_ranks_line(result.options.runner.nproc, result.profile.workload.training), ""]
-          if result.options.runner.nproc > 1 else []),
+        *([_ranks_line(result.options.runner.ranks, result.profile.workload.training, result.options.runner.nnodes), ""]
+          if result.options.runner.ranks > 1 else []),
         *(_figures_note(compared, v.speedup is not None, v.chosen_is_best, planned) + [""]),
         "## Baseline against tuned",
         "",

@@ -32,13 +32,31 @@ from tpu_tuner.runner.worker_log import WorkerLog, telling_line
 COLLECTIVE_TIMEOUT_S = 60.0
 
 
+# Where the ranks of a group that spans hosts meet: a TCP store's HOST:PORT and this job's key prefix.
+STORE_VARIABLE = "TPU_TUNE_STORE"
+STORE_PREFIX_VARIABLE = "TPU_TUNE_STORE_PREFIX"
+# The launcher's pid, which a rank checks it is still the child of (`die_with_launcher`).
+PARENT_VARIABLE = "TPU_TUNE_LAUNCHER_PID"
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This host's place in a process group that spans hosts: its first global rank, the group's
+    size, and the TCP store (HOST:PORT) and key prefix its ranks meet under."""
+
+    first_rank: int
+    world_size: int
+    store: str
+    prefix: str
+
+
 @dataclass
 class RanksResult:
     """What N ranks reported, or why they did not: ``failure`` names the first rank that failed."""
 
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
-    kind: str | None = None  # "crash" | "oom" | "error" | "timeout"
+    kind: str | None = None  # "crash" | "oom" | "error" | "timeout" | "aborted"
     seconds: float = 0.0
     failed_rank: int | None = None  # the rank that failed first (None: none, or a hang)
     ranks: int = 0  # how many were started
@@ -51,7 +69,8 @@ class RanksResult:
 def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, threads_per_rank: int | None = None,
               workdir: str | Path | None = None, env: dict[str, str] | None = None,
               rank_env: Callable[[int], dict[str, str]] | None = None,
-              output: WorkerLog | None = None) -> RanksResult:
+              output: WorkerLog | None = None, group: RankGroup | None = None,
+              abort: Callable[[], str | None] | None = None) -> RanksResult:
     """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one process group.
 
     Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
@@ -59,15 +78,28 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
     own). Returns every rank's report, or the failure of the rank that most likely caused the
     others' (a signal before an error exit, the launcher's own SIGTERM last, then the earliest):
     its exit status or signal, and the telling line of its stderr. Each rank's stdout and stderr
-    are appended to `output` (None: dropped), under a line naming the rank."""
+    are appended to `output` (None: dropped), under a line naming the rank.
+
+    With `group`, these are this host's ranks of a group that spans hosts: global ranks
+    ``group.first_rank + i`` of ``group.world_size``, meeting in the TCP store `group` names
+    (`init_rank`). `abort`, asked every half second while the ranks run, stops them all when it
+    returns a reason (another host's ranks failed, or its agent went away): kind "aborted"."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tpu-tune-ranks-", dir=workdir) as folder:
         root = Path(folder)
-        threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
-        envs = {rank: {**os.environ, **child_environment(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                       "TPU_TUNE_RENDEZVOUS": str(root / "rendezvous"),
+        from tpu_tuner.devices.roofline import usable_cores
+
+        # The cores this launcher may use (its affinity: a container's, or one simulated host's).
+        threads = threads_per_rank or max(1, usable_cores() // nproc)
+        first, world = (group.first_rank, group.world_size) if group is not None else (0, nproc)
+        meeting = ({STORE_VARIABLE: group.store, STORE_PREFIX_VARIABLE: group.prefix} if group is not None
+                   else {"TPU_TUNE_RENDEZVOUS": str(root / "rendezvous")})
+        envs = {rank: {**os.environ, **child_environment(), "RANK": str(first + rank), "LOCAL_RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc), **meeting,
+                       # A rank dies with its launcher (`die_with_launcher`): no orphan when it is SIGKILLed.
+                       PARENT_VARIABLE: str(os.getpid()),
                        "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
                        "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1",
                        # A peer that died ends a collective with an error at once; a live peer
@@ -92,8 +124,10 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
             # the tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            outcome = context.wait(timeout=timeout_s, period=0.05)
-            if outcome is None:
+            outcome, stopped = _wait(context, timeout_s, abort)
+            if stopped is not None:
+                result.failure, result.kind = stopped, "aborted"
+            elif outcome is None:
                 result.failure, result.kind = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped", "timeout"
             elif outcome.is_failed():
                 # The cause, not its echoes: the launcher's own SIGTERM to the others last, a
@@ -102,13 +136,14 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                 rank, failed = min(outcome.failures.items(),
                                    key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
                                                      item[1].timestamp))
-                result.failure, result.kind = _describe(rank, failed.exitcode, _last_line(context, rank))
-                result.failed_rank = rank
+                # Named by its global rank (the same as its local one on a single host).
+                result.failure, result.kind = _describe(first + rank, failed.exitcode, _last_line(context, rank))
+                result.failed_rank = first + rank
         finally:
             if context is not None:
                 context.close(death_sig=signal.SIGKILL, timeout=5)
                 if output is not None:
-                    _append_outputs(context, nproc, module, output)
+                    _append_outputs(context, nproc, module, output, first, world)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             launcher_log.setLevel(launcher_level)
@@ -129,10 +164,33 @@ def init_rank(backend: str = "gloo") -> tuple[int, int]:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = float(os.environ.get("TPU_TUNE_COLLECTIVE_TIMEOUT", COLLECTIVE_TIMEOUT_S))
+    timeout = timedelta(seconds=float(os.environ.get("TPU_TUNE_COLLECTIVE_TIMEOUT", COLLECTIVE_TIMEOUT_S)))
+    if STORE_VARIABLE in os.environ:
+        # Ranks on several hosts: the hosts' rendezvous store (a TCP store) under this job's prefix.
+        host, _, port = os.environ[STORE_VARIABLE].rpartition(":")
+        store = dist.PrefixStore(os.environ[STORE_PREFIX_VARIABLE],
+                                 dist.TCPStore(host, int(port), is_master=False, timeout=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        return rank, world
     dist.init_process_group(backend, init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout))
+                            world_size=world, timeout=timeout)
     return rank, world
+
+
+def die_with_launcher() -> None:
+    """In a rank, first thing: be killed when the launcher that started it dies (Linux's
+    PR_SET_PDEATHSIG). `start_processes` puts each rank in a session of its own, so a launcher
+    killed with SIGKILL (a host agent of a multi-host run) would leave its ranks running, holding
+    their peers' collectives; a launcher already gone by now ends the rank at once."""
+    parent = os.environ.get(PARENT_VARIABLE)
+    if not sys.platform.startswith("linux") or parent is None:
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != int(parent):
+        os._exit(1)
 
 
 def write_report(report: dict[str, Any]) -> None:
@@ -157,6 +215,21 @@ def finish_rank() -> None:
     os._exit(0)
 
 
+def _wait(context: Any, timeout_s: float, abort: Callable[[], str | None] | None) -> tuple[Any, str | None]:
+    """The launcher's result once every rank ended or one failed (None at the deadline), or the
+    reason `abort` gave to stop them first."""
+    if abort is None:
+        return context.wait(timeout=timeout_s, period=0.05), None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        outcome = context.wait(timeout=max(0.05, min(0.5, deadline - time.monotonic())), period=0.05)
+        if outcome is not None or time.monotonic() >= deadline:
+            return outcome, None
+        reason = abort()
+        if reason is not None:
+            return None, reason
+
+
 def _describe(rank: int, exitcode: int, last_line: str) -> tuple[str, str]:
     if exitcode < 0:
         name = signal.Signals(-exitcode).name
@@ -173,7 +246,8 @@ def _last_line(context: Any, rank: int) -> str:
         return ""
 
 
-def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog) -> None:
+def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog, first: int = 0,
+                    world: int | None = None) -> None:
     """Each rank's stdout and stderr files (the launcher's, removed with the group's folder)
     appended to `output`, a header line before each that is not empty."""
     for rank in range(nproc):
@@ -183,5 +257,5 @@ def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog) ->
             except (OSError, KeyError, TypeError):
                 continue
             if data:
-                output.write(f"--- {module} rank {rank}/{nproc} {stream} ---\n".encode() + data
+                output.write(f"--- {module} rank {first + rank}/{world or nproc} {stream} ---\n".encode() + data
                              + (b"" if data.endswith(b"\n") else b"\n"))

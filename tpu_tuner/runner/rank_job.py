@@ -5,7 +5,9 @@ pickle in the trial's own folder, and starts N ranks of this module through
 `runner.launch.run_ranks`. Each rank joins the process group, runs the same job function a
 single worker runs (`runner/jobs.py`), with its backend syncing steps with the other ranks, and
 rank 0 writes the result beside JOB. A rank whose job raises writes its failure (kind and first
-line, as a single worker reports one) and exits non-zero, which stops the other ranks.
+line, as a single worker reports one) and exits non-zero, which stops the other ranks. The ranks
+of a multi-host trial (`runner/host_jobs.py`) run the same way on every host, rank 0 on the
+driver's; each rank dies with the launcher that started it (`launch.die_with_launcher`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def failure_path(job_file: Path, rank: int) -> Path:
 
 
 def main(argv: list[str]) -> None:
+    from tpu_tuner.runner.launch import die_with_launcher
+
+    die_with_launcher()  # before anything slow: a launcher killed meanwhile leaves no rank behind
     job_file = Path(argv[0])
     spec = pickle.loads(job_file.read_bytes())
     rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

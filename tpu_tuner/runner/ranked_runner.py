@@ -58,6 +58,8 @@ class RankedTrialRunner:
         self.rank_environment: Callable[[int], dict[str, str]] | None = None
         # Variables every rank shares, decided once by the parent (Backend.launch_environment).
         self.launch_environment: dict[str, str] = {}
+        self.device_kind: str | None = None  # the ranks' device kind, known once profiled
+        self.nnodes = 1  # hosts every trial spans (runner/multi_host.py: more than one)
         self.groups_started = 0
 
     @property
@@ -93,6 +95,9 @@ class RankedTrialRunner:
             note = self.log.failure_note(quote=False, since=since)
             return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds,
                              note=note)
+
+    def check_usable(self) -> None:
+        """Every job can run here (`MultiHostTrialRunner` raises once its hosts are lost for good)."""
 
     def close(self) -> None:
         """Stop the single worker (a group ends with its job)."""

@@ -38,6 +38,8 @@ class JobResult:
     # What the workers' log adds to a death's or a timeout's message ("; last output: ... (see
     # workers.log)"), already at the end of `failure.message`; "" when it says nothing.
     note: str = ""
+    # The hosts whose ranks ran the job, where it spans hosts (runner/multi_host.py).
+    hosts: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -72,6 +74,9 @@ class TrialRunner:
         self.workers_started = 0
         self._owns_log = log is None
         self.log = log if log is not None else WorkerLog()
+
+    def check_usable(self) -> None:
+        """Every job can run here (a runner over several hosts raises once they are lost for good)."""
 
     def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job; start (or restart) a worker when none is alive or the environment differs."""

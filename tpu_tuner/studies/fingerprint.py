@@ -26,6 +26,7 @@ LABELS = {
     "device_kind": "device kind differs",
     "device_name": "device differs",
     "nproc": "--nproc differs",
+    "nnodes": "--nnodes differs",
     "lengths": "input length sample differs",
     "versions": "package versions differ",
 }
@@ -52,14 +53,16 @@ def _version(package: str) -> str:
 
 
 # A key an older run.json lacks reads as this (runs before --nproc ran one process).
-DEFAULTS = {"nproc": 1, "lengths": None}
+DEFAULTS = {"nproc": 1, "nnodes": 1, "lengths": None}
 
 
 def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: int | None,
-                seq_len: int | None, nproc: int = 1, lengths: Any = None) -> dict[str, Any]:
+                seq_len: int | None, nproc: int = 1, lengths: Any = None, nnodes: int = 1) -> dict[str, Any]:
     """The fingerprint of a run of `model_file` (described by the worker's `summary`); with a
-    length sample (`LengthHistogram`: the objective is then an expected step over it), its digest."""
-    return {
+    length sample (`LengthHistogram`: the objective is then an expected step over it), its digest.
+    `nproc` is the ranks a trial runs on; over `nnodes` hosts (recorded above one: the same ranks
+    on one host are another machine) they are nnodes x --nproc."""
+    found = {
         "model_file": str(model_file),
         "sha256": file_sha256(model_file),
         "convention": summary.convention,
@@ -74,6 +77,9 @@ def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: in
         "lengths": _histogram_digest(lengths),
         "versions": {name: _version(name) for name in ("torch", "optuna", "tpu-tune")},
     }
+    if nnodes > 1:
+        found["nnodes"] = nnodes
+    return found
 
 
 def _histogram_digest(lengths: Any) -> str | None:

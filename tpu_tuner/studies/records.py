@@ -18,6 +18,8 @@ from typing import Any, Protocol
 # Who ran a trial, and where (every trial the loop asks; studies/loop.py).
 WORKER = "worker"
 HOST = "host"
+# The hosts whose ranks ran a trial that spans hosts ("host (node k, agent pid p)" each).
+HOSTS = "hosts"
 
 # The loop's claims (the tuner's record): a trial answered from an earlier one's result names it;
 # one whose setting another worker was measuring also says so; one asked when the budget was

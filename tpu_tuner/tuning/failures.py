@@ -47,9 +47,9 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
     evidence = []
     for trial in trials:
         attrs = records.attrs(trial)
-        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs:
-            continue
         kind = attrs.get(records.FAILURE_KIND)
+        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs or kind == records.INTERRUPTED:
+            continue  # an interrupted trial (a host lost midway) was measured by nobody
         early = attrs.get(records.EARLY_STOP) or {}
         if kind in WORKER_FAILURES:
             outcomes = {kind: True}

@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and op
 SAMPLERS = ("tpe", "random", "grid")
 # Ranks of one host a trial may start (one process each): beyond this a host is oversubscribed.
 MAX_NPROC = 64
+# How long the hosts of a multi-host run wait for each other at the rendezvous, by default.
+RDZV_TIMEOUT_S = 120.0
 
 
 def default_trial_settings() -> ProfilerSettings:
@@ -93,15 +95,31 @@ class RunnerOptions:
     """How each trial runs: on which device, on how many ranks, at what sizes, for how long."""
 
     device: str | None = None  # None: the best device present
-    # Processes each trial runs on, one per device: the sharding layouts searched are those of
-    # this many ranks.
+    # Processes each trial runs on per host, one per device: the sharding layouts searched are
+    # those of nnodes x nproc ranks (`ranks`).
     nproc: int = 1
+    # Hosts every trial spans (runner/hosts.py): the same command on each, joined through torch's
+    # c10d rendezvous at `rdzv` (HOST:PORT) under the study's name; `node_rank` fixes this host's
+    # place (a JobSet's JOB_COMPLETION_INDEX), else the rendezvous assigns it.
+    nnodes: int = 1
+    rdzv: str | None = None
+    node_rank: int | None = None
+    rdzv_timeout_s: float = RDZV_TIMEOUT_S
+    # Re-rendezvous after a lost host (waiting for it to come back) this many times in a run.
+    max_restarts: int = 0
+    # A tensor-parallel group may span hosts (default: tensor sizes that divide nproc only).
+    tensor_across_hosts: bool = False
     trial_timeout_s: float = 300.0
     batch_size: int | None = None
     seq_len: int | None = None
     # None leaves the default (`default_trial_settings()`) to the run: building it imports
     # tpu_tuner.profiling and so torch, which the CLI avoids until the options are checked.
     trial_settings: ProfilerSettings | None = field(default_factory=lambda: default_trial_settings())
+
+    @property
+    def ranks(self) -> int:
+        """The processes every trial runs on, over all its hosts."""
+        return self.nproc * self.nnodes
 
 
 @dataclass(frozen=True)
@@ -217,13 +235,15 @@ class TuneOptions:
             raise UserInputError(f"unknown sampler {search.sampler!r}; choose {', '.join(SAMPLERS)}")
         for name, value in (("trials", search.trials), ("planned_steps", objective.planned_steps),
                             ("verify_rounds", objective.verify_rounds), ("max_buckets", objective.max_buckets),
-                            ("bucket_align", objective.bucket_align), ("nproc", runner.nproc)):
+                            ("bucket_align", objective.bucket_align), ("nproc", runner.nproc),
+                            ("nnodes", runner.nnodes)):
             if value is not None and value < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
         if runner.nproc > MAX_NPROC:
             raise UserInputError(f"--nproc must be at most {MAX_NPROC} (ranks of one host), not {runner.nproc}")
-        if search.plan is not None and runner.nproc == 1:
+        if search.plan is not None and runner.ranks == 1:
             raise UserInputError("--plan seeds sharding layouts, which need several ranks: give --nproc N (N > 1)")
+        _validate_hosts(runner, store)
         if objective.verify_rounds < 2:
             raise UserInputError("--verify-rounds must be at least 2")
         if not objective.tolerance > 0:
@@ -275,6 +295,33 @@ class TuneOptions:
         return checked
 
 
+def _validate_hosts(runner: RunnerOptions, store: StoreOptions) -> None:
+    """The multi-host flags: a rendezvous address and a study name (the rendezvous's run id, and
+    what a relaunch resumes) with --nnodes above 1, nothing of them without."""
+    from tpu_tuner.core.errors import UserInputError
+
+    if runner.nnodes == 1:
+        given = [flag for flag, value in (("--rdzv", runner.rdzv), ("--node-rank", runner.node_rank)) if value is not None]
+        if given:
+            raise UserInputError(f"{' and '.join(given)} join hosts into one run: give --nnodes M (M > 1) too")
+        return
+    if not runner.rdzv:
+        raise UserInputError(f"--nnodes {runner.nnodes}: give --rdzv HOST:PORT, the rendezvous every host joins "
+                             "(a port on the first host's address)")
+    host, _, port = runner.rdzv.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserInputError(f"--rdzv {runner.rdzv!r}: expected HOST:PORT, e.g. head-host:29400")
+    if store.study is None:
+        raise UserInputError(f"--nnodes {runner.nnodes}: give --study NAME (with --storage): the hosts meet under "
+                             "the study's name, and relaunching the same commands resumes it")
+    if runner.node_rank is not None and not 0 <= runner.node_rank < runner.nnodes:
+        raise UserInputError(f"--node-rank {runner.node_rank}: expected 0 to {runner.nnodes - 1} (--nnodes {runner.nnodes})")
+    if not runner.rdzv_timeout_s > 0:
+        raise UserInputError(f"--rdzv-timeout must be positive, not {runner.rdzv_timeout_s:g}")
+    if runner.max_restarts < 0:
+        raise UserInputError(f"--max-restarts must be at least 0, not {runner.max_restarts}")
+
+
 def _check_space(space: str | Path, device: str | None) -> None:
     """Load the search space as a run would: for the named device, or (device auto, not yet
     known) for every device kind, requiring it to search something on at least one."""
@@ -304,5 +351,5 @@ def _check_agents(agents: tuple[str, ...]) -> None:
         load_tuning_agent_definition(agent)
 
 
-__all__ = ["KEYWORDS", "MAX_NPROC", "SAMPLERS", "SECTIONS", "ObjectiveOptions", "OutputOptions", "RunnerOptions",
+__all__ = ["KEYWORDS", "MAX_NPROC", "RDZV_TIMEOUT_S", "SAMPLERS", "SECTIONS", "ObjectiveOptions", "OutputOptions", "RunnerOptions",
            "SearchOptions", "StoreOptions", "TuneOptions", "default_trial_settings"]

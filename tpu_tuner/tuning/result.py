@@ -243,7 +243,8 @@ class TuningResult:
                          "python": platform.python_version()},
             "workload": self.profile.workload.to_dict(),
             "objective": f"amortised step time over {self.options.objective.planned_steps} planned steps",
-            "ranks": self.options.runner.nproc,
+            "ranks": self.options.runner.ranks,
+            **({"hosts": self.options.runner.nnodes} if self.options.runner.nnodes > 1 else {}),
             "tolerance": self.options.objective.tolerance,
             "accuracy_error": self.chosen.accuracy_error if self.chosen else None,
             "baseline": _summary(compared.baseline, planned, compared, self.baseline),
@@ -332,7 +333,7 @@ def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpac
     except (TypeError, ValueError, KeyError, AttributeError):
         from tpu_tuner.knobs.traits import of_profile
 
-        return (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc)
+        return (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.ranks)
                 .for_workload(of_profile(profile.workload)))
 
 

@@ -34,17 +34,20 @@ def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, npro
 
 def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> None:
     """Give each rank a device of its own (the device kind is known once profiled), refusing
-    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores)."""
+    more ranks than devices where ranks cannot share one (a CPU's ranks share its cores). `nproc`
+    is a host's; a runner over several hosts (`runner.nnodes`) has that many times as many ranks."""
     backend = BACKENDS[profile.device.kind]
-    batch = profile.workload.batch_size
-    if isinstance(batch, int) and batch % nproc:
-        raise UserInputError(f"--nproc {nproc}: the batch of {batch} does not split over {nproc} ranks "
+    batch, ranks = profile.workload.batch_size, nproc * runner.nnodes
+    if isinstance(batch, int) and batch % ranks:
+        raise UserInputError(f"--nproc {nproc}" + (f" --nnodes {runner.nnodes}" if runner.nnodes > 1 else "")
+                             + f": the batch of {batch} does not split over {ranks} ranks "
                              "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
     if profile.device.kind != "cpu" and nproc > profile.device.count:
         raise UserInputError(f"--nproc {nproc}: this host has {profile.device.count} "
                              f"{profile.device.kind} device(s), one per rank")
     runner.rank_environment = backend.rank_environment
-    runner.launch_environment = backend.launch_environment(nproc)
+    runner.launch_environment = backend.launch_environment(nproc, runner.nnodes)
+    runner.device_kind = profile.device.kind
 
 
 def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None) -> Profile:
@@ -65,7 +68,7 @@ def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent],
     study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
     reasons from it, and every measured trial is checked against it."""
     device_kind = profile.device.kind
-    search, nproc = options.search, options.runner.nproc
+    search, nproc = options.search, options.runner.ranks  # every rank of every host
     agents = load_agents(list(search.agents), device_kind, profile.device.probe)
     memory = memory_limit(options.objective.memory_limit_bytes, device_kind, profile.device.memory_bytes)
     for agent in agents:

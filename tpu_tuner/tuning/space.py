@@ -101,6 +101,27 @@ class SearchSpace:
             params.append(Param(p.name, p.agent, kept, p.help))
         return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
 
+    def tensor_within_hosts(self, nproc: int) -> SearchSpace:
+        """This space without the layouts whose tensor groups would span hosts of `nproc` ranks
+        each (`model.host_mesh`: a tensor size that does not divide nproc), each noted in
+        `left_out`: tensor parallelism all-reduces activations in every block, traffic for a
+        host's own interconnect rather than the network between hosts (--tensor-across-hosts)."""
+        from tpu_tuner.model.host_mesh import tensor_within_host
+        from tpu_tuner.model.layouts import parse_layout
+
+        params, left_out = [], list(self.left_out)
+        for p in self.params:
+            if p.name != "layout":
+                params.append(p)
+                continue
+            kept = tuple(c for c in p.choices if tensor_within_host(parse_layout(c, context=False), nproc))
+            dropped = [c for c in p.choices if c not in kept]
+            if dropped:
+                left_out.append(f"layout: {', '.join(dropped)}: the tensor axis would span hosts ({nproc} rank"
+                                f"{'s' if nproc > 1 else ''} a host; --tensor-across-hosts allows it)")
+            params.append(Param(p.name, p.agent, kept, p.help))
+        return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
+
     @property
     def searched(self) -> tuple[Param, ...]:
         """Parameters with more than one choice here."""

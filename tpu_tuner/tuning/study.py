@@ -29,7 +29,9 @@ from tpu_tuner.model.bucket_cost import fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.runner.hosts import HostGroup
 from tpu_tuner.runner.load import load_summary
+from tpu_tuner.runner.multi_host import MultiHostTrialRunner
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner, trial_runner
 from tpu_tuner.runner.requests import BucketCostsRequest, MeasureRequest
 from tpu_tuner.studies import records, run_file
@@ -65,13 +67,14 @@ OutputsWriter = Callable[[TuningResult], object]
 
 
 def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: ProgressCallback | None,
-               write_outputs: OutputsWriter) -> TuningResult:
+               write_outputs: OutputsWriter, hosts: HostGroup | None = None) -> TuningResult:
     """Tune a model file; returns the result, with the run folder written by `write_outputs`.
 
     This process never imports the model file: a worker loads it and describes it
     (runner/load.py). Bad options are refused before that, and a run that fails after its
     folder exists is marked "failed" in run.json with the reason (docs/run-safety.md). With
     `options.store.study` the run is one worker of a study shared by name (tuning/shared_study.py).
+    With `hosts` (the driver of a multi-host run, `runner/hosts.py`) every trial spans its hosts.
     The options are never changed: what the run resolves (the storage of $TPU_TUNE_STORAGE, the
     default trial settings, a shared study's options, the budget) makes new ones, and the result
     holds those the run used.
@@ -85,15 +88,16 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     emit = progress or (lambda event: None)
     run, lengths_file = options.runner, options.objective.lengths_file
 
-    with trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s,
-                      options.objective.memory_limit_bytes) as runner:
+    with (trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s, options.objective.memory_limit_bytes)
+          if hosts is None else MultiHostTrialRunner(str(model_file), run.device, hosts, run.trial_timeout_s,
+                                                     options.objective.memory_limit_bytes)) as runner:
         # Bad files fail here, in the worker, with exit 2 (a crash at import too).
         workload = load_summary(runner, model_file, run.batch_size, run.seq_len, sample_lengths=lengths_file is None)
         # And a bad length sample; read once, used for the bucketing knob below.
         lengths = (bucket_histogram(workload.length_source(), lengths_file)
                    if lengths_file is not None or workload.has_sample_lengths else None)
-        check_ranks(workload, lengths, run.nproc)
-        current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc, lengths)
+        check_ranks(workload, lengths, run.ranks)
+        current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.ranks, lengths, run.nnodes)
         location = run_location(workload.name, options, current)
         runner.log.move_into(location.run_dir)  # the workers' output, kept off the terminal, from here on
         try:
@@ -119,7 +123,7 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
              write_outputs: OutputsWriter) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
-    whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.nproc)
+    whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.ranks)
     storage = open_run_storage(location.storage, options.store)
     worker = Worker.this_process(storage)
     opened = open_or_join(storage, location, make_record(current, whole_space, options), whole_space)
@@ -139,20 +143,24 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
         emit(_event("profile", "profiling the baseline", options, started))
         profile = profile_baseline(runner, options.runner, model_file, workload.device_kind)
     device_kind = profile.device.kind
-    nproc = options.runner.nproc
+    nproc = options.runner.ranks  # every trial's ranks, over all its hosts
     if isinstance(runner, RankedTrialRunner):
-        start_ranks_on(runner, profile, nproc)
+        start_ranks_on(runner, profile, options.runner.nproc)
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
     space = (SearchSpace.load(options.search.space, device_kind, ranks=nproc)
              .for_workload(traits.of_profile(profile.workload)))
+    if options.runner.nnodes > 1 and not options.runner.tensor_across_hosts:
+        space = space.tensor_within_hosts(options.runner.nproc)
     if nproc > 1 and not space.spreads_over_ranks():
         # Without the knob every trial would be N unsharded copies of one process's step.
         raise UserInputError(f"--nproc {nproc}: the search space {space.name!r} has no layout parameter "
                              "(add one, as search_spaces/default.toml does)")
     record = study.user_attrs.get(RECORD_ATTR, opened.record)
     agents, findings, memory = prepare_agents(options, profile)
+    if isinstance(runner, MultiHostTrialRunner):  # which host holds which ranks, under each layout searched
+        findings["hosts"] = runner.describe_hosts(next((p.choices for p in space.params if p.name == "layout"), ()))
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record and result hold the number it used
     clock = "" if options.search.time_budget_s is None else (

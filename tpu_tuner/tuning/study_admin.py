@@ -186,6 +186,9 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     options = replace(options, storage=storage, out=out, resume=None, study=name,
                       device=device if device is not None else options.runner.device)
     run = options.runner
+    if run.nnodes > 1:  # its trials ran on several hosts; a verification on this one alone would measure another machine
+        raise UserInputError(f"study {name!r} runs each trial on {run.nnodes} hosts: its driver verifies it when the "
+                             "search ends (relaunch the hosts' command to finish it)")
     recorded_fingerprint = record.get("fingerprint", {})
     model_file = model_file or Path(str(recorded_fingerprint.get("model_file", "")))
     if not model_file.is_file():

@@ -109,7 +109,8 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
 # What a repeat does not take from the trial it repeats: the measurement itself, and what says
 # who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
 # nothing: it must not pass for the earlier worker's measured trial), or how it was queued.
-NOT_COPIED = (records.MEASUREMENT, records.MEASURED, records.WORKER, records.HOST, records.TRIAL_WALL_S, records.WARM_START)
+NOT_COPIED = (records.MEASUREMENT, records.MEASURED, records.WORKER, records.HOST, records.HOSTS, records.TRIAL_WALL_S,
+              records.WARM_START)
 
 
 def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:

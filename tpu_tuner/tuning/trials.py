@@ -187,7 +187,8 @@ class TuneTrials(Feature):
             return
         outcome = result.outcome
         # Stored with the measurement or the failure, in one write (trial_attrs.py).
-        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds})
+        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds,
+                                      **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {})})
         if outcome.ok and isinstance(outcome.value, EarlyStop):
             stop = outcome.value
             # What the worker measured, told to the pruner as Optuna's pruning interface is.
@@ -212,6 +213,13 @@ class TuneTrials(Feature):
             if verdict == "ok" and (self.best is None or value < self.best):
                 self.best = value
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
+        elif outcome.failure.kind == records.INTERRUPTED:
+            # Cut short by a lost host (runner/multi_host.py): it measured nothing and says nothing
+            # of the setting, so FAIL (TPE ignores it) and queued again, to be measured once.
+            trial_attrs.record_failure(trial, outcome.failure)
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(dict(trial.params))
+            message = f"{label}: interrupted, queued again ({outcome.failure.message})"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
             # Told as pruned with a violated constraint, not FAIL: TPE reads only complete and
@@ -236,6 +244,11 @@ class TuneTrials(Feature):
         self.out_of_time = not search_may_go_on(trials, self.clock)
 
     def stop_reason(self) -> str | None:
+        # A runner whose hosts are gone for good raises here, before the next ask: no trial is
+        # left running for a relaunch to find (a runner without the method always can go on).
+        check_usable = getattr(self.runner, "check_usable", None)
+        if check_usable is not None:
+            check_usable()
         return "clock" if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:

@@ -1,0 +1,320 @@
+"""Trials that span hosts (``--nnodes M --nproc N --rdzv HOST:PORT``), on loopback: each simulated
+host is a launcher process tree of its own (``python -m tpu_tuner.cli`` in a working directory of
+its own), the hosts meet through torch's c10d rendezvous on 127.0.0.1, and the study lives in a
+SQLite file both reach. Process clean-up is checked by scanning /proc for a marker that every
+process the test starts inherits in its environment (other sessions' ranks do not carry it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.host_mesh import axes_within_hosts, describe_on_hosts
+from tpu_tuner.model.layouts import parse_layout
+from tpu_tuner.runner.hosts import HostsError, assign_nodes
+from tpu_tuner.studies import records
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+MARK = "TPU_TUNE_TEST_HOSTS_MARK"
+
+
+# --- pieces without processes -----------------------------------------------------------------
+
+
+def _claim(host: str, pid: int, want: int | None = None, store_host: bool = False) -> dict:
+    return {"host": host, "pid": pid, "want": want, "store_host": store_host, "generation": "g"}
+
+
+def test_node_ranks_keep_claims_give_the_store_host_node_0_and_refuse_a_rank_claimed_twice() -> None:
+    # No claims: the agent serving the store drives (node 0), the rest follow the rendezvous's order.
+    assert assign_nodes([_claim("a", 1), _claim("b", 2, store_host=True), _claim("c", 3)]) == [1, 0, 2]
+    # A survivor of a re-rendezvous keeps its node, a newcomer takes the free one.
+    assert assign_nodes([_claim("new", 9), _claim("driver", 1, want=0, store_host=True), _claim("c", 3, want=2)]) \
+        == [1, 0, 2]
+    # --node-rank (or TorchTPU's NODE_RANK) wins over the store's host.
+    assert assign_nodes([_claim("a", 1, want=0), _claim("b", 2, store_host=True)]) == [0, 1]
+    with pytest.raises(HostsError, match="node rank 1 is claimed by both a .pid 1. and b .pid 2."):
+        assign_nodes([_claim("a", 1, want=1), _claim("b", 2, want=1)])
+
+
+def test_the_mesh_maps_onto_hosts_and_tensor_groups_stay_within_one_by_default() -> None:
+    from tpu_tuner.tuning.space import SearchSpace
+
+    assert axes_within_hosts(parse_layout("1x2x2", context=False), 2) == {"fsdp": False, "tensor": True}
+    assert axes_within_hosts(parse_layout("2x2x2", context=False), 4) == {"data": False, "fsdp": True, "tensor": True}
+    assert axes_within_hosts(parse_layout("1x1x4", context=False), 2) == {"tensor": False}
+    assert describe_on_hosts(parse_layout("1x2x2", context=False), 2, 2, ["a", "b"]) == (
+        "1x2x2: node 0 (a) ranks 0-1 = fsdp 0 x tensor 0-1; node 1 (b) ranks 2-3 = fsdp 1 x tensor 0-1; "
+        "fsdp across hosts, tensor within a host")
+    # Two hosts of two ranks: the layouts of four ranks, less those whose tensor axis spans hosts.
+    space = SearchSpace.load(FIXTURES / "layout_space.toml", "cpu", ranks=4).tensor_within_hosts(2)
+    assert next(p for p in space.params if p.name == "layout").choices == ("4x1x1", "1x4x1", "1x2x2")
+    assert space.left_out == ("layout: 1x1x4: the tensor axis would span hosts (2 ranks a host; "
+                              "--tensor-across-hosts allows it)",)
+
+
+def test_the_host_flags_are_checked_before_anything_runs() -> None:
+    from tpu_tuner.tuning.options import TuneOptions
+
+    good = dict(nnodes=2, nproc=1, rdzv="127.0.0.1:29400", study="s")
+    assert TuneOptions(**good).runner.ranks == 2
+    TuneOptions(**good).validate()
+    for change, says in ((dict(rdzv=None), "give --rdzv HOST:PORT"), (dict(rdzv="head-host"), "expected HOST:PORT"),
+                         (dict(study=None), "give --study NAME"), (dict(node_rank=2), "--node-rank 2: expected 0 to 1"),
+                         (dict(max_restarts=-1), "--max-restarts must be at least 0"),
+                         (dict(nnodes=1, node_rank=0), "--node-rank join hosts into one run"),
+                         (dict(nnodes=0), "--nnodes must be at least 1")):
+        with pytest.raises(UserInputError, match=says):
+            TuneOptions(**{**good, **change}).validate()
+
+
+def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -> None:
+    import optuna
+
+    from tpu_tuner.execution.measurement import TrialFailure
+    from tpu_tuner.runner.multi_host import LOST_HOST
+    from tpu_tuner.studies.coverage import covered_settings
+    from tpu_tuner.studies.trial_record import TrialRecord
+    from tpu_tuner.tuning.failures import evidence_of
+    from tpu_tuner.tuning.trial_attrs import failed_to_run, record_failure
+
+    assert LOST_HOST == records.INTERRUPTED
+    study = optuna.create_study()
+    trial = study.ask({"layout": optuna.distributions.CategoricalDistribution(["2x1x1", "1x2x1"])})
+    TrialRecord.of(trial).update({records.MEASURED: True})
+    record_failure(trial, TrialFailure(LOST_HOST, "host b (node 1, agent pid 7) stopped answering"))
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    frozen = study.get_trials()
+    assert evidence_of(frozen, 1e-2) == [] and covered_settings(frozen) == {} and not failed_to_run(frozen[0])
+
+
+# --- hosts as process trees on loopback -------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _marked(mark: str) -> list[str]:
+    """This host's processes that carry `mark` in their environment (started by this test)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"{MARK}={mark}".encode() in environ.split(b"\0") and state != "Z":
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160])
+    return found
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+class Hosts:
+    """Simulated hosts: the same `tpu-tune` command in a folder of each host's own."""
+
+    def __init__(self, root: Path, study: str, *flags: str, nnodes: int = 2, model: Path = FIXTURES / "tiny_llama.py"):
+        self.root, self.mark, self.port = root, uuid.uuid4().hex, _free_port()
+        self.command = [sys.executable, "-m", "tpu_tuner.cli", str(model), "--device", "cpu", "--nnodes", str(nnodes),
+                        "--nproc", "1", "--rdzv", f"127.0.0.1:{self.port}", "--study", study,
+                        "--storage", f"sqlite:///{root / 'study.db'}", "--out", "results", "--time-budget", "none",
+                        *flags]
+        self.env = {**os.environ, MARK: self.mark,
+                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen:
+        """Host `name`'s command, in its own folder and session; its output in out<k>.txt there."""
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"out-{self.mark[:6]}-{len(self.started)}.txt"
+        with open(path, "w") as out:
+            process = subprocess.Popen([*self.command, *extra], cwd=folder, env=self.env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        process.out = path  # type: ignore[attr-defined]
+        self.started.append(process)
+        return process
+
+    def start_pair(self, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
+        """Host a (it serves the rendezvous, so it drives), then host b once a is listening."""
+        a = self.start("a", *extra)
+        deadline = time.monotonic() + 120
+        while not _listening(self.port):
+            assert a.poll() is None and time.monotonic() < deadline, a.out.read_text()  # type: ignore[attr-defined]
+            time.sleep(0.2)
+        return a, self.start("b", *extra)
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _text(process: subprocess.Popen) -> str:
+    return process.out.read_text()  # type: ignore[attr-defined]
+
+
+def _trials(root: Path, study: str) -> list:
+    import optuna
+
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{root / 'study.db'}").get_trials()
+
+
+def _ranks_of(pid: int) -> list[int]:
+    """The rank processes whose parent is `pid` (a host agent's ranks)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"rank_job" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_a_host_that_never_arrives_times_out_with_one_line_naming_what_is_missing(tmp_path) -> None:
+    hosts = Hosts(tmp_path, "alone", "--rdzv-timeout", "3")
+    try:
+        alone = hosts.start("a")
+        assert alone.wait(timeout=120) == 2
+        lines = [line for line in _text(alone).splitlines() if line.startswith("tpu-tune: error:")]
+        assert len(lines) == 1, _text(alone)
+        assert f"s at 127.0.0.1:{hosts.port} for 2 hosts; 1 joined (--rdzv-timeout 3 s" in lines[0]
+        assert not _listening(hosts.port) and _marked(hosts.mark) == []
+        assert not (tmp_path / "a" / "results").exists()  # nothing written before the hosts met
+    finally:
+        hosts.cleanup()
+
+
+def _lines(process: subprocess.Popen) -> list[dict]:
+    return [json.loads(line) for line in _text(process).splitlines() if line.startswith("{")]
+
+
+def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_it(tmp_path) -> None:
+    """A driver (tests/fixtures/host_driver.py, node 0) runs two measure jobs on both hosts; the
+    follower is the `tpu-tune` command itself (--node-rank 1). The first job is measured on both
+    hosts' ranks; the follower's agent is killed with SIGKILL during the second, which fails
+    naming it, and the runner refuses to go on (no restart left); no process is left."""
+    hosts = Hosts(tmp_path, "jobs", "--node-rank", "1")
+    try:
+        folder = tmp_path / "a"
+        folder.mkdir()
+        with open(folder / "out.txt", "w") as out:
+            driver = subprocess.Popen([sys.executable, str(FIXTURES / "host_driver.py"), f"127.0.0.1:{hosts.port}", "jobs",
+                                       str(FIXTURES / "tiny_llama.py"), "2"], cwd=folder, env=hosts.env, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        driver.out = folder / "out.txt"  # type: ignore[attr-defined]
+        hosts.started.append(driver)
+        follower = hosts.start("b")
+        deadline = time.monotonic() + 300
+        while sum(1 for line in _lines(driver) if line.get("job") == "started") < 2 or not _ranks_of(follower.pid):
+            assert driver.poll() is None and time.monotonic() < deadline, _text(driver) + _text(follower)
+            time.sleep(0.1)
+        time.sleep(1.0)  # mid-job: the ranks of both hosts are up
+        os.kill(follower.pid, signal.SIGKILL)
+        assert driver.wait(timeout=120) == 0, _text(driver)
+        follower.wait()
+        lines = _lines(driver)
+        me = socket.gethostname()
+        assert lines[0] == {"joined": 0, "hosts": [f"host {me} (node 0, agent pid {driver.pid})",
+                                                   f"host {me} (node 1, agent pid {follower.pid})"]}
+        first, second = (line["job"] for line in lines if isinstance(line.get("job"), dict))
+        assert first["ok"] and first["hosts"] == lines[0]["hosts"] and first["step_s"] > 0, first
+        assert second["kind"] == records.INTERRUPTED, second
+        assert second["message"].startswith(f"host {me} (node 1, agent pid {follower.pid}) stopped answering during "
+                                            "this trial (no heartbeat for "), second
+        assert lines[-1]["usable"] is False and "no restart left (--max-restarts 0)" in lines[-1]["error"]
+        time.sleep(1.0)
+        assert _marked(hosts.mark) == [] and not _listening(hosts.port)
+    finally:
+        hosts.cleanup()
+
+
+@pytest.mark.slow  # two hosts start, profile and measure: about a minute on 2 cores
+def test_two_hosts_complete_a_short_study_with_every_trial_on_both(tmp_path) -> None:
+    hosts = Hosts(tmp_path, "pair", "--trials", "2", "--verify-rounds", "2", "--space",
+                  str(FIXTURES / "layout_space.toml"))
+    try:
+        a, b = hosts.start_pair()
+        assert a.wait(timeout=600) == 0, _text(a)
+        assert b.wait(timeout=60) == 0, _text(b)
+    finally:
+        hosts.cleanup()
+    measured = [t for t in _trials(tmp_path, "pair") if records.attrs(t).get(records.MEASURED)]
+    assert len(measured) == 2
+    for trial in measured:  # every measured trial ran on the ranks of both hosts
+        assert records.attrs(trial)[records.HOSTS] == [f"host {socket.gethostname()} (node 0, agent pid {a.pid})",
+                                                       f"host {socket.gethostname()} (node 1, agent pid {b.pid})"]
+    assert f"the study ended on the driver (host {socket.gethostname()} (node 0, agent pid {a.pid}))" in _text(b)
+    run_dir = next((tmp_path / "a" / "results").glob("tiny_llama-tune-*"))
+    report = (run_dir / "report.md").read_text()
+    assert "Every trial ran on 2 ranks (2 hosts of 1" in report
+    assert "2x1x1: node 0 (" in report and "data across hosts" in report
+    assert "layout: 1x1x2: the tensor axis would span hosts" in report
+    assert json.loads((run_dir / "result.json").read_text())["options"]["nnodes"] == 2
+    assert _marked(hosts.mark) == [] and not _listening(hosts.port)
+
+
+@pytest.mark.slow  # a study killed midway and run again: about three minutes on 2 cores
+def test_sigkill_of_a_host_fails_its_trial_naming_it_and_a_relaunch_repeats_nothing(tmp_path) -> None:
+    flags = ("--trials", "3", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune")
+    hosts = Hosts(tmp_path, "killed", *flags)
+    try:
+        a, b = hosts.start_pair()
+        deadline = time.monotonic() + 400
+        while "] running" not in _text(a).partition("[trial 2/3")[2] or not _ranks_of(b.pid):
+            assert a.poll() is None and time.monotonic() < deadline, _text(a)
+            time.sleep(0.1)
+        time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
+        os.kill(b.pid, signal.SIGKILL)
+        assert a.wait(timeout=180) == 1, _text(a)
+        b.wait()
+        errors = [line for line in _text(a).splitlines() if line.startswith("tpu-tune: error:")]
+        assert len(errors) == 1 and f"(node 1, agent pid {b.pid}) stopped answering" in errors[0], _text(a)
+        assert "no restart left (--max-restarts 0)" in errors[0]
+        time.sleep(1.0)
+        assert _marked(hosts.mark) == [] and not _listening(hosts.port)
+        before = _trials(tmp_path, "killed")
+        interrupted = [t for t in before if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
+        assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
+        done_before = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
+        assert done_before  # the first trial completed before the kill
+        relaunched = Hosts(tmp_path, "killed", *flags)
+        a2, b2 = relaunched.start_pair()
+        assert a2.wait(timeout=600) == 0, _text(a2)
+        assert b2.wait(timeout=60) == 0, _text(b2)
+        assert _marked(relaunched.mark) == []
+    finally:
+        hosts.cleanup()
+    after = _trials(tmp_path, "killed")
+    assert {t.number: t.params for t in after if t.number in done_before} == done_before
+    measured = [tuple(sorted(t.params.items())) for t in after
+                if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
+    assert len(measured) == 3 and max(Counter(measured).values()) == 1  # nothing measured twice, the budget met
+    new = [t for t in after if t.number not in done_before and t.state.name == "COMPLETE"]
+    assert all(len(records.attrs(t)[records.HOSTS]) == 2 for t in new)

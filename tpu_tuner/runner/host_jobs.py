@@ -1,0 +1,230 @@
+"""One job on the ranks of every host of a multi-host run, through the hosts' rendezvous store.
+
+The driver (node 0) announces each job under ``job/<n>`` of the round's keys (`announce`): the
+job a sharded trial's ranks run (its pickled request, as `RankedTrialRunner` writes it to a job
+file), a re-rendezvous after a lost host, or the end of the run. Every host then starts its N
+ranks of ``runner.rank_job`` through the launcher (`run_here`: global ranks node*N .. node*N+N-1
+of M*N, meeting in the store under the job's prefix), and posts its outcome under
+``job/<n>/outcome/<node>``: whether its ranks ended well, and if not, the launcher's account and
+each rank's own. A host whose ranks fail posts ``job/<n>/abort``, and every host stops its ranks
+when it sees that key or a host whose heartbeat stopped (`hosts.SILENT_S`): no rank waits for a
+peer that is gone. The other hosts run `follow` until the driver announces the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.runner.hosts import SILENT_S, HostGroup, HostsError
+from tpu_tuner.runner.launch import run_ranks
+from tpu_tuner.runner.worker_log import WorkerLog
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+# How long the driver waits for the other hosts' outcomes once its own ranks ended, at most (a
+# host that is alive reports within seconds: its ranks end with the driver's or are stopped).
+GATHER_S = 60.0
+# How long the driver waits for the other hosts to read the end before its store goes with it.
+FAREWELL_S = 10.0
+
+
+@dataclass
+class HostOutcome:
+    """How one host's ranks ran a job: `failure` is the launcher's account ("rank 3 died from
+    SIGSEGV"), `accounts` each rank's own (global rank -> kind, message) where it wrote one."""
+
+    node: int
+    host: str
+    ok: bool
+    kind: str | None = None
+    failure: str | None = None
+    failed_rank: int | None = None
+    accounts: dict[int, dict[str, str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class FollowEnd:
+    """How a follower's run ended: the jobs its ranks ran, and the driver's word at the end."""
+
+    jobs: int
+    reason: str
+    failed: bool
+
+
+def announce(group: HostGroup, payload: dict[str, Any]) -> int:
+    """Announce the next job of this round to every host (the driver); returns its number."""
+    number = group.next_job
+    group.next_job += 1
+    group.store.set(f"job/{number}", pickle.dumps(payload))
+    return number
+
+
+def next_announcement(group: HostGroup) -> tuple[int, dict[str, Any]]:
+    """The driver's next announcement (a follower), waiting as long as the driver beats."""
+    number = group.next_job
+    key = f"job/{number}"
+    try:
+        while not group.store.check([key]):
+            silent = group.silent_for(0)
+            if silent > SILENT_S:
+                raise HostsError(f"the driver, {group.host(0).describe()}, stopped answering (no heartbeat for "
+                                 f"{silent:.0f} s): {_relaunch(group)}")
+            time.sleep(POLL_S)
+        payload = pickle.loads(group.store.get(key))
+    except HostsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store went away with its host
+        raise HostsError(f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): "
+                         f"{_relaunch(group)}") from exc
+    group.next_job += 1
+    return number, payload
+
+
+def run_here(group: HostGroup, number: int, payload: dict[str, Any], output: WorkerLog,
+             launch_env: dict[str, str], rank_env: Callable[[int], dict[str, str]] | None) -> tuple[HostOutcome, Any]:
+    """This host's ranks of job `number`; posts their outcome and returns it with the job's value
+    (rank 0's result, on the driver only)."""
+    from tpu_tuner.runner.rank_job import RESULT, failure_path
+
+    me = group.me()
+    with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
+        job_file = Path(folder) / "job.pkl"
+        job_file.write_bytes(pickle.dumps(payload["spec"]))
+        ranks = run_ranks(group.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], float(payload["timeout_s"]),
+                          workdir=folder, env={**launch_env, **payload.get("env", {})}, rank_env=rank_env,
+                          output=output, group=group.rank_group(number), abort=lambda: _abort_reason(group, number))
+        accounts = {}
+        for rank in range(me.node * group.nproc, (me.node + 1) * group.nproc):
+            try:
+                accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
+            except (OSError, ValueError):
+                continue
+        result = Path(folder) / RESULT
+        value = pickle.loads(result.read_bytes()) if ranks.ok and result.is_file() else None
+    outcome = HostOutcome(node=me.node, host=me.host, ok=ranks.ok, kind=ranks.kind, failure=ranks.failure,
+                          failed_rank=ranks.failed_rank, accounts=accounts, seconds=ranks.seconds)
+    if not ranks.ok and ranks.kind != "aborted":
+        group.store.set(f"job/{number}/abort", f"the ranks of {me.describe()} failed: {ranks.failure}")
+    post(group, number, outcome)
+    return outcome, value
+
+
+def post(group: HostGroup, number: int, outcome: HostOutcome | str) -> None:
+    """Post this host's outcome of job `number` (or its word, for an end)."""
+    group.store.set(f"job/{number}/outcome/{group.node}", pickle.dumps(outcome))
+
+
+def gather(group: HostGroup, number: int, here: HostOutcome) -> tuple[dict[int, HostOutcome], dict[int, float]]:
+    """Every host's outcome of job `number` (the driver), and the hosts that stopped answering
+    instead (node -> seconds without a heartbeat; a host silent past `GATHER_S` counts too)."""
+    outcomes, lost = {here.node: here}, {}
+    deadline = time.monotonic() + GATHER_S
+    while True:
+        for node in group.others():
+            if node in outcomes or node in lost:
+                continue
+            key = f"job/{number}/outcome/{node}"
+            if group.store.check([key]):
+                outcomes[node] = pickle.loads(group.store.get(key))
+            elif (silent := group.silent_for(node)) > SILENT_S:
+                lost[node] = silent
+        if len(outcomes) + len(lost) == group.nnodes:
+            return outcomes, lost
+        if time.monotonic() > deadline:
+            lost.update({node: GATHER_S for node in group.others() if node not in outcomes and node not in lost})
+            return outcomes, lost
+        time.sleep(POLL_S / 2)
+
+
+def farewell(group: HostGroup, reason: str, failed: bool) -> None:
+    """Announce the end (the driver) and wait, briefly, for the hosts still beating to read it:
+    the store ends with the driver's process."""
+    try:
+        number = announce(group, {"kind": "end", "reason": reason, "failed": failed})
+        waiting = set(group.others())
+        deadline = time.monotonic() + FAREWELL_S
+        while waiting and time.monotonic() < deadline:
+            waiting = {node for node in waiting if not group.store.check([f"job/{number}/outcome/{node}"])
+                       and group.silent_for(node) <= SILENT_S}
+            time.sleep(POLL_S / 2)
+    except Exception as exc:  # noqa: BLE001 - a store gone with its host: nobody is left to tell
+        log.debug("announcing the end: %s", exc)
+
+
+def follow(group: HostGroup, output: WorkerLog,
+           environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]]) -> FollowEnd:
+    """A follower's run: each job the driver announces on this host's ranks, until the end.
+    `environments(device_kind)` gives this host's launch variables and per-rank ones (TorchTPU's
+    are decided on each host). `HostsError` when the driver goes away."""
+    from torch.distributed import DistError
+
+    try:
+        return _follow(group, output, environments)
+    except DistError as exc:  # the store went away with its host (the driver's, in the usual case)
+        raise HostsError(f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): "
+                         f"{_relaunch(group)}") from exc
+
+
+def _follow(group: HostGroup, output: WorkerLog,
+            environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]]) -> FollowEnd:
+    jobs = 0
+    while True:
+        number, payload = next_announcement(group)
+        kind = payload["kind"]
+        if kind == "end":
+            post(group, number, "bye")
+            return FollowEnd(jobs, str(payload.get("reason", "")), bool(payload.get("failed")))
+        if kind == "restart":
+            log.warning("%s: re-rendezvous at %s (%s)", group.me().describe(), group.endpoint, payload.get("reason", ""))
+            group.restart()
+            continue
+        try:
+            launch_env, rank_env = environments(payload.get("device_kind"))
+        except Exception as exc:  # noqa: BLE001 - this host cannot start the ranks: the trial says why
+            post(group, number, HostOutcome(group.me().node, group.me().host, ok=False, kind="error",
+                                            failure=f"{group.me().describe()}: {_first_line(exc)}"))
+            group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
+            continue
+        run_here(group, number, payload, output, launch_env, rank_env)
+        jobs += 1
+
+
+def _abort_reason(group: HostGroup, number: int) -> str | None:
+    """Why this host's ranks of job `number` must stop now, if they must: another host's ranks
+    failed, or a host stopped answering (its ranks will never reach the next collective)."""
+    try:
+        if group.store.check([f"job/{number}/abort"]):
+            return f"stopped: {group.store.get(f'job/{number}/abort').decode()}"
+        for node in group.others():
+            silent = group.silent_for(node)
+            if silent > SILENT_S:
+                reason = f"{group.host(node).describe()} stopped answering (no heartbeat for {silent:.0f} s)"
+                group.store.set(f"job/{number}/abort", reason)
+                return f"stopped: {reason}"
+    except Exception as exc:  # noqa: BLE001 - the store is gone: so is its host, and this job
+        return f"stopped: the rendezvous store went away ({_first_line(exc)})"
+    return None
+
+
+def _relaunch(group: HostGroup) -> str:
+    return (f"this host's ranks were stopped; the study is in its storage: relaunch the same command on every host "
+            f"to resume it (run {group.run_id!r})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+__all__ = ["FAREWELL_S", "GATHER_S", "FollowEnd", "HostOutcome", "announce", "farewell", "follow", "gather",
+           "next_announcement", "post", "run_here"]

@@ -1,0 +1,161 @@
+"""Trials that span hosts: the driver's runner, `RankedTrialRunner`'s interface over M hosts.
+
+The driver (node 0 of the hosts' rendezvous, `runner/hosts.py`) runs the normal search with this
+runner. A job that runs a layout (`Request.on_ranks`) is announced to every host through the
+rendezvous store and runs on all M x N ranks at once (`runner/host_jobs.py`): global rank 0 is
+the driver's first, so the measurement its job gathers over the ranks (the slowest rank's step,
+the largest rank's memory, the guardrail on the gathered loss and gradients) comes back here as
+on one host. Every other job (loading the file, the baseline profile) runs in the driver's single
+worker only.
+
+A host that stops answering during a job (its agent killed, its host down) fails that job naming
+the host, as a trial failure of kind "interrupted" (`LOST_HOST`: the setting measured nothing and
+is measured again, `tuning/trials.py`); the other hosts' ranks are stopped. Then, with
+``--max-restarts`` left, the hosts meet again before the next job (waiting for the lost one to be
+started again); without, the run stops with `HostsError` before the next trial is asked
+(`check_usable`), one line naming the host and how to resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from tpu_tuner.execution.measurement import TrialFailure
+from tpu_tuner.runner.host_jobs import HostOutcome, announce, gather, run_here
+from tpu_tuner.runner.hosts import HostGroup, HostsError, HostsMissing
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, _lost_peer
+from tpu_tuner.runner.requests import Request
+from tpu_tuner.runner.trial_runner import JobResult
+from tpu_tuner.runner.worker_log import WorkerLog
+
+log = logging.getLogger(__name__)
+
+# The failure kind of a job a lost host cut short: `studies.records.INTERRUPTED`, the kind of a
+# trial an interrupted run left behind (it covers no setting and teaches the study nothing).
+LOST_HOST = "interrupted"
+# Which failure to report when several hosts' ranks failed without an account of their own: a
+# signal before an error exit before a hang.
+_PRIORITY = {"crash": 0, "oom": 0, "error": 1, "timeout": 2}
+
+
+class MultiHostTrialRunner(RankedTrialRunner):
+    """Runs the requests that run a layout on the `nproc` ranks of each of `group`'s hosts (this
+    one the driver) and every other job in one worker here."""
+
+    def __init__(self, workload_path: str, device: str | None, group: HostGroup, timeout_s: float = 300.0,
+                 memory_limit_bytes: int | None = None, log: WorkerLog | None = None) -> None:
+        super().__init__(workload_path, device, group.nproc, timeout_s, memory_limit_bytes, log=log)
+        self.group = group
+        self.nnodes = group.nnodes
+        self.lost: str | None = None  # why no job can run any more (a host lost, no restart left)
+        self._restart_due: str | None = None  # a host was lost: meet again before the next job
+
+    def check_usable(self) -> None:
+        """Meet the hosts again where one was lost (with restarts left); `HostsError` when the run
+        cannot go on. The search calls it before each ask, so no trial is left running."""
+        if self._restart_due is not None:
+            self._restart()
+        if self.lost is not None:
+            raise HostsError(self.lost)
+
+    def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
+        """Run one job: on every host's ranks when it runs a layout, else in the single worker."""
+        if not request.on_ranks:
+            return self.single.run(request, env=env, timeout_s=timeout_s)
+        from torch.distributed import DistError
+
+        self.check_usable()
+        self.single.close()  # idle from here on: its memory and threads are the ranks'
+        payload = {"kind": "run", "timeout_s": timeout_s or self.timeout_s, "env": dict(env or {}),
+                   "device_kind": self.device_kind,
+                   "spec": {"request": request, "workload_path": self.workload_path, "device": self.device,
+                            "memory_limit_bytes": self.memory_limit_bytes}}
+        self.groups_started += 1
+        since, started = self.log.mark(), time.perf_counter()
+        try:
+            number = announce(self.group, payload)
+            here, value = run_here(self.group, number, payload, self.log, self.launch_environment,
+                                   self.rank_environment)
+            outcomes, lost = gather(self.group, number, here)
+        except DistError as exc:  # the store went away with the host that served it
+            self.lost = (f"the rendezvous store at {self.group.endpoint} went away with its host "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {self._resume()}")
+            return JobResult(failure=TrialFailure(LOST_HOST, self.lost), seconds=time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        if lost:
+            return JobResult(failure=TrialFailure(LOST_HOST, self._host_lost(lost)), seconds=seconds)
+        if all(outcome.ok for outcome in outcomes.values()):
+            ran = tuple(self.group.host(node).describe() for node in sorted(outcomes))
+            return JobResult(value=value, seconds=seconds, hosts=ran)
+        failure = self._cause(outcomes)
+        note = self.log.failure_note(quote=False, since=since)  # the driver's ranks' log; each host keeps its own
+        return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds, note=note)
+
+    def describe_hosts(self, layouts: Sequence[str] = ()) -> list[str]:
+        """The hosts and the ranks each holds, then how each of `layouts` maps onto them (the mesh
+        coordinates each host holds, which axes cross hosts): the run's findings."""
+        from tpu_tuner.model.host_mesh import describe_on_hosts
+        from tpu_tuner.model.layouts import parse_layout
+
+        n = self.nproc
+        lines = [f"{h.describe()}: rank{'s' if n > 1 else ''} "
+                 f"{f'{h.node * n}-{h.node * n + n - 1}' if n > 1 else h.node}" for h in self.group.hosts]
+        names = [h.host for h in self.group.hosts]
+        return lines + [describe_on_hosts(parse_layout(layout, context=False), self.nnodes, n, names)
+                        for layout in layouts]
+
+    def _host_lost(self, lost: dict[int, float]) -> str:
+        """The failure of a job whose hosts in `lost` stopped answering, deciding what comes next."""
+        message = "; ".join(f"{self.group.host(node).describe()} stopped answering during this trial (no heartbeat "
+                            f"for {silent:.0f} s): its agent died or its host went down" for node, silent in lost.items())
+        message += "; the other hosts' ranks were stopped"
+        if self.group.restarts < self.group.max_restarts:
+            self._restart_due = message
+        else:
+            self.lost = f"{message}; no restart left (--max-restarts {self.group.max_restarts}): {self._resume()}"
+        return message
+
+    def _restart(self) -> None:
+        reason, self._restart_due = self._restart_due, None
+        try:
+            announce(self.group, {"kind": "restart", "reason": reason})
+            log.warning("re-rendezvous %d of %d at %s: waiting up to %.0f s for the lost host to be started again",
+                        self.group.restarts + 1, self.group.max_restarts, self.group.endpoint, self.group.timeout_s)
+            self.group.restart()
+        except (HostsMissing, HostsError) as exc:
+            self.lost = f"{reason}; the re-rendezvous failed: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the store went away meanwhile
+            self.lost = f"{reason}; the re-rendezvous failed ({type(exc).__name__}: {exc}): {self._resume()}"
+
+    def _resume(self) -> str:
+        return (f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
+                "is lost or measured again)")
+
+    def _cause(self, outcomes: dict[int, HostOutcome]) -> TrialFailure:
+        """Why the ranks failed, over every host: a rank's own account of an error that is not
+        only a lost peer, else the launcher's account of the host whose ranks failed first in
+        kind (a signal, an exit, a hang), else what stopped them."""
+        accounts = {rank: (outcome, account) for outcome in outcomes.values()
+                    for rank, account in outcome.accounts.items()}
+        causes = sorted(rank for rank, (_, account) in accounts.items()
+                        if not _lost_peer(str(account.get("message", ""))))
+        if causes:
+            outcome, account = accounts[causes[0]]
+            return TrialFailure(str(account.get("kind", "error")),
+                                f"rank {causes[0]} (node {outcome.node}, {outcome.host}): {account.get('message', '')}")
+        failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != "aborted"),
+                        key=lambda o: (_PRIORITY.get(o.kind or "error", 1), o.node))
+        if failed:
+            first = failed[0]
+            if first.failed_rank in accounts and first.kind == "error":
+                account = accounts[first.failed_rank][1]
+                return TrialFailure(str(account.get("kind", "error")),
+                                    f"rank {first.failed_rank} (node {first.node}, {first.host}): {account.get('message', '')}")
+            return TrialFailure(first.kind or "error", f"{first.failure} (node {first.node}, {first.host})")
+        stopped = next(o for o in outcomes.values() if not o.ok)
+        return TrialFailure("error", f"{stopped.failure} (node {stopped.node}, {stopped.host})")
+
+
+__all__ = ["LOST_HOST", "MultiHostTrialRunner"]
