@@ -2,6 +2,7 @@
 
     python benchmarks/multi_host.py --only inference [--nproc 2] [--trials 6] [--time-budget 3m] [--prune]
     python benchmarks/multi_host.py --only inference --runs results/<cnn run>/ results/<mlp run>/
+    python benchmarks/multi_host.py --only trials --only kill        # across hosts (multi_host_trials.py)
 
 ``inference``: ``python -m tpu_tuner.cli examples/cnn.py --nproc 2 ...`` and the same for
 examples/mlp.py (both inference files: no loss), as a user runs them (with ``--no-prune`` unless
@@ -122,8 +123,20 @@ def inference_part(args: argparse.Namespace) -> None:
         print(line)
 
 
-# Part name -> what it runs. The multi-host trials (--nnodes) come as parts of their own.
-PARTS: dict[str, Callable[[argparse.Namespace], None]] = {"inference": inference_part}
+def _hosts(part: str) -> Callable[[argparse.Namespace], None]:
+    """A part of benchmarks/multi_host_trials.py (trials across hosts) with this script's options."""
+    def run(args: argparse.Namespace) -> None:
+        import multi_host_trials
+
+        getattr(multi_host_trials, part)(argparse.Namespace(model=args.model, rounds=args.rounds,
+                                                            trials=args.host_trials))
+    return run
+
+
+# Part name -> what it runs: inference layouts on one host; trials across hosts (2 hosts x 1 rank
+# against 1 host x 2 ranks) and a host SIGKILLed mid-trial (benchmarks/multi_host_trials.py).
+PARTS: dict[str, Callable[[argparse.Namespace], None]] = {"inference": inference_part, "trials": _hosts("trials"),
+                                                           "kill": _hosts("kill")}
 
 
 def main() -> None:
@@ -136,6 +149,9 @@ def main() -> None:
     parser.add_argument("--prune", action="store_true", help="let the study prune hopeless trials (default: "
                         "every trial measured to the end, so that each layout has a median)")
     parser.add_argument("--runs", nargs="+", help="summarise these finished runs (in the part's order) instead")
+    parser.add_argument("--model", default=str(ROOT / "examples" / "gpt.py"), help="trials / kill: the model file")
+    parser.add_argument("--rounds", type=int, default=4, help="trials: verification rounds")
+    parser.add_argument("--host-trials", type=int, default=3, help="trials / kill: measured settings a study")
     args = parser.parse_args()
     for name in args.only or list(PARTS):
         print(f"== {name}")
