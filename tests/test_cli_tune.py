@@ -53,8 +53,6 @@ def test_apply_prints_torchtpu_environment(tmp_path, capsys) -> None:
         (["--nproc", "0"], "--nproc must be at least 1"),
         (["--plan", "/nonexistent/plan"], "--plan seeds sharding layouts, which need several ranks: give --nproc N"),
         (["--nproc", "2", "--plan", "/nonexistent/plan"], "not a plan folder (no plan.json"),
-        # An inference step has no training step to split over ranks: refused once the file is read.
-        (["--nproc", "2"], "--nproc 2 splits a training step over ranks"),
     ],
 )
 def test_bad_tune_input_is_one_line_and_status_2(tmp_path, capsys, args, problem) -> None:
