@@ -130,11 +130,12 @@ def test_inference_layouts_of_a_plain_mlp_on_two_ranks_match_the_single_device(l
     assert report["local_batch"] == (4 if layout == "2x1x1" else 8)  # a tensor group shares the batch
 
 
+@pytest.mark.slow  # the default run keeps one rank-spawning case a kind; .ci/run's full pass has the rest
 def test_fsdp_inference_on_two_ranks_matches_the_single_device() -> None:
     assert _check(RESIDUAL, "1x2x1")["local_batch"] == 4
 
 
-@pytest.mark.parametrize("layout", ["2x1x1", "1x1x2"])
+@pytest.mark.parametrize("layout", [pytest.param("2x1x1", marks=pytest.mark.slow), "1x1x2"])
 def test_inference_layouts_of_a_hugging_face_llama_on_two_ranks_match_the_single_device(layout: str) -> None:
     pytest.importorskip("transformers")
     report = _check(LLAMA, layout)
@@ -163,7 +164,7 @@ def _apply_code(monkeypatch, tmp_path, source: str | Path, setting: str, mode: s
     return reports
 
 
-@pytest.mark.parametrize("layout", ["2x1x1", "1x1x2"])
+@pytest.mark.parametrize("layout", [pytest.param("2x1x1", marks=pytest.mark.slow), "1x1x2"])
 def test_the_printed_inference_layout_code_runs_on_two_ranks(monkeypatch, tmp_path, layout: str) -> None:
     reports = _apply_code(monkeypatch, tmp_path, MLP, layout, "code")
     assert "inference=True" in reports[0]["code"]
@@ -174,6 +175,7 @@ def test_tpu_tuner_apply_of_an_inference_config_runs_on_two_ranks(monkeypatch, t
     assert "tpu_tuner.apply(model, " in reports[0]["code"]
 
 
+@pytest.mark.slow  # test_tpu_tuner_apply_of_an_inference_config_runs_on_two_ranks is the quick one
 def test_tpu_tuner_apply_splits_a_hugging_face_llama_by_its_plan_for_inference(monkeypatch, tmp_path) -> None:
     pytest.importorskip("transformers")
     _apply_code(monkeypatch, tmp_path, LLAMA, "1x1x2", "printed")
