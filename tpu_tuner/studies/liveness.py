@@ -240,12 +240,14 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
     with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
     seen running for longer than any trial can (`RunningWatch`), with the same retry.
 
+    The stale check runs at most once a heartbeat interval for a study (`_stale_check_due`).
     Returns the study's trials as they stand afterwards (`get_trials(deepcopy=False)`): the one
     read of the whole study that the loop needs each round (it is read again only when a trial
     was failed here)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+    if _stale_check_due(study, storage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
     trials = study.get_trials(deepcopy=False)
     if watch is None:
         return trials
@@ -263,6 +265,21 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
         except optuna.exceptions.UpdateFinishedTrialError:
             failed = True  # another worker failed it first (and queued its retry)
     return study.get_trials(deepcopy=False) if failed else trials
+
+
+def _stale_check_due(study: optuna.Study, storage: RDBStorage) -> bool:
+    """Whether the study's stale check is due, and if so, mark it done now. A trial goes stale
+    only `grace_period` seconds (several beats) after its last beat, so checking more often than
+    once a beat finds nothing more; the loop looked every round, two statements a trial."""
+    now = time.monotonic()
+    last = _stale_checked.get(study)
+    if last is not None and now - last < (storage.get_heartbeat_interval() or 0):
+        return False
+    _stale_checked[study] = now
+    return True
+
+
+_stale_checked: "weakref.WeakKeyDictionary[optuna.Study, float]" = weakref.WeakKeyDictionary()
 
 
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
