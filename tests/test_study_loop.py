@@ -15,8 +15,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.studies.loop import Claim, Feature, Rules, _settle, run_loop
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trials import TuneTrials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 KEYS = [f"s{i}" for i in range(10)]
@@ -196,3 +200,35 @@ def test_the_grid_walks_every_setting_once_in_the_order_its_seed_gives() -> None
             study.tell(trial, 0.0)
         walks.append(walk)
     assert walks[0] == walks[1] and sorted(walks[0]) == sorted(KEYS)
+
+
+def test_the_loop_reads_the_study_again_after_an_ask_only_when_a_lower_trial_may_have_changed(tmp_path) -> None:
+    """The tuner's `_settle` after an ask: the study is read again unless the round's read held
+    every trial below the new one, finished (one worker: every trial)."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'studies.db'}", 1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    space = SearchSpace.load("default", "cpu")
+    feature = TuneTrials(study, space, [], None, MeasureRequest(), TuneOptions(trials=5),  # type: ignore[arg-type]
+                         lambda event: None, 0.0, None, None, Worker("a", "h", storage))
+    setting, rules = space.baseline_params(), Rules(budget=5)
+    reads: list[int] = []
+    real = optuna.Study.get_trials
+
+    def settle(setting: dict[str, Any], seen: list[Any]) -> Any:
+        study.enqueue_trial(setting)
+        trial = study.ask()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(optuna.Study, "get_trials", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+            return trial, _settle(study, feature, rules, trial, [], seen)
+
+    first, claim = settle(setting, study.get_trials())  # no trial below trial 0: nothing to read again
+    assert claim.position == 1 and reads == []
+    # Trial 0 is running: what became of it since the round's read must be read.
+    second, outcome = settle(setting, study.get_trials())
+    assert outcome == "in flight" and reads == [1]
+    study.tell(first, 1.0)
+    third, claim = settle({**setting, "matmul_precision": "high"}, study.get_trials())
+    assert claim.position == 2 and reads == [1]  # every lower trial finished in the round's read: none
+    # A round's read that misses a trial below (asked by another worker since) is read again.
+    fourth, claim = settle({**setting, "matmul_precision": "medium"}, study.get_trials()[:-1])
+    assert isinstance(claim, Claim) and reads == [1, 1]
