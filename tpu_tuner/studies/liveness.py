@@ -32,6 +32,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
+from tpu_tuner.studies.batched_storage import BatchedStorage
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
     minute for that lock (the default, 5 s, was too short for several workers). A server
     connection that sat idle in the pool is checked before use (`ping_when_idle`), so one the
-    server closed during a long trial is replaced.
+    server closed during a long trial is replaced. The storage is a `BatchedStorage`
+    (studies/batched_storage.py): a running trial's writes are held and made together, in one
+    transaction, and its reads answered from memory (docs/many-workers.md).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     sqlite = url.startswith("sqlite")
@@ -76,8 +79,8 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             with warnings.catch_warnings():
                 # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
-                                     grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
+                storage = BatchedStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
+                                         grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             # Workers that start together on a new database race to create its tables ("table
@@ -288,7 +291,8 @@ def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, numbe
 
     The study's id is looked up once per `Study` object and storage (a `Study` is bound to one
     study id for its life); each trial's id is one query, a round trip that every heartbeat's
-    first beat paid twice."""
+    first beat paid twice (none for a trial this process asked on a `BatchedStorage`, which
+    knows its trials' ids)."""
     known = _study_ids.get(study)
     if known is not None and known[0] is storage:
         study_id = known[1]
