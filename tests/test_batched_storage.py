@@ -192,6 +192,31 @@ def test_a_read_of_the_study_makes_the_held_writes_first_and_a_queued_trial_is_b
     assert other.get_trial(trial._trial_id) == storage.get_trial(trial._trial_id) == study.get_trials()[trial.number]
 
 
+def test_a_trial_whose_beats_stop_is_found_stale_and_retried_a_beating_one_is_not(url) -> None:
+    """The heartbeat is one upsert at the database's clock: Optuna's stale check reads it."""
+    from tpu_tuner.studies.liveness import Heartbeat, fail_lost_trials, is_lost
+
+    name = f"beats-{uuid.uuid4().hex[:8]}"
+    storage = open_storage(url, 1, 2)
+    study = optuna.create_study(storage=storage, study_name=name)
+    lost, alive = study.ask(), study.ask()
+    for trial in (lost, alive):
+        trial.suggest_float("x", 0, 1)
+    batched_storage.flush(storage)
+    with Heartbeat(storage, lost._trial_id):  # one beat, then its worker "dies"
+        pass
+    with Heartbeat(storage, alive._trial_id):
+        time.sleep(3.2)  # past the grace period of the stopped one
+        other = open_storage(url, 1, 2)  # another worker looks
+        trials = fail_lost_trials(optuna.load_study(study_name=name, storage=other), other)
+    assert is_lost(trials[lost.number]) and trials[alive.number].state == TrialState.RUNNING
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == lost.number]
+    assert retry.state == TrialState.WAITING and retry.params == trials[lost.number].params
+    study.tell(alive, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        study.tell(lost, 1.0)  # its late result is refused
+
+
 def test_without_the_private_names_the_plain_path_runs(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(batched_storage._CALLED_BY, "set_trial_param", "_renamed_in_a_later_optuna")
     assert not supported()
