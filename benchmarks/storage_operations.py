@@ -5,9 +5,8 @@ One worker's trial, step by step as the search loop does it (`run_loop`, `TuneTr
 step timed on its own: the ask; the trial's storage id and first heartbeat; the setting's
 parameters (the sampler's read of the study; the writes held, studies/batched_storage.py); the
 claim (worker, host: one record write, held); the flush that makes the held writes (one
-transaction, before the trial is measured); the loop's read of the study after the ask (only
-when the round's read does not hold every lower trial finished: with one worker, never); the
-measurement's record and its accuracy constraint (held); the tell (record, constraint, value and
+transaction, before the trial is measured); the loop's read of the study after the ask (this
+process's own trials answered from memory); the measurement's record and its accuracy constraint (held); the tell (record, constraint, value and
 state in one transaction); and the next round's look at the study (stale trials, at most once a
 heartbeat interval; one read) and at its exclusions (failure learning: the study's user
 attributes read when failures are new, and every 10 s). Median milliseconds over the trials after the first 10 (TPE's start-up trials).
@@ -60,7 +59,6 @@ def operations(trials: int) -> dict[str, list[float]]:
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.batched_storage import flush
     from tpu_tuner.studies.liveness import fail_lost_trials, open_storage, trial_id_of
-    from tpu_tuner.studies.loop import _all_finished_below
     from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.failures import FailureLearning
     from tpu_tuner.tuning.seeding import build_sampler
@@ -86,8 +84,7 @@ def operations(trials: int) -> dict[str, list[float]]:
             _timed(costs, "parameters (suggest)", lambda: space.suggest(trial))
             _timed(costs, "claim (record write)", lambda: trial_attrs.record_claim(trial, "worker", "host"))
             _timed(costs, "flush (setting + claim)", lambda: flush(storage))
-            _timed(costs, "loop's read after the ask", lambda: None if _all_finished_below(seen, trial.number)
-                   else study.get_trials(deepcopy=False))
+            _timed(costs, "loop's read after the ask", lambda: study.get_trials(deepcopy=False))
             value = _timed(costs, "record write + constraint",
                            lambda: trial_attrs.record_measurement(trial, m, options.objective.planned_steps,
                                                                   options.objective.tolerance))

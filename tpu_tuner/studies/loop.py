@@ -202,7 +202,7 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 beat = beats.enter_context(ExitStack())
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
-                outcome = _settle(study, feature, rules, trial, batch, trials, storage)
+                outcome = _settle(study, feature, rules, trial, batch, storage)
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
@@ -238,26 +238,21 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
 
 
 def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim],
-            seen: Sequence[FrozenTrial] | None = None,
             storage: optuna.storages.BaseStorage | None = None) -> Claim | str:
     """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
 
     The trial's writes are made first (its setting and claim reach other workers before it is
     evaluated: `batched_storage.flush`). The study is read again after the ask: another worker
-    may have settled this setting, be evaluating it, or have taken the last of the budget since
-    the loop looked; not when the round's read `seen` (None: none) already holds every trial
-    numbered below this one, all finished (nothing it decides by can have changed). Claims are
-    settled by trial number: the lower number evaluates a setting, and takes the budget first."""
+    may have settled this setting (even with a trial asked after this one, while this one's
+    setting was being suggested), be evaluating it, or have taken the last of the budget since
+    the loop looked. Claims are settled by trial number: the lower number evaluates a setting,
+    and takes the budget first."""
     begun = feature.begin(trial)
     if begun is None:
         return "ruled out"
     flush(storage)
     key, point = begun
-    trials: Sequence[FrozenTrial]
-    if seen is not None and _all_finished_below(seen, trial.number):
-        trials = seen
-    else:
-        trials = study.get_trials(deepcopy=False)
+    trials = study.get_trials(deepcopy=False)
     settled = feature.settled(trials)
     earlier = settled.get(key)
     if earlier is not None and earlier.number != trial.number:
@@ -274,13 +269,6 @@ def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.T
         feature.tell_released(trial)
         return "released"
     return Claim(trial, key, point, spent + len(batch) + 1)
-
-
-def _all_finished_below(trials: Sequence[FrozenTrial], number: int) -> bool:
-    """Whether `trials` holds every trial numbered below `number`, each finished: trial numbers
-    count a study's trials from 0 in the order they were made, and a finished trial never
-    changes, so a read now would show the same of them."""
-    return len(trials) == number and all(t.state.is_finished() for t in trials)
 
 
 __all__ = ["Claim", "Feature", "LoopEnd", "Rules", "run_loop"]
