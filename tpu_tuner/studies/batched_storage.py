@@ -5,16 +5,16 @@ Why: on PostgreSQL a tuning trial cost 26 transactions and 87 SQL statements (10
 host, mostly SQLAlchemy ORM work here): a transaction per parameter, and the trial read back
 whole (6-7 statements) at the ask, at each constraint and twice at the tell; Optuna's public API
 has no batched write (docs/design.md, "Optuna's public API"). `BatchedStorage`, an `RDBStorage`,
-keeps each trial this process runs (created by its ask, or popped from the queue) in memory as
-the database holds it plus the writes not made yet, and
+keeps each trial this process runs (asked here, or popped from the queue) in memory as the
+database holds it plus the writes not made yet, and
 
-* holds the trial's parameter and attribute writes and makes them in ONE transaction of a few
-  Core statements: at `flush()`, which the loop calls once a trial's setting is suggested and
-  before it is evaluated (other workers, TPE's ``constant_liar`` among them, then see its
-  parameters and claim); before any read of a whole study (this process reads what it wrote);
-  and with the trial's tell (its record, constraints, value and state together);
-* answers reads of the trial from memory (`get_trial`, and its row in a read of the study);
-* writes a heartbeat as one upsert, and knows its trials' ids without a query.
+* makes the trial's parameter and attribute writes in ONE transaction of a few Core statements:
+  at `flush()`, which the loop calls once the setting is suggested and before it is evaluated
+  (other workers, TPE's ``constant_liar`` among them, then see its parameters and claim); before
+  any read of a study (this process reads what it wrote); and with the tell (record,
+  constraints, value and state together);
+* answers reads of the trial from memory, and a read of the study that finds nothing else new
+  with one Core statement; writes a heartbeat as one upsert; knows its trials' ids.
 
 A write to a trial that another worker has meanwhile failed as lost raises Optuna's
 `UpdateFinishedTrialError` at the flush or the tell (the plain storage raises it at the write).
@@ -52,18 +52,16 @@ from typing import Any
 
 import optuna
 import sqlalchemy
-from optuna.distributions import BaseDistribution, check_distribution_compatibility, distribution_to_json
-from optuna.distributions import json_to_distribution
+from optuna.distributions import (BaseDistribution, check_distribution_compatibility, distribution_to_json,
+                                  json_to_distribution)
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-# Finished trials of this process kept in memory: Optuna reads a trial back after its tell, and
-# the next read of the study reads it as finished.
+# Finished trials kept in memory: Optuna reads a trial back after its tell, as does the next read.
 FINISHED_KEPT = 8
-# A read of the study leaves this process's trials out when the ids it must then list instead
-# (those between the cached read's bound and the newest of them) are at most this many.
+# A read of the study leaves this process's trials out where it then lists at most this many ids.
 LISTED_IDS_MAX = 64
-_WRITTEN = {"TrialModel": {"trial_id", "state", "datetime_complete"},
+_WRITTEN = {"StudyModel": {"study_id"}, "TrialModel": {"trial_id", "study_id", "state", "datetime_complete"},
             "TrialParamModel": {"trial_id", "param_name", "param_value", "distribution_json"},
             "TrialUserAttributeModel": {"trial_id", "key", "value_json"},
             "TrialSystemAttributeModel": {"trial_id", "key", "value_json"},
@@ -91,18 +89,14 @@ def supported() -> bool:
         from optuna.storages._cached_storage import _CachedStorage
 
         models = _models()
-        for table, columns in _WRITTEN.items():
-            if not columns <= set(getattr(models, table).__table__.columns.keys()):
-                return False
-        for name, parameters in _OVERRIDDEN.items():
-            if list(inspect.signature(getattr(RDBStorage, name)).parameters)[1:] != parameters:
-                return False
+        if not all(c <= set(getattr(models, table).__table__.columns.keys()) for table, c in _WRITTEN.items()):
+            return False
+        if not all(list(inspect.signature(getattr(RDBStorage, n)).parameters)[1:] == p for n, p in _OVERRIDDEN.items()):
+            return False
         if not all(name in getattr(_CachedStorage, caller).__code__.co_names for caller, name in _CALLED_BY.items()):
             return False
-        probe = FrozenTrial(number=0, state=TrialState.RUNNING, value=None, datetime_start=None, datetime_complete=None,
-                            params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
-                            trial_id=7)
-        return callable(models.TrialValueModel.value_to_stored_repr) and getattr(probe, "_trial_id", None) == 7
+        return (callable(models.TrialValueModel.value_to_stored_repr)
+                and "_trial_id" in FrozenTrial.__init__.__code__.co_names)
     except Exception:  # noqa: BLE001 - any change of shape: the plain path
         return False
 
@@ -152,8 +146,6 @@ class BatchedStorage(RDBStorage):
         super().__setstate__(state)
         self._init_batching()
 
-    # --- this process's trials, read from memory ---------------------------------------------
-
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
         trial = super()._create_new_trial(study_id, template_trial)
         if self.batching:
@@ -192,8 +184,6 @@ class BatchedStorage(RDBStorage):
         self._flush_all(strict=False)
         return super().get_trial_param(trial_id, param_name)
 
-    # --- writes held -------------------------------------------------------------------------
-
     def _set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                          distribution: BaseDistribution, previous_distribution: BaseDistribution | None) -> None:
         with self._lock:
@@ -206,8 +196,7 @@ class BatchedStorage(RDBStorage):
                                        "param_value": param_value_internal, "distribution_json": as_json})
                 _param_known(running.trial, param_name, param_value_internal, as_json)
                 return
-        # A name's first use in this process: Optuna checks it against the study's stored
-        # distribution (a query) and writes it at once.
+        # A name's first use here: Optuna checks it against the study's stored one, and writes it.
         super()._set_trial_param(trial_id, param_name, param_value_internal, distribution, previous_distribution)
         with self._lock:
             if (running := self._running.get(trial_id)) is not None:
@@ -227,8 +216,7 @@ class BatchedStorage(RDBStorage):
             if running is None:
                 return False
             self.check_trial_is_updatable(trial_id, running.trial.state)
-            as_json = json.dumps(value)
-            getattr(running, kind)[key] = as_json
+            getattr(running, kind)[key] = as_json = json.dumps(value)
             attrs = running.trial.user_attrs if kind == "user" else running.trial.system_attrs
             attrs[key] = json.loads(as_json)  # as a read gives it back (a tuple as a list, ...)
             return True
@@ -240,9 +228,8 @@ class BatchedStorage(RDBStorage):
                 running.trial.intermediate_values[step] = float(intermediate_value)
 
     def flush(self) -> None:
-        """Make every held write, one transaction a trial. Raises Optuna's
-        `UpdateFinishedTrialError` for a trial that another worker has finished meanwhile (its
-        held writes dropped), as a write made at once would have."""
+        """Make every held write, one transaction a trial. Raises `UpdateFinishedTrialError` for a
+        trial another worker has finished meanwhile (its writes dropped), as a write made at once would."""
         self._flush_all(strict=True)
 
     def _flush_all(self, strict: bool) -> None:
@@ -257,8 +244,8 @@ class BatchedStorage(RDBStorage):
         except _NotRunning:
             running.params, running.user, running.system = [], {}, {}  # the database refused them
             running.exact = False
-            if not strict:
-                return  # a read: the trial's flush or tell says so
+            if not strict:  # a read: the trial's flush or tell says so
+                return
             self._forget(trial_id)
             state = super().get_trial(trial_id).state  # KeyError for a trial that is gone
             self.check_trial_is_updatable(trial_id, state)
@@ -274,8 +261,7 @@ class BatchedStorage(RDBStorage):
                 except _NotRunning:
                     self._forget(trial_id)  # Optuna's own path says why (UpdateFinishedTrialError)
                     return super().set_trial_state_values(trial_id, state, values)
-                self._running.pop(trial_id)
-                trial = running.trial
+                trial = self._running.pop(trial_id).trial
                 trial.state, trial.datetime_complete = state, finished
                 trial.values = None if values is None else [float(v) for v in values]
                 self._finished[trial_id] = (running.study_id, trial)
@@ -326,15 +312,12 @@ class BatchedStorage(RDBStorage):
                     rows = [{"trial_id": trial_id, "key": k, "value_json": v} for k, v in held.items()]
                     _upsert(connection, insert, model.__table__, rows, ("trial_id", "key"), ("value_json",))
             if finish is not None and finish[1] is not None:
-                rows = []
-                for objective, value in enumerate(finish[1]):
-                    stored, kind = models.TrialValueModel.value_to_stored_repr(float(value))
-                    rows.append({"trial_id": trial_id, "objective": objective, "value": stored, "value_type": kind})
+                stored = [models.TrialValueModel.value_to_stored_repr(float(v)) for v in finish[1]]  # inf, as Optuna
+                rows = [{"trial_id": trial_id, "objective": i, "value": v, "value_type": k}
+                        for i, (v, k) in enumerate(stored)]
                 _upsert(connection, insert, models.TrialValueModel.__table__, rows, ("trial_id", "objective"),
                         ("value", "value_type"))
         running.params, running.user, running.system = [], {}, {}
-
-    # --- reads of a whole study, heartbeats ----------------------------------------------------
 
     def _get_trials(self, study_id: int, states: Container[TrialState] | None, included_trial_ids: set[int],
                     trial_id_greater_than: int) -> list[FrozenTrial]:
@@ -346,23 +329,39 @@ class BatchedStorage(RDBStorage):
             known = {i: copy.deepcopy(t) for i, t in known.items() if (states is None or t.state in states)
                      and (i in included_trial_ids or i > trial_id_greater_than)}
         top = max(known, default=trial_id_greater_than)
-        if not known or top - trial_id_greater_than > LISTED_IDS_MAX:
+        if top - trial_id_greater_than > LISTED_IDS_MAX:
             return super()._get_trials(study_id, states, included_trial_ids, trial_id_greater_than)
-        # The same rows, the known ones left out: those above the newest known one, and by id those
-        # asked for below it (the ids between the bound and it listed: another worker's trials).
+        # The same rows, the known ones left out: those above the newest known one, and by id the
+        # others asked for (`listed`, which exist) and those between the bound and it (`gaps`).
+        # Optuna's read is two ORM statements even when it finds nothing (with one worker, every
+        # read): where nothing is listed, one Core statement first says whether it would find any.
         listed = {i for i in included_trial_ids if i not in known}
-        listed.update(i for i in range(trial_id_greater_than + 1, top) if i not in known)
-        read = super()._get_trials(study_id, states, listed, top)
+        gaps = {i for i in range(trial_id_greater_than + 1, top) if i not in known}
+        read = super()._get_trials(study_id, states, listed | gaps, top) if listed or self._has_rows(
+            study_id, states, gaps, top) else []
         return sorted(read + list(known.values()), key=lambda t: t._trial_id)
+
+    def _has_rows(self, study_id: int, states: Container[TrialState] | None, ids: set[int], above: int) -> bool:
+        """Whether the study has a trial (in `states`) with an id in `ids` or above `above`; KeyError
+        for a study that does not exist, as Optuna's read."""
+        studies, trials = _models().StudyModel.__table__, _models().TrialModel.__table__
+        match = (trials.c.study_id == studies.c.study_id) & (trials.c.trial_id.in_(ids) | (trials.c.trial_id > above))
+        if states is not None:
+            match &= trials.c.state.in_(list(states))  # type: ignore[call-overload]
+        query = (sqlalchemy.select(studies.c.study_id, trials.c.trial_id).select_from(studies.outerjoin(trials, match))
+                 .where(studies.c.study_id == study_id).limit(1))
+        with self.engine.begin() as connection:  # committed, as Optuna's reads are
+            row = connection.execute(query).first()
+        if row is None:
+            raise KeyError("Record does not exist.")
+        return row[1] is not None
 
     def record_heartbeat(self, trial_id: int) -> None:
         if not self.batching:
             return super().record_heartbeat(trial_id)
-        # One upsert at the database's clock, as Optuna's first beat is stored (not a read, then a
-        # write); the heartbeat thread takes its own connection from the pool.
-        table = _models().TrialHeartbeatModel.__table__
+        # One upsert at the database's clock, as Optuna stores a first beat (not a read, then a write).
         with self.engine.begin() as connection:
-            _upsert(connection, _insert_for(self.engine.name), table,
+            _upsert(connection, _insert_for(self.engine.name), _models().TrialHeartbeatModel.__table__,
                     [{"trial_id": trial_id, "heartbeat": sqlalchemy.func.current_timestamp()}], ("trial_id",),
                     ("heartbeat",))
 
