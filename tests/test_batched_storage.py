@@ -90,8 +90,8 @@ def test_optunas_private_names_have_the_shape_the_batched_storage_relies_on(tmp_
         assert list(inspect.signature(getattr(optuna.storages.RDBStorage, name)).parameters)[1:] == parameters, name
     for method, called in batched_storage._CALLED_BY.items():
         assert called in getattr(_CachedStorage, method).__code__.co_names, (method, called)
-    for table, columns in batched_storage._WRITTEN.items():
-        assert columns <= set(getattr(models, table).__table__.columns.keys()), table
+    for table, (key, columns) in batched_storage._WRITTEN.items():
+        assert set(key) | columns <= set(getattr(models, table).__table__.columns.keys()), table
     assert supported()
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.db'}")
     assert isinstance(storage, BatchedStorage) and storage.batching

@@ -2,11 +2,10 @@
 the only module of tpu-tune that uses Optuna's private names.
 
 Why: on PostgreSQL a tuning trial cost 26 transactions and 87 SQL statements (105 ms on a 2-core
-host, mostly SQLAlchemy ORM work here): a transaction per parameter, and the trial read back
-whole (6-7 statements) at the ask, at each constraint and twice at the tell; Optuna's public API
-has no batched write (docs/design.md, "Optuna's public API"). `BatchedStorage`, an `RDBStorage`,
-keeps each trial this process runs (asked here, or popped from the queue) in memory as the
-database holds it plus the writes not made yet, and
+host, mostly SQLAlchemy ORM work here): a transaction a parameter, the trial read back whole at
+the ask, at each constraint and twice at the tell; Optuna's public API has no batched write
+(docs/design.md). `BatchedStorage`, an `RDBStorage`, keeps each trial this process runs (asked
+here, or popped from the queue) in memory as the database holds it plus the writes not made yet:
 
 * makes the trial's parameter and attribute writes in ONE transaction of a few Core statements:
   at `flush()`, which the loop calls once the setting is suggested and before it is evaluated
@@ -15,12 +14,14 @@ database holds it plus the writes not made yet, and
   constraints, value and state together);
 * answers reads of the trial from memory, and a read of the study that finds nothing else new
   with one Core statement; writes a heartbeat as one upsert; knows its trials' ids.
+Where a private name below is missing, or the database is neither PostgreSQL nor SQLite >= 3.24
+(ON CONFLICT), `batching` is False and every call passes through to `RDBStorage` unchanged.
 
 A write to a trial that another worker has meanwhile failed as lost raises Optuna's
 `UpdateFinishedTrialError` at the flush or the tell (the plain storage raises it at the write).
 A worker that dies between a write and its flush loses that trial's unflushed writes only: the
-trial stays RUNNING, its heartbeats stop, and the lost-trial retry (studies/liveness.py) fails
-it and queues its setting again, as for any worker lost mid-trial.
+trial stays RUNNING, its beats stop, and the lost-trial retry (studies/liveness.py) fails it and
+queues its setting again, as for any worker lost mid-trial.
 
 Private names it relies on (Optuna 5.0; `supported()` checks each, and
 tests/test_batched_storage.py fails loudly when their shape changes):
@@ -32,9 +33,6 @@ tests/test_batched_storage.py fails loudly when their shape changes):
 * `optuna.storages._rdb.models`: the tables in `_WRITTEN`, written with SQLAlchemy Core as the
   ORM writes them, and `TrialValueModel.value_to_stored_repr`.
 * `FrozenTrial._trial_id`, a trial's storage id.
-
-Where one is missing, or the database is neither PostgreSQL nor SQLite >= 3.24 (ON CONFLICT),
-`batching` is False and every call passes through to `RDBStorage` unchanged.
 """
 
 from __future__ import annotations
@@ -61,12 +59,14 @@ from optuna.trial import FrozenTrial, TrialState
 FINISHED_KEPT = 8
 # A read of the study leaves this process's trials out where it then lists at most this many ids.
 LISTED_IDS_MAX = 64
-_WRITTEN = {"StudyModel": {"study_id"}, "TrialModel": {"trial_id", "study_id", "state", "datetime_complete"},
-            "TrialParamModel": {"trial_id", "param_name", "param_value", "distribution_json"},
-            "TrialUserAttributeModel": {"trial_id", "key", "value_json"},
-            "TrialSystemAttributeModel": {"trial_id", "key", "value_json"},
-            "TrialValueModel": {"trial_id", "objective", "value", "value_type"},
-            "TrialHeartbeatModel": {"trial_id", "heartbeat"}}
+# The tables read and written here: the unique key an upsert names (ON CONFLICT), other columns.
+_WRITTEN = {"StudyModel": ((), {"study_id"}),
+            "TrialModel": ((), {"trial_id", "study_id", "state", "datetime_complete"}),
+            "TrialParamModel": (("trial_id", "param_name"), {"param_value", "distribution_json"}),
+            "TrialUserAttributeModel": (("trial_id", "key"), {"value_json"}),
+            "TrialSystemAttributeModel": (("trial_id", "key"), {"value_json"}),
+            "TrialValueModel": (("trial_id", "objective"), {"value", "value_type"}),
+            "TrialHeartbeatModel": (("trial_id",), {"heartbeat"})}
 _OVERRIDDEN = {"_create_new_trial": ["study_id", "template_trial"],
                "_set_trial_param": ["trial_id", "param_name", "param_value_internal", "distribution",
                                     "previous_distribution"],
@@ -89,8 +89,11 @@ def supported() -> bool:
         from optuna.storages._cached_storage import _CachedStorage
 
         models = _models()
-        if not all(c <= set(getattr(models, table).__table__.columns.keys()) for table, c in _WRITTEN.items()):
-            return False
+        for name, (key, columns) in _WRITTEN.items():
+            table = getattr(models, name).__table__
+            unique = [set(c.columns.keys()) for c in table.constraints if isinstance(c, sqlalchemy.UniqueConstraint)]
+            if not set(key) | columns <= set(table.columns.keys()) or (key and set(key) not in unique):
+                return False
         if not all(list(inspect.signature(getattr(RDBStorage, n)).parameters)[1:] == p for n, p in _OVERRIDDEN.items()):
             return False
         if not all(name in getattr(_CachedStorage, caller).__code__.co_names for caller, name in _CALLED_BY.items()):
@@ -103,8 +106,8 @@ def supported() -> bool:
 
 @dataclass
 class _Running:
-    """A trial this process runs: as the database holds it (`exact`: unless a write was refused)
-    plus the writes held; `study_id` None for a trial popped from the queue."""
+    """A trial this process runs, as the database holds it (`exact`: no write refused) and the
+    writes held; `study_id` None for a trial popped from the queue."""
 
     trial: FrozenTrial
     study_id: int | None
@@ -122,8 +125,7 @@ class _NotRunning(Exception):
 
 
 class BatchedStorage(RDBStorage):
-    """An `RDBStorage` that batches its running trials' writes (see the module docstring);
-    built with `RDBStorage`'s arguments."""
+    """An `RDBStorage` that batches its running trials' writes (the module docstring says how)."""
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
@@ -137,10 +139,12 @@ class BatchedStorage(RDBStorage):
         dialect = self.engine.name
         self.batching = supported() and (dialect == "postgresql"
                                          or (dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)))
+        self._sql = _Statements(dialect) if self.batching else None
 
     def __getstate__(self) -> dict[Any, Any]:
         self.flush()  # a copy (another process) starts with nothing held
-        return {k: v for k, v in super().__getstate__().items() if k not in ("_lock", "_running", "_finished", "_ids")}
+        return {k: v for k, v in super().__getstate__().items()
+                if k not in ("_lock", "_running", "_finished", "_ids", "_sql")}
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
@@ -156,12 +160,10 @@ class BatchedStorage(RDBStorage):
         return trial
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
-        with self._lock:
-            known = self._ids.get((study_id, trial_number))
+        known = self._ids.get((study_id, trial_number))  # one dict read: no lock needed
         return known if known is not None else super().get_trial_id_from_study_id_trial_number(study_id, trial_number)
 
-    def _known(self, trial_id: int) -> FrozenTrial | None:
-        """This process's view of a trial it runs or just finished (not a copy), or None."""
+    def _known(self, trial_id: int) -> FrozenTrial | None:  # a trial run here, running or just finished
         running, finished = self._running.get(trial_id), self._finished.get(trial_id)
         return running.trial if running is not None else finished[1] if finished is not None else None
 
@@ -181,7 +183,7 @@ class BatchedStorage(RDBStorage):
         return self._from_memory(trial_id, lambda t: t.system_attrs, super().get_trial_system_attrs)
 
     def get_trial_param(self, trial_id: int, param_name: str) -> float:
-        self._flush_all(strict=False)
+        self.flush(strict=False)  # a held one is read written
         return super().get_trial_param(trial_id, param_name)
 
     def _set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
@@ -217,8 +219,8 @@ class BatchedStorage(RDBStorage):
                 return False
             self.check_trial_is_updatable(trial_id, running.trial.state)
             getattr(running, kind)[key] = as_json = json.dumps(value)
-            attrs = running.trial.user_attrs if kind == "user" else running.trial.system_attrs
-            attrs[key] = json.loads(as_json)  # as a read gives it back (a tuple as a list, ...)
+            # As a read gives it back (a tuple as a list, ...).
+            (running.trial.user_attrs if kind == "user" else running.trial.system_attrs)[key] = json.loads(as_json)
             return True
 
     def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
@@ -227,12 +229,10 @@ class BatchedStorage(RDBStorage):
             if (running := self._running.get(trial_id)) is not None:
                 running.trial.intermediate_values[step] = float(intermediate_value)
 
-    def flush(self) -> None:
+    def flush(self, strict: bool = True) -> None:
         """Make every held write, one transaction a trial. Raises `UpdateFinishedTrialError` for a
-        trial another worker has finished meanwhile (its writes dropped), as a write made at once would."""
-        self._flush_all(strict=True)
-
-    def _flush_all(self, strict: bool) -> None:
+        trial another worker has finished meanwhile (its writes dropped), as a write made at once
+        would; not with `strict` False (a read), where the trial's next flush or tell raises it."""
         with self._lock:
             for trial_id in [i for i, r in self._running.items() if r.pending()]:
                 self._flush_trial(trial_id, strict)
@@ -246,10 +246,10 @@ class BatchedStorage(RDBStorage):
             running.exact = False
             if not strict:  # a read: the trial's flush or tell says so
                 return
-            self._forget(trial_id)
+            self._running.pop(trial_id)
             state = super().get_trial(trial_id).state  # KeyError for a trial that is gone
             self.check_trial_is_updatable(trial_id, state)
-            raise RuntimeError(f"trial {trial_id} is {state.name}, not running: its writes were dropped") from None
+            raise RuntimeError(f"trial {trial_id} is {state.name}: its writes were dropped") from None
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         with self._lock:
@@ -259,7 +259,7 @@ class BatchedStorage(RDBStorage):
                 try:
                     self._write(trial_id, running, (state, values, finished))
                 except _NotRunning:
-                    self._forget(trial_id)  # Optuna's own path says why (UpdateFinishedTrialError)
+                    self._running.pop(trial_id)  # Optuna's own path says why (UpdateFinishedTrialError)
                     return super().set_trial_state_values(trial_id, state, values)
                 trial = self._running.pop(trial_id).trial
                 trial.state, trial.datetime_complete = state, finished
@@ -271,7 +271,7 @@ class BatchedStorage(RDBStorage):
             if running is not None:
                 if running.pending():
                     self._flush_trial(trial_id, strict=True)
-                self._forget(trial_id)
+                self._running.pop(trial_id)
         popped = super().set_trial_state_values(trial_id, state, values)
         if popped and state == TrialState.RUNNING and self.batching:
             # A queued trial this process now runs: read once (Optuna reads it next), then kept.
@@ -280,49 +280,36 @@ class BatchedStorage(RDBStorage):
                 self._running[trial_id] = _Running(trial, None)
         return popped
 
-    def _forget(self, trial_id: int) -> None:
-        self._running.pop(trial_id, None)
-        self._finished.pop(trial_id, None)
-
     def _write(self, trial_id: int, running: _Running,
                finish: tuple[TrialState, Sequence[float] | None, datetime] | None) -> None:
         """One transaction: the trial checked RUNNING (and locked), its held writes, and with
         `finish` its values and final state. Raises `_NotRunning`, having written nothing."""
-        models = _models()
-        trials = models.TrialModel.__table__
-        insert = _insert_for(self.engine.name)
+        assert (sql := self._sql) is not None  # batching
         with self.engine.begin() as connection:
             if finish is None:
-                state = connection.execute(sqlalchemy.select(trials.c.state).where(trials.c.trial_id == trial_id)
-                                           .with_for_update()).scalar_one_or_none()
-                if state != TrialState.RUNNING:
+                if connection.execute(sql.lock, {"b_id": trial_id}).scalar_one_or_none() != TrialState.RUNNING:
                     raise _NotRunning
-            elif connection.execute(sqlalchemy.update(trials)
-                                    .where(trials.c.trial_id == trial_id, trials.c.state == TrialState.RUNNING)
-                                    .values(state=finish[0], datetime_complete=finish[2])).rowcount != 1:
+            elif connection.execute(sql.finish, {"b_id": trial_id, "b_state": finish[0],
+                                                 "b_complete": finish[2]}).rowcount != 1:
                 raise _NotRunning  # the UPDATE takes the row lock: another worker's fail waits, or won
-            if running.params:
-                table = models.TrialParamModel.__table__
-                # A parameter written twice is ignored, as Optuna ignores the duplicate's IntegrityError.
-                connection.execute(insert(table).values(running.params)
-                                   .on_conflict_do_nothing(index_elements=[table.c.trial_id, table.c.param_name]))
-            for model, held in ((models.TrialUserAttributeModel, running.user),
-                                (models.TrialSystemAttributeModel, running.system)):
+            if running.params:  # one statement a table (SQLAlchemy sends a list of rows as one INSERT)
+                connection.execute(sql.params, running.params)
+            for statement, held in ((sql.user, running.user), (sql.system, running.system)):
                 if held:
-                    rows = [{"trial_id": trial_id, "key": k, "value_json": v} for k, v in held.items()]
-                    _upsert(connection, insert, model.__table__, rows, ("trial_id", "key"), ("value_json",))
+                    connection.execute(statement, [{"trial_id": trial_id, "key": k, "value_json": v}
+                                                   for k, v in held.items()])
             if finish is not None and finish[1] is not None:
-                stored = [models.TrialValueModel.value_to_stored_repr(float(v)) for v in finish[1]]  # inf, as Optuna
-                rows = [{"trial_id": trial_id, "objective": i, "value": v, "value_type": k}
-                        for i, (v, k) in enumerate(stored)]
-                _upsert(connection, insert, models.TrialValueModel.__table__, rows, ("trial_id", "objective"),
-                        ("value", "value_type"))
+                stored = [_models().TrialValueModel.value_to_stored_repr(float(v)) for v in finish[1]]  # inf, as Optuna
+                connection.execute(sql.values, [{"trial_id": trial_id, "objective": i, "value": v, "value_type": k}
+                                                for i, (v, k) in enumerate(stored)])
         running.params, running.user, running.system = [], {}, {}
 
     def _get_trials(self, study_id: int, states: Container[TrialState] | None, included_trial_ids: set[int],
                     trial_id_greater_than: int) -> list[FrozenTrial]:
+        if self._sql is None:
+            return super()._get_trials(study_id, states, included_trial_ids, trial_id_greater_than)
         with self._lock:
-            self._flush_all(strict=False)  # this process reads what it wrote
+            self.flush(strict=False)  # this process reads what it wrote
             # This process's trials of the study that the read asks for, as the database holds them.
             known = {i: t for i, (s, t) in self._finished.items() if s == study_id}
             known.update((i, r.trial) for i, r in self._running.items() if r.study_id == study_id and r.exact)
@@ -344,26 +331,21 @@ class BatchedStorage(RDBStorage):
     def _has_rows(self, study_id: int, states: Container[TrialState] | None, ids: set[int], above: int) -> bool:
         """Whether the study has a trial (in `states`) with an id in `ids` or above `above`; KeyError
         for a study that does not exist, as Optuna's read."""
-        studies, trials = _models().StudyModel.__table__, _models().TrialModel.__table__
-        match = (trials.c.study_id == studies.c.study_id) & (trials.c.trial_id.in_(ids) | (trials.c.trial_id > above))
+        assert self._sql is not None  # batching
+        query, bound = self._sql.rows, {"b_study": study_id, "b_ids": list(ids), "b_above": above}
         if states is not None:
-            match &= trials.c.state.in_(list(states))  # type: ignore[call-overload]
-        query = (sqlalchemy.select(studies.c.study_id, trials.c.trial_id).select_from(studies.outerjoin(trials, match))
-                 .where(studies.c.study_id == study_id).limit(1))
+            query, bound["b_states"] = self._sql.rows_in_states, list(states)  # type: ignore[call-overload]
         with self.engine.begin() as connection:  # committed, as Optuna's reads are
-            row = connection.execute(query).first()
-        if row is None:
-            raise KeyError("Record does not exist.")
+            if (row := connection.execute(query, bound).first()) is None:
+                raise KeyError("Record does not exist.")
         return row[1] is not None
 
     def record_heartbeat(self, trial_id: int) -> None:
-        if not self.batching:
+        if self._sql is None:
             return super().record_heartbeat(trial_id)
         # One upsert at the database's clock, as Optuna stores a first beat (not a read, then a write).
         with self.engine.begin() as connection:
-            _upsert(connection, _insert_for(self.engine.name), _models().TrialHeartbeatModel.__table__,
-                    [{"trial_id": trial_id, "heartbeat": sqlalchemy.func.current_timestamp()}], ("trial_id",),
-                    ("heartbeat",))
+            connection.execute(self._sql.beat, {"trial_id": trial_id})
 
 
 def _param_known(trial: FrozenTrial, name: str, internal: float, as_json: str) -> None:
@@ -373,19 +355,39 @@ def _param_known(trial: FrozenTrial, name: str, internal: float, as_json: str) -
     trial.params[name] = stored.to_external_repr(internal)
 
 
-def _insert_for(dialect: str) -> Any:
-    """The dialect's INSERT, which has ON CONFLICT (PostgreSQL, SQLite)."""
-    from sqlalchemy.dialects import postgresql, sqlite
+class _Statements:
+    """The Core statements made here, built once for a storage (so SQLAlchemy compiles each once)
+    with the dialect's INSERT, which has ON CONFLICT; each execution binds its values."""
 
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+    def __init__(self, dialect: str) -> None:
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert, bind, m = (postgresql if dialect == "postgresql" else sqlite).insert, sqlalchemy.bindparam, _models()
+        studies, trials = m.StudyModel.__table__, m.TrialModel.__table__
+        this = trials.c.trial_id == bind("b_id")
+        self.lock = sqlalchemy.select(trials.c.state).where(this).with_for_update()
+        self.finish = (sqlalchemy.update(trials).where(this, trials.c.state == TrialState.RUNNING)
+                       .values(state=bind("b_state"), datetime_complete=bind("b_complete")))
+        # A parameter written twice is ignored, as Optuna ignores the duplicate's IntegrityError.
+        params = m.TrialParamModel.__table__
+        self.params = insert(params).on_conflict_do_nothing(index_elements=[params.c.trial_id, params.c.param_name])
+        self.user = _upsert(insert(m.TrialUserAttributeModel.__table__), ("trial_id", "key"), ("value_json",))
+        self.system = _upsert(insert(m.TrialSystemAttributeModel.__table__), ("trial_id", "key"), ("value_json",))
+        self.values = _upsert(insert(m.TrialValueModel.__table__), ("trial_id", "objective"), ("value", "value_type"))
+        beat = insert(m.TrialHeartbeatModel.__table__).values(heartbeat=sqlalchemy.func.current_timestamp())
+        self.beat = _upsert(beat, ("trial_id",), ("heartbeat",))
+        # A study's first row that a read would return (None where it has none), for `_has_rows`.
+        match = (trials.c.study_id == studies.c.study_id) & (
+            trials.c.trial_id.in_(bind("b_ids", expanding=True)) | (trials.c.trial_id > bind("b_above")))
+        rows = sqlalchemy.select(studies.c.study_id, trials.c.trial_id).where(studies.c.study_id == bind("b_study"))
+        self.rows = rows.select_from(studies.outerjoin(trials, match)).limit(1)
+        in_states = match & trials.c.state.in_(bind("b_states", expanding=True))
+        self.rows_in_states = rows.select_from(studies.outerjoin(trials, in_states)).limit(1)
 
 
-def _upsert(connection: sqlalchemy.Connection, insert: Any, table: sqlalchemy.Table, rows: list[dict[str, Any]],
-            keys: tuple[str, ...], updated: tuple[str, ...]) -> None:
-    """Insert `rows` in one statement, replacing the `updated` columns of a row whose `keys` exist."""
-    statement = insert(table).values(rows)
-    connection.execute(statement.on_conflict_do_update(index_elements=[table.c[k] for k in keys],
-                                                       set_={c: statement.excluded[c] for c in updated}))
+def _upsert(insert: Any, keys: tuple[str, ...], updated: tuple[str, ...]) -> Any:
+    """`insert` that replaces the `updated` columns of a row whose `keys` exist."""
+    return insert.on_conflict_do_update(index_elements=keys, set_={c: insert.excluded[c] for c in updated})
 
 
 def flush(storage: optuna.storages.BaseStorage | None) -> None:
