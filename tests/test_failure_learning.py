@@ -124,6 +124,34 @@ def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Pat
     assert "  excluded  autocast bfloat16 excluded after trial " in lines
 
 
+def test_the_stored_causes_are_read_when_failures_are_new_or_a_while_passed(monkeypatch) -> None:
+    """Another worker stores a cause once it has seen failures: a round whose trials hold no new
+    failure needs no read of the study's attributes (a storage transaction) but every
+    `CAUSES_REREAD_S`."""
+    from tpu_tuner.tuning import failures
+
+    study = _grid_study()
+    reads = []
+    real = optuna.Study.user_attrs
+    monkeypatch.setattr(optuna.Study, "user_attrs", property(lambda self: reads.append(1) or real.fget(self)))
+    learning = failures.FailureLearning(SPACE, 0.1)
+    trial = study.ask()
+    trial.suggest_categorical("autocast", ["none", "bfloat16"])
+    study.tell(trial, 1.0)
+    for _ in range(3):
+        learning.update(study, study.get_trials())
+    assert reads == [1]
+    crashed = study.ask()
+    crashed.set_user_attr(records.RECORD, {records.MEASURED: True, records.FAILURE_KIND: "crash"})
+    study.tell(crashed, state=optuna.trial.TrialState.PRUNED)
+    learning.update(study, study.get_trials())
+    learning.update(study, study.get_trials())
+    assert reads == [1, 1]
+    monkeypatch.setattr(failures, "CAUSES_REREAD_S", 0.0)
+    learning.update(study, study.get_trials())
+    assert reads == [1, 1, 1]
+
+
 def test_tpe_never_proposes_an_excluded_value() -> None:
     from tpu_tuner.studies.samplers import build_sampler
 

@@ -111,6 +111,22 @@ def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_
     study.tell(alive, 1.0)
 
 
+def test_the_stale_check_runs_once_a_heartbeat_interval(tmp_path, monkeypatch) -> None:
+    """A trial goes stale only a grace period after its last beat: the loop's round (one a trial)
+    looks for stale trials at most once a beat, not every round."""
+    storage = _storage(tmp_path, interval=1, grace=2)
+    study = optuna.create_study(storage=storage, study_name="s")
+    checks = []
+    real = optuna.storages.fail_stale_trials
+    monkeypatch.setattr(optuna.storages, "fail_stale_trials", lambda s: checks.append(1) or real(s))
+    for _ in range(3):
+        fail_lost_trials(study, storage)
+    assert checks == [1]
+    time.sleep(1.05)
+    fail_lost_trials(study, storage)
+    assert checks == [1, 1]
+
+
 def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftovers(tmp_path) -> None:
     storage = _storage(tmp_path, interval=1, grace=2)
     study = optuna.create_study(storage=storage, study_name="s")

@@ -15,8 +15,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.runner.requests import MeasureRequest
+from tpu_tuner.studies.loop import Claim, Feature, Rules, _settle, run_loop
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trials import TuneTrials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 KEYS = [f"s{i}" for i in range(10)]
@@ -196,3 +200,28 @@ def test_the_grid_walks_every_setting_once_in_the_order_its_seed_gives() -> None
             study.tell(trial, 0.0)
         walks.append(walk)
     assert walks[0] == walks[1] and sorted(walks[0]) == sorted(KEYS)
+
+
+def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repeat(tmp_path) -> None:
+    """The read after the ask sees trials asked after this one: another worker's later trial
+    may settle the same setting while this worker's suggest is slow (in a 2-worker benchmark,
+    TPE proposed trial 0 the setting that trial 1 had already measured). The round's read
+    before the ask holds no such trial, so it cannot stand in for the read after it."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    space = SearchSpace.load("default", "cpu")
+    setting = space.baseline_params()
+    storage = open_storage(url, 1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    feature = TuneTrials(study, space, [], None, MeasureRequest(), TuneOptions(trials=5),  # type: ignore[arg-type]
+                         lambda event: None, 0.0, None, None, Worker("a", "h", storage))
+    study.enqueue_trial(setting)
+    mine = study.ask()  # trial 0, whose setting is suggested below
+    other = optuna.load_study(study_name="s", storage=open_storage(url, 1))  # another worker
+    other.enqueue_trial(setting)
+    theirs = other.ask()
+    space.suggest(theirs)
+    theirs.set_user_attr(records.RECORD, {records.MEASURED: True, records.FEASIBLE: True})
+    other.tell(theirs, 1.0)
+    assert theirs.number == 1
+    assert _settle(study, feature, Rules(budget=5), mine, [], storage) == "repeat"
+    assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1

@@ -32,6 +32,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
+from tpu_tuner.studies.batched_storage import BatchedStorage
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
     minute for that lock (the default, 5 s, was too short for several workers). A server
     connection that sat idle in the pool is checked before use (`ping_when_idle`), so one the
-    server closed during a long trial is replaced.
+    server closed during a long trial is replaced. The storage is a `BatchedStorage`
+    (studies/batched_storage.py): a running trial's writes are held and made together, in one
+    transaction, and its reads answered from memory (docs/many-workers.md).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     sqlite = url.startswith("sqlite")
@@ -76,8 +79,8 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             with warnings.catch_warnings():
                 # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
-                                     grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
+                storage = BatchedStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
+                                         grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             # Workers that start together on a new database race to create its tables ("table
@@ -240,12 +243,14 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
     with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
     seen running for longer than any trial can (`RunningWatch`), with the same retry.
 
+    The stale check runs at most once a heartbeat interval for a study (`_stale_check_due`).
     Returns the study's trials as they stand afterwards (`get_trials(deepcopy=False)`): the one
     read of the whole study that the loop needs each round (it is read again only when a trial
     was failed here)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+    if _stale_check_due(study, storage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
     trials = study.get_trials(deepcopy=False)
     if watch is None:
         return trials
@@ -265,13 +270,29 @@ def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWat
     return study.get_trials(deepcopy=False) if failed else trials
 
 
+def _stale_check_due(study: optuna.Study, storage: RDBStorage) -> bool:
+    """Whether the study's stale check is due, and if so, mark it done now. A trial goes stale
+    only `grace_period` seconds (several beats) after its last beat, so checking more often than
+    once a beat finds nothing more; the loop looked every round, two statements a trial."""
+    now = time.monotonic()
+    last = _stale_checked.get(study)
+    if last is not None and now - last < (storage.get_heartbeat_interval() or 0):
+        return False
+    _stale_checked[study] = now
+    return True
+
+
+_stale_checked: "weakref.WeakKeyDictionary[optuna.Study, float]" = weakref.WeakKeyDictionary()
+
+
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
     """The storage's id of trial `number` of `study` (what heartbeats and state changes name),
     through the storage's public interface: Optuna keeps the id on a trial only privately.
 
     The study's id is looked up once per `Study` object and storage (a `Study` is bound to one
     study id for its life); each trial's id is one query, a round trip that every heartbeat's
-    first beat paid twice."""
+    first beat paid twice (none for a trial this process asked on a `BatchedStorage`, which
+    knows its trials' ids)."""
     known = _study_ids.get(study)
     if known is not None and known[0] is storage:
         study_id = known[1]

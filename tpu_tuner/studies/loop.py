@@ -30,6 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.studies.batched_storage import flush
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, trial_id_of
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 beat = beats.enter_context(ExitStack())
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
-                outcome = _settle(study, feature, rules, trial, batch)
+                outcome = _settle(study, feature, rules, trial, batch, storage)
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
@@ -236,16 +237,20 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
         return feature.ask(study)
 
 
-def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial,
-            batch: list[Claim]) -> Claim | str:
+def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim],
+            storage: optuna.storages.BaseStorage | None = None) -> Claim | str:
     """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
 
-    The study is read again after the ask: another worker may have settled this setting, be
-    evaluating it, or have taken the last of the budget since the loop looked. Claims are
-    settled by trial number: the lower number evaluates a setting, and takes the budget first."""
+    The trial's writes are made first (its setting and claim reach other workers before it is
+    evaluated: `batched_storage.flush`). The study is read again after the ask: another worker
+    may have settled this setting (even with a trial asked after this one, while this one's
+    setting was being suggested), be evaluating it, or have taken the last of the budget since
+    the loop looked. Claims are settled by trial number: the lower number evaluates a setting,
+    and takes the budget first."""
     begun = feature.begin(trial)
     if begun is None:
         return "ruled out"
+    flush(storage)
     key, point = begun
     trials = study.get_trials(deepcopy=False)
     settled = feature.settled(trials)

@@ -12,6 +12,7 @@ that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,10 @@ from tpu_tuner.tuning.trial_attrs import WORKER_FAILURES
 log = logging.getLogger(__name__)
 
 PROBES_PER_KIND = 2
+# The causes the study holds are read again (a storage transaction) when its trials hold failures
+# not seen at the last read (a cause is found from failures: another worker may have stored one)
+# and at least this often (seconds); the search read them every round, once a trial.
+CAUSES_REREAD_S = 10.0
 # The kind of a trial whose compile was cut off (tuning/pruning.py): it could never pay back.
 COMPILE_COST = "compile_cost"
 
@@ -87,14 +92,21 @@ class FailureLearning:
     def __init__(self, space: SearchSpace, tolerance: float) -> None:
         self.space, self.tolerance = space, tolerance
         self.causes: dict[str, Cause] = {}
+        self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
 
     def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause]:
-        """Read the causes the study holds and find new ones in `trials` (stored in the study, and
-        probes queued); returns the causes this worker had not known of, in the order found."""
-        learned = [cause for cause in stored_causes(study.user_attrs) if cause.key not in self.causes]
+        """Read the causes the study holds (again when `trials` hold failures not seen at the last
+        read, or `CAUSES_REREAD_S` after it) and find new ones in `trials` (stored in the study,
+        and probes queued); returns the causes this worker had not known of, in the order found."""
+        evidence = evidence_of(trials, self.tolerance)
+        failures, now = sum(1 for e in evidence if any(e.outcomes.values())), time.monotonic()
+        learned = []
+        if self._read is None or self._read[1] != failures or now - self._read[0] >= CAUSES_REREAD_S:
+            self._read = (now, failures)
+            learned = [cause for cause in stored_causes(study.user_attrs) if cause.key not in self.causes]
         for cause in learned:
             self.causes[cause.key] = cause
-        found = attribute(evidence_of(trials, self.tolerance), describe_kind, self._alternatives)
+        found = attribute(evidence, describe_kind, self._alternatives)
         for cause in found.causes:
             if cause.key not in self.causes:
                 self.causes[cause.key] = cause

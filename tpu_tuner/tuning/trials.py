@@ -119,8 +119,10 @@ class TuneTrials(Feature):
         self.best: float | None = None
 
     def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
-        trial_attrs.record_claim(trial, self.worker.id, self.worker.host)
         params = self.space.suggest(trial)
+        # After the suggest, whose read of the study would otherwise make the claim's write on
+        # its own; the loop makes both together, before the trial is measured (batched_storage).
+        trial_attrs.record_claim(trial, self.worker.id, self.worker.host)
         cause = self.learning.excluded_by(params)
         if cause is not None:
             # Never measured: the study knows it fails. Infeasible to the sampler, so TPE moves away.
