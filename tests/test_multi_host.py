@@ -215,6 +215,7 @@ def _lines(process: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in _text(process).splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow  # the study test below kills a host the same way through the whole command; this adds --node-rank
 def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_it(tmp_path) -> None:
     """A driver (tests/fixtures/host_driver.py, node 0) runs two measure jobs on both hosts; the
     follower is the `tpu-tune` command itself (--node-rank 1). The first job is measured on both
@@ -255,39 +256,17 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
         hosts.cleanup()
 
 
-@pytest.mark.slow  # two hosts start, profile and measure: about a minute on 2 cores
-def test_two_hosts_complete_a_short_study_with_every_trial_on_both(tmp_path) -> None:
-    hosts = Hosts(tmp_path, "pair", "--trials", "2", "--verify-rounds", "2", "--space",
-                  str(FIXTURES / "layout_space.toml"))
-    try:
-        a, b = hosts.start_pair()
-        assert a.wait(timeout=600) == 0, _text(a)
-        assert b.wait(timeout=60) == 0, _text(b)
-    finally:
-        hosts.cleanup()
-    measured = [t for t in _trials(tmp_path, "pair") if records.attrs(t).get(records.MEASURED)]
-    assert len(measured) == 2
-    for trial in measured:  # every measured trial ran on the ranks of both hosts
-        assert records.attrs(trial)[records.HOSTS] == [f"host {socket.gethostname()} (node 0, agent pid {a.pid})",
-                                                       f"host {socket.gethostname()} (node 1, agent pid {b.pid})"]
-    assert f"the study ended on the driver (host {socket.gethostname()} (node 0, agent pid {a.pid}))" in _text(b)
-    run_dir = next((tmp_path / "a" / "results").glob("tiny_llama-tune-*"))
-    report = (run_dir / "report.md").read_text()
-    assert "Every trial ran on 2 ranks (2 hosts of 1" in report
-    assert "2x1x1: node 0 (" in report and "data across hosts" in report
-    assert "layout: 1x1x2: the tensor axis would span hosts" in report
-    assert json.loads((run_dir / "result.json").read_text())["options"]["nnodes"] == 2
-    assert _marked(hosts.mark) == [] and not _listening(hosts.port)
-
-
-@pytest.mark.slow  # a study killed midway and run again: about three minutes on 2 cores
-def test_sigkill_of_a_host_fails_its_trial_naming_it_and_a_relaunch_repeats_nothing(tmp_path) -> None:
-    flags = ("--trials", "3", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune")
+def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_completes_it(tmp_path) -> None:
+    """Two simulated hosts tune a 2-trial study: the first trial runs on both hosts' ranks, host b's
+    agent is SIGKILLed during the second, which fails naming it (one line; no process or port
+    left). The same two commands again resume the study: the lost setting is measured on both
+    hosts, nothing measured before is measured again, and the report maps the mesh onto hosts."""
+    flags = ("--trials", "2", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune")
     hosts = Hosts(tmp_path, "killed", *flags)
     try:
         a, b = hosts.start_pair()
         deadline = time.monotonic() + 400
-        while "] running" not in _text(a).partition("[trial 2/3")[2] or not _ranks_of(b.pid):
+        while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid):
             assert a.poll() is None and time.monotonic() < deadline, _text(a)
             time.sleep(0.1)
         time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
@@ -303,18 +282,30 @@ def test_sigkill_of_a_host_fails_its_trial_naming_it_and_a_relaunch_repeats_noth
         interrupted = [t for t in before if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
         assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
         done_before = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
-        assert done_before  # the first trial completed before the kill
+        assert len(done_before) == 1  # the first trial completed before the kill
+        on_both = [f"host {socket.gethostname()} (node 0, agent pid {a.pid})",
+                   f"host {socket.gethostname()} (node 1, agent pid {b.pid})"]
+        assert all(records.attrs(t)[records.HOSTS] == on_both for t in before if t.number in done_before)
+
         relaunched = Hosts(tmp_path, "killed", *flags)
         a2, b2 = relaunched.start_pair()
         assert a2.wait(timeout=600) == 0, _text(a2)
         assert b2.wait(timeout=60) == 0, _text(b2)
-        assert _marked(relaunched.mark) == []
+        assert f"the study ended on the driver (host {socket.gethostname()} (node 0, agent pid {a2.pid}))" in _text(b2)
+        assert _marked(relaunched.mark) == [] and not _listening(relaunched.port)
     finally:
         hosts.cleanup()
     after = _trials(tmp_path, "killed")
     assert {t.number: t.params for t in after if t.number in done_before} == done_before
     measured = [tuple(sorted(t.params.items())) for t in after
                 if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
-    assert len(measured) == 3 and max(Counter(measured).values()) == 1  # nothing measured twice, the budget met
-    new = [t for t in after if t.number not in done_before and t.state.name == "COMPLETE"]
-    assert all(len(records.attrs(t)[records.HOSTS]) == 2 for t in new)
+    assert len(measured) == 2 and max(Counter(measured).values()) == 1  # nothing measured twice, the budget met
+    (new,) = [t for t in after if t.number not in done_before and t.state.name == "COMPLETE"]
+    assert records.attrs(new)[records.HOSTS] == [f"host {socket.gethostname()} (node 0, agent pid {a2.pid})",
+                                                 f"host {socket.gethostname()} (node 1, agent pid {b2.pid})"]
+    report = max((tmp_path / "a" / "results").glob("tiny_llama-tune-*/report.md"), key=lambda p: p.stat().st_mtime)
+    text = report.read_text()
+    assert "Every trial ran on 2 ranks (2 hosts of 1" in text
+    assert "2x1x1: node 0 (" in text and "data across hosts" in text
+    assert "layout: 1x1x2: the tensor axis would span hosts" in text
+    assert json.loads((report.parent / "result.json").read_text())["options"]["nnodes"] == 2
