@@ -50,6 +50,13 @@ def test_roofline_probe_runs_once_per_machine(tmp_path, monkeypatch) -> None:
     assert first.peak.flops_per_s["float32"] > 1e9
     assert first.peak.flops_per_s["bfloat16"] > 1e9
     assert first.peak.memory_bytes_per_s > 1e8
+    # The probe's numerics and dispatch figures (this host's; only their physical ranges), from the cache.
+    probe, cached = roofline.cached_probe(torch.device("cpu"), lambda: None)
+    assert cached and len(calls) == 1
+    assert 1e-9 < probe.medium_relative_error < 1e-1
+    assert 1e-8 < probe.dispatch_seconds_per_op < 1e-3
+    assert set(probe.spread()) == {"float32_flops_per_s", "bfloat16_flops_per_s", "copy_bytes_per_s",
+                                   "dispatch_seconds_per_op"}
 
 
 def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None:
@@ -178,15 +185,6 @@ def test_old_format_cache_entries_are_measured_again(tmp_path, monkeypatch) -> N
     probe, cached = roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=lambda d, s: fresh,
                                           now=lambda: 10.0)
     assert probe == fresh and not cached
-
-
-def test_the_real_probe_measures_numerics_and_dispatch(tmp_path, monkeypatch) -> None:
-    # Values are this host's; only their physical ranges are asserted.
-    probe, _ = roofline.cached_probe(torch.device("cpu"), lambda: None)
-    assert 1e-9 < probe.medium_relative_error < 1e-1
-    assert 1e-8 < probe.dispatch_seconds_per_op < 1e-3
-    assert set(probe.spread()) == {"float32_flops_per_s", "bfloat16_flops_per_s", "copy_bytes_per_s",
-                                   "dispatch_seconds_per_op"}
 
 
 def test_cpu_peak_memory_window_resets() -> None:

@@ -19,22 +19,6 @@ def _fast_agent(tmp_path):
     return agent
 
 
-def test_profile_command_writes_json_and_markdown(tmp_path, capsys) -> None:
-    status = main(["-q", "profile", str(FIXTURES / "tiny_gpt.py"), "--out", str(tmp_path / "results"),
-                   "--agent", str(_fast_agent(tmp_path)), "--seq-len", "16"])
-    assert status == 0
-    (run_dir,) = (tmp_path / "results").iterdir()
-    assert run_dir.name.startswith("tiny_gpt-")
-    data = json.loads((run_dir / "profile.json").read_text())
-    assert data["workload"]["seq_len"] == 16
-    assert len(data["timing"]["samples"]) >= 10
-    report = (run_dir / "profile.md").read_text()
-    assert "MFU" in report and "Top operators" in report and "attention convention" in report
-    printed = capsys.readouterr().out
-    assert f"{data['mfu']:.1%}" in printed  # the table shows the same MFU the JSON holds
-    assert "verdict" in printed
-
-
 @pytest.mark.parametrize(
     ("file", "problem"),
     [

@@ -88,7 +88,8 @@ def _fast_agent(tmp_path: Path) -> Path:
     return agent
 
 
-def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
+def test_profile_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
+    """The `profile` command (its JSON, its report and the MFU it prints) and the API's profile."""
     from tpu_tuner import Profile, ProfilerSettings, profile, save_profile
     from tpu_tuner.cli import main
 
@@ -106,7 +107,13 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path) -> None:
     # profile.json reads back into the same Profile, nested figures and all.
     loaded = Profile.from_json((api_dir / run_folder.PROFILE_JSON).read_text())
     assert loaded == measured
-    assert Profile.from_json((cli_dir / run_folder.PROFILE_JSON).read_text()).workload["seq_len"] == 16
+    from_cli = json.loads((cli_dir / run_folder.PROFILE_JSON).read_text())
+    assert cli_dir.name.startswith("tiny_gpt-") and from_cli["workload"]["seq_len"] == 16
+    assert len(from_cli["timing"]["samples"]) >= 10
+    report = (cli_dir / run_folder.PROFILE_MD).read_text()
+    assert "MFU" in report and "Top operators" in report and "attention convention" in report
+    printed = capsys.readouterr().out
+    assert f"{from_cli['mfu']:.1%}" in printed and "verdict" in printed  # the table shows the JSON's MFU
 
 
 def test_the_profile_command_s_worker_is_a_library_call() -> None:

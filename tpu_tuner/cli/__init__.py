@@ -71,9 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.addFilter(RedactingFilter())
     try:
         if getattr(args, "model_file", None) is not None and args.command != "plan":
-            from tpu_tuner.cli.common import model_source
+            from tpu_tuner.cli.common import check_lengths, model_source
 
             args.model_file = model_source(args)
+            check_lengths(args)
         return args.handler(args)
     except TpuTuneError as exc:
         if args.debug:

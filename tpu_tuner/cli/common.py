@@ -67,6 +67,15 @@ def model_source(args: argparse.Namespace) -> Path:
     return Path(text)
 
 
+def check_lengths(args: argparse.Namespace) -> None:
+    """Read a --lengths file before anything loads the model, so a bad one costs no worker start
+    (`UserInputError` naming the file and line)."""
+    if getattr(args, "lengths_file", None) is not None:
+        from tpu_tuner.model.lengths import read_lengths
+
+        read_lengths(args.lengths_file)
+
+
 def device_or_none(device: str) -> str | None:
     """`--device auto` is the options' None: the best device present."""
     return None if device == "auto" else device
