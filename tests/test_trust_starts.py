@@ -93,10 +93,11 @@ def test_dashboard_server_never_serves_a_password_from_old_run_folders(tmp_path:
 # --- 2. the parent never runs user code -------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["tune"], ["profile"], ["buckets"]])
-@pytest.mark.parametrize("fixture, expected", [
-    ("segfault_at_import.py", "the process died with SIGSEGV while importing"),
-    ("exit_at_import.py", "the process exited with status 3 while importing"),
+# Each command once and each way to die at least once: the three share one screening worker.
+@pytest.mark.parametrize("command, fixture, expected", [
+    (["tune"], "segfault_at_import.py", "the process died with SIGSEGV while importing"),
+    (["profile"], "exit_at_import.py", "the process exited with status 3 while importing"),
+    (["buckets"], "segfault_at_import.py", "the process died with SIGSEGV while importing"),
 ])
 def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: list[str], fixture: str,
                                                       expected: str) -> None:
