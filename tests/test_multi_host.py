@@ -309,3 +309,38 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
     assert "2x1x1: node 0 (" in text and "data across hosts" in text
     assert "layout: 1x1x2: the tensor axis would span hosts" in text
     assert json.loads((report.parent / "result.json").read_text())["options"]["nnodes"] == 2
+
+
+@pytest.mark.slow  # a host killed and started again mid-study: about a minute on 2 cores
+def test_with_a_restart_left_the_driver_waits_for_the_lost_host_and_the_study_goes_on(tmp_path) -> None:
+    """--max-restarts 1: host b's agent SIGKILLed during trial 2 fails that trial naming it; the
+    driver waits at a re-rendezvous, the same command started again on b joins it, and the study
+    ends with its budget measured on both hosts, nothing measured twice, nothing left running."""
+    flags = ("--trials", "2", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune",
+             "--max-restarts", "1", "--rdzv-timeout", "120")
+    hosts = Hosts(tmp_path, "restarted", *flags)
+    try:
+        a, b = hosts.start_pair()
+        deadline = time.monotonic() + 400
+        while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid):
+            assert a.poll() is None and time.monotonic() < deadline, _text(a)
+            time.sleep(0.1)
+        time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
+        os.kill(b.pid, signal.SIGKILL)
+        b.wait()
+        time.sleep(2.0)
+        assert a.poll() is None, _text(a)  # the driver waits for the host, not exits
+        b2 = hosts.start("b")
+        assert a.wait(timeout=600) == 0, _text(a)
+        assert b2.wait(timeout=60) == 0, _text(b2)
+        time.sleep(1.0)
+        assert _marked(hosts.mark) == [] and not _listening(hosts.port)
+    finally:
+        hosts.cleanup()
+    trials = _trials(tmp_path, "restarted")
+    interrupted = [t for t in trials if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
+    assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
+    measured = [t for t in trials if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
+    settings = [tuple(sorted(t.params.items())) for t in measured]
+    assert len(settings) == 2 and max(Counter(settings).values()) == 1
+    assert any(records.attrs(t)[records.HOSTS][1].endswith(f"agent pid {b2.pid})") for t in measured)
