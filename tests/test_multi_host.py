@@ -256,6 +256,18 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
         hosts.cleanup()
 
 
+def _pair_with_the_follower_killed_in_trial_2(hosts: Hosts) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """Start both hosts of a 2-trial study; SIGKILL host b's agent once trial 2 runs on its ranks."""
+    a, b = hosts.start_pair()
+    deadline = time.monotonic() + 400
+    while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid):
+        assert a.poll() is None and time.monotonic() < deadline, _text(a)
+        time.sleep(0.1)
+    time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
+    os.kill(b.pid, signal.SIGKILL)
+    return a, b
+
+
 def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_completes_it(tmp_path) -> None:
     """Two simulated hosts tune a 2-trial study: the first trial runs on both hosts' ranks, host b's
     agent is SIGKILLed during the second, which fails naming it (one line; no process or port
@@ -264,13 +276,7 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
     flags = ("--trials", "2", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune")
     hosts = Hosts(tmp_path, "killed", *flags)
     try:
-        a, b = hosts.start_pair()
-        deadline = time.monotonic() + 400
-        while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid):
-            assert a.poll() is None and time.monotonic() < deadline, _text(a)
-            time.sleep(0.1)
-        time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
-        os.kill(b.pid, signal.SIGKILL)
+        a, b = _pair_with_the_follower_killed_in_trial_2(hosts)
         assert a.wait(timeout=180) == 1, _text(a)
         b.wait()
         errors = [line for line in _text(a).splitlines() if line.startswith("tpu-tune: error:")]
@@ -320,13 +326,7 @@ def test_with_a_restart_left_the_driver_waits_for_the_lost_host_and_the_study_go
              "--max-restarts", "1", "--rdzv-timeout", "120")
     hosts = Hosts(tmp_path, "restarted", *flags)
     try:
-        a, b = hosts.start_pair()
-        deadline = time.monotonic() + 400
-        while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid):
-            assert a.poll() is None and time.monotonic() < deadline, _text(a)
-            time.sleep(0.1)
-        time.sleep(1.0)  # mid-trial: the ranks of both hosts are up
-        os.kill(b.pid, signal.SIGKILL)
+        a, b = _pair_with_the_follower_killed_in_trial_2(hosts)
         b.wait()
         time.sleep(2.0)
         assert a.poll() is None, _text(a)  # the driver waits for the host, not exits
