@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.core.key_values import parse_key_values
 
 INLINE_PREFIX = "decoder:"
 ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu")  # gelu_tanh: GELU's tanh approximation (GPT-2, Gemma)
@@ -146,12 +147,7 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     """The shape, the run sizes ([run]) and a name, from a TOML file or an inline spec."""
     text = str(path)
     if text.startswith(INLINE_PREFIX):
-        model: dict[str, Any] = {}
-        for item in filter(None, text[len(INLINE_PREFIX):].split(",")):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise WorkloadError(f"{item!r} is not key=value", text)
-            model[key.strip()] = _value(value.strip())
+        model: dict[str, Any] = parse_key_values(text[len(INLINE_PREFIX):], text, WorkloadError)
         run: dict[str, Any] = {}
         name = "decoder"
     else:
@@ -176,18 +172,6 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     shape.check(path)
     sizes = {k: int(v) for k, v in run.items() if k in ("batch_size", "seq_len")}
     return shape, sizes, name
-
-
-def _value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 __all__ = ["ACTIVATION_NAMES", "DecoderShape", "INLINE_PREFIX", "NORMS", "POSITIONS", "is_shape_source", "read_shape"]

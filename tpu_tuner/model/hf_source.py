@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.key_values import parse_key_values
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -88,7 +89,7 @@ def parse(text: str | Path) -> HfSource:
         kind = "hub"
     else:
         kind = "type"
-    return HfSource(text=text, kind=kind, location=location, overrides=_overrides(query, text),
+    return HfSource(text=text, kind=kind, location=location, overrides=parse_key_values(query, text),
                     inference=bool(options.get("inference")), weights=bool(options.get("weights")),
                     task=options.get("task"))
 
@@ -108,30 +109,6 @@ def _options(fragment: str, text: str) -> dict[str, Any]:
     if options.get("weights") and options.get("task") is not None:
         raise UserInputError("--weights loads the head the checkpoint was saved with; drop task=", text)
     return options
-
-
-def _overrides(query: str, text: str) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    for item in filter(None, query.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserInputError(f"{item!r} is not key=value", text)
-        overrides[key.strip()] = _value(value.strip())
-    return overrides
-
-
-def _value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 def load_config(source: HfSource) -> PretrainedConfig:
