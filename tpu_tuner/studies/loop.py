@@ -202,7 +202,14 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 beat = beats.enter_context(ExitStack())
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
-                outcome = _settle(study, feature, rules, trial, batch, storage)
+                try:
+                    outcome = _settle(study, feature, rules, trial, batch, storage)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Its setting's writes were refused at the flush: beats stopped for a grace period
+                    # after the ask (a suspended host) and another worker failed it as lost.
+                    log.warning("trial %d was failed as lost by another worker before it was evaluated here; "
+                                "asking again", trial.number)
+                    outcome = "lost"
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
