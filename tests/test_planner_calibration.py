@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_tuner.planner.calibration import (CalibrationRow, Fitted, calibrated_cost_model, errors, fit,
+from tpu_tuner.planner.band import Place
+from tpu_tuner.planner.calibration import (CalibrationRow, Fitted, band_check, calibrated_cost_model, errors, fit,
                                            leave_one_out, load_rows, predicted_mfu)
 from tpu_tuner.planner.predict import CostModel, error_band
 
@@ -40,17 +41,14 @@ def test_leave_one_out_predicts_each_row_without_it() -> None:
 
 
 def test_the_shipped_calibration_meets_the_issue_targets() -> None:
-    """Every published row the planner compiled fits in HBM with its published remat policy, and
-    the adopted model's leave-one-out error is at most 4 MFU points (issue 16); the plan's cost
-    model is that fit, its band that error."""
+    """Issue 29's targets on the shipped rows (benchmarks/plan_calibration.py compiled them):
+    at least 20 published runs, each fitting in HBM as it did; the adopted model's leave-one-out
+    error at most 3 MFU points; at least 90% of the rows inside the band they would have been
+    printed with (made from the other rows alone)."""
     rows = load_rows()
-    assert len(rows) == 7 and all(r.fits and r.peak_bytes <= r.hbm_bytes for r in rows)
+    assert len(rows) >= 20 and all(r.fits and r.peak_bytes <= r.hbm_bytes for r in rows)
     model = calibrated_cost_model()
-    assert model.fitted_rows == 7 and model.loo_error_points <= 4.0
-    band = error_band("v5p", model)
-    assert band is not None and "v5p" in band.source and band.points == dict(
-        (g, p) for g, p, _ in model.loo_error_by_generation)["v5p"]
-    # No v4 row: the error of the rows that were alone in their generation (v5e, TPU7x).
-    lone = [p for g, p, n in model.loo_error_by_generation if n == 1]
-    assert error_band("v4", model).points == pytest.approx(sum(lone) / len(lone))
-    assert error_band("v5p", CostModel()) is None
+    assert model.fitted_rows == len(rows) and model.loo_error_points <= 3.0
+    checked = band_check(rows, "per_generation")
+    assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
+    assert error_band(Place("v5p", "minimal", 2048, 2.0), CostModel()) is None

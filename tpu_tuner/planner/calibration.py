@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
+from tpu_tuner.planner.band import BandRow, ErrorBand, Place, error_band
 from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,12 @@ class CalibrationRow:
     comm_seconds: float
     model_seconds_at_peak: float
     published_mfu: float
+    # Where the row sits (the band's distance, band.py): its published run, the remat policy's
+    # family (full / minimal / offload / device), sequence length and per-device batch.
+    id: str = ""
+    remat_family: str = ""
+    seq: int = 0
+    per_device_batch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,10 +150,32 @@ def load_rows(path: Path = ROWS_FILE) -> list[CalibrationRow]:
     return [CalibrationRow(**{k: v for k, v in row.items() if k in names}) for row in json.loads(path.read_text())]
 
 
+def band_rows(rows: list[CalibrationRow], loo: list[float]) -> list[BandRow]:
+    """The rows' places with their leave-one-out errors: what every band is made of (band.py)."""
+    return [BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e) for r, e in zip(rows, loo)]
+
+
+def place_of(row: CalibrationRow) -> Place:
+    return Place(row.generation, row.remat_family, row.seq, row.per_device_batch)
+
+
+def band_check(rows: list[CalibrationRow], kind: str) -> list[tuple[float, ErrorBand]]:
+    """Each row's leave-one-out error with the band it would have been printed with: the band
+    made from the other rows alone, each with its own leave-one-out error among them (nested), so
+    no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
+    out = []
+    for i, row in enumerate(rows):
+        others = rows[:i] + rows[i + 1:]
+        error = errors([row], fit(others, kind))[0]
+        band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)))
+        out.append((error, band))  # type: ignore[arg-type] - others is never empty here
+    return out
+
+
 @lru_cache(maxsize=1)
 def calibrated_cost_model() -> CostModel:
-    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with its leave-one-out
-    error overall and per generation (the error band printed with every prediction)."""
+    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with each row's
+    leave-one-out error and place (the error band printed with every prediction, band.py)."""
     try:
         rows = load_rows()
     except (OSError, ValueError, TypeError) as exc:
@@ -154,16 +183,8 @@ def calibrated_cost_model() -> CostModel:
         return CostModel()
     fitted = fit(rows, ADOPTED)
     loo = leave_one_out(rows, ADOPTED)
-    by_generation = []
-    for generation in sorted({r.generation for r in rows}):
-        own = [abs(e) for r, e in zip(rows, loo) if r.generation == generation]
-        by_generation.append((generation, statistics.mean(own), len(own)))
-    # A generation without rows is predicted as the lone rows of a generation were in leave-one-out
-    # (with the others' efficiency): their error is its band.
-    lone = [abs(e) for r, e in zip(rows, loo) if sum(x.generation == r.generation for x in rows) == 1]
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
-        loo_error_points=statistics.mean(abs(e) for e in loo), loo_error_by_generation=tuple(by_generation),
-        unseen_generation_error_points=statistics.mean(lone) if lone else statistics.mean(abs(e) for e in loo),
+        loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
         fitted_rows=len(rows))
