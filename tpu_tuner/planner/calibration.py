@@ -9,8 +9,8 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 * ``global``: one MXU efficiency for every generation, and one compute / memory overlap;
 * ``per_generation``: an efficiency per generation, the overlap shared; a generation with no
-  other row is predicted with the efficiency fitted to all other rows (so its leave-one-out
-  error is that of a generation the fit never saw);
+  other row is predicted with the median of the other generations' efficiencies (so its
+  leave-one-out error is that of a generation the fit never saw);
 * ``mxu_shape``: physics instead of per-generation freedom: efficiency = base for a 128-wide MXU,
   x `wide_mxu` for a 256-wide one (v6e: predict.MXU_WIDTH), whose systolic array takes four
   times the operands per cycle from the same VMEM, so it is harder to keep busy.
@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
 
-EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape")
+EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape", "per_generation+host", "per_generation+attention",
+                     "per_generation+host+attention")
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
@@ -64,6 +65,11 @@ class CalibrationRow:
     remat_family: str = ""
     seq: int = 0
     per_device_batch: float = 0.0
+    # The cause terms' inputs (predict.py): host-offload traffic per step (GB: the compiler's host
+    # buffers written in the forward pass and read back in the backward), and the attention score
+    # elements per device per step divided by the per-device peak (seconds at one MXU FLOP each).
+    host_gbytes: float = 0.0
+    score_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,43 +77,86 @@ class Fitted:
     kind: str
     efficiency: dict[str, float]  # generation -> MXU efficiency ("*": the rest)
     memory_overlap: float
+    host_gbytes_per_s: float = 0.0  # the "+host" term's bandwidth (0: no term)
+    score_flops: float = 0.0  # the "+attention" term's cost of a score element, in MXU FLOPs (0: none)
 
     def efficiency_of(self, generation: str) -> float:
         return self.efficiency.get(generation, self.efficiency["*"])
 
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
-        return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}"
+        terms = (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "") + (
+            f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "")
+        return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
 
-def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float) -> float:
+def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float, host_gbytes_per_s: float = 0.0,
+                  score_flops: float = 0.0) -> float:
     """predict.py's MFU for the row's figures and these constants."""
-    return float(_predicted(_arrays([row]), np.asarray(efficiency), np.asarray(memory_overlap))[0])
+    a = _arrays([row])
+    return float(_predicted(_with_terms(a, host_gbytes_per_s, score_flops), np.asarray(efficiency),
+                            np.asarray(memory_overlap))[0])
 
 
 def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
     return {name: np.asarray([getattr(r, attr) for r in rows], dtype=float) for name, attr in (
         ("compute", "compute_at_full_efficiency"), ("memory", "memory_seconds"), ("comm", "comm_seconds"),
-        ("model", "model_seconds_at_peak"), ("published", "published_mfu"))}
+        ("model", "model_seconds_at_peak"), ("published", "published_mfu"), ("host", "host_gbytes"),
+        ("score", "score_seconds"))}
+
+
+def _with_terms(a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float) -> dict[str, np.ndarray]:
+    """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
+    (at full efficiency: it is divided by the efficiency with the rest), host traffic apart."""
+    extra_compute = score_flops * a["score"]
+    host = a["host"] / host_gbytes_per_s if host_gbytes_per_s else np.zeros_like(a["host"])
+    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": host}
 
 
 def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
-    """Predicted MFU, broadcast over the constants' arrays (rows on the last axis)."""
+    """Predicted MFU, broadcast over the constants' arrays (rows on the last axis): predict.py's step."""
     compute = a["compute"] / efficiency
     busy = np.maximum(compute, a["memory"]) + (1 - memory_overlap) * np.minimum(compute, a["memory"])
+    busy = busy + a.get("host_seconds", 0.0)  # host DMA beside HBM traffic: serial (predict.py says why)
     return share_of_peak(a["model"], busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
 
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
     """Predicted minus published MFU, in points, per row."""
-    return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap) - r.published_mfu) * 100
-            for r in rows]
+    return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap, fitted.host_gbytes_per_s,
+                           fitted.score_flops) - r.published_mfu) * 100 for r in rows]
+
+
+# The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,
+# and an attention score element's cost in MXU FLOPs.
+HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25 ** k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
+SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
 
 
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     """The constants of `kind` that minimise the mean absolute error over `rows` (a grid search,
-    vectorised: a handful of rows and two or three constants)."""
-    a = _arrays(rows)
+    vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
+    with cause terms: "per_generation+host", "per_generation+attention", "per_generation+host+attention"."""
+    base, *terms = kind.split("+")
+    unknown = set(terms) - {"host", "attention"}
+    if unknown:
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention)")
+    if terms:
+        best: tuple[float, Fitted] | None = None
+        for host in (HOST_GBYTES_PER_S if "host" in terms else (0.0,)):
+            for score in (SCORE_FLOPS if "attention" in terms else (0.0,)):
+                inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score))
+                fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score)
+                total = sum(abs(e) for e in errors(rows, fitted))
+                if best is None or total < best[0] - 1e-9:
+                    best = (total, fitted)
+        assert best is not None
+        return best[1]
+    return _fit_base(rows, base, _arrays(rows))
+
+
+def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -> Fitted:
+    """The efficiency model `kind` fitted to the rows' arrays `a` (cause terms already in them)."""
     eff = np.asarray(_EFFICIENCIES)[:, None, None]
     overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
     abs_err = np.abs(_predicted(a, eff, overlap) - a["published"])  # [efficiency, overlap, row]
@@ -122,10 +171,13 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
             own = np.asarray([r.generation == generation for r in rows])
             total += abs_err[:, :, own].sum(axis=2).min(axis=0)
         g = int(np.argmin(total))
-        efficiency = {"*": _EFFICIENCIES[int(np.argmin(abs_err[:, g, :].mean(axis=1)))]}
+        efficiency = {}
         for generation in generations:
             own = np.asarray([r.generation == generation for r in rows])
             efficiency[generation] = _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))]
+        # A generation without rows is a new chip: the median chip's efficiency, each known
+        # generation one sample (a fit over all rows would be the most-published generation's).
+        efficiency["*"] = float(np.median(list(efficiency.values())))
         return Fitted(kind, efficiency, _MEMORY_OVERLAPS[g])
     if kind == "mxu_shape":
         wides = np.asarray([w / 100 for w in range(60, 121, 2)])
@@ -185,6 +237,7 @@ def calibrated_cost_model() -> CostModel:
     loo = leave_one_out(rows, ADOPTED)
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
+        host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
         fitted_rows=len(rows))

@@ -58,6 +58,12 @@ class CostModel:
     memory_overlap: float = 0.66
     overlap: float = 0.9
     efficiency_by_generation: tuple[tuple[str, float], ...] = ()
+    # The cause terms (docs/planner.md, "Calibration"; 0: off): host-offload traffic at this
+    # bandwidth per device, serial with the busy time; each causal attention score element costs
+    # this many MXU FLOPs of vector-unit work (softmax: exp, max, scale, in the forward pass and
+    # again in the backward), added to the compute.
+    host_gbytes_per_s: float = 0.0
+    score_flops: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     fitted_rows: int = 0
@@ -129,15 +135,22 @@ def predict(
     tokens_per_step: int,
     cost_model: CostModel,
     hardware_flops_per_device: float = 0.0,
+    seq_len: int = 0,
 ) -> Prediction:
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
-    compute = flops / (peak * cost_model.efficiency(topology.chip.generation) * aligned)
+    # Causal attention's score elements per device a step (the flash kernel skips the masked half).
+    scores = shape.n_layers * shape.n_heads * seq_len * tokens_per_step / (2 * topology.devices)
+    at_peak = flops / aligned + cost_model.score_flops * scores
+    compute = at_peak / (peak * cost_model.efficiency(topology.chip.generation))
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
     comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives)
     busy = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
+    if cost_model.host_gbytes_per_s:
+        # Offloaded tensors go to the host in the forward pass and come back in the backward.
+        busy += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
     exposed = max(0.0, comm - cost_model.overlap * busy)
     step = busy + exposed
     return Prediction(
