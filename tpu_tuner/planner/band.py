@@ -11,6 +11,9 @@ from the calibration:
   errors (the largest where n < 9), so that a new point like the rows is covered at least 90% of
   the time when the rows are exchangeable (Vovk et al., "Algorithmic Learning in a Random World";
   Lei et al. 2018, https://arxiv.org/abs/1604.04173);
+* **a floor**: a published recipe measured again differed by up to a few MFU points (software
+  drift, run-to-run noise: the superseded rows of benchmarks/published_runs.toml); a band is never
+  narrower than the same quantile of those differences;
 * **distance**: a generation, a remat family on that generation, a sequence length or a
   per-device batch with no calibration row within a factor `NEAR` is a gap, and each gap is
   named in the band's reasons ("extrapolated: no calibration row with full remat on v6e"). A
@@ -106,14 +109,18 @@ def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
     return list(rows), f"all {len(rows)} rows"
 
 
-def error_band(place: Place, rows: list[BandRow]) -> ErrorBand | None:
+def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBand | None:
     """The band of a prediction at `place` from the calibration rows' leave-one-out errors
-    (None without rows: an uncalibrated cost model)."""
+    (None without rows: an uncalibrated cost model). `floor`: the spread of the same published
+    recipe measured again (no prediction can be surer than the figure it predicts)."""
     if not rows:
         return None
     near, which = comparable(place, rows)
     points = conformal_quantile([abs(r.error) for r in near])
     source = f"{COVERAGE:.0%} quantile of the leave-one-out errors of {which}"
+    if floor > points:
+        points = floor
+        source += f", raised to the {floor:.1f}-point spread of published recipes measured again"
     reasons = gaps(place, rows)
     if reasons:
         m = len(reasons)

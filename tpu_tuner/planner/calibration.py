@@ -28,13 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
-from tpu_tuner.planner.band import BandRow, ErrorBand, Place, error_band
+from tpu_tuner.planner.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
 from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
 
 log = logging.getLogger(__name__)
 
 # The calibration rows' compiler figures, as benchmarks/plan_calibration.py measured and wrote them.
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
+# Published recipes measured twice (a superseded figure and the current one), MFU points apart.
+RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
 ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
 
 EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape", "per_generation+host", "per_generation+attention",
@@ -211,7 +213,18 @@ def place_of(row: CalibrationRow) -> Place:
     return Place(row.generation, row.remat_family, row.seq, row.per_device_batch)
 
 
-def band_check(rows: list[CalibrationRow], kind: str) -> list[tuple[float, ErrorBand]]:
+def noise_floor(path: Path = RERUNS_FILE) -> float:
+    """The conformal 90% quantile of the re-measured recipes' differences (band.py's floor); 0
+    without the file."""
+    try:
+        differences = [abs(r["difference_points"]) for r in json.loads(path.read_text())]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("no re-measured recipes (%s): bands without a noise floor", exc)
+        return 0.0
+    return conformal_quantile(differences) if differences else 0.0
+
+
+def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> list[tuple[float, ErrorBand]]:
     """Each row's leave-one-out error with the band it would have been printed with: the band
     made from the other rows alone, each with its own leave-one-out error among them (nested), so
     no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
@@ -219,7 +232,7 @@ def band_check(rows: list[CalibrationRow], kind: str) -> list[tuple[float, Error
     for i, row in enumerate(rows):
         others = rows[:i] + rows[i + 1:]
         error = errors([row], fit(others, kind))[0]
-        band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)))
+        band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)), floor)
         out.append((error, band))  # type: ignore[arg-type] - others is never empty here
     return out
 
@@ -240,4 +253,5 @@ def calibrated_cost_model() -> CostModel:
         host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
+        noise_floor_points=noise_floor(),
         fitted_rows=len(rows))

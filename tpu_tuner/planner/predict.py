@@ -66,6 +66,7 @@ class CostModel:
     score_flops: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
+    noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
     fitted_rows: int = 0
 
     def efficiency(self, generation: str) -> float:
@@ -77,7 +78,7 @@ def error_band(place: Place, cost_model: CostModel) -> ErrorBand | None:
     """The band printed with a prediction at `place` (band.py); None for an uncalibrated cost model."""
     if not cost_model.fitted_rows:
         return None
-    return band_of(place, list(cost_model.band_rows))
+    return band_of(place, list(cost_model.band_rows), cost_model.noise_floor_points)
 
 
 @dataclass(frozen=True)
