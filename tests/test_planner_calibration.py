@@ -52,3 +52,32 @@ def test_the_shipped_calibration_meets_the_issue_targets() -> None:
     checked = band_check(rows, "per_generation")
     assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
     assert error_band(Place("v5p", "minimal", 2048, 2.0), CostModel()) is None
+
+
+def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
+    """calibration.predicted_mfu on a row made from compiler figures (as plan_calibration.py
+    makes it) equals predict.predict on those figures, with host, attention and comm terms on."""
+    from tpu_tuner.model.layouts import Layout, ModelShape
+    from tpu_tuner.planner.collectives import Collective, ring_seconds
+    from tpu_tuner.planner.compiled_step import CompiledStep
+    from tpu_tuner.planner.predict import alignment, predict, ring_bandwidth
+    from tpu_tuner.planner.topology import parse_topology
+
+    topology = parse_topology("v6e-8").as_compiled(8, 31 * 2**30)
+    shape, layout, seq, batch = ModelShape(4096, 32, 8, 14336, 128256, 32), Layout(1, 8, 1), 8192, 24
+    step = CompiledStep(2.2e15, 3.5e12, 5e9, 0, 2e10, 0, [Collective("all-gather", 8, 64, 40_000_000_000)],
+                        host_temp_bytes=21 * 2**30)
+    model = CostModel(mxu_efficiency=0.7, memory_overlap=0.6, efficiency_by_generation=(("v6e", 0.62),),
+                      host_gbytes_per_s=90.0, score_flops=128.0, comm_exposed=1.5)
+    model_flops, hardware = 1.7e15, 2.4e15
+    got = predict(step, topology, layout, shape, 128, model_flops, batch * seq, model, hardware, seq)
+    peak = topology.peak_flops_per_device
+    aligned = alignment(shape, layout, 128, 256)
+    comm = ring_seconds(step.collectives[0], ring_bandwidth(topology, 8))
+    row = CalibrationRow(0, "v6e", True, 1.0, 2.0, max(step.flops, hardware) / (peak * aligned),
+                         step.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9), comm, model_flops / peak, 0.0,
+                         host_gbytes=2 * step.host_temp_bytes / 1e9,
+                         score_seconds=32 * 32 * seq ** 2 * (batch / 8) / 2 / peak)
+    want = predicted_mfu(row, 0.62, 0.6, 90.0, 128.0, 1.5)
+    assert got.mfu == pytest.approx(want, rel=1e-9)
+    assert predicted_mfu(row, 0.62, 0.6) > want  # each term costs time

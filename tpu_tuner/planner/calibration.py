@@ -18,6 +18,7 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import statistics
@@ -40,7 +41,7 @@ RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
 ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
 
 EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape", "per_generation+host", "per_generation+attention",
-                     "per_generation+host+attention")
+                     "per_generation+comm", "per_generation+host+comm", "per_generation+host+attention")
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
@@ -81,6 +82,7 @@ class Fitted:
     memory_overlap: float
     host_gbytes_per_s: float = 0.0  # the "+host" term's bandwidth (0: no term)
     score_flops: float = 0.0  # the "+attention" term's cost of a score element, in MXU FLOPs (0: none)
+    comm_exposed: float = 0.0  # the "+comm" term: this share of the collectives' time never hidden (0: none)
 
     def efficiency_of(self, generation: str) -> float:
         return self.efficiency.get(generation, self.efficiency["*"])
@@ -88,15 +90,16 @@ class Fitted:
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
         terms = (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "") + (
-            f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "")
+            f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "") + (
+            f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
         return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
 
 def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float, host_gbytes_per_s: float = 0.0,
-                  score_flops: float = 0.0) -> float:
+                  score_flops: float = 0.0, comm_exposed: float = 0.0) -> float:
     """predict.py's MFU for the row's figures and these constants."""
     a = _arrays([row])
-    return float(_predicted(_with_terms(a, host_gbytes_per_s, score_flops), np.asarray(efficiency),
+    return float(_predicted(_with_terms(a, host_gbytes_per_s, score_flops, comm_exposed), np.asarray(efficiency),
                             np.asarray(memory_overlap))[0])
 
 
@@ -107,12 +110,14 @@ def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
         ("score", "score_seconds"))}
 
 
-def _with_terms(a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float) -> dict[str, np.ndarray]:
+def _with_terms(a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float,
+                comm_exposed: float = 0.0) -> dict[str, np.ndarray]:
     """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
-    (at full efficiency: it is divided by the efficiency with the rest), host traffic apart."""
+    (at full efficiency: it is divided by the efficiency with the rest), host traffic and the
+    collectives' exposed share apart (serial with the busy time)."""
     extra_compute = score_flops * a["score"]
     host = a["host"] / host_gbytes_per_s if host_gbytes_per_s else np.zeros_like(a["host"])
-    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": host}
+    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": host + comm_exposed * a["comm"]}
 
 
 def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
@@ -126,13 +131,14 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
     """Predicted minus published MFU, in points, per row."""
     return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap, fitted.host_gbytes_per_s,
-                           fitted.score_flops) - r.published_mfu) * 100 for r in rows]
+                           fitted.score_flops, fitted.comm_exposed) - r.published_mfu) * 100 for r in rows]
 
 
 # The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,
 # and an attention score element's cost in MXU FLOPs.
 HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25 ** k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
 SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
+COMM_EXPOSED = tuple(x / 4 for x in range(0, 17))  # 0 .. 4 x the ring model's collective time
 
 
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
@@ -140,18 +146,20 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
     with cause terms: "per_generation+host", "per_generation+attention", "per_generation+host+attention"."""
     base, *terms = kind.split("+")
-    unknown = set(terms) - {"host", "attention"}
+    unknown = set(terms) - {"host", "attention", "comm"}
     if unknown:
-        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention)")
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm)")
     if terms:
         best: tuple[float, Fitted] | None = None
-        for host in (HOST_GBYTES_PER_S if "host" in terms else (0.0,)):
-            for score in (SCORE_FLOPS if "attention" in terms else (0.0,)):
-                inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score))
-                fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score)
-                total = sum(abs(e) for e in errors(rows, fitted))
-                if best is None or total < best[0] - 1e-9:
-                    best = (total, fitted)
+        grid = itertools.product(HOST_GBYTES_PER_S if "host" in terms else (0.0,),
+                                 SCORE_FLOPS if "attention" in terms else (0.0,),
+                                 COMM_EXPOSED if "comm" in terms else (0.0,))
+        for host, score, comm in grid:
+            inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm))
+            fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm)
+            total = sum(abs(e) for e in errors(rows, fitted))
+            if best is None or total < best[0] - 1e-9:
+                best = (total, fitted)
         assert best is not None
         return best[1]
     return _fit_base(rows, base, _arrays(rows))
@@ -250,7 +258,7 @@ def calibrated_cost_model() -> CostModel:
     loo = leave_one_out(rows, ADOPTED)
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
-        host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops,
+        host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops, comm_exposed=fitted.comm_exposed,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
         noise_floor_points=noise_floor(),

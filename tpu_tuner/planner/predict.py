@@ -64,6 +64,9 @@ class CostModel:
     # again in the backward), added to the compute.
     host_gbytes_per_s: float = 0.0
     score_flops: float = 0.0
+    # The share of the collectives' ring time never hidden behind compute (latency, the FSDP
+    # gathers at each block's start, synchronisation): serial with the busy time. 0: off.
+    comm_exposed: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
@@ -152,13 +155,15 @@ def predict(
     if cost_model.host_gbytes_per_s:
         # Offloaded tensors go to the host in the forward pass and come back in the backward.
         busy += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
+    never_hidden = cost_model.comm_exposed * comm
+    busy += never_hidden
     exposed = max(0.0, comm - cost_model.overlap * busy)
     step = busy + exposed
     return Prediction(
         compute_seconds=compute,
         memory_seconds=memory,
         comm_seconds=comm,
-        exposed_comm_seconds=exposed,
+        exposed_comm_seconds=exposed + never_hidden,
         step_seconds=step,
         alignment=aligned,
         mfu=mfu(model_flops_per_device, step, peak),
