@@ -17,10 +17,10 @@ from the calibration:
 * **distance**: a generation, a remat family on that generation, a sequence length or a
   per-device batch with no calibration row within a factor `NEAR` is a gap, and each gap is
   named in the band's reasons ("extrapolated: no calibration row with full remat on v6e"). A
-  point with m gaps gets at least the quantile of the rows that had m or more gaps themselves
-  when left out (their errors are what extrapolating that far cost); where fewer than
-  `MIN_COMPARABLE` rows were that far out, the largest error seen, widened by `WIDEN` per gap
-  (an assumption, said in the band's source).
+  point with gaps gets at least the quantile of the rows that had the same kinds of gap
+  themselves when left out (their errors are what extrapolating that way cost); where fewer than
+  `MIN_COMPARABLE` rows had them, the largest error seen, widened by `WIDEN` per gap (an
+  assumption, said in the band's source).
 
 Plain data, no JAX: the planner computes a band per point, the calibration its coverage.
 """
@@ -80,22 +80,29 @@ def _near(a: float, b: float) -> bool:
     return a > 0 and b > 0 and max(a, b) / min(a, b) <= NEAR
 
 
-def gaps(place: Place, rows: list[BandRow] | list[Place]) -> list[str]:
-    """The dimensions in which no calibration row is near `place`, as reasons."""
+def gap_kinds(place: Place, rows: list[BandRow] | list[Place]) -> dict[str, str]:
+    """The dimensions in which no calibration row is near `place` ("generation", "remat",
+    "sequence", "batch"), each with its reason."""
     g = place.generation
     own = [r for r in rows if r.generation == g]
+    out = {}
     if not own:
-        out = [f"no calibration row on {g}"]
+        out["generation"] = f"no calibration row on {g}"
         own, where = list(rows), "any generation"  # the other dimensions, judged over every row
     else:
-        out, where = [], g
+        where = g
     if not any(r.remat_family == place.remat_family for r in own):
-        out.append(f"no calibration row with {place.remat_family} remat on {where}")
+        out["remat"] = f"no calibration row with {place.remat_family} remat on {where}"
     if not any(_near(r.seq, place.seq) for r in own):
-        out.append(f"no calibration row on {where} within {NEAR:g}x of sequence {place.seq}")
+        out["sequence"] = f"no calibration row on {where} within {NEAR:g}x of sequence {place.seq}"
     if not any(_near(r.per_device_batch, place.per_device_batch) for r in own):
-        out.append(f"no calibration row on {where} within {NEAR:g}x of per-device batch {place.per_device_batch:g}")
+        out["batch"] = f"no calibration row on {where} within {NEAR:g}x of per-device batch {place.per_device_batch:g}"
     return out
+
+
+def gaps(place: Place, rows: list[BandRow] | list[Place]) -> list[str]:
+    """The dimensions in which no calibration row is near `place`, as reasons."""
+    return list(gap_kinds(place, rows).values())
 
 
 def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
@@ -121,21 +128,23 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
     if floor > points:
         points = floor
         source += f", raised to the {floor:.1f}-point spread of published recipes measured again"
-    reasons = gaps(place, rows)
-    if reasons:
-        m = len(reasons)
-        # Each row's own distance when it was left out: how far the others were from it.
+    kinds = gap_kinds(place, rows)
+    if kinds:
+        m = len(kinds)
+        # The rows that, left out, had every one of these gaps themselves: their errors are what
+        # extrapolating that way cost.
         far = [r for i, r in enumerate(rows)
-               if len(gaps(Place(r.generation, r.remat_family, r.seq, r.per_device_batch), rows[:i] + rows[i + 1:])) >= m]
+               if set(kinds) <= set(gap_kinds(Place(r.generation, r.remat_family, r.seq, r.per_device_batch),
+                                              rows[:i] + rows[i + 1:]))]
         if len(far) >= MIN_COMPARABLE:
             points = max(points, conformal_quantile([abs(r.error) for r in far]))
-            source += f"; widened to that of the {len(far)} rows that were {m} or more gaps away when left out"
+            source += f"; widened to that of the {len(far)} rows that had the same gaps when left out"
         else:
             points = max(points, max(abs(r.error) for r in rows)) * (1 + WIDEN * m)
-            source += (f"; fewer than {MIN_COMPARABLE} rows were {m} gaps away: the largest error seen, "
+            source += (f"; fewer than {MIN_COMPARABLE} rows had the same gaps: the largest error seen, "
                        f"widened by {WIDEN:.0%} per gap (assumed)")
-    return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in reasons))
+    return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in kinds.values()))
 
 
 __all__ = ["BandRow", "COVERAGE", "ErrorBand", "MIN_COMPARABLE", "NEAR", "Place", "conformal_quantile", "comparable",
-           "error_band", "gaps"]
+           "error_band", "gap_kinds", "gaps"]
