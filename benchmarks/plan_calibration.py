@@ -1,16 +1,20 @@
 """The planner against published TPU training runs (docs/planner.md, "Calibration").
 
-Each published row becomes a model (examples/llama.py at a preset, or the Mixtral shape file
-examples/mixtral_8x7b.toml) + a topology + the published layout, remat policy (exactly: MaxText's
-config or the tpu-recipes script: https://github.com/AI-Hypercomputer/maxtext,
-https://github.com/AI-Hypercomputer/tpu-recipes), optimizer state dtype and FLOPs convention; the
-planner compiles it for that topology with full effort. Prints, per row, whether the compiler says it fits and the
-prediction's inputs; then each efficiency model of tpu_tuner/planner/calibration.py fitted to all
-rows, and its leave-one-out error per row (each row predicted by constants fitted to the others).
-Targets (issue 16): every row fits; leave-one-out mean absolute error at most 4 MFU points.
+The rows are the published MaxText / tpu-recipes runs of benchmarks/published_runs.toml that the
+planner can express exactly (benchmarks/published_calibration.py builds them and says why each
+other run is left out): each run's shape, slice, mesh, remat policy, per-device batch, AdamW
+first-moment dtype and FLOPs convention. Each row is compiled for its topology at full effort;
+its compiler figures are kept per row in benchmarks/calibration_compiled.json as soon as it is
+compiled, so a rerun compiles only the rows not there yet. Then the rows the prediction needs go
+to tpu_tuner/planner/calibration_rows.json (the planner fits its constants to that file) and the
+report prints every row's fit verdict and each efficiency model's leave-one-out table.
 
-    python benchmarks/plan_calibration.py [--rows 1 2 3 4 5 6 7]    # compiles (about 8 minutes here)
-    python benchmarks/plan_calibration.py --refit                    # refits from the kept figures
+    python benchmarks/plan_calibration.py [--only ID ...] [--recompile]   # compiles what is missing
+    python benchmarks/plan_calibration.py --refit                          # no compiles
+    python benchmarks/plan_calibration.py --list                           # the rows and the runs left out
+
+Targets (issue 29): leave-one-out MAE at most 3 points over at least 20 rows; at least 90% of
+the leave-one-out predictions inside their own band; every row's fit verdict right.
 """
 
 from __future__ import annotations
@@ -18,132 +22,142 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, ROWS_FILE, CalibrationRow, errors, fit,
-                                            leave_one_out)
-from tpu_tuner.planner.plan import PlanOptions, plan
+from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, RERUNS_FILE, ROWS_FILE, CalibrationRow,
+                                            band_check, errors, fit, leave_one_out, noise_floor)
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_calibration import Row, load_runs, published_rows  # noqa: E402 - a sibling script's module
 
-
-@dataclass(frozen=True)
-class Row:
-    number: int
-    preset: str | None
-    topology: str
-    seq: int
-    global_batch: int
-    layout: Layout
-    remat: str  # our compile's policy for the published one
-    attention: str
-    published_mfu: float
-    note: str
-    mu_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
-    model: str = "examples/llama.py"  # a model file or shape file under the repository
-
-
-# The published remat policies exactly (MaxText's configs and the tpu-recipes scripts, see
-# docs/planner.md): rows 1-2 MaxText's "minimal" of the time (checkpoint_dots_with_no_batch_dims),
-# row 3 "full", rows 4-5 "custom" with the named tensors in host memory, row 7 "custom" keeping
-# q / k / v and the attention context on the device, with AdamW's first moment in bf16 (the
-# recipe's mu_dtype=bfloat16).
-ROWS = [
-    Row(1, "32b", "v5p-128", 2048, 6 * 64, Layout(1, 16, 4), "minimal", "full", 0.715, "remat minimal"),
-    Row(2, "128b", "v5p-256", 2048, 1 * 128, Layout(1, 16, 8), "minimal", "full", 0.687, "remat minimal"),
-    Row(3, "16b", "v5e-256", 2048, 6 * 256, Layout(1, 256, 1), "full", "full", 0.611, "remat full"),
-    Row(4, "8b", "v6e-256", 8192, 4 * 256, Layout(1, 256, 1),
-        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload",
-        "causal", 0.455, "custom: block input, q, k, v, out_proj offloaded"),
-    Row(5, "70b", "v6e-256", 8192, 5 * 256, Layout(1, 256, 1),
-        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
-        "causal", 0.504, "custom: block input, q, k, v offloaded"),
-    Row(6, None, "v6e-256", 4096, 12 * 256, Layout(1, 256, 1),
-        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload",
-        "full", 302.311 / 918, "Mixtral-8x7B, dropping MoE (capacity 1.25); custom: block input, q, k, v, out_proj offloaded",
-        model="examples/mixtral_8x7b.toml"),
-    Row(7, "70b", "tpu7x:4x4x4", 8192, 2 * 128, Layout(1, 128, 1),
-        "custom:decoder_layer_input=device,context=device,query_proj=device,key_proj=device,value_proj=device",
-        "causal", 0.523, "custom: block input, context, q, k, v on device; bf16 first moment; 2 devices/chip",
-        "bfloat16"),
-]
+COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[r.number for r in ROWS])
-    parser.add_argument("--compiled", type=Path, default=ROWS_FILE,
-                        help="where each row's compiler figures are kept (written; read with --refit; default: the "
-                             "package's, which the planner's constants are fitted to)")
-    parser.add_argument("--refit", action="store_true", help="fit from --compiled without compiling again")
+    parser.add_argument("--only", nargs="+", default=None, help="row ids to compile (default: every row)")
+    parser.add_argument("--recompile", action="store_true", help="compile the rows again even where kept")
+    parser.add_argument("--refit", action="store_true", help="fit from the kept figures without compiling")
+    parser.add_argument("--list", action="store_true", help="list the rows and the runs left out, and stop")
+    parser.add_argument("--compiled", type=Path, default=COMPILED, help="the per-row compiler figures (read, written)")
+    parser.add_argument("--rows-file", type=Path, default=ROWS_FILE,
+                        help="where the prediction's rows are written (default: the package's)")
     args = parser.parse_args()
-    if args.refit:
-        rows = [CalibrationRow(**r) for r in json.loads(args.compiled.read_text())]
-    else:
-        rows = compile_rows([r for r in ROWS if r.number in args.rows])
-        if args.compiled.exists():  # rows compiled earlier and not now are kept
-            fresh = {r.number for r in rows}
-            rows += [CalibrationRow(**r) for r in json.loads(args.compiled.read_text()) if r["number"] not in fresh]
-            rows.sort(key=lambda r: r.number)
-        args.compiled.parent.mkdir(parents=True, exist_ok=True)
-        args.compiled.write_text(json.dumps([asdict(r) for r in rows], indent=1))
-        print(f"compiler figures written to {args.compiled}")
-    report(rows)
+    rows, excluded = published_rows()
+    if args.list:
+        for row in rows:
+            print(f"{row.id:>36} {row.topology:>12} {row.layout.short():>9} pdb {row.per_device_batch:<5g} "
+                  f"seq {row.seq:<6} {row.remat_family:>8} {row.attention:>6} MFU {row.published_mfu:.1%}")
+        for run_id, reason in excluded:
+            print(f"{'left out':>36}: {run_id}: {reason}")
+        return
+    kept = json.loads(args.compiled.read_text()) if args.compiled.exists() else {}
+    if not args.refit:
+        todo = [r for r in rows if (args.only is None or r.id in args.only) and (args.recompile or r.id not in kept)]
+        print(f"{len(rows)} rows, {len(todo)} to compile ({len(excluded)} published runs left out: --list)", flush=True)
+        for row in todo:
+            try:
+                figures = compile_row(row)
+            except Exception as exc:  # noqa: BLE001 - one row the planner cannot take stops no other
+                print(f"{row.id}: not compiled: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            if figures is not None:
+                kept[row.id] = figures
+                args.compiled.write_text(json.dumps(kept, indent=1, sort_keys=True))  # each row as soon as it is done
+    runs = {run["id"]: run for run in load_runs()}
+    reruns = [{"id": run["id"], "current": run["superseded_by"],
+               "difference_points": round((run["mfu"] - runs[run["superseded_by"]]["mfu"]) * 100, 2)}
+              for run in runs.values() if run["superseded_by"]]
+    if args.rows_file == ROWS_FILE:
+        RERUNS_FILE.write_text(json.dumps(reruns, indent=1))
+    calibration = [calibration_row(kept[r.id], runs[r.id]) for r in rows if r.id in kept and "error" not in kept[r.id]]
+    args.rows_file.write_text(json.dumps([asdict(r) for r in calibration], indent=1))
+    print(f"{len(calibration)} rows written to {args.rows_file}")
+    report(calibration)
 
 
-def compile_rows(rows: list[Row]) -> list[CalibrationRow]:
-    """Each row compiled for its topology with its published layout and remat policy."""
-    out = []
-    print(f"{'row':>3} {'model':>5} {'topology':>12} {'fits':>5} {'peak GiB':>9} {'HBM GiB':>8} {'host GiB':>8} "
-          f"{'compute@1':>9} {'memory':>8} {'comm':>8} {'MFU now':>8} {'published':>9}")
-    for row in rows:
-        start = time.perf_counter()
-        result = plan(REPO / row.model, PlanOptions(
-            topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, preset=row.preset,
-            remat=row.remat, attention=row.attention, layouts=[row.layout], first_moment_dtype=row.mu_dtype))
-        (p,) = result.plans
-        if p.prediction is None:
-            print(f"{row.number:>3} {row.preset or Path(row.model).stem[:5]:>5} {row.topology:>12}  compiler refused: {p.why}")
-            continue
-        pr = p.prediction
-        efficiency = _efficiency_used(result)
-        calibration_row = CalibrationRow(
-            number=row.number, generation=result.topology.chip.generation, fits=p.fits,
-            peak_bytes=p.compiled.peak_bytes, hbm_bytes=result.topology.hbm_bytes_per_device,
-            compute_at_full_efficiency=pr.compute_seconds * efficiency, memory_seconds=pr.memory_seconds,
-            comm_seconds=pr.comm_seconds, model_seconds_at_peak=pr.mfu * pr.step_seconds,
-            published_mfu=row.published_mfu)
-        out.append(calibration_row)
-        print(f"{row.number:>3} {row.preset or Path(row.model).stem[:5]:>5} {row.topology:>12} {str(p.fits):>5} {p.compiled.peak_bytes / 2**30:9.2f} "
-              f"{result.topology.hbm_bytes_per_device / 2**30:8.2f} {p.compiled.host_temp_bytes / 2**30:8.2f} "
-              f"{calibration_row.compute_at_full_efficiency:8.2f}s {pr.memory_seconds:7.2f}s {pr.comm_seconds:7.2f}s "
-              f"{pr.mfu:8.1%} {row.published_mfu:9.1%}   ({row.note}; {time.perf_counter() - start:.0f} s)", flush=True)
-    return out
+def compile_row(row: Row) -> dict | None:
+    """Compile `row` at full effort; its compiler figures (or the refusal) as a JSON-able dict."""
+    from tpu_tuner.planner.plan import PlanOptions, plan
+    from tpu_tuner.planner.predict import CostModel
+
+    start = time.perf_counter()
+    # An uncalibrated cost model: only the compiler's figures are kept, never a prediction.
+    result = plan(row.spec, PlanOptions(
+        topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, remat=row.remat,
+        attention=row.attention, layouts=[row.layout], first_moment_dtype=row.mu_dtype, workers=1,
+        cost_model=CostModel()))
+    (p,) = result.plans
+    seconds = time.perf_counter() - start
+    meta = {"id": row.id, "generation": row.generation, "topology": row.topology, "layout": row.layout.short(),
+            "seq": row.seq, "per_device_batch": row.per_device_batch, "remat": row.remat,
+            "remat_family": row.remat_family, "attention": row.attention, "published_mfu": row.published_mfu,
+            "effort": "full", "seconds": round(seconds, 1)}
+    if p.prediction is None:
+        print(f"{row.id}: compiler refused: {p.why} ({seconds:.0f} s)", flush=True)
+        return {**meta, "error": p.why}
+    topology, pr, c = result.topology, p.prediction, p.compiled
+    peak = topology.peak_flops_per_device
+    figures = {
+        **meta, "fits": p.fits, "peak_bytes": c.peak_bytes, "hbm_bytes": topology.hbm_bytes_per_device,
+        "argument_bytes": c.argument_bytes, "temp_bytes": c.temp_bytes, "host_temp_bytes": c.host_temp_bytes,
+        "compiled_flops": c.flops,
+        # The FLOPs the prediction used (the larger of the compiler's and the analytical hardware count).
+        "flops": pr.compute_seconds * peak * CostModel().efficiency(row.generation) * pr.alignment,
+        "model_flops": result.model_flops_per_step / topology.devices, "bytes_accessed": c.bytes_accessed,
+        "comm_seconds": pr.comm_seconds, "alignment": pr.alignment, "peak_flops": peak,
+        "hbm_bytes_per_s": topology.chip.hbm_gbytes_per_s * 1e9, "devices": topology.devices,
+        "devices_per_chip": topology.devices_per_chip, "loop_peeled": c.loop_peeled,
+        "collectives": [{"kind": k.kind, "group": k.group_size, "count": k.count, "bytes": k.bytes}
+                        for k in c.collectives],
+    }
+    print(f"{row.id}: fits {p.fits}, peak {c.peak_bytes / 2**30:.2f} / {topology.hbm_bytes_per_device / 2**30:.2f} GiB, "
+          f"host {c.host_temp_bytes / 2**30:.1f} GiB, FLOPs {figures['flops']:.3e} (model {figures['model_flops']:.3e}), "
+          f"published MFU {row.published_mfu:.1%} ({seconds:.0f} s)", flush=True)
+    return figures
 
 
-def _efficiency_used(result) -> float:  # noqa: ANN001 - a PlanResult
-    """The MXU efficiency the plan predicted with (to recover compute at full efficiency)."""
-    from tpu_tuner.planner.calibration import calibrated_cost_model
-
-    return calibrated_cost_model().efficiency(result.topology.chip.generation)
+def calibration_row(f: dict, run: dict) -> CalibrationRow:
+    """What the prediction needs of one row's compiler figures (seconds per step, per device)."""
+    # Causal attention's score elements per device a step (the flash kernel skips the masked half).
+    scores = run["layers"] * run["heads"] * f["seq"] ** 2 * f["per_device_batch"] / 2
+    return CalibrationRow(
+        number=0, generation=f["generation"], fits=f["fits"], peak_bytes=f["peak_bytes"], hbm_bytes=f["hbm_bytes"],
+        compute_at_full_efficiency=f["flops"] / (f["peak_flops"] * f["alignment"]),
+        memory_seconds=f["bytes_accessed"] / f["hbm_bytes_per_s"], comm_seconds=f["comm_seconds"],
+        model_seconds_at_peak=f["model_flops"] / f["peak_flops"], published_mfu=f["published_mfu"], id=f["id"],
+        remat_family=f["remat_family"], seq=f["seq"], per_device_batch=f["per_device_batch"],
+        host_gbytes=2 * f["host_temp_bytes"] / 1e9, score_seconds=scores / f["peak_flops"])
 
 
 def report(rows: list[CalibrationRow]) -> None:
     """Every row's fit verdict, then each efficiency model's fit and leave-one-out error."""
-    unfit = [r.number for r in rows if not r.fits]
-    print(f"fit in HBM: {sum(r.fits for r in rows)} of {len(rows)} rows" + (f" (NOT: rows {unfit})" if unfit else ""))
+    unfit = [r.id for r in rows if not r.fits]
+    print(f"fit in HBM: {sum(r.fits for r in rows)} of {len(rows)} rows" + (f" (NOT: {unfit})" if unfit else ""))
     for kind in EFFICIENCY_MODELS:
         fitted = fit(rows, kind)
         loo = leave_one_out(rows, kind)
         adopted = " (adopted)" if kind == ADOPTED else ""
-        print(f"{kind + adopted:>24}: fitted to all {len(rows)}: {fitted.describe()}; in-sample MAE "
-              f"{statistics.mean(abs(e) for e in errors(rows, fitted)):.1f} points")
-        print(f"{'':>24}  leave-one-out errors (points): "
-              + ", ".join(f"row {r.number} {e:+.1f}" for r, e in zip(rows, loo))
-              + f"; MAE {statistics.mean(abs(e) for e in loo):.2f} (target <= 4)")
+        print(f"\n{kind + adopted}: fitted to all {len(rows)}: {fitted.describe()}; in-sample MAE "
+              f"{statistics.mean(abs(e) for e in errors(rows, fitted)):.2f} points")
+        for r, e in zip(rows, loo):
+            print(f"  {r.id:>36} {r.generation:>5} {r.remat_family:>8} seq {r.seq:<6} pdb {r.per_device_batch:<5g} "
+                  f"published {r.published_mfu:6.1%}  LOO {e:+6.1f}")
+        print(f"  leave-one-out MAE {statistics.mean(abs(e) for e in loo):.2f} points over {len(rows)} rows "
+              "(target <= 3)")
+    floor = noise_floor()
+    print(f"\nnoise floor of every band: {floor:.2f} points (published recipes measured again: {RERUNS_FILE.name})")
+    for kind in dict.fromkeys(("per_generation", ADOPTED)):
+        checked = band_check(rows, kind, floor)
+        inside = sum(abs(e) <= b.points for e, b in checked)
+        print(f"\n{kind}: each row's leave-one-out error against the band made from the other rows alone:")
+        for r, (e, b) in zip(rows, checked):
+            print(f"  {r.id:>36} LOO {e:+6.1f}  band {b.points:5.1f} {'inside ' if abs(e) <= b.points else 'OUTSIDE'}"
+                  + (f"  ({'; '.join(b.reasons)})" if b.reasons else ""))
+        print(f"  inside their band: {inside} of {len(rows)} ({inside / len(rows):.0%}; target >= 90%)")
 
 
 if __name__ == "__main__":

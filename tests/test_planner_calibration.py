@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_tuner.planner.calibration import (CalibrationRow, Fitted, calibrated_cost_model, errors, fit,
+from tpu_tuner.planner.band import Place
+from tpu_tuner.planner.calibration import (ADOPTED, CalibrationRow, Fitted, band_check, calibrated_cost_model, errors, fit,
                                            leave_one_out, load_rows, predicted_mfu)
 from tpu_tuner.planner.predict import CostModel, error_band
 
@@ -40,17 +41,44 @@ def test_leave_one_out_predicts_each_row_without_it() -> None:
 
 
 def test_the_shipped_calibration_meets_the_issue_targets() -> None:
-    """Every published row the planner compiled fits in HBM with its published remat policy, and
-    the adopted model's leave-one-out error is at most 4 MFU points (issue 16); the plan's cost
-    model is that fit, its band that error."""
+    """Issue 29's targets on the shipped rows (benchmarks/plan_calibration.py compiled them):
+    at least 20 published runs, each fitting in HBM as it did; the adopted model's leave-one-out
+    error at most 3 MFU points; at least 90% of the rows inside the band they would have been
+    printed with (made from the other rows alone)."""
     rows = load_rows()
-    assert len(rows) == 7 and all(r.fits and r.peak_bytes <= r.hbm_bytes for r in rows)
+    assert len(rows) >= 20 and all(r.fits and r.peak_bytes <= r.hbm_bytes for r in rows)
     model = calibrated_cost_model()
-    assert model.fitted_rows == 7 and model.loo_error_points <= 4.0
-    band = error_band("v5p", model)
-    assert band is not None and "v5p" in band.source and band.points == dict(
-        (g, p) for g, p, _ in model.loo_error_by_generation)["v5p"]
-    # No v4 row: the error of the rows that were alone in their generation (v5e, TPU7x).
-    lone = [p for g, p, n in model.loo_error_by_generation if n == 1]
-    assert error_band("v4", model).points == pytest.approx(sum(lone) / len(lone))
-    assert error_band("v5p", CostModel()) is None
+    assert model.fitted_rows == len(rows) and model.loo_error_points <= 3.0
+    checked = band_check(rows, ADOPTED, model.noise_floor_points)
+    assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
+    assert model.noise_floor_points > 0  # the re-measured recipes are shipped
+    assert error_band(Place("v5p", "minimal", 2048, 2.0), CostModel()) is None
+
+
+def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
+    """calibration.predicted_mfu on a row made from compiler figures (as plan_calibration.py
+    makes it) equals predict.predict on those figures, with host, attention and comm terms on."""
+    from tpu_tuner.model.layouts import Layout, ModelShape
+    from tpu_tuner.planner.collectives import Collective, ring_seconds
+    from tpu_tuner.planner.compiled_step import CompiledStep
+    from tpu_tuner.planner.predict import alignment, predict, ring_bandwidth
+    from tpu_tuner.planner.topology import parse_topology
+
+    topology = parse_topology("v6e-8").as_compiled(8, 31 * 2**30)
+    shape, layout, seq, batch = ModelShape(4096, 32, 8, 14336, 128256, 32), Layout(1, 8, 1), 8192, 24
+    step = CompiledStep(2.2e15, 3.5e12, 5e9, 0, 2e10, 0, [Collective("all-gather", 8, 64, 40_000_000_000)],
+                        host_temp_bytes=21 * 2**30)
+    model = CostModel(mxu_efficiency=0.7, memory_overlap=0.6, efficiency_by_generation=(("v6e", 0.62),),
+                      host_gbytes_per_s=90.0, score_flops=128.0, comm_exposed=1.5)
+    model_flops, hardware = 1.7e15, 2.4e15
+    got = predict(step, topology, layout, shape, 128, model_flops, batch * seq, model, hardware, seq)
+    peak = topology.peak_flops_per_device
+    aligned = alignment(shape, layout, 128, 256)
+    comm = ring_seconds(step.collectives[0], ring_bandwidth(topology, 8))
+    row = CalibrationRow(0, "v6e", True, 1.0, 2.0, max(step.flops, hardware) / (peak * aligned),
+                         step.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9), comm, model_flops / peak, 0.0,
+                         host_gbytes=2 * step.host_temp_bytes / 1e9,
+                         score_seconds=32 * 32 * seq ** 2 * (batch / 8) / 2 / peak)
+    want = predicted_mfu(row, 0.62, 0.6, 90.0, 128.0, 1.5)
+    assert got.mfu == pytest.approx(want, rel=1e-9)
+    assert predicted_mfu(row, 0.62, 0.6) > want  # each term costs time

@@ -104,8 +104,9 @@ def test_plan_command_end_to_end(tmp_path) -> None:
 
 
 def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation() -> None:
-    """libtpu's compile-only topologies: v4 has one device per TensorCore (two per chip), TPU7x two
-    per chip; the HBM limit each states (planner/hbm.py) is what a layout must fit in."""
+    """libtpu's compile-only topologies as the planner asks for them: v4 as megacore (one device per
+    chip, both TensorCores: topology.MEGACORE), TPU7x two per chip; the HBM limit each states
+    (planner/hbm.py) is what a layout must fit in."""
     out = _run_python("""
         import json
         from tpu_tuner.planner.compile_pool import topology_devices
@@ -121,9 +122,9 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
     """)
     seen = json.loads(out)
     assert {name: per_chip for name, (per_chip, _) in seen.items()} == {
-        "v4-8": 2, "v5e-4": 1, "v5p-8": 1, "v6e-4": 1, "tpu7x:2x2x1": 2}
+        "v4-8": 1, "v5e-4": 1, "v5p-8": 1, "v6e-4": 1, "tpu7x:2x2x1": 2}
     limits = {name: gib for name, (_, gib) in seen.items()}
-    assert limits == pytest.approx({"v4-8": 15.25, "v5e-4": 15.75, "v5p-8": 95.74, "v6e-4": 31.25,
+    assert limits == pytest.approx({"v4-8": 30.75, "v5e-4": 15.75, "v5p-8": 95.74, "v6e-4": 31.25,
                                     "tpu7x:2x2x1": 94.75}, abs=0.01)
 
 

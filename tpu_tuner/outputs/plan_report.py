@@ -19,15 +19,17 @@ def hbm_status(p: LayoutPlan) -> str:
     another reason than memory (e.g. libtpu's crash on some 8192-device layouts)."""
     if p.compiled.error:
         out_of_memory = any(word in p.compiled.error for word in ("RESOURCE_EXHAUSTED", "memory", "HBM"))
-        return "DOES NOT FIT" if out_of_memory else "COMPILER FAILED"
-    return f"fits, margin {binary_bytes(p.margin_bytes)}" if p.fits else "DOES NOT FIT"
+        effort = f" ({p.fit_effort})" if out_of_memory and p.fit_effort != "full" else ""
+        return ("DOES NOT FIT" + effort) if out_of_memory else "COMPILER FAILED"
+    status = f"fits, margin {binary_bytes(p.margin_bytes)}" if p.fits else "DOES NOT FIT"
+    return status + (f" ({p.fit_effort})" if p.fit_effort != "full" else "")
 
 
 def table_rows(result: PlanResult) -> list[list[str]]:
     rows = []
-    band = f" ± {result.error_band.points:.1f}" if result.error_band else ""
     for rank, p in enumerate(result.plans, 1):
         c, pr = p.compiled, p.prediction
+        band = f" ± {p.band.points:.1f}" if p.band else ""
         collectives = ", ".join(f"{x.kind} x{x.count} ({binary_bytes(x.bytes)}, groups of {x.group_size})"
                                 for x in c.collectives if x.count and x.group_size > 1) or "none"
         rows.append([
@@ -54,7 +56,18 @@ def point_label(p: LayoutPlan) -> str:
     label = p.layout.name() + f", remat {p.remat}"
     if p.accumulation > 1:
         label += f", {p.accumulation} micro-batches"
-    return label + (f" (per-device batch {p.per_device_batch:g})" if p.per_device_batch else "")
+    if not p.per_device_batch:
+        return label
+    per_chip = f"; {p.per_chip_batch:g} per chip" if p.per_chip_batch and p.per_chip_batch != p.per_device_batch else ""
+    return label + f" (per-device batch {p.per_device_batch:g}{per_chip})"
+
+
+def per_chip(result: PlanResult) -> str:
+    """Sequences per chip a step, with how many devices share a chip (TPU7x: 2; v4: megacore)."""
+    topology = result.topology
+    how = ("one megacore device per chip" if topology.megacore else
+           f"{topology.devices_per_chip} devices per chip" if topology.devices_per_chip > 1 else "one device per chip")
+    return f"{result.global_batch / topology.chips:g} sequences per chip, {how}"
 
 
 def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> list[str]:
@@ -66,6 +79,7 @@ def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PL
     band = result.error_band
     lines = [f"best: {point_label(best)}: predicted MFU {best.prediction.mfu:.1%}"
              + (f" ± {band.points:.1f} points ({band.source})" if band else "")]
+    lines += [f"  {reason}" for reason in (band.reasons if band else ())]
     close = result.indistinguishable
     if len(close) > 1:
         lines += [f"{len(close)} points are within {band.points:.1f} MFU points of it, so the prediction cannot order "  # type: ignore[union-attr]
@@ -76,7 +90,7 @@ def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PL
 
 def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:
     lines = [f"{result.workload}{' (' + result.preset + ')' if result.preset else ''} on {result.topology.describe()}",
-             f"global batch {result.global_batch} x seq {result.seq_len}, remat {result.remat}; "
+             f"global batch {result.global_batch} x seq {result.seq_len} ({per_chip(result)}), remat {result.remat}; "
              f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention})"]
     if result.search:
         search = result.search
@@ -106,7 +120,7 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
     out = [f"# Plan: `{result.workload}`{' preset ' + result.preset if result.preset else ''} on {result.topology.name}", "",
            f"{result.topology.describe()}; HBM {binary_bytes(result.topology.hbm_bytes_per_device)} and bf16 peak "
            f"{si(result.topology.peak_flops_per_device, 'FLOP/s')} per device.", "",
-           f"Global batch {result.global_batch} sequences of {result.seq_len} tokens; remat `{result.remat}`; "
+           f"Global batch {result.global_batch} sequences of {result.seq_len} tokens ({per_chip(result)}); remat `{result.remat}`; "
            f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
            f"({result.attention_convention}).", "",
            f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
@@ -115,7 +129,8 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
     out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
     out += [""] + [f"**{line}**" if i == 0 else line for i, line in enumerate(verdict(result, model_file, run_dir))]
     if result.error_band:
-        out += ["", f"Error band: ± {result.error_band.points:.1f} MFU points, the {result.error_band.source}."]
+        out += ["", f"Error band of the best: ± {result.error_band.points:.1f} MFU points, the {result.error_band.source}"
+                + "".join(f"; {r}" for r in result.error_band.reasons) + "."]
     out += ["", "## Memory per point", ""] + [f"- {point_label(p)}: {hbm_status(p).split(',')[0].lower()}: {p.why}"
                                                f" (lower bound {binary_bytes(p.lower_bound_bytes)})" for p in result.plans]
     if result.search:
@@ -137,8 +152,8 @@ def write_plot(result: PlanResult, path: Path) -> Path:
     mfu = [p.prediction.mfu * 100 if p.prediction else 0 for p in result.plans[:40]]
     colors = ["tab:blue" if p.fits else "tab:gray" if p.compiled.error else "tab:red" for p in result.plans[:40]]
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
-    band = result.error_band.points if result.error_band else 0.0
-    ax.bar(range(len(labels)), mfu, color=colors, yerr=[band if m else 0 for m in mfu], capsize=3)
+    bands = [p.band.points if p.band else 0.0 for p in result.plans[:40]]
+    ax.bar(range(len(labels)), mfu, color=colors, yerr=[b if m else 0 for b, m in zip(bands, mfu)], capsize=3)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("predicted MFU, %")
     ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM; grey: compiler failed)")

@@ -9,8 +9,8 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 * ``global``: one MXU efficiency for every generation, and one compute / memory overlap;
 * ``per_generation``: an efficiency per generation, the overlap shared; a generation with no
-  other row is predicted with the efficiency fitted to all other rows (so its leave-one-out
-  error is that of a generation the fit never saw);
+  other row is predicted with the median of the other generations' efficiencies (so its
+  leave-one-out error is that of a generation the fit never saw);
 * ``mxu_shape``: physics instead of per-generation freedom: efficiency = base for a 128-wide MXU,
   x `wide_mxu` for a 256-wide one (v6e: predict.MXU_WIDTH), whose systolic array takes four
   times the operands per cycle from the same VMEM, so it is harder to keep busy.
@@ -18,6 +18,7 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import statistics
@@ -28,15 +29,19 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
+from tpu_tuner.planner.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
 from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
 
 log = logging.getLogger(__name__)
 
 # The calibration rows' compiler figures, as benchmarks/plan_calibration.py measured and wrote them.
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
-ADOPTED = "per_generation"  # the efficiency model the planner predicts with (docs/planner.md says why)
+# Published recipes measured twice (a superseded figure and the current one), MFU points apart.
+RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
+ADOPTED = "per_generation"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
-EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape")
+EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape", "per_generation+host", "per_generation+attention",
+                     "per_generation+comm", "per_generation+host+comm", "per_generation+host+attention")
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
@@ -57,6 +62,17 @@ class CalibrationRow:
     comm_seconds: float
     model_seconds_at_peak: float
     published_mfu: float
+    # Where the row sits (the band's distance, band.py): its published run, the remat policy's
+    # family (full / minimal / offload / device), sequence length and per-device batch.
+    id: str = ""
+    remat_family: str = ""
+    seq: int = 0
+    per_device_batch: float = 0.0
+    # The cause terms' inputs (predict.py): host-offload traffic per step (GB: the compiler's host
+    # buffers written in the forward pass and read back in the backward), and the attention score
+    # elements per device per step divided by the per-device peak (seconds at one MXU FLOP each).
+    host_gbytes: float = 0.0
+    score_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,43 +80,93 @@ class Fitted:
     kind: str
     efficiency: dict[str, float]  # generation -> MXU efficiency ("*": the rest)
     memory_overlap: float
+    host_gbytes_per_s: float = 0.0  # the "+host" term's bandwidth (0: no term)
+    score_flops: float = 0.0  # the "+attention" term's cost of a score element, in MXU FLOPs (0: none)
+    comm_exposed: float = 0.0  # the "+comm" term: this share of the collectives' time never hidden (0: none)
 
     def efficiency_of(self, generation: str) -> float:
         return self.efficiency.get(generation, self.efficiency["*"])
 
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
-        return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}"
+        terms = (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "") + (
+            f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "") + (
+            f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
+        return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
 
-def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float) -> float:
+def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float, host_gbytes_per_s: float = 0.0,
+                  score_flops: float = 0.0, comm_exposed: float = 0.0) -> float:
     """predict.py's MFU for the row's figures and these constants."""
-    return float(_predicted(_arrays([row]), np.asarray(efficiency), np.asarray(memory_overlap))[0])
+    a = _arrays([row])
+    return float(_predicted(_with_terms(a, host_gbytes_per_s, score_flops, comm_exposed), np.asarray(efficiency),
+                            np.asarray(memory_overlap))[0])
 
 
 def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
     return {name: np.asarray([getattr(r, attr) for r in rows], dtype=float) for name, attr in (
         ("compute", "compute_at_full_efficiency"), ("memory", "memory_seconds"), ("comm", "comm_seconds"),
-        ("model", "model_seconds_at_peak"), ("published", "published_mfu"))}
+        ("model", "model_seconds_at_peak"), ("published", "published_mfu"), ("host", "host_gbytes"),
+        ("score", "score_seconds"))}
+
+
+def _with_terms(a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float,
+                comm_exposed: float = 0.0) -> dict[str, np.ndarray]:
+    """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
+    (at full efficiency: it is divided by the efficiency with the rest), host traffic and the
+    collectives' exposed share apart (serial with the busy time)."""
+    extra_compute = score_flops * a["score"]
+    host = a["host"] / host_gbytes_per_s if host_gbytes_per_s else np.zeros_like(a["host"])
+    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": host + comm_exposed * a["comm"]}
 
 
 def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
-    """Predicted MFU, broadcast over the constants' arrays (rows on the last axis)."""
+    """Predicted MFU, broadcast over the constants' arrays (rows on the last axis): predict.py's step."""
     compute = a["compute"] / efficiency
     busy = np.maximum(compute, a["memory"]) + (1 - memory_overlap) * np.minimum(compute, a["memory"])
+    busy = busy + a.get("host_seconds", 0.0)  # host DMA beside HBM traffic: serial (predict.py says why)
     return share_of_peak(a["model"], busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
 
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
     """Predicted minus published MFU, in points, per row."""
-    return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap) - r.published_mfu) * 100
-            for r in rows]
+    return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap, fitted.host_gbytes_per_s,
+                           fitted.score_flops, fitted.comm_exposed) - r.published_mfu) * 100 for r in rows]
+
+
+# The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,
+# and an attention score element's cost in MXU FLOPs.
+HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25 ** k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
+SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
+COMM_EXPOSED = tuple(x / 4 for x in range(0, 17))  # 0 .. 4 x the ring model's collective time
 
 
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     """The constants of `kind` that minimise the mean absolute error over `rows` (a grid search,
-    vectorised: a handful of rows and two or three constants)."""
-    a = _arrays(rows)
+    vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
+    with cause terms: "per_generation+host", "per_generation+attention", "per_generation+host+attention"."""
+    base, *terms = kind.split("+")
+    unknown = set(terms) - {"host", "attention", "comm"}
+    if unknown:
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm)")
+    if terms:
+        best: tuple[float, Fitted] | None = None
+        grid = itertools.product(HOST_GBYTES_PER_S if "host" in terms else (0.0,),
+                                 SCORE_FLOPS if "attention" in terms else (0.0,),
+                                 COMM_EXPOSED if "comm" in terms else (0.0,))
+        for host, score, comm in grid:
+            inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm))
+            fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm)
+            total = sum(abs(e) for e in errors(rows, fitted))
+            if best is None or total < best[0] - 1e-9:
+                best = (total, fitted)
+        assert best is not None
+        return best[1]
+    return _fit_base(rows, base, _arrays(rows))
+
+
+def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -> Fitted:
+    """The efficiency model `kind` fitted to the rows' arrays `a` (cause terms already in them)."""
     eff = np.asarray(_EFFICIENCIES)[:, None, None]
     overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
     abs_err = np.abs(_predicted(a, eff, overlap) - a["published"])  # [efficiency, overlap, row]
@@ -115,10 +181,13 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
             own = np.asarray([r.generation == generation for r in rows])
             total += abs_err[:, :, own].sum(axis=2).min(axis=0)
         g = int(np.argmin(total))
-        efficiency = {"*": _EFFICIENCIES[int(np.argmin(abs_err[:, g, :].mean(axis=1)))]}
+        efficiency = {}
         for generation in generations:
             own = np.asarray([r.generation == generation for r in rows])
             efficiency[generation] = _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))]
+        # A generation without rows is a new chip: the median chip's efficiency, each known
+        # generation one sample (a fit over all rows would be the most-published generation's).
+        efficiency["*"] = float(np.median(list(efficiency.values())))
         return Fitted(kind, efficiency, _MEMORY_OVERLAPS[g])
     if kind == "mxu_shape":
         wides = np.asarray([w / 100 for w in range(60, 121, 2)])
@@ -143,10 +212,43 @@ def load_rows(path: Path = ROWS_FILE) -> list[CalibrationRow]:
     return [CalibrationRow(**{k: v for k, v in row.items() if k in names}) for row in json.loads(path.read_text())]
 
 
+def band_rows(rows: list[CalibrationRow], loo: list[float]) -> list[BandRow]:
+    """The rows' places with their leave-one-out errors: what every band is made of (band.py)."""
+    return [BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e) for r, e in zip(rows, loo)]
+
+
+def place_of(row: CalibrationRow) -> Place:
+    return Place(row.generation, row.remat_family, row.seq, row.per_device_batch)
+
+
+def noise_floor(path: Path = RERUNS_FILE) -> float:
+    """The conformal 90% quantile of the re-measured recipes' differences (band.py's floor); 0
+    without the file."""
+    try:
+        differences = [abs(r["difference_points"]) for r in json.loads(path.read_text())]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("no re-measured recipes (%s): bands without a noise floor", exc)
+        return 0.0
+    return conformal_quantile(differences) if differences else 0.0
+
+
+def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> list[tuple[float, ErrorBand]]:
+    """Each row's leave-one-out error with the band it would have been printed with: the band
+    made from the other rows alone, each with its own leave-one-out error among them (nested), so
+    no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
+    out = []
+    for i, row in enumerate(rows):
+        others = rows[:i] + rows[i + 1:]
+        error = errors([row], fit(others, kind))[0]
+        band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)), floor)
+        out.append((error, band))  # type: ignore[arg-type] - others is never empty here
+    return out
+
+
 @lru_cache(maxsize=1)
 def calibrated_cost_model() -> CostModel:
-    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with its leave-one-out
-    error overall and per generation (the error band printed with every prediction)."""
+    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with each row's
+    leave-one-out error and place (the error band printed with every prediction, band.py)."""
     try:
         rows = load_rows()
     except (OSError, ValueError, TypeError) as exc:
@@ -154,16 +256,10 @@ def calibrated_cost_model() -> CostModel:
         return CostModel()
     fitted = fit(rows, ADOPTED)
     loo = leave_one_out(rows, ADOPTED)
-    by_generation = []
-    for generation in sorted({r.generation for r in rows}):
-        own = [abs(e) for r, e in zip(rows, loo) if r.generation == generation]
-        by_generation.append((generation, statistics.mean(own), len(own)))
-    # A generation without rows is predicted as the lone rows of a generation were in leave-one-out
-    # (with the others' efficiency): their error is its band.
-    lone = [abs(e) for r, e in zip(rows, loo) if sum(x.generation == r.generation for x in rows) == 1]
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
+        host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops, comm_exposed=fitted.comm_exposed,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
-        loo_error_points=statistics.mean(abs(e) for e in loo), loo_error_by_generation=tuple(by_generation),
-        unseen_generation_error_points=statistics.mean(lone) if lone else statistics.mean(abs(e) for e in loo),
+        loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
+        noise_floor_points=noise_floor(),
         fitted_rows=len(rows))

@@ -24,6 +24,7 @@ from typing import Any
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
+from tpu_tuner.planner.topology import MEGACORE
 from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 
@@ -198,13 +199,19 @@ def _death(died: Died) -> str:
     return f"exit status {died.exit_code}"
 
 
+def topology_config(jax_name: str) -> dict[str, str]:
+    """Extra arguments of get_topology_desc for `jax_name`: megacore where the runtime uses it
+    (topology.MEGACORE says why)."""
+    return {"chip_config_name": "megacore"} if jax_name.split(":")[0] in MEGACORE else {}
+
+
 @lru_cache(maxsize=4)
 def topology_devices(jax_name: str) -> Any:
-    """The devices of a TPU topology, for compile-only use (needs libtpu)."""
+    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
-    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu").devices
+    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name)).devices
 
 
 @lru_cache(maxsize=4)

@@ -4,6 +4,7 @@ figures, whether it fits, and its prediction."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -39,15 +40,54 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
                  if not step.error and step.loop_iteration is None and p.accumulation == 1}
     recost_jobs = {p: problem.job(p, depth, fast=True) for p, step in scanned.items()
                    if not step.error and not problem.fast and step.loop_peeled}
+    # --fast and full effort can disagree on memory near the limit (docs/planner.md: 92.1 against
+    # 96.0 GiB on one row): a fast point that close is compiled again at full effort, which decides.
+    confirm_jobs = {p: problem.job(p, depth, fast=False) for p, step in scanned.items()
+                    if problem.fast and near_limit(step, problem.hbm)}
+    if confirm_jobs:
+        emit(f"{len(confirm_jobs)} --fast point{'s are' if len(confirm_jobs) != 1 else ' is'} within "
+             f"{NEAR_LIMIT:.0%} of the HBM limit: compiling {'them' if len(confirm_jobs) != 1 else 'it'} at full effort")
     if ends_jobs:
         emit(f"{_programs(len(ends_jobs))} block loops could not be measured in {_its(len(ends_jobs))} HLO: "
              f"compiling {_its(len(ends_jobs))} ends alone")
     if recost_jobs:
         emit(f"{_programs(len(recost_jobs))} block loops were peeled by the compiler: recompiling "
              f"{'it' if len(recost_jobs) == 1 else 'them'} once for {_its(len(recost_jobs))} work")
-    second = pool.compile([*ends_jobs.values(), *recost_jobs.values()])
-    return {point: _judge(problem, point, scanned[point], second.get(ends_jobs.get(point)),  # type: ignore[arg-type]
-                          second.get(recost_jobs.get(point))) for point in points}  # type: ignore[arg-type]
+    second = pool.compile([*ends_jobs.values(), *recost_jobs.values(), *confirm_jobs.values()])
+    judged_points = {}
+    for point in points:
+        step, effort = scanned[point], "fast" if problem.fast else "full"
+        confirmed = second.get(confirm_jobs.get(point))  # type: ignore[arg-type]
+        cost_step = second.get(recost_jobs.get(point))  # type: ignore[arg-type]
+        if confirmed is not None and (confirmed.error is None or is_out_of_memory(confirmed.error)):
+            # The full-effort program decides memory; the fast one, which never peels, counts the work.
+            step, effort = confirmed, "full effort (the --fast compile was within " f"{NEAR_LIMIT:.0%} of the limit)"
+            cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
+        plan = _judge(problem, point, step, second.get(ends_jobs.get(point)), cost_step)  # type: ignore[arg-type]
+        plan.fit_effort = effort
+        judged_points[point] = plan
+    return judged_points
+
+
+NEAR_LIMIT = 0.05  # a --fast peak within this share of the HBM limit (either side) is compiled again
+_REFUSED = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def is_out_of_memory(error: str) -> bool:
+    """Whether a compiler refusal is for memory (the rest, e.g. a libtpu crash, stay refusals)."""
+    return "RESOURCE_EXHAUSTED" in error or "exceeds available HBM" in error
+
+
+def near_limit(step: CompiledStep, hbm: float) -> bool:
+    """Whether a compiled point's peak, or the memory its refusal states, is within NEAR_LIMIT of `hbm`."""
+    if step.error:
+        found = _REFUSED.search(step.error)
+        if not found:
+            return False
+        needed = float(found.group(1)) * _UNIT[found.group(2)]
+        return needed <= hbm * (1 + NEAR_LIMIT)
+    return abs(step.peak_bytes - hbm) <= NEAR_LIMIT * hbm
 
 
 def _judge(problem: PlanProblem, point: PlanPoint, step: CompiledStep, ends: CompiledStep | None,
@@ -108,7 +148,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     devices = problem.topology.devices
     prediction = predict(full, problem.topology, point.layout, problem.dims.shape, problem.dims.head_dim,
                          problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
-                         problem.hardware_flops(point.remat) / devices)
+                         problem.hardware_flops(point.remat) / devices, problem.seq_len)
     return LayoutPlan(point.layout, full, fits, hbm - full.peak_bytes, why, prediction, point.remat,
                       point.accumulation, batch, bound)
 

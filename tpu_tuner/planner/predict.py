@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 
 from tpu_tuner.metrics.mfu import mfu
+from tpu_tuner.planner.band import BandRow, ErrorBand, Place
+from tpu_tuner.planner.band import error_band as band_of
 from tpu_tuner.planner.collectives import ring_seconds
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiled_step import CompiledStep
@@ -49,18 +51,25 @@ class CostModel:
     figures benchmarks/plan_calibration.py keeps in calibration_rows.json):
     an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
-    fitted. The leave-one-out error is each row's error when the constants are fitted to the
-    other rows: the band printed with every prediction."""
+    fitted. Each row's leave-one-out error (its miss when the constants are fitted to the other
+    rows) is kept with where the row sits (`band_rows`): the band of every prediction (band.py)."""
 
     mxu_efficiency: float = 0.78
     memory_overlap: float = 0.66
     overlap: float = 0.9
     efficiency_by_generation: tuple[tuple[str, float], ...] = ()
-    # MFU points: the mean absolute leave-one-out error, overall and per generation (with its rows).
-    loo_error_points: float = 0.0
-    loo_error_by_generation: tuple[tuple[str, float, int], ...] = ()
-    # A generation without rows: the leave-one-out error of the rows that were alone in theirs.
-    unseen_generation_error_points: float = 0.0
+    # The cause terms (docs/planner.md, "Calibration"; 0: off): host-offload traffic at this
+    # bandwidth per device, serial with the busy time; each causal attention score element costs
+    # this many MXU FLOPs of vector-unit work (softmax: exp, max, scale, in the forward pass and
+    # again in the backward), added to the compute.
+    host_gbytes_per_s: float = 0.0
+    score_flops: float = 0.0
+    # The share of the collectives' ring time never hidden behind compute (latency, the FSDP
+    # gathers at each block's start, synchronisation): serial with the busy time. 0: off.
+    comm_exposed: float = 0.0
+    loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
+    band_rows: tuple[BandRow, ...] = ()
+    noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
     fitted_rows: int = 0
 
     def efficiency(self, generation: str) -> float:
@@ -68,28 +77,11 @@ class CostModel:
         return dict(self.efficiency_by_generation).get(generation, self.mxu_efficiency)
 
 
-@dataclass(frozen=True)
-class ErrorBand:
-    """How far a predicted MFU may be off, in MFU points, and where that figure comes from."""
-
-    points: float
-    source: str
-
-
-def error_band(generation: str, cost_model: CostModel) -> ErrorBand | None:
-    """The band printed with every prediction for `generation`: the leave-one-out error of the
-    generation's calibration rows where it has some; for a generation without rows, that of the
-    rows that were alone in theirs (predicted as it is, from the other generations); None for an
-    uncalibrated cost model."""
+def error_band(place: Place, cost_model: CostModel) -> ErrorBand | None:
+    """The band printed with a prediction at `place` (band.py); None for an uncalibrated cost model."""
     if not cost_model.fitted_rows:
         return None
-    for name, points, rows in cost_model.loo_error_by_generation:
-        if name == generation and rows:
-            return ErrorBand(points, f"leave-one-out mean absolute error over the {rows} {generation} calibration "
-                                     f"row{'s' if rows != 1 else ''} (benchmarks/plan_calibration.py)")
-    return ErrorBand(cost_model.unseen_generation_error_points,
-                     f"no {generation} calibration row: the leave-one-out error of rows whose generation had no "
-                     "other row (benchmarks/plan_calibration.py)")
+    return band_of(place, list(cost_model.band_rows), cost_model.noise_floor_points)
 
 
 @dataclass(frozen=True)
@@ -147,22 +139,31 @@ def predict(
     tokens_per_step: int,
     cost_model: CostModel,
     hardware_flops_per_device: float = 0.0,
+    seq_len: int = 0,
 ) -> Prediction:
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
-    compute = flops / (peak * cost_model.efficiency(topology.chip.generation) * aligned)
+    # Causal attention's score elements per device a step (the flash kernel skips the masked half).
+    scores = shape.n_layers * shape.n_heads * seq_len * tokens_per_step / (2 * topology.devices)
+    at_peak = flops / aligned + cost_model.score_flops * scores
+    compute = at_peak / (peak * cost_model.efficiency(topology.chip.generation))
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
     comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives)
     busy = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
+    if cost_model.host_gbytes_per_s:
+        # Offloaded tensors go to the host in the forward pass and come back in the backward.
+        busy += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
+    never_hidden = cost_model.comm_exposed * comm
+    busy += never_hidden
     exposed = max(0.0, comm - cost_model.overlap * busy)
     step = busy + exposed
     return Prediction(
         compute_seconds=compute,
         memory_seconds=memory,
         comm_seconds=comm,
-        exposed_comm_seconds=exposed,
+        exposed_comm_seconds=exposed + never_hidden,
         step_seconds=step,
         alignment=aligned,
         mfu=mfu(model_flops_per_device, step, peak),

@@ -80,6 +80,19 @@ class RematPolicy:
     def offloads(self) -> bool:
         return bool(self.offloaded) or self.weight_matmuls == "offload"
 
+    @property
+    def family(self) -> str:
+        """The policy's family, what the error band compares (planner/band.py): "offload" (any
+        tensor in host memory), "minimal" (every weight matmul kept), "full" (only the scan's
+        block input kept), "device" (some named tensors kept in HBM), "none" (nothing recomputed)."""
+        if self.keep_all:
+            return "none"
+        if self.offloads:
+            return "offload"
+        if self.weight_matmuls == "device":
+            return "minimal"
+        return "device" if self.saved - {BLOCK_INPUT} else "full"
+
     def jax_policy(self) -> Any:
         """The jax.checkpoint policy (None: no checkpoint, everything kept)."""
         import jax

@@ -8,9 +8,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.predict import ErrorBand, Prediction, error_band
+from tpu_tuner.planner.band import ErrorBand, Place
+from tpu_tuner.planner.predict import Prediction, error_band
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.planner.topology import Topology
 
@@ -29,6 +31,9 @@ class LayoutPlan:
     accumulation: int = 1
     per_device_batch: float = 0.0  # MaxText's per_device_batch_size (space.PlanPoint.per_device_batch)
     lower_bound_bytes: float = 0.0  # space.memory_lower_bound's total: never above the compiled peak
+    band: ErrorBand | None = None  # how far this point's predicted MFU may be off (band.py)
+    fit_effort: str = "full"  # which compile decided "fits": "full", "fast", or full effort after a near-limit fast one
+    per_chip_batch: float = 0.0  # sequences per chip: per-device batch x devices per chip (TPU7x 2, megacore v4 1)
 
     @property
     def point(self) -> PlanPoint:
@@ -53,7 +58,7 @@ class PlanResult:
     placements: dict[str, str]
     method: str
     seconds: float
-    error_band: ErrorBand | None = None
+    error_band: ErrorBand | None = None  # the best point's band (else the first point's)
     search: dict[str, Any] | None = None  # the search's study, space and every trial
     source: str | None = None  # the model file (or shape) as given
 
@@ -77,7 +82,7 @@ class PlanResult:
         data = asdict(self)
         data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
                             "chips": self.topology.chips, "devices": self.topology.devices,
-                            "generation": self.topology.chip.generation,
+                            "generation": self.topology.chip.generation, "megacore": self.topology.megacore,
                             "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
                             "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec"}
         data["best"] = self.best.point.name() if self.best else None
@@ -89,6 +94,12 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
               started: float, search: dict[str, Any] | None = None) -> PlanResult:
     """The PlanResult of evaluated points."""
     peeled = sum(1 for p in plans if p.compiled.loop_peeled)
+    for p in plans:  # each point's own band: its remat family and per-device batch may differ
+        p.per_chip_batch = p.per_device_batch * problem.topology.devices_per_chip
+        p.band = error_band(Place(problem.topology.chip.generation, parse_remat(p.remat).family, problem.seq_len,
+                                  p.per_device_batch), problem.cost_model)
+    fitting = [p for p in plans if p.fits and p.prediction]
+    shown = max(fitting, key=lambda p: p.prediction.mfu) if fitting else plans[0] if plans else None  # type: ignore[union-attr]
     return PlanResult(
         workload=problem.workload,
         preset=problem.preset,
@@ -110,7 +121,7 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
                 + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
                 + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")),
         seconds=time.perf_counter() - started,
-        error_band=error_band(problem.topology.chip.generation, problem.cost_model),
+        error_band=shown.band if shown else None,
         search=search,
         source=problem.source,
     )

@@ -19,6 +19,14 @@ from dataclasses import dataclass, replace
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.hardware import TPU_CHIPS, TpuChip
 
+# Generations that JAX and TorchTPU run as megacore: one device per chip driving both TensorCores
+# with the chip's whole HBM (v4; MaxText's v4 scripts set TPU_MEGACORE=MEGACORE_DENSE,
+# https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v4/22b.sh). libtpu's
+# compile-only default is one device per TensorCore, so the planner asks for the megacore chip
+# configuration (compile_pool.topology_devices): the compiler then partitions for 64 devices of
+# 30.75 GiB each on a v4-128 instead of 128 of 15.25 GiB.
+MEGACORE = ("v4",)
+
 # Standard slice shapes by chip count: 2D tori for v5e/v6e, 3D for v4/v5p/TPU7x.
 _SHAPES_2D = {4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
 _SHAPES_3D = {
@@ -77,8 +85,15 @@ class Topology:
                                  f"{self.chips} {self.chip.generation} chips ({self.jax_name})")
         return replace(self, compiler_devices=device_count, compiler_hbm_bytes=hbm_limit)
 
+    @property
+    def megacore(self) -> bool:
+        """One device per chip driving both TensorCores (v4 as JAX and TorchTPU run it)."""
+        return self.chip.generation in MEGACORE and self.devices_per_chip == 1
+
     def describe(self) -> str:
         per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
+        if self.megacore:
+            per_chip = ", megacore: one device per chip, both TensorCores"
         return f"{self.name}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), {self.devices} devices"
 
 

@@ -1,0 +1,144 @@
+"""The calibration rows, built from the published runs (benchmarks/published_runs.toml).
+
+Each current (not superseded), non-quantized run whose recipe the planner can express exactly
+becomes one `Row`: the run's shape as an inline generic-decoder spec (tpu_tuner/model/decoder_shape.py),
+its slice, its mesh, its remat policy as MaxText's per-tensor choices, its per-device batch, its
+first-moment dtype and its FLOPs convention. A run the planner cannot express is left out with the
+reason (`excluded`), never approximated: the fit would otherwise learn the approximation.
+
+Sources of every row: docs/published-runs.md (MaxText, https://github.com/AI-Hypercomputer/maxtext,
+and tpu-recipes, https://github.com/AI-Hypercomputer/tpu-recipes, at the commits the file cites).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.planner.remat import parse_remat
+
+PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
+
+# MaxText's FLOPs conventions (docs/published-runs.md) as the planner's --attention: A and C count
+# causal attention as half of the full score matrix, B counts it in full.
+ATTENTION_OF_CONVENTION = {"A": "causal", "B": "full", "C": "causal"}
+# Slices whose chip count has no standard cube in the planner's table: their physical shape
+# (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
+_NON_STANDARD = {"v4-384": "v4:4x4x12"}
+_UNSUPPORTED_AXES = ("ici_fsdp_transpose", "ici_expert", "ici_sequence", "ici_pipeline",
+                     "dcn_fsdp", "dcn_tensor", "dcn_expert", "dcn_pipeline")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published run as the planner compiles it."""
+
+    id: str
+    spec: str  # an inline decoder shape: "decoder:vocab=...,d_model=..."
+    topology: str  # as parse_topology reads it
+    generation: str
+    seq: int
+    global_batch: int
+    per_device_batch: float
+    layout: Layout
+    remat: str  # remat.parse_remat's syntax
+    remat_family: str  # full / minimal / offload / device (the custom policies by what they keep)
+    attention: str  # the MFU convention: "full" or "causal"
+    mu_dtype: str
+    published_mfu: float
+    in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
+
+
+def load_runs(path: Path = PUBLISHED) -> list[dict[str, Any]]:
+    """Every [[run]] of the published-runs file."""
+    return tomllib.loads(path.read_text())["run"]
+
+
+def why_not(run: dict[str, Any]) -> str | None:
+    """Why the planner cannot compile `run` as published, or None when it can."""
+    if run["superseded_by"]:
+        return f"superseded by {run['superseded_by']}"
+    if run["quantization"] != "none":
+        return f"{run['quantization']} (MFU against the bf16 peak: not comparable)"
+    if run["slices"] > 1 or run["dcn_data"] > 1:
+        return "multi-slice (DCN): the planner compiles one slice"
+    axes = [a for a in _UNSUPPORTED_AXES if run[a] != 1]
+    if axes:
+        return f"mesh axis {', '.join(axes)}: not in the planner's layouts (data x fsdp x tensor x context)"
+    if run["attention_window"] or any(w in run["attention_pattern"] for w in ("local", "chunk", "window")):
+        return f"attention {run['attention_pattern']!r}: windowed / chunked attention is compiled as global"
+    if run["experts"] and (run["capacity_factor"] <= 0 or run["shared_experts"]):
+        return "dropless (megablox) or shared-expert MoE: the planner's MoE is MaxText's dropping router"
+    if run["weight_dtype"] != "float32":
+        return f"{run['weight_dtype']} weights: the planner keeps fp32 master weights"
+    # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
+    # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does.
+    if run["opt_type"] not in ("adamw", "adam_pax"):
+        return f"optimizer {run['opt_type']}: the planner compiles AdamW"
+    activations = run["mlp_activations"]
+    if activations[0] not in ("silu", "gelu", "relu") or activations[1:] not in ([], ["linear"]):
+        return f"MLP activations {activations}: not the generic decoder's"
+    return None
+
+
+def remat_of(run: dict[str, Any]) -> tuple[str, str]:
+    """The run's policy in remat.parse_remat's syntax, and its family."""
+    if run["remat"] in ("full", "minimal"):
+        policy = run["remat"]
+    else:
+        kept = {name: action for name, action in run["remat_tensors"].items() if action != "remat"}
+        policy = "custom:" + ",".join(f"{name}={action}" for name, action in kept.items()) if kept else "full"
+    return policy, parse_remat(policy).family
+
+
+def spec_of(run: dict[str, Any]) -> str:
+    """The run's model as an inline generic-decoder shape."""
+    keys = {
+        "vocab": run["vocab"], "d_model": run["d_model"], "layers": run["layers"], "heads": run["heads"],
+        "kv_heads": run["kv_heads"], "head_dim": run["head_dim"], "mlp": run["mlp"],
+        "gated": len(run["mlp_activations"]) == 2, "activation": run["mlp_activations"][0],
+        "tied_embeddings": run["tied_embeddings"], "max_seq_len": max(8192, run["seq"]),
+    }
+    if run["experts"]:
+        keys |= {"experts": run["experts"], "top_k": run["top_k"], "capacity_factor": run["capacity_factor"]}
+        if run["moe_mlp"] and run["moe_mlp"] != run["mlp"]:
+            keys["expert_mlp"] = run["moe_mlp"]
+    return "decoder:" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items())
+
+
+def row_of(run: dict[str, Any]) -> Row:
+    """The planner's Row for an expressible run (see `why_not`)."""
+    remat, family = remat_of(run)
+    topology = run["topology"]
+    if run["generation"] == "tpu7x":  # tpu-recipes write the physical shape: tpu7x-4x4x4
+        topology = "tpu7x:" + topology.split("-", 1)[1]
+    topology = _NON_STANDARD.get(topology, topology)
+    devices = run["devices"]
+    global_batch = run["per_device_batch"] * devices
+    if global_batch != int(global_batch):
+        raise ValueError(f"{run['id']}: per-device batch {run['per_device_batch']} x {devices} devices is not whole")
+    return Row(
+        id=run["id"], spec=spec_of(run), topology=topology, generation=run["generation"], seq=run["seq"],
+        global_batch=int(global_batch), per_device_batch=run["per_device_batch"],
+        layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"], run["ici_tensor"], run["ici_context"]),
+        remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
+        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], in_calibration_before=run["in_calibration"])
+
+
+def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, str]]]:
+    """The expressible runs as Rows, and (id, reason) for every run left out."""
+    rows, excluded = [], []
+    for run in load_runs(path):
+        reason = why_not(run)
+        if reason:
+            excluded.append((run["id"], reason))
+        else:
+            rows.append(row_of(run))
+    return rows, excluded
+
+
+__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "load_runs", "published_rows", "remat_of", "row_of",
+           "spec_of", "why_not"]

@@ -1,0 +1,57 @@
+"""The error band (planner/band.py): a quantile of comparable rows' misses, wider with distance."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tpu_tuner.planner.band import BandRow, Place, comparable, conformal_quantile, error_band, gaps
+
+
+def _rows() -> list[BandRow]:
+    rng = random.Random(0)
+    rows = [BandRow("v6e", "offload", 8192, rng.choice([2, 3, 4, 5]), rng.gauss(0, 2)) for _ in range(10)]
+    rows += [BandRow("v5p", "minimal", 2048, 8, 1.5), BandRow("v5p", "minimal", 2048, 2, -2.5),
+             BandRow("v5e", "full", 2048, 6, -7.0), BandRow("v6e", "full", 4096, 8, 4.0)]
+    return rows
+
+
+def test_conformal_quantile_is_the_order_statistic_that_covers_ninety_percent() -> None:
+    values = [float(v) for v in range(1, 20)]  # 19 values: the ceil(0.9 x 20) = 18th smallest
+    assert conformal_quantile(values) == 18.0
+    assert conformal_quantile([1.0, 5.0, 2.0]) == 5.0  # fewer than 9: the largest
+    with pytest.raises(ValueError):
+        conformal_quantile([])
+
+
+def test_comparable_rows_fall_back_from_family_to_generation_to_all() -> None:
+    rows = _rows()
+    same, which = comparable(Place("v6e", "offload", 8192, 4), rows)
+    assert len(same) == 10 and "offload" in which
+    generation, which = comparable(Place("v6e", "device", 8192, 4), rows)
+    assert len(generation) == 11 and which == "the 11 v6e rows"
+    assert len(comparable(Place("v5p", "minimal", 2048, 4), rows)[0]) == len(rows)
+
+
+def test_gaps_name_what_has_no_nearby_row() -> None:
+    rows = _rows()
+    assert gaps(Place("v6e", "offload", 8192, 4), rows) == []
+    assert gaps(Place("v6e", "full", 4096, 8), rows) == []
+    assert gaps(Place("v6e", "minimal", 32768, 0.5), rows) == [
+        "no calibration row with minimal remat on v6e", "no calibration row on v6e within 2x of sequence 32768",
+        "no calibration row on v6e within 2x of per-device batch 0.5"]
+    assert gaps(Place("v4", "full", 2048, 16), rows)[0] == "no calibration row on v4"
+
+
+def test_band_covers_comparable_rows_and_widens_with_distance() -> None:
+    rows = _rows()
+    inside = error_band(Place("v6e", "offload", 8192, 4), rows)
+    offload = sorted(abs(r.error) for r in rows[:10])
+    assert inside.points == offload[-1] and inside.reasons == ()  # 10 rows: the ceil(0.9 x 11) = 10th
+    far = error_band(Place("v6e", "device", 65536, 64), rows)
+    assert far.points > inside.points
+    assert "extrapolated: no calibration row with device remat on v6e" in far.reasons and len(far.reasons) == 3
+    unseen = error_band(Place("v4", "full", 2048, 16), rows)
+    assert unseen.reasons[0] == "extrapolated: no calibration row on v4" and unseen.points >= 7.0
+    assert error_band(Place("v6e", "offload", 8192, 4), []) is None

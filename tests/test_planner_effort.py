@@ -1,0 +1,100 @@
+"""A --fast point near the HBM limit is compiled again at full effort, which decides whether it
+fits (planner/evaluate.py), and the plan says which effort decided; v4 plans as megacore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.structure import read_dims
+from tpu_tuner.outputs.plan_report import hbm_status
+from tpu_tuner.planner.compile_pool import topology_config
+from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.evaluate import evaluate, near_limit
+from tpu_tuner.planner.loop_costs import LoopIteration
+from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.topology import parse_topology
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+HBM = 8 * 2**30
+
+
+class _TwoEffortPool:
+    """The fast compile says `fast` of the limit, the full-effort one `full` (None: refused)."""
+
+    workers = 1
+
+    def __init__(self, fast: float, full: float | None) -> None:
+        self.fast, self.full, self.jobs = fast, full, []
+
+    def compile(self, jobs, done=None):
+        out = {}
+        for job in jobs:
+            self.jobs.append(job)
+            share = self.fast if job.fast else self.full
+            iteration = LoopIteration(1e9, 1e6, [], loops=2)
+            if share is None:
+                step = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error="RESOURCE_EXHAUSTED: Ran out of memory in memory "
+                                    "space hbm. Used 8.40G of 8.00G hbm. Exceeded hbm capacity by 409.60M.")
+            else:
+                step = CompiledStep(2e9, 2e6, share * HBM / 2, 0.0, share * HBM / 2, 0.0, [], 1.0, loop_iteration=iteration)
+            out[job] = step
+            if done:
+                done(job, step)
+        return out
+
+
+def _problem(fast: bool) -> PlanProblem:
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        model = workload.model_for_preset("tiny")
+    topology = parse_topology("v5p:2x2x2").as_compiled(8, HBM)
+    return PlanProblem(source=str(EXAMPLES / "llama.py"), workload="llama", preset="tiny", topology=topology,
+                       global_batch=16, seq_len=128, dims=read_dims(model), gated=True, matmul_parameters=3_000_000,
+                       parameters=3_100_000, model_flops=1e12, attention="full", fast=fast, cost_model=CostModel(),
+                       placements={})
+
+
+POINT = PlanPoint(Layout(1, 8, 1))
+
+
+def test_near_limit_reads_peaks_and_refusals() -> None:
+    step = CompiledStep(0, 0, 0.48 * HBM, 0, 0.49 * HBM, 0, [])
+    assert near_limit(step, HBM) and not near_limit(CompiledStep(0, 0, 0.4 * HBM, 0, 0.4 * HBM, 0, []), HBM)
+    refused = CompiledStep(0, 0, 0, 0, 0, 0, [], error="RESOURCE_EXHAUSTED: ... the total memory required for HLO "
+                           "temporaries (8.20G) exceeds available HBM (8.00G).")
+    assert near_limit(refused, HBM)
+    far = CompiledStep(0, 0, 0, 0, 0, 0, [], error="... HLO temporaries (12.00G) exceeds available HBM (8.00G).")
+    assert not near_limit(far, HBM) and not near_limit(CompiledStep(0, 0, 0, 0, 0, 0, [], error="SIGFPE"), HBM)
+
+
+@pytest.mark.parametrize("full, fits", [(1.03, False), (0.95, True), (None, False)])
+def test_a_fast_point_near_the_limit_is_decided_at_full_effort(full: float | None, fits: bool) -> None:
+    pool = _TwoEffortPool(fast=0.98, full=full)
+    (plan,) = evaluate(_problem(fast=True), [POINT], pool, lambda message: None).values()
+    assert [job.fast for job in pool.jobs] == [True, False]
+    assert plan.fits is fits and plan.fit_effort.startswith("full effort")
+    assert "full effort" in hbm_status(plan)
+
+
+def test_a_fast_point_far_from_the_limit_stays_fast_and_full_effort_plans_compile_once() -> None:
+    pool = _TwoEffortPool(fast=0.5, full=1.5)
+    (plan,) = evaluate(_problem(fast=True), [POINT], pool, lambda message: None).values()
+    assert [job.fast for job in pool.jobs] == [True] and plan.fits and plan.fit_effort == "fast"
+    pool = _TwoEffortPool(fast=0.98, full=0.98)
+    (plan,) = evaluate(_problem(fast=False), [POINT], pool, lambda message: None).values()
+    assert [job.fast for job in pool.jobs] == [False] and plan.fit_effort == "full"
+
+
+def test_v4_is_planned_as_megacore() -> None:
+    assert topology_config("v4:4x4x4") == {"chip_config_name": "megacore"} and topology_config("v5p:4x4x4") == {}
+    v4 = parse_topology("v4-128")  # slice names count TensorCores: 64 chips, one megacore device each
+    assert v4.chips == 64 and v4.devices == 64 and v4.megacore and "megacore" in v4.describe()
+    assert v4.hbm_bytes_per_device == 32 * 2**30
+    assert not parse_topology("v5p-128").megacore

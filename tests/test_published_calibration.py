@@ -1,0 +1,65 @@
+"""The calibration rows built from benchmarks/published_runs.toml (benchmarks/published_calibration.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpu_tuner.model.decoder_shape import read_shape
+from tpu_tuner.planner.band import conformal_quantile
+from tpu_tuner.planner.calibration import RERUNS_FILE, noise_floor
+from tpu_tuner.planner.remat import parse_remat
+from tpu_tuner.planner.topology import parse_topology
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from published_calibration import load_runs, published_rows, why_not  # noqa: E402
+
+
+def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> None:
+    rows, excluded = published_rows()
+    runs = load_runs()
+    assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
+    reasons = dict(excluded)
+    assert all(r["id"] in reasons for r in runs if r["superseded_by"] or r["quantization"] != "none")
+    assert "windowed" in reasons["gemma3-12b-v6e-256-seq32k"] and "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
+    assert "fp32 master weights" in reasons["llama3.1-70b-v6e-32"]
+    for row in rows:
+        shape, _, _ = read_shape(row.spec)  # every spec is a valid decoder shape
+        topology = parse_topology(row.topology)
+        assert row.layout.devices == topology.chips * topology.chip.devices_per_chip
+        assert row.global_batch == row.per_device_batch * row.layout.devices
+        assert parse_remat(row.remat).family == row.remat_family and shape.max_seq_len >= row.seq
+
+
+def test_rows_carry_the_recipe_as_published() -> None:
+    rows = {r.id: r for r in published_rows()[0]}
+    v4 = rows["v4-synthetic-22b-v4-128"]  # 2023 synthetic shape at the published batch, one device per chip
+    assert "head_dim=256" in v4.spec and "activation=relu" in v4.spec and "gated=false" in v4.spec
+    assert "tied_embeddings=true" in v4.spec and v4.per_device_batch == 16 and v4.global_batch == 16 * 64
+    assert rows["v4-synthetic-52b-v4-384"].topology == "v4:4x4x12"
+    assert rows["v5p-synthetic-32b-v5p-128"].per_device_batch == 8 and rows["v5p-synthetic-32b-v5p-128"].remat == "minimal"
+    tpu7x = rows["llama3.1-70b-tpu7x-4x4x4"]
+    assert tpu7x.topology == "tpu7x:4x4x4" and tpu7x.mu_dtype == "bfloat16" and tpu7x.attention == "causal"
+    assert rows["llama3.1-8b-v6e-256"].attention == "full"  # convention B: attention counted in full
+    assert rows["mixtral-8x7b-v6e-256-pdb8-full"].remat == "full" and "experts=8" in rows["mixtral-8x7b-v6e-256-pdb8-full"].spec
+
+
+def test_runs_the_planner_cannot_express_are_refused() -> None:
+    base = {r["id"]: r for r in load_runs()}["llama3.1-8b-v6e-8"]
+    assert why_not(base) is None
+    assert "superseded" in why_not({**base, "superseded_by": "x"})
+    assert "fp8" in why_not({**base, "quantization": "fp8_full"})
+    assert "multi-slice" in why_not({**base, "slices": 2})
+    assert "dropless" in why_not({**base, "experts": 16, "capacity_factor": -1.0})
+    assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})
+
+
+def test_the_noise_floor_is_the_published_reruns() -> None:
+    runs = {r["id"]: r for r in load_runs()}
+    differences = [(r["mfu"] - runs[r["superseded_by"]]["mfu"]) * 100 for r in runs.values() if r["superseded_by"]]
+    shipped = json.loads(RERUNS_FILE.read_text())
+    assert [d["difference_points"] for d in shipped] == pytest.approx(differences, abs=0.01)
+    assert noise_floor() == pytest.approx(conformal_quantile([abs(d) for d in differences]), abs=0.01)
