@@ -284,7 +284,7 @@ def _record_compiled(trial: optuna.Trial, plan: LayoutPlan) -> None:
     step = plan.compiled
     trial.set_user_attr(records.OUTCOME, REFUSED if step.error else COMPILED)
     trial.set_user_attr(records.COMPILED_STEP, compiled_to_dict(step))
-    trial.set_user_attr("fit_effort", plan.fit_effort)  # which compile decided "fits" (evaluate.near_limit)
+    trial.set_user_attr(records.FIT_EFFORT, plan.fit_effort)  # which compile decided "fits" (evaluate.near_limit)
     _set_constraint(trial, REFUSED_VIOLATION if step.error else -plan.margin_bytes / 2**30)
     trial.set_user_attr(records.COMPILING, False)
     trial.study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0, skip_if_finished=True)
@@ -313,7 +313,7 @@ def _plan_of(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
     """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
     plan = judged(problem, _point_of_trial(trial, problem.topology.devices),
                   compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]))
-    plan.fit_effort = trial.user_attrs.get("fit_effort", "fast" if problem.fast else "full")
+    plan.fit_effort = trial.user_attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
     return plan
 
 

@@ -70,6 +70,7 @@ REASON = "reason"
 POINT = "point"
 COMPILING = "compiling"
 COMPILED_STEP = "compiled"
+FIT_EFFORT = "fit_effort"  # which compile decided "fits": "fast", "full", or full near the limit
 CONSTRAINT_VALUE = "constraint"
 # Outcomes; only the first two compiled.
 COMPILED, REFUSED, INVALID, LOWER_BOUND, REPEAT = "compiled", "refused", "invalid", "lower_bound", "repeat"
