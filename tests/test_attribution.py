@@ -43,6 +43,21 @@ def test_one_failure_is_no_evidence_and_a_value_that_worked_is_never_a_cause() -
     assert attribute(cleared).causes == []
 
 
+def test_a_suspect_one_failure_points_at_is_open_until_settled() -> None:
+    one = [_ok(0, autocast="none", compile="eager"), _failed(1, "crash", autocast="bfloat16", compile="eager")]
+    (suspect,) = attribute(one).open
+    assert (suspect.values, suspect.kind, suspect.failures) == ((("autocast", "bfloat16"),), "crash", (1,))
+    assert suspect.matches({"autocast": "bfloat16", "compile": "inductor"}) and not suspect.matches({"autocast": "none"})
+    # Cleared by a success, or confirmed by a second failure (then a cause): open no more. Once
+    # bf16 worked with inductor, bf16 with eager is the open suspect (a combination may be it).
+    (pair,) = attribute([*one, _ok(2, autocast="bfloat16", compile="inductor")]).open
+    assert pair.values == (("autocast", "bfloat16"), ("compile", "eager"))
+    confirmed = attribute([*one, _failed(2, "crash", autocast="bfloat16", compile="inductor")])
+    assert [c.values for c in confirmed.causes] == [(("autocast", "bfloat16"),)]
+    # The failures bf16 explains leave nothing else open (eager never worked with bf16 either).
+    assert confirmed.open == []
+
+
 def test_a_combination_is_the_cause_when_neither_value_fails_alone() -> None:
     evidence = [
         _ok(0, backend="eager", fullgraph="off", opt="sgd"),

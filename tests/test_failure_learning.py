@@ -42,10 +42,11 @@ class RuleRunner:
     workers_started = 1
 
     def __init__(self, seconds: float = 0.0) -> None:
-        self.seconds, self.jobs = seconds, []
+        self.seconds, self.jobs, self.thresholds = seconds, [], []
 
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
         self.jobs.append(dict(request.candidate))
+        self.thresholds.append(request.stop_above_s)
         time.sleep(self.seconds)
         candidate = request.candidate
         if candidate.get("autocast") == "bfloat16":
@@ -180,6 +181,29 @@ def test_a_hopeless_trial_is_pruned_through_the_pruner_interface() -> None:
     assert slow.intermediate_values == {3: pytest.approx(0.012)}
     assert records.attrs(slow)[records.EARLY_STOP]["steps"] == [0.012] * 3
     assert HopelessPruner().threshold(study.trials) == pytest.approx(1.5 * 0.003)
+
+
+def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> None:
+    """After one crash with bf16 (no success with it), the next bf16 setting runs without the
+    early stop: cut off (its compile or first steps) it would spend a trial and settle nothing."""
+    study = optuna.create_study(direction="minimize", pruner=HopelessPruner())
+    for precision, autocast in (("medium", "none"), ("highest", "bfloat16"), ("high", "bfloat16"),
+                                ("highest", "none"), ("medium", "bfloat16")):
+        study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
+    runner, events = RuleRunner(), []
+    opts = TuneOptions(space=SPACE.name, agents=(), trials=5)
+    run_search(study, SPACE, [], runner, MeasureRequest(), opts, events.append, time.perf_counter())
+    # The first bf16 setting ran under the pruner's threshold, the second (its suspect open) without;
+    # its crash made bf16 the cause, and the third was never measured.
+    jobs = list(zip(runner.jobs, runner.thresholds))
+    assert [(job["matmul_precision"], job["autocast"]) for job, _ in jobs[:4]] == [
+        ("medium", "none"), ("highest", "bfloat16"), ("high", "bfloat16"), ("highest", "none")]
+    assert jobs[1][1] == pytest.approx(1.5 * 0.003) and jobs[2][1] is None
+    assert jobs[3][1] == pytest.approx(1.5 * 0.003)  # an fp32 setting holds no suspect: the stop applies
+    running = [e.message for e in events if e.phase == "trial" and e.message.startswith("running")]
+    assert "to its verdict: autocast bfloat16 failed in trial 1 (crash) and never worked" in running[2]
+    assert "verdict" not in running[1] + running[3]
+    assert [t.params["autocast"] for t in study.trials if records.attrs(t).get(records.EXCLUDED_BY)] == ["bfloat16"]
 
 
 def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish(monkeypatch) -> None:

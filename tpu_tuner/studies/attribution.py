@@ -12,6 +12,9 @@ parameters, that no success holds. A suspect is the cause once
   since a setting holding both fails whichever it is), and
 * for a pair, neither value is a suspect alone (a value that fails everywhere is no combination).
 
+A suspect held by fewer failures is *open*: the next setting holding it settles it (a success
+clears it, a failure makes it a cause), so that setting is worth measuring to its verdict.
+
 The probe for two suspects that always came together is the failing setting with one of them
 changed back to the value of the nearest setting that worked: whether it fails says which value
 is the cause. Deterministic: every worker of a study, given the same trials, finds the same causes.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MIN_FAILURES = 2
@@ -95,11 +98,27 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Suspect:
+    """A value (or a pair) that some failure of `kind` holds and no success does, too few
+    failures yet to be the cause (`MIN_FAILURES`): the trials `failures` hold it."""
+
+    values: tuple[Value, ...]
+    kind: str
+    failures: tuple[int, ...]
+
+    def matches(self, setting: Mapping[str, Any]) -> bool:
+        """Whether `setting` holds every value of the suspect."""
+        return all(name in setting and setting[name] == value for name, value in self.values)
+
+
+@dataclass(frozen=True)
 class Attribution:
-    """What the evidence says: causes found, and probes that would settle open suspects."""
+    """What the evidence says: causes found, probes that would settle tied suspects, and the
+    suspects still open."""
 
     causes: list[Cause]
     probes: list[Probe]
+    open: list[Suspect] = field(default_factory=list)
 
 
 Alternatives = Callable[[str, Any], Sequence[Any]]
@@ -113,16 +132,18 @@ def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]
     `detail(kind, messages)` words a kind from its failures' messages."""
     causes: list[Cause] = []
     probes: list[Probe] = []
+    open_suspects: list[Suspect] = []
     kinds = sorted({kind for e in evidence for kind, failed in e.outcomes.items() if failed})
     for kind in kinds:
         relevant = [e for e in evidence if kind in e.outcomes]
         failures = [e for e in relevant if e.outcomes[kind]]
         successes = [e for e in relevant if not e.outcomes[kind]]
         words = detail(kind, [e.message for e in failures]) if detail else kind
-        found, open_ties = _causes_of(kind, failures, successes, words)
+        found, open_ties, unsettled = _causes_of(kind, failures, successes, words)
         causes += found
         probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes, alternatives)) is not None]
-    return Attribution(causes, probes)
+        open_suspects += unsettled
+    return Attribution(causes, probes, open_suspects)
 
 
 def _suspects(failures: Sequence[Evidence], successes: Sequence[Evidence], size: int) -> dict[tuple[Value, ...], set[int]]:
@@ -139,17 +160,20 @@ def _suspects(failures: Sequence[Evidence], successes: Sequence[Evidence], size:
     return {combo: numbers for combo, numbers in held.items() if combo not in cleared}
 
 
-def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence],
-               words: str) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]]]:
-    """The confirmed causes of one kind, and the pairs of suspects that always came together."""
+def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence], words: str
+               ) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]], list[Suspect]]:
+    """The confirmed causes of one kind, the pairs of suspects that always came together, and
+    the suspects too few failures hold yet."""
     singles = _suspects(failures, successes, 1)
     pairs = {combo: numbers for combo, numbers in _suspects(failures, successes, 2).items()
              if not any((v,) in singles for v in combo)}
     found: list[Cause] = []
     ties: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []
+    unsettled: list[Suspect] = []
     for suspects in (singles, pairs):
         for combo, numbers in suspects.items():
             if len(numbers) < MIN_FAILURES:
+                unsettled.append(Suspect(combo, kind, tuple(sorted(numbers))))
                 continue
             rivals = [other for other, theirs in suspects.items() if other != combo and numbers <= theirs]
             if rivals:
@@ -162,7 +186,9 @@ def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evid
                             found.append(_cause(kind, combo + other, failures, successes, words))
                 continue
             found.append(_cause(kind, combo, failures, successes, words))
-    return found, ties
+    # A failure a cause explains points at nothing else: its other values are not left open.
+    explained = {e.number for e in failures if any(cause.matches(e.setting) for cause in found)}
+    return found, ties, [s for s in unsettled if not set(s.failures) <= explained]
 
 
 def _cause(kind: str, combo: tuple[Value, ...], failures: Sequence[Evidence], successes: Sequence[Evidence],
@@ -212,4 +238,4 @@ def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
     return sum(1 for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
-__all__ = ["MIN_FAILURES", "Alternatives", "Attribution", "Cause", "Evidence", "Probe", "attribute"]
+__all__ = ["MIN_FAILURES", "Alternatives", "Attribution", "Cause", "Evidence", "Probe", "Suspect", "attribute"]

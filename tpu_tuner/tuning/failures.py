@@ -6,7 +6,9 @@ is kept in the study itself (a user attribute per cause), so every worker of a s
 a resumed run honour it; a setting holding an excluded value is then never measured again
 (tuning/trials.py tells such an ask without running it). Where two suspects always came
 together, a probe (the failing setting with one of them changed back to the nearest setting
-that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure kind.
+that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure kind. A setting
+holding a suspect one failure so far points at is measured to its verdict (no early stop): cut
+off while compiling, it would spend a trial and settle nothing (a crash model once spent three).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from optuna.trial import FrozenTrial
 
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
-from tpu_tuner.studies.attribution import Cause, Evidence, Probe, attribute
+from tpu_tuner.studies.attribution import Cause, Evidence, Probe, Suspect, attribute
 from tpu_tuner.studies.coverage import setting_key
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trial_attrs import WORKER_FAILURES
@@ -92,6 +94,7 @@ class FailureLearning:
     def __init__(self, space: SearchSpace, tolerance: float) -> None:
         self.space, self.tolerance = space, tolerance
         self.causes: dict[str, Cause] = {}
+        self.suspects: list[Suspect] = []  # open: one failure so far, no success (compile cut-offs aside)
         self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
 
     def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause]:
@@ -107,6 +110,8 @@ class FailureLearning:
         for cause in learned:
             self.causes[cause.key] = cause
         found = attribute(evidence, describe_kind, self._alternatives)
+        # A cut-off compile is itself what an early stop makes: no reason to measure one to its end.
+        self.suspects = [s for s in found.open if s.kind != COMPILE_COST]
         for cause in found.causes:
             if cause.key not in self.causes:
                 self.causes[cause.key] = cause
@@ -122,6 +127,11 @@ class FailureLearning:
     def excluded_by(self, setting: Mapping[str, Any]) -> Cause | None:
         """The cause that excludes `setting`, or None."""
         return next((cause for cause in self.causes.values() if cause.matches(setting)), None)
+
+    def open_suspects_in(self, setting: Mapping[str, Any]) -> list[Suspect]:
+        """The open suspects `setting` holds: measuring it settles them (a success clears one, a
+        failure makes it a cause), so it is measured to its verdict, not stopped early."""
+        return [suspect for suspect in self.suspects if suspect.matches(setting)]
 
     def _queue_probes(self, study: optuna.Study, trials: Sequence[FrozenTrial], probes: list[Probe]) -> None:
         held = {setting_key(t.params) for t in trials}  # waiting ones too: a probe is queued once

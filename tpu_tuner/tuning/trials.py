@@ -23,6 +23,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
+from tpu_tuner.studies.attribution import Suspect
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
@@ -168,15 +169,19 @@ class TuneTrials(Feature):
         rejection = next((f"{a.name}: {r}" for a in self.agents if (r := a.validate(candidate))), None)
         if rejection:
             return TrialRun(candidate, rejection=rejection)
-        self._progress(f"running {candidate.describe()}", claim.position)
-        return TrialRun(candidate, outcome=self._measure(candidate))
+        suspects = self.learning.open_suspects_in(claim.point)
+        why = f" (to its verdict: {_suspected(suspects)})" if suspects and self.stop_above_s is not None else ""
+        self._progress(f"running {candidate.describe()}{why}", claim.position)
+        return TrialRun(candidate, outcome=self._measure(candidate, stop=not suspects))
 
-    def _measure(self, candidate: Candidate) -> Any:
-        """The trial worker's measure job for `candidate` (the one call of it in a search)."""
+    def _measure(self, candidate: Candidate, stop: bool = True) -> Any:
+        """The trial worker's measure job for `candidate` (the one call of it in a search); with
+        `stop`, it stops early where the pruner's threshold says it is hopeless."""
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
         env = candidate.environment(BACKENDS[self.space.device_kind])
-        request = replace(self.measure_options, candidate=candidate.to_dict(), stop_above_s=self.stop_above_s,
+        request = replace(self.measure_options, candidate=candidate.to_dict(),
+                          stop_above_s=self.stop_above_s if stop else None,
                           planned_steps=self.options.objective.planned_steps)
         return self.runner.run(request, env=env)
 
@@ -276,6 +281,16 @@ def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, p
     for agent in agents:
         for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get(records.FAILURE_MESSAGE, ""))):
             study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
+
+
+def _suspected(suspects: Sequence[Suspect]) -> str:
+    """Open suspects in words: "autocast bfloat16 failed in trial 2 (crash) and never worked"."""
+    parts = []
+    for suspect in suspects:
+        names = " with ".join(label(name, value) for name, value in suspect.values)
+        trials = ", ".join(str(n) for n in suspect.failures)
+        parts.append(f"{names} failed in trial {trials} ({suspect.kind}) and never worked")
+    return "; ".join(parts)
 
 
 def _objective_name(bucketing: BucketingContext | None) -> str:
