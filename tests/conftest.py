@@ -16,6 +16,23 @@ FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+MAX_XDIST_WORKERS = 4
+# A run of this few named test files stays in the pytest process: a worker's start (torch
+# imported again) costs about 10 s, more than such a run gains.
+FILES_RUN_IN_PROCESS = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n logical` (pyproject.toml): one worker per core this process may use, at most
+    `MAX_XDIST_WORKERS` (every worker imports torch and starts model workers of its own, so a
+    large host would otherwise spend its memory on dozens of them); none (0: in this process)
+    for a run of one or two named test files."""
+    files = {arg.split("::")[0] for arg in config.args}
+    if all(name.endswith(".py") for name in files) and len(files) <= FILES_RUN_IN_PROCESS:
+        return 0
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_XDIST_WORKERS))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the roofline cache out of the user's home; measured once per test session."""
