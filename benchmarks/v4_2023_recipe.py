@@ -1,0 +1,76 @@
+"""The two 2023 v4 rows' memory under the recipe choices that differ from today's MaxText
+(issue 29: why the planner refused v4 22B at pdb 16; docs/planner.md, "Calibration").
+
+MaxText published its v4 table (22B on v4-128, 52B on v4-384) in March / April 2023, when its
+base.yml trained at max_target_length 1024 and its layers ran dot-product attention (flash came
+with 5b0e28e, 2023-09-06, which also raised the default sequence to 2048). Each variant here is
+one full-effort compile of the row's training step, in this process, for its real megacore
+topology, and prints the compiler's memory figures and the verdict:
+
+    python benchmarks/v4_2023_recipe.py [--rows v4-synthetic-22b-v4-128 ...] [--variants seq2048-flash ...]
+
+Variants: `seq2048-flash` (the row as it stood before issue 29's fix), `seq1024-flash` (as the
+planner compiles it now), `seq1024-dot` (the planner's textbook attention instead of the flash
+kernel: fp32 scores materialised per block, as a dot-product attention does; a sensitivity check,
+not what the planner compiles, since 2023's layers were not the generic decoder's either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_calibration import load_runs, row_of  # noqa: E402 - a sibling script's module
+
+ROWS = ("v4-synthetic-22b-v4-128", "v4-synthetic-52b-v4-384")
+VARIANTS = {"seq2048-flash": (2048, True), "seq1024-flash": (1024, True), "seq1024-dot": (1024, False)}
+
+
+def compile_variant(run: dict, seq: int, flash: bool) -> str:
+    """One line: the row's step compiled at `seq` with the flash kernel or the textbook attention."""
+    from tpu_tuner.planner import program
+    from tpu_tuner.planner.compile_pool import _workload, topology_devices
+    from tpu_tuner.planner.hbm import compiler_hbm_limit
+    from tpu_tuner.planner.topology import parse_topology
+    from tpu_tuner.planner.step_parts import sharded_attention
+
+    row = row_of({**run, "seq": seq})
+    topology = parse_topology(row.topology)
+    devices = topology_devices(topology.jax_name)
+    # The planner picks the kernel by platform (flash on a TPU); the dot-product variant asks the
+    # CPU cross-check's kernel on the TPU topology instead.
+    wanted = flash
+
+    def attention(env: object, mesh: object, flash: bool) -> None:
+        sharded_attention(env, mesh, flash=flash and wanted)
+
+    program.sharded_attention = attention
+    workload = _workload(row.spec)
+    step = program.compile_step(lambda: workload.model_for_preset(None), run["layers"], row.layout, devices,
+                                row.global_batch, seq, run["d_model"], remat=row.remat, scan=True,
+                                first_moment_dtype=row.mu_dtype)
+    limit = compiler_hbm_limit(devices[0])
+    gib = 2**30
+    name = f"{row.id} seq {seq} {'flash' if flash else 'dot-product'}"
+    if step.error:
+        return f"{name}: refused: {step.error} ({step.compile_seconds:.0f} s)"
+    return (f"{name}: peak {step.peak_bytes / gib:.2f} / {limit / gib:.2f} GiB (arguments "
+            f"{step.argument_bytes / gib:.2f}, temporaries {step.temp_bytes / gib:.2f}), margin "
+            f"{(limit - step.peak_bytes) / gib:.2f} GiB ({step.compile_seconds:.0f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = parser.parse_args()
+    runs = {run["id"]: run for run in load_runs()}
+    for row_id in args.rows:
+        for variant in args.variants:
+            print(compile_variant(runs[row_id], *VARIANTS[variant]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
