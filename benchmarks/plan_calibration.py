@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, RERUNS_FILE, ROWS_FILE, CalibrationRow,
                                             band_check, errors, fit, leave_one_out, noise_floor)
 
@@ -88,8 +89,8 @@ def compile_row(row: Row) -> dict | None:
     # An uncalibrated cost model: only the compiler's figures are kept, never a prediction.
     result = plan(row.spec, PlanOptions(
         topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, remat=row.remat,
-        attention=row.attention, layouts=[row.layout], first_moment_dtype=row.mu_dtype, workers=1,
-        cost_model=CostModel()))
+        attention="causal" if row.attention == "none" else row.attention, layouts=[row.layout],
+        first_moment_dtype=row.mu_dtype, workers=1, cost_model=CostModel()))
     (p,) = result.plans
     seconds = time.perf_counter() - start
     meta = {"id": row.id, "generation": row.generation, "topology": row.topology, "layout": row.layout.short(),
@@ -107,7 +108,8 @@ def compile_row(row: Row) -> dict | None:
         "compiled_flops": c.flops,
         # The FLOPs the prediction used (the larger of the compiler's and the analytical hardware count).
         "flops": pr.compute_seconds * peak * CostModel().efficiency(row.generation) * pr.alignment,
-        "model_flops": result.model_flops_per_step / topology.devices, "bytes_accessed": c.bytes_accessed,
+        "model_flops": result.model_flops_per_step / topology.devices - attention_not_counted(row),
+        "bytes_accessed": c.bytes_accessed,
         "comm_seconds": pr.comm_seconds, "alignment": pr.alignment, "peak_flops": peak,
         "hbm_bytes_per_s": topology.chip.hbm_gbytes_per_s * 1e9, "devices": topology.devices,
         "devices_per_chip": topology.devices_per_chip, "loop_peeled": c.loop_peeled,
@@ -118,6 +120,16 @@ def compile_row(row: Row) -> dict | None:
           f"host {c.host_temp_bytes / 2**30:.1f} GiB, FLOPs {figures['flops']:.3e} (model {figures['model_flops']:.3e}), "
           f"published MFU {row.published_mfu:.1%} ({seconds:.0f} s)", flush=True)
     return figures
+
+
+def attention_not_counted(row: Row) -> float:
+    """The causal attention FLOPs per device a step that a row's convention leaves out: all of
+    them under A0 (MaxText before 2023-06-02 counted 6 x parameters x tokens only), else none.
+    The planner's causal count is 6 L h hd s^2 a sequence (tpu_tuner/metrics/flops.py)."""
+    if row.attention != "none":
+        return 0.0
+    shape, _, _ = read_shape(row.spec)
+    return 6.0 * shape.layers * shape.heads * shape.n_head_dim * row.seq**2 * row.per_device_batch
 
 
 def calibration_row(f: dict, run: dict) -> CalibrationRow:

@@ -23,8 +23,11 @@ from tpu_tuner.planner.remat import parse_remat
 PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
 
 # MaxText's FLOPs conventions (docs/published-runs.md) as the planner's --attention: A and C count
-# causal attention as half of the full score matrix, B counts it in full.
-ATTENTION_OF_CONVENTION = {"A": "causal", "B": "full", "C": "causal"}
+# causal attention as half of the full score matrix, A1 and B count it in full. A0 (MaxText before
+# 2023-06-02) counted no attention at all, which no planner convention does: "none" is compiled
+# under "causal" and that attention term taken out of the row's model FLOPs
+# (benchmarks/plan_calibration.py, `compile_row`).
+ATTENTION_OF_CONVENTION = {"A0": "none", "A1": "full", "A": "causal", "B": "full", "C": "causal"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
 _NON_STANDARD = {"v4-384": "v4:4x4x12"}
@@ -46,7 +49,7 @@ class Row:
     layout: Layout
     remat: str  # remat.parse_remat's syntax
     remat_family: str  # full / minimal / offload / device (the custom policies by what they keep)
-    attention: str  # the MFU convention: "full" or "causal"
+    attention: str  # the MFU convention: "full", "causal" or "none" (no attention term: A0)
     mu_dtype: str
     published_mfu: float
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
@@ -75,9 +78,15 @@ def why_not(run: dict[str, Any]) -> str | None:
     if run["weight_dtype"] != "float32":
         return f"{run['weight_dtype']} weights: the planner keeps fp32 master weights"
     # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
-    # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does.
-    if run["opt_type"] not in ("adamw", "adam_pax"):
+    # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does. The
+    # 2023 v4 runs used optax.adam: the same two fp32 moments, without the decay's one elementwise
+    # multiply-add per weight (no state, no memory).
+    if run["opt_type"] not in ("adamw", "adam_pax", "adam"):
         return f"optimizer {run['opt_type']}: the planner compiles AdamW"
+    # The 2023 v4 runs' dot-product attention is compiled as the flash kernel: issue 29 measured
+    # their verdicts both ways (benchmarks/v4_2023_recipe.py, docs/planner.md "Calibration").
+    if not run["attention"].startswith(("flash", "dot-product")):
+        return f"attention {run['attention']!r}: not one the planner compiles"
     activations = run["mlp_activations"]
     if activations[0] not in ("silu", "gelu", "relu") or activations[1:] not in ([], ["linear"]):
         return f"MLP activations {activations}: not the generic decoder's"

@@ -39,7 +39,10 @@ def test_rows_carry_the_recipe_as_published() -> None:
     v4 = rows["v4-synthetic-22b-v4-128"]  # 2023 synthetic shape at the published batch, one device per chip
     assert "head_dim=256" in v4.spec and "activation=relu" in v4.spec and "gated=false" in v4.spec
     assert "tied_embeddings=true" in v4.spec and v4.per_device_batch == 16 and v4.global_batch == 16 * 64
-    assert rows["v4-synthetic-52b-v4-384"].topology == "v4:4x4x12"
+    # March / April 2023: base.yml's max_target_length 1024, TFLOP/s without attention (issue 29)
+    assert v4.seq == 1024 and v4.attention == "none"
+    assert rows["v4-synthetic-52b-v4-384"].topology == "v4:4x4x12" and rows["v4-synthetic-52b-v4-384"].seq == 1024
+    assert rows["v5e-synthetic-16b-v5e-256"].attention == "full"  # October 2023: attention counted in full
     assert rows["v5p-synthetic-32b-v5p-128"].per_device_batch == 8 and rows["v5p-synthetic-32b-v5p-128"].remat == "minimal"
     tpu7x = rows["llama3.1-70b-tpu7x-4x4x4"]
     assert tpu7x.topology == "tpu7x:4x4x4" and tpu7x.mu_dtype == "bfloat16" and tpu7x.attention == "causal"
@@ -63,3 +66,18 @@ def test_the_noise_floor_is_the_published_reruns() -> None:
     shipped = json.loads(RERUNS_FILE.read_text())
     assert [d["difference_points"] for d in shipped] == pytest.approx(differences, abs=0.01)
     assert noise_floor() == pytest.approx(conformal_quantile([abs(d) for d in differences]), abs=0.01)
+
+
+def test_a_convention_without_attention_takes_out_the_planners_causal_attention_term() -> None:
+    from plan_calibration import attention_not_counted
+
+    from tpu_tuner.metrics.flops import transformer_model_flops
+    from tpu_tuner.model.workload import TransformerDims
+
+    rows = {r.id: r for r in published_rows()[0]}
+    v4 = rows["v4-synthetic-22b-v4-128"]
+    # per device a step: pdb 16 sequences of 1024 tokens, 48 layers of 24 heads of 256
+    causal = transformer_model_flops(0, TransformerDims(48, 24, 256, True), 16, 1024, True, "causal")
+    assert attention_not_counted(v4) == pytest.approx(causal.attention_per_step)
+    assert attention_not_counted(v4) == pytest.approx(6 * 48 * 24 * 256 * 1024**2 * 16)
+    assert attention_not_counted(rows["llama3.1-70b-tpu7x-4x4x4"]) == 0.0
