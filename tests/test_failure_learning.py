@@ -206,6 +206,29 @@ def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> Non
     assert [t.params["autocast"] for t in study.trials if records.attrs(t).get(records.EXCLUDED_BY)] == ["bfloat16"]
 
 
+def test_only_single_values_lift_the_early_stop() -> None:
+    """One failure leaves every pair of its values that no success held open; those do not lift
+    the stop (they would from most settings after any failure), single values do."""
+    from tpu_tuner.tuning.failures import FailureLearning
+
+    study = optuna.create_study(direction="minimize")
+    for params, attrs in (({"matmul_precision": "medium", "autocast": "none"}, {}),
+                          ({"matmul_precision": "highest", "autocast": "bfloat16"}, {records.FAILURE_KIND: "crash"}),
+                          ({"matmul_precision": "highest", "autocast": "none"}, {}),
+                          ({"matmul_precision": "medium", "autocast": "bfloat16"}, {})):
+        study.enqueue_trial(params)
+        trial = study.ask()
+        trial.suggest_categorical("matmul_precision", ["highest", "high", "medium"])
+        trial.suggest_categorical("autocast", ["none", "bfloat16"])
+        trial.set_user_attr(records.RECORD, {records.MEASURED: True, **attrs})
+        study.tell(trial, None if attrs else 0.01, state=None if not attrs else optuna.trial.TrialState.PRUNED)
+    learning = FailureLearning(SPACE, 0.1)
+    learning.update(study, study.get_trials())
+    # highest and bf16 each worked once: only their pair is open, and it lifts nothing.
+    assert learning.suspects == []
+    assert learning.open_suspects_in({"matmul_precision": "highest", "autocast": "bfloat16"}) == []
+
+
 def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish(monkeypatch) -> None:
     from tpu_tuner.tuning import clock
 

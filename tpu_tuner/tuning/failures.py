@@ -7,7 +7,7 @@ a resumed run honour it; a setting holding an excluded value is then never measu
 (tuning/trials.py tells such an ask without running it). Where two suspects always came
 together, a probe (the failing setting with one of them changed back to the nearest setting
 that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure kind. A setting
-holding a suspect one failure so far points at is measured to its verdict (no early stop): cut
+holding a value one failure so far points at is measured to its verdict (no early stop): cut
 off while compiling, it would spend a trial and settle nothing (a crash model once spent three).
 """
 
@@ -94,7 +94,7 @@ class FailureLearning:
     def __init__(self, space: SearchSpace, tolerance: float) -> None:
         self.space, self.tolerance = space, tolerance
         self.causes: dict[str, Cause] = {}
-        self.suspects: list[Suspect] = []  # open: one failure so far, no success (compile cut-offs aside)
+        self.suspects: list[Suspect] = []  # open values: one failure so far, no success (cut-offs aside)
         self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
 
     def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause]:
@@ -111,7 +111,9 @@ class FailureLearning:
             self.causes[cause.key] = cause
         found = attribute(evidence, describe_kind, self._alternatives)
         # A cut-off compile is itself what an early stop makes: no reason to measure one to its end.
-        self.suspects = [s for s in found.open if s.kind != COMPILE_COST]
+        # Single values only: one failure leaves every pair of its values that no success held
+        # open (dozens), which would lift the early stop from most settings after any failure.
+        self.suspects = [s for s in found.open if s.kind != COMPILE_COST and len(s.values) == 1]
         for cause in found.causes:
             if cause.key not in self.causes:
                 self.causes[cause.key] = cause
