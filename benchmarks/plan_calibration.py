@@ -27,9 +27,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
+from tpu_tuner.model.workload import TransformerDims
 from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, RERUNS_FILE, ROWS_FILE, CalibrationRow,
                                             band_check, errors, fit, leave_one_out, noise_floor)
+from tpu_tuner.planner.predict import causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, published_rows  # noqa: E402 - a sibling script's module
@@ -125,17 +128,17 @@ def compile_row(row: Row) -> dict | None:
 def attention_not_counted(row: Row) -> float:
     """The causal attention FLOPs per device a step that a row's convention leaves out: all of
     them under A0 (MaxText before 2023-06-02 counted 6 x parameters x tokens only), else none.
-    The planner's causal count is 6 L h hd s^2 a sequence (tpu_tuner/metrics/flops.py)."""
+    The planner's own causal count (tpu_tuner/metrics/flops.py), so the two cannot drift apart."""
     if row.attention != "none":
         return 0.0
     shape, _, _ = read_shape(row.spec)
-    return 6.0 * shape.layers * shape.heads * shape.n_head_dim * row.seq**2 * row.per_device_batch
+    dims = TransformerDims(shape.layers, shape.heads, shape.n_head_dim, causal=True)
+    return transformer_model_flops(0, dims, row.per_device_batch, row.seq, True, "causal").attention_per_step
 
 
 def calibration_row(f: dict, run: dict) -> CalibrationRow:
     """What the prediction needs of one row's compiler figures (seconds per step, per device)."""
-    # Causal attention's score elements per device a step (the flash kernel skips the masked half).
-    scores = run["layers"] * run["heads"] * f["seq"] ** 2 * f["per_device_batch"] / 2
+    scores = causal_score_elements(run["layers"], run["heads"], f["seq"], f["seq"] * f["per_device_batch"])
     return CalibrationRow(
         number=0, generation=f["generation"], fits=f["fits"], peak_bytes=f["peak_bytes"], hbm_bytes=f["hbm_bytes"],
         compute_at_full_efficiency=f["flops"] / (f["peak_flops"] * f["alignment"]),

@@ -28,7 +28,7 @@ ROWS = ("v4-synthetic-22b-v4-128", "v4-synthetic-52b-v4-384")
 VARIANTS = {"seq2048-flash": (2048, True), "seq1024-flash": (1024, True), "seq1024-dot": (1024, False)}
 
 
-def compile_variant(run: dict, seq: int, flash: bool) -> str:
+def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
     """One line: the row's step compiled at `seq` with the flash kernel or the textbook attention."""
     from tpu_tuner.planner import program
     from tpu_tuner.planner.compile_pool import _workload, topology_devices
@@ -41,10 +41,8 @@ def compile_variant(run: dict, seq: int, flash: bool) -> str:
     devices = topology_devices(topology.jax_name)
     # The planner picks the kernel by platform (flash on a TPU); the dot-product variant asks the
     # CPU cross-check's kernel on the TPU topology instead.
-    wanted = flash
-
     def attention(env: object, mesh: object, flash: bool) -> None:
-        sharded_attention(env, mesh, flash=flash and wanted)
+        sharded_attention(env, mesh, flash=flash and use_flash)
 
     program.sharded_attention = attention
     workload = _workload(row.spec)
@@ -53,7 +51,7 @@ def compile_variant(run: dict, seq: int, flash: bool) -> str:
                                 first_moment_dtype=row.mu_dtype)
     limit = compiler_hbm_limit(devices[0])
     gib = 2**30
-    name = f"{row.id} seq {seq} {'flash' if flash else 'dot-product'}"
+    name = f"{row.id} seq {seq} {'flash' if use_flash else 'dot-product'}"
     if step.error:
         return f"{name}: refused: {step.error} ({step.compile_seconds:.0f} s)"
     return (f"{name}: peak {step.peak_bytes / gib:.2f} / {limit / gib:.2f} GiB (arguments "

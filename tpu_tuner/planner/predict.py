@@ -129,6 +129,12 @@ def alignment(shape: ModelShape, layout: Layout, head_dim: int, mxu: int) -> flo
     return sum(w * useful(shape.d_model) * useful(width) for w, width in terms) / total
 
 
+def causal_score_elements(layers: int, heads: int, seq_len: int, tokens_per_device: float) -> float:
+    """Causal attention's score elements per device a step (the flash kernel skips the masked
+    half): what the "+attention" cause term charges `CostModel.score_flops` for, each."""
+    return layers * heads * seq_len * tokens_per_device / 2
+
+
 def predict(
     compiled: CompiledStep,
     topology: Topology,
@@ -145,8 +151,7 @@ def predict(
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
-    # Causal attention's score elements per device a step (the flash kernel skips the masked half).
-    scores = shape.n_layers * shape.n_heads * seq_len * tokens_per_step / (2 * topology.devices)
+    scores = causal_score_elements(shape.n_layers, shape.n_heads, seq_len, tokens_per_step / topology.devices)
     at_peak = flops / aligned + cost_model.score_flops * scores
     compute = at_peak / (peak * cost_model.efficiency(topology.chip.generation))
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
