@@ -12,6 +12,7 @@ and tpu-recipes, https://github.com/AI-Hypercomputer/tpu-recipes, at the commits
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,9 @@ def why_not(run: dict[str, Any]) -> str | None:
     axes = [a for a in _UNSUPPORTED_AXES if run[a] != 1]
     if axes:
         return f"mesh axis {', '.join(axes)}: not in the planner's layouts (data x fsdp x tensor x context)"
-    if run["attention_window"] or any(w in run["attention_pattern"] for w in ("local", "chunk", "window")):
-        return f"attention {run['attention_pattern']!r}: windowed / chunked attention is compiled as global"
+    pattern = attention_keys(run["attention_pattern"])
+    if isinstance(pattern, str):
+        return pattern
     if run["experts"] and (run["capacity_factor"] <= 0 or run["shared_experts"]):
         return "dropless (megablox) or shared-expert MoE: the planner's MoE is MaxText's dropping router"
     if run["weight_dtype"] != "float32":
@@ -93,6 +95,45 @@ def why_not(run: dict[str, Any]) -> str | None:
     return None
 
 
+_LOCAL = re.compile(r"(\d+) local \(window (\d+)\) : 1 global")
+_ALTERNATING = re.compile(r"alternating local \(window (\d+)\) / global")
+_CHUNKED = re.compile(r"chunked causal \(chunk (\d+)\) on RoPE layers, global causal on every (\d+)\w* \(NoPE\) layer")
+_GLOBAL_HEADS = re.compile(r"global layers head_dim (\d+)(?: with (\d+) KV heads)?")
+# What the generic decoder has no keys for (docs/planner.md, "Attention patterns").
+_NOT_EXPRESSIBLE = {"per-layer inputs": "per-layer input embeddings",
+                    "KV shared across the last": "keys and values shared across layers"}
+
+
+def attention_keys(pattern: str) -> dict[str, Any] | str:
+    """The decoder-shape keys of a run's attention pattern as published_runs.toml words it, or
+    why the decoder cannot express it."""
+    lacking = [what for words, what in _NOT_EXPRESSIBLE.items() if words in pattern]
+    if lacking:
+        return f"attention {pattern!r}: {' and '.join(lacking)} are not expressible"
+    keys: dict[str, Any] = {}
+    if found := _LOCAL.search(pattern):
+        keys |= {"sliding_window": int(found.group(2)), "global_every": int(found.group(1)) + 1}
+    elif found := _ALTERNATING.search(pattern):
+        keys |= {"sliding_window": int(found.group(1)), "global_every": 2}
+    elif found := _CHUNKED.search(pattern):
+        keys |= {"attention_chunk": int(found.group(1)), "global_every": int(found.group(2)), "global_rope": False}
+    elif not pattern.startswith("global causal"):
+        return f"attention {pattern!r}: not a pattern the planner reads"
+    if found := _GLOBAL_HEADS.search(pattern):
+        keys["global_head_dim"] = int(found.group(1))
+        if found.group(2):
+            keys["global_kv_heads"] = int(found.group(2))
+    if "K=V shared projection" in pattern:
+        keys["global_shared_kv"] = True
+    if "attention sinks" in pattern:
+        keys["attention_sinks"] = True
+    if "q/k/v/o biases" in pattern:
+        keys |= {"qkv_bias": True, "out_bias": True}
+    if "QK-norm" in pattern:
+        keys["qk_norm"] = True
+    return keys
+
+
 def remat_of(run: dict[str, Any]) -> tuple[str, str]:
     """The run's policy in remat.parse_remat's syntax, and its family."""
     if run["remat"] in ("full", "minimal"):
@@ -111,6 +152,8 @@ def spec_of(run: dict[str, Any]) -> str:
         "gated": len(run["mlp_activations"]) == 2, "activation": run["mlp_activations"][0],
         "tied_embeddings": run["tied_embeddings"], "max_seq_len": max(8192, run["seq"]),
     }
+    pattern = attention_keys(run["attention_pattern"])
+    keys |= pattern if isinstance(pattern, dict) else {}
     if run["experts"]:
         keys |= {"experts": run["experts"], "top_k": run["top_k"], "capacity_factor": run["capacity_factor"]}
         if run["moe_mlp"] and run["moe_mlp"] != run["mlp"]:
@@ -149,5 +192,5 @@ def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, s
     return rows, excluded
 
 
-__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "load_runs", "published_rows", "remat_of", "row_of",
-           "spec_of", "why_not"]
+__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "attention_keys", "load_runs", "published_rows", "remat_of",
+           "row_of", "spec_of", "why_not"]

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
-from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
+from tpu_tuner.metrics.flops import matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.structure import Dims, read_dims
+from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
@@ -49,6 +50,7 @@ class PlanProblem:
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
+    spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
 
     @property
     def hbm(self) -> float:
@@ -57,11 +59,16 @@ class PlanProblem:
     def hardware_flops(self, remat: str) -> float:
         """The work the chips do, a floor under the compiler's count (predict.py): the model's
         FLOPs with full attention plus what `remat` recomputes of each block's forward."""
-        shape = self.dims.shape
-        _, recomputed = forward_flops_per_token(parse_remat(remat), shape.d_model, shape.n_heads, shape.n_kv_heads,
-                                                self.dims.head_dim, shape.mlp_hidden, self.gated, self.seq_len)
-        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
-        return full + recomputed * shape.n_layers * self.global_batch * self.seq_len
+        shape, policy, seq = self.dims.shape, parse_remat(remat), self.seq_len
+        spans = self.spans or (AttentionSpan(shape.n_heads, self.dims.head_dim),) * shape.n_layers
+        # A local layer's attention recomputes its window's keys per query, not the sequence's.
+        recomputed = sum(forward_flops_per_token(policy, shape.d_model, span.heads, shape.n_kv_heads, span.head_dim,
+                                                 shape.mlp_hidden, self.gated,
+                                                 score_pairs(seq, span.window, span.chunk, False) / seq)[1]
+                         for span in spans)
+        attention = TransformerDims(shape.n_layers, shape.n_heads, self.dims.head_dim, True, self.spans)
+        full = _model_flops(self.matmul_parameters, attention, self.dims, self.global_batch, seq, "full")
+        return full + recomputed * self.global_batch * seq
 
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
@@ -70,7 +77,8 @@ class PlanProblem:
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
-                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4)
+                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
+                                  saved_inputs=self.dims.saved_block_inputs)
 
 
 def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
@@ -117,6 +125,10 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
     with torch.device("meta"):
         meta_model = workload.model_for_preset(options.preset)
     transformer = workload.dims_for_preset(options.preset)
+    window = max((max(span.window, span.chunk) for span in (transformer.spans if transformer else ())), default=0)
+    if window > seq_len:
+        raise UserInputError(f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
+                             "plan a longer --seq, or the model as global attention", workload.source)
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
     _, blocks = blocks_of(meta_model)
@@ -132,14 +144,13 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
         first_moment_dtype=options.first_moment_dtype,
         model_digest=source_digest(str(model_file)) if hf else None,
+        spans=transformer.spans if transformer else (),
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
     )
 
 
 def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
-    from tpu_tuner.model.workload import TransformerDims
-
     attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from tpu_tuner.planner.collectives import parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
@@ -120,8 +120,10 @@ def compile_step(
     env = torchax.default_env()
     checkpoint_policy = policy.jax_policy()
     block_list = model.get_submodule(blocks_name)
-    if len(block_list):
-        name_block_tensors(block_list, d_model, mlp_hidden=mlp_width(block_list[0], d_model))
+    beside = [block for _, block in unscanned_blocks(model, blocks_name)]
+    if len(block_list) or beside:
+        width = mlp_width(block_list[0] if len(block_list) else beside[0], d_model)
+        name_block_tensors([*block_list, *beside], d_model, mlp_hidden=width)
     stacked: dict[str, Any] = {}  # the scanned blocks' weights, set by loss_fn while tracing
     if scan and len(block_list):
         template = block_list[0]
@@ -139,11 +141,15 @@ def compile_step(
 
         parent = model.get_submodule(blocks_name.rsplit(".", 1)[0]) if "." in blocks_name else model
         setattr(parent, blocks_name.rsplit(".", 1)[-1], nn.ModuleList([ScannedBlocks(run_blocks)]))
+        for block in beside:  # leading / trailing layers of a layer pattern: unrolled, as MaxText does
+            block.register_forward_hook(constrain)
+            if checkpoint_policy is not None:
+                block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
     else:
         if policy.action(BLOCK_INPUT) == "offload" and len(block_list):
             raise ValueError("offloading the block input needs the scanned blocks (scan=True)")
         template = None
-        for block in block_list:
+        for block in [*block_list, *beside]:
             block.register_forward_hook(constrain)
             if checkpoint_policy is not None:
                 block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})

@@ -114,7 +114,9 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         plans=plans,
         rejected=rejected,
         placements=problem.placements,
-        method=(f"scanned layers: the {problem.dims.shape.n_layers} blocks compiled as one loop over stacked weights "
+        method=(f"scanned layers: the {problem.dims.shape.n_layers} layers compiled as one loop of "
+                f"{problem.dims.scanned} iterations over stacked weights"
+                + (f" ({problem.dims.unscanned} more unrolled)" if problem.dims.unscanned else "") + " "
                 "(memory: that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' "
                 "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
                 "collectives compiled as mocks"

@@ -124,13 +124,14 @@ class MemoryBound:
 
 
 def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelShape, global_batch: int,
-                       seq_len: int, first_moment_bytes: int = 4) -> MemoryBound:
+                       seq_len: int, first_moment_bytes: int = 4, saved_inputs: int | None = None) -> MemoryBound:
     """What no compile of `point` can need less of, per device.
 
     Only matrix parameters count (1-D ones are replicated; leaving them out keeps it a lower
     bound), split over fsdp x context x tensor. The block inputs are the scan's saved carry:
     [micro-batch / shards, sequence / context, d_model / tensor] in bf16 per block, unless the
-    policy keeps them in host memory. The planner checks this bound against every compile it
+    policy keeps them in host memory: one per block, or `saved_inputs` (a loop over repeats of a
+    layer pattern keeps one a repeat: structure.Dims.saved_block_inputs). The planner checks this bound against every compile it
     makes (a bound above a compiled peak is logged as an error in the bound)."""
     layout = point.layout
     weights = (8.0 + first_moment_bytes) * matrix_parameters / layout.parameter_shards
@@ -138,5 +139,5 @@ def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelSha
     inputs = 0.0
     if parse_remat(point.remat).action(BLOCK_INPUT) != "offload":
         tokens = global_batch / point.accumulation / layout.batch_shards * seq_len / layout.context
-        inputs = shape.n_layers * tokens * shape.d_model / layout.tensor * 2.0
+        inputs = (saved_inputs or shape.n_layers) * tokens * shape.d_model / layout.tensor * 2.0
     return MemoryBound(weights, accumulated, inputs)
