@@ -24,7 +24,10 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
     reasons = dict(excluded)
     assert all(r["id"] in reasons for r in runs if r["superseded_by"] or r["quantization"] != "none")
-    assert "windowed" in reasons["gemma3-12b-v6e-256-seq32k"] and "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
+    assert "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
+    assert "per-layer input embeddings" in reasons["gemma4-e2b-tpu7x-4x4x4"]
+    gemma3 = next(row for row in rows if row.id == "gemma3-12b-v6e-256-seq32k")  # 5 local : 1 global
+    assert "sliding_window=1024,global_every=6" in gemma3.spec
     assert "fp32 master weights" in reasons["llama3.1-70b-v6e-32"]
     for row in rows:
         shape, _, _ = read_shape(row.spec)  # every spec is a valid decoder shape
