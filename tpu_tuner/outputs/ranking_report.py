@@ -154,6 +154,8 @@ def render_markdown(data: dict[str, Any]) -> str:
 def _notes(data: dict[str, Any]) -> list[str]:
     lines = [""]
     lines += [f"{e['topology']}: {e['why']}" for e in data["slices"] if not e.get("fits")]
+    lines += [_overlap(data["slices"], key, label) for key, label in (
+        ("tokens_per_dollar", "tokens per $"), ("tokens_per_second_per_chip", "tokens/s per chip"))]
     unpriced = sorted({e["generation"] for e in data["slices"] if e.get("usd_per_chip_hour") is None})
     if unpriced:
         lines.append(f"no price for {', '.join(unpriced)} (none found in a public source): per-chip figures only; "
@@ -169,7 +171,21 @@ def _notes(data: dict[str, Any]) -> list[str]:
             lines.append(f"price {generation}: ${price['usd_per_chip_hour']:.2f} per chip-hour, "
                          + ("given with --price" if price["source"] == "--price"
                             else f"{price['source']} (read {price['read']})"))
-    return lines
+    return [line for line in lines if line is not None]
+
+
+def _overlap(slices: list[dict[str, Any]], key: str, label: str) -> str | None:
+    """Which slices' bands reach the first one's on `key`: the prediction cannot order those."""
+    candidates = sorted((e for e in slices if e.get("fits") and e.get(key) is not None), key=lambda e: -e[key])
+    if len(candidates) < 2:
+        return None
+    first = candidates[0]
+    floor = first.get(f"{key}_low", first[key])
+    close = [e["topology"] for e in candidates[1:] if (e.get(f"{key}_high") or e[key]) >= floor]
+    if not close:
+        return None
+    return (f"by {label}, {', '.join(close)} {'is' if len(close) == 1 else 'are'} within the band of the first "
+            f"({first['topology']}): the prediction cannot order them; measure them on the hardware")
 
 
 def _with_band(entry: dict[str, Any], key: str) -> str:
