@@ -21,7 +21,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import ms
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER, cells as ranking_cells
+from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER, cells as ranking_cells, notes as ranking_notes
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _plans(collection: Collection) -> str:
     for run, data in collection.plans.items():
         row = runs.loc[run]
         out.append(f'<section class="plan"><h3>{_e(row["model"])} on {_e(row["topology"])} '
-                   f'({_e(row["chips"])} chips) <a href="{_e(row["report"])}">{_e(run)}</a></h3>')
+                   f'({_e(int(row["chips"]) if finite(row["chips"]) else "?")} chips) <a href="{_e(row["report"])}">{_e(run)}</a></h3>')
         out.append('<table class="sortable"><thead><tr>' + "".join(
             f'<th class="sortable">{h}</th>' for h in ("layout", "fits", "predicted MFU", "step", "compute",
                                                         "exposed comm", "memory", "why")) + "</tr></thead><tbody>")
@@ -209,6 +209,7 @@ def _rankings(collection: Collection) -> str:
             tds.append(f'<td><a href="{plan}">{best}</a></td>' if plan and entry.get("best") else f"<td>{best}</td>")
             out.append(f'<tr class="{"fits" if entry.get("fits") else "nofit"}">' + "".join(tds) + "</tr>")
         out.append("</tbody></table>")
+        out += [f'<p class="note">{_e(line)}</p>' for line in ranking_notes(data) if line]
         priced = {g: p for g, p in (data.get("prices") or {}).items()
                   if any(e.get("generation") == g for e in data["slices"])}
         out += [f'<p class="muted">price {_e(g)}: ${p["usd_per_chip_hour"]:.2f} per chip-hour, '

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.core.units import si
@@ -242,7 +243,7 @@ def ranking(data: dict[str, Any]) -> str | None:
     fitting = [s for s in data["slices"] if s.get("fits") and s.get("tokens_per_second_per_chip")]
     if not fitting:
         return None
-    fig = _figure(10, 0.9 + 0.35 * len(fitting), bottom=0.5, left=1.1, top=0.35, wspace=0.55)
+    fig = _figure(10, max(2.2, 0.9 + 0.4 * len(fitting)), bottom=0.5, left=1.1, top=0.35, wspace=0.3)
     dollar_ax, chip_ax = fig.subplots(1, 2, sharey=True)
     labels = [s["topology"] for s in fitting]
     y = np.arange(len(fitting))
@@ -258,6 +259,7 @@ def ranking(data: dict[str, Any]) -> str | None:
                 ax.text(0, index, "  no price", va="center", fontsize=7)
         ax.set_title(title, fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: si(value, "").strip()))  # 13.7 G, not 1e10
         ax.grid(axis="x", alpha=0.3)
     dollar_ax.set_yticks(y, labels)
     dollar_ax.invert_yaxis()  # the ranking's first slice on top

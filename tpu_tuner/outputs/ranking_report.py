@@ -121,7 +121,7 @@ def render_terminal(data: dict[str, Any], folder: str = "RANKING_DIR") -> str:
     lines = [f"{data['workload'] or data['source']}{' (' + data['preset'] + ')' if data.get('preset') else ''}: "
              f"{len(data['slices'])} slices ranked by tokens per dollar, then tokens/s per chip", ""]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines += _notes(data)
+    lines += notes(data) + price_lines(data)
     lines.append(f"\nwrote {folder}/ ({RANKING_JSON}, {RANKING_MD}, and one plan folder per slice)")
     return "\n".join(lines)
 
@@ -139,7 +139,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         batch = f"{entry['global_batch']} x {entry['seq_len']}" if entry.get("global_batch") else "–"
         row = cells(entry) + [entry.get("best") or entry.get("why") or "–", batch, plan]
         out.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
-    out += [""] + [line for line in _notes(data) if line]
+    out += [""] + [line for line in notes(data) + price_lines(data) if line]
     out += ["", "## How the figures are made", "",
             "Each slice's figures are its plan's best point (plan.json `best`: the fitting point of highest "
             "predicted MFU); the per-chip and per-dollar figures are plan.json's divided as follows:", ""]
@@ -151,8 +151,10 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _notes(data: dict[str, Any]) -> list[str]:
-    lines = [""]
+def notes(data: dict[str, Any]) -> list[str]:
+    """What the table cannot say: why a slice does not fit, slices the bands cannot order, missing
+    prices, differing batches (a blank line first, for the terminal)."""
+    lines: list[str | None] = [""]
     lines += [f"{e['topology']}: {e['why']}" for e in data["slices"] if not e.get("fits")]
     lines += [_overlap(data["slices"], key, label) for key, label in (
         ("tokens_per_dollar", "tokens per $"), ("tokens_per_second_per_chip", "tokens/s per chip"))]
@@ -165,13 +167,15 @@ def _notes(data: dict[str, Any]) -> list[str]:
         lines.append("the slices planned different global batches (each its default: give --global-batch to "
                      "compare the same step): " + ", ".join(f"{e['topology']} {e['global_batch']}"
                                                             for e in data["slices"] if e.get("global_batch")))
-    used = {e["generation"] for e in data["slices"]}
-    for generation, price in data["prices"].items():
-        if generation in used:
-            lines.append(f"price {generation}: ${price['usd_per_chip_hour']:.2f} per chip-hour, "
-                         + ("given with --price" if price["source"] == "--price"
-                            else f"{price['source']} (read {price['read']})"))
     return [line for line in lines if line is not None]
+
+
+def price_lines(data: dict[str, Any]) -> list[str]:
+    """The price of each generation ranked, with its source and the date it was read."""
+    used = {e["generation"] for e in data["slices"]}
+    return [f"price {generation}: ${price['usd_per_chip_hour']:.2f} per chip-hour, "
+            + ("given with --price" if price["source"] == "--price" else f"{price['source']} (read {price['read']})")
+            for generation, price in data["prices"].items() if generation in used]
 
 
 def _overlap(slices: list[dict[str, Any]], key: str, label: str) -> str | None:
@@ -204,4 +208,5 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-__all__ = ["HEADER", "cells", "rank_to_folder", "render_markdown", "render_terminal", "write_ranking"]
+__all__ = ["HEADER", "cells", "notes", "price_lines", "rank_to_folder", "render_markdown", "render_terminal",
+           "write_ranking"]
