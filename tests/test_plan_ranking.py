@@ -131,6 +131,21 @@ def test_a_generation_without_a_price_gets_per_chip_figures_and_no_price() -> No
     assert row["price"] == "no price" and row["dollar"] == "no price"
 
 
+def test_the_notes_say_which_slices_the_bands_cannot_order() -> None:
+    from tpu_tuner.outputs.ranking_report import notes
+
+    def ranking(second_tokens: float) -> dict:
+        slices = ranked([slice_of(plan_json("v5e-16", "v5e", 16, [(0.5, 64_000.0, True)]), PRICES["v5e"]),
+                         slice_of(plan_json("v5p-16", "v5p", 8, [(0.5, second_tokens, True)]), PRICES["v5p"])])
+        return {"slices": [vars(s) for s in slices]}
+
+    # v5p-16 at 150k tokens/s: 16.1M per $ against v5e-16's 12M; ± 4 points of 50% MFU is ± 8%: apart.
+    assert not [line for line in notes(ranking(150_000.0)) if "tokens per $" in line]
+    # At 120k tokens/s: 12.9M per $ (band 11.8M-13.9M), which v5e-16's 11.0M-13.0M reaches: first, but not surely.
+    (line,) = [line for line in notes(ranking(120_000.0)) if "tokens per $" in line]
+    assert line.startswith("by tokens per $, v5e-16 is within the band of the first (v5p-16)")
+
+
 # ------------------------------------------------------------------------------------ the folder
 
 
