@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
         given["workers"] = args.workers
-    options = PlanOptions(topology=topologies[0], global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
+    options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
                           first_moment_dtype=args.mu_dtype,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
