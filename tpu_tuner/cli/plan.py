@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a training workload (native contract, with loss()), a decoder shape (shape.toml or "
                              "decoder:d_model=...), or a Hugging Face config: hf:./folder, hf:org/name, "
                              "hf:llama?hidden_size=512,... (docs/planner.md, \"Planning a Hugging Face model\")")
-    parser.add_argument("--topology", required=True, help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8")
+    parser.add_argument("--topology", required=True,
+                        help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8; several separated by commas "
+                             "(v5e-256,v5p-128,v6e-256) plans each and ranks them by tokens/s per chip and per dollar")
+    parser.add_argument("--price", action="append", metavar="GEN=USD_PER_CHIP_HOUR",
+                        help="a generation's on-demand price per chip-hour for the ranking of several topologies, "
+                             "e.g. v6e=2.70 (repeatable or comma-separated; overrides tpu_tuner/planner/tpu_prices.toml)")
     parser.add_argument("--global-batch", type=int,
                         help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)")
     parser.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN; an hf: config's "
@@ -104,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.planner.plan import PlanOptions
     from tpu_tuner.planner.remat import parse_remat
 
+    topologies, prices = _ranking_flags(args)  # a list of topologies ranks them (docs/planner.md, "Which TPU to rent")
     layouts = None
     if args.layout:
         try:
@@ -143,10 +149,51 @@ def run(args: argparse.Namespace) -> int:
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study,
                           storage=args.storage, **given)
+    if len(topologies) > 1:
+        return _rank(args, options, topologies, prices)
     run_dir, result = plan_to_folder(args.model_file, options, args.out,
                                      progress=lambda message: print(message, flush=True))
     print()
     print(render_terminal(result, str(args.model_file), str(run_dir)))
     print(f"\nwrote {run_dir}/ ({PLAN_JSON}, {PLAN_MD}, {PLAN_PNG}" + (f", {SHARDING_CONFIG}" if result.best else "")
           + f", {COMPILER_LOG}: the compiler processes' own output)")
+    return 0
+
+
+def _ranking_flags(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """--topology as a list (one entry: today's single plan, the text as given) and the prices a
+    ranking uses; a bad entry, a bad --price, or a flag a ranking cannot take is refused in one
+    line before anything compiles."""
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.prices import parse_price_flags, price_table
+    from tpu_tuner.planner.topology import parse_topology
+
+    given = parse_price_flags(args.price)
+    if "," not in args.topology:
+        if given:
+            raise UserInputError("--price prices the ranking of several topologies: give --topology A,B,... "
+                                 "(e.g. v5e-256,v6e-256)")
+        return [args.topology], {}
+    entries = [entry.strip() for entry in args.topology.split(",")]
+    seen: dict[str, str] = {}
+    for number, entry in enumerate(entries, 1):
+        if not entry:
+            raise UserInputError(f"--topology {args.topology!r}: entry {number} is empty")
+        shape = parse_topology(entry).jax_name
+        if shape in seen:
+            raise UserInputError(f"--topology {args.topology!r}: {entry} is the same slice as {seen[shape]} ({shape})")
+        seen[shape] = entry
+    if args.layout:
+        raise UserInputError("--layout names layouts of one slice's devices: give one --topology, or leave out --layout")
+    return entries, price_table(given)
+
+
+def _rank(args: argparse.Namespace, options: Any, topologies: list[str], prices: dict[str, Any]) -> int:
+    """Plan every topology with the same options, then print the ranking."""
+    from tpu_tuner.outputs.ranking_report import rank_to_folder, render_terminal
+
+    folder, ranking = rank_to_folder(args.model_file, options, topologies, prices, args.out,
+                                     progress=lambda message: print(message, flush=True))
+    print()
+    print(render_terminal(ranking.to_dict(), str(folder)))
     return 0
