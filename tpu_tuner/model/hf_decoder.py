@@ -75,10 +75,13 @@ def _attention(config: PretrainedConfig) -> dict[str, Any]:
 
 
 def attention_pattern(config: PretrainedConfig) -> dict[str, Any]:
-    """The shape keys of the config's sliding-window layers (none without a window): every layer
-    local, or every N-th global as ``layer_types`` lists them."""
+    """The shape keys of the config's sliding-window layers (none without a window, or with one
+    no shorter than the longest sequence): every layer local, or every N-th global as
+    ``layer_types`` lists them."""
     window = getattr(config, "sliding_window", None) or 0
     types = list(getattr(config, "layer_types", None) or [])
+    if window >= (max_positions(config) or window + 1):
+        window = 0  # a window as long as every sequence the config allows: global attention
     if not window or (types and all(kind == "full_attention" for kind in types)):
         return {}
     full = [kind == "full_attention" for kind in types]
