@@ -181,6 +181,11 @@ class Decoder(nn.Module):
         self.register_buffer(f"rope_sin{suffix}", angles.sin(), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.hidden(tokens))
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm's output, before the output head (the planner's vocabulary tiling
+        computes the head's logits a tile of tokens at a time: planner/vocab_tiling.py)."""
         seq = tokens.shape[1]
         x = self.tok_embeddings(tokens)
         rope: tuple[torch.Tensor | None, ...] = (None, None)
@@ -193,7 +198,7 @@ class Decoder(nn.Module):
         for stack in (self.leading, self.layers, self.trailing):
             for layer in stack or ():
                 x = layer(x, *rope)
-        return self.output(self.norm(x))
+        return self.norm(x)
 
 
 def attention_spans(shape: DecoderShape) -> tuple[AttentionSpan, ...]:
