@@ -183,3 +183,40 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
     assert data["plan"][0] == pytest.approx(flops, rel=0.01)
     assert data["plan"][1] == pytest.approx(gathered, rel=0.01)
     assert data["plan"][2] <= peak * 1.05
+
+
+# Slow (~2 minutes on 2 cores): two compiles of a model whose logits dominate its memory.
+@pytest.mark.slow
+def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss() -> None:
+    """MaxText's num_vocab_tiling as the planner compiles it: a 32k vocabulary at 2 x 1024 tokens a
+    device is 128 MiB of bf16 logits (and as much again in the backward pass); in 8 tiles the
+    compiled step's temporaries shrink by most of that, while the loss it computes (on the CPU, on
+    random weights) is the untiled one's."""
+    from tests.test_planner_compile import _run_python
+
+    out = _run_python(f"""
+        import json
+        import jax, jax.numpy as jnp, numpy as np
+        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.decoder import Decoder
+        from tpu_tuner.model.decoder_shape import read_shape
+        from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
+        shape = read_shape("decoder:vocab=32768,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=1024")[0]
+        devices = topology_devices("v5e:2x2")
+        peaks = [compile_step(lambda: Decoder(shape), 2, Layout(1, 4, 1), devices, 8, 1024, 128, remat="full",
+                              scan=True, fast=True, vocab_tiling=tiles).temp_bytes for tiles in (1, 8)]
+        keys = jax.random.split(jax.random.PRNGKey(0), 3)
+        hidden = jax.random.normal(keys[0], (2, 64, 16))
+        head = jax.random.normal(keys[1], (100, 16))
+        targets = jax.random.randint(keys[2], (2, 64), 0, 100)
+        logits = jnp.einsum("bsd,vd->bsv", hidden, head)
+        whole = (jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]).mean()
+        print(json.dumps(dict(peaks=peaks, tiled=float(tiled_cross_entropy(hidden, head, targets, 8)),
+                              whole=float(whole))))
+    """)
+    data = json.loads(out)
+    untiled, tiled = data["peaks"]
+    assert untiled - tiled > 0.5 * 128 * 2**20  # most of a step's logits no longer held
+    assert data["tiled"] == pytest.approx(data["whole"], rel=1e-5)

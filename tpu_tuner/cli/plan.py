@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
     parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"), default=default("first_moment_dtype"),
                         help="AdamW's first moment's storage (MaxText's mu_dtype; default %(default)s)")
+    parser.add_argument("--vocab-tiling", type=int, default=default("vocab_tiling"), metavar="N",
+                        help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
+                             "the generic decoder's shapes; default %(default)s)")
     parser.add_argument("--fast", action="store_true",
                         help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
                              "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md")
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         given["workers"] = args.workers
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
-                          first_moment_dtype=args.mu_dtype,
+                          first_moment_dtype=args.mu_dtype, vocab_tiling=args.vocab_tiling,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study,
                           storage=args.storage, **given)

@@ -54,6 +54,7 @@ class CompileJob:
     accumulation: int = 1  # micro-batches a step
     first_moment_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
     compiler_options: tuple[tuple[str, Any], ...] = ()  # added to the TPU compile's options
+    vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
 
 
 def default_workers() -> int:
@@ -67,7 +68,8 @@ def run_job(job: CompileJob) -> CompiledStep:
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
                         topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
                         remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
-                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options)
+                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options,
+                        vocab_tiling=job.vocab_tiling)
 
 
 class CompilePool:

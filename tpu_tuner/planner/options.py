@@ -27,6 +27,7 @@ class PlanOptions:
     remat: str = "full"  # a policy as remat.parse_remat reads it: "full", "save_qkv_proj", "custom:...", ...
     accumulation: int = 1  # micro-batches a step (gradient accumulation)
     first_moment_dtype: str = "float32"  # AdamW's first moment: "float32" or "bfloat16" (MaxText's mu_dtype)
+    vocab_tiling: int = 1  # the loss's logits this many slices of the sequence at a time (MaxText's num_vocab_tiling)
     attention: str = "full"  # MFU convention: "full" or "causal"
     max_layouts: int = 10
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration

@@ -49,6 +49,7 @@ class PlanProblem:
     cost_model: CostModel
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
+    vocab_tiling: int = 1
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
 
@@ -73,7 +74,8 @@ class PlanProblem:
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
-                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype)
+                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
+                          vocab_tiling=self.vocab_tiling)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
@@ -122,9 +124,15 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         for note in workload.notes:  # which route the config took (planner/hf_plan.py)
             emit(note)
     global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
+    if options.vocab_tiling < 1 or seq_len % options.vocab_tiling:
+        raise UserInputError(f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not "
+                             f"{options.vocab_tiling}", workload.source)
     with torch.device("meta"):
         meta_model = workload.model_for_preset(options.preset)
     transformer = workload.dims_for_preset(options.preset)
+    if options.vocab_tiling > 1 and not callable(getattr(meta_model, "hidden", None)):
+        raise UserInputError("--vocab-tiling needs the generic decoder (a decoder: shape, a shape file or a mapped "
+                             "hf: config): this model has no hidden() before its output head", workload.source)
     window = max((max(span.window, span.chunk) for span in (transformer.spans if transformer else ())), default=0)
     if window > seq_len:
         raise UserInputError(f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
@@ -142,7 +150,7 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
-        first_moment_dtype=options.first_moment_dtype,
+        first_moment_dtype=options.first_moment_dtype, vocab_tiling=options.vocab_tiling,
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))

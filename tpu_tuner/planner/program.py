@@ -37,6 +37,7 @@ from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
+from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
 from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
                                           sharded_attention)
 
@@ -76,6 +77,7 @@ def compile_step(
     accumulation: int = 1,
     first_moment_dtype: str = "float32",
     compiler_options: tuple[tuple[str, Any], ...] = (),
+    vocab_tiling: int = 1,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
@@ -84,7 +86,9 @@ def compile_step(
     With `accumulation` > 1 the global batch runs as that many micro-batches in a loop that
     accumulates fp32 gradients, AdamW once after it (MaxText's gradient_accumulation_steps).
     `first_moment_dtype` is AdamW's first moment's storage (MaxText's mu_dtype);
-    `compiler_options` are added to the TPU compile's options (a recipe's XLA flags).
+    `compiler_options` are added to the TPU compile's options (a recipe's XLA flags); with
+    `vocab_tiling` > 1 the loss computes the output head's logits that many slices of the sequence
+    at a time (MaxText's num_vocab_tiling; the model needs a `hidden` method: the generic decoder).
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
@@ -157,6 +161,13 @@ def compile_step(
         if isinstance(module, nn.Embedding):
             module.register_forward_hook(constrain)
 
+    head_weight = ""
+    if vocab_tiling > 1:
+        head = getattr(model, "output", None)
+        if not callable(getattr(model, "hidden", None)) or not isinstance(head, nn.Linear):
+            raise ValueError("vocabulary tiling needs a model with a hidden() method and an output Linear "
+                             "(the generic decoder)")
+        head_weight = next(name for name, p in model.named_parameters() if p is head.weight)
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
@@ -191,8 +202,11 @@ def compile_step(
             stacked["weights"] = {**compute["blocks"], **buffer_values["blocks"]}
         torch_weights, torch_buffers, torch_inputs = env.j2t_iso((compute["model"], buffer_values["model"], inputs))
         with env:
-            logits = jittable.functional_call("forward", torch_weights, torch_buffers, torch_inputs)
+            logits = jittable.functional_call("hidden" if vocab_tiling > 1 else "forward", torch_weights,
+                                              torch_buffers, torch_inputs)
         logits = env.t2j_iso(logits)
+        if vocab_tiling > 1:  # the final hidden states: the head's logits a tile at a time
+            return tiled_cross_entropy(logits, compute["model"][head_weight], targets, vocab_tiling)
         # Cross-entropy without a float32 copy of the logits: the fp32 log-sum-exp fuses into its
         # reduction, as in MaxText; a [tokens, vocab] fp32 buffer would dominate HBM at 128k vocab.
         lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
