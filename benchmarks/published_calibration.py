@@ -53,6 +53,7 @@ class Row:
     attention: str  # the MFU convention: "full", "causal" or "none" (no attention term: A0)
     mu_dtype: str
     published_mfu: float
+    vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
 
 
@@ -177,7 +178,8 @@ def row_of(run: dict[str, Any]) -> Row:
         global_batch=int(global_batch), per_device_batch=run["per_device_batch"],
         layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"], run["ici_tensor"], run["ici_context"]),
         remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
-        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], in_calibration_before=run["in_calibration"])
+        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
+        in_calibration_before=run["in_calibration"])
 
 
 def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, str]]]:
