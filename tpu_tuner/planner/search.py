@@ -238,6 +238,7 @@ def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
             "topology": problem.topology.jax_name, "devices": problem.topology.devices,
             "global_batch": problem.global_batch, "seq_len": problem.seq_len, "fast": problem.fast,
             "first_moment_dtype": problem.first_moment_dtype,
+            "weight_dtype": problem.weight_dtype, "quantization": problem.quantization,
             "space": space.describe()}
 
 
