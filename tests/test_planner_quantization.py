@@ -89,6 +89,27 @@ def test_fp8_runs_the_quantized_share_at_tpu7xs_fp8_peak_and_mfu_stays_against_b
     assert fp8.mfu == pytest.approx(0.9e12 / fp8.step_seconds / peak)
 
 
+def test_the_precision_is_part_of_a_searchs_study_record() -> None:
+    from dataclasses import replace
+
+    from tpu_tuner.model.structure import Dims
+    from tpu_tuner.planner.problem import PlanProblem
+    from tpu_tuner.planner.search import plan_record
+    from tpu_tuner.planner.space import SearchSpace
+
+    shape = ModelShape(128, 4, 4, 256, 256, 2)
+    problem = PlanProblem(source="shape", workload="decoder", preset=None, topology=parse_topology("tpu7x:2x2x1"),
+                          global_batch=8, seq_len=256, dims=Dims(shape, 32), gated=True, matmul_parameters=1,
+                          parameters=1, model_flops=1.0, attention="full", fast=True, cost_model=CostModel(),
+                          placements={}, model_digest="0" * 64)
+    space = SearchSpace(tensors=(1,))
+    records = [plan_record(p, space) for p in (problem, replace(problem, quantization="fp8"),
+                                                replace(problem, weight_dtype="bfloat16"))]
+    assert "quantization" not in records[0] and "weight_dtype" not in records[0]  # earlier studies keep their names
+    assert records[1]["quantization"] == "fp8" and records[2]["weight_dtype"] == "bfloat16"
+    assert len({json.dumps(r, sort_keys=True) for r in records}) == 3
+
+
 @needs_planner
 @pytest.mark.parametrize("flags, words", [
     (["--topology", "v5e:2x2", "--quantization", "fp8"], "v5e has no fp8 matmul units"),
