@@ -68,8 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "plan run again resumes)")
     search.add_argument("--storage", help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
     parser.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
-    parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"), default=default("first_moment_dtype"),
-                        help="AdamW's first moment's storage (MaxText's mu_dtype; default %(default)s)")
+    parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"),
+                        help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
+                             "MaxText's mu_dtype follows weight_dtype when unset)")
+    parser.add_argument("--weight-dtype", default=default("weight_dtype"), metavar="float32|bfloat16",
+                        help="the master weights' storage, and so the gradients' and AdamW's second moment's "
+                             "(MaxText's weight_dtype; default %(default)s)")
+    parser.add_argument("--quantization", metavar="int8|fp8",
+                        help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
+                             "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
+                             "against the bf16 peak (docs/planner.md, \"Precision of the step\")")
     parser.add_argument("--vocab-tiling", type=int, default=default("vocab_tiling"), metavar="N",
                         help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
                              "the generic decoder's shapes; default %(default)s)")
@@ -102,6 +110,25 @@ def _sizes(flag: str, text: str) -> tuple[int, ...]:
     return values
 
 
+def _check_precision(args: argparse.Namespace) -> None:
+    """--weight-dtype and --quantization: known values, and an 8-bit peak Google states for the
+    topology's generation (predict.QUANTIZED_PEAK_TFLOPS), before any compiler starts."""
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.predict import quantized_peak_refusal
+    from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
+    from tpu_tuner.planner.topology import parse_topology
+
+    if args.weight_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"--weight-dtype takes float32 or bfloat16, not {args.weight_dtype!r}")
+    if args.quantization is None:
+        return
+    if args.quantization not in QUANTIZATIONS:
+        raise UserInputError(f"--quantization takes {' or '.join(QUANTIZATIONS)}, not {args.quantization!r}")
+    refusal = quantized_peak_refusal(parse_topology(args.topology).chip.generation, args.quantization)
+    if refusal:
+        raise UserInputError(f"--quantization {args.quantization} on {args.topology}: {refusal}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the flags, plan into a run folder, print the ranking."""
     from tpu_tuner.core.errors import UserInputError
@@ -126,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--budget must be at least 1, not {args.budget}")
     if args.seed < 0:
         raise UserInputError(f"--seed must be 0 or more, not {args.seed}")
+    _check_precision(args)
     searching = args.budget is not None or args.sampler == "exhaustive"
     search_only = [f"--{flag.replace('_', '-')}" for flag in ("remats", "accumulations", "contexts", "study", "storage")
                    if getattr(args, flag) is not None]
@@ -148,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         given["workers"] = args.workers
     options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
-                          first_moment_dtype=args.mu_dtype, vocab_tiling=args.vocab_tiling,
+                          first_moment_dtype=args.mu_dtype or args.weight_dtype, weight_dtype=args.weight_dtype,
+                          quantization=args.quantization, vocab_tiling=args.vocab_tiling,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study,
                           storage=args.storage, **given)

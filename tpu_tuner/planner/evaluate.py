@@ -148,7 +148,8 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     devices = problem.topology.devices
     prediction = predict(full, problem.topology, point.layout, problem.dims.shape, problem.dims.head_dim,
                          problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
-                         problem.hardware_flops(point.remat) / devices, problem.seq_len)
+                         problem.hardware_flops(point.remat) / devices, problem.seq_len,
+                         problem.quantization, problem.quantized_share())
     return LayoutPlan(point.layout, full, fits, hbm - full.peak_bytes, why, prediction, point.remat,
                       point.accumulation, batch, bound)
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.metrics.flops import matmul_parameters, score_pairs, transformer_model_flops
-from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.structure import Dims, read_dims
@@ -21,7 +22,7 @@ from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import Topology
@@ -49,6 +50,9 @@ class PlanProblem:
     cost_model: CostModel
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
+    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None = None  # the blocks' linear layers: None (bf16), "int8" or "fp8"
+    quantized_parameters: int = 0  # the weights of the blocks' linear layers (what --quantization quantizes)
     vocab_tiling: int = 1
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
@@ -75,12 +79,23 @@ class PlanProblem:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
                           scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
+                          weight_dtype=self.weight_dtype, quantization=self.quantization,
                           vocab_tiling=self.vocab_tiling)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
                                   first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
+                                  weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
                                   saved_inputs=self.dims.saved_block_inputs)
+
+    def quantized_share(self) -> float:
+        """The share of the step's FLOPs that --quantization runs in 8 bits: the blocks' linear
+        layers' forward and both backward matmuls (6 FLOPs a weight a token) of the model's FLOPs
+        with full attention; remat's recomputation is taken to have the same mix."""
+        if self.quantization is None:
+            return 0.0
+        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
+        return min(1.0, 6.0 * self.quantized_parameters * self.global_batch * self.seq_len / full)
 
 
 def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
@@ -100,6 +115,13 @@ def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> N
 def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
     """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first.
     An ``hf:`` source runs no code of its own (a config is read), so it is not screened in a worker."""
+    # The step's precision first: refused before any worker runs.
+    if options.weight_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"the weights' dtype is float32 or bfloat16, not {options.weight_dtype!r}")
+    if options.quantization is not None:
+        refusal = quantized_peak_refusal(topology.chip.generation, options.quantization)
+        if refusal:
+            raise UserInputError(f"--quantization {options.quantization}: {refusal}", topology.name)
     hf = is_hf_source(model_file)
     if not hf:
         _screen_in_worker(model_file, options.log_file)
@@ -139,7 +161,8 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
                              "plan a longer --seq, or the model as global attention", workload.source)
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
-    _, blocks = blocks_of(meta_model)
+    blocks_name, blocks = blocks_of(meta_model)
+    every_block = [*blocks, *(block for _, block in unscanned_blocks(meta_model, blocks_name))]
     roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
@@ -151,6 +174,9 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
         first_moment_dtype=options.first_moment_dtype, vocab_tiling=options.vocab_tiling,
+        weight_dtype=options.weight_dtype, quantization=options.quantization,
+        quantized_parameters=sum(m.weight.numel() for block in every_block for m in block.modules()
+                                 if isinstance(m, nn.Linear)),
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))

@@ -36,6 +36,7 @@ from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import block_loop_iteration
+from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
 from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
 from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
 from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
@@ -77,6 +78,8 @@ def compile_step(
     accumulation: int = 1,
     first_moment_dtype: str = "float32",
     compiler_options: tuple[tuple[str, Any], ...] = (),
+    weight_dtype: str = "float32",
+    quantization: str | None = None,
     vocab_tiling: int = 1,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
@@ -86,9 +89,12 @@ def compile_step(
     With `accumulation` > 1 the global batch runs as that many micro-batches in a loop that
     accumulates fp32 gradients, AdamW once after it (MaxText's gradient_accumulation_steps).
     `first_moment_dtype` is AdamW's first moment's storage (MaxText's mu_dtype);
-    `compiler_options` are added to the TPU compile's options (a recipe's XLA flags); with
-    `vocab_tiling` > 1 the loss computes the output head's logits that many slices of the sequence
-    at a time (MaxText's num_vocab_tiling; the model needs a `hidden` method: the generic decoder).
+    `compiler_options` are added to the TPU compile's options (a recipe's XLA flags).
+    `weight_dtype` is the master weights' storage (MaxText's weight_dtype: with bfloat16 the
+    gradients and AdamW's second moment are bf16 too); `quantization` ("int8", "fp8") compiles the
+    blocks' linear layers as 8-bit matmuls (quantized_matmul.py). With `vocab_tiling` > 1 the loss
+    computes the output head's logits that many slices of the sequence at a time (MaxText's
+    num_vocab_tiling; the model needs a `hidden` method: the generic decoder).
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
@@ -171,13 +177,17 @@ def compile_step(
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
+    if quantization is not None:
+        scope = BlockScope()
+        scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
+        install_quantized_linear(env, quantization, scope)
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # Parameters split over context as over fsdp (MaxText's rule for its embed axis).
         split = tuple(("fsdp", "context") if axis == "fsdp" else axis
                       for axis in partition_spec(placement.get(name, "replicated"), tensor.dim()))
         spec = (None,) * len(leading) + split
-        return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+        return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
     params: dict[str, Any] = {"model": {name: param_struct(name, t) for name, t in jittable.params.items()}}
     buffers: dict[str, Any] = {"model": {name: jax.ShapeDtypeStruct(tuple(t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
@@ -222,7 +232,7 @@ def compile_step(
             loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, *batch)
             return (total + loss, jax.tree.map(lambda s, g: s + g.astype(jnp.float32), summed, grads)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, weights)  # fp32, sharded as the weights
+        zeros = jax.tree.map(lambda w: jnp.zeros_like(w, jnp.float32), weights)  # fp32, sharded as the weights
         (total, summed), _ = jax.lax.scan(micro_step, (jnp.zeros((), jnp.float32), zeros), (inputs, targets))
         return total / accumulation, jax.tree.map(lambda g: g / accumulation, summed)
 
@@ -230,11 +240,12 @@ def compile_step(
         loss, grads = gradients(weights, buffer_values, inputs, targets)
         first, second = moments
         first = jax.tree.map(lambda m, g: (0.9 * m + 0.1 * g).astype(m.dtype), first, grads)
-        second = jax.tree.map(lambda v, g: 0.95 * v + 0.05 * g * g, second, grads)
+        second = jax.tree.map(lambda v, g: (0.95 * v + 0.05 * g * g).astype(v.dtype), second, grads)
         # AdamW with its epsilon inside the square root (optax's eps_root): a reciprocal square
         # root instead of a square root and a divide, whose code is long: the same FLOPs, bytes and
         # memory, and less compile time (docs/planner.md, "Speed").
-        weights = jax.tree.map(lambda w, m, v: w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w), weights, first, second)
+        weights = jax.tree.map(lambda w, m, v: (w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w)).astype(w.dtype),
+                               weights, first, second)
         return weights, (first, second), loss
 
     start = time.perf_counter()

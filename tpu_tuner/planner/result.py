@@ -61,6 +61,8 @@ class PlanResult:
     error_band: ErrorBand | None = None  # the best point's band (else the first point's)
     search: dict[str, Any] | None = None  # the search's study, space and every trial
     source: str | None = None  # the model file (or shape) as given
+    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
 
     @property
     def best(self) -> LayoutPlan | None:
@@ -126,6 +128,8 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         error_band=shown.band if shown else None,
         search=search,
         source=problem.source,
+        weight_dtype=problem.weight_dtype,
+        quantization=problem.quantization,
     )
 
 
