@@ -29,6 +29,9 @@ PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
 # under "causal" and that attention term taken out of the row's model FLOPs
 # (benchmarks/plan_calibration.py, `compile_row`).
 ATTENTION_OF_CONVENTION = {"A0": "none", "A1": "full", "A": "causal", "B": "full", "C": "causal"}
+# MaxText's quantization settings as the planner's --quantization (docs/planner.md, "Precision of
+# the step"): AQT int8, and Qwix fp8_full. Such runs' MFU is against the bf16 peak, as the plan's is.
+QUANTIZATION = {"none": None, "int8": "int8", "fp8_full": "fp8"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
 _NON_STANDARD = {"v4-384": "v4:4x4x12"}
@@ -54,6 +57,8 @@ class Row:
     mu_dtype: str
     published_mfu: float
     vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
+    weight_dtype: str  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None  # the planner's --quantization (QUANTIZATION)
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
 
 
@@ -66,8 +71,8 @@ def why_not(run: dict[str, Any]) -> str | None:
     """Why the planner cannot compile `run` as published, or None when it can."""
     if run["superseded_by"]:
         return f"superseded by {run['superseded_by']}"
-    if run["quantization"] != "none":
-        return f"{run['quantization']} (MFU against the bf16 peak: not comparable)"
+    if run["quantization"] not in QUANTIZATION:
+        return f"quantization {run['quantization']!r}: not one the planner compiles (int8, fp8_full)"
     if run["slices"] > 1 or run["dcn_data"] > 1:
         return "multi-slice (DCN): the planner compiles one slice"
     axes = [a for a in _UNSUPPORTED_AXES if run[a] != 1]
@@ -78,8 +83,8 @@ def why_not(run: dict[str, Any]) -> str | None:
         return pattern
     if run["experts"] and (run["capacity_factor"] <= 0 or run["shared_experts"]):
         return "dropless (megablox) or shared-expert MoE: the planner's MoE is MaxText's dropping router"
-    if run["weight_dtype"] != "float32":
-        return f"{run['weight_dtype']} weights: the planner keeps fp32 master weights"
+    if run["weight_dtype"] not in ("float32", "bfloat16"):
+        return f"{run['weight_dtype']} weights: the planner keeps float32 or bfloat16 master weights"
     # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
     # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does. The
     # 2023 v4 runs used optax.adam: the same two fp32 moments, without the decay's one elementwise
@@ -179,6 +184,7 @@ def row_of(run: dict[str, Any]) -> Row:
         layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"], run["ici_tensor"], run["ici_context"]),
         remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
         mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
+        weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]],
         in_calibration_before=run["in_calibration"])
 
 
