@@ -59,7 +59,8 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     base = {r["id"]: r for r in load_runs()}["llama3.1-8b-v6e-8"]
     assert why_not(base) is None
     assert "superseded" in why_not({**base, "superseded_by": "x"})
-    assert "fp8" in why_not({**base, "quantization": "fp8_full"})
+    assert why_not({**base, "quantization": "fp8_full"}) is None  # compiled quantized (--quantization fp8)
+    assert "'fp8'" in why_not({**base, "quantization": "fp8"})  # MaxText's GPU fp8: no TPU program
     assert "multi-slice" in why_not({**base, "slices": 2})
     assert "dropless" in why_not({**base, "experts": 16, "capacity_factor": -1.0})
     assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})
