@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "decoder:d_model=...), or a Hugging Face config: hf:./folder, hf:org/name, "
                              "hf:llama?hidden_size=512,... (docs/planner.md, \"Planning a Hugging Face model\")")
     parser.add_argument("--topology", required=True, help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8")
+    parser.add_argument("--slices", type=int, default=default("slices"), metavar="N",
+                        help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
+                             "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2")
     parser.add_argument("--global-batch", type=int,
                         help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)")
     parser.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN; an hf: config's "
@@ -45,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention FLOPs convention for MFU (default %(default)s)")
     parser.add_argument("--max-layouts", type=int, default=default("max_layouts"),
                         help="layouts to compile (default %(default)s)")
-    parser.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR[xCONTEXT]",
-                        help="compile only this layout, e.g. 1x64x4 or 1x32x4x2 (repeatable)")
+    parser.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...]",
+                        help="compile only this layout, e.g. 1x64x4, 1x32x4x2, 1x32x1,expert=4 or 2x64x1,dcn_data=2; "
+                             "AXIS: fsdp_transpose, expert, dcn_data, dcn_fsdp (repeatable)")
     search = parser.add_argument_group("search (Optuna over layout x remat x micro-batches)")
     search.add_argument("--budget", type=int, metavar="N",
                         help="search the joint space with N compiles instead of enumerating layouts")
@@ -105,11 +109,17 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.planner.remat import parse_remat
 
     layouts = None
+    if args.slices < 1:
+        raise UserInputError(f"--slices must be at least 1, not {args.slices}")
     if args.layout:
         try:
             layouts = [parse_layout(text) for text in args.layout]
         except ValueError as exc:
-            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4: {exc}") from exc
+            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
+        for layout in layouts:
+            if layout.slices != args.slices:
+                raise UserInputError(f"--layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), "
+                                     f"--slices is {args.slices}: the DCN ways' product must be the slice count")
     parse_remat(args.remat, "--remat")
     if args.accumulation < 1:
         raise UserInputError(f"--accumulation must be at least 1, not {args.accumulation}")
@@ -137,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
         given["workers"] = args.workers
-    options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
+    options = PlanOptions(topology=args.topology, slices=args.slices, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
                           first_moment_dtype=args.mu_dtype,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,

@@ -54,6 +54,7 @@ class CompileJob:
     accumulation: int = 1  # micro-batches a step
     first_moment_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
     compiler_options: tuple[tuple[str, Any], ...] = ()  # added to the TPU compile's options
+    slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
 
 
 def default_workers() -> int:
@@ -65,7 +66,7 @@ def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
     workload = _workload(job.model_file)
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
-                        topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
+                        topology_devices(job.topology, job.slices), job.global_batch, job.seq_len, job.d_model,
                         remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
                         first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options)
 
@@ -206,12 +207,16 @@ def topology_config(jax_name: str) -> dict[str, str]:
 
 
 @lru_cache(maxsize=4)
-def topology_devices(jax_name: str) -> Any:
-    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore."""
+def topology_devices(jax_name: str, slices: int = 1) -> Any:
+    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore. With
+    `slices` > 1, that many copies of the slice, each device with its `slice_index` (MaxText's
+    ahead-of-time compile asks for multi-slice the same way)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
-    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name)).devices
+    extra: dict[str, Any] = {"num_slices": slices} if slices > 1 else {}
+    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name),
+                                        **extra).devices
 
 
 @lru_cache(maxsize=4)

@@ -66,7 +66,8 @@ class PlanProblem:
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
-                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype)
+                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
+                          slices=self.topology.slices)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
@@ -149,7 +150,7 @@ def _topology_devices(topology: Topology) -> Any:
     try:
         from tpu_tuner.planner.compile_pool import topology_devices
 
-        return topology_devices(topology.jax_name)
+        return topology_devices(topology.jax_name, topology.slices)
     except ImportError as exc:
         raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
     except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know

@@ -108,7 +108,9 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    spec = PartitionSpec(("data", "fsdp"), "tensor", "context", None)
+    # The batch over every axis that splits it (fsdp_transpose and expert too: planner/mesh.py).
+    spec = PartitionSpec(tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape),
+                         "tensor", "context", None)
     context = mesh.shape["context"]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
