@@ -35,6 +35,7 @@ from tpu_tuner.planner.collectives import device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
+from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
@@ -154,6 +155,7 @@ def compile_step(
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
+    expert_dispatch(env, mesh)  # the MoE's dispatch as all-to-alls over an expert axis (expert_parallel.py)
 
     mlp_hidden = mlp_width(block_list[0], d_model) if len(block_list) else None
 
