@@ -199,25 +199,23 @@ _MLP = ("fsdp_transpose", "tensor")
 _MOE_EMBED = ("fsdp", "context")
 
 
-def mesh_partition_spec(placement: str, shape: tuple[int, ...], mlp_hidden: int | None = None) -> tuple:
-    """The PartitionSpec entries over MESH_AXES of a parameter of `shape` placed as `placement`:
-    `partition_spec`'s axes resolved as MaxText's rules resolve them (an axis of size 1 splits
-    nothing, so a layout without the named axes compiles as before). A column- or row-wise weight
-    whose MLP-side width is `mlp_hidden` is an MLP weight: its MLP side over fsdp_transpose x
-    tensor (MaxText's ``mlp`` rule), its embed side over the rest."""
-    if len(shape) < 2:
+def mesh_partition_spec(placement: str, ndim: int, mlp: bool = False) -> tuple:
+    """The PartitionSpec entries over MESH_AXES of an `ndim`-dimensional parameter placed as
+    `placement`: `partition_spec`'s axes resolved as MaxText's rules resolve them (an axis of size
+    1 splits nothing, so a layout without the named axes compiles as before). `mlp`: a weight (or
+    bias) of the MLP's linears, whose MLP side goes over fsdp_transpose x tensor (MaxText's ``mlp``
+    rule) and embed side over the rest."""
+    if ndim < 2:
         if placement != "colwise_bias":
             return ()
-        return (_MLP,) if mlp_hidden and shape and shape[0] == mlp_hidden else ("tensor",)
+        return (_MLP,) if mlp else ("tensor",)
     if placement == "expert_in":
         return ("expert", _MOE_EMBED, _MLP)
     if placement == "expert_out":
         return ("expert", _MLP, _MOE_EMBED)
     if placement in ("colwise", "embedding"):  # (out, in): out over tensor
-        mlp = placement == "colwise" and mlp_hidden is not None and shape[0] == mlp_hidden
-        return (_MLP, _MLP_EMBED) if mlp else ("tensor", _EMBED)
+        return (_MLP, _MLP_EMBED) if mlp and placement == "colwise" else ("tensor", _EMBED)
     if placement == "rowwise":  # (out, in): in over tensor
-        mlp = mlp_hidden is not None and shape[1] == mlp_hidden
         return (_MLP_EMBED, _MLP) if mlp else (_EMBED, "tensor")
     return ()
 

@@ -25,7 +25,8 @@ _LINE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<kind>" + "|".join(KINDS) + r")(?P<
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, or with the devices reordered: ..., device_ids=([2,2]T(1,0)) {...}
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((?:[^()]|\([^()]*\))*\))?\s*\{([^}]*)\}")
 _DCN_RECV = re.compile(r"=\s*(?P<shape>.+?)\s+recv\(.*_xla_megascale_transfer_type=\"(?P<kind>\w+)\"")
 _DCN_SLICES = re.compile(r"_xla_megascale_target=\"\{([\d,]*)\}x")  # "{1,2}x{0:3}": slices 1 and 2, devices 0-3
 _DCN_GROUPS = re.compile(r"_xla_megascale_target=\{\{([\d,]*)\}")  # {{100000,200000},...}: device ids per group

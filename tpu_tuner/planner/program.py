@@ -38,7 +38,7 @@ from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
-from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
+from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
 from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
                                           sharded_attention)
 
@@ -157,12 +157,15 @@ def compile_step(
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
     expert_dispatch(env, mesh)  # the MoE's dispatch as all-to-alls over an expert axis (expert_parallel.py)
 
-    mlp_hidden = mlp_width(block_list[0], d_model) if len(block_list) else None
+    # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side.
+    roles = block_tensor_roles(block_list[0], d_model, mlp_width(block_list[0], d_model))[0] if len(block_list) else {}
+    mlp_paths = {path for path, role in roles.items() if role.startswith("mlp")}
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's
         # side over fsdp_transpose x tensor, experts over expert (layouts.mesh_partition_spec).
-        split = mesh_partition_spec(placement.get(name, "replicated"), tuple(tensor.shape), mlp_hidden)
+        in_block = name[len(blocks_name) + 1:].partition(".")[2] if name.startswith(blocks_name + ".") else ""
+        split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), in_block.rpartition(".")[0] in mlp_paths)
         spec = (None,) * len(leading) + split
         return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
