@@ -115,6 +115,10 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
     count, moved = total("1x1x1,expert=4", "all-to-all", 4)
     assert count >= 4 and moved > 0  # dispatch + combine, forward + backward, at least
     assert total("1x1x1,expert=4", "all-gather", 4)[1] < total("1x4x1", "all-gather", 4)[1] / 2
-    assert total("1x2x1,fsdp_transpose=2", "all-gather", 2)[0] > 0  # gathers over fsdp_transpose and fsdp
+    # fsdp_transpose x fsdp gathers each weight over both axes together (4 devices), as fsdp 4 does,
+    # and moves no tokens between devices.
+    assert total("1x2x1,fsdp_transpose=2", "all-gather", 4)[0] > 0
+    assert total("1x2x1,fsdp_transpose=2", "all-to-all", 4) == (0, 0)
     # The same model FLOPs to within the dispatch's bookkeeping (the experts do the same matmuls).
-    assert steps["1x1x1,expert=4"]["flops"] == pytest.approx(steps["1x4x1"]["flops"], rel=0.02)
+    for text in ("1x1x1,expert=4", "1x2x1,fsdp_transpose=2"):
+        assert steps[text]["flops"] == pytest.approx(steps["1x4x1"]["flops"], rel=0.02)

@@ -174,3 +174,18 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
     assert report["plan"]["topology"]["slices"] == 2 and report["plan"]["topology"]["devices"] == 8
     assert "DCN collectives (exposed)" in report["table"] and "DCN collectives (exposed)" in report["md"]
     assert "DCN across 2 slices" in report["md"] and "25 Gbit/s of DCN per chip" in report["md"]
+
+
+def test_the_search_offers_the_slices_split_only_over_several_slices() -> None:
+    from tpu_tuner.planner.space import default_space, point_of, valid_points
+
+    shape = ModelShape(d_model=128, n_heads=4, n_kv_heads=4, mlp_hidden=256, vocab=256, n_layers=2)
+    one = default_space(8, shape, 128, remats=("full",), accumulations=(1,), contexts=(1,))
+    assert "dcn" not in one.describe() and all(p.layout.slices == 1 for p in valid_points(one, 8, shape, 16, 128))
+    two = default_space(8, shape, 128, remats=("full",), accumulations=(1,), contexts=(1,), slices=2)
+    assert two.describe()["dcn"] == ["2x1", "1x2"]
+    points = valid_points(two, 8, shape, 16, 128)
+    assert all(p.layout.slices == 2 for p in points) and len(points) > len(valid_points(one, 8, shape, 16, 128))
+    assert point_of(dict(tensor=1, context=1, data=1, remat="full", accumulation=1, dcn="2x1"), 8) is None  # data 1
+    assert point_of(dict(tensor=1, context=1, data=1, remat="full", accumulation=1, dcn="1x2"), 8).layout == Layout(
+        1, 8, 1, dcn_fsdp=2)
