@@ -122,3 +122,19 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
     # The same model FLOPs to within the dispatch's bookkeeping (the experts do the same matmuls).
     for text in ("1x1x1,expert=4", "1x2x1,fsdp_transpose=2"):
         assert steps[text]["flops"] == pytest.approx(steps["1x4x1"]["flops"], rel=0.02)
+
+
+@pytest.mark.skipif(not _PLANNER, reason="the planner extra is not installed: pip install -e '.[plan]'")
+def test_an_expert_axis_the_experts_do_not_fill_is_refused_before_the_compile() -> None:
+    code = """
+        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.planner.compile_pool import CompileJob, _compile
+        step = _compile(CompileJob("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=2,top_k=1", None, 2,
+                                   parse_layout("1x1x1,expert=4"), "v5e:2x2", 8, 256, 128, "full", True, scan=True))
+        print(step.error)
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == (
+        "ValueError: expert 4 does not divide the 2 experts of layers.0.feed_forward.w_gate")

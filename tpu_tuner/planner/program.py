@@ -166,6 +166,8 @@ def compile_step(
         # side over fsdp_transpose x tensor, experts over expert (layouts.mesh_partition_spec).
         in_block = name[len(blocks_name) + 1:].partition(".")[2] if name.startswith(blocks_name + ".") else ""
         split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), in_block.rpartition(".")[0] in mlp_paths)
+        if split[:1] == ("expert",) and tensor.shape[0] % layout.expert:
+            raise ValueError(f"expert {layout.expert} does not divide the {tensor.shape[0]} experts of {name}")
         spec = (None,) * len(leading) + split
         return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
