@@ -12,6 +12,7 @@ and tpu-recipes, https://github.com/AI-Hypercomputer/tpu-recipes, at the commits
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,9 @@ PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
 # under "causal" and that attention term taken out of the row's model FLOPs
 # (benchmarks/plan_calibration.py, `compile_row`).
 ATTENTION_OF_CONVENTION = {"A0": "none", "A1": "full", "A": "causal", "B": "full", "C": "causal"}
+# MaxText's quantization settings as the planner's --quantization (docs/planner.md, "Precision of
+# the step"): AQT int8, and Qwix fp8_full. Such runs' MFU is against the bf16 peak, as the plan's is.
+QUANTIZATION = {"none": None, "int8": "int8", "fp8_full": "fp8"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
 _NON_STANDARD = {"v4-384": "v4:4x4x12"}
@@ -52,6 +56,9 @@ class Row:
     attention: str  # the MFU convention: "full", "causal" or "none" (no attention term: A0)
     mu_dtype: str
     published_mfu: float
+    vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
+    weight_dtype: str  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None  # the planner's --quantization (QUANTIZATION)
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
 
 
@@ -64,19 +71,20 @@ def why_not(run: dict[str, Any]) -> str | None:
     """Why the planner cannot compile `run` as published, or None when it can."""
     if run["superseded_by"]:
         return f"superseded by {run['superseded_by']}"
-    if run["quantization"] != "none":
-        return f"{run['quantization']} (MFU against the bf16 peak: not comparable)"
+    if run["quantization"] not in QUANTIZATION:
+        return f"quantization {run['quantization']!r}: not one the planner compiles (int8, fp8_full)"
     if run["slices"] > 1 or run["dcn_data"] > 1:
         return "multi-slice (DCN): the planner compiles one slice"
     axes = [a for a in _UNSUPPORTED_AXES if run[a] != 1]
     if axes:
         return f"mesh axis {', '.join(axes)}: not in the planner's layouts (data x fsdp x tensor x context)"
-    if run["attention_window"] or any(w in run["attention_pattern"] for w in ("local", "chunk", "window")):
-        return f"attention {run['attention_pattern']!r}: windowed / chunked attention is compiled as global"
+    pattern = attention_keys(run["attention_pattern"])
+    if isinstance(pattern, str):
+        return pattern
     if run["experts"] and (run["capacity_factor"] <= 0 or run["shared_experts"]):
         return "dropless (megablox) or shared-expert MoE: the planner's MoE is MaxText's dropping router"
-    if run["weight_dtype"] != "float32":
-        return f"{run['weight_dtype']} weights: the planner keeps fp32 master weights"
+    if run["weight_dtype"] not in ("float32", "bfloat16"):
+        return f"{run['weight_dtype']} weights: the planner keeps float32 or bfloat16 master weights"
     # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
     # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does. The
     # 2023 v4 runs used optax.adam: the same two fp32 moments, without the decay's one elementwise
@@ -91,6 +99,45 @@ def why_not(run: dict[str, Any]) -> str | None:
     if activations[0] not in ("silu", "gelu", "relu") or activations[1:] not in ([], ["linear"]):
         return f"MLP activations {activations}: not the generic decoder's"
     return None
+
+
+_LOCAL = re.compile(r"(\d+) local \(window (\d+)\) : 1 global")
+_ALTERNATING = re.compile(r"alternating local \(window (\d+)\) / global")
+_CHUNKED = re.compile(r"chunked causal \(chunk (\d+)\) on RoPE layers, global causal on every (\d+)\w* \(NoPE\) layer")
+_GLOBAL_HEADS = re.compile(r"global layers head_dim (\d+)(?: with (\d+) KV heads)?")
+# What the generic decoder has no keys for (docs/planner.md, "Attention patterns").
+_NOT_EXPRESSIBLE = {"per-layer inputs": "per-layer input embeddings",
+                    "KV shared across the last": "keys and values shared across layers"}
+
+
+def attention_keys(pattern: str) -> dict[str, Any] | str:
+    """The decoder-shape keys of a run's attention pattern as published_runs.toml words it, or
+    why the decoder cannot express it."""
+    lacking = [what for words, what in _NOT_EXPRESSIBLE.items() if words in pattern]
+    if lacking:
+        return f"attention {pattern!r}: {' and '.join(lacking)} are not expressible"
+    keys: dict[str, Any] = {}
+    if found := _LOCAL.search(pattern):
+        keys |= {"sliding_window": int(found.group(2)), "global_every": int(found.group(1)) + 1}
+    elif found := _ALTERNATING.search(pattern):
+        keys |= {"sliding_window": int(found.group(1)), "global_every": 2}
+    elif found := _CHUNKED.search(pattern):
+        keys |= {"attention_chunk": int(found.group(1)), "global_every": int(found.group(2)), "global_rope": False}
+    elif not pattern.startswith("global causal"):
+        return f"attention {pattern!r}: not a pattern the planner reads"
+    if found := _GLOBAL_HEADS.search(pattern):
+        keys["global_head_dim"] = int(found.group(1))
+        if found.group(2):
+            keys["global_kv_heads"] = int(found.group(2))
+    if "K=V shared projection" in pattern:
+        keys["global_shared_kv"] = True
+    if "attention sinks" in pattern:
+        keys["attention_sinks"] = True
+    if "q/k/v/o biases" in pattern:
+        keys |= {"qkv_bias": True, "out_bias": True}
+    if "QK-norm" in pattern:
+        keys["qk_norm"] = True
+    return keys
 
 
 def remat_of(run: dict[str, Any]) -> tuple[str, str]:
@@ -111,6 +158,8 @@ def spec_of(run: dict[str, Any]) -> str:
         "gated": len(run["mlp_activations"]) == 2, "activation": run["mlp_activations"][0],
         "tied_embeddings": run["tied_embeddings"], "max_seq_len": max(8192, run["seq"]),
     }
+    pattern = attention_keys(run["attention_pattern"])
+    keys |= pattern if isinstance(pattern, dict) else {}
     if run["experts"]:
         keys |= {"experts": run["experts"], "top_k": run["top_k"], "capacity_factor": run["capacity_factor"]}
         if run["moe_mlp"] and run["moe_mlp"] != run["mlp"]:
@@ -134,7 +183,9 @@ def row_of(run: dict[str, Any]) -> Row:
         global_batch=int(global_batch), per_device_batch=run["per_device_batch"],
         layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"], run["ici_tensor"], run["ici_context"]),
         remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
-        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], in_calibration_before=run["in_calibration"])
+        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
+        weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]],
+        in_calibration_before=run["in_calibration"])
 
 
 def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -149,5 +200,5 @@ def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, s
     return rows, excluded
 
 
-__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "load_runs", "published_rows", "remat_of", "row_of",
-           "spec_of", "why_not"]
+__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "attention_keys", "load_runs", "published_rows", "remat_of",
+           "row_of", "spec_of", "why_not"]

@@ -373,3 +373,71 @@ def test_serve_stops_cleanly_on_ctrl_c(tmp_path) -> None:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0 and "stopped" in out and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- rankings of slices (tpu-tune plan --topology A,B)
+
+
+def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b-plan-ranking-20261202-000000") -> Path:
+    """A ranking folder as outputs/ranking_report.py writes it: ranking.json, ranking.md and one plan
+    folder per slice (v5p-8 fits; v5p-16 does not; tpu7x-8 fits and has no price)."""
+    from tpu_tuner.outputs.ranking_report import write_ranking
+    from tpu_tuner.planner.prices import price_table
+    from tpu_tuner.planner.ranking import Ranking, ranked, slice_of
+
+    folder = root / name
+    folder.mkdir(parents=True)
+    prices = price_table()
+    plans = {"v5p-8": plan_dict("v5p-8", 4, [0.41], [True]), "v5p-16": plan_dict("v5p-16", 8, [0.5], [False]),
+             "tpu7x-8": plan_dict("tpu7x-8", 8, [0.3], [True])}
+    plans["tpu7x-8"]["topology"]["generation"] = "tpu7x"
+    slices = []
+    for topology in topologies:
+        plan = plans[topology]
+        for point in plan["plans"]:
+            point["band"] = {"points": 4.0, "source": "test", "reasons": []}
+        child = write_json(folder, f"gpt_70b-plan-{topology}-20261202-000000", "plan.json", plan)
+        (child / "plan.md").write_text("# Plan\n")
+        slices.append(slice_of(plan, prices.get(plan["topology"]["generation"]), child.name))
+    ranking = Ranking("examples/llama.py", "gpt", "70b", ranked(slices), {g: vars(p) for g, p in prices.items()},
+                      ["v5p-8", "v5p-16", "tpu7x-8"])
+    write_ranking(folder, ranking)
+    return folder
+
+
+def test_a_ranking_of_slices_is_read_with_its_plans_and_shown_as_the_cli_prints_it(tmp_path) -> None:
+    folder = write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])
+    collection = collect(tmp_path)
+    runs = collection.runs.set_index("run")
+    assert runs.loc[folder.name, "kind"] == "ranking" and runs.loc[folder.name, "status"] == "ok"
+    assert runs.loc[folder.name, "report"] == f"{folder.name}/ranking.md"
+    child = f"{folder.name}/gpt_70b-plan-v5p-8-20261202-000000"
+    assert runs.loc[child, "kind"] == "plan" and runs.loc[child, "report"] == f"{child}/plan.md"
+    assert runs.loc[child, "mfu"] == pytest.approx(0.41) and len(collection.plans) == 3
+    page = render_page(collection)
+    section = re.search(r'<section class="ranking">(.*?)</section>', page).group(1)
+    rows = re.findall(r"<tr class=\"(\w+)\">(.*?)</tr>", section)
+    assert [kind for kind, _ in rows] == ["fits", "fits", "nofit"]  # nothing fits on v5p-16: last
+    first = re.sub(r"<[^>]+>", "|", rows[0][1])
+    assert "v5p-8" in first and "41.0% ± 4.0" in first and "$4.20" in first  # the MFU band as the CLI prints it
+    tokens = 1e5 * 3600 / (4 * 4.2)  # plan_dict's 1e5 tokens/s on 4 chips at $4.20 a chip-hour
+    assert f'data-v="{tokens!r}"' in rows[0][1]
+    assert "no price" in rows[1][1] and "tpu7x-8" in rows[1][1]
+    assert "no point fits in HBM: the closest" in rows[2][1]
+    assert 'alt="tokens per dollar and tokens/s per chip with their bands' in section
+    assert "scaling-book" in section  # each price's source, linked
+    assert page.count('<section class="plan">') == 3
+
+
+def test_a_ranking_stopped_half_way_is_incomplete_and_a_corrupt_one_unreadable(tmp_path) -> None:
+    folder = write_ranking_folder(tmp_path, ["v5p-8"])
+    old = time.time() - 3600
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (old, old))
+    broken = tmp_path / "gpt-plan-ranking-20261202-010000"
+    broken.mkdir()
+    (broken / "ranking.json").write_text(json.dumps({"source": "x", "slices": [1], "topologies": [], "prices": {}}))
+    runs = collect(tmp_path).runs.set_index("run")
+    assert runs.loc[folder.name, "status"] == "incomplete"
+    assert runs.loc[folder.name, "reason"] == "1 of 3 slices planned"
+    assert runs.loc[broken.name, "reason"] == "ranking.json: 'slices' is not a list of ranked slices"

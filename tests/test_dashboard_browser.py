@@ -83,3 +83,40 @@ def test_dashboard_in_headless_chromium(server, real_results, tmp_path) -> None:
             browser.close()
     assert problems == []
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def test_ranking_in_headless_chromium(tmp_path) -> None:
+    """The 'Which TPU to rent' section of a ranking folder (tpu-tune plan --topology A,B,...): its
+    table sorts, its chart decodes, and a slice's best point links to that slice's plan.md."""
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    from test_dashboard import write_ranking_folder
+
+    folder = write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])
+    problems: list[str] = []
+    with serving(tmp_path) as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            assert page.goto(server.url, wait_until="load").status == 200
+            table = page.locator("table.ranking")
+            topologies = lambda: table.locator("tbody tr td:nth-child(2)").all_inner_texts()  # noqa: E731
+            assert topologies() == ["v5p-8", "tpu7x-8", "v5p-16"]
+            assert table.locator("tbody tr").first.locator("td").nth(6).inner_text() == "41.0% ± 4.0"
+            # Sorted by tokens/s per chip, least first: tpu7x-8 (1e5 / 8) before v5p-8 (1e5 / 4); no figure last.
+            header = table.locator("th", has_text="tokens/s per chip")
+            header.click()
+            assert header.get_attribute("aria-sort") == "ascending" and topologies() == ["tpu7x-8", "v5p-8", "v5p-16"]
+            chart = page.locator('section.ranking img')
+            assert chart.evaluate("i => i.complete ? i.naturalWidth : 0") > 0
+            page.screenshot(path=str(tmp_path / "ranking.png"), full_page=True)
+            with page.expect_navigation():
+                table.locator("a", has_text="data 1 x fsdp 4").first.click()
+            assert page.url == f"{server.url}{folder.name}/gpt_70b-plan-v5p-8-20261202-000000/plan.md"
+        finally:
+            browser.close()
+    assert problems == []

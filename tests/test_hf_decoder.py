@@ -108,7 +108,6 @@ def test_llama_3_2_1b_maps_to_its_published_parameter_count() -> None:
      "routed experts (num_local_experts) in the olmoe config are not expressible"),
     ("hf:bert?num_hidden_layers=2",
      "the planner plans causal language models, and this bert config's step is masked-lm"),
-    ("hf:qwen2_moe?num_hidden_layers=4,decoder_sparse_step=2", "dense layers [0, 2] among expert layers"),
     ("hf:llama?num_hidden_layers=2#inference", "the planner plans training steps"),
 ])
 def test_what_neither_route_can_plan_is_refused_in_one_line(source, words) -> None:
@@ -155,7 +154,7 @@ def test_the_families_keys_read_from_a_toml_shape_too(tmp_path) -> None:
     shape, _, _ = read_shape(path)
     assert shape.dense_layers == (1,) and hash(shape)
     model = Decoder(shape)
-    assert [type(b.feed_forward).__name__ for b in model.layers] == ["MixtureOfExperts", "FeedForward",
+    assert [type(b.feed_forward).__name__ for b in model.blocks()] == ["MixtureOfExperts", "FeedForward",
                                                                      "MixtureOfExperts"]
     path.write_text(path.read_text().replace("dense_layers = [1]", "dense_layers = [3]"))
     with pytest.raises(WorkloadError, match=re.escape("dense_layers must name layers 0 to 2, not [3]")):

@@ -77,7 +77,7 @@ def test_block_tensors_are_found_from_the_structure(gated: bool) -> None:
     expected.update({"feed_forward.w_gate": "mlpwi_0", "feed_forward.w_up": "mlpwi_1"} if gated
                     else {"feed_forward.w_up": "mlpwi_0"})
     assert roles == expected
-    assert context_of == "attention.wo"
+    assert context_of == ("attention.wo",)
 
 
 def test_the_example_llama_block_is_named_too() -> None:

@@ -23,9 +23,14 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     runs = load_runs()
     assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
     reasons = dict(excluded)
-    assert all(r["id"] in reasons for r in runs if r["superseded_by"] or r["quantization"] != "none")
-    assert "windowed" in reasons["gemma3-12b-v6e-256-seq32k"] and "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
-    assert "fp32 master weights" in reasons["llama3.1-70b-v6e-32"]
+    assert all(r["id"] in reasons for r in runs if r["superseded_by"])
+    assert "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
+    assert "per-layer input embeddings" in reasons["gemma4-e2b-tpu7x-4x4x4"]
+    gemma3 = next(row for row in rows if row.id == "gemma3-12b-v6e-256-seq32k")  # 5 local : 1 global
+    assert "sliding_window=1024,global_every=6" in gemma3.spec
+    by_id = {row.id: row for row in rows}
+    assert by_id["llama3.1-70b-v6e-32"].weight_dtype == "bfloat16"  # MaxText's weight_dtype
+    assert by_id["llama3.1-70b-tpu7x-4x4x4-fp8"].quantization == "fp8"  # MaxText's fp8_full
     for row in rows:
         shape, _, _ = read_shape(row.spec)  # every spec is a valid decoder shape
         topology = parse_topology(row.topology)
@@ -54,7 +59,8 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     base = {r["id"]: r for r in load_runs()}["llama3.1-8b-v6e-8"]
     assert why_not(base) is None
     assert "superseded" in why_not({**base, "superseded_by": "x"})
-    assert "fp8" in why_not({**base, "quantization": "fp8_full"})
+    assert why_not({**base, "quantization": "fp8_full"}) is None  # compiled quantized (--quantization fp8)
+    assert "'fp8'" in why_not({**base, "quantization": "fp8"})  # MaxText's GPU fp8: no TPU program
     assert "multi-slice" in why_not({**base, "slices": 2})
     assert "dropless" in why_not({**base, "experts": 16, "capacity_factor": -1.0})
     assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})

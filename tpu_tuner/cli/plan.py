@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a training workload (native contract, with loss()), a decoder shape (shape.toml or "
                              "decoder:d_model=...), or a Hugging Face config: hf:./folder, hf:org/name, "
                              "hf:llama?hidden_size=512,... (docs/planner.md, \"Planning a Hugging Face model\")")
-    parser.add_argument("--topology", required=True, help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8")
+    parser.add_argument("--topology", required=True,
+                        help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8; several separated by commas "
+                             "(v5e-256,v5p-128,v6e-256) plans each and ranks them by tokens/s per chip and per dollar")
+    parser.add_argument("--price", action="append", metavar="GEN=USD_PER_CHIP_HOUR",
+                        help="a generation's on-demand price per chip-hour for the ranking of several topologies, "
+                             "e.g. v6e=2.70 (repeatable or comma-separated; overrides tpu_tuner/planner/tpu_prices.toml)")
     parser.add_argument("--slices", type=int, default=default("slices"), metavar="N",
                         help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
                              "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2")
@@ -67,8 +72,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "plan run again resumes)")
     search.add_argument("--storage", help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
     parser.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
-    parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"), default=default("first_moment_dtype"),
-                        help="AdamW's first moment's storage (MaxText's mu_dtype; default %(default)s)")
+    parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"),
+                        help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
+                             "MaxText's mu_dtype follows weight_dtype when unset)")
+    parser.add_argument("--weight-dtype", default=default("weight_dtype"), metavar="float32|bfloat16",
+                        help="the master weights' storage, and so the gradients' and AdamW's second moment's "
+                             "(MaxText's weight_dtype; default %(default)s)")
+    parser.add_argument("--quantization", metavar="int8|fp8",
+                        help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
+                             "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
+                             "against the bf16 peak (docs/planner.md, \"Precision of the step\")")
+    parser.add_argument("--vocab-tiling", type=int, default=default("vocab_tiling"), metavar="N",
+                        help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
+                             "the generic decoder's shapes; default %(default)s)")
     parser.add_argument("--fast", action="store_true",
                         help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
                              "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md")
@@ -98,6 +114,25 @@ def _sizes(flag: str, text: str) -> tuple[int, ...]:
     return values
 
 
+def _check_precision(args: argparse.Namespace) -> None:
+    """--weight-dtype and --quantization: known values, and an 8-bit peak Google states for the
+    topology's generation (predict.QUANTIZED_PEAK_TFLOPS), before any compiler starts."""
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.predict import quantized_peak_refusal
+    from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
+    from tpu_tuner.planner.topology import parse_topology
+
+    if args.weight_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"--weight-dtype takes float32 or bfloat16, not {args.weight_dtype!r}")
+    if args.quantization is None:
+        return
+    if args.quantization not in QUANTIZATIONS:
+        raise UserInputError(f"--quantization takes {' or '.join(QUANTIZATIONS)}, not {args.quantization!r}")
+    refusal = quantized_peak_refusal(parse_topology(args.topology).chip.generation, args.quantization)
+    if refusal:
+        raise UserInputError(f"--quantization {args.quantization} on {args.topology}: {refusal}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the flags, plan into a run folder, print the ranking."""
     from tpu_tuner.core.errors import UserInputError
@@ -108,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.planner.plan import PlanOptions
     from tpu_tuner.planner.remat import parse_remat
 
+    topologies, prices = _ranking_flags(args)  # a list of topologies ranks them (docs/planner.md, "Which TPU to rent")
     layouts = None
     if args.slices < 1:
         raise UserInputError(f"--slices must be at least 1, not {args.slices}")
@@ -127,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--budget must be at least 1, not {args.budget}")
     if args.seed < 0:
         raise UserInputError(f"--seed must be 0 or more, not {args.seed}")
+    _check_precision(args)
     searching = args.budget is not None or args.sampler == "exhaustive"
     search_only = [f"--{flag.replace('_', '-')}" for flag in ("remats", "accumulations", "contexts", "study", "storage")
                    if getattr(args, flag) is not None]
@@ -149,14 +186,56 @@ def run(args: argparse.Namespace) -> int:
         given["workers"] = args.workers
     options = PlanOptions(topology=args.topology, slices=args.slices, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
-                          first_moment_dtype=args.mu_dtype,
+                          first_moment_dtype=args.mu_dtype or args.weight_dtype, weight_dtype=args.weight_dtype,
+                          quantization=args.quantization, vocab_tiling=args.vocab_tiling,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study,
                           storage=args.storage, **given)
+    if len(topologies) > 1:
+        return _rank(args, options, topologies, prices)
     run_dir, result = plan_to_folder(args.model_file, options, args.out,
                                      progress=lambda message: print(message, flush=True))
     print()
     print(render_terminal(result, str(args.model_file), str(run_dir)))
     print(f"\nwrote {run_dir}/ ({PLAN_JSON}, {PLAN_MD}, {PLAN_PNG}" + (f", {SHARDING_CONFIG}" if result.best else "")
           + f", {COMPILER_LOG}: the compiler processes' own output)")
+    return 0
+
+
+def _ranking_flags(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """--topology as a list (one entry: today's single plan, the text as given) and the prices a
+    ranking uses; a bad entry, a bad --price, or a flag a ranking cannot take is refused in one
+    line before anything compiles."""
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.prices import parse_price_flags, price_table
+    from tpu_tuner.planner.topology import parse_topology
+
+    given = parse_price_flags(args.price)
+    if "," not in args.topology:
+        if given:
+            raise UserInputError("--price prices the ranking of several topologies: give --topology A,B,... "
+                                 "(e.g. v5e-256,v6e-256)")
+        return [args.topology], {}
+    entries = [entry.strip() for entry in args.topology.split(",")]
+    seen: dict[str, str] = {}
+    for number, entry in enumerate(entries, 1):
+        if not entry:
+            raise UserInputError(f"--topology {args.topology!r}: entry {number} is empty")
+        shape = parse_topology(entry).jax_name
+        if shape in seen:
+            raise UserInputError(f"--topology {args.topology!r}: {entry} is the same slice as {seen[shape]} ({shape})")
+        seen[shape] = entry
+    if args.layout:
+        raise UserInputError("--layout names layouts of one slice's devices: give one --topology, or leave out --layout")
+    return entries, price_table(given)
+
+
+def _rank(args: argparse.Namespace, options: Any, topologies: list[str], prices: dict[str, Any]) -> int:
+    """Plan every topology with the same options, then print the ranking."""
+    from tpu_tuner.outputs.ranking_report import rank_to_folder, render_terminal
+
+    folder, ranking = rank_to_folder(args.model_file, options, topologies, prices, args.out,
+                                     progress=lambda message: print(message, flush=True))
+    print()
+    print(render_terminal(ranking.to_dict(), str(folder)))
     return 0

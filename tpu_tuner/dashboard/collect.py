@@ -2,6 +2,8 @@
 
 A run folder is recognised by the file its command writes last or first:
 
+* ``ranking.json``       -> ``ranking``  (``tpu-tune plan --topology A,B,...``; its plan folders, one a
+  slice, are read too, as plans named ``<ranking folder>/<plan folder>``)
 * ``plan.json``          -> ``plan``     (``tpu-tune plan``)
 * ``buckets.json``       -> ``buckets``  (``tpu-tune buckets``)
 * ``run.json`` or ``tuned_config.toml`` -> ``tune`` (``tpu-tune MODEL.py``; ``run.json`` is written
@@ -33,6 +35,7 @@ from tpu_tuner.core.credentials import redact
 from tpu_tuner.core.run_folder import (BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD, PROFILE_JSON, PROFILE_MD, REPORT_MD,
                                RUN_JSON, TRIALS_CSV, TUNED_CONFIG)
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD
 from tpu_tuner.studies import run_file
 from tpu_tuner.studies import records
 
@@ -62,6 +65,7 @@ class Collection:
     trials: dict[str, pd.DataFrame] = field(default_factory=dict)  # run -> trials.csv
     plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> plan.json
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> buckets.json
+    rankings: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> ranking.json
 
     @property
     def live(self) -> bool:
@@ -106,6 +110,8 @@ def collect(root: str | Path) -> Collection:
             row.update(status="unreadable", reason=_reason(exc))
         if row is not None:
             rows.append(row)
+        if row is not None and row["kind"] == "ranking":
+            rows += _ranking_plans(folder, collection)
     if rows:
         frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
         frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce")
@@ -125,7 +131,7 @@ def write_csv(collection: Collection, path: str | Path) -> Path:
 
 
 def _kind_of(folder: Path) -> str | None:
-    for name, kind in ((PLAN_JSON, "plan"), (BUCKETS_JSON, "buckets"), (RUN_JSON, "tune"),
+    for name, kind in ((RANKING_JSON, "ranking"), (PLAN_JSON, "plan"), (BUCKETS_JSON, "buckets"), (RUN_JSON, "tune"),
                        (TUNED_CONFIG, "tune"), (PROFILE_JSON, "profile")):
         if (folder / name).exists():
             return kind
@@ -150,11 +156,12 @@ def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
     kind = _kind_of(folder)
     if kind is None:
         row = _base_row(folder, "unknown")
-        row.update(status="unreadable", reason=f"no {PROFILE_JSON}, {RUN_JSON}, {TUNED_CONFIG}, {PLAN_JSON} or "
+        row.update(status="unreadable", reason=f"no {PROFILE_JSON}, {RUN_JSON}, {TUNED_CONFIG}, {PLAN_JSON}, {RANKING_JSON} or "
                                                f"{BUCKETS_JSON}: not a tpu-tune run folder")
         return row
     row = _base_row(folder, kind)
-    reader = {"profile": _read_profile, "tune": _read_tune, "plan": _read_plan, "buckets": _read_buckets}[kind]
+    reader = {"profile": _read_profile, "tune": _read_tune, "plan": _read_plan, "buckets": _read_buckets,
+              "ranking": _read_ranking}[kind]
     reader(folder, row, collection)
     return row
 
@@ -319,7 +326,7 @@ def _read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> Non
             raise ValueError(f"{PLAN_JSON}: missing key {key!r}")
     if not isinstance(plan["plans"], list):
         raise ValueError(f"{PLAN_JSON}: 'plans' is not a list")
-    collection.plans[folder.name] = plan
+    collection.plans[row["run"]] = plan  # a ranking's plan: "<ranking folder>/<plan folder>"
     row["model"] = plan["workload"] + (f"_{plan['preset']}" if plan.get("preset") else "")
     row["device"] = "tpu"
     row["topology"] = _get(plan, "topology", "name")
@@ -331,7 +338,45 @@ def _read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     row["trials"] = len(plan["plans"])
     row["failures"] = sum(1 for p in plan["plans"] if not p.get("prediction"))
     row["settings"] = f"best layout {plan['best']}" if plan.get("best") else "no layout fits"
-    row["report"] = _report(folder, PLAN_MD)
+    row["report"] = f"{row['run']}/{PLAN_MD}" if (folder / PLAN_MD).exists() else ""
+
+
+def _read_ranking(folder: Path, row: dict[str, Any], collection: Collection) -> None:
+    data = _load_json(folder / RANKING_JSON)
+    for key in ("source", "slices", "topologies", "prices"):
+        if key not in data:
+            raise ValueError(f"{RANKING_JSON}: missing key {key!r}")
+    if not isinstance(data["slices"], list) or not all(isinstance(s, dict) and "topology" in s for s in data["slices"]):
+        raise ValueError(f"{RANKING_JSON}: 'slices' is not a list of ranked slices")
+    collection.rankings[folder.name] = data
+    row["model"] = (data.get("workload") or data["source"]) + (f"_{data['preset']}" if data.get("preset") else "")
+    row["device"] = "tpu"
+    row["topology"] = ", ".join(map(str, data["topologies"]))
+    row["device_name"] = row["topology"]
+    row["trials"] = len(data["slices"])
+    first = next((s for s in data["slices"] if s.get("fits")), None)
+    row["settings"] = f"first: {first['topology']}" if first else "nothing fits"
+    if len(data["slices"]) < len(data["topologies"]):
+        # Being planned while its plan folders' files (compiler.log, ...) keep changing; else stopped.
+        newest = max((f.stat().st_mtime for f in folder.rglob("*")), default=folder.stat().st_mtime)
+        state = "running" if time.time() - newest < LIVE_WINDOW_S else "incomplete"
+        row.update(status=state, reason=f"{len(data['slices'])} of {len(data['topologies'])} slices planned")
+    row["date"] = _date(data.get("created")) or row["date"]
+    row["report"] = _report(folder, RANKING_MD)
+
+
+def _ranking_plans(folder: Path, collection: Collection) -> list[dict[str, Any]]:
+    """The rows of a ranking folder's plan folders, each named "<ranking folder>/<plan folder>"."""
+    rows = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir() and (p / PLAN_JSON).exists()):
+        row = _base_row(child, "plan")
+        row["run"] = f"{folder.name}/{child.name}"
+        try:
+            _read_plan(child, row, collection)
+        except Exception as exc:  # noqa: BLE001 - as collect(): one bad folder never hides the others
+            row.update(status="unreadable", reason=_reason(exc))
+        rows.append(row)
+    return rows
 
 
 def _read_buckets(folder: Path, row: dict[str, Any], collection: Collection) -> None:

@@ -21,6 +21,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import ms
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 from tpu_tuner.model.layouts import Layout
+from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER, cells as ranking_cells, notes as ranking_notes
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def _plans(collection: Collection) -> str:
     for run, data in collection.plans.items():
         row = runs.loc[run]
         out.append(f'<section class="plan"><h3>{_e(row["model"])} on {_e(row["topology"])} '
-                   f'({_e(row["chips"])} chips) <a href="{_e(row["report"])}">{_e(run)}</a></h3>')
+                   f'({_e(int(row["chips"]) if finite(row["chips"]) else "?")} chips) <a href="{_e(row["report"])}">{_e(run)}</a></h3>')
         out.append('<table class="sortable"><thead><tr>' + "".join(
             f'<th class="sortable">{h}</th>' for h in ("layout", "fits", "predicted MFU", "step", "compute",
                                                         "exposed comm", "memory", "why")) + "</tr></thead><tbody>")
@@ -176,6 +177,48 @@ def _plans(collection: Collection) -> str:
     scaling = plots.plan_scaling(pd.DataFrame(points))
     if scaling:
         out.insert(0, _figure(scaling, "best predicted MFU against slice size", ""))
+    return "".join(out)
+
+
+# The ranking table's sortable columns: the ranking.json value each cell sorts by.
+_RANKING_SORT = {0: "rank", 2: "chips", 4: "step_seconds", 5: "tokens_per_second_per_chip", 6: "mfu",
+                 7: "usd_per_chip_hour", 8: "tokens_per_dollar", 9: "rank_per_chip", 10: "rank_per_dollar"}
+
+
+def _rankings(collection: Collection) -> str:
+    """Each ranking of several slices: its table, cells as the CLI prints them, and its bar chart."""
+    if not collection.rankings:
+        return ('<p class="note">No ranking of several slices (<code>tpu-tune plan MODEL --topology A,B,...</code>) '
+                "in this folder.</p>")
+    runs = collection.runs.set_index("run")
+    out = []
+    for run, data in collection.rankings.items():
+        row = runs.loc[run]
+        state = f" ({_e(row['reason'])})" if row["status"] != "ok" else ""
+        out.append(f'<section class="ranking"><h3>{_e(row["model"])} on {len(data["topologies"])} slices{state} '
+                   f'<a href="{_e(row["report"])}">{_e(run)}</a></h3>')
+        out.append('<table class="sortable ranking"><thead><tr>' + "".join(
+            f'<th class="sortable">{_e(h)}</th>' for h in RANKING_HEADER + ["best point, or why not"])
+            + "</tr></thead><tbody>")
+        for entry in data["slices"]:
+            texts = ranking_cells(entry)
+            tds = [_num_cell(entry.get(_RANKING_SORT[i]), text) if i in _RANKING_SORT else f"<td>{_e(text)}</td>"
+                   for i, text in enumerate(texts)]
+            plan = f'{_e(run)}/{_e(entry["plan_dir"])}/plan.md' if entry.get("plan_dir") else None
+            best = _e(entry.get("best") or entry.get("why") or "")
+            tds.append(f'<td><a href="{plan}">{best}</a></td>' if plan and entry.get("best") else f"<td>{best}</td>")
+            out.append(f'<tr class="{"fits" if entry.get("fits") else "nofit"}">' + "".join(tds) + "</tr>")
+        out.append("</tbody></table>")
+        out += [f'<p class="note">{_e(line)}</p>' for line in ranking_notes(data) if line]
+        priced = {g: p for g, p in (data.get("prices") or {}).items()
+                  if any(e.get("generation") == g for e in data["slices"])}
+        out += [f'<p class="muted">price {_e(g)}: ${p["usd_per_chip_hour"]:.2f} per chip-hour, '
+                + ("given with --price" if p["source"] == "--price" else
+                   f'<a href="{_e(p["source"])}">{_e(p["source"])}</a> (read {_e(p["read"])})') + "</p>"
+                for g, p in priced.items()]
+        out.append(_figure(plots.ranking(data), f"tokens per dollar and tokens/s per chip with their bands, {run}",
+                           "No slice fits: nothing to chart."))
+        out.append("</section>")
     return "".join(out)
 
 
@@ -223,6 +266,7 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
                            "(a tuning run contributes its baseline profile)",
                            "No profile with arithmetic intensity and peaks for a roofline.") + "</div>")
     parts.append("<h2>Tuning runs</h2>" + _details(collection, details))
+    parts.append("<h2>Which TPU to rent</h2>" + _rankings(collection))
     parts.append("<h2>Plans</h2>" + _plans(collection))
     parts.append("<h2>Buckets</h2>" + _buckets(collection))
     parts.append(f"<script>{_JS}</script></body></html>")

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.core.units import si
@@ -233,6 +234,35 @@ def plan_scaling(points: pd.DataFrame) -> str | None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    return to_data_uri(fig)
+
+
+def ranking(data: dict[str, Any]) -> str | None:
+    """A ranking of slices: tokens per dollar and tokens/s per chip of each fitting slice, with the
+    band (low-high) as error bars; None when no slice fits."""
+    fitting = [s for s in data["slices"] if s.get("fits") and s.get("tokens_per_second_per_chip")]
+    if not fitting:
+        return None
+    fig = _figure(10, max(2.2, 0.9 + 0.4 * len(fitting)), bottom=0.5, left=1.1, top=0.35, wspace=0.3)
+    dollar_ax, chip_ax = fig.subplots(1, 2, sharey=True)
+    labels = [s["topology"] for s in fitting]
+    y = np.arange(len(fitting))
+    for ax, key, title in ((dollar_ax, "tokens_per_dollar", "tokens per $ (on-demand price)"),
+                           (chip_ax, "tokens_per_second_per_chip", "tokens/s per chip")):
+        values = np.array([s.get(key) or 0.0 for s in fitting])
+        low = np.array([s.get(f"{key}_low") or v for s, v in zip(fitting, values)])
+        high = np.array([s.get(f"{key}_high") or v for s, v in zip(fitting, values)])
+        ax.barh(y, values, xerr=[values - low, high - values], capsize=3,
+                color=[_OK if s.get(key) is not None else "tab:gray" for s in fitting])
+        for index, entry in enumerate(fitting):
+            if entry.get(key) is None:
+                ax.text(0, index, "  no price", va="center", fontsize=7)
+        ax.set_title(title, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: si(value, "").strip()))  # 13.7 G, not 1e10
+        ax.grid(axis="x", alpha=0.3)
+    dollar_ax.set_yticks(y, labels)
+    dollar_ax.invert_yaxis()  # the ranking's first slice on top
     return to_data_uri(fig)
 
 

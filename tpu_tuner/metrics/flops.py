@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.attention import local_attention_backward_op, local_attention_op
+from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 
 aten = torch.ops.aten
 AttentionConvention = Literal["full", "causal"]
@@ -43,6 +44,35 @@ def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args: A
     seq_k, dim_v = key_shape[2], value_shape[3]
     per_head = 2 * seq_q * seq_k * (dim_v + dim_v + dim_qk + dim_qk)
     return batch * heads_q * per_head
+
+
+def score_pairs(seq: int, window: int, chunk: int, causal: bool) -> float:
+    """The (query, key) pairs one sequence's attention counts in a layer of `window` or `chunk`
+    (both 0: global). Not `causal` (the "full" convention, or a non-causal model): the causal mask
+    is not discounted: seq^2, seq x window, or every chunk's square. `causal` (MaxText's convention
+    C, PRs 2009 and 2030): half of the square, the exact causal band seq x W - W^2 / 2 of a window
+    W = min(window, seq), and half of every chunk's square (MaxText's maxtext_utils.py)."""
+    if window:
+        width = min(window, seq)
+        return seq * width - width * width / 2 if causal else float(seq * width)
+    if chunk:
+        whole, rest = divmod(seq, chunk)
+        squares = float(whole * chunk * chunk + rest * rest)
+        return squares / 2 if causal else squares
+    return seq * seq / 2 if causal else float(seq * seq)
+
+
+def _local_attention(query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int, *args: Any,
+                     **kwargs: Any) -> int:
+    """The package's local attention operator (model/attention.py): two matmuls over the pairs
+    its mask keeps, the causal mask not discounted (as for global attention)."""
+    batch, heads, seq, dim_qk = query_shape
+    return int(2 * batch * heads * score_pairs(seq, window, chunk, False) * (dim_qk + value_shape[-1]))
+
+
+def _local_attention_backward(grad_shape, query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int,
+                              *args: Any, **kwargs: Any) -> int:
+    return 2 * _local_attention(query_shape, key_shape, value_shape, sinks_shape, window, chunk)
 
 
 def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
@@ -70,6 +100,8 @@ EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward,
     aten._grouped_mm: _grouped_mm,
+    local_attention_op().overloadpacket: _local_attention,
+    local_attention_backward_op().overloadpacket: _local_attention_backward,
     # The fused recurrent kernels (nn.LSTM on CPU; LSTM, GRU, RNN on CUDA): see rnn_flops.py.
     **RNN_FLOP_FORMULAS,
 }
@@ -190,13 +222,15 @@ def transformer_model_flops(
     """``(6N + 12 L H Q T)`` (training) or ``(2N + 4 L H Q T)`` (inference) times tokens."""
     tokens = batch_size * seq_len
     dense_factor, attention_factor = (6, 12) if training else (2, 4)
-    attention_per_token = attention_factor * dims.layers * dims.heads * dims.head_dim * seq_len
     halved = convention == "causal" and dims.causal
-    if halved:
-        attention_per_token /= 2
+    spans = dims.spans or (AttentionSpan(dims.heads, dims.head_dim),) * dims.layers
+    per_sequence = sum(span.heads * span.head_dim * score_pairs(seq_len, span.window, span.chunk, halved)
+                       for span in spans)
     dense = dense_factor * matmul_params * tokens
-    attention = attention_per_token * tokens
+    attention = attention_factor * per_sequence * batch_size
     name = f"{dense_factor}N + {attention_factor}LHQT" + (" / 2 (causal)" if halved else "")
+    if dims.spans and any(span.window or span.chunk for span in spans):
+        name += ", local layers by their window or chunks"
     label = (
         "causal attention counted as half (MaxText)"
         if halved

@@ -40,10 +40,14 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The repeated blocks as the planner scans them: the longest ModuleList of same-typed modules,
-    with its name."""
+    """The repeated blocks as the planner scans them, with their name: the ModuleList the model
+    names in a `scanned_blocks` attribute (the generic decoder, whose layer pattern may leave
+    blocks outside the repeats), else the longest ModuleList of same-typed modules."""
     from torch import nn
 
+    named = getattr(model, "scanned_blocks", None)
+    if isinstance(named, str) and isinstance(getattr(model, named, None), nn.ModuleList):
+        return named, getattr(model, named)
     best: tuple[str, nn.ModuleList] | None = None
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
@@ -52,3 +56,29 @@ def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:
     if best is None:
         raise ValueError("the model has no ModuleList of repeated blocks to scale")
     return best
+
+
+def unscanned_blocks(model: nn.Module, blocks_name: str) -> list[tuple[str, nn.Module]]:
+    """(name, block) of the blocks beside the scanned stack `blocks_name`: the members of the other
+    ModuleLists with the same parent (the generic decoder's leading and trailing layers), which
+    the planner runs unrolled around the scan."""
+    from torch import nn
+
+    parent_name = blocks_name.rsplit(".", 1)[0] if "." in blocks_name else ""
+    parent = model.get_submodule(parent_name) if parent_name else model
+    prefix = f"{parent_name}." if parent_name else ""
+    return [(f"{prefix}{name}.{index}", block)
+            for name, stack in parent.named_children()
+            if isinstance(stack, nn.ModuleList) and f"{prefix}{name}" != blocks_name
+            for index, block in enumerate(stack)]
+
+
+def layer_count(model: nn.Module) -> int:
+    """The model's transformer layers: its scanned blocks, each counted as the layers it holds (a
+    `members` ModuleList: one repeat of a layer pattern), plus the blocks beside them."""
+    from torch import nn
+
+    name, blocks = blocks_of(model)
+    members = getattr(blocks[0], "members", None)
+    per_block = len(members) if isinstance(members, nn.ModuleList) else 1
+    return per_block * len(blocks) + len(unscanned_blocks(model, name))

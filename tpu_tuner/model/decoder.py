@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpu_tuner.model.attention import Attention, RMSNorm
 from tpu_tuner.model.decoder_shape import INLINE_PREFIX, DecoderShape, is_shape_source, read_shape
+from tpu_tuner.model.workload import AttentionSpan
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu}
 
@@ -26,50 +28,6 @@ ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, appr
 def _norm(shape: DecoderShape) -> nn.Module:
     # nn.LayerNorm carries a bias, as GPT-2's and GPT-NeoX's do.
     return RMSNorm(shape.d_model, shape.norm_eps) if shape.norm == "rms" else nn.LayerNorm(shape.d_model, shape.norm_eps)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    rotated = 2 * cos.shape[-1]  # partial rotary: the dimensions past it pass unturned
-    half = rotated // 2
-    x1, x2, rest = x[..., :half], x[..., half:rotated], x[..., rotated:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
-
-
-class Attention(nn.Module):
-    def __init__(self, s: DecoderShape) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.rope = s.heads, s.n_kv_heads, s.n_head_dim, s.positions == "rope"
-        self.wq = nn.Linear(s.d_model, s.heads * self.head_dim, bias=s.qkv_bias)
-        self.wk = nn.Linear(s.d_model, s.n_kv_heads * self.head_dim, bias=s.qkv_bias)
-        self.wv = nn.Linear(s.d_model, s.n_kv_heads * self.head_dim, bias=s.qkv_bias)
-        self.wo = nn.Linear(s.heads * self.head_dim, s.d_model, bias=s.out_bias)
-        self.q_norm = RMSNorm(self.head_dim, s.norm_eps) if s.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, s.norm_eps) if s.qk_norm else None
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope:
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        repeat = self.heads // self.kv_heads  # grouped-query attention: each K/V head serves `repeat`
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
 class FeedForward(nn.Module):
@@ -140,13 +98,18 @@ class Block(nn.Module):
         super().__init__()
         self.parallel = s.parallel_residual
         self.attention_norm = _norm(s)
-        self.attention = Attention(s)
+        self.attention = Attention(s, layer)
+        # A global layer whose heads are wider than the local ones turns them with its own table.
+        self.global_rope_table = self.attention.head_dim != s.n_head_dim
         self.attention_post_norm = _norm(s) if s.post_norms else None
         self.ffn_norm = _norm(s)
         self.feed_forward = MixtureOfExperts(s) if s.has_experts(layer) else FeedForward(s)
         self.ffn_post_norm = _norm(s) if s.post_norms else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                cos_global: torch.Tensor | None = None, sin_global: torch.Tensor | None = None) -> torch.Tensor:
+        if self.global_rope_table:
+            cos, sin = cos_global, sin_global
         attended = self.attention(self.attention_norm(x), cos, sin)
         if self.attention_post_norm is not None:
             attended = self.attention_post_norm(attended)
@@ -158,37 +121,94 @@ class Block(nn.Module):
         return x + attended + fed
 
 
+class LayerGroup(nn.Module):
+    """One repeat of a layer pattern (Gemma 3's 5 local layers and 1 global, say): the unit the
+    planner scans, as MaxText scans its pattern blocks."""
+
+    def __init__(self, s: DecoderShape, first: int, period: int) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(Block(s, first + i) for i in range(period))
+
+    def forward(self, x: torch.Tensor, *rope: torch.Tensor | None) -> torch.Tensor:
+        for block in self.members:
+            x = block(x, *rope)
+        return x
+
+
 class Decoder(nn.Module):
-    """A decoder-only transformer of `shape` (token ids in, logits out)."""
+    """A decoder-only transformer of `shape` (token ids in, logits out).
+
+    Its layers are `layers`, a ModuleList of like units the planner scans: the blocks themselves
+    for a uniform model, or `LayerGroup`s of a layer pattern; layers outside the repeats (a
+    leading run of dense layers, a partial pattern at the end) are `leading` and `trailing`
+    (DecoderShape.layer_groups)."""
+
+    scanned_blocks = "layers"  # model/blocks.py: the stack the planner scans, when there are several
 
     def __init__(self, shape: DecoderShape) -> None:
         super().__init__()
         self.shape = shape
         self.tok_embeddings = nn.Embedding(shape.vocab, shape.d_model)
         self.pos_embeddings = nn.Embedding(shape.max_seq_len, shape.d_model) if shape.positions == "learned" else None
-        self.layers = nn.ModuleList(Block(shape, layer) for layer in range(shape.layers))
+        leading, period, groups = shape.layer_groups()
+        repeated = range(leading, leading + period * groups, period)
+        self.layers = nn.ModuleList(Block(shape, i) if period == 1 else LayerGroup(shape, i, period) for i in repeated)
+        self.leading = nn.ModuleList(Block(shape, i) for i in range(leading)) if leading else None
+        rest = range(leading + period * groups, shape.layers)
+        self.trailing = nn.ModuleList(Block(shape, i) for i in rest) if len(rest) else None
         self.norm = _norm(shape)
         self.output = nn.Linear(shape.d_model, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         if shape.positions == "rope":
-            rotated = shape.rotary_dim
-            inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, rotated, 2, dtype=torch.float32) / rotated))
-            angles = torch.outer(torch.arange(shape.max_seq_len, dtype=torch.float32), inv_freq)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)
+            self._rope_tables("", shape.rotary_dim)
+            _, _, global_dim = shape.attention_heads(shape.global_every - 1 if shape.global_every else 0)
+            if global_dim != shape.n_head_dim:
+                self._rope_tables("_global", int(global_dim * shape.rotary_fraction))
+
+    def blocks(self) -> list[Block]:
+        """Every layer's block, in order (however the layers are grouped)."""
+        found: list[Block] = []
+        for stack in (self.leading, self.layers, self.trailing):
+            for unit in stack or ():
+                found.extend(unit.members if isinstance(unit, LayerGroup) else [unit])  # type: ignore[arg-type]
+        return found
+
+    def _rope_tables(self, suffix: str, rotated: int) -> None:
+        inv_freq = 1.0 / (self.shape.rope_theta ** (torch.arange(0, rotated, 2, dtype=torch.float32) / rotated))
+        angles = torch.outer(torch.arange(self.shape.max_seq_len, dtype=torch.float32), inv_freq)
+        self.register_buffer(f"rope_cos{suffix}", angles.cos(), persistent=False)
+        self.register_buffer(f"rope_sin{suffix}", angles.sin(), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.hidden(tokens))
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm's output, before the output head (the planner's vocabulary tiling
+        computes the head's logits a tile of tokens at a time: planner/vocab_tiling.py)."""
         seq = tokens.shape[1]
         x = self.tok_embeddings(tokens)
-        cos = sin = None
+        rope: tuple[torch.Tensor | None, ...] = (None, None)
         if self.pos_embeddings is not None:
             x = x + self.pos_embeddings(torch.arange(seq, device=tokens.device))
         else:
-            cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.output(self.norm(x))
+            rope = (self.rope_cos[:seq], self.rope_sin[:seq])
+            if hasattr(self, "rope_cos_global"):
+                rope += (self.rope_cos_global[:seq], self.rope_sin_global[:seq])
+        for stack in (self.leading, self.layers, self.trailing):
+            for layer in stack or ():
+                x = layer(x, *rope)
+        return self.norm(x)
+
+
+def attention_spans(shape: DecoderShape) -> tuple[AttentionSpan, ...]:
+    """Every layer's attention as the FLOPs formula reads it (metrics/flops.py)."""
+    spans = []
+    for layer in range(shape.layers):
+        heads, _, head_dim = shape.attention_heads(layer)
+        window, chunk = shape.attention_span(layer)
+        spans.append(AttentionSpan(heads, head_dim, window, chunk))
+    return tuple(spans)
 
 
 def shape_module(path: str | Path) -> types.ModuleType:
@@ -216,11 +236,12 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
     module.build_model, module.make_batch, module.loss = build_model, make_batch, loss  # type: ignore[attr-defined]
     module.BATCH_SIZE, module.SEQ_LEN = batch_size, seq_len  # type: ignore[attr-defined]
     module.TRANSFORMER = {"layers": shape.layers, "heads": shape.heads,  # type: ignore[attr-defined]
-                          "head_dim": shape.n_head_dim, "causal": True}
+                          "head_dim": shape.n_head_dim, "causal": True,
+                          "spans": attention_spans(shape) if shape.has_local_layers else ()}
     module.NAME = name  # type: ignore[attr-defined]
     module.SHAPE = shape  # type: ignore[attr-defined]
     return module
 
 
-__all__ = ["Decoder", "DecoderShape", "INLINE_PREFIX", "decoder_module", "is_shape_source", "read_shape",
-           "shape_module"]
+__all__ = ["Decoder", "DecoderShape", "INLINE_PREFIX", "LayerGroup", "attention_spans", "decoder_module",
+           "is_shape_source", "read_shape", "shape_module"]

@@ -37,6 +37,16 @@ read the same input), ``rotary_fraction`` (GPT-NeoX, Phi-3: the share of each he
 rotated), ``expert_mlp`` (each expert's width where it differs from the dense ``mlp``),
 ``shared_expert_mlp`` (Qwen2-MoE: an always-on MLP beside the routed experts, behind a sigmoid
 gate) and ``dense_layers`` (layers whose MLP is dense among expert layers: ``mlp_only_layers``).
+
+Attention as today's models define it (docs/planner.md, "Attention patterns"), all off by default:
+``sliding_window`` (local layers see the last W tokens, themselves included: Mistral v0.1, Gemma 2/3,
+gpt-oss) or ``attention_chunk`` (local layers attend causally within chunks of C tokens: Llama 4);
+``global_every`` (every N-th layer, 1-based, is global: Gemma 3's 5 local : 1 global is 6; 0 with a
+window or chunk: every layer local); for the global layers only, ``global_head_dim``,
+``global_kv_heads``, ``global_rope = false`` (Llama 4's NoPE layers) and ``global_shared_kv`` (one
+projection serves as keys and values: Gemma 4); ``attention_sinks`` (a learned logit per head that
+joins every softmax: gpt-oss); ``moe_every`` (every N-th layer routes to experts, the others are
+dense: Llama 4 Maverick's interleave step).
 """
 
 from __future__ import annotations
@@ -87,6 +97,16 @@ class DecoderShape:
     expert_mlp: int | None = None  # each routed expert's width (default: mlp)
     shared_expert_mlp: int = 0  # width of an always-on, sigmoid-gated MLP beside the experts (0: none)
     dense_layers: tuple[int, ...] = ()  # with experts: the layers whose MLP is dense (width mlp)
+    # Attention patterns (the module docstring): local layers' window or chunk, which layers are global.
+    sliding_window: int = 0  # local layers attend to the last `sliding_window` tokens (0: no window)
+    attention_chunk: int = 0  # local layers attend causally within chunks of this many tokens (0: none)
+    global_every: int = 0  # layers i with (i + 1) % global_every == 0 are global (0: all local, or all global)
+    global_head_dim: int | None = None  # the global layers' head width (default: head_dim)
+    global_kv_heads: int | None = None  # the global layers' KV heads (default: kv_heads)
+    global_rope: bool = True  # False: global layers have no rotary positions (NoPE)
+    global_shared_kv: bool = False  # global layers project keys once and use them as values too
+    attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator
+    moe_every: int = 1  # with experts: layers i with (i + 1) % moe_every == 0 route to experts
 
     def __post_init__(self) -> None:
         # A TOML array arrives as a list; the shape stays hashable.
@@ -107,7 +127,52 @@ class DecoderShape:
 
     def has_experts(self, layer: int) -> bool:
         """Whether block `layer` routes to experts (else its MLP is dense)."""
-        return self.experts > 0 and layer not in self.dense_layers
+        return self.experts > 0 and layer not in self.dense_layers and (layer + 1) % self.moe_every == 0
+
+    @property
+    def has_local_layers(self) -> bool:
+        return bool(self.sliding_window or self.attention_chunk)
+
+    def is_global(self, layer: int) -> bool:
+        """Whether layer `layer` attends to the whole (causal) sequence rather than a window or chunk."""
+        if not self.has_local_layers:
+            return True
+        return self.global_every > 0 and (layer + 1) % self.global_every == 0
+
+    def layer_kind(self, layer: int) -> tuple[bool, bool]:
+        """What makes two layers' blocks differ in structure: (global attention, routed experts)."""
+        return self.is_global(layer), self.has_experts(layer)
+
+    def layer_groups(self) -> tuple[int, int, int]:
+        """(leading, period, groups): the layers as `leading` blocks of their own, then `groups`
+        repeats of a pattern of `period` blocks, then the rest (a partial pattern). Chosen for the
+        fewest distinct blocks to compile (leading + period + the rest), then the fewest leading:
+        DeepSeek-V3's 3 dense layers lead 58 like ones, Gemma 3's 5 local : 1 global repeats with
+        period 6, a uniform model is (0, 1, layers). The planner scans the repeats (MaxText's
+        scannable blocks of a layer pattern) and unrolls the rest."""
+        kinds = [self.layer_kind(i) for i in range(self.layers)]
+        best: tuple[int, int, int, int] | None = None  # (blocks to compile, leading, period, groups)
+        for leading in range(self.layers):
+            rest = kinds[leading:]
+            period = next(p for p in range(1, len(rest) + 1)
+                          if all(kind == rest[i % p] for i, kind in enumerate(rest)))
+            groups = len(rest) // period
+            candidate = (leading + period + len(rest) - period * groups, leading, period, groups)
+            best = candidate if best is None or candidate < best else best
+        assert best is not None  # a model has at least one layer (check)
+        return best[1], best[2], best[3]
+
+    def attention_heads(self, layer: int) -> tuple[int, int, int]:
+        """(query heads, KV heads, head width) of layer `layer`."""
+        if self.is_global(layer) and self.has_local_layers:
+            return self.heads, self.global_kv_heads or self.n_kv_heads, self.global_head_dim or self.n_head_dim
+        return self.heads, self.n_kv_heads, self.n_head_dim
+
+    def attention_span(self, layer: int) -> tuple[int, int]:
+        """(window, chunk) of layer `layer`: (0, 0) for a global layer."""
+        if self.is_global(layer):
+            return 0, 0
+        return self.sliding_window, self.attention_chunk
 
     def check(self, where: str | Path) -> None:
         """A one-line WorkloadError naming `where` for a shape no decoder has."""
@@ -132,9 +197,33 @@ class DecoderShape:
         if (self.expert_mlp is not None and self.expert_mlp < 1) or self.shared_expert_mlp < 0:
             raise WorkloadError(f"expert widths must be positive, not expert_mlp {self.expert_mlp}, "
                                 f"shared_expert_mlp {self.shared_expert_mlp}", where)
+        self._check_attention_pattern(where)
         for name, allowed in (("activation", ACTIVATION_NAMES), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
+
+
+    def _check_attention_pattern(self, where: str | Path) -> None:
+        if min(self.sliding_window, self.attention_chunk, self.global_every) < 0 or self.moe_every < 1:
+            raise WorkloadError("sliding_window, attention_chunk and global_every must be at least 0, moe_every at "
+                                "least 1", where)
+        if self.sliding_window and self.attention_chunk:
+            raise WorkloadError("a layer attends through a sliding window or in chunks, not both: give "
+                                "sliding_window or attention_chunk", where)
+        if self.sliding_window > self.max_seq_len or self.attention_chunk > self.max_seq_len:
+            raise WorkloadError(f"the window ({self.sliding_window or self.attention_chunk}) is larger than "
+                                f"max_seq_len ({self.max_seq_len})", where)
+        global_only = ("global_every", "global_head_dim", "global_kv_heads")
+        if not self.has_local_layers and any(getattr(self, key) for key in global_only):
+            raise WorkloadError("global_every, global_head_dim and global_kv_heads need local layers: give "
+                                "sliding_window or attention_chunk", where)
+        heads, kv_heads, head_dim = self.attention_heads(self.global_every - 1 if self.global_every else 0)
+        if heads % kv_heads or head_dim < 1:
+            raise WorkloadError(f"the global layers' heads ({heads}) must be a multiple of their kv heads "
+                                f"({kv_heads}), with a positive head width ({head_dim})", where)
+        if self.positions == "rope" and int(head_dim * self.rotary_fraction) % 2:
+            raise WorkloadError(f"rotary positions need an even rotated dimension of the global layers' "
+                                f"{head_dim}-wide heads", where)
 
 
 def is_shape_source(path: str | Path) -> bool:

@@ -20,9 +20,11 @@ Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positio
   of ``moe_intermediate_size``, a shared expert behind a sigmoid gate, dense layers where
   ``decoder_sparse_step`` / ``mlp_only_layers`` say; ``qwen3_moe``: experts with qk-norm.
 
-What changes neither parameters nor the matmul FLOPs is left out: sliding-window attention
-(flash attention's cost does not discount it), Gemma's embedding scale and (1 + w) norm scale,
-Gemma 2's logit soft-capping, rope scaling. A config the decoder cannot express raises
+Sliding-window attention is read from ``sliding_window`` and ``layer_types`` (every layer local, as
+in Mistral v0.1, or every N-th layer global: Gemma 2 and 3); an irregular pattern is not
+expressible. What changes neither parameters nor the matmul FLOPs is left out: Gemma's embedding
+scale and (1 + w) norm scale, Gemma 2's logit soft-capping, rope scaling, the local layers' own
+rope theta (Gemma 3). A config the decoder cannot express raises
 `NotExpressible`, whose message names what is missing (one line).
 """
 
@@ -72,11 +74,31 @@ def _attention(config: PretrainedConfig) -> dict[str, Any]:
             "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False))}
 
 
+def attention_pattern(config: PretrainedConfig) -> dict[str, Any]:
+    """The shape keys of the config's sliding-window layers (none without a window, or with one
+    no shorter than the longest sequence): every layer local, or every N-th global as
+    ``layer_types`` lists them."""
+    window = getattr(config, "sliding_window", None) or 0
+    types = list(getattr(config, "layer_types", None) or [])
+    if window >= (max_positions(config) or window + 1):
+        window = 0  # a window as long as every sequence the config allows: global attention
+    if not window or (types and all(kind == "full_attention" for kind in types)):
+        return {}
+    full = [kind == "full_attention" for kind in types]
+    if not any(full):
+        return {"sliding_window": window}
+    every = full.index(True) + 1
+    if any(is_full != ((i + 1) % every == 0) for i, is_full in enumerate(full)):
+        raise NotExpressible(f"the layer pattern {types} is not every N-th layer global: not expressible")
+    return {"sliding_window": window, "global_every": every}
+
+
 def _llama_like(config: PretrainedConfig, activation: str = "hidden_act", **extra: Any) -> dict[str, Any]:
-    """Llama's reading (rotary, RMSNorm, gated MLP); `extra` sets what a family adds."""
+    """Llama's reading (rotary, RMSNorm, gated MLP, a sliding window where the config has one);
+    `extra` sets what a family adds."""
     theta, fraction = _rope(config)
     bias = bool(getattr(config, "attention_bias", False))
-    shape = {**_attention(config), "mlp": config.intermediate_size,
+    shape = {**_attention(config), **attention_pattern(config), "mlp": config.intermediate_size,
              "activation": _activation(getattr(config, activation)), "max_seq_len": config.max_position_embeddings,
              "norm_eps": config.rms_norm_eps, "rope_theta": theta, "rotary_fraction": fraction, "qkv_bias": bias,
              "out_bias": bias, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
@@ -177,4 +199,4 @@ def max_positions(config: PretrainedConfig) -> int | None:
     return None
 
 
-__all__ = ["FAMILIES", "NotExpressible", "decoder_shape", "max_positions", "not_expressible"]
+__all__ = ["FAMILIES", "NotExpressible", "attention_pattern", "decoder_shape", "max_positions", "not_expressible"]

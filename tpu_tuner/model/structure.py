@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.blocks import blocks_of, layer_count, unscanned_blocks
 from tpu_tuner.model.layouts import ModelShape
 
 HEAD_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads")
@@ -16,8 +16,19 @@ KV_HEAD_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_kv_head
 
 @dataclass(frozen=True)
 class Dims:
+    """The model's shape (`shape.n_layers`: its transformer layers) and `scanned`: how many units
+    the planner's block loop runs (the layers, or the repeats of a layer pattern)."""
+
     shape: ModelShape
     head_dim: int
+    scanned: int = 0
+    unscanned: int = 0  # blocks beside the loop, run unrolled (leading dense layers, a partial pattern)
+
+    @property
+    def saved_block_inputs(self) -> int:
+        """How many block inputs the backward keeps under full remat: one per loop iteration and
+        one per unrolled block."""
+        return (self.scanned + self.unscanned) or self.shape.n_layers
 
 
 def token_embedding(model: nn.Module) -> nn.Embedding | None:
@@ -33,8 +44,11 @@ def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
     if embedding is None:
         raise ValueError("the planner needs a token embedding (nn.Embedding) to find d_model and the vocabulary")
     d_model, vocab = embedding.embedding_dim, embedding.num_embeddings
-    _, blocks = blocks_of(model)
+    blocks_name, blocks = blocks_of(model)
     block = blocks[0]
+    members = getattr(block, "members", None)
+    if isinstance(members, nn.ModuleList):  # one repeat of a layer pattern: read its first layer
+        block = members[0]
     heads = _attr(block, HEAD_ATTRS) or heads_hint
     if not heads:
         raise ValueError("cannot find the number of attention heads (an n_heads attribute or TRANSFORMER['heads'])")
@@ -44,7 +58,8 @@ def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
     # A mixture of experts keeps its MLPs as stacked [experts, d_model, width] weights.
     widths += [p.shape[2] for p in block.parameters() if p.dim() == 3 and p.shape[1] == d_model]
     mlp_hidden = max(widths) if widths else 4 * d_model
-    return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, len(blocks)), head_dim)
+    return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, layer_count(model)), head_dim, len(blocks),
+                len(unscanned_blocks(model, blocks_name)))
 
 
 def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:

@@ -19,17 +19,31 @@ Batch = Any  # inference: ModelInputs; training: (ModelInputs, target)
 
 
 @dataclass(frozen=True)
+class AttentionSpan:
+    """One layer's attention as the model-FLOPs formula reads it: its heads and head width, and its
+    sliding window or chunk (0, 0: the whole causal sequence)."""
+
+    heads: int
+    head_dim: int
+    window: int = 0
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
 class TransformerDims:
     """Attention shape of a transformer, for the analytical model-FLOPs formula.
 
     `causal` says whether attention is masked causally; the FLOPs convention decides whether
-    that halves the attention term (MaxText) or not (PaLM / nanoGPT / torchtitan).
+    that halves the attention term (MaxText) or not (PaLM / nanoGPT / torchtitan). `spans`, where
+    layers differ (local windows, chunks, wider global heads), gives every layer's attention;
+    empty: `layers` layers of `heads` x `head_dim` over the whole sequence.
     """
 
     layers: int
     heads: int
     head_dim: int
     causal: bool = True
+    spans: tuple[AttentionSpan, ...] = ()
 
 
 @dataclass

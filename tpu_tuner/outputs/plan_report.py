@@ -104,10 +104,19 @@ def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PL
     return lines
 
 
+def precision(result: PlanResult) -> str:
+    """The step's precision and what MFU is measured against (MaxText's tables: the bf16 peak)."""
+    weights = "bf16" if result.weight_dtype == "bfloat16" else "fp32"
+    matmuls = (f"the decoder blocks' matmuls run in {result.quantization} (forward and backward; the logits matmul "
+               f"in bf16), at the {result.quantization} peak" if result.quantization else "bf16 matmuls")
+    return f"{weights} master weights, {matmuls}; MFU against the bf16 peak (MaxText's convention)"
+
+
 def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:
     lines = [f"{result.workload}{' (' + result.preset + ')' if result.preset else ''} on {result.topology.describe()}",
              f"global batch {result.global_batch} x seq {result.seq_len} ({per_chip(result)}), remat {result.remat}; "
-             f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention})"]
+             f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention})",
+             f"precision: {precision(result)}"]
     if result.search:
         search = result.search
         counts: dict[str, int] = {}
@@ -139,6 +148,7 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
            f"Global batch {result.global_batch} sequences of {result.seq_len} tokens ({per_chip(result)}); remat `{result.remat}`; "
            f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
            f"({result.attention_convention}).", "",
+           f"Precision: {precision(result)}.", "",
            f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
            "compile-only); step time and MFU are predictions (see docs/planner.md).", "",
            "| " + " | ".join(header(result)) + " |", "|" + "---|" * len(header(result))]

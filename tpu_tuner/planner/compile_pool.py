@@ -54,6 +54,9 @@ class CompileJob:
     accumulation: int = 1  # micro-batches a step
     first_moment_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
     compiler_options: tuple[tuple[str, Any], ...] = ()  # added to the TPU compile's options
+    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
+    vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
     slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
 
 
@@ -68,7 +71,8 @@ def run_job(job: CompileJob) -> CompiledStep:
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
                         topology_devices(job.topology, job.slices), job.global_batch, job.seq_len, job.d_model,
                         remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
-                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options)
+                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options,
+                        weight_dtype=job.weight_dtype, quantization=job.quantization, vocab_tiling=job.vocab_tiling)
 
 
 class CompilePool:

@@ -22,7 +22,7 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
              done: Callable[[PlanPoint, CompiledStep], None] | None = None) -> dict[PlanPoint, LayoutPlan]:
     """Compile every point (one program each: every block scanned, its loops measured in its own
     HLO; program.py) and predict it."""
-    depth = problem.dims.shape.n_layers
+    depth = problem.dims.scanned  # loop iterations: blocks, or repeats of a layer pattern
     jobs = {point: problem.job(point, depth) for point in points}
     by_job = {job: point for point, job in jobs.items()}
 
@@ -93,7 +93,7 @@ def near_limit(step: CompiledStep, hbm: float) -> bool:
 def _judge(problem: PlanProblem, point: PlanPoint, step: CompiledStep, ends: CompiledStep | None,
            cost_step: CompiledStep | None) -> LayoutPlan:
     """One point's LayoutPlan from its compiled programs."""
-    depth = problem.dims.shape.n_layers
+    depth = problem.dims.scanned  # loop iterations: blocks, or repeats of a layer pattern
     failed = step if step.error else ends if ends is not None and ends.error else None
     if failed is None and ends is None and step.loop_iteration is None:
         failed = replace(step, error="the block loops could not be measured in the compiled program")
@@ -148,7 +148,8 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     devices = problem.topology.devices
     prediction = predict(full, problem.topology, point.layout, problem.dims.shape, problem.dims.head_dim,
                          problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
-                         problem.hardware_flops(point.remat) / devices, problem.seq_len)
+                         problem.hardware_flops(point.remat) / devices, problem.seq_len,
+                         problem.quantization, problem.quantized_share())
     return LayoutPlan(point.layout, full, fits, hbm - full.peak_bytes, why, prediction, point.remat,
                       point.accumulation, batch, bound)
 

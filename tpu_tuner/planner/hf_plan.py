@@ -69,10 +69,6 @@ def planned_workload(source: str | Path) -> Workload:
         if blocker:
             raise UserInputError(blocker, text) from exc
         return _traced(config, text, name, f"{hf.text}: traced through torchax ({exc})")
-    if shape.experts and shape.dense_layers:
-        raise UserInputError(f"dense layers {list(shape.dense_layers)} among expert layers (decoder_sparse_step / "
-                             "mlp_only_layers) cannot be planned: the planner compiles the blocks as one scanned "
-                             "stack of like blocks", text)
     seq = default_seq_len(config)
     module = decoder_module(shape, name, 1, seq)
     note = (f"{hf.text}: the {config.model_type} config as the generic decoder ({theirs:,} parameters, as "

@@ -111,7 +111,7 @@ class _Module:
                 current = lines[header.group("name")] = [line]
             elif current is not None:
                 current.append(line)
-                if line.startswith("}"):
+                if line.rstrip() == "}":  # a computation closes on a line of its own; an attribute may not
                     current = None
             elif not lines:
                 preamble.append(line)

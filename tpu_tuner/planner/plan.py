@@ -50,7 +50,8 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
                                                  problem.global_batch // max(1, options.accumulation), problem.seq_len,
                                                  slices=problem.topology.slices)
         candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm,
-                                           2 if problem.first_moment_dtype == "bfloat16" else 4)
+                                           2 if problem.first_moment_dtype == "bfloat16" else 4,
+                                           2 if problem.weight_dtype == "bfloat16" else 4)
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
@@ -78,16 +79,16 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
 
 
 def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
-                 first_moment_bytes: int = 4) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """Drop, without compiling, layouts whose fp32 weights and two AdamW moments alone (8 bytes a
-    parameter plus the first moment's, split over fsdp x context x tensor, replicated over data)
+                 first_moment_bytes: int = 4, weight_bytes: int = 4) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Drop, without compiling, layouts whose weights and two AdamW moments alone (the weight and
+    second moment in `weight_bytes` each, plus the first moment's, split over fsdp x context x tensor, replicated over data)
     exceed a device's HBM: a lower bound on the compiler's argument bytes, so nothing that could
     fit is dropped."""
     keep, drop = [], []
     for layout in layouts:
-        need = (8 + first_moment_bytes) * n_params / layout.parameter_shards
+        need = (2 * weight_bytes + first_moment_bytes) * n_params / layout.parameter_shards
         if need > hbm:
-            reason = (f"fp32 weights + AdamW moments alone need {need / 2**30:.0f} GiB per device "
+            reason = (f"the weights + AdamW moments alone need {need / 2**30:.0f} GiB per device "
                       f"(> {hbm / 2**30:.0f} GiB HBM)")
             drop.append((layout, reason))
         else:

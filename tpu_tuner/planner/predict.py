@@ -43,6 +43,25 @@ from tpu_tuner.planner.topology import Topology
 MXU_WIDTH = {"v6e": 256}
 # ICI per chip where Google does not state it (v4): assumed equal to v5p's, and said so.
 ICI_FALLBACK_GBYTES = 1200.0
+# The 8-bit matmuls' peak per chip (TOP/s, TFLOP/s), only where Google Cloud states it: int8 on v5e
+# (393) and v6e (1836) in https://cloud.google.com/tpu/docs/v6e's table; fp8 on TPU7x (4614) in
+# https://cloud.google.com/tpu/docs/tpu7x, whose table gives v5p and v6e an fp8 peak equal to their
+# bf16 one (no fp8 units). v4, v5p and TPU7x state no int8 peak: int8 there is refused, not guessed.
+QUANTIZED_PEAK_TFLOPS = {"int8": {"v5e": 393.0, "v6e": 1836.0}, "fp8": {"tpu7x": 4614.0}}
+
+
+def quantized_peak_refusal(generation: str, quantization: str) -> str | None:
+    """Why `quantization` cannot be planned on `generation` (None: it can)."""
+    peaks = QUANTIZED_PEAK_TFLOPS.get(quantization)
+    if peaks is None:
+        return f"unknown quantization {quantization!r}: int8 or fp8"
+    if generation in peaks:
+        return None
+    if quantization == "fp8":
+        return (f"{generation} has no fp8 matmul units (Google states an fp8 peak above bf16 only for TPU7x: "
+                "cloud.google.com/tpu/docs/tpu7x)")
+    return (f"Google states no int8 peak for {generation} (int8 peaks are stated for "
+            f"{', '.join(sorted(peaks))}); plan it without --quantization" + (" or with fp8" if generation == "tpu7x" else ""))
 
 
 @dataclass(frozen=True)
@@ -151,14 +170,24 @@ def predict(
     cost_model: CostModel,
     hardware_flops_per_device: float = 0.0,
     seq_len: int = 0,
+    quantization: str | None = None,
+    quantized_share: float = 0.0,
 ) -> Prediction:
+    """The step's time, MFU and tokens/s. With `quantization`, `quantized_share` of the FLOPs (the
+    blocks' linear layers) run at the generation's 8-bit peak, the rest at bf16's, each at the
+    fitted efficiency; MFU stays against the bf16 peak (MaxText's convention)."""
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu)
     flops = max(compiled.flops, hardware_flops_per_device)
     scores = causal_score_elements(shape.n_layers, shape.n_heads, seq_len, tokens_per_step / topology.devices)
-    at_peak = flops / aligned + cost_model.score_flops * scores
-    compute = at_peak / (peak * cost_model.efficiency(topology.chip.generation))
+    # Seconds a FLOP at full efficiency: 8-bit matmuls at their own peak (docs/planner.md, "Precision of the step").
+    per_flop = 1 / peak
+    if quantization is not None and quantized_share:
+        quantized_peak = QUANTIZED_PEAK_TFLOPS[quantization][topology.chip.generation] * 1e12 / topology.devices_per_chip
+        per_flop = (1 - quantized_share) / peak + quantized_share / quantized_peak
+    at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
+    compute = at_peak / cost_model.efficiency(topology.chip.generation)
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
     comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives
                if c.network != "dcn")

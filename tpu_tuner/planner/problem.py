@@ -9,18 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
-from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
-from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.metrics.flops import matmul_parameters, score_pairs, transformer_model_flops
+from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.structure import Dims, read_dims
+from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import Topology
@@ -48,7 +50,12 @@ class PlanProblem:
     cost_model: CostModel
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
+    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None = None  # the blocks' linear layers: None (bf16), "int8" or "fp8"
+    quantized_parameters: int = 0  # the weights of the blocks' linear layers (what --quantization quantizes)
+    vocab_tiling: int = 1
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
+    spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
 
     @property
     def hbm(self) -> float:
@@ -57,21 +64,38 @@ class PlanProblem:
     def hardware_flops(self, remat: str) -> float:
         """The work the chips do, a floor under the compiler's count (predict.py): the model's
         FLOPs with full attention plus what `remat` recomputes of each block's forward."""
-        shape = self.dims.shape
-        _, recomputed = forward_flops_per_token(parse_remat(remat), shape.d_model, shape.n_heads, shape.n_kv_heads,
-                                                self.dims.head_dim, shape.mlp_hidden, self.gated, self.seq_len)
-        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
-        return full + recomputed * shape.n_layers * self.global_batch * self.seq_len
+        shape, policy, seq = self.dims.shape, parse_remat(remat), self.seq_len
+        spans = self.spans or (AttentionSpan(shape.n_heads, self.dims.head_dim),) * shape.n_layers
+        # A local layer's attention recomputes its window's keys per query, not the sequence's.
+        recomputed = sum(forward_flops_per_token(policy, shape.d_model, span.heads, shape.n_kv_heads, span.head_dim,
+                                                 shape.mlp_hidden, self.gated,
+                                                 score_pairs(seq, span.window, span.chunk, False) / seq)[1]
+                         for span in spans)
+        attention = TransformerDims(shape.n_layers, shape.n_heads, self.dims.head_dim, True, self.spans)
+        full = _model_flops(self.matmul_parameters, attention, self.dims, self.global_batch, seq, "full")
+        return full + recomputed * self.global_batch * seq
 
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
                           scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
-                          slices=self.topology.slices)
+                          weight_dtype=self.weight_dtype, quantization=self.quantization,
+                          vocab_tiling=self.vocab_tiling, slices=self.topology.slices)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
-                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4)
+                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
+                                  weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
+                                  saved_inputs=self.dims.saved_block_inputs)
+
+    def quantized_share(self) -> float:
+        """The share of the step's FLOPs that --quantization runs in 8 bits: the blocks' linear
+        layers' forward and both backward matmuls (6 FLOPs a weight a token) of the model's FLOPs
+        with full attention; remat's recomputation is taken to have the same mix."""
+        if self.quantization is None:
+            return 0.0
+        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
+        return min(1.0, 6.0 * self.quantized_parameters * self.global_batch * self.seq_len / full)
 
 
 def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
@@ -91,6 +115,13 @@ def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> N
 def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
     """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first.
     An ``hf:`` source runs no code of its own (a config is read), so it is not screened in a worker."""
+    # The step's precision first: refused before any worker runs.
+    if options.weight_dtype not in ("float32", "bfloat16"):
+        raise UserInputError(f"the weights' dtype is float32 or bfloat16, not {options.weight_dtype!r}")
+    if options.quantization is not None:
+        refusal = quantized_peak_refusal(topology.chip.generation, options.quantization)
+        if refusal:
+            raise UserInputError(f"--quantization {options.quantization}: {refusal}", topology.name)
     hf = is_hf_source(model_file)
     if not hf:
         _screen_in_worker(model_file, options.log_file)
@@ -115,12 +146,23 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         for note in workload.notes:  # which route the config took (planner/hf_plan.py)
             emit(note)
     global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
+    if options.vocab_tiling < 1 or seq_len % options.vocab_tiling:
+        raise UserInputError(f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not "
+                             f"{options.vocab_tiling}", workload.source)
     with torch.device("meta"):
         meta_model = workload.model_for_preset(options.preset)
     transformer = workload.dims_for_preset(options.preset)
+    if options.vocab_tiling > 1 and not callable(getattr(meta_model, "hidden", None)):
+        raise UserInputError("--vocab-tiling needs the generic decoder (a decoder: shape, a shape file or a mapped "
+                             "hf: config): this model has no hidden() before its output head", workload.source)
+    window = max((max(span.window, span.chunk) for span in (transformer.spans if transformer else ())), default=0)
+    if window > seq_len:
+        raise UserInputError(f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
+                             "plan a longer --seq, or the model as global attention", workload.source)
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
-    _, blocks = blocks_of(meta_model)
+    blocks_name, blocks = blocks_of(meta_model)
+    every_block = [*blocks, *(block for _, block in unscanned_blocks(meta_model, blocks_name))]
     roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
@@ -131,16 +173,18 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
-        first_moment_dtype=options.first_moment_dtype,
+        first_moment_dtype=options.first_moment_dtype, vocab_tiling=options.vocab_tiling,
+        weight_dtype=options.weight_dtype, quantization=options.quantization,
+        quantized_parameters=sum(m.weight.numel() for block in every_block for m in block.modules()
+                                 if isinstance(m, nn.Linear)),
         model_digest=source_digest(str(model_file)) if hf else None,
+        spans=transformer.spans if transformer else (),
         placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
                     for name, kind in placement.items()},
     )
 
 
 def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
-    from tpu_tuner.model.workload import TransformerDims
-
     attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]
 

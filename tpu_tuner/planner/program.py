@@ -33,12 +33,14 @@ from torch import nn
 
 from tpu_tuner.planner.collectives import device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.model.blocks import blocks_of
+from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
+from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
 from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
+from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
 from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
                                           sharded_attention)
 
@@ -78,6 +80,9 @@ def compile_step(
     accumulation: int = 1,
     first_moment_dtype: str = "float32",
     compiler_options: tuple[tuple[str, Any], ...] = (),
+    weight_dtype: str = "float32",
+    quantization: str | None = None,
+    vocab_tiling: int = 1,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
@@ -87,6 +92,11 @@ def compile_step(
     accumulates fp32 gradients, AdamW once after it (MaxText's gradient_accumulation_steps).
     `first_moment_dtype` is AdamW's first moment's storage (MaxText's mu_dtype);
     `compiler_options` are added to the TPU compile's options (a recipe's XLA flags).
+    `weight_dtype` is the master weights' storage (MaxText's weight_dtype: with bfloat16 the
+    gradients and AdamW's second moment are bf16 too); `quantization` ("int8", "fp8") compiles the
+    blocks' linear layers as 8-bit matmuls (quantized_matmul.py). With `vocab_tiling` > 1 the loss
+    computes the output head's logits that many slices of the sequence at a time (MaxText's
+    num_vocab_tiling; the model needs a `hidden` method: the generic decoder).
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
@@ -121,8 +131,11 @@ def compile_step(
     env = torchax.default_env()
     checkpoint_policy = policy.jax_policy()
     block_list = model.get_submodule(blocks_name)
-    if len(block_list):
-        name_block_tensors(block_list, d_model, mlp_hidden=mlp_width(block_list[0], d_model))
+    beside_named = unscanned_blocks(model, blocks_name)
+    beside = [block for _, block in beside_named]
+    if len(block_list) or beside:
+        width = mlp_width(block_list[0] if len(block_list) else beside[0], d_model)
+        name_block_tensors([*block_list, *beside], d_model, mlp_hidden=width)
     stacked: dict[str, Any] = {}  # the scanned blocks' weights, set by loss_fn while tracing
     if scan and len(block_list):
         template = block_list[0]
@@ -140,11 +153,15 @@ def compile_step(
 
         parent = model.get_submodule(blocks_name.rsplit(".", 1)[0]) if "." in blocks_name else model
         setattr(parent, blocks_name.rsplit(".", 1)[-1], nn.ModuleList([ScannedBlocks(run_blocks)]))
+        for block in beside:  # leading / trailing layers of a layer pattern: unrolled, as MaxText does
+            block.register_forward_hook(constrain)
+            if checkpoint_policy is not None:
+                block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
     else:
         if policy.action(BLOCK_INPUT) == "offload" and len(block_list):
             raise ValueError("offloading the block input needs the scanned blocks (scan=True)")
         template = None
-        for block in block_list:
+        for block in [*block_list, *beside]:
             block.register_forward_hook(constrain)
             if checkpoint_policy is not None:
                 block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
@@ -152,24 +169,37 @@ def compile_step(
         if isinstance(module, nn.Embedding):
             module.register_forward_hook(constrain)
 
+    head_weight = ""
+    if vocab_tiling > 1:
+        head = getattr(model, "output", None)
+        if not callable(getattr(model, "hidden", None)) or not isinstance(head, nn.Linear):
+            raise ValueError("vocabulary tiling needs a model with a hidden() method and an output Linear "
+                             "(the generic decoder)")
+        head_weight = next(name for name, p in model.named_parameters() if p is head.weight)
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
+    if quantization is not None:
+        scope = BlockScope()
+        scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
+        install_quantized_linear(env, quantization, scope)
     expert_dispatch(env, mesh)  # the MoE's dispatch as all-to-alls over an expert axis (expert_parallel.py)
 
-    # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side.
-    roles = block_tensor_roles(block_list[0], d_model, mlp_width(block_list[0], d_model))[0] if len(block_list) else {}
-    mlp_paths = {path for path, role in roles.items() if role.startswith("mlp")}
+    # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side:
+    # the scanned template's (its parameters are named as block 0's) and those of the blocks beside it.
+    mlp_modules = {f"{prefix}.{path}" for prefix, block in ([(f"{blocks_name}.0", block_list[0])] if len(block_list)
+                                                             else []) + beside_named
+                   for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
+                   if role.startswith("mlp")}
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's
         # side over fsdp_transpose x tensor, experts over expert (layouts.mesh_partition_spec).
-        in_block = name[len(blocks_name) + 1:].partition(".")[2] if name.startswith(blocks_name + ".") else ""
-        split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), in_block.rpartition(".")[0] in mlp_paths)
+        split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), name.rpartition(".")[0] in mlp_modules)
         if split[:1] == ("expert",) and tensor.shape[0] % layout.expert:
             raise ValueError(f"expert {layout.expert} does not divide the {tensor.shape[0]} experts of {name}")
         spec = (None,) * len(leading) + split
-        return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+        return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
     params: dict[str, Any] = {"model": {name: param_struct(name, t) for name, t in jittable.params.items()}}
     buffers: dict[str, Any] = {"model": {name: jax.ShapeDtypeStruct(tuple(t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
@@ -194,8 +224,11 @@ def compile_step(
             stacked["weights"] = {**compute["blocks"], **buffer_values["blocks"]}
         torch_weights, torch_buffers, torch_inputs = env.j2t_iso((compute["model"], buffer_values["model"], inputs))
         with env:
-            logits = jittable.functional_call("forward", torch_weights, torch_buffers, torch_inputs)
+            logits = jittable.functional_call("hidden" if vocab_tiling > 1 else "forward", torch_weights,
+                                              torch_buffers, torch_inputs)
         logits = env.t2j_iso(logits)
+        if vocab_tiling > 1:  # the final hidden states: the head's logits a tile at a time
+            return tiled_cross_entropy(logits, compute["model"][head_weight], targets, vocab_tiling)
         # Cross-entropy without a float32 copy of the logits: the fp32 log-sum-exp fuses into its
         # reduction, as in MaxText; a [tokens, vocab] fp32 buffer would dominate HBM at 128k vocab.
         lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
@@ -211,7 +244,7 @@ def compile_step(
             loss, grads = jax.value_and_grad(loss_fn)(weights, buffer_values, *batch)
             return (total + loss, jax.tree.map(lambda s, g: s + g.astype(jnp.float32), summed, grads)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, weights)  # fp32, sharded as the weights
+        zeros = jax.tree.map(lambda w: jnp.zeros_like(w, jnp.float32), weights)  # fp32, sharded as the weights
         (total, summed), _ = jax.lax.scan(micro_step, (jnp.zeros((), jnp.float32), zeros), (inputs, targets))
         return total / accumulation, jax.tree.map(lambda g: g / accumulation, summed)
 
@@ -219,11 +252,12 @@ def compile_step(
         loss, grads = gradients(weights, buffer_values, inputs, targets)
         first, second = moments
         first = jax.tree.map(lambda m, g: (0.9 * m + 0.1 * g).astype(m.dtype), first, grads)
-        second = jax.tree.map(lambda v, g: 0.95 * v + 0.05 * g * g, second, grads)
+        second = jax.tree.map(lambda v, g: (0.95 * v + 0.05 * g * g).astype(v.dtype), second, grads)
         # AdamW with its epsilon inside the square root (optax's eps_root): a reciprocal square
         # root instead of a square root and a divide, whose code is long: the same FLOPs, bytes and
         # memory, and less compile time (docs/planner.md, "Speed").
-        weights = jax.tree.map(lambda w, m, v: w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w), weights, first, second)
+        weights = jax.tree.map(lambda w, m, v: (w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w)).astype(w.dtype),
+                               weights, first, second)
         return weights, (first, second), loss
 
     start = time.perf_counter()

@@ -136,8 +136,9 @@ def parse_remat(text: str, where: str = "--remat") -> RematPolicy:
     return RematPolicy(canonical, frozenset(saved), frozenset(offloaded))
 
 
-def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple[dict[str, str], str | None]:
-    """(submodule path -> name of its output, submodule path whose input is ``context``).
+def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(submodule path -> name of its output, the submodule paths whose input is ``context``: one
+    per attention, several in one repeat of a layer pattern).
 
     Found from the block's structure: the module holding three or more linears that read the
     residual width (or one fused projection) is the attention: its linears in registration order
@@ -148,7 +149,7 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
     more than one linear that writes the residual width (attention and MLP side by side).
     `mlp_hidden` is `mlp_width(block, d_model)`."""
     roles: dict[str, str] = {}
-    context_of: str | None = None
+    context_of: list[str] = []
     for parent_name, parent in block.named_modules():
         linears = [(f"{parent_name}.{n}" if parent_name else n, m) for n, m in parent.named_children()
                    if isinstance(m, nn.Linear)]
@@ -170,8 +171,8 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
                     roles[name[0]] = role
             if writing:
                 roles[writing[-1][0]] = "out_proj"
-                context_of = writing[-1][0]
-    return roles, context_of
+                context_of.append(writing[-1][0])
+    return roles, tuple(context_of)
 
 
 def mlp_width(block: nn.Module, d_model: int) -> int:

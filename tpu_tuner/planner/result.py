@@ -61,6 +61,8 @@ class PlanResult:
     error_band: ErrorBand | None = None  # the best point's band (else the first point's)
     search: dict[str, Any] | None = None  # the search's study, space and every trial
     source: str | None = None  # the model file (or shape) as given
+    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
+    quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
 
     @property
     def best(self) -> LayoutPlan | None:
@@ -117,7 +119,9 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         plans=plans,
         rejected=rejected,
         placements=problem.placements,
-        method=(f"scanned layers: the {problem.dims.shape.n_layers} blocks compiled as one loop over stacked weights "
+        method=(f"scanned layers: the {problem.dims.shape.n_layers} layers compiled as one loop of "
+                f"{problem.dims.scanned} iterations over stacked weights"
+                + (f" ({problem.dims.unscanned} more unrolled)" if problem.dims.unscanned else "") + " "
                 "(memory: that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' "
                 "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
                 "collectives compiled as mocks"
@@ -128,6 +132,8 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         error_band=shown.band if shown else None,
         search=search,
         source=problem.source,
+        weight_dtype=problem.weight_dtype,
+        quantization=problem.quantization,
     )
 
 

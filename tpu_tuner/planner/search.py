@@ -240,6 +240,10 @@ def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
             "topology": problem.topology.jax_name, "devices": problem.topology.devices,
             "global_batch": problem.global_batch, "seq_len": problem.seq_len, "fast": problem.fast,
             "first_moment_dtype": problem.first_moment_dtype,
+            # The step's precision, named only where it is not the default: earlier plans' records stay as they were.
+            **({"weight_dtype": problem.weight_dtype} if problem.weight_dtype != "float32" else {}),
+            **({"quantization": problem.quantization} if problem.quantization else {}),
+            **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
             "space": space.describe()}
 
 

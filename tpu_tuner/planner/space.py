@@ -128,7 +128,7 @@ def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_bat
 class MemoryBound:
     """A lower bound on a point's HBM per device, from sizes the compiler cannot shrink."""
 
-    weights_and_moments: float  # fp32 weights and AdamW's moments, split over the parameter shards
+    weights_and_moments: float  # the weights and AdamW's moments, split over the parameter shards
     accumulated_gradients: float  # the fp32 gradient sum across micro-batches
     block_inputs: float  # every block's input (bf16), kept for the backward pass on the device
 
@@ -138,19 +138,22 @@ class MemoryBound:
 
 
 def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelShape, global_batch: int,
-                       seq_len: int, first_moment_bytes: int = 4) -> MemoryBound:
+                       seq_len: int, first_moment_bytes: int = 4, weight_bytes: int = 4,
+                       saved_inputs: int | None = None) -> MemoryBound:
     """What no compile of `point` can need less of, per device.
 
     Only matrix parameters count (1-D ones are replicated; leaving them out keeps it a lower
     bound), split over fsdp x context x tensor. The block inputs are the scan's saved carry:
     [micro-batch / shards, sequence / context, d_model / tensor] in bf16 per block, unless the
-    policy keeps them in host memory. The planner checks this bound against every compile it
+    policy keeps them in host memory: one per block, or `saved_inputs` (a loop over repeats of a
+    layer pattern keeps one a repeat: structure.Dims.saved_block_inputs). The planner checks this bound against every compile it
     makes (a bound above a compiled peak is logged as an error in the bound)."""
     layout = point.layout
-    weights = (8.0 + first_moment_bytes) * matrix_parameters / layout.parameter_shards
+    # The weights and AdamW's second moment in the weights' dtype (MaxText's weight_dtype), the first in its own.
+    weights = (2.0 * weight_bytes + first_moment_bytes) * matrix_parameters / layout.parameter_shards
     accumulated = 4.0 * matrix_parameters / layout.parameter_shards if point.accumulation > 1 else 0.0
     inputs = 0.0
     if parse_remat(point.remat).action(BLOCK_INPUT) != "offload":
         tokens = global_batch / point.accumulation / layout.batch_shards * seq_len / layout.context
-        inputs = shape.n_layers * tokens * shape.d_model / layout.tensor * 2.0
+        inputs = (saved_inputs or shape.n_layers) * tokens * shape.d_model / layout.tensor * 2.0
     return MemoryBound(weights, accumulated, inputs)

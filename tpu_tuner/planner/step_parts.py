@@ -12,17 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from tpu_tuner.model.attention import local_attention_op
 from tpu_tuner.planner.remat import block_tensor_roles
 
 
-def name_block_tensors(blocks: nn.ModuleList, d_model: int, mlp_hidden: int) -> None:
+def name_block_tensors(blocks: list[nn.Module], d_model: int, mlp_hidden: int) -> None:
     """Give the block tensors MaxText's checkpoint names (remat.block_tensor_roles), so that a
     policy can save or offload them: each projection's output, the out projection's input
-    (``context``). Hooks on every block (unrolled) or the one template the scan calls."""
+    (``context``). Hooks on every block (unrolled), the one template the scan calls, and the
+    blocks beside the scan (each read for its own structure)."""
     from jax.ad_checkpoint import checkpoint_name
     from torchax.interop import jax_view, torch_view
-
-    roles, context_of = block_tensor_roles(blocks[0], d_model, mlp_hidden)
 
     def named(name: str) -> Callable[..., Any]:
         def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
@@ -33,10 +33,11 @@ def name_block_tensors(blocks: nn.ModuleList, d_model: int, mlp_hidden: int) -> 
         return (torch_view(checkpoint_name(jax_view(args[0]), "context")), *args[1:])
 
     for block in blocks:
+        roles, context_of = block_tensor_roles(block, d_model, mlp_hidden)
         for path, role in roles.items():
             block.get_submodule(path).register_forward_hook(named(role))
-        if context_of is not None:
-            block.get_submodule(context_of).register_forward_pre_hook(named_context)
+        for path in context_of:
+            block.get_submodule(path).register_forward_pre_hook(named_context)
 
 
 class ScannedBlocks(nn.Module):
@@ -105,12 +106,9 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     import jax.numpy as jnp
     import torch.nn.functional as F
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
-    from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    # The batch over every axis that splits it (fsdp_transpose and expert too: planner/mesh.py).
-    spec = PartitionSpec(tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape),
-                         "tensor", "context", None)
+    spec = _heads_spec(mesh)
     context = mesh.shape["context"]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -148,6 +146,76 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
         return torch_view(sharded(q, k, v))
 
     env.override_op_definition(F.scaled_dot_product_attention, sdpa)
+    env.override_op_definition(local_attention_op(), _local_attention(mesh, flash))
+
+
+def _heads_spec(mesh: Any) -> Any:
+    """[batch, heads, seq, head_dim] per device: the batch over every axis that splits it
+    (fsdp_transpose and expert too: planner/mesh.py), heads over tensor, the sequence over context."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape),
+                         "tensor", "context", None)
+
+
+def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:
+    """The package's local attention operator (model/attention.py: a sliding window or chunks,
+    optional sinks) per device under `shard_map`, split as `sharded_attention` splits global
+    attention; with `splash` as Pallas splash attention with its block-sparse mask
+    (`LocalMask` / `ChunkedCausalMask`, as MaxText runs local layers), which visits only the
+    blocks the mask keeps. Elsewhere (the emulated-CPU cross-check) the masked textbook attention.
+
+    Under context parallelism each device's queries meet every gathered key through the mask of
+    the first query slice (the mask is static; the kernel takes no per-device offset): the same
+    number of visited blocks for a window away from the sequence's start, not the same numbers."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    from jax.sharding import PartitionSpec
+    from torchax.interop import jax_view, torch_view
+
+    spec = _heads_spec(mesh)
+    context = mesh.shape["context"]
+
+    def mask_of(queries: int, keys: int, window: int, chunk: int) -> Any:
+        shape = (queries, keys)
+        if window:
+            return masks.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+        if chunk:
+            return masks.ChunkedCausalMask(shape, chunk_size=chunk)
+        return masks.CausalMask(shape)
+
+    def attend(query, key, value, sinks, window, chunk):  # type: ignore[no-untyped-def]
+        scale = query.shape[-1] ** -0.5
+
+        def per_device(q: Any, k: Any, v: Any, *sink: Any) -> Any:
+            if context > 1:
+                k, v = (jax.lax.all_gather(t, "context", axis=2, tiled=True) for t in (k, v))
+            heads_sinks = sink[0] if sink else None
+            if splash:
+                mask = masks.MultiHeadMask([mask_of(q.shape[2], k.shape[2], window, chunk)] * q.shape[1])
+                kernel = kernels.make_splash_mha(mask=mask, head_shards=1, q_seq_shards=1)
+                return jax.vmap(lambda a, b, c: kernel(a, b, c, sinks=heads_sinks))(q * scale, k, v)
+            allowed = jnp.asarray(mask_of(q.shape[2], k.shape[2], window, chunk)[:, :])
+            scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * scale
+            scores = jnp.where(allowed, scores, -jnp.inf)
+            if heads_sinks is not None:
+                column = jnp.broadcast_to(heads_sinks.astype(jnp.float32)[None, :, None, None], (*scores.shape[:-1], 1))
+                probabilities = jax.nn.softmax(jnp.concatenate([scores, column], axis=-1), axis=-1)[..., :-1]
+            else:
+                probabilities = jax.nn.softmax(scores, axis=-1)
+            return jnp.einsum("bhqk,bhkd->bhqd", probabilities.astype(q.dtype), v)
+
+        arrays = [jax_view(t) for t in (query, key, value)]
+        in_specs = [spec, spec, spec]
+        if sinks is not None:
+            arrays.append(jax_view(sinks))
+            in_specs.append(PartitionSpec("tensor"))
+        sharded = jax.shard_map(per_device, mesh=mesh, in_specs=tuple(in_specs), out_specs=spec, check_vma=False)
+        return torch_view(sharded(*arrays))
+
+    return attend
 
 
 __all__ = ["ScannedBlocks", "embedding_without_index_sort", "name_block_tensors", "sharded_attention"]
