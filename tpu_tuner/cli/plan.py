@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price", action="append", metavar="GEN=USD_PER_CHIP_HOUR",
                         help="a generation's on-demand price per chip-hour for the ranking of several topologies, "
                              "e.g. v6e=2.70 (repeatable or comma-separated; overrides tpu_tuner/planner/tpu_prices.toml)")
+    parser.add_argument("--slices", type=int, default=default("slices"), metavar="N",
+                        help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
+                             "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2")
     parser.add_argument("--global-batch", type=int,
                         help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)")
     parser.add_argument("--seq", type=int, help="sequence length (default: the file's SEQ_LEN; an hf: config's "
@@ -50,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention FLOPs convention for MFU (default %(default)s)")
     parser.add_argument("--max-layouts", type=int, default=default("max_layouts"),
                         help="layouts to compile (default %(default)s)")
-    parser.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR[xCONTEXT]",
-                        help="compile only this layout, e.g. 1x64x4 or 1x32x4x2 (repeatable)")
+    parser.add_argument("--layout", action="append", metavar="DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...]",
+                        help="compile only this layout, e.g. 1x64x4, 1x32x4x2, 1x32x1,expert=4 or 2x64x1,dcn_data=2; "
+                             "AXIS: fsdp_transpose, expert, dcn_data, dcn_fsdp (repeatable)")
     search = parser.add_argument_group("search (Optuna over layout x remat x micro-batches)")
     search.add_argument("--budget", type=int, metavar="N",
                         help="search the joint space with N compiles instead of enumerating layouts")
@@ -141,11 +145,17 @@ def run(args: argparse.Namespace) -> int:
 
     topologies, prices = _ranking_flags(args)  # a list of topologies ranks them (docs/planner.md, "Which TPU to rent")
     layouts = None
+    if args.slices < 1:
+        raise UserInputError(f"--slices must be at least 1, not {args.slices}")
     if args.layout:
         try:
             layouts = [parse_layout(text) for text in args.layout]
         except ValueError as exc:
-            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4: {exc}") from exc
+            raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
+        for layout in layouts:
+            if layout.slices != args.slices:
+                raise UserInputError(f"--layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), "
+                                     f"--slices is {args.slices}: the DCN ways' product must be the slice count")
     parse_remat(args.remat, "--remat")
     if args.accumulation < 1:
         raise UserInputError(f"--accumulation must be at least 1, not {args.accumulation}")
@@ -174,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise UserInputError(f"--workers must be at least 1, not {args.workers}")
         given["workers"] = args.workers
-    options = PlanOptions(topology=args.topology, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
+    options = PlanOptions(topology=args.topology, slices=args.slices, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
                           first_moment_dtype=args.mu_dtype or args.weight_dtype, weight_dtype=args.weight_dtype,
                           quantization=args.quantization, vocab_tiling=args.vocab_tiling,

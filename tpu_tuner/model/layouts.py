@@ -8,6 +8,15 @@ laid out: column-wise linears (their output dimension over ``tensor``), row-wise
 dimension over ``fsdp``; 1-D parameters are replicated. ``context`` (MaxText's context
 parallelism; sequence parallelism in other tools' words) splits the sequence of every activation
 and, like ``fsdp``, the parameters: attention then gathers keys and values over it.
+
+The whole mesh (docs/planner.md, "The whole mesh"), MaxText's other training axes:
+``fsdp_transpose`` splits the batch and the parameters as ``fsdp`` does, but takes the MLP
+weights' MLP dimension (MaxText's ``mlp`` rule) where ``fsdp`` takes their ``embed`` one;
+``expert`` splits the batch, the dense weights' ``embed`` dimension, and the MoE's stacked expert
+weights along their expert dimension (MaxText's ``exp`` rule), so the token dispatch becomes an
+all-to-all. Over several slices, ``dcn_data`` and ``dcn_fsdp`` say how many ways of ``data`` and
+``fsdp`` run across slices over the data-center network (MaxText's ``dcn_*_parallelism``; the
+layout's ``data`` and ``fsdp`` are the whole axes, DCN ways included).
 """
 
 from __future__ import annotations
@@ -20,58 +29,93 @@ if TYPE_CHECKING:
     from torch import nn
 
 AXES = ("data", "fsdp", "context", "tensor")  # the mesh's axes, outermost first
+# The planner's whole mesh, outermost first, in MaxText's order (base.yml's mesh_axes).
+MESH_AXES = ("data", "fsdp", "fsdp_transpose", "context", "tensor", "expert")
+# Axes a layout names after its DATAxFSDPxTENSOR[xCONTEXT] part, as NAME=SIZE (MaxText's config keys
+# without ici_ / _parallelism); the dcn_ ones are the DCN ways of data and fsdp.
+NAMED_AXES = ("fsdp_transpose", "expert", "dcn_data", "dcn_fsdp")
 Placement = Literal["colwise", "rowwise", "embedding", "expert_in", "expert_out", "replicated"]
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Sizes of the mesh axes; their product is the number of devices."""
+    """Sizes of the mesh axes; their product is the number of devices (of every slice together).
+    `dcn_data` / `dcn_fsdp`: the ways of `data` / `fsdp` that run across slices (1: none)."""
 
     data: int
     fsdp: int
     tensor: int
     context: int = 1
+    fsdp_transpose: int = 1
+    expert: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
 
     @property
     def devices(self) -> int:
-        return self.data * self.fsdp * self.tensor * self.context
+        return self.data * self.fsdp * self.tensor * self.context * self.fsdp_transpose * self.expert
 
     @property
     def parameter_shards(self) -> int:
-        """How many ways each matrix parameter is split (fsdp x context x tensor)."""
-        return self.fsdp * self.context * self.tensor
+        """How many ways each matrix parameter is split (every axis but data)."""
+        return self.fsdp * self.context * self.tensor * self.fsdp_transpose * self.expert
 
     @property
     def batch_shards(self) -> int:
         """How many ways the global batch is split."""
-        return self.data * self.fsdp
+        return self.data * self.fsdp * self.fsdp_transpose * self.expert
+
+    @property
+    def slices(self) -> int:
+        """How many slices the layout spans (the product of its DCN ways)."""
+        return self.dcn_data * self.dcn_fsdp
+
+    def mesh_sizes(self) -> tuple[int, ...]:
+        """The size of each of MESH_AXES."""
+        return (self.data, self.fsdp, self.fsdp_transpose, self.context, self.tensor, self.expert)
+
+    def dcn_sizes(self) -> tuple[int, ...]:
+        """The ways of each of MESH_AXES across slices (MaxText's dcn_parallelism)."""
+        return (self.dcn_data, self.dcn_fsdp, 1, 1, 1, 1)
+
+    def ici_sizes(self) -> tuple[int, ...]:
+        """The ways of each of MESH_AXES inside one slice (MaxText's ici_parallelism)."""
+        return tuple(size // dcn for size, dcn in zip(self.mesh_sizes(), self.dcn_sizes()))
+
+    def _named(self) -> list[tuple[str, int]]:
+        return [(axis, getattr(self, axis)) for axis in NAMED_AXES if getattr(self, axis) > 1]
 
     def name(self) -> str:
         context = f" x context {self.context}" if self.context > 1 else ""
-        return f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}"
+        extra = "".join(f" x {axis} {size}" for axis, size in self._named() if not axis.startswith("dcn_"))
+        dcn = ", ".join(f"{axis[4:]} {size}" for axis, size in self._named() if axis.startswith("dcn_"))
+        return (f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}{extra}"
+                + (f" (across slices: {dcn})" if dcn else ""))
 
     def short(self, with_context: bool = True) -> str:
-        """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one (the --layout syntax and the
-        layout knob's values): the one spelling of a layout, `parse_layout`'s inverse.
-        `with_context` False leaves a context axis out (the dashboard's plan table)."""
+        """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one and ,NAME=SIZE for each
+        other axis above 1 (the --layout syntax and the layout knob's values): the one spelling of
+        a layout, `parse_layout`'s inverse. `with_context` False leaves a context axis out (the
+        dashboard's plan table)."""
         context = f"x{self.context}" if with_context and self.context > 1 else ""
-        return f"{self.data}x{self.fsdp}x{self.tensor}{context}"
+        return f"{self.data}x{self.fsdp}x{self.tensor}{context}" + "".join(f",{a}={n}" for a, n in self._named())
 
     def mesh_shape(self) -> dict[str, int]:
-        """Axis -> size, context only where there is one (a config's [sharding.mesh])."""
+        """Axis -> size, context and the named axes only where there are some (a config's [sharding.mesh])."""
         shape = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
-        return {**shape, "context": self.context} if self.context > 1 else shape
+        return {**shape, **({"context": self.context} if self.context > 1 else {}), **dict(self._named())}
 
     @classmethod
     def from_mesh(cls, mesh: Mapping[str, Any]) -> "Layout":
         """`mesh_shape`'s inverse (an axis left out has size 1); ValueError / TypeError where a
         size is no integer."""
-        return cls(*(int(mesh.get(axis, 1)) for axis in ("data", "fsdp", "tensor", "context")))
+        return cls(*(int(mesh.get(axis, 1)) for axis in ("data", "fsdp", "tensor", "context", *NAMED_AXES)))
 
     def without_context(self) -> "Layout":
-        """The layout on data x fsdp x tensor alone: a context axis folded into fsdp, the axis that
-        also splits the parameters (the layout knob has no context axis)."""
-        return Layout(self.data, self.fsdp * self.context, self.tensor)
+        """The layout on data x fsdp x tensor alone: context, fsdp_transpose and expert folded into
+        fsdp, the axis that also splits the parameters and the batch (the layout knob and a torch
+        process group have no others); the slices' DCN ways dropped (one process group)."""
+        return Layout(self.data, self.fsdp * self.context * self.fsdp_transpose * self.expert, self.tensor)
 
 
 @dataclass(frozen=True)
@@ -147,36 +191,91 @@ def partition_spec(placement: str, ndim: int) -> tuple:
     return ()
 
 
+# MaxText's logical axis rules (base.yml) as mesh axes: a weight's embed side, the MLP side of the
+# MLP's weights (fsdp_transpose there, so their embed side leaves it out), the expert dimension.
+_EMBED = ("fsdp", "fsdp_transpose", "context", "expert")
+_MLP_EMBED = ("fsdp", "context", "expert")
+_MLP = ("fsdp_transpose", "tensor")
+_MOE_EMBED = ("fsdp", "context")
+
+
+def mesh_partition_spec(placement: str, ndim: int, mlp: bool = False) -> tuple:
+    """The PartitionSpec entries over MESH_AXES of an `ndim`-dimensional parameter placed as
+    `placement`: `partition_spec`'s axes resolved as MaxText's rules resolve them (an axis of size
+    1 splits nothing, so a layout without the named axes compiles as before). `mlp`: a weight (or
+    bias) of the MLP's linears, whose MLP side goes over fsdp_transpose x tensor (MaxText's ``mlp``
+    rule) and embed side over the rest."""
+    if ndim < 2:
+        if placement != "colwise_bias":
+            return ()
+        return (_MLP,) if mlp else ("tensor",)
+    if placement == "expert_in":
+        return ("expert", _MOE_EMBED, _MLP)
+    if placement == "expert_out":
+        return ("expert", _MLP, _MOE_EMBED)
+    if placement in ("colwise", "embedding"):  # (out, in): out over tensor
+        return (_MLP, _MLP_EMBED) if mlp and placement == "colwise" else ("tensor", _EMBED)
+    if placement == "rowwise":  # (out, in): in over tensor
+        return (_MLP_EMBED, _MLP) if mlp else (_EMBED, "tensor")
+    return ()
+
+
 def enumerate_layouts(devices: int, shape: ModelShape, global_batch: int, seq_len: int | None = None,
-                      contexts: tuple[int, ...] = (1,)) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+                      contexts: tuple[int, ...] = (1,), slices: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All data x fsdp x tensor (x context, for each of `contexts`) factorisations of `devices`,
-    split into valid and rejected (why)."""
+    split into valid and rejected (why). Over `slices` slices, each factorisation once per way of
+    spreading the slices over data and fsdp that divides them (data first: MaxText's default)."""
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     for context in (c for c in contexts if devices % c == 0):
         for tensor in _divisors(devices // context):
             for fsdp in _divisors(devices // context // tensor):
-                layout = Layout(devices // context // tensor // fsdp, fsdp, tensor, context)
-                reason = why_not(layout, shape, global_batch, seq_len)
-                (rejected.append((layout, reason)) if reason else valid.append(layout))
+                data = devices // context // tensor // fsdp
+                for dcn_data in sorted(_divisors(slices), reverse=True):
+                    dcn_fsdp = slices // dcn_data
+                    if data % dcn_data or fsdp % dcn_fsdp:
+                        continue
+                    layout = Layout(data, fsdp, tensor, context, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp)
+                    reason = why_not(layout, shape, global_batch, seq_len)
+                    (rejected.append((layout, reason)) if reason else valid.append(layout))
     return valid, rejected
 
 
 def parse_layout(text: str, context: bool = True) -> Layout:
-    """DATAxFSDPxTENSOR[xCONTEXT], e.g. 1x64x4 or 1x32x4x2; `context` False: the three axes
-    alone (the layout knob's values). ValueError saying the syntax when it is not one."""
+    """DATAxFSDPxTENSOR[xCONTEXT][,NAME=SIZE...], e.g. 1x64x4, 1x32x4x2 or 2x32x1,dcn_data=2 (NAME one
+    of NAMED_AXES); `context` False: the three axes alone (the layout knob's values). ValueError
+    saying the syntax, or naming the unknown axis, when it is not one."""
+    positional, *named = text.lower().split(",") if isinstance(text, str) else [""]
     try:
-        sizes = [int(part) for part in text.lower().split("x")]
-    except (ValueError, AttributeError):
+        sizes = [int(part) for part in positional.split("x")]
+    except ValueError:
         sizes = []
     if not context:
-        if len(sizes) != 3:
+        if len(sizes) != 3 or named:
             raise ValueError(f"layout must be DATAxFSDPxTENSOR (e.g. 1x2x1), not {text!r}")
         if min(sizes) < 1:
             raise ValueError(f"layout {text!r}: every axis must be at least 1")
-    elif len(sizes) not in (3, 4) or min(sizes) < 1:
-        raise ValueError(f"{text!r} is not DATAxFSDPxTENSOR[xCONTEXT] with sizes of at least 1")
-    return Layout(*sizes)
+        return Layout(*sizes)
+    if len(sizes) not in (3, 4) or min(sizes) < 1:
+        raise ValueError(f"{text!r} is not DATAxFSDPxTENSOR[xCONTEXT][,NAME=SIZE...] with sizes of at least 1")
+    extra: dict[str, int] = {}
+    for part in named:
+        axis, _, size = part.partition("=")
+        axis = axis.strip()
+        if axis == "dcn_pipeline":
+            raise ValueError(f"layout {text!r}: dcn_pipeline (pipeline stages across slices) is not compiled "
+                             "by the planner; put the slices on dcn_data or dcn_fsdp")
+        if axis not in NAMED_AXES:
+            raise ValueError(f"layout {text!r}: unknown axis {axis!r} (known: {', '.join(NAMED_AXES)})")
+        if not size.strip().isdigit() or int(size) < 1 or axis in extra:
+            raise ValueError(f"layout {text!r}: {axis} takes one size of at least 1, as {axis}=2")
+        extra[axis] = int(size)
+    layout = Layout(*sizes, **extra)
+    for axis in ("data", "fsdp"):
+        if getattr(layout, axis) % getattr(layout, f"dcn_{axis}"):
+            raise ValueError(f"layout {text!r}: dcn_{axis} {getattr(layout, f'dcn_{axis}')} does not divide "
+                             f"{axis} {getattr(layout, axis)} (the whole axis, its DCN ways included)")
+    return layout
 
 
 def why_not(layout: Layout, shape: ModelShape, global_batch: int, seq_len: int | None = None) -> str | None:
@@ -189,8 +288,13 @@ def why_not(layout: Layout, shape: ModelShape, global_batch: int, seq_len: int |
         return f"tensor {layout.tensor} does not divide {shape.n_heads} heads / {shape.n_kv_heads} KV heads"
     if shape.mlp_hidden % layout.tensor or shape.vocab % layout.tensor:
         return f"tensor {layout.tensor} does not divide the MLP width {shape.mlp_hidden} or vocabulary {shape.vocab}"
-    if shape.d_model % (layout.fsdp * layout.context):
-        return f"fsdp x context {layout.fsdp * layout.context} does not divide d_model {shape.d_model}"
+    embed = layout.fsdp * layout.context * layout.fsdp_transpose * layout.expert
+    if shape.d_model % embed:
+        names = "fsdp x context" + " x fsdp_transpose" * (layout.fsdp_transpose > 1) + " x expert" * (layout.expert > 1)
+        return f"{names} {embed} does not divide d_model {shape.d_model}"
+    if shape.mlp_hidden % (layout.fsdp_transpose * layout.tensor):
+        return (f"fsdp_transpose x tensor {layout.fsdp_transpose * layout.tensor} does not divide the MLP width "
+                f"{shape.mlp_hidden}")
     return None
 
 

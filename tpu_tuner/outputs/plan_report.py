@@ -30,8 +30,9 @@ def table_rows(result: PlanResult) -> list[list[str]]:
     for rank, p in enumerate(result.plans, 1):
         c, pr = p.compiled, p.prediction
         band = f" ± {p.band.points:.1f}" if p.band else ""
-        collectives = ", ".join(f"{x.kind} x{x.count} ({binary_bytes(x.bytes)}, groups of {x.group_size})"
-                                for x in c.collectives if x.count and x.group_size > 1) or "none"
+        collectives = ", ".join(f"{x.kind} x{x.count} ({binary_bytes(x.bytes)}, " + (
+            f"DCN across {x.group_size} slices)" if x.network == "dcn" else f"groups of {x.group_size})")
+            for x in c.collectives if x.count and x.group_size > 1) or "none"
         rows.append([
             str(rank), point_label(p),
             hbm_status(p),
@@ -43,8 +44,23 @@ def table_rows(result: PlanResult) -> list[list[str]]:
             f"{pr.tokens_per_second:,.0f}" if pr else "n/a",
             f"{pr.mfu:.1%}{band}" if pr else "n/a",
             collectives if not c.error else p.why,
-        ])
+        ] + ([dcn_cell(p)] if result.topology.slices > 1 else []))
     return rows
+
+
+def dcn_cell(p: LayoutPlan) -> str:
+    """A multi-slice point's DCN collectives: their ring time at the DCN bandwidth and what they add
+    to the step (reported apart from the ICI communication)."""
+    pr = p.prediction
+    return f"{ms(pr.dcn_seconds)} ({ms(pr.exposed_dcn_seconds)} exposed)" if pr else "n/a"
+
+
+DCN_HEADER = "DCN collectives (exposed)"  # a column of multi-slice plans only
+
+
+def header(result: PlanResult) -> list[str]:
+    """The table's columns: HEADER, and DCN_HEADER for a plan over several slices."""
+    return HEADER + ([DCN_HEADER] if result.topology.slices > 1 else [])
 
 
 HEADER = ["#", "mesh", "HBM", "peak per device", "FLOPs per device", "HBM bytes", "compute / memory / comm",
@@ -111,9 +127,9 @@ def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: s
                      f"points; trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                      + f"; study {search['study']!r} in {search['storage']}")
     lines.append("")
-    short = [0, 1, 2, 3, 7, 8, 9]
+    short = [0, 1, 2, 3, 7, 8, 9] + ([len(HEADER)] if result.topology.slices > 1 else [])
     shown = table_rows(result)[:TERMINAL_ROWS]
-    rows = [[HEADER[i] for i in short]] + [[r[i] for i in short] for r in shown]
+    rows = [[header(result)[i] for i in short]] + [[r[i] for i in short] for r in shown]
     widths = [max(len(r[i]) for r in rows) for i in range(len(short))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     if len(result.plans) > TERMINAL_ROWS:
@@ -135,7 +151,7 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
            f"Precision: {precision(result)}.", "",
            f"Method: {result.method}. Memory, FLOPs, HBM bytes and collectives are the TPU compiler's (libtpu, "
            "compile-only); step time and MFU are predictions (see docs/planner.md).", "",
-           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+           "| " + " | ".join(header(result)) + " |", "|" + "---|" * len(header(result))]
     out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table_rows(result)]
     out += [""] + [f"**{line}**" if i == 0 else line for i, line in enumerate(verdict(result, model_file, run_dir))]
     if result.error_band:

@@ -1,11 +1,22 @@
-"""Collectives in compiled HLO text: kind, bytes, group size; and their cost on an ICI torus."""
+"""Collectives in compiled HLO text: kind, bytes, group size, network; and their ring cost.
+
+A multi-slice program holds two kinds (docs/planner.md, "The whole mesh"): ICI collectives, the
+usual all-gather / reduce-scatter / ... ops, whose replica groups stay inside one slice, and DCN
+collectives, which the TPU compiler emits as host-transfer send / recv pairs handed to the
+megascale runtime (``_xla_megascale_transfer_type="ALL_REDUCE"`` and a ``_xla_megascale_target``
+naming the slices, or the devices, of each group). The recv's buffer is what one device receives:
+the collective's result, counted as an ICI op's result is."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
@@ -14,7 +25,25 @@ _LINE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<kind>" + "|".join(KINDS) + r")(?P<
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, or with the devices reordered: ..., device_ids=([2,2]T(1,0)) {...}
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((?:[^()]|\([^()]*\))*\))?\s*\{([^}]*)\}")
+_DCN_RECV = re.compile(r"=\s*(?P<shape>.+?)\s+recv\(.*_xla_megascale_transfer_type=\"(?P<kind>\w+)\"")
+_DCN_SLICES = re.compile(r"_xla_megascale_target=\"\{([\d,]*)\}x")  # "{1,2}x{0:3}": slices 1 and 2, devices 0-3
+_DCN_GROUPS = re.compile(r"_xla_megascale_target=\{\{([\d,]*)\}")  # {{100000,200000},...}: device ids per group
+# Device id -> slice of the program being parsed (`device_slices`): an all-to-all's target names
+# every device of its group, several in each slice.
+_SLICE_OF: ContextVar[Mapping[int, int] | None] = ContextVar("slice_of", default=None)
+
+
+@contextmanager
+def device_slices(devices: Any) -> Iterator[None]:
+    """Parse, inside the block, DCN groups named by device ids as the slices of `devices` (a
+    multi-slice topology's devices, each with its `slice_index`)."""
+    token = _SLICE_OF.set({int(d.id): int(getattr(d, "slice_index", 0) or 0) for d in devices})
+    try:
+        yield
+    finally:
+        _SLICE_OF.reset(token)
 
 
 @dataclass(frozen=True)
@@ -25,12 +54,20 @@ class Collective:
     group_size: int
     count: int
     bytes: int  # sum of result bytes (per device)
+    network: str = "ici"  # "ici" (inside a slice), or "dcn": across slices, group_size counting slices
 
 
 def parse_collectives(hlo_text: str) -> list[Collective]:
     """Collectives of a compiled module (async -start ops counted once, by their result)."""
-    totals: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    totals: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0])
     for line in hlo_text.splitlines():
+        dcn = _DCN_RECV.search(line) if "_xla_megascale_transfer_type" in line else None
+        if dcn:
+            arrays = [_bytes(dtype, dims) for dtype, dims in _ARRAY.findall(dcn.group("shape"))]
+            entry = totals[(dcn.group("kind").lower().replace("_", "-"), _dcn_slices(line), "dcn")]
+            entry[0] += 1
+            entry[1] += arrays[0] if arrays else 0
+            continue
         match = _LINE.search(line)
         if not match:
             continue
@@ -38,10 +75,26 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
         if not arrays:
             continue
         size = arrays[-1] if match.group("start") else sum(arrays)
-        entry = totals[(match.group("kind"), _group_size(line))]
+        entry = totals[(match.group("kind"), _group_size(line), "ici")]
         entry[0] += 1
         entry[1] += size
-    return [Collective(kind, group, count, nbytes) for (kind, group), (count, nbytes) in sorted(totals.items())]
+    return [Collective(kind, group, count, nbytes, network)
+            for (kind, group, network), (count, nbytes) in sorted(totals.items())]
+
+
+def _dcn_slices(line: str) -> int:
+    """Slices in each group of a DCN transfer, from either spelling of its target (2, the fewest a
+    transfer across slices can join, where neither is there)."""
+    named = _DCN_SLICES.search(line)
+    if named:
+        return max(2, len([x for x in named.group(1).split(",") if x]))
+    explicit = _DCN_GROUPS.search(line)
+    if explicit:
+        ids = [int(x) for x in explicit.group(1).split(",") if x]
+        slice_of = _SLICE_OF.get()
+        # Without the devices' slices, each member counts as a slice: an upper bound.
+        return max(2, len({slice_of.get(i, i) for i in ids} if slice_of else ids))
+    return 2
 
 
 def _bytes(dtype: str, dims: str) -> int:

@@ -57,6 +57,7 @@ class CompileJob:
     weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
     vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
+    slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
 
 
 def default_workers() -> int:
@@ -68,7 +69,7 @@ def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
     workload = _workload(job.model_file)
     return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
-                        topology_devices(job.topology), job.global_batch, job.seq_len, job.d_model,
+                        topology_devices(job.topology, job.slices), job.global_batch, job.seq_len, job.d_model,
                         remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
                         first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options,
                         weight_dtype=job.weight_dtype, quantization=job.quantization, vocab_tiling=job.vocab_tiling)
@@ -210,12 +211,16 @@ def topology_config(jax_name: str) -> dict[str, str]:
 
 
 @lru_cache(maxsize=4)
-def topology_devices(jax_name: str) -> Any:
-    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore."""
+def topology_devices(jax_name: str, slices: int = 1) -> Any:
+    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore. With
+    `slices` > 1, that many copies of the slice, each device with its `slice_index` (MaxText's
+    ahead-of-time compile asks for multi-slice the same way)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
-    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name)).devices
+    extra: dict[str, Any] = {"num_slices": slices} if slices > 1 else {}
+    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name),
+                                        **extra).devices
 
 
 @lru_cache(maxsize=4)

@@ -74,19 +74,19 @@ def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep 
     extra = [(blocks - 1, iteration)]
     if iteration.micro_batch is not None:
         extra = [(accumulation - 1, iteration.micro_batch), (accumulation * (blocks - 1), iteration)]
-    by_key = {(c.kind, c.group_size): c for c in work.collectives}
+    by_key = {(c.kind, c.group_size, c.network): c for c in work.collectives}
     flops, bytes_accessed = work.flops, work.bytes_accessed
     for times, loop in extra:
         flops += times * loop.flops
         bytes_accessed += times * loop.bytes_accessed
         for c in loop.collectives:
-            seen = by_key.get((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
-            by_key[(c.kind, c.group_size)] = replace(seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes)
+            seen = by_key.get((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
+            by_key[(c.kind, c.group_size, c.network)] = replace(seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes)
     return replace(
         memory,
         flops=flops,
         bytes_accessed=bytes_accessed,
-        collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size)),
+        collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size, c.network)),
         compile_seconds=memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
         loop_peeled=work.loop_peeled,
     )
@@ -108,10 +108,10 @@ def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
     def total(end: float, with_body: float) -> float:
         return end + blocks * max(0.0, with_body - end)
 
-    by_key = {(c.kind, c.group_size): c for c in ends.collectives}
+    by_key = {(c.kind, c.group_size, c.network): c for c in ends.collectives}
     collectives = []
     for c in scanned.collectives:
-        e = by_key.pop((c.kind, c.group_size), Collective(c.kind, c.group_size, 0, 0))
+        e = by_key.pop((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
         collectives.append(replace(c, count=round(total(e.count, c.count)), bytes=round(total(e.bytes, c.bytes))))
     collectives += list(by_key.values())
     return CompiledStep(
@@ -121,7 +121,7 @@ def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
         output_bytes=memory.output_bytes,
         temp_bytes=memory.temp_bytes,
         alias_bytes=memory.alias_bytes,
-        collectives=sorted(collectives, key=lambda c: (c.kind, c.group_size)),
+        collectives=sorted(collectives, key=lambda c: (c.kind, c.group_size, c.network)),
         compile_seconds=ends.compile_seconds + memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
         host_temp_bytes=memory.host_temp_bytes,
         loop_peeled=scanned.loop_peeled,

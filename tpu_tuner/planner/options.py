@@ -21,6 +21,7 @@ class PlanOptions:
     the search over the joint space."""
 
     topology: str
+    slices: int = 1  # slices of `topology` joined by DCN (multi-slice; docs/planner.md, "The whole mesh")
     global_batch: int | None = None
     seq_len: int | None = None
     preset: str | None = None

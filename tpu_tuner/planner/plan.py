@@ -28,7 +28,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     """Plan `model_file` on `options.topology`: the layout enumeration, or with `options.budget`
     (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
-    topology = parse_topology(options.topology)
+    topology = parse_topology(options.topology).with_slices(options.slices)
     # The compiler processes start now: their start-up overlaps reading the model.
     with CompilePool(options.workers, options.log_file) as pool:
         emit = progress or (lambda message: None)
@@ -47,7 +47,8 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
         candidates, rejected = options.layouts, []
     else:
         candidates, rejected = enumerate_layouts(problem.topology.devices, shape,
-                                                 problem.global_batch // max(1, options.accumulation), problem.seq_len)
+                                                 problem.global_batch // max(1, options.accumulation), problem.seq_len,
+                                                 slices=problem.topology.slices)
         candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm,
                                            2 if problem.first_moment_dtype == "bfloat16" else 4,
                                            2 if problem.weight_dtype == "bfloat16" else 4)
@@ -58,6 +59,10 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
                              + "; ".join(r for _, r in rejected[:3]))
     points = [PlanPoint(layout, parse_remat(options.remat).name, options.accumulation) for layout in candidates]
     for point in points:
+        if point.layout.slices != problem.topology.slices:
+            raise UserInputError(f"layout {point.layout.short()} spans {point.layout.slices} slice(s) (dcn_data x dcn_fsdp) "
+                                 f"but the plan has {problem.topology.slices}: give ,dcn_data=N / ,dcn_fsdp=N whose "
+                                 "product is the slice count")
         reason = invalid_reason(point, shape, problem.global_batch, problem.seq_len)
         if reason:
             raise UserInputError(f"{point.layout.short()}: {reason}")
@@ -93,7 +98,8 @@ def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
 
 def _preference(layout: Layout) -> tuple:
     # Try the layouts practitioners reach for first: FSDP-heavy, small tensor axes, little pure DP.
-    return (layout.tensor > 8, layout.data, layout.tensor, -layout.fsdp)
+    # Data across slices costs no ICI: counted as MaxText's default (dcn_data) would have it.
+    return (layout.tensor > 8, layout.data // layout.dcn_data, layout.tensor, -layout.fsdp)
 
 
 # The planner's public names, importable from here.

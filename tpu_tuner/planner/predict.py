@@ -13,6 +13,9 @@ The model, stated so it can be checked:
 * **communication** = each collective's bandwidth-optimal ring cost (see `collectives.py`) over
   the ICI links its device group spans: a group that fits along one torus axis gets that axis's
   share of the chip's ICI bandwidth (ICI / torus dimensions), one spanning k axes k times that;
+  a DCN collective (across slices, `collectives.py`) the same ring over its slices at each
+  device's share of the host's DCN bandwidth (`Topology.dcn_bytes_per_s_per_device`), added to the
+  communication and reported apart (`dcn_seconds`, and `exposed_dcn_seconds`: the step time it adds);
 * **overlap**: matmuls and memory-bound work (norms, softmax, elementwise, optimizer) overlap
   only in part: `memory_overlap` of the shorter one hides under the longer; XLA's async
   collectives hide communication behind that busy time up to `overlap` of it.
@@ -113,6 +116,8 @@ class Prediction:
     alignment: float
     mfu: float
     tokens_per_second: float
+    dcn_seconds: float = 0.0  # the DCN collectives' ring time (multi-slice); comm_seconds is ICI's
+    exposed_dcn_seconds: float = 0.0  # what the DCN collectives add to the step
 
 
 def ring_bandwidth(topology: Topology, group_devices: int) -> float:
@@ -184,15 +189,22 @@ def predict(
     at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
     compute = at_peak / cost_model.efficiency(topology.chip.generation)
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
-    comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives)
-    busy = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
+    comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives
+               if c.network != "dcn")
+    dcn = sum(ring_seconds(c, topology.dcn_bytes_per_s_per_device) for c in compiled.collectives if c.network == "dcn")
+    work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     if cost_model.host_gbytes_per_s:
         # Offloaded tensors go to the host in the forward pass and come back in the backward.
-        busy += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
-    never_hidden = cost_model.comm_exposed * comm
-    busy += never_hidden
-    exposed = max(0.0, comm - cost_model.overlap * busy)
-    step = busy + exposed
+        work += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
+
+    def step_of(communication: float) -> tuple[float, float, float]:
+        """(step, exposed communication, never hidden) with `communication` seconds of collectives."""
+        never_hidden = cost_model.comm_exposed * communication
+        busy = work + never_hidden
+        exposed = max(0.0, communication - cost_model.overlap * busy)
+        return busy + exposed, exposed, never_hidden
+
+    step, exposed, never_hidden = step_of(comm + dcn)
     return Prediction(
         compute_seconds=compute,
         memory_seconds=memory,
@@ -202,4 +214,6 @@ def predict(
         alignment=aligned,
         mfu=mfu(model_flops_per_device, step, peak),
         tokens_per_second=tokens_per_step / step,
+        dcn_seconds=dcn,
+        exposed_dcn_seconds=step - step_of(comm)[0] if dcn else 0.0,
     )

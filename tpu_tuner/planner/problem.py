@@ -80,7 +80,7 @@ class PlanProblem:
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
                           scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
                           weight_dtype=self.weight_dtype, quantization=self.quantization,
-                          vocab_tiling=self.vocab_tiling)
+                          vocab_tiling=self.vocab_tiling, slices=self.topology.slices)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
@@ -194,7 +194,7 @@ def _topology_devices(topology: Topology) -> Any:
     try:
         from tpu_tuner.planner.compile_pool import topology_devices
 
-        return topology_devices(topology.jax_name)
+        return topology_devices(topology.jax_name, topology.slices)
     except ImportError as exc:
         raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
     except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know

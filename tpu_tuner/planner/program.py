@@ -31,13 +31,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from tpu_tuner.planner.collectives import parse_collectives
+from tpu_tuner.planner.collectives import device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
-from tpu_tuner.model.layouts import Layout, partition_spec, placements
+from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
+from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.loop_costs import block_loop_iteration
+from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
-from tpu_tuner.planner.remat import BLOCK_INPUT, mlp_width, parse_remat
+from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
 from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
 from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
                                           sharded_attention)
@@ -98,7 +100,7 @@ def compile_step(
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from tpu_tuner.planner.torchax_compat import import_torchax
 
@@ -112,15 +114,14 @@ def compile_step(
     placement = placements(model, d_model)  # before the blocks are cut or stacked: their own names
     model = truncated(model, blocks)
     policy = parse_remat(remat)
-    mesh = Mesh(np.asarray(devices).reshape(layout.data, layout.fsdp, layout.context, layout.tensor),
-                ("data", "fsdp", "context", "tensor"))
+    mesh = layout_mesh(devices, layout)  # over slices: hybrid, DCN ways outer (mesh.py)
     # The residual stream [batch, seq, embed] splits its batch over (data, fsdp) and its features
     # over tensor, as MaxText's `activation_embed` rule does: the residual and every block's
     # input and output, which the backward pass keeps, are then stored once per tensor group, not
     # tensor times (replicated over tensor, Megatron's layout, the 32B calibration row does not
     # fit: docs/planner.md, "Layouts").
     # Context parallelism splits the sequence too (MaxText's activation_length over context).
-    residual = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), "context", "tensor"))
+    residual = NamedSharding(mesh, PartitionSpec(BATCH_AXES, "context", "tensor"))
 
     def constrain(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         if output.ndim != 3:  # not a residual stream: a learned position table looked up by position
@@ -130,7 +131,8 @@ def compile_step(
     env = torchax.default_env()
     checkpoint_policy = policy.jax_policy()
     block_list = model.get_submodule(blocks_name)
-    beside = [block for _, block in unscanned_blocks(model, blocks_name)]
+    beside_named = unscanned_blocks(model, blocks_name)
+    beside = [block for _, block in beside_named]
     if len(block_list) or beside:
         width = mlp_width(block_list[0] if len(block_list) else beside[0], d_model)
         name_block_tensors([*block_list, *beside], d_model, mlp_hidden=width)
@@ -181,11 +183,21 @@ def compile_step(
         scope = BlockScope()
         scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
         install_quantized_linear(env, quantization, scope)
+    expert_dispatch(env, mesh)  # the MoE's dispatch as all-to-alls over an expert axis (expert_parallel.py)
+
+    # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side:
+    # the scanned template's (its parameters are named as block 0's) and those of the blocks beside it.
+    mlp_modules = {f"{prefix}.{path}" for prefix, block in ([(f"{blocks_name}.0", block_list[0])] if len(block_list)
+                                                             else []) + beside_named
+                   for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
+                   if role.startswith("mlp")}
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
-        # Parameters split over context as over fsdp (MaxText's rule for its embed axis).
-        split = tuple(("fsdp", "context") if axis == "fsdp" else axis
-                      for axis in partition_spec(placement.get(name, "replicated"), tensor.dim()))
+        # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's
+        # side over fsdp_transpose x tensor, experts over expert (layouts.mesh_partition_spec).
+        split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), name.rpartition(".")[0] in mlp_modules)
+        if split[:1] == ("expert",) and tensor.shape[0] % layout.expert:
+            raise ValueError(f"expert {layout.expert} does not divide the {tensor.shape[0]} experts of {name}")
         spec = (None,) * len(leading) + split
         return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec)))
 
@@ -201,7 +213,7 @@ def compile_step(
     # The micro-batches on a leading axis, each split over (data, fsdp) and its sequence over context.
     micro = (accumulation,) if accumulation > 1 else ()
     tokens = jax.ShapeDtypeStruct((*micro, global_batch // accumulation, seq_len), jnp.int32,
-                                  sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), ("data", "fsdp"), "context")))
+                                  sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), BATCH_AXES, "context")))
 
     def loss_fn(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         # bf16 compute, fp32 master weights, cast here once: casting each block's weights inside
@@ -265,6 +277,8 @@ def compile_step(
         cost = cost[0]
     memory = compiled.memory_analysis()
     text = compiled.as_text()
+    with device_slices(np.asarray(devices).flat):  # DCN groups named by device ids (collectives.py)
+        collectives, loop_iteration = parse_collectives(text), block_loop_iteration(text) if scan and blocks else None
     return CompiledStep(
         flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
@@ -272,12 +286,12 @@ def compile_step(
         output_bytes=float(memory.output_size_in_bytes),
         temp_bytes=float(memory.temp_size_in_bytes),
         alias_bytes=float(memory.alias_size_in_bytes),
-        collectives=parse_collectives(text),
+        collectives=collectives,
         compile_seconds=seconds,
         host_temp_bytes=float(getattr(memory, "host_temp_size_in_bytes", 0)),
         compiler_peak_bytes=float(getattr(memory, "peak_memory_in_bytes", 0) or 0),
         loop_peeled="loop_peel" in text,
-        loop_iteration=block_loop_iteration(text) if scan and blocks else None,
+        loop_iteration=loop_iteration,
     )
 
 

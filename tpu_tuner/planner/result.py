@@ -84,6 +84,9 @@ class PlanResult:
         data = asdict(self)
         data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
                             "chips": self.topology.chips, "devices": self.topology.devices,
+                            "slices": self.topology.slices,
+                            "dcn_gbits_per_chip": self.topology.dcn_bytes_per_s_per_device * 8e-9
+                            * self.topology.devices_per_chip if self.topology.slices > 1 else None,
                             "generation": self.topology.chip.generation, "megacore": self.topology.megacore,
                             "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
                             "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec"}
@@ -123,7 +126,8 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
                 "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
                 "collectives compiled as mocks"
                 + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
-                + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")),
+                + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
+                + _multislice(problem.topology)),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
         search=search,
@@ -131,6 +135,17 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         weight_dtype=problem.weight_dtype,
         quantization=problem.quantization,
     )
+
+
+def _multislice(topology: Topology) -> str:
+    """The method's words for a plan over several slices: where its DCN figures come from."""
+    if topology.slices == 1:
+        return ""
+    gbits = topology.dcn_bytes_per_s_per_device * 8e-9 * topology.devices_per_chip
+    return (f"; {topology.slices} slices compiled as one multi-slice program: the DCN collectives are its megascale "
+            f"transfers across slices, each a ring over its slices at {gbits:.0f} Gbit/s of DCN per chip ("
+            + ("Google Cloud's published figure" if topology.dcn_stated else "not published for this generation: v5p's "
+               "figure assumed") + "), reported apart from ICI")
 
 
 __all__ = ["LayoutPlan", "PlanResult", "result_of"]

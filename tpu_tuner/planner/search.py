@@ -79,7 +79,7 @@ def search(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: 
     shape = problem.dims.shape
     space = options.space or default_space(problem.topology.devices, shape, problem.seq_len,
                                            tuple(parse_remat(r).name for r in options.remats),
-                                           options.accumulations, options.contexts)
+                                           options.accumulations, options.contexts, problem.topology.slices)
     valid = valid_points(space, problem.topology.devices, shape, problem.global_batch, problem.seq_len)
     if not valid:
         raise UserInputError(f"no point of the space divides this model and batch on {problem.topology.devices} devices")
@@ -128,7 +128,8 @@ def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
     return {"tensor": CategoricalDistribution(space.tensors), "context": CategoricalDistribution(space.contexts),
             "data": CategoricalDistribution(space.datas), "remat": CategoricalDistribution(space.remats),
-            "accumulation": CategoricalDistribution(space.accumulations)}
+            "accumulation": CategoricalDistribution(space.accumulations),
+            **({"dcn": CategoricalDistribution(space.dcns)} if space.dcns else {})}  # over several slices
 
 
 def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
@@ -229,7 +230,8 @@ def _params_key(params: dict[str, Any]) -> tuple:
 
 def _params(point: PlanPoint) -> dict[str, Any]:
     return {"tensor": point.layout.tensor, "context": point.layout.context, "data": point.layout.data,
-            "remat": point.remat, "accumulation": point.accumulation}
+            "remat": point.remat, "accumulation": point.accumulation,
+            **({"dcn": f"{point.layout.dcn_data}x{point.layout.dcn_fsdp}"} if point.layout.slices > 1 else {})}
 
 
 def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:

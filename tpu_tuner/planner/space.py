@@ -5,6 +5,10 @@ each point's HBM that rules points out before any compile.
 The per-device batch is not a free axis: with the global batch fixed, the micro-batch count
 decides it (global batch / micro-batches / devices, MaxText's per_device_batch_size), as
 MaxText's per_device_batch_size and gradient_accumulation_steps do together.
+
+Over several slices a fourth layout axis, ``dcn``, says how the slices split between data and fsdp
+("2x1": both slices' ways on data, MaxText's default; "1x2": on fsdp); a single-slice space has
+none, so its trials and study records are as before.
 """
 
 from __future__ import annotations
@@ -56,30 +60,39 @@ class SearchSpace:
     datas: tuple[int, ...] = (1,)
     remats: tuple[str, ...] = DEFAULT_REMATS
     accumulations: tuple[int, ...] = (1,)
+    dcns: tuple[str, ...] = ()  # over several slices: DCN_DATAxDCN_FSDP choices (none: one slice)
 
     def describe(self) -> dict[str, list]:
         return {"tensor": list(self.tensors), "context": list(self.contexts), "data": list(self.datas),
-                "remat": list(self.remats), "accumulation": list(self.accumulations)}
+                "remat": list(self.remats), "accumulation": list(self.accumulations),
+                **({"dcn": list(self.dcns)} if self.dcns else {})}
 
 
 def default_space(devices: int, shape: ModelShape, seq_len: int, remats: tuple[str, ...] = DEFAULT_REMATS,
                   accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
-                  contexts: tuple[int, ...] = DEFAULT_CONTEXTS) -> SearchSpace:
+                  contexts: tuple[int, ...] = DEFAULT_CONTEXTS, slices: int = 1) -> SearchSpace:
     """Every tensor size that divides the heads, KV heads, MLP width and vocabulary (and the
-    devices); context sizes that divide the sequence; data sizes in powers of two."""
+    devices); context sizes that divide the sequence; data sizes in powers of two; over `slices`
+    slices, every split of them between data and fsdp."""
     tensors = tuple(t for t in range(1, devices + 1) if devices % t == 0 and not (
         shape.n_heads % t or shape.n_kv_heads % t or shape.mlp_hidden % t or shape.vocab % t))
     datas = tuple(d for d in (2 ** k for k in range(devices.bit_length())) if devices % d == 0)
+    dcns = tuple(f"{d}x{slices // d}" for d in range(slices, 0, -1) if slices % d == 0) if slices > 1 else ()
     return SearchSpace(tensors, tuple(c for c in contexts if devices % c == 0 and seq_len % c == 0), datas,
-                       tuple(remats), tuple(accumulations))
+                       tuple(remats), tuple(accumulations), dcns)
 
 
 def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
-    """The point of one choice per axis (None when the axes leave no whole fsdp size)."""
+    """The point of one choice per axis (None when the axes leave no whole fsdp size, or data and
+    fsdp no whole share of the slices)."""
     tensor, context, data = space_choice["tensor"], space_choice["context"], space_choice["data"]
     if devices % (tensor * context * data):
         return None
-    layout = Layout(data, devices // (tensor * context * data), tensor, context)
+    dcn_data, dcn_fsdp = (int(n) for n in space_choice.get("dcn", "1x1").split("x"))
+    fsdp = devices // (tensor * context * data)
+    if data % dcn_data or fsdp % dcn_fsdp:
+        return None
+    layout = Layout(data, fsdp, tensor, context, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp)
     return PlanPoint(layout, space_choice["remat"], space_choice["accumulation"])
 
 
@@ -103,10 +116,11 @@ def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_bat
             for data in space.datas:
                 for remat in space.remats:
                     for accumulation in space.accumulations:
-                        point = point_of(dict(tensor=tensor, context=context, data=data, remat=remat,
-                                              accumulation=accumulation), devices)
-                        if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
-                            points.append(point)
+                        for dcn in space.dcns or ("1x1",):
+                            point = point_of(dict(tensor=tensor, context=context, data=data, remat=remat,
+                                                  accumulation=accumulation, dcn=dcn), devices)
+                            if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
+                                points.append(point)
     return points
 
 

@@ -106,10 +106,9 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     import jax.numpy as jnp
     import torch.nn.functional as F
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
-    from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    spec = PartitionSpec(("data", "fsdp"), "tensor", "context", None)
+    spec = _heads_spec(mesh)
     context = mesh.shape["context"]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -150,6 +149,15 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
     env.override_op_definition(local_attention_op(), _local_attention(mesh, flash))
 
 
+def _heads_spec(mesh: Any) -> Any:
+    """[batch, heads, seq, head_dim] per device: the batch over every axis that splits it
+    (fsdp_transpose and expert too: planner/mesh.py), heads over tensor, the sequence over context."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape),
+                         "tensor", "context", None)
+
+
 def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:
     """The package's local attention operator (model/attention.py: a sliding window or chunks,
     optional sinks) per device under `shard_map`, split as `sharded_attention` splits global
@@ -167,7 +175,7 @@ def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    spec = PartitionSpec(("data", "fsdp"), "tensor", "context", None)
+    spec = _heads_spec(mesh)
     context = mesh.shape["context"]
 
     def mask_of(queries: int, keys: int, window: int, chunk: int) -> Any:

@@ -7,7 +7,9 @@
   docs/planner.md says so); each TPU7x chip is two devices;
 * ``v5p:8x8x8``, ``v6e:16x16``, ``tpu7x:2x2x1``: an explicit physical shape in chips.
 
-The physical shape is what ``jax.experimental.topologies.get_topology_desc`` takes.
+The physical shape is what ``jax.experimental.topologies.get_topology_desc`` takes; with
+``slices`` > 1 the topology is that many such slices joined by the data-center network (DCN),
+which the same call compiles for through its ``num_slices`` (docs/planner.md, "The whole mesh").
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ _SHAPES_3D = {
 }
 
 
+# Data-center network bandwidth per chip, Gbit/s, from Google Cloud's spec pages (2026-12-02):
+# v5p states it ("Data center network (DCN) bandwidth per chip (Gbps): 50",
+# https://cloud.google.com/tpu/docs/v5p); v5e and v6e state it per host, 8 chips each ("Per-host NIC
+# configuration": 2 x 100 and 4 x 200 Gbps, the same as "Data center network bandwidth per Pod" 6.4
+# and 25.6 Tbps over 256 chips, https://cloud.google.com/tpu/docs/v6e). v4 and TPU7x state none
+# found here: v5p's figure stands in (DCN_FALLBACK_GBITS), and the plan says so.
+DCN_GBITS_PER_CHIP = {"v5e": 25.0, "v5p": 50.0, "v6e": 100.0}
+DCN_FALLBACK_GBITS = 50.0
+
+
 @dataclass(frozen=True)
 class Topology:
     """A TPU slice: its generation, chip and device counts, and physical shape in chips."""
@@ -48,10 +60,29 @@ class Topology:
     # HBM limit per device (planner/hbm.py). None: the published figures stand in.
     compiler_devices: int | None = None
     compiler_hbm_bytes: int | None = None
+    slices: int = 1  # slices of `shape` joined by DCN (multi-slice)
 
     @property
     def chips(self) -> int:
-        return math.prod(self.shape)
+        """Chips of every slice together."""
+        return math.prod(self.shape) * self.slices
+
+    @property
+    def dcn_stated(self) -> bool:
+        """Whether Google states this generation's DCN bandwidth (else DCN_FALLBACK_GBITS stands in)."""
+        return self.chip.generation in DCN_GBITS_PER_CHIP
+
+    @property
+    def dcn_bytes_per_s_per_device(self) -> float:
+        """Each device's share of its host's DCN bandwidth, bytes/s (each way)."""
+        gbits = DCN_GBITS_PER_CHIP.get(self.chip.generation, DCN_FALLBACK_GBITS)
+        return gbits * 1e9 / 8 / self.devices_per_chip
+
+    def with_slices(self, slices: int) -> "Topology":
+        """This slice taken `slices` times (one line of error where that is no count of slices)."""
+        if slices < 1:
+            raise UserInputError(f"--slices must be at least 1, not {slices}")
+        return replace(self, slices=slices)
 
     @property
     def devices(self) -> int:
@@ -94,7 +125,10 @@ class Topology:
         per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
         if self.megacore:
             per_chip = ", megacore: one device per chip, both TensorCores"
-        return f"{self.name}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), {self.devices} devices"
+        slices = (f" x {self.slices} slices over DCN ({self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip:.0f} "
+                  f"Gbit/s per chip{'' if self.dcn_stated else ', v5p figure assumed'})") if self.slices > 1 else ""
+        return (f"{self.name}{slices}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), "
+                f"{self.devices} devices")
 
 
 def parse_topology(text: str) -> Topology:
