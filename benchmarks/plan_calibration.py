@@ -94,7 +94,7 @@ def compile_row(row: Row) -> dict | None:
         topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, remat=row.remat,
         attention="causal" if row.attention == "none" else row.attention, layouts=[row.layout],
         first_moment_dtype=row.mu_dtype, vocab_tiling=row.vocab_tiling, weight_dtype=row.weight_dtype,
-        quantization=row.quantization, workers=1, cost_model=CostModel()))
+        quantization=row.quantization, slices=row.slices, workers=1, cost_model=CostModel()))
     (p,) = result.plans
     seconds = time.perf_counter() - start
     meta = {"id": row.id, "generation": row.generation, "topology": row.topology, "layout": row.layout.short(),

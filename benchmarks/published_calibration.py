@@ -35,8 +35,8 @@ QUANTIZATION = {"none": None, "int8": "int8", "fp8_full": "fp8"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
 _NON_STANDARD = {"v4-384": "v4:4x4x12"}
-_UNSUPPORTED_AXES = ("ici_fsdp_transpose", "ici_expert", "ici_sequence", "ici_pipeline",
-                     "dcn_fsdp", "dcn_tensor", "dcn_expert", "dcn_pipeline")
+# Mesh axes the planner's layouts have no axis for (docs/planner.md, "The whole mesh").
+_UNSUPPORTED_AXES = ("ici_sequence", "ici_pipeline", "dcn_tensor", "dcn_expert", "dcn_pipeline")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Row:
     mu_dtype: str
     published_mfu: float
     vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
+    slices: int  # slices joined by DCN (MaxText's num_slices)
     weight_dtype: str  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None  # the planner's --quantization (QUANTIZATION)
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
@@ -73,11 +74,11 @@ def why_not(run: dict[str, Any]) -> str | None:
         return f"superseded by {run['superseded_by']}"
     if run["quantization"] not in QUANTIZATION:
         return f"quantization {run['quantization']!r}: not one the planner compiles (int8, fp8_full)"
-    if run["slices"] > 1 or run["dcn_data"] > 1:
-        return "multi-slice (DCN): the planner compiles one slice"
+    if run["dcn_data"] * run["dcn_fsdp"] != run["slices"]:
+        return f"{run['slices']} slices but dcn_data x dcn_fsdp = {run['dcn_data'] * run['dcn_fsdp']}"
     axes = [a for a in _UNSUPPORTED_AXES if run[a] != 1]
     if axes:
-        return f"mesh axis {', '.join(axes)}: not in the planner's layouts (data x fsdp x tensor x context)"
+        return f"mesh axis {', '.join(axes)}: not in the planner's layouts"
     pattern = attention_keys(run["attention_pattern"])
     if isinstance(pattern, str):
         return pattern
@@ -174,17 +175,19 @@ def row_of(run: dict[str, Any]) -> Row:
     if run["generation"] == "tpu7x":  # tpu-recipes write the physical shape: tpu7x-4x4x4
         topology = "tpu7x:" + topology.split("-", 1)[1]
     topology = _NON_STANDARD.get(topology, topology)
-    devices = run["devices"]
+    devices = run["devices"]  # every slice's
     global_batch = run["per_device_batch"] * devices
     if global_batch != int(global_batch):
         raise ValueError(f"{run['id']}: per-device batch {run['per_device_batch']} x {devices} devices is not whole")
     return Row(
         id=run["id"], spec=spec_of(run), topology=topology, generation=run["generation"], seq=run["seq"],
         global_batch=int(global_batch), per_device_batch=run["per_device_batch"],
-        layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"], run["ici_tensor"], run["ici_context"]),
+        layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"] * run["dcn_fsdp"], run["ici_tensor"],
+                      run["ici_context"], fsdp_transpose=run["ici_fsdp_transpose"], expert=run["ici_expert"],
+                      dcn_data=run["dcn_data"], dcn_fsdp=run["dcn_fsdp"]),
         remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
         mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
-        weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]],
+        weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]], slices=run["slices"],
         in_calibration_before=run["in_calibration"])
 
 

@@ -24,7 +24,7 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
     reasons = dict(excluded)
     assert all(r["id"] in reasons for r in runs if r["superseded_by"])
-    assert "ici_expert" in reasons["mixtral-8x22b-v6e-256"]
+    assert "optimizer sgd" in reasons["custom-moe-700b-v6e-256"]
     assert "per-layer input embeddings" in reasons["gemma4-e2b-tpu7x-4x4x4"]
     gemma3 = next(row for row in rows if row.id == "gemma3-12b-v6e-256-seq32k")  # 5 local : 1 global
     assert "sliding_window=1024,global_every=6" in gemma3.spec
@@ -34,7 +34,7 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     for row in rows:
         shape, _, _ = read_shape(row.spec)  # every spec is a valid decoder shape
         topology = parse_topology(row.topology)
-        assert row.layout.devices == topology.chips * topology.chip.devices_per_chip
+        assert row.layout.devices == topology.chips * topology.chip.devices_per_chip * row.slices
         assert row.global_batch == row.per_device_batch * row.layout.devices
         assert parse_remat(row.remat).family == row.remat_family and shape.max_seq_len >= row.seq
 
@@ -61,7 +61,8 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     assert "superseded" in why_not({**base, "superseded_by": "x"})
     assert why_not({**base, "quantization": "fp8_full"}) is None  # compiled quantized (--quantization fp8)
     assert "'fp8'" in why_not({**base, "quantization": "fp8"})  # MaxText's GPU fp8: no TPU program
-    assert "multi-slice" in why_not({**base, "slices": 2})
+    assert "2 slices but dcn_data x dcn_fsdp = 1" in why_not({**base, "slices": 2})
+    assert why_not({**base, "slices": 2, "dcn_data": 2}) is None  # multi-slice: --slices 2, data over DCN
     assert "dropless" in why_not({**base, "experts": 16, "capacity_factor": -1.0})
     assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})
 
