@@ -33,6 +33,7 @@ from torch import nn
 
 from tpu_tuner.planner.collectives import parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.layouts import Layout, partition_spec, placements
 from tpu_tuner.planner.loop_costs import block_loop_iteration
@@ -154,6 +155,7 @@ def compile_step(
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
+    grouped_matmuls_per_device(env, mesh, megablox=np.asarray(devices).flat[0].platform == "tpu")
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # Parameters split over context as over fsdp (MaxText's rule for its embed axis).

@@ -129,7 +129,11 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
         causal = bool(is_causal) and context == 1
         if flash:
             def kernel(q: Any, k: Any, v: Any) -> Any:
-                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+                # Latent attention's values are narrower than its keys; JAX's flash kernel takes one
+                # head width, so they are padded with zero columns and the output cut back.
+                width = v.shape[-1]
+                v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - width),)) if width < q.shape[-1] else v
+                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)[..., :width]
         else:
             def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
                 scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * sm_scale
