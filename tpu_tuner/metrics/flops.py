@@ -4,7 +4,10 @@ Counted FLOPs are what the step executes, as torch's FLOP counter sees it. Model
 analytical figure MFU conventionally uses (PaLM / torchtitan / nanoGPT):
 
 * training step: ``6 N + 12 L H Q T`` per token, inference: ``2 N + 4 L H Q T`` per token,
-  with N the matmul parameters, L layers, H heads, Q head dimension, T sequence length;
+  with N the matmul parameters, L layers, H heads, Q head dimension, T sequence length; where
+  value heads have a width of their own (multi-head latent attention: query/key heads Qk = nope +
+  rope dimensions, value heads Qv), Q is their mean (Qk + Qv) / 2: the scores cost 2 Qk and the
+  weighted values 2 Qv per query, key and head;
 * the "full" attention convention counts the attention term whole even under a causal mask
   (PaLM, torchtitan, nanoGPT); the "causal" convention halves it (MaxText since 2025).
 """
@@ -22,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
+import tpu_tuner.model.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
 from tpu_tuner.model.workload import TransformerDims
 
 aten = torch.ops.aten
@@ -57,6 +61,13 @@ def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
     return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]  # batched: (E, M, K) x (E, K, N)
 
 
+def _rows_grouped(x_shape, other_shape, *args: Any, **kwargs: Any) -> int:
+    """The dropless MoE's grouped matmuls (model/experts.py): every row of x [batch, rows, k] meets
+    one group's [k, n] weights, forward (other: the weights [groups, k, n]) or for the weights'
+    gradient (other: the output gradient [batch, rows, n]): 2 x batch x rows x k x n either way."""
+    return 2 * x_shape[0] * x_shape[1] * x_shape[2] * other_shape[-1]
+
+
 # Attention kernels whose counts torch's registry misses or counts as hardware work: the CPU flash
 # kernels (F.scaled_dot_product_attention counts zero on CPU without these), the "overrideable"
 # kernels that PrivateUse1 backends such as TorchTPU dispatch to, and the CUDA kernels' backward
@@ -70,6 +81,8 @@ EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward,
     aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward,
     aten._grouped_mm: _grouped_mm,
+    torch.ops.tpu_tune.grouped_matmul: _rows_grouped,
+    torch.ops.tpu_tune.grouped_matmul_weight_grad: _rows_grouped,
     # The fused recurrent kernels (nn.LSTM on CPU; LSTM, GRU, RNN on CUDA): see rnn_flops.py.
     **RNN_FLOP_FORMULAS,
 }
@@ -190,7 +203,9 @@ def transformer_model_flops(
     """``(6N + 12 L H Q T)`` (training) or ``(2N + 4 L H Q T)`` (inference) times tokens."""
     tokens = batch_size * seq_len
     dense_factor, attention_factor = (6, 12) if training else (2, 4)
-    attention_per_token = attention_factor * dims.layers * dims.heads * dims.head_dim * seq_len
+    value_dim = dims.value_head_dim or dims.head_dim
+    # Half the factor per Q-width dimension: scores (query/key width) and weighted values (value width).
+    attention_per_token = attention_factor // 2 * dims.layers * dims.heads * (dims.head_dim + value_dim) * seq_len
     halved = convention == "causal" and dims.causal
     if halved:
         attention_per_token /= 2
@@ -205,7 +220,9 @@ def transformer_model_flops(
     return ModelFlops(
         per_step=float(dense + attention),
         formula=f"({name}) x tokens, N={matmul_params:,} matmul parameters, "
-        f"L={dims.layers}, H={dims.heads}, Q={dims.head_dim}, T={seq_len}, tokens={tokens:,}",
+        f"L={dims.layers}, H={dims.heads}, "
+        f"{f'Q=(Qk {dims.head_dim} + Qv {value_dim}) / 2' if value_dim != dims.head_dim else f'Q={dims.head_dim}'}, "
+        f"T={seq_len}, tokens={tokens:,}",
         convention=label,
         dense_per_step=float(dense),
         attention_per_step=float(attention),

@@ -134,7 +134,8 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
     module.build_model, module.make_batch, module.loss = build_model, make_batch, loss  # type: ignore[attr-defined]
     module.BATCH_SIZE, module.SEQ_LEN = batch_size, seq_len  # type: ignore[attr-defined]
     module.TRANSFORMER = {"layers": shape.layers, "heads": shape.heads,  # type: ignore[attr-defined]
-                          "head_dim": shape.n_head_dim, "causal": True}
+                          "head_dim": shape.n_head_dim, "causal": True,
+                          **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {})}
     module.NAME = name  # type: ignore[attr-defined]
     module.SHAPE = shape  # type: ignore[attr-defined]
     return module

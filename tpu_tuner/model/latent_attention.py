@@ -29,6 +29,12 @@ class LatentAttention(nn.Module):
     # MaxText shards wq_b and wkv_b (q_lora / kv_lora over fsdp, heads over tensor); see layouts.py.
     column_wise = ("wq_b", "wkv_b")
 
+    @property
+    def tensor_roles(self) -> dict[str, str]:
+        """MaxText's checkpoint names of this module's projections (planner/remat.py): the query's
+        up-projection, ``wkv_b`` (keys without positions and values, one tensor) as the key's, ``wo``."""
+        return {"wq_b" if self.q_latent else "wq": "query_proj", "wkv_b": "key_proj", "wo": "out_proj"}
+
     def __init__(self, s: DecoderShape) -> None:
         super().__init__()
         self.heads, self.nope, self.rope_dim, self.v_dim = s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim

@@ -30,6 +30,7 @@ class TransformerDims:
     heads: int
     head_dim: int
     causal: bool = True
+    value_head_dim: int | None = None  # where value heads are narrower or wider than query/key heads (MLA)
 
 
 @dataclass
