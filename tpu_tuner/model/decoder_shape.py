@@ -37,6 +37,13 @@ read the same input), ``rotary_fraction`` (GPT-NeoX, Phi-3: the share of each he
 rotated), ``expert_mlp`` (each expert's width where it differs from the dense ``mlp``),
 ``shared_expert_mlp`` (Qwen2-MoE: an always-on MLP beside the routed experts, behind a sigmoid
 gate) and ``dense_layers`` (layers whose MLP is dense among expert layers: ``mlp_only_layers``).
+
+Mixtures of experts as run and latent attention (model/experts.py, model/latent_attention.py), off
+by default: ``moe_routing = "dropless"`` (every token through grouped matmuls; capacity_factor
+unused), ``router`` (topk_softmax, softmax_topk, sigmoid, topk_sigmoid) with ``norm_topk_prob`` and
+``routed_scaling_factor``, ``shared_experts`` (ungated always-on experts of width expert_mlp), and
+multi-head latent attention when ``kv_lora_rank`` > 0, with ``q_lora_rank``, ``qk_nope_head_dim``,
+``qk_rope_head_dim`` and ``v_head_dim``.
 """
 
 from __future__ import annotations
