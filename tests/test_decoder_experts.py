@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.experts import grouped_matmul
+from tpu_tuner.model.experts import grouped_matmul, permute_rows
 from tpu_tuner.model.loader import load_workload
 
 SPEC = "decoder:vocab=256,d_model=32,layers=1,heads=4,mlp=48,experts=4,top_k=2"
@@ -79,6 +79,15 @@ def test_the_grouped_matmul_op_passes_torchs_custom_op_checks_and_its_gradient_c
     assert torch.autograd.gradcheck(lambda a, w: grouped_matmul(a, w, sizes, False), (x, weights))
     expected = torch.cat([x[0, :2] @ weights[0], x[0, 2:] @ weights[2]])
     torch.testing.assert_close(grouped_matmul(x, weights, sizes, True)[0], expected)
+
+
+def test_the_row_permutation_op_passes_the_checks_and_its_gradient_is_the_inverse_permutation() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    index = torch.stack([torch.randperm(5), torch.randperm(5)])
+    torch.library.opcheck(permute_rows, (x, index))
+    assert torch.autograd.gradcheck(lambda a: permute_rows(a, index), (x,))
+    assert torch.equal(permute_rows(x, index)[1], x[1, index[1]])
 
 
 @pytest.mark.parametrize("router", ["topk_softmax", "softmax_topk", "softmax_topk_norm", "sigmoid", "topk_sigmoid"])

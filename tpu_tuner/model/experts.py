@@ -89,6 +89,31 @@ def _backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
 grouped_matmul.register_autograd(_backward, setup_context=_save)
 
 
+@torch.library.custom_op("tpu_tune::permute_rows", mutates_args=())
+def permute_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Each sequence's rows of x ([batch, rows, d]) in the order `index` ([batch, rows], a permutation
+    of each sequence's rows) names. Its gradient is the inverse permutation, a gather too, as MaxText's
+    `_sort_activations` custom VJP has it (a gather's own gradient is a scatter the TPU compiler sorts)."""
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
+
+
+@permute_rows.register_fake
+def _(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _save_index(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(inputs[1])
+
+
+def _unpermute(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+    (index,) = ctx.saved_tensors
+    return permute_rows(grad, index.argsort(dim=-1)), None
+
+
+permute_rows.register_autograd(_unpermute, setup_context=_save_index)
+
+
 class MixtureOfExperts(nn.Module):
     """Top-k routed experts (stacked [experts, in, out] weights), dropping or dropless (see the
     module docstring), with always-on experts beside them: `shared_experts` MLPs of the expert
@@ -153,12 +178,11 @@ class MixtureOfExperts(nn.Module):
         batch, seq, d_model = x.shape
         flat = chosen.reshape(batch, seq * self.top_k)
         order = flat.argsort(dim=-1, stable=True)  # each sequence's (token, choice) pairs by expert
-        rows = x.gather(1, (order // self.top_k)[..., None].expand(-1, -1, d_model))
+        rows = permute_rows(x.repeat_interleave(self.top_k, dim=1), order)  # a copy per choice, then sorted
         experts = torch.arange(self.n_experts, device=x.device)
         group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [batch, experts]
         out = self._experts(rows, lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise))
-        back = order.argsort(dim=-1)  # the inverse permutation: a gather, as MaxText's unpermute
-        out = out.gather(1, back[..., None].expand(-1, -1, d_model)).view(batch, seq, self.top_k, d_model)
+        out = permute_rows(out, order.argsort(dim=-1)).view(batch, seq, self.top_k, d_model)  # token order again
         return (out * weights[..., None]).sum(dim=2)
 
     def _dropping(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -179,4 +203,4 @@ class MixtureOfExperts(nn.Module):
         return torch.einsum("ebcm,bsec->bsm", out, combine.to(x.dtype))
 
 
-__all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad"]
+__all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad", "permute_rows"]

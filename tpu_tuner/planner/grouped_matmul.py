@@ -1,5 +1,5 @@
-"""The dropless MoE's grouped matmuls (``tpu_tune::grouped_matmul``, model/experts.py) as the planner
-compiles them: per device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
+"""The dropless MoE's grouped matmuls and row permutations (``tpu_tune::grouped_matmul``,
+``tpu_tune::permute_rows``, model/experts.py) as the planner compiles them. The matmuls: per device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
 (layers/moe.py at e591f30: the routed computation inside ``jax.shard_map``, the batch over the
 data-parallel axes, expert weights gathered over fsdp and split over tensor on the MLP width, the
 down projection's partial sums reduce-scattered over tensor).
@@ -10,7 +10,10 @@ On a TPU the kernel is JAX's megablox grouped matmul (``jax.experimental.pallas.
 (2 m k n). ``jax.lax.ragged_dot`` compiles to the same kernel forward, but libtpu 0.0.42 expands
 its weight gradient (a ragged contraction) into every expert's dense product, experts x the work
 (docs/planner.md, "Mixtures of experts as run"). Elsewhere (the emulated-CPU cross-check) it is
-``jax.lax.ragged_dot``. JAX and torchax are imported inside the function (the `plan` extra).
+``jax.lax.ragged_dot``. The permutations are gathers whose gradient gathers with the inverse
+permutation, as MaxText's ``use_custom_sort_vjp`` (default true) has it: a gather's own gradient is a
+scatter-add, which the TPU compiler sorts. JAX and torchax are imported inside the function (the
+`plan` extra).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ TILING = (512, 1024, 1024)
 
 def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     """Compile every ``tpu_tune::grouped_matmul`` per device on `mesh` (axes data, fsdp, context,
-    tensor): megablox's kernel when `megablox` (a TPU), else ``jax.lax.ragged_dot``."""
+    tensor): megablox's kernel when `megablox` (a TPU), else ``jax.lax.ragged_dot``; and every
+    ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.megablox import ops as megablox_ops
@@ -65,7 +69,24 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
                                 check_vma=False)
         return torch_view(sharded(x_j, w_j, sizes_j))
 
+    @jax.custom_vjp
+    def permute(x: Any, index: Any) -> Any:
+        return jnp.take_along_axis(x, index[..., None], axis=1)
+
+    def permute_forward(x: Any, index: Any) -> tuple[Any, Any]:
+        return permute(x, index), index
+
+    def permute_backward(index: Any, grad: Any) -> tuple[Any, None]:
+        # The inverse permutation, gathered: MaxText's _sort_activations custom VJP (layers/moe.py).
+        return permute(grad, jnp.argsort(index, axis=-1)), None
+
+    permute.defvjp(permute_forward, permute_backward)
+
+    def permute_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch_view(permute(jax_view(x), jax_view(index)))
+
     env.override_op_definition(torch.ops.tpu_tune.grouped_matmul.default, matmul)
+    env.override_op_definition(torch.ops.tpu_tune.permute_rows.default, permute_rows)
 
 
 __all__ = ["TILING", "grouped_matmuls_per_device"]
