@@ -2,7 +2,8 @@
 
 1. **kernels**: one grouped matmul (2048 rows, 256 -> 512, 8 groups) compiled for one v5e device:
    FLOPs of the forward, the input gradient and the weights' gradient, as multiples of 2 m k n,
-   with ``jax.lax.ragged_dot`` and with JAX's megablox ``gmm`` (the planner's kernel);
+   with ``jax.lax.ragged_dot`` and with JAX's megablox ``gmm`` (the planner's kernel), and the
+   ragged_dot forward on XLA's CPU backend (the planner's emulated-CPU cross-check);
 2. **routing**: the planner's compiled step (v5e:2x2, fsdp 4, no remat, global batch 8 x 256, a
    2-layer d_model 128 decoder with 8 experts of width 512) for dropless top-1, dropless top-2
    and the dropping router at capacity factor 1, top-2: FLOPs per device, the model-FLOPs formula
@@ -48,6 +49,11 @@ for name, mm in kernels.items():
         cost = jax.jit(fn).lower(*args).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         out[f"{name} {part}"] = round(cost["flops"] / (2 * m * k * n), 3)
+cpu = jax.devices("cpu")[0]
+spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.SingleDeviceSharding(cpu))
+cost = jax.jit(kernels["ragged_dot"]).lower(spec((m, k), jnp.float32), spec((groups, k, n), jnp.float32),
+                                            spec((groups,), jnp.int32)).compile().cost_analysis()
+out["ragged_dot forward, XLA CPU"] = round((cost[0] if isinstance(cost, list) else cost)["flops"] / (2 * m * k * n), 3)
 print(json.dumps(out))
 """
 

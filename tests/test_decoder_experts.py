@@ -214,6 +214,6 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
     data = json.loads(result.stdout.strip().splitlines()[-1])
     (k1, f1, *_), (k2, f2, gmm, tgmm), (dropping, _, dropping_gmm, _) = data["k1"], data["k2"], data["dropping"]
     assert gmm > 0 and tgmm > 0 and dropping_gmm == 0
-    # Measured 1.038: the formula leaves out the added choice's activation, gathers and sort.
+    # Measured 1.025: the formula leaves out the added choice's activation, gathers and sort.
     assert k2 - k1 == pytest.approx(f2 - f1, rel=0.05)
-    assert dropping > 1.1 * k2  # measured 1.20
+    assert dropping > 1.1 * k2  # measured 1.21
