@@ -25,6 +25,7 @@ it changes no matmul and no buffer the compiler sizes, so it is not modelled.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -166,7 +167,9 @@ class MixtureOfExperts(nn.Module):
             out = out + torch.sigmoid(F.linear(x, self.shared_gate.to(x.dtype))) * self.shared(x)
         return out
 
-    def _experts(self, rows: torch.Tensor, matmul) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def _experts(self, rows: torch.Tensor, matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+                 ) -> torch.Tensor:
+        """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights, rowwise)`."""
         hidden = matmul(rows, self.w_up, False)
         if self.w_gate is not None:
             hidden = self.activation(matmul(rows, self.w_gate, False)) * hidden
