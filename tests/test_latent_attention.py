@@ -80,10 +80,10 @@ def test_latent_attention_computes_deepseeks_attention() -> None:
     assert attention.wkv_a.out_features == 16 + 8 and attention.wo.in_features == 4 * 12
 
 
-@pytest.mark.parametrize("q_lora_rank", [32, None])
-def test_a_deepseek_v3_config_has_the_parameters_of_its_shape(tmp_path, q_lora_rank: int | None) -> None:
-    """A tiny transformers DeepSeek-V3 (MLA with and without a query latent, 4 routed experts top-2,
-    one shared expert, one dense first layer) has exactly the parameters of the generic decoder of
+@pytest.mark.parametrize("q_lora_rank, bias", [(32, False), (None, False), (32, True), (None, True)])
+def test_a_deepseek_v3_config_has_the_parameters_of_its_shape(tmp_path, q_lora_rank: int | None, bias: bool) -> None:
+    """A tiny transformers DeepSeek-V3 (MLA with and without a query latent, with and without
+    attention biases, 4 routed experts top-2, one shared expert, one dense first layer) has exactly the parameters of the generic decoder of
     the shape its config maps to (kv_lora_rank -> kv_lora_rank, n_shared_experts -> shared_experts,
     first_k_dense_replace -> dense_layers, ...; the mapping itself is hf_decoder.py's)."""
     transformers = pytest.importorskip("transformers")
@@ -92,14 +92,15 @@ def test_a_deepseek_v3_config_has_the_parameters_of_its_shape(tmp_path, q_lora_r
         "deepseek_v3", hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
         first_k_dense_replace=1, q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, vocab_size=256, n_group=1, topk_group=1, max_position_embeddings=128)
+        v_head_dim=16, vocab_size=256, n_group=1, topk_group=1, max_position_embeddings=128, attention_bias=bias)
     expected = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
     path = tmp_path / "tiny_deepseek_v3.toml"
     path.write_text("[model]\nvocab = 256\nd_model = 64\nlayers = 3\nheads = 4\nmlp = 128\ndense_layers = [0]\n"
                     "experts = 4\ntop_k = 2\nexpert_mlp = 32\nshared_experts = 1\nmoe_routing = 'dropless'\n"
                     "router = 'sigmoid'\nnorm_topk_prob = true\nrouted_scaling_factor = 2.5\n"
                     f"q_lora_rank = {q_lora_rank or 0}\nkv_lora_rank = 16\nqk_nope_head_dim = 16\n"
-                    "qk_rope_head_dim = 8\nv_head_dim = 16\n")
+                    f"qk_rope_head_dim = 8\nv_head_dim = 16\nqkv_bias = {str(bias).lower()}\n"
+                    f"out_bias = {str(bias).lower()}\n")
     model = load_workload(path).build_model()
     assert sum(p.numel() for p in model.parameters()) == expected
 

@@ -45,7 +45,7 @@ class LatentAttention(nn.Module):
             self.q_norm = RMSNorm(s.q_lora_rank, s.norm_eps)
             self.wq_b = nn.Linear(s.q_lora_rank, s.heads * self.head_dim, bias=False)
         else:
-            self.wq = nn.Linear(s.d_model, s.heads * self.head_dim, bias=s.qkv_bias)
+            self.wq = nn.Linear(s.d_model, s.heads * self.head_dim, bias=False)  # unbiased, as DeepSeek's q_proj
         self.wkv_a = nn.Linear(s.d_model, s.kv_lora_rank + self.rope_dim, bias=s.qkv_bias)
         self.kv_norm = RMSNorm(s.kv_lora_rank, s.norm_eps)
         self.wkv_b = nn.Linear(s.kv_lora_rank, s.heads * (self.nope + self.v_dim), bias=False)
