@@ -217,3 +217,31 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
     # Measured 1.025: the formula leaves out the added choice's activation, gathers and sort.
     assert k2 - k1 == pytest.approx(f2 - f1, rel=0.05)
     assert dropping > 1.1 * k2  # measured 1.21
+
+
+def test_loop_costs_read_kernel_estimates_spread_over_lines() -> None:
+    """megablox's kernels inside called computations print their cost estimate over several lines,
+    one starting with "},": the HLO reader keeps such a computation whole (it ends at a line that is
+    "}" alone) and reads the estimate's FLOPs, as it reads the compact form of the scan's own kernels
+    (seen at Mixtral-8x7B's size on v6e-256; the tiny shapes print every estimate compactly)."""
+    from tpu_tuner.planner import loop_costs
+
+    text = textwrap.dedent("""\
+        HloModule m
+
+        %kernel_call (p: bf16[8]) -> bf16[8] {
+          %k = bf16[8]{0} custom-call(%p), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "x", "cost_estimate": {
+        "bytes_accessed":10,
+        "flops":123,
+        "transcendentals":0
+        }, "serialization_format": 1}}
+          ROOT %r = bf16[8]{0} add(%k, %k)
+        }
+
+        ENTRY %main (q: bf16[8]) -> bf16[8] {
+          ROOT %c = bf16[8]{0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"cost_estimate":{"flops":"7","bytes_accessed":"2"}}
+        }
+        """)
+    module = loop_costs._Module(text)
+    assert list(module.blocks) == ["kernel_call", "main"] and "ROOT %r" in module.blocks["kernel_call"]
+    assert sorted(loop_costs._KERNEL_FLOPS.findall(text)) == ["123", "7"]
