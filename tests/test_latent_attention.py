@@ -181,7 +181,8 @@ PLANNER = importlib.util.find_spec("torchax") is not None and importlib.util.fin
 def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kernel() -> None:
     """On 4 emulated CPU devices (textbook attention, every matmul counted): widening the value heads
     (32 -> 96) or the keys' part without positions (64 -> 128) adds the compiled FLOPs the formula
-    adds; on v5e:2x2 with tensor 2 the step compiles with JAX's flash kernel, values padded."""
+    adds; on v5e:2x2 with tensor 2 DeepSeek's head widths (192 / 128) compile with JAX's flash kernel,
+    which takes widths up to 128 or multiples of 128: all padded to 256."""
     script = textwrap.dedent("""
         import os, json
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -203,7 +204,8 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
             r = add_loop_iterations(compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128,
                                                  remat="none", scan=True), 2)
             out[name] = [r.flops * 4, transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True).per_step]
-        w = load_workload(base + ",qk_nope_head_dim=64,v_head_dim=32")
+        # DeepSeek's head widths: 192-wide queries and keys, 128-wide values (the kernel pads all to 256).
+        w = load_workload(base.replace("qk_rope_head_dim=32", "qk_rope_head_dim=64") + ",qk_nope_head_dim=128,v_head_dim=128")
         tpu = compile_step(w.build_model, 2, Layout(1, 2, 2), topology_devices("v5e:2x2"), 8, 256, 128, remat="full",
                            fast=True, scan=True)
         out["tpu"] = [tpu.error, tpu.flops]
