@@ -134,7 +134,8 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
                 # change no score and no output column, and the output is cut back.
                 width, head = v.shape[-1], max(q.shape[-1], v.shape[-1])
                 head = head if head <= 128 else -(-head // 128) * 128
-                q, k, v = (jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),)) for t in (q, k, v))
+                q, k, v = (t if t.shape[-1] == head else jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),))
+                           for t in (q, k, v))
                 return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)[..., :width]
         else:
             def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
