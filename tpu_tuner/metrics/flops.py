@@ -4,7 +4,10 @@ Counted FLOPs are what the step executes, as torch's FLOP counter sees it. Model
 analytical figure MFU conventionally uses (PaLM / torchtitan / nanoGPT):
 
 * training step: ``6 N + 12 L H Q T`` per token, inference: ``2 N + 4 L H Q T`` per token,
-  with N the matmul parameters, L layers, H heads, Q head dimension, T sequence length;
+  with N the matmul parameters, L layers, H heads, Q head dimension, T sequence length; where
+  value heads have a width of their own (multi-head latent attention: query/key heads Qk = nope +
+  rope dimensions, value heads Qv), Q is their mean (Qk + Qv) / 2: the scores cost 2 Qk and the
+  weighted values 2 Qv per query, key and head;
 * the "full" attention convention counts the attention term whole even under a causal mask
   (PaLM, torchtitan, nanoGPT); the "causal" convention halves it (MaxText since 2025).
 """
@@ -22,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
+import tpu_tuner.model.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
 from tpu_tuner.model.attention import local_attention_backward_op, local_attention_op
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 
@@ -87,6 +91,13 @@ def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
     return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]  # batched: (E, M, K) x (E, K, N)
 
 
+def _rows_grouped(x_shape, other_shape, *args: Any, **kwargs: Any) -> int:
+    """The dropless MoE's grouped matmuls (model/experts.py): every row of x [batch, rows, k] meets
+    one group's [k, n] weights, forward (other: the weights [groups, k, n]) or for the weights'
+    gradient (other: the output gradient [batch, rows, n]): 2 x batch x rows x k x n either way."""
+    return 2 * x_shape[0] * x_shape[1] * x_shape[2] * other_shape[-1]
+
+
 # Attention kernels whose counts torch's registry misses or counts as hardware work: the CPU flash
 # kernels (F.scaled_dot_product_attention counts zero on CPU without these), the "overrideable"
 # kernels that PrivateUse1 backends such as TorchTPU dispatch to, and the CUDA kernels' backward
@@ -102,6 +113,8 @@ EXTRA_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._grouped_mm: _grouped_mm,
     local_attention_op().overloadpacket: _local_attention,
     local_attention_backward_op().overloadpacket: _local_attention_backward,
+    torch.ops.tpu_tune.grouped_matmul: _rows_grouped,
+    torch.ops.tpu_tune.grouped_matmul_weight_grad: _rows_grouped,
     # The fused recurrent kernels (nn.LSTM on CPU; LSTM, GRU, RNN on CUDA): see rnn_flops.py.
     **RNN_FLOP_FORMULAS,
 }
@@ -224,8 +237,11 @@ def transformer_model_flops(
     dense_factor, attention_factor = (6, 12) if training else (2, 4)
     halved = convention == "causal" and dims.causal
     spans = dims.spans or (AttentionSpan(dims.heads, dims.head_dim),) * dims.layers
-    per_sequence = sum(span.heads * span.head_dim * score_pairs(seq_len, span.window, span.chunk, halved)
-                       for span in spans)
+    value_dim = dims.value_head_dim or dims.head_dim
+    # Half the factor per head-width dimension: scores (query/key width) and weighted values (value
+    # width, MLA's own; else the span's head width).
+    per_sequence = sum(span.heads * (span.head_dim + (dims.value_head_dim or span.head_dim)) / 2
+                       * score_pairs(seq_len, span.window, span.chunk, halved) for span in spans)
     dense = dense_factor * matmul_params * tokens
     attention = attention_factor * per_sequence * batch_size
     name = f"{dense_factor}N + {attention_factor}LHQT" + (" / 2 (causal)" if halved else "")
@@ -239,7 +255,9 @@ def transformer_model_flops(
     return ModelFlops(
         per_step=float(dense + attention),
         formula=f"({name}) x tokens, N={matmul_params:,} matmul parameters, "
-        f"L={dims.layers}, H={dims.heads}, Q={dims.head_dim}, T={seq_len}, tokens={tokens:,}",
+        f"L={dims.layers}, H={dims.heads}, "
+        f"{f'Q=(Qk {dims.head_dim} + Qv {value_dim}) / 2' if value_dim != dims.head_dim else f'Q={dims.head_dim}'}, "
+        f"T={seq_len}, tokens={tokens:,}",
         convention=label,
         dense_per_step=float(dense),
         attention_per_step=float(attention),

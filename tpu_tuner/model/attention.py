@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpu_tuner.model.decoder_shape import DecoderShape
+from tpu_tuner.model.layer_parts import RMSNorm, rotate
 
 
 def attention_mask(seq: int, window: int, chunk: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -122,24 +123,6 @@ def local_attention_backward_op() -> torch._ops.OpOverload:
     return torch.ops.tpu_tune.local_attention_backward.default
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    rotated = 2 * cos.shape[-1]  # partial rotary: the dimensions past it pass unturned
-    half = rotated // 2
-    x1, x2, rest = x[..., :half], x[..., half:rotated], x[..., rotated:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
 class Attention(nn.Module):
     """Layer `layer`'s attention of the shape `s`: its heads, head width, window or chunk, sinks.
 
@@ -170,7 +153,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope and cos is not None and sin is not None:
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         repeat = self.heads // self.kv_heads  # grouped-query attention: each K/V head serves `repeat`
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         if self.window or self.chunk or self.sinks is not None:
@@ -180,5 +163,5 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
-__all__ = ["Attention", "RMSNorm", "attention_mask", "local_attention", "local_attention_backward",
+__all__ = ["Attention", "attention_mask", "local_attention", "local_attention_backward",
            "local_attention_backward_op", "local_attention_op"]

@@ -10,19 +10,18 @@ positions, grouped-query attention). The module names are Llama's (``wq``/``wk``
 
 from __future__ import annotations
 
-import math
 import types
-from functools import partial
 from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.attention import Attention, RMSNorm
+from tpu_tuner.model.attention import Attention
 from tpu_tuner.model.decoder_shape import INLINE_PREFIX, DecoderShape, is_shape_source, read_shape
+from tpu_tuner.model.experts import MixtureOfExperts
+from tpu_tuner.model.latent_attention import LatentAttention
+from tpu_tuner.model.layer_parts import FeedForward, RMSNorm
 from tpu_tuner.model.workload import AttentionSpan
-
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu}
 
 
 def _norm(shape: DecoderShape) -> nn.Module:
@@ -30,67 +29,6 @@ def _norm(shape: DecoderShape) -> nn.Module:
     return RMSNorm(shape.d_model, shape.norm_eps) if shape.norm == "rms" else nn.LayerNorm(shape.d_model, shape.norm_eps)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, s: DecoderShape, width: int | None = None) -> None:
-        super().__init__()
-        width = width or s.mlp
-        self.activation = ACTIVATIONS[s.activation]
-        self.w_gate = nn.Linear(s.d_model, width, bias=s.mlp_bias) if s.gated else None
-        self.w_up = nn.Linear(s.d_model, width, bias=s.mlp_bias)
-        self.w_down = nn.Linear(width, s.d_model, bias=s.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w_gate is not None:
-            return self.w_down(self.activation(self.w_gate(x)) * self.w_up(x))
-        return self.w_down(self.activation(self.w_up(x)))
-
-
-class MixtureOfExperts(nn.Module):
-    """Top-k routed experts with a capacity per sequence, tokens past it dropped: MaxText's
-    "dropping" MoE (Mixtral's published v6e-256 run). The router's top-k logits, softmaxed
-    among themselves, weight the chosen experts; each sequence gives every expert
-    ceil(seq x top_k / experts) x capacity_factor slots, filled in token order; dispatch and
-    combine are one-hot einsums over [batch, seq, experts, slots], as MaxText computes them.
-    With `shared_expert_mlp` an always-on MLP joins them, scaled by sigmoid(x . gate) (Qwen2-MoE).
-
-    `n_experts` and `top_k` are read by the model-FLOPs count (only top_k of n_experts experts'
-    weights touch each token)."""
-
-    def __init__(self, s: DecoderShape) -> None:
-        super().__init__()
-        self.n_experts, self.top_k, self.capacity_factor = s.experts, s.top_k, s.capacity_factor
-        self.activation = ACTIVATIONS[s.activation]
-        self.router = nn.Linear(s.d_model, s.experts, bias=False)
-        scale, width = s.d_model ** -0.5, s.expert_mlp or s.mlp
-        self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale) if s.gated else None
-        self.w_up = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale)
-        self.w_down = nn.Parameter(torch.randn(s.experts, width, s.d_model) * width ** -0.5)
-        self.shared = FeedForward(s, s.shared_expert_mlp) if s.shared_expert_mlp else None
-        # A [1, d_model] weight, not a Linear: a width-1 output is no column to split over tensor.
-        self.shared_gate = nn.Parameter(torch.zeros(1, s.d_model)) if s.shared_expert_mlp else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        weights, chosen = self.router(x).topk(self.top_k, dim=-1)  # [batch, seq, k]
-        weights = weights.float().softmax(dim=-1).to(x.dtype)
-        capacity = int(max(math.ceil(seq * self.top_k / self.n_experts) * self.capacity_factor, self.capacity_factor))
-        routed = F.one_hot(chosen, self.n_experts).to(torch.int32)  # [batch, seq, k, experts]
-        # 1-based place of each (token, choice) in its expert's slots, in token order; 0: not routed.
-        place = (routed.reshape(batch, seq * self.top_k, -1).cumsum(dim=1).reshape(routed.shape) * routed)
-        slots = torch.arange(1, capacity + 1, device=x.device, dtype=torch.int32)
-        combine = ((place[..., None] == slots) * weights[..., None, None]).sum(dim=2)  # [batch, seq, experts, slots]
-        dispatch = (combine != 0).to(x.dtype)
-        expert_in = torch.einsum("bsm,bsec->ebcm", x, dispatch)
-        hidden = torch.einsum("ebcm,emh->ebch", expert_in, self.w_up.to(x.dtype))
-        if self.w_gate is not None:
-            hidden = self.activation(torch.einsum("ebcm,emh->ebch", expert_in, self.w_gate.to(x.dtype))) * hidden
-        else:
-            hidden = self.activation(hidden)
-        out = torch.einsum("ebch,ehm->ebcm", hidden, self.w_down.to(x.dtype))
-        routed = torch.einsum("ebcm,bsec->bsm", out, combine.to(x.dtype))
-        if self.shared is None or self.shared_gate is None:
-            return routed
-        return routed + torch.sigmoid(F.linear(x, self.shared_gate.to(x.dtype))) * self.shared(x)
 
 
 class Block(nn.Module):
@@ -98,9 +36,9 @@ class Block(nn.Module):
         super().__init__()
         self.parallel = s.parallel_residual
         self.attention_norm = _norm(s)
-        self.attention = Attention(s, layer)
+        self.attention = LatentAttention(s) if s.kv_lora_rank else Attention(s, layer)
         # A global layer whose heads are wider than the local ones turns them with its own table.
-        self.global_rope_table = self.attention.head_dim != s.n_head_dim
+        self.global_rope_table = not s.kv_lora_rank and self.attention.head_dim != s.n_head_dim
         self.attention_post_norm = _norm(s) if s.post_norms else None
         self.ffn_norm = _norm(s)
         self.feed_forward = MixtureOfExperts(s) if s.has_experts(layer) else FeedForward(s)
@@ -237,7 +175,8 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
     module.BATCH_SIZE, module.SEQ_LEN = batch_size, seq_len  # type: ignore[attr-defined]
     module.TRANSFORMER = {"layers": shape.layers, "heads": shape.heads,  # type: ignore[attr-defined]
                           "head_dim": shape.n_head_dim, "causal": True,
-                          "spans": attention_spans(shape) if shape.has_local_layers else ()}
+                          "spans": attention_spans(shape) if shape.has_local_layers else (),
+                          **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {})}
     module.NAME = name  # type: ignore[attr-defined]
     module.SHAPE = shape  # type: ignore[attr-defined]
     return module

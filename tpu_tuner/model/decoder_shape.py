@@ -47,6 +47,13 @@ window or chunk: every layer local); for the global layers only, ``global_head_d
 projection serves as keys and values: Gemma 4); ``attention_sinks`` (a learned logit per head that
 joins every softmax: gpt-oss); ``moe_every`` (every N-th layer routes to experts, the others are
 dense: Llama 4 Maverick's interleave step).
+
+Mixtures of experts as run and latent attention (model/experts.py, model/latent_attention.py), off
+by default: ``moe_routing = "dropless"`` (every token through grouped matmuls; capacity_factor
+unused), ``router`` (topk_softmax, softmax_topk, sigmoid, topk_sigmoid) with ``norm_topk_prob`` and
+``routed_scaling_factor``, ``shared_experts`` (ungated always-on experts of width expert_mlp), and
+multi-head latent attention when ``kv_lora_rank`` > 0, with ``q_lora_rank``, ``qk_nope_head_dim``,
+``qk_rope_head_dim`` and ``v_head_dim``.
 """
 
 from __future__ import annotations
@@ -63,6 +70,8 @@ INLINE_PREFIX = "decoder:"
 ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu")  # gelu_tanh: GELU's tanh approximation (GPT-2, Gemma)
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
+MOE_ROUTINGS = ("dropping", "dropless")
+ROUTERS = ("topk_softmax", "softmax_topk", "sigmoid", "topk_sigmoid")
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,18 @@ class DecoderShape:
     global_shared_kv: bool = False  # global layers project keys once and use them as values too
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator
     moe_every: int = 1  # with experts: layers i with (i + 1) % moe_every == 0 route to experts
+    # Mixtures of experts as run, and multi-head latent attention (model/experts.py,
+    # model/latent_attention.py; checked by check_experts_and_latent).
+    moe_routing: str = "dropping"  # or "dropless": tokens sorted by expert through grouped matmuls, none dropped
+    router: str = "topk_softmax"  # topk_softmax, softmax_topk, sigmoid (DeepSeek-V3), topk_sigmoid (Llama 4)
+    norm_topk_prob: bool = False  # softmax_topk / sigmoid: renormalise the chosen weights to sum to 1
+    routed_scaling_factor: float = 1.0  # the routed experts' weights times this (DeepSeek-V3: 2.5)
+    shared_experts: int = 0  # always-on experts of width expert_mlp, added ungated (DeepSeek, Llama 4)
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention, keys and values from a latent this wide
+    q_lora_rank: int = 0  # with latent attention: the query's latent width (0: a full query projection)
+    qk_nope_head_dim: int = 0  # each query/key head's dimensions without rotary positions
+    qk_rope_head_dim: int = 0  # ... and with them (one rotary key shared by every head)
+    v_head_dim: int = 0  # each value head's width
 
     def __post_init__(self) -> None:
         # A TOML array arrives as a list; the shape stays hashable.
@@ -118,11 +139,15 @@ class DecoderShape:
 
     @property
     def n_head_dim(self) -> int:
+        if self.kv_lora_rank:  # latent attention: the query/key head (the value head is v_head_dim)
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.head_dim or self.d_model // self.heads
 
     @property
     def rotary_dim(self) -> int:
         """How many of each head's dimensions the rotary embedding turns (GPT-NeoX's rotary_ndims)."""
+        if self.kv_lora_rank:
+            return self.qk_rope_head_dim
         return int(self.n_head_dim * self.rotary_fraction)
 
     def has_experts(self, layer: int) -> bool:
@@ -185,7 +210,7 @@ class DecoderShape:
             raise WorkloadError(f"capacity_factor must be above 0, not {self.capacity_factor}", where)
         if self.heads % self.n_kv_heads:
             raise WorkloadError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.n_kv_heads})", where)
-        if self.head_dim is None and self.d_model % self.heads:
+        if self.head_dim is None and not self.kv_lora_rank and self.d_model % self.heads:
             raise WorkloadError(f"d_model ({self.d_model}) is not a multiple of heads ({self.heads}): give head_dim",
                                 where)
         if self.positions == "rope" and (self.rotary_dim % 2 or not 0 < self.rotary_fraction <= 1):
@@ -201,6 +226,35 @@ class DecoderShape:
         for name, allowed in (("activation", ACTIVATION_NAMES), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
+        self.check_experts_and_latent(where)
+
+    def check_experts_and_latent(self, where: str | Path) -> None:
+        """The routing, shared-expert and latent-attention keys (a one-line WorkloadError naming `where`)."""
+        for name, allowed in (("moe_routing", MOE_ROUTINGS), ("router", ROUTERS)):
+            if getattr(self, name) not in allowed:
+                raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
+        if self.shared_experts < 0 or self.routed_scaling_factor <= 0:
+            raise WorkloadError(f"shared_experts must be 0 or more and routed_scaling_factor above 0, not "
+                                f"{self.shared_experts} and {self.routed_scaling_factor}", where)
+        if self.shared_experts and self.shared_expert_mlp:
+            raise WorkloadError("give shared_experts (ungated, DeepSeek / Llama 4) or shared_expert_mlp (gated, "
+                                "Qwen2-MoE), not both", where)
+        latent = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        if not self.kv_lora_rank:
+            if any(getattr(self, name) for name in latent):
+                raise WorkloadError(f"{', '.join(latent)} need latent attention: give kv_lora_rank", where)
+            return
+        if self.kv_lora_rank < 0 or self.q_lora_rank < 0 or min(self.qk_nope_head_dim, self.v_head_dim) < 1:
+            raise WorkloadError(f"latent attention needs kv_lora_rank, qk_nope_head_dim and v_head_dim of at least 1 "
+                                f"and q_lora_rank of 0 or more, not {self.kv_lora_rank}, {self.qk_nope_head_dim}, "
+                                f"{self.v_head_dim}, {self.q_lora_rank}", where)
+        if self.positions != "rope" or self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
+            raise WorkloadError(f"latent attention turns an even qk_rope_head_dim (at least 2) with rotary positions, "
+                                f"not {self.qk_rope_head_dim} with {self.positions!r} positions", where)
+        if self.kv_heads not in (None, self.heads) or self.head_dim is not None or self.qk_norm:
+            raise WorkloadError("latent attention has one key/value head per query head, its head widths from "
+                                "qk_nope_head_dim + qk_rope_head_dim and v_head_dim, and no qk_norm: drop kv_heads, "
+                                "head_dim and qk_norm", where)
 
 
     def _check_attention_pattern(self, where: str | Path) -> None:
@@ -263,4 +317,5 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     return shape, sizes, name
 
 
-__all__ = ["ACTIVATION_NAMES", "DecoderShape", "INLINE_PREFIX", "NORMS", "POSITIONS", "is_shape_source", "read_shape"]
+__all__ = ["ACTIVATION_NAMES", "DecoderShape", "INLINE_PREFIX", "MOE_ROUTINGS", "NORMS", "POSITIONS", "ROUTERS",
+           "is_shape_source", "read_shape"]

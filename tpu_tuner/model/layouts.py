@@ -145,8 +145,10 @@ def placements(model: nn.Module, d_model: int) -> dict[str, Placement]:
         linears = [(n, m) for n, m in module.named_children() if isinstance(m, nn.Linear)]
         for index, (child, linear) in enumerate(linears):
             full = f"{module_name}.{child}" if module_name else child
-            if linear.in_features == d_model and linear.out_features != d_model:
+            if child in getattr(module, "column_wise", ()):  # named by its module: latent attention's up-projections
                 kind: Placement = "colwise"
+            elif linear.in_features == d_model and linear.out_features != d_model:
+                kind = "colwise"
             elif linear.out_features == d_model and linear.in_features != d_model:
                 kind = "rowwise"
             elif linear.in_features == d_model:

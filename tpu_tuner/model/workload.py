@@ -44,6 +44,7 @@ class TransformerDims:
     head_dim: int
     causal: bool = True
     spans: tuple[AttentionSpan, ...] = ()
+    value_head_dim: int | None = None  # where value heads are narrower or wider than query/key heads (MLA)
 
 
 @dataclass

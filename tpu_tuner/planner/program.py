@@ -33,6 +33,7 @@ from torch import nn
 
 from tpu_tuner.planner.collectives import device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.expert_parallel import expert_dispatch
@@ -191,6 +192,7 @@ def compile_step(
                                                              else []) + beside_named
                    for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
                    if role.startswith("mlp")}
+    grouped_matmuls_per_device(env, mesh, megablox=np.asarray(devices).flat[0].platform == "tpu")
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's

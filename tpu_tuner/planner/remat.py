@@ -151,6 +151,13 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
     roles: dict[str, str] = {}
     context_of: list[str] = []
     for parent_name, parent in block.named_modules():
+        declared = getattr(parent, "tensor_roles", None)  # a module that names its own (latent attention)
+        if isinstance(declared, dict):
+            for child, role in declared.items():
+                path = f"{parent_name}.{child}" if parent_name else child
+                roles[path] = role
+                context_of = path if role == "out_proj" else context_of
+            continue
         linears = [(f"{parent_name}.{n}" if parent_name else n, m) for n, m in parent.named_children()
                    if isinstance(m, nn.Linear)]
         reading = [(n, m) for n, m in linears if m.in_features == d_model and m.out_features != d_model

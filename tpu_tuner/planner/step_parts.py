@@ -129,7 +129,14 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
         causal = bool(is_causal) and context == 1
         if flash:
             def kernel(q: Any, k: Any, v: Any) -> Any:
-                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+                # JAX's flash kernel takes one head width, up to 128 or a multiple of 128: latent
+                # attention's (192-wide keys, 128-wide values) are padded with zero columns, which
+                # change no score and no output column, and the output is cut back.
+                width, head = v.shape[-1], max(q.shape[-1], v.shape[-1])
+                head = head if head <= 128 else -(-head // 128) * 128
+                q, k, v = (t if t.shape[-1] == head else jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),))
+                           for t in (q, k, v))
+                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)[..., :width]
         else:
             def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
                 scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * sm_scale

@@ -1,0 +1,209 @@
+"""The decoder's mixtures of experts: routers, the dropping and the dropless (grouped-matmul) MoE.
+
+Two ways to run routed experts, as MaxText has them (layers/moe.py):
+
+* **dropping** (default; MaxText's ``sparse_matmul=False`` with a ``capacity_factor``): each sequence
+  gives every expert ceil(seq x top_k / experts) x capacity_factor slots, filled in token order,
+  the rest dropped; dispatch and combine are one-hot einsums over [batch, seq, experts, slots].
+* **dropless** (MaxText's default since 2024: ``sparse_matmul=True``, ``megablox=True``,
+  ``capacity_factor=-1``): every (token, choice) pair is sorted by its expert and the sorted rows
+  run through grouped matmuls (`grouped_matmul`, a torch custom op), no token dropped. Sorting is
+  per sequence, so that it stays local to the devices holding the sequence (MaxText sorts each
+  device's tokens: the same sizes when a device holds one sequence). In plain torch the op is a
+  per-group loop; the planner compiles it as a grouped matmul kernel (planner/grouped_matmul.py).
+
+Routers (`router`): ``topk_softmax`` (default: the top-k logits softmaxed among themselves,
+Mixtral, gpt-oss, MaxText's default), ``softmax_topk`` (softmax over all experts, then the top k,
+renormalised with `norm_topk_prob`: Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3: sigmoid scores, a
+selection bias, top k, renormalised with `norm_topk_prob`, times `routed_scaling_factor`),
+``topk_sigmoid`` (Llama 4: sigmoid of the top-k logits; Llama 4 scales the expert's input by it,
+here its output: the same matmuls). DeepSeek-V3's group-limited routing (``n_group`` /
+``topk_group``) only masks router scores before the top-k, a [tokens, experts] elementwise step:
+it changes no matmul and no buffer the compiler sizes, so it is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpu_tuner.model.decoder_shape import DecoderShape
+from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward
+
+
+@torch.library.custom_op("tpu_tune::grouped_matmul", mutates_args=())
+def grouped_matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    """Per sequence b, rows of ``x[b]`` ([batch, rows, k], sorted by group) times their group's
+    ``weights[g]`` ([groups, k, n]); ``group_sizes[b, g]`` rows of sequence b belong to group g.
+    `rowwise` says which side a tensor-parallel planner splits (True: the contraction, as a down
+    projection's; False: the output, as an up projection's); plain torch ignores it."""
+    out = x.new_zeros(x.shape[0], x.shape[1], weights.shape[2])
+    for b, sizes in enumerate(group_sizes.tolist()):
+        start = 0
+        for group, size in enumerate(sizes):
+            if size:
+                out[b, start:start + size] = x[b, start:start + size] @ weights[group]
+            start += size
+    return out
+
+
+@torch.library.custom_op("tpu_tune::grouped_matmul_weight_grad", mutates_args=())
+def grouped_matmul_weight_grad(x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor,
+                               groups: int) -> torch.Tensor:
+    """The gradient of `grouped_matmul`'s weights: per group, its rows of x transposed times grad."""
+    out = x.new_zeros(groups, x.shape[2], grad.shape[2])
+    for b, sizes in enumerate(group_sizes.tolist()):
+        start = 0
+        for group, size in enumerate(sizes):
+            if size:
+                out[group] += x[b, start:start + size].T @ grad[b, start:start + size]
+            start += size
+    return out
+
+
+@grouped_matmul.register_fake
+def _(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    return x.new_empty(x.shape[0], x.shape[1], weights.shape[2])
+
+
+@grouped_matmul_weight_grad.register_fake
+def _(x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.new_empty(groups, x.shape[2], grad.shape[2])
+
+
+def _save(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    x, weights, group_sizes, _ = inputs
+    ctx.save_for_backward(x, weights, group_sizes)
+
+
+def _backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+    x, weights, group_sizes = ctx.saved_tensors
+    grad_x = grouped_matmul(grad, weights.transpose(1, 2).contiguous(), group_sizes, False)
+    grad_w = grouped_matmul_weight_grad(x, grad, group_sizes, weights.shape[0])
+    return grad_x, grad_w, None, None
+
+
+grouped_matmul.register_autograd(_backward, setup_context=_save)
+
+
+@torch.library.custom_op("tpu_tune::permute_rows", mutates_args=())
+def permute_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Each sequence's rows of x ([batch, rows, d]) in the order `index` ([batch, rows], a permutation
+    of each sequence's rows) names. Its gradient is the inverse permutation, a gather too, as MaxText's
+    `_sort_activations` custom VJP has it (a gather's own gradient is a scatter the TPU compiler sorts)."""
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
+
+
+@permute_rows.register_fake
+def _(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _save_index(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(inputs[1])
+
+
+def _unpermute(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+    (index,) = ctx.saved_tensors
+    return permute_rows(grad, index.argsort(dim=-1)), None
+
+
+permute_rows.register_autograd(_unpermute, setup_context=_save_index)
+
+
+class MixtureOfExperts(nn.Module):
+    """Top-k routed experts (stacked [experts, in, out] weights), dropping or dropless (see the
+    module docstring), with always-on experts beside them: `shared_experts` MLPs of the expert
+    width added ungated (DeepSeek, Llama 4), or one `shared_expert_mlp` wide MLP scaled by
+    sigmoid(x . gate) (Qwen2-MoE).
+
+    `n_experts` and `top_k` are read by the model-FLOPs count (only top_k of n_experts experts'
+    weights touch each token)."""
+
+    def __init__(self, s: DecoderShape) -> None:
+        super().__init__()
+        self.n_experts, self.top_k, self.capacity_factor = s.experts, s.top_k, s.capacity_factor
+        self.dropless, self.router_kind = s.moe_routing == "dropless", s.router
+        self.normalise, self.scaling = s.norm_topk_prob, s.routed_scaling_factor
+        self.activation = ACTIVATIONS[s.activation]
+        self.router = nn.Linear(s.d_model, s.experts, bias=False)
+        scale, width = s.d_model ** -0.5, s.expert_mlp or s.mlp
+        self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale) if s.gated else None
+        self.w_up = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale)
+        self.w_down = nn.Parameter(torch.randn(s.experts, width, s.d_model) * width ** -0.5)
+        # DeepSeek-V3's load-balancing bias (e_score_correction_bias): it picks experts, never weighs them.
+        self.register_buffer("score_bias", torch.zeros(s.experts) if s.router == "sigmoid" else None)
+        self.shared = FeedForward(s, s.shared_expert_mlp) if s.shared_expert_mlp else None
+        # A [1, d_model] weight, not a Linear: a width-1 output is no column to split over tensor.
+        self.shared_gate = nn.Parameter(torch.zeros(1, s.d_model)) if s.shared_expert_mlp else None
+        self.shared_experts = FeedForward(s, s.shared_experts * width) if s.shared_experts else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, chosen experts), each [batch, seq, top_k], by the shape's router."""
+        logits = self.router(x).float()
+        if self.router_kind == "sigmoid":
+            scores = torch.sigmoid(logits)
+            chosen = (scores + self.score_bias.float()).topk(self.top_k, dim=-1).indices
+            weights = scores.gather(-1, chosen)
+        elif self.router_kind == "softmax_topk":
+            weights, chosen = logits.softmax(dim=-1).topk(self.top_k, dim=-1)
+        else:
+            weights, chosen = logits.topk(self.top_k, dim=-1)
+            weights = weights.softmax(dim=-1) if self.router_kind == "topk_softmax" else torch.sigmoid(weights)
+        if self.normalise and self.router_kind in ("softmax_topk", "sigmoid"):
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return (weights * self.scaling).to(x.dtype), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
+        out = (self._dropless if self.dropless else self._dropping)(x, weights, chosen)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        if self.shared is not None and self.shared_gate is not None:
+            out = out + torch.sigmoid(F.linear(x, self.shared_gate.to(x.dtype))) * self.shared(x)
+        return out
+
+    def _experts(self, rows: torch.Tensor, matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+                 ) -> torch.Tensor:
+        """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights, rowwise)`."""
+        hidden = matmul(rows, self.w_up, False)
+        if self.w_gate is not None:
+            hidden = self.activation(matmul(rows, self.w_gate, False)) * hidden
+        else:
+            hidden = self.activation(hidden)
+        return matmul(hidden, self.w_down, True)
+
+    def _dropless(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        batch, seq, d_model = x.shape
+        flat = chosen.reshape(batch, seq * self.top_k)
+        order = flat.argsort(dim=-1, stable=True)  # each sequence's (token, choice) pairs by expert
+        rows = permute_rows(x.repeat_interleave(self.top_k, dim=1), order)  # a copy per choice, then sorted
+        experts = torch.arange(self.n_experts, device=x.device)
+        group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [batch, experts]
+        out = self._experts(rows, lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise))
+        out = permute_rows(out, order.argsort(dim=-1)).view(batch, seq, self.top_k, d_model)  # token order again
+        return (out * weights[..., None]).sum(dim=2)
+
+    def _dropping(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        capacity = int(max(math.ceil(seq * self.top_k / self.n_experts) * self.capacity_factor, self.capacity_factor))
+        routed = F.one_hot(chosen, self.n_experts).to(torch.int32)  # [batch, seq, k, experts]
+        # 1-based place of each (token, choice) in its expert's slots, in token order; 0: not routed.
+        place = (routed.reshape(batch, seq * self.top_k, -1).cumsum(dim=1).reshape(routed.shape) * routed)
+        slots = torch.arange(1, capacity + 1, device=x.device, dtype=torch.int32)
+        combine = ((place[..., None] == slots) * weights[..., None, None]).sum(dim=2)  # [batch, seq, experts, slots]
+        dispatch = (combine != 0).to(x.dtype)
+        expert_in = torch.einsum("bsm,bsec->ebcm", x, dispatch)
+
+        def matmul(h: torch.Tensor, w: torch.Tensor, rowwise: bool) -> torch.Tensor:
+            return torch.einsum("ebcm,emh->ebch", h, w.to(x.dtype))
+
+        out = self._experts(expert_in, matmul)
+        return torch.einsum("ebcm,bsec->bsm", out, combine.to(x.dtype))
+
+
+__all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad", "permute_rows"]

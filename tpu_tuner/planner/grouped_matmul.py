@@ -1,0 +1,92 @@
+"""The dropless MoE's grouped matmuls and row permutations (``tpu_tune::grouped_matmul``,
+``tpu_tune::permute_rows``, model/experts.py) as the planner compiles them. The matmuls: per device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
+(layers/moe.py at e591f30: the routed computation inside ``jax.shard_map``, the batch over the
+data-parallel axes, expert weights gathered over fsdp and split over tensor on the MLP width, the
+down projection's partial sums reduce-scattered over tensor).
+
+On a TPU the kernel is JAX's megablox grouped matmul (``jax.experimental.pallas.ops.tpu.megablox``,
+``gmm`` forward and ``tgmm`` for the weights' gradient), as MaxText's defaults (``megablox: true``,
+``sparse_matmul: true``) run it: its cost estimate counts each row against its own expert
+(2 m k n). ``jax.lax.ragged_dot`` compiles to the same kernel forward, but libtpu 0.0.42 expands
+its weight gradient (a ragged contraction) into every expert's dense product, experts x the work
+(docs/planner.md, "Mixtures of experts as run"). Elsewhere (the emulated-CPU cross-check) it is
+``jax.lax.ragged_dot``. The permutations are gathers whose gradient gathers with the inverse
+permutation, as MaxText's ``use_custom_sort_vjp`` (default true) has it: a gather's own gradient is a
+scatter-add, which the TPU compiler sorts. JAX and torchax are imported inside the function (the
+`plan` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import tpu_tuner.model.experts  # noqa: F401 - registers torch.ops.tpu_tune.grouped_matmul
+
+# MaxText's megablox tiles for the batch x sequence, embed and MLP dimensions (wi_tile_fwd_* in
+# configs/base.yml at e591f30), cut to the operands' sizes.
+TILING = (512, 1024, 1024)
+
+
+def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
+    """Compile every ``tpu_tune::grouped_matmul`` per device on `mesh` (axes data, fsdp, context,
+    tensor): megablox's kernel when `megablox` (a TPU), else ``jax.lax.ragged_dot``; and every
+    ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.megablox import ops as megablox_ops
+    from jax.sharding import PartitionSpec
+    from torchax.interop import jax_view, torch_view
+
+    batch = ("data", "fsdp")
+    tensor = mesh.shape["tensor"]
+
+    def kernel(rows: Any, weights: Any, sizes: Any) -> Any:
+        if not megablox:
+            return jax.lax.ragged_dot(rows, weights, sizes)
+        tiling = tuple(min(t, d) for t, d in zip(TILING, (rows.shape[0], rows.shape[1], weights.shape[2])))
+        return megablox_ops.gmm(rows, weights, sizes, rows.dtype, tiling)
+
+    def matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
+        x_j, w_j, sizes_j = jax_view(x), jax_view(weights), jax_view(group_sizes).astype(jnp.int32)
+        # Down projections contract the tensor-split MLP width: partial sums, reduce-scattered over
+        # tensor on d_model where it divides (MaxText's psum_scatter), else summed.
+        scatter = rowwise and tensor > 1 and w_j.shape[2] % tensor == 0
+        out_spec = PartitionSpec(batch, None, "tensor" if scatter or not rowwise else None)
+
+        def local(x: Any, w: Any, sizes: Any) -> Any:
+            # One grouped matmul per sequence this device holds (each sorted on its own).
+            y = jnp.stack([kernel(x[i], w, sizes[i]) for i in range(x.shape[0])])
+            if rowwise and tensor > 1:
+                return (jax.lax.psum_scatter(y, "tensor", scatter_dimension=2, tiled=True) if scatter
+                        else jax.lax.psum(y, "tensor"))
+            return y
+
+        specs = ((PartitionSpec(batch, None, "tensor"), PartitionSpec(None, "tensor", None)) if rowwise
+                 else (PartitionSpec(batch, None, None), PartitionSpec(None, None, "tensor")))
+        sharded = jax.shard_map(local, mesh=mesh, in_specs=(*specs, PartitionSpec(batch, None)), out_specs=out_spec,
+                                check_vma=False)
+        return torch_view(sharded(x_j, w_j, sizes_j))
+
+    @jax.custom_vjp
+    def permute(x: Any, index: Any) -> Any:
+        return jnp.take_along_axis(x, index[..., None], axis=1)
+
+    def permute_forward(x: Any, index: Any) -> tuple[Any, Any]:
+        return permute(x, index), index
+
+    def permute_backward(index: Any, grad: Any) -> tuple[Any, None]:
+        # The inverse permutation, gathered: MaxText's _sort_activations custom VJP (layers/moe.py).
+        return permute(grad, jnp.argsort(index, axis=-1)), None
+
+    permute.defvjp(permute_forward, permute_backward)
+
+    def permute_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch_view(permute(jax_view(x), jax_view(index)))
+
+    env.override_op_definition(torch.ops.tpu_tune.grouped_matmul.default, matmul)
+    env.override_op_definition(torch.ops.tpu_tune.permute_rows.default, permute_rows)
+
+
+__all__ = ["TILING", "grouped_matmuls_per_device"]
