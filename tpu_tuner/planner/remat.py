@@ -156,7 +156,8 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
             for child, role in declared.items():
                 path = f"{parent_name}.{child}" if parent_name else child
                 roles[path] = role
-                context_of = path if role == "out_proj" else context_of
+                if role == "out_proj":
+                    context_of.append(path)
             continue
         linears = [(f"{parent_name}.{n}" if parent_name else n, m) for n, m in parent.named_children()
                    if isinstance(m, nn.Linear)]
