@@ -82,8 +82,9 @@ def why_not(run: dict[str, Any]) -> str | None:
     pattern = attention_keys(run["attention_pattern"])
     if isinstance(pattern, str):
         return pattern
-    if run["experts"] and (run["capacity_factor"] <= 0 or run["shared_experts"]):
-        return "dropless (megablox) or shared-expert MoE: the planner's MoE is MaxText's dropping router"
+    if run["experts"] and "random routing" in run["moe_impl"] and run["mlp_activations"][0] == "sigmoid":
+        return ("gpt-oss's MoE (clamped SwiGLU with router and expert biases): the generic decoder has neither "
+                "the activation nor the biases")
     if run["weight_dtype"] not in ("float32", "bfloat16"):
         return f"{run['weight_dtype']} weights: the planner keeps float32 or bfloat16 master weights"
     # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
@@ -141,6 +142,15 @@ def attention_keys(pattern: str) -> dict[str, Any] | str:
     return keys
 
 
+def _router(run: dict[str, Any]) -> dict[str, Any]:
+    """The router of a run's family as MaxText's configs set it (the same matmuls whichever)."""
+    if run["model"].startswith("llama4"):
+        return {"router": "topk_sigmoid"}  # Llama 4: sigmoid of the chosen logits
+    if run["model"].startswith(("qwen3", "gemma4")):
+        return {"router": "softmax_topk", "norm_topk_prob": True}
+    return {}
+
+
 def remat_of(run: dict[str, Any]) -> tuple[str, str]:
     """The run's policy in remat.parse_remat's syntax, and its family."""
     if run["remat"] in ("full", "minimal"):
@@ -162,7 +172,15 @@ def spec_of(run: dict[str, Any]) -> str:
     pattern = attention_keys(run["attention_pattern"])
     keys |= pattern if isinstance(pattern, dict) else {}
     if run["experts"]:
-        keys |= {"experts": run["experts"], "top_k": run["top_k"], "capacity_factor": run["capacity_factor"]}
+        keys |= {"experts": run["experts"], "top_k": run["top_k"], "moe_every": max(1, run["moe_layer_interval"])}
+        # MaxText's sparse_matmul / megablox with capacity_factor -1: dropless grouped matmuls.
+        keys |= {"moe_routing": "dropless"} if run["capacity_factor"] <= 0 else {"capacity_factor": run["capacity_factor"]}
+        keys |= _router(run)
+        if run["shared_experts"]:
+            # One ungated MLP of shared_experts x its width: moe_mlp_dim, or mlp_dim for Gemma 4
+            # (maxtext_utils.get_shared_expert_mlp_dim at df1b359), a whole multiple of moe_mlp.
+            width = run["mlp"] if run["model"].startswith("gemma4") else run["moe_mlp"]
+            keys["shared_experts"] = run["shared_experts"] * width // run["moe_mlp"]
         if run["moe_mlp"] and run["moe_mlp"] != run["mlp"]:
             keys["expert_mlp"] = run["moe_mlp"]
     return "decoder:" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items())
