@@ -63,7 +63,8 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     assert "'fp8'" in why_not({**base, "quantization": "fp8"})  # MaxText's GPU fp8: no TPU program
     assert "2 slices but dcn_data x dcn_fsdp = 1" in why_not({**base, "slices": 2})
     assert why_not({**base, "slices": 2, "dcn_data": 2}) is None  # multi-slice: --slices 2, data over DCN
-    assert "dropless" in why_not({**base, "experts": 16, "capacity_factor": -1.0})
+    assert why_not({**base, "experts": 16, "top_k": 2, "capacity_factor": -1.0}) is None  # dropless
+    assert "gpt-oss's MoE" in why_not({r["id"]: r for r in load_runs()}["gpt-oss-120b-tpu7x-4x4x4"])
     assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})
 
 
