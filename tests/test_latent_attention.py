@@ -170,7 +170,7 @@ def test_the_up_projections_split_heads_over_tensor_and_carry_maxtexts_names() -
     assert placed["layers.0.attention.wq_b.weight"] == placed["layers.0.attention.wkv_b.weight"] == "colwise"
     roles, context = block_tensor_roles(model.layers[0], 64, mlp_width(model.layers[0], 64))
     assert roles == {"attention.wq_b": "query_proj", "attention.wkv_b": "key_proj", "attention.wo": "out_proj"}
-    assert context == "attention.wo"
+    assert context == ("attention.wo",)
 
 
 PLANNER = importlib.util.find_spec("torchax") is not None and importlib.util.find_spec("libtpu") is not None
