@@ -52,7 +52,32 @@ FAMILIES = {
     "qwen2_moe, dense layers": ("qwen2_moe", dict(BASE, **MOE, num_experts=4, shared_expert_intermediate_size=96,
                                                   num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[3])),
     "qwen3_moe": ("qwen3_moe", dict(BASE, **MOE, num_experts=4, head_dim=32)),
+    # Today's families (issue 36): local attention in a pattern, dropless experts, latent attention.
+    "gemma3_text, 5 local : 1 global": ("gemma3_text", dict(BASE, head_dim=32, num_hidden_layers=7, sliding_window=8)),
+    "mistral, sliding window": ("mistral", dict(BASE, sliding_window=8)),
+    "llama4_text": ("llama4_text", dict(BASE, head_dim=16, intermediate_size=32, intermediate_size_mlp=96,
+                                        num_hidden_layers=8, num_local_experts=4, num_experts_per_tok=1,
+                                        interleave_moe_layer_step=2, attention_chunk_size=8)),
+    "deepseek_v3": ("deepseek_v3", dict(BASE, num_key_value_heads=None, num_hidden_layers=4, n_routed_experts=4,
+                                        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                        moe_intermediate_size=32, q_lora_rank=32, kv_lora_rank=16,
+                                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=1,
+                                        topk_group=1)),
 }
+
+
+@pytest.mark.parametrize("case, keys", [
+    ("gemma3_text, 5 local : 1 global", dict(sliding_window=8, global_every=6)),
+    ("mistral, sliding window", dict(sliding_window=8, global_every=0)),
+    ("llama4_text", dict(attention_chunk=8, global_every=4, global_rope=False, moe_routing="dropless",
+                         router="topk_sigmoid", shared_experts=1, dense_layers=(0, 2, 4, 6), mlp=96, expert_mlp=32)),
+    ("deepseek_v3", dict(kv_lora_rank=16, q_lora_rank=32, dense_layers=(0,), shared_experts=1, router="sigmoid",
+                         moe_routing="dropless")),
+    ("qwen3_moe", dict(moe_routing="dropless", router="softmax_topk")),
+])
+def test_todays_families_map_their_attention_and_experts(case, keys) -> None:
+    shape = decoder_shape(_config(*FAMILIES[case]))
+    assert {key: getattr(shape, key) for key in keys} == keys
 
 
 def _config(model_type: str, overrides: dict):
@@ -103,7 +128,7 @@ def test_llama_3_2_1b_maps_to_its_published_parameter_count() -> None:
 
 
 @pytest.mark.parametrize("source, words", [
-    ("hf:deepseek_v3?num_hidden_layers=2,n_routed_experts=4", "multi-head latent attention is not expressible"),
+    ("hf:gpt_oss?num_hidden_layers=2", "routed experts (num_local_experts) in the gpt_oss config"),
     ("hf:olmoe?num_hidden_layers=2,num_experts=4",
      "routed experts (num_local_experts) in the olmoe config are not expressible"),
     ("hf:bert?num_hidden_layers=2",
@@ -183,12 +208,17 @@ def test_the_plan_folder_and_the_command_keep_the_config_folder_name(tmp_path) -
     assert plan_run_dir(tmp_path, "hf:llama?hidden_size=512", "v5e-16").name.startswith("llama-plan-v5e-16-")
 
 
-def test_the_plan_command_refuses_multi_head_latent_attention_with_status_2(tmp_path) -> None:
-    result = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", "hf:deepseek_v3?num_hidden_layers=2",
+def test_deepseek_v3_plans_as_the_generic_decoder_and_gpt_oss_is_refused_with_status_2(tmp_path) -> None:
+    """DeepSeek-V3 (latent attention, dense leading layers, routed and shared experts) maps onto the
+    generic decoder with transformers' parameter count; gpt-oss (experts with biases) is refused in
+    one line before any compile, leaving no folder."""
+    workload = planned_workload("hf:deepseek_v3?num_hidden_layers=2")
+    assert "the deepseek_v3 config as the generic decoder" in workload.notes[0]
+    result = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", "hf:gpt_oss?num_hidden_layers=2",
                              "--topology", "v5e-16", "--workers", "1", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "multi-head latent attention is not expressible" in result.stderr
+    assert "routed experts (num_local_experts) in the gpt_oss config" in result.stderr
     assert not any(tmp_path.iterdir())  # bad input leaves no run folder
 
 

@@ -142,6 +142,46 @@ def _qwen_moe(config: PretrainedConfig, shared: bool, **extra: Any) -> dict[str,
                        dense_layers=dense, **extra)
 
 
+def _llama4(config: PretrainedConfig) -> dict[str, Any]:
+    """Llama 4's text model: routed experts (sigmoid of the top logit) with one shared expert in the
+    layers ``moe_layers`` names, dense MLPs of ``intermediate_size_mlp`` elsewhere; chunked
+    attention on the layers with rotary positions, global attention without them (NoPE)."""
+    layers = config.num_hidden_layers
+    step = config.interleave_moe_layer_step
+    moe = set(getattr(config, "moe_layers", None) or range(step - 1, layers, step))
+    nope = [i for i, rope in enumerate(config.no_rope_layers) if not rope]
+    pattern: dict[str, Any] = {}
+    if config.attention_chunk_size and nope:
+        every = nope[0] + 1
+        if nope != list(range(every - 1, layers, every)):
+            raise NotExpressible(f"the NoPE layers {nope} are not every N-th layer: not expressible")
+        pattern = {"attention_chunk": config.attention_chunk_size, "global_every": every, "global_rope": False}
+    return _llama_like(config, mlp=config.intermediate_size_mlp, experts=config.num_local_experts,
+                       top_k=config.num_experts_per_tok, expert_mlp=config.intermediate_size, shared_experts=1,
+                       dense_layers=tuple(i for i in range(layers) if i not in moe), moe_routing="dropless",
+                       router="topk_sigmoid", **pattern)
+
+
+def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
+    """DeepSeek-V3: multi-head latent attention, ``first_k_dense_replace`` dense layers, then routed
+    experts (sigmoid scores, renormalised, times ``routed_scaling_factor``) beside shared ones.
+    Group-limited routing (``n_group``, ``topk_group``) masks scores only: no matmul changes."""
+    theta, _ = _rope(config)
+    bias = bool(getattr(config, "attention_bias", False))
+    return {"vocab": config.vocab_size, "d_model": config.hidden_size, "layers": config.num_hidden_layers,
+            "heads": config.num_attention_heads, "mlp": config.intermediate_size,
+            "activation": _activation(config.hidden_act), "max_seq_len": config.max_position_embeddings,
+            "norm_eps": config.rms_norm_eps, "rope_theta": theta, "qkv_bias": bias, "out_bias": bias,
+            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+            "experts": config.n_routed_experts, "top_k": config.num_experts_per_tok,
+            "expert_mlp": config.moe_intermediate_size, "shared_experts": config.n_shared_experts or 0,
+            "dense_layers": tuple(range(min(config.first_k_dense_replace or 0, config.num_hidden_layers))), "moe_routing": "dropless",
+            "router": "sigmoid", "norm_topk_prob": bool(config.norm_topk_prob),
+            "routed_scaling_factor": float(config.routed_scaling_factor), "q_lora_rank": config.q_lora_rank or 0,
+            "kv_lora_rank": config.kv_lora_rank, "qk_nope_head_dim": config.qk_nope_head_dim,
+            "qk_rope_head_dim": config.qk_rope_head_dim, "v_head_dim": config.v_head_dim}
+
+
 # model_type -> the decoder's shape keys, read from a config of that type.
 FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "llama": _llama_like,
@@ -156,15 +196,18 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gpt_neox": _gpt_neox,
     "mixtral": lambda c: _llama_like(c, experts=c.num_local_experts, top_k=c.num_experts_per_tok),
     "qwen2_moe": lambda c: _qwen_moe(c, shared=True, qkv_bias=bool(c.qkv_bias), out_bias=False),
-    "qwen3_moe": lambda c: _qwen_moe(c, shared=False, qk_norm=True),
+    "qwen3_moe": lambda c: _qwen_moe(c, shared=False, qk_norm=True, moe_routing="dropless", router="softmax_topk",
+                                     norm_topk_prob=bool(c.norm_topk_prob)),
+    "llama4_text": _llama4,
+    "deepseek_v3": _deepseek_v3,
 }
 
 
 def not_expressible(config: PretrainedConfig) -> str | None:
     """What a config has that no family's reading can express, in a line (None: nothing known)."""
-    if getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None):
-        return ("multi-head latent attention is not expressible (kv_lora_rank: keys and values projected through a "
-                "low-rank latent, with a value head dimension unlike the keys')")
+    if (getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None)) and config.model_type != "deepseek_v3":
+        return (f"multi-head latent attention in a {config.model_type} config is not expressible (the decoder reads "
+                "deepseek_v3's)")
     if getattr(config, "is_encoder_decoder", False):
         return "an encoder-decoder is not expressible: the generic decoder is decoder-only"
     return None
