@@ -1,4 +1,4 @@
-"""Hugging Face models (issue 27): five families at a small size on this host, through the real CLI.
+"""Hugging Face models (issues 27, 36): nine families at a small size on this host, through the real CLI.
 
 For each family, a transformers model built from a config with overrides (`hf:TYPE?...`):
 
@@ -42,6 +42,15 @@ FAMILIES = {
     "gemma2": f"hf:gemma2?{SMALL},head_dim=32",
     "mixtral": f"hf:mixtral?{SMALL},num_local_experts=4,num_experts_per_tok=2",
     "gpt2": "hf:gpt2?n_embd=128,n_layer=2,n_head=4,vocab_size=2048,n_positions=1024",
+    # Today's families (issue 36): local attention in a pattern, dropless experts, latent attention.
+    "gemma3": f"hf:gemma3_text?{SMALL},num_hidden_layers=6,head_dim=32,sliding_window=64",
+    "llama4": f"hf:llama4_text?{SMALL},num_hidden_layers=4,head_dim=32,intermediate_size_mlp=344,"
+              "num_local_experts=4,num_experts_per_tok=1,interleave_moe_layer_step=2,attention_chunk_size=64",
+    "qwen3_moe": f"hf:qwen3_moe?{SMALL},head_dim=32,num_experts=4,num_experts_per_tok=2,moe_intermediate_size=128",
+    "deepseek_v3": "hf:deepseek_v3?hidden_size=128,intermediate_size=344,moe_intermediate_size=128,num_hidden_layers=2,"
+                   "num_attention_heads=4,n_routed_experts=4,num_experts_per_tok=2,n_shared_experts=1,"
+                   "first_k_dense_replace=1,q_lora_rank=64,kv_lora_rank=32,qk_nope_head_dim=32,qk_rope_head_dim=16,"
+                   "v_head_dim=32,n_group=1,topk_group=1,vocab_size=2048,max_position_embeddings=1024",
 }
 SIZES = ("--batch-size", "4", "--seq", "128")
 

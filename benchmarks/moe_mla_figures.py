@@ -115,32 +115,10 @@ print(json.dumps(out))
 """
 
 DEEPSEEK = """
-import json, tempfile, pathlib, torch, transformers
+import json, pathlib, torch, transformers
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
-shape = '''[model]
-vocab = 129280
-d_model = 7168
-layers = 61
-heads = 128
-mlp = 18432
-dense_layers = [0, 1, 2]
-experts = 256
-expert_mlp = 2048
-top_k = 8
-shared_experts = 1
-moe_routing = "dropless"
-router = "sigmoid"
-norm_topk_prob = true
-routed_scaling_factor = 2.5
-q_lora_rank = 1536
-kv_lora_rank = 512
-qk_nope_head_dim = 128
-qk_rope_head_dim = 64
-v_head_dim = 128
-'''
-path = pathlib.Path(tempfile.mkdtemp()) / "deepseek_v3.toml"
-path.write_text(shape)
+path = pathlib.Path("examples/deepseek_v3.toml")  # the shipped shape (cwd: the checkout)
 workload = load_workload(path)
 with torch.device("meta"):
     model = workload.build_model()

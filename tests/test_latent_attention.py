@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from pathlib import Path
 import torch
 
 from tpu_tuner.core.errors import WorkloadError
@@ -24,33 +25,9 @@ from tpu_tuner.model.loader import load_workload
 
 MLA = ("decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,q_lora_rank=32,kv_lora_rank=16,qk_nope_head_dim=16,"
        "qk_rope_head_dim=8,v_head_dim=12")
-# DeepSeek-V3 as a shape: MaxText's configs/models/deepseek3-671b.yml and transformers' deepseek_v3
-# defaults (the dense first layers are the shape's dense_layers).
-DEEPSEEK_V3 = """
-[model]
-vocab = 129280
-d_model = 7168
-layers = 61
-heads = 128
-mlp = 18432
-dense_layers = [0, 1, 2]
-experts = 256
-expert_mlp = 2048
-top_k = 8
-shared_experts = 1
-moe_routing = "dropless"
-router = "sigmoid"
-norm_topk_prob = true
-routed_scaling_factor = 2.5
-q_lora_rank = 1536
-kv_lora_rank = 512
-qk_nope_head_dim = 128
-qk_rope_head_dim = 64
-v_head_dim = 128
-norm_eps = 1e-6
-rope_theta = 10000.0
-max_seq_len = 4096
-"""
+# DeepSeek-V3 as a shape: the shipped example (MaxText's configs/models/deepseek3-671b.yml and
+# transformers' deepseek_v3 defaults; the dense first layers are the shape's dense_layers).
+DEEPSEEK_V3 = (Path(__file__).resolve().parent.parent / "examples" / "deepseek_v3.toml").read_text()
 
 
 def test_latent_attention_computes_deepseeks_attention() -> None:
