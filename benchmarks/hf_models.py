@@ -46,7 +46,7 @@ FAMILIES = {
     "gemma3": f"hf:gemma3_text?{SMALL},num_hidden_layers=6,head_dim=32,sliding_window=64",
     "llama4": f"hf:llama4_text?{SMALL},num_hidden_layers=4,head_dim=32,intermediate_size_mlp=344,"
               "num_local_experts=4,num_experts_per_tok=1,interleave_moe_layer_step=2,attention_chunk_size=64",
-    "qwen3_moe": f"hf:qwen3_moe?{SMALL},head_dim=32,num_experts=4,num_experts_per_tok=2,moe_intermediate_size=128",
+    "qwen3_moe": f"hf:qwen3_moe?{SMALL},num_experts=4,num_experts_per_tok=2,moe_intermediate_size=128",
     "deepseek_v3": "hf:deepseek_v3?hidden_size=128,intermediate_size=344,moe_intermediate_size=128,num_hidden_layers=2,"
                    "num_attention_heads=4,n_routed_experts=4,num_experts_per_tok=2,n_shared_experts=1,"
                    "first_k_dense_replace=1,q_lora_rank=64,kv_lora_rank=32,qk_nope_head_dim=32,qk_rope_head_dim=16,"

@@ -246,13 +246,18 @@ def _max_positions(config: PretrainedConfig) -> int | None:
 
 def declared_dims(config: PretrainedConfig) -> dict[str, int] | None:
     """The attention shape the config declares: layers, query heads and head dimension (a
-    ``head_dim`` of its own where it has one, as Gemma and Qwen3 do; else width / heads)."""
+    ``head_dim`` of its own where it has one, as Gemma and Qwen3 do; else width / heads; latent
+    attention's query/key and value head widths)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
     width = getattr(text, "hidden_size", None)
     if not all(isinstance(v, int) and v > 0 for v in (layers, heads, width)):
         return None
+    if getattr(text, "kv_lora_rank", None) and getattr(text, "v_head_dim", None):
+        # Latent attention (DeepSeek): query/key heads of nope + rope dimensions, value heads their own.
+        return {"layers": layers, "heads": heads, "head_dim": text.qk_nope_head_dim + text.qk_rope_head_dim,
+                "value_head_dim": text.v_head_dim}
     head_dim = getattr(text, "head_dim", None)
     if not isinstance(head_dim, int) or head_dim <= 0:
         head_dim = width // heads
