@@ -110,18 +110,37 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     assert len({json.dumps(r, sort_keys=True) for r in records}) == 3
 
 
-@needs_planner
-@pytest.mark.parametrize("flags, words", [
+REFUSALS = [
     (["--topology", "v5e:2x2", "--quantization", "fp8"], "v5e has no fp8 matmul units"),
     (["--topology", "tpu7x:2x2x1", "--quantization", "int8"], "no int8 peak for tpu7x"),
     (["--topology", "v5e:2x2", "--quantization", "int4"], "--quantization takes int8 or fp8, not 'int4'"),
     (["--topology", "v5e:2x2", "--weight-dtype", "float16"], "--weight-dtype takes float32 or bfloat16"),
-])
-def test_bad_precision_is_refused_in_one_line_with_exit_2(flags: list[str], words: str) -> None:
-    result = _plan_cli(*flags, "--seq", "256", "--fast")
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
+]
+
+
+@needs_planner
+def test_bad_precision_is_refused_in_one_line_with_exit_2() -> None:
+    """Each refusal through the command's entry point, all in one interpreter (one start-up):
+    exit status 2 and a single line on stderr naming the problem."""
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from tpu_tuner.cli import main
+        results = []
+        for flags in {[flags for flags, _ in REFUSALS]!r}:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    status = main(["plan", {TINY!r}, *flags, "--seq", "256", "--fast"])
+                except SystemExit as exit:
+                    status = exit.code
+            results.append([status, err.getvalue()])
+        print(json.dumps(results))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    for (status, stderr), (_, words) in zip(json.loads(done.stdout.strip().splitlines()[-1]), REFUSALS):
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and words in lines[0], stderr[-2000:]
 
 
 # Pasted into the subprocesses' code: the operand and result types of every dot / convolution in
