@@ -29,13 +29,53 @@ import tpu_tuner.model.experts  # noqa: F401 - registers torch.ops.tpu_tune.grou
 TILING = (512, 1024, 1024)
 
 
+def _tile(size: int, preferred: int) -> int:
+    """A megablox tile for a dimension of `size`: the largest multiple of 128 up to `preferred` that
+    divides it, else the whole dimension (the kernel takes a block equal to the array's)."""
+    for tile in range(min(preferred, size) // 128 * 128, 0, -128):
+        if size % tile == 0:
+            return tile
+    return size
+
+
+def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
+    """megablox's grouped matmul with a tiling for each pass, as MaxText sets its wi/wo tiles for
+    the forward pass and both backward ones: the kernel's own gradient reuses the forward's tiling
+    for the transposed product, which no tile suits where the two widths are not multiples of a
+    common one (Gemma 4 26B: 2816 x 704)."""
+    import importlib
+
+    import jax
+
+    # The kernels' module: the package's `gmm` name is the function with the shared-tiling gradient.
+    kernels = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+
+    rows_tile = min(TILING[0], rows.shape[0])
+    embed, width = _tile(rows.shape[1], TILING[1]), _tile(weights.shape[2], TILING[2])
+
+    @jax.custom_vjp
+    def grouped(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
+        return kernels.gmm(lhs, rhs, group_sizes, lhs.dtype, (rows_tile, embed, width))
+
+    def forward(lhs: Any, rhs: Any, group_sizes: Any) -> tuple[Any, tuple[Any, Any, Any]]:
+        return grouped(lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
+
+    def backward(saved: tuple[Any, Any, Any], grad: Any) -> tuple[Any, Any, None]:
+        lhs, rhs, group_sizes = saved
+        d_lhs = kernels.gmm(grad, rhs, group_sizes, lhs.dtype, (rows_tile, width, embed), transpose_rhs=True)
+        d_rhs = kernels.tgmm(lhs.swapaxes(0, 1), grad, group_sizes, rhs.dtype, (rows_tile, embed, width))
+        return d_lhs, d_rhs, None
+
+    grouped.defvjp(forward, backward)
+    return grouped(rows, weights, sizes)
+
+
 def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     """Compile every ``tpu_tune::grouped_matmul`` per device on `mesh` (axes data, fsdp, context,
     tensor): megablox's kernel when `megablox` (a TPU), else ``jax.lax.ragged_dot``; and every
     ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental.pallas.ops.tpu.megablox import ops as megablox_ops
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
@@ -45,8 +85,7 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     def kernel(rows: Any, weights: Any, sizes: Any) -> Any:
         if not megablox:
             return jax.lax.ragged_dot(rows, weights, sizes)
-        tiling = tuple(min(t, d) for t, d in zip(TILING, (rows.shape[0], rows.shape[1], weights.shape[2])))
-        return megablox_ops.gmm(rows, weights, sizes, rows.dtype, tiling)
+        return _megablox(rows, weights, sizes)
 
     def matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
         x_j, w_j, sizes_j = jax_view(x), jax_view(weights), jax_view(group_sizes).astype(jnp.int32)
