@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from torch import nn
 
-AXES = ("data", "fsdp", "context", "tensor")  # the mesh's axes, outermost first
 # The planner's whole mesh, outermost first, in MaxText's order (base.yml's mesh_axes).
 MESH_AXES = ("data", "fsdp", "fsdp_transpose", "context", "tensor", "expert")
 # Axes a layout names after its DATAxFSDPxTENSOR[xCONTEXT] part, as NAME=SIZE (MaxText's config keys
