@@ -8,7 +8,12 @@ loop, its pruning before compile, repeats and budget; only the compile is looked
 number of compiles until the best point so far is within 1% of the exhaustive best's predicted
 tokens/s is counted. The target (issue 16): at most 30% of the candidates for TPE.
 
-    python benchmarks/plan_search.py [--workers N] [--seeds 10] [--db results/plan_search.db]
+With --slices 2 the same model plans over two v5p-256 slices joined by DCN (global batch 1024 x
+4096): 16 layouts (tensor 1/2/4/8 x data 2/4 x the slices on data or on fsdp) x 3 remat
+policies, so the search has the `dcn` axis too (issue 36: a multi-slice search needs no larger a
+share of its candidates than the single-slice one).
+
+    python benchmarks/plan_search.py [--workers N] [--seeds 10] [--db results/plan_search.db] [--slices 2]
 """
 
 from __future__ import annotations
@@ -33,13 +38,17 @@ SPACE = SearchSpace(
             "custom:decoder_layer_input=offload"),
     accumulations=(1, 2),
 )
+MULTI_SLICE_SPACE = SearchSpace(
+    tensors=(1, 2, 4, 8), datas=(2, 4), remats=("full", "save_dot_except_mlpwi", "qkv_proj_offloaded"),
+    dcns=("2x1", "1x2"),
+)
 WITHIN = 0.99
 TARGET_SHARE = 0.30
 
 
-def options(**overrides) -> PlanOptions:
-    base = dict(topology="v5p-256", preset="70b", global_batch=512, seq_len=4096, attention="causal",
-                fast_compile=True, space=SPACE)
+def options(slices: int = 1, **overrides) -> PlanOptions:
+    base = dict(topology="v5p-256", preset="70b", global_batch=512 * slices, seq_len=4096, attention="causal",
+                fast_compile=True, space=SPACE if slices == 1 else MULTI_SLICE_SPACE, slices=slices)
     return PlanOptions(**{**base, **overrides})
 
 
@@ -47,16 +56,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--db", type=Path, default=REPO / "results" / "plan_search.db")
+    parser.add_argument("--db", type=Path, default=None, help="default results/plan_search[_Nslices].db")
+    parser.add_argument("--slices", type=int, default=1, help="v5p-256 slices joined by DCN")
     args = parser.parse_args()
+    if args.db is None:
+        suffix = "" if args.slices == 1 else f"_{args.slices}slices"
+        args.db = REPO / "results" / f"plan_search{suffix}.db"
     logging.basicConfig(level=logging.WARNING)
     args.db.parent.mkdir(parents=True, exist_ok=True)
     model = REPO / "examples" / "llama.py"
     log_file = args.db.with_suffix(".compiler.log")
 
     start = time.perf_counter()
-    exhaustive = plan(model, options(sampler="exhaustive", budget=None, storage=f"sqlite:///{args.db.resolve()}",
-                                     study="plan-search-70b-v5p-256-exhaustive", log_file=log_file,
+    exhaustive = plan(model, options(args.slices, sampler="exhaustive", budget=None, storage=f"sqlite:///{args.db.resolve()}",
+                                     study="plan-search-70b-v5p-256-exhaustive" + ("" if args.slices == 1 else f"-x{args.slices}"), log_file=log_file,
                                      **({"workers": args.workers} if args.workers else {})),
                       progress=lambda m: print(f"{time.perf_counter() - start:7.0f} s  {m}", flush=True))
     wall = time.perf_counter() - start
@@ -80,7 +93,8 @@ def main() -> None:
         print(f"  {p.prediction.tokens_per_second:10,.0f} tokens/s  MFU {p.prediction.mfu:.1%}  "
               f"peak {p.compiled.peak_bytes / 2**30:5.1f} GiB  {p.point.name()}")
 
-    problem = build_problem(model, options(), parse_topology("v5p-256"), lambda m: None)
+    problem = build_problem(model, options(args.slices), parse_topology("v5p-256").with_slices(args.slices),
+                            lambda m: None)
 
     def from_table(problem_, points: list[PlanPoint], pool, emit) -> dict[PlanPoint, LayoutPlan]:
         return {point: judged(problem_, point, table[point].compiled) for point in points}
@@ -89,7 +103,7 @@ def main() -> None:
     for sampler in ("tpe", "random"):
         needed = []
         for seed in range(args.seeds):
-            result = search(problem, options(sampler=sampler, seed=seed, budget=budget), _NoPool(), lambda m: None,
+            result = search(problem, options(args.slices, sampler=sampler, seed=seed, budget=budget), _NoPool(), lambda m: None,
                             time.perf_counter(), evaluator=from_table)
             needed.append(_compiles_to_reach(result.search["trials"], table, WITHIN * best))
         reached = [n for n in needed if n is not None]
