@@ -2,8 +2,8 @@
 
 The rows are the published MaxText / tpu-recipes runs of benchmarks/published_runs.toml that the
 planner can express exactly (benchmarks/published_calibration.py builds them and says why each
-other run is left out): each run's shape, slice, mesh, remat policy, per-device batch, AdamW
-first-moment dtype and FLOPs convention. Each row is compiled for its topology at full effort;
+other run is left out): each run's shape, slice, mesh, remat policy, per-device batch, optimizer
+(AdamW or SGD), AdamW first-moment dtype and FLOPs convention. Each row is compiled for its topology at full effort;
 its compiler figures are kept per row in benchmarks/calibration_compiled.json as soon as it is
 compiled, so a rerun compiles only the rows not there yet. Then the rows the prediction needs go
 to tpu_tuner/planner/calibration_rows.json (the planner fits its constants to that file) and the
@@ -54,7 +54,8 @@ def main() -> None:
     if args.list:
         for row in rows:
             print(f"{row.id:>36} {row.topology:>12} {row.layout.short():>9} pdb {row.per_device_batch:<5g} "
-                  f"seq {row.seq:<6} {row.remat_family:>8} {row.attention:>6} MFU {row.published_mfu:.1%}")
+                  f"seq {row.seq:<6} {row.remat_family:>8} {row.attention:>6} MFU {row.published_mfu:.1%}"
+                  + (f" {row.optimizer}" if row.optimizer != "adamw" else ""))
         for run_id, reason in excluded:
             print(f"{'left out':>36}: {run_id}: {reason}")
         return
@@ -93,13 +94,13 @@ def compile_row(row: Row) -> dict | None:
     result = plan(row.spec, PlanOptions(
         topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, remat=row.remat,
         attention="causal" if row.attention == "none" else row.attention, layouts=[row.layout],
-        first_moment_dtype=row.mu_dtype, vocab_tiling=row.vocab_tiling, weight_dtype=row.weight_dtype,
+        first_moment_dtype=row.mu_dtype, optimizer=row.optimizer, vocab_tiling=row.vocab_tiling, weight_dtype=row.weight_dtype,
         quantization=row.quantization, slices=row.slices, workers=1, cost_model=CostModel()))
     (p,) = result.plans
     seconds = time.perf_counter() - start
     meta = {"id": row.id, "generation": row.generation, "topology": row.topology, "layout": row.layout.short(),
             "seq": row.seq, "per_device_batch": row.per_device_batch, "remat": row.remat,
-            "remat_family": row.remat_family, "attention": row.attention, "published_mfu": row.published_mfu,
+            "remat_family": row.remat_family, "optimizer": row.optimizer, "attention": row.attention, "published_mfu": row.published_mfu,
             "effort": "full", "seconds": round(seconds, 1)}
     if p.prediction is None:
         print(f"{row.id}: compiler refused: {p.why} ({seconds:.0f} s)", flush=True)

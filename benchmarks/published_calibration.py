@@ -3,7 +3,7 @@
 Each current (not superseded), non-quantized run whose recipe the planner can express exactly
 becomes one `Row`: the run's shape as an inline generic-decoder spec (tpu_tuner/model/decoder_shape.py),
 its slice, its mesh, its remat policy as MaxText's per-tensor choices, its per-device batch, its
-first-moment dtype and its FLOPs convention. A run the planner cannot express is left out with the
+optimizer (AdamW, or SGD), first-moment dtype and its FLOPs convention. A run the planner cannot express is left out with the
 reason (`excluded`), never approximated: the fit would otherwise learn the approximation.
 
 Sources of every row: docs/published-runs.md (MaxText, https://github.com/AI-Hypercomputer/maxtext,
@@ -32,6 +32,12 @@ ATTENTION_OF_CONVENTION = {"A0": "none", "A1": "full", "A": "causal", "B": "full
 # MaxText's quantization settings as the planner's --quantization (docs/planner.md, "Precision of
 # the step"): AQT int8, and Qwix fp8_full. Such runs' MFU is against the bf16 peak, as the plan's is.
 QUANTIZATION = {"none": None, "int8": "int8", "fp8_full": "fp8"}
+# MaxText's opt_type as the planner's --optimizer (MaxText's optimizers.py, get_optimizer). adam_pax
+# is Adam with decoupled weight decay written after Pax: the same two moments and elementwise
+# update as AdamW, so it compiles as AdamW does. The 2023 v4 runs used optax.adam: the same two fp32
+# moments, without the decay's one elementwise multiply-add per weight (no state, no memory). sgd is
+# optax.sgd without momentum: no state a parameter (tpu_tuner/planner/optimizer.py).
+OPTIMIZER_OF = {"adamw": "adamw", "adam_pax": "adamw", "adam": "adamw", "sgd": "sgd"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
 _NON_STANDARD = {"v4-384": "v4:4x4x12"}
@@ -54,7 +60,8 @@ class Row:
     remat: str  # remat.parse_remat's syntax
     remat_family: str  # full / minimal / offload / device (the custom policies by what they keep)
     attention: str  # the MFU convention: "full", "causal" or "none" (no attention term: A0)
-    mu_dtype: str
+    mu_dtype: str  # AdamW's first moment's dtype (the planner's default, unused, where the optimizer has none)
+    optimizer: str  # the planner's --optimizer (OPTIMIZER_OF)
     published_mfu: float
     vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
     slices: int  # slices joined by DCN (MaxText's num_slices)
@@ -87,12 +94,8 @@ def why_not(run: dict[str, Any]) -> str | None:
                 "the activation nor the biases")
     if run["weight_dtype"] not in ("float32", "bfloat16"):
         return f"{run['weight_dtype']} weights: the planner keeps float32 or bfloat16 master weights"
-    # MaxText's adam_pax is Adam with decoupled weight decay written after Pax: the same two moments
-    # and elementwise update as AdamW (MaxText's optimizers.py), so it compiles as AdamW does. The
-    # 2023 v4 runs used optax.adam: the same two fp32 moments, without the decay's one elementwise
-    # multiply-add per weight (no state, no memory).
-    if run["opt_type"] not in ("adamw", "adam_pax", "adam"):
-        return f"optimizer {run['opt_type']}: the planner compiles AdamW"
+    if run["opt_type"] not in OPTIMIZER_OF:
+        return f"optimizer {run['opt_type']}: the planner compiles {' or '.join(sorted(set(OPTIMIZER_OF.values())))}"
     # The 2023 v4 runs' dot-product attention is compiled as the flash kernel: issue 29 measured
     # their verdicts both ways (benchmarks/v4_2023_recipe.py, docs/planner.md "Calibration").
     if not run["attention"].startswith(("flash", "dot-product")):
@@ -204,7 +207,8 @@ def row_of(run: dict[str, Any]) -> Row:
                       run["ici_context"], fsdp_transpose=run["ici_fsdp_transpose"], expert=run["ici_expert"],
                       dcn_data=run["dcn_data"], dcn_fsdp=run["dcn_fsdp"]),
         remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
-        mu_dtype=run["mu_dtype"], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
+        mu_dtype=run["mu_dtype"] if OPTIMIZER_OF[run["opt_type"]] == "adamw" else "float32",
+        optimizer=OPTIMIZER_OF[run["opt_type"]], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
         weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]], slices=run["slices"],
         in_calibration_before=run["in_calibration"])
 
@@ -221,5 +225,5 @@ def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, s
     return rows, excluded
 
 
-__all__ = ["ATTENTION_OF_CONVENTION", "PUBLISHED", "Row", "attention_keys", "load_runs", "published_rows", "remat_of",
+__all__ = ["ATTENTION_OF_CONVENTION", "OPTIMIZER_OF", "PUBLISHED", "Row", "attention_keys", "load_runs", "published_rows", "remat_of",
            "row_of", "spec_of", "why_not"]

@@ -24,7 +24,6 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
     reasons = dict(excluded)
     assert all(r["id"] in reasons for r in runs if r["superseded_by"])
-    assert "optimizer sgd" in reasons["custom-moe-700b-v6e-256"]
     assert "per-layer input embeddings" in reasons["gemma4-e2b-tpu7x-4x4x4"]
     gemma3 = next(row for row in rows if row.id == "gemma3-12b-v6e-256-seq32k")  # 5 local : 1 global
     assert "sliding_window=1024,global_every=6" in gemma3.spec
@@ -53,6 +52,22 @@ def test_rows_carry_the_recipe_as_published() -> None:
     assert tpu7x.topology == "tpu7x:4x4x4" and tpu7x.mu_dtype == "bfloat16" and tpu7x.attention == "causal"
     assert rows["llama3.1-8b-v6e-256"].attention == "full"  # convention B: attention counted in full
     assert rows["mixtral-8x7b-v6e-256-pdb8-full"].remat == "full" and "experts=8" in rows["mixtral-8x7b-v6e-256-pdb8-full"].spec
+    assert {r.optimizer for r in rows.values() if r.id != "custom-moe-700b-v6e-256"} == {"adamw"}
+
+
+def test_the_700b_sgd_moe_is_compiled_as_published() -> None:
+    # MaxText's custom_moe_700b (benchmarks/maxtext_trillium_model_configs.py at 3662540): opt_type
+    # sgd, remat_policy custom offloading the layer input and q/k/v/out projections, dropping MoE.
+    row = {r.id: r for r in published_rows()[0]}["custom-moe-700b-v6e-256"]
+    assert row.optimizer == "sgd" and row.weight_dtype == "bfloat16"
+    assert row.remat == ("custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,"
+                         "out_proj=offload") and row.remat_family == "offload"
+    assert ("d_model=8192,layers=56,heads=128,kv_heads=8,head_dim=256,mlp=32768" in row.spec
+            and "experts=16,top_k=2,moe_every=1,capacity_factor=1.5" in row.spec)
+    assert row.layout.fsdp == 16 and row.layout.expert == 16 and row.layout.devices == 256
+    assert row.global_batch == 256 and row.seq == 8192 and row.topology == "v6e-256"
+    # Only MFU is published, in convention B (attention counted in full).
+    assert row.published_mfu == 0.381 and row.attention == "full"
 
 
 def test_runs_the_planner_cannot_express_are_refused() -> None:
@@ -65,7 +80,8 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     assert why_not({**base, "slices": 2, "dcn_data": 2}) is None  # multi-slice: --slices 2, data over DCN
     assert why_not({**base, "experts": 16, "top_k": 2, "capacity_factor": -1.0}) is None  # dropless
     assert "gpt-oss's MoE" in why_not({r["id"]: r for r in load_runs()}["gpt-oss-120b-tpu7x-4x4x4"])
-    assert why_not({**base, "opt_type": "adam_pax"}) is None and "sgd" in why_not({**base, "opt_type": "sgd"})
+    assert why_not({**base, "opt_type": "adam_pax"}) is None and why_not({**base, "opt_type": "sgd"}) is None
+    assert why_not({**base, "opt_type": "muon"}) == "optimizer muon: the planner compiles adamw or sgd"
 
 
 def test_the_noise_floor_is_the_published_reruns() -> None:

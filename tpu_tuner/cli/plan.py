@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "plan run again resumes)")
     search.add_argument("--storage", help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
     parser.add_argument("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)")
+    parser.add_argument("--optimizer", default=default("optimizer"), metavar="adamw|sgd",
+                        help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
+                             "(optax.sgd without momentum: no state); default %(default)s")
     parser.add_argument("--mu-dtype", choices=("float32", "bfloat16"),
                         help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
                              "MaxText's mu_dtype follows weight_dtype when unset)")
@@ -115,13 +118,17 @@ def _sizes(flag: str, text: str) -> tuple[int, ...]:
 
 
 def _check_precision(args: argparse.Namespace) -> None:
-    """--weight-dtype and --quantization: known values, and an 8-bit peak Google states for the
-    topology's generation (predict.QUANTIZED_PEAK_TFLOPS), before any compiler starts."""
+    """--optimizer, --weight-dtype and --quantization: known values, and an 8-bit peak Google states
+    for the topology's generation (predict.QUANTIZED_PEAK_TFLOPS), before any compiler starts."""
     from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.optimizer import check_optimizer
     from tpu_tuner.planner.predict import quantized_peak_refusal
     from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
     from tpu_tuner.planner.topology import parse_topology
 
+    check_optimizer(args.optimizer)
+    if args.optimizer == "sgd" and args.mu_dtype:
+        raise UserInputError("--mu-dtype is AdamW's first moment's storage: --optimizer sgd keeps no moments")
     if args.weight_dtype not in ("float32", "bfloat16"):
         raise UserInputError(f"--weight-dtype takes float32 or bfloat16, not {args.weight_dtype!r}")
     if args.quantization is None:
@@ -187,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     options = PlanOptions(topology=args.topology, slices=args.slices, global_batch=args.global_batch, seq_len=args.seq, preset=args.preset,
                           remat=args.remat, accumulation=args.accumulation, attention=args.attention,
                           first_moment_dtype=args.mu_dtype or args.weight_dtype, weight_dtype=args.weight_dtype,
+                          optimizer=args.optimizer,
                           quantization=args.quantization, vocab_tiling=args.vocab_tiling,
                           max_layouts=args.max_layouts, layouts=layouts, fast_compile=args.fast,
                           budget=args.budget, sampler=args.sampler, seed=args.seed, study=args.study,

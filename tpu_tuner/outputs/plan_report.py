@@ -109,7 +109,9 @@ def precision(result: PlanResult) -> str:
     weights = "bf16" if result.weight_dtype == "bfloat16" else "fp32"
     matmuls = (f"the decoder blocks' matmuls run in {result.quantization} (forward and backward; the logits matmul "
                f"in bf16), at the {result.quantization} peak" if result.quantization else "bf16 matmuls")
-    return f"{weights} master weights, {matmuls}; MFU against the bf16 peak (MaxText's convention)"
+    # AdamW, the default, goes unsaid: earlier reports read as they did.
+    optimizer = ", SGD without momentum (no optimizer state)" if result.optimizer == "sgd" else ""
+    return f"{weights} master weights, {matmuls}{optimizer}; MFU against the bf16 peak (MaxText's convention)"
 
 
 def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PLAN_DIR") -> str:

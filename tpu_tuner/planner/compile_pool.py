@@ -58,6 +58,7 @@ class CompileJob:
     quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
     vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
     slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
+    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
 
 
 def default_workers() -> int:
@@ -72,7 +73,8 @@ def run_job(job: CompileJob) -> CompiledStep:
                         topology_devices(job.topology, job.slices), job.global_batch, job.seq_len, job.d_model,
                         remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
                         first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options,
-                        weight_dtype=job.weight_dtype, quantization=job.quantization, vocab_tiling=job.vocab_tiling)
+                        weight_dtype=job.weight_dtype, quantization=job.quantization, vocab_tiling=job.vocab_tiling,
+                        optimizer=job.optimizer)
 
 
 class CompilePool:

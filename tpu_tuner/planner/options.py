@@ -28,6 +28,7 @@ class PlanOptions:
     remat: str = "full"  # a policy as remat.parse_remat reads it: "full", "save_qkv_proj", "custom:...", ...
     accumulation: int = 1  # micro-batches a step (gradient accumulation)
     first_moment_dtype: str = "float32"  # AdamW's first moment: "float32" or "bfloat16" (MaxText's mu_dtype)
+    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (no state a parameter; optimizer.py)
     # The step's precision (docs/planner.md, "Precision of the step"): the master weights' storage
     # (MaxText's weight_dtype; its mu_dtype follows it when unset: the CLI does that, here it is
     # first_moment_dtype) and the blocks' matmuls: None (bf16), "int8" or "fp8" (MaxText's

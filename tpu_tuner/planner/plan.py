@@ -14,6 +14,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.evaluate import evaluate, judged
+from tpu_tuner.planner.optimizer import state_bytes_per_parameter
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.compiled_step import CompiledStep
@@ -51,7 +52,7 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
                                                  slices=problem.topology.slices)
         candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm,
                                            2 if problem.first_moment_dtype == "bfloat16" else 4,
-                                           2 if problem.weight_dtype == "bfloat16" else 4)
+                                           2 if problem.weight_dtype == "bfloat16" else 4, problem.optimizer)
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
@@ -79,16 +80,20 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
 
 
 def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
-                 first_moment_bytes: int = 4, weight_bytes: int = 4) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """Drop, without compiling, layouts whose weights and two AdamW moments alone (the weight and
-    second moment in `weight_bytes` each, plus the first moment's, split over fsdp x context x tensor, replicated over data)
+                 first_moment_bytes: int = 4, weight_bytes: int = 4,
+                 optimizer: str = "adamw") -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Drop, without compiling, layouts whose weights and optimizer state alone (the weight in
+    `weight_bytes`; AdamW's second moment in `weight_bytes` and first in `first_moment_bytes`, SGD
+    none; split over fsdp x context x tensor, replicated over data)
     exceed a device's HBM: a lower bound on the compiler's argument bytes, so nothing that could
     fit is dropped."""
     keep, drop = [], []
+    per_parameter = weight_bytes + state_bytes_per_parameter(optimizer, first_moment_bytes, weight_bytes)
+    state = "AdamW moments" if optimizer == "adamw" else "optimizer state"
     for layout in layouts:
-        need = (2 * weight_bytes + first_moment_bytes) * n_params / layout.parameter_shards
+        need = per_parameter * n_params / layout.parameter_shards
         if need > hbm:
-            reason = (f"the weights + AdamW moments alone need {need / 2**30:.0f} GiB per device "
+            reason = (f"the weights + {state} alone need {need / 2**30:.0f} GiB per device "
                       f"(> {hbm / 2**30:.0f} GiB HBM)")
             drop.append((layout, reason))
         else:

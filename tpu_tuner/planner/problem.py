@@ -21,6 +21,7 @@ from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
+from tpu_tuner.planner.optimizer import check_optimizer
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
@@ -50,6 +51,7 @@ class PlanProblem:
     cost_model: CostModel
     placements: dict[str, str]
     first_moment_dtype: str = "float32"
+    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
     weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None = None  # the blocks' linear layers: None (bf16), "int8" or "fp8"
     quantized_parameters: int = 0  # the weights of the blocks' linear layers (what --quantization quantizes)
@@ -80,13 +82,13 @@ class PlanProblem:
                           self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
                           scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
                           weight_dtype=self.weight_dtype, quantization=self.quantization,
-                          vocab_tiling=self.vocab_tiling, slices=self.topology.slices)
+                          vocab_tiling=self.vocab_tiling, slices=self.topology.slices, optimizer=self.optimizer)
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
         return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
                                   first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
                                   weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
-                                  saved_inputs=self.dims.saved_block_inputs)
+                                  saved_inputs=self.dims.saved_block_inputs, optimizer=self.optimizer)
 
     def quantized_share(self) -> float:
         """The share of the step's FLOPs that --quantization runs in 8 bits: the blocks' linear
@@ -130,6 +132,7 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     for policy in (options.remat, *options.remats):
         parse_remat(policy)  # a bad policy is bad input, before any compile
+    check_optimizer(options.optimizer, "the optimizer")
     if options.first_moment_dtype not in ("float32", "bfloat16"):
         raise UserInputError(f"the first moment's dtype is float32 or bfloat16, not {options.first_moment_dtype!r}")
     with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
@@ -173,7 +176,7 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
         attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
-        first_moment_dtype=options.first_moment_dtype, vocab_tiling=options.vocab_tiling,
+        first_moment_dtype=options.first_moment_dtype, optimizer=options.optimizer, vocab_tiling=options.vocab_tiling,
         weight_dtype=options.weight_dtype, quantization=options.quantization,
         quantized_parameters=sum(m.weight.numel() for block in every_block for m in block.modules()
                                  if isinstance(m, nn.Linear)),

@@ -5,7 +5,7 @@ torch module's forward into a JAX function. Parameters are never materialised: t
 built on the ``meta`` device and enters the compiler as `jax.ShapeDtypeStruct`s with their
 `NamedSharding`, so a 70B model plans on a laptop. The step is MaxText's: fp32 master weights
 cast to bf16 for compute, cross-entropy, backward, AdamW (fp32 moments, or MaxText's mu_dtype
-bf16 first moment), with activation
+bf16 first moment) or SGD without momentum (optimizer.py), with activation
 sharding constraints on the residual stream and optional rematerialisation per block.
 
 Depth is handled as MaxText does it (``scan_layers``): the repeated blocks run as one
@@ -39,6 +39,7 @@ from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
+from tpu_tuner.planner.optimizer import apply_update, initial_state
 from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
 from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
 from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
@@ -84,20 +85,22 @@ def compile_step(
     weight_dtype: str = "float32",
     quantization: str | None = None,
     vocab_tiling: int = 1,
+    optimizer: str = "adamw",
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
     `remat` is a policy as `remat.parse_remat` reads it. With `scan` the blocks run as one
     `jax.lax.scan` over stacked weights (see the module docstring); otherwise they are unrolled.
     With `accumulation` > 1 the global batch runs as that many micro-batches in a loop that
-    accumulates fp32 gradients, AdamW once after it (MaxText's gradient_accumulation_steps).
+    accumulates fp32 gradients, the optimizer once after it (MaxText's gradient_accumulation_steps).
     `first_moment_dtype` is AdamW's first moment's storage (MaxText's mu_dtype);
     `compiler_options` are added to the TPU compile's options (a recipe's XLA flags).
     `weight_dtype` is the master weights' storage (MaxText's weight_dtype: with bfloat16 the
     gradients and AdamW's second moment are bf16 too); `quantization` ("int8", "fp8") compiles the
     blocks' linear layers as 8-bit matmuls (quantized_matmul.py). With `vocab_tiling` > 1 the loss
     computes the output head's logits that many slices of the sequence at a time (MaxText's
-    num_vocab_tiling; the model needs a `hidden` method: the generic decoder).
+    num_vocab_tiling; the model needs a `hidden` method: the generic decoder). `optimizer` is
+    MaxText's opt_type, "adamw" or "sgd" (optimizer.py: SGD keeps no state).
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
@@ -250,22 +253,14 @@ def compile_step(
         (total, summed), _ = jax.lax.scan(micro_step, (jnp.zeros((), jnp.float32), zeros), (inputs, targets))
         return total / accumulation, jax.tree.map(lambda g: g / accumulation, summed)
 
-    def train_step(weights: Any, moments: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
+    def train_step(weights: Any, state: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         loss, grads = gradients(weights, buffer_values, inputs, targets)
-        first, second = moments
-        first = jax.tree.map(lambda m, g: (0.9 * m + 0.1 * g).astype(m.dtype), first, grads)
-        second = jax.tree.map(lambda v, g: (0.95 * v + 0.05 * g * g).astype(v.dtype), second, grads)
-        # AdamW with its epsilon inside the square root (optax's eps_root): a reciprocal square
-        # root instead of a square root and a divide, whose code is long: the same FLOPs, bytes and
-        # memory, and less compile time (docs/planner.md, "Speed").
-        weights = jax.tree.map(lambda w, m, v: (w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w)).astype(w.dtype),
-                               weights, first, second)
-        return weights, (first, second), loss
+        weights, state = apply_update(optimizer, weights, state, grads)
+        return weights, state, loss
 
     start = time.perf_counter()
-    first_moments = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.dtype(first_moment_dtype), sharding=p.sharding),
-                                 params)
-    lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, (first_moments, params), buffers, tokens, tokens)
+    state = initial_state(optimizer, params, first_moment_dtype)
+    lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, state, buffers, tokens, tokens)
     on_tpu = np.asarray(devices).flat[0].platform == "tpu"
     try:
         options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}

@@ -63,6 +63,7 @@ class PlanResult:
     source: str | None = None  # the model file (or shape) as given
     weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
+    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
 
     @property
     def best(self) -> LayoutPlan | None:
@@ -134,6 +135,7 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         source=problem.source,
         weight_dtype=problem.weight_dtype,
         quantization=problem.quantization,
+        optimizer=problem.optimizer,
     )
 
 

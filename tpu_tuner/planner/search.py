@@ -166,7 +166,7 @@ class PlanTrials(Feature):
         bound = problem.lower_bound(point)
         if bound.total > problem.hbm:
             _tell_ruled_out(trial, LOWER_BOUND, (bound.total - problem.hbm) / 2**30,
-                            f"at least {bound.total / 2**30:.1f} GiB per device (weights and moments "
+                            f"at least {bound.total / 2**30:.1f} GiB per device (weights and optimizer state "
                             f"{bound.weights_and_moments / 2**30:.1f}, accumulated gradients "
                             f"{bound.accumulated_gradients / 2**30:.1f}, block inputs {bound.block_inputs / 2**30:.1f}) "
                             f"> {problem.hbm / 2**30:.2f} GiB HBM")
@@ -242,6 +242,7 @@ def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
             "first_moment_dtype": problem.first_moment_dtype,
             # The step's precision, named only where it is not the default: earlier plans' records stay as they were.
             **({"weight_dtype": problem.weight_dtype} if problem.weight_dtype != "float32" else {}),
+            **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
             **({"quantization": problem.quantization} if problem.quantization else {}),
             **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
             "space": space.describe()}

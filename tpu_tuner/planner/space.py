@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_tuner.model.layouts import Layout, ModelShape, why_not
+from tpu_tuner.planner.optimizer import state_bytes_per_parameter
 from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
 
 # The policies a search tries by default: MaxText's named ones that differ in what they keep, and
@@ -128,7 +129,7 @@ def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_bat
 class MemoryBound:
     """A lower bound on a point's HBM per device, from sizes the compiler cannot shrink."""
 
-    weights_and_moments: float  # the weights and AdamW's moments, split over the parameter shards
+    weights_and_moments: float  # the weights and the optimizer's state (AdamW's moments), split over the parameter shards
     accumulated_gradients: float  # the fp32 gradient sum across micro-batches
     block_inputs: float  # every block's input (bf16), kept for the backward pass on the device
 
@@ -139,7 +140,7 @@ class MemoryBound:
 
 def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelShape, global_batch: int,
                        seq_len: int, first_moment_bytes: int = 4, weight_bytes: int = 4,
-                       saved_inputs: int | None = None) -> MemoryBound:
+                       saved_inputs: int | None = None, optimizer: str = "adamw") -> MemoryBound:
     """What no compile of `point` can need less of, per device.
 
     Only matrix parameters count (1-D ones are replicated; leaving them out keeps it a lower
@@ -149,8 +150,10 @@ def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelSha
     layer pattern keeps one a repeat: structure.Dims.saved_block_inputs). The planner checks this bound against every compile it
     makes (a bound above a compiled peak is logged as an error in the bound)."""
     layout = point.layout
-    # The weights and AdamW's second moment in the weights' dtype (MaxText's weight_dtype), the first in its own.
-    weights = (2.0 * weight_bytes + first_moment_bytes) * matrix_parameters / layout.parameter_shards
+    # The weights and AdamW's second moment in the weights' dtype (MaxText's weight_dtype), the first in its own;
+    # SGD keeps no state (optimizer.py).
+    per_parameter = weight_bytes + state_bytes_per_parameter(optimizer, first_moment_bytes, weight_bytes)
+    weights = float(per_parameter) * matrix_parameters / layout.parameter_shards
     accumulated = 4.0 * matrix_parameters / layout.parameter_shards if point.accumulation > 1 else 0.0
     inputs = 0.0
     if parse_remat(point.remat).action(BLOCK_INPUT) != "offload":
