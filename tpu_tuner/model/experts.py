@@ -161,7 +161,8 @@ class MixtureOfExperts(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, chosen experts), each [batch, seq, top_k], by the shape's router."""
         logits = self.router(x)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 for bf16, fp64 kept (gradcheck)
+        # fp32 for bf16, fp64 kept (gradcheck); a dtype test, not torch.promote_types, which torchax cannot lower.
+        logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
         if self.router_kind == "sigmoid":
             scores = torch.sigmoid(logits)
             chosen = (scores + self.score_bias.float()).topk(self.top_k, dim=-1).indices
