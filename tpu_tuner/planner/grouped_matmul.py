@@ -31,11 +31,15 @@ TILING = (512, 1024, 1024)
 
 def _tile(size: int, preferred: int) -> int:
     """A megablox tile for a dimension of `size`: the largest multiple of 128 up to `preferred` that
-    divides it, else the whole dimension (the kernel takes a block equal to the array's)."""
+    divides it; else the whole dimension where it is no wider than `preferred` (the kernel takes a
+    block equal to the array's), or `preferred` itself, the last tile partial (gmm and tgmm mask an
+    irregular last tile of the embed and MLP dimensions; MaxText passes its 1024-wide tiles to
+    megablox uncut). gpt-oss's 2880 has no 128-multiple divisor: whole, its 2880 x 2880 weight
+    block (16.6 MB, double-buffered) overflows the 32 MiB of scoped VMEM the compiler allows."""
     for tile in range(min(preferred, size) // 128 * 128, 0, -128):
         if size % tile == 0:
             return tile
-    return size
+    return size if size <= preferred else preferred
 
 
 def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
