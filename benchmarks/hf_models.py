@@ -1,4 +1,4 @@
-"""Hugging Face models (issues 27, 36): nine families at a small size on this host, through the real CLI.
+"""Hugging Face models (issues 27, 36): ten families at a small size on this host, through the real CLI.
 
 For each family, a transformers model built from a config with overrides (`hf:TYPE?...`):
 
