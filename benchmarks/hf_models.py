@@ -1,4 +1,4 @@
-"""Hugging Face models (issues 27, 36): nine families at a small size on this host, through the real CLI.
+"""Hugging Face models (issues 27, 36): ten families at a small size on this host, through the real CLI.
 
 For each family, a transformers model built from a config with overrides (`hf:TYPE?...`):
 
@@ -51,6 +51,8 @@ FAMILIES = {
                    "num_attention_heads=4,n_routed_experts=4,num_experts_per_tok=2,n_shared_experts=1,"
                    "first_k_dense_replace=1,q_lora_rank=64,kv_lora_rank=32,qk_nope_head_dim=32,qk_rope_head_dim=16,"
                    "v_head_dim=32,n_group=1,topk_group=1,vocab_size=2048,max_position_embeddings=1024",
+    # gpt-oss: biased router and experts, clamped SwiGLU, sinks, window 64 alternating with global layers.
+    "gpt_oss": f"hf:gpt_oss?{SMALL},head_dim=32,num_local_experts=4,num_experts_per_tok=2,sliding_window=64",
 }
 SIZES = ("--batch-size", "4", "--seq", "128")
 

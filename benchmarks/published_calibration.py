@@ -89,9 +89,6 @@ def why_not(run: dict[str, Any]) -> str | None:
     pattern = attention_keys(run["attention_pattern"])
     if isinstance(pattern, str):
         return pattern
-    if run["experts"] and "random routing" in run["moe_impl"] and run["mlp_activations"][0] == "sigmoid":
-        return ("gpt-oss's MoE (clamped SwiGLU with router and expert biases): the generic decoder has neither "
-                "the activation nor the biases")
     if run["weight_dtype"] not in ("float32", "bfloat16"):
         return f"{run['weight_dtype']} weights: the planner keeps float32 or bfloat16 master weights"
     if run["opt_type"] not in OPTIMIZER_OF:
@@ -101,9 +98,25 @@ def why_not(run: dict[str, Any]) -> str | None:
     if not run["attention"].startswith(("flash", "dot-product")):
         return f"attention {run['attention']!r}: not one the planner compiles"
     activations = run["mlp_activations"]
+    if activations == ["sigmoid", "linear"] and _is_gpt_oss(run):
+        return None  # MaxText's gpt_oss block reads these as its clamped SwiGLU (_gpt_oss_keys)
     if activations[0] not in ("silu", "gelu", "relu") or activations[1:] not in ([], ["linear"]):
         return f"MLP activations {activations}: not the generic decoder's"
     return None
+
+
+def _is_gpt_oss(run: dict[str, Any]) -> bool:
+    return run["model"].startswith("gpt-oss")
+
+
+def _gpt_oss_keys(run: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss's MoE as MaxText runs it (configs/models/gpt-oss-120b.yml and layers/moe.py at
+    998b3e3): mlp_activations ["sigmoid", "linear"] in the gpt_oss decoder block are its clamped
+    SwiGLU (limit mlp_activations_limit 7.0, alpha 1.702: the shape's defaults), routed_bias a bias
+    on the router, mlp_bias biases on every expert's projections. The recipes' random routing
+    (use_random_routing) changes which experts a token meets, not a matmul's size: the dropless
+    grouped matmuls cost the same rows either way."""
+    return {"activation": "clamped_swiglu", "router_bias": True, "expert_bias": True} if _is_gpt_oss(run) else {}
 
 
 _LOCAL = re.compile(r"(\d+) local \(window (\d+)\) : 1 global")
@@ -178,7 +191,7 @@ def spec_of(run: dict[str, Any]) -> str:
         keys |= {"experts": run["experts"], "top_k": run["top_k"], "moe_every": max(1, run["moe_layer_interval"])}
         # MaxText's sparse_matmul / megablox with capacity_factor -1: dropless grouped matmuls.
         keys |= {"moe_routing": "dropless"} if run["capacity_factor"] <= 0 else {"capacity_factor": run["capacity_factor"]}
-        keys |= _router(run)
+        keys |= _router(run) | _gpt_oss_keys(run)
         if run["shared_experts"]:
             # One ungated MLP of shared_experts x its width: moe_mlp_dim, or mlp_dim for Gemma 4
             # (maxtext_utils.get_shared_expert_mlp_dim at df1b359), a whole multiple of moe_mlp.

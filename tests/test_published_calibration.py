@@ -52,6 +52,20 @@ def test_rows_carry_the_recipe_as_published() -> None:
     assert tpu7x.topology == "tpu7x:4x4x4" and tpu7x.mu_dtype == "bfloat16" and tpu7x.attention == "causal"
     assert rows["llama3.1-8b-v6e-256"].attention == "full"  # convention B: attention counted in full
     assert rows["mixtral-8x7b-v6e-256-pdb8-full"].remat == "full" and "experts=8" in rows["mixtral-8x7b-v6e-256-pdb8-full"].spec
+    # gpt-oss-120b on TPU7x (MaxText's gpt-oss-120b.yml at 998b3e3 and the recipe's flags): 128 experts
+    # top 4, dropless, biased router and experts, clamped SwiGLU, window 128 / global with sinks and
+    # q/k/v/o biases, float32 weights, data 2 x fsdp 64, the layer input and mlpwo offloaded.
+    gpt_oss = rows["gpt-oss-120b-tpu7x-4x4x4"]
+    shape, _, _ = read_shape(gpt_oss.spec)
+    assert (shape.experts, shape.top_k, shape.moe_routing, shape.router, shape.activation) == (
+        128, 4, "dropless", "topk_softmax", "clamped_swiglu")
+    assert shape.router_bias and shape.expert_bias and shape.attention_sinks and shape.qkv_bias and shape.out_bias
+    assert (shape.sliding_window, shape.global_every, shape.d_model, shape.layers, shape.vocab) == (128, 2, 2880, 36,
+                                                                                                    201088)
+    assert (gpt_oss.weight_dtype, gpt_oss.topology, gpt_oss.global_batch) == ("float32", "tpu7x:4x4x4", 1280)
+    assert (gpt_oss.layout.data, gpt_oss.layout.fsdp, gpt_oss.layout.tensor) == (2, 64, 1)
+    assert gpt_oss.remat == "custom:decoder_layer_input=offload,mlpwo=offload" and gpt_oss.attention == "causal"
+    assert rows["gpt-oss-120b-tpu7x-4x8x8"].layout.data == 8
     assert {r.optimizer for r in rows.values() if r.id != "custom-moe-700b-v6e-256"} == {"adamw"}
 
 
@@ -79,8 +93,11 @@ def test_runs_the_planner_cannot_express_are_refused() -> None:
     assert "2 slices but dcn_data x dcn_fsdp = 1" in why_not({**base, "slices": 2})
     assert why_not({**base, "slices": 2, "dcn_data": 2}) is None  # multi-slice: --slices 2, data over DCN
     assert why_not({**base, "experts": 16, "top_k": 2, "capacity_factor": -1.0}) is None  # dropless
-    assert "gpt-oss's MoE" in why_not({r["id"]: r for r in load_runs()}["gpt-oss-120b-tpu7x-4x4x4"])
-    assert why_not({**base, "opt_type": "adam_pax"}) is None and why_not({**base, "opt_type": "sgd"}) is None
+    gpt_oss = {r["id"]: r for r in load_runs()}["gpt-oss-120b-tpu7x-4x4x4"]
+    assert why_not(gpt_oss) is None  # its clamped SwiGLU and biased router and experts are shape keys
+    # ["sigmoid", "linear"] is the clamped SwiGLU of MaxText's gpt_oss block only: elsewhere a plain sigmoid GLU.
+    assert "MLP activations ['sigmoid', 'linear']" in why_not({**base, "mlp_activations": ["sigmoid", "linear"]})
+    assert why_not({**base, "opt_type": "sgd"}) is None
     assert why_not({**base, "opt_type": "muon"}) == "optimizer muon: the planner compiles adamw or sgd"
 
 

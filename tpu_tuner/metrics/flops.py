@@ -190,7 +190,9 @@ def matmul_parameters(model: nn.Module) -> int:
     tables of ``nn.Embedding`` modules that no ``nn.Linear`` shares: a lookup does no FLOPs,
     while an output head tied to the embedding does a full matmul. Biases and norm scales
     (1-D) do no matmul FLOPs and are left out, so for a transformer the formula matches the
-    counted FLOPs exactly. A mixture of experts counts the experts a token uses (see below).
+    counted FLOPs exactly; so are stacked expert biases ([experts, width]: gpt-oss's, named
+    ``*bias`` in the generic decoder and in transformers), known by their name, as MaxText's
+    count leaves biases out. A mixture of experts counts the experts a token uses (see below).
     """
     # A mixture of experts (a module with `n_experts` and `top_k`) runs top_k of its n_experts
     # experts a token: its stacked expert weights count that share (MaxText's MoE convention).
@@ -205,8 +207,8 @@ def matmul_parameters(model: nn.Module) -> int:
     }
     seen: set[int] = set()
     total = 0
-    for parameter in model.parameters():  # parameters() already skips tied duplicates
-        if id(parameter) in seen or id(parameter) in lookup_tables or parameter.dim() < 2:
+    for name, parameter in model.named_parameters():  # named_parameters() already skips tied duplicates
+        if id(parameter) in seen or id(parameter) in lookup_tables or parameter.dim() < 2 or name.endswith("bias"):
             continue
         seen.add(id(parameter))
         total += round(parameter.numel() * active_share.get(id(parameter), 1.0))

@@ -54,6 +54,12 @@ unused), ``router`` (topk_softmax, softmax_topk, sigmoid, topk_sigmoid) with ``n
 ``routed_scaling_factor``, ``shared_experts`` (ungated always-on experts of width expert_mlp), and
 multi-head latent attention when ``kv_lora_rank`` > 0, with ``q_lora_rank``, ``qk_nope_head_dim``,
 ``qk_rope_head_dim`` and ``v_head_dim``.
+
+gpt-oss's MoE (MaxText's layers/moe.py at 998b3e3, transformers' modeling_gpt_oss.py), off by
+default: ``router_bias`` (a bias on the router's logits), ``expert_bias`` (biases on every routed
+expert's gate, up and down projections, [experts, width] each) and ``activation = "clamped_swiglu"``
+(gate clipped above at ``swiglu_limit``, up clipped to +-``swiglu_limit``, out = (up + 1) x gate x
+sigmoid(``swiglu_alpha`` x gate); 1.702 and 7.0 by default, as gpt-oss has them).
 """
 
 from __future__ import annotations
@@ -67,7 +73,8 @@ from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.core.key_values import parse_key_values
 
 INLINE_PREFIX = "decoder:"
-ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu")  # gelu_tanh: GELU's tanh approximation (GPT-2, Gemma)
+ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu", "clamped_swiglu")  # gelu_tanh: GELU's tanh approximation
+# (GPT-2, Gemma); clamped_swiglu: gpt-oss's gate (gated MLPs only: it reads the gate and the up projection)
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
 MOE_ROUTINGS = ("dropping", "dropless")
@@ -128,6 +135,11 @@ class DecoderShape:
     qk_nope_head_dim: int = 0  # each query/key head's dimensions without rotary positions
     qk_rope_head_dim: int = 0  # ... and with them (one rotary key shared by every head)
     v_head_dim: int = 0  # each value head's width
+    # gpt-oss's MoE (the module docstring; checked by _check_gpt_oss_keys).
+    router_bias: bool = False  # a bias on the router's logits
+    expert_bias: bool = False  # biases on each routed expert's gate, up and down projections
+    swiglu_alpha: float = 1.702  # clamped_swiglu: out = (up + 1) x gate x sigmoid(alpha x gate)
+    swiglu_limit: float = 7.0  # clamped_swiglu: gate clipped above at it, up to [-limit, limit]
 
     def __post_init__(self) -> None:
         # A TOML array arrives as a list; the shape stays hashable.
@@ -227,6 +239,17 @@ class DecoderShape:
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
         self.check_experts_and_latent(where)
+        self._check_gpt_oss_keys(where)
+
+    def _check_gpt_oss_keys(self, where: str | Path) -> None:
+        if (self.router_bias or self.expert_bias) and not self.experts:
+            raise WorkloadError("router_bias and expert_bias need routed experts: give experts", where)
+        if self.activation == "clamped_swiglu" and not self.gated:
+            raise WorkloadError("activation clamped_swiglu reads a gate and an up projection: it needs gated = true",
+                                where)
+        if self.swiglu_alpha <= 0 or self.swiglu_limit <= 0:
+            raise WorkloadError(f"swiglu_alpha and swiglu_limit must be above 0, not {self.swiglu_alpha} and "
+                                f"{self.swiglu_limit}", where)
 
     def check_experts_and_latent(self, where: str | Path) -> None:
         """The routing, shared-expert and latent-attention keys (a one-line WorkloadError naming `where`)."""

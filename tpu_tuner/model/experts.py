@@ -20,6 +20,16 @@ selection bias, top k, renormalised with `norm_topk_prob`, times `routed_scaling
 here its output: the same matmuls). DeepSeek-V3's group-limited routing (``n_group`` /
 ``topk_group``) only masks router scores before the top-k, a [tokens, experts] elementwise step:
 it changes no matmul and no buffer the compiler sizes, so it is not modelled.
+
+gpt-oss (``router_bias``, ``expert_bias``, ``activation = "clamped_swiglu"``): the router's logits
+carry a bias, and each projection's output its expert's bias, [experts, width], added after the
+grouped matmul to each sorted row by the expert the row was sorted to, as MaxText's sparse_matmul
+does (layers/moe.py at 998b3e3: ``transform_bias`` gathers ``bias[experts_index]``, then
+``layer_w0 + w0_bias``). The gather is ``F.embedding`` of the sorted expert ids: its gradient is the
+biases' own (a scatter-add of the rows' gradients by expert), outside the grouped-matmul op, whose
+gradients stay the weights' and the rows'; the planner compiles it as its embedding lookup, whose
+ids it declares sorted (here they are). Biases do no matmul FLOPs (metrics/flops.py leaves every
+parameter named ``*bias`` out of N).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpu_tuner.model.decoder_shape import DecoderShape
-from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward
+from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward, gated_activation
 
 
 @torch.library.custom_op("tpu_tune::grouped_matmul", mutates_args=())
@@ -129,12 +139,18 @@ class MixtureOfExperts(nn.Module):
         self.n_experts, self.top_k, self.capacity_factor = s.experts, s.top_k, s.capacity_factor
         self.dropless, self.router_kind = s.moe_routing == "dropless", s.router
         self.normalise, self.scaling = s.norm_topk_prob, s.routed_scaling_factor
-        self.activation = ACTIVATIONS[s.activation]
-        self.router = nn.Linear(s.d_model, s.experts, bias=False)
+        self.activation = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
+        self.router = nn.Linear(s.d_model, s.experts, bias=s.router_bias)
         scale, width = s.d_model ** -0.5, s.expert_mlp or s.mlp
         self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale) if s.gated else None
         self.w_up = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale)
         self.w_down = nn.Parameter(torch.randn(s.experts, width, s.d_model) * width ** -0.5)
+        # gpt-oss's expert biases, zero at first (MaxText's default_bias_init); named *_bias, which
+        # the model-FLOPs count leaves out as it does every bias.
+        with_bias = s.expert_bias
+        self.gate_bias = nn.Parameter(torch.zeros(s.experts, width)) if with_bias and s.gated else None
+        self.up_bias = nn.Parameter(torch.zeros(s.experts, width)) if with_bias else None
+        self.down_bias = nn.Parameter(torch.zeros(s.experts, s.d_model)) if with_bias else None
         # DeepSeek-V3's load-balancing bias (e_score_correction_bias): it picks experts, never weighs them.
         self.register_buffer("score_bias", torch.zeros(s.experts) if s.router == "sigmoid" else None)
         self.shared = FeedForward(s, s.shared_expert_mlp) if s.shared_expert_mlp else None
@@ -144,7 +160,9 @@ class MixtureOfExperts(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, chosen experts), each [batch, seq, top_k], by the shape's router."""
-        logits = self.router(x).float()
+        logits = self.router(x)
+        # fp32 for bf16, fp64 kept (gradcheck); a dtype test, not torch.promote_types, which torchax cannot lower.
+        logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
         if self.router_kind == "sigmoid":
             scores = torch.sigmoid(logits)
             chosen = (scores + self.score_bias.float()).topk(self.top_k, dim=-1).indices
@@ -167,15 +185,21 @@ class MixtureOfExperts(nn.Module):
             out = out + torch.sigmoid(F.linear(x, self.shared_gate.to(x.dtype))) * self.shared(x)
         return out
 
-    def _experts(self, rows: torch.Tensor, matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
-                 ) -> torch.Tensor:
-        """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights, rowwise)`."""
-        hidden = matmul(rows, self.w_up, False)
+    def _experts(self, rows: torch.Tensor, matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor],
+                 bias_of_rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights,
+        rowwise)`, plus its bias where the experts have them, `bias_of_rows(bias)` being each
+        row's expert's bias in the rows' layout."""
+        def project(h: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None, rowwise: bool) -> torch.Tensor:
+            out = matmul(h, weights, rowwise)
+            return out if bias is None else out + bias_of_rows(bias)
+
+        hidden = project(rows, self.w_up, self.up_bias, False)
         if self.w_gate is not None:
-            hidden = self.activation(matmul(rows, self.w_gate, False)) * hidden
+            hidden = self.activation(project(rows, self.w_gate, self.gate_bias, False), hidden)
         else:
             hidden = self.activation(hidden)
-        return matmul(hidden, self.w_down, True)
+        return project(hidden, self.w_down, self.down_bias, True)
 
     def _dropless(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
@@ -184,7 +208,9 @@ class MixtureOfExperts(nn.Module):
         rows = permute_rows(x.repeat_interleave(self.top_k, dim=1), order)  # a copy per choice, then sorted
         experts = torch.arange(self.n_experts, device=x.device)
         group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [batch, experts]
-        out = self._experts(rows, lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise))
+        sorted_experts = flat.gather(-1, order)  # [batch, rows]: each sorted row's expert
+        out = self._experts(rows, lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise),
+                            lambda bias: F.embedding(sorted_experts, bias.to(x.dtype)))
         out = permute_rows(out, order.argsort(dim=-1)).view(batch, seq, self.top_k, d_model)  # token order again
         return (out * weights[..., None]).sum(dim=2)
 
@@ -202,7 +228,7 @@ class MixtureOfExperts(nn.Module):
         def matmul(h: torch.Tensor, w: torch.Tensor, rowwise: bool) -> torch.Tensor:
             return torch.einsum("ebcm,emh->ebch", h, w.to(x.dtype))
 
-        out = self._experts(expert_in, matmul)
+        out = self._experts(expert_in, matmul, lambda bias: bias.to(x.dtype)[:, None, None, :])  # [experts, 1, 1, n]
         return torch.einsum("ebcm,bsec->bsm", out, combine.to(x.dtype))
 
 

@@ -19,6 +19,9 @@ Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positio
 - ``mixtral``: routed experts (top-k of ``num_local_experts``) with a router; ``qwen2_moe``: experts
   of ``moe_intermediate_size``, a shared expert behind a sigmoid gate, dense layers where
   ``decoder_sparse_step`` / ``mlp_only_layers`` say; ``qwen3_moe``: experts with qk-norm.
+- ``gpt_oss``: dropless experts (top-k of ``num_local_experts``, each ``intermediate_size`` wide)
+  whose router and gate / up / down projections carry biases, the clamped SwiGLU (``swiglu_alpha``,
+  ``swiglu_limit``), attention biases and sinks, sliding-window layers alternating with global ones.
 
 Sliding-window attention is read from ``sliding_window`` and ``layer_types`` (every layer local, as
 in Mistral v0.1, or every N-th layer global: Gemma 2 and 3); an irregular pattern is not
@@ -162,6 +165,18 @@ def _llama4(config: PretrainedConfig) -> dict[str, Any]:
                        router="topk_sigmoid", **pattern)
 
 
+def _gpt_oss(config: PretrainedConfig) -> dict[str, Any]:
+    """gpt-oss (transformers' modeling_gpt_oss.py): every layer's MLP is routed experts, the top
+    ``num_experts_per_tok`` logits softmaxed, their fused gate_up projection ([experts, d, 2 x width],
+    gate and up interleaved) the same parameters as separate gate and up ones; biases on the
+    router, the experts and every attention projection (``attention_bias``); a learned sink per
+    head in every layer; yarn rope scaling changes no matmul and is left out."""
+    shape = _llama_like(config, experts=config.num_local_experts, top_k=config.num_experts_per_tok,
+                        moe_routing="dropless", router_bias=True, expert_bias=True, attention_sinks=True,
+                        swiglu_alpha=float(config.swiglu_alpha), swiglu_limit=float(config.swiglu_limit))
+    return {**shape, "activation": "clamped_swiglu"}  # the config's hidden_act ("silu") names no gate of its own
+
+
 def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
     """DeepSeek-V3: multi-head latent attention, ``first_k_dense_replace`` dense layers, then routed
     experts (sigmoid scores, renormalised, times ``routed_scaling_factor``) beside shared ones.
@@ -200,6 +215,7 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
                                      norm_topk_prob=bool(c.norm_topk_prob)),
     "llama4_text": _llama4,
     "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss,
 }
 
 

@@ -5,6 +5,7 @@ decoder that chooses among them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -14,6 +15,28 @@ from torch import nn
 from tpu_tuner.model.decoder_shape import DecoderShape
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu}
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's gated activation: the gate clipped above at `limit`, the up projection to
+    [-limit, limit], then (up + 1) x gate x sigmoid(alpha x gate) (transformers'
+    GptOssExperts._apply_gate; MaxText's RoutedMoE.apply_ffn_activation for the gpt_oss block)."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def gated_activation(s: DecoderShape) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """How a gated MLP of shape `s` joins its gate and up projections: activation(gate) x up, or
+    gpt-oss's clamped SwiGLU. Elementwise either way: no matmul FLOPs."""
+    if s.activation == "clamped_swiglu":
+        return partial(clamped_swiglu, alpha=s.swiglu_alpha, limit=s.swiglu_limit)
+    return partial(_gate_times_up, activation=ACTIVATIONS[s.activation])  # a partial pickles, a lambda not
+
+
+def _gate_times_up(gate: torch.Tensor, up: torch.Tensor,
+                   activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return activation(gate) * up
 
 
 class RMSNorm(nn.Module):
@@ -43,15 +66,16 @@ class FeedForward(nn.Module):
     def __init__(self, s: DecoderShape, width: int | None = None) -> None:
         super().__init__()
         width = width or s.mlp
-        self.activation = ACTIVATIONS[s.activation]
+        # clamped_swiglu is gated only (DecoderShape.check): a plain MLP has one of ACTIVATIONS.
+        self.activation = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
         self.w_gate = nn.Linear(s.d_model, width, bias=s.mlp_bias) if s.gated else None
         self.w_up = nn.Linear(s.d_model, width, bias=s.mlp_bias)
         self.w_down = nn.Linear(width, s.d_model, bias=s.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w_gate is not None:
-            return self.w_down(self.activation(self.w_gate(x)) * self.w_up(x))
+            return self.w_down(self.activation(self.w_gate(x), self.w_up(x)))
         return self.w_down(self.activation(self.w_up(x)))
 
 
-__all__ = ["ACTIVATIONS", "FeedForward", "RMSNorm", "rotate"]
+__all__ = ["ACTIVATIONS", "FeedForward", "RMSNorm", "clamped_swiglu", "gated_activation", "rotate"]

@@ -4,9 +4,9 @@ Three routes, decided from the config alone, so that the plan's process and ever
 process (each loads the workload from the source text) take the same one:
 
 1. **The generic decoder**, for the families model/hf_decoder.py maps (Llama, Mistral, Qwen2/3,
-   Gemma 1-3, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2/3-MoE), when its parameter count equals that
-   of the transformers model built from the same config on the meta device (a fraction of a
-   second, no memory): the program is then the one `tpu-tune plan shape.toml` compiles.
+   Gemma 1-3, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2/3-MoE, Llama 4, DeepSeek-V3, gpt-oss), when
+   its parameter count equals that of the transformers model built from the same config on the
+   meta device (a fraction of a second, no memory): the program is then the one `tpu-tune plan shape.toml` compiles.
 2. **The transformers module traced through torchax** otherwise (a family not mapped, or a
    config of a mapped one whose count differs): the causal LM itself, its attention routed to the
    planner's sharded flash attention (`step_parts.sharded_attention`) through an attention
@@ -98,8 +98,8 @@ def untraceable(config: PretrainedConfig) -> str | None:
                if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0]
     if experts:
         return (f"routed experts ({experts[0]}) in the {config.model_type} config are not expressible: the generic "
-                "decoder maps Mixtral's, Qwen2-MoE's and Qwen3-MoE's, and transformers' expert loop has "
-                "data-dependent shapes the TPU compiler cannot trace")
+                "decoder maps Mixtral's, Qwen2/3-MoE's, Llama 4's, DeepSeek-V3's and gpt-oss's, and transformers' "
+                "expert loop has data-dependent shapes the TPU compiler cannot trace")
     return None
 
 
