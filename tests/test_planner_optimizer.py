@@ -3,9 +3,7 @@ the memory bound and in the compiled step, and the one-line refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,27 +15,15 @@ from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.optimizer import check_optimizer, state_bytes_per_parameter
 from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
 
-needs_planner = pytest.mark.skipif(
-    importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
-    reason="the planner extra is not installed: pip install -e '.[plan]'",
-)
-TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
-# Its matrix weights: embedding + head (256 x 128 each) and, in each of 2 blocks, q/k/v/o
-# (128 x 128) and gate/up/down (128 x 256).
-TINY_MATRIX_PARAMETERS = 2 * 256 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256)
+from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
-
-def _env() -> dict[str, str]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
 def _last_json(code: str) -> object:
     """Planner code in a fresh interpreter (torchax stays out of pytest's process, as in
     test_planner_compile.py); its last line of output is JSON."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=900, env=_env())
+                          timeout=900, env=planner_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -4,9 +4,7 @@ the one-line refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,20 +17,8 @@ from tpu_tuner.planner.predict import QUANTIZED_PEAK_TFLOPS, CostModel, predict,
 from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import parse_topology
 
-needs_planner = pytest.mark.skipif(
-    importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
-    reason="the planner extra is not installed: pip install -e '.[plan]'",
-)
-TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
-# The tiny decoder's matrix weights: embedding + head (256 x 128 each) and, in each of 2 blocks,
-# q/k/v/o (128 x 128) and gate/up/down (128 x 256).
-TINY_MATRIX_PARAMETERS = 2 * 256 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256)
+from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
-
-def _env() -> dict[str, str]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
 def _run_python(code: str, timeout: int = 900) -> dict:
@@ -40,14 +26,14 @@ def _run_python(code: str, timeout: int = 900) -> dict:
     test_planner_compile.py), with `dots` pasted in for __DOTS__; its last line of output is JSON."""
     code = textwrap.dedent(code).replace("__DOTS__", _DOTS)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=timeout, env=_env())
+                            timeout=timeout, env=planner_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", TINY, *args], capture_output=True,
-                          text=True, timeout=300, env=_env())
+                          text=True, timeout=300, env=planner_env())
 
 
 def test_8bit_peaks_are_googles_and_other_generations_are_refused() -> None:
@@ -136,7 +122,7 @@ def test_bad_precision_is_refused_in_one_line_with_exit_2() -> None:
             results.append([status, err.getvalue()])
         print(json.dumps(results))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=planner_env())
     assert done.returncode == 0, done.stderr[-2000:]
     for (status, stderr), (_, words) in zip(json.loads(done.stdout.strip().splitlines()[-1]), REFUSALS):
         lines = [line for line in stderr.splitlines() if line.strip()]
