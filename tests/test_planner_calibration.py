@@ -40,25 +40,14 @@ def test_leave_one_out_predicts_each_row_without_it() -> None:
     assert sum(abs(e) for e in leave_one_out(ROWS, "global")) > sum(abs(e) for e in loo)
 
 
-# Published runs whose compiled step does not fit where the run did: a known miss of the planner,
-# kept in the calibration (its MFU is still a measurement) and named here until it is understood.
-WRONG_FIT_VERDICTS = {
-    # bf16 master weights, 2 x 8192 tokens a chip on 32 chips: the compiler's peak 33.82 GiB against
-    # 31.25 (docs/planner.md, "Precision of the step"); the recipe's XLA flags are not compiled.
-    "llama3.1-70b-v6e-32",
-}
-
-
 def test_the_shipped_calibration_meets_the_issue_targets() -> None:
     """Issue 29's targets on the shipped rows (benchmarks/plan_calibration.py compiled them), the
     leave-one-out error at the figure issue 36's rows measure:
-    at least 20 published runs, each fitting in HBM as it did (but the named misses, which must
-    still miss: one that fits now leaves the list); the adopted model's leave-one-out error at
+    at least 20 published runs, each fitting in HBM as it did; the adopted model's leave-one-out error at
     most 3 MFU points; at least 90% of the rows inside the band they would have been printed with
     (made from the other rows alone)."""
     rows = load_rows()
-    fitting = {r.id for r in rows if r.fits and r.peak_bytes <= r.hbm_bytes}
-    assert len(rows) >= 20 and fitting == {r.id for r in rows} - WRONG_FIT_VERDICTS
+    assert len(rows) >= 20 and all(r.fits for r in rows), [r.id for r in rows if not r.fits]
     model = calibrated_cost_model()
     # Issue 36's target is 3 points; the 31 rows measure 3.37 (docs/planner.md, "Calibration"): the
     # multi-slice Gemma 3 runs, whose published MFU falls with each doubling of slices by more than

@@ -98,3 +98,29 @@ def test_v4_is_planned_as_megacore() -> None:
     assert v4.chips == 64 and v4.devices == 64 and v4.megacore and "megacore" in v4.describe()
     assert v4.hbm_bytes_per_device == 32 * 2**30
     assert not parse_topology("v5p-128").megacore
+
+
+class _OffloadingPool:
+    """A full-effort compile the compiler accepted, its allocation 1.08 x the limit, `host` bytes offloaded."""
+
+    workers = 1
+
+    def __init__(self, host: float) -> None:
+        self.host = host
+
+    def compile(self, jobs, done=None):
+        iteration = LoopIteration(1e9, 1e6, [], loops=2)
+        step = CompiledStep(2e9, 2e6, 0.5 * HBM, 0.0, 0.58 * HBM, 0.0, [], 1.0, loop_iteration=iteration,
+                            host_temp_bytes=self.host)
+        return {job: step for job in jobs}
+
+
+@pytest.mark.parametrize("host, fits", [(2 * HBM, True), (0.0, False)])
+def test_an_offloading_program_the_compiler_accepts_fits_though_its_allocation_is_over(host: float, fits: bool) -> None:
+    """The TPU compiler refuses an offloading program over its HBM limit and its allocation
+    overstates (70B on v6e-32: 33.8 of 31.25 GiB allocated, accepted; refused at 3 sequences a
+    device), so its acceptance decides; a program that offloads nothing is still judged by its peak."""
+    (plan,) = evaluate(_problem(fast=False), [POINT], _OffloadingPool(host), lambda message: None).values()
+    assert plan.compiled.peak_bytes > HBM and plan.fits is fits and plan.over_limit_accepted is fits
+    assert hbm_status(plan) == ("fits (the compiler accepted its allocation over the limit)" if fits else "DOES NOT FIT")
+    assert plan.margin_bytes == (0.0 if fits else HBM - plan.compiled.peak_bytes)

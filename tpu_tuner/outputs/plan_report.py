@@ -21,7 +21,8 @@ def hbm_status(p: LayoutPlan) -> str:
         out_of_memory = any(word in p.compiled.error for word in ("RESOURCE_EXHAUSTED", "memory", "HBM"))
         effort = f" ({p.fit_effort})" if out_of_memory and p.fit_effort != "full" else ""
         return ("DOES NOT FIT" + effort) if out_of_memory else "COMPILER FAILED"
-    status = f"fits, margin {binary_bytes(p.margin_bytes)}" if p.fits else "DOES NOT FIT"
+    status = ("DOES NOT FIT" if not p.fits else "fits (the compiler accepted its allocation over the limit)"
+              if p.over_limit_accepted else f"fits, margin {binary_bytes(p.margin_bytes)}")
     return status + (f" ({p.fit_effort})" if p.fit_effort != "full" else "")
 
 

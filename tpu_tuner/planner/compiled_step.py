@@ -55,6 +55,14 @@ class CompiledStep:
             return self.compiler_peak_bytes
         return self.allocated_bytes
 
+    def fits_in(self, hbm: float) -> bool:
+        """Whether the program fits `hbm` bytes a device: its peak within the limit, or, for a
+        program that keeps buffers in host memory, the compiler's acceptance. The compiler refuses
+        such a program over its HBM limit and its allocation overstates what it holds (docs/planner.md,
+        "What fits": 70B on v6e-32 allocates 33.8 of 31.25 GiB and is accepted; at 3 sequences a
+        device it is refused)."""
+        return self.error is None and (self.peak_bytes <= hbm or self.host_temp_bytes > 0)
+
 
 def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None,
                         accumulation: int = 1) -> CompiledStep:

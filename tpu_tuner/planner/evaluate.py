@@ -135,13 +135,16 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     if bound > full.peak_bytes * 1.001:
         log.error("%s: the memory lower bound (%.2f GiB) is above the compiled peak (%.2f GiB): the bound is wrong "
                   "and may have ruled out points that fit", point.name(), bound / 2**30, full.peak_bytes / 2**30)
-    fits = full.peak_bytes <= hbm
+    fits = full.fits_in(hbm)
+    over_but_accepted = fits and full.peak_bytes > hbm  # an offloading program: its allocation overstates
     why = (
         (f"the compiler's peak {full.compiler_peak_bytes / 2**30:.1f} GiB of live buffers; allocated: " if full.compiler_peak_bytes else "")
         + f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
         f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
         f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.2f} GiB HBM limit"
         + (f"; {full.host_temp_bytes / 2**30:.1f} GiB offloaded to host memory" if full.host_temp_bytes else "")
+        + ("; the allocation is over the limit, but the compiler, which refuses an offloading program over "
+           "its HBM limit, accepted it" if over_but_accepted else "")
         + ("; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
            if full.loop_peeled else "")
     )
@@ -150,8 +153,10 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
                          problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
                          problem.hardware_flops(point.remat) / devices, problem.seq_len,
                          problem.quantization, problem.quantized_share())
-    return LayoutPlan(point.layout, full, fits, hbm - full.peak_bytes, why, prediction, point.remat,
-                      point.accumulation, batch, bound)
+    # The margin of an accepted program over its allocation is not known: 0, at the limit.
+    margin = 0.0 if over_but_accepted else hbm - full.peak_bytes
+    return LayoutPlan(point.layout, full, fits, margin, why, prediction, point.remat,
+                      point.accumulation, batch, bound, over_limit_accepted=over_but_accepted)
 
 
 __all__ = ["evaluate", "judged"]

@@ -34,6 +34,9 @@ class LayoutPlan:
     band: ErrorBand | None = None  # how far this point's predicted MFU may be off (band.py)
     fit_effort: str = "full"  # which compile decided "fits": "full", "fast", or full effort after a near-limit fast one
     per_chip_batch: float = 0.0  # sequences per chip: per-device batch x devices per chip (TPU7x 2, megacore v4 1)
+    # An offloading program whose HBM allocation is over the limit and which the compiler accepted
+    # (CompiledStep.fits_in): it fits, with an unknown margin (margin_bytes 0).
+    over_limit_accepted: bool = False
 
     @property
     def point(self) -> PlanPoint:
