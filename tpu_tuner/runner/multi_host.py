@@ -9,7 +9,7 @@ on one host. Every other job (loading the file, the baseline profile) runs in th
 worker only.
 
 A host that stops answering during a job (its agent killed, its host down) fails that job naming
-the host, as a trial failure of kind "interrupted" (`LOST_HOST`: the setting measured nothing and
+the host, as a trial failure of kind INTERRUPTED (`LOST_HOST`: the setting measured nothing and
 is measured again, `tuning/trials.py`); the other hosts' ranks are stopped. Then, with
 ``--max-restarts`` left, the hosts meet again before the next job (waiting for the lost one to be
 started again); without, the run stops with `HostsError` before the next trial is asked
@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.host_jobs import HostOutcome, announce, gather, run_here
 from tpu_tuner.runner.hosts import HostGroup, HostsError, HostsMissing
@@ -32,12 +33,12 @@ from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
 
-# The failure kind of a job a lost host cut short: `studies.records.INTERRUPTED`, the kind of a
-# trial an interrupted run left behind (it covers no setting and teaches the study nothing).
-LOST_HOST = "interrupted"
+# The failure kind of a job a lost host cut short: the kind of a trial an interrupted run left
+# behind (it covers no setting and teaches the study nothing).
+LOST_HOST = FailureKind.INTERRUPTED
 # Which failure to report when several hosts' ranks failed without an account of their own: a
 # signal before an error exit before a hang.
-_PRIORITY = {"crash": 0, "oom": 0, "error": 1, "timeout": 2}
+_PRIORITY = {FailureKind.CRASH: 0, FailureKind.OOM: 0, FailureKind.ERROR: 1, FailureKind.TIMEOUT: 2}
 
 
 class MultiHostTrialRunner(RankedTrialRunner):
@@ -143,19 +144,19 @@ class MultiHostTrialRunner(RankedTrialRunner):
                         if not _lost_peer(str(account.get("message", ""))))
         if causes:
             outcome, account = accounts[causes[0]]
-            return TrialFailure(str(account.get("kind", "error")),
+            return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
                                 f"rank {causes[0]} (node {outcome.node}, {outcome.host}): {account.get('message', '')}")
-        failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != "aborted"),
-                        key=lambda o: (_PRIORITY.get(o.kind or "error", 1), o.node))
+        failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
+                        key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node))
         if failed:
             first = failed[0]
-            if first.failed_rank in accounts and first.kind == "error":
+            if first.failed_rank in accounts and first.kind == FailureKind.ERROR:
                 account = accounts[first.failed_rank][1]
-                return TrialFailure(str(account.get("kind", "error")),
+                return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
                                     f"rank {first.failed_rank} (node {first.node}, {first.host}): {account.get('message', '')}")
-            return TrialFailure(first.kind or "error", f"{first.failure} (node {first.node}, {first.host})")
+            return TrialFailure(first.kind or FailureKind.ERROR, f"{first.failure} (node {first.node}, {first.host})")
         stopped = next(o for o in outcomes.values() if not o.ok)
-        return TrialFailure("error", f"{stopped.failure} (node {stopped.node}, {stopped.host})")
+        return TrialFailure(FailureKind.ERROR, f"{stopped.failure} (node {stopped.node}, {stopped.host})")
 
 
 __all__ = ["LOST_HOST", "MultiHostTrialRunner"]

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
@@ -124,10 +125,12 @@ def _failure(outcome: Any, job_file: Path, failure_path: Callable[[Path, int], P
         except (OSError, ValueError):
             continue
     causes = [rank for rank, account in accounts.items() if not _lost_peer(str(account.get("message", "")))]
-    rank = causes[0] if causes else outcome.failed_rank if outcome.failed_rank in accounts and outcome.kind == "error" else None
+    error = FailureKind.ERROR
+    rank = causes[0] if causes else outcome.failed_rank if outcome.failed_rank in accounts and outcome.kind == error else None
     if rank is not None:
-        return TrialFailure(str(accounts[rank].get("kind", "error")), f"rank {rank}: {accounts[rank].get('message', '')}")
-    return TrialFailure(outcome.kind or "error", outcome.failure or "the ranks failed")
+        account = accounts[rank]
+        return TrialFailure(FailureKind(account.get("kind", error)), f"rank {rank}: {account.get('message', '')}")
+    return TrialFailure(outcome.kind or error, outcome.failure or "the ranks failed")
 
 
 def _lost_peer(message: str) -> bool:
