@@ -1,6 +1,6 @@
 """The failure vocabulary (`core/failures.py`): the kinds keep the strings stored before, one
 classifier reads a death's exit status or signal and an exception's text, and a trial worker's
-failures come out in those kinds."""
+failures, a rank's and a host's come out in those kinds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 from tpu_tuner.core.failures import FailureKind, classify, describe_end
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner import trial_runner
+from tpu_tuner.runner.host_jobs import HostOutcome
+from tpu_tuner.runner.multi_host import host_cause
 from tpu_tuner.runner.trial_runner import TrialRunner
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -92,3 +94,35 @@ def test_a_trial_workers_failures_come_out_in_the_vocabulary(runner: TrialRunner
     result = runner.run(job, timeout_s=timeout_s)  # type: ignore[arg-type]  # the echo worker's jobs are tuples
     assert result.failure is not None and result.failure.kind is kind
     assert result.failure.message.startswith(message)
+
+
+def _host(node: int, kind: FailureKind | None, failure: str = "", failed_rank: int | None = None,
+          accounts: dict[int, dict[str, str]] | None = None) -> HostOutcome:
+    return HostOutcome(node, "ab"[node], ok=kind is None, kind=kind, failure=failure or None, failed_rank=failed_rank,
+                       accounts=accounts or {})
+
+
+PEER = {"kind": "error", "message": "RuntimeError: Connection closed by peer"}
+
+
+@pytest.mark.parametrize("outcomes, kind, message", [
+    # A rank's own account of its error beats its peers' echoes and the launcher's account.
+    ([_host(0, FailureKind.ERROR, "rank 0 exited with status 1", 0, {0: PEER}),
+      _host(1, FailureKind.ERROR, "rank 2 exited with status 1", 2, {2: {"kind": "oom", "message": "out of memory"}})],
+     FailureKind.OOM, "rank 2 (node 1, b): out of memory"),
+    # No account: a signal before a hang, named with its host.
+    ([_host(0, FailureKind.TIMEOUT, "no rank finished within 8 s (a hang)"),
+      _host(1, FailureKind.CRASH, "rank 3 died from SIGSEGV", 3)], FailureKind.CRASH,
+     "rank 3 died from SIGSEGV (node 1, b)"),
+    # Only echoes: the account of the rank the launcher saw exit with an error.
+    ([_host(0, FailureKind.ABORTED, "the ranks of b failed"),
+      _host(1, FailureKind.ERROR, "rank 3 exited with status 1", 3, {3: PEER})], FailureKind.ERROR,
+     "rank 3 (node 1, b): RuntimeError: Connection closed by peer"),
+    # Every host's ranks were stopped from outside: an error naming what stopped them.
+    ([_host(0, None), _host(1, FailureKind.ABORTED, "the driver went away")], FailureKind.ERROR,
+     "the driver went away (node 1, b)"),
+])
+def test_the_cause_of_a_failed_job_over_hosts_is_decided_once(outcomes: list[HostOutcome], kind: FailureKind,
+                                                              message: str) -> None:
+    failure = host_cause({outcome.node: outcome for outcome in outcomes})
+    assert (failure.kind, failure.message) == (kind, message)

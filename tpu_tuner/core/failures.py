@@ -25,17 +25,15 @@ class FailureKind(StrEnum):
     LOST = "lost"  # its worker went away with it: nobody was left to record a kind
 
 
-# The kinds a measurement in a worker ends in; a trial that ran its steps got past them all.
-WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)
+WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
 
 
 def classify(exit_code: int | None = None, message: str = "", *, died: bool = False,
              exit_is_error: bool = False) -> FailureKind:
-    """The kind of a failure other than a deadline's (TIMEOUT, which the caller that kills knows).
-    A process that ended (`died`, or an `exit_code`; negative: the signal): SIGKILL is the kernel's
-    OOM killer, since tpu-tune only kills at a deadline; another signal, or an exit without a
-    reply, a crash (`exit_is_error`: it exits with a status when its job raises, as a rank does).
-    Else `message`, an exception's text: an allocation that failed, or an error."""
+    """The kind of a failure but a deadline's (TIMEOUT). A process that ended (`died`, or an `exit_code`;
+    negative: the signal): SIGKILL is the kernel's OOM killer (tpu-tune kills only at a deadline),
+    else a crash, or an error where it exits with a status when its job raises (`exit_is_error`, a
+    rank). Else `message`, an exception's text: an allocation that failed, or an error."""
     if died or exit_code is not None:
         if exit_code is not None and exit_code < 0:
             return FailureKind.OOM if -exit_code == signal.SIGKILL else FailureKind.CRASH
@@ -45,8 +43,7 @@ def classify(exit_code: int | None = None, message: str = "", *, died: bool = Fa
 
 
 def describe_end(exit_code: int | None) -> str:
-    """How a process ended, in every failure message's words: "died from SIGSEGV", "died from
-    SIGKILL (the kernel's OOM killer)", "exited with status 3" (None: it never exited)."""
+    """How a process ended, in every failure message's words: "died from SIGSEGV", "exited with status 3"."""
     if exit_code is None or exit_code >= 0:
         return "did not exit, and was killed" if exit_code is None else f"exited with status {exit_code}"
     name = {sig.value: sig.name for sig in signal.Signals}.get(-exit_code, f"signal {-exit_code}")

@@ -26,7 +26,7 @@ from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.host_jobs import HostOutcome, announce, gather, run_here
 from tpu_tuner.runner.hosts import HostGroup, HostsError, HostsMissing
-from tpu_tuner.runner.ranked_runner import RankedTrialRunner, _lost_peer
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, rank_account
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.runner.worker_log import WorkerLog
@@ -90,7 +90,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
         if all(outcome.ok for outcome in outcomes.values()):
             ran = tuple(self.group.host(node).describe() for node in sorted(outcomes))
             return JobResult(value=value, seconds=seconds, hosts=ran)
-        failure = self._cause(outcomes)
+        failure = host_cause(outcomes)
         note = self.log.failure_note(quote=False, since=since)  # the driver's ranks' log; each host keeps its own
         return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds, note=note)
 
@@ -134,29 +134,18 @@ class MultiHostTrialRunner(RankedTrialRunner):
         return (f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
                 "is lost or measured again)")
 
-    def _cause(self, outcomes: dict[int, HostOutcome]) -> TrialFailure:
-        """Why the ranks failed, over every host: a rank's own account of an error that is not
-        only a lost peer, else the launcher's account of the host whose ranks failed first in
-        kind (a signal, an exit, a hang), else what stopped them."""
-        accounts = {rank: (outcome, account) for outcome in outcomes.values()
-                    for rank, account in outcome.accounts.items()}
-        causes = sorted(rank for rank, (_, account) in accounts.items()
-                        if not _lost_peer(str(account.get("message", ""))))
-        if causes:
-            outcome, account = accounts[causes[0]]
-            return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
-                                f"rank {causes[0]} (node {outcome.node}, {outcome.host}): {account.get('message', '')}")
-        failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
-                        key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node))
-        if failed:
-            first = failed[0]
-            if first.failed_rank in accounts and first.kind == FailureKind.ERROR:
-                account = accounts[first.failed_rank][1]
-                return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
-                                    f"rank {first.failed_rank} (node {first.node}, {first.host}): {account.get('message', '')}")
-            return TrialFailure(first.kind or FailureKind.ERROR, f"{first.failure} (node {first.node}, {first.host})")
-        stopped = next(o for o in outcomes.values() if not o.ok)
-        return TrialFailure(FailureKind.ERROR, f"{stopped.failure} (node {stopped.node}, {stopped.host})")
+
+def host_cause(outcomes: dict[int, HostOutcome]) -> TrialFailure:
+    """Why the ranks failed, over every host: a rank's own account (`rank_account`), else the
+    launcher's on the host whose ranks failed first in kind (a signal, an exit, a hang), else what stopped them."""
+    accounts = {rank: account for o in outcomes.values() for rank, account in o.accounts.items()}
+    hosts = {rank: f" (node {o.node}, {o.host})" for o in outcomes.values() for rank in o.accounts}
+    failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
+                    key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node))
+    first = failed[0] if failed else next(o for o in outcomes.values() if not o.ok)
+    kind = (first.kind or FailureKind.ERROR) if failed else FailureKind.ERROR
+    return (rank_account(accounts, first.failed_rank if failed else None, kind, hosts.__getitem__)
+            or TrialFailure(kind, f"{first.failure} (node {first.node}, {first.host})"))
 
 
-__all__ = ["LOST_HOST", "MultiHostTrialRunner"]
+__all__ = ["LOST_HOST", "MultiHostTrialRunner", "host_cause"]
