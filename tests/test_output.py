@@ -201,7 +201,7 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
     assert "STACK DUMP" in log_file.read_text()
     captured = capfd.readouterr()
     assert "STACK DUMP" not in captured.err + captured.out
-    (warning,) = [r.getMessage() for r in caplog.records if "compile worker died" in r.getMessage()]
+    (warning,) = [r.getMessage() for r in caplog.records if "compile worker for" in r.getMessage()]
     assert "SIGFPE" in warning and str(log_file) in warning
 
 

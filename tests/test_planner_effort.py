@@ -14,7 +14,7 @@ from tpu_tuner.model.structure import read_dims
 from tpu_tuner.outputs.plan_report import hbm_status
 from tpu_tuner.planner.compile_pool import topology_config
 from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.evaluate import evaluate, near_limit
+from tpu_tuner.planner.evaluate import evaluate, judged, near_limit
 from tpu_tuner.planner.loop_costs import LoopIteration
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.problem import PlanProblem
@@ -23,15 +23,24 @@ from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HBM = 8 * 2**30
+# libtpu's refusals as the compile pool keeps them (the exception's first line): out of HBM, out
+# of a kernel's scoped VMEM (benchmarks/calibration_compiled.json), and faults that are no verdict
+# on memory though their text names it: a compiler process SIGKILLed, and a RET_CHECK in the form
+# of libtpu 0.0.42's (docs/planner.md), put in XLA's memory-space-assignment pass.
+HBM_OOM = ("XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+           "space hbm. Used 96.71G of 95.74G hbm. Exceeded hbm capacity by 993.28M.")
+VMEM_OOM = "XlaRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:"
+RET_CHECK = ("XlaRuntimeError: INTERNAL: RET_CHECK failure (xla/service/memory_space_assignment/"
+             "memory_space_assignment.cc:1375) allocation->memory_space() == MemorySpace::kDefault HBM buffer")
 
 
 class _TwoEffortPool:
-    """The fast compile says `fast` of the limit, the full-effort one `full` (None: refused)."""
+    """The fast compile says `fast` of the limit, the full-effort one `full` (None: refused with `refusal`)."""
 
     workers = 1
 
-    def __init__(self, fast: float, full: float | None) -> None:
-        self.fast, self.full, self.jobs = fast, full, []
+    def __init__(self, fast: float, full: float | None, refusal: str = HBM_OOM) -> None:
+        self.fast, self.full, self.refusal, self.jobs = fast, full, refusal, []
 
     def compile(self, jobs, done=None):
         out = {}
@@ -40,8 +49,7 @@ class _TwoEffortPool:
             share = self.fast if job.fast else self.full
             iteration = LoopIteration(1e9, 1e6, [], loops=2)
             if share is None:
-                step = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error="RESOURCE_EXHAUSTED: Ran out of memory in memory "
-                                    "space hbm. Used 8.40G of 8.00G hbm. Exceeded hbm capacity by 409.60M.")
+                step = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error=self.refusal)
             else:
                 step = CompiledStep(2e9, 2e6, share * HBM / 2, 0.0, share * HBM / 2, 0.0, [], 1.0, loop_iteration=iteration)
             out[job] = step
@@ -81,6 +89,21 @@ def test_a_fast_point_near_the_limit_is_decided_at_full_effort(full: float | Non
     assert [job.fast for job in pool.jobs] == [True, False]
     assert plan.fits is fits and plan.fit_effort.startswith("full effort")
     assert "full effort" in hbm_status(plan)
+
+
+@pytest.mark.parametrize("refusal, out_of_memory", [
+    (HBM_OOM, True), (VMEM_OOM, True), (RET_CHECK, False),
+    ("the compiler process died from SIGKILL (the kernel's OOM killer)", False),
+])
+def test_the_planner_and_plan_md_read_a_compiler_refusal_alike(refusal: str, out_of_memory: bool) -> None:
+    """A full-effort refusal decides a near-limit point only when it is for memory; plan.md says
+    DOES NOT FIT for exactly those refusals, COMPILER FAILED for the rest."""
+    problem = _problem(fast=True)
+    (plan,) = evaluate(problem, [POINT], _TwoEffortPool(fast=0.98, full=None, refusal=refusal), lambda _: None).values()
+    assert (plan.compiled.error == refusal) is out_of_memory  # the planner's verdict
+    assert plan.fits is not out_of_memory  # else the fast compile's 98% decides
+    refused = hbm_status(judged(problem, POINT, CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error=refusal)))
+    assert refused == ("DOES NOT FIT" if out_of_memory else "COMPILER FAILED")
 
 
 def test_a_fast_point_far_from_the_limit_stays_fast_and_full_effort_plans_compile_once() -> None:

@@ -95,9 +95,9 @@ def test_dashboard_server_never_serves_a_password_from_old_run_folders(tmp_path:
 
 # Each command once and each way to die at least once: the three share one screening worker.
 @pytest.mark.parametrize("command, fixture, expected", [
-    (["tune"], "segfault_at_import.py", "the process died with SIGSEGV while importing"),
+    (["tune"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
     (["profile"], "exit_at_import.py", "the process exited with status 3 while importing"),
-    (["buckets"], "segfault_at_import.py", "the process died with SIGSEGV while importing"),
+    (["buckets"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
 ])
 def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: list[str], fixture: str,
                                                       expected: str) -> None:
@@ -114,7 +114,7 @@ def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
                            "--topology", "v5p-8", "--out", str(tmp_path / "results")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "the process died with SIGSEGV while importing" in done.stderr
+    assert "the process died from SIGSEGV while importing" in done.stderr
     assert not any((tmp_path / "results").glob("*"))
 
 

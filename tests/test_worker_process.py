@@ -11,6 +11,7 @@ import pytest
 
 from conftest import processes_running
 
+from tpu_tuner.core.failures import describe_end
 from tpu_tuner.runner.worker_process import Died, Raised, Replied, TimedOut, WorkerProcess
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -36,15 +37,15 @@ def test_replies_and_a_jobs_exception_keep_the_worker(worker: WorkerProcess) -> 
     assert worker.alive() and worker.request(("echo", 3), timeout_s=10) == Replied(3)
 
 
-@pytest.mark.parametrize("job, code, signal_name, kind", [
-    (("signal", "SIGSEGV"), -11, "SIGSEGV", "crash"),
-    (("signal", "SIGKILL"), -9, "SIGKILL", "oom"),
-    (("exit", 3), 3, None, "crash"),
+@pytest.mark.parametrize("job, code, words, kind", [
+    (("signal", "SIGSEGV"), -11, "died from SIGSEGV", "crash"),
+    (("signal", "SIGKILL"), -9, "died from SIGKILL (the kernel's OOM killer)", "oom"),
+    (("exit", 3), 3, "exited with status 3", "crash"),
 ])
-def test_a_death_is_decoded_from_the_exit_status(worker: WorkerProcess, job: tuple, code: int,
-                                                 signal_name: str | None, kind: str) -> None:
+def test_a_death_is_decoded_from_the_exit_status(worker: WorkerProcess, job: tuple, code: int, words: str,
+                                                 kind: str) -> None:
     died = worker.request(job, timeout_s=60)
-    assert died == Died(code) and died.signal_name == signal_name and died.kind == kind
+    assert died == Died(code) and describe_end(died.exit_code) == words and died.kind == kind
     assert not worker.alive()
 
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# "refused": the file or an option was refused while loading (a UserInputError in the worker).
-# "memory": measured, but over the study's memory limit (tuning/memory_limit.py).
-# "interrupted": cut short by something outside the setting (a host of a multi-host trial lost,
-# runner/multi_host.py): nothing measured, nothing learnt, the setting measured again.
-FAILURE_KINDS = ("error", "crash", "oom", "timeout", "accuracy", "refused", "memory", "interrupted")
+from tpu_tuner.core.failures import FailureKind
 
 
 @dataclass
@@ -72,9 +68,8 @@ class EarlyStop:
 class TrialFailure:
     """A trial that produced no usable measurement, and why."""
 
-    kind: str  # one of FAILURE_KINDS
+    kind: FailureKind
     message: str
 
-    def __post_init__(self) -> None:
-        if self.kind not in FAILURE_KINDS:
-            raise ValueError(f"unknown failure kind {self.kind!r}")
+    def __post_init__(self) -> None:  # a kind read back as its string (a rank's JSON) is the same kind
+        object.__setattr__(self, "kind", FailureKind(self.kind))

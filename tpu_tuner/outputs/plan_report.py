@@ -11,14 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tpu_tuner.planner.plan import LayoutPlan, PlanResult  # noqa: E402
+from tpu_tuner.core.failures import FailureKind, is_compiler_out_of_memory  # noqa: E402
 from tpu_tuner.core.units import binary_bytes, ms, si  # noqa: E402
 
 
 def hbm_status(p: LayoutPlan) -> str:
     """"fits, margin X", "DOES NOT FIT", or "COMPILER FAILED" where the compiler refused for
-    another reason than memory (e.g. libtpu's crash on some 8192-device layouts)."""
+    another reason than memory (`core.failures.is_compiler_out_of_memory`, as the planner decides)."""
     if p.compiled.error:
-        out_of_memory = any(word in p.compiled.error for word in ("RESOURCE_EXHAUSTED", "memory", "HBM"))
+        out_of_memory = is_compiler_out_of_memory(p.compiled.error)
         effort = f" ({p.fit_effort})" if out_of_memory and p.fit_effort != "full" else ""
         return ("DOES NOT FIT" + effort) if out_of_memory else "COMPILER FAILED"
     status = ("DOES NOT FIT" if not p.fits else "fits (the compiler accepted its allocation over the limit)"
@@ -124,7 +125,7 @@ def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: s
         search = result.search
         counts: dict[str, int] = {}
         for trial in search["trials"]:
-            kind = trial["outcome"] or {"WAITING": "queued", "RUNNING": "running"}.get(trial["state"], "lost")
+            kind = trial["outcome"] or {"WAITING": "queued", "RUNNING": "running"}.get(trial["state"], FailureKind.LOST)
             counts[kind] = counts.get(kind, 0) + 1
         lines.append(f"search: {search['sampler']}, {search['compiled']} compiles of {search['valid_points']} valid "
                      f"points; trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))

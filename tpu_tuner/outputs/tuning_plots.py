@@ -51,8 +51,9 @@ def _mfu(result: "TuningResult", frame, done) -> "Path":
     if len(done):
         colors = ["tab:blue" if f else "tab:red" for f in done[records.FEASIBLE].astype(bool)]
         ax.bar(done["number"], done[records.MFU].astype(float) * 100, color=colors)
-    failed = frame[frame["state"].isin(["FAIL", "PRUNED"]) & frame[records.FAILURE_KIND].notna()
-                   & (frame[records.FAILURE_KIND] != "interrupted")] if records.FAILURE_KIND in frame else frame.iloc[0:0]
+    kind = frame[records.FAILURE_KIND] if records.FAILURE_KIND in frame else None
+    failed = (frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & (kind != records.INTERRUPTED)]
+              if kind is not None else frame.iloc[0:0])
     for number in failed["number"]:
         ax.axvline(number, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("trial (red: accuracy violation; dotted: failed)")

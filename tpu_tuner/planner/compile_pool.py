@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.failures import describe_end
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
@@ -148,10 +150,10 @@ class CompilePool:
                         finish(job, outcome.value)
                         self._idle.append(worker)
                         continue
-                    reason = _death(outcome) if isinstance(outcome, Died) else f"unexpected reply {outcome}"
+                    reason = _death(outcome) if isinstance(outcome, Died) else f"sent an unexpected reply {outcome}"
                     where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
-                    log.warning("compile worker died on %s (%d blocks): %s%s", job.layout.name(), job.blocks, reason, where)
-                    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process died: {reason}"))
+                    log.warning("compile worker for %s (%d blocks) %s%s", job.layout.name(), job.blocks, reason, where)
+                    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process {reason}"))
                     worker.close(grace_s=EXIT_GRACE_S)
         finally:
             for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
@@ -199,11 +201,10 @@ def _compile(job: CompileJob) -> CompiledStep:
 
 
 def _death(died: Died) -> str:
-    """Why a compile worker ended, in libtpu's terms where a signal says it."""
-    if died.signal_name is not None:
-        return {"SIGKILL": "killed (SIGKILL; out of host memory?)", "SIGFPE": "SIGFPE inside libtpu (a compiler bug)",
-                "SIGSEGV": "SIGSEGV inside libtpu", "SIGABRT": "libtpu aborted"}.get(died.signal_name, died.signal_name)
-    return f"exit status {died.exit_code}"
+    """How a compile worker ended (`core.failures.describe_end`), and libtpu's part where a signal says it."""
+    said = {-signal.SIGFPE: "inside libtpu: a compiler bug", -signal.SIGSEGV: "inside libtpu",
+            -signal.SIGABRT: "libtpu aborted"}.get(died.exit_code or 0)
+    return describe_end(died.exit_code) + (f" ({said})" if said else "")
 
 
 def topology_config(jax_name: str) -> dict[str, str]:

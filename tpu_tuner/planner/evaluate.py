@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from tpu_tuner.core.failures import is_compiler_out_of_memory
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 from tpu_tuner.planner.predict import predict
 from tpu_tuner.planner.problem import PlanProblem
@@ -59,7 +60,7 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
         step, effort = scanned[point], "fast" if problem.fast else "full"
         confirmed = second.get(confirm_jobs.get(point))  # type: ignore[arg-type]
         cost_step = second.get(recost_jobs.get(point))  # type: ignore[arg-type]
-        if confirmed is not None and (confirmed.error is None or is_out_of_memory(confirmed.error)):
+        if confirmed is not None and (confirmed.error is None or is_compiler_out_of_memory(confirmed.error)):
             # The full-effort program decides memory; the fast one, which never peels, counts the work.
             step, effort = confirmed, "full effort (the --fast compile was within " f"{NEAR_LIMIT:.0%} of the limit)"
             cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
@@ -72,11 +73,6 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
 NEAR_LIMIT = 0.05  # a --fast peak within this share of the HBM limit (either side) is compiled again
 _REFUSED = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def is_out_of_memory(error: str) -> bool:
-    """Whether a compiler refusal is for memory (the rest, e.g. a libtpu crash, stay refusals)."""
-    return "RESOURCE_EXHAUSTED" in error or "exceeds available HBM" in error
 
 
 def near_limit(step: CompiledStep, hbm: float) -> bool:

@@ -102,7 +102,7 @@ class PlanProblem:
 
 def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
     """Import the file in a worker first, so that one which crashes at import is reported
-    ("the process died with SIGSEGV while importing", exit 2) rather than killing tpu-tune.
+    ("the process died from SIGSEGV while importing", exit 2) rather than killing tpu-tune.
     The planner still builds the model (on the meta device) in this process afterwards: its shape
     analysis needs the module itself (docs/run-safety.md). Its output goes to `log_file` with the
     compiler processes' (None: a temporary log, dropped unless a failure names it)."""

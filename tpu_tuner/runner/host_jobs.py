@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.runner.hosts import SILENT_S, HostGroup, HostsError
 from tpu_tuner.runner.launch import run_ranks
 from tpu_tuner.runner.worker_log import WorkerLog
@@ -45,7 +46,7 @@ class HostOutcome:
     node: int
     host: str
     ok: bool
-    kind: str | None = None
+    kind: FailureKind | None = None
     failure: str | None = None
     failed_rank: int | None = None
     accounts: dict[int, dict[str, str]] = field(default_factory=dict)
@@ -113,7 +114,7 @@ def run_here(group: HostGroup, number: int, payload: dict[str, Any], output: Wor
         value = pickle.loads(result.read_bytes()) if ranks.ok and result.is_file() else None
     outcome = HostOutcome(node=me.node, host=me.host, ok=ranks.ok, kind=ranks.kind, failure=ranks.failure,
                           failed_rank=ranks.failed_rank, accounts=accounts, seconds=ranks.seconds)
-    if not ranks.ok and ranks.kind != "aborted":
+    if not ranks.ok and ranks.kind != FailureKind.ABORTED:
         group.store.set(f"job/{number}/abort", f"the ranks of {me.describe()} failed: {ranks.failure}")
     post(group, number, outcome)
     return outcome, value
@@ -191,7 +192,7 @@ def _follow(group: HostGroup, output: WorkerLog,
         try:
             launch_env, rank_env = environments(payload.get("device_kind"))
         except Exception as exc:  # noqa: BLE001 - this host cannot start the ranks: the trial says why
-            post(group, number, HostOutcome(group.me().node, group.me().host, ok=False, kind="error",
+            post(group, number, HostOutcome(group.me().node, group.me().host, ok=False, kind=FailureKind.ERROR,
                                             failure=f"{group.me().describe()}: {_first_line(exc)}"))
             group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
             continue

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.settings import ProfilerSettings
@@ -38,7 +39,7 @@ def profile_in_worker(model_file: str | Path, candidate: Candidate | None = None
                                             settings=settings, attention_convention=attention_convention))
     if not outcome.ok:
         assert outcome.failure is not None
-        if outcome.failure.kind == "refused":
+        if outcome.failure.kind == FailureKind.REFUSED:
             raise UserInputError(outcome.failure.message)
         raise WorkloadError(f"profiling failed ({outcome.failure.kind}: {outcome.failure.message})", model_file)
     return outcome.value

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind, classify, describe_end
 from tpu_tuner.core.tpu_host import child_environment
 from tpu_tuner.runner.worker_log import WorkerLog, telling_line
 
@@ -56,7 +57,7 @@ class RanksResult:
 
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
-    kind: str | None = None  # "crash" | "oom" | "error" | "timeout" | "aborted"
+    kind: FailureKind | None = None  # CRASH, OOM, ERROR, TIMEOUT or ABORTED
     seconds: float = 0.0
     failed_rank: int | None = None  # the rank that failed first (None: none, or a hang)
     ranks: int = 0  # how many were started
@@ -83,7 +84,7 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
     With `group`, these are this host's ranks of a group that spans hosts: global ranks
     ``group.first_rank + i`` of ``group.world_size``, meeting in the TCP store `group` names
     (`init_rank`). `abort`, asked every half second while the ranks run, stops them all when it
-    returns a reason (another host's ranks failed, or its agent went away): kind "aborted"."""
+    returns a reason (another host's ranks failed, or its agent went away): kind ABORTED."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     started = time.perf_counter()
@@ -126,9 +127,10 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                 signal.signal(sig, handler)
             outcome, stopped = _wait(context, timeout_s, abort)
             if stopped is not None:
-                result.failure, result.kind = stopped, "aborted"
+                result.failure, result.kind = stopped, FailureKind.ABORTED
             elif outcome is None:
-                result.failure, result.kind = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped", "timeout"
+                result.failure = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped"
+                result.kind = FailureKind.TIMEOUT
             elif outcome.is_failed():
                 # The cause, not its echoes: the launcher's own SIGTERM to the others last, a
                 # rank killed by a signal before one that exited with an error (its peers'
@@ -137,7 +139,9 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                                    key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
                                                      item[1].timestamp))
                 # Named by its global rank (the same as its local one on a single host).
-                result.failure, result.kind = _describe(first + rank, failed.exitcode, _last_line(context, rank))
+                said = _last_line(context, rank)
+                result.failure = f"rank {first + rank} {describe_end(failed.exitcode)}{': ' + said if said else ''}"
+                result.kind = classify(failed.exitcode, exit_is_error=True)
                 result.failed_rank = first + rank
         finally:
             if context is not None:
@@ -228,14 +232,6 @@ def _wait(context: Any, timeout_s: float, abort: Callable[[], str | None] | None
         reason = abort()
         if reason is not None:
             return None, reason
-
-
-def _describe(rank: int, exitcode: int, last_line: str) -> tuple[str, str]:
-    if exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        kind = "oom" if -exitcode == signal.SIGKILL else "crash"
-        return f"rank {rank} died from {name}" + (f": {last_line}" if last_line else ""), kind
-    return f"rank {rank} exited with status {exitcode}" + (f": {last_line}" if last_line else ""), "error"
 
 
 def _last_line(context: Any, rank: int) -> str:

@@ -1,7 +1,7 @@
 """The load job seen from the parent: a model file imported and validated in a worker, described
 by a `WorkloadSummary`, so that a file that crashes at import never takes tpu-tune down
 (docs/run-safety.md). A worker that dies while importing becomes a `WorkloadError` ("the process
-died with SIGSEGV while importing")."""
+died from SIGSEGV while importing")."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.core.failures import FailureKind, describe_end
 from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.runner.requests import LoadRequest
-from tpu_tuner.runner.worker_process import Died
 
 if TYPE_CHECKING:
     from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
@@ -35,16 +35,12 @@ def load_failure(result: JobResult, model_file: str | Path) -> UserInputError:
     """The error a failed load job means, naming the file."""
     failure = result.failure
     assert failure is not None
-    if failure.kind == "refused":  # the loader's own WorkloadError/UserInputError, already naming the file
+    if failure.kind == FailureKind.REFUSED:  # the loader's own WorkloadError/UserInputError, already naming the file
         return WorkloadError(failure.message)
     # A death's own words are in the workers' log, not on the terminal: `note` quotes it.
-    died = Died(result.exit_code)
-    if died.signal_name is not None:
-        return WorkloadError(f"the process died with {died.signal_name} while importing{result.note}", model_file)
     if result.exit_code is not None:
-        return WorkloadError(f"the process exited with status {result.exit_code} while importing{result.note}",
-                             model_file)
-    if failure.kind == "timeout":
+        return WorkloadError(f"the process {describe_end(result.exit_code)} while importing{result.note}", model_file)
+    if failure.kind == FailureKind.TIMEOUT:
         return WorkloadError(f"importing took longer than {LOAD_TIMEOUT_S:.0f} s ({failure.message})", model_file)
     return WorkloadError(f"error while importing: {failure.message}", model_file)
 

@@ -9,7 +9,7 @@ on one host. Every other job (loading the file, the baseline profile) runs in th
 worker only.
 
 A host that stops answering during a job (its agent killed, its host down) fails that job naming
-the host, as a trial failure of kind "interrupted" (`LOST_HOST`: the setting measured nothing and
+the host, as a trial failure of kind INTERRUPTED (`LOST_HOST`: the setting measured nothing and
 is measured again, `tuning/trials.py`); the other hosts' ranks are stopped. Then, with
 ``--max-restarts`` left, the hosts meet again before the next job (waiting for the lost one to be
 started again); without, the run stops with `HostsError` before the next trial is asked
@@ -22,22 +22,23 @@ import logging
 import time
 from collections.abc import Sequence
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.host_jobs import HostOutcome, announce, gather, run_here
 from tpu_tuner.runner.hosts import HostGroup, HostsError, HostsMissing
-from tpu_tuner.runner.ranked_runner import RankedTrialRunner, _lost_peer
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, rank_account
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
 
-# The failure kind of a job a lost host cut short: `studies.records.INTERRUPTED`, the kind of a
-# trial an interrupted run left behind (it covers no setting and teaches the study nothing).
-LOST_HOST = "interrupted"
+# The failure kind of a job a lost host cut short: the kind of a trial an interrupted run left
+# behind (it covers no setting and teaches the study nothing).
+LOST_HOST = FailureKind.INTERRUPTED
 # Which failure to report when several hosts' ranks failed without an account of their own: a
 # signal before an error exit before a hang.
-_PRIORITY = {"crash": 0, "oom": 0, "error": 1, "timeout": 2}
+_PRIORITY = {FailureKind.CRASH: 0, FailureKind.OOM: 0, FailureKind.ERROR: 1, FailureKind.TIMEOUT: 2}
 
 
 class MultiHostTrialRunner(RankedTrialRunner):
@@ -89,7 +90,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
         if all(outcome.ok for outcome in outcomes.values()):
             ran = tuple(self.group.host(node).describe() for node in sorted(outcomes))
             return JobResult(value=value, seconds=seconds, hosts=ran)
-        failure = self._cause(outcomes)
+        failure = host_cause(outcomes)
         note = self.log.failure_note(quote=False, since=since)  # the driver's ranks' log; each host keeps its own
         return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds, note=note)
 
@@ -133,29 +134,18 @@ class MultiHostTrialRunner(RankedTrialRunner):
         return (f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
                 "is lost or measured again)")
 
-    def _cause(self, outcomes: dict[int, HostOutcome]) -> TrialFailure:
-        """Why the ranks failed, over every host: a rank's own account of an error that is not
-        only a lost peer, else the launcher's account of the host whose ranks failed first in
-        kind (a signal, an exit, a hang), else what stopped them."""
-        accounts = {rank: (outcome, account) for outcome in outcomes.values()
-                    for rank, account in outcome.accounts.items()}
-        causes = sorted(rank for rank, (_, account) in accounts.items()
-                        if not _lost_peer(str(account.get("message", ""))))
-        if causes:
-            outcome, account = accounts[causes[0]]
-            return TrialFailure(str(account.get("kind", "error")),
-                                f"rank {causes[0]} (node {outcome.node}, {outcome.host}): {account.get('message', '')}")
-        failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != "aborted"),
-                        key=lambda o: (_PRIORITY.get(o.kind or "error", 1), o.node))
-        if failed:
-            first = failed[0]
-            if first.failed_rank in accounts and first.kind == "error":
-                account = accounts[first.failed_rank][1]
-                return TrialFailure(str(account.get("kind", "error")),
-                                    f"rank {first.failed_rank} (node {first.node}, {first.host}): {account.get('message', '')}")
-            return TrialFailure(first.kind or "error", f"{first.failure} (node {first.node}, {first.host})")
-        stopped = next(o for o in outcomes.values() if not o.ok)
-        return TrialFailure("error", f"{stopped.failure} (node {stopped.node}, {stopped.host})")
+
+def host_cause(outcomes: dict[int, HostOutcome]) -> TrialFailure:
+    """Why the ranks failed, over every host: a rank's own account (`rank_account`), else the
+    launcher's on the host whose ranks failed first in kind (a signal, an exit, a hang), else what stopped them."""
+    accounts = {rank: account for o in outcomes.values() for rank, account in o.accounts.items()}
+    hosts = {rank: f" (node {o.node}, {o.host})" for o in outcomes.values() for rank in o.accounts}
+    failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
+                    key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node))
+    first = failed[0] if failed else next(o for o in outcomes.values() if not o.ok)
+    kind = (first.kind or FailureKind.ERROR) if failed else FailureKind.ERROR
+    return (rank_account(accounts, first.failed_rank if failed else None, kind, hosts.__getitem__)
+            or TrialFailure(kind, f"{first.failure} (node {first.node}, {first.host})"))
 
 
-__all__ = ["LOST_HOST", "MultiHostTrialRunner"]
+__all__ = ["LOST_HOST", "MultiHostTrialRunner", "host_cause"]

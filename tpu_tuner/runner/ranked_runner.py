@@ -24,10 +24,11 @@ import json
 import logging
 import pickle
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
@@ -113,21 +114,29 @@ class RankedTrialRunner:
 
 
 def _failure(outcome: Any, job_file: Path, failure_path: Callable[[Path, int], Path]) -> TrialFailure:
-    """Why the ranks failed: a rank's own account of an error in its job (kind and first line)
-    where one wrote one that is not only a lost peer, else what the launcher saw first (a signal,
-    an exit status, a hang). When one rank raises, its peers' collectives fail too ("Connection
-    closed by peer"), and the launcher may see one of those first."""
+    """Why the ranks failed: a rank's own account (`rank_account`), else the launcher's."""
     accounts: dict[int, dict[str, str]] = {}
     for rank in range(outcome.ranks):
         try:
             accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
         except (OSError, ValueError):
             continue
-    causes = [rank for rank, account in accounts.items() if not _lost_peer(str(account.get("message", "")))]
-    rank = causes[0] if causes else outcome.failed_rank if outcome.failed_rank in accounts and outcome.kind == "error" else None
-    if rank is not None:
-        return TrialFailure(str(accounts[rank].get("kind", "error")), f"rank {rank}: {accounts[rank].get('message', '')}")
-    return TrialFailure(outcome.kind or "error", outcome.failure or "the ranks failed")
+    return (rank_account(accounts, outcome.failed_rank, outcome.kind)
+            or TrialFailure(outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed"))
+
+
+def rank_account(accounts: Mapping[int, Mapping[str, str]], failed_rank: int | None, kind: FailureKind | None,
+                 where: Callable[[int], str] = lambda rank: "") -> TrialFailure | None:
+    """The account a rank wrote of its job's error that says why the ranks failed: the first that is
+    not only a lost peer (whose collectives failed when one rank raised), else the failed rank's where
+    it exited with an error (`kind`); None where none says."""
+    causes = sorted(rank for rank, account in accounts.items() if not _lost_peer(str(account.get("message", ""))))
+    rank = causes[0] if causes else failed_rank if failed_rank in accounts and kind == FailureKind.ERROR else None
+    if rank is None:
+        return None
+    account = accounts[rank]
+    return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
+                        f"rank {rank}{where(rank)}: {account.get('message', '')}")
 
 
 def _lost_peer(message: str) -> bool:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Request:
     """A worker job. `on_ranks`: it runs a layout, so a sharded trial runs it on every rank;
     `refusable`: the worker's TpuTuneError (a bad file, option or device) is the parent's own
-    error, passed on as failure kind "refused"; in a trial the same error is a failed trial."""
+    error, passed on as failure kind REFUSED; in a trial the same error is a failed trial."""
 
     on_ranks: ClassVar[bool] = False
     refusable: ClassVar[bool] = False

@@ -1,8 +1,7 @@
 """Isolated trial execution: a worker process per start-up environment, a timeout per job.
 
-A job that raises becomes an "error" (or "oom" for allocation failures); a worker that dies is a
-"crash" (a signal such as SIGSEGV) or "oom" (SIGKILL, which is how the kernel's OOM killer
-ends a process); a job past its timeout is killed and becomes a "timeout". The study goes on
+A job that raises, a worker that dies and a job past its timeout (its worker killed) become a
+trial failure of the kind `core.failures.classify` decides. The study goes on
 with a fresh worker. A warm worker is reused across jobs that need the same start-up
 environment (TorchTPU eager-mode variables are read once, at process start). The workers'
 stdout and stderr go to a `WorkerLog`, not the terminal; a death's message quotes its last line.
@@ -15,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind, describe_end
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.worker_log import WorkerLog
@@ -99,14 +99,13 @@ class TrialRunner:
             case TimedOut():
                 self._worker = None
                 note = self.log.failure_note(quote=False, since=since)  # its last line is whatever ran, not a cause
-                return JobResult(failure=TrialFailure("timeout", f"no result after {limit:.0f} s; worker killed{note}"),
-                                 seconds=seconds, note=note)
+                failure = TrialFailure(FailureKind.TIMEOUT, f"no result after {limit:.0f} s; worker killed{note}")
+                return JobResult(failure=failure, seconds=seconds, note=note)
             case Died() as died:
                 self._worker = None
                 note = self.log.failure_note(since=since)
-                failure = _death(died)
-                return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=seconds,
-                                 exit_code=died.exit_code, note=note)
+                failure = TrialFailure(died.kind, f"worker {describe_end(died.exit_code)}{note}")
+                return JobResult(failure=failure, seconds=seconds, exit_code=died.exit_code, note=note)
         raise AssertionError(f"unknown outcome {outcome!r}")
 
     def close(self) -> None:
@@ -133,11 +132,3 @@ class TrialRunner:
         self._env = dict(env)
         self.workers_started += 1
 
-
-def _death(died: Died) -> TrialFailure:
-    """A worker's death as a trial failure: SIGKILL reads as the kernel's OOM killer."""
-    if died.killed:
-        return TrialFailure("oom", "worker killed by SIGKILL (the kernel's OOM killer)")
-    if died.signal_name is not None:
-        return TrialFailure("crash", f"worker died from {died.signal_name}")
-    return TrialFailure("crash", f"worker exited with status {died.exit_code}")

@@ -1,8 +1,8 @@
 """The trial worker: ``python -m tpu_tuner.runner.trial_worker READ_FD WRITE_FD WORKLOAD DEVICE MEMLIMIT``.
 
 It serves typed requests (`runner/requests.py`) with the job functions of `runner/jobs.py`
-(`worker_process.serve`): the reply is the job's value, or its failure kind ("error", "oom", or
-"refused" for a refusable request's TpuTuneError), message and traceback. A None message ends it.
+(`worker_process.serve`): the reply is the job's value, or its `FailureKind` (REFUSED for a
+refusable request's TpuTuneError), message and traceback. A None message ends it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ def main(argv: list[str]) -> None:
 
         resource.setrlimit(resource.RLIMIT_AS, (int(memory_limit), int(memory_limit)))
     from tpu_tuner.core.errors import TpuTuneError
+    from tpu_tuner.core.failures import FailureKind
     from tpu_tuner.runner.jobs import WorkerState, run_job
     from tpu_tuner.runner.worker_process import failure_of, serve
 
@@ -29,10 +30,10 @@ def main(argv: list[str]) -> None:
             state = WorkerState(workload_path, None if device == "auto" else device)
         return run_job(state, request)
 
-    def describe(exc: BaseException, request: Any) -> tuple[str, str]:
+    def describe(exc: BaseException, request: Any) -> tuple[FailureKind, str]:
         if getattr(request, "refusable", False) and isinstance(exc, TpuTuneError):
             # A bad file or option: its one-line message (naming the file) is the parent's error.
-            return "refused", str(exc)
+            return FailureKind.REFUSED, str(exc)
         return failure_of(exc)
 
     serve(int(read_fd), int(write_fd), handle, describe)

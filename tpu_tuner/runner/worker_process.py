@@ -14,7 +14,6 @@ interpreter (not a fork: libtpu, JAX and torch hold threads).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import traceback
@@ -23,11 +22,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from tpu_tuner.core.failures import FailureKind, classify
+
 if TYPE_CHECKING:  # the log is handed in; this module never makes one
     from tpu_tuner.runner.worker_log import WorkerLog
 
 
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 # The child's exit status is read this long after its pipe closed before it is killed.
 EXIT_WAIT_S = 10.0
 
@@ -41,10 +41,10 @@ class Replied:
 
 @dataclass(frozen=True)
 class Raised:
-    """The job raised in the child: a failure kind ("error", "oom", or one the child's
-    `describe` chose), its first line and the traceback."""
+    """The job raised in the child: a failure kind (`failure_of`'s, or one the child's `describe`
+    chose), its first line and the traceback."""
 
-    kind: str
+    kind: FailureKind
     message: str
     traceback: str = ""
 
@@ -57,24 +57,9 @@ class Died:
     exit_code: int | None
 
     @property
-    def signal_name(self) -> str | None:
-        """The signal that ended the child ("SIGSEGV"), or None when it exited."""
-        if self.exit_code is None or self.exit_code >= 0:
-            return None
-        try:
-            return signal.Signals(-self.exit_code).name
-        except ValueError:
-            return f"signal {-self.exit_code}"
-
-    @property
-    def killed(self) -> bool:
-        """Ended by SIGKILL: the kernel's OOM killer, since tpu-tune only kills on a timeout."""
-        return self.exit_code == -signal.SIGKILL
-
-    @property
-    def kind(self) -> str:
-        """The failure kind a death reads as: "oom" for SIGKILL, "crash" otherwise."""
-        return "oom" if self.killed else "crash"
+    def kind(self) -> FailureKind:
+        """The failure kind a death reads as (`core.failures.classify`: SIGKILL is out of memory)."""
+        return classify(self.exit_code, died=True)
 
 
 @dataclass(frozen=True)
@@ -171,16 +156,15 @@ class WorkerProcess:
         self.connection.close()
 
 
-def failure_of(exc: BaseException) -> tuple[str, str]:
-    """An exception as a failure kind ("oom" for allocation failures, else "error") and its
-    first line (500 characters at most)."""
+def failure_of(exc: BaseException) -> tuple[FailureKind, str]:
+    """An exception as a failure kind (`core.failures.classify`: out of memory or an error) and
+    its first line (500 characters at most)."""
     text = f"{type(exc).__name__}: {exc}".strip()
-    is_oom = isinstance(exc, MemoryError) or any(marker in text.lower() for marker in OOM_MARKERS)
-    return ("oom" if is_oom else "error"), text.splitlines()[0][:500]
+    return classify(message=text), text.splitlines()[0][:500]
 
 
 def serve(read_fd: int, write_fd: int, handle: Callable[[Any], Any],
-          describe: Callable[[BaseException, Any], tuple[str, str]] | None = None,
+          describe: Callable[[BaseException, Any], tuple[FailureKind, str]] | None = None,
           catch: type[BaseException] = BaseException) -> None:
     """The child's loop: answer each job with ``("ok", handle(job))``, or, when it raises one of
     `catch`, with ``(kind, message, traceback)`` from `describe(exc, job)` (default: `failure_of`),

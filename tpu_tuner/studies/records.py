@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tpu_tuner.core.failures import FailureKind
+
 # Who ran a trial, and where (every trial the loop asks; studies/loop.py).
 WORKER = "worker"
 HOST = "host"
@@ -33,7 +35,7 @@ OVER_BUDGET = "over_budget"
 FAILURE_KIND = "failure_kind"
 FAILURE_MESSAGE = "failure_message"
 REJECTED_BY = "rejected_by"
-INTERRUPTED = "interrupted"  # the failure kind of a trial left RUNNING by an interrupted run
+INTERRUPTED = FailureKind.INTERRUPTED  # the failure kind of a trial left RUNNING by an interrupted run
 
 # Failure learning (tuning/failures.py): a trial asked for a setting the study had excluded names
 # the cause (it is not measured); a probe queued to tell two suspects apart names what it tests;

@@ -21,12 +21,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
 from tpu_tuner.studies.attribution import Cause, Evidence, Probe, Suspect, attribute
 from tpu_tuner.studies.coverage import setting_key
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trial_attrs import WORKER_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,9 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
             outcomes = dict.fromkeys((*WORKER_FAILURES, COMPILE_COST), False)
             error = attrs.get(records.ACCURACY_ERROR)
             if error is not None:
-                outcomes["accuracy"] = float(error) > tolerance
+                outcomes[FailureKind.ACCURACY] = float(error) > tolerance
             if not early:  # a stopped trial's peak memory was not measured
-                outcomes["memory"] = kind == "memory"
+                outcomes[FailureKind.MEMORY] = kind == FailureKind.MEMORY
         evidence.append(Evidence(trial.number, dict(trial.params), outcomes,
                                  str(attrs.get(records.FAILURE_MESSAGE, ""))))
     return evidence
@@ -77,15 +77,16 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
 
 def describe_kind(kind: str, messages: Sequence[str]) -> str:
     """A failure kind in words, from its failures' messages ("the worker died from SIGSEGV")."""
-    if kind == "crash":
+    if kind == FailureKind.CRASH:
         signals = {m.split("died from ", 1)[1].split()[0] for m in messages if "died from " in m}
         return f"the worker died from {signals.pop()}" if len(signals) == 1 else "the worker crashed"
-    if kind == "error":
+    if kind == FailureKind.ERROR:
         firsts = {m.splitlines()[0][:80] if m else "" for m in messages}
         return f"the step failed ({firsts.pop()})" if len(firsts) == 1 and "" not in firsts else "the step failed"
-    return {"oom": "the worker ran out of memory", "timeout": "the trial timed out",
+    return {FailureKind.OOM: "the worker ran out of memory", FailureKind.TIMEOUT: "the trial timed out",
             COMPILE_COST: "the compile could not pay back within the planned steps (cut off)",
-            "accuracy": "the accuracy check failed", "memory": "the peak memory went over the limit"}.get(kind, kind)
+            FailureKind.ACCURACY: "the accuracy check failed",
+            FailureKind.MEMORY: "the peak memory went over the limit"}.get(kind, kind)
 
 
 class FailureLearning:

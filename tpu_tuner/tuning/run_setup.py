@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.devices import BACKENDS
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.lengths import LengthHistogram
@@ -56,7 +57,7 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
     baseline = Candidate.baseline(device_kind)
     profiled = runner.run(ProfileRequest(candidate=baseline.to_dict(), batch_size=run.batch_size,
                                          seq_len=run.seq_len, settings=run.trial_settings))
-    if not profiled.ok and profiled.failure.kind == "refused":
+    if not profiled.ok and profiled.failure.kind == FailureKind.REFUSED:
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:
         raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)

@@ -11,6 +11,7 @@ import json
 
 import optuna
 
+from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.bucketing import BucketingContext
@@ -18,8 +19,6 @@ from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 MAX_STORED_SAMPLES = 200
-# How the trial worker fails (runner/trial_runner.py); a trial that ran its steps got past them all.
-WORKER_FAILURES = ("crash", "oom", "timeout", "error")
 
 
 def record_claim(trial: optuna.Trial, worker: str, host: str) -> None:
@@ -49,13 +48,13 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
         records.FEASIBLE: m.accuracy_error <= tolerance, records.CANDIDATE: m.candidate,
     })
     if m.accuracy_error > tolerance:
-        record.update({records.FAILURE_KIND: "accuracy",
+        record.update({records.FAILURE_KIND: FailureKind.ACCURACY,
                        records.FAILURE_MESSAGE: f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}"})
     over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None and m.peak_memory_bytes is not None else None
     if over:
         record.set(records.FEASIBLE, False)
         if m.accuracy_error <= tolerance:  # the accuracy reason, where both fail, stays first
-            record.update({records.FAILURE_KIND: "memory", records.FAILURE_MESSAGE: over})
+            record.update({records.FAILURE_KIND: FailureKind.MEMORY, records.FAILURE_MESSAGE: over})
     record.flush()
     # Optuna: a trial is feasible when every constraint is <= 0.
     trial.set_constraint("accuracy", m.accuracy_error - tolerance)
@@ -82,7 +81,7 @@ def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) ->
         error = max(stop.accuracy_errors.values())
         record.set(records.ACCURACY_ERROR, error)
         if error > tolerance:
-            record.update({records.FAILURE_KIND: "accuracy",
+            record.update({records.FAILURE_KIND: FailureKind.ACCURACY,
                            records.FAILURE_MESSAGE: f"accuracy error {error:.3g} > tolerance {tolerance:g}"})
     record.flush()
 

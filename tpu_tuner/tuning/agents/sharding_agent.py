@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import ShardingDefinition
 from tpu_tuner.devices.roofline import RooflineProbe
@@ -76,8 +77,8 @@ class ShardingAgent(Agent):
         optimizer cannot step tensor-parallel parameters, while other optimizers can), so the
         layout alone is asked for next, which decides it."""
         layout = candidate[KNOB]
-        if (self.ranks == 1 or layout == f"{self.ranks}x1x1" or failure_kind != "error" or layout in self._dead
-                or not self.definition.validate.measure_alone_after_error):
+        if (self.ranks == 1 or layout == f"{self.ranks}x1x1" or failure_kind != FailureKind.ERROR
+                or layout in self._dead or not self.definition.validate.measure_alone_after_error):
             return []  # the baseline layout (DDP) is never given up: its failure is the workload's
         if set(candidate.changed) <= {KNOB}:
             self._dead[layout] = (trial, message)

@@ -1,0 +1,57 @@
+"""The failure vocabulary: every way a trial, a rank, a host or a compile fails, and one classifier.
+
+`FailureKind`'s values are the strings studies, trials.csv and reports store (`failure_kind`), so
+runs written before read back unchanged: a stored "oom" equals `FailureKind.OOM`.
+"""
+
+from __future__ import annotations
+
+import signal
+from enum import StrEnum
+
+
+class FailureKind(StrEnum):
+    """Why something produced no usable result. The values are stored: never change one."""
+
+    ERROR = "error"  # the job raised
+    CRASH = "crash"  # the process died: a signal other than SIGKILL, or an exit without a reply
+    OOM = "oom"  # out of memory: an allocation failed, or SIGKILL (the kernel's OOM killer)
+    TIMEOUT = "timeout"  # no result by the deadline (a hang or a slow job): the process was killed
+    ACCURACY = "accuracy"  # measured, but its outputs are off the baseline's beyond the tolerance
+    MEMORY = "memory"  # measured, but its peak memory is over the study's limit
+    REFUSED = "refused"  # refused before it ran: a bad file or option while loading, a compile refused
+    INTERRUPTED = "interrupted"  # cut short from outside (a host lost, the run stopped): measured again
+    ABORTED = "aborted"  # a host's ranks stopped because another host's failed
+    LOST = "lost"  # its worker went away with it: nobody was left to record a kind
+
+
+WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
+
+
+def classify(exit_code: int | None = None, message: str = "", *, died: bool = False,
+             exit_is_error: bool = False) -> FailureKind:
+    """The kind of a failure but a deadline's (TIMEOUT). A process that ended (`died`, or an `exit_code`;
+    negative: the signal): SIGKILL is the kernel's OOM killer (tpu-tune kills only at a deadline),
+    else a crash, or an error where it exits with a status when its job raises (`exit_is_error`, a
+    rank). Else `message`, an exception's text: an allocation that failed, or an error."""
+    if died or exit_code is not None:
+        if exit_code is not None and exit_code < 0:
+            return FailureKind.OOM if -exit_code == signal.SIGKILL else FailureKind.CRASH
+        return FailureKind.ERROR if exit_is_error and exit_code else FailureKind.CRASH
+    markers = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
+    return FailureKind.OOM if any(marker in message.lower() for marker in markers) else FailureKind.ERROR
+
+
+def describe_end(exit_code: int | None) -> str:
+    """How a process ended, in every failure message's words: "died from SIGSEGV", "exited with status 3"."""
+    if exit_code is None or exit_code >= 0:
+        return "did not exit, and was killed" if exit_code is None else f"exited with status {exit_code}"
+    name = {sig.value: sig.name for sig in signal.Signals}.get(-exit_code, f"signal {-exit_code}")
+    return f"died from {name}" + (" (the kernel's OOM killer)" if classify(exit_code) is FailureKind.OOM else "")
+
+
+def is_compiler_out_of_memory(error: str) -> bool:
+    """Whether the TPU compiler refused a program for device memory (HBM, or a kernel's scoped
+    VMEM): XLA's RESOURCE_EXHAUSTED, or its HBM message. No other refusal (a RET_CHECK, a compiler
+    process that died) is a verdict on memory, even where its text mentions memory."""
+    return "RESOURCE_EXHAUSTED" in error or "exceeds available HBM" in error
