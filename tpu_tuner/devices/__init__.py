@@ -23,16 +23,14 @@ _REGISTRY: dict[str, type[Backend] | str] = {
     "cpu": "tpu_tuner.devices.cpu:CpuBackend",
 }
 
-__all__ = ["Backend", "DeviceInfo", "DevicePeak", "backend_class", "backend_classes", "get_backend", "names", "register"]
+__all__ = ["Backend", "DeviceInfo", "DevicePeak", "backend_class", "backend_classes", "get_backend", "names"]
 
 
-def register(backend: type[Backend] | str, name: str | None = None) -> None:
-    """Register a backend class (or its "module:Class", with `name`) after the registered ones.
-    Registration lives in this process: a built-in backend's is its line in `_REGISTRY`."""
-    key = name if isinstance(backend, str) else backend.kind
-    if key is None or key in _REGISTRY:
-        raise ValueError(f"a backend needs a name of its own, not {key!r}")
-    _REGISTRY[key] = backend
+def register(backend: type[Backend]) -> None:
+    """Register a backend class after the others, in this process only (a built-in's is its line above)."""
+    if backend.kind in _REGISTRY:
+        raise ValueError(f"a backend named {backend.kind!r} is registered already")
+    _REGISTRY[backend.kind] = backend
 
 
 def names() -> tuple[str, ...]:
