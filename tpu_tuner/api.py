@@ -80,21 +80,20 @@ def tune_across_hosts(model_file: str | Path, options: TuneOptions,
 
 
 def _fixed_node_rank(options: TuneOptions) -> int | None:
-    """This host's node rank where it is fixed: --node-rank, else TorchTPU's NODE_RANK on a TPU
-    host (its place in the slice, which the ranks' order must follow); the two must agree."""
+    """This host's node rank where it is fixed: --node-rank, else the device's (TorchTPU's
+    NODE_RANK on a TPU host: its place in the slice, which the ranks' order must follow); the two
+    must agree."""
+    from tpu_tuner.devices import backend_class, backend_classes
+
     run = options.runner
-    if run.device not in (None, "tpu"):
+    named = [backend_class(run.device)] if run.device else backend_classes()
+    backend = next((b for b in named if b.device_on_host()), None)
+    if backend is None:
         return run.node_rank
-    from tpu_tuner.core.tpu_host import tpu_chips_on_host
-
-    if not tpu_chips_on_host():
-        return run.node_rank
-    from tpu_tuner.devices import BACKENDS
-
-    slice_rank = BACKENDS["tpu"].host_node_rank(run.nproc, run.nnodes)
+    slice_rank = backend.host_node_rank(run.nproc, run.nnodes)
     if run.node_rank is not None and slice_rank is not None and slice_rank != run.node_rank:
-        raise UserInputError(f"--node-rank {run.node_rank}: TorchTPU places this host at NODE_RANK {slice_rank} of "
-                             "the slice; give that, or leave --node-rank out")
+        raise UserInputError(f"--node-rank {run.node_rank}: {backend.label} places this host at NODE_RANK "
+                             f"{slice_rank} of the slice; give that, or leave --node-rank out")
     return run.node_rank if run.node_rank is not None else slice_rank
 
 
@@ -103,12 +102,12 @@ Environments = tuple[dict[str, str], Callable[[int], dict[str, str]]]
 
 def _environments(nproc: int, nnodes: int) -> Callable[[str | None], Environments]:
     """A follower's launch and per-rank variables by device kind, decided on this host once."""
-    from tpu_tuner.devices import BACKENDS
+    from tpu_tuner.devices import backend_class
 
     decided: dict[str, Environments] = {}
 
     def environments(kind: str | None) -> Environments:
-        backend = BACKENDS[kind or "cpu"]
+        backend = backend_class(kind or "cpu")
         if backend.kind not in decided:
             decided[backend.kind] = (backend.launch_environment(nproc, nnodes), backend.rank_environment)
         return decided[backend.kind]

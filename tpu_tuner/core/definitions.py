@@ -170,7 +170,7 @@ def _build(schema: type[Schema], data: Mapping[str, Any], where: str, path: KeyP
                                   f"(known: {', '.join(fields)})", where)
     values = {}
     for name, field in fields.items():
-        is_table = dataclasses.is_dataclass(types_[name])
+        is_table = dataclasses.is_dataclass(types_[name]) or typing.get_origin(types_[name]) is dict
         if name not in data:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise DefinitionError(f"missing {'table' if is_table else 'key'} "

@@ -18,7 +18,7 @@ from tpu_tuner.metrics.mfu import PeakChoice, checked_peak, fastest_peak
 class DeviceInfo:
     """What a profile says about the device it ran on."""
 
-    kind: str  # "cpu", "cuda" or "tpu"
+    kind: str  # the backend's registered name
     name: str
     count: int
     memory_bytes: int | None
@@ -34,9 +34,14 @@ class Backend(ABC):
     and offers the primitives the knobs combine with a candidate (`tpu_tuner.knobs`); it never
     sees a candidate itself."""
 
-    kind: ClassVar[str]
+    kind: ClassVar[str]  # its registered name: the torch device type for the built-ins
+    label: ClassVar[str]  # what runs the device, in words ("TorchTPU")
     # The torch.distributed backend the ranks of a sharded trial join (gloo on CPU tensors).
     process_group_backend: ClassVar[str] = "gloo"
+    one_device_per_rank: ClassVar[bool] = True  # False where ranks share the device (a CPU's cores)
+    # Whether the measured peak is of memory of the device's own that a step fills (its
+    # allocator's), so that a study's memory limit defaults to the device's memory.
+    memory_bounds_trials: ClassVar[bool] = False
     # The ranks of the process group this process times steps with (set by a rank of a sharded
     # trial, `runner/rank_job.py`): its steps start and end together and report the slowest.
     ranks: int = 1
@@ -51,6 +56,12 @@ class Backend(ABC):
         """None where this backend can run here, else why not, in words (`tpu-tune devices`)."""
         return None if cls.is_available() else f"no {cls.kind} device here"
 
+    @classmethod
+    def device_on_host(cls) -> str | None:
+        """The device this host has where the backend can tell without running ("TPU chips"), so
+        that auto-detection refuses to fall back to the CPU when it cannot run; None by default."""
+        return None
+
     @property
     @abstractmethod
     def device(self) -> torch.device:
@@ -59,6 +70,25 @@ class Backend(ABC):
     @abstractmethod
     def info(self) -> DeviceInfo:
         """Device name, count, memory and peak FLOP/s."""
+
+    def device_name(self) -> str:
+        """The device's name, measuring nothing where the backend can (`info` may probe its peak)."""
+        return self.info().name
+
+    def describe(self) -> str:
+        """What `tpu-tune devices` says the backend runs on."""
+        return f"{self.device_name()} x {self.info().count}"
+
+    def available_memory_bytes(self, total: int | None) -> int | None:
+        """Memory a step may use now, given the device's `total` (the total where nothing says more)."""
+        return total
+
+    @classmethod
+    def device_mesh(cls, sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        """A DeviceMesh of `sizes` named `names` over the default process group's ranks."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(cls.kind, sizes, mesh_dim_names=names)
 
     @abstractmethod
     def synchronize(self) -> None:

@@ -15,6 +15,8 @@ class CpuBackend(Backend):
     """Runs on the host CPU. Its peak FLOP/s come from the cached roofline probe."""
 
     kind = "cpu"
+    label = "the CPU"
+    one_device_per_rank = False  # ranks share the cores (each runs cores / N threads)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -24,6 +26,22 @@ class CpuBackend(Backend):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
+    def device_name(self) -> str:
+        return cpu_model_name()
+
+    def describe(self) -> str:
+        return f"{cpu_model_name()}, {usable_cores()} usable cores"
+
+    def available_memory_bytes(self, total: int | None) -> int | None:
+        """The host's available memory (MemAvailable), else its free pages, else `total`."""
+        meminfo = _meminfo_bytes("MemAvailable:")
+        if meminfo is not None:
+            return meminfo
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return total
+
     def info(self) -> DeviceInfo:
         probe, was_cached = cached_probe(self.device, self.synchronize)
         peak = probe.to_peak(probe.describe() + (" (cached)" if was_cached else ""))
@@ -31,7 +49,7 @@ class CpuBackend(Backend):
             kind="cpu",
             name=cpu_model_name(),
             count=1,
-            memory_bytes=_total_memory_bytes(),
+            memory_bytes=_meminfo_bytes("MemTotal:"),
             peak=peak,
             details={"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "usable_cores": usable_cores()},
             probe=probe,
@@ -88,10 +106,11 @@ class CpuBackend(Backend):
         return kib * 1024, "peak resident set of the process since start (ru_maxrss)"
 
 
-def _total_memory_bytes() -> int | None:
+def _meminfo_bytes(field: str) -> int | None:
+    """A /proc/meminfo figure (`field` with its colon) in bytes; None where there is none."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -15,7 +15,9 @@ class CudaBackend(Backend):
     """Runs on the first CUDA device."""
 
     kind = "cuda"
+    label = "CUDA"
     process_group_backend = "nccl"  # NCCL: one GPU per rank
+    memory_bounds_trials = True
 
     @classmethod
     def rank_environment(cls, rank: int) -> dict[str, str]:
@@ -38,8 +40,18 @@ class CudaBackend(Backend):
     def device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
 
+    def device_name(self) -> str:
+        return str(torch.cuda.get_device_name(self.device))
+
+    def describe(self) -> str:
+        return f"{self.device_name()} x {torch.cuda.device_count()}"
+
+    def available_memory_bytes(self, total: int | None) -> int | None:
+        free, _ = torch.cuda.mem_get_info()  # free memory on the device, now
+        return int(free)
+
     def info(self) -> DeviceInfo:
-        name = torch.cuda.get_device_name(self.device)
+        name = self.device_name()
         spec = gpu_spec_for_name(name)
         probe = None
         if spec is not None:
@@ -65,7 +77,7 @@ class CudaBackend(Backend):
     def remeasure_peak(self) -> DevicePeak | None:
         # A datasheet peak is not re-measured (a step beating it has a wrong FLOP count); a GPU
         # missing from the table has a measured probe, which may have been taken under load.
-        if gpu_spec_for_name(torch.cuda.get_device_name(self.device)) is not None:
+        if gpu_spec_for_name(self.device_name()) is not None:
             return None
         probe, _ = cached_probe(self.device, self.synchronize, force=True)
         return probe.to_peak(probe.describe() + " (re-measured: a step beat the cached peak)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 # Distributions whose versions decide what runs: the backends', the planner's and TorchTPU's.
@@ -54,44 +53,16 @@ def installed_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | 
     return versions
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name (Linux), else what Python's platform module says."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def _device_detail(kind: str) -> str:
-    """What the available backend runs on, without profiling it (no roofline probe)."""
-    import os
-
-    import torch
-
-    if kind == "cuda":
-        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    if kind == "tpu":
-        from tpu_tuner.devices.torchtpu import torch_tpu_module
-
-        return f"{torch_tpu_module().get_device_name()} x {torch.accelerator.device_count()}"
-    return f"{cpu_model()}, {len(os.sched_getaffinity(0))} usable cores"
-
-
 def devices_report() -> DevicesReport:
     """Check every backend and the TorchTPU API on this host (imports torch; with torch-tpu
     installed also torch_tpu, a few seconds)."""
-    from tpu_tuner.devices import BACKENDS
+    from tpu_tuner.devices import backend_classes
     from tpu_tuner.devices.torchtpu_api import cached_api_check
 
     statuses = []
-    for kind, backend_class in BACKENDS.items():
-        reason = backend_class.unavailable_reason()
-        statuses.append(BackendStatus(kind, reason is None, _device_detail(kind) if reason is None else reason))
+    for backend in backend_classes():
+        reason = backend.unavailable_reason()
+        statuses.append(BackendStatus(backend.kind, reason is None, backend().describe() if reason is None else reason))
     check = cached_api_check()
     return DevicesReport(
         backends=statuses,

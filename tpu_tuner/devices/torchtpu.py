@@ -25,6 +25,7 @@ from tpu_tuner.devices.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER
                                              package_folder)
 from tpu_tuner.core.errors import BackendError, UserInputError
 from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
+from tpu_tuner.core import tpu_host
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
 
 # torch-tpu releases whose API this adapter was read against, and the libtpu 0.2.0 requires.
@@ -44,7 +45,13 @@ class TorchTpuBackend(Backend):
     """Runs on a TPU through TorchTPU, when the package is installed and a TPU is present."""
 
     kind = "tpu"
+    label = "TorchTPU"
     process_group_backend = PROCESS_GROUP_BACKEND  # TorchTPU's own; one process per device
+    memory_bounds_trials = True
+
+    @classmethod
+    def device_on_host(cls) -> str | None:
+        return "TPU chips" if tpu_host.tpu_chips_on_host() else None  # looked up now: tests replace it
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -83,9 +90,24 @@ class TorchTpuBackend(Backend):
     def device(self) -> torch.device:
         return torch.device("tpu", torch.accelerator.current_device_index())
 
+    def device_name(self) -> str:
+        return str(torch_tpu_module().get_device_name())
+
+    def describe(self) -> str:
+        return f"{self.device_name()} x {torch.accelerator.device_count()}"
+
+    @classmethod
+    def device_mesh(cls, sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        """A DeviceMesh over the TPU ranks in TorchTPU's ICI-aware order (``topology_aware_mesh``),
+        so that a mesh axis's neighbours are neighbours on the chip interconnect."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ranks = torch_tpu_module().distributed.topology_aware_mesh(mesh_shape=tuple(sizes))
+        return DeviceMesh("tpu", ranks, mesh_dim_names=names)
+
     def info(self) -> DeviceInfo:
         tpu = torch_tpu_module()
-        name = str(tpu.get_device_name())
+        name = self.device_name()
         chip = tpu_chip_for_name(name)
         if chip is None:
             raise BackendError(f"unknown TPU generation {name!r}: no peak FLOP/s for MFU")
@@ -205,11 +227,3 @@ def torch_tpu_module() -> Any:
 
     return torch.tpu  # type: ignore[attr-defined]
 
-
-def tpu_device_mesh(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
-    """A DeviceMesh over the TPU ranks in TorchTPU's ICI-aware order (``topology_aware_mesh``),
-    so that a mesh axis's neighbours are neighbours on the chip interconnect."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    ranks = torch_tpu_module().distributed.topology_aware_mesh(mesh_shape=tuple(sizes))
-    return DeviceMesh("tpu", ranks, mesh_dim_names=names)

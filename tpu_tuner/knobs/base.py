@@ -56,7 +56,7 @@ class Knob(ABC):
     agent: ClassVar[str]  # the agent that reasons about it (agents/<agent>.toml)
     default: ClassVar[str]
     values: ClassVar[tuple[str, ...] | None] = None  # the valid values, where they are a fixed set
-    device_kinds: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "tpu")
+    device_kinds: ClassVar[tuple[str, ...] | None] = None  # the backends it applies to; None: every one
     position: ClassVar[int] = 100  # order in labels, tables and configs (lower first)
 
     # --- values ------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class Knob(ABC):
     def applies_to(self, device_kind: str) -> bool:
         """Whether the knob means anything on this device kind (a config for another kind
         leaves it out)."""
-        return device_kind in self.device_kinds
+        return self.device_kinds is None or device_kind in self.device_kinds
 
     def active(self, settings: Mapping[str, str]) -> bool:
         """Whether the knob means anything given the other knobs' `settings` (name -> value, the

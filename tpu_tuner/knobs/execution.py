@@ -145,10 +145,10 @@ def compile_options(value: str) -> dict[str, Any] | None:
 
 def _eager_modes() -> tuple[str, ...]:
     """Every eager mode some backend knows (the first is the default), from the backends."""
-    from tpu_tuner.devices import BACKENDS  # lazy: the CLI checks values before it may import torch
+    from tpu_tuner.devices import backend_classes  # lazy: the CLI checks values before it may import torch
 
     modes = ["strict"]
-    for backend in BACKENDS.values():
+    for backend in backend_classes():
         modes += [m for m in backend.eager_modes() if m not in modes]
     return tuple(modes)
 

@@ -18,7 +18,7 @@ import tomli_w
 from torch import nn
 
 from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.devices import BACKENDS
+from tpu_tuner.devices import backend_class, names as backend_names
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError
 
@@ -247,9 +247,9 @@ def _settled(candidate: Candidate, tables: dict[str, Any], where: str | Path) ->
 
 
 def _backend_class(device_kind: str) -> Any:
-    if device_kind not in BACKENDS:
-        raise UserInputError(f"unknown device_kind {device_kind!r}; known: {', '.join(BACKENDS)}")
-    return BACKENDS[device_kind]
+    if device_kind not in backend_names():
+        raise UserInputError(f"unknown device_kind {device_kind!r}; known: {', '.join(backend_names())}")
+    return backend_class(device_kind)
 
 
 def _drop_none(value: Any) -> Any:

@@ -16,7 +16,6 @@ the profile goes on without one.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -148,26 +147,6 @@ def _estimate(workload: Workload, batch_size: int | None, seq_len: int | None) -
         peak_live_bytes=live.peak,
         batch_size=leading_size(inputs),
     )
-
-
-def available_memory_bytes(device_kind: str, device_total: int | None) -> int | None:
-    """Memory a step may use now: free GPU memory, available host memory on CPU, else the total."""
-    if device_kind == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        return int(free)
-    if device_kind == "cpu":
-        try:
-            with open("/proc/meminfo", encoding="ascii") as meminfo:
-                for line in meminfo:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return device_total
-    return device_total
 
 
 def check_budget(estimate: StepEstimate, available_bytes: int | None, step_seconds: float | None,

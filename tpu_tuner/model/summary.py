@@ -105,23 +105,11 @@ def input_signature(workload: Any, batch_size: int | None, seq_len: int | None) 
 
 
 def _device_name(backend: Any) -> str:
-    """The device's marketing name, without probing its peak (Backend.info() may)."""
+    """The device's name (`Backend.device_name`, which measures nothing), else its kind."""
     try:
-        if backend.kind == "cpu":
-            from tpu_tuner.core.host import cpu_model_name
-
-            return cpu_model_name()
-        if backend.kind == "cuda":
-            import torch
-
-            return str(torch.cuda.get_device_name(backend.device))
-        if backend.kind == "tpu":
-            import torch
-
-            return str(torch.tpu.get_device_name())  # type: ignore[attr-defined]
+        return str(backend.device_name())
     except Exception:  # noqa: BLE001 - a name is nice to have, never worth failing for
-        pass
-    return backend.kind
+        return str(backend.kind)
 
 
 __all__ = ["WorkloadSummary", "input_signature", "summarize"]

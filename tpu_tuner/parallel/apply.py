@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tpu_tuner.devices import backend_class, backend_classes
 from tpu_tuner.model import layouts
 from tpu_tuner.model.layouts import Layout, placements, why_not_ranks
 from tpu_tuner.model.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
@@ -110,11 +111,12 @@ def tensor_widths(model: nn.Module) -> dict[str, int]:
 
 
 def mesh_device_type() -> str:
-    """The device type of this process group's backend (gloo runs on CPU tensors)."""
+    """The device type of this process group's backend: the registered backend's that joins it
+    (gloo runs on CPU tensors)."""
     import torch.distributed as dist
 
-    backend = dist.get_backend()
-    return "cpu" if backend == "gloo" else "cuda" if backend == "nccl" else "tpu"
+    joined = dist.get_backend()
+    return "cpu" if joined == "gloo" else next(b.kind for b in backend_classes() if b.process_group_backend == joined)
 
 
 def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inference: bool = False) -> nn.Module:
@@ -122,7 +124,6 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inf
     process group, which must have `layout.devices` ranks. `inference`: the model only runs
     forwards (no optimizer step), so the data axis holds replicas of rank 0's weights, no DDP."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     world_size = dist.get_world_size()
     if layout.devices != world_size:
@@ -149,12 +150,7 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inf
                           "layout (DDP cannot wrap tensor-parallel parameters): use fsdp")
     names = ("data", "fsdp", "tensor")
     sizes = (layout.data, layout.fsdp, layout.tensor)
-    if device_type == "tpu":
-        from tpu_tuner.devices.torchtpu import tpu_device_mesh
-
-        mesh = tpu_device_mesh(sizes, names)  # ICI-aware rank order
-    else:
-        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    mesh = backend_class(device_type).device_mesh(sizes, names)  # TorchTPU's: ICI-aware rank order
     if from_hf and not inference:  # an inference layout took rank 0's weights above
         hf.same_weights_as_rank_zero(model)
     if layout.tensor > 1:

@@ -25,7 +25,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.batch import leading_size
 from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
 from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.metrics.estimate import StepEstimate, available_memory_bytes, check_budget, estimate_step
+from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
 from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
@@ -146,7 +146,8 @@ def profile(
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
-    estimate = _estimate_or_refuse(workload, backend.kind, info, batch_size, seq_len, settings)
+    estimate = _estimate_or_refuse(workload, backend.available_memory_bytes(info.memory_bytes), info, batch_size,
+                                   seq_len, settings)
     deadline = time.monotonic() + settings.max_profile_seconds
 
     with candidate.process(backend):
@@ -302,7 +303,7 @@ def _flops_report(
     )
 
 
-def _estimate_or_refuse(workload: Workload, device_kind: str, info: DeviceInfo, batch_size: int | None,
+def _estimate_or_refuse(workload: Workload, available_bytes: int | None, info: DeviceInfo, batch_size: int | None,
                         seq_len: int | None, settings: ProfilerSettings) -> StepEstimate | None:
     """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot
     fit in memory or in the time budget. None where the meta pass is impossible."""
@@ -313,8 +314,7 @@ def _estimate_or_refuse(workload: Workload, device_kind: str, info: DeviceInfo, 
     seconds = estimate.seconds(peak, info.peak.memory_bytes_per_s)
     log.info("meta-device estimate: %s; %s s per step at the device's peak", estimate.describe(),
              f"{seconds:.3g}" if seconds is not None else "n/a")
-    check_budget(estimate, available_memory_bytes(device_kind, info.memory_bytes), seconds,
-                 settings.max_step_seconds, workload.source, resizable=True)
+    check_budget(estimate, available_bytes, seconds, settings.max_step_seconds, workload.source, resizable=True)
     return estimate
 
 

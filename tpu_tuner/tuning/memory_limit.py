@@ -1,7 +1,8 @@
 """The study's memory constraint: which peak memory a trial may reach and still be feasible.
 
 `--trial-memory-gb` when the user gives it; otherwise the device's memory where the device has
-memory of its own that a step fills (CUDA, TPU: their allocators' peak is what is measured).
+memory of its own that a step fills (`Backend.memory_bounds_trials`: CUDA's, TPU's allocators' peak
+is what is measured).
 On CPU without `--trial-memory-gb` there is no memory constraint: the measured peak (the
 worker's VmHWM) includes the Python process and shares the machine's RAM with everything else,
 so the machine's total says little about what a step may use.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEVICE_MEMORY_KINDS = ("cuda", "tpu")
+from tpu_tuner.devices import backend_class
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,6 @@ def memory_limit(user_limit_bytes: int | None, device_kind: str, device_memory_b
     """The study's memory constraint, or None where there is none (CPU without a user limit)."""
     if user_limit_bytes:
         return MemoryLimit(int(user_limit_bytes), "--trial-memory-gb")
-    if device_kind in DEVICE_MEMORY_KINDS and device_memory_bytes:
+    if device_memory_bytes and backend_class(device_kind).memory_bounds_trials:
         return MemoryLimit(int(device_memory_bytes), "the device's memory")
     return None

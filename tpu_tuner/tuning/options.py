@@ -323,12 +323,12 @@ def _validate_hosts(runner: RunnerOptions, store: StoreOptions) -> None:
 
 
 def _check_space(space: str | Path, device: str | None) -> None:
-    """Load the search space as a run would: for the named device, or (device auto, not yet
-    known) for every device kind, requiring it to search something on at least one."""
+    """Load the space as a run would: on the named device, or (auto) on at least one registered backend."""
     from tpu_tuner.core.errors import DefinitionError
+    from tpu_tuner.devices import names as backend_names
     from tpu_tuner.tuning.space import SearchSpace
 
-    kinds = [device] if device and device != "auto" else ["cpu", "cuda", "tpu"]
+    kinds = [device] if device and device != "auto" else sorted(backend_names())
     first_error: DefinitionError | None = None
     for kind in kinds:
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.core.failures import FailureKind
-from tpu_tuner.devices import BACKENDS
+from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.lengths import LengthHistogram
 from tpu_tuner.model.summary import WorkloadSummary
@@ -37,13 +37,13 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     """Give each rank a device of its own (the device kind is known once profiled), refusing
     more ranks than devices where ranks cannot share one (a CPU's ranks share its cores). `nproc`
     is a host's; a runner over several hosts (`runner.nnodes`) has that many times as many ranks."""
-    backend = BACKENDS[profile.device.kind]
+    backend = backend_class(profile.device.kind)
     batch, ranks = profile.workload.batch_size, nproc * runner.nnodes
     if isinstance(batch, int) and batch % ranks:
         raise UserInputError(f"--nproc {nproc}" + (f" --nnodes {runner.nnodes}" if runner.nnodes > 1 else "")
                              + f": the batch of {batch} does not split over {ranks} ranks "
                              "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
-    if profile.device.kind != "cpu" and nproc > profile.device.count:
+    if backend.one_device_per_rank and nproc > profile.device.count:
         raise UserInputError(f"--nproc {nproc}: this host has {profile.device.count} "
                              f"{profile.device.kind} device(s), one per rank")
     runner.rank_environment = backend.rank_environment

@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.core.units import duration
-from tpu_tuner.devices import BACKENDS
+from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.runner.ranked_runner import Runner
@@ -179,7 +179,7 @@ class TuneTrials(Feature):
         `stop`, it stops early where the pruner's threshold says it is hopeless."""
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
-        env = candidate.environment(BACKENDS[self.space.device_kind])
+        env = candidate.environment(backend_class(self.space.device_kind))
         request = replace(self.measure_options, candidate=candidate.to_dict(),
                           stop_above_s=self.stop_above_s if stop else None,
                           planned_steps=self.options.objective.planned_steps)

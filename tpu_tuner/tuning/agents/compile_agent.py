@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
+from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.layout import layout_in
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.tuning.agents.base import Agent
@@ -50,11 +51,11 @@ class CompileAgent(Agent):
             findings.append("compute-bound: a compiler helps little unless it picks faster matmul kernels")
         else:
             findings.append(self._below_roofline(verdict))
-        if self.device_kind != "tpu":
+        if knobs.get("memory_format").applies_to(self.device_kind):
             findings.append(self._layout_finding(profile))
         self._training = profile.workload.training
         findings += training_step.findings(profile)
-        if self.device_kind != "tpu":
+        if knobs.get("compile_options").applies_to(self.device_kind):
             findings += compiler_options.findings(profile)
         return findings
 

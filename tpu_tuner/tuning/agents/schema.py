@@ -3,7 +3,9 @@
 Kept free of torch so that `tpu-tune tune` can check the definitions before anything heavy is
 imported (`TuneOptions.preflight`). The agents read these typed fields; a typo in a file is an
 error when it is loaded (`tpu_tuner.core.definitions.load_schema`), never a rule left at a default.
-Adding a key to an agents/*.toml file means adding it here.
+Adding a key to an agents/*.toml file means adding it here. A [seeds] table of settings tried
+first per device is keyed by the registered backends' names (`tpu_tuner.devices.names`, which
+imports no torch): a backend the table leaves out has none, and an unknown name is an error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from tpu_tuner.core.definitions import AgentHeader, load_agent_definition
 from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.devices import names as backend_names
 
 # --- the compile agent (agents/compile.toml) ----------------------------------------------------
 
@@ -23,16 +26,6 @@ class CompileDiagnose:
     """[diagnose]: which findings to report."""
 
     overhead_bound_hint: bool  # say that a compiler should cut dispatch time of an overhead-bound step
-
-
-@dataclass(frozen=True)
-class CompileSeeds:
-    """[seeds]: settings tried first, per device kind: an `execution` choice, or a parameter ->
-    choice map."""
-
-    cpu: tuple[str | dict[str, str], ...]
-    cuda: tuple[str | dict[str, str], ...]
-    tpu: tuple[str | dict[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -48,7 +41,7 @@ class CompileDefinition:
 
     agent: AgentHeader
     diagnose: CompileDiagnose
-    seeds: CompileSeeds
+    seeds: dict[str, tuple[str | dict[str, str], ...]]  # backend -> an `execution` choice or a parameter -> choice map
     validate: CompileValidate
 
 
@@ -60,15 +53,6 @@ class PrecisionDiagnose:
     """[diagnose]: when a step counts as matmul-heavy."""
 
     compute_share_hint: float
-
-
-@dataclass(frozen=True)
-class PrecisionSeeds:
-    """[seeds]: parameter -> choice maps tried first, per device kind."""
-
-    cpu: tuple[dict[str, str], ...]
-    cuda: tuple[dict[str, str], ...]
-    tpu: tuple[dict[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -94,7 +78,7 @@ class PrecisionDefinition:
 
     agent: AgentHeader
     diagnose: PrecisionDiagnose
-    seeds: PrecisionSeeds
+    seeds: dict[str, tuple[dict[str, str], ...]]  # backend -> parameter -> choice maps
     validate: PrecisionValidate
     hardware: PrecisionHardware
 
@@ -173,12 +157,18 @@ AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision":
 
 
 def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:
-    """The [seeds] entries of one device kind (none for a kind the table does not list)."""
-    return getattr(seeds, device_kind, ())
+    """The [seeds] entries of one backend, where the table is per backend (none for one it leaves out)."""
+    return tuple(seeds.get(device_kind, ())) if isinstance(seeds, dict) else ()
 
 
 def load_tuning_agent_definition(agent: str, name_or_path: str | Path | None = None) -> Any:
     """The checked definition of a tuning agent: its built-in file, or a whole file of its own."""
     if agent not in AGENT_DEFINITIONS:
         raise DefinitionError(f"unknown agent {agent!r}; known: {', '.join(AGENT_DEFINITIONS)}")
-    return load_agent_definition(AGENT_DEFINITIONS[agent], agent, name_or_path)
+    definition: Any = load_agent_definition(AGENT_DEFINITIONS[agent], agent, name_or_path)
+    seeds = getattr(definition, "seeds", None)
+    unknown = sorted(set(seeds) - set(backend_names())) if isinstance(seeds, dict) else []
+    if unknown:
+        where = f"agents/{agent}.toml" if name_or_path is None else name_or_path
+        raise DefinitionError(f"unknown key [seeds].{unknown[0]} (known: {', '.join(sorted(backend_names()))})", where)
+    return definition

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import ThreadsDefinition
-from tpu_tuner.knobs.intra_op_threads import ALL, usable_cores
+from tpu_tuner.knobs.intra_op_threads import ALL, IntraOpThreadsKnob, usable_cores
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -37,7 +37,7 @@ class ThreadsAgent(Agent):
         return found
 
     def diagnose(self, profile: Profile) -> list[str]:
-        if self.device_kind != "cpu":
+        if not IntraOpThreadsKnob().applies_to(self.device_kind):
             return [f"intra-op threads are a CPU setting: not searched on {self.device_kind}"]
         threads = profile.environment.get("threads", "?")
         head = f"torch runs {threads} intra-op threads on {usable_cores()} usable cores"
