@@ -177,7 +177,9 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
             spans = [results.get(timeout=600) for _ in children]
             for child in children:
                 child.join()
-        done = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+        reader = open_storage(url, 1)
+        done = optuna.load_study(study_name=name, storage=reader).get_trials(deepcopy=False)
+        reader.engine.dispose()
     measured = sum(s[2] for s in spans)
     assert measured == trials, (measured, trials)
     start = min(s[0] for s in spans)

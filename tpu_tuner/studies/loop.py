@@ -30,7 +30,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.studies.batched_storage import flush
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, trial_id_of
 
 log = logging.getLogger(__name__)
@@ -203,9 +202,9 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
                 try:
-                    outcome = _settle(study, feature, rules, trial, batch, storage)
+                    outcome = _settle(study, feature, rules, trial, batch)
                 except optuna.exceptions.UpdateFinishedTrialError:
-                    # Its setting's writes were refused at the flush: beats stopped for a grace period
+                    # Its setting's writes were refused: beats stopped for a grace period
                     # after the ask (a suspended host) and another worker failed it as lost.
                     log.warning("trial %d was failed as lost by another worker before it was evaluated here; "
                                 "asking again", trial.number)
@@ -244,12 +243,11 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
         return feature.ask(study)
 
 
-def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim],
-            storage: optuna.storages.BaseStorage | None = None) -> Claim | str:
+def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]) -> Claim | str:
     """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
 
-    The trial's writes are made first (its setting and claim reach other workers before it is
-    evaluated: `batched_storage.flush`). The study is read again after the ask: another worker
+    The trial's setting and claim are in the storage when it is begun (other workers see them
+    before it is evaluated). The study is read again after the ask: another worker
     may have settled this setting (even with a trial asked after this one, while this one's
     setting was being suggested), be evaluating it, or have taken the last of the budget since
     the loop looked. Claims are settled by trial number: the lower number evaluates a setting,
@@ -257,7 +255,6 @@ def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.T
     begun = feature.begin(trial)
     if begun is None:
         return "ruled out"
-    flush(storage)
     key, point = begun
     trials = study.get_trials(deepcopy=False)
     settled = feature.settled(trials)
