@@ -118,7 +118,13 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     if storage is not None:
         from sqlalchemy import event
 
-        event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.__setitem__(0, statements[0] + 1))
+        def executed(connection, cursor, statement, *args) -> None:  # noqa: ANN001
+            statements[0] += 1
+            # The journal's statements are transactions of their own (autocommit): count its writes.
+            autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            commits[0] += autocommit and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "SELECT TPU_TUNE"))
+
+        event.listen(storage.engine, "before_cursor_execute", executed)
         event.listen(storage.engine, "commit", lambda *args: commits.__setitem__(0, commits[0] + 1))
     started = time.time()
     run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(), worker=worker)

@@ -104,12 +104,13 @@ class JournalStudyStorage(JournalStorage):
     """`JournalStorage` on a `PostgresJournal`, with the heartbeat interface `RDBStorage` has
     (`record_heartbeat`, `get_heartbeat_interval`, `get_heartbeat_stale_trial_callback`, the
     `heartbeat_interval` and `grace_period` a worker sets) and `stale_trial_ids`, which the
-    liveness check calls (studies/liveness.py). `engine` is the connection pool: the caller
-    disposes of it."""
+    liveness check calls (studies/liveness.py). `url` is what it was opened with, as
+    `RDBStorage.url`; `engine` is the connection pool: the caller disposes of it."""
 
-    def __init__(self, engine: sqlalchemy.engine.Engine, heartbeat_interval: int, grace_period: int,
+    def __init__(self, url: str, engine: sqlalchemy.engine.Engine, heartbeat_interval: int, grace_period: int,
                  heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None) -> None:
-        self.engine = engine
+        self.url, self.engine = url, engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")  # no BEGIN, no COMMIT
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
         self.stale_trial_callback = heartbeat_stale_trial_callback
@@ -117,7 +118,7 @@ class JournalStudyStorage(JournalStorage):
 
     def record_heartbeat(self, trial_id: int) -> None:
         """Record that `trial_id` is alive now (the server's clock)."""
-        with self.engine.begin() as connection:
+        with self._autocommit.connect() as connection:
             connection.execute(_BEAT, {"trial_id": trial_id})
 
     def get_heartbeat_interval(self) -> int | None:
@@ -135,7 +136,7 @@ class JournalStudyStorage(JournalStorage):
                    for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))]
         if not running:
             return []
-        with self.engine.connect() as connection:
+        with self._autocommit.connect() as connection:
             return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
 
     def create_new_study(self, directions: list[StudyDirection], study_name: str | None = None) -> int:

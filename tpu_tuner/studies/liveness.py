@@ -74,10 +74,10 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     waits up to a minute for that lock (the default, 5 s, was too short for several workers).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
-    if sqlalchemy.make_url(url).get_backend_name() == "postgresql":
+    if keeps_journal(url):
         engine = sqlalchemy.create_engine(url)
         ping_when_idle(engine)
-        return JournalStudyStorage(engine, interval_s, grace, RetryLostTrial())
+        return JournalStudyStorage(url, engine, interval_s, grace, RetryLostTrial())
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = (
@@ -101,6 +101,17 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
     return storage
+
+
+def keeps_journal(url: str) -> bool:
+    """Whether tpu-tune keeps the studies of `url` in a journal (PostgreSQL, studies/journal.py)."""
+    return sqlalchemy.make_url(url).get_backend_name() == "postgresql"
+
+
+def read_storage(url: str) -> StudyStorage:
+    """A storage to read the studies of `url` with: the journal on PostgreSQL, else Optuna's
+    `RDBStorage` as `optuna.load_study(storage=url)` opens it (no SQLite write lock taken)."""
+    return open_storage(url) if keeps_journal(url) else RDBStorage(url)
 
 
 # A pooled server connection idle longer than this is pinged before use. SQLAlchemy's
@@ -331,4 +342,5 @@ def is_lost(trial: FrozenTrial) -> bool:
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
-           "StudyStorage", "fail_lost_trials", "is_lost", "open_storage", "set_liveness", "trial_id_of"]
+           "StudyStorage", "fail_lost_trials", "is_lost", "keeps_journal", "open_storage", "read_storage", "set_liveness",
+           "trial_id_of"]

@@ -203,7 +203,9 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
                 try:
                     outcome = _settle(study, feature, rules, trial, batch)
-                except optuna.exceptions.UpdateFinishedTrialError:
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+                    if not _failed_elsewhere(exc, study, trial.number):
+                        raise
                     # Its setting's writes were refused: beats stopped for a grace period
                     # after the ask (a suspended host) and another worker failed it as lost.
                     log.warning("trial %d was failed as lost by another worker before it was evaluated here; "
@@ -229,11 +231,22 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
             for claim, result in zip(batch, results):
                 try:
                     feature.tell(claim, result)
-                except optuna.exceptions.UpdateFinishedTrialError:
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+                    if not _failed_elsewhere(exc, study, claim.trial.number):
+                        raise
                     # Beats stopped for a whole grace period (a suspended host) and another worker
                     # failed this trial as lost and queued its setting again: its result is dropped.
                     log.warning("trial %d was failed as lost by another worker while it ran here; its result is "
                                 "dropped", claim.trial.number)
+
+
+def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:
+    """Whether `exc` says that trial `number` was finished by another worker: a write to it raises
+    `UpdateFinishedTrialError`; Optuna's tell, where it reads the trial first (the journal
+    storage), raises ValueError ("Cannot tell a FAIL trial")."""
+    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+        return True
+    return study.get_trials(deepcopy=False)[number].state.is_finished()
 
 
 def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:

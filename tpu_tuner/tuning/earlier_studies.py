@@ -28,7 +28,7 @@ import optuna
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.studies.liveness import StudyStorage, open_storage
+from tpu_tuner.studies.liveness import StudyStorage, read_storage
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.workload_features import WorkloadFeatures, features_of_json, optional
 
@@ -74,7 +74,7 @@ class EarlierStudy:
     def open(self, storages: dict[str, StudyStorage]) -> optuna.Study:
         """The study, through `storages` (one connection pool per storage, disposed by the caller)."""
         if self.url not in storages:
-            storages[self.url] = open_storage(self.url)
+            storages[self.url] = read_storage(self.url)
         return optuna.load_study(study_name=self.name, storage=storages[self.url])
 
 
@@ -89,7 +89,7 @@ def storage_studies(storage: str | None, exclude_study: str | None,
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         return []  # opening it would create it
     try:
-        rdb = storages[storage] = open_storage(storage)
+        rdb = storages[storage] = read_storage(storage)
         summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     except Exception as exc:  # noqa: BLE001 - no earlier studies to offer, not an error
         log.debug("warm start: cannot list the studies of %s: %s", redact(bare),
