@@ -18,8 +18,8 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import TrialState
-
 from postgres_server import PASSWORD
+
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.runner.requests import MeasureRequest

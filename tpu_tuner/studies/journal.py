@@ -24,7 +24,7 @@ the other's `set_trial_state_values` returns False or raises `UpdateFinishedTria
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import optuna
@@ -139,7 +139,7 @@ class JournalStudyStorage(JournalStorage):
         with self._autocommit.connect() as connection:
             return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
 
-    def create_new_study(self, directions: list[StudyDirection], study_name: str | None = None) -> int:
+    def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
         if study_name is not None:
             self._refuse_rdb_study(study_name)
         return super().create_new_study(directions, study_name)

@@ -19,8 +19,8 @@ import logging
 import os
 import socket
 import threading
-import uuid
 import time
+import uuid
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import JournalStudyStorage
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,6 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
     return storage
-
-
-def keeps_journal(url: str) -> bool:
-    """Whether tpu-tune keeps the studies of `url` in a journal (PostgreSQL, studies/journal.py)."""
-    return sqlalchemy.make_url(url).get_backend_name() == "postgresql"
 
 
 def read_storage(url: str) -> StudyStorage:
@@ -201,17 +196,17 @@ class Heartbeat:
     """
 
     def __init__(self, storage: StudyStorage, trial_id: int) -> None:
-        self._storage = storage
-        self._trial_id = trial_id
+        self.storage = storage
+        self.trial_id = trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Heartbeat":
-        interval = self._storage.get_heartbeat_interval()
+        interval = self.storage.get_heartbeat_interval()
         if interval is None:
             return self
         self._beat()
-        self._thread = threading.Thread(target=self._run, args=(interval,), name=f"heartbeat-{self._trial_id}",
+        self._thread = threading.Thread(target=self._run, args=(interval,), name=f"heartbeat-{self.trial_id}",
                                         daemon=True)
         self._thread.start()
         return self
@@ -227,7 +222,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            self._storage.record_heartbeat(self._trial_id)
+            self.storage.record_heartbeat(self.trial_id)
         except Exception as exc:  # noqa: BLE001 - a lost connection: the next beat tries again
             log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
 
@@ -269,8 +264,8 @@ def fail_lost_trials(study: optuna.Study, storage: StudyStorage, watch: RunningW
     failed = False
     if _stale_check_due(study, storage):
         if isinstance(storage, JournalStudyStorage):
-            stale = storage.stale_trial_ids(storage.get_study_id_from_name(study.study_name))
-            failed = any([_fail_lost(study, storage, trial_id, "its heartbeat stopped") for trial_id in stale])
+            for trial_id in storage.stale_trial_ids(storage.get_study_id_from_name(study.study_name)):
+                failed = _fail_lost(study, storage, trial_id, "its heartbeat stopped") or failed
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -342,5 +337,5 @@ def is_lost(trial: FrozenTrial) -> bool:
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
-           "StudyStorage", "fail_lost_trials", "is_lost", "keeps_journal", "open_storage", "read_storage", "set_liveness",
+           "StudyStorage", "fail_lost_trials", "is_lost", "open_storage", "read_storage", "set_liveness",
            "trial_id_of"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+from importlib.metadata import version
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -240,7 +241,7 @@ class TuningResult:
             "created": self.created,
             "device": self.profile.device.name,
             "device_count": self.profile.device.count,
-            "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": optuna.__version__,
+            "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": version("optuna"),
                          "python": platform.python_version()},
             "workload": self.profile.workload.to_dict(),
             "objective": f"amortised step time over {self.options.objective.planned_steps} planned steps",
