@@ -161,8 +161,8 @@ class JournalStudyStorage(JournalStorage):
                                        {"name": study_name}).first()
         if found is not None:
             raise UserInputError(
-                f"study {study_name!r} in {self.engine.url.render_as_string(hide_password=True)} is kept in "
-                "Optuna's RDB tables by an earlier tpu-tune, which this one does not read (it keeps server studies "
-                "in a journal, docs/many-workers.md): finish it with that version, or name another study")
+                f"study {study_name!r} in {self.engine.url.render_as_string(hide_password=True)} is in Optuna's "
+                "RDB tables (where tpu-tune kept server studies before its journal, docs/many-workers.md), which "
+                "this version does not read: finish it with the earlier version, or name another study")
 
 __all__ = ["HEARTBEAT_TABLE", "JOURNAL_TABLE", "JournalStudyStorage", "PostgresJournal"]
