@@ -118,7 +118,13 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     if storage is not None:
         from sqlalchemy import event
 
-        event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.__setitem__(0, statements[0] + 1))
+        def executed(connection, cursor, statement, *args) -> None:  # noqa: ANN001
+            statements[0] += 1
+            # The journal's statements are transactions of their own (autocommit): count its writes.
+            autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            commits[0] += autocommit and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "SELECT TPU_TUNE"))
+
+        event.listen(storage.engine, "before_cursor_execute", executed)
         event.listen(storage.engine, "commit", lambda *args: commits.__setitem__(0, commits[0] + 1))
     started = time.time()
     run_search(study, space, [], InstantRunner(), MeasureRequest(), options, lambda event: None, time.perf_counter(), worker=worker)
@@ -177,7 +183,9 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
             spans = [results.get(timeout=600) for _ in children]
             for child in children:
                 child.join()
-        done = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+        reader = open_storage(url, 1)
+        done = optuna.load_study(study_name=name, storage=reader).get_trials(deepcopy=False)
+        reader.engine.dispose()
     measured = sum(s[2] for s in spans)
     assert measured == trials, (measured, trials)
     start = min(s[0] for s in spans)

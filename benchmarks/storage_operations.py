@@ -3,11 +3,9 @@ tests/postgres_server.py): the breakdown behind docs/many-workers.md's storage o
 
 One worker's trial, step by step as the search loop does it (`run_loop`, `TuneTrials`), each
 step timed on its own: the ask; the trial's storage id and first heartbeat; the setting's
-parameters (the sampler's read of the study; the writes held, studies/batched_storage.py); the
-claim (worker, host: one record write, held); the flush that makes the held writes (one
-transaction, before the trial is measured); the loop's read of the study after the ask (this
-process's own trials answered from memory); the measurement's record and its accuracy constraint (held); the tell (record, constraint, value and
-state in one transaction); and the next round's look at the study (stale trials, at most once a
+parameters (the sampler's read of the study; on the journal, studies/journal.py, one append a
+parameter); the claim (worker, host: one record write); the loop's read of the study after the
+ask; the measurement's record and its accuracy constraint; the tell; and the next round's look at the study (stale trials, at most once a
 heartbeat interval; one read) and at its exclusions (failure learning: the study's user
 attributes read when failures are new, and every 10 s). Median milliseconds over the trials after the first 10 (TPE's start-up trials).
 
@@ -57,7 +55,6 @@ def operations(trials: int) -> dict[str, list[float]]:
     from many_workers import InstantRunner, _loop_options, _space
     from postgres_server import running_server
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.studies.batched_storage import flush
     from tpu_tuner.studies.liveness import fail_lost_trials, open_storage, trial_id_of
     from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.failures import FailureLearning
@@ -68,8 +65,13 @@ def operations(trials: int) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {}
     with running_server() as server:
         storage = open_storage(server.url("tune"), 1)
-        sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
-                                lambda *args: _executed.__setitem__(0, _executed[0] + 1))
+        def executed(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+            _executed[0] += 1
+            # The journal's statements are transactions of their own (autocommit): count its writes.
+            autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            _committed[0] += autocommit and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "SELECT TPU_TUNE"))
+
+        sqlalchemy.event.listen(storage.engine, "before_cursor_execute", executed)
         sqlalchemy.event.listen(storage.engine, "commit", lambda *args: _committed.__setitem__(0, _committed[0] + 1))
         study = optuna.create_study(storage=storage, study_name=f"operations-{uuid.uuid4().hex[:8]}",
                                     direction="minimize", sampler=build_sampler(options, space))
@@ -83,7 +85,6 @@ def operations(trials: int) -> dict[str, list[float]]:
             _timed(costs, "first heartbeat", lambda: storage.record_heartbeat(trial_id))
             _timed(costs, "parameters (suggest)", lambda: space.suggest(trial))
             _timed(costs, "claim (record write)", lambda: trial_attrs.record_claim(trial, "worker", "host"))
-            _timed(costs, "flush (setting + claim)", lambda: flush(storage))
             _timed(costs, "loop's read after the ask", lambda: study.get_trials(deepcopy=False))
             value = _timed(costs, "record write + constraint",
                            lambda: trial_attrs.record_measurement(trial, m, options.objective.planned_steps,

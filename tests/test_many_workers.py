@@ -22,7 +22,7 @@ from conftest import FIXTURES
 from postgres_server import PASSWORD
 from tpu_tuner.cli import main
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.studies.liveness import is_lost
+from tpu_tuner.studies.liveness import is_lost, open_storage
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.seeding import enqueue_seeds
 from tpu_tuner.tuning.warm_start import find_warm_seeds
@@ -63,9 +63,10 @@ def _kill_one_mid_trial(url: str, workers: list[subprocess.Popen]) -> tuple[int,
     while it measures a trial; the trial's number and the trials complete at that moment."""
     by_pid = {w.pid: w for w in workers}
     deadline = time.monotonic() + 240
+    storage = open_storage(url)
     while time.monotonic() < deadline:
         try:
-            study = optuna.load_study(study_name=STUDY, storage=url)
+            study = optuna.load_study(study_name=STUDY, storage=storage)
         except KeyError:  # not created yet
             time.sleep(0.5)
             continue
@@ -92,7 +93,7 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
             if w.poll() is None:
                 os.killpg(w.pid, signal.SIGKILL)
     logs = "\n".join(p.read_text() for p in sorted(tmp_path.glob("worker*.log")))
-    study = optuna.load_study(study_name=STUDY, storage=url)
+    study = optuna.load_study(study_name=STUDY, storage=open_storage(url))
     trials = study.get_trials(deepcopy=False)
     by_number = {t.number: t for t in trials}
     dead = by_number[killed_trial]

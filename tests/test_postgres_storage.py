@@ -15,6 +15,7 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.api import tune
 from tpu_tuner.studies import records
+from tpu_tuner.studies.liveness import open_storage
 
 FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
                         timing_max_steps=20, profiled_steps=1, top_operators=5, explained_share_min=0.5)
@@ -28,7 +29,8 @@ def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(
                           out=tmp_path, trial_timeout_s=60.0, trial_settings=FAST)
     result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
     # The trials are on the server: a fresh connection reads them back by the study's name.
-    stored = optuna.load_study(study_name=result.study.study_name, storage=url)
+    # The server study is a journal (studies/journal.py): read through tpu-tune's storage.
+    stored = optuna.load_study(study_name=result.study.study_name, storage=open_storage(url))
     measured = [t for t in stored.trials if records.attrs(t).get("measured") and "repeat_of" not in records.attrs(t)]
     assert len(measured) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
     # Nothing the run wrote holds the password (the URL is kept without it).

@@ -223,14 +223,15 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     theirs.set_user_attr(records.RECORD, {records.MEASURED: True, records.FEASIBLE: True})
     other.tell(theirs, 1.0)
     assert theirs.number == 1
-    assert _settle(study, feature, Rules(budget=5), mine, [], storage) == "repeat"
+    assert _settle(study, feature, Rules(budget=5), mine, []) == "repeat"
     assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1
 
 
-def test_a_trial_failed_as_lost_before_its_flush_is_skipped_and_the_loop_goes_on(tmp_path, caplog) -> None:
-    """Another worker fails the trial (as the lost-trial check does) while its setting is being
-    suggested: the batched storage refuses its writes at the flush; the loop logs it, evaluates
-    nothing for it, and still meets its budget."""
+def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the_loop_goes_on(tmp_path,
+                                                                                           caplog) -> None:
+    """Another worker fails the trial (as the lost-trial check does) between its ask and its
+    claim: the storage refuses the claim's write; the loop logs it, evaluates nothing for it, and
+    still meets its budget."""
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     storage = open_storage(url, 1)
     study = optuna.create_study(storage=storage, study_name="lost", sampler=optuna.samplers.RandomSampler(seed=0))
@@ -238,10 +239,10 @@ def test_a_trial_failed_as_lost_before_its_flush_is_skipped_and_the_loop_goes_on
 
     class FailedMeanwhile(Scripted):
         def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
-            begun = super().begin(trial)
             if trial.number == 0:
                 other.set_trial_state_values(other.get_trial_id_from_study_id_trial_number(
                     other.get_study_id_from_name("lost"), 0), TrialState.FAIL)
+            begun = super().begin(trial)
             return begun
 
     feature = FailedMeanwhile()
@@ -249,5 +250,5 @@ def test_a_trial_failed_as_lost_before_its_flush_is_skipped_and_the_loop_goes_on
         end = run_loop(study, feature, Rules(budget=3), _worker(storage))
     assert end.reason == "budget" and end.spent == 3 and len(feature.evaluated) == 3
     first = optuna.load_study(study_name="lost", storage=url).get_trials()[0]
-    assert first.state == TrialState.FAIL and records.WORKER not in first.user_attrs  # its held claim refused
+    assert first.state == TrialState.FAIL and records.WORKER not in first.user_attrs  # its claim refused
     assert "trial 0 was failed as lost by another worker before it was evaluated here" in caplog.text

@@ -21,7 +21,7 @@ from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.space import Param, SearchSpace
-from tpu_tuner.tuning import warm_start
+from tpu_tuner.tuning import earlier_studies, warm_start
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
 from tpu_tuner.tuning.workload_features import (WorkloadFeatures, distance, features_of, features_of_json,
                                                 model_kind_of)
@@ -296,14 +296,12 @@ def test_storage_studies_without_password(tmp_path: Path, monkeypatch: pytest.Mo
                                           caplog: pytest.LogCaptureFixture) -> None:
     sqlite = _shared_storage(tmp_path)
 
-    class ServerStandIn(optuna.storages.RDBStorage):
+    def server_stand_in(url: str) -> optuna.storages.RDBStorage:
         """A server URL with a password, answered by the SQLite file (no server in this test)."""
+        assert url.startswith("postgresql://")
+        return optuna.storages.RDBStorage(sqlite)
 
-        def __init__(self, url: str, **kwargs: Any) -> None:
-            assert url.startswith("postgresql://")
-            super().__init__(sqlite, **kwargs)
-
-    monkeypatch.setattr(optuna.storages, "RDBStorage", ServerStandIn)
+    monkeypatch.setattr(earlier_studies, "read_storage", server_stand_in)
     url = "postgresql://tune:s3cret@db.example:5432/tune"
     with caplog.at_level(logging.DEBUG, logger=WARM_START_LOGGERS):
         seeds = find_warm_seeds(_space(), _here(), storage=url, results_dir=None, exclude_study="gpt-new")

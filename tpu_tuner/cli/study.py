@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tpu_tuner.cli.common import add_out, device_or_none
+from tpu_tuner.studies.storage import keeps_journal
 
 NAME = "study"
 HELP = "a study shared by several workers (--study): its status, or finish it"
@@ -49,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"speedup   {result.verification.message} (verified on {result.verification.host})")
     print(f"tuned     {result.verification.chosen.describe()}")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
-    print(f"dashboard optuna-dashboard {redact(storage)}")
+    if not keeps_journal(storage):  # a PostgreSQL journal: docs/many-workers.md says how to view it
+        print(f"dashboard optuna-dashboard {redact(storage)}")
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 
 from tpu_tuner.cli.common import add_run_args, default_of, device_or_none
 from tpu_tuner.core.units import parse_duration
+from tpu_tuner.studies.storage import keeps_journal
 from tpu_tuner.tuning.options import (KEYWORDS, SAMPLERS, ObjectiveOptions, RunnerOptions, SearchOptions, StoreOptions,
                                       TuneOptions)
 
@@ -189,5 +190,7 @@ def run(args: argparse.Namespace) -> int:
             # Two estimators of one window: close, not identical.
             print(f"          (geometric mean of the per-round ratios; the medians above give {compared.ratio:.2f}x)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
-    print(f"dashboard optuna-dashboard {redact(str(result.best_config.provenance['study']['storage']))}")
+    stored = str(result.best_config.provenance["study"]["storage"])
+    if not keeps_journal(stored):  # a PostgreSQL journal: docs/many-workers.md says how to view it
+        print(f"dashboard optuna-dashboard {redact(stored)}")
     return 0

@@ -44,7 +44,7 @@ from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
-from tpu_tuner.studies.liveness import Worker, open_storage
+from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
 from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
 from tpu_tuner.studies.records import COMPILED, INVALID, LOWER_BOUND, REFUSED, RELEASED, REPEAT
 from tpu_tuner.studies.samplers import build_sampler
@@ -249,7 +249,7 @@ def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
 
 
 def _open_study(problem: PlanProblem, options: PlanOptions,
-                space: SearchSpace) -> tuple[optuna.Study, optuna.storages.RDBStorage | None]:
+                space: SearchSpace) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)
     if options.sampler == "exhaustive":

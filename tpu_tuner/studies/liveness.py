@@ -19,8 +19,8 @@ import logging
 import os
 import socket
 import threading
-import uuid
 import time
+import uuid
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -32,10 +32,13 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.studies import records
-from tpu_tuner.studies.batched_storage import BatchedStorage
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S
+from tpu_tuner.studies.journal import JournalStudyStorage
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal
 
 log = logging.getLogger(__name__)
+
+# A study's storage: Optuna's RDBStorage (SQLite, MySQL) or the journal on PostgreSQL; both beat.
+StudyStorage = RDBStorage | JournalStudyStorage
 
 # Seconds between a running trial's heartbeats, and without one before other workers call it
 # lost. The grace period is three beats, not Optuna's two: a beat written by a thread of a process
@@ -55,20 +58,26 @@ def default_grace_period(interval_s: int) -> int:
     return GRACE_BEATS * interval_s
 
 
-def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_s: int | None = None) -> RDBStorage:
-    """An RDB storage for `url` whose trials keep heartbeats and whose lost trials are retried.
+def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_s: int | None = None) -> StudyStorage:
+    """The storage for `url`, whose trials keep heartbeats and whose lost trials are retried.
 
-    SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (the write lock at once), because
-    Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and SQLite
-    ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three processes
-    popping 200 queued trials from one SQLite study took 22 of them twice. It also waits up to a
-    minute for that lock (the default, 5 s, was too short for several workers). A server
-    connection that sat idle in the pool is checked before use (`ping_when_idle`), so one the
-    server closed during a long trial is replaced. The storage is a `BatchedStorage`
-    (studies/batched_storage.py): a running trial's writes are held and made together, in one
-    transaction, and its reads answered from memory (docs/many-workers.md).
+    PostgreSQL: a `JournalStudyStorage` (studies/journal.py), a trial's operations appended to a
+    journal, a few milliseconds a trial where Optuna's `RDBStorage` spent a hundred
+    (docs/many-workers.md). A server connection that sat idle in the pool is checked before use
+    (`ping_when_idle`), so one the server closed during a long trial is replaced.
+
+    Any other URL (SQLite, the default; MySQL): Optuna's `RDBStorage`, which optuna-dashboard
+    reads. SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (the write lock at once),
+    because Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and
+    SQLite ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three
+    processes popping 200 queued trials from one SQLite study took 22 of them twice. It also
+    waits up to a minute for that lock (the default, 5 s, was too short for several workers).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
+    if keeps_journal(url):
+        engine = sqlalchemy.create_engine(url)
+        ping_when_idle(engine)
+        return JournalStudyStorage(url, engine, interval_s, grace, RetryLostTrial())
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = (
@@ -79,8 +88,8 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             with warnings.catch_warnings():
                 # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = BatchedStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
-                                         grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
+                storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
+                                     grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             # Workers that start together on a new database race to create its tables ("table
@@ -91,9 +100,13 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
-    else:
-        ping_when_idle(storage.engine)
     return storage
+
+
+def read_storage(url: str) -> StudyStorage:
+    """A storage to read the studies of `url` with: the journal on PostgreSQL, else Optuna's
+    `RDBStorage` as `optuna.load_study(storage=url)` opens it (no SQLite write lock taken)."""
+    return open_storage(url) if keeps_journal(url) else RDBStorage(url)
 
 
 # A pooled server connection idle longer than this is pinged before use. SQLAlchemy's
@@ -128,7 +141,7 @@ def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def set_liveness(storage: RDBStorage, interval_s: int, grace_period_s: int | None) -> None:
+def set_liveness(storage: StudyStorage, interval_s: int, grace_period_s: int | None) -> None:
     """Make `storage` beat and judge staleness as the study's workers agreed (a worker that judged
     others by a shorter grace period than theirs would fail their live trials)."""
     storage.heartbeat_interval = interval_s
@@ -164,12 +177,12 @@ class Worker:
 
     id: str
     host: str
-    storage: RDBStorage | None = None
+    storage: StudyStorage | None = None
     # Seconds between looks at the study while other workers' trials hold the rest of the budget.
     poll_s: float = 2.0
 
     @classmethod
-    def this_process(cls, storage: RDBStorage | None) -> "Worker":
+    def this_process(cls, storage: StudyStorage | None) -> "Worker":
         host = socket.gethostname()
         return cls(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}", host, storage)
 
@@ -182,18 +195,18 @@ class Heartbeat:
     trial is only lost when beats stop for the whole grace period.
     """
 
-    def __init__(self, storage: RDBStorage, trial_id: int) -> None:
-        self._storage = storage
-        self._trial_id = trial_id
+    def __init__(self, storage: StudyStorage, trial_id: int) -> None:
+        self.storage = storage
+        self.trial_id = trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Heartbeat":
-        interval = self._storage.get_heartbeat_interval()
+        interval = self.storage.get_heartbeat_interval()
         if interval is None:
             return self
         self._beat()
-        self._thread = threading.Thread(target=self._run, args=(interval,), name=f"heartbeat-{self._trial_id}",
+        self._thread = threading.Thread(target=self._run, args=(interval,), name=f"heartbeat-{self.trial_id}",
                                         daemon=True)
         self._thread.start()
         return self
@@ -209,7 +222,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            self._storage.record_heartbeat(self._trial_id)
+            self.storage.record_heartbeat(self.trial_id)
         except Exception as exc:  # noqa: BLE001 - a lost connection: the next beat tries again
             log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
 
@@ -238,39 +251,50 @@ class RunningWatch:
         return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
 
 
-def fail_lost_trials(study: optuna.Study, storage: RDBStorage, watch: RunningWatch | None = None) -> list[FrozenTrial]:
+def fail_lost_trials(study: optuna.Study, storage: StudyStorage, watch: RunningWatch | None = None) -> list[FrozenTrial]:
     """Fail the study's RUNNING trials whose worker is gone, and queue their settings again: those
-    with a stale heartbeat (Optuna's `fail_stale_trials`), and with `watch`, those this worker has
-    seen running for longer than any trial can (`RunningWatch`), with the same retry.
+    with a stale heartbeat (Optuna's `fail_stale_trials` on an `RDBStorage`, the journal's
+    `stale_trial_ids`), and with `watch`, those this worker has seen running for longer than any
+    trial can (`RunningWatch`), with the same retry.
 
     The stale check runs at most once a heartbeat interval for a study (`_stale_check_due`).
     Returns the study's trials as they stand afterwards (`get_trials(deepcopy=False)`): the one
     read of the whole study that the loop needs each round (it is read again only when a trial
     was failed here)."""
+    failed = False
     if _stale_check_due(study, storage):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+        if isinstance(storage, JournalStudyStorage):
+            for trial_id in storage.stale_trial_ids(storage.get_study_id_from_name(study.study_name)):
+                failed = _fail_lost(study, storage, trial_id, "its heartbeat stopped") or failed
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(study)
     trials = study.get_trials(deepcopy=False)
     if watch is None:
-        return trials
-    failed = False
+        return study.get_trials(deepcopy=False) if failed else trials
     for trial in watch.overdue([t for t in trials if t.state == TrialState.RUNNING]):
-        trial_id = trial_id_of(storage, study, trial.number)
-        try:
-            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
-                failed = True
-                log.warning("trial %d ran for over %.0f s: its worker is gone; failed as lost", trial.number,
-                            watch.overdue_s)
-                callback = storage.get_heartbeat_stale_trial_callback()
-                if callback is not None:
-                    callback(study, copy.deepcopy(storage.get_trial(trial_id)))
-        except optuna.exceptions.UpdateFinishedTrialError:
-            failed = True  # another worker failed it first (and queued its retry)
+        reason = f"it ran for over {watch.overdue_s:.0f} s"
+        failed = _fail_lost(study, storage, trial_id_of(storage, study, trial.number), reason) or failed
     return study.get_trials(deepcopy=False) if failed else trials
 
 
-def _stale_check_due(study: optuna.Study, storage: RDBStorage) -> bool:
+def _fail_lost(study: optuna.Study, storage: StudyStorage, trial_id: int, reason: str) -> bool:
+    """Fail trial `trial_id` as lost and queue its retry; False where it had finished already."""
+    try:
+        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return True  # another worker failed it first (and queued its retry)
+    trial = copy.deepcopy(storage.get_trial(trial_id))
+    log.warning("trial %d: its worker is gone (%s); failed as lost", trial.number, reason)
+    callback = storage.get_heartbeat_stale_trial_callback()
+    if callback is not None:
+        callback(study, trial)
+    return True
+
+
+def _stale_check_due(study: optuna.Study, storage: StudyStorage) -> bool:
     """Whether the study's stale check is due, and if so, mark it done now. A trial goes stale
     only `grace_period` seconds (several beats) after its last beat, so checking more often than
     once a beat finds nothing more; the loop looked every round, two statements a trial."""
@@ -290,9 +314,8 @@ def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, numbe
     through the storage's public interface: Optuna keeps the id on a trial only privately.
 
     The study's id is looked up once per `Study` object and storage (a `Study` is bound to one
-    study id for its life); each trial's id is one query, a round trip that every heartbeat's
-    first beat paid twice (none for a trial this process asked on a `BatchedStorage`, which
-    knows its trials' ids)."""
+    study id for its life); each trial's id is one query (on the journal, a read of what other
+    workers appended since the last)."""
     known = _study_ids.get(study)
     if known is not None and known[0] is storage:
         study_id = known[1]
@@ -314,4 +337,5 @@ def is_lost(trial: FrozenTrial) -> bool:
 
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
-           "fail_lost_trials", "is_lost", "open_storage", "set_liveness", "trial_id_of"]
+           "StudyStorage", "fail_lost_trials", "is_lost", "open_storage", "read_storage", "set_liveness",
+           "trial_id_of"]

@@ -30,7 +30,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.studies.batched_storage import flush
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, trial_id_of
 
 log = logging.getLogger(__name__)
@@ -203,9 +202,11 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
                 try:
-                    outcome = _settle(study, feature, rules, trial, batch, storage)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    # Its setting's writes were refused at the flush: beats stopped for a grace period
+                    outcome = _settle(study, feature, rules, trial, batch)
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+                    if not _failed_elsewhere(exc, study, trial.number):
+                        raise
+                    # Its setting's writes were refused: beats stopped for a grace period
                     # after the ask (a suspended host) and another worker failed it as lost.
                     log.warning("trial %d was failed as lost by another worker before it was evaluated here; "
                                 "asking again", trial.number)
@@ -230,11 +231,22 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
             for claim, result in zip(batch, results):
                 try:
                     feature.tell(claim, result)
-                except optuna.exceptions.UpdateFinishedTrialError:
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+                    if not _failed_elsewhere(exc, study, claim.trial.number):
+                        raise
                     # Beats stopped for a whole grace period (a suspended host) and another worker
                     # failed this trial as lost and queued its setting again: its result is dropped.
                     log.warning("trial %d was failed as lost by another worker while it ran here; its result is "
                                 "dropped", claim.trial.number)
+
+
+def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:
+    """Whether `exc` says that trial `number` was finished by another worker: a write to it raises
+    `UpdateFinishedTrialError`; Optuna's tell, where it reads the trial first (the journal
+    storage), raises ValueError ("Cannot tell a FAIL trial")."""
+    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+        return True
+    return study.get_trials(deepcopy=False)[number].state.is_finished()
 
 
 def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
@@ -244,12 +256,11 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
         return feature.ask(study)
 
 
-def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim],
-            storage: optuna.storages.BaseStorage | None = None) -> Claim | str:
+def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]) -> Claim | str:
     """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
 
-    The trial's writes are made first (its setting and claim reach other workers before it is
-    evaluated: `batched_storage.flush`). The study is read again after the ask: another worker
+    The trial's setting and claim are in the storage when it is begun (other workers see them
+    before it is evaluated). The study is read again after the ask: another worker
     may have settled this setting (even with a trial asked after this one, while this one's
     setting was being suggested), be evaluating it, or have taken the last of the budget since
     the loop looked. Claims are settled by trial number: the lower number evaluates a setting,
@@ -257,7 +268,6 @@ def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.T
     begun = feature.begin(trial)
     if begun is None:
         return "ruled out"
-    flush(storage)
     key, point = begun
     trials = study.get_trials(deepcopy=False)
     settled = feature.settled(trials)

@@ -88,8 +88,8 @@ class SettingsGrid(optuna.samplers.BaseSampler):
         if param_name in setting:
             return setting[param_name]
         # A parameter outside the grid's settings: any value of its distribution.
-        return optuna.samplers.RandomSampler(seed=int(self._rng.randint(2**31))).sample_independent(
-            study, trial, param_name, param_distribution)
+        seed = int(self._rng.randint(2**31))
+        return optuna.samplers.RandomSampler(seed=seed).sample_independent(study, trial, param_name, param_distribution)
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:

@@ -39,6 +39,15 @@ def shared_sqlite(out: str | Path) -> str:
     return f"sqlite:///{(Path(out) / SHARED_SQLITE).resolve()}"
 
 
+def keeps_journal(url: str) -> bool:
+    """Whether tpu-tune keeps the studies of `url` in a journal of its own (PostgreSQL,
+    studies/journal.py), which optuna-dashboard cannot open by URL, rather than in Optuna's RDB
+    tables (SQLite, MySQL)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).get_backend_name() == "postgresql"
+
+
 def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> None:
     """Raise `UserInputError` (with the password removed) when `url` cannot hold a study."""
     from sqlalchemy.engine import make_url
@@ -97,4 +106,4 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
         engine.dispose()
 
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "STORAGE_ENV", "check_storage", "shared_sqlite", "storage_from_environment"]
+__all__ = ["HEARTBEAT_INTERVAL_S", "STORAGE_ENV", "check_storage", "keeps_journal", "shared_sqlite", "storage_from_environment"]

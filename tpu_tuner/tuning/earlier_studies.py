@@ -28,6 +28,7 @@ import optuna
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.studies.liveness import StudyStorage, read_storage
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.workload_features import WorkloadFeatures, features_of_json, optional
 
@@ -70,10 +71,10 @@ class EarlierStudy:
     name: str
     verified: Verified | None = None
 
-    def open(self, storages: dict[str, optuna.storages.RDBStorage]) -> optuna.Study:
+    def open(self, storages: dict[str, StudyStorage]) -> optuna.Study:
         """The study, through `storages` (one connection pool per storage, disposed by the caller)."""
         if self.url not in storages:
-            storages[self.url] = optuna.storages.RDBStorage(self.url)
+            storages[self.url] = read_storage(self.url)
         return optuna.load_study(study_name=self.name, storage=storages[self.url])
 
 
@@ -81,14 +82,14 @@ class EarlierStudy:
 
 
 def storage_studies(storage: str | None, exclude_study: str | None,
-                     storages: dict[str, optuna.storages.RDBStorage]) -> list[EarlierStudy]:
+                     storages: dict[str, StudyStorage]) -> list[EarlierStudy]:
     if not storage:
         return []
     bare = without_password(storage)
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         return []  # opening it would create it
     try:
-        rdb = storages[storage] = optuna.storages.RDBStorage(storage)
+        rdb = storages[storage] = read_storage(storage)
         summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     except Exception as exc:  # noqa: BLE001 - no earlier studies to offer, not an error
         log.debug("warm start: cannot list the studies of %s: %s", redact(bare),

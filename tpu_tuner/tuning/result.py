@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+from importlib.metadata import version
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.studies import records
+from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
@@ -239,7 +241,7 @@ class TuningResult:
             "created": self.created,
             "device": self.profile.device.name,
             "device_count": self.profile.device.count,
-            "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": optuna.__version__,
+            "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": version("optuna"),
                          "python": platform.python_version()},
             "workload": self.profile.workload.to_dict(),
             "objective": f"amortised step time over {self.options.objective.planned_steps} planned steps",
@@ -317,7 +319,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> tu
         elif not Path(stored.removeprefix("sqlite:///")).is_file():
             raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
     try:
-        return optuna.load_study(study_name=str(state["study_name"]), storage=url), url
+        return optuna.load_study(study_name=str(state["study_name"]), storage=read_storage(url)), url
     except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 
 from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
 from tpu_tuner.studies import run_file
 from tpu_tuner.studies.fingerprint import differences
-from tpu_tuner.studies.liveness import open_storage
+from tpu_tuner.studies.liveness import StudyStorage, open_storage
 from tpu_tuner.studies.run_file import RUN_FILE
 from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
 from tpu_tuner.tuning.options import StoreOptions, TuneOptions
@@ -102,7 +101,7 @@ def resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]
     return RunLocation(run_dir, storage, str(saved["study_name"]), shared=bool(saved.get("shared")), resumed=True)
 
 
-def open_run_storage(url: str, store: StoreOptions) -> RDBStorage:
+def open_run_storage(url: str, store: StoreOptions) -> StudyStorage:
     """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
     try:
         return open_storage(url, store.heartbeat_interval_s, store.grace_period_s)
@@ -111,7 +110,7 @@ def open_run_storage(url: str, store: StoreOptions) -> RDBStorage:
         raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
 
 
-def open_or_join(storage: RDBStorage, location: RunLocation, record: dict[str, Any],
+def open_or_join(storage: StudyStorage, location: RunLocation, record: dict[str, Any],
                   space: SearchSpace) -> SharedStudy:
     """The run's study: created or joined by name when shared, else created (or reopened, on
     resume) under the run folder's name."""

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 
 from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
@@ -34,7 +33,8 @@ from tpu_tuner.studies import run_file
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
 from tpu_tuner.studies.coverage import covered_settings, measured_count
-from tpu_tuner.studies.liveness import HEARTBEAT_INTERVAL_S, fail_lost_trials, is_lost, open_storage, set_liveness
+from tpu_tuner.studies.liveness import (HEARTBEAT_INTERVAL_S, StudyStorage, fail_lost_trials, is_lost, open_storage,
+                                        set_liveness)
 from tpu_tuner.tuning.failures import label, stored_causes
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
@@ -105,7 +105,7 @@ class StudyStatus:
         return out
 
 
-def load_named_study(storage: str, name: str) -> tuple[optuna.Study, RDBStorage]:
+def load_named_study(storage: str, name: str) -> tuple[optuna.Study, StudyStorage]:
     """The tpu-tune study `name` in `storage` and the storage (with heartbeats), or a one-line
     UserInputError."""
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():

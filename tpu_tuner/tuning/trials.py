@@ -121,8 +121,7 @@ class TuneTrials(Feature):
 
     def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
         params = self.space.suggest(trial)
-        # After the suggest, whose read of the study would otherwise make the claim's write on
-        # its own; the loop makes both together, before the trial is measured (batched_storage).
+        # After the suggest: other workers see the setting and its claim before it is measured.
         trial_attrs.record_claim(trial, self.worker.id, self.worker.host)
         cause = self.learning.excluded_by(params)
         if cause is not None:

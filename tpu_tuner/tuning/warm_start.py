@@ -30,6 +30,7 @@ from tpu_tuner.core.credentials import redact
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.studies import records
+from tpu_tuner.studies.liveness import StudyStorage
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.earlier_studies import EarlierStudy, Verified, folder_studies, storage_studies
 from tpu_tuner.tuning.workload_features import MAX_DISTANCE, WorkloadFeatures, distance
@@ -82,7 +83,7 @@ def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage
     debug log (the password of `storage` never in it)."""
     if limit <= 0:
         return []
-    storages: dict[str, optuna.storages.RDBStorage] = {}
+    storages: dict[str, StudyStorage] = {}
     try:
         return _seeds(space, features, storage, results_dir, exclude_study, limit, max_distance, storages)
     finally:
@@ -93,7 +94,7 @@ def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage
 
 def _seeds(space: "SearchSpace", features: WorkloadFeatures, storage: str | None, results_dir: Path | None,
            exclude_study: str | None, limit: int, max_distance: float,
-           storages: dict[str, optuna.storages.RDBStorage]) -> list[WarmSeed]:
+           storages: dict[str, StudyStorage]) -> list[WarmSeed]:
     found: dict[tuple[str, str], EarlierStudy] = {}
     for earlier in [*storage_studies(storage, exclude_study, storages),
                     *folder_studies(results_dir, storage, exclude_study)]:

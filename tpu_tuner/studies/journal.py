@@ -1,0 +1,168 @@
+"""The storage of a study on a PostgreSQL server: Optuna's `JournalStorage` on a journal of one
+table, with heartbeats in a second one. Everything here is Optuna's and SQLAlchemy's public API.
+
+Why a journal (docs/design.md, "Optuna's public API"): Optuna's `RDBStorage` writes each of a
+trial's parameters in a transaction of its own and reads the trial back whole several times, 26
+transactions and about 90 ORM statements a tuning trial (105 ms on a 2-core host, against a
+target of 50), and its public API has no batched write. `JournalStorage` keeps the studies in
+memory, replayed from a log, and writes each operation as one appended entry; a read costs one
+statement that fetches the entries appended since the last one. Its backend
+(`optuna.storages.journal.BaseJournalBackend`) is two methods, made here on two tables of the
+database (created on first use, beside any other):
+
+* ``tpu_tune_journal(log_number, log)``: the entries, in order, as JSON text. An append numbers
+  its entries under a table lock, so that numbers are committed in order and a reader never
+  skips one committed later under a lower number.
+* ``tpu_tune_heartbeats(trial_id, beat)``: a running trial's last beat, at the server's clock
+  (one upsert a beat; the stale check compares at the same clock, so hosts' clocks do not matter).
+
+Concurrency is the journal's: two workers popping the same queued trial, or failing the same
+lost one, both append, and the replay (every process's, in the same order) lets the first win;
+the other's `set_trial_state_values` returns False or raises `UpdateFinishedTrialError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import optuna
+import sqlalchemy
+from optuna.storages.journal import BaseJournalBackend, JournalStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.core.errors import UserInputError
+
+JOURNAL_TABLE = "tpu_tune_journal"
+HEARTBEAT_TABLE = "tpu_tune_heartbeats"
+# Optuna's RDBStorage table of studies: where tpu-tune kept a server study before the journal.
+RDB_STUDIES_TABLE = "studies"
+# The advisory lock under which the first worker creates the tables (any constant of our own).
+_SCHEMA_LOCK = 0x7470757475
+
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (log_number BIGINT PRIMARY KEY, log TEXT NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {HEARTBEAT_TABLE} (trial_id BIGINT PRIMARY KEY, beat TIMESTAMPTZ NOT NULL)",
+    # An append numbers its entries under a lock held to its commit, so that numbers are committed
+    # in order. EXCLUSIVE: other appends wait, reads do not. A VOLATILE function's INSERT takes its
+    # snapshot after the lock (it sees the append before it); one call, one round trip.
+    f"""CREATE OR REPLACE FUNCTION {JOURNAL_TABLE}_append(entries TEXT[]) RETURNS BIGINT LANGUAGE plpgsql AS $$
+    DECLARE first BIGINT;
+    BEGIN
+        LOCK TABLE {JOURNAL_TABLE} IN EXCLUSIVE MODE;
+        SELECT COALESCE(MAX(log_number) + 1, 0) INTO first FROM {JOURNAL_TABLE};
+        INSERT INTO {JOURNAL_TABLE} (log_number, log)
+            SELECT first + entry.ordinal - 1, entry.log FROM unnest(entries) WITH ORDINALITY AS entry(log, ordinal);
+        RETURN first;
+    END $$""",
+)
+_READ = sqlalchemy.text(f"SELECT log FROM {JOURNAL_TABLE} WHERE log_number >= :first ORDER BY log_number")
+_APPEND = sqlalchemy.text(f"SELECT {JOURNAL_TABLE}_append(CAST(:logs AS TEXT[]))")
+_BEAT = sqlalchemy.text(
+    f"INSERT INTO {HEARTBEAT_TABLE} (trial_id, beat) VALUES (:trial_id, now()) "
+    "ON CONFLICT (trial_id) DO UPDATE SET beat = excluded.beat")
+_STALE = sqlalchemy.text(
+    f"SELECT trial_id FROM {HEARTBEAT_TABLE} WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)")
+
+
+class PostgresJournal(BaseJournalBackend):
+    """Optuna's journal backend on the ``tpu_tune_journal`` table of `engine`'s database.
+
+    Every statement is its own transaction (autocommit: no BEGIN or COMMIT round trip). A read
+    that follows this process's own append, with nothing appended in between by others, is
+    answered from that append (`JournalStorage` reads after every write it makes): one round trip
+    a write, not two. The entries go through JSON either way, as another process reads them."""
+
+    def __init__(self, engine: sqlalchemy.engine.Engine) -> None:
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._appended: tuple[int, list[str]] | None = None  # (first number, entries) of the last append
+        with engine.begin() as connection:
+            # CREATE ... IF NOT EXISTS races with itself on PostgreSQL: one worker at a time.
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            for statement in _SCHEMA:
+                connection.execute(sqlalchemy.text(statement))
+
+    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
+        appended, self._appended = self._appended, None
+        if appended is not None and appended[0] == log_number_from:
+            rows = appended[1]
+        else:
+            with self.engine.connect() as connection:
+                rows = list(connection.execute(_READ, {"first": log_number_from}).scalars())
+        return [json.loads(row) for row in rows]
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        entries = [json.dumps(entry) for entry in logs]
+        with self.engine.connect() as connection:
+            first = connection.execute(_APPEND, {"logs": entries}).scalar_one()
+        self._appended = (first, entries)
+
+
+class JournalStudyStorage(JournalStorage):
+    """`JournalStorage` on a `PostgresJournal`, with the heartbeat interface `RDBStorage` has
+    (`record_heartbeat`, `get_heartbeat_interval`, `get_heartbeat_stale_trial_callback`, the
+    `heartbeat_interval` and `grace_period` a worker sets) and `stale_trial_ids`, which the
+    liveness check calls (studies/liveness.py). `url` is what it was opened with, as
+    `RDBStorage.url`; `engine` is the connection pool: the caller disposes of it."""
+
+    def __init__(self, url: str, engine: sqlalchemy.engine.Engine, heartbeat_interval: int, grace_period: int,
+                 heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None) -> None:
+        self.url, self.engine = url, engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")  # no BEGIN, no COMMIT
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self.stale_trial_callback = heartbeat_stale_trial_callback
+        super().__init__(PostgresJournal(engine))
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        """Record that `trial_id` is alive now (the server's clock)."""
+        with self._autocommit.connect() as connection:
+            connection.execute(_BEAT, {"trial_id": trial_id})
+
+    def get_heartbeat_interval(self) -> int | None:
+        """Seconds between a running trial's beats."""
+        return self.heartbeat_interval
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+        """What is called with a trial failed as stale (its retry)."""
+        return self.stale_trial_callback
+
+    def stale_trial_ids(self, study_id: int) -> list[int]:
+        """The study's RUNNING trials whose last beat is older than the grace period (a trial that
+        never beat is not judged here: `liveness.RunningWatch` is)."""
+        running = [self.get_trial_id_from_study_id_trial_number(study_id, t.number)
+                   for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))]
+        if not running:
+            return []
+        with self._autocommit.connect() as connection:
+            return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
+
+    def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
+        if study_name is not None:
+            self._refuse_rdb_study(study_name)
+        return super().create_new_study(directions, study_name)
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        try:
+            return super().get_study_id_from_name(study_name)
+        except KeyError:
+            self._refuse_rdb_study(study_name)
+            raise
+
+    def _refuse_rdb_study(self, study_name: str) -> None:
+        """A one-line error for a study that an earlier tpu-tune kept in Optuna's RDB tables of
+        this database: the journal neither reads it nor must create a second study of its name."""
+        if not sqlalchemy.inspect(self.engine).has_table(RDB_STUDIES_TABLE):
+            return
+        with self.engine.connect() as connection:
+            found = connection.execute(sqlalchemy.text(f"SELECT 1 FROM {RDB_STUDIES_TABLE} WHERE study_name = :name"),
+                                       {"name": study_name}).first()
+        if found is not None:
+            raise UserInputError(
+                f"study {study_name!r} in {self.engine.url.render_as_string(hide_password=True)} is in Optuna's "
+                "RDB tables (where tpu-tune kept server studies before its journal, docs/many-workers.md), which "
+                "this version does not read: finish it with the earlier version, or name another study")
+
+__all__ = ["HEARTBEAT_TABLE", "JOURNAL_TABLE", "JournalStudyStorage", "PostgresJournal"]
