@@ -19,7 +19,7 @@ import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.dashboard.collect import Collection, collect, finite
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import ms
-from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER, cells as ranking_cells, notes as ranking_notes
 
@@ -280,7 +280,7 @@ def write_dashboard(root: str | Path, out: str | Path | None = None, details: in
     path = Path(out) if out is not None else Path(root) / "dashboard.html"
     page = render_page(collection, details=details)
     try:
-        path.write_text(page, encoding="utf-8")
+        write_atomic(path, page)  # a served or open page is never read half-written
     except OSError as exc:
         raise UserInputError(f"cannot write the dashboard: {exc.strerror or exc}", path) from exc
     log.info("dashboard of %d run folders written to %s (%.0f kB)", len(collection.runs), path, len(page) / 1e3)
