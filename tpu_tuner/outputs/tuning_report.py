@@ -13,6 +13,7 @@ from tpu_tuner.studies import records
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
     from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.verify import Verification
     from tpu_tuner.tuning.window import ComparedSteps
 
 
@@ -78,16 +79,7 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         out += [f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
                 f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
                 f"{e.speedup_over_baseline:.2f}x |" for e in v.race]
-    out += ["", "## What each knob contributed", ""]
-    if v.contributions:
-        out += [
-            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
-            "over itself with that one knob set back to its baseline value.",
-            "", "| knob | baseline | tuned | contribution |", "|---|---|---|---|",
-        ]
-        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
-    else:
-        out.append("Nothing to attribute: the recommendation is the baseline.")
+    out += ["", "## What each knob contributed", "", *_contributions(v)]
     out += ["", "## Agents' findings from the profile", ""]
     for agent, findings in result.findings.items():
         out += [f"- **{agent}**: " + "; ".join(findings)]
@@ -136,6 +128,28 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
         out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
     return "\n".join(out) + "\n"
+
+
+def _contributions(v: "Verification") -> list[str]:
+    """Each knob's measured contribution, and why any is missing, from what the verification recorded."""
+    out = []
+    if v.contributions:
+        out += ["Measured, interleaved with the best configuration in the same window: the speedup the best has "
+                "over itself with that one knob set back to its baseline value.", "",
+                "| knob | baseline | tuned | contribution |", "|---|---|---|---|"]
+        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
+        if len(v.contributions) == 1 and not v.contributions_left_out:
+            out += ["", "Only this knob changed: its contribution is the verified speedup itself."]
+    elif v.speedup is None and v.best_trial is not None and v.best_trial == v.baseline_trial:
+        return ["Nothing to attribute: the search's best setting is the baseline."]
+    elif v.speedup is None:
+        return [f"Not measured: the interleaved verification did not run to its end ({v.message})."]
+    elif not v.contributions_left_out:
+        return ["Not recorded: this run's result.json predates the record of why no contribution was measured."]
+    reasons: dict[str, list[str]] = {}
+    for knob, why in v.contributions_left_out.items():
+        reasons.setdefault(why, []).append(knob)
+    return out + ([""] if out else []) + [f"Not measured for {', '.join(knobs)}: {why}." for why, knobs in reasons.items()]
 
 
 # The trial user attr an enqueued earlier best carries (tuning/warm_start.py).
