@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 import tpu_tuner.dashboard.plots as plots
-from tpu_tuner.dashboard.collect import Collection, collect, finite
+from tpu_tuner.dashboard.collect import Collection, collect
+from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import ms
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
@@ -157,27 +158,58 @@ def _plans(collection: Collection) -> str:
         out.append(f'<section class="plan"><h3>{_e(row["model"])} on {_e(row["topology"])} '
                    f'({_e(int(row["chips"]) if finite(row["chips"]) else "?")} chips) <a href="{_e(row["report"])}">{_e(run)}</a></h3>')
         out.append('<table class="sortable"><thead><tr>' + "".join(
-            f'<th class="sortable">{h}</th>' for h in ("layout", "fits", "predicted MFU", "step", "compute",
-                                                        "exposed comm", "memory", "why")) + "</tr></thead><tbody>")
+            f'<th class="sortable">{h}</th>' for h in ("layout", "fits", "predicted MFU", "step", "compute", "memory",
+                                                        "comm", "exposed comm", "why")) + "</tr></thead><tbody>")
         for plan in data["plans"]:
             p = plan.get("prediction") or {}
             layout = Layout.from_mesh(plan["layout"]).short(with_context=False)
             out.append(f"<tr><td>{_e(layout)}</td><td>{'yes' if plan.get('fits') else 'no'}</td>"
-                       + _num_cell(p.get("mfu"), _pct(p.get("mfu")))
-                       + _num_cell(p.get("step_seconds"), ms(p.get("step_seconds")))
-                       + _num_cell(p.get("compute_seconds"), ms(p.get("compute_seconds")))
-                       + _num_cell(p.get("exposed_comm_seconds"), ms(p.get("exposed_comm_seconds")))
-                       + _num_cell(p.get("memory_seconds"), ms(p.get("memory_seconds")))
+                       + _mfu_with_band(p.get("mfu"), plan.get("band"))
+                       + "".join(_num_cell(p.get(key), ms(p.get(key))) for key in (
+                           "step_seconds", "compute_seconds", "memory_seconds", "comm_seconds"))
+                       + _exposed_comm_cell(p.get("exposed_comm_seconds"))
                        + f"<td>{_e(plan.get('why'))}</td></tr>")
         out.append("</tbody></table>")
+        if any(_hidden(plan.get("prediction") or {}) for plan in data["plans"]):
+            out.append(f'<p class="muted">{_e(NOT_MODELLED)}</p>')
         out.append(_figure(plots.plan(data), f"predicted MFU and step split per layout, {run}", ""))
         out.append("</section>")
         if finite(row["mfu"]) and finite(row["chips"]):
-            points.append({"model": row["model"], "chips": row["chips"], "mfu": row["mfu"], "topology": row["topology"]})
+            band = next((p.get("band") for p in data["plans"] if (p.get("prediction") or {}).get("mfu") == row["mfu"]
+                         and p.get("fits")), None)
+            points.append({"model": row["model"], "chips": row["chips"], "mfu": row["mfu"], "topology": row["topology"],
+                           "band_points": (band or {}).get("points")})
     scaling = plots.plan_scaling(pd.DataFrame(points))
     if scaling:
         out.insert(0, _figure(scaling, "best predicted MFU against slice size", ""))
     return "".join(out)
+
+
+# The planner's step hides communication under busy time with a fixed overlap (planner/predict.py)
+# and the adopted calibration keeps no never-hidden share, so "0 exposed" is the model's assumption.
+NOT_MODELLED = ("Exposed comm \"–\": the prediction hides these collectives (comm) entirely under the compute and memory "
+                "time (a fixed overlap; the calibration adopts no share that stays exposed), so none is predicted: "
+                "not modelled, not a measured zero (docs/planner.md, \"Calibration\").")
+
+
+def _hidden(prediction: dict[str, Any]) -> bool:
+    """A prediction whose collectives are all hidden by the model (exposed comm 0 or absent)."""
+    return bool(prediction) and not (prediction.get("exposed_comm_seconds") or 0.0)
+
+
+def _exposed_comm_cell(seconds: Any) -> str:
+    if seconds is None or (finite(seconds) and seconds > 0):
+        return _num_cell(seconds, ms(seconds))
+    return '<td class="num" data-v="" title="not modelled: see the note under the table">–</td>'
+
+
+def _mfu_with_band(mfu: Any, band: dict[str, Any] | None) -> str:
+    """Predicted MFU with its error band as the CLI prints it ("60.0% ± 12.7 points"), the band's source on hover."""
+    if not finite(mfu) or not band or not finite(band.get("points")):
+        return _num_cell(mfu, _pct(mfu))
+    why = "; ".join([str(band.get("source") or ""), *band.get("reasons", [])]).strip("; ")
+    return (f'<td class="num" data-v="{float(mfu)!r}" title="{_e(why)}">'
+            f"{_e(_pct(mfu))} ± {float(band['points']):.1f} points</td>")
 
 
 # The ranking table's sortable columns: the ranking.json value each cell sorts by.
