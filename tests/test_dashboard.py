@@ -468,7 +468,7 @@ def test_a_plan_shows_each_prediction_with_its_band_and_whole_chips(tmp_path, ch
 
 
 def test_exposed_comm_the_model_hides_reads_as_not_modelled_never_zero(tmp_path) -> None:
-    from tpu_tuner.dashboard.page import NOT_MODELLED
+    from tpu_tuner.dashboard.planner_sections import NOT_MODELLED
 
     write_json(tmp_path, "gpt_70b-plan-v5p-32-20261125-000000", "plan.json", _banded_plan("v5p-32", 16, 0.0))
     write_json(tmp_path, "gpt_70b-plan-v5p-8-20261125-010000", "plan.json", _banded_plan("v5p-8", 4, 0.1))
