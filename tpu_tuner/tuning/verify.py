@@ -30,7 +30,7 @@ from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
 # Why a knob's contribution is missing when the clock's finish drops them (tuning/clock.py).
-NO_TIME = "the time budget left no room for it (each knob set back is a setting compiled afresh)"
+NO_TIME = "the time budget left no room (each knob set back is a setting compiled afresh)"
 
 
 @dataclass
