@@ -53,3 +53,34 @@ def test_debug_shows_the_traceback(tmp_path) -> None:
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+# A command whose run logs as libraries do: a third party's INFO line (matplotlib's font cache on a
+# cold start), tpu-tune's own INFO line and a warning.
+_LOGGING_RUN = """\
+import logging, sys
+import tpu_tuner.cli.devices as command
+def run(args):
+    logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
+    logging.getLogger("tpu_tuner.tuning.failures").info("probe queued: trial 3's setting")
+    logging.getLogger("tpu_tuner.tuning.verify").warning("racing the search's leaders failed")
+    return 0
+command.run = run
+from tpu_tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("flags", "shown"), [
+    ([], {"racing"}),
+    (["-v"], {"probe queued", "racing"}),
+    (["-q"], set()),
+    (["--debug"], {"fontManager", "probe queued", "racing"}),
+])
+def test_the_terminal_gets_library_logs_only_when_asked(flags: list[str], shown: set[str]) -> None:
+    """By default only warnings reach stderr; -v adds tpu-tune's INFO lines (never a third
+    party's), -q leaves errors alone, --debug shows everything."""
+    done = subprocess.run([sys.executable, "-c", _LOGGING_RUN, *flags, "devices"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert {word for word in ("fontManager", "probe queued", "racing") if word in done.stderr} == shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import http.client
 import json
 import logging
@@ -441,3 +442,82 @@ def test_a_ranking_stopped_half_way_is_incomplete_and_a_corrupt_one_unreadable(t
     assert runs.loc[folder.name, "status"] == "incomplete"
     assert runs.loc[folder.name, "reason"] == "1 of 3 slices planned"
     assert runs.loc[broken.name, "reason"] == "ranking.json: 'slices' is not a list of ranked slices"
+
+
+# ---------------------------------------------------------------- as a person reads it (issue 37)
+
+
+def _banded_plan(topology: str, chips: float, exposed: float) -> dict:
+    data = plan_dict(topology, int(chips), [0.60, 0.52, None], [True, True, False])
+    data["topology"]["chips"] = chips
+    for plan in data["plans"]:
+        plan["band"] = {"points": 12.7, "source": "quantile of the rows' leave-one-out errors",
+                        "reasons": ["extrapolated: no calibration row with full remat on v5p"]}
+        if plan["prediction"]:
+            plan["prediction"]["exposed_comm_seconds"] = exposed
+    return data
+
+
+@pytest.mark.parametrize("chips", [16, 16.0])
+def test_a_plan_shows_each_prediction_with_its_band_and_whole_chips(tmp_path, chips: float) -> None:
+    write_json(tmp_path, "gpt_70b-plan-v5p-32-20261125-000000", "plan.json", _banded_plan("v5p-32", chips, 0.0))
+    page = render_page(collect(tmp_path))
+    assert "gpt_70b on v5p-32 (16 chips)" in page and "16.0 chips" not in page and "(? chips)" not in page
+    assert "60.0% ± 12.7 points</td>" in page and "52.0% ± 12.7 points</td>" in page
+    assert 'title="quantile of the rows&#x27; leave-one-out errors; extrapolated: no calibration row' in page
+
+
+def test_exposed_comm_the_model_hides_reads_as_not_modelled_never_zero(tmp_path) -> None:
+    from tpu_tuner.dashboard.planner_sections import NOT_MODELLED
+
+    write_json(tmp_path, "gpt_70b-plan-v5p-32-20261125-000000", "plan.json", _banded_plan("v5p-32", 16, 0.0))
+    write_json(tmp_path, "gpt_70b-plan-v5p-8-20261125-010000", "plan.json", _banded_plan("v5p-8", 4, 0.1))
+    page = render_page(collect(tmp_path))
+    hidden, exposed = (page.split(f"({n} chips)")[1].split("</table>")[0] for n in (16, 4))
+    cells = re.findall(r"<td[^>]*>([^<]*)</td><td>[^<]*</td></tr>", hidden)  # exposed comm, then why
+    assert cells == ["–", "–", "n/a"] and ">0 s<" not in hidden and ">0 ms<" not in hidden
+    assert re.findall(r">(100 ms)</td><td>[^<]*</td></tr>", exposed) == ["100 ms", "100 ms"]
+    assert page.count(html.escape(NOT_MODELLED)) == 1  # under the table that has one
+
+
+def test_an_inline_shape_plan_is_titled_by_its_shape(tmp_path) -> None:
+    shape = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
+    data = plan_dict("v5e-4", 4, [0.31], [True]) | {"workload": "decoder", "preset": None, "source": shape}
+    write_json(tmp_path, "decoder-plan-v5e-4-20261126-000000", "plan.json", data)
+    page = render_page(collect(tmp_path))
+    assert f"<h3>{shape} on v5e-4 (4 chips)" in page
+
+
+def _runs_for_plots(names: list[str], peaks: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"run": [f"{n}-tune-2026111{i}-092208" for i, n in enumerate(names)], "kind": "tune",
+                         "status": "ok", "model": names, "device": "cpu", "device_name": "AMD EPYC 7B13",
+                         "mfu": 0.39, "peak_dtype": "bfloat16", "date": pd.Timestamp("2026-11-29", tz="UTC"),
+                         "arithmetic_intensity": 0.5, "achieved_flops_per_s": 3e8, "peak_flops_per_s": peaks,
+                         "peak_bytes_per_s": 34.2e9})
+
+
+def test_best_mfu_model_names_never_overlap() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tpu_tuner.dashboard.plots import mfu_per_model_figure
+
+    names = ["gpt", "encoder", "resnet18", "hf_Qwen2.5-0.5B", "hf_Llama-3.2-1B-Instruct", "tiny_mlp_benchmark",
+             "decoder_moe_long_name", "latent_attention", "conv_net"]
+    fig = mfu_per_model_figure(_runs_for_plots(names, [778e9] * len(names)))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    boxes = [label.get_window_extent(renderer) for ax in fig.axes for label in ax.get_yticklabels()]
+    assert len(boxes) == len(names)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert min(box.x0 for box in boxes) >= 0  # no name cut at the figure's edge
+
+
+def test_two_rooflines_of_one_host_say_which_runs_they_are_from() -> None:
+    from tpu_tuner.dashboard.plots import roofline_figure
+
+    runs = _runs_for_plots(["gpt", "encoder", "resnet18"], [698e9, 778e9, 778e9])
+    legend = [t.get_text() for t in roofline_figure(runs).axes[0].get_legend().get_texts()]
+    roofs = [text for text in legend if "FLOP/s" in text]
+    assert roofs[0].startswith("AMD EPYC 7B13: 698 GFLOP/s") and "probe of gpt-tune-20261110-092208" in roofs[0]
+    assert "probe of encoder-tune-20261111-092208\n  and of 1 more run(s)" in roofs[1]
+    one_roof = roofline_figure(_runs_for_plots(["gpt", "encoder"], [778e9, 778e9]))
+    assert not [t for t in one_roof.axes[0].get_legend().get_texts() if "probe of" in t.get_text()]

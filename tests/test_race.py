@@ -108,3 +108,25 @@ def test_a_bucketed_search_is_not_raced() -> None:
     figures = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045}
     assert len(leaders(_study(figures), _space().baseline_params())) == 2
     assert leaders(_study(figures, buckets=[16, 32]), _space().baseline_params()) == []
+
+
+def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_changed(options) -> None:
+    """With no time left the finish drops the knob-by-knob contributions (tuning/clock.py) and the
+    verification records why; one knob changed costs nothing to attribute (set back, it is the baseline)."""
+    import time
+
+    from tpu_tuner.tuning.clock import Clock
+    from tpu_tuner.tuning.verify import NO_TIME
+
+    no_time = Clock(budget_s=1.0, started=time.perf_counter() - 60)
+    two_knobs = _study({("none", "highest"): 0.100, ("bfloat16", "medium"): 0.030})
+    runner = _ScriptedRunner()
+    v = verify(two_knobs, _space(), runner, options, "cpu", clock=no_time)
+    assert v.chosen_is_best and v.contributions == []
+    assert v.contributions_left_out == {"matmul_precision": NO_TIME, "autocast": NO_TIME}
+    assert all(len(payload) == 2 for payload in runner.compared)  # baseline and best only
+    one_knob = verify(_study({("none", "highest"): 0.100, ("none", "medium"): 0.040}), _space(), _ScriptedRunner(),
+                      options, "cpu", clock=no_time)
+    (only,) = one_knob.contributions
+    assert only.param == "matmul_precision" and only.speedup.speedup == pytest.approx(one_knob.speedup.speedup)
+    assert one_knob.contributions_left_out == {}

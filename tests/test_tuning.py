@@ -56,7 +56,9 @@ def test_finds_the_known_best_and_rejects_the_inaccurate_one(grid_run) -> None:
 def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     # A host where "medium" really runs matmuls as bf16 (the precision agent skips it elsewhere).
     use_probe(monkeypatch, tmp_path / "cache", medium_relative_error=2.5e-3)
-    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)))
+    events = []
+    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)),
+                  progress=events.append)
     assert result.verification.chosen["matmul_precision"] == "medium"
     frame = result.trials_dataframe()
     # The precision agent rejects "high" on CPU without measuring it (no TF32 there); other
@@ -64,6 +66,8 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     rejected = frame[frame["rejected_by"].notna()]
     assert set(rejected["matmul_precision"]) <= {"high"}
     assert all("identical to 'highest'" in r for r in rejected["rejected_by"])
+    # Each rejection's event carries the agent's reason, which the CLI counts (cli/tune_progress.py).
+    assert sorted(e.rejected_by for e in events if e.rejected_by) == sorted(rejected["rejected_by"])
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass

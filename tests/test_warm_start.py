@@ -432,9 +432,9 @@ def test_trials_csv_keeps_host_and_names_the_warm_start_source(tmp_path: Path) -
 
 
 def test_the_report_reads_the_attr_warm_start_writes() -> None:
-    from tpu_tuner.outputs import tuning_report
+    from tpu_tuner.outputs import trial_sources
 
-    assert tuning_report.WARM_START_ATTR == warm_start.TRIAL_ATTR == "warm_start"
+    assert trial_sources.WARM_START_ATTR == warm_start.TRIAL_ATTR == "warm_start"
 
 
 # --- through tune() ------------------------------------------------------------------------------

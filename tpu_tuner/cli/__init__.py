@@ -30,8 +30,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="tpu-tune",
         description="Profile and tune PyTorch models for TPUs (TorchTPU), GPUs and CPUs.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and every library's debug logs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show tpu-tune's own log lines (INFO)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr, no warnings")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         sub = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
@@ -57,18 +58,27 @@ def _command_in(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _configure_logging(args: argparse.Namespace) -> None:
+    """The terminal holds the command's own lines: log records reach it from WARNING up (ERROR with
+    -q); -v adds tpu-tune's INFO lines, --debug every library's DEBUG ones (matplotlib's font cache,
+    torch's registrations and the like never show otherwise)."""
+    from tpu_tuner.core.credentials import RedactingFilter
+
+    level = logging.DEBUG if args.debug else logging.ERROR if args.quiet else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    verbose = args.verbose and not args.debug and not args.quiet
+    logging.getLogger("tpu_tuner").setLevel(logging.INFO if verbose else logging.NOTSET)
+    for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
+        handler.addFilter(RedactingFilter())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tpu-tune` console script."""
     words = _default_to_tune(list(sys.argv[1:] if argv is None else argv))
     args = build_parser(_command_in(words)).parse_args(words)
-    level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if not args.debug:  # torch's own INFO lines (inductor's registrations on import) are not ours to print
-        logging.getLogger("torch").setLevel(max(level, logging.WARNING))
-    from tpu_tuner.core.credentials import RedactingFilter, redact
+    _configure_logging(args)
+    from tpu_tuner.core.credentials import redact
 
-    for handler in logging.getLogger().handlers:  # no log line shows a password (docs/run-safety.md)
-        handler.addFilter(RedactingFilter())
     try:
         if getattr(args, "model_file", None) is not None and args.command != "plan":
             from tpu_tuner.cli.common import check_lengths, model_source

@@ -135,18 +135,11 @@ def run(args: argparse.Namespace) -> int:
     # optuna are imported, before any model runs and before a run folder exists.
     options = options_from(args).preflight()
     from tpu_tuner.api import tune
-    from tpu_tuner.core.units import duration, ms
+    from tpu_tuner.cli.tune_progress import ProgressLines
+    from tpu_tuner.core.units import ms
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.tuning.progress import Progress
 
-    def show(event: Progress) -> None:
-        # "best" is the same quantity a finished trial's line leads with (its objective).
-        best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
-        # The search's best belongs on trial lines only; other phases show where and when.
-        where = f"trial {event.trial}/{event.trials} | {best}" if event.trial else event.phase
-        left = f", {duration(event.time_left)} left" if event.time_left is not None else ""
-        print(f"[{where} | {event.elapsed:5.0f} s{left}] {event.message}", flush=True)
-
+    show = ProgressLines()
     if options.runner.nnodes > 1:
         from tpu_tuner.api import tune_across_hosts
         from tpu_tuner.tuning.result import TuningResult

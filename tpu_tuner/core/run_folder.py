@@ -1,5 +1,6 @@
 """Run folders: results/<model>-<kind>-<timestamp>/, one per run, never overwritten, and the
-names of every file a run folder holds.
+names of every file a run folder holds, and the one writer of them that readers can poll
+(`write_atomic`).
 
 The names live here, in a module that imports nothing heavy, so that the writers
 (`tpu_tuner.outputs.write`), the readers (`TuningResult.load`, the dashboard's collector) and the
@@ -8,7 +9,9 @@ tuning loop (run.json, study.db) all spell a file the same way.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -51,6 +54,25 @@ LENGTHS_PNG = "length_histogram.png"
 STRATEGIES_PNG = "strategy_totals.png"
 BUCKET_PLOTS = (LENGTHS_PNG, STRATEGIES_PNG)
 BUCKET_CONFIG = "bucket_config.toml"
+
+
+def write_atomic(path: str | Path, content: str | bytes) -> Path:
+    """Write `content` to `path` through a temporary file in the same folder and `os.replace`:
+    a reader polling the folder (the dashboard, a served page, another worker) sees the old file
+    or the whole new one, never half of one. The temporary name is unique to this writer, so two
+    processes writing the same file never interleave their bytes."""
+    path = Path(path)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    # os.open with 0o666 keeps the umask's permissions (tempfile.mkstemp would make it 0600).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def new_run_dir(root: str | Path, model: str, kind: str | None = None) -> Path:

@@ -78,27 +78,44 @@ def mfu_over_time(runs: pd.DataFrame) -> str | None:
 
 def mfu_per_model(runs: pd.DataFrame) -> str | None:
     """Best MFU each model reached on each device, as a bar against the device peak (100 %)."""
+    fig = mfu_per_model_figure(runs)
+    return None if fig is None else to_data_uri(fig)
+
+
+def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
+    """The figure of `mfu_per_model`: one horizontal bar a model and device."""
     rows = _measured(runs)
     if not len(rows):
         return None
     best = rows.assign(mfu=rows["mfu"].astype(float)).sort_values("mfu").groupby(["model", "device"]).tail(1)
-    labels = [f"{m}\n{d}" for m, d in zip(best["model"], best["device"])]
-    fig = _figure(max(4.5, 1.1 * len(labels)), 3.6, bottom=0.55)
+    labels = [f"{m} on {d}" for m, d in zip(best["model"], best["device"])]
+    # Horizontal bars: a model name of any length sits on its own line, never over its neighbour's.
+    left = min(4.0, 0.3 + 0.065 * max(map(len, labels)))
+    fig = _figure(left + 5.0, 0.9 + 0.32 * len(labels), bottom=0.5, left=left, top=0.15)
     ax = fig.add_subplot()
-    ax.bar(range(len(labels)), best["mfu"] * 100, color=_OK)
-    ax.axhline(100, color="black", linestyle="--", linewidth=1, label="device peak")
-    for x, (mfu, dtype) in enumerate(zip(best["mfu"], best["peak_dtype"])):
-        ax.text(x, mfu * 100 + 2, f"{mfu:.0%}\n({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
-                ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
-    ax.set_ylabel("best MFU, % of device peak")
-    ax.set_ylim(0, 115)
-    ax.legend(fontsize=7, loc="upper right")
-    return to_data_uri(fig)
+    y = np.arange(len(labels))
+    ax.barh(y, best["mfu"] * 100, color=_OK)
+    ax.axvline(100, color="black", linestyle="--", linewidth=1, label="device peak")
+    for index, (mfu, dtype) in enumerate(zip(best["mfu"], best["peak_dtype"])):
+        ax.text(mfu * 100 + 1, index, f"{mfu:.0%} ({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
+                va="center", fontsize=7)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    ax.set_xlabel("best MFU, % of device peak")
+    ax.set_xlim(0, 130)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
 
 
 def roofline(runs: pd.DataFrame) -> str | None:
     """Achieved FLOP/s against arithmetic intensity per profiled step, under each device's roof."""
+    fig = roofline_figure(runs)
+    return None if fig is None else to_data_uri(fig)
+
+
+def roofline_figure(runs: pd.DataFrame) -> Figure | None:
+    """The figure of `roofline`; a device with several roofs (runs' probes differ) names their runs."""
     rows = _measured(runs)
     if not len(rows):
         return None
@@ -106,13 +123,14 @@ def roofline(runs: pd.DataFrame) -> str | None:
     rows = rows.dropna(subset=cols)
     if not len(rows):
         return None
-    fig = _figure(6, 3.8, bottom=0.55, left=0.85)
+    fig = _figure(10.5, 3.8, bottom=0.55, left=0.85, right=4.7)
     ax = fig.add_subplot()
     intensity = rows["arithmetic_intensity"].astype(float)
     x = np.logspace(math.log10(max(intensity.min() / 10, 1e-2)), math.log10(intensity.max() * 10), 100)
-    for (device, peak, bandwidth), _ in rows.groupby(["device_name", "peak_flops_per_s", "peak_bytes_per_s"]):
+    roofs = rows.groupby(["device_name", "peak_flops_per_s", "peak_bytes_per_s"])
+    for (device, peak, bandwidth), group in roofs:
         ax.plot(x, np.minimum(peak, bandwidth * x), linewidth=1,
-                label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}")
+                label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}" + _probed_by(rows, device, group))
     for (model, device), group in rows.groupby(["model", "device"]):
         ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], marker="o", zorder=3,
                    label=f"{model} on {device}")
@@ -122,8 +140,17 @@ def roofline(runs: pd.DataFrame) -> str | None:
     ax.set_xlabel("arithmetic intensity, FLOP per byte")
     ax.set_ylabel("achieved FLOP/s")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    return to_data_uri(fig)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    return fig
+
+
+def _probed_by(rows: pd.DataFrame, device: str, group: pd.DataFrame) -> str:
+    """Which runs' roofline probe a roof is, where one device has several (a probe measures the
+    host at one moment: two runs on one host can measure 698 and 778 GFLOP/s)."""
+    if rows.loc[rows["device_name"] == device, ["peak_flops_per_s", "peak_bytes_per_s"]].drop_duplicates().shape[0] < 2:
+        return ""
+    runs = list(group["run"])
+    return f"\n  probe of {runs[0]}" + (f"\n  and of {len(runs) - 1} more run(s) (the runs table)" if len(runs) > 1 else "")
 
 
 def run_detail(trials: pd.DataFrame) -> str:
@@ -201,17 +228,21 @@ def plan(plan_data: dict[str, Any]) -> str:
     mfu_ax, split_ax = fig.subplots(1, 2)
     colors = [_OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red"
               for p in plans]
-    mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors)
-    mfu_ax.set(title="predicted MFU (red: does not fit in HBM; grey: compiler failed)", ylabel="MFU, %",
-               xlabel="layout data x fsdp x tensor")
+    bands = [((p.get("band") or {}).get("points") or 0.0) if p.get("prediction") else 0.0 for p in plans]
+    mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors, yerr=bands, capsize=3)
+    mfu_ax.set(title="predicted MFU ± its band (red: does not fit in HBM; grey: compiler failed)",
+               ylabel="MFU, %", xlabel="layout data x fsdp x tensor")
     splits = np.array([step_split(p) if p else (0.0, 0.0, 0.0) for p in predictions]) * 1e3
     bottom = np.zeros(len(labels))
+    # Communication the model hides entirely is not modelled as exposed (the page's note says why).
+    exposed = "exposed communication" + ("" if splits[:, 2].any() else ": none predicted (not modelled)")
     for column, (name, color) in enumerate((("compute", _OK), ("memory (not overlapped)", "tab:purple"),
-                                            ("exposed communication", "tab:orange"))):
+                                            (exposed, "tab:orange"))):
         split_ax.bar(labels, splits[:, column], bottom=bottom, color=color, label=name)
         bottom += splits[:, column]
     split_ax.set(title="predicted step time split", ylabel="ms per step", xlabel="layout data x fsdp x tensor")
-    split_ax.legend(fontsize=6)
+    split_ax.set_ylim(0, max(bottom.max(), 1e-9) * 1.45)  # room above the bars for the legend
+    split_ax.legend(fontsize=6, loc="upper left")
     for ax in (mfu_ax, split_ax):
         ax.tick_params(labelsize=7)
         ax.title.set_fontsize(8)
@@ -226,11 +257,12 @@ def plan_scaling(points: pd.DataFrame) -> str | None:
     ax = fig.add_subplot()
     for model, group in points.groupby("model"):
         group = group.sort_values("chips")
-        ax.plot(group["chips"], group["mfu"] * 100, marker="o", label=model)
+        band = pd.to_numeric(group.get("band_points"), errors="coerce").fillna(0.0) if "band_points" in group else 0.0
+        ax.errorbar(group["chips"], group["mfu"] * 100, yerr=band, marker="o", capsize=3, label=model)
         for chips, mfu, topology in zip(group["chips"], group["mfu"], group["topology"]):
             ax.annotate(topology, (chips, mfu * 100), fontsize=6, textcoords="offset points", xytext=(3, 3))
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="chips in the slice", ylabel="best predicted MFU, %")
+    ax.set(xlabel="chips in the slice", ylabel="best predicted MFU (± its band), %")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

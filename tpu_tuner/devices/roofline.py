@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from tpu_tuner.core.host import cpu_model_name
+from tpu_tuner.core.run_folder import write_atomic
 from tpu_tuner.devices.peak import DevicePeak
 
 log = logging.getLogger(__name__)
@@ -247,9 +248,7 @@ def _entry(cache: dict[str, Any], key: str) -> RooflineProbe | None:
 def _write_cache(path: Path, cache: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=2))
-        tmp.replace(path)  # atomic: concurrent profiles never read half a file
+        write_atomic(path, json.dumps(cache, indent=2))  # concurrent profiles never read half a file
     except OSError as exc:
         log.warning("could not cache the roofline probe at %s: %s", path, exc)
 

@@ -21,6 +21,7 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.devices import backend_class, names as backend_names
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.run_folder import write_atomic
 
 FORMAT_VERSION = 1
 
@@ -60,9 +61,7 @@ class TunedConfig:
         return tomli_w.dumps(document)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(self.to_toml())
-        return path
+        return write_atomic(path, self.to_toml())  # the dashboard reads its presence as "finished"
 
     @classmethod
     def load(cls, path: str | Path) -> "TunedConfig":

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import TpuTuneError
+from tpu_tuner.core.run_folder import write_atomic
 from tpu_tuner.core.units import duration, si
 from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD, Ranking, ranked, slice_of, unplanned
 
@@ -92,8 +93,8 @@ def rank_to_folder(model_file: str | Path, options: "PlanOptions", topologies: l
 def write_ranking(folder: Path, ranking: Ranking) -> list[str]:
     """ranking.json and ranking.md in `folder`, each written whole (a reader never sees half)."""
     data = ranking.to_dict()
-    _write_text(folder / RANKING_JSON, json.dumps(data, indent=2, default=str))
-    _write_text(folder / RANKING_MD, render_markdown(data))
+    write_atomic(folder / RANKING_JSON, json.dumps(data, indent=2, default=str))
+    write_atomic(folder / RANKING_MD, render_markdown(data))
     return [RANKING_JSON, RANKING_MD]
 
 
@@ -200,12 +201,6 @@ def _with_band(entry: dict[str, Any], key: str) -> str:
     if low is not None and high is not None and high > low:
         text += f" ({si(low, '').strip()}-{si(high, '').strip()})"
     return text
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 __all__ = ["HEADER", "cells", "notes", "price_lines", "rank_to_folder", "render_markdown", "render_terminal",

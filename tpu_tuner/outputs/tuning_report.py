@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.core.units import binary_bytes, ms, shape
+from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
     from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.verify import Verification
     from tpu_tuner.tuning.window import ComparedSteps
 
 
@@ -78,21 +79,12 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         out += [f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
                 f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
                 f"{e.speedup_over_baseline:.2f}x |" for e in v.race]
-    out += ["", "## What each knob contributed", ""]
-    if v.contributions:
-        out += [
-            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
-            "over itself with that one knob set back to its baseline value.",
-            "", "| knob | baseline | tuned | contribution |", "|---|---|---|---|",
-        ]
-        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
-    else:
-        out.append("Nothing to attribute: the recommendation is the baseline.")
+    out += ["", "## What each knob contributed", "", *_contributions(v)]
     out += ["", "## Agents' findings from the profile", ""]
     for agent, findings in result.findings.items():
         out += [f"- **{agent}**: " + "; ".join(findings)]
     out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
-    out += _warm_start_section(result) + _hosts_section(result)
+    out += warm_start_section(result) + hosts_section(result)
     frame = result.trials_dataframe()
     out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.search.sampler}, search space "
             f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
@@ -104,14 +96,14 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
         note = next((str(row[k]) for k in (records.FAILURE_MESSAGE, records.REJECTED_BY, records.STOPPED_EARLY)
-                     if _present(row.get(k))), "")
-        if _present(row.get(records.EXCLUDED_BY)):
+                     if present(row.get(k))), "")
+        if present(row.get(records.EXCLUDED_BY)):
             note = f"excluded ({row[records.EXCLUDED_BY]}): not measured"
-        if _present(row.get(records.REPEAT_OF)):
+        if present(row.get(records.REPEAT_OF)):
             note = f"repeat of trial {int(row[records.REPEAT_OF])}, not re-measured" + (f"; {note}" if note else "")
         out.append(
-            f"| {row['number']} | {_state(row)} | {settings} | {_ms(row.get(records.AMORTISED_STEP_S))} | "
-            f"{_ms(row.get(records.STEP_MEDIAN_S))} | {_s(row.get(records.COMPILE_S))} | {_pct(row.get(records.MFU))} | "
+            f"| {row['number']} | {_state(row)} | {settings} | {ms_or_blank(row.get(records.AMORTISED_STEP_S))} | "
+            f"{ms_or_blank(row.get(records.STEP_MEDIAN_S))} | {ms_or_blank(row.get(records.COMPILE_S))} | {_pct(row.get(records.MFU))} | "
             f"{_sci(row.get(records.ACCURACY_ERROR))} | {note.replace('|', '/')} |"
         )
     failures = frame[frame[records.FAILURE_KIND].notna()] if records.FAILURE_KIND in frame else frame.iloc[0:0]
@@ -138,69 +130,36 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     return "\n".join(out) + "\n"
 
 
-# The trial user attr an enqueued earlier best carries (tuning/warm_start.py).
-WARM_START_ATTR = records.WARM_START
-
-
-def _warm_start_section(result: "TuningResult") -> list[str]:
-    """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
-    what it measured there and what it measured here; nothing when no trial was warm-started."""
-    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)]
-    if not trials:
-        return []
-    base = _trial_value(result, result.verification.baseline_trial)
-    out = ["## Warm start", "",
-           "Queued right after the baseline: the best settings of earlier studies on this device kind, the same "
-           "workload first, then the nearest by FLOPs per parameter, bound and model kind. \"There\" is the earlier "
-           "study's own measurement (its speedup verified interleaved where it says so, else its search's ratio to "
-           "its baseline); \"here\" is this study's.", "",
-           "| trial | setting | from | there | here |", "|---:|---|---|---:|---:|"]
-    for t in trials:
-        seed = records.attrs(t)[WARM_START_ATTR]
-        earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
-        there = _ms(seed.get("objective_s"))
-        if _present(seed.get("speedup")):
-            there += f", {float(seed['speedup']):.2f}x {'verified' if seed.get('speedup_verified') else 'in its search'}"
-        origin = f"{earlier}{seed.get('source', '?')} ({seed.get('match', '')})"
-        out.append(f"| {t.number} | {_setting(result, t.params)} | {origin.replace('|', '/')} | {there} | "
-                   f"{_measured_here(t, base)} |")
-    return out + [""]
-
-
-def _hosts_section(result: "TuningResult") -> list[str]:
-    """Which host measured what, when trials came from more than one (a shared study), and where
-    the comparison was re-measured; one line when everything ran on one known host."""
-    v = result.verification
-    trials = [t for t in result.study.get_trials(deepcopy=False) if records.attrs(t).get(records.HOST)]
-    hosts = sorted({str(records.attrs(t)[records.HOST]) for t in trials})
-    verified_on = getattr(v, "host", None)
-    if len(hosts) <= 1:
-        if not verified_on:
-            return []
-        where = f"Every trial ran on host `{hosts[0]}`" if hosts else "The trials record no host"
-        if hosts == [verified_on]:
-            return ["## Hosts", "", f"{where}, and so did the comparison above.", ""]
-        return ["## Hosts", "", f"{where}; the comparison above was re-measured on host `{verified_on}`.", ""]
-    out = ["## Hosts", "",
-           "Trials from different hosts only rank settings (each host's timings are its own); the comparison "
-           f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
-           "| host | trials measured | best objective there |", "|---|---:|---:|"]
-    for host in hosts:
-        own = [(t, a) for t in trials if str((a := records.attrs(t))[records.HOST]) == host and records.REPEAT_OF not in a]
-        measured = sum(1 for _, a in own if a.get(records.MEASURED))
-        values = [t.value for t, a in own if t.value is not None and a.get(records.FEASIBLE)]
-        out.append(f"| {host} | {measured} | {_ms(min(values)) if values else 'none feasible'} |")
-    return out + [""]
+def _contributions(v: "Verification") -> list[str]:
+    """Each knob's measured contribution, and why any is missing, from what the verification recorded."""
+    out = []
+    if v.contributions:
+        out += ["Measured, interleaved with the best configuration in the same window: the speedup the best has "
+                "over itself with that one knob set back to its baseline value.", "",
+                "| knob | baseline | tuned | contribution |", "|---|---|---|---|"]
+        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
+        if len(v.contributions) == 1 and not v.contributions_left_out:
+            out += ["", "Only this knob changed: its contribution is the verified speedup itself."]
+    elif v.speedup is None and v.best_trial is not None and v.best_trial == v.baseline_trial:
+        return ["Nothing to attribute: the search's best setting is the baseline."]
+    elif v.speedup is None:
+        return [f"Not measured: the interleaved verification did not run to its end ({v.message})."]
+    elif not v.contributions_left_out:
+        return ["Not recorded: this run's result.json predates the record of why no contribution was measured."]
+    reasons: dict[str, list[str]] = {}
+    for knob, why in v.contributions_left_out.items():
+        reasons.setdefault(why, []).append(knob)
+    return out + ([""] if out else []) + [f"Not measured for {', '.join(knobs)}: {why}." for why, knobs in reasons.items()]
 
 
 def _state(row) -> str:
     """A trial's state as the report names it: a failed measurement is told to Optuna as pruned
     (so that TPE learns from it), a hopeless one stopped early, an excluded ask never measured."""
-    if _present(row.get(records.EXCLUDED_BY)):
+    if present(row.get(records.EXCLUDED_BY)):
         return "EXCLUDED"
-    if _present(row.get(records.STOPPED_EARLY)):
+    if present(row.get(records.STOPPED_EARLY)):
         return "STOPPED EARLY"
-    if row["state"] != "COMPLETE" and _present(row.get(records.FAILURE_KIND)):
+    if row["state"] != "COMPLETE" and present(row.get(records.FAILURE_KIND)):
         return "FAILED"
     return str(row["state"])
 
@@ -221,48 +180,6 @@ def _learned_section(result: "TuningResult", frame) -> list[str]:  # noqa: ANN00
                 "1.5x the best objective so far (with the compile time they spent), so the rest of their "
                 "measurement could not have made them the best."]
     return out
-
-
-def _setting(result: "TuningResult", params: dict) -> str:
-    """A trial's setting as the report names settings ("inductor, matmul highest, autocast bfloat16")."""
-    try:
-        return result.space.to_candidate(params).describe()
-    except Exception:  # noqa: BLE001 - a setting this space cannot spell: its raw values
-        return ", ".join(f"{k}={v}" for k, v in params.items())
-
-
-def _trial_value(result: "TuningResult", number: int | None) -> float | None:
-    if number is None:
-        return None
-    trial = next((t for t in result.study.get_trials(deepcopy=False) if t.number == number), None)
-    return trial.value if trial is not None else None
-
-
-def _measured_here(trial, baseline_value: float | None) -> str:
-    """A trial's objective here (and its ratio to the baseline's), or why it has none."""
-    import optuna
-
-    attrs = records.attrs(trial)
-    if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
-        text = _ms(trial.value)
-        if baseline_value:
-            text += f", {baseline_value / trial.value:.2f}x the baseline"
-        if not attrs.get(records.FEASIBLE, True):
-            text += f", infeasible ({attrs.get(records.FAILURE_KIND, 'constraint')})"
-        return text
-    if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
-        return "not measured yet"
-    if attrs.get(records.REJECTED_BY):
-        return f"rejected ({str(attrs[records.REJECTED_BY]).replace('|', '/')})"
-    if attrs.get(records.EXCLUDED_BY):
-        return f"excluded ({attrs[records.EXCLUDED_BY]}), not measured"
-    if attrs.get(records.STOPPED_EARLY):
-        return "stopped early (hopeless against the best so far)"
-    kind = attrs.get(records.FAILURE_KIND)
-    # A failed measurement is told as pruned with a violated constraint (tuning/trials.py).
-    failed = trial.state == optuna.trial.TrialState.FAIL or kind is not None
-    state = "failed" if failed else trial.state.name.lower()
-    return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 
 
 def _figures_note(compared: "ComparedSteps", verified: bool, significant: bool, planned: int) -> list[str]:
@@ -327,22 +244,9 @@ def _describe(m: "Measurement") -> str:
     return Candidate.from_dict(m.candidate).describe()
 
 
-def _present(value) -> bool:
-    """False for None, NaN and pandas' NA (trials.csv's nullable integer columns)."""
-    return value is not None and not bool(pd.isna(value))
-
-
-def _ms(value) -> str:
-    return ms(float(value)) if _present(value) else ""
-
-
-def _s(value) -> str:
-    return ms(float(value)) if _present(value) else ""
-
-
 def _pct(value) -> str:
-    return f"{float(value):.1%}" if _present(value) else ""
+    return f"{float(value):.1%}" if present(value) else ""
 
 
 def _sci(value) -> str:
-    return f"{float(value):.1e}" if _present(value) else ""
+    return f"{float(value):.1e}" if present(value) else ""

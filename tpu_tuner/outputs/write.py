@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import TpuTuneError
-from tpu_tuner.core.run_folder import new_run_dir
+from tpu_tuner.core.run_folder import new_run_dir, write_atomic
 
 if TYPE_CHECKING:
     from tpu_tuner.bucketing.study import BucketResult
@@ -31,13 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _write_text(path: Path, text: str) -> None:
-    """Write atomically: a reader (the dashboard, a served page) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 # --- profile ---------------------------------------------------------------------------------
 
 def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
@@ -45,8 +38,8 @@ def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
     from tpu_tuner.outputs.profile_report import render_markdown
 
     run_dir = Path(run_dir)
-    _write_text(run_dir / run_folder.PROFILE_JSON, profile.to_json())
-    _write_text(run_dir / run_folder.PROFILE_MD, render_markdown(profile))
+    write_atomic(run_dir / run_folder.PROFILE_JSON, profile.to_json())
+    write_atomic(run_dir / run_folder.PROFILE_MD, render_markdown(profile))
     return [run_folder.PROFILE_JSON, run_folder.PROFILE_MD]
 
 
@@ -67,12 +60,12 @@ def write_tuning(result: "TuningResult") -> list[str]:
     from tpu_tuner.outputs.tuning_report import render_report
 
     run_dir = result.run_dir
-    _write_text(run_dir / run_folder.PROFILE_JSON, result.profile.to_json())
+    write_atomic(run_dir / run_folder.PROFILE_JSON, result.profile.to_json())
     if result.verified:
-        _write_text(run_dir / run_folder.RESULT_JSON, result.to_json())
-    result.trials_dataframe().to_csv(run_dir / run_folder.TRIALS_CSV, index=False)
+        write_atomic(run_dir / run_folder.RESULT_JSON, result.to_json())
+    write_atomic(run_dir / run_folder.TRIALS_CSV, result.trials_dataframe().to_csv(index=False))
     plots = write_plots(result)
-    _write_text(run_dir / run_folder.REPORT_MD, render_report(result, plots))
+    write_atomic(run_dir / run_folder.REPORT_MD, render_report(result, plots))
     if not result.verified:
         # A worker that left the verification to another writes no recommendation of its own.
         return [run_folder.PROFILE_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()), run_folder.REPORT_MD]
@@ -104,9 +97,9 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
     from tpu_tuner.knobs.tuned_config import TunedConfig
 
     run_dir = Path(run_dir)
-    _write_text(run_dir / run_folder.PLAN_JSON, json.dumps(result.to_dict(), indent=2, default=str))
+    write_atomic(run_dir / run_folder.PLAN_JSON, json.dumps(result.to_dict(), indent=2, default=str))
     plot = write_plot(result, run_dir / run_folder.PLAN_PNG)
-    _write_text(run_dir / run_folder.PLAN_MD, render_markdown(result, plot, result.source or "MODEL.py", str(run_dir)))
+    write_atomic(run_dir / run_folder.PLAN_MD, render_markdown(result, plot, result.source or "MODEL.py", str(run_dir)))
     written = [run_folder.PLAN_JSON, run_folder.PLAN_PNG, run_folder.PLAN_MD]
     best = result.best
     if best is not None:
@@ -179,9 +172,9 @@ def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str |
     from tpu_tuner.knobs.tuned_config import TunedConfig
 
     run_dir = Path(run_dir)
-    _write_text(run_dir / run_folder.BUCKETS_JSON, json.dumps(result.to_dict(), indent=2, default=str))
+    write_atomic(run_dir / run_folder.BUCKETS_JSON, json.dumps(result.to_dict(), indent=2, default=str))
     plots = write_plots(result, run_dir)
-    _write_text(run_dir / run_folder.BUCKETS_MD, render_markdown(result, plots))
+    write_atomic(run_dir / run_folder.BUCKETS_MD, render_markdown(result, plots))
     bounds = list(result.chosen.strategy.bounds)
     provenance: dict[str, Any] = {
         "source": "tpu-tune buckets", "workload": str(model_file or result.workload), "steps": result.steps,

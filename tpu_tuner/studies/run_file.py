@@ -16,17 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.credentials import redact
-from tpu_tuner.core.run_folder import RUN_JSON
+from tpu_tuner.core.run_folder import RUN_JSON, write_atomic
 
 RUN_FILE = RUN_JSON  # the name lives with every other run-folder file name (tpu_tuner/core/run_folder.py)
 
 
 def write(run_dir: Path, data: dict[str, Any]) -> None:
     """Write run.json (atomically: a reader never sees half a file)."""
-    path = Path(run_dir) / RUN_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(redact(json.dumps(data, indent=2, default=str)))
-    tmp.replace(path)
+    write_atomic(Path(run_dir) / RUN_FILE, redact(json.dumps(data, indent=2, default=str)))
 
 
 def read(run_dir: Path) -> dict[str, Any]:

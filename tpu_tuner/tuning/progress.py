@@ -21,6 +21,8 @@ class Progress:
     objective: str = "amortised"
     # Seconds left of the run's time budget (--time-budget); None without one.
     time_left: float | None = None
+    # A setting an agent rejected unmeasured: the agent's reason (the CLI counts repeats of one).
+    rejected_by: str | None = None
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -189,7 +189,7 @@ class TuneTrials(Feature):
         if result.rejection is not None:
             TrialRecord.of(trial).write({records.REJECTED_BY: result.rejection})
             self.study.tell(trial, state=TrialState.PRUNED)
-            self._progress(f"rejected {label} ({result.rejection})", claim.position)
+            self._progress(f"rejected {label} ({result.rejection})", claim.position, rejected_by=result.rejection)
             return
         outcome = result.outcome
         # Stored with the measurement or the failure, in one write (trial_attrs.py).
@@ -261,9 +261,9 @@ class TuneTrials(Feature):
         self._progress(f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them",
                        spent)
 
-    def _progress(self, message: str, number: int) -> None:
+    def _progress(self, message: str, number: int, rejected_by: str | None = None) -> None:
         self.emit(Progress("trial", message, number, self.options.search.trials, self.best,
-                           self.clock.elapsed(), _objective_name(self.bucketing), self.clock.left()))
+                           self.clock.elapsed(), _objective_name(self.bucketing), self.clock.left(), rejected_by))
 
     def _label(self, trial: optuna.Trial) -> str:
         return self.space.to_candidate(dict(trial.params)).describe()

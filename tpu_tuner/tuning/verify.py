@@ -29,6 +29,8 @@ from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
+# Why a knob's contribution is missing when the clock's finish drops them (tuning/clock.py).
+NO_TIME = "the time budget left no room (each knob set back is a setting compiled afresh)"
 
 
 @dataclass
@@ -51,6 +53,9 @@ class Verification:
     chosen_is_best: bool
     speedup: PairedSpeedup | None
     contributions: list[KnobContribution] = field(default_factory=list)
+    # The knobs of the best whose contribution was not measured, each with why (the clock, an agent
+    # refusing the reverted setting); empty in results written before it was recorded.
+    contributions_left_out: dict[str, str] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     compiles_while_comparing: dict[str, int] = field(default_factory=dict)
     message: str = ""
@@ -113,8 +118,10 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
     labels = {"baseline": baseline_params, "best": best_params}
-    unmeasurable: dict[str, str] = {}
-    for name in differing if plan.ablations else []:
+    # One knob changed: set back, it is the baseline, already in the window, so it costs nothing.
+    attributed = differing if plan.ablations or len(differing) == 1 else []
+    unmeasurable = {name: NO_TIME for name in differing if name not in attributed}
+    for name in attributed:
         ablated = space.normalize({**best_params, name: space.baseline_value(name)})
         # A reverted setting an agent rejects (fullgraph under DDP once the layout goes back)
         # cannot run: it would fail the whole interleaved comparison, so it is left out.
@@ -132,9 +139,8 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     samples = dict(zip(labels, per_label))
     speedup = paired_speedup(samples["baseline"], samples["best"])
     contributions = []
-    for name in differing if plan.ablations else []:
+    for name in attributed:
         if name in unmeasurable:
-            log.info("contribution of %s not measured: %s", name, unmeasurable[name])
             continue
         label = f"best without {name}"
         reverted = samples[label] if label in samples else samples["baseline"]
@@ -156,6 +162,7 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
         chosen_is_best=chosen_is_best,
         speedup=speedup,
         contributions=contributions,
+        contributions_left_out=unmeasurable,
         samples=samples,
         compiles_while_comparing=compiles,
         message=message,

@@ -1,0 +1,32 @@
+"""The page's HTML cells: escaped text, percentages, sortable number cells, embedded figures."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from tpu_tuner.dashboard.folder_files import finite
+
+
+def esc(value: Any) -> str:
+    """`value` as HTML text (None and NaN empty)."""
+    return html.escape("" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value))
+
+
+def pct(value: Any) -> str:
+    """A share as a percentage ("–" when not a number)."""
+    return f"{value:.1%}" if finite(value) else "–"
+
+
+def num_cell(value: Any, text: str) -> str:
+    """A right-aligned cell showing `text` that sorts by `value` (last when not a number)."""
+    sort = repr(float(value)) if finite(value) else ""
+    return f'<td class="num" data-v="{sort}">{esc(text)}</td>'
+
+
+def figure_html(uri: str | None, alt: str, missing: str) -> str:
+    """An embedded plot with its caption, or a note saying `missing`."""
+    if uri is None:
+        return f'<p class="note">{esc(missing)}</p>'
+    return f'<figure><img src="{uri}" alt="{esc(alt)}"><figcaption class="muted">{esc(alt)}</figcaption></figure>'
