@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"          (geometric mean of the per-round ratios; the medians above give {compared.ratio:.2f}x)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     stored = str(result.best_config.provenance["study"]["storage"])
-    if not keeps_journal(stored):  # a PostgreSQL journal: docs/many-workers.md says how to view it
+    # A PostgreSQL journal is not opened by URL (docs/many-workers.md); an in-memory study has none.
+    if "://" in stored and not keeps_journal(stored):
         print(f"dashboard optuna-dashboard {redact(stored)}")
     return 0
