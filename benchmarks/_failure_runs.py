@@ -115,7 +115,7 @@ def queued_numbers(run_dir: Path) -> set[int] | None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         saved = json.loads((run_dir / "run.json").read_text())
         study = optuna.load_study(study_name=saved["study_name"], storage=saved["storage"])
-    except Exception:  # noqa: BLE001 - an extra figure: the table stands without it
+    except Exception:
         return None
     return {t.number for t in study.get_trials(deepcopy=False) if "fixed_params" in t.system_attrs}
 

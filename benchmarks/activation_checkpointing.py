@@ -36,9 +36,9 @@ def measure(value: str, steps: int) -> dict[str, float | str]:
     from torch.utils.flop_counter import FlopCounterMode
 
     from tpu_tuner.devices.cpu import CpuBackend
+    from tpu_tuner.execution.step import prepare_step
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.model.loader import load_workload
-    from tpu_tuner.execution.step import prepare_step
 
     backend, candidate = CpuBackend(), Candidate(activation_checkpointing=value)
     with candidate.process(backend):
@@ -55,8 +55,14 @@ def measure(value: str, steps: int) -> dict[str, float | str]:
             started = time.perf_counter()
             step.run()
             times.append(time.perf_counter() - started)
-    return {"value": value, "flops": counter.get_total_flops(), "step_median_s": statistics.median(times),
-            "step_min_s": min(times), "peak_rss_bytes": backend.peak_memory_bytes()[0], "rss_floor_bytes": floor}
+    return {
+        "value": value,
+        "flops": counter.get_total_flops(),
+        "step_median_s": statistics.median(times),
+        "step_min_s": min(times),
+        "peak_rss_bytes": backend.peak_memory_bytes()[0],
+        "rss_floor_bytes": floor,
+    }
 
 
 def main() -> None:
@@ -71,26 +77,39 @@ def main() -> None:
     runs: dict[str, list[dict]] = {value: [] for value in VALUES}
     for round_number in range(args.rounds):
         for value in VALUES:
-            done = subprocess.run([sys.executable, __file__, "--one", value, "--steps", str(args.steps)],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", value, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             run = json.loads(done.stdout.strip().splitlines()[-1])
             runs[value].append(run)
-            print(f"round {round_number + 1} {value:9s}: step median {run['step_median_s'] * 1e3:7.0f} ms, "
-                  f"min {run['step_min_s'] * 1e3:7.0f} ms, peak RSS {run['peak_rss_bytes'] / 2**20:6.0f} MiB", flush=True)
+            print(
+                f"round {round_number + 1} {value:9s}: step median {run['step_median_s'] * 1e3:7.0f} ms, "
+                f"min {run['step_min_s'] * 1e3:7.0f} ms, peak RSS {run['peak_rss_bytes'] / 2**20:6.0f} MiB",
+                flush=True,
+            )
     base = runs["none"]
     base_rss = statistics.median(r["peak_rss_bytes"] for r in base)
     base_min = statistics.median(r["step_min_s"] for r in base)
-    print(f"\n{'setting':10s} {'GFLOP/step':>10s} {'peak RSS MiB':>12s} {'saved MiB':>9s} "
-          f"{'step min ms':>11s} {'step median ms':>14s} {'min vs none':>11s}")
+    print(
+        f"\n{'setting':10s} {'GFLOP/step':>10s} {'peak RSS MiB':>12s} {'saved MiB':>9s} "
+        f"{'step min ms':>11s} {'step median ms':>14s} {'min vs none':>11s}"
+    )
     for value, rs in runs.items():
         rss = statistics.median(r["peak_rss_bytes"] for r in rs)
         step_min = statistics.median(r["step_min_s"] for r in rs)
         median = statistics.median(r["step_median_s"] for r in rs)
-        print(f"{value:10s} {rs[0]['flops'] / 1e9:10.1f} {rss / 2**20:12.0f} {(base_rss - rss) / 2**20:9.0f} "
-              f"{step_min * 1e3:11.0f} {median * 1e3:14.0f} {step_min / base_min:10.2f}x")
-    print(f"(medians over {args.rounds} interleaved rounds; peak RSS over the timed steps, which start from "
-          f"about {statistics.median(r['rss_floor_bytes'] for r in base) / 2**20:.0f} MiB: weights, gradients, "
-          "optimizer state)")
+        print(
+            f"{value:10s} {rs[0]['flops'] / 1e9:10.1f} {rss / 2**20:12.0f} {(base_rss - rss) / 2**20:9.0f} "
+            f"{step_min * 1e3:11.0f} {median * 1e3:14.0f} {step_min / base_min:10.2f}x"
+        )
+    print(
+        f"(medians over {args.rounds} interleaved rounds; peak RSS over the timed steps, which start from "
+        f"about {statistics.median(r['rss_floor_bytes'] for r in base) / 2**20:.0f} MiB: weights, gradients, "
+        "optimizer state)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,24 +28,29 @@ WITHIN = 0.97
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, help="the tuning run whose chosen config is checked")
-    parser.add_argument("--grid-run", type=Path, required=True, help="a run of the same workload made with --sampler grid")
+    parser.add_argument(
+        "--grid-run", type=Path, required=True, help="a run of the same workload made with --sampler grid"
+    )
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--top", type=int, default=1, help="re-measure the grid's K fastest settings (default 1: its best)")
+    parser.add_argument(
+        "--top", type=int, default=1, help="re-measure the grid's K fastest settings (default 1: its best)"
+    )
     args = parser.parse_args()
 
     grid = TuningResult.load(args.grid_run)
     feasible = [t for t in grid.study.trials if trial_attrs.is_feasible(t) and "repeat_of" not in records.attrs(t)]
-    ranked = sorted(feasible, key=lambda t: t.value)[:max(1, args.top)]
+    ranked = sorted(feasible, key=lambda t: t.value)[: max(1, args.top)]
     candidates = {"baseline": grid.space.to_candidate(grid.space.baseline_params())}
     if args.run is not None:
         run = TuningResult.load(args.run)
         candidates["chosen"] = run.verification.chosen
     for rank, trial in enumerate(ranked, start=1):
         candidates["grid's best" if rank == 1 else f"grid #{rank}"] = grid.space.to_candidate(dict(trial.params))
-    table = {label: trial.value for label, trial in zip(list(candidates)[-len(ranked):], ranked)}
+    table = {label: trial.value for label, trial in zip(list(candidates)[-len(ranked) :], ranked)}
     run = grid.options.runner
-    with TrialRunner(str(grid.profile.workload["source"]), run.device, run.trial_timeout_s,
-                     grid.options.objective.memory_limit_bytes) as runner:
+    with TrialRunner(
+        str(grid.profile.workload["source"]), run.device, run.trial_timeout_s, grid.options.objective.memory_limit_bytes
+    ) as runner:
         compared = compare_interleaved(runner, [c.to_dict() for c in candidates.values()], args.rounds, run, None)
     if isinstance(compared, str):
         raise SystemExit(f"comparison failed: {compared}")
@@ -60,8 +65,10 @@ def main() -> None:
     if "chosen" in samples:
         ratio = paired_speedup(samples["grid's best"], samples["chosen"])  # > 1: the chosen is faster
         print(f"\nchosen / grid's best: {ratio.describe()}")
-        print(f"{'PASS' if ratio.speedup >= WITHIN else 'FAIL'}  the chosen setting is within 3% of the grid's best "
-              f"(ratio {ratio.speedup:.3f} >= {WITHIN})")
+        print(
+            f"{'PASS' if ratio.speedup >= WITHIN else 'FAIL'}  the chosen setting is within 3% of the grid's best "
+            f"(ratio {ratio.speedup:.3f} >= {WITHIN})"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ def optimiser_speed() -> None:
         start = time.perf_counter()
         optimal_buckets(hist, model, 20_000, 8, 1)
         times.append(time.perf_counter() - start)
-    print(f"optimiser: {hist.total} samples, {len(hist.lengths)} distinct lengths, 8 buckets: "
-          f"median {np.median(times) * 1e3:.0f} ms over 5 runs (max {max(times) * 1e3:.0f} ms)")
+    print(
+        f"optimiser: {hist.total} samples, {len(hist.lengths)} distinct lengths, 8 buckets: "
+        f"median {np.median(times) * 1e3:.0f} ms over 5 runs (max {max(times) * 1e3:.0f} ms)"
+    )
 
 
 def main() -> None:
@@ -52,24 +54,35 @@ def main() -> None:
     args = parser.parse_args()
     optimiser_speed()
     start = time.perf_counter()
-    result = plan_buckets(REPO / "examples" / "encoder.py", BucketOptions(
-        steps=args.steps, max_buckets=args.max_buckets, compile_backend=args.compile_backend,
-        replay_steps=args.replay, replay_max_compiles=args.replay_max_compiles,
-        replay_only=tuple(args.only) if args.only else None),
-        progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True))
+    result = plan_buckets(
+        REPO / "examples" / "encoder.py",
+        BucketOptions(
+            steps=args.steps,
+            max_buckets=args.max_buckets,
+            compile_backend=args.compile_backend,
+            replay_steps=args.replay,
+            replay_max_compiles=args.replay_max_compiles,
+            replay_only=tuple(args.only) if args.only else None,
+        ),
+        progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True),
+    )
     print(render_terminal(result))
     measured = {r.strategy: r for r in result.replays}
     chosen, powers = measured.get("optimal (DP)"), measured.get("powers of two")
     for r in result.replays:
         predicted = next(e.total_seconds for e in result.table if e.strategy.name == r.strategy)
-        print(f"  {r.strategy:18s} measured {r.total_seconds:8.0f} s (compiles {r.compile_seconds:6.1f} s over "
-              f"{r.compiled_shapes} shapes, stream {r.stream_step_seconds:6.2f} s for {r.stream_steps} steps); "
-              f"predicted {predicted:8.0f} s ({(predicted / r.total_seconds - 1):+.1%})")
+        print(
+            f"  {r.strategy:18s} measured {r.total_seconds:8.0f} s (compiles {r.compile_seconds:6.1f} s over "
+            f"{r.compiled_shapes} shapes, stream {r.stream_step_seconds:6.2f} s for {r.stream_steps} steps); "
+            f"predicted {predicted:8.0f} s ({(predicted / r.total_seconds - 1):+.1%})"
+        )
     if chosen and powers:
         print(f"chosen / powers of two (measured): {chosen.total_seconds / powers.total_seconds:.3f} (target <= 0.8)")
-        print(f"chosen measured / oracle bound: {chosen.total_seconds / result.oracle_seconds:.3f} (target <= 1.10); "
-              f"oracle = {result.oracle_seconds:.0f} s: every step at its exact length under the measured step-time fit, "
-              "compiles free")
+        print(
+            f"chosen measured / oracle bound: {chosen.total_seconds / result.oracle_seconds:.3f} (target <= 1.10); "
+            f"oracle = {result.oracle_seconds:.0f} s: every step at its exact length under the measured step-time fit, "
+            "compiles free"
+        )
     print(f"whole benchmark {time.perf_counter() - start:.0f} s")
 
 

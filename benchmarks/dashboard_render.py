@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tpu_tuner.dashboard import collect, make_server, write_dashboard
@@ -73,33 +73,89 @@ def _plan(model: str, topology: str, chips: int, rng: random.Random) -> dict:
         compute = step * rng.uniform(0.5, 0.8)
         exposed = step * rng.uniform(0.0, 0.2)
         fits = tensor > 1 or chips > 8
-        plans.append({"layout": {"data": 1, "fsdp": chips // tensor, "tensor": tensor},
-                      "compiled": {"flops": 1e15, "bytes_accessed": 1e12, "argument_bytes": 1e9, "output_bytes": 1e9,
-                                   "temp_bytes": 3e10, "alias_bytes": 1e9, "collectives": [], "compile_seconds": 20.0,
-                                   "error": None, "host_temp_bytes": 0.0},
-                      "fits": fits, "margin_bytes": 1e9 if fits else -4e9, "why": "" if fits else "over HBM by 3.7 GiB",
-                      "prediction": {"compute_seconds": compute, "memory_seconds": compute * 0.6,
-                                     "comm_seconds": exposed * 3, "exposed_comm_seconds": exposed, "step_seconds": step,
-                                     "alignment": 1.0, "mfu": compute / step * 0.7, "tokens_per_second": 1e6 / step}})
+        plans.append(
+            {
+                "layout": {"data": 1, "fsdp": chips // tensor, "tensor": tensor},
+                "compiled": {
+                    "flops": 1e15,
+                    "bytes_accessed": 1e12,
+                    "argument_bytes": 1e9,
+                    "output_bytes": 1e9,
+                    "temp_bytes": 3e10,
+                    "alias_bytes": 1e9,
+                    "collectives": [],
+                    "compile_seconds": 20.0,
+                    "error": None,
+                    "host_temp_bytes": 0.0,
+                },
+                "fits": fits,
+                "margin_bytes": 1e9 if fits else -4e9,
+                "why": "" if fits else "over HBM by 3.7 GiB",
+                "prediction": {
+                    "compute_seconds": compute,
+                    "memory_seconds": compute * 0.6,
+                    "comm_seconds": exposed * 3,
+                    "exposed_comm_seconds": exposed,
+                    "step_seconds": step,
+                    "alignment": 1.0,
+                    "mfu": compute / step * 0.7,
+                    "tokens_per_second": 1e6 / step,
+                },
+            }
+        )
     best = max((p for p in plans if p["fits"]), key=lambda p: p["prediction"]["mfu"])
-    return {"workload": model, "preset": "70b", "topology": {"name": topology, "jax_name": "TPU v5p", "chips": chips,
-            "devices": chips, "generation": "v5p"}, "global_batch": 256, "seq_len": 4096, "remat": "full",
-            "attention_convention": "full", "model_flops_per_step": 1e18, "matmul_parameters": 7e10, "plans": plans,
-            "rejected": [], "placements": {}, "method": "compiled", "seconds": 60.0,
-            "best": "data {data} x fsdp {fsdp} x tensor {tensor}".format(**best["layout"])}
+    return {
+        "workload": model,
+        "preset": "70b",
+        "topology": {"name": topology, "jax_name": "TPU v5p", "chips": chips, "devices": chips, "generation": "v5p"},
+        "global_batch": 256,
+        "seq_len": 4096,
+        "remat": "full",
+        "attention_convention": "full",
+        "model_flops_per_step": 1e18,
+        "matmul_parameters": 7e10,
+        "plans": plans,
+        "rejected": [],
+        "placements": {},
+        "method": "compiled",
+        "seconds": 60.0,
+        "best": "data {data} x fsdp {fsdp} x tensor {tensor}".format(**best["layout"]),
+    }
 
 
 def _buckets(model: str, rng: random.Random) -> dict:
     lengths = list(range(16, 513, 8))
     counts = [int(1000 * rng.random() * (1 - n / 600)) + 1 for n in lengths]
-    chosen = {"strategy": {"name": "optimal", "bounds": [96, 192, 320, 512], "note": ""}, "compiled_shapes": 4,
-              "padding_waste": 0.11, "compile_seconds": 40.0, "step_seconds": 0.2, "total_seconds": 4040.0,
-              "within_limits": True}
-    return {"workload": model, "device": "cpu", "compile_backend": "inductor", "samples": sum(counts),
-            "distinct_lengths": len(lengths), "length_summary": {}, "steps": 20000, "max_buckets": 8, "align": 8,
-            "cost_model": {}, "chosen": chosen, "table": [chosen], "oracle_seconds": 4000.0, "optimiser_seconds": 0.1,
-            "histogram": {"lengths": lengths, "counts": counts}, "replays": [], "replay_note": "", "seconds": 9.0,
-            "chosen_buckets": [96, 192, 320, 512]}
+    chosen = {
+        "strategy": {"name": "optimal", "bounds": [96, 192, 320, 512], "note": ""},
+        "compiled_shapes": 4,
+        "padding_waste": 0.11,
+        "compile_seconds": 40.0,
+        "step_seconds": 0.2,
+        "total_seconds": 4040.0,
+        "within_limits": True,
+    }
+    return {
+        "workload": model,
+        "device": "cpu",
+        "compile_backend": "inductor",
+        "samples": sum(counts),
+        "distinct_lengths": len(lengths),
+        "length_summary": {},
+        "steps": 20000,
+        "max_buckets": 8,
+        "align": 8,
+        "cost_model": {},
+        "chosen": chosen,
+        "table": [chosen],
+        "oracle_seconds": 4000.0,
+        "optimiser_seconds": 0.1,
+        "histogram": {"lengths": lengths, "counts": counts},
+        "replays": [],
+        "replay_note": "",
+        "seconds": 9.0,
+        "chosen_buckets": [96, 192, 320, 512],
+    }
 
 
 def synthesise(source: Path, target: Path, runs: int, seed: int = 0) -> None:
@@ -109,7 +165,7 @@ def synthesise(source: Path, target: Path, runs: int, seed: int = 0) -> None:
     if not templates:
         raise SystemExit(f"{source} holds no readable profile or tuning run to copy")
     rng = random.Random(seed)
-    start = datetime(2026, 10, 1, tzinfo=timezone.utc)
+    start = datetime(2026, 10, 1, tzinfo=UTC)
     for index in range(runs):
         template = templates[index % len(templates)]
         model, device = MODELS[index % len(MODELS)], DEVICES[(index // len(MODELS)) % len(DEVICES)]
@@ -118,8 +174,9 @@ def synthesise(source: Path, target: Path, runs: int, seed: int = 0) -> None:
         kind = "tune-" if (template / "tuned_config.toml").exists() else ""
         folder = target / f"{model}-{kind}{created:%Y%m%d-%H%M%S}-{index}"
         shutil.copytree(template, folder, ignore=shutil.ignore_patterns("study.db", "*.png"))
-        (folder / "profile.json").write_text(_scale_profile((folder / "profile.json").read_text(), model, device,
-                                                            created, factor))
+        (folder / "profile.json").write_text(
+            _scale_profile((folder / "profile.json").read_text(), model, device, created, factor)
+        )
         if kind:
             _scale_tune(folder, model, device, created, factor)
     for model in ("gpt", "llama"):
@@ -141,9 +198,19 @@ def screenshot(source: Path, path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            browser = playwright.chromium.launch(
+                executable_path="/usr/bin/chromium",
+                args=[
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                ],
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1500})
             page.goto(server.url, wait_until="load")
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,17 +247,22 @@ def main() -> None:
             cpu_times.append(time.process_time() - cpu)
         size = page.stat().st_size
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "-q", "dashboard", str(root)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "tpu_tuner.cli", "-q", "dashboard", str(root)], check=True, stdout=subprocess.DEVNULL
+        )
         command = time.perf_counter() - started
     total = [c + r for c, r in timings]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores while measuring")
     print(f"{folders} run folders ({args.runs} profile/tuning copies, 4 plans, 2 bucketing results)")
     print(f"collect     {statistics.median(c for c, _ in timings):.2f} s (median of {args.repeat})")
     print(f"render      {statistics.median(r for _, r in timings):.2f} s (plots + HTML + write)")
-    print(f"total       {statistics.median(total):.2f} s  (budget 5 s; all runs: {', '.join(f'{t:.2f}' for t in total)})")
-    print(f"cpu time    {statistics.median(cpu_times):.2f} s  (this process's CPU seconds: what the machine's other load "
-          "does not inflate)")
+    print(
+        f"total       {statistics.median(total):.2f} s  (budget 5 s; all runs: {', '.join(f'{t:.2f}' for t in total)})"
+    )
+    print(
+        f"cpu time    {statistics.median(cpu_times):.2f} s  (this process's CPU seconds: what the machine's other load "
+        "does not inflate)"
+    )
     print(f"command     {command:.2f} s  (`tpu-tune dashboard`, with interpreter start and imports)")
     print(f"page size   {size / 1e6:.2f} MB  (budget 5 MB)")
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from _failure_runs import BadValue, RunFigures, figures_of
@@ -58,8 +58,12 @@ MODELS = (
     # --tolerance 0.05: bf16 autocast's gradient error on this small MLP's training step is just
     # over the default 1% (1.05% measured), an accidental second failure the model would then
     # carry; the benchmark wants one fault per model.
-    FaultModel("oom", BadValue("micro_batches", "4", "oom"), ("--trial-memory-gb", "2", "--tolerance", "0.05"),
-               note="training step"),
+    FaultModel(
+        "oom",
+        BadValue("micro_batches", "4", "oom"),
+        ("--trial-memory-gb", "2", "--tolerance", "0.05"),
+        note="training step",
+    ),
     FaultModel("accuracy", BadValue("intra_op_threads", "1", "accuracy")),
     FaultModel("fullgraph", BadValue("compile_options", "fullgraph", "error")),
 )
@@ -79,9 +83,23 @@ def tune(model: FaultModel, seed: int, args: argparse.Namespace, out: Path) -> R
     out = out / f"{model.name}-seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob(f"{model.path.stem}-tune-*"))
-    command = [sys.executable, "-m", "tpu_tuner.cli", "-q", str(model.path), "--trials", str(args.trials),
-               "--verify-rounds", str(args.verify_rounds), "--seed", str(seed), "--cold", "--out", str(out),
-               *model.extra_args]
+    command = [
+        sys.executable,
+        "-m",
+        "tpu_tuner.cli",
+        "-q",
+        str(model.path),
+        "--trials",
+        str(args.trials),
+        "--verify-rounds",
+        str(args.verify_rounds),
+        "--seed",
+        str(seed),
+        "--cold",
+        "--out",
+        str(out),
+        *model.extra_args,
+    ]
     start = time.perf_counter()
     # Run from the results folder, not the checkout: `python -m` puts the working directory first
     # on sys.path, so from a checkout it would run that checkout's tpu_tuner, not PYTHONPATH's.
@@ -120,7 +138,7 @@ def header(args: argparse.Namespace) -> list[str]:
     return [
         f"host: {_cpu_model()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}), "
         f"Python {platform.python_version()}",
-        f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+        f"date: {datetime.now(UTC).isoformat(timespec='seconds')}",
         f"tuner: {_tuner_source()}",
         f"budget: --trials {args.trials} --verify-rounds {args.verify_rounds} --cold, seeds {_seeds(args)}",
     ]
@@ -132,20 +150,26 @@ def _cpu_model() -> str:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return platform.processor() or "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")),
-                "unknown CPU")
+    return next(
+        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "unknown CPU"
+    )
 
 
 def _tuner_source() -> str:
     """The tpu_tuner the CLI runs (the PYTHONPATH decides which) and its git commit."""
-    probe = subprocess.run([sys.executable, "-c", "import tpu_tuner; print(tpu_tuner.__file__)"],
-                           capture_output=True, text=True, cwd=tempfile.gettempdir())  # as `tune` runs it
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tpu_tuner; print(tpu_tuner.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )  # as `tune` runs it
     if probe.returncode != 0:
         return "tpu_tuner not importable"
     tree = Path(probe.stdout.strip()).parent.parent
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "tpu_tuner"],
-                           capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(tree), "status", "--porcelain", "--", "tpu_tuner"], capture_output=True, text=True
+    )
     state = " (tpu_tuner/ modified)" if dirty.stdout.strip() else ""
     return f"{tree} at {commit.stdout.strip() or 'no git commit'}{state}"
 
@@ -161,8 +185,10 @@ def _speedup(figures: RunFigures) -> str:
     return f"not verified ({figures.verification.split(';')[0].split(' (95% CI')[0]})"
 
 
-TABLE_HEADER = (f"{'model':10} {'seed':>4} {'bad value':28} {'measured':>8} {'bad':>4} {'queued':>6} "
-                f"{'bad failed':>14} {'bad unmeasured':>14} {'wall':>6}  verified speedup")
+TABLE_HEADER = (
+    f"{'model':10} {'seed':>4} {'bad value':28} {'measured':>8} {'bad':>4} {'queued':>6} "
+    f"{'bad failed':>14} {'bad unmeasured':>14} {'wall':>6}  verified speedup"
+)
 
 
 def table_row(run: Run) -> str:
@@ -173,8 +199,10 @@ def table_row(run: Run) -> str:
     failed = f"{f.bad_failed} ({f.bad_failed_as_expected} {run.model.bad.kind})"
     queued = "?" if f.bad_queued is None else str(f.bad_queued)
     chosen = "  CHOSEN SETTINGS CARRY THE BAD VALUE" if f.chosen_has_bad else ""
-    return (f"{run.model.name:10} {run.seed:>4} {str(run.model.bad):28} {f.measured:>8} {f.bad_measured:>4} "
-            f"{queued:>6} {failed:>14} {f.bad_unmeasured:>14} {run.wall_s:>5.0f}s  {_speedup(f)}{chosen}")
+    return (
+        f"{run.model.name:10} {run.seed:>4} {str(run.model.bad):28} {f.measured:>8} {f.bad_measured:>4} "
+        f"{queued:>6} {failed:>14} {f.bad_unmeasured:>14} {run.wall_s:>5.0f}s  {_speedup(f)}{chosen}"
+    )
 
 
 def summary(runs: list[Run]) -> list[str]:
@@ -185,10 +213,12 @@ def summary(runs: list[Run]) -> list[str]:
         bad = [run.figures.bad_measured for run in mine]
         speedups = [run.figures.speedup for run in mine if run.figures.speedup is not None]
         shown = f"median {statistics.median(speedups):.2f}x" if speedups else "none"
-        lines.append(f"{model.name:10} {str(model.bad):28} measured with it per seed {bad} (max {max(bad)}), "
-                     f"failed {[run.figures.bad_failed for run in mine]}, wall median "
-                     f"{statistics.median(run.wall_s for run in mine):.0f} s, verified speedups {shown} "
-                     f"({len(speedups)}/{len(mine)} verified)")
+        lines.append(
+            f"{model.name:10} {str(model.bad):28} measured with it per seed {bad} (max {max(bad)}), "
+            f"failed {[run.figures.bad_failed for run in mine]}, wall median "
+            f"{statistics.median(run.wall_s for run in mine):.0f} s, verified speedups {shown} "
+            f"({len(speedups)}/{len(mine)} verified)"
+        )
     return lines
 
 
@@ -200,8 +230,13 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12, help="the fixed budget: settings measured per run")
     parser.add_argument("--verify-rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, help="results folder for the runs (default: a temporary folder)")
-    parser.add_argument("--read", type=Path, nargs="+", metavar="OUT",
-                        help="tune nothing: read back the runs earlier invocations left in these --out folders")
+    parser.add_argument(
+        "--read",
+        type=Path,
+        nargs="+",
+        metavar="OUT",
+        help="tune nothing: read back the runs earlier invocations left in these --out folders",
+    )
     args = parser.parse_args()
 
     if args.read:
@@ -227,9 +262,25 @@ def main() -> None:
             runs.append(tune(model, seed, args, out))
             print(table_row(runs[-1]), flush=True)
     # The figures as data too, beside the runs: for comparing this version's with another's.
-    (out / "failure_learning.json").write_text(json.dumps({"header": where, "runs": [
-        {"model": run.model.name, "bad_value": str(run.model.bad), "seed": run.seed, "run_dir": str(run.run_dir),
-         "wall_s": round(run.wall_s, 1), **dataclasses.asdict(run.figures)} for run in runs]}, indent=1))
+    (out / "failure_learning.json").write_text(
+        json.dumps(
+            {
+                "header": where,
+                "runs": [
+                    {
+                        "model": run.model.name,
+                        "bad_value": str(run.model.bad),
+                        "seed": run.seed,
+                        "run_dir": str(run.run_dir),
+                        "wall_s": round(run.wall_s, 1),
+                        **dataclasses.asdict(run.figures),
+                    }
+                    for run in runs
+                ],
+            },
+            indent=1,
+        )
+    )
     verdict(runs)
 
 
@@ -239,8 +290,9 @@ def verdict(runs: list[Run]) -> None:
     print("\n".join(summary(runs)))
     worst = max(run.figures.bad_measured for run in runs)
     held = worst <= TARGET
-    print(f"\n{'PASS' if held else 'FAIL'}  at most {TARGET} measured settings per bad value "
-          f"(most in one run: {worst})")
+    print(
+        f"\n{'PASS' if held else 'FAIL'}  at most {TARGET} measured settings per bad value (most in one run: {worst})"
+    )
     if any(run.figures.chosen_has_bad for run in runs):
         print("FAIL  a run recommended settings that carry its bad value")
 

@@ -54,17 +54,26 @@ def main() -> None:
     cases = {
         # KernelBench level 3's LSTM shapes: 6 layers, 128 -> 256, batch 10 x 512 steps.
         "LSTM 6 layers 128->256, batch 10 x 512": (nn.LSTM(128, 256, 6, batch_first=True), (10, 512, 128)),
-        "LSTM 2 layers bidirectional proj 64": (nn.LSTM(128, 256, 2, batch_first=True, bidirectional=True, proj_size=64),
-                                                (10, 512, 128)),
+        "LSTM 2 layers bidirectional proj 64": (
+            nn.LSTM(128, 256, 2, batch_first=True, bidirectional=True, proj_size=64),
+            (10, 512, 128),
+        ),
         "GRU 6 layers 128->256, batch 10 x 512": (nn.GRU(128, 256, 6, batch_first=True), (10, 512, 128)),
         "RNN tanh 3 layers bidirectional": (nn.RNN(128, 256, 3, batch_first=True, bidirectional=True), (10, 512, 128)),
     }
-    print(f"{'module':42} {'default (counted)':>18} {'decomposed':>18} {'hand count':>18} {'train default':>18} {'train decomposed':>18}")
+    print(
+        f"{'module':42} {'default (counted)':>18} {'decomposed':>18} {'hand count':>18} {'train default':>18} {'train decomposed':>18}"
+    )
     for name, (module, shape) in cases.items():
         x = torch.randn(*shape, requires_grad=True)
         tokens = shape[0] * shape[1]
-        row = [counted(module, x, True, False), counted(module, x, False, False), hand_count(module, tokens),
-               counted(module, x, True, True), counted(module, x, False, True)]
+        row = [
+            counted(module, x, True, False),
+            counted(module, x, False, False),
+            hand_count(module, tokens),
+            counted(module, x, True, True),
+            counted(module, x, False, True),
+        ]
         print(f"{name:42} " + " ".join(f"{value:>18,}" for value in row))
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.intra_op_threads import usable_cores
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.tuning.space import SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,8 +79,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=20, help="steps per setting per round")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}: {torch.get_num_threads()} intra-op threads by default, "
-          f"{usable_cores()} usable cores; load average {__import__('os').getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}: {torch.get_num_threads()} intra-op threads by default, "
+        f"{usable_cores()} usable cores; load average {__import__('os').getloadavg()[0]:.1f}"
+    )
     for path, batch_size in WORKLOADS:
         for line in measure(path, batch_size, args.rounds, args.steps):
             print(line, flush=True)

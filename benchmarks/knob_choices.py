@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import ProfileRequest
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.agents import load_agents
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import compare_interleaved
 
 

@@ -137,11 +137,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
     for part in args.parts:
-        result = subprocess.run([sys.executable, "-c", textwrap.dedent(PARTS[part])], capture_output=True, text=True,
-                                env=env, cwd=ROOT, timeout=1800)
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(PARTS[part])],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=1800,
+        )
         if result.returncode:
             print(f"{part}: failed\n{result.stderr[-2000:]}")
             continue

@@ -34,8 +34,10 @@ INFERENCE_FILES = ("examples/cnn.py", "examples/mlp.py")
 
 def host_lines() -> list[str]:
     """The CPU model (lscpu) and the load average (uptime), as the docs quote them."""
-    model = next((line.split(":", 1)[1].strip() for line in _run(["lscpu"]).splitlines()
-                  if line.startswith("Model name")), "unknown")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _run(["lscpu"]).splitlines() if line.startswith("Model name")),
+        "unknown",
+    )
     return [f"host: {model}; {_run(['uptime']).strip()}"]
 
 
@@ -51,8 +53,20 @@ def tune(model_file: str, args: argparse.Namespace) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     before = {p for p in out.iterdir() if p.is_dir()}
-    command = [sys.executable, "-m", "tpu_tuner.cli", str(ROOT / model_file), "--nproc", str(args.nproc),
-               "--trials", str(args.trials), "--time-budget", args.time_budget, "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "tpu_tuner.cli",
+        str(ROOT / model_file),
+        "--nproc",
+        str(args.nproc),
+        "--trials",
+        str(args.trials),
+        "--time-budget",
+        args.time_budget,
+        "--out",
+        str(out),
+    ]
     if not args.prune:
         # Each layout's figure a median of a whole timing, not the first steps of a pruned trial.
         command.append("--no-prune")
@@ -86,8 +100,10 @@ def layout_lines(run_dir: Path) -> list[str]:
         if full:
             best = min(full, key=lambda row: float(row["step_median_s"]))
             others = ", ".join(f"{k}={best[k]}" for k in knobs if k != "layout" and not _at_baseline(best, k, baseline))
-            line += (f"; fastest {float(best['step_median_s']) * 1e3:.1f} ms a step (trial {best['number']}: "
-                     f"{others or 'every other knob at its baseline'}; error {float(best['accuracy_error']):.1e})")
+            line += (
+                f"; fastest {float(best['step_median_s']) * 1e3:.1f} ms a step (trial {best['number']}: "
+                f"{others or 'every other knob at its baseline'}; error {float(best['accuracy_error']):.1e})"
+            )
             alone = [row for row in full if all(_at_baseline(row, k, baseline) for k in knobs if k != "layout")]
             if alone and alone[0] is not best:
                 line += f"; alone {float(alone[0]['step_median_s']) * 1e3:.1f} ms"
@@ -99,8 +115,10 @@ def layout_lines(run_dir: Path) -> list[str]:
     lines += [f"  left out: {line}" for line in record["space"].get("left_out", []) if line.startswith("layout")]
     verification = record["verification"]
     chosen = verification["chosen"]
-    lines.append(f"  verification: {verification['message']} -> layout {chosen.get('layout')}, "
-                 + ", ".join(f"{k}={v}" for k, v in chosen.items() if k != "layout" and v != baseline.get(k, v)))
+    lines.append(
+        f"  verification: {verification['message']} -> layout {chosen.get('layout')}, "
+        + ", ".join(f"{k}={v}" for k, v in chosen.items() if k != "layout" and v != baseline.get(k, v))
+    )
     return lines
 
 
@@ -125,18 +143,24 @@ def inference_part(args: argparse.Namespace) -> None:
 
 def _hosts(part: str) -> Callable[[argparse.Namespace], None]:
     """A part of benchmarks/multi_host_trials.py (trials across hosts) with this script's options."""
+
     def run(args: argparse.Namespace) -> None:
         import multi_host_trials
 
-        getattr(multi_host_trials, part)(argparse.Namespace(model=args.model, rounds=args.rounds,
-                                                            trials=args.host_trials))
+        getattr(multi_host_trials, part)(
+            argparse.Namespace(model=args.model, rounds=args.rounds, trials=args.host_trials)
+        )
+
     return run
 
 
 # Part name -> what it runs: inference layouts on one host; trials across hosts (2 hosts x 1 rank
 # against 1 host x 2 ranks) and a host SIGKILLed mid-trial (benchmarks/multi_host_trials.py).
-PARTS: dict[str, Callable[[argparse.Namespace], None]] = {"inference": inference_part, "trials": _hosts("trials"),
-                                                           "kill": _hosts("kill")}
+PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "inference": inference_part,
+    "trials": _hosts("trials"),
+    "kill": _hosts("kill"),
+}
 
 
 def main() -> None:
@@ -146,8 +170,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--time-budget", default="3m")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench-multi-host"))
-    parser.add_argument("--prune", action="store_true", help="let the study prune hopeless trials (default: "
-                        "every trial measured to the end, so that each layout has a median)")
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="let the study prune hopeless trials (default: "
+        "every trial measured to the end, so that each layout has a median)",
+    )
     parser.add_argument("--runs", nargs="+", help="summarise these finished runs (in the part's order) instead")
     parser.add_argument("--model", default=str(ROOT / "examples" / "gpt.py"), help="trials / kill: the model file")
     parser.add_argument("--rounds", type=int, default=4, help="trials: verification rounds")

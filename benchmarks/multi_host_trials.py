@@ -48,14 +48,38 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-def _follower(model: str, port: int, study: str, folder: Path, *extra: str, cores: set[int] | None = None) -> subprocess.Popen:
+def _follower(
+    model: str, port: int, study: str, folder: Path, *extra: str, cores: set[int] | None = None
+) -> subprocess.Popen:
     """The `tpu-tune` command of one simulated host, in its own folder (on `cores` only, if given)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "out.txt", "a") as out:
-        return subprocess.Popen([sys.executable, "-m", "tpu_tuner.cli", model, "--device", "cpu", "--nnodes", "2",
-                                 "--nproc", "1", "--rdzv", f"127.0.0.1:{port}", "--study", study, "--out", "results",
-                                 *extra], cwd=folder, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpu_tuner.cli",
+                model,
+                "--device",
+                "cpu",
+                "--nnodes",
+                "2",
+                "--nproc",
+                "1",
+                "--rdzv",
+                f"127.0.0.1:{port}",
+                "--study",
+                study,
+                "--out",
+                "results",
+                *extra,
+            ],
+            cwd=folder,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        )
 
 
 def trials(args: argparse.Namespace) -> None:
@@ -69,8 +93,12 @@ def trials(args: argparse.Namespace) -> None:
     from tpu_tuner.tuning.options import default_trial_settings
 
     def request(layout: str) -> MeasureRequest:
-        return MeasureRequest(candidate=Candidate(layout=layout).to_dict(), settings=default_trial_settings(),
-                              peak_flops_per_s={"float32": 1e11}, model_flops_per_step=1e8)
+        return MeasureRequest(
+            candidate=Candidate(layout=layout).to_dict(),
+            settings=default_trial_settings(),
+            peak_flops_per_s={"float32": 1e11},
+            model_flops_per_step=1e8,
+        )
 
     # Two simulated hosts of one core each against one host of both: each host's ranks run on its
     # own cores (the launcher gives a rank its share of the cores its affinity allows).
@@ -86,8 +114,10 @@ def trials(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     group.join()
     print(f"2 hosts met at 127.0.0.1:{port} in {time.perf_counter() - started:.1f} s (agent start-up included)")
-    shapes = {"1 host x 2 ranks": RankedTrialRunner(args.model, "cpu", 2, timeout_s=600),
-              "2 hosts x 1 rank": MultiHostTrialRunner(args.model, "cpu", group, timeout_s=600)}
+    shapes = {
+        "1 host x 2 ranks": RankedTrialRunner(args.model, "cpu", 2, timeout_s=600),
+        "2 hosts x 1 rank": MultiHostTrialRunner(args.model, "cpu", group, timeout_s=600),
+    }
     for runner in shapes.values():
         runner.device_kind = "cpu"
     walls = {(shape, layout): [] for shape in shapes for layout in LAYOUTS}
@@ -95,7 +125,7 @@ def trials(args: argparse.Namespace) -> None:
     try:
         runs = [(shape, layout) for layout in LAYOUTS for shape in shapes]
         for round_index in range(args.rounds):
-            for shape, layout in runs[round_index % len(runs):] + runs[:round_index % len(runs)]:
+            for shape, layout in runs[round_index % len(runs) :] + runs[: round_index % len(runs)]:
                 os.sched_setaffinity(0, host_cores[shape])  # this process launches the shape's (first) host
                 result = shapes[shape].run(request(layout))
                 if not result.ok:
@@ -112,13 +142,17 @@ def trials(args: argparse.Namespace) -> None:
     print(f"\n{args.model}, {args.rounds} interleaved rounds, one measure job (a trial) per shape and layout a round:")
     for layout in LAYOUTS:
         for shape in shapes:
-            print(f"  {layout} {shape}: trial wall {statistics.median(walls[shape, layout]):6.2f} s "
-                  f"(median; {min(walls[shape, layout]):.2f}-{max(walls[shape, layout]):.2f}), step "
-                  f"{statistics.median(steps[shape, layout]) * 1e3:7.1f} ms (median of rounds' medians)")
+            print(
+                f"  {layout} {shape}: trial wall {statistics.median(walls[shape, layout]):6.2f} s "
+                f"(median; {min(walls[shape, layout]):.2f}-{max(walls[shape, layout]):.2f}), step "
+                f"{statistics.median(steps[shape, layout]) * 1e3:7.1f} ms (median of rounds' medians)"
+            )
         one, two = "1 host x 2 ranks", "2 hosts x 1 rank"
         extra = [b - a for a, b in zip(walls[one, layout], walls[two, layout])]
-        print(f"  {layout} spanning hosts adds {statistics.median(extra):+.2f} s a trial (paired median); "
-              f"step 2 hosts against 1 host: {paired_speedup(steps[one, layout], steps[two, layout]).describe()}")
+        print(
+            f"  {layout} spanning hosts adds {statistics.median(extra):+.2f} s a trial (paired median); "
+            f"step 2 hosts against 1 host: {paired_speedup(steps[one, layout], steps[two, layout]).describe()}"
+        )
 
 
 def kill(args: argparse.Namespace) -> None:
@@ -128,8 +162,19 @@ def kill(args: argparse.Namespace) -> None:
 
     root = Path(tempfile.mkdtemp(prefix="tpu-tune-bench-kill-"))
     study = f"kill-{uuid.uuid4().hex[:8]}"
-    flags = ["--storage", f"sqlite:///{root / 'study.db'}", "--trials", str(args.trials), "--verify-rounds", "2",
-             "--space", str(REPO / "tests" / "fixtures" / "layout_space.toml"), "--time-budget", "none", "--no-prune"]
+    flags = [
+        "--storage",
+        f"sqlite:///{root / 'study.db'}",
+        "--trials",
+        str(args.trials),
+        "--verify-rounds",
+        "2",
+        "--space",
+        str(REPO / "tests" / "fixtures" / "layout_space.toml"),
+        "--time-budget",
+        "none",
+        "--no-prune",
+    ]
 
     def pair() -> tuple[subprocess.Popen, subprocess.Popen, int]:
         port = _free_port()
@@ -156,8 +201,10 @@ def kill(args: argparse.Namespace) -> None:
     os.kill(b.pid, signal.SIGKILL)
     b.wait()
     status = a.wait(timeout=600)
-    print(f"killed node 1 (pid {b.pid}) {killed_at - started:.0f} s in; the driver exited {status} "
-          f"{time.perf_counter() - killed_at:.1f} s later:")
+    print(
+        f"killed node 1 (pid {b.pid}) {killed_at - started:.0f} s in; the driver exited {status} "
+        f"{time.perf_counter() - killed_at:.1f} s later:"
+    )
     print("  " + [line for line in (root / "a" / "out.txt").read_text().splitlines() if "error" in line][-1])
     before = stored()
     done = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
@@ -165,18 +212,27 @@ def kill(args: argparse.Namespace) -> None:
         attrs = records.attrs(t)
         if attrs.get(records.FAILURE_KIND):
             print(f"  trial {t.number} {t.params}: {attrs[records.FAILURE_KIND]}: {attrs[records.FAILURE_MESSAGE]}")
-    print(f"  before the relaunch: {len(done)} measured ({sorted(done)}), {sum(t.state.name == 'WAITING' for t in before)} "
-          "queued")
+    print(
+        f"  before the relaunch: {len(done)} measured ({sorted(done)}), {sum(t.state.name == 'WAITING' for t in before)} "
+        "queued"
+    )
     relaunched = time.perf_counter()
     a, b, _ = pair()
-    print(f"relaunched: driver exited {a.wait(timeout=1800)}, follower {b.wait(timeout=120)}, "
-          f"{time.perf_counter() - relaunched:.0f} s")
+    print(
+        f"relaunched: driver exited {a.wait(timeout=1800)}, follower {b.wait(timeout=120)}, "
+        f"{time.perf_counter() - relaunched:.0f} s"
+    )
     after = stored()
     kept = {t.number: t.params for t in after if t.number in done}
-    measured = Counter(tuple(sorted(t.params.items())) for t in after
-                       if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t))
-    print(f"  earlier measurements kept: {kept == done}; measured settings {sum(measured.values())} "
-          f"(budget {args.trials}); measured twice: {[dict(k) for k, n in measured.items() if n > 1] or 'none'}")
+    measured = Counter(
+        tuple(sorted(t.params.items()))
+        for t in after
+        if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)
+    )
+    print(
+        f"  earlier measurements kept: {kept == done}; measured settings {sum(measured.values())} "
+        f"(budget {args.trials}); measured twice: {[dict(k) for k, n in measured.items() if n > 1] or 'none'}"
+    )
     for t in after:
         if t.number not in done and t.state.name == "COMPLETE":
             print(f"  trial {t.number} {t.params} on {records.attrs(t).get(records.HOSTS)}")

@@ -14,8 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
-from tpu_tuner.planner.plan import PlanOptions, plan
 from tpu_tuner.outputs.plan_report import render_terminal
+from tpu_tuner.planner.plan import PlanOptions, plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,16 +31,28 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=1, help="slices over DCN")
     args = parser.parse_args()
     start = time.perf_counter()
-    result = plan(REPO / "examples" / "llama.py", PlanOptions(
-        topology=args.topology, slices=args.slices, preset="70b", global_batch=args.global_batch, seq_len=args.seq,
-        max_layouts=args.max_layouts, fast_compile=args.fast, **({"workers": args.workers} if args.workers else {})),
-        progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True))
+    result = plan(
+        REPO / "examples" / "llama.py",
+        PlanOptions(
+            topology=args.topology,
+            slices=args.slices,
+            preset="70b",
+            global_batch=args.global_batch,
+            seq_len=args.seq,
+            max_layouts=args.max_layouts,
+            fast_compile=args.fast,
+            **({"workers": args.workers} if args.workers else {}),
+        ),
+        progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True),
+    )
     wall = time.perf_counter() - start
     print(render_terminal(result, "examples/llama.py"))
     compile_times = [p.compiled.compile_seconds for p in result.plans]
-    print(f"\n{args.topology} x {args.slices} slice(s), {'fast screening' if args.fast else 'full-effort'} compiles; planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
-          f"(target < {60 if args.slices == 1 else 120} s for >= 10 layouts); compile time per layout: "
-          f"min {min(compile_times):.0f} s, max {max(compile_times):.0f} s")
+    print(
+        f"\n{args.topology} x {args.slices} slice(s), {'fast screening' if args.fast else 'full-effort'} compiles; planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
+        f"(target < {60 if args.slices == 1 else 120} s for >= 10 layouts); compile time per layout: "
+        f"min {min(compile_times):.0f} s, max {max(compile_times):.0f} s"
+    )
 
 
 if __name__ == "__main__":

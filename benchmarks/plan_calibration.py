@@ -30,12 +30,22 @@ from pathlib import Path
 from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.model.workload import TransformerDims
-from tpu_tuner.planner.calibration import (ADOPTED, EFFICIENCY_MODELS, RERUNS_FILE, ROWS_FILE, CalibrationRow,
-                                            band_check, errors, fit, leave_one_out, noise_floor)
+from tpu_tuner.planner.calibration import (
+    ADOPTED,
+    EFFICIENCY_MODELS,
+    RERUNS_FILE,
+    ROWS_FILE,
+    CalibrationRow,
+    band_check,
+    errors,
+    fit,
+    leave_one_out,
+    noise_floor,
+)
 from tpu_tuner.planner.predict import causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_calibration import Row, load_runs, published_rows  # noqa: E402 - a sibling script's module
+from published_calibration import Row, load_runs, published_rows
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
@@ -47,15 +57,21 @@ def main() -> None:
     parser.add_argument("--refit", action="store_true", help="fit from the kept figures without compiling")
     parser.add_argument("--list", action="store_true", help="list the rows and the runs left out, and stop")
     parser.add_argument("--compiled", type=Path, default=COMPILED, help="the per-row compiler figures (read, written)")
-    parser.add_argument("--rows-file", type=Path, default=ROWS_FILE,
-                        help="where the prediction's rows are written (default: the package's)")
+    parser.add_argument(
+        "--rows-file",
+        type=Path,
+        default=ROWS_FILE,
+        help="where the prediction's rows are written (default: the package's)",
+    )
     args = parser.parse_args()
     rows, excluded = published_rows()
     if args.list:
         for row in rows:
-            print(f"{row.id:>36} {row.topology:>12} {row.layout.short():>9} pdb {row.per_device_batch:<5g} "
-                  f"seq {row.seq:<6} {row.remat_family:>8} {row.attention:>6} MFU {row.published_mfu:.1%}"
-                  + (f" {row.optimizer}" if row.optimizer != "adamw" else ""))
+            print(
+                f"{row.id:>36} {row.topology:>12} {row.layout.short():>9} pdb {row.per_device_batch:<5g} "
+                f"seq {row.seq:<6} {row.remat_family:>8} {row.attention:>6} MFU {row.published_mfu:.1%}"
+                + (f" {row.optimizer}" if row.optimizer != "adamw" else "")
+            )
         for run_id, reason in excluded:
             print(f"{'left out':>36}: {run_id}: {reason}")
         return
@@ -66,16 +82,22 @@ def main() -> None:
         for row in todo:
             try:
                 figures = compile_row(row)
-            except Exception as exc:  # noqa: BLE001 - one row the planner cannot take stops no other
+            except Exception as exc:
                 print(f"{row.id}: not compiled: {type(exc).__name__}: {exc}", flush=True)
                 continue
             if figures is not None:
                 kept[row.id] = figures
                 args.compiled.write_text(json.dumps(kept, indent=1, sort_keys=True))  # each row as soon as it is done
     runs = {run["id"]: run for run in load_runs()}
-    reruns = [{"id": run["id"], "current": run["superseded_by"],
-               "difference_points": round((run["mfu"] - runs[run["superseded_by"]]["mfu"]) * 100, 2)}
-              for run in runs.values() if run["superseded_by"]]
+    reruns = [
+        {
+            "id": run["id"],
+            "current": run["superseded_by"],
+            "difference_points": round((run["mfu"] - runs[run["superseded_by"]]["mfu"]) * 100, 2),
+        }
+        for run in runs.values()
+        if run["superseded_by"]
+    ]
     if args.rows_file == ROWS_FILE:
         RERUNS_FILE.write_text(json.dumps(reruns, indent=1))
     calibration = [calibration_row(kept[r.id], runs[r.id]) for r in rows if r.id in kept and "error" not in kept[r.id]]
@@ -91,39 +113,77 @@ def compile_row(row: Row) -> dict | None:
 
     start = time.perf_counter()
     # An uncalibrated cost model: only the compiler's figures are kept, never a prediction.
-    result = plan(row.spec, PlanOptions(
-        topology=row.topology, global_batch=row.global_batch, seq_len=row.seq, remat=row.remat,
-        attention="causal" if row.attention == "none" else row.attention, layouts=[row.layout],
-        first_moment_dtype=row.mu_dtype, optimizer=row.optimizer, vocab_tiling=row.vocab_tiling, weight_dtype=row.weight_dtype,
-        quantization=row.quantization, slices=row.slices, workers=1, cost_model=CostModel()))
+    result = plan(
+        row.spec,
+        PlanOptions(
+            topology=row.topology,
+            global_batch=row.global_batch,
+            seq_len=row.seq,
+            remat=row.remat,
+            attention="causal" if row.attention == "none" else row.attention,
+            layouts=[row.layout],
+            first_moment_dtype=row.mu_dtype,
+            optimizer=row.optimizer,
+            vocab_tiling=row.vocab_tiling,
+            weight_dtype=row.weight_dtype,
+            quantization=row.quantization,
+            slices=row.slices,
+            workers=1,
+            cost_model=CostModel(),
+        ),
+    )
     (p,) = result.plans
     seconds = time.perf_counter() - start
-    meta = {"id": row.id, "generation": row.generation, "topology": row.topology, "layout": row.layout.short(),
-            "seq": row.seq, "per_device_batch": row.per_device_batch, "remat": row.remat,
-            "remat_family": row.remat_family, "optimizer": row.optimizer, "attention": row.attention, "published_mfu": row.published_mfu,
-            "effort": "full", "seconds": round(seconds, 1)}
+    meta = {
+        "id": row.id,
+        "generation": row.generation,
+        "topology": row.topology,
+        "layout": row.layout.short(),
+        "seq": row.seq,
+        "per_device_batch": row.per_device_batch,
+        "remat": row.remat,
+        "remat_family": row.remat_family,
+        "optimizer": row.optimizer,
+        "attention": row.attention,
+        "published_mfu": row.published_mfu,
+        "effort": "full",
+        "seconds": round(seconds, 1),
+    }
     if p.prediction is None:
         print(f"{row.id}: compiler refused: {p.why} ({seconds:.0f} s)", flush=True)
         return {**meta, "error": p.why}
     topology, pr, c = result.topology, p.prediction, p.compiled
     peak = topology.peak_flops_per_device
     figures = {
-        **meta, "fits": p.fits, "peak_bytes": c.peak_bytes, "hbm_bytes": topology.hbm_bytes_per_device,
-        "argument_bytes": c.argument_bytes, "temp_bytes": c.temp_bytes, "host_temp_bytes": c.host_temp_bytes,
+        **meta,
+        "fits": p.fits,
+        "peak_bytes": c.peak_bytes,
+        "hbm_bytes": topology.hbm_bytes_per_device,
+        "argument_bytes": c.argument_bytes,
+        "temp_bytes": c.temp_bytes,
+        "host_temp_bytes": c.host_temp_bytes,
         "compiled_flops": c.flops,
         # The FLOPs the prediction used (the larger of the compiler's and the analytical hardware count).
         "flops": pr.compute_seconds * peak * CostModel().efficiency(row.generation) * pr.alignment,
         "model_flops": result.model_flops_per_step / topology.devices - attention_not_counted(row),
         "bytes_accessed": c.bytes_accessed,
-        "comm_seconds": pr.comm_seconds, "alignment": pr.alignment, "peak_flops": peak,
-        "hbm_bytes_per_s": topology.chip.hbm_gbytes_per_s * 1e9, "devices": topology.devices,
-        "devices_per_chip": topology.devices_per_chip, "loop_peeled": c.loop_peeled,
-        "collectives": [{"kind": k.kind, "group": k.group_size, "count": k.count, "bytes": k.bytes}
-                        for k in c.collectives],
+        "comm_seconds": pr.comm_seconds,
+        "alignment": pr.alignment,
+        "peak_flops": peak,
+        "hbm_bytes_per_s": topology.chip.hbm_gbytes_per_s * 1e9,
+        "devices": topology.devices,
+        "devices_per_chip": topology.devices_per_chip,
+        "loop_peeled": c.loop_peeled,
+        "collectives": [
+            {"kind": k.kind, "group": k.group_size, "count": k.count, "bytes": k.bytes} for k in c.collectives
+        ],
     }
-    print(f"{row.id}: fits {p.fits}, peak {c.peak_bytes / 2**30:.2f} / {topology.hbm_bytes_per_device / 2**30:.2f} GiB, "
-          f"host {c.host_temp_bytes / 2**30:.1f} GiB, FLOPs {figures['flops']:.3e} (model {figures['model_flops']:.3e}), "
-          f"published MFU {row.published_mfu:.1%} ({seconds:.0f} s)", flush=True)
+    print(
+        f"{row.id}: fits {p.fits}, peak {c.peak_bytes / 2**30:.2f} / {topology.hbm_bytes_per_device / 2**30:.2f} GiB, "
+        f"host {c.host_temp_bytes / 2**30:.1f} GiB, FLOPs {figures['flops']:.3e} (model {figures['model_flops']:.3e}), "
+        f"published MFU {row.published_mfu:.1%} ({seconds:.0f} s)",
+        flush=True,
+    )
     return figures
 
 
@@ -142,12 +202,23 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
     """What the prediction needs of one row's compiler figures (seconds per step, per device)."""
     scores = causal_score_elements(run["layers"], run["heads"], f["seq"], f["seq"] * f["per_device_batch"])
     return CalibrationRow(
-        number=0, generation=f["generation"], fits=f["fits"], peak_bytes=f["peak_bytes"], hbm_bytes=f["hbm_bytes"],
+        number=0,
+        generation=f["generation"],
+        fits=f["fits"],
+        peak_bytes=f["peak_bytes"],
+        hbm_bytes=f["hbm_bytes"],
         compute_at_full_efficiency=f["flops"] / (f["peak_flops"] * f["alignment"]),
-        memory_seconds=f["bytes_accessed"] / f["hbm_bytes_per_s"], comm_seconds=f["comm_seconds"],
-        model_seconds_at_peak=f["model_flops"] / f["peak_flops"], published_mfu=f["published_mfu"], id=f["id"],
-        remat_family=f["remat_family"], seq=f["seq"], per_device_batch=f["per_device_batch"],
-        host_gbytes=2 * f["host_temp_bytes"] / 1e9, score_seconds=scores / f["peak_flops"])
+        memory_seconds=f["bytes_accessed"] / f["hbm_bytes_per_s"],
+        comm_seconds=f["comm_seconds"],
+        model_seconds_at_peak=f["model_flops"] / f["peak_flops"],
+        published_mfu=f["published_mfu"],
+        id=f["id"],
+        remat_family=f["remat_family"],
+        seq=f["seq"],
+        per_device_batch=f["per_device_batch"],
+        host_gbytes=2 * f["host_temp_bytes"] / 1e9,
+        score_seconds=scores / f["peak_flops"],
+    )
 
 
 def report(rows: list[CalibrationRow]) -> None:
@@ -158,13 +229,18 @@ def report(rows: list[CalibrationRow]) -> None:
         fitted = fit(rows, kind)
         loo = leave_one_out(rows, kind)
         adopted = " (adopted)" if kind == ADOPTED else ""
-        print(f"\n{kind + adopted}: fitted to all {len(rows)}: {fitted.describe()}; in-sample MAE "
-              f"{statistics.mean(abs(e) for e in errors(rows, fitted)):.2f} points")
+        print(
+            f"\n{kind + adopted}: fitted to all {len(rows)}: {fitted.describe()}; in-sample MAE "
+            f"{statistics.mean(abs(e) for e in errors(rows, fitted)):.2f} points"
+        )
         for r, e in zip(rows, loo):
-            print(f"  {r.id:>36} {r.generation:>5} {r.remat_family:>8} seq {r.seq:<6} pdb {r.per_device_batch:<5g} "
-                  f"published {r.published_mfu:6.1%}  LOO {e:+6.1f}")
-        print(f"  leave-one-out MAE {statistics.mean(abs(e) for e in loo):.2f} points over {len(rows)} rows "
-              "(target <= 3)")
+            print(
+                f"  {r.id:>36} {r.generation:>5} {r.remat_family:>8} seq {r.seq:<6} pdb {r.per_device_batch:<5g} "
+                f"published {r.published_mfu:6.1%}  LOO {e:+6.1f}"
+            )
+        print(
+            f"  leave-one-out MAE {statistics.mean(abs(e) for e in loo):.2f} points over {len(rows)} rows (target <= 3)"
+        )
     floor = noise_floor()
     print(f"\nnoise floor of every band: {floor:.2f} points (published recipes measured again: {RERUNS_FILE.name})")
     for kind in dict.fromkeys(("per_generation", ADOPTED)):
@@ -172,8 +248,10 @@ def report(rows: list[CalibrationRow]) -> None:
         inside = sum(abs(e) <= b.points for e, b in checked)
         print(f"\n{kind}: each row's leave-one-out error against the band made from the other rows alone:")
         for r, (e, b) in zip(rows, checked):
-            print(f"  {r.id:>36} LOO {e:+6.1f}  band {b.points:5.1f} {'inside ' if abs(e) <= b.points else 'OUTSIDE'}"
-                  + (f"  ({'; '.join(b.reasons)})" if b.reasons else ""))
+            print(
+                f"  {r.id:>36} LOO {e:+6.1f}  band {b.points:5.1f} {'inside ' if abs(e) <= b.points else 'OUTSIDE'}"
+                + (f"  ({'; '.join(b.reasons)})" if b.reasons else "")
+            )
         print(f"  inside their band: {inside} of {len(rows)} ({inside / len(rows):.0%}; target >= 90%)")
 
 

@@ -33,13 +33,23 @@ from tpu_tuner.planner.topology import parse_topology
 
 REPO = Path(__file__).resolve().parent.parent
 SPACE = SearchSpace(
-    tensors=(1, 2, 4, 8), contexts=(1, 2), datas=(1, 2),
-    remats=("full", "minimal", "save_dot_except_mlpwi", "save_qkv_proj", "qkv_proj_offloaded",
-            "custom:decoder_layer_input=offload"),
+    tensors=(1, 2, 4, 8),
+    contexts=(1, 2),
+    datas=(1, 2),
+    remats=(
+        "full",
+        "minimal",
+        "save_dot_except_mlpwi",
+        "save_qkv_proj",
+        "qkv_proj_offloaded",
+        "custom:decoder_layer_input=offload",
+    ),
     accumulations=(1, 2),
 )
 MULTI_SLICE_SPACE = SearchSpace(
-    tensors=(1, 2, 4, 8), datas=(2, 4), remats=("full", "save_dot_except_mlpwi", "qkv_proj_offloaded"),
+    tensors=(1, 2, 4, 8),
+    datas=(2, 4),
+    remats=("full", "save_dot_except_mlpwi", "qkv_proj_offloaded"),
     dcns=("2x1", "1x2"),
 )
 WITHIN = 0.99
@@ -47,8 +57,16 @@ TARGET_SHARE = 0.30
 
 
 def options(slices: int = 1, **overrides) -> PlanOptions:
-    base = dict(topology="v5p-256", preset="70b", global_batch=512 * slices, seq_len=4096, attention="causal",
-                fast_compile=True, space=SPACE if slices == 1 else MULTI_SLICE_SPACE, slices=slices)
+    base = dict(
+        topology="v5p-256",
+        preset="70b",
+        global_batch=512 * slices,
+        seq_len=4096,
+        attention="causal",
+        fast_compile=True,
+        space=SPACE if slices == 1 else MULTI_SLICE_SPACE,
+        slices=slices,
+    )
     return PlanOptions(**{**base, **overrides})
 
 
@@ -68,33 +86,51 @@ def main() -> None:
     log_file = args.db.with_suffix(".compiler.log")
 
     start = time.perf_counter()
-    exhaustive = plan(model, options(args.slices, sampler="exhaustive", budget=None, storage=f"sqlite:///{args.db.resolve()}",
-                                     study="plan-search-70b-v5p-256-exhaustive" + ("" if args.slices == 1 else f"-x{args.slices}"), log_file=log_file,
-                                     **({"workers": args.workers} if args.workers else {})),
-                      progress=lambda m: print(f"{time.perf_counter() - start:7.0f} s  {m}", flush=True))
+    exhaustive = plan(
+        model,
+        options(
+            args.slices,
+            sampler="exhaustive",
+            budget=None,
+            storage=f"sqlite:///{args.db.resolve()}",
+            study="plan-search-70b-v5p-256-exhaustive" + ("" if args.slices == 1 else f"-x{args.slices}"),
+            log_file=log_file,
+            **({"workers": args.workers} if args.workers else {}),
+        ),
+        progress=lambda m: print(f"{time.perf_counter() - start:7.0f} s  {m}", flush=True),
+    )
     wall = time.perf_counter() - start
     search_record = exhaustive.search or {}
     trials = search_record.get("trials", [])
-    outcomes = {k: sum(1 for t in trials if t["outcome"] == k) for k in ("compiled", "refused", "lower_bound", "invalid")}
+    outcomes = {
+        k: sum(1 for t in trials if t["outcome"] == k) for k in ("compiled", "refused", "lower_bound", "invalid")
+    }
     table = {p.point: p for p in exhaustive.plans}
     feasible = [p for p in exhaustive.plans if p.fits and p.prediction]
     candidates = search_record.get("valid_points", 0)
-    print(f"\nexhaustive: {candidates} valid points; {outcomes}; wall {wall:.0f} s this run "
-          f"(compile seconds summed over points: {sum(p.compiled.compile_seconds for p in exhaustive.plans):.0f} s)")
+    print(
+        f"\nexhaustive: {candidates} valid points; {outcomes}; wall {wall:.0f} s this run "
+        f"(compile seconds summed over points: {sum(p.compiled.compile_seconds for p in exhaustive.plans):.0f} s)"
+    )
     if not feasible:
         print("no point fits: nothing to search for")
         return
     best = max(p.prediction.tokens_per_second for p in feasible)
     near = [p for p in feasible if p.prediction.tokens_per_second >= WITHIN * best]
-    print(f"best {max(feasible, key=lambda p: p.prediction.tokens_per_second).point.name()}: {best:,.0f} tokens/s; "
-          f"{len(near)} points within 1% of it; {len(feasible)} of {len(exhaustive.plans)} compiled points fit")
+    print(
+        f"best {max(feasible, key=lambda p: p.prediction.tokens_per_second).point.name()}: {best:,.0f} tokens/s; "
+        f"{len(near)} points within 1% of it; {len(feasible)} of {len(exhaustive.plans)} compiled points fit"
+    )
     print("top 5:")
     for p in sorted(feasible, key=lambda p: -p.prediction.tokens_per_second)[:5]:
-        print(f"  {p.prediction.tokens_per_second:10,.0f} tokens/s  MFU {p.prediction.mfu:.1%}  "
-              f"peak {p.compiled.peak_bytes / 2**30:5.1f} GiB  {p.point.name()}")
+        print(
+            f"  {p.prediction.tokens_per_second:10,.0f} tokens/s  MFU {p.prediction.mfu:.1%}  "
+            f"peak {p.compiled.peak_bytes / 2**30:5.1f} GiB  {p.point.name()}"
+        )
 
-    problem = build_problem(model, options(args.slices), parse_topology("v5p-256").with_slices(args.slices),
-                            lambda m: None)
+    problem = build_problem(
+        model, options(args.slices), parse_topology("v5p-256").with_slices(args.slices), lambda m: None
+    )
 
     def from_table(problem_, points: list[PlanPoint], pool, emit) -> dict[PlanPoint, LayoutPlan]:
         return {point: judged(problem_, point, table[point].compiled) for point in points}
@@ -103,16 +139,24 @@ def main() -> None:
     for sampler in ("tpe", "random"):
         needed = []
         for seed in range(args.seeds):
-            result = search(problem, options(args.slices, sampler=sampler, seed=seed, budget=budget), _NoPool(), lambda m: None,
-                            time.perf_counter(), evaluator=from_table)
+            result = search(
+                problem,
+                options(args.slices, sampler=sampler, seed=seed, budget=budget),
+                _NoPool(),
+                lambda m: None,
+                time.perf_counter(),
+                evaluator=from_table,
+            )
             needed.append(_compiles_to_reach(result.search["trials"], table, WITHIN * best))
         reached = [n for n in needed if n is not None]
         share = [n / candidates for n in reached]
         worst = f"{max(share):.0%} worst" if share else "none reached it"
-        print(f"{sampler:>6}: compiles to within 1% of the exhaustive best, per seed: {needed}; "
-              f"median {statistics.median(reached) if reached else 'n/a'}, worst {max(reached) if reached else 'n/a'} "
-              f"of {candidates} candidates ({worst}; target <= {TARGET_SHARE:.0%} for tpe)"
-              + ("" if len(reached) == len(needed) else f"; {len(needed) - len(reached)} seeds never reached it"))
+        print(
+            f"{sampler:>6}: compiles to within 1% of the exhaustive best, per seed: {needed}; "
+            f"median {statistics.median(reached) if reached else 'n/a'}, worst {max(reached) if reached else 'n/a'} "
+            f"of {candidates} candidates ({worst}; target <= {TARGET_SHARE:.0%} for tpe)"
+            + ("" if len(reached) == len(needed) else f"; {len(needed) - len(reached)} seeds never reached it")
+        )
 
 
 def _compiles_to_reach(trials: list[dict], table: dict[PlanPoint, LayoutPlan], target: float) -> int | None:
@@ -132,7 +176,7 @@ def _compiles_to_reach(trials: list[dict], table: dict[PlanPoint, LayoutPlan], t
 class _NoPool(CompilePool):
     """The replay compiles nothing: the evaluator answers from the table."""
 
-    def __init__(self) -> None:  # noqa: D107 - no processes
+    def __init__(self) -> None:
         self.workers = 2
         self._idle = []
         self._log = None

@@ -25,7 +25,10 @@ def run_profile(out: Path) -> tuple[float, dict]:
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "-q", "profile", str(REPO / "examples" / "gpt.py"), "--out", str(out)],
-        check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - start
     newest = max(out.iterdir(), key=lambda p: p.stat().st_mtime)
@@ -51,8 +54,10 @@ def main() -> None:
                 f"{len(data['timing']['samples'])} steps); MFU {data['mfu']:.1%} of "
                 f"{data['peak_flops_per_s'] / 1e9:.0f} GFLOP/s {data['peak_dtype']}"
             )
-        print(f"median wall time of the whole command, warm cache: {statistics.median(walls):.1f} s "
-              f"over {len(walls)} runs (target < 30 s)")
+        print(
+            f"median wall time of the whole command, warm cache: {statistics.median(walls):.1f} s "
+            f"over {len(walls)} runs (target < 30 s)"
+        )
 
 
 if __name__ == "__main__":

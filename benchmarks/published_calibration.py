@@ -124,8 +124,10 @@ _ALTERNATING = re.compile(r"alternating local \(window (\d+)\) / global")
 _CHUNKED = re.compile(r"chunked causal \(chunk (\d+)\) on RoPE layers, global causal on every (\d+)\w* \(NoPE\) layer")
 _GLOBAL_HEADS = re.compile(r"global layers head_dim (\d+)(?: with (\d+) KV heads)?")
 # What the generic decoder has no keys for (docs/planner.md, "Attention patterns").
-_NOT_EXPRESSIBLE = {"per-layer inputs": "per-layer input embeddings",
-                    "KV shared across the last": "keys and values shared across layers"}
+_NOT_EXPRESSIBLE = {
+    "per-layer inputs": "per-layer input embeddings",
+    "KV shared across the last": "keys and values shared across layers",
+}
 
 
 def attention_keys(pattern: str) -> dict[str, Any] | str:
@@ -180,17 +182,26 @@ def remat_of(run: dict[str, Any]) -> tuple[str, str]:
 def spec_of(run: dict[str, Any]) -> str:
     """The run's model as an inline generic-decoder shape."""
     keys = {
-        "vocab": run["vocab"], "d_model": run["d_model"], "layers": run["layers"], "heads": run["heads"],
-        "kv_heads": run["kv_heads"], "head_dim": run["head_dim"], "mlp": run["mlp"],
-        "gated": len(run["mlp_activations"]) == 2, "activation": run["mlp_activations"][0],
-        "tied_embeddings": run["tied_embeddings"], "max_seq_len": max(8192, run["seq"]),
+        "vocab": run["vocab"],
+        "d_model": run["d_model"],
+        "layers": run["layers"],
+        "heads": run["heads"],
+        "kv_heads": run["kv_heads"],
+        "head_dim": run["head_dim"],
+        "mlp": run["mlp"],
+        "gated": len(run["mlp_activations"]) == 2,
+        "activation": run["mlp_activations"][0],
+        "tied_embeddings": run["tied_embeddings"],
+        "max_seq_len": max(8192, run["seq"]),
     }
     pattern = attention_keys(run["attention_pattern"])
     keys |= pattern if isinstance(pattern, dict) else {}
     if run["experts"]:
         keys |= {"experts": run["experts"], "top_k": run["top_k"], "moe_every": max(1, run["moe_layer_interval"])}
         # MaxText's sparse_matmul / megablox with capacity_factor -1: dropless grouped matmuls.
-        keys |= {"moe_routing": "dropless"} if run["capacity_factor"] <= 0 else {"capacity_factor": run["capacity_factor"]}
+        keys |= (
+            {"moe_routing": "dropless"} if run["capacity_factor"] <= 0 else {"capacity_factor": run["capacity_factor"]}
+        )
         keys |= _router(run) | _gpt_oss_keys(run)
         if run["shared_experts"]:
             # One ungated MLP of shared_experts x its width: moe_mlp_dim, or mlp_dim for Gemma 4
@@ -214,16 +225,35 @@ def row_of(run: dict[str, Any]) -> Row:
     if global_batch != int(global_batch):
         raise ValueError(f"{run['id']}: per-device batch {run['per_device_batch']} x {devices} devices is not whole")
     return Row(
-        id=run["id"], spec=spec_of(run), topology=topology, generation=run["generation"], seq=run["seq"],
-        global_batch=int(global_batch), per_device_batch=run["per_device_batch"],
-        layout=Layout(run["ici_data"] * run["dcn_data"], run["ici_fsdp"] * run["dcn_fsdp"], run["ici_tensor"],
-                      run["ici_context"], fsdp_transpose=run["ici_fsdp_transpose"], expert=run["ici_expert"],
-                      dcn_data=run["dcn_data"], dcn_fsdp=run["dcn_fsdp"]),
-        remat=remat, remat_family=family, attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
+        id=run["id"],
+        spec=spec_of(run),
+        topology=topology,
+        generation=run["generation"],
+        seq=run["seq"],
+        global_batch=int(global_batch),
+        per_device_batch=run["per_device_batch"],
+        layout=Layout(
+            run["ici_data"] * run["dcn_data"],
+            run["ici_fsdp"] * run["dcn_fsdp"],
+            run["ici_tensor"],
+            run["ici_context"],
+            fsdp_transpose=run["ici_fsdp_transpose"],
+            expert=run["ici_expert"],
+            dcn_data=run["dcn_data"],
+            dcn_fsdp=run["dcn_fsdp"],
+        ),
+        remat=remat,
+        remat_family=family,
+        attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
         mu_dtype=run["mu_dtype"] if OPTIMIZER_OF[run["opt_type"]] == "adamw" else "float32",
-        optimizer=OPTIMIZER_OF[run["opt_type"]], published_mfu=run["mfu"], vocab_tiling=run.get("vocab_tiling", 1),
-        weight_dtype=run["weight_dtype"], quantization=QUANTIZATION[run["quantization"]], slices=run["slices"],
-        in_calibration_before=run["in_calibration"])
+        optimizer=OPTIMIZER_OF[run["opt_type"]],
+        published_mfu=run["mfu"],
+        vocab_tiling=run.get("vocab_tiling", 1),
+        weight_dtype=run["weight_dtype"],
+        quantization=QUANTIZATION[run["quantization"]],
+        slices=run["slices"],
+        in_calibration_before=run["in_calibration"],
+    )
 
 
 def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -238,5 +268,16 @@ def published_rows(path: Path = PUBLISHED) -> tuple[list[Row], list[tuple[str, s
     return rows, excluded
 
 
-__all__ = ["ATTENTION_OF_CONVENTION", "OPTIMIZER_OF", "PUBLISHED", "Row", "attention_keys", "load_runs", "published_rows", "remat_of",
-           "row_of", "spec_of", "why_not"]
+__all__ = [
+    "ATTENTION_OF_CONVENTION",
+    "OPTIMIZER_OF",
+    "PUBLISHED",
+    "Row",
+    "attention_keys",
+    "load_runs",
+    "published_rows",
+    "remat_of",
+    "row_of",
+    "spec_of",
+    "why_not",
+]

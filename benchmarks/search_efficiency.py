@@ -19,27 +19,27 @@ from the same seeds is printed too).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import math
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.profiling import profile
+from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.execution.early_stop import MIN_STEPS_TO_JUDGE, StopRule
 from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.timing import TimingStats
+from tpu_tuner.profiling import profile
 from tpu_tuner.profiling.settings import ProfilerSettings
-from tpu_tuner.tuning.options import default_trial_settings
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
-from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.options import default_trial_settings
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
 from tpu_tuner.tuning.trials import run_search
@@ -82,7 +82,7 @@ class TableRunner:
     def close(self) -> None:
         """Nothing to stop (the tuner restarts its worker after a compile it cut off)."""
 
-    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
+    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:
         found = self.table.get(_key(request.candidate))
         if found is None:
             return JobResult(failure=TrialFailure("error", "not in the grid table"))
@@ -100,14 +100,23 @@ class TableRunner:
         rule = StopRule(request.stop_above_s, request.planned_steps)
         if m.compile_seconds > rule.compile_limit_s():
             limit = rule.compile_limit_s()
-            return JobResult(value=EarlyStop(m.candidate, "compile", "from table", [], limit, limit,
-                                             limit / rule.planned_steps), seconds=overhead + limit)
+            return JobResult(
+                value=EarlyStop(m.candidate, "compile", "from table", [], limit, limit, limit / rule.planned_steps),
+                seconds=overhead + limit,
+            )
         for count in range(MIN_STEPS_TO_JUDGE, len(m.samples) + 1):
             seen = m.samples[:count]
             if rule.hopeless(seen, m.compile_seconds):
-                stopped = EarlyStop(m.candidate, "steps", rule.explain(seen, m.compile_seconds), list(seen),
-                                    m.first_call_seconds, m.compile_seconds, rule.optimistic(seen, m.compile_seconds),
-                                    dict(m.accuracy_errors))
+                stopped = EarlyStop(
+                    m.candidate,
+                    "steps",
+                    rule.explain(seen, m.compile_seconds),
+                    list(seen),
+                    m.first_call_seconds,
+                    m.compile_seconds,
+                    rule.optimistic(seen, m.compile_seconds),
+                    dict(m.accuracy_errors),
+                )
                 return JobResult(value=stopped, seconds=overhead + m.first_call_seconds + m.warmup_seconds + sum(seen))
         return result
 
@@ -117,11 +126,18 @@ def _timed_as(m: Measurement, settings: ProfilerSettings) -> Measurement:
     settings time (at least `timing_min_steps` and `timing_min_seconds`), and their statistics."""
     count = 0
     while count < min(len(m.samples), settings.timing_max_steps) and (
-            count < settings.timing_min_steps or sum(m.samples[:count]) < settings.timing_min_seconds):
+        count < settings.timing_min_steps or sum(m.samples[:count]) < settings.timing_min_seconds
+    ):
         count += 1
     stats = TimingStats.from_samples(m.samples[:count])
-    return replace(m, samples=stats.samples, step_median=stats.median, step_p10=stats.p10, step_p90=stats.p90,
-                   mfu=m.model_flops_per_step / stats.median / m.peak_flops_per_s)
+    return replace(
+        m,
+        samples=stats.samples,
+        step_median=stats.median,
+        step_p10=stats.p10,
+        step_p90=stats.p90,
+        mfu=m.model_flops_per_step / stats.median / m.peak_flops_per_s,
+    )
 
 
 def _key(candidate: dict) -> str:
@@ -131,8 +147,11 @@ def _key(candidate: dict) -> str:
 def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that cost a measurement, in order (not rejected, not a repeat answered from an
     earlier one, not an ask of an excluded setting, told without running it)."""
-    return [t for t in sorted(study.trials, key=lambda t: t.number)
-            if not {"repeat_of", "rejected_by", "excluded_by", "over_budget"} & set(records.attrs(t))]
+    return [
+        t
+        for t in sorted(study.trials, key=lambda t: t.number)
+        if not {"repeat_of", "rejected_by", "excluded_by", "over_budget"} & set(records.attrs(t))
+    ]
 
 
 def trials_to_target(study: optuna.Study, target: float) -> int | None:
@@ -162,15 +181,30 @@ def best_feasible(study: optuna.Study) -> float | None:
     return min(values) if values else None
 
 
-def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, budget: int, seeded: bool,
-           warm: Sequence[WarmSeed] | None = None, prune: bool = False,
-           trial_settings: ProfilerSettings | None = None) -> optuna.Study:
+def replay(
+    grid: TuningResult,
+    runner: TableRunner,
+    sampler: str,
+    seed: int,
+    budget: int,
+    seeded: bool,
+    warm: Sequence[WarmSeed] | None = None,
+    prune: bool = False,
+    trial_settings: ProfilerSettings | None = None,
+) -> optuna.Study:
     """One search of `budget` measured settings, answered from the grid table. With `warm` (warm
     start's seeds, benchmarks/warm_start.py) the baseline and those are queued as tpu-tune queues
     them, then the agents' seeds when `seeded`; without, the agents' seeds when `seeded`."""
-    options = TuneOptions(sampler=sampler, seed=seed, trials=budget, agents=grid.options.search.agents,
-                          memory_limit_bytes=grid.options.objective.memory_limit_bytes, prune=prune,
-                          time_budget_s=None, planned_steps=grid.options.objective.planned_steps)
+    options = TuneOptions(
+        sampler=sampler,
+        seed=seed,
+        trials=budget,
+        agents=grid.options.search.agents,
+        memory_limit_bytes=grid.options.objective.memory_limit_bytes,
+        prune=prune,
+        time_budget_s=None,
+        planned_steps=grid.options.objective.planned_steps,
+    )
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
     if warm is not None:
@@ -178,7 +212,9 @@ def replay(grid: TuningResult, runner: TableRunner, sampler: str, seed: int, bud
     elif seeded and sampler != "grid":
         enqueue_seeds(study, grid.space, agents, grid.profile)  # as tpu-tune does: baseline, agents' seeds
     request = MeasureRequest(settings=trial_settings)  # None: the grid's own measurements as they are
-    run_search(study, grid.space, agents, runner, request, options, lambda event: None, time.perf_counter(), memory=memory)
+    run_search(
+        study, grid.space, agents, runner, request, options, lambda event: None, time.perf_counter(), memory=memory
+    )
     return study
 
 
@@ -188,23 +224,36 @@ def main() -> None:
     parser.add_argument("--example", default="gpt", help="example to measure the grid on when no --grid-run")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--budget", type=int, help="measured trials per replay (default: 20%% of the grid's size)")
-    parser.add_argument("--reprofile", action="store_true",
-                        help="profile the workload again with this version and let the agents read that "
-                             "profile (a grid run made before the profile recorded what the agents now read)")
-    parser.add_argument("--wall-only", action="store_true",
-                        help="only the wall-clock replays (before against now), not the samplers' tables")
+    parser.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="profile the workload again with this version and let the agents read that "
+        "profile (a grid run made before the profile recorded what the agents now read)",
+    )
+    parser.add_argument(
+        "--wall-only",
+        action="store_true",
+        help="only the wall-clock replays (before against now), not the samplers' tables",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     if args.grid_run is None:
-        result = tune(REPO / "examples" / f"{args.example}.py",
-                      TuneOptions(sampler="grid", trials=100_000, out=REPO / "results"))
+        result = tune(
+            REPO / "examples" / f"{args.example}.py", TuneOptions(sampler="grid", trials=100_000, out=REPO / "results")
+        )
         args.grid_run = result.run_dir
     grid = TuningResult.load(args.grid_run)
     if args.reprofile:
-        fresh = profile(grid.profile.workload["source"], batch_size=grid.options.runner.batch_size,
-                        seq_len=grid.options.runner.seq_len, settings=grid.options.runner.trial_settings)
-        print(f"agents read a fresh profile of {fresh.workload['source']} (baseline step {fresh.timing.median * 1e3:.1f} ms)")
+        fresh = profile(
+            grid.profile.workload["source"],
+            batch_size=grid.options.runner.batch_size,
+            seq_len=grid.options.runner.seq_len,
+            settings=grid.options.runner.trial_settings,
+        )
+        print(
+            f"agents read a fresh profile of {fresh.workload['source']} (baseline step {fresh.timing.median * 1e3:.1f} ms)"
+        )
         grid.profile = fresh
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
@@ -215,20 +264,26 @@ def main() -> None:
     target = best * WITHIN
     budget = args.budget or max(1, math.floor(BUDGET_SHARE * len(measured)))
     best_trial = next(t for t in measured if t.value == best and trial_attrs.is_feasible(t))
-    print(f"grid run {args.grid_run} ({grid.profile.workload['name']}, {grid.profile.workload['step']}): "
-          f"space of {grid.space.size()} valid settings; {len(measured)} measured, {rejected} rejected by the "
-          f"agents unmeasured")
-    print(f"grid's best amortised step {best * 1e3:.2f} ms ({records.attrs(best_trial).get('label', best_trial.params)}); "
-          f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
-          f"({budget / len(measured):.0%} of the grid's {len(measured)})")
+    print(
+        f"grid run {args.grid_run} ({grid.profile.workload['name']}, {grid.profile.workload['step']}): "
+        f"space of {grid.space.size()} valid settings; {len(measured)} measured, {rejected} rejected by the "
+        f"agents unmeasured"
+    )
+    print(
+        f"grid's best amortised step {best * 1e3:.2f} ms ({records.attrs(best_trial).get('label', best_trial.params)}); "
+        f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
+        f"({budget / len(measured):.0%} of the grid's {len(measured)})"
+    )
 
     verdicts = []
     gaps_by: dict[tuple[str, bool], list[float]] = {}
-    for seeded in (() if args.wall_only else (True, False)):
+    for seeded in () if args.wall_only else (True, False):
         title = "with the agents' seeds (as tpu-tune runs)" if seeded else "samplers alone (no seeds)"
         print(f"\n{title}, {args.seeds} seeds:")
-        print(f"{'sampler':8} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
-              "trials to target per seed")
+        print(
+            f"{'sampler':8} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
+            "trials to target per seed"
+        )
         gaps: dict[str, list[float]] = {}
         for sampler in ("tpe", "random", "grid"):
             counts: list[int | None] = []
@@ -239,55 +294,87 @@ def main() -> None:
                 found = best_feasible(study)
                 gaps[sampler].append(found / best if found is not None else math.inf)
             reached = [c for c in counts if c is not None]
-            summary = (f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}")
+            summary = f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}"
             at_budget = f"{statistics.mean(gaps[sampler]):.3f}x, {max(gaps[sampler]):.3f}x"
             print(f"{sampler:8} {len(reached):>4}/{len(counts):<3} {summary} {at_budget:>36}  {counts}")
             gaps_by[sampler, seeded] = gaps[sampler]
             if seeded and sampler == "tpe":
-                verdicts.append(("TPE + seeds within 3% in <= 20% of the grid on every seed", len(reached) == len(counts)))
+                verdicts.append(
+                    ("TPE + seeds within 3% in <= 20% of the grid on every seed", len(reached) == len(counts))
+                )
     # Wall-clock time to the target: the search as it ran before pruning, and with pruning on.
-    print(f"\nwall-clock to within 3% of the grid's best, TPE + the agents' seeds, {args.seeds} seeds "
-          "(each trial's wall time from the grid; a pruned trial's up to where it stops):")
+    print(
+        f"\nwall-clock to within 3% of the grid's best, TPE + the agents' seeds, {args.seeds} seeds "
+        "(each trial's wall time from the grid; a pruned trial's up to where it stops):"
+    )
     # Before: every trial timed to the end by the grid's own rule (10 steps); now: the run's
     # default timing (default_trial_settings) and pruning on; and each change alone.
-    arms = {"before (10 timed steps, no pruning)": (False, TODAY), "pruning on alone (10 steps)": (True, TODAY),
-            "5 timed steps alone (no pruning)": (False, default_trial_settings()),
-            "now (5 timed steps, pruning on)": (True, default_trial_settings())}
+    arms = {
+        "before (10 timed steps, no pruning)": (False, TODAY),
+        "pruning on alone (10 steps)": (True, TODAY),
+        "5 timed steps alone (no pruning)": (False, default_trial_settings()),
+        "now (5 timed steps, pruning on)": (True, default_trial_settings()),
+    }
     walls: dict[str, list[float | None]] = {}
     whole_by: dict[str, list[float]] = {}
     for name, (prune, settings) in arms.items():
-        studies = [replay(grid, runner, "tpe", seed, budget, True, prune=prune, trial_settings=settings)
-                   for seed in range(args.seeds)]
+        studies = [
+            replay(grid, runner, "tpe", seed, budget, True, prune=prune, trial_settings=settings)
+            for seed in range(args.seeds)
+        ]
         walls[name] = [seconds_to_target(study, target, runner) for study in studies]
         shown = ", ".join("-" if w is None else f"{w:.0f}" for w in walls[name])
         reached = [w for w in walls[name] if w is not None]
         summary = f"median {statistics.median(reached):.0f} s, worst {max(reached):.0f} s" if reached else "never"
-        whole_by[name] = [sum(float(records.attrs(t).get("trial_wall_s") or 0.0) for t in _measured(s)) for s in studies]
+        whole_by[name] = [
+            sum(float(records.attrs(t).get("trial_wall_s") or 0.0) for t in _measured(s)) for s in studies
+        ]
         whole = statistics.median(whole_by[name])
-        print(f"  {name:38}: reached {len(reached)}/{len(studies)}, {summary}; whole search of {budget} "
-              f"trials median {whole:.0f} s; per seed {shown}")
+        print(
+            f"  {name:38}: reached {len(reached)}/{len(studies)}, {summary}; whole search of {budget} "
+            f"trials median {whole:.0f} s; per seed {shown}"
+        )
     before, now = walls["before (10 timed steps, no pruning)"], walls["now (5 timed steps, pruning on)"]
     paired = [(a, b) for a, b in zip(before, now) if a is not None and b is not None]
     if paired:
         share = statistics.median(b / a for a, b in paired)
         total = sum(b for _, b in paired) / sum(a for a, _ in paired)
-        print(f"  now / before, seeds that reached the target in both ({len(paired)}): median of seeds {share:.0%}, "
-              f"all together {total:.0%}")
-        verdicts.append((f"wall-clock to the target now <= 60% of before (all seeds that reached it together "
-                         f"{total:.0%})", total <= 0.60))
+        print(
+            f"  now / before, seeds that reached the target in both ({len(paired)}): median of seeds {share:.0%}, "
+            f"all together {total:.0%}"
+        )
+        verdicts.append(
+            (
+                f"wall-clock to the target now <= 60% of before (all seeds that reached it together {total:.0%})",
+                total <= 0.60,
+            )
+        )
     # Every seed: one that never reached the target counts its whole search's wall time, a lower
     # bound of its time to the target (a censored figure), so a search that misses is not dropped.
     censored = {name: [w if w is not None else whole_by[name][i] for i, w in enumerate(walls[name])] for name in walls}
-    before_all, now_all = (statistics.median(censored[name]) for name in ("before (10 timed steps, no pruning)",
-                                                                          "now (5 timed steps, pruning on)"))
-    print(f"  every seed, a miss counted as its whole search (a lower bound): median before {before_all:.0f} s, "
-          f"now {now_all:.0f} s: {now_all / before_all:.0%}")
-    verdicts.append((f"median wall-clock to the target over every seed now <= 60% of before ({now_all / before_all:.0%})",
-                     now_all <= 0.60 * before_all))
+    before_all, now_all = (
+        statistics.median(censored[name])
+        for name in ("before (10 timed steps, no pruning)", "now (5 timed steps, pruning on)")
+    )
+    print(
+        f"  every seed, a miss counted as its whole search (a lower bound): median before {before_all:.0f} s, "
+        f"now {now_all:.0f} s: {now_all / before_all:.0%}"
+    )
+    verdicts.append(
+        (
+            f"median wall-clock to the target over every seed now <= 60% of before ({now_all / before_all:.0%})",
+            now_all <= 0.60 * before_all,
+        )
+    )
     if not args.wall_only:
         tpe, random_alone = statistics.mean(gaps_by["tpe", True]), statistics.mean(gaps_by["random", False])
-        verdicts.append((f"TPE + seeds nearer the grid's best than random search at equal budget (mean best/grid "
-                         f"{tpe:.3f}x against {random_alone:.3f}x)", tpe < random_alone))
+        verdicts.append(
+            (
+                f"TPE + seeds nearer the grid's best than random search at equal budget (mean best/grid "
+                f"{tpe:.3f}x against {random_alone:.3f}x)",
+                tpe < random_alone,
+            )
+        )
     print()
     for claim, held in verdicts:
         print(f"{'PASS' if held else 'FAIL'}  {claim}")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import optuna
 
-from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.studies import records
+from tpu_tuner.tuning import trial_attrs
 
 
 def summarise(study: optuna.Study) -> list[str]:
@@ -35,8 +35,10 @@ def summarise(study: optuna.Study) -> list[str]:
         failed = [t for t in measured if t.state == optuna.trial.TrialState.FAIL]
         rejected = [t for t in trials if str(records.attrs(t).get("rejected_by", "")).startswith("sharding")]
         best = min(feasible, key=lambda t: t.value) if feasible else None
-        line = (f"{layout}: {len(measured)} measured, {len(feasible)} feasible, {len(failed)} failed, "
-                f"{len(rejected)} given up by the sharding agent")
+        line = (
+            f"{layout}: {len(measured)} measured, {len(feasible)} feasible, {len(failed)} failed, "
+            f"{len(rejected)} given up by the sharding agent"
+        )
         if best is not None:
             worst = max(float(records.attrs(t).get("accuracy_error", 0.0)) for t in feasible)
             others = {k: v for k, v in best.params.items() if k != "layout"}
@@ -64,8 +66,8 @@ def main() -> None:
     if args.run is not None:
         result = TuningResult.load(args.run)
     else:
-        from tpu_tuner.tuning.options import TuneOptions
         from tpu_tuner.api import tune
+        from tpu_tuner.tuning.options import TuneOptions
 
         result = tune(args.model, TuneOptions(trials=args.trials, nproc=args.nproc, plan=args.plan, out=args.out))
     print(f"{result.run_dir}: {result.options.runner.nproc} ranks, {result.profile.workload.get('name')}")

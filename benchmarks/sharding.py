@@ -45,8 +45,10 @@ def main() -> None:
         checked = check_layout(args.model, layout, args.nproc, args.batch_size)
         if checked.ok:
             report = checked.reports[0]
-            print(f"{layout}: numerics vs single device: loss {report['loss_error']:.1e}, "
-                  f"gradients {report['gradient_error']:.1e}")
+            print(
+                f"{layout}: numerics vs single device: loss {report['loss_error']:.1e}, "
+                f"gradients {report['gradient_error']:.1e}"
+            )
             runnable.append(layout)
         else:
             print(f"{layout}: cannot run ({checked.kind}): {checked.failure}")
@@ -55,7 +57,7 @@ def main() -> None:
     states: dict[str, list[int]] = {}
     with RankedTrialRunner(args.model, args.device, args.nproc, timeout_s=600.0) as runner:
         for round_index in range(args.rounds):
-            order = runnable[round_index % len(runnable):] + runnable[:round_index % len(runnable)]
+            order = runnable[round_index % len(runnable) :] + runnable[: round_index % len(runnable)]
             for layout in order:
                 result = runner.run(ShardedStepRequest(layout=layout, batch_size=args.batch_size, steps=args.steps))
                 if not result.ok:
@@ -64,15 +66,19 @@ def main() -> None:
                 medians[layout].append(statistics.median(timing.step_seconds))
                 peaks[layout] = timing.peak_bytes
                 states[layout] = timing.state_bytes
-    print(f"\n{args.model} on {args.nproc} ranks, {args.rounds} interleaved rounds of {args.steps} steps "
-          "(slowest rank per step; median per round):")
+    print(
+        f"\n{args.model} on {args.nproc} ranks, {args.rounds} interleaved rounds of {args.steps} steps "
+        "(slowest rank per step; median per round):"
+    )
     baseline = runnable[0]
     for layout in runnable:
         per_rank = ", ".join(f"{p / 2**20:.0f}" for p in peaks[layout])
         state = ", ".join(f"{s / 2**20:.1f}" for s in states[layout])
         versus = "" if layout == baseline else paired_speedup(medians[baseline], medians[layout]).describe()
-        print(f"  {layout:6} step {statistics.median(medians[layout]) * 1e3:8.1f} ms   model state per rank "
-              f"[{state}] MiB   peak RSS per rank [{per_rank}] MiB   {versus}")
+        print(
+            f"  {layout:6} step {statistics.median(medians[layout]) * 1e3:8.1f} ms   model state per rank "
+            f"[{state}] MiB   peak RSS per rank [{per_rank}] MiB   {versus}"
+        )
     best = min(runnable, key=lambda layout: statistics.median(medians[layout]))
     if best != baseline:
         print(f"best: {best}, over {baseline} (DDP): {paired_speedup(medians[baseline], medians[best]).describe()}")

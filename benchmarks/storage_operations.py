@@ -51,9 +51,9 @@ def operations(trials: int) -> dict[str, list[float]]:
     """Each step's milliseconds, one entry a trial."""
     import optuna
     import sqlalchemy
-
     from many_workers import InstantRunner, _loop_options, _space
     from postgres_server import running_server
+
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import fail_lost_trials, open_storage, trial_id_of
     from tpu_tuner.tuning import trial_attrs
@@ -65,16 +65,23 @@ def operations(trials: int) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {}
     with running_server() as server:
         storage = open_storage(server.url("tune"), 1)
+
         def executed(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
             _executed[0] += 1
             # The journal's statements are transactions of their own (autocommit): count its writes.
             autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
-            _committed[0] += autocommit and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "SELECT TPU_TUNE"))
+            _committed[0] += autocommit and statement.lstrip().upper().startswith(
+                ("INSERT", "UPDATE", "SELECT TPU_TUNE")
+            )
 
         sqlalchemy.event.listen(storage.engine, "before_cursor_execute", executed)
         sqlalchemy.event.listen(storage.engine, "commit", lambda *args: _committed.__setitem__(0, _committed[0] + 1))
-        study = optuna.create_study(storage=storage, study_name=f"operations-{uuid.uuid4().hex[:8]}",
-                                    direction="minimize", sampler=build_sampler(options, space))
+        study = optuna.create_study(
+            storage=storage,
+            study_name=f"operations-{uuid.uuid4().hex[:8]}",
+            direction="minimize",
+            sampler=build_sampler(options, space),
+        )
         seen = study.get_trials(deepcopy=False)
         learning = FailureLearning(space, options.objective.tolerance)
         for _ in range(trials):
@@ -86,9 +93,13 @@ def operations(trials: int) -> dict[str, list[float]]:
             _timed(costs, "parameters (suggest)", lambda: space.suggest(trial))
             _timed(costs, "claim (record write)", lambda: trial_attrs.record_claim(trial, "worker", "host"))
             _timed(costs, "loop's read after the ask", lambda: study.get_trials(deepcopy=False))
-            value = _timed(costs, "record write + constraint",
-                           lambda: trial_attrs.record_measurement(trial, m, options.objective.planned_steps,
-                                                                  options.objective.tolerance))
+            value = _timed(
+                costs,
+                "record write + constraint",
+                lambda: trial_attrs.record_measurement(
+                    trial, m, options.objective.planned_steps, options.objective.tolerance
+                ),
+            )
             _timed(costs, "tell", lambda: study.tell(trial, value))
             seen = _timed(costs, "next round's look (stale, read)", lambda: fail_lost_trials(study, storage))
             _timed(costs, "exclusions (failure learning)", lambda: learning.update(study, seen))
@@ -110,8 +121,10 @@ def main() -> None:
     # the stale check once a heartbeat interval, counts its share).
     statements = {step: statistics.mean(values[skip:]) for step, values in STATEMENTS.items()}
     commits = {step: statistics.mean(values[skip:]) for step, values in COMMITS.items()}
-    print(f"ms per trial, median over trials {skip + 1}-{args.trials} (load {os.getloadavg()[0]:.2f}); "
-          "SQL statements and transactions, mean")
+    print(
+        f"ms per trial, median over trials {skip + 1}-{args.trials} (load {os.getloadavg()[0]:.2f}); "
+        "SQL statements and transactions, mean"
+    )
     print(f"{'step':34} {'ms':>7} {'SQL':>5} {'txn':>5}")
     for step, median in medians.items():
         print(f"{step:34} {median:7.2f} {statements[step]:5.1f} {commits[step]:5.1f}")

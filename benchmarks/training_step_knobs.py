@@ -43,8 +43,13 @@ print(json.dumps({"peak": peak, "times": times}))
 
 
 def measure(model: str, batch: int, steps: int, settings: dict[str, str]) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(steps), json.dumps(settings)],
-                          capture_output=True, text=True, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, model, str(batch), str(steps), json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -46,18 +46,27 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return (self.status == 2 and self.seconds < LIMIT_S and not self.secret_written and not self.folder_left
-                and not self.resumed_changed)
+        return (
+            self.status == 2
+            and self.seconds < LIMIT_S
+            and not self.secret_written
+            and not self.folder_left
+            and not self.resumed_changed
+        )
 
 
 def tpu_tune(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpu_tuner.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def has_secret(folder: Path) -> bool:
@@ -71,7 +80,9 @@ def run_case(case: Case, work: Path) -> Outcome:
     start = time.perf_counter()
     done = tpu_tune([*case.args, "--out", str(out)], timeout=120)
     seconds = time.perf_counter() - start
-    secret = SECRET in done.stdout + done.stderr or has_secret(out) or bool(case.resume_of and has_secret(case.resume_of))
+    secret = (
+        SECRET in done.stdout + done.stderr or has_secret(out) or bool(case.resume_of and has_secret(case.resume_of))
+    )
     changed = snapshot(case.resume_of) != before if case.resume_of else None
     lines = [line for line in done.stderr.splitlines() if line.startswith("tpu-tune: error:")]
     message = lines[0].removeprefix("tpu-tune: error: ") if lines else (done.stderr.strip().splitlines() or ["-"])[-1]
@@ -81,8 +92,9 @@ def run_case(case: Case, work: Path) -> Outcome:
 def finished_mlp_run(work: Path) -> Path:
     """A tiny finished tuning run of examples/mlp.py to resume with the wrong model."""
     out = work / "finished"
-    done = tpu_tune(["tune", "examples/mlp.py", "--trials", "2", "--verify-rounds", "2", "--steps", "100",
-                     "--out", str(out)])
+    done = tpu_tune(
+        ["tune", "examples/mlp.py", "--trials", "2", "--verify-rounds", "2", "--steps", "100", "--out", str(out)]
+    )
     if done.returncode != 0:
         sys.exit(f"the tiny mlp run failed ({done.returncode}):\n{done.stderr[-2000:]}")
     (run_dir,) = out.iterdir()
@@ -105,8 +117,10 @@ def main() -> int:
             Case("bad space", ["tune", "examples/mlp.py", "--space", "no-such-space"]),
             Case("bad storage", ["tune", "examples/mlp.py", "--storage", "notadb://x"]),
             Case("storage folder missing", ["tune", "examples/mlp.py", "--storage", "sqlite:////no/such/dir/s.db"]),
-            Case("storage with password", ["tune", "examples/mlp.py", "--storage",
-                                           f"postgresql://user:{SECRET}@127.0.0.1:9/optuna"]),
+            Case(
+                "storage with password",
+                ["tune", "examples/mlp.py", "--storage", f"postgresql://user:{SECRET}@127.0.0.1:9/optuna"],
+            ),
             Case("segfault at import (tune)", ["tune", str(fixtures / "segfault_at_import.py")]),
             Case("os._exit(3) at import (tune)", ["tune", str(fixtures / "exit_at_import.py")]),
             Case("segfault at import (profile)", ["profile", str(fixtures / "segfault_at_import.py")]),
@@ -123,20 +137,26 @@ def main() -> int:
     def yes_no(value: bool | None) -> str:
         return "-" if value is None else "YES" if value else "no"
 
-    header = f"{'case':34} {'exit':>4} {'seconds':>8}  {'secret written':14} {'folder left':11} {'resumed run changed':19}"
+    header = (
+        f"{'case':34} {'exit':>4} {'seconds':>8}  {'secret written':14} {'folder left':11} {'resumed run changed':19}"
+    )
     print()
     print(header)
     print("-" * len(header))
     for o in outcomes:
-        print(f"{o.case:34} {o.status:>4} {o.seconds:8.2f}  {yes_no(o.secret_written):14} {yes_no(o.folder_left):11} "
-              f"{yes_no(o.resumed_changed):19}")
+        print(
+            f"{o.case:34} {o.status:>4} {o.seconds:8.2f}  {yes_no(o.secret_written):14} {yes_no(o.folder_left):11} "
+            f"{yes_no(o.resumed_changed):19}"
+        )
     print()
     for o in outcomes:
         print(f"{o.case}: {o.message}")
     bad = [o.case for o in outcomes if not o.ok]
     print()
-    print(f"{len(outcomes) - len(bad)}/{len(outcomes)} cases refused with exit 2 in under {LIMIT_S:.0f} s with nothing "
-          "secret or stale written" + (f"; NOT: {', '.join(bad)}" if bad else ""))
+    print(
+        f"{len(outcomes) - len(bad)}/{len(outcomes)} cases refused with exit 2 in under {LIMIT_S:.0f} s with nothing "
+        "secret or stale written" + (f"; NOT: {', '.join(bad)}" if bad else "")
+    )
     return 1 if bad else 0
 
 

@@ -29,8 +29,18 @@ def main() -> None:
         before = set(args.out.glob(f"{name}-tune-*")) if args.out.exists() else set()
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "tpu_tuner.cli", "-q", str(REPO / "examples" / f"{name}.py"), "--out", str(args.out), *extra],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "tpu_tuner.cli",
+                "-q",
+                str(REPO / "examples" / f"{name}.py"),
+                "--out",
+                str(args.out),
+                *extra,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         wall = time.perf_counter() - start
         (run_dir,) = set(args.out.glob(f"{name}-tune-*")) - before

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_calibration import load_runs, row_of  # noqa: E402 - a sibling script's module
+from published_calibration import load_runs, row_of
 
 ROWS = ("v4-synthetic-22b-v4-128", "v4-synthetic-52b-v4-384")
 VARIANTS = {"seq2048-flash": (2048, True), "seq1024-flash": (1024, True), "seq1024-dot": (1024, False)}
@@ -33,12 +33,13 @@ def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
     from tpu_tuner.planner import program
     from tpu_tuner.planner.compile_pool import _workload, topology_devices
     from tpu_tuner.planner.hbm import compiler_hbm_limit
-    from tpu_tuner.planner.topology import parse_topology
     from tpu_tuner.planner.step_parts import sharded_attention
+    from tpu_tuner.planner.topology import parse_topology
 
     row = row_of({**run, "seq": seq})
     topology = parse_topology(row.topology)
     devices = topology_devices(topology.jax_name)
+
     # The planner picks the kernel by platform (flash on a TPU); the dot-product variant asks the
     # CPU cross-check's kernel on the TPU topology instead.
     def attention(env: object, mesh: object, flash: bool) -> None:
@@ -46,17 +47,28 @@ def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
 
     program.sharded_attention = attention
     workload = _workload(row.spec)
-    step = program.compile_step(lambda: workload.model_for_preset(None), run["layers"], row.layout, devices,
-                                row.global_batch, seq, run["d_model"], remat=row.remat, scan=True,
-                                first_moment_dtype=row.mu_dtype)
+    step = program.compile_step(
+        lambda: workload.model_for_preset(None),
+        run["layers"],
+        row.layout,
+        devices,
+        row.global_batch,
+        seq,
+        run["d_model"],
+        remat=row.remat,
+        scan=True,
+        first_moment_dtype=row.mu_dtype,
+    )
     limit = compiler_hbm_limit(devices[0])
     gib = 2**30
     name = f"{row.id} seq {seq} {'flash' if use_flash else 'dot-product'}"
     if step.error:
         return f"{name}: refused: {step.error} ({step.compile_seconds:.0f} s)"
-    return (f"{name}: peak {step.peak_bytes / gib:.2f} / {limit / gib:.2f} GiB (arguments "
-            f"{step.argument_bytes / gib:.2f}, temporaries {step.temp_bytes / gib:.2f}), margin "
-            f"{(limit - step.peak_bytes) / gib:.2f} GiB ({step.compile_seconds:.0f} s)")
+    return (
+        f"{name}: peak {step.peak_bytes / gib:.2f} / {limit / gib:.2f} GiB (arguments "
+        f"{step.argument_bytes / gib:.2f}, temporaries {step.temp_bytes / gib:.2f}), margin "
+        f"{(limit - step.peak_bytes) / gib:.2f} GiB ({step.compile_seconds:.0f} s)"
+    )
 
 
 def main() -> None:

@@ -41,16 +41,15 @@ import time
 from pathlib import Path
 
 import optuna
+from search_efficiency import WITHIN, TableRunner, _measured, best_feasible, replay, trials_to_target
 
 from tpu_tuner import TuneOptions, TuningResult, tune
-from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
+from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
-
-from search_efficiency import WITHIN, TableRunner, best_feasible, replay, trials_to_target, _measured
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,7 +104,7 @@ def measure(bench: Path, first_width: int, second_width: int, batch: int, seq: i
     first = REPO / "examples" / "gpt.py" if first_width == 256 else write_model(models, first_width)
     second = write_model(models, second_width)
 
-    def progress(event) -> None:  # noqa: ANN001
+    def progress(event) -> None:
         # The load average: above ~1 (this run's own worker), something else ran alongside.
         print(f"[{event.phase} | {event.elapsed:6.0f} s | load {os.getloadavg()[0]:.2f}] {event.message}", flush=True)
 
@@ -114,8 +113,9 @@ def measure(bench: Path, first_width: int, second_width: int, batch: int, seq: i
     earlier = tune(first, TuneOptions(trials=trials, out=bench / "earlier", verify_rounds=4, **common), progress)
     print(f"earlier run: {earlier.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
     started = time.perf_counter()
-    grid = tune(second, TuneOptions(sampler="grid", trials=100_000, out=bench / "grid", verify_rounds=2, **common),
-                progress)
+    grid = tune(
+        second, TuneOptions(sampler="grid", trials=100_000, out=bench / "grid", verify_rounds=2, **common), progress
+    )
     print(f"grid run: {grid.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
     return earlier.run_dir, grid.run_dir
 
@@ -126,15 +126,24 @@ def warm_seeds_for(grid: TuningResult, earlier_run: Path) -> list[WarmSeed]:
     fingerprint = json.loads((grid.run_dir / "run.json").read_text())["fingerprint"]
     with tempfile.TemporaryDirectory() as results_dir:
         (Path(results_dir) / earlier_run.resolve().name).symlink_to(earlier_run.resolve(), target_is_directory=True)
-        return find_warm_seeds(grid.space, features_of(grid.profile, fingerprint), storage=None,
-                               results_dir=Path(results_dir), exclude_study=grid.study.study_name)
+        return find_warm_seeds(
+            grid.space,
+            features_of(grid.profile, fingerprint),
+            storage=None,
+            results_dir=Path(results_dir),
+            exclude_study=grid.study.study_name,
+        )
 
 
 def _here(runner: TableRunner, grid: TuningResult, seed: WarmSeed) -> str:
     """What the grid measured for a seed's setting."""
     value = runner.run(MeasureRequest(candidate=grid.space.to_candidate(seed.params).to_dict()))
     m = value.value if value.ok else None
-    return f"{m.amortised_step(grid.options.objective.planned_steps) * 1e3:.2f} ms here" if m is not None else "failed here"
+    return (
+        f"{m.amortised_step(grid.options.objective.planned_steps) * 1e3:.2f} ms here"
+        if m is not None
+        else "failed here"
+    )
 
 
 def _verified_choice(grid: TuningResult, earlier: TuningResult) -> WarmSeed | None:
@@ -146,16 +155,27 @@ def _verified_choice(grid: TuningResult, earlier: TuningResult) -> WarmSeed | No
     params = grid.space.complete(grid.space.to_params(v.chosen))
     if params == grid.space.complete(grid.space.baseline_params()) or grid.space.to_candidate(params) != v.chosen:
         return None
-    return WarmSeed(params=params, source=f"run {earlier.run_dir} (verified choice)", match="replayed by hand",
-                    distance=0.0, objective_s=0.0, speedup=v.speedup.speedup if v.speedup else None, verified=True,
-                    trial=v.best_trial)
+    return WarmSeed(
+        params=params,
+        source=f"run {earlier.run_dir} (verified choice)",
+        match="replayed by hand",
+        distance=0.0,
+        objective_s=0.0,
+        speedup=v.speedup.speedup if v.speedup else None,
+        verified=True,
+        trial=v.best_trial,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", action="store_true", help="measure the earlier run and the grid run first")
-    parser.add_argument("--bench", type=Path, default=Path("/work/bench/warm-start"),
-                        help="where --measure keeps its runs (outside the repository)")
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=Path("/work/bench/warm-start"),
+        help="where --measure keeps its runs (outside the repository)",
+    )
     parser.add_argument("--earlier-run", type=Path, help="a finished run of the first model")
     parser.add_argument("--grid-run", type=Path, help="a finished --sampler grid run of the second model")
     parser.add_argument("--first-width", type=int, default=256)
@@ -165,15 +185,19 @@ def main() -> None:
     parser.add_argument("--earlier-trials", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, help="measured trials per replay (default: tpu-tune's automatic budget)")
-    parser.add_argument("--reprofile", action="store_true",
-                        help="profile the grid's workload again with this version and let the agents (and the warm "
-                             "start's features) read that profile, as search_efficiency.py --reprofile does")
+    parser.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="profile the grid's workload again with this version and let the agents (and the warm "
+        "start's features) read that profile, as search_efficiency.py --reprofile does",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     if args.measure:
-        args.earlier_run, args.grid_run = measure(args.bench, args.first_width, args.second_width, args.batch_size,
-                                                  args.seq_len, args.earlier_trials)
+        args.earlier_run, args.grid_run = measure(
+            args.bench, args.first_width, args.second_width, args.batch_size, args.seq_len, args.earlier_trials
+        )
     if args.earlier_run is None or args.grid_run is None:
         parser.error("give --earlier-run and --grid-run, or --measure")
     grid = TuningResult.load(args.grid_run)
@@ -181,8 +205,12 @@ def main() -> None:
     if args.reprofile:
         from tpu_tuner.profiling import profile
 
-        grid.profile = profile(grid.profile.workload["source"], batch_size=grid.options.runner.batch_size,
-                               seq_len=grid.options.runner.seq_len, settings=grid.options.runner.trial_settings)
+        grid.profile = profile(
+            grid.profile.workload["source"],
+            batch_size=grid.options.runner.batch_size,
+            seq_len=grid.options.runner.seq_len,
+            settings=grid.options.runner.trial_settings,
+        )
         print(f"agents read a fresh profile of {grid.profile.workload['source']}")
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
@@ -193,15 +221,23 @@ def main() -> None:
     agents, _, _ = prepare_agents(TuneOptions(agents=grid.options.search.agents), grid.profile)
     budget = args.budget or search_budget(None, "tpe", grid.space, agents).trials
     best_trial = next(t for t in measured if t.value == best)
-    print(f"earlier run {args.earlier_run}: {earlier.profile.workload.get('name')} "
-          f"({earlier.profile.flops.total_parameters / 1e6:.2f}M parameters), best "
-          f"{earlier.verification.chosen.describe()}: {earlier.verification.message}")
-    print(f"grid run {args.grid_run}: {grid.profile.workload.get('name')} "
-          f"({grid.profile.flops.total_parameters / 1e6:.2f}M parameters), {grid.profile.workload.get('step')}; "
-          f"{len(measured)} settings measured")
-    print(f"grid's best {best * 1e3:.2f} ms amortised ({records.attrs(best_trial).get('label', best_trial.params)}); "
-          f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials")
-    ranked = sorted((t for t in measured if t.value is not None and records.attrs(t).get("feasible")), key=lambda t: t.value)
+    print(
+        f"earlier run {args.earlier_run}: {earlier.profile.workload.get('name')} "
+        f"({earlier.profile.flops.total_parameters / 1e6:.2f}M parameters), best "
+        f"{earlier.verification.chosen.describe()}: {earlier.verification.message}"
+    )
+    print(
+        f"grid run {args.grid_run}: {grid.profile.workload.get('name')} "
+        f"({grid.profile.flops.total_parameters / 1e6:.2f}M parameters), {grid.profile.workload.get('step')}; "
+        f"{len(measured)} settings measured"
+    )
+    print(
+        f"grid's best {best * 1e3:.2f} ms amortised ({records.attrs(best_trial).get('label', best_trial.params)}); "
+        f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials"
+    )
+    ranked = sorted(
+        (t for t in measured if t.value is not None and records.attrs(t).get("feasible")), key=lambda t: t.value
+    )
     within = [t for t in ranked if t.value <= target]
     print(f"settings of the grid within 3% of its best: {len(within)} of {len(measured)}")
 
@@ -214,20 +250,33 @@ def main() -> None:
     starts: list[tuple[str, list[WarmSeed]]] = [("cold", []), ("warm", warm)]
     verified = _verified_choice(grid, earlier)
     if warm and verified is not None and verified.params not in [w.params for w in warm]:
-        print(f"the earlier run's verified choice is another setting: {verified.params}; "
-              f"{_here(runner, grid, verified)}; replayed as the warm seed too (\"warm*\")")
+        print(
+            f"the earlier run's verified choice is another setting: {verified.params}; "
+            f'{_here(runner, grid, verified)}; replayed as the warm seed too ("warm*")'
+        )
         starts.append(("warm*", [verified, *warm[1:]]))
     for agent_seeds in (True, False):
         title = "with the agents' seeds (as tpu-tune runs)" if agent_seeds else "without the agents' seeds"
         print(f"\n{title}: {args.seeds} TPE seeds each, budget {budget}:")
-        print(f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
-              "trials to target per seed")
+        print(
+            f"{'start':6} {'reached':>8} {'median':>7} {'worst':>6} {'best/grid at budget (mean, worst)':>36}  "
+            "trials to target per seed"
+        )
         for name, seeds in starts:
             _compare(grid, runner, args.seeds, budget, seeds, target, best, name, agent_seeds)
 
 
-def _compare(grid: TuningResult, runner: TableRunner, n_seeds: int, budget: int, warm: list[WarmSeed],
-             target: float, best: float, name: str, agent_seeds: bool) -> None:
+def _compare(
+    grid: TuningResult,
+    runner: TableRunner,
+    n_seeds: int,
+    budget: int,
+    warm: list[WarmSeed],
+    target: float,
+    best: float,
+    name: str,
+    agent_seeds: bool,
+) -> None:
     """One row: trials to target over `n_seeds` sampler seeds, and best/grid at the budget."""
     counts, gaps = [], []
     for seed in range(n_seeds):
@@ -237,8 +286,10 @@ def _compare(grid: TuningResult, runner: TableRunner, n_seeds: int, budget: int,
         gaps.append(found / best if found is not None else float("inf"))
     reached = [c for c in counts if c is not None]
     summary = f"{statistics.median(reached):7.1f} {max(reached):6d}" if reached else f"{'-':>7} {'-':>6}"
-    print(f"{name:6} {len(reached):>4}/{len(counts):<3} {summary} "
-          f"{f'{statistics.mean(gaps):.3f}x, {max(gaps):.3f}x':>36}  {counts}")
+    print(
+        f"{name:6} {len(reached):>4}/{len(counts):<3} {summary} "
+        f"{f'{statistics.mean(gaps):.3f}x, {max(gaps):.3f}x':>36}  {counts}"
+    )
 
 
 if __name__ == "__main__":

@@ -77,8 +77,10 @@ def build_model() -> nn.Module:
 
 def make_batch(batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
     """A batch of `batch_size` requests, all `seq_len` tokens long (bucketing pads shorter ones)."""
-    return {"tokens": torch.randint(0, VOCAB, (batch_size, seq_len)),
-            "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.bool)}
+    return {
+        "tokens": torch.randint(0, VOCAB, (batch_size, seq_len)),
+        "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.bool),
+    }
 
 
 def sample_lengths() -> list[int]:

@@ -86,7 +86,12 @@ CONFIG = GPTConfig()
 # --- the tpu-tune contract ------------------------------------------------------------------
 BATCH_SIZE = 8
 SEQ_LEN = 256
-TRANSFORMER = {"layers": CONFIG.n_layer, "heads": CONFIG.n_head, "head_dim": CONFIG.d_model // CONFIG.n_head, "causal": True}
+TRANSFORMER = {
+    "layers": CONFIG.n_layer,
+    "heads": CONFIG.n_head,
+    "head_dim": CONFIG.d_model // CONFIG.n_head,
+    "causal": True,
+}
 
 
 def build_model() -> nn.Module:

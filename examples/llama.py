@@ -34,13 +34,21 @@ class LlamaConfig:
 
 
 PRESETS: dict[str, LlamaConfig] = {
-    "tiny": LlamaConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, mlp_hidden=768, max_seq_len=1024),
+    "tiny": LlamaConfig(
+        vocab_size=4096, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, mlp_hidden=768, max_seq_len=1024
+    ),
     "8b": LlamaConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, mlp_hidden=14336),
     "70b": LlamaConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, mlp_hidden=28672),
     # MaxText synthetic global_parameter_scale models: MHA, head_dim 128, vocab 32000.
-    "16b": LlamaConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=64, n_kv_heads=64, mlp_hidden=28672, max_seq_len=2048),
-    "32b": LlamaConfig(vocab_size=32000, d_model=8192, n_layers=32, n_heads=64, n_kv_heads=64, mlp_hidden=28672, max_seq_len=2048),
-    "128b": LlamaConfig(vocab_size=32000, d_model=8192, n_layers=64, n_heads=128, n_kv_heads=128, mlp_hidden=57344, max_seq_len=2048),
+    "16b": LlamaConfig(
+        vocab_size=32000, d_model=4096, n_layers=32, n_heads=64, n_kv_heads=64, mlp_hidden=28672, max_seq_len=2048
+    ),
+    "32b": LlamaConfig(
+        vocab_size=32000, d_model=8192, n_layers=32, n_heads=64, n_kv_heads=64, mlp_hidden=28672, max_seq_len=2048
+    ),
+    "128b": LlamaConfig(
+        vocab_size=32000, d_model=8192, n_layers=64, n_heads=128, n_kv_heads=128, mlp_hidden=57344, max_seq_len=2048
+    ),
 }
 # MaxText's synthetic scales fix head_dim at 128 whatever d_model / heads is (it decouples them).
 HEAD_DIM_OVERRIDE = {"16b": 128, "32b": 128, "128b": 128}

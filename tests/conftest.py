@@ -42,7 +42,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     mp.undo()
 
 
-def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float) -> "RooflineProbe":
+def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float) -> RooflineProbe:
     """Make `figures` (RooflineProbe fields: float32_flops_per_s, bfloat16_flops_per_s,
     medium_relative_error, ...) this machine's cached probe, in a private cache that worker
     processes inherit: tests decide which kind of host they run on, whatever this one is."""
@@ -54,9 +54,18 @@ def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float
 
     from tpu_tuner.devices import roofline
 
-    values = dict(float32_flops_per_s=300e9, bfloat16_flops_per_s=1200e9, copy_bytes_per_s=20e9, matmul_size=8,
-                  copy_bytes=8, repeats=1, measured_at="injected", dispatch_seconds_per_op=1e-6,
-                  medium_relative_error=2.5e-3, measured_at_epoch=time.time())
+    values = dict(
+        float32_flops_per_s=300e9,
+        bfloat16_flops_per_s=1200e9,
+        copy_bytes_per_s=20e9,
+        matmul_size=8,
+        copy_bytes=8,
+        repeats=1,
+        measured_at="injected",
+        dispatch_seconds_per_op=1e-6,
+        medium_relative_error=2.5e-3,
+        measured_at_epoch=time.time(),
+    )
     values.update(figures)
     probe = roofline.RooflineProbe(**values)
     monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(cache_dir))
@@ -70,8 +79,14 @@ def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float
 def fast_settings() -> ProfilerSettings:
     """Profiler settings that keep a tiny model's profile to about a second."""
     return ProfilerSettings(
-        warmup_min_steps=2, warmup_max_steps=10, timing_min_steps=10, timing_min_seconds=0.0,
-        timing_max_steps=50, profiled_steps=1, top_operators=5, explained_share_min=0.5,
+        warmup_min_steps=2,
+        warmup_max_steps=10,
+        timing_min_steps=10,
+        timing_min_seconds=0.0,
+        timing_max_steps=50,
+        profiled_steps=1,
+        top_operators=5,
+        explained_share_min=0.5,
     )
 
 
@@ -105,7 +120,7 @@ def processes_running(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator["PostgresServer"]:
+def postgres() -> Iterator[PostgresServer]:
     """A real PostgreSQL server on a free loopback port for the session (tests/postgres_server.py)."""
     from postgres_server import running_server
 

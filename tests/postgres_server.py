@@ -55,13 +55,15 @@ def _free_port() -> int:
 
 def _as_postgres(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run `command` as the postgres user (initdb and the server refuse root)."""
+
     def demote() -> None:
         user = pwd.getpwnam("postgres")
         os.setgid(user.pw_gid)
         os.setuid(user.pw_uid)
 
-    return subprocess.run(command, preexec_fn=demote if os.geteuid() == 0 else None, check=True,
-                          capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    return subprocess.run(
+        command, preexec_fn=demote if os.geteuid() == 0 else None, check=True, capture_output=True, text=True, **kwargs
+    )  # type: ignore[call-overload]
 
 
 @contextlib.contextmanager
@@ -75,18 +77,53 @@ def running_server() -> Iterator[PostgresServer]:
         os.chown(folder, user.pw_uid, user.pw_gid)
     port = _free_port()
     try:
-        _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                      "--auth-host=reject", "-E", "UTF8", "--locale=C"])
+        _as_postgres(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=reject",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ]
+        )
         # Loopback only: `tune` trusted, `secret` with its password, nobody else.
         (data / "pg_hba.conf").write_text(
-            "local all all trust\n"
-            "host tune tune 127.0.0.1/32 trust\n"
-            "host tune secret 127.0.0.1/32 scram-sha-256\n")
-        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-t", "60", "-l", str(folder / "server.log"),
-                      "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"])
+            "local all all trust\nhost tune tune 127.0.0.1/32 trust\nhost tune secret 127.0.0.1/32 scram-sha-256\n"
+        )
+        _as_postgres(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(folder / "server.log"),
+                "-o",
+                f"-p {port} -k {folder} -c listen_addresses=127.0.0.1",
+                "start",
+            ]
+        )
         psql = [str(bin_dir / "psql"), "-h", str(folder), "-p", str(port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
-        _as_postgres([*psql, "-c", "CREATE ROLE tune LOGIN", "-c", f"CREATE ROLE secret LOGIN PASSWORD '{PASSWORD}'",
-                      "-c", "CREATE DATABASE tune OWNER tune", "-c", "GRANT ALL ON DATABASE tune TO secret"])
+        _as_postgres(
+            [
+                *psql,
+                "-c",
+                "CREATE ROLE tune LOGIN",
+                "-c",
+                f"CREATE ROLE secret LOGIN PASSWORD '{PASSWORD}'",
+                "-c",
+                "CREATE DATABASE tune OWNER tune",
+                "-c",
+                "GRANT ALL ON DATABASE tune TO secret",
+            ]
+        )
         _as_postgres([*psql, "-d", "tune", "-c", "GRANT ALL ON SCHEMA public TO secret"])
         yield PostgresServer(port, folder)
     finally:

@@ -20,19 +20,19 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.tuning.agents import load_agents
-from tpu_tuner.devices.cpu import CpuBackend
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.blocks import repeated_blocks
 from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.execution.measurement import Measurement
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.studies import records
+from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.agents import load_agents
+from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
+from tpu_tuner.tuning.space import SearchSpace
 
 GiB = 2**30
 
@@ -105,7 +105,8 @@ def test_a_model_without_repeated_blocks_is_refused_with_the_reason() -> None:
 def test_printed_code_runs_and_checkpoints_the_blocks() -> None:
     code = "\n".join(Candidate(activation_checkpointing="blocks").code("cpu"))
     assert "checkpoint_blocks(model, every=1)" in code
-    script = textwrap.dedent(f"""\
+    script = (
+        textwrap.dedent("""\
         import copy, json
         import torch
         from torch import nn
@@ -123,7 +124,9 @@ def test_printed_code_runs_and_checkpoints_the_blocks() -> None:
         model = nn.Sequential(Block(), Block())
         reference = copy.deepcopy(model)
         inputs = torch.randn(3, 8)
-        """) + code + textwrap.dedent("""
+        """)
+        + code
+        + textwrap.dedent("""
         with torch.autocast("cpu", enabled=False):
             output = model(inputs)
         output.sum().backward()
@@ -131,16 +134,30 @@ def test_printed_code_runs_and_checkpoints_the_blocks() -> None:
         same = all(torch.allclose(a.grad, b.grad, atol=1e-6) for a, b in zip(model.parameters(), reference.parameters()))
         print(json.dumps({"observed": get("activation_checkpointing").observe(model, model, None), "same": same}))
         """)
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"observed": "blocks", "same": True}
 
 
 def _measurement(peak_bytes: int | None, error: float = 0.0) -> Measurement:
-    return Measurement(candidate={}, step_median=0.01, step_p10=0.01, step_p90=0.01, samples=[0.01],
-                       first_call_seconds=0.0, warmup_seconds=0.0, compile_seconds=0.0, compiles={},
-                       model_flops_per_step=1e9, peak_flops_per_s=1e12, peak_dtype="float32", mfu=0.1,
-                       peak_memory_bytes=peak_bytes, accuracy_errors={"out": error})
+    return Measurement(
+        candidate={},
+        step_median=0.01,
+        step_p10=0.01,
+        step_p90=0.01,
+        samples=[0.01],
+        first_call_seconds=0.0,
+        warmup_seconds=0.0,
+        compile_seconds=0.0,
+        compiles={},
+        model_flops_per_step=1e9,
+        peak_flops_per_s=1e12,
+        peak_dtype="float32",
+        mfu=0.1,
+        peak_memory_bytes=peak_bytes,
+        accuracy_errors={"out": error},
+    )
 
 
 def test_a_trial_over_the_memory_limit_is_infeasible_with_the_reason() -> None:
@@ -174,8 +191,9 @@ def test_the_limit_is_the_users_or_the_device_memory_and_none_on_cpu_without_one
 
 def _profile(peak_bytes: int, training: bool = True) -> SimpleNamespace:
     step = "training step" if training else "inference (forward)"
-    return SimpleNamespace(workload=_profiled_workload(step),
-                           memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM"))
+    return SimpleNamespace(
+        workload=_profiled_workload(step), memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM")
+    )
 
 
 def _memory_agent(limit: MemoryLimit | None):
@@ -189,8 +207,10 @@ def test_memory_agent_seeds_checkpointing_only_near_the_limit() -> None:
     limit = MemoryLimit(4 * GiB, "--trial-memory-gb")
     near = _memory_agent(limit)
     # Micro-batching, the other memory knob of a training step, is seeded alone beside it.
-    assert near.seeds(_profile(int(3.6 * GiB)), space) == [{"activation_checkpointing": "blocks"},
-                                                            {"micro_batches": "2"}]
+    assert near.seeds(_profile(int(3.6 * GiB)), space) == [
+        {"activation_checkpointing": "blocks"},
+        {"micro_batches": "2"},
+    ]
     findings = near.diagnose(_profile(int(3.6 * GiB)))
     assert findings[0] == "baseline peak memory 3.60 GiB (VmHWM); limit 4.00 GiB (--trial-memory-gb), 90% of it"
     assert "seeded" in findings[1]
@@ -206,7 +226,6 @@ def test_memory_agent_skips_checkpointing_for_inference() -> None:
     assert "inference step" in agent.diagnose(_profile(int(3.9 * GiB), training=False))[1]
     assert "inference step keeps no activations" in agent.validate(Candidate(activation_checkpointing="blocks"))
     assert agent.validate(Candidate()) is None
-
 
 
 def test_memory_agent_tries_checkpointing_only_under_memory_pressure() -> None:

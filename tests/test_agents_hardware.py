@@ -8,24 +8,31 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
+from conftest import use_probe
 
-from tpu_tuner.tuning.agents import PrecisionAgent, load_agents
+from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.devices import roofline
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.profiling.verdict import decide
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.agents import PrecisionAgent, load_agents
 from tpu_tuner.tuning.seeding import enqueue_seeds
-
-from conftest import use_probe
+from tpu_tuner.tuning.space import SearchSpace
 
 
 def _probe(fp32: float, bf16: float, medium_error: float) -> roofline.RooflineProbe:
-    return roofline.RooflineProbe(float32_flops_per_s=fp32, bfloat16_flops_per_s=bf16, copy_bytes_per_s=2e10,
-                                  matmul_size=2048, copy_bytes=1, repeats=3, measured_at="injected",
-                                  dispatch_seconds_per_op=1e-6, medium_relative_error=medium_error,
-                                  measured_at_epoch=time.time())
+    return roofline.RooflineProbe(
+        float32_flops_per_s=fp32,
+        bfloat16_flops_per_s=bf16,
+        copy_bytes_per_s=2e10,
+        matmul_size=2048,
+        copy_bytes=1,
+        repeats=3,
+        measured_at="injected",
+        dispatch_seconds_per_op=1e-6,
+        medium_relative_error=medium_error,
+        measured_at_epoch=time.time(),
+    )
 
 
 # The two host kinds of docs/mfu.md ("medium" numerics): AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
@@ -40,10 +47,21 @@ def _agent(probe: roofline.RooflineProbe | None) -> PrecisionAgent:
 
 
 def _matmul_heavy_profile() -> SimpleNamespace:
-    verdict = decide(6e9, 1e8, 0.05, 300e9, "float32", 2e10, 40, 0.5, dispatch_seconds_per_op=1e-6,
-                     top_operators=[("aten::addmm", 0.8)])
-    return SimpleNamespace(verdict=verdict, peak_dtype="float32",
-                           operators=[SimpleNamespace(name="aten::addmm", share=0.8)])
+    verdict = decide(
+        6e9,
+        1e8,
+        0.05,
+        300e9,
+        "float32",
+        2e10,
+        40,
+        0.5,
+        dispatch_seconds_per_op=1e-6,
+        top_operators=[("aten::addmm", 0.8)],
+    )
+    return SimpleNamespace(
+        verdict=verdict, peak_dtype="float32", operators=[SimpleNamespace(name="aten::addmm", share=0.8)]
+    )
 
 
 def _space() -> SearchSpace:
@@ -114,8 +132,13 @@ def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> 
     """One agent with many seeds must not fill a small budget before the others' first guess."""
     from types import SimpleNamespace
 
-    many = SimpleNamespace(seeds=lambda profile, space: [{"autocast": "bfloat16"}, {"matmul_precision": "medium"},
-                                                          {"matmul_precision": "high"}])
+    many = SimpleNamespace(
+        seeds=lambda profile, space: [
+            {"autocast": "bfloat16"},
+            {"matmul_precision": "medium"},
+            {"matmul_precision": "high"},
+        ]
+    )
     one = SimpleNamespace(seeds=lambda profile, space: [{"matmul_precision": "medium"}])
     study = optuna.create_study()
     enqueue_seeds(study, _space(), [many, one], None)
@@ -123,5 +146,10 @@ def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> 
     base = {"matmul_precision": "highest", "autocast": "none"}
     combined = {"matmul_precision": "medium", "autocast": "bfloat16"}
     # Further seeds go on top of the combined one ("medium" again is the combined seed: once).
-    assert queued == [base, {**base, "autocast": "bfloat16"}, {**base, "matmul_precision": "medium"},
-                      combined, {**combined, "matmul_precision": "high"}]
+    assert queued == [
+        base,
+        {**base, "autocast": "bfloat16"},
+        {**base, "matmul_precision": "medium"},
+        combined,
+        {**combined, "matmul_precision": "high"},
+    ]

@@ -66,9 +66,14 @@ def test_run_folder_writers_go_through_write_atomic(tmp_path: Path, monkeypatch:
 def test_no_other_writer_of_run_folder_files() -> None:
     """The modules that write run folders call `write_atomic`, never `write_text` or a `to_csv` to
     a path, and no copy of the temporary-and-replace mechanism is left."""
-    writers = [PACKAGE / "outputs" / "write.py", PACKAGE / "outputs" / "ranking_report.py",
-               PACKAGE / "knobs" / "tuned_config.py", PACKAGE / "studies" / "run_file.py",
-               PACKAGE / "dashboard" / "page.py", PACKAGE / "devices" / "roofline.py"]
+    writers = [
+        PACKAGE / "outputs" / "write.py",
+        PACKAGE / "outputs" / "ranking_report.py",
+        PACKAGE / "knobs" / "tuned_config.py",
+        PACKAGE / "studies" / "run_file.py",
+        PACKAGE / "dashboard" / "page.py",
+        PACKAGE / "devices" / "roofline.py",
+    ]
     for module in writers:
         text = module.read_text()
         assert not re.search(r"\.write_text\(|\.to_csv\((?!index=)[^)]|\.replace\(path\)", text), module

@@ -29,13 +29,16 @@ def _shape(extra: str | dict):
     return read_shape(f"{BASE},{extra}")[0]
 
 
-@pytest.mark.parametrize("extra, groups", [
-    ("layers=4", (0, 1, 4)),  # uniform: the blocks themselves
-    ("layers=12,sliding_window=8,global_every=6", (0, 6, 2)),  # Gemma 3: 5 local : 1 global
-    ("layers=14,sliding_window=8,global_every=6", (0, 6, 2)),  # two more: a partial pattern after the repeats
-    (dict(layers=6, experts=4, top_k=2, dense_layers=(0, 1, 2)), (3, 1, 3)),  # DeepSeek-V3: dense layers lead
-    ("layers=8,attention_chunk=8,global_every=4,experts=4,top_k=1,moe_every=2", (0, 4, 2)),  # Llama 4 Maverick
-])
+@pytest.mark.parametrize(
+    "extra, groups",
+    [
+        ("layers=4", (0, 1, 4)),  # uniform: the blocks themselves
+        ("layers=12,sliding_window=8,global_every=6", (0, 6, 2)),  # Gemma 3: 5 local : 1 global
+        ("layers=14,sliding_window=8,global_every=6", (0, 6, 2)),  # two more: a partial pattern after the repeats
+        (dict(layers=6, experts=4, top_k=2, dense_layers=(0, 1, 2)), (3, 1, 3)),  # DeepSeek-V3: dense layers lead
+        ("layers=8,attention_chunk=8,global_every=4,experts=4,top_k=1,moe_every=2", (0, 4, 2)),  # Llama 4 Maverick
+    ],
+)
 def test_layers_group_into_leading_blocks_and_repeats_of_their_pattern(extra, groups) -> None:
     shape = _shape(extra)
     assert shape.layer_groups() == groups
@@ -44,8 +47,10 @@ def test_layers_group_into_leading_blocks_and_repeats_of_their_pattern(extra, gr
     assert len(model.layers) == repeats and len(model.leading or ()) == leading
     assert all(isinstance(unit, LayerGroup) == (period > 1) for unit in model.layers)
     # The blocks in order are the shape's layers, each built as its kind says.
-    kinds = [(b.attention.window == 0 and b.attention.chunk == 0, type(b.feed_forward).__name__ == "MixtureOfExperts")
-             for b in model.blocks()]
+    kinds = [
+        (b.attention.window == 0 and b.attention.chunk == 0, type(b.feed_forward).__name__ == "MixtureOfExperts")
+        for b in model.blocks()
+    ]
     assert kinds == [shape.layer_kind(i) for i in range(shape.layers)]
     dims = read_dims(model, shape.heads)
     assert (dims.shape.n_layers, dims.scanned) == (shape.layers, repeats)
@@ -53,8 +58,10 @@ def test_layers_group_into_leading_blocks_and_repeats_of_their_pattern(extra, gr
 
 
 def test_a_pattern_builds_local_and_global_layers_as_the_model_defines_them() -> None:
-    shape = _shape("layers=6,sliding_window=16,global_every=3,global_head_dim=32,global_kv_heads=1,"
-                   "global_shared_kv=true,attention_sinks=true")
+    shape = _shape(
+        "layers=6,sliding_window=16,global_every=3,global_head_dim=32,global_kv_heads=1,"
+        "global_shared_kv=true,attention_sinks=true"
+    )
     local, global_ = Decoder(shape).blocks()[1:3]
     assert (local.attention.window, local.attention.head_dim, local.attention.kv_heads) == (16, 16, 2)
     assert (global_.attention.window, global_.attention.head_dim, global_.attention.kv_heads) == (0, 32, 1)
@@ -71,19 +78,21 @@ def test_local_attention_is_masked_softmax_attention_with_exact_gradients(window
     q, k, v = (torch.randn(2, 3, 12, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     sinks = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_sinks else None
     inputs = (q, k, v) + ((sinks,) if sinks is not None else ())
-    assert torch.autograd.gradcheck(lambda *a: local_attention(*a[:3], a[3] if len(a) > 3 else None, window, chunk),
-                                    inputs)
+    assert torch.autograd.gradcheck(
+        lambda *a: local_attention(*a[:3], a[3] if len(a) > 3 else None, window, chunk), inputs
+    )
     mask = attention_mask(12, window, chunk)
     if sinks is None:
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     else:  # the sink joins the denominator only
-        scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
+        scores = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, float("-inf"))
         weights = torch.cat([scores, sinks.view(1, 3, 1, 1).expand(2, 3, 12, 1)], -1).softmax(-1)[..., :-1]
         expected = weights @ v
     torch.testing.assert_close(local_attention(q, k, v, sinks, window, chunk), expected)
     # A window as long as the sequence is causal attention.
-    torch.testing.assert_close(local_attention(q, k, v, None, 12, 0), F.scaled_dot_product_attention(q, k, v,
-                                                                                                      is_causal=True))
+    torch.testing.assert_close(
+        local_attention(q, k, v, None, 12, 0), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
 
 
 def test_the_mask_keeps_the_window_or_the_chunk_and_nothing_after_the_query() -> None:
@@ -93,11 +102,14 @@ def test_the_mask_keeps_the_window_or_the_chunk_and_nothing_after_the_query() ->
     assert chunks[3] == [1, 1, 1, 1, 0, 0] and chunks[5] == [0, 0, 0, 0, 1, 1]
 
 
-@pytest.mark.parametrize("extra", [
-    "layers=7,sliding_window=8,global_every=3,global_head_dim=32,attention_sinks=true",
-    "layers=8,attention_chunk=8,global_every=4,global_rope=false",
-    "layers=6,sliding_window=8,global_every=3,global_shared_kv=true,global_kv_heads=1",
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "layers=7,sliding_window=8,global_every=3,global_head_dim=32,attention_sinks=true",
+        "layers=8,attention_chunk=8,global_every=4,global_rope=false",
+        "layers=6,sliding_window=8,global_every=3,global_shared_kv=true,global_kv_heads=1",
+    ],
+)
 def test_counted_flops_equal_the_formula_with_local_layers_by_their_window(extra) -> None:
     shape = _shape(extra)
     model, module = Decoder(shape), decoder_module(shape, "t", 2, 32)
@@ -114,19 +126,25 @@ def test_counted_flops_equal_the_formula_with_local_layers_by_their_window(extra
 
 def test_maxtext_convention_counts_a_window_as_its_causal_band_and_chunks_as_half_squares() -> None:
     # MaxText's maxtext_utils.py: local layers 4 B (T W - W^2 / 2) H D (x3), chunked 4 B sum(C^2) H D / 2 (x3).
-    assert score_pairs(8192, 1024, 0, causal=True) == 8192 * 1024 - 1024 ** 2 / 2
-    assert score_pairs(8192, 0, 3000, causal=True) == (2 * 3000 ** 2 + 2192 ** 2) / 2
+    assert score_pairs(8192, 1024, 0, causal=True) == 8192 * 1024 - 1024**2 / 2
+    assert score_pairs(8192, 0, 3000, causal=True) == (2 * 3000**2 + 2192**2) / 2
     assert score_pairs(100, 1024, 0, causal=True) == 100 * 100 / 2  # a window past the sequence is global
-    assert score_pairs(8192, 0, 0, causal=True) == 8192 ** 2 / 2
+    assert score_pairs(8192, 0, 0, causal=True) == 8192**2 / 2
     assert score_pairs(8192, 1024, 0, causal=False) == 8192 * 1024
 
 
-@pytest.mark.parametrize("extra, words", [
-    ("layers=2,sliding_window=8,attention_chunk=8", "a layer attends through a sliding window or in chunks, not both"),
-    ("layers=2,sliding_window=128", "the window (128) is larger than max_seq_len (64)"),
-    ("layers=2,global_head_dim=32", "global_every, global_head_dim and global_kv_heads need local layers"),
-    ("layers=2,sliding_window=8,global_every=2,global_kv_heads=3", "must be a multiple of their kv heads (3)"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (
+            "layers=2,sliding_window=8,attention_chunk=8",
+            "a layer attends through a sliding window or in chunks, not both",
+        ),
+        ("layers=2,sliding_window=128", "the window (128) is larger than max_seq_len (64)"),
+        ("layers=2,global_head_dim=32", "global_every, global_head_dim and global_kv_heads need local layers"),
+        ("layers=2,sliding_window=8,global_every=2,global_kv_heads=3", "must be a multiple of their kv heads (3)"),
+    ],
+)
 def test_an_impossible_pattern_is_refused_in_one_line(extra, words) -> None:
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
         _shape(extra)
@@ -136,8 +154,24 @@ def test_an_impossible_pattern_is_refused_in_one_line(extra, words) -> None:
 @pytest.mark.slow
 def test_a_window_longer_than_the_planned_sequence_is_refused_before_any_compile(tmp_path) -> None:
     spec = f"{BASE},layers=2,sliding_window=48"
-    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", spec, "--topology", "v5e-4", "--seq", "32",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "plan",
+            spec,
+            "--topology",
+            "v5e-4",
+            "--seq",
+            "32",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr
     assert "the local layers' window or chunk (48) is larger than the sequence (32)" in done.stderr
     assert not list(tmp_path.iterdir())
@@ -194,7 +228,7 @@ def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss()
     random weights) is the untiled one's."""
     from tests.test_planner_compile import _run_python
 
-    out = _run_python(f"""
+    out = _run_python("""
         import json
         import jax, jax.numpy as jnp, numpy as np
         from tpu_tuner.planner.compile_pool import topology_devices

@@ -37,8 +37,12 @@ def test_a_value_in_two_failures_and_no_success_is_the_cause() -> None:
 def test_one_failure_is_no_evidence_and_a_value_that_worked_is_never_a_cause() -> None:
     one = [_ok(0, autocast="none"), _failed(1, "crash", autocast="bfloat16")]
     assert attribute(one).causes == []
-    cleared = [_ok(0, autocast="none", compile="eager"), _failed(1, "crash", autocast="bfloat16", compile="eager"),
-               _failed(2, "crash", autocast="bfloat16", compile="inductor"), _ok(3, autocast="bfloat16", compile="eager")]
+    cleared = [
+        _ok(0, autocast="none", compile="eager"),
+        _failed(1, "crash", autocast="bfloat16", compile="eager"),
+        _failed(2, "crash", autocast="bfloat16", compile="inductor"),
+        _ok(3, autocast="bfloat16", compile="eager"),
+    ]
     # bf16 worked once: two crashes with it are not its fault; no pair is held by two failures alone.
     assert attribute(cleared).causes == []
 
@@ -47,7 +51,9 @@ def test_a_suspect_one_failure_points_at_is_open_until_settled() -> None:
     one = [_ok(0, autocast="none", compile="eager"), _failed(1, "crash", autocast="bfloat16", compile="eager")]
     (suspect,) = attribute(one).open
     assert (suspect.values, suspect.kind, suspect.failures) == ((("autocast", "bfloat16"),), "crash", (1,))
-    assert suspect.matches({"autocast": "bfloat16", "compile": "inductor"}) and not suspect.matches({"autocast": "none"})
+    assert suspect.matches({"autocast": "bfloat16", "compile": "inductor"}) and not suspect.matches(
+        {"autocast": "none"}
+    )
     # Cleared by a success, or confirmed by a second failure (then a cause): open no more. Once
     # bf16 worked with inductor, bf16 with eager is the open suspect (a combination may be it).
     (pair,) = attribute([*one, _ok(2, autocast="bfloat16", compile="inductor")]).open
@@ -72,7 +78,9 @@ def test_a_combination_is_the_cause_when_neither_value_fails_alone() -> None:
     assert cause.values == (("backend", "inductor"), ("fullgraph", "on"))
     assert cause.matches({"backend": "inductor", "fullgraph": "on", "opt": "sgd"})
     assert not cause.matches({"backend": "aot_eager", "fullgraph": "on"})
-    assert cause.describe(lambda n, v: f"{n} {v}").startswith("the combination backend inductor with fullgraph on excluded")
+    assert cause.describe(lambda n, v: f"{n} {v}").startswith(
+        "the combination backend inductor with fullgraph on excluded"
+    )
 
 
 def test_two_values_that_always_came_together_are_told_apart_by_a_probe() -> None:
@@ -119,10 +127,13 @@ def test_a_conditional_value_and_its_parent_are_told_apart_by_another_choice() -
     # probe tries another of its choices.
     evidence = [
         _ok(0, execution="eager", autocast="none"),
-        Evidence(1, {"execution": "inductor", "compile_options": "default", "autocast": "none"}, {"compile_cost": True}),
+        Evidence(
+            1, {"execution": "inductor", "compile_options": "default", "autocast": "none"}, {"compile_cost": True}
+        ),
         _ok(2, execution="eager", autocast="bfloat16"),
-        Evidence(3, {"execution": "inductor", "compile_options": "default", "autocast": "bfloat16"},
-                 {"compile_cost": True}),
+        Evidence(
+            3, {"execution": "inductor", "compile_options": "default", "autocast": "bfloat16"}, {"compile_cost": True}
+        ),
     ]
     for e in (evidence[0], evidence[2]):
         e.outcomes["compile_cost"] = False  # type: ignore[index]

@@ -87,10 +87,17 @@ FAKE_BACKEND = textwrap.dedent("""\
 
 
 def test_a_backend_registered_in_a_fresh_interpreter_reaches_devices_profile_agents_and_tuned_config(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-c", FAKE_BACKEND, str(tmp_path), str(FIXTURES)], capture_output=True,
-                          text=True, timeout=300, cwd=root, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", FAKE_BACKEND, str(tmp_path), str(FIXTURES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "devices": {"kind": "fake", "available": True, "detail": "Fake Accelerator 9000 x 4"},
@@ -104,10 +111,18 @@ def test_a_backend_registered_in_a_fresh_interpreter_reaches_devices_profile_age
 
 
 def test_the_registry_and_the_agents_schema_list_backends_without_importing_torch() -> None:
-    script = ("import sys; from tpu_tuner import devices; from tpu_tuner.tuning.agents.schema import "
-              "load_tuning_agent_definition as load; seeds = load('compile').seeds; "
-              "print(devices.names(), sorted(seeds), 'torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent, check=False)
+    script = (
+        "import sys; from tpu_tuner import devices; from tpu_tuner.tuning.agents.schema import "
+        "load_tuning_agent_definition as load; seeds = load('compile').seeds; "
+        "print(devices.names(), sorted(seeds), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[0] == "('tpu', 'cuda', 'cpu') ['cpu', 'cuda', 'tpu'] False"

@@ -7,14 +7,12 @@ import mmap
 
 import pytest
 import torch
+from conftest import use_probe
 
-from tpu_tuner.devices import get_backend
-from tpu_tuner.devices import roofline
+from tpu_tuner.core.errors import BackendError
+from tpu_tuner.devices import get_backend, roofline
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.errors import BackendError
-
-from conftest import use_probe
 
 
 def test_auto_detects_cpu_here() -> None:
@@ -55,8 +53,12 @@ def test_roofline_probe_runs_once_per_machine(tmp_path, monkeypatch) -> None:
     assert cached and len(calls) == 1
     assert 1e-9 < probe.medium_relative_error < 1e-1
     assert 1e-8 < probe.dispatch_seconds_per_op < 1e-3
-    assert set(probe.spread()) == {"float32_flops_per_s", "bfloat16_flops_per_s", "copy_bytes_per_s",
-                                   "dispatch_seconds_per_op"}
+    assert set(probe.spread()) == {
+        "float32_flops_per_s",
+        "bfloat16_flops_per_s",
+        "copy_bytes_per_s",
+        "dispatch_seconds_per_op",
+    }
 
 
 def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None:
@@ -79,21 +81,28 @@ def test_corrupt_roofline_cache_is_measured_again(tmp_path, monkeypatch) -> None
         (Candidate(autocast="bfloat16"), 4e-7, "bfloat16"),
     ],
 )
-def test_cpu_compute_dtype_follows_the_probe(candidate: Candidate, medium_error: float, dtype: str,
-                                             tmp_path, monkeypatch) -> None:
+def test_cpu_compute_dtype_follows_the_probe(
+    candidate: Candidate, medium_error: float, dtype: str, tmp_path, monkeypatch
+) -> None:
     use_probe(monkeypatch, tmp_path, medium_relative_error=medium_error)
     assert candidate.compute_dtype(CpuBackend()) == dtype
 
 
 def _fake_rounds(fp32: list[float], bf16: list[float], dispatch: list[float]) -> list[dict[str, float]]:
-    return [{"float32_flops_per_s": a, "bfloat16_flops_per_s": b, "copy_bytes_per_s": 1e10,
-             "dispatch_seconds_per_op": d} for a, b, d in zip(fp32, bf16, dispatch)]
+    return [
+        {"float32_flops_per_s": a, "bfloat16_flops_per_s": b, "copy_bytes_per_s": 1e10, "dispatch_seconds_per_op": d}
+        for a, b, d in zip(fp32, bf16, dispatch)
+    ]
 
 
 def test_probe_keeps_the_best_round_and_its_spread() -> None:
     # Round 2 ran under load (fp32 234 instead of 319): the best round is the peak.
-    probe = roofline.probe_from_rounds(_fake_rounds([300e9, 234e9, 319e9], [60e9, 50e9, 58e9], [2e-6, 5e-6, 1e-6]),
-                                       repeats=3, medium_error=1e-7, now=1000.0)
+    probe = roofline.probe_from_rounds(
+        _fake_rounds([300e9, 234e9, 319e9], [60e9, 50e9, 58e9], [2e-6, 5e-6, 1e-6]),
+        repeats=3,
+        medium_error=1e-7,
+        now=1000.0,
+    )
     assert probe.float32_flops_per_s == 319e9 and probe.bfloat16_flops_per_s == 60e9
     assert probe.dispatch_seconds_per_op == 1e-6  # a cost: the lowest round is the floor
     spread = probe.spread()["float32_flops_per_s"]
@@ -145,8 +154,9 @@ def test_forced_reprobe_keeps_the_best_of_old_and_new(tmp_path, monkeypatch) -> 
         return _probe(next(figures), 10.0)
 
     roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=fake_measure, now=lambda: 10.0)
-    again, cached = roofline.cached_probe(torch.device("cpu"), lambda: None, force=True,
-                                          measure_fn=fake_measure, now=lambda: 10.0)
+    again, cached = roofline.cached_probe(
+        torch.device("cpu"), lambda: None, force=True, measure_fn=fake_measure, now=lambda: 10.0
+    )
     assert not cached and again.float32_flops_per_s == 319e9
     assert again.rounds["float32_flops_per_s"] == [319e9, 234e9]
 
@@ -159,8 +169,9 @@ def test_a_probe_taken_under_load_is_measured_again_within_the_hour(tmp_path, mo
 
     def fake_measure(device, sync):
         fp32, load = next(probes)
-        return roofline.probe_from_rounds(_fake_rounds([fp32], [fp32 / 4], [1e-6]), 1, 1e-7, now=clock[0],
-                                          load_average=load)
+        return roofline.probe_from_rounds(
+            _fake_rounds([fp32], [fp32 / 4], [1e-6]), 1, 1e-7, now=clock[0], load_average=load
+        )
 
     def probe() -> tuple[roofline.RooflineProbe, bool]:
         return roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=fake_measure, now=lambda: clock[0])
@@ -178,12 +189,21 @@ def test_a_probe_taken_under_load_is_measured_again_within_the_hour(tmp_path, mo
 
 def test_old_format_cache_entries_are_measured_again(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TPU_TUNE_CACHE_DIR", str(tmp_path))
-    old = {"float32_flops_per_s": 1e11, "bfloat16_flops_per_s": 2e11, "copy_bytes_per_s": 1e10, "matmul_size": 8,
-           "copy_bytes": 8, "repeats": 1, "measured_at": "then", "version": 1}
+    old = {
+        "float32_flops_per_s": 1e11,
+        "bfloat16_flops_per_s": 2e11,
+        "copy_bytes_per_s": 1e10,
+        "matmul_size": 8,
+        "copy_bytes": 8,
+        "repeats": 1,
+        "measured_at": "then",
+        "version": 1,
+    }
     (tmp_path / "roofline.json").write_text(json.dumps({roofline.machine_key(torch.device("cpu")): old}))
     fresh = _probe(300e9, 10.0)
-    probe, cached = roofline.cached_probe(torch.device("cpu"), lambda: None, measure_fn=lambda d, s: fresh,
-                                          now=lambda: 10.0)
+    probe, cached = roofline.cached_probe(
+        torch.device("cpu"), lambda: None, measure_fn=lambda d, s: fresh, now=lambda: 10.0
+    )
     assert probe == fresh and not cached
 
 
@@ -200,12 +220,15 @@ def test_cpu_peak_memory_window_resets() -> None:
     assert "VmHWM" in method and after - before >= 60 * 1024**2
 
 
-@pytest.mark.parametrize(("candidate", "dtype"), [
-    (Candidate(), "float32"),
-    (Candidate(matmul_precision="high"), "tf32"),  # TF32 tensor cores
-    (Candidate(matmul_precision="medium", autocast="float16"), "float16"),  # autocast decides
-    (Candidate(autocast="bfloat16"), "bfloat16"),
-])
+@pytest.mark.parametrize(
+    ("candidate", "dtype"),
+    [
+        (Candidate(), "float32"),
+        (Candidate(matmul_precision="high"), "tf32"),  # TF32 tensor cores
+        (Candidate(matmul_precision="medium", autocast="float16"), "float16"),  # autocast decides
+        (Candidate(autocast="bfloat16"), "bfloat16"),
+    ],
+)
 def test_cuda_compute_dtype_combines_the_knobs_with_the_device(candidate: Candidate, dtype: str) -> None:
     # The backend only answers for a precision or an autocast dtype; no GPU is needed to ask.
     from tpu_tuner.devices.cuda import CudaBackend

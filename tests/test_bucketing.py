@@ -7,10 +7,10 @@ import itertools
 import json
 import subprocess
 import sys
+import tomllib
 
 import numpy as np
 import pytest
-import tomllib
 import torch
 from conftest import FIXTURES
 
@@ -23,22 +23,27 @@ from tpu_tuner.bucketing import (
     pad_to_bucket,
     read_lengths,
 )
-from tpu_tuner.model.bucket_cost import fit_cost_model
-from tpu_tuner.model.bucket_choice import Strategy, baselines, oracle_seconds
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.bucket_choice import Strategy, baselines, oracle_seconds
+from tpu_tuner.model.bucket_cost import fit_cost_model
 
 
 def _random_case(rng: np.random.Generator) -> tuple[LengthHistogram, CostModel, int, int, int]:
     hist = LengthHistogram.from_sample(rng.integers(1, 70, rng.integers(2, 40)))
-    model = CostModel(float(rng.uniform(0, 5)), (float(rng.uniform(0, 0.01)), float(rng.uniform(0, 1e-3)),
-                                                 float(rng.uniform(0, 1e-5))))
+    model = CostModel(
+        float(rng.uniform(0, 5)),
+        (float(rng.uniform(0, 0.01)), float(rng.uniform(0, 1e-3)), float(rng.uniform(0, 1e-5))),
+    )
     return hist, model, int(rng.integers(1, 5)), int(rng.choice([1, 4, 8])), int(rng.integers(10, 5000))
 
 
 def _brute_force(hist: LengthHistogram, model: CostModel, max_buckets: int, align: int, steps: int) -> float:
     candidates = sorted(set(((hist.lengths + align - 1) // align * align).tolist()))
-    return min(evaluate(Strategy("b", (*chosen, candidates[-1])), hist, model, steps).total_seconds
-               for size in range(max_buckets) for chosen in itertools.combinations(candidates[:-1], size))
+    return min(
+        evaluate(Strategy("b", (*chosen, candidates[-1])), hist, model, steps).total_seconds
+        for size in range(max_buckets)
+        for chosen in itertools.combinations(candidates[:-1], size)
+    )
 
 
 def test_the_optimiser_equals_brute_force_on_small_cases() -> None:
@@ -117,9 +122,13 @@ def test_length_files(tmp_path) -> None:
     assert read_lengths(tmp_path / "plain.txt").tolist() == [12, 7, 300]
     (tmp_path / "table.csv").write_text("id,length\na,5\nb,17\n")
     assert read_lengths(tmp_path / "table.csv").tolist() == [5, 17]
-    for name, text, problem in [("empty.txt", "\n", "empty"), ("bad.txt", "12\nabc\n", "line 2: 'abc'"),
-                                ("zero.txt", "0\n", "line 1"), ("frac.txt", "2.5\n", "line 1"),
-                                ("nocol.csv", "id,name\n1,x\n", "no length column")]:
+    for name, text, problem in [
+        ("empty.txt", "\n", "empty"),
+        ("bad.txt", "12\nabc\n", "line 2: 'abc'"),
+        ("zero.txt", "0\n", "line 1"),
+        ("frac.txt", "2.5\n", "line 1"),
+        ("nocol.csv", "id,name\n1,x\n", "no length column"),
+    ]:
         (tmp_path / name).write_text(text)
         with pytest.raises(UserInputError, match=problem) as caught:
             read_lengths(tmp_path / name)
@@ -129,8 +138,22 @@ def test_length_files(tmp_path) -> None:
 def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
     bad = tmp_path / "lengths.txt"
     bad.write_text("10\n-3\n")
-    result = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "buckets", str(FIXTURES / "tiny_encoder.py"),
-                             "--lengths", str(bad), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "buckets",
+            str(FIXTURES / "tiny_encoder.py"),
+            "--lengths",
+            str(bad),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "lengths.txt" in lines[0] and "line 2" in lines[0]
@@ -140,9 +163,27 @@ def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
 @pytest.mark.slow
 def test_buckets_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_tuner.cli", "buckets", str(FIXTURES / "tiny_encoder.py"), "--compile-backend",
-         "aot_eager", "--steps", "1000", "--max-buckets", "3", "--replay", "12", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "buckets",
+            str(FIXTURES / "tiny_encoder.py"),
+            "--compile-backend",
+            "aot_eager",
+            "--steps",
+            "1000",
+            "--max-buckets",
+            "3",
+            "--replay",
+            "12",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     data = json.loads((run_dir / "buckets.json").read_text())
@@ -167,9 +208,25 @@ def test_tune_includes_the_best_buckets_when_inputs_vary(tmp_path) -> None:
     """The main study: a workload with a length sample gets each trial's best bucketing in its
     objective, and the chosen setting's buckets in the tuned config and report."""
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_tuner.cli", "tune", str(FIXTURES / "tiny_encoder.py"), "--trials", "2",
-         "--verify-rounds", "3", "--steps", "2000", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "tune",
+            str(FIXTURES / "tiny_encoder.py"),
+            "--trials",
+            "2",
+            "--verify-rounds",
+            "3",
+            "--steps",
+            "2000",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     import pandas as pd

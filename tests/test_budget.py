@@ -30,17 +30,23 @@ def _space(*names: str) -> SearchSpace:
 
 def _rejecting(**rejected: str) -> SimpleNamespace:
     """An agent that rejects every candidate with one of the given knob values."""
-    return SimpleNamespace(validate=lambda candidate: next(
-        (f"{name} rejected" for name, value in rejected.items() if candidate[name] == value), None))
+    return SimpleNamespace(
+        validate=lambda candidate: next(
+            (f"{name} rejected" for name, value in rejected.items() if candidate[name] == value), None
+        )
+    )
 
 
-@pytest.mark.parametrize(("names", "size", "trials"), [
-    (("matmul_precision",), 3, 12),  # a fifth is 1: the floor, which covers the space whole
-    (("matmul_precision", "autocast", "memory_format", "optimizer_impl"), 72, 15),  # 14.4 rounded up
-    (("autocast", "memory_format", "optimizer_impl", "micro_batches"), 96, 20),  # 19.2 rounded up
-    (("matmul_precision", "autocast", "memory_format", "activation_checkpointing", "optimizer_impl"), 216, 44),
-    (("matmul_precision", "autocast", "memory_format", "optimizer_impl", "micro_batches"), 288, 48),  # 58: the cap
-])
+@pytest.mark.parametrize(
+    ("names", "size", "trials"),
+    [
+        (("matmul_precision",), 3, 12),  # a fifth is 1: the floor, which covers the space whole
+        (("matmul_precision", "autocast", "memory_format", "optimizer_impl"), 72, 15),  # 14.4 rounded up
+        (("autocast", "memory_format", "optimizer_impl", "micro_batches"), 96, 20),  # 19.2 rounded up
+        (("matmul_precision", "autocast", "memory_format", "activation_checkpointing", "optimizer_impl"), 216, 44),
+        (("matmul_precision", "autocast", "memory_format", "optimizer_impl", "micro_batches"), 288, 48),  # 58: the cap
+    ],
+)
 def test_the_budget_is_a_fifth_of_the_space_within_12_to_48(names: tuple[str, ...], size: int, trials: int) -> None:
     space = _space(*names)
     assert space.size() == size
@@ -63,8 +69,10 @@ def test_a_grid_measures_every_measurable_setting_and_trials_override() -> None:
     space = _space("matmul_precision", "autocast", "memory_format", "optimizer_impl", "micro_batches")
     no_fp16 = [_rejecting(autocast="float16")]
     assert search_budget(None, "grid", space, no_fp16).trials == 192  # past the cap: a grid is whole
-    assert search_budget(None, "grid", space, [_rejecting(matmul_precision=v) for v in CHOICES["matmul_precision"]]
-                         ).trials == 1  # nothing measurable: still one trial
+    assert (
+        search_budget(None, "grid", space, [_rejecting(matmul_precision=v) for v in CHOICES["matmul_precision"]]).trials
+        == 1
+    )  # nothing measurable: still one trial
     given = search_budget(7, "tpe", space, no_fp16)
     assert (given.trials, given.measurable, given.automatic) == (7, 192, False)
     assert "budget 7 measured settings (--trials), of 192 the agents would measure" == given.describe()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
+from conftest import FIXTURES
 
 from tpu_tuner.cli import main
-
-from conftest import FIXTURES
 
 
 def _fast_agent(tmp_path):
@@ -30,7 +28,9 @@ def _fast_agent(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, file: str, problem: str) -> None:
-    status = main(["-q", "profile", str(FIXTURES / file), "--out", str(tmp_path), "--agent", str(_fast_agent(tmp_path))])
+    status = main(
+        ["-q", "profile", str(FIXTURES / file), "--out", str(tmp_path), "--agent", str(_fast_agent(tmp_path))]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert len(err) == 1 and err[0].startswith("tpu-tune: error: ")
@@ -41,7 +41,10 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, file: str, problem
 def test_console_script_exit_status_and_no_traceback(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "profile", str(FIXTURES / "syntax_error.py")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "syntax error at line 3" in result.stderr
@@ -50,7 +53,10 @@ def test_console_script_exit_status_and_no_traceback(tmp_path) -> None:
 def test_debug_shows_the_traceback(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tpu_tuner.cli", "--debug", "profile", str(FIXTURES / "no_workload.py")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert result.returncode != 0 and "Traceback" in result.stderr
 
@@ -71,16 +77,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize(("flags", "shown"), [
-    ([], {"racing"}),
-    (["-v"], {"probe queued", "racing"}),
-    (["-q"], set()),
-    (["--debug"], {"fontManager", "probe queued", "racing"}),
-])
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        ([], {"racing"}),
+        (["-v"], {"probe queued", "racing"}),
+        (["-q"], set()),
+        (["--debug"], {"fontManager", "probe queued", "racing"}),
+    ],
+)
 def test_the_terminal_gets_library_logs_only_when_asked(flags: list[str], shown: set[str]) -> None:
     """By default only warnings reach stderr; -v adds tpu-tune's INFO lines (never a third
     party's), -q leaves errors alone, --debug shows everything."""
-    done = subprocess.run([sys.executable, "-c", _LOGGING_RUN, *flags, "devices"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOGGING_RUN, *flags, "devices"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert {word for word in ("fontManager", "probe queued", "racing") if word in done.stderr} == shown

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from conftest import FIXTURES, use_probe
 
 from tpu_tuner.cli import main
-from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.knobs.candidate import Candidate
-
-from conftest import FIXTURES, use_probe
+from tpu_tuner.knobs.tuned_config import TunedConfig
 
 
 def test_tune_is_the_default_command(tmp_path, capsys, monkeypatch, tmp_path_factory) -> None:
     # A host where "medium" runs bf16 matmuls: three settings of the space are worth measuring
     # (on an fp32-only host the precision agent rejects "medium" as it rejects "high").
     use_probe(monkeypatch, tmp_path_factory.mktemp("cache"), medium_relative_error=2.5e-3)
-    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--trials", "3", "--verify-rounds", "4",
-                   "--space", "precision", "--out", str(tmp_path)])
+    status = main(
+        [
+            "-q",
+            str(FIXTURES / "tiny_mlp_benchmark.py"),
+            "--trials",
+            "3",
+            "--verify-rounds",
+            "4",
+            "--space",
+            "precision",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert status == 0
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith("tiny_mlp_benchmark-tune-")
@@ -37,7 +48,9 @@ def test_tune_is_the_default_command(tmp_path, capsys, monkeypatch, tmp_path_fac
 
 
 def test_apply_prints_torchtpu_environment(tmp_path, capsys) -> None:
-    path = TunedConfig(Candidate(execution="eager:defer_and_fuse", matmul_precision="medium"), "tpu").save(tmp_path / "c.toml")
+    path = TunedConfig(Candidate(execution="eager:defer_and_fuse", matmul_precision="medium"), "tpu").save(
+        tmp_path / "c.toml"
+    )
     assert main(["apply", str(path)]) == 0
     out = capsys.readouterr().out
     assert "export TORCH_TPU_DEFER_AND_FUSE=1" in out and "before the process imports torch" in out
@@ -80,6 +93,19 @@ def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts
     llama = FIXTURES / "tiny_llama.py"  # batch 4
     assert main(["-q", str(llama), "--nproc", "3", "--out", str(tmp_path)]) == 2
     assert "--nproc 3: the batch of 4 does not split over 3 ranks" in capsys.readouterr().err
-    assert main(["-q", str(llama), "--nproc", "2", "--space", str(FIXTURES / "eager_precision_space.toml"),
-                 "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "-q",
+                str(llama),
+                "--nproc",
+                "2",
+                "--space",
+                str(FIXTURES / "eager_precision_space.toml"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "has no layout parameter" in capsys.readouterr().err

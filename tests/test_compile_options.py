@@ -6,23 +6,22 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-import torch
 import torch._inductor.config as inductor_config
+from conftest import FIXTURES
 from torch import nn
 
-from conftest import FIXTURES
-from tpu_tuner.tuning.agents.compiler_options import seeds, validate
+from tpu_tuner.api import tune
+from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.knobs.registry import get
-from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.tuning.agents.compiler_options import seeds, validate
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.api import tune
 from tpu_tuner.tuning.seeding import build_sampler
+from tpu_tuner.tuning.space import SearchSpace
 
 CONDITIONAL = """
 [[param]]
@@ -110,13 +109,17 @@ def test_conditional_space_suggests_and_enumerates_only_valid_settings(tmp_path)
     # A value for an inactive conditional parameter is dropped, not applied.
     assert space.to_candidate({"execution": "eager", "compile_options": "freezing"}) == Candidate()
     assert space.to_params(Candidate(execution="inductor", compile_options="freezing")) == {
-        "execution": "inductor", "compile_options": "freezing", "autocast": "none"}
+        "execution": "inductor",
+        "compile_options": "freezing",
+        "autocast": "none",
+    }
     assert space.to_params(Candidate(execution="aot_eager")) == {"execution": "aot_eager", "autocast": "none"}
 
     eager = space.suggest(optuna.trial.FixedTrial({"execution": "eager", "autocast": "none"}))
     assert eager == {"execution": "eager", "autocast": "none"}  # compile_options never asked
-    compiled = space.suggest(optuna.trial.FixedTrial({"execution": "inductor", "compile_options": "freezing",
-                                                      "autocast": "none"}))
+    compiled = space.suggest(
+        optuna.trial.FixedTrial({"execution": "inductor", "compile_options": "freezing", "autocast": "none"})
+    )
     assert compiled["compile_options"] == "freezing"
 
     # The grid sampler walks exactly the valid settings, each once.
@@ -154,8 +157,7 @@ def test_cudagraphs_refused_off_cuda_by_the_space(tmp_path) -> None:
 
 
 def _profile(training: bool, compute: bool) -> SimpleNamespace:
-    verdict = SimpleNamespace(bound="compute-bound" if compute else "memory-bound",
-                              compute_kernels_dominate=compute)
+    verdict = SimpleNamespace(bound="compute-bound" if compute else "memory-bound", compute_kernels_dominate=compute)
     return SimpleNamespace(verdict=verdict, workload=_profiled_workload("training step" if training else "inference"))
 
 
@@ -163,7 +165,8 @@ def test_agent_seeds_freezing_for_compute_heavy_inference_and_rejects_what_canno
     choices = {"execution": ("eager", "inductor"), "compile_options": ("default", "freezing", "freezing+max-autotune")}
     assert seeds(_profile(training=False, compute=True), choices) == [
         {"execution": "inductor", "compile_options": "freezing"},
-        {"execution": "inductor", "compile_options": "freezing+max-autotune"}]
+        {"execution": "inductor", "compile_options": "freezing+max-autotune"},
+    ]
     assert seeds(_profile(training=False, compute=False), choices) == []
     assert seeds(_profile(training=True, compute=True), choices) == []
     frozen = Candidate(execution="inductor", compile_options="freezing")
@@ -174,15 +177,32 @@ def test_agent_seeds_freezing_for_compute_heavy_inference_and_rejects_what_canno
 
 @pytest.mark.slow  # the baseline compiles a tiny model with inductor (C++)
 def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
-    settings = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=5, timing_min_seconds=0.0,
-                                timing_max_steps=10, profiled_steps=1, top_operators=3)
-    options = TuneOptions(space=FIXTURES / "inductor_options_space.toml", agents=(), trials=2, sampler="grid",
-                          verify_rounds=2, out=tmp_path, trial_timeout_s=240.0, trial_settings=settings)
+    settings = ProfilerSettings(
+        warmup_min_steps=1,
+        warmup_max_steps=3,
+        timing_min_steps=5,
+        timing_min_seconds=0.0,
+        timing_max_steps=10,
+        profiled_steps=1,
+        top_operators=3,
+    )
+    options = TuneOptions(
+        space=FIXTURES / "inductor_options_space.toml",
+        agents=(),
+        trials=2,
+        sampler="grid",
+        verify_rounds=2,
+        out=tmp_path,
+        trial_timeout_s=240.0,
+        trial_settings=settings,
+    )
     result = tune(FIXTURES / "graph_break.py", options)
     rows = {row["compile_options"]: row for _, row in result.trials_dataframe().iterrows()}
     assert rows["default"]["state"] == "COMPLETE"  # dynamo splits the graph and runs
     assert rows["fullgraph"]["state"] == "PRUNED" and rows["fullgraph"]["failure_kind"] == "error"
-    assert "graph_break" in rows["fullgraph"]["failure_message"] or "Unsupported" in rows["fullgraph"]["failure_message"]
+    assert (
+        "graph_break" in rows["fullgraph"]["failure_message"] or "Unsupported" in rows["fullgraph"]["failure_message"]
+    )
 
 
 def _profiled_workload(step: str) -> ProfiledWorkload:

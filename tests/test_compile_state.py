@@ -15,9 +15,13 @@ from tpu_tuner.runner.requests import MeasureRequest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _measure(candidate: Candidate, fast_settings) -> MeasureRequest:  # noqa: ANN001
-    return MeasureRequest(candidate=candidate.to_dict(), settings=fast_settings, model_flops_per_step=1e6,
-                          peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12})
+def _measure(candidate: Candidate, fast_settings) -> MeasureRequest:
+    return MeasureRequest(
+        candidate=candidate.to_dict(),
+        settings=fast_settings,
+        model_flops_per_step=1e6,
+        peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12},
+    )
 
 
 def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_settings) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import FIXTURES, serving
 
 import tpu_tuner
 from tpu_tuner.cli import main
@@ -24,8 +25,6 @@ from tpu_tuner.dashboard.analysis import knob_importance, pareto_front
 from tpu_tuner.dashboard.collect import COLUMNS
 from tpu_tuner.dashboard.plots import step_split
 from tpu_tuner.profiling import ProfilerSettings
-
-from conftest import FIXTURES, serving
 
 TUNED_CONFIG = """\
 format_version = 1
@@ -79,8 +78,16 @@ number,state,execution,matmul_precision,autocast,amortised_step_s,step_median_s,
 @pytest.fixture(scope="module")
 def profile_json() -> str:
     """A real profile.json of a tiny model (the shape the collector reads)."""
-    settings = ProfilerSettings(warmup_min_steps=2, warmup_max_steps=10, timing_min_steps=10, timing_min_seconds=0.0,
-                                timing_max_steps=50, profiled_steps=1, top_operators=5, explained_share_min=0.5)
+    settings = ProfilerSettings(
+        warmup_min_steps=2,
+        warmup_max_steps=10,
+        timing_min_steps=10,
+        timing_min_seconds=0.0,
+        timing_max_steps=50,
+        profiled_steps=1,
+        top_operators=5,
+        explained_share_min=0.5,
+    )
     return tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=settings).to_json()
 
 
@@ -107,33 +114,93 @@ def plan_dict(topology: str, chips: int, mfus: list[float | None], fits: list[bo
     """plan.json as PlanResult.to_dict() writes it (planner/plan.py)."""
     plans = []
     for index, (mfu, fit) in enumerate(zip(mfus, fits)):
-        prediction = None if mfu is None else {
-            "compute_seconds": 0.8, "memory_seconds": 0.5, "comm_seconds": 0.4, "exposed_comm_seconds": 0.1,
-            "step_seconds": 1.0 + 0.1 * index, "alignment": 1.0, "mfu": mfu, "tokens_per_second": 1e5}
-        plans.append({"layout": {"data": 1, "fsdp": chips // (index + 1), "tensor": index + 1},
-                      "compiled": {"flops": 1e15, "bytes_accessed": 1e12, "argument_bytes": 1e9, "output_bytes": 1e9,
-                                   "temp_bytes": 1e9, "alias_bytes": 0.0, "collectives": [], "compile_seconds": 3.0,
-                                   "error": None if mfu is not None else "RESOURCE_EXHAUSTED", "host_temp_bytes": 0.0},
-                      "fits": fit, "margin_bytes": 1e9 if fit else -1e9, "why": "" if fit else "over HBM by 1 GiB",
-                      "prediction": prediction})
+        prediction = (
+            None
+            if mfu is None
+            else {
+                "compute_seconds": 0.8,
+                "memory_seconds": 0.5,
+                "comm_seconds": 0.4,
+                "exposed_comm_seconds": 0.1,
+                "step_seconds": 1.0 + 0.1 * index,
+                "alignment": 1.0,
+                "mfu": mfu,
+                "tokens_per_second": 1e5,
+            }
+        )
+        plans.append(
+            {
+                "layout": {"data": 1, "fsdp": chips // (index + 1), "tensor": index + 1},
+                "compiled": {
+                    "flops": 1e15,
+                    "bytes_accessed": 1e12,
+                    "argument_bytes": 1e9,
+                    "output_bytes": 1e9,
+                    "temp_bytes": 1e9,
+                    "alias_bytes": 0.0,
+                    "collectives": [],
+                    "compile_seconds": 3.0,
+                    "error": None if mfu is not None else "RESOURCE_EXHAUSTED",
+                    "host_temp_bytes": 0.0,
+                },
+                "fits": fit,
+                "margin_bytes": 1e9 if fit else -1e9,
+                "why": "" if fit else "over HBM by 1 GiB",
+                "prediction": prediction,
+            }
+        )
     best = max((p for p in plans if p["fits"] and p["prediction"]), key=lambda p: p["prediction"]["mfu"], default=None)
-    return {"workload": "gpt", "preset": "70b", "topology": {"name": topology, "jax_name": "TPU v5p", "chips": chips,
-            "devices": chips, "generation": "v5p"}, "global_batch": 256, "seq_len": 4096, "remat": "full",
-            "attention_convention": "full", "model_flops_per_step": 1e18, "matmul_parameters": 7e10, "plans": plans,
-            "rejected": [], "placements": {}, "method": "compiled", "seconds": 12.0,
-            "best": None if best is None else "data {data} x fsdp {fsdp} x tensor {tensor}".format(**best["layout"])}
+    return {
+        "workload": "gpt",
+        "preset": "70b",
+        "topology": {"name": topology, "jax_name": "TPU v5p", "chips": chips, "devices": chips, "generation": "v5p"},
+        "global_batch": 256,
+        "seq_len": 4096,
+        "remat": "full",
+        "attention_convention": "full",
+        "model_flops_per_step": 1e18,
+        "matmul_parameters": 7e10,
+        "plans": plans,
+        "rejected": [],
+        "placements": {},
+        "method": "compiled",
+        "seconds": 12.0,
+        "best": None if best is None else "data {data} x fsdp {fsdp} x tensor {tensor}".format(**best["layout"]),
+    }
 
 
 def buckets_dict() -> dict:
     """buckets.json as BucketResult.to_dict() writes it (bucketing/study.py)."""
-    evaluation = {"strategy": {"name": "optimal", "bounds": [64, 128, 256], "note": ""}, "compiled_shapes": 3,
-                  "padding_waste": 0.12, "compile_seconds": 30.0, "step_seconds": 0.1, "total_seconds": 2030.0,
-                  "within_limits": True}
-    return {"workload": "tiny_encoder", "device": "cpu", "compile_backend": "inductor", "samples": 1000,
-            "distinct_lengths": 4, "length_summary": {"p50": 100}, "steps": 20000, "max_buckets": 8, "align": 8,
-            "cost_model": {}, "chosen": evaluation, "table": [evaluation], "oracle_seconds": 2000.0,
-            "optimiser_seconds": 0.01, "histogram": {"lengths": [40, 100, 200, 250], "counts": [300, 400, 200, 100]},
-            "replays": [], "replay_note": "", "seconds": 5.0, "chosen_buckets": [64, 128, 256]}
+    evaluation = {
+        "strategy": {"name": "optimal", "bounds": [64, 128, 256], "note": ""},
+        "compiled_shapes": 3,
+        "padding_waste": 0.12,
+        "compile_seconds": 30.0,
+        "step_seconds": 0.1,
+        "total_seconds": 2030.0,
+        "within_limits": True,
+    }
+    return {
+        "workload": "tiny_encoder",
+        "device": "cpu",
+        "compile_backend": "inductor",
+        "samples": 1000,
+        "distinct_lengths": 4,
+        "length_summary": {"p50": 100},
+        "steps": 20000,
+        "max_buckets": 8,
+        "align": 8,
+        "cost_model": {},
+        "chosen": evaluation,
+        "table": [evaluation],
+        "oracle_seconds": 2000.0,
+        "optimiser_seconds": 0.01,
+        "histogram": {"lengths": [40, 100, 200, 250], "counts": [300, 400, 200, 100]},
+        "replays": [],
+        "replay_note": "",
+        "seconds": 5.0,
+        "chosen_buckets": [64, 128, 256],
+    }
 
 
 def write_json(root: Path, name: str, file: str, data: object) -> Path:
@@ -188,8 +255,13 @@ def test_corrupt_folders_are_listed_as_unreadable_and_the_rest_renders(tmp_path,
     collection = collect(tmp_path)
     runs = collection.runs.set_index("run")
     reasons = runs.loc[runs["status"] == "unreadable", "reason"].to_dict()
-    assert set(reasons) == {"broken-20261121-000000", "gpt-tune-20261122-000000", "gpt-tune-20261123-000000",
-                            "gpt-plan-v5p-8-20261124-000000", "notes"}
+    assert set(reasons) == {
+        "broken-20261121-000000",
+        "gpt-tune-20261122-000000",
+        "gpt-tune-20261123-000000",
+        "gpt-plan-v5p-8-20261124-000000",
+        "notes",
+    }
     assert reasons["broken-20261121-000000"].startswith("profile.json: invalid JSON")
     assert reasons["gpt-tune-20261122-000000"].startswith("tuned_config.toml: invalid TOML")
     assert reasons["gpt-tune-20261123-000000"] == "trials.csv: no 'number' and 'state' columns"
@@ -221,10 +293,15 @@ def test_partial_tuning_run_is_running_then_incomplete(tmp_path) -> None:
 
 
 def test_plans_and_buckets_sections(tmp_path) -> None:
-    write_json(tmp_path, "gpt_70b-plan-v5p-8-20261125-000000", "plan.json",
-               plan_dict("v5p-8", 4, [0.41, 0.52, None], [True, False, False]))
-    write_json(tmp_path, "gpt_70b-plan-v5p-16-20261125-010000", "plan.json",
-               plan_dict("v5p-16", 8, [0.38, 0.35], [True, True]))
+    write_json(
+        tmp_path,
+        "gpt_70b-plan-v5p-8-20261125-000000",
+        "plan.json",
+        plan_dict("v5p-8", 4, [0.41, 0.52, None], [True, False, False]),
+    )
+    write_json(
+        tmp_path, "gpt_70b-plan-v5p-16-20261125-010000", "plan.json", plan_dict("v5p-16", 8, [0.38, 0.35], [True, True])
+    )
     write_json(tmp_path, "tiny_encoder-buckets-20261126-000000", "buckets.json", buckets_dict())
     collection = collect(tmp_path)
     runs = collection.runs.set_index("run")
@@ -240,8 +317,9 @@ def test_plans_and_buckets_sections(tmp_path) -> None:
 
 
 def test_step_split_adds_up_to_the_step() -> None:
-    compute, memory, exposed = step_split({"step_seconds": 1.2, "compute_seconds": 0.8, "memory_seconds": 0.9,
-                                           "exposed_comm_seconds": 0.1})
+    compute, memory, exposed = step_split(
+        {"step_seconds": 1.2, "compute_seconds": 0.8, "memory_seconds": 0.9, "exposed_comm_seconds": 0.1}
+    )
     assert (compute, exposed) == (0.8, 0.1) and compute + memory + exposed == pytest.approx(1.2)
 
 
@@ -326,9 +404,17 @@ def test_server_binds_loopback_by_default(served) -> None:
     assert served.server_address[0] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("path", ["/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/..%2f..%2fetc%2fpasswd",
-                                  "/gpt-tune-20261129-092208/../../secret.txt", "/gpt-tune-20261129-092208/escape",
-                                  "/%2E%2E/secret.txt"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/..%2f..%2fetc%2fpasswd",
+        "/gpt-tune-20261129-092208/../../secret.txt",
+        "/gpt-tune-20261129-092208/escape",
+        "/%2E%2E/secret.txt",
+    ],
+)
 def test_server_refuses_paths_out_of_the_results_folder(served, path) -> None:
     status, body = raw_get(served, path)
     assert status == 403 and b"root:" not in body and b"outside the results folder" not in body
@@ -358,8 +444,12 @@ def test_other_host_warns(tmp_path, caplog) -> None:
 
 
 def test_serve_stops_cleanly_on_ctrl_c(tmp_path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "tpu_tuner.cli", "-q", "dashboard", str(tmp_path), "--serve",
-                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpu_tuner.cli", "-q", "dashboard", str(tmp_path), "--serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -389,8 +479,11 @@ def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b
     folder = root / name
     folder.mkdir(parents=True)
     prices = price_table()
-    plans = {"v5p-8": plan_dict("v5p-8", 4, [0.41], [True]), "v5p-16": plan_dict("v5p-16", 8, [0.5], [False]),
-             "tpu7x-8": plan_dict("tpu7x-8", 8, [0.3], [True])}
+    plans = {
+        "v5p-8": plan_dict("v5p-8", 4, [0.41], [True]),
+        "v5p-16": plan_dict("v5p-16", 8, [0.5], [False]),
+        "tpu7x-8": plan_dict("tpu7x-8", 8, [0.3], [True]),
+    }
     plans["tpu7x-8"]["topology"]["generation"] = "tpu7x"
     slices = []
     for topology in topologies:
@@ -400,8 +493,14 @@ def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b
         child = write_json(folder, f"gpt_70b-plan-{topology}-20261202-000000", "plan.json", plan)
         (child / "plan.md").write_text("# Plan\n")
         slices.append(slice_of(plan, prices.get(plan["topology"]["generation"]), child.name))
-    ranking = Ranking("examples/llama.py", "gpt", "70b", ranked(slices), {g: vars(p) for g, p in prices.items()},
-                      ["v5p-8", "v5p-16", "tpu7x-8"])
+    ranking = Ranking(
+        "examples/llama.py",
+        "gpt",
+        "70b",
+        ranked(slices),
+        {g: vars(p) for g, p in prices.items()},
+        ["v5p-8", "v5p-16", "tpu7x-8"],
+    )
     write_ranking(folder, ranking)
     return folder
 
@@ -451,8 +550,11 @@ def _banded_plan(topology: str, chips: float, exposed: float) -> dict:
     data = plan_dict(topology, int(chips), [0.60, 0.52, None], [True, True, False])
     data["topology"]["chips"] = chips
     for plan in data["plans"]:
-        plan["band"] = {"points": 12.7, "source": "quantile of the rows' leave-one-out errors",
-                        "reasons": ["extrapolated: no calibration row with full remat on v5p"]}
+        plan["band"] = {
+            "points": 12.7,
+            "source": "quantile of the rows' leave-one-out errors",
+            "reasons": ["extrapolated: no calibration row with full remat on v5p"],
+        }
         if plan["prediction"]:
             plan["prediction"]["exposed_comm_seconds"] = exposed
     return data
@@ -489,11 +591,23 @@ def test_an_inline_shape_plan_is_titled_by_its_shape(tmp_path) -> None:
 
 
 def _runs_for_plots(names: list[str], peaks: list[float]) -> pd.DataFrame:
-    return pd.DataFrame({"run": [f"{n}-tune-2026111{i}-092208" for i, n in enumerate(names)], "kind": "tune",
-                         "status": "ok", "model": names, "device": "cpu", "device_name": "AMD EPYC 7B13",
-                         "mfu": 0.39, "peak_dtype": "bfloat16", "date": pd.Timestamp("2026-11-29", tz="UTC"),
-                         "arithmetic_intensity": 0.5, "achieved_flops_per_s": 3e8, "peak_flops_per_s": peaks,
-                         "peak_bytes_per_s": 34.2e9})
+    return pd.DataFrame(
+        {
+            "run": [f"{n}-tune-2026111{i}-092208" for i, n in enumerate(names)],
+            "kind": "tune",
+            "status": "ok",
+            "model": names,
+            "device": "cpu",
+            "device_name": "AMD EPYC 7B13",
+            "mfu": 0.39,
+            "peak_dtype": "bfloat16",
+            "date": pd.Timestamp("2026-11-29", tz="UTC"),
+            "arithmetic_intensity": 0.5,
+            "achieved_flops_per_s": 3e8,
+            "peak_flops_per_s": peaks,
+            "peak_bytes_per_s": 34.2e9,
+        }
+    )
 
 
 def test_best_mfu_model_names_never_overlap() -> None:
@@ -501,13 +615,22 @@ def test_best_mfu_model_names_never_overlap() -> None:
 
     from tpu_tuner.dashboard.plots import mfu_per_model_figure
 
-    names = ["gpt", "encoder", "resnet18", "hf_Qwen2.5-0.5B", "hf_Llama-3.2-1B-Instruct", "tiny_mlp_benchmark",
-             "decoder_moe_long_name", "latent_attention", "conv_net"]
+    names = [
+        "gpt",
+        "encoder",
+        "resnet18",
+        "hf_Qwen2.5-0.5B",
+        "hf_Llama-3.2-1B-Instruct",
+        "tiny_mlp_benchmark",
+        "decoder_moe_long_name",
+        "latent_attention",
+        "conv_net",
+    ]
     fig = mfu_per_model_figure(_runs_for_plots(names, [778e9] * len(names)))
     renderer = FigureCanvasAgg(fig).get_renderer()
     boxes = [label.get_window_extent(renderer) for ax in fig.axes for label in ax.get_yticklabels()]
     assert len(boxes) == len(names)
-    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]
     assert min(box.x0 for box in boxes) >= 0  # no name cut at the figure's edge
 
 

@@ -12,24 +12,43 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, serving
 
 from tpu_tuner.cli import main
-
-from conftest import FIXTURES, serving
 
 CHROMIUM = "/usr/bin/chromium"
 # No sandbox (containers run as root), no GPU, and none of Chromium's own background connections,
 # which this machine's network refuses.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="session")
 def real_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results folder holding one real tuning run of the tiny MLP (3 settings, 4 verify rounds)."""
     root = tmp_path_factory.mktemp("results")
-    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--trials", "3", "--verify-rounds", "4",
-                   "--space", "precision", "--out", str(root)])
+    status = main(
+        [
+            "-q",
+            str(FIXTURES / "tiny_mlp_benchmark.py"),
+            "--trials",
+            "3",
+            "--verify-rounds",
+            "4",
+            "--space",
+            "precision",
+            "--out",
+            str(root),
+        ]
+    )
     assert status == 0
     return root
 
@@ -91,7 +110,6 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
     from playwright.sync_api import sync_playwright
-
     from test_dashboard import write_ranking_folder
 
     folder = write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])
@@ -111,7 +129,7 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
             header = table.locator("th", has_text="tokens/s per chip")
             header.click()
             assert header.get_attribute("aria-sort") == "ascending" and topologies() == ["tpu7x-8", "v5p-8", "v5p-16"]
-            chart = page.locator('section.ranking img')
+            chart = page.locator("section.ranking img")
             assert chart.evaluate("i => i.complete ? i.naturalWidth : 0") > 0
             page.screenshot(path=str(tmp_path / "ranking.png"), full_page=True)
             with page.expect_navigation():

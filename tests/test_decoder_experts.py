@@ -54,7 +54,7 @@ def test_dropless_routing_drops_no_token_and_matches_the_dropping_router_with_ro
     for moe in (dropping, dropless):
         moe.zero_grad()
         out = moe(x)
-        (out ** 2).sum().backward()
+        (out**2).sum().backward()
         outputs.append(out.detach())
         grads.append([p.grad.clone() for p in (moe.w_gate, moe.w_up, moe.w_down, moe.router.weight)])
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-4)
@@ -97,8 +97,10 @@ def test_each_router_weighs_the_chosen_experts_as_its_model_does(router: str) ->
     pick experts after a selection bias the weights leave out, renormalised, times the routed
     scaling factor; topk_sigmoid (Llama 4): the sigmoid of the top-k logits."""
     name, norm = (router[:-5], True) if router.endswith("_norm") else (router, router == "sigmoid")
-    _, moe = _moe(f",router={name},norm_topk_prob={str(norm).lower()}"
-                  + (",routed_scaling_factor=2.5" if name == "sigmoid" else ""))
+    _, moe = _moe(
+        f",router={name},norm_topk_prob={str(norm).lower()}"
+        + (",routed_scaling_factor=2.5" if name == "sigmoid" else "")
+    )
     torch.manual_seed(1)
     x = torch.randn(1, 8, 32)
     logits = moe.router(x)
@@ -145,8 +147,10 @@ def test_shared_experts_are_always_on_ungated_and_counted_whole() -> None:
 def test_counted_flops_of_a_dropless_moe_equal_the_model_flops_formula() -> None:
     """The grouped matmuls (forward, input and weight gradients) counted as their rows' work: the
     counted FLOPs of a training step equal 6N + 12LHQT with N counting top_k of the experts."""
-    workload = load_workload("decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,experts=4,top_k=2,expert_mlp=32,"
-                             "shared_experts=1,moe_routing=dropless,router=sigmoid,norm_topk_prob=true")
+    workload = load_workload(
+        "decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,experts=4,top_k=2,expert_mlp=32,"
+        "shared_experts=1,moe_routing=dropless,router=sigmoid,norm_topk_prob=true"
+    )
     model = workload.build_model()
     tokens, targets = workload.make_batch(2, 16)
     counted = count_step(lambda: workload.loss_fn(model(tokens), targets).backward())
@@ -156,13 +160,16 @@ def test_counted_flops_of_a_dropless_moe_equal_the_model_flops_formula() -> None
     assert counted.by_op["tpu_tune.grouped_matmul"] == 2 * 6 * 2 * (2 * 16 * 2) * 64 * 32
 
 
-@pytest.mark.parametrize("extra, words", [
-    (",moe_routing=sparse", "moe_routing must be one of dropping, dropless, not 'sparse'"),
-    (",router=softmax", "router must be one of topk_softmax, softmax_topk, sigmoid, topk_sigmoid"),
-    (",shared_experts=1,shared_expert_mlp=8", "give shared_experts (ungated"),
-    (",shared_experts=-1", "shared_experts must be 0 or more"),
-    (",routed_scaling_factor=0", "routed_scaling_factor above 0"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (",moe_routing=sparse", "moe_routing must be one of dropping, dropless, not 'sparse'"),
+        (",router=softmax", "router must be one of topk_softmax, softmax_topk, sigmoid, topk_sigmoid"),
+        (",shared_experts=1,shared_expert_mlp=8", "give shared_experts (ungated"),
+        (",shared_experts=-1", "shared_experts must be 0 or more"),
+        (",routed_scaling_factor=0", "routed_scaling_factor above 0"),
+    ],
+)
 def test_bad_expert_keys_are_refused_in_one_line(extra: str, words: str) -> None:
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
         load_workload(SPEC + extra)
@@ -170,14 +177,20 @@ def test_bad_expert_keys_are_refused_in_one_line(extra: str, words: str) -> None
 
 
 def test_a_bad_expert_key_exits_the_command_with_status_2() -> None:
-    result = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "profile", SPEC + ",router=softmax"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "profile", SPEC + ",router=softmax"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "router must be one of" in result.stderr
 
 
 @pytest.mark.slow  # three compiles for a TPU topology (~20-50 s each here)
-@pytest.mark.skipif(importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
-                    reason="the planner extra is not installed: pip install -e '.[plan]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
+    reason="the planner extra is not installed: pip install -e '.[plan]'",
+)
 def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work() -> None:
     """On v5e:2x2 (fsdp 4, no remat): the dropless step holds megablox's grouped matmul kernels
     (gmm, and tgmm for the weights' gradient), the dropping one none; one more expert a token
@@ -208,8 +221,13 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
                          len(re.findall(r"jit\\(tgmm\\)", texts[-1]))]
         print(json.dumps(out))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     (k1, f1, *_), (k2, f2, gmm, tgmm), (dropping, _, dropping_gmm, _) = data["k1"], data["k2"], data["dropping"]

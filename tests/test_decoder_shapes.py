@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tpu_tuner.core.errors import WorkloadError
-from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters
+from tpu_tuner.model.loader import load_workload
 
 GPT3_STYLE = """
 [model]
@@ -63,15 +63,30 @@ def test_an_inline_shape_with_grouped_query_attention_and_a_gated_mlp() -> None:
     assert matmul_parameters(model) == 64 * 64 * 2 + 64 * 16 * 2 + 3 * 64 * 128 + 64 * 256
 
 
-@pytest.mark.parametrize("text, words", [
-    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 6\nmlp = 8\n", "d_model (64) is not a multiple of heads (6)"),
-    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nkv_heads = 3\nmlp = 8\n", "must be a multiple of kv_heads"),
-    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nwidth = 3\n", "unknown shape key(s) width"),
-    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nactivation = 'tanh'\n", "activation must be one of"),
-    ("[model]\nvocab = 8\nd_model = 64\n", "incomplete shape"),
-    ("[run]\nbatch_size = 2\n", "no [model] table"),
-    ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nexperts = 2\ntop_k = 3\n", "top_k (3) must be between 1 and experts (2)"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            "[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 6\nmlp = 8\n",
+            "d_model (64) is not a multiple of heads (6)",
+        ),
+        (
+            "[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nkv_heads = 3\nmlp = 8\n",
+            "must be a multiple of kv_heads",
+        ),
+        ("[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nwidth = 3\n", "unknown shape key(s) width"),
+        (
+            "[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nactivation = 'tanh'\n",
+            "activation must be one of",
+        ),
+        ("[model]\nvocab = 8\nd_model = 64\n", "incomplete shape"),
+        ("[run]\nbatch_size = 2\n", "no [model] table"),
+        (
+            "[model]\nvocab = 8\nd_model = 64\nlayers = 1\nheads = 8\nmlp = 8\nexperts = 2\ntop_k = 3\n",
+            "top_k (3) must be between 1 and experts (2)",
+        ),
+    ],
+)
 def test_a_bad_shape_is_refused_in_one_line_naming_the_file(tmp_path, text, words) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:

@@ -10,11 +10,11 @@ import pytest
 
 from tests.conftest import EXAMPLES
 from tpu_tuner.core import definitions
-from tpu_tuner.tuning.agents.schema import AGENT_DEFINITIONS, load_tuning_agent_definition
 from tpu_tuner.core.definitions import builtin_names, load_agent_definition, load_definition
 from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.profiling.settings import ProfilerDefinition
+from tpu_tuner.tuning.agents.schema import AGENT_DEFINITIONS, load_tuning_agent_definition
 
 
 def test_builtin_profiler_agent_loads_by_name() -> None:
@@ -74,7 +74,7 @@ def _edit(folder: Path, agent: str, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def _load(agent: str):  # noqa: ANN202 - whichever schema the agent has
+def _load(agent: str):
     if agent == "profiler":
         return ProfilerSettings.load()
     return load_tuning_agent_definition(agent)
@@ -107,31 +107,61 @@ def test_agent_classes_match_the_schemas() -> None:
     assert all(classes[name].definition_schema is AGENT_DEFINITIONS[name] for name in classes)
 
 
-@pytest.mark.parametrize("agent, old, new, message", [
-    ("precision", "skip_high_on_cpu = true", "skip_hihg_on_cpu = true",
-     "agents/precision.toml: unknown key [validate].skip_hihg_on_cpu (known: skip_high_on_cpu, skip_float16_on_cpu)"),
-    ("precision", "[hardware]", "[hardwear]",
-     "agents/precision.toml: unknown table [hardwear] (known: agent, diagnose, seeds, validate, hardware)"),
-    ("compile", "overhead_bound_hint = true", "overhead_bound_hnt = true",
-     "agents/compile.toml: unknown key [diagnose].overhead_bound_hnt (known: overhead_bound_hint)"),
-    ("compile", 'cpu = ["inductor"]', 'cpu = ["inductor"]\ngpu = ["inductor"]',
-     "agents/compile.toml: unknown key [seeds].gpu (known: cpu, cuda, tpu)"),
-    ("profiler", "cv_max = 0.25", "cv_maximum = 0.25",
-     "agents/profiler.toml: unknown key [verdict].cv_maximum (known: explained_share_min, cv_max)"),
-])
+@pytest.mark.parametrize(
+    "agent, old, new, message",
+    [
+        (
+            "precision",
+            "skip_high_on_cpu = true",
+            "skip_hihg_on_cpu = true",
+            "agents/precision.toml: unknown key [validate].skip_hihg_on_cpu (known: skip_high_on_cpu, skip_float16_on_cpu)",
+        ),
+        (
+            "precision",
+            "[hardware]",
+            "[hardwear]",
+            "agents/precision.toml: unknown table [hardwear] (known: agent, diagnose, seeds, validate, hardware)",
+        ),
+        (
+            "compile",
+            "overhead_bound_hint = true",
+            "overhead_bound_hnt = true",
+            "agents/compile.toml: unknown key [diagnose].overhead_bound_hnt (known: overhead_bound_hint)",
+        ),
+        (
+            "compile",
+            'cpu = ["inductor"]',
+            'cpu = ["inductor"]\ngpu = ["inductor"]',
+            "agents/compile.toml: unknown key [seeds].gpu (known: cpu, cuda, tpu)",
+        ),
+        (
+            "profiler",
+            "cv_max = 0.25",
+            "cv_maximum = 0.25",
+            "agents/profiler.toml: unknown key [verdict].cv_maximum (known: explained_share_min, cv_max)",
+        ),
+    ],
+)
 def test_a_typo_in_each_agent_definition_is_refused_naming_file_and_key(
-        agents_folder: Path, agent: str, old: str, new: str, message: str) -> None:
+    agents_folder: Path, agent: str, old: str, new: str, message: str
+) -> None:
     _edit(agents_folder, agent, old, new)
     assert _refusal(agent) == message
 
 
-@pytest.mark.parametrize("agent, old, message", [
-    ("precision", 'name = "precision"', "agents/precision.toml: missing key [agent].name"),
-    ("compile", "require_cxx_for_inductor_on_cpu = true", "agents/compile.toml: missing key "
-                                                          "[validate].require_cxx_for_inductor_on_cpu"),
-    ("precision", "[seeds]", "agents/precision.toml: missing table [seeds]"),
-    ("profiler", "max_profile_seconds = 300.0", "agents/profiler.toml: missing key [budget].max_profile_seconds"),
-])
+@pytest.mark.parametrize(
+    "agent, old, message",
+    [
+        ("precision", 'name = "precision"', "agents/precision.toml: missing key [agent].name"),
+        (
+            "compile",
+            "require_cxx_for_inductor_on_cpu = true",
+            "agents/compile.toml: missing key [validate].require_cxx_for_inductor_on_cpu",
+        ),
+        ("precision", "[seeds]", "agents/precision.toml: missing table [seeds]"),
+        ("profiler", "max_profile_seconds = 300.0", "agents/profiler.toml: missing key [budget].max_profile_seconds"),
+    ],
+)
 def test_a_missing_key_is_refused(agents_folder: Path, agent: str, old: str, message: str) -> None:
     # A removed table header leaves its keys to the table above: remove the keys with it.
     if old == "[seeds]":
@@ -144,24 +174,44 @@ def test_a_missing_key_is_refused(agents_folder: Path, agent: str, old: str, mes
     assert _refusal(agent) == message
 
 
-@pytest.mark.parametrize("agent, old, new, message", [
-    ("precision", "seed_bf16_min_ratio = 1.0", 'seed_bf16_min_ratio = "one"',
-     "agents/precision.toml: [hardware].seed_bf16_min_ratio must be a number, not 'one'"),
-    ("precision", "skip_float16_on_cpu = true", "skip_float16_on_cpu = 1",
-     "agents/precision.toml: [validate].skip_float16_on_cpu must be true or false, not 1"),
-    ("compile", 'cpu = ["inductor"]', "cpu = [3]",
-     "agents/compile.toml: [seeds].cpu[0] must be a string or a table, not 3"),
-    ("precision", 'cpu = [{ autocast = "bfloat16" }', 'cpu = [{ autocast = 16 }',
-     "agents/precision.toml: [seeds].cpu[0].autocast must be a string, not 16"),
-    ("profiler", "top = 10", "top = true", "agents/profiler.toml: [operators].top must be an integer, not True"),
-])
+@pytest.mark.parametrize(
+    "agent, old, new, message",
+    [
+        (
+            "precision",
+            "seed_bf16_min_ratio = 1.0",
+            'seed_bf16_min_ratio = "one"',
+            "agents/precision.toml: [hardware].seed_bf16_min_ratio must be a number, not 'one'",
+        ),
+        (
+            "precision",
+            "skip_float16_on_cpu = true",
+            "skip_float16_on_cpu = 1",
+            "agents/precision.toml: [validate].skip_float16_on_cpu must be true or false, not 1",
+        ),
+        (
+            "compile",
+            'cpu = ["inductor"]',
+            "cpu = [3]",
+            "agents/compile.toml: [seeds].cpu[0] must be a string or a table, not 3",
+        ),
+        (
+            "precision",
+            'cpu = [{ autocast = "bfloat16" }',
+            "cpu = [{ autocast = 16 }",
+            "agents/precision.toml: [seeds].cpu[0].autocast must be a string, not 16",
+        ),
+        ("profiler", "top = 10", "top = true", "agents/profiler.toml: [operators].top must be an integer, not True"),
+    ],
+)
 def test_a_wrong_type_is_refused(agents_folder: Path, agent: str, old: str, new: str, message: str) -> None:
     _edit(agents_folder, agent, old, new)
     assert _refusal(agent) == message
 
 
 def test_an_integer_is_a_number_and_a_user_file_overrides_the_profiler_keys_it_names(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     override = tmp_path / "slow.toml"
     override.write_text("[budget]\nmax_step_seconds = 600\n")
     settings = ProfilerSettings.load(override)
@@ -178,8 +228,11 @@ def test_an_integer_is_a_number_and_a_user_file_overrides_the_profiler_keys_it_n
 
 
 def test_another_agents_definition_is_refused_by_its_name() -> None:
-    with pytest.raises(DefinitionError, match=r"^agents/precision.toml: \[agent\].name is 'precision': this file "
-                                              r"defines the precision agent, not the profiler agent$"):
+    with pytest.raises(
+        DefinitionError,
+        match=r"^agents/precision.toml: \[agent\].name is 'precision': this file "
+        r"defines the precision agent, not the profiler agent$",
+    ):
         ProfilerSettings.load("precision")
     with pytest.raises(DefinitionError, match="unknown agent 'compiel'; known: compile, precision"):
         load_tuning_agent_definition("compiel")
@@ -195,12 +248,15 @@ def test_an_agent_given_parsed_toml_checks_it() -> None:
         PrecisionAgent(data, "cpu")
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[spaec]\nname = "x"\n', "unknown table [spaec] (known: param, space)"),
-    ('[space]\nnmae = "x"\n', "unknown key [space].nmae (known: name, description)"),
-    ('[space]\nname = 3\n', "[space].name must be a string, not 3"),
-    ('params = []\n', "unknown key params (known: param, space)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[spaec]\nname = "x"\n', "unknown table [spaec] (known: param, space)"),
+        ('[space]\nnmae = "x"\n', "unknown key [space].nmae (known: name, description)"),
+        ("[space]\nname = 3\n", "[space].name must be a string, not 3"),
+        ("params = []\n", "unknown key params (known: param, space)"),
+    ],
+)
 def test_a_typo_in_a_search_space_top_level_is_refused(tmp_path: Path, text: str, message: str) -> None:
     from tpu_tuner.tuning.space import SearchSpace
 
@@ -211,13 +267,13 @@ def test_a_typo_in_a_search_space_top_level_is_refused(tmp_path: Path, text: str
     assert str(info.value) == f"{path}: {message}"
 
 
-def _no_worker(self, env):  # noqa: ANN001 - TrialRunner._start's signature
+def _no_worker(self, env):
     raise AssertionError("a worker was started: the model would have run")
 
 
 def test_tune_refuses_a_bad_agent_definition_before_any_worker_starts(
-        agents_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    agents_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpu_tuner.cli import main
     from tpu_tuner.runner.trial_runner import TrialRunner
 
@@ -225,13 +281,16 @@ def test_tune_refuses_a_bad_agent_definition_before_any_worker_starts(
     _edit(agents_folder, "compile", "require_cxx_for_inductor_on_cpu = true", "require_cxx_for_inductor_on_cpus = true")
     status = main(["tune", str(EXAMPLES / "mlp.py"), "--out", str(tmp_path / "results")])
     assert status == 2
-    assert ("agents/compile.toml: unknown key [validate].require_cxx_for_inductor_on_cpus "
-            "(known: require_cxx_for_inductor_on_cpu)") in capsys.readouterr().err
+    assert (
+        "agents/compile.toml: unknown key [validate].require_cxx_for_inductor_on_cpus "
+        "(known: require_cxx_for_inductor_on_cpu)"
+    ) in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
 
 
 def test_profile_refuses_a_bad_agent_file_before_any_worker_starts(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpu_tuner.cli import main
     from tpu_tuner.runner.trial_runner import TrialRunner
 

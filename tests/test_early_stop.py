@@ -17,9 +17,14 @@ from tpu_tuner.runner.requests import MeasureRequest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _request(candidate: Candidate, settings, **stop) -> MeasureRequest:  # noqa: ANN001
-    return MeasureRequest(candidate=candidate.to_dict(), settings=settings, model_flops_per_step=1e6,
-                          peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12}, **stop)
+def _request(candidate: Candidate, settings, **stop) -> MeasureRequest:
+    return MeasureRequest(
+        candidate=candidate.to_dict(),
+        settings=settings,
+        model_flops_per_step=1e6,
+        peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12},
+        **stop,
+    )
 
 
 def test_the_rule_judges_only_after_enough_steps_and_counts_the_compile() -> None:
@@ -55,8 +60,9 @@ def test_a_slow_trial_stops_after_its_first_steps(fast_settings) -> None:
 def test_a_compile_that_cannot_pay_back_is_cut_off(fast_settings) -> None:
     state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
     # 1 ms x 10 planned steps: a compile of more than 10 ms can never pay back.
-    stopped = run_measure(state, _request(Candidate(execution="aot_eager"), fast_settings, stop_above_s=0.001,
-                                          planned_steps=10))
+    stopped = run_measure(
+        state, _request(Candidate(execution="aot_eager"), fast_settings, stop_above_s=0.001, planned_steps=10)
+    )
     assert isinstance(stopped, EarlyStop) and stopped.reason == "compile" and stopped.steps == []
     assert stopped.compile_seconds >= 0.010 and "the compile ran past" in stopped.message
     # The worker goes on: the next trial compiles and measures as usual.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import FIXTURES
 
 from tpu_tuner import TuneOptions
 from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
@@ -21,17 +22,28 @@ from tpu_tuner.tuning.pruning import HopelessPruner
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
 
-from conftest import FIXTURES
-
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
 
 
 def _measurement(candidate: dict, step: float, compile_s: float = 0.0) -> Measurement:
-    return Measurement(candidate=candidate, step_median=step, step_p10=step, step_p90=step, samples=[step] * 10,
-                       first_call_seconds=step + compile_s, warmup_seconds=step, compile_seconds=compile_s,
-                       compiles={}, model_flops_per_step=1e6, peak_flops_per_s=1e9, peak_dtype="float32",
-                       mfu=1e6 / step / 1e9, peak_memory_bytes=None, accuracy_errors={"output": 0.0})
+    return Measurement(
+        candidate=candidate,
+        step_median=step,
+        step_p10=step,
+        step_p90=step,
+        samples=[step] * 10,
+        first_call_seconds=step + compile_s,
+        warmup_seconds=step,
+        compile_seconds=compile_s,
+        compiles={},
+        model_flops_per_step=1e6,
+        peak_flops_per_s=1e9,
+        peak_dtype="float32",
+        mfu=1e6 / step / 1e9,
+        peak_memory_bytes=None,
+        accuracy_errors={"output": 0.0},
+    )
 
 
 class RuleRunner:
@@ -44,7 +56,7 @@ class RuleRunner:
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds, self.jobs, self.thresholds = seconds, [], []
 
-    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:  # noqa: ANN001
+    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:
         self.jobs.append(dict(request.candidate))
         self.thresholds.append(request.stop_above_s)
         time.sleep(self.seconds)
@@ -53,8 +65,9 @@ class RuleRunner:
             return JobResult(failure=TrialFailure("crash", "worker died from SIGSEGV"), seconds=self.seconds)
         step = STEP[candidate["matmul_precision"]]
         if request.stop_above_s is not None and step > request.stop_above_s:
-            return JobResult(value=EarlyStop(candidate, "steps", "too slow", [step] * 3, step, 0.0, step),
-                             seconds=self.seconds)
+            return JobResult(
+                value=EarlyStop(candidate, "steps", "too slow", [step] * 3, step, 0.0, step), seconds=self.seconds
+            )
         return JobResult(value=_measurement(candidate, step), seconds=self.seconds)
 
 
@@ -66,15 +79,18 @@ def _search(study: optuna.Study, runner: RuleRunner, trials: int, **options) -> 
 
 
 def _bf16_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.trials if t.params.get("autocast") == "bfloat16" and records.attrs(t).get(records.MEASURED)]
+    return [
+        t for t in study.trials if t.params.get("autocast") == "bfloat16" and records.attrs(t).get(records.MEASURED)
+    ]
 
 
 def _grid_study(storage: str | None = None, name: str = "s") -> optuna.Study:
     from tpu_tuner.studies.samplers import build_sampler
 
     sampler = build_sampler("grid", 0, settings=SPACE.settings(), grid=SPACE.grid())
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
-                               load_if_exists=True)
+    return optuna.create_study(
+        study_name=name, storage=storage, sampler=sampler, direction="minimize", load_if_exists=True
+    )
 
 
 def test_a_crashing_value_is_excluded_after_two_failures_and_said(tmp_path: Path) -> None:
@@ -101,8 +117,10 @@ def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Pat
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     first = _grid_study(storage)
     first.enqueue_trial(SPACE.baseline_params())
-    for params in ({"matmul_precision": "highest", "autocast": "bfloat16"},
-                   {"matmul_precision": "high", "autocast": "bfloat16"}):
+    for params in (
+        {"matmul_precision": "highest", "autocast": "bfloat16"},
+        {"matmul_precision": "high", "autocast": "bfloat16"},
+    ):
         first.enqueue_trial(params)
     _search(first, RuleRunner(), trials=3, prune=False)
     (cause,) = stored_causes(first.user_attrs)  # kept in the study, for every worker
@@ -187,8 +205,13 @@ def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> Non
     """After one crash with bf16 (no success with it), the next bf16 setting runs without the
     early stop: cut off (its compile or first steps) it would spend a trial and settle nothing."""
     study = optuna.create_study(direction="minimize", pruner=HopelessPruner())
-    for precision, autocast in (("medium", "none"), ("highest", "bfloat16"), ("high", "bfloat16"),
-                                ("highest", "none"), ("medium", "bfloat16")):
+    for precision, autocast in (
+        ("medium", "none"),
+        ("highest", "bfloat16"),
+        ("high", "bfloat16"),
+        ("highest", "none"),
+        ("medium", "bfloat16"),
+    ):
         study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
     runner, events = RuleRunner(), []
     opts = TuneOptions(space=SPACE.name, agents=(), trials=5)
@@ -197,7 +220,11 @@ def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> Non
     # its crash made bf16 the cause, and the third was never measured.
     jobs = list(zip(runner.jobs, runner.thresholds))
     assert [(job["matmul_precision"], job["autocast"]) for job, _ in jobs[:4]] == [
-        ("medium", "none"), ("highest", "bfloat16"), ("high", "bfloat16"), ("highest", "none")]
+        ("medium", "none"),
+        ("highest", "bfloat16"),
+        ("high", "bfloat16"),
+        ("highest", "none"),
+    ]
     assert jobs[1][1] == pytest.approx(1.5 * 0.003) and jobs[2][1] is None
     assert jobs[3][1] == pytest.approx(1.5 * 0.003)  # an fp32 setting holds no suspect: the stop applies
     running = [e.message for e in events if e.phase == "trial" and e.message.startswith("running")]
@@ -212,10 +239,12 @@ def test_only_single_values_lift_the_early_stop() -> None:
     from tpu_tuner.tuning.failures import FailureLearning
 
     study = optuna.create_study(direction="minimize")
-    for params, attrs in (({"matmul_precision": "medium", "autocast": "none"}, {}),
-                          ({"matmul_precision": "highest", "autocast": "bfloat16"}, {records.FAILURE_KIND: "crash"}),
-                          ({"matmul_precision": "highest", "autocast": "none"}, {}),
-                          ({"matmul_precision": "medium", "autocast": "bfloat16"}, {})):
+    for params, attrs in (
+        ({"matmul_precision": "medium", "autocast": "none"}, {}),
+        ({"matmul_precision": "highest", "autocast": "bfloat16"}, {records.FAILURE_KIND: "crash"}),
+        ({"matmul_precision": "highest", "autocast": "none"}, {}),
+        ({"matmul_precision": "medium", "autocast": "bfloat16"}, {}),
+    ):
         study.enqueue_trial(params)
         trial = study.ask()
         trial.suggest_categorical("matmul_precision", ["highest", "high", "medium"])

@@ -31,18 +31,21 @@ def test_the_kinds_keep_the_strings_studies_already_store() -> None:
         TrialFailure("segfault", "not a kind")
 
 
-@pytest.mark.parametrize("exit_code, kind, words", [
-    (-signal.SIGKILL, FailureKind.OOM, "died from SIGKILL (the kernel's OOM killer)"),
-    (-signal.SIGSEGV, FailureKind.CRASH, "died from SIGSEGV"),
-    (-signal.SIGABRT, FailureKind.CRASH, "died from SIGABRT"),
-    (-signal.SIGFPE, FailureKind.CRASH, "died from SIGFPE"),
-    # Ended from outside its job (tpu-tune sends a worker neither): a crash, as before.
-    (-signal.SIGTERM, FailureKind.CRASH, "died from SIGTERM"),
-    (-signal.SIGINT, FailureKind.CRASH, "died from SIGINT"),
-    (-99, FailureKind.CRASH, "died from signal 99"),
-    (3, FailureKind.CRASH, "exited with status 3"),
-    (0, FailureKind.CRASH, "exited with status 0"),  # ended without replying to its job
-])
+@pytest.mark.parametrize(
+    "exit_code, kind, words",
+    [
+        (-signal.SIGKILL, FailureKind.OOM, "died from SIGKILL (the kernel's OOM killer)"),
+        (-signal.SIGSEGV, FailureKind.CRASH, "died from SIGSEGV"),
+        (-signal.SIGABRT, FailureKind.CRASH, "died from SIGABRT"),
+        (-signal.SIGFPE, FailureKind.CRASH, "died from SIGFPE"),
+        # Ended from outside its job (tpu-tune sends a worker neither): a crash, as before.
+        (-signal.SIGTERM, FailureKind.CRASH, "died from SIGTERM"),
+        (-signal.SIGINT, FailureKind.CRASH, "died from SIGINT"),
+        (-99, FailureKind.CRASH, "died from signal 99"),
+        (3, FailureKind.CRASH, "exited with status 3"),
+        (0, FailureKind.CRASH, "exited with status 0"),  # ended without replying to its job
+    ],
+)
 def test_a_death_is_classified_from_its_exit_status(exit_code: int, kind: FailureKind, words: str) -> None:
     assert classify(exit_code, died=True) is kind and classify(exit_code) is kind
     assert describe_end(exit_code) == words
@@ -60,20 +63,23 @@ def test_a_process_that_never_exited_is_a_crash() -> None:
     assert describe_end(None) == "did not exit, and was killed"
 
 
-@pytest.mark.parametrize("message, kind", [
-    ("MemoryError: cannot allocate", FailureKind.OOM),
-    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", FailureKind.OOM),
-    ("OSError: [Errno 12] Cannot allocate memory", FailureKind.OOM),
-    ("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes", FailureKind.OOM),
-    ("ValueError: bad input", FailureKind.ERROR),
-    ("RuntimeError: memory format channels_last is not supported", FailureKind.ERROR),
-])
+@pytest.mark.parametrize(
+    "message, kind",
+    [
+        ("MemoryError: cannot allocate", FailureKind.OOM),
+        ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", FailureKind.OOM),
+        ("OSError: [Errno 12] Cannot allocate memory", FailureKind.OOM),
+        ("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes", FailureKind.OOM),
+        ("ValueError: bad input", FailureKind.ERROR),
+        ("RuntimeError: memory format channels_last is not supported", FailureKind.ERROR),
+    ],
+)
 def test_an_exception_is_classified_from_its_text(message: str, kind: FailureKind) -> None:
     assert classify(message=message) is kind
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # noqa: ANN201
+def runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """A TrialRunner whose worker is the echo worker (its jobs: raise, oom, signal, sleep)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(trial_runner, "WORKER_MODULE", "echo_worker")
@@ -81,48 +87,92 @@ def runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # noqa: ANN201
         yield started
 
 
-@pytest.mark.parametrize("job, kind, message", [
-    (("raise", "bad input"), FailureKind.ERROR, "ValueError: bad input"),
-    (("oom", None), FailureKind.OOM, "MemoryError: cannot allocate"),
-    (("signal", "SIGKILL"), FailureKind.OOM, "worker died from SIGKILL (the kernel's OOM killer)"),
-    (("signal", "SIGSEGV"), FailureKind.CRASH, "worker died from SIGSEGV"),
-    (("sleep", 30), FailureKind.TIMEOUT, "no result after 1 s; worker killed"),
-])
-def test_a_trial_workers_failures_come_out_in_the_vocabulary(runner: TrialRunner, job: tuple, kind: FailureKind,
-                                                             message: str) -> None:
+@pytest.mark.parametrize(
+    "job, kind, message",
+    [
+        (("raise", "bad input"), FailureKind.ERROR, "ValueError: bad input"),
+        (("oom", None), FailureKind.OOM, "MemoryError: cannot allocate"),
+        (("signal", "SIGKILL"), FailureKind.OOM, "worker died from SIGKILL (the kernel's OOM killer)"),
+        (("signal", "SIGSEGV"), FailureKind.CRASH, "worker died from SIGSEGV"),
+        (("sleep", 30), FailureKind.TIMEOUT, "no result after 1 s; worker killed"),
+    ],
+)
+def test_a_trial_workers_failures_come_out_in_the_vocabulary(
+    runner: TrialRunner, job: tuple, kind: FailureKind, message: str
+) -> None:
     timeout_s = 1 if kind is FailureKind.TIMEOUT else 60  # the others' worker may take seconds to start
     result = runner.run(job, timeout_s=timeout_s)  # type: ignore[arg-type]  # the echo worker's jobs are tuples
     assert result.failure is not None and result.failure.kind is kind
     assert result.failure.message.startswith(message)
 
 
-def _host(node: int, kind: FailureKind | None, failure: str = "", failed_rank: int | None = None,
-          accounts: dict[int, dict[str, str]] | None = None) -> HostOutcome:
-    return HostOutcome(node, "ab"[node], ok=kind is None, kind=kind, failure=failure or None, failed_rank=failed_rank,
-                       accounts=accounts or {})
+def _host(
+    node: int,
+    kind: FailureKind | None,
+    failure: str = "",
+    failed_rank: int | None = None,
+    accounts: dict[int, dict[str, str]] | None = None,
+) -> HostOutcome:
+    return HostOutcome(
+        node,
+        "ab"[node],
+        ok=kind is None,
+        kind=kind,
+        failure=failure or None,
+        failed_rank=failed_rank,
+        accounts=accounts or {},
+    )
 
 
 PEER = {"kind": "error", "message": "RuntimeError: Connection closed by peer"}
 
 
-@pytest.mark.parametrize("outcomes, kind, message", [
-    # A rank's own account of its error beats its peers' echoes and the launcher's account.
-    ([_host(0, FailureKind.ERROR, "rank 0 exited with status 1", 0, {0: PEER}),
-      _host(1, FailureKind.ERROR, "rank 2 exited with status 1", 2, {2: {"kind": "oom", "message": "out of memory"}})],
-     FailureKind.OOM, "rank 2 (node 1, b): out of memory"),
-    # No account: a signal before a hang, named with its host.
-    ([_host(0, FailureKind.TIMEOUT, "no rank finished within 8 s (a hang)"),
-      _host(1, FailureKind.CRASH, "rank 3 died from SIGSEGV", 3)], FailureKind.CRASH,
-     "rank 3 died from SIGSEGV (node 1, b)"),
-    # Only echoes: the account of the rank the launcher saw exit with an error.
-    ([_host(0, FailureKind.ABORTED, "the ranks of b failed"),
-      _host(1, FailureKind.ERROR, "rank 3 exited with status 1", 3, {3: PEER})], FailureKind.ERROR,
-     "rank 3 (node 1, b): RuntimeError: Connection closed by peer"),
-    # Every host's ranks were stopped from outside: an error naming what stopped them.
-    ([_host(0, None), _host(1, FailureKind.ABORTED, "the driver went away")], FailureKind.ERROR,
-     "the driver went away (node 1, b)"),
-])
-def test_the_cause_of_a_failed_job_over_hosts_is_decided_once(outcomes: list[HostOutcome], kind: FailureKind,
-                                                              message: str) -> None:
+@pytest.mark.parametrize(
+    "outcomes, kind, message",
+    [
+        # A rank's own account of its error beats its peers' echoes and the launcher's account.
+        (
+            [
+                _host(0, FailureKind.ERROR, "rank 0 exited with status 1", 0, {0: PEER}),
+                _host(
+                    1,
+                    FailureKind.ERROR,
+                    "rank 2 exited with status 1",
+                    2,
+                    {2: {"kind": "oom", "message": "out of memory"}},
+                ),
+            ],
+            FailureKind.OOM,
+            "rank 2 (node 1, b): out of memory",
+        ),
+        # No account: a signal before a hang, named with its host.
+        (
+            [
+                _host(0, FailureKind.TIMEOUT, "no rank finished within 8 s (a hang)"),
+                _host(1, FailureKind.CRASH, "rank 3 died from SIGSEGV", 3),
+            ],
+            FailureKind.CRASH,
+            "rank 3 died from SIGSEGV (node 1, b)",
+        ),
+        # Only echoes: the account of the rank the launcher saw exit with an error.
+        (
+            [
+                _host(0, FailureKind.ABORTED, "the ranks of b failed"),
+                _host(1, FailureKind.ERROR, "rank 3 exited with status 1", 3, {3: PEER}),
+            ],
+            FailureKind.ERROR,
+            "rank 3 (node 1, b): RuntimeError: Connection closed by peer",
+        ),
+        # Every host's ranks were stopped from outside: an error naming what stopped them.
+        (
+            [_host(0, None), _host(1, FailureKind.ABORTED, "the driver went away")],
+            FailureKind.ERROR,
+            "the driver went away (node 1, b)",
+        ),
+    ],
+)
+def test_the_cause_of_a_failed_job_over_hosts_is_decided_once(
+    outcomes: list[HostOutcome], kind: FailureKind, message: str
+) -> None:
     failure = host_cause({outcome.node: outcome for outcome in outcomes})
     assert (failure.kind, failure.message) == (kind, message)

@@ -7,13 +7,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import EXAMPLES, FIXTURES
 from torch import nn
 
-from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.workload import TransformerDims
-
-from conftest import EXAMPLES, FIXTURES
 
 
 def _tiny_gpt(use_sdpa: bool):
@@ -42,9 +41,7 @@ def test_counted_flops_match_formula_exactly(use_sdpa: bool, training: bool) -> 
                 model(inputs)
 
     counted = count_step(step)
-    expected = transformer_model_flops(
-        matmul_parameters(model), workload.transformer, batch, seq, training, "full"
-    )
+    expected = transformer_model_flops(matmul_parameters(model), workload.transformer, batch, seq, training, "full")
     assert counted.total == expected.per_step
     if use_sdpa:
         # The CPU flash kernels are what F.scaled_dot_product_attention dispatches to here; without
@@ -189,8 +186,27 @@ def test_cudnn_formulas_match_the_decomposed_cpu_path(case: str, input_grad: boo
     seq_first, weights, stride, hx = _cudnn_args(module, x)
     assert cudnn_rnn_flops(seq_first, weights, stride) == forward.total
     backward = cudnn_rnn_backward_flops(
-        seq_first, weights, stride, None, hx, None, None, None, None, None, 2, module.hidden_size,
-        module.proj_size, module.num_layers, module.batch_first, 0.0, True, module.bidirectional, [], None, None,
+        seq_first,
+        weights,
+        stride,
+        None,
+        hx,
+        None,
+        None,
+        None,
+        None,
+        None,
+        2,
+        module.hidden_size,
+        module.proj_size,
+        module.num_layers,
+        module.batch_first,
+        0.0,
+        True,
+        module.bidirectional,
+        [],
+        None,
+        None,
         [input_grad, False, False, True],
     )
     assert forward.total + backward == train.total

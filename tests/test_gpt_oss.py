@@ -18,12 +18,16 @@ from tpu_tuner.model.layer_parts import clamped_swiglu
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.workload import TransformerDims
 
-MOE = ("decoder:vocab=256,d_model=16,layers=1,heads=2,mlp=12,experts=4,top_k=2,router_bias=true,expert_bias=true,"
-       "activation=clamped_swiglu,swiglu_limit=1.5")
+MOE = (
+    "decoder:vocab=256,d_model=16,layers=1,heads=2,mlp=12,experts=4,top_k=2,router_bias=true,expert_bias=true,"
+    "activation=clamped_swiglu,swiglu_limit=1.5"
+)
 # A 2-layer gpt-oss in small: window 8 / global, sinks, q/k/v/o biases, dropless biased experts.
-GPT_OSS = ("decoder:vocab=256,d_model=64,layers=2,heads=4,kv_heads=2,head_dim=16,mlp=32,max_seq_len=64,"
-           "sliding_window=8,global_every=2,attention_sinks=true,qkv_bias=true,out_bias=true,experts=4,top_k=2,"
-           "moe_routing=dropless,router_bias=true,expert_bias=true,activation=clamped_swiglu")
+GPT_OSS = (
+    "decoder:vocab=256,d_model=64,layers=2,heads=4,kv_heads=2,head_dim=16,mlp=32,max_seq_len=64,"
+    "sliding_window=8,global_every=2,attention_sinks=true,qkv_bias=true,out_bias=true,experts=4,top_k=2,"
+    "moe_routing=dropless,router_bias=true,expert_bias=true,activation=clamped_swiglu"
+)
 
 
 def _moe(extra: str = "", dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]
@@ -41,9 +45,13 @@ def test_the_clamped_swiglu_clips_the_gate_above_and_the_up_projection_both_ways
     up = torch.tensor([-10.0, 0.5, 10.0])
     out = clamped_swiglu(gate, up, alpha=1.702, limit=7.0)
     # gate -10 unclipped below; up -10 -> -7; gate 10 -> 7, up 10 -> 7.
-    expected = torch.tensor([(-7 + 1) * -10 * torch.sigmoid(torch.tensor(-17.02)).item(),
-                             1.5 * 0.5 * torch.sigmoid(torch.tensor(0.851)).item(),
-                             8 * 7 * torch.sigmoid(torch.tensor(7 * 1.702)).item()])
+    expected = torch.tensor(
+        [
+            (-7 + 1) * -10 * torch.sigmoid(torch.tensor(-17.02)).item(),
+            1.5 * 0.5 * torch.sigmoid(torch.tensor(0.851)).item(),
+            8 * 7 * torch.sigmoid(torch.tensor(7 * 1.702)).item(),
+        ]
+    )
     torch.testing.assert_close(out, expected)
 
 
@@ -98,7 +106,7 @@ def test_with_room_for_every_token_the_dropping_router_adds_the_same_biases() ->
     outputs, grads = [], []
     for moe in (dropping, dropless):
         out = moe(x)
-        (out ** 2).sum().backward()
+        (out**2).sum().backward()
         outputs.append(out.detach())
         grads.append([p.grad.clone() for p in (moe.gate_bias, moe.up_bias, moe.down_bias, moe.router.bias)])
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-4)
@@ -122,13 +130,16 @@ def test_counted_flops_equal_the_formula_and_biases_are_no_matmul_parameters() -
     assert matmul_parameters(model) == attention + experts + 2 * 64 * 4 + 64 * 256  # + routers + head
 
 
-@pytest.mark.parametrize("extra, words", [
-    (",experts=0,router_bias=true", "router_bias and expert_bias need routed experts"),
-    (",experts=0,expert_bias=true", "router_bias and expert_bias need routed experts"),
-    (",activation=clamped_swiglu,gated=false", "activation clamped_swiglu reads a gate and an up projection"),
-    (",activation=clamped_swiglu,swiglu_limit=0", "swiglu_alpha and swiglu_limit must be above 0"),
-    (",activation=swiglu", "activation must be one of silu, gelu, gelu_tanh, relu, clamped_swiglu"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (",experts=0,router_bias=true", "router_bias and expert_bias need routed experts"),
+        (",experts=0,expert_bias=true", "router_bias and expert_bias need routed experts"),
+        (",activation=clamped_swiglu,gated=false", "activation clamped_swiglu reads a gate and an up projection"),
+        (",activation=clamped_swiglu,swiglu_limit=0", "swiglu_alpha and swiglu_limit must be above 0"),
+        (",activation=swiglu", "activation must be one of silu, gelu, gelu_tanh, relu, clamped_swiglu"),
+    ],
+)
 def test_bad_gpt_oss_keys_are_refused_in_one_line(extra: str, words: str) -> None:
     spec = "decoder:vocab=64,d_model=16,layers=1,heads=2,mlp=8" + extra
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
@@ -155,10 +166,21 @@ def test_the_decoder_computes_what_transformers_gpt_oss_computes() -> None:
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(
-        "gpt_oss", hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=128, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=4, swiglu_limit=1.0,
-        rope_parameters={"rope_type": "default", "rope_theta": 150000.0})
+        "gpt_oss",
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=256,
+        max_position_embeddings=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        swiglu_limit=1.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+    )
     config._attn_implementation = "eager"
     theirs = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     ours = Decoder(decoder_shape(config)).eval()

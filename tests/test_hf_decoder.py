@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import FIXTURES
 
 transformers = pytest.importorskip("transformers")
@@ -25,8 +24,15 @@ from tpu_tuner.model.structure import read_dims  # noqa: E402
 from tpu_tuner.planner.hf_plan import planned_workload, source_digest  # noqa: E402
 
 LLAMA_3_2_1B = FIXTURES / "hf" / "llama-3.2-1b"
-BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=256, max_position_embeddings=128)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=128,
+)
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 # (model type, config overrides): every family the mapping covers, with the differences that
 # change parameters switched on somewhere.
@@ -44,41 +50,120 @@ FAMILIES = {
     "gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128)),
     "gpt2, wide MLP": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, vocab_size=256, n_positions=64)),
     "gpt_neox": ("gpt_neox", dict(BASE, num_key_value_heads=None, intermediate_size=256)),
-    "gpt_neox, sequential, no bias, tied": ("gpt_neox", dict(BASE, num_key_value_heads=None,
-                                                             use_parallel_residual=False, attention_bias=False,
-                                                             tie_word_embeddings=True)),
+    "gpt_neox, sequential, no bias, tied": (
+        "gpt_neox",
+        dict(
+            BASE, num_key_value_heads=None, use_parallel_residual=False, attention_bias=False, tie_word_embeddings=True
+        ),
+    ),
     "mixtral": ("mixtral", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": ("qwen2_moe", dict(BASE, **MOE, num_experts=4, shared_expert_intermediate_size=96)),
-    "qwen2_moe, dense layers": ("qwen2_moe", dict(BASE, **MOE, num_experts=4, shared_expert_intermediate_size=96,
-                                                  num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[3])),
+    "qwen2_moe, dense layers": (
+        "qwen2_moe",
+        dict(
+            BASE,
+            **MOE,
+            num_experts=4,
+            shared_expert_intermediate_size=96,
+            num_hidden_layers=4,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+        ),
+    ),
     "qwen3_moe": ("qwen3_moe", dict(BASE, **MOE, num_experts=4, head_dim=32)),
     # Today's families (issue 36): local attention in a pattern, dropless experts, latent attention.
     "gemma3_text, 5 local : 1 global": ("gemma3_text", dict(BASE, head_dim=32, num_hidden_layers=7, sliding_window=8)),
     "mistral, sliding window": ("mistral", dict(BASE, sliding_window=8)),
-    "llama4_text": ("llama4_text", dict(BASE, head_dim=16, intermediate_size=32, intermediate_size_mlp=96,
-                                        num_hidden_layers=8, num_local_experts=4, num_experts_per_tok=1,
-                                        interleave_moe_layer_step=2, attention_chunk_size=8)),
-    "deepseek_v3": ("deepseek_v3", dict(BASE, num_key_value_heads=None, num_hidden_layers=4, n_routed_experts=4,
-                                        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-                                        moe_intermediate_size=32, q_lora_rank=32, kv_lora_rank=16,
-                                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=1,
-                                        topk_group=1)),
+    "llama4_text": (
+        "llama4_text",
+        dict(
+            BASE,
+            head_dim=16,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            num_hidden_layers=8,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            attention_chunk_size=8,
+        ),
+    ),
+    "deepseek_v3": (
+        "deepseek_v3",
+        dict(
+            BASE,
+            num_key_value_heads=None,
+            num_hidden_layers=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            moe_intermediate_size=32,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
     "gpt_oss": ("gpt_oss", dict(BASE, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)),
 }
 
 
-@pytest.mark.parametrize("case, keys", [
-    ("gemma3_text, 5 local : 1 global", dict(sliding_window=8, global_every=6)),
-    ("mistral, sliding window", dict(sliding_window=8, global_every=0)),
-    ("llama4_text", dict(attention_chunk=8, global_every=4, global_rope=False, moe_routing="dropless",
-                         router="topk_sigmoid", shared_experts=1, dense_layers=(0, 2, 4, 6), mlp=96, expert_mlp=32)),
-    ("deepseek_v3", dict(kv_lora_rank=16, q_lora_rank=32, dense_layers=(0,), shared_experts=1, router="sigmoid",
-                         moe_routing="dropless")),
-    ("qwen3_moe", dict(moe_routing="dropless", router="softmax_topk")),
-    ("gpt_oss", dict(sliding_window=8, global_every=2, attention_sinks=True, qkv_bias=True, out_bias=True,
-                     moe_routing="dropless", router="topk_softmax", router_bias=True, expert_bias=True,
-                     activation="clamped_swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, experts=4, top_k=2)),
-])
+@pytest.mark.parametrize(
+    "case, keys",
+    [
+        ("gemma3_text, 5 local : 1 global", dict(sliding_window=8, global_every=6)),
+        ("mistral, sliding window", dict(sliding_window=8, global_every=0)),
+        (
+            "llama4_text",
+            dict(
+                attention_chunk=8,
+                global_every=4,
+                global_rope=False,
+                moe_routing="dropless",
+                router="topk_sigmoid",
+                shared_experts=1,
+                dense_layers=(0, 2, 4, 6),
+                mlp=96,
+                expert_mlp=32,
+            ),
+        ),
+        (
+            "deepseek_v3",
+            dict(
+                kv_lora_rank=16,
+                q_lora_rank=32,
+                dense_layers=(0,),
+                shared_experts=1,
+                router="sigmoid",
+                moe_routing="dropless",
+            ),
+        ),
+        ("qwen3_moe", dict(moe_routing="dropless", router="softmax_topk")),
+        (
+            "gpt_oss",
+            dict(
+                sliding_window=8,
+                global_every=2,
+                attention_sinks=True,
+                qkv_bias=True,
+                out_bias=True,
+                moe_routing="dropless",
+                router="topk_softmax",
+                router_bias=True,
+                expert_bias=True,
+                activation="clamped_swiglu",
+                swiglu_alpha=1.702,
+                swiglu_limit=7.0,
+                experts=4,
+                top_k=2,
+            ),
+        ),
+    ],
+)
 def test_todays_families_map_their_attention_and_experts(case, keys) -> None:
     shape = decoder_shape(_config(*FAMILIES[case]))
     assert {key: getattr(shape, key) for key in keys} == keys
@@ -104,7 +189,12 @@ def test_the_planned_decoder_has_the_parameters_of_the_transformers_model(case) 
 def test_the_family_differences_are_where_the_families_put_them() -> None:
     gpt2 = decoder_shape(_config(*FAMILIES["gpt2"]))
     assert (gpt2.positions, gpt2.norm, gpt2.gated, gpt2.activation, gpt2.tied_embeddings) == (
-        "learned", "layer", False, "gelu_tanh", True)
+        "learned",
+        "layer",
+        False,
+        "gelu_tanh",
+        True,
+    )
     neox = decoder_shape(_config(*FAMILIES["gpt_neox"]))
     assert neox.parallel_residual and neox.rotary_fraction == 0.25 and neox.qkv_bias and neox.mlp_bias
     qwen2 = decoder_shape(_config(*FAMILIES["qwen2"]))
@@ -131,13 +221,20 @@ def test_llama_3_2_1b_maps_to_its_published_parameter_count() -> None:
     assert (workload.transformer.layers, workload.transformer.heads, workload.transformer.head_dim) == (16, 32, 64)
 
 
-@pytest.mark.parametrize("source, words", [
-    ("hf:olmoe?num_hidden_layers=2,num_experts=4",
-     "routed experts (num_local_experts) in the olmoe config are not expressible"),
-    ("hf:bert?num_hidden_layers=2",
-     "the planner plans causal language models, and this bert config's step is masked-lm"),
-    ("hf:llama?num_hidden_layers=2#inference", "the planner plans training steps"),
-])
+@pytest.mark.parametrize(
+    "source, words",
+    [
+        (
+            "hf:olmoe?num_hidden_layers=2,num_experts=4",
+            "routed experts (num_local_experts) in the olmoe config are not expressible",
+        ),
+        (
+            "hf:bert?num_hidden_layers=2",
+            "the planner plans causal language models, and this bert config's step is masked-lm",
+        ),
+        ("hf:llama?num_hidden_layers=2#inference", "the planner plans training steps"),
+    ],
+)
 def test_what_neither_route_can_plan_is_refused_in_one_line(source, words) -> None:
     with pytest.raises(UserInputError, match=re.escape(words)) as info:
         planned_workload(source)
@@ -145,8 +242,9 @@ def test_what_neither_route_can_plan_is_refused_in_one_line(source, words) -> No
 
 
 def test_an_unmapped_decoder_is_traced_through_torchax_with_its_shape_read() -> None:
-    source = ("hf:olmo2?hidden_size=64,intermediate_size=128,num_hidden_layers=3,num_attention_heads=8,"
-              "num_key_value_heads=2")
+    source = (
+        "hf:olmo2?hidden_size=64,intermediate_size=128,num_hidden_layers=3,num_attention_heads=8,num_key_value_heads=2"
+    )
     workload = planned_workload(source)
     assert "traced through torchax (the generic decoder does not map 'olmo2' configs" in workload.notes[0]
     with torch.device("meta"):
@@ -162,12 +260,17 @@ def test_an_unmapped_decoder_is_traced_through_torchax_with_its_shape_read() -> 
 def test_a_mapped_config_whose_count_differs_is_traced_not_planned_wrong(monkeypatch) -> None:
     """The plan-time check is real: a mapping that misses a setting (here attention biases) does
     not plan a decoder with other parameters than the model's."""
-    monkeypatch.setitem(hf_decoder.FAMILIES, "llama", lambda c: {**hf_decoder._llama_like(c), "qkv_bias": False,
-                                                                  "out_bias": False})
-    workload = planned_workload("hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=2,"
-                                "num_attention_heads=4,attention_bias=true")
-    assert re.search(r"traced through torchax \(the generic decoder's reading has [\d,]+ parameters, transformers' "
-                     r"model [\d,]+", workload.notes[0])
+    monkeypatch.setitem(
+        hf_decoder.FAMILIES, "llama", lambda c: {**hf_decoder._llama_like(c), "qkv_bias": False, "out_bias": False}
+    )
+    workload = planned_workload(
+        "hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,attention_bias=true"
+    )
+    assert re.search(
+        r"traced through torchax \(the generic decoder's reading has [\d,]+ parameters, transformers' "
+        r"model [\d,]+",
+        workload.notes[0],
+    )
 
 
 def test_the_families_keys_read_from_a_toml_shape_too(tmp_path) -> None:
@@ -177,13 +280,18 @@ def test_the_families_keys_read_from_a_toml_shape_too(tmp_path) -> None:
     from tpu_tuner.model.decoder_shape import read_shape
 
     path = tmp_path / "moe.toml"
-    path.write_text("[model]\nvocab = 64\nd_model = 32\nlayers = 3\nheads = 4\nmlp = 48\nexperts = 4\n"
-                    "expert_mlp = 16\nshared_expert_mlp = 24\ndense_layers = [1]\nqk_norm = true\n")
+    path.write_text(
+        "[model]\nvocab = 64\nd_model = 32\nlayers = 3\nheads = 4\nmlp = 48\nexperts = 4\n"
+        "expert_mlp = 16\nshared_expert_mlp = 24\ndense_layers = [1]\nqk_norm = true\n"
+    )
     shape, _, _ = read_shape(path)
     assert shape.dense_layers == (1,) and hash(shape)
     model = Decoder(shape)
-    assert [type(b.feed_forward).__name__ for b in model.blocks()] == ["MixtureOfExperts", "FeedForward",
-                                                                     "MixtureOfExperts"]
+    assert [type(b.feed_forward).__name__ for b in model.blocks()] == [
+        "MixtureOfExperts",
+        "FeedForward",
+        "MixtureOfExperts",
+    ]
     path.write_text(path.read_text().replace("dense_layers = [1]", "dense_layers = [3]"))
     with pytest.raises(WorkloadError, match=re.escape("dense_layers must name layers 0 to 2, not [3]")):
         read_shape(path)
@@ -230,22 +338,28 @@ def test_deepseek_v3_and_gpt_oss_plan_as_the_generic_decoder() -> None:
 def _plan(args: list[str], out: Path) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
 
 
 _PLANNER = pytest.mark.skipif(
     __import__("importlib.util").util.find_spec("torchax") is None
     or __import__("importlib.util").util.find_spec("libtpu") is None,
-    reason="the planner extra is not installed: pip install -e '.[plan]'")
+    reason="the planner extra is not installed: pip install -e '.[plan]'",
+)
 
 
 @_PLANNER
 @pytest.mark.slow  # a whole `tpu-tune plan` run: compiles of a 1.2B model for 16 TPU devices
 def test_plan_of_the_published_llama_3_2_1b_config_on_v5e_16(tmp_path) -> None:
-    result = _plan([f"hf:{LLAMA_3_2_1B}", "--topology", "v5e-16", "--seq", "1024", "--layout", "2x8x1", "--fast"],
-                   tmp_path)
+    result = _plan(
+        [f"hf:{LLAMA_3_2_1B}", "--topology", "v5e-16", "--seq", "1024", "--layout", "2x8x1", "--fast"], tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith("llama-3.2-1b-plan-v5e-16-")
@@ -267,10 +381,13 @@ def test_plan_of_the_published_llama_3_2_1b_config_on_v5e_16(tmp_path) -> None:
 @_PLANNER
 @pytest.mark.slow  # a whole `tpu-tune plan` run of a traced transformers module
 def test_plan_of_an_unmapped_decoder_compiles_the_traced_transformers_module(tmp_path) -> None:
-    source = ("hf:olmo2?hidden_size=256,intermediate_size=512,num_hidden_layers=2,num_attention_heads=8,"
-              "num_key_value_heads=2,vocab_size=1024")
-    result = _plan([source, "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--layout", "1x2x2",
-                    "--fast"], tmp_path)
+    source = (
+        "hf:olmo2?hidden_size=256,intermediate_size=512,num_hidden_layers=2,num_attention_heads=8,"
+        "num_key_value_heads=2,vocab_size=1024"
+    )
+    result = _plan(
+        [source, "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--layout", "1x2x2", "--fast"], tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "traced through torchax" in result.stdout
     import json

@@ -15,14 +15,16 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tpu_tuner.runner.launch import run_ranks  # noqa: E402
-from tpu_tuner.runner.sharded_check import check_layout  # noqa: E402
+from tpu_tuner.runner.launch import run_ranks
+from tpu_tuner.runner.sharded_check import check_layout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
 TOLERANCE = 1e-5  # fp32 on both sides: only the order of reductions differs (test_sharding.py's)
-TINY = ("hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
-        "vocab_size=256,max_position_embeddings=64")
+TINY = (
+    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
+    "vocab_size=256,max_position_embeddings=64"
+)
 LLAMA = f"hf:llama?{TINY}"
 QWEN2_TIED = f"hf:qwen2?{TINY},tie_word_embeddings=true"  # attention biases, and a head tied to the embedding
 MIXTRAL = f"hf:mixtral?{TINY},num_local_experts=4,num_experts_per_tok=2"  # packed_colwise + moe_tp_experts
@@ -48,20 +50,36 @@ def _check(source: str, layout: str, nproc: int = 2) -> dict:
 
 # One quick case (the tensor plan); the others run in .ci/run's full pass (the default run stays
 # within its minutes on 2 cores).
-@pytest.mark.parametrize("source, layout", [(LLAMA, "1x1x2"), pytest.param(QWEN2_TIED, "1x1x2", marks=pytest.mark.slow),
-                                            pytest.param(LLAMA, "1x2x1", marks=pytest.mark.slow)])
-def test_a_layout_from_the_model_s_own_plan_matches_the_single_device_loss_and_gradients(source: str,
-                                                                                         layout: str) -> None:
+@pytest.mark.parametrize(
+    "source, layout",
+    [
+        (LLAMA, "1x1x2"),
+        pytest.param(QWEN2_TIED, "1x1x2", marks=pytest.mark.slow),
+        pytest.param(LLAMA, "1x2x1", marks=pytest.mark.slow),
+    ],
+)
+def test_a_layout_from_the_model_s_own_plan_matches_the_single_device_loss_and_gradients(
+    source: str, layout: str
+) -> None:
     report = _check(source, layout)
     assert report["local_batch"] == (4 if layout == "1x1x2" else 2)  # the tensor ranks share the batch
 
 
 @pytest.mark.slow  # more families and 4 ranks on a 2-core host: .ci/run's full pass
-@pytest.mark.parametrize("source, layout, nproc", [(MIXTRAL, "1x1x2", 2), (MIXTRAL, "1x2x1", 2),
-                                                   (QWEN2_TIED, "1x2x1", 2), (LLAMA, "2x1x1", 2),
-                                                   (LLAMA, "1x2x2", 4), (LLAMA, "2x2x1", 4)])
-def test_more_families_and_two_dimensional_layouts_match_the_single_device_reference(source: str, layout: str,
-                                                                                    nproc: int) -> None:
+@pytest.mark.parametrize(
+    "source, layout, nproc",
+    [
+        (MIXTRAL, "1x1x2", 2),
+        (MIXTRAL, "1x2x1", 2),
+        (QWEN2_TIED, "1x2x1", 2),
+        (LLAMA, "2x1x1", 2),
+        (LLAMA, "1x2x2", 4),
+        (LLAMA, "2x2x1", 4),
+    ],
+)
+def test_more_families_and_two_dimensional_layouts_match_the_single_device_reference(
+    source: str, layout: str, nproc: int
+) -> None:
     _check(source, layout, nproc)
 
 
@@ -87,14 +105,20 @@ def test_a_tensor_size_that_would_split_a_head_or_a_width_is_refused_in_one_line
     llama = _model(LLAMA)
     assert why_not(llama, Layout(1, 1, 2), 2, 4) is None
     assert why_not(llama, Layout(1, 1, 4), 4, 4) == "tensor 4 does not divide num_key_value_heads = 2"
-    wide = _model("hf:llama?hidden_size=64,intermediate_size=100,num_hidden_layers=2,num_attention_heads=8,"
-                  "num_key_value_heads=8,vocab_size=256,max_position_embeddings=64")
-    assert why_not(wide, Layout(1, 1, 8), 8, 8) == \
-        "tensor 8 does not divide model.layers.0.mlp.gate_proj.weight (colwise) width = 100"
+    wide = _model(
+        "hf:llama?hidden_size=64,intermediate_size=100,num_hidden_layers=2,num_attention_heads=8,"
+        "num_key_value_heads=8,vocab_size=256,max_position_embeddings=64"
+    )
+    assert (
+        why_not(wide, Layout(1, 1, 8), 8, 8)
+        == "tensor 8 does not divide model.layers.0.mlp.gate_proj.weight (colwise) width = 100"
+    )
     gpt2 = _model("hf:gpt2?n_embd=64,n_layer=2,n_head=4,vocab_size=256,n_positions=64")
-    assert why_not(gpt2, Layout(1, 1, 2), 2, 4) == \
-        "GPT2LMHeadModel declares no tensor-parallel plan (tp_plan) in transformers " \
+    assert (
+        why_not(gpt2, Layout(1, 1, 2), 2, 4)
+        == "GPT2LMHeadModel declares no tensor-parallel plan (tp_plan) in transformers "
         f"{sys.modules['transformers'].__version__}: no tensor layout for it"
+    )
     assert why_not(gpt2, Layout(1, 2, 1), 2, 4) is None  # FSDP shards its GPT2Block blocks
 
 
@@ -145,13 +169,15 @@ def test_tpu_tuner_apply_shards_a_from_pretrained_model_by_its_plan(monkeypatch,
 
 
 def test_ordinary_models_never_import_transformers() -> None:
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "import tiny_llama\n"
-            "from tpu_tuner.model.layouts import Layout\n"
-            "from tpu_tuner.parallel.apply import tensor_widths, why_not\n"
-            "model = tiny_llama.build_model()\n"
-            "assert tensor_widths(model) and why_not(model, Layout(1, 1, 2), 2, 4) is None\n"
-            "print('transformers' in sys.modules)\n") % str(FIXTURES)
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import tiny_llama\n"
+        "from tpu_tuner.model.layouts import Layout\n"
+        "from tpu_tuner.parallel.apply import tensor_widths, why_not\n"
+        "model = tiny_llama.build_model()\n"
+        "assert tensor_widths(model) and why_not(model, Layout(1, 1, 2), 2, 4) is None\n"
+        "print('transformers' in sys.modules)\n"
+    ) % str(FIXTURES)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -14,15 +14,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tpu_tuner.cli import main  # noqa: E402
-from tpu_tuner.core.errors import UserInputError  # noqa: E402
-from tpu_tuner.knobs.activation_checkpointing import ActivationCheckpointingKnob, checkpoint_blocks  # noqa: E402
-from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob  # noqa: E402
-from tpu_tuner.knobs.traits import WorkloadTraits, of_model  # noqa: E402
-from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops  # noqa: E402
-from tpu_tuner.model.loader import load_workload  # noqa: E402
-from tpu_tuner.model.workload import call_model  # noqa: E402
-from tpu_tuner.studies.fingerprint import file_sha256  # noqa: E402
+from tpu_tuner.cli import main
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.knobs.activation_checkpointing import ActivationCheckpointingKnob, checkpoint_blocks
+from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob
+from tpu_tuner.knobs.traits import WorkloadTraits, of_model
+from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workload import call_model
+from tpu_tuner.studies.fingerprint import file_sha256
 
 FOLDER = Path(__file__).parent / "fixtures" / "hf" / "tiny-qwen2"
 SMALL = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,vocab_size=256"
@@ -37,7 +37,7 @@ FAMILIES = {
 }
 
 
-def _step(workload, model, batch_size=2, seq_len=16):  # noqa: ANN001, ANN202
+def _step(workload, model, batch_size=2, seq_len=16):
     inputs, target = workload.split_batch(workload.batch(batch_size, seq_len))
     output = call_model(model, inputs)
     loss = workload.loss_fn(output, target)
@@ -68,8 +68,11 @@ def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
     experts = [m for m in model.modules() if getattr(m, "n_experts", None) == 4]
     assert experts and all(m.top_k == 2 for m in experts)
     # Half of the stacked expert weights (2 of 4 experts a token) are in N; the embedding lookup is not.
-    expected = sum(p.numel() // (2 if p.dim() == 3 else 1) for name, p in model.named_parameters()
-                   if p.dim() >= 2 and not name.endswith("embed_tokens.weight"))
+    expected = sum(
+        p.numel() // (2 if p.dim() == 3 else 1)
+        for name, p in model.named_parameters()
+        if p.dim() >= 2 and not name.endswith("embed_tokens.weight")
+    )
     assert matmul_parameters(model) == expected
 
 
@@ -90,8 +93,9 @@ def test_a_config_folder_loads_and_names_the_run_and_its_digest_follows_the_conf
 
 
 def test_the_other_heads_the_config_declares() -> None:
-    bert = load_workload("hf:bert?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
-                         "vocab_size=256")
+    bert = load_workload(
+        "hf:bert?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,vocab_size=256"
+    )
     assert bert.hf_task == "masked-lm" and bert.transformer is not None and not bert.transformer.causal
     assert any("dropout off" in note for note in bert.notes)
     inputs, _ = bert.split_batch(bert.batch(2, 16))
@@ -171,15 +175,19 @@ def test_activation_checkpointing_goes_through_the_models_own_switch(value: str,
         torch.testing.assert_close(p.grad, q.grad)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["hf:lama"], "unknown transformers model type 'lama'; did you mean llama"),
-    (["hf:llama?hiden_size=64"], "LlamaConfig has no setting 'hiden_size'"),
-    (["hf:vit"], "declares no head tpu-tune can run"),
-    (["hf:llama", "--weights"], "--weights needs a folder or a hub id"),
-    (["hf:./no-such-folder/"], "no such folder"),
-])
-def test_bad_sources_are_one_line_with_status_2_and_no_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["hf:lama"], "unknown transformers model type 'lama'; did you mean llama"),
+        (["hf:llama?hiden_size=64"], "LlamaConfig has no setting 'hiden_size'"),
+        (["hf:vit"], "declares no head tpu-tune can run"),
+        (["hf:llama", "--weights"], "--weights needs a folder or a hub id"),
+        (["hf:./no-such-folder/"], "no such folder"),
+    ],
+)
+def test_bad_sources_are_one_line_with_status_2_and_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     out = tmp_path / "results"
     assert main(["profile", *args, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -187,7 +195,9 @@ def test_bad_sources_are_one_line_with_status_2_and_no_folder(tmp_path: Path, ca
     assert not out.exists()
 
 
-def test_a_folder_without_config_and_the_flags_on_a_plain_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_folder_without_config_and_the_flags_on_a_plain_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "empty").mkdir()
     assert main(["profile", f"hf:{tmp_path / 'empty'}", "--out", str(tmp_path / "r")]) == 2
     assert "no config.json in" in capsys.readouterr().err
@@ -200,16 +210,31 @@ def test_a_folder_without_config_and_the_flags_on_a_plain_file(tmp_path: Path, c
 def test_an_uncached_hub_id_offline_is_refused_in_one_line(tmp_path: Path) -> None:
     """(How long it takes is benchmarks/hf_models.py's `refusals` part: timing is not a unit test.)"""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
-    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "tune", "hf:Qwen/Qwen2.5-0.5B", "--inference",
-                           "--out", str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "tune",
+            "hf:Qwen/Qwen2.5-0.5B",
+            "--inference",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "Qwen/Qwen2.5-0.5B is not in the local Hugging Face cache" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
 
 
-def test_without_transformers_one_line_says_which_install(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_transformers_one_line_says_which_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails
     assert main(["profile", f"hf:llama?{SMALL}", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()

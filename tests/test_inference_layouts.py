@@ -20,8 +20,10 @@ ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 MLP = ROOT / "examples" / "mlp.py"
 RESIDUAL = FIXTURES / "tiny_residual_mlp.py"
-LLAMA = ("hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
-         "num_key_value_heads=2,vocab_size=256#inference")
+LLAMA = (
+    "hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,vocab_size=256#inference"
+)
 TOLERANCE = 1e-5  # fp32 on both sides: only the order of reductions differs (test_sharding.py's)
 
 
@@ -92,7 +94,9 @@ def test_compile_options_that_cannot_run_an_inference_layout_are_rejected_and_ot
     frozen = Candidate(execution="inductor", compile_options="freezing", layout="1x1x2")
     assert validate(frozen, False, "cpu").startswith("freezing skipped: under tensor parallelism (layout 1x1x2)")
     for layout in ("2x1x1", "1x2x1"):
-        assert validate(Candidate(execution="inductor", compile_options="freezing", layout=layout), False, "cpu") is None
+        assert (
+            validate(Candidate(execution="inductor", compile_options="freezing", layout=layout), False, "cpu") is None
+        )
 
 
 def test_channels_last_under_fsdp_is_rejected_unmeasured() -> None:
@@ -194,15 +198,34 @@ def test_a_study_of_an_inference_file_on_two_ranks_measures_its_layouts(monkeypa
     from tpu_tuner.tuning.result import TuningResult
 
     out = tmp_path / "results"
-    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", str(RESIDUAL), "--nproc", "2", "--trials", "4",
-                           "--space", str(FIXTURES / "inference_layout_space.toml"), "--verify-rounds", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            str(RESIDUAL),
+            "--nproc",
+            "2",
+            "--trials",
+            "4",
+            "--space",
+            str(FIXTURES / "inference_layout_space.toml"),
+            "--verify-rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     run_dir = next(out.iterdir())
     result = TuningResult.load(run_dir)
-    measured = {t.params["layout"]: records.attrs(t) for t in result.study.get_trials()
-                if records.attrs(t).get("measured")}
+    measured = {
+        t.params["layout"]: records.attrs(t) for t in result.study.get_trials() if records.attrs(t).get("measured")
+    }
     assert set(measured) == {"2x1x1", "1x2x1", "1x1x2"}  # data x tensor needs 4 ranks
     for layout, attrs in measured.items():  # each against the single-device fp32 output
         assert attrs["accuracy_error"] < TOLERANCE, (layout, attrs)

@@ -54,19 +54,43 @@ class LookingRunner:
     def run(self, request: MeasureRequest, env: Any = None, timeout_s: float | None = None) -> JobResult:
         if self.look is not None:
             self.seen.append(self.look())
-        m = Measurement(candidate=dict(request.candidate), step_median=0.2, step_p10=0.19, step_p90=0.21,
-                        samples=[0.2] * 20, first_call_seconds=1.5, warmup_seconds=0.5, compile_seconds=1.0,
-                        compiles={}, model_flops_per_step=1e10, peak_flops_per_s=1e12, peak_dtype="float32",
-                        mfu=0.05, peak_memory_bytes=2**30, accuracy_errors={"loss": 1e-6}, compute_dtype="float32")
+        m = Measurement(
+            candidate=dict(request.candidate),
+            step_median=0.2,
+            step_p10=0.19,
+            step_p90=0.21,
+            samples=[0.2] * 20,
+            first_call_seconds=1.5,
+            warmup_seconds=0.5,
+            compile_seconds=1.0,
+            compiles={},
+            model_flops_per_step=1e10,
+            peak_flops_per_s=1e12,
+            peak_dtype="float32",
+            mfu=0.05,
+            peak_memory_bytes=2**30,
+            accuracy_errors={"loss": 1e-6},
+            compute_dtype="float32",
+        )
         return JobResult(value=m, seconds=0.25)
 
 
 def _search(storage: optuna.storages.BaseStorage, name: str, runner: LookingRunner) -> optuna.Study:
     options = TuneOptions(trials=TRIALS, agents=(), sampler="tpe", seed=0)
-    study = optuna.create_study(storage=storage, study_name=name, direction="minimize",
-                                sampler=build_sampler(options, SPACE))
-    run_search(study, SPACE, [], runner, MeasureRequest(), options, lambda event: None,  # type: ignore[arg-type]
-               time.perf_counter(), worker=Worker("worker-1", "host-1", storage))
+    study = optuna.create_study(
+        storage=storage, study_name=name, direction="minimize", sampler=build_sampler(options, SPACE)
+    )
+    run_search(
+        study,
+        SPACE,
+        [],
+        runner,
+        MeasureRequest(),
+        options,
+        lambda event: None,  # type: ignore[arg-type]
+        time.perf_counter(),
+        worker=Worker("worker-1", "host-1", storage),
+    )
     return study
 
 
@@ -99,7 +123,9 @@ def test_appends_of_concurrent_processes_are_numbered_without_a_gap_and_replayed
         worker.join(timeout=120)
     assert [w.exitcode for w in workers] == [0, 0, 0]
     with storage.engine.connect() as connection:
-        numbers = list(connection.execute(sqlalchemy.text(f"SELECT log_number FROM {JOURNAL_TABLE} ORDER BY 1")).scalars())
+        numbers = list(
+            connection.execute(sqlalchemy.text(f"SELECT log_number FROM {JOURNAL_TABLE} ORDER BY 1")).scalars()
+        )
     assert numbers == list(range(len(numbers)))
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
     assert [t.number for t in trials] == list(range(45)) and all(t.state == TrialState.COMPLETE for t in trials)
@@ -148,7 +174,12 @@ def test_what_a_trial_stores_reads_back_key_for_key_as_optunas_rdb_storage_store
         assert n == f  # another process reads what this one holds, dates and all
         assert dict(records.attrs(n)) == dict(records.attrs(o)), n.number
         assert (n.state, n.values, n.params, n.system_attrs, n.intermediate_values) == (
-            o.state, o.values, o.params, o.system_attrs, o.intermediate_values)
+            o.state,
+            o.values,
+            o.params,
+            o.system_attrs,
+            o.intermediate_values,
+        )
 
 
 def test_a_trial_failed_as_lost_elsewhere_refuses_its_late_writes(url) -> None:
@@ -182,8 +213,10 @@ def test_a_trial_whose_beats_stop_is_found_stale_and_retried_a_beating_one_is_no
     with Heartbeat(storage, _id(storage, study, lost.number)):  # one beat, then its worker "dies"
         pass
     with storage.engine.connect() as connection:
-        connection.execute(sqlalchemy.text(f"UPDATE {HEARTBEAT_TABLE} SET beat = beat - interval '3 seconds' "
-                                           "WHERE trial_id = :id"), {"id": _id(storage, study, lost.number)})
+        connection.execute(
+            sqlalchemy.text(f"UPDATE {HEARTBEAT_TABLE} SET beat = beat - interval '3 seconds' WHERE trial_id = :id"),
+            {"id": _id(storage, study, lost.number)},
+        )
         connection.commit()
     with Heartbeat(storage, _id(storage, study, alive.number)):
         other = open_storage(url, 1, 2)  # another worker looks
@@ -201,8 +234,10 @@ def test_a_study_an_earlier_tpu_tune_kept_in_optunas_rdb_tables_is_refused_in_on
     name = f"old-{uuid.uuid4().hex[:8]}"
     optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name=name)
     storage = open_storage(url, 1)
-    for opening in (lambda: optuna.create_study(storage=storage, study_name=name, load_if_exists=True),
-                    lambda: optuna.load_study(study_name=name, storage=storage)):
+    for opening in (
+        lambda: optuna.create_study(storage=storage, study_name=name, load_if_exists=True),
+        lambda: optuna.load_study(study_name=name, storage=storage),
+    ):
         with pytest.raises(UserInputError) as refused:
             opening()
         message = str(refused.value)

@@ -18,14 +18,14 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.devices.cpu import CpuBackend
-from tpu_tuner.devices.torchtpu import TorchTpuBackend
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.core.errors import DefinitionError
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.devices.torchtpu import TorchTpuBackend
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
+from tpu_tuner.tuning.space import SearchSpace
 
 # torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
 SLOW_VALUES = {("execution", "inductor")}
@@ -107,12 +107,17 @@ ADDED_KNOB = textwrap.dedent("""\
 
 
 def test_a_knob_added_to_the_registry_reaches_everything_that_lists_knobs(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-c", ADDED_KNOB, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", ADDED_KNOB, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
-        "searched": ["added_knob"], "column_before_measurements": True, "dashboard": True,
-        "candidate": "channels_last", "tuned_config": "channels_last"}
+        "searched": ["added_knob"],
+        "column_before_measurements": True,
+        "dashboard": True,
+        "candidate": "channels_last",
+        "tuned_config": "channels_last",
+    }
     assert 'added_knob = "channels_last"' in (tmp_path / "tuned_config.toml").read_text()
 
 
@@ -159,8 +164,13 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     # The apply path gives the same state as the trial path.
     applied = apply(TinyNet(), loaded)
     try:
-        state = _observe(candidate, applied.model if isinstance(applied.model, nn.Module) else TinyNet(),
-                         applied.model, backend, applied.autocast)
+        state = _observe(
+            candidate,
+            applied.model if isinstance(applied.model, nn.Module) else TinyNet(),
+            applied.model,
+            backend,
+            applied.autocast,
+        )
         if isinstance(applied.model, nn.Module):
             assert state == trial
         assert state[name] == expected
@@ -176,9 +186,16 @@ def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: st
     from tpu_tuner.execution.step import prepare_step
     from tpu_tuner.model.workload import Workload
 
-    workload = Workload(name="tiny", source=tmp_path / "tiny.py", build_model=TinyNet,
-                        make_batch=lambda b, s: (torch.randn(b, 3, 8, 8), torch.randint(0, 5, (b,))),
-                        batch_size=4, seq_len=None, convention="native", loss_fn=nn.functional.cross_entropy)
+    workload = Workload(
+        name="tiny",
+        source=tmp_path / "tiny.py",
+        build_model=TinyNet,
+        make_batch=lambda b, s: (torch.randn(b, 3, 8, 8), torch.randint(0, 5, (b,))),
+        batch_size=4,
+        seq_len=None,
+        convention="native",
+        loss_fn=nn.functional.cross_entropy,
+    )
     for tried, wanted in ((Candidate(), knob.default), (candidate, expected)):
         step = prepare_step(workload, backend, tried)
         assert knob.observe_training(step.optimizer, tried.micro_batches(backend)) == wanted
@@ -200,13 +217,17 @@ def test_printed_code_runs_and_applies_the_value() -> None:
         code = Candidate({name: value}).code("cpu")
         body = "\n".join(code).replace(
             "output = model(inputs)",
-            f"output = model(inputs); observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)")
-        sections.append(f"model = TinyNet()\ninputs = torch.randn(2, 3, 8, 8)\n{body}\n"
-                        "torch.set_float32_matmul_precision('highest')\n"
-                        # printed compiler options are process-wide too: back to the defaults
-                        "torch._inductor.config.freezing = torch._inductor.config.max_autotune = False\n"
-                        "torch._dynamo.error_on_graph_break(False).__enter__()\n")
-    script = textwrap.dedent("""\
+            f"output = model(inputs); observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)",
+        )
+        sections.append(
+            f"model = TinyNet()\ninputs = torch.randn(2, 3, 8, 8)\n{body}\n"
+            "torch.set_float32_matmul_precision('highest')\n"
+            # printed compiler options are process-wide too: back to the defaults
+            "torch._inductor.config.freezing = torch._inductor.config.max_autotune = False\n"
+            "torch._dynamo.error_on_graph_break(False).__enter__()\n"
+        )
+    script = (
+        textwrap.dedent("""\
         import json
         import torch
         from torch import nn
@@ -224,7 +245,10 @@ def test_printed_code_runs_and_applies_the_value() -> None:
                 return self.blocks(self.head(torch.relu(self.conv(x)).flatten(1)))
 
         observed = {}
-        """) + "\n".join(sections) + "\nprint(json.dumps(observed))\n"
+        """)
+        + "\n".join(sections)
+        + "\nprint(json.dumps(observed))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     observed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -251,14 +275,23 @@ def test_start_up_environment_comes_from_the_backend() -> None:
 
 def test_older_field_style_candidates_still_load(tmp_path) -> None:
     """Run folders and tuned_config.toml written before the registry keep loading."""
-    old = {"eager_mode": "strict", "compile_backend": "inductor", "compile_mode": None,
-           "matmul_precision": "medium", "autocast_dtype": "bfloat16"}
+    old = {
+        "eager_mode": "strict",
+        "compile_backend": "inductor",
+        "compile_mode": None,
+        "matmul_precision": "medium",
+        "autocast_dtype": "bfloat16",
+    }
     assert Candidate.from_dict(old) == Candidate(execution="inductor", matmul_precision="medium", autocast="bfloat16")
-    assert Candidate.from_dict({**old, "compile_backend": None, "eager_mode": "defer_and_fuse"})["execution"] == \
-        "eager:defer_and_fuse"
+    assert (
+        Candidate.from_dict({**old, "compile_backend": None, "eager_mode": "defer_and_fuse"})["execution"]
+        == "eager:defer_and_fuse"
+    )
     path = tmp_path / "tuned_config.toml"
-    path.write_text('format_version = 1\ndevice_kind = "cpu"\n[settings]\neager_mode = "strict"\n'
-                    'compile_backend = "aot_eager"\nmatmul_precision = "highest"\n')
+    path.write_text(
+        'format_version = 1\ndevice_kind = "cpu"\n[settings]\neager_mode = "strict"\n'
+        'compile_backend = "aot_eager"\nmatmul_precision = "highest"\n'
+    )
     assert TunedConfig.load(path).candidate == Candidate(execution="aot_eager")
     assert Candidate.from_dict(Candidate(autocast="bfloat16").to_dict()) == Candidate(autocast="bfloat16")
 
@@ -291,8 +324,10 @@ def _profile_with(**shares: float) -> object:
     from tpu_tuner.execution.operators import OperatorTime
     from tpu_tuner.model.profiled import ProfiledWorkload
 
-    return SimpleNamespace(operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],
-                           workload=ProfiledWorkload("m", "m.py", "native", training=False))
+    return SimpleNamespace(
+        operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],
+        workload=ProfiledWorkload("m", "m.py", "native", training=False),
+    )
 
 
 def test_compile_agent_seeds_channels_last_only_for_convolution_heavy_profiles() -> None:

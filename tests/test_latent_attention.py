@@ -13,9 +13,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import torch
 
 from tpu_tuner.core.errors import WorkloadError
@@ -23,8 +23,10 @@ from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_m
 from tpu_tuner.model.layer_parts import rotate
 from tpu_tuner.model.loader import load_workload
 
-MLA = ("decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,q_lora_rank=32,kv_lora_rank=16,qk_nope_head_dim=16,"
-       "qk_rope_head_dim=8,v_head_dim=12")
+MLA = (
+    "decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,q_lora_rank=32,kv_lora_rank=16,qk_nope_head_dim=16,"
+    "qk_rope_head_dim=8,v_head_dim=12"
+)
 # DeepSeek-V3 as a shape: the shipped example (MaxText's configs/models/deepseek3-671b.yml and
 # transformers' deepseek_v3 defaults; the dense first layers are the shape's dense_layers).
 DEEPSEEK_V3 = (Path(__file__).resolve().parent.parent / "examples" / "deepseek_v3.toml").read_text()
@@ -66,18 +68,38 @@ def test_a_deepseek_v3_config_has_the_parameters_of_its_shape(tmp_path, q_lora_r
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     config = transformers.AutoConfig.for_model(
-        "deepseek_v3", hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-        first_k_dense_replace=1, q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, vocab_size=256, n_group=1, topk_group=1, max_position_embeddings=128, attention_bias=bias)
+        "deepseek_v3",
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        vocab_size=256,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=128,
+        attention_bias=bias,
+    )
     expected = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
     path = tmp_path / "tiny_deepseek_v3.toml"
-    path.write_text("[model]\nvocab = 256\nd_model = 64\nlayers = 3\nheads = 4\nmlp = 128\ndense_layers = [0]\n"
-                    "experts = 4\ntop_k = 2\nexpert_mlp = 32\nshared_experts = 1\nmoe_routing = 'dropless'\n"
-                    "router = 'sigmoid'\nnorm_topk_prob = true\nrouted_scaling_factor = 2.5\n"
-                    f"q_lora_rank = {q_lora_rank or 0}\nkv_lora_rank = 16\nqk_nope_head_dim = 16\n"
-                    f"qk_rope_head_dim = 8\nv_head_dim = 16\nqkv_bias = {str(bias).lower()}\n"
-                    f"out_bias = {str(bias).lower()}\n")
+    path.write_text(
+        "[model]\nvocab = 256\nd_model = 64\nlayers = 3\nheads = 4\nmlp = 128\ndense_layers = [0]\n"
+        "experts = 4\ntop_k = 2\nexpert_mlp = 32\nshared_experts = 1\nmoe_routing = 'dropless'\n"
+        "router = 'sigmoid'\nnorm_topk_prob = true\nrouted_scaling_factor = 2.5\n"
+        f"q_lora_rank = {q_lora_rank or 0}\nkv_lora_rank = 16\nqk_nope_head_dim = 16\n"
+        f"qk_rope_head_dim = 8\nv_head_dim = 16\nqkv_bias = {str(bias).lower()}\n"
+        f"out_bias = {str(bias).lower()}\n"
+    )
     model = load_workload(path).build_model()
     assert sum(p.numel() for p in model.parameters()) == expected
 
@@ -98,8 +120,10 @@ def test_deepseek_v3s_shape_is_expressible_with_its_published_size(tmp_path) -> 
     assert (dims.layers, dims.heads, dims.head_dim, dims.value_head_dim) == (61, 128, 192, 128)
     # Active matmul parameters: every weight but the routed experts', which count top_k / experts.
     routed = 58 * 3 * 256 * 7168 * 2048
-    assert matmul_parameters(model) == sum(p.numel() for p in model.parameters() if p.dim() > 1) - 129280 * 7168 \
-        - routed + routed * 8 // 256
+    assert (
+        matmul_parameters(model)
+        == sum(p.numel() for p in model.parameters() if p.dim() > 1) - 129280 * 7168 - routed + routed * 8 // 256
+    )
 
 
 def test_counted_flops_equal_the_formula_with_value_heads_of_their_own_width() -> None:
@@ -116,12 +140,15 @@ def test_counted_flops_equal_the_formula_with_value_heads_of_their_own_width() -
         assert "Q=(Qk 24 + Qv 12) / 2" in formula.formula
 
 
-@pytest.mark.parametrize("extra, words", [
-    (",qk_rope_head_dim=7", "rotary positions need an even rotated dimension in (0, head_dim], not 7 of 23"),
-    (",kv_heads=2", "latent attention has one key/value head per query head"),
-    (",positions=learned", "with 'learned' positions"),
-    (",v_head_dim=0", "latent attention needs kv_lora_rank, qk_nope_head_dim and v_head_dim of at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (",qk_rope_head_dim=7", "rotary positions need an even rotated dimension in (0, head_dim], not 7 of 23"),
+        (",kv_heads=2", "latent attention has one key/value head per query head"),
+        (",positions=learned", "with 'learned' positions"),
+        (",v_head_dim=0", "latent attention needs kv_lora_rank, qk_nope_head_dim and v_head_dim of at least 1"),
+    ],
+)
 def test_bad_latent_keys_are_refused_in_one_line(extra: str, words: str) -> None:
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
         load_workload(MLA + extra)
@@ -188,8 +215,13 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         out["tpu"] = [tpu.error, tpu.flops]
         print(json.dumps(out))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     (base_compiled, base_formula) = data["v32"]

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tpu_tuner"
 # Layer of each subpackage (or top-level module) of tpu_tuner. A module may import its own
 # package and any package of a lower layer; packages that share a layer never import each other.
 LAYERS = {
-    "builtin": 0, "core": 0,
+    "builtin": 0,
+    "core": 0,
     "model": 1,
     "metrics": 2,
     "devices": 3,
@@ -24,7 +25,9 @@ LAYERS = {
     "profiling": 7,
     "runner": 8,
     "studies": 9,
-    "tuning": 10, "planner": 10, "bucketing": 10,
+    "tuning": 10,
+    "planner": 10,
+    "bucketing": 10,
     "outputs": 11,
     "dashboard": 12,
     "api": 13,
@@ -46,7 +49,8 @@ def _modules(package: Path) -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imported_names(module: str, path: Path) -> set[str]:
@@ -82,9 +86,10 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
-    return {module: {target for name in _imported_names(module, path)
-                     if (target := resolve(name)) and target != module}
-            for module, path in modules.items()}
+    return {
+        module: {target for name in _imported_names(module, path) if (target := resolve(name)) and target != module}
+        for module, path in modules.items()
+    }
 
 
 def _package_of(module: str) -> str:
@@ -157,11 +162,14 @@ def test_no_import_cycles() -> None:
 
 def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     package = tmp_path / "tpu_tuner"
-    for name, text in {"__init__.py": "", "core/__init__.py": "", "knobs/__init__.py": "",
-                       "core/units.py": "def f():\n    from tpu_tuner.knobs.base import Knob\n",
-                       "knobs/base.py": "from tpu_tuner.core import units\n",
-                       "knobs/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                         "    from tpu_tuner.cli import main\n"}.items():
+    for name, text in {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "knobs/__init__.py": "",
+        "core/units.py": "def f():\n    from tpu_tuner.knobs.base import Knob\n",
+        "knobs/base.py": "from tpu_tuner.core import units\n",
+        "knobs/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tpu_tuner.cli import main\n",
+    }.items():
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(text)
     graph = import_graph(package)
@@ -171,6 +179,7 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("limit", [400])
 def test_no_module_over_the_line_limit(limit: int) -> None:
-    long = {module: n for module, path in _modules(PACKAGE).items()
-            if (n := len(path.read_text().splitlines())) > limit}
+    long = {
+        module: n for module, path in _modules(PACKAGE).items() if (n := len(path.read_text().splitlines())) > limit
+    }
     assert not long, f"modules over {limit} lines: {long}"

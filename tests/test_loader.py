@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import EXAMPLES, FIXTURES
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.model.loader import load_workload
-
-from conftest import EXAMPLES, FIXTURES
 
 
 def test_native_training_workload() -> None:

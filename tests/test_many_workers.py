@@ -17,17 +17,17 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import FIXTURES
 from postgres_server import PASSWORD
+
 from tpu_tuner.cli import main
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost, open_storage
-from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
 from tpu_tuner.tuning.seeding import enqueue_seeds
+from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.warm_start import find_warm_seeds
 from tpu_tuner.tuning.workload_features import WorkloadFeatures
-from tpu_tuner.studies import records
 
 STUDY = "synthetic-shared"
 BUDGET = 5  # fixtures/shared_study_worker.py; fewer than the space's 6 settings, so a worker could overshoot
@@ -39,16 +39,22 @@ def _start_workers(postgres, tmp_path: Path) -> list[subprocess.Popen]:
     pgpass.chmod(0o600)  # libpq ignores a pgpass file others can read
     base = {k: v for k, v in os.environ.items() if k not in ("TPU_TUNE_STORAGE", "PGPASSWORD", "PGPASSFILE")}
     ways = [
-        ([postgres.url("secret", PASSWORD)], {}),                               # in the URL given
-        ([], {"TPU_TUNE_STORAGE": postgres.url("secret", PASSWORD)}),          # from the environment
-        ([postgres.url("secret")], {"PGPASSFILE": str(pgpass)}),                 # from a pgpass file
+        ([postgres.url("secret", PASSWORD)], {}),  # in the URL given
+        ([], {"TPU_TUNE_STORAGE": postgres.url("secret", PASSWORD)}),  # from the environment
+        ([postgres.url("secret")], {"PGPASSFILE": str(pgpass)}),  # from a pgpass file
     ]
     workers = []
     for index, (args, env) in enumerate(ways):
         log = (tmp_path / f"worker{index}.log").open("w")
-        workers.append(subprocess.Popen(
-            [sys.executable, str(FIXTURES / "shared_study_worker.py"), STUDY, str(tmp_path / "results"), *args],
-            env={**base, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, str(FIXTURES / "shared_study_worker.py"), STUDY, str(tmp_path / "results"), *args],
+                env={**base, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         time.sleep(0.3)
     return workers
 
@@ -72,8 +78,12 @@ def _kill_one_mid_trial(url: str, workers: list[subprocess.Popen]) -> tuple[int,
             continue
         trials = study.get_trials(deepcopy=False)
         for trial in trials:
-            if (trial.state == optuna.trial.TrialState.RUNNING and _pid_of(trial) in by_pid
-                    and trial.datetime_start is not None and (time.time() - trial.datetime_start.timestamp()) > 0.8):
+            if (
+                trial.state == optuna.trial.TrialState.RUNNING
+                and _pid_of(trial) in by_pid
+                and trial.datetime_start is not None
+                and (time.time() - trial.datetime_start.timestamp()) > 0.8
+            ):
                 os.killpg(by_pid[_pid_of(trial)].pid, signal.SIGKILL)
                 complete = {t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
                 return trial.number, complete
@@ -125,8 +135,18 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
 
     # A worker with another workload is refused in one line, before it measures anything.
     capsys.readouterr()
-    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--study", STUDY, "--storage", url,
-                   "--out", str(tmp_path / "refused")])
+    status = main(
+        [
+            "-q",
+            str(FIXTURES / "tiny_mlp_benchmark.py"),
+            "--study",
+            STUDY,
+            "--storage",
+            url,
+            "--out",
+            str(tmp_path / "refused"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and "join refused" in err and "model file differs" in err and len(err.splitlines()) == 1, err
     assert len(study.get_trials(deepcopy=False)) == len(trials)
@@ -142,7 +162,9 @@ def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, t
     for recorded in (True, False):
         if not recorded:
             study.set_user_attr(VERIFICATION_ATTR, None)
-        assert main(["-q", "study", "finish", "--storage", url, "--study", STUDY, "--out", str(tmp_path / "finish")]) == 0
+        assert (
+            main(["-q", "study", "finish", "--storage", url, "--study", STUDY, "--out", str(tmp_path / "finish")]) == 0
+        )
         shown = capsys.readouterr().out
         assert "verified on" in shown and PASSWORD not in shown, shown
     finished = sorted((tmp_path / "finish").glob("*/tuned_config.toml"))

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import pytest
+from conftest import FIXTURES, use_probe
 
 import tpu_tuner
-from tpu_tuner.devices import roofline
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.hardware import GPU_SPECS, TPU_CHIPS, GpuSpec, gpu_spec_for_name, tpu_chip_for_name
-from tpu_tuner.metrics.mfu import (MFU_CONVENTION, PeakChoice, achieved_flops_per_s, checked_peak, fastest_peak, mfu,
-                                   utilisation_by_dtype)
+from tpu_tuner.devices import roofline
+from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.metrics.mfu import (
+    MFU_CONVENTION,
+    PeakChoice,
+    achieved_flops_per_s,
+    checked_peak,
+    fastest_peak,
+    mfu,
+    utilisation_by_dtype,
+)
 from tpu_tuner.metrics.timing import TimingStats
 from tpu_tuner.outputs.profile_report import render_markdown
-from tpu_tuner.execution.measurement import Measurement
-
-from conftest import FIXTURES, use_probe
 
 
 def test_mfu_from_known_numbers() -> None:
@@ -50,13 +56,16 @@ def test_tpu_relations() -> None:
         assert chip is ironwood or chip.bf16_flops_per_device == pytest.approx(chip.bf16_tflops_per_chip * 1e12)
 
 
-@pytest.mark.parametrize(("name", "same_as"), [
-    ("TPU v5 lite", "TPU v5e"),  # the name PJRT and torch report for v5e
-    ("TPU v6 lite", "TPU v6e"),
-    ("TPU v7", "TPU7x"),  # torch-tpu 0.2.0's get_device_name()
-    ("Ironwood", "TPU7x"),
-    ("Trillium", "TPU v6e"),
-])
+@pytest.mark.parametrize(
+    ("name", "same_as"),
+    [
+        ("TPU v5 lite", "TPU v5e"),  # the name PJRT and torch report for v5e
+        ("TPU v6 lite", "TPU v6e"),
+        ("TPU v7", "TPU7x"),  # torch-tpu 0.2.0's get_device_name()
+        ("Ironwood", "TPU7x"),
+        ("Trillium", "TPU v6e"),
+    ],
+)
 def test_tpu_names_that_mean_one_chip(name: str, same_as: str) -> None:
     assert tpu_chip_for_name(name) is not None and tpu_chip_for_name(name) is tpu_chip_for_name(same_as)
 
@@ -79,13 +88,16 @@ def test_a_published_gpu_figure() -> None:
     assert h100 is not None and h100.name == "H100 SXM" and h100.tflops["bfloat16"] == pytest.approx(1979 / 2, rel=1e-3)
 
 
-@pytest.mark.parametrize(("name", "spec"), [
-    ("NVIDIA H200", "H200"),
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA H100 PCIe", "H100 PCIe"),
-    ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
-    ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
-])
+@pytest.mark.parametrize(
+    ("name", "spec"),
+    [
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+    ],
+)
 def test_gpu_names_find_their_datasheet(name: str, spec: str) -> None:
     found = gpu_spec_for_name(name)
     assert found is not None and found.name == spec
@@ -161,8 +173,12 @@ def test_baseline_and_medium_divide_by_the_same_peak(tmp_path, monkeypatch, fast
     # bf16 peak (159-177% MFU) while the baseline used fp32: the figures were not comparable.
     use_probe(monkeypatch, tmp_path, float32_flops_per_s=1e15, bfloat16_flops_per_s=1e3)
     baseline = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings)
-    medium = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings,
-                               candidate=Candidate(matmul_precision="medium"))
+    medium = tpu_tuner.profile(
+        FIXTURES / "tiny_mlp_benchmark.py",
+        device="cpu",
+        settings=fast_settings,
+        candidate=Candidate(matmul_precision="medium"),
+    )
     for result in (baseline, medium):
         assert (result.peak_flops_per_s, result.peak_dtype) == (1e15, "float32")
         assert 0 < result.mfu <= 1 and result.mfu_convention == MFU_CONVENTION
@@ -185,10 +201,24 @@ def test_a_step_that_beats_the_peak_reprobes_then_raises_it(tmp_path, monkeypatc
 
 
 def _measurement(step: float, peak: float, dtype: str) -> Measurement:
-    return Measurement(candidate={}, step_median=step, step_p10=step, step_p90=step, samples=[step],
-                       first_call_seconds=0.0, warmup_seconds=0.0, compile_seconds=0.0, compiles={},
-                       model_flops_per_step=100e9, peak_flops_per_s=peak, peak_dtype=dtype, mfu=100e9 / step / peak,
-                       peak_memory_bytes=None, accuracy_errors={}, compute_dtype=dtype)
+    return Measurement(
+        candidate={},
+        step_median=step,
+        step_p10=step,
+        step_p90=step,
+        samples=[step],
+        first_call_seconds=0.0,
+        warmup_seconds=0.0,
+        compile_seconds=0.0,
+        compiles={},
+        model_flops_per_step=100e9,
+        peak_flops_per_s=peak,
+        peak_dtype=dtype,
+        mfu=100e9 / step / peak,
+        peak_memory_bytes=None,
+        accuracy_errors={},
+        compute_dtype=dtype,
+    )
 
 
 def test_tuning_report_compares_mfu_on_one_peak() -> None:
@@ -212,8 +242,9 @@ def test_trials_use_the_profile_peak_and_reprobe_once_per_worker(tmp_path, monke
     probes = []
     monkeypatch.setattr(roofline, "measure", lambda device, sync: probes.append(1) or low)
     state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
-    options = MeasureRequest(settings=fast_settings, model_flops_per_step=1e6,
-                             peak_flops_per_s={"float32": 1e3, "bfloat16": 2e3})
+    options = MeasureRequest(
+        settings=fast_settings, model_flops_per_step=1e6, peak_flops_per_s={"float32": 1e3, "bfloat16": 2e3}
+    )
     medium = run_measure(state, replace(options, candidate=Candidate(matmul_precision="medium").to_dict()))
     baseline = run_measure(state, replace(options, candidate=Candidate().to_dict()))
     assert len(probes) == 1  # the first trial that beat the peak re-probed; the worker kept the result
@@ -229,10 +260,10 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
 
     import optuna
 
-    from tpu_tuner.tuning.space import SearchSpace
     from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.options import TuneOptions
     from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.space import SearchSpace
     from tpu_tuner.tuning.verify import Verification
 
     study = optuna.create_study()
@@ -243,8 +274,15 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
     trial_attrs.copy_attrs(study.trials[1], repeat, 0.01)
     study.tell(repeat, study.trials[1].value)
     profile = types.SimpleNamespace(peak_flops_per_s=400e9, peak_dtype="bfloat16")
-    result = TuningResult(run_dir=tmp_path, study=study, space=SearchSpace.load("default", "cpu"), profile=profile,
-                          findings={}, verification=Verification(0, 1, Candidate(), True, None), options=TuneOptions())
+    result = TuningResult(
+        run_dir=tmp_path,
+        study=study,
+        space=SearchSpace.load("default", "cpu"),
+        profile=profile,
+        findings={},
+        verification=Verification(0, 1, Candidate(), True, None),
+        options=TuneOptions(),
+    )
     assert result.peak == (900e9, "bfloat16")
     assert result.baseline.mfu == pytest.approx(100e9 / 1.0 / 900e9)  # 11.1%, not the 25% it stored
     assert result.chosen.mfu == pytest.approx(100e9 / 0.25 / 900e9)

@@ -41,8 +41,11 @@ def test_node_ranks_keep_claims_give_the_store_host_node_0_and_refuse_a_rank_cla
     # No claims: the agent serving the store drives (node 0), the rest follow the rendezvous's order.
     assert assign_nodes([_claim("a", 1), _claim("b", 2, store_host=True), _claim("c", 3)]) == [1, 0, 2]
     # A survivor of a re-rendezvous keeps its node, a newcomer takes the free one.
-    assert assign_nodes([_claim("new", 9), _claim("driver", 1, want=0, store_host=True), _claim("c", 3, want=2)]) \
-        == [1, 0, 2]
+    assert assign_nodes([_claim("new", 9), _claim("driver", 1, want=0, store_host=True), _claim("c", 3, want=2)]) == [
+        1,
+        0,
+        2,
+    ]
     # --node-rank (or TorchTPU's NODE_RANK) wins over the store's host.
     assert assign_nodes([_claim("a", 1, want=0), _claim("b", 2, store_host=True)]) == [0, 1]
     with pytest.raises(HostsError, match="node rank 1 is claimed by both a .pid 1. and b .pid 2."):
@@ -57,12 +60,14 @@ def test_the_mesh_maps_onto_hosts_and_tensor_groups_stay_within_one_by_default()
     assert axes_within_hosts(parse_layout("1x1x4", context=False), 2) == {"tensor": False}
     assert describe_on_hosts(parse_layout("1x2x2", context=False), 2, 2, ["a", "b"]) == (
         "1x2x2: node 0 (a) ranks 0-1 = fsdp 0 x tensor 0-1; node 1 (b) ranks 2-3 = fsdp 1 x tensor 0-1; "
-        "fsdp across hosts, tensor within a host")
+        "fsdp across hosts, tensor within a host"
+    )
     # Two hosts of two ranks: the layouts of four ranks, less those whose tensor axis spans hosts.
     space = SearchSpace.load(FIXTURES / "layout_space.toml", "cpu", ranks=4).tensor_within_hosts(2)
     assert next(p for p in space.params if p.name == "layout").choices == ("4x1x1", "1x4x1", "1x2x2")
-    assert space.left_out == ("layout: 1x1x4: the tensor axis would span hosts (2 ranks a host; "
-                              "--tensor-across-hosts allows it)",)
+    assert space.left_out == (
+        "layout: 1x1x4: the tensor axis would span hosts (2 ranks a host; --tensor-across-hosts allows it)",
+    )
 
 
 def test_the_host_flags_are_checked_before_anything_runs() -> None:
@@ -71,11 +76,15 @@ def test_the_host_flags_are_checked_before_anything_runs() -> None:
     good = dict(nnodes=2, nproc=1, rdzv="127.0.0.1:29400", study="s")
     assert TuneOptions(**good).runner.ranks == 2
     TuneOptions(**good).validate()
-    for change, says in ((dict(rdzv=None), "give --rdzv HOST:PORT"), (dict(rdzv="head-host"), "expected HOST:PORT"),
-                         (dict(study=None), "give --study NAME"), (dict(node_rank=2), "--node-rank 2: expected 0 to 1"),
-                         (dict(max_restarts=-1), "--max-restarts must be at least 0"),
-                         (dict(nnodes=1, node_rank=0), "--node-rank join hosts into one run"),
-                         (dict(nnodes=0), "--nnodes must be at least 1")):
+    for change, says in (
+        (dict(rdzv=None), "give --rdzv HOST:PORT"),
+        (dict(rdzv="head-host"), "expected HOST:PORT"),
+        (dict(study=None), "give --study NAME"),
+        (dict(node_rank=2), "--node-rank 2: expected 0 to 1"),
+        (dict(max_restarts=-1), "--max-restarts must be at least 0"),
+        (dict(nnodes=1, node_rank=0), "--node-rank join hosts into one run"),
+        (dict(nnodes=0), "--nnodes must be at least 1"),
+    ):
         with pytest.raises(UserInputError, match=says):
             TuneOptions(**{**good, **change}).validate()
 
@@ -138,12 +147,34 @@ class Hosts:
 
     def __init__(self, root: Path, study: str, *flags: str, nnodes: int = 2, model: Path = FIXTURES / "tiny_llama.py"):
         self.root, self.mark, self.port = root, uuid.uuid4().hex, _free_port()
-        self.command = [sys.executable, "-m", "tpu_tuner.cli", str(model), "--device", "cpu", "--nnodes", str(nnodes),
-                        "--nproc", "1", "--rdzv", f"127.0.0.1:{self.port}", "--study", study,
-                        "--storage", f"sqlite:///{root / 'study.db'}", "--out", "results", "--time-budget", "none",
-                        *flags]
-        self.env = {**os.environ, MARK: self.mark,
-                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        self.command = [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            str(model),
+            "--device",
+            "cpu",
+            "--nnodes",
+            str(nnodes),
+            "--nproc",
+            "1",
+            "--rdzv",
+            f"127.0.0.1:{self.port}",
+            "--study",
+            study,
+            "--storage",
+            f"sqlite:///{root / 'study.db'}",
+            "--out",
+            "results",
+            "--time-budget",
+            "none",
+            *flags,
+        ]
+        self.env = {
+            **os.environ,
+            MARK: self.mark,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
         self.started: list[subprocess.Popen] = []
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
@@ -152,8 +183,14 @@ class Hosts:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"out-{self.mark[:6]}-{len(self.started)}.txt"
         with open(path, "w") as out:
-            process = subprocess.Popen([*self.command, *extra], cwd=folder, env=self.env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [*self.command, *extra],
+                cwd=folder,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         process.out = path  # type: ignore[attr-defined]
         self.started.append(process)
         return process
@@ -226,9 +263,21 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
         folder = tmp_path / "a"
         folder.mkdir()
         with open(folder / "out.txt", "w") as out:
-            driver = subprocess.Popen([sys.executable, str(FIXTURES / "host_driver.py"), f"127.0.0.1:{hosts.port}", "jobs",
-                                       str(FIXTURES / "tiny_llama.py"), "2"], cwd=folder, env=hosts.env, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+            driver = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(FIXTURES / "host_driver.py"),
+                    f"127.0.0.1:{hosts.port}",
+                    "jobs",
+                    str(FIXTURES / "tiny_llama.py"),
+                    "2",
+                ],
+                cwd=folder,
+                env=hosts.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         driver.out = folder / "out.txt"  # type: ignore[attr-defined]
         hosts.started.append(driver)
         follower = hosts.start("b")
@@ -242,13 +291,16 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
         follower.wait()
         lines = _lines(driver)
         me = socket.gethostname()
-        assert lines[0] == {"joined": 0, "hosts": [f"host {me} (node 0, agent pid {driver.pid})",
-                                                   f"host {me} (node 1, agent pid {follower.pid})"]}
+        assert lines[0] == {
+            "joined": 0,
+            "hosts": [f"host {me} (node 0, agent pid {driver.pid})", f"host {me} (node 1, agent pid {follower.pid})"],
+        }
         first, second = (line["job"] for line in lines if isinstance(line.get("job"), dict))
         assert first["ok"] and first["hosts"] == lines[0]["hosts"] and first["step_s"] > 0, first
         assert second["kind"] == records.INTERRUPTED, second
-        assert second["message"].startswith(f"host {me} (node 1, agent pid {follower.pid}) stopped answering during "
-                                            "this trial (no heartbeat for "), second
+        assert second["message"].startswith(
+            f"host {me} (node 1, agent pid {follower.pid}) stopped answering during this trial (no heartbeat for "
+        ), second
         assert lines[-1]["usable"] is False and "no restart left (--max-restarts 0)" in lines[-1]["error"]
         time.sleep(1.0)
         assert _marked(hosts.mark) == [] and not _listening(hosts.port)
@@ -289,8 +341,10 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
         assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
         done_before = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
         assert len(done_before) == 1  # the first trial completed before the kill
-        on_both = [f"host {socket.gethostname()} (node 0, agent pid {a.pid})",
-                   f"host {socket.gethostname()} (node 1, agent pid {b.pid})"]
+        on_both = [
+            f"host {socket.gethostname()} (node 0, agent pid {a.pid})",
+            f"host {socket.gethostname()} (node 1, agent pid {b.pid})",
+        ]
         assert all(records.attrs(t)[records.HOSTS] == on_both for t in before if t.number in done_before)
 
         relaunched = Hosts(tmp_path, "killed", *flags)
@@ -303,12 +357,17 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
         hosts.cleanup()
     after = _trials(tmp_path, "killed")
     assert {t.number: t.params for t in after if t.number in done_before} == done_before
-    measured = [tuple(sorted(t.params.items())) for t in after
-                if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
+    measured = [
+        tuple(sorted(t.params.items()))
+        for t in after
+        if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)
+    ]
     assert len(measured) == 2 and max(Counter(measured).values()) == 1  # nothing measured twice, the budget met
     (new,) = [t for t in after if t.number not in done_before and t.state.name == "COMPLETE"]
-    assert records.attrs(new)[records.HOSTS] == [f"host {socket.gethostname()} (node 0, agent pid {a2.pid})",
-                                                 f"host {socket.gethostname()} (node 1, agent pid {b2.pid})"]
+    assert records.attrs(new)[records.HOSTS] == [
+        f"host {socket.gethostname()} (node 0, agent pid {a2.pid})",
+        f"host {socket.gethostname()} (node 1, agent pid {b2.pid})",
+    ]
     report = max((tmp_path / "a" / "results").glob("tiny_llama-tune-*/report.md"), key=lambda p: p.stat().st_mtime)
     text = report.read_text()
     assert "Every trial ran on 2 ranks (2 hosts of 1" in text
@@ -322,8 +381,19 @@ def test_with_a_restart_left_the_driver_waits_for_the_lost_host_and_the_study_go
     """--max-restarts 1: host b's agent SIGKILLed during trial 2 fails that trial naming it; the
     driver waits at a re-rendezvous, the same command started again on b joins it, and the study
     ends with its budget measured on both hosts, nothing measured twice, nothing left running."""
-    flags = ("--trials", "2", "--verify-rounds", "2", "--space", str(FIXTURES / "layout_space.toml"), "--no-prune",
-             "--max-restarts", "1", "--rdzv-timeout", "120")
+    flags = (
+        "--trials",
+        "2",
+        "--verify-rounds",
+        "2",
+        "--space",
+        str(FIXTURES / "layout_space.toml"),
+        "--no-prune",
+        "--max-restarts",
+        "1",
+        "--rdzv-timeout",
+        "120",
+    )
     hosts = Hosts(tmp_path, "restarted", *flags)
     try:
         a, b = _pair_with_the_follower_killed_in_trial_2(hosts)

@@ -14,17 +14,23 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.cli import main
-from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.core.units import duration, ms, shape
-from tpu_tuner.knobs.tuned_config import TunedConfig
-
 from conftest import FIXTURES
 
-FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
-                        timing_max_steps=20, profiled_steps=1, top_operators=3)
+from tpu_tuner.cli import main
+from tpu_tuner.core.units import duration, ms, shape
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.tuned_config import TunedConfig
+from tpu_tuner.profiling import ProfilerSettings
+
+FAST = ProfilerSettings(
+    warmup_min_steps=1,
+    warmup_max_steps=5,
+    timing_min_steps=10,
+    timing_min_seconds=0.0,
+    timing_max_steps=20,
+    profiled_steps=1,
+    top_operators=3,
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +50,22 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setattr(study.TuneOptions, "__init__", fast_init)
-        status = main(["-q", str(FIXTURES / "synthetic_speed.py"), "--trials", "4", "--verify-rounds", "5",
-                       "--space", str(FIXTURES / "eager_precision_space.toml"), "--sampler", "grid",
-                       "--out", str(out)])
+        status = main(
+            [
+                "-q",
+                str(FIXTURES / "synthetic_speed.py"),
+                "--trials",
+                "4",
+                "--verify-rounds",
+                "5",
+                "--space",
+                str(FIXTURES / "eager_precision_space.toml"),
+                "--sampler",
+                "grid",
+                "--out",
+                str(out),
+            ]
+        )
     assert status == 0, printed.getvalue()
     (run_dir,) = out.iterdir()
     return run_dir, printed.getvalue()
@@ -159,9 +178,7 @@ def test_apply_prints_code_that_runs(tuned, capsys, tmp_path) -> None:
     script.write_text(
         "import torch\n"
         "model = torch.nn.Linear(8, 8)\n"
-        "inputs = torch.randn(4, 8)\n"
-        + code
-        + "\nassert output.shape == (4, 8)\n"
+        "inputs = torch.randn(4, 8)\n" + code + "\nassert output.shape == (4, 8)\n"
         "assert torch.get_float32_matmul_precision() == 'medium'\n"
         "print('applied')\n"
     )
@@ -175,9 +192,11 @@ def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
     config = TunedConfig(Candidate(execution="aot_eager", autocast="bfloat16"), "cpu")
     path = config.save(tmp_path / "c.toml")
     script = tmp_path / "user.py"
-    script.write_text("import torch\nmodel = torch.nn.Linear(8, 8)\ninputs = torch.randn(4, 8)\n"
-                      + "\n".join(config.instructions(path))
-                      + "\nassert output.dtype == torch.bfloat16\nprint('applied')\n")
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(8, 8)\ninputs = torch.randn(4, 8)\n"
+        + "\n".join(config.instructions(path))
+        + "\nassert output.dtype == torch.bfloat16\nprint('applied')\n"
+    )
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
@@ -186,13 +205,15 @@ def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
 def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path, capfd, caplog, monkeypatch) -> None:
     """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
     log file; the caller's terminal gets one warning line naming the event and the log."""
-    from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
     from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 
     monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     crashing = tmp_path / "crashing.py"
-    crashing.write_text("import os, signal, sys\nsys.stderr.write('*** STACK DUMP of a compiler crash ***\\n')\n"
-                        "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGFPE)\n")
+    crashing.write_text(
+        "import os, signal, sys\nsys.stderr.write('*** STACK DUMP of a compiler crash ***\\n')\n"
+        "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGFPE)\n"
+    )
     log_file = tmp_path / "compiler.log"
     job = CompileJob(str(crashing), "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
     with caplog.at_level("WARNING"), CompilePool(1, log_file) as pool:
@@ -217,8 +238,14 @@ def test_readme_first_screen_is_for_a_newcomer() -> None:
     assert "pip install -e . && tpu-tune examples/gpt.py" in first_screen
     assert "bash .ci/run" in first_screen
     assert re.search(r"took \d", first_screen)  # how long the first command takes here
-    for command in ("tpu-tune MODEL.py", "tpu-tune apply", "tpu-tune profile", "tpu-tune plan", "tpu-tune buckets",
-                    "tpu-tune dashboard"):
+    for command in (
+        "tpu-tune MODEL.py",
+        "tpu-tune apply",
+        "tpu-tune profile",
+        "tpu-tune plan",
+        "tpu-tune buckets",
+        "tpu-tune dashboard",
+    ):
         assert f"| `{command}" in first_screen, command
     links = re.findall(r"\]\((docs/[^)#]+)", readme)
     assert links and all((REPO / link).is_file() for link in links), [l for l in links if not (REPO / l).is_file()]
@@ -230,22 +257,26 @@ def test_jax_is_only_in_the_plan_extra() -> None:
     assert project["requires-python"] == ">=3.11"
     assert not [d for d in project["dependencies"] if d.lower().startswith(("jax", "libtpu", "torchax"))]
     assert any(d.startswith("jax") for d in project["optional-dependencies"]["plan"])
-    importers = [str(path.relative_to(REPO)) for path in (REPO / "tpu_tuner").rglob("*.py")
-                 if "planner" not in path.parts
-                 and re.search(r"^\s*(import jax|from jax)", path.read_text(), re.MULTILINE)]
+    importers = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "tpu_tuner").rglob("*.py")
+        if "planner" not in path.parts and re.search(r"^\s*(import jax|from jax)", path.read_text(), re.MULTILINE)
+    ]
     assert importers == []
 
 
 def test_help_and_dashboard_work_without_jax(tmp_path) -> None:
-    code = ("import sys\n"
-            "for name in ('jax', 'jaxlib', 'torchax'):\n"
-            "    sys.modules[name] = None  # importing any of them now fails\n"
-            "from tpu_tuner.cli import main\n"
-            f"assert main(['dashboard', {str(tmp_path)!r}]) == 0\n"
-            "try:\n"
-            "    main(['--help'])\n"
-            "except SystemExit as exc:\n"
-            "    assert exc.code == 0\n")
+    code = (
+        "import sys\n"
+        "for name in ('jax', 'jaxlib', 'torchax'):\n"
+        "    sys.modules[name] = None  # importing any of them now fails\n"
+        "from tpu_tuner.cli import main\n"
+        f"assert main(['dashboard', {str(tmp_path)!r}]) == 0\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "tune" in done.stdout and (tmp_path / "dashboard.html").is_file()

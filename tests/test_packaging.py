@@ -15,8 +15,20 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_wheel_contains_agents_and_search_spaces(tmp_path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        check=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
     )
     (wheel,) = tmp_path.glob("tpu_tune-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

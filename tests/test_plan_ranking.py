@@ -9,35 +9,53 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.planner.prices import PRICES_FILE, Price, load_prices, parse_price_flags, price_table
-from tpu_tuner.planner.ranking import band_factors, ranked, slice_of, unplanned
+from tpu_tuner.planner.ranking import band_factors, ranked, slice_of
 
 TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
 GIB = 2**30
 
 
-def plan_json(name: str, generation: str, chips: int, points: list[tuple[float, float, bool]],
-              hbm: float = 16 * GIB) -> dict:
+def plan_json(
+    name: str, generation: str, chips: int, points: list[tuple[float, float, bool]], hbm: float = 16 * GIB
+) -> dict:
     """plan.json as PlanResult.to_dict() writes it, each point (mfu, tokens/s, fits)."""
     plans = []
     for index, (mfu, tokens, fits) in enumerate(points):
-        plans.append({"layout": {"data": 1, "fsdp": chips // (index + 1), "tensor": index + 1, "context": 1},
-                      "compiled": {"error": None}, "fits": fits, "margin_bytes": (1 if fits else -(index + 1.5)) * GIB,
-                      "remat": "full", "why": "",
-                      "prediction": {"step_seconds": 8192 / tokens, "mfu": mfu, "tokens_per_second": tokens},
-                      "band": {"points": 4.0, "source": "test rows", "reasons": []}})
+        plans.append(
+            {
+                "layout": {"data": 1, "fsdp": chips // (index + 1), "tensor": index + 1, "context": 1},
+                "compiled": {"error": None},
+                "fits": fits,
+                "margin_bytes": (1 if fits else -(index + 1.5)) * GIB,
+                "remat": "full",
+                "why": "",
+                "prediction": {"step_seconds": 8192 / tokens, "mfu": mfu, "tokens_per_second": tokens},
+                "band": {"points": 4.0, "source": "test rows", "reasons": []},
+            }
+        )
     fitting = [p for p in plans if p["fits"]]
     best = max(fitting, key=lambda p: p["prediction"]["mfu"]) if fitting else None
-    return {"workload": "decoder", "preset": None, "global_batch": 4, "seq_len": 2048,
-            "topology": {"name": name, "generation": generation, "chips": chips, "devices": chips,
-                         "hbm_bytes_per_device": hbm},
-            "plans": plans, "best": f"data 1 x fsdp {best['layout']['fsdp']}" if best else None}
+    return {
+        "workload": "decoder",
+        "preset": None,
+        "global_batch": 4,
+        "seq_len": 2048,
+        "topology": {
+            "name": name,
+            "generation": generation,
+            "chips": chips,
+            "devices": chips,
+            "hbm_bytes_per_device": hbm,
+        },
+        "plans": plans,
+        "best": f"data 1 x fsdp {best['layout']['fsdp']}" if best else None,
+    }
 
 
 PRICES = {"v5e": Price("v5e", 1.2, "https://example.org/a"), "v5p": Price("v5p", 4.2, "https://example.org/b")}
@@ -63,11 +81,20 @@ def test_price_flags_are_repeatable_comma_separated_and_take_aliases() -> None:
     assert table["tpu7x"].source == "--price" and table["v5p"].usd_per_chip_hour == 4.2  # added; the rest kept
 
 
-@pytest.mark.parametrize("value, words", [
-    ("v9=1", "unknown TPU generation 'v9'"), ("v6e", "takes GEN=USD_PER_CHIP_HOUR"), ("=2", "takes GEN="),
-    ("v6e=0", "positive number"), ("v6e=-2.7", "positive number"), ("v6e=nan", "positive number"),
-    ("v6e=inf", "positive number"), ("v6e=two", "positive number"), ("v6e=1,v6e=2", "gives v6e twice"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("v9=1", "unknown TPU generation 'v9'"),
+        ("v6e", "takes GEN=USD_PER_CHIP_HOUR"),
+        ("=2", "takes GEN="),
+        ("v6e=0", "positive number"),
+        ("v6e=-2.7", "positive number"),
+        ("v6e=nan", "positive number"),
+        ("v6e=inf", "positive number"),
+        ("v6e=two", "positive number"),
+        ("v6e=1,v6e=2", "gives v6e twice"),
+    ],
+)
 def test_bad_prices_are_refused_in_one_line(value: str, words: str) -> None:
     with pytest.raises(UserInputError) as caught:
         parse_price_flags([value])
@@ -79,7 +106,7 @@ def test_a_broken_price_file_is_refused_naming_it(tmp_path) -> None:
     path.write_text('[v6e]\nusd_per_chip_hour = -1\nsource = "x"\nstates = "y"\nread = "2026-12-02"\n')
     with pytest.raises(UserInputError, match="prices.toml: \\[v6e\\] usd_per_chip_hour must be a positive"):
         load_prices(path)
-    path.write_text('[v6e]\nusd_per_chip_hour = 2.7\n')
+    path.write_text("[v6e]\nusd_per_chip_hour = 2.7\n")
     with pytest.raises(UserInputError, match="lacks source, states, read"):
         load_prices(path)
 
@@ -117,8 +144,10 @@ def test_slices_that_fit_rank_above_those_that_do_not_and_the_two_orders_differ(
     assert (by["v5e-16"].rank_per_dollar, by["v5p-16"].rank_per_dollar, by["v6e-16"].rank_per_dollar) == (1, 2, None)
     assert by["v5e-8"].rank_per_chip is None and not by["v5e-8"].fits
     # The closest miss: the point 1.5 GiB over of 16 GiB, named by its mesh.
-    assert by["v5e-8"].why == ("no point fits in HBM: the closest, data 1 x fsdp 8 x tensor 1 (remat full), needs "
-                               "1.50 GiB more than the 16.00 GiB per device")
+    assert by["v5e-8"].why == (
+        "no point fits in HBM: the closest, data 1 x fsdp 8 x tensor 1 (remat full), needs "
+        "1.50 GiB more than the 16.00 GiB per device"
+    )
 
 
 def test_a_generation_without_a_price_gets_per_chip_figures_and_no_price() -> None:
@@ -135,8 +164,12 @@ def test_the_notes_say_which_slices_the_bands_cannot_order() -> None:
     from tpu_tuner.outputs.ranking_report import notes
 
     def ranking(second_tokens: float) -> dict:
-        slices = ranked([slice_of(plan_json("v5e-16", "v5e", 16, [(0.5, 64_000.0, True)]), PRICES["v5e"]),
-                         slice_of(plan_json("v5p-16", "v5p", 8, [(0.5, second_tokens, True)]), PRICES["v5p"])])
+        slices = ranked(
+            [
+                slice_of(plan_json("v5e-16", "v5e", 16, [(0.5, 64_000.0, True)]), PRICES["v5e"]),
+                slice_of(plan_json("v5p-16", "v5p", 8, [(0.5, second_tokens, True)]), PRICES["v5p"]),
+            ]
+        )
         return {"slices": [vars(s) for s in slices]}
 
     # v5p-16 at 150k tokens/s: 16.1M per $ against v5e-16's 12M; ± 4 points of 50% MFU is ± 8%: apart.
@@ -172,12 +205,16 @@ def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_pat
     from tpu_tuner.outputs.ranking_report import rank_to_folder
     from tpu_tuner.planner.options import PlanOptions
 
-    called = _fake_plans(monkeypatch, {
-        "v5e-4": plan_json("v5e-4", "v5e", 4, [(0.2, 4000.0, True)]),
-        "v5p-8": UserInputError("no layout divides this model or fits it on 4 devices"),
-    })
-    folder, ranking = rank_to_folder(TINY, PlanOptions(topology="v5e-4", workers=1), ["v5e-4", "v5p-8"],
-                                     price_table(), tmp_path)
+    called = _fake_plans(
+        monkeypatch,
+        {
+            "v5e-4": plan_json("v5e-4", "v5e", 4, [(0.2, 4000.0, True)]),
+            "v5p-8": UserInputError("no layout divides this model or fits it on 4 devices"),
+        },
+    )
+    folder, ranking = rank_to_folder(
+        TINY, PlanOptions(topology="v5e-4", workers=1), ["v5e-4", "v5p-8"], price_table(), tmp_path
+    )
     assert called == ["v5e-4", "v5p-8"] and folder.parent == tmp_path and "-plan-ranking-" in folder.name
     data = json.loads((folder / "ranking.json").read_text())
     first, second = data["slices"]
@@ -185,8 +222,9 @@ def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_pat
     assert second["why"] == "not planned: no layout divides this model or fits it on 4 devices"
     assert second["usd_per_chip_hour"] == 4.2 and second["chips"] == 4  # v5p-8: 8 TensorCores, 4 chips
     plan = json.loads((folder / first["plan_dir"] / "plan.json").read_text())
-    assert first["tokens_per_dollar"] == pytest.approx(plan["plans"][0]["prediction"]["tokens_per_second"] * 3600
-                                                       / (4 * 1.2))
+    assert first["tokens_per_dollar"] == pytest.approx(
+        plan["plans"][0]["prediction"]["tokens_per_second"] * 3600 / (4 * 1.2)
+    )
     assert "| 2 | v5p-8 | 4 | NO |" in (folder / "ranking.md").read_text()
 
 
@@ -194,23 +232,28 @@ def test_when_every_slice_is_refused_the_first_refusal_is_raised_and_no_folder_i
     from tpu_tuner.outputs.ranking_report import rank_to_folder
     from tpu_tuner.planner.options import PlanOptions
 
-    _fake_plans(monkeypatch, {"v5e-4": UserInputError("bad shape", "model.toml"),
-                              "v6e-4": UserInputError("bad shape", "model.toml")})
+    _fake_plans(
+        monkeypatch,
+        {"v5e-4": UserInputError("bad shape", "model.toml"), "v6e-4": UserInputError("bad shape", "model.toml")},
+    )
     with pytest.raises(UserInputError, match="model.toml: bad shape"):
         rank_to_folder(TINY, PlanOptions(topology="v5e-4", workers=1), ["v5e-4", "v6e-4"], price_table(), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--topology", "v5e-4,v9-4"], "unknown topology 'v9-4'"),
-    (["--topology", "v5e-4,,v6e-4"], "entry 2 is empty"),
-    (["--topology", "v5e-4,v5e:2x2"], "v5e:2x2 is the same slice as v5e-4"),
-    (["--topology", "v5e-4,v6e-4", "--price", "v9=1"], "unknown TPU generation 'v9'"),
-    (["--topology", "v5e-4,v6e-4", "--price", "v6e=-1"], "positive number"),
-    (["--topology", "v5e-4,v6e-4", "--price", "v6e"], "takes GEN=USD_PER_CHIP_HOUR"),
-    (["--topology", "v5e-4", "--price", "v6e=2"], "--price prices the ranking of several topologies"),
-    (["--topology", "v5e-4,v6e-4", "--layout", "1x4x1"], "--layout names layouts of one slice"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--topology", "v5e-4,v9-4"], "unknown topology 'v9-4'"),
+        (["--topology", "v5e-4,,v6e-4"], "entry 2 is empty"),
+        (["--topology", "v5e-4,v5e:2x2"], "v5e:2x2 is the same slice as v5e-4"),
+        (["--topology", "v5e-4,v6e-4", "--price", "v9=1"], "unknown TPU generation 'v9'"),
+        (["--topology", "v5e-4,v6e-4", "--price", "v6e=-1"], "positive number"),
+        (["--topology", "v5e-4,v6e-4", "--price", "v6e"], "takes GEN=USD_PER_CHIP_HOUR"),
+        (["--topology", "v5e-4", "--price", "v6e=2"], "--price prices the ranking of several topologies"),
+        (["--topology", "v5e-4,v6e-4", "--layout", "1x4x1"], "--layout names layouts of one slice"),
+    ],
+)
 def test_bad_rankings_exit_2_in_one_line_before_anything_compiles(flags, words, tmp_path, capsys) -> None:
     out = tmp_path / "results"
     assert main(["plan", TINY, *flags, "--out", str(out)]) == 2
@@ -227,16 +270,35 @@ def test_bad_rankings_exit_2_in_one_line_before_anything_compiles(flags, words, 
 def test_ranking_two_slices_end_to_end(tmp_path) -> None:
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", TINY, "--topology", "v5e-4,v6e-4", "--fast",
-         "--max-layouts", "2", "--price", "v6e=3.10", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "-q",
+            "plan",
+            TINY,
+            "--topology",
+            "v5e-4,v6e-4",
+            "--fast",
+            "--max-layouts",
+            "2",
+            "--price",
+            "v6e=3.10",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     print(f"ranked two slices in {time.perf_counter() - started:.0f} s")
     (folder,) = tmp_path.iterdir()
     data = json.loads((folder / "ranking.json").read_text())
     assert [s["topology"] for s in sorted(data["slices"], key=lambda s: s["rank"])] == [
-        s["topology"] for s in data["slices"]]
+        s["topology"] for s in data["slices"]
+    ]
     assert {s["topology"] for s in data["slices"]} == {"v5e-4", "v6e-4"}
     prices = {"v5e": 1.20, "v6e": 3.10}  # v5e from tpu_prices.toml, v6e given
     for entry in data["slices"]:

@@ -12,8 +12,12 @@ from tpu_tuner.planner.band import BandRow, Place, comparable, conformal_quantil
 def _rows() -> list[BandRow]:
     rng = random.Random(0)
     rows = [BandRow("v6e", "offload", 8192, rng.choice([2, 3, 4, 5]), rng.gauss(0, 2)) for _ in range(10)]
-    rows += [BandRow("v5p", "minimal", 2048, 8, 1.5), BandRow("v5p", "minimal", 2048, 2, -2.5),
-             BandRow("v5e", "full", 2048, 6, -7.0), BandRow("v6e", "full", 4096, 8, 4.0)]
+    rows += [
+        BandRow("v5p", "minimal", 2048, 8, 1.5),
+        BandRow("v5p", "minimal", 2048, 2, -2.5),
+        BandRow("v5e", "full", 2048, 6, -7.0),
+        BandRow("v6e", "full", 4096, 8, 4.0),
+    ]
     return rows
 
 
@@ -39,8 +43,10 @@ def test_gaps_name_what_has_no_nearby_row() -> None:
     assert gaps(Place("v6e", "offload", 8192, 4), rows) == []
     assert gaps(Place("v6e", "full", 4096, 8), rows) == []
     assert gaps(Place("v6e", "minimal", 32768, 0.5), rows) == [
-        "no calibration row with minimal remat on v6e", "no calibration row on v6e within 2x of sequence 32768",
-        "no calibration row on v6e within 2x of per-device batch 0.5"]
+        "no calibration row with minimal remat on v6e",
+        "no calibration row on v6e within 2x of sequence 32768",
+        "no calibration row on v6e within 2x of per-device batch 0.5",
+    ]
     assert gaps(Place("v4", "full", 2048, 16), rows)[0] == "no calibration row on v4"
 
 

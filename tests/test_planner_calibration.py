@@ -5,19 +5,36 @@ from __future__ import annotations
 import pytest
 
 from tpu_tuner.planner.band import Place
-from tpu_tuner.planner.calibration import (ADOPTED, CalibrationRow, Fitted, band_check, calibrated_cost_model, errors, fit,
-                                           leave_one_out, load_rows, predicted_mfu)
+from tpu_tuner.planner.calibration import (
+    ADOPTED,
+    CalibrationRow,
+    Fitted,
+    band_check,
+    calibrated_cost_model,
+    errors,
+    fit,
+    leave_one_out,
+    load_rows,
+    predicted_mfu,
+)
 from tpu_tuner.planner.predict import CostModel, error_band
 
 
-def _row(number: int, generation: str, compute: float, memory: float, efficiency: float, overlap: float) -> CalibrationRow:
+def _row(
+    number: int, generation: str, compute: float, memory: float, efficiency: float, overlap: float
+) -> CalibrationRow:
     """A row whose published MFU is what the model gives with `efficiency` and `overlap`."""
     row = CalibrationRow(number, generation, True, 1.0, 2.0, compute, memory, 0.01, 0.6 * compute, 0.0)
     return CalibrationRow(**{**row.__dict__, "published_mfu": predicted_mfu(row, efficiency, overlap)})
 
 
-ROWS = [_row(1, "v5p", 5.0, 1.0, 0.80, 0.4), _row(2, "v5p", 3.0, 1.5, 0.80, 0.4),
-        _row(3, "v6e", 4.0, 2.0, 0.60, 0.4), _row(4, "v6e", 2.0, 1.8, 0.60, 0.4), _row(5, "v5e", 6.0, 1.0, 0.90, 0.4)]
+ROWS = [
+    _row(1, "v5p", 5.0, 1.0, 0.80, 0.4),
+    _row(2, "v5p", 3.0, 1.5, 0.80, 0.4),
+    _row(3, "v6e", 4.0, 2.0, 0.60, 0.4),
+    _row(4, "v6e", 2.0, 1.8, 0.60, 0.4),
+    _row(5, "v5e", 6.0, 1.0, 0.90, 0.4),
+]
 
 
 def test_per_generation_fit_recovers_the_constants_that_made_the_rows() -> None:
@@ -33,8 +50,9 @@ def test_leave_one_out_predicts_each_row_without_it() -> None:
     assert all(abs(e) < 0.01 for e in loo[:4])
     # The lone v5e row is predicted with the efficiency fitted to the other generations' rows: wrong.
     others = fit(ROWS[:4], "per_generation")
-    assert loo[4] == pytest.approx(errors([ROWS[4]], Fitted("per_generation", {"*": others.efficiency["*"]},
-                                                           others.memory_overlap))[0])
+    assert loo[4] == pytest.approx(
+        errors([ROWS[4]], Fitted("per_generation", {"*": others.efficiency["*"]}, others.memory_overlap))[0]
+    )
     assert abs(loo[4]) > 1.0
     # One global efficiency cannot fit generations that differ.
     assert sum(abs(e) for e in leave_one_out(ROWS, "global")) > sum(abs(e) for e in loo)
@@ -72,19 +90,36 @@ def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
 
     topology = parse_topology("v6e-8").as_compiled(8, 31 * 2**30)
     shape, layout, seq, batch = ModelShape(4096, 32, 8, 14336, 128256, 32), Layout(1, 8, 1), 8192, 24
-    step = CompiledStep(2.2e15, 3.5e12, 5e9, 0, 2e10, 0, [Collective("all-gather", 8, 64, 40_000_000_000)],
-                        host_temp_bytes=21 * 2**30)
-    model = CostModel(mxu_efficiency=0.7, memory_overlap=0.6, efficiency_by_generation=(("v6e", 0.62),),
-                      host_gbytes_per_s=90.0, score_flops=128.0, comm_exposed=1.5)
+    step = CompiledStep(
+        2.2e15, 3.5e12, 5e9, 0, 2e10, 0, [Collective("all-gather", 8, 64, 40_000_000_000)], host_temp_bytes=21 * 2**30
+    )
+    model = CostModel(
+        mxu_efficiency=0.7,
+        memory_overlap=0.6,
+        efficiency_by_generation=(("v6e", 0.62),),
+        host_gbytes_per_s=90.0,
+        score_flops=128.0,
+        comm_exposed=1.5,
+    )
     model_flops, hardware = 1.7e15, 2.4e15
     got = predict(step, topology, layout, shape, 128, model_flops, batch * seq, model, hardware, seq)
     peak = topology.peak_flops_per_device
     aligned = alignment(shape, layout, 128, 256)
     comm = ring_seconds(step.collectives[0], ring_bandwidth(topology, 8))
-    row = CalibrationRow(0, "v6e", True, 1.0, 2.0, max(step.flops, hardware) / (peak * aligned),
-                         step.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9), comm, model_flops / peak, 0.0,
-                         host_gbytes=2 * step.host_temp_bytes / 1e9,
-                         score_seconds=32 * 32 * seq ** 2 * (batch / 8) / 2 / peak)
+    row = CalibrationRow(
+        0,
+        "v6e",
+        True,
+        1.0,
+        2.0,
+        max(step.flops, hardware) / (peak * aligned),
+        step.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9),
+        comm,
+        model_flops / peak,
+        0.0,
+        host_gbytes=2 * step.host_temp_bytes / 1e9,
+        score_seconds=32 * 32 * seq**2 * (batch / 8) / 2 / peak,
+    )
     want = predicted_mfu(row, 0.62, 0.6, 90.0, 128.0, 1.5)
     assert got.mfu == pytest.approx(want, rel=1e-9)
     assert predicted_mfu(row, 0.62, 0.6) > want  # each term costs time

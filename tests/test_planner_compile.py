@@ -12,8 +12,6 @@ import tomllib
 
 import numpy as np
 import pytest
-
-
 from conftest import EXAMPLES
 
 # Find, don't import: a plain `import torchax` fails on torch 2.13 (see torchax_compat).
@@ -26,8 +24,13 @@ pytestmark = pytest.mark.skipif(
 def _run_python(code: str, timeout: int = 900) -> str:
     """Run planner code in a fresh interpreter: importing torchax registers a "jax" device with
     torch that breaks torch.compile later in the same process, so tests keep it out of pytest's."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=timeout, env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
 
@@ -66,10 +69,32 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
 @pytest.mark.slow
 def test_plan_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny",
-         "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--layout", "1x4x1", "--layout", "1x2x2",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "-q",
+            "plan",
+            str(EXAMPLES / "llama.py"),
+            "--preset",
+            "tiny",
+            "--topology",
+            "v5e-4",
+            "--global-batch",
+            "8",
+            "--seq",
+            "128",
+            "--layout",
+            "1x4x1",
+            "--layout",
+            "1x2x2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
@@ -97,8 +122,9 @@ def test_plan_command_end_to_end(tmp_path) -> None:
     # step's loss and gradients match the single-device fp32 step.
     from tpu_tuner.runner.sharded_check import check_layout
 
-    checked = check_layout(EXAMPLES / "llama.py", str(run_dir / "sharding_config.toml"), nproc=4, batch_size=4,
-                           timeout_s=300)
+    checked = check_layout(
+        EXAMPLES / "llama.py", str(run_dir / "sharding_config.toml"), nproc=4, batch_size=4, timeout_s=300
+    )
     assert checked.ok, checked.failure
     assert checked.reports[0]["loss_error"] < 1e-5 and checked.reports[0]["gradient_error"] < 1e-5
 
@@ -122,10 +148,16 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
     """)
     seen = json.loads(out)
     assert {name: per_chip for name, (per_chip, _) in seen.items()} == {
-        "v4-8": 1, "v5e-4": 1, "v5p-8": 1, "v6e-4": 1, "tpu7x:2x2x1": 2}
+        "v4-8": 1,
+        "v5e-4": 1,
+        "v5p-8": 1,
+        "v6e-4": 1,
+        "tpu7x:2x2x1": 2,
+    }
     limits = {name: gib for name, (_, gib) in seen.items()}
-    assert limits == pytest.approx({"v4-8": 30.75, "v5e-4": 15.75, "v5p-8": 95.74, "v6e-4": 31.25,
-                                    "tpu7x:2x2x1": 94.75}, abs=0.01)
+    assert limits == pytest.approx(
+        {"v4-8": 30.75, "v5e-4": 15.75, "v5p-8": 95.74, "v6e-4": 31.25, "tpu7x:2x2x1": 94.75}, abs=0.01
+    )
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
@@ -160,7 +192,7 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.planner.program import compile_step
-        w = load_workload({str(EXAMPLES / 'llama.py')!r})
+        w = load_workload({str(EXAMPLES / "llama.py")!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
         for name, devices in (("cpu", jax.devices("cpu")), ("tpu", tpu)):
@@ -171,8 +203,13 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
                     "flops": r.flops, "collectives": sorted([c.kind, c.group_size] for c in r.collectives if c.group_size > 1 and c.count)}}
         print(json.dumps(out))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     layouts = ["1x8x1", "1x4x2", "2x2x2"]
@@ -182,7 +219,9 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
     for l in layouts:
         assert data[f"cpu {l}"]["collectives"] == data[f"tpu {l}"]["collectives"], l
     # Tensor parallelism brings collectives over the tensor axis (groups of 2) that pure FSDP lacks.
-    assert ["all-reduce", 2] in data["tpu 1x4x2"]["collectives"] and ["all-reduce", 2] not in data["tpu 1x8x1"]["collectives"]
+    assert ["all-reduce", 2] in data["tpu 1x4x2"]["collectives"] and ["all-reduce", 2] not in data["tpu 1x8x1"][
+        "collectives"
+    ]
 
 
 # Slow (14 s): the ground truth for loop_costs; the default run checks the loop arithmetic
@@ -267,12 +306,12 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     block-less program and the difference as one block; a layout with one needs no second compile."""
     import time
 
-    from tpu_tuner.planner.collectives import Collective
     from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.planner.collectives import Collective
+    from tpu_tuner.planner.compiled_step import CompiledStep
     from tpu_tuner.planner.loop_costs import LoopIteration
     from tpu_tuner.planner.plan import PlanOptions, enumerated
     from tpu_tuner.planner.problem import build_problem
-    from tpu_tuner.planner.compiled_step import CompiledStep
     from tpu_tuner.planner.topology import parse_topology
 
     measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
@@ -280,16 +319,23 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     def answer(job):
         if job.blocks == 0:
             return CompiledStep(1e9, 1e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 2, 100)])
-        iteration = LoopIteration(5e9, 5e6, [Collective("all-gather", 8, 3, 300)], loops=2) if job.layout == measured else None
-        return CompiledStep(6e9, 6e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 5, 400)], loop_iteration=iteration)
+        iteration = (
+            LoopIteration(5e9, 5e6, [Collective("all-gather", 8, 3, 300)], loops=2) if job.layout == measured else None
+        )
+        return CompiledStep(
+            6e9, 6e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 5, 400)], loop_iteration=iteration
+        )
 
     pool = _ScriptedPool(answer)
-    options = PlanOptions(topology="v5p:2x2x2", global_batch=16, seq_len=128, preset="tiny", layouts=[measured, unmeasured])
+    options = PlanOptions(
+        topology="v5p:2x2x2", global_batch=16, seq_len=128, preset="tiny", layouts=[measured, unmeasured]
+    )
     said: list[str] = []
     problem = build_problem(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), said.append)
     result = enumerated(problem, options, pool, said.append, time.perf_counter())
     assert sorted((j.layout.name(), j.blocks) for j in pool.jobs) == sorted(
-        [(measured.name(), 4), (unmeasured.name(), 4), (unmeasured.name(), 0)])
+        [(measured.name(), 4), (unmeasured.name(), 4), (unmeasured.name(), 0)]
+    )
     by_layout = {p.layout: p.compiled for p in result.plans}
     # Measured: the program's totals + 3 more iterations. Unmeasured: ends + 4 x (scanned - ends).
     assert by_layout[measured].flops == 6e9 + 3 * 5e9
@@ -305,13 +351,35 @@ def test_a_shape_without_code_plans(tmp_path) -> None:
     with a mixture of 4 experts, from a TOML file, through the generic decoder: compiled for a TPU
     topology like a user's file, the stacked expert weights split as MaxText splits them."""
     shape = tmp_path / "gpt3_style.toml"
-    shape.write_text('[model]\nvocab = 4096\nd_model = 256\nlayers = 2\nheads = 8\nmlp = 1024\ngated = false\n'
-                     'activation = "gelu"\nnorm = "layer"\npositions = "learned"\ntied_embeddings = true\n'
-                     'max_seq_len = 512\nexperts = 4\ntop_k = 2\n')
+    shape.write_text(
+        "[model]\nvocab = 4096\nd_model = 256\nlayers = 2\nheads = 8\nmlp = 1024\ngated = false\n"
+        'activation = "gelu"\nnorm = "layer"\npositions = "learned"\ntied_embeddings = true\n'
+        "max_seq_len = 512\nexperts = 4\ntop_k = 2\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(shape), "--topology", "v5e-4", "--global-batch", "8",
-         "--seq", "128", "--layout", "1x4x1", "--fast", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "-q",
+            "plan",
+            str(shape),
+            "--topology",
+            "v5e-4",
+            "--global-batch",
+            "8",
+            "--seq",
+            "128",
+            "--layout",
+            "1x4x1",
+            "--fast",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
@@ -371,10 +439,35 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
 def test_plan_search_end_to_end_resumes_from_its_study(tmp_path) -> None:
     """`--budget` searches with Optuna, one compile a trial, one terminal line each; the same
     command again finds the study spent and compiles nothing; plan.json keeps every trial."""
-    command = [sys.executable, "-m", "tpu_tuner.cli", "-q", "plan", str(EXAMPLES / "llama.py"), "--preset", "tiny",
-               "--topology", "v5e-4", "--global-batch", "8", "--seq", "128", "--fast", "--budget", "3",
-               "--sampler", "random", "--remats", "full,save_qkv_proj", "--accumulations", "1,2", "--contexts", "1",
-               "--out", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "tpu_tuner.cli",
+        "-q",
+        "plan",
+        str(EXAMPLES / "llama.py"),
+        "--preset",
+        "tiny",
+        "--topology",
+        "v5e-4",
+        "--global-batch",
+        "8",
+        "--seq",
+        "128",
+        "--fast",
+        "--budget",
+        "3",
+        "--sampler",
+        "random",
+        "--remats",
+        "full,save_qkv_proj",
+        "--accumulations",
+        "1,2",
+        "--contexts",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     first = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -385,5 +478,12 @@ def test_plan_search_end_to_end_resumes_from_its_study(tmp_path) -> None:
     newest = sorted(p for p in tmp_path.iterdir() if p.is_dir())[-1]
     plan = json.loads((newest / "plan.json").read_text())
     assert plan["search"]["compiled"] == 3 and len(plan["plans"]) == 3
-    assert {t["outcome"] for t in plan["search"]["trials"]} <= {"compiled", "refused", "invalid", "lower_bound", "repeat", "released"}
+    assert {t["outcome"] for t in plan["search"]["trials"]} <= {
+        "compiled",
+        "refused",
+        "invalid",
+        "lower_bound",
+        "repeat",
+        "released",
+    }
     assert (tmp_path / "plans.db").exists()

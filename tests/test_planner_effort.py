@@ -27,11 +27,15 @@ HBM = 8 * 2**30
 # of a kernel's scoped VMEM (benchmarks/calibration_compiled.json), and faults that are no verdict
 # on memory though their text names it: a compiler process SIGKILLed, and a RET_CHECK in the form
 # of libtpu 0.0.42's (docs/planner.md), put in XLA's memory-space-assignment pass.
-HBM_OOM = ("XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
-           "space hbm. Used 96.71G of 95.74G hbm. Exceeded hbm capacity by 993.28M.")
+HBM_OOM = (
+    "XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+    "space hbm. Used 96.71G of 95.74G hbm. Exceeded hbm capacity by 993.28M."
+)
 VMEM_OOM = "XlaRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:"
-RET_CHECK = ("XlaRuntimeError: INTERNAL: RET_CHECK failure (xla/service/memory_space_assignment/"
-             "memory_space_assignment.cc:1375) allocation->memory_space() == MemorySpace::kDefault HBM buffer")
+RET_CHECK = (
+    "XlaRuntimeError: INTERNAL: RET_CHECK failure (xla/service/memory_space_assignment/"
+    "memory_space_assignment.cc:1375) allocation->memory_space() == MemorySpace::kDefault HBM buffer"
+)
 
 
 class _TwoEffortPool:
@@ -51,7 +55,9 @@ class _TwoEffortPool:
             if share is None:
                 step = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error=self.refusal)
             else:
-                step = CompiledStep(2e9, 2e6, share * HBM / 2, 0.0, share * HBM / 2, 0.0, [], 1.0, loop_iteration=iteration)
+                step = CompiledStep(
+                    2e9, 2e6, share * HBM / 2, 0.0, share * HBM / 2, 0.0, [], 1.0, loop_iteration=iteration
+                )
             out[job] = step
             if done:
                 done(job, step)
@@ -63,10 +69,23 @@ def _problem(fast: bool) -> PlanProblem:
     with torch.device("meta"):
         model = workload.model_for_preset("tiny")
     topology = parse_topology("v5p:2x2x2").as_compiled(8, HBM)
-    return PlanProblem(source=str(EXAMPLES / "llama.py"), workload="llama", preset="tiny", topology=topology,
-                       global_batch=16, seq_len=128, dims=read_dims(model), gated=True, matmul_parameters=3_000_000,
-                       parameters=3_100_000, model_flops=1e12, attention="full", fast=fast, cost_model=CostModel(),
-                       placements={})
+    return PlanProblem(
+        source=str(EXAMPLES / "llama.py"),
+        workload="llama",
+        preset="tiny",
+        topology=topology,
+        global_batch=16,
+        seq_len=128,
+        dims=read_dims(model),
+        gated=True,
+        matmul_parameters=3_000_000,
+        parameters=3_100_000,
+        model_flops=1e12,
+        attention="full",
+        fast=fast,
+        cost_model=CostModel(),
+        placements={},
+    )
 
 
 POINT = PlanPoint(Layout(1, 8, 1))
@@ -75,8 +94,17 @@ POINT = PlanPoint(Layout(1, 8, 1))
 def test_near_limit_reads_peaks_and_refusals() -> None:
     step = CompiledStep(0, 0, 0.48 * HBM, 0, 0.49 * HBM, 0, [])
     assert near_limit(step, HBM) and not near_limit(CompiledStep(0, 0, 0.4 * HBM, 0, 0.4 * HBM, 0, []), HBM)
-    refused = CompiledStep(0, 0, 0, 0, 0, 0, [], error="RESOURCE_EXHAUSTED: ... the total memory required for HLO "
-                           "temporaries (8.20G) exceeds available HBM (8.00G).")
+    refused = CompiledStep(
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        [],
+        error="RESOURCE_EXHAUSTED: ... the total memory required for HLO "
+        "temporaries (8.20G) exceeds available HBM (8.00G).",
+    )
     assert near_limit(refused, HBM)
     far = CompiledStep(0, 0, 0, 0, 0, 0, [], error="... HLO temporaries (12.00G) exceeds available HBM (8.00G).")
     assert not near_limit(far, HBM) and not near_limit(CompiledStep(0, 0, 0, 0, 0, 0, [], error="SIGFPE"), HBM)
@@ -91,10 +119,15 @@ def test_a_fast_point_near_the_limit_is_decided_at_full_effort(full: float | Non
     assert "full effort" in hbm_status(plan)
 
 
-@pytest.mark.parametrize("refusal, out_of_memory", [
-    (HBM_OOM, True), (VMEM_OOM, True), (RET_CHECK, False),
-    ("the compiler process died from SIGKILL (the kernel's OOM killer)", False),
-])
+@pytest.mark.parametrize(
+    "refusal, out_of_memory",
+    [
+        (HBM_OOM, True),
+        (VMEM_OOM, True),
+        (RET_CHECK, False),
+        ("the compiler process died from SIGKILL (the kernel's OOM killer)", False),
+    ],
+)
 def test_the_planner_and_plan_md_read_a_compiler_refusal_alike(refusal: str, out_of_memory: bool) -> None:
     """A full-effort refusal decides a near-limit point only when it is for memory; plan.md says
     DOES NOT FIT for exactly those refusals, COMPILER FAILED for the rest."""
@@ -133,8 +166,9 @@ class _OffloadingPool:
 
     def compile(self, jobs, done=None):
         iteration = LoopIteration(1e9, 1e6, [], loops=2)
-        step = CompiledStep(2e9, 2e6, 0.5 * HBM, 0.0, 0.58 * HBM, 0.0, [], 1.0, loop_iteration=iteration,
-                            host_temp_bytes=self.host)
+        step = CompiledStep(
+            2e9, 2e6, 0.5 * HBM, 0.0, 0.58 * HBM, 0.0, [], 1.0, loop_iteration=iteration, host_temp_bytes=self.host
+        )
         return {job: step for job in jobs}
 
 
@@ -145,5 +179,7 @@ def test_an_offloading_program_the_compiler_accepts_fits_though_its_allocation_i
     device), so its acceptance decides; a program that offloads nothing is still judged by its peak."""
     (plan,) = evaluate(_problem(fast=False), [POINT], _OffloadingPool(host), lambda message: None).values()
     assert plan.compiled.peak_bytes > HBM and plan.fits is fits and plan.over_limit_accepted is fits
-    assert hbm_status(plan) == ("fits (the compiler accepted its allocation over the limit)" if fits else "DOES NOT FIT")
+    assert hbm_status(plan) == (
+        "fits (the compiler accepted its allocation over the limit)" if fits else "DOES NOT FIT"
+    )
     assert plan.margin_bytes == (0.0 if fits else HBM - plan.compiled.peak_bytes)

@@ -18,8 +18,18 @@ from tpu_tuner.model.layouts import Layout, ModelShape, mesh_partition_spec, par
 SHAPE = ModelShape(d_model=128, n_heads=4, n_kv_heads=4, mlp_hidden=256, vocab=256, n_layers=2)
 
 
-@pytest.mark.parametrize("text", ["1x64x4", "1x32x4x2", "1x16x4,fsdp_transpose=4", "1x4x1,expert=8",
-                                  "2x32x1,dcn_data=2", "1x64x1,dcn_fsdp=2", "4x8x2x2,fsdp_transpose=2,expert=2,dcn_data=2,dcn_fsdp=2"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1x64x4",
+        "1x32x4x2",
+        "1x16x4,fsdp_transpose=4",
+        "1x4x1,expert=8",
+        "2x32x1,dcn_data=2",
+        "1x64x1,dcn_fsdp=2",
+        "4x8x2x2,fsdp_transpose=2,expert=2,dcn_data=2,dcn_fsdp=2",
+    ],
+)
 def test_a_layout_is_spelled_one_way_and_parses_back(text: str) -> None:
     layout = parse_layout(text)
     assert layout.short() == text and parse_layout(layout.short()) == layout
@@ -37,15 +47,18 @@ def test_named_axes_in_any_order_and_what_each_splits() -> None:
     assert layout.without_context() == Layout(2, 16, 2)  # a torch process group: fsdp takes them
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("1x4x1,experts=2", "unknown axis 'experts'"),
-    ("1x4x1,expert", "expert takes one size of at least 1"),
-    ("1x4x1,expert=0", "expert takes one size of at least 1"),
-    ("1x4x1,expert=2,expert=2", "expert takes one size"),
-    ("3x4x1,dcn_data=2", "dcn_data 2 does not divide data 3"),
-    ("1x4x1,dcn_pipeline=2", "dcn_pipeline (pipeline stages across slices) is not compiled"),
-    ("1x4", "is not DATAxFSDPxTENSOR[xCONTEXT][,NAME=SIZE...]"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("1x4x1,experts=2", "unknown axis 'experts'"),
+        ("1x4x1,expert", "expert takes one size of at least 1"),
+        ("1x4x1,expert=0", "expert takes one size of at least 1"),
+        ("1x4x1,expert=2,expert=2", "expert takes one size"),
+        ("3x4x1,dcn_data=2", "dcn_data 2 does not divide data 3"),
+        ("1x4x1,dcn_pipeline=2", "dcn_pipeline (pipeline stages across slices) is not compiled"),
+        ("1x4", "is not DATAxFSDPxTENSOR[xCONTEXT][,NAME=SIZE...]"),
+    ],
+)
 def test_a_layout_that_is_not_one_says_why(text: str, problem: str) -> None:
     with pytest.raises(ValueError) as caught:
         parse_layout(text)
@@ -73,9 +86,11 @@ def test_placements_resolve_as_maxtexts_rules() -> None:
 
 def test_layouts_the_model_cannot_divide_are_refused_with_the_axes_named() -> None:
     assert why_not(Layout(1, 4, 1, fsdp_transpose=64), SHAPE, 256) == (
-        "fsdp x context x fsdp_transpose 256 does not divide d_model 128")
+        "fsdp x context x fsdp_transpose 256 does not divide d_model 128"
+    )
     assert why_not(Layout(1, 1, 4, fsdp_transpose=128), SHAPE, 512) == (
-        "fsdp_transpose x tensor 512 does not divide the MLP width 256")
+        "fsdp_transpose x tensor 512 does not divide the MLP width 256"
+    )
     assert why_not(Layout(1, 2, 1, expert=2), SHAPE, 2) == "global batch 2 does not divide over data x fsdp = 4"
     assert why_not(Layout(1, 2, 2, fsdp_transpose=2, expert=2), SHAPE, 8) is None
 
@@ -101,8 +116,13 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
                 [c.kind, c.group_size, c.count, c.bytes, c.network] for c in step.collectives]}
         print(json.dumps(out))
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps = json.loads(out.stdout.strip().splitlines()[-1])
     assert not any(step["error"] for step in steps.values())
@@ -133,8 +153,14 @@ def test_an_expert_axis_the_experts_do_not_fill_is_refused_before_the_compile() 
                                    parse_layout("1x1x1,expert=4"), "v5e:2x2", 8, 256, 128, "full", True, scan=True))
         print(step.error)
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == (
-        "ValueError: expert 4 does not divide the 2 experts of layers.0.feed_forward.w_gate")
+        "ValueError: expert 4 does not divide the 2 experts of layers.0.feed_forward.w_gate"
+    )

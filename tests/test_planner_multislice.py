@@ -73,7 +73,9 @@ def test_dcn_collectives_are_read_from_the_compilers_megascale_transfers() -> No
 
 def test_the_whole_step_keeps_dcn_and_ici_collectives_of_one_kind_apart() -> None:
     ici, dcn = Collective("all-reduce", 2, 1, 100), Collective("all-reduce", 2, 1, 10, "dcn")
-    step = CompiledStep(1e9, 1e6, 1e6, 1e6, 1e6, 0, [ici, dcn], loop_iteration=LoopIteration(1e8, 1e5, [ici, dcn], loops=2))
+    step = CompiledStep(
+        1e9, 1e6, 1e6, 1e6, 1e6, 0, [ici, dcn], loop_iteration=LoopIteration(1e8, 1e5, [ici, dcn], loops=2)
+    )
     whole = add_loop_iterations(step, blocks=4)
     assert whole.collectives == [Collective("all-reduce", 2, 4, 40, "dcn"), Collective("all-reduce", 2, 4, 400)]
 
@@ -91,7 +93,9 @@ def test_dcn_time_is_a_ring_over_the_slices_at_each_devices_dcn_share_and_report
     # 2 (n-1)/n of 1 GiB through 6.25 GB/s: 0.172 s, against microseconds of compute.
     assert on_dcn.dcn_seconds == pytest.approx(ring_seconds(gradients, 50e9 / 8)) == pytest.approx(2**30 / 6.25e9)
     assert on_dcn.comm_seconds == 0  # the ICI column holds ICI alone
-    assert on_dcn.step_seconds == pytest.approx(on_ici.step_seconds - on_ici.exposed_comm_seconds + on_dcn.exposed_comm_seconds)
+    assert on_dcn.step_seconds == pytest.approx(
+        on_ici.step_seconds - on_ici.exposed_comm_seconds + on_dcn.exposed_comm_seconds
+    )
     assert on_dcn.exposed_dcn_seconds > 0.9 * on_dcn.dcn_seconds > 0
     assert on_dcn.step_seconds > 10 * on_ici.step_seconds
 
@@ -119,13 +123,22 @@ def test_enumerated_layouts_spread_the_slices_over_data_or_fsdp() -> None:
     assert enumerate_layouts(8, shape, 16, 128)[0] == [x for x in enumerate_layouts(8, shape, 16, 128, slices=1)[0]]
 
 
-@pytest.mark.parametrize(("args", "problem"), [
-    (["--slices", "0"], "--slices must be at least 1, not 0"),
-    (["--slices", "2", "--layout", "2x4x1"], "--layout 2x4x1 spans 1 slice(s) (dcn_data x dcn_fsdp), --slices is 2"),
-    (["--slices", "2", "--layout", "4x2x1,dcn_data=2,dcn_fsdp=2"], "spans 4 slice(s)"),
-    (["--slices", "2", "--layout", "2x4x1,dcn_dta=2"], "unknown axis 'dcn_dta'"),
-    (["--layout", "1x4x1,dcn_pipeline=2", "--slices", "2"], "dcn_pipeline (pipeline stages across slices) is not compiled"),
-])
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--slices", "0"], "--slices must be at least 1, not 0"),
+        (
+            ["--slices", "2", "--layout", "2x4x1"],
+            "--layout 2x4x1 spans 1 slice(s) (dcn_data x dcn_fsdp), --slices is 2",
+        ),
+        (["--slices", "2", "--layout", "4x2x1,dcn_data=2,dcn_fsdp=2"], "spans 4 slice(s)"),
+        (["--slices", "2", "--layout", "2x4x1,dcn_dta=2"], "unknown axis 'dcn_dta'"),
+        (
+            ["--layout", "1x4x1,dcn_pipeline=2", "--slices", "2"],
+            "dcn_pipeline (pipeline stages across slices) is not compiled",
+        ),
+    ],
+)
 def test_a_slice_count_the_layout_cannot_form_is_one_line_and_status_2(tmp_path, capsys, args, problem) -> None:
     status = main(["-q", "plan", TINY, "--topology", "v5e:2x2", "--seq", "128", "--out", str(tmp_path), *args])
     err = capsys.readouterr().err.strip().splitlines()
@@ -155,8 +168,13 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
         print(json.dumps({{"table": render_terminal(result), "md": (run_dir / "plan.md").read_text(),
                           "plan": json.loads((run_dir / "plan.json").read_text())}}))
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     plans = {Layout.from_mesh(p["layout"]).short(): p for p in report["plan"]["plans"]}
@@ -188,4 +206,5 @@ def test_the_search_offers_the_slices_split_only_over_several_slices() -> None:
     assert all(p.layout.slices == 2 for p in points) and len(points) > len(valid_points(one, 8, shape, 16, 128))
     assert point_of(dict(tensor=1, context=1, data=1, remat="full", accumulation=1, dcn="2x1"), 8) is None  # data 1
     assert point_of(dict(tensor=1, context=1, data=1, remat="full", accumulation=1, dcn="1x2"), 8).layout == Layout(
-        1, 8, 1, dcn_fsdp=2)
+        1, 8, 1, dcn_fsdp=2
+    )

@@ -9,21 +9,20 @@ import sys
 import textwrap
 
 import pytest
+from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.optimizer import check_optimizer, state_bytes_per_parameter
 from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
 
-from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
-
-
 
 def _last_json(code: str) -> object:
     """Planner code in a fresh interpreter (torchax stays out of pytest's process, as in
     test_planner_compile.py); its last line of output is JSON."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=900, env=planner_env())
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900, env=planner_env()
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -56,10 +55,24 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
     from tpu_tuner.planner.space import SearchSpace
     from tpu_tuner.planner.topology import parse_topology
 
-    problem = PlanProblem(source="shape", workload="decoder", preset=None, topology=parse_topology("v5e:2x2"),
-                          global_batch=8, seq_len=256, dims=Dims(ModelShape(128, 4, 4, 256, 256, 2), 32), gated=True,
-                          matmul_parameters=1, parameters=1, model_flops=1.0, attention="full", fast=True,
-                          cost_model=CostModel(), placements={}, model_digest="0" * 64)
+    problem = PlanProblem(
+        source="shape",
+        workload="decoder",
+        preset=None,
+        topology=parse_topology("v5e:2x2"),
+        global_batch=8,
+        seq_len=256,
+        dims=Dims(ModelShape(128, 4, 4, 256, 256, 2), 32),
+        gated=True,
+        matmul_parameters=1,
+        parameters=1,
+        model_flops=1.0,
+        attention="full",
+        fast=True,
+        cost_model=CostModel(),
+        placements={},
+        model_digest="0" * 64,
+    )
     adamw, sgd = (plan_record(p, SearchSpace(tensors=(1,))) for p in (problem, replace(problem, optimizer="sgd")))
     assert "optimizer" not in adamw and sgd["optimizer"] == "sgd"  # earlier studies keep their records
 

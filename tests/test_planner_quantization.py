@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiled_step import CompiledStep
@@ -17,23 +18,26 @@ from tpu_tuner.planner.predict import QUANTIZED_PEAK_TFLOPS, CostModel, predict,
 from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import parse_topology
 
-from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
-
-
 
 def _run_python(code: str, timeout: int = 900) -> dict:
     """Planner code in a fresh interpreter (torchax stays out of pytest's process, as in
     test_planner_compile.py), with `dots` pasted in for __DOTS__; its last line of output is JSON."""
     code = textwrap.dedent(code).replace("__DOTS__", _DOTS)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=timeout, env=planner_env())
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=planner_env()
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", TINY, *args], capture_output=True,
-                          text=True, timeout=300, env=planner_env())
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "plan", TINY, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=planner_env(),
+    )
 
 
 def test_8bit_peaks_are_googles_and_other_generations_are_refused() -> None:
@@ -84,13 +88,29 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     from tpu_tuner.planner.space import SearchSpace
 
     shape = ModelShape(128, 4, 4, 256, 256, 2)
-    problem = PlanProblem(source="shape", workload="decoder", preset=None, topology=parse_topology("tpu7x:2x2x1"),
-                          global_batch=8, seq_len=256, dims=Dims(shape, 32), gated=True, matmul_parameters=1,
-                          parameters=1, model_flops=1.0, attention="full", fast=True, cost_model=CostModel(),
-                          placements={}, model_digest="0" * 64)
+    problem = PlanProblem(
+        source="shape",
+        workload="decoder",
+        preset=None,
+        topology=parse_topology("tpu7x:2x2x1"),
+        global_batch=8,
+        seq_len=256,
+        dims=Dims(shape, 32),
+        gated=True,
+        matmul_parameters=1,
+        parameters=1,
+        model_flops=1.0,
+        attention="full",
+        fast=True,
+        cost_model=CostModel(),
+        placements={},
+        model_digest="0" * 64,
+    )
     space = SearchSpace(tensors=(1,))
-    records = [plan_record(p, space) for p in (problem, replace(problem, quantization="fp8"),
-                                                replace(problem, weight_dtype="bfloat16"))]
+    records = [
+        plan_record(p, space)
+        for p in (problem, replace(problem, quantization="fp8"), replace(problem, weight_dtype="bfloat16"))
+    ]
     assert "quantization" not in records[0] and "weight_dtype" not in records[0]  # earlier studies keep their names
     assert records[1]["quantization"] == "fp8" and records[2]["weight_dtype"] == "bfloat16"
     assert len({json.dumps(r, sort_keys=True) for r in records}) == 3

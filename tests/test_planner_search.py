@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.decoder import Decoder, DecoderShape
 from tpu_tuner.model.layouts import Layout, ModelShape
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.plan import PlanOptions, PlanProblem
 from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, invalid_reason, memory_lower_bound, valid_points
 from tpu_tuner.planner.topology import parse_topology
@@ -68,14 +68,24 @@ def test_jax_policies_are_built_for_every_named_policy() -> None:
 
 @pytest.mark.parametrize("gated", [True, False])
 def test_block_tensors_are_found_from_the_structure(gated: bool) -> None:
-    shape = DecoderShape(vocab=512, d_model=128, layers=2, heads=4, kv_heads=4 if not gated else 2, mlp=384, gated=gated)
+    shape = DecoderShape(
+        vocab=512, d_model=128, layers=2, heads=4, kv_heads=4 if not gated else 2, mlp=384, gated=gated
+    )
     with torch.device("meta"):
         model = Decoder(shape)
     roles, context_of = block_tensor_roles(model.layers[0], 128, 384)
-    expected = {"attention.wq": "query_proj", "attention.wk": "key_proj", "attention.wv": "value_proj",
-                "attention.wo": "out_proj", "feed_forward.w_down": "mlpwo"}
-    expected.update({"feed_forward.w_gate": "mlpwi_0", "feed_forward.w_up": "mlpwi_1"} if gated
-                    else {"feed_forward.w_up": "mlpwi_0"})
+    expected = {
+        "attention.wq": "query_proj",
+        "attention.wk": "key_proj",
+        "attention.wv": "value_proj",
+        "attention.wo": "out_proj",
+        "feed_forward.w_down": "mlpwo",
+    }
+    expected.update(
+        {"feed_forward.w_gate": "mlpwi_0", "feed_forward.w_up": "mlpwi_1"}
+        if gated
+        else {"feed_forward.w_up": "mlpwi_0"}
+    )
     assert roles == expected
     assert context_of == ("attention.wo",)
 
@@ -86,7 +96,9 @@ def test_the_example_llama_block_is_named_too() -> None:
         model = workload.model_for_preset("tiny")
     dims = read_dims(model)
     roles, _ = block_tensor_roles(model.layers[0], dims.shape.d_model, dims.shape.mlp_hidden)
-    assert sorted(roles.values()) == sorted(["query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"])
+    assert sorted(roles.values()) == sorted(
+        ["query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"]
+    )
 
 
 def test_recomputed_work_follows_the_policy() -> None:
@@ -118,7 +130,9 @@ def test_the_memory_lower_bound_counts_what_no_compile_can_avoid() -> None:
     assert base.block_inputs == 4 * (16 / 8 * 128) * 256 * 2
     accumulated = memory_lower_bound(PlanPoint(Layout(1, 8, 1), "full", 2), params, SHAPE, 16, 128)
     assert accumulated.accumulated_gradients == 4 * params / 8 and accumulated.block_inputs == base.block_inputs / 2
-    offloaded = memory_lower_bound(PlanPoint(Layout(1, 8, 1), "custom:decoder_layer_input=offload"), params, SHAPE, 16, 128)
+    offloaded = memory_lower_bound(
+        PlanPoint(Layout(1, 8, 1), "custom:decoder_layer_input=offload"), params, SHAPE, 16, 128
+    )
     assert offloaded.block_inputs == 0
     assert memory_lower_bound(PlanPoint(Layout(1, 4, 1, 2)), params, SHAPE, 16, 128).block_inputs == base.block_inputs
 
@@ -158,22 +172,45 @@ def _problem(hbm_gib: float = 6.0) -> PlanProblem:
     with torch.device("meta"):
         model = workload.model_for_preset("tiny")
     topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
-    return PlanProblem(source=str(EXAMPLES / "llama.py"), workload="llama", preset="tiny", topology=topology,
-                       global_batch=16, seq_len=128, dims=read_dims(model), gated=True, matmul_parameters=3_000_000,
-                       parameters=3_100_000, model_flops=1e12, attention="full", fast=True, cost_model=CostModel(),
-                       placements={})
+    return PlanProblem(
+        source=str(EXAMPLES / "llama.py"),
+        workload="llama",
+        preset="tiny",
+        topology=topology,
+        global_batch=16,
+        seq_len=128,
+        dims=read_dims(model),
+        gated=True,
+        matmul_parameters=3_000_000,
+        parameters=3_100_000,
+        model_flops=1e12,
+        attention="full",
+        fast=True,
+        cost_model=CostModel(),
+        placements={},
+    )
 
 
-SPACE = SearchSpace(tensors=(1, 2, 4, 8), contexts=(1, 2), datas=(1, 2), remats=("full", "minimal", "save_qkv_proj"),
-                    accumulations=(1, 2))
+SPACE = SearchSpace(
+    tensors=(1, 2, 4, 8),
+    contexts=(1, 2),
+    datas=(1, 2),
+    remats=("full", "minimal", "save_qkv_proj"),
+    accumulations=(1, 2),
+)
 
 
 def _search(tmp_path, pool, **options):
     from tpu_tuner.planner.search import search
 
     problem = options.pop("problem", None) or _problem()
-    opts = PlanOptions(topology="v5p:2x2x2", budget=options.pop("budget", 8), space=SPACE,
-                       storage=f"sqlite:///{tmp_path / 'plans.db'}", **options)
+    opts = PlanOptions(
+        topology="v5p:2x2x2",
+        budget=options.pop("budget", 8),
+        space=SPACE,
+        storage=f"sqlite:///{tmp_path / 'plans.db'}",
+        **options,
+    )
     return search(problem, opts, pool, lambda message: None, time.perf_counter())
 
 
@@ -227,15 +264,18 @@ def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
         _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared", problem=other)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--remat", "fulll"], "--remat: unknown remat policy 'fulll'"),
-    (["--budget", "3", "--remats", "full,custom:mlpwo=disk"], "custom remat takes NAME=ACTION"),
-    (["--budget", "0"], "--budget must be at least 1, not 0"),
-    (["--layout", "1x4"], "--layout takes DATAxFSDPxTENSOR[xCONTEXT]"),
-    (["--remats", "full"], "--remats set(s) the search's space or study: give --budget N"),
-    (["--budget", "3", "--layout", "1x4x1"], "--layout names the layouts to compile instead of a search"),
-    (["--budget", "3", "--seed", "-1"], "--seed must be 0 or more, not -1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--remat", "fulll"], "--remat: unknown remat policy 'fulll'"),
+        (["--budget", "3", "--remats", "full,custom:mlpwo=disk"], "custom remat takes NAME=ACTION"),
+        (["--budget", "0"], "--budget must be at least 1, not 0"),
+        (["--layout", "1x4"], "--layout takes DATAxFSDPxTENSOR[xCONTEXT]"),
+        (["--remats", "full"], "--remats set(s) the search's space or study: give --budget N"),
+        (["--budget", "3", "--layout", "1x4x1"], "--layout names the layouts to compile instead of a search"),
+        (["--budget", "3", "--seed", "-1"], "--seed must be 0 or more, not -1"),
+    ],
+)
 def test_bad_plan_options_are_refused_in_one_line(tmp_path, capsys, args, message) -> None:
     from tpu_tuner.cli import main
 
@@ -273,13 +313,23 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
                               sampler="tpe", seed=int(sys.argv[1]))
         search(_problem(), options, SlowPool(), lambda message: None, time.perf_counter())
     """)
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(seed)], stderr=subprocess.PIPE, text=True)
-               for seed in (1, 2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", code, str(seed)], stderr=subprocess.PIPE, text=True) for seed in (1, 2)
+    ]
     for worker in workers:
         _, err = worker.communicate(timeout=300)
         assert worker.returncode == 0, err[-2000:]
     study = optuna.load_study(study_name="shared", storage=storage)
     compiled = [t for t in study.get_trials() if t.user_attrs.get("outcome") == "compiled"]
-    assert len(compiled) == 10, [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("point"), t.user_attrs.get("worker", "")[-6:]) for t in study.get_trials()]
+    assert len(compiled) == 10, [
+        (
+            t.number,
+            t.state.name,
+            t.user_attrs.get("outcome"),
+            t.user_attrs.get("point"),
+            t.user_attrs.get("worker", "")[-6:],
+        )
+        for t in study.get_trials()
+    ]
     assert len({t.user_attrs["point"] for t in compiled}) == 10
     assert len({t.user_attrs["worker"] for t in compiled}) == 2

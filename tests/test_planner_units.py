@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import EXAMPLES
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_seconds
 from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.predict import ring_bandwidth
-from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
+from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_seconds
 from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
+from tpu_tuner.planner.predict import ring_bandwidth
 from tpu_tuner.planner.topology import parse_topology
-
-from conftest import EXAMPLES
 
 
 @pytest.mark.parametrize(
@@ -37,7 +36,12 @@ def test_slice_names(name: str, chips: int, devices: int, jax_name: str) -> None
 
 @pytest.mark.parametrize(
     ("name", "problem"),
-    [("v9-8", "unknown topology"), ("v5p-7", "even number"), ("v6e:4x4x4", "2D torus"), ("v6e-512", "no standard v6e slice")],
+    [
+        ("v9-8", "unknown topology"),
+        ("v5p-7", "even number"),
+        ("v6e:4x4x4", "2D torus"),
+        ("v6e-512", "no standard v6e slice"),
+    ],
 )
 def test_bad_slice_names(name: str, problem: str) -> None:
     with pytest.raises(UserInputError, match=problem):
@@ -84,13 +88,15 @@ def test_dims_of_the_70b_preset_without_materialising_it() -> None:
 
 
 def test_collectives_from_hlo_text() -> None:
-    hlo = "\n".join([
-        "%all-gather.1 = bf16[8,1024]{1,0} all-gather(bf16[1,1024]{1,0} %p), channel_id=1, replica_groups=[2,8]<=[16], dimensions={0}",
-        "%all-gather-start = (bf16[1,1024]{1,0}, bf16[4,1024]{1,0}) all-gather-start(%q), replica_groups={{0,1,2,3},{4,5,6,7}}",
-        "%all-reduce.2 = f32[256]{0} all-reduce(f32[256]{0} %g), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}",
-        "%reduce-scatter = f32[16]{0} reduce-scatter(f32[64]{0} %h), replica_groups=[4,4]<=[16], dimensions={0}",
-        "%add.3 = f32[16]{0} add(f32[16]{0} %a, f32[16]{0} %b)",
-    ])
+    hlo = "\n".join(
+        [
+            "%all-gather.1 = bf16[8,1024]{1,0} all-gather(bf16[1,1024]{1,0} %p), channel_id=1, replica_groups=[2,8]<=[16], dimensions={0}",
+            "%all-gather-start = (bf16[1,1024]{1,0}, bf16[4,1024]{1,0}) all-gather-start(%q), replica_groups={{0,1,2,3},{4,5,6,7}}",
+            "%all-reduce.2 = f32[256]{0} all-reduce(f32[256]{0} %g), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}",
+            "%reduce-scatter = f32[16]{0} reduce-scatter(f32[64]{0} %h), replica_groups=[4,4]<=[16], dimensions={0}",
+            "%add.3 = f32[16]{0} add(f32[16]{0} %a, f32[16]{0} %b)",
+        ]
+    )
     found = {(c.kind, c.group_size): c for c in parse_collectives(hlo)}
     assert found[("all-gather", 8)] == Collective("all-gather", 8, 1, 8 * 1024 * 2)
     assert found[("all-gather", 4)] == Collective("all-gather", 4, 1, 4 * 1024 * 2)  # async: result counted once
@@ -115,12 +121,17 @@ def test_ring_costs() -> None:
 def test_scanned_program_scales_one_block_to_the_depth() -> None:
     """The scanned program holds the loop body once: per-block work is it minus the ends, times
     the depth; memory is the scanned program's own."""
-    ends = CompiledStep(10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [Collective("all-gather", 8, 3, 300), Collective("all-reduce", 4, 1, 50)])
+    ends = CompiledStep(
+        10.0, 100.0, 1.0, 1.0, 5.0, 1.0, [Collective("all-gather", 8, 3, 300), Collective("all-reduce", 4, 1, 50)]
+    )
     scanned = CompiledStep(16.0, 150.0, 2.0, 2.0, 7.0, 2.0, [Collective("all-gather", 8, 5, 500)])
     full = combine_scanned(ends, scanned, 80)
     assert full.flops == 10 + 80 * 6 and full.bytes_accessed == 100 + 80 * 50
     assert (full.argument_bytes, full.temp_bytes, full.alias_bytes) == (2.0, 7.0, 2.0)
-    assert full.collectives == [Collective("all-gather", 8, 3 + 80 * 2, 300 + 80 * 200), Collective("all-reduce", 4, 1, 50)]
+    assert full.collectives == [
+        Collective("all-gather", 8, 3 + 80 * 2, 300 + 80 * 200),
+        Collective("all-reduce", 4, 1, 50),
+    ]
 
 
 def test_scanned_program_never_counts_negative_work() -> None:
@@ -135,12 +146,23 @@ def test_one_compile_adds_the_loops_other_iterations() -> None:
     """The compiler's totals hold the loops once; the other depth - 1 iterations are added, the
     collectives per (kind, group) included; memory stays the program's own."""
     iteration = LoopIteration(6.0, 50.0, [Collective("all-gather", 8, 2, 200)], loops=2)
-    scanned = CompiledStep(16.0, 150.0, 2.0, 2.0, 7.0, 2.0,
-                           [Collective("all-gather", 8, 5, 500), Collective("all-reduce", 4, 1, 50)], loop_iteration=iteration)
+    scanned = CompiledStep(
+        16.0,
+        150.0,
+        2.0,
+        2.0,
+        7.0,
+        2.0,
+        [Collective("all-gather", 8, 5, 500), Collective("all-reduce", 4, 1, 50)],
+        loop_iteration=iteration,
+    )
     full = add_loop_iterations(scanned, 80)
     assert full.flops == 16 + 79 * 6 and full.bytes_accessed == 150 + 79 * 50
     assert (full.argument_bytes, full.temp_bytes, full.alias_bytes) == (2.0, 7.0, 2.0)
-    assert full.collectives == [Collective("all-gather", 8, 5 + 79 * 2, 500 + 79 * 200), Collective("all-reduce", 4, 1, 50)]
+    assert full.collectives == [
+        Collective("all-gather", 8, 5 + 79 * 2, 500 + 79 * 200),
+        Collective("all-reduce", 4, 1, 50),
+    ]
     with pytest.raises(ValueError, match="not measured"):
         add_loop_iterations(CompiledStep(1, 1, 1, 1, 1, 1), 80)
 
@@ -178,8 +200,10 @@ def test_loop_iterations_measured_in_hlo_add_up_to_the_unrolled_program() -> Non
 def test_the_compilers_hbm_limit_is_read_from_its_refusal() -> None:
     from tpu_tuner.planner.hbm import parse_hbm_limit
 
-    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
-               "(1.00T) exceeds available HBM (95.74G).")
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+        "(1.00T) exceeds available HBM (95.74G)."
+    )
     assert parse_hbm_limit(message) == int(95.74 * 2**30)
     assert parse_hbm_limit("exceeds available HBM (512M)") == 512 * 2**20
     assert parse_hbm_limit("some other failure") is None

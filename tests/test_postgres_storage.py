@@ -7,26 +7,43 @@ from __future__ import annotations
 import json
 
 import optuna
-
 from conftest import FIXTURES
 from postgres_server import PASSWORD
-from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.result import TuningResult
+
 from tpu_tuner.api import tune
+from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import open_storage
+from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.result import TuningResult
 
-FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
-                        timing_max_steps=20, profiled_steps=1, top_operators=5, explained_share_min=0.5)
+FAST = ProfilerSettings(
+    warmup_min_steps=1,
+    warmup_max_steps=5,
+    timing_min_steps=10,
+    timing_min_seconds=0.0,
+    timing_max_steps=20,
+    profiled_steps=1,
+    top_operators=5,
+    explained_share_min=0.5,
+)
 
 
 def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(postgres, tmp_path) -> None:
     url = postgres.url("secret", PASSWORD)
     # Every trial measured to the end (no pruning): the test reads three complete trials back.
-    options = TuneOptions(trials=3, sampler="grid", agents=(), verify_rounds=2, storage=url, prune=False,
-                          space=FIXTURES / "eager_precision_space.toml",
-                          out=tmp_path, trial_timeout_s=60.0, trial_settings=FAST)
+    options = TuneOptions(
+        trials=3,
+        sampler="grid",
+        agents=(),
+        verify_rounds=2,
+        storage=url,
+        prune=False,
+        space=FIXTURES / "eager_precision_space.toml",
+        out=tmp_path,
+        trial_timeout_s=60.0,
+        trial_settings=FAST,
+    )
     result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
     # The trials are on the server: a fresh connection reads them back by the study's name.
     # The server study is a journal (studies/journal.py): read through tpu-tune's storage.
@@ -60,8 +77,18 @@ def test_the_server_refuses_a_wrong_password_in_one_line_without_it(postgres, tm
     from tpu_tuner.cli import main
 
     wrong = "not-the-password"
-    status = main(["-q", str(FIXTURES / "tiny_mlp_benchmark.py"), "--trials", "1", "--out", str(tmp_path),
-                   "--storage", postgres.url("secret", wrong)])
+    status = main(
+        [
+            "-q",
+            str(FIXTURES / "tiny_mlp_benchmark.py"),
+            "--trials",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--storage",
+            postgres.url("secret", wrong),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and wrong not in err[0] and "password" in err[0].lower()
 
@@ -90,8 +117,10 @@ def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_
     assert pings == []
     # The server ends every session of the role but this one (a restart, an idle timeout).
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE usename = 'secret' AND pid <> pg_backend_pid()")
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE usename = 'secret' AND pid <> pg_backend_pid()"
+        )
     time.sleep(0.3)
     assert storage.get_study_id_from_name(name) == study_id
     assert pings == [1]

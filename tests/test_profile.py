@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import FIXTURES
 
 import tpu_tuner
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
-
-from conftest import FIXTURES
 
 
 def test_profile_of_a_training_step(fast_settings) -> None:
@@ -52,7 +51,9 @@ def test_bf16_candidate_uses_the_bf16_peak(fast_settings) -> None:
 
 def test_torch_compile_is_warmed_up_before_timing(fast_settings) -> None:
     candidate = Candidate(execution="aot_eager")
-    result = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", candidate=candidate, settings=fast_settings)
+    result = tpu_tuner.profile(
+        FIXTURES / "tiny_mlp_benchmark.py", device="cpu", candidate=candidate, settings=fast_settings
+    )
     assert result.warmup.compiles["torch_compile_graphs"] >= 1
     assert result.warmup.settled
     assert result.compiles_while_timing["torch_compile_graphs"] == 0

@@ -15,7 +15,7 @@ from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.topology import parse_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from published_calibration import load_runs, published_rows, why_not  # noqa: E402
+from published_calibration import load_runs, published_rows, why_not
 
 
 def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> None:
@@ -47,21 +47,36 @@ def test_rows_carry_the_recipe_as_published() -> None:
     assert v4.seq == 1024 and v4.attention == "none"
     assert rows["v4-synthetic-52b-v4-384"].topology == "v4:4x4x12" and rows["v4-synthetic-52b-v4-384"].seq == 1024
     assert rows["v5e-synthetic-16b-v5e-256"].attention == "full"  # October 2023: attention counted in full
-    assert rows["v5p-synthetic-32b-v5p-128"].per_device_batch == 8 and rows["v5p-synthetic-32b-v5p-128"].remat == "minimal"
+    assert (
+        rows["v5p-synthetic-32b-v5p-128"].per_device_batch == 8 and rows["v5p-synthetic-32b-v5p-128"].remat == "minimal"
+    )
     tpu7x = rows["llama3.1-70b-tpu7x-4x4x4"]
     assert tpu7x.topology == "tpu7x:4x4x4" and tpu7x.mu_dtype == "bfloat16" and tpu7x.attention == "causal"
     assert rows["llama3.1-8b-v6e-256"].attention == "full"  # convention B: attention counted in full
-    assert rows["mixtral-8x7b-v6e-256-pdb8-full"].remat == "full" and "experts=8" in rows["mixtral-8x7b-v6e-256-pdb8-full"].spec
+    assert (
+        rows["mixtral-8x7b-v6e-256-pdb8-full"].remat == "full"
+        and "experts=8" in rows["mixtral-8x7b-v6e-256-pdb8-full"].spec
+    )
     # gpt-oss-120b on TPU7x (MaxText's gpt-oss-120b.yml at 998b3e3 and the recipe's flags): 128 experts
     # top 4, dropless, biased router and experts, clamped SwiGLU, window 128 / global with sinks and
     # q/k/v/o biases, float32 weights, data 2 x fsdp 64, the layer input and mlpwo offloaded.
     gpt_oss = rows["gpt-oss-120b-tpu7x-4x4x4"]
     shape, _, _ = read_shape(gpt_oss.spec)
     assert (shape.experts, shape.top_k, shape.moe_routing, shape.router, shape.activation) == (
-        128, 4, "dropless", "topk_softmax", "clamped_swiglu")
+        128,
+        4,
+        "dropless",
+        "topk_softmax",
+        "clamped_swiglu",
+    )
     assert shape.router_bias and shape.expert_bias and shape.attention_sinks and shape.qkv_bias and shape.out_bias
-    assert (shape.sliding_window, shape.global_every, shape.d_model, shape.layers, shape.vocab) == (128, 2, 2880, 36,
-                                                                                                    201088)
+    assert (shape.sliding_window, shape.global_every, shape.d_model, shape.layers, shape.vocab) == (
+        128,
+        2,
+        2880,
+        36,
+        201088,
+    )
     assert (gpt_oss.weight_dtype, gpt_oss.topology, gpt_oss.global_batch) == ("float32", "tpu7x:4x4x4", 1280)
     assert (gpt_oss.layout.data, gpt_oss.layout.fsdp, gpt_oss.layout.tensor) == (2, 64, 1)
     assert gpt_oss.remat == "custom:decoder_layer_input=offload,mlpwo=offload" and gpt_oss.attention == "causal"
@@ -74,10 +89,17 @@ def test_the_700b_sgd_moe_is_compiled_as_published() -> None:
     # sgd, remat_policy custom offloading the layer input and q/k/v/out projections, dropping MoE.
     row = {r.id: r for r in published_rows()[0]}["custom-moe-700b-v6e-256"]
     assert row.optimizer == "sgd" and row.weight_dtype == "bfloat16"
-    assert row.remat == ("custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,"
-                         "out_proj=offload") and row.remat_family == "offload"
-    assert ("d_model=8192,layers=56,heads=128,kv_heads=8,head_dim=256,mlp=32768" in row.spec
-            and "experts=16,top_k=2,moe_every=1,capacity_factor=1.5" in row.spec)
+    assert (
+        row.remat
+        == (
+            "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload"
+        )
+        and row.remat_family == "offload"
+    )
+    assert (
+        "d_model=8192,layers=56,heads=128,kv_heads=8,head_dim=256,mlp=32768" in row.spec
+        and "experts=16,top_k=2,moe_every=1,capacity_factor=1.5" in row.spec
+    )
     assert row.layout.fsdp == 16 and row.layout.expert == 16 and row.layout.devices == 256
     assert row.global_batch == 256 and row.seq == 8192 and row.topology == "v6e-256"
     # Only MFU is published, in convention B (attention counted in full).

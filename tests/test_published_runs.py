@@ -25,36 +25,110 @@ MIN_CURRENT_RUNS = 42  # rows whose figure is the source's current one (supersed
 
 PEAK = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0, "tpu7x": 2307.0}
 DEVICES_PER_CHIP = {"v4": 1, "v5e": 1, "v5p": 1, "v6e": 1, "tpu7x": 2}
-ICI = ["ici_data", "ici_fsdp", "ici_fsdp_transpose", "ici_tensor", "ici_expert", "ici_sequence", "ici_context",
-       "ici_pipeline"]
+ICI = [
+    "ici_data",
+    "ici_fsdp",
+    "ici_fsdp_transpose",
+    "ici_tensor",
+    "ici_expert",
+    "ici_sequence",
+    "ici_context",
+    "ici_pipeline",
+]
 DCN = ["dcn_data", "dcn_fsdp", "dcn_tensor", "dcn_expert", "dcn_pipeline"]
-REMAT_NAMED = {"full", "minimal", "custom", "none", "minimal_with_context", "minimal_offloaded", "save_qkv_proj",
-               "qkv_proj_offloaded", "save_dot_except_mlp", "save_dot_except_mlpwi", "save_dot_with_context_except_mlp",
-               "save_out_proj"}
+REMAT_NAMED = {
+    "full",
+    "minimal",
+    "custom",
+    "none",
+    "minimal_with_context",
+    "minimal_offloaded",
+    "save_qkv_proj",
+    "qkv_proj_offloaded",
+    "save_dot_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_with_context_except_mlp",
+    "save_out_proj",
+}
 CALIBRATION = {
-    "v5p-synthetic-32b-v5p-128", "v5p-synthetic-128b-v5p-256", "v5e-synthetic-16b-v5e-256", "llama3.1-8b-v6e-256",
-    "llama3.1-70b-v6e-256", "mixtral-8x7b-v6e-256-pdb12", "llama3.1-70b-tpu7x-4x4x4",
+    "v5p-synthetic-32b-v5p-128",
+    "v5p-synthetic-128b-v5p-256",
+    "v5e-synthetic-16b-v5e-256",
+    "llama3.1-8b-v6e-256",
+    "llama3.1-70b-v6e-256",
+    "mixtral-8x7b-v6e-256-pdb12",
+    "llama3.1-70b-tpu7x-4x4x4",
 }
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
-BLOB = re.compile(r"^https://github\.com/AI-Hypercomputer/(maxtext|tpu-recipes)/blob/([0-9a-f]{40})/[^\s#]+(#L\d+(-L\d+)?)?$")
+BLOB = re.compile(
+    r"^https://github\.com/AI-Hypercomputer/(maxtext|tpu-recipes)/blob/([0-9a-f]{40})/[^\s#]+(#L\d+(-L\d+)?)?$"
+)
 
 REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "id": str, "model": str, "synthetic": bool,
-    "d_model": int, "layers": int, "heads": int, "kv_heads": int, "head_dim": int, "mlp": int, "moe_mlp": int,
-    "mlp_activations": list, "vocab": int, "experts": int, "top_k": int, "shared_experts": int,
-    "moe_layer_interval": int, "capacity_factor": float, "moe_impl": str, "tied_embeddings": bool,
-    "attention": str, "attention_pattern": str, "attention_window": int,
-    "generation": str, "topology": str, "slices": int, "chips": int, "devices_per_chip": int, "devices": int,
+    "id": str,
+    "model": str,
+    "synthetic": bool,
+    "d_model": int,
+    "layers": int,
+    "heads": int,
+    "kv_heads": int,
+    "head_dim": int,
+    "mlp": int,
+    "moe_mlp": int,
+    "mlp_activations": list,
+    "vocab": int,
+    "experts": int,
+    "top_k": int,
+    "shared_experts": int,
+    "moe_layer_interval": int,
+    "capacity_factor": float,
+    "moe_impl": str,
+    "tied_embeddings": bool,
+    "attention": str,
+    "attention_pattern": str,
+    "attention_window": int,
+    "generation": str,
+    "topology": str,
+    "slices": int,
+    "chips": int,
+    "devices_per_chip": int,
+    "devices": int,
     **{axis: int for axis in ICI + DCN},
-    "layout_as_written": str, "remat": str, "remat_tensors": dict,
-    "per_device_batch": float, "global_batch": float, "seq": int,
-    "opt_type": str, "mu_dtype": str, "weight_dtype": str, "dtype": str, "quantization": str,
-    "step_s": float, "tflops_per_device": float, "tflops_per_chip": float, "mfu": float, "mfu_as_published": bool,
-    "mfu_basis": str, "mfu_published_elsewhere": float, "mfu_source_url": str, "figures_published": list,
-    "peak_tflops_per_chip": float, "flops_convention": str, "flops_check": float,
-    "in_calibration": bool, "superseded_by": str,
-    "source_url": str, "source_commit": str, "source_file": str, "source_repo": str, "published_commit": str,
-    "date": str, "config_url": str, "config_commit": str, "model_config_url": str, "notes": str,
+    "layout_as_written": str,
+    "remat": str,
+    "remat_tensors": dict,
+    "per_device_batch": float,
+    "global_batch": float,
+    "seq": int,
+    "opt_type": str,
+    "mu_dtype": str,
+    "weight_dtype": str,
+    "dtype": str,
+    "quantization": str,
+    "step_s": float,
+    "tflops_per_device": float,
+    "tflops_per_chip": float,
+    "mfu": float,
+    "mfu_as_published": bool,
+    "mfu_basis": str,
+    "mfu_published_elsewhere": float,
+    "mfu_source_url": str,
+    "figures_published": list,
+    "peak_tflops_per_chip": float,
+    "flops_convention": str,
+    "flops_check": float,
+    "in_calibration": bool,
+    "superseded_by": str,
+    "source_url": str,
+    "source_commit": str,
+    "source_file": str,
+    "source_repo": str,
+    "published_commit": str,
+    "date": str,
+    "config_url": str,
+    "config_commit": str,
+    "model_config_url": str,
+    "notes": str,
 }
 
 
@@ -150,8 +224,9 @@ def test_recipe_fields(row):
         assert row["mu_dtype"] in ("float32", "bfloat16")
     assert row["quantization"] in ("none", "fp8_full")
     # MaxText's layers ran dot-product attention until 5b0e28e (2023-09-06) brought flash attention
-    assert row["attention"].startswith("flash") or (row["attention"].startswith("dot-product")
-                                                    and row["date"] < "2023-09-06")
+    assert row["attention"].startswith("flash") or (
+        row["attention"].startswith("dot-product") and row["date"] < "2023-09-06"
+    )
 
 
 @pytest.mark.parametrize("row", RUNS, ids=ids(RUNS))
@@ -222,7 +297,10 @@ def test_kept_aside_runs_are_absent():
     synthetic = [r for r in RUNS if r["synthetic"]]
     # MaxText's synthetic-scale tables (v5e / v5p, 16B ... 1024B): only the three already in calibration
     assert {r["id"] for r in synthetic if r["generation"] in ("v5e", "v5p")} == {
-        "v5p-synthetic-32b-v5p-128", "v5p-synthetic-128b-v5p-256", "v5e-synthetic-16b-v5e-256"}
+        "v5p-synthetic-32b-v5p-128",
+        "v5p-synthetic-128b-v5p-256",
+        "v5e-synthetic-16b-v5e-256",
+    }
     # v4's 22B / 52B configs (the brief's megacore-era example): single-slice rows only
     v4 = [r for r in synthetic if r["generation"] == "v4"]
     assert len(v4) <= 2 and all(r["slices"] == 1 for r in v4)

@@ -10,14 +10,18 @@ import pytest
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import TuneOptions, trial_attrs
 from tpu_tuner.tuning.race import leaders
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import verify
 
 # Steady step each setting really takes (what every interleaved round sees), by autocast x precision.
-TRUE_STEP = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.050, ("none", "medium"): 0.040,
-             ("bfloat16", "medium"): 0.080}
+TRUE_STEP = {
+    ("none", "highest"): 0.100,
+    ("bfloat16", "highest"): 0.050,
+    ("none", "medium"): 0.040,
+    ("bfloat16", "medium"): 0.080,
+}
 
 
 def _space() -> SearchSpace:
@@ -32,7 +36,7 @@ class _ScriptedRunner:
     def __init__(self) -> None:
         self.compared: list[list[dict]] = []
 
-    def run(self, request, env=None, timeout_s=None):  # noqa: ANN001
+    def run(self, request, env=None, timeout_s=None):
         assert isinstance(request, CompareRequest)
         self.compared.append(request.candidates)
         jitter = 1.0 + 0.01 * (request.first_round % 3)
@@ -49,10 +53,23 @@ def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | No
         study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
         trial = study.ask()
         params = space.suggest(trial)
-        m = Measurement(candidate=space.to_candidate(params).to_dict(), step_median=value, step_p10=value,
-                        step_p90=value, samples=[value], first_call_seconds=value, warmup_seconds=0.0,
-                        compile_seconds=0.0, compiles={}, model_flops_per_step=1.0, peak_flops_per_s=1.0,
-                        peak_dtype="float32", mfu=0.1, peak_memory_bytes=None, accuracy_errors={})
+        m = Measurement(
+            candidate=space.to_candidate(params).to_dict(),
+            step_median=value,
+            step_p10=value,
+            step_p90=value,
+            samples=[value],
+            first_call_seconds=value,
+            warmup_seconds=0.0,
+            compile_seconds=0.0,
+            compiles={},
+            model_flops_per_step=1.0,
+            peak_flops_per_s=1.0,
+            peak_dtype="float32",
+            mfu=0.1,
+            peak_memory_bytes=None,
+            accuracy_errors={},
+        )
         if buckets:
             trial.set_user_attr("buckets", buckets)  # as a search with varying input lengths records
         study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
@@ -125,8 +142,14 @@ def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_cha
     assert v.chosen_is_best and v.contributions == []
     assert v.contributions_left_out == {"matmul_precision": NO_TIME, "autocast": NO_TIME}
     assert all(len(payload) == 2 for payload in runner.compared)  # baseline and best only
-    one_knob = verify(_study({("none", "highest"): 0.100, ("none", "medium"): 0.040}), _space(), _ScriptedRunner(),
-                      options, "cpu", clock=no_time)
+    one_knob = verify(
+        _study({("none", "highest"): 0.100, ("none", "medium"): 0.040}),
+        _space(),
+        _ScriptedRunner(),
+        options,
+        "cpu",
+        clock=no_time,
+    )
     (only,) = one_knob.contributions
     assert only.param == "matmul_precision" and only.speedup.speedup == pytest.approx(one_knob.speedup.speedup)
     assert one_knob.contributions_left_out == {}

@@ -7,19 +7,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_window_figures import _result, _window_samples
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.outputs.tuning_report import render_report
 from tpu_tuner.tuning.verify import NO_TIME, KnobContribution
 
-from test_window_figures import _result, _window_samples
 
-
-def _section(result) -> str:  # noqa: ANN001
+def _section(result) -> str:
     return render_report(result, {}).split("## What each knob contributed\n")[1].split("\n## ")[0].strip()
 
 
-def _with(tmp_path, **changes) -> str:  # noqa: ANN001, ANN003
+def _with(tmp_path, **changes) -> str:
     result = _result(tmp_path)
     result.verification = dataclasses.replace(result.verification, **changes)
     return _section(result)
@@ -37,15 +36,20 @@ def test_the_search_best_is_the_baseline(tmp_path) -> None:
 
 
 def test_a_verification_that_failed_says_so(tmp_path) -> None:
-    text = _with(tmp_path, speedup=None, chosen_is_best=False,
-                 message="verification failed (worker died); keep the baseline")
-    assert text == ("Not measured: the interleaved verification did not run to its end (verification failed "
-                    "(worker died); keep the baseline).")
+    text = _with(
+        tmp_path, speedup=None, chosen_is_best=False, message="verification failed (worker died); keep the baseline"
+    )
+    assert text == (
+        "Not measured: the interleaved verification did not run to its end (verification failed "
+        "(worker died); keep the baseline)."
+    )
 
 
 def test_one_knob_changed_and_a_refused_revert(tmp_path) -> None:
     samples = _window_samples()
-    one = KnobContribution("matmul_precision", "highest", "medium", paired_speedup(samples["baseline"], samples["best"]))
+    one = KnobContribution(
+        "matmul_precision", "highest", "medium", paired_speedup(samples["baseline"], samples["best"])
+    )
     text = _with(tmp_path, contributions=[one])
     assert "| matmul_precision | highest | medium |" in text
     assert text.endswith("Only this knob changed: its contribution is the verified speedup itself.")
@@ -59,9 +63,10 @@ def test_a_result_written_before_the_reason_was_recorded(tmp_path) -> None:
 
 @pytest.mark.parametrize("left_out", [{}, {"execution": NO_TIME}])
 def test_the_reason_survives_result_json(tmp_path, left_out: dict[str, str]) -> None:
+    import json
+
     from tpu_tuner.core.plain_data import from_plain, json_default
     from tpu_tuner.tuning.verify import Verification
-    import json
 
     v = dataclasses.replace(_result(tmp_path).verification, contributions_left_out=left_out)
     back = from_plain(Verification, json.loads(json.dumps(dataclasses.asdict(v), default=json_default)))

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import EXAMPLES, FIXTURES
 
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import UserInputError
-
-from conftest import EXAMPLES, FIXTURES
 
 PACKAGE = Path(__file__).parent.parent / "tpu_tuner"
 
@@ -52,27 +51,49 @@ def test_tuning_result_and_reports_import_in_one_direction() -> None:
         runtime = [m for m, typing_only in _imports(report) if m.startswith("tpu_tuner.tuning") and not typing_only]
         assert not runtime, (report.name, runtime)
     # Each imports on its own in a fresh interpreter (started together: each waits on its imports).
-    modules = ("tpu_tuner.tuning.result", "tpu_tuner.outputs.tuning_report", "tpu_tuner.outputs.tuning_plots",
-               "tpu_tuner.outputs.write", "tpu_tuner.dashboard.collect")
-    started = {module: subprocess.Popen([sys.executable, "-c", f"import {module}"], stderr=subprocess.PIPE, text=True)
-               for module in modules}
+    modules = (
+        "tpu_tuner.tuning.result",
+        "tpu_tuner.outputs.tuning_report",
+        "tpu_tuner.outputs.tuning_plots",
+        "tpu_tuner.outputs.write",
+        "tpu_tuner.dashboard.collect",
+    )
+    started = {
+        module: subprocess.Popen([sys.executable, "-c", f"import {module}"], stderr=subprocess.PIPE, text=True)
+        for module in modules
+    }
     for module, process in started.items():
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, (module, err[-2000:])
 
 
 def _run_file_names() -> set[str]:
-    return {value for name, value in vars(run_folder).items()
-            if name.isupper() and isinstance(value, str) and "." in value}
+    return {
+        value for name, value in vars(run_folder).items() if name.isupper() and isinstance(value, str) and "." in value
+    }
 
 
 def test_no_module_but_run_folder_spells_a_run_file_name() -> None:
     names = _run_file_names()
-    assert {"profile.json", "run.json", "result.json", "tuned_config.toml", "trials.csv", "plan.json",
-            "buckets.json", "compiler.log", "predicted_mfu.png"} <= names
+    assert {
+        "profile.json",
+        "run.json",
+        "result.json",
+        "tuned_config.toml",
+        "trials.csv",
+        "plan.json",
+        "buckets.json",
+        "compiler.log",
+        "predicted_mfu.png",
+    } <= names
     spelled = {}
-    paths = [*(PACKAGE / "cli").glob("*.py"), PACKAGE / "api.py", PACKAGE / "tuning" / "result.py",
-             *(PACKAGE / "dashboard").glob("*.py"), *(PACKAGE / "outputs").glob("*.py")]
+    paths = [
+        *(PACKAGE / "cli").glob("*.py"),
+        PACKAGE / "api.py",
+        PACKAGE / "tuning" / "result.py",
+        *(PACKAGE / "dashboard").glob("*.py"),
+        *(PACKAGE / "outputs").glob("*.py"),
+    ]
     assert (PACKAGE / "outputs" / "write.py") in paths and (PACKAGE / "dashboard" / "collect.py") in paths
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -83,8 +104,10 @@ def test_no_module_but_run_folder_spells_a_run_file_name() -> None:
 
 def _fast_agent(tmp_path: Path) -> Path:
     agent = tmp_path / "fast.toml"
-    agent.write_text("[warmup]\nmin_steps = 2\nmax_steps = 10\n[timing]\nmin_steps = 10\nmin_seconds = 0\n"
-                     "max_steps = 50\n[operators]\nprofiled_steps = 1\ntop = 5\n")
+    agent.write_text(
+        "[warmup]\nmin_steps = 2\nmax_steps = 10\n[timing]\nmin_steps = 10\nmin_seconds = 0\n"
+        "max_steps = 50\n[operators]\nprofiled_steps = 1\ntop = 5\n"
+    )
     return agent
 
 
@@ -94,8 +117,22 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     from tpu_tuner.cli import main
 
     agent = _fast_agent(tmp_path)
-    assert main(["-q", "profile", str(FIXTURES / "tiny_gpt.py"), "--out", str(tmp_path / "cli"), "--agent", str(agent),
-                 "--seq-len", "16"]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "profile",
+                str(FIXTURES / "tiny_gpt.py"),
+                "--out",
+                str(tmp_path / "cli"),
+                "--agent",
+                str(agent),
+                "--seq-len",
+                "16",
+            ]
+        )
+        == 0
+    )
     measured = profile(FIXTURES / "tiny_gpt.py", seq_len=16, settings=ProfilerSettings.load(agent))
     api_dir = save_profile(measured, tmp_path / "api")
     (cli_dir,) = (tmp_path / "cli").iterdir()
@@ -103,7 +140,8 @@ def test_profile_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     assert sorted(p.name for p in api_dir.iterdir()) == sorted([run_folder.PROFILE_JSON, run_folder.PROFILE_MD])
     # The command profiles in a worker, whose own output is kept beside (the API profiles in-process).
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted(
-        [run_folder.PROFILE_JSON, run_folder.PROFILE_MD, run_folder.WORKERS_LOG])
+        [run_folder.PROFILE_JSON, run_folder.PROFILE_MD, run_folder.WORKERS_LOG]
+    )
     # profile.json reads back into the same Profile, nested figures and all.
     loaded = Profile.from_json((api_dir / run_folder.PROFILE_JSON).read_text())
     assert loaded == measured
@@ -131,14 +169,33 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     from tpu_tuner import BucketOptions, plan_buckets, save_buckets
     from tpu_tuner.cli import main
 
-    assert main(["-q", "buckets", str(FIXTURES / "tiny_encoder.py"), "--compile-backend", "aot_eager", "--steps",
-                 "1000", "--max-buckets", "3", "--out", str(tmp_path / "cli")]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "buckets",
+                str(FIXTURES / "tiny_encoder.py"),
+                "--compile-backend",
+                "aot_eager",
+                "--steps",
+                "1000",
+                "--max-buckets",
+                "3",
+                "--out",
+                str(tmp_path / "cli"),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    result = plan_buckets(FIXTURES / "tiny_encoder.py", BucketOptions(compile_backend="aot_eager", steps=1000,
-                                                                        max_buckets=3))
+    result = plan_buckets(
+        FIXTURES / "tiny_encoder.py", BucketOptions(compile_backend="aot_eager", steps=1000, max_buckets=3)
+    )
     api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")
     (cli_dir,) = (tmp_path / "cli").iterdir()
-    expected = sorted([run_folder.BUCKETS_JSON, run_folder.BUCKETS_MD, *run_folder.BUCKET_PLOTS, run_folder.BUCKET_CONFIG])
+    expected = sorted(
+        [run_folder.BUCKETS_JSON, run_folder.BUCKETS_MD, *run_folder.BUCKET_PLOTS, run_folder.BUCKET_CONFIG]
+    )
     assert sorted(p.name for p in api_dir.iterdir()) == expected
     # The command measures in a worker, whose output it keeps in the folder (the API runs in-process).
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted([*expected, run_folder.WORKERS_LOG])
@@ -146,8 +203,10 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
-                    reason="the planner extra is not installed: pip install -e '.[plan]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
+    reason="the planner extra is not installed: pip install -e '.[plan]'",
+)
 def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
     # In a fresh interpreter: importing torchax registers a device with torch that breaks
     # torch.compile later in pytest's process (tests/test_planner_compile.py).
@@ -156,35 +215,62 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
         from tpu_tuner import PlanOptions, plan_to_folder
         from tpu_tuner.cli import main
         from tpu_tuner.model.layouts import Layout
-        args = ["{EXAMPLES / 'llama.py'}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
+        args = ["{EXAMPLES / "llama.py"}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
                 "--seq", "128", "--layout", "1x4x1"]
-        assert main(["-q", "plan", *args, "--out", "{tmp_path / 'cli'}"]) == 0
+        assert main(["-q", "plan", *args, "--out", "{tmp_path / "cli"}"]) == 0
         options = PlanOptions(topology="v5e-4", global_batch=8, seq_len=128, preset="tiny", layouts=[Layout(1, 4, 1)])
-        run_dir, result = plan_to_folder("{EXAMPLES / 'llama.py'}", options, "{tmp_path / 'api'}")
+        run_dir, result = plan_to_folder("{EXAMPLES / "llama.py"}", options, "{tmp_path / "api"}")
         print(run_dir)
     """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (cli_dir,) = (tmp_path / "cli").iterdir()
     api_dir = Path(done.stdout.strip().splitlines()[-1])
     assert cli_dir.name.startswith("llama_tiny-plan-v5e-4-") and api_dir.name.startswith("llama_tiny-plan-v5e-4-")
-    expected = sorted([run_folder.PLAN_JSON, run_folder.PLAN_MD, run_folder.PLAN_PNG, run_folder.SHARDING_CONFIG,
-                       run_folder.COMPILER_LOG])
+    expected = sorted(
+        [
+            run_folder.PLAN_JSON,
+            run_folder.PLAN_MD,
+            run_folder.PLAN_PNG,
+            run_folder.SHARDING_CONFIG,
+            run_folder.COMPILER_LOG,
+        ]
+    )
     assert sorted(p.name for p in cli_dir.iterdir()) == sorted(p.name for p in api_dir.iterdir()) == expected
 
 
 # --- TuningResult.load -------------------------------------------------------------------------
 
-def _tuned(tmp_path: Path):
-    from tpu_tuner.profiling import ProfilerSettings
-    from tpu_tuner import TuneOptions, tune
 
-    fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
-                            timing_max_steps=20, profiled_steps=1, top_operators=3)
-    options = TuneOptions(space=FIXTURES / "eager_precision_space.toml", agents=("precision",), trials=6,
-                          sampler="grid", verify_rounds=4, out=tmp_path / "runs", trial_timeout_s=60.0,
-                          trial_settings=fast)
+def _tuned(tmp_path: Path):
+    from tpu_tuner import TuneOptions, tune
+    from tpu_tuner.profiling import ProfilerSettings
+
+    fast = ProfilerSettings(
+        warmup_min_steps=1,
+        warmup_max_steps=5,
+        timing_min_steps=10,
+        timing_min_seconds=0.0,
+        timing_max_steps=20,
+        profiled_steps=1,
+        top_operators=3,
+    )
+    options = TuneOptions(
+        space=FIXTURES / "eager_precision_space.toml",
+        agents=("precision",),
+        trials=6,
+        sampler="grid",
+        verify_rounds=4,
+        out=tmp_path / "runs",
+        trial_timeout_s=60.0,
+        trial_settings=fast,
+    )
     return tune(FIXTURES / "synthetic_speed.py", options)
 
 
@@ -236,9 +322,13 @@ def test_a_folder_that_is_no_finished_run_is_refused_in_one_line(tmp_path) -> No
     _one_line_error_naming(profile_dir)
     running = tmp_path / "run-tune-20261130-000000"
     running.mkdir()
-    (running / run_folder.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
-                                                         "status": "failed", "reason": "interrupted (Ctrl-C)"}))
+    (running / run_folder.RUN_JSON).write_text(
+        json.dumps(
+            {"storage": "sqlite:///x.db", "study_name": "x", "status": "failed", "reason": "interrupted (Ctrl-C)"}
+        )
+    )
     assert "'failed' (interrupted (Ctrl-C))" in _one_line_error_naming(running)
-    (running / run_folder.RUN_JSON).write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": "x",
-                                                         "status": "done"}))
+    (running / run_folder.RUN_JSON).write_text(
+        json.dumps({"storage": "sqlite:///x.db", "study_name": "x", "status": "done"})
+    )
     assert run_folder.RESULT_JSON in _one_line_error_naming(running)

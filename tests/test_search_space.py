@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.devices.torchtpu import TorchTpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.tuning.space import SearchSpace
 
 
@@ -27,7 +27,8 @@ def test_default_space_per_device() -> None:
     tpu = SearchSpace.load("default", "tpu")
     fused = tpu.to_candidate({"execution": "eager:defer_and_fuse"})
     assert fused["execution"] == "eager:defer_and_fuse" and fused.environment(TorchTpuBackend) == {
-        "TORCH_TPU_DEFER_AND_FUSE": "1"}
+        "TORCH_TPU_DEFER_AND_FUSE": "1"
+    }
     assert tpu.to_candidate({"execution": "tpu"})["execution"] == "tpu"
 
 
@@ -36,8 +37,9 @@ def test_candidate_round_trip(device: str) -> None:
     space = SearchSpace.load("default", device)
     for execution in space.grid()["execution"]:
         # Every first choice, conditional parameters (compile_options) kept only where active.
-        params = space.normalize({**{p.name: p.choices[0] for p in space.searched},
-                                  "execution": execution, "autocast": "bfloat16"})
+        params = space.normalize(
+            {**{p.name: p.choices[0] for p in space.searched}, "execution": execution, "autocast": "bfloat16"}
+        )
         assert space.to_params(space.to_candidate(params)) == params
 
 

@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES
 from torch import nn
 
 import tpu_tuner
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.loader import load_workload
 from tpu_tuner.metrics.estimate import LiveMemory, estimate_step
 from tpu_tuner.metrics.flops import count_step
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.profiling.profile import _within_budget
 from tpu_tuner.profiling.settings import ProfilerSettings
-
-from conftest import FIXTURES
 
 
 def test_batch_size_resizes_inputs_that_share_the_leading_size() -> None:

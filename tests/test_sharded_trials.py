@@ -9,16 +9,15 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import processes_running
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.layout import expand
+from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.runner.requests import CompareRequest, MeasureRequest
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies import records
+from tpu_tuner.tuning.space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny_llama.py"
@@ -27,8 +26,12 @@ TINY_LLAMA = FIXTURES / "tiny_llama.py"
 def _measure(layout: str) -> MeasureRequest:
     from tpu_tuner.tuning.options import default_trial_settings
 
-    return MeasureRequest(candidate=Candidate(layout=layout).to_dict(), settings=default_trial_settings(),
-                          peak_flops_per_s={"float32": 1e11}, model_flops_per_step=1e8)
+    return MeasureRequest(
+        candidate=Candidate(layout=layout).to_dict(),
+        settings=default_trial_settings(),
+        peak_flops_per_s={"float32": 1e11},
+        model_flops_per_step=1e8,
+    )
 
 
 # --- the knob and the space (no processes) -----------------------------------------------------
@@ -56,14 +59,20 @@ def test_the_space_searches_layouts_only_with_several_ranks_and_only_those_the_m
     assert set(layouts) == {"4x1x1", "1x4x1", "1x1x4", "2x2x1", "1x2x2", "2x1x2"}
     # Two heads per tensor group at most (tensor_divisor 2), a batch of 2: the model's shapes narrow;
     # a training step cannot run data x tensor without fsdp (DDP cannot wrap DTensor parameters).
-    narrowed = four.for_workload(WorkloadTraits(training=True, conv_weights=0, repeated_blocks=4, batch_size=2,
-                                                tensor_divisor=2))
+    narrowed = four.for_workload(
+        WorkloadTraits(training=True, conv_weights=0, repeated_blocks=4, batch_size=2, tensor_divisor=2)
+    )
     assert next(p for p in narrowed.params if p.name == "layout").choices == ("4x1x1", "1x2x2")
     assert any(line.startswith("layout: 2x1x2: data x tensor without fsdp") for line in narrowed.left_out)
     # An inference step: replicas on the data axis, so data x tensor runs too.
     inference = four.for_workload(WorkloadTraits(False, 0, 4, 8, 2))
     assert set(next(p for p in inference.params if p.name == "layout").choices) == {
-        "4x1x1", "1x4x1", "2x2x1", "1x2x2", "2x1x2"}
+        "4x1x1",
+        "1x4x1",
+        "2x2x1",
+        "1x2x2",
+        "2x1x2",
+    }
     # fsdp needs repeated blocks, tensor a linear layer to split.
     flat = four.for_workload(WorkloadTraits(True, 0, 0, 8, None))
     assert next(p for p in flat.params if p.name == "layout").choices == ("4x1x1",)
@@ -79,7 +88,9 @@ def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
     assert TunedConfig.load(path).candidate["layout"] == "1x2x1"
     # A planner's config of before: the mesh alone; and a config whose two disagree.
     legacy = tmp_path / "legacy.toml"
-    legacy.write_text('format_version = 1\ndevice_kind = "tpu"\n[settings]\n[sharding.mesh]\ndata = 1\nfsdp = 4\ntensor = 2\n')
+    legacy.write_text(
+        'format_version = 1\ndevice_kind = "tpu"\n[settings]\n[sharding.mesh]\ndata = 1\nfsdp = 4\ntensor = 2\n'
+    )
     assert TunedConfig.load(legacy).candidate["layout"] == "1x4x2"
     legacy.write_text(legacy.read_text().replace("[settings]\n", '[settings]\nlayout = "8x1x1"\n'))
     with pytest.raises(UserInputError, match="layout 8x1x1 and \\[sharding.mesh\\] 1x4x2 disagree"):
@@ -92,7 +103,6 @@ def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_each_layout_is_measured_on_two_ranks_against_the_single_device_reference() -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
-
     from tpu_tuner.tuning.options import default_trial_settings
 
     with RankedTrialRunner(str(TINY_LLAMA), "cpu", 2, timeout_s=120) as runner:
@@ -101,9 +111,14 @@ def test_each_layout_is_measured_on_two_ranks_against_the_single_device_referenc
             outcome = runner.run(_measure(layout))
             assert outcome.ok, outcome.failure
             measured[layout] = outcome.value
-        compared = runner.run(CompareRequest(candidates=[Candidate(layout="2x1x1").to_dict(),
-                                                         Candidate(layout="1x2x1").to_dict()],
-                                             rounds=3, first_round=0, last=True))
+        compared = runner.run(
+            CompareRequest(
+                candidates=[Candidate(layout="2x1x1").to_dict(), Candidate(layout="1x2x1").to_dict()],
+                rounds=3,
+                first_round=0,
+                last=True,
+            )
+        )
         assert runner.groups_started == 4
     for layout, m in measured.items():
         # Loss and gradients (gathered from the shards) against one process's fp32 step on the
@@ -128,19 +143,27 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
     assert (not tensor.ok) or tensor.value.accuracy_error > 1e-2, tensor.value.accuracy_errors
 
 
-@pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
-                                              ("raise", "error", "rank 1: WorkloadError"),
-                                              ("hang", "timeout", "no rank finished within 10 s")])
+@pytest.mark.parametrize(
+    "mode, kind, says",
+    [
+        ("segfault", "crash", "rank 1 died from SIGSEGV"),
+        ("raise", "error", "rank 1: WorkloadError"),
+        ("hang", "timeout", "no rank finished within 10 s"),
+    ],
+)
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(monkeypatch, tmp_path, mode: str, kind: str,
-                                                                  says: str) -> None:
+def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(
+    monkeypatch, tmp_path, mode: str, kind: str, says: str
+) -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
     from tpu_tuner.runner.worker_log import WorkerLog
 
     monkeypatch.setenv("TPU_TUNE_TEST_MISBEHAVE", mode)
     # The ranks' output goes to a log of the test's own (a run's folder holds it as workers.log).
-    with (WorkerLog(tmp_path / "workers.log") as log,
-          RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10, log=log) as runner):
+    with (
+        WorkerLog(tmp_path / "workers.log") as log,
+        RankedTrialRunner(str(FIXTURES / "misbehaving_rank_workload.py"), "cpu", 2, timeout_s=10, log=log) as runner,
+    ):
         failed = runner.run(_measure("1x2x1"))
         assert not failed.ok and failed.failure.kind == kind and says in failed.failure.message, failed.failure
         assert failed.failure.message.endswith("(see workers.log)") or mode == "hang"
@@ -161,10 +184,12 @@ def _plan(folder: Path) -> Path:
     import json
 
     folder.mkdir()
-    plans = [{"layout": {"data": 1, "fsdp": 1, "tensor": 64}, "fits": False, "prediction": None},
-             {"layout": {"data": 1, "fsdp": 8, "tensor": 8}, "fits": True, "prediction": {"mfu": 0.41}},
-             {"layout": {"data": 1, "fsdp": 64, "tensor": 1}, "fits": True, "prediction": {"mfu": 0.39}},
-             {"layout": {"data": 1, "fsdp": 2, "tensor": 32}, "fits": True, "prediction": {"mfu": 0.38}}]
+    plans = [
+        {"layout": {"data": 1, "fsdp": 1, "tensor": 64}, "fits": False, "prediction": None},
+        {"layout": {"data": 1, "fsdp": 8, "tensor": 8}, "fits": True, "prediction": {"mfu": 0.41}},
+        {"layout": {"data": 1, "fsdp": 64, "tensor": 1}, "fits": True, "prediction": {"mfu": 0.39}},
+        {"layout": {"data": 1, "fsdp": 2, "tensor": 32}, "fits": True, "prediction": {"mfu": 0.38}},
+    ]
     (folder / "plan.json").write_text(json.dumps({"plans": plans}))
     return folder
 
@@ -175,14 +200,22 @@ def _plan(folder: Path) -> Path:
 def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
     import optuna
 
+    from tpu_tuner.api import tune
     from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.api import tune
 
     plan = _plan(tmp_path / "plan")
     # Every trial measured to the end (no pruning): the test reads five complete trials back.
-    options = TuneOptions(trials=5, space=FIXTURES / "layout_space.toml", nproc=2, plan=plan, verify_rounds=2,
-                          out=tmp_path / "results", agents=("sharding", "precision"), prune=False)
+    options = TuneOptions(
+        trials=5,
+        space=FIXTURES / "layout_space.toml",
+        nproc=2,
+        plan=plan,
+        verify_rounds=2,
+        out=tmp_path / "results",
+        agents=("sharding", "precision"),
+        prune=False,
+    )
     result = tune(TINY_LLAMA, options)
     trials = [t for t in result.study.get_trials() if records.attrs(t).get("measured")]
     layouts = [t.params["layout"] for t in trials]
@@ -222,14 +255,16 @@ def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
     agent.ranks = 2  # set by the study from --nproc
     foreach = Candidate(layout="1x1x2", optimizer_impl="foreach", autocast="bfloat16")
     # An error with other knobs set may be theirs: the layout alone is asked for, not given up.
-    assert agent.learn(foreach, 3, "error", "RuntimeError: aten._foreach_mul_.Scalar got mixed torch.Tensor and DTensor") \
-        == [{"layout": "1x1x2"}]
+    assert agent.learn(
+        foreach, 3, "error", "RuntimeError: aten._foreach_mul_.Scalar got mixed torch.Tensor and DTensor"
+    ) == [{"layout": "1x1x2"}]
     assert agent.validate(foreach) is None
     assert agent.learn(Candidate(layout="1x1x2"), 4, "oom", "killed") == []  # not an error of the layout's
     assert agent.learn(Candidate(layout="1x1x2"), 5, "error", "ValueError: not enough values to unpack") == []
     assert agent.validate(Candidate(layout="1x1x2", autocast="bfloat16")) == (
         "layout 1x1x2 failed on its own (every other knob at its baseline) in trial 5 (ValueError: not enough values "
-        "to unpack): the model cannot run it, so it is not measured again")
+        "to unpack): the model cannot run it, so it is not measured again"
+    )
     assert agent.validate(Candidate(layout="1x2x1")) is None
 
 
@@ -239,13 +274,21 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     measured alone, fails there too, and the rest of its settings are rejected unmeasured."""
     import optuna
 
+    from tpu_tuner.api import tune
     from tpu_tuner.tuning import trial_attrs
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.api import tune
 
     # No pruning: the test counts the data-parallel settings measured to the end.
-    options = TuneOptions(trials=8, sampler="grid", space=FIXTURES / "tensor_or_data_space.toml", nproc=2,
-                          verify_rounds=2, out=tmp_path, agents=("sharding",), prune=False)
+    options = TuneOptions(
+        trials=8,
+        sampler="grid",
+        space=FIXTURES / "tensor_or_data_space.toml",
+        nproc=2,
+        verify_rounds=2,
+        out=tmp_path,
+        agents=("sharding",),
+        prune=False,
+    )
     result = tune(FIXTURES / "tiny_gpt.py", options)
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
     failed = [t for t in tensor if trial_attrs.failed_to_run(t)]
@@ -258,9 +301,13 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     for trial in given_up:
         attrs = records.attrs(trial)
         assert attrs.get("excluded_by") == "layout=1x1x2" or str(attrs.get("rejected_by")).startswith(
-            f"sharding: layout 1x1x2 failed on its own (every other knob at its baseline) in trial {alone[0].number} (")
-    measured = [t for t in result.study.get_trials()
-                if t.state == optuna.trial.TrialState.COMPLETE and "repeat_of" not in records.attrs(t)]
+            f"sharding: layout 1x1x2 failed on its own (every other knob at its baseline) in trial {alone[0].number} ("
+        )
+    measured = [
+        t
+        for t in result.study.get_trials()
+        if t.state == optuna.trial.TrialState.COMPLETE and "repeat_of" not in records.attrs(t)
+    ]
     assert len(measured) == 4 and {t.params["layout"] for t in measured} == {"2x1x1"}
 
 
@@ -271,8 +318,10 @@ def test_micro_batches_that_do_not_split_a_rank_s_slice_are_rejected() -> None:
     memory._training, memory._pressed, memory._batch = True, False, 4  # what diagnose reads from a profile
     assert memory.validate(Candidate(layout="2x1x1", micro_batches="2")) is None  # 2 samples a rank, in 2
     refusal = memory.validate(Candidate(layout="2x1x1", micro_batches="4"))
-    assert refusal == ("micro_batches 4 skipped: under layout 2x1x1 each rank runs 2 of the batch's 4 samples, "
-                       "which do not split into 4 equal micro-batches")
+    assert refusal == (
+        "micro_batches 4 skipped: under layout 2x1x1 each rank runs 2 of the batch's 4 samples, "
+        "which do not split into 4 equal micro-batches"
+    )
     assert memory.validate(Candidate(layout="1x1x2", micro_batches="4")) is None  # tensor ranks share the batch
 
 
@@ -289,7 +338,9 @@ def test_multi_tensor_optimizers_under_tensor_parallelism_alone_are_rejected_unm
     from tpu_tuner.tuning.agents.training_step import validate
 
     for impl in ("foreach", "fused"):
-        assert "tensor parallelism alone (layout 1x1x2)" in validate(Candidate(optimizer_impl=impl, layout="1x1x2"), True)
+        assert "tensor parallelism alone (layout 1x1x2)" in validate(
+            Candidate(optimizer_impl=impl, layout="1x1x2"), True
+        )
         assert validate(Candidate(optimizer_impl=impl, layout="1x2x1"), True) is None
     assert validate(Candidate(layout="1x1x2"), True) is None
 
@@ -299,7 +350,10 @@ def test_the_baseline_layout_and_one_process_runs_are_never_given_up() -> None:
 
     agent = load_agents(["sharding"], "cpu")[0]
     agent.ranks = 1  # one process: every candidate is 1x1x1; a failed baseline is the workload's
-    assert agent.learn(Candidate(), 0, "error", "ValueError") == [] and agent.validate(Candidate(execution="inductor")) is None
+    assert (
+        agent.learn(Candidate(), 0, "error", "ValueError") == []
+        and agent.validate(Candidate(execution="inductor")) is None
+    )
     agent.ranks = 2
     assert agent.learn(Candidate(layout="2x1x1"), 0, "error", "ValueError") == []
     assert agent.validate(Candidate(layout="2x1x1", autocast="bfloat16")) is None

@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import processes_running
 
 from tpu_tuner.parallel.apply import LayoutError, parse_layout
-from tpu_tuner.runner.sharded_check import check_layout
 from tpu_tuner.runner.launch import run_ranks
+from tpu_tuner.runner.sharded_check import check_layout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOLERANCE = 1e-5  # fp32 on both sides: only the order of reductions differs
@@ -45,9 +44,14 @@ def test_layout_strings_are_checked() -> None:
             parse_layout(bad)
 
 
-@pytest.mark.parametrize("mode, kind, says", [("segfault", "crash", "rank 1 died from SIGSEGV"),
-                                              ("raise", "error", "RuntimeError: rank 1 gave up"),
-                                              ("hang", "timeout", "no rank finished within 8 s")])
+@pytest.mark.parametrize(
+    "mode, kind, says",
+    [
+        ("segfault", "crash", "rank 1 died from SIGSEGV"),
+        ("raise", "error", "RuntimeError: rank 1 gave up"),
+        ("hang", "timeout", "no rank finished within 8 s"),
+    ],
+)
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
@@ -81,8 +85,8 @@ def test_a_config_s_layout_applies_only_on_a_process_group_of_its_size(tmp_path)
     from torch import nn
 
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.parallel.apply import LayoutError
     from tpu_tuner.knobs.tuned_config import TunedConfig, apply_sharding
+    from tpu_tuner.parallel.apply import LayoutError
 
     path = tmp_path / "sharding_config.toml"
     TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}}).save(path)
@@ -104,7 +108,10 @@ def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
     config = TunedConfig(Candidate(), "cpu", sharding={"mesh": {"data": 1, "fsdp": 2, "tensor": 1}})
     assert config.candidate["layout"] == "1x2x1"  # the mesh alone is the layout setting
     printed = "\n".join(config.instructions(tmp_path / "c.toml"))
-    assert "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2, e.g. torchrun --nproc-per-node 2)" in printed
+    assert (
+        "sharding data 1 x fsdp 2 x tensor 1: run one process per device (2, e.g. torchrun --nproc-per-node 2)"
+        in printed
+    )
     assert "apply_layout(model, Layout(data=1, fsdp=2, tensor=1), device_type='cpu')" in printed
 
 

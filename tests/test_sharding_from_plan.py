@@ -23,11 +23,19 @@ def test_the_dominant_axis_survives_scaling_down() -> None:
 
 def test_planned_layouts_keep_the_plan_s_order_skip_what_does_not_fit_and_say_how(tmp_path) -> None:
     def entry(data: int, fsdp: int, tensor: int, fits: bool, mfu: float | None) -> dict:
-        return {"layout": {"data": data, "fsdp": fsdp, "tensor": tensor}, "fits": fits,
-                "prediction": {"mfu": mfu} if mfu is not None else None}
+        return {
+            "layout": {"data": data, "fsdp": fsdp, "tensor": tensor},
+            "fits": fits,
+            "prediction": {"mfu": mfu} if mfu is not None else None,
+        }
 
-    plans = [entry(1, 64, 4, True, 0.41), entry(1, 128, 2, True, 0.40), entry(1, 32, 8, True, 0.39),
-             entry(256, 1, 1, False, None), entry(2, 1, 128, True, 0.30)]
+    plans = [
+        entry(1, 64, 4, True, 0.41),
+        entry(1, 128, 2, True, 0.40),
+        entry(1, 32, 8, True, 0.39),
+        entry(256, 1, 1, False, None),
+        entry(2, 1, 128, True, 0.30),
+    ]
     (tmp_path / "plan.json").write_text(json.dumps({"plans": plans}))
     mapped = planned_layouts(tmp_path, 2)
     # 1x64x4, 1x128x2 and 1x32x8 all become fsdp 2 (kept once); 2x1x128 keeps its tensor axis.

@@ -12,20 +12,36 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import FIXTURES
+
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.shared_study import (RECORD_ATTR, RECORD_FORMAT, adopt_options, join_differences, make_record,
-                                           open_shared)
-from tpu_tuner.studies import records
+from tpu_tuner.tuning.shared_study import (
+    RECORD_ATTR,
+    RECORD_FORMAT,
+    adopt_options,
+    join_differences,
+    make_record,
+    open_shared,
+)
+from tpu_tuner.tuning.space import SearchSpace
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
-FINGERPRINT = {"model_file": "/host-a/gpt.py", "sha256": "a" * 64, "convention": "native", "step_kind": "training",
-               "inputs": [[[8, 256], "int64"]], "batch_size": 8, "seq_len": 256, "device_kind": "cpu",
-               "device_name": "AMD EPYC", "nproc": 1, "versions": {"torch": "2.13.0", "optuna": "5.0.0"}}
+FINGERPRINT = {
+    "model_file": "/host-a/gpt.py",
+    "sha256": "a" * 64,
+    "convention": "native",
+    "step_kind": "training",
+    "inputs": [[[8, 256], "int64"]],
+    "batch_size": 8,
+    "seq_len": 256,
+    "device_kind": "cpu",
+    "device_name": "AMD EPYC",
+    "nproc": 1,
+    "versions": {"torch": "2.13.0", "optuna": "5.0.0"},
+}
 
 
 def _storage(tmp_path: Path, interval: int = 1, grace: int | None = 2) -> optuna.storages.RDBStorage:
@@ -34,28 +50,42 @@ def _storage(tmp_path: Path, interval: int = 1, grace: int | None = 2) -> optuna
 
 def test_a_second_worker_joins_and_adopts_the_study_budget(tmp_path) -> None:
     storage = _storage(tmp_path)
-    first = open_shared(storage, "s", optuna.samplers.RandomSampler(),
-                        make_record(FINGERPRINT, SPACE, TuneOptions(trials=7, planned_steps=100)), SPACE)
+    first = open_shared(
+        storage,
+        "s",
+        optuna.samplers.RandomSampler(),
+        make_record(FINGERPRINT, SPACE, TuneOptions(trials=7, planned_steps=100)),
+        SPACE,
+    )
     # Another host: the file lies elsewhere and the CPU has another name; same workload.
     elsewhere = {**FINGERPRINT, "model_file": "/host-b/gpt.py", "device_name": "Intel Xeon"}
-    second = open_shared(storage, "s", optuna.samplers.RandomSampler(),
-                         make_record(elsewhere, SPACE, TuneOptions(trials=3)), SPACE)
+    second = open_shared(
+        storage, "s", optuna.samplers.RandomSampler(), make_record(elsewhere, SPACE, TuneOptions(trials=3)), SPACE
+    )
     assert first.created and not second.created
     adopted = adopt_options(TuneOptions(trials=3, planned_steps=5000), second.record)
     assert adopted.search.trials == 7 and adopted.objective.planned_steps == 100
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"sha256": "b" * 64}, "model file differs"),
-    ({"batch_size": 16}, "--batch-size differs"),
-    ({"device_kind": "cuda"}, "device kind differs"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"sha256": "b" * 64}, "model file differs"),
+        ({"batch_size": 16}, "--batch-size differs"),
+        ({"device_kind": "cuda"}, "device kind differs"),
+    ],
+)
 def test_a_worker_with_another_workload_is_refused_in_one_line(tmp_path, change, words) -> None:
     storage = _storage(tmp_path)
     open_shared(storage, "s", optuna.samplers.RandomSampler(), make_record(FINGERPRINT, SPACE, TuneOptions()), SPACE)
     with pytest.raises(UserInputError, match=f"--study s: join refused: {words}") as info:
-        open_shared(storage, "s", optuna.samplers.RandomSampler(),
-                    make_record({**FINGERPRINT, **change}, SPACE, TuneOptions()), SPACE)
+        open_shared(
+            storage,
+            "s",
+            optuna.samplers.RandomSampler(),
+            make_record({**FINGERPRINT, **change}, SPACE, TuneOptions()),
+            SPACE,
+        )
     assert len(str(info.value).splitlines()) == 1
 
 
@@ -66,8 +96,9 @@ def test_a_worker_with_another_space_is_refused() -> None:
 
 
 @pytest.mark.parametrize("recorded_format, joins", [(1, True), (2, True), (3, False)])
-def test_a_study_of_the_flat_record_format_is_joined_one_of_a_later_format_refused(tmp_path, recorded_format,
-                                                                                   joins) -> None:
+def test_a_study_of_the_flat_record_format_is_joined_one_of_a_later_format_refused(
+    tmp_path, recorded_format, joins
+) -> None:
     """Format 1 studies hold each trial key as its own attribute, which this version reads; a
     format-1 worker cannot read this version's structured records, and refuses format 2."""
     storage = _storage(tmp_path)
@@ -86,8 +117,14 @@ def test_a_study_not_made_by_tpu_tune_is_refused_after_waiting(tmp_path) -> None
     storage = _storage(tmp_path)
     optuna.create_study(storage=storage, study_name="theirs")
     with pytest.raises(UserInputError, match="not created by tpu-tune"):
-        open_shared(storage, "theirs", optuna.samplers.RandomSampler(),
-                    make_record(FINGERPRINT, SPACE, TuneOptions()), SPACE, wait_s=0.5)
+        open_shared(
+            storage,
+            "theirs",
+            optuna.samplers.RandomSampler(),
+            make_record(FINGERPRINT, SPACE, TuneOptions()),
+            SPACE,
+            wait_s=0.5,
+        )
 
 
 def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_is_not(tmp_path) -> None:
@@ -161,8 +198,10 @@ def test_queued_trials_are_popped_once_by_concurrent_processes_on_sqlite(tmp_pat
         "    study.tell(trial, 0.0)\n"
         "    print(trial.number, flush=True)\n"
     )
-    workers = [subprocess.Popen([sys.executable, "-c", popper], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for _ in range(3)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", popper], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     outputs = [w.communicate(timeout=120) for w in workers]
     # A trial popped twice fails its second `tell` (UpdateFinishedTrialError): no process may fail.
     assert all(w.returncode == 0 for w in workers), [err[-500:] for _, err in outputs]
@@ -172,33 +211,56 @@ def test_queued_trials_are_popped_once_by_concurrent_processes_on_sqlite(tmp_pat
 
 def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: str, **attrs) -> optuna.trial.FrozenTrial:
     distributions = {k: optuna.distributions.CategoricalDistribution(SPACE.grid()[k]) for k in params}
-    return optuna.trial.create_trial(params=params, distributions=distributions, state=state,
-                                     value=1.0 if state == optuna.trial.TrialState.COMPLETE else None,
-                                     user_attrs={"worker": worker, "host": "h", **attrs})
+    return optuna.trial.create_trial(
+        params=params,
+        distributions=distributions,
+        state=state,
+        value=1.0 if state == optuna.trial.TrialState.COMPLETE else None,
+        user_attrs={"worker": worker, "host": "h", **attrs},
+    )
 
 
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
+    from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
     from tpu_tuner.studies.loop import Rules, _settle
-    from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.tuning.trials import TuneTrials
 
     study = optuna.create_study()
-    study.add_trial(_trial(0, {"matmul_precision": "highest", "autocast": "none"}, optuna.trial.TrialState.COMPLETE,
-                           "a", measured=True, feasible=True))
+    study.add_trial(
+        _trial(
+            0,
+            {"matmul_precision": "highest", "autocast": "none"},
+            optuna.trial.TrialState.COMPLETE,
+            "a",
+            measured=True,
+            feasible=True,
+        )
+    )
     # Another worker's trial is running: with it the budget of 2 is spoken for.
     study.enqueue_trial({"matmul_precision": "medium", "autocast": "bfloat16"})
     other = study.ask()
     SPACE.suggest(other)
 
     class NoRunner:
-        def run(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        def run(self, *args, **kwargs):
             raise AssertionError("measured past the budget")
 
     study.enqueue_trial({"matmul_precision": "high", "autocast": "none"})  # neither measured nor running
     late = study.ask()
-    trials = TuneTrials(study, SPACE, [], NoRunner(), MeasureRequest(), TuneOptions(trials=2), lambda event: None, 0.0, None, None,
-                        Worker("b", "h"))
+    trials = TuneTrials(
+        study,
+        SPACE,
+        [],
+        NoRunner(),
+        MeasureRequest(),
+        TuneOptions(trials=2),
+        lambda event: None,
+        0.0,
+        None,
+        None,
+        Worker("b", "h"),
+    )
     assert _settle(study, trials, Rules(budget=2), late, []) == "released"
     released = study.get_trials(deepcopy=False)[late.number]
     assert released.state == optuna.trial.TrialState.PRUNED and records.attrs(released).get("over_budget")
@@ -221,12 +283,16 @@ def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
     assert verification_left_to(study, b, "budget", watch) is None
     assert "worker b measured the study's last trial" in verification_left_to(study, a, "budget", watch)
     assert "--timeout" in verification_left_to(study, b, "timeout", watch)
-    done = Verification(baseline_trial=0, best_trial=1, chosen=SPACE.to_candidate({"matmul_precision": "medium"}),
-                        chosen_is_best=True, speedup=None, message="verified")
+    done = Verification(
+        baseline_trial=0,
+        best_trial=1,
+        chosen=SPACE.to_candidate({"matmul_precision": "medium"}),
+        chosen_is_best=True,
+        speedup=None,
+        message="verified",
+    )
     record_verification(study, done, "/runs/b", "b", measured=2)
     assert "was verified by worker b" in verification_left_to(study, b, "budget", watch)
     # The study measured more since (a resumed worker): verified again, by who measured last.
     study.add_trial(_trial(3, {"matmul_precision": "high"}, optuna.trial.TrialState.COMPLETE, "a", measured=True))
     assert verification_left_to(study, a, "budget", watch) is None
-
-

@@ -39,8 +39,16 @@ def test_traits_read_convolutions_and_repeated_blocks() -> None:
 
 def test_the_profiled_workload_has_one_training_flag_and_keeps_its_profile_json_table() -> None:
     traits = WorkloadTraits(True, 0, 3, 8, 4)
-    table = {"name": "m", "source": "m.py", "convention": "native", "step": "training step", "batch_size": 8,
-             "seq_len": 64, "notes": ["a note"], "traits": traits.to_dict()}
+    table = {
+        "name": "m",
+        "source": "m.py",
+        "convention": "native",
+        "step": "training step",
+        "batch_size": 8,
+        "seq_len": 64,
+        "notes": ["a note"],
+        "traits": traits.to_dict(),
+    }
     workload = ProfiledWorkload.from_dict(table)
     assert workload.training and of_profile(workload) == traits == of_profile(table)
     assert json.dumps(workload.to_dict()) == json.dumps(table)  # the same keys, in the same order
@@ -48,8 +56,9 @@ def test_the_profiled_workload_has_one_training_flag_and_keeps_its_profile_json_
     # A profile written before traits were recorded: the step's words give the flag; no narrowing.
     older = ProfiledWorkload.from_dict({key: value for key, value in table.items() if key != "traits"})
     assert older.training and of_profile(older) is None and "traits" not in older.to_dict()
-    inference = ProfiledWorkload.from_dict({**table, "step": "inference (forward)",
-                                            "traits": {**traits.to_dict(), "training": False}})
+    inference = ProfiledWorkload.from_dict(
+        {**table, "step": "inference (forward)", "traits": {**traits.to_dict(), "training": False}}
+    )
     assert not inference.training and of_profile(inference) == WorkloadTraits(False, 0, 3, 8, 4)
     assert inference.to_dict()["step"] == "inference (forward)"
     with pytest.raises(TypeError, match="name"):
@@ -144,4 +153,3 @@ def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
         study.tell(trial, 1.0)
     assert asked[1]["execution"] == "inductor" and asked[1]["compile_options"] == "default"
     assert asked[2] in space.settings()
-

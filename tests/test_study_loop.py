@@ -13,9 +13,9 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies.loop import Claim, Feature, Rules, _settle, run_loop
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
@@ -49,8 +49,9 @@ class Scripted(Feature):
         return trial.params.get("x")
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
-        return {t.params["x"]: t for t in trials if t.state == TrialState.COMPLETE
-                and records.REPEAT_OF not in t.user_attrs}
+        return {
+            t.params["x"]: t for t in trials if t.state == TrialState.COMPLETE and records.REPEAT_OF not in t.user_attrs
+        }
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial.set_user_attr(records.REPEAT_OF, earlier.number)
@@ -144,8 +145,9 @@ def test_a_late_trial_is_released_and_an_in_flight_setting_left_to_its_trial() -
     assert isinstance(claim, Claim) and claim.position == 1 and claim.key == "s6"
 
 
-@pytest.mark.parametrize("rules, reason", [(Rules(budget=5, max_idle_asks=6), "idle"),
-                                           (Rules(budget=5, max_asks=4), "asks")])
+@pytest.mark.parametrize(
+    "rules, reason", [(Rules(budget=5, max_idle_asks=6), "idle"), (Rules(budget=5, max_asks=4), "asks")]
+)
 def test_asks_without_a_claim_are_capped(rules: Rules, reason: str) -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     end = run_loop(study, Scripted(invalid=KEYS), rules, _worker())
@@ -171,8 +173,11 @@ def test_two_workers_on_one_sqlite_study_evaluate_the_budget_each_setting_once(t
 
     def work(feature: Scripted, seed: int) -> None:
         storage = open_storage(url, interval_s=1)
-        study = optuna.load_study(study_name="shared", storage=storage,
-                                  sampler=build_sampler("grid", 0, settings=[{"x": k} for k in KEYS], grid={"x": KEYS}))
+        study = optuna.load_study(
+            study_name="shared",
+            storage=storage,
+            sampler=build_sampler("grid", 0, settings=[{"x": k} for k in KEYS], grid={"x": KEYS}),
+        )
         ends.append(run_loop(study, feature, Rules(budget=6), Worker(feature.worker, "h", storage, poll_s=0.02)))
 
     threads = [threading.Thread(target=work, args=(f, i)) for i, f in enumerate(features)]
@@ -184,7 +189,9 @@ def test_two_workers_on_one_sqlite_study_evaluate_the_budget_each_setting_once(t
     evaluated = features[0].evaluated + features[1].evaluated
     assert len(evaluated) == len(set(evaluated)) == 6
     study = optuna.load_study(study_name="shared", storage=url)
-    complete = [t for t in study.get_trials() if t.state == TrialState.COMPLETE and records.REPEAT_OF not in t.user_attrs]
+    complete = [
+        t for t in study.get_trials() if t.state == TrialState.COMPLETE and records.REPEAT_OF not in t.user_attrs
+    ]
     assert len(complete) == 6 and not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
 
 
@@ -212,8 +219,19 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     setting = space.baseline_params()
     storage = open_storage(url, 1)
     study = optuna.create_study(storage=storage, study_name="s")
-    feature = TuneTrials(study, space, [], None, MeasureRequest(), TuneOptions(trials=5),  # type: ignore[arg-type]
-                         lambda event: None, 0.0, None, None, Worker("a", "h", storage))
+    feature = TuneTrials(
+        study,
+        space,
+        [],
+        None,
+        MeasureRequest(),
+        TuneOptions(trials=5),  # type: ignore[arg-type]
+        lambda event: None,
+        0.0,
+        None,
+        None,
+        Worker("a", "h", storage),
+    )
     study.enqueue_trial(setting)
     mine = study.ask()  # trial 0, whose setting is suggested below
     other = optuna.load_study(study_name="s", storage=open_storage(url, 1))  # another worker
@@ -227,8 +245,7 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1
 
 
-def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the_loop_goes_on(tmp_path,
-                                                                                           caplog) -> None:
+def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the_loop_goes_on(tmp_path, caplog) -> None:
     """Another worker fails the trial (as the lost-trial check does) between its ask and its
     claim: the storage refuses the claim's write; the loop logs it, evaluates nothing for it, and
     still meets its budget."""
@@ -240,8 +257,10 @@ def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the
     class FailedMeanwhile(Scripted):
         def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
             if trial.number == 0:
-                other.set_trial_state_values(other.get_trial_id_from_study_id_trial_number(
-                    other.get_study_id_from_name("lost"), 0), TrialState.FAIL)
+                other.set_trial_state_values(
+                    other.get_trial_id_from_study_id_trial_number(other.get_study_id_from_name("lost"), 0),
+                    TrialState.FAIL,
+                )
             begun = super().begin(trial)
             return begun
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.tuning.agents import load_agents
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs import intra_op_threads
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import TrialRunner
+from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KNOB = knobs.get("intra_op_threads")
@@ -36,8 +36,9 @@ def _cores(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     monkeypatch.setattr(intra_op_threads.os, "sched_getaffinity", lambda pid: set(range(count)))
 
 
-@pytest.mark.parametrize(("cores", "expected"), [(1, ("all",)), (2, ("all", "1")), (3, ("all", "1")),
-                                                 (8, ("all", "4", "1"))])
+@pytest.mark.parametrize(
+    ("cores", "expected"), [(1, ("all",)), (2, ("all", "1")), (3, ("all", "1")), (8, ("all", "4", "1"))]
+)
 def test_choices_are_resolved_on_the_host_at_hand(monkeypatch, cores: int, expected: tuple[str, ...]) -> None:
     _cores(monkeypatch, cores)
     assert KNOB.choices("cpu", ENTRY) == expected
@@ -55,8 +56,9 @@ def test_thread_count_inside_the_worker_during_a_measured_trial(tmp_path, monkey
         pytest.skip("one usable core: nothing fewer to set")
     log = tmp_path / "threads.log"
     monkeypatch.setenv("TPU_TUNE_TEST_THREADS_LOG", str(log))
-    options = MeasureRequest(settings=fast_settings, model_flops_per_step=1.0,
-                             peak_flops_per_s={"float32": 1e18, "bfloat16": 1e18})
+    options = MeasureRequest(
+        settings=fast_settings, model_flops_per_step=1.0, peak_flops_per_s={"float32": 1e18, "bfloat16": 1e18}
+    )
     runner = TrialRunner(str(FIXTURES / "threads_probe.py"), "cpu", timeout_s=120)
     try:
         one = runner.run(replace(options, candidate=Candidate(intra_op_threads="1").to_dict()))
@@ -91,10 +93,14 @@ def test_apply_sets_the_thread_count_and_restore_puts_it_back(tmp_path) -> None:
     # The printed `tpu-tune apply` code sets it too, in a fresh interpreter.
     code = "\n".join(Candidate(intra_op_threads="1").code("cpu"))
     assert "torch.set_num_threads(1)" in code
-    script = "import torch\nmodel = torch.nn.Linear(4, 4)\ninputs = torch.randn(2, 4)\n" + code + \
-        "\nprint(torch.get_num_threads())\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ})
+    script = (
+        "import torch\nmodel = torch.nn.Linear(4, 4)\ninputs = torch.randn(2, 4)\n"
+        + code
+        + "\nprint(torch.get_num_threads())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "1"
 
@@ -104,13 +110,16 @@ def _profile(dispatch_share: float | None, ops: int, step_s: float, cv: float | 
     return SimpleNamespace(verdict=verdict, environment={"threads": "2"})
 
 
-@pytest.mark.parametrize(("profile", "seeded"), [
-    (_profile(0.7, 200, 2e-3, 0.02), True),      # overhead-bound
-    (_profile(0.1, 400, 4e-3, 0.02), True),      # 10 us per op: small ops
-    (_profile(0.1, 20, 20e-3, 0.40), True),      # large ops, but the step times spread: contention
-    (_profile(0.1, 20, 20e-3, 0.02), False),     # large ops, quiet: searched, not seeded
-    (_profile(None, 20, 20e-3, None), False),
-])
+@pytest.mark.parametrize(
+    ("profile", "seeded"),
+    [
+        (_profile(0.7, 200, 2e-3, 0.02), True),  # overhead-bound
+        (_profile(0.1, 400, 4e-3, 0.02), True),  # 10 us per op: small ops
+        (_profile(0.1, 20, 20e-3, 0.40), True),  # large ops, but the step times spread: contention
+        (_profile(0.1, 20, 20e-3, 0.02), False),  # large ops, quiet: searched, not seeded
+        (_profile(None, 20, 20e-3, None), False),
+    ],
+)
 def test_threads_agent_seeds_fewer_threads_only_with_a_reason(monkeypatch, profile, seeded: bool) -> None:
     _cores(monkeypatch, 8)
     space = SearchSpace.load("default", "cpu")
@@ -134,8 +143,8 @@ def test_threads_agent_on_one_core_and_off_cpu(monkeypatch) -> None:
 
 
 def test_a_typo_in_the_threads_agent_toml_is_refused(tmp_path) -> None:
-    from tpu_tuner.tuning.agents.schema import load_tuning_agent_definition
     from tpu_tuner.core.errors import DefinitionError
+    from tpu_tuner.tuning.agents.schema import load_tuning_agent_definition
 
     text = (Path(__file__).parents[1] / "agents" / "threads.toml").read_text()
     bad = tmp_path / "threads.toml"

@@ -14,10 +14,10 @@ import types
 import pytest
 import torch
 
+from tpu_tuner.core.errors import BackendError
 from tpu_tuner.devices import get_backend
 from tpu_tuner.devices.torchtpu import EAGER_MODE_ENV, TorchTpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.errors import BackendError
 
 
 class EagerMode(enum.Enum):
@@ -121,7 +121,8 @@ def test_unavailable_says_which_requirement_is_missing(monkeypatch, tmp_path) ->
     monkeypatch.setattr(adapter.metadata, "version", version)
     monkeypatch.setattr(adapter, "tpu_chips_on_host", lambda: {})
     assert TorchTpuBackend.unavailable_reason() == (
-        "torch-tpu 0.3.0 is outside the releases tpu-tune was checked against (0.2.x)")
+        "torch-tpu 0.3.0 is outside the releases tpu-tune was checked against (0.2.x)"
+    )
     versions["torch-tpu"] = "0.2.0"
     versions["libtpu"] = "0.0.42.1"  # the planner's libtpu, installed over torch-tpu's
     assert TorchTpuBackend.unavailable_reason() == "libtpu 0.0.42.1 is older than torch-tpu 0.2.0 needs (>= 0.0.50)"
@@ -152,14 +153,18 @@ def test_launch_environment_hands_the_ranks_torchtpus_variables_and_keeps_the_pa
     monkeypatch.setenv("TORCH_TPU_SLICEBUILDER_ADDRESSES", "mine")
     before = dict(os.environ)
     assert TorchTpuBackend.launch_environment(4) == {
-        "TORCH_TPU_TOPOLOGY": "2,2,1", "TORCH_TPU_SLICEBUILDER_ADDRESSES": "localhost:8070,localhost:8071"}
+        "TORCH_TPU_TOPOLOGY": "2,2,1",
+        "TORCH_TPU_SLICEBUILDER_ADDRESSES": "localhost:8070,localhost:8071",
+    }
     assert dict(os.environ) == before
     with pytest.raises(UserInputError, match="--nproc 3: TorchTPU cannot lay out 3 ranks"):
         TorchTpuBackend.launch_environment(3)
     assert dict(os.environ) == before
 
 
-def test_on_several_hosts_set_tpu_launch_env_gets_nnodes_and_decides_the_host_s_node_rank(fake_tpu, monkeypatch) -> None:
+def test_on_several_hosts_set_tpu_launch_env_gets_nnodes_and_decides_the_host_s_node_rank(
+    fake_tpu, monkeypatch
+) -> None:
     import os
 
     from tpu_tuner.core.errors import UserInputError
@@ -177,7 +182,9 @@ def test_on_several_hosts_set_tpu_launch_env_gets_nnodes_and_decides_the_host_s_
     monkeypatch.delenv("NODE_RANK", raising=False)
     before = dict(os.environ)
     assert TorchTpuBackend.launch_environment(2, nnodes=2) == {
-        "NODE_RANK": "1", "TORCH_TPU_SLICEBUILDER_ADDRESSES": "a:8070,a:8071,b:8070,b:8071"}
+        "NODE_RANK": "1",
+        "TORCH_TPU_SLICEBUILDER_ADDRESSES": "a:8070,a:8071,b:8070,b:8071",
+    }
     assert TorchTpuBackend.host_node_rank(2, 2) == 1 and dict(os.environ) == before
     monkeypatch.setenv("NODE_RANK", "0")  # pinned by an operator: TorchTPU keeps it, and so does the adapter
     assert TorchTpuBackend.host_node_rank(2, 2) == 0

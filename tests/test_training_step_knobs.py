@@ -15,17 +15,17 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.tuning.agents import load_agents, training_step
-from tpu_tuner.devices.cpu import CpuBackend
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.execution.accuracy import REFERENCE, capture, relative_error
 from tpu_tuner.execution.operators import OperatorTime
 from tpu_tuner.execution.step import accumulate_gradients, micro_batches, prepare_step
-from tpu_tuner.execution.accuracy import REFERENCE, capture, relative_error
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.model.workload import Workload
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workload import Workload
+from tpu_tuner.tuning.agents import load_agents, training_step
+from tpu_tuner.tuning.space import SearchSpace
 
 
 class Mlp(nn.Module):
@@ -38,14 +38,23 @@ class Mlp(nn.Module):
 
 
 def _workload(make_optimizer=None, batch_size: int = 8, loss_fn=nn.functional.cross_entropy) -> Workload:
-    return Workload(name="mlp", source=Path("mlp.py"), build_model=Mlp,
-                    make_batch=lambda b, s: (torch.randn(b, 6), torch.randint(0, 3, (b,))),
-                    batch_size=batch_size, seq_len=None, convention="native", loss_fn=loss_fn,
-                    make_optimizer=make_optimizer)
+    return Workload(
+        name="mlp",
+        source=Path("mlp.py"),
+        build_model=Mlp,
+        make_batch=lambda b, s: (torch.randn(b, 6), torch.randint(0, 3, (b,))),
+        batch_size=batch_size,
+        seq_len=None,
+        convention="native",
+        loss_fn=loss_fn,
+        make_optimizer=make_optimizer,
+    )
 
 
-@pytest.mark.parametrize(("value", "fused", "foreach"), [("default", None, None), ("forloop", None, False),
-                                                         ("foreach", None, True), ("fused", True, None)])
+@pytest.mark.parametrize(
+    ("value", "fused", "foreach"),
+    [("default", None, None), ("forloop", None, False), ("foreach", None, True), ("fused", True, None)],
+)
 def test_the_step_runs_the_chosen_optimizer_implementation(value: str, fused, foreach) -> None:
     backend = CpuBackend()
     step = prepare_step(_workload(), backend, Candidate(optimizer_impl=value))
@@ -66,13 +75,20 @@ def test_a_declared_optimizer_keeps_its_type_groups_and_settings() -> None:
     step = prepare_step(_workload(make), CpuBackend(), Candidate(optimizer_impl="fused"))
     opt = step.optimizer
     assert type(opt) is torch.optim.SGD and opt.defaults["fused"] is True
-    assert (opt.param_groups[0]["lr"], opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]) == (0.05, 0.9, 1e-3)
+    assert (opt.param_groups[0]["lr"], opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]) == (
+        0.05,
+        0.9,
+        1e-3,
+    )
     assert sum(len(g["params"]) for g in opt.param_groups) == 4
     step.run()
 
 
 def test_an_optimizer_without_the_flag_is_refused_in_one_line() -> None:
-    with pytest.raises(WorkloadError, match="optimizer_impl fused: the model file's optimizer is Adagrad; only torch.optim Adam, AdamW, SGD"):
+    with pytest.raises(
+        WorkloadError,
+        match="optimizer_impl fused: the model file's optimizer is Adagrad; only torch.optim Adam, AdamW, SGD",
+    ):
         prepare_step(_workload(lambda p: torch.optim.Adagrad(p)), CpuBackend(), Candidate(optimizer_impl="fused"))
 
 
@@ -102,7 +118,9 @@ def test_the_guardrail_compares_accumulated_gradients() -> None:
     workload = _workload()
     reference = capture(prepare_step(workload, backend, REFERENCE), workload, backend, REFERENCE)
     candidate = Candidate(micro_batches="4")
-    errors = relative_error(capture(prepare_step(workload, backend, candidate), workload, backend, candidate), reference)
+    errors = relative_error(
+        capture(prepare_step(workload, backend, candidate), workload, backend, candidate), reference
+    )
     assert errors["gradients"] < 1e-6 and errors["loss"] < 1e-6
     # A sum-reduced loss does not average: 1/k is then wrong, and the guardrail sees it.
     summed = _workload(loss_fn=lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum"))
@@ -121,7 +139,9 @@ def test_the_step_runs_k_forwards_on_slices_of_the_batch() -> None:
 
 
 def test_a_batch_k_does_not_divide_is_refused() -> None:
-    with pytest.raises(WorkloadError, match="micro_batches 4: the batch of 6 samples does not split into 4 equal parts"):
+    with pytest.raises(
+        WorkloadError, match="micro_batches 4: the batch of 6 samples does not split into 4 equal parts"
+    ):
         prepare_step(_workload(batch_size=6), CpuBackend(), Candidate(micro_batches="4"))
 
 
@@ -130,13 +150,18 @@ def test_printed_training_code_runs_and_apply_rebuilds_the_optimizer(tmp_path) -
     path = config.save(tmp_path / "tuned_config.toml")
     lines = config.instructions(path)
     start = next(i for i, line in enumerate(lines) if line.startswith("# in your training loop"))
-    code = "\n".join(line.removeprefix("#   ") for line in lines[start + 1:] if line.startswith("#   "))
+    code = "\n".join(line.removeprefix("#   ") for line in lines[start + 1 :] if line.startswith("#   "))
     assert "fused=True" in code and "chunk(2)" in code
     torch.manual_seed(0)
     model, inputs, target = Mlp(), torch.randn(8, 6), torch.randint(0, 3, (8,))
-    namespace = {"torch": torch, "model": model, "inputs": inputs, "target": target,
-                 "loss_fn": nn.functional.cross_entropy}
-    exec(compile(code, "printed", "exec"), namespace)  # noqa: S102 - the printed code, as a user runs it
+    namespace = {
+        "torch": torch,
+        "model": model,
+        "inputs": inputs,
+        "target": target,
+        "loss_fn": nn.functional.cross_entropy,
+    }
+    exec(compile(code, "printed", "exec"), namespace)
     assert namespace["optimizer"].defaults["fused"] is True
     assert namespace["optimizer"].state  # it stepped
 
@@ -150,10 +175,12 @@ def test_printed_training_code_runs_and_apply_rebuilds_the_optimizer(tmp_path) -
 
 
 def _profile(step: str, memory_share: float = 0.1, **shares: float) -> SimpleNamespace:
-    return SimpleNamespace(workload=_profiled_workload(step),
-                           memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30), method="test"),
-                           device=SimpleNamespace(memory_bytes=2**30),
-                           operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()])
+    return SimpleNamespace(
+        workload=_profiled_workload(step),
+        memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30), method="test"),
+        device=SimpleNamespace(memory_bytes=2**30),
+        operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],
+    )
 
 
 def test_the_compile_agent_seeds_and_rejects_the_optimizer_implementation() -> None:

@@ -28,8 +28,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACE = SearchSpace.load("default", "cpu")
 BASE = SPACE.baseline_params()
 # Enqueued in this order: measured; repeated; rejected by the agent; infeasible (accuracy); failed.
-SETTINGS = [BASE, BASE, {**BASE, "memory_format": "channels_last"}, {**BASE, "matmul_precision": "high"},
-            {**BASE, "autocast": "bfloat16"}]
+SETTINGS = [
+    BASE,
+    BASE,
+    {**BASE, "memory_format": "channels_last"},
+    {**BASE, "matmul_precision": "high"},
+    {**BASE, "autocast": "bfloat16"},
+]
 BUDGET = 3  # the three measured settings: the repeat and the rejection cost none
 
 
@@ -45,11 +50,24 @@ class SequenceRunner:
         self.jobs += 1
         if self.jobs == 3:
             return JobResult(failure=TrialFailure("error", "RuntimeError: boom"), seconds=0.5)
-        m = Measurement(candidate=dict(request.candidate), step_median=0.2, step_p10=0.19, step_p90=0.21,
-                        samples=[0.2] * 20, first_call_seconds=1.5, warmup_seconds=0.5, compile_seconds=1.0,
-                        compiles={}, model_flops_per_step=1e10, peak_flops_per_s=1e12, peak_dtype="float32",
-                        mfu=0.05, peak_memory_bytes=2**30,
-                        accuracy_errors={"loss": 1e-6 if self.jobs == 1 else 0.5}, compute_dtype="float32")
+        m = Measurement(
+            candidate=dict(request.candidate),
+            step_median=0.2,
+            step_p10=0.19,
+            step_p90=0.21,
+            samples=[0.2] * 20,
+            first_call_seconds=1.5,
+            warmup_seconds=0.5,
+            compile_seconds=1.0,
+            compiles={},
+            model_flops_per_step=1e10,
+            peak_flops_per_s=1e12,
+            peak_dtype="float32",
+            mfu=0.05,
+            peak_memory_bytes=2**30,
+            accuracy_errors={"loss": 1e-6 if self.jobs == 1 else 0.5},
+            compute_dtype="float32",
+        )
         return JobResult(value=m, seconds=0.25)
 
 
@@ -59,7 +77,9 @@ class RejectChannelsLast:
     name = "layout"
 
     def validate(self, candidate: Any) -> str | None:
-        return "channels_last: not on this model" if candidate.to_dict().get("memory_format") == "channels_last" else None
+        return (
+            "channels_last: not on this model" if candidate.to_dict().get("memory_format") == "channels_last" else None
+        )
 
     def learn(self, *args: Any) -> list[dict[str, str]]:
         return []
@@ -82,8 +102,17 @@ def _search(storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
     for setting in SETTINGS:
         study.enqueue_trial(setting)
     options = TuneOptions(trials=BUDGET, agents=(), sampler="random", seed=0)
-    run_search(study, SPACE, [RejectChannelsLast()], SequenceRunner(), MeasureRequest(), options,  # type: ignore[list-item]
-               lambda event: None, time.perf_counter(), worker=Worker("worker-1", "host-1"))
+    run_search(
+        study,
+        SPACE,
+        [RejectChannelsLast()],
+        SequenceRunner(),
+        MeasureRequest(),
+        options,  # type: ignore[list-item]
+        lambda event: None,
+        time.perf_counter(),
+        worker=Worker("worker-1", "host-1"),
+    )
     return study
 
 
@@ -113,17 +142,36 @@ def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(
         assert dict(records.attrs(n)) == o.user_attrs, n.number
         assert (n.state, n.value, n.constraints) == (o.state, o.value, o.constraints)
     measured, repeat, rejected, inaccurate, failed = (records.attrs(t) for t in new_trials)
-    assert set(measured) == {records.WORKER, records.HOST, records.MEASURED, records.TRIAL_WALL_S, records.MEASUREMENT,
-                             records.STEP_MEDIAN_S, records.COMPILE_S, records.AMORTISED_STEP_S, records.MFU,
-                             records.ACCURACY_ERROR, records.PEAK_MEMORY_BYTES, records.FEASIBLE, records.CANDIDATE}
+    assert set(measured) == {
+        records.WORKER,
+        records.HOST,
+        records.MEASURED,
+        records.TRIAL_WALL_S,
+        records.MEASUREMENT,
+        records.STEP_MEDIAN_S,
+        records.COMPILE_S,
+        records.AMORTISED_STEP_S,
+        records.MFU,
+        records.ACCURACY_ERROR,
+        records.PEAK_MEMORY_BYTES,
+        records.FEASIBLE,
+        records.CANDIDATE,
+    }
     assert measured[records.WORKER] == "worker-1" and measured[records.HOST] == "host-1" and measured[records.FEASIBLE]
     # A repeat carries its first trial's figures, but says who asked for it, not who measured.
     assert repeat[records.REPEAT_OF] == 0 and repeat[records.WORKER] == "worker-1"
     assert records.MEASUREMENT not in repeat and repeat[records.STEP_MEDIAN_S] == measured[records.STEP_MEDIAN_S]
     assert set(rejected) == {records.WORKER, records.HOST, records.REJECTED_BY}
     assert inaccurate[records.FAILURE_KIND] == "accuracy" and inaccurate[records.FEASIBLE] is False
-    assert set(failed) == {records.WORKER, records.HOST, records.MEASURED, records.TRIAL_WALL_S, records.FAILURE_KIND,
-                           records.FAILURE_MESSAGE, records.FEASIBLE}
+    assert set(failed) == {
+        records.WORKER,
+        records.HOST,
+        records.MEASURED,
+        records.TRIAL_WALL_S,
+        records.FAILURE_KIND,
+        records.FAILURE_MESSAGE,
+        records.FEASIBLE,
+    }
 
 
 def test_a_study_of_the_old_way_reads_as_the_new_one(studies) -> None:
@@ -150,8 +198,11 @@ def test_flat_keys_and_the_record_merge() -> None:
     TrialRecord.of(trial).write({records.WORKER: "w"})
     TrialRecord.of(trial).write({records.FAILURE_KIND: "error"})  # the same record: the claim is kept
     stored = study.get_trials()[0]
-    assert dict(records.attrs(stored)) == {records.WARM_START: {"source": "earlier"}, records.WORKER: "w",
-                                           records.FAILURE_KIND: "error"}
+    assert dict(records.attrs(stored)) == {
+        records.WARM_START: {"source": "earlier"},
+        records.WORKER: "w",
+        records.FAILURE_KIND: "error",
+    }
     # A trial another run left RUNNING is annotated through the storage, its record kept.
     write_stored(storage, trial_id_of(storage, study, 0), stored, {records.FAILURE_MESSAGE: "stopped"})
     assert records.attrs(study.get_trials()[0])[records.FAILURE_MESSAGE] == "stopped"

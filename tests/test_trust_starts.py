@@ -27,13 +27,19 @@ PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
 # --- 1. secrets -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [
-    (PG_URL, "postgresql://user:***@localhost:5432/optuna"),
-    (f"cannot open 'postgresql+psycopg://me:{SECRET}@db/x': refused", "cannot open 'postgresql+psycopg://me:***@db/x': refused"),
-    (f"mysql://a:p@ss{SECRET}@h/d", "mysql://a:***@h/d"),
-    (f"postgresql://u@h/d?password={SECRET}&sslmode=require", "postgresql://u@h/d?password=***&sslmode=require"),
-    ("postgresql://h:5432/db and sqlite:////tmp/a.db", "postgresql://h:5432/db and sqlite:////tmp/a.db"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (PG_URL, "postgresql://user:***@localhost:5432/optuna"),
+        (
+            f"cannot open 'postgresql+psycopg://me:{SECRET}@db/x': refused",
+            "cannot open 'postgresql+psycopg://me:***@db/x': refused",
+        ),
+        (f"mysql://a:p@ss{SECRET}@h/d", "mysql://a:***@h/d"),
+        (f"postgresql://u@h/d?password={SECRET}&sslmode=require", "postgresql://u@h/d?password=***&sslmode=require"),
+        ("postgresql://h:5432/db and sqlite:////tmp/a.db", "postgresql://h:5432/db and sqlite:////tmp/a.db"),
+    ],
+)
 def test_redact_removes_passwords_from_urls_in_text(text: str, expected: str) -> None:
     assert redact(text) == expected
     assert without_password(PG_URL) == "postgresql://user@localhost:5432/optuna"
@@ -94,15 +100,23 @@ def test_dashboard_server_never_serves_a_password_from_old_run_folders(tmp_path:
 
 
 # Each command once and each way to die at least once: the three share one screening worker.
-@pytest.mark.parametrize("command, fixture, expected", [
-    (["tune"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
-    (["profile"], "exit_at_import.py", "the process exited with status 3 while importing"),
-    (["buckets"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
-])
-def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: list[str], fixture: str,
-                                                      expected: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", *command, str(FIXTURES / fixture),
-                           "--out", str(tmp_path / "results")], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    "command, fixture, expected",
+    [
+        (["tune"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
+        (["profile"], "exit_at_import.py", "the process exited with status 3 while importing"),
+        (["buckets"], "segfault_at_import.py", "the process died from SIGSEGV while importing"),
+    ],
+)
+def test_a_crash_while_importing_is_reported_not_fatal(
+    tmp_path: Path, command: list[str], fixture: str, expected: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", *command, str(FIXTURES / fixture), "--out", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert f"{FIXTURES / fixture}: {expected}" in done.stderr
     assert not (tmp_path / "results").exists()
@@ -110,9 +124,22 @@ def test_a_crash_while_importing_is_reported_not_fatal(tmp_path: Path, command: 
 
 def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
     pytest.importorskip("jax")
-    done = subprocess.run([sys.executable, "-m", "tpu_tuner.cli", "plan", str(FIXTURES / "segfault_at_import.py"),
-                           "--topology", "v5p-8", "--out", str(tmp_path / "results")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_tuner.cli",
+            "plan",
+            str(FIXTURES / "segfault_at_import.py"),
+            "--topology",
+            "v5p-8",
+            "--out",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "the process died from SIGSEGV while importing" in done.stderr
     assert not any((tmp_path / "results").glob("*"))
@@ -137,15 +164,17 @@ def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypat
 
 
 def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Path) -> None:
+    from tpu_tuner.api import tune
     from tpu_tuner.runner.load import load_summary
     from tpu_tuner.studies.fingerprint import fingerprint
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.api import tune
     from tpu_tuner.tuning.run_location import run_location
 
     with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
         summary = load_summary(runner, EXAMPLES / "mlp.py")
-    run_dir = run_location("mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None)).run_dir
+    run_dir = run_location(
+        "mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None)
+    ).run_dir
     (run_dir / "tuned_config.toml").write_text("# the earlier run's result\n")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     with pytest.raises(UserInputError, match=r"resume refused: model file differs \(.*cnn.py sha256") as info:
@@ -159,31 +188,44 @@ def test_the_fingerprint_compares_the_sizes_that_run() -> None:
     from tpu_tuner.model.summary import WorkloadSummary
     from tpu_tuner.studies.fingerprint import differences, fingerprint
 
-    summary = WorkloadSummary(name="mlp", source=EXAMPLES / "mlp.py", convention="native", step_kind="training step",
-                              is_training=True, batch_size=32, seq_len=None)
+    summary = WorkloadSummary(
+        name="mlp",
+        source=EXAMPLES / "mlp.py",
+        convention="native",
+        step_kind="training step",
+        is_training=True,
+        batch_size=32,
+        seq_len=None,
+    )
     default = fingerprint(EXAMPLES / "mlp.py", summary, None, None)
     assert differences(default, fingerprint(EXAMPLES / "mlp.py", summary, 32, None)) == []
-    assert differences(default, fingerprint(EXAMPLES / "mlp.py", summary, 16, None)) == ["--batch-size differs (16 vs 32 recorded)"]
+    assert differences(default, fingerprint(EXAMPLES / "mlp.py", summary, 16, None)) == [
+        "--batch-size differs (16 vs 32 recorded)"
+    ]
 
 
 # --- 9. bad options fail in seconds; dead runs are marked --------------------------------------
 
 
-def _no_worker(self, env):  # noqa: ANN001 - TrialRunner._start's signature
+def _no_worker(self, env):
     raise AssertionError("a worker was started: the model would have run")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--trials", "0"], "--trials must be at least 1"),
-    (["--space", "no-such-space"], "no-such-space"),
-    (["--storage", "notadb://x"], "unknown database kind 'notadb'"),
-    (["--storage", "sqlite:////no/such/folder/study.db"], "does not exist"),
-    (["--storage", "mysql://u@localhost/db"], "driver is not installed"),
-    (["--trial-timeout", "-1"], "--trial-timeout must be positive"),
-    (["--resume", "/no/such/run"], "not a tuning run folder"),
-])
-def test_bad_options_are_refused_before_any_model_runs(tmp_path: Path, capsys, monkeypatch, args: list[str],
-                                                       message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trials", "0"], "--trials must be at least 1"),
+        (["--space", "no-such-space"], "no-such-space"),
+        (["--storage", "notadb://x"], "unknown database kind 'notadb'"),
+        (["--storage", "sqlite:////no/such/folder/study.db"], "does not exist"),
+        (["--storage", "mysql://u@localhost/db"], "driver is not installed"),
+        (["--trial-timeout", "-1"], "--trial-timeout must be positive"),
+        (["--resume", "/no/such/run"], "not a tuning run folder"),
+    ],
+)
+def test_bad_options_are_refused_before_any_model_runs(
+    tmp_path: Path, capsys, monkeypatch, args: list[str], message: str
+) -> None:
     monkeypatch.setattr(TrialRunner, "_start", _no_worker)
     status = main(["tune", str(EXAMPLES / "mlp.py"), "--out", str(tmp_path / "results"), *args])
     assert status == 2
@@ -192,17 +234,20 @@ def test_bad_options_are_refused_before_any_model_runs(tmp_path: Path, capsys, m
 
 
 def test_bad_options_are_refused_before_torch_is_imported() -> None:
-    code = ("import sys; from tpu_tuner.cli import main; status = main(['tune', 'examples/mlp.py', '--storage', "
-            "'notadb://x']); print(status, 'torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).parent.parent)
+    code = (
+        "import sys; from tpu_tuner.cli import main; status = main(['tune', 'examples/mlp.py', '--storage', "
+        "'notadb://x']); print(status, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
+    )
     assert done.stdout.split() == ["2", "False"], done.stderr
 
 
 def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> None:
+    from tpu_tuner.api import tune
     from tpu_tuner.dashboard import collect
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.api import tune
 
     # The worker's own one-line error, naming the file and what failed in it.
     with pytest.raises(WorkloadError, match=r"bad_forward.py: the first step failed: RuntimeError: mat1 and mat2"):
@@ -222,8 +267,16 @@ def test_a_run_whose_process_is_gone_is_incomplete_not_running(tmp_path: Path) -
     gone.wait()
     for name, pid in (("dead-tune-20250101-000000", gone.pid), ("live-tune-20250101-000000", os.getpid())):
         (tmp_path / name).mkdir()
-        run_file.write(tmp_path / name, {"storage": "sqlite:///x", "study_name": name, "status": "running",
-                                         "pid": pid, "host": socket.gethostname()})
+        run_file.write(
+            tmp_path / name,
+            {
+                "storage": "sqlite:///x",
+                "study_name": name,
+                "status": "running",
+                "pid": pid,
+                "host": socket.gethostname(),
+            },
+        )
     runs = collect(tmp_path).runs.set_index("run")
     assert runs.loc["dead-tune-20250101-000000", "status"] == "incomplete"
     assert runs.loc["live-tune-20250101-000000", "status"] == "running"

@@ -13,22 +13,35 @@ OTHER = "compile: inductor on CPU needs a C++ compiler and none is on PATH"
 
 
 def _rejected(number: int, reason: str) -> Progress:
-    return Progress("trial", f"rejected setting {number} ({reason})", number, 20, 0.19, float(number),
-                    rejected_by=reason)
+    return Progress(
+        "trial", f"rejected setting {number} ({reason})", number, 20, 0.19, float(number), rejected_by=reason
+    )
 
 
 def test_repeated_rejections_are_counted_and_summarised_once(capsys: pytest.CaptureFixture[str]) -> None:
     show = ProgressLines()
-    for event in [_rejected(1, LONG), _rejected(2, LONG), Progress("trial", "running eager", 3, 20, 0.19, 3.0),
-                  _rejected(4, OTHER), _rejected(5, LONG), Progress("learn", "a cause", elapsed=5.0),
-                  _rejected(6, LONG), Progress("verify", "re-measuring", elapsed=7.0),
-                  Progress("done", "results in x", elapsed=9.0)]:
+    for event in [
+        _rejected(1, LONG),
+        _rejected(2, LONG),
+        Progress("trial", "running eager", 3, 20, 0.19, 3.0),
+        _rejected(4, OTHER),
+        _rejected(5, LONG),
+        Progress("learn", "a cause", elapsed=5.0),
+        _rejected(6, LONG),
+        Progress("verify", "re-measuring", elapsed=7.0),
+        Progress("done", "results in x", elapsed=9.0),
+    ]:
         show(event)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("] ", 1)[1] for line in lines] == [
-        f"rejected setting 1 ({LONG})", "running eager", f"rejected setting 4 ({OTHER})", "a cause",
-        f"rejected 4 settings unmeasured ({LONG}); each is in report.md and trials.csv", "re-measuring",
-        "results in x"]
+        f"rejected setting 1 ({LONG})",
+        "running eager",
+        f"rejected setting 4 ({OTHER})",
+        "a cause",
+        f"rejected 4 settings unmeasured ({LONG}); each is in report.md and trials.csv",
+        "re-measuring",
+        "results in x",
+    ]
     assert lines[4].startswith("[search |     7 s]")
     assert sum(LONG in line for line in lines) == 2
 

@@ -9,21 +9,35 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-
-from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner import TuneOptions, tune
-from tpu_tuner.studies import records
-
 from conftest import FIXTURES, use_probe
 
+from tpu_tuner import TuneOptions, tune
+from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.studies import records
+
 SPACE = FIXTURES / "eager_precision_space.toml"
-FAST = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=5, timing_min_steps=10, timing_min_seconds=0.0,
-                        timing_max_steps=20, profiled_steps=1, top_operators=3)
+FAST = ProfilerSettings(
+    warmup_min_steps=1,
+    warmup_max_steps=5,
+    timing_min_steps=10,
+    timing_min_seconds=0.0,
+    timing_max_steps=20,
+    profiled_steps=1,
+    top_operators=3,
+)
 
 
 def _options(tmp_path: Path, **overrides) -> TuneOptions:
-    settings = dict(space=SPACE, agents=(), trials=6, sampler="grid", verify_rounds=6, out=tmp_path,
-                    trial_timeout_s=60.0, trial_settings=FAST)
+    settings = dict(
+        space=SPACE,
+        agents=(),
+        trials=6,
+        sampler="grid",
+        verify_rounds=6,
+        out=tmp_path,
+        trial_timeout_s=60.0,
+        trial_settings=FAST,
+    )
     settings.update(overrides)
     return TuneOptions(**settings)
 
@@ -57,8 +71,11 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     # A host where "medium" really runs matmuls as bf16 (the precision agent skips it elsewhere).
     use_probe(monkeypatch, tmp_path / "cache", medium_relative_error=2.5e-3)
     events = []
-    result = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)),
-                  progress=events.append)
+    result = tune(
+        FIXTURES / "synthetic_speed.py",
+        _options(tmp_path, sampler="tpe", trials=8, agents=("precision",)),
+        progress=events.append,
+    )
     assert result.verification.chosen["matmul_precision"] == "medium"
     frame = result.trials_dataframe()
     # The precision agent rejects "high" on CPU without measuring it (no TF32 there); other
@@ -104,8 +121,12 @@ def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     # Simulate a run killed mid-trial: a trial left RUNNING in the storage.
     storage = json.loads((first.run_dir / "run.json").read_text())
     study = optuna.load_study(study_name=storage["study_name"], storage=storage["storage"])
-    orphan = study.ask({"matmul_precision": optuna.distributions.CategoricalDistribution(["highest", "high", "medium"]),
-                        "autocast": optuna.distributions.CategoricalDistribution(["none", "bfloat16"])})
+    orphan = study.ask(
+        {
+            "matmul_precision": optuna.distributions.CategoricalDistribution(["highest", "high", "medium"]),
+            "autocast": optuna.distributions.CategoricalDistribution(["none", "bfloat16"]),
+        }
+    )
     resumed = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=6, resume=first.run_dir, prune=False))
     trials = resumed.study.trials
     assert resumed.run_dir == first.run_dir
@@ -125,8 +146,15 @@ def test_outputs_and_config_round_trip(grid_run) -> None:
 
     result = grid_run
     run_dir = result.run_dir
-    for name in ("tuned_config.toml", "report.md", "trials.csv", "optimisation_history.png",
-                 "mfu_per_trial.png", "speed_vs_accuracy.png", "study.db"):
+    for name in (
+        "tuned_config.toml",
+        "report.md",
+        "trials.csv",
+        "optimisation_history.png",
+        "mfu_per_trial.png",
+        "speed_vs_accuracy.png",
+        "study.db",
+    ):
         assert (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0, name
     assert len(pd.read_csv(run_dir / "trials.csv")) == len(result.study.trials)
     loaded = TunedConfig.load(run_dir / "tuned_config.toml")

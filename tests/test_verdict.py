@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpu_tuner.tuning.agents import CompileAgent
 from tpu_tuner.core.definitions import load_definition
-from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.profiling.verdict import decide
+from tpu_tuner.tuning.agents import CompileAgent
 
 PEAK, BANDWIDTH = 1e12, 1e11  # ridge point 10 FLOP/B
 
@@ -31,8 +31,17 @@ def test_memory_bound() -> None:
 
 def test_overhead_bound_only_when_dispatch_explains_the_time() -> None:
     # 100 ops at a measured 6 ms each explain 0.6 s of the 1 s step.
-    verdict = decide(1e9, 1e8, 1.0, PEAK, "float32", BANDWIDTH, ops_per_step=100, explained_share_min=0.5,
-                     dispatch_seconds_per_op=6e-3)
+    verdict = decide(
+        1e9,
+        1e8,
+        1.0,
+        PEAK,
+        "float32",
+        BANDWIDTH,
+        ops_per_step=100,
+        explained_share_min=0.5,
+        dispatch_seconds_per_op=6e-3,
+    )
     assert verdict.bound == "overhead-bound" and verdict.dispatch_share == pytest.approx(0.6)
     assert "100 ops x 6.00 ms measured dispatch cost" in verdict.summary
 
@@ -41,8 +50,18 @@ def test_unexplained_time_is_below_the_roofline_not_overhead() -> None:
     # The GPT of the issue: 863 ops in a 2 s step at ~1 us each explain 0.04%; the roofline
     # explains 0.1%: the kernels run below it, and the verdict names those that take the time.
     top = [("aten::addmm", 0.55), ("aten::bmm", 0.2), ("aten::gelu", 0.1)]
-    verdict = decide(2e9, 1e8, 2.0, PEAK, "float32", BANDWIDTH, ops_per_step=863, explained_share_min=0.5,
-                     dispatch_seconds_per_op=1e-6, top_operators=top)
+    verdict = decide(
+        2e9,
+        1e8,
+        2.0,
+        PEAK,
+        "float32",
+        BANDWIDTH,
+        ops_per_step=863,
+        explained_share_min=0.5,
+        dispatch_seconds_per_op=1e-6,
+        top_operators=top,
+    )
     assert verdict.bound == "below-roofline"
     assert "0.1% of the float32 peak" in verdict.summary and "aten::addmm (55%)" in verdict.summary
     assert "overhead" not in verdict.summary and verdict.compute_kernels_dominate
@@ -60,28 +79,53 @@ def test_a_noisy_step_marks_the_verdict_uncertain() -> None:
 def _profile_with(verdict) -> SimpleNamespace:
     # The operator table the verdict's top operators came from (the compile agent reads both).
     operators = [SimpleNamespace(name=name, share=share) for name, share in verdict.top_operators]
-    return SimpleNamespace(verdict=verdict, warmup=SimpleNamespace(first_call_seconds=0.1),
-                           timing=SimpleNamespace(median=verdict.step_seconds), operators=operators,
-                           workload=_profiled_workload("inference (forward)"))
+    return SimpleNamespace(
+        verdict=verdict,
+        warmup=SimpleNamespace(first_call_seconds=0.1),
+        timing=SimpleNamespace(median=verdict.step_seconds),
+        operators=operators,
+        workload=_profiled_workload("inference (forward)"),
+    )
 
 
 def test_compile_agent_acts_on_the_verdict() -> None:
     agent = CompileAgent(load_definition("agents", "compile"), "cpu")
-    matmuls = decide(2e9, 1e8, 2.0, PEAK, "float32", BANDWIDTH, 863, 0.5, dispatch_seconds_per_op=1e-6,
-                     top_operators=[("aten::mkldnn_convolution", 0.7), ("aten::relu", 0.1)])
+    matmuls = decide(
+        2e9,
+        1e8,
+        2.0,
+        PEAK,
+        "float32",
+        BANDWIDTH,
+        863,
+        0.5,
+        dispatch_seconds_per_op=1e-6,
+        top_operators=[("aten::mkldnn_convolution", 0.7), ("aten::relu", 0.1)],
+    )
     text = " ".join(agent.diagnose(_profile_with(matmuls)))
     assert "below the roofline" in text and "lower precision, memory format or better kernels" in text
     assert "cut dispatch time" not in text
-    elementwise = decide(2e9, 1e8, 2.0, PEAK, "float32", BANDWIDTH, 863, 0.5, dispatch_seconds_per_op=1e-6,
-                         top_operators=[("aten::add", 0.5), ("aten::mul", 0.3), ("aten::addmm", 0.1)])
+    elementwise = decide(
+        2e9,
+        1e8,
+        2.0,
+        PEAK,
+        "float32",
+        BANDWIDTH,
+        863,
+        0.5,
+        dispatch_seconds_per_op=1e-6,
+        top_operators=[("aten::add", 0.5), ("aten::mul", 0.3), ("aten::addmm", 0.1)],
+    )
     assert "fusion can help" in " ".join(agent.diagnose(_profile_with(elementwise)))
     overhead = decide(1e9, 1e8, 1.0, PEAK, "float32", BANDWIDTH, 100, 0.5, dispatch_seconds_per_op=6e-3)
     assert "fusing ops with a compiler should cut dispatch time" in " ".join(agent.diagnose(_profile_with(overhead)))
 
 
 def test_the_profile_uses_the_measured_dispatch_cost_and_operator_table(tmp_path, monkeypatch, fast_settings) -> None:
-    import tpu_tuner
     from conftest import FIXTURES, use_probe
+
+    import tpu_tuner
 
     use_probe(monkeypatch, tmp_path, dispatch_seconds_per_op=3e-6)
     result = tpu_tuner.profile(FIXTURES / "tiny_mlp_benchmark.py", device="cpu", settings=fast_settings)

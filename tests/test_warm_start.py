@@ -17,14 +17,13 @@ from typing import Any
 import optuna
 import pytest
 
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning import earlier_studies, warm_start
+from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
-from tpu_tuner.tuning.workload_features import (WorkloadFeatures, distance, features_of, features_of_json,
-                                                model_kind_of)
+from tpu_tuner.tuning.workload_features import WorkloadFeatures, distance, features_of, features_of_json, model_kind_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -41,37 +40,76 @@ INDUCTOR_BF16 = {"execution": "inductor", "autocast": "bfloat16"}
 
 def _space() -> SearchSpace:
     """A small CPU space: execution (no aot_eager), autocast searched; memory format kept contiguous."""
-    return SearchSpace("test", "cpu", (
-        Param("execution", "compile", ("eager", "inductor")),
-        Param("autocast", "precision", ("none", "bfloat16")),
-        Param("memory_format", "memory", ("contiguous",)),
-    ))
+    return SearchSpace(
+        "test",
+        "cpu",
+        (
+            Param("execution", "compile", ("eager", "inductor")),
+            Param("autocast", "precision", ("none", "bfloat16")),
+            Param("memory_format", "memory", ("contiguous",)),
+        ),
+    )
 
 
-def _fingerprint(device_kind: str = "cpu", sha256: str = SHA, batch_size: int = 8, seq_len: int | None = 256,
-                 nproc: int = 1, step_kind: str = "training step") -> dict[str, Any]:
-    return {"model_file": "/models/gpt.py", "sha256": sha256, "convention": "native", "step_kind": step_kind,
-            "batch_size": batch_size, "seq_len": seq_len, "device_kind": device_kind, "device_name": "host cpu",
-            "nproc": nproc}
+def _fingerprint(
+    device_kind: str = "cpu",
+    sha256: str = SHA,
+    batch_size: int = 8,
+    seq_len: int | None = 256,
+    nproc: int = 1,
+    step_kind: str = "training step",
+) -> dict[str, Any]:
+    return {
+        "model_file": "/models/gpt.py",
+        "sha256": sha256,
+        "convention": "native",
+        "step_kind": step_kind,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "device_kind": device_kind,
+        "device_name": "host cpu",
+        "nproc": nproc,
+    }
 
 
 def _here(**changes: Any) -> WorkloadFeatures:
-    data = {"device_kind": "cpu", "sha256": SHA, "batch_size": 8, "seq_len": 256, "nproc": 1,
-            "step_kind": "training step", "flops_per_param": 12_000.0, "bound": "compute-bound",
-            "model_kind": "transformer", **changes}
+    data = {
+        "device_kind": "cpu",
+        "sha256": SHA,
+        "batch_size": 8,
+        "seq_len": 256,
+        "nproc": 1,
+        "step_kind": "training step",
+        "flops_per_param": 12_000.0,
+        "bound": "compute-bound",
+        "model_kind": "transformer",
+        **changes,
+    }
     return WorkloadFeatures.from_dict(data)
 
 
-def _profile_json(device_kind: str = "cpu", flops_per_param: float = 12_000.0, bound: str = "compute-bound",
-                  attention: bool = True, conv_weights: int = 0) -> dict[str, Any]:
+def _profile_json(
+    device_kind: str = "cpu",
+    flops_per_param: float = 12_000.0,
+    bound: str = "compute-bound",
+    attention: bool = True,
+    conv_weights: int = 0,
+) -> dict[str, Any]:
     """The parts of a profile.json warm start reads."""
     return {
         "device": {"kind": device_kind, "name": "host cpu"},
-        "workload": {"name": "m", "step": "training step", "batch_size": 8, "seq_len": 256,
-                     "traits": {"training": True, "conv_weights": conv_weights, "repeated_blocks": 4,
-                                "batch_size": 8}},
-        "flops": {"model_per_step": flops_per_param * 1_000_000, "total_parameters": 1_000_000,
-                  "attention_convention": "full attention" if attention else "not applicable (no attention declared)"},
+        "workload": {
+            "name": "m",
+            "step": "training step",
+            "batch_size": 8,
+            "seq_len": 256,
+            "traits": {"training": True, "conv_weights": conv_weights, "repeated_blocks": 4, "batch_size": 8},
+        },
+        "flops": {
+            "model_per_step": flops_per_param * 1_000_000,
+            "total_parameters": 1_000_000,
+            "attention_convention": "full attention" if attention else "not applicable (no attention declared)",
+        },
         "verdict": {"bound": bound},
         "operators": [{"name": "aten::mm"}],
     }
@@ -84,22 +122,42 @@ def _fill(study: optuna.Study, rows: list[tuple[dict[str, str], float, bool]]) -
     for changes, value, feasible in rows:
         candidate = Candidate(changes)
         params = {name: candidate[name] for name in ("execution", "autocast")}
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions={k: optuna.distributions.CategoricalDistribution(choices[k]) for k in params},
-            value=value, user_attrs={"candidate": candidate.to_dict(), "feasible": feasible, "measured": True}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={k: optuna.distributions.CategoricalDistribution(choices[k]) for k in params},
+                value=value,
+                user_attrs={"candidate": candidate.to_dict(), "feasible": feasible, "measured": True},
+            )
+        )
 
 
-def _run_folder(root: Path, name: str, rows: list[tuple[dict[str, str], float, bool]], *,
-                fingerprint: dict[str, Any] | None = None, profile: dict[str, Any] | None = None,
-                started: str = "2026-11-30T19:00:00", result: dict[str, Any] | None = None) -> Path:
+def _run_folder(
+    root: Path,
+    name: str,
+    rows: list[tuple[dict[str, str], float, bool]],
+    *,
+    fingerprint: dict[str, Any] | None = None,
+    profile: dict[str, Any] | None = None,
+    started: str = "2026-11-30T19:00:00",
+    result: dict[str, Any] | None = None,
+) -> Path:
     """results/<name>-tune-<stamp>/ with run.json, profile.json, study.db (and result.json)."""
     folder = root / f"{name}-tune-{started.replace(':', '').replace('-', '')}"
     folder.mkdir(parents=True)
     storage = f"sqlite:///{folder / 'study.db'}"
     _fill(optuna.create_study(study_name=folder.name, storage=storage), rows)
-    (folder / "run.json").write_text(json.dumps({
-        "storage": storage, "study_name": folder.name, "fingerprint": fingerprint or _fingerprint(),
-        "started": started, "status": "done"}))
+    (folder / "run.json").write_text(
+        json.dumps(
+            {
+                "storage": storage,
+                "study_name": folder.name,
+                "fingerprint": fingerprint or _fingerprint(),
+                "started": started,
+                "status": "done",
+            }
+        )
+    )
     (folder / "profile.json").write_text(json.dumps(profile or _profile_json()))
     if result is not None:
         (folder / "result.json").write_text(json.dumps(result))
@@ -110,10 +168,18 @@ def _run_folder(root: Path, name: str, rows: list[tuple[dict[str, str], float, b
 
 
 def test_model_kind_rule() -> None:
-    assert model_kind_of({"conv_weights": 0}, "full attention, causal mask not discounted", ["aten::mm"]) == "transformer"
+    assert (
+        model_kind_of({"conv_weights": 0}, "full attention, causal mask not discounted", ["aten::mm"]) == "transformer"
+    )
     # A ViT's patch convolution does not make it convolutional: attention decides first.
-    assert model_kind_of({"conv_weights": 1}, "not applicable", ["aten::_scaled_dot_product_flash_attention"]) == "transformer"
-    assert model_kind_of({"conv_weights": 12}, "not applicable (no attention declared)", ["aten::addmm"]) == "convolutional"
+    assert (
+        model_kind_of({"conv_weights": 1}, "not applicable", ["aten::_scaled_dot_product_flash_attention"])
+        == "transformer"
+    )
+    assert (
+        model_kind_of({"conv_weights": 12}, "not applicable (no attention declared)", ["aten::addmm"])
+        == "convolutional"
+    )
     assert model_kind_of(None, None, ["aten::mkldnn_convolution"]) == "convolutional"
     assert model_kind_of(None, None, ["aten::lstm", "aten::addmm"]) == "recurrent"
     assert model_kind_of({"conv_weights": 0}, "not applicable", ["aten::addmm", "aten::relu"]) == "mlp"
@@ -123,9 +189,12 @@ def test_model_kind_rule() -> None:
 def test_features_of_profile_and_of_its_json_agree() -> None:
     data = _profile_json(flops_per_param=500.0, bound="memory-bound", attention=False, conv_weights=3)
     profile = SimpleNamespace(
-        device=SimpleNamespace(kind="cpu"), workload=data["workload"],
-        flops=SimpleNamespace(**data["flops"]), verdict=SimpleNamespace(bound="memory-bound"),
-        operators=[SimpleNamespace(name="aten::mm")])
+        device=SimpleNamespace(kind="cpu"),
+        workload=data["workload"],
+        flops=SimpleNamespace(**data["flops"]),
+        verdict=SimpleNamespace(bound="memory-bound"),
+        operators=[SimpleNamespace(name="aten::mm")],
+    )
     fp = _fingerprint(batch_size=None, seq_len=None)  # an older run: None for the file's own sizes
     features = features_of(profile, fp)  # type: ignore[arg-type]
     assert features == features_of_json(data, fp)
@@ -161,10 +230,20 @@ def test_distance_rule() -> None:
 def test_exact_workload_ranks_before_nearer_features(tmp_path: Path) -> None:
     # The same workload, whose profile happened to come out another bound and more FLOPs per
     # parameter, against another model whose features equal this one's exactly (and newer).
-    _run_folder(tmp_path, "same", [(BASELINE, 4.0, True), (BF16, 1.0, True)],
-                profile=_profile_json(flops_per_param=30_000.0, bound="memory-bound"), started="2026-11-01T00:00:00")
-    _run_folder(tmp_path, "other", [(BASELINE, 4.0, True), (INDUCTOR, 2.0, True)],
-                fingerprint=_fingerprint(sha256=OTHER_SHA), started="2026-11-30T00:00:00")
+    _run_folder(
+        tmp_path,
+        "same",
+        [(BASELINE, 4.0, True), (BF16, 1.0, True)],
+        profile=_profile_json(flops_per_param=30_000.0, bound="memory-bound"),
+        started="2026-11-01T00:00:00",
+    )
+    _run_folder(
+        tmp_path,
+        "other",
+        [(BASELINE, 4.0, True), (INDUCTOR, 2.0, True)],
+        fingerprint=_fingerprint(sha256=OTHER_SHA),
+        started="2026-11-30T00:00:00",
+    )
     seeds = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert [s.params for s in seeds] == [_space().complete(BF16), _space().complete(INDUCTOR)]
     assert (seeds[0].distance, seeds[0].match) == (0.0, "same workload")
@@ -175,16 +254,26 @@ def test_exact_workload_ranks_before_nearer_features(tmp_path: Path) -> None:
 
 
 def test_other_device_kind_is_excluded(tmp_path: Path) -> None:
-    _run_folder(tmp_path, "cuda", [(BASELINE, 4.0, True), (BF16, 1.0, True)],
-                fingerprint=_fingerprint(device_kind="cuda"), profile=_profile_json(device_kind="cuda"))
+    _run_folder(
+        tmp_path,
+        "cuda",
+        [(BASELINE, 4.0, True), (BF16, 1.0, True)],
+        fingerprint=_fingerprint(device_kind="cuda"),
+        profile=_profile_json(device_kind="cuda"),
+    )
     assert find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path) == []
     assert len(find_warm_seeds(_space(), _here(device_kind="cuda"), storage=None, results_dir=tmp_path)) == 1
 
 
 def test_a_study_of_another_model_kind_is_too_far(tmp_path: Path) -> None:
     # A convolutional model's best is no better a first guess for a transformer than the agents'.
-    _run_folder(tmp_path, "cnn", [(BASELINE, 4.0, True), (BF16, 1.0, True)],
-                fingerprint=_fingerprint(sha256=OTHER_SHA), profile=_profile_json(attention=False, conv_weights=3))
+    _run_folder(
+        tmp_path,
+        "cnn",
+        [(BASELINE, 4.0, True), (BF16, 1.0, True)],
+        fingerprint=_fingerprint(sha256=OTHER_SHA),
+        profile=_profile_json(attention=False, conv_weights=3),
+    )
     assert find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path) == []
     assert len(find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path, max_distance=10.0)) == 1
 
@@ -193,14 +282,18 @@ def test_settings_this_space_cannot_run_are_skipped(tmp_path: Path) -> None:
     # Faster than the one taken: a choice this space lacks (aot_eager), a knob this space keeps at
     # another value (channels_last), a knob it does not have (matmul precision medium), an
     # infeasible setting.
-    _run_folder(tmp_path, "m", [
-        (BASELINE, 4.0, True),
-        ({"execution": "aot_eager"}, 0.5, True),
-        ({"autocast": "bfloat16", "memory_format": "channels_last"}, 0.6, True),
-        ({"matmul_precision": "medium"}, 0.7, True),
-        (INDUCTOR, 0.8, False),
-        (INDUCTOR_BF16, 2.0, True),
-    ])
+    _run_folder(
+        tmp_path,
+        "m",
+        [
+            (BASELINE, 4.0, True),
+            ({"execution": "aot_eager"}, 0.5, True),
+            ({"autocast": "bfloat16", "memory_format": "channels_last"}, 0.6, True),
+            ({"matmul_precision": "medium"}, 0.7, True),
+            (INDUCTOR, 0.8, False),
+            (INDUCTOR_BF16, 2.0, True),
+        ],
+    )
     (seed,) = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert seed.params == _space().complete(INDUCTOR_BF16) == {"execution": "inductor", "autocast": "bfloat16"}
     assert seed.objective_s == 2.0 and seed.speedup == pytest.approx(2.0)
@@ -211,14 +304,20 @@ def test_the_baseline_is_never_a_seed(tmp_path: Path) -> None:
     _run_folder(tmp_path, "flat", [(BASELINE, 1.0, True), (BF16, 1.5, True)])
     assert find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path) == []
     # A study whose trials do not start with the baseline: its best is still recognised as it.
-    _run_folder(tmp_path, "late", [(INDUCTOR, 3.0, True), (BASELINE, 1.0, True)],
-                fingerprint=_fingerprint(sha256=OTHER_SHA))
+    _run_folder(
+        tmp_path, "late", [(INDUCTOR, 3.0, True), (BASELINE, 1.0, True)], fingerprint=_fingerprint(sha256=OTHER_SHA)
+    )
     assert find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path) == []
 
 
 def test_duplicate_settings_keep_the_closest(tmp_path: Path) -> None:
-    _run_folder(tmp_path, "far", [(BASELINE, 4.0, True), (BF16, 1.0, True)],
-                fingerprint=_fingerprint(sha256=OTHER_SHA), profile=_profile_json(bound="memory-bound"))
+    _run_folder(
+        tmp_path,
+        "far",
+        [(BASELINE, 4.0, True), (BF16, 1.0, True)],
+        fingerprint=_fingerprint(sha256=OTHER_SHA),
+        profile=_profile_json(bound="memory-bound"),
+    )
     _run_folder(tmp_path, "near", [(BASELINE, 4.0, True), (BF16, 3.0, True)])
     (seed,) = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert seed.match == "same workload" and seed.objective_s == 3.0
@@ -226,15 +325,25 @@ def test_duplicate_settings_keep_the_closest(tmp_path: Path) -> None:
 
 def test_verified_speedup_only_for_the_verified_trial(tmp_path: Path) -> None:
     rows = [(BASELINE, 4.0, True), (BF16, 1.0, True), (INDUCTOR, 1.1, True)]
-    verification = {"baseline_trial": 0, "best_trial": 1, "chosen_is_best": True,
-                    "speedup": {"speedup": 3.5, "ci_low": 3.4, "ci_high": 3.6, "rounds": 12}}
+    verification = {
+        "baseline_trial": 0,
+        "best_trial": 1,
+        "chosen_is_best": True,
+        "speedup": {"speedup": 3.5, "ci_low": 3.4, "ci_high": 3.6, "rounds": 12},
+    }
     _run_folder(tmp_path, "raced", rows, result={"format": 1, "verification": verification})
     (seed,) = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path)
     assert (seed.speedup, seed.verified) == (3.5, True)
     # The race picked another setting than the search's fastest: that one is offered, with the
     # verified speedup (the race ordered them; one search measurement each could not).
-    _run_folder(tmp_path, "other", rows, result={"format": 1, "verification": {**verification, "best_trial": 2}},
-                fingerprint=_fingerprint(sha256=OTHER_SHA), started="2026-11-30T20:00:00")
+    _run_folder(
+        tmp_path,
+        "other",
+        rows,
+        result={"format": 1, "verification": {**verification, "best_trial": 2}},
+        fingerprint=_fingerprint(sha256=OTHER_SHA),
+        started="2026-11-30T20:00:00",
+    )
     seeds = find_warm_seeds(_space(), _here(), storage=None, results_dir=tmp_path / "nowhere")
     assert seeds == []  # a results folder that does not exist offers nothing
     other = find_warm_seeds(_space(), _here(sha256=OTHER_SHA), storage=None, results_dir=tmp_path, limit=1)[0]
@@ -247,15 +356,21 @@ def test_verified_speedup_only_for_the_verified_trial(tmp_path: Path) -> None:
 
 def test_unreadable_folders_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     good = _run_folder(tmp_path, "good", [(BASELINE, 4.0, True), (BF16, 1.0, True)])
-    bad_run = _run_folder(tmp_path, "badrun", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-02T00:00:00")
+    bad_run = _run_folder(
+        tmp_path, "badrun", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-02T00:00:00"
+    )
     (bad_run / "run.json").write_text("{not json")
-    no_profile = _run_folder(tmp_path, "noprofile", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)],
-                             started="2026-11-03T00:00:00")
+    no_profile = _run_folder(
+        tmp_path, "noprofile", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-03T00:00:00"
+    )
     (no_profile / "profile.json").unlink()
-    bad_profile = _run_folder(tmp_path, "badprofile", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)],
-                              started="2026-11-04T00:00:00")
+    bad_profile = _run_folder(
+        tmp_path, "badprofile", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-04T00:00:00"
+    )
     (bad_profile / "profile.json").write_text("[1, 2]")
-    bad_db = _run_folder(tmp_path, "baddb", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-05T00:00:00")
+    bad_db = _run_folder(
+        tmp_path, "baddb", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-05T00:00:00"
+    )
     (bad_db / "study.db").write_bytes(b"this is not a database" * 100)
     no_db = _run_folder(tmp_path, "nodb", [(BASELINE, 4.0, True), (INDUCTOR, 1.0, True)], started="2026-11-06T00:00:00")
     (no_db / "study.db").unlink()
@@ -279,12 +394,16 @@ def _shared_storage(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     tagged = optuna.create_study(study_name="gpt-v5e", storage=url)
     tagged.set_user_attr("tpu_tune", {"fingerprint": _fingerprint(), "features": _here().to_dict()})
-    tagged.set_user_attr("tpu_tune_verification", {"speedup": {"speedup": 3.9}, "chosen_is_best": True, "best_trial": 1})
+    tagged.set_user_attr(
+        "tpu_tune_verification", {"speedup": {"speedup": 3.9}, "chosen_is_best": True, "best_trial": 1}
+    )
     _fill(tagged, [(BASELINE, 4.0, True), (BF16, 1.0, True)])
     untagged = optuna.create_study(study_name="someone-elses", storage=url)  # no "tpu_tune": not ours
     _fill(untagged, [(BASELINE, 4.0, True), (INDUCTOR, 0.1, True)])
     cuda = optuna.create_study(study_name="gpt-cuda", storage=url)
-    cuda.set_user_attr("tpu_tune", {"fingerprint": _fingerprint("cuda"), "features": _here(device_kind="cuda").to_dict()})
+    cuda.set_user_attr(
+        "tpu_tune", {"fingerprint": _fingerprint("cuda"), "features": _here(device_kind="cuda").to_dict()}
+    )
     _fill(cuda, [(BASELINE, 4.0, True), (INDUCTOR, 0.1, True)])
     new = optuna.create_study(study_name="gpt-new", storage=url)
     new.set_user_attr("tpu_tune", {"fingerprint": _fingerprint(), "features": _here().to_dict()})
@@ -292,8 +411,9 @@ def _shared_storage(tmp_path: Path) -> str:
     return url
 
 
-def test_storage_studies_without_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_storage_studies_without_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     sqlite = _shared_storage(tmp_path)
 
     def server_stand_in(url: str) -> optuna.storages.RDBStorage:
@@ -314,8 +434,9 @@ def test_storage_studies_without_password(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_unreachable_storage_logs_no_password(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger=WARM_START_LOGGERS):
-        seeds = find_warm_seeds(_space(), _here(), storage="postgresql://tune:s3cret@127.0.0.1:1/tune",
-                                results_dir=None)
+        seeds = find_warm_seeds(
+            _space(), _here(), storage="postgresql://tune:s3cret@127.0.0.1:1/tune", results_dir=None
+        )
     assert seeds == []
     assert "cannot list the studies" in caplog.text and "s3cret" not in caplog.text
 
@@ -325,7 +446,9 @@ def test_folders_of_the_storage_are_not_read_twice(tmp_path: Path) -> None:
     # A worker's run folder of the shared study: its study is the storage's.
     folder = tmp_path / "results" / "gpt-tune-20261130-000000"
     folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps({"storage": url, "study_name": "gpt-v5e", "fingerprint": _fingerprint()}))
+    (folder / "run.json").write_text(
+        json.dumps({"storage": url, "study_name": "gpt-v5e", "fingerprint": _fingerprint()})
+    )
     (folder / "profile.json").write_text(json.dumps(_profile_json()))
     seeds = find_warm_seeds(_space(), _here(), storage=url, results_dir=tmp_path / "results", exclude_study="gpt-new")
     assert [s.source for s in seeds] == [f"study 'gpt-v5e' in {url}"]
@@ -335,8 +458,16 @@ def test_folders_of_the_storage_are_not_read_twice(tmp_path: Path) -> None:
 
 
 def _seed(params: dict[str, str], **changes: Any) -> WarmSeed:
-    data = dict(params=params, source="run results/gpt-tune-20261130-193123", match="same workload", distance=0.0,
-                objective_s=0.2263, speedup=2.03, verified=True, trial=3)
+    data = dict(
+        params=params,
+        source="run results/gpt-tune-20261130-193123",
+        match="same workload",
+        distance=0.0,
+        objective_s=0.2263,
+        speedup=2.03,
+        verified=True,
+        trial=3,
+    )
     return WarmSeed(**{**data, **changes})
 
 
@@ -369,9 +500,21 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
     space = _space()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'report.db'}")
     study.enqueue_trial(space.baseline_params())
-    enqueue_warm_seeds(study, [_seed(space.complete(INDUCTOR_BF16)),
-                               _seed(space.complete(BF16), source="run results/cnn-tune-x", match="nearest: far",
-                                     distance=2.0, speedup=None, verified=False, trial=7)])
+    enqueue_warm_seeds(
+        study,
+        [
+            _seed(space.complete(INDUCTOR_BF16)),
+            _seed(
+                space.complete(BF16),
+                source="run results/cnn-tune-x",
+                match="nearest: far",
+                distance=2.0,
+                speedup=None,
+                verified=False,
+                trial=7,
+            ),
+        ],
+    )
     for number, (value, host) in enumerate(zip((0.4, 0.2, None), hosts)):
         trial = study.ask()
         space.suggest(trial)
@@ -386,15 +529,41 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
             trial.set_user_attr("feasible", True)
             trial.set_user_attr("amortised_step_s", value)
             study.tell(trial, value)
-    verification = Verification(baseline_trial=0, best_trial=1, chosen=Candidate(), chosen_is_best=False,
-                                speedup=None, message="not verified", host=verified_on)
+    verification = Verification(
+        baseline_trial=0,
+        best_trial=1,
+        chosen=Candidate(),
+        chosen_is_best=False,
+        speedup=None,
+        message="not verified",
+        host=verified_on,
+    )
     profile = SimpleNamespace(
-        workload=ProfiledWorkload.from_dict({"name": "gpt", "source": "gpt.py", "convention": "native",
-                                             "step": "training step", "batch_size": 8, "seq_len": 256}),
-        device=SimpleNamespace(name="host cpu", kind="cpu"), peak_flops_per_s=1e12, peak_dtype="bfloat16",
-        verdict=SimpleNamespace(summary="compute-bound"), flops=SimpleNamespace(model_formula="6N"))
-    return TuningResult(run_dir=tmp_path, study=study, space=space, profile=profile,  # type: ignore[arg-type]
-                        findings={}, verification=verification, options=TuneOptions())
+        workload=ProfiledWorkload.from_dict(
+            {
+                "name": "gpt",
+                "source": "gpt.py",
+                "convention": "native",
+                "step": "training step",
+                "batch_size": 8,
+                "seq_len": 256,
+            }
+        ),
+        device=SimpleNamespace(name="host cpu", kind="cpu"),
+        peak_flops_per_s=1e12,
+        peak_dtype="bfloat16",
+        verdict=SimpleNamespace(summary="compute-bound"),
+        flops=SimpleNamespace(model_formula="6N"),
+    )
+    return TuningResult(
+        run_dir=tmp_path,
+        study=study,
+        space=space,
+        profile=profile,  # type: ignore[arg-type]
+        findings={},
+        verification=verification,
+        options=TuneOptions(),
+    )
 
 
 def test_report_shows_where_warm_start_settings_came_from(tmp_path: Path) -> None:
@@ -404,7 +573,10 @@ def test_report_shows_where_warm_start_settings_came_from(tmp_path: Path) -> Non
     section = text.split("## Warm start")[1].split("\n## ")[0]
     rows = [line for line in section.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert len(rows) == 2
-    assert "inductor, matmul highest, autocast bfloat16" in rows[0] and "trial 3 of run results/gpt-tune-20261130-193123 (same workload)" in rows[0]
+    assert (
+        "inductor, matmul highest, autocast bfloat16" in rows[0]
+        and "trial 3 of run results/gpt-tune-20261130-193123 (same workload)" in rows[0]
+    )
     assert "226 ms, 2.03x verified" in rows[0] and "200 ms, 2.00x the baseline" in rows[0]
     assert "run results/cnn-tune-x (nearest: far)" in rows[1] and "| failed (crash) |" in rows[1]
     hosts = text.split("## Hosts")[1].split("\n## ")[0]
@@ -443,14 +615,28 @@ def test_the_report_reads_the_attr_warm_start_writes() -> None:
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_path: Path) -> None:
     from conftest import FIXTURES
+
+    from tpu_tuner.api import tune
     from tpu_tuner.profiling import ProfilerSettings
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.api import tune
 
-    fast = ProfilerSettings(warmup_min_steps=1, warmup_max_steps=3, timing_min_steps=5, timing_min_seconds=0.0,
-                            timing_max_steps=10, profiled_steps=1, top_operators=5, explained_share_min=0.5)
-    common = dict(space=FIXTURES / "eager_precision_space.toml", out=tmp_path, verify_rounds=2, trial_timeout_s=60.0,
-                  trial_settings=fast)
+    fast = ProfilerSettings(
+        warmup_min_steps=1,
+        warmup_max_steps=3,
+        timing_min_steps=5,
+        timing_min_seconds=0.0,
+        timing_max_steps=10,
+        profiled_steps=1,
+        top_operators=5,
+        explained_share_min=0.5,
+    )
+    common = dict(
+        space=FIXTURES / "eager_precision_space.toml",
+        out=tmp_path,
+        verify_rounds=2,
+        trial_timeout_s=60.0,
+        trial_settings=fast,
+    )
     # The earlier run measures the whole space (6 settings): its best is medium matmuls, no autocast.
     earlier = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=6, sampler="grid", agents=(), **common))
     later = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=2, agents=(), **common))

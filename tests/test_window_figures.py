@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import optuna
 import pytest
+from conftest import FIXTURES
 
 from tpu_tuner.core.plain_data import from_plain, json_default
 from tpu_tuner.execution.measurement import Measurement
@@ -26,26 +27,39 @@ from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification
 from tpu_tuner.tuning.window import FROM_SEARCH, FROM_WINDOW, WindowFigures
 
-from conftest import FIXTURES
-
 FLOPS = 1.8e12  # model FLOPs per step
 PEAK = 100e12  # the run's peak, FLOP/s
 ROUNDS = 12
 
 
 def _measurement(candidate: Candidate, median: float, p10: float, p90: float) -> Measurement:
-    return Measurement(candidate=candidate.to_dict(), step_median=median, step_p10=p10, step_p90=p90,
-                       samples=[median], first_call_seconds=2.0, warmup_seconds=0.1, compile_seconds=1.5, compiles={},
-                       model_flops_per_step=FLOPS, peak_flops_per_s=PEAK, peak_dtype="bfloat16",
-                       mfu=FLOPS / median / PEAK, peak_memory_bytes=1 << 30, accuracy_errors={"loss": 1e-4})
+    return Measurement(
+        candidate=candidate.to_dict(),
+        step_median=median,
+        step_p10=p10,
+        step_p90=p90,
+        samples=[median],
+        first_call_seconds=2.0,
+        warmup_seconds=0.1,
+        compile_seconds=1.5,
+        compiles={},
+        model_flops_per_step=FLOPS,
+        peak_flops_per_s=PEAK,
+        peak_dtype="bfloat16",
+        mfu=FLOPS / median / PEAK,
+        peak_memory_bytes=1 << 30,
+        accuracy_errors={"loss": 1e-4},
+    )
 
 
 def _window_samples() -> dict[str, list[float]]:
     """Twelve rounds at ~45 ms against ~18.9 ms, each round drifting a little (a shared machine)."""
     rng = np.random.default_rng(3)
     drift = 1 + 0.05 * rng.standard_normal(ROUNDS)
-    return {"baseline": list(0.045 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS))),
-            "best": list(0.0189 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS)))}
+    return {
+        "baseline": list(0.045 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS))),
+        "best": list(0.0189 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS))),
+    }
 
 
 def _result(tmp_path, window: bool = True, significant: bool = True) -> TuningResult:
@@ -59,16 +73,41 @@ def _result(tmp_path, window: bool = True, significant: bool = True) -> TuningRe
     samples = _window_samples()
     speedup = paired_speedup(samples["baseline"], samples["best"])
     verification = Verification(
-        baseline_trial=0, best_trial=1, chosen=tuned if significant else Candidate(), chosen_is_best=significant,
-        speedup=speedup, samples=samples, message=f"verified: {speedup.describe()}",
-        window=WindowFigures.of(samples) if window else None)
+        baseline_trial=0,
+        best_trial=1,
+        chosen=tuned if significant else Candidate(),
+        chosen_is_best=significant,
+        speedup=speedup,
+        samples=samples,
+        message=f"verified: {speedup.describe()}",
+        window=WindowFigures.of(samples) if window else None,
+    )
     profile = SimpleNamespace(
-        workload=ProfiledWorkload.from_dict({"name": "resnet18", "source": "resnet18.py", "convention": "native",
-                                             "step": "training step", "batch_size": 32, "seq_len": None}),
-        device=SimpleNamespace(name="host cpu", kind="cpu", count=1), peak_flops_per_s=PEAK, peak_dtype="bfloat16",
-        verdict=SimpleNamespace(summary="compute-bound"), flops=SimpleNamespace(model_formula="counted"))
-    return TuningResult(run_dir=tmp_path, study=study, space=space, profile=profile,  # type: ignore[arg-type]
-                        findings={}, verification=verification, options=TuneOptions())
+        workload=ProfiledWorkload.from_dict(
+            {
+                "name": "resnet18",
+                "source": "resnet18.py",
+                "convention": "native",
+                "step": "training step",
+                "batch_size": 32,
+                "seq_len": None,
+            }
+        ),
+        device=SimpleNamespace(name="host cpu", kind="cpu", count=1),
+        peak_flops_per_s=PEAK,
+        peak_dtype="bfloat16",
+        verdict=SimpleNamespace(summary="compute-bound"),
+        flops=SimpleNamespace(model_formula="counted"),
+    )
+    return TuningResult(
+        run_dir=tmp_path,
+        study=study,
+        space=space,
+        profile=profile,  # type: ignore[arg-type]
+        findings={},
+        verification=verification,
+        options=TuneOptions(),
+    )
 
 
 def test_compared_steps_come_from_the_window_and_agree_with_the_speedup(tmp_path) -> None:
@@ -105,7 +144,11 @@ def test_report_table_shows_the_window_and_the_search_row(tmp_path) -> None:
     result = _result(tmp_path)
     text = render_report(result, {})
     table = text.split("## Baseline against tuned")[1].split("\n## ")[0]
-    row = next(line for line in table.splitlines() if line.startswith("| steady step (median, interleaved verification window)"))
+    row = next(
+        line
+        for line in table.splitlines()
+        if line.startswith("| steady step (median, interleaved verification window)")
+    )
     base_ms, tuned_ms = (float(x) for x in re.findall(r"\| ([0-9.]+) ms \(p10", row))
     assert base_ms / tuned_ms == pytest.approx(result.verification.speedup.speedup, rel=0.03)
     assert "| steady step in the search (one measurement) | 447 ms" in table
@@ -147,8 +190,15 @@ def test_without_a_window_the_figures_are_the_searchs_and_say_why(tmp_path) -> N
 
 def test_a_verification_stored_without_a_window_still_loads() -> None:
     samples = _window_samples()
-    v = Verification(0, 1, Candidate(matmul_precision="medium"), True, paired_speedup(samples["baseline"], samples["best"]),
-                     samples=samples, window=WindowFigures.of(samples))
+    v = Verification(
+        0,
+        1,
+        Candidate(matmul_precision="medium"),
+        True,
+        paired_speedup(samples["baseline"], samples["best"]),
+        samples=samples,
+        window=WindowFigures.of(samples),
+    )
     plain = json.loads(json.dumps(dataclasses.asdict(v), default=json_default))
     assert from_plain(Verification, plain).window == v.window  # round-trips through result.json's form
     del plain["window"]  # as written before the window was stored

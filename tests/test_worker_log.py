@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES
 
 from tpu_tuner.core.errors import WorkloadError
@@ -23,8 +22,9 @@ def echo_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
 
 
-def test_fd_level_prints_reach_the_log_not_the_terminal(echo_path: None, tmp_path: Path,
-                                                         capfd: pytest.CaptureFixture[str]) -> None:
+def test_fd_level_prints_reach_the_log_not_the_terminal(
+    echo_path: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     with WorkerLog(tmp_path / "w.log") as log:
         worker = WorkerProcess("echo_worker", output=log)
         assert worker.request(("print", "hello"), timeout_s=60) == Replied("hello")
@@ -35,8 +35,9 @@ def test_fd_level_prints_reach_the_log_not_the_terminal(echo_path: None, tmp_pat
     assert "hello on stdout" in text and "hello on stderr" in text
 
 
-def test_a_temporary_log_moves_into_the_run_folder_and_the_same_worker_writes_on(echo_path: None,
-                                                                                  tmp_path: Path) -> None:
+def test_a_temporary_log_moves_into_the_run_folder_and_the_same_worker_writes_on(
+    echo_path: None, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / WORKERS_LOG).write_text("an earlier run's line\n")  # a resumed run appends
@@ -103,8 +104,10 @@ def test_a_worker_that_dies_importing_says_why_from_the_log(capfd: pytest.Captur
     with TrialRunner(str(model_file), "cpu") as runner, pytest.raises(WorkloadError) as caught:
         load_summary(runner, model_file)
     message = str(caught.value)
-    assert "the process exited with status 3 while importing; last output: RuntimeError: the native library gave up" \
+    assert (
+        "the process exited with status 3 while importing; last output: RuntimeError: the native library gave up"
         in message
+    )
     kept = Path(message.rsplit("(see ", 1)[1].rstrip(")"))
     try:
         assert "some start-up chatter" in kept.read_text()
@@ -113,8 +116,9 @@ def test_a_worker_that_dies_importing_says_why_from_the_log(capfd: pytest.Captur
     assert "chatter" not in capfd.readouterr().err
 
 
-def test_what_ranks_print_is_appended_to_the_log_rank_by_rank(echo_path: None, tmp_path: Path,
-                                                               capfd: pytest.CaptureFixture[str]) -> None:
+def test_what_ranks_print_is_appended_to_the_log_rank_by_rank(
+    echo_path: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     from tpu_tuner.runner.launch import run_ranks
 
     with WorkerLog(tmp_path / "w.log") as log:
@@ -131,8 +135,9 @@ def test_what_ranks_print_is_appended_to_the_log_rank_by_rank(echo_path: None, t
 NOISE = ("NOISY-IMPORT", "NOISY-STEP")
 
 
-def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path: Path, capfd: pytest.CaptureFixture[str],
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from conftest import use_probe
 
     from tpu_tuner.cli import main
@@ -140,8 +145,12 @@ def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path
     use_probe(monkeypatch, tmp_path / "cache")  # no roofline measurement: seconds, not the point here
     agent = tmp_path / "fast.toml"
     agent.write_text("[timing]\nmin_steps = 10\nmin_seconds = 0\n[operators]\nprofiled_steps = 1\ntop = 5\n")
-    assert main(["-q", "profile", str(FIXTURES / "noisy_mlp.py"), "--out", str(tmp_path / "results"),
-                 "--agent", str(agent)]) == 0
+    assert (
+        main(
+            ["-q", "profile", str(FIXTURES / "noisy_mlp.py"), "--out", str(tmp_path / "results"), "--agent", str(agent)]
+        )
+        == 0
+    )
     printed = capfd.readouterr()
     assert "MFU" in printed.out
     assert not any(noise in printed.out + printed.err for noise in NOISE)
@@ -151,16 +160,34 @@ def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path
 
 
 @pytest.mark.slow  # a whole tuning run (~20 s here): .ci/run's full pass; the quick CLI test checks its workers.log
-def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(tmp_path: Path, capfd: pytest.CaptureFixture[str],
-                                                                     monkeypatch: pytest.MonkeyPatch,
-                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     from conftest import use_probe
 
     from tpu_tuner.cli import main
 
     use_probe(monkeypatch, tmp_path_factory.mktemp("cache"), medium_relative_error=2.5e-3)
-    assert main(["-q", str(FIXTURES / "noisy_mlp.py"), "--trials", "2", "--verify-rounds", "2",
-                 "--space", "precision", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                str(FIXTURES / "noisy_mlp.py"),
+                "--trials",
+                "2",
+                "--verify-rounds",
+                "2",
+                "--space",
+                "precision",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capfd.readouterr()
     assert "[trial 1/2" in printed.out
     assert not any(noise in printed.out + printed.err for noise in NOISE), printed

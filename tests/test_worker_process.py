@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import processes_running
 
 from tpu_tuner.core.failures import describe_end
@@ -18,7 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture
-def worker(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+def worker(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     started = WorkerProcess("echo_worker", env={"ECHO_WORKER_MARK": "set"})
     yield started
@@ -37,13 +36,17 @@ def test_replies_and_a_jobs_exception_keep_the_worker(worker: WorkerProcess) -> 
     assert worker.alive() and worker.request(("echo", 3), timeout_s=10) == Replied(3)
 
 
-@pytest.mark.parametrize("job, code, words, kind", [
-    (("signal", "SIGSEGV"), -11, "died from SIGSEGV", "crash"),
-    (("signal", "SIGKILL"), -9, "died from SIGKILL (the kernel's OOM killer)", "oom"),
-    (("exit", 3), 3, "exited with status 3", "crash"),
-])
-def test_a_death_is_decoded_from_the_exit_status(worker: WorkerProcess, job: tuple, code: int, words: str,
-                                                 kind: str) -> None:
+@pytest.mark.parametrize(
+    "job, code, words, kind",
+    [
+        (("signal", "SIGSEGV"), -11, "died from SIGSEGV", "crash"),
+        (("signal", "SIGKILL"), -9, "died from SIGKILL (the kernel's OOM killer)", "oom"),
+        (("exit", 3), 3, "exited with status 3", "crash"),
+    ],
+)
+def test_a_death_is_decoded_from_the_exit_status(
+    worker: WorkerProcess, job: tuple, code: int, words: str, kind: str
+) -> None:
     died = worker.request(job, timeout_s=60)
     assert died == Died(code) and describe_end(died.exit_code) == words and died.kind == kind
     assert not worker.alive()

@@ -21,5 +21,8 @@ TINY_MATRIX_PARAMETERS = 2 * 256 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256)
 def planner_env() -> dict[str, str]:
     """The environment of a subprocess that loads libtpu beside this one, with the repository importable."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return {
+        **os.environ,
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    }

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.outputs.write import write_tuning
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
+from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.study import run_tuning
 from tpu_tuner.tuning.study_admin import finish_study as _finish_study
 
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from tpu_tuner.runner.host_jobs import FollowEnd
 
 
-def tune(model_file: str | Path, options: TuneOptions | None = None,
-         progress: ProgressCallback | None = None) -> TuningResult:
+def tune(
+    model_file: str | Path, options: TuneOptions | None = None, progress: ProgressCallback | None = None
+) -> TuningResult:
     """Tune a model file; returns the result and writes the run folder.
 
     This process never imports the model file: a worker loads it and describes it. Bad options are
@@ -33,13 +34,16 @@ def tune(model_file: str | Path, options: TuneOptions | None = None,
     study shared by name (docs/tuning.md).
     """
     if options is not None and options.runner.nnodes > 1:
-        raise UserInputError(f"--nnodes {options.runner.nnodes}: every host runs its side of the study; "
-                             "call tpu_tuner.api.tune_across_hosts (what `tpu-tune` does)")
+        raise UserInputError(
+            f"--nnodes {options.runner.nnodes}: every host runs its side of the study; "
+            "call tpu_tuner.api.tune_across_hosts (what `tpu-tune` does)"
+        )
     return run_tuning(model_file, options, progress, write_tuning)
 
 
-def tune_across_hosts(model_file: str | Path, options: TuneOptions,
-                      progress: ProgressCallback | None = None) -> TuningResult | FollowEnd:
+def tune_across_hosts(
+    model_file: str | Path, options: TuneOptions, progress: ProgressCallback | None = None
+) -> TuningResult | FollowEnd:
     """One host's side of a study whose trials span `options.runner.nnodes` hosts: the same call
     on every host. The hosts meet at the rendezvous (`runner/hosts.py`); the driver (node 0)
     tunes as `tune` does, every trial on all hosts' ranks, and returns its result; any other host
@@ -52,15 +56,27 @@ def tune_across_hosts(model_file: str | Path, options: TuneOptions,
     options = options.preflight()  # every host refuses bad options before it meets the others
     run, emit, started = options.runner, progress or (lambda event: None), time.perf_counter()
     assert run.rdzv is not None and options.store.study is not None  # validated by preflight
-    group = HostGroup(run.rdzv, options.store.study, run.nnodes, run.nproc, run.rdzv_timeout_s,
-                      _fixed_node_rank(options), run.max_restarts)
+    group = HostGroup(
+        run.rdzv,
+        options.store.study,
+        run.nnodes,
+        run.nproc,
+        run.rdzv_timeout_s,
+        _fixed_node_rank(options),
+        run.max_restarts,
+    )
     emit(Progress("hosts", f"waiting at {run.rdzv} for {run.nnodes} hosts (up to {run.rdzv_timeout_s:g} s)"))
     group.join()
     try:
         me = group.me()
         role = "the driver: it runs the study" if group.is_driver else "it runs the ranks the driver sends"
-        emit(Progress("hosts", f"{run.nnodes} hosts met; this is {me.describe()}, {role}",
-                      elapsed=time.perf_counter() - started))
+        emit(
+            Progress(
+                "hosts",
+                f"{run.nnodes} hosts met; this is {me.describe()}, {role}",
+                elapsed=time.perf_counter() - started,
+            )
+        )
         if not group.is_driver:
             folder = Path(options.outputs.out) / f"{options.store.study}-hosts"
             folder.mkdir(parents=True, exist_ok=True)
@@ -69,11 +85,15 @@ def tune_across_hosts(model_file: str | Path, options: TuneOptions,
         try:
             result = run_tuning(model_file, options, progress, write_tuning, hosts=group)
         except BaseException as exc:
-            farewell(group, f"the driver stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                     failed=True)
+            farewell(
+                group,
+                f"the driver stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                failed=True,
+            )
             raise
-        farewell(group, f"the study ended on the driver ({me.describe()}); results in {result.run_dir} there",
-                 failed=False)
+        farewell(
+            group, f"the study ended on the driver ({me.describe()}); results in {result.run_dir} there", failed=False
+        )
         return result
     finally:
         group.close()
@@ -92,8 +112,10 @@ def _fixed_node_rank(options: TuneOptions) -> int | None:
         return run.node_rank
     slice_rank = backend.host_node_rank(run.nproc, run.nnodes)
     if run.node_rank is not None and slice_rank is not None and slice_rank != run.node_rank:
-        raise UserInputError(f"--node-rank {run.node_rank}: {backend.label} places this host at NODE_RANK "
-                             f"{slice_rank} of the slice; give that, or leave --node-rank out")
+        raise UserInputError(
+            f"--node-rank {run.node_rank}: {backend.label} places this host at NODE_RANK "
+            f"{slice_rank} of the slice; give that, or leave --node-rank out"
+        )
     return run.node_rank if run.node_rank is not None else slice_rank
 
 
@@ -115,8 +137,9 @@ def _environments(nproc: int, nnodes: int) -> Callable[[str | None], Environment
     return environments
 
 
-def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,
-                 device: str | None = None, now: bool = False) -> TuningResult:
+def finish_study(
+    storage: str, name: str, out: Path, model_file: Path | None = None, device: str | None = None, now: bool = False
+) -> TuningResult:
     """Verify the best of shared study `name` once, on this host, and write its run folder
     (`tpu-tune study finish`)."""
     return _finish_study(storage, name, out, model_file, device, now, write_outputs=write_tuning)

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.devices import get_backend
-from tpu_tuner.model.bucket_cost import CostModel, fit_cost_model
-from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.execution import compiled_with
 from tpu_tuner.model.bucket_choice import (
     Evaluation,
     Strategy,
@@ -37,16 +38,14 @@ from tpu_tuner.model.bucket_choice import (
     optimal_buckets,
     oracle_seconds,
 )
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.execution import compiled_with
-from tpu_tuner.core.errors import TpuTuneError, UserInputError
-from tpu_tuner.runner.trial_runner import TrialRunner
+from tpu_tuner.model.bucket_cost import CostModel, fit_cost_model
+from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
+from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -107,8 +106,12 @@ class BucketResult:
         return data
 
 
-def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Callable[[str], None] | None = None,
-                 workers_log: WorkerLog | None = None) -> BucketResult:
+def plan_buckets(
+    model_file: str | Path,
+    options: BucketOptions,
+    progress: Callable[[str], None] | None = None,
+    workers_log: WorkerLog | None = None,
+) -> BucketResult:
     """Run the whole bucketing study on `model_file`; the workers' output goes to `workers_log` (None:
     each worker's own temporary log, dropped unless a failure names it)."""
     emit = progress or (lambda message: None)
@@ -120,24 +123,36 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     # This process never imports the model file: a worker loads it and sends back a summary
     # (a crash at import becomes a WorkloadError, runner/load.py).
     with TrialRunner(str(model_file), options.device, options.trial_timeout_s, log=workers_log) as loader:
-        workload = load_summary(loader, model_file, options.batch_size, None,
-                                sample_lengths=options.lengths_file is None)
+        workload = load_summary(
+            loader, model_file, options.batch_size, None, sample_lengths=options.lengths_file is None
+        )
     hist = bucket_histogram(workload.length_source(), options.lengths_file)
     backend = get_backend(options.device)
     backend_name = options.compile_backend or backend.default_compile_backend()
     candidate = Candidate(compiled_with(backend_name)).to_dict()
     probes = probe_lengths(hist, options.align)
     warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
-    emit(f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
-         f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)")
-    with (TrialRunner(str(workload.source), options.device, options.trial_timeout_s, log=workers_log) as runner,
-          cold_compile_env() as env):
-        measured = _value(runner.run(BucketCostsRequest(candidate=candidate, lengths=probes, warmup_length=warmup,
-                                                        batch_size=options.batch_size), env=env),
-                          "measuring the cost model")
+    emit(
+        f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
+        f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)"
+    )
+    with (
+        TrialRunner(str(workload.source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+        cold_compile_env() as env,
+    ):
+        measured = _value(
+            runner.run(
+                BucketCostsRequest(
+                    candidate=candidate, lengths=probes, warmup_length=warmup, batch_size=options.batch_size
+                ),
+                env=env,
+            ),
+            "measuring the cost model",
+        )
     points = measured.points
-    model = fit_cost_model([(p.length, p.step_seconds) for p in points],
-                           [(p.length, p.compile_seconds) for p in points])
+    model = fit_cost_model(
+        [(p.length, p.step_seconds) for p in points], [(p.length, p.compile_seconds) for p in points]
+    )
     emit(f"cost model: {model.describe()}")
 
     start = time.perf_counter()
@@ -146,21 +161,40 @@ def plan_buckets(model_file: str | Path, options: BucketOptions, progress: Calla
     strategies = [chosen_strategy, *baselines(hist)]
     table = [evaluate(s, hist, model, options.steps, options.max_buckets) for s in strategies]
     result = BucketResult(
-        workload=workload.name, device=backend.kind, compile_backend=backend_name, samples=hist.total,
-        distinct_lengths=len(hist.lengths), length_summary=_summary(hist), steps=options.steps,
-        max_buckets=options.max_buckets, align=options.align, cost_model=model, chosen=table[0], table=table,
-        oracle_seconds=oracle_seconds(hist, model, options.steps), optimiser_seconds=optimiser_seconds, histogram=hist,
+        workload=workload.name,
+        device=backend.kind,
+        compile_backend=backend_name,
+        samples=hist.total,
+        distinct_lengths=len(hist.lengths),
+        length_summary=_summary(hist),
+        steps=options.steps,
+        max_buckets=options.max_buckets,
+        align=options.align,
+        cost_model=model,
+        chosen=table[0],
+        table=table,
+        oracle_seconds=oracle_seconds(hist, model, options.steps),
+        optimiser_seconds=optimiser_seconds,
+        histogram=hist,
     )
     if options.replay_steps:
-        result.replays, result.replay_note = replay(workload.source, hist, strategies, options, candidate, warmup, emit,
-                                                    workers_log)
+        result.replays, result.replay_note = replay(
+            workload.source, hist, strategies, options, candidate, warmup, emit, workers_log
+        )
     result.seconds = time.perf_counter() - started
     return result
 
 
-def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], options: BucketOptions,
-           candidate: dict[str, Any], warmup: int, emit: Callable[[str], None],
-           workers_log: WorkerLog | None = None) -> tuple[list[Replay], str]:
+def replay(
+    source: Path,
+    hist: LengthHistogram,
+    strategies: list[Strategy],
+    options: BucketOptions,
+    candidate: dict[str, Any],
+    warmup: int,
+    emit: Callable[[str], None],
+    workers_log: WorkerLog | None = None,
+) -> tuple[list[Replay], str]:
     """Replay a drawn length stream through the real workload under each strategy, each in a
     fresh worker (no compile inherited from another strategy)."""
     stream = hist.sample(options.replay_steps, options.seed)
@@ -172,20 +206,43 @@ def replay(source: Path, hist: LengthHistogram, strategies: list[Strategy], opti
         bounds = np.asarray(strategy.bounds)
         needed = sorted({int(b) for b in bounds[np.searchsorted(bounds, stream, side="left")]})
         if len(needed) > options.replay_max_compiles:
-            emit(f"replay: {strategy.name} needs {len(needed)} compiled shapes (> {options.replay_max_compiles}); predicted only")
+            emit(
+                f"replay: {strategy.name} needs {len(needed)} compiled shapes (> {options.replay_max_compiles}); predicted only"
+            )
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
-        with (TrialRunner(str(source), options.device, options.trial_timeout_s, log=workers_log) as runner,
-              cold_compile_env() as env):
-            value = _value(runner.run(BucketReplayRequest(candidate=candidate, bounds=list(strategy.bounds),
-                                                          stream=stream.tolist(), warmup_length=warmup,
-                                                          batch_size=options.batch_size), env=env),
-                           f"replaying {strategy.name}")
+        with (
+            TrialRunner(str(source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+            cold_compile_env() as env,
+        ):
+            value = _value(
+                runner.run(
+                    BucketReplayRequest(
+                        candidate=candidate,
+                        bounds=list(strategy.bounds),
+                        stream=stream.tolist(),
+                        warmup_length=warmup,
+                        batch_size=options.batch_size,
+                    ),
+                    env=env,
+                ),
+                f"replaying {strategy.name}",
+            )
         compile_seconds = float(sum(value.compile_seconds.values()))
-        replays.append(Replay(strategy.name, len(needed), compile_seconds, len(stream), value.step_seconds,
-                              compile_seconds + scale * value.step_seconds))
-    note = (f"replayed {len(stream)} steps drawn from the sample (seed {options.seed}); measured total = measured "
-            f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.steps} steps")
+        replays.append(
+            Replay(
+                strategy.name,
+                len(needed),
+                compile_seconds,
+                len(stream),
+                value.step_seconds,
+                compile_seconds + scale * value.step_seconds,
+            )
+        )
+    note = (
+        f"replayed {len(stream)} steps drawn from the sample (seed {options.seed}); measured total = measured "
+        f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.steps} steps"
+    )
     return replays, note
 
 
@@ -200,8 +257,14 @@ def cold_compile_env() -> Iterator[dict[str, str]]:
 
 def _summary(hist: LengthHistogram) -> dict[str, float]:
     sample = np.repeat(hist.lengths, hist.counts)
-    return {"min": int(sample.min()), "median": float(np.median(sample)), "p90": float(np.quantile(sample, 0.9)),
-            "p99": float(np.quantile(sample, 0.99)), "max": int(sample.max()), "mean": float(sample.mean())}
+    return {
+        "min": int(sample.min()),
+        "median": float(np.median(sample)),
+        "p90": float(np.quantile(sample, 0.9)),
+        "p99": float(np.quantile(sample, 0.99)),
+        "max": int(sample.max()),
+        "mean": float(sample.mean()),
+    }
 
 
 def _value(result: Any, what: str) -> Any:

@@ -28,22 +28,33 @@ def add_out(parser: argparse.ArgumentParser) -> None:
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """Arguments every command that runs the model shares: the file, device, sizes, output."""
-    parser.add_argument("model_file", type=Path, help="a model file (native contract or benchmark convention), a "
-                        "decoder shape, or a Hugging Face model: hf:./folder, hf:org/name, hf:llama?hidden_size=512")
+    parser.add_argument(
+        "model_file",
+        type=Path,
+        help="a model file (native contract or benchmark convention), a "
+        "decoder shape, or a Hugging Face model: hf:./folder, hf:org/name, hf:llama?hidden_size=512",
+    )
     parser.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
     parser.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
-    parser.add_argument("--seq-len", "--seq", dest="seq_len", type=int,
-                        help="sequence length (default: the file's SEQ_LEN)")
+    parser.add_argument(
+        "--seq-len", "--seq", dest="seq_len", type=int, help="sequence length (default: the file's SEQ_LEN)"
+    )
     add_hf_args(parser)
     add_out(parser)
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
     """--inference and --weights, for a Hugging Face model (``hf:...``)."""
-    parser.add_argument("--inference", action="store_true",
-                        help="hf: models: time the forward pass (default: the training step with the model's own loss)")
-    parser.add_argument("--weights", action="store_true",
-                        help="hf: models: load the checkpoint's weights (default: random weights from the config)")
+    parser.add_argument(
+        "--inference",
+        action="store_true",
+        help="hf: models: time the forward pass (default: the training step with the model's own loss)",
+    )
+    parser.add_argument(
+        "--weights",
+        action="store_true",
+        help="hf: models: load the checkpoint's weights (default: random weights from the config)",
+    )
 
 
 def model_source(args: argparse.Namespace) -> Path:
@@ -57,8 +68,11 @@ def model_source(args: argparse.Namespace) -> Path:
     if not is_hf_source(args.model_file):
         if inference or weights:
             flag = "--inference" if inference else "--weights"
-            raise UserInputError(f"{flag} is for Hugging Face models (hf:...); a model file is an inference step "
-                                 "when it declares no loss()", args.model_file)
+            raise UserInputError(
+                f"{flag} is for Hugging Face models (hf:...); a model file is an inference step "
+                "when it declares no loss()",
+                args.model_file,
+            )
         return args.model_file
     from tpu_tuner.model.hf_workload import check_source
 

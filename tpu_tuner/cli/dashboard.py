@@ -18,13 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results_dir", type=Path, help="the results folder that holds the run folders")
     parser.add_argument("--out", type=Path, help="where to write the page (default: RESULTS_DIR/dashboard.html)")
     parser.add_argument("--csv", type=Path, help="also write the runs table as CSV here")
-    parser.add_argument("--serve", action="store_true",
-                        help="serve the page (re-rendered when runs change) and the folder's files until Ctrl-C")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the page (re-rendered when runs change) and the folder's files until Ctrl-C",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help="port with --serve (default %(default)s; 0: any free port)")
-    parser.add_argument("--details", type=int, default=DEFAULT_DETAILS,
-                        help="tuning runs (newest first) with per-trial figures on the page (default %(default)s)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="port with --serve (default %(default)s; 0: any free port)"
+    )
+    parser.add_argument(
+        "--details",
+        type=int,
+        default=DEFAULT_DETAILS,
+        help="tuning runs (newest first) with per-trial figures on the page (default %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

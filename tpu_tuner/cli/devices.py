@@ -6,9 +6,11 @@ import argparse
 
 NAME = "devices"
 HELP = "each backend: available here or why not; installed versions; the TorchTPU API check"
-DESCRIPTION = ("List the tpu, cuda and cpu backends (available here, or why not), the installed torch, torch-tpu, "
-               "libtpu, jax, jaxlib and torchax, and check every TorchTPU name tpu-tune uses against the installed "
-               "torch-tpu (exit status 1 when one is missing).")
+DESCRIPTION = (
+    "List the tpu, cuda and cpu backends (available here, or why not), the installed torch, torch-tpu, "
+    "libtpu, jax, jaxlib and torchax, and check every TorchTPU name tpu-tune uses against the installed "
+    "torch-tpu (exit status 1 when one is missing)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,16 +17,27 @@ DESCRIPTION = "Profile one step of a model file on the present device."
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The profile command's flags."""
     add_run_args(parser)
-    parser.add_argument("--precision", choices=MATMUL_PRECISIONS,
-                        help="torch.set_float32_matmul_precision (default: the device's own: highest on CPU and "
-                             "GPU, medium on TPU, TorchTPU's one-pass default)")
+    parser.add_argument(
+        "--precision",
+        choices=MATMUL_PRECISIONS,
+        help="torch.set_float32_matmul_precision (default: the device's own: highest on CPU and "
+        "GPU, medium on TPU, TorchTPU's one-pass default)",
+    )
     parser.add_argument("--autocast", choices=AUTOCAST_DTYPES, help="run under torch.autocast with this dtype")
     parser.add_argument("--compile", metavar="BACKEND", help="torch.compile backend (inductor, aot_eager, tpu, ...)")
     parser.add_argument("--compile-mode", help="torch.compile mode (inductor only), e.g. max-autotune")
-    parser.add_argument("--eager-mode", choices=("strict", "debug", "defer_and_fuse"), default="strict",
-                        help="TorchTPU eager mode (TPU only)")
-    parser.add_argument("--attention", choices=("full", "causal"), default="full",
-                        help="attention FLOPs convention for MFU: full (PaLM/torchtitan, default) or causal (MaxText)")
+    parser.add_argument(
+        "--eager-mode",
+        choices=("strict", "debug", "defer_and_fuse"),
+        default="strict",
+        help="TorchTPU eager mode (TPU only)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("full", "causal"),
+        default="full",
+        help="attention FLOPs convention for MFU: full (PaLM/torchtitan, default) or causal (MaxText)",
+    )
     parser.add_argument("--agent", default="profiler", help="profiler agent definition: a name or a TOML path")
 
 
@@ -61,8 +72,16 @@ def run(args: argparse.Namespace) -> int:
     # The model file runs in a worker, never in this process (docs/run-safety.md); what its
     # libraries print goes to the folder's workers.log, not the terminal.
     with WorkerLog() as workers_log:
-        result = profile_in_worker(args.model_file, candidate, device_or_none(args.device), args.batch_size,
-                                   args.seq_len, args.attention, ProfilerSettings.load(args.agent), log=workers_log)
+        result = profile_in_worker(
+            args.model_file,
+            candidate,
+            device_or_none(args.device),
+            args.batch_size,
+            args.seq_len,
+            args.attention,
+            ProfilerSettings.load(args.agent),
+            log=workers_log,
+        )
         run_dir = save_profile(result, args.out)
         workers_log.move_into(run_dir)
     print(render_terminal(result))

@@ -11,8 +11,10 @@ from tpu_tuner.studies.storage import keeps_journal
 NAME = "study"
 HELP = "a study shared by several workers (--study): its status, or finish it"
 DESCRIPTION = "See how far a shared study is, or verify its best once on this host and write the tuned config."
-ACTIONS = (("status", "trials done / running / failed, per worker, and the best so far"),
-           ("finish", "verify the best against the baseline on this host, once; write the run folder"))
+ACTIONS = (
+    ("status", "trials done / running / failed, per worker, and the best so far"),
+    ("finish", "verify the best against the baseline on this host, once; write the run folder"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,16 +22,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in ACTIONS:
         sub = actions.add_parser(action, help=text, description=text)
-        sub.add_argument("--storage", help="the study's storage URL (default: $TPU_TUNE_STORAGE, else "
-                                           "OUT/studies.db)")
+        sub.add_argument("--storage", help="the study's storage URL (default: $TPU_TUNE_STORAGE, else OUT/studies.db)")
         sub.add_argument("--study", required=True, metavar="NAME", help="the study's name")
         add_out(sub)
         if action == "finish":
-            sub.add_argument("--model", type=Path, metavar="FILE",
-                             help="the model file, where it lies elsewhere on this host than the study recorded")
+            sub.add_argument(
+                "--model",
+                type=Path,
+                metavar="FILE",
+                help="the model file, where it lies elsewhere on this host than the study recorded",
+            )
             sub.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
-            sub.add_argument("--now", action="store_true",
-                             help="verify even while trials are still running (the best measured so far)")
+            sub.add_argument(
+                "--now",
+                action="store_true",
+                help="verify even while trials are still running (the best measured so far)",
+            )
 
 
 def run(args: argparse.Namespace) -> int:

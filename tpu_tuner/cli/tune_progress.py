@@ -32,8 +32,11 @@ class ProgressLines:
         """One line per reason that rejected more than one setting, with the count."""
         for reason, count in self.rejections.items():
             if count > 1:
-                print(f"[search | {elapsed:5.0f} s] rejected {count} settings unmeasured ({reason}); "
-                      "each is in report.md and trials.csv", flush=True)
+                print(
+                    f"[search | {elapsed:5.0f} s] rejected {count} settings unmeasured ({reason}); "
+                    "each is in report.md and trials.csv",
+                    flush=True,
+                )
         self.rejections.clear()
 
 

@@ -43,7 +43,7 @@ def password_of(url: str) -> str | None:
 
     try:
         return make_url(url).password
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: it carries none we can use
+    except Exception:
         return None
 
 
@@ -54,7 +54,7 @@ def without_password(url: str) -> str:
 
     try:
         parsed = make_url(url)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return redact(url)
     # A password may also ride in the query string (?password=..., libpq's sslpassword): dropped too.
     query = {k: v for k, v in parsed.query.items() if k.lower() not in SECRET_QUERY_KEYS}

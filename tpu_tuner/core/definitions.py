@@ -103,8 +103,9 @@ def read_definition(kind: DefinitionKind, name_or_path: str | Path) -> tuple[dic
     return _parse(resource.read_text(), where), where
 
 
-def load_agent_definition(schema: type[Schema], agent: str, name_or_path: str | Path | None = None,
-                          *, overrides: bool = False) -> Schema:
+def load_agent_definition(
+    schema: type[Schema], agent: str, name_or_path: str | Path | None = None, *, overrides: bool = False
+) -> Schema:
     """Agent `agent`'s definition as `schema`: the built-in ``agents/<agent>.toml``, or a file.
 
     A file is a whole definition, unless `overrides` is set: then it gives only the keys it
@@ -143,8 +144,9 @@ def _check_agent_name(data: Mapping[str, Any], agent: str, where: str) -> None:
     header = data.get("agent")
     name = header.get("name") if isinstance(header, dict) else None
     if isinstance(name, str) and name != agent:
-        raise DefinitionError(f"[agent].name is {name!r}: this file defines the {name} agent, not the {agent} agent",
-                              where)
+        raise DefinitionError(
+            f"[agent].name is {name!r}: this file defines the {name} agent, not the {agent} agent", where
+        )
 
 
 def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,15 +168,17 @@ def _build(schema: type[Schema], data: Mapping[str, Any], where: str, path: KeyP
     for key in data:
         if key not in fields:
             what = "table" if not path and isinstance(data[key], dict) else "key"
-            raise DefinitionError(f"unknown {what} {_key_path((*path, key), table=what == 'table')} "
-                                  f"(known: {', '.join(fields)})", where)
+            raise DefinitionError(
+                f"unknown {what} {_key_path((*path, key), table=what == 'table')} (known: {', '.join(fields)})", where
+            )
     values = {}
     for name, field in fields.items():
         is_table = dataclasses.is_dataclass(types_[name]) or typing.get_origin(types_[name]) is dict
         if name not in data:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                raise DefinitionError(f"missing {'table' if is_table else 'key'} "
-                                      f"{_key_path((*path, name), table=is_table)}", where)
+                raise DefinitionError(
+                    f"missing {'table' if is_table else 'key'} {_key_path((*path, name), table=is_table)}", where
+                )
             continue
         values[name] = _convert(types_[name], data[name], where, (*path, name))
     return schema(**values)

@@ -28,8 +28,9 @@ class FailureKind(StrEnum):
 WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
 
 
-def classify(exit_code: int | None = None, message: str = "", *, died: bool = False,
-             exit_is_error: bool = False) -> FailureKind:
+def classify(
+    exit_code: int | None = None, message: str = "", *, died: bool = False, exit_is_error: bool = False
+) -> FailureKind:
     """The kind of a failure but a deadline's (TIMEOUT). A process that ended (`died`, or an `exit_code`;
     negative: the signal): SIGKILL is the kernel's OOM killer (tpu-tune kills only at a deadline),
     else a crash, or an error where it exits with a status when its job raises (`exit_is_error`, a

@@ -57,8 +57,9 @@ def torch_tpu_installed() -> bool:
     return importlib.util.find_spec("torch_tpu") is not None
 
 
-def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
-                           pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None) -> dict[str, str]:
+def settle_tpu_environment(
+    environ: MutableMapping[str, str] = os.environ, pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None
+) -> dict[str, str]:
     """On a host without a TPU chip: tell libtpu not to ask the metadata server, and, where torch
     is not imported yet, do not autoload torch-tpu into this process either (module doc; its
     import also prints a tcmalloc warning and libtpu's log lines around tpu-tune's one-line
@@ -70,8 +71,9 @@ def settle_tpu_environment(environ: MutableMapping[str, str] = os.environ,
     return wanted
 
 
-def child_environment(environ: MutableMapping[str, str] | None = None,
-                      pci_devices: Path = PCI_DEVICES) -> dict[str, str]:
+def child_environment(
+    environ: MutableMapping[str, str] | None = None, pci_devices: Path = PCI_DEVICES
+) -> dict[str, str]:
     """Variables for a process tpu-tune starts (trial workers, ranks, compilers): on a host
     without a TPU chip, no torch-tpu autoload and no metadata queries (module doc); nothing on a
     TPU host. A value the user set wins."""

@@ -66,8 +66,11 @@ ms = duration
 def shape(workload: Mapping[str, Any]) -> str:
     """ "batch 8, seq 128": only the sizes that apply (a file without a sequence length shows no
     "seq None")."""
-    parts = [f"{label} {workload[key]}" for key, label in (("batch_size", "batch"), ("seq_len", "seq"))
-             if workload.get(key) is not None]
+    parts = [
+        f"{label} {workload[key]}"
+        for key, label in (("batch_size", "batch"), ("seq_len", "seq"))
+        if workload.get(key) is not None
+    ]
     return ", ".join(parts)
 
 

@@ -52,11 +52,17 @@ def knob_importance(trials: pd.DataFrame) -> dict[str, float]:
     knobs = [k for k in KNOBS if k in done and done[k].notna().all() and done[k].nunique() > 1]
     if len(done) < 2 or not knobs:
         return {}
-    distributions = {k: optuna.distributions.CategoricalDistribution(sorted(done[k].astype(str).unique()))
-                     for k in knobs}
-    frozen = [optuna.trial.create_trial(params={k: str(row[k]) for k in knobs}, distributions=distributions,
-                                        value=float(row[records.AMORTISED_STEP_S]))
-              for _, row in done.iterrows()]
+    distributions = {
+        k: optuna.distributions.CategoricalDistribution(sorted(done[k].astype(str).unique())) for k in knobs
+    }
+    frozen = [
+        optuna.trial.create_trial(
+            params={k: str(row[k]) for k in knobs},
+            distributions=distributions,
+            value=float(row[records.AMORTISED_STEP_S]),
+        )
+        for _, row in done.iterrows()
+    ]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize")
     study.add_trials(frozen)

@@ -26,10 +26,26 @@ import pandas as pd
 
 from tpu_tuner.core.credentials import redact
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.core.run_folder import (BUCKETS_JSON, PLAN_JSON, PROFILE_JSON, PROFILE_MD, REPORT_MD, RUN_JSON,
-                                       TRIALS_CSV, TUNED_CONFIG)
-from tpu_tuner.dashboard.folder_files import (LIVE_WINDOW_S, base_row, date_of, load_json, load_toml, nested,
-                                              reason_of, report_link)
+from tpu_tuner.core.run_folder import (
+    BUCKETS_JSON,
+    PLAN_JSON,
+    PROFILE_JSON,
+    PROFILE_MD,
+    REPORT_MD,
+    RUN_JSON,
+    TRIALS_CSV,
+    TUNED_CONFIG,
+)
+from tpu_tuner.dashboard.folder_files import (
+    LIVE_WINDOW_S,
+    base_row,
+    date_of,
+    load_json,
+    load_toml,
+    nested,
+    reason_of,
+    report_link,
+)
 from tpu_tuner.dashboard.planner_folders import ranking_plans, read_buckets, read_plan, read_ranking
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
@@ -40,11 +56,36 @@ log = logging.getLogger(__name__)
 
 # Columns of the runs table, in order; the --csv export writes exactly these.
 COLUMNS = [
-    "run", "kind", "status", "reason", "model", "device", "device_name", "date",
-    "mfu", "baseline_mfu", "tuned_mfu", "peak_dtype", "speedup", "speedup_ci_low", "speedup_ci_high",
-    "significant", "accuracy_error", "trials", "failures", "step_s", "baseline_step_s", "settings",
-    "achieved_flops_per_s", "peak_flops_per_s", "peak_bytes_per_s", "arithmetic_intensity",
-    "topology", "chips", "report", "path",
+    "run",
+    "kind",
+    "status",
+    "reason",
+    "model",
+    "device",
+    "device_name",
+    "date",
+    "mfu",
+    "baseline_mfu",
+    "tuned_mfu",
+    "peak_dtype",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "significant",
+    "accuracy_error",
+    "trials",
+    "failures",
+    "step_s",
+    "baseline_step_s",
+    "settings",
+    "achieved_flops_per_s",
+    "peak_flops_per_s",
+    "peak_bytes_per_s",
+    "arithmetic_intensity",
+    "topology",
+    "chips",
+    "report",
+    "path",
 ]
 # The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/result.py).
 KNOBS = knobs.names()
@@ -72,8 +113,10 @@ class Collection:
         kinds = set(ok["kind"]) if len(ok) else set()
         notes = []
         if not len(self.runs):
-            notes.append(f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
-                         "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here")
+            notes.append(
+                f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
+                "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here"
+            )
             return notes
         if not kinds & {"tune", "profile"}:
             notes.append("no readable tuning run or profile: no MFU to show")
@@ -98,7 +141,7 @@ def collect(root: str | Path) -> Collection:
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         try:
             row = _read_folder(folder, collection)
-        except Exception as exc:  # noqa: BLE001 - any failure of one folder must not stop the page
+        except Exception as exc:
             log.warning("unreadable run folder %s: %s", folder, reason_of(exc))
             row = base_row(folder, _kind_of(folder) or "unknown")
             row.update(status="unreadable", reason=reason_of(exc))
@@ -125,8 +168,14 @@ def write_csv(collection: Collection, path: str | Path) -> Path:
 
 
 def _kind_of(folder: Path) -> str | None:
-    for name, kind in ((RANKING_JSON, "ranking"), (PLAN_JSON, "plan"), (BUCKETS_JSON, "buckets"), (RUN_JSON, "tune"),
-                       (TUNED_CONFIG, "tune"), (PROFILE_JSON, "profile")):
+    for name, kind in (
+        (RANKING_JSON, "ranking"),
+        (PLAN_JSON, "plan"),
+        (BUCKETS_JSON, "buckets"),
+        (RUN_JSON, "tune"),
+        (TUNED_CONFIG, "tune"),
+        (PROFILE_JSON, "profile"),
+    ):
         if (folder / name).exists():
             return kind
     return None
@@ -136,12 +185,20 @@ def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
     kind = _kind_of(folder)
     if kind is None:
         row = base_row(folder, "unknown")
-        row.update(status="unreadable", reason=f"no {PROFILE_JSON}, {RUN_JSON}, {TUNED_CONFIG}, {PLAN_JSON}, {RANKING_JSON} or "
-                                               f"{BUCKETS_JSON}: not a tpu-tune run folder")
+        row.update(
+            status="unreadable",
+            reason=f"no {PROFILE_JSON}, {RUN_JSON}, {TUNED_CONFIG}, {PLAN_JSON}, {RANKING_JSON} or "
+            f"{BUCKETS_JSON}: not a tpu-tune run folder",
+        )
         return row
     row = base_row(folder, kind)
-    reader = {"profile": _read_profile, "tune": _read_tune, "plan": read_plan, "buckets": read_buckets,
-              "ranking": read_ranking}[kind]
+    reader = {
+        "profile": _read_profile,
+        "tune": _read_tune,
+        "plan": read_plan,
+        "buckets": read_buckets,
+        "ranking": read_ranking,
+    }[kind]
     reader(folder, row, collection)
     return row
 
@@ -190,18 +247,29 @@ def _unfinished_status(folder: Path) -> dict[str, str]:
     the age of their newest file."""
     state = run_file.read(folder)
     if state.get("status") == "failed":
-        return {"status": "failed", "reason": f"the run failed: {redact(str(state.get('reason') or 'no reason recorded'))}"}
+        return {
+            "status": "failed",
+            "reason": f"the run failed: {redact(str(state.get('reason') or 'no reason recorded'))}",
+        }
     if state.get("status") == "searched":
         # A worker of a shared study: it searched, another worker (or `study finish`) verifies.
-        return {"status": "searched", "reason": f"worker of study {state.get('study_name')!r}: "
-                                                f"{redact(str(state.get('reason') or 'verified elsewhere'))}"}
+        return {
+            "status": "searched",
+            "reason": f"worker of study {state.get('study_name')!r}: "
+            f"{redact(str(state.get('reason') or 'verified elsewhere'))}",
+        }
     alive = run_file.process_alive(state) if state.get("status") == "running" else None
     if alive is False:
-        return {"status": "incomplete",
-                "reason": f"its process (pid {state.get('pid')}) is gone: the run stopped before it finished; "
-                          "continue it with --resume"}
+        return {
+            "status": "incomplete",
+            "reason": f"its process (pid {state.get('pid')}) is gone: the run stopped before it finished; "
+            "continue it with --resume",
+        }
     if alive is True:
-        return {"status": "running", "reason": f"no {TUNED_CONFIG} yet: the run is still going (pid {state.get('pid')})"}
+        return {
+            "status": "running",
+            "reason": f"no {TUNED_CONFIG} yet: the run is still going (pid {state.get('pid')})",
+        }
     newest = max((p.stat().st_mtime for p in folder.iterdir()), default=folder.stat().st_mtime)
     if time.time() - newest < LIVE_WINDOW_S:
         return {"status": "running", "reason": f"no {TUNED_CONFIG} yet: the run is still going"}

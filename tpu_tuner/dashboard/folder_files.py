@@ -8,7 +8,7 @@ import math
 import numbers
 import re
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,11 @@ def reason_of(exc: Exception) -> str:
 def base_row(folder: Path, kind: str) -> dict[str, Any]:
     """The row every folder starts from: its name, kind and the date in its name (else its mtime)."""
     stamp = STAMP.search(folder.name)
-    date = (datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc) if stamp
-            else datetime.fromtimestamp(folder.stat().st_mtime, timezone.utc))
+    date = (
+        datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=UTC)
+        if stamp
+        else datetime.fromtimestamp(folder.stat().st_mtime, UTC)
+    )
     return {"run": folder.name, "kind": kind, "status": "ok", "reason": "", "date": date, "path": str(folder)}
 
 

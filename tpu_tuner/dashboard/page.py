@@ -7,7 +7,7 @@ and can be mailed or archived. The only links are relative ones to the run folde
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -75,8 +75,21 @@ def _runs_table(runs: pd.DataFrame) -> str:
     rows = runs[runs["kind"].isin(["tune", "profile"]) & (runs["status"] != "unreadable")] if len(runs) else runs
     if not len(rows):
         return '<p class="note">No tuning run or profile to list.</p>'
-    head = ["run", "kind", "model", "device", "date", "baseline MFU", "MFU", "verified speedup [95% CI]",
-            "accuracy error", "trials", "failures", "chosen settings", "status"]
+    head = [
+        "run",
+        "kind",
+        "model",
+        "device",
+        "date",
+        "baseline MFU",
+        "MFU",
+        "verified speedup [95% CI]",
+        "accuracy error",
+        "trials",
+        "failures",
+        "chosen settings",
+        "status",
+    ]
     out = ['<table id="runs" class="sortable"><thead><tr>']
     out += [f'<th class="sortable">{h}</th>' for h in head]
     out.append("</tr></thead><tbody>")
@@ -87,16 +100,19 @@ def _runs_table(runs: pd.DataFrame) -> str:
         out.append(
             f'<tr data-run="{name}"><td>{link}</td><td>{esc(row["kind"])}</td><td>{esc(row["model"])}</td>'
             f'<td title="{esc(row["device_name"])}">{esc(row["device"])}</td>'
-            + num_cell(date.timestamp() if not pd.isna(date) else None,
-                        date.strftime("%Y-%m-%d %H:%M") if not pd.isna(date) else "")
+            + num_cell(
+                date.timestamp() if not pd.isna(date) else None,
+                date.strftime("%Y-%m-%d %H:%M") if not pd.isna(date) else "",
+            )
             + num_cell(row["baseline_mfu"], pct(row["baseline_mfu"]))
             + f'<td class="num mfu" data-v="{repr(float(row["mfu"])) if finite(row["mfu"]) else ""}" '
-              f'title="of the {esc(row["peak_dtype"])} peak">{pct(row["mfu"])}</td>'
+            f'title="of the {esc(row["peak_dtype"])} peak">{pct(row["mfu"])}</td>'
             + num_cell(row["speedup"], _speedup(row))
             + num_cell(row["accuracy_error"], f"{row['accuracy_error']:.2e}" if finite(row["accuracy_error"]) else "–")
             + num_cell(row["trials"], f"{row['trials']:.0f}" if finite(row["trials"]) else "–")
             + num_cell(row["failures"], f"{row['failures']:.0f}" if finite(row["failures"]) else "–")
-            + f'<td>{esc(row["settings"])}</td><td title="{esc(row["reason"])}">{esc(row["status"])}</td></tr>')
+            + f'<td>{esc(row["settings"])}</td><td title="{esc(row["reason"])}">{esc(row["status"])}</td></tr>'
+        )
     out.append("</tbody></table>")
     return "".join(out)
 
@@ -111,17 +127,28 @@ def _details(collection: Collection, limit: int) -> str:
         run = row["run"]
         if index < limit:
             title = f"{run}: {row['model']} on {row['device']}"
-            out.append(f'<section class="run" id="run-{esc(run)}"><h3>{esc(title)}</h3>'
-                       + figure_html(plots.run_detail(collection.trials[run]), f"trials of {run}", "")
-                       + "</section>")
+            out.append(
+                f'<section class="run" id="run-{esc(run)}"><h3>{esc(title)}</h3>'
+                + figure_html(plots.run_detail(collection.trials[run]), f"trials of {run}", "")
+                + "</section>"
+            )
         else:
-            links = [f'<a href="{esc(run)}/{name}">{label}</a>' for name, label in (
-                (HISTORY_PNG, "history"), (MFU_PNG, "MFU per trial"), (ACCURACY_PNG, "speed vs accuracy"))
-                if (collection.root / run / name).exists()]
+            links = [
+                f'<a href="{esc(run)}/{name}">{label}</a>'
+                for name, label in (
+                    (HISTORY_PNG, "history"),
+                    (MFU_PNG, "MFU per trial"),
+                    (ACCURACY_PNG, "speed vs accuracy"),
+                )
+                if (collection.root / run / name).exists()
+            ]
             out.append(f'<p class="muted">{esc(run)}: ' + (", ".join(links) or "no plots") + "</p>")
     if len(tuned) > limit:
-        out.insert(limit, f'<p class="note">Figures for the newest {limit} tuning runs; older ones link to the '
-                          f'plots in their own folder (`tpu-tune dashboard --details N` shows more).</p>')
+        out.insert(
+            limit,
+            f'<p class="note">Figures for the newest {limit} tuning runs; older ones link to the '
+            f"plots in their own folder (`tpu-tune dashboard --details N` shows more).</p>",
+        )
     return "".join(out)
 
 
@@ -129,30 +156,42 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
     """The whole page as one HTML string. `refresh_s`: reload period while runs are live (served only)."""
     runs = collection.runs
     unreadable = runs[runs["status"] == "unreadable"] if len(runs) else runs
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-             '<meta name="viewport" content="width=device-width, initial-scale=1">']
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+    ]
     if refresh_s:
         parts.append(f'<meta http-equiv="refresh" content="{int(refresh_s)}">')
     parts.append(f"<title>tpu-tune dashboard: {esc(collection.root.name)}</title><style>{_CSS}</style></head><body>")
-    parts.append(f"<h1>tpu-tune dashboard</h1><p class=muted>{esc(collection.root)}: {len(runs)} run folders, "
-                 f"generated {generated}</p>")
+    parts.append(
+        f"<h1>tpu-tune dashboard</h1><p class=muted>{esc(collection.root)}: {len(runs)} run folders, "
+        f"generated {generated}</p>"
+    )
     parts += [f'<p class="note missing">{esc(note)}</p>' for note in collection.missing()]
     live = runs[runs["status"] == "running"] if len(runs) else runs
     if len(live):
-        parts.append(f'<p class="note live">Still running: {esc(", ".join(live["run"]))}'
-                     + (f" (this page reloads every {refresh_s} s)" if refresh_s else "") + "</p>")
+        parts.append(
+            f'<p class="note live">Still running: {esc(", ".join(live["run"]))}'
+            + (f" (this page reloads every {refresh_s} s)" if refresh_s else "")
+            + "</p>"
+        )
     if len(unreadable):
         parts.append('<h2>Unreadable run folders</h2><ul id="unreadable">')
         parts += [f'<li class="bad"><b>{esc(r["run"])}</b>: {esc(r["reason"])}</li>' for _, r in unreadable.iterrows()]
         parts.append("</ul>")
     parts.append("<h2>Runs</h2>" + _runs_table(runs))
-    parts.append('<h2>MFU</h2><div class="figs">'
-                 + figure_html(plots.mfu_over_time(runs), "MFU over time per model and device", "No MFU measured yet.")
-                 + figure_html(plots.mfu_per_model(runs), "best MFU per model against the device peak", "")
-                 + figure_html(plots.roofline(runs), "roofline: achieved FLOP/s against arithmetic intensity "
-                           "(a tuning run contributes its baseline profile)",
-                           "No profile with arithmetic intensity and peaks for a roofline.") + "</div>")
+    parts.append(
+        '<h2>MFU</h2><div class="figs">'
+        + figure_html(plots.mfu_over_time(runs), "MFU over time per model and device", "No MFU measured yet.")
+        + figure_html(plots.mfu_per_model(runs), "best MFU per model against the device peak", "")
+        + figure_html(
+            plots.roofline(runs),
+            "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
+            "No profile with arithmetic intensity and peaks for a roofline.",
+        )
+        + "</div>"
+    )
     parts.append("<h2>Tuning runs</h2>" + _details(collection, details))
     parts.append("<h2>Which TPU to rent</h2>" + rankings_section(collection))
     parts.append("<h2>Plans</h2>" + plans_section(collection))
@@ -161,8 +200,12 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
     return "".join(parts)
 
 
-def write_dashboard(root: str | Path, out: str | Path | None = None, details: int = DEFAULT_DETAILS,
-                    collection: Collection | None = None) -> Path:
+def write_dashboard(
+    root: str | Path,
+    out: str | Path | None = None,
+    details: int = DEFAULT_DETAILS,
+    collection: Collection | None = None,
+) -> Path:
     """Collect `root` (unless `collection` is given) and write the page, by default to ROOT/dashboard.html."""
     collection = collection if collection is not None else collect(root)
     path = Path(out) if out is not None else Path(root) / "dashboard.html"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.run_folder import BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD
-from tpu_tuner.dashboard.folder_files import LIVE_WINDOW_S, base_row, date_of, nested, load_json, reason_of, report_link
+from tpu_tuner.dashboard.folder_files import LIVE_WINDOW_S, base_row, date_of, load_json, nested, reason_of, report_link
 from tpu_tuner.model.decoder_shape import INLINE_PREFIX
 from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD
 
@@ -27,13 +27,17 @@ def read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None
     # An inline shape's workload is always "decoder": the shape itself names the model.
     source = str(plan.get("source") or "")
     row["model"] = (source if source.startswith(INLINE_PREFIX) else plan["workload"]) + (
-        f"_{plan['preset']}" if plan.get("preset") else "")
+        f"_{plan['preset']}" if plan.get("preset") else ""
+    )
     row["device"] = "tpu"
     row["topology"] = nested(plan, "topology", "name")
     row["chips"] = nested(plan, "topology", "chips")
     row["device_name"] = row["topology"]
-    predicted = [p["prediction"]["mfu"] for p in plan["plans"]
-                 if p.get("fits") and isinstance(p.get("prediction"), dict) and p["prediction"].get("mfu") is not None]
+    predicted = [
+        p["prediction"]["mfu"]
+        for p in plan["plans"]
+        if p.get("fits") and isinstance(p.get("prediction"), dict) and p["prediction"].get("mfu") is not None
+    ]
     row["mfu"] = max(predicted) if predicted else None
     row["trials"] = len(plan["plans"])
     row["failures"] = sum(1 for p in plan["plans"] if not p.get("prediction"))
@@ -73,7 +77,7 @@ def ranking_plans(folder: Path, collection: Collection) -> list[dict[str, Any]]:
         row["run"] = f"{folder.name}/{child.name}"
         try:
             read_plan(child, row, collection)
-        except Exception as exc:  # noqa: BLE001 - as collect(): one bad folder never hides the others
+        except Exception as exc:
             row.update(status="unreadable", reason=reason_of(exc))
         rows.append(row)
     return rows

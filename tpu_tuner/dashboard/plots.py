@@ -20,8 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.core.units import si
+from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.studies import records
 
@@ -29,13 +29,21 @@ DPI = 80
 _OK = "tab:blue"
 
 
-def _figure(width: float, height: float, bottom: float = 0.6, left: float = 0.75, top: float = 0.35,
-            right: float = 0.15, wspace: float | None = None) -> Figure:
+def _figure(
+    width: float,
+    height: float,
+    bottom: float = 0.6,
+    left: float = 0.75,
+    top: float = 0.35,
+    right: float = 0.15,
+    wspace: float | None = None,
+) -> Figure:
     """A figure with fixed margins (in inches). Not layout="constrained": the layout engine draws
     every figure twice, which was a third of the page's render time for 200 runs."""
     fig = Figure(figsize=(width, height))
-    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        wspace=wspace)
+    fig.subplots_adjust(
+        left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height, wspace=wspace
+    )
     return fig
 
 
@@ -97,8 +105,13 @@ def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
     ax.barh(y, best["mfu"] * 100, color=_OK)
     ax.axvline(100, color="black", linestyle="--", linewidth=1, label="device peak")
     for index, (mfu, dtype) in enumerate(zip(best["mfu"], best["peak_dtype"])):
-        ax.text(mfu * 100 + 1, index, f"{mfu:.0%} ({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
-                va="center", fontsize=7)
+        ax.text(
+            mfu * 100 + 1,
+            index,
+            f"{mfu:.0%} ({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
+            va="center",
+            fontsize=7,
+        )
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_ylim(-0.6, len(labels) - 0.4)
     ax.set_xlabel("best MFU, % of device peak")
@@ -129,11 +142,20 @@ def roofline_figure(runs: pd.DataFrame) -> Figure | None:
     x = np.logspace(math.log10(max(intensity.min() / 10, 1e-2)), math.log10(intensity.max() * 10), 100)
     roofs = rows.groupby(["device_name", "peak_flops_per_s", "peak_bytes_per_s"])
     for (device, peak, bandwidth), group in roofs:
-        ax.plot(x, np.minimum(peak, bandwidth * x), linewidth=1,
-                label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}" + _probed_by(rows, device, group))
+        ax.plot(
+            x,
+            np.minimum(peak, bandwidth * x),
+            linewidth=1,
+            label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}" + _probed_by(rows, device, group),
+        )
     for (model, device), group in rows.groupby(["model", "device"]):
-        ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], marker="o", zorder=3,
-                   label=f"{model} on {device}")
+        ax.scatter(
+            group["arithmetic_intensity"],
+            group["achieved_flops_per_s"],
+            marker="o",
+            zorder=3,
+            label=f"{model} on {device}",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.minorticks_off()
@@ -150,7 +172,9 @@ def _probed_by(rows: pd.DataFrame, device: str, group: pd.DataFrame) -> str:
     if rows.loc[rows["device_name"] == device, ["peak_flops_per_s", "peak_bytes_per_s"]].drop_duplicates().shape[0] < 2:
         return ""
     runs = list(group["run"])
-    return f"\n  probe of {runs[0]}" + (f"\n  and of {len(runs) - 1} more run(s) (the runs table)" if len(runs) > 1 else "")
+    return f"\n  probe of {runs[0]}" + (
+        f"\n  and of {len(runs) - 1} more run(s) (the runs table)" if len(runs) > 1 else ""
+    )
 
 
 def run_detail(trials: pd.DataFrame) -> str:
@@ -166,13 +190,22 @@ def run_detail(trials: pd.DataFrame) -> str:
     history, mfu, pareto, knobs = fig.subplots(1, 4)
     number = done["number"].to_numpy()
     step_ms = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
-    feasible = done[records.FEASIBLE].fillna(False).astype(bool).to_numpy() if records.FEASIBLE in done else np.ones(len(done), bool)
+    feasible = (
+        done[records.FEASIBLE].fillna(False).astype(bool).to_numpy()
+        if records.FEASIBLE in done
+        else np.ones(len(done), bool)
+    )
 
     history.scatter(number[feasible], step_ms[feasible], s=14, color=_OK, label="feasible")
     history.scatter(number[~feasible], step_ms[~feasible], s=14, color="tab:red", marker="x", label="too inaccurate")
     if len(done):
-        history.step(number, np.minimum.accumulate(np.where(feasible, step_ms, np.inf)), where="post",
-                     color="tab:green", label="best so far")
+        history.step(
+            number,
+            np.minimum.accumulate(np.where(feasible, step_ms, np.inf)),
+            where="post",
+            color="tab:green",
+            label="best so far",
+        )
     history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
     history.legend(fontsize=6)
 
@@ -186,9 +219,13 @@ def run_detail(trials: pd.DataFrame) -> str:
         floor = np.nanmin(error[error > 0]) / 10 if (error > 0).any() else 1e-12
         pareto.scatter(step_ms, np.maximum(error, floor), s=14, color="tab:gray", label="trial")
         front = pareto_front(trials)
-        pareto.plot(front[records.AMORTISED_STEP_S].astype(float) * 1e3,
-                    np.maximum(front[records.ACCURACY_ERROR].astype(float), floor), marker="o", color="tab:orange",
-                    label="Pareto front")
+        pareto.plot(
+            front[records.AMORTISED_STEP_S].astype(float) * 1e3,
+            np.maximum(front[records.ACCURACY_ERROR].astype(float), floor),
+            marker="o",
+            color="tab:orange",
+            label="Pareto front",
+        )
         pareto.set_yscale("log")
         pareto.minorticks_off()  # minor ticks of log axes are many Line2D objects: a tenth of the render
         pareto.legend(fontsize=6)
@@ -226,18 +263,23 @@ def plan(plan_data: dict[str, Any]) -> str:
     predictions = [p.get("prediction") for p in plans]
     fig = _figure(max(8, 1.3 * len(labels)), 3.4, bottom=0.75, left=0.6, wspace=0.25)
     mfu_ax, split_ax = fig.subplots(1, 2)
-    colors = [_OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red"
-              for p in plans]
+    colors = [
+        _OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red" for p in plans
+    ]
     bands = [((p.get("band") or {}).get("points") or 0.0) if p.get("prediction") else 0.0 for p in plans]
     mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors, yerr=bands, capsize=3)
-    mfu_ax.set(title="predicted MFU ± its band (red: does not fit in HBM; grey: compiler failed)",
-               ylabel="MFU, %", xlabel="layout data x fsdp x tensor")
+    mfu_ax.set(
+        title="predicted MFU ± its band (red: does not fit in HBM; grey: compiler failed)",
+        ylabel="MFU, %",
+        xlabel="layout data x fsdp x tensor",
+    )
     splits = np.array([step_split(p) if p else (0.0, 0.0, 0.0) for p in predictions]) * 1e3
     bottom = np.zeros(len(labels))
     # Communication the model hides entirely is not modelled as exposed (the page's note says why).
     exposed = "exposed communication" + ("" if splits[:, 2].any() else ": none predicted (not modelled)")
-    for column, (name, color) in enumerate((("compute", _OK), ("memory (not overlapped)", "tab:purple"),
-                                            (exposed, "tab:orange"))):
+    for column, (name, color) in enumerate(
+        (("compute", _OK), ("memory (not overlapped)", "tab:purple"), (exposed, "tab:orange"))
+    ):
         split_ax.bar(labels, splits[:, column], bottom=bottom, color=color, label=name)
         bottom += splits[:, column]
     split_ax.set(title="predicted step time split", ylabel="ms per step", xlabel="layout data x fsdp x tensor")
@@ -279,13 +321,20 @@ def ranking(data: dict[str, Any]) -> str | None:
     dollar_ax, chip_ax = fig.subplots(1, 2, sharey=True)
     labels = [s["topology"] for s in fitting]
     y = np.arange(len(fitting))
-    for ax, key, title in ((dollar_ax, "tokens_per_dollar", "tokens per $ (on-demand price)"),
-                           (chip_ax, "tokens_per_second_per_chip", "tokens/s per chip")):
+    for ax, key, title in (
+        (dollar_ax, "tokens_per_dollar", "tokens per $ (on-demand price)"),
+        (chip_ax, "tokens_per_second_per_chip", "tokens/s per chip"),
+    ):
         values = np.array([s.get(key) or 0.0 for s in fitting])
         low = np.array([s.get(f"{key}_low") or v for s, v in zip(fitting, values)])
         high = np.array([s.get(f"{key}_high") or v for s, v in zip(fitting, values)])
-        ax.barh(y, values, xerr=[values - low, high - values], capsize=3,
-                color=[_OK if s.get(key) is not None else "tab:gray" for s in fitting])
+        ax.barh(
+            y,
+            values,
+            xerr=[values - low, high - values],
+            capsize=3,
+            color=[_OK if s.get(key) is not None else "tab:gray" for s in fitting],
+        )
         for index, entry in enumerate(fitting):
             if entry.get(key) is None:
                 ax.text(0, index, "  no price", va="center", fontsize=7)
@@ -307,7 +356,9 @@ def buckets(data: dict[str, Any]) -> str:
     ax.vlines(hist["lengths"], 0, hist["counts"], color=_OK, linewidth=1.5, label="sequences per length")
     ax.set_ylim(bottom=0)
     for index, bound in enumerate(data["chosen_buckets"]):
-        ax.axvline(bound, color="tab:red", linestyle="--", linewidth=1, label="chosen bucket bounds" if index == 0 else None)
+        ax.axvline(
+            bound, color="tab:red", linestyle="--", linewidth=1, label="chosen bucket bounds" if index == 0 else None
+        )
     ax.set(xlabel="sequence length", ylabel="sequences", title=f"{data['workload']}: lengths and chosen buckets")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)

@@ -23,9 +23,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tpu_tuner.core.credentials import redact
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.dashboard.collect import collect
 from tpu_tuner.dashboard.page import DEFAULT_DETAILS, render_page
-from tpu_tuner.core.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ class DashboardHandler(BaseHTTPRequestHandler):
     server: DashboardServer
     server_version = "tpu-tune-dashboard"
 
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+    def do_GET(self) -> None:
         self._respond(body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._respond(body=False)
 
     def _respond(self, body: bool) -> None:
@@ -92,10 +92,14 @@ class DashboardHandler(BaseHTTPRequestHandler):
         if path in ("/", "/dashboard.html", "/dashboard.csv"):
             try:
                 data = self.server.page() if path != "/dashboard.csv" else self.server.csv()
-            except Exception as exc:  # noqa: BLE001 - say so in the browser rather than drop the connection
+            except Exception as exc:
                 log.exception("rendering %s failed", path)
-                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
-                                  f"500: the dashboard could not be rendered: {exc}\n".encode(), body)
+                return self._send(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    f"500: the dashboard could not be rendered: {exc}\n".encode(),
+                    body,
+                )
             kind = "text/csv; charset=utf-8" if path == "/dashboard.csv" else "text/html; charset=utf-8"
             return self._send(HTTPStatus.OK, kind, redact(data.decode()).encode(), body)
         if path == "/favicon.ico":  # browsers ask for it; an error would show in their console
@@ -103,12 +107,20 @@ class DashboardHandler(BaseHTTPRequestHandler):
         target = self._resolve(path)
         if target is None:
             log.warning("refused %s from %s: outside the results folder", self.path, self.client_address[0])
-            return self._send(HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8",
-                              b"403 forbidden: only files under the results folder are served\n", body)
+            return self._send(
+                HTTPStatus.FORBIDDEN,
+                "text/plain; charset=utf-8",
+                b"403 forbidden: only files under the results folder are served\n",
+                body,
+            )
         if not target.is_file():
             return self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", b"404 not found\n", body)
         is_text = target.suffix.lower() in _TEXT
-        kind = "text/plain; charset=utf-8" if is_text else mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        kind = (
+            "text/plain; charset=utf-8"
+            if is_text
+            else mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        )
         data = target.read_bytes()
         if is_text:
             # Never hand out a password, also from run folders written before run.json was redacted.
@@ -132,20 +144,25 @@ class DashboardHandler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.client_address[0], format % args)
 
 
-def make_server(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                details: int = DEFAULT_DETAILS) -> DashboardServer:
+def make_server(
+    root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, details: int = DEFAULT_DETAILS
+) -> DashboardServer:
     """A bound server for `root` (not yet serving: call serve_forever). Port 0 takes any free port."""
     root = Path(root)
     collect(root)  # fails here, with the path, when root is missing or not a folder
     if host not in LOOPBACK:
-        log.warning("serving on %s: anyone who can reach this machine can read the results folder "
-                    "(model paths, study storages, reports)", host)
+        log.warning(
+            "serving on %s: anyone who can reach this machine can read the results folder "
+            "(model paths, study storages, reports)",
+            host,
+        )
     try:
         return DashboardServer((host, port), root, details)
     except OSError as exc:
-        raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                             "(choose another --port; 0 picks a free one)") from exc
+        raise UserInputError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port; 0 picks a free one)"
+        ) from exc

@@ -63,8 +63,10 @@ def get_backend(name: str | None = None) -> Backend:
                 return candidate()
             present = candidate.device_on_host()
             if present:  # e.g. a TPU host whose TorchTPU cannot run: never tune its CPU unasked
-                raise BackendError(f"this host has {present} but {candidate.label} cannot run here: {reason} "
-                                   "(--device cpu to use the CPU anyway; tpu-tune devices)")
+                raise BackendError(
+                    f"this host has {present} but {candidate.label} cannot run here: {reason} "
+                    "(--device cpu to use the CPU anyway; tpu-tune devices)"
+                )
         raise BackendError("no device backend is available")  # unreachable: the CPU always is
     chosen = backend_class(name)
     reason = chosen.unavailable_reason()

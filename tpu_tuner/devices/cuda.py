@@ -6,9 +6,9 @@ import os
 
 import torch
 
+from tpu_tuner.core.hardware import GIGA, TERA, gpu_spec_for_name
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.roofline import cached_probe
-from tpu_tuner.core.hardware import GIGA, TERA, gpu_spec_for_name
 
 
 class CudaBackend(Backend):

@@ -62,7 +62,7 @@ class Spread:
     cv: float  # standard deviation / mean; 0 for a single round
 
     @classmethod
-    def of(cls, values: list[float]) -> "Spread":
+    def of(cls, values: list[float]) -> Spread:
         if not values:
             raise ValueError("no probe rounds")
         mean = statistics.fmean(values)
@@ -97,7 +97,7 @@ class RooflineProbe:
             return False
         return self.load_average > LOADED_SHARE * self.cores
 
-    def to_peak(self, source: str) -> "DevicePeak":
+    def to_peak(self, source: str) -> DevicePeak:
         """The probe as a backend's peak table (fp32 and bf16 FLOP/s, copy bandwidth)."""
         return DevicePeak(
             flops_per_s={"float32": self.float32_flops_per_s, "bfloat16": self.bfloat16_flops_per_s},
@@ -126,20 +126,27 @@ class RooflineProbe:
         fp32 = self.spread().get("float32_flops_per_s")
         count = len(self.rounds.get("float32_flops_per_s", []))
         rounds = f"best of {count} rounds x {self.repeats}" if count else f"best of {self.repeats}"
-        spread_text = (f"; fp32 rounds {fp32.min / 1e9:.0f}-{fp32.max / 1e9:.0f} GFLOP/s (CV {fp32.cv:.0%})"
-                       if fp32 else "")
-        load = (f"; taken under load (load average {self.load_average:.1f} on {self.cores} cores): "
-                "re-measured within the hour" if self.under_load else "")
+        spread_text = (
+            f"; fp32 rounds {fp32.min / 1e9:.0f}-{fp32.max / 1e9:.0f} GFLOP/s (CV {fp32.cv:.0%})" if fp32 else ""
+        )
+        load = (
+            f"; taken under load (load average {self.load_average:.1f} on {self.cores} cores): "
+            "re-measured within the hour"
+            if self.under_load
+            else ""
+        )
         return (
             f"measured roofline probe: {self.matmul_size}x{self.matmul_size} matmuls and a "
             f"{self.copy_bytes // 1024**2} MiB copy, {rounds}, at {self.measured_at}{spread_text}{load}"
         )
 
-    def merged_with(self, other: "RooflineProbe") -> "RooflineProbe":
+    def merged_with(self, other: RooflineProbe) -> RooflineProbe:
         """The best of two probes of the same machine: a re-probe never lowers a peak."""
         # The latest rounds of both (bounded: a machine under load for days re-probes hourly).
-        rounds = {name: (self.rounds.get(name, []) + other.rounds.get(name, []))[-MAX_ROUNDS_KEPT:]
-                  for name in {*self.rounds, *other.rounds}}
+        rounds = {
+            name: (self.rounds.get(name, []) + other.rounds.get(name, []))[-MAX_ROUNDS_KEPT:]
+            for name in {*self.rounds, *other.rounds}
+        }
         dispatch = [v for v in (self.dispatch_seconds_per_op, other.dispatch_seconds_per_op) if v is not None]
         newer = max(self, other, key=lambda p: p.measured_at_epoch)
         return RooflineProbe(
@@ -168,8 +175,10 @@ def cache_path() -> Path:
 def machine_key(device: torch.device) -> str:
     """Identify the machine and settings a probe result is valid for."""
     if device.type == "cpu":
-        return (f"v{PROBE_VERSION}|cpu|{cpu_model_name()}|{os.cpu_count()} cpus|{usable_cores()} usable"
-                f"|{torch.get_num_threads()} threads|torch {torch.__version__}")
+        return (
+            f"v{PROBE_VERSION}|cpu|{cpu_model_name()}|{os.cpu_count()} cpus|{usable_cores()} usable"
+            f"|{torch.get_num_threads()} threads|torch {torch.__version__}"
+        )
     return f"v{PROBE_VERSION}|{device.type}|{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
 
 
@@ -211,8 +220,12 @@ def cached_probe(
             log.info("roofline probe of %s is %.1f days old; measuring again", key, age / 86400)
             cached = None
         elif cached.under_load and age > LOADED_MAX_AGE_SECONDS:
-            log.info("roofline probe of %s was taken under load (load average %.1f on %d cores); measuring again",
-                     key, cached.load_average, cached.cores)
+            log.info(
+                "roofline probe of %s was taken under load (load average %.1f on %d cores); measuring again",
+                key,
+                cached.load_average,
+                cached.cores,
+            )
         else:
             return cached, True
     probe = measure_fn(device, sync)
@@ -272,18 +285,24 @@ def measure(
 
     measured: list[dict[str, float]] = []
     for _ in range(rounds):
-        measured.append({
-            "float32_flops_per_s": flops / _best_of(lambda: torch.mm(*fp32), sync, repeats, timer),
-            "bfloat16_flops_per_s": flops / _best_of(lambda: torch.mm(*bf16), sync, repeats, timer),
-            # A copy reads and writes every byte once.
-            "copy_bytes_per_s": 2 * COPY_BYTES / _best_of(lambda: target.copy_(source), sync, repeats, timer),
-            "dispatch_seconds_per_op": dispatch_seconds_per_op(device, sync, repeats, timer),
-        })
+        measured.append(
+            {
+                "float32_flops_per_s": flops / _best_of(lambda: torch.mm(*fp32), sync, repeats, timer),
+                "bfloat16_flops_per_s": flops / _best_of(lambda: torch.mm(*bf16), sync, repeats, timer),
+                # A copy reads and writes every byte once.
+                "copy_bytes_per_s": 2 * COPY_BYTES / _best_of(lambda: target.copy_(source), sync, repeats, timer),
+                "dispatch_seconds_per_op": dispatch_seconds_per_op(device, sync, repeats, timer),
+            }
+        )
     probe = probe_from_rounds(measured, repeats, medium_relative_error(device), now=time.time(), load_average=load)
     if probe.under_load:
         # Info, not a warning: the profile's peak source line says it where the figures are shown.
-        log.info("the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
-                 "it is measured again within the hour", load, probe.cores)
+        log.info(
+            "the roofline probe ran under load (load average %.1f on %d cores): its peaks may read low; "
+            "it is measured again within the hour",
+            load,
+            probe.cores,
+        )
     return probe
 
 
@@ -295,7 +314,10 @@ def _load_average() -> float | None:
 
 
 def probe_from_rounds(
-    measured: list[dict[str, float]], repeats: int, medium_error: float | None, now: float,
+    measured: list[dict[str, float]],
+    repeats: int,
+    medium_error: float | None,
+    now: float,
     load_average: float | None = None,
 ) -> RooflineProbe:
     """Combine rounds into a probe: the best round of each figure, every round kept for spread."""
@@ -320,8 +342,12 @@ def probe_from_rounds(
     )
 
 
-def dispatch_seconds_per_op(device: torch.device, sync: Callable[[], None], repeats: int = REPEATS,
-                            timer: Callable[[], float] = time.perf_counter) -> float:
+def dispatch_seconds_per_op(
+    device: torch.device,
+    sync: Callable[[], None],
+    repeats: int = REPEATS,
+    timer: Callable[[], float] = time.perf_counter,
+) -> float:
     """Seconds one tiny op costs from Python to done: `DISPATCH_OPS` adds of 8-element tensors,
     best of `repeats`. Their arithmetic is negligible, so this is the per-op dispatch floor."""
     tiny = torch.ones(DISPATCH_ELEMENTS, device=device)
@@ -357,8 +383,9 @@ def _matmul_operands(dtype: torch.dtype, device: torch.device) -> tuple[torch.Te
     return a, b
 
 
-def _best_of(op: Callable[[], object], sync: Callable[[], None], repeats: int,
-             timer: Callable[[], float] = time.perf_counter) -> float:
+def _best_of(
+    op: Callable[[], object], sync: Callable[[], None], repeats: int, timer: Callable[[], float] = time.perf_counter
+) -> float:
     # The probe measures *precision-independent* throughput: fp32 at "highest" precision.
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
@@ -374,5 +401,3 @@ def _best_of(op: Callable[[], object], sync: Callable[[], None], repeats: int,
         return best
     finally:
         torch.set_float32_matmul_precision(previous)
-
-

@@ -19,14 +19,21 @@ from typing import Any
 
 import torch
 
-from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
-from tpu_tuner.devices.torchtpu_api import (DISTRIBUTION, EAGER_MODE_ENUM, EAGER_MODE_ENV, NODE_RANK_VARIABLE,
-                                             PROCESS_GROUP_BACKEND, cached_api_check, installed_version,
-                                             package_folder)
+from tpu_tuner.core import tpu_host
 from tpu_tuner.core.errors import BackendError, UserInputError
 from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
-from tpu_tuner.core import tpu_host
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
+from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
+from tpu_tuner.devices.torchtpu_api import (
+    DISTRIBUTION,
+    EAGER_MODE_ENUM,
+    EAGER_MODE_ENV,
+    NODE_RANK_VARIABLE,
+    PROCESS_GROUP_BACKEND,
+    cached_api_check,
+    installed_version,
+    package_folder,
+)
 
 # torch-tpu releases whose API this adapter was read against, and the libtpu 0.2.0 requires.
 SUPPORTED_SERIES = "0.2"
@@ -61,7 +68,9 @@ class TorchTpuBackend(Backend):
         if version is None or package_folder() is None:
             return f"{DISTRIBUTION} is not installed (pip install -e '.[tpu]')"
         if not version.startswith(SUPPORTED_SERIES + "."):
-            return f"{DISTRIBUTION} {version} is outside the releases tpu-tune was checked against ({SUPPORTED_SERIES}.x)"
+            return (
+                f"{DISTRIBUTION} {version} is outside the releases tpu-tune was checked against ({SUPPORTED_SERIES}.x)"
+            )
         try:
             libtpu = metadata.version("libtpu")
         except metadata.PackageNotFoundError:
@@ -114,8 +123,11 @@ class TorchTpuBackend(Backend):
         from torch_tpu._internal.utils.hardware import get_bf16_flops_per_device  # no public equivalent
 
         runtime_flops = get_bf16_flops_per_device()
-        flops, source = ((float(runtime_flops), "torch_tpu hardware table (get_bf16_flops_per_device)")
-                         if runtime_flops else (chip.bf16_flops_per_device, f"Google TPU spec table ({chip.generation})"))
+        flops, source = (
+            (float(runtime_flops), "torch_tpu hardware table (get_bf16_flops_per_device)")
+            if runtime_flops
+            else (chip.bf16_flops_per_device, f"Google TPU spec table ({chip.generation})")
+        )
         return DeviceInfo(
             kind="tpu",
             name=name,
@@ -186,7 +198,9 @@ class TorchTpuBackend(Backend):
                 distributed.set_tpu_launch_env(nproc_per_node=ranks)
         except (RuntimeError, ValueError) as exc:  # e.g. a rank count with no TPU topology
             where = f"a host on {nnodes} hosts" if nnodes > 1 else "on this host"
-            raise UserInputError(f"--nproc {ranks}{hosts}: TorchTPU cannot lay out {ranks} ranks {where}: {exc}") from exc
+            raise UserInputError(
+                f"--nproc {ranks}{hosts}: TorchTPU cannot lay out {ranks} ranks {where}: {exc}"
+            ) from exc
         finally:
             decided = {k: v for k, v in os.environ.items() if before.get(k) != v}
             os.environ.clear()
@@ -226,4 +240,3 @@ def torch_tpu_module() -> Any:
     import torch_tpu  # noqa: F401
 
     return torch.tpu  # type: ignore[attr-defined]
-

@@ -98,8 +98,13 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(name for env in EAGER_MODE_ENV.va
 NODE_RANK_VARIABLE = "NODE_RANK"
 # Variables `set_tpu_launch_env` reads or writes that a multi-host run relies on (docs/sharding.md's
 # recipes set the first three; the adapter reads NODE_RANK): string constants of its source.
-LAUNCH_VARIABLES: tuple[str, ...] = ("TPU_WORKER_HOSTNAMES", "TORCH_TPU_TOPOLOGY", "JOB_COMPLETION_INDEX",
-                                     NODE_RANK_VARIABLE, "TORCH_TPU_SLICEBUILDER_ADDRESSES")
+LAUNCH_VARIABLES: tuple[str, ...] = (
+    "TPU_WORKER_HOSTNAMES",
+    "TORCH_TPU_TOPOLOGY",
+    "JOB_COMPLETION_INDEX",
+    NODE_RANK_VARIABLE,
+    "TORCH_TPU_SLICEBUILDER_ADDRESSES",
+)
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,12 @@ def public_table(folder: Path) -> dict[str, set[str]]:
     path = folder / "_internal" / "public_api.py"
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and node.target.id == "_PUBLIC_MODULES" and isinstance(node.value, ast.Dict):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "_PUBLIC_MODULES"
+            and isinstance(node.value, ast.Dict)
+        ):
             table: dict[str, set[str]] = {}
             for key, value in zip(node.value.keys, node.value.values):
                 if not (isinstance(key, ast.Constant) and isinstance(value, ast.Call)):
@@ -187,8 +196,12 @@ def registered_process_group_backends(folder: Path) -> set[str]:
         except SyntaxError:  # a file this Python cannot parse holds no registration we can read
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
-                    "register_backend" and node.args and isinstance(node.args[0], ast.Constant):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "register_backend"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 names.add(str(node.args[0].value))
     return names
 
@@ -232,13 +245,15 @@ def _option_keys(backend: Any) -> set[str]:
     return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
-def check_api(public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
-              enum_members: dict[str, tuple[str, ...]] | None = None,
-              private_names: tuple[str, ...] = PRIVATE_NAMES,
-              compile_options: tuple[str, ...] = COMPILE_OPTIONS,
-              environment_variables: tuple[str, ...] = ENVIRONMENT_VARIABLES,
-              process_group_backend: str = PROCESS_GROUP_BACKEND,
-              launch_variables: tuple[str, ...] = LAUNCH_VARIABLES) -> ApiCheck:
+def check_api(
+    public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
+    enum_members: dict[str, tuple[str, ...]] | None = None,
+    private_names: tuple[str, ...] = PRIVATE_NAMES,
+    compile_options: tuple[str, ...] = COMPILE_OPTIONS,
+    environment_variables: tuple[str, ...] = ENVIRONMENT_VARIABLES,
+    process_group_backend: str = PROCESS_GROUP_BACKEND,
+    launch_variables: tuple[str, ...] = LAUNCH_VARIABLES,
+) -> ApiCheck:
     """Check every name the adapter uses against the installed torch-tpu (imports it, and torch;
     a few seconds). The arguments default to the adapter's tables; tests pass a wrong name to
     see the check fail."""
@@ -250,18 +265,34 @@ def check_api(public_names: tuple[tuple[str, str], ...] = PUBLIC_NAMES,
         # Reading an experimental name warns once ("<TorchTpu/ApiStage/ExperimentalApi/>"): the
         # check reads them all, and says what it found itself.
         warnings.simplefilter("ignore")
-        return _check(version, folder, public_names, enum_members, private_names, compile_options,
-                      environment_variables, process_group_backend, launch_variables)
+        return _check(
+            version,
+            folder,
+            public_names,
+            enum_members,
+            private_names,
+            compile_options,
+            environment_variables,
+            process_group_backend,
+            launch_variables,
+        )
 
 
-def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...],
-           enum_members: dict[str, tuple[str, ...]], private_names: tuple[str, ...],
-           compile_options: tuple[str, ...], environment_variables: tuple[str, ...],
-           process_group_backend: str, launch_variables: tuple[str, ...]) -> ApiCheck:
+def _check(
+    version: str,
+    folder: Path,
+    public_names: tuple[tuple[str, str], ...],
+    enum_members: dict[str, tuple[str, ...]],
+    private_names: tuple[str, ...],
+    compile_options: tuple[str, ...],
+    environment_variables: tuple[str, ...],
+    process_group_backend: str,
+    launch_variables: tuple[str, ...],
+) -> ApiCheck:
     try:
         import torch
         import torch_tpu  # noqa: F401 - installs torch.tpu (also without the autoload)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the answer, named
+    except Exception as exc:
         return ApiCheck(version=version, error=f"{type(exc).__name__}: {exc}")
     checks: list[NameCheck] = []
     # Each step reports what it could not read as a missing name rather than raising: a changed
@@ -286,8 +317,11 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
         enum = getattr(torch.tpu, enum_name, None)
         for member in members:
             present = enum is not None and hasattr(enum, member)
-            checks.append(NameCheck(f"torch.tpu.{enum_name}.{member}", "enum member", present,
-                                    "" if present else "no such member"))
+            checks.append(
+                NameCheck(
+                    f"torch.tpu.{enum_name}.{member}", "enum member", present, "" if present else "no such member"
+                )
+            )
 
     for (module_name, name), parameters in PARAMETERS.items():
         if (module_name, name) not in public_names:
@@ -298,19 +332,28 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
             signature = None
         for parameter in parameters:
             present = signature is not None and parameter in signature.parameters
-            checks.append(NameCheck(f"{module_name}.{name}({parameter}=)", "parameter", present,
-                                    "" if present else "no such keyword"))
+            checks.append(
+                NameCheck(
+                    f"{module_name}.{name}({parameter}=)", "parameter", present, "" if present else "no such keyword"
+                )
+            )
 
     for (module_name, name), fields in RESULT_FIELDS.items():
         try:
             returned = typing.get_type_hints(getattr(_resolve(module_name), name))["return"]
             known = {f.name for f in dataclasses.fields(returned)}
-        except Exception:  # noqa: BLE001 - an unreadable result type lacks every field
+        except Exception:
             known = set()
         for field_name in fields:
             present = field_name in known
-            checks.append(NameCheck(f"{module_name}.{name}().{field_name}", "result field", present,
-                                    "" if present else "not a field of its result"))
+            checks.append(
+                NameCheck(
+                    f"{module_name}.{name}().{field_name}",
+                    "result field",
+                    present,
+                    "" if present else "not a field of its result",
+                )
+            )
 
     resolved: dict[str, Any] = {}
     for dotted in private_names:
@@ -318,47 +361,81 @@ def _check(version: str, folder: Path, public_names: tuple[tuple[str, str], ...]
             resolved[dotted] = _resolve(dotted)
         except (ImportError, AttributeError):
             pass
-        checks.append(NameCheck(dotted, "private name", dotted in resolved, "" if dotted in resolved else "not importable"))
+        checks.append(
+            NameCheck(dotted, "private name", dotted in resolved, "" if dotted in resolved else "not importable")
+        )
     if "torch.tpu._get_cache_stats" in resolved:
         try:
             stats, stats_error = resolved["torch.tpu._get_cache_stats"](), ""  # counters: no device runtime
-        except Exception as exc:  # noqa: BLE001 - a call that fails lacks every field; say why
+        except Exception as exc:
             stats, stats_error = None, f"call failed: {type(exc).__name__}: {exc}"
         for field_name in CACHE_STATS_FIELDS:
             present = stats is not None and hasattr(stats, field_name)
-            checks.append(NameCheck(f"torch.tpu._get_cache_stats().{field_name}", "result field", present,
-                                    "" if present else stats_error or "not a field of its result"))
+            checks.append(
+                NameCheck(
+                    f"torch.tpu._get_cache_stats().{field_name}",
+                    "result field",
+                    present,
+                    "" if present else stats_error or "not a field of its result",
+                )
+            )
 
     from torch._dynamo import list_backends
     from torch._dynamo.backends.registry import lookup_backend
 
     registered = COMPILE_BACKEND in list_backends()
-    checks.append(NameCheck(f'torch.compile(backend="{COMPILE_BACKEND}")', "compile backend", registered,
-                            "" if registered else "not registered with dynamo"))
+    checks.append(
+        NameCheck(
+            f'torch.compile(backend="{COMPILE_BACKEND}")',
+            "compile backend",
+            registered,
+            "" if registered else "not registered with dynamo",
+        )
+    )
     try:
         keys, keys_error = (_option_keys(lookup_backend(COMPILE_BACKEND)) if registered else set()), ""
     except (OSError, TypeError, SyntaxError) as exc:  # no source to read (a compiled backend)
         keys, keys_error = set(), f"the backend's source is unreadable: {exc}"
     for option in compile_options:
-        checks.append(NameCheck(f"options={{'{option}': ...}}", "compile option", option in keys,
-                                "" if option in keys else keys_error or "not read by the tpu backend"))
+        checks.append(
+            NameCheck(
+                f"options={{'{option}': ...}}",
+                "compile option",
+                option in keys,
+                "" if option in keys else keys_error or "not read by the tpu backend",
+            )
+        )
 
     backends = registered_process_group_backends(folder)
-    checks.append(NameCheck(f'init_process_group("{process_group_backend}")', "process group backend",
-                            process_group_backend in backends,
-                            "" if process_group_backend in backends else "never registered"))
+    checks.append(
+        NameCheck(
+            f'init_process_group("{process_group_backend}")',
+            "process group backend",
+            process_group_backend in backends,
+            "" if process_group_backend in backends else "never registered",
+        )
+    )
 
     found = strings_in_libraries(folder, environment_variables)
     for variable in environment_variables:
-        checks.append(NameCheck(variable, "environment variable", variable in found,
-                                "" if variable in found else "not in its libraries"))
+        checks.append(
+            NameCheck(
+                variable, "environment variable", variable in found, "" if variable in found else "not in its libraries"
+            )
+        )
     try:
         launch, launch_error = _string_constants(_resolve("torch.tpu.distributed").set_tpu_launch_env), ""
     except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
         launch, launch_error = set(), f"set_tpu_launch_env's source is unreadable: {exc}"
     for variable in launch_variables:
-        checks.append(NameCheck(variable, "launch variable", variable in launch,
-                                "" if variable in launch else launch_error or "not read or set by set_tpu_launch_env"))
+        checks.append(
+            NameCheck(
+                variable,
+                "launch variable",
+                variable in launch,
+                "" if variable in launch else launch_error or "not read or set by set_tpu_launch_env",
+            )
+        )
     return ApiCheck(version=version, checks=tuple(checks))
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from tpu_tuner.devices.base import Backend
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.execution.step import PreparedStep, accumulate_gradients, micro_batches
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.batch import batch_size_of
 from tpu_tuner.model.workload import Workload, call_model
 

@@ -46,10 +46,12 @@ class StopRule:
 
     def explain(self, steps: Sequence[float], compile_seconds: float) -> str:
         """Why the trial stopped, with its figures."""
-        return (f"stopped after {len(steps)} steps: the fastest {duration(min(steps))} + compile "
-                f"{duration(compile_seconds)} / {self.planned_steps} steps = "
-                f"{duration(self.optimistic(steps, compile_seconds))} amortised, beyond {duration(self.threshold_s)} "
-                "(the best so far times the pruning factor)")
+        return (
+            f"stopped after {len(steps)} steps: the fastest {duration(min(steps))} + compile "
+            f"{duration(compile_seconds)} / {self.planned_steps} steps = "
+            f"{duration(self.optimistic(steps, compile_seconds))} amortised, beyond {duration(self.threshold_s)} "
+            "(the best so far times the pruning factor)"
+        )
 
 
 class CompileCutOff(BaseException):

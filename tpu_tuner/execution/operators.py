@@ -29,8 +29,14 @@ class OperatorTime:
 OPTIMIZER_STEP_RANGE = "Optimizer.step#"
 
 
-def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: int,
-                  events_out: list[Any] | None = None, shares_out: dict[str, float] | None = None) -> list[OperatorTime]:
+def top_operators(
+    step: Callable[[], Any],
+    backend: Backend,
+    steps: int,
+    top: int,
+    events_out: list[Any] | None = None,
+    shares_out: dict[str, float] | None = None,
+) -> list[OperatorTime]:
     """Profile `steps` steps and return the `top` operators by self time per step.
 
     `events_out`, if given, receives the raw profiler events (with their call tree), for the
@@ -62,8 +68,11 @@ def top_operators(step: Callable[[], Any], backend: Backend, steps: int, top: in
             rows.append((event.key, event.count, self_us))
     total = sum(r[2] for r in rows) or 1.0
     if shares_out is not None:
-        update_us = sum((e.device_time_total if use_device else e.cpu_time_total)
-                        for e in averages if e.key.startswith(OPTIMIZER_STEP_RANGE))
+        update_us = sum(
+            (e.device_time_total if use_device else e.cpu_time_total)
+            for e in averages
+            if e.key.startswith(OPTIMIZER_STEP_RANGE)
+        )
         shares_out["optimizer_step"] = min(1.0, update_us / total)
     rows.sort(key=lambda r: r[2], reverse=True)
     return [

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.model.batch import batch_size_of, batch_slice
 from tpu_tuner.model.workload import Workload, call_model, move_to
 
@@ -45,14 +45,14 @@ def prepare_step(
     torch.manual_seed(seed)
     try:
         model = workload.build_model()
-    except Exception as exc:  # noqa: BLE001 - user code
+    except Exception as exc:
         raise WorkloadError(f"building the model failed: {type(exc).__name__}: {exc}", workload.source) from exc
     if not isinstance(model, nn.Module):
         raise WorkloadError(f"the model factory returned {type(model).__name__}, not an nn.Module", workload.source)
     try:
         batch = workload.batch(batch_size, seq_len)
         inputs, target = workload.split_batch(batch)
-    except Exception as exc:  # noqa: BLE001 - user code
+    except Exception as exc:
         raise WorkloadError(f"making a batch failed: {type(exc).__name__}: {exc}", workload.source) from exc
     # Every rank of a sharded step makes the same seeded global batch and runs its slice.
     inputs, target = candidate.local_batch(inputs, target, backend)
@@ -79,8 +79,15 @@ def prepare_step(
     )
 
 
-def step_function(workload: Workload, backend: Backend, candidate: Candidate, forward: Callable[..., Any],
-                  optimizer: torch.optim.Optimizer | None, inputs: Any, target: Any) -> Callable[[], Any]:
+def step_function(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    forward: Callable[..., Any],
+    optimizer: torch.optim.Optimizer | None,
+    inputs: Any,
+    target: Any,
+) -> Callable[[], Any]:
     """One step of `forward` on fixed inputs: forward + loss + backward + optimizer step for
     training, a no-grad forward for inference, under the candidate's autocast."""
     if workload.is_training:
@@ -111,14 +118,18 @@ def micro_batches(inputs: Any, target: Any, k: int, workload: Workload) -> list[
         return [(inputs, target)]
     size = batch_size_of(inputs)
     if size is None or size % k:
-        raise WorkloadError(f"micro_batches {k}: the batch of {size} samples does not split into {k} equal parts",
-                            workload.source)
+        raise WorkloadError(
+            f"micro_batches {k}: the batch of {size} samples does not split into {k} equal parts", workload.source
+        )
     return [(batch_slice(inputs, size, k, i), batch_slice(target, size, k, i)) for i in range(k)]
 
 
-def accumulate_gradients(forward: Callable[..., Any], loss_fn: Callable[[Any, Any], torch.Tensor],
-                         slices: list[tuple[Any, Any]],
-                         autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> torch.Tensor:
+def accumulate_gradients(
+    forward: Callable[..., Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    slices: list[tuple[Any, Any]],
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> torch.Tensor:
     """Forward and backward over each slice with its loss scaled by 1/len(slices), gradients
     accumulating in `.grad`: for a mean-reduced loss the result is the whole batch's gradient.
     Returns the whole batch's loss (the scaled losses summed), detached."""
@@ -140,8 +151,6 @@ def run_user_step(step: Callable[[], Any], workload: Workload, what: str) -> Any
         return step()
     except (WorkloadError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # noqa: BLE001 - user code may raise anything
+    except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise WorkloadError(
-            f"{what} failed: {type(exc).__name__}: {message}", workload.source
-        ) from exc
+        raise WorkloadError(f"{what} failed: {type(exc).__name__}: {message}", workload.source) from exc

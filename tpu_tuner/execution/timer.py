@@ -73,7 +73,11 @@ def warm_up(step: Callable[[], Any], backend: Backend, min_steps: int, max_steps
 
 
 def time_steps(
-    step: Callable[[], Any], backend: Backend, min_steps: int, min_seconds: float, max_steps: int,
+    step: Callable[[], Any],
+    backend: Backend,
+    min_steps: int,
+    min_seconds: float,
+    max_steps: int,
     stop: StepCheck | None = None,
 ) -> tuple[TimingStats, dict[str, int]]:
     """Time at least `min_steps` steps and at least `min_seconds` in all (up to `max_steps`);

@@ -31,8 +31,9 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.model.blocks import repeated_blocks
 
 if TYPE_CHECKING:
-    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
+
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
 NONE = "none"
 BLOCKS = "blocks"
@@ -68,8 +69,10 @@ class ActivationCheckpointingKnob(Knob):
             return []
         # The trial worker's own function: the same blocks, the same wrapper (a transformers
         # model's own switch for every block).
-        return ["from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks",
-                f"model = checkpoint_blocks(model, every={_EVERY[value]})  # recompute repeated blocks in backward"]
+        return [
+            "from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks",
+            f"model = checkpoint_blocks(model, every={_EVERY[value]})  # recompute repeated blocks in backward",
+        ]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         blocks = _declared_blocks(model) or repeated_blocks(model)
@@ -90,8 +93,10 @@ def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:
         return model
     blocks = _declared_blocks(model) or repeated_blocks(model)
     if not blocks:
-        raise WorkloadError(f"activation checkpointing needs repeated blocks (an nn.ModuleList or nn.Sequential "
-                            f"of two or more modules of one class) and {type(model).__name__} has none")
+        raise WorkloadError(
+            f"activation checkpointing needs repeated blocks (an nn.ModuleList or nn.Sequential "
+            f"of two or more modules of one class) and {type(model).__name__} has none"
+        )
     for index, block in enumerate(blocks):
         if index % every == 0 and not getattr(block, _MARK, False):
             # A partial over the block, not a closure over its bound forward: a deep copy of the

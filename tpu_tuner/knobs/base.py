@@ -148,8 +148,9 @@ class Knob(ABC):
         applies differently to the two (the layout's data axis: DDP to train, replicas to infer)."""
         return self.model(value, model, backend)
 
-    def forward(self, value: str, fn: Callable[..., Any], backend: BackendLike,
-                static_shapes: bool = False) -> Callable[..., Any]:
+    def forward(
+        self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
+    ) -> Callable[..., Any]:
         """`fn` (the model's forward) wrapped as the value asks. `static_shapes`: every new input
         shape compiles anew (``dynamic=False``), as TorchTPU always does."""
         return fn

@@ -62,24 +62,39 @@ class Candidate:
         return {name: self[name] for name in knobs.REGISTRY}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
         """A candidate from `to_dict` output, or from the field-style dicts of older runs."""
         if set(data) & (set(LEGACY_FIELDS) - set(knobs.REGISTRY)):
             return cls.from_fields(**data)
         return cls(dict(data))
 
     @classmethod
-    def from_fields(cls, eager_mode: str | None = "strict", compile_backend: str | None = None,
-                    compile_mode: str | None = None, matmul_precision: str | None = "highest",
-                    autocast_dtype: str | None = None) -> "Candidate":
+    def from_fields(
+        cls,
+        eager_mode: str | None = "strict",
+        compile_backend: str | None = None,
+        compile_mode: str | None = None,
+        matmul_precision: str | None = "highest",
+        autocast_dtype: str | None = None,
+    ) -> Candidate:
         """A candidate from the pre-registry fields (older run folders, the profile CLI's flags)."""
-        fields = {"eager_mode": eager_mode, "compile_backend": compile_backend, "compile_mode": compile_mode,
-                  "matmul_precision": matmul_precision, "autocast_dtype": autocast_dtype}
-        return cls({name: value for name, knob in knobs.REGISTRY.items()
-                    if (value := knob.from_legacy_fields(fields)) is not None})
+        fields = {
+            "eager_mode": eager_mode,
+            "compile_backend": compile_backend,
+            "compile_mode": compile_mode,
+            "matmul_precision": matmul_precision,
+            "autocast_dtype": autocast_dtype,
+        }
+        return cls(
+            {
+                name: value
+                for name, knob in knobs.REGISTRY.items()
+                if (value := knob.from_legacy_fields(fields)) is not None
+            }
+        )
 
     @classmethod
-    def baseline(cls, device_kind: str | None) -> "Candidate":
+    def baseline(cls, device_kind: str | None) -> Candidate:
         """The user's code as it runs on `device_kind` unchanged: each knob at the device's own
         default (TorchTPU's matmul precision is medium)."""
         return cls({name: knob.device_default(device_kind) for name, knob in knobs.REGISTRY.items()})
@@ -95,7 +110,7 @@ class Candidate:
             if knob.applies_to(kind):
                 yield knob, self[name]
 
-    def compute_dtype(self, backend: "BackendLike") -> str:
+    def compute_dtype(self, backend: BackendLike) -> str:
         """The dtype the step's matmuls run in (reports name it beside the per-dtype utilisation):
         each knob refines what the ones before it decided, from the backend's primitives."""
         dtype = "float32"
@@ -107,7 +122,7 @@ class Candidate:
         """Whether the candidate runs its forward through torch.compile."""
         return any(knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items())
 
-    def environment(self, backend: "BackendLike") -> dict[str, str]:
+    def environment(self, backend: BackendLike) -> dict[str, str]:
         """Start-up variables this candidate needs (a non-empty answer means a fresh process)."""
         env: dict[str, str] = {}
         for knob, value in self._active(backend.kind):
@@ -115,28 +130,30 @@ class Candidate:
         return env
 
     @contextlib.contextmanager
-    def process(self, backend: "BackendLike") -> Iterator[None]:
+    def process(self, backend: BackendLike) -> Iterator[None]:
         """Process-wide settings for a block, restored after it."""
         with contextlib.ExitStack() as stack:
             for knob, value in self._active(backend.kind):
                 stack.enter_context(knob.process(value, backend))
             yield
 
-    def prepare_model(self, model: nn.Module, backend: "BackendLike", training: bool = True) -> nn.Module:
+    def prepare_model(self, model: nn.Module, backend: BackendLike, training: bool = True) -> nn.Module:
         """The model with every model-level setting applied, for a step that trains (`training`)
         or only runs forwards."""
         for knob, value in self._active(backend.kind):
             model = knob.model_for_step(value, model, backend, training)
         return model
 
-    def wrap_forward(self, fn: Callable[..., Any], backend: "BackendLike", static_shapes: bool = False) -> Callable[..., Any]:
+    def wrap_forward(
+        self, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
+    ) -> Callable[..., Any]:
         """The forward as the candidate runs it (compiled or not)."""
         for knob, value in self._active(backend.kind):
             fn = knob.forward(value, fn, backend, static_shapes)
         return fn
 
     @contextlib.contextmanager
-    def step(self, backend: "BackendLike") -> Iterator[None]:
+    def step(self, backend: BackendLike) -> Iterator[None]:
         """The context of one step (autocast). Entered on every timed step: only the knobs that
         override `Knob.step` are asked, so the others cost the loop nothing."""
         with contextlib.ExitStack() as stack:
@@ -145,27 +162,27 @@ class Candidate:
                     stack.enter_context(knob.step(value, backend))
             yield
 
-    def prepare_optimizer(self, optimizer: Any, backend: "BackendLike") -> Any:
+    def prepare_optimizer(self, optimizer: Any, backend: BackendLike) -> Any:
         """The training step's optimizer with every optimizer-level setting applied."""
         for knob, value in self._active(backend.kind):
             optimizer = knob.optimizer(value, optimizer, backend)
         return optimizer
 
-    def local_batch(self, inputs: Any, target: Any, backend: "BackendLike") -> tuple[Any, Any]:
+    def local_batch(self, inputs: Any, target: Any, backend: BackendLike) -> tuple[Any, Any]:
         """The part of the global batch this process runs (a rank's slice under a sharding
         layout; the whole batch otherwise)."""
         for knob, value in self._active(backend.kind):
             inputs, target = knob.local_batch(value, inputs, target)
         return inputs, target
 
-    def gather_output(self, output: Any, local_batch: int | None, backend: "BackendLike") -> Any:
+    def gather_output(self, output: Any, local_batch: int | None, backend: BackendLike) -> Any:
         """The global batch's output from this process's output of its slice (`local_batch`
         samples): every rank's slice gathered in order under a sharding layout; `output` otherwise."""
         for knob, value in self._active(backend.kind):
             output = knob.gather_output(value, output, local_batch)
         return output
 
-    def micro_batches(self, backend: "BackendLike") -> int:
+    def micro_batches(self, backend: BackendLike) -> int:
         """Into how many micro-batches the training step splits its batch (1: none)."""
         counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]
         return max(counts, default=1)

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
-    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
+
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
 DEFAULT = "default"
 FREEZING = "freezing"
@@ -71,8 +72,10 @@ class CompileOptionsKnob(Knob):
         given = value.split("+")
         unknown = [f for f in given if f not in FLAGS]
         if unknown or len(set(given)) != len(given):
-            raise ValueError(f"compile_options must be {DEFAULT!r} or flags joined by '+' from "
-                             f"{', '.join(FLAGS)} (each once), not {value!r}")
+            raise ValueError(
+                f"compile_options must be {DEFAULT!r} or flags joined by '+' from "
+                f"{', '.join(FLAGS)} (each once), not {value!r}"
+            )
         return "+".join(f for f in FLAGS if f in given)
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
@@ -97,8 +100,9 @@ class CompileOptionsKnob(Knob):
     def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         return _compiler_settings(flags(value))
 
-    def forward(self, value: str, fn: Callable[..., Any], backend: BackendLike,
-                static_shapes: bool = False) -> Callable[..., Any]:
+    def forward(
+        self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
+    ) -> Callable[..., Any]:
         from tpu_tuner.knobs.execution import compile_options, split
 
         execution = getattr(fn, "_tpu_tune_execution", None)  # set by the execution knob's forward
@@ -107,7 +111,9 @@ class CompileOptionsKnob(Knob):
         import torch
         import torch._inductor
 
-        original = fn._orig_mod if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule) else fn._torchdynamo_orig_callable
+        original = (
+            fn._orig_mod if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule) else fn._torchdynamo_orig_callable
+        )
         kwargs = compile_options(execution) or {}
         # torch.compile takes a mode or options, not both: the mode's own options, then ours.
         mode = kwargs.pop("mode", None)
@@ -132,7 +138,9 @@ class CompileOptionsKnob(Knob):
         lines = []
         for flag in flags(value):
             if flag == FULLGRAPH:
-                lines.append("torch._dynamo.error_on_graph_break(True).__enter__()  # as fullgraph=True: a graph break fails")
+                lines.append(
+                    "torch._dynamo.error_on_graph_break(True).__enter__()  # as fullgraph=True: a graph break fails"
+                )
             else:
                 lines.append(f"torch._inductor.config.{_INDUCTOR_CONFIG[flag]} = True")
         if FREEZING in flags(value):

@@ -64,8 +64,10 @@ class ExecutionKnob(Knob):
         if head == EAGER:
             return EAGER
         if head == TPU_COMPILE_BACKEND and tail:
-            raise ValueError(f"execution {value!r}: TorchTPU's compile backend takes no mode "
-                             f"(torch-tpu 0.2.0 raises TypeError on one); use {TPU_COMPILE_BACKEND!r}")
+            raise ValueError(
+                f"execution {value!r}: TorchTPU's compile backend takes no mode "
+                f"(torch-tpu 0.2.0 raises TypeError on one); use {TPU_COMPILE_BACKEND!r}"
+            )
         return value
 
     def environment(self, value: str, backend: BackendLike) -> dict[str, str]:
@@ -78,8 +80,9 @@ class ExecutionKnob(Knob):
         # candidate's mode never leaks into the next one in the same worker.
         return backend.eager_mode(tail if head == EAGER and tail else None)
 
-    def forward(self, value: str, fn: Callable[..., Any], backend: BackendLike,
-                static_shapes: bool = False) -> Callable[..., Any]:
+    def forward(
+        self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
+    ) -> Callable[..., Any]:
         options = compile_options(value)
         if options is None:
             return fn
@@ -115,7 +118,8 @@ class ExecutionKnob(Knob):
         import torch
 
         compiled = hasattr(forward, "_torchdynamo_orig_callable") or isinstance(
-            forward, torch._dynamo.eval_frame.OptimizedModule)
+            forward, torch._dynamo.eval_frame.OptimizedModule
+        )
         if not compiled:
             return EAGER
         backend_name = _compiled_backend_name(forward)
@@ -157,4 +161,3 @@ def compiled_with(backend_name: str) -> dict[str, str]:
     """The setting that runs a step under torch.compile with `backend_name` (no mode): what the
     bucketing study compiles its lengths with, named here rather than by this knob's name."""
     return {ExecutionKnob.name: backend_name}
-

@@ -90,10 +90,19 @@ class LayoutKnob(Knob):
         """`model.layouts.why_not_ranks` from the profile's numbers (`tensor_divisor`: the gcd
         of what a tensor axis must divide)."""
         layout = _layout(value)
-        widths = {} if traits.tensor_divisor is None else {
-            "the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
-        return why_not_ranks(layout, layout.devices, traits.batch_size, traits.repeated_blocks,
-                             widths if layout.tensor > 1 else {}, inference=not traits.training)
+        widths = (
+            {}
+            if traits.tensor_divisor is None
+            else {"the gcd of its tensor-split widths and head counts": traits.tensor_divisor}
+        )
+        return why_not_ranks(
+            layout,
+            layout.devices,
+            traits.batch_size,
+            traits.repeated_blocks,
+            widths if layout.tensor > 1 else {},
+            inference=not traits.training,
+        )
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         return self.model_for_step(value, model, backend, training=True)
@@ -107,9 +116,11 @@ class LayoutKnob(Knob):
 
         layout = _layout(value)
         if not (dist.is_available() and dist.is_initialized()):
-            raise LayoutError(f"layout {value} runs on {layout.devices} processes, one per device: start them "
-                              f"(torchrun --nproc-per-node {layout.devices}, or tpu-tune --nproc {layout.devices}) "
-                              "and join a process group first")
+            raise LayoutError(
+                f"layout {value} runs on {layout.devices} processes, one per device: start them "
+                f"(torchrun --nproc-per-node {layout.devices}, or tpu-tune --nproc {layout.devices}) "
+                "and join a process group first"
+            )
         return apply_layout(model, layout, device_type=mesh_device_type(), inference=not training)
 
     def local_batch(self, value: str, inputs: Any, target: Any) -> tuple[Any, Any]:
@@ -124,11 +135,14 @@ class LayoutKnob(Knob):
 
         size = batch_size_of(inputs)
         if size is None or size % layout.batch_shards:
-            raise ValueError(f"layout {value}: the batch of {size} does not split into {layout.batch_shards} "
-                             "equal slices")
+            raise ValueError(
+                f"layout {value}: the batch of {size} does not split into {layout.batch_shards} equal slices"
+            )
         shard = batch_shard(layout, dist.get_rank())
-        return (batch_slice(inputs, size, layout.batch_shards, shard),
-                batch_slice(target, size, layout.batch_shards, shard))
+        return (
+            batch_slice(inputs, size, layout.batch_shards, shard),
+            batch_slice(target, size, layout.batch_shards, shard),
+        )
 
     def gather_output(self, value: str, output: Any, local_batch: int | None) -> Any:
         """Every rank's output of its slice, gathered in batch order (`parallel.inference`)."""
@@ -143,8 +157,15 @@ class LayoutKnob(Knob):
             return ""
         layout = _layout(value)
         # "data", not "DDP": an inference step's data axis holds plain replicas.
-        parts = [f"{name} {size}" for name, size in (("data" if layout.fsdp == 1 else "replicas", layout.data),
-                                                    ("FSDP", layout.fsdp), ("TP", layout.tensor)) if size > 1]
+        parts = [
+            f"{name} {size}"
+            for name, size in (
+                ("data" if layout.fsdp == 1 else "replicas", layout.data),
+                ("FSDP", layout.fsdp),
+                ("TP", layout.tensor),
+            )
+            if size > 1
+        ]
         return "layout " + " x ".join(parts)
 
     def code(self, value: str, device_kind: str) -> list[str]:
@@ -155,31 +176,40 @@ class LayoutKnob(Knob):
             return []
         layout = _layout(value)
         mesh = f"Layout(data={layout.data}, fsdp={layout.fsdp}, tensor={layout.tensor})"
-        lines = ["# one process per device, each joined to the process group first "
-                 f"(torchrun --nproc-per-node {layout.devices} script.py)",
-                 "from tpu_tuner.model.layouts import Layout",
-                 "from tpu_tuner.parallel.apply import apply_layout"]
+        lines = [
+            "# one process per device, each joined to the process group first "
+            f"(torchrun --nproc-per-node {layout.devices} script.py)",
+            "from tpu_tuner.model.layouts import Layout",
+            "from tpu_tuner.parallel.apply import apply_layout",
+        ]
         if training:
-            return lines + [f"model = apply_layout(model, {mesh}, device_type={device_kind!r})  "
-                            "# before the optimizer is built"]
-        lines.append(f"model = apply_layout(model, {mesh}, device_type={device_kind!r}, inference=True)  "
-                     "# every rank holds rank 0's weights (or its shards of them)")
+            return lines + [
+                f"model = apply_layout(model, {mesh}, device_type={device_kind!r})  # before the optimizer is built"
+            ]
+        lines.append(
+            f"model = apply_layout(model, {mesh}, device_type={device_kind!r}, inference=True)  "
+            "# every rank holds rank 0's weights (or its shards of them)"
+        )
         if layout.batch_shards > 1:
-            lines += [f"# each rank runs its slice of the global batch ({layout.batch_shards} slices: rank "
-                      f"// {layout.tensor}'s); the whole batch's output on every rank, where you need it:",
-                      "#   from tpu_tuner.parallel.inference import gather_batch",
-                      f"#   output = gather_batch(output, {mesh}, local_batch)  # local_batch: your slice's size"]
+            lines += [
+                f"# each rank runs its slice of the global batch ({layout.batch_shards} slices: rank "
+                f"// {layout.tensor}'s); the whole batch's output on every rank, where you need it:",
+                "#   from tpu_tuner.parallel.inference import gather_batch",
+                f"#   output = gather_batch(output, {mesh}, local_batch)  # local_batch: your slice's size",
+            ]
         return lines
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
         layout = _layout(value)
         if layout.batch_shards == 1:
             return []
-        return [f"# each rank trains on its slice of the global batch: {layout.batch_shards} slices, "
-                f"ranks of one tensor group ({layout.tensor}) share one",
-                "from torch.utils.data.distributed import DistributedSampler",
-                f"sampler = DistributedSampler(dataset, num_replicas={layout.batch_shards}, "
-                f"rank=torch.distributed.get_rank() // {layout.tensor})"]
+        return [
+            f"# each rank trains on its slice of the global batch: {layout.batch_shards} slices, "
+            f"ranks of one tensor group ({layout.tensor}) share one",
+            "from torch.utils.data.distributed import DistributedSampler",
+            f"sampler = DistributedSampler(dataset, num_replicas={layout.batch_shards}, "
+            f"rank=torch.distributed.get_rank() // {layout.tensor})",
+        ]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         """The mesh the model's parameters are laid out on: DDP's replicas, or the mesh axes of
@@ -228,10 +258,12 @@ class LayoutKnob(Knob):
         if value == SINGLE:
             return []
         layout = _layout(value)
-        return [f"# sharding {layout.name()}: run one process per device ({layout.devices}, e.g. torchrun "
-                f"--nproc-per-node {layout.devices}), each joined to the process group "
-                f"({backend.process_group_backend!r}) before apply(), which shards the model on it (or alone: "
-                "tpu_tuner.knobs.tuned_config.apply_sharding(model, config))"]
+        return [
+            f"# sharding {layout.name()}: run one process per device ({layout.devices}, e.g. torchrun "
+            f"--nproc-per-node {layout.devices}), each joined to the process group "
+            f"({backend.process_group_backend!r}) before apply(), which shards the model on it (or alone: "
+            "tpu_tuner.knobs.tuned_config.apply_sharding(model, config))"
+        ]
 
 
 def _layout(value: str) -> Layout:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
-    from tpu_tuner.knobs.traits import WorkloadTraits
     from torch import nn
+
+    from tpu_tuner.knobs.traits import WorkloadTraits
 
 CONTIGUOUS = "contiguous"
 CHANNELS_LAST = "channels_last"
@@ -53,8 +54,10 @@ class MemoryFormatKnob(Knob):
     def code(self, value: str, device_kind: str) -> list[str]:
         if value != CHANNELS_LAST:
             return []
-        return ["model = model.to(memory_format=torch.channels_last)",
-                "inputs = inputs.contiguous(memory_format=torch.channels_last)  # each 4-D input batch"]
+        return [
+            "model = model.to(memory_format=torch.channels_last)",
+            "inputs = inputs.contiguous(memory_format=torch.channels_last)  # each 4-D input batch",
+        ]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         import torch

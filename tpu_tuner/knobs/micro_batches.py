@@ -44,12 +44,14 @@ class MicroBatchesKnob(Knob):
         k = int(self.check(value))
         if k == 1:
             return []
-        return [f"# gradient accumulation: {k} micro-batches of the batch, one optimizer step (a mean-reduced loss)",
-                f"for inputs_i, target_i in zip(inputs.chunk({k}), target.chunk({k})):",
-                f"    loss = loss_fn(model(inputs_i), target_i) / {k}",
-                "    loss.backward()",
-                "optimizer.step()",
-                "optimizer.zero_grad(set_to_none=True)"]
+        return [
+            f"# gradient accumulation: {k} micro-batches of the batch, one optimizer step (a mean-reduced loss)",
+            f"for inputs_i, target_i in zip(inputs.chunk({k}), target.chunk({k})):",
+            f"    loss = loss_fn(model(inputs_i), target_i) / {k}",
+            "    loss.backward()",
+            "optimizer.step()",
+            "optimizer.zero_grad(set_to_none=True)",
+        ]
 
     def observe_training(self, optimizer: object, micro_batches: int) -> str | None:
         return str(micro_batches)

@@ -59,9 +59,11 @@ class OptimizerImplKnob(Knob):
         if value == DEFAULT:
             return []
         flags = {FORLOOP: "foreach=False", FOREACH: "foreach=True", FUSED: "fused=True"}[value]
-        return [f"# the optimizer, built with {flags} (Adam, AdamW and SGD take it; AdamW was measured where "
-                "the model file declares no optimizer):",
-                f"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, {flags})"]
+        return [
+            f"# the optimizer, built with {flags} (Adam, AdamW and SGD take it; AdamW was measured where "
+            "the model file declares no optimizer):",
+            f"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, {flags})",
+        ]
 
     def observe_training(self, optimizer: Any, micro_batches: int) -> str | None:
         return implementation(optimizer)
@@ -86,11 +88,15 @@ def rebuild(optimizer: Any, value: str) -> Any:
     `value` (before any step, so there is no state to carry over)."""
     kind = type(optimizer)
     if kind.__name__ not in FLAGGED or kind.__module__.split(".")[:2] != ["torch", "optim"]:
-        raise WorkloadError(f"optimizer_impl {value}: the model file's optimizer is {kind.__name__}; only "
-                            f"torch.optim {', '.join(FLAGGED)} take foreach/fused")
+        raise WorkloadError(
+            f"optimizer_impl {value}: the model file's optimizer is {kind.__name__}; only "
+            f"torch.optim {', '.join(FLAGGED)} take foreach/fused"
+        )
     flags = {"foreach": value == FOREACH if value != FUSED else None, "fused": value == FUSED or None}
-    groups = [{**{k: v for k, v in group.items() if k not in ("foreach", "fused")}, **flags}
-              for group in optimizer.param_groups]
+    groups = [
+        {**{k: v for k, v in group.items() if k not in ("foreach", "fused")}, **flags}
+        for group in optimizer.param_groups
+    ]
     # The defaults the constructor takes (AdamW keeps an internal `decoupled_weight_decay` it refuses).
     accepted = inspect.signature(kind.__init__).parameters
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("foreach", "fused")}

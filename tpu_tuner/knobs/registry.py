@@ -24,8 +24,17 @@ from tpu_tuner.knobs.optimizer_impl import OptimizerImplKnob
 __all__ = ["KNOB_CLASSES", "Knob", "REGISTRY", "get", "names"]
 
 KNOB_CLASSES: tuple[type[Knob], ...] = (
-    ActivationCheckpointingKnob, AttnImplementationKnob, AutocastKnob, CompileOptionsKnob, ExecutionKnob, IntraOpThreadsKnob,
-    LayoutKnob, MatmulPrecisionKnob, MemoryFormatKnob, MicroBatchesKnob, OptimizerImplKnob,
+    ActivationCheckpointingKnob,
+    AttnImplementationKnob,
+    AutocastKnob,
+    CompileOptionsKnob,
+    ExecutionKnob,
+    IntraOpThreadsKnob,
+    LayoutKnob,
+    MatmulPrecisionKnob,
+    MemoryFormatKnob,
+    MicroBatchesKnob,
+    OptimizerImplKnob,
 )
 
 

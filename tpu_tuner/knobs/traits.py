@@ -43,11 +43,14 @@ class WorkloadTraits:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkloadTraits:
         """From a stored profile's ``workload["traits"]``; KeyError/TypeError when malformed."""
-        return cls(training=bool(data["training"]), conv_weights=int(data["conv_weights"]),
-                   repeated_blocks=int(data["repeated_blocks"]),
-                   batch_size=None if data.get("batch_size") is None else int(data["batch_size"]),
-                   tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]),
-                   attention_implementations=tuple(str(v) for v in data.get("attention_implementations") or ()))
+        return cls(
+            training=bool(data["training"]),
+            conv_weights=int(data["conv_weights"]),
+            repeated_blocks=int(data["repeated_blocks"]),
+            batch_size=None if data.get("batch_size") is None else int(data["batch_size"]),
+            tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]),
+            attention_implementations=tuple(str(v) for v in data.get("attention_implementations") or ()),
+        )
 
 
 def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:

@@ -17,11 +17,12 @@ from typing import Any
 import tomli_w
 from torch import nn
 
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.devices import backend_class, names as backend_names
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import write_atomic
+from tpu_tuner.devices import backend_class
+from tpu_tuner.devices import names as backend_names
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.candidate import Candidate
 
 FORMAT_VERSION = 1
 
@@ -47,8 +48,9 @@ class TunedConfig:
     def to_toml(self) -> str:
         # Every knob that means something on this device, by the registry; the others stay out
         # (loading the config back gives their defaults).
-        settings = {name: self.candidate[name] for name, knob in knobs.REGISTRY.items()
-                    if knob.applies_to(self.device_kind)}
+        settings = {
+            name: self.candidate[name] for name, knob in knobs.REGISTRY.items() if knob.applies_to(self.device_kind)
+        }
         document = {
             "format_version": FORMAT_VERSION,
             "device_kind": self.device_kind,
@@ -64,7 +66,7 @@ class TunedConfig:
         return write_atomic(path, self.to_toml())  # the dashboard reads its presence as "finished"
 
     @classmethod
-    def load(cls, path: str | Path) -> "TunedConfig":
+    def load(cls, path: str | Path) -> TunedConfig:
         path = Path(path)
         if not path.is_file():
             raise UserInputError("tuned config not found", path)
@@ -79,8 +81,13 @@ class TunedConfig:
         except (TypeError, ValueError) as exc:
             raise UserInputError(f"bad [settings]: {exc}", path) from exc
         candidate = _settled(candidate, data, path)  # refusals name the file
-        return cls(candidate=candidate, device_kind=data.get("device_kind", "cpu"), provenance=data.get("provenance", {}),
-                   sharding=data.get("sharding"), bucketing=data.get("bucketing"))
+        return cls(
+            candidate=candidate,
+            device_kind=data.get("device_kind", "cpu"),
+            provenance=data.get("provenance", {}),
+            sharding=data.get("sharding"),
+            bucketing=data.get("bucketing"),
+        )
 
     @property
     def training(self) -> bool:
@@ -116,16 +123,19 @@ class TunedConfig:
         lines = [f"# with your `model` and a batch `inputs` (tuned on {self.device_kind}: {c.describe()})"]
         if env:
             # TorchTPU reads these once, when torch is imported: they must come first.
-            lines.append("# before the process imports torch (read once, at start-up); or in the shell: "
-                         + " ".join(f"export {key}={value}" for key, value in env.items()))
+            lines.append(
+                "# before the process imports torch (read once, at start-up); or in the shell: "
+                + " ".join(f"export {key}={value}" for key, value in env.items())
+            )
             lines.append("import os")
             lines.append(f"os.environ.update({env!r})")
         lines += [
             "import tpu_tuner",
             "",
             f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
-            "with autocast():  # around the forward pass and the loss" if self.training else
-            "with torch.no_grad(), autocast():  # the forward pass (tuned as inference)",
+            "with autocast():  # around the forward pass and the loss"
+            if self.training
+            else "with torch.no_grad(), autocast():  # the forward pass (tuned as inference)",
             "    output = model(inputs)  # model(**inputs) for a dict batch (a Hugging Face model's)",
             "",
             "# what apply() does, if you would rather write it out (the knobs' own code):",
@@ -137,11 +147,17 @@ class TunedConfig:
         if training:
             # The training loop is the user's: apply() cannot rebuild their optimizer or split
             # their batch, so the measured training-step settings are printed for them to write.
-            lines.append("# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):")
+            lines.append(
+                "# in your training loop (apply() cannot change it; `optimizer`, `loss_fn`, `target` are yours):"
+            )
             lines += [f"#   {line}" for line in training]
         backend = _backend_class(self.device_kind)
-        lines[1:1] = [line for name, knob in knobs.REGISTRY.items() if knob.applies_to(self.device_kind)
-                      for line in knob.instructions(c[name], backend)]
+        lines[1:1] = [
+            line
+            for name, knob in knobs.REGISTRY.items()
+            if knob.applies_to(self.device_kind)
+            for line in knob.instructions(c[name], backend)
+        ]
         if self.bucketing:
             lines.append("# shape buckets: pad each batch to its bucket in the data pipeline")
             lines.append(f"BUCKETS = {list(self.bucketing['buckets'])}")
@@ -208,9 +224,13 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     # The layout too (one process per device, joined first), for the step the config was tuned on.
     model = candidate.prepare_model(model, backend, training=config.training)
     compiled = candidate.wrap_forward(model, backend)
-    return AppliedConfig(model=compiled, autocast=lambda: candidate.step(backend), _process=process,
-                         optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
-                         micro_batches=candidate.micro_batches(backend))
+    return AppliedConfig(
+        model=compiled,
+        autocast=lambda: candidate.step(backend),
+        _process=process,
+        optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
+        micro_batches=candidate.micro_batches(backend),
+    )
 
 
 def apply_sharding(model: nn.Module, config: TunedConfig | str | Path, training: bool | None = None) -> nn.Module:

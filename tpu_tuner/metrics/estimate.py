@@ -24,10 +24,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from tpu_tuner.model.batch import leading_size
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.metrics.flops import TrafficCounter, flop_counter
 from tpu_tuner.core.units import binary_bytes, si
+from tpu_tuner.metrics.flops import TrafficCounter, flop_counter
+from tpu_tuner.model.batch import leading_size
 from tpu_tuner.model.workload import Workload, call_model, move_to
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,11 @@ class StepEstimate:
         return seconds
 
     def describe(self) -> str:
-        return (f"{si(self.flops, 'FLOP')}, {binary_bytes(self.memory_bytes)} "
-                f"(parameters {binary_bytes(self.parameter_bytes)}, optimizer {binary_bytes(self.optimizer_bytes)}, "
-                f"inputs {binary_bytes(self.input_bytes)}, activations at peak {binary_bytes(self.peak_live_bytes)})")
+        return (
+            f"{si(self.flops, 'FLOP')}, {binary_bytes(self.memory_bytes)} "
+            f"(parameters {binary_bytes(self.parameter_bytes)}, optimizer {binary_bytes(self.optimizer_bytes)}, "
+            f"inputs {binary_bytes(self.input_bytes)}, activations at peak {binary_bytes(self.peak_live_bytes)})"
+        )
 
 
 def _bytes(tensors: Any) -> int:
@@ -108,10 +110,11 @@ def estimate_step(workload: Workload, batch_size: int | None, seq_len: int | Non
     """Run one step of `workload` on the meta device; None (logged) where that is impossible."""
     try:
         return _estimate(workload, batch_size, seq_len)
-    except Exception as exc:  # noqa: BLE001 - user code and ops without meta kernels may raise anything
+    except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        log.info("no size estimate before running (the meta-device pass failed: %s: %s)",
-                 type(exc).__name__, message[:200])
+        log.info(
+            "no size estimate before running (the meta-device pass failed: %s: %s)", type(exc).__name__, message[:200]
+        )
         return None
 
 
@@ -149,18 +152,26 @@ def _estimate(workload: Workload, batch_size: int | None, seq_len: int | None) -
     )
 
 
-def check_budget(estimate: StepEstimate, available_bytes: int | None, step_seconds: float | None,
-                 max_step_seconds: float, source: Any, resizable: bool) -> None:
+def check_budget(
+    estimate: StepEstimate,
+    available_bytes: int | None,
+    step_seconds: float | None,
+    max_step_seconds: float,
+    source: Any,
+    resizable: bool,
+) -> None:
     """Refuse (UserInputError, one line) a step that does not fit in memory or in the time budget."""
     hint = "pass --batch-size to shrink it" if resizable else "shrink the inputs the file makes"
     if available_bytes is not None and estimate.memory_bytes > available_bytes:
         raise UserInputError(
             f"one step needs ~{binary_bytes(estimate.memory_bytes)} ({si(estimate.flops, 'FLOP')}, "
-            f"estimated on the meta device), {binary_bytes(available_bytes)} available; {hint}", source
+            f"estimated on the meta device), {binary_bytes(available_bytes)} available; {hint}",
+            source,
         )
     if step_seconds is not None and step_seconds > max_step_seconds:
         raise UserInputError(
             f"one step needs at least ~{step_seconds:.0f} s ({si(estimate.flops, 'FLOP')}, "
             f"{binary_bytes(estimate.memory_bytes)}, estimated at the device's peak), over the "
-            f"{max_step_seconds:.0f} s budget ([budget] max_step_seconds); {hint}", source
+            f"{max_step_seconds:.0f} s budget ([budget] max_step_seconds); {hint}",
+            source,
         )

@@ -24,8 +24,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
 import tpu_tuner.model.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
+from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
 from tpu_tuner.model.attention import local_attention_backward_op, local_attention_op
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 
@@ -66,16 +66,18 @@ def score_pairs(seq: int, window: int, chunk: int, causal: bool) -> float:
     return seq * seq / 2 if causal else float(seq * seq)
 
 
-def _local_attention(query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int, *args: Any,
-                     **kwargs: Any) -> int:
+def _local_attention(
+    query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int, *args: Any, **kwargs: Any
+) -> int:
     """The package's local attention operator (model/attention.py): two matmuls over the pairs
     its mask keeps, the causal mask not discounted (as for global attention)."""
     batch, heads, seq, dim_qk = query_shape
     return int(2 * batch * heads * score_pairs(seq, window, chunk, False) * (dim_qk + value_shape[-1]))
 
 
-def _local_attention_backward(grad_shape, query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int,
-                              *args: Any, **kwargs: Any) -> int:
+def _local_attention_backward(
+    grad_shape, query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int, *args: Any, **kwargs: Any
+) -> int:
     return 2 * _local_attention(query_shape, key_shape, value_shape, sinks_shape, window, chunk)
 
 
@@ -196,14 +198,16 @@ def matmul_parameters(model: nn.Module) -> int:
     """
     # A mixture of experts (a module with `n_experts` and `top_k`) runs top_k of its n_experts
     # experts a token: its stacked expert weights count that share (MaxText's MoE convention).
-    active_share = {id(p): m.top_k / m.n_experts for m in model.modules()
-                    if isinstance(getattr(m, "n_experts", None), int) and isinstance(getattr(m, "top_k", None), int)
-                    for p in m.parameters(recurse=False) if p.dim() == 3}
+    active_share = {
+        id(p): m.top_k / m.n_experts
+        for m in model.modules()
+        if isinstance(getattr(m, "n_experts", None), int) and isinstance(getattr(m, "top_k", None), int)
+        for p in m.parameters(recurse=False)
+        if p.dim() == 3
+    }
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     lookup_tables = {
-        id(m.weight)
-        for m in model.modules()
-        if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights
     }
     seen: set[int] = set()
     total = 0
@@ -242,8 +246,13 @@ def transformer_model_flops(
     value_dim = dims.value_head_dim or dims.head_dim
     # Half the factor per head-width dimension: scores (query/key width) and weighted values (value
     # width, MLA's own; else the span's head width).
-    per_sequence = sum(span.heads * (span.head_dim + (dims.value_head_dim or span.head_dim)) / 2
-                       * score_pairs(seq_len, span.window, span.chunk, halved) for span in spans)
+    per_sequence = sum(
+        span.heads
+        * (span.head_dim + (dims.value_head_dim or span.head_dim))
+        / 2
+        * score_pairs(seq_len, span.window, span.chunk, halved)
+        for span in spans
+    )
     dense = dense_factor * matmul_params * tokens
     attention = attention_factor * per_sequence * batch_size
     name = f"{dense_factor}N + {attention_factor}LHQT" + (" / 2 (causal)" if halved else "")

@@ -111,5 +111,4 @@ def common_peak(peaks: Iterable[tuple[float, str]], default: tuple[float, str] |
 def utilisation_by_dtype(achieved: float, flops_per_s: Mapping[str, float]) -> dict[str, float | None]:
     """Achieved rate over each dtype's peak; None where the step beats that dtype's peak (it
     cannot have run in that dtype alone, so the ratio means nothing and is never printed)."""
-    return {dtype: (achieved / peak if 0 < peak and achieved <= peak else None)
-            for dtype, peak in flops_per_s.items()}
+    return {dtype: (achieved / peak if 0 < peak and achieved <= peak else None) for dtype, peak in flops_per_s.items()}

@@ -43,19 +43,33 @@ def _raw(formula: Any) -> Any:
 
 
 @_raw
-def mkldnn_rnn_layer_flops(input: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any,
-                           out_val: Any = None, **kwargs: Any) -> int:
+def mkldnn_rnn_layer_flops(
+    input: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
     """``aten::mkldnn_rnn_layer``: one layer, one direction of an LSTM on CPU (no projections)."""
     return 2 * _tokens(input) * (w_ih.numel() + w_hh.numel())
 
 
 @_raw
-def mkldnn_rnn_layer_backward_flops(input: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
-                                    b_ih: torch.Tensor, b_hh: torch.Tensor, hx: torch.Tensor, *args: Any,
-                                    out_val: Any = None, **kwargs: Any) -> int:
+def mkldnn_rnn_layer_backward_flops(
+    input: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor,
+    b_hh: torch.Tensor,
+    hx: torch.Tensor,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
     """``aten::mkldnn_rnn_layer_backward``: weight and data gradients of one layer and direction."""
-    return _backward(_tokens(input), _initial_rows(hx), [(w_ih, w_hh, None)],
-                     input_grad=input.requires_grad, state_grad=hx.requires_grad)
+    return _backward(
+        _tokens(input),
+        _initial_rows(hx),
+        [(w_ih, w_hh, None)],
+        input_grad=input.requires_grad,
+        state_grad=hx.requires_grad,
+    )
 
 
 def _layer_weights(weights: Sequence[torch.Tensor], stride: int) -> list[tuple[Any, Any, Any]]:
@@ -66,7 +80,7 @@ def _layer_weights(weights: Sequence[torch.Tensor], stride: int) -> list[tuple[A
     """
     groups = []
     for start in range(0, len(weights), stride):
-        matrices = [w for w in weights[start:start + stride] if w.dim() == 2]
+        matrices = [w for w in weights[start : start + stride] if w.dim() == 2]
         groups.append((matrices[0], matrices[1], matrices[2] if len(matrices) > 2 else None))
     return groups
 
@@ -75,8 +89,15 @@ def _forward(tokens: int, groups: list[tuple[Any, Any, Any]]) -> int:
     return sum(2 * tokens * sum(w.numel() for w in group if w is not None) for group in groups)
 
 
-def _backward(tokens: int, initial_rows: int, groups: list[tuple[Any, Any, Any]], input_grad: bool,
-              state_grad: bool, weight_grad: bool = True, directions: int = 1) -> int:
+def _backward(
+    tokens: int,
+    initial_rows: int,
+    groups: list[tuple[Any, Any, Any]],
+    input_grad: bool,
+    state_grad: bool,
+    weight_grad: bool = True,
+    directions: int = 1,
+) -> int:
     """Data gradients plus weight gradients; see the module docstring for what is left out.
 
     `groups` lists the layers' directions in order, so the first `directions` read the input.
@@ -92,27 +113,58 @@ def _backward(tokens: int, initial_rows: int, groups: list[tuple[Any, Any, Any]]
 
 
 @_raw
-def cudnn_rnn_flops(input: torch.Tensor, weight: Sequence[torch.Tensor], weight_stride0: int, *args: Any,
-                    out_val: Any = None, **kwargs: Any) -> int:
+def cudnn_rnn_flops(
+    input: torch.Tensor,
+    weight: Sequence[torch.Tensor],
+    weight_stride0: int,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
     """``aten::_cudnn_rnn``: every layer and direction of an LSTM / GRU / RNN on CUDA."""
     return _forward(_tokens(input), _layer_weights(weight, weight_stride0))
 
 
 @_raw
-def cudnn_rnn_backward_flops(input: torch.Tensor, weight: Sequence[torch.Tensor], weight_stride0: int,
-                             weight_buf: Any, hx: torch.Tensor, cx: Any, output: Any, grad_output: Any,
-                             grad_hy: Any, grad_cy: Any, mode: int, hidden_size: int, proj_size: int,
-                             num_layers: int, batch_first: bool, dropout: float, train: bool,
-                             bidirectional: bool, batch_sizes: Any, dropout_state: Any, reserve: Any,
-                             output_mask: Sequence[bool], out_val: Any = None) -> int:
+def cudnn_rnn_backward_flops(
+    input: torch.Tensor,
+    weight: Sequence[torch.Tensor],
+    weight_stride0: int,
+    weight_buf: Any,
+    hx: torch.Tensor,
+    cx: Any,
+    output: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    mode: int,
+    hidden_size: int,
+    proj_size: int,
+    num_layers: int,
+    batch_first: bool,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_sizes: Any,
+    dropout_state: Any,
+    reserve: Any,
+    output_mask: Sequence[bool],
+    out_val: Any = None,
+) -> int:
     """``aten::_cudnn_rnn_backward``; `output_mask` says which gradients autograd asked for:
     (input, hx, cx, weights)."""
     groups = _layer_weights(weight, weight_stride0)
     # hx is (layers * directions, batch, hidden): one layer's initial rows are the batch.
     rows = hx.shape[-2] if hx.dim() >= 2 else 0
-    return _backward(_tokens(input), rows, groups, input_grad=bool(output_mask[0]),
-                     state_grad=bool(output_mask[1]), weight_grad=bool(output_mask[3]),
-                     directions=2 if bidirectional else 1)
+    return _backward(
+        _tokens(input),
+        rows,
+        groups,
+        input_grad=bool(output_mask[0]),
+        state_grad=bool(output_mask[1]),
+        weight_grad=bool(output_mask[3]),
+        directions=2 if bidirectional else 1,
+    )
 
 
 RNN_FLOP_FORMULAS: dict[Any, Any] = {

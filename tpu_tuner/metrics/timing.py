@@ -42,7 +42,7 @@ class TimingStats:
         return float(1.4826 * np.median(np.abs(values - self.median)) / self.median)
 
     @classmethod
-    def from_samples(cls, samples: Sequence[float]) -> "TimingStats":
+    def from_samples(cls, samples: Sequence[float]) -> TimingStats:
         if len(samples) == 0:
             raise ValueError("no timing samples")
         values = np.asarray(samples, dtype=float)

@@ -34,8 +34,6 @@ def attention_mask(seq: int, window: int, chunk: int, device: torch.device | str
     return allowed
 
 
-
-
 def _accumulate(tensor: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensor.dtype, torch.float32)  # fp32 scores for bf16, fp64 kept for gradcheck
 
@@ -55,15 +53,17 @@ def _probabilities(scores: torch.Tensor, sinks: torch.Tensor | None) -> tuple[to
     return both[..., :-1], both[..., -1]
 
 
-def _reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,
-               window: int, chunk: int) -> torch.Tensor:
+def _reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, window: int, chunk: int
+) -> torch.Tensor:
     probabilities, _ = _probabilities(_scores(query, key, window, chunk), sinks)
     return probabilities.to(value.dtype) @ value
 
 
 @torch.library.custom_op("tpu_tune::local_attention", mutates_args=())
-def local_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,
-                    window: int, chunk: int) -> torch.Tensor:
+def local_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, window: int, chunk: int
+) -> torch.Tensor:
     """Causal attention of [batch, heads, seq, head_dim] query / key / value through a window or
     in chunks (`window` or `chunk`; 0: neither), with `sinks` (one logit per head) or None."""
     return _reference(query, key, value, sinks, window, chunk)
@@ -75,8 +75,15 @@ def _local_attention_fake(query, key, value, sinks, window, chunk):  # type: ign
 
 
 @torch.library.custom_op("tpu_tune::local_attention_backward", mutates_args=())
-def local_attention_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             sinks: torch.Tensor | None, window: int, chunk: int) -> list[torch.Tensor]:
+def local_attention_backward(
+    grad: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sinks: torch.Tensor | None,
+    window: int,
+    chunk: int,
+) -> list[torch.Tensor]:
     """The gradients of `local_attention` (query, key, value, then sinks when given)."""
     # Softmax attention's gradients in closed form (masked pairs have probability 0 and get none):
     # dS = P * (dO V^T - rowsum(dO * O)); a sink's logit gets -p_sink * rowsum(dO * O).
@@ -86,8 +93,11 @@ def local_attention_backward(grad: torch.Tensor, query: torch.Tensor, key: torch
     output = probabilities @ value32
     row = (grad32 * output).sum(dim=-1, keepdim=True)
     d_scores = probabilities * (grad32 @ value32.transpose(-1, -2) - row) * query.shape[-1] ** -0.5
-    grads = [(d_scores @ key.to(acc)).to(query.dtype), (d_scores.transpose(-1, -2) @ query.to(acc)).to(key.dtype),
-             (probabilities.transpose(-1, -2) @ grad32).to(value.dtype)]
+    grads = [
+        (d_scores @ key.to(acc)).to(query.dtype),
+        (d_scores.transpose(-1, -2) @ query.to(acc)).to(key.dtype),
+        (probabilities.transpose(-1, -2) @ grad32).to(value.dtype),
+    ]
     if sinks is not None and sink_share is not None:
         grads.append((-sink_share * row[..., 0]).sum(dim=(0, 2)).to(sinks.dtype))
     return grads
@@ -163,5 +173,11 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
-__all__ = ["Attention", "attention_mask", "local_attention", "local_attention_backward",
-           "local_attention_backward_op", "local_attention_op"]
+__all__ = [
+    "Attention",
+    "attention_mask",
+    "local_attention",
+    "local_attention_backward",
+    "local_attention_backward_op",
+    "local_attention_op",
+]

@@ -23,8 +23,9 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
         if not isinstance(container, (nn.ModuleList, nn.Sequential)):
             return False
         members = list(container.children())
-        return (len(members) >= 2 and len({type(m) for m in members}) == 1
-                and next(members[0].children(), None) is not None)
+        return (
+            len(members) >= 2 and len({type(m) for m in members}) == 1 and next(members[0].children(), None) is not None
+        )
 
     found: list[nn.Module] = []
 
@@ -67,10 +68,12 @@ def unscanned_blocks(model: nn.Module, blocks_name: str) -> list[tuple[str, nn.M
     parent_name = blocks_name.rsplit(".", 1)[0] if "." in blocks_name else ""
     parent = model.get_submodule(parent_name) if parent_name else model
     prefix = f"{parent_name}." if parent_name else ""
-    return [(f"{prefix}{name}.{index}", block)
-            for name, stack in parent.named_children()
-            if isinstance(stack, nn.ModuleList) and f"{prefix}{name}" != blocks_name
-            for index, block in enumerate(stack)]
+    return [
+        (f"{prefix}{name}.{index}", block)
+        for name, stack in parent.named_children()
+        if isinstance(stack, nn.ModuleList) and f"{prefix}{name}" != blocks_name
+        for index, block in enumerate(stack)
+    ]
 
 
 def layer_count(model: nn.Module) -> int:

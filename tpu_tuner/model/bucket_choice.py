@@ -54,8 +54,9 @@ def assign(hist: LengthHistogram, bounds: tuple[int, ...]) -> np.ndarray:
     return index
 
 
-def evaluate(strategy: Strategy, hist: LengthHistogram, model: CostModel, steps: int,
-             max_buckets: int | None = None) -> Evaluation:
+def evaluate(
+    strategy: Strategy, hist: LengthHistogram, model: CostModel, steps: int, max_buckets: int | None = None
+) -> Evaluation:
     """Expected compile, step and total seconds of `strategy` over `steps` steps."""
     bounds = np.asarray(strategy.bounds)
     index = assign(hist, strategy.bounds)
@@ -65,8 +66,15 @@ def evaluate(strategy: Strategy, hist: LengthHistogram, model: CostModel, steps:
     step_total = steps * float(np.sum(probabilities * model.step_seconds(padded)))
     compile_total = used * model.compile_seconds
     waste = float(np.sum(hist.counts * (padded - hist.lengths)) / np.sum(hist.counts * padded))
-    return Evaluation(strategy, used, waste, compile_total, step_total, compile_total + step_total,
-                      max_buckets is None or used <= max_buckets)
+    return Evaluation(
+        strategy,
+        used,
+        waste,
+        compile_total,
+        step_total,
+        compile_total + step_total,
+        max_buckets is None or used <= max_buckets,
+    )
 
 
 def oracle_seconds(hist: LengthHistogram, model: CostModel, steps: int) -> float:
@@ -74,7 +82,9 @@ def oracle_seconds(hist: LengthHistogram, model: CostModel, steps: int) -> float
     return steps * float(np.sum(hist.probabilities() * model.step_seconds(hist.lengths)))
 
 
-def optimal_buckets(hist: LengthHistogram, model: CostModel, steps: int, max_buckets: int = 8, align: int = 1) -> Strategy:
+def optimal_buckets(
+    hist: LengthHistogram, model: CostModel, steps: int, max_buckets: int = 8, align: int = 1
+) -> Strategy:
     """The bounds (multiples of `align`, at most `max_buckets`) with the least expected total time."""
     if max_buckets < 1 or align < 1:
         raise ValueError("max_buckets and align must be at least 1")
@@ -102,7 +112,9 @@ def optimal_buckets(hist: LengthHistogram, model: CostModel, steps: int, max_buc
             if not hull:
                 continue
             if monotone:
-                while pointer + 1 < len(hull) and _line(hull[pointer + 1], x[j], previous, cumulative) <= _line(hull[pointer], x[j], previous, cumulative):
+                while pointer + 1 < len(hull) and _line(hull[pointer + 1], x[j], previous, cumulative) <= _line(
+                    hull[pointer], x[j], previous, cumulative
+                ):
                     pointer += 1
                 split = hull[pointer]
             else:
@@ -131,7 +143,9 @@ def _push(hull: list[int], i: int, intercepts: list[float], cumulative: list[flo
     while len(hull) >= 2:
         a, b = hull[-2], hull[-1]
         # b is useless when the a-i crossing comes no later than the a-b crossing.
-        if (intercepts[i] - intercepts[a]) * (cumulative[b] - cumulative[a]) <= (intercepts[b] - intercepts[a]) * (cumulative[i] - cumulative[a]):
+        if (intercepts[i] - intercepts[a]) * (cumulative[b] - cumulative[a]) <= (intercepts[b] - intercepts[a]) * (
+            cumulative[i] - cumulative[a]
+        ):
             hull.pop()
         else:
             break

@@ -36,9 +36,11 @@ class CostModel:
 
     def describe(self) -> str:
         a, b, c = self.coefficients
-        return (f"t(L) = {a * 1e3:.3g} ms + {b * 1e6:.3g} us x L + {c * 1e9:.3g} ns x L^2 "
-                f"(max error {self.fit_max_relative_error:.1%} over {len(self.fit_points)} lengths); "
-                f"{self.compile_seconds:.2f} s per new shape")
+        return (
+            f"t(L) = {a * 1e3:.3g} ms + {b * 1e6:.3g} us x L + {c * 1e9:.3g} ns x L^2 "
+            f"(max error {self.fit_max_relative_error:.1%} over {len(self.fit_points)} lengths); "
+            f"{self.compile_seconds:.2f} s per new shape"
+        )
 
 
 def fit_cost_model(step_points: Sequence[tuple[int, float]], compile_points: Sequence[tuple[int, float]]) -> CostModel:
@@ -57,4 +59,6 @@ def fit_cost_model(step_points: Sequence[tuple[int, float]], compile_points: Seq
     predicted = design @ solution
     error = float(np.max(np.abs(predicted - seconds) / seconds))
     compile_seconds = float(np.median([p[1] for p in compile_points])) if compile_points else 0.0
-    return CostModel(compile_seconds, coefficients, error, list(map(tuple, step_points)), list(map(tuple, compile_points)))  # type: ignore[arg-type]
+    return CostModel(
+        compile_seconds, coefficients, error, list(map(tuple, step_points)), list(map(tuple, compile_points))
+    )  # type: ignore[arg-type]

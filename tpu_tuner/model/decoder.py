@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,9 +27,9 @@ from tpu_tuner.model.workload import AttentionSpan
 
 def _norm(shape: DecoderShape) -> nn.Module:
     # nn.LayerNorm carries a bias, as GPT-2's and GPT-NeoX's do.
-    return RMSNorm(shape.d_model, shape.norm_eps) if shape.norm == "rms" else nn.LayerNorm(shape.d_model, shape.norm_eps)
-
-
+    return (
+        RMSNorm(shape.d_model, shape.norm_eps) if shape.norm == "rms" else nn.LayerNorm(shape.d_model, shape.norm_eps)
+    )
 
 
 class Block(nn.Module):
@@ -44,8 +45,14 @@ class Block(nn.Module):
         self.feed_forward = MixtureOfExperts(s) if s.has_experts(layer) else FeedForward(s)
         self.ffn_post_norm = _norm(s) if s.post_norms else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                cos_global: torch.Tensor | None = None, sin_global: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        cos_global: torch.Tensor | None = None,
+        sin_global: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self.global_rope_table:
             cos, sin = cos_global, sin_global
         attended = self.attention(self.attention_norm(x), cos, sin)
@@ -173,14 +180,27 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
 
     module.build_model, module.make_batch, module.loss = build_model, make_batch, loss  # type: ignore[attr-defined]
     module.BATCH_SIZE, module.SEQ_LEN = batch_size, seq_len  # type: ignore[attr-defined]
-    module.TRANSFORMER = {"layers": shape.layers, "heads": shape.heads,  # type: ignore[attr-defined]
-                          "head_dim": shape.n_head_dim, "causal": True,
-                          "spans": attention_spans(shape) if shape.has_local_layers else (),
-                          **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {})}
+    module.TRANSFORMER = {
+        "layers": shape.layers,
+        "heads": shape.heads,  # type: ignore[attr-defined]
+        "head_dim": shape.n_head_dim,
+        "causal": True,
+        "spans": attention_spans(shape) if shape.has_local_layers else (),
+        **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {}),
+    }
     module.NAME = name  # type: ignore[attr-defined]
     module.SHAPE = shape  # type: ignore[attr-defined]
     return module
 
 
-__all__ = ["Decoder", "DecoderShape", "INLINE_PREFIX", "LayerGroup", "attention_spans", "decoder_module",
-           "is_shape_source", "read_shape", "shape_module"]
+__all__ = [
+    "Decoder",
+    "DecoderShape",
+    "INLINE_PREFIX",
+    "LayerGroup",
+    "attention_spans",
+    "decoder_module",
+    "is_shape_source",
+    "read_shape",
+    "shape_module",
+]

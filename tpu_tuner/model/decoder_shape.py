@@ -191,8 +191,7 @@ class DecoderShape:
         best: tuple[int, int, int, int] | None = None  # (blocks to compile, leading, period, groups)
         for leading in range(self.layers):
             rest = kinds[leading:]
-            period = next(p for p in range(1, len(rest) + 1)
-                          if all(kind == rest[i % p] for i, kind in enumerate(rest)))
+            period = next(p for p in range(1, len(rest) + 1) if all(kind == rest[i % p] for i, kind in enumerate(rest)))
             groups = len(rest) // period
             candidate = (leading + period + len(rest) - period * groups, leading, period, groups)
             best = candidate if best is None or candidate < best else best
@@ -223,17 +222,25 @@ class DecoderShape:
         if self.heads % self.n_kv_heads:
             raise WorkloadError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.n_kv_heads})", where)
         if self.head_dim is None and not self.kv_lora_rank and self.d_model % self.heads:
-            raise WorkloadError(f"d_model ({self.d_model}) is not a multiple of heads ({self.heads}): give head_dim",
-                                where)
+            raise WorkloadError(
+                f"d_model ({self.d_model}) is not a multiple of heads ({self.heads}): give head_dim", where
+            )
         if self.positions == "rope" and (self.rotary_dim % 2 or not 0 < self.rotary_fraction <= 1):
-            raise WorkloadError(f"rotary positions need an even rotated dimension in (0, head_dim], not "
-                                f"{self.rotary_dim} of {self.n_head_dim}", where)
+            raise WorkloadError(
+                f"rotary positions need an even rotated dimension in (0, head_dim], not "
+                f"{self.rotary_dim} of {self.n_head_dim}",
+                where,
+            )
         if any(not 0 <= layer < self.layers for layer in self.dense_layers):
-            raise WorkloadError(f"dense_layers must name layers 0 to {self.layers - 1}, not {list(self.dense_layers)}",
-                                where)
+            raise WorkloadError(
+                f"dense_layers must name layers 0 to {self.layers - 1}, not {list(self.dense_layers)}", where
+            )
         if (self.expert_mlp is not None and self.expert_mlp < 1) or self.shared_expert_mlp < 0:
-            raise WorkloadError(f"expert widths must be positive, not expert_mlp {self.expert_mlp}, "
-                                f"shared_expert_mlp {self.shared_expert_mlp}", where)
+            raise WorkloadError(
+                f"expert widths must be positive, not expert_mlp {self.expert_mlp}, "
+                f"shared_expert_mlp {self.shared_expert_mlp}",
+                where,
+            )
         self._check_attention_pattern(where)
         for name, allowed in (("activation", ACTIVATION_NAMES), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
@@ -245,11 +252,13 @@ class DecoderShape:
         if (self.router_bias or self.expert_bias) and not self.experts:
             raise WorkloadError("router_bias and expert_bias need routed experts: give experts", where)
         if self.activation == "clamped_swiglu" and not self.gated:
-            raise WorkloadError("activation clamped_swiglu reads a gate and an up projection: it needs gated = true",
-                                where)
+            raise WorkloadError(
+                "activation clamped_swiglu reads a gate and an up projection: it needs gated = true", where
+            )
         if self.swiglu_alpha <= 0 or self.swiglu_limit <= 0:
-            raise WorkloadError(f"swiglu_alpha and swiglu_limit must be above 0, not {self.swiglu_alpha} and "
-                                f"{self.swiglu_limit}", where)
+            raise WorkloadError(
+                f"swiglu_alpha and swiglu_limit must be above 0, not {self.swiglu_alpha} and {self.swiglu_limit}", where
+            )
 
     def check_experts_and_latent(self, where: str | Path) -> None:
         """The routing, shared-expert and latent-attention keys (a one-line WorkloadError naming `where`)."""
@@ -257,50 +266,77 @@ class DecoderShape:
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
         if self.shared_experts < 0 or self.routed_scaling_factor <= 0:
-            raise WorkloadError(f"shared_experts must be 0 or more and routed_scaling_factor above 0, not "
-                                f"{self.shared_experts} and {self.routed_scaling_factor}", where)
+            raise WorkloadError(
+                f"shared_experts must be 0 or more and routed_scaling_factor above 0, not "
+                f"{self.shared_experts} and {self.routed_scaling_factor}",
+                where,
+            )
         if self.shared_experts and self.shared_expert_mlp:
-            raise WorkloadError("give shared_experts (ungated, DeepSeek / Llama 4) or shared_expert_mlp (gated, "
-                                "Qwen2-MoE), not both", where)
+            raise WorkloadError(
+                "give shared_experts (ungated, DeepSeek / Llama 4) or shared_expert_mlp (gated, Qwen2-MoE), not both",
+                where,
+            )
         latent = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
         if not self.kv_lora_rank:
             if any(getattr(self, name) for name in latent):
                 raise WorkloadError(f"{', '.join(latent)} need latent attention: give kv_lora_rank", where)
             return
         if self.kv_lora_rank < 0 or self.q_lora_rank < 0 or min(self.qk_nope_head_dim, self.v_head_dim) < 1:
-            raise WorkloadError(f"latent attention needs kv_lora_rank, qk_nope_head_dim and v_head_dim of at least 1 "
-                                f"and q_lora_rank of 0 or more, not {self.kv_lora_rank}, {self.qk_nope_head_dim}, "
-                                f"{self.v_head_dim}, {self.q_lora_rank}", where)
+            raise WorkloadError(
+                f"latent attention needs kv_lora_rank, qk_nope_head_dim and v_head_dim of at least 1 "
+                f"and q_lora_rank of 0 or more, not {self.kv_lora_rank}, {self.qk_nope_head_dim}, "
+                f"{self.v_head_dim}, {self.q_lora_rank}",
+                where,
+            )
         if self.positions != "rope" or self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
-            raise WorkloadError(f"latent attention turns an even qk_rope_head_dim (at least 2) with rotary positions, "
-                                f"not {self.qk_rope_head_dim} with {self.positions!r} positions", where)
+            raise WorkloadError(
+                f"latent attention turns an even qk_rope_head_dim (at least 2) with rotary positions, "
+                f"not {self.qk_rope_head_dim} with {self.positions!r} positions",
+                where,
+            )
         if self.kv_heads not in (None, self.heads) or self.head_dim is not None or self.qk_norm:
-            raise WorkloadError("latent attention has one key/value head per query head, its head widths from "
-                                "qk_nope_head_dim + qk_rope_head_dim and v_head_dim, and no qk_norm: drop kv_heads, "
-                                "head_dim and qk_norm", where)
-
+            raise WorkloadError(
+                "latent attention has one key/value head per query head, its head widths from "
+                "qk_nope_head_dim + qk_rope_head_dim and v_head_dim, and no qk_norm: drop kv_heads, "
+                "head_dim and qk_norm",
+                where,
+            )
 
     def _check_attention_pattern(self, where: str | Path) -> None:
         if min(self.sliding_window, self.attention_chunk, self.global_every) < 0 or self.moe_every < 1:
-            raise WorkloadError("sliding_window, attention_chunk and global_every must be at least 0, moe_every at "
-                                "least 1", where)
+            raise WorkloadError(
+                "sliding_window, attention_chunk and global_every must be at least 0, moe_every at least 1", where
+            )
         if self.sliding_window and self.attention_chunk:
-            raise WorkloadError("a layer attends through a sliding window or in chunks, not both: give "
-                                "sliding_window or attention_chunk", where)
+            raise WorkloadError(
+                "a layer attends through a sliding window or in chunks, not both: give "
+                "sliding_window or attention_chunk",
+                where,
+            )
         if self.sliding_window > self.max_seq_len or self.attention_chunk > self.max_seq_len:
-            raise WorkloadError(f"the window ({self.sliding_window or self.attention_chunk}) is larger than "
-                                f"max_seq_len ({self.max_seq_len})", where)
+            raise WorkloadError(
+                f"the window ({self.sliding_window or self.attention_chunk}) is larger than "
+                f"max_seq_len ({self.max_seq_len})",
+                where,
+            )
         global_only = ("global_every", "global_head_dim", "global_kv_heads")
         if not self.has_local_layers and any(getattr(self, key) for key in global_only):
-            raise WorkloadError("global_every, global_head_dim and global_kv_heads need local layers: give "
-                                "sliding_window or attention_chunk", where)
+            raise WorkloadError(
+                "global_every, global_head_dim and global_kv_heads need local layers: give "
+                "sliding_window or attention_chunk",
+                where,
+            )
         heads, kv_heads, head_dim = self.attention_heads(self.global_every - 1 if self.global_every else 0)
         if heads % kv_heads or head_dim < 1:
-            raise WorkloadError(f"the global layers' heads ({heads}) must be a multiple of their kv heads "
-                                f"({kv_heads}), with a positive head width ({head_dim})", where)
+            raise WorkloadError(
+                f"the global layers' heads ({heads}) must be a multiple of their kv heads "
+                f"({kv_heads}), with a positive head width ({head_dim})",
+                where,
+            )
         if self.positions == "rope" and int(head_dim * self.rotary_fraction) % 2:
-            raise WorkloadError(f"rotary positions need an even rotated dimension of the global layers' "
-                                f"{head_dim}-wide heads", where)
+            raise WorkloadError(
+                f"rotary positions need an even rotated dimension of the global layers' {head_dim}-wide heads", where
+            )
 
 
 def is_shape_source(path: str | Path) -> bool:
@@ -313,7 +349,7 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     """The shape, the run sizes ([run]) and a name, from a TOML file or an inline spec."""
     text = str(path)
     if text.startswith(INLINE_PREFIX):
-        model: dict[str, Any] = parse_key_values(text[len(INLINE_PREFIX):], text, WorkloadError)
+        model: dict[str, Any] = parse_key_values(text[len(INLINE_PREFIX) :], text, WorkloadError)
         run: dict[str, Any] = {}
         name = "decoder"
     else:
@@ -340,5 +376,14 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     return shape, sizes, name
 
 
-__all__ = ["ACTIVATION_NAMES", "DecoderShape", "INLINE_PREFIX", "MOE_ROUTINGS", "NORMS", "POSITIONS", "ROUTERS",
-           "is_shape_source", "read_shape"]
+__all__ = [
+    "ACTIVATION_NAMES",
+    "DecoderShape",
+    "INLINE_PREFIX",
+    "MOE_ROUTINGS",
+    "NORMS",
+    "POSITIONS",
+    "ROUTERS",
+    "is_shape_source",
+    "read_shape",
+]

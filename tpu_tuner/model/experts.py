@@ -56,21 +56,22 @@ def grouped_matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Te
         start = 0
         for group, size in enumerate(sizes):
             if size:
-                out[b, start:start + size] = x[b, start:start + size] @ weights[group]
+                out[b, start : start + size] = x[b, start : start + size] @ weights[group]
             start += size
     return out
 
 
 @torch.library.custom_op("tpu_tune::grouped_matmul_weight_grad", mutates_args=())
-def grouped_matmul_weight_grad(x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor,
-                               groups: int) -> torch.Tensor:
+def grouped_matmul_weight_grad(
+    x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor, groups: int
+) -> torch.Tensor:
     """The gradient of `grouped_matmul`'s weights: per group, its rows of x transposed times grad."""
     out = x.new_zeros(groups, x.shape[2], grad.shape[2])
     for b, sizes in enumerate(group_sizes.tolist()):
         start = 0
         for group, size in enumerate(sizes):
             if size:
-                out[group] += x[b, start:start + size].T @ grad[b, start:start + size]
+                out[group] += x[b, start : start + size].T @ grad[b, start : start + size]
             start += size
     return out
 
@@ -141,10 +142,10 @@ class MixtureOfExperts(nn.Module):
         self.normalise, self.scaling = s.norm_topk_prob, s.routed_scaling_factor
         self.activation = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
         self.router = nn.Linear(s.d_model, s.experts, bias=s.router_bias)
-        scale, width = s.d_model ** -0.5, s.expert_mlp or s.mlp
+        scale, width = s.d_model**-0.5, s.expert_mlp or s.mlp
         self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale) if s.gated else None
         self.w_up = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale)
-        self.w_down = nn.Parameter(torch.randn(s.experts, width, s.d_model) * width ** -0.5)
+        self.w_down = nn.Parameter(torch.randn(s.experts, width, s.d_model) * width**-0.5)
         # gpt-oss's expert biases, zero at first (MaxText's default_bias_init); named *_bias, which
         # the model-FLOPs count leaves out as it does every bias.
         with_bias = s.expert_bias
@@ -185,11 +186,16 @@ class MixtureOfExperts(nn.Module):
             out = out + torch.sigmoid(F.linear(x, self.shared_gate.to(x.dtype))) * self.shared(x)
         return out
 
-    def _experts(self, rows: torch.Tensor, matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor],
-                 bias_of_rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def _experts(
+        self,
+        rows: torch.Tensor,
+        matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor],
+        bias_of_rows: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
         """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights,
         rowwise)`, plus its bias where the experts have them, `bias_of_rows(bias)` being each
         row's expert's bias in the rows' layout."""
+
         def project(h: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None, rowwise: bool) -> torch.Tensor:
             out = matmul(h, weights, rowwise)
             return out if bias is None else out + bias_of_rows(bias)
@@ -209,8 +215,11 @@ class MixtureOfExperts(nn.Module):
         experts = torch.arange(self.n_experts, device=x.device)
         group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [batch, experts]
         sorted_experts = flat.gather(-1, order)  # [batch, rows]: each sorted row's expert
-        out = self._experts(rows, lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise),
-                            lambda bias: F.embedding(sorted_experts, bias.to(x.dtype)))
+        out = self._experts(
+            rows,
+            lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise),
+            lambda bias: F.embedding(sorted_experts, bias.to(x.dtype)),
+        )
         out = permute_rows(out, order.argsort(dim=-1)).view(batch, seq, self.top_k, d_model)  # token order again
         return (out * weights[..., None]).sum(dim=2)
 
@@ -219,7 +228,7 @@ class MixtureOfExperts(nn.Module):
         capacity = int(max(math.ceil(seq * self.top_k / self.n_experts) * self.capacity_factor, self.capacity_factor))
         routed = F.one_hot(chosen, self.n_experts).to(torch.int32)  # [batch, seq, k, experts]
         # 1-based place of each (token, choice) in its expert's slots, in token order; 0: not routed.
-        place = (routed.reshape(batch, seq * self.top_k, -1).cumsum(dim=1).reshape(routed.shape) * routed)
+        place = routed.reshape(batch, seq * self.top_k, -1).cumsum(dim=1).reshape(routed.shape) * routed
         slots = torch.arange(1, capacity + 1, device=x.device, dtype=torch.int32)
         combine = ((place[..., None] == slots) * weights[..., None, None]).sum(dim=2)  # [batch, seq, experts, slots]
         dispatch = (combine != 0).to(x.dtype)

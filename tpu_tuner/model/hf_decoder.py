@@ -43,8 +43,15 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 # transformers' activation names (ACT2FN) -> the decoder's: the tanh approximations are one.
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
+_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "relu": "relu",
+}
 
 
 class NotExpressible(ValueError):
@@ -72,9 +79,15 @@ def _attention(config: PretrainedConfig) -> dict[str, Any]:
     """The attention shape every family reads the same way."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return {"vocab": config.vocab_size, "d_model": config.hidden_size, "layers": config.num_hidden_layers,
-            "heads": heads, "kv_heads": getattr(config, "num_key_value_heads", None) or heads, "head_dim": head_dim,
-            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False))}
+    return {
+        "vocab": config.vocab_size,
+        "d_model": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+    }
 
 
 def attention_pattern(config: PretrainedConfig) -> dict[str, Any]:
@@ -101,31 +114,64 @@ def _llama_like(config: PretrainedConfig, activation: str = "hidden_act", **extr
     `extra` sets what a family adds."""
     theta, fraction = _rope(config)
     bias = bool(getattr(config, "attention_bias", False))
-    shape = {**_attention(config), **attention_pattern(config), "mlp": config.intermediate_size,
-             "activation": _activation(getattr(config, activation)), "max_seq_len": config.max_position_embeddings,
-             "norm_eps": config.rms_norm_eps, "rope_theta": theta, "rotary_fraction": fraction, "qkv_bias": bias,
-             "out_bias": bias, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+    shape = {
+        **_attention(config),
+        **attention_pattern(config),
+        "mlp": config.intermediate_size,
+        "activation": _activation(getattr(config, activation)),
+        "max_seq_len": config.max_position_embeddings,
+        "norm_eps": config.rms_norm_eps,
+        "rope_theta": theta,
+        "rotary_fraction": fraction,
+        "qkv_bias": bias,
+        "out_bias": bias,
+        "mlp_bias": bool(getattr(config, "mlp_bias", False)),
+    }
     return {**shape, **extra}
 
 
 def _gpt2(config: PretrainedConfig) -> dict[str, Any]:
     if getattr(config, "add_cross_attention", False):
         raise NotExpressible("cross-attention (add_cross_attention) is not expressible")
-    return {"vocab": config.vocab_size, "d_model": config.n_embd, "layers": config.n_layer, "heads": config.n_head,
-            "mlp": config.n_inner or 4 * config.n_embd, "gated": False,
-            "activation": _activation(config.activation_function), "norm": "layer", "positions": "learned",
-            "tied_embeddings": bool(config.tie_word_embeddings), "max_seq_len": config.n_positions,
-            "norm_eps": config.layer_norm_epsilon, "qkv_bias": True, "out_bias": True, "mlp_bias": True}
+    return {
+        "vocab": config.vocab_size,
+        "d_model": config.n_embd,
+        "layers": config.n_layer,
+        "heads": config.n_head,
+        "mlp": config.n_inner or 4 * config.n_embd,
+        "gated": False,
+        "activation": _activation(config.activation_function),
+        "norm": "layer",
+        "positions": "learned",
+        "tied_embeddings": bool(config.tie_word_embeddings),
+        "max_seq_len": config.n_positions,
+        "norm_eps": config.layer_norm_epsilon,
+        "qkv_bias": True,
+        "out_bias": True,
+        "mlp_bias": True,
+    }
 
 
 def _gpt_neox(config: PretrainedConfig) -> dict[str, Any]:
     theta, fraction = _rope(config)
     bias = bool(config.attention_bias)
-    return {**_attention(config), "kv_heads": None, "head_dim": None, "mlp": config.intermediate_size,
-            "gated": False, "activation": _activation(config.hidden_act), "norm": "layer",
-            "max_seq_len": config.max_position_embeddings, "norm_eps": config.layer_norm_eps, "rope_theta": theta,
-            "rotary_fraction": fraction, "qkv_bias": bias, "out_bias": bias, "mlp_bias": True,
-            "parallel_residual": bool(config.use_parallel_residual)}
+    return {
+        **_attention(config),
+        "kv_heads": None,
+        "head_dim": None,
+        "mlp": config.intermediate_size,
+        "gated": False,
+        "activation": _activation(config.hidden_act),
+        "norm": "layer",
+        "max_seq_len": config.max_position_embeddings,
+        "norm_eps": config.layer_norm_eps,
+        "rope_theta": theta,
+        "rotary_fraction": fraction,
+        "qkv_bias": bias,
+        "out_bias": bias,
+        "mlp_bias": True,
+        "parallel_residual": bool(config.use_parallel_residual),
+    }
 
 
 def _dense_layers(config: PretrainedConfig, experts: int) -> tuple[int, ...]:
@@ -139,10 +185,15 @@ def _qwen_moe(config: PretrainedConfig, shared: bool, **extra: Any) -> dict[str,
     dense = _dense_layers(config, experts)
     if len(dense) == config.num_hidden_layers:
         return _llama_like(config, **extra)
-    return _llama_like(config, experts=experts, top_k=config.num_experts_per_tok,
-                       expert_mlp=config.moe_intermediate_size,
-                       shared_expert_mlp=config.shared_expert_intermediate_size if shared else 0,
-                       dense_layers=dense, **extra)
+    return _llama_like(
+        config,
+        experts=experts,
+        top_k=config.num_experts_per_tok,
+        expert_mlp=config.moe_intermediate_size,
+        shared_expert_mlp=config.shared_expert_intermediate_size if shared else 0,
+        dense_layers=dense,
+        **extra,
+    )
 
 
 def _llama4(config: PretrainedConfig) -> dict[str, Any]:
@@ -159,10 +210,18 @@ def _llama4(config: PretrainedConfig) -> dict[str, Any]:
         if nope != list(range(every - 1, layers, every)):
             raise NotExpressible(f"the NoPE layers {nope} are not every N-th layer: not expressible")
         pattern = {"attention_chunk": config.attention_chunk_size, "global_every": every, "global_rope": False}
-    return _llama_like(config, mlp=config.intermediate_size_mlp, experts=config.num_local_experts,
-                       top_k=config.num_experts_per_tok, expert_mlp=config.intermediate_size, shared_experts=1,
-                       dense_layers=tuple(i for i in range(layers) if i not in moe), moe_routing="dropless",
-                       router="topk_sigmoid", **pattern)
+    return _llama_like(
+        config,
+        mlp=config.intermediate_size_mlp,
+        experts=config.num_local_experts,
+        top_k=config.num_experts_per_tok,
+        expert_mlp=config.intermediate_size,
+        shared_experts=1,
+        dense_layers=tuple(i for i in range(layers) if i not in moe),
+        moe_routing="dropless",
+        router="topk_sigmoid",
+        **pattern,
+    )
 
 
 def _gpt_oss(config: PretrainedConfig) -> dict[str, Any]:
@@ -171,9 +230,17 @@ def _gpt_oss(config: PretrainedConfig) -> dict[str, Any]:
     gate and up interleaved) the same parameters as separate gate and up ones; biases on the
     router, the experts and every attention projection (``attention_bias``); a learned sink per
     head in every layer; yarn rope scaling changes no matmul and is left out."""
-    shape = _llama_like(config, experts=config.num_local_experts, top_k=config.num_experts_per_tok,
-                        moe_routing="dropless", router_bias=True, expert_bias=True, attention_sinks=True,
-                        swiglu_alpha=float(config.swiglu_alpha), swiglu_limit=float(config.swiglu_limit))
+    shape = _llama_like(
+        config,
+        experts=config.num_local_experts,
+        top_k=config.num_experts_per_tok,
+        moe_routing="dropless",
+        router_bias=True,
+        expert_bias=True,
+        attention_sinks=True,
+        swiglu_alpha=float(config.swiglu_alpha),
+        swiglu_limit=float(config.swiglu_limit),
+    )
     return {**shape, "activation": "clamped_swiglu"}  # the config's hidden_act ("silu") names no gate of its own
 
 
@@ -183,18 +250,34 @@ def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
     Group-limited routing (``n_group``, ``topk_group``) masks scores only: no matmul changes."""
     theta, _ = _rope(config)
     bias = bool(getattr(config, "attention_bias", False))
-    return {"vocab": config.vocab_size, "d_model": config.hidden_size, "layers": config.num_hidden_layers,
-            "heads": config.num_attention_heads, "mlp": config.intermediate_size,
-            "activation": _activation(config.hidden_act), "max_seq_len": config.max_position_embeddings,
-            "norm_eps": config.rms_norm_eps, "rope_theta": theta, "qkv_bias": bias, "out_bias": bias,
-            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
-            "experts": config.n_routed_experts, "top_k": config.num_experts_per_tok,
-            "expert_mlp": config.moe_intermediate_size, "shared_experts": config.n_shared_experts or 0,
-            "dense_layers": tuple(range(min(config.first_k_dense_replace or 0, config.num_hidden_layers))), "moe_routing": "dropless",
-            "router": "sigmoid", "norm_topk_prob": bool(config.norm_topk_prob),
-            "routed_scaling_factor": float(config.routed_scaling_factor), "q_lora_rank": config.q_lora_rank or 0,
-            "kv_lora_rank": config.kv_lora_rank, "qk_nope_head_dim": config.qk_nope_head_dim,
-            "qk_rope_head_dim": config.qk_rope_head_dim, "v_head_dim": config.v_head_dim}
+    return {
+        "vocab": config.vocab_size,
+        "d_model": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "mlp": config.intermediate_size,
+        "activation": _activation(config.hidden_act),
+        "max_seq_len": config.max_position_embeddings,
+        "norm_eps": config.rms_norm_eps,
+        "rope_theta": theta,
+        "qkv_bias": bias,
+        "out_bias": bias,
+        "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+        "experts": config.n_routed_experts,
+        "top_k": config.num_experts_per_tok,
+        "expert_mlp": config.moe_intermediate_size,
+        "shared_experts": config.n_shared_experts or 0,
+        "dense_layers": tuple(range(min(config.first_k_dense_replace or 0, config.num_hidden_layers))),
+        "moe_routing": "dropless",
+        "router": "sigmoid",
+        "norm_topk_prob": bool(config.norm_topk_prob),
+        "routed_scaling_factor": float(config.routed_scaling_factor),
+        "q_lora_rank": config.q_lora_rank or 0,
+        "kv_lora_rank": config.kv_lora_rank,
+        "qk_nope_head_dim": config.qk_nope_head_dim,
+        "qk_rope_head_dim": config.qk_rope_head_dim,
+        "v_head_dim": config.v_head_dim,
+    }
 
 
 # model_type -> the decoder's shape keys, read from a config of that type.
@@ -211,8 +294,14 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gpt_neox": _gpt_neox,
     "mixtral": lambda c: _llama_like(c, experts=c.num_local_experts, top_k=c.num_experts_per_tok),
     "qwen2_moe": lambda c: _qwen_moe(c, shared=True, qkv_bias=bool(c.qkv_bias), out_bias=False),
-    "qwen3_moe": lambda c: _qwen_moe(c, shared=False, qk_norm=True, moe_routing="dropless", router="softmax_topk",
-                                     norm_topk_prob=bool(c.norm_topk_prob)),
+    "qwen3_moe": lambda c: _qwen_moe(
+        c,
+        shared=False,
+        qk_norm=True,
+        moe_routing="dropless",
+        router="softmax_topk",
+        norm_topk_prob=bool(c.norm_topk_prob),
+    ),
     "llama4_text": _llama4,
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss,
@@ -221,9 +310,13 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
 
 def not_expressible(config: PretrainedConfig) -> str | None:
     """What a config has that no family's reading can express, in a line (None: nothing known)."""
-    if (getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None)) and config.model_type != "deepseek_v3":
-        return (f"multi-head latent attention in a {config.model_type} config is not expressible (the decoder reads "
-                "deepseek_v3's)")
+    if (
+        getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None)
+    ) and config.model_type != "deepseek_v3":
+        return (
+            f"multi-head latent attention in a {config.model_type} config is not expressible (the decoder reads "
+            "deepseek_v3's)"
+        )
     if getattr(config, "is_encoder_decoder", False):
         return "an encoder-decoder is not expressible: the generic decoder is decoder-only"
     return None
@@ -237,8 +330,9 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
         raise NotExpressible(lacking)
     read = FAMILIES.get(config.model_type)
     if read is None:
-        raise NotExpressible(f"the generic decoder does not map {config.model_type!r} configs "
-                             f"(it maps {', '.join(FAMILIES)})")
+        raise NotExpressible(
+            f"the generic decoder does not map {config.model_type!r} configs (it maps {', '.join(FAMILIES)})"
+        )
     try:
         shape = DecoderShape(**read(config))
         shape.check(config.model_type)

@@ -77,7 +77,7 @@ def is_hf_source(path: str | Path) -> bool:
 def parse(text: str | Path) -> HfSource:
     """Split an ``hf:`` source into its parts; a malformed one is a one-line `UserInputError`."""
     text = str(text)
-    body, _, fragment = text[len(PREFIX):].partition("#")
+    body, _, fragment = text[len(PREFIX) :].partition("#")
     location, _, query = body.partition("?")
     if not location:
         raise UserInputError("hf: needs a config folder, a hub id or a model type after it", text)
@@ -89,9 +89,15 @@ def parse(text: str | Path) -> HfSource:
         kind = "hub"
     else:
         kind = "type"
-    return HfSource(text=text, kind=kind, location=location, overrides=parse_key_values(query, text),
-                    inference=bool(options.get("inference")), weights=bool(options.get("weights")),
-                    task=options.get("task"))
+    return HfSource(
+        text=text,
+        kind=kind,
+        location=location,
+        overrides=parse_key_values(query, text),
+        inference=bool(options.get("inference")),
+        weights=bool(options.get("weights")),
+        task=options.get("task"),
+    )
 
 
 def _options(fragment: str, text: str) -> dict[str, Any]:
@@ -145,7 +151,7 @@ def _config_for_type(source: HfSource, transformers: Any) -> PretrainedConfig:
         return transformers.AutoConfig.for_model(source.location, **source.overrides)
     except UserInputError:
         raise
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad config
+    except Exception as exc:
         raise UserInputError(f"cannot make a {source.location} config: {_one_line(exc)}", source.text) from exc
 
 
@@ -165,14 +171,17 @@ def _hub_config(source: HfSource, transformers: Any) -> PretrainedConfig:
         if not str(exc).split(": ", 1)[-1].startswith("cannot read the config"):
             raise  # read from the cache; the overrides are what is wrong
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise UserInputError(f"{source.location} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
-                             source.text)
+        raise UserInputError(
+            f"{source.location} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set", source.text
+        )
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     reason = _unreachable(endpoint)
     if reason:
-        raise UserInputError(f"{source.location} is not in the local Hugging Face cache and {endpoint} cannot be "
-                             f"reached ({reason}); put its config.json in a folder and pass hf:./that-folder",
-                             source.text)
+        raise UserInputError(
+            f"{source.location} is not in the local Hugging Face cache and {endpoint} cannot be "
+            f"reached ({reason}); put its config.json in a folder and pass hf:./that-folder",
+            source.text,
+        )
     return _from_pretrained(transformers, source.location, source, local_only=False)
 
 
@@ -190,7 +199,7 @@ def _unreachable(endpoint: str) -> str | None:
 def _from_pretrained(transformers: Any, location: str, source: HfSource, local_only: bool) -> PretrainedConfig:
     try:
         config = transformers.AutoConfig.from_pretrained(location, local_files_only=local_only)
-    except Exception as exc:  # noqa: BLE001 - OSError, ValueError (unknown model_type), JSON errors
+    except Exception as exc:
         raise UserInputError(f"cannot read the config of {location}: {_one_line(exc)}", source.text) from exc
     if not source.overrides:
         return config
@@ -202,7 +211,7 @@ def _from_pretrained(transformers: Any, location: str, source: HfSource, local_o
         values["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
     try:
         return type(config).from_dict(values)
-    except Exception as exc:  # noqa: BLE001 - transformers' validation errors vary
+    except Exception as exc:
         raise UserInputError(f"the overrides make an invalid config: {_one_line(exc)}", source.text) from exc
 
 

@@ -33,12 +33,21 @@ DEFAULT_BATCH_SIZE = 4
 DEFAULT_SEQ_LEN = 512
 MASKED_SHARE = 0.15  # BERT's share of masked positions
 # The auto class of each task, first match wins where the config declares no head.
-_AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
-                 "seq2seq": "AutoModelForSeq2SeqLM", "classification": "AutoModelForSequenceClassification"}
+_AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "classification": "AutoModelForSequenceClassification",
+}
 # Architecture-name endings -> task, for configs that name their head (config.json's "architectures").
-_HEAD_SUFFIXES = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
-                  ("ForConditionalGeneration", "seq2seq"), ("ForSeq2SeqLM", "seq2seq"),
-                  ("ForSequenceClassification", "classification"))
+_HEAD_SUFFIXES = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForConditionalGeneration", "seq2seq"),
+    ("ForSeq2SeqLM", "seq2seq"),
+    ("ForSequenceClassification", "classification"),
+)
 
 
 def hf_module(path: str) -> types.ModuleType:
@@ -130,9 +139,12 @@ def resolve_task(config: PretrainedConfig, source: HfSource) -> str:
     for task in order + tuple(t for t in _AUTO_CLASSES if t not in order):
         if _auto_knows(_AUTO_CLASSES[task], config):
             return task
-    raise UserInputError(f"the {config.model_type} config declares no head tpu-tune can run "
-                         f"(architectures: {', '.join(getattr(config, 'architectures', None) or ['none'])}; "
-                         f"heads: {', '.join(_AUTO_CLASSES)})", source.text)
+    raise UserInputError(
+        f"the {config.model_type} config declares no head tpu-tune can run "
+        f"(architectures: {', '.join(getattr(config, 'architectures', None) or ['none'])}; "
+        f"heads: {', '.join(_AUTO_CLASSES)})",
+        source.text,
+    )
 
 
 def _auto_knows(class_name: str, config: PretrainedConfig) -> bool:
@@ -146,8 +158,9 @@ def _auto_class(task: str, config: PretrainedConfig, source: HfSource) -> Any:
 
     class_name = _AUTO_CLASSES[task]
     if not _auto_knows(class_name, config):
-        raise UserInputError(f"a {config.model_type} config has no {task} head in transformers "
-                             f"{transformers.__version__}", source.text)
+        raise UserInputError(
+            f"a {config.model_type} config has no {task} head in transformers {transformers.__version__}", source.text
+        )
     return getattr(transformers, class_name)
 
 
@@ -155,15 +168,19 @@ def build(source: HfSource, config: PretrainedConfig, auto_class: Any) -> nn.Mod
     """The model: from the config with random weights, or from the checkpoint (``weights``)."""
     if source.weights:
         if source.kind == "type":
-            raise UserInputError("--weights needs a folder or a hub id with a checkpoint, not a model type",
-                                 source.text)
+            raise UserInputError(
+                "--weights needs a folder or a hub id with a checkpoint, not a model type", source.text
+            )
         try:
-            model = auto_class.from_pretrained(source.location, config=config, dtype=torch.float32,
-                                               local_files_only=source.kind == "directory")
-        except Exception as exc:  # noqa: BLE001 - missing or mismatched checkpoint files
-            raise UserInputError(f"cannot load the weights of {source.location}: "
-                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
-                                 source.text) from exc
+            model = auto_class.from_pretrained(
+                source.location, config=config, dtype=torch.float32, local_files_only=source.kind == "directory"
+            )
+        except Exception as exc:
+            raise UserInputError(
+                f"cannot load the weights of {source.location}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                source.text,
+            ) from exc
     else:
         model = auto_class.from_config(config, dtype=torch.float32)
     mark_active_experts(model, config)
@@ -177,8 +194,11 @@ def switch_off_dropout(config: PretrainedConfig) -> list[str]:
     elementwise ops a layer; most current LLM configs have it at 0 already."""
     dropped = []
     for key, value in config.to_dict().items():
-        if (key.endswith("dropout") or key.endswith("pdrop") or key.endswith("dropout_prob")) \
-                and isinstance(value, float) and value > 0:
+        if (
+            (key.endswith("dropout") or key.endswith("pdrop") or key.endswith("dropout_prob"))
+            and isinstance(value, float)
+            and value > 0
+        ):
             setattr(config, key, 0.0)
             dropped.append(f"{key} {value:g}")
     return dropped
@@ -196,8 +216,9 @@ def mark_active_experts(model: nn.Module, config: PretrainedConfig) -> None:
             module.n_experts, module.top_k = experts, top_k
 
 
-def synthetic_inputs(config: PretrainedConfig, task: str, batch_size: int, seq_len: int,
-                     vocab: int) -> dict[str, torch.Tensor]:
+def synthetic_inputs(
+    config: PretrainedConfig, task: str, batch_size: int, seq_len: int, vocab: int
+) -> dict[str, torch.Tensor]:
     """Random tokens inside the vocabulary, with the labels the task's loss reads."""
     # A classification head on a decoder finds each sequence's last token by its padding id:
     # keep that id out of the tokens so every sequence is read whole.
@@ -256,13 +277,25 @@ def declared_dims(config: PretrainedConfig) -> dict[str, int] | None:
         return None
     if getattr(text, "kv_lora_rank", None) and getattr(text, "v_head_dim", None):
         # Latent attention (DeepSeek): query/key heads of nope + rope dimensions, value heads their own.
-        return {"layers": layers, "heads": heads, "head_dim": text.qk_nope_head_dim + text.qk_rope_head_dim,
-                "value_head_dim": text.v_head_dim}
+        return {
+            "layers": layers,
+            "heads": heads,
+            "head_dim": text.qk_nope_head_dim + text.qk_rope_head_dim,
+            "value_head_dim": text.v_head_dim,
+        }
     head_dim = getattr(text, "head_dim", None)
     if not isinstance(head_dim, int) or head_dim <= 0:
         head_dim = width // heads
     return {"layers": layers, "heads": heads, "head_dim": head_dim}
 
 
-__all__ = ["build", "check_source", "declared_dims", "hf_module", "mark_active_experts", "prepare_classification",
-           "resolve_task", "synthetic_inputs"]
+__all__ = [
+    "build",
+    "check_source",
+    "declared_dims",
+    "hf_module",
+    "mark_active_experts",
+    "prepare_classification",
+    "resolve_task",
+    "synthetic_inputs",
+]

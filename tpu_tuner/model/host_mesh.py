@@ -56,8 +56,11 @@ def describe_on_hosts(layout: Layout, nnodes: int, nproc: int, names: list[str] 
     for node in range(nnodes):
         ranks = range(node * nproc, (node + 1) * nproc)
         coords = [coordinates(layout, r) for r in ranks]
-        held = " x ".join(f"{axis} {_span(sorted({c[i] for c in coords}))}"
-                          for i, axis in enumerate(AXES) if (layout.data, layout.fsdp, layout.tensor)[i] > 1)
+        held = " x ".join(
+            f"{axis} {_span(sorted({c[i] for c in coords}))}"
+            for i, axis in enumerate(AXES)
+            if (layout.data, layout.fsdp, layout.tensor)[i] > 1
+        )
         who = f"node {node}" + (f" ({names[node]})" if names and node < len(names) else "")
         parts.append(f"{who} rank{'s' if nproc > 1 else ''} {_span(list(ranks))}" + (f" = {held}" if held else ""))
     within = axes_within_hosts(layout, nproc)

@@ -34,8 +34,9 @@ def gated_activation(s: DecoderShape) -> Callable[[torch.Tensor, torch.Tensor], 
     return partial(_gate_times_up, activation=ACTIVATIONS[s.activation])  # a partial pickles, a lambda not
 
 
-def _gate_times_up(gate: torch.Tensor, up: torch.Tensor,
-                   activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _gate_times_up(
+    gate: torch.Tensor, up: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     return activation(gate) * up
 
 

@@ -88,8 +88,9 @@ class Layout:
         context = f" x context {self.context}" if self.context > 1 else ""
         extra = "".join(f" x {axis} {size}" for axis, size in self._named() if not axis.startswith("dcn_"))
         dcn = ", ".join(f"{axis[4:]} {size}" for axis, size in self._named() if axis.startswith("dcn_"))
-        return (f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}{extra}"
-                + (f" (across slices: {dcn})" if dcn else ""))
+        return f"data {self.data} x fsdp {self.fsdp}{context} x tensor {self.tensor}{extra}" + (
+            f" (across slices: {dcn})" if dcn else ""
+        )
 
     def short(self, with_context: bool = True) -> str:
         """DATAxFSDPxTENSOR, with xCONTEXT appended when there is one and ,NAME=SIZE for each
@@ -105,12 +106,12 @@ class Layout:
         return {**shape, **({"context": self.context} if self.context > 1 else {}), **dict(self._named())}
 
     @classmethod
-    def from_mesh(cls, mesh: Mapping[str, Any]) -> "Layout":
+    def from_mesh(cls, mesh: Mapping[str, Any]) -> Layout:
         """`mesh_shape`'s inverse (an axis left out has size 1); ValueError / TypeError where a
         size is no integer."""
         return cls(*(int(mesh.get(axis, 1)) for axis in ("data", "fsdp", "tensor", "context", *NAMED_AXES)))
 
-    def without_context(self) -> "Layout":
+    def without_context(self) -> Layout:
         """The layout on data x fsdp x tensor alone: context, fsdp_transpose and expert folded into
         fsdp, the axis that also splits the parameters and the batch (the layout knob and a torch
         process group have no others); the slices' DCN ways dropped (one process group)."""
@@ -221,8 +222,14 @@ def mesh_partition_spec(placement: str, ndim: int, mlp: bool = False) -> tuple:
     return ()
 
 
-def enumerate_layouts(devices: int, shape: ModelShape, global_batch: int, seq_len: int | None = None,
-                      contexts: tuple[int, ...] = (1,), slices: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+def enumerate_layouts(
+    devices: int,
+    shape: ModelShape,
+    global_batch: int,
+    seq_len: int | None = None,
+    contexts: tuple[int, ...] = (1,),
+    slices: int = 1,
+) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All data x fsdp x tensor (x context, for each of `contexts`) factorisations of `devices`,
     split into valid and rejected (why). Over `slices` slices, each factorisation once per way of
     spreading the slices over data and fsdp that divides them (data first: MaxText's default)."""
@@ -264,8 +271,10 @@ def parse_layout(text: str, context: bool = True) -> Layout:
         axis, _, size = part.partition("=")
         axis = axis.strip()
         if axis == "dcn_pipeline":
-            raise ValueError(f"layout {text!r}: dcn_pipeline (pipeline stages across slices) is not compiled "
-                             "by the planner; put the slices on dcn_data or dcn_fsdp")
+            raise ValueError(
+                f"layout {text!r}: dcn_pipeline (pipeline stages across slices) is not compiled "
+                "by the planner; put the slices on dcn_data or dcn_fsdp"
+            )
         if axis not in NAMED_AXES:
             raise ValueError(f"layout {text!r}: unknown axis {axis!r} (known: {', '.join(NAMED_AXES)})")
         if not size.strip().isdigit() or int(size) < 1 or axis in extra:
@@ -274,8 +283,10 @@ def parse_layout(text: str, context: bool = True) -> Layout:
     layout = Layout(*sizes, **extra)
     for axis in ("data", "fsdp"):
         if getattr(layout, axis) % getattr(layout, f"dcn_{axis}"):
-            raise ValueError(f"layout {text!r}: dcn_{axis} {getattr(layout, f'dcn_{axis}')} does not divide "
-                             f"{axis} {getattr(layout, axis)} (the whole axis, its DCN ways included)")
+            raise ValueError(
+                f"layout {text!r}: dcn_{axis} {getattr(layout, f'dcn_{axis}')} does not divide "
+                f"{axis} {getattr(layout, axis)} (the whole axis, its DCN ways included)"
+            )
     return layout
 
 
@@ -294,8 +305,10 @@ def why_not(layout: Layout, shape: ModelShape, global_batch: int, seq_len: int |
         names = "fsdp x context" + " x fsdp_transpose" * (layout.fsdp_transpose > 1) + " x expert" * (layout.expert > 1)
         return f"{names} {embed} does not divide d_model {shape.d_model}"
     if shape.mlp_hidden % (layout.fsdp_transpose * layout.tensor):
-        return (f"fsdp_transpose x tensor {layout.fsdp_transpose * layout.tensor} does not divide the MLP width "
-                f"{shape.mlp_hidden}")
+        return (
+            f"fsdp_transpose x tensor {layout.fsdp_transpose * layout.tensor} does not divide the MLP width "
+            f"{shape.mlp_hidden}"
+        )
     return None
 
 
@@ -303,8 +316,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def why_not_ranks(layout: Layout, world_size: int, batch_size: int | None, repeated_blocks: int,
-                  widths: Mapping[str, int], inference: bool = False) -> str | None:
+def why_not_ranks(
+    layout: Layout,
+    world_size: int,
+    batch_size: int | None,
+    repeated_blocks: int,
+    widths: Mapping[str, int],
+    inference: bool = False,
+) -> str | None:
     """Why `layout` cannot run as `world_size` ranks of a torch step (`parallel/apply.py`: DDP,
     FSDP2 on repeated blocks, DTensor tensor parallelism) with a global batch of `batch_size`,
     from the model's numbers: its count of repeated blocks and the widths a tensor axis must
@@ -321,8 +340,10 @@ def why_not_ranks(layout: Layout, world_size: int, batch_size: int | None, repea
         return "fsdp layouts shard repeated blocks, and the model has fewer than two like blocks"
     if layout.tensor > 1:
         if not widths:
-            return ("tensor parallelism finds no column- or row-wise linear layer (in the repeated blocks, or "
-                    "pairs of a chain of linear layers)")
+            return (
+                "tensor parallelism finds no column- or row-wise linear layer (in the repeated blocks, or "
+                "pairs of a chain of linear layers)"
+            )
         for name, width in widths.items():
             if width % layout.tensor:
                 return f"tensor {layout.tensor} does not divide {name} = {width}"

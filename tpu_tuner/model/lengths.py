@@ -70,7 +70,9 @@ def read_lengths(path: str | Path) -> np.ndarray:
     if not all(_is_number(cell) for cell in header):  # a header line
         names = [cell for cell in header if cell in LENGTH_COLUMNS]
         if len(header) > 1 and not names:
-            raise UserInputError(f"no length column: name one of {', '.join(LENGTH_COLUMNS)} (found {', '.join(header)})", path)
+            raise UserInputError(
+                f"no length column: name one of {', '.join(LENGTH_COLUMNS)} (found {', '.join(header)})", path
+            )
         column, rows = (header.index(names[0]) if names else 0), rows[1:]
     values = []
     for line, row in rows:
@@ -112,7 +114,9 @@ def bucket_histogram(workload: Any, lengths_file: Path | None) -> LengthHistogra
             raise UserInputError(f"sample_lengths() failed: {type(exc).__name__}: {exc}", workload.source) from exc
         source = workload.source
     else:
-        raise UserInputError("no length sample: give --lengths FILE or define sample_lengths() in the file", workload.source)
+        raise UserInputError(
+            "no length sample: give --lengths FILE or define sample_lengths() in the file", workload.source
+        )
     try:
         return LengthHistogram.from_sample(sample)
     except ValueError as exc:

@@ -26,8 +26,8 @@ from typing import Any
 
 from torch import nn
 
-from tpu_tuner.model.batch import resize_batch
 from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.model.batch import resize_batch
 from tpu_tuner.model.workload import TransformerDims, Workload
 
 NATIVE_REQUIRED = ("build_model", "make_batch")
@@ -47,13 +47,22 @@ def load_workload(path: str | Path) -> Workload:
 
         module = hf_module(str(path))
         workload = _native_workload(module, Path(str(path)))
-        return replace(workload, name=module.NAME, source=Path(str(path)), hf_config=module.HF_CONFIG,
-                       hf_task=module.HF_TASK, notes=list(module.NOTES))
+        return replace(
+            workload,
+            name=module.NAME,
+            source=Path(str(path)),
+            hf_config=module.HF_CONFIG,
+            hf_task=module.HF_TASK,
+            notes=list(module.NOTES),
+        )
     if is_shape_source(path):
         module = shape_module(path)
         workload = _native_workload(module, Path(str(path)))
-        return replace(workload, name=module.NAME,
-                       source=Path(str(path)).resolve() if str(path).endswith(".toml") else Path(str(path)))
+        return replace(
+            workload,
+            name=module.NAME,
+            source=Path(str(path)).resolve() if str(path).endswith(".toml") else Path(str(path)),
+        )
     path = Path(path)
     module = _import_file(path)
     if all(hasattr(module, name) for name in NATIVE_REQUIRED):
@@ -86,7 +95,7 @@ def _import_file(path: Path) -> types.ModuleType:
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         raise WorkloadError(f"syntax error at line {exc.lineno}: {exc.msg}", path) from exc
-    except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit too
+    except BaseException as exc:
         sys.modules.pop(module_name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -156,8 +165,10 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
     )
 
 
-SEQ_LEN_REFUSED = ("--seq-len cannot be applied to a benchmark-style file (class Model + get_inputs()): "
-                   "get_inputs() fixes the shapes; change them there")
+SEQ_LEN_REFUSED = (
+    "--seq-len cannot be applied to a benchmark-style file (class Model + get_inputs()): "
+    "get_inputs() fixes the shapes; change them there"
+)
 
 
 def _presets(module: types.ModuleType, path: Path) -> tuple[str, ...]:

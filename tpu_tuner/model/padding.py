@@ -17,8 +17,12 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
     return ordered[index]
 
 
-def pad_to_bucket(sequences: Sequence[torch.Tensor] | torch.Tensor, buckets: Sequence[int], pad_value: int = 0,
-                  lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_to_bucket(
+    sequences: Sequence[torch.Tensor] | torch.Tensor,
+    buckets: Sequence[int],
+    pad_value: int = 0,
+    lengths: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad a batch to the bucket of its longest sequence.
 
     `sequences` is a list of 1-D (or [length, ...]) tensors of varying length, or an already

@@ -46,9 +46,15 @@ class ProfiledWorkload(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """The profile.json table, keys in the order profile.json has always had them."""
-        data: dict[str, Any] = {"name": self.name, "source": self.source, "convention": self.convention,
-                                "step": self.step, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                                "notes": list(self.notes)}
+        data: dict[str, Any] = {
+            "name": self.name,
+            "source": self.source,
+            "convention": self.convention,
+            "step": self.step,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "notes": list(self.notes),
+        }
         if self.traits is not None:
             data["traits"] = {"training": self.training, **self.traits}
         return data
@@ -64,10 +70,16 @@ class ProfiledWorkload(Mapping[str, Any]):
         traits = dict(traits) if isinstance(traits, Mapping) else None
         recorded = traits.pop("training", None) if traits is not None else None
         training = recorded if isinstance(recorded, bool) else str(data.get("step", "")).startswith("training")
-        return cls(name=str(data["name"]), source=str(data["source"]), convention=str(data["convention"]),
-                   training=training, batch_size=_int_or_none(data.get("batch_size")),
-                   seq_len=_int_or_none(data.get("seq_len")),
-                   notes=tuple(str(note) for note in data.get("notes") or ()), traits=traits)
+        return cls(
+            name=str(data["name"]),
+            source=str(data["source"]),
+            convention=str(data["convention"]),
+            training=training,
+            batch_size=_int_or_none(data.get("batch_size")),
+            seq_len=_int_or_none(data.get("seq_len")),
+            notes=tuple(str(note) for note in data.get("notes") or ()),
+            traits=traits,
+        )
 
     # Read-only mapping access to the profile.json table.
     def __getitem__(self, key: str) -> Any:

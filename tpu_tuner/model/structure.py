@@ -58,8 +58,12 @@ def read_dims(model: nn.Module, heads_hint: int | None = None) -> Dims:
     # A mixture of experts keeps its MLPs as stacked [experts, d_model, width] weights.
     widths += [p.shape[2] for p in block.parameters() if p.dim() == 3 and p.shape[1] == d_model]
     mlp_hidden = max(widths) if widths else 4 * d_model
-    return Dims(ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, layer_count(model)), head_dim, len(blocks),
-                len(unscanned_blocks(model, blocks_name)))
+    return Dims(
+        ModelShape(d_model, heads, kv_heads, mlp_hidden, vocab, layer_count(model)),
+        head_dim,
+        len(blocks),
+        len(unscanned_blocks(model, blocks_name)),
+    )
 
 
 def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:

@@ -48,16 +48,18 @@ class WorkloadSummary:
                 raise _SampleLengthsFailed(self.sample_lengths_error)
             return self.sample_lengths or ()
 
-        return types.SimpleNamespace(source=self.source,
-                                     sample_lengths=sample_lengths if self.has_sample_lengths else None)
+        return types.SimpleNamespace(
+            source=self.source, sample_lengths=sample_lengths if self.has_sample_lengths else None
+        )
 
 
 class _SampleLengthsFailed(Exception):
     """sample_lengths() raised in the worker; the message is its error."""
 
 
-def summarize(workload: Any, backend: Any, batch_size: int | None, seq_len: int | None,
-              sample_lengths: bool = True) -> WorkloadSummary:
+def summarize(
+    workload: Any, backend: Any, batch_size: int | None, seq_len: int | None, sample_lengths: bool = True
+) -> WorkloadSummary:
     """The load job, in the worker that imported the file: describe `workload` on `backend`,
     its inputs at `batch_size` x `seq_len`, and its sample_lengths() when `sample_lengths`."""
     lengths: tuple[int, ...] | None = None
@@ -65,14 +67,22 @@ def summarize(workload: Any, backend: Any, batch_size: int | None, seq_len: int 
     if workload.sample_lengths is not None and sample_lengths:
         try:
             lengths = tuple(int(x) for x in workload.sample_lengths())
-        except Exception as exc:  # noqa: BLE001 - reported where the sample is used
+        except Exception as exc:
             lengths_error = f"{type(exc).__name__}: {exc}"
     return WorkloadSummary(
-        name=workload.name, source=workload.source, convention=workload.convention,
-        step_kind=workload.step_kind, is_training=workload.is_training,
-        batch_size=workload.batch_size, seq_len=workload.seq_len, presets=tuple(workload.presets),
-        has_sample_lengths=workload.sample_lengths is not None, sample_lengths=lengths,
-        sample_lengths_error=lengths_error, device_kind=backend.kind, device_name=_device_name(backend),
+        name=workload.name,
+        source=workload.source,
+        convention=workload.convention,
+        step_kind=workload.step_kind,
+        is_training=workload.is_training,
+        batch_size=workload.batch_size,
+        seq_len=workload.seq_len,
+        presets=tuple(workload.presets),
+        has_sample_lengths=workload.sample_lengths is not None,
+        sample_lengths=lengths,
+        sample_lengths_error=lengths_error,
+        device_kind=backend.kind,
+        device_name=_device_name(backend),
         inputs=input_signature(workload, batch_size, seq_len),
         notes=list(workload.notes),
     )
@@ -95,11 +105,13 @@ def input_signature(workload: Any, batch_size: int | None, seq_len: int | None) 
 
     try:
         with torch.device("meta"):
-            batch = workload.make_batch(batch_size if batch_size is not None else workload.batch_size,
-                                        seq_len if seq_len is not None else workload.seq_len)
+            batch = workload.make_batch(
+                batch_size if batch_size is not None else workload.batch_size,
+                seq_len if seq_len is not None else workload.seq_len,
+            )
     except UserInputError:
         raise  # e.g. --seq-len on a benchmark-style file: refused now, not after profiling
-    except Exception:  # noqa: BLE001 - not describable on meta; the profile will show the shapes
+    except Exception:
         return None
     return leaf(batch)
 
@@ -108,7 +120,7 @@ def _device_name(backend: Any) -> str:
     """The device's name (`Backend.device_name`, which measures nothing), else its kind."""
     try:
         return str(backend.device_name())
-    except Exception:  # noqa: BLE001 - a name is nice to have, never worth failing for
+    except Exception:
         return str(backend.kind)
 
 

@@ -18,10 +18,14 @@ MAX_TORCHTPU_BUCKETS = 8
 
 def torchtpu_instructions(bounds: Sequence[int]) -> str:
     """One line saying how to get these buckets on TorchTPU."""
-    explicit = "pad explicitly with tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS) and compile with dynamic=False"
+    explicit = (
+        "pad explicitly with tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS) and compile with dynamic=False"
+    )
     size = math.gcd(*bounds)
     if len(bounds) <= MAX_TORCHTPU_BUCKETS and size % 128 == 0:
-        return (f"torch.compile(model, backend='tpu', options={{'num_dynamic_buckets': {len(bounds)}, "
-                f"'bucket_size': {size}}}) compiles at most {len(bounds)} multiples of {size} (experimental; TorchTPU "
-                f"picks the multiples), or {explicit}")
+        return (
+            f"torch.compile(model, backend='tpu', options={{'num_dynamic_buckets': {len(bounds)}, "
+            f"'bucket_size': {size}}}) compiles at most {len(bounds)} multiples of {size} (experimental; TorchTPU "
+            f"picks the multiples), or {explicit}"
+        )
     return f"{explicit} (the bounds are not all multiples of 128, which TorchTPU's bucket_size needs)"

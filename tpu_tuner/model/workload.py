@@ -108,8 +108,7 @@ class Workload:
             return batch, None
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise TypeError(
-                "a training workload's make_batch must return (inputs, target), "
-                f"got {type(batch).__name__}"
+                f"a training workload's make_batch must return (inputs, target), got {type(batch).__name__}"
             )
         return batch[0], batch[1]
 

@@ -25,9 +25,18 @@ def _row(result: BucketResult, name: str) -> dict[str, object]:
 
 def table_rows(result: BucketResult) -> list[dict[str, object]]:
     rows = [_row(result, e.strategy.name) for e in result.table]
-    rows.append({"strategy": "oracle bound (free compiles, no padding)", "shapes": "-", "padding": "0.0%",
-                 "compile s": "0", "steps s": _seconds(result.oracle_seconds),
-                 "predicted total s": _seconds(result.oracle_seconds), "measured total s": "-", "vs oracle": "1.00x"})
+    rows.append(
+        {
+            "strategy": "oracle bound (free compiles, no padding)",
+            "shapes": "-",
+            "padding": "0.0%",
+            "compile s": "0",
+            "steps s": _seconds(result.oracle_seconds),
+            "predicted total s": _seconds(result.oracle_seconds),
+            "measured total s": "-",
+            "vs oracle": "1.00x",
+        }
+    )
     return rows
 
 
@@ -48,8 +57,9 @@ def render_terminal(result: BucketResult) -> str:
         lines.append(f"* compiles more shapes than --max-buckets {result.max_buckets}")
     if result.replay_note:
         lines.append(f"measured: {result.replay_note}")
-    lines.append(f"chosen buckets: {list(result.chosen.strategy.bounds)} "
-                 f"(optimiser {result.optimiser_seconds * 1e3:.1f} ms)")
+    lines.append(
+        f"chosen buckets: {list(result.chosen.strategy.bounds)} (optimiser {result.optimiser_seconds * 1e3:.1f} ms)"
+    )
     return "\n".join(lines)
 
 
@@ -72,8 +82,12 @@ def render_markdown(result: BucketResult, plots: list[str]) -> str:
         f"- device {result.device}, `torch.compile(backend={result.compile_backend!r}, dynamic=False)`",
         f"- {result.cost_model.describe()}",
         "- measured points (length: steady step s, compile s): "
-        + "; ".join(f"{length}: {step:.4f}, {comp:.2f}" for (length, step), (_, comp)
-                    in zip(result.cost_model.fit_points, result.cost_model.compile_samples, strict=True)),
+        + "; ".join(
+            f"{length}: {step:.4f}, {comp:.2f}"
+            for (length, step), (_, comp) in zip(
+                result.cost_model.fit_points, result.cost_model.compile_samples, strict=True
+            )
+        ),
         "- expected total = compiled shapes x compile cost + steps x mean step time at the padded length",
         "",
         "## Strategies",
@@ -87,9 +101,13 @@ def render_markdown(result: BucketResult, plots: list[str]) -> str:
         lines += ["", f"Measured totals: {result.replay_note}."]
     lines += ["", "Bounds per strategy:", ""]
     lines += [f"- {e.strategy.name}: {_short(e.strategy.bounds)} ({e.strategy.note})" for e in result.table]
-    lines += ["", *[f"![{p}]({p})" for p in plots], "",
-              "Reproduce: pad each batch with `tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)`; "
-              "see bucket_config.toml."]
+    lines += [
+        "",
+        *[f"![{p}]({p})" for p in plots],
+        "",
+        "Reproduce: pad each batch with `tpu_tuner.bucketing.pad_to_bucket(sequences, BUCKETS)`; "
+        "see bucket_config.toml.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -137,4 +155,8 @@ def _seconds(value: float) -> str:
 
 
 def _short(bounds: tuple[int, ...]) -> str:
-    return str(list(bounds)) if len(bounds) <= 12 else f"[{', '.join(map(str, bounds[:6]))}, ... {bounds[-1]}] ({len(bounds)} bounds)"
+    return (
+        str(list(bounds))
+        if len(bounds) <= 12
+        else f"[{', '.join(map(str, bounds[:6]))}, ... {bounds[-1]}] ({len(bounds)} bounds)"
+    )

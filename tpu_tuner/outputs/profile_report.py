@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.core.units import binary_bytes, ms, shape, si
+from tpu_tuner.profiling.profile import Profile
 
 
 def summary_rows(p: Profile) -> list[tuple[str, str]]:
@@ -12,21 +12,38 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
     device = p.device
     compiles = ", ".join(f"{k} {v}" for k, v in p.warmup.compiles.items()) or "none"
     return [
-        ("workload", f"{p.workload.name} ({', '.join(filter(None, (p.workload.step, shape(p.workload))))}, "
-                     f"{p.workload.convention} convention)"),
+        (
+            "workload",
+            f"{p.workload.name} ({', '.join(filter(None, (p.workload.step, shape(p.workload))))}, "
+            f"{p.workload.convention} convention)",
+        ),
         ("device", f"{device.name} ({device.kind}, {device.count} device{'s' if device.count != 1 else ''})"),
         ("run settings", p.candidate.describe()),
-        ("peak for MFU", f"{si(p.peak_flops_per_s, 'FLOP/s')} {p.peak_dtype} per device (the fastest dtype); "
-                         f"{device.peak.source}"),
-        ("step time", f"median {ms(t.median)}, p10 {ms(t.p10)}, p90 {ms(t.p90)} over {t.count} synced steps "
-                      f"(CV {t.cv:.1%}, robust CV {t.robust_cv:.1%})"),
-        ("first call", f"{ms(p.warmup.first_call_seconds)} (compile + warm-up; {p.warmup.steps} warm-up steps, "
-                       f"compilations: {compiles})"),
-        ("FLOPs per step", f"counted {si(p.flops.counted_per_step, 'FLOP')}; model {si(p.flops.model_per_step, 'FLOP')}"),
+        (
+            "peak for MFU",
+            f"{si(p.peak_flops_per_s, 'FLOP/s')} {p.peak_dtype} per device (the fastest dtype); {device.peak.source}",
+        ),
+        (
+            "step time",
+            f"median {ms(t.median)}, p10 {ms(t.p10)}, p90 {ms(t.p90)} over {t.count} synced steps "
+            f"(CV {t.cv:.1%}, robust CV {t.robust_cv:.1%})",
+        ),
+        (
+            "first call",
+            f"{ms(p.warmup.first_call_seconds)} (compile + warm-up; {p.warmup.steps} warm-up steps, "
+            f"compilations: {compiles})",
+        ),
+        (
+            "FLOPs per step",
+            f"counted {si(p.flops.counted_per_step, 'FLOP')}; model {si(p.flops.model_per_step, 'FLOP')}",
+        ),
         ("model FLOPs formula", p.flops.model_formula),
         ("attention convention", p.flops.attention_convention),
         ("achieved", si(p.achieved_flops_per_s, "FLOP/s") + " of model FLOPs"),
-        ("MFU", f"{'at least ' if p.mfu_is_lower_bound else ''}{p.mfu:.1%} of the {p.peak_dtype} peak; per dtype: {_per_dtype(p)}"),
+        (
+            "MFU",
+            f"{'at least ' if p.mfu_is_lower_bound else ''}{p.mfu:.1%} of the {p.peak_dtype} peak; per dtype: {_per_dtype(p)}",
+        ),
         *([("measured probe", _probe_line(p))] if p.device.probe is not None else []),
         *_flops_rows(p),
         ("peak memory", f"{binary_bytes(p.memory.peak_bytes)} ({p.memory.method})"),
@@ -39,7 +56,9 @@ def _per_dtype(p: Profile) -> str:
     parts = []
     for dtype, share in p.utilisation_by_dtype.items():
         peak = si(p.device.peak.flops_per_s[dtype], "FLOP/s")
-        parts.append(f"{dtype} {share:.1%} of {peak}" if share is not None else f"{dtype} n/a (the step beats its {peak})")
+        parts.append(
+            f"{dtype} {share:.1%} of {peak}" if share is not None else f"{dtype} n/a (the step beats its {peak})"
+        )
     return ", ".join(parts) + f" (matmuls ran in {p.compute_dtype})"
 
 
@@ -68,9 +87,17 @@ def _flops_rows(p: Profile) -> list[tuple[str, str]]:
     rows = []
     if p.flops.uncounted:
         ops = ", ".join(f"{op.name} {op.share:.0%} of the time" for op in p.flops.uncounted)
-        rows.append(("uncounted work", f"{ops} (no FLOP formula): "
-                     + ("the MFU above is a lower bound" if p.mfu_is_lower_bound
-                        else "the counted FLOPs miss it; the model FLOPs come from a formula")))
+        rows.append(
+            (
+                "uncounted work",
+                f"{ops} (no FLOP formula): "
+                + (
+                    "the MFU above is a lower bound"
+                    if p.mfu_is_lower_bound
+                    else "the counted FLOPs miss it; the model FLOPs come from a formula"
+                ),
+            )
+        )
     if p.estimate is not None:
         rows.append(("estimate before running", f"{p.estimate.describe()} (meta-device pass)"))
     if p.workload.notes:
@@ -102,10 +129,14 @@ def render_markdown(p: Profile) -> str:
     for op, flops in sorted(p.flops.counted_by_op.items(), key=lambda kv: -kv[1]):
         out.append(f"| `{op}` | {si(flops, 'FLOP')} | {flops / total:.1%} |")
     if p.flops.uncounted:
-        out += ["", "Operators that did work with no FLOP formula, so their work is missing above"
-                + (" and the MFU is a lower bound" if p.mfu_is_lower_bound else "") + ": "
-                + ", ".join(f"`{op.name}` {op.share:.1%} of the profiled time" for op in p.flops.uncounted)
-                + " (the rule: docs/flops.md)."]
+        out += [
+            "",
+            "Operators that did work with no FLOP formula, so their work is missing above"
+            + (" and the MFU is a lower bound" if p.mfu_is_lower_bound else "")
+            + ": "
+            + ", ".join(f"`{op.name}` {op.share:.1%} of the profiled time" for op in p.flops.uncounted)
+            + " (the rule: docs/flops.md).",
+        ]
     out += [
         "",
         f"Parameters: {p.flops.total_parameters:,} in all, {p.flops.matmul_parameters:,} in matmuls (N). "
@@ -121,14 +152,16 @@ def render_markdown(p: Profile) -> str:
         "| operator | self time per step | share | calls per step |",
         "|---|---:|---:|---:|",
     ]
-    out += [f"| `{op.name}` | {ms(op.self_ms_per_step / 1e3)} | {op.share:.1%} | {op.calls_per_step:g} |" for op in p.operators]
+    out += [
+        f"| `{op.name}` | {ms(op.self_ms_per_step / 1e3)} | {op.share:.1%} | {op.calls_per_step:g} |"
+        for op in p.operators
+    ]
     out += [
         "",
         "## How these were measured",
         "",
         f"- Step time: {p.timing.count} steps after {p.warmup.steps} warm-up steps, each synced with the "
-        "device; median with p10 / p90. Samples (ms): "
-        + ", ".join(f"{s * 1e3:.1f}" for s in p.timing.samples[:50]),
+        "device; median with p10 / p90. Samples (ms): " + ", ".join(f"{s * 1e3:.1f}" for s in p.timing.samples[:50]),
         f"- {p.mfu_convention}. MFU = model FLOPs per step / median step time / that peak of the devices "
         "used; it never exceeds 100% (a step that beats the peak re-measures it, see the warnings).",
         f"- Compilations while timing: {p.compiles_while_timing or 'none'}.",

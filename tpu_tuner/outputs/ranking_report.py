@@ -35,13 +35,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEADER = ["#", "topology", "chips", "fits", "step", "tokens/s per chip", "MFU", "$/chip-hour", "tokens per $",
-          "# per chip", "# per $"]
+HEADER = [
+    "#",
+    "topology",
+    "chips",
+    "fits",
+    "step",
+    "tokens/s per chip",
+    "MFU",
+    "$/chip-hour",
+    "tokens per $",
+    "# per chip",
+    "# per $",
+]
 
 
-def rank_to_folder(model_file: str | Path, options: "PlanOptions", topologies: list[str], prices: dict[str, "Price"],
-                   out: str | Path = run_folder.RESULTS_DIR,
-                   progress: Callable[[str], None] | None = None) -> tuple[Path, Ranking]:
+def rank_to_folder(
+    model_file: str | Path,
+    options: PlanOptions,
+    topologies: list[str],
+    prices: dict[str, Price],
+    out: str | Path = run_folder.RESULTS_DIR,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, Ranking]:
     """Plan `model_file` on each of `topologies` with the same options (one plan folder each, inside
     a new ranking folder under `out`) and rank them; returns (ranking folder, ranking).
 
@@ -59,11 +75,18 @@ def rank_to_folder(model_file: str | Path, options: "PlanOptions", topologies: l
         from tpu_tuner.studies.storage import storage_from_environment
 
         Path(out).mkdir(parents=True, exist_ok=True)
-        options = replace(options, storage=storage_from_environment()
-                          or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}")
+        options = replace(
+            options, storage=storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
+        )
     parent = plan_run_dir(out, model_file, "ranking", options.preset)
-    ranking = Ranking(source=str(model_file), workload="", preset=options.preset, slices=[],
-                      prices={g: asdict(p) for g, p in sorted(prices.items())}, topologies=list(topologies))
+    ranking = Ranking(
+        source=str(model_file),
+        workload="",
+        preset=options.preset,
+        slices=[],
+        prices={g: asdict(p) for g, p in sorted(prices.items())},
+        topologies=list(topologies),
+    )
     write_ranking(parent, ranking)  # marks the folder as a ranking while its slices are planned
     refusals: list[TpuTuneError] = []
     for number, topology in enumerate(topologies, 1):
@@ -75,8 +98,9 @@ def rank_to_folder(model_file: str | Path, options: "PlanOptions", topologies: l
         except TpuTuneError as exc:
             refusals.append(exc)
             emit(f"{topology}: not planned: {exc}")
-            ranking.slices.append(unplanned(topology, parsed.chip.generation, parsed.chips, parsed.devices,
-                                            f"not planned: {exc}", price))
+            ranking.slices.append(
+                unplanned(topology, parsed.chip.generation, parsed.chips, parsed.devices, f"not planned: {exc}", price)
+            )
         else:
             ranking.workload = result.workload
             plan = json.loads((run_dir / run_folder.PLAN_JSON).read_text())
@@ -104,14 +128,19 @@ def cells(entry: dict[str, Any]) -> list[str]:
     mfu, points = entry.get("mfu"), entry.get("mfu_band_points")
     price = entry.get("usd_per_chip_hour")
     return [
-        str(entry.get("rank", "")), str(entry["topology"]), str(entry["chips"]),
+        str(entry.get("rank", "")),
+        str(entry["topology"]),
+        str(entry["chips"]),
         "yes" if fits else "NO",
         duration(entry.get("step_seconds")) if fits else "–",
         _with_band(entry, "tokens_per_second_per_chip") if fits else "–",
         (f"{mfu:.1%}" + (f" ± {points:.1f}" if points else "")) if fits and mfu is not None else "–",
-        "no price" if price is None else f"${price:.2f}" + (" (--price)" if entry.get("price_source") == "--price" else ""),
+        "no price"
+        if price is None
+        else f"${price:.2f}" + (" (--price)" if entry.get("price_source") == "--price" else ""),
         ("no price" if price is None else _with_band(entry, "tokens_per_dollar")) if fits else "–",
-        str(entry.get("rank_per_chip") or "–"), str(entry.get("rank_per_dollar") or "–"),
+        str(entry.get("rank_per_chip") or "–"),
+        str(entry.get("rank_per_dollar") or "–"),
     ]
 
 
@@ -119,8 +148,11 @@ def render_terminal(data: dict[str, Any], folder: str = "RANKING_DIR") -> str:
     """The ranked table, why each slice that does not fit does not, and the prices' sources."""
     rows = [HEADER] + [cells(entry) for entry in data["slices"]]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = [f"{data['workload'] or data['source']}{' (' + data['preset'] + ')' if data.get('preset') else ''}: "
-             f"{len(data['slices'])} slices ranked by tokens per dollar, then tokens/s per chip", ""]
+    lines = [
+        f"{data['workload'] or data['source']}{' (' + data['preset'] + ')' if data.get('preset') else ''}: "
+        f"{len(data['slices'])} slices ranked by tokens per dollar, then tokens/s per chip",
+        "",
+    ]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines += notes(data) + price_lines(data)
     lines.append(f"\nwrote {folder}/ ({RANKING_JSON}, {RANKING_MD}, and one plan folder per slice)")
@@ -130,9 +162,13 @@ def render_terminal(data: dict[str, Any], folder: str = "RANKING_DIR") -> str:
 def render_markdown(data: dict[str, Any]) -> str:
     """ranking.md: the table with each slice's best point, batch and plan folder, and the definitions."""
     name = data["workload"] or data["source"]
-    out = [f"# Which TPU to rent: `{name}`{' preset ' + data['preset'] if data.get('preset') else ''}", "",
-           f"Model `{data['source']}`, planned on {len(data['slices'])} of {len(data['topologies'])} slices "
-           f"({', '.join(data['topologies'])}) with the same options; {duration(data.get('seconds'))}.", ""]
+    out = [
+        f"# Which TPU to rent: `{name}`{' preset ' + data['preset'] if data.get('preset') else ''}",
+        "",
+        f"Model `{data['source']}`, planned on {len(data['slices'])} of {len(data['topologies'])} slices "
+        f"({', '.join(data['topologies'])}) with the same options; {duration(data.get('seconds'))}.",
+        "",
+    ]
     header = HEADER + ["best point", "global batch x seq", "plan"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in data["slices"]:
@@ -141,14 +177,22 @@ def render_markdown(data: dict[str, Any]) -> str:
         row = cells(entry) + [entry.get("best") or entry.get("why") or "–", batch, plan]
         out.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
     out += [""] + [line for line in notes(data) + price_lines(data) if line]
-    out += ["", "## How the figures are made", "",
-            "Each slice's figures are its plan's best point (plan.json `best`: the fitting point of highest "
-            "predicted MFU); the per-chip and per-dollar figures are plan.json's divided as follows:", ""]
+    out += [
+        "",
+        "## How the figures are made",
+        "",
+        "Each slice's figures are its plan's best point (plan.json `best`: the fitting point of highest "
+        "predicted MFU); the per-chip and per-dollar figures are plan.json's divided as follows:",
+        "",
+    ]
     out += [f"- `{key}` = `{formula}`" for key, formula in data["definitions"].items()]
-    out += ["", "Tokens per dollar is tokens/s per dollar a second of the slice's on-demand price. The band "
-            "(low-high in brackets) is the MFU band of the plan (± MFU points) carried to throughput, which "
-            "is proportional to MFU at a fixed slice and step. Prices are on-demand list prices per chip-hour; "
-            "discounts, commitments, spot prices, regions and the host VMs are not counted."]
+    out += [
+        "",
+        "Tokens per dollar is tokens/s per dollar a second of the slice's on-demand price. The band "
+        "(low-high in brackets) is the MFU band of the plan (± MFU points) carried to throughput, which "
+        "is proportional to MFU at a fixed slice and step. Prices are on-demand list prices per chip-hour; "
+        "discounts, commitments, spot prices, regions and the host VMs are not counted.",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -157,26 +201,35 @@ def notes(data: dict[str, Any]) -> list[str]:
     prices, differing batches (a blank line first, for the terminal)."""
     lines: list[str | None] = [""]
     lines += [f"{e['topology']}: {e['why']}" for e in data["slices"] if not e.get("fits")]
-    lines += [_overlap(data["slices"], key, label) for key, label in (
-        ("tokens_per_dollar", "tokens per $"), ("tokens_per_second_per_chip", "tokens/s per chip"))]
+    lines += [
+        _overlap(data["slices"], key, label)
+        for key, label in (("tokens_per_dollar", "tokens per $"), ("tokens_per_second_per_chip", "tokens/s per chip"))
+    ]
     unpriced = sorted({e["generation"] for e in data["slices"] if e.get("usd_per_chip_hour") is None})
     if unpriced:
-        lines.append(f"no price for {', '.join(unpriced)} (none found in a public source): per-chip figures only; "
-                     "give one with --price GEN=USD_PER_CHIP_HOUR")
+        lines.append(
+            f"no price for {', '.join(unpriced)} (none found in a public source): per-chip figures only; "
+            "give one with --price GEN=USD_PER_CHIP_HOUR"
+        )
     batches = {(e.get("global_batch"), e.get("seq_len")) for e in data["slices"] if e.get("global_batch")}
     if len(batches) > 1:
-        lines.append("the slices planned different global batches (each its default: give --global-batch to "
-                     "compare the same step): " + ", ".join(f"{e['topology']} {e['global_batch']}"
-                                                            for e in data["slices"] if e.get("global_batch")))
+        lines.append(
+            "the slices planned different global batches (each its default: give --global-batch to "
+            "compare the same step): "
+            + ", ".join(f"{e['topology']} {e['global_batch']}" for e in data["slices"] if e.get("global_batch"))
+        )
     return [line for line in lines if line is not None]
 
 
 def price_lines(data: dict[str, Any]) -> list[str]:
     """The price of each generation ranked, with its source and the date it was read."""
     used = {e["generation"] for e in data["slices"]}
-    return [f"price {generation}: ${price['usd_per_chip_hour']:.2f} per chip-hour, "
-            + ("given with --price" if price["source"] == "--price" else f"{price['source']} (read {price['read']})")
-            for generation, price in data["prices"].items() if generation in used]
+    return [
+        f"price {generation}: ${price['usd_per_chip_hour']:.2f} per chip-hour, "
+        + ("given with --price" if price["source"] == "--price" else f"{price['source']} (read {price['read']})")
+        for generation, price in data["prices"].items()
+        if generation in used
+    ]
 
 
 def _overlap(slices: list[dict[str, Any]], key: str, label: str) -> str | None:
@@ -189,8 +242,10 @@ def _overlap(slices: list[dict[str, Any]], key: str, label: str) -> str | None:
     close = [e["topology"] for e in candidates[1:] if (e.get(f"{key}_high") or e[key]) >= floor]
     if not close:
         return None
-    return (f"by {label}, {', '.join(close)} {'is' if len(close) == 1 else 'are'} within the band of the first "
-            f"({first['topology']}): the prediction cannot order them; measure them on the hardware")
+    return (
+        f"by {label}, {', '.join(close)} {'is' if len(close) == 1 else 'are'} within the band of the first "
+        f"({first['topology']}): the prediction cannot order them; measure them on the hardware"
+    )
 
 
 def _with_band(entry: dict[str, Any], key: str) -> str:
@@ -203,5 +258,13 @@ def _with_band(entry: dict[str, Any], key: str) -> str:
     return text
 
 
-__all__ = ["HEADER", "cells", "notes", "price_lines", "rank_to_folder", "render_markdown", "render_terminal",
-           "write_ranking"]
+__all__ = [
+    "HEADER",
+    "cells",
+    "notes",
+    "price_lines",
+    "rank_to_folder",
+    "render_markdown",
+    "render_terminal",
+    "write_ranking",
+]

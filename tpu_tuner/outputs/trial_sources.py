@@ -18,32 +18,43 @@ if TYPE_CHECKING:
 WARM_START_ATTR = records.WARM_START
 
 
-def warm_start_section(result: "TuningResult") -> list[str]:
+def warm_start_section(result: TuningResult) -> list[str]:
     """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
     what it measured there and what it measured here; nothing when no trial was warm-started."""
-    trials = [t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)]
+    trials = [
+        t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)
+    ]
     if not trials:
         return []
     base = _trial_value(result, result.verification.baseline_trial)
-    out = ["## Warm start", "",
-           "Queued right after the baseline: the best settings of earlier studies on this device kind, the same "
-           "workload first, then the nearest by FLOPs per parameter, bound and model kind. \"There\" is the earlier "
-           "study's own measurement (its speedup verified interleaved where it says so, else its search's ratio to "
-           "its baseline); \"here\" is this study's.", "",
-           "| trial | setting | from | there | here |", "|---:|---|---|---:|---:|"]
+    out = [
+        "## Warm start",
+        "",
+        "Queued right after the baseline: the best settings of earlier studies on this device kind, the same "
+        'workload first, then the nearest by FLOPs per parameter, bound and model kind. "There" is the earlier '
+        "study's own measurement (its speedup verified interleaved where it says so, else its search's ratio to "
+        'its baseline); "here" is this study\'s.',
+        "",
+        "| trial | setting | from | there | here |",
+        "|---:|---|---|---:|---:|",
+    ]
     for t in trials:
         seed = records.attrs(t)[WARM_START_ATTR]
         earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
         there = ms_or_blank(seed.get("objective_s"))
         if present(seed.get("speedup")):
-            there += f", {float(seed['speedup']):.2f}x {'verified' if seed.get('speedup_verified') else 'in its search'}"
+            there += (
+                f", {float(seed['speedup']):.2f}x {'verified' if seed.get('speedup_verified') else 'in its search'}"
+            )
         origin = f"{earlier}{seed.get('source', '?')} ({seed.get('match', '')})"
-        out.append(f"| {t.number} | {_setting(result, t.params)} | {origin.replace('|', '/')} | {there} | "
-                   f"{_measured_here(t, base)} |")
+        out.append(
+            f"| {t.number} | {_setting(result, t.params)} | {origin.replace('|', '/')} | {there} | "
+            f"{_measured_here(t, base)} |"
+        )
     return out + [""]
 
 
-def hosts_section(result: "TuningResult") -> list[str]:
+def hosts_section(result: TuningResult) -> list[str]:
     """Which host measured what, when trials came from more than one (a shared study), and where
     the comparison was re-measured; one line when everything ran on one known host."""
     v = result.verification
@@ -57,27 +68,34 @@ def hosts_section(result: "TuningResult") -> list[str]:
         if hosts == [verified_on]:
             return ["## Hosts", "", f"{where}, and so did the comparison above.", ""]
         return ["## Hosts", "", f"{where}; the comparison above was re-measured on host `{verified_on}`.", ""]
-    out = ["## Hosts", "",
-           "Trials from different hosts only rank settings (each host's timings are its own); the comparison "
-           f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.", "",
-           "| host | trials measured | best objective there |", "|---|---:|---:|"]
+    out = [
+        "## Hosts",
+        "",
+        "Trials from different hosts only rank settings (each host's timings are its own); the comparison "
+        f"above was re-measured on {'host `' + verified_on + '`' if verified_on else 'one host'}.",
+        "",
+        "| host | trials measured | best objective there |",
+        "|---|---:|---:|",
+    ]
     for host in hosts:
-        own = [(t, a) for t in trials if str((a := records.attrs(t))[records.HOST]) == host and records.REPEAT_OF not in a]
+        own = [
+            (t, a) for t in trials if str((a := records.attrs(t))[records.HOST]) == host and records.REPEAT_OF not in a
+        ]
         measured = sum(1 for _, a in own if a.get(records.MEASURED))
         values = [t.value for t, a in own if t.value is not None and a.get(records.FEASIBLE)]
         out.append(f"| {host} | {measured} | {ms_or_blank(min(values)) if values else 'none feasible'} |")
     return out + [""]
 
 
-def _setting(result: "TuningResult", params: dict) -> str:
+def _setting(result: TuningResult, params: dict) -> str:
     """A trial's setting as the report names settings ("inductor, matmul highest, autocast bfloat16")."""
     try:
         return result.space.to_candidate(params).describe()
-    except Exception:  # noqa: BLE001 - a setting this space cannot spell: its raw values
+    except Exception:
         return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def _trial_value(result: "TuningResult", number: int | None) -> float | None:
+def _trial_value(result: TuningResult, number: int | None) -> float | None:
     if number is None:
         return None
     trial = next((t for t in result.study.get_trials(deepcopy=False) if t.number == number), None)
@@ -111,11 +129,11 @@ def _measured_here(trial, baseline_value: float | None) -> str:
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 
 
-def present(value) -> bool:  # noqa: ANN001 - any cell of a trials frame
+def present(value) -> bool:
     """False for None, NaN and pandas' NA (trials.csv's nullable integer columns)."""
     return value is not None and not bool(pd.isna(value))
 
 
-def ms_or_blank(value) -> str:  # noqa: ANN001 - a float, NaN, None or pandas' NA
+def ms_or_blank(value) -> str:
     """Seconds as the report writes them ("" when absent)."""
     return ms(float(value)) if present(value) else ""

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on CI machines or servers
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG  # noqa: E402
-from tpu_tuner.studies import records  # noqa: E402
+from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tpu_tuner.tuning.result import TuningResult
 
 
-def write_plots(result: "TuningResult") -> dict[str, "Path"]:
+def write_plots(result: TuningResult) -> dict[str, Path]:
     """Write the plots into the run folder; returns {title: path}."""
     frame = result.trials_dataframe()
     done = frame[frame["state"] == "COMPLETE"] if "state" in frame else frame.iloc[0:0]
@@ -30,13 +30,15 @@ def write_plots(result: "TuningResult") -> dict[str, "Path"]:
     return out
 
 
-def _history(result: "TuningResult", done) -> "Path":
+def _history(result: TuningResult, done) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
         values = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
         feasible = done[records.FEASIBLE].astype(bool).to_numpy()
         ax.scatter(done["number"][feasible], values[feasible], label="feasible trial", color="tab:blue")
-        ax.scatter(done["number"][~feasible], values[~feasible], label="infeasible (accuracy)", color="tab:red", marker="x")
+        ax.scatter(
+            done["number"][~feasible], values[~feasible], label="infeasible (accuracy)", color="tab:red", marker="x"
+        )
         best = np.minimum.accumulate(np.where(feasible, values, np.inf))
         ax.step(done["number"], best, where="post", color="tab:green", label="best feasible so far")
     ax.set_xlabel("trial")
@@ -46,14 +48,17 @@ def _history(result: "TuningResult", done) -> "Path":
     return _save(fig, result, HISTORY_PNG)
 
 
-def _mfu(result: "TuningResult", frame, done) -> "Path":
+def _mfu(result: TuningResult, frame, done) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
         colors = ["tab:blue" if f else "tab:red" for f in done[records.FEASIBLE].astype(bool)]
         ax.bar(done["number"], done[records.MFU].astype(float) * 100, color=colors)
     kind = frame[records.FAILURE_KIND] if records.FAILURE_KIND in frame else None
-    failed = (frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & (kind != records.INTERRUPTED)]
-              if kind is not None else frame.iloc[0:0])
+    failed = (
+        frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & (kind != records.INTERRUPTED)]
+        if kind is not None
+        else frame.iloc[0:0]
+    )
     for number in failed["number"]:
         ax.axvline(number, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("trial (red: accuracy violation; dotted: failed)")
@@ -62,7 +67,7 @@ def _mfu(result: "TuningResult", frame, done) -> "Path":
     return _save(fig, result, MFU_PNG)
 
 
-def _pareto(result: "TuningResult", done) -> "Path":
+def _pareto(result: TuningResult, done) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
         error = np.maximum(done[records.ACCURACY_ERROR].to_numpy(dtype=float), 1e-9)  # log axis: exact matches at 1e-9
@@ -79,7 +84,12 @@ def _pareto(result: "TuningResult", done) -> "Path":
                 front_y.append(step[i])
         ax.step(front_x, front_y, where="post", color="tab:green", label="Pareto front")
         ax.set_xscale("log")
-    ax.axvline(result.options.objective.tolerance, color="tab:red", linestyle="--", label=f"tolerance {result.options.objective.tolerance:g}")
+    ax.axvline(
+        result.options.objective.tolerance,
+        color="tab:red",
+        linestyle="--",
+        label=f"tolerance {result.options.objective.tolerance:g}",
+    )
     ax.set_xlabel("relative error against the fp32 eager reference (1e-9 = exact)")
     ax.set_ylabel("steady step time, ms")
     ax.set_title("Speed against accuracy error")
@@ -87,7 +97,7 @@ def _pareto(result: "TuningResult", done) -> "Path":
     return _save(fig, result, ACCURACY_PNG)
 
 
-def _save(fig, result: "TuningResult", name: str) -> "Path":
+def _save(fig, result: TuningResult, name: str) -> Path:
     path = result.run_dir / name
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.core.units import binary_bytes, ms, shape
+from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.studies import records
 
@@ -18,20 +18,26 @@ if TYPE_CHECKING:
 
 
 def _ranks_line(nproc: int, training: bool, nnodes: int = 1) -> str:
-    hosts = f" ({nnodes} hosts of {nproc // nnodes}: see the hosts' findings for the ranks each held)" if nnodes > 1 else ""
+    hosts = (
+        f" ({nnodes} hosts of {nproc // nnodes}: see the hosts' findings for the ranks each held)" if nnodes > 1 else ""
+    )
     if not training:
-        return (f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each data x fsdp "
-                "rank its slice; the ranks of a tensor group share one): a step is the slowest rank's forward (every "
-                "step starts and ends on a barrier), peak memory the largest rank's, and the accuracy check compares "
-                "the ranks' outputs, gathered in batch order, with one process's fp32 output of the whole batch. "
-                "The baseline is data parallel (replicas of the model: an inference step has no gradient to sync).")
-    return (f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each rank its slice): "
-            "a step is the slowest rank's (every step starts and ends on a barrier), peak memory the largest rank's, "
-            "and the accuracy check compares the loss averaged over the ranks and the gradients gathered from their "
-            "shards with one process's fp32 step on the whole batch. The baseline is data parallel (DDP).")
+        return (
+            f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each data x fsdp "
+            "rank its slice; the ranks of a tensor group share one): a step is the slowest rank's forward (every "
+            "step starts and ends on a barrier), peak memory the largest rank's, and the accuracy check compares "
+            "the ranks' outputs, gathered in batch order, with one process's fp32 output of the whole batch. "
+            "The baseline is data parallel (replicas of the model: an inference step has no gradient to sync)."
+        )
+    return (
+        f"Every trial ran on {nproc} ranks{hosts}, one process each, on the same global batch (each rank its slice): "
+        "a step is the slowest rank's (every step starts and ends on a barrier), peak memory the largest rank's, "
+        "and the accuracy check compares the loss averaged over the ranks and the gradients gathered from their "
+        "shards with one process's fp32 step on the whole batch. The baseline is data parallel (DDP)."
+    )
 
 
-def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
+def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     v = result.verification
     compared = result.compared
     base, chosen = compared.baseline, compared.tuned
@@ -44,12 +50,23 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
         f"time / {planned} planned steps). Accuracy tolerance {result.options.objective.tolerance:g} (relative error "
         "against fp32 eager).",
         "",
-        (f"**Recommendation: {v.chosen.describe()}.** {v.message}" if result.verified else
-         f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
-         "trials below are the whole study's as this worker last saw them."),
+        (
+            f"**Recommendation: {v.chosen.describe()}.** {v.message}"
+            if result.verified
+            else f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
+            "trials below are the whole study's as this worker last saw them."
+        ),
         "",
-        *([_ranks_line(result.options.runner.ranks, result.profile.workload.training, result.options.runner.nnodes), ""]
-          if result.options.runner.ranks > 1 else []),
+        *(
+            [
+                _ranks_line(
+                    result.options.runner.ranks, result.profile.workload.training, result.options.runner.nnodes
+                ),
+                "",
+            ]
+            if result.options.runner.ranks > 1
+            else []
+        ),
         *(_figures_note(compared, v.speedup is not None, v.chosen_is_best, planned) + [""]),
         "## Baseline against tuned",
         "",
@@ -59,26 +76,40 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += _comparison_rows(base, chosen, planned, compared.where)
     if compared.from_window:
         # The search's one measurement of each, for the record: a disturbed one shows here.
-        out.append(f"| steady step in the search (one measurement) | {_search_step(result.baseline)} | "
-                   f"{_search_step(result.chosen)} |")
+        out.append(
+            f"| steady step in the search (one measurement) | {_search_step(result.baseline)} | "
+            f"{_search_step(result.chosen)} |"
+        )
     bucketing = result.chosen_bucketing()
     if bucketing:
-        out += ["", "## Shape buckets (inputs vary in length)", "",
-                f"Chosen buckets `{bucketing['buckets']}` ({bucketing['padding_waste']:.1%} of processed tokens are "
-                "padding). Every trial's objective is its expected step over the length sample with the bucketing "
-                "best for it (exact DP: its measured compile time per shape, its steady step scaled by the step-time "
-                "curve measured at the start); the interleaved comparison above is at the reference length. "
-                f"On TorchTPU: {bucketing['torchtpu']}."]
+        out += [
+            "",
+            "## Shape buckets (inputs vary in length)",
+            "",
+            f"Chosen buckets `{bucketing['buckets']}` ({bucketing['padding_waste']:.1%} of processed tokens are "
+            "padding). Every trial's objective is its expected step over the length sample with the bucketing "
+            "best for it (exact DP: its measured compile time per shape, its steady step scaled by the step-time "
+            "curve measured at the start); the interleaved comparison above is at the reference length. "
+            f"On TorchTPU: {bucketing['torchtpu']}.",
+        ]
     if v.race:
-        out += ["", "## The search's leaders, raced", "",
-                "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were re-measured "
-                "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
-                "time / planned steps) is the one verified above.", "",
-                "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
-                "|---:|---|---:|---:|---:|"]
-        out += [f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
-                f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
-                f"{e.speedup_over_baseline:.2f}x |" for e in v.race]
+        out += [
+            "",
+            "## The search's leaders, raced",
+            "",
+            "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were re-measured "
+            "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
+            "time / planned steps) is the one verified above.",
+            "",
+            "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        out += [
+            f"| {e.trial} | {e.label}{' (chosen)' if e.trial == v.best_trial else ''} | "
+            f"{e.search_amortised_s * 1e3:.1f} ms | {e.interleaved_amortised_s * 1e3:.1f} ms | "
+            f"{e.speedup_over_baseline:.2f}x |"
+            for e in v.race
+        ]
     out += ["", "## What each knob contributed", "", *_contributions(v)]
     out += ["", "## Agents' findings from the profile", ""]
     for agent, findings in result.findings.items():
@@ -86,17 +117,31 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     out += ["", f"Baseline profile verdict: {result.profile.verdict.summary}", ""]
     out += warm_start_section(result) + hosts_section(result)
     frame = result.trials_dataframe()
-    out += ["## Trials", "", f"{len(frame)} trials, sampler {result.options.search.sampler}, search space "
-            f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
-            "trials.csv.", ""]
+    out += [
+        "## Trials",
+        "",
+        f"{len(frame)} trials, sampler {result.options.search.sampler}, search space "
+        f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
+        "trials.csv.",
+        "",
+    ]
     if result.space.left_out:
         out += ["Left out of the space for this workload (they cannot change its step):", ""]
         out += [f"- {line}" for line in result.space.left_out] + [""]
-    out += ["| # | state | settings | amortised | step | compile | MFU | error | note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    out += [
+        "| # | state | settings | amortised | step | compile | MFU | error | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
-        note = next((str(row[k]) for k in (records.FAILURE_MESSAGE, records.REJECTED_BY, records.STOPPED_EARLY)
-                     if present(row.get(k))), "")
+        note = next(
+            (
+                str(row[k])
+                for k in (records.FAILURE_MESSAGE, records.REJECTED_BY, records.STOPPED_EARLY)
+                if present(row.get(k))
+            ),
+            "",
+        )
         if present(row.get(records.EXCLUDED_BY)):
             note = f"excluded ({row[records.EXCLUDED_BY]}): not measured"
         if present(row.get(records.REPEAT_OF)):
@@ -109,13 +154,18 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     failures = frame[frame[records.FAILURE_KIND].notna()] if records.FAILURE_KIND in frame else frame.iloc[0:0]
     out += ["", "## Failures", ""]
     if len(failures):
-        out += [f"- trial {int(r['number'])}: **{r[records.FAILURE_KIND]}**: {r.get(records.FAILURE_MESSAGE, '')}" for _, r in failures.iterrows()]
+        out += [
+            f"- trial {int(r['number'])}: **{r[records.FAILURE_KIND]}**: {r.get(records.FAILURE_MESSAGE, '')}"
+            for _, r in failures.iterrows()
+        ]
     else:
         out.append("None.")
     out += _learned_section(result, frame)
     out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
     out += [
-        "", "## How these were measured", "",
+        "",
+        "## How these were measured",
+        "",
         f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
         f"at least {result.options.runner.trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
@@ -130,14 +180,20 @@ def render_report(result: "TuningResult", plots: dict[str, Path]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _contributions(v: "Verification") -> list[str]:
+def _contributions(v: Verification) -> list[str]:
     """Each knob's measured contribution, and why any is missing, from what the verification recorded."""
     out = []
     if v.contributions:
-        out += ["Measured, interleaved with the best configuration in the same window: the speedup the best has "
-                "over itself with that one knob set back to its baseline value.", "",
-                "| knob | baseline | tuned | contribution |", "|---|---|---|---|"]
-        out += [f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions]
+        out += [
+            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
+            "over itself with that one knob set back to its baseline value.",
+            "",
+            "| knob | baseline | tuned | contribution |",
+            "|---|---|---|---|",
+        ]
+        out += [
+            f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions
+        ]
         if len(v.contributions) == 1 and not v.contributions_left_out:
             out += ["", "Only this knob changed: its contribution is the verified speedup itself."]
     elif v.speedup is None and v.best_trial is not None and v.best_trial == v.baseline_trial:
@@ -149,7 +205,9 @@ def _contributions(v: "Verification") -> list[str]:
     reasons: dict[str, list[str]] = {}
     for knob, why in v.contributions_left_out.items():
         reasons.setdefault(why, []).append(knob)
-    return out + ([""] if out else []) + [f"Not measured for {', '.join(knobs)}: {why}." for why, knobs in reasons.items()]
+    return (
+        out + ([""] if out else []) + [f"Not measured for {', '.join(knobs)}: {why}." for why, knobs in reasons.items()]
+    )
 
 
 def _state(row) -> str:
@@ -164,64 +222,84 @@ def _state(row) -> str:
     return str(row["state"])
 
 
-def _learned_section(result: "TuningResult", frame) -> list[str]:  # noqa: ANN001
+def _learned_section(result: TuningResult, frame) -> list[str]:
     """What the search learned from its failures, and the trials it stopped early."""
     causes = result.exclusions
     stopped = int(frame[records.STOPPED_EARLY].notna().sum()) if records.STOPPED_EARLY in frame else 0
     out = ["", "## What the search learned", ""]
     if causes:
         out += [f"- {words}" for words in causes]
-        out += ["", "A setting holding an excluded value (or pair) is never measured again; the sampler redraws "
-                "proposals that hold one (docs/tuning.md, \"Failures, hopeless trials and the clock\")."]
+        out += [
+            "",
+            "A setting holding an excluded value (or pair) is never measured again; the sampler redraws "
+            'proposals that hold one (docs/tuning.md, "Failures, hopeless trials and the clock").',
+        ]
     else:
         out.append("No failure cause found (a cause needs two failures of a kind, and no success, with one value).")
     if stopped:
-        out += ["", f"{stopped} trial(s) stopped early: their first steady steps put them beyond "
-                "1.5x the best objective so far (with the compile time they spent), so the rest of their "
-                "measurement could not have made them the best."]
+        out += [
+            "",
+            f"{stopped} trial(s) stopped early: their first steady steps put them beyond "
+            "1.5x the best objective so far (with the compile time they spent), so the rest of their "
+            "measurement could not have made them the best.",
+        ]
     return out
 
 
-def _figures_note(compared: "ComparedSteps", verified: bool, significant: bool, planned: int) -> list[str]:
+def _figures_note(compared: ComparedSteps, verified: bool, significant: bool, planned: int) -> list[str]:
     """Where the table's steps come from, and how they relate to the verified speedup."""
     if compared.from_window:
         ratio = ""
         if not significant:
             ratio = " (the recommendation is the baseline, so both columns are its figures)"
         elif compared.ratio is not None:
-            ratio = (f" (their ratio, {compared.ratio:.2f}x, is a ratio of medians; the verified speedup is the "
-                     "geometric mean of the per-round ratios, the estimate its interval belongs to: from the same "
-                     "rounds they agree closely when the rounds are steady, less when they are few and noisy)")
-        return [f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
-                "window. The table's steady steps and MFU are from that window: each setting's median over the "
-                f"same {compared.rounds} rounds{ratio}. Compile time, peak memory and accuracy error "
-                "are the search's, and the \"amortised step\" row, which the search ranked by, adds the search's "
-                f"compile time / {planned} planned steps to the window's step."]
+            ratio = (
+                f" (their ratio, {compared.ratio:.2f}x, is a ratio of medians; the verified speedup is the "
+                "geometric mean of the per-round ratios, the estimate its interval belongs to: from the same "
+                "rounds they agree closely when the rounds are steady, less when they are few and noisy)"
+            )
+        return [
+            f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in one "
+            "window. The table's steady steps and MFU are from that window: each setting's median over the "
+            f"same {compared.rounds} rounds{ratio}. Compile time, peak memory and accuracy error "
+            "are the search's, and the \"amortised step\" row, which the search ranked by, adds the search's "
+            f"compile time / {planned} planned steps to the window's step."
+        ]
     if verified:
-        return [f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in "
-                f"one window; the table's figures are the search's ({compared.why_search}), measured at different "
-                "moments, so their ratio can differ. The \"amortised step\" row, which the search ranked by, adds "
-                f"compile time / {planned} planned steps."]
-    return [f"The table's figures are the search's one measurement of each setting ({compared.why_search}); "
-            f"the \"amortised step\" row adds compile time / {planned} planned steps."]
+        return [
+            f"The verified speedup compares *steady* steps (compile time excluded), re-measured round-robin in "
+            f"one window; the table's figures are the search's ({compared.why_search}), measured at different "
+            'moments, so their ratio can differ. The "amortised step" row, which the search ranked by, adds '
+            f"compile time / {planned} planned steps."
+        ]
+    return [
+        f"The table's figures are the search's one measurement of each setting ({compared.why_search}); "
+        f'the "amortised step" row adds compile time / {planned} planned steps.'
+    ]
 
 
-def _search_step(m: "Measurement | None") -> str:
+def _search_step(m: Measurement | None) -> str:
     return "n/a" if m is None else f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"
 
 
-def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", planned: int,
-                     where: str = "search") -> list[str]:
-    def cell(m: "Measurement | None", fn) -> str:
+def _comparison_rows(
+    base: Measurement | None, chosen: Measurement | None, planned: int, where: str = "search"
+) -> list[str]:
+    def cell(m: Measurement | None, fn) -> str:
         return "n/a" if m is None else fn(m)
 
     # Both columns divide by one peak: the higher of the two (a trial that beat the profile's
     # peak re-measured or raised it), so neither can read above 100% and they stay comparable.
-    common = common_peak(((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, ""))
+    common = common_peak(
+        ((m.peak_flops_per_s, m.peak_dtype) for m in (base, chosen) if m is not None), default=(0.0, "")
+    )
 
     rows = [
         ("settings", lambda m: _describe(m)),
-        (f"steady step (median, {where})", lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"),
+        (
+            f"steady step (median, {where})",
+            lambda m: f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})",
+        ),
         ("compile time (search)", lambda m: ms(m.compile_seconds)),
         (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
         ("MFU", lambda m: _mfu_cell(m, common)),
@@ -231,14 +309,14 @@ def _comparison_rows(base: "Measurement | None", chosen: "Measurement | None", p
     return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
 
 
-def _mfu_cell(m: "Measurement", peak: tuple[float, str]) -> str:
+def _mfu_cell(m: Measurement, peak: tuple[float, str]) -> str:
     """MFU against the common peak, with the dtype the setting's matmuls ran in."""
     value = mfu(m.model_flops_per_step, m.step_median, peak[0])
     ran_in = f"; matmuls in {m.compute_dtype}" if m.compute_dtype else ""
     return f"{value:.1%} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
 
 
-def _describe(m: "Measurement") -> str:
+def _describe(m: Measurement) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
     return Candidate.from_dict(m.candidate).describe()

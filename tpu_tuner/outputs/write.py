@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 # --- profile ---------------------------------------------------------------------------------
 
-def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
+
+def write_profile(run_dir: str | Path, profile: Profile) -> list[str]:
     """profile.json (every figure) and profile.md in `run_dir`."""
     from tpu_tuner.outputs.profile_report import render_markdown
 
@@ -43,7 +44,7 @@ def write_profile(run_dir: str | Path, profile: "Profile") -> list[str]:
     return [run_folder.PROFILE_JSON, run_folder.PROFILE_MD]
 
 
-def save_profile(profile: "Profile", out: str | Path = run_folder.RESULTS_DIR) -> Path:
+def save_profile(profile: Profile, out: str | Path = run_folder.RESULTS_DIR) -> Path:
     """A new run folder under `out` (``<model>-<timestamp>``) holding the profile; returns it."""
     run_dir = new_run_dir(out, profile.workload.name)
     write_profile(run_dir, profile)
@@ -52,7 +53,8 @@ def save_profile(profile: "Profile", out: str | Path = run_folder.RESULTS_DIR) -
 
 # --- tuning ----------------------------------------------------------------------------------
 
-def write_tuning(result: "TuningResult") -> list[str]:
+
+def write_tuning(result: TuningResult) -> list[str]:
     """The files of a finished tuning run in `result.run_dir`: profile.json, result.json,
     trials.csv, the plots, report.md, and last tuned_config.toml (whose presence tells the
     dashboard the run finished). run.json and study.db are written by the tuning loop."""
@@ -70,11 +72,18 @@ def write_tuning(result: "TuningResult") -> list[str]:
         # A worker that left the verification to another writes no recommendation of its own.
         return [run_folder.PROFILE_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()), run_folder.REPORT_MD]
     result.best_config.save(run_dir / run_folder.TUNED_CONFIG)
-    return [run_folder.PROFILE_JSON, run_folder.RESULT_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()),
-            run_folder.REPORT_MD, run_folder.TUNED_CONFIG]
+    return [
+        run_folder.PROFILE_JSON,
+        run_folder.RESULT_JSON,
+        run_folder.TRIALS_CSV,
+        *(p.name for p in plots.values()),
+        run_folder.REPORT_MD,
+        run_folder.TUNED_CONFIG,
+    ]
 
 
 # --- plan ------------------------------------------------------------------------------------
+
 
 def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset: str | None = None) -> Path:
     """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``; an ``hf:`` model is
@@ -90,11 +99,11 @@ def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset:
     return new_run_dir(out, name, f"plan-{topology.replace(':', '_')}")
 
 
-def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
+def write_plan(run_dir: str | Path, result: PlanResult) -> list[str]:
     """plan.json, predicted_mfu.png, plan.md and, when a layout fits, sharding_config.toml."""
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.outputs.plan_report import render_markdown, write_plot
     from tpu_tuner.knobs.tuned_config import TunedConfig
+    from tpu_tuner.outputs.plan_report import render_markdown, write_plot
 
     run_dir = Path(run_dir)
     write_atomic(run_dir / run_folder.PLAN_JSON, json.dumps(result.to_dict(), indent=2, default=str))
@@ -107,21 +116,35 @@ def write_plan(run_dir: str | Path, result: "PlanResult") -> list[str]:
         # there (the axis that also splits the parameters), and the planned mesh kept beside it.
         # The mesh gives the TPU baseline its layout setting ([settings] layout, the knob a sharded
         # trial applies); [sharding] repeats it beside the placements the planner derived.
-        TunedConfig(Candidate.baseline("tpu"), "tpu", provenance={
-            "plan": str(run_dir / run_folder.PLAN_JSON), "topology": result.topology.name,
-            "predicted_mfu": best.prediction.mfu, "predicted_step_s": best.prediction.step_seconds,
-            "predicted_mfu_error_points": result.error_band.points if result.error_band else None,
-        }, sharding={"mesh": best.layout.without_context().mesh_shape(), "planned_mesh": best.layout.mesh_shape(),
-                     "placements": result.placements, "remat": best.remat,
-                     "gradient_accumulation_steps": best.accumulation,
-                     "per_device_batch_size": best.per_device_batch}).save(
-            run_dir / run_folder.SHARDING_CONFIG)
+        TunedConfig(
+            Candidate.baseline("tpu"),
+            "tpu",
+            provenance={
+                "plan": str(run_dir / run_folder.PLAN_JSON),
+                "topology": result.topology.name,
+                "predicted_mfu": best.prediction.mfu,
+                "predicted_step_s": best.prediction.step_seconds,
+                "predicted_mfu_error_points": result.error_band.points if result.error_band else None,
+            },
+            sharding={
+                "mesh": best.layout.without_context().mesh_shape(),
+                "planned_mesh": best.layout.mesh_shape(),
+                "placements": result.placements,
+                "remat": best.remat,
+                "gradient_accumulation_steps": best.accumulation,
+                "per_device_batch_size": best.per_device_batch,
+            },
+        ).save(run_dir / run_folder.SHARDING_CONFIG)
         written.append(run_folder.SHARDING_CONFIG)
     return written
 
 
-def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Path = run_folder.RESULTS_DIR,
-                   progress: Callable[[str], None] | None = None) -> tuple[Path, "PlanResult"]:
+def plan_to_folder(
+    model_file: str | Path,
+    options: PlanOptions,
+    out: str | Path = run_folder.RESULTS_DIR,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, PlanResult]:
     """Plan `model_file` into a new folder under `out`; returns (folder, result).
 
     The folder comes first: the compiler processes write libtpu's logs (start-up noise, stack
@@ -136,8 +159,9 @@ def plan_to_folder(model_file: str | Path, options: "PlanOptions", out: str | Pa
         from tpu_tuner.studies.storage import storage_from_environment
 
         Path(out).mkdir(parents=True, exist_ok=True)
-        options = replace(options, storage=storage_from_environment()
-                          or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}")
+        options = replace(
+            options, storage=storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
+        )
     if options.storage is not None:
         from tpu_tuner.studies.storage import check_storage
 
@@ -162,14 +186,15 @@ def _drop_failed_plan(run_dir: Path, log_file: Path, bad_input: bool) -> None:
 
 # --- buckets ---------------------------------------------------------------------------------
 
-def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str | Path | None = None) -> list[str]:
+
+def write_buckets(run_dir: str | Path, result: BucketResult, model_file: str | Path | None = None) -> list[str]:
     """buckets.json, the two plots, buckets.md and bucket_config.toml (`model_file`, when given,
     is recorded in the config's provenance; else the workload's name)."""
-    from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.knobs.execution import compiled_with
-    from tpu_tuner.outputs.bucket_report import render_markdown, write_plots
     from tpu_tuner.knobs.tuned_config import TunedConfig
+    from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
+    from tpu_tuner.outputs.bucket_report import render_markdown, write_plots
 
     run_dir = Path(run_dir)
     write_atomic(run_dir / run_folder.BUCKETS_JSON, json.dumps(result.to_dict(), indent=2, default=str))
@@ -177,23 +202,39 @@ def write_buckets(run_dir: str | Path, result: "BucketResult", model_file: str |
     write_atomic(run_dir / run_folder.BUCKETS_MD, render_markdown(result, plots))
     bounds = list(result.chosen.strategy.bounds)
     provenance: dict[str, Any] = {
-        "source": "tpu-tune buckets", "workload": str(model_file or result.workload), "steps": result.steps,
-        "predicted_total_seconds": result.chosen.total_seconds, "oracle_seconds": result.oracle_seconds,
-        "padding_waste": result.chosen.padding_waste, "cost_model": result.cost_model.describe(),
+        "source": "tpu-tune buckets",
+        "workload": str(model_file or result.workload),
+        "steps": result.steps,
+        "predicted_total_seconds": result.chosen.total_seconds,
+        "oracle_seconds": result.oracle_seconds,
+        "padding_waste": result.chosen.padding_waste,
+        "cost_model": result.cost_model.describe(),
     }
-    TunedConfig(Candidate(compiled_with(result.compile_backend)), result.device, provenance=provenance,
-                bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)}).save(
-        run_dir / run_folder.BUCKET_CONFIG)
+    TunedConfig(
+        Candidate(compiled_with(result.compile_backend)),
+        result.device,
+        provenance=provenance,
+        bucketing={"buckets": bounds, "align": result.align, "torchtpu": torchtpu_instructions(bounds)},
+    ).save(run_dir / run_folder.BUCKET_CONFIG)
     return [run_folder.BUCKETS_JSON, *plots, run_folder.BUCKETS_MD, run_folder.BUCKET_CONFIG]
 
 
-def save_buckets(result: "BucketResult", out: str | Path = run_folder.RESULTS_DIR,
-                 model_file: str | Path | None = None) -> Path:
+def save_buckets(
+    result: BucketResult, out: str | Path = run_folder.RESULTS_DIR, model_file: str | Path | None = None
+) -> Path:
     """A new run folder under `out` (``<model>-buckets-<timestamp>``) holding the study; returns it."""
     run_dir = new_run_dir(out, result.workload, "buckets")
     write_buckets(run_dir, result, model_file)
     return run_dir
 
 
-__all__ = ["plan_run_dir", "plan_to_folder", "save_buckets", "save_profile", "write_buckets", "write_plan",
-           "write_profile", "write_tuning"]
+__all__ = [
+    "plan_run_dir",
+    "plan_to_folder",
+    "save_buckets",
+    "save_profile",
+    "write_buckets",
+    "write_plan",
+    "write_profile",
+    "write_tuning",
+]

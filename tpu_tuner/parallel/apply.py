@@ -51,8 +51,19 @@ def _elementwise() -> tuple[type, ...]:
     from torch import nn
 
     # Modules that act on each feature alone, so each rank can run them on its own columns.
-    return (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Hardswish,
-            nn.Dropout, nn.Identity)
+    return (
+        nn.ReLU,
+        nn.GELU,
+        nn.SiLU,
+        nn.Tanh,
+        nn.Sigmoid,
+        nn.LeakyReLU,
+        nn.ELU,
+        nn.Mish,
+        nn.Hardswish,
+        nn.Dropout,
+        nn.Identity,
+    )
 
 
 def parse_layout(text: str) -> Layout:
@@ -64,8 +75,9 @@ def parse_layout(text: str) -> Layout:
         raise LayoutError(str(exc)) from None
 
 
-def why_not(model: nn.Module, layout: Layout, world_size: int, batch_size: int | None,
-            inference: bool = False) -> str | None:
+def why_not(
+    model: nn.Module, layout: Layout, world_size: int, batch_size: int | None, inference: bool = False
+) -> str | None:
     """Why `layout` cannot run `model` on `world_size` ranks with a global batch of
     `batch_size` (a training step, or a forward alone where `inference`); None where it can."""
     from tpu_tuner.model.blocks import repeated_blocks
@@ -146,8 +158,10 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inf
 
         return DistributedDataParallel(model)
     elif layout.tensor > 1 and layout.data > 1 and layout.fsdp == 1:
-        raise LayoutError(f"layout {layout.short()}: data x tensor without fsdp runs only as an inference "
-                          "layout (DDP cannot wrap tensor-parallel parameters): use fsdp")
+        raise LayoutError(
+            f"layout {layout.short()}: data x tensor without fsdp runs only as an inference "
+            "layout (DDP cannot wrap tensor-parallel parameters): use fsdp"
+        )
     names = ("data", "fsdp", "tensor")
     sizes = (layout.data, layout.fsdp, layout.tensor)
     mesh = backend_class(device_type).device_mesh(sizes, names)  # TorchTPU's: ICI-aware rank order
@@ -185,8 +199,11 @@ def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
     blocks = repeated_blocks(model)
     if not blocks:
         pairs = linear_pairs(model)
-        styles = {name: style for first, second in pairs
-                  for name, style in ((first, ColwiseParallel()), (second, RowwiseParallel()))}
+        styles = {
+            name: style
+            for first, second in pairs
+            for name, style in ((first, ColwiseParallel()), (second, RowwiseParallel()))
+        }
         parallelize_module(model, tensor_mesh, styles)
         return
     plan = placements(model, _residual_width(model))

@@ -31,8 +31,10 @@ class MappedLayout:
     def describe(self) -> str:
         if self.planned == self.local:
             return f"{self.local.short()} (as planned)"
-        return (f"{self.local.short()} on {self.local.devices} ranks from the plan's {self.planned.name()} "
-                f"({self.planned.devices} devices; its dominant axis kept)")
+        return (
+            f"{self.local.short()} on {self.local.devices} ranks from the plan's {self.planned.name()} "
+            f"({self.planned.devices} devices; its dominant axis kept)"
+        )
 
 
 def scale_to(layout: Layout, devices: int) -> Layout:
@@ -74,7 +76,7 @@ def planned_layouts(plan_dir: str | Path, devices: int, top: int = 4) -> list[Ma
 
 
 def _smallest_prime_factor(n: int) -> int:
-    for factor in range(2, int(n ** 0.5) + 1):
+    for factor in range(2, int(n**0.5) + 1):
         if n % factor == 0:
             return factor
     return n

@@ -34,10 +34,16 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "num_key_value_heads")
 # Which dimension of a weight each style splits (a negative index counts from the last), and
 # into how many packed parts each rank takes a share of (gate and up packed in one weight: 2).
 _SPLIT_DIMS: dict[str, tuple[int, int]] = {
-    "colwise": (-2, 1), "colwise_rep": (-2, 1), "colwise_gather_output": (-2, 1),
-    "rowwise": (-1, 1), "rowwise_rep": (-1, 1), "rowwise_split_input": (-1, 1),
-    "packed_colwise": (-2, 2), "packed_rowwise": (-1, 2),
-    "embedding_rowwise": (0, 1), "embedding_colwise": (1, 1),
+    "colwise": (-2, 1),
+    "colwise_rep": (-2, 1),
+    "colwise_gather_output": (-2, 1),
+    "rowwise": (-1, 1),
+    "rowwise_rep": (-1, 1),
+    "rowwise_split_input": (-1, 1),
+    "packed_colwise": (-2, 2),
+    "packed_rowwise": (-1, 2),
+    "embedding_rowwise": (0, 1),
+    "embedding_colwise": (1, 1),
 }
 
 
@@ -49,7 +55,7 @@ def is_hf_model(model: nn.Module) -> bool:
         return False
     try:
         return isinstance(model, transformers.PreTrainedModel)
-    except Exception:  # noqa: BLE001 - a partly imported or broken transformers is no HF model here
+    except Exception:
         return False
 
 
@@ -123,8 +129,10 @@ def tensor_widths(model: nn.Module) -> dict[str, int]:
 def why_not_tensor(model: nn.Module, tensor: int) -> str | None:
     """Why `tensor` ranks cannot split this model by its plan (one line); None where they can."""
     if not declared_plan(model):
-        return (f"{type(model).__name__} declares no tensor-parallel plan (tp_plan) in transformers "
-                f"{_version()}: no tensor layout for it")
+        return (
+            f"{type(model).__name__} declares no tensor-parallel plan (tp_plan) in transformers "
+            f"{_version()}: no tensor layout for it"
+        )
     unknown = sorted(set(expanded_plan(model).values()) - set(_styles()))
     if unknown:
         return f"transformers {_version()} has no tensor-parallel style {unknown[0]!r} (from the model's tp_plan)"
@@ -176,16 +184,20 @@ def apply_tensor_plan(model: nn.Module, tensor_mesh: Any) -> None:
     try:
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism
     except ImportError:  # transformers before its DTensor tensor-parallel path
-        raise LayoutError(f"transformers {_version()} has no apply_tensor_parallelism: tensor layouts of its models "
-                          "need a newer transformers 5") from None
+        raise LayoutError(
+            f"transformers {_version()} has no apply_tensor_parallelism: tensor layouts of its models "
+            "need a newer transformers 5"
+        ) from None
     aliases = _tied_aliases(model)
     plan = expanded_plan(model)
     for alias, first in aliases.items():
         style, first_style = _style_of(plan, model, alias), _style_of(plan, model, first)
         ndim = model.get_parameter(first).dim()
         if _split_dim(style, ndim) != _split_dim(first_style, ndim):
-            raise LayoutError(f"the tied weights {first} ({first_style}) and {alias} ({style}) are split along "
-                              "different dimensions by the model's tp_plan")
+            raise LayoutError(
+                f"the tied weights {first} ({first_style}) and {alias} ({style}) are split along "
+                "different dimensions by the model's tp_plan"
+            )
     apply_tensor_parallelism(model, tensor_mesh, plan)
     for alias, first in aliases.items():
         owner, _, attr = alias.rpartition(".")

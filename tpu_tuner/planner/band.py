@@ -133,18 +133,34 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
         m = len(kinds)
         # The rows that, left out, had every one of these gaps themselves: their errors are what
         # extrapolating that way cost.
-        far = [r for i, r in enumerate(rows)
-               if set(kinds) <= set(gap_kinds(Place(r.generation, r.remat_family, r.seq, r.per_device_batch),
-                                              rows[:i] + rows[i + 1:]))]
+        far = [
+            r
+            for i, r in enumerate(rows)
+            if set(kinds)
+            <= set(gap_kinds(Place(r.generation, r.remat_family, r.seq, r.per_device_batch), rows[:i] + rows[i + 1 :]))
+        ]
         if len(far) >= MIN_COMPARABLE:
             points = max(points, conformal_quantile([abs(r.error) for r in far]))
             source += f"; widened to that of the {len(far)} rows that had the same gaps when left out"
         else:
             points = max(points, max(abs(r.error) for r in rows)) * (1 + WIDEN * m)
-            source += (f"; fewer than {MIN_COMPARABLE} rows had the same gaps: the largest error seen, "
-                       f"widened by {WIDEN:.0%} per gap (assumed)")
+            source += (
+                f"; fewer than {MIN_COMPARABLE} rows had the same gaps: the largest error seen, "
+                f"widened by {WIDEN:.0%} per gap (assumed)"
+            )
     return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in kinds.values()))
 
 
-__all__ = ["BandRow", "COVERAGE", "ErrorBand", "MIN_COMPARABLE", "NEAR", "Place", "conformal_quantile", "comparable",
-           "error_band", "gap_kinds", "gaps"]
+__all__ = [
+    "BandRow",
+    "COVERAGE",
+    "ErrorBand",
+    "MIN_COMPARABLE",
+    "NEAR",
+    "Place",
+    "conformal_quantile",
+    "comparable",
+    "error_band",
+    "gap_kinds",
+    "gaps",
+]

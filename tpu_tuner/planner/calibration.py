@@ -40,8 +40,16 @@ ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
 ADOPTED = "per_generation"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
-EFFICIENCY_MODELS = ("global", "per_generation", "mxu_shape", "per_generation+host", "per_generation+attention",
-                     "per_generation+comm", "per_generation+host+comm", "per_generation+host+attention")
+EFFICIENCY_MODELS = (
+    "global",
+    "per_generation",
+    "mxu_shape",
+    "per_generation+host",
+    "per_generation+attention",
+    "per_generation+comm",
+    "per_generation+host+comm",
+    "per_generation+host+attention",
+)
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(40, 101)]
@@ -89,29 +97,51 @@ class Fitted:
 
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
-        terms = (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "") + (
-            f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "") + (
-            f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
+        terms = (
+            (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "")
+            + (f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "")
+            + (f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
+        )
         return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
 
-def predicted_mfu(row: CalibrationRow, efficiency: float, memory_overlap: float, host_gbytes_per_s: float = 0.0,
-                  score_flops: float = 0.0, comm_exposed: float = 0.0) -> float:
+def predicted_mfu(
+    row: CalibrationRow,
+    efficiency: float,
+    memory_overlap: float,
+    host_gbytes_per_s: float = 0.0,
+    score_flops: float = 0.0,
+    comm_exposed: float = 0.0,
+) -> float:
     """predict.py's MFU for the row's figures and these constants."""
     a = _arrays([row])
-    return float(_predicted(_with_terms(a, host_gbytes_per_s, score_flops, comm_exposed), np.asarray(efficiency),
-                            np.asarray(memory_overlap))[0])
+    return float(
+        _predicted(
+            _with_terms(a, host_gbytes_per_s, score_flops, comm_exposed),
+            np.asarray(efficiency),
+            np.asarray(memory_overlap),
+        )[0]
+    )
 
 
 def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
-    return {name: np.asarray([getattr(r, attr) for r in rows], dtype=float) for name, attr in (
-        ("compute", "compute_at_full_efficiency"), ("memory", "memory_seconds"), ("comm", "comm_seconds"),
-        ("model", "model_seconds_at_peak"), ("published", "published_mfu"), ("host", "host_gbytes"),
-        ("score", "score_seconds"))}
+    return {
+        name: np.asarray([getattr(r, attr) for r in rows], dtype=float)
+        for name, attr in (
+            ("compute", "compute_at_full_efficiency"),
+            ("memory", "memory_seconds"),
+            ("comm", "comm_seconds"),
+            ("model", "model_seconds_at_peak"),
+            ("published", "published_mfu"),
+            ("host", "host_gbytes"),
+            ("score", "score_seconds"),
+        )
+    }
 
 
-def _with_terms(a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float,
-                comm_exposed: float = 0.0) -> dict[str, np.ndarray]:
+def _with_terms(
+    a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float, comm_exposed: float = 0.0
+) -> dict[str, np.ndarray]:
     """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
     (at full efficiency: it is divided by the efficiency with the rest), host traffic and the
     collectives' exposed share apart (serial with the busy time)."""
@@ -130,13 +160,26 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
     """Predicted minus published MFU, in points, per row."""
-    return [(predicted_mfu(r, fitted.efficiency_of(r.generation), fitted.memory_overlap, fitted.host_gbytes_per_s,
-                           fitted.score_flops, fitted.comm_exposed) - r.published_mfu) * 100 for r in rows]
+    return [
+        (
+            predicted_mfu(
+                r,
+                fitted.efficiency_of(r.generation),
+                fitted.memory_overlap,
+                fitted.host_gbytes_per_s,
+                fitted.score_flops,
+                fitted.comm_exposed,
+            )
+            - r.published_mfu
+        )
+        * 100
+        for r in rows
+    ]
 
 
 # The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,
 # and an attention score element's cost in MXU FLOPs.
-HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25 ** k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
+HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25**k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
 SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
 COMM_EXPOSED = tuple(x / 4 for x in range(0, 17))  # 0 .. 4 x the ring model's collective time
 
@@ -151,9 +194,11 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
         raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm)")
     if terms:
         best: tuple[float, Fitted] | None = None
-        grid = itertools.product(HOST_GBYTES_PER_S if "host" in terms else (0.0,),
-                                 SCORE_FLOPS if "attention" in terms else (0.0,),
-                                 COMM_EXPOSED if "comm" in terms else (0.0,))
+        grid = itertools.product(
+            HOST_GBYTES_PER_S if "host" in terms else (0.0,),
+            SCORE_FLOPS if "attention" in terms else (0.0,),
+            COMM_EXPOSED if "comm" in terms else (0.0,),
+        )
         for host, score, comm in grid:
             inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm))
             fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm)
@@ -238,7 +283,7 @@ def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> lis
     no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
     out = []
     for i, row in enumerate(rows):
-        others = rows[:i] + rows[i + 1:]
+        others = rows[:i] + rows[i + 1 :]
         error = errors([row], fit(others, kind))[0]
         band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)), floor)
         out.append((error, band))  # type: ignore[arg-type] - others is never empty here
@@ -257,9 +302,15 @@ def calibrated_cost_model() -> CostModel:
     fitted = fit(rows, ADOPTED)
     loo = leave_one_out(rows, ADOPTED)
     return CostModel(
-        mxu_efficiency=fitted.efficiency["*"], memory_overlap=fitted.memory_overlap, overlap=OVERLAP,
-        host_gbytes_per_s=fitted.host_gbytes_per_s, score_flops=fitted.score_flops, comm_exposed=fitted.comm_exposed,
+        mxu_efficiency=fitted.efficiency["*"],
+        memory_overlap=fitted.memory_overlap,
+        overlap=OVERLAP,
+        host_gbytes_per_s=fitted.host_gbytes_per_s,
+        score_flops=fitted.score_flops,
+        comm_exposed=fitted.comm_exposed,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
-        loo_error_points=statistics.mean(abs(e) for e in loo), band_rows=tuple(band_rows(rows, loo)),
+        loo_error_points=statistics.mean(abs(e) for e in loo),
+        band_rows=tuple(band_rows(rows, loo)),
         noise_floor_points=noise_floor(),
-        fitted_rows=len(rows))
+        fitted_rows=len(rows),
+    )

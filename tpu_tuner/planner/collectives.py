@@ -19,8 +19,23 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
-               "s8": 1, "u8": 1, "pred": 1, "s16": 2, "u16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
+DTYPE_BYTES = {
+    "bf16": 2,
+    "f16": 2,
+    "f32": 4,
+    "f64": 8,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "s16": 2,
+    "u16": 2,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+}
 _LINE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<kind>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
@@ -78,8 +93,10 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
         entry = totals[(match.group("kind"), _group_size(line), "ici")]
         entry[0] += 1
         entry[1] += size
-    return [Collective(kind, group, count, nbytes, network)
-            for (kind, group, network), (count, nbytes) in sorted(totals.items())]
+    return [
+        Collective(kind, group, count, nbytes, network)
+        for (kind, group, network), (count, nbytes) in sorted(totals.items())
+    ]
 
 
 def _dcn_slices(line: str) -> int:

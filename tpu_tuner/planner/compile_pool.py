@@ -71,12 +71,25 @@ def default_workers() -> int:
 def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
     workload = _workload(job.model_file)
-    return compile_step(lambda: workload.model_for_preset(job.preset), job.blocks, job.layout,
-                        topology_devices(job.topology, job.slices), job.global_batch, job.seq_len, job.d_model,
-                        remat=job.remat, fast=job.fast, scan=job.scan, accumulation=job.accumulation,
-                        first_moment_dtype=job.first_moment_dtype, compiler_options=job.compiler_options,
-                        weight_dtype=job.weight_dtype, quantization=job.quantization, vocab_tiling=job.vocab_tiling,
-                        optimizer=job.optimizer)
+    return compile_step(
+        lambda: workload.model_for_preset(job.preset),
+        job.blocks,
+        job.layout,
+        topology_devices(job.topology, job.slices),
+        job.global_batch,
+        job.seq_len,
+        job.d_model,
+        remat=job.remat,
+        fast=job.fast,
+        scan=job.scan,
+        accumulation=job.accumulation,
+        first_moment_dtype=job.first_moment_dtype,
+        compiler_options=job.compiler_options,
+        weight_dtype=job.weight_dtype,
+        quantization=job.quantization,
+        vocab_tiling=job.vocab_tiling,
+        optimizer=job.optimizer,
+    )
 
 
 class CompilePool:
@@ -119,8 +132,9 @@ class CompilePool:
             self._log.close()
             self._log = None
 
-    def compile(self, jobs: Iterable[CompileJob],
-                done: Callable[[CompileJob, CompiledStep], None] | None = None) -> dict[CompileJob, CompiledStep]:
+    def compile(
+        self, jobs: Iterable[CompileJob], done: Callable[[CompileJob, CompiledStep], None] | None = None
+    ) -> dict[CompileJob, CompiledStep]:
         """Compile every job, each worker on its own pipe, so a worker that dies (a libtpu abort,
         the kernel's OOM killer) costs exactly its own job, which gets a CompiledStep with the
         reason; a fresh worker takes the next job."""
@@ -187,7 +201,7 @@ def _serve(read_fd: int, write_fd: int) -> None:
         from tpu_tuner.planner.torchax_compat import import_torchax
 
         import_torchax()
-    except Exception:  # noqa: BLE001 - the first job reports the same failure, in its own words
+    except Exception:
         pass
     # Only Exception is caught: anything else (an interrupt) ends the worker, which reads as its death.
     serve(read_fd, write_fd, _compile, catch=Exception)
@@ -196,14 +210,17 @@ def _serve(read_fd: int, write_fd: int) -> None:
 def _compile(job: CompileJob) -> CompiledStep:
     try:
         return run_job(job)
-    except Exception as exc:  # noqa: BLE001 - a model the compiler cannot take is that layout's result
+    except Exception as exc:
         return CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _death(died: Died) -> str:
     """How a compile worker ended (`core.failures.describe_end`), and libtpu's part where a signal says it."""
-    said = {-signal.SIGFPE: "inside libtpu: a compiler bug", -signal.SIGSEGV: "inside libtpu",
-            -signal.SIGABRT: "libtpu aborted"}.get(died.exit_code or 0)
+    said = {
+        -signal.SIGFPE: "inside libtpu: a compiler bug",
+        -signal.SIGSEGV: "inside libtpu",
+        -signal.SIGABRT: "libtpu aborted",
+    }.get(died.exit_code or 0)
     return describe_end(died.exit_code) + (f" ({said})" if said else "")
 
 
@@ -222,8 +239,9 @@ def topology_devices(jax_name: str, slices: int = 1) -> Any:
     from jax.experimental import topologies
 
     extra: dict[str, Any] = {"num_slices": slices} if slices > 1 else {}
-    return topologies.get_topology_desc(topology_name=jax_name, platform="tpu", **topology_config(jax_name),
-                                        **extra).devices
+    return topologies.get_topology_desc(
+        topology_name=jax_name, platform="tpu", **topology_config(jax_name), **extra
+    ).devices
 
 
 @lru_cache(maxsize=4)

@@ -64,8 +64,9 @@ class CompiledStep:
         return self.error is None and (self.peak_bytes <= hbm or self.host_temp_bytes > 0)
 
 
-def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None,
-                        accumulation: int = 1) -> CompiledStep:
+def add_loop_iterations(
+    scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None, accumulation: int = 1
+) -> CompiledStep:
     """The whole step from the scanned program of `blocks` blocks alone.
 
     Memory is the program's own. Its cost analysis and HLO text count each loop once, so the
@@ -89,7 +90,9 @@ def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep 
         bytes_accessed += times * loop.bytes_accessed
         for c in loop.collectives:
             seen = by_key.get((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
-            by_key[(c.kind, c.group_size, c.network)] = replace(seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes)
+            by_key[(c.kind, c.group_size, c.network)] = replace(
+                seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes
+            )
     return replace(
         memory,
         flops=flops,
@@ -100,8 +103,9 @@ def add_loop_iterations(scanned: CompiledStep, blocks: int, costs: CompiledStep 
     )
 
 
-def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
-                    costs: CompiledStep | None = None) -> CompiledStep:
+def combine_scanned(
+    ends: CompiledStep, scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None
+) -> CompiledStep:
     """The whole step from the ends-only program and the scanned program of `blocks` blocks (the
     fallback where `add_loop_iterations` cannot be used).
 
@@ -113,6 +117,7 @@ def combine_scanned(ends: CompiledStep, scanned: CompiledStep, blocks: int,
     `CompiledStep.loop_peeled`), and the work is read from it instead.
     """
     memory, scanned = scanned, costs or scanned
+
     def total(end: float, with_body: float) -> float:
         return end + blocks * max(0.0, with_body - end)
 

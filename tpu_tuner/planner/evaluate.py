@@ -10,17 +10,22 @@ from dataclasses import replace
 
 from tpu_tuner.core.failures import is_compiler_out_of_memory
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.predict import predict
 from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.result import LayoutPlan
 from tpu_tuner.planner.space import PlanPoint
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, emit: Callable[[str], None],
-             done: Callable[[PlanPoint, CompiledStep], None] | None = None) -> dict[PlanPoint, LayoutPlan]:
+def evaluate(
+    problem: PlanProblem,
+    points: list[PlanPoint],
+    pool: CompilePool,
+    emit: Callable[[str], None],
+    done: Callable[[PlanPoint, CompiledStep], None] | None = None,
+) -> dict[PlanPoint, LayoutPlan]:
     """Compile every point (one program each: every block scanned, its loops measured in its own
     HLO; program.py) and predict it."""
     depth = problem.dims.scanned  # loop iterations: blocks, or repeats of a layer pattern
@@ -37,23 +42,38 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
     # programs only). Loops a full-effort compile peeled (its cost analysis then holds more than
     # one block): the work is read from the same program compiled with the least effort, which
     # does not peel (docs/planner.md, "One compile a layout").
-    ends_jobs = {p: problem.job(p, 0) for p, step in scanned.items()
-                 if not step.error and step.loop_iteration is None and p.accumulation == 1}
-    recost_jobs = {p: problem.job(p, depth, fast=True) for p, step in scanned.items()
-                   if not step.error and not problem.fast and step.loop_peeled}
+    ends_jobs = {
+        p: problem.job(p, 0)
+        for p, step in scanned.items()
+        if not step.error and step.loop_iteration is None and p.accumulation == 1
+    }
+    recost_jobs = {
+        p: problem.job(p, depth, fast=True)
+        for p, step in scanned.items()
+        if not step.error and not problem.fast and step.loop_peeled
+    }
     # --fast and full effort can disagree on memory near the limit (docs/planner.md: 92.1 against
     # 96.0 GiB on one row): a fast point that close is compiled again at full effort, which decides.
-    confirm_jobs = {p: problem.job(p, depth, fast=False) for p, step in scanned.items()
-                    if problem.fast and near_limit(step, problem.hbm)}
+    confirm_jobs = {
+        p: problem.job(p, depth, fast=False)
+        for p, step in scanned.items()
+        if problem.fast and near_limit(step, problem.hbm)
+    }
     if confirm_jobs:
-        emit(f"{len(confirm_jobs)} --fast point{'s are' if len(confirm_jobs) != 1 else ' is'} within "
-             f"{NEAR_LIMIT:.0%} of the HBM limit: compiling {'them' if len(confirm_jobs) != 1 else 'it'} at full effort")
+        emit(
+            f"{len(confirm_jobs)} --fast point{'s are' if len(confirm_jobs) != 1 else ' is'} within "
+            f"{NEAR_LIMIT:.0%} of the HBM limit: compiling {'them' if len(confirm_jobs) != 1 else 'it'} at full effort"
+        )
     if ends_jobs:
-        emit(f"{_programs(len(ends_jobs))} block loops could not be measured in {_its(len(ends_jobs))} HLO: "
-             f"compiling {_its(len(ends_jobs))} ends alone")
+        emit(
+            f"{_programs(len(ends_jobs))} block loops could not be measured in {_its(len(ends_jobs))} HLO: "
+            f"compiling {_its(len(ends_jobs))} ends alone"
+        )
     if recost_jobs:
-        emit(f"{_programs(len(recost_jobs))} block loops were peeled by the compiler: recompiling "
-             f"{'it' if len(recost_jobs) == 1 else 'them'} once for {_its(len(recost_jobs))} work")
+        emit(
+            f"{_programs(len(recost_jobs))} block loops were peeled by the compiler: recompiling "
+            f"{'it' if len(recost_jobs) == 1 else 'them'} once for {_its(len(recost_jobs))} work"
+        )
     second = pool.compile([*ends_jobs.values(), *recost_jobs.values(), *confirm_jobs.values()])
     judged_points = {}
     for point in points:
@@ -62,7 +82,7 @@ def evaluate(problem: PlanProblem, points: list[PlanPoint], pool: CompilePool, e
         cost_step = second.get(recost_jobs.get(point))  # type: ignore[arg-type]
         if confirmed is not None and (confirmed.error is None or is_compiler_out_of_memory(confirmed.error)):
             # The full-effort program decides memory; the fast one, which never peels, counts the work.
-            step, effort = confirmed, "full effort (the --fast compile was within " f"{NEAR_LIMIT:.0%} of the limit)"
+            step, effort = confirmed, f"full effort (the --fast compile was within {NEAR_LIMIT:.0%} of the limit)"
             cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
         plan = _judge(problem, point, step, second.get(ends_jobs.get(point)), cost_step)  # type: ignore[arg-type]
         plan.fit_effort = effort
@@ -86,16 +106,26 @@ def near_limit(step: CompiledStep, hbm: float) -> bool:
     return abs(step.peak_bytes - hbm) <= NEAR_LIMIT * hbm
 
 
-def _judge(problem: PlanProblem, point: PlanPoint, step: CompiledStep, ends: CompiledStep | None,
-           cost_step: CompiledStep | None) -> LayoutPlan:
+def _judge(
+    problem: PlanProblem,
+    point: PlanPoint,
+    step: CompiledStep,
+    ends: CompiledStep | None,
+    cost_step: CompiledStep | None,
+) -> LayoutPlan:
     """One point's LayoutPlan from its compiled programs."""
     depth = problem.dims.scanned  # loop iterations: blocks, or repeats of a layer pattern
     failed = step if step.error else ends if ends is not None and ends.error else None
     if failed is None and ends is None and step.loop_iteration is None:
         failed = replace(step, error="the block loops could not be measured in the compiled program")
     iteration = step.loop_iteration
-    if (failed is None and point.accumulation > 1 and iteration is not None and iteration.micro_batch is None
-            and iteration.loops < 2 * point.accumulation):
+    if (
+        failed is None
+        and point.accumulation > 1
+        and iteration is not None
+        and iteration.micro_batch is None
+        and iteration.loops < 2 * point.accumulation
+    ):
         # Neither a micro-batch loop around the block loops nor one pair of block loops per
         # micro-batch (unrolled): the work cannot be counted (a model of one block, say).
         failed = replace(step, error="the micro-batch loop could not be measured in the compiled program")
@@ -124,35 +154,84 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     bound = problem.lower_bound(point).total
     batch = point.per_device_batch(problem.global_batch)
     if full.error:
-        return LayoutPlan(point.layout, full, False, 0.0, f"the compiler refused: {full.error}", None,
-                          point.remat, point.accumulation, batch, bound)
+        return LayoutPlan(
+            point.layout,
+            full,
+            False,
+            0.0,
+            f"the compiler refused: {full.error}",
+            None,
+            point.remat,
+            point.accumulation,
+            batch,
+            bound,
+        )
     if full.loop_peeled:
-        log.warning("%s: the compiler peeled the block loop; per-block work may count more than one block", point.name())
+        log.warning(
+            "%s: the compiler peeled the block loop; per-block work may count more than one block", point.name()
+        )
     if bound > full.peak_bytes * 1.001:
-        log.error("%s: the memory lower bound (%.2f GiB) is above the compiled peak (%.2f GiB): the bound is wrong "
-                  "and may have ruled out points that fit", point.name(), bound / 2**30, full.peak_bytes / 2**30)
+        log.error(
+            "%s: the memory lower bound (%.2f GiB) is above the compiled peak (%.2f GiB): the bound is wrong "
+            "and may have ruled out points that fit",
+            point.name(),
+            bound / 2**30,
+            full.peak_bytes / 2**30,
+        )
     fits = full.fits_in(hbm)
     over_but_accepted = fits and full.peak_bytes > hbm  # an offloading program: its allocation overstates
     why = (
-        (f"the compiler's peak {full.compiler_peak_bytes / 2**30:.1f} GiB of live buffers; allocated: " if full.compiler_peak_bytes else "")
+        (
+            f"the compiler's peak {full.compiler_peak_bytes / 2**30:.1f} GiB of live buffers; allocated: "
+            if full.compiler_peak_bytes
+            else ""
+        )
         + f"arguments (weights + optimizer state) {full.argument_bytes / 2**30:.1f} GiB + temporaries "
         f"(activations, gathered weights) {full.temp_bytes / 2**30:.1f} GiB + outputs "
         f"{(full.output_bytes - full.alias_bytes) / 2**30:.1f} GiB vs {hbm / 2**30:.2f} GiB HBM limit"
         + (f"; {full.host_temp_bytes / 2**30:.1f} GiB offloaded to host memory" if full.host_temp_bytes else "")
-        + ("; the allocation is over the limit, but the compiler, which refuses an offloading program over "
-           "its HBM limit, accepted it" if over_but_accepted else "")
-        + ("; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
-           if full.loop_peeled else "")
+        + (
+            "; the allocation is over the limit, but the compiler, which refuses an offloading program over "
+            "its HBM limit, accepted it"
+            if over_but_accepted
+            else ""
+        )
+        + (
+            "; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
+            if full.loop_peeled
+            else ""
+        )
     )
     devices = problem.topology.devices
-    prediction = predict(full, problem.topology, point.layout, problem.dims.shape, problem.dims.head_dim,
-                         problem.model_flops / devices, problem.global_batch * problem.seq_len, problem.cost_model,
-                         problem.hardware_flops(point.remat) / devices, problem.seq_len,
-                         problem.quantization, problem.quantized_share())
+    prediction = predict(
+        full,
+        problem.topology,
+        point.layout,
+        problem.dims.shape,
+        problem.dims.head_dim,
+        problem.model_flops / devices,
+        problem.global_batch * problem.seq_len,
+        problem.cost_model,
+        problem.hardware_flops(point.remat) / devices,
+        problem.seq_len,
+        problem.quantization,
+        problem.quantized_share(),
+    )
     # The margin of an accepted program over its allocation is not known: 0, at the limit.
     margin = 0.0 if over_but_accepted else hbm - full.peak_bytes
-    return LayoutPlan(point.layout, full, fits, margin, why, prediction, point.remat,
-                      point.accumulation, batch, bound, over_limit_accepted=over_but_accepted)
+    return LayoutPlan(
+        point.layout,
+        full,
+        fits,
+        margin,
+        why,
+        prediction,
+        point.remat,
+        point.accumulation,
+        batch,
+        bound,
+        over_limit_accepted=over_but_accepted,
+    )
 
 
 __all__ = ["evaluate", "judged"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 def _experts_first(subscripts: str) -> bool:
     """Whether einsum subscripts index [experts, batch, slots, width] (the decoder's dispatched tokens)."""
     return len(subscripts) == 4 and subscripts[0] == "e"
@@ -49,8 +50,9 @@ def expert_dispatch(env: Any, mesh: Any) -> None:
             inputs, output = (part.replace(" ", "") for part in equation.split("->"))
             firsts = [_experts_first(term) and getattr(v, "ndim", 0) == 4 for term, v in zip(inputs.split(","), values)]
             if not _experts_first(output):  # the combine: back to the tokens' devices first
-                values = tuple(jax.lax.with_sharding_constraint(v, by_token) if first else v
-                               for v, first in zip(values, firsts))
+                values = tuple(
+                    jax.lax.with_sharding_constraint(v, by_token) if first else v for v, first in zip(values, firsts)
+                )
             result = _einsum(equation, *values)
             if _experts_first(output) and result.ndim == 4:
                 if not any(firsts):  # the dispatch: made where the tokens are, then sent to the experts

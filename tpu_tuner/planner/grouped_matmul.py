@@ -65,20 +65,26 @@ def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
 
     @jax.custom_vjp
     def grouped(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
-        return jnp.stack([kernels.gmm(lhs[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, embed, width))
-                          for i in range(sequences)])
+        return jnp.stack(
+            [kernels.gmm(lhs[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, embed, width)) for i in range(sequences)]
+        )
 
     def forward(lhs: Any, rhs: Any, group_sizes: Any) -> tuple[Any, tuple[Any, Any, Any]]:
         return grouped(lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
 
     def backward(saved: tuple[Any, Any, Any], grad: Any) -> tuple[Any, Any, None]:
         lhs, rhs, group_sizes = saved
-        d_lhs = jnp.stack([kernels.gmm(grad[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, width, embed),
-                                       transpose_rhs=True) for i in range(sequences)])
+        d_lhs = jnp.stack(
+            [
+                kernels.gmm(grad[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, width, embed), transpose_rhs=True)
+                for i in range(sequences)
+            ]
+        )
         d_rhs = None
         for i in range(sequences):
-            d_rhs = kernels.tgmm(lhs[i].swapaxes(0, 1), grad[i], group_sizes[i], rhs.dtype, (rows_tile, embed, width),
-                                 existing_out=d_rhs)
+            d_rhs = kernels.tgmm(
+                lhs[i].swapaxes(0, 1), grad[i], group_sizes[i], rhs.dtype, (rows_tile, embed, width), existing_out=d_rhs
+            )
         return d_lhs, d_rhs, None
 
     grouped.defvjp(forward, backward)
@@ -113,14 +119,21 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
             # One grouped matmul per sequence this device holds (each sorted on its own).
             y = kernel(x, w, sizes)
             if rowwise and tensor > 1:
-                return (jax.lax.psum_scatter(y, "tensor", scatter_dimension=2, tiled=True) if scatter
-                        else jax.lax.psum(y, "tensor"))
+                return (
+                    jax.lax.psum_scatter(y, "tensor", scatter_dimension=2, tiled=True)
+                    if scatter
+                    else jax.lax.psum(y, "tensor")
+                )
             return y
 
-        specs = ((PartitionSpec(batch, None, "tensor"), PartitionSpec(None, "tensor", None)) if rowwise
-                 else (PartitionSpec(batch, None, None), PartitionSpec(None, None, "tensor")))
-        sharded = jax.shard_map(local, mesh=mesh, in_specs=(*specs, PartitionSpec(batch, None)), out_specs=out_spec,
-                                check_vma=False)
+        specs = (
+            (PartitionSpec(batch, None, "tensor"), PartitionSpec(None, "tensor", None))
+            if rowwise
+            else (PartitionSpec(batch, None, None), PartitionSpec(None, None, "tensor"))
+        )
+        sharded = jax.shard_map(
+            local, mesh=mesh, in_specs=(*specs, PartitionSpec(batch, None)), out_specs=out_spec, check_vma=False
+        )
         return torch_view(sharded(x_j, w_j, sizes_j))
 
     @jax.custom_vjp

@@ -62,8 +62,10 @@ def planned_workload(source: str | Path) -> Workload:
         ours = sum(p.numel() for p in _on_meta(lambda: Decoder(shape)).parameters())
         theirs = transformers_parameters(config)
         if ours != theirs:
-            raise NotExpressible(f"the generic decoder's reading has {ours:,} parameters, transformers' model "
-                                 f"{theirs:,}: the config sets something its family's mapping does not read")
+            raise NotExpressible(
+                f"the generic decoder's reading has {ours:,} parameters, transformers' model "
+                f"{theirs:,}: the config sets something its family's mapping does not read"
+            )
     except NotExpressible as exc:
         blocker = untraceable(config)
         if blocker:
@@ -71,10 +73,21 @@ def planned_workload(source: str | Path) -> Workload:
         return _traced(config, text, name, f"{hf.text}: traced through torchax ({exc})")
     seq = default_seq_len(config)
     module = decoder_module(shape, name, 1, seq)
-    note = (f"{hf.text}: the {config.model_type} config as the generic decoder ({theirs:,} parameters, as "
-            "transformers counts them)")
-    return _workload(module.build_model, module.make_batch, module.loss, seq, text, name, config, note,
-                     TransformerDims(**module.TRANSFORMER))
+    note = (
+        f"{hf.text}: the {config.model_type} config as the generic decoder ({theirs:,} parameters, as "
+        "transformers counts them)"
+    )
+    return _workload(
+        module.build_model,
+        module.make_batch,
+        module.loss,
+        seq,
+        text,
+        name,
+        config,
+        note,
+        TransformerDims(**module.TRANSFORMER),
+    )
 
 
 def transformers_parameters(config: PretrainedConfig) -> int:
@@ -83,10 +96,12 @@ def transformers_parameters(config: PretrainedConfig) -> int:
 
     try:
         return int(_on_meta(lambda: transformers.AutoModelForCausalLM.from_config(config)).num_parameters())
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a config it cannot build
+    except Exception as exc:
         lines = str(exc).strip().splitlines()
-        raise UserInputError(f"transformers cannot build a {config.model_type} causal LM from this config: "
-                             f"{lines[0] if lines else type(exc).__name__}") from exc
+        raise UserInputError(
+            f"transformers cannot build a {config.model_type} causal LM from this config: "
+            f"{lines[0] if lines else type(exc).__name__}"
+        ) from exc
 
 
 def untraceable(config: PretrainedConfig) -> str | None:
@@ -94,12 +109,13 @@ def untraceable(config: PretrainedConfig) -> str | None:
     lacking = not_expressible(config)
     if lacking:
         return lacking
-    experts = [key for key in _EXPERT_KEYS
-               if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0]
+    experts = [key for key in _EXPERT_KEYS if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0]
     if experts:
-        return (f"routed experts ({experts[0]}) in the {config.model_type} config are not expressible: the generic "
-                "decoder maps Mixtral's, Qwen2/3-MoE's, Llama 4's, DeepSeek-V3's and gpt-oss's, and transformers' "
-                "expert loop has data-dependent shapes the TPU compiler cannot trace")
+        return (
+            f"routed experts ({experts[0]}) in the {config.model_type} config are not expressible: the generic "
+            "decoder maps Mixtral's, Qwen2/3-MoE's, Llama 4's, DeepSeek-V3's and gpt-oss's, and transformers' "
+            "expert loop has data-dependent shapes the TPU compiler cannot trace"
+        )
     return None
 
 
@@ -122,8 +138,9 @@ def check_seq_len(workload: Workload, seq_len: int) -> None:
     rows; a rotary model's config says it was trained no longer)."""
     limit = max_positions(workload.hf_config) if workload.hf_config is not None else None
     if limit is not None and seq_len > limit:
-        raise UserInputError(f"--seq {seq_len} is longer than the model's {limit} positions "
-                             "(max_position_embeddings)", workload.source)
+        raise UserInputError(
+            f"--seq {seq_len} is longer than the model's {limit} positions (max_position_embeddings)", workload.source
+        )
 
 
 def _check_causal_lm(config: PretrainedConfig, hf: HfSource) -> None:
@@ -133,8 +150,9 @@ def _check_causal_lm(config: PretrainedConfig, hf: HfSource) -> None:
         raise UserInputError("the planner plans training steps: drop #inference", hf.text)
     task = resolve_task(config, hf)
     if task != "causal-lm":
-        raise UserInputError(f"the planner plans causal language models, and this {config.model_type} config's step "
-                             f"is {task}", hf.text)
+        raise UserInputError(
+            f"the planner plans causal language models, and this {config.model_type} config's step is {task}", hf.text
+        )
 
 
 def _on_meta(build: Any) -> nn.Module:
@@ -153,17 +171,30 @@ class TracedCausalLM(nn.Module):
         return self.model(input_ids=tokens, use_cache=False).logits
 
 
-def planner_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+def planner_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention interface answered by scaled_dot_product_attention, causal and
     unmasked (a training batch of whole sequences), which the compiled program turns into the
     sharded flash kernel. Sliding windows and soft-capping are left out: flash attention's cost
     does not discount a window, and a cap adds no matmul."""
     import torch.nn.functional as F
 
-    out = F.scaled_dot_product_attention(query, key, value, is_causal=getattr(module, "is_causal", True),
-                                         scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        is_causal=getattr(module, "is_causal", True),
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -195,16 +226,55 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
 
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets[:, 1:].reshape(-1))
 
-    return _workload(build_model, make_batch, loss, default_seq_len(config), text, name, config, note,
-                     TransformerDims(dims["layers"], dims["heads"], dims["head_dim"], True))
+    return _workload(
+        build_model,
+        make_batch,
+        loss,
+        default_seq_len(config),
+        text,
+        name,
+        config,
+        note,
+        TransformerDims(dims["layers"], dims["heads"], dims["head_dim"], True),
+    )
 
 
-def _workload(build_model: Any, make_batch: Any, loss: Any, seq_len: int, text: str, name: str,
-              config: PretrainedConfig, note: str, dims: TransformerDims) -> Workload:
-    return Workload(name=name, source=Path(text), build_model=build_model, make_batch=make_batch, batch_size=1,
-                    seq_len=seq_len, convention="native", loss_fn=loss, transformer=dims, notes=[note],
-                    hf_config=config, hf_task="causal-lm")
+def _workload(
+    build_model: Any,
+    make_batch: Any,
+    loss: Any,
+    seq_len: int,
+    text: str,
+    name: str,
+    config: PretrainedConfig,
+    note: str,
+    dims: TransformerDims,
+) -> Workload:
+    return Workload(
+        name=name,
+        source=Path(text),
+        build_model=build_model,
+        make_batch=make_batch,
+        batch_size=1,
+        seq_len=seq_len,
+        convention="native",
+        loss_fn=loss,
+        transformer=dims,
+        notes=[note],
+        hf_config=config,
+        hf_task="causal-lm",
+    )
 
 
-__all__ = ["ATTENTION", "MAX_DEFAULT_SEQ", "TracedCausalLM", "check_seq_len", "default_seq_len", "planned_workload",
-           "planner_attention", "source_digest", "transformers_parameters", "untraceable"]
+__all__ = [
+    "ATTENTION",
+    "MAX_DEFAULT_SEQ",
+    "TracedCausalLM",
+    "check_seq_len",
+    "default_seq_len",
+    "planned_workload",
+    "planner_attention",
+    "source_digest",
+    "transformers_parameters",
+    "untraceable",
+]

@@ -74,8 +74,11 @@ def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
 
 def _scan_loops(module: _Module, computation: str) -> list[str]:
     """The bodies of the while loops JAX emitted (op_name ending in "/while") in `computation`."""
-    return [m.group("body") for line in module.lines(computation)
-            if (m := _WHILE.search(line)) and m.group("op").endswith("/while")]
+    return [
+        m.group("body")
+        for line in module.lines(computation)
+        if (m := _WHILE.search(line)) and m.group("op").endswith("/while")
+    ]
 
 
 def _measure(module: _Module, loops: list[str]) -> LoopIteration | None:
@@ -109,7 +112,7 @@ class _Module:
             header = _HEADER.match(line)
             if header:
                 if header.group("entry"):
-                    self.entry, line = header.group("name"), line[len("ENTRY "):]
+                    self.entry, line = header.group("name"), line[len("ENTRY ") :]
                 current = lines[header.group("name")] = [line]
             elif current is not None:
                 current.append(line)
@@ -128,8 +131,9 @@ class _Module:
         seen, stack = {root}, [root]
         while stack:
             block = self.blocks.get(stack.pop(), "")
-            called = _CALLED.findall(block) + [n.strip().lstrip("%") for group in _CALLED_LISTS.findall(block)
-                                                for n in group.split(",") if n.strip()]
+            called = _CALLED.findall(block) + [
+                n.strip().lstrip("%") for group in _CALLED_LISTS.findall(block) for n in group.split(",") if n.strip()
+            ]
             for name in called:
                 if name not in seen and name in self.blocks:
                     seen.add(name)
@@ -138,8 +142,11 @@ class _Module:
 
     def as_entry(self, root: str, reachable: list[str]) -> str:
         """A module of `root` (as its entry) and the computations it calls."""
-        return "\n\n".join(["HloModule loop_iteration", self.preamble]
-                            + [self.blocks[name] for name in reachable if name != root] + ["ENTRY " + self.blocks[root]])
+        return "\n\n".join(
+            ["HloModule loop_iteration", self.preamble]
+            + [self.blocks[name] for name in reachable if name != root]
+            + ["ENTRY " + self.blocks[root]]
+        )
 
 
 def _cost_as_entry(module_text: str, computation: str) -> dict[str, float] | None:
@@ -151,6 +158,8 @@ def _cost_as_entry(module_text: str, computation: str) -> dict[str, float] | Non
 
         module = hlo.hlo_module_from_text(module_text)
         return dict(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module))
-    except Exception as exc:  # noqa: BLE001 - a private API or an HLO the parser refuses: fall back
-        log.warning("cannot measure the loop body %s with XLA's cost analysis: %s", computation, str(exc).splitlines()[0])
+    except Exception as exc:
+        log.warning(
+            "cannot measure the loop body %s with XLA's cost analysis: %s", computation, str(exc).splitlines()[0]
+        )
         return None

@@ -29,8 +29,10 @@ def mesh_devices(devices: Any, layout: Layout) -> np.ndarray:
     for device in flat:
         by_slice.setdefault(int(getattr(device, "slice_index", 0) or 0), []).append(device)
     if len(by_slice) != layout.slices:
-        raise ValueError(f"layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), the topology "
-                         f"has {len(by_slice)}")
+        raise ValueError(
+            f"layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), the topology "
+            f"has {len(by_slice)}"
+        )
     if layout.slices == 1:
         return np.asarray(flat).reshape(layout.mesh_sizes())
     dcn, ici = layout.dcn_sizes(), layout.ici_sizes()

@@ -38,8 +38,9 @@ def initial_state(optimizer: str, params: Any, first_moment_dtype: str) -> Any:
 
     if check_optimizer(optimizer) == "sgd":
         return ()
-    first = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.dtype(first_moment_dtype), sharding=p.sharding),
-                         params)
+    first = jax.tree.map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, jnp.dtype(first_moment_dtype), sharding=p.sharding), params
+    )
     return first, params
 
 
@@ -55,8 +56,9 @@ def apply_update(optimizer: str, weights: Any, state: Any, grads: Any) -> tuple[
     # AdamW with its epsilon inside the square root (optax's eps_root): a reciprocal square
     # root instead of a square root and a divide, whose code is long: the same FLOPs, bytes and
     # memory, and less compile time (docs/planner.md, "Speed").
-    weights = jax.tree.map(lambda w, m, v: (w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w)).astype(w.dtype),
-                           weights, first, second)
+    weights = jax.tree.map(
+        lambda w, m, v: (w - 1e-4 * (m * jax.lax.rsqrt(v + 1e-16) + 0.1 * w)).astype(w.dtype), weights, first, second
+    )
     return weights, (first, second)
 
 

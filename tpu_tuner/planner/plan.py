@@ -13,11 +13,11 @@ from pathlib import Path
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.optimizer import state_bytes_per_parameter
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
-from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
 from tpu_tuner.planner.search import search
@@ -39,31 +39,45 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
         return enumerated(problem, options, pool, emit, started)
 
 
-def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: Callable[[str], None],
-               started: float) -> PlanResult:
+def enumerated(
+    problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: Callable[[str], None], started: float
+) -> PlanResult:
     """The plan of `options.layouts`, or of the first `max_layouts` enumerated layouts, each with
     the options' remat policy and micro-batch count."""
     shape = problem.dims.shape
     if options.layouts:
         candidates, rejected = options.layouts, []
     else:
-        candidates, rejected = enumerate_layouts(problem.topology.devices, shape,
-                                                 problem.global_batch // max(1, options.accumulation), problem.seq_len,
-                                                 slices=problem.topology.slices)
-        candidates, too_big = _weights_fit(candidates, problem.matmul_parameters, problem.hbm,
-                                           2 if problem.first_moment_dtype == "bfloat16" else 4,
-                                           2 if problem.weight_dtype == "bfloat16" else 4, problem.optimizer)
+        candidates, rejected = enumerate_layouts(
+            problem.topology.devices,
+            shape,
+            problem.global_batch // max(1, options.accumulation),
+            problem.seq_len,
+            slices=problem.topology.slices,
+        )
+        candidates, too_big = _weights_fit(
+            candidates,
+            problem.matmul_parameters,
+            problem.hbm,
+            2 if problem.first_moment_dtype == "bfloat16" else 4,
+            2 if problem.weight_dtype == "bfloat16" else 4,
+            problem.optimizer,
+        )
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.max_layouts]
     if not candidates:
-        raise UserInputError(f"no layout divides this model or fits it on {problem.topology.devices} devices: "
-                             + "; ".join(r for _, r in rejected[:3]))
+        raise UserInputError(
+            f"no layout divides this model or fits it on {problem.topology.devices} devices: "
+            + "; ".join(r for _, r in rejected[:3])
+        )
     points = [PlanPoint(layout, parse_remat(options.remat).name, options.accumulation) for layout in candidates]
     for point in points:
         if point.layout.slices != problem.topology.slices:
-            raise UserInputError(f"layout {point.layout.short()} spans {point.layout.slices} slice(s) (dcn_data x dcn_fsdp) "
-                                 f"but the plan has {problem.topology.slices}: give ,dcn_data=N / ,dcn_fsdp=N whose "
-                                 "product is the slice count")
+            raise UserInputError(
+                f"layout {point.layout.short()} spans {point.layout.slices} slice(s) (dcn_data x dcn_fsdp) "
+                f"but the plan has {problem.topology.slices}: give ,dcn_data=N / ,dcn_fsdp=N whose "
+                "product is the slice count"
+            )
         reason = invalid_reason(point, shape, problem.global_batch, problem.seq_len)
         if reason:
             raise UserInputError(f"{point.layout.short()}: {reason}")
@@ -79,9 +93,14 @@ def enumerated(problem: PlanProblem, options: PlanOptions, pool: CompilePool, em
     return result_of(problem, plans, rejected, parse_remat(options.remat).name, started)
 
 
-def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
-                 first_moment_bytes: int = 4, weight_bytes: int = 4,
-                 optimizer: str = "adamw") -> tuple[list[Layout], list[tuple[Layout, str]]]:
+def _weights_fit(
+    layouts: list[Layout],
+    n_params: int,
+    hbm: float,
+    first_moment_bytes: int = 4,
+    weight_bytes: int = 4,
+    optimizer: str = "adamw",
+) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """Drop, without compiling, layouts whose weights and optimizer state alone (the weight in
     `weight_bytes`; AdamW's second moment in `weight_bytes` and first in `first_moment_bytes`, SGD
     none; split over fsdp x context x tensor, replicated over data)
@@ -93,8 +112,7 @@ def _weights_fit(layouts: list[Layout], n_params: int, hbm: float,
     for layout in layouts:
         need = per_parameter * n_params / layout.parameter_shards
         if need > hbm:
-            reason = (f"the weights + {state} alone need {need / 2**30:.0f} GiB per device "
-                      f"(> {hbm / 2**30:.0f} GiB HBM)")
+            reason = f"the weights + {state} alone need {need / 2**30:.0f} GiB per device (> {hbm / 2**30:.0f} GiB HBM)"
             drop.append((layout, reason))
         else:
             keep.append(layout)

@@ -32,10 +32,10 @@ import math
 from dataclasses import dataclass
 
 from tpu_tuner.metrics.mfu import mfu
+from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.band import BandRow, ErrorBand, Place
 from tpu_tuner.planner.band import error_band as band_of
 from tpu_tuner.planner.collectives import ring_seconds
-from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.topology import Topology
 
@@ -58,10 +58,15 @@ def quantized_peak_refusal(generation: str, quantization: str) -> str | None:
     if generation in peaks:
         return None
     if quantization == "fp8":
-        return (f"{generation} has no fp8 matmul units (Google states an fp8 peak above bf16 only for TPU7x: "
-                "cloud.google.com/tpu/docs/tpu7x)")
-    return (f"Google states no int8 peak for {generation} (int8 peaks are stated for "
-            f"{', '.join(sorted(peaks))}); plan it without --quantization" + (" or with fp8" if generation == "tpu7x" else ""))
+        return (
+            f"{generation} has no fp8 matmul units (Google states an fp8 peak above bf16 only for TPU7x: "
+            "cloud.google.com/tpu/docs/tpu7x)"
+        )
+    return (
+        f"Google states no int8 peak for {generation} (int8 peaks are stated for "
+        f"{', '.join(sorted(peaks))}); plan it without --quantization"
+        + (" or with fp8" if generation == "tpu7x" else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ def ring_bandwidth(topology: Topology, group_devices: int) -> float:
 
 def alignment(shape: ModelShape, layout: Layout, head_dim: int, mxu: int) -> float:
     """FLOP-weighted fraction of MXU work that is useful for the model's per-device matmuls."""
+
     def useful(n: int) -> float:
         return n / (math.ceil(n / mxu) * mxu) if n > 0 else 1.0
 
@@ -184,13 +190,16 @@ def predict(
     # Seconds a FLOP at full efficiency: 8-bit matmuls at their own peak (docs/planner.md, "Precision of the step").
     per_flop = 1 / peak
     if quantization is not None and quantized_share:
-        quantized_peak = QUANTIZED_PEAK_TFLOPS[quantization][topology.chip.generation] * 1e12 / topology.devices_per_chip
+        quantized_peak = (
+            QUANTIZED_PEAK_TFLOPS[quantization][topology.chip.generation] * 1e12 / topology.devices_per_chip
+        )
         per_flop = (1 - quantized_share) / peak + quantized_share / quantized_peak
     at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
     compute = at_peak / cost_model.efficiency(topology.chip.generation)
     memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
-    comm = sum(ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives
-               if c.network != "dcn")
+    comm = sum(
+        ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives if c.network != "dcn"
+    )
     dcn = sum(ring_seconds(c, topology.dcn_bytes_per_s_per_device) for c in compiled.collectives if c.network == "dcn")
     work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     if cost_model.host_gbytes_per_s:

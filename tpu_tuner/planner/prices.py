@@ -64,8 +64,9 @@ def load_prices(path: Path = PRICES_FILE) -> dict[str, Price]:
         usd = entry["usd_per_chip_hour"]
         if not _positive(usd):
             raise UserInputError(f"[{name}] usd_per_chip_hour must be a positive number, not {usd!r}", path)
-        prices[generation] = Price(generation, float(usd), str(entry["source"]), str(entry["states"]),
-                                   str(entry["read"]))
+        prices[generation] = Price(
+            generation, float(usd), str(entry["source"]), str(entry["states"]), str(entry["read"])
+        )
     return prices
 
 
@@ -81,15 +82,17 @@ def parse_price_flags(values: list[str] | None) -> dict[str, float]:
                 raise UserInputError(f"--price takes GEN=USD_PER_CHIP_HOUR, e.g. v6e=2.70, not {item.strip()!r}")
             generation = generation_of(name)
             if generation is None:
-                raise UserInputError(f"--price {item.strip()}: unknown TPU generation {name.strip()!r} "
-                                     f"(known: {', '.join(TPU_CHIPS)})")
+                raise UserInputError(
+                    f"--price {item.strip()}: unknown TPU generation {name.strip()!r} (known: {', '.join(TPU_CHIPS)})"
+                )
             try:
                 usd = float(number)
             except ValueError:
                 usd = math.nan
             if not _positive(usd):
-                raise UserInputError(f"--price {item.strip()}: the price must be a positive number of US dollars "
-                                     "per chip-hour")
+                raise UserInputError(
+                    f"--price {item.strip()}: the price must be a positive number of US dollars per chip-hour"
+                )
             if generation in given:
                 raise UserInputError(f"--price gives {generation} twice")
             given[generation] = usd
@@ -106,8 +109,7 @@ def price_table(given: dict[str, float] | None = None, path: Path = PRICES_FILE)
 
 
 def _positive(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 __all__ = ["PRICES_FILE", "Price", "generation_of", "load_prices", "parse_price_flags", "price_table"]

@@ -14,8 +14,8 @@ from torch import nn
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.metrics.flops import matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
-from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.hf_source import is_hf_source
+from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
@@ -69,26 +69,57 @@ class PlanProblem:
         shape, policy, seq = self.dims.shape, parse_remat(remat), self.seq_len
         spans = self.spans or (AttentionSpan(shape.n_heads, self.dims.head_dim),) * shape.n_layers
         # A local layer's attention recomputes its window's keys per query, not the sequence's.
-        recomputed = sum(forward_flops_per_token(policy, shape.d_model, span.heads, shape.n_kv_heads, span.head_dim,
-                                                 shape.mlp_hidden, self.gated,
-                                                 score_pairs(seq, span.window, span.chunk, False) / seq)[1]
-                         for span in spans)
+        recomputed = sum(
+            forward_flops_per_token(
+                policy,
+                shape.d_model,
+                span.heads,
+                shape.n_kv_heads,
+                span.head_dim,
+                shape.mlp_hidden,
+                self.gated,
+                score_pairs(seq, span.window, span.chunk, False) / seq,
+            )[1]
+            for span in spans
+        )
         attention = TransformerDims(shape.n_layers, shape.n_heads, self.dims.head_dim, True, self.spans)
         full = _model_flops(self.matmul_parameters, attention, self.dims, self.global_batch, seq, "full")
         return full + recomputed * self.global_batch * seq
 
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
-        return CompileJob(self.source, self.preset, blocks, point.layout, self.topology.jax_name, self.global_batch,
-                          self.seq_len, self.dims.shape.d_model, point.remat, self.fast if fast is None else fast,
-                          scan=True, accumulation=point.accumulation, first_moment_dtype=self.first_moment_dtype,
-                          weight_dtype=self.weight_dtype, quantization=self.quantization,
-                          vocab_tiling=self.vocab_tiling, slices=self.topology.slices, optimizer=self.optimizer)
+        return CompileJob(
+            self.source,
+            self.preset,
+            blocks,
+            point.layout,
+            self.topology.jax_name,
+            self.global_batch,
+            self.seq_len,
+            self.dims.shape.d_model,
+            point.remat,
+            self.fast if fast is None else fast,
+            scan=True,
+            accumulation=point.accumulation,
+            first_moment_dtype=self.first_moment_dtype,
+            weight_dtype=self.weight_dtype,
+            quantization=self.quantization,
+            vocab_tiling=self.vocab_tiling,
+            slices=self.topology.slices,
+            optimizer=self.optimizer,
+        )
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
-        return memory_lower_bound(point, self.matmul_parameters, self.dims.shape, self.global_batch, self.seq_len,
-                                  first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
-                                  weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
-                                  saved_inputs=self.dims.saved_block_inputs, optimizer=self.optimizer)
+        return memory_lower_bound(
+            point,
+            self.matmul_parameters,
+            self.dims.shape,
+            self.global_batch,
+            self.seq_len,
+            first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
+            weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
+            saved_inputs=self.dims.saved_block_inputs,
+            optimizer=self.optimizer,
+        )
 
     def quantized_share(self) -> float:
         """The share of the step's FLOPs that --quantization runs in 8 bits: the blocks' linear
@@ -114,7 +145,9 @@ def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> N
         load_summary(runner, model_file, sample_lengths=False)
 
 
-def build_problem(model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]) -> PlanProblem:
+def build_problem(
+    model_file: str | Path, options: PlanOptions, topology: Topology, emit: Callable[[str], None]
+) -> PlanProblem:
     """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first.
     An ``hf:`` source runs no code of its own (a config is read), so it is not screened in a worker."""
     # The step's precision first: refused before any worker runs.
@@ -139,8 +172,10 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
         devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
         # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
         topology = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
-    emit(f"{topology.describe()}; HBM limit {topology.hbm_bytes_per_device / 2**30:.2f} GiB per device "
-         f"({'the compiler' if topology.compiler_hbm_bytes is not None else 'published capacity'})")
+    emit(
+        f"{topology.describe()}; HBM limit {topology.hbm_bytes_per_device / 2**30:.2f} GiB per device "
+        f"({'the compiler' if topology.compiler_hbm_bytes is not None else 'published capacity'})"
+    )
     seq_len = options.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
@@ -150,18 +185,26 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
             emit(note)
     global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
     if options.vocab_tiling < 1 or seq_len % options.vocab_tiling:
-        raise UserInputError(f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not "
-                             f"{options.vocab_tiling}", workload.source)
+        raise UserInputError(
+            f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not {options.vocab_tiling}",
+            workload.source,
+        )
     with torch.device("meta"):
         meta_model = workload.model_for_preset(options.preset)
     transformer = workload.dims_for_preset(options.preset)
     if options.vocab_tiling > 1 and not callable(getattr(meta_model, "hidden", None)):
-        raise UserInputError("--vocab-tiling needs the generic decoder (a decoder: shape, a shape file or a mapped "
-                             "hf: config): this model has no hidden() before its output head", workload.source)
+        raise UserInputError(
+            "--vocab-tiling needs the generic decoder (a decoder: shape, a shape file or a mapped "
+            "hf: config): this model has no hidden() before its output head",
+            workload.source,
+        )
     window = max((max(span.window, span.chunk) for span in (transformer.spans if transformer else ())), default=0)
     if window > seq_len:
-        raise UserInputError(f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
-                             "plan a longer --seq, or the model as global attention", workload.source)
+        raise UserInputError(
+            f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
+            "plan a longer --seq, or the model as global attention",
+            workload.source,
+        )
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
     blocks_name, blocks = blocks_of(meta_model)
@@ -170,20 +213,34 @@ def build_problem(model_file: str | Path, options: PlanOptions, topology: Topolo
     placement = placements(meta_model, dims.shape.d_model)
     return PlanProblem(
         # An hf: source as written: the compiler processes load it from this text.
-        source=str(model_file) if hf else str(workload.source), workload=workload.name, preset=options.preset,
+        source=str(model_file) if hf else str(workload.source),
+        workload=workload.name,
+        preset=options.preset,
         topology=topology,
-        global_batch=global_batch, seq_len=seq_len, dims=dims, gated="mlpwi_1" in roles.values(),
-        matmul_parameters=n_matmul, parameters=sum(p.numel() for p in meta_model.parameters()),
+        global_batch=global_batch,
+        seq_len=seq_len,
+        dims=dims,
+        gated="mlpwi_1" in roles.values(),
+        matmul_parameters=n_matmul,
+        parameters=sum(p.numel() for p in meta_model.parameters()),
         model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
-        attention=options.attention, fast=options.fast_compile, cost_model=options.cost_model,
-        first_moment_dtype=options.first_moment_dtype, optimizer=options.optimizer, vocab_tiling=options.vocab_tiling,
-        weight_dtype=options.weight_dtype, quantization=options.quantization,
-        quantized_parameters=sum(m.weight.numel() for block in every_block for m in block.modules()
-                                 if isinstance(m, nn.Linear)),
+        attention=options.attention,
+        fast=options.fast_compile,
+        cost_model=options.cost_model,
+        first_moment_dtype=options.first_moment_dtype,
+        optimizer=options.optimizer,
+        vocab_tiling=options.vocab_tiling,
+        weight_dtype=options.weight_dtype,
+        quantization=options.quantization,
+        quantized_parameters=sum(
+            m.weight.numel() for block in every_block for m in block.modules() if isinstance(m, nn.Linear)
+        ),
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
-        placements={name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
-                    for name, kind in placement.items()},
+        placements={
+            name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
+            for name, kind in placement.items()
+        },
     )
 
 
@@ -200,7 +257,7 @@ def _topology_devices(topology: Topology) -> Any:
         return topology_devices(topology.jax_name, topology.slices)
     except ImportError as exc:
         raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
-    except Exception as exc:  # noqa: BLE001 - no libtpu, or a shape it does not know
+    except Exception as exc:
         raise TpuTuneError(
             f"cannot build the TPU topology {topology.jax_name}: {type(exc).__name__}: {str(exc).splitlines()[0]} "
             "(the planner needs libtpu: pip install 'tpu-tune[plan]')"

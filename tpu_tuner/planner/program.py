@@ -31,20 +31,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from tpu_tuner.planner.collectives import device_slices, parse_collectives
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
+from tpu_tuner.planner.collectives import device_slices, parse_collectives
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.expert_parallel import expert_dispatch
+from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.optimizer import apply_update, initial_state
 from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
 from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
+from tpu_tuner.planner.step_parts import (
+    ScannedBlocks,
+    embedding_without_index_sort,
+    name_block_tensors,
+    sharded_attention,
+)
 from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
-from tpu_tuner.planner.step_parts import (ScannedBlocks, embedding_without_index_sort, name_block_tensors,
-                                          sharded_attention)
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +181,9 @@ def compile_step(
     if vocab_tiling > 1:
         head = getattr(model, "output", None)
         if not callable(getattr(model, "hidden", None)) or not isinstance(head, nn.Linear):
-            raise ValueError("vocabulary tiling needs a model with a hidden() method and an output Linear "
-                             "(the generic decoder)")
+            raise ValueError(
+                "vocabulary tiling needs a model with a hidden() method and an output Linear (the generic decoder)"
+            )
         head_weight = next(name for name, p in model.named_parameters() if p is head.weight)
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
@@ -191,34 +196,51 @@ def compile_step(
 
     # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side:
     # the scanned template's (its parameters are named as block 0's) and those of the blocks beside it.
-    mlp_modules = {f"{prefix}.{path}" for prefix, block in ([(f"{blocks_name}.0", block_list[0])] if len(block_list)
-                                                             else []) + beside_named
-                   for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
-                   if role.startswith("mlp")}
+    mlp_modules = {
+        f"{prefix}.{path}"
+        for prefix, block in ([(f"{blocks_name}.0", block_list[0])] if len(block_list) else []) + beside_named
+        for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
+        if role.startswith("mlp")
+    }
     grouped_matmuls_per_device(env, mesh, megablox=np.asarray(devices).flat[0].platform == "tpu")
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's
         # side over fsdp_transpose x tensor, experts over expert (layouts.mesh_partition_spec).
-        split = mesh_partition_spec(placement.get(name, "replicated"), tensor.dim(), name.rpartition(".")[0] in mlp_modules)
+        split = mesh_partition_spec(
+            placement.get(name, "replicated"), tensor.dim(), name.rpartition(".")[0] in mlp_modules
+        )
         if split[:1] == ("expert",) and tensor.shape[0] % layout.expert:
             raise ValueError(f"expert {layout.expert} does not divide the {tensor.shape[0]} experts of {name}")
         spec = (None,) * len(leading) + split
-        return jax.ShapeDtypeStruct((*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+        return jax.ShapeDtypeStruct(
+            (*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec))
+        )
 
     params: dict[str, Any] = {"model": {name: param_struct(name, t) for name, t in jittable.params.items()}}
-    buffers: dict[str, Any] = {"model": {name: jax.ShapeDtypeStruct(tuple(t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
-                                         for name, t in jittable.buffers.items()}}
+    buffers: dict[str, Any] = {
+        "model": {
+            name: jax.ShapeDtypeStruct(tuple(t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
+            for name, t in jittable.buffers.items()
+        }
+    }
     if template is not None:
-        params["blocks"] = {name: param_struct(f"{blocks_name}.0.{name}", t, (blocks,)) for name, t in template.named_parameters()}
-        buffers["blocks"] = {name: jax.ShapeDtypeStruct((blocks, *t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
-                             for name, t in template.named_buffers()}
+        params["blocks"] = {
+            name: param_struct(f"{blocks_name}.0.{name}", t, (blocks,)) for name, t in template.named_parameters()
+        }
+        buffers["blocks"] = {
+            name: jax.ShapeDtypeStruct((blocks, *t.shape), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
+            for name, t in template.named_buffers()
+        }
     if global_batch % accumulation:
         raise ValueError(f"{accumulation} micro-batches do not divide the global batch {global_batch}")
     # The micro-batches on a leading axis, each split over (data, fsdp) and its sequence over context.
     micro = (accumulation,) if accumulation > 1 else ()
-    tokens = jax.ShapeDtypeStruct((*micro, global_batch // accumulation, seq_len), jnp.int32,
-                                  sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), BATCH_AXES, "context")))
+    tokens = jax.ShapeDtypeStruct(
+        (*micro, global_batch // accumulation, seq_len),
+        jnp.int32,
+        sharding=NamedSharding(mesh, PartitionSpec(*(None,) * len(micro), BATCH_AXES, "context")),
+    )
 
     def loss_fn(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         # bf16 compute, fp32 master weights, cast here once: casting each block's weights inside
@@ -229,8 +251,9 @@ def compile_step(
             stacked["weights"] = {**compute["blocks"], **buffer_values["blocks"]}
         torch_weights, torch_buffers, torch_inputs = env.j2t_iso((compute["model"], buffer_values["model"], inputs))
         with env:
-            logits = jittable.functional_call("hidden" if vocab_tiling > 1 else "forward", torch_weights,
-                                              torch_buffers, torch_inputs)
+            logits = jittable.functional_call(
+                "hidden" if vocab_tiling > 1 else "forward", torch_weights, torch_buffers, torch_inputs
+            )
         logits = env.t2j_iso(logits)
         if vocab_tiling > 1:  # the final hidden states: the head's logits a tile at a time
             return tiled_cross_entropy(logits, compute["model"][head_weight], targets, vocab_tiling)
@@ -265,7 +288,7 @@ def compile_step(
     try:
         options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}
         compiled = lowered.compile(options if on_tpu else None)
-    except Exception as exc:  # noqa: BLE001 - the compiler reports out-of-HBM as an exception
+    except Exception as exc:
         message = str(exc).strip().splitlines()[0]
         return CompiledStep(0, 0, 0, 0, 0, 0, [], time.perf_counter() - start, error=message)
     seconds = time.perf_counter() - start

@@ -40,6 +40,7 @@ class BlockScope:
 
     def watch(self, blocks: list[nn.Module]) -> None:
         """Count `blocks`' forward calls (unrolled blocks, or the one template the scan calls)."""
+
         def enter(module: nn.Module, args: Any) -> None:
             self.depth += 1
 
@@ -59,8 +60,12 @@ def _dtypes(quantization: str) -> tuple[Any, Any, Any, Any]:
     if quantization == "int8":
         return jnp.int8, jnp.int8, jnp.int32, {jnp.dtype(jnp.int8): 127.0}
     if quantization == "fp8":
-        return (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float32,
-                {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.float8_e5m2): 57344.0})
+        return (
+            jnp.float8_e4m3fn,
+            jnp.float8_e5m2,
+            jnp.float32,
+            {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.float8_e5m2): 57344.0},
+        )
     raise ValueError(f"unknown quantization {quantization!r}: one of {', '.join(QUANTIZATIONS)}")
 
 

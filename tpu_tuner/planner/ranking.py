@@ -23,7 +23,7 @@ dashboard reads a ranking without the planner's heavy imports.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from tpu_tuner.planner.prices import Price
@@ -80,7 +80,7 @@ class Ranking:
     slices: list[RankedSlice]
     prices: dict[str, dict[str, Any]]  # generation -> the Price used, as a dict
     topologies: list[str]  # as given, in order
-    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     seconds: float = 0.0
 
     @property
@@ -89,8 +89,10 @@ class Ranking:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["order"] = ("fitting slices first, by tokens per dollar (unpriced after priced, by tokens/s per chip); "
-                         "then slices where nothing fits")
+        data["order"] = (
+            "fitting slices first, by tokens per dollar (unpriced after priced, by tokens/s per chip); "
+            "then slices where nothing fits"
+        )
         data["definitions"] = {
             "tokens_per_second_per_chip": "tokens_per_second / chips",
             "usd_per_hour": "chips * usd_per_chip_hour",
@@ -104,9 +106,16 @@ class Ranking:
 def slice_of(plan: dict[str, Any], price: Price | None, plan_dir: str | None = None) -> RankedSlice:
     """A slice's entry from its plan.json dict and its generation's price (None: no price)."""
     topology = plan["topology"]
-    entry = RankedSlice(topology=topology["name"], generation=topology["generation"], chips=int(topology["chips"]),
-                        devices=int(topology["devices"]), fits=False, plan_dir=plan_dir,
-                        global_batch=plan.get("global_batch"), seq_len=plan.get("seq_len"))
+    entry = RankedSlice(
+        topology=topology["name"],
+        generation=topology["generation"],
+        chips=int(topology["chips"]),
+        devices=int(topology["devices"]),
+        fits=False,
+        plan_dir=plan_dir,
+        global_batch=plan.get("global_batch"),
+        seq_len=plan.get("seq_len"),
+    )
     _price(entry, price)
     fitting = [p for p in plan["plans"] if p.get("fits") and p.get("prediction")]
     if not fitting:
@@ -132,12 +141,12 @@ def slice_of(plan: dict[str, Any], price: Price | None, plan_dir: str | None = N
     return entry
 
 
-def unplanned(topology: str, generation: str, chips: int, devices: int, reason: str,
-              price: Price | None) -> RankedSlice:
+def unplanned(
+    topology: str, generation: str, chips: int, devices: int, reason: str, price: Price | None
+) -> RankedSlice:
     """The entry of a slice the planner refused before any point compiled (no layout divides the
     model on it, say): it ranks with the slices where nothing fits, `reason` as why."""
-    entry = RankedSlice(topology=topology, generation=generation, chips=chips, devices=devices, fits=False,
-                        why=reason)
+    entry = RankedSlice(topology=topology, generation=generation, chips=chips, devices=devices, fits=False, why=reason)
     _price(entry, price)
     return entry
 
@@ -157,9 +166,11 @@ def ranked(slices: list[RankedSlice]) -> list[RankedSlice]:
     priced = [s for s in fitting if s.tokens_per_dollar is not None]
     for number, entry in enumerate(sorted(priced, key=lambda s: -(s.tokens_per_dollar or 0.0)), 1):
         entry.rank_per_dollar = number
-    order = (sorted(priced, key=lambda s: s.rank_per_dollar or 0)
-             + sorted((s for s in fitting if s.tokens_per_dollar is None), key=lambda s: s.rank_per_chip or 0)
-             + [s for s in slices if not s.fits])
+    order = (
+        sorted(priced, key=lambda s: s.rank_per_dollar or 0)
+        + sorted((s for s in fitting if s.tokens_per_dollar is None), key=lambda s: s.rank_per_chip or 0)
+        + [s for s in slices if not s.fits]
+    )
     for number, entry in enumerate(order, 1):
         entry.rank = number
     return order
@@ -179,8 +190,10 @@ def _why_nothing_fits(plan: dict[str, Any], topology: dict[str, Any]) -> str:
     if compiled:
         closest = max(compiled, key=lambda p: p.get("margin_bytes", float("-inf")))
         short = -closest.get("margin_bytes", 0.0)
-        return (f"no point fits in HBM: the closest, {mesh_text(closest['layout'])} (remat {closest.get('remat')}), "
-                f"needs {short / 2**30:.2f} GiB more than the {hbm / 2**30:.2f} GiB per device")
+        return (
+            f"no point fits in HBM: the closest, {mesh_text(closest['layout'])} (remat {closest.get('remat')}), "
+            f"needs {short / 2**30:.2f} GiB more than the {hbm / 2**30:.2f} GiB per device"
+        )
     if plan["plans"]:
         error = str(plan["plans"][0]["compiled"]["error"]).strip().splitlines()
         return f"the compiler refused every point ({len(plan['plans'])}): {error[0] if error else 'no reason given'}"
@@ -195,5 +208,14 @@ def mesh_text(layout: dict[str, Any]) -> str:
     return " x ".join(parts)
 
 
-__all__ = ["RANKING_JSON", "RANKING_MD", "RankedSlice", "Ranking", "band_factors", "mesh_text", "ranked", "slice_of",
-           "unplanned"]
+__all__ = [
+    "RANKING_JSON",
+    "RANKING_MD",
+    "RankedSlice",
+    "Ranking",
+    "band_factors",
+    "mesh_text",
+    "ranked",
+    "slice_of",
+    "unplanned",
+]

@@ -27,8 +27,18 @@ from tpu_tuner.core.errors import UserInputError
 
 BLOCK_INPUT = "decoder_layer_input"
 WEIGHT_MATMULS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
-TENSOR_NAMES = (BLOCK_INPUT, "query_proj", "key_proj", "value_proj", "qkv_proj", "context", "out_proj",
-                "mlpwi_0", "mlpwi_1", "mlpwo")
+TENSOR_NAMES = (
+    BLOCK_INPUT,
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "qkv_proj",
+    "context",
+    "out_proj",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+)
 ACTIONS = ("remat", "device", "offload")
 _QKV = ("query_proj", "key_proj", "value_proj", "qkv_proj")
 
@@ -67,7 +77,7 @@ class RematPolicy:
     keep_all: bool = False  # "none": no rematerialisation at all
 
     def action(self, tensor: str) -> str:
-        """"device", "offload" or "remat" for a named tensor."""
+        """ "device", "offload" or "remat" for a named tensor."""
         if self.keep_all or tensor in self.saved:
             return "device"
         if tensor in self.offloaded:
@@ -100,14 +110,21 @@ class RematPolicy:
         policies = jax.checkpoint_policies
         if self.keep_all:
             return None
-        names = dict(names_which_can_be_saved=sorted(self.saved), names_which_can_be_offloaded=sorted(self.offloaded),
-                     offload_src="device", offload_dst="pinned_host")
+        names = dict(
+            names_which_can_be_saved=sorted(self.saved),
+            names_which_can_be_offloaded=sorted(self.offloaded),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
         if self.weight_matmuls is None:
             if not self.saved and not self.offloaded:
                 return policies.nothing_saveable
             return policies.save_and_offload_only_these_names(**names)
-        dots = (policies.offload_dot_with_no_batch_dims("device", "pinned_host") if self.weight_matmuls == "offload"
-                else policies.dots_with_no_batch_dims_saveable)
+        dots = (
+            policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+            if self.weight_matmuls == "offload"
+            else policies.dots_with_no_batch_dims_saveable
+        )
         if not self.saved and not self.offloaded:
             return dots
         return policies.save_from_both_policies(dots, policies.save_and_offload_only_these_names(**names))
@@ -125,14 +142,18 @@ def parse_remat(text: str, where: str = "--remat") -> RematPolicy:
         known = ", ".join(["none", *NAMED_POLICIES, "custom:NAME=ACTION,..."])
         raise UserInputError(f"unknown remat policy {text!r} (known: {known})", where)
     saved, offloaded = set(), set()
-    for pair in filter(None, (p.strip() for p in text[len("custom:"):].split(","))):
+    for pair in filter(None, (p.strip() for p in text[len("custom:") :].split(","))):
         tensor, _, action = pair.partition("=")
         if tensor not in TENSOR_NAMES or action not in ACTIONS:
-            raise UserInputError(f"custom remat takes NAME=ACTION with NAME one of {', '.join(TENSOR_NAMES)} and "
-                                 f"ACTION one of {', '.join(ACTIONS)}, not {pair!r}", where)
+            raise UserInputError(
+                f"custom remat takes NAME=ACTION with NAME one of {', '.join(TENSOR_NAMES)} and "
+                f"ACTION one of {', '.join(ACTIONS)}, not {pair!r}",
+                where,
+            )
         (saved if action == "device" else offloaded if action == "offload" else set()).add(tensor)
-    canonical = "custom:" + ",".join(f"{t}={'device' if t in saved else 'offload'}"
-                                      for t in TENSOR_NAMES if t in saved or t in offloaded)
+    canonical = "custom:" + ",".join(
+        f"{t}={'device' if t in saved else 'offload'}" for t in TENSOR_NAMES if t in saved or t in offloaded
+    )
     return RematPolicy(canonical, frozenset(saved), frozenset(offloaded))
 
 
@@ -159,14 +180,26 @@ def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple
                 if role == "out_proj":
                     context_of.append(path)
             continue
-        linears = [(f"{parent_name}.{n}" if parent_name else n, m) for n, m in parent.named_children()
-                   if isinstance(m, nn.Linear)]
-        reading = [(n, m) for n, m in linears if m.in_features == d_model and m.out_features != d_model
-                   or m.in_features == d_model and m.out_features == d_model and (n, m) != linears[-1]]
+        linears = [
+            (f"{parent_name}.{n}" if parent_name else n, m)
+            for n, m in parent.named_children()
+            if isinstance(m, nn.Linear)
+        ]
+        reading = [
+            (n, m)
+            for n, m in linears
+            if m.in_features == d_model
+            and m.out_features != d_model
+            or m.in_features == d_model
+            and m.out_features == d_model
+            and (n, m) != linears[-1]
+        ]
         writing = [(n, m) for n, m in linears if m.out_features == d_model and (n, m) not in reading]
         if len(writing) > 1 or len(reading) > 3:
             continue  # attention and MLP in one module (a flat block): nothing is named, not misnamed
-        is_mlp = any(m.in_features == mlp_hidden and m.out_features == d_model for _, m in writing) and len(reading) <= 2
+        is_mlp = (
+            any(m.in_features == mlp_hidden and m.out_features == d_model for _, m in writing) and len(reading) <= 2
+        )
         if is_mlp:
             for index, (name, _) in enumerate(reading):
                 roles[name] = f"mlpwi_{index}"
@@ -189,8 +222,16 @@ def mlp_width(block: nn.Module, d_model: int) -> int:
     return max(widths, default=d_model)
 
 
-def forward_flops_per_token(policy: RematPolicy, d_model: int, heads: int, kv_heads: int, head_dim: int,
-                            mlp_hidden: int, gated: bool, seq_len: int) -> tuple[float, float]:
+def forward_flops_per_token(
+    policy: RematPolicy,
+    d_model: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    mlp_hidden: int,
+    gated: bool,
+    seq_len: int,
+) -> tuple[float, float]:
     """(a block's forward FLOPs per token, of which the backward pass recomputes under `policy`).
 
     A tensor not kept is recomputed by its producer: a weight matmul, or for ``context`` the

@@ -9,9 +9,9 @@ from typing import Any
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.band import ErrorBand, Place
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.predict import Prediction, error_band
 from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.planner.topology import Topology
@@ -81,32 +81,49 @@ class PlanResult:
         if best is None or self.error_band is None:
             return [best] if best else []
         floor = best.prediction.mfu - self.error_band.points / 100
-        return [p for p in sorted(self.plans, key=lambda p: -(p.prediction.mfu if p.prediction else 0))
-                if p.fits and p.prediction and p.prediction.mfu >= floor]
+        return [
+            p
+            for p in sorted(self.plans, key=lambda p: -(p.prediction.mfu if p.prediction else 0))
+            if p.fits and p.prediction and p.prediction.mfu >= floor
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["topology"] = {"name": self.topology.name, "jax_name": self.topology.jax_name,
-                            "chips": self.topology.chips, "devices": self.topology.devices,
-                            "slices": self.topology.slices,
-                            "dcn_gbits_per_chip": self.topology.dcn_bytes_per_s_per_device * 8e-9
-                            * self.topology.devices_per_chip if self.topology.slices > 1 else None,
-                            "generation": self.topology.chip.generation, "megacore": self.topology.megacore,
-                            "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
-                            "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec"}
+        data["topology"] = {
+            "name": self.topology.name,
+            "jax_name": self.topology.jax_name,
+            "chips": self.topology.chips,
+            "devices": self.topology.devices,
+            "slices": self.topology.slices,
+            "dcn_gbits_per_chip": self.topology.dcn_bytes_per_s_per_device * 8e-9 * self.topology.devices_per_chip
+            if self.topology.slices > 1
+            else None,
+            "generation": self.topology.chip.generation,
+            "megacore": self.topology.megacore,
+            "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
+            "hbm_from": "compiler" if self.topology.compiler_hbm_bytes is not None else "spec",
+        }
         data["best"] = self.best.point.name() if self.best else None
         data["indistinguishable"] = [p.point.name() for p in self.indistinguishable]
         return data
 
 
-def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tuple[Layout, str]], remat: str,
-              started: float, search: dict[str, Any] | None = None) -> PlanResult:
+def result_of(
+    problem: PlanProblem,
+    plans: list[LayoutPlan],
+    rejected: list[tuple[Layout, str]],
+    remat: str,
+    started: float,
+    search: dict[str, Any] | None = None,
+) -> PlanResult:
     """The PlanResult of evaluated points."""
     peeled = sum(1 for p in plans if p.compiled.loop_peeled)
     for p in plans:  # each point's own band: its remat family and per-device batch may differ
         p.per_chip_batch = p.per_device_batch * problem.topology.devices_per_chip
-        p.band = error_band(Place(problem.topology.chip.generation, parse_remat(p.remat).family, problem.seq_len,
-                                  p.per_device_batch), problem.cost_model)
+        p.band = error_band(
+            Place(problem.topology.chip.generation, parse_remat(p.remat).family, problem.seq_len, p.per_device_batch),
+            problem.cost_model,
+        )
     fitting = [p for p in plans if p.fits and p.prediction]
     shown = max(fitting, key=lambda p: p.prediction.mfu) if fitting else plans[0] if plans else None  # type: ignore[union-attr]
     return PlanResult(
@@ -116,22 +133,26 @@ def result_of(problem: PlanProblem, plans: list[LayoutPlan], rejected: list[tupl
         global_batch=problem.global_batch,
         seq_len=problem.seq_len,
         remat=remat,
-        attention_convention="causal attention counted as half (MaxText)" if problem.attention == "causal"
+        attention_convention="causal attention counted as half (MaxText)"
+        if problem.attention == "causal"
         else "full attention (PaLM / torchtitan / nanoGPT)",
         model_flops_per_step=problem.model_flops,
         matmul_parameters=problem.matmul_parameters,
         plans=plans,
         rejected=rejected,
         placements=problem.placements,
-        method=(f"scanned layers: the {problem.dims.shape.n_layers} layers compiled as one loop of "
-                f"{problem.dims.scanned} iterations over stacked weights"
-                + (f" ({problem.dims.unscanned} more unrolled)" if problem.dims.unscanned else "") + " "
-                "(memory: that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' "
-                "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
-                "collectives compiled as mocks"
-                + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
-                + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
-                + _multislice(problem.topology)),
+        method=(
+            f"scanned layers: the {problem.dims.shape.n_layers} layers compiled as one loop of "
+            f"{problem.dims.scanned} iterations over stacked weights"
+            + (f" ({problem.dims.unscanned} more unrolled)" if problem.dims.unscanned else "")
+            + " "
+            "(memory: that whole program's), FLOPs / bytes / collectives: the compiler's count plus the loops' "
+            "other iterations, measured in the same program's HLO; parameters never materialised (meta device); "
+            "collectives compiled as mocks"
+            + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
+            + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
+            + _multislice(problem.topology)
+        ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
         search=search,
@@ -147,10 +168,16 @@ def _multislice(topology: Topology) -> str:
     if topology.slices == 1:
         return ""
     gbits = topology.dcn_bytes_per_s_per_device * 8e-9 * topology.devices_per_chip
-    return (f"; {topology.slices} slices compiled as one multi-slice program: the DCN collectives are its megascale "
-            f"transfers across slices, each a ring over its slices at {gbits:.0f} Gbit/s of DCN per chip ("
-            + ("Google Cloud's published figure" if topology.dcn_stated else "not published for this generation: v5p's "
-               "figure assumed") + "), reported apart from ICI")
+    return (
+        f"; {topology.slices} slices compiled as one multi-slice program: the DCN collectives are its megascale "
+        f"transfers across slices, each a ring over its slices at {gbits:.0f} Gbit/s of DCN per chip ("
+        + (
+            "Google Cloud's published figure"
+            if topology.dcn_stated
+            else "not published for this generation: v5p's figure assumed"
+        )
+        + "), reported apart from ICI"
+    )
 
 
 __all__ = ["LayoutPlan", "PlanResult", "result_of"]

@@ -35,10 +35,10 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import binary_bytes
 from tpu_tuner.planner.collectives import Collective
 from tpu_tuner.planner.compile_pool import CompilePool
+from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
@@ -66,8 +66,14 @@ MAX_IDLE_ASKS = 200
 Evaluator = Callable[[PlanProblem, list[PlanPoint], CompilePool, Callable[[str], None]], dict[PlanPoint, LayoutPlan]]
 
 
-def search(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: Callable[[str], None],
-           started: float, evaluator: Evaluator | None = None) -> PlanResult:
+def search(
+    problem: PlanProblem,
+    options: PlanOptions,
+    pool: CompilePool,
+    emit: Callable[[str], None],
+    started: float,
+    evaluator: Evaluator | None = None,
+) -> PlanResult:
     """Search the joint space with `options.budget` compiles; the result holds every compiled point.
 
     `evaluator` compiles and predicts a batch of points (default: evaluate.evaluate; the search
@@ -77,46 +83,72 @@ def search(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: 
     if options.budget is not None and options.budget < 1 and options.sampler != "exhaustive":
         raise UserInputError(f"--budget must be at least 1, not {options.budget}")
     shape = problem.dims.shape
-    space = options.space or default_space(problem.topology.devices, shape, problem.seq_len,
-                                           tuple(parse_remat(r).name for r in options.remats),
-                                           options.accumulations, options.contexts, problem.topology.slices)
+    space = options.space or default_space(
+        problem.topology.devices,
+        shape,
+        problem.seq_len,
+        tuple(parse_remat(r).name for r in options.remats),
+        options.accumulations,
+        options.contexts,
+        problem.topology.slices,
+    )
     valid = valid_points(space, problem.topology.devices, shape, problem.global_batch, problem.seq_len)
     if not valid:
-        raise UserInputError(f"no point of the space divides this model and batch on {problem.topology.devices} devices")
+        raise UserInputError(
+            f"no point of the space divides this model and batch on {problem.topology.devices} devices"
+        )
     exhaustive = options.sampler == "exhaustive"
     if exhaustive and not options.budget:  # every valid point that may fit
         budget = sum(1 for p in valid if problem.lower_bound(p).total <= problem.hbm)
     else:
         budget = options.budget or 0
     study, storage = _open_study(problem, options, space)
-    emit(f"search: {len(valid)} valid points (tensor {list(space.tensors)}, context {list(space.contexts)}, "
-         f"data {list(space.datas)}, {len(space.remats)} remat policies, micro-batches {list(space.accumulations)}); "
-         f"{options.sampler}, budget {budget} compiles; study {study.study_name!r}")
+    emit(
+        f"search: {len(valid)} valid points (tensor {list(space.tensors)}, context {list(space.contexts)}, "
+        f"data {list(space.datas)}, {len(space.remats)} remat policies, micro-batches {list(space.accumulations)}); "
+        f"{options.sampler}, budget {budget} compiles; study {study.study_name!r}"
+    )
     if exhaustive:
         # Every point not settled (compiled, refused, ruled out) or queued already; a released or
         # lost trial's point is queued again.
         settled = (COMPILED, REFUSED, INVALID, LOWER_BOUND)
-        done = {_params_key(t.params) for t in study.get_trials(deepcopy=False)
-                if t.user_attrs.get(records.OUTCOME) in settled or t.state == TrialState.WAITING}
+        done = {
+            _params_key(t.params)
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(records.OUTCOME) in settled or t.state == TrialState.WAITING
+        }
         for point in valid:
             if _params_key(_params(point)) not in done:
                 study.enqueue_trial(_params(point))
     # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
     limit = len(valid) if exhaustive and not options.budget else budget
-    rules = Rules(budget=limit, batch=pool.workers, wait_for_running=False, queue_only=exhaustive,
-                  max_idle_asks=None if exhaustive else MAX_IDLE_ASKS, started=started)
-    feature = PlanTrials(problem, space, pool, emit, started, limit, evaluator or evaluate, Worker.this_process(storage))
+    rules = Rules(
+        budget=limit,
+        batch=pool.workers,
+        wait_for_running=False,
+        queue_only=exhaustive,
+        max_idle_asks=None if exhaustive else MAX_IDLE_ASKS,
+        started=started,
+    )
+    feature = PlanTrials(
+        problem, space, pool, emit, started, limit, evaluator or evaluate, Worker.this_process(storage)
+    )
     end = run_loop(study, feature, rules, feature.worker)
     if end.reason == "idle":
-        emit(f"search: stopped after {end.idle} proposals in a row that were compiled, invalid or ruled out "
-             f"({end.spent} of {limit} compiles): the sampler finds nothing new")
+        emit(
+            f"search: stopped after {end.idle} proposals in a row that were compiled, invalid or ruled out "
+            f"({end.spent} of {limit} compiles): the sampler finds nothing new"
+        )
     trials = study.get_trials(deepcopy=False)
     plans = [_plan_of(problem, t) for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)]
     plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
     record = {
         "study": study.study_name,
         "storage": without_password(str(storage.url)) if storage is not None else "memory",
-        "sampler": options.sampler, "seed": options.seed, "budget": budget, "space": space.describe(),
+        "sampler": options.sampler,
+        "seed": options.seed,
+        "budget": budget,
+        "space": space.describe(),
         "valid_points": len(valid),
         "compiled": sum(1 for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)),
         "trials": [_trial_summary(t) for t in trials],
@@ -126,10 +158,14 @@ def search(problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: 
 
 def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
-    return {"tensor": CategoricalDistribution(space.tensors), "context": CategoricalDistribution(space.contexts),
-            "data": CategoricalDistribution(space.datas), "remat": CategoricalDistribution(space.remats),
-            "accumulation": CategoricalDistribution(space.accumulations),
-            **({"dcn": CategoricalDistribution(space.dcns)} if space.dcns else {})}  # over several slices
+    return {
+        "tensor": CategoricalDistribution(space.tensors),
+        "context": CategoricalDistribution(space.contexts),
+        "data": CategoricalDistribution(space.datas),
+        "remat": CategoricalDistribution(space.remats),
+        "accumulation": CategoricalDistribution(space.accumulations),
+        **({"dcn": CategoricalDistribution(space.dcns)} if space.dcns else {}),
+    }  # over several slices
 
 
 def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
@@ -137,16 +173,26 @@ def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampl
     that fits at one micro-batch count does not at another), a constant liar for the points
     compiling in parallel, and few random start-up trials; or random search, or (exhaustive)
     the queue of every point. Every trial carries its "fits" constraint, which TPE reads."""
-    return build_sampler("tpe" if name == "tpe" else "random", seed, constant_liar=True,
-                         startup_trials=max(4, min(10, budget // 4)))
+    return build_sampler(
+        "tpe" if name == "tpe" else "random", seed, constant_liar=True, startup_trials=max(4, min(10, budget // 4))
+    )
 
 
 class PlanTrials(Feature):
     """The planner's side of the loop: a trial holds a point, ruled out without a compile when
     it cannot run or cannot fit; claims compile in batches of the pool's workers."""
 
-    def __init__(self, problem: PlanProblem, space: SearchSpace, pool: CompilePool, emit: Callable[[str], None],
-                 started: float, budget: int, evaluator: Evaluator, worker: Worker) -> None:
+    def __init__(
+        self,
+        problem: PlanProblem,
+        space: SearchSpace,
+        pool: CompilePool,
+        emit: Callable[[str], None],
+        started: float,
+        budget: int,
+        evaluator: Evaluator,
+        worker: Worker,
+    ) -> None:
         self.problem, self.space, self.pool, self.emit = problem, space, pool, emit
         self.started, self.budget, self.evaluator, self.worker = started, budget, evaluator, worker
 
@@ -157,19 +203,26 @@ class PlanTrials(Feature):
         problem = self.problem
         point = point_of(trial.params, problem.topology.devices)
         trial.set_user_attr(records.WORKER, self.worker.id)
-        reason = "the sizes leave no whole fsdp size" if point is None else invalid_reason(
-            point, problem.dims.shape, problem.global_batch, problem.seq_len)
+        reason = (
+            "the sizes leave no whole fsdp size"
+            if point is None
+            else invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len)
+        )
         if reason or point is None:
             _tell_ruled_out(trial, INVALID, INVALID_VIOLATION, reason or "")
             return None
         trial.set_user_attr(records.POINT, point.key())
         bound = problem.lower_bound(point)
         if bound.total > problem.hbm:
-            _tell_ruled_out(trial, LOWER_BOUND, (bound.total - problem.hbm) / 2**30,
-                            f"at least {bound.total / 2**30:.1f} GiB per device (weights and optimizer state "
-                            f"{bound.weights_and_moments / 2**30:.1f}, accumulated gradients "
-                            f"{bound.accumulated_gradients / 2**30:.1f}, block inputs {bound.block_inputs / 2**30:.1f}) "
-                            f"> {problem.hbm / 2**30:.2f} GiB HBM")
+            _tell_ruled_out(
+                trial,
+                LOWER_BOUND,
+                (bound.total - problem.hbm) / 2**30,
+                f"at least {bound.total / 2**30:.1f} GiB per device (weights and optimizer state "
+                f"{bound.weights_and_moments / 2**30:.1f}, accumulated gradients "
+                f"{bound.accumulated_gradients / 2**30:.1f}, block inputs {bound.block_inputs / 2**30:.1f}) "
+                f"> {problem.hbm / 2**30:.2f} GiB HBM",
+            )
             return None
         trial.set_user_attr(records.COMPILING, True)
         return point.key(), point
@@ -211,11 +264,18 @@ class PlanTrials(Feature):
             _record_compiled(claim.trial, result)
         finally:
             step = result.compiled
-            status = (f"compiler refused: {step.error}" if step.error else
-                      f"{'fits' if result.fits else 'DOES NOT FIT'}, peak {binary_bytes(step.peak_bytes)}, "
-                      f"predicted MFU {result.prediction.mfu:.1%}" if result.prediction else "")
-            self.emit(f"[{claim.position}/{self.budget}] trial {claim.trial.number}: {claim.point.name()}: "
-                      f"{status} ({time.perf_counter() - self.started:.0f} s)")
+            status = (
+                f"compiler refused: {step.error}"
+                if step.error
+                else f"{'fits' if result.fits else 'DOES NOT FIT'}, peak {binary_bytes(step.peak_bytes)}, "
+                f"predicted MFU {result.prediction.mfu:.1%}"
+                if result.prediction
+                else ""
+            )
+            self.emit(
+                f"[{claim.position}/{self.budget}] trial {claim.trial.number}: {claim.point.name()}: "
+                f"{status} ({time.perf_counter() - self.started:.0f} s)"
+            )
 
 
 def _set_constraint(trial: optuna.Trial, gib_over: float) -> None:
@@ -229,27 +289,39 @@ def _params_key(params: dict[str, Any]) -> tuple:
 
 
 def _params(point: PlanPoint) -> dict[str, Any]:
-    return {"tensor": point.layout.tensor, "context": point.layout.context, "data": point.layout.data,
-            "remat": point.remat, "accumulation": point.accumulation,
-            **({"dcn": f"{point.layout.dcn_data}x{point.layout.dcn_fsdp}"} if point.layout.slices > 1 else {})}
+    return {
+        "tensor": point.layout.tensor,
+        "context": point.layout.context,
+        "data": point.layout.data,
+        "remat": point.remat,
+        "accumulation": point.accumulation,
+        **({"dcn": f"{point.layout.dcn_data}x{point.layout.dcn_fsdp}"} if point.layout.slices > 1 else {}),
+    }
 
 
 def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
     """What a plan's trials depend on: another plan with the same record may reuse them."""
-    return {"model_sha256": problem.model_digest or file_sha256(problem.source), "preset": problem.preset,
-            "topology": problem.topology.jax_name, "devices": problem.topology.devices,
-            "global_batch": problem.global_batch, "seq_len": problem.seq_len, "fast": problem.fast,
-            "first_moment_dtype": problem.first_moment_dtype,
-            # The step's precision, named only where it is not the default: earlier plans' records stay as they were.
-            **({"weight_dtype": problem.weight_dtype} if problem.weight_dtype != "float32" else {}),
-            **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
-            **({"quantization": problem.quantization} if problem.quantization else {}),
-            **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
-            "space": space.describe()}
+    return {
+        "model_sha256": problem.model_digest or file_sha256(problem.source),
+        "preset": problem.preset,
+        "topology": problem.topology.jax_name,
+        "devices": problem.topology.devices,
+        "global_batch": problem.global_batch,
+        "seq_len": problem.seq_len,
+        "fast": problem.fast,
+        "first_moment_dtype": problem.first_moment_dtype,
+        # The step's precision, named only where it is not the default: earlier plans' records stay as they were.
+        **({"weight_dtype": problem.weight_dtype} if problem.weight_dtype != "float32" else {}),
+        **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
+        **({"quantization": problem.quantization} if problem.quantization else {}),
+        **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
+        "space": space.describe(),
+    }
 
 
-def _open_study(problem: PlanProblem, options: PlanOptions,
-                space: SearchSpace) -> tuple[optuna.Study, StudyStorage | None]:
+def _open_study(
+    problem: PlanProblem, options: PlanOptions, space: SearchSpace
+) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)
     if options.sampler == "exhaustive":
@@ -261,8 +333,9 @@ def _open_study(problem: PlanProblem, options: PlanOptions,
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
-    study.sampler = plan_sampler(options.sampler, options.seed + len(study.get_trials(deepcopy=False)),
-                                 options.budget or 0)
+    study.sampler = plan_sampler(
+        options.sampler, options.seed + len(study.get_trials(deepcopy=False)), options.budget or 0
+    )
     recorded = study.user_attrs.get(RECORD_ATTR)
     if recorded is None:
         study.set_user_attr(RECORD_ATTR, record)
@@ -318,15 +391,24 @@ def _point_of_trial(trial: FrozenTrial, devices: int) -> PlanPoint:
 
 def _plan_of(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
     """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
-    plan = judged(problem, _point_of_trial(trial, problem.topology.devices),
-                  compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]))
+    plan = judged(
+        problem,
+        _point_of_trial(trial, problem.topology.devices),
+        compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]),
+    )
     plan.fit_effort = trial.user_attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
     return plan
 
 
 def _trial_summary(trial: FrozenTrial) -> dict[str, Any]:
     attrs = trial.user_attrs
-    return {"number": trial.number, "state": trial.state.name, "outcome": attrs.get(records.OUTCOME),
-            "point": attrs.get(records.POINT), "params": trial.params, "reason": attrs.get(records.REASON),
-            "tokens_per_second": trial.value if trial.state == TrialState.COMPLETE else None,
-            "worker": attrs.get(records.WORKER)}
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "outcome": attrs.get(records.OUTCOME),
+        "point": attrs.get(records.POINT),
+        "params": trial.params,
+        "reason": attrs.get(records.REASON),
+        "tokens_per_second": trial.value if trial.state == TrialState.COMPLETE else None,
+        "worker": attrs.get(records.WORKER),
+    }

@@ -22,8 +22,15 @@ from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
 # The policies a search tries by default: MaxText's named ones that differ in what they keep, and
 # the published recipes' kind of custom policy (the block input, or it and q/k/v, in host memory).
 DEFAULT_REMATS = (
-    "full", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
-    "qkv_proj_offloaded", "minimal_offloaded", "custom:decoder_layer_input=offload",
+    "full",
+    "minimal",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "save_out_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "custom:decoder_layer_input=offload",
     "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
 )
 DEFAULT_ACCUMULATIONS = (1, 2, 4, 8)
@@ -64,23 +71,44 @@ class SearchSpace:
     dcns: tuple[str, ...] = ()  # over several slices: DCN_DATAxDCN_FSDP choices (none: one slice)
 
     def describe(self) -> dict[str, list]:
-        return {"tensor": list(self.tensors), "context": list(self.contexts), "data": list(self.datas),
-                "remat": list(self.remats), "accumulation": list(self.accumulations),
-                **({"dcn": list(self.dcns)} if self.dcns else {})}
+        return {
+            "tensor": list(self.tensors),
+            "context": list(self.contexts),
+            "data": list(self.datas),
+            "remat": list(self.remats),
+            "accumulation": list(self.accumulations),
+            **({"dcn": list(self.dcns)} if self.dcns else {}),
+        }
 
 
-def default_space(devices: int, shape: ModelShape, seq_len: int, remats: tuple[str, ...] = DEFAULT_REMATS,
-                  accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
-                  contexts: tuple[int, ...] = DEFAULT_CONTEXTS, slices: int = 1) -> SearchSpace:
+def default_space(
+    devices: int,
+    shape: ModelShape,
+    seq_len: int,
+    remats: tuple[str, ...] = DEFAULT_REMATS,
+    accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+    slices: int = 1,
+) -> SearchSpace:
     """Every tensor size that divides the heads, KV heads, MLP width and vocabulary (and the
     devices); context sizes that divide the sequence; data sizes in powers of two; over `slices`
     slices, every split of them between data and fsdp."""
-    tensors = tuple(t for t in range(1, devices + 1) if devices % t == 0 and not (
-        shape.n_heads % t or shape.n_kv_heads % t or shape.mlp_hidden % t or shape.vocab % t))
-    datas = tuple(d for d in (2 ** k for k in range(devices.bit_length())) if devices % d == 0)
+    tensors = tuple(
+        t
+        for t in range(1, devices + 1)
+        if devices % t == 0
+        and not (shape.n_heads % t or shape.n_kv_heads % t or shape.mlp_hidden % t or shape.vocab % t)
+    )
+    datas = tuple(d for d in (2**k for k in range(devices.bit_length())) if devices % d == 0)
     dcns = tuple(f"{d}x{slices // d}" for d in range(slices, 0, -1) if slices % d == 0) if slices > 1 else ()
-    return SearchSpace(tensors, tuple(c for c in contexts if devices % c == 0 and seq_len % c == 0), datas,
-                       tuple(remats), tuple(accumulations), dcns)
+    return SearchSpace(
+        tensors,
+        tuple(c for c in contexts if devices % c == 0 and seq_len % c == 0),
+        datas,
+        tuple(remats),
+        tuple(accumulations),
+        dcns,
+    )
 
 
 def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
@@ -108,8 +136,9 @@ def invalid_reason(point: PlanPoint, shape: ModelShape, global_batch: int, seq_l
     return reason
 
 
-def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_batch: int,
-                 seq_len: int) -> list[PlanPoint]:
+def valid_points(
+    space: SearchSpace, devices: int, shape: ModelShape, global_batch: int, seq_len: int
+) -> list[PlanPoint]:
     """Every valid point of the space, in a fixed order (the exhaustive plan's)."""
     points = []
     for tensor in space.tensors:
@@ -118,8 +147,17 @@ def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_bat
                 for remat in space.remats:
                     for accumulation in space.accumulations:
                         for dcn in space.dcns or ("1x1",):
-                            point = point_of(dict(tensor=tensor, context=context, data=data, remat=remat,
-                                                  accumulation=accumulation, dcn=dcn), devices)
+                            point = point_of(
+                                dict(
+                                    tensor=tensor,
+                                    context=context,
+                                    data=data,
+                                    remat=remat,
+                                    accumulation=accumulation,
+                                    dcn=dcn,
+                                ),
+                                devices,
+                            )
                             if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
                                 points.append(point)
     return points
@@ -129,7 +167,9 @@ def valid_points(space: SearchSpace, devices: int, shape: ModelShape, global_bat
 class MemoryBound:
     """A lower bound on a point's HBM per device, from sizes the compiler cannot shrink."""
 
-    weights_and_moments: float  # the weights and the optimizer's state (AdamW's moments), split over the parameter shards
+    weights_and_moments: (
+        float  # the weights and the optimizer's state (AdamW's moments), split over the parameter shards
+    )
     accumulated_gradients: float  # the fp32 gradient sum across micro-batches
     block_inputs: float  # every block's input (bf16), kept for the backward pass on the device
 
@@ -138,9 +178,17 @@ class MemoryBound:
         return self.weights_and_moments + self.accumulated_gradients + self.block_inputs
 
 
-def memory_lower_bound(point: PlanPoint, matrix_parameters: int, shape: ModelShape, global_batch: int,
-                       seq_len: int, first_moment_bytes: int = 4, weight_bytes: int = 4,
-                       saved_inputs: int | None = None, optimizer: str = "adamw") -> MemoryBound:
+def memory_lower_bound(
+    point: PlanPoint,
+    matrix_parameters: int,
+    shape: ModelShape,
+    global_batch: int,
+    seq_len: int,
+    first_moment_bytes: int = 4,
+    weight_bytes: int = 4,
+    saved_inputs: int | None = None,
+    optimizer: str = "adamw",
+) -> MemoryBound:
     """What no compile of `point` can need less of, per device.
 
     Only matrix parameters count (1-D ones are replicated; leaving them out keeps it a lower

@@ -27,6 +27,7 @@ def name_block_tensors(blocks: list[nn.Module], d_model: int, mlp_hidden: int) -
     def named(name: str) -> Callable[..., Any]:
         def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
             return torch_view(checkpoint_name(jax_view(output), name))
+
         return hook
 
     def named_context(module: nn.Module, args: tuple) -> tuple:
@@ -113,8 +114,10 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if attn_mask is not None or dropout_p or query.shape[1] % key.shape[1]:
-            raise NotImplementedError("the planner's flash attention takes causal or full attention, no mask, and "
-                                      "query heads a multiple of the key/value heads")
+            raise NotImplementedError(
+                "the planner's flash attention takes causal or full attention, no mask, and "
+                "query heads a multiple of the key/value heads"
+            )
         q, k, v = (jax_view(t) for t in (query, key, value))
         if k.shape[1] != q.shape[1]:
             # Grouped-query attention (enable_gqa, as transformers' sdpa passes it): each K/V head
@@ -128,16 +131,20 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
         # numbers, which the planner never computes.
         causal = bool(is_causal) and context == 1
         if flash:
+
             def kernel(q: Any, k: Any, v: Any) -> Any:
                 # JAX's flash kernel takes one head width, up to 128 or a multiple of 128: latent
                 # attention's (192-wide keys, 128-wide values) are padded with zero columns, which
                 # change no score and no output column, and the output is cut back.
                 width, head = v.shape[-1], max(q.shape[-1], v.shape[-1])
                 head = head if head <= 128 else -(-head // 128) * 128
-                q, k, v = (t if t.shape[-1] == head else jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),))
-                           for t in (q, k, v))
+                q, k, v = (
+                    t if t.shape[-1] == head else jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),))
+                    for t in (q, k, v)
+                )
                 return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)[..., :width]
         else:
+
             def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
                 scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * sm_scale
                 if causal:
@@ -161,8 +168,9 @@ def _heads_spec(mesh: Any) -> Any:
     (fsdp_transpose and expert too: planner/mesh.py), heads over tensor, the sequence over context."""
     from jax.sharding import PartitionSpec
 
-    return PartitionSpec(tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape),
-                         "tensor", "context", None)
+    return PartitionSpec(
+        tuple(a for a in ("data", "fsdp", "fsdp_transpose", "expert") if a in mesh.shape), "tensor", "context", None
+    )
 
 
 def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:

@@ -32,8 +32,18 @@ MEGACORE = ("v4",)
 # Standard slice shapes by chip count: 2D tori for v5e/v6e, 3D for v4/v5p/TPU7x.
 _SHAPES_2D = {4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
 _SHAPES_3D = {
-    4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8),
-    512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16), 8192: (16, 16, 32),
+    4: (2, 2, 1),
+    8: (2, 2, 2),
+    16: (2, 2, 4),
+    32: (2, 4, 4),
+    64: (4, 4, 4),
+    128: (4, 4, 8),
+    256: (4, 8, 8),
+    512: (8, 8, 8),
+    1024: (8, 8, 16),
+    2048: (8, 16, 16),
+    4096: (16, 16, 16),
+    8192: (16, 16, 32),
     9216: (16, 24, 24),
 }
 
@@ -78,7 +88,7 @@ class Topology:
         gbits = DCN_GBITS_PER_CHIP.get(self.chip.generation, DCN_FALLBACK_GBITS)
         return gbits * 1e9 / 8 / self.devices_per_chip
 
-    def with_slices(self, slices: int) -> "Topology":
+    def with_slices(self, slices: int) -> Topology:
         """This slice taken `slices` times (one line of error where that is no count of slices)."""
         if slices < 1:
             raise UserInputError(f"--slices must be at least 1, not {slices}")
@@ -108,12 +118,14 @@ class Topology:
     def peak_flops_per_device(self) -> float:
         return self.chip.bf16_tflops_per_chip * 1e12 / self.devices_per_chip
 
-    def as_compiled(self, device_count: int, hbm_limit: int | None) -> "Topology":
+    def as_compiled(self, device_count: int, hbm_limit: int | None) -> Topology:
         """This topology as the TPU compiler sees it: `device_count` devices (a whole number per
         chip, else a one-line error: the slice name and the compiler disagree) and its HBM limit."""
         if device_count % self.chips or device_count < self.chips:
-            raise UserInputError(f"topology {self.name!r}: the TPU compiler sees {device_count} devices for "
-                                 f"{self.chips} {self.chip.generation} chips ({self.jax_name})")
+            raise UserInputError(
+                f"topology {self.name!r}: the TPU compiler sees {device_count} devices for "
+                f"{self.chips} {self.chip.generation} chips ({self.jax_name})"
+            )
         return replace(self, compiler_devices=device_count, compiler_hbm_bytes=hbm_limit)
 
     @property
@@ -125,10 +137,18 @@ class Topology:
         per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
         if self.megacore:
             per_chip = ", megacore: one device per chip, both TensorCores"
-        slices = (f" x {self.slices} slices over DCN ({self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip:.0f} "
-                  f"Gbit/s per chip{'' if self.dcn_stated else ', v5p figure assumed'})") if self.slices > 1 else ""
-        return (f"{self.name}{slices}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), "
-                f"{self.devices} devices")
+        slices = (
+            (
+                f" x {self.slices} slices over DCN ({self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip:.0f} "
+                f"Gbit/s per chip{'' if self.dcn_stated else ', v5p figure assumed'})"
+            )
+            if self.slices > 1
+            else ""
+        )
+        return (
+            f"{self.name}{slices}: {self.chips} {self.chip.generation} chips ({self.jax_name}{per_chip}), "
+            f"{self.devices} devices"
+        )
 
 
 def parse_topology(text: str) -> Topology:
@@ -153,13 +173,19 @@ def parse_topology(text: str) -> Topology:
         count = int(named.group(2))
         if chip.slice_name_counts_cores:
             if count % 2:
-                raise UserInputError(f"topology {text!r}: {generation} slice names count TensorCores (2 per chip); use an even number")
+                raise UserInputError(
+                    f"topology {text!r}: {generation} slice names count TensorCores (2 per chip); use an even number"
+                )
             count //= 2
         shapes = _SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D
         if count not in shapes:
-            raise UserInputError(f"topology {text!r}: no standard {generation} slice of {count} chips; "
-                                 f"known chip counts: {', '.join(map(str, sorted(shapes)))}")
+            raise UserInputError(
+                f"topology {text!r}: no standard {generation} slice of {count} chips; "
+                f"known chip counts: {', '.join(map(str, sorted(shapes)))}"
+            )
         topology = Topology(text, chip, shapes[count])
     if topology.chips > topology.chip.max_chips:
-        raise UserInputError(f"topology {text!r}: {topology.chips} chips exceed the {topology.chip.max_chips}-chip maximum of {topology.chip.generation}")
+        raise UserInputError(
+            f"topology {text!r}: {topology.chips} chips exceed the {topology.chip.max_chips}-chip maximum of {topology.chip.generation}"
+        )
     return topology

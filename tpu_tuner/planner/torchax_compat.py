@@ -51,7 +51,7 @@ def import_torchax() -> ModuleType:
     """Import torchax, tolerating references to removed named-tensor overloads."""
     if "torchax" in sys.modules:
         return sys.modules["torchax"]
-    packet_class = torch._ops.OpOverloadPacket  # noqa: SLF001 - the class whose lookup fails
+    packet_class = torch._ops.OpOverloadPacket
     original = packet_class.__getattr__
 
     def tolerant_getattr(self, key):  # type: ignore[no-untyped-def]

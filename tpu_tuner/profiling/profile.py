@@ -13,30 +13,30 @@ import logging
 import platform
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tpu_tuner.devices import DeviceInfo, get_backend
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.batch import leading_size
-from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.devices import DeviceInfo, get_backend
+from tpu_tuner.execution.operators import OperatorTime, top_operators
+from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.traits import of_model
 from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
 from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
-from tpu_tuner.execution.operators import OperatorTime, top_operators
+from tpu_tuner.model.batch import leading_size
+from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
+from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workload import Workload
 from tpu_tuner.profiling.settings import ProfilerSettings
-from tpu_tuner.knobs.traits import of_model
-from tpu_tuner.execution.step import prepare_step, run_user_step
-from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
 from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
 from tpu_tuner.profiling.verdict import Verdict, decide
-from tpu_tuner.model.workload import Workload
 
 log = logging.getLogger(__name__)
 COUNTED_FORMULA = "counted FLOPs"  # how a model-FLOPs formula that is the counted figure starts
@@ -109,14 +109,14 @@ class Profile:
         return json.dumps(self.to_dict(), indent=2, default=json_default)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
         """The inverse of `to_dict`: every nested figure rebuilt as its dataclass."""
         from tpu_tuner.core.plain_data import from_plain
 
         return from_plain(cls, data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Profile":
+    def from_json(cls, text: str) -> Profile:
         """A profile.json back into a Profile (raises ValueError or TypeError when malformed)."""
         return cls.from_dict(json.loads(text))
 
@@ -146,8 +146,9 @@ def profile(
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
-    estimate = _estimate_or_refuse(workload, backend.available_memory_bytes(info.memory_bytes), info, batch_size,
-                                   seq_len, settings)
+    estimate = _estimate_or_refuse(
+        workload, backend.available_memory_bytes(info.memory_bytes), info, batch_size, seq_len, settings
+    )
     deadline = time.monotonic() + settings.max_profile_seconds
 
     with candidate.process(backend):
@@ -206,8 +207,10 @@ def profile(
         cv_max=settings.verdict_cv_max,
     )
     if verdict.uncertain:
-        warnings.append(f"step times spread too much for a verdict (robust CV {timing.robust_cv:.0%} > "
-                        f"{settings.verdict_cv_max:.0%}): other processes may be contending for the device")
+        warnings.append(
+            f"step times spread too much for a verdict (robust CV {timing.robust_cv:.0%} > "
+            f"{settings.verdict_cv_max:.0%}): other processes may be contending for the device"
+        )
     return Profile(
         workload=ProfiledWorkload(
             name=workload.name,
@@ -244,7 +247,7 @@ def profile(
             "platform": platform.platform(),
             "threads": str(torch.get_num_threads()),
         },
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
         warnings=warnings,
         mfu_is_lower_bound=mfu_is_lower_bound,
         estimate=estimate,
@@ -257,8 +260,11 @@ def _with_peak(info: DeviceInfo, choice: PeakChoice) -> DeviceInfo:
     if not choice.raised_to_achieved:
         return info
     flops = {**info.peak.flops_per_s, choice.dtype: choice.flops_per_s}
-    peak = dataclasses.replace(info.peak, flops_per_s=flops,
-                               source=info.peak.source + f"; {choice.dtype} raised to the baseline's achieved rate")
+    peak = dataclasses.replace(
+        info.peak,
+        flops_per_s=flops,
+        source=info.peak.source + f"; {choice.dtype} raised to the baseline's achieved rate",
+    )
     return dataclasses.replace(info, peak=peak)
 
 
@@ -303,8 +309,14 @@ def _flops_report(
     )
 
 
-def _estimate_or_refuse(workload: Workload, available_bytes: int | None, info: DeviceInfo, batch_size: int | None,
-                        seq_len: int | None, settings: ProfilerSettings) -> StepEstimate | None:
+def _estimate_or_refuse(
+    workload: Workload,
+    available_bytes: int | None,
+    info: DeviceInfo,
+    batch_size: int | None,
+    seq_len: int | None,
+    settings: ProfilerSettings,
+) -> StepEstimate | None:
     """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot
     fit in memory or in the time budget. None where the meta pass is impossible."""
     estimate = estimate_step(workload, batch_size, seq_len)
@@ -312,8 +324,11 @@ def _estimate_or_refuse(workload: Workload, available_bytes: int | None, info: D
         return None
     peak = max(info.peak.flops_per_s.values(), default=None)
     seconds = estimate.seconds(peak, info.peak.memory_bytes_per_s)
-    log.info("meta-device estimate: %s; %s s per step at the device's peak", estimate.describe(),
-             f"{seconds:.3g}" if seconds is not None else "n/a")
+    log.info(
+        "meta-device estimate: %s; %s s per step at the device's peak",
+        estimate.describe(),
+        f"{seconds:.3g}" if seconds is not None else "n/a",
+    )
     check_budget(estimate, available_bytes, seconds, settings.max_step_seconds, workload.source, resizable=True)
     return estimate
 
@@ -329,8 +344,10 @@ def _ran_batch_size(workload: Workload, inputs: Any, batch_size: int | None) -> 
 def _size_notes(workload: Workload, requested: int | None, ran: int | None) -> list[str]:
     if workload.convention != "benchmark" or requested is None:
         return []
-    return [f"--batch-size {requested}: dimension 0 of the get_inputs() tensors that shared the leading size "
-            f"was resized (sliced or repeated) to {ran}"]
+    return [
+        f"--batch-size {requested}: dimension 0 of the get_inputs() tensors that shared the leading size "
+        f"was resized (sliced or repeated) to {ran}"
+    ]
 
 
 def _steady_seconds(warmup: WarmupResult) -> float:
@@ -340,8 +357,9 @@ def _steady_seconds(warmup: WarmupResult) -> float:
     return warmup.first_call_seconds
 
 
-def _within_budget(settings: ProfilerSettings, step_seconds: float, deadline: float,
-                   warnings: list[str]) -> ProfilerSettings:
+def _within_budget(
+    settings: ProfilerSettings, step_seconds: float, deadline: float, warnings: list[str]
+) -> ProfilerSettings:
     """`settings` with warm-up, timed and profiled steps capped so that, at `step_seconds` a
     step, the rest of the profile ends by `deadline`; at least two warm-up steps, two timed
     steps and one profiled step still run. Says so in `warnings` when it caps anything."""
@@ -370,8 +388,14 @@ def _within_budget(settings: ProfilerSettings, step_seconds: float, deadline: fl
     return capped
 
 
-def _with_uncounted(flops: FlopsReport, workload: Workload, events: list[Any], backend: Any,
-                    settings: ProfilerSettings, warnings: list[str]) -> tuple[FlopsReport, bool]:
+def _with_uncounted(
+    flops: FlopsReport,
+    workload: Workload,
+    events: list[Any],
+    backend: Any,
+    settings: ProfilerSettings,
+    warnings: list[str],
+) -> tuple[FlopsReport, bool]:
     """Record the operators that worked without a FLOP formula; the MFU is a lower bound when it
     rests on counted FLOPs (no formula, no user override) and such an operator took a share."""
     use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in backend.profiler_activities())
@@ -379,7 +403,12 @@ def _with_uncounted(flops: FlopsReport, workload: Workload, events: list[Any], b
     if not uncounted:
         return flops, False
     lower_bound = flops.model_formula.startswith(COUNTED_FORMULA)
-    warnings.append(describe(uncounted) + (
-        "; the counted FLOPs miss their work, so the MFU is a lower bound" if lower_bound
-        else "; the counted FLOPs miss their work (the model FLOPs come from a formula)"))
+    warnings.append(
+        describe(uncounted)
+        + (
+            "; the counted FLOPs miss their work, so the MFU is a lower bound"
+            if lower_bound
+            else "; the counted FLOPs miss their work (the model FLOPs come from a formula)"
+        )
+    )
     return dataclasses.replace(flops, uncounted=uncounted), lower_bound

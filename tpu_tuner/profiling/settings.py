@@ -31,7 +31,7 @@ class ProfilerSettings:
     max_profile_seconds: float = 300.0
 
     @classmethod
-    def load(cls, name_or_path: str | Path = "profiler") -> "ProfilerSettings":
+    def load(cls, name_or_path: str | Path = "profiler") -> ProfilerSettings:
         """The built-in profiler definition, or a file overriding some of its keys; a key the
         schema (`ProfilerDefinition`) does not know, or of the wrong type, is a `DefinitionError`."""
         definition = load_agent_definition(ProfilerDefinition, "profiler", name_or_path, overrides=True)

@@ -111,21 +111,28 @@ def decide(
     else:
         evidence += f"; {ops_per_step} ops per step (dispatch cost not measured)"
 
-    shares = {"compute-bound": compute_share, "memory-bound": memory_share or 0.0,
-              "overhead-bound": dispatch_share or 0.0}
+    shares = {
+        "compute-bound": compute_share,
+        "memory-bound": memory_share or 0.0,
+        "overhead-bound": dispatch_share or 0.0,
+    }
     bound, share = max(shares.items(), key=lambda item: item[1])
     if share >= explained_share_min:
         summary = f"{bound}: {evidence}"
     else:
         bound = "below-roofline"
-        summary = (f"below-roofline: no roofline term explains the step; the kernels run at "
-                   f"{compute_share:.1%} of the {peak_dtype} peak. {evidence}")
+        summary = (
+            f"below-roofline: no roofline term explains the step; the kernels run at "
+            f"{compute_share:.1%} of the {peak_dtype} peak. {evidence}"
+        )
         if top_operators:
             summary += "; time goes to " + ", ".join(f"{name} ({op_share:.0%})" for name, op_share in top_operators)
     uncertain = step_cv is not None and step_cv > cv_max
     if uncertain:
-        summary = (f"uncertain (step-time robust CV {step_cv:.0%} > {cv_max:.0%}: other processes may be "
-                   f"contending for the device; re-profile on a quiet machine): {summary}")
+        summary = (
+            f"uncertain (step-time robust CV {step_cv:.0%} > {cv_max:.0%}: other processes may be "
+            f"contending for the device; re-profile on a quiet machine): {summary}"
+        )
     return Verdict(
         bound=bound,
         compute_seconds=compute_seconds,

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from tpu_tuner.devices import Backend
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 from tpu_tuner.execution.step import run_user_step, step_function
 from tpu_tuner.execution.timer import timed_call
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.workload import Workload, move_to
+from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 
 STEADY_STEPS = 5  # steady steps timed per length (median)
 
@@ -45,8 +45,9 @@ class ShapeRunner:
         if length not in self._steps:
             inputs, target = self.workload.split_batch(self.workload.batch(self.batch_size, length))
             inputs, target = move_to(inputs, self.backend.device), move_to(target, self.backend.device)
-            self._steps[length] = step_function(self.workload, self.backend, self.candidate, self.forward,
-                                                self.optimizer, inputs, target)
+            self._steps[length] = step_function(
+                self.workload, self.backend, self.candidate, self.forward, self.optimizer, inputs, target
+            )
         return self._steps[length]
 
     def first_call(self, length: int) -> float:

@@ -78,21 +78,30 @@ def next_announcement(group: HostGroup) -> tuple[int, dict[str, Any]]:
         while not group.store.check([key]):
             silent = group.silent_for(0)
             if silent > SILENT_S:
-                raise HostsError(f"the driver, {group.host(0).describe()}, stopped answering (no heartbeat for "
-                                 f"{silent:.0f} s): {_relaunch(group)}")
+                raise HostsError(
+                    f"the driver, {group.host(0).describe()}, stopped answering (no heartbeat for "
+                    f"{silent:.0f} s): {_relaunch(group)}"
+                )
             time.sleep(POLL_S)
         payload = pickle.loads(group.store.get(key))
     except HostsError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the store went away with its host
-        raise HostsError(f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): "
-                         f"{_relaunch(group)}") from exc
+    except Exception as exc:
+        raise HostsError(
+            f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): {_relaunch(group)}"
+        ) from exc
     group.next_job += 1
     return number, payload
 
 
-def run_here(group: HostGroup, number: int, payload: dict[str, Any], output: WorkerLog,
-             launch_env: dict[str, str], rank_env: Callable[[int], dict[str, str]] | None) -> tuple[HostOutcome, Any]:
+def run_here(
+    group: HostGroup,
+    number: int,
+    payload: dict[str, Any],
+    output: WorkerLog,
+    launch_env: dict[str, str],
+    rank_env: Callable[[int], dict[str, str]] | None,
+) -> tuple[HostOutcome, Any]:
     """This host's ranks of job `number`; posts their outcome and returns it with the job's value
     (rank 0's result, on the driver only)."""
     from tpu_tuner.runner.rank_job import RESULT, failure_path
@@ -101,9 +110,18 @@ def run_here(group: HostGroup, number: int, payload: dict[str, Any], output: Wor
     with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
         job_file = Path(folder) / "job.pkl"
         job_file.write_bytes(pickle.dumps(payload["spec"]))
-        ranks = run_ranks(group.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], float(payload["timeout_s"]),
-                          workdir=folder, env={**launch_env, **payload.get("env", {})}, rank_env=rank_env,
-                          output=output, group=group.rank_group(number), abort=lambda: _abort_reason(group, number))
+        ranks = run_ranks(
+            group.nproc,
+            "tpu_tuner.runner.rank_job",
+            [str(job_file)],
+            float(payload["timeout_s"]),
+            workdir=folder,
+            env={**launch_env, **payload.get("env", {})},
+            rank_env=rank_env,
+            output=output,
+            group=group.rank_group(number),
+            abort=lambda: _abort_reason(group, number),
+        )
         accounts = {}
         for rank in range(me.node * group.nproc, (me.node + 1) * group.nproc):
             try:
@@ -112,8 +130,16 @@ def run_here(group: HostGroup, number: int, payload: dict[str, Any], output: Wor
                 continue
         result = Path(folder) / RESULT
         value = pickle.loads(result.read_bytes()) if ranks.ok and result.is_file() else None
-    outcome = HostOutcome(node=me.node, host=me.host, ok=ranks.ok, kind=ranks.kind, failure=ranks.failure,
-                          failed_rank=ranks.failed_rank, accounts=accounts, seconds=ranks.seconds)
+    outcome = HostOutcome(
+        node=me.node,
+        host=me.host,
+        ok=ranks.ok,
+        kind=ranks.kind,
+        failure=ranks.failure,
+        failed_rank=ranks.failed_rank,
+        accounts=accounts,
+        seconds=ranks.seconds,
+    )
     if not ranks.ok and ranks.kind != FailureKind.ABORTED:
         group.store.set(f"job/{number}/abort", f"the ranks of {me.describe()} failed: {ranks.failure}")
     post(group, number, outcome)
@@ -155,15 +181,21 @@ def farewell(group: HostGroup, reason: str, failed: bool) -> None:
         waiting = set(group.others())
         deadline = time.monotonic() + FAREWELL_S
         while waiting and time.monotonic() < deadline:
-            waiting = {node for node in waiting if not group.store.check([f"job/{number}/outcome/{node}"])
-                       and group.silent_for(node) <= SILENT_S}
+            waiting = {
+                node
+                for node in waiting
+                if not group.store.check([f"job/{number}/outcome/{node}"]) and group.silent_for(node) <= SILENT_S
+            }
             time.sleep(POLL_S / 2)
-    except Exception as exc:  # noqa: BLE001 - a store gone with its host: nobody is left to tell
+    except Exception as exc:
         log.debug("announcing the end: %s", exc)
 
 
-def follow(group: HostGroup, output: WorkerLog,
-           environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]]) -> FollowEnd:
+def follow(
+    group: HostGroup,
+    output: WorkerLog,
+    environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]],
+) -> FollowEnd:
     """A follower's run: each job the driver announces on this host's ranks, until the end.
     `environments(device_kind)` gives this host's launch variables and per-rank ones (TorchTPU's
     are decided on each host). `HostsError` when the driver goes away."""
@@ -172,12 +204,16 @@ def follow(group: HostGroup, output: WorkerLog,
     try:
         return _follow(group, output, environments)
     except DistError as exc:  # the store went away with its host (the driver's, in the usual case)
-        raise HostsError(f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): "
-                         f"{_relaunch(group)}") from exc
+        raise HostsError(
+            f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): {_relaunch(group)}"
+        ) from exc
 
 
-def _follow(group: HostGroup, output: WorkerLog,
-            environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]]) -> FollowEnd:
+def _follow(
+    group: HostGroup,
+    output: WorkerLog,
+    environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]],
+) -> FollowEnd:
     jobs = 0
     while True:
         number, payload = next_announcement(group)
@@ -186,14 +222,25 @@ def _follow(group: HostGroup, output: WorkerLog,
             post(group, number, "bye")
             return FollowEnd(jobs, str(payload.get("reason", "")), bool(payload.get("failed")))
         if kind == "restart":
-            log.warning("%s: re-rendezvous at %s (%s)", group.me().describe(), group.endpoint, payload.get("reason", ""))
+            log.warning(
+                "%s: re-rendezvous at %s (%s)", group.me().describe(), group.endpoint, payload.get("reason", "")
+            )
             group.restart()
             continue
         try:
             launch_env, rank_env = environments(payload.get("device_kind"))
-        except Exception as exc:  # noqa: BLE001 - this host cannot start the ranks: the trial says why
-            post(group, number, HostOutcome(group.me().node, group.me().host, ok=False, kind=FailureKind.ERROR,
-                                            failure=f"{group.me().describe()}: {_first_line(exc)}"))
+        except Exception as exc:
+            post(
+                group,
+                number,
+                HostOutcome(
+                    group.me().node,
+                    group.me().host,
+                    ok=False,
+                    kind=FailureKind.ERROR,
+                    failure=f"{group.me().describe()}: {_first_line(exc)}",
+                ),
+            )
             group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
             continue
         run_here(group, number, payload, output, launch_env, rank_env)
@@ -212,14 +259,16 @@ def _abort_reason(group: HostGroup, number: int) -> str | None:
                 reason = f"{group.host(node).describe()} stopped answering (no heartbeat for {silent:.0f} s)"
                 group.store.set(f"job/{number}/abort", reason)
                 return f"stopped: {reason}"
-    except Exception as exc:  # noqa: BLE001 - the store is gone: so is its host, and this job
+    except Exception as exc:
         return f"stopped: the rendezvous store went away ({_first_line(exc)})"
     return None
 
 
 def _relaunch(group: HostGroup) -> str:
-    return (f"this host's ranks were stopped; the study is in its storage: relaunch the same command on every host "
-            f"to resume it (run {group.run_id!r})")
+    return (
+        f"this host's ranks were stopped; the study is in its storage: relaunch the same command on every host "
+        f"to resume it (run {group.run_id!r})"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -227,5 +276,16 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-__all__ = ["FAREWELL_S", "GATHER_S", "FollowEnd", "HostOutcome", "announce", "farewell", "follow", "gather",
-           "next_announcement", "post", "run_here"]
+__all__ = [
+    "FAREWELL_S",
+    "GATHER_S",
+    "FollowEnd",
+    "HostOutcome",
+    "announce",
+    "farewell",
+    "follow",
+    "gather",
+    "next_announcement",
+    "post",
+    "run_here",
+]

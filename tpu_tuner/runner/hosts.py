@@ -78,8 +78,16 @@ class HostGroup:
     and `silent_for(node)` says how long a host's heartbeat has not moved. `restart()` meets them
     again after a lost host (at most `max_restarts` times); `close()` stops the heartbeat."""
 
-    def __init__(self, endpoint: str, run_id: str, nnodes: int, nproc: int, timeout_s: float,
-                 node_rank: int | None = None, max_restarts: int = 0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        run_id: str,
+        nnodes: int,
+        nproc: int,
+        timeout_s: float,
+        node_rank: int | None = None,
+        max_restarts: int = 0,
+    ) -> None:
         self.endpoint, self.run_id, self.nnodes, self.nproc = endpoint, run_id, nnodes, nproc
         self.timeout_s, self.max_restarts = timeout_s, max_restarts
         self.address, _, port = endpoint.rpartition(":")
@@ -125,10 +133,17 @@ class HostGroup:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
         self._raw, self.hosts_store = _open_store(self.address, self.port, self.timeout_s)
-        params = RendezvousParameters(backend="c10d", endpoint=self.endpoint, run_id=self.run_id,
-                                      min_nodes=self.nnodes, max_nodes=self.nnodes,
-                                      join_timeout=math.ceil(self.timeout_s), last_call_timeout=1,
-                                      keep_alive_interval=KEEP_ALIVE_S, keep_alive_max_attempt=KEEP_ALIVE_BEATS)
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=self.endpoint,
+            run_id=self.run_id,
+            min_nodes=self.nnodes,
+            max_nodes=self.nnodes,
+            join_timeout=math.ceil(self.timeout_s),
+            last_call_timeout=1,
+            keep_alive_interval=KEEP_ALIVE_S,
+            keep_alive_max_attempt=KEEP_ALIVE_BEATS,
+        )
         self._handler = create_handler(self._raw, C10dRendezvousBackend(self._raw, self.run_id), params)
         self._meet()
 
@@ -142,8 +157,12 @@ class HostGroup:
     def rank_group(self, job: int) -> RankGroup:
         """Where this host's ranks of job `job` meet the others' (`launch.init_rank`)."""
         assert self.node is not None
-        return RankGroup(first_rank=self.node * self.nproc, world_size=self.world_size, store=self.endpoint,
-                         prefix=f"{self.prefix}/job/{job}/pg")
+        return RankGroup(
+            first_rank=self.node * self.nproc,
+            world_size=self.world_size,
+            store=self.endpoint,
+            prefix=f"{self.prefix}/job/{job}/pg",
+        )
 
     def silent_for(self, node: int) -> float:
         """Seconds since this agent last saw node `node`'s heartbeat move (0 the first time it looks)."""
@@ -165,7 +184,7 @@ class HostGroup:
             torch_log.setLevel(logging.ERROR)
             try:
                 self._handler.shutdown()  # stops the rendezvous's own keep-alive thread
-            except Exception as exc:  # noqa: BLE001 - the store may be gone with its host: nothing to close
+            except Exception as exc:
                 log.debug("closing the rendezvous: %s", exc)
             finally:
                 torch_log.setLevel(level)
@@ -188,46 +207,64 @@ class HostGroup:
             info = self._handler.next_rendezvous()
         except RendezvousTimeoutError as exc:
             joined = int(self._raw.add(waiting, 0))
-            raise HostsMissing(f"waited {time.monotonic() - started:.0f} s at {self.endpoint} for {self.nnodes} hosts; "
-                               f"{joined} joined (--rdzv-timeout {self.timeout_s:g} s: start the same command on every "
-                               "host, or raise it)") from exc
+            raise HostsMissing(
+                f"waited {time.monotonic() - started:.0f} s at {self.endpoint} for {self.nnodes} hosts; "
+                f"{joined} joined (--rdzv-timeout {self.timeout_s:g} s: start the same command on every "
+                "host, or raise it)"
+            ) from exc
         except RendezvousError as exc:
             raise HostsError(f"the rendezvous at {self.endpoint} failed: {exc}") from exc
         finally:
             _restore("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", previous)
             try:
                 self._raw.add(waiting, -1)
-            except Exception:  # noqa: BLE001 - the store's host is gone; the error above says so
+            except Exception:
                 pass
-        log.info("rendezvous at %s: %d hosts met in %.1f s (this agent is its rank %d)", self.endpoint,
-                 info.world_size, time.monotonic() - started, info.rank)
+        log.info(
+            "rendezvous at %s: %d hosts met in %.1f s (this agent is its rank %d)",
+            self.endpoint,
+            info.world_size,
+            time.monotonic() - started,
+            info.rank,
+        )
         claims = self._claims(info)
         nodes = assign_nodes(claims)
         self.node = nodes[info.rank]
-        self.hosts = tuple(sorted((HostInfo(nodes[r], c["host"], c["pid"]) for r, c in enumerate(claims)),
-                                  key=lambda h: h.node))
+        self.hosts = tuple(
+            sorted((HostInfo(nodes[r], c["host"], c["pid"]) for r, c in enumerate(claims)), key=lambda h: h.node)
+        )
         self.prefix = f"tpu-tune/{self.run_id}/{claims[0]['generation']}"
         self.store = PrefixStore(self.prefix, self._raw)
         self.next_job = 0
         self._beats = {}
         server = [self.hosts[nodes[r]] for r, c in enumerate(claims) if c["store_host"]]
         if server and server[0].node != 0:
-            log.warning("the rendezvous store at %s is served by %s, not by the driver (node 0): if that host "
-                        "goes down the run stops", self.endpoint, server[0].describe())
+            log.warning(
+                "the rendezvous store at %s is served by %s, not by the driver (node 0): if that host "
+                "goes down the run stops",
+                self.endpoint,
+                server[0].describe(),
+            )
         self._start_beating()
 
     def _claims(self, info: Any) -> list[dict[str, Any]]:
         """Every agent's claim (host, pid, the node rank it keeps or was given, whether it serves
         the store; rendezvous rank 0's also names this round's generation), by rendezvous rank."""
-        mine = {"host": socket.gethostname(), "pid": os.getpid(),
-                "want": self.node if self.node is not None else self.wanted,
-                "store_host": self.hosts_store, "generation": uuid.uuid4().hex[:12]}
+        mine = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "want": self.node if self.node is not None else self.wanted,
+            "store_host": self.hosts_store,
+            "generation": uuid.uuid4().hex[:12],
+        }
         info.store.set(f"tpu-tune/claim/{info.rank}", json.dumps(mine))
         try:
             return [json.loads(info.store.get(f"tpu-tune/claim/{rank}")) for rank in range(info.world_size)]
-        except Exception as exc:  # noqa: BLE001 - an agent that met and went before it claimed
-            raise HostsMissing(f"the hosts met at {self.endpoint} but not all of them said who they are within "
-                               f"{self.timeout_s:g} s ({exc})") from exc
+        except Exception as exc:
+            raise HostsMissing(
+                f"the hosts met at {self.endpoint} but not all of them said who they are within "
+                f"{self.timeout_s:g} s ({exc})"
+            ) from exc
 
     # --- heartbeats ----------------------------------------------------------------------------
 
@@ -241,7 +278,7 @@ class HostGroup:
             while not stop.is_set():
                 try:
                     beats.add(key, 1)
-                except Exception as exc:  # noqa: BLE001 - a hiccup passes; a store gone is the main thread's to say
+                except Exception as exc:
                     log.debug("heartbeat: %s", exc)
                 stop.wait(BEAT_S)
 
@@ -266,8 +303,10 @@ def assign_nodes(claims: list[dict[str, Any]]) -> list[int]:
             continue
         if want in taken:
             other = claims[taken[want]]
-            raise HostsError(f"node rank {want} is claimed by both {other['host']} (pid {other['pid']}) and "
-                             f"{claim['host']} (pid {claim['pid']}): give each host its own --node-rank")
+            raise HostsError(
+                f"node rank {want} is claimed by both {other['host']} (pid {other['pid']}) and "
+                f"{claim['host']} (pid {claim['pid']}): give each host its own --node-rank"
+            )
         taken[want] = rank
     if 0 not in taken:
         serving = [rank for rank, claim in enumerate(claims) if claim.get("store_host") and claim.get("want") is None]
@@ -298,8 +337,10 @@ def _open_store(address: str, port: int, timeout_s: float) -> tuple[Any, bool]:
     try:
         return TCPStore(address, port, is_master=False, timeout=timeout), False
     except (RuntimeError, ValueError, TimeoutError) as exc:
-        raise HostsMissing(f"no rendezvous answered at {address}:{port} within {timeout_s:g} s: start the same "
-                           "command on that host too, or check --rdzv") from exc
+        raise HostsMissing(
+            f"no rendezvous answered at {address}:{port} within {timeout_s:g} s: start the same "
+            "command on that host too, or check --rdzv"
+        ) from exc
 
 
 def _is_this_machine(address: str) -> bool:

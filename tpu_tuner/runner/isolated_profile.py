@@ -10,19 +10,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.core.failures import FailureKind
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.worker_log import WorkerLog
 
 
-def profile_in_worker(model_file: str | Path, candidate: Candidate | None = None, device: str | None = None,
-                      batch_size: int | None = None, seq_len: int | None = None,
-                      attention_convention: AttentionConvention = "full",
-                      settings: ProfilerSettings | None = None, log: WorkerLog | None = None) -> Profile:
+def profile_in_worker(
+    model_file: str | Path,
+    candidate: Candidate | None = None,
+    device: str | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    attention_convention: AttentionConvention = "full",
+    settings: ProfilerSettings | None = None,
+    log: WorkerLog | None = None,
+) -> Profile:
     """Profile `model_file` in an isolated worker on `device` (auto-detected when None); its
     output goes to `log` (None: a temporary log, dropped unless a failure names it)."""
     from tpu_tuner.runner.load import load_summary
@@ -35,8 +41,15 @@ def profile_in_worker(model_file: str | Path, candidate: Candidate | None = None
     timeout_s = max(600.0, 2 * settings.max_profile_seconds)
     with TrialRunner(str(model_file), device, timeout_s, log=log) as runner:
         load_summary(runner, Path(model_file), batch_size, seq_len, sample_lengths=False)
-        outcome = runner.run(ProfileRequest(candidate=candidate.to_dict(), batch_size=batch_size, seq_len=seq_len,
-                                            settings=settings, attention_convention=attention_convention))
+        outcome = runner.run(
+            ProfileRequest(
+                candidate=candidate.to_dict(),
+                batch_size=batch_size,
+                seq_len=seq_len,
+                settings=settings,
+                attention_convention=attention_convention,
+            )
+        )
     if not outcome.ok:
         assert outcome.failure is not None
         if outcome.failure.kind == FailureKind.REFUSED:

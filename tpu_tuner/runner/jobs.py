@@ -14,20 +14,29 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_tuner.devices import Backend, get_backend
-from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
-from tpu_tuner.runner.requests import (BucketCostsRequest, BucketReplayRequest, CompareRequest, Comparison,
-                                       LoadRequest, MeasureRequest, ProfileRequest, Request, ShardedStepRequest)
-from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.metrics.mfu import mfu
-from tpu_tuner.profiling import ProfilerSettings, profile
-from tpu_tuner.execution.step import prepare_step, run_user_step
-from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
+from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.metrics.mfu import mfu
+from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.summary import WorkloadSummary, summarize
 from tpu_tuner.model.workload import Workload
+from tpu_tuner.profiling import ProfilerSettings, profile
+from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
+from tpu_tuner.runner.requests import (
+    BucketCostsRequest,
+    BucketReplayRequest,
+    CompareRequest,
+    Comparison,
+    LoadRequest,
+    MeasureRequest,
+    ProfileRequest,
+    Request,
+    ShardedStepRequest,
+)
 
 
 class WorkerState:
@@ -109,26 +118,52 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         except CompileCutOff as cut:
             spent = time.perf_counter() - start
             assert rule is not None
-            return EarlyStop(candidate.to_dict(), "compile", f"{cut}: alone it is {spent / rule.planned_steps * 1e3:.1f} ms "
-                             f"a step over {rule.planned_steps} steps, beyond the {rule.threshold_s * 1e3:.1f} ms "
-                             "the best so far allows", [], spent, spent, spent / rule.planned_steps)
+            return EarlyStop(
+                candidate.to_dict(),
+                "compile",
+                f"{cut}: alone it is {spent / rule.planned_steps * 1e3:.1f} ms "
+                f"a step over {rule.planned_steps} steps, beyond the {rule.threshold_s * 1e3:.1f} ms "
+                "the best so far allows",
+                [],
+                spent,
+                spent,
+                spent / rule.planned_steps,
+            )
         first_call = time.perf_counter() - start
         errors = relative_error(outputs, reference) if reference is not None else {}
         del outputs  # the gathered whole gradients: not part of the step's memory
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
         steady = list(warmup.steady_steps)
         # The compile's share of the first call and warm-up (never below 0: steps vary).
-        compile_estimate = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * min(steady)) if steady else first_call
+        compile_estimate = (
+            max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * min(steady)) if steady else first_call
+        )
         if rule is not None and rule.hopeless(steady, compile_estimate):
-            return EarlyStop(candidate.to_dict(), "steps", rule.explain(steady, compile_estimate), steady, first_call,
-                             compile_estimate, rule.optimistic(steady, compile_estimate), errors)
+            return EarlyStop(
+                candidate.to_dict(),
+                "steps",
+                rule.explain(steady, compile_estimate),
+                steady,
+                first_call,
+                compile_estimate,
+                rule.optimistic(steady, compile_estimate),
+                errors,
+            )
         stop = (lambda samples: rule.hopeless(steady + samples, compile_estimate)) if rule is not None else None
         backend.reset_peak_memory()
         timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
         if rule is not None and rule.hopeless(steady + timing.samples, compile_estimate):
             seen = steady + timing.samples
-            return EarlyStop(candidate.to_dict(), "steps", rule.explain(seen, compile_estimate), seen, first_call,
-                             compile_estimate, rule.optimistic(seen, compile_estimate), errors)
+            return EarlyStop(
+                candidate.to_dict(),
+                "steps",
+                rule.explain(seen, compile_estimate),
+                seen,
+                first_call,
+                compile_estimate,
+                rule.optimistic(seen, compile_estimate),
+                errors,
+            )
         peak_memory, _ = backend.peak_memory_bytes()
         # The largest rank's; every rank takes part in the reduction (-1: none measured).
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
@@ -137,8 +172,10 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     if candidate.compiles() and not any(compiles.values()):
         # torch.compile gave up and ran eager (a graph break it could not trace, a limit): the
         # timing is not the setting's, so it is no measurement of it.
-        raise RuntimeError(f"{candidate.describe()}: torch.compile compiled no graph, so the step ran eager; "
-                         "nothing of the setting was measured")
+        raise RuntimeError(
+            f"{candidate.describe()}: torch.compile compiled no graph, so the step ran eager; "
+            "nothing of the setting was measured"
+        )
     # Compile cost: the time warm-up took beyond what the same number of steady steps take.
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
     flops = float(request.model_flops_per_step)
@@ -182,23 +219,30 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
 RETIMES = 2
 
 
-def _steady_timing(run: Callable[[], Any], backend: Backend, settings: ProfilerSettings,
-                   stop: Callable[[list[float]], bool] | None) -> tuple[Any, dict[str, int], list[str]]:
+def _steady_timing(
+    run: Callable[[], Any], backend: Backend, settings: ProfilerSettings, stop: Callable[[list[float]], bool] | None
+) -> tuple[Any, dict[str, int], list[str]]:
     """The trial's timed steps; timed again (up to `RETIMES` more times) while their robust CV is
     beyond the profile's own limit for a trusted verdict (another process took the cores), the
     steadiest kept. Returns the timing, the compiles while timing, and what was re-timed, in words."""
     tries = []
     for _ in range(1 + RETIMES):
-        timing, compiles = time_steps(run, backend, settings.timing_min_steps, settings.timing_min_seconds,
-                                      settings.timing_max_steps, stop)
+        timing, compiles = time_steps(
+            run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps, stop
+        )
         tries.append((timing, compiles))
         # A hopeless trial stops early; its few steps are no spread to judge.
         if (stop is not None and stop(timing.samples)) or timing.robust_cv <= settings.verdict_cv_max:
             break
     timing, compiles = min(tries, key=lambda pair: pair[0].robust_cv)
-    notes = ([f"timed {len(tries)} times: the step times spread beyond a robust CV of {settings.verdict_cv_max:.0%} "
-              f"(robust CVs {', '.join(f'{t.robust_cv:.0%}' for t, _ in tries)}; the steadiest kept)"]
-             if len(tries) > 1 else [])
+    notes = (
+        [
+            f"timed {len(tries)} times: the step times spread beyond a robust CV of {settings.verdict_cv_max:.0%} "
+            f"(robust CVs {', '.join(f'{t.robust_cv:.0%}' for t, _ in tries)}; the steadiest kept)"
+        ]
+        if len(tries) > 1
+        else []
+    )
     return timing, compiles, notes
 
 
@@ -250,8 +294,13 @@ def run_sharded_step(state: WorkerState, request: ShardedStepRequest) -> Any:
 
 # The job function of each request type.
 JOBS: dict[type[Request], Callable[[WorkerState, Any], Any]] = {
-    LoadRequest: run_load, ProfileRequest: run_profile, MeasureRequest: run_measure, CompareRequest: run_compare,
-    BucketCostsRequest: run_bucket_costs, BucketReplayRequest: run_bucket_replay, ShardedStepRequest: run_sharded_step,
+    LoadRequest: run_load,
+    ProfileRequest: run_profile,
+    MeasureRequest: run_measure,
+    CompareRequest: run_compare,
+    BucketCostsRequest: run_bucket_costs,
+    BucketReplayRequest: run_bucket_replay,
+    ShardedStepRequest: run_sharded_step,
 }
 
 

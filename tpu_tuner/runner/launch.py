@@ -67,11 +67,19 @@ class RanksResult:
         return self.failure is None
 
 
-def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, threads_per_rank: int | None = None,
-              workdir: str | Path | None = None, env: dict[str, str] | None = None,
-              rank_env: Callable[[int], dict[str, str]] | None = None,
-              output: WorkerLog | None = None, group: RankGroup | None = None,
-              abort: Callable[[], str | None] | None = None) -> RanksResult:
+def run_ranks(
+    nproc: int,
+    module: str,
+    args: list[str],
+    timeout_s: float,
+    threads_per_rank: int | None = None,
+    workdir: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    rank_env: Callable[[int], dict[str, str]] | None = None,
+    output: WorkerLog | None = None,
+    group: RankGroup | None = None,
+    abort: Callable[[], str | None] | None = None,
+) -> RanksResult:
     """Run ``python -m <module> <args...>`` as ranks 0..nproc-1 of one process group.
 
     Each rank gets RANK / WORLD_SIZE / TPU_TUNE_RENDEZVOUS / TPU_TUNE_REPORT in its environment
@@ -95,32 +103,52 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
         # The cores this launcher may use (its affinity: a container's, or one simulated host's).
         threads = threads_per_rank or max(1, usable_cores() // nproc)
         first, world = (group.first_rank, group.world_size) if group is not None else (0, nproc)
-        meeting = ({STORE_VARIABLE: group.store, STORE_PREFIX_VARIABLE: group.prefix} if group is not None
-                   else {"TPU_TUNE_RENDEZVOUS": str(root / "rendezvous")})
-        envs = {rank: {**os.environ, **child_environment(), "RANK": str(first + rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc), **meeting,
-                       # A rank dies with its launcher (`die_with_launcher`): no orphan when it is SIGKILLed.
-                       PARENT_VARIABLE: str(os.getpid()),
-                       "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
-                       "OMP_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1",
-                       # A peer that died ends a collective with an error at once; a live peer
-                       # that is slow (rank 0 computing the reference) is waited for till the deadline.
-                       "TPU_TUNE_COLLECTIVE_TIMEOUT": str(max(COLLECTIVE_TIMEOUT_S, timeout_s)),
-                       **(env or {}), **(rank_env(rank) if rank_env else {})}
-                for rank in range(nproc)}
+        meeting = (
+            {STORE_VARIABLE: group.store, STORE_PREFIX_VARIABLE: group.prefix}
+            if group is not None
+            else {"TPU_TUNE_RENDEZVOUS": str(root / "rendezvous")}
+        )
+        envs = {
+            rank: {
+                **os.environ,
+                **child_environment(),
+                "RANK": str(first + rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                **meeting,
+                # A rank dies with its launcher (`die_with_launcher`): no orphan when it is SIGKILLed.
+                PARENT_VARIABLE: str(os.getpid()),
+                "TPU_TUNE_REPORT": str(root / f"report-{rank}.json"),
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONFAULTHANDLER": "1",
+                # A peer that died ends a collective with an error at once; a live peer
+                # that is slow (rank 0 computing the reference) is waited for till the deadline.
+                "TPU_TUNE_COLLECTIVE_TIMEOUT": str(max(COLLECTIVE_TIMEOUT_S, timeout_s)),
+                **(env or {}),
+                **(rank_env(rank) if rank_env else {}),
+            }
+            for rank in range(nproc)
+        }
         logs = DefaultLogsSpecs(log_dir=str(root / "logs"), redirects=Std.ALL)
         # The launcher logs every failed rank at ERROR on stderr; the failure is the caller's to
         # report (a trial's line names the rank and its reason), once.
         launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         launcher_level = launcher_log.level
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+        previous = {
+            sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+        }
         result = RanksResult(ranks=nproc)
         context = None
         try:
             launcher_log.setLevel(logging.CRITICAL)
-            context = start_processes(name="tpu-tune-rank", entrypoint=sys.executable,
-                                      args={rank: ("-m", module, *args) for rank in range(nproc)},
-                                      envs=envs, logs_specs=logs)
+            context = start_processes(
+                name="tpu-tune-rank",
+                entrypoint=sys.executable,
+                args={rank: ("-m", module, *args) for rank in range(nproc)},
+                envs=envs,
+                logs_specs=logs,
+            )
             # start() installs handlers that turn these signals into exceptions in this process:
             # the tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
             for sig, handler in previous.items():
@@ -135,9 +163,10 @@ def run_ranks(nproc: int, module: str, args: list[str], timeout_s: float, thread
                 # The cause, not its echoes: the launcher's own SIGTERM to the others last, a
                 # rank killed by a signal before one that exited with an error (its peers'
                 # collectives fail when it dies), then the earliest.
-                rank, failed = min(outcome.failures.items(),
-                                   key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
-                                                     item[1].timestamp))
+                rank, failed = min(
+                    outcome.failures.items(),
+                    key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0, item[1].timestamp),
+                )
                 # Named by its global rank (the same as its local one on a single host).
                 said = _last_line(context, rank)
                 result.failure = f"rank {first + rank} {describe_end(failed.exitcode)}{': ' + said if said else ''}"
@@ -172,12 +201,14 @@ def init_rank(backend: str = "gloo") -> tuple[int, int]:
     if STORE_VARIABLE in os.environ:
         # Ranks on several hosts: the hosts' rendezvous store (a TCP store) under this job's prefix.
         host, _, port = os.environ[STORE_VARIABLE].rpartition(":")
-        store = dist.PrefixStore(os.environ[STORE_PREFIX_VARIABLE],
-                                 dist.TCPStore(host, int(port), is_master=False, timeout=timeout))
+        store = dist.PrefixStore(
+            os.environ[STORE_PREFIX_VARIABLE], dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        )
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         return rank, world
-    dist.init_process_group(backend, init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank,
-                            world_size=world, timeout=timeout)
+    dist.init_process_group(
+        backend, init_method=f"file://{os.environ['TPU_TUNE_RENDEZVOUS']}", rank=rank, world_size=world, timeout=timeout
+    )
     return rank, world
 
 
@@ -242,8 +273,9 @@ def _last_line(context: Any, rank: int) -> str:
         return ""
 
 
-def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog, first: int = 0,
-                    world: int | None = None) -> None:
+def _append_outputs(
+    context: Any, nproc: int, module: str, output: WorkerLog, first: int = 0, world: int | None = None
+) -> None:
     """Each rank's stdout and stderr files (the launcher's, removed with the group's folder)
     appended to `output`, a header line before each that is not empty."""
     for rank in range(nproc):
@@ -253,5 +285,8 @@ def _append_outputs(context: Any, nproc: int, module: str, output: WorkerLog, fi
             except (OSError, KeyError, TypeError):
                 continue
             if data:
-                output.write(f"--- {module} rank {first + rank}/{world or nproc} {stream} ---\n".encode() + data
-                             + (b"" if data.endswith(b"\n") else b"\n"))
+                output.write(
+                    f"--- {module} rank {first + rank}/{world or nproc} {stream} ---\n".encode()
+                    + data
+                    + (b"" if data.endswith(b"\n") else b"\n")
+                )

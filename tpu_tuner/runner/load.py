@@ -20,12 +20,19 @@ if TYPE_CHECKING:
 LOAD_TIMEOUT_S = 120.0
 
 
-def load_summary(runner: TrialRunner, model_file: str | Path, batch_size: int | None = None,
-                 seq_len: int | None = None, sample_lengths: bool = True) -> WorkloadSummary:
+def load_summary(
+    runner: TrialRunner,
+    model_file: str | Path,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    sample_lengths: bool = True,
+) -> WorkloadSummary:
     """Import and validate `model_file` in `runner`'s worker; raise `WorkloadError` for a bad
     file, including one whose import kills the process."""
-    result = runner.run(LoadRequest(batch_size=batch_size, seq_len=seq_len, sample_lengths=sample_lengths),
-                        timeout_s=max(LOAD_TIMEOUT_S, runner.timeout_s))
+    result = runner.run(
+        LoadRequest(batch_size=batch_size, seq_len=seq_len, sample_lengths=sample_lengths),
+        timeout_s=max(LOAD_TIMEOUT_S, runner.timeout_s),
+    )
     if result.ok:
         return result.value
     raise load_failure(result, model_file)

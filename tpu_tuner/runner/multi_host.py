@@ -45,8 +45,15 @@ class MultiHostTrialRunner(RankedTrialRunner):
     """Runs the requests that run a layout on the `nproc` ranks of each of `group`'s hosts (this
     one the driver) and every other job in one worker here."""
 
-    def __init__(self, workload_path: str, device: str | None, group: HostGroup, timeout_s: float = 300.0,
-                 memory_limit_bytes: int | None = None, log: WorkerLog | None = None) -> None:
+    def __init__(
+        self,
+        workload_path: str,
+        device: str | None,
+        group: HostGroup,
+        timeout_s: float = 300.0,
+        memory_limit_bytes: int | None = None,
+        log: WorkerLog | None = None,
+    ) -> None:
         super().__init__(workload_path, device, group.nproc, timeout_s, memory_limit_bytes, log=log)
         self.group = group
         self.nnodes = group.nnodes
@@ -69,20 +76,31 @@ class MultiHostTrialRunner(RankedTrialRunner):
 
         self.check_usable()
         self.single.close()  # idle from here on: its memory and threads are the ranks'
-        payload = {"kind": "run", "timeout_s": timeout_s or self.timeout_s, "env": dict(env or {}),
-                   "device_kind": self.device_kind,
-                   "spec": {"request": request, "workload_path": self.workload_path, "device": self.device,
-                            "memory_limit_bytes": self.memory_limit_bytes}}
+        payload = {
+            "kind": "run",
+            "timeout_s": timeout_s or self.timeout_s,
+            "env": dict(env or {}),
+            "device_kind": self.device_kind,
+            "spec": {
+                "request": request,
+                "workload_path": self.workload_path,
+                "device": self.device,
+                "memory_limit_bytes": self.memory_limit_bytes,
+            },
+        }
         self.groups_started += 1
         since, started = self.log.mark(), time.perf_counter()
         try:
             number = announce(self.group, payload)
-            here, value = run_here(self.group, number, payload, self.log, self.launch_environment,
-                                   self.rank_environment)
+            here, value = run_here(
+                self.group, number, payload, self.log, self.launch_environment, self.rank_environment
+            )
             outcomes, lost = gather(self.group, number, here)
         except DistError as exc:  # the store went away with the host that served it
-            self.lost = (f"the rendezvous store at {self.group.endpoint} went away with its host "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {self._resume()}")
+            self.lost = (
+                f"the rendezvous store at {self.group.endpoint} went away with its host "
+                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {self._resume()}"
+            )
             return JobResult(failure=TrialFailure(LOST_HOST, self.lost), seconds=time.perf_counter() - started)
         seconds = time.perf_counter() - started
         if lost:
@@ -101,16 +119,22 @@ class MultiHostTrialRunner(RankedTrialRunner):
         from tpu_tuner.model.layouts import parse_layout
 
         n = self.nproc
-        lines = [f"{h.describe()}: rank{'s' if n > 1 else ''} "
-                 f"{f'{h.node * n}-{h.node * n + n - 1}' if n > 1 else h.node}" for h in self.group.hosts]
+        lines = [
+            f"{h.describe()}: rank{'s' if n > 1 else ''} {f'{h.node * n}-{h.node * n + n - 1}' if n > 1 else h.node}"
+            for h in self.group.hosts
+        ]
         names = [h.host for h in self.group.hosts]
-        return lines + [describe_on_hosts(parse_layout(layout, context=False), self.nnodes, n, names)
-                        for layout in layouts]
+        return lines + [
+            describe_on_hosts(parse_layout(layout, context=False), self.nnodes, n, names) for layout in layouts
+        ]
 
     def _host_lost(self, lost: dict[int, float]) -> str:
         """The failure of a job whose hosts in `lost` stopped answering, deciding what comes next."""
-        message = "; ".join(f"{self.group.host(node).describe()} stopped answering during this trial (no heartbeat "
-                            f"for {silent:.0f} s): its agent died or its host went down" for node, silent in lost.items())
+        message = "; ".join(
+            f"{self.group.host(node).describe()} stopped answering during this trial (no heartbeat "
+            f"for {silent:.0f} s): its agent died or its host went down"
+            for node, silent in lost.items()
+        )
         message += "; the other hosts' ranks were stopped"
         if self.group.restarts < self.group.max_restarts:
             self._restart_due = message
@@ -122,17 +146,24 @@ class MultiHostTrialRunner(RankedTrialRunner):
         reason, self._restart_due = self._restart_due, None
         try:
             announce(self.group, {"kind": "restart", "reason": reason})
-            log.warning("re-rendezvous %d of %d at %s: waiting up to %.0f s for the lost host to be started again",
-                        self.group.restarts + 1, self.group.max_restarts, self.group.endpoint, self.group.timeout_s)
+            log.warning(
+                "re-rendezvous %d of %d at %s: waiting up to %.0f s for the lost host to be started again",
+                self.group.restarts + 1,
+                self.group.max_restarts,
+                self.group.endpoint,
+                self.group.timeout_s,
+            )
             self.group.restart()
         except (HostsMissing, HostsError) as exc:
             self.lost = f"{reason}; the re-rendezvous failed: {exc}"
-        except Exception as exc:  # noqa: BLE001 - the store went away meanwhile
+        except Exception as exc:
             self.lost = f"{reason}; the re-rendezvous failed ({type(exc).__name__}: {exc}): {self._resume()}"
 
     def _resume(self) -> str:
-        return (f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
-                "is lost or measured again)")
+        return (
+            f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
+            "is lost or measured again)"
+        )
 
 
 def host_cause(outcomes: dict[int, HostOutcome]) -> TrialFailure:
@@ -140,12 +171,15 @@ def host_cause(outcomes: dict[int, HostOutcome]) -> TrialFailure:
     launcher's on the host whose ranks failed first in kind (a signal, an exit, a hang), else what stopped them."""
     accounts = {rank: account for o in outcomes.values() for rank, account in o.accounts.items()}
     hosts = {rank: f" (node {o.node}, {o.host})" for o in outcomes.values() for rank in o.accounts}
-    failed = sorted((o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
-                    key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node))
+    failed = sorted(
+        (o for o in outcomes.values() if not o.ok and o.kind != FailureKind.ABORTED),
+        key=lambda o: (_PRIORITY.get(o.kind or FailureKind.ERROR, 1), o.node),
+    )
     first = failed[0] if failed else next(o for o in outcomes.values() if not o.ok)
     kind = (first.kind or FailureKind.ERROR) if failed else FailureKind.ERROR
-    return (rank_account(accounts, first.failed_rank if failed else None, kind, hosts.__getitem__)
-            or TrialFailure(kind, f"{first.failure} (node {first.node}, {first.host})"))
+    return rank_account(accounts, first.failed_rank if failed else None, kind, hosts.__getitem__) or TrialFailure(
+        kind, f"{first.failure} (node {first.node}, {first.host})"
+    )
 
 
 __all__ = ["LOST_HOST", "MultiHostTrialRunner", "host_cause"]

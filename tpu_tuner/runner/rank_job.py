@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
         value = run_job(state, spec["request"])
         if rank == 0:
             (job_file.parent / RESULT).write_bytes(pickle.dumps(value))
-    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+    except BaseException as exc:
         from tpu_tuner.runner.worker_process import failure_of
 
         kind, message = failure_of(exc)

@@ -45,8 +45,15 @@ class RankedTrialRunner:
     # rounds run in one job (tuning/verify.py asks this).
     keeps_warm_steps = False
 
-    def __init__(self, workload_path: str, device: str | None, nproc: int, timeout_s: float = 300.0,
-                 memory_limit_bytes: int | None = None, log: WorkerLog | None = None) -> None:
+    def __init__(
+        self,
+        workload_path: str,
+        device: str | None,
+        nproc: int,
+        timeout_s: float = 300.0,
+        memory_limit_bytes: int | None = None,
+        log: WorkerLog | None = None,
+    ) -> None:
         self.workload_path = str(workload_path)
         self.device = device
         self.nproc = nproc
@@ -72,8 +79,8 @@ class RankedTrialRunner:
         """Run one job: on the ranks when it runs a layout, else in the single worker."""
         if not request.on_ranks:
             return self.single.run(request, env=env, timeout_s=timeout_s)
-        from tpu_tuner.runner.rank_job import RESULT, failure_path
         from tpu_tuner.runner.launch import run_ranks
+        from tpu_tuner.runner.rank_job import RESULT, failure_path
 
         # The single worker is idle from here on (the profile is done): its memory and threads
         # are the ranks' now. A later single-process job starts it again.
@@ -81,21 +88,36 @@ class RankedTrialRunner:
         limit = timeout_s or self.timeout_s
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
-            job_file.write_bytes(pickle.dumps({
-                "request": request, "workload_path": self.workload_path, "device": self.device,
-                "memory_limit_bytes": self.memory_limit_bytes}))
+            job_file.write_bytes(
+                pickle.dumps(
+                    {
+                        "request": request,
+                        "workload_path": self.workload_path,
+                        "device": self.device,
+                        "memory_limit_bytes": self.memory_limit_bytes,
+                    }
+                )
+            )
             self.groups_started += 1
             since = self.log.mark()
-            outcome = run_ranks(self.nproc, "tpu_tuner.runner.rank_job", [str(job_file)], limit, workdir=folder,
-                                env={**self.launch_environment, **(env or {})}, rank_env=self.rank_environment,
-                                output=self.log)
+            outcome = run_ranks(
+                self.nproc,
+                "tpu_tuner.runner.rank_job",
+                [str(job_file)],
+                limit,
+                workdir=folder,
+                env={**self.launch_environment, **(env or {})},
+                rank_env=self.rank_environment,
+                output=self.log,
+            )
             if outcome.ok:
                 return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
             failure = _failure(outcome, job_file, failure_path)
             # The ranks' accounts already quote the telling line; the log has the rest.
             note = self.log.failure_note(quote=False, since=since)
-            return JobResult(failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds,
-                             note=note)
+            return JobResult(
+                failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds, note=note
+            )
 
     def check_usable(self) -> None:
         """Every job can run here (`MultiHostTrialRunner` raises once its hosts are lost for good)."""
@@ -121,12 +143,17 @@ def _failure(outcome: Any, job_file: Path, failure_path: Callable[[Path, int], P
             accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
         except (OSError, ValueError):
             continue
-    return (rank_account(accounts, outcome.failed_rank, outcome.kind)
-            or TrialFailure(outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed"))
+    return rank_account(accounts, outcome.failed_rank, outcome.kind) or TrialFailure(
+        outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed"
+    )
 
 
-def rank_account(accounts: Mapping[int, Mapping[str, str]], failed_rank: int | None, kind: FailureKind | None,
-                 where: Callable[[int], str] = lambda rank: "") -> TrialFailure | None:
+def rank_account(
+    accounts: Mapping[int, Mapping[str, str]],
+    failed_rank: int | None,
+    kind: FailureKind | None,
+    where: Callable[[int], str] = lambda rank: "",
+) -> TrialFailure | None:
     """The account a rank wrote of its job's error that says why the ranks failed: the first that is
     not only a lost peer (whose collectives failed when one rank raised), else the failed rank's where
     it exited with an error (`kind`); None where none says."""
@@ -135,21 +162,31 @@ def rank_account(accounts: Mapping[int, Mapping[str, str]], failed_rank: int | N
     if rank is None:
         return None
     account = accounts[rank]
-    return TrialFailure(FailureKind(account.get("kind", FailureKind.ERROR)),
-                        f"rank {rank}{where(rank)}: {account.get('message', '')}")
+    return TrialFailure(
+        FailureKind(account.get("kind", FailureKind.ERROR)), f"rank {rank}{where(rank)}: {account.get('message', '')}"
+    )
 
 
 def _lost_peer(message: str) -> bool:
     """Whether a rank's error only says that another rank went away."""
-    return any(marker in message for marker in ("Connection closed by peer", "Connection reset by peer",
-                                                  "remote worker crashing", "Broken pipe"))
+    return any(
+        marker in message
+        for marker in ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+    )
+
 
 # Either runner: what the study, the race and the verification take.
 Runner = TrialRunner | RankedTrialRunner
 
 
-def trial_runner(workload_path: str, device: str | None, nproc: int, timeout_s: float,
-                 memory_limit_bytes: int | None, log: WorkerLog | None = None) -> Runner:
+def trial_runner(
+    workload_path: str,
+    device: str | None,
+    nproc: int,
+    timeout_s: float,
+    memory_limit_bytes: int | None,
+    log: WorkerLog | None = None,
+) -> Runner:
     """The runner for trials on `nproc` processes: a single worker for one, ranks for more; the
     workers' output goes to `log` (None: the runner's own, which `runner.log.move_into` moves
     into the run folder once it exists)."""

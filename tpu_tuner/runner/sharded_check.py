@@ -100,8 +100,9 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
     return RankStep(rank, world, layout, workload, model, inputs, target, local_inputs, local_target)
 
 
-def check_layout(model_file: str | Path, layout: str, nproc: int, batch_size: int | None = None,
-                 timeout_s: float = 300.0) -> RanksResult:
+def check_layout(
+    model_file: str | Path, layout: str, nproc: int, batch_size: int | None = None, timeout_s: float = 300.0
+) -> RanksResult:
     """Run the check on `nproc` ranks; rank 0's report has ``loss_error`` and ``gradient_error``
     (a training step) or ``output_error`` (an inference step)."""
     args = [str(model_file), layout] + ([f"--batch-size={batch_size}"] if batch_size else [])
@@ -115,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch.distributed as dist
 
-    from tpu_tuner.parallel.apply import apply_layout
     from tpu_tuner.knobs.tuned_config import apply_sharding
     from tpu_tuner.model.workload import call_model
+    from tpu_tuner.parallel.apply import apply_layout
 
     step = prepare_rank_step(args.model_file, args.layout, args.batch_size)
     if not step.workload.is_training:
@@ -134,8 +135,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # A config file shards as `tpu_tuner.apply` does (its other settings are for its own device,
     # a plan's are TPU's, and the precision guardrail's to check); a layout string directly.
-    sharded = (apply_sharding(step.model, args.layout, training=True) if args.layout.endswith(".toml")
-               else apply_layout(step.model, step.layout))
+    sharded = (
+        apply_sharding(step.model, args.layout, training=True)
+        if args.layout.endswith(".toml")
+        else apply_layout(step.model, step.layout)
+    )
     loss = workload.loss_fn(call_model(sharded, step.local_inputs), step.local_target)
     loss.backward()
     mean_loss = loss.detach().clone()
@@ -148,9 +152,10 @@ def main(argv: list[str] | None = None) -> None:
         report["loss"] = float(mean_loss)
         report["reference_loss"] = float(reference["loss"])
         # The precision guardrail's own comparison (execution/accuracy.py), part by part.
-        errors = relative_error(Outputs({"loss": mean_loss.float().reshape(1), "gradients": gradients}),
-                                Outputs({"loss": reference["loss"].float().reshape(1),
-                                         "gradients": reference["gradients"]}))
+        errors = relative_error(
+            Outputs({"loss": mean_loss.float().reshape(1), "gradients": gradients}),
+            Outputs({"loss": reference["loss"].float().reshape(1), "gradients": reference["gradients"]}),
+        )
         report["loss_error"], report["gradient_error"] = errors["loss"], errors["gradients"]
         # The largest absolute differences beside the relative errors, for reports that quote them.
         report["loss_abs_diff"] = abs(float(mean_loss) - float(reference["loss"]))
@@ -178,16 +183,20 @@ def _check_inference(step: RankStep, layout: str) -> None:
         with torch.no_grad():
             reference = flatten_output(call_model(copy.deepcopy(step.model), step.inputs))
     dist.barrier()
-    sharded = (apply_sharding(step.model, layout, training=False) if layout.endswith(".toml")
-               else apply_layout(step.model, step.layout, inference=True))
+    sharded = (
+        apply_sharding(step.model, layout, training=False)
+        if layout.endswith(".toml")
+        else apply_layout(step.model, step.layout, inference=True)
+    )
     with torch.no_grad():
         output = call_model(sharded, step.local_inputs)
     gathered = flatten_output(gather_batch(output, step.layout, step.local_batch))  # every rank takes part
     report: dict[str, Any] = {"rank": step.rank, "layout": layout, "local_batch": step.local_batch}
     if reference is not None:
         report["output_error"] = relative_error(Outputs({"output": gathered}), Outputs({"output": reference}))["output"]
-        report["output_max_abs_diff"] = (float((gathered - reference).abs().max())
-                                         if gathered.shape == reference.shape else float("inf"))
+        report["output_max_abs_diff"] = (
+            float((gathered - reference).abs().max()) if gathered.shape == reference.shape else float("inf")
+        )
     write_report(report)
     finish_rank()
 
@@ -196,8 +205,9 @@ def _flat_gradients(parameters: Any) -> Any:
     """Every parameter's gradient whole (zeros where it has none), flat, in parameter order."""
     import torch
 
-    return torch.cat([whole(p.grad).detach().float().flatten() if p.grad is not None else torch.zeros(p.numel())
-                      for p in parameters])
+    return torch.cat(
+        [whole(p.grad).detach().float().flatten() if p.grad is not None else torch.zeros(p.numel()) for p in parameters]
+    )
 
 
 if __name__ == "__main__":

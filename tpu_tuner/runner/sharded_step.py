@@ -35,9 +35,12 @@ def time_sharded_step(workload: Workload, backend: Backend, request: ShardedStep
         timing, _ = time_steps(step.run, backend, request.steps, 0.0, request.steps)
         peak, _ = backend.peak_memory_bytes()
         per_rank = _gather(backend, [float(peak or 0), float(_state_bytes(step.model, step.optimizer))])
-    return ShardedStepTiming(step_seconds=list(timing.samples), peak_bytes=[int(r[0]) for r in per_rank],
-                             state_bytes=[int(r[1]) for r in per_rank],
-                             local_batch=int(batch_size_of(step.batch[0]) or 0))
+    return ShardedStepTiming(
+        step_seconds=list(timing.samples),
+        peak_bytes=[int(r[0]) for r in per_rank],
+        state_bytes=[int(r[1]) for r in per_rank],
+        local_batch=int(batch_size_of(step.batch[0]) or 0),
+    )
 
 
 def _gather(backend: Backend, values: list[float]) -> list[list[float]]:

@@ -116,7 +116,7 @@ class TrialRunner:
         if self._owns_log:
             self.log.close()
 
-    def __enter__(self) -> "TrialRunner":
+    def __enter__(self) -> TrialRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -127,8 +127,11 @@ class TrialRunner:
         variables go into the child's environment only."""
         if self._worker is not None:
             self._worker.close(kill=True)
-        self._worker = WorkerProcess(WORKER_MODULE, [self.workload_path, self.device or "auto",
-                                                     str(self.memory_limit_bytes or 0)], env, output=self.log)
+        self._worker = WorkerProcess(
+            WORKER_MODULE,
+            [self.workload_path, self.device or "auto", str(self.memory_limit_bytes or 0)],
+            env,
+            output=self.log,
+        )
         self._env = dict(env)
         self.workers_started += 1
-

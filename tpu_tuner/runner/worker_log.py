@@ -73,7 +73,7 @@ class WorkerLog:
                 fd, name = tempfile.mkstemp(prefix="tpu-tune-workers-", suffix=".log")
                 self._file, self.path, self._keep = os.fdopen(fd, "ab", buffering=0), Path(name), False
             else:
-                self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - open for the log's life
+                self._file = open(self.path, "ab", buffering=0)
             self._start, self._written = self._file.seek(0, os.SEEK_END), 0
 
     def __enter__(self) -> WorkerLog:
@@ -115,7 +115,7 @@ class WorkerLog:
         with self._lock:
             if self._file is None or target == self.path:
                 return target
-            moved = open(target, "ab", buffering=0)  # noqa: SIM115 - open for the log's life
+            moved = open(target, "ab", buffering=0)
             start = moved.seek(0, os.SEEK_END)
             with open(self.path, "rb") as written:
                 written.seek(self._start)

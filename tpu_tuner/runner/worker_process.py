@@ -77,8 +77,13 @@ class WorkerProcess:
     `child_environment()` and `env`; its stdout and stderr (file descriptors 1 and 2, so what C
     code prints too) go to `output` (None: the parent's terminal)."""
 
-    def __init__(self, module: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 output: WorkerLog | None = None) -> None:
+    def __init__(
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        output: WorkerLog | None = None,
+    ) -> None:
         from tpu_tuner.core.tpu_host import child_environment
 
         to_child_r, to_child_w = os.pipe()
@@ -91,7 +96,10 @@ class WorkerProcess:
             env = {"PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(to_child_r), str(from_child_w), *args],
-            pass_fds=(to_child_r, from_child_w), env={**os.environ, **child_environment(), **(env or {})}, **streams)
+            pass_fds=(to_child_r, from_child_w),
+            env={**os.environ, **child_environment(), **(env or {})},
+            **streams,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self.output = output
@@ -163,9 +171,13 @@ def failure_of(exc: BaseException) -> tuple[FailureKind, str]:
     return classify(message=text), text.splitlines()[0][:500]
 
 
-def serve(read_fd: int, write_fd: int, handle: Callable[[Any], Any],
-          describe: Callable[[BaseException, Any], tuple[FailureKind, str]] | None = None,
-          catch: type[BaseException] = BaseException) -> None:
+def serve(
+    read_fd: int,
+    write_fd: int,
+    handle: Callable[[Any], Any],
+    describe: Callable[[BaseException, Any], tuple[FailureKind, str]] | None = None,
+    catch: type[BaseException] = BaseException,
+) -> None:
     """The child's loop: answer each job with ``("ok", handle(job))``, or, when it raises one of
     `catch`, with ``(kind, message, traceback)`` from `describe(exc, job)` (default: `failure_of`),
     until the parent sends None or closes its end. An exception outside `catch` ends the child."""
@@ -180,7 +192,7 @@ def serve(read_fd: int, write_fd: int, handle: Callable[[Any], Any],
             return
         try:
             reply: tuple[Any, ...] = ("ok", handle(job))
-        except catch as exc:  # noqa: BLE001 - every failure goes back to the parent
+        except catch as exc:
             kind, message = describe(exc, job) if describe is not None else failure_of(exc)
             reply = (kind, message, traceback.format_exc()[-4000:])
         send.send(reply)

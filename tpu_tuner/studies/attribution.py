@@ -70,20 +70,35 @@ class Cause:
         worker died from SIGSEGV in 2 of 2 settings with it, 0 of 3 without"."""
         names = " with ".join(label(name, value) for name, value in self.values)
         what = "the combination " + names if len(self.values) > 1 else names
-        return (f"{what} excluded after trial {self.after_trial}: {self.detail or self.kind} in {self.failures_with} "
-                f"of {self.settings_with} settings with it, {self.failures_without} of {self.settings_without} without")
+        return (
+            f"{what} excluded after trial {self.after_trial}: {self.detail or self.kind} in {self.failures_with} "
+            f"of {self.settings_with} settings with it, {self.failures_without} of {self.settings_without} without"
+        )
 
     def to_plain(self) -> dict[str, Any]:
-        return {"values": [list(v) for v in self.values], "kind": self.kind, "after_trial": self.after_trial,
-                "failures_with": self.failures_with, "settings_with": self.settings_with,
-                "failures_without": self.failures_without, "settings_without": self.settings_without,
-                "detail": self.detail}
+        return {
+            "values": [list(v) for v in self.values],
+            "kind": self.kind,
+            "after_trial": self.after_trial,
+            "failures_with": self.failures_with,
+            "settings_with": self.settings_with,
+            "failures_without": self.failures_without,
+            "settings_without": self.settings_without,
+            "detail": self.detail,
+        }
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Cause:
-        return cls(tuple((str(n), v) for n, v in data["values"]), str(data["kind"]), int(data["after_trial"]),
-                   int(data["failures_with"]), int(data["settings_with"]), int(data["failures_without"]),
-                   int(data["settings_without"]), str(data.get("detail", "")))
+        return cls(
+            tuple((str(n), v) for n, v in data["values"]),
+            str(data["kind"]),
+            int(data["after_trial"]),
+            int(data["failures_with"]),
+            int(data["settings_with"]),
+            int(data["failures_without"]),
+            int(data["settings_without"]),
+            str(data.get("detail", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,8 +141,11 @@ Alternatives = Callable[[str, Any], Sequence[Any]]
 nearest success lacks the parameter (a conditional one, active only under another's value)."""
 
 
-def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]], str] | None = None,
-              alternatives: Alternatives | None = None) -> Attribution:
+def attribute(
+    evidence: Sequence[Evidence],
+    detail: Callable[[str, Sequence[str]], str] | None = None,
+    alternatives: Alternatives | None = None,
+) -> Attribution:
     """The causes of every failure kind in `evidence`, and probes for suspects it cannot separate.
     `detail(kind, messages)` words a kind from its failures' messages."""
     causes: list[Cause] = []
@@ -146,7 +164,9 @@ def attribute(evidence: Sequence[Evidence], detail: Callable[[str, Sequence[str]
     return Attribution(causes, probes, open_suspects)
 
 
-def _suspects(failures: Sequence[Evidence], successes: Sequence[Evidence], size: int) -> dict[tuple[Value, ...], set[int]]:
+def _suspects(
+    failures: Sequence[Evidence], successes: Sequence[Evidence], size: int
+) -> dict[tuple[Value, ...], set[int]]:
     """Every value (size 1) or pair (size 2) some failure holds and no success does, with the
     failures that hold it."""
     held: dict[tuple[Value, ...], set[int]] = {}
@@ -160,13 +180,17 @@ def _suspects(failures: Sequence[Evidence], successes: Sequence[Evidence], size:
     return {combo: numbers for combo, numbers in held.items() if combo not in cleared}
 
 
-def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence], words: str
-               ) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]], list[Suspect]]:
+def _causes_of(
+    kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence], words: str
+) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]], list[Suspect]]:
     """The confirmed causes of one kind, the pairs of suspects that always came together, and
     the suspects too few failures hold yet."""
     singles = _suspects(failures, successes, 1)
-    pairs = {combo: numbers for combo, numbers in _suspects(failures, successes, 2).items()
-             if not any((v,) in singles for v in combo)}
+    pairs = {
+        combo: numbers
+        for combo, numbers in _suspects(failures, successes, 2).items()
+        if not any((v,) in singles for v in combo)
+    }
     found: list[Cause] = []
     ties: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []
     unsettled: list[Suspect] = []
@@ -191,20 +215,33 @@ def _causes_of(kind: str, failures: Sequence[Evidence], successes: Sequence[Evid
     return found, ties, [s for s in unsettled if not set(s.failures) <= explained]
 
 
-def _cause(kind: str, combo: tuple[Value, ...], failures: Sequence[Evidence], successes: Sequence[Evidence],
-           words: str) -> Cause:
+def _cause(
+    kind: str, combo: tuple[Value, ...], failures: Sequence[Evidence], successes: Sequence[Evidence], words: str
+) -> Cause:
     def holds(e: Evidence) -> bool:
         return all(e.setting.get(name) == value and name in e.setting for name, value in combo)
 
     with_it = [e for e in (*failures, *successes) if holds(e)]
     without = [e for e in (*failures, *successes) if not holds(e)]
-    return Cause(combo, kind, max(e.number for e in (*failures, *successes)),
-                 sum(1 for e in with_it if e.outcomes[kind]), len(with_it),
-                 sum(1 for e in without if e.outcomes[kind]), len(without), words)
+    return Cause(
+        combo,
+        kind,
+        max(e.number for e in (*failures, *successes)),
+        sum(1 for e in with_it if e.outcomes[kind]),
+        len(with_it),
+        sum(1 for e in without if e.outcomes[kind]),
+        len(without),
+        words,
+    )
 
 
-def _probe(kind: str, tie: tuple[tuple[Value, ...], tuple[Value, ...]], failures: Sequence[Evidence],
-           successes: Sequence[Evidence], alternatives: Alternatives | None) -> Probe | None:
+def _probe(
+    kind: str,
+    tie: tuple[tuple[Value, ...], tuple[Value, ...]],
+    failures: Sequence[Evidence],
+    successes: Sequence[Evidence],
+    alternatives: Alternatives | None,
+) -> Probe | None:
     """The failure holding both suspects that is nearest a success (fewest differing parameters;
     the earliest of equals), with one value of the first suspect changed to that success's, or
     (a parameter the success lacks) to another of its values; None when neither can be had."""

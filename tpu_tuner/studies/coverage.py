@@ -33,8 +33,12 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
         if not t.state.is_finished():
             continue
         attrs = records.attrs(t)
-        if (records.REPEAT_OF not in attrs and records.OVER_BUDGET not in attrs
-                and attrs.get(records.FAILURE_KIND) != records.INTERRUPTED and not is_lost(t)):
+        if (
+            records.REPEAT_OF not in attrs
+            and records.OVER_BUDGET not in attrs
+            and attrs.get(records.FAILURE_KIND) != records.INTERRUPTED
+            and not is_lost(t)
+        ):
             covered[setting_key(t.params)] = t
     return covered
 
@@ -47,8 +51,13 @@ def measured_count(covered: dict[Any, optuna.trial.FrozenTrial]) -> int:
 
 def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
     """The trial measured last (not a repeat: a repeat measures nothing), by completion time."""
-    measured = [t for t in trials if t.datetime_complete is not None
-                and (attrs := records.attrs(t)).get(records.MEASURED) and records.REPEAT_OF not in attrs]
+    measured = [
+        t
+        for t in trials
+        if t.datetime_complete is not None
+        and (attrs := records.attrs(t)).get(records.MEASURED)
+        and records.REPEAT_OF not in attrs
+    ]
     return max(measured, key=lambda t: (t.datetime_complete, t.number)) if measured else None
 
 

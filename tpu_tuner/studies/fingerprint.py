@@ -56,8 +56,15 @@ def _version(package: str) -> str:
 DEFAULTS = {"nproc": 1, "nnodes": 1, "lengths": None}
 
 
-def fingerprint(model_file: str | Path, summary: WorkloadSummary, batch_size: int | None,
-                seq_len: int | None, nproc: int = 1, lengths: Any = None, nnodes: int = 1) -> dict[str, Any]:
+def fingerprint(
+    model_file: str | Path,
+    summary: WorkloadSummary,
+    batch_size: int | None,
+    seq_len: int | None,
+    nproc: int = 1,
+    lengths: Any = None,
+    nnodes: int = 1,
+) -> dict[str, Any]:
     """The fingerprint of a run of `model_file` (described by the worker's `summary`); with a
     length sample (`LengthHistogram`: the objective is then an expected step over it), its digest.
     `nproc` is the ranks a trial runs on; over `nnodes` hosts (recorded above one: the same ranks
@@ -100,11 +107,16 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if old == new:
             continue
         if key == "sha256":
-            found.append(f"{label} ({current.get('model_file')} sha256 {str(new)[:8]}.. vs {str(old)[:8]}.. recorded"
-                         f" for {recorded.get('model_file')})")
+            found.append(
+                f"{label} ({current.get('model_file')} sha256 {str(new)[:8]}.. vs {str(old)[:8]}.. recorded"
+                f" for {recorded.get('model_file')})"
+            )
         elif key == "versions" and isinstance(old, dict) and isinstance(new, dict):
-            changed = [f"{name} {new.get(name)} vs {old.get(name)}" for name in sorted(set(old) | set(new))
-                       if old.get(name) != new.get(name)]
+            changed = [
+                f"{name} {new.get(name)} vs {old.get(name)}"
+                for name in sorted(set(old) | set(new))
+                if old.get(name) != new.get(name)
+            ]
             found.append(f"{label} ({', '.join(changed)} recorded)")
         else:
             found.append(f"{label} ({_short(new)} vs {_short(old)} recorded)")

@@ -62,9 +62,11 @@ _READ = sqlalchemy.text(f"SELECT log FROM {JOURNAL_TABLE} WHERE log_number >= :f
 _APPEND = sqlalchemy.text(f"SELECT {JOURNAL_TABLE}_append(CAST(:logs AS TEXT[]))")
 _BEAT = sqlalchemy.text(
     f"INSERT INTO {HEARTBEAT_TABLE} (trial_id, beat) VALUES (:trial_id, now()) "
-    "ON CONFLICT (trial_id) DO UPDATE SET beat = excluded.beat")
+    "ON CONFLICT (trial_id) DO UPDATE SET beat = excluded.beat"
+)
 _STALE = sqlalchemy.text(
-    f"SELECT trial_id FROM {HEARTBEAT_TABLE} WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)")
+    f"SELECT trial_id FROM {HEARTBEAT_TABLE} WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)"
+)
 
 
 class PostgresJournal(BaseJournalBackend):
@@ -107,8 +109,14 @@ class JournalStudyStorage(JournalStorage):
     liveness check calls (studies/liveness.py). `url` is what it was opened with, as
     `RDBStorage.url`; `engine` is the connection pool: the caller disposes of it."""
 
-    def __init__(self, url: str, engine: sqlalchemy.engine.Engine, heartbeat_interval: int, grace_period: int,
-                 heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        engine: sqlalchemy.engine.Engine,
+        heartbeat_interval: int,
+        grace_period: int,
+        heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None,
+    ) -> None:
         self.url, self.engine = url, engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")  # no BEGIN, no COMMIT
         self.heartbeat_interval = heartbeat_interval
@@ -132,8 +140,10 @@ class JournalStudyStorage(JournalStorage):
     def stale_trial_ids(self, study_id: int) -> list[int]:
         """The study's RUNNING trials whose last beat is older than the grace period (a trial that
         never beat is not judged here: `liveness.RunningWatch` is)."""
-        running = [self.get_trial_id_from_study_id_trial_number(study_id, t.number)
-                   for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))]
+        running = [
+            self.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+        ]
         if not running:
             return []
         with self._autocommit.connect() as connection:
@@ -157,12 +167,15 @@ class JournalStudyStorage(JournalStorage):
         if not sqlalchemy.inspect(self.engine).has_table(RDB_STUDIES_TABLE):
             return
         with self.engine.connect() as connection:
-            found = connection.execute(sqlalchemy.text(f"SELECT 1 FROM {RDB_STUDIES_TABLE} WHERE study_name = :name"),
-                                       {"name": study_name}).first()
+            found = connection.execute(
+                sqlalchemy.text(f"SELECT 1 FROM {RDB_STUDIES_TABLE} WHERE study_name = :name"), {"name": study_name}
+            ).first()
         if found is not None:
             raise UserInputError(
                 f"study {study_name!r} in {self.engine.url.render_as_string(hide_password=True)} is in Optuna's "
                 "RDB tables (where tpu-tune kept server studies before its journal, docs/many-workers.md), which "
-                "this version does not read: finish it with the earlier version, or name another study")
+                "this version does not read: finish it with the earlier version, or name another study"
+            )
+
 
 __all__ = ["HEARTBEAT_TABLE", "JOURNAL_TABLE", "JournalStudyStorage", "PostgresJournal"]

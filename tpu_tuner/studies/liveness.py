@@ -80,16 +80,19 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
         return JournalStudyStorage(url, engine, interval_s, grace, RetryLostTrial())
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
-    engine_kwargs: dict[str, object] = (
-        {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
-    )
+    engine_kwargs: dict[str, object] = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=interval_s,
-                                     grace_period=grace, heartbeat_stale_trial_callback=RetryLostTrial())
+                storage = RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=interval_s,
+                    grace_period=grace,
+                    heartbeat_stale_trial_callback=RetryLostTrial(),
+                )
             break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             # Workers that start together on a new database race to create its tables ("table
@@ -123,14 +126,17 @@ def ping_when_idle(engine: sqlalchemy.engine.Engine) -> None:
     def checked_in(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
         record.info["idle_since"] = time.monotonic()
 
-    def checkout(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry,
-                 proxy: sqlalchemy.pool.PoolProxiedConnection) -> None:
+    def checkout(
+        dbapi_connection: object,
+        record: sqlalchemy.pool.ConnectionPoolEntry,
+        proxy: sqlalchemy.pool.PoolProxiedConnection,
+    ) -> None:
         idle_since = record.info.get("idle_since")
         if idle_since is None or time.monotonic() - idle_since <= PING_IDLE_S:
             return  # a new connection, or one in use a moment ago
         try:
             engine.dialect.do_ping(dbapi_connection)
-        except Exception as exc:  # noqa: BLE001 - the driver's error: the pool connects afresh
+        except Exception as exc:
             raise sqlalchemy.exc.DisconnectionError(f"idle connection lost: {type(exc).__name__}") from exc
 
     sqlalchemy.event.listen(engine.pool, "checkin", checked_in)
@@ -182,7 +188,7 @@ class Worker:
     poll_s: float = 2.0
 
     @classmethod
-    def this_process(cls, storage: StudyStorage | None) -> "Worker":
+    def this_process(cls, storage: StudyStorage | None) -> Worker:
         host = socket.gethostname()
         return cls(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}", host, storage)
 
@@ -201,13 +207,14 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         interval = self.storage.get_heartbeat_interval()
         if interval is None:
             return self
         self._beat()
-        self._thread = threading.Thread(target=self._run, args=(interval,), name=f"heartbeat-{self.trial_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(interval,), name=f"heartbeat-{self.trial_id}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -223,7 +230,7 @@ class Heartbeat:
     def _beat(self) -> None:
         try:
             self.storage.record_heartbeat(self.trial_id)
-        except Exception as exc:  # noqa: BLE001 - a lost connection: the next beat tries again
+        except Exception as exc:
             log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
 
 
@@ -251,7 +258,9 @@ class RunningWatch:
         return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
 
 
-def fail_lost_trials(study: optuna.Study, storage: StudyStorage, watch: RunningWatch | None = None) -> list[FrozenTrial]:
+def fail_lost_trials(
+    study: optuna.Study, storage: StudyStorage, watch: RunningWatch | None = None
+) -> list[FrozenTrial]:
     """Fail the study's RUNNING trials whose worker is gone, and queue their settings again: those
     with a stale heartbeat (Optuna's `fail_stale_trials` on an `RDBStorage`, the journal's
     `stale_trial_ids`), and with `watch`, those this worker has seen running for longer than any
@@ -306,7 +315,7 @@ def _stale_check_due(study: optuna.Study, storage: StudyStorage) -> bool:
     return True
 
 
-_stale_checked: "weakref.WeakKeyDictionary[optuna.Study, float]" = weakref.WeakKeyDictionary()
+_stale_checked: weakref.WeakKeyDictionary[optuna.Study, float] = weakref.WeakKeyDictionary()
 
 
 def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
@@ -325,8 +334,9 @@ def trial_id_of(storage: optuna.storages.BaseStorage, study: optuna.Study, numbe
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
-_study_ids: "weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, int]]" = (
-    weakref.WeakKeyDictionary())
+_study_ids: weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def is_lost(trial: FrozenTrial) -> bool:
@@ -336,6 +346,18 @@ def is_lost(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and records.FAILURE_KIND not in records.attrs(trial)
 
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "Heartbeat", "Worker", "RetryLostTrial", "RunningWatch", "default_grace_period",
-           "StudyStorage", "fail_lost_trials", "is_lost", "open_storage", "read_storage", "set_liveness",
-           "trial_id_of"]
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "Heartbeat",
+    "Worker",
+    "RetryLostTrial",
+    "RunningWatch",
+    "default_grace_period",
+    "StudyStorage",
+    "fail_lost_trials",
+    "is_lost",
+    "open_storage",
+    "read_storage",
+    "set_liveness",
+    "trial_id_of",
+]

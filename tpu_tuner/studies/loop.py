@@ -149,8 +149,9 @@ class Feature(ABC):
         return None
 
 
-def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker,
-             watch: RunningWatch | None = None) -> LoopEnd:
+def run_loop(
+    study: optuna.Study, feature: Feature, rules: Rules, worker: Worker, watch: RunningWatch | None = None
+) -> LoopEnd:
     """Ask, settle and evaluate trials until `rules` stop the loop; returns why.
 
     `worker.storage` (None: a study in memory) keeps the trials' heartbeats; `watch` also fails
@@ -190,8 +191,9 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
         with ExitStack() as beats:
             batch: list[Claim] = []
             while len(batch) < min(rules.batch, rules.budget - spent):
-                if ((rules.max_idle_asks is not None and idle >= rules.max_idle_asks)
-                        or (rules.max_asks is not None and asked >= rules.max_asks)):
+                if (rules.max_idle_asks is not None and idle >= rules.max_idle_asks) or (
+                    rules.max_asks is not None and asked >= rules.max_asks
+                ):
                     break
                 if rules.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     break
@@ -208,8 +210,10 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                         raise
                     # Its setting's writes were refused: beats stopped for a grace period
                     # after the ask (a suspended host) and another worker failed it as lost.
-                    log.warning("trial %d was failed as lost by another worker before it was evaluated here; "
-                                "asking again", trial.number)
+                    log.warning(
+                        "trial %d was failed as lost by another worker before it was evaluated here; asking again",
+                        trial.number,
+                    )
                     outcome = "lost"
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
@@ -236,8 +240,10 @@ def run_loop(study: optuna.Study, feature: Feature, rules: Rules, worker: Worker
                         raise
                     # Beats stopped for a whole grace period (a suspended host) and another worker
                     # failed this trial as lost and queued its setting again: its result is dropped.
-                    log.warning("trial %d was failed as lost by another worker while it ran here; its result is "
-                                "dropped", claim.trial.number)
+                    log.warning(
+                        "trial %d was failed as lost by another worker while it ran here; its result is dropped",
+                        claim.trial.number,
+                    )
 
 
 def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:
@@ -256,7 +262,9 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
         return feature.ask(study)
 
 
-def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]) -> Claim | str:
+def _settle(
+    study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]
+) -> Claim | str:
     """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
 
     The trial's setting and claim are in the storage when it is begun (other workers see them
@@ -275,8 +283,11 @@ def _settle(study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.T
     if earlier is not None and earlier.number != trial.number:
         feature.tell_repeat(trial, earlier)
         return "repeat"
-    running_before = [t for t in trials if t.state == TrialState.RUNNING and t.number < trial.number
-                      and feature.holds_claim(t) is not False]
+    running_before = [
+        t
+        for t in trials
+        if t.state == TrialState.RUNNING and t.number < trial.number and feature.holds_claim(t) is not False
+    ]
     elsewhere = next((t for t in running_before if feature.key_of(t) == key), None)
     if elsewhere is not None:
         feature.tell_in_flight(trial, elsewhere)

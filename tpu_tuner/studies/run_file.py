@@ -42,8 +42,13 @@ def update(run_dir: Path, **fields: Any) -> None:
 
 def this_process() -> dict[str, Any]:
     """The fields that say which process is running the run now."""
-    return {"status": "running", "pid": os.getpid(), "host": socket.gethostname(), "reason": None,
-            "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        "status": "running",
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "reason": None,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def mark_failed(run_dir: Path, exc: BaseException) -> None:

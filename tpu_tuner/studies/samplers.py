@@ -19,9 +19,16 @@ from optuna.trial import FrozenTrial, TrialState
 SAMPLERS = ("tpe", "random", "grid")
 
 
-def build_sampler(kind: str, seed: int, *, startup_trials: int = 4, group: bool = False,
-                  constant_liar: bool = False, settings: Sequence[Mapping[str, Any]] | None = None,
-                  grid: Mapping[str, Sequence[Any]] | None = None) -> optuna.samplers.BaseSampler:
+def build_sampler(
+    kind: str,
+    seed: int,
+    *,
+    startup_trials: int = 4,
+    group: bool = False,
+    constant_liar: bool = False,
+    settings: Sequence[Mapping[str, Any]] | None = None,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+) -> optuna.samplers.BaseSampler:
     """The sampler `kind` names, seeded.
 
     * "tpe": multivariate TPE (the knobs or axes interact), with `startup_trials` random trials
@@ -43,8 +50,9 @@ def build_sampler(kind: str, seed: int, *, startup_trials: int = 4, group: bool 
         raise ValueError(f"unknown sampler {kind!r} (known: {', '.join(SAMPLERS)})")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
-                                          group=group, constant_liar=constant_liar)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup_trials, multivariate=True, group=group, constant_liar=constant_liar
+        )
 
 
 def _key(setting: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -63,8 +71,9 @@ class SettingsGrid(optuna.samplers.BaseSampler):
     The loop stops on its own, so the grid never calls `study.stop()`.
     """
 
-    def __init__(self, settings: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[Any]],
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, settings: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[Any]], seed: int | None = None
+    ) -> None:
         self._rng = np.random.RandomState(seed or 0)
         # The order GridSampler gives a seed: its generator shuffles the product of `grid` first
         # (so a seed walks the settings in the order it did before this class replaced it).
@@ -76,12 +85,14 @@ class SettingsGrid(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return {}
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         return {}
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         setting = self._chosen.get(trial.number)
         if setting is None:
             setting = self._chosen[trial.number] = self._pick(study, trial)
@@ -91,8 +102,9 @@ class SettingsGrid(optuna.samplers.BaseSampler):
         seed = int(self._rng.randint(2**31))
         return optuna.samplers.RandomSampler(seed=seed).sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self._chosen.pop(trial.number, None)
 
     def _pick(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
@@ -131,8 +143,9 @@ class ExcludingSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self.base.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
         for _ in range(self.REDRAWS):
             if not proposal or not self.excluded({**trial.params, **proposal}):
@@ -140,8 +153,9 @@ class ExcludingSampler(optuna.samplers.BaseSampler):
             proposal = self.base.sample_relative(study, trial, search_space)
         return proposal
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         value = self.base.sample_independent(study, trial, param_name, param_distribution)
         for _ in range(self.REDRAWS):
             if not self.excluded({**trial.params, param_name: value}):
@@ -152,8 +166,9 @@ class ExcludingSampler(optuna.samplers.BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.base.before_trial(study, trial)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self.base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

@@ -57,13 +57,15 @@ def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNE
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:
-        raise UserInputError(f"--storage {shown!r} is not a database URL "
-                             "(e.g. sqlite:///study.db or postgresql://user@host/db)") from exc
+        raise UserInputError(
+            f"--storage {shown!r} is not a database URL (e.g. sqlite:///study.db or postgresql://user@host/db)"
+        ) from exc
     try:
         dialect = parsed.get_dialect()
     except NoSuchModuleError as exc:
-        raise UserInputError(f"--storage {shown!r}: unknown database kind {parsed.drivername!r} "
-                             "(sqlite, postgresql, mysql, ...)") from exc
+        raise UserInputError(
+            f"--storage {shown!r}: unknown database kind {parsed.drivername!r} (sqlite, postgresql, mysql, ...)"
+        ) from exc
     try:
         dialect.import_dbapi()
     except ImportError as exc:
@@ -74,8 +76,10 @@ def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNE
             hint = 'pip install psycopg2-binary, or pip install -e ".[postgres]" and write postgresql+psycopg://'
         else:
             hint = f"install the Python package {exc.name or 'of its driver'}"
-        raise UserInputError(f"--storage {shown!r}: its database driver is not installed "
-                             f"({type(exc).__name__}: {redact(str(exc))}); {hint}") from exc
+        raise UserInputError(
+            f"--storage {shown!r}: its database driver is not installed "
+            f"({type(exc).__name__}: {redact(str(exc))}); {hint}"
+        ) from exc
     if parsed.get_backend_name() == "sqlite":
         _check_sqlite(parsed.database, shown)
     elif connect:
@@ -99,11 +103,18 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
-    except Exception as exc:  # noqa: BLE001 - any driver error: say it, without the password
+    except Exception as exc:
         first = redact(str(exc)).strip().splitlines()[0] if str(exc).strip() else ""
         raise UserInputError(f"cannot connect to the study storage {shown!r}: {type(exc).__name__}: {first}") from exc
     finally:
         engine.dispose()
 
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "STORAGE_ENV", "check_storage", "keeps_journal", "shared_sqlite", "storage_from_environment"]
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "STORAGE_ENV",
+    "check_storage",
+    "keeps_journal",
+    "shared_sqlite",
+    "storage_from_environment",
+]

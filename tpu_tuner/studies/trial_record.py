@@ -29,7 +29,7 @@ class TrialRecord:
     written at the ask is kept when the result is written over it.
     """
 
-    _live: "weakref.WeakKeyDictionary[optuna.Trial, TrialRecord]" = weakref.WeakKeyDictionary()
+    _live: weakref.WeakKeyDictionary[optuna.Trial, TrialRecord] = weakref.WeakKeyDictionary()
 
     def __init__(self, trial: optuna.Trial) -> None:
         self.trial = trial
@@ -37,7 +37,7 @@ class TrialRecord:
         self._dirty = False
 
     @classmethod
-    def of(cls, trial: optuna.Trial) -> "TrialRecord":
+    def of(cls, trial: optuna.Trial) -> TrialRecord:
         """The record of `trial` in this process (made empty on first use)."""
         record = cls._live.get(trial)
         if record is None:
@@ -73,8 +73,9 @@ class TrialRecord:
         self.flush()
 
 
-def write_stored(storage: optuna.storages.BaseStorage, trial_id: int, trial: FrozenTrial,
-                 values: Mapping[str, Any]) -> None:
+def write_stored(
+    storage: optuna.storages.BaseStorage, trial_id: int, trial: FrozenTrial, values: Mapping[str, Any]
+) -> None:
     """Add `values` to the record of a stored trial that no `optuna.Trial` of this process holds
     (one another run left RUNNING), in one storage call: its structured record, if it has one,
     keeps its keys."""

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.result import TuningResult
     from tpu_tuner.tuning.progress import Progress
+    from tpu_tuner.tuning.result import TuningResult
 
 _WHERE = {"TuneOptions": "options", "TuningResult": "result", "Progress": "progress"}
 

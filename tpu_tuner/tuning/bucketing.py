@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_tuner.model.bucket_choice import Evaluation, evaluate, optimal_buckets
 from tpu_tuner.model.bucket_cost import CostModel
 from tpu_tuner.model.lengths import LengthHistogram
-from tpu_tuner.model.bucket_choice import Evaluation, evaluate, optimal_buckets
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ class Budget:
     def describe(self) -> str:
         if not self.automatic:
             return f"budget {self.trials} measured settings (--trials), of {self.measurable} the agents would measure"
-        return (f"budget {self.trials} measured settings: {BUDGET_SHARE:.0%} of the {self.measurable} the agents "
-                f"would measure, within {MIN_TRIALS}-{MAX_TRIALS} (--trials sets it)")
+        return (
+            f"budget {self.trials} measured settings: {BUDGET_SHARE:.0%} of the {self.measurable} the agents "
+            f"would measure, within {MIN_TRIALS}-{MAX_TRIALS} (--trials sets it)"
+        )
 
 
 def measurable_settings(space: SearchSpace, agents: list[Agent]) -> int:

@@ -106,7 +106,7 @@ def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_kn
     if not measured:
         return 0.0
     baseline = min(measured, key=lambda pair: pair[0].number)[1]
-    leaders = [s for _, s in measured[:max(1, plan.race_top)]]
+    leaders = [s for _, s in measured[: max(1, plan.race_top)]]
     best = leaders[0]
     race = 0.0
     if plan.race_top > 1:
@@ -114,13 +114,22 @@ def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_kn
         race = sum(s.build_s() for s in raced) + plan.race_rounds * sum(s.step_s for s in raced)
     ablated = [best] * differing_knobs if plan.ablations else []
     verified = [baseline, best, *ablated]
-    verify = (baseline.build_s() + best.build_s() + sum(s.build_s(cached=False) for s in ablated)
-              + plan.verify_rounds * sum(s.step_s for s in verified))
+    verify = (
+        baseline.build_s()
+        + best.build_s()
+        + sum(s.build_s(cached=False) for s in ablated)
+        + plan.verify_rounds * sum(s.step_s for s in verified)
+    )
     return race + verify
 
 
-def plan_finish(trials: Sequence[FrozenTrial], race_top: int, verify_rounds: int, seconds_left: float | None,
-                differing_knobs: int = 3) -> FinishPlan:
+def plan_finish(
+    trials: Sequence[FrozenTrial],
+    race_top: int,
+    verify_rounds: int,
+    seconds_left: float | None,
+    differing_knobs: int = 3,
+) -> FinishPlan:
     """The fullest finish that fits `seconds_left` (the whole one without a budget)."""
     full = FinishPlan(race_top, max(4, verify_rounds // 2), verify_rounds, True, 0.0)
     fewest = min(MIN_VERIFY_ROUNDS, verify_rounds)
@@ -140,8 +149,11 @@ def plan_finish(trials: Sequence[FrozenTrial], race_top: int, verify_rounds: int
 
 def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
     """What the next trial is expected to take: the median wall time of the measured ones."""
-    walls = [float(attrs[records.TRIAL_WALL_S]) for attrs in map(records.attrs, trials)
-             if records.TRIAL_WALL_S in attrs and records.REPEAT_OF not in attrs]
+    walls = [
+        float(attrs[records.TRIAL_WALL_S])
+        for attrs in map(records.attrs, trials)
+        if records.TRIAL_WALL_S in attrs and records.REPEAT_OF not in attrs
+    ]
     return statistics.median(walls) if walls else 0.0
 
 
@@ -156,4 +168,12 @@ def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     return left - next_trial_seconds(trials) > reserved.seconds
 
 
-__all__ = ["MIN_VERIFY_ROUNDS", "Clock", "FinishPlan", "finish_seconds", "next_trial_seconds", "plan_finish", "search_may_go_on"]
+__all__ = [
+    "MIN_VERIFY_ROUNDS",
+    "Clock",
+    "FinishPlan",
+    "finish_seconds",
+    "next_trial_seconds",
+    "plan_finish",
+    "search_may_go_on",
+]

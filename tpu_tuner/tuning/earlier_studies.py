@@ -81,8 +81,9 @@ class EarlierStudy:
 # --- earlier studies in the storage --------------------------------------------------------------
 
 
-def storage_studies(storage: str | None, exclude_study: str | None,
-                     storages: dict[str, StudyStorage]) -> list[EarlierStudy]:
+def storage_studies(
+    storage: str | None, exclude_study: str | None, storages: dict[str, StudyStorage]
+) -> list[EarlierStudy]:
     if not storage:
         return []
     bare = without_password(storage)
@@ -91,9 +92,8 @@ def storage_studies(storage: str | None, exclude_study: str | None,
     try:
         rdb = storages[storage] = read_storage(storage)
         summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
-    except Exception as exc:  # noqa: BLE001 - no earlier studies to offer, not an error
-        log.debug("warm start: cannot list the studies of %s: %s", redact(bare),
-                  redact(f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:
+        log.debug("warm start: cannot list the studies of %s: %s", redact(bare), redact(f"{type(exc).__name__}: {exc}"))
         return []
     found = []
     for summary in summaries:
@@ -106,10 +106,17 @@ def storage_studies(storage: str | None, exclude_study: str | None,
             log.debug("warm start: study %r: unreadable %s attr (%s)", summary.study_name, STUDY_ATTR, exc)
             continue
         name = summary.study_name
-        found.append(EarlierStudy(
-            source=redact(f"study '{name}' in {bare}"), key=(bare, name), features=features,
-            started=summary.datetime_start.isoformat() if summary.datetime_start else "", url=storage, name=name,
-            verified=_verified_attr(summary.user_attrs.get(VERIFICATION_ATTR))))
+        found.append(
+            EarlierStudy(
+                source=redact(f"study '{name}' in {bare}"),
+                key=(bare, name),
+                features=features,
+                started=summary.datetime_start.isoformat() if summary.datetime_start else "",
+                url=storage,
+                name=name,
+                verified=_verified_attr(summary.user_attrs.get(VERIFICATION_ATTR)),
+            )
+        )
     return found
 
 
@@ -121,8 +128,11 @@ def _verified_attr(data: Any) -> Verified | None:
     if isinstance(speedup, Mapping):
         speedup = speedup.get("speedup")
     try:
-        return Verified(speedup=optional(float, speedup), best_trial=optional(int, data.get("best_trial")),
-                         baseline_trial=optional(int, data.get("baseline_trial")))
+        return Verified(
+            speedup=optional(float, speedup),
+            best_trial=optional(int, data.get("best_trial")),
+            baseline_trial=optional(int, data.get("baseline_trial")),
+        )
     except (TypeError, ValueError):
         return None
 
@@ -167,9 +177,15 @@ def _folder_study(folder: Path, shared: str | None, exclude_study: str | None) -
         return None
     fingerprint = state.get("fingerprint") or {}
     features = features_of_json(json.loads((folder / run_folder.PROFILE_JSON).read_text()), fingerprint)
-    return EarlierStudy(source=f"run {folder}", key=(without_password(stored), name), features=features,
-                    started=str(state.get("started") or ""), url=f"sqlite:///{path.resolve()}", name=name,
-                    verified=_folder_verification(folder))
+    return EarlierStudy(
+        source=f"run {folder}",
+        key=(without_password(stored), name),
+        features=features,
+        started=str(state.get("started") or ""),
+        url=f"sqlite:///{path.resolve()}",
+        name=name,
+        verified=_folder_verification(folder),
+    )
 
 
 def _folder_verification(folder: Path) -> Verified | None:
@@ -178,8 +194,11 @@ def _folder_verification(folder: Path) -> Verified | None:
         record = json.loads((folder / run_folder.RESULT_JSON).read_text())
         v = record["verification"]
         speedup = v.get("speedup")
-        return Verified(speedup=optional(float, speedup.get("speedup") if isinstance(speedup, Mapping) else speedup),
-                         best_trial=optional(int, v.get("best_trial")), baseline_trial=optional(int, v.get("baseline_trial")))
+        return Verified(
+            speedup=optional(float, speedup.get("speedup") if isinstance(speedup, Mapping) else speedup),
+            best_trial=optional(int, v.get("best_trial")),
+            baseline_trial=optional(int, v.get("baseline_trial")),
+        )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     try:
@@ -187,7 +206,9 @@ def _folder_verification(folder: Path) -> Verified | None:
         v = config["provenance"]["verification"]
         if not v.get("significant"):
             return None  # the config is the baseline: it does not say which setting was verified
-        return Verified(speedup=optional(float, v.get("speedup")), candidate=Candidate.from_dict(config.get("settings", {})))
+        return Verified(
+            speedup=optional(float, v.get("speedup")), candidate=Candidate.from_dict(config.get("settings", {}))
+        )
     except (OSError, ValueError, TypeError, KeyError, AttributeError, tomllib.TOMLDecodeError):
         return None
 

@@ -70,8 +70,9 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
                 outcomes[FailureKind.ACCURACY] = float(error) > tolerance
             if not early:  # a stopped trial's peak memory was not measured
                 outcomes[FailureKind.MEMORY] = kind == FailureKind.MEMORY
-        evidence.append(Evidence(trial.number, dict(trial.params), outcomes,
-                                 str(attrs.get(records.FAILURE_MESSAGE, ""))))
+        evidence.append(
+            Evidence(trial.number, dict(trial.params), outcomes, str(attrs.get(records.FAILURE_MESSAGE, "")))
+        )
     return evidence
 
 
@@ -83,10 +84,13 @@ def describe_kind(kind: str, messages: Sequence[str]) -> str:
     if kind == FailureKind.ERROR:
         firsts = {m.splitlines()[0][:80] if m else "" for m in messages}
         return f"the step failed ({firsts.pop()})" if len(firsts) == 1 and "" not in firsts else "the step failed"
-    return {FailureKind.OOM: "the worker ran out of memory", FailureKind.TIMEOUT: "the trial timed out",
-            COMPILE_COST: "the compile could not pay back within the planned steps (cut off)",
-            FailureKind.ACCURACY: "the accuracy check failed",
-            FailureKind.MEMORY: "the peak memory went over the limit"}.get(kind, kind)
+    return {
+        FailureKind.OOM: "the worker ran out of memory",
+        FailureKind.TIMEOUT: "the trial timed out",
+        COMPILE_COST: "the compile could not pay back within the planned steps (cut off)",
+        FailureKind.ACCURACY: "the accuracy check failed",
+        FailureKind.MEMORY: "the peak memory went over the limit",
+    }.get(kind, kind)
 
 
 class FailureLearning:
@@ -145,15 +149,25 @@ class FailureLearning:
                 queued[probe_for.get("kind", "")] = queued.get(probe_for.get("kind", ""), 0) + 1
         for probe in probes:
             setting = self.space.complete(probe.setting)
-            if (queued.get(probe.kind, 0) >= PROBES_PER_KIND or setting_key(setting) in held
-                    or self.excluded_by(setting) is not None):
+            if (
+                queued.get(probe.kind, 0) >= PROBES_PER_KIND
+                or setting_key(setting) in held
+                or self.excluded_by(setting) is not None
+            ):
                 continue
             dropped = ", ".join(label(n, v) for n, v in probe.dropped)
             kept = ", ".join(label(n, v) for n, v in probe.kept)
-            study.enqueue_trial(setting, user_attrs={records.PROBE_FOR: {
-                "kind": probe.kind, "trial": probe.failing_trial,
-                "question": f"does trial {probe.failing_trial}'s failure ({probe.kind}) need {dropped}, or is {kept} "
-                            "enough?"}})
+            study.enqueue_trial(
+                setting,
+                user_attrs={
+                    records.PROBE_FOR: {
+                        "kind": probe.kind,
+                        "trial": probe.failing_trial,
+                        "question": f"does trial {probe.failing_trial}'s failure ({probe.kind}) need {dropped}, or is {kept} "
+                        "enough?",
+                    }
+                },
+            )
             held.add(setting_key(setting))
             queued[probe.kind] = queued.get(probe.kind, 0) + 1
             log.info("probe queued: trial %d's setting without %s", probe.failing_trial, dropped)

@@ -15,8 +15,9 @@ from tpu_tuner.tuning.options import RunnerOptions
 VerifyProgress = Callable[[int, int, float], None]
 
 
-def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], rounds: int, trial: RunnerOptions,
-                        progress: VerifyProgress | None) -> tuple[list[list[float]], dict[str, int]] | str:
+def compare_interleaved(
+    runner: Runner, candidates: list[dict[str, Any]], rounds: int, trial: RunnerOptions, progress: VerifyProgress | None
+) -> tuple[list[list[float]], dict[str, int]] | str:
     """`rounds` interleaved rounds, one job a round on the same warm worker (the worker keeps the
     built steps between them), so that a comparison of minutes reports its progress; all rounds in
     one job where each job starts fresh processes (trials on N ranks). `trial`: the sizes, warm-up
@@ -28,10 +29,16 @@ def compare_interleaved(runner: Runner, candidates: list[dict[str, Any]], rounds
     for first in range(0, rounds, per_job):
         done = first + per_job - 1
         outcome = runner.run(
-            CompareRequest(candidates=candidates, rounds=per_job, first_round=first, last=done == rounds - 1,
-                           batch_size=trial.batch_size, seq_len=trial.seq_len,
-                           warmup_min_steps=trial.trial_settings.warmup_min_steps,
-                           warmup_max_steps=trial.trial_settings.warmup_max_steps),
+            CompareRequest(
+                candidates=candidates,
+                rounds=per_job,
+                first_round=first,
+                last=done == rounds - 1,
+                batch_size=trial.batch_size,
+                seq_len=trial.seq_len,
+                warmup_min_steps=trial.trial_settings.warmup_min_steps,
+                warmup_max_steps=trial.trial_settings.warmup_max_steps,
+            ),
             # The first round builds and warms up every candidate.
             timeout_s=trial.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
         )

@@ -146,8 +146,13 @@ class OutputOptions:
     out: Path = Path(RESULTS_DIR)
 
 
-SECTIONS: dict[str, type] = {"search": SearchOptions, "objective": ObjectiveOptions, "runner": RunnerOptions,
-                             "store": StoreOptions, "outputs": OutputOptions}
+SECTIONS: dict[str, type] = {
+    "search": SearchOptions,
+    "objective": ObjectiveOptions,
+    "runner": RunnerOptions,
+    "store": StoreOptions,
+    "outputs": OutputOptions,
+}
 
 
 def _keyword(f: dataclasses.Field) -> str:
@@ -155,8 +160,9 @@ def _keyword(f: dataclasses.Field) -> str:
 
 
 # Flat keyword -> (section, field): the constructor's keywords and the stored form's keys.
-KEYWORDS: dict[str, tuple[str, str]] = {_keyword(f): (section, f.name)
-                                        for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+KEYWORDS: dict[str, tuple[str, str]] = {
+    _keyword(f): (section, f.name) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+}
 # A section named like a keyword would make `TuneOptions(storage=...)` ambiguous.
 assert not set(SECTIONS) & set(KEYWORDS), set(SECTIONS) & set(KEYWORDS)
 
@@ -175,19 +181,28 @@ class TuneOptions:
     store: StoreOptions
     outputs: OutputOptions
 
-    def __init__(self, search: SearchOptions | None = None, objective: ObjectiveOptions | None = None,
-                 runner: RunnerOptions | None = None, store: StoreOptions | None = None,
-                 outputs: OutputOptions | None = None, **keywords: Any) -> None:
+    def __init__(
+        self,
+        search: SearchOptions | None = None,
+        objective: ObjectiveOptions | None = None,
+        runner: RunnerOptions | None = None,
+        store: StoreOptions | None = None,
+        outputs: OutputOptions | None = None,
+        **keywords: Any,
+    ) -> None:
         unknown = sorted(set(keywords) - set(KEYWORDS))
         if unknown:
             raise TypeError(f"TuneOptions() got unexpected keyword argument(s): {', '.join(unknown)}")
         given = {"search": search, "objective": objective, "runner": runner, "store": store, "outputs": outputs}
         for section, cls in SECTIONS.items():
-            changes = {name: keywords[key] for key, (where, name) in KEYWORDS.items()
-                       if where == section and key in keywords}
+            changes = {
+                name: keywords[key] for key, (where, name) in KEYWORDS.items() if where == section and key in keywords
+            }
             base = given[section]
             # Frozen: set once here, as the generated __init__ of a frozen dataclass does.
-            object.__setattr__(self, section, dataclasses.replace(base, **changes) if base is not None else cls(**changes))
+            object.__setattr__(
+                self, section, dataclasses.replace(base, **changes) if base is not None else cls(**changes)
+            )
 
     def __getattr__(self, name: str) -> Any:
         """A flat read (``options.trials``) of the field its keyword names, so code written before
@@ -233,10 +248,15 @@ class TuneOptions:
         search, objective, runner, store = self.search, self.objective, self.runner, self.store
         if search.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {search.sampler!r}; choose {', '.join(SAMPLERS)}")
-        for name, value in (("trials", search.trials), ("planned_steps", objective.planned_steps),
-                            ("verify_rounds", objective.verify_rounds), ("max_buckets", objective.max_buckets),
-                            ("bucket_align", objective.bucket_align), ("nproc", runner.nproc),
-                            ("nnodes", runner.nnodes)):
+        for name, value in (
+            ("trials", search.trials),
+            ("planned_steps", objective.planned_steps),
+            ("verify_rounds", objective.verify_rounds),
+            ("max_buckets", objective.max_buckets),
+            ("bucket_align", objective.bucket_align),
+            ("nproc", runner.nproc),
+            ("nnodes", runner.nnodes),
+        ):
             if value is not None and value < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
         if runner.nproc > MAX_NPROC:
@@ -248,8 +268,11 @@ class TuneOptions:
             raise UserInputError("--verify-rounds must be at least 2")
         if not objective.tolerance > 0:
             raise UserInputError("--tolerance must be positive")
-        for flag, value in (("--timeout", search.timeout_s), ("--trial-timeout", runner.trial_timeout_s),
-                            ("--time-budget", search.time_budget_s)):
+        for flag, value in (
+            ("--timeout", search.timeout_s),
+            ("--trial-timeout", runner.trial_timeout_s),
+            ("--time-budget", search.time_budget_s),
+        ):
             if value is not None and not value > 0:
                 raise UserInputError(f"{flag} must be positive, not {value:g}")
         if store.study is not None and not store.study.strip():
@@ -259,8 +282,10 @@ class TuneOptions:
         if store.heartbeat_interval_s < 1:
             raise UserInputError(f"--heartbeat-interval must be at least 1 s, not {store.heartbeat_interval_s}")
         if store.grace_period_s is not None and store.grace_period_s <= store.heartbeat_interval_s:
-            raise UserInputError(f"--grace-period ({store.grace_period_s} s) must be longer than the heartbeat "
-                                 f"interval ({store.heartbeat_interval_s} s)")
+            raise UserInputError(
+                f"--grace-period ({store.grace_period_s} s) must be longer than the heartbeat "
+                f"interval ({store.heartbeat_interval_s} s)"
+            )
         if objective.memory_limit_bytes is not None and objective.memory_limit_bytes <= 0:
             raise UserInputError("--trial-memory-gb must be positive")
         for flag, value in (("--batch-size", runner.batch_size), ("--seq-len", runner.seq_len)):
@@ -301,21 +326,29 @@ def _validate_hosts(runner: RunnerOptions, store: StoreOptions) -> None:
     from tpu_tuner.core.errors import UserInputError
 
     if runner.nnodes == 1:
-        given = [flag for flag, value in (("--rdzv", runner.rdzv), ("--node-rank", runner.node_rank)) if value is not None]
+        given = [
+            flag for flag, value in (("--rdzv", runner.rdzv), ("--node-rank", runner.node_rank)) if value is not None
+        ]
         if given:
             raise UserInputError(f"{' and '.join(given)} join hosts into one run: give --nnodes M (M > 1) too")
         return
     if not runner.rdzv:
-        raise UserInputError(f"--nnodes {runner.nnodes}: give --rdzv HOST:PORT, the rendezvous every host joins "
-                             "(a port on the first host's address)")
+        raise UserInputError(
+            f"--nnodes {runner.nnodes}: give --rdzv HOST:PORT, the rendezvous every host joins "
+            "(a port on the first host's address)"
+        )
     host, _, port = runner.rdzv.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserInputError(f"--rdzv {runner.rdzv!r}: expected HOST:PORT, e.g. head-host:29400")
     if store.study is None:
-        raise UserInputError(f"--nnodes {runner.nnodes}: give --study NAME (with --storage): the hosts meet under "
-                             "the study's name, and relaunching the same commands resumes it")
+        raise UserInputError(
+            f"--nnodes {runner.nnodes}: give --study NAME (with --storage): the hosts meet under "
+            "the study's name, and relaunching the same commands resumes it"
+        )
     if runner.node_rank is not None and not 0 <= runner.node_rank < runner.nnodes:
-        raise UserInputError(f"--node-rank {runner.node_rank}: expected 0 to {runner.nnodes - 1} (--nnodes {runner.nnodes})")
+        raise UserInputError(
+            f"--node-rank {runner.node_rank}: expected 0 to {runner.nnodes - 1} (--nnodes {runner.nnodes})"
+        )
     if not runner.rdzv_timeout_s > 0:
         raise UserInputError(f"--rdzv-timeout must be positive, not {runner.rdzv_timeout_s:g}")
     if runner.max_restarts < 0:
@@ -351,5 +384,17 @@ def _check_agents(agents: tuple[str, ...]) -> None:
         load_tuning_agent_definition(agent)
 
 
-__all__ = ["KEYWORDS", "MAX_NPROC", "RDZV_TIMEOUT_S", "SAMPLERS", "SECTIONS", "ObjectiveOptions", "OutputOptions", "RunnerOptions",
-           "SearchOptions", "StoreOptions", "TuneOptions", "default_trial_settings"]
+__all__ = [
+    "KEYWORDS",
+    "MAX_NPROC",
+    "RDZV_TIMEOUT_S",
+    "SAMPLERS",
+    "SECTIONS",
+    "ObjectiveOptions",
+    "OutputOptions",
+    "RunnerOptions",
+    "SearchOptions",
+    "StoreOptions",
+    "TuneOptions",
+    "default_trial_settings",
+]

@@ -19,10 +19,10 @@ import optuna
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.interleaved import compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
 
 # How many of the search's leaders are raced, and how far behind the best one may be: beyond
 # 15% one measurement's noise on this kind of machine does not reverse the order. Five: on
@@ -45,9 +45,14 @@ class RaceEntry:
 
 def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna.trial.FrozenTrial]:
     """The feasible, measured, non-baseline settings worth racing, fastest first."""
-    feasible = [t for t in study.get_trials(deepcopy=False)
-                if trial_attrs.is_feasible(t) and trial_attrs.measurement_of(t) is not None
-                and records.REPEAT_OF not in records.attrs(t) and t.params != baseline_params]
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if trial_attrs.is_feasible(t)
+        and trial_attrs.measurement_of(t) is not None
+        and records.REPEAT_OF not in records.attrs(t)
+        and t.params != baseline_params
+    ]
     feasible.sort(key=lambda t: t.value)
     if not feasible or any(records.BUCKETS in records.attrs(t) for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
@@ -57,9 +62,14 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
     return [t for t in feasible[:RACE_TOP] if t.value <= feasible[0].value * RACE_WITHIN]
 
 
-def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions,
-         contenders: list[optuna.trial.FrozenTrial],
-         rounds: int | None = None) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
+def race(
+    study: optuna.Study,
+    space: SearchSpace,
+    runner: Runner,
+    options: TuneOptions,
+    contenders: list[optuna.trial.FrozenTrial],
+    rounds: int | None = None,
+) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
     """Race `contenders` (fastest first by the search) against the baseline, interleaved, for
     `rounds` rounds (default: half the verification's, at least 4);
     returns the winner and every entry, or why the race failed (the caller keeps the search's
@@ -76,13 +86,15 @@ def race(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneO
         measured = trial_attrs.measurement_of(trial)
         compile_share = measured.compile_seconds / options.objective.planned_steps if measured is not None else 0.0
         median = sorted(times)[len(times) // 2]
-        entries.append(RaceEntry(
-            trial=trial.number,
-            label=space.to_candidate(dict(trial.params)).describe(),
-            search_amortised_s=float(trial.value),
-            interleaved_amortised_s=median + compile_share,
-            speedup_over_baseline=paired_speedup(samples[0], times).speedup,
-        ))
+        entries.append(
+            RaceEntry(
+                trial=trial.number,
+                label=space.to_candidate(dict(trial.params)).describe(),
+                search_amortised_s=float(trial.value),
+                interleaved_amortised_s=median + compile_share,
+                speedup_over_baseline=paired_speedup(samples[0], times).speedup,
+            )
+        )
     best = min(range(len(entries)), key=lambda i: (entries[i].interleaved_amortised_s, i))
     if not math.isfinite(entries[best].interleaved_amortised_s):
         return "no finite time in the race"

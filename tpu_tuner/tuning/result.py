@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-from importlib.metadata import version
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +21,38 @@ import pandas as pd
 import torch
 
 from tpu_tuner.core import run_folder
-from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.metrics.mfu import common_peak, mfu
+from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 from tpu_tuner.tuning.window import ComparedSteps, with_window_step
 
 TRIAL_COLUMNS = [
-    "number", "state", *knobs.names(), records.AMORTISED_STEP_S, records.STEP_MEDIAN_S,
-    records.COMPILE_S, records.MFU, records.ACCURACY_ERROR, records.FEASIBLE, records.PEAK_MEMORY_BYTES,
-    records.FAILURE_KIND, records.FAILURE_MESSAGE, records.REJECTED_BY, records.REPEAT_OF, records.TRIAL_WALL_S,
-    records.HOST, "duration_s",
+    "number",
+    "state",
+    *knobs.names(),
+    records.AMORTISED_STEP_S,
+    records.STEP_MEDIAN_S,
+    records.COMPILE_S,
+    records.MFU,
+    records.ACCURACY_ERROR,
+    records.FEASIBLE,
+    records.PEAK_MEMORY_BYTES,
+    records.FAILURE_KIND,
+    records.FAILURE_MESSAGE,
+    records.REJECTED_BY,
+    records.REPEAT_OF,
+    records.TRIAL_WALL_S,
+    records.HOST,
+    "duration_s",
 ]
 # User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
 # (the worker that ran a trial of a shared study; "host" says where it ran).
@@ -65,7 +78,7 @@ class TuningResult:
     verified: bool = True
     # When the result was made (the tuned config's provenance): kept by save and load, so a
     # loaded result's best_config is the one the run wrote.
-    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     # The URL of the storage `study` was opened with (None: a study in memory), to show it
     # redacted: Optuna gives a study's storage no public accessor.
     storage_url: str | None = None
@@ -129,8 +142,11 @@ class TuningResult:
         v, base, chosen = self.verification, self.baseline, self.chosen
         window = v.window
         if window is None or base is None or chosen is None:
-            why = ("this result.json predates the window's stored figures" if window is None and v.speedup is not None
-                   else "no interleaved verification window")
+            why = (
+                "this result.json predates the window's stored figures"
+                if window is None and v.speedup is not None
+                else "no interleaved verification window"
+            )
             return ComparedSteps(base, chosen, from_window=False, why_search=why)
         run_peak = self.peak
         # Not significant: the recommendation is the baseline, so "tuned" is its window figure too.
@@ -138,13 +154,16 @@ class TuningResult:
         return ComparedSteps(
             self.on_run_peak(with_window_step(base, window.baseline, v.samples.get("baseline", ())), run_peak),
             self.on_run_peak(with_window_step(chosen, tuned_step, v.samples.get(tuned_label, ())), run_peak),
-            from_window=True, rounds=window.baseline.rounds)
+            from_window=True,
+            rounds=window.baseline.rounds,
+        )
 
     @property
     def best_config(self) -> TunedConfig:
         """The recommended config (the baseline when the win was not significant)."""
-        return TunedConfig(self.verification.chosen, self.profile.device.kind, self._provenance(),
-                           bucketing=self.chosen_bucketing())
+        return TunedConfig(
+            self.verification.chosen, self.profile.device.kind, self._provenance(), bucketing=self.chosen_bucketing()
+        )
 
     def chosen_bucketing(self) -> dict[str, Any] | None:
         """The buckets of the chosen setting's trial, when the inputs vary (tuning/bucketing.py)."""
@@ -154,9 +173,12 @@ class TuningResult:
             if attrs.get(records.BUCKETS) and attrs.get(records.CANDIDATE) == chosen:
                 from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
 
-                return {"buckets": attrs[records.BUCKETS], "align": self.options.objective.bucket_align,
-                        "padding_waste": attrs.get(records.PADDING_WASTE),
-                        "torchtpu": torchtpu_instructions(attrs[records.BUCKETS])}
+                return {
+                    "buckets": attrs[records.BUCKETS],
+                    "align": self.options.objective.bucket_align,
+                    "padding_waste": attrs.get(records.PADDING_WASTE),
+                    "torchtpu": torchtpu_instructions(attrs[records.BUCKETS]),
+                }
         return None
 
     def trials_dataframe(self) -> pd.DataFrame:
@@ -185,8 +207,7 @@ class TuningResult:
         # have none (NaN would turn the whole column into floats: "3.0" in trials.csv).
         for column in INTEGER_COLUMNS:
             frame[column] = pd.to_numeric(frame[column]).round().astype("Int64")
-        return frame.drop(columns=[p for p in knobs.names()
-                                   if p not in {q.name for q in self.space.searched}])
+        return frame.drop(columns=[p for p in knobs.names() if p not in {q.name for q in self.space.searched}])
 
     def to_json(self) -> str:
         """result.json: what `load` needs besides the study and profile.json (the verification,
@@ -196,14 +217,18 @@ class TuningResult:
         from tpu_tuner.core.plain_data import json_default
 
         record = {
-            "format": RESULT_FORMAT, "created": self.created, "worker_starts": self.worker_starts,
-            "findings": self.findings, "space": dataclasses.asdict(self.space), "options": self.options.to_plain(),
+            "format": RESULT_FORMAT,
+            "created": self.created,
+            "worker_starts": self.worker_starts,
+            "findings": self.findings,
+            "space": dataclasses.asdict(self.space),
+            "options": self.options.to_plain(),
             "verification": dataclasses.asdict(self.verification),
         }
         return redact(json.dumps(record, indent=2, default=json_default))
 
     @classmethod
-    def load(cls, run_dir: str | Path, storage: str | None = None) -> "TuningResult":
+    def load(cls, run_dir: str | Path, storage: str | None = None) -> TuningResult:
         """The result of the finished tuning run in `run_dir`, as `tune` returned it (as Ray
         Tune's `Tuner.restore(...).get_results()` gives back a finished experiment).
 
@@ -229,10 +254,18 @@ class TuningResult:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
         study, url = _load_study(run_dir, state, storage)
-        return cls(run_dir=run_dir, study=study,
-                   space=_load_space(record.get("space"), options, profile), profile=profile,
-                   findings=findings, verification=verification, options=options, worker_starts=worker_starts,
-                   created=created, storage_url=url)
+        return cls(
+            run_dir=run_dir,
+            study=study,
+            space=_load_space(record.get("space"), options, profile),
+            profile=profile,
+            findings=findings,
+            verification=verification,
+            options=options,
+            worker_starts=worker_starts,
+            created=created,
+            storage_url=url,
+        )
 
     def _provenance(self) -> dict[str, Any]:
         v = self.verification
@@ -241,8 +274,12 @@ class TuningResult:
             "created": self.created,
             "device": self.profile.device.name,
             "device_count": self.profile.device.count,
-            "versions": {"tpu_tuner": _version(), "torch": torch.__version__, "optuna": version("optuna"),
-                         "python": platform.python_version()},
+            "versions": {
+                "tpu_tuner": _version(),
+                "torch": torch.__version__,
+                "optuna": version("optuna"),
+                "python": platform.python_version(),
+            },
             "workload": self.profile.workload.to_dict(),
             "objective": f"amortised step time over {self.options.objective.planned_steps} planned steps",
             "ranks": self.options.runner.ranks,
@@ -259,8 +296,11 @@ class TuningResult:
                 "rounds": v.speedup.rounds if v.speedup else None,
                 "significant": v.chosen_is_best,
             },
-            "study": {"storage": _redact(self.storage_url), "name": self.study.study_name,
-                      "trials": len(self.study.trials)},
+            "study": {
+                "storage": _redact(self.storage_url),
+                "name": self.study.study_name,
+                "trials": len(self.study.trials),
+            },
         }
 
 
@@ -281,16 +321,19 @@ def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise UserInputError("not a finished tuning run: no such folder", run_dir)
     state = run_file.read(run_dir)
     if "storage" not in state or "study_name" not in state:
-        raise UserInputError(f"not a finished tuning run: no readable {run_folder.RUN_JSON} with the study's storage",
-                             run_dir)
+        raise UserInputError(
+            f"not a finished tuning run: no readable {run_folder.RUN_JSON} with the study's storage", run_dir
+        )
     status = state.get("status", "done")
     if status != "done":
         reason = f" ({state['reason']})" if state.get("reason") else ""
         raise UserInputError(f"not a finished tuning run: {run_folder.RUN_JSON} says {status!r}{reason}", run_dir)
     path = run_dir / run_folder.RESULT_JSON
     if not path.is_file():
-        raise UserInputError(f"not a finished tuning run: no {run_folder.RESULT_JSON} (runs written before it "
-                             "existed cannot be loaded)", run_dir)
+        raise UserInputError(
+            f"not a finished tuning run: no {run_folder.RESULT_JSON} (runs written before it existed cannot be loaded)",
+            run_dir,
+        )
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -320,7 +363,7 @@ def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> tu
             raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
     try:
         return optuna.load_study(study_name=str(state["study_name"]), storage=read_storage(url)), url
-    except Exception as exc:  # noqa: BLE001 - a missing study, an unreachable server, a bad password
+    except Exception as exc:
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
 
@@ -335,21 +378,28 @@ def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpac
     except (TypeError, ValueError, KeyError, AttributeError):
         from tpu_tuner.knobs.traits import of_profile
 
-        return (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.ranks)
-                .for_workload(of_profile(profile.workload)))
+        return SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.ranks).for_workload(
+            of_profile(profile.workload)
+        )
 
 
-def _summary(m: Measurement | None, planned_steps: int, compared: ComparedSteps,
-             search: Measurement | None) -> dict[str, Any] | None:
+def _summary(
+    m: Measurement | None, planned_steps: int, compared: ComparedSteps, search: Measurement | None
+) -> dict[str, Any] | None:
     """One side of the provenance's comparison: its steps and MFU from `compared.source`, and
     (from a window) the search's own step and MFU beside them; compile time is the search's."""
     if m is None:
         return None
     summary: dict[str, Any] = {
-        "step_median_s": m.step_median, "step_p10_s": m.step_p10, "step_p90_s": m.step_p90,
-        "step_source": compared.source, "compile_s": m.compile_seconds,
+        "step_median_s": m.step_median,
+        "step_p10_s": m.step_p10,
+        "step_p90_s": m.step_p90,
+        "step_source": compared.source,
+        "compile_s": m.compile_seconds,
         "amortised_step_s": m.amortised_step(planned_steps),
-        "mfu": m.mfu, "peak_dtype": m.peak_dtype, "peak_memory_bytes": m.peak_memory_bytes,
+        "mfu": m.mfu,
+        "peak_dtype": m.peak_dtype,
+        "peak_memory_bytes": m.peak_memory_bytes,
         "accuracy_error": m.accuracy_error,
     }
     if compared.from_window and search is not None:

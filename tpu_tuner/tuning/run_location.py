@@ -57,10 +57,18 @@ def run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> Ru
     else:
         storage = store.url or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
         study_name = run_dir.name
-    run_file.write(run_dir, {"storage": without_password(storage), "study_name": study_name,
-                             "shared": store.study is not None,
-                             "model_file": str(current["model_file"]), "fingerprint": current,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
+    run_file.write(
+        run_dir,
+        {
+            "storage": without_password(storage),
+            "study_name": study_name,
+            "shared": store.study is not None,
+            "model_file": str(current["model_file"]),
+            "fingerprint": current,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **run_file.this_process(),
+        },
+    )
     return RunLocation(run_dir, storage, study_name, shared=store.study is not None, resumed=False)
 
 
@@ -90,8 +98,7 @@ def resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]
         # The password is never stored: it comes from --storage given again, which must name the
         # same database (or from libpq's PGPASSWORD / ~/.pgpass when the URL has none).
         if without_password(given) != without_password(stored):
-            raise UserInputError(f"{where}: --storage {redact(given)!r} is not the run's storage "
-                                 f"{redact(stored)!r}")
+            raise UserInputError(f"{where}: --storage {redact(given)!r} is not the run's storage {redact(stored)!r}")
         storage = with_password(stored, password_of(given))
     elif stored != without_password(stored):
         log.warning("%s stores its storage URL with a password (written before redaction)", run_dir)
@@ -105,13 +112,14 @@ def open_run_storage(url: str, store: StoreOptions) -> StudyStorage:
     """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
     try:
         return open_storage(url, store.heartbeat_interval_s, store.grace_period_s)
-    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database server
+    except Exception as exc:
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
 
 
-def open_or_join(storage: StudyStorage, location: RunLocation, record: dict[str, Any],
-                  space: SearchSpace) -> SharedStudy:
+def open_or_join(
+    storage: StudyStorage, location: RunLocation, record: dict[str, Any], space: SearchSpace
+) -> SharedStudy:
     """The run's study: created or joined by name when shared, else created (or reopened, on
     resume) under the run folder's name."""
     # A placeholder sampler: the study is reopened with the real one once the space is narrowed.
@@ -119,13 +127,21 @@ def open_or_join(storage: StudyStorage, location: RunLocation, record: dict[str,
     try:
         if location.shared:
             return open_shared(storage, location.study_name, placeholder, record, space)
-        study = optuna.create_study(storage=storage, study_name=location.study_name, direction="minimize",
-                                    sampler=placeholder, load_if_exists=True)
+        study = optuna.create_study(
+            storage=storage,
+            study_name=location.study_name,
+            direction="minimize",
+            sampler=placeholder,
+            load_if_exists=True,
+        )
     except UserInputError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the server went away between the check and here
-        raise UserInputError(redact(f"cannot open the study {location.study_name!r} in {location.storage!r}: "
-                                    f"{type(exc).__name__}: {exc}")) from exc
+    except Exception as exc:
+        raise UserInputError(
+            redact(
+                f"cannot open the study {location.study_name!r} in {location.storage!r}: {type(exc).__name__}: {exc}"
+            )
+        ) from exc
     # A run's own study: this worker is its only one, and keeps its record.
     return SharedStudy(study, True, study.user_attrs.get(RECORD_ATTR) or record)
 

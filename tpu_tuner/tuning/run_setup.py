@@ -28,9 +28,11 @@ def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, npro
     if nproc == 1:
         return
     if lengths is not None:
-        raise UserInputError(f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
-                             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
-                             workload.source)
+        raise UserInputError(
+            f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
+            "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
+            workload.source,
+        )
 
 
 def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> None:
@@ -40,12 +42,16 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     backend = backend_class(profile.device.kind)
     batch, ranks = profile.workload.batch_size, nproc * runner.nnodes
     if isinstance(batch, int) and batch % ranks:
-        raise UserInputError(f"--nproc {nproc}" + (f" --nnodes {runner.nnodes}" if runner.nnodes > 1 else "")
-                             + f": the batch of {batch} does not split over {ranks} ranks "
-                             "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it")
+        raise UserInputError(
+            f"--nproc {nproc}"
+            + (f" --nnodes {runner.nnodes}" if runner.nnodes > 1 else "")
+            + f": the batch of {batch} does not split over {ranks} ranks "
+            "(the data-parallel baseline runs a slice on each); give --batch-size a multiple of it"
+        )
     if backend.one_device_per_rank and nproc > profile.device.count:
-        raise UserInputError(f"--nproc {nproc}: this host has {profile.device.count} "
-                             f"{profile.device.kind} device(s), one per rank")
+        raise UserInputError(
+            f"--nproc {nproc}: this host has {profile.device.count} {profile.device.kind} device(s), one per rank"
+        )
     runner.rank_environment = backend.rank_environment
     runner.launch_environment = backend.launch_environment(nproc, runner.nnodes)
     runner.device_kind = profile.device.kind
@@ -55,16 +61,23 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
     (on TPU at TorchTPU's default matmul precision, medium)."""
     baseline = Candidate.baseline(device_kind)
-    profiled = runner.run(ProfileRequest(candidate=baseline.to_dict(), batch_size=run.batch_size,
-                                         seq_len=run.seq_len, settings=run.trial_settings))
+    profiled = runner.run(
+        ProfileRequest(
+            candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
+        )
+    )
     if not profiled.ok and profiled.failure.kind == FailureKind.REFUSED:
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if not profiled.ok:
-        raise WorkloadError(f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file)
+        raise WorkloadError(
+            f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file
+        )
     return profiled.value
 
 
-def prepare_agents(options: TuneOptions, profile: Profile) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
+def prepare_agents(
+    options: TuneOptions, profile: Profile
+) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
     """The run's agents, having read the baseline profile (their findings, by agent), and the
     study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
     reasons from it, and every measured trial is checked against it."""

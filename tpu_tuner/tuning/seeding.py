@@ -19,8 +19,9 @@ from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_
 from tpu_tuner.tuning.workload_features import features_of
 
 
-def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False,
-                  first: bool = True) -> optuna.samplers.BaseSampler:
+def build_sampler(
+    options: TuneOptions, space: SearchSpace, shared: bool = False, first: bool = True
+) -> optuna.samplers.BaseSampler:
     """The Optuna sampler `options.search.sampler` names, seeded (studies/samplers.py builds it).
 
     In a shared study every TPE or random worker but the first draws from a seed of its own (the
@@ -37,13 +38,20 @@ def build_sampler(options: TuneOptions, space: SearchSpace, shared: bool = False
     # `group=True` models the knobs jointly, per group of trials that share a parameter set (the
     # conditional compiler options); docs/search-efficiency.md compares it with independent TPE.
     grid = search.sampler == "grid"
-    return samplers.build_sampler(search.sampler, seed, startup_trials=4, group=True, constant_liar=shared,
-                                  settings=space.settings() if grid else None,
-                                  grid=space.grid() if grid else None)
+    return samplers.build_sampler(
+        search.sampler,
+        seed,
+        startup_trials=4,
+        group=True,
+        constant_liar=shared,
+        settings=space.settings() if grid else None,
+        grid=space.grid() if grid else None,
+    )
 
 
-def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None,
-                  warm: Sequence[WarmSeed] = ()) -> None:
+def enqueue_seeds(
+    study: optuna.Study, space: SearchSpace, agents: list[Agent], profile: Profile | None, warm: Sequence[WarmSeed] = ()
+) -> None:
     """Baseline first (trial 0), then the best settings of earlier studies (`warm`, nearest
     workload first), then every agent's first seed alone, then those first seeds combined, then
     the agents' further seeds in turns, each on top of the combined seed.
@@ -78,12 +86,14 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, agents: list[Agent], 
             study.enqueue_trial(params, skip_if_exists=True)
 
 
-def warm_seeds(space: SearchSpace, profile: Profile, current: dict[str, Any], storage: str, study_name: str,
-               results_dir: Path) -> list[WarmSeed]:
+def warm_seeds(
+    space: SearchSpace, profile: Profile, current: dict[str, Any], storage: str, study_name: str, results_dir: Path
+) -> list[WarmSeed]:
     """The best settings of earlier studies of this device kind (same storage, or the results
     folder), nearest workload first (tuning/warm_start.py)."""
-    return find_warm_seeds(space, features_of(profile, current), storage=storage,
-                           results_dir=Path(results_dir), exclude_study=study_name)
+    return find_warm_seeds(
+        space, features_of(profile, current), storage=storage, results_dir=Path(results_dir), exclude_study=study_name
+    )
 
 
 __all__ = ["build_sampler", "enqueue_seeds", "warm_seeds"]

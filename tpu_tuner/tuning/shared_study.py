@@ -25,11 +25,11 @@ import optuna
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import RunningWatch, Worker, fail_lost_trials
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,20 @@ JOINABLE_FORMATS = (1, 2)
 # Options every worker of a study takes from its record: the budget, what the objective is and
 # how a trial is timed and judged, the search (sampler, seed, agents), liveness (a worker that
 # judged others by a shorter grace period than theirs would fail their live trials).
-ADOPTED_OPTIONS = ("trials", "planned_steps", "tolerance", "verify_rounds", "sampler", "seed", "agents",
-                   "trial_settings", "max_buckets", "bucket_align", "heartbeat_interval_s", "grace_period_s")
+ADOPTED_OPTIONS = (
+    "trials",
+    "planned_steps",
+    "tolerance",
+    "verify_rounds",
+    "sampler",
+    "seed",
+    "agents",
+    "trial_settings",
+    "max_buckets",
+    "bucket_align",
+    "heartbeat_interval_s",
+    "grace_period_s",
+)
 # Options a joining worker must have as the study does, refused otherwise: they shape the
 # worker process it has already started (its address-space limit), so they cannot be adopted.
 # A trial timeout shorter than the others' would fail trials they complete (and count them).
@@ -75,18 +87,28 @@ class SharedStudy:
 
 def space_signature(space: SearchSpace) -> dict[str, Any]:
     """What two workers' spaces must share: name, device kind, ranks and every parameter's choices."""
-    return {"name": space.name, "device_kind": space.device_kind, "ranks": space.ranks,
-            "params": {p.name: list(p.choices) for p in space.params}}
+    return {
+        "name": space.name,
+        "device_kind": space.device_kind,
+        "ranks": space.ranks,
+        "params": {p.name: list(p.choices) for p in space.params},
+    }
 
 
 def make_record(fingerprint: dict[str, Any], space: SearchSpace, options: TuneOptions) -> dict[str, Any]:
     """The first worker's record: what later workers are checked against and adopt."""
-    return {"format": RECORD_FORMAT, "fingerprint": fingerprint, "space": space_signature(space),
-            "options": options.to_plain(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        "format": RECORD_FORMAT,
+        "fingerprint": fingerprint,
+        "space": space_signature(space),
+        "options": options.to_plain(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
-def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], space: SearchSpace,
-                     options: dict[str, Any] | None = None) -> list[str]:
+def join_differences(
+    recorded: dict[str, Any], fingerprint: dict[str, Any], space: SearchSpace, options: dict[str, Any] | None = None
+) -> list[str]:
     """Why a worker with `fingerprint`, `space` and (a record's plain) `options` may not join the
     study `recorded` describes."""
     theirs = {k: v for k, v in recorded.get("fingerprint", {}).items() if k not in HOST_KEYS}
@@ -94,8 +116,11 @@ def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], spac
     found = differences(theirs, ours)
     if "sha256" in theirs and theirs["sha256"] != ours.get("sha256"):
         found = [d for d in found if not d.startswith("model file differs")]
-        found.insert(0, f"model file differs (sha256 {str(ours.get('sha256'))[:8]}.. vs {str(theirs['sha256'])[:8]}.. "
-                        f"recorded for {recorded['fingerprint'].get('model_file')})")
+        found.insert(
+            0,
+            f"model file differs (sha256 {str(ours.get('sha256'))[:8]}.. vs {str(theirs['sha256'])[:8]}.. "
+            f"recorded for {recorded['fingerprint'].get('model_file')})",
+        )
     theirs_options, ours_options = recorded.get("options", {}), options or {}
     for key, flag in MATCHED_OPTIONS.items():
         if options is not None and theirs_options.get(key) != ours_options.get(key):
@@ -103,15 +128,24 @@ def join_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], spac
     signature = space_signature(space)
     stored = recorded.get("space", {})
     if stored != signature:
-        changed = sorted(name for name in set(stored.get("params", {})) | set(signature["params"])
-                         if stored.get("params", {}).get(name) != signature["params"].get(name))
+        changed = sorted(
+            name
+            for name in set(stored.get("params", {})) | set(signature["params"])
+            if stored.get("params", {}).get(name) != signature["params"].get(name)
+        )
         what = f"parameters {', '.join(changed)}" if changed else "name / device kind / ranks"
         found.append(f"search space differs ({space.name!r}: {what})")
     return found
 
 
-def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler,
-                record: dict[str, Any], space: SearchSpace, wait_s: float = 60.0) -> SharedStudy:
+def open_shared(
+    storage: optuna.storages.BaseStorage,
+    name: str,
+    sampler: optuna.samplers.BaseSampler,
+    record: dict[str, Any],
+    space: SearchSpace,
+    wait_s: float = 60.0,
+) -> SharedStudy:
     """Create the study `name` with `record`, or join it: refused (UserInputError, one line)
     when the record it holds differs in workload, device kind or space."""
     try:
@@ -124,11 +158,15 @@ def open_shared(storage: optuna.storages.BaseStorage, name: str, sampler: optuna
         return SharedStudy(study, True, record)
     recorded = _wait_for(study, RECORD_ATTR, wait_s)
     if not isinstance(recorded, dict):
-        raise UserInputError(f"--study {name}: the study exists but no tpu-tune worker recorded its workload "
-                             f"(not created by tpu-tune, or its first worker died within {wait_s:.0f} s of creating it)")
+        raise UserInputError(
+            f"--study {name}: the study exists but no tpu-tune worker recorded its workload "
+            f"(not created by tpu-tune, or its first worker died within {wait_s:.0f} s of creating it)"
+        )
     if recorded.get("format") not in JOINABLE_FORMATS:
-        raise UserInputError(f"--study {name}: recorded by another version of tpu-tune (format "
-                             f"{recorded.get('format')!r}, this one reads {', '.join(map(str, JOINABLE_FORMATS))})")
+        raise UserInputError(
+            f"--study {name}: recorded by another version of tpu-tune (format "
+            f"{recorded.get('format')!r}, this one reads {', '.join(map(str, JOINABLE_FORMATS))})"
+        )
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise UserInputError(f"--study {name}: not a tpu-tune study (it maximises)")
     differing = join_differences(recorded, record["fingerprint"], space, record["options"])
@@ -172,8 +210,16 @@ def record_verification(study: optuna.Study, verification: Any, run_dir: str, wo
     from tpu_tuner.core.plain_data import json_default
 
     plain = json.loads(json.dumps(dataclasses.asdict(verification), default=json_default))
-    study.set_user_attr(VERIFICATION_ATTR, {**plain, "run_dir": run_dir, "worker": worker, "measured": measured,
-                                            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    study.set_user_attr(
+        VERIFICATION_ATTR,
+        {
+            **plain,
+            "run_dir": run_dir,
+            "worker": worker,
+            "measured": measured,
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
 
 
 def recorded_verification(study: optuna.Study) -> dict[str, Any] | None:
@@ -193,8 +239,11 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     `tpu-tune study finish` verifies wherever no worker did.
     """
     if end in ("timeout", "asks"):
-        why = ("this worker's --timeout ended its part of the search" if end == "timeout" else
-               "this worker's sampler proposed only settings the study has covered")
+        why = (
+            "this worker's --timeout ended its part of the search"
+            if end == "timeout"
+            else "this worker's sampler proposed only settings the study has covered"
+        )
         return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
     assert worker.storage is not None
     while True:
@@ -209,8 +258,10 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     last = last_measured(trials)
     if last is None or records.attrs(last).get(records.WORKER) == worker.id:
         return None
-    return (f"worker {records.attrs(last).get(records.WORKER)} measured the study's last trial and verifies it "
-            "(or run `tpu-tune study finish`)")
+    return (
+        f"worker {records.attrs(last).get(records.WORKER)} measured the study's last trial and verifies it "
+        "(or run `tpu-tune study finish`)"
+    )
 
 
 def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
@@ -222,6 +273,22 @@ def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
         time.sleep(POLL_S)
 
 
-__all__ = ["ADOPTED_OPTIONS", "JoinRefused", "MATCHED_OPTIONS", "PROFILE_ATTR", "RECORD_ATTR", "VERIFICATION_ATTR", "SharedStudy", "adopt_options",
-           "join_differences", "make_record", "open_shared", "publish_profile", "record_verification",
-           "recorded_verification", "shared_profile", "space_signature", "verification_left_to"]
+__all__ = [
+    "ADOPTED_OPTIONS",
+    "JoinRefused",
+    "MATCHED_OPTIONS",
+    "PROFILE_ATTR",
+    "RECORD_ATTR",
+    "VERIFICATION_ATTR",
+    "SharedStudy",
+    "adopt_options",
+    "join_differences",
+    "make_record",
+    "open_shared",
+    "publish_profile",
+    "record_verification",
+    "recorded_verification",
+    "shared_profile",
+    "space_signature",
+    "verification_left_to",
+]

@@ -17,11 +17,11 @@ from typing import Any
 
 import optuna
 
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.core.errors import DefinitionError
+from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.base import CANNOT_RUN
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import WorkloadTraits
 
 # The parameters a space may search: the registered knobs.
@@ -51,7 +51,7 @@ class SearchSpace:
     ranks: int = 1
 
     @classmethod
-    def load(cls, name_or_path: str | Path, device_kind: str, ranks: int = 1) -> "SearchSpace":
+    def load(cls, name_or_path: str | Path, device_kind: str, ranks: int = 1) -> SearchSpace:
         data = load_definition("search_spaces", name_or_path)
         where = str(name_or_path)
         params = []
@@ -73,8 +73,9 @@ class SearchSpace:
             params.append(Param(name, entry.get("agent", knob.agent), choices, entry.get("help", "")))
         if not params:
             raise DefinitionError(f"no parameters for device {device_kind!r}", where)
-        return cls(name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params),
-                   ranks=ranks)
+        return cls(
+            name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params), ranks=ranks
+        )
 
     def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
         """This space narrowed to what can change `traits`' step: knobs that cannot
@@ -91,8 +92,11 @@ class SearchSpace:
                 left_out.append(f"{p.name}: {knob.not_applicable} (kept at {p.choices[0]})")
                 params.append(Param(p.name, p.agent, p.choices[:1], p.help))
                 continue
-            refusals = {c: reason for i, c in enumerate(p.choices)
-                        if i > 0 and (reason := knob.choice_refusal(knob.check(c), traits)) is not None}
+            refusals = {
+                c: reason
+                for i, c in enumerate(p.choices)
+                if i > 0 and (reason := knob.choice_refusal(knob.check(c), traits)) is not None
+            }
             kept = tuple(c for c in p.choices if c not in refusals)
             generic = [c for c, reason in refusals.items() if reason == CANNOT_RUN]
             if generic:
@@ -117,8 +121,10 @@ class SearchSpace:
             kept = tuple(c for c in p.choices if tensor_within_host(parse_layout(c, context=False), nproc))
             dropped = [c for c in p.choices if c not in kept]
             if dropped:
-                left_out.append(f"layout: {', '.join(dropped)}: the tensor axis would span hosts ({nproc} rank"
-                                f"{'s' if nproc > 1 else ''} a host; --tensor-across-hosts allows it)")
+                left_out.append(
+                    f"layout: {', '.join(dropped)}: the tensor axis would span hosts ({nproc} rank"
+                    f"{'s' if nproc > 1 else ''} a host; --tensor-across-hosts allows it)"
+                )
             params.append(Param(p.name, p.agent, kept, p.help))
         return SearchSpace(self.name, self.device_kind, tuple(params), tuple(left_out), self.ranks)
 
@@ -153,8 +159,9 @@ class SearchSpace:
         """`params` without the conditional parameters that are inactive under the others (a
         setting has them only where they mean something), in registry order."""
         context = {**self._fixed(), **params}
-        return {p.name: params[p.name] for p in self._ordered()
-                if p.name in params and knobs.get(p.name).active(context)}
+        return {
+            p.name: params[p.name] for p in self._ordered() if p.name in params and knobs.get(p.name).active(context)
+        }
 
     def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with every active searched parameter it lacks at its baseline choice (a seed

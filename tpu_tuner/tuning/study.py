@@ -43,15 +43,23 @@ from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.clock import Clock, plan_finish
-from tpu_tuner.tuning.race import RACE_TOP
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
+from tpu_tuner.tuning.race import RACE_TOP
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_location import RunLocation, open_or_join, open_run_storage, run_location
 from tpu_tuner.tuning.run_setup import check_ranks, prepare_agents, profile_baseline, start_ranks_on
-from tpu_tuner.tuning.shared_study import (RECORD_ATTR, JoinRefused, adopt_options, make_record, publish_profile,
-                                           record_verification, shared_profile, verification_left_to)
 from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds, warm_seeds
+from tpu_tuner.tuning.shared_study import (
+    RECORD_ATTR,
+    JoinRefused,
+    adopt_options,
+    make_record,
+    publish_profile,
+    record_verification,
+    shared_profile,
+    verification_left_to,
+)
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
 from tpu_tuner.tuning.verify import Verification, verify
@@ -66,8 +74,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 OutputsWriter = Callable[[TuningResult], object]
 
 
-def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: ProgressCallback | None,
-               write_outputs: OutputsWriter, hosts: HostGroup | None = None) -> TuningResult:
+def run_tuning(
+    model_file: str | Path,
+    options: TuneOptions | None,
+    progress: ProgressCallback | None,
+    write_outputs: OutputsWriter,
+    hosts: HostGroup | None = None,
+) -> TuningResult:
     """Tune a model file; returns the result, with the run folder written by `write_outputs`.
 
     This process never imports the model file: a worker loads it and describes it
@@ -88,14 +101,21 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     emit = progress or (lambda event: None)
     run, lengths_file = options.runner, options.objective.lengths_file
 
-    with (trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s, options.objective.memory_limit_bytes)
-          if hosts is None else MultiHostTrialRunner(str(model_file), run.device, hosts, run.trial_timeout_s,
-                                                     options.objective.memory_limit_bytes)) as runner:
+    with (
+        trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s, options.objective.memory_limit_bytes)
+        if hosts is None
+        else MultiHostTrialRunner(
+            str(model_file), run.device, hosts, run.trial_timeout_s, options.objective.memory_limit_bytes
+        )
+    ) as runner:
         # Bad files fail here, in the worker, with exit 2 (a crash at import too).
         workload = load_summary(runner, model_file, run.batch_size, run.seq_len, sample_lengths=lengths_file is None)
         # And a bad length sample; read once, used for the bucketing knob below.
-        lengths = (bucket_histogram(workload.length_source(), lengths_file)
-                   if lengths_file is not None or workload.has_sample_lengths else None)
+        lengths = (
+            bucket_histogram(workload.length_source(), lengths_file)
+            if lengths_file is not None or workload.has_sample_lengths
+            else None
+        )
         check_ranks(workload, lengths, run.ranks)
         current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.ranks, lengths, run.nnodes)
         location = run_location(workload.name, options, current)
@@ -112,15 +132,27 @@ def run_tuning(model_file: str | Path, options: TuneOptions | None, progress: Pr
     if result.verified:
         run_file.update(location.run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:
-        run_file.update(location.run_dir, status="searched", reason=result.verification.message,
-                        updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        run_file.update(
+            location.run_dir,
+            status="searched",
+            reason=result.verification.message,
+            updated=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        )
     emit(_event("done", f"results in {location.run_dir}", options, started))
     return result
 
 
-def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHistogram | None, options: TuneOptions,
-             runner: Runner, emit: ProgressCallback, started: float, current: dict[str, Any],
-             write_outputs: OutputsWriter) -> TuningResult:
+def _tune_in(
+    location: RunLocation,
+    workload: WorkloadSummary,
+    lengths: LengthHistogram | None,
+    options: TuneOptions,
+    runner: Runner,
+    emit: ProgressCallback,
+    started: float,
+    current: dict[str, Any],
+    write_outputs: OutputsWriter,
+) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
     whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.ranks)
@@ -130,7 +162,11 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
-        emit(_event("profile", f"joined study {location.study_name!r}: waiting for its baseline profile", options, started))
+        emit(
+            _event(
+                "profile", f"joined study {location.study_name!r}: waiting for its baseline profile", options, started
+            )
+        )
         profile = shared_profile(study, wait_s=options.runner.trial_timeout_s + 60)
         # The study's search, objective, liveness and budget, as recorded once its profile is in
         # (as created, where its first worker died while profiling and this one profiles).
@@ -149,36 +185,62 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
-    space = (SearchSpace.load(options.search.space, device_kind, ranks=nproc)
-             .for_workload(traits.of_profile(profile.workload)))
+    space = SearchSpace.load(options.search.space, device_kind, ranks=nproc).for_workload(
+        traits.of_profile(profile.workload)
+    )
     if options.runner.nnodes > 1 and not options.runner.tensor_across_hosts:
         space = space.tensor_within_hosts(options.runner.nproc)
     if nproc > 1 and not space.spreads_over_ranks():
         # Without the knob every trial would be N unsharded copies of one process's step.
-        raise UserInputError(f"--nproc {nproc}: the search space {space.name!r} has no layout parameter "
-                             "(add one, as search_spaces/default.toml does)")
+        raise UserInputError(
+            f"--nproc {nproc}: the search space {space.name!r} has no layout parameter "
+            "(add one, as search_spaces/default.toml does)"
+        )
     record = study.user_attrs.get(RECORD_ATTR, opened.record)
     agents, findings, memory = prepare_agents(options, profile)
     if isinstance(runner, MultiHostTrialRunner):  # which host holds which ranks, under each layout searched
         findings["hosts"] = runner.describe_hosts(next((p.choices for p in space.params if p.name == "layout"), ()))
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)
     options = replace(options, trials=budget.trials)  # the run's record and result hold the number it used
-    clock = "" if options.search.time_budget_s is None else (
-        f"; the clock: {duration(options.search.time_budget_s)} for search, race and verification together "
-        "(--time-budget)")
-    emit(_event("budget", (budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings "
-                  "across its workers") + clock, options, started))
+    clock = (
+        ""
+        if options.search.time_budget_s is None
+        else (
+            f"; the clock: {duration(options.search.time_budget_s)} for search, race and verification together "
+            "(--time-budget)"
+        )
+    )
+    emit(
+        _event(
+            "budget",
+            (
+                budget.describe()
+                if keeper
+                else f"the study's budget: {budget.trials} measured settings across its workers"
+            )
+            + clock,
+            options,
+            started,
+        )
+    )
     # The study again, with the sampler of the narrowed space (a grid walks its settings).
-    study = optuna.load_study(study_name=location.study_name, storage=storage,
-                              sampler=build_sampler(options, space, shared=location.shared, first=first))
+    study = optuna.load_study(
+        study_name=location.study_name,
+        storage=storage,
+        sampler=build_sampler(options, space, shared=location.shared, first=first),
+    )
     if keeper:
-        study.set_user_attr(RECORD_ATTR, {**record, "options": options.to_plain(),
-                                          "features": features_of(profile, current).to_dict()})
+        study.set_user_attr(
+            RECORD_ATTR, {**record, "options": options.to_plain(), "features": features_of(profile, current).to_dict()}
+        )
     if location.resumed and not location.shared:
         _mark_interrupted(study, storage)  # nobody else works on a run folder's own study
     if not study.trials:
-        seeds = (warm_seeds(space, profile, current, location.storage, location.study_name, options.outputs.out)
-                 if options.search.warm_start else [])
+        seeds = (
+            warm_seeds(space, profile, current, location.storage, location.study_name, options.outputs.out)
+            if options.search.warm_start
+            else []
+        )
         enqueue_seeds(study, space, agents, profile, seeds)
     if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
@@ -197,18 +259,35 @@ def _tune_in(location: RunLocation, workload: WorkloadSummary, lengths: LengthHi
         left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     if left_to is not None:
         emit(_event("verify", f"not verifying here: {left_to}", options, started))
-        verification = Verification(baseline_trial=None, best_trial=None,
-                                    chosen=space.to_candidate(space.baseline_params()), chosen_is_best=False,
-                                    speedup=None, message=f"not verified by this worker: {left_to}")
+        verification = Verification(
+            baseline_trial=None,
+            best_trial=None,
+            chosen=space.to_candidate(space.baseline_params()),
+            chosen_is_best=False,
+            speedup=None,
+            message=f"not verified by this worker: {left_to}",
+        )
     else:
         verification = _verify_here(study, space, runner, options, device_kind, agents, emit, started)
         if location.shared:
-            record_verification(study, verification, str(location.run_dir), worker.id,
-                                measured_count(covered_settings(study.get_trials(deepcopy=False))))
+            record_verification(
+                study,
+                verification,
+                str(location.run_dir),
+                worker.id,
+                measured_count(covered_settings(study.get_trials(deepcopy=False))),
+            )
     result = TuningResult(
-        run_dir=location.run_dir, study=study, space=space, profile=profile, findings=findings,
-        verification=verification, options=options, worker_starts=runner.workers_started,
-        verified=left_to is None, storage_url=storage.url,
+        run_dir=location.run_dir,
+        study=study,
+        space=space,
+        profile=profile,
+        findings=findings,
+        verification=verification,
+        options=options,
+        worker_starts=runner.workers_started,
+        verified=left_to is None,
+        storage_url=storage.url,
     )
     write_outputs(result)
     return result
@@ -220,21 +299,44 @@ def _event(phase: str, message: str, options: TuneOptions, started: float) -> Pr
     return Progress(phase, message, elapsed=clock.elapsed(), time_left=clock.left())
 
 
-def _verify_here(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
-                 agents: list[Agent], emit: ProgressCallback, started: float) -> Verification:
+def _verify_here(
+    study: optuna.Study,
+    space: SearchSpace,
+    runner: Runner,
+    options: TuneOptions,
+    device_kind: str,
+    agents: list[Agent],
+    emit: ProgressCallback,
+    started: float,
+) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
     clock = Clock(options.search.time_budget_s, started)
-    plan = plan_finish(study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds,
-                       clock.left_to_work())
-    emit(_event("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}",
-                options, started))
+    plan = plan_finish(
+        study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds, clock.left_to_work()
+    )
+    emit(
+        _event(
+            "verify",
+            f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}",
+            options,
+            started,
+        )
+    )
 
     def verify_progress(done: int, rounds: int, ratio: float) -> None:
-        emit(_event("verify", f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
-                    "(steady step, geometric mean of rounds)", options, started))
+        emit(
+            _event(
+                "verify",
+                f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
+                "(steady step, geometric mean of rounds)",
+                options,
+                started,
+            )
+        )
 
-    return replace(verify(study, space, runner, options, device_kind, verify_progress, agents, clock),
-                   host=socket.gethostname())
+    return replace(
+        verify(study, space, runner, options, device_kind, verify_progress, agents, clock), host=socket.gethostname()
+    )
 
 
 def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
@@ -243,26 +345,56 @@ def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage)
     `storage` is the one `study` was opened with: a trial of another process is annotated
     through it, by the trial's storage id (Optuna opens no `Trial` on a stored trial publicly)."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        write_stored(storage, trial_id_of(storage, study, trial.number), trial,
-                     {records.FAILURE_KIND: records.INTERRUPTED,
-                      records.FAILURE_MESSAGE: "the run stopped while this trial was running"})
+        write_stored(
+            storage,
+            trial_id_of(storage, study, trial.number),
+            trial,
+            {
+                records.FAILURE_KIND: records.INTERRUPTED,
+                records.FAILURE_MESSAGE: "the run stopped while this trial was running",
+            },
+        )
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def _bucketing_context(workload: Any, hist: LengthHistogram, options: TuneOptions, runner: Runner,
-                       profile: Profile, emit: ProgressCallback, started: float) -> BucketingContext:
+def _bucketing_context(
+    workload: Any,
+    hist: LengthHistogram,
+    options: TuneOptions,
+    runner: Runner,
+    profile: Profile,
+    emit: ProgressCallback,
+    started: float,
+) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
     length once, so every trial's objective can include its best bucketing (tuning/bucketing.py)."""
     reference = int(profile.workload.seq_len or 0)
     if not reference:
-        raise UserInputError("the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source)
+        raise UserInputError(
+            "the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source
+        )
     objective = options.objective
     probes = probe_lengths(hist, objective.bucket_align)
-    emit(_event("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}", options, started))
-    measured = runner.run(BucketCostsRequest(candidate=Candidate.baseline(profile.device.kind).to_dict(),
-                                             lengths=probes, warmup_length=reference, batch_size=options.runner.batch_size))
+    emit(
+        _event(
+            "profile",
+            f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
+            options,
+            started,
+        )
+    )
+    measured = runner.run(
+        BucketCostsRequest(
+            candidate=Candidate.baseline(profile.device.kind).to_dict(),
+            lengths=probes,
+            warmup_length=reference,
+            batch_size=options.runner.batch_size,
+        )
+    )
     if not measured.ok:
-        raise WorkloadError(f"measuring step time against length failed ({measured.failure.kind}): "
-                            f"{measured.failure.message}", workload.source)
+        raise WorkloadError(
+            f"measuring step time against length failed ({measured.failure.kind}): {measured.failure.message}",
+            workload.source,
+        )
     points = [(p.length, p.step_seconds) for p in measured.value.points]
     return BucketingContext(hist, fit_cost_model(points, []), reference, objective.max_buckets, objective.bucket_align)

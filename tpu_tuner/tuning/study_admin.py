@@ -22,25 +22,35 @@ import optuna
 
 from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.knobs import traits
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
+from tpu_tuner.knobs import traits
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.ranked_runner import trial_runner
-from tpu_tuner.studies import records
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.studies import run_file
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
+from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
-from tpu_tuner.studies.liveness import (HEARTBEAT_INTERVAL_S, StudyStorage, fail_lost_trials, is_lost, open_storage,
-                                        set_liveness)
+from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
+from tpu_tuner.studies.liveness import (
+    HEARTBEAT_INTERVAL_S,
+    StudyStorage,
+    fail_lost_trials,
+    is_lost,
+    open_storage,
+    set_liveness,
+)
+from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.failures import label, stored_causes
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
-from tpu_tuner.tuning.shared_study import (PROFILE_ATTR, RECORD_ATTR, join_differences, record_verification,
-                                           recorded_verification)
+from tpu_tuner.tuning.shared_study import (
+    PROFILE_ATTR,
+    RECORD_ATTR,
+    join_differences,
+    record_verification,
+    recorded_verification,
+)
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, verify
 
 log = logging.getLogger(__name__)
@@ -82,24 +92,34 @@ class StudyStatus:
         """The status as the CLI prints it."""
         budget = f"of a budget of {self.budget}" if self.budget else "(no budget recorded)"
         states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(self.states.items())) or "no trials"
-        out = [f"study {self.name!r} in {self.storage}",
-               f"  measured  {self.measured} settings {budget}; trials: {states}"
-               + (f" ({self.lost} lost with their worker)" if self.lost else "")]
+        out = [
+            f"study {self.name!r} in {self.storage}",
+            f"  measured  {self.measured} settings {budget}; trials: {states}"
+            + (f" ({self.lost} lost with their worker)" if self.lost else ""),
+        ]
         for w in self.workers:
-            out.append(f"  worker    {w.worker}: {w.measured} measured, {w.running} running"
-                       + (f", {w.lost} lost" if w.lost else ""))
+            out.append(
+                f"  worker    {w.worker}: {w.measured} measured, {w.running} running"
+                + (f", {w.lost} lost" if w.lost else "")
+            )
         if self.best_value is not None:
-            out.append(f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})")
+            out.append(
+                f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})"
+            )
         else:
             out.append("  best      none feasible yet")
         for words in self.exclusions:
             out.append(f"  excluded  {words}")
         if self.stopped_early or self.excluded_asks:
-            out.append(f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
-                       f"{self.excluded_asks} ask(s) of an excluded setting told without measuring")
+            out.append(
+                f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
+                f"{self.excluded_asks} ask(s) of an excluded setting told without measuring"
+            )
         v = self.verification
         if v is None:
-            out.append("  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)")
+            out.append(
+                "  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)"
+            )
         else:
             out.append(f"  verified  on {v.get('host')} by {v.get('worker')}: {v.get('message')} ({v.get('run_dir')})")
         return out
@@ -116,9 +136,11 @@ def load_named_study(storage: str, name: str) -> tuple[optuna.Study, StudyStorag
         study = optuna.load_study(study_name=name, storage=rdb)
     except KeyError as exc:
         raise UserInputError(f"no study {name!r} in {redact(storage)}") from exc
-    except Exception as exc:  # noqa: BLE001 - unreachable server, bad password: one line, redacted
+    except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise UserInputError(redact(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {first}")) from exc
+        raise UserInputError(
+            redact(f"cannot open the study storage {storage!r}: {type(exc).__name__}: {first}")
+        ) from exc
     if not isinstance(study.user_attrs.get(RECORD_ATTR), dict):
         raise UserInputError(f"study {name!r} in {redact(storage)} was not made by tpu-tune (no {RECORD_ATTR} record)")
     return study, rdb
@@ -144,23 +166,35 @@ def study_status(storage: str, name: str) -> StudyStatus:
     best = min(feasible, key=lambda t: t.value) if feasible else None
     options = record.get("options", {})
     return StudyStatus(
-        name=name, storage=redact(without_password(storage)), budget=options.get("trials"),
-        measured=measured_count(covered_settings(trials)), states=dict(states),
-        lost=sum(1 for t in trials if is_lost(t)), workers=list(tallies.values()),
+        name=name,
+        storage=redact(without_password(storage)),
+        budget=options.get("trials"),
+        measured=measured_count(covered_settings(trials)),
+        states=dict(states),
+        lost=sum(1 for t in trials if is_lost(t)),
+        workers=list(tallies.values()),
         best_value=best.value if best else None,
         best_label=_label(best) if best else None,
         best_host=str(records.attrs(best).get(records.HOST, "?")) if best else None,
         verification=recorded_verification(study),
         exclusions=[cause.describe(label) for cause in stored_causes(study.user_attrs)],
-        stopped_early=sum(1 for a in map(records.attrs, trials) if records.STOPPED_EARLY in a
-                          and records.REPEAT_OF not in a),
+        stopped_early=sum(
+            1 for a in map(records.attrs, trials) if records.STOPPED_EARLY in a and records.REPEAT_OF not in a
+        ),
         excluded_asks=sum(1 for a in map(records.attrs, trials) if records.EXCLUDED_BY in a),
     )
 
 
-def finish_study(storage: str, name: str, out: Path, model_file: Path | None = None,
-                 device: str | None = None, now: bool = False, *,
-                 write_outputs: Callable[[TuningResult], object]) -> TuningResult:
+def finish_study(
+    storage: str,
+    name: str,
+    out: Path,
+    model_file: Path | None = None,
+    device: str | None = None,
+    now: bool = False,
+    *,
+    write_outputs: Callable[[TuningResult], object],
+) -> TuningResult:
     """Verify the best of study `name` once, on this host, and write a run folder (tuned config,
     report, trials); from the recorded verification when a worker verified the study as it is.
     Refused while trials are running (their workers are alive: the one that completes the budget
@@ -168,37 +202,56 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     study, rdb = load_named_study(storage, name)
     record = study.user_attrs[RECORD_ATTR]
     recorded_options = dict(record.get("options", {}))
-    set_liveness(rdb, int(recorded_options.get("heartbeat_interval_s") or HEARTBEAT_INTERVAL_S),
-                 recorded_options.get("grace_period_s"))
+    set_liveness(
+        rdb,
+        int(recorded_options.get("heartbeat_interval_s") or HEARTBEAT_INTERVAL_S),
+        recorded_options.get("grace_period_s"),
+    )
     running = [t for t in fail_lost_trials(study, rdb) if t.state == optuna.trial.TrialState.RUNNING]
     if running and not now:
         hosts = sorted({str(records.attrs(t).get(records.HOST, "?")) for t in running})
-        raise UserInputError(f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
-                             "that completes the budget verifies. Give --now to verify what is measured so far")
+        raise UserInputError(
+            f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
+            "that completes the budget verifies. Give --now to verify what is measured so far"
+        )
     profile_data = study.user_attrs.get(PROFILE_ATTR)
     if not isinstance(profile_data, dict):
-        raise UserInputError(f"study {name!r}: no baseline profile recorded yet (its first worker is still profiling, "
-                             "or died before it finished)")
+        raise UserInputError(
+            f"study {name!r}: no baseline profile recorded yet (its first worker is still profiling, "
+            "or died before it finished)"
+        )
     from tpu_tuner.profiling.profile import Profile
 
     profile = Profile.from_dict(profile_data)
     options = TuneOptions.from_plain(recorded_options)
-    options = replace(options, storage=storage, out=out, resume=None, study=name,
-                      device=device if device is not None else options.runner.device)
+    options = replace(
+        options,
+        storage=storage,
+        out=out,
+        resume=None,
+        study=name,
+        device=device if device is not None else options.runner.device,
+    )
     run = options.runner
-    if run.nnodes > 1:  # its trials ran on several hosts; a verification on this one alone would measure another machine
-        raise UserInputError(f"study {name!r} runs each trial on {run.nnodes} hosts: its driver verifies it when the "
-                             "search ends (relaunch the hosts' command to finish it)")
+    if (
+        run.nnodes > 1
+    ):  # its trials ran on several hosts; a verification on this one alone would measure another machine
+        raise UserInputError(
+            f"study {name!r} runs each trial on {run.nnodes} hosts: its driver verifies it when the "
+            "search ends (relaunch the hosts' command to finish it)"
+        )
     recorded_fingerprint = record.get("fingerprint", {})
     model_file = model_file or Path(str(recorded_fingerprint.get("model_file", "")))
     if not model_file.is_file():
         raise UserInputError(f"study {name!r}: its model file is not here (give --model FILE)", model_file)
     if file_sha256(model_file) != recorded_fingerprint.get("sha256"):
         raise UserInputError(f"study {name!r}: not the model file the study measured (sha256 differs)", model_file)
-    with trial_runner(str(model_file), run.device, run.nproc, run.trial_timeout_s,
-                      options.objective.memory_limit_bytes) as runner:
-        workload = load_summary(runner, model_file, run.batch_size, run.seq_len,
-                                sample_lengths=options.objective.lengths_file is None)
+    with trial_runner(
+        str(model_file), run.device, run.nproc, run.trial_timeout_s, options.objective.memory_limit_bytes
+    ) as runner:
+        workload = load_summary(
+            runner, model_file, run.batch_size, run.seq_len, sample_lengths=options.objective.lengths_file is None
+        )
         current = fingerprint(model_file, workload, run.batch_size, run.seq_len, run.nproc)
         whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=run.nproc)
         differing = join_differences(record, current, whole_space)
@@ -206,9 +259,18 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
             raise UserInputError(f"study {name!r}: cannot verify it here: {'; '.join(differing)}")
         run_dir = new_run_dir(out, workload.name, "tune")
         runner.log.move_into(run_dir)  # the workers' output, kept off the terminal
-        run_file.write(run_dir, {"storage": without_password(storage), "study_name": name, "shared": True,
-                                 "model_file": str(model_file), "fingerprint": current,
-                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run_file.this_process()})
+        run_file.write(
+            run_dir,
+            {
+                "storage": without_password(storage),
+                "study_name": name,
+                "shared": True,
+                "model_file": str(model_file),
+                "fingerprint": current,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                **run_file.this_process(),
+            },
+        )
         try:
             result = _finish_in(run_dir, study, rdb.url, options, profile, runner)
             write_outputs(result)
@@ -219,28 +281,42 @@ def finish_study(storage: str, name: str, out: Path, model_file: Path | None = N
     return result
 
 
-def _finish_in(run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any,
-               runner: Any) -> TuningResult:
+def _finish_in(
+    run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any, runner: Any
+) -> TuningResult:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
-    space = (SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc)
-             .for_workload(traits.of_profile(profile.workload)))
+    space = SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc).for_workload(
+        traits.of_profile(profile.workload)
+    )
     agents, findings, _ = prepare_agents(options, profile)
     measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
     done = recorded_verification(study)
     if done is not None and done.get("measured") == measured:
-        log.info("the study was verified on %s (%s): writing the config from that verification", done.get("host"),
-                 done.get("run_dir"))
+        log.info(
+            "the study was verified on %s (%s): writing the config from that verification",
+            done.get("host"),
+            done.get("run_dir"),
+        )
         verification = from_plain(Verification, done)
     else:
-        verification = replace(verify(study, space, runner, options, profile.device.kind, None, agents),
-                                host=socket.gethostname())
+        verification = replace(
+            verify(study, space, runner, options, profile.device.kind, None, agents), host=socket.gethostname()
+        )
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
-    result = TuningResult(run_dir=run_dir, study=study, space=space, profile=profile, findings=findings,
-                          verification=verification, options=options, worker_starts=runner.workers_started,
-                          storage_url=storage_url)
+    result = TuningResult(
+        run_dir=run_dir,
+        study=study,
+        space=space,
+        profile=profile,
+        findings=findings,
+        verification=verification,
+        options=options,
+        worker_starts=runner.workers_started,
+        storage_url=storage_url,
+    )
     return result
 
 

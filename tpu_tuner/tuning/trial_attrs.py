@@ -12,10 +12,10 @@ import json
 import optuna
 
 from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
+from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.bucketing import BucketingContext
-from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 
 MAX_STORED_SAMPLES = 200
@@ -27,8 +27,14 @@ def record_claim(trial: optuna.Trial, worker: str, host: str) -> None:
     TrialRecord.of(trial).write({records.WORKER: worker, records.HOST: host})
 
 
-def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, tolerance: float,
-                       bucketing: BucketingContext | None = None, memory: MemoryLimit | None = None) -> float:
+def record_measurement(
+    trial: optuna.Trial,
+    m: Measurement,
+    planned_steps: int,
+    tolerance: float,
+    bucketing: BucketingContext | None = None,
+    memory: MemoryLimit | None = None,
+) -> float:
     """Store the measurement (with any keys already set on the trial's record, in one write), the
     accuracy constraint and (with a `memory` limit) the memory constraint; return the objective
     value: the amortised step, or with varying input lengths the expected step under the trial's
@@ -41,15 +47,26 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
         record.update({records.BUCKETS: list(best.strategy.bounds), records.PADDING_WASTE: best.padding_waste})
     data = m.to_dict()
     data["samples"] = data["samples"][:MAX_STORED_SAMPLES]
-    record.update({
-        records.MEASUREMENT: json.dumps(data), records.STEP_MEDIAN_S: m.step_median,
-        records.COMPILE_S: m.compile_seconds, records.AMORTISED_STEP_S: objective, records.MFU: m.mfu,
-        records.ACCURACY_ERROR: m.accuracy_error, records.PEAK_MEMORY_BYTES: m.peak_memory_bytes,
-        records.FEASIBLE: m.accuracy_error <= tolerance, records.CANDIDATE: m.candidate,
-    })
+    record.update(
+        {
+            records.MEASUREMENT: json.dumps(data),
+            records.STEP_MEDIAN_S: m.step_median,
+            records.COMPILE_S: m.compile_seconds,
+            records.AMORTISED_STEP_S: objective,
+            records.MFU: m.mfu,
+            records.ACCURACY_ERROR: m.accuracy_error,
+            records.PEAK_MEMORY_BYTES: m.peak_memory_bytes,
+            records.FEASIBLE: m.accuracy_error <= tolerance,
+            records.CANDIDATE: m.candidate,
+        }
+    )
     if m.accuracy_error > tolerance:
-        record.update({records.FAILURE_KIND: FailureKind.ACCURACY,
-                       records.FAILURE_MESSAGE: f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}"})
+        record.update(
+            {
+                records.FAILURE_KIND: FailureKind.ACCURACY,
+                records.FAILURE_MESSAGE: f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}",
+            }
+        )
     over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None and m.peak_memory_bytes is not None else None
     if over:
         record.set(records.FEASIBLE, False)
@@ -65,8 +82,9 @@ def record_measurement(trial: optuna.Trial, m: Measurement, planned_steps: int, 
 
 def record_failure(trial: optuna.Trial, failure: TrialFailure) -> None:
     """Store how a measured trial failed (with any keys already set on its record, in one write)."""
-    TrialRecord.of(trial).write({records.FAILURE_KIND: failure.kind, records.FAILURE_MESSAGE: failure.message,
-                                 records.FEASIBLE: False})
+    TrialRecord.of(trial).write(
+        {records.FAILURE_KIND: failure.kind, records.FAILURE_MESSAGE: failure.message, records.FEASIBLE: False}
+    )
 
 
 def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) -> None:
@@ -75,23 +93,36 @@ def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) ->
     data = stop.to_dict()
     data["steps"] = data["steps"][:MAX_STORED_SAMPLES]
     record = TrialRecord.of(trial)
-    record.update({records.STOPPED_EARLY: stop.message, records.EARLY_STOP: data, records.CANDIDATE: stop.candidate,
-                   records.FEASIBLE: False, records.COMPILE_S: stop.compile_seconds})
+    record.update(
+        {
+            records.STOPPED_EARLY: stop.message,
+            records.EARLY_STOP: data,
+            records.CANDIDATE: stop.candidate,
+            records.FEASIBLE: False,
+            records.COMPILE_S: stop.compile_seconds,
+        }
+    )
     if stop.accuracy_errors:
         error = max(stop.accuracy_errors.values())
         record.set(records.ACCURACY_ERROR, error)
         if error > tolerance:
-            record.update({records.FAILURE_KIND: FailureKind.ACCURACY,
-                           records.FAILURE_MESSAGE: f"accuracy error {error:.3g} > tolerance {tolerance:g}"})
+            record.update(
+                {
+                    records.FAILURE_KIND: FailureKind.ACCURACY,
+                    records.FAILURE_MESSAGE: f"accuracy error {error:.3g} > tolerance {tolerance:g}",
+                }
+            )
     record.flush()
 
 
 def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial's measurement failed in the worker (an error, crash, out-of-memory or
     timeout): told as FAIL by earlier versions, as PRUNED with a failure kind now."""
-    return (trial.state != optuna.trial.TrialState.COMPLETE
-            and records.attrs(trial).get(records.FAILURE_KIND) in WORKER_FAILURES
-            and records.REPEAT_OF not in records.attrs(trial))
+    return (
+        trial.state != optuna.trial.TrialState.COMPLETE
+        and records.attrs(trial).get(records.FAILURE_KIND) in WORKER_FAILURES
+        and records.REPEAT_OF not in records.attrs(trial)
+    )
 
 
 def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
@@ -108,8 +139,15 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
 # What a repeat does not take from the trial it repeats: the measurement itself, and what says
 # who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
 # nothing: it must not pass for the earlier worker's measured trial), or how it was queued.
-NOT_COPIED = (records.MEASUREMENT, records.MEASURED, records.WORKER, records.HOST, records.HOSTS, records.TRIAL_WALL_S,
-              records.WARM_START)
+NOT_COPIED = (
+    records.MEASUREMENT,
+    records.MEASURED,
+    records.WORKER,
+    records.HOST,
+    records.HOSTS,
+    records.TRIAL_WALL_S,
+    records.WARM_START,
+)
 
 
 def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:

@@ -70,10 +70,19 @@ def run_search(
     """
     worker = worker or Worker.this_process(None)
     budget = options.search.trials
-    rules = Rules(budget=budget, batch=1, wait_for_running=True, look_between_asks=True, max_asks=20 * budget,
-                  space_size=space.size(), timeout_s=options.search.timeout_s, started=started)
-    feature = TuneTrials(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory,
-                         worker)
+    rules = Rules(
+        budget=budget,
+        batch=1,
+        wait_for_running=True,
+        look_between_asks=True,
+        max_asks=20 * budget,
+        space_size=space.size(),
+        timeout_s=options.search.timeout_s,
+        started=started,
+    )
+    feature = TuneTrials(
+        study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker
+    )
     # The sampler never proposes what the study has excluded (ExcludingSampler redraws); the
     # study's pruner is the one the trials are stopped by (should_prune asks it).
     sampler, pruner = study.sampler, study.pruner
@@ -84,8 +93,11 @@ def run_search(
     finally:
         study.sampler, study.pruner = sampler, pruner
     if end.reason in ("covered", "asks"):
-        log.info("stopping: %d of %d settings of the space covered",
-                 len(covered_settings(study.get_trials(deepcopy=False))), rules.space_size)
+        log.info(
+            "stopping: %d of %d settings of the space covered",
+            len(covered_settings(study.get_trials(deepcopy=False))),
+            rules.space_size,
+        )
     return end.reason
 
 
@@ -102,9 +114,20 @@ class TuneTrials(Feature):
     """The tuner's side of the loop: one setting a trial, measured one at a time in the warm
     trial worker; a rejection by an agent costs no budget."""
 
-    def __init__(self, study: optuna.Study, space: SearchSpace, agents: list[Agent], runner: Runner,
-                 measure_options: MeasureRequest, options: TuneOptions, emit: ProgressCallback, started: float,
-                 bucketing: BucketingContext | None, memory: MemoryLimit | None, worker: Worker) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        agents: list[Agent],
+        runner: Runner,
+        measure_options: MeasureRequest,
+        options: TuneOptions,
+        emit: ProgressCallback,
+        started: float,
+        bucketing: BucketingContext | None,
+        memory: MemoryLimit | None,
+        worker: Worker,
+    ) -> None:
         self.study, self.space, self.agents, self.runner = study, space, agents, runner
         self.measure_options, self.options, self.emit, self.started = measure_options, options, emit, started
         self.bucketing, self.memory, self.worker = bucketing, memory, worker
@@ -179,9 +202,12 @@ class TuneTrials(Feature):
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
         env = candidate.environment(backend_class(self.space.device_kind))
-        request = replace(self.measure_options, candidate=candidate.to_dict(),
-                          stop_above_s=self.stop_above_s if stop else None,
-                          planned_steps=self.options.objective.planned_steps)
+        request = replace(
+            self.measure_options,
+            candidate=candidate.to_dict(),
+            stop_above_s=self.stop_above_s if stop else None,
+            planned_steps=self.options.objective.planned_steps,
+        )
         return self.runner.run(request, env=env)
 
     def tell(self, claim: Claim, result: TrialRun) -> None:
@@ -193,8 +219,13 @@ class TuneTrials(Feature):
             return
         outcome = result.outcome
         # Stored with the measurement or the failure, in one write (trial_attrs.py).
-        TrialRecord.of(trial).update({records.MEASURED: True, records.TRIAL_WALL_S: outcome.seconds,
-                                      **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {})})
+        TrialRecord.of(trial).update(
+            {
+                records.MEASURED: True,
+                records.TRIAL_WALL_S: outcome.seconds,
+                **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {}),
+            }
+        )
         if outcome.ok and isinstance(outcome.value, EarlyStop):
             stop = outcome.value
             # What the worker measured, told to the pruner as Optuna's pruning interface is.
@@ -210,12 +241,18 @@ class TuneTrials(Feature):
             message = f"{label}: pruned, {stop.message}{note}"
         elif outcome.ok:
             m, memory = outcome.value, self.memory
-            value = trial_attrs.record_measurement(trial, m, objective.planned_steps, objective.tolerance,
-                                                   self.bucketing, memory)
+            value = trial_attrs.record_measurement(
+                trial, m, objective.planned_steps, objective.tolerance, self.bucketing, memory
+            )
             self.study.tell(trial, value)
             over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None else None
-            verdict = ("infeasible (accuracy)" if m.accuracy_error > objective.tolerance
-                       else f"infeasible ({over})" if over else "ok")
+            verdict = (
+                "infeasible (accuracy)"
+                if m.accuracy_error > objective.tolerance
+                else f"infeasible ({over})"
+                if over
+                else "ok"
+            )
             if verdict == "ok" and (self.best is None or value < self.best):
                 self.best = value
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
@@ -244,7 +281,9 @@ class TuneTrials(Feature):
                 self.told.add(trial.number)
                 _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, records.attrs(trial))
         for cause in self.learning.update(self.study, trials):
-            self.emit(Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left()))
+            self.emit(
+                Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left())
+            )
         if self.pruner is not None:
             self.stop_above_s = self.pruner.threshold(trials)
         self.out_of_time = not search_may_go_on(trials, self.clock)
@@ -258,19 +297,37 @@ class TuneTrials(Feature):
         return "clock" if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:
-        self._progress(f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them",
-                       spent)
+        self._progress(
+            f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them", spent
+        )
 
     def _progress(self, message: str, number: int, rejected_by: str | None = None) -> None:
-        self.emit(Progress("trial", message, number, self.options.search.trials, self.best,
-                           self.clock.elapsed(), _objective_name(self.bucketing), self.clock.left(), rejected_by))
+        self.emit(
+            Progress(
+                "trial",
+                message,
+                number,
+                self.options.search.trials,
+                self.best,
+                self.clock.elapsed(),
+                _objective_name(self.bucketing),
+                self.clock.left(),
+                rejected_by,
+            )
+        )
 
     def _label(self, trial: optuna.Trial) -> str:
         return self.space.to_candidate(dict(trial.params)).describe()
 
 
-def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, params: dict[str, Any], number: int,
-                 attrs: Mapping[str, Any]) -> None:
+def _tell_agents(
+    study: optuna.Study,
+    agents: list[Agent],
+    space: SearchSpace,
+    params: dict[str, Any],
+    number: int,
+    attrs: Mapping[str, Any],
+) -> None:
     """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
     ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
     kind = attrs.get(records.FAILURE_KIND)
@@ -302,10 +359,14 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
     "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
     lead = f"{duration(objective)} {_objective_name(bucketing)}"
     if bucketing is not None:
-        return (f"{lead} (step {duration(m.step_median)} at the reference length, compile "
-                f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}")
-    return (f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
-            f"MFU {m.mfu:.1%}")
+        return (
+            f"{lead} (step {duration(m.step_median)} at the reference length, compile "
+            f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}"
+        )
+    return (
+        f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
+        f"MFU {m.mfu:.1%}"
+    )
 
 
 __all__ = ["SearchEnd", "TrialRun", "TuneTrials", "run_search"]

@@ -16,16 +16,16 @@ from typing import Any
 
 import optuna
 
-from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.clock import Clock, plan_finish
 from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved
 from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.clock import Clock, plan_finish
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
+from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,16 @@ class Verification:
 """Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
 
 
-def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: TuneOptions, device_kind: str,
-           progress: VerifyProgress | None = None, agents: Sequence[Agent] = (),
-           clock: Clock | None = None) -> Verification:
+def verify(
+    study: optuna.Study,
+    space: SearchSpace,
+    runner: Runner,
+    options: TuneOptions,
+    device_kind: str,
+    progress: VerifyProgress | None = None,
+    agents: Sequence[Agent] = (),
+    clock: Clock | None = None,
+) -> Verification:
     """Re-measure the search's best against the baseline (and each knob reverted, unless an
     agent in `agents` rejects the reverted setting), interleaved; recommend the best only when
     its paired speedup is significant. `progress` hears every round.
@@ -91,19 +98,29 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
     feasible = [t for t in measured if trial_attrs.is_feasible(t)]
     baseline = space.to_candidate(baseline_params)
     if baseline_trial is None or not trial_attrs.is_feasible(baseline_trial):
-        reason = "the baseline trial did not produce a measurement" if baseline_trial is None else "the baseline failed the accuracy check"
+        reason = (
+            "the baseline trial did not produce a measurement"
+            if baseline_trial is None
+            else "the baseline failed the accuracy check"
+        )
         return Verification(None, None, baseline, False, None, message=f"not verified: {reason}")
     best_trial = min(feasible, key=lambda t: t.value)
     if best_trial.params == baseline_params:
-        return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
-                            message="no feasible candidate beat the baseline in the search; keep the baseline")
+        return Verification(
+            baseline_trial.number,
+            best_trial.number,
+            baseline,
+            False,
+            None,
+            message="no feasible candidate beat the baseline in the search; keep the baseline",
+        )
 
     # The search's leaders, raced interleaved: one measurement each cannot order settings a few
     # percent apart (tuning/race.py).
     race_entries: list[RaceEntry] = []
     left = clock.left_to_work() if clock is not None else None
     plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, left)
-    contenders = leaders(study, baseline_params)[:plan.race_top]
+    contenders = leaders(study, baseline_params)[: plan.race_top]
     if len(contenders) > 1:
         raced = race(study, space, runner, options, contenders, plan.race_rounds)
         if isinstance(raced, str):
@@ -112,11 +129,17 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
             best_trial, race_entries = raced
 
     # What the verification itself can afford once the race is run.
-    plan = plan_finish(study.get_trials(deepcopy=False), 0, options.objective.verify_rounds,
-                       clock.left_to_work() if clock is not None else None)
+    plan = plan_finish(
+        study.get_trials(deepcopy=False),
+        0,
+        options.objective.verify_rounds,
+        clock.left_to_work() if clock is not None else None,
+    )
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
-    differing = [p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)]
+    differing = [
+        p.name for p in space.searched if best_params.get(p.name, p.choices[0]) != space.baseline_value(p.name)
+    ]
     labels = {"baseline": baseline_params, "best": best_params}
     # One knob changed: set back, it is the baseline, already in the window, so it costs nothing.
     attributed = differing if plan.ablations or len(differing) == 1 else []
@@ -130,11 +153,22 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
             unmeasurable[name] = refusal
         elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
-    compared = compare_interleaved(runner, [space.to_candidate(params).to_dict() for params in labels.values()],
-                                   plan.verify_rounds, options.runner, progress)
+    compared = compare_interleaved(
+        runner,
+        [space.to_candidate(params).to_dict() for params in labels.values()],
+        plan.verify_rounds,
+        options.runner,
+        progress,
+    )
     if isinstance(compared, str):
-        return Verification(baseline_trial.number, best_trial.number, baseline, False, None,
-                            message=f"verification failed ({compared}); keep the baseline")
+        return Verification(
+            baseline_trial.number,
+            best_trial.number,
+            baseline,
+            False,
+            None,
+            message=f"verification failed ({compared}); keep the baseline",
+        )
     per_label, compiles = compared
     samples = dict(zip(labels, per_label))
     speedup = paired_speedup(samples["baseline"], samples["best"])
@@ -144,8 +178,14 @@ def verify(study: optuna.Study, space: SearchSpace, runner: Runner, options: Tun
             continue
         label = f"best without {name}"
         reverted = samples[label] if label in samples else samples["baseline"]
-        contributions.append(KnobContribution(name, space.baseline_value(name), best_params.get(name, space.baseline_value(name)),
-                                              paired_speedup(reverted, samples["best"])))
+        contributions.append(
+            KnobContribution(
+                name,
+                space.baseline_value(name),
+                best_params.get(name, space.baseline_value(name)),
+                paired_speedup(reverted, samples["best"]),
+            )
+        )
     chosen_is_best = speedup.significant
     if chosen_is_best:
         message = f"verified: {speedup.describe()}"

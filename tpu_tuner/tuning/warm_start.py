@@ -59,22 +59,37 @@ class WarmSeed:
 
     def attrs(self) -> dict[str, Any]:
         """The enqueued trial's user attr "warm_start" (plain JSON)."""
-        return {"source": self.source, "match": self.match, "distance": self.distance, "trial": self.trial,
-                "objective_s": self.objective_s, "speedup": self.speedup, "speedup_verified": self.verified}
+        return {
+            "source": self.source,
+            "match": self.match,
+            "distance": self.distance,
+            "trial": self.trial,
+            "objective_s": self.objective_s,
+            "speedup": self.speedup,
+            "speedup_verified": self.verified,
+        }
 
     def describe(self) -> str:
         """One line: "run results/x (trial 7; same workload): 12.3 ms amortised, 2.03x verified"."""
         from tpu_tuner.core.units import duration
 
         trial = f"trial {self.trial}; " if self.trial is not None else ""
-        gain = "" if self.speedup is None else \
-            f", {self.speedup:.2f}x {'verified' if self.verified else 'in its search'}"
+        gain = (
+            "" if self.speedup is None else f", {self.speedup:.2f}x {'verified' if self.verified else 'in its search'}"
+        )
         return f"{self.source} ({trial}{self.match}): {duration(self.objective_s)} amortised{gain}"
 
 
-def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage: str | None,
-                    results_dir: Path | None, exclude_study: str | None = None, limit: int = 3,
-                    max_distance: float = MAX_DISTANCE) -> list[WarmSeed]:
+def find_warm_seeds(
+    space: SearchSpace,
+    features: WorkloadFeatures,
+    *,
+    storage: str | None,
+    results_dir: Path | None,
+    exclude_study: str | None = None,
+    limit: int = 3,
+    max_distance: float = MAX_DISTANCE,
+) -> list[WarmSeed]:
     """Up to `limit` settings from earlier studies on `features.device_kind`, closest first (the
     same workload, then the nearest by features, no farther than `max_distance`), each a
     different setting valid in `space`.
@@ -92,12 +107,21 @@ def find_warm_seeds(space: "SearchSpace", features: WorkloadFeatures, *, storage
                 rdb.engine.dispose()
 
 
-def _seeds(space: "SearchSpace", features: WorkloadFeatures, storage: str | None, results_dir: Path | None,
-           exclude_study: str | None, limit: int, max_distance: float,
-           storages: dict[str, StudyStorage]) -> list[WarmSeed]:
+def _seeds(
+    space: SearchSpace,
+    features: WorkloadFeatures,
+    storage: str | None,
+    results_dir: Path | None,
+    exclude_study: str | None,
+    limit: int,
+    max_distance: float,
+    storages: dict[str, StudyStorage],
+) -> list[WarmSeed]:
     found: dict[tuple[str, str], EarlierStudy] = {}
-    for earlier in [*storage_studies(storage, exclude_study, storages),
-                    *folder_studies(results_dir, storage, exclude_study)]:
+    for earlier in [
+        *storage_studies(storage, exclude_study, storages),
+        *folder_studies(results_dir, storage, exclude_study),
+    ]:
         if earlier.features.device_kind == features.device_kind:
             found.setdefault(earlier.key, earlier)
     # Closest first; among equally close studies the newest (a stable sort on the newer order).
@@ -111,7 +135,7 @@ def _seeds(space: "SearchSpace", features: WorkloadFeatures, storage: str | None
             break
         try:
             seed = _best_of(earlier.open(storages), space, baseline, earlier, d, match)
-        except Exception as exc:  # noqa: BLE001 - a study that cannot be read offers nothing
+        except Exception as exc:
             log.debug("warm start: skipping %s: %s", earlier.source, redact(f"{type(exc).__name__}: {exc}"))
             continue
         if seed is None or any(s.params == seed.params for s in seeds):
@@ -143,7 +167,7 @@ def _candidate_of(trial: optuna.trial.FrozenTrial) -> Candidate | None:
         return None
 
 
-def _in_space(space: "SearchSpace", candidate: Candidate) -> dict[str, str] | None:
+def _in_space(space: SearchSpace, candidate: Candidate) -> dict[str, str] | None:
     """`candidate` as a whole setting of `space`, or None when `space` cannot run it (a value
     that is not a choice here, or a knob this space keeps at another value)."""
     params = space.to_params(candidate)
@@ -153,13 +177,14 @@ def _in_space(space: "SearchSpace", candidate: Candidate) -> dict[str, str] | No
     try:
         if space.to_candidate(params) != candidate:
             return None
-    except Exception:  # noqa: BLE001 - DefinitionError: values this space does not accept
+    except Exception:
         return None
     return space.complete(params)
 
 
-def _baseline_trial(trials: list[optuna.trial.FrozenTrial], verified: Verified | None,
-                    baselines: tuple[Candidate, ...]) -> optuna.trial.FrozenTrial | None:
+def _baseline_trial(
+    trials: list[optuna.trial.FrozenTrial], verified: Verified | None, baselines: tuple[Candidate, ...]
+) -> optuna.trial.FrozenTrial | None:
     if verified is not None and verified.baseline_trial is not None:
         named = next((t for t in trials if t.number == verified.baseline_trial), None)
         if named is not None:
@@ -167,11 +192,13 @@ def _baseline_trial(trials: list[optuna.trial.FrozenTrial], verified: Verified |
     return next((t for t in trials if _candidate_of(t) in baselines), None)
 
 
-def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, earlier: EarlierStudy, d: float,
-             match: str) -> WarmSeed | None:
+def _best_of(
+    study: optuna.Study, space: SearchSpace, baseline: Candidate, earlier: EarlierStudy, d: float, match: str
+) -> WarmSeed | None:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    feasible = sorted((t for t in trials if trial_attrs.is_feasible(t) and t.value is not None),
-                      key=lambda t: (t.value, t.number))
+    feasible = sorted(
+        (t for t in trials if trial_attrs.is_feasible(t) and t.value is not None), key=lambda t: (t.value, t.number)
+    )
     base_trial = _baseline_trial(trials, earlier.verified, (baseline, Candidate()))
     base_candidate = _candidate_of(base_trial) if base_trial is not None else None
     # The setting the earlier run verified first: its race re-measured the search's leaders
@@ -181,13 +208,17 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
     feasible.sort(key=lambda t: int(records.attrs(t).get(records.REPEAT_OF, t.number)) != chosen)
     for t in feasible:
         candidate = _candidate_of(t)
-        if candidate is None or candidate in (baseline, base_candidate) or \
-                (base_trial is not None and t.number == base_trial.number):
+        if (
+            candidate is None
+            or candidate in (baseline, base_candidate)
+            or (base_trial is not None and t.number == base_trial.number)
+        ):
             break  # the baseline is as good as it got there: nothing slower is worth a trial
         params = _in_space(space, candidate)
         if params is None or params == space.baseline_params():
-            log.debug("warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number,
-                      candidate.describe())
+            log.debug(
+                "warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number, candidate.describe()
+            )
             continue
         number = int(records.attrs(t).get(records.REPEAT_OF, t.number))
         if earlier.verified is not None and earlier.verified.applies_to(number, candidate, t is feasible[0]):
@@ -195,8 +226,16 @@ def _best_of(study: optuna.Study, space: "SearchSpace", baseline: Candidate, ear
         else:
             speedup = base_trial.value / t.value if base_trial is not None and base_trial.value and t.value else None
             verified = False
-        return WarmSeed(params=params, source=earlier.source, match=match, distance=d, objective_s=float(t.value),
-                        speedup=speedup, verified=verified, trial=number)
+        return WarmSeed(
+            params=params,
+            source=earlier.source,
+            match=match,
+            distance=d,
+            objective_s=float(t.value),
+            speedup=speedup,
+            verified=verified,
+            trial=number,
+        )
     return None
 
 

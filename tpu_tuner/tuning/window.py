@@ -35,7 +35,7 @@ class WindowStep:
     rounds: int
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "WindowStep":
+    def of(cls, samples: Sequence[float]) -> WindowStep:
         """The median, p10 and p90 of one label's per-round samples."""
         stats = TimingStats.from_samples(samples)
         return cls(stats.median, stats.p10, stats.p90, stats.count)
@@ -49,7 +49,7 @@ class WindowFigures:
     best: WindowStep
 
     @classmethod
-    def of(cls, samples: Mapping[str, Sequence[float]]) -> "WindowFigures | None":
+    def of(cls, samples: Mapping[str, Sequence[float]]) -> WindowFigures | None:
         """From `Verification.samples` (labels "baseline" and "best"); None when either is missing."""
         if not samples.get("baseline") or not samples.get("best"):
             return None
@@ -94,8 +94,13 @@ def with_window_step(m: Measurement | None, step: WindowStep, samples: Sequence[
     """`m` with its steady step from the window (its MFU is recomputed by the caller, on the run's peak)."""
     if m is None:
         return None
-    return replace(m, step_median=step.median_s, step_p10=step.p10_s, step_p90=step.p90_s,
-                   samples=[float(s) for s in samples] or m.samples)
+    return replace(
+        m,
+        step_median=step.median_s,
+        step_p10=step.p10_s,
+        step_p90=step.p90_s,
+        samples=[float(s) for s in samples] or m.samples,
+    )
 
 
 __all__ = ["FROM_SEARCH", "FROM_WINDOW", "ComparedSteps", "WindowFigures", "WindowStep", "with_window_step"]

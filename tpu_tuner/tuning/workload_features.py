@@ -71,7 +71,7 @@ class WorkloadFeatures:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "WorkloadFeatures":
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkloadFeatures:
         """From `to_dict` output; KeyError/TypeError/ValueError when malformed."""
         return cls(
             device_kind=str(data["device_kind"]),
@@ -85,11 +85,15 @@ class WorkloadFeatures:
             model_kind=optional(str, data.get("model_kind")),
         )
 
-    def same_workload(self, other: "WorkloadFeatures") -> bool:
+    def same_workload(self, other: WorkloadFeatures) -> bool:
         """The same step: model file, sizes, ranks, step kind and device kind."""
-        return (self.sha256 is not None and self.sha256 == other.sha256 and self.device_kind == other.device_kind
-                and (self.batch_size, self.seq_len, self.nproc, self.step_kind)
-                == (other.batch_size, other.seq_len, other.nproc, other.step_kind))
+        return (
+            self.sha256 is not None
+            and self.sha256 == other.sha256
+            and self.device_kind == other.device_kind
+            and (self.batch_size, self.seq_len, self.nproc, self.step_kind)
+            == (other.batch_size, other.seq_len, other.nproc, other.step_kind)
+        )
 
 
 def optional(kind: Callable[[Any], Any], value: Any) -> Any:
@@ -97,7 +101,7 @@ def optional(kind: Callable[[Any], Any], value: Any) -> Any:
     return None if value is None else kind(value)
 
 
-def features_of(profile: "Profile", fingerprint: Mapping[str, Any]) -> WorkloadFeatures:
+def features_of(profile: Profile, fingerprint: Mapping[str, Any]) -> WorkloadFeatures:
     """The features of a run: its baseline `profile` and its `fingerprint` (fingerprint.py)."""
     flops = profile.flops
     verdict = getattr(profile, "verdict", None)
@@ -129,8 +133,16 @@ def features_of_json(profile: Mapping[str, Any], fingerprint: Mapping[str, Any])
     )
 
 
-def _features(device_kind: str, fingerprint: Mapping[str, Any], workload: Mapping[str, Any], model_flops: Any,
-              parameters: Any, attention: Any, bound: Any, operators: list[str]) -> WorkloadFeatures:
+def _features(
+    device_kind: str,
+    fingerprint: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    model_flops: Any,
+    parameters: Any,
+    attention: Any,
+    bound: Any,
+    operators: list[str],
+) -> WorkloadFeatures:
     def size(key: str) -> int | None:
         # The fingerprint's, else the profile's: fingerprints of older runs hold None for "the
         # file's own size", which the profile's workload records.
@@ -138,8 +150,9 @@ def _features(device_kind: str, fingerprint: Mapping[str, Any], workload: Mappin
         value = workload.get(key) if value is None else value
         return None if value is None else int(value)
 
-    flops_per_param = (float(model_flops) / float(parameters)
-                       if model_flops and parameters and float(parameters) > 0 else None)
+    flops_per_param = (
+        float(model_flops) / float(parameters) if model_flops and parameters and float(parameters) > 0 else None
+    )
     return WorkloadFeatures(
         device_kind=str(device_kind),
         sha256=optional(str, fingerprint.get("sha256")),
@@ -154,10 +167,13 @@ def _features(device_kind: str, fingerprint: Mapping[str, Any], workload: Mappin
 
 
 def model_kind_of(traits: Any, attention_convention: Any, operators: Iterable[str]) -> str | None:
-    """"transformer", "convolutional", "recurrent", "mlp" or None (the rule: module docstring)."""
+    """ "transformer", "convolutional", "recurrent", "mlp" or None (the rule: module docstring)."""
     names = [str(name).lower() for name in operators]
-    declared = isinstance(attention_convention, str) and attention_convention and \
-        not attention_convention.startswith("not applicable")
+    declared = (
+        isinstance(attention_convention, str)
+        and attention_convention
+        and not attention_convention.startswith("not applicable")
+    )
     if declared or any("attention" in n for n in names):
         return "transformer"
     conv_weights = traits.get("conv_weights") if isinstance(traits, Mapping) else None
@@ -188,8 +204,10 @@ def distance(here: WorkloadFeatures, there: WorkloadFeatures) -> tuple[float, st
     else:
         d += UNKNOWN_RATIO
         words.append("FLOPs/parameter unknown")
-    for weight, name, a, b in ((OTHER_BOUND, "bound", here.bound, there.bound),
-                               (OTHER_KIND, "kind", here.model_kind, there.model_kind)):
+    for weight, name, a, b in (
+        (OTHER_BOUND, "bound", here.bound, there.bound),
+        (OTHER_KIND, "kind", here.model_kind, there.model_kind),
+    ):
         if a is not None and a == b:
             words.append(f"same {name} ({a})")
         else:
@@ -198,5 +216,13 @@ def distance(here: WorkloadFeatures, there: WorkloadFeatures) -> tuple[float, st
     return d, "nearest: " + ", ".join(words)
 
 
-__all__ = ["MAX_DISTANCE", "SAME_WORKLOAD", "WorkloadFeatures", "distance", "features_of", "features_of_json",
-           "model_kind_of", "optional"]
+__all__ = [
+    "MAX_DISTANCE",
+    "SAME_WORKLOAD",
+    "WorkloadFeatures",
+    "distance",
+    "features_of",
+    "features_of_json",
+    "model_kind_of",
+    "optional",
+]

@@ -10,8 +10,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tpu_tuner.tuning.agents.base import Agent
     from tpu_tuner.devices.roofline import RooflineProbe
+    from tpu_tuner.tuning.agents.base import Agent
 
 _EXPORTS = {
     "Agent": "tpu_tuner.tuning.agents.base",
@@ -28,13 +28,18 @@ __all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "ThreadsA
 def agent_classes() -> dict[str, type[Agent]]:
     """Agent name -> class, for every agent `tpu-tune tune` can use."""
     from tpu_tuner.tuning.agents.compile_agent import CompileAgent
-    from tpu_tuner.tuning.agents.precision_agent import PrecisionAgent
     from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
+    from tpu_tuner.tuning.agents.precision_agent import PrecisionAgent
     from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
     from tpu_tuner.tuning.agents.threads_agent import ThreadsAgent
 
-    return {"compile": CompileAgent, "precision": PrecisionAgent, "threads": ThreadsAgent, "memory": MemoryAgent,
-            "sharding": ShardingAgent}
+    return {
+        "compile": CompileAgent,
+        "precision": PrecisionAgent,
+        "threads": ThreadsAgent,
+        "memory": MemoryAgent,
+        "sharding": ShardingAgent,
+    }
 
 
 def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None = None) -> list[Agent]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import shutil
 
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
-from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.knobs.layout import layout_in
 import tpu_tuner.tuning.agents.training_step as training_step
-from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.agents.schema import CompileDefinition
+from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import Verdict
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import CompileDefinition
 from tpu_tuner.tuning.space import SearchSpace
 
 # channels_last is seeded when convolutions take at least this share of the profiled self time:
@@ -44,7 +44,8 @@ class CompileAgent(Agent):
             findings.append(
                 f"overhead-bound: {verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured "
                 f"dispatch cost explain {verdict.dispatch_share:.0%} of the step; fusing ops with a compiler "
-                "should cut dispatch time")
+                "should cut dispatch time"
+            )
         elif verdict.bound == "memory-bound":
             findings.append("memory-bound: compiler fusion removes intermediate reads and writes")
         elif verdict.bound == "compute-bound":
@@ -62,8 +63,10 @@ class CompileAgent(Agent):
     def _layout_finding(self, profile: Profile) -> str:
         share = self._conv_share = convolution_share(profile)
         if share >= CONV_SEED_SHARE:
-            return (f"convolutions take {share:.0%} of profiled self time: channels_last memory format is seeded "
-                    "(NHWC kernels, no layout conversion around each convolution)")
+            return (
+                f"convolutions take {share:.0%} of profiled self time: channels_last memory format is seeded "
+                "(NHWC kernels, no layout conversion around each convolution)"
+            )
         if share > 0:
             return f"convolutions take only {share:.0%} of profiled self time: channels_last is searched, not seeded"
         return "no convolution operators in the profile: channels_last memory format is skipped"
@@ -80,18 +83,25 @@ class CompileAgent(Agent):
         layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
         if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
             return seeds
-        return [{**seed, "memory_format": "channels_last"} for seed in seeds] + [{"memory_format": "channels_last"}] + seeds
+        return (
+            [{**seed, "memory_format": "channels_last"} for seed in seeds]
+            + [{"memory_format": "channels_last"}]
+            + seeds
+        )
 
     @staticmethod
     def _below_roofline(verdict: Verdict) -> str:
         """What a compiler can do for kernels that run below the roofline, by which kernels they are."""
         top = ", ".join(f"{name} {share:.0%}" for name, share in verdict.top_operators) or "no operator table"
-        dispatch = (f"; dispatch explains only {verdict.dispatch_share:.0%}" if verdict.dispatch_share is not None
-                    else "")
+        dispatch = (
+            f"; dispatch explains only {verdict.dispatch_share:.0%}" if verdict.dispatch_share is not None else ""
+        )
         head = f"below the roofline: the kernels reach {verdict.compute_share:.1%} of the peak ({top}){dispatch}"
         if verdict.compute_kernels_dominate:
-            return (head + "; matmul/convolution kernels dominate, so fusion cuts little: lower precision, "
-                    "memory format or better kernels (a compiler's autotuned ones) are what can help")
+            return (
+                head + "; matmul/convolution kernels dominate, so fusion cuts little: lower precision, "
+                "memory format or better kernels (a compiler's autotuned ones) are what can help"
+            )
         return head + "; elementwise / data-movement kernels dominate, so compiler fusion can help"
 
     def _seed_param(self) -> str:
@@ -107,12 +117,17 @@ class CompileAgent(Agent):
         ):
             return "inductor on CPU needs a C++ compiler and none is on PATH"
         if candidate["memory_format"] == "channels_last" and self._conv_share == 0.0:
-            return ("channels_last skipped: the profile shows no convolution operator, and the setting only "
-                    "re-lays 4-D convolution weights and inputs")
+            return (
+                "channels_last skipped: the profile shows no convolution operator, and the setting only "
+                "re-lays 4-D convolution weights and inputs"
+            )
         if candidate["memory_format"] == "channels_last" and layout_in(candidate).fsdp > 1:
             # The memory format re-lays the weights before the layout shards them, and FSDP2 takes
             # contiguous parameters only (examples/cnn.py on 2 ranks failed so on every rank).
-            return (f"channels_last skipped: under fsdp (layout {candidate['layout']}) FSDP2 refuses the "
-                    "non-contiguous convolution weights channels_last makes")
-        return (compiler_options.validate(candidate, self._training, self.device_kind)
-                or training_step.validate(candidate, self._training))
+            return (
+                f"channels_last skipped: under fsdp (layout {candidate['layout']}) FSDP2 refuses the "
+                "non-contiguous convolution weights channels_last makes"
+            )
+        return compiler_options.validate(candidate, self._training, self.device_kind) or training_step.validate(
+            candidate, self._training
+        )

@@ -32,13 +32,19 @@ def compute_heavy(profile: Profile) -> bool:
 def findings(profile: Profile) -> list[str]:
     """What the profile says about inductor's options."""
     if profile.workload.training:
-        return ["training step: inductor freezing is skipped (it bakes the weights the optimizer updates "
-                "into the compiled graph, and inductor freezes only graphs compiled without grad)"]
+        return [
+            "training step: inductor freezing is skipped (it bakes the weights the optimizer updates "
+            "into the compiled graph, and inductor freezes only graphs compiled without grad)"
+        ]
     if compute_heavy(profile):
-        return ["inference dominated by matmul/convolution kernels: inductor freezing (constant weights, "
-                "prepacked kernels) and max-autotune (benchmarked GEMM/convolution templates) are seeded"]
-    return ["inference dominated by elementwise/data-movement kernels: inductor's fusion is what helps; "
-            "freezing / max-autotune are searched, not seeded"]
+        return [
+            "inference dominated by matmul/convolution kernels: inductor freezing (constant weights, "
+            "prepacked kernels) and max-autotune (benchmarked GEMM/convolution templates) are seeded"
+        ]
+    return [
+        "inference dominated by elementwise/data-movement kernels: inductor's fusion is what helps; "
+        "freezing / max-autotune are searched, not seeded"
+    ]
 
 
 def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
@@ -54,8 +60,10 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
     """Why the candidate's compiler options cannot apply; None where they can."""
     on = flags(candidate[KNOB])
     if FREEZING in on and training:
-        return ("freezing skipped: the step trains, and inductor freezing bakes the weights the optimizer "
-                "updates into the graph (it applies only to graphs compiled without grad)")
+        return (
+            "freezing skipped: the step trains, and inductor freezing bakes the weights the optimizer "
+            "updates into the graph (it applies only to graphs compiled without grad)"
+        )
     if CUDAGRAPHS in on and device_kind != "cuda":
         return f"cudagraphs skipped: CUDA graphs exist only on CUDA, not {device_kind}"
     layout = layout_in(candidate)
@@ -65,12 +73,16 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
         # one input is the process group of the collectives (a script object, no tensor): the compile
         # fails on every rank ("cannot assign FakeScriptObject to buffer", examples/mlp.py and
         # tests/fixtures/tiny_residual_mlp.py on 2 ranks; FSDP and replicas compile).
-        return ("freezing skipped: under tensor parallelism (layout " + layout.short() + ") inductor freezing "
-                "cannot fold the collectives' process group into a constant (the compile fails)")
+        return (
+            "freezing skipped: under tensor parallelism (layout " + layout.short() + ") inductor freezing "
+            "cannot fold the collectives' process group into a constant (the compile fails)"
+        )
     if FULLGRAPH in on and data > 1 and fsdp == tensor == 1 and training is not False:
         # (An inference step's data axis is plain replicas, which compile whole.)
         # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
         # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
-        return ("fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "
-                "forward as one graph (it splits it at DDP's gradient buckets)")
+        return (
+            "fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "
+            "forward as one graph (it splits it at DDP's gradient buckets)"
+        )
     return None

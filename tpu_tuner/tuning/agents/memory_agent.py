@@ -10,12 +10,12 @@ An inference step has no backward pass: the search space leaves both memory knob
 
 from __future__ import annotations
 
-from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.agents.schema import MemoryDefinition
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import MemoryDefinition
 from tpu_tuner.tuning.memory_limit import MemoryLimit
+from tpu_tuner.tuning.space import SearchSpace
 
 KNOB = "activation_checkpointing"
 # Gradient accumulation (tpu_tuner/knobs/micro_batches.py): the other memory knob of a training
@@ -40,31 +40,40 @@ class MemoryAgent(Agent):
         peak = profile.memory.peak_bytes
         measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
         if self.limit is None:
-            against = ("no memory limit on this device (CPU without --trial-memory-gb): the search does not "
-                       "constrain memory")
+            against = (
+                "no memory limit on this device (CPU without --trial-memory-gb): the search does not constrain memory"
+            )
         else:
             share = f", {peak / self.limit.bytes:.0%} of it" if peak is not None else ""
             against = f"limit {self.limit.bytes / 2**30:.2f} GiB ({self.limit.source}){share}"
         findings = [f"baseline peak memory {measured} ({profile.memory.method}); {against}"]
         if not self._training:
-            findings.append("inference step: no activations are kept for a backward pass, so activation "
-                            "checkpointing is skipped")
+            findings.append(
+                "inference step: no activations are kept for a backward pass, so activation checkpointing is skipped"
+            )
         elif self._near_limit(profile):
-            findings.append(f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
-                            "checkpointing repeated blocks is seeded (less activation memory, one more forward "
-                            "of each block), and so is splitting the batch into micro-batches (one slice's "
-                            "activations alive at a time, k smaller passes)")
+            findings.append(
+                f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
+                "checkpointing repeated blocks is seeded (less activation memory, one more forward "
+                "of each block), and so is splitting the batch into micro-batches (one slice's "
+                "activations alive at a time, k smaller passes)"
+            )
         else:
-            findings.append("the baseline is not near a memory limit: activation checkpointing is not tried (it "
-                            "only trades a forward of each block for memory the step does not need; give "
-                            "--trial-memory-gb to search it under a limit), micro-batching is searched, not "
-                            "seeded (k smaller passes, which can also run faster where activations fit in cache)")
+            findings.append(
+                "the baseline is not near a memory limit: activation checkpointing is not tried (it "
+                "only trades a forward of each block for memory the step does not need; give "
+                "--trial-memory-gb to search it under a limit), micro-batching is searched, not "
+                "seeded (k smaller passes, which can also run faster where activations fit in cache)"
+            )
         return findings
 
     def _near_limit(self, profile: Profile) -> bool:
         peak = profile.memory.peak_bytes
-        return (self.limit is not None and peak is not None
-                and peak >= self.definition.seeds.near_limit_share * self.limit.bytes)
+        return (
+            self.limit is not None
+            and peak is not None
+            and peak >= self.definition.seeds.near_limit_share * self.limit.bytes
+        )
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
         """Checkpointing alone, and two micro-batches alone, for a training step whose baseline
@@ -85,14 +94,17 @@ class MemoryAgent(Agent):
 
     def validate(self, candidate: Candidate) -> str | None:
         if self._training is False and candidate[KNOB] != "none":
-            return ("activation checkpointing skipped: an inference step keeps no activations for a backward "
-                    "pass, so there is nothing to recompute")
+            return (
+                "activation checkpointing skipped: an inference step keeps no activations for a backward "
+                "pass, so there is nothing to recompute"
+            )
         if self._training and self._pressed is False and candidate[KNOB] != "none":
-            return ("activation checkpointing skipped: the baseline is not near a memory limit, and recomputing "
-                    "blocks only trades step time for memory the step does not need")
+            return (
+                "activation checkpointing skipped: the baseline is not near a memory limit, and recomputing "
+                "blocks only trades step time for memory the step does not need"
+            )
         if self._training is False and candidate[MICRO_BATCHES] != "1":
-            return ("micro_batches skipped: an inference step has no backward pass or optimizer step to "
-                    "accumulate over")
+            return "micro_batches skipped: an inference step has no backward pass or optimizer step to accumulate over"
         return self._slice_refusal(candidate)
 
     def _slice_refusal(self, candidate: Candidate) -> str | None:
@@ -108,5 +120,7 @@ class MemoryAgent(Agent):
         local = self._batch // (data * fsdp)
         if local % k == 0:
             return None
-        return (f"micro_batches {k} skipped: under layout {layout.short()} each rank runs {local} of the batch's "
-                f"{self._batch} samples, which do not split into {k} equal micro-batches")
+        return (
+            f"micro_batches {k} skipped: under layout {layout.short()} each rank runs {local} of the batch's "
+            f"{self._batch} samples, which do not split into {k} equal micro-batches"
+        )

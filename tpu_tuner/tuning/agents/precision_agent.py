@@ -8,11 +8,11 @@ measured figures, in the findings and in the rejected trial's reason.
 
 from __future__ import annotations
 
-from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.agents.schema import PrecisionDefinition
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import is_matmul_like
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import PrecisionDefinition
 from tpu_tuner.tuning.space import SearchSpace
 
 
@@ -35,8 +35,10 @@ class PrecisionAgent(Agent):
                 means = "bf16 autocast" if self._medium_without_effect() else "autocast or lower matmul precision"
                 findings.append(f"matmul-heavy: bf16 matmuls ({means}) should pay off")
             else:
-                findings.append("matmul-heavy, but this host's bf16 matmuls are no faster than fp32: "
-                                "lower precision is not expected to pay off here")
+                findings.append(
+                    "matmul-heavy, but this host's bf16 matmuls are no faster than fp32: "
+                    "lower precision is not expected to pay off here"
+                )
         return findings
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
@@ -61,8 +63,11 @@ class PrecisionAgent(Agent):
         return self.probe.bf16_speed_ratio if self.probe is not None else None
 
     def _medium_without_effect(self) -> bool:
-        return (self.probe is not None and self.probe.medium_changes_numerics is False
-                and self.definition.hardware.skip_medium_without_effect)
+        return (
+            self.probe is not None
+            and self.probe.medium_changes_numerics is False
+            and self.definition.hardware.skip_medium_without_effect
+        )
 
     def _bf16_too_slow(self) -> bool:
         ratio = self._bf16_ratio()
@@ -79,15 +84,19 @@ class PrecisionAgent(Agent):
 
     def _medium_reason(self) -> str:
         assert self.probe is not None and self.probe.medium_relative_error is not None
-        return (f"matmul precision 'medium' skipped: it leaves fp32 matmuls unchanged on this host (measured relative "
-                f"error {self.probe.medium_relative_error:.1e}, fp32 rounding; a bf16 pass gives ~1e-3): "
-                "it runs the same kernels as 'highest'")
+        return (
+            f"matmul precision 'medium' skipped: it leaves fp32 matmuls unchanged on this host (measured relative "
+            f"error {self.probe.medium_relative_error:.1e}, fp32 rounding; a bf16 pass gives ~1e-3): "
+            "it runs the same kernels as 'highest'"
+        )
 
     def _bf16_reason(self, action: str) -> str:
         assert self.probe is not None
-        return (f"bf16 autocast {action}: bf16 matmuls run at {self.probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s "
-                f"against {self.probe.float32_flops_per_s / 1e9:.0f} GFLOP/s in fp32 on this host "
-                f"({self.probe.bf16_speed_ratio:.2f}x): no fast bf16 matmul units")
+        return (
+            f"bf16 autocast {action}: bf16 matmuls run at {self.probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s "
+            f"against {self.probe.float32_flops_per_s / 1e9:.0f} GFLOP/s in fp32 on this host "
+            f"({self.probe.bf16_speed_ratio:.2f}x): no fast bf16 matmul units"
+        )
 
     def _hardware_findings(self) -> list[str]:
         """What the probe says about each precision choice, with the measured figures."""
@@ -99,13 +108,17 @@ class PrecisionAgent(Agent):
             if self._medium_without_effect():
                 findings.append(self._medium_reason())
             elif probe.medium_changes_numerics:
-                findings.append(f"matmul precision 'medium' runs fp32 matmuls as bf16 here (measured relative "
-                                f"error {probe.medium_relative_error:.1e})")
+                findings.append(
+                    f"matmul precision 'medium' runs fp32 matmuls as bf16 here (measured relative "
+                    f"error {probe.medium_relative_error:.1e})"
+                )
         ratio = probe.bf16_speed_ratio
         if ratio < self.definition.hardware.seed_bf16_min_ratio:
             findings.append(self._bf16_reason("rejected" if self._bf16_too_slow() else "not seeded"))
         else:
-            findings.append(f"bf16 matmuls run at {probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s against "
-                            f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x): "
-                            "bf16 autocast is worth trying")
+            findings.append(
+                f"bf16 matmuls run at {probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s against "
+                f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x): "
+                "bf16 autocast is worth trying"
+            )
         return findings

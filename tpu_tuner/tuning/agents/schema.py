@@ -151,9 +151,13 @@ class ShardingDefinition:
 
 
 # Agent name -> the schema of its definition: the agents `tpu-tune tune` can use.
-AGENT_DEFINITIONS: dict[str, type] = {"compile": CompileDefinition, "precision": PrecisionDefinition,
-                                     "threads": ThreadsDefinition, "memory": MemoryDefinition,
-                                     "sharding": ShardingDefinition}
+AGENT_DEFINITIONS: dict[str, type] = {
+    "compile": CompileDefinition,
+    "precision": PrecisionDefinition,
+    "threads": ThreadsDefinition,
+    "memory": MemoryDefinition,
+    "sharding": ShardingDefinition,
+}
 
 
 def seeds_for(seeds: Any, device_kind: str) -> tuple[Any, ...]:

@@ -15,14 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_tuner.core.failures import FailureKind
-from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.agents.schema import ShardingDefinition
 from tpu_tuner.devices.roofline import RooflineProbe
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import expand
-from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.parallel.from_plan import MappedLayout
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.schema import ShardingDefinition
+from tpu_tuner.tuning.space import SearchSpace
 
 KNOB = "layout"
 
@@ -45,10 +45,15 @@ class ShardingAgent(Agent):
         if self.ranks == 1:
             return ["one process per trial: no sharding layout to search (--nproc N runs every trial on N ranks)"]
         self.training = profile.workload.training
-        baseline = ("DDP" if self.training else "replicas of the model, each a slice of the batch: an inference "
-                    "step has no gradient to synchronise")
-        findings = [f"every trial runs on {self.ranks} ranks, one process each, on the global batch of "
-                    f"{profile.workload.batch_size}; the baseline is data parallel ({self.ranks}x1x1, {baseline})"]
+        baseline = (
+            "DDP"
+            if self.training
+            else "replicas of the model, each a slice of the batch: an inference step has no gradient to synchronise"
+        )
+        findings = [
+            f"every trial runs on {self.ranks} ranks, one process each, on the global batch of "
+            f"{profile.workload.batch_size}; the baseline is data parallel ({self.ranks}x1x1, {baseline})"
+        ]
         if self.planned is not None:
             if not self.planned:
                 findings.append(f"the plan in {self.plan_source} has no fitting layout to seed")
@@ -68,7 +73,9 @@ class ShardingAgent(Agent):
             training = profile.workload.training if profile is not None else self.training
             families = self.definition.seeds.families if training else self.definition.seeds.inference_families
             wanted = [next(iter(expand(family, space.ranks)), "") for family in families]
-        return [{KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]]
+        return [
+            {KNOB: value} for value in dict.fromkeys(wanted) if value in param.choices and value != param.choices[0]
+        ]
 
     def learn(self, candidate: Candidate, trial: int, failure_kind: str, message: str) -> list[dict[str, str]]:
         """A layout's error is the layout's own only where every other knob was at its baseline:
@@ -77,8 +84,13 @@ class ShardingAgent(Agent):
         optimizer cannot step tensor-parallel parameters, while other optimizers can), so the
         layout alone is asked for next, which decides it."""
         layout = candidate[KNOB]
-        if (self.ranks == 1 or layout == f"{self.ranks}x1x1" or failure_kind != FailureKind.ERROR
-                or layout in self._dead or not self.definition.validate.measure_alone_after_error):
+        if (
+            self.ranks == 1
+            or layout == f"{self.ranks}x1x1"
+            or failure_kind != FailureKind.ERROR
+            or layout in self._dead
+            or not self.definition.validate.measure_alone_after_error
+        ):
             return []  # the baseline layout (DDP) is never given up: its failure is the workload's
         if set(candidate.changed) <= {KNOB}:
             self._dead[layout] = (trial, message)
@@ -90,5 +102,7 @@ class ShardingAgent(Agent):
         if candidate[KNOB] not in self._dead:
             return None
         trial, message = self._dead[candidate[KNOB]]
-        return (f"layout {candidate[KNOB]} failed on its own (every other knob at its baseline) in trial {trial} "
-                f"({message[:160]}): the model cannot run it, so it is not measured again")
+        return (
+            f"layout {candidate[KNOB]} failed on its own (every other knob at its baseline) in trial {trial} "
+            f"({message[:160]}): the model cannot run it, so it is not measured again"
+        )

@@ -39,9 +39,14 @@ def findings(profile: Profile) -> list[str]:
     if not profile.workload.training:
         return ["inference step: the optimizer implementation does not apply (no optimizer step)"]
     share = optimizer_share(profile)
-    return [f"the optimizer update takes {share:.0%} of profiled self time: "
-            + ("a fused optimizer is seeded" if share >= OPTIMIZER_SEED_SHARE
-               else "its implementation is searched, not seeded")]
+    return [
+        f"the optimizer update takes {share:.0%} of profiled self time: "
+        + (
+            "a fused optimizer is seeded"
+            if share >= OPTIMIZER_SEED_SHARE
+            else "its implementation is searched, not seeded"
+        )
+    ]
 
 
 def seeds(profile: Profile | None, choices: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
@@ -60,7 +65,9 @@ def validate(candidate: Candidate, profile_is_training: bool | None) -> str | No
     if candidate[KNOB] in ("foreach", "fused") and tensor > 1 and fsdp == 1:
         # Such a trial fails at its optimizer step ("got mixed torch.Tensor and DTensor"), so it
         # is rejected unmeasured (docs/sharding.md).
-        return (f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {layout.short()}) leaves the "
-                "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
-                "one kind (with fsdp every parameter is a DTensor)")
+        return (
+            f"{KNOB} {candidate[KNOB]} skipped: tensor parallelism alone (layout {layout.short()}) leaves the "
+            "embeddings and norms plain tensors beside the sharded DTensors, and the multi-tensor kernels take "
+            "one kind (with fsdp every parameter is a DTensor)"
+        )
     return None
