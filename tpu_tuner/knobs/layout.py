@@ -270,13 +270,13 @@ def _layout(value: str) -> Layout:
     return parse_layout(value, context=False)
 
 
-class Settings(Protocol):
+class KnobValues(Protocol):
     """Knob values by knob name: a mapping, or a `Candidate`."""
 
     def __getitem__(self, name: str, /) -> str: ...
 
 
-def layout_in(settings: Settings) -> Layout:
+def layout_in(settings: KnobValues) -> Layout:
     """The layout a candidate (or a tuned config's settings) runs under: how the agents of other
     knobs and the sharded numerics check read this knob's value without naming it."""
     return parse_layout(settings[LayoutKnob.name], context=False)
