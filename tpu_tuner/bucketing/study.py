@@ -207,7 +207,8 @@ def replay(
         needed = sorted({int(b) for b in bounds[np.searchsorted(bounds, stream, side="left")]})
         if len(needed) > options.replay_max_compiles:
             emit(
-                f"replay: {strategy.name} needs {len(needed)} compiled shapes (> {options.replay_max_compiles}); predicted only"
+                f"replay: {strategy.name} needs {len(needed)} compiled shapes "
+                f"(> {options.replay_max_compiles}); predicted only"
             )
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")

@@ -189,7 +189,7 @@ def _convert(kind: Any, value: Any, where: str, path: KeyPath) -> Any:
     origin = typing.get_origin(kind)
     if kind is Any:
         return value
-    if dataclasses.is_dataclass(kind):
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         if isinstance(value, dict):
             return _build(kind, value, where, path)
     elif origin in (Union, types.UnionType):

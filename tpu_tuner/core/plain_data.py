@@ -55,8 +55,9 @@ def _build(tp: Any, data: Any, names: dict[str, Any], top: bool = False) -> Any:
     if origin in (dict, collections.abc.Mapping):
         value_type = args[1] if len(args) == 2 else Any
         return {key: _build(value_type, value, names) for key, value in data.items()}
-    if isinstance(tp, type) and not top and isinstance(data, dict) and callable(getattr(tp, "from_dict", None)):
-        return tp.from_dict(data)
+    from_dict = getattr(tp, "from_dict", None) if isinstance(tp, type) and not top and isinstance(data, dict) else None
+    if callable(from_dict):
+        return from_dict(data)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(data, dict):
             raise TypeError(f"{tp.__name__}: expected an object, found {type(data).__name__}")

@@ -52,7 +52,7 @@ def knob_importance(trials: pd.DataFrame) -> dict[str, float]:
     knobs = [k for k in KNOBS if k in done and done[k].notna().all() and done[k].nunique() > 1]
     if len(done) < 2 or not knobs:
         return {}
-    distributions = {
+    distributions: dict[str, optuna.distributions.BaseDistribution] = {
         k: optuna.distributions.CategoricalDistribution(sorted(done[k].astype(str).unique())) for k in knobs
     }
     frozen = [

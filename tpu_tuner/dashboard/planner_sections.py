@@ -28,7 +28,8 @@ def plans_section(collection: Collection) -> str:
         row = runs.loc[run]
         out.append(
             f'<section class="plan"><h3>{esc(row["model"])} on {esc(row["topology"])} '
-            f'({esc(int(row["chips"]) if finite(row["chips"]) else "?")} chips) <a href="{esc(row["report"])}">{esc(run)}</a></h3>'
+            f"({esc(int(row['chips']) if finite(row['chips']) else '?')} chips) "
+            f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>'
         )
         out.append(
             '<table class="sortable"><thead><tr>'

@@ -51,7 +51,7 @@ class DashboardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}/"
 
     def _signature(self) -> tuple:
         stamps = []

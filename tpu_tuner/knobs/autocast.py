@@ -11,6 +11,8 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
+
 NONE = "none"
 
 
@@ -26,7 +28,7 @@ class AutocastKnob(Knob):
     def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
         return fields.get("autocast_dtype") or NONE
 
-    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+    def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
         if value == NONE:
             return dtype
         return backend.autocast_matmul_dtype(value) or dtype

@@ -134,7 +134,7 @@ class Knob(ABC):
         """Whether measuring `value` needs a process started with its environment."""
         return bool(self.environment(value, backend))
 
-    def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
+    def process(self, value: str, backend: Backend) -> contextlib.AbstractContextManager[Any]:
         """A context that holds process-wide settings and restores them on exit."""
         return contextlib.nullcontext()
 
@@ -159,7 +159,7 @@ class Knob(ABC):
         """A context entered around every step (forward and loss)."""
         return contextlib.nullcontext()
 
-    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+    def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
         """The dtype the step's matmuls run in under `value`, given `dtype`, what the knobs before
         it (registry order) decided; the start is float32."""
         return dtype

@@ -16,6 +16,7 @@ from tpu_tuner.knobs import registry as knobs
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
     from tpu_tuner.knobs.base import BackendLike
 
 # Field names of candidates written before the knob registry (run folders, tuned_config.toml),
@@ -110,7 +111,7 @@ class Candidate:
             if knob.applies_to(kind):
                 yield knob, self[name]
 
-    def compute_dtype(self, backend: BackendLike) -> str:
+    def compute_dtype(self, backend: Backend) -> str:
         """The dtype the step's matmuls run in (reports name it beside the per-dtype utilisation):
         each knob refines what the ones before it decided, from the backend's primitives."""
         dtype = "float32"
@@ -130,7 +131,7 @@ class Candidate:
         return env
 
     @contextlib.contextmanager
-    def process(self, backend: BackendLike) -> Iterator[None]:
+    def process(self, backend: Backend) -> Iterator[None]:
         """Process-wide settings for a block, restored after it."""
         with contextlib.ExitStack() as stack:
             for knob, value in self._active(backend.kind):

@@ -37,6 +37,7 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
     from tpu_tuner.knobs.traits import WorkloadTraits
 
 DEFAULT = "default"
@@ -97,23 +98,24 @@ class CompileOptionsKnob(Knob):
         # The condition is on another knob: named by its class, so a rename stays one edit.
         return split(settings.get(ExecutionKnob.name, ExecutionKnob.default))[0] == INDUCTOR
 
-    def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
+    def process(self, value: str, backend: Backend) -> contextlib.AbstractContextManager[Any]:
         return _compiler_settings(flags(value))
 
     def forward(
         self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
     ) -> Callable[..., Any]:
-        from tpu_tuner.knobs.execution import compile_options, split
+        from tpu_tuner.knobs.execution import EXECUTION_ATTR, compile_options, split
 
-        execution = getattr(fn, "_tpu_tune_execution", None)  # set by the execution knob's forward
+        execution = getattr(fn, EXECUTION_ATTR, None)  # set by the execution knob's forward
         if value == DEFAULT or execution is None or split(execution)[0] != INDUCTOR:
             return fn  # not compiled by inductor: nothing for these options to change
         import torch
         import torch._inductor
 
-        original = (
-            fn._orig_mod if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule) else fn._torchdynamo_orig_callable
-        )
+        if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
+            original = fn._orig_mod
+        else:  # torch.compile's wrapper of a function, which carries what it wraps
+            original = fn._torchdynamo_orig_callable  # type: ignore[attr-defined]  # set by torch.compile, untyped
         kwargs = compile_options(execution) or {}
         # torch.compile takes a mode or options, not both: the mode's own options, then ours.
         mode = kwargs.pop("mode", None)
@@ -128,7 +130,7 @@ class CompileOptionsKnob(Knob):
         if static_shapes:
             kwargs["dynamic"] = False
         compiled = torch.compile(original, **kwargs)
-        compiled._tpu_tune_execution = execution
+        setattr(compiled, EXECUTION_ATTR, execution)
         return compiled
 
     def describe(self, value: str) -> str:

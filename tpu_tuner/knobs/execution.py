@@ -23,8 +23,12 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
+
 EAGER = "eager"
 TPU_COMPILE_BACKEND = "tpu"  # torch.compile(backend="tpu"): TorchTPU's
+# Set on a compiled forward: the execution value it was compiled for (torch cannot say its mode).
+EXECUTION_ATTR = "_tpu_tune_execution"
 
 
 def split(value: str) -> tuple[str, str]:
@@ -74,7 +78,7 @@ class ExecutionKnob(Knob):
         head, tail = split(value)
         return backend.eager_mode_environment(tail) if head == EAGER and tail else {}
 
-    def process(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
+    def process(self, value: str, backend: Backend) -> contextlib.AbstractContextManager[Any]:
         head, tail = split(value)
         # Every candidate sets the mode (the default one for compiled execution), so a previous
         # candidate's mode never leaks into the next one in the same worker.
@@ -91,7 +95,7 @@ class ExecutionKnob(Knob):
         import torch
 
         compiled = torch.compile(fn, **options)
-        compiled._tpu_tune_execution = value  # what `observe` reports once it sees a compiled forward
+        setattr(compiled, EXECUTION_ATTR, value)  # what `observe` reports once it sees a compiled forward
         return compiled
 
     def compiles(self, value: str) -> bool:
@@ -123,7 +127,7 @@ class ExecutionKnob(Knob):
         if not compiled:
             return EAGER
         backend_name = _compiled_backend_name(forward)
-        tagged = getattr(forward, "_tpu_tune_execution", None)
+        tagged = getattr(forward, EXECUTION_ATTR, None)
         if tagged is not None and (backend_name is None or split(tagged)[0] == backend_name):
             return tagged  # the mode is not recoverable from torch; the backend name agreed
         return backend_name

@@ -28,6 +28,8 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
+
 ALL = "all"
 HALF = "half"
 
@@ -84,7 +86,7 @@ class IntraOpThreadsKnob(Knob):
         return tuple(resolved)
 
     @contextlib.contextmanager
-    def process(self, value: str, backend: BackendLike) -> Iterator[None]:
+    def process(self, value: str, backend: Backend) -> Iterator[None]:
         import torch
 
         torch_default_threads()  # note the default before anything changes it

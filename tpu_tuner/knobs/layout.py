@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from itertools import product
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.model.layouts import Layout, parse_layout, why_not_ranks
@@ -270,7 +270,13 @@ def _layout(value: str) -> Layout:
     return parse_layout(value, context=False)
 
 
-def layout_in(settings: Mapping[str, str]) -> Layout:
+class KnobValues(Protocol):
+    """Knob values by knob name: a mapping, or a `Candidate`."""
+
+    def __getitem__(self, name: str, /) -> str: ...
+
+
+def layout_in(settings: KnobValues) -> Layout:
     """The layout a candidate (or a tuned config's settings) runs under: how the agents of other
     knobs and the sharded numerics check read this knob's value without naming it."""
     return parse_layout(settings[LayoutKnob.name], context=False)

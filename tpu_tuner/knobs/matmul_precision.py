@@ -19,6 +19,8 @@ from tpu_tuner.knobs.base import BackendLike, Knob
 if TYPE_CHECKING:
     from torch import nn
 
+    from tpu_tuner.devices.base import Backend
+
 # The precision a device runs user code at when nothing sets one, where it is not the knob's
 # default: TorchTPU's global default is Precision.DEFAULT, i.e. medium (one bf16 pass).
 _DEVICE_DEFAULTS = {"tpu": "medium"}
@@ -45,11 +47,11 @@ class MatmulPrecisionKnob(Knob):
     def device_default(self, device_kind: str | None) -> str:
         return device_default(device_kind)
 
-    def compute_dtype(self, value: str, dtype: str, backend: BackendLike) -> str:
+    def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
         return backend.matmul_dtype(value)
 
     @contextlib.contextmanager
-    def process(self, value: str, backend: BackendLike) -> Iterator[None]:
+    def process(self, value: str, backend: Backend) -> Iterator[None]:
         import torch
 
         previous = torch.get_float32_matmul_precision()

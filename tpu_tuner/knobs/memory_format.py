@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 CONTIGUOUS = "contiguous"
 CHANNELS_LAST = "channels_last"
+# Set on a model whose inputs a hook already converts, so a second `model` call adds no second hook.
+INPUTS_HOOKED_MARK = "_tpu_tune_channels_last_inputs"
 
 
 class MemoryFormatKnob(Knob):
@@ -40,12 +42,12 @@ class MemoryFormatKnob(Knob):
             return model
         import torch
 
-        model = model.to(memory_format=torch.channels_last)
-        if not getattr(model, "_tpu_tune_channels_last_inputs", False):
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; stubs omit it
+        if not getattr(model, INPUTS_HOOKED_MARK, False):
             # Inputs too: a real batch arrives contiguous, so the conversion is part of the step
             # that is timed, as it is in the user's own loop after `apply`.
             model.register_forward_pre_hook(_channels_last_inputs, with_kwargs=True)
-            model._tpu_tune_channels_last_inputs = True
+            setattr(model, INPUTS_HOOKED_MARK, True)
         return model
 
     def describe(self, value: str) -> str:

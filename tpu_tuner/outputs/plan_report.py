@@ -54,7 +54,8 @@ def table_rows(result: PlanResult) -> list[list[str]]:
                 binary_bytes(c.peak_bytes) if not c.error else "n/a",
                 si(c.flops, "FLOP") if not c.error else "n/a",
                 binary_bytes(c.bytes_accessed) if not c.error else "n/a",
-                f"{ms(pr.compute_seconds)} / {ms(pr.memory_seconds)} / {ms(pr.comm_seconds)} ({ms(pr.exposed_comm_seconds)} exposed)"
+                f"{ms(pr.compute_seconds)} / {ms(pr.memory_seconds)} / {ms(pr.comm_seconds)} "
+                f"({ms(pr.exposed_comm_seconds)} exposed)"
                 if pr
                 else "n/a",
                 ms(pr.step_seconds) if pr else "n/a",
@@ -125,7 +126,7 @@ def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PL
     """The best point with its band; where others are within the band, that they are
     indistinguishable and how to measure them."""
     best = result.best
-    if best is None:
+    if best is None or best.prediction is None:  # the best always has a prediction
         return ["no point fits in HBM"]
     band = result.error_band
     lines = [
@@ -198,9 +199,9 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
         f"{result.topology.describe()}; HBM {binary_bytes(result.topology.hbm_bytes_per_device)} and bf16 peak "
         f"{si(result.topology.peak_flops_per_device, 'FLOP/s')} per device.",
         "",
-        f"Global batch {result.global_batch} sequences of {result.seq_len} tokens ({per_chip(result)}); remat `{result.remat}`; "
-        f"{result.matmul_parameters:,} matmul parameters; model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step "
-        f"({result.attention_convention}).",
+        f"Global batch {result.global_batch} sequences of {result.seq_len} tokens ({per_chip(result)}); "
+        f"remat `{result.remat}`; {result.matmul_parameters:,} matmul parameters; "
+        f"model FLOPs {si(result.model_flops_per_step, 'FLOP')} per step ({result.attention_convention}).",
         "",
         f"Precision: {precision(result)}.",
         "",
@@ -240,7 +241,7 @@ def render_markdown(result: PlanResult, plot: Path, model_file: str = "MODEL.py"
         ]
     if result.rejected:
         out += ["", f"## Rejected layouts ({len(result.rejected)})", ""] + [
-            f"- {l.name()}: {why}" for l, why in result.rejected[:30]
+            f"- {layout.name()}: {why}" for layout, why in result.rejected[:30]
         ]
     out += [
         "",

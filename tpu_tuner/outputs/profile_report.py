@@ -42,7 +42,8 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         ("achieved", si(p.achieved_flops_per_s, "FLOP/s") + " of model FLOPs"),
         (
             "MFU",
-            f"{'at least ' if p.mfu_is_lower_bound else ''}{p.mfu:.1%} of the {p.peak_dtype} peak; per dtype: {_per_dtype(p)}",
+            f"{'at least ' if p.mfu_is_lower_bound else ''}{p.mfu:.1%} of the {p.peak_dtype} peak; "
+            f"per dtype: {_per_dtype(p)}",
         ),
         *([("measured probe", _probe_line(p))] if p.device.probe is not None else []),
         *_flops_rows(p),

@@ -53,8 +53,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         (
             f"**Recommendation: {v.chosen.describe()}.** {v.message}"
             if result.verified
-            else f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. The search's "
-            "trials below are the whole study's as this worker last saw them."
+            else f"**No recommendation from this worker of study `{result.study.study_name}`:** {v.message}. "
+            "The search's trials below are the whole study's as this worker last saw them."
         ),
         "",
         *(
@@ -97,9 +97,9 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             "",
             "## The search's leaders, raced",
             "",
-            "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were re-measured "
-            "round-robin with the baseline in one worker, and the fastest there (steady step + the search's compile "
-            "time / planned steps) is the one verified above.",
+            "The search measured each setting once; its fastest settings (up to 5) within 15% of the best were "
+            "re-measured round-robin with the baseline in one worker, and the fastest there (steady step + the "
+            "search's compile time / planned steps) is the one verified above.",
             "",
             "| trial | setting | search (amortised) | raced (amortised) | over the baseline, raced |",
             "|---:|---|---:|---:|---:|",
@@ -148,7 +148,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             note = f"repeat of trial {int(row[records.REPEAT_OF])}, not re-measured" + (f"; {note}" if note else "")
         out.append(
             f"| {row['number']} | {_state(row)} | {settings} | {ms_or_blank(row.get(records.AMORTISED_STEP_S))} | "
-            f"{ms_or_blank(row.get(records.STEP_MEDIAN_S))} | {ms_or_blank(row.get(records.COMPILE_S))} | {_pct(row.get(records.MFU))} | "
+            f"{ms_or_blank(row.get(records.STEP_MEDIAN_S))} | {ms_or_blank(row.get(records.COMPILE_S))} | "
+            f"{_pct(row.get(records.MFU))} | "
             f"{_sci(row.get(records.ACCURACY_ERROR))} | {note.replace('|', '/')} |"
         )
     failures = frame[frame[records.FAILURE_KIND].notna()] if records.FAILURE_KIND in frame else frame.iloc[0:0]
@@ -161,13 +162,15 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     else:
         out.append("None.")
     out += _learned_section(result, frame)
+    trial_settings = result.options.runner.trial_settings
+    assert trial_settings is not None, "a run's result holds the trial settings it resolved"
     out += ["", "## Plots", ""] + [f"![{title}]({path.name})" for title, path in plots.items()]
     out += [
         "",
         "## How these were measured",
         "",
         f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
-        f"at least {result.options.runner.trial_settings.timing_min_steps} synced steps; median reported.",
+        f"at least {trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
         "95% percentile-bootstrap intervals.",

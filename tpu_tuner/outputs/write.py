@@ -111,7 +111,7 @@ def write_plan(run_dir: str | Path, result: PlanResult) -> list[str]:
     write_atomic(run_dir / run_folder.PLAN_MD, render_markdown(result, plot, result.source or "MODEL.py", str(run_dir)))
     written = [run_folder.PLAN_JSON, run_folder.PLAN_PNG, run_folder.PLAN_MD]
     best = result.best
-    if best is not None:
+    if best is not None and best.prediction is not None:  # the best always has a prediction
         # The layout knob runs data x fsdp x tensor: a planned context axis is folded into fsdp
         # there (the axis that also splits the parameters), and the planned mesh kept beside it.
         # The mesh gives the TPU baseline its layout setting ([settings] layout, the knob a sharded
@@ -167,11 +167,12 @@ def plan_to_folder(
 
         check_storage(options.storage)
     run_dir = plan_run_dir(out, model_file, options.topology, options.preset)
-    options = replace(options, log_file=run_dir / run_folder.COMPILER_LOG)
+    log_file = run_dir / run_folder.COMPILER_LOG
+    options = replace(options, log_file=log_file)
     try:
         result = plan(model_file, options, progress=progress)
     except BaseException as exc:
-        _drop_failed_plan(run_dir, options.log_file, bad_input=isinstance(exc, TpuTuneError))
+        _drop_failed_plan(run_dir, log_file, bad_input=isinstance(exc, TpuTuneError))
         raise
     write_plan(run_dir, result)
     return run_dir, result

@@ -29,7 +29,7 @@ Layouts this cannot run are refused with the reason (`LayoutError`) before anyth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tpu_tuner.devices import backend_class, backend_classes
 from tpu_tuner.model import layouts
@@ -40,6 +40,8 @@ from tpu_tuner.parallel.errors import LayoutError
 
 if TYPE_CHECKING:
     from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 # Attributes holding a head count that a block's forward reshapes by: the ones the planner reads.
 HEAD_COUNT_ATTRS = HEAD_ATTRS + KV_HEAD_ATTRS
@@ -105,7 +107,10 @@ def tensor_widths(model: nn.Module) -> dict[str, int]:
     from tpu_tuner.model.blocks import repeated_blocks
 
     if not repeated_blocks(model):
-        return {f"{first}'s width": model.get_submodule(first).out_features for first, _ in linear_pairs(model)}
+        return {
+            f"{first}'s width": cast(nn.Linear, model.get_submodule(first)).out_features
+            for first, _ in linear_pairs(model)
+        }
     plan = placements(model, _residual_width(model))
     in_blocks = {id(m) for block in repeated_blocks(model) for m in block.modules()}
     widths: dict[str, int] = {}
@@ -190,7 +195,7 @@ def batch_shard(layout: Layout, rank: int) -> int:
     return rank // layout.tensor
 
 
-def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
+def _tensor_parallel(model: nn.Module, tensor_mesh: DeviceMesh, size: int) -> None:
     from torch import nn
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -199,7 +204,7 @@ def _tensor_parallel(model: nn.Module, tensor_mesh: object, size: int) -> None:
     blocks = repeated_blocks(model)
     if not blocks:
         pairs = linear_pairs(model)
-        styles = {
+        styles: dict[str, ParallelStyle] = {
             name: style
             for first, second in pairs
             for name, style in ((first, ColwiseParallel()), (second, RowwiseParallel()))

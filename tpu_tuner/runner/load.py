@@ -14,14 +14,15 @@ from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.runner.requests import LoadRequest
 
 if TYPE_CHECKING:
-    from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
+    from tpu_tuner.runner.ranked_runner import Runner
+    from tpu_tuner.runner.trial_runner import JobResult
 
 # Importing a file is quick; a minute covers `import torch` plus a model module on a busy machine.
 LOAD_TIMEOUT_S = 120.0
 
 
 def load_summary(
-    runner: TrialRunner,
+    runner: Runner,
     model_file: str | Path,
     batch_size: int | None = None,
     seq_len: int | None = None,

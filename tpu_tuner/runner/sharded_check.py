@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     mean_loss = loss.detach().clone()
     dist.all_reduce(mean_loss)
     mean_loss /= step.world  # ranks of one tensor group hold the same slice: every slice counts equally
-    parameters = (sharded.module if hasattr(sharded, "module") else sharded).parameters()
+    parameters = getattr(sharded, "module", sharded).parameters()  # inside a DDP wrapper, or the model itself
     gradients = _flat_gradients(parameters)  # gathers DTensor shards: every rank takes part
     report: dict[str, Any] = {"rank": step.rank, "layout": args.layout, "local_batch": step.local_batch}
     if reference is not None:

@@ -1,6 +1,7 @@
 """A sharded step timed on every rank (training, or an inference forward): the trial's own step
-(`execution/step.py`) under the layout, warmed up and timed as a trial is (`execution/timer.py`), plus what a layout changes
-per rank: its peak memory over the timed steps and the model state it holds.
+(`execution/step.py`) under the layout, warmed up and timed as a trial is (`execution/timer.py`),
+plus what a layout changes per rank: its peak memory over the timed steps and the model state it
+holds.
 
 Run as a `ShardedStepRequest` through `RankedTrialRunner` (ranks started by the launcher,
 `runner/rank_job.py`). Every step starts and ends on a barrier (`timed_call`), so a step's figure

@@ -173,7 +173,7 @@ def _suspects(
     for e in failures:
         for combo in itertools.combinations(sorted(e.setting.items(), key=lambda v: v[0]), size):
             held.setdefault(combo, set()).add(e.number)
-    cleared = set()
+    cleared: set[tuple[Value, ...]] = set()
     for e in successes:
         items = sorted(e.setting.items(), key=lambda v: v[0])
         cleared.update(itertools.combinations(items, size))

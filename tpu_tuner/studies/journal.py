@@ -65,7 +65,8 @@ _BEAT = sqlalchemy.text(
     "ON CONFLICT (trial_id) DO UPDATE SET beat = excluded.beat"
 )
 _STALE = sqlalchemy.text(
-    f"SELECT trial_id FROM {HEARTBEAT_TABLE} WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)"
+    f"SELECT trial_id FROM {HEARTBEAT_TABLE} "
+    "WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)"
 )
 
 

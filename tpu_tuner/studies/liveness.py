@@ -30,6 +30,7 @@ import optuna
 import sqlalchemy
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import JournalStudyStorage
@@ -123,11 +124,11 @@ def ping_when_idle(engine: sqlalchemy.engine.Engine) -> None:
     """Check a pooled connection before use when it has been idle over `PING_IDLE_S`; one that
     fails the check (the server closed it, or restarted) is replaced by a fresh connection."""
 
-    def checked_in(dbapi_connection: object, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
+    def checked_in(dbapi_connection: DBAPIConnection, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
         record.info["idle_since"] = time.monotonic()
 
     def checkout(
-        dbapi_connection: object,
+        dbapi_connection: DBAPIConnection,
         record: sqlalchemy.pool.ConnectionPoolEntry,
         proxy: sqlalchemy.pool.PoolProxiedConnection,
     ) -> None:

@@ -138,10 +138,14 @@ class Feature(ABC):
         """Record a claim's result and tell it to the study."""
 
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
-        """See the study's trials before each round of asks (an agent learning of failures)."""
+        """See the study's trials before each round of asks (an agent learning of failures); a
+        feature that learns nothing from them keeps this default, which does nothing."""
+        return None
 
     def waiting(self, spent: int, running: int) -> None:
-        """Running trials of other workers hold the rest of the budget: this worker waits."""
+        """Running trials of other workers hold the rest of the budget: this worker waits (a hook
+        for a progress line; by default nothing)."""
+        return None
 
     def stop_reason(self) -> str | None:
         """Why the feature stops the loop now (its own clock: "clock"), or None to go on; asked

@@ -163,8 +163,8 @@ class FailureLearning:
                     records.PROBE_FOR: {
                         "kind": probe.kind,
                         "trial": probe.failing_trial,
-                        "question": f"does trial {probe.failing_trial}'s failure ({probe.kind}) need {dropped}, or is {kept} "
-                        "enough?",
+                        "question": f"does trial {probe.failing_trial}'s failure ({probe.kind}) need {dropped}, "
+                        f"or is {kept} enough?",
                     }
                 },
             )

@@ -26,6 +26,8 @@ def compare_interleaved(
     per_job = 1 if runner.keeps_warm_steps else rounds
     samples: list[list[float]] = [[] for _ in candidates]
     compiles: dict[str, int] = {}
+    settings = trial.trial_settings
+    assert settings is not None, "the run resolves the trial settings at its start"
     for first in range(0, rounds, per_job):
         done = first + per_job - 1
         outcome = runner.run(
@@ -36,13 +38,13 @@ def compare_interleaved(
                 last=done == rounds - 1,
                 batch_size=trial.batch_size,
                 seq_len=trial.seq_len,
-                warmup_min_steps=trial.trial_settings.warmup_min_steps,
-                warmup_max_steps=trial.trial_settings.warmup_max_steps,
+                warmup_min_steps=settings.warmup_min_steps,
+                warmup_max_steps=settings.warmup_max_steps,
             ),
             # The first round builds and warms up every candidate.
             timeout_s=trial.trial_timeout_s * ((len(candidates) + per_job) if first == 0 else 1),
         )
-        if not outcome.ok:
+        if outcome.failure is not None:
             return f"{outcome.failure.kind} in round {first + 1} of {rounds}: {outcome.failure.message}"
         for kept, new in zip(samples, outcome.value.samples):
             kept.extend(new)

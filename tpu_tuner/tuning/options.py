@@ -268,13 +268,13 @@ class TuneOptions:
             raise UserInputError("--verify-rounds must be at least 2")
         if not objective.tolerance > 0:
             raise UserInputError("--tolerance must be positive")
-        for flag, value in (
+        for flag, seconds in (
             ("--timeout", search.timeout_s),
             ("--trial-timeout", runner.trial_timeout_s),
             ("--time-budget", search.time_budget_s),
         ):
-            if value is not None and not value > 0:
-                raise UserInputError(f"{flag} must be positive, not {value:g}")
+            if seconds is not None and not seconds > 0:
+                raise UserInputError(f"{flag} must be positive, not {seconds:g}")
         if store.study is not None and not store.study.strip():
             raise UserInputError("--study needs a name")
         if store.study is not None and store.resume is not None:
@@ -305,7 +305,7 @@ class TuneOptions:
         self.validate()
         checked = self
         if self.store.url is None and self.store.resume is None:
-            checked = dataclasses.replace(self, storage=storage_from_environment())
+            checked = dataclasses.replace(self, store=dataclasses.replace(self.store, url=storage_from_environment()))
         _check_space(self.search.space, self.runner.device)
         _check_agents(self.search.agents)
         lengths_file = self.objective.lengths_file

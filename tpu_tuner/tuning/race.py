@@ -53,13 +53,15 @@ def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna
         and records.REPEAT_OF not in records.attrs(t)
         and t.params != baseline_params
     ]
-    feasible.sort(key=lambda t: t.value)
+    feasible.sort(key=trial_attrs.objective)
     if not feasible or any(records.BUCKETS in records.attrs(t) for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
         # under each trial's own buckets (tuning/bucketing.py), which a race at one shape cannot
         # re-measure: the search's order stands.
         return []
-    return [t for t in feasible[:RACE_TOP] if t.value <= feasible[0].value * RACE_WITHIN]
+    return [
+        t for t in feasible[:RACE_TOP] if trial_attrs.objective(t) <= trial_attrs.objective(feasible[0]) * RACE_WITHIN
+    ]
 
 
 def race(
@@ -90,7 +92,7 @@ def race(
             RaceEntry(
                 trial=trial.number,
                 label=space.to_candidate(dict(trial.params)).describe(),
-                search_amortised_s=float(trial.value),
+                search_amortised_s=trial_attrs.objective(trial),
                 interleaved_amortised_s=median + compile_share,
                 speedup_over_baseline=paired_speedup(samples[0], times).speedup,
             )

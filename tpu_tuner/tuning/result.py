@@ -28,8 +28,8 @@ from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import records
-from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.finished_run import RESULT_FORMAT, first_line, load_space, load_study, read_finished_run
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, trial_measurement
@@ -241,23 +241,23 @@ class TuningResult:
         from tpu_tuner.core.plain_data import from_plain
 
         run_dir = Path(run_dir)
-        state, record = _finished_run(run_dir)
+        state, record = read_finished_run(run_dir)
         try:
             profile = Profile.from_json((run_dir / run_folder.PROFILE_JSON).read_text())
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise UserInputError(f"unreadable {run_folder.PROFILE_JSON}: {_first_line(exc)}", run_dir) from exc
+            raise UserInputError(f"unreadable {run_folder.PROFILE_JSON}: {first_line(exc)}", run_dir) from exc
         try:
             options = TuneOptions.from_plain(record["options"])
             verification = from_plain(Verification, record["verification"])
             findings = {str(k): list(v) for k, v in record["findings"].items()}
             worker_starts, created = int(record["worker_starts"]), str(record["created"])
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
-        study, url = _load_study(run_dir, state, storage)
+            raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {first_line(exc)}", run_dir) from exc
+        study, url = load_study(run_dir, state, storage)
         return cls(
             run_dir=run_dir,
             study=study,
-            space=_load_space(record.get("space"), options, profile),
+            space=load_space(record.get("space"), options, profile),
             profile=profile,
             findings=findings,
             verification=verification,
@@ -302,85 +302,6 @@ class TuningResult:
                 "trials": len(self.study.trials),
             },
         }
-
-
-RESULT_FORMAT = 1  # result.json's layout; raise it when a change makes old files unreadable
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """run.json and result.json of a finished tuning run, or a one-line UserInputError naming
-    the folder and what makes it something else."""
-    from tpu_tuner.studies import run_file
-
-    if not run_dir.is_dir():
-        raise UserInputError("not a finished tuning run: no such folder", run_dir)
-    state = run_file.read(run_dir)
-    if "storage" not in state or "study_name" not in state:
-        raise UserInputError(
-            f"not a finished tuning run: no readable {run_folder.RUN_JSON} with the study's storage", run_dir
-        )
-    status = state.get("status", "done")
-    if status != "done":
-        reason = f" ({state['reason']})" if state.get("reason") else ""
-        raise UserInputError(f"not a finished tuning run: {run_folder.RUN_JSON} says {status!r}{reason}", run_dir)
-    path = run_dir / run_folder.RESULT_JSON
-    if not path.is_file():
-        raise UserInputError(
-            f"not a finished tuning run: no {run_folder.RESULT_JSON} (runs written before it existed cannot be loaded)",
-            run_dir,
-        )
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserInputError(f"unreadable {run_folder.RESULT_JSON}: {_first_line(exc)}", run_dir) from exc
-    if not isinstance(record, dict) or record.get("format") != RESULT_FORMAT:
-        raise UserInputError(f"{run_folder.RESULT_JSON}: not a result of format {RESULT_FORMAT}", run_dir)
-    return state, record
-
-
-def _load_study(run_dir: Path, state: dict[str, Any], storage: str | None) -> tuple[optuna.Study, str]:
-    """The run's study and the URL it was loaded from: study.db in the folder when the run used
-    the default SQLite (the stored absolute path goes stale when a folder is moved), else the
-    stored URL."""
-    from tpu_tuner.core.credentials import redact, without_password
-
-    stored = str(state["storage"])
-    url = stored
-    if storage is not None:
-        if without_password(storage) != without_password(stored):
-            raise UserInputError(f"storage {redact(storage)!r} is not the run's storage {redact(stored)!r}", run_dir)
-        url = storage
-    elif stored.startswith("sqlite:"):
-        local = run_dir / run_folder.STUDY_DB
-        if local.is_file():
-            url = f"sqlite:///{local.resolve()}"
-        elif not Path(stored.removeprefix("sqlite:///")).is_file():
-            raise UserInputError(f"the run's study database is gone ({run_folder.STUDY_DB} and {stored})", run_dir)
-    try:
-        return optuna.load_study(study_name=str(state["study_name"]), storage=read_storage(url)), url
-    except Exception as exc:
-        # Driver messages quote the URL, password included: redact the whole line.
-        raise UserInputError(redact(f"cannot load the study from {url!r}: {_first_line(exc)}"), run_dir) from exc
-
-
-def _load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpace:
-    """The space the run searched, as stored; loaded again by name when the stored form no
-    longer matches the SearchSpace class (a newer version of tpu-tune)."""
-    from tpu_tuner.core.plain_data import from_plain
-
-    try:
-        return from_plain(SearchSpace, data)
-    except (TypeError, ValueError, KeyError, AttributeError):
-        from tpu_tuner.knobs.traits import of_profile
-
-        return SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.ranks).for_workload(
-            of_profile(profile.workload)
-        )
 
 
 def _summary(

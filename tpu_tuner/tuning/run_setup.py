@@ -66,9 +66,9 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
             candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
         )
     )
-    if not profiled.ok and profiled.failure.kind == FailureKind.REFUSED:
+    if profiled.failure is not None and profiled.failure.kind == FailureKind.REFUSED:
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
-    if not profiled.ok:
+    if profiled.failure is not None:
         raise WorkloadError(
             f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file
         )

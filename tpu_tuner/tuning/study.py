@@ -95,7 +95,7 @@ def run_tuning(
     # Numbers, search space, storage URL: seconds, nothing written yet.
     options = (options or TuneOptions()).preflight()
     if options.runner.trial_settings is None:  # left to the run by the CLI: building it imports torch
-        options = replace(options, trial_settings=default_trial_settings())
+        options = replace(options, runner=replace(options.runner, trial_settings=default_trial_settings()))
     model_file = Path(model_file)
     started = time.perf_counter()
     emit = progress or (lambda event: None)
@@ -201,7 +201,7 @@ def _tune_in(
     if isinstance(runner, MultiHostTrialRunner):  # which host holds which ranks, under each layout searched
         findings["hosts"] = runner.describe_hosts(next((p.choices for p in space.params if p.name == "layout"), ()))
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)
-    options = replace(options, trials=budget.trials)  # the run's record and result hold the number it used
+    options = replace(options, search=replace(options.search, trials=budget.trials))  # the number the run used
     clock = (
         ""
         if options.search.time_budget_s is None
@@ -391,7 +391,7 @@ def _bucketing_context(
             batch_size=options.runner.batch_size,
         )
     )
-    if not measured.ok:
+    if measured.failure is not None:
         raise WorkloadError(
             f"measuring step time against length failed ({measured.failure.kind}): {measured.failure.message}",
             workload.source,

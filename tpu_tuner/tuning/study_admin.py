@@ -104,7 +104,8 @@ class StudyStatus:
             )
         if self.best_value is not None:
             out.append(
-                f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})"
+                f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} "
+                f"(measured on {self.best_host})"
             )
         else:
             out.append("  best      none feasible yet")
@@ -163,7 +164,7 @@ def study_status(storage: str, name: str) -> StudyStatus:
         tally.running += int(t.state == optuna.trial.TrialState.RUNNING)
         tally.lost += int(is_lost(t))
     feasible = [t for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
-    best = min(feasible, key=lambda t: t.value) if feasible else None
+    best = min(feasible, key=trial_attrs.objective) if feasible else None
     options = record.get("options", {})
     return StudyStatus(
         name=name,
@@ -226,11 +227,9 @@ def finish_study(
     options = TuneOptions.from_plain(recorded_options)
     options = replace(
         options,
-        storage=storage,
-        out=out,
-        resume=None,
-        study=name,
-        device=device if device is not None else options.runner.device,
+        store=replace(options.store, url=storage, resume=None, study=name),
+        outputs=replace(options.outputs, out=out),
+        runner=replace(options.runner, device=device if device is not None else options.runner.device),
     )
     run = options.runner
     if (

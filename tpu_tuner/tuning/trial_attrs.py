@@ -136,6 +136,13 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == optuna.trial.TrialState.COMPLETE and bool(records.attrs(trial).get(records.FEASIBLE))
 
 
+def objective(trial: optuna.trial.FrozenTrial) -> float:
+    """The objective value of a complete trial (a feasible one always has it), in seconds."""
+    if trial.value is None:
+        raise ValueError(f"trial {trial.number} has no objective value (state {trial.state.name})")
+    return trial.value
+
+
 # What a repeat does not take from the trial it repeats: the measurement itself, and what says
 # who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
 # nothing: it must not pass for the earlier worker's measured trial), or how it was queued.

@@ -70,6 +70,7 @@ def run_search(
     """
     worker = worker or Worker.this_process(None)
     budget = options.search.trials
+    assert budget is not None, "the run resolves the budget (search_budget) before the search"
     rules = Rules(
         budget=budget,
         batch=1,
@@ -142,7 +143,7 @@ class TuneTrials(Feature):
         # study (`observe`) and this worker's tells, not a read of the study a line.
         self.best: float | None = None
 
-    def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any]:
+    def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
         params = self.space.suggest(trial)
         # After the suggest: other workers see the setting and its claim before it is measured.
         trial_attrs.record_claim(trial, self.worker.id, self.worker.host)

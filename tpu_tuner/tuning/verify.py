@@ -104,7 +104,7 @@ def verify(
             else "the baseline failed the accuracy check"
         )
         return Verification(None, None, baseline, False, None, message=f"not verified: {reason}")
-    best_trial = min(feasible, key=lambda t: t.value)
+    best_trial = min(feasible, key=trial_attrs.objective)
     if best_trial.params == baseline_params:
         return Verification(
             baseline_trial.number,

@@ -231,7 +231,7 @@ def _best_of(
             source=earlier.source,
             match=match,
             distance=d,
-            objective_s=float(t.value),
+            objective_s=trial_attrs.objective(t),
             speedup=speedup,
             verified=verified,
             trial=number,

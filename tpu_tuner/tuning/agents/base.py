@@ -31,6 +31,7 @@ class Agent(ABC):
 
     name: str
     definition_schema: ClassVar[type]  # the dataclass of its definition, in tpu_tuner.tuning.agents.schema
+    definition: Any  # an instance of `definition_schema`: each agent declares its own type
 
     def __init__(self, definition: Any, device_kind: str, probe: RooflineProbe | None = None) -> None:
         if isinstance(definition, Mapping):

@@ -40,7 +40,11 @@ class CompileAgent(Agent):
         ]
         if verdict.uncertain:
             findings.append(f"the step time spread too much (CV {verdict.step_cv:.0%}) for a firm verdict")
-        if verdict.bound == "overhead-bound" and self.definition.diagnose.overhead_bound_hint:
+        if (
+            verdict.bound == "overhead-bound"
+            and verdict.dispatch_seconds_per_op is not None  # an overhead-bound verdict measured it
+            and self.definition.diagnose.overhead_bound_hint
+        ):
             findings.append(
                 f"overhead-bound: {verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured "
                 f"dispatch cost explain {verdict.dispatch_share:.0%} of the step; fusing ops with a compiler "

@@ -31,7 +31,8 @@ class PrecisionAgent(Agent):
         findings += self._hardware_findings()
         hint = self.definition.diagnose.compute_share_hint
         if verdict.compute_share >= hint or matmul_share >= hint:
-            if self._bf16_ratio() is None or self._bf16_ratio() >= self.definition.hardware.seed_bf16_min_ratio:
+            ratio = self._bf16_ratio()
+            if ratio is None or ratio >= self.definition.hardware.seed_bf16_min_ratio:
                 means = "bf16 autocast" if self._medium_without_effect() else "autocast or lower matmul precision"
                 findings.append(f"matmul-heavy: bf16 matmuls ({means}) should pay off")
             else:
