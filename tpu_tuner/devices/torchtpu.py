@@ -239,4 +239,4 @@ def torch_tpu_module() -> Any:
     autoload is off)."""
     import torch_tpu  # noqa: F401
 
-    return torch.tpu  # type: ignore[attr-defined]
+    return torch.tpu  # type: ignore[attr-defined]  # torch.tpu exists only with torch_tpu installed
