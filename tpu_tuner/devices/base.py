@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 
 from tpu_tuner.devices.peak import DevicePeak
-from tpu_tuner.devices.roofline import RooflineProbe
+from tpu_tuner.devices.roofline_probe import RooflineProbe
 from tpu_tuner.metrics.mfu import PeakChoice, checked_peak, fastest_peak
 
 
@@ -117,11 +117,11 @@ class Backend(ABC):
         if not remeasure:
             return checked_peak(achieved, peak, dtype)
 
-        def remeasure() -> tuple[float, str] | None:
+        def measure_again() -> tuple[float, str] | None:
             fresh = self.remeasure_peak()
             return fresh.fastest() if fresh is not None else None
 
-        return checked_peak(achieved, peak, dtype, remeasure)
+        return checked_peak(achieved, peak, dtype, measure_again)
 
     def dispatch_seconds_per_op(self) -> float | None:
         """What one tiny op costs from Python to done (the per-op overhead floor), measured
@@ -134,7 +134,8 @@ class Backend(ABC):
             return None
 
     def reset_peak_memory(self) -> None:
-        """Start a new peak-memory window."""
+        """Start a new peak-memory window; nothing to reset where the backend tracks no peak."""
+        return None
 
     # --- a rank of a sharded step: every rank must take the same decisions --------------------
 

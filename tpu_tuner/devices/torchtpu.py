@@ -25,15 +25,13 @@ from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.torchtpu_api import (
-    DISTRIBUTION,
     EAGER_MODE_ENUM,
     EAGER_MODE_ENV,
     NODE_RANK_VARIABLE,
     PROCESS_GROUP_BACKEND,
     cached_api_check,
-    installed_version,
-    package_folder,
 )
+from tpu_tuner.devices.torchtpu_package import DISTRIBUTION, installed_version, package_folder
 
 # torch-tpu releases whose API this adapter was read against, and the libtpu 0.2.0 requires.
 SUPPORTED_SERIES = "0.2"
@@ -239,4 +237,4 @@ def torch_tpu_module() -> Any:
     autoload is off)."""
     import torch_tpu  # noqa: F401
 
-    return torch.tpu  # type: ignore[attr-defined]
+    return torch.tpu  # type: ignore[attr-defined]  # torch.tpu exists only with torch_tpu installed

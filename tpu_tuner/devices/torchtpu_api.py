@@ -24,21 +24,25 @@ a chip):
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
 import inspect
-import mmap
 import typing
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGE = "torch_tpu"
-DISTRIBUTION = "torch-tpu"
+from tpu_tuner.devices.torchtpu_package import (
+    installed_version,
+    package_folder,
+    public_table,
+    registered_process_group_backends,
+    string_constants,
+    strings_in_libraries,
+)
+
 TESTED_VERSION = "0.2.0"
 
 # tpu-tune's eager modes -> TorchTPU's EagerMode members and the start-up variables that select
@@ -146,79 +150,6 @@ class ApiCheck:
         return f"{head}, {len(self.missing)} missing: {names}"
 
 
-def installed_version() -> str | None:
-    """torch-tpu's installed version, read from its metadata (no import)."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def package_folder() -> Path | None:
-    """Where torch_tpu is installed, found without importing it (importing it imports torch)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def public_table(folder: Path) -> dict[str, set[str]]:
-    """The public API table's names by public module, parsed from
-    ``_internal/public_api.py`` (its ``_PUBLIC_MODULES = {module: ModuleSpec(exports={...})}``)."""
-    path = folder / "_internal" / "public_api.py"
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in tree.body:
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.target.id == "_PUBLIC_MODULES"
-            and isinstance(node.value, ast.Dict)
-        ):
-            table: dict[str, set[str]] = {}
-            for key, value in zip(node.value.keys, node.value.values):
-                if not (isinstance(key, ast.Constant) and isinstance(value, ast.Call)):
-                    continue
-                exports = next((k.value for k in value.keywords if k.arg == "exports"), None)
-                if isinstance(exports, ast.Dict):
-                    table[key.value] = {k.value for k in exports.keys if isinstance(k, ast.Constant)}
-            return table
-    raise ValueError(f"{path}: no _PUBLIC_MODULES table (the layout of torch-tpu's public API table changed)")
-
-
-def registered_process_group_backends(folder: Path) -> set[str]:
-    """Names passed as the first argument of ``register_backend(...)`` in the package's sources."""
-    names: set[str] = set()
-    for path in folder.rglob("*.py"):
-        if "register_backend" not in (text := path.read_text(errors="replace")):
-            continue
-        try:
-            tree = ast.parse(text, filename=str(path))
-        except SyntaxError:  # a file this Python cannot parse holds no registration we can read
-            continue
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "register_backend"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                names.add(str(node.args[0].value))
-    return names
-
-
-def strings_in_libraries(folder: Path, wanted: tuple[str, ...]) -> set[str]:
-    """Which of `wanted` occur as bytes in the package's shared libraries (C++-only names)."""
-    found: set[str] = set()
-    for path in folder.rglob("*.so*"):
-        if len(found) == len(wanted):
-            break
-        if not path.is_file() or path.stat().st_size == 0:  # mmap refuses an empty file
-            continue
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            found |= {name for name in wanted if name not in found and data.find(name.encode()) >= 0}
-    return found
-
-
 def _resolve(dotted: str) -> Any:
     """Import the longest importable prefix of `dotted`, then walk its attributes."""
     parts = dotted.split(".")
@@ -236,13 +167,6 @@ def _resolve(dotted: str) -> Any:
 def _has_attribute(module: Any, name: str) -> bool:
     """`name` on `module`, without calling a property's getter (its class holds properties)."""
     return name in vars(type(module)) or name in vars(module) or hasattr(module, name)
-
-
-def _option_keys(backend: Any) -> set[str]:
-    """String constants in the registered compile backend's ``__call__`` (where it reads options)."""
-    source = inspect.getsource(type(backend).__call__)
-    tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith((" ", "\t")) else source)
-    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
 def check_api(
@@ -314,7 +238,7 @@ def _check(
         checks.append(NameCheck(dotted, "public name", present, "" if present else "listed but not importable"))
 
     for enum_name, members in enum_members.items():
-        enum = getattr(torch.tpu, enum_name, None)
+        enum = getattr(torch.tpu, enum_name, None)  # type: ignore[attr-defined]  # torch.tpu exists only with torch_tpu installed
         for member in members:
             present = enum is not None and hasattr(enum, member)
             checks.append(
@@ -393,7 +317,10 @@ def _check(
         )
     )
     try:
-        keys, keys_error = (_option_keys(lookup_backend(COMPILE_BACKEND)) if registered else set()), ""
+        keys, keys_error = (
+            (string_constants(type(lookup_backend(COMPILE_BACKEND)).__call__) if registered else set()),
+            "",
+        )
     except (OSError, TypeError, SyntaxError) as exc:  # no source to read (a compiled backend)
         keys, keys_error = set(), f"the backend's source is unreadable: {exc}"
     for option in compile_options:
@@ -424,7 +351,7 @@ def _check(
             )
         )
     try:
-        launch, launch_error = _string_constants(_resolve("torch.tpu.distributed").set_tpu_launch_env), ""
+        launch, launch_error = string_constants(_resolve("torch.tpu.distributed").set_tpu_launch_env), ""
     except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
         launch, launch_error = set(), f"set_tpu_launch_env's source is unreadable: {exc}"
     for variable in launch_variables:
@@ -437,13 +364,6 @@ def _check(
             )
         )
     return ApiCheck(version=version, checks=tuple(checks))
-
-
-def _string_constants(function: Any) -> set[str]:
-    """The string constants in `function`'s source (the names of the variables it reads and sets)."""
-    source = inspect.getsource(function)
-    tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith((" ", "\t")) else source)
-    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
 @lru_cache(maxsize=1)

@@ -51,7 +51,9 @@ class LiveMemory(TorchDispatchMode):
     def _release(self, nbytes: int) -> None:
         self.live -= nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         if not any(ret.alias_info is not None for ret in func._schema.returns):
             for tensor in tree_flatten(out)[0]:

@@ -140,7 +140,9 @@ class TrafficCounter(TorchDispatchMode):
         self.bytes = 0
         self.op_counts: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         self.op_counts[str(func.overloadpacket)] += 1
@@ -185,6 +187,12 @@ def count_step(step: Callable[[], Any]) -> CountedFlops:
     )
 
 
+def _active_expert_share(module: nn.Module) -> float | None:
+    """top_k / n_experts of a mixture of experts (a module with both, as ints), else None."""
+    experts, top_k = getattr(module, "n_experts", None), getattr(module, "top_k", None)
+    return top_k / experts if isinstance(experts, int) and isinstance(top_k, int) else None
+
+
 def matmul_parameters(model: nn.Module) -> int:
     """N of the model-FLOPs formula: parameters that multiply activations in matmuls.
 
@@ -199,9 +207,9 @@ def matmul_parameters(model: nn.Module) -> int:
     # A mixture of experts (a module with `n_experts` and `top_k`) runs top_k of its n_experts
     # experts a token: its stacked expert weights count that share (MaxText's MoE convention).
     active_share = {
-        id(p): m.top_k / m.n_experts
+        id(p): share
         for m in model.modules()
-        if isinstance(getattr(m, "n_experts", None), int) and isinstance(getattr(m, "top_k", None), int)
+        if (share := _active_expert_share(m)) is not None
         for p in m.parameters(recurse=False)
         if p.dim() == 3
     }

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # A float, or a numpy array of them (the planner's calibration evaluates many constants at once).
-_Seconds = TypeVar("_Seconds")
+_Seconds = TypeVar("_Seconds", float, "np.ndarray")
 
 
 def achieved_flops_per_s(flops_per_step: float, step_seconds: float) -> float:
@@ -33,7 +36,7 @@ def share_of_peak(seconds_at_peak: _Seconds, step_seconds: _Seconds) -> _Seconds
     """The share of the peak a step reaches: the time its FLOPs would take at the peak over the
     time it took. With model FLOPs this is the MFU; with counted FLOPs, the roofline's compute
     share. Element-wise on numpy arrays; no checks, since an array cannot be tested as one value."""
-    return seconds_at_peak / step_seconds  # type: ignore[operator]
+    return seconds_at_peak / step_seconds
 
 
 # The one convention every report states and every MFU figure (baseline and trials) follows.

@@ -13,6 +13,8 @@ its window, not the sequence. The operator's backward is an operator too, so the
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,7 +72,9 @@ def local_attention(
 
 
 @local_attention.register_fake
-def _local_attention_fake(query, key, value, sinks, window, chunk):  # type: ignore[no-untyped-def]
+def _local_attention_fake(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, window: int, chunk: int
+) -> torch.Tensor:
     return query.new_empty(*query.shape[:-1], value.shape[-1])
 
 
@@ -104,18 +108,26 @@ def local_attention_backward(
 
 
 @local_attention_backward.register_fake
-def _local_attention_backward_fake(grad, query, key, value, sinks, window, chunk):  # type: ignore[no-untyped-def]
+def _local_attention_backward_fake(
+    grad: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sinks: torch.Tensor | None,
+    window: int,
+    chunk: int,
+) -> list[torch.Tensor]:
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     return grads + ([torch.empty_like(sinks)] if sinks is not None else [])
 
 
-def _save(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _save(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     query, key, value, sinks, window, chunk = inputs
     ctx.save_for_backward(query, key, value, sinks)
     ctx.window, ctx.chunk = window, chunk
 
 
-def _backward(ctx, grad):  # type: ignore[no-untyped-def]
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     query, key, value, sinks = ctx.saved_tensors
     grads = local_attention_backward(grad, query, key, value, sinks, ctx.window, ctx.chunk)
     return grads[0], grads[1], grads[2], grads[3] if sinks is not None else None, None, None

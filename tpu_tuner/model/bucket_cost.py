@@ -55,10 +55,14 @@ def fit_cost_model(step_points: Sequence[tuple[int, float]], compile_points: Seq
     if len(step_points) < 3:
         design = design[:, :2]  # two points fix a line, not a parabola
     solution, _ = nnls(design * weights[:, None], seconds * weights)
-    coefficients = tuple(float(x) for x in np.pad(solution, (0, 3 - len(solution))))
+    a, b, c = (float(x) for x in np.pad(solution, (0, 3 - len(solution))))
     predicted = design @ solution
     error = float(np.max(np.abs(predicted - seconds) / seconds))
     compile_seconds = float(np.median([p[1] for p in compile_points])) if compile_points else 0.0
     return CostModel(
-        compile_seconds, coefficients, error, list(map(tuple, step_points)), list(map(tuple, compile_points))
-    )  # type: ignore[arg-type]
+        compile_seconds,
+        (a, b, c),
+        error,
+        [(length, secs) for length, secs in step_points],
+        [(length, secs) for length, secs in compile_points],
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +90,12 @@ class Decoder(nn.Module):
     (DecoderShape.layer_groups)."""
 
     scanned_blocks = "layers"  # model/blocks.py: the stack the planner scans, when there are several
+    # Buffers registered by _rope_tables for rotary positions (the _global pair only where global
+    # layers' head width differs); declared so their type is known.
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    rope_cos_global: torch.Tensor
+    rope_sin_global: torch.Tensor
 
     def __init__(self, shape: DecoderShape) -> None:
         super().__init__()
@@ -116,7 +123,9 @@ class Decoder(nn.Module):
         found: list[Block] = []
         for stack in (self.leading, self.layers, self.trailing):
             for unit in stack or ():
-                found.extend(unit.members if isinstance(unit, LayerGroup) else [unit])  # type: ignore[arg-type]
+                found.extend(
+                    cast(Block, member) for member in (unit.members if isinstance(unit, LayerGroup) else [unit])
+                )
         return found
 
     def _rope_tables(self, suffix: str, rotated: int) -> None:
@@ -178,18 +187,24 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
-    module.build_model, module.make_batch, module.loss = build_model, make_batch, loss  # type: ignore[attr-defined]
-    module.BATCH_SIZE, module.SEQ_LEN = batch_size, seq_len  # type: ignore[attr-defined]
-    module.TRANSFORMER = {
-        "layers": shape.layers,
-        "heads": shape.heads,  # type: ignore[attr-defined]
-        "head_dim": shape.n_head_dim,
-        "causal": True,
-        "spans": attention_spans(shape) if shape.has_local_layers else (),
-        **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {}),
-    }
-    module.NAME = name  # type: ignore[attr-defined]
-    module.SHAPE = shape  # type: ignore[attr-defined]
+    # A module built at run time: its attributes are set through its namespace.
+    vars(module).update(
+        build_model=build_model,
+        make_batch=make_batch,
+        loss=loss,
+        BATCH_SIZE=batch_size,
+        SEQ_LEN=seq_len,
+        TRANSFORMER={
+            "layers": shape.layers,
+            "heads": shape.heads,
+            "head_dim": shape.n_head_dim,
+            "causal": True,
+            "spans": attention_spans(shape) if shape.has_local_layers else (),
+            **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {}),
+        },
+        NAME=name,
+        SHAPE=shape,
+    )
     return module
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,12 +87,12 @@ def _(x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor, groups: in
     return x.new_empty(groups, x.shape[2], grad.shape[2])
 
 
-def _save(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _save(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     x, weights, group_sizes, _ = inputs
     ctx.save_for_backward(x, weights, group_sizes)
 
 
-def _backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     x, weights, group_sizes = ctx.saved_tensors
     grad_x = grouped_matmul(grad, weights.transpose(1, 2).contiguous(), group_sizes, False)
     grad_w = grouped_matmul_weight_grad(x, grad, group_sizes, weights.shape[0])
@@ -114,11 +115,11 @@ def _(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
-def _save_index(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _save_index(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.save_for_backward(inputs[1])
 
 
-def _unpermute(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _unpermute(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     (index,) = ctx.saved_tensors
     return permute_rows(grad, index.argsort(dim=-1)), None
 
@@ -135,12 +136,15 @@ class MixtureOfExperts(nn.Module):
     `n_experts` and `top_k` are read by the model-FLOPs count (only top_k of n_experts experts'
     weights touch each token)."""
 
+    score_bias: torch.Tensor | None  # a buffer: DeepSeek-V3's bias for the sigmoid router, else None
+
     def __init__(self, s: DecoderShape) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.capacity_factor = s.experts, s.top_k, s.capacity_factor
         self.dropless, self.router_kind = s.moe_routing == "dropless", s.router
         self.normalise, self.scaling = s.norm_topk_prob, s.routed_scaling_factor
-        self.activation = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
+        # gated: activation(gate, up); plain: activation(up)
+        self.activation: Callable[..., torch.Tensor] = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
         self.router = nn.Linear(s.d_model, s.experts, bias=s.router_bias)
         scale, width = s.d_model**-0.5, s.expert_mlp or s.mlp
         self.w_gate = nn.Parameter(torch.randn(s.experts, s.d_model, width) * scale) if s.gated else None
@@ -166,6 +170,7 @@ class MixtureOfExperts(nn.Module):
         logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
         if self.router_kind == "sigmoid":
             scores = torch.sigmoid(logits)
+            assert self.score_bias is not None  # registered for the sigmoid router
             chosen = (scores + self.score_bias.float()).topk(self.top_k, dim=-1).indices
             weights = scores.gather(-1, chosen)
         elif self.router_kind == "softmax_topk":

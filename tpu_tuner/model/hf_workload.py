@@ -94,20 +94,22 @@ def hf_module(path: str) -> types.ModuleType:
     def loss(output: Any, target: torch.Tensor) -> torch.Tensor:
         return output.loss  # the model's own loss of the labels in its inputs
 
-    module.build_model, module.make_batch = build_model, make_batch  # type: ignore[attr-defined]
+    # A module built at run time: its attributes are set through its namespace.
+    attributes: dict[str, Any] = {"build_model": build_model, "make_batch": make_batch}
     if not source.inference:
-        module.loss = loss  # type: ignore[attr-defined]
-    module.BATCH_SIZE = DEFAULT_BATCH_SIZE  # type: ignore[attr-defined]
-    module.SEQ_LEN = min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)  # type: ignore[attr-defined]
+        attributes["loss"] = loss
+    attributes["BATCH_SIZE"] = DEFAULT_BATCH_SIZE
+    attributes["SEQ_LEN"] = min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
     dims = declared_dims(config)
     if dims is not None and not getattr(config, "is_encoder_decoder", False):
         # An encoder-decoder's step (two stacks, cross-attention) is not the decoder formula's:
         # its model FLOPs are the counted ones.
         causal = not _auto_knows(_AUTO_CLASSES["masked-lm"], config)
-        module.TRANSFORMER = {**dims, "causal": causal}  # type: ignore[attr-defined]
-    module.NAME = source.name  # type: ignore[attr-defined]
-    module.NOTES = [f"dropout off for the accuracy guardrail ({', '.join(dropped)})"] if dropped else []  # type: ignore[attr-defined]
-    module.HF_CONFIG, module.HF_TASK = config, task  # type: ignore[attr-defined]
+        attributes["TRANSFORMER"] = {**dims, "causal": causal}
+    attributes["NAME"] = source.name
+    attributes["NOTES"] = [f"dropout off for the accuracy guardrail ({', '.join(dropped)})"] if dropped else []
+    attributes["HF_CONFIG"], attributes["HF_TASK"] = config, task
+    vars(module).update(attributes)
     return module
 
 
@@ -213,7 +215,7 @@ def mark_active_experts(model: nn.Module, config: PretrainedConfig) -> None:
     for module in model.modules():
         experts = getattr(module, "num_experts", None)
         if isinstance(experts, int) and any(p.dim() == 3 for p in module.parameters(recurse=False)):
-            module.n_experts, module.top_k = experts, top_k
+            module.n_experts, module.top_k = experts, top_k  # type: ignore[assignment]  # Module.__setattr__ is typed for tensors and modules only
 
 
 def synthetic_inputs(
@@ -273,7 +275,10 @@ def declared_dims(config: PretrainedConfig) -> dict[str, int] | None:
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
     width = getattr(text, "hidden_size", None)
-    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, width)):
+    if (
+        not (isinstance(layers, int) and isinstance(heads, int) and isinstance(width, int))
+        or min(layers, heads, width) <= 0
+    ):
         return None
     if getattr(text, "kv_lora_rank", None) and getattr(text, "v_head_dim", None):
         # Latent attention (DeepSeek): query/key heads of nope + rope dimensions, value heads their own.

@@ -52,6 +52,7 @@ class LatentAttention(nn.Module):
         self.wo = nn.Linear(s.heads * self.v_dim, s.d_model, bias=s.out_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+        assert cos is not None and sin is not None  # latent attention needs rotary positions (DecoderShape.check)
         batch, seq, _ = x.shape
         query = self.wq_b(self.q_norm(self.wq_a(x))) if self.q_latent else self.wq(x)
         q = query.view(batch, seq, self.heads, self.head_dim).transpose(1, 2)

@@ -14,7 +14,12 @@ from torch import nn
 
 from tpu_tuner.model.decoder_shape import DecoderShape
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -68,7 +73,8 @@ class FeedForward(nn.Module):
         super().__init__()
         width = width or s.mlp
         # clamped_swiglu is gated only (DecoderShape.check): a plain MLP has one of ACTIVATIONS.
-        self.activation = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
+        # gated: activation(gate, up); plain: activation(up)
+        self.activation: Callable[..., torch.Tensor] = gated_activation(s) if s.gated else ACTIVATIONS[s.activation]
         self.w_gate = nn.Linear(s.d_model, width, bias=s.mlp_bias) if s.gated else None
         self.w_up = nn.Linear(s.d_model, width, bias=s.mlp_bias)
         self.w_down = nn.Linear(width, s.d_model, bias=s.mlp_bias)

@@ -33,7 +33,8 @@ MESH_AXES = ("data", "fsdp", "fsdp_transpose", "context", "tensor", "expert")
 # Axes a layout names after its DATAxFSDPxTENSOR[xCONTEXT] part, as NAME=SIZE (MaxText's config keys
 # without ici_ / _parallelism); the dcn_ ones are the DCN ways of data and fsdp.
 NAMED_AXES = ("fsdp_transpose", "expert", "dcn_data", "dcn_fsdp")
-Placement = Literal["colwise", "rowwise", "embedding", "expert_in", "expert_out", "replicated"]
+# colwise_bias: a column-split linear's bias, split as its output columns are.
+Placement = Literal["colwise", "colwise_bias", "rowwise", "embedding", "expert_in", "expert_out", "replicated"]
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def placements(model: nn.Module, d_model: int) -> dict[str, Placement]:
                 kind = "replicated"
             result[f"{full}.weight"] = kind
             if linear.bias is not None:
-                result[f"{full}.bias"] = "colwise_bias" if kind == "colwise" else "replicated"  # type: ignore[assignment]
+                result[f"{full}.bias"] = "colwise_bias" if kind == "colwise" else "replicated"
         for child, embedding in module.named_children():
             if isinstance(embedding, nn.Embedding):
                 full = f"{module_name}.{child}" if module_name else child

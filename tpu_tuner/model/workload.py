@@ -54,7 +54,7 @@ class Workload:
     name: str
     source: Path
     build_model: Callable[[], nn.Module]
-    make_batch: Callable[[int, int | None], Batch]
+    make_batch: Callable[[int | None, int | None], Batch]  # None: the file's default size
     batch_size: int | None
     seq_len: int | None
     convention: Literal["native", "benchmark"]
@@ -79,7 +79,7 @@ class Workload:
 
             known = ", ".join(self.presets) or "none"
             raise WorkloadError(f"no preset {preset!r}; the file defines: {known}", self.source)
-        return self.build_model(preset=preset)  # type: ignore[call-arg]
+        return self.build_model(preset=preset)  # type: ignore[call-arg]  # a file with PRESETS takes a preset
 
     def dims_for_preset(self, preset: str | None) -> TransformerDims | None:
         """The attention shape at a preset (``transformer_dims(preset)`` in the file), else the default."""

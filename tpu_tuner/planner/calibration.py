@@ -216,7 +216,7 @@ def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -
     overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
     abs_err = np.abs(_predicted(a, eff, overlap) - a["published"])  # [efficiency, overlap, row]
     if kind == "global":
-        e, g = np.unravel_index(np.argmin(abs_err.mean(axis=2)), abs_err.shape[:2])
+        e, g = map(int, np.unravel_index(np.argmin(abs_err.mean(axis=2)), abs_err.shape[:2]))
         return Fitted(kind, {"*": _EFFICIENCIES[e]}, _MEMORY_OVERLAPS[g])
     if kind == "per_generation":
         # With the overlap fixed, each generation's efficiency only touches its own rows.
@@ -240,7 +240,7 @@ def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -
         row_eff = eff[..., None] * np.where(is_wide, wides[:, None], 1.0)[None, None, :, :]  # [e, 1, wide, row]
         err = np.abs(_predicted(a, row_eff, overlap[..., None]) - a["published"]).mean(axis=3)  # [e, g, wide]
         err = np.where(eff * wides[None, None, :] <= 1.0, err, np.inf)
-        e, g, w = np.unravel_index(np.argmin(err), err.shape)
+        e, g, w = map(int, np.unravel_index(np.argmin(err), err.shape))
         base = _EFFICIENCIES[e]
         return Fitted(kind, {"*": base, **{name: base * float(wides[w]) for name in WIDE_MXU}}, _MEMORY_OVERLAPS[g])
     raise ValueError(f"unknown efficiency model {kind!r} (known: {', '.join(EFFICIENCY_MODELS)})")
@@ -281,12 +281,13 @@ def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> lis
     """Each row's leave-one-out error with the band it would have been printed with: the band
     made from the other rows alone, each with its own leave-one-out error among them (nested), so
     no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
-    out = []
+    out: list[tuple[float, ErrorBand]] = []
     for i, row in enumerate(rows):
         others = rows[:i] + rows[i + 1 :]
         error = errors([row], fit(others, kind))[0]
         band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)), floor)
-        out.append((error, band))  # type: ignore[arg-type] - others is never empty here
+        assert band is not None  # others is never empty here, so the band has rows
+        out.append((error, band))
     return out
 
 

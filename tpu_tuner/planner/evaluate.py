@@ -78,13 +78,13 @@ def evaluate(
     judged_points = {}
     for point in points:
         step, effort = scanned[point], "fast" if problem.fast else "full"
-        confirmed = second.get(confirm_jobs.get(point))  # type: ignore[arg-type]
-        cost_step = second.get(recost_jobs.get(point))  # type: ignore[arg-type]
+        confirmed = _step_of(second, confirm_jobs.get(point))
+        cost_step = _step_of(second, recost_jobs.get(point))
         if confirmed is not None and (confirmed.error is None or is_compiler_out_of_memory(confirmed.error)):
             # The full-effort program decides memory; the fast one, which never peels, counts the work.
             step, effort = confirmed, f"full effort (the --fast compile was within {NEAR_LIMIT:.0%} of the limit)"
             cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
-        plan = _judge(problem, point, step, second.get(ends_jobs.get(point)), cost_step)  # type: ignore[arg-type]
+        plan = _judge(problem, point, step, _step_of(second, ends_jobs.get(point)), cost_step)
         plan.fit_effort = effort
         judged_points[point] = plan
     return judged_points
@@ -93,6 +93,11 @@ def evaluate(
 NEAR_LIMIT = 0.05  # a --fast peak within this share of the HBM limit (either side) is compiled again
 _REFUSED = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _step_of(steps: dict[CompileJob, CompiledStep], job: CompileJob | None) -> CompiledStep | None:
+    """The compiled step of `job`, None where the point had no such job (or it did not come back)."""
+    return steps.get(job) if job is not None else None
 
 
 def near_limit(step: CompiledStep, hbm: float) -> bool:

@@ -1,5 +1,6 @@
 """The dropless MoE's grouped matmuls and row permutations (``tpu_tune::grouped_matmul``,
-``tpu_tune::permute_rows``, model/experts.py) as the planner compiles them. The matmuls: per device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
+``tpu_tune::permute_rows``, model/experts.py) as the planner compiles them. The matmuls: per
+device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
 (layers/moe.py at e591f30: the routed computation inside ``jax.shard_map``, the batch over the
 data-parallel axes, expert weights gathered over fsdp and split over tensor on the MLP width, the
 down projection's partial sums reduce-scattered over tensor).

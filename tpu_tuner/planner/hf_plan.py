@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 # The sequence a plan compiles unless --seq says otherwise: the config's positions, at most
 # 8192 (MaxText's published Llama and Mixtral runs, the calibration rows, train at 8192).
 MAX_DEFAULT_SEQ = 8192
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 ATTENTION = "tpu_tune_planner"  # the attention implementation registered with transformers
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
@@ -155,7 +157,7 @@ def _check_causal_lm(config: PretrainedConfig, hf: HfSource) -> None:
         )
 
 
-def _on_meta(build: Any) -> nn.Module:
+def _on_meta(build: Callable[[], ModuleT]) -> ModuleT:
     with torch.device("meta"):
         return build()
 
@@ -214,7 +216,7 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
         # The planner reads heads off the blocks (model/structure.py); transformers' attention
         # modules do not all carry them.
         for block in blocks_of(model)[1]:
-            block.num_attention_heads, block.num_key_value_heads = dims["heads"], kv_heads
+            block.num_attention_heads, block.num_key_value_heads = dims["heads"], kv_heads  # type: ignore[assignment]  # Module.__setattr__ is typed for tensors and modules only
         return TracedCausalLM(model)
 
     def make_batch(batch_size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,8 +32,9 @@ _HEADER = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) \(")
 _CALLED = re.compile(r"\b(?:to_apply|calls|body|condition|select|scatter|comparator)=%([\w.\-]+)")
 _CALLED_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 _WHILE = re.compile(r"\bwhile\(.*?body=%(?P<body>[\w.\-]+).*?op_name=\"(?P<op>[^\"]*)\"")
-# A Pallas kernel's estimate, compact ("cost_estimate":{"flops":"123",...) or, for kernels inside called
-# computations (megablox's grouped matmuls), spread over lines ("cost_estimate": {\n"bytes_accessed":...,\n"flops":123,).
+# A Pallas kernel's estimate, compact ("cost_estimate":{"flops":"123",...) or, for kernels inside
+# called computations (megablox's grouped matmuls), spread over lines
+# ("cost_estimate": {\n"bytes_accessed":...,\n"flops":123,).
 _KERNEL_FLOPS = re.compile(r"\"cost_estimate\":\s*\{[^{}]*?\"flops\":\"?(\d+)")
 
 

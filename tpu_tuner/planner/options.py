@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.calibration import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import default_workers
@@ -36,7 +37,7 @@ class PlanOptions:
     weight_dtype: str = "float32"
     quantization: str | None = None
     vocab_tiling: int = 1  # the loss's logits this many slices of the sequence at a time (MaxText's num_vocab_tiling)
-    attention: str = "full"  # MFU convention: "full" or "causal"
+    attention: AttentionConvention = "full"  # MFU convention: "full" or "causal"
     max_layouts: int = 10
     layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
     workers: int = field(default_factory=default_workers)  # compiler processes at once

@@ -46,7 +46,8 @@ def enumerated(
     the options' remat policy and micro-batch count."""
     shape = problem.dims.shape
     if options.layouts:
-        candidates, rejected = options.layouts, []
+        rejected: list[tuple[Layout, str]] = []
+        candidates = options.layouts
     else:
         candidates, rejected = enumerate_layouts(
             problem.topology.devices,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
-from tpu_tuner.metrics.flops import matmul_parameters, score_pairs, transformer_model_flops
+from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.layouts import partition_spec, placements
@@ -46,7 +46,7 @@ class PlanProblem:
     matmul_parameters: int
     parameters: int
     model_flops: float
-    attention: str
+    attention: AttentionConvention
     fast: bool
     cost_model: CostModel
     placements: dict[str, str]
@@ -244,9 +244,11 @@ def build_problem(
     )
 
 
-def _model_flops(n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: str) -> float:
+def _model_flops(
+    n_matmul: int, transformer: Any, dims: Any, batch: int, seq: int, convention: AttentionConvention
+) -> float:
     attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
-    return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step  # type: ignore[arg-type]
+    return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step
 
 
 def _topology_devices(topology: Topology) -> Any:

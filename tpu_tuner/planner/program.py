@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -138,7 +138,7 @@ def compile_step(
 
     env = torchax.default_env()
     checkpoint_policy = policy.jax_policy()
-    block_list = model.get_submodule(blocks_name)
+    block_list = cast(nn.ModuleList, model.get_submodule(blocks_name))  # the blocks a scan runs: a ModuleList
     beside_named = unscanned_blocks(model, blocks_name)
     beside = [block for _, block in beside_named]
     if len(block_list) or beside:
@@ -297,6 +297,7 @@ def compile_step(
         cost = cost[0]
     memory = compiled.memory_analysis()
     text = compiled.as_text()
+    assert memory is not None and text is not None  # XLA's TPU and CPU clients give both
     with device_slices(np.asarray(devices).flat):  # DCN groups named by device ids (collectives.py)
         collectives, loop_iteration = parse_collectives(text), block_loop_iteration(text) if scan and blocks else None
     return CompiledStep(

@@ -141,7 +141,8 @@ def parse_remat(text: str, where: str = "--remat") -> RematPolicy:
     if not text.startswith("custom:"):
         known = ", ".join(["none", *NAMED_POLICIES, "custom:NAME=ACTION,..."])
         raise UserInputError(f"unknown remat policy {text!r} (known: {known})", where)
-    saved, offloaded = set(), set()
+    saved_names: set[str] = set()
+    offloaded_names: set[str] = set()
     for pair in filter(None, (p.strip() for p in text[len("custom:") :].split(","))):
         tensor, _, action = pair.partition("=")
         if tensor not in TENSOR_NAMES or action not in ACTIONS:
@@ -150,11 +151,13 @@ def parse_remat(text: str, where: str = "--remat") -> RematPolicy:
                 f"ACTION one of {', '.join(ACTIONS)}, not {pair!r}",
                 where,
             )
-        (saved if action == "device" else offloaded if action == "offload" else set()).add(tensor)
+        (saved_names if action == "device" else offloaded_names if action == "offload" else set()).add(tensor)
     canonical = "custom:" + ",".join(
-        f"{t}={'device' if t in saved else 'offload'}" for t in TENSOR_NAMES if t in saved or t in offloaded
+        f"{t}={'device' if t in saved_names else 'offload'}"
+        for t in TENSOR_NAMES
+        if t in saved_names or t in offloaded_names
     )
-    return RematPolicy(canonical, frozenset(saved), frozenset(offloaded))
+    return RematPolicy(canonical, frozenset(saved_names), frozenset(offloaded_names))
 
 
 def block_tensor_roles(block: nn.Module, d_model: int, mlp_hidden: int) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -230,7 +233,7 @@ def forward_flops_per_token(
     head_dim: int,
     mlp_hidden: int,
     gated: bool,
-    seq_len: int,
+    seq_len: float,  # the keys a query attends: fewer than the sequence for a local layer
 ) -> tuple[float, float]:
     """(a block's forward FLOPs per token, of which the backward pass recomputes under `policy`).
 

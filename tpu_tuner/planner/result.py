@@ -42,6 +42,11 @@ class LayoutPlan:
     def point(self) -> PlanPoint:
         return PlanPoint(self.layout, self.remat, self.accumulation)
 
+    @property
+    def predicted_mfu(self) -> float:
+        """The predicted MFU; 0 for a point that did not compile (no prediction)."""
+        return self.prediction.mfu if self.prediction else 0.0
+
 
 @dataclass
 class PlanResult:
@@ -71,7 +76,7 @@ class PlanResult:
     @property
     def best(self) -> LayoutPlan | None:
         fitting = [p for p in self.plans if p.fits and p.prediction]
-        return max(fitting, key=lambda p: p.prediction.mfu) if fitting else None
+        return max(fitting, key=lambda p: p.predicted_mfu) if fitting else None
 
     @property
     def indistinguishable(self) -> list[LayoutPlan]:
@@ -80,10 +85,10 @@ class PlanResult:
         best = self.best
         if best is None or self.error_band is None:
             return [best] if best else []
-        floor = best.prediction.mfu - self.error_band.points / 100
+        floor = best.predicted_mfu - self.error_band.points / 100
         return [
             p
-            for p in sorted(self.plans, key=lambda p: -(p.prediction.mfu if p.prediction else 0))
+            for p in sorted(self.plans, key=lambda p: -p.predicted_mfu)
             if p.fits and p.prediction and p.prediction.mfu >= floor
         ]
 
@@ -125,7 +130,7 @@ def result_of(
             problem.cost_model,
         )
     fitting = [p for p in plans if p.fits and p.prediction]
-    shown = max(fitting, key=lambda p: p.prediction.mfu) if fitting else plans[0] if plans else None  # type: ignore[union-attr]
+    shown = max(fitting, key=lambda p: p.predicted_mfu) if fitting else plans[0] if plans else None
     return PlanResult(
         workload=problem.workload,
         preset=problem.preset,

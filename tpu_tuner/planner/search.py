@@ -23,25 +23,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.core.credentials import without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import binary_bytes
-from tpu_tuner.planner.collectives import Collective
 from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.evaluate import evaluate, judged
+from tpu_tuner.planner.evaluate import evaluate
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
 from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
+from tpu_tuner.planner.trial_records import (
+    INVALID_VIOLATION,
+    params_key,
+    params_of,
+    plan_of_trial,
+    record_compiled,
+    tell_repeat,
+    tell_ruled_out,
+    trial_summary,
+)
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
@@ -52,12 +59,7 @@ from tpu_tuner.studies.samplers import build_sampler
 log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "random", "exhaustive")
-CONSTRAINT = "hbm_over_gib"  # the trial constraint: how far past the device's HBM (<= 0: fits)
 RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner must plan the same)
-# The constraint of a point the compiler refused (its peak unknown: out of memory, mostly) and of
-# one that cannot exist (sizes that do not divide), in GiB past the HBM.
-REFUSED_VIOLATION = 1.0
-INVALID_VIOLATION = 1000.0
 # Asks without a new point to compile before the search stops (the sampler keeps proposing
 # points already compiled or ruled out: the space is spent as far as it can tell).
 MAX_IDLE_ASKS = 200
@@ -113,13 +115,13 @@ def search(
         # lost trial's point is queued again.
         settled = (COMPILED, REFUSED, INVALID, LOWER_BOUND)
         done = {
-            _params_key(t.params)
+            params_key(t.params)
             for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get(records.OUTCOME) in settled or t.state == TrialState.WAITING
         }
         for point in valid:
-            if _params_key(_params(point)) not in done:
-                study.enqueue_trial(_params(point))
+            if params_key(params_of(point)) not in done:
+                study.enqueue_trial(params_of(point))
     # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
     limit = len(valid) if exhaustive and not options.budget else budget
     rules = Rules(
@@ -140,7 +142,7 @@ def search(
             f"({end.spent} of {limit} compiles): the sampler finds nothing new"
         )
     trials = study.get_trials(deepcopy=False)
-    plans = [_plan_of(problem, t) for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)]
+    plans = [plan_of_trial(problem, t) for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)]
     plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
     record = {
         "study": study.study_name,
@@ -151,12 +153,12 @@ def search(
         "space": space.describe(),
         "valid_points": len(valid),
         "compiled": sum(1 for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)),
-        "trials": [_trial_summary(t) for t in trials],
+        "trials": [trial_summary(t) for t in trials],
     }
     return result_of(problem, plans, [], "searched", started, search=record)
 
 
-def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
     return {
         "tensor": CategoricalDistribution(space.tensors),
@@ -209,12 +211,12 @@ class PlanTrials(Feature):
             else invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len)
         )
         if reason or point is None:
-            _tell_ruled_out(trial, INVALID, INVALID_VIOLATION, reason or "")
+            tell_ruled_out(trial, INVALID, INVALID_VIOLATION, reason or "")
             return None
         trial.set_user_attr(records.POINT, point.key())
         bound = problem.lower_bound(point)
         if bound.total > problem.hbm:
-            _tell_ruled_out(
+            tell_ruled_out(
                 trial,
                 LOWER_BOUND,
                 (bound.total - problem.hbm) / 2**30,
@@ -243,17 +245,17 @@ class PlanTrials(Feature):
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial.set_user_attr(records.COMPILING, False)
         if earlier.state == TrialState.COMPLETE:
-            _tell_repeat(trial, earlier)
+            tell_repeat(trial, earlier)
         else:
             self.tell_in_flight(trial, earlier)
 
     def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
         trial.set_user_attr(records.COMPILING, False)
-        _tell_ruled_out(trial, REPEAT, 0.0, f"compiling in trial {elsewhere.number}")
+        tell_ruled_out(trial, REPEAT, 0.0, f"compiling in trial {elsewhere.number}")
 
     def tell_released(self, trial: optuna.Trial) -> None:
         trial.set_user_attr(records.COMPILING, False)
-        _tell_ruled_out(trial, RELEASED, 0.0, "the budget was filled by earlier trials")
+        tell_ruled_out(trial, RELEASED, 0.0, "the budget was filled by earlier trials")
 
     def evaluate(self, claims: list[Claim]) -> list[LayoutPlan]:
         results = self.evaluator(self.problem, [c.point for c in claims], self.pool, self.emit)
@@ -261,7 +263,7 @@ class PlanTrials(Feature):
 
     def tell(self, claim: Claim, result: LayoutPlan) -> None:
         try:
-            _record_compiled(claim.trial, result)
+            record_compiled(claim.trial, result)
         finally:
             step = result.compiled
             status = (
@@ -276,27 +278,6 @@ class PlanTrials(Feature):
                 f"[{claim.position}/{self.budget}] trial {claim.trial.number}: {claim.point.name()}: "
                 f"{status} ({time.perf_counter() - self.started:.0f} s)"
             )
-
-
-def _set_constraint(trial: optuna.Trial, gib_over: float) -> None:
-    """Peak HBM minus the device's, in GiB: feasible at or below zero."""
-    trial.set_constraint(CONSTRAINT, gib_over)
-    trial.set_user_attr(records.CONSTRAINT_VALUE, gib_over)
-
-
-def _params_key(params: dict[str, Any]) -> tuple:
-    return tuple(sorted(params.items()))
-
-
-def _params(point: PlanPoint) -> dict[str, Any]:
-    return {
-        "tensor": point.layout.tensor,
-        "context": point.layout.context,
-        "data": point.layout.data,
-        "remat": point.remat,
-        "accumulation": point.accumulation,
-        **({"dcn": f"{point.layout.dcn_data}x{point.layout.dcn_fsdp}"} if point.layout.slices > 1 else {}),
-    }
 
 
 def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
@@ -343,72 +324,3 @@ def _open_study(
         differ = ", ".join(differing_keys(recorded, record))
         raise UserInputError(f"study {name!r} plans something else (differs in: {differ}); name another --study")
     return study, storage
-
-
-def _tell_ruled_out(trial: optuna.Trial, outcome: str, gib_over: float, reason: str) -> None:
-    """Told without a compile: PRUNED, infeasible by `gib_over` (TPE keeps away from such points)."""
-    trial.set_user_attr(records.OUTCOME, outcome)
-    trial.set_user_attr(records.REASON, reason)
-    _set_constraint(trial, gib_over)
-    trial.study.tell(trial, state=TrialState.PRUNED)
-
-
-def _tell_repeat(trial: optuna.Trial, earlier: FrozenTrial) -> None:
-    trial.set_user_attr(records.OUTCOME, REPEAT)
-    trial.set_user_attr(records.REASON, f"compiled in trial {earlier.number}")
-    _set_constraint(trial, earlier.user_attrs.get(records.CONSTRAINT_VALUE, REFUSED_VIOLATION))
-    trial.study.tell(trial, earlier.value if earlier.value is not None else 0.0)
-
-
-def _record_compiled(trial: optuna.Trial, plan: LayoutPlan) -> None:
-    step = plan.compiled
-    trial.set_user_attr(records.OUTCOME, REFUSED if step.error else COMPILED)
-    trial.set_user_attr(records.COMPILED_STEP, compiled_to_dict(step))
-    trial.set_user_attr(records.FIT_EFFORT, plan.fit_effort)  # which compile decided "fits" (evaluate.near_limit)
-    _set_constraint(trial, REFUSED_VIOLATION if step.error else -plan.margin_bytes / 2**30)
-    trial.set_user_attr(records.COMPILING, False)
-    trial.study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0, skip_if_finished=True)
-
-
-def compiled_to_dict(step: CompiledStep) -> dict[str, Any]:
-    """The whole-step figures a trial keeps (the loop measurement is already folded in)."""
-    data = asdict(step)
-    data.pop("loop_iteration", None)
-    return data
-
-
-def compiled_from_dict(data: dict[str, Any]) -> CompiledStep:
-    fields = dict(data)
-    fields["collectives"] = [Collective(**c) for c in fields.get("collectives", [])]
-    return CompiledStep(**fields)
-
-
-def _point_of_trial(trial: FrozenTrial, devices: int) -> PlanPoint:
-    point = point_of(trial.params, devices)
-    assert point is not None
-    return point
-
-
-def _plan_of(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
-    """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
-    plan = judged(
-        problem,
-        _point_of_trial(trial, problem.topology.devices),
-        compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]),
-    )
-    plan.fit_effort = trial.user_attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
-    return plan
-
-
-def _trial_summary(trial: FrozenTrial) -> dict[str, Any]:
-    attrs = trial.user_attrs
-    return {
-        "number": trial.number,
-        "state": trial.state.name,
-        "outcome": attrs.get(records.OUTCOME),
-        "point": attrs.get(records.POINT),
-        "params": trial.params,
-        "reason": attrs.get(records.REASON),
-        "tokens_per_second": trial.value if trial.state == TrialState.COMPLETE else None,
-        "worker": attrs.get(records.WORKER),
-    }

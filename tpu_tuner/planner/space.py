@@ -195,8 +195,9 @@ def memory_lower_bound(
     bound), split over fsdp x context x tensor. The block inputs are the scan's saved carry:
     [micro-batch / shards, sequence / context, d_model / tensor] in bf16 per block, unless the
     policy keeps them in host memory: one per block, or `saved_inputs` (a loop over repeats of a
-    layer pattern keeps one a repeat: structure.Dims.saved_block_inputs). The planner checks this bound against every compile it
-    makes (a bound above a compiled peak is logged as an error in the bound)."""
+    layer pattern keeps one a repeat: structure.Dims.saved_block_inputs). The planner checks this
+    bound against every compile it makes (a bound above a compiled peak is logged as an error in
+    the bound)."""
     layout = point.layout
     # The weights and AdamW's second moment in the weights' dtype (MaxText's weight_dtype), the first in its own;
     # SGD keeps no state (optimizer.py).

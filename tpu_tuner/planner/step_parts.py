@@ -201,7 +201,7 @@ def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:
             return masks.ChunkedCausalMask(shape, chunk_size=chunk)
         return masks.CausalMask(shape)
 
-    def attend(query, key, value, sinks, window, chunk):  # type: ignore[no-untyped-def]
+    def attend(query: Any, key: Any, value: Any, sinks: Any, window: int, chunk: int) -> Any:
         scale = query.shape[-1] ** -0.5
 
         def per_device(q: Any, k: Any, v: Any, *sink: Any) -> Any:

@@ -137,9 +137,10 @@ class Topology:
         per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
         if self.megacore:
             per_chip = ", megacore: one device per chip, both TensorCores"
+        dcn_gbit_per_chip = self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip
         slices = (
             (
-                f" x {self.slices} slices over DCN ({self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip:.0f} "
+                f" x {self.slices} slices over DCN ({dcn_gbit_per_chip:.0f} "
                 f"Gbit/s per chip{'' if self.dcn_stated else ', v5p figure assumed'})"
             )
             if self.slices > 1
@@ -186,6 +187,7 @@ def parse_topology(text: str) -> Topology:
         topology = Topology(text, chip, shapes[count])
     if topology.chips > topology.chip.max_chips:
         raise UserInputError(
-            f"topology {text!r}: {topology.chips} chips exceed the {topology.chip.max_chips}-chip maximum of {topology.chip.generation}"
+            f"topology {text!r}: {topology.chips} chips exceed the "
+            f"{topology.chip.max_chips}-chip maximum of {topology.chip.generation}"
         )
     return topology

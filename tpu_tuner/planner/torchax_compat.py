@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ def import_torchax() -> ModuleType:
     packet_class = torch._ops.OpOverloadPacket
     original = packet_class.__getattr__
 
-    def tolerant_getattr(self, key):  # type: ignore[no-untyped-def]
+    def tolerant_getattr(self: torch._ops.OpOverloadPacket, key: str) -> Any:
         try:
             return original(self, key)
         except AttributeError:
@@ -65,7 +66,7 @@ def import_torchax() -> ModuleType:
             raise
 
     with _LOCK:
-        packet_class.__getattr__ = tolerant_getattr
+        packet_class.__getattr__ = tolerant_getattr  # type: ignore[method-assign]  # for this import only
         try:
             module = importlib.import_module("torchax")
             # The environment loads torchax's op tables (decompositions, jaten, jtorch) lazily;
@@ -76,7 +77,7 @@ def import_torchax() -> ModuleType:
                 "the planner needs torchax (pip install 'tpu-tune[plan]' or pip install torchax==0.0.13)"
             ) from exc
         finally:
-            packet_class.__getattr__ = original
+            packet_class.__getattr__ = original  # type: ignore[method-assign]  # the patch undone
     if SKIPPED:
         log.debug("torchax: skipped %d removed named-tensor overloads: %s", len(SKIPPED), ", ".join(SKIPPED))
     return module

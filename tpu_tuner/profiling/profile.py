@@ -27,36 +27,18 @@ from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import of_model
 from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
-from tpu_tuner.metrics.flops import AttentionConvention, count_step, matmul_parameters, transformer_model_flops
+from tpu_tuner.metrics.flops import AttentionConvention, count_step
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
 from tpu_tuner.model.batch import leading_size
 from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.model.workload import Workload
+from tpu_tuner.profiling.flops_report import FlopsReport, flops_report, with_uncounted
 from tpu_tuner.profiling.settings import ProfilerSettings
-from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
 from tpu_tuner.profiling.verdict import Verdict, decide
 
 log = logging.getLogger(__name__)
-COUNTED_FORMULA = "counted FLOPs"  # how a model-FLOPs formula that is the counted figure starts
-
-
-@dataclass(frozen=True)
-class FlopsReport:
-    """Counted FLOPs and model FLOPs of one step, with the formula and convention named."""
-
-    counted_per_step: int
-    counted_by_op: dict[str, int]
-    model_per_step: float
-    model_formula: str
-    attention_convention: str
-    matmul_parameters: int
-    total_parameters: int
-    bytes_unfused_per_step: int
-    aten_ops_per_step: int
-    # Operators that did work with no FLOP formula, with their share of the profiled time.
-    uncounted: list[UncountedOp] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -161,10 +143,11 @@ def profile(
         started = time.monotonic()
         counted = run_user_step(lambda: count_step(step.run_eager), workload, "the first step")
         settings = _within_budget(settings, time.monotonic() - started, deadline, warnings)
-        flops = _flops_report(workload, step.model, counted, batch_size, seq_len, attention_convention)
+        flops = flops_report(workload, step.model, counted, batch_size, seq_len, attention_convention)
         log.info("warming up %s", candidate.describe())
+        warmup_min, warmup_max = settings.warmup_min_steps, settings.warmup_max_steps
         warmup = run_user_step(
-            lambda: warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps),
+            lambda: warm_up(step.run, backend, warmup_min, warmup_max),
             workload,
             "warm-up",
         )
@@ -182,7 +165,7 @@ def profile(
         events: list[Any] = []
         shares: dict[str, float] = {}
         operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators, events, shares)
-        flops, mfu_is_lower_bound = _with_uncounted(flops, workload, events, backend, settings, warnings)
+        flops, mfu_is_lower_bound = with_uncounted(flops, workload, events, backend, settings, warnings)
 
     # One MFU convention for every run: the fastest dtype's peak, never exceeded (docs/mfu.md).
     achieved = achieved_flops_per_s(flops.model_per_step, timing.median)
@@ -273,42 +256,6 @@ def _check_positive(value: int | None, what: str) -> None:
         raise UserInputError(f"{what} must be a positive integer, got {value}")
 
 
-def _flops_report(
-    workload: Workload,
-    model: torch.nn.Module,
-    counted: Any,
-    batch_size: int | None,
-    seq_len: int | None,
-    convention: AttentionConvention,
-) -> FlopsReport:
-    n_matmul = matmul_parameters(model)
-    total_params = sum(p.numel() for p in model.parameters())
-    if workload.model_flops is not None:
-        model_flops = float(workload.model_flops(batch_size, seq_len, workload.is_training))
-        formula, attention = "model_flops() of the workload file (user override)", "as the workload defines it"
-    elif workload.transformer is not None and batch_size and seq_len:
-        estimate = transformer_model_flops(
-            n_matmul, workload.transformer, batch_size, seq_len, workload.is_training, convention
-        )
-        model_flops, formula, attention = estimate.per_step, estimate.formula, estimate.convention
-    else:
-        # No architecture to apply a formula to (a CNN, an MLP): the counted FLOPs are the model's.
-        model_flops = float(counted.total)
-        formula = f"{COUNTED_FORMULA} (FlopCounterMode); no transformer shape declared for the 6N formula"
-        attention = "not applicable (no attention declared)"
-    return FlopsReport(
-        counted_per_step=counted.total,
-        counted_by_op=counted.by_op,
-        model_per_step=model_flops,
-        model_formula=formula,
-        attention_convention=attention,
-        matmul_parameters=n_matmul,
-        total_parameters=total_params,
-        bytes_unfused_per_step=counted.bytes_unfused,
-        aten_ops_per_step=counted.aten_ops,
-    )
-
-
 def _estimate_or_refuse(
     workload: Workload,
     available_bytes: int | None,
@@ -386,29 +333,3 @@ def _within_budget(
             f"({settings.max_profile_seconds:.0f} s)"
         )
     return capped
-
-
-def _with_uncounted(
-    flops: FlopsReport,
-    workload: Workload,
-    events: list[Any],
-    backend: Any,
-    settings: ProfilerSettings,
-    warnings: list[str],
-) -> tuple[FlopsReport, bool]:
-    """Record the operators that worked without a FLOP formula; the MFU is a lower bound when it
-    rests on counted FLOPs (no formula, no user override) and such an operator took a share."""
-    use_device = any(a != torch.profiler.ProfilerActivity.CPU for a in backend.profiler_activities())
-    uncounted = uncounted_operators(events, settings.profiled_steps, use_device, settings.uncounted_share_min)
-    if not uncounted:
-        return flops, False
-    lower_bound = flops.model_formula.startswith(COUNTED_FORMULA)
-    warnings.append(
-        describe(uncounted)
-        + (
-            "; the counted FLOPs miss their work, so the MFU is a lower bound"
-            if lower_bound
-            else "; the counted FLOPs miss their work (the model FLOPs come from a formula)"
-        )
-    )
-    return dataclasses.replace(flops, uncounted=uncounted), lower_bound

@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tpu_tuner.devices.roofline import RooflineProbe
+    from tpu_tuner.devices.roofline_probe import RooflineProbe
     from tpu_tuner.tuning.agents.base import Agent
 
 _EXPORTS = {

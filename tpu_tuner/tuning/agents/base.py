@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tpu_tuner.core.definitions import load_schema
-from tpu_tuner.devices.roofline import RooflineProbe
+from tpu_tuner.devices.roofline_probe import RooflineProbe
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.schema import seeds_for

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_tuner.core.failures import FailureKind
-from tpu_tuner.devices.roofline import RooflineProbe
+from tpu_tuner.devices.roofline_probe import RooflineProbe
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import expand
 from tpu_tuner.parallel.from_plan import MappedLayout

@@ -1,0 +1,123 @@
+"""What a planner trial records in its Optuna study, and how a settled trial is read back: the
+outcome and reason of a point told without a compile, the compiler's figures of a compiled one,
+the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/search.py asks)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.planner.collectives import Collective
+from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.evaluate import judged
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.result import LayoutPlan
+from tpu_tuner.planner.space import PlanPoint, point_of
+from tpu_tuner.studies import records
+from tpu_tuner.studies.records import COMPILED, REFUSED, REPEAT
+
+CONSTRAINT = "hbm_over_gib"  # the trial constraint: how far past the device's HBM (<= 0: fits)
+# The constraint of a point the compiler refused (its peak unknown: out of memory, mostly) and of
+# one that cannot exist (sizes that do not divide), in GiB past the HBM.
+REFUSED_VIOLATION = 1.0
+INVALID_VIOLATION = 1000.0
+
+
+def set_constraint(trial: optuna.Trial, gib_over: float) -> None:
+    """Peak HBM minus the device's, in GiB: feasible at or below zero."""
+    trial.set_constraint(CONSTRAINT, gib_over)
+    trial.set_user_attr(records.CONSTRAINT_VALUE, gib_over)
+
+
+def params_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The trial parameters as a hashable key (a point asked before has the same)."""
+    return tuple(sorted(params.items()))
+
+
+def params_of(point: PlanPoint) -> dict[str, Any]:
+    """The trial parameters that ask for `point` (the search's distributions)."""
+    return {
+        "tensor": point.layout.tensor,
+        "context": point.layout.context,
+        "data": point.layout.data,
+        "remat": point.remat,
+        "accumulation": point.accumulation,
+        **({"dcn": f"{point.layout.dcn_data}x{point.layout.dcn_fsdp}"} if point.layout.slices > 1 else {}),
+    }
+
+
+def tell_ruled_out(trial: optuna.Trial, outcome: str, gib_over: float, reason: str) -> None:
+    """Told without a compile: PRUNED, infeasible by `gib_over` (TPE keeps away from such points)."""
+    trial.set_user_attr(records.OUTCOME, outcome)
+    trial.set_user_attr(records.REASON, reason)
+    set_constraint(trial, gib_over)
+    trial.study.tell(trial, state=TrialState.PRUNED)
+
+
+def tell_repeat(trial: optuna.Trial, earlier: FrozenTrial) -> None:
+    """Told the value and constraint of the `earlier` trial that compiled the same point."""
+    trial.set_user_attr(records.OUTCOME, REPEAT)
+    trial.set_user_attr(records.REASON, f"compiled in trial {earlier.number}")
+    set_constraint(trial, earlier.user_attrs.get(records.CONSTRAINT_VALUE, REFUSED_VIOLATION))
+    trial.study.tell(trial, earlier.value if earlier.value is not None else 0.0)
+
+
+def record_compiled(trial: optuna.Trial, plan: LayoutPlan) -> None:
+    """Keep a compile's figures on its trial and tell the predicted tokens/s (0: refused)."""
+    step = plan.compiled
+    trial.set_user_attr(records.OUTCOME, REFUSED if step.error else COMPILED)
+    trial.set_user_attr(records.COMPILED_STEP, compiled_to_dict(step))
+    trial.set_user_attr(records.FIT_EFFORT, plan.fit_effort)  # which compile decided "fits" (evaluate.near_limit)
+    set_constraint(trial, REFUSED_VIOLATION if step.error else -plan.margin_bytes / 2**30)
+    trial.set_user_attr(records.COMPILING, False)
+    trial.study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0, skip_if_finished=True)
+
+
+def compiled_to_dict(step: CompiledStep) -> dict[str, Any]:
+    """The whole-step figures a trial keeps (the loop measurement is already folded in)."""
+    data = asdict(step)
+    data.pop("loop_iteration", None)
+    return data
+
+
+def compiled_from_dict(data: dict[str, Any]) -> CompiledStep:
+    """The inverse of `compiled_to_dict`."""
+    fields = dict(data)
+    fields["collectives"] = [Collective(**c) for c in fields.get("collectives", [])]
+    return CompiledStep(**fields)
+
+
+def point_of_trial(trial: FrozenTrial, devices: int) -> PlanPoint:
+    """The point a settled trial asked for (its parameters were valid: it was not ruled out)."""
+    point = point_of(trial.params, devices)
+    assert point is not None
+    return point
+
+
+def plan_of_trial(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
+    """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
+    plan = judged(
+        problem,
+        point_of_trial(trial, problem.topology.devices),
+        compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]),
+    )
+    plan.fit_effort = trial.user_attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
+    return plan
+
+
+def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
+    """A trial as the plan's JSON lists it."""
+    attrs = trial.user_attrs
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "outcome": attrs.get(records.OUTCOME),
+        "point": attrs.get(records.POINT),
+        "params": trial.params,
+        "reason": attrs.get(records.REASON),
+        "tokens_per_second": trial.value if trial.state == TrialState.COMPLETE else None,
+        "worker": attrs.get(records.WORKER),
+    }
