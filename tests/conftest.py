@@ -7,10 +7,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tpu_tuner.profiling import ProfilerSettings
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
+
+    from tpu_tuner.devices.roofline import RooflineProbe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parent.parent / "examples"

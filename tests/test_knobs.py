@@ -92,7 +92,9 @@ ADDED_KNOB = textwrap.dedent("""\
     from tpu_tuner.tuning.space import SearchSpace
 
     folder = pathlib.Path(sys.argv[1])
-    (folder / "space.toml").write_text('[[param]]\\nname = "added_knob"\\nchoices.cpu = ["contiguous", "channels_last"]\\n')
+    (folder / "space.toml").write_text(
+        '[[param]]\\nname = "added_knob"\\nchoices.cpu = ["contiguous", "channels_last"]\\n'
+    )
     space = SearchSpace.load(folder / "space.toml", "cpu")
     candidate = space.to_candidate({"added_knob": "channels_last"})
     loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(folder / "tuned_config.toml"))
@@ -217,7 +219,8 @@ def test_printed_code_runs_and_applies_the_value() -> None:
         code = Candidate({name: value}).code("cpu")
         body = "\n".join(code).replace(
             "output = model(inputs)",
-            f"output = model(inputs); observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)",
+            f"output = model(inputs); "
+            f"observed[{name + '=' + value!r}] = get({name!r}).observe(model, model, CpuBackend)",
         )
         sections.append(
             f"model = TinyNet()\ninputs = torch.randn(2, 3, 8, 8)\n{body}\n"
