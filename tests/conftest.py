@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_XDIST_WORKERS))
 
 
+def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] = lambda: "") -> None:
+    """Poll `condition` until it holds; fail naming `what()` once `timeout_s` passes. The timeout is
+    a bound for a stuck test on a loaded host, never the thing that makes the awaited event happen."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what()}"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the roofline cache out of the user's home; measured once per test session."""
@@ -53,7 +63,6 @@ def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float
     medium_relative_error, ...) this machine's cached probe, in a private cache that worker
     processes inherit: tests decide which kind of host they run on, whatever this one is."""
     import json
-    import time
     from dataclasses import asdict
 
     import torch
