@@ -267,7 +267,7 @@ def _lines(process: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in _text(process).splitlines() if line.startswith("{")]
 
 
-@pytest.mark.slow  # the study test below kills a host the same way through the whole command; this adds --node-rank
+@pytest.mark.slow  # about 40 s on 2 cores; the study test below kills a host the same way through the CLI
 def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_it(tmp_path) -> None:
     """A driver (tests/fixtures/host_driver.py, node 0) runs two measure jobs on both hosts; the
     follower is the `tpu-tune` command itself (--node-rank 1). The first job is measured on both
