@@ -49,6 +49,20 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable
         time.sleep(0.05)
 
 
+class FakeClock:
+    """A stand-in for a module's `time` (monotonic, sleep), moved by the test: the intervals a
+    test checks are exact however loaded the host is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the roofline cache out of the user's home; measured once per test session."""

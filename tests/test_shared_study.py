@@ -11,7 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FIXTURES, wait_until
+from conftest import FIXTURES, FakeClock, wait_until
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.studies import liveness, records
@@ -149,23 +149,10 @@ def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_
     study.tell(alive, 1.0)
 
 
-class _Clock:
-    """liveness's monotonic clock, moved by the test: intervals exact however loaded the host."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_the_stale_check_runs_once_a_heartbeat_interval(tmp_path, monkeypatch) -> None:
     """A trial goes stale only a grace period after its last beat: the loop's round (one a trial)
     looks for stale trials at most once a beat, not every round."""
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(liveness, "time", clock)
     storage = _storage(tmp_path, interval=1, grace=2)
     study = optuna.create_study(storage=storage, study_name="s")
@@ -190,7 +177,7 @@ def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftove
     # Its worker died halfway through recording a measurement, never having beaten.
     orphan.set_user_attr("measured", True)
     orphan.set_user_attr("worker", "gone")
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(liveness, "time", clock)
     watch = RunningWatch(overdue_s=0.3)
     fail_lost_trials(study, storage, watch)  # first seen now: left alone
