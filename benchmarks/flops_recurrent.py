@@ -62,7 +62,8 @@ def main() -> None:
         "RNN tanh 3 layers bidirectional": (nn.RNN(128, 256, 3, batch_first=True, bidirectional=True), (10, 512, 128)),
     }
     print(
-        f"{'module':42} {'default (counted)':>18} {'decomposed':>18} {'hand count':>18} {'train default':>18} {'train decomposed':>18}"
+        f"{'module':42} {'default (counted)':>18} {'decomposed':>18} {'hand count':>18} "
+        f"{'train default':>18} {'train decomposed':>18}"
     )
     for name, (module, shape) in cases.items():
         x = torch.randn(*shape, requires_grad=True)

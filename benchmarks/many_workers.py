@@ -258,7 +258,7 @@ def overhead(trials: int, repeats: int) -> None:
         overhead_once(server.url("tune"), 5, 1)
         figures: dict[int, list[tuple[float, ...]]] = {i: [] for i in range(len(configs))}
         for repeat in range(repeats):
-            for i, (label, url, workers) in enumerate(configs):  # interleaved
+            for i, (_label, url, workers) in enumerate(configs):  # interleaved
                 figures[i].append(overhead_once(url, trials, workers))
             print(
                 f"repeat {repeat + 1}/{repeats} (load {_load()}): "
@@ -428,7 +428,7 @@ def studies(repeats: int) -> None:
                 )
                 for i, p in enumerate(phases):
                     print(
-                        "    worker %d: " % i + ", ".join(f"{k} {v:.1f}" for k, v in p.items() if v is not None),
+                        f"    worker {i}: " + ", ".join(f"{k} {v:.1f}" for k, v in p.items() if v is not None),
                         flush=True,
                     )
     print(

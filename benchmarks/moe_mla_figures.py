@@ -68,7 +68,8 @@ texts, parse = [], program.parse_collectives
 program.parse_collectives = lambda text: (texts.append(text), parse(text))[1]
 base = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=8,expert_mlp=512,max_seq_len=512"
 out = {}
-for name, extra in (("dropless top-1", ",top_k=1,moe_routing=dropless"), ("dropless top-2", ",top_k=2,moe_routing=dropless"),
+for name, extra in (("dropless top-1", ",top_k=1,moe_routing=dropless"),
+                    ("dropless top-2", ",top_k=2,moe_routing=dropless"),
                     ("dropping top-2, capacity 1", ",top_k=2,capacity_factor=1")):
     start = time.perf_counter()
     step = run_job(CompileJob(base + extra, None, 2, Layout(1, 4, 1), "v5e:2x2", 8, 256, 128, "none", True, scan=True))
@@ -82,7 +83,8 @@ for name, extra in (("dropless top-1", ",top_k=1,moe_routing=dropless"), ("dropl
                  "gmm kernels": len(re.findall(r"jit\\(gmm\\)", texts[-1])) > 0,
                  "compile_s": round(time.perf_counter() - start, 1)}
 one, two = out["dropless top-1"], out["dropless top-2"]
-out["top-1 -> top-2: compiled / formula added"] = round((two["flops"] - one["flops"]) / (two["formula"] - one["formula"]), 3)
+out["top-1 -> top-2: compiled / formula added"] = round(
+    (two["flops"] - one["flops"]) / (two["formula"] - one["formula"]), 3)
 out["dropping / dropless, top-2"] = round(out["dropping top-2, capacity 1"]["flops"] / two["flops"], 3)
 print(json.dumps(out))
 """
@@ -96,17 +98,18 @@ from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import add_loop_iterations
 from tpu_tuner.planner.program import compile_step
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
-base = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,q_lora_rank=64,kv_lora_rank=32,qk_rope_head_dim=32"
+base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,"
+        "q_lora_rank=64,kv_lora_rank=32,qk_rope_head_dim=32")
 out = {}
 for name, extra in (("v 32", ",qk_nope_head_dim=64,v_head_dim=32"), ("v 96", ",qk_nope_head_dim=64,v_head_dim=96"),
                     ("nope 128", ",qk_nope_head_dim=128,v_head_dim=32")):
     w = load_workload(base + extra)
     with torch.device("meta"):
         m = w.build_model()
-    r = add_loop_iterations(compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128, remat="none",
-                                         scan=True), 2)
-    out[name] = {"compiled": r.flops * 4, "formula": transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256,
-                                                                             True).per_step}
+    r = add_loop_iterations(
+        compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128, remat="none", scan=True), 2)
+    formula = transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True).per_step
+    out[name] = {"compiled": r.flops * 4, "formula": formula}
 for wider in ("v 96", "nope 128"):
     out[f"v 32 -> {wider}: compiled / formula added"] = round(
         (out[wider]["compiled"] - out["v 32"]["compiled"]) / (out[wider]["formula"] - out["v 32"]["formula"]), 3)
@@ -122,7 +125,8 @@ path = pathlib.Path("examples/deepseek_v3.toml")  # the shipped shape (cwd: the 
 workload = load_workload(path)
 with torch.device("meta"):
     model = workload.build_model()
-    theirs = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("deepseek_v3")).num_parameters()
+    config = transformers.AutoConfig.for_model("deepseek_v3")
+    theirs = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
 n = matmul_parameters(model)
 flops = transformer_model_flops(n, workload.transformer, 1, 4096, True)
 print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "transformers deepseek_v3": theirs,

@@ -9,9 +9,9 @@ each layout, run as 1 host x 2 ranks (`RankedTrialRunner`: one launcher, a file 
 cores) and as 2 hosts x 1 rank (`MultiHostTrialRunner` here as the driver, node 0, on the first
 core; the follower is the `tpu-tune` command itself in a process tree and folder of its own, node
 1, on the second; the ranks meet in the c10d rendezvous store), interleaved over rounds in a
-rotating order. Each simulated host has the same share of the machine as each single-host rank. Per trial: the wall time the
-runner saw (start-up of the ranks, the measurement, the outcome gathered: the per-trial overhead
-is its paired difference) and the measured step (slowest rank's median).
+rotating order. Each simulated host has the same share of the machine as each single-host rank.
+Per trial: the wall time the runner saw (start-up of the ranks, the measurement, the outcome
+gathered: the per-trial overhead is its paired difference) and the measured step (slowest rank's median).
 
 ``kill``: a study of 2 hosts x 1 rank (``tpu-tune MODEL --nnodes 2 --nproc 1``, the layout and
 bf16-autocast space of tests/fixtures/layout_space.toml), the follower's agent killed with SIGKILL
@@ -213,8 +213,8 @@ def kill(args: argparse.Namespace) -> None:
         if attrs.get(records.FAILURE_KIND):
             print(f"  trial {t.number} {t.params}: {attrs[records.FAILURE_KIND]}: {attrs[records.FAILURE_MESSAGE]}")
     print(
-        f"  before the relaunch: {len(done)} measured ({sorted(done)}), {sum(t.state.name == 'WAITING' for t in before)} "
-        "queued"
+        f"  before the relaunch: {len(done)} measured ({sorted(done)}), "
+        f"{sum(t.state.name == 'WAITING' for t in before)} queued"
     )
     relaunched = time.perf_counter()
     a, b, _ = pair()

@@ -49,7 +49,8 @@ def main() -> None:
     print(render_terminal(result, "examples/llama.py"))
     compile_times = [p.compiled.compile_seconds for p in result.plans]
     print(
-        f"\n{args.topology} x {args.slices} slice(s), {'fast screening' if args.fast else 'full-effort'} compiles; planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
+        f"\n{args.topology} x {args.slices} slice(s), {'fast screening' if args.fast else 'full-effort'} compiles; "
+        f"planned {len(result.plans)} layouts ({len(result.rejected)} rejected without compiling) in {wall:.0f} s "
         f"(target < {60 if args.slices == 1 else 120} s for >= 10 layouts); compile time per layout: "
         f"min {min(compile_times):.0f} s, max {max(compile_times):.0f} s"
     )

@@ -3,8 +3,8 @@
 Each current (not superseded), non-quantized run whose recipe the planner can express exactly
 becomes one `Row`: the run's shape as an inline generic-decoder spec (tpu_tuner/model/decoder_shape.py),
 its slice, its mesh, its remat policy as MaxText's per-tensor choices, its per-device batch, its
-optimizer (AdamW, or SGD), first-moment dtype and its FLOPs convention. A run the planner cannot express is left out with the
-reason (`excluded`), never approximated: the fit would otherwise learn the approximation.
+optimizer (AdamW, or SGD), first-moment dtype and its FLOPs convention. A run the planner cannot
+express is left out with the reason (`excluded`), never approximated: the fit would otherwise learn the approximation.
 
 Sources of every row: docs/published-runs.md (MaxText, https://github.com/AI-Hypercomputer/maxtext,
 and tpu-recipes, https://github.com/AI-Hypercomputer/tpu-recipes, at the commits the file cites).

@@ -252,7 +252,8 @@ def main() -> None:
             settings=grid.options.runner.trial_settings,
         )
         print(
-            f"agents read a fresh profile of {fresh.workload['source']} (baseline step {fresh.timing.median * 1e3:.1f} ms)"
+            f"agents read a fresh profile of {fresh.workload['source']} "
+            f"(baseline step {fresh.timing.median * 1e3:.1f} ms)"
         )
         grid.profile = fresh
     runner = TableRunner(grid.study)
@@ -270,7 +271,8 @@ def main() -> None:
         f"agents unmeasured"
     )
     print(
-        f"grid's best amortised step {best * 1e3:.2f} ms ({records.attrs(best_trial).get('label', best_trial.params)}); "
+        f"grid's best amortised step {best * 1e3:.2f} ms "
+        f"({records.attrs(best_trial).get('label', best_trial.params)}); "
         f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
         f"({budget / len(measured):.0%} of the grid's {len(measured)})"
     )

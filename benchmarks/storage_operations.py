@@ -5,9 +5,10 @@ One worker's trial, step by step as the search loop does it (`run_loop`, `TuneTr
 step timed on its own: the ask; the trial's storage id and first heartbeat; the setting's
 parameters (the sampler's read of the study; on the journal, studies/journal.py, one append a
 parameter); the claim (worker, host: one record write); the loop's read of the study after the
-ask; the measurement's record and its accuracy constraint; the tell; and the next round's look at the study (stale trials, at most once a
-heartbeat interval; one read) and at its exclusions (failure learning: the study's user
-attributes read when failures are new, and every 10 s). Median milliseconds over the trials after the first 10 (TPE's start-up trials).
+ask; the measurement's record and its accuracy constraint; the tell; and the next round's look at
+the study (stale trials, at most once a heartbeat interval; one read) and at its exclusions
+(failure learning: the study's user attributes read when failures are new, and every 10 s).
+Median milliseconds over the trials after the first 10 (TPE's start-up trials).
 
     python benchmarks/storage_operations.py [--trials 50]
     taskset -c 1 python benchmarks/storage_operations.py   # client and server on one core
@@ -37,10 +38,10 @@ _executed = [0]
 _committed = [0]
 
 
-def _timed(costs: dict[str, list[float]], step: str, call: Callable[[], Any]) -> Any:
+def _timed(costs: dict[str, list[float]], step: str, call: Callable[..., Any], *args: Any) -> Any:
     before, committed = _executed[0], _committed[0]
     started = time.perf_counter()
-    result = call()
+    result = call(*args)
     costs.setdefault(step, []).append((time.perf_counter() - started) * 1e3)
     STATEMENTS.setdefault(step, []).append(_executed[0] - before)
     COMMITS.setdefault(step, []).append(_committed[0] - committed)
@@ -88,21 +89,23 @@ def operations(trials: int) -> dict[str, list[float]]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna: heartbeats are meant for `optimize`
                 trial = _timed(costs, "ask", study.ask)
-            trial_id = _timed(costs, "trial id (trial_id_of)", lambda: trial_id_of(storage, study, trial.number))
-            _timed(costs, "first heartbeat", lambda: storage.record_heartbeat(trial_id))
-            _timed(costs, "parameters (suggest)", lambda: space.suggest(trial))
-            _timed(costs, "claim (record write)", lambda: trial_attrs.record_claim(trial, "worker", "host"))
-            _timed(costs, "loop's read after the ask", lambda: study.get_trials(deepcopy=False))
+            trial_id = _timed(costs, "trial id (trial_id_of)", trial_id_of, storage, study, trial.number)
+            _timed(costs, "first heartbeat", storage.record_heartbeat, trial_id)
+            _timed(costs, "parameters (suggest)", space.suggest, trial)
+            _timed(costs, "claim (record write)", trial_attrs.record_claim, trial, "worker", "host")
+            _timed(costs, "loop's read after the ask", study.get_trials, False)
             value = _timed(
                 costs,
                 "record write + constraint",
-                lambda: trial_attrs.record_measurement(
-                    trial, m, options.objective.planned_steps, options.objective.tolerance
-                ),
+                trial_attrs.record_measurement,
+                trial,
+                m,
+                options.objective.planned_steps,
+                options.objective.tolerance,
             )
-            _timed(costs, "tell", lambda: study.tell(trial, value))
-            seen = _timed(costs, "next round's look (stale, read)", lambda: fail_lost_trials(study, storage))
-            _timed(costs, "exclusions (failure learning)", lambda: learning.update(study, seen))
+            _timed(costs, "tell", study.tell, trial, value)
+            seen = _timed(costs, "next round's look (stale, read)", fail_lost_trials, study, storage)
+            _timed(costs, "exclusions (failure learning)", learning.update, study, seen)
         storage.engine.dispose()
     return costs
 

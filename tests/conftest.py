@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tpu_tuner.profiling import ProfilerSettings
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
+
+    from tpu_tuner.devices.roofline import RooflineProbe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -33,6 +40,29 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_XDIST_WORKERS))
 
 
+def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] = lambda: "") -> None:
+    """Poll `condition` until it holds; fail naming `what()` once `timeout_s` passes. The timeout is
+    a bound for a stuck test on a loaded host, never the thing that makes the awaited event happen."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what()}"
+        time.sleep(0.05)
+
+
+class FakeClock:
+    """A stand-in for a module's `time` (monotonic, sleep), moved by the test: the intervals a
+    test checks are exact however loaded the host is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the roofline cache out of the user's home; measured once per test session."""
@@ -47,7 +77,6 @@ def use_probe(monkeypatch: pytest.MonkeyPatch, cache_dir: Path, **figures: float
     medium_relative_error, ...) this machine's cached probe, in a private cache that worker
     processes inherit: tests decide which kind of host they run on, whatever this one is."""
     import json
-    import time
     from dataclasses import asdict
 
     import torch

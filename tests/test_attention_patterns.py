@@ -199,7 +199,8 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
         texts = []
         measure = program.block_loop_iteration
         program.block_loop_iteration = lambda text: texts.append(text) or measure(text)
-        shape = read_shape({BASE + ",layers=7,sliding_window=64,global_every=3,attention_sinks=true,max_seq_len=512"!r})[0]
+        spec = {BASE + ",layers=7,sliding_window=64,global_every=3,attention_sinks=true,max_seq_len=512"!r}
+        shape = read_shape(spec)[0]
         devices = topology_devices("v5e:2x2")
         compile = lambda blocks, scan: program.compile_step(lambda: Decoder(shape), blocks, Layout(1, 4, 1), devices,
                                                             8, 256, 64, remat="full", scan=scan, fast=True)

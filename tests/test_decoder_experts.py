@@ -244,22 +244,24 @@ def test_loop_costs_read_kernel_estimates_spread_over_lines() -> None:
     (seen at Mixtral-8x7B's size on v6e-256; the tiny shapes print every estimate compactly)."""
     from tpu_tuner.planner import loop_costs
 
-    text = textwrap.dedent("""\
-        HloModule m
-
-        %kernel_call (p: bf16[8]) -> bf16[8] {
-          %k = bf16[8]{0} custom-call(%p), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "x", "cost_estimate": {
-        "bytes_accessed":10,
-        "flops":123,
-        "transcendentals":0
-        }, "serialization_format": 1}}
-          ROOT %r = bf16[8]{0} add(%k, %k)
-        }
-
-        ENTRY %main (q: bf16[8]) -> bf16[8] {
-          ROOT %c = bf16[8]{0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"cost_estimate":{"flops":"7","bytes_accessed":"2"}}
-        }
-        """)
+    text = (
+        "HloModule m\n"
+        "\n"
+        "%kernel_call (p: bf16[8]) -> bf16[8] {\n"
+        '  %k = bf16[8]{0} custom-call(%p), custom_call_target="tpu_custom_call", '
+        'backend_config={"custom_call_config": {"body": "x", "cost_estimate": {\n'
+        '"bytes_accessed":10,\n'
+        '"flops":123,\n'
+        '"transcendentals":0\n'
+        '}, "serialization_format": 1}}\n'
+        "  ROOT %r = bf16[8]{0} add(%k, %k)\n"
+        "}\n"
+        "\n"
+        "ENTRY %main (q: bf16[8]) -> bf16[8] {\n"
+        '  ROOT %c = bf16[8]{0} custom-call(%q), custom_call_target="tpu_custom_call", '
+        'backend_config={"cost_estimate":{"flops":"7","bytes_accessed":"2"}}\n'
+        "}\n"
+    )
     module = loop_costs._Module(text)
     assert list(module.blocks) == ["kernel_call", "main"] and "ROOT %r" in module.blocks["kernel_call"]
     assert sorted(loop_costs._KERNEL_FLOPS.findall(text)) == ["123", "7"]

@@ -114,7 +114,8 @@ def test_agent_classes_match_the_schemas() -> None:
             "precision",
             "skip_high_on_cpu = true",
             "skip_hihg_on_cpu = true",
-            "agents/precision.toml: unknown key [validate].skip_hihg_on_cpu (known: skip_high_on_cpu, skip_float16_on_cpu)",
+            "agents/precision.toml: unknown key [validate].skip_hihg_on_cpu "
+            "(known: skip_high_on_cpu, skip_float16_on_cpu)",
         ),
         (
             "precision",
@@ -168,7 +169,9 @@ def test_a_missing_key_is_refused(agents_folder: Path, agent: str, old: str, mes
         _edit(agents_folder, agent, old, "")
         for key in ("cpu", "cuda", "tpu"):
             text = (agents_folder / f"{agent}.toml").read_text().splitlines()
-            (agents_folder / f"{agent}.toml").write_text("\n".join(l for l in text if not l.startswith(f"{key} =")))
+            (agents_folder / f"{agent}.toml").write_text(
+                "\n".join(line for line in text if not line.startswith(f"{key} ="))
+            )
     else:
         _edit(agents_folder, agent, old, "")
     assert _refusal(agent) == message

@@ -274,7 +274,7 @@ def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish(monkeypa
 
 def test_the_finish_shrinks_to_the_time_left() -> None:
     study = optuna.create_study(direction="minimize")
-    for number, step in enumerate((0.4, 0.2, 0.21, 0.22, 0.25, 0.3)):
+    for step in (0.4, 0.2, 0.21, 0.22, 0.25, 0.3):
         trial = study.ask()
         for key, value in ((records.STEP_MEDIAN_S, step), (records.COMPILE_S, 20.0), (records.FEASIBLE, True)):
             trial.set_user_attr(key, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -231,8 +232,15 @@ from tpu_tuner.outputs.profile_report import render_markdown, render_terminal  #
 
 
 def test_uncounted_work_is_named_and_marks_the_mfu_as_a_lower_bound(fast_settings) -> None:
-    """cdist on CPU runs as aten::_euclidean_dist (its mm inside is invisible to the counter)."""
-    result = tpu_tuner.profile(FIXTURES / "cdist_benchmark.py", device="cpu", settings=fast_settings)
+    """cdist on CPU runs as aten::_euclidean_dist (its mm inside is invisible to the counter).
+
+    Its share of the profiled time must stay above 0.3 on a loaded host: a stall (a lost time slice,
+    a few ms) lands on whichever op is running, and it once put a 3 ms cdist at 0.21 of one profiled
+    step. So the fixture's cdist is structurally dominant (about 1 GFLOP against one 4x4 linear
+    layer: 0.8-0.95 measured under load) and three steps are profiled, diluting any one stall; the
+    timing, which this test does not read, is kept to its minimum."""
+    settings = dataclasses.replace(fast_settings, profiled_steps=3, warmup_max_steps=2, timing_max_steps=10)
+    result = tpu_tuner.profile(FIXTURES / "cdist_benchmark.py", device="cpu", settings=settings)
     names = [op.name for op in result.flops.uncounted]
     assert names and names[0] == "aten::_euclidean_dist" and result.flops.uncounted[0].share > 0.3
     assert result.mfu_is_lower_bound

@@ -170,14 +170,14 @@ def test_tpu_tuner_apply_shards_a_from_pretrained_model_by_its_plan(monkeypatch,
 
 def test_ordinary_models_never_import_transformers() -> None:
     code = (
-        "import sys; sys.path.insert(0, %r)\n"
+        f"import sys; sys.path.insert(0, {str(FIXTURES)!r})\n"
         "import tiny_llama\n"
         "from tpu_tuner.model.layouts import Layout\n"
         "from tpu_tuner.parallel.apply import tensor_widths, why_not\n"
         "model = tiny_llama.build_model()\n"
         "assert tensor_widths(model) and why_not(model, Layout(1, 1, 2), 2, 4) is None\n"
         "print('transformers' in sys.modules)\n"
-    ) % str(FIXTURES)
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -25,7 +25,10 @@ from tpu_tuner.model.workload import call_model
 from tpu_tuner.studies.fingerprint import file_sha256
 
 FOLDER = Path(__file__).parent / "fixtures" / "hf" / "tiny-qwen2"
-SMALL = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,vocab_size=256"
+SMALL = (
+    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
+    "vocab_size=256"
+)
 FAMILIES = {
     "llama": f"hf:llama?{SMALL}",
     "qwen2": f"hf:qwen2?{SMALL}",

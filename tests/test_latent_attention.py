@@ -62,9 +62,10 @@ def test_latent_attention_computes_deepseeks_attention() -> None:
 @pytest.mark.parametrize("q_lora_rank, bias", [(32, False), (None, False), (32, True), (None, True)])
 def test_a_deepseek_v3_config_has_the_parameters_of_its_shape(tmp_path, q_lora_rank: int | None, bias: bool) -> None:
     """A tiny transformers DeepSeek-V3 (MLA with and without a query latent, with and without
-    attention biases, 4 routed experts top-2, one shared expert, one dense first layer) has exactly the parameters of the generic decoder of
-    the shape its config maps to (kv_lora_rank -> kv_lora_rank, n_shared_experts -> shared_experts,
-    first_k_dense_replace -> dense_layers, ...; the mapping itself is hf_decoder.py's)."""
+    attention biases, 4 routed experts top-2, one shared expert, one dense first layer) has exactly
+    the parameters of the generic decoder of the shape its config maps to (kv_lora_rank ->
+    kv_lora_rank, n_shared_experts -> shared_experts, first_k_dense_replace -> dense_layers, ...;
+    the mapping itself is hf_decoder.py's)."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     config = transformers.AutoConfig.for_model(
@@ -126,18 +127,20 @@ def test_deepseek_v3s_shape_is_expressible_with_its_published_size(tmp_path) -> 
     )
 
 
-def test_counted_flops_equal_the_formula_with_value_heads_of_their_own_width() -> None:
+@pytest.mark.parametrize(
+    "spec", [MLA, MLA.replace("q_lora_rank=32", "q_lora_rank=0")], ids=["query-latent", "no-latent"]
+)
+def test_counted_flops_equal_the_formula_with_value_heads_of_their_own_width(spec: str) -> None:
     """Scores over the query/key width (nope + rope), weighted values over v_head_dim: the counted
     FLOPs of a training step equal (6N + 6 L H (Qk + Qv) T) x tokens, with and without a query latent."""
-    for spec in (MLA, MLA.replace("q_lora_rank=32", "q_lora_rank=0")):
-        workload = load_workload(spec)
-        model = workload.build_model()
-        tokens, targets = workload.make_batch(2, 16)
-        counted = count_step(lambda: workload.loss_fn(model(tokens), targets).backward())
-        formula = transformer_model_flops(matmul_parameters(model), workload.transformer, 2, 16, training=True)
-        assert counted.total == formula.per_step
-        assert formula.attention_per_step == 12 * 2 * 4 * (24 + 12) / 2 * 16 * 32
-        assert "Q=(Qk 24 + Qv 12) / 2" in formula.formula
+    workload = load_workload(spec)
+    model = workload.build_model()
+    tokens, targets = workload.make_batch(2, 16)
+    counted = count_step(lambda: workload.loss_fn(model(tokens), targets).backward())
+    formula = transformer_model_flops(matmul_parameters(model), workload.transformer, 2, 16, training=True)
+    assert counted.total == formula.per_step
+    assert formula.attention_per_step == 12 * 2 * 4 * (24 + 12) / 2 * 16 * 32
+    assert "Q=(Qk 24 + Qv 12) / 2" in formula.formula
 
 
 @pytest.mark.parametrize(
@@ -200,16 +203,19 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,q_lora_rank=64,"
                 "kv_lora_rank=32,qk_rope_head_dim=32")
         out = {}
-        for name, extra in (("v32", ",qk_nope_head_dim=64,v_head_dim=32"), ("v96", ",qk_nope_head_dim=64,v_head_dim=96"),
+        for name, extra in (("v32", ",qk_nope_head_dim=64,v_head_dim=32"),
+                            ("v96", ",qk_nope_head_dim=64,v_head_dim=96"),
                             ("nope128", ",qk_nope_head_dim=128,v_head_dim=32")):
             w = load_workload(base + extra)
             with torch.device("meta"):
                 m = w.build_model()
             r = add_loop_iterations(compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128,
                                                  remat="none", scan=True), 2)
-            out[name] = [r.flops * 4, transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True).per_step]
+            formula = transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True)
+            out[name] = [r.flops * 4, formula.per_step]
         # DeepSeek's head widths: 192-wide queries and keys, 128-wide values (the kernel pads all to 256).
-        w = load_workload(base.replace("qk_rope_head_dim=32", "qk_rope_head_dim=64") + ",qk_nope_head_dim=128,v_head_dim=128")
+        deepseek_heads = ",qk_nope_head_dim=128,v_head_dim=128"
+        w = load_workload(base.replace("qk_rope_head_dim=32", "qk_rope_head_dim=64") + deepseek_heads)
         tpu = compile_step(w.build_model, 2, Layout(1, 2, 2), topology_devices("v5e:2x2"), 8, 256, 128, remat="full",
                            fast=True, scan=True)
         out["tpu"] = [tpu.error, tpu.flops]

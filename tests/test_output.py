@@ -248,7 +248,9 @@ def test_readme_first_screen_is_for_a_newcomer() -> None:
     ):
         assert f"| `{command}" in first_screen, command
     links = re.findall(r"\]\((docs/[^)#]+)", readme)
-    assert links and all((REPO / link).is_file() for link in links), [l for l in links if not (REPO / l).is_file()]
+    assert links and all((REPO / link).is_file() for link in links), [
+        link for link in links if not (REPO / link).is_file()
+    ]
     assert len(readme) < 12_000  # the write-ups live in docs/
 
 

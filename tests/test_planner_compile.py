@@ -197,10 +197,12 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         out = {{}}
         for name, devices in (("cpu", jax.devices("cpu")), ("tpu", tpu)):
             for layout in (Layout(1, 8, 1), Layout(1, 4, 2), Layout(2, 2, 2)):
-                r = add_loop_iterations(compile_step(lambda: w.model_for_preset("tiny"), 4, layout, devices, 16, 128, 256,
-                                                     remat="full", scan=True), 4)
+                step = compile_step(lambda: w.model_for_preset("tiny"), 4, layout, devices, 16, 128, 256,
+                                    remat="full", scan=True)
+                r = add_loop_iterations(step, 4)
+                collectives = [[c.kind, c.group_size] for c in r.collectives if c.group_size > 1 and c.count]
                 out[f"{{name}} {{layout.data}}x{{layout.fsdp}}x{{layout.tensor}}"] = {{
-                    "flops": r.flops, "collectives": sorted([c.kind, c.group_size] for c in r.collectives if c.group_size > 1 and c.count)}}
+                    "flops": r.flops, "collectives": sorted(collectives)}}
         print(json.dumps(out))
     """)
     result = subprocess.run(
@@ -213,11 +215,11 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     layouts = ["1x8x1", "1x4x2", "2x2x2"]
-    cpu = np.array([data[f"cpu {l}"]["flops"] for l in layouts])
-    tpu = np.array([data[f"tpu {l}"]["flops"] for l in layouts])
+    cpu = np.array([data[f"cpu {layout}"]["flops"] for layout in layouts])
+    tpu = np.array([data[f"tpu {layout}"]["flops"] for layout in layouts])
     np.testing.assert_allclose(cpu / cpu[0], tpu / tpu[0], rtol=0.05)
-    for l in layouts:
-        assert data[f"cpu {l}"]["collectives"] == data[f"tpu {l}"]["collectives"], l
+    for layout in layouts:
+        assert data[f"cpu {layout}"]["collectives"] == data[f"tpu {layout}"]["collectives"], layout
     # Tensor parallelism brings collectives over the tensor axis (groups of 2) that pure FSDP lacks.
     assert ["all-reduce", 2] in data["tpu 1x4x2"]["collectives"] and ["all-reduce", 2] not in data["tpu 1x8x1"][
         "collectives"
@@ -244,8 +246,9 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
         from tpu_tuner.planner.program import compile_step
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
-        compile = lambda blocks, scan: compile_step(lambda: w.model_for_preset("tiny"), blocks, Layout(1, 8, 1), devices,
-                                                    16, 256, 256, remat="full", scan=scan)
+        tiny = lambda: w.model_for_preset("tiny")
+        compile = lambda blocks, scan: compile_step(tiny, blocks, Layout(1, 8, 1), devices, 16, 256, 256,
+                                                    remat="full", scan=scan)
         unrolled, scanned = compile(4, False), compile(4, True)
         gathered = lambda step: sum(c.bytes for c in step.collectives if c.kind == "all-gather")
         print(json.dumps({{name: [step.flops, gathered(step), step.bytes_accessed, step.peak_bytes] for name, step in (
@@ -419,7 +422,8 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
             step = steps[job]
             assert step.error is None, (name, step.error)
             full = add_loop_iterations(step, 4, None, job.accumulation)
-            bound = memory_lower_bound(PlanPoint(job.layout, job.remat, job.accumulation), 3_100_000, shape, 16, 256).total
+            point = PlanPoint(job.layout, job.remat, job.accumulation)
+            bound = memory_lower_bound(point, 3_100_000, shape, 16, 256).total
             out[name] = [full.flops, full.temp_bytes, full.host_temp_bytes, full.peak_bytes, bound,
                          [[c.kind, c.group_size] for c in full.collectives]]
         print(json.dumps(out))

@@ -110,8 +110,9 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
         from tpu_tuner.planner.compile_pool import CompileJob, run_job
         out = {}
         for text in ("1x4x1", "1x1x1,expert=4", "1x2x1,fsdp_transpose=2"):
-            step = run_job(CompileJob("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=4,top_k=2", None, 2,
-                                      parse_layout(text), "v5e:2x2", 8, 256, 128, "full", True, scan=True))
+            spec = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=4,top_k=2"
+            job = CompileJob(spec, None, 2, parse_layout(text), "v5e:2x2", 8, 256, 128, "full", True, scan=True)
+            step = run_job(job)
             out[text] = {"error": step.error, "flops": step.flops, "collectives": [
                 [c.kind, c.group_size, c.count, c.bytes, c.network] for c in step.collectives]}
         print(json.dumps(out))

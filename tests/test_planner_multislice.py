@@ -42,13 +42,24 @@ def test_a_topology_of_several_slices_counts_every_chip_and_its_dcn_bandwidth() 
 
 # The two spellings of a DCN transfer's target the TPU compiler wrote for v5e:2x2 x 2 and x 4 slices
 # (libtpu 0.0.42): slices x local devices, and explicit global device ids per group.
-_HLO = """
-  %recv = (bf16[128,8,128]{2,1,0:T(8,128)(2,1)}, u32[], token[]) recv(%after-all), channel_id=1, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
-  %send = (bf16[128,8,128]{2,1,0:T(8,128)(2,1)}, u32[], token[]) send(%bitcast.1, %after-all), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
-  %recv.1 = (bf16[128,1024]{1,0:T(8,128)(2,1)}, u32[], token[]) recv(%after-all.1), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_megascale_target={{100000,200000},{100001,200001}},_xla_megascale_transfer_type="ALL_GATHER"}
-  %recv.2 = (bf16[64,128]{1,0}, u32[], token[]) recv(%after-all.2), channel_id=5, is_host_transfer=true, frontend_attributes={_xla_megascale_target={{100000,100001,200000,200001}},_xla_megascale_transfer_type="ALL_TO_ALL"}
-  %all-gather.13 = bf16[512,512]{1,0} all-gather(%convert), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={0}
-"""
+_HLO = (
+    "\n"
+    "  %recv = (bf16[128,8,128]{2,1,0:T(8,128)(2,1)}, u32[], token[]) recv(%after-all), channel_id=1, "
+    'is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",'
+    '_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_reduce_operation="SUM",'
+    '_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}\n'
+    "  %send = (bf16[128,8,128]{2,1,0:T(8,128)(2,1)}, u32[], token[]) send(%bitcast.1, %after-all), channel_id=2, "
+    'is_host_transfer=true, frontend_attributes={_xla_megascale_target="{1,2}x{0:3}",'
+    '_xla_megascale_transfer_type="ALL_REDUCE"}\n'
+    "  %recv.1 = (bf16[128,1024]{1,0:T(8,128)(2,1)}, u32[], token[]) recv(%after-all.1), channel_id=3, "
+    "is_host_transfer=true, frontend_attributes={_xla_megascale_target={{100000,200000},{100001,200001}},"
+    '_xla_megascale_transfer_type="ALL_GATHER"}\n'
+    "  %recv.2 = (bf16[64,128]{1,0}, u32[], token[]) recv(%after-all.2), channel_id=5, is_host_transfer=true, "
+    "frontend_attributes={_xla_megascale_target={{100000,100001,200000,200001}},"
+    '_xla_megascale_transfer_type="ALL_TO_ALL"}\n'
+    "  %all-gather.13 = bf16[512,512]{1,0} all-gather(%convert), channel_id=2, replica_groups={{0,1,2,3}}, "
+    "dimensions={0}\n"
+)
 
 
 @dataclass(frozen=True)

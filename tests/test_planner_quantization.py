@@ -198,8 +198,9 @@ _COMPILE = r"""
     out = {}
     for name, topology, weights, quantization in __RUNS__:
         devices = topology_devices(topology)
-        step = compile_step(lambda: workload.model_for_preset(None), 2, Layout(1, len(devices), 1), devices, 8, 256, 128,
-                            "full", fast=True, scan=True, first_moment_dtype=weights, weight_dtype=weights,
+        layout = Layout(1, len(devices), 1)
+        step = compile_step(lambda: workload.model_for_preset(None), 2, layout, devices, 8, 256, 128, "full",
+                            fast=True, scan=True, first_moment_dtype=weights, weight_dtype=weights,
                             quantization=quantization)
         assert step.error is None, step.error
         out[name] = {"arguments": step.argument_bytes, "peak": step.peak_bytes, "dots": dots(texts[-1])}
@@ -256,8 +257,9 @@ def test_fp8_on_tpu7x_plans_a_shorter_step_than_bf16_where_the_step_is_compute_b
             options = PlanOptions(topology="tpu7x:2x2x1", global_batch=16, seq_len=1024, layouts=[Layout(2, 4, 1)],
                                   fast_compile=True, workers=1, quantization=quantization)
             best = plan("decoder:vocab=1024,d_model=1024,layers=2,heads=8,mlp=4096", options).plans[0]
-            runs[str(quantization)] = {"step": best.prediction.step_seconds, "tokens": best.prediction.tokens_per_second,
-                                       "compute": best.prediction.compute_seconds, "mfu": best.prediction.mfu}
+            prediction = best.prediction
+            runs[str(quantization)] = {"step": prediction.step_seconds, "tokens": prediction.tokens_per_second,
+                                       "compute": prediction.compute_seconds, "mfu": prediction.mfu}
         print(json.dumps(runs))
     """)
     bf16, fp8 = out["None"], out["fp8"]

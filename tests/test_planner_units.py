@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import EXAMPLES
@@ -90,9 +92,12 @@ def test_dims_of_the_70b_preset_without_materialising_it() -> None:
 def test_collectives_from_hlo_text() -> None:
     hlo = "\n".join(
         [
-            "%all-gather.1 = bf16[8,1024]{1,0} all-gather(bf16[1,1024]{1,0} %p), channel_id=1, replica_groups=[2,8]<=[16], dimensions={0}",
-            "%all-gather-start = (bf16[1,1024]{1,0}, bf16[4,1024]{1,0}) all-gather-start(%q), replica_groups={{0,1,2,3},{4,5,6,7}}",
-            "%all-reduce.2 = f32[256]{0} all-reduce(f32[256]{0} %g), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}",
+            "%all-gather.1 = bf16[8,1024]{1,0} all-gather(bf16[1,1024]{1,0} %p), channel_id=1, "
+            "replica_groups=[2,8]<=[16], dimensions={0}",
+            "%all-gather-start = (bf16[1,1024]{1,0}, bf16[4,1024]{1,0}) all-gather-start(%q), "
+            "replica_groups={{0,1,2,3},{4,5,6,7}}",
+            "%all-reduce.2 = f32[256]{0} all-reduce(f32[256]{0} %g), "
+            "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}",
             "%reduce-scatter = f32[16]{0} reduce-scatter(f32[64]{0} %h), replica_groups=[4,4]<=[16], dimensions={0}",
             "%add.3 = f32[16]{0} add(f32[16]{0} %a, f32[16]{0} %b)",
         ]
@@ -192,7 +197,10 @@ def test_loop_iterations_measured_in_hlo_add_up_to_the_unrolled_program() -> Non
     iteration = block_loop_iteration(compiled["scanned"].as_text())
     assert iteration is not None and iteration.loops == 2  # the forward scan and its transpose
     assert iteration.flops >= 3 * 2 * 64 * 128 * 128  # three matmuls an iteration: forward, two in backward
-    flops = lambda c: (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]
+
+    def flops(c: Any) -> float:
+        return (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]
+
     assert flops(compiled["scanned"]) + 5 * iteration.flops == pytest.approx(flops(compiled["unrolled"]), rel=0.02)
     assert block_loop_iteration(compiled["unrolled"].as_text()) is None
 

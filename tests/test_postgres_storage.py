@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import optuna
-from conftest import FIXTURES
+from conftest import FIXTURES, FakeClock, wait_until
 from postgres_server import PASSWORD
 
 from tpu_tuner.api import tune
@@ -97,14 +97,14 @@ def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_
     """Back-to-back storage calls (a trial's ~26 transactions) cost no check each; a connection
     idle past `PING_IDLE_S` is checked first, and one the server closed meanwhile is replaced
     without an error reaching the caller."""
-    import time
     import uuid
 
     import psycopg
 
     from tpu_tuner.studies import liveness
 
-    monkeypatch.setattr(liveness, "PING_IDLE_S", 0.2)
+    clock = FakeClock()
+    monkeypatch.setattr(liveness, "time", clock)
     url = postgres.url("secret", PASSWORD)  # the role that owns the tables the other tests made
     storage = liveness.open_storage(url, 1)
     pings: list[int] = []
@@ -116,12 +116,11 @@ def test_a_connection_is_checked_only_after_idling_and_one_the_server_closed_is_
         assert storage.get_study_id_from_name(name) == study_id
     assert pings == []
     # The server ends every session of the role but this one (a restart, an idle timeout).
+    others = "FROM pg_stat_activity WHERE usename = 'secret' AND pid <> pg_backend_pid()"
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE usename = 'secret' AND pid <> pg_backend_pid()"
-        )
-    time.sleep(0.3)
+        admin.execute(f"SELECT pg_terminate_backend(pid) {others}")
+        wait_until(lambda: admin.execute(f"SELECT count(*) {others}").fetchone() == (0,), 30, lambda: "sessions ended")
+    clock.now += liveness.PING_IDLE_S + 0.01  # idle past the limit
     assert storage.get_study_id_from_name(name) == study_id
     assert pings == [1]
     storage.engine.dispose()

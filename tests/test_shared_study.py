@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, FakeClock, wait_until
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.studies import records
+from tpu_tuner.studies import liveness, records
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.shared_study import (
@@ -137,8 +136,10 @@ def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_
     alive = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
     alive.set_user_attr("worker", "alive")
     with Heartbeat(storage, alive._trial_id):
-        time.sleep(3.2)  # past the grace period of the stopped one
-        fail_lost_trials(study, storage)
+        # The stopped one goes stale a grace period (2 s) after its beat, by the storage's clock.
+        wait_until(
+            lambda: is_lost(fail_lost_trials(study, storage)[lost.number]), 60, lambda: "the stopped trial failed"
+        )
         states = {t.number: t for t in study.get_trials(deepcopy=False)}
         assert states[alive.number].state == optuna.trial.TrialState.RUNNING
     assert is_lost(states[lost.number])
@@ -151,6 +152,8 @@ def test_a_trial_whose_heartbeat_stops_is_failed_and_queued_again_a_beating_one_
 def test_the_stale_check_runs_once_a_heartbeat_interval(tmp_path, monkeypatch) -> None:
     """A trial goes stale only a grace period after its last beat: the loop's round (one a trial)
     looks for stale trials at most once a beat, not every round."""
+    clock = FakeClock()
+    monkeypatch.setattr(liveness, "time", clock)
     storage = _storage(tmp_path, interval=1, grace=2)
     study = optuna.create_study(storage=storage, study_name="s")
     checks = []
@@ -158,13 +161,15 @@ def test_the_stale_check_runs_once_a_heartbeat_interval(tmp_path, monkeypatch) -
     monkeypatch.setattr(optuna.storages, "fail_stale_trials", lambda s: checks.append(1) or real(s))
     for _ in range(3):
         fail_lost_trials(study, storage)
+    clock.now += 0.99
+    fail_lost_trials(study, storage)
     assert checks == [1]
-    time.sleep(1.05)
+    clock.now += 0.01  # a beat after the first check
     fail_lost_trials(study, storage)
     assert checks == [1, 1]
 
 
-def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftovers(tmp_path) -> None:
+def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftovers(tmp_path, monkeypatch) -> None:
     storage = _storage(tmp_path, interval=1, grace=2)
     study = optuna.create_study(storage=storage, study_name="s")
     study.enqueue_trial({"x": "a"}, user_attrs={"warm_start": {"source": "earlier"}})
@@ -172,10 +177,14 @@ def test_a_trial_seen_running_too_long_is_failed_and_retried_without_its_leftove
     # Its worker died halfway through recording a measurement, never having beaten.
     orphan.set_user_attr("measured", True)
     orphan.set_user_attr("worker", "gone")
+    clock = FakeClock()
+    monkeypatch.setattr(liveness, "time", clock)
     watch = RunningWatch(overdue_s=0.3)
     fail_lost_trials(study, storage, watch)  # first seen now: left alone
+    clock.now += 0.3
+    fail_lost_trials(study, storage, watch)  # not over the limit yet
     assert study.get_trials(deepcopy=False)[orphan.number].state == optuna.trial.TrialState.RUNNING
-    time.sleep(0.5)
+    clock.now += 0.01
     fail_lost_trials(study, storage, watch)
     trials = study.get_trials(deepcopy=False)
     assert is_lost(trials[orphan.number])

@@ -118,7 +118,8 @@ def test_a_multi_host_slice_s_launch_environment_comes_from_set_tpu_launch_env_w
         from tpu_tuner.devices.torchtpu import TorchTpuBackend
         before = dict(os.environ)
         env = TorchTpuBackend.launch_environment(4, 2)
-        print(json.dumps({"env": env, "node": TorchTpuBackend.host_node_rank(4, 2), "kept": dict(os.environ) == before}))
+        node = TorchTpuBackend.host_node_rank(4, 2)
+        print(json.dumps({"env": env, "node": node, "kept": dict(os.environ) == before}))
     """,
         env={"TPU_WORKER_HOSTNAMES": "host-a,host-b", "JOB_COMPLETION_INDEX": "1"},
         drop=("NODE_RANK", "NNODES", "TORCH_TPU_SLICEBUILDER_ADDRESSES", "MASTER_ADDR"),

@@ -1,6 +1,7 @@
-"""Warm start (tuning/warm_start.py, earlier_studies.py, workload_features.py): earlier studies' best settings, found in the results folder
-and the storage, ranked (the same workload, then the nearest by features), valid for this space,
-never the baseline, never a password; and the report's "Warm start" and "Hosts" sections.
+"""Warm start (tuning/warm_start.py, earlier_studies.py, workload_features.py): earlier studies' best
+settings, found in the results folder and the storage, ranked (the same workload, then the nearest
+by features), valid for this space, never the baseline, never a password; and the report's
+"Warm start" and "Hosts" sections.
 
 No model runs: studies are built with Optuna directly in SQLite under tmp_path, run folders are
 a run.json and a minimal profile.json.
@@ -515,7 +516,7 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
             ),
         ],
     )
-    for number, (value, host) in enumerate(zip((0.4, 0.2, None), hosts)):
+    for value, host in zip((0.4, 0.2, None), hosts):
         trial = study.ask()
         space.suggest(trial)
         trial.set_user_attr("host", host)
