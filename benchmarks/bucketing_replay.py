@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpu_tuner.bucketing import CostModel, LengthHistogram, optimal_buckets
+from tpu_tuner.bucketing import BucketCostModel, LengthHistogram, optimal_buckets
 from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
 from tpu_tuner.outputs.bucket_report import render_terminal
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 def optimiser_speed() -> None:
     sample = np.random.default_rng(0).integers(1, 10_001, 100_000)
     hist = LengthHistogram.from_sample(sample)
-    model = CostModel(20.0, (0.002, 1e-5, 1e-9))
+    model = BucketCostModel(20.0, (0.002, 1e-5, 1e-9))
     times = []
     for _ in range(5):
         start = time.perf_counter()

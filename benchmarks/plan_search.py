@@ -28,11 +28,11 @@ from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.plan import LayoutPlan, PlanOptions, judged, plan
 from tpu_tuner.planner.problem import build_problem
 from tpu_tuner.planner.search import search
-from tpu_tuner.planner.space import PlanPoint, SearchSpace
+from tpu_tuner.planner.space import PlanPoint, PlanSpace
 from tpu_tuner.planner.topology import parse_topology
 
 REPO = Path(__file__).resolve().parent.parent
-SPACE = SearchSpace(
+SPACE = PlanSpace(
     tensors=(1, 2, 4, 8),
     contexts=(1, 2),
     datas=(1, 2),
@@ -46,7 +46,7 @@ SPACE = SearchSpace(
     ),
     accumulations=(1, 2),
 )
-MULTI_SLICE_SPACE = SearchSpace(
+MULTI_SLICE_SPACE = PlanSpace(
     tensors=(1, 2, 4, 8),
     datas=(2, 4),
     remats=("full", "save_dot_except_mlpwi", "qkv_proj_offloaded"),

@@ -15,7 +15,7 @@ import torch
 from conftest import FIXTURES
 
 from tpu_tuner.bucketing import (
-    CostModel,
+    BucketCostModel,
     LengthHistogram,
     bucket_for,
     evaluate,
@@ -28,16 +28,16 @@ from tpu_tuner.model.bucket_choice import Strategy, baselines, oracle_seconds
 from tpu_tuner.model.bucket_cost import fit_cost_model
 
 
-def _random_case(rng: np.random.Generator) -> tuple[LengthHistogram, CostModel, int, int, int]:
+def _random_case(rng: np.random.Generator) -> tuple[LengthHistogram, BucketCostModel, int, int, int]:
     hist = LengthHistogram.from_sample(rng.integers(1, 70, rng.integers(2, 40)))
-    model = CostModel(
+    model = BucketCostModel(
         float(rng.uniform(0, 5)),
         (float(rng.uniform(0, 0.01)), float(rng.uniform(0, 1e-3)), float(rng.uniform(0, 1e-5))),
     )
     return hist, model, int(rng.integers(1, 5)), int(rng.choice([1, 4, 8])), int(rng.integers(10, 5000))
 
 
-def _brute_force(hist: LengthHistogram, model: CostModel, max_buckets: int, align: int, steps: int) -> float:
+def _brute_force(hist: LengthHistogram, model: BucketCostModel, max_buckets: int, align: int, steps: int) -> float:
     candidates = sorted(set(((hist.lengths + align - 1) // align * align).tolist()))
     return min(
         evaluate(Strategy("b", (*chosen, candidates[-1])), hist, model, steps).total_seconds
@@ -69,8 +69,8 @@ def test_the_optimiser_never_loses_to_a_baseline_under_the_model() -> None:
 
 def test_compile_cost_decides_how_many_buckets() -> None:
     hist = LengthHistogram.from_sample(np.arange(1, 513))
-    cheap = optimal_buckets(hist, CostModel(0.001, (0.0, 1e-3, 0.0)), 10_000, 64, 8)
-    dear = optimal_buckets(hist, CostModel(1e6, (0.0, 1e-3, 0.0)), 10_000, 64, 8)
+    cheap = optimal_buckets(hist, BucketCostModel(0.001, (0.0, 1e-3, 0.0)), 10_000, 64, 8)
+    dear = optimal_buckets(hist, BucketCostModel(1e6, (0.0, 1e-3, 0.0)), 10_000, 64, 8)
     assert len(cheap.bounds) == 64 and dear.bounds == (512,)
 
 
@@ -78,7 +78,7 @@ def test_the_optimiser_takes_100k_samples_with_10k_distinct_lengths() -> None:
     sample = np.random.default_rng(0).integers(1, 10_001, 100_000)
     hist = LengthHistogram.from_sample(sample)
     assert len(hist.lengths) == 10_000
-    strategy = optimal_buckets(hist, CostModel(20.0, (0.002, 1e-5, 1e-9)), 20_000, 8, 1)
+    strategy = optimal_buckets(hist, BucketCostModel(20.0, (0.002, 1e-5, 1e-9)), 20_000, 8, 1)
     assert len(strategy.bounds) <= 8 and strategy.bounds[-1] == 10_000
 
 
@@ -88,7 +88,7 @@ def test_baselines_cover_every_length() -> None:
     assert by_name["powers of two"] == (4, 8, 16, 32, 64, 128, 256, 512, 1024)
     assert by_name["multiples of 128"] == (128, 256, 384, 512, 640, 768, 896, 1024)
     assert by_name["pad to max"] == (1000,) and by_name["no bucketing"] == (3, 100, 129, 1000)
-    evaluation = evaluate(Strategy("x", (128, 1024)), hist, CostModel(1.0, (0.0, 1.0, 0.0)), 4, max_buckets=1)
+    evaluation = evaluate(Strategy("x", (128, 1024)), hist, BucketCostModel(1.0, (0.0, 1.0, 0.0)), 4, max_buckets=1)
     assert evaluation.compiled_shapes == 2 and not evaluation.within_limits
     assert evaluation.padding_waste == pytest.approx(1 - 1232 / (128 + 128 + 1024 + 1024))
 

@@ -52,7 +52,7 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
     from tpu_tuner.planner.predict import CostModel
     from tpu_tuner.planner.problem import PlanProblem
     from tpu_tuner.planner.search import plan_record
-    from tpu_tuner.planner.space import SearchSpace
+    from tpu_tuner.planner.space import PlanSpace
     from tpu_tuner.planner.topology import parse_topology
 
     problem = PlanProblem(
@@ -73,7 +73,7 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
         placements={},
         model_digest="0" * 64,
     )
-    adamw, sgd = (plan_record(p, SearchSpace(tensors=(1,))) for p in (problem, replace(problem, optimizer="sgd")))
+    adamw, sgd = (plan_record(p, PlanSpace(tensors=(1,))) for p in (problem, replace(problem, optimizer="sgd")))
     assert "optimizer" not in adamw and sgd["optimizer"] == "sgd"  # earlier studies keep their records
 
 

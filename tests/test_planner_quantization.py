@@ -85,7 +85,7 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     from tpu_tuner.model.structure import Dims
     from tpu_tuner.planner.problem import PlanProblem
     from tpu_tuner.planner.search import plan_record
-    from tpu_tuner.planner.space import SearchSpace
+    from tpu_tuner.planner.space import PlanSpace
 
     shape = ModelShape(128, 4, 4, 256, 256, 2)
     problem = PlanProblem(
@@ -106,7 +106,7 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
         placements={},
         model_digest="0" * 64,
     )
-    space = SearchSpace(tensors=(1,))
+    space = PlanSpace(tensors=(1,))
     records = [
         plan_record(p, space)
         for p in (problem, replace(problem, quantization="fp8"), replace(problem, weight_dtype="bfloat16"))

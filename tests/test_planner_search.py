@@ -21,7 +21,7 @@ from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.plan import PlanOptions, PlanProblem
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
-from tpu_tuner.planner.space import PlanPoint, SearchSpace, invalid_reason, memory_lower_bound, valid_points
+from tpu_tuner.planner.space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
 from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -117,7 +117,7 @@ def test_points_that_cannot_split_the_model_are_invalid() -> None:
     assert "tensor 16" in invalid_reason(PlanPoint(Layout(1, 1, 16)), SHAPE, 16, 128)
     assert "micro-batch 2 (16 / 8)" in invalid_reason(PlanPoint(Layout(1, 8, 1), "full", 8), SHAPE, 16, 128)
     assert "context 3" in invalid_reason(PlanPoint(Layout(1, 1, 1, 3)), SHAPE, 16, 128)
-    space = SearchSpace(tensors=(1, 2), contexts=(1, 2), datas=(1, 2), remats=("full", "minimal"), accumulations=(1, 2))
+    space = PlanSpace(tensors=(1, 2), contexts=(1, 2), datas=(1, 2), remats=("full", "minimal"), accumulations=(1, 2))
     points = valid_points(space, 8, SHAPE, 16, 128)
     assert len(points) == len(set(points)) == 2 * 2 * 2 * 2 * 2
     assert all(p.layout.devices == 8 for p in points)
@@ -191,7 +191,7 @@ def _problem(hbm_gib: float = 6.0) -> PlanProblem:
     )
 
 
-SPACE = SearchSpace(
+SPACE = PlanSpace(
     tensors=(1, 2, 4, 8),
     contexts=(1, 2),
     datas=(1, 2),

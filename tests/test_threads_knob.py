@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs import intra_op_threads
+from tpu_tuner.core.host import usable_cores
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
@@ -33,7 +33,7 @@ ENTRY = {"choices": {"cpu": ["all", "half", "1"]}}
 
 
 def _cores(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    monkeypatch.setattr(intra_op_threads.os, "sched_getaffinity", lambda pid: set(range(count)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_choices_are_resolved_on_the_host_at_hand(monkeypatch, cores: int, expec
 def test_thread_count_inside_the_worker_during_a_measured_trial(tmp_path, monkeypatch, fast_settings) -> None:
     """A real worker process measures the 1-thread candidate: every forward it times runs on 1
     thread; the next trial (the baseline) runs on torch's default again."""
-    if intra_op_threads.usable_cores() < 2:
+    if usable_cores() < 2:
         pytest.skip("one usable core: nothing fewer to set")
     log = tmp_path / "threads.log"
     monkeypatch.setenv("TPU_TUNE_TEST_THREADS_LOG", str(log))
@@ -77,7 +77,7 @@ def test_thread_count_inside_the_worker_during_a_measured_trial(tmp_path, monkey
 
 
 def test_apply_sets_the_thread_count_and_restore_puts_it_back(tmp_path) -> None:
-    if intra_op_threads.usable_cores() < 2:
+    if usable_cores() < 2:
         pytest.skip("one usable core: nothing fewer to set")
     before = torch.get_num_threads()
     path = TunedConfig(Candidate(intra_op_threads="1"), "cpu").save(tmp_path / "tuned_config.toml")

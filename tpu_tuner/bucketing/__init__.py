@@ -9,8 +9,16 @@
 """
 
 from tpu_tuner.model.bucket_choice import evaluate, optimal_buckets
-from tpu_tuner.model.bucket_cost import CostModel
+from tpu_tuner.model.bucket_cost import BucketCostModel
 from tpu_tuner.model.lengths import LengthHistogram, read_lengths
 from tpu_tuner.model.padding import bucket_for, pad_to_bucket
 
-__all__ = ["CostModel", "LengthHistogram", "bucket_for", "evaluate", "optimal_buckets", "pad_to_bucket", "read_lengths"]
+__all__ = [
+    "BucketCostModel",
+    "LengthHistogram",
+    "bucket_for",
+    "evaluate",
+    "optimal_buckets",
+    "pad_to_bucket",
+    "read_lengths",
+]

@@ -38,7 +38,7 @@ from tpu_tuner.model.bucket_choice import (
     optimal_buckets,
     oracle_seconds,
 )
-from tpu_tuner.model.bucket_cost import CostModel, fit_cost_model
+from tpu_tuner.model.bucket_cost import BucketCostModel, fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
@@ -89,7 +89,7 @@ class BucketResult:
     steps: int
     max_buckets: int
     align: int
-    cost_model: CostModel
+    cost_model: BucketCostModel
     chosen: Evaluation
     table: list[Evaluation]
     oracle_seconds: float

@@ -33,3 +33,9 @@ class BackendError(TpuTuneError):
     """A device backend was requested that is not present or cannot run."""
 
     exit_status = 2
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -15,3 +16,11 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset can allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from tpu_tuner.core.host import usable_cores
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
-from tpu_tuner.devices.roofline import cached_probe, cpu_model_name, usable_cores
+from tpu_tuner.devices.roofline import cached_probe, cpu_model_name
 
 
 class CpuBackend(Backend):

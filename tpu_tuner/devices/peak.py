@@ -15,12 +15,6 @@ class DevicePeak:
     memory_bytes_per_s: float | None
     source: str  # e.g. "Google TPU spec table" or "measured roofline probe (...)"
 
-    def flops_for(self, dtype: str) -> tuple[float, str]:
-        """Peak FLOP/s for `dtype`, falling back to float32; returns (value, dtype used)."""
-        if dtype in self.flops_per_s:
-            return self.flops_per_s[dtype], dtype
-        return self.flops_per_s["float32"], "float32"
-
     def fastest(self) -> tuple[float, str]:
         """The peak MFU divides by: the fastest dense dtype's FLOP/s (docs/mfu.md)."""
         return fastest_peak(self.flops_per_s)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tpu_tuner.core.host import cpu_model_name
+from tpu_tuner.core.host import cpu_model_name, usable_cores
 from tpu_tuner.core.run_folder import write_atomic
 from tpu_tuner.devices.roofline_probe import PROBE_VERSION, RooflineProbe
 
@@ -58,14 +58,6 @@ def machine_key(device: torch.device) -> str:
             f"|{torch.get_num_threads()} threads|torch {torch.__version__}"
         )
     return f"v{PROBE_VERSION}|{device.type}|{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (a container or taskset can allow fewer than exist)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 MeasureFn = Callable[[torch.device, Callable[[], None]], RooflineProbe]

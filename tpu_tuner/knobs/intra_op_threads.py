@@ -19,10 +19,10 @@ CPU only: on CUDA and TorchTPU the device's kernels do not use these threads (se
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from tpu_tuner.core.host import usable_cores
 from tpu_tuner.knobs.base import BackendLike, Knob
 
 if TYPE_CHECKING:
@@ -35,14 +35,6 @@ HALF = "half"
 
 # torch.get_num_threads() as the knob first found it in this process: what "all" reads back as.
 _torch_default: int | None = None
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (a container or taskset can allow fewer than exist)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def torch_default_threads() -> int:

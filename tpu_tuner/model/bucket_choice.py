@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpu_tuner.model.bucket_cost import CostModel
+from tpu_tuner.model.bucket_cost import BucketCostModel
 from tpu_tuner.model.lengths import LengthHistogram
 
 
@@ -55,7 +55,7 @@ def assign(hist: LengthHistogram, bounds: tuple[int, ...]) -> np.ndarray:
 
 
 def evaluate(
-    strategy: Strategy, hist: LengthHistogram, model: CostModel, steps: int, max_buckets: int | None = None
+    strategy: Strategy, hist: LengthHistogram, model: BucketCostModel, steps: int, max_buckets: int | None = None
 ) -> Evaluation:
     """Expected compile, step and total seconds of `strategy` over `steps` steps."""
     bounds = np.asarray(strategy.bounds)
@@ -77,13 +77,13 @@ def evaluate(
     )
 
 
-def oracle_seconds(hist: LengthHistogram, model: CostModel, steps: int) -> float:
+def oracle_seconds(hist: LengthHistogram, model: BucketCostModel, steps: int) -> float:
     """The lower bound: every step at its exact length, compiles free."""
     return steps * float(np.sum(hist.probabilities() * model.step_seconds(hist.lengths)))
 
 
 def optimal_buckets(
-    hist: LengthHistogram, model: CostModel, steps: int, max_buckets: int = 8, align: int = 1
+    hist: LengthHistogram, model: BucketCostModel, steps: int, max_buckets: int = 8, align: int = 1
 ) -> Strategy:
     """The bounds (multiples of `align`, at most `max_buckets`) with the least expected total time."""
     if max_buckets < 1 or align < 1:

@@ -23,7 +23,7 @@ from scipy.optimize import nnls
 
 
 @dataclass(frozen=True)
-class CostModel:
+class BucketCostModel:
     compile_seconds: float
     coefficients: tuple[float, float, float]  # a, b, c of t(L) = a + b L + c L^2 (seconds)
     fit_max_relative_error: float = 0.0
@@ -43,7 +43,9 @@ class CostModel:
         )
 
 
-def fit_cost_model(step_points: Sequence[tuple[int, float]], compile_points: Sequence[tuple[int, float]]) -> CostModel:
+def fit_cost_model(
+    step_points: Sequence[tuple[int, float]], compile_points: Sequence[tuple[int, float]]
+) -> BucketCostModel:
     """Fit t(L) by non-negative least squares, weighted by 1/t so every length's relative error
     counts alike; the compile cost is the median of the measured ones."""
     if len(step_points) < 2:
@@ -59,7 +61,7 @@ def fit_cost_model(step_points: Sequence[tuple[int, float]], compile_points: Seq
     predicted = design @ solution
     error = float(np.max(np.abs(predicted - seconds) / seconds))
     compile_seconds = float(np.median([p[1] for p in compile_points])) if compile_points else 0.0
-    return CostModel(
+    return BucketCostModel(
         compile_seconds,
         (a, b, c),
         error,

@@ -13,7 +13,7 @@ from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.calibration import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import default_workers
 from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, SearchSpace
+from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, PlanSpace
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class PlanOptions:
     # The search (planner/search.py): with a budget, Optuna picks `budget` points of the joint
     # space to compile instead of the layout enumeration.
     budget: int | None = None
-    space: SearchSpace | None = None  # None: space.default_space with the three below
+    space: PlanSpace | None = None  # None: space.default_space with the three below
     remats: tuple[str, ...] = DEFAULT_REMATS
     accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS

@@ -38,7 +38,7 @@ from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
-from tpu_tuner.planner.space import PlanPoint, SearchSpace, default_space, invalid_reason, point_of, valid_points
+from tpu_tuner.planner.space import PlanPoint, PlanSpace, default_space, invalid_reason, point_of, valid_points
 from tpu_tuner.planner.trial_records import (
     INVALID_VIOLATION,
     params_key,
@@ -58,7 +58,7 @@ from tpu_tuner.studies.samplers import build_sampler
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("tpe", "random", "exhaustive")
+PLAN_SAMPLERS = ("tpe", "random", "exhaustive")
 RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner must plan the same)
 # Asks without a new point to compile before the search stops (the sampler keeps proposing
 # points already compiled or ruled out: the space is spent as far as it can tell).
@@ -80,8 +80,8 @@ def search(
 
     `evaluator` compiles and predicts a batch of points (default: evaluate.evaluate; the search
     benchmark answers from an exhaustive run's table instead)."""
-    if options.sampler not in SAMPLERS:
-        raise UserInputError(f"unknown plan sampler {options.sampler!r} (known: {', '.join(SAMPLERS)})")
+    if options.sampler not in PLAN_SAMPLERS:
+        raise UserInputError(f"unknown plan sampler {options.sampler!r} (known: {', '.join(PLAN_SAMPLERS)})")
     if options.budget is not None and options.budget < 1 and options.sampler != "exhaustive":
         raise UserInputError(f"--budget must be at least 1, not {options.budget}")
     shape = problem.dims.shape
@@ -158,7 +158,7 @@ def search(
     return result_of(problem, plans, [], "searched", started, search=record)
 
 
-def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+def distributions(space: PlanSpace) -> dict[str, BaseDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
     return {
         "tensor": CategoricalDistribution(space.tensors),
@@ -187,7 +187,7 @@ class PlanTrials(Feature):
     def __init__(
         self,
         problem: PlanProblem,
-        space: SearchSpace,
+        space: PlanSpace,
         pool: CompilePool,
         emit: Callable[[str], None],
         started: float,
@@ -280,7 +280,7 @@ class PlanTrials(Feature):
             )
 
 
-def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
+def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
     """What a plan's trials depend on: another plan with the same record may reuse them."""
     return {
         "model_sha256": problem.model_digest or file_sha256(problem.source),
@@ -301,7 +301,7 @@ def plan_record(problem: PlanProblem, space: SearchSpace) -> dict[str, Any]:
 
 
 def _open_study(
-    problem: PlanProblem, options: PlanOptions, space: SearchSpace
+    problem: PlanProblem, options: PlanOptions, space: PlanSpace
 ) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)

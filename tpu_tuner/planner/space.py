@@ -60,7 +60,7 @@ class PlanPoint:
 
 
 @dataclass(frozen=True)
-class SearchSpace:
+class PlanSpace:
     """The choices of each axis; fsdp takes the devices the others leave."""
 
     tensors: tuple[int, ...]
@@ -89,7 +89,7 @@ def default_space(
     accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
     slices: int = 1,
-) -> SearchSpace:
+) -> PlanSpace:
     """Every tensor size that divides the heads, KV heads, MLP width and vocabulary (and the
     devices); context sizes that divide the sequence; data sizes in powers of two; over `slices`
     slices, every split of them between data and fsdp."""
@@ -101,7 +101,7 @@ def default_space(
     )
     datas = tuple(d for d in (2**k for k in range(devices.bit_length())) if devices % d == 0)
     dcns = tuple(f"{d}x{slices // d}" for d in range(slices, 0, -1) if slices % d == 0) if slices > 1 else ()
-    return SearchSpace(
+    return PlanSpace(
         tensors,
         tuple(c for c in contexts if devices % c == 0 and seq_len % c == 0),
         datas,
@@ -136,9 +136,7 @@ def invalid_reason(point: PlanPoint, shape: ModelShape, global_batch: int, seq_l
     return reason
 
 
-def valid_points(
-    space: SearchSpace, devices: int, shape: ModelShape, global_batch: int, seq_len: int
-) -> list[PlanPoint]:
+def valid_points(space: PlanSpace, devices: int, shape: ModelShape, global_batch: int, seq_len: int) -> list[PlanPoint]:
     """Every valid point of the space, in a fixed order (the exhaustive plan's)."""
     points = []
     for tensor in space.tensors:

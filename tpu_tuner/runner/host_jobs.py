@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.runner.hosts import SILENT_S, HostGroup, HostsError
 from tpu_tuner.runner.launch import run_ranks
@@ -88,7 +89,7 @@ def next_announcement(group: HostGroup) -> tuple[int, dict[str, Any]]:
         raise
     except Exception as exc:
         raise HostsError(
-            f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): {_relaunch(group)}"
+            f"the rendezvous store at {group.endpoint} went away with its host ({first_line(exc)}): {_relaunch(group)}"
         ) from exc
     group.next_job += 1
     return number, payload
@@ -205,7 +206,7 @@ def follow(
         return _follow(group, output, environments)
     except DistError as exc:  # the store went away with its host (the driver's, in the usual case)
         raise HostsError(
-            f"the rendezvous store at {group.endpoint} went away with its host ({_first_line(exc)}): {_relaunch(group)}"
+            f"the rendezvous store at {group.endpoint} went away with its host ({first_line(exc)}): {_relaunch(group)}"
         ) from exc
 
 
@@ -238,7 +239,7 @@ def _follow(
                     group.me().host,
                     ok=False,
                     kind=FailureKind.ERROR,
-                    failure=f"{group.me().describe()}: {_first_line(exc)}",
+                    failure=f"{group.me().describe()}: {first_line(exc)}",
                 ),
             )
             group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
@@ -260,7 +261,7 @@ def _abort_reason(group: HostGroup, number: int) -> str | None:
                 group.store.set(f"job/{number}/abort", reason)
                 return f"stopped: {reason}"
     except Exception as exc:
-        return f"stopped: the rendezvous store went away ({_first_line(exc)})"
+        return f"stopped: the rendezvous store went away ({first_line(exc)})"
     return None
 
 
@@ -269,11 +270,6 @@ def _relaunch(group: HostGroup) -> str:
         f"this host's ranks were stopped; the study is in its storage: relaunch the same command on every host "
         f"to resume it (run {group.run_id!r})"
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 __all__ = [

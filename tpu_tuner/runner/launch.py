@@ -98,7 +98,7 @@ def run_ranks(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tpu-tune-ranks-", dir=workdir) as folder:
         root = Path(folder)
-        from tpu_tuner.devices.roofline import usable_cores
+        from tpu_tuner.core.host import usable_cores
 
         # The cores this launcher may use (its affinity: a container's, or one simulated host's).
         threads = threads_per_rank or max(1, usable_cores() // nproc)

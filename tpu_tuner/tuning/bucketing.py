@@ -15,23 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_tuner.model.bucket_choice import Evaluation, evaluate, optimal_buckets
-from tpu_tuner.model.bucket_cost import CostModel
+from tpu_tuner.model.bucket_cost import BucketCostModel
 from tpu_tuner.model.lengths import LengthHistogram
 
 
 @dataclass(frozen=True)
 class BucketingContext:
     hist: LengthHistogram
-    shape_model: CostModel  # step time against length, measured at the study's start
+    shape_model: BucketCostModel  # step time against length, measured at the study's start
     reference_length: int  # the length trials are measured at
     max_buckets: int = 8
     align: int = 8
 
-    def cost_model_for(self, step_seconds: float, compile_seconds: float) -> CostModel:
+    def cost_model_for(self, step_seconds: float, compile_seconds: float) -> BucketCostModel:
         """The shape curve scaled to a trial's steady step at the reference length."""
         scale = step_seconds / float(self.shape_model.step_seconds(self.reference_length))
         a, b, c = self.shape_model.coefficients
-        return CostModel(compile_seconds, (a * scale, b * scale, c * scale))
+        return BucketCostModel(compile_seconds, (a * scale, b * scale, c * scale))
 
     def best(self, step_seconds: float, compile_seconds: float, planned_steps: int) -> Evaluation:
         """The exact best bucketing for a trial, evaluated over the planned run."""

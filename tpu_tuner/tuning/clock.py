@@ -56,10 +56,6 @@ class Clock:
         left = self.left()
         return None if left is None else max(0.0, left - WRAP_UP_S)
 
-    def describe_left(self) -> str:
-        left = self.left()
-        return "" if left is None else f"{duration(left)} left"
-
 
 @dataclass(frozen=True)
 class FinishPlan:

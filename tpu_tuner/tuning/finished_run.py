@@ -12,19 +12,13 @@ from typing import Any
 import optuna
 
 from tpu_tuner.core import run_folder
-from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError, first_line
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 
 RESULT_FORMAT = 1  # result.json's layout; raise it when a change makes old files unreadable
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def read_finished_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -98,4 +92,4 @@ def load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpace
         )
 
 
-__all__ = ["RESULT_FORMAT", "first_line", "load_space", "load_study", "read_finished_run"]
+__all__ = ["RESULT_FORMAT", "load_space", "load_study", "read_finished_run"]

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from tpu_tuner.core.run_folder import RESULTS_DIR
+from tpu_tuner.studies.samplers import SAMPLERS  # the sampler factory's own names
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
 
 if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch, and options are checked before it
     from tpu_tuner.profiling.settings import ProfilerSettings
 
-SAMPLERS = ("tpe", "random", "grid")
 # Ranks of one host a trial may start (one process each): beyond this a host is oversubscribed.
 MAX_NPROC = 64
 # How long the hosts of a multi-host run wait for each other at the rendezvous, by default.

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from tpu_tuner.core import run_folder
-from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError, first_line
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.tuned_config import TunedConfig
@@ -29,7 +29,7 @@ from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.finished_run import RESULT_FORMAT, first_line, load_space, load_study, read_finished_run
+from tpu_tuner.tuning.finished_run import RESULT_FORMAT, load_space, load_study, read_finished_run
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, trial_measurement
@@ -112,11 +112,6 @@ class TuningResult:
         from tpu_tuner.tuning.failures import label, stored_causes
 
         return [cause.describe(label) for cause in stored_causes(self.study.user_attrs)]
-
-    @property
-    def storage_shown(self) -> str:
-        """The study's storage URL with its password masked (to show, never to connect)."""
-        return _redact(self.storage_url)
 
     @property
     def baseline(self) -> Measurement | None:

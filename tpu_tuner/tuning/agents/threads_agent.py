@@ -8,7 +8,8 @@ On a host with one usable core the knob has one choice and is not searched at al
 
 from __future__ import annotations
 
-from tpu_tuner.knobs.intra_op_threads import ALL, IntraOpThreadsKnob, usable_cores
+from tpu_tuner.core.host import usable_cores
+from tpu_tuner.knobs.intra_op_threads import ALL, IntraOpThreadsKnob
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import ThreadsDefinition
