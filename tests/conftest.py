@@ -135,15 +135,25 @@ def serving(root: Path) -> Iterator:
 
 
 def processes_running(marker: str) -> list[int]:
-    """The pids of this host's processes whose command line holds `marker` (not this one): what
-    a test of process clean-up expects to be empty."""
+    """The pids of this host's processes whose command line holds `marker` (not this one) and that
+    were started by this pytest worker: what a test of process clean-up expects to be empty.
+
+    Under xdist another worker may be running the same kind of child at this moment, so a process
+    counts only when its environment carries this worker's PYTEST_XDIST_WORKER (children inherit
+    it; an orphan that outlived its parent still has it)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     found = []
     for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if marker not in cmdline:
+                continue
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in cmdline and int(pid) != os.getpid():
+        if worker is None or f"PYTEST_XDIST_WORKER={worker}".encode() in environment:
             found.append(int(pid))
     return found
 
