@@ -11,18 +11,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.knobs.capabilities import (
-    Compiles,
-    DeviceBaseline,
-    PickedByFlags,
-    SetsComputeDtype,
-    SpreadsOverRanks,
-    StartupEnvironment,
-    StepContext,
-    TrainingCode,
-    TrainingStep,
-)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -73,7 +63,10 @@ class Candidate:
     def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
         """A candidate from `to_dict` output, or from the field-style dicts of older runs."""
         fields = {
-            flag.field for knob in knobs.REGISTRY.values() if isinstance(knob, PickedByFlags) for flag in knob.flags
+            flag.field
+            for knob in knobs.REGISTRY.values()
+            if isinstance(knob, kinds.PickedByFlags)
+            for flag in knob.flags
         }
         if set(data) & (fields - set(knobs.REGISTRY)):
             return cls.from_fields(data)
@@ -86,7 +79,7 @@ class Candidate:
         run folders); a knob none of whose flags is set runs `device_kind`'s baseline."""
         values = cls.baseline(device_kind).to_dict()
         for name, knob in knobs.REGISTRY.items():
-            if isinstance(knob, PickedByFlags) and (value := knob.from_fields(fields)) is not None:
+            if isinstance(knob, kinds.PickedByFlags) and (value := knob.from_fields(fields)) is not None:
                 values[name] = value
         return cls(values)
 
@@ -98,7 +91,7 @@ class Candidate:
             {
                 name: knob.device_default(device_kind)
                 for name, knob in knobs.REGISTRY.items()
-                if isinstance(knob, DeviceBaseline)
+                if isinstance(knob, kinds.DeviceBaseline)
             }
         )
 
@@ -120,19 +113,21 @@ class Candidate:
         each knob refines what the ones before it decided, from the backend's primitives."""
         dtype = "float32"
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, SetsComputeDtype):
+            if isinstance(knob, kinds.SetsComputeDtype):
                 dtype = knob.compute_dtype(value, dtype, backend)
         return dtype
 
     def compiles(self) -> bool:
         """Whether the candidate runs its forward through torch.compile."""
-        return any(knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items() if isinstance(knob, Compiles))
+        return any(
+            knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items() if isinstance(knob, kinds.Compiles)
+        )
 
     def environment(self, backend: BackendLike) -> dict[str, str]:
         """Start-up variables this candidate needs (a non-empty answer means a fresh process)."""
         env: dict[str, str] = {}
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, StartupEnvironment):
+            if isinstance(knob, kinds.StartupEnvironment):
                 env.update(knob.environment(value, backend))
         return env
 
@@ -148,7 +143,7 @@ class Candidate:
         """The model with every model-level setting applied, for a step that trains (`training`)
         or only runs forwards."""
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, SpreadsOverRanks):
+            if isinstance(knob, kinds.SpreadsOverRanks):
                 model = knob.model_for_step(value, model, backend, training)
             else:
                 model = knob.model(value, model, backend)
@@ -168,14 +163,14 @@ class Candidate:
         knobs are asked, so the others cost the loop nothing."""
         with contextlib.ExitStack() as stack:
             for knob, value in self._active(backend.kind):
-                if isinstance(knob, StepContext):
+                if isinstance(knob, kinds.StepContext):
                     stack.enter_context(knob.step(value, backend))
             yield
 
     def prepare_optimizer(self, optimizer: Any, backend: BackendLike) -> Any:
         """The training step's optimizer with every optimizer-level setting applied."""
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, TrainingStep):
+            if isinstance(knob, kinds.TrainingStep):
                 optimizer = knob.optimizer(value, optimizer, backend)
         return optimizer
 
@@ -183,7 +178,7 @@ class Candidate:
         """The part of the global batch this process runs (a rank's slice under a sharding
         layout; the whole batch otherwise)."""
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, SpreadsOverRanks):
+            if isinstance(knob, kinds.SpreadsOverRanks):
                 inputs, target = knob.local_batch(value, inputs, target)
         return inputs, target
 
@@ -191,14 +186,16 @@ class Candidate:
         """The global batch's output from this process's output of its slice (`local_batch`
         samples): every rank's slice gathered in order under a sharding layout; `output` otherwise."""
         for knob, value in self._active(backend.kind):
-            if isinstance(knob, SpreadsOverRanks):
+            if isinstance(knob, kinds.SpreadsOverRanks):
                 output = knob.gather_output(value, output, local_batch)
         return output
 
     def micro_batches(self, backend: BackendLike) -> int:
         """Into how many micro-batches the training step splits its batch (1: none)."""
         counts = [
-            knob.micro_batches(value) for knob, value in self._active(backend.kind) if isinstance(knob, TrainingStep)
+            knob.micro_batches(value)
+            for knob, value in self._active(backend.kind)
+            if isinstance(knob, kinds.TrainingStep)
         ]
         return max(counts, default=1)
 
@@ -207,7 +204,7 @@ class Candidate:
         return [
             line
             for knob, value in self._active(device_kind)
-            if isinstance(knob, TrainingCode)
+            if isinstance(knob, kinds.TrainingCode)
             for line in knob.training_code(value, device_kind)
         ]
 
@@ -219,10 +216,10 @@ class Candidate:
         for knob, value in self._active(device_kind):
             lines += (
                 knob.code_for_step(value, device_kind, training)
-                if isinstance(knob, SpreadsOverRanks)
+                if isinstance(knob, kinds.SpreadsOverRanks)
                 else knob.code(value, device_kind)
             )
-            if isinstance(knob, StepContext) and (context := knob.step_code(value, device_kind)) is not None:
+            if isinstance(knob, kinds.StepContext) and (context := knob.step_code(value, device_kind)) is not None:
                 contexts.append(context)
         if contexts:
             lines.append(f"with {', '.join(contexts)}:")

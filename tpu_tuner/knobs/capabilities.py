@@ -2,10 +2,7 @@
 
 A knob lists the kinds it is (``class LayoutKnob(Knob, SpreadsOverRanks)``) and implements their
 methods; callers ask ``isinstance(knob, Kind)``, never a knob's name or whether a default hook was
-overridden. The kinds follow what the registered knobs do (docs/design.md "Knobs"): narrowed by
-the workload, conditional on another knob, a device's own baseline, picked by `tpu-tune profile`'s
-flags, start-up variables, a matmul dtype, compiling, a context around each step, the training
-step, and placement across ranks and hosts.
+overridden. The kinds are what the registered knobs do beyond the core (docs/knobs.md).
 """
 
 from __future__ import annotations
@@ -35,20 +32,18 @@ class NarrowedByWorkload:
     not_applicable: ClassVar[str] = "cannot change this workload's step"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
-        """Whether the knob can change this workload's step at all (the optimizer's
-        implementation only a training step's)."""
+        """Whether the knob can change this workload's step at all."""
         return True
 
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
-        """Why one choice cannot run on this workload (`CANNOT_RUN` where there is nothing more
-        to say); None where it can. The baseline choice always can."""
+        """Why one (non-baseline) choice cannot run on this workload (`CANNOT_RUN` where there is
+        nothing more to say); None where it can."""
         return None
 
 
 class Conditional(ABC):
-    """A knob that means something only under other knobs' values (inductor's options only under
-    ``execution = inductor``): the space asks for it only where `active` (a conditional Optuna
-    parameter), and a setting where it is not runs its default."""
+    """A knob searched only under other knobs' values (inductor's options under ``execution =
+    inductor``): a conditional Optuna parameter; a setting where it is inactive runs its default."""
 
     @abstractmethod
     def active(self, settings: Mapping[str, str]) -> bool:
@@ -65,9 +60,8 @@ class DeviceBaseline(ABC):
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag of ``tpu-tune profile`` that picks (part of) a knob's value. `field` is the
-    argparse destination, also the field of pre-registry candidates (run folders, old tuned
-    configs) that held the same thing."""
+    """A flag of ``tpu-tune profile`` that picks (part of) a knob's value; `field`, its argparse
+    destination, is also the field of candidates written before the registry that held it."""
 
     option: str  # "--precision"
     field: str  # "matmul_precision"
@@ -77,20 +71,18 @@ class Flag:
 
 
 class PickedByFlags(ABC):
-    """A knob ``tpu-tune profile`` sets from its own flags (`cli/profile.py` adds them from the
-    registry), which also reads candidates written before the registry."""
+    """A knob ``tpu-tune profile`` sets from its own `flags` (`cli/profile.py` adds them)."""
 
     flags: ClassVar[tuple[Flag, ...]]
 
     @abstractmethod
     def from_fields(self, fields: Mapping[str, Any]) -> str | None:
-        """The value the flags' `fields` give (field -> value, None when unset); None where none
-        is given (the baseline's value then)."""
+        """The value the flags' `fields` give (None when unset); None where none is given."""
 
 
 class StartupEnvironment(ABC):
-    """A knob some of whose values are variables read once at process start-up (TorchTPU's
-    eager modes): measuring one needs a process started with them; the backend names them."""
+    """A knob with values that are variables read once at start-up (TorchTPU's eager modes, which
+    the backend names): a trial of one runs in a worker started with them."""
 
     @abstractmethod
     def environment(self, value: str, backend: BackendLike) -> dict[str, str]:
@@ -106,8 +98,8 @@ class SetsComputeDtype(ABC):
 
 
 class Compiles(ABC):
-    """A knob whose values may run the forward through torch.compile (a step that then counted
-    no compile ran eager and measured nothing of the setting; compile deadlines apply)."""
+    """A knob whose values may run the forward through torch.compile (a step that then counted no
+    compile ran eager and measured nothing of the setting; compile deadlines apply)."""
 
     @abstractmethod
     def compiles(self, value: str) -> bool:
@@ -115,8 +107,8 @@ class Compiles(ABC):
 
 
 class StepContext(ABC):
-    """A knob applied as a context around every step's forward and loss (autocast): only these
-    are entered on each timed step."""
+    """A knob applied as a context around each step's forward and loss (autocast): only these are
+    entered on every timed step."""
 
     @abstractmethod
     def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
@@ -124,7 +116,7 @@ class StepContext(ABC):
 
     @abstractmethod
     def step_code(self, value: str, device_kind: str) -> str | None:
-        """The context as a Python expression (``with <it>: output = model(inputs)``); None: none."""
+        """The context as Python (``with <it>: output = model(inputs)``); None for none."""
 
 
 class TrainingCode(ABC):
@@ -136,9 +128,8 @@ class TrainingCode(ABC):
 
 
 class TrainingStep(TrainingCode):
-    """A knob that acts on the training step alone (the optimizer, accumulation): it leaves the
-    model and its forward alone, is not searched for inference, and `observe_training` reads it.
-    `execution/step.py` builds every training step, the accuracy guardrail's too, through it."""
+    """A knob of the training step alone (optimizer, accumulation), which `execution/step.py`
+    builds through these hooks: it leaves the model alone, so `observe_training` reads it."""
 
     def optimizer(self, value: str, optimizer: Any, backend: BackendLike) -> Any:
         """The training step's optimizer with the setting applied (the same one by default)."""
@@ -154,9 +145,9 @@ class TrainingStep(TrainingCode):
 
 
 class SpreadsOverRanks(TrainingCode):
-    """A knob whose values spread one step over several processes, placed across ranks and hosts
-    (the sharding layout): an ``--nproc N`` run must search one; each rank runs a slice of the
-    global batch; the tuned config carries it in tables of its own and says how to start ranks."""
+    """A knob whose values place one step across ranks and hosts (the sharding layout): an
+    ``--nproc N`` run must search one; each rank runs a slice of the global batch; the tuned config
+    repeats it in tables of its own and says how to start the ranks."""
 
     @abstractmethod
     def model_for_step(self, value: str, model: nn.Module, backend: BackendLike, training: bool) -> nn.Module:
@@ -172,22 +163,20 @@ class SpreadsOverRanks(TrainingCode):
 
     @abstractmethod
     def gather_output(self, value: str, output: Any, local_batch: int | None) -> Any:
-        """The global batch's output from this process's output of its slice (`local_batch`
-        samples), which the accuracy guardrail compares with one device's whole batch."""
+        """The global batch's output from this rank's output of its `local_batch` samples."""
 
     @abstractmethod
     def within_hosts(self, value: str, ranks_per_host: int) -> bool:
-        """Whether `value` keeps its tensor groups inside hosts of `ranks_per_host` ranks each."""
+        """Whether `value` keeps its tensor groups inside hosts of `ranks_per_host` ranks."""
 
     @abstractmethod
     def config_tables(self, value: str) -> dict[str, dict[str, Any]]:
-        """Tables of ``tuned_config.toml`` that repeat `value` beside [settings] (table name ->
-        entries merged into it)."""
+        """Tables of ``tuned_config.toml`` that repeat `value` beside [settings] (name -> entries)."""
 
     @abstractmethod
     def from_config_tables(self, value: str, tables: Mapping[str, Any]) -> str:
-        """The value of a config whose [settings] give `value` and whose other `tables` may give
-        it too; ValueError naming both where they disagree or a table is malformed."""
+        """The value of a config whose [settings] give `value` and whose `tables` may give it
+        too; ValueError where the two disagree or a table is malformed."""
 
     @abstractmethod
     def instructions(self, value: str, backend: BackendLike) -> list[str]:
