@@ -29,30 +29,20 @@ PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point
 DTYPES = ("float32", "bfloat16")
 
 
-def _sizes(flag_name: str) -> object:
-    """--accumulations / --contexts: whole numbers of at least 1, separated by commas."""
-
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(x) for x in text.split(","))
-        except ValueError as exc:
-            raise UserInputError(f"{flag_name} takes whole numbers separated by commas, not {text!r}") from exc
-        if min(values) < 1:
-            raise UserInputError(f"{flag_name} takes sizes of at least 1, not {text!r}")
-        return values
-
-    return parse
+def _ints(flag_name: str, text: str) -> tuple[int, ...]:
+    """--accumulations / --contexts: whole numbers separated by commas (sizes: PlanSearch checks them)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise UserInputError(f"{flag_name} takes whole numbers separated by commas, not {text!r}") from exc
 
 
 def _layouts(texts: list[str]) -> list[Layout]:
+    """--layout, repeated."""
     try:
         return [parse_layout(text) for text in texts]
     except ValueError as exc:
         raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
-
-
-def _joined(values: tuple[int, ...]) -> str:
-    return ",".join(str(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -272,8 +262,8 @@ class PlanSearch:
         metadata=flag(
             "--accumulations",
             metavar="N1,N2,...",
-            convert=_sizes("--accumulations"),
-            help=f"micro-batch counts to search (default {_joined(DEFAULT_ACCUMULATIONS)})",
+            convert=lambda text: _ints("--accumulations", text),
+            help=f"micro-batch counts to search (default {','.join(map(str, DEFAULT_ACCUMULATIONS))})",
         ),
     )
     contexts: tuple[int, ...] = field(
@@ -281,8 +271,8 @@ class PlanSearch:
         metadata=flag(
             "--contexts",
             metavar="N1,N2,...",
-            convert=_sizes("--contexts"),
-            help=f"context-parallel sizes to search (default {_joined(DEFAULT_CONTEXTS)})",
+            convert=lambda text: _ints("--contexts", text),
+            help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
         ),
     )
     sampler: str = field(
@@ -303,6 +293,9 @@ class PlanSearch:
         at_least(0, ("--seed", self.seed))
         for policy in self.remats:
             parse_remat(policy, "--remats")
+        for name, sizes in (("--accumulations", self.accumulations), ("--contexts", self.contexts)):
+            if not sizes or min(sizes) < 1:
+                raise UserInputError(f"{name} takes sizes of at least 1, not {','.join(map(str, sizes))!r}")
 
     @property
     def active(self) -> bool:
