@@ -98,7 +98,7 @@ def _ranking_flags(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]
         if shape in seen:
             raise UserInputError(f"--topology {args.topology!r}: {entry} is the same slice as {seen[shape]} ({shape})")
         seen[shape] = entry
-    if args.layout:
+    if args.layouts:
         raise UserInputError(
             "--layout names layouts of one slice's devices: give one --topology, or leave out --layout"
         )

@@ -290,7 +290,8 @@ class PlanSearch:
         if self.sampler not in PLAN_SAMPLERS:
             raise UserInputError(f"unknown plan sampler {self.sampler!r} (known: {', '.join(PLAN_SAMPLERS)})")
         at_least(1, ("--budget", self.budget))
-        at_least(0, ("--seed", self.seed))
+        if self.seed < 0:
+            raise UserInputError(f"--seed must be 0 or more, not {self.seed}")
         for policy in self.remats:
             parse_remat(policy, "--remats")
         for name, sizes in (("--accumulations", self.accumulations), ("--contexts", self.contexts)):

@@ -2,7 +2,8 @@
 
 `TuneOptions` holds five frozen sections: `search` (what to search, how long), `objective` (what
 a setting is judged by), `runner` (how a trial runs), `store` (where the study is stored, whether
-shared or resumed) and `outputs` (where the run folder goes). A section checks itself when built
+shared or resumed) and `outputs` (where the run folder goes), defined in `search_options.py` and
+`runner_options.py`. A section checks itself when built
 (`UserInputError` naming the flag), `TuneOptions` what spans sections; each field that has a flag
 names it (`tpu_tuner.core.flags`), so `tpu-tune tune`'s flags are generated from here. A run never
 changes its options: what it resolves (the budget, the trial settings, a shared study's options)
