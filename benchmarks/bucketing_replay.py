@@ -58,7 +58,7 @@ def main() -> None:
     result = plan_buckets(
         REPO / "examples" / "encoder.py",
         BucketOptions(
-            choice=BucketChoice(steps=args.steps, max_buckets=args.max_buckets),
+            choice=BucketChoice(planned_steps=args.steps, max_buckets=args.max_buckets),
             measure=BucketMeasurement(compile_backend=args.compile_backend),
             replay=BucketReplay(
                 steps=args.replay, max_compiles=args.replay_max_compiles, only=tuple(args.only) if args.only else None

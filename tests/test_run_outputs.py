@@ -193,7 +193,8 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     result = plan_buckets(
         FIXTURES / "tiny_encoder.py",
         BucketOptions(
-            measure=BucketMeasurement(compile_backend="aot_eager"), choice=BucketChoice(steps=1000, max_buckets=3)
+            measure=BucketMeasurement(compile_backend="aot_eager"),
+            choice=BucketChoice(planned_steps=1000, max_buckets=3),
         ),
     )
     api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")

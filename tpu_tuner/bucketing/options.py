@@ -18,7 +18,7 @@ class BucketChoice:
     """The length sample, the planned run and the limits the buckets are chosen under."""
 
     lengths_file: Path | None = field(default=None, metadata=uses(LENGTHS))
-    steps: int = field(
+    planned_steps: int = field(
         default=20_000, metadata=flag("--steps", type=int, help="steps of the planned run (default %(default)s)")
     )
     max_buckets: int = field(default=8, metadata=uses(MAX_BUCKETS))
@@ -30,7 +30,7 @@ class BucketChoice:
     )
 
     def __post_init__(self) -> None:
-        at_least(1, ("--steps", self.steps), ("--max-buckets", self.max_buckets), ("--align", self.align))
+        at_least(1, ("--steps", self.planned_steps), ("--max-buckets", self.max_buckets), ("--align", self.align))
 
 
 @dataclass(frozen=True)

@@ -142,11 +142,11 @@ def plan_buckets(
 
     start = time.perf_counter()
     chosen_strategy = optimal_buckets(
-        hist, model, options.choice.steps, options.choice.max_buckets, options.choice.align
+        hist, model, options.choice.planned_steps, options.choice.max_buckets, options.choice.align
     )
     optimiser_seconds = time.perf_counter() - start
     strategies = [chosen_strategy, *baselines(hist)]
-    table = [evaluate(s, hist, model, options.choice.steps, options.choice.max_buckets) for s in strategies]
+    table = [evaluate(s, hist, model, options.choice.planned_steps, options.choice.max_buckets) for s in strategies]
     result = BucketResult(
         workload=workload.name,
         device=backend.kind,
@@ -154,13 +154,13 @@ def plan_buckets(
         samples=hist.total,
         distinct_lengths=len(hist.lengths),
         length_summary=_summary(hist),
-        steps=options.choice.steps,
+        steps=options.choice.planned_steps,
         max_buckets=options.choice.max_buckets,
         align=options.choice.align,
         cost_model=model,
         chosen=table[0],
         table=table,
-        oracle_seconds=oracle_seconds(hist, model, options.choice.steps),
+        oracle_seconds=oracle_seconds(hist, model, options.choice.planned_steps),
         optimiser_seconds=optimiser_seconds,
         histogram=hist,
     )
@@ -185,7 +185,7 @@ def replay(
     """Replay a drawn length stream through the real workload under each strategy, each in a
     fresh worker (no compile inherited from another strategy)."""
     stream = hist.sample(options.replay.steps, options.replay.seed)
-    scale = options.choice.steps / len(stream)
+    scale = options.choice.planned_steps / len(stream)
     replays = []
     for strategy in strategies:
         if options.replay.only is not None and strategy.name not in options.replay.only:
@@ -231,7 +231,8 @@ def replay(
         )
     note = (
         f"replayed {len(stream)} steps drawn from the sample (seed {options.replay.seed}); measured total = measured "
-        f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.choice.steps} steps"
+        f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of "
+        f"{options.choice.planned_steps} steps"
     )
     return replays, note
 

@@ -83,9 +83,12 @@ def add_flag(parser: argparse._ActionsContainer, spec: Flag, dest: str, default:
 
 def add_section(parser: argparse._ActionsContainer, section: type) -> None:
     """The flags of every field of `section` that names one; each flag's dest is its field's name."""
+    taken = {action.dest for action in parser._actions}
     for f in dataclasses.fields(section):
         spec = f.metadata.get(FLAG)
         if spec is not None:
+            # One namespace for every section of a command: two fields of one name would share a flag's value.
+            assert f.name not in taken, f"{section.__name__}.{f.name}: another section's field has this name"
             add_flag(parser, spec, f.name, _field_default(f))
 
 

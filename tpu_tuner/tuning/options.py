@@ -77,7 +77,8 @@ class TuneOptions:
         from tpu_tuner.core.credentials import without_password
         from tpu_tuner.core.plain_data import json_default
 
-        plain = {key: getattr(getattr(self, section), name) for key, (section, name) in PLAIN_KEYS.items()}
+        sections = {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
+        plain = {key: sections[section][name] for key, (section, name) in PLAIN_KEYS.items()}
         plain["storage"] = without_password(self.store.url) if self.store.url else None
         return json.loads(json.dumps(plain, default=json_default))
 
