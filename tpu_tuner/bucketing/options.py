@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, LENGTHS, MAX_BUCKETS, at_least, flag, positive, uses
+from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, LENGTHS, MAX_BUCKETS, at_least, option, positive, uses
 
 
 @dataclass(frozen=True)
@@ -18,15 +18,10 @@ class BucketChoice:
     """The length sample, the planned run and the limits the buckets are chosen under."""
 
     lengths_file: Path | None = field(default=None, metadata=uses(LENGTHS))
-    planned_steps: int = field(
-        default=20_000, metadata=flag("--steps", type=int, help="steps of the planned run (default %(default)s)")
-    )
+    planned_steps: int = option(20_000, "--steps", type=int, help="steps of the planned run (default %(default)s)")
     max_buckets: int = field(default=8, metadata=uses(MAX_BUCKETS))
-    align: int = field(  # 128 matches TPU matmul units
-        default=8,
-        metadata=flag(
-            "--align", type=int, help="bounds are multiples of this (default %(default)s; 128 on TPU matmul units)"
-        ),
+    align: int = option(
+        8, "--align", type=int, help="bounds are multiples of this (default %(default)s; 128 on TPU matmul units)"
     )
 
     def __post_init__(self) -> None:
@@ -38,11 +33,8 @@ class BucketMeasurement:
     """Where the cost model is measured: device, compile backend, batch, each worker's time limit."""
 
     device: str | None = field(default=None, metadata=uses(DEVICE))
-    compile_backend: str | None = field(  # None: the device's (inductor on CPU/CUDA, tpu on TPU)
-        default=None,
-        metadata=flag(
-            "--compile-backend", help="torch.compile backend to measure (default: the device's: inductor / tpu)"
-        ),
+    compile_backend: str | None = option(
+        None, "--compile-backend", help="torch.compile backend to measure (default: the device's: inductor / tpu)"
     )
     batch_size: int | None = field(default=None, metadata=uses(BATCH_SIZE))
     trial_timeout_s: float = 3600.0
@@ -56,14 +48,12 @@ class BucketMeasurement:
 class BucketReplay:
     """The end-to-end replay: `steps` lengths drawn (with `seed`) and run per strategy; 0: none."""
 
-    steps: int = field(
-        default=0,
-        metadata=flag(
-            "--replay",
-            type=int,
-            metavar="N",
-            help="also replay N drawn steps through the workload per strategy and report measured totals",
-        ),
+    steps: int = option(
+        0,
+        "--replay",
+        type=int,
+        metavar="N",
+        help="also replay N drawn steps through the workload per strategy and report measured totals",
     )
     max_compiles: int = 16  # strategies needing more compiled shapes are predicted only
     only: tuple[str, ...] | None = None  # replay just these strategies (names as in the table)

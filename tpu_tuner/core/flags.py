@@ -1,6 +1,6 @@
 """Command-line flags declared on the options dataclasses: one field, one flag.
 
-A field of an options section names its flag in its metadata (`flag(...)`): the spelling, help,
+A field of an options section names its flag in its metadata (`option(default, "--name", ...)`): the spelling, help,
 metavar, choices, argparse's `type`, and `convert` from what argparse parsed to the field's value.
 `add_section` adds a section's flags to a parser, their defaults read from the fields (each default
 is stated once); `section_from` builds the section back from the parsed arguments. A flag several
@@ -34,7 +34,7 @@ class Flag:
     choices: tuple[str, ...] | None = None
     type: Callable[[str], Any] = str  # argparse's conversion of the text (int, float, Path)
     convert: Callable[[Any], Any] | None = None  # the parsed value to the field's; errors are UserInputError
-    default: Any = _UNSET  # the default as typed, where it is not the field's own ("auto", "4m")
+    typed: Any = _UNSET  # the default as typed, where it is not the field's own ("auto", "4m")
     append: bool = False  # repeatable: a list of every value given
     required: bool = False
 
@@ -43,9 +43,13 @@ class Flag:
         return dataclasses.replace(self, **changes)
 
 
-def flag(*names: str, help: str, **spelling: Any) -> dict[str, Flag]:
-    """A field's metadata naming its flag: ``field(default=..., metadata=flag("--trials", help=...))``."""
-    return {FLAG: Flag(names, help, **spelling)}
+def option(default: Any, *names: str, help: str, factory: bool = False, **spelling: Any) -> Any:
+    """A section's field with its flag: ``trials: int | None = option(None, "--trials", type=int, help=...)``
+    (`factory`: `default` is called for each instance, a dataclass's default_factory; MISSING: none)."""
+    metadata = {FLAG: Flag(names, help, **spelling)}
+    if factory:
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def uses(shared: Flag) -> dict[str, Flag]:
@@ -63,7 +67,7 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
 
 def add_flag(parser: argparse._ActionsContainer, spec: Flag, dest: str, default: Any = None) -> None:
     """One flag; a boolean field (`default` True or False) is a switch that sets the other value."""
-    default = default if spec.default is _UNSET else spec.default
+    default = default if spec.typed is _UNSET else spec.typed
     if isinstance(default, bool):
         action = "store_false" if default else "store_true"
         parser.add_argument(*spec.names, dest=dest, action=action, default=default, help=spec.help)
@@ -101,7 +105,7 @@ def section_from(args: argparse.Namespace, section: type, **values: Any) -> Any:
         if spec is None or f.name in values:
             continue
         value, default = getattr(args, f.name), _field_default(f)
-        if value == (default if spec.default is _UNSET else spec.default):
+        if value == (default if spec.typed is _UNSET else spec.typed):
             values[f.name] = default
         else:
             values[f.name] = spec.convert(value) if spec.convert is not None else value
@@ -138,9 +142,7 @@ def positive(*named: tuple[str, float | None]) -> None:
 
 
 # The flags several commands share, defined once.
-DEVICE = Flag(
-    ("--device",), "auto (default: the best present), tpu, cuda or cpu", default="auto", convert=device_or_none
-)
+DEVICE = Flag(("--device",), "auto (default: the best present), tpu, cuda or cpu", typed="auto", convert=device_or_none)
 BATCH_SIZE = Flag(("--batch-size",), "batch size (default: the file's BATCH_SIZE)", type=int)
 SEQ_LEN = Flag(("--seq-len", "--seq"), "sequence length (default: the file's SEQ_LEN)", type=int)
 STORAGE = Flag(("--storage",), "Optuna storage URL (default: $TPU_TUNE_STORAGE, else SQLite in the results folder)")
@@ -179,7 +181,7 @@ __all__ = [
     "add_section",
     "comma_list",
     "device_or_none",
-    "flag",
+    "option",
     "section_from",
     "sections_from",
     "uses",

@@ -9,11 +9,11 @@ the fields (`tpu_tuner.core.flags`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, flag, uses
+from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout, parse_layout
 from tpu_tuner.planner.calibration import calibrated_cost_model
@@ -49,23 +49,20 @@ def _layouts(texts: list[str]) -> list[Layout]:
 class PlanTarget:
     """The TPU slice planned for, and how many of them DCN joins (multi-slice; docs/planner.md, "The whole mesh")."""
 
-    topology: str = field(
-        metadata=flag(
-            "--topology",
-            required=True,
-            help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8; several separated by commas "
-            "(v5e-256,v5p-128,v6e-256) plans each and ranks them by tokens/s per chip and per dollar",
-        )
+    topology: str = option(
+        MISSING,
+        "--topology",
+        required=True,
+        help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8; several separated by commas "
+        "(v5e-256,v5p-128,v6e-256) plans each and ranks them by tokens/s per chip and per dollar",
     )
-    slices: int = field(
-        default=1,
-        metadata=flag(
-            "--slices",
-            type=int,
-            metavar="N",
-            help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
-            "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2",
-        ),
+    slices: int = option(
+        1,
+        "--slices",
+        type=int,
+        metavar="N",
+        help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
+        "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2",
     )
 
     def __post_init__(self) -> None:
@@ -78,13 +75,11 @@ class PlanStep:
     """The training step planned: its sizes, rematerialisation, micro-batches and precision
     (docs/planner.md, "Precision of the step"), by MaxText's names."""
 
-    global_batch: int | None = field(
-        default=None,
-        metadata=flag(
-            "--global-batch",
-            type=int,
-            help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)",
-        ),
+    global_batch: int | None = option(
+        None,
+        "--global-batch",
+        type=int,
+        help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)",
     )
     seq_len: int | None = field(
         default=None,
@@ -95,75 +90,59 @@ class PlanStep:
             )
         ),
     )
-    preset: str | None = field(
-        default=None, metadata=flag("--preset", help="a named model size from the file's PRESETS, e.g. 70b")
+    preset: str | None = option(None, "--preset", help="a named model size from the file's PRESETS, e.g. 70b")
+    remat: str = option(
+        "full",
+        "--remat",
+        metavar="POLICY",
+        help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
+        "save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, or "
+        "custom:decoder_layer_input=offload,query_proj=device,... (default %(default)s; docs/planner.md)",
     )
-    remat: str = field(  # a policy as remat.parse_remat reads it
-        default="full",
-        metadata=flag(
-            "--remat",
-            metavar="POLICY",
-            help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
-            "save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, or "
-            "custom:decoder_layer_input=offload,query_proj=device,... (default %(default)s; docs/planner.md)",
-        ),
+    accumulation: int = option(
+        1,
+        "--accumulation",
+        type=int,
+        metavar="N",
+        help="micro-batches a step (gradient accumulation; default %(default)s)",
     )
-    accumulation: int = field(
-        default=1,
-        metadata=flag(
-            "--accumulation",
-            type=int,
-            metavar="N",
-            help="micro-batches a step (gradient accumulation; default %(default)s)",
-        ),
-    )
-    optimizer: str = field(  # MaxText's opt_type; sgd keeps no state a parameter (optimizer.py)
-        default="adamw",
-        metadata=flag(
-            "--optimizer",
-            metavar="adamw|sgd",
-            help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
-            "(optax.sgd without momentum: no state); default %(default)s",
-        ),
+    optimizer: str = option(
+        "adamw",
+        "--optimizer",
+        metavar="adamw|sgd",
+        help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
+        "(optax.sgd without momentum: no state); default %(default)s",
     )
     # AdamW's first moment (MaxText's mu_dtype); None follows the weights', as MaxText's does.
-    first_moment_dtype: str | None = field(
-        default=None,
-        metadata=flag(
-            "--mu-dtype",
-            choices=DTYPES,
-            help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
-            "MaxText's mu_dtype follows weight_dtype when unset)",
-        ),
+    first_moment_dtype: str | None = option(
+        None,
+        "--mu-dtype",
+        choices=DTYPES,
+        help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
+        "MaxText's mu_dtype follows weight_dtype when unset)",
     )
-    weight_dtype: str = field(  # the master weights' storage (MaxText's weight_dtype)
-        default="float32",
-        metadata=flag(
-            "--weight-dtype",
-            metavar="float32|bfloat16",
-            help="the master weights' storage, and so the gradients' and AdamW's second moment's "
-            "(MaxText's weight_dtype; default %(default)s)",
-        ),
+    weight_dtype: str = option(
+        "float32",
+        "--weight-dtype",
+        metavar="float32|bfloat16",
+        help="the master weights' storage, and so the gradients' and AdamW's second moment's "
+        "(MaxText's weight_dtype; default %(default)s)",
     )
-    quantization: str | None = field(  # the blocks' matmuls: None (bf16), "int8" or "fp8"
-        default=None,
-        metadata=flag(
-            "--quantization",
-            metavar="int8|fp8",
-            help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
-            "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
-            'against the bf16 peak (docs/planner.md, "Precision of the step")',
-        ),
+    quantization: str | None = option(
+        None,
+        "--quantization",
+        metavar="int8|fp8",
+        help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
+        "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
+        'against the bf16 peak (docs/planner.md, "Precision of the step")',
     )
-    vocab_tiling: int = field(  # the loss's logits this many slices of the sequence at a time
-        default=1,
-        metadata=flag(
-            "--vocab-tiling",
-            type=int,
-            metavar="N",
-            help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
-            "the generic decoder's shapes; default %(default)s)",
-        ),
+    vocab_tiling: int = option(
+        1,
+        "--vocab-tiling",
+        type=int,
+        metavar="N",
+        help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
+        "the generic decoder's shapes; default %(default)s)",
     )
     attention: AttentionConvention = field(default="full", metadata=uses(ATTENTION))  # MFU convention
 
@@ -190,19 +169,15 @@ class PlanStep:
 class PlanEnumeration:
     """The layouts compiled without a search: the first `max_layouts` enumerated, or `layouts`."""
 
-    max_layouts: int = field(
-        default=10, metadata=flag("--max-layouts", type=int, help="layouts to compile (default %(default)s)")
-    )
-    layouts: list[Layout] | None = field(
-        default=None,
-        metadata=flag(
-            "--layout",
-            append=True,
-            convert=_layouts,
-            metavar="DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...]",
-            help="compile only this layout, e.g. 1x64x4, 1x32x4x2, 1x32x1,expert=4 or 2x64x1,dcn_data=2; "
-            "AXIS: fsdp_transpose, expert, dcn_data, dcn_fsdp (repeatable)",
-        ),
+    max_layouts: int = option(10, "--max-layouts", type=int, help="layouts to compile (default %(default)s)")
+    layouts: list[Layout] | None = option(
+        None,
+        "--layout",
+        append=True,
+        convert=_layouts,
+        metavar="DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...]",
+        help="compile only this layout, e.g. 1x64x4, 1x32x4x2, 1x32x1,expert=4 or 2x64x1,dcn_data=2; "
+        "AXIS: fsdp_transpose, expert, dcn_data, dcn_fsdp (repeatable)",
     )
 
     def __post_init__(self) -> None:
@@ -213,17 +188,18 @@ class PlanEnumeration:
 class PlanCompile:
     """The compiler processes and what their output is judged by."""
 
-    workers: int = field(
-        default_factory=default_workers,
-        metadata=flag("--workers", type=int, help="compiler processes at once (default: one per core, at most 4)"),
+    workers: int = option(
+        default_workers,
+        "--workers",
+        type=int,
+        help="compiler processes at once (default: one per core, at most 4)",
+        factory=True,
     )
-    fast_compile: bool = field(  # program.FAST_COMPILE_OPTIONS: quicker, but temporaries overstated
-        default=False,
-        metadata=flag(
-            "--fast",
-            help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
-            "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md",
-        ),
+    fast_compile: bool = option(
+        False,
+        "--fast",
+        help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
+        "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md",
     )
     log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
     cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
@@ -238,42 +214,34 @@ class PlanSearch:
     space to compile instead of the layout enumeration; `space` None: space.default_space with
     the three axes below."""
 
-    budget: int | None = field(
-        default=None,
-        metadata=flag(
-            "--budget",
-            type=int,
-            metavar="N",
-            help="search the joint space with N compiles instead of enumerating layouts",
-        ),
+    budget: int | None = option(
+        None,
+        "--budget",
+        type=int,
+        metavar="N",
+        help="search the joint space with N compiles instead of enumerating layouts",
     )
     space: PlanSpace | None = None
-    remats: tuple[str, ...] = field(
-        default=DEFAULT_REMATS,
-        metadata=flag(
-            "--remats",
-            metavar="P1,P2,...",
-            convert=lambda text: tuple(parse_remat(r, "--remats").name for r in comma_list(text)),
-            help=f"the remat policies to search (default: the {len(DEFAULT_REMATS)} of docs/planner.md)",
-        ),
+    remats: tuple[str, ...] = option(
+        DEFAULT_REMATS,
+        "--remats",
+        metavar="P1,P2,...",
+        convert=lambda text: tuple(parse_remat(r, "--remats").name for r in comma_list(text)),
+        help=f"the remat policies to search (default: the {len(DEFAULT_REMATS)} of docs/planner.md)",
     )
-    accumulations: tuple[int, ...] = field(
-        default=DEFAULT_ACCUMULATIONS,
-        metadata=flag(
-            "--accumulations",
-            metavar="N1,N2,...",
-            convert=lambda text: _ints("--accumulations", text),
-            help=f"micro-batch counts to search (default {','.join(map(str, DEFAULT_ACCUMULATIONS))})",
-        ),
+    accumulations: tuple[int, ...] = option(
+        DEFAULT_ACCUMULATIONS,
+        "--accumulations",
+        metavar="N1,N2,...",
+        convert=lambda text: _ints("--accumulations", text),
+        help=f"micro-batch counts to search (default {','.join(map(str, DEFAULT_ACCUMULATIONS))})",
     )
-    contexts: tuple[int, ...] = field(
-        default=DEFAULT_CONTEXTS,
-        metadata=flag(
-            "--contexts",
-            metavar="N1,N2,...",
-            convert=lambda text: _ints("--contexts", text),
-            help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
-        ),
+    contexts: tuple[int, ...] = option(
+        DEFAULT_CONTEXTS,
+        "--contexts",
+        metavar="N1,N2,...",
+        convert=lambda text: _ints("--contexts", text),
+        help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
     )
     sampler: str = field(
         default="tpe",

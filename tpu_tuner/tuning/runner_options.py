@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, STORAGE, STUDY, at_least, flag, positive, uses
+from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, STORAGE, STUDY, at_least, option, positive, uses
 from tpu_tuner.core.run_folder import RESULTS_DIR
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
 
@@ -42,85 +42,69 @@ class RunnerOptions:
     device: str | None = field(default=None, metadata=uses(DEVICE))  # None: the best device present
     # Processes each trial runs on per host, one per device: the sharding layouts searched are
     # those of nnodes x nproc ranks (`ranks`).
-    nproc: int = field(
-        default=1,
-        metadata=flag(
-            "--nproc",
-            type=int,
-            metavar="N",
-            help="run every trial on N ranks of this host, one process per device, and search how they "
-            "share the step, training or inference (data / fsdp / tensor layouts; default %(default)s)",
-        ),
+    nproc: int = option(
+        1,
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="run every trial on N ranks of this host, one process per device, and search how they "
+        "share the step, training or inference (data / fsdp / tensor layouts; default %(default)s)",
     )
     # Hosts every trial spans (runner/hosts.py): the same command on each, joined through torch's
     # c10d rendezvous at `rdzv` (HOST:PORT) under the study's name; `node_rank` fixes this host's
     # place (a JobSet's JOB_COMPLETION_INDEX), else the rendezvous assigns it
     # (docs/sharding.md, "Trials across hosts").
-    nnodes: int = field(
-        default=1,
-        metadata=flag(
-            "--nnodes",
-            type=int,
-            metavar="M",
-            help="run every trial on M hosts of --nproc ranks each: the same command on every host, "
-            "with --rdzv and --study (default %(default)s)",
-        ),
+    nnodes: int = option(
+        1,
+        "--nnodes",
+        type=int,
+        metavar="M",
+        help="run every trial on M hosts of --nproc ranks each: the same command on every host, "
+        "with --rdzv and --study (default %(default)s)",
     )
-    rdzv: str | None = field(
-        default=None,
-        metadata=flag(
-            "--rdzv",
-            metavar="HOST:PORT",
-            help="with --nnodes: the rendezvous every host joins (torch's c10d), served by the agent on "
-            "HOST, which drives the study",
-        ),
+    rdzv: str | None = option(
+        None,
+        "--rdzv",
+        metavar="HOST:PORT",
+        help="with --nnodes: the rendezvous every host joins (torch's c10d), served by the agent on "
+        "HOST, which drives the study",
     )
-    node_rank: int | None = field(
-        default=None,
-        metadata=flag(
-            "--node-rank",
-            type=int,
-            metavar="K",
-            help="with --nnodes: this host's place, 0 to M-1 (e.g. $JOB_COMPLETION_INDEX; default: the "
-            "rendezvous assigns it, the host of --rdzv getting 0)",
-        ),
+    node_rank: int | None = option(
+        None,
+        "--node-rank",
+        type=int,
+        metavar="K",
+        help="with --nnodes: this host's place, 0 to M-1 (e.g. $JOB_COMPLETION_INDEX; default: the "
+        "rendezvous assigns it, the host of --rdzv getting 0)",
     )
-    rdzv_timeout_s: float = field(
-        default=RDZV_TIMEOUT_S,
-        metadata=flag(
-            "--rdzv-timeout",
-            type=float,
-            metavar="S",
-            help="seconds the hosts wait for each other at the rendezvous (default %(default)g)",
-        ),
+    rdzv_timeout_s: float = option(
+        RDZV_TIMEOUT_S,
+        "--rdzv-timeout",
+        type=float,
+        metavar="S",
+        help="seconds the hosts wait for each other at the rendezvous (default %(default)g)",
     )
     # Re-rendezvous after a lost host (waiting for it to come back) this many times in a run.
-    max_restarts: int = field(
-        default=0,
-        metadata=flag(
-            "--max-restarts",
-            type=int,
-            metavar="R",
-            help="after a host is lost, meet again (waiting for it to be started again) up to R times; "
-            "else the run stops (default %(default)s)",
-        ),
+    max_restarts: int = option(
+        0,
+        "--max-restarts",
+        type=int,
+        metavar="R",
+        help="after a host is lost, meet again (waiting for it to be started again) up to R times; "
+        "else the run stops (default %(default)s)",
     )
     # A tensor-parallel group may span hosts (default: tensor sizes that divide nproc only).
-    tensor_across_hosts: bool = field(
-        default=False,
-        metadata=flag(
-            "--tensor-across-hosts",
-            help="with --nnodes: also search tensor sizes that do not divide --nproc (tensor groups spanning hosts)",
-        ),
+    tensor_across_hosts: bool = option(
+        False,
+        "--tensor-across-hosts",
+        help="with --nnodes: also search tensor sizes that do not divide --nproc (tensor groups spanning hosts)",
     )
-    trial_timeout_s: float = field(
-        default=300.0,
-        metadata=flag(
-            "--trial-timeout",
-            metavar="TRIAL_TIMEOUT",
-            type=float,
-            help="seconds before a trial is killed (default %(default)g)",
-        ),
+    trial_timeout_s: float = option(
+        300.0,
+        "--trial-timeout",
+        metavar="TRIAL_TIMEOUT",
+        type=float,
+        help="seconds before a trial is killed (default %(default)g)",
     )
     batch_size: int | None = field(default=None, metadata=uses(BATCH_SIZE))
     seq_len: int | None = field(default=None, metadata=uses(SEQ_LEN))
@@ -188,30 +172,25 @@ class StoreOptions:
             )
         ),
     )
-    resume: Path | None = field(  # an earlier run folder whose study continues
-        default=None,
-        metadata=flag("--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder"),
+    resume: Path | None = option(
+        None, "--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder"
     )
     # Trials keep heartbeats every `heartbeat_interval_s`; one without a beat for
     # `grace_period_s` (None: three beats) is failed as lost and queued again.
-    heartbeat_interval_s: int = field(
-        default=HEARTBEAT_INTERVAL_S,
-        metadata=flag(
-            "--heartbeat-interval",
-            type=int,
-            metavar="S",
-            help="seconds between a running trial's heartbeats (default %(default)s)",
-        ),
+    heartbeat_interval_s: int = option(
+        HEARTBEAT_INTERVAL_S,
+        "--heartbeat-interval",
+        type=int,
+        metavar="S",
+        help="seconds between a running trial's heartbeats (default %(default)s)",
     )
-    grace_period_s: int | None = field(
-        default=None,
-        metadata=flag(
-            "--grace-period",
-            type=int,
-            metavar="S",
-            help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
-            "queued again (default: three heartbeats)",
-        ),
+    grace_period_s: int | None = option(
+        None,
+        "--grace-period",
+        type=int,
+        metavar="S",
+        help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
+        "queued again (default: three heartbeats)",
     )
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from tpu_tuner.core.flags import (
     SAMPLER,
     SEED,
     at_least,
-    flag,
+    option,
     positive,
     uses,
 )
@@ -38,64 +38,50 @@ def _budget_text(seconds: float | None) -> str:
 class SearchOptions:
     """What to search and for how long."""
 
-    trials: int | None = field(
-        default=None,  # None: automatic, a share of the space (tuning/budget.py)
-        metadata=flag(
-            "--trials",
-            type=int,
-            help="settings to measure, baseline and seeds included; repeats and rejections are free "
-            "(default: 20%% of the settings the agents would measure, 12 to 48; a grid: all of them)",
-        ),
+    trials: int | None = option(
+        None,
+        "--trials",
+        type=int,
+        help="settings to measure, baseline and seeds included; repeats and rejections are free "
+        "(default: 20%% of the settings the agents would measure, 12 to 48; a grid: all of them)",
     )
-    timeout_s: float | None = field(
-        default=None,
-        metadata=flag(
-            "--timeout",
-            metavar="TIMEOUT",
-            type=float,
-            help="stop starting trials after this many seconds (the search alone; --time-budget counts the whole run)",
-        ),
+    timeout_s: float | None = option(
+        None,
+        "--timeout",
+        metavar="TIMEOUT",
+        type=float,
+        help="stop starting trials after this many seconds (the search alone; --time-budget counts the whole run)",
     )
     # Stop trials that are hopeless against the best so far (tuning/pruning.py).
-    prune: bool = field(
-        default=True,
-        metadata=flag(
-            "--no-prune", help="measure every trial to the end, however far behind the best its first steps are"
-        ),
+    prune: bool = option(
+        True, "--no-prune", help="measure every trial to the end, however far behind the best its first steps are"
     )
     # The whole run's clock in seconds: search, race and verification fit in it (tuning/clock.py);
     # None: no limit (the trial budget alone ends the search).
-    time_budget_s: float | None = field(
-        default=TIME_BUDGET_S,
-        metadata=flag(
-            "--time-budget",
-            metavar="DURATION",
-            default=_budget_text(TIME_BUDGET_S),
-            convert=parse_duration,
-            help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
-            "none: no clock, the trial budget alone (default %(default)s)",
-        ),
+    time_budget_s: float | None = option(
+        TIME_BUDGET_S,
+        "--time-budget",
+        metavar="DURATION",
+        typed=_budget_text(TIME_BUDGET_S),
+        convert=parse_duration,
+        help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
+        "none: no clock, the trial budget alone (default %(default)s)",
     )
     sampler: str = field(default="tpe", metadata=uses(SAMPLER.adapted(choices=tuple(SAMPLERS))))
     seed: int = field(default=0, metadata=uses(SEED))
-    space: str | Path = field(
-        default="default", metadata=flag("--space", help="search space: a name in search_spaces/ or a TOML path")
-    )
+    space: str | Path = option("default", "--space", help="search space: a name in search_spaces/ or a TOML path")
     agents: tuple[str, ...] = ("compile", "precision", "threads", "memory", "sharding")
     # Enqueue the best settings of earlier studies of this device kind first (tuning/warm_start.py).
-    warm_start: bool = field(
-        default=True,
-        metadata=flag("--cold", help="no warm start: do not enqueue the best settings of earlier studies first"),
+    warm_start: bool = option(
+        True, "--cold", help="no warm start: do not enqueue the best settings of earlier studies first"
     )
     # A `tpu-tune plan` folder whose ranked layouts the sharding agent seeds (with nproc > 1).
-    plan: Path | None = field(
-        default=None,
-        metadata=flag(
-            "--plan",
-            type=Path,
-            metavar="PLAN_DIR",
-            help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)",
-        ),
+    plan: Path | None = option(
+        None,
+        "--plan",
+        type=Path,
+        metavar="PLAN_DIR",
+        help="with --nproc: seed the layouts a `tpu-tune plan` folder ranked first (mapped onto N ranks)",
     )
 
     def __post_init__(self) -> None:
@@ -118,38 +104,29 @@ class ObjectiveOptions:
       setting may peak at; None: the device's memory.
     """
 
-    planned_steps: int = field(
-        default=5000,
-        metadata=flag(
-            "--steps",
-            metavar="STEPS",
-            type=int,
-            help="steps of the run you plan; compile time is spread over them (default %(default)s)",
-        ),
+    planned_steps: int = option(
+        5000,
+        "--steps",
+        metavar="STEPS",
+        type=int,
+        help="steps of the run you plan; compile time is spread over them (default %(default)s)",
     )
-    tolerance: float = field(
-        default=1e-2,
-        metadata=flag(
-            "--tolerance",
-            type=float,
-            help="largest relative error against fp32 eager a config may have (default %(default)g)",
-        ),
+    tolerance: float = option(
+        1e-2,
+        "--tolerance",
+        type=float,
+        help="largest relative error against fp32 eager a config may have (default %(default)g)",
     )
-    memory_limit_bytes: int | None = field(
-        default=None,
-        metadata=flag(
-            "--trial-memory-gb",
-            type=float,
-            convert=lambda gib: int(gib * 1024**3) if gib else None,
-            help="address-space limit of the trial worker, GiB; also the study's memory constraint "
-            "(a trial whose measured peak memory exceeds it is infeasible)",
-        ),
+    memory_limit_bytes: int | None = option(
+        None,
+        "--trial-memory-gb",
+        type=float,
+        convert=lambda gib: int(gib * 1024**3) if gib else None,
+        help="address-space limit of the trial worker, GiB; also the study's memory constraint "
+        "(a trial whose measured peak memory exceeds it is infeasible)",
     )
-    verify_rounds: int = field(
-        default=12,
-        metadata=flag(
-            "--verify-rounds", type=int, help="interleaved rounds of the final comparison (default %(default)s)"
-        ),
+    verify_rounds: int = option(
+        12, "--verify-rounds", type=int, help="interleaved rounds of the final comparison (default %(default)s)"
     )
     # Varying input lengths (tuning/bucketing.py): a length sample file, else the workload's
     # sample_lengths(); the bucket limits the per-trial optimiser respects.
@@ -163,9 +140,8 @@ class ObjectiveOptions:
         ),
     )
     max_buckets: int = field(default=8, metadata=uses(MAX_BUCKETS))
-    bucket_align: int = field(
-        default=8,
-        metadata=flag("--bucket-align", type=int, help="bucket bounds are multiples of this (default %(default)s)"),
+    bucket_align: int = option(
+        8, "--bucket-align", type=int, help="bucket bounds are multiples of this (default %(default)s)"
     )
 
     def __post_init__(self) -> None:
