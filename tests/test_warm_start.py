@@ -495,7 +495,7 @@ def test_enqueued_trials_carry_the_warm_start_attr(tmp_path: Path) -> None:
 
 
 def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
     from tpu_tuner.tuning.result import TuningResult
     from tpu_tuner.tuning.verify import Verification
 
@@ -564,7 +564,7 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
         profile=profile,  # type: ignore[arg-type]
         findings={},
         verification=verification,
-        options=TuneOptions(),
+        options=TuneOptions(runner=RunnerOptions(trial_settings=default_trial_settings())),  # as a run resolves them
     )
 
 

@@ -1,7 +1,7 @@
 """`tpu-tune buckets`: shape buckets for inputs of varying length (few compiles, little padding).
 
 Flags are generated from `BucketOptions`' sections (bucketing/options.py), which state their
-names, help and defaults once.
+names, help and defaults once; read when this command's parser is built.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.bucketing.options import SECTIONS, BucketOptions
 from tpu_tuner.cli.common import add_hf_args, add_out
 from tpu_tuner.core.flags import add_section, sections_from
 
@@ -23,6 +22,8 @@ DESCRIPTION = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The buckets command's flags: the model's, then every section's."""
+    from tpu_tuner.bucketing.options import SECTIONS  # the bucketing package imports torch: only when chosen
+
     parser.add_argument("model_file", type=Path, help="a workload whose make_batch(batch, seq_len) takes any length")
     add_hf_args(parser)
     for section in SECTIONS.values():
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, choose and compare buckets; write the run folder and print the table."""
+    from tpu_tuner.bucketing.options import SECTIONS, BucketOptions
     from tpu_tuner.bucketing.study import plan_buckets
     from tpu_tuner.core.run_folder import new_run_dir
     from tpu_tuner.outputs.bucket_report import render_terminal
