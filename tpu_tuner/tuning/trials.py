@@ -291,10 +291,8 @@ class TuneTrials(Feature):
 
     def stop_reason(self) -> str | None:
         # A runner whose hosts are gone for good raises here, before the next ask: no trial is
-        # left running for a relaunch to find (a runner without the method always can go on).
-        check_usable = getattr(self.runner, "check_usable", None)
-        if check_usable is not None:
-            check_usable()
+        # left running for a relaunch to find.
+        self.runner.check_usable()
         return "clock" if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:
