@@ -52,7 +52,7 @@ from tpu_tuner.planner.trial_records import (
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
 from tpu_tuner.studies.records import COMPILED, INVALID, LOWER_BOUND, REFUSED, RELEASED, REPEAT
 from tpu_tuner.studies.samplers import build_sampler
 
@@ -136,7 +136,7 @@ def search(
         problem, space, pool, emit, started, limit, evaluator or evaluate, Worker.this_process(storage)
     )
     end = run_loop(study, feature, rules, feature.worker)
-    if end.reason == "idle":
+    if end.reason is StopReason.IDLE:
         emit(
             f"search: stopped after {end.idle} proposals in a row that were compiled, invalid or ruled out "
             f"({end.spent} of {limit} compiles): the sampler finds nothing new"

@@ -28,6 +28,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import RunningWatch, Worker, fail_lost_trials
+from tpu_tuner.studies.loop import StopReason
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -228,7 +229,9 @@ def recorded_verification(study: optuna.Study) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: RunningWatch) -> str | None:
+def verification_left_to(
+    study: optuna.Study, worker: Worker, end: StopReason, watch: RunningWatch
+) -> str | None:
     """Why this worker of a shared study leaves the verification to another (or None: it verifies).
 
     The study is verified once it is complete, by the worker that measured its last trial (the
@@ -238,10 +241,10 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     others, short repeats; a lost one is failed meanwhile), since they decide who measured last.
     `tpu-tune study finish` verifies wherever no worker did.
     """
-    if end in ("timeout", "asks"):
+    if end in (StopReason.TIMEOUT, StopReason.ASKS):
         why = (
             "this worker's --timeout ended its part of the search"
-            if end == "timeout"
+            if end is StopReason.TIMEOUT
             else "this worker's sampler proposed only settings the study has covered"
         )
         return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
