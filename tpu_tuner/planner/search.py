@@ -53,6 +53,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
 from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
+from tpu_tuner.studies.opening import open_study
 from tpu_tuner.studies.records import PlanOutcome
 from tpu_tuner.studies.samplers import build_sampler
 from tpu_tuner.studies.trial_record import TrialRecord
@@ -318,14 +319,14 @@ def _open_study(
     name = options.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest(record)}"
     storage = open_storage(options.storage) if options.storage else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    opened = open_study(storage, name, "maximize", RECORD_ATTR, record)
+    study, recorded = opened.study, opened.record
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
     study.sampler = plan_sampler(
         options.sampler, options.seed + len(study.get_trials(deepcopy=False)), options.budget or 0
     )
-    recorded = study.user_attrs.get(RECORD_ATTR)
-    if recorded is None:
+    if not recorded:  # a study of a plan that died before writing it
         study.set_user_attr(RECORD_ATTR, record)
     elif recorded != record:
         differ = ", ".join(differing_keys(recorded, record))

@@ -59,6 +59,7 @@ class Runner(Protocol):
         """Worker processes (or process groups) started so far."""
 
     log: WorkerLog
+    timeout_s: float  # a job's default limit
 
     def check_usable(self) -> None:
         """Raise when no job can run here any more (a multi-host runner whose hosts are gone)."""
@@ -68,6 +69,12 @@ class Runner(Protocol):
 
     def close(self) -> None:
         """Stop the runner's workers."""
+
+    def __enter__(self) -> Runner:
+        """The runner, closed when the `with` block ends."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close the runner."""
 
 
 class TrialRunner:

@@ -223,12 +223,8 @@ def _tune_in(
             started,
         )
     )
-    # The study again, with the sampler of the narrowed space (a grid walks its settings).
-    study = optuna.load_study(
-        study_name=location.study_name,
-        storage=storage,
-        sampler=build_sampler(options, space, shared=location.shared, first=first),
-    )
+    # The sampler of the narrowed space (a grid walks its settings): the study's public attribute.
+    study.sampler = build_sampler(options, space, shared=location.shared, first=first)
     if keeper:
         study.set_user_attr(
             RECORD_ATTR, {**record, "options": options.to_plain(), "features": features_of(profile, current).to_dict()}
