@@ -11,9 +11,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from test_planner_search import SPACE, _FakePool, _problem
 from test_trial_record import _search
+
 from tpu_tuner.planner.plan import PlanOptions
 from tpu_tuner.planner.search import search
 from tpu_tuner.studies import records

@@ -5,7 +5,6 @@ created or joined (the `store` and `outputs` sections of the options)."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,18 +57,7 @@ def run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> Ru
     else:
         storage = store.url or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
         study_name = run_dir.name
-    run_file.write(
-        run_dir,
-        {
-            "storage": without_password(storage),
-            "study_name": study_name,
-            "shared": store.study is not None,
-            "model_file": str(current["model_file"]),
-            "fingerprint": current,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            **run_file.this_process(),
-        },
-    )
+    run_file.start(run_dir, storage, study_name, store.study is not None, current["model_file"], current)
     return RunLocation(run_dir, storage, study_name, shared=store.study is not None, resumed=False)
 
 

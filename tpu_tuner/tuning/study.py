@@ -130,14 +130,9 @@ def run_tuning(
             run_file.mark_failed(location.run_dir, exc)
             raise
     if result.verified:
-        run_file.update(location.run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        run_file.end(location.run_dir, "done")
     else:
-        run_file.update(
-            location.run_dir,
-            status="searched",
-            reason=result.verification.message,
-            updated=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        )
+        run_file.end(location.run_dir, "searched", reason=result.verification.message)
     emit(_event("done", f"results in {location.run_dir}", options, started))
     return result
 
