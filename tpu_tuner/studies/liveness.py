@@ -34,7 +34,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import JournalStudyStorage
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal, sqlite_pragmas
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     SQLite ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three
     processes popping 200 queued trials from one SQLite study took 22 of them twice. It also
     waits up to a minute for that lock (the default, 5 s, was too short for several workers),
-    and keeps a write-ahead log (`SQLITE_PRAGMAS`).
+    and keeps a write-ahead log on a local disk (`storage.sqlite_pragmas`).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     if keeps_journal(url):
@@ -105,8 +105,14 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
-        sqlalchemy.event.listen(storage.engine, "connect", _sqlite_pragmas)
-        storage.engine.dispose()  # the connections Optuna opened to make the schema: without the pragmas
+        if pragmas := sqlite_pragmas(storage.engine.url.database):
+
+            def set_pragmas(dbapi_connection: DBAPIConnection, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
+                for pragma in pragmas:
+                    dbapi_connection.execute(pragma)
+
+            sqlalchemy.event.listen(storage.engine, "connect", set_pragmas)
+            storage.engine.dispose()  # the connections Optuna opened to make the schema: without them
     return storage
 
 
@@ -145,21 +151,6 @@ def ping_when_idle(engine: sqlalchemy.engine.Engine) -> None:
 
     sqlalchemy.event.listen(engine.pool, "checkin", checked_in)
     sqlalchemy.event.listen(engine.pool, "checkout", checkout)
-
-
-# SQLite's write-ahead log, synced at checkpoints rather than at every commit: Optuna commits ~27
-# times a trial (one a parameter), and each commit's fsync in the default rollback journal was
-# most of a trial's 57 ms (docs/many-workers.md). A commit survives a crash of the process, not
-# of the machine; readers (optuna-dashboard) open the log with the file
-# (https://www.sqlite.org/wal.html, https://www.sqlite.org/pragma.html#pragma_synchronous).
-SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
-
-
-def _sqlite_pragmas(dbapi_connection: DBAPIConnection, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
-    cursor = dbapi_connection.cursor()
-    for pragma in SQLITE_PRAGMAS:
-        cursor.execute(pragma)
-    cursor.close()
 
 
 def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:

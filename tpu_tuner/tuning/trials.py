@@ -42,11 +42,6 @@ from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
-SearchEnd = StopReason
-"""Why a search stopped: BUDGET (measured), COVERED (the whole space), TIMEOUT (this worker's
---timeout), CLOCK (the next trial would eat into the time the finish needs: --time-budget) or
-ASKS (a sampler that only re-proposed covered settings)."""
-
 
 def run_search(
     study: optuna.Study,
@@ -60,9 +55,11 @@ def run_search(
     bucketing: BucketingContext | None = None,
     memory: MemoryLimit | None = None,
     worker: Worker | None = None,
-) -> SearchEnd:
+) -> StopReason:
     """Measure settings until the study holds `options.search.trials` measured ones (counted over
-    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which.
+    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which
+    (CLOCK: the next trial would eat into the time the finish needs, --time-budget; ASKS: a
+    sampler that only re-proposed covered settings).
 
     With other workers on the study, a setting another worker is measuring is not measured again
     here, and when their running trials hold the rest of the budget this worker waits for them
@@ -368,4 +365,4 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
     )
 
 
-__all__ = ["SearchEnd", "TrialRun", "TuneTrials", "run_search"]
+__all__ = ["TrialRun", "TuneTrials", "run_search"]
