@@ -17,11 +17,7 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
-    {
-        name: f"{__name__}.{module}"
-        for name, module in (("TuneOptions", "options"), ("TuningResult", "result"), ("Progress", "progress"))
-    },
+    {"TuneOptions": f"{__name__}.options", "TuningResult": f"{__name__}.result", "Progress": f"{__name__}.progress"},
 )
-
 
 __all__ = ["Progress", "TuneOptions", "TuningResult"]
