@@ -71,6 +71,9 @@ class InstantRunner:
 
     workers_started = 0
 
+    def check_usable(self) -> None:
+        pass  # the Runner protocol: every job can run here
+
     def run(self, request, env=None, timeout_s=None):
         from tpu_tuner.execution.measurement import Measurement
         from tpu_tuner.runner.trial_runner import JobResult

@@ -82,6 +82,9 @@ class TableRunner:
     def close(self) -> None:
         """Nothing to stop (the tuner restarts its worker after a compile it cut off)."""
 
+    def check_usable(self) -> None:
+        pass  # the Runner protocol: every job can run here
+
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:
         found = self.table.get(_key(request.candidate))
         if found is None:

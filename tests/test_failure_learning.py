@@ -58,6 +58,9 @@ class RuleRunner:
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds, self.jobs, self.thresholds = seconds, [], []
 
+    def check_usable(self) -> None:
+        pass  # the Runner protocol: every job can run here
+
     def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:
         self.jobs.append(dict(request.candidate))
         self.thresholds.append(request.stop_above_s)

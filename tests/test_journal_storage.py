@@ -52,6 +52,9 @@ class LookingRunner:
     def __init__(self, look: Any = None) -> None:
         self.look, self.seen = look, []
 
+    def check_usable(self) -> None:
+        pass  # the Runner protocol: every job can run here
+
     def run(self, request: MeasureRequest, env: Any = None, timeout_s: float | None = None) -> JobResult:
         if self.look is not None:
             self.seen.append(self.look())

@@ -319,17 +319,13 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
     for worker in workers:
         _, err = worker.communicate(timeout=300)
         assert worker.returncode == 0, err[-2000:]
+    from tpu_tuner.studies.records import attrs
+
     study = optuna.load_study(study_name="shared", storage=storage)
-    compiled = [t for t in study.get_trials() if t.user_attrs.get("outcome") == "compiled"]
+    compiled = [attrs(t) for t in study.get_trials() if attrs(t).get("outcome") == "compiled"]
     assert len(compiled) == 10, [
-        (
-            t.number,
-            t.state.name,
-            t.user_attrs.get("outcome"),
-            t.user_attrs.get("point"),
-            t.user_attrs.get("worker", "")[-6:],
-        )
+        (t.number, t.state.name, attrs(t).get("outcome"), attrs(t).get("point"), attrs(t).get("worker", "")[-6:])
         for t in study.get_trials()
     ]
-    assert len({t.user_attrs["point"] for t in compiled}) == 10
-    assert len({t.user_attrs["worker"] for t in compiled}) == 2
+    assert len({a["point"] for a in compiled}) == 10
+    assert len({a["worker"] for a in compiled}) == 2

@@ -16,6 +16,7 @@ from conftest import FIXTURES, FakeClock, wait_until
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.studies import liveness, records
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
+from tpu_tuner.studies.loop import StopReason
 from tpu_tuner.tuning.options import ObjectiveOptions, SearchOptions, TuneOptions
 from tpu_tuner.tuning.shared_study import (
     RECORD_ATTR,
@@ -242,7 +243,7 @@ def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: st
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
-    from tpu_tuner.studies.loop import Rules, _settle
+    from tpu_tuner.studies.loop import Rules, Settled, _settle
     from tpu_tuner.tuning.trials import TuneTrials
 
     study = optuna.create_study()
@@ -280,7 +281,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
         None,
         Worker("b", "h"),
     )
-    assert _settle(study, trials, Rules(budget=2), late, []) == "released"
+    assert _settle(study, trials, Rules(budget=2), late, []) is Settled.RELEASED
     released = study.get_trials(deepcopy=False)[late.number]
     assert released.state == optuna.trial.TrialState.PRUNED and records.attrs(released).get("over_budget")
     assert "measured" not in records.attrs(released)
@@ -299,9 +300,9 @@ def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
     study.add_trial(_trial(2, {"matmul_precision": "medium"}, optuna.trial.TrialState.COMPLETE, "a", repeat_of=1))
     a, b = Worker("a", "h", storage, poll_s=0.1), Worker("b", "h", storage, poll_s=0.1)
     watch = RunningWatch(60)
-    assert verification_left_to(study, b, "budget", watch) is None
-    assert "worker b measured the study's last trial" in verification_left_to(study, a, "budget", watch)
-    assert "--timeout" in verification_left_to(study, b, "timeout", watch)
+    assert verification_left_to(study, b, StopReason.BUDGET, watch) is None
+    assert "worker b measured the study's last trial" in verification_left_to(study, a, StopReason.BUDGET, watch)
+    assert "--timeout" in verification_left_to(study, b, StopReason.TIMEOUT, watch)
     done = Verification(
         baseline_trial=0,
         best_trial=1,
@@ -311,7 +312,7 @@ def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
         message="verified",
     )
     record_verification(study, done, "/runs/b", "b", measured=2)
-    assert "was verified by worker b" in verification_left_to(study, b, "budget", watch)
+    assert "was verified by worker b" in verification_left_to(study, b, StopReason.BUDGET, watch)
     # The study measured more since (a resumed worker): verified again, by who measured last.
     study.add_trial(_trial(3, {"matmul_precision": "high"}, optuna.trial.TrialState.COMPLETE, "a", measured=True))
-    assert verification_left_to(study, a, "budget", watch) is None
+    assert verification_left_to(study, a, StopReason.BUDGET, watch) is None

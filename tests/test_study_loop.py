@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, _settle, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, _settle, run_loop
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options import SearchOptions
@@ -135,11 +135,11 @@ def test_a_late_trial_is_released_and_an_in_flight_setting_left_to_its_trial() -
     study.ask().suggest_categorical("x", KEYS)
     study.enqueue_trial({"x": "s4"})
     same = study.ask()
-    assert _settle(study, Scripted(), Rules(budget=5), same, []) == "in flight"
+    assert _settle(study, Scripted(), Rules(budget=5), same, []) is Settled.IN_FLIGHT
     assert study.get_trials()[same.number].user_attrs[records.IN_FLIGHT_ELSEWHERE]
     study.enqueue_trial({"x": "s5"})
     late = study.ask()
-    assert _settle(study, Scripted(), Rules(budget=1), late, []) == "released"
+    assert _settle(study, Scripted(), Rules(budget=1), late, []) is Settled.RELEASED
     assert study.get_trials()[late.number].user_attrs[records.OVER_BUDGET]
     study.enqueue_trial({"x": "s6"})
     claim = _settle(study, Scripted(), Rules(budget=5), study.ask(), [])
@@ -242,7 +242,7 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     theirs.set_user_attr(records.RECORD, {records.MEASURED: True, records.FEASIBLE: True})
     other.tell(theirs, 1.0)
     assert theirs.number == 1
-    assert _settle(study, feature, Rules(budget=5), mine, []) == "repeat"
+    assert _settle(study, feature, Rules(budget=5), mine, []) is Settled.REPEAT
     assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1
 
 

@@ -47,6 +47,9 @@ class SequenceRunner:
     def __init__(self) -> None:
         self.jobs = 0
 
+    def check_usable(self) -> None:
+        pass  # the Runner protocol: every job can run here
+
     def run(self, request: MeasureRequest, env: Any = None, timeout_s: float | None = None) -> JobResult:
         self.jobs += 1
         if self.jobs == 3:

@@ -3,9 +3,7 @@
 The public API is re-exported here; everything else is internal.
 """
 
-from importlib import import_module
-from typing import Any
-
+from tpu_tuner.core.lazy import lazy_exports
 from tpu_tuner.core.tpu_host import settle_tpu_environment
 from tpu_tuner.core.version import __version__  # noqa: F401 - the package version
 
@@ -50,17 +48,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tpu_tuner' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "AppliedConfig",

@@ -8,9 +8,10 @@ list the backends before torch is imported (docs/design.md, "Adding a backend").
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import BackendError
+from tpu_tuner.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
@@ -75,8 +76,7 @@ def get_backend(name: str | None = None) -> Backend:
     return chosen()
 
 
-def __getattr__(name: str) -> Any:
-    """`Backend`, `DeviceInfo` and `DevicePeak` on first use (they import torch)."""
-    if name in ("Backend", "DeviceInfo", "DevicePeak"):
-        return getattr(importlib.import_module("tpu_tuner.devices.base"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `Backend`, `DeviceInfo` and `DevicePeak` on first use (they import torch).
+__getattr__, __dir__ = lazy_exports(
+    __name__, dict.fromkeys(("Backend", "DeviceInfo", "DevicePeak"), f"{__name__}.base")
+)

@@ -52,9 +52,11 @@ from tpu_tuner.planner.trial_records import (
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
-from tpu_tuner.studies.records import COMPILED, INVALID, LOWER_BOUND, REFUSED, RELEASED, REPEAT
+from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
+from tpu_tuner.studies.opening import open_study
+from tpu_tuner.studies.records import PlanOutcome
 from tpu_tuner.studies.samplers import build_sampler
+from tpu_tuner.studies.trial_record import TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner mus
 # points already compiled or ruled out: the space is spent as far as it can tell).
 MAX_IDLE_ASKS = 200
 
+
+_COMPILED = (PlanOutcome.COMPILED, PlanOutcome.REFUSED)  # the outcomes of a trial that compiled
 
 Evaluator = Callable[[PlanProblem, list[PlanPoint], CompilePool, Callable[[str], None]], dict[PlanPoint, LayoutPlan]]
 
@@ -108,11 +112,11 @@ def search(
     if exhaustive:
         # Every point not settled (compiled, refused, ruled out) or queued already; a released or
         # lost trial's point is queued again.
-        settled = (COMPILED, REFUSED, INVALID, LOWER_BOUND)
+        settled = (PlanOutcome.COMPILED, PlanOutcome.REFUSED, PlanOutcome.INVALID, PlanOutcome.LOWER_BOUND)
         done = {
             params_key(t.params)
             for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(records.OUTCOME) in settled or t.state == TrialState.WAITING
+            if records.attrs(t).get(records.OUTCOME) in settled or t.state == TrialState.WAITING
         }
         for point in valid:
             if params_key(params_of(point)) not in done:
@@ -131,13 +135,14 @@ def search(
         problem, space, pool, emit, started, limit, evaluator or evaluate, Worker.this_process(storage)
     )
     end = run_loop(study, feature, rules, feature.worker)
-    if end.reason == "idle":
+    if end.reason is StopReason.IDLE:
         emit(
             f"search: stopped after {end.idle} proposals in a row that were compiled, invalid or ruled out "
             f"({end.spent} of {limit} compiles): the sampler finds nothing new"
         )
     trials = study.get_trials(deepcopy=False)
-    plans = [plan_of_trial(problem, t) for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)]
+    compiled = [t for t in trials if records.attrs(t).get(records.OUTCOME) in _COMPILED]
+    plans = [plan_of_trial(problem, t) for t in compiled]
     plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
     record = {
         "study": study.study_name,
@@ -147,7 +152,7 @@ def search(
         "budget": budget,
         "space": space.describe(),
         "valid_points": len(valid),
-        "compiled": sum(1 for t in trials if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED)),
+        "compiled": len(compiled),
         "trials": [trial_summary(t) for t in trials],
     }
     return result_of(problem, plans, [], "searched", started, search=record)
@@ -197,23 +202,23 @@ class PlanTrials(Feature):
         return study.ask(distributions(self.space))
 
     def begin(self, trial: optuna.Trial) -> tuple[Hashable, Any] | None:
-        problem = self.problem
+        problem, record = self.problem, TrialRecord.of(trial)
         point = point_of(trial.params, problem.topology.devices)
-        trial.set_user_attr(records.WORKER, self.worker.id)
+        record.set(records.WORKER, self.worker.id)
         reason = (
             "the sizes leave no whole fsdp size"
             if point is None
             else invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len)
         )
         if reason or point is None:
-            tell_ruled_out(trial, INVALID, INVALID_VIOLATION, reason or "")
+            tell_ruled_out(trial, PlanOutcome.INVALID, INVALID_VIOLATION, reason or "")
             return None
-        trial.set_user_attr(records.POINT, point.key())
+        record.set(records.POINT, point.key())
         bound = problem.lower_bound(point)
         if bound.total > problem.hbm:
             tell_ruled_out(
                 trial,
-                LOWER_BOUND,
+                PlanOutcome.LOWER_BOUND,
                 (bound.total - problem.hbm) / 2**30,
                 f"at least {bound.total / 2**30:.1f} GiB per device (weights and optimizer state "
                 f"{bound.weights_and_moments / 2**30:.1f}, accumulated gradients "
@@ -221,36 +226,39 @@ class PlanTrials(Feature):
                 f"> {problem.hbm / 2**30:.2f} GiB HBM",
             )
             return None
-        trial.set_user_attr(records.COMPILING, True)
+        record.write({records.COMPILING: True})  # the claim, in one write
         return point.key(), point
 
     def key_of(self, trial: FrozenTrial) -> Hashable | None:
-        return trial.user_attrs.get(records.POINT)
+        # From its parameters, stored at the ask: a trial still being begun has a key already.
+        point = point_of(trial.params, self.problem.topology.devices)
+        return point.key() if point is not None else None
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
         found: dict[Hashable, FrozenTrial] = {}
         for t in trials:
-            if t.user_attrs.get(records.OUTCOME) in (COMPILED, REFUSED):
-                found.setdefault(t.user_attrs.get(records.POINT), t)
+            attrs = records.attrs(t)
+            if attrs.get(records.OUTCOME) in _COMPILED:
+                found.setdefault(attrs.get(records.POINT), t)
         return found
 
     def holds_claim(self, trial: FrozenTrial) -> bool | None:
-        return trial.user_attrs.get(records.COMPILING)
+        return records.attrs(trial).get(records.COMPILING)
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        trial.set_user_attr(records.COMPILING, False)
+        TrialRecord.of(trial).set(records.COMPILING, False)
         if earlier.state == TrialState.COMPLETE:
             tell_repeat(trial, earlier)
         else:
             self.tell_in_flight(trial, earlier)
 
     def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
-        trial.set_user_attr(records.COMPILING, False)
-        tell_ruled_out(trial, REPEAT, 0.0, f"compiling in trial {elsewhere.number}")
+        TrialRecord.of(trial).set(records.COMPILING, False)
+        tell_ruled_out(trial, PlanOutcome.REPEAT, 0.0, f"compiling in trial {elsewhere.number}")
 
     def tell_released(self, trial: optuna.Trial) -> None:
-        trial.set_user_attr(records.COMPILING, False)
-        tell_ruled_out(trial, RELEASED, 0.0, "the budget was filled by earlier trials")
+        TrialRecord.of(trial).set(records.COMPILING, False)
+        tell_ruled_out(trial, PlanOutcome.RELEASED, 0.0, "the budget was filled by earlier trials")
 
     def evaluate(self, claims: list[Claim]) -> list[LayoutPlan]:
         results = self.evaluator(self.problem, [c.point for c in claims], self.pool, self.emit)
@@ -308,14 +316,14 @@ def _open_study(
     )
     storage = open_storage(options.store.url) if options.store.url else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    opened = open_study(storage, name, "maximize", RECORD_ATTR, record)
+    study, recorded = opened.study, opened.record
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
     study.sampler = plan_sampler(
         options.search.sampler, options.search.seed + len(study.get_trials(deepcopy=False)), options.search.budget or 0
     )
-    recorded = study.user_attrs.get(RECORD_ATTR)
-    if recorded is None:
+    if not recorded:  # a study of a plan that died before writing it
         study.set_user_attr(RECORD_ATTR, record)
     elif recorded != record:
         differ = ", ".join(differing_keys(recorded, record))

@@ -1,6 +1,10 @@
 """What a planner trial records in its Optuna study, and how a settled trial is read back: the
 outcome and reason of a point told without a compile, the compiler's figures of a compiled one,
-the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/search.py asks)."""
+the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/search.py asks).
+
+The keys go into the trial's record (studies/trial_record.py, as the tuner's): written once when
+the trial claims a compile and once when it is told; `records.attrs` reads a study of any version
+(planner studies before issue 37 hold each key as its own attribute)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.result import LayoutPlan
 from tpu_tuner.planner.space import PlanPoint, point_of
 from tpu_tuner.studies import records
-from tpu_tuner.studies.records import COMPILED, REFUSED, REPEAT
+from tpu_tuner.studies.records import PlanOutcome
+from tpu_tuner.studies.trial_record import TrialRecord
 
 CONSTRAINT = "hbm_over_gib"  # the trial constraint: how far past the device's HBM (<= 0: fits)
 # The constraint of a point the compiler refused (its peak unknown: out of memory, mostly) and of
@@ -27,9 +32,10 @@ INVALID_VIOLATION = 1000.0
 
 
 def set_constraint(trial: optuna.Trial, gib_over: float) -> None:
-    """Peak HBM minus the device's, in GiB: feasible at or below zero."""
+    """Peak HBM minus the device's, in GiB: feasible at or below zero (kept in the record too,
+    stored at its next write)."""
     trial.set_constraint(CONSTRAINT, gib_over)
-    trial.set_user_attr(records.CONSTRAINT_VALUE, gib_over)
+    TrialRecord.of(trial).set(records.CONSTRAINT_VALUE, gib_over)
 
 
 def params_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -49,30 +55,34 @@ def params_of(point: PlanPoint) -> dict[str, Any]:
     }
 
 
-def tell_ruled_out(trial: optuna.Trial, outcome: str, gib_over: float, reason: str) -> None:
+def tell_ruled_out(trial: optuna.Trial, outcome: PlanOutcome, gib_over: float, reason: str) -> None:
     """Told without a compile: PRUNED, infeasible by `gib_over` (TPE keeps away from such points)."""
-    trial.set_user_attr(records.OUTCOME, outcome)
-    trial.set_user_attr(records.REASON, reason)
     set_constraint(trial, gib_over)
+    TrialRecord.of(trial).write({records.OUTCOME: outcome, records.REASON: reason})
     trial.study.tell(trial, state=TrialState.PRUNED)
 
 
 def tell_repeat(trial: optuna.Trial, earlier: FrozenTrial) -> None:
     """Told the value and constraint of the `earlier` trial that compiled the same point."""
-    trial.set_user_attr(records.OUTCOME, REPEAT)
-    trial.set_user_attr(records.REASON, f"compiled in trial {earlier.number}")
-    set_constraint(trial, earlier.user_attrs.get(records.CONSTRAINT_VALUE, REFUSED_VIOLATION))
+    set_constraint(trial, records.attrs(earlier).get(records.CONSTRAINT_VALUE, REFUSED_VIOLATION))
+    TrialRecord.of(trial).write(
+        {records.OUTCOME: PlanOutcome.REPEAT, records.REASON: f"compiled in trial {earlier.number}"}
+    )
     trial.study.tell(trial, earlier.value if earlier.value is not None else 0.0)
 
 
 def record_compiled(trial: optuna.Trial, plan: LayoutPlan) -> None:
     """Keep a compile's figures on its trial and tell the predicted tokens/s (0: refused)."""
     step = plan.compiled
-    trial.set_user_attr(records.OUTCOME, REFUSED if step.error else COMPILED)
-    trial.set_user_attr(records.COMPILED_STEP, compiled_to_dict(step))
-    trial.set_user_attr(records.FIT_EFFORT, plan.fit_effort)  # which compile decided "fits" (evaluate.near_limit)
     set_constraint(trial, REFUSED_VIOLATION if step.error else -plan.margin_bytes / 2**30)
-    trial.set_user_attr(records.COMPILING, False)
+    TrialRecord.of(trial).write(
+        {
+            records.OUTCOME: PlanOutcome.REFUSED if step.error else PlanOutcome.COMPILED,
+            records.COMPILED_STEP: compiled_to_dict(step),
+            records.FIT_EFFORT: plan.fit_effort,  # which compile decided "fits" (evaluate.near_limit)
+            records.COMPILING: False,
+        }
+    )
     trial.study.tell(trial, plan.prediction.tokens_per_second if plan.prediction else 0.0, skip_if_finished=True)
 
 
@@ -99,18 +109,17 @@ def point_of_trial(trial: FrozenTrial, devices: int) -> PlanPoint:
 
 def plan_of_trial(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
     """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
+    attrs = records.attrs(trial)
     plan = judged(
-        problem,
-        point_of_trial(trial, problem.topology.devices),
-        compiled_from_dict(trial.user_attrs[records.COMPILED_STEP]),
+        problem, point_of_trial(trial, problem.topology.devices), compiled_from_dict(attrs[records.COMPILED_STEP])
     )
-    plan.fit_effort = trial.user_attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
+    plan.fit_effort = attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
     return plan
 
 
 def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
     """A trial as the plan's JSON lists it."""
-    attrs = trial.user_attrs
+    attrs = records.attrs(trial)
     return {
         "number": trial.number,
         "state": trial.state.name,

@@ -17,7 +17,6 @@ import json
 import logging
 import pickle
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import FailureKind
+from tpu_tuner.core.polling import poll
 from tpu_tuner.runner.hosts import SILENT_S, HostGroup, HostsError
 from tpu_tuner.runner.launch import run_ranks
 from tpu_tuner.runner.worker_log import WorkerLog
@@ -75,15 +75,19 @@ def next_announcement(group: HostGroup) -> tuple[int, dict[str, Any]]:
     """The driver's next announcement (a follower), waiting as long as the driver beats."""
     number = group.next_job
     key = f"job/{number}"
+
+    def announced() -> bool | None:
+        if group.store.check([key]):
+            return True
+        if (silent := group.silent_for(0)) > SILENT_S:
+            raise HostsError(
+                f"the driver, {group.host(0).describe()}, stopped answering (no heartbeat for "
+                f"{silent:.0f} s): {_relaunch(group)}"
+            )
+        return None
+
     try:
-        while not group.store.check([key]):
-            silent = group.silent_for(0)
-            if silent > SILENT_S:
-                raise HostsError(
-                    f"the driver, {group.host(0).describe()}, stopped answering (no heartbeat for "
-                    f"{silent:.0f} s): {_relaunch(group)}"
-                )
-            time.sleep(POLL_S)
+        poll(announced, POLL_S)
         payload = pickle.loads(group.store.get(key))
     except HostsError:
         raise
@@ -156,8 +160,8 @@ def gather(group: HostGroup, number: int, here: HostOutcome) -> tuple[dict[int, 
     """Every host's outcome of job `number` (the driver), and the hosts that stopped answering
     instead (node -> seconds without a heartbeat; a host silent past `GATHER_S` counts too)."""
     outcomes, lost = {here.node: here}, {}
-    deadline = time.monotonic() + GATHER_S
-    while True:
+
+    def all_heard() -> bool | None:
         for node in group.others():
             if node in outcomes or node in lost:
                 continue
@@ -166,12 +170,11 @@ def gather(group: HostGroup, number: int, here: HostOutcome) -> tuple[dict[int, 
                 outcomes[node] = pickle.loads(group.store.get(key))
             elif (silent := group.silent_for(node)) > SILENT_S:
                 lost[node] = silent
-        if len(outcomes) + len(lost) == group.nnodes:
-            return outcomes, lost
-        if time.monotonic() > deadline:
-            lost.update({node: GATHER_S for node in group.others() if node not in outcomes and node not in lost})
-            return outcomes, lost
-        time.sleep(POLL_S / 2)
+        return True if len(outcomes) + len(lost) == group.nnodes else None
+
+    if poll(all_heard, POLL_S / 2, GATHER_S) is None:
+        lost.update({node: GATHER_S for node in group.others() if node not in outcomes and node not in lost})
+    return outcomes, lost
 
 
 def farewell(group: HostGroup, reason: str, failed: bool) -> None:
@@ -180,14 +183,16 @@ def farewell(group: HostGroup, reason: str, failed: bool) -> None:
     try:
         number = announce(group, {"kind": "end", "reason": reason, "failed": failed})
         waiting = set(group.others())
-        deadline = time.monotonic() + FAREWELL_S
-        while waiting and time.monotonic() < deadline:
-            waiting = {
+
+        def all_read() -> bool | None:
+            waiting.difference_update(
                 node
-                for node in waiting
-                if not group.store.check([f"job/{number}/outcome/{node}"]) and group.silent_for(node) <= SILENT_S
-            }
-            time.sleep(POLL_S / 2)
+                for node in list(waiting)
+                if group.store.check([f"job/{number}/outcome/{node}"]) or group.silent_for(node) > SILENT_S
+            )
+            return True if not waiting else None
+
+        poll(all_read, POLL_S / 2, FAREWELL_S)
     except Exception as exc:
         log.debug("announcing the end: %s", exc)
 

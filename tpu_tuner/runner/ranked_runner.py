@@ -31,7 +31,7 @@ from typing import Any
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
-from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
+from tpu_tuner.runner.trial_runner import JobResult, Runner, TrialRunner
 from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,6 @@ def _lost_peer(message: str) -> bool:
         marker in message
         for marker in ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
     )
-
-
-# Either runner: what the study, the race and the verification take.
-Runner = TrialRunner | RankedTrialRunner
 
 
 def trial_runner(

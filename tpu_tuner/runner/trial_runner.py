@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tpu_tuner.core.failures import FailureKind, describe_end
 from tpu_tuner.execution.measurement import TrialFailure
@@ -44,6 +44,37 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+class Runner(Protocol):
+    """What every trial runner offers (`TrialRunner`, `RankedTrialRunner`, `MultiHostTrialRunner`):
+    the study, the race and the verification take any of them; mypy checks each implements it."""
+
+    @property
+    def keeps_warm_steps(self) -> bool:
+        """Whether a comparison may run its rounds as several jobs on warm steps (tuning/verify.py)."""
+
+    @property
+    def workers_started(self) -> int:
+        """Worker processes (or process groups) started so far."""
+
+    log: WorkerLog
+    timeout_s: float  # a job's default limit
+
+    def check_usable(self) -> None:
+        """Raise when no job can run here any more (a multi-host runner whose hosts are gone)."""
+
+    def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
+        """Run one job; a failure is in the result, never raised."""
+
+    def close(self) -> None:
+        """Stop the runner's workers."""
+
+    def __enter__(self) -> Runner:
+        """The runner, closed when the `with` block ends."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close the runner."""
 
 
 class TrialRunner:

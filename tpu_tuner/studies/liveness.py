@@ -34,7 +34,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import JournalStudyStorage
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal
+from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal, sqlite_pragmas
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     because Optuna pops a queued trial by reading it WAITING and then writing it RUNNING, and
     SQLite ignores the ``FOR UPDATE`` that makes this atomic on a server: without it, three
     processes popping 200 queued trials from one SQLite study took 22 of them twice. It also
-    waits up to a minute for that lock (the default, 5 s, was too short for several workers).
+    waits up to a minute for that lock (the default, 5 s, was too short for several workers),
+    and keeps a write-ahead log on a local disk (`storage.sqlite_pragmas`).
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     if keeps_journal(url):
@@ -104,6 +105,14 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
+        if pragmas := sqlite_pragmas(storage.engine.url.database):
+
+            def set_pragmas(dbapi_connection: DBAPIConnection, record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
+                for pragma in pragmas:
+                    dbapi_connection.execute(pragma)
+
+            sqlalchemy.event.listen(storage.engine, "connect", set_pragmas)
+            storage.engine.dispose()  # the connections Optuna opened to make the schema: without them
     return storage
 
 

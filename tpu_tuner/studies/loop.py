@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 from typing import Any
 
 import optuna
@@ -75,14 +76,33 @@ class Claim:
     position: int
 
 
+class StopReason(StrEnum):
+    """Why the loop stopped (a `StrEnum`: run.json and the reports keep the word)."""
+
+    BUDGET = "budget"  # spent
+    TIMEOUT = "timeout"  # `Rules.timeout_s` passed
+    CLOCK = "clock"  # the feature's own clock (`Feature.stop_reason`: the tuner's --time-budget)
+    COVERED = "covered"  # `space_size` settings settled
+    ASKS = "asks"  # `max_asks` asked
+    IDLE = "idle"  # `max_idle_asks` in a row without a claim
+    QUEUE = "queue"  # the queue is empty (`queue_only`)
+
+
+class Settled(Enum):
+    """What became of an asked trial that holds no claim (`_settle`; a claim is a `Claim`)."""
+
+    RULED_OUT = "ruled out"  # the feature told it in `begin`
+    REPEAT = "repeat"  # answered from the trial that settled its setting
+    IN_FLIGHT = "in flight"  # an earlier trial is evaluating its setting
+    RELEASED = "released"  # earlier trials hold the rest of the budget
+    LOST = "lost"  # another worker failed it as lost before it was evaluated
+
+
 @dataclass(frozen=True)
 class LoopEnd:
-    """Why the loop stopped: "budget" (spent), "timeout", the feature's own reason (`stop_reason`),
-    "covered" (`space_size` settled),
-    "asks" (`max_asks`), "idle" (`max_idle_asks` in a row) or "queue" (the queue is empty);
-    with what was spent and the asks in a row without a claim at that moment."""
+    """Why the loop stopped, with what was spent and the asks in a row without a claim then."""
 
-    reason: str
+    reason: StopReason
     spent: int
     idle: int
 
@@ -147,8 +167,8 @@ class Feature(ABC):
         for a progress line; by default nothing)."""
         return None
 
-    def stop_reason(self) -> str | None:
-        """Why the feature stops the loop now (its own clock: "clock"), or None to go on; asked
+    def stop_reason(self) -> StopReason | None:
+        """Why the feature stops the loop now (its own clock: `StopReason.CLOCK`), or None to go on; asked
         after `observe`, before each round of asks."""
         return None
 
@@ -174,17 +194,17 @@ def run_loop(
             # Without waiting, running claims are spent as far as this worker can tell.
             spent += sum(1 for t in running if feature.holds_claim(t) is True)
         if spent >= rules.budget:
-            return LoopEnd("budget", spent, idle)
+            return LoopEnd(StopReason.BUDGET, spent, idle)
         if rules.timeout_s and time.perf_counter() - rules.started > rules.timeout_s:
-            return LoopEnd("timeout", spent, idle)
+            return LoopEnd(StopReason.TIMEOUT, spent, idle)
         if (reason := feature.stop_reason()) is not None:
             return LoopEnd(reason, spent, idle)
         if rules.space_size is not None and len(settled) >= rules.space_size:
-            return LoopEnd("covered", spent, idle)
+            return LoopEnd(StopReason.COVERED, spent, idle)
         if rules.max_asks is not None and asked >= rules.max_asks:
-            return LoopEnd("asks", spent, idle)
+            return LoopEnd(StopReason.ASKS, spent, idle)
         if rules.max_idle_asks is not None and idle >= rules.max_idle_asks:
-            return LoopEnd("idle", spent, idle)
+            return LoopEnd(StopReason.IDLE, spent, idle)
         if rules.wait_for_running and spent + len(running) >= rules.budget:
             if not waiting:
                 feature.waiting(spent, len(running))
@@ -218,14 +238,14 @@ def run_loop(
                         "trial %d was failed as lost by another worker before it was evaluated here; asking again",
                         trial.number,
                     )
-                    outcome = "lost"
+                    outcome = Settled.LOST
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
                     continue
                 beat.close()  # told already
                 idle += 1
-                if outcome == "released":
+                if outcome is Settled.RELEASED:
                     if not rules.wait_for_running:
                         time.sleep(worker.poll_s)  # the earlier trials settle, or turn out not to
                     break
@@ -233,7 +253,7 @@ def run_loop(
                     break
             if not batch:
                 if rules.queue_only:
-                    return LoopEnd("queue", spent, idle)
+                    return LoopEnd(StopReason.QUEUE, spent, idle)
                 continue
             results = feature.evaluate(batch)
             for claim, result in zip(batch, results):
@@ -268,8 +288,8 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
 
 def _settle(
     study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]
-) -> Claim | str:
-    """The trial's claim, or what became of it ("ruled out", "repeat", "in flight", "released").
+) -> Claim | Settled:
+    """The trial's claim, or what became of it.
 
     The trial's setting and claim are in the storage when it is begun (other workers see them
     before it is evaluated). The study is read again after the ask: another worker
@@ -279,14 +299,14 @@ def _settle(
     and takes the budget first."""
     begun = feature.begin(trial)
     if begun is None:
-        return "ruled out"
+        return Settled.RULED_OUT
     key, point = begun
     trials = study.get_trials(deepcopy=False)
     settled = feature.settled(trials)
     earlier = settled.get(key)
     if earlier is not None and earlier.number != trial.number:
         feature.tell_repeat(trial, earlier)
-        return "repeat"
+        return Settled.REPEAT
     running_before = [
         t
         for t in trials
@@ -295,12 +315,12 @@ def _settle(
     elsewhere = next((t for t in running_before if feature.key_of(t) == key), None)
     if elsewhere is not None:
         feature.tell_in_flight(trial, elsewhere)
-        return "in flight"
+        return Settled.IN_FLIGHT
     spent = sum(1 for t in settled.values() if feature.spends(t))
     if spent + len(running_before) >= rules.budget:
         feature.tell_released(trial)
-        return "released"
+        return Settled.RELEASED
     return Claim(trial, key, point, spent + len(batch) + 1)
 
 
-__all__ = ["Claim", "Feature", "LoopEnd", "Rules", "run_loop"]
+__all__ = ["Claim", "Feature", "LoopEnd", "Rules", "Settled", "StopReason", "run_loop"]

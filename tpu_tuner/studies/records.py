@@ -5,14 +5,17 @@ rebuilds a run (the tuner's report, the planner's plan). The strings below are a
 studies written by earlier versions are read with them, so a value never changes, only a name.
 Plain constants, no Optuna import: the options and the dashboard read them cheaply.
 
-Since the storage-overhead work (issue 26) a tuning trial keeps its keys in ONE user attribute,
-`RECORD` (a dict of the keys below, written by studies/trial_record.py in one storage call a
-write); studies of earlier versions hold each key as its own attribute. `attrs` reads either.
+A trial of either feature keeps its keys in ONE user attribute, `RECORD` (a dict of the keys
+below, written by studies/trial_record.py in one storage call a write), which names its layout
+under `VERSION` (`RECORD_VERSION`). Earlier layouts: each key its own attribute (every planner
+trial, tuning trials before issue 26), and a tuning record without a version (issue 26 to 37).
+`attrs` reads all three.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, Protocol
 
 from tpu_tuner.core.failures import FailureKind
@@ -65,8 +68,8 @@ PADDING_WASTE = "padding_waste"
 # How a setting was queued from an earlier study (tuning/warm_start.py); kept by a lost trial's retry.
 WARM_START = "warm_start"
 
-# The planner's record: what became of a trial ("outcome", one of the values below), why, the
-# point it holds, whether it holds a compile of the budget, and the compiler's figures.
+# The planner's record: what became of a trial ("outcome", a `PlanOutcome`), why, the point it
+# holds, whether it holds a compile of the budget, and the compiler's figures.
 OUTCOME = "outcome"
 REASON = "reason"
 POINT = "point"
@@ -74,12 +77,24 @@ COMPILING = "compiling"
 COMPILED_STEP = "compiled"
 FIT_EFFORT = "fit_effort"  # which compile decided "fits": "fast", "full", or full near the limit
 CONSTRAINT_VALUE = "constraint"
-# Outcomes; only the first two compiled.
-COMPILED, REFUSED, INVALID, LOWER_BOUND, REPEAT = "compiled", "refused", "invalid", "lower_bound", "repeat"
-RELEASED = "released"  # asked when other workers' compiles had filled the budget
 
-# The one user attribute that holds a trial's record (a dict of the keys above).
+
+class PlanOutcome(StrEnum):
+    """What became of a planner trial (the stored word); only the first two compiled."""
+
+    COMPILED = "compiled"
+    REFUSED = "refused"  # by the compiler (out of memory, mostly)
+    INVALID = "invalid"  # sizes that do not divide
+    LOWER_BOUND = "lower_bound"  # its HBM lower bound exceeds the device's
+    REPEAT = "repeat"  # compiled, or compiling, in an earlier trial
+    RELEASED = "released"  # asked when other workers' compiles had filled the budget
+
+
+# The one user attribute that holds a trial's record (a dict of the keys above), and the key in
+# it naming the record's layout.
 RECORD = "record"
+VERSION = "record_version"
+RECORD_VERSION = 2
 
 
 class _HasUserAttrs(Protocol):
@@ -96,8 +111,8 @@ def attrs(trial: _HasUserAttrs) -> Mapping[str, Any]:
     if not isinstance(record, dict):
         return user
     merged = {key: value for key, value in user.items() if key != RECORD}
-    merged.update(record)
+    merged.update((key, value) for key, value in record.items() if key != VERSION)
     return merged
 
 
-__all__ = [name for name in dir() if name.isupper()] + ["attrs"]
+__all__ = [name for name in dir() if name.isupper()] + ["PlanOutcome", "attrs"]

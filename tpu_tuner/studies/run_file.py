@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.core.credentials import redact
+from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.run_folder import RUN_JSON, write_atomic
 
 RUN_FILE = RUN_JSON  # the name lives with every other run-folder file name (tpu_tuner/core/run_folder.py)
@@ -40,6 +40,30 @@ def update(run_dir: Path, **fields: Any) -> None:
     write(run_dir, {**read(run_dir), **fields})
 
 
+def start(
+    run_dir: Path, storage: str, study_name: str, shared: bool, model_file: Path | str, fingerprint: dict[str, Any]
+) -> None:
+    """Write a new run's run.json: its study (the storage URL without its password), its workload,
+    and this process running it."""
+    write(
+        run_dir,
+        {
+            "storage": without_password(storage),
+            "study_name": study_name,
+            "shared": shared,
+            "model_file": str(model_file),
+            "fingerprint": fingerprint,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **this_process(),
+        },
+    )
+
+
+def end(run_dir: Path, status: str, **fields: Any) -> None:
+    """Record how the run ended ("done", "searched", "failed") with `fields` (a reason)."""
+    update(run_dir, status=status, **fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
 def this_process() -> dict[str, Any]:
     """The fields that say which process is running the run now."""
     return {
@@ -58,7 +82,7 @@ def mark_failed(run_dir: Path, exc: BaseException) -> None:
     else:
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
     try:
-        update(run_dir, status="failed", reason=reason, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        end(run_dir, "failed", reason=reason)
     except OSError:
         pass
 
@@ -78,4 +102,4 @@ def process_alive(data: dict[str, Any]) -> bool | None:
     return True
 
 
-__all__ = ["RUN_FILE", "mark_failed", "process_alive", "read", "this_process", "update", "write"]
+__all__ = ["RUN_FILE", "end", "mark_failed", "process_alive", "read", "start", "this_process", "update", "write"]

@@ -48,6 +48,44 @@ def keeps_journal(url: str) -> bool:
     return make_url(url).get_backend_name() == "postgresql"
 
 
+# SQLite's write-ahead log, synced at checkpoints rather than at every commit: Optuna commits ~26
+# times a trial (one a parameter), and each commit's fsyncs in the default rollback journal were
+# most of a trial's 57 ms (docs/many-workers.md). A commit survives a crash of the process, not
+# of the machine; readers (optuna-dashboard) open the log with the file. Not on a network
+# filesystem, where the log's shared memory does not work (https://www.sqlite.org/wal.html):
+# there the file keeps SQLite's default journal.
+SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
+NETWORK_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "lustre",
+    "gpfs",
+    "fuse.sshfs",
+    "ceph",
+    "glusterfs",
+)
+
+
+def sqlite_pragmas(database: str | None, mounts: str = "/proc/mounts") -> tuple[str, ...]:
+    """The pragmas each connection to the SQLite file `database` runs: `SQLITE_PRAGMAS`, or none
+    where the file lies on a network filesystem (by the longest mount point of `mounts` above it)."""
+    if not database or database == ":memory:":
+        return ()
+    path, kind = str(Path(database).resolve()), ""
+    try:
+        entries = [line.split()[1:3] for line in Path(mounts).read_text().splitlines() if len(line.split()) > 2]
+    except OSError:
+        entries = []
+    for point, fstype in sorted(entries, key=lambda entry: len(entry[0])):
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            kind = fstype
+    return () if kind in NETWORK_FILESYSTEMS else SQLITE_PRAGMAS
+
+
 def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> None:
     """Raise `UserInputError` (with the password removed) when `url` cannot hold a study."""
     from sqlalchemy.engine import make_url
@@ -116,5 +154,6 @@ __all__ = [
     "check_storage",
     "keeps_journal",
     "shared_sqlite",
+    "sqlite_pragmas",
     "storage_from_environment",
 ]

@@ -63,7 +63,7 @@ class TrialRecord:
         changed since the last flush."""
         if not self._dirty:
             return
-        self.trial.set_user_attr(records.RECORD, dict(self._values))
+        self.trial.set_user_attr(records.RECORD, {**self._values, records.VERSION: records.RECORD_VERSION})
         self._dirty = False
 
     def write(self, values: Mapping[str, Any]) -> None:
@@ -82,6 +82,7 @@ def write_stored(
     stored = trial.user_attrs.get(records.RECORD)
     record = dict(stored) if isinstance(stored, dict) else {}
     record.update(values)
+    record[records.VERSION] = records.RECORD_VERSION
     storage.set_trial_user_attr(trial_id, records.RECORD, record)
 
 

@@ -5,8 +5,7 @@ created or joined (the `store` and `outputs` sections of the options)."""
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,11 @@ from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
 from tpu_tuner.studies import run_file
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import StudyStorage, open_storage
+from tpu_tuner.studies.opening import OpenedStudy, open_study
 from tpu_tuner.studies.run_file import RUN_FILE
 from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
 from tpu_tuner.tuning.options import StoreOptions, TuneOptions
-from tpu_tuner.tuning.shared_study import RECORD_ATTR, SharedStudy, open_shared
+from tpu_tuner.tuning.shared_study import RECORD_ATTR, open_shared
 from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -57,18 +57,7 @@ def run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> Ru
     else:
         storage = store.url or f"sqlite:///{(run_dir / STUDY_DB).resolve()}"
         study_name = run_dir.name
-    run_file.write(
-        run_dir,
-        {
-            "storage": without_password(storage),
-            "study_name": study_name,
-            "shared": store.study is not None,
-            "model_file": str(current["model_file"]),
-            "fingerprint": current,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            **run_file.this_process(),
-        },
-    )
+    run_file.start(run_dir, storage, study_name, store.study is not None, current["model_file"], current)
     return RunLocation(run_dir, storage, study_name, shared=store.study is not None, resumed=False)
 
 
@@ -119,21 +108,15 @@ def open_run_storage(url: str, store: StoreOptions) -> StudyStorage:
 
 def open_or_join(
     storage: StudyStorage, location: RunLocation, record: dict[str, Any], space: SearchSpace
-) -> SharedStudy:
+) -> OpenedStudy:
     """The run's study: created or joined by name when shared, else created (or reopened, on
     resume) under the run folder's name."""
-    # A placeholder sampler: the study is reopened with the real one once the space is narrowed.
+    # A placeholder sampler: the run sets the real one once the space is narrowed.
     placeholder = optuna.samplers.RandomSampler()
     try:
         if location.shared:
             return open_shared(storage, location.study_name, placeholder, record, space)
-        study = optuna.create_study(
-            storage=storage,
-            study_name=location.study_name,
-            direction="minimize",
-            sampler=placeholder,
-            load_if_exists=True,
-        )
+        opened = open_study(storage, location.study_name, "minimize", RECORD_ATTR, record, placeholder)
     except UserInputError:
         raise
     except Exception as exc:
@@ -143,7 +126,7 @@ def open_or_join(
             )
         ) from exc
     # A run's own study: this worker is its only one, and keeps its record.
-    return SharedStudy(study, True, study.user_attrs.get(RECORD_ATTR) or record)
+    return replace(opened, record=opened.record or record)
 
 
 __all__ = ["RunLocation", "open_or_join", "open_run_storage", "resumed_location", "run_location"]

@@ -7,8 +7,8 @@ or space differs; it adopts the study's budget, planned steps and tolerance (the
 trial is ranked by must be one). The first worker's baseline profile is shared the same way, so
 the baseline is profiled once, and the verification is recorded there once it has run.
 
-Optuna creates a study atomically (`DuplicatedStudyError` for every worker but one), which makes
-the first worker the one whose `create_study` succeeded; the rest wait for its record.
+The first worker is the one whose `create_study` succeeded (studies/opening.py); the rest wait
+for its record.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.polling import poll
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import RunningWatch, Worker, fail_lost_trials
+from tpu_tuner.studies.loop import StopReason
+from tpu_tuner.studies.opening import POLL_S, OpenedStudy, open_study
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -67,22 +69,11 @@ MATCHED_OPTIONS = {"memory_limit_bytes": "--trial-memory-gb", "trial_timeout_s":
 # Fingerprint keys a joining worker may differ in: where the file lies on its host, and the
 # host's device name (hosts of one device kind join; the report says which host measured what).
 HOST_KEYS = ("model_file", "device_name")
-# How often a joining worker looks for the first worker's record and profile.
-POLL_S = 0.5
 
 
 class JoinRefused(UserInputError):
     """A worker whose workload, device kind, space or worker-shaping options differ from the
     study's (its run folder is removed: it never ran)."""
-
-
-@dataclass
-class SharedStudy:
-    """An opened named study, and whether this worker created it."""
-
-    study: optuna.Study
-    created: bool
-    record: dict[str, Any]
 
 
 def space_signature(space: SearchSpace) -> dict[str, Any]:
@@ -145,19 +136,14 @@ def open_shared(
     record: dict[str, Any],
     space: SearchSpace,
     wait_s: float = 60.0,
-) -> SharedStudy:
-    """Create the study `name` with `record`, or join it: refused (UserInputError, one line)
-    when the record it holds differs in workload, device kind or space."""
-    try:
-        study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler)
-    except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-    else:
-        study.set_user_attr(RECORD_ATTR, record)
-        log.info("created study %r", name)
-        return SharedStudy(study, True, record)
-    recorded = _wait_for(study, RECORD_ATTR, wait_s)
-    if not isinstance(recorded, dict):
+) -> OpenedStudy:
+    """Create the study `name` with `record`, or join it (studies/opening.py): refused
+    (UserInputError, one line) when the record it holds differs in workload, device kind or space."""
+    opened = open_study(storage, name, "minimize", RECORD_ATTR, record, sampler, wait_s)
+    recorded = opened.record
+    if opened.created:
+        return opened
+    if not recorded:
         raise UserInputError(
             f"--study {name}: the study exists but no tpu-tune worker recorded its workload "
             f"(not created by tpu-tune, or its first worker died within {wait_s:.0f} s of creating it)"
@@ -167,13 +153,11 @@ def open_shared(
             f"--study {name}: recorded by another version of tpu-tune (format "
             f"{recorded.get('format')!r}, this one reads {', '.join(map(str, JOINABLE_FORMATS))})"
         )
-    if study.direction != optuna.study.StudyDirection.MINIMIZE:
-        raise UserInputError(f"--study {name}: not a tpu-tune study (it maximises)")
     differing = join_differences(recorded, record["fingerprint"], space, record["options"])
     if differing:
         raise JoinRefused(f"--study {name}: join refused: {'; '.join(differing)}")
     log.info("joined study %r (created %s)", name, recorded.get("created"))
-    return SharedStudy(study, False, recorded)
+    return opened
 
 
 def adopt_options(options: TuneOptions, recorded: dict[str, Any]) -> TuneOptions:
@@ -194,7 +178,7 @@ def publish_profile(study: optuna.Study, profile: Profile) -> None:
 def shared_profile(study: optuna.Study, wait_s: float) -> Profile | None:
     """The first worker's baseline profile, waiting up to `wait_s` for it (None when it did not
     come: its worker died while profiling, and this one profiles instead)."""
-    data = _wait_for(study, PROFILE_ATTR, wait_s)
+    data = poll(lambda: study.user_attrs.get(PROFILE_ATTR), POLL_S, wait_s)
     if not isinstance(data, dict):
         return None
     try:
@@ -228,7 +212,7 @@ def recorded_verification(study: optuna.Study) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: RunningWatch) -> str | None:
+def verification_left_to(study: optuna.Study, worker: Worker, end: StopReason, watch: RunningWatch) -> str | None:
     """Why this worker of a shared study leaves the verification to another (or None: it verifies).
 
     The study is verified once it is complete, by the worker that measured its last trial (the
@@ -238,19 +222,22 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     others, short repeats; a lost one is failed meanwhile), since they decide who measured last.
     `tpu-tune study finish` verifies wherever no worker did.
     """
-    if end in ("timeout", "asks"):
+    if end in (StopReason.TIMEOUT, StopReason.ASKS):
         why = (
             "this worker's --timeout ended its part of the search"
-            if end == "timeout"
+            if end is StopReason.TIMEOUT
             else "this worker's sampler proposed only settings the study has covered"
         )
         return f"{why}; the worker that completes the study's budget verifies (or run `tpu-tune study finish`)"
-    assert worker.storage is not None
-    while True:
-        trials = fail_lost_trials(study, worker.storage, watch)
-        if not any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
-            break
-        time.sleep(worker.poll_s)
+    storage = worker.storage
+    assert storage is not None
+
+    def settled() -> list[optuna.trial.FrozenTrial] | None:
+        trials = fail_lost_trials(study, storage, watch)
+        return None if any(t.state == optuna.trial.TrialState.RUNNING for t in trials) else trials
+
+    trials = poll(settled, worker.poll_s)
+    assert trials is not None  # no timeout: polled until settled
     measured = measured_count(covered_settings(trials))
     done = recorded_verification(study)
     if done is not None and done.get("measured") == measured:
@@ -264,15 +251,6 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: str, watch: R
     )
 
 
-def _wait_for(study: optuna.Study, attr: str, wait_s: float) -> Any:
-    deadline = time.monotonic() + wait_s
-    while True:
-        value = study.user_attrs.get(attr)
-        if value is not None or time.monotonic() >= deadline:
-            return value
-        time.sleep(POLL_S)
-
-
 __all__ = [
     "ADOPTED_OPTIONS",
     "JoinRefused",
@@ -280,7 +258,6 @@ __all__ = [
     "PROFILE_ATTR",
     "RECORD_ATTR",
     "VERIFICATION_ATTR",
-    "SharedStudy",
     "adopt_options",
     "join_differences",
     "make_record",

@@ -130,14 +130,9 @@ def run_tuning(
             run_file.mark_failed(location.run_dir, exc)
             raise
     if result.verified:
-        run_file.update(location.run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        run_file.end(location.run_dir, "done")
     else:
-        run_file.update(
-            location.run_dir,
-            status="searched",
-            reason=result.verification.message,
-            updated=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        )
+        run_file.end(location.run_dir, "searched", reason=result.verification.message)
     emit(_event("done", f"results in {location.run_dir}", options, started))
     return result
 
@@ -223,12 +218,8 @@ def _tune_in(
             started,
         )
     )
-    # The study again, with the sampler of the narrowed space (a grid walks its settings).
-    study = optuna.load_study(
-        study_name=location.study_name,
-        storage=storage,
-        sampler=build_sampler(options, space, shared=location.shared, first=first),
-    )
+    # The sampler of the narrowed space (a grid walks its settings): the study's public attribute.
+    study.sampler = build_sampler(options, space, shared=location.shared, first=first)
     if keeper:
         study.set_user_attr(
             RECORD_ATTR, {**record, "options": options.to_plain(), "features": features_of(profile, current).to_dict()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -258,25 +257,14 @@ def finish_study(
             raise UserInputError(f"study {name!r}: cannot verify it here: {'; '.join(differing)}")
         run_dir = new_run_dir(out, workload.name, "tune")
         runner.log.move_into(run_dir)  # the workers' output, kept off the terminal
-        run_file.write(
-            run_dir,
-            {
-                "storage": without_password(storage),
-                "study_name": name,
-                "shared": True,
-                "model_file": str(model_file),
-                "fingerprint": current,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                **run_file.this_process(),
-            },
-        )
+        run_file.start(run_dir, storage, name, True, model_file, current)
         try:
             result = _finish_in(run_dir, study, rdb.url, options, profile, runner)
             write_outputs(result)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
             raise
-    run_file.update(run_dir, status="done", updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    run_file.end(run_dir, "done")
     return result
 
 

@@ -26,7 +26,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.attribution import Suspect
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
-from tpu_tuner.studies.loop import Claim, Feature, Rules, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning import trial_attrs
@@ -42,11 +42,6 @@ from tpu_tuner.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
-SearchEnd = str
-"""Why a search stopped: "budget" (measured), "covered" (the whole space), "timeout" (this
-worker's --timeout), "clock" (the next trial would eat into the time the finish needs:
---time-budget) or "asks" (a sampler that only re-proposed covered settings)."""
-
 
 def run_search(
     study: optuna.Study,
@@ -60,9 +55,11 @@ def run_search(
     bucketing: BucketingContext | None = None,
     memory: MemoryLimit | None = None,
     worker: Worker | None = None,
-) -> SearchEnd:
+) -> StopReason:
     """Measure settings until the study holds `options.search.trials` measured ones (counted over
-    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which.
+    all its workers), the space is covered, or `options.search.timeout_s` passes; returns which
+    (CLOCK: the next trial would eat into the time the finish needs, --time-budget; ASKS: a
+    sampler that only re-proposed covered settings).
 
     With other workers on the study, a setting another worker is measuring is not measured again
     here, and when their running trials hold the rest of the budget this worker waits for them
@@ -93,7 +90,7 @@ def run_search(
         end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     finally:
         study.sampler, study.pruner = sampler, pruner
-    if end.reason in ("covered", "asks"):
+    if end.reason in (StopReason.COVERED, StopReason.ASKS):
         log.info(
             "stopping: %d of %d settings of the space covered",
             len(covered_settings(study.get_trials(deepcopy=False))),
@@ -289,13 +286,11 @@ class TuneTrials(Feature):
             self.stop_above_s = self.pruner.threshold(trials)
         self.out_of_time = not search_may_go_on(trials, self.clock)
 
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> StopReason | None:
         # A runner whose hosts are gone for good raises here, before the next ask: no trial is
-        # left running for a relaunch to find (a runner without the method always can go on).
-        check_usable = getattr(self.runner, "check_usable", None)
-        if check_usable is not None:
-            check_usable()
-        return "clock" if self.out_of_time else None
+        # left running for a relaunch to find.
+        self.runner.check_usable()
+        return StopReason.CLOCK if self.out_of_time else None
 
     def waiting(self, spent: int, running: int) -> None:
         self._progress(
@@ -370,4 +365,4 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
     )
 
 
-__all__ = ["SearchEnd", "TrialRun", "TuneTrials", "run_search"]
+__all__ = ["TrialRun", "TuneTrials", "run_search"]

@@ -6,8 +6,9 @@ of their definitions (`tpu_tuner.tuning.agents.schema`) can be checked before to
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tpu_tuner.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tpu_tuner.devices.roofline_probe import RooflineProbe
@@ -22,7 +23,9 @@ _EXPORTS = {
     "ShardingAgent": "tpu_tuner.tuning.agents.sharding_agent",
 }
 
-__all__ = ["AGENT_CLASSES", "Agent", "CompileAgent", "PrecisionAgent", "ThreadsAgent", "load_agents"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = ["Agent", "CompileAgent", "PrecisionAgent", "ThreadsAgent", "load_agents"]
 
 
 def agent_classes() -> dict[str, type[Agent]]:
@@ -50,13 +53,3 @@ def load_agents(names: list[str], device_kind: str, probe: RooflineProbe | None 
 
     classes = agent_classes()
     return [classes[name](load_tuning_agent_definition(name), device_kind, probe) for name in names]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "AGENT_CLASSES":
-        return agent_classes()
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tpu_tuner.tuning.agents' has no attribute {name!r}")

@@ -1,0 +1,63 @@
+"""Studies written before issue 37 (main at 981124b, tests/fixtures/old_studies.py) read back with
+this version: a tuning study whose records carry no version reads key for key as the same search
+stored now, and a plan study whose trials hold each key as its own attribute resumes without a
+compile (its compiles count against the budget) into the plan it wrote."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from test_planner_search import SPACE, _FakePool, _problem
+from test_trial_record import _search
+
+from tpu_tuner.planner.plan import PlanOptions
+from tpu_tuner.planner.search import search
+from tpu_tuner.studies import records
+from tpu_tuner.studies.liveness import read_storage
+from tpu_tuner.tuning import trial_attrs
+
+FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
+
+
+@pytest.fixture
+def old_url(tmp_path: Path) -> str:
+    """The fixture's SQLite file, as main wrote it (its SQL dump loaded into a fresh file)."""
+    path = tmp_path / "study.db"
+    with sqlite3.connect(path) as connection:
+        connection.executescript(FIXTURE.read_text())
+    return f"sqlite:///{path}"
+
+
+def test_an_old_tuning_study_reads_as_the_same_search_stored_now(old_url: str) -> None:
+    old = optuna.load_study(study_name="tune", storage=read_storage(old_url)).get_trials()
+    new = _search().get_trials()
+    assert len(old) == len(new) == 5
+    for o, n in zip(old, new):
+        assert records.VERSION not in o.user_attrs[records.RECORD]  # the layout of issue 26
+        assert n.user_attrs[records.RECORD][records.VERSION] == records.RECORD_VERSION
+        assert dict(records.attrs(o)) == dict(records.attrs(n)), o.number
+        assert trial_attrs.measurement_of(o) == trial_attrs.measurement_of(n)
+        assert (o.state, o.value, o.constraints) == (n.state, n.value, n.constraints)
+
+
+def test_an_old_plan_study_resumes_without_a_compile_into_its_plan(old_url: str) -> None:
+    stored = optuna.load_study(study_name="plan", storage=read_storage(old_url)).get_trials()
+    assert all(records.RECORD not in t.user_attrs for t in stored)  # each key its own attribute
+    compiled_before = {t.user_attrs["point"] for t in stored if t.user_attrs.get("outcome") == "compiled"}
+    assert len(compiled_before) == 4
+    pool = _FakePool()
+    options = PlanOptions(
+        topology="v5p:2x2x2", budget=4, space=SPACE, storage=old_url, study="plan", sampler="tpe", seed=0
+    )
+    result = search(_problem(), options, pool, lambda message: None, time.perf_counter())
+    assert pool.compiled == []  # the budget was spent by the old trials
+    assert result.search is not None and result.search["compiled"] == 4
+    assert {plan.point.key() for plan in result.plans} == compiled_before
+    summaries = {t["number"]: t for t in result.search["trials"]}
+    for trial in stored:
+        assert summaries[trial.number]["outcome"] == trial.user_attrs["outcome"]
+        assert summaries[trial.number]["worker"] == trial.user_attrs["worker"]
