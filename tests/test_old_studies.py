@@ -14,7 +14,7 @@ import pytest
 from test_planner_search import SPACE, _FakePool, _problem
 from test_trial_record import _search
 
-from tpu_tuner.planner.plan import PlanOptions
+from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
 from tpu_tuner.planner.search import search
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
@@ -51,7 +51,9 @@ def test_an_old_plan_study_resumes_without_a_compile_into_its_plan(old_url: str)
     assert len(compiled_before) == 4
     pool = _FakePool()
     options = PlanOptions(
-        topology="v5p:2x2x2", budget=4, space=SPACE, storage=old_url, study="plan", sampler="tpe", seed=0
+        PlanTarget("v5p:2x2x2"),
+        search=PlanSearch(budget=4, space=SPACE, sampler="tpe", seed=0),
+        store=PlanStore(study="plan", url=old_url),
     )
     result = search(_problem(), options, pool, lambda message: None, time.perf_counter())
     assert pool.compiled == []  # the budget was spent by the old trials
