@@ -46,7 +46,7 @@ def _agent(probe: roofline.RooflineProbe | None) -> PrecisionAgent:
     return PrecisionAgent(load_definition("agents", "precision"), "cpu", probe)
 
 
-def _matmul_heavy_profile() -> SimpleNamespace:
+def _matmul_heavy_profile(training: bool = True) -> SimpleNamespace:
     verdict = decide(
         6e9,
         1e8,
@@ -60,7 +60,10 @@ def _matmul_heavy_profile() -> SimpleNamespace:
         top_operators=[("aten::addmm", 0.8)],
     )
     return SimpleNamespace(
-        verdict=verdict, peak_dtype="float32", operators=[SimpleNamespace(name="aten::addmm", share=0.8)]
+        verdict=verdict,
+        peak_dtype="float32",
+        operators=[SimpleNamespace(name="aten::addmm", share=0.8)],
+        workload=SimpleNamespace(training=training),
     )
 
 
@@ -153,3 +156,18 @@ def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> 
         combined,
         {**combined, "matmul_precision": "high"},
     ]
+
+
+def test_quantized_linears_are_proposed_only_for_a_linear_heavy_inference_step() -> None:
+    agent, space = _agent(AMX), SearchSpace.load("default", "cpu")
+    inference = _matmul_heavy_profile(training=False)
+    assert {"quantization": "int8_dynamic"} in agent.seeds(inference, space)
+    assert "int8 quantized linears (torchao) may pay off" in " ".join(agent.diagnose(inference))
+    assert {"quantization": "int8_dynamic"} not in agent.seeds(_matmul_heavy_profile(), space)  # training
+    light = _matmul_heavy_profile(training=False)
+    light.operators = [
+        SimpleNamespace(name="aten::convolution", share=0.8),
+        SimpleNamespace(name="aten::addmm", share=0.1),
+    ]
+    assert {"quantization": "int8_dynamic"} not in agent.seeds(light, space)
+    assert "quantized linears" not in " ".join(agent.diagnose(light))

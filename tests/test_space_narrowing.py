@@ -30,10 +30,10 @@ def _names(space: SearchSpace) -> set[str]:
 
 def test_traits_read_convolutions_and_repeated_blocks() -> None:
     conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
-    assert of_model(conv, training=False, batch_size=2) == WorkloadTraits(False, 2, 0, 2)
+    assert of_model(conv, training=False, batch_size=2) == WorkloadTraits(False, 2, 0, 2, linear_layers=0)
     stack = nn.Sequential(nn.Linear(8, 8), nn.ModuleList([_Block(), _Block(), _Block()]))
     traits = of_model(stack, training=True, batch_size=8)
-    assert (traits.conv_weights, traits.repeated_blocks) == (0, 3)
+    assert (traits.conv_weights, traits.repeated_blocks, traits.linear_layers) == (0, 3, 4)
     assert of_profile({"traits": traits.to_dict()}) == traits
     assert of_profile({}) is None and of_profile({"traits": {"training": True}}) is None
 

@@ -20,6 +20,7 @@ from tpu_tuner.knobs.matmul_precision import MatmulPrecisionKnob
 from tpu_tuner.knobs.memory_format import MemoryFormatKnob
 from tpu_tuner.knobs.micro_batches import MicroBatchesKnob
 from tpu_tuner.knobs.optimizer_impl import OptimizerImplKnob
+from tpu_tuner.knobs.quantization import QuantizationKnob
 
 __all__ = ["KNOB_CLASSES", "Knob", "REGISTRY", "get", "names"]
 
@@ -35,6 +36,7 @@ KNOB_CLASSES: tuple[type[Knob], ...] = (
     MemoryFormatKnob,
     MicroBatchesKnob,
     OptimizerImplKnob,
+    QuantizationKnob,
 )
 
 

@@ -35,6 +35,8 @@ class WorkloadTraits:
     tensor_divisor: int | None = None
     # The attention implementations a transformers model can switch to (`knobs/attn_implementation.py`).
     attention_implementations: tuple[str, ...] = ()
+    # nn.Linear modules: what a quantization knob quantizes; None for a profile written before.
+    linear_layers: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # Lists, as the profile's JSON gives them back (a stored profile equals the live one).
@@ -50,12 +52,15 @@ class WorkloadTraits:
             batch_size=None if data.get("batch_size") is None else int(data["batch_size"]),
             tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]),
             attention_implementations=tuple(str(v) for v in data.get("attention_implementations") or ()),
+            linear_layers=None if data.get("linear_layers") is None else int(data["linear_layers"]),
         )
 
 
 def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:
     """The traits of a built model (called in the worker, which has imported the file)."""
     import math
+
+    import torch
 
     from tpu_tuner.knobs.attn_implementation import offered
     from tpu_tuner.model.blocks import repeated_blocks
@@ -69,6 +74,7 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
         batch_size=batch_size,
         tensor_divisor=math.gcd(*widths) if widths else None,
         attention_implementations=offered(model),
+        linear_layers=sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear)),
     )
 
 

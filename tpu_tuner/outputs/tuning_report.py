@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from tpu_tuner.core.units import binary_bytes, ms, shape
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
+from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.studies import records
 
@@ -161,6 +162,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         ]
     else:
         out.append("None.")
+    baseline_amortised = None if result.baseline is None else result.baseline.amortised_step(planned)
+    out += refused_faster(frame, baseline_amortised, result.options.objective.tolerance)
     out += _learned_section(result, frame)
     trial_settings = result.options.runner.trial_settings
     assert trial_settings is not None, "a run's result holds the trial settings it resolved"

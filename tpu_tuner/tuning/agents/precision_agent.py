@@ -3,7 +3,8 @@
 On a device with a measured probe it skips what the probe shows cannot help: "medium" where it
 leaves fp32 matmul numerics unchanged (the same kernels as "highest"), and bf16 autocast where
 bf16 matmuls run well below the fp32 rate (no fast bf16 units). Every skip says why, with the
-measured figures, in the findings and in the rejected trial's reason.
+measured figures, in the findings and in the rejected trial's reason. Quantized linears
+(torchao, inference) are seeded only where linear layers dominate the profiled time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from tpu_tuner.profiling.verdict import is_matmul_like
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import PrecisionDefinition
 from tpu_tuner.tuning.space import SearchSpace
+
+# Profiled operators that are a linear layer's matmul (aten::linear runs as addmm / mm).
+LINEAR_OPERATORS = ("aten::linear", "aten::addmm", "aten::mm")
+
+
+def linear_share(profile: Profile) -> float:
+    """The share of profiled self time in linear layers' matmuls."""
+    return sum(op.share for op in profile.operators if op.name.lower().startswith(LINEAR_OPERATORS))
 
 
 class PrecisionAgent(Agent):
@@ -30,6 +39,11 @@ class PrecisionAgent(Agent):
         ]
         findings += self._hardware_findings()
         hint = self.definition.diagnose.compute_share_hint
+        if self._linears_dominate(profile):
+            findings.append(
+                f"linear layers take {linear_share(profile):.0%} of profiled self time: "
+                "int8 quantized linears (torchao) may pay off, under the accuracy guardrail"
+            )
         if verdict.compute_share >= hint or matmul_share >= hint:
             ratio = self._bf16_ratio()
             if ratio is None or ratio >= self.definition.hardware.seed_bf16_min_ratio:
@@ -44,7 +58,15 @@ class PrecisionAgent(Agent):
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
         """The definition's seeds, less those the measured hardware rules out."""
-        return [seed for seed in super().seeds(profile, space) if not self._seed_skip_reason(seed)]
+        return [
+            seed
+            for seed in super().seeds(profile, space)
+            if not self._seed_skip_reason(seed) and ("quantization" not in seed or self._linears_dominate(profile))
+        ]
+
+    def _linears_dominate(self, profile: Profile | None) -> bool:
+        hint = self.definition.diagnose.compute_share_hint
+        return profile is not None and not profile.workload.training and linear_share(profile) >= hint
 
     def validate(self, candidate: Candidate) -> str | None:
         rules = self.definition.validate
