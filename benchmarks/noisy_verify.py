@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -97,10 +98,14 @@ def _repeat(
         return f"failed: {decided}", False
     s = decided.speedup
     found = ", ".join(str(i + 1) for i in decided.disturbed) or "none"
+    burned = args.burn_round - 1
+    steps = " / ".join(
+        f"{series[burned] * 1e3:.0f} ms (median {statistics.median(series) * 1e3:.0f})" for series in decided.samples
+    )
     line = (
         f"{decided.verdict:>10}  {s.speedup:5.2f}x [{s.ci_low:.2f}-{s.ci_high:.2f}] at {s.level:.1%}, "
-        f"{len(decided.samples[0])} rounds ({decided.looks} looks), disturbed: {found} "
-        f"(burned {args.burn_round}), {clock.elapsed():.0f} s"
+        f"{len(decided.samples[0])} rounds ({decided.looks} looks, stopped: {decided.stopped_by}), "
+        f"disturbed: {found}; burned round {args.burn_round}: baseline / tuned {steps}; {clock.elapsed():.0f} s"
     )
     return line, decided.verdict is VerdictKind.VERIFIED
 

@@ -203,3 +203,24 @@ def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() ->
     # A result written before verdicts were recorded reads its verdict from the speedup.
     assert dataclasses.replace(again, verdict="").verdict_kind is VerdictKind.VERIFIED
     assert dataclasses.replace(again, verdict="", speedup=None).verdict_kind is VerdictKind.NOT_VERIFIED
+
+
+def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
+    from test_window_figures import _result
+
+    from tpu_tuner.outputs.tuning_report import render_report
+    from tpu_tuner.tuning.verify import DisturbedRound
+
+    result = _result(tmp_path)
+    result.verification = dataclasses.replace(
+        result.verification,
+        verdict=VerdictKind.VERIFIED,
+        disturbed_rounds=[DisturbedRound(7, {"baseline": 0.045, "best": 0.0612})],
+    )
+    report = render_report(result, {})
+    assert "Verdict: verified." in report
+    assert (
+        "- Disturbed rounds, left out and re-run (a step more than 4 robust deviations above its setting's median "
+        "in the window): round 7 (baseline 45.0 ms, best 61.2 ms)." in report
+    )
+    assert "Disturbed rounds" not in render_report(_result(tmp_path), {})

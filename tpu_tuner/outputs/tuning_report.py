@@ -174,8 +174,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         f"at least {trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds kept); speedups are geometric means of per-round ratios "
-        "with t intervals, at 95% over a fixed window or at the last look's level where rounds were added until "
-        f"the interval decided (docs/tuning.md). Verdict: {v.verdict_kind}.",
+        "with t intervals at the level of the window's last look (97% at the first, more at each look after it: "
+        f"rounds are added until the interval decides, docs/tuning.md). Verdict: {v.verdict_kind}.",
         *_disturbed_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
         "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
