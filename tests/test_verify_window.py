@@ -140,6 +140,13 @@ def test_a_clock_that_runs_out_says_undecided_and_leaves_no_round_unspent() -> N
     rounds = len(decided.samples[0])
     assert message.startswith(f"undecided: {rounds} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f}")
     assert "the clock ran out" in message and "keep the baseline" in message
+    # No room for a round after the first look: that look stands (no second look at a stricter level).
+    spent = FakeClock()
+    no_room = Clock(budget_s=1.0, started=spent.now - 60, now=spent.monotonic)
+    window, _ = _window(_ratios(seed=5, mean=1.08, sd=0.3), spent)
+    decided = measure_until_decided(window, 6, 1000, no_room.left, None)
+    assert not isinstance(decided, str) and decided.looks == 1 and len(decided.samples[0]) == 6
+    assert decided.speedup.level == look_level(1) and decided.stopped_by == "clock"
 
 
 def test_a_real_no_gain_says_no_gain_and_a_slower_best_says_slower() -> None:

@@ -68,6 +68,7 @@ def _measure(
     progress: VerifyProgress | None,
 ) -> DecidedWindow | str:
     target, looks, stopped_by = first_rounds, 0, ""
+    looked: tuple[int, PairedSpeedup] | None = None  # the rounds at the last look, and its figure
     while True:
         disturbed = disturbed_rounds(window.samples)
         while window.rounds - len(disturbed) < target:
@@ -88,6 +89,10 @@ def _measure(
                 good = [i for i in range(window.rounds) if i not in disturbed]
                 planned = window.rounds + max(0, target - len(good))
                 progress(window.rounds, planned, window.running_ratio(good))
+        if looked is not None and looked[0] == window.rounds:
+            # Nothing was added since the last look (the clock had no room): that look stands, and
+            # another at a stricter level would only widen the same interval.
+            return DecidedWindow(window.samples, disturbed, looked[1], looks, stopped_by, window.compiles)
         looks += 1
         good_rounds = [i for i in range(window.rounds) if i not in disturbed]
         if len(good_rounds) < 2:
@@ -97,6 +102,7 @@ def _measure(
             [window.samples[1][i] for i in good_rounds],
             level=look_level(looks),
         )
+        looked = (window.rounds, speedup)
         if speedup.decided:
             stopped_by = "decided"
         if stopped_by:
