@@ -105,9 +105,21 @@ def test_the_rule_flags_only_slow_outliers_of_either_setting() -> None:
     # 1.4x the median is within the least spread assumed (1.49x); 1.6x is not; fast is never.
     assert disturbed_rounds([[*steady[:5], 0.14], [0.05] * 6]) == []
     assert disturbed_rounds([[*steady[:5], 0.16], [0.05] * 6]) == [5]
-    assert disturbed_rounds([steady, [0.05, 0.05, 0.02, 0.05, 0.05, 0.05]]) == []
+    assert disturbed_rounds([steady, [0.05, 0.05, 0.04, 0.05, 0.05, 0.05]]) == []
     assert disturbed_rounds([steady, [0.05, 0.05, 0.05, 0.05, 0.05, 0.12]]) == [5]
     assert disturbed_rounds([[0.1, 0.3, 0.1], [0.05] * 3]) == []  # too few rounds to say
+    # A host whose steps wander 2x round to round hides a burst in the steps' spread; the ratio,
+    # from which the drift cancels, shows it (the 0.62x round of issue 38, either way).
+    drift = [1.0, 2.0, 0.6, 1.5, 0.8, 1.9, 0.7, 1.2]
+    baseline = [0.1 * d for d in drift]
+    best = [0.05 * d for d in drift]
+    best[4] = baseline[4] / 0.62
+    assert disturbed_rounds([baseline, best]) == [4]
+    best[4] = baseline[4] / 5.0  # 2.5x the median ratio: the baseline slowed, either way
+    assert disturbed_rounds([baseline, best]) == [4]
+    best[4] = baseline[4] / 0.95  # 2.1x off the median ratio: within the ratios' least spread assumed
+    assert disturbed_rounds([baseline, best]) == []
+    assert disturbed_rounds([baseline[:7], [*best[:4], baseline[4] / 0.62, *best[5:7]]]) == []  # 7 rounds: too few
 
 
 def test_a_wide_interval_adds_rounds_until_it_decides() -> None:
