@@ -96,7 +96,7 @@ def test_one_disturbed_round_among_good_ones_keeps_the_verdict() -> None:
     assert 1.85 < decided.speedup.ci_low < decided.speedup.ci_high < 2.25
     assert source.released == 1  # the worker's built steps released once, after the last round
     message = verdict_message(decided, 12, unclocked=True)
-    assert message.startswith("verified: 2.0") and "1 disturbed round left out and re-run (7)" in message
+    assert message.startswith("verified: 2.0") and "1 disturbed round left out (7)" in message
 
 
 def test_the_rule_flags_only_slow_outliers_of_either_setting() -> None:
@@ -211,7 +211,7 @@ def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() ->
     options = TuneOptions(verify_rounds=6, trial_settings=ProfilerSettings())
     v = verify(study, _space(), _DisturbedRunner(), options, "cpu")  # type: ignore[arg-type]
     assert v.verdict == VerdictKind.VERIFIED and v.chosen_is_best
-    assert v.message.startswith("verified: 2.5") and "re-run (4)" in v.message
+    assert v.message.startswith("verified: 2.5") and "1 disturbed round left out (4)" in v.message
     (disturbed,) = v.disturbed_rounds
     assert disturbed.round == 4 and disturbed.steps["baseline"] == pytest.approx(0.300 * 1.00)
     assert len(v.samples["baseline"]) == 6 and v.speedup is not None and v.speedup.rounds == 6
@@ -239,7 +239,8 @@ def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
     report = render_report(result, {})
     assert "Verdict: verified." in report
     assert (
-        "- Disturbed rounds, left out and re-run (a step more than 4 robust deviations above its setting's median "
-        "in the window): round 7 (baseline 45.0 ms, best 61.2 ms)." in report
+        "- Disturbed rounds, left out and re-run where the clock allowed (a step more than 4 robust deviations "
+        "above its setting's median in the window, or a ratio as far off the median ratio: docs/tuning.md): "
+        "round 7 (baseline 45.0 ms, best 61.2 ms)." in report
     )
     assert "Disturbed rounds" not in render_report(_result(tmp_path), {})

@@ -195,8 +195,9 @@ def _disturbed_lines(v: Verification) -> list[str]:
         for d in v.disturbed_rounds
     )
     return [
-        f"- Disturbed rounds, left out and re-run (a step more than {DISTURBED_DEVIATIONS:g} robust deviations "
-        f"above its setting's median in the window): {rounds}."
+        "- Disturbed rounds, left out and re-run where the clock allowed (a step more than "
+        f"{DISTURBED_DEVIATIONS:g} robust deviations above its setting's median in the window, or a ratio as far "
+        f"off the median ratio: docs/tuning.md): {rounds}."
     ]
 
 

@@ -86,7 +86,8 @@ class Verification:
     window: WindowFigures | None = None
     # A `VerdictKind` value; "" in results written before it was recorded (`verdict_kind` derives it).
     verdict: str = ""
-    # The window's rounds left out as disturbed (and re-run); `samples` holds the others.
+    # The window's rounds left out as disturbed (each re-run where the clock allowed); `samples`
+    # holds the others.
     disturbed_rounds: list[DisturbedRound] = field(default_factory=list)
 
     @property
@@ -250,11 +251,12 @@ def _seconds_left(clock: Clock | None) -> Callable[[], float | None]:
 
 def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool) -> str:
     """The verdict in words, led by its kind: "verified: 2.03x (...)", "no gain: ...",
-    "undecided: 40 rounds, interval 0.95-1.30 ..."; the disturbed rounds re-run, when any."""
+    "undecided: 40 rounds, interval 0.95-1.30 ..."; the disturbed rounds left out, when any (each
+    was re-run where the clock allowed: the rounds kept are in the interval's count)."""
     s, verdict = decided.speedup, decided.verdict
     rerun = len(decided.disturbed)
     disturbed = (
-        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out and re-run "
+        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
         f"({', '.join(str(i + 1) for i in decided.disturbed)})"
         if rerun
         else ""
