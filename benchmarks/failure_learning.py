@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -182,7 +183,8 @@ def _speedup(figures: RunFigures) -> str:
     """The verified speedup, or "not verified" and why (the verification's message, shortened)."""
     if figures.speedup is not None:
         return f"{figures.speedup:.2f}x"
-    return f"not verified ({figures.verification.split(';')[0].split(' (95% CI')[0]})"
+    # The interval's level varies with the looks (metrics/paired.py): "(95% CI", "(99.2% CI".
+    return f"not verified ({re.split(r' [(][0-9.]+% CI', figures.verification.split(';')[0])[0]})"
 
 
 TABLE_HEADER = (

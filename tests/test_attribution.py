@@ -145,3 +145,45 @@ def test_a_conditional_value_and_its_parent_are_told_apart_by_another_choice() -
     cut_off_too = Evidence(4, probe.setting, {"compile_cost": True})
     (cause,) = attribute([*evidence, cut_off_too]).causes
     assert cause.values == (("execution", "inductor"),)
+
+
+def test_a_pair_whose_failures_a_cause_explains_is_not_blamed() -> None:
+    """The GRU case (issue 38): torch.compile captures no graph, so every inductor setting fails
+    (3 of 3); the two failures with autocast bf16 and 1 thread were both inductor settings. The
+    pair is not excluded: inductor explains both of its failures."""
+    evidence = [
+        _ok(0, execution="eager", autocast="none", threads="2", memory_format="contiguous"),
+        _failed(1, "crash", execution="inductor", autocast="none", threads="2", memory_format="contiguous"),
+        _ok(2, execution="eager", autocast="bfloat16", threads="2", memory_format="contiguous"),
+        _failed(3, "crash", execution="inductor", autocast="bfloat16", threads="1", memory_format="contiguous"),
+        _ok(4, execution="eager", autocast="none", threads="1", memory_format="contiguous"),
+        _failed(5, "crash", execution="inductor", autocast="bfloat16", threads="1", memory_format="channels_last"),
+    ]
+    found = attribute(evidence)
+    (cause,) = found.causes
+    assert cause.values == (("execution", "inductor"),)
+    assert (cause.failures_with, cause.settings_with) == (3, 3)
+    # Nothing is left open either: every failure is explained.
+    assert found.open == [] and found.probes == []
+
+
+def test_a_value_is_blamed_only_for_the_failures_left_unexplained() -> None:
+    # Inductor fails 4 of 4; bf16 failed in 3 settings, but two of them were inductor's: one
+    # failure is left to bf16, too few to exclude it, and it stays open.
+    evidence = [
+        _ok(0, execution="eager", autocast="none", threads="2"),
+        _failed(1, "crash", execution="inductor", autocast="none", threads="2"),
+        _failed(6, "crash", execution="inductor", autocast="none", threads="1"),
+        _failed(2, "crash", execution="inductor", autocast="bfloat16", threads="2"),
+        _failed(3, "crash", execution="inductor", autocast="bfloat16", threads="1"),
+        _failed(4, "crash", execution="eager", autocast="bfloat16", threads="1"),
+        _ok(5, execution="eager", autocast="none", threads="1"),
+    ]
+    found = attribute(evidence)
+    assert [c.values for c in found.causes] == [(("execution", "inductor"),)]
+    assert [s.values for s in found.open] == [(("autocast", "bfloat16"),)]
+    # A second failure of bf16 without inductor: now two unexplained failures make it a cause
+    # (and held by as many failures as inductor, neither is judged after the other).
+    more = attribute([*evidence, _failed(7, "crash", execution="eager", autocast="bfloat16", threads="2")])
+    assert sorted(c.values for c in more.causes) == [(("autocast", "bfloat16"),), (("execution", "inductor"),)]
+    assert more.open == []

@@ -88,10 +88,12 @@ def test_shape_omits_sizes_that_do_not_apply() -> None:
 
 def test_verification_reports_each_round_with_the_running_ratio(tuned) -> None:
     _, printed = tuned
-    rounds = re.findall(r"round (\d+)/5: best ([0-9.]+)x", printed)
-    assert [int(k) for k, _ in rounds] == [1, 2, 3, 4, 5]
+    rounds = re.findall(r"round (\d+)/(\d+): best ([0-9.]+)x", printed)
+    # 5 rounds planned; more when a round was disturbed or the interval too wide (docs/tuning.md).
+    assert [int(k) for k, _, _ in rounds] == list(range(1, len(rounds) + 1)) and len(rounds) >= 5
+    assert int(rounds[0][1]) == 5 and int(rounds[-1][1]) == len(rounds)
     # "medium" sleeps 3 ms against 12 ms: the running ratio is well above 1 from the first round.
-    assert all(float(ratio) > 1.5 for _, ratio in rounds)
+    assert all(float(ratio) > 1.5 for _, _, ratio in rounds)
 
 
 def test_trial_line_and_best_show_the_same_quantity(tuned) -> None:
@@ -125,13 +127,16 @@ def test_summary_and_config_give_the_window_and_an_older_result_still_loads(tune
     from tpu_tuner.tuning.window import FROM_SEARCH, FROM_WINDOW
 
     run_dir, printed = tuned
-    assert "median of the 5 rounds of the interleaved verification window" in printed
+    # The rounds kept: 5 planned, more when a round was disturbed or the interval too wide.
+    kept = int(re.search(r"median of the (\d+) rounds of the interleaved verification window", printed).group(1))
+    assert kept >= 5
     provenance = TunedConfig.load(run_dir / "tuned_config.toml").provenance
     assert provenance["baseline"]["step_source"] == provenance["tuned"]["step_source"] == FROM_WINDOW
     # The medians of the very rounds the speedup paired (sleeps on a shared machine over 5 rounds:
     # how closely the two estimators agree is checked on fixed samples in test_window_figures.py).
     loaded = TuningResult.load(run_dir)
     samples = loaded.verification.samples
+    assert len(samples["baseline"]) == len(samples["best"]) == kept
     assert provenance["baseline"]["step_median_s"] == pytest.approx(statistics.median(samples["baseline"]))
     assert provenance["tuned"]["step_median_s"] == pytest.approx(statistics.median(samples["best"]))
     assert loaded.compared.from_window

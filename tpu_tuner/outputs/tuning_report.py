@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.units import binary_bytes, ms, shape
+from tpu_tuner.metrics.disturbed import DISTURBED_DEVIATIONS
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
@@ -175,8 +176,10 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
         f"at least {trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
-        f"({v.speedup.rounds if v.speedup else 0} rounds); speedups are geometric means of per-round ratios with "
-        "95% percentile-bootstrap intervals.",
+        f"({v.speedup.rounds if v.speedup else 0} rounds kept); speedups are geometric means of per-round ratios "
+        "with t intervals at the level of the window's last look (97% at the first, more at each look after it: "
+        f"rounds are added until the interval decides, docs/tuning.md). Verdict: {v.verdict_kind}.",
+        *_disturbed_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
         "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
         f"- Worker processes started: {result.worker_starts}.",
@@ -184,6 +187,21 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
         out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
     return "\n".join(out) + "\n"
+
+
+def _disturbed_lines(v: Verification) -> list[str]:
+    """The window's rounds left out as disturbed, each with its steps, or nothing."""
+    if not v.disturbed_rounds:
+        return []
+    rounds = "; ".join(
+        f"round {d.round} ({', '.join(f'{label} {ms(step)}' for label, step in d.steps.items())})"
+        for d in v.disturbed_rounds
+    )
+    return [
+        "- Disturbed rounds, left out and re-run where the clock allowed (a step more than "
+        f"{DISTURBED_DEVIATIONS:g} robust deviations above its setting's median in the window, or a ratio as far "
+        f"off the median ratio: docs/tuning.md): {rounds}."
+    ]
 
 
 def _contributions(v: Verification) -> list[str]:

@@ -6,7 +6,9 @@ failed with that kind, got past it (a success for that kind), or tells nothing a
 tells nothing about accuracy). For a kind, a *suspect* is a value, or a pair of values of two
 parameters, that no success holds. A suspect is the cause once
 
-* at least `MIN_FAILURES` failures hold it (one failure may be chance: a flaky host, a lost rank),
+* at least `MIN_FAILURES` failures hold it (one failure may be chance: a flaky host, a lost rank)
+  that no cause found first explains (values before pairs, those held by more failures first:
+  when every inductor setting fails, a pair seen only in inductor settings is not blamed too),
 * no other suspect is held by every failure it is held by (when two values always came together,
   the study cannot tell which one fails: a probe does; meanwhile the pair of them is the cause,
   since a setting holding both fails whichever it is), and
@@ -194,9 +196,17 @@ def _causes_of(
     found: list[Cause] = []
     ties: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []
     unsettled: list[Suspect] = []
+    explained: set[int] = set()
     for suspects in (singles, pairs):
-        for combo, numbers in suspects.items():
-            if len(numbers) < MIN_FAILURES:
+        # Explain before blaming: values before pairs, those held by more failures first, and each
+        # counts only the failures no cause found before it explains (issue 38's GRU case: a pair
+        # whose every failure was an inductor setting is not blamed once inductor is). Suspects
+        # held by as many failures are judged alike, whatever their names.
+        level, explained_before = -1, set(explained)
+        for combo, numbers in sorted(suspects.items(), key=lambda item: (-len(item[1]), item[0])):
+            if len(numbers) != level:
+                level, explained_before = len(numbers), set(explained)
+            if len(numbers - explained_before) < MIN_FAILURES:
                 unsettled.append(Suspect(combo, kind, tuple(sorted(numbers))))
                 continue
             rivals = [other for other, theirs in suspects.items() if other != combo and numbers <= theirs]
@@ -208,10 +218,11 @@ def _causes_of(
                         # excluded now, and the probe settles which one alone.
                         if len(combo) == len(other) == 1:
                             found.append(_cause(kind, combo + other, failures, successes, words))
+                            explained |= numbers
                 continue
             found.append(_cause(kind, combo, failures, successes, words))
+            explained |= numbers
     # A failure a cause explains points at nothing else: its other values are not left open.
-    explained = {e.number for e in failures if any(cause.matches(e.setting) for cause in found)}
     return found, ties, [s for s in unsettled if not set(s.failures) <= explained]
 
 

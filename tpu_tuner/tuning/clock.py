@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from optuna.trial import FrozenTrial
 
@@ -39,13 +39,15 @@ WRAP_UP_S = 10.0
 
 @dataclass(frozen=True)
 class Clock:
-    """The run's time budget (None: no limit) from `started`, a `time.perf_counter` reading."""
+    """The run's time budget (None: no limit) from `started`, a reading of `now` (a test's fake
+    clock, else `time.perf_counter`)."""
 
     budget_s: float | None
     started: float
+    now: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.now() - self.started
 
     def left(self) -> float | None:
         """Seconds left of the budget (never negative), or None without one."""

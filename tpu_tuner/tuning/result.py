@@ -290,6 +290,8 @@ class TuningResult:
                 "ci_high": v.speedup.ci_high if v.speedup else None,
                 "rounds": v.speedup.rounds if v.speedup else None,
                 "significant": v.chosen_is_best,
+                "verdict": str(v.verdict_kind),
+                "disturbed_rounds": [d.round for d in v.disturbed_rounds],
             },
             "study": {
                 "storage": _redact(self.storage_url),

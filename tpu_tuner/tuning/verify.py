@@ -3,34 +3,50 @@
 The search's own timings come from different moments on a machine whose speed drifts, so
 they only rank candidates. The claim comes from here: baseline, best, and the best with each
 of its knobs reverted run round-robin in one worker, and paired per-round ratios give the
-speedup and each knob's contribution with 95% intervals. Without a significant win the
-recommendation is the baseline.
+speedup and each knob's contribution with their intervals. Rounds are added while the interval
+cannot decide and the clock allows, disturbed rounds are re-run (tuning/verify_window.py), and
+the verdict is one of `VerdictKind`. Without a verified win the recommendation is the baseline.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.metrics.paired import PairedSpeedup, paired_speedup
+from tpu_tuner.metrics.paired import MIN_GAIN, PairedSpeedup, VerdictKind, paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.clock import Clock, plan_finish
-from tpu_tuner.tuning.interleaved import VerifyProgress, compare_interleaved
+from tpu_tuner.tuning.interleaved import InterleavedWindow, VerifyProgress
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.verify_window import DecidedWindow, measure_until_decided
 from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
 # Why a knob's contribution is missing when the clock's finish drops them (tuning/clock.py).
 NO_TIME = "the time budget left no room (each knob set back is a setting compiled afresh)"
+# How far the window may grow while undecided: without a clock, to 4x --verify-rounds; with one,
+# as far as the clock allows (the ceiling only bounds a window of microsecond steps).
+UNCLOCKED_GROWTH = 4
+CLOCKED_CEILING = 1000
+
+
+@dataclass(frozen=True)
+class DisturbedRound:
+    """A round of the window left out by the disturbed-round rule (metrics/disturbed.py) and
+    re-run: its number (1-based) and each compared setting's step in it (seconds)."""
+
+    round: int
+    steps: dict[str, float]
 
 
 @dataclass
@@ -58,7 +74,7 @@ class Verification:
     contributions_left_out: dict[str, str] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     compiles_while_comparing: dict[str, int] = field(default_factory=dict)
-    message: str = ""
+    message: str = ""  # the verdict in words, led by its kind ("verified: ...", "undecided: ...")
     # The search's leaders re-measured interleaved before this verification (tuning/race.py);
     # empty when one leader stood alone. `best_trial` is the race's winner.
     race: list[RaceEntry] = field(default_factory=list)
@@ -68,9 +84,21 @@ class Verification:
     # The baseline's and the best's steady steps in this window (tuning/window.py): the figures
     # shown beside the speedup. None when nothing was compared, and in results written before it.
     window: WindowFigures | None = None
+    # A `VerdictKind` value; "" in results written before it was recorded (`verdict_kind` derives it).
+    verdict: str = ""
+    # The window's rounds left out as disturbed (each re-run where the clock allowed); `samples`
+    # holds the others.
+    disturbed_rounds: list[DisturbedRound] = field(default_factory=list)
 
-
-"""Called after each interleaved round: (round, rounds, running speedup of best over baseline)."""
+    @property
+    def verdict_kind(self) -> VerdictKind:
+        """The verdict: as recorded, else (older results) what the speedup and the choice say."""
+        if self.verdict:
+            return VerdictKind(self.verdict)
+        if self.speedup is None:
+            same = self.best_trial is not None and self.best_trial == self.baseline_trial
+            return VerdictKind.NO_GAIN if same else VerdictKind.NOT_VERIFIED
+        return VerdictKind.VERIFIED if self.chosen_is_best else self.speedup.verdict
 
 
 def verify(
@@ -103,7 +131,9 @@ def verify(
             if baseline_trial is None
             else "the baseline failed the accuracy check"
         )
-        return Verification(None, None, baseline, False, None, message=f"not verified: {reason}")
+        return Verification(
+            None, None, baseline, False, None, message=f"not verified: {reason}", verdict=VerdictKind.NOT_VERIFIED
+        )
     best_trial = min(feasible, key=trial_attrs.objective)
     if best_trial.params == baseline_params:
         return Verification(
@@ -112,7 +142,8 @@ def verify(
             baseline,
             False,
             None,
-            message="no feasible candidate beat the baseline in the search; keep the baseline",
+            message="no gain: no feasible candidate beat the baseline in the search; keep the baseline",
+            verdict=VerdictKind.NO_GAIN,
         )
 
     # The search's leaders, raced interleaved: one measurement each cannot order settings a few
@@ -153,25 +184,31 @@ def verify(
             unmeasurable[name] = refusal
         elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
-    compared = compare_interleaved(
-        runner,
-        [space.to_candidate(params).to_dict() for params in labels.values()],
+    unclocked = clock is None or clock.budget_s is None
+    decided = measure_until_decided(
+        InterleavedWindow(
+            runner,
+            [space.to_candidate(params).to_dict() for params in labels.values()],
+            options.runner,
+            time.perf_counter if clock is None else clock.now,
+        ),
         plan.verify_rounds,
-        options.runner,
+        UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING,
+        _seconds_left(clock),
         progress,
     )
-    if isinstance(compared, str):
+    if isinstance(decided, str):
         return Verification(
             baseline_trial.number,
             best_trial.number,
             baseline,
             False,
             None,
-            message=f"verification failed ({compared}); keep the baseline",
+            message=f"not verified: the verification failed ({decided}); keep the baseline",
+            verdict=VerdictKind.NOT_VERIFIED,
         )
-    per_label, compiles = compared
-    samples = dict(zip(labels, per_label))
-    speedup = paired_speedup(samples["baseline"], samples["best"])
+    samples = {label: decided.kept(i) for i, label in enumerate(labels)}
+    speedup = decided.speedup
     contributions = []
     for name in attributed:
         if name in unmeasurable:
@@ -183,17 +220,10 @@ def verify(
                 name,
                 space.baseline_value(name),
                 best_params.get(name, space.baseline_value(name)),
-                paired_speedup(reverted, samples["best"]),
+                paired_speedup(reverted, samples["best"], level=speedup.level),
             )
         )
-    chosen_is_best = speedup.significant
-    if chosen_is_best:
-        message = f"verified: {speedup.describe()}"
-    elif speedup.ci_high < 1.0:
-        # The whole interval below 1: re-measured together, the search's best was slower.
-        message = f"slower than the baseline when re-measured: {speedup.describe()}; keep the baseline"
-    else:
-        message = f"not significant: {speedup.describe()} includes 1; keep the baseline"
+    chosen_is_best = decided.verdict is VerdictKind.VERIFIED
     return Verification(
         race=race_entries,
         baseline_trial=baseline_trial.number,
@@ -204,9 +234,46 @@ def verify(
         contributions=contributions,
         contributions_left_out=unmeasurable,
         samples=samples,
-        compiles_while_comparing=compiles,
-        message=message,
+        compiles_while_comparing=decided.compiles,
+        message=verdict_message(decided, options.objective.verify_rounds, unclocked),
         window=WindowFigures.of(samples),
+        verdict=decided.verdict,
+        disturbed_rounds=[
+            DisturbedRound(i + 1, {label: decided.samples[k][i] for k, label in enumerate(labels)})
+            for i in decided.disturbed
+        ],
+    )
+
+
+def _seconds_left(clock: Clock | None) -> Callable[[], float | None]:
+    return (lambda: None) if clock is None else clock.left_to_work
+
+
+def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool) -> str:
+    """The verdict in words, led by its kind: "verified: 2.03x (...)", "no gain: ...",
+    "undecided: 40 rounds, interval 0.95-1.30 ..."; the disturbed rounds left out, when any (each
+    was re-run where the clock allowed: the rounds kept are in the interval's count)."""
+    s, verdict = decided.speedup, decided.verdict
+    rerun = len(decided.disturbed)
+    disturbed = (
+        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
+        f"({', '.join(str(i + 1) for i in decided.disturbed)})"
+        if rerun
+        else ""
+    )
+    if verdict is VerdictKind.VERIFIED:
+        return f"verified: {s.describe()}{disturbed}"
+    if verdict is VerdictKind.NO_GAIN:
+        what = "slower than the baseline when re-measured" if s.ci_high < 1.0 else f"any gain is under {MIN_GAIN:.2f}x"
+        return f"no gain: {what}, {s.describe()}{disturbed}; keep the baseline"
+    why = {
+        "rounds": f"--verify-rounds allowed no more ({UNCLOCKED_GROWTH}x its {verify_rounds})"
+        if unclocked
+        else f"the window reached its ceiling of {CLOCKED_CEILING} rounds",
+    }.get(decided.stopped_by, "the clock ran out")
+    return (
+        f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
+        f"({s.speedup:.2f}x, {s.level * 100:.4g}%){disturbed}; {why} before it decided; keep the baseline"
     )
 
 
