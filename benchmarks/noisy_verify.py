@@ -32,6 +32,7 @@ from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.clock import Clock
 from tpu_tuner.tuning.interleaved import InterleavedWindow
+from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import CLOCKED_CEILING
 from tpu_tuner.tuning.verify_window import measure_until_decided
@@ -122,7 +123,10 @@ def main() -> None:
     if args.burn_round < 2:
         parser.error("--burn-round must be 2 or more (the burner starts after the round before it)")
     print(f"host: {_cpu_model()}, {os.cpu_count()} cores; python {platform.python_version()}")
-    options = TuneOptions(verify_rounds=args.rounds, trial_settings=ProfilerSettings.load())
+    options = TuneOptions(
+        objective=ObjectiveOptions(verify_rounds=args.rounds),
+        runner=RunnerOptions(trial_settings=ProfilerSettings.load()),
+    )
     for model in args.models:
         setting = args.setting or SETTINGS.get(model.stem, SETTINGS["gpt"])
         candidates, label = _candidates(model, setting)

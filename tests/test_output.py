@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from tpu_tuner.core.units import duration, ms, shape
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.profiling import ProfilerSettings
+from tpu_tuner.tuning.options import RunnerOptions, SearchOptions
 
 FAST = ProfilerSettings(
     warmup_min_steps=1,
@@ -46,7 +48,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # The CLI has no flags for these: fast profiler settings, and no agents (the precision agent
     # would reject "medium" on a host whose matmuls it does not change; the fixture only sleeps).
     def fast_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        original(self, *args, **{**kwargs, "trial_settings": FAST, "agents": ()})
+        runner, search = kwargs.get("runner", RunnerOptions()), kwargs.get("search", SearchOptions())
+        fast = {"runner": replace(runner, trial_settings=FAST), "search": replace(search, agents=())}
+        original(self, *args, **{**kwargs, **fast})
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setattr(study.TuneOptions, "__init__", fast_init)

@@ -22,6 +22,7 @@ from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.clock import Clock
 from tpu_tuner.tuning.interleaved import InterleavedWindow
+from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.verify import Verification, verdict_message, verify
 from tpu_tuner.tuning.verify_window import measure_until_decided
 
@@ -65,7 +66,7 @@ def _ratios(seed: int, mean: float, sd: float) -> Callable[[int], list[float]]:
 
 def _window(steps: Callable[[int], list[float]], clock: FakeClock) -> tuple[InterleavedWindow, FakeSource]:
     source = FakeSource(steps, clock)
-    options = TuneOptions(trial_settings=ProfilerSettings())
+    options = TuneOptions(runner=RunnerOptions(trial_settings=ProfilerSettings()))
     return InterleavedWindow(source, [{}, {}], options.runner, clock.monotonic), source  # type: ignore[arg-type]
 
 
@@ -208,7 +209,9 @@ class _DisturbedRunner:
 
 def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() -> None:
     study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
-    options = TuneOptions(verify_rounds=6, trial_settings=ProfilerSettings())
+    options = TuneOptions(
+        objective=ObjectiveOptions(verify_rounds=6), runner=RunnerOptions(trial_settings=ProfilerSettings())
+    )
     v = verify(study, _space(), _DisturbedRunner(), options, "cpu")  # type: ignore[arg-type]
     assert v.verdict == VerdictKind.VERIFIED and v.chosen_is_best
     assert v.message.startswith("verified: 2.5") and "1 disturbed round left out (4)" in v.message
