@@ -161,6 +161,8 @@ def parse_topology(text: str) -> Topology:
         shape = tuple(int(d) for d in explicit.group(2).split("x"))
         if len(shape) != chip.torus_dims:
             raise UserInputError(f"topology {text!r}: {chip.generation} is a {chip.torus_dims}D torus")
+        if min(shape) < 1:
+            raise UserInputError(f"topology {text!r}: every dimension must be at least 1 chip")
         topology = Topology(text, chip, shape)
     else:
         named = re.fullmatch(r"(v4|v5e|v5p|v5litepod|v6e|tpu7x|v7x)-(\d+)", cleaned)
