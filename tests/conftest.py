@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tpu_tuner.profiling import ProfilerSettings
 
@@ -34,8 +36,10 @@ for _name, _examples in FUZZ_EXAMPLES.items():
         max_examples=_examples,
         deadline=None,  # a loaded host's pauses are no finding
         database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
     )
+# Hypothesis's own cache (.hypothesis/) goes to the temporary folder, not into the checkout.
+set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "tpu-tune-hypothesis"))
 settings.load_profile("fuzz-full" if os.environ.get("TPU_TUNE_FUZZ") == "full" else "fuzz-quick")
 
 

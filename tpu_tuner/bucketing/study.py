@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.devices import get_backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compiled_with
@@ -116,6 +117,7 @@ def plan_buckets(
     each worker's own temporary log, dropped unless a failure names it)."""
     emit = progress or (lambda message: None)
     started = time.perf_counter()
+    check_field_types(options)
     if options.steps < 1 or options.max_buckets < 1 or options.align < 1:
         raise UserInputError("--steps, --max-buckets and --align must be at least 1")
     if options.lengths_file is not None and not Path(options.lengths_file).is_file():

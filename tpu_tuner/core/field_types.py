@@ -4,10 +4,13 @@ API's options) have the types a dataclass declares for them, before any arithmet
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from tpu_tuner.core.errors import UserInputError
 
 
 def wrong_type(cls: type, values: dict[str, Any], localns: dict[str, Any] | None = None) -> str | None:
@@ -19,6 +22,19 @@ def wrong_type(cls: type, values: dict[str, Any], localns: dict[str, Any] | None
         if name in hints and not _matches(hints[name], value):
             return f"{name} must be {_describe(hints[name])}, not {value!r}"
     return None
+
+
+def check_field_types(options: Any, localns: dict[str, Any] | None = None) -> None:
+    """A one-line `UserInputError` naming the first field of the dataclass instance `options`
+    (its dataclass fields' fields too: a `TuneOptions`' sections) whose value is not of its
+    declared type: what the Python API's entry points check before any arithmetic meets them."""
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    wrong = wrong_type(type(options), values, localns)
+    if wrong:
+        raise UserInputError(f"{type(options).__name__}: {wrong}")
+    for value in values.values():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_field_types(value, localns)
 
 
 def _matches(hint: Any, value: Any) -> bool:
@@ -60,4 +76,4 @@ def _describe(hint: Any) -> str:
     return names.get(hint, "a path" if hint is Path else getattr(hint, "__name__", str(hint)))
 
 
-__all__ = ["wrong_type"]
+__all__ = ["check_field_types", "wrong_type"]

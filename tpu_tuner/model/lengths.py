@@ -42,9 +42,10 @@ class LengthHistogram:
         if not np.issubdtype(values.dtype, np.integer):
             if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
                 raise ValueError("lengths must be whole numbers")
-            values = values.astype(np.int64)
         if values.min() < 1 or values.max() > MAX_LENGTH:
-            raise ValueError(f"lengths must be from 1 to {MAX_LENGTH:,}, found {int(values.min())} to {int(values.max())}")
+            raise ValueError(
+                f"lengths must be from 1 to {MAX_LENGTH:,}, found {float(values.min()):g} to {float(values.max()):g}"
+            )
         lengths, counts = np.unique(values.astype(np.int64), return_counts=True)
         return cls(lengths, counts.astype(np.int64))
 

@@ -154,6 +154,7 @@ def plan_to_folder(
     """
     from tpu_tuner.planner.plan import plan
 
+    new_root = not Path(out).exists()
     if (options.budget is not None or options.sampler == "exhaustive") and options.storage is None:
         # The search's trials outlive the folder: the same plan run again resumes from them.
         from tpu_tuner.studies.storage import storage_from_environment
@@ -173,6 +174,8 @@ def plan_to_folder(
         result = plan(model_file, options, progress=progress)
     except BaseException as exc:
         _drop_failed_plan(run_dir, log_file, bad_input=isinstance(exc, TpuTuneError))
+        if new_root and not any(Path(out).iterdir()):  # the results folder this plan made, now empty
+            Path(out).rmdir()
         raise
     write_plan(run_dir, result)
     return run_dir, result

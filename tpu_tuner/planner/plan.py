@@ -16,6 +16,7 @@ from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.optimizer import state_bytes_per_parameter
+from tpu_tuner.planner.option_checks import check_plan_options
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.remat import parse_remat
@@ -29,6 +30,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     """Plan `model_file` on `options.topology`: the layout enumeration, or with `options.budget`
     (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
+    check_plan_options(options)
     topology = parse_topology(options.topology).with_slices(options.slices)
     # The compiler processes start now: their start-up overlaps reading the model.
     with CompilePool(options.workers, options.log_file) as pool:
