@@ -42,7 +42,7 @@ def check_plan_options(options: PlanOptions) -> None:
         if not getattr(options, name) or min(getattr(options, name)) < 1:
             raise UserInputError(f"PlanOptions: {name} must be sizes of at least 1, not {getattr(options, name)}")
     layouts = options.layouts
-    if layouts is not None and not (isinstance(layouts, list) and all(isinstance(x, Layout) for x in layouts)):
+    if layouts is not None and not (isinstance(layouts, (list, tuple)) and all(isinstance(x, Layout) for x in layouts)):
         raise UserInputError("PlanOptions: layouts must be Layout values (tpu_tuner.model.layouts.parse_layout)")
 
 
