@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.bucketing import BucketCostModel, LengthHistogram, optimal_buckets
+from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement, BucketReplay
 from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
 from tpu_tuner.outputs.bucket_report import render_terminal
 
@@ -57,12 +58,11 @@ def main() -> None:
     result = plan_buckets(
         REPO / "examples" / "encoder.py",
         BucketOptions(
-            steps=args.steps,
-            max_buckets=args.max_buckets,
-            compile_backend=args.compile_backend,
-            replay_steps=args.replay,
-            replay_max_compiles=args.replay_max_compiles,
-            replay_only=tuple(args.only) if args.only else None,
+            choice=BucketChoice(planned_steps=args.steps, max_buckets=args.max_buckets),
+            measure=BucketMeasurement(compile_backend=args.compile_backend),
+            replay=BucketReplay(
+                steps=args.replay, max_compiles=args.replay_max_compiles, only=tuple(args.only) if args.only else None
+            ),
         ),
         progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True),
     )

@@ -23,6 +23,7 @@ from tpu_tuner.runner.requests import ProfileRequest
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.agents import load_agents
+from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import compare_interleaved
 
@@ -39,7 +40,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
 
-    options = TuneOptions(verify_rounds=args.rounds, trial_settings=ProfilerSettings.load())
+    options = TuneOptions(
+        objective=ObjectiveOptions(verify_rounds=args.rounds),
+        runner=RunnerOptions(trial_settings=ProfilerSettings.load()),
+    )
     with TrialRunner(str(args.model)) as runner:
         summary = load_summary(runner, args.model, None, None)
         kind = summary.device_kind or "cpu"

@@ -37,6 +37,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, StoreOptions
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -98,7 +100,7 @@ class InstantRunner:
 def _loop_options(trials: int):
     from tpu_tuner.tuning import TuneOptions
 
-    return TuneOptions(trials=trials, agents=(), sampler="tpe", seed=0)
+    return TuneOptions(search=SearchOptions(trials=trials, agents=(), sampler="tpe", seed=0))
 
 
 def _space():
@@ -308,16 +310,11 @@ def study_worker(study: str, out: str, storage: str, space: str) -> None:
         explained_share_min=0.5,
     )
     options = TuneOptions(
-        trials=12,
-        sampler="tpe",
-        agents=(),
-        verify_rounds=4,
-        storage=storage,
-        study=study,
-        space=Path(space),
-        out=Path(out),
-        trial_settings=settings,
-        warm_start=False,
+        search=SearchOptions(trials=12, sampler="tpe", agents=(), space=Path(space), warm_start=False),
+        objective=ObjectiveOptions(verify_rounds=4),
+        store=StoreOptions(url=storage, study=study),
+        outputs=OutputOptions(out=Path(out)),
+        runner=RunnerOptions(trial_settings=settings),
     )
     print(f"{time.time():.3f} [imported] tpu_tuner and torch", flush=True)
     result = tune(

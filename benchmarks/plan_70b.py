@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from tpu_tuner.outputs.plan_report import render_terminal
-from tpu_tuner.planner.plan import PlanOptions, plan
+from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+from tpu_tuner.planner.plan import plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,14 +35,10 @@ def main() -> None:
     result = plan(
         REPO / "examples" / "llama.py",
         PlanOptions(
-            topology=args.topology,
-            slices=args.slices,
-            preset="70b",
-            global_batch=args.global_batch,
-            seq_len=args.seq,
-            max_layouts=args.max_layouts,
-            fast_compile=args.fast,
-            **({"workers": args.workers} if args.workers else {}),
+            PlanTarget(args.topology, args.slices),
+            step=PlanStep(preset="70b", global_batch=args.global_batch, seq_len=args.seq),
+            enumeration=PlanEnumeration(max_layouts=args.max_layouts),
+            compile=PlanCompile(fast_compile=args.fast, **({"workers": args.workers} if args.workers else {})),
         ),
         progress=lambda message: print(f"{time.perf_counter() - start:6.0f} s  {message}", flush=True),
     )

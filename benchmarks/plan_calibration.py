@@ -47,6 +47,8 @@ from tpu_tuner.planner.predict import causal_score_elements
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, published_rows
 
+from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
+
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
 
@@ -116,20 +118,20 @@ def compile_row(row: Row) -> dict | None:
     result = plan(
         row.spec,
         PlanOptions(
-            topology=row.topology,
-            global_batch=row.global_batch,
-            seq_len=row.seq,
-            remat=row.remat,
-            attention="causal" if row.attention == "none" else row.attention,
-            layouts=[row.layout],
-            first_moment_dtype=row.mu_dtype,
-            optimizer=row.optimizer,
-            vocab_tiling=row.vocab_tiling,
-            weight_dtype=row.weight_dtype,
-            quantization=row.quantization,
-            slices=row.slices,
-            workers=1,
-            cost_model=CostModel(),
+            PlanTarget(topology=row.topology, slices=row.slices),
+            step=PlanStep(
+                global_batch=row.global_batch,
+                seq_len=row.seq,
+                remat=row.remat,
+                attention="causal" if row.attention == "none" else row.attention,
+                first_moment_dtype=row.mu_dtype,
+                optimizer=row.optimizer,
+                vocab_tiling=row.vocab_tiling,
+                weight_dtype=row.weight_dtype,
+                quantization=row.quantization,
+            ),
+            enumeration=PlanEnumeration(layouts=[row.layout]),
+            compile=PlanCompile(workers=1, cost_model=CostModel()),
         ),
     )
     (p,) = result.plans

@@ -23,9 +23,11 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.plan import LayoutPlan, PlanOptions, judged, plan
+from tpu_tuner.planner.options import PlanCompile, PlanOptions, PlanSearch, PlanStep, PlanStore, PlanTarget
+from tpu_tuner.planner.plan import LayoutPlan, judged, plan
 from tpu_tuner.planner.problem import build_problem
 from tpu_tuner.planner.search import search
 from tpu_tuner.planner.space import PlanPoint, PlanSpace
@@ -56,18 +58,22 @@ WITHIN = 0.99
 TARGET_SHARE = 0.30
 
 
-def options(slices: int = 1, **overrides) -> PlanOptions:
-    base = dict(
-        topology="v5p-256",
-        preset="70b",
-        global_batch=512 * slices,
-        seq_len=4096,
-        attention="causal",
-        fast_compile=True,
-        space=SPACE if slices == 1 else MULTI_SLICE_SPACE,
-        slices=slices,
+def options(
+    slices: int = 1,
+    workers: int | None = None,
+    log_file: Path | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    **search: Any,
+) -> PlanOptions:
+    """The benchmark's 70B plan on `slices` v5p-256 slices; `search` sets the sampler, seed and budget."""
+    return PlanOptions(
+        PlanTarget("v5p-256", slices),
+        step=PlanStep(preset="70b", global_batch=512 * slices, seq_len=4096, attention="causal"),
+        compile=PlanCompile(fast_compile=True, log_file=log_file, **({"workers": workers} if workers else {})),
+        search=PlanSearch(space=SPACE if slices == 1 else MULTI_SLICE_SPACE, **search),
+        store=PlanStore(study=study, url=storage),
     )
-    return PlanOptions(**{**base, **overrides})
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import default_trial_settings
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, SearchOptions, default_trial_settings
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
 from tpu_tuner.tuning.trials import run_search
@@ -196,14 +196,18 @@ def replay(
     start's seeds, benchmarks/warm_start.py) the baseline and those are queued as tpu-tune queues
     them, then the agents' seeds when `seeded`; without, the agents' seeds when `seeded`."""
     options = TuneOptions(
-        sampler=sampler,
-        seed=seed,
-        trials=budget,
-        agents=grid.options.search.agents,
-        memory_limit_bytes=grid.options.objective.memory_limit_bytes,
-        prune=prune,
-        time_budget_s=None,
-        planned_steps=grid.options.objective.planned_steps,
+        search=SearchOptions(
+            sampler=sampler,
+            seed=seed,
+            trials=budget,
+            agents=grid.options.search.agents,
+            prune=prune,
+            time_budget_s=None,
+        ),
+        objective=ObjectiveOptions(
+            memory_limit_bytes=grid.options.objective.memory_limit_bytes,
+            planned_steps=grid.options.objective.planned_steps,
+        ),
     )
     agents, _, memory = prepare_agents(options, grid.profile)
     study = optuna.create_study(direction="minimize", sampler=build_sampler(options, grid.space))
@@ -240,7 +244,10 @@ def main() -> None:
 
     if args.grid_run is None:
         result = tune(
-            REPO / "examples" / f"{args.example}.py", TuneOptions(sampler="grid", trials=100_000, out=REPO / "results")
+            REPO / "examples" / f"{args.example}.py",
+            TuneOptions(
+                search=SearchOptions(sampler="grid", trials=100_000), outputs=OutputOptions(out=REPO / "results")
+            ),
         )
         args.grid_run = result.run_dir
     grid = TuningResult.load(args.grid_run)

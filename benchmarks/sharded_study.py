@@ -20,6 +20,7 @@ import optuna
 
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.options import OutputOptions, RunnerOptions, SearchOptions
 
 
 def summarise(study: optuna.Study) -> list[str]:
@@ -69,7 +70,14 @@ def main() -> None:
         from tpu_tuner.api import tune
         from tpu_tuner.tuning.options import TuneOptions
 
-        result = tune(args.model, TuneOptions(trials=args.trials, nproc=args.nproc, plan=args.plan, out=args.out))
+        result = tune(
+            args.model,
+            TuneOptions(
+                search=SearchOptions(trials=args.trials, plan=args.plan),
+                runner=RunnerOptions(nproc=args.nproc),
+                outputs=OutputOptions(out=args.out),
+            ),
+        )
     print(f"{result.run_dir}: {result.options.runner.nproc} ranks, {result.profile.workload.get('name')}")
     for line in summarise(result.study):
         print(line)

@@ -47,6 +47,7 @@ from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.budget import search_budget
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 from tpu_tuner.tuning.run_setup import prepare_agents
 from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
@@ -108,13 +109,29 @@ def measure(bench: Path, first_width: int, second_width: int, batch: int, seq: i
         # The load average: above ~1 (this run's own worker), something else ran alongside.
         print(f"[{event.phase} | {event.elapsed:6.0f} s | load {os.getloadavg()[0]:.2f}] {event.message}", flush=True)
 
-    common = dict(space=space, batch_size=batch, seq_len=seq, warm_start=False)
+    runner = RunnerOptions(batch_size=batch, seq_len=seq)
     started = time.perf_counter()
-    earlier = tune(first, TuneOptions(trials=trials, out=bench / "earlier", verify_rounds=4, **common), progress)
+    earlier = tune(
+        first,
+        TuneOptions(
+            search=SearchOptions(trials=trials, space=space, warm_start=False),
+            objective=ObjectiveOptions(verify_rounds=4),
+            runner=runner,
+            outputs=OutputOptions(out=bench / "earlier"),
+        ),
+        progress,
+    )
     print(f"earlier run: {earlier.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
     started = time.perf_counter()
     grid = tune(
-        second, TuneOptions(sampler="grid", trials=100_000, out=bench / "grid", verify_rounds=2, **common), progress
+        second,
+        TuneOptions(
+            search=SearchOptions(sampler="grid", trials=100_000, space=space, warm_start=False),
+            objective=ObjectiveOptions(verify_rounds=2),
+            runner=runner,
+            outputs=OutputOptions(out=bench / "grid"),
+        ),
+        progress,
     )
     print(f"grid run: {grid.run_dir} ({time.perf_counter() - started:.0f} s)", flush=True)
     return earlier.run_dir, grid.run_dir
@@ -218,7 +235,7 @@ def main() -> None:
     if best is None:
         raise SystemExit(f"{args.grid_run}: no feasible measured setting")
     target = best * WITHIN
-    agents, _, _ = prepare_agents(TuneOptions(agents=grid.options.search.agents), grid.profile)
+    agents, _, _ = prepare_agents(TuneOptions(search=SearchOptions(agents=grid.options.search.agents)), grid.profile)
     budget = args.budget or search_budget(None, "tpe", grid.space, agents).trials
     best_trial = next(t for t in measured if t.value == best)
     print(

@@ -19,7 +19,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.agents.compiler_options import seeds, validate
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, TuneOptions
 from tpu_tuner.tuning.seeding import build_sampler
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -123,7 +123,7 @@ def test_conditional_space_suggests_and_enumerates_only_valid_settings(tmp_path)
     assert compiled["compile_options"] == "freezing"
 
     # The grid sampler walks exactly the valid settings, each once.
-    study = optuna.create_study(sampler=build_sampler(TuneOptions(sampler="grid", seed=0), space))
+    study = optuna.create_study(sampler=build_sampler(TuneOptions(search=SearchOptions(sampler="grid", seed=0)), space))
     walked = []
     for _ in range(space.size()):
         trial = study.ask()
@@ -187,14 +187,10 @@ def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
         top_operators=3,
     )
     options = TuneOptions(
-        space=FIXTURES / "inductor_options_space.toml",
-        agents=(),
-        trials=2,
-        sampler="grid",
-        verify_rounds=2,
-        out=tmp_path,
-        trial_timeout_s=240.0,
-        trial_settings=settings,
+        search=SearchOptions(space=FIXTURES / "inductor_options_space.toml", agents=(), trials=2, sampler="grid"),
+        objective=ObjectiveOptions(verify_rounds=2),
+        outputs=OutputOptions(out=tmp_path),
+        runner=RunnerOptions(trial_timeout_s=240.0, trial_settings=settings),
     )
     result = tune(FIXTURES / "graph_break.py", options)
     rows = {row["compile_options"]: row for _, row in result.trials_dataframe().iterrows()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -18,6 +19,7 @@ from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.clock import Clock, plan_finish
 from tpu_tuner.tuning.failures import stored_causes
+from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.pruning import HopelessPruner
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
@@ -71,9 +73,9 @@ class RuleRunner:
         return JobResult(value=_measurement(candidate, step), seconds=self.seconds)
 
 
-def _search(study: optuna.Study, runner: RuleRunner, trials: int, **options) -> tuple[str, list]:
+def _search(study: optuna.Study, runner: RuleRunner, trials: int, **search: Any) -> tuple[str, list]:
     events: list = []
-    opts = TuneOptions(space=SPACE.name, agents=(), trials=trials, **options)
+    opts = TuneOptions(search=SearchOptions(space=SPACE.name, agents=(), trials=trials, **search))
     end = run_search(study, SPACE, [], runner, MeasureRequest(), opts, events.append, time.perf_counter())
     return end, events
 
@@ -214,7 +216,7 @@ def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> Non
     ):
         study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
     runner, events = RuleRunner(), []
-    opts = TuneOptions(space=SPACE.name, agents=(), trials=5)
+    opts = TuneOptions(search=SearchOptions(space=SPACE.name, agents=(), trials=5))
     run_search(study, SPACE, [], runner, MeasureRequest(), opts, events.append, time.perf_counter())
     # The first bf16 setting ran under the pruner's threshold, the second (its suspect open) without;
     # its crash made bf16 the cause, and the third was never measured.

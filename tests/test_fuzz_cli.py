@@ -128,10 +128,22 @@ def test_buckets_flags(
 
 # --- the Python API's options -----------------------------------------------------------------
 
-TUNE_KEYWORDS = ["trials", "timeout_s", "time_budget_s", "sampler", "seed", "space", "planned_steps", "tolerance",
-                 "verify_rounds", "max_buckets", "bucket_align", "nproc", "nnodes", "rdzv", "batch_size", "seq_len",
-                 "trial_timeout_s", "heartbeat_interval_s", "grace_period_s", "study", "memory_limit_bytes", "agents",
-                 "prune", "warm_start", "node_rank", "max_restarts"]  # fmt: skip
+
+def sectioned(options: type, required: dict[str, Any] | None = None) -> st.SearchStrategy[Any]:
+    """A call building `options` (a sectioned options class: its `SECTIONS`) with up to three
+    fields of random sections set to random values; `required` fields given first."""
+    import dataclasses
+
+    classes: dict[str, type] = sys.modules[options.__module__].SECTIONS
+    fields = [(section, f.name) for section, cls in classes.items() for f in dataclasses.fields(cls)]
+
+    def build(chosen: dict[tuple[str, str], Any]) -> Any:
+        given: dict[str, dict[str, Any]] = {section: dict((required or {}).get(section, {})) for section in classes}
+        for (section, name), value in chosen.items():
+            given[section][name] = value
+        return lambda: options(**{section: classes[section](**values) for section, values in given.items()})
+
+    return st.dictionaries(st.sampled_from(fields), values(), max_size=3).map(build)
 
 
 def api_refused(call: Any) -> None:
@@ -145,34 +157,27 @@ def api_refused(call: Any) -> None:
 
 
 @budget(0.5)
-@given(st.dictionaries(st.sampled_from(TUNE_KEYWORDS), values(), max_size=3))
-def test_api_tune(stopped_before_work: None, scratch: Path, keywords: dict[str, Any]) -> None:
+@given(st.data())
+def test_api_tune(stopped_before_work: None, scratch: Path, data: st.DataObject) -> None:
     out = scratch / "api-tune"
-    api_refused(lambda: tpu_tuner.tune(MODEL, tpu_tuner.TuneOptions(device="cpu", out=out, **keywords)))
+    required = {"runner": {"device": "cpu"}, "outputs": {"out": out}}
+    build = data.draw(sectioned(tpu_tuner.TuneOptions, required))
+    api_refused(lambda: tpu_tuner.tune(MODEL, build()))
     assert not out.exists()
 
 
-PLAN_KEYWORDS = ["slices", "global_batch", "seq_len", "remat", "accumulation", "first_moment_dtype", "optimizer",
-                 "weight_dtype", "quantization", "vocab_tiling", "attention", "max_layouts", "workers", "budget",
-                 "remats", "accumulations", "contexts", "sampler", "seed", "layouts"]  # fmt: skip
+@budget(0.5)
+@given(st.one_of(near(TOPOLOGY), values()), st.data())
+def test_api_plan(stopped_before_work: None, topology: Any, data: st.DataObject) -> None:
+    build = data.draw(sectioned(tpu_tuner.PlanOptions, {"target": {"topology": topology}}))
+    api_refused(lambda: tpu_tuner.plan(MODEL, build()))
 
 
 @budget(0.5)
-@given(st.one_of(near(TOPOLOGY), values()), st.dictionaries(st.sampled_from(PLAN_KEYWORDS), values(), max_size=3))
-def test_api_plan(stopped_before_work: None, topology: Any, keywords: dict[str, Any]) -> None:
-    api_refused(lambda: tpu_tuner.plan(MODEL, tpu_tuner.PlanOptions(topology=topology, **keywords)))
-
-
-BUCKET_KEYWORDS = ["steps", "max_buckets", "align", "batch_size", "replay_steps", "trial_timeout_s", "seed",
-                   "lengths_file", "replay_only"]  # fmt: skip
-
-
-@budget(0.5)
-@given(st.dictionaries(st.sampled_from(BUCKET_KEYWORDS), values(), max_size=3))
-def test_api_plan_buckets(stopped_before_work: None, keywords: dict[str, Any]) -> None:
-    from tpu_tuner.bucketing import study
-
-    api_refused(lambda: study.plan_buckets(MODEL, study.BucketOptions(**keywords)))
+@given(st.data())
+def test_api_plan_buckets(stopped_before_work: None, data: st.DataObject) -> None:
+    build = data.draw(sectioned(tpu_tuner.BucketOptions))
+    api_refused(lambda: tpu_tuner.plan_buckets(MODEL, build()))
 
 
 # --- tpu-tune itself, a few cases -------------------------------------------------------------

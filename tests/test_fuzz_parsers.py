@@ -34,11 +34,11 @@ DURATION = joined(st.tuples(numbers(), st.sampled_from(["h", "m", "s", "", " m",
 def test_time_budget(text: str) -> None:
     """--time-budget as the CLI reads it: parse_duration, then the options' check."""
     from tpu_tuner.core.units import parse_duration
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import SearchOptions
 
     try:
         seconds = parse_duration(text)
-        TuneOptions(time_budget_s=seconds).validate()
+        SearchOptions(time_budget_s=seconds)
     except UserInputError as exc:
         refused_in_one_line(exc)
         return
@@ -136,10 +136,11 @@ def test_remat(text: str) -> None:
 
 @given(st.sampled_from(["accumulations", "contexts"]), near(joined(numbers(), ",", 4)))
 def test_plan_sizes(flag: str, text: str) -> None:
-    from tpu_tuner.cli.plan import _sizes
+    from tpu_tuner.planner.options import PlanSearch, _ints
 
     try:
-        sizes = _sizes(flag, text)
+        sizes = _ints(f"--{flag}", text)
+        PlanSearch(**{flag: sizes})
     except UserInputError as exc:
         refused_in_one_line(exc)
         return

@@ -128,8 +128,8 @@ def test_the_attention_knob_switches_the_model_and_its_code_line_runs_on_a_fresh
     model = workload.build_model()
     traits = of_model(model, training=True, batch_size=2)
     assert "eager" in traits.attention_implementations and "sdpa" not in traits.attention_implementations
-    assert knob.applies_to_workload(traits) and knob.choice_applies("eager", traits)
-    assert not knob.choice_applies("sdpa", traits)  # what the model already runs: the default
+    assert knob.applies_to_workload(traits) and knob.choice_refusal("eager", traits) is None
+    assert knob.choice_refusal("sdpa", traits) is not None  # what the model already runs: the default
     assert not knob.applies_to_workload(WorkloadTraits(True, 0, 2, 2))  # no switch: not searched
     assert knob.observe(model, model, None) == "default"
     reference = _step(workload, model)

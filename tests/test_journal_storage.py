@@ -28,6 +28,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import HEARTBEAT_TABLE, JOURNAL_TABLE, JournalStudyStorage
 from tpu_tuner.studies.liveness import Heartbeat, Worker, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.seeding import build_sampler
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
@@ -76,7 +77,7 @@ class LookingRunner:
 
 
 def _search(storage: optuna.storages.BaseStorage, name: str, runner: LookingRunner) -> optuna.Study:
-    options = TuneOptions(trials=TRIALS, agents=(), sampler="tpe", seed=0)
+    options = TuneOptions(search=SearchOptions(trials=TRIALS, agents=(), sampler="tpe", seed=0))
     study = optuna.create_study(
         storage=storage, study_name=name, direction="minimize", sampler=build_sampler(options, SPACE)
     )

@@ -24,6 +24,7 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.devices.torchtpu import TorchTpuBackend
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.capabilities import TrainingStep
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -87,18 +88,25 @@ def test_the_registry_holds_each_knob_under_its_own_name_in_position_order() -> 
 
 # A knob added to the registry, then everything that lists knobs imported (some list them once, at
 # import): the knob is a searchable parameter, a trials.csv column before the measurements, a
-# dashboard knob, a candidate setting and a tuned config's [settings] entry, with no other edit.
+# dashboard knob, a candidate setting, a tuned config's [settings] entry and, as it declares a
+# flag (`PickedByFlags`), a flag of `tpu-tune profile`, with no other edit.
 ADDED_KNOB = textwrap.dedent("""\
-    import json, pathlib, sys
+    import argparse, json, pathlib, sys
     from tpu_tuner.knobs import registry
+    from tpu_tuner.knobs.capabilities import Flag, PickedByFlags
     from tpu_tuner.knobs.memory_format import MemoryFormatKnob
 
-    class Added(MemoryFormatKnob):
+    class Added(MemoryFormatKnob, PickedByFlags):
         name = "added_knob"
         position = 1000
+        flags = (Flag("--added", "added_field", "the added knob", choices=MemoryFormatKnob.values),)
+
+        def from_fields(self, fields):
+            return fields.get("added_field")
 
     registry.REGISTRY[Added.name] = Added()
     from tpu_tuner.dashboard.collect import KNOBS
+    from tpu_tuner.cli import profile
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.tuning.result import TRIAL_COLUMNS
@@ -111,12 +119,16 @@ ADDED_KNOB = textwrap.dedent("""\
     space = SearchSpace.load(folder / "space.toml", "cpu")
     candidate = space.to_candidate({"added_knob": "channels_last"})
     loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(folder / "tuned_config.toml"))
+    parser = argparse.ArgumentParser()
+    profile.add_arguments(parser)
+    picked = vars(parser.parse_args(["model.py", "--added", "channels_last", "--precision", "medium"]))
     print(json.dumps({
         "searched": [p.name for p in space.searched],
         "column_before_measurements": TRIAL_COLUMNS.index("added_knob") < TRIAL_COLUMNS.index("amortised_step_s"),
         "dashboard": "added_knob" in KNOBS,
         "candidate": candidate.to_dict()["added_knob"],
         "tuned_config": loaded.candidate["added_knob"],
+        "profile_flag": Candidate.from_fields(picked).changed,
     }))
     """)
 
@@ -132,6 +144,7 @@ def test_a_knob_added_to_the_registry_reaches_everything_that_lists_knobs(tmp_pa
         "dashboard": True,
         "candidate": "channels_last",
         "tuned_config": "channels_last",
+        "profile_flag": {"matmul_precision": "medium", "added_knob": "channels_last"},
     }
     assert 'added_knob = "channels_last"' in (tmp_path / "tuned_config.toml").read_text()
 
@@ -154,7 +167,7 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     candidate = Candidate({name: value})
     expected = knob.check(value)
     backend = CpuBackend()
-    if knob.training_only:
+    if isinstance(knob, TrainingStep):
         _training_step_contract(knob, candidate, expected, backend, tmp_path)
         return
     before = torch.get_float32_matmul_precision()
@@ -227,7 +240,7 @@ def test_printed_code_runs_and_applies_the_value() -> None:
     sections = []
     for case in CASES:
         name, value = case.values
-        if case.marks or knobs.get(name).training_only:  # a training loop's code: its own test
+        if case.marks or isinstance(knobs.get(name), TrainingStep):  # a training loop's code: its own test
             continue
         code = Candidate({name: value}).code("cpu")
         body = "\n".join(code).replace(
@@ -270,7 +283,7 @@ def test_printed_code_runs_and_applies_the_value() -> None:
     observed = json.loads(done.stdout.strip().splitlines()[-1])
     for case in CASES:
         name, value = case.values
-        if not case.marks and not knobs.get(name).training_only:
+        if not case.marks and not isinstance(knobs.get(name), TrainingStep):
             assert observed[f"{name}={value}"] == knobs.get(name).check(value), (name, value)
 
 
@@ -279,7 +292,6 @@ def test_start_up_environment_comes_from_the_backend() -> None:
     config ask the backend (by class: the device need not be present)."""
     fused = Candidate(execution="eager:defer_and_fuse")
     assert fused.environment(TorchTpuBackend) == {"TORCH_TPU_DEFER_AND_FUSE": "1"}
-    assert knobs.get("execution").fresh_process("eager:defer_and_fuse", TorchTpuBackend)
     assert fused.environment(CpuBackend) == {}  # no such variables off TPU
     assert Candidate(execution="eager:strict") == Candidate()  # the default eager mode is plain eager
     config = TunedConfig(fused, "tpu")

@@ -261,7 +261,7 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
     import optuna
 
     from tpu_tuner.tuning import trial_attrs
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
     from tpu_tuner.tuning.result import TuningResult
     from tpu_tuner.tuning.space import SearchSpace
     from tpu_tuner.tuning.verify import Verification
@@ -281,7 +281,7 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
         profile=profile,
         findings={},
         verification=Verification(0, 1, Candidate(), True, None),
-        options=TuneOptions(),
+        options=TuneOptions(runner=RunnerOptions(trial_settings=default_trial_settings())),  # as a run resolves them
     )
     assert result.peak == (900e9, "bfloat16")
     assert result.baseline.mfu == pytest.approx(100e9 / 1.0 / 900e9)  # 11.1%, not the 25% it stored

@@ -72,22 +72,22 @@ def test_the_mesh_maps_onto_hosts_and_tensor_groups_stay_within_one_by_default()
 
 
 def test_the_host_flags_are_checked_before_anything_runs() -> None:
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import RunnerOptions, StoreOptions, TuneOptions
 
-    good = dict(nnodes=2, nproc=1, rdzv="127.0.0.1:29400", study="s")
-    assert TuneOptions(**good).runner.ranks == 2
-    TuneOptions(**good).validate()
+    good = dict(nnodes=2, nproc=1, rdzv="127.0.0.1:29400")
+    assert TuneOptions(runner=RunnerOptions(**good), store=StoreOptions(study="s")).runner.ranks == 2
+    with pytest.raises(UserInputError, match="give --study NAME"):
+        TuneOptions(runner=RunnerOptions(**good))  # the hosts meet under a study's name
     for change, says in (
         (dict(rdzv=None), "give --rdzv HOST:PORT"),
         (dict(rdzv="head-host"), "expected HOST:PORT"),
-        (dict(study=None), "give --study NAME"),
         (dict(node_rank=2), "--node-rank 2: expected 0 to 1"),
         (dict(max_restarts=-1), "--max-restarts must be at least 0"),
         (dict(nnodes=1, node_rank=0), "--node-rank join hosts into one run"),
         (dict(nnodes=0), "--nnodes must be at least 1"),
     ):
         with pytest.raises(UserInputError, match=says):
-            TuneOptions(**{**good, **change}).validate()
+            RunnerOptions(**{**good, **change})
 
 
 def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.planner.options import PlanCompile, PlanTarget
 from tpu_tuner.planner.prices import PRICES_FILE, Price, load_prices, parse_price_flags, price_table
 from tpu_tuner.planner.ranking import band_factors, ranked, slice_of
 
@@ -189,11 +190,11 @@ def _fake_plans(monkeypatch, plans: dict[str, dict | UserInputError]) -> list[st
     called: list[str] = []
 
     def fake(model_file, options, out, progress=None):
-        called.append(options.topology)
-        outcome = plans[options.topology]
+        called.append(options.target.topology)
+        outcome = plans[options.target.topology]
         if isinstance(outcome, UserInputError):
             raise outcome
-        folder = write.plan_run_dir(out, model_file, options.topology)
+        folder = write.plan_run_dir(out, model_file, options.target.topology)
         (folder / "plan.json").write_text(json.dumps(outcome))
         return folder, type("Result", (), {"workload": "decoder"})()
 
@@ -213,7 +214,11 @@ def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_pat
         },
     )
     folder, ranking = rank_to_folder(
-        TINY, PlanOptions(topology="v5e-4", workers=1), ["v5e-4", "v5p-8"], price_table(), tmp_path
+        TINY,
+        PlanOptions(PlanTarget(topology="v5e-4"), compile=PlanCompile(workers=1)),
+        ["v5e-4", "v5p-8"],
+        price_table(),
+        tmp_path,
     )
     assert called == ["v5e-4", "v5p-8"] and folder.parent == tmp_path and "-plan-ranking-" in folder.name
     data = json.loads((folder / "ranking.json").read_text())
@@ -237,7 +242,13 @@ def test_when_every_slice_is_refused_the_first_refusal_is_raised_and_no_folder_i
         {"v5e-4": UserInputError("bad shape", "model.toml"), "v6e-4": UserInputError("bad shape", "model.toml")},
     )
     with pytest.raises(UserInputError, match="model.toml: bad shape"):
-        rank_to_folder(TINY, PlanOptions(topology="v5e-4", workers=1), ["v5e-4", "v6e-4"], price_table(), tmp_path)
+        rank_to_folder(
+            TINY,
+            PlanOptions(PlanTarget(topology="v5e-4"), compile=PlanCompile(workers=1)),
+            ["v5e-4", "v6e-4"],
+            price_table(),
+            tmp_path,
+        )
     assert list(tmp_path.iterdir()) == []
 
 

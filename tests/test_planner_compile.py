@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from conftest import EXAMPLES
 
+from tpu_tuner.planner.options import PlanEnumeration, PlanStep, PlanTarget
+
 # Find, don't import: a plain `import torchax` fails on torch 2.13 (see torchax_compat).
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
@@ -166,9 +168,11 @@ def test_memory_truth_from_the_compiler() -> None:
     out = _run_python(f"""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.plan import PlanOptions, plan
-        result = plan({str(EXAMPLES / "llama.py")!r}, PlanOptions(topology="v5e-4", preset="tiny", global_batch=16384,
-                      seq_len=1024, remat="none", layouts=[Layout(1, 4, 1)]))
+        from tpu_tuner.planner.options import PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        from tpu_tuner.planner.plan import plan
+        result = plan({str(EXAMPLES / "llama.py")!r}, PlanOptions(PlanTarget("v5e-4"),
+                      step=PlanStep(preset="tiny", global_batch=16384, seq_len=1024, remat="none"),
+                      enumeration=PlanEnumeration(layouts=[Layout(1, 4, 1)])))
         (entry,) = result.plans
         print(json.dumps({{"fits": entry.fits, "why": entry.why, "best": result.best is not None}}))
     """)
@@ -331,7 +335,9 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
 
     pool = _ScriptedPool(answer)
     options = PlanOptions(
-        topology="v5p:2x2x2", global_batch=16, seq_len=128, preset="tiny", layouts=[measured, unmeasured]
+        PlanTarget(topology="v5p:2x2x2"),
+        step=PlanStep(global_batch=16, seq_len=128, preset="tiny"),
+        enumeration=PlanEnumeration(layouts=[measured, unmeasured]),
     )
     said: list[str] = []
     problem = build_problem(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), said.append)

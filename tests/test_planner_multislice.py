@@ -172,9 +172,11 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
         from tpu_tuner.model.layouts import parse_layout
         from tpu_tuner.outputs.plan_report import render_terminal
         from tpu_tuner.outputs.write import plan_to_folder
-        from tpu_tuner.planner.plan import PlanOptions
-        options = PlanOptions(topology="v5e:2x2", slices=2, global_batch=16, seq_len=128, fast_compile=True, workers=2,
-                              layouts=[parse_layout("1x8x1,dcn_fsdp=2"), parse_layout("2x4x1,dcn_data=2")])
+        from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        options = PlanOptions(PlanTarget("v5e:2x2", slices=2), step=PlanStep(global_batch=16, seq_len=128),
+                              compile=PlanCompile(fast_compile=True, workers=2),
+                              enumeration=PlanEnumeration(layouts=[parse_layout("1x8x1,dcn_fsdp=2"),
+                                                                   parse_layout("2x4x1,dcn_data=2")]))
         run_dir, result = plan_to_folder("{TINY}", options, Path({str(tmp_path)!r}))
         print(json.dumps({{"table": render_terminal(result), "md": (run_dir / "plan.md").read_text(),
                           "plan": json.loads((run_dir / "plan.json").read_text())}}))

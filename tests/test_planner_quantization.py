@@ -249,13 +249,16 @@ def test_fp8_on_tpu7x_plans_a_shorter_step_than_bf16_where_the_step_is_compute_b
     out = _run_python("""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.plan import PlanOptions, plan
+        from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        from tpu_tuner.planner.plan import plan
         runs = {}
         for quantization in (None, "fp8"):
             # data 2 x fsdp 4: at fsdp 8 the compiler's fp8 program moves 2.4x the bytes and plans slower
             # (docs/planner.md, "Precision of the step").
-            options = PlanOptions(topology="tpu7x:2x2x1", global_batch=16, seq_len=1024, layouts=[Layout(2, 4, 1)],
-                                  fast_compile=True, workers=1, quantization=quantization)
+            options = PlanOptions(PlanTarget("tpu7x:2x2x1"),
+                                  step=PlanStep(global_batch=16, seq_len=1024, quantization=quantization),
+                                  enumeration=PlanEnumeration(layouts=[Layout(2, 4, 1)]),
+                                  compile=PlanCompile(fast_compile=True, workers=1))
             best = plan("decoder:vocab=1024,d_model=1024,layers=2,heads=8,mlp=4096", options).plans[0]
             prediction = best.prediction
             runs[str(quantization)] = {"step": prediction.step_seconds, "tokens": prediction.tokens_per_second,

@@ -18,7 +18,8 @@ from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
 from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.plan import PlanOptions, PlanProblem
+from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+from tpu_tuner.planner.plan import PlanProblem
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
 from tpu_tuner.planner.space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
@@ -200,16 +201,14 @@ SPACE = PlanSpace(
 )
 
 
-def _search(tmp_path, pool, **options):
+def _search(tmp_path, pool, problem=None, study=None, budget=8, **search_options):
     from tpu_tuner.planner.search import search
 
-    problem = options.pop("problem", None) or _problem()
+    problem = problem or _problem()
     opts = PlanOptions(
-        topology="v5p:2x2x2",
-        budget=options.pop("budget", 8),
-        space=SPACE,
-        storage=f"sqlite:///{tmp_path / 'plans.db'}",
-        **options,
+        PlanTarget("v5p:2x2x2"),
+        search=PlanSearch(budget=budget, space=SPACE, **search_options),
+        store=PlanStore(study=study, url=f"sqlite:///{tmp_path / 'plans.db'}"),
     )
     return search(problem, opts, pool, lambda message: None, time.perf_counter())
 
@@ -301,7 +300,7 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_planner_search import _FakePool, _problem, SPACE
-        from tpu_tuner.planner.plan import PlanOptions
+        from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
         from tpu_tuner.planner.search import search
 
         class SlowPool(_FakePool):
@@ -309,8 +308,9 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
                 time.sleep(0.3)  # long enough for the two workers' trials to overlap
                 return super().compile(jobs, done)
 
-        options = PlanOptions(topology="v5p:2x2x2", budget=10, space=SPACE, storage={storage!r}, study="shared",
-                              sampler="tpe", seed=int(sys.argv[1]))
+        options = PlanOptions(PlanTarget("v5p:2x2x2"),
+                              search=PlanSearch(budget=10, space=SPACE, sampler="tpe", seed=int(sys.argv[1])),
+                              store=PlanStore(study="shared", url={storage!r}))
         search(_problem(), options, SlowPool(), lambda message: None, time.perf_counter())
     """)
     workers = [

@@ -14,7 +14,14 @@ from tpu_tuner.api import tune
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import open_storage
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.options import (
+    ObjectiveOptions,
+    OutputOptions,
+    RunnerOptions,
+    SearchOptions,
+    StoreOptions,
+    TuneOptions,
+)
 from tpu_tuner.tuning.result import TuningResult
 
 FAST = ProfilerSettings(
@@ -33,16 +40,13 @@ def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(
     url = postgres.url("secret", PASSWORD)
     # Every trial measured to the end (no pruning): the test reads three complete trials back.
     options = TuneOptions(
-        trials=3,
-        sampler="grid",
-        agents=(),
-        verify_rounds=2,
-        storage=url,
-        prune=False,
-        space=FIXTURES / "eager_precision_space.toml",
-        out=tmp_path,
-        trial_timeout_s=60.0,
-        trial_settings=FAST,
+        search=SearchOptions(
+            trials=3, sampler="grid", agents=(), prune=False, space=FIXTURES / "eager_precision_space.toml"
+        ),
+        objective=ObjectiveOptions(verify_rounds=2),
+        store=StoreOptions(url=url),
+        outputs=OutputOptions(out=tmp_path),
+        runner=RunnerOptions(trial_timeout_s=60.0, trial_settings=FAST),
     )
     result = tune(FIXTURES / "tiny_mlp_benchmark.py", options)
     # The trials are on the server: a fresh connection reads them back by the study's name.

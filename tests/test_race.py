@@ -11,6 +11,7 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions, trial_attrs
+from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.race import leaders
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import verify
@@ -80,7 +81,9 @@ def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | No
 def options() -> TuneOptions:
     from tpu_tuner.profiling.settings import ProfilerSettings
 
-    return TuneOptions(verify_rounds=6, trial_settings=ProfilerSettings())
+    return TuneOptions(
+        objective=ObjectiveOptions(verify_rounds=6), runner=RunnerOptions(trial_settings=ProfilerSettings())
+    )
 
 
 def test_a_leader_that_one_measurement_put_second_wins_the_race_and_is_verified(options) -> None:

@@ -18,8 +18,10 @@ import pandas as pd
 import pytest
 from conftest import EXAMPLES, FIXTURES
 
+from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 
 PACKAGE = Path(__file__).parent.parent / "tpu_tuner"
 
@@ -189,7 +191,11 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     )
     printed = capsys.readouterr().out
     result = plan_buckets(
-        FIXTURES / "tiny_encoder.py", BucketOptions(compile_backend="aot_eager", steps=1000, max_buckets=3)
+        FIXTURES / "tiny_encoder.py",
+        BucketOptions(
+            measure=BucketMeasurement(compile_backend="aot_eager"),
+            choice=BucketChoice(planned_steps=1000, max_buckets=3),
+        ),
     )
     api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")
     (cli_dir,) = (tmp_path / "cli").iterdir()
@@ -214,11 +220,13 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
         from pathlib import Path
         from tpu_tuner import PlanOptions, plan_to_folder
         from tpu_tuner.cli import main
+        from tpu_tuner.planner.options import PlanEnumeration, PlanStep, PlanTarget
         from tpu_tuner.model.layouts import Layout
         args = ["{EXAMPLES / "llama.py"}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
                 "--seq", "128", "--layout", "1x4x1"]
         assert main(["-q", "plan", *args, "--out", "{tmp_path / "cli"}"]) == 0
-        options = PlanOptions(topology="v5e-4", global_batch=8, seq_len=128, preset="tiny", layouts=[Layout(1, 4, 1)])
+        options = PlanOptions(PlanTarget("v5e-4"), step=PlanStep(global_batch=8, seq_len=128, preset="tiny"),
+                              enumeration=PlanEnumeration(layouts=[Layout(1, 4, 1)]))
         run_dir, result = plan_to_folder("{EXAMPLES / "llama.py"}", options, "{tmp_path / "api"}")
         print(run_dir)
     """
@@ -262,14 +270,12 @@ def _tuned(tmp_path: Path):
         top_operators=3,
     )
     options = TuneOptions(
-        space=FIXTURES / "eager_precision_space.toml",
-        agents=("precision",),
-        trials=6,
-        sampler="grid",
-        verify_rounds=4,
-        out=tmp_path / "runs",
-        trial_timeout_s=60.0,
-        trial_settings=fast,
+        search=SearchOptions(
+            space=FIXTURES / "eager_precision_space.toml", agents=("precision",), trials=6, sampler="grid"
+        ),
+        objective=ObjectiveOptions(verify_rounds=4),
+        outputs=OutputOptions(out=tmp_path / "runs"),
+        runner=RunnerOptions(trial_timeout_s=60.0, trial_settings=fast),
     )
     return tune(FIXTURES / "synthetic_speed.py", options)
 

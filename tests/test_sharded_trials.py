@@ -17,6 +17,7 @@ from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.runner.requests import CompareRequest, MeasureRequest
 from tpu_tuner.studies import records
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 from tpu_tuner.tuning.space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -207,14 +208,12 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
     plan = _plan(tmp_path / "plan")
     # Every trial measured to the end (no pruning): the test reads five complete trials back.
     options = TuneOptions(
-        trials=5,
-        space=FIXTURES / "layout_space.toml",
-        nproc=2,
-        plan=plan,
-        verify_rounds=2,
-        out=tmp_path / "results",
-        agents=("sharding", "precision"),
-        prune=False,
+        search=SearchOptions(
+            trials=5, space=FIXTURES / "layout_space.toml", plan=plan, agents=("sharding", "precision"), prune=False
+        ),
+        runner=RunnerOptions(nproc=2),
+        objective=ObjectiveOptions(verify_rounds=2),
+        outputs=OutputOptions(out=tmp_path / "results"),
     )
     result = tune(TINY_LLAMA, options)
     trials = [t for t in result.study.get_trials() if records.attrs(t).get("measured")]
@@ -280,14 +279,12 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
 
     # No pruning: the test counts the data-parallel settings measured to the end.
     options = TuneOptions(
-        trials=8,
-        sampler="grid",
-        space=FIXTURES / "tensor_or_data_space.toml",
-        nproc=2,
-        verify_rounds=2,
-        out=tmp_path,
-        agents=("sharding",),
-        prune=False,
+        search=SearchOptions(
+            trials=8, sampler="grid", space=FIXTURES / "tensor_or_data_space.toml", agents=("sharding",), prune=False
+        ),
+        runner=RunnerOptions(nproc=2),
+        objective=ObjectiveOptions(verify_rounds=2),
+        outputs=OutputOptions(out=tmp_path),
     )
     result = tune(FIXTURES / "tiny_gpt.py", options)
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]

@@ -16,7 +16,7 @@ from conftest import FIXTURES, FakeClock, wait_until
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.studies import liveness, records
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.options import ObjectiveOptions, SearchOptions, TuneOptions
 from tpu_tuner.tuning.shared_study import (
     RECORD_ATTR,
     RECORD_FORMAT,
@@ -53,16 +53,26 @@ def test_a_second_worker_joins_and_adopts_the_study_budget(tmp_path) -> None:
         storage,
         "s",
         optuna.samplers.RandomSampler(),
-        make_record(FINGERPRINT, SPACE, TuneOptions(trials=7, planned_steps=100)),
+        make_record(
+            FINGERPRINT,
+            SPACE,
+            TuneOptions(search=SearchOptions(trials=7), objective=ObjectiveOptions(planned_steps=100)),
+        ),
         SPACE,
     )
     # Another host: the file lies elsewhere and the CPU has another name; same workload.
     elsewhere = {**FINGERPRINT, "model_file": "/host-b/gpt.py", "device_name": "Intel Xeon"}
     second = open_shared(
-        storage, "s", optuna.samplers.RandomSampler(), make_record(elsewhere, SPACE, TuneOptions(trials=3)), SPACE
+        storage,
+        "s",
+        optuna.samplers.RandomSampler(),
+        make_record(elsewhere, SPACE, TuneOptions(search=SearchOptions(trials=3))),
+        SPACE,
     )
     assert first.created and not second.created
-    adopted = adopt_options(TuneOptions(trials=3, planned_steps=5000), second.record)
+    adopted = adopt_options(
+        TuneOptions(search=SearchOptions(trials=3), objective=ObjectiveOptions(planned_steps=5000)), second.record
+    )
     assert adopted.search.trials == 7 and adopted.objective.planned_steps == 100
 
 
@@ -263,7 +273,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
         [],
         NoRunner(),
         MeasureRequest(),
-        TuneOptions(trials=2),
+        TuneOptions(search=SearchOptions(trials=2)),
         lambda event: None,
         0.0,
         None,

@@ -11,6 +11,7 @@ from torch import nn
 
 from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.space import SearchSpace
 
 
@@ -144,7 +145,7 @@ def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
             return [{"execution": "inductor"}]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=build_sampler(TuneOptions(sampler="grid"), space))
+    study = optuna.create_study(sampler=build_sampler(TuneOptions(search=SearchOptions(sampler="grid")), space))
     enqueue_seeds(study, space, [_Seeder()], None)  # type: ignore[list-item]
     asked = []
     for _ in range(3):  # baseline, the seed, then the grid's own first point

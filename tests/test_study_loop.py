@@ -19,6 +19,7 @@ from tpu_tuner.studies.liveness import Worker, open_storage
 from tpu_tuner.studies.loop import Claim, Feature, Rules, _settle, run_loop
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import TuneTrials
 
@@ -225,7 +226,7 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
         [],
         None,
         MeasureRequest(),
-        TuneOptions(trials=5),  # type: ignore[arg-type]
+        TuneOptions(search=SearchOptions(trials=5)),  # type: ignore[arg-type]
         lambda event: None,
         0.0,
         None,

@@ -20,6 +20,7 @@ from tpu_tuner.studies.coverage import covered_settings, last_measured, measured
 from tpu_tuner.studies.liveness import Worker, is_lost, trial_id_of
 from tpu_tuner.studies.trial_record import TrialRecord, write_stored
 from tpu_tuner.tuning import TuneOptions, trial_attrs
+from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trials import run_search
 
@@ -101,7 +102,7 @@ def _search(storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
     study = optuna.create_study(storage=storage, direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0))
     for setting in SETTINGS:
         study.enqueue_trial(setting)
-    options = TuneOptions(trials=BUDGET, agents=(), sampler="random", seed=0)
+    options = TuneOptions(search=SearchOptions(trials=BUDGET, agents=(), sampler="random", seed=0))
     run_search(
         study,
         SPACE,

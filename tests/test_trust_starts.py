@@ -19,6 +19,7 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.studies import run_file
+from tpu_tuner.tuning.options import OutputOptions, SearchOptions, StoreOptions
 
 SECRET = "SECRETPASS"
 PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
@@ -50,7 +51,9 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
     from tpu_tuner.tuning.run_location import run_location
 
     fingerprint = {"model_file": "m.py", "sha256": "0" * 64}
-    location = run_location("m", TuneOptions(storage=PG_URL, out=tmp_path), fingerprint)
+    location = run_location(
+        "m", TuneOptions(store=StoreOptions(url=PG_URL), outputs=OutputOptions(out=tmp_path)), fingerprint
+    )
     run_dir, storage = location.run_dir, location.storage
     assert storage == PG_URL  # what the process connects with
     assert SECRET not in (run_dir / "run.json").read_text()
@@ -58,10 +61,12 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
     # Resume: the password comes from --storage given again, which must name the same database.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("tpu_tuner.tuning.run_location.check_storage", lambda url: None)
-        resumed = run_location("m", TuneOptions(resume=run_dir, storage=PG_URL), fingerprint)
+        resumed = run_location("m", TuneOptions(store=StoreOptions(resume=run_dir, url=PG_URL)), fingerprint)
         assert resumed.storage == PG_URL and resumed.resumed and not resumed.shared
         with pytest.raises(UserInputError, match="is not the run's storage") as info:
-            run_location("m", TuneOptions(resume=run_dir, storage=PG_URL.replace("optuna", "other")), fingerprint)
+            run_location(
+                "m", TuneOptions(store=StoreOptions(resume=run_dir, url=PG_URL.replace("optuna", "other"))), fingerprint
+            )
         assert SECRET not in str(info.value)
 
 
@@ -173,12 +178,12 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
     with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
         summary = load_summary(runner, EXAMPLES / "mlp.py")
     run_dir = run_location(
-        "mlp", TuneOptions(out=tmp_path), fingerprint(EXAMPLES / "mlp.py", summary, None, None)
+        "mlp", TuneOptions(outputs=OutputOptions(out=tmp_path)), fingerprint(EXAMPLES / "mlp.py", summary, None, None)
     ).run_dir
     (run_dir / "tuned_config.toml").write_text("# the earlier run's result\n")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     with pytest.raises(UserInputError, match=r"resume refused: model file differs \(.*cnn.py sha256") as info:
-        tune(EXAMPLES / "cnn.py", TuneOptions(resume=run_dir, trials=1))
+        tune(EXAMPLES / "cnn.py", TuneOptions(store=StoreOptions(resume=run_dir), search=SearchOptions(trials=1)))
     assert "\n" not in str(info.value)
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
@@ -251,7 +256,10 @@ def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> No
 
     # The worker's own one-line error, naming the file and what failed in it.
     with pytest.raises(WorkloadError, match=r"bad_forward.py: the first step failed: RuntimeError: mat1 and mat2"):
-        tune(FIXTURES / "bad_forward.py", TuneOptions(out=tmp_path, trials=1))
+        tune(
+            FIXTURES / "bad_forward.py",
+            TuneOptions(outputs=OutputOptions(out=tmp_path), search=SearchOptions(trials=1)),
+        )
     (run_dir,) = tmp_path.iterdir()
     state = json.loads((run_dir / "run.json").read_text())
     assert state["status"] == "failed" and "the first step failed" in state["reason"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -14,6 +15,7 @@ from conftest import FIXTURES, use_probe
 from tpu_tuner import TuneOptions, tune
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.studies import records
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, StoreOptions
 
 SPACE = FIXTURES / "eager_precision_space.toml"
 FAST = ProfilerSettings(
@@ -27,19 +29,20 @@ FAST = ProfilerSettings(
 )
 
 
-def _options(tmp_path: Path, **overrides) -> TuneOptions:
-    settings = dict(
-        space=SPACE,
-        agents=(),
-        trials=6,
-        sampler="grid",
-        verify_rounds=6,
-        out=tmp_path,
-        trial_timeout_s=60.0,
-        trial_settings=FAST,
+def _options(
+    tmp_path: Path,
+    *,
+    trial_timeout_s: float = 60.0,
+    resume: Path | None = None,
+    **search: Any,
+) -> TuneOptions:
+    return TuneOptions(
+        search=SearchOptions(**{"space": SPACE, "agents": (), "trials": 6, "sampler": "grid", **search}),
+        objective=ObjectiveOptions(verify_rounds=6),
+        runner=RunnerOptions(trial_timeout_s=trial_timeout_s, trial_settings=FAST),
+        store=StoreOptions(resume=resume),
+        outputs=OutputOptions(out=tmp_path),
     )
-    settings.update(overrides)
-    return TuneOptions(**settings)
 
 
 def _by_params(frame: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:

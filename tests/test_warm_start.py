@@ -22,6 +22,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import earlier_studies, warm_start
+from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 from tpu_tuner.tuning.space import Param, SearchSpace
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
 from tpu_tuner.tuning.workload_features import WorkloadFeatures, distance, features_of, features_of_json, model_kind_of
@@ -494,7 +495,7 @@ def test_enqueued_trials_carry_the_warm_start_attr(tmp_path: Path) -> None:
 
 
 def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
     from tpu_tuner.tuning.result import TuningResult
     from tpu_tuner.tuning.verify import Verification
 
@@ -563,7 +564,7 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
         profile=profile,  # type: ignore[arg-type]
         findings={},
         verification=verification,
-        options=TuneOptions(),
+        options=TuneOptions(runner=RunnerOptions(trial_settings=default_trial_settings())),  # as a run resolves them
     )
 
 
@@ -632,19 +633,26 @@ def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_pa
         explained_share_min=0.5,
     )
     common = dict(
-        space=FIXTURES / "eager_precision_space.toml",
-        out=tmp_path,
-        verify_rounds=2,
-        trial_timeout_s=60.0,
-        trial_settings=fast,
+        objective=ObjectiveOptions(verify_rounds=2),
+        runner=RunnerOptions(trial_timeout_s=60.0, trial_settings=fast),
+        outputs=OutputOptions(out=tmp_path),
     )
+    space = FIXTURES / "eager_precision_space.toml"
     # The earlier run measures the whole space (6 settings): its best is medium matmuls, no autocast.
-    earlier = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=6, sampler="grid", agents=(), **common))
-    later = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=2, agents=(), **common))
+    earlier = tune(
+        FIXTURES / "synthetic_speed.py",
+        TuneOptions(search=SearchOptions(trials=6, sampler="grid", agents=(), space=space), **common),
+    )
+    later = tune(
+        FIXTURES / "synthetic_speed.py", TuneOptions(search=SearchOptions(trials=2, agents=(), space=space), **common)
+    )
     warm = [t for t in later.study.trials if "warm_start" in records.attrs(t)]
     assert [t.number for t in warm] == [1] and warm[0].params == {"matmul_precision": "medium", "autocast": "none"}
     assert records.attrs(warm[0])["warm_start"]["match"] == "same workload"
     assert str(earlier.run_dir) in records.attrs(warm[0])["warm_start"]["source"]
     assert "## Warm start" in (later.run_dir / "report.md").read_text()
-    cold = tune(FIXTURES / "synthetic_speed.py", TuneOptions(trials=1, agents=(), warm_start=False, **common))
+    cold = tune(
+        FIXTURES / "synthetic_speed.py",
+        TuneOptions(search=SearchOptions(trials=1, agents=(), warm_start=False, space=space), **common),
+    )
     assert not any("warm_start" in records.attrs(t) for t in cold.study.trials)

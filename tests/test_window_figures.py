@@ -21,7 +21,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification
@@ -106,7 +106,7 @@ def _result(tmp_path, window: bool = True, significant: bool = True) -> TuningRe
         profile=profile,  # type: ignore[arg-type]
         findings={},
         verification=verification,
-        options=TuneOptions(),
+        options=TuneOptions(runner=RunnerOptions(trial_settings=default_trial_settings())),  # as a run resolves them
     )
 
 

@@ -32,7 +32,7 @@ def tune(
 
     This process never imports the model file: a worker loads it and describes it. Bad options are
     refused before that, and a run that fails after its folder exists is marked "failed" in
-    run.json with the reason (docs/run-safety.md). With `options.study` the run is one worker of a
+    run.json with the reason (docs/run-safety.md). With `options.store.study` the run is one worker of a
     study shared by name (docs/tuning.md).
     """
     if options is not None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tpu_tuner.bucketing.options import BucketOptions
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.devices import get_backend
@@ -47,24 +48,6 @@ from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BucketOptions:
-    """What `tpu-tune buckets` measures and optimises, with the documented defaults (the CLI reads them)."""
-
-    lengths_file: Path | None = None
-    steps: int = 20_000  # steps of the planned run
-    max_buckets: int = 8
-    align: int = 8  # bucket bounds are multiples of this (128 matches TPU matmul units)
-    device: str | None = None
-    compile_backend: str | None = None  # default: the device's (inductor on CPU/CUDA, tpu on TPU)
-    batch_size: int | None = None
-    replay_steps: int = 0  # 0: no replay
-    replay_max_compiles: int = 16  # strategies needing more compiled shapes are predicted only
-    replay_only: tuple[str, ...] | None = None  # replay just these strategies (names as in the table)
-    trial_timeout_s: float = 3600.0
-    seed: int = 0
 
 
 @dataclass
@@ -118,34 +101,36 @@ def plan_buckets(
     emit = progress or (lambda message: None)
     started = time.perf_counter()
     check_field_types(options)
-    if options.steps < 1 or options.max_buckets < 1 or options.align < 1:
-        raise UserInputError("--steps, --max-buckets and --align must be at least 1")
-    if options.lengths_file is not None and not Path(options.lengths_file).is_file():
-        raise UserInputError("length sample file not found", options.lengths_file)
+    if options.choice.lengths_file is not None and not Path(options.choice.lengths_file).is_file():
+        raise UserInputError("length sample file not found", options.choice.lengths_file)
     # This process never imports the model file: a worker loads it and sends back a summary
     # (a crash at import becomes a WorkloadError, runner/load.py).
-    with TrialRunner(str(model_file), options.device, options.trial_timeout_s, log=workers_log) as loader:
+    with TrialRunner(
+        str(model_file), options.measure.device, options.measure.trial_timeout_s, log=workers_log
+    ) as loader:
         workload = load_summary(
-            loader, model_file, options.batch_size, None, sample_lengths=options.lengths_file is None
+            loader, model_file, options.measure.batch_size, None, sample_lengths=options.choice.lengths_file is None
         )
-    hist = bucket_histogram(workload.length_source(), options.lengths_file)
-    backend = get_backend(options.device)
-    backend_name = options.compile_backend or backend.default_compile_backend()
+    hist = bucket_histogram(workload.length_source(), options.choice.lengths_file)
+    backend = get_backend(options.measure.device)
+    backend_name = options.measure.compile_backend or backend.default_compile_backend()
     candidate = Candidate(compiled_with(backend_name)).to_dict()
-    probes = probe_lengths(hist, options.align)
-    warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.align
+    probes = probe_lengths(hist, options.choice.align)
+    warmup = max(1, probes[0] // 2) if probes[0] > 1 else probes[-1] + options.choice.align
     emit(
         f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
         f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)"
     )
     with (
-        TrialRunner(str(workload.source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+        TrialRunner(
+            str(workload.source), options.measure.device, options.measure.trial_timeout_s, log=workers_log
+        ) as runner,
         cold_compile_env() as env,
     ):
         measured = _value(
             runner.run(
                 BucketCostsRequest(
-                    candidate=candidate, lengths=probes, warmup_length=warmup, batch_size=options.batch_size
+                    candidate=candidate, lengths=probes, warmup_length=warmup, batch_size=options.measure.batch_size
                 ),
                 env=env,
             ),
@@ -158,10 +143,12 @@ def plan_buckets(
     emit(f"cost model: {model.describe()}")
 
     start = time.perf_counter()
-    chosen_strategy = optimal_buckets(hist, model, options.steps, options.max_buckets, options.align)
+    chosen_strategy = optimal_buckets(
+        hist, model, options.choice.planned_steps, options.choice.max_buckets, options.choice.align
+    )
     optimiser_seconds = time.perf_counter() - start
     strategies = [chosen_strategy, *baselines(hist)]
-    table = [evaluate(s, hist, model, options.steps, options.max_buckets) for s in strategies]
+    table = [evaluate(s, hist, model, options.choice.planned_steps, options.choice.max_buckets) for s in strategies]
     result = BucketResult(
         workload=workload.name,
         device=backend.kind,
@@ -169,17 +156,17 @@ def plan_buckets(
         samples=hist.total,
         distinct_lengths=len(hist.lengths),
         length_summary=_summary(hist),
-        steps=options.steps,
-        max_buckets=options.max_buckets,
-        align=options.align,
+        steps=options.choice.planned_steps,
+        max_buckets=options.choice.max_buckets,
+        align=options.choice.align,
         cost_model=model,
         chosen=table[0],
         table=table,
-        oracle_seconds=oracle_seconds(hist, model, options.steps),
+        oracle_seconds=oracle_seconds(hist, model, options.choice.planned_steps),
         optimiser_seconds=optimiser_seconds,
         histogram=hist,
     )
-    if options.replay_steps:
+    if options.replay.steps:
         result.replays, result.replay_note = replay(
             workload.source, hist, strategies, options, candidate, warmup, emit, workers_log
         )
@@ -199,23 +186,25 @@ def replay(
 ) -> tuple[list[Replay], str]:
     """Replay a drawn length stream through the real workload under each strategy, each in a
     fresh worker (no compile inherited from another strategy)."""
-    stream = hist.sample(options.replay_steps, options.seed)
-    scale = options.steps / len(stream)
+    stream = hist.sample(options.replay.steps, options.replay.seed)
+    scale = options.choice.planned_steps / len(stream)
     replays = []
     for strategy in strategies:
-        if options.replay_only is not None and strategy.name not in options.replay_only:
+        if options.replay.only is not None and strategy.name not in options.replay.only:
             continue
         bounds = np.asarray(strategy.bounds)
         needed = sorted({int(b) for b in bounds[np.searchsorted(bounds, stream, side="left")]})
-        if len(needed) > options.replay_max_compiles:
+        if len(needed) > options.replay.max_compiles:
             emit(
                 f"replay: {strategy.name} needs {len(needed)} compiled shapes "
-                f"(> {options.replay_max_compiles}); predicted only"
+                f"(> {options.replay.max_compiles}); predicted only"
             )
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
         with (
-            TrialRunner(str(source), options.device, options.trial_timeout_s, log=workers_log) as runner,
+            TrialRunner(
+                str(source), options.measure.device, options.measure.trial_timeout_s, log=workers_log
+            ) as runner,
             cold_compile_env() as env,
         ):
             value = _value(
@@ -225,7 +214,7 @@ def replay(
                         bounds=list(strategy.bounds),
                         stream=stream.tolist(),
                         warmup_length=warmup,
-                        batch_size=options.batch_size,
+                        batch_size=options.measure.batch_size,
                     ),
                     env=env,
                 ),
@@ -243,8 +232,9 @@ def replay(
             )
         )
     note = (
-        f"replayed {len(stream)} steps drawn from the sample (seed {options.seed}); measured total = measured "
-        f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of {options.steps} steps"
+        f"replayed {len(stream)} steps drawn from the sample (seed {options.replay.seed}); measured total = measured "
+        f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of "
+        f"{options.choice.planned_steps} steps"
     )
     return replays, note
 

@@ -1,45 +1,37 @@
-"""What the `tpu-tune` subcommands share: a dataclass's default read once, and the run arguments."""
+"""What the `tpu-tune` subcommands share: the model argument and the run arguments."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
-from typing import Any
 
+from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, add_flag, device_or_none
 from tpu_tuner.core.run_folder import RESULTS_DIR
 
 
-def default_of(cls: type, name: str) -> Any:
-    """The default of field `name` of the options dataclass `cls`: flags take their defaults from
-    the options they set, so that each default is stated once."""
-    found = {f.name: f for f in dataclasses.fields(cls)}[name]
-    if found.default is not dataclasses.MISSING:
-        return found.default
-    if found.default_factory is not dataclasses.MISSING:
-        return found.default_factory()
-    raise ValueError(f"{cls.__name__}.{name} has no default")
-
-
-def add_out(parser: argparse.ArgumentParser) -> None:
-    """--out, the results folder."""
-    parser.add_argument("--out", type=Path, default=Path(RESULTS_DIR), help="results folder (default: %(default)s/)")
-
-
-def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments every command that runs the model shares: the file, device, sizes, output."""
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model to run: a file, a decoder shape or a Hugging Face model (with --inference, --weights)."""
     parser.add_argument(
         "model_file",
         type=Path,
         help="a model file (native contract or benchmark convention), a "
         "decoder shape, or a Hugging Face model: hf:./folder, hf:org/name, hf:llama?hidden_size=512",
     )
-    parser.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
-    parser.add_argument("--batch-size", type=int, help="batch size (default: the file's BATCH_SIZE)")
-    parser.add_argument(
-        "--seq-len", "--seq", dest="seq_len", type=int, help="sequence length (default: the file's SEQ_LEN)"
-    )
     add_hf_args(parser)
+
+
+def add_out(parser: argparse.ArgumentParser) -> None:
+    """--out, the results folder."""
+    add_flag(parser, OUT, "out", Path(RESULTS_DIR))
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of a command that runs the model without options sections (`profile`): the
+    model, device, sizes, output, as `tune` names them."""
+    add_model_args(parser)
+    add_flag(parser, DEVICE, "device")
+    add_flag(parser, BATCH_SIZE, "batch_size")
+    add_flag(parser, SEQ_LEN, "seq_len")
     add_out(parser)
 
 
@@ -90,6 +82,13 @@ def check_lengths(args: argparse.Namespace) -> None:
         read_lengths(args.lengths_file)
 
 
-def device_or_none(device: str) -> str | None:
-    """`--device auto` is the options' None: the best device present."""
-    return None if device == "auto" else device
+# device_or_none: re-exported for the commands that read --device themselves (profile, study).
+__all__ = [
+    "add_hf_args",
+    "add_model_args",
+    "add_out",
+    "add_run_args",
+    "check_lengths",
+    "device_or_none",
+    "model_source",
+]

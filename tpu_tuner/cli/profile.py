@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from tpu_tuner.cli.common import add_run_args, device_or_none
-from tpu_tuner.knobs.autocast import AUTOCAST_DTYPES
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.matmul_precision import MATMUL_PRECISIONS
+from tpu_tuner.knobs.capabilities import Flag, PickedByFlags
+from tpu_tuner.knobs.registry import REGISTRY
 
 NAME = "profile"
 HELP = "measure step time, FLOPs, MFU, memory, compilations and top operators"
@@ -15,23 +15,10 @@ DESCRIPTION = "Profile one step of a model file on the present device."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The profile command's flags."""
+    """The profile command's flags: the knobs' own (`PickedByFlags`), then the profile's."""
     add_run_args(parser)
-    parser.add_argument(
-        "--precision",
-        choices=MATMUL_PRECISIONS,
-        help="torch.set_float32_matmul_precision (default: the device's own: highest on CPU and "
-        "GPU, medium on TPU, TorchTPU's one-pass default)",
-    )
-    parser.add_argument("--autocast", choices=AUTOCAST_DTYPES, help="run under torch.autocast with this dtype")
-    parser.add_argument("--compile", metavar="BACKEND", help="torch.compile backend (inductor, aot_eager, tpu, ...)")
-    parser.add_argument("--compile-mode", help="torch.compile mode (inductor only), e.g. max-autotune")
-    parser.add_argument(
-        "--eager-mode",
-        choices=("strict", "debug", "defer_and_fuse"),
-        default="strict",
-        help="TorchTPU eager mode (TPU only)",
-    )
+    for flag in _knob_flags():
+        parser.add_argument(flag.option, dest=flag.field, choices=flag.choices, metavar=flag.metavar, help=flag.help)
     parser.add_argument(
         "--attention",
         choices=("full", "causal"),
@@ -39,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention FLOPs convention for MFU: full (PaLM/torchtitan, default) or causal (MaxText)",
     )
     parser.add_argument("--agent", default="profiler", help="profiler agent definition: a name or a TOML path")
+
+
+def _knob_flags() -> list[Flag]:
+    return [flag for knob in REGISTRY.values() if isinstance(knob, PickedByFlags) for flag in knob.flags]
 
 
 def _likely_device_kind(device: str) -> str:
@@ -55,20 +46,15 @@ def run(args: argparse.Namespace) -> int:
     """Profile in a worker, write profile.json and profile.md, print the table."""
     # Imported here so that `tpu-tune --help` stays fast.
     from tpu_tuner.core.run_folder import PROFILE_JSON, PROFILE_MD
-    from tpu_tuner.knobs.matmul_precision import device_default
     from tpu_tuner.outputs.profile_report import render_terminal
     from tpu_tuner.outputs.write import save_profile
     from tpu_tuner.profiling.settings import ProfilerSettings
     from tpu_tuner.runner.isolated_profile import profile_in_worker
     from tpu_tuner.runner.worker_log import WorkerLog
 
-    candidate = Candidate.from_fields(  # the profile command's flags name the pre-registry fields
-        eager_mode=args.eager_mode,
-        compile_backend=args.compile,
-        compile_mode=args.compile_mode,
-        matmul_precision=args.precision or device_default(_likely_device_kind(args.device)),
-        autocast_dtype=args.autocast,
-    )
+    # A knob none of whose flags is given runs the device's baseline (TorchTPU's matmul precision).
+    fields = {flag.field: getattr(args, flag.field) for flag in _knob_flags()}
+    candidate = Candidate.from_fields(fields, _likely_device_kind(args.device))
     # The model file runs in a worker, never in this process (docs/run-safety.md); what its
     # libraries print goes to the folder's workers.log, not the terminal.
     with WorkerLog() as workers_log:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.cli.common import add_out, device_or_none
+from tpu_tuner.cli.common import add_out
+from tpu_tuner.core.flags import DEVICE, STORAGE, STUDY, add_flag, device_or_none
 from tpu_tuner.studies.storage import keeps_journal
 
 NAME = "study"
@@ -22,8 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in ACTIONS:
         sub = actions.add_parser(action, help=text, description=text)
-        sub.add_argument("--storage", help="the study's storage URL (default: $TPU_TUNE_STORAGE, else OUT/studies.db)")
-        sub.add_argument("--study", required=True, metavar="NAME", help="the study's name")
+        add_flag(
+            sub,
+            STORAGE.adapted(help="the study's storage URL (default: $TPU_TUNE_STORAGE, else OUT/studies.db)"),
+            "storage",
+        )
+        add_flag(sub, STUDY.adapted(required=True), "study")
         add_out(sub)
         if action == "finish":
             sub.add_argument(
@@ -32,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 metavar="FILE",
                 help="the model file, where it lies elsewhere on this host than the study recorded",
             )
-            sub.add_argument("--device", default="auto", help="auto (default), tpu, cuda or cpu")
+            add_flag(sub, DEVICE, "device")
             sub.add_argument(
                 "--now",
                 action="store_true",

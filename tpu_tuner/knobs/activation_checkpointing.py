@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 from tpu_tuner.model.blocks import repeated_blocks
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ _EVERY = {BLOCKS: 1, EVERY_2ND: 2}
 _MARK = "_tpu_tune_checkpointed"
 
 
-class ActivationCheckpointingKnob(Knob):
+class ActivationCheckpointingKnob(Knob, NarrowedByWorkload):
     name = "activation_checkpointing"
     agent = "memory"
     default = NONE

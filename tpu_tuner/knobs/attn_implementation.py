@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +30,7 @@ IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 _MARK = "_tpu_tune_attn_implementation"
 
 
-class AttnImplementationKnob(Knob):
+class AttnImplementationKnob(Knob, NarrowedByWorkload):
     name = "attn_implementation"
     agent = "compile"
     default = DEFAULT
@@ -40,11 +41,8 @@ class AttnImplementationKnob(Knob):
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
         return bool(traits.attention_implementations)
 
-    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
-        return value == DEFAULT or value in traits.attention_implementations
-
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
-        if self.choice_applies(value, traits):
+        if value == DEFAULT or value in traits.attention_implementations:
             return None
         return f"the model does not offer {value} attention here (or already runs it)"
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import Flag, PickedByFlags, SetsComputeDtype, StepContext
 
 if TYPE_CHECKING:
     from torch import nn
@@ -16,17 +17,24 @@ if TYPE_CHECKING:
 NONE = "none"
 
 
-class AutocastKnob(Knob):
+class AutocastKnob(Knob, PickedByFlags, SetsComputeDtype, StepContext):
     name = "autocast"
     agent = "precision"
     default = NONE
     position = 30
     values = (NONE, "bfloat16", "float16")
 
-    legacy_fields = ("autocast_dtype",)
+    flags = (
+        Flag(
+            "--autocast",
+            "autocast_dtype",
+            "run under torch.autocast with this dtype",
+            choices=values[1:],  # after "none", the default
+        ),
+    )
 
-    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
-        return fields.get("autocast_dtype") or NONE
+    def from_fields(self, fields: Mapping[str, Any]) -> str | None:
+        return fields.get("autocast_dtype")
 
     def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
         if value == NONE:
@@ -50,7 +58,3 @@ class AutocastKnob(Knob):
         if not torch.is_autocast_enabled(backend.kind):
             return NONE
         return str(torch.get_autocast_dtype(backend.kind)).removeprefix("torch.")
-
-
-# Choices of the `tpu-tune profile --autocast` flag (read without importing torch).
-AUTOCAST_DTYPES = tuple(v for v in AutocastKnob.values or () if v != NONE)

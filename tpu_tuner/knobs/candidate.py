@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry as knobs
 
 if TYPE_CHECKING:
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
 
     from tpu_tuner.devices.base import Backend
     from tpu_tuner.knobs.base import BackendLike
-
-# Field names of candidates written before the knob registry (run folders, tuned_config.toml),
-# each read by the knob that holds its setting now (`Knob.legacy_fields`).
-LEGACY_FIELDS = tuple(dict.fromkeys(field for knob in knobs.REGISTRY.values() for field in knob.legacy_fields))
 
 
 class Candidate:
@@ -65,40 +62,38 @@ class Candidate:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
         """A candidate from `to_dict` output, or from the field-style dicts of older runs."""
-        if set(data) & (set(LEGACY_FIELDS) - set(knobs.REGISTRY)):
-            return cls.from_fields(**data)
+        fields = {
+            flag.field
+            for knob in knobs.REGISTRY.values()
+            if isinstance(knob, kinds.PickedByFlags)
+            for flag in knob.flags
+        }
+        if set(data) & (fields - set(knobs.REGISTRY)):
+            return cls.from_fields(data)
         return cls(dict(data))
 
     @classmethod
-    def from_fields(
-        cls,
-        eager_mode: str | None = "strict",
-        compile_backend: str | None = None,
-        compile_mode: str | None = None,
-        matmul_precision: str | None = "highest",
-        autocast_dtype: str | None = None,
-    ) -> Candidate:
-        """A candidate from the pre-registry fields (older run folders, the profile CLI's flags)."""
-        fields = {
-            "eager_mode": eager_mode,
-            "compile_backend": compile_backend,
-            "compile_mode": compile_mode,
-            "matmul_precision": matmul_precision,
-            "autocast_dtype": autocast_dtype,
-        }
-        return cls(
-            {
-                name: value
-                for name, knob in knobs.REGISTRY.items()
-                if (value := knob.from_legacy_fields(fields)) is not None
-            }
-        )
+    def from_fields(cls, fields: Mapping[str, Any], device_kind: str | None = None) -> Candidate:
+        """A candidate from `tpu-tune profile`'s flags (`PickedByFlags`; field -> value, None or
+        absent when unset), which are the fields of candidates written before the registry (older
+        run folders); a knob none of whose flags is set runs `device_kind`'s baseline."""
+        values = cls.baseline(device_kind).to_dict()
+        for name, knob in knobs.REGISTRY.items():
+            if isinstance(knob, kinds.PickedByFlags) and (value := knob.from_fields(fields)) is not None:
+                values[name] = value
+        return cls(values)
 
     @classmethod
     def baseline(cls, device_kind: str | None) -> Candidate:
         """The user's code as it runs on `device_kind` unchanged: each knob at the device's own
         default (TorchTPU's matmul precision is medium)."""
-        return cls({name: knob.device_default(device_kind) for name, knob in knobs.REGISTRY.items()})
+        return cls(
+            {
+                name: knob.device_default(device_kind)
+                for name, knob in knobs.REGISTRY.items()
+                if isinstance(knob, kinds.DeviceBaseline)
+            }
+        )
 
     def describe(self) -> str:
         """A short human label, e.g. "eager, matmul highest" or "inductor, matmul medium, autocast bfloat16"."""
@@ -106,9 +101,11 @@ class Candidate:
 
     # --- applying it: the knobs' hooks, in registry order ------------------------------------
 
-    def _active(self, kind: str) -> Iterator[tuple[knobs.Knob, str]]:
+    def _active(self, device_kind: str) -> Iterator[tuple[knobs.Knob, str]]:
+        """The knobs that mean something on `device_kind`, with their values (callers ask for
+        an opt-in kind of knob, `knobs/capabilities.py`, with isinstance)."""
         for name, knob in knobs.REGISTRY.items():
-            if knob.applies_to(kind):
+            if knob.applies_to(device_kind):
                 yield knob, self[name]
 
     def compute_dtype(self, backend: Backend) -> str:
@@ -116,18 +113,22 @@ class Candidate:
         each knob refines what the ones before it decided, from the backend's primitives."""
         dtype = "float32"
         for knob, value in self._active(backend.kind):
-            dtype = knob.compute_dtype(value, dtype, backend)
+            if isinstance(knob, kinds.SetsComputeDtype):
+                dtype = knob.compute_dtype(value, dtype, backend)
         return dtype
 
     def compiles(self) -> bool:
         """Whether the candidate runs its forward through torch.compile."""
-        return any(knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items())
+        return any(
+            knob.compiles(self[name]) for name, knob in knobs.REGISTRY.items() if isinstance(knob, kinds.Compiles)
+        )
 
     def environment(self, backend: BackendLike) -> dict[str, str]:
         """Start-up variables this candidate needs (a non-empty answer means a fresh process)."""
         env: dict[str, str] = {}
         for knob, value in self._active(backend.kind):
-            env.update(knob.environment(value, backend))
+            if isinstance(knob, kinds.StartupEnvironment):
+                env.update(knob.environment(value, backend))
         return env
 
     @contextlib.contextmanager
@@ -142,7 +143,10 @@ class Candidate:
         """The model with every model-level setting applied, for a step that trains (`training`)
         or only runs forwards."""
         for knob, value in self._active(backend.kind):
-            model = knob.model_for_step(value, model, backend, training)
+            if isinstance(knob, kinds.SpreadsOverRanks):
+                model = knob.model_for_step(value, model, backend, training)
+            else:
+                model = knob.model(value, model, backend)
         return model
 
     def wrap_forward(
@@ -155,57 +159,68 @@ class Candidate:
 
     @contextlib.contextmanager
     def step(self, backend: BackendLike) -> Iterator[None]:
-        """The context of one step (autocast). Entered on every timed step: only the knobs that
-        override `Knob.step` are asked, so the others cost the loop nothing."""
+        """The context of one step (autocast). Entered on every timed step: only `StepContext`
+        knobs are asked, so the others cost the loop nothing."""
         with contextlib.ExitStack() as stack:
             for knob, value in self._active(backend.kind):
-                if type(knob).step is not knobs.Knob.step:
+                if isinstance(knob, kinds.StepContext):
                     stack.enter_context(knob.step(value, backend))
             yield
 
     def prepare_optimizer(self, optimizer: Any, backend: BackendLike) -> Any:
         """The training step's optimizer with every optimizer-level setting applied."""
         for knob, value in self._active(backend.kind):
-            optimizer = knob.optimizer(value, optimizer, backend)
+            if isinstance(knob, kinds.TrainingStep):
+                optimizer = knob.optimizer(value, optimizer, backend)
         return optimizer
 
     def local_batch(self, inputs: Any, target: Any, backend: BackendLike) -> tuple[Any, Any]:
         """The part of the global batch this process runs (a rank's slice under a sharding
         layout; the whole batch otherwise)."""
         for knob, value in self._active(backend.kind):
-            inputs, target = knob.local_batch(value, inputs, target)
+            if isinstance(knob, kinds.SpreadsOverRanks):
+                inputs, target = knob.local_batch(value, inputs, target)
         return inputs, target
 
     def gather_output(self, output: Any, local_batch: int | None, backend: BackendLike) -> Any:
         """The global batch's output from this process's output of its slice (`local_batch`
         samples): every rank's slice gathered in order under a sharding layout; `output` otherwise."""
         for knob, value in self._active(backend.kind):
-            output = knob.gather_output(value, output, local_batch)
+            if isinstance(knob, kinds.SpreadsOverRanks):
+                output = knob.gather_output(value, output, local_batch)
         return output
 
     def micro_batches(self, backend: BackendLike) -> int:
         """Into how many micro-batches the training step splits its batch (1: none)."""
-        counts = [knob.micro_batches(value) for knob, value in self._active(backend.kind)]
+        counts = [
+            knob.micro_batches(value)
+            for knob, value in self._active(backend.kind)
+            if isinstance(knob, kinds.TrainingStep)
+        ]
         return max(counts, default=1)
 
     def training_code(self, device_kind: str) -> list[str]:
         """Python for the user's own training loop (optimizer line, accumulation loop)."""
-        lines: list[str] = []
-        for name, knob in knobs.REGISTRY.items():
-            if knob.applies_to(device_kind):
-                lines += knob.training_code(self[name], device_kind)
-        return lines
+        return [
+            line
+            for knob, value in self._active(device_kind)
+            if isinstance(knob, kinds.TrainingCode)
+            for line in knob.training_code(value, device_kind)
+        ]
 
     def code(self, device_kind: str, training: bool = True) -> list[str]:
         """Runnable Python that applies the candidate to `model` and runs `inputs` through it (for
         a step that trains, `training`, or only runs forwards)."""
         lines = ["import torch"]
         contexts = []
-        for name, knob in knobs.REGISTRY.items():
-            if knob.applies_to(device_kind):
-                lines += knob.code_for_step(self[name], device_kind, training)
-                if (context := knob.step_code(self[name], device_kind)) is not None:
-                    contexts.append(context)
+        for knob, value in self._active(device_kind):
+            lines += (
+                knob.code_for_step(value, device_kind, training)
+                if isinstance(knob, kinds.SpreadsOverRanks)
+                else knob.code(value, device_kind)
+            )
+            if isinstance(knob, kinds.StepContext) and (context := knob.step_code(value, device_kind)) is not None:
+                contexts.append(context)
         if contexts:
             lines.append(f"with {', '.join(contexts)}:")
             lines.append("    output = model(inputs)")

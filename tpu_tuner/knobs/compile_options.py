@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, NarrowedByWorkload
 
 if TYPE_CHECKING:
     from torch import nn
@@ -57,7 +58,7 @@ def flags(value: str) -> tuple[str, ...]:
     return () if value == DEFAULT else tuple(value.split("+"))
 
 
-class CompileOptionsKnob(Knob):
+class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload):
     """``default`` or ``+``-joined flags from freezing, max-autotune, fullgraph, cudagraphs."""
 
     name = "compile_options"
@@ -87,9 +88,9 @@ class CompileOptionsKnob(Knob):
                 raise ValueError(f"compile_options {bad[0]!r}: CUDA graphs exist only on CUDA, not {device_kind}")
         return choices
 
-    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
         # Freezing bakes the weights into the graph: a training step updates them.
-        return not (traits.training and FREEZING in flags(self.check(value)))
+        return CANNOT_RUN if traits.training and FREEZING in flags(self.check(value)) else None
 
     def active(self, settings: Mapping[str, str]) -> bool:
         """Searched only under inductor: the options are inductor's (any mode of it)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import Compiles, Flag, PickedByFlags, StartupEnvironment
 
 if TYPE_CHECKING:
     from torch import nn
@@ -37,7 +38,7 @@ def split(value: str) -> tuple[str, str]:
     return head, tail
 
 
-class ExecutionKnob(Knob):
+class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment):
     """``eager``, ``eager:<TorchTPU eager mode>``, or ``<compile backend>[:<mode>]``."""
 
     name = "execution"
@@ -45,14 +46,24 @@ class ExecutionKnob(Knob):
     default = EAGER
     position = 10
 
-    legacy_fields = ("eager_mode", "compile_backend", "compile_mode")
+    flags = (
+        Flag(
+            "--compile", "compile_backend", "torch.compile backend (inductor, aot_eager, tpu, ...)", metavar="BACKEND"
+        ),
+        Flag("--compile-mode", "compile_mode", "torch.compile mode (inductor only), e.g. max-autotune"),
+        Flag(
+            "--eager-mode",
+            "eager_mode",
+            "TorchTPU eager mode (TPU only; default strict)",
+            choices=("strict", "debug", "defer_and_fuse"),
+        ),
+    )
 
-    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
-        backend, mode = fields.get("compile_backend"), fields.get("compile_mode")
+    def from_fields(self, fields: Mapping[str, Any]) -> str | None:
+        backend, mode, eager_mode = fields.get("compile_backend"), fields.get("compile_mode"), fields.get("eager_mode")
         if backend:
             return backend + (f":{mode}" if mode else "")
-        eager_mode = fields.get("eager_mode", "strict")
-        return EAGER + (f":{eager_mode}" if eager_mode else "")
+        return f"{EAGER}:{eager_mode}" if eager_mode else None
 
     def check(self, value: str) -> str:
         value = super().check(value)

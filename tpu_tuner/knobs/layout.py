@@ -13,7 +13,7 @@ The search space lists layout *families*, the mesh axes a layout may spread over
 "fsdp", "tensor", "data+fsdp", "fsdp+tensor", ...): for a run of N ranks each expands to every
 factorisation of N with exactly those axes above 1 (`choices`); with one process the knob has
 the single choice ``1x1x1`` and is not searched. The model's shapes narrow them further
-(`choice_applies`: the batch must divide over data x fsdp, tensor parallelism must divide the
+(`choice_refusal`: the batch must divide over data x fsdp, tensor parallelism must divide the
 column / row widths and head counts, fsdp needs repeated blocks, data x tensor an inference
 step). A Hugging Face transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
 ``_no_split_modules`` blocks), and the widths a tensor size must divide come from its plan.
@@ -27,6 +27,7 @@ from itertools import product
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload, SpreadsOverRanks
 from tpu_tuner.model.layouts import Layout, parse_layout, why_not_ranks
 
 if TYPE_CHECKING:
@@ -55,13 +56,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-class LayoutKnob(Knob):
+class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
     name = "layout"
     agent = "sharding"
     default = SINGLE
     position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
-    training_only = False
-    spreads_over_ranks = True
 
     def check(self, value: str) -> str:
         if not isinstance(value, str):
@@ -82,9 +81,6 @@ class LayoutKnob(Knob):
         baseline = f"{ranks}x1x1"
         expanded = [baseline] + [v for family in families for v in expand(family, ranks) if v != baseline]
         return tuple(dict.fromkeys(expanded))
-
-    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
-        return self.choice_refusal(value, traits) is None
 
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
         """`model.layouts.why_not_ranks` from the profile's numbers (`tensor_divisor`: the gcd
@@ -151,6 +147,12 @@ class LayoutKnob(Knob):
         from tpu_tuner.parallel.inference import gather_batch
 
         return gather_batch(output, _layout(value), local_batch)
+
+    def within_hosts(self, value: str, ranks_per_host: int) -> bool:
+        """`model.host_mesh`: a tensor size that divides the ranks of a host."""
+        from tpu_tuner.model.host_mesh import tensor_within_host
+
+        return tensor_within_host(_layout(value), ranks_per_host)
 
     def describe(self, value: str) -> str:
         if value == SINGLE:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import DeviceBaseline, Flag, PickedByFlags, SetsComputeDtype
 
 if TYPE_CHECKING:
     from torch import nn
@@ -32,17 +33,25 @@ def device_default(device_kind: str | None) -> str:
     return _DEVICE_DEFAULTS.get(device_kind or "", MatmulPrecisionKnob.default)
 
 
-class MatmulPrecisionKnob(Knob):
+class MatmulPrecisionKnob(Knob, DeviceBaseline, PickedByFlags, SetsComputeDtype):
     name = "matmul_precision"
     agent = "precision"
     default = "highest"
     position = 20
     values = ("highest", "high", "medium")
 
-    legacy_fields = ("matmul_precision",)
+    flags = (
+        Flag(
+            "--precision",
+            "matmul_precision",
+            "torch.set_float32_matmul_precision (default: the device's own: highest on CPU and GPU, "
+            "medium on TPU, TorchTPU's one-pass default)",
+            choices=values,
+        ),
+    )
 
-    def from_legacy_fields(self, fields: Mapping[str, Any]) -> str | None:
-        return fields.get("matmul_precision") or self.default
+    def from_fields(self, fields: Mapping[str, Any]) -> str | None:
+        return fields.get("matmul_precision")
 
     def device_default(self, device_kind: str | None) -> str:
         return device_default(device_kind)
@@ -74,7 +83,3 @@ class MatmulPrecisionKnob(Knob):
         import torch
 
         return torch.get_float32_matmul_precision()
-
-
-# Choices of the `tpu-tune profile --precision` flag (read without importing torch).
-MATMUL_PRECISIONS = MatmulPrecisionKnob.values

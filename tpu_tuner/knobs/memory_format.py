@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 
 if TYPE_CHECKING:
     from torch import nn
@@ -25,7 +26,7 @@ CHANNELS_LAST = "channels_last"
 INPUTS_HOOKED_MARK = "_tpu_tune_channels_last_inputs"
 
 
-class MemoryFormatKnob(Knob):
+class MemoryFormatKnob(Knob, NarrowedByWorkload):
     name = "memory_format"
     agent = "compile"
     default = CONTIGUOUS

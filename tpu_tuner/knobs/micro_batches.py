@@ -14,25 +14,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tpu_tuner.knobs.base import Knob
+from tpu_tuner.knobs.capabilities import CANNOT_RUN, NarrowedByWorkload, TrainingStep
 
 if TYPE_CHECKING:
     from tpu_tuner.knobs.traits import WorkloadTraits
 
 
-class MicroBatchesKnob(Knob):
+class MicroBatchesKnob(Knob, NarrowedByWorkload, TrainingStep):
     name = "micro_batches"
     agent = "memory"
     default = "1"
     position = 65
     values = ("1", "2", "4", "8")
-    training_only = True
     not_applicable = "an inference step has no backward pass to accumulate over"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
         return traits.training  # an inference step has no backward pass to accumulate over
 
-    def choice_applies(self, value: str, traits: WorkloadTraits) -> bool:
-        return traits.batch_size is None or traits.batch_size % int(self.check(value)) == 0
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
+        divides = traits.batch_size is None or traits.batch_size % int(self.check(value)) == 0
+        return None if divides else CANNOT_RUN
 
     def micro_batches(self, value: str) -> int:
         return int(self.check(value))

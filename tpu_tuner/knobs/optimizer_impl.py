@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload, TrainingStep
 
 if TYPE_CHECKING:
     from tpu_tuner.knobs.traits import WorkloadTraits
@@ -34,14 +35,13 @@ FUSED = "fused"
 FLAGGED = ("Adam", "AdamW", "SGD")
 
 
-class OptimizerImplKnob(Knob):
+class OptimizerImplKnob(Knob, NarrowedByWorkload, TrainingStep):
     name = "optimizer_impl"
     agent = "compile"
     default = DEFAULT
     position = 60
     values = (DEFAULT, FORLOOP, FOREACH, FUSED)
     device_kinds = ("cpu", "cuda")
-    training_only = True
     not_applicable = "an inference step has no optimizer"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WorkloadTraits:
-    """The facts knobs are narrowed by (`Knob.applies_to_workload`, `Knob.choice_applies`)."""
+    """The facts knobs are narrowed by (`NarrowedByWorkload` knobs, `knobs/capabilities.py`)."""
 
     training: bool  # a training step (forward, backward, optimizer), not inference
     conv_weights: int  # 4-D parameters (convolution weights): what a memory format re-lays

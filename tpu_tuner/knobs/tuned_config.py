@@ -23,6 +23,7 @@ from tpu_tuner.devices import backend_class
 from tpu_tuner.devices import names as backend_names
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.capabilities import SpreadsOverRanks
 
 FORMAT_VERSION = 1
 
@@ -99,12 +100,12 @@ class TunedConfig:
         return not (isinstance(workload, dict) and workload.get("step") == INFERENCE_STEP)
 
     def knob_tables(self) -> dict[str, dict[str, Any]]:
-        """The tables beside [settings] that the knobs write (`Knob.config_tables`: [sharding] with
+        """The tables beside [settings] that the knobs write (`SpreadsOverRanks`: [sharding] with
         the mesh of the candidate's layout, its one source being [settings]), each merged over
         what this config holds of it (the planner's placements); none for one process."""
         held = {"sharding": self.sharding or {}}
         tables: dict[str, dict[str, Any]] = {}
-        for name, knob in knobs.REGISTRY.items():
+        for name, knob in _placing():
             for table, entries in knob.config_tables(self.candidate[name]).items():
                 tables[table] = {**held.get(table, {}), **tables.get(table, {}), **entries}
         return tables
@@ -154,8 +155,8 @@ class TunedConfig:
         backend = _backend_class(self.device_kind)
         lines[1:1] = [
             line
-            for name, knob in knobs.REGISTRY.items()
-            if knob.applies_to(self.device_kind)
+            for name, knob in _placing()
+            if knobs.get(name).applies_to(self.device_kind)
             for line in knob.instructions(c[name], backend)
         ]
         if self.bucketing:
@@ -244,18 +245,17 @@ def apply_sharding(model: nn.Module, config: TunedConfig | str | Path, training:
         config = TunedConfig.load(config)
     backend = _backend_class(config.device_kind)
     training = config.training if training is None else training
-    for name, knob in knobs.REGISTRY.items():
-        if knob.spreads_over_ranks:
-            model = knob.model_for_step(config.candidate[name], model, backend, training)
+    for name, knob in _placing():
+        model = knob.model_for_step(config.candidate[name], model, backend, training)
     return model
 
 
 def _settled(candidate: Candidate, tables: dict[str, Any], where: str | Path) -> Candidate:
     """The candidate with what the config's other `tables` give of its settings
-    (`Knob.from_config_tables`: a planner's [sharding.mesh] alone); refused, naming `where`,
-    when the two disagree."""
+    (`SpreadsOverRanks.from_config_tables`: a planner's [sharding.mesh] alone); refused, naming
+    `where`, when the two disagree."""
     settled = candidate.changed
-    for name, knob in knobs.REGISTRY.items():
+    for name, knob in _placing():
         try:
             value = knob.from_config_tables(candidate[name], tables)
         except ValueError as exc:
@@ -263,6 +263,11 @@ def _settled(candidate: Candidate, tables: dict[str, Any], where: str | Path) ->
         if value != candidate[name]:
             settled[name] = value
     return Candidate(settled) if settled != candidate.changed else candidate
+
+
+def _placing() -> list[tuple[str, SpreadsOverRanks]]:
+    """The knobs placed over ranks (their own config tables, instructions and `apply_sharding`)."""
+    return [(name, knob) for name, knob in knobs.REGISTRY.items() if isinstance(knob, SpreadsOverRanks)]
 
 
 def _backend_class(device_kind: str) -> Any:

@@ -64,25 +64,18 @@ def rank_to_folder(
     A slice the planner refuses (no layout divides the model on it, ...) ranks with the slices
     where nothing fits, its refusal as why. When every slice is refused, the folder is removed and
     the first refusal raised: the input, not one slice, is at fault."""
-    from tpu_tuner.outputs.write import plan_run_dir, plan_to_folder
+    from tpu_tuner.outputs.write import plan_run_dir, plan_to_folder, with_plan_storage
     from tpu_tuner.planner.topology import parse_topology
 
     emit = progress or (lambda message: None)
     started = time.perf_counter()
-    if (options.budget is not None or options.sampler == "exhaustive") and options.storage is None:
-        # One study storage for every slice, in the results folder as a single plan keeps it: the
-        # same ranking run again resumes each slice's search.
-        from tpu_tuner.studies.storage import storage_from_environment
-
-        Path(out).mkdir(parents=True, exist_ok=True)
-        options = replace(
-            options, storage=storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
-        )
-    parent = plan_run_dir(out, model_file, "ranking", options.preset)
+    # One study storage for every slice, as a single plan keeps it: a ranking run again resumes each slice's search.
+    options = with_plan_storage(options, out)
+    parent = plan_run_dir(out, model_file, "ranking", options.step.preset)
     ranking = Ranking(
         source=str(model_file),
         workload="",
-        preset=options.preset,
+        preset=options.step.preset,
         slices=[],
         prices={g: asdict(p) for g, p in sorted(prices.items())},
         topologies=list(topologies),
@@ -94,7 +87,9 @@ def rank_to_folder(
         parsed = parse_topology(topology)
         price = prices.get(parsed.chip.generation)
         try:
-            run_dir, result = plan_to_folder(model_file, replace(options, topology=topology), parent, progress)
+            run_dir, result = plan_to_folder(
+                model_file, replace(options, target=replace(options.target, topology=topology)), parent, progress
+            )
         except TpuTuneError as exc:
             refusals.append(exc)
             emit(f"{topology}: not planned: {exc}")

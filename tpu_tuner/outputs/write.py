@@ -139,6 +139,18 @@ def write_plan(run_dir: str | Path, result: PlanResult) -> list[str]:
     return written
 
 
+def with_plan_storage(options: PlanOptions, out: str | Path) -> PlanOptions:
+    """A search's options with a storage where none is given: $TPU_TUNE_STORAGE, else the results
+    folder's plans.db (the search's trials outlive a run folder: the same plan run again resumes)."""
+    if not options.search.active or options.store.url is not None:
+        return options
+    from tpu_tuner.studies.storage import storage_from_environment
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    url = storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
+    return replace(options, store=replace(options.store, url=url))
+
+
 def plan_to_folder(
     model_file: str | Path,
     options: PlanOptions,
@@ -155,21 +167,14 @@ def plan_to_folder(
     from tpu_tuner.planner.plan import plan
 
     new_root = not Path(out).exists()
-    if (options.budget is not None or options.sampler == "exhaustive") and options.storage is None:
-        # The search's trials outlive the folder: the same plan run again resumes from them.
-        from tpu_tuner.studies.storage import storage_from_environment
-
-        Path(out).mkdir(parents=True, exist_ok=True)
-        options = replace(
-            options, storage=storage_from_environment() or f"sqlite:///{(Path(out) / run_folder.PLANS_DB).resolve()}"
-        )
-    if options.storage is not None:
+    options = with_plan_storage(options, out)
+    if options.store.url is not None:
         from tpu_tuner.studies.storage import check_storage
 
-        check_storage(options.storage)
-    run_dir = plan_run_dir(out, model_file, options.topology, options.preset)
+        check_storage(options.store.url)
+    run_dir = plan_run_dir(out, model_file, options.target.topology, options.step.preset)
     log_file = run_dir / run_folder.COMPILER_LOG
-    options = replace(options, log_file=log_file)
+    options = replace(options, compile=replace(options.compile, log_file=log_file))
     try:
         result = plan(model_file, options, progress=progress)
     except BaseException as exc:

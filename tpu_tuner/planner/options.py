@@ -1,60 +1,365 @@
-"""`tpu-tune plan`'s options: the slice, the batch, the enumeration or the search, the study.
+"""`tpu-tune plan`'s options: frozen sections, each checking itself and naming its flags.
 
-Immutable: a run derives what it needs (the folder's storage and compiler log) with
-`dataclasses.replace`; the CLI reads the defaults from here."""
+`target` (the slice), `step` (the training step planned), `enumeration` (the layouts compiled
+without a search), `compile` (the compiler processes and the prediction), `search` (Optuna over
+the joint space) and `store` (the study). Immutable: a run derives what it needs (the folder's
+storage and compiler log) with `dataclasses.replace`; `tpu-tune plan`'s flags are generated from
+the fields (`tpu_tuner.core.flags`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.layouts import Layout, parse_layout
 from tpu_tuner.planner.calibration import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import default_workers
-from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.optimizer import check_optimizer
+from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
+from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
+from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, PlanSpace
+from tpu_tuner.planner.topology import parse_topology
+
+PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
+DTYPES = ("float32", "bfloat16")
+
+
+def _ints(flag_name: str, text: str) -> tuple[int, ...]:
+    """--accumulations / --contexts: whole numbers separated by commas (sizes: PlanSearch checks them)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise UserInputError(f"{flag_name} takes whole numbers separated by commas, not {text!r}") from exc
+
+
+def _layouts(texts: list[str]) -> list[Layout]:
+    """--layout, repeated."""
+    try:
+        return [parse_layout(text) for text in texts]
+    except ValueError as exc:
+        raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """The TPU slice planned for, and how many of them DCN joins (multi-slice; docs/planner.md, "The whole mesh")."""
+
+    topology: str = option(
+        MISSING,
+        "--topology",
+        required=True,
+        help="v5p-256, v6e-64, v5e-16, tpu7x-128, or v5p:8x8x8; several separated by commas "
+        "(v5e-256,v5p-128,v6e-256) plans each and ranks them by tokens/s per chip and per dollar",
+    )
+    slices: int = option(
+        1,
+        "--slices",
+        type=int,
+        metavar="N",
+        help="N such slices joined by the data-center network (multi-slice; default %(default)s): "
+        "layouts then say which axes cross slices, e.g. 2x64x1,dcn_data=2",
+    )
+
+    def __post_init__(self) -> None:
+        parse_topology(self.topology)
+        at_least(1, ("--slices", self.slices))
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """The training step planned: its sizes, rematerialisation, micro-batches and precision
+    (docs/planner.md, "Precision of the step"), by MaxText's names."""
+
+    global_batch: int | None = option(
+        None,
+        "--global-batch",
+        type=int,
+        help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)",
+    )
+    seq_len: int | None = field(
+        default=None,
+        metadata=uses(
+            SEQ_LEN.adapted(
+                help="sequence length (default: the file's SEQ_LEN; an hf: config's max_position_embeddings, "
+                "at most 8192)"
+            )
+        ),
+    )
+    preset: str | None = option(None, "--preset", help="a named model size from the file's PRESETS, e.g. 70b")
+    remat: str = option(
+        "full",
+        "--remat",
+        metavar="POLICY",
+        help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
+        "save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, or "
+        "custom:decoder_layer_input=offload,query_proj=device,... (default %(default)s; docs/planner.md)",
+    )
+    accumulation: int = option(
+        1,
+        "--accumulation",
+        type=int,
+        metavar="N",
+        help="micro-batches a step (gradient accumulation; default %(default)s)",
+    )
+    optimizer: str = option(
+        "adamw",
+        "--optimizer",
+        metavar="adamw|sgd",
+        help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
+        "(optax.sgd without momentum: no state); default %(default)s",
+    )
+    # AdamW's first moment (MaxText's mu_dtype); None follows the weights', as MaxText's does.
+    first_moment_dtype: str | None = option(
+        None,
+        "--mu-dtype",
+        choices=DTYPES,
+        help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
+        "MaxText's mu_dtype follows weight_dtype when unset)",
+    )
+    weight_dtype: str = option(
+        "float32",
+        "--weight-dtype",
+        metavar="float32|bfloat16",
+        help="the master weights' storage, and so the gradients' and AdamW's second moment's "
+        "(MaxText's weight_dtype; default %(default)s)",
+    )
+    quantization: str | None = option(
+        None,
+        "--quantization",
+        metavar="int8|fp8",
+        help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
+        "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
+        'against the bf16 peak (docs/planner.md, "Precision of the step")',
+    )
+    vocab_tiling: int = option(
+        1,
+        "--vocab-tiling",
+        type=int,
+        metavar="N",
+        help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
+        "the generic decoder's shapes; default %(default)s)",
+    )
+    attention: AttentionConvention = field(default="full", metadata=uses(ATTENTION))  # MFU convention
+
+    def __post_init__(self) -> None:
+        at_least(1, ("--global-batch", self.global_batch), ("--seq-len", self.seq_len))
+        at_least(1, ("--accumulation", self.accumulation), ("--vocab-tiling", self.vocab_tiling))
+        parse_remat(self.remat, "--remat")
+        check_optimizer(self.optimizer)
+        if self.optimizer == "sgd" and self.first_moment_dtype is not None:
+            raise UserInputError("--mu-dtype is AdamW's first moment's storage: --optimizer sgd keeps no moments")
+        for name, dtype in (("--weight-dtype", self.weight_dtype), ("--mu-dtype", self.first_moment_dtype)):
+            if dtype is not None and dtype not in DTYPES:
+                raise UserInputError(f"{name} takes float32 or bfloat16, not {dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise UserInputError(f"--quantization takes {' or '.join(QUANTIZATIONS)}, not {self.quantization!r}")
+
+    @property
+    def moment_dtype(self) -> str:
+        """AdamW's first moment's storage: as given, else the weights'."""
+        return self.first_moment_dtype or self.weight_dtype
+
+
+@dataclass(frozen=True)
+class PlanEnumeration:
+    """The layouts compiled without a search: the first `max_layouts` enumerated, or `layouts`."""
+
+    max_layouts: int = option(10, "--max-layouts", type=int, help="layouts to compile (default %(default)s)")
+    layouts: list[Layout] | None = option(
+        None,
+        "--layout",
+        append=True,
+        convert=_layouts,
+        metavar="DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...]",
+        help="compile only this layout, e.g. 1x64x4, 1x32x4x2, 1x32x1,expert=4 or 2x64x1,dcn_data=2; "
+        "AXIS: fsdp_transpose, expert, dcn_data, dcn_fsdp (repeatable)",
+    )
+
+    def __post_init__(self) -> None:
+        at_least(1, ("--max-layouts", self.max_layouts))
+
+
+@dataclass(frozen=True)
+class PlanCompile:
+    """The compiler processes and what their output is judged by."""
+
+    workers: int = option(
+        default_workers,
+        "--workers",
+        type=int,
+        help="compiler processes at once (default: one per core, at most 4)",
+        factory=True,
+    )
+    fast_compile: bool = option(
+        False,
+        "--fast",
+        help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
+        "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md",
+    )
+    log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
+    cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
+
+    def __post_init__(self) -> None:
+        at_least(1, ("--workers", self.workers))
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """The search (planner/search.py): with a budget, Optuna picks `budget` points of the joint
+    space to compile instead of the layout enumeration; `space` None: space.default_space with
+    the three axes below."""
+
+    budget: int | None = option(
+        None,
+        "--budget",
+        type=int,
+        metavar="N",
+        help="search the joint space with N compiles instead of enumerating layouts",
+    )
+    space: PlanSpace | None = None
+    remats: tuple[str, ...] = option(
+        DEFAULT_REMATS,
+        "--remats",
+        metavar="P1,P2,...",
+        convert=lambda text: tuple(parse_remat(r, "--remats").name for r in comma_list(text)),
+        help=f"the remat policies to search (default: the {len(DEFAULT_REMATS)} of docs/planner.md)",
+    )
+    accumulations: tuple[int, ...] = option(
+        DEFAULT_ACCUMULATIONS,
+        "--accumulations",
+        metavar="N1,N2,...",
+        convert=lambda text: _ints("--accumulations", text),
+        help=f"micro-batch counts to search (default {','.join(map(str, DEFAULT_ACCUMULATIONS))})",
+    )
+    contexts: tuple[int, ...] = option(
+        DEFAULT_CONTEXTS,
+        "--contexts",
+        metavar="N1,N2,...",
+        convert=lambda text: _ints("--contexts", text),
+        help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
+    )
+    sampler: str = field(
+        default="tpe",
+        metadata=uses(
+            SAMPLER.adapted(
+                choices=PLAN_SAMPLERS,
+                help="tpe, random, or exhaustive (every valid point; --budget optional); default %(default)s",
+            )
+        ),
+    )
+    seed: int = field(default=0, metadata=uses(SEED))
+
+    def __post_init__(self) -> None:
+        if self.sampler not in PLAN_SAMPLERS:
+            raise UserInputError(f"unknown plan sampler {self.sampler!r} (known: {', '.join(PLAN_SAMPLERS)})")
+        at_least(1, ("--budget", self.budget))
+        if self.seed < 0:
+            raise UserInputError(f"--seed must be 0 or more, not {self.seed}")
+        for policy in self.remats:
+            parse_remat(policy, "--remats")
+        for name, sizes in (("--accumulations", self.accumulations), ("--contexts", self.contexts)):
+            if not sizes or min(sizes) < 1:
+                raise UserInputError(f"{name} takes sizes of at least 1, not {','.join(map(str, sizes))!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether the plan searches (a budget, or the exhaustive sampler) rather than enumerates."""
+        return self.budget is not None or self.sampler == "exhaustive"
+
+
+@dataclass(frozen=True)
+class PlanStore:
+    """The search's Optuna study: its name (None: one derived from the plan's inputs, so the same
+    plan run again resumes) and storage URL (None: in memory; plan_to_folder gives one)."""
+
+    study: str | None = field(
+        default=None,
+        metadata=uses(
+            STUDY.adapted(
+                metavar=None,
+                help="the study's name (default: one derived from the plan's inputs, so the same plan run "
+                "again resumes)",
+            )
+        ),
+    )
+    url: str | None = field(
+        default=None,
+        metadata=uses(STORAGE.adapted(help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")),
+    )
 
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """What to plan and how: the layout enumeration, or with `budget` (or the exhaustive sampler)
-    the search over the joint space."""
+    """What to plan and how: the layout enumeration, or with a search budget (or the exhaustive
+    sampler) the search over the joint space (``PlanOptions(PlanTarget("v5e-4"))``)."""
 
-    topology: str
-    slices: int = 1  # slices of `topology` joined by DCN (multi-slice; docs/planner.md, "The whole mesh")
-    global_batch: int | None = None
-    seq_len: int | None = None
-    preset: str | None = None
-    remat: str = "full"  # a policy as remat.parse_remat reads it: "full", "save_qkv_proj", "custom:...", ...
-    accumulation: int = 1  # micro-batches a step (gradient accumulation)
-    first_moment_dtype: str = "float32"  # AdamW's first moment: "float32" or "bfloat16" (MaxText's mu_dtype)
-    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (no state a parameter; optimizer.py)
-    # The step's precision (docs/planner.md, "Precision of the step"): the master weights' storage
-    # (MaxText's weight_dtype; its mu_dtype follows it when unset: the CLI does that, here it is
-    # first_moment_dtype) and the blocks' matmuls: None (bf16), "int8" or "fp8" (MaxText's
-    # quantization "int8" / "fp8_full").
-    weight_dtype: str = "float32"
-    quantization: str | None = None
-    vocab_tiling: int = 1  # the loss's logits this many slices of the sequence at a time (MaxText's num_vocab_tiling)
-    attention: AttentionConvention = "full"  # MFU convention: "full" or "causal"
-    max_layouts: int = 10
-    layouts: list[Layout] | None = None  # explicit layouts instead of the enumeration
-    workers: int = field(default_factory=default_workers)  # compiler processes at once
-    fast_compile: bool = False  # program.FAST_COMPILE_OPTIONS: quicker, but temporaries overstated
-    log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
-    cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
-    # The search (planner/search.py): with a budget, Optuna picks `budget` points of the joint
-    # space to compile instead of the layout enumeration.
-    budget: int | None = None
-    space: PlanSpace | None = None  # None: space.default_space with the three below
-    remats: tuple[str, ...] = DEFAULT_REMATS
-    accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS
-    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
-    sampler: str = "tpe"  # "tpe", "random" or "exhaustive" (every valid point, in order)
-    seed: int = 0
-    study: str | None = None  # the Optuna study's name; None: one derived from the plan's inputs
-    storage: str | None = None  # an Optuna storage URL; None: in memory (plan_to_folder gives one)
+    target: PlanTarget
+    step: PlanStep = field(default_factory=PlanStep)
+    enumeration: PlanEnumeration = field(default_factory=PlanEnumeration)
+    compile: PlanCompile = field(default_factory=PlanCompile)
+    search: PlanSearch = field(default_factory=PlanSearch)
+    store: PlanStore = field(default_factory=PlanStore)
+
+    def __post_init__(self) -> None:
+        """What spans sections: the layouts' slices, an 8-bit peak for the slice's generation,
+        and the search's flags only with a search (refused before any compiler starts)."""
+        target, search = self.target, self.search
+        for layout in self.enumeration.layouts or ():
+            if layout.slices != target.slices:
+                raise UserInputError(
+                    f"--layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), "
+                    f"--slices is {target.slices}: the DCN ways' product must be the slice count"
+                )
+        quantization = self.step.quantization
+        if quantization is not None:
+            refusal = quantized_peak_refusal(parse_topology(target.topology).chip.generation, quantization)
+            if refusal:
+                raise UserInputError(f"--quantization {quantization} on {target.topology}: {refusal}")
+        search_only = [
+            name
+            for name, given in (
+                ("--remats", search.remats != DEFAULT_REMATS),
+                ("--accumulations", search.accumulations != DEFAULT_ACCUMULATIONS),
+                ("--contexts", search.contexts != DEFAULT_CONTEXTS),
+                ("--study", self.store.study is not None),
+                ("--storage", self.store.url is not None),
+            )
+            if given
+        ]
+        if not search.active and search_only:
+            raise UserInputError(
+                f"{', '.join(search_only)} set(s) the search's space or study: "
+                "give --budget N (or --sampler exhaustive)"
+            )
+        if search.active and self.enumeration.layouts:
+            raise UserInputError(
+                "--layout names the layouts to compile instead of a search: leave out --budget, or "
+                "give the search's axes (--contexts, --remats, --accumulations)"
+            )
 
 
-__all__ = ["PlanOptions"]
+SECTIONS: dict[str, type] = {
+    "target": PlanTarget,
+    "step": PlanStep,
+    "enumeration": PlanEnumeration,
+    "compile": PlanCompile,
+    "search": PlanSearch,
+    "store": PlanStore,
+}
+
+__all__ = [
+    "PLAN_SAMPLERS",
+    "SECTIONS",
+    "PlanCompile",
+    "PlanEnumeration",
+    "PlanOptions",
+    "PlanSearch",
+    "PlanStep",
+    "PlanStore",
+    "PlanTarget",
+]

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.optimizer import state_bytes_per_parameter
-from tpu_tuner.planner.option_checks import check_plan_options
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.remat import parse_remat
@@ -27,16 +27,16 @@ from tpu_tuner.planner.topology import parse_topology
 
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
-    """Plan `model_file` on `options.topology`: the layout enumeration, or with `options.budget`
+    """Plan `model_file` on `options.target`: the layout enumeration, or with `options.search.budget`
     (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
-    check_plan_options(options)
-    topology = parse_topology(options.topology).with_slices(options.slices)
+    check_field_types(options)
+    topology = parse_topology(options.target.topology).with_slices(options.target.slices)
     # The compiler processes start now: their start-up overlaps reading the model.
-    with CompilePool(options.workers, options.log_file) as pool:
+    with CompilePool(options.compile.workers, options.compile.log_file) as pool:
         emit = progress or (lambda message: None)
         problem = build_problem(model_file, options, topology, emit)
-        if options.budget is not None or options.sampler == "exhaustive":
+        if options.search.active:
             return search(problem, options, pool, emit, started)
         return enumerated(problem, options, pool, emit, started)
 
@@ -44,17 +44,17 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
 def enumerated(
     problem: PlanProblem, options: PlanOptions, pool: CompilePool, emit: Callable[[str], None], started: float
 ) -> PlanResult:
-    """The plan of `options.layouts`, or of the first `max_layouts` enumerated layouts, each with
+    """The plan of `options.enumeration.layouts`, or of the first `max_layouts` enumerated layouts, each with
     the options' remat policy and micro-batch count."""
     shape = problem.dims.shape
-    if options.layouts:
+    if options.enumeration.layouts:
         rejected: list[tuple[Layout, str]] = []
-        candidates = options.layouts
+        candidates = options.enumeration.layouts
     else:
         candidates, rejected = enumerate_layouts(
             problem.topology.devices,
             shape,
-            problem.global_batch // max(1, options.accumulation),
+            problem.global_batch // max(1, options.step.accumulation),
             problem.seq_len,
             slices=problem.topology.slices,
         )
@@ -67,13 +67,15 @@ def enumerated(
             problem.optimizer,
         )
         rejected += too_big
-        candidates = sorted(candidates, key=_preference)[: options.max_layouts]
+        candidates = sorted(candidates, key=_preference)[: options.enumeration.max_layouts]
     if not candidates:
         raise UserInputError(
             f"no layout divides this model or fits it on {problem.topology.devices} devices: "
             + "; ".join(r for _, r in rejected[:3])
         )
-    points = [PlanPoint(layout, parse_remat(options.remat).name, options.accumulation) for layout in candidates]
+    points = [
+        PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
+    ]
     for point in points:
         if point.layout.slices != problem.topology.slices:
             raise UserInputError(
@@ -93,7 +95,7 @@ def enumerated(
 
     evaluated = evaluate(problem, points, pool, emit, done)
     plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
-    return result_of(problem, plans, rejected, parse_remat(options.remat).name, started)
+    return result_of(problem, plans, rejected, parse_remat(options.step.remat).name, started)
 
 
 def _weights_fit(

@@ -21,9 +21,8 @@ from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
-from tpu_tuner.planner.optimizer import check_optimizer
 from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
+from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import Topology
@@ -150,25 +149,13 @@ def build_problem(
 ) -> PlanProblem:
     """The problem of `model_file` on `topology` (as its compiler sees it), bad input refused first.
     An ``hf:`` source runs no code of its own (a config is read), so it is not screened in a worker."""
-    # The step's precision first: refused before any worker runs.
-    if options.weight_dtype not in ("float32", "bfloat16"):
-        raise UserInputError(f"the weights' dtype is float32 or bfloat16, not {options.weight_dtype!r}")
-    if options.quantization is not None:
-        refusal = quantized_peak_refusal(topology.chip.generation, options.quantization)
-        if refusal:
-            raise UserInputError(f"--quantization {options.quantization}: {refusal}", topology.name)
     hf = is_hf_source(model_file)
     if not hf:
-        _screen_in_worker(model_file, options.log_file)
+        _screen_in_worker(model_file, options.compile.log_file)
     workload = planned_workload(model_file)
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
-    for policy in (options.remat, *options.remats):
-        parse_remat(policy)  # a bad policy is bad input, before any compile
-    check_optimizer(options.optimizer, "the optimizer")
-    if options.first_moment_dtype not in ("float32", "bfloat16"):
-        raise UserInputError(f"the first moment's dtype is float32 or bfloat16, not {options.first_moment_dtype!r}")
-    with stderr_to(options.log_file):  # libtpu's start-up complaints go where the workers' go
+    with stderr_to(options.compile.log_file):  # libtpu's start-up complaints go where the workers' go
         devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
         # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
         topology = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
@@ -176,23 +163,23 @@ def build_problem(
         f"{topology.describe()}; HBM limit {topology.hbm_bytes_per_device / 2**30:.2f} GiB per device "
         f"({'the compiler' if topology.compiler_hbm_bytes is not None else 'published capacity'})"
     )
-    seq_len = options.seq_len or workload.seq_len
+    seq_len = options.step.seq_len or workload.seq_len
     if not seq_len:
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
     if hf:
         check_seq_len(workload, seq_len)
         for note in workload.notes:  # which route the config took (planner/hf_plan.py)
             emit(note)
-    global_batch = options.global_batch or (workload.batch_size or 1) * topology.devices
-    if options.vocab_tiling < 1 or seq_len % options.vocab_tiling:
+    global_batch = options.step.global_batch or (workload.batch_size or 1) * topology.devices
+    if options.step.vocab_tiling < 1 or seq_len % options.step.vocab_tiling:
         raise UserInputError(
-            f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not {options.vocab_tiling}",
+            f"--vocab-tiling must be a positive divisor of the sequence ({seq_len}), not {options.step.vocab_tiling}",
             workload.source,
         )
     with torch.device("meta"):
-        meta_model = workload.model_for_preset(options.preset)
-    transformer = workload.dims_for_preset(options.preset)
-    if options.vocab_tiling > 1 and not callable(getattr(meta_model, "hidden", None)):
+        meta_model = workload.model_for_preset(options.step.preset)
+    transformer = workload.dims_for_preset(options.step.preset)
+    if options.step.vocab_tiling > 1 and not callable(getattr(meta_model, "hidden", None)):
         raise UserInputError(
             "--vocab-tiling needs the generic decoder (a decoder: shape, a shape file or a mapped "
             "hf: config): this model has no hidden() before its output head",
@@ -215,7 +202,7 @@ def build_problem(
         # An hf: source as written: the compiler processes load it from this text.
         source=str(model_file) if hf else str(workload.source),
         workload=workload.name,
-        preset=options.preset,
+        preset=options.step.preset,
         topology=topology,
         global_batch=global_batch,
         seq_len=seq_len,
@@ -223,15 +210,15 @@ def build_problem(
         gated="mlpwi_1" in roles.values(),
         matmul_parameters=n_matmul,
         parameters=sum(p.numel() for p in meta_model.parameters()),
-        model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.attention),
-        attention=options.attention,
-        fast=options.fast_compile,
-        cost_model=options.cost_model,
-        first_moment_dtype=options.first_moment_dtype,
-        optimizer=options.optimizer,
-        vocab_tiling=options.vocab_tiling,
-        weight_dtype=options.weight_dtype,
-        quantization=options.quantization,
+        model_flops=_model_flops(n_matmul, transformer, dims, global_batch, seq_len, options.step.attention),
+        attention=options.step.attention,
+        fast=options.compile.fast_compile,
+        cost_model=options.compile.cost_model,
+        first_moment_dtype=options.step.moment_dtype,
+        optimizer=options.step.optimizer,
+        vocab_tiling=options.step.vocab_tiling,
+        weight_dtype=options.step.weight_dtype,
+        quantization=options.step.quantization,
         quantized_parameters=sum(
             m.weight.numel() for block in every_block for m in block.modules() if isinstance(m, nn.Linear)
         ),

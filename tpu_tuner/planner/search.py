@@ -58,7 +58,6 @@ from tpu_tuner.studies.samplers import build_sampler
 
 log = logging.getLogger(__name__)
 
-PLAN_SAMPLERS = ("tpe", "random", "exhaustive")
 RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner must plan the same)
 # Asks without a new point to compile before the search stops (the sampler keeps proposing
 # points already compiled or ruled out: the space is spent as far as it can tell).
@@ -76,22 +75,18 @@ def search(
     started: float,
     evaluator: Evaluator | None = None,
 ) -> PlanResult:
-    """Search the joint space with `options.budget` compiles; the result holds every compiled point.
+    """Search the joint space with `options.search.budget` compiles; the result holds every compiled point.
 
     `evaluator` compiles and predicts a batch of points (default: evaluate.evaluate; the search
     benchmark answers from an exhaustive run's table instead)."""
-    if options.sampler not in PLAN_SAMPLERS:
-        raise UserInputError(f"unknown plan sampler {options.sampler!r} (known: {', '.join(PLAN_SAMPLERS)})")
-    if options.budget is not None and options.budget < 1 and options.sampler != "exhaustive":
-        raise UserInputError(f"--budget must be at least 1, not {options.budget}")
     shape = problem.dims.shape
-    space = options.space or default_space(
+    space = options.search.space or default_space(
         problem.topology.devices,
         shape,
         problem.seq_len,
-        tuple(parse_remat(r).name for r in options.remats),
-        options.accumulations,
-        options.contexts,
+        tuple(parse_remat(r).name for r in options.search.remats),
+        options.search.accumulations,
+        options.search.contexts,
         problem.topology.slices,
     )
     valid = valid_points(space, problem.topology.devices, shape, problem.global_batch, problem.seq_len)
@@ -99,16 +94,16 @@ def search(
         raise UserInputError(
             f"no point of the space divides this model and batch on {problem.topology.devices} devices"
         )
-    exhaustive = options.sampler == "exhaustive"
-    if exhaustive and not options.budget:  # every valid point that may fit
+    exhaustive = options.search.sampler == "exhaustive"
+    if exhaustive and not options.search.budget:  # every valid point that may fit
         budget = sum(1 for p in valid if problem.lower_bound(p).total <= problem.hbm)
     else:
-        budget = options.budget or 0
+        budget = options.search.budget or 0
     study, storage = _open_study(problem, options, space)
     emit(
         f"search: {len(valid)} valid points (tensor {list(space.tensors)}, context {list(space.contexts)}, "
         f"data {list(space.datas)}, {len(space.remats)} remat policies, micro-batches {list(space.accumulations)}); "
-        f"{options.sampler}, budget {budget} compiles; study {study.study_name!r}"
+        f"{options.search.sampler}, budget {budget} compiles; study {study.study_name!r}"
     )
     if exhaustive:
         # Every point not settled (compiled, refused, ruled out) or queued already; a released or
@@ -123,7 +118,7 @@ def search(
             if params_key(params_of(point)) not in done:
                 study.enqueue_trial(params_of(point))
     # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
-    limit = len(valid) if exhaustive and not options.budget else budget
+    limit = len(valid) if exhaustive and not options.search.budget else budget
     rules = Rules(
         budget=limit,
         batch=pool.workers,
@@ -147,8 +142,8 @@ def search(
     record = {
         "study": study.study_name,
         "storage": without_password(str(storage.url)) if storage is not None else "memory",
-        "sampler": options.sampler,
-        "seed": options.seed,
+        "sampler": options.search.sampler,
+        "seed": options.search.seed,
         "budget": budget,
         "space": space.describe(),
         "valid_points": len(valid),
@@ -305,17 +300,19 @@ def _open_study(
 ) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)
-    if options.sampler == "exhaustive":
+    if options.search.sampler == "exhaustive":
         # Its queue of every point must not become another sampler's first proposals.
         record["exhaustive"] = True
-    name = options.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest(record)}"
-    storage = open_storage(options.storage) if options.storage else None
+    name = (
+        options.store.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest(record)}"
+    )
+    storage = open_storage(options.store.url) if options.store.url else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
     study.sampler = plan_sampler(
-        options.sampler, options.seed + len(study.get_trials(deepcopy=False)), options.budget or 0
+        options.search.sampler, options.search.seed + len(study.get_trials(deepcopy=False)), options.search.budget or 0
     )
     recorded = study.user_attrs.get(RECORD_ATTR)
     if recorded is None:

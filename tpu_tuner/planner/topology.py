@@ -154,6 +154,8 @@ class Topology:
 
 def parse_topology(text: str) -> Topology:
     """Parse a slice name (``v5p-256``) or an explicit shape (``v5p:8x8x8``)."""
+    if not isinstance(text, str):  # the Python API's caller
+        raise UserInputError(f"topology must be text such as v5p-256, not {text!r}")
     cleaned = text.strip().lower()
     explicit = re.fullmatch(r"(v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+)+)", cleaned)
     if explicit:

@@ -1,7 +1,7 @@
 """Search spaces: declarative TOML (search_spaces/*.toml) replayed as Optuna define-by-run calls.
 
 A parameter is a registered knob (`tpu_tuner.knobs`) searched as a categorical with choices per
-device kind; its first choice is the baseline. A knob may be conditional (`Knob.active`: inductor's
+device kind; its first choice is the baseline. A knob may be conditional (`Conditional`: inductor's
 options only under ``execution = inductor``): `suggest` asks for it only where it is active, as
 Optuna's define-by-run allows (TPE models the parameter over the trials that have it), and a
 setting where it is inactive leaves it out. `settings()` enumerates only valid settings, each once;
@@ -20,8 +20,8 @@ import optuna
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.knobs import registry as knobs
-from tpu_tuner.knobs.base import CANNOT_RUN
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, NarrowedByWorkload, SpreadsOverRanks
 from tpu_tuner.knobs.traits import WorkloadTraits
 
 # The parameters a space may search: the registered knobs.
@@ -82,8 +82,8 @@ class SearchSpace:
 
     def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
         """This space narrowed to what can change `traits`' step: knobs that cannot
-        (`Knob.applies_to_workload`) and choices that cannot run (`Knob.choice_applies`) are left
-        out, each noted in `left_out`. A knob left out keeps its baseline value, so every setting
+        and choices that cannot run (`NarrowedByWorkload` knobs) are left out, each noted in
+        `left_out`. A knob left out keeps its baseline value, so every setting
         of the narrowed space is a setting of this one. No traits (a profile written before
         they were recorded): the space as it is."""
         if traits is None:
@@ -91,6 +91,9 @@ class SearchSpace:
         params, left_out = [], list(self.left_out)
         for p in self.params:
             knob = knobs.get(p.name)
+            if not isinstance(knob, NarrowedByWorkload):
+                params.append(p)
+                continue
             if len(p.choices) > 1 and not knob.applies_to_workload(traits):
                 left_out.append(f"{p.name}: {knob.not_applicable} (kept at {p.choices[0]})")
                 params.append(Param(p.name, p.agent, p.choices[:1], p.help))
@@ -110,22 +113,20 @@ class SearchSpace:
 
     def tensor_within_hosts(self, nproc: int) -> SearchSpace:
         """This space without the layouts whose tensor groups would span hosts of `nproc` ranks
-        each (`model.host_mesh`: a tensor size that does not divide nproc), each noted in
-        `left_out`: tensor parallelism all-reduces activations in every block, traffic for a
-        host's own interconnect rather than the network between hosts (--tensor-across-hosts)."""
-        from tpu_tuner.model.host_mesh import tensor_within_host
-        from tpu_tuner.model.layouts import parse_layout
-
+        each (`SpreadsOverRanks.within_hosts`), each noted in `left_out`: tensor parallelism
+        all-reduces activations in every block, traffic for a host's own interconnect rather than
+        the network between hosts (--tensor-across-hosts)."""
         params, left_out = [], list(self.left_out)
         for p in self.params:
-            if p.name != "layout":
+            knob = knobs.get(p.name)
+            if not isinstance(knob, SpreadsOverRanks):
                 params.append(p)
                 continue
-            kept = tuple(c for c in p.choices if tensor_within_host(parse_layout(c, context=False), nproc))
+            kept = tuple(c for c in p.choices if knob.within_hosts(knob.check(c), nproc))
             dropped = [c for c in p.choices if c not in kept]
             if dropped:
                 left_out.append(
-                    f"layout: {', '.join(dropped)}: the tensor axis would span hosts ({nproc} rank"
+                    f"{p.name}: {', '.join(dropped)}: the tensor axis would span hosts ({nproc} rank"
                     f"{'s' if nproc > 1 else ''} a host; --tensor-across-hosts allows it)"
                 )
             params.append(Param(p.name, p.agent, kept, p.help))
@@ -145,9 +146,18 @@ class SearchSpace:
         return next(p.choices[0] for p in self.params if p.name == name)
 
     def spreads_over_ranks(self) -> bool:
-        """Whether a parameter spreads a step over processes (`Knob.spreads_over_ranks`: the
-        layout); a run of N ranks without one would time N unsharded copies of one step."""
-        return any(knobs.get(p.name).spreads_over_ranks for p in self.params)
+        """Whether a parameter spreads a step over processes (`SpreadsOverRanks`: the layout); a
+        run of N ranks without one would time N unsharded copies of one step."""
+        return bool(self.placements())
+
+    def placements(self) -> tuple[str, ...]:
+        """The choices of the parameters that place a step across ranks and hosts (the layouts)."""
+        return tuple(c for p in self.params if isinstance(knobs.get(p.name), SpreadsOverRanks) for c in p.choices)
+
+    def _active(self, name: str, settings: dict[str, Any]) -> bool:
+        """Whether knob `name` means anything under `settings` (`Conditional`; others always do)."""
+        knob = knobs.get(name)
+        return not isinstance(knob, Conditional) or knob.active(settings)
 
     def _fixed(self) -> dict[str, str]:
         """The values of parameters with one choice here (conditions may read them)."""
@@ -162,9 +172,7 @@ class SearchSpace:
         """`params` without the conditional parameters that are inactive under the others (a
         setting has them only where they mean something), in registry order."""
         context = {**self._fixed(), **params}
-        return {
-            p.name: params[p.name] for p in self._ordered() if p.name in params and knobs.get(p.name).active(context)
-        }
+        return {p.name: params[p.name] for p in self._ordered() if p.name in params and self._active(p.name, context)}
 
     def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with every active searched parameter it lacks at its baseline choice (a seed
@@ -172,7 +180,7 @@ class SearchSpace:
         a whole setting, as an enqueued trial must be (a sampler is not asked for the rest)."""
         context = {**self._fixed(), **params}
         for p in self._ordered():
-            if p.name not in context and knobs.get(p.name).active(context):
+            if p.name not in context and self._active(p.name, context):
                 context[p.name] = p.choices[0]
         return self.normalize({p.name: context[p.name] for p in self._ordered() if p.name in context})
 
@@ -182,7 +190,7 @@ class SearchSpace:
         chosen: dict[str, str] = {}
         context = self._fixed()
         for p in self._ordered():
-            if knobs.get(p.name).active(context):
+            if self._active(p.name, context):
                 chosen[p.name] = context[p.name] = trial.suggest_categorical(p.name, list(p.choices))
         return chosen
 
@@ -214,7 +222,7 @@ class SearchSpace:
         try:
             values = {p.name: params.get(p.name, p.choices[0]) for p in self.params}
             context = {**self._fixed(), **values}
-            return Candidate({name: value for name, value in values.items() if knobs.get(name).active(context)})
+            return Candidate({name: value for name, value in values.items() if self._active(name, context)})
         except ValueError as exc:
             raise DefinitionError(f"bad parameter values {params}: {exc}", self.name) from exc
 

@@ -199,7 +199,7 @@ def _tune_in(
     record = study.user_attrs.get(RECORD_ATTR, opened.record)
     agents, findings, memory = prepare_agents(options, profile)
     if isinstance(runner, MultiHostTrialRunner):  # which host holds which ranks, under each layout searched
-        findings["hosts"] = runner.describe_hosts(next((p.choices for p in space.params if p.name == "layout"), ()))
+        findings["hosts"] = runner.describe_hosts(space.placements())
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)
     options = replace(options, search=replace(options.search, trials=budget.trials))  # the number the run used
     clock = (
