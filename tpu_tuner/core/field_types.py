@@ -17,7 +17,15 @@ def wrong_type(cls: type, values: dict[str, Any], localns: dict[str, Any] | None
     """What is wrong with the first of `values` (field name -> value) whose value is not of its
     field's declared type in dataclass `cls` ("d_model must be an integer, not 'abc'"); None
     when all are. Names `cls` does not declare are left to the caller."""
-    hints = get_type_hints(cls, localns=localns)
+    names = dict(localns or {})
+    while True:  # a name imported only for type checking (ProfilerSettings, to spare torch) reads as Any
+        try:
+            hints = get_type_hints(cls, localns=names)
+            break
+        except NameError as exc:
+            if exc.name is None or exc.name in names:
+                raise
+            names[exc.name] = Any
     for name, value in values.items():
         if name in hints and not _matches(hints[name], value):
             return f"{name} must be {_describe(hints[name])}, not {value!r}"
