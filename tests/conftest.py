@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tpu_tuner.profiling import ProfilerSettings
 
@@ -21,6 +24,23 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+# The fuzz tests' budgets (tests/test_fuzz_*.py, docs/testing.md "Fuzzing"): a small one in the quick
+# run, a large one (at least 10,000 inputs in all) with TPU_TUNE_FUZZ=full, as .ci/run's full pass sets.
+# No example database: a failure prints the input and the seed that reproduce it.
+FUZZ_EXAMPLES = {"quick": 60, "full": 1200}
+for _name, _examples in FUZZ_EXAMPLES.items():
+    settings.register_profile(
+        f"fuzz-{_name}",
+        max_examples=_examples,
+        deadline=None,  # a loaded host's pauses are no finding
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+    )
+# Hypothesis's own cache (.hypothesis/) goes to the temporary folder, not into the checkout.
+set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "tpu-tune-hypothesis"))
+settings.load_profile("fuzz-full" if os.environ.get("TPU_TUNE_FUZZ") == "full" else "fuzz-quick")
 
 
 MAX_XDIST_WORKERS = 4

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.outputs.write import write_tuning
+from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.result import TuningResult
@@ -33,6 +35,8 @@ def tune(
     run.json with the reason (docs/run-safety.md). With `options.store.study` the run is one worker of a
     study shared by name (docs/tuning.md).
     """
+    if options is not None:
+        check_field_types(options, {"ProfilerSettings": ProfilerSettings})
     if options is not None and options.runner.nnodes > 1:
         raise UserInputError(
             f"--nnodes {options.runner.nnodes}: every host runs its side of the study; "
@@ -53,6 +57,7 @@ def tune_across_hosts(
     from tpu_tuner.runner.hosts import HostGroup
     from tpu_tuner.runner.worker_log import WorkerLog
 
+    check_field_types(options, {"ProfilerSettings": ProfilerSettings})
     options = options.preflight()  # every host refuses bad options before it meets the others
     run, emit, started = options.runner, progress or (lambda event: None), time.perf_counter()
     assert run.rdzv is not None and options.store.study is not None  # validated by preflight

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, LENGTHS, MAX_BUCKETS, at_least, option, positive, uses
 
 
@@ -25,6 +26,7 @@ class BucketChoice:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--steps", self.planned_steps), ("--max-buckets", self.max_buckets), ("--align", self.align))
 
 
@@ -40,6 +42,7 @@ class BucketMeasurement:
     trial_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--batch-size", self.batch_size))
         positive(("trial_timeout_s", self.trial_timeout_s))
 
@@ -60,6 +63,7 @@ class BucketReplay:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(0, ("--replay", self.steps))
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from tpu_tuner.bucketing.options import BucketOptions
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.devices import get_backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compiled_with
@@ -99,6 +100,7 @@ def plan_buckets(
     each worker's own temporary log, dropped unless a failure names it)."""
     emit = progress or (lambda message: None)
     started = time.perf_counter()
+    check_field_types(options)
     if options.choice.lengths_file is not None and not Path(options.choice.lengths_file).is_file():
         raise UserInputError("length sample file not found", options.choice.lengths_file)
     # This process never imports the model file: a worker loads it and sends back a summary

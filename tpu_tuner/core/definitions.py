@@ -94,7 +94,11 @@ def read_definition(kind: DefinitionKind, name_or_path: str | Path) -> tuple[dic
         path = Path(text_name)
         if not path.is_file():
             raise DefinitionError("file not found", path)
-        return _parse(path.read_text(), path), text_name
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError as exc:
+            raise DefinitionError(f"not UTF-8 text: {exc}", path) from exc
+        return _parse(text, path), text_name
     resource = builtin_folder(kind) / f"{text_name}.toml"
     if not resource.is_file():
         known = ", ".join(builtin_names(kind))

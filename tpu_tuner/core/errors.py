@@ -18,7 +18,10 @@ class UserInputError(TpuTuneError):
 
     def __init__(self, message: str, path: str | Path | None = None) -> None:
         self.path = str(path) if path is not None else None
-        super().__init__(f"{self.path}: {message}" if self.path else message)
+        # One line whatever was typed: a flag's value may hold a line break, and the refusal
+        # quotes it (found by tests/test_fuzz_parsers.py).
+        text = f"{self.path}: {message}" if self.path else message
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
 
 
 class WorkloadError(UserInputError):

@@ -130,6 +130,8 @@ def comma_list(text: str) -> tuple[str, ...]:
 def at_least(minimum: int, *named: tuple[str, int | None]) -> None:
     """Refuse a (flag, value) below `minimum` (None is unset): a section's check."""
     for name, value in named:
+        if value is not None and type(value) is not int:  # "2" from the Python API: no TypeError below
+            raise UserInputError(f"{name} must be a whole number, not {value!r}")
         if value is not None and value < minimum:
             raise UserInputError(f"{name} must be at least {minimum}, not {value}")
 
@@ -137,6 +139,8 @@ def at_least(minimum: int, *named: tuple[str, int | None]) -> None:
 def positive(*named: tuple[str, float | None]) -> None:
     """Refuse a (flag, value) that is not above 0 (None is unset): a section's check."""
     for name, value in named:
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise UserInputError(f"{name} must be a number, not {value!r}")
         if value is not None and not value > 0:
             raise UserInputError(f"{name} must be positive, not {value:g}")
 

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.core.field_types import wrong_type
 from tpu_tuner.core.key_values import parse_key_values
 
 INLINE_PREFIX = "decoder:"
@@ -358,7 +359,7 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
             raise WorkloadError("file not found", file)
         try:
             data = tomllib.loads(file.read_text())
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise WorkloadError(f"not valid TOML: {exc}", file) from exc
         model, run, name = data.get("model", {}), data.get("run", {}), file.stem
         if not isinstance(model, dict) or not model:
@@ -367,12 +368,17 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     unknown = sorted(set(model) - known)
     if unknown:
         raise WorkloadError(f"unknown shape key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}", path)
+    wrong = wrong_type(DecoderShape, model)
+    if wrong:
+        raise WorkloadError(wrong, path)
     try:
         shape = DecoderShape(**model)
     except TypeError as exc:
         raise WorkloadError(f"incomplete shape: {exc}", path) from exc
     shape.check(path)
-    sizes = {k: int(v) for k, v in run.items() if k in ("batch_size", "seq_len")}
+    sizes = {k: v for k, v in run.items() if k in ("batch_size", "seq_len")} if isinstance(run, dict) else {"": run}
+    if any(type(v) is not int or v < 1 for v in sizes.values()):
+        raise WorkloadError(f"[run] takes batch_size and seq_len of at least 1, not {run!r}", path)
     return shape, sizes, name
 
 

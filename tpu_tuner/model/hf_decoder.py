@@ -336,7 +336,7 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
     try:
         shape = DecoderShape(**read(config))
         shape.check(config.model_type)
-    except (AttributeError, TypeError) as exc:
+    except (AttributeError, TypeError, ZeroDivisionError) as exc:  # qwen2?num_attention_heads=0: no heads
         raise NotExpressible(f"a {config.model_type} config without what its family needs: {exc}") from exc
     except WorkloadError as exc:
         raise NotExpressible(str(exc)) from exc

@@ -15,6 +15,10 @@ from tpu_tuner.core.errors import UserInputError
 # Where the bucketing cost model measures a step: the sample's extremes, median and upper tail.
 PROBE_QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 
+# The longest length a sample may hold: beyond any model's context, and far inside int64, so the
+# aligned probe lengths (a length rounded up to a multiple of the alignment) cannot overflow.
+MAX_LENGTH = 2**31 - 1
+
 LENGTH_COLUMNS = ("length", "lengths", "len", "seq_len", "tokens", "num_tokens")
 
 
@@ -30,12 +34,18 @@ class LengthHistogram:
         values = np.asarray(sample)
         if values.size == 0:
             raise ValueError("the length sample is empty")
+        if not np.issubdtype(values.dtype, np.number):  # text, objects, ints beyond int64
+            try:
+                values = values.astype(np.float64)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError("lengths must be whole numbers") from None
         if not np.issubdtype(values.dtype, np.integer):
             if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
                 raise ValueError("lengths must be whole numbers")
-            values = values.astype(np.int64)
-        if values.min() < 1:
-            raise ValueError(f"lengths must be positive, found {int(values.min())}")
+        if values.min() < 1 or values.max() > MAX_LENGTH:
+            raise ValueError(
+                f"lengths must be from 1 to {MAX_LENGTH:,}, found {float(values.min()):g} to {float(values.max()):g}"
+            )
         lengths, counts = np.unique(values.astype(np.int64), return_counts=True)
         return cls(lengths, counts.astype(np.int64))
 
@@ -77,8 +87,10 @@ def read_lengths(path: str | Path) -> np.ndarray:
     values = []
     for line, row in rows:
         cell = row[column].strip() if column < len(row) else ""
-        if not _is_number(cell) or float(cell) != int(float(cell)) or float(cell) < 1:
-            raise UserInputError(f"line {line}: {cell!r} is not a positive whole number of tokens", path)
+        if not _is_number(cell) or float(cell) != int(float(cell)) or not 1 <= float(cell) <= MAX_LENGTH:
+            raise UserInputError(
+                f"line {line}: {cell!r} is not a whole number of tokens from 1 to {MAX_LENGTH:,}", path
+            )
         values.append(int(float(cell)))
     if not values:
         raise UserInputError("the lengths file has a header but no lengths", path)

@@ -166,6 +166,7 @@ def plan_to_folder(
     """
     from tpu_tuner.planner.plan import plan
 
+    new_root = not Path(out).exists()
     options = with_plan_storage(options, out)
     if options.store.url is not None:
         from tpu_tuner.studies.storage import check_storage
@@ -178,6 +179,8 @@ def plan_to_folder(
         result = plan(model_file, options, progress=progress)
     except BaseException as exc:
         _drop_failed_plan(run_dir, log_file, bad_input=isinstance(exc, TpuTuneError))
+        if new_root and not any(Path(out).iterdir()):  # the results folder this plan made, now empty
+            Path(out).rmdir()
         raise
     write_plan(run_dir, result)
     return run_dir, result

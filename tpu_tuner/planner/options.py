@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout, parse_layout
@@ -66,6 +67,7 @@ class PlanTarget:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         parse_topology(self.topology)
         at_least(1, ("--slices", self.slices))
 
@@ -147,6 +149,7 @@ class PlanStep:
     attention: AttentionConvention = field(default="full", metadata=uses(ATTENTION))  # MFU convention
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--global-batch", self.global_batch), ("--seq-len", self.seq_len))
         at_least(1, ("--accumulation", self.accumulation), ("--vocab-tiling", self.vocab_tiling))
         parse_remat(self.remat, "--remat")
@@ -181,6 +184,7 @@ class PlanEnumeration:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--max-layouts", self.max_layouts))
 
 
@@ -205,6 +209,7 @@ class PlanCompile:
     cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--workers", self.workers))
 
 
@@ -255,6 +260,7 @@ class PlanSearch:
     seed: int = field(default=0, metadata=uses(SEED))
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         if self.sampler not in PLAN_SAMPLERS:
             raise UserInputError(f"unknown plan sampler {self.sampler!r} (known: {', '.join(PLAN_SAMPLERS)})")
         at_least(1, ("--budget", self.budget))
@@ -308,6 +314,7 @@ class PlanOptions:
     def __post_init__(self) -> None:
         """What spans sections: the layouts' slices, an 8-bit peak for the slice's generation,
         and the search's flags only with a search (refused before any compiler starts)."""
+        check_field_types(self)  # the Python API may pass any value
         target, search = self.target, self.search
         for layout in self.enumeration.layouts or ():
             if layout.slices != target.slices:

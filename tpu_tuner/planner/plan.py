@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep
@@ -29,6 +30,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     """Plan `model_file` on `options.target`: the layout enumeration, or with `options.search.budget`
     (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
+    check_field_types(options)
     topology = parse_topology(options.target.topology).with_slices(options.target.slices)
     # The compiler processes start now: their start-up overlaps reading the model.
     with CompilePool(options.compile.workers, options.compile.log_file) as pool:

@@ -154,6 +154,8 @@ class Topology:
 
 def parse_topology(text: str) -> Topology:
     """Parse a slice name (``v5p-256``) or an explicit shape (``v5p:8x8x8``)."""
+    if not isinstance(text, str):  # the Python API's caller
+        raise UserInputError(f"topology must be text such as v5p-256, not {text!r}")
     cleaned = text.strip().lower()
     explicit = re.fullmatch(r"(v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+)+)", cleaned)
     if explicit:
@@ -161,6 +163,8 @@ def parse_topology(text: str) -> Topology:
         shape = tuple(int(d) for d in explicit.group(2).split("x"))
         if len(shape) != chip.torus_dims:
             raise UserInputError(f"topology {text!r}: {chip.generation} is a {chip.torus_dims}D torus")
+        if min(shape) < 1:
+            raise UserInputError(f"topology {text!r}: every dimension must be at least 1 chip")
         topology = Topology(text, chip, shape)
     else:
         named = re.fullmatch(r"(v4|v5e|v5p|v5litepod|v6e|tpu7x|v7x)-(\d+)", cleaned)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.tuning.runner_options import (
     MAX_NPROC,
     RDZV_TIMEOUT_S,
@@ -63,6 +64,7 @@ class TuneOptions:
 
     def __post_init__(self) -> None:
         """What spans sections: a plan needs several ranks, hosts meet under a study's name."""
+        check_field_types(self)  # the Python API may pass any value
         if self.search.plan is not None and self.runner.ranks == 1:
             raise UserInputError("--plan seeds sharding layouts, which need several ranks: give --nproc N (N > 1)")
         if self.runner.nnodes > 1 and self.store.study is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, STORAGE, STUDY, at_least, option, positive, uses
 from tpu_tuner.core.run_folder import RESULTS_DIR
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
@@ -112,6 +113,7 @@ class RunnerOptions:
     trial_settings: ProfilerSettings | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--nproc", self.nproc), ("--nnodes", self.nnodes))
         at_least(1, ("--batch-size", self.batch_size), ("--seq-len", self.seq_len))
         if self.nproc > MAX_NPROC:
@@ -194,6 +196,7 @@ class StoreOptions:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         if self.study is not None and not self.study.strip():
             raise UserInputError("--study needs a name")
         if self.study is not None and self.resume is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import (
     LENGTHS,
     MAX_BUCKETS,
@@ -85,6 +86,7 @@ class SearchOptions:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
         at_least(1, ("--trials", self.trials))
@@ -145,6 +147,7 @@ class ObjectiveOptions:
     )
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--steps", self.planned_steps), ("--max-buckets", self.max_buckets))
         at_least(1, ("--bucket-align", self.bucket_align))
         at_least(2, ("--verify-rounds", self.verify_rounds))

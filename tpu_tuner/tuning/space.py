@@ -62,6 +62,9 @@ class SearchSpace:
             unknown = set(entry) - {"name", "agent", "choices", "help"}
             if unknown:
                 raise DefinitionError(f"parameter {name}: unknown keys {sorted(unknown)}", where)
+            wrong = _wrong_entry(entry)
+            if wrong:
+                raise DefinitionError(f"parameter {name}: {wrong}", where)
             knob = knobs.get(name)
             try:
                 choices = knob.choices(device_kind, entry, ranks)  # rejects bad choices at load time
@@ -232,6 +235,21 @@ class SearchSpace:
             knob, value = knobs.get(p.name), candidate[p.name]
             result[p.name] = next((c for c in p.choices if knob.check(c) == value), value)
         return self.normalize(result)
+
+
+def _wrong_entry(entry: dict[str, Any]) -> str | None:
+    """What is malformed in a [[param]] entry's keys (None: nothing), before a knob reads them."""
+    choices = entry.get("choices", {})
+    if not isinstance(choices, dict) or not all(isinstance(listed, list) for listed in choices.values()):
+        return f'choices must be a list per device, e.g. choices.cpu = ["a", "b"], not {choices!r}'
+    return next(
+        (
+            f"{key} must be text, not {entry[key]!r}"
+            for key in ("agent", "help")
+            if key in entry and not isinstance(entry[key], str)
+        ),
+        None,
+    )
 
 
 def _valid(knob: knobs.Knob, choice: Any) -> bool:
