@@ -27,6 +27,11 @@ SHARED_SQLITE = "studies.db"
 # Seconds between a running trial's heartbeats, the default of every study tpu-tune opens
 # (studies/liveness.py: other workers call a trial lost after three missed beats).
 HEARTBEAT_INTERVAL_S = 10
+# Seconds a worker retries while its study's server is unreachable before it stops
+# (`--storage-retry`, studies/outage.py): longer than a server restart or a managed database's
+# failover (a minute or two), short enough that a worker whose database is gone does not hang
+# for the night.
+DEFAULT_STORAGE_RETRY_S = 300
 
 
 def storage_from_environment() -> str | None:
@@ -149,6 +154,7 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
 
 
 __all__ = [
+    "DEFAULT_STORAGE_RETRY_S",
     "HEARTBEAT_INTERVAL_S",
     "STORAGE_ENV",
     "check_storage",

@@ -100,7 +100,7 @@ def resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]
 def open_run_storage(url: str, store: StoreOptions) -> StudyStorage:
     """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
     try:
-        return open_storage(url, store.heartbeat_interval_s, store.grace_period_s)
+        return open_storage(url, store.heartbeat_interval_s, store.grace_period_s, store.storage_retry_s)
     except Exception as exc:
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc
