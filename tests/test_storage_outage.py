@@ -59,7 +59,7 @@ def test_a_call_is_retried_with_a_growing_pause_and_a_progress_line_until_the_se
     retried = _outages(clock)
     with caplog.at_level(logging.WARNING, logger="tpu_tuner.studies.outage"):
         assert retried.call(attempt) == "rows"
-    assert clock.pauses == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert clock.pauses == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "storage unreachable: retrying, 0 s (OperationalError: (builtins.Exception) connection refused)"
     assert [line.split(",")[1].split("(")[0].strip() for line in lines[:6]] == [
@@ -68,10 +68,10 @@ def test_a_call_is_retried_with_a_growing_pause_and_a_progress_line_until_the_se
         "2 s",
         "4 s",
         "8 s",
-        "16 s",
+        "12 s",
     ]
-    assert lines[-1] == "storage reachable again after 24 s"
-    assert retried.quiet_for() == 0 and outage.unreachable_total_s() - total_before == pytest.approx(23.5)
+    assert lines[-1] == "storage reachable again after 18 s"
+    assert retried.quiet_for() == 0 and outage.unreachable_total_s() - total_before == pytest.approx(17.5)
 
 
 def test_past_the_limit_the_worker_stops_in_one_line_and_a_wrong_statement_is_not_retried() -> None:

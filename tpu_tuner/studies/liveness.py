@@ -215,8 +215,9 @@ class Heartbeat:
     """Beats for one trial while the `with` block runs: once on entry (so the trial can be
     found stale from the start), then every interval from a daemon thread.
 
-    A beat that fails (the server restarting) is logged and retried at the next interval: the
-    trial is only lost when beats stop for the whole grace period.
+    A beat that fails (the server restarting) is retried at the next interval, logged when beats
+    start and stop failing (not every interval of an outage): the trial is only lost when beats
+    stop for the whole grace period.
     """
 
     def __init__(self, storage: StudyStorage, trial_id: int) -> None:
@@ -224,6 +225,7 @@ class Heartbeat:
         self.trial_id = trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     def __enter__(self) -> Heartbeat:
         interval = self.storage.get_heartbeat_interval()
@@ -249,7 +251,13 @@ class Heartbeat:
         try:
             self.storage.record_heartbeat(self.trial_id)
         except Exception as exc:
-            log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
+            if not self._failing:
+                log.warning("trial heartbeat not recorded (%s); retrying every interval", type(exc).__name__)
+            self._failing = True
+        else:
+            if self._failing:
+                log.warning("trial heartbeat recorded again")
+            self._failing = False
 
 
 class RunningWatch:

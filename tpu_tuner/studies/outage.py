@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 DEFAULT_LIMIT_S = DEFAULT_STORAGE_RETRY_S
 BACKOFF_S = 0.5  # the first pause
-MAX_PAUSE_S = 8.0  # pauses double up to this: a progress line at least this often
+MAX_PAUSE_S = 5.0  # pauses double up to this: a progress line this often, and back at most this late
 
 # libpq's connection parameters for a study server: a connect to an unreachable host gives up
 # after 5 s (the default waits for TCP, minutes), and a connection whose peer vanished is found

@@ -137,6 +137,47 @@ def _check_sqlite(database: str | None, shown: str) -> None:
         raise UserInputError(f"--storage {shown!r}: folder {folder} does not exist")
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def check_sqlite_study(url: str) -> None:
+    """Refuse (`UserInputError`, one line) to resume a study whose SQLite file is missing, empty,
+    truncated or corrupt: opened read-only and checked (``PRAGMA quick_check``, which reads the
+    whole file), so that nothing is written to it. Optuna would otherwise create its tables in an
+    empty file, or fail halfway through the run with "database disk image is malformed"."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return
+    path = Path(database).expanduser()
+    try:
+        with path.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise UserInputError(f"resume refused: the study's database cannot be read ({exc.strerror})", path) from exc
+    if header != SQLITE_HEADER:
+        what = "empty" if not header else "not an SQLite database (corrupt, or another file)"
+        raise UserInputError(f"resume refused: the study's database is {what}; nothing was changed", path)
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            verdict = connection.execute("PRAGMA quick_check").fetchone()[0]
+            has_studies = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'studies'").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        verdict, has_studies = str(exc), True
+    if verdict != "ok":
+        raise UserInputError(
+            f"resume refused: the study's database is damaged (SQLite: {verdict}); nothing was changed", path
+        )
+    if has_studies is None:
+        raise UserInputError("resume refused: the study's database holds no Optuna study; nothing was changed", path)
+
+
 def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
     from sqlalchemy import create_engine, text
 
@@ -157,6 +198,7 @@ __all__ = [
     "DEFAULT_STORAGE_RETRY_S",
     "HEARTBEAT_INTERVAL_S",
     "STORAGE_ENV",
+    "check_sqlite_study",
     "check_storage",
     "keeps_journal",
     "shared_sqlite",
