@@ -223,3 +223,13 @@ def test_running_watch_does_not_count_the_time_the_storage_was_unreachable(monke
     down["s"] = 90.0  # a 40 s outage while it ran
     assert watch.overdue([trial], now=130.0) == []  # 130 s seen, 90 s of it reachable
     assert watch.overdue([trial], now=141.0) == [trial]
+
+
+def test_the_retry_limit_is_an_option_checked_with_the_others() -> None:
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.tuning.options import StoreOptions
+
+    assert StoreOptions().storage_retry_s == outage.DEFAULT_LIMIT_S == 300
+    assert StoreOptions(storage_retry_s=0).storage_retry_s == 0  # no retry: stop at the first failure
+    with pytest.raises(UserInputError, match="--storage-retry must be 0 or more seconds, not -1"):
+        StoreOptions(storage_retry_s=-1)

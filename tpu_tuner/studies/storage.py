@@ -141,10 +141,11 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite dat
 
 
 def check_sqlite_study(url: str) -> None:
-    """Refuse (`UserInputError`, one line) to resume a study whose SQLite file is missing, empty,
-    truncated or corrupt: opened read-only and checked (``PRAGMA quick_check``, which reads the
-    whole file), so that nothing is written to it. Optuna would otherwise create its tables in an
-    empty file, or fail halfway through the run with "database disk image is malformed"."""
+    """Refuse (`UserInputError`, one line) to resume a study whose SQLite file is empty, truncated
+    or corrupt: opened read-only and checked (``PRAGMA quick_check``, which reads the whole file),
+    so that nothing is written to it. Optuna would otherwise create its tables in an emptied file
+    (the trials gone without a word), or fail halfway through the run with "database disk image is
+    malformed". A missing file is no damage: the run stopped before its study was made."""
     import sqlite3
 
     from sqlalchemy.engine import make_url
@@ -156,6 +157,8 @@ def check_sqlite_study(url: str) -> None:
     try:
         with path.open("rb") as file:
             header = file.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
     except OSError as exc:
         raise UserInputError(f"resume refused: the study's database cannot be read ({exc.strerror})", path) from exc
     if header != SQLITE_HEADER:
@@ -165,17 +168,14 @@ def check_sqlite_study(url: str) -> None:
         connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
             verdict = connection.execute("PRAGMA quick_check").fetchone()[0]
-            has_studies = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'studies'").fetchone()
         finally:
             connection.close()
     except sqlite3.Error as exc:
-        verdict, has_studies = str(exc), True
+        verdict = str(exc)
     if verdict != "ok":
         raise UserInputError(
             f"resume refused: the study's database is damaged (SQLite: {verdict}); nothing was changed", path
         )
-    if has_studies is None:
-        raise UserInputError("resume refused: the study's database holds no Optuna study; nothing was changed", path)
 
 
 def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
