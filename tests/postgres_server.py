@@ -38,6 +38,29 @@ class PostgresServer:
         auth = f"{user}:{password}" if password else user
         return f"postgresql://{auth}@127.0.0.1:{self.port}/tune"
 
+    def restart(self) -> None:
+        """`pg_ctl restart -m fast`: every connection closed, the server back when this returns."""
+        _pg_ctl(self.folder, "restart", "-m", "fast")
+
+    def stop(self) -> None:
+        """`pg_ctl stop -m fast`: the server gone (connections refused) when this returns."""
+        _pg_ctl(self.folder, "stop", "-m", "fast")
+
+    def start(self) -> None:
+        """Start the stopped server again on its port."""
+        _pg_ctl(self.folder, "start", "-o", _server_options(self.port, self.folder))
+
+
+def _server_options(port: int, folder: Path) -> str:
+    return f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
+
+
+def _pg_ctl(folder: Path, *command: str) -> None:
+    _as_postgres(
+        [str(binaries() / "pg_ctl"), "-D", str(folder / "data"), "-w", "-t", "60", "-l", str(folder / "server.log")]
+        + list(command)
+    )
+
 
 def binaries() -> Path:
     """Debian's PostgreSQL binaries folder (the newest major version installed)."""
@@ -106,7 +129,7 @@ def running_server() -> Iterator[PostgresServer]:
                 "-l",
                 str(folder / "server.log"),
                 "-o",
-                f"-p {port} -k {folder} -c listen_addresses=127.0.0.1",
+                _server_options(port, folder),
                 "start",
             ]
         )

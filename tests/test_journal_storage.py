@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 import sqlalchemy
+from conftest import wait_until
 from optuna.trial import TrialState
 from postgres_server import PASSWORD
 
@@ -205,11 +206,18 @@ def test_a_trial_failed_as_lost_elsewhere_refuses_its_late_writes(url) -> None:
         open_storage(url, 1).set_trial_state_values(_id(other, study, 0), TrialState.FAIL)
 
 
+def _server_up_for(storage: Any, seconds: float) -> bool:
+    with storage.engine.connect() as connection:
+        up = connection.execute(sqlalchemy.text("SELECT extract(epoch FROM now() - pg_postmaster_start_time())"))
+        return float(up.scalar_one()) > seconds
+
+
 def test_a_trial_whose_beats_stop_is_found_stale_and_retried_a_beating_one_is_not(url) -> None:
     """Beats are kept at the server's clock: a stopped trial's last beat is set back past the grace
     period there (as time would), so no test waits for it."""
     name = f"beats-{uuid.uuid4().hex[:8]}"
     storage = open_storage(url, 1, 2)
+    wait_until(lambda: _server_up_for(storage, 2), 30)  # the server's start counts as every trial's beat
     study = optuna.create_study(storage=storage, study_name=name)
     lost, alive, never = study.ask(), study.ask(), study.ask()
     for trial in (lost, alive, never):

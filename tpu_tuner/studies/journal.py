@@ -13,8 +13,16 @@ database (created on first use, beside any other):
 * ``tpu_tune_journal(log_number, log)``: the entries, in order, as JSON text. An append numbers
   its entries under a table lock, so that numbers are committed in order and a reader never
   skips one committed later under a lower number.
+* ``tpu_tune_journal_appends(append_id, first_number)``: the id each append carries, a UUID the
+  worker draws once and sends again on every retry (studies/outage.py), written in the append's
+  transaction. An append whose connection dropped before its commit was acknowledged is retried
+  with the same id, and the server returns the first append's numbers instead of adding its
+  entries twice (under the same table lock, so a first try still in flight is waited for).
 * ``tpu_tune_heartbeats(trial_id, beat)``: a running trial's last beat, at the server's clock
   (one upsert a beat; the stale check compares at the same clock, so hosts' clocks do not matter).
+  No trial is found stale until the server has been up for the grace period
+  (``pg_postmaster_start_time()``), nor until this worker has been back in touch with it that
+  long: a gap in the beats that a restart or an outage made is no dead worker.
 
 Concurrency is the journal's: two workers popping the same queued trial, or failing the same
 lost one, both append, and the replay (every process's, in the same order) lets the first win;
@@ -24,6 +32,7 @@ the other's `set_trial_state_values` returns False or raises `UpdateFinishedTria
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,9 +43,11 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.studies.outage import Outages
 
 JOURNAL_TABLE = "tpu_tune_journal"
 HEARTBEAT_TABLE = "tpu_tune_heartbeats"
+APPENDS_TABLE = "tpu_tune_journal_appends"
 # Optuna's RDBStorage table of studies: where tpu-tune kept a server study before the journal.
 RDB_STUDIES_TABLE = "studies"
 # The advisory lock under which the first worker creates the tables (any constant of our own).
@@ -48,25 +59,34 @@ _SCHEMA = (
     # An append numbers its entries under a lock held to its commit, so that numbers are committed
     # in order. EXCLUSIVE: other appends wait, reads do not. A VOLATILE function's INSERT takes its
     # snapshot after the lock (it sees the append before it); one call, one round trip.
-    f"""CREATE OR REPLACE FUNCTION {JOURNAL_TABLE}_append(entries TEXT[]) RETURNS BIGINT LANGUAGE plpgsql AS $$
+    f"CREATE TABLE IF NOT EXISTS {APPENDS_TABLE} (append_id TEXT PRIMARY KEY, first_number BIGINT NOT NULL)",
+    # An append already made under `id` (its commit's acknowledgement lost with a connection)
+    # returns its first number again and adds nothing.
+    f"""CREATE OR REPLACE FUNCTION {JOURNAL_TABLE}_append(entries TEXT[], id TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
     DECLARE first BIGINT;
     BEGIN
         LOCK TABLE {JOURNAL_TABLE} IN EXCLUSIVE MODE;
+        SELECT first_number INTO first FROM {APPENDS_TABLE} WHERE append_id = id;
+        IF FOUND THEN
+            RETURN first;
+        END IF;
         SELECT COALESCE(MAX(log_number) + 1, 0) INTO first FROM {JOURNAL_TABLE};
         INSERT INTO {JOURNAL_TABLE} (log_number, log)
             SELECT first + entry.ordinal - 1, entry.log FROM unnest(entries) WITH ORDINALITY AS entry(log, ordinal);
+        INSERT INTO {APPENDS_TABLE} (append_id, first_number) VALUES (id, first);
         RETURN first;
     END $$""",
 )
 _READ = sqlalchemy.text(f"SELECT log FROM {JOURNAL_TABLE} WHERE log_number >= :first ORDER BY log_number")
-_APPEND = sqlalchemy.text(f"SELECT {JOURNAL_TABLE}_append(CAST(:logs AS TEXT[]))")
+_APPEND = sqlalchemy.text(f"SELECT {JOURNAL_TABLE}_append(CAST(:logs AS TEXT[]), CAST(:id AS TEXT))")
 _BEAT = sqlalchemy.text(
     f"INSERT INTO {HEARTBEAT_TABLE} (trial_id, beat) VALUES (:trial_id, now()) "
     "ON CONFLICT (trial_id) DO UPDATE SET beat = excluded.beat"
 )
 _STALE = sqlalchemy.text(
     f"SELECT trial_id FROM {HEARTBEAT_TABLE} "
-    "WHERE trial_id = ANY(:ids) AND beat < now() - make_interval(secs => :grace)"
+    # The server's start counts as every trial's beat: one stopped or restarted heard no beats.
+    "WHERE trial_id = ANY(:ids) AND GREATEST(beat, pg_postmaster_start_time()) < now() - make_interval(secs => :grace)"
 )
 
 
@@ -76,11 +96,18 @@ class PostgresJournal(BaseJournalBackend):
     Every statement is its own transaction (autocommit: no BEGIN or COMMIT round trip). A read
     that follows this process's own append, with nothing appended in between by others, is
     answered from that append (`JournalStorage` reads after every write it makes): one round trip
-    a write, not two. The entries go through JSON either way, as another process reads them."""
+    a write, not two. The entries go through JSON either way, as another process reads them.
+    Reads and appends ride out an unreachable server (`outages`); an append is retried under
+    the id it drew, so it is applied once."""
 
-    def __init__(self, engine: sqlalchemy.engine.Engine) -> None:
+    def __init__(self, engine: sqlalchemy.engine.Engine, outages: Outages | None = None) -> None:
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.outages = outages or Outages(engine.url.render_as_string(hide_password=True))
         self._appended: tuple[int, list[str]] | None = None  # (first number, entries) of the last append
+        self.outages.call(lambda: self._create_schema(engine))
+
+    @staticmethod
+    def _create_schema(engine: sqlalchemy.engine.Engine) -> None:
         with engine.begin() as connection:
             # CREATE ... IF NOT EXISTS races with itself on PostgreSQL: one worker at a time.
             connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
@@ -92,15 +119,22 @@ class PostgresJournal(BaseJournalBackend):
         if appended is not None and appended[0] == log_number_from:
             rows = appended[1]
         else:
-            with self.engine.connect() as connection:
-                rows = list(connection.execute(_READ, {"first": log_number_from}).scalars())
+            rows = self.outages.call(lambda: self._read(log_number_from))
         return [json.loads(row) for row in rows]
+
+    def _read(self, log_number_from: int) -> list[str]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(_READ, {"first": log_number_from}).scalars())
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         entries = [json.dumps(entry) for entry in logs]
-        with self.engine.connect() as connection:
-            first = connection.execute(_APPEND, {"logs": entries}).scalar_one()
-        self._appended = (first, entries)
+        append_id = uuid.uuid4().hex  # drawn once: every retry of this append sends it again
+
+        def append() -> int:
+            with self.engine.connect() as connection:
+                return int(connection.execute(_APPEND, {"logs": entries, "id": append_id}).scalar_one())
+
+        self._appended = (self.outages.call(append), entries)
 
 
 class JournalStudyStorage(JournalStorage):
@@ -117,13 +151,15 @@ class JournalStudyStorage(JournalStorage):
         heartbeat_interval: int,
         grace_period: int,
         heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None,
+        outages: Outages | None = None,
     ) -> None:
         self.url, self.engine = url, engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")  # no BEGIN, no COMMIT
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
         self.stale_trial_callback = heartbeat_stale_trial_callback
-        super().__init__(PostgresJournal(engine))
+        self.outages = outages or Outages(engine.url.render_as_string(hide_password=True))
+        super().__init__(PostgresJournal(engine, self.outages))
 
     def record_heartbeat(self, trial_id: int) -> None:
         """Record that `trial_id` is alive now (the server's clock)."""
@@ -140,15 +176,23 @@ class JournalStudyStorage(JournalStorage):
 
     def stale_trial_ids(self, study_id: int) -> list[int]:
         """The study's RUNNING trials whose last beat is older than the grace period (a trial that
-        never beat is not judged here: `liveness.RunningWatch` is)."""
+        never beat is not judged here: `liveness.RunningWatch` is). None within the grace period
+        after this worker rode out an outage: the other workers' beats failed as its calls did,
+        and they have not all beaten since."""
+        if self.outages.quiet_for() < self.grace_period:
+            return []
         running = [
             self.get_trial_id_from_study_id_trial_number(study_id, t.number)
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
         ]
         if not running:
             return []
-        with self._autocommit.connect() as connection:
-            return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
+
+        def stale() -> list[int]:
+            with self._autocommit.connect() as connection:
+                return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
+
+        return self.outages.call(stale)
 
     def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
         if study_name is not None:
@@ -179,4 +223,4 @@ class JournalStudyStorage(JournalStorage):
             )
 
 
-__all__ = ["HEARTBEAT_TABLE", "JOURNAL_TABLE", "JournalStudyStorage", "PostgresJournal"]
+__all__ = ["APPENDS_TABLE", "HEARTBEAT_TABLE", "JOURNAL_TABLE", "JournalStudyStorage", "PostgresJournal"]

@@ -32,7 +32,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine.interfaces import DBAPIConnection
 
-from tpu_tuner.studies import records
+from tpu_tuner.studies import outage, records
 from tpu_tuner.studies.journal import JournalStudyStorage
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal, sqlite_pragmas
 
@@ -59,13 +59,20 @@ def default_grace_period(interval_s: int) -> int:
     return GRACE_BEATS * interval_s
 
 
-def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_s: int | None = None) -> StudyStorage:
+def open_storage(
+    url: str,
+    interval_s: int = HEARTBEAT_INTERVAL_S,
+    grace_period_s: int | None = None,
+    retry_limit_s: float = outage.DEFAULT_LIMIT_S,
+) -> StudyStorage:
     """The storage for `url`, whose trials keep heartbeats and whose lost trials are retried.
 
     PostgreSQL: a `JournalStudyStorage` (studies/journal.py), a trial's operations appended to a
     journal, a few milliseconds a trial where Optuna's `RDBStorage` spent a hundred
     (docs/many-workers.md). A server connection that sat idle in the pool is checked before use
-    (`ping_when_idle`), so one the server closed during a long trial is replaced.
+    (`ping_when_idle`), so one the server closed during a long trial is replaced; while the
+    server cannot be reached, calls are retried for up to `retry_limit_s` (studies/outage.py), a
+    connect giving up after `CONNECT_TIMEOUT_S` and a dead peer found by TCP keepalives.
 
     Any other URL (SQLite, the default; MySQL): Optuna's `RDBStorage`, which optuna-dashboard
     reads. SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (the write lock at once),
@@ -77,9 +84,10 @@ def open_storage(url: str, interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_
     """
     grace = grace_period_s if grace_period_s is not None else default_grace_period(interval_s)
     if keeps_journal(url):
-        engine = sqlalchemy.create_engine(url)
+        engine = sqlalchemy.create_engine(url, connect_args=dict(outage.SERVER_CONNECT_ARGS))
         ping_when_idle(engine)
-        return JournalStudyStorage(url, engine, interval_s, grace, RetryLostTrial())
+        outages = outage.Outages(engine.url.render_as_string(hide_password=True), retry_limit_s)
+        return JournalStudyStorage(url, engine, interval_s, grace, RetryLostTrial(), outages)
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction itself; the "begin" hook below does.
     engine_kwargs: dict[str, object] = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
@@ -207,8 +215,9 @@ class Heartbeat:
     """Beats for one trial while the `with` block runs: once on entry (so the trial can be
     found stale from the start), then every interval from a daemon thread.
 
-    A beat that fails (the server restarting) is logged and retried at the next interval: the
-    trial is only lost when beats stop for the whole grace period.
+    A beat that fails (the server restarting) is retried at the next interval, logged when beats
+    start and stop failing (not every interval of an outage): the trial is only lost when beats
+    stop for the whole grace period.
     """
 
     def __init__(self, storage: StudyStorage, trial_id: int) -> None:
@@ -216,6 +225,7 @@ class Heartbeat:
         self.trial_id = trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     def __enter__(self) -> Heartbeat:
         interval = self.storage.get_heartbeat_interval()
@@ -241,7 +251,13 @@ class Heartbeat:
         try:
             self.storage.record_heartbeat(self.trial_id)
         except Exception as exc:
-            log.warning("trial heartbeat not recorded (%s); retrying in the next interval", type(exc).__name__)
+            if not self._failing:
+                log.warning("trial heartbeat not recorded (%s); retrying every interval", type(exc).__name__)
+            self._failing = True
+        else:
+            if self._failing:
+                log.warning("trial heartbeat recorded again")
+            self._failing = False
 
 
 class RunningWatch:
@@ -251,21 +267,29 @@ class RunningWatch:
     One seen running much longer has a worker that is gone without ever beating (it died between
     asking for the trial and its first heartbeat, or its beats never reached the storage), which
     Optuna's stale check cannot see: it only judges trials that have a heartbeat. Timed here, not
-    from the trial's start time, which is the asking host's local clock.
+    from the trial's start time, which is the asking host's local clock; the time this process
+    spent unable to reach its storage (`outage.unreachable_total_s`) does not count, since no
+    worker could record a trial then.
     """
 
     def __init__(self, overdue_s: float) -> None:
         self.overdue_s = overdue_s
-        self._first_seen: dict[int, float] = {}
+        self._first_seen: dict[int, tuple[float, float]] = {}  # number: (when, outage seconds then)
 
     def overdue(self, running: list[FrozenTrial], now: float | None = None) -> list[FrozenTrial]:
         """The trials of `running` seen running for longer than `overdue_s`."""
         now = time.monotonic() if now is None else now
+        down_s = outage.unreachable_total_s()
         numbers = {t.number for t in running}  # a watch follows one study: its trial numbers are unique
         self._first_seen = {n: seen for n, seen in self._first_seen.items() if n in numbers}
         for number in numbers:
-            self._first_seen.setdefault(number, now)
-        return [t for t in running if now - self._first_seen[t.number] > self.overdue_s]
+            self._first_seen.setdefault(number, (now, down_s))
+
+        def seen_for(number: int) -> float:
+            when, down_then = self._first_seen[number]
+            return now - when - (down_s - down_then)
+
+        return [t for t in running if seen_for(t.number) > self.overdue_s]
 
 
 def fail_lost_trials(

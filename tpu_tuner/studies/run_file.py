@@ -3,7 +3,9 @@
 It holds the study's storage URL without its password, the study name, the workload fingerprint
 (fingerprint.py), and the run's state: "running" (with the pid and host of the process, so that
 the dashboard can tell a dead run from a live one), "done", or "failed" with the reason.
-Every write goes through `credentials.redact`, so no password reaches the file.
+Every write goes through `credentials.redact`, so no password reaches the file. It carries the
+`format` it was written in: a version of tpu-tune refuses to resume a folder of a newer format
+(`check_format`) rather than guess at fields it does not know.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.credentials import redact, without_password
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import RUN_JSON, write_atomic
+from tpu_tuner.studies import run_lock
 
 RUN_FILE = RUN_JSON  # the name lives with every other run-folder file name (tpu_tuner/core/run_folder.py)
+# The run.json format this version writes and reads. 1: before the field existed (absent).
+FORMAT = 2
 
 
 def write(run_dir: Path, data: dict[str, Any]) -> None:
@@ -48,6 +54,7 @@ def start(
     write(
         run_dir,
         {
+            "format": FORMAT,
             "storage": without_password(storage),
             "study_name": study_name,
             "shared": shared,
@@ -59,9 +66,42 @@ def start(
     )
 
 
+def check_format(run_dir: Path, data: dict[str, Any]) -> None:
+    """Refuse (`UserInputError`, one line) a run.json of a format newer than this version reads."""
+    written = data.get("format", 1)
+    if not isinstance(written, int) or isinstance(written, bool) or written > FORMAT:
+        fingerprint = data.get("fingerprint")
+        versions = fingerprint.get("versions") if isinstance(fingerprint, dict) else None
+        version = versions.get("tpu-tune") if isinstance(versions, dict) else None
+        by = f"tpu-tune {version}" if version else "a newer tpu-tune"
+        raise UserInputError(
+            f"resume refused: {RUN_FILE} is of format {written!r}, written by {by}; this version reads up to "
+            f"format {FORMAT}: resume it with that version",
+            run_dir,
+        )
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Refuse in one line (`UserInputError`), writing nothing, a `--resume` of `run_dir` whose
+    run.json is of a newer format, whose SQLite study is damaged, or whose run another process
+    holds: checked before the model loads, and again by the resume itself under the lock."""
+    from tpu_tuner.studies.storage import check_sqlite_study
+
+    saved = read(run_dir)
+    check_format(run_dir, saved)
+    storage = saved.get("storage")
+    if isinstance(storage, str) and storage.startswith("sqlite"):
+        check_sqlite_study(storage)
+    run_lock.check_free(run_dir)
+
+
 def end(run_dir: Path, status: str, **fields: Any) -> None:
-    """Record how the run ended ("done", "searched", "failed") with `fields` (a reason)."""
-    update(run_dir, status=status, **fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    """Record how the run ended ("done", "searched", "failed") with `fields` (a reason), and let
+    another process resume it."""
+    try:
+        update(run_dir, status=status, **fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    finally:
+        run_lock.release(run_dir)
 
 
 def this_process() -> dict[str, Any]:
@@ -102,4 +142,16 @@ def process_alive(data: dict[str, Any]) -> bool | None:
     return True
 
 
-__all__ = ["RUN_FILE", "end", "mark_failed", "process_alive", "read", "start", "this_process", "update", "write"]
+__all__ = [
+    "FORMAT",
+    "RUN_FILE",
+    "check_format",
+    "end",
+    "mark_failed",
+    "process_alive",
+    "read",
+    "start",
+    "this_process",
+    "update",
+    "write",
+]

@@ -27,6 +27,11 @@ SHARED_SQLITE = "studies.db"
 # Seconds between a running trial's heartbeats, the default of every study tpu-tune opens
 # (studies/liveness.py: other workers call a trial lost after three missed beats).
 HEARTBEAT_INTERVAL_S = 10
+# Seconds a worker retries while its study's server is unreachable before it stops
+# (`--storage-retry`, studies/outage.py): longer than a server restart or a managed database's
+# failover (a minute or two), short enough that a worker whose database is gone does not hang
+# for the night.
+DEFAULT_STORAGE_RETRY_S = 300
 
 
 def storage_from_environment() -> str | None:
@@ -132,6 +137,47 @@ def _check_sqlite(database: str | None, shown: str) -> None:
         raise UserInputError(f"--storage {shown!r}: folder {folder} does not exist")
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def check_sqlite_study(url: str) -> None:
+    """Refuse (`UserInputError`, one line) to resume a study whose SQLite file is empty, truncated
+    or corrupt: opened read-only and checked (``PRAGMA quick_check``, which reads the whole file),
+    so that nothing is written to it. Optuna would otherwise create its tables in an emptied file
+    (the trials gone without a word), or fail halfway through the run with "database disk image is
+    malformed". A missing file is no damage: the run stopped before its study was made."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return
+    path = Path(database).expanduser()
+    try:
+        with path.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserInputError(f"resume refused: the study's database cannot be read ({exc.strerror})", path) from exc
+    if header != SQLITE_HEADER:
+        what = "empty" if not header else "not an SQLite database (corrupt, or another file)"
+        raise UserInputError(f"resume refused: the study's database is {what}; nothing was changed", path)
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            verdict = connection.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        verdict = str(exc)
+    if verdict != "ok":
+        raise UserInputError(
+            f"resume refused: the study's database is damaged (SQLite: {verdict}); nothing was changed", path
+        )
+
+
 def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
     from sqlalchemy import create_engine, text
 
@@ -149,8 +195,10 @@ def _check_connects(url: str, backend: str, shown: str, timeout_s: int) -> None:
 
 
 __all__ = [
+    "DEFAULT_STORAGE_RETRY_S",
     "HEARTBEAT_INTERVAL_S",
     "STORAGE_ENV",
+    "check_sqlite_study",
     "check_storage",
     "keeps_journal",
     "shared_sqlite",

@@ -122,6 +122,10 @@ class TuneOptions:
             raise UserInputError("not a plan folder (no plan.json; `tpu-tune plan` writes one)", self.search.plan)
         if self.store.resume is not None and not (Path(self.store.resume) / "run.json").is_file():
             raise UserInputError("not a tuning run folder (no run.json)", self.store.resume)
+        if self.store.resume is not None:
+            from tpu_tuner.studies.run_file import check_resumable
+
+            check_resumable(Path(self.store.resume))  # damaged, newer or held: before the model loads
         if checked.store.url is not None:
             check_storage(checked.store.url)
         return checked

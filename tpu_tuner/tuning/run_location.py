@@ -14,12 +14,18 @@ import optuna
 from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
-from tpu_tuner.studies import run_file
+from tpu_tuner.studies import run_file, run_lock
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import StudyStorage, open_storage
 from tpu_tuner.studies.opening import OpenedStudy, open_study
 from tpu_tuner.studies.run_file import RUN_FILE
-from tpu_tuner.studies.storage import STORAGE_ENV, check_storage, shared_sqlite, storage_from_environment
+from tpu_tuner.studies.storage import (
+    STORAGE_ENV,
+    check_sqlite_study,
+    check_storage,
+    shared_sqlite,
+    storage_from_environment,
+)
 from tpu_tuner.tuning.options import StoreOptions, TuneOptions
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, open_shared
 from tpu_tuner.tuning.space import SearchSpace
@@ -51,6 +57,7 @@ def run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> Ru
     if store.resume is not None:
         return resumed_location(Path(store.resume), store, current)
     run_dir = new_run_dir(out, name, "tune")
+    run_lock.acquire(run_dir)  # held until the run ends (run_file.end): a --resume meanwhile is refused
     if store.study is not None:
         storage = store.url or shared_sqlite(out)
         study_name = store.study
@@ -62,9 +69,25 @@ def run_location(name: str, options: TuneOptions, current: dict[str, Any]) -> Ru
 
 
 def resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]) -> RunLocation:
+    """The location of the run folder `run_dir` resumed: refused in one line, with nothing in the
+    folder or its study written, where its run.json is unreadable or of a newer format, another
+    process holds the run (studies/run_lock.py), its workload differs, or its SQLite study is
+    damaged (docs/run-safety.md, "Damaged state")."""
     saved = run_file.read(run_dir)
+    run_file.check_format(run_dir, saved)
     if "storage" not in saved or "study_name" not in saved:
         raise UserInputError(f"not a tuning run folder (no readable {RUN_FILE})", run_dir)
+    if str(saved["storage"]).startswith("sqlite"):
+        check_sqlite_study(str(saved["storage"]))  # read-only: before the lock file is made
+    run_lock.acquire(run_dir)
+    try:
+        return _resume_held(run_dir, saved, store, current)
+    except BaseException:
+        run_lock.release(run_dir)
+        raise
+
+
+def _resume_held(run_dir: Path, saved: dict[str, Any], store: StoreOptions, current: dict[str, Any]) -> RunLocation:
     where = f"{run_dir}/: resume refused"
     recorded = saved.get("fingerprint")
     if isinstance(recorded, dict):
@@ -100,7 +123,7 @@ def resumed_location(run_dir: Path, store: StoreOptions, current: dict[str, Any]
 def open_run_storage(url: str, store: StoreOptions) -> StudyStorage:
     """The study's storage, with heartbeats; a bad URL or an unreachable server in one line."""
     try:
-        return open_storage(url, store.heartbeat_interval_s, store.grace_period_s)
+        return open_storage(url, store.heartbeat_interval_s, store.grace_period_s, store.storage_retry_s)
     except Exception as exc:
         # Driver messages quote the URL, password included: redact the whole line.
         raise UserInputError(redact(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}")) from exc

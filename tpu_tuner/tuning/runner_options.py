@@ -15,7 +15,10 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, STORAGE, STUDY, at_least, option, positive, uses
 from tpu_tuner.core.run_folder import RESULTS_DIR
-from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S  # stated once, with the studies
+from tpu_tuner.studies.storage import (  # stated once, with the studies
+    DEFAULT_STORAGE_RETRY_S,
+    HEARTBEAT_INTERVAL_S,
+)
 
 if TYPE_CHECKING:  # imported lazily: tpu_tuner.profiling pulls in torch
     from tpu_tuner.profiling.settings import ProfilerSettings
@@ -195,8 +198,21 @@ class StoreOptions:
         "queued again (default: three heartbeats)",
     )
 
+    # Seconds a worker retries while the study's server is unreachable (studies/outage.py)
+    # before it stops in one line; PostgreSQL studies only (docs/run-safety.md).
+    storage_retry_s: int = option(
+        DEFAULT_STORAGE_RETRY_S,
+        "--storage-retry",
+        type=int,
+        metavar="S",
+        help="seconds to keep retrying while a PostgreSQL study's server is unreachable before this worker "
+        "stops (default %(default)s)",
+    )
+
     def __post_init__(self) -> None:
         check_field_types(self)  # the Python API may pass any value
+        if self.storage_retry_s < 0:
+            raise UserInputError(f"--storage-retry must be 0 or more seconds, not {self.storage_retry_s}")
         if self.study is not None and not self.study.strip():
             raise UserInputError("--study needs a name")
         if self.study is not None and self.resume is not None:
