@@ -203,6 +203,11 @@ class Backend(ABC):
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         """Peak memory since the last reset, and how it was measured."""
 
+    def memory_in_use_bytes(self) -> int | None:
+        """The memory this process holds now, in `peak_memory_bytes`'s terms (an estimated step's
+        peak adds to it: execution/memory_estimate.py); None where the backend cannot tell."""
+        return None
+
     def compile_events(self) -> dict[str, int]:
         """Cumulative compilation counters of this process (differences give compiles).
 

@@ -17,6 +17,7 @@ from tpu_tuner.devices import Backend, get_backend
 from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
+from tpu_tuner.execution.memory_estimate import estimate_or_refuse
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.knobs.candidate import Candidate
@@ -107,6 +108,10 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     # A rank cut off alone would leave the others waiting in a collective: one process only.
     deadline = rule.compile_limit_s() if rule is not None and candidate.compiles() and backend.ranks == 1 else None
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
+    # Before anything is built: a step that cannot fit is refused here (WouldNotFit), unmeasured.
+    estimate = estimate_or_refuse(
+        workload, backend, candidate, batch_size, seq_len, request.memory_limit_bytes, request.memory_limit_source
+    )
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         events_before = backend.compile_events()
@@ -212,6 +217,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         peak_memory_bytes=peak_memory,
         accuracy_errors=errors,
         warnings=warnings,
+        estimated_peak_bytes=estimate.peak_bytes,
+        estimate_note=estimate.reason,
     )
 
 
