@@ -86,9 +86,11 @@ class Backend(ABC):
     @classmethod
     def device_mesh(cls, sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A DeviceMesh of `sizes` named `names` over the default process group's ranks."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(cls.kind, sizes, mesh_dim_names=names)
+        with unset_fake_temporarily():  # its rank map is real data, under a memory estimate's fake mode too
+            return init_device_mesh(cls.kind, sizes, mesh_dim_names=names)
 
     @abstractmethod
     def synchronize(self) -> None:
