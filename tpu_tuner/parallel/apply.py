@@ -134,7 +134,11 @@ def mesh_device_type() -> str:
 
     joined = dist.get_backend()
     # "fake": torch's communication-free group, which a memory estimate shards on (CPU tensors).
-    return "cpu" if joined in ("gloo", "fake") else next(b.kind for b in backend_classes() if b.process_group_backend == joined)
+    return (
+        "cpu"
+        if joined in ("gloo", "fake")
+        else next(b.kind for b in backend_classes() if b.process_group_backend == joined)
+    )
 
 
 def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inference: bool = False) -> nn.Module:

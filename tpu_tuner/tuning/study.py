@@ -251,8 +251,6 @@ def _tune_in(
         settings=options.runner.trial_settings,
         peak_flops_per_s=profile.device.peak.flops_per_s,
         model_flops_per_step=profile.flops.model_per_step,
-        memory_limit_bytes=memory.bytes if memory is not None else None,
-        memory_limit_source=memory.source if memory is not None else "",
     )
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None

@@ -208,6 +208,7 @@ class TuneTrials(Feature):
             candidate=candidate.to_dict(),
             stop_above_s=self.stop_above_s if stop else None,
             planned_steps=self.options.objective.planned_steps,
+            **(self.memory.request_fields() if self.memory is not None else {}),  # refused over it, unmeasured
         )
         return self.runner.run(request, env=env)
 
