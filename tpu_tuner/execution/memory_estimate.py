@@ -21,10 +21,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.knobs import capabilities as kinds
+from tpu_tuner.knobs import registry
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.workload import Workload
 
@@ -158,6 +161,38 @@ def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, c
     )
 
 
+def memory_key(candidate: Candidate, batch_size: int | None, seq_len: int | None) -> Hashable:
+    """What a step's estimate depends on: the batch and the knobs' values that change memory
+    (a `LeavesMemory` knob's neutral values left out, so trials differing only in them share one)."""
+
+    def neutral(name: str, value: str) -> bool:
+        knob = registry.get(name)
+        return isinstance(knob, kinds.LeavesMemory) and knob.leaves_memory(value)
+
+    return batch_size, seq_len, tuple(sorted((n, v) for n, v in candidate.changed.items() if not neutral(n, v)))
+
+
+def cached_estimate(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None,
+    seq_len: int | None,
+    cache: dict[Hashable, MemoryEstimate] | None,
+) -> MemoryEstimate:
+    """`estimate_step_memory`, kept in `cache` by `memory_key`; a kept one is reused with what the
+    process holds now (the step's own bytes do not change between trials of one worker)."""
+    key = memory_key(candidate, batch_size, seq_len)
+    kept = cache.get(key) if cache is not None else None
+    if kept is not None:
+        return replace(kept, in_use_bytes=backend.memory_in_use_bytes() or 0, seconds=0.0)
+    estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
+    log.info("memory estimate of %s: %.2f s", candidate.describe() or "the baseline", estimate.seconds)
+    if cache is not None:
+        cache[key] = estimate
+    return estimate
+
+
 def estimate_or_refuse(
     workload: Workload,
     backend: Backend,
@@ -166,11 +201,14 @@ def estimate_or_refuse(
     seq_len: int | None,
     limit_bytes: int | None,
     source: str,
+    cache: dict[Hashable, MemoryEstimate] | None = None,
 ) -> MemoryEstimate:
-    """The step's estimate (the largest rank's: every rank takes part), raising `WouldNotFit`
-    where it cannot fit `limit_bytes`; without one, the device's memory where it bounds trials,
-    else the memory the process may still take (CPU: what it holds + the host's available)."""
-    estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
+    """The step's estimate (the largest rank's: every rank takes part; `cached_estimate`), raising
+    `WouldNotFit` where it cannot fit `limit_bytes`; without one, the device's memory where it
+    bounds trials, else the memory the process may still take (CPU: what it holds + the host's
+    available). A rank of a sharded trial finds its estimate in `cache`, made before it joined
+    its group (runner/rank_job.py): on a joined group the fake step cannot run."""
+    estimate = cached_estimate(workload, backend, candidate, batch_size, seq_len, cache)
     if backend.ranks > 1:  # every rank decides alike: the largest shard's estimate
         step = int(backend.max_over_ranks(-1 if estimate.step_bytes is None else estimate.step_bytes))
         floor = int(backend.max_over_ranks(-1 if estimate.floor_bytes is None else estimate.floor_bytes))

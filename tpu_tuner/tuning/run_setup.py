@@ -75,6 +75,18 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
     return profiled.value
 
 
+def refuse_below_baseline(memory: MemoryLimit | None, profile: Profile) -> None:
+    """A --trial-memory-gb below the baseline's estimated peak is refused before any trial: no
+    setting the tuner tries starts from less than the user's own step (UserInputError)."""
+    estimated = profile.memory.estimated_peak_bytes
+    if memory is None or memory.source != "--trial-memory-gb" or estimated is None or estimated <= memory.bytes:
+        return
+    raise UserInputError(
+        f"--trial-memory-gb {memory.bytes / 2**30:g} is below the baseline's estimated peak memory, "
+        f"{estimated / 2**30:.2f} GiB (on fake tensors; `tpu-tune profile` shows it): give at least that"
+    )
+
+
 def prepare_agents(
     options: TuneOptions, profile: Profile
 ) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
@@ -85,6 +97,8 @@ def prepare_agents(
     search, nproc = options.search, options.runner.ranks  # every rank of every host
     agents = load_agents(list(search.agents), device_kind, profile.device.probe)
     memory = memory_limit(options.objective.memory_limit_bytes, device_kind, profile.device.memory_bytes)
+    if nproc == 1:  # the profile's estimate is one process's whole step: no rank's of a sharded run
+        refuse_below_baseline(memory, profile)
     for agent in agents:
         if isinstance(agent, MemoryAgent):
             agent.limit = memory

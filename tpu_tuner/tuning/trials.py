@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.core.units import duration
 from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
@@ -165,7 +166,8 @@ class TuneTrials(Feature):
 
     def spends(self, trial: FrozenTrial) -> bool:
         attrs = records.attrs(trial)
-        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs
+        refused = attrs.get(records.FAILURE_KIND) == FailureKind.WOULD_NOT_FIT  # refused unmeasured
+        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs and not refused
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
