@@ -161,3 +161,91 @@ def test_a_model_that_fails_on_fake_tensors_runs_anyway_with_the_reason(tmp_path
     m = run_measure(state, MeasureRequest(candidate={}, model_flops_per_step=1.0, peak_flops_per_s={"float32": 1e12}))
     assert m.step_median > 0 and m.estimated_peak_bytes is None and m.estimate_error is None
     assert m.estimate_note is not None and "fake tensors" in m.estimate_note
+
+
+# --- sharded trials: each rank on torch's fake process group ------------------------------------
+
+TINY_LLAMA = ROOT / "tests" / "fixtures" / "tiny_llama.py"
+
+
+def test_each_layout_s_rank_is_estimated_on_its_own_shard() -> None:
+    from tpu_tuner.execution.rank_memory import estimate_rank_memory
+
+    workload, backend = load_workload(str(TINY_LLAMA)), get_backend("cpu")
+    batch = workload.batch_size or 8
+    single = estimate_step_memory(workload, backend, Candidate(), batch, None)
+    half = estimate_step_memory(workload, backend, Candidate(), batch // 2, None)
+    backend.ranks = 2
+    try:
+        ranks = {
+            layout: estimate_rank_memory(workload, backend, Candidate(layout=layout), batch, None, 0, 2)
+            for layout in ("2x1x1", "1x2x1", "1x1x2")
+        }
+    finally:
+        backend.ranks = 1
+    assert not torch.distributed.is_initialized()  # the fake group is left: a real one may be joined
+    assert single.floor_bytes and half.step_bytes and half.floor_bytes
+    for layout, estimate in ranks.items():
+        assert estimate.reason is None and estimate.step_bytes and estimate.floor_bytes, (layout, estimate)
+    # DDP: the unsharded step on the rank's half of the batch, plus one flat copy of the gradients.
+    params = sum(p.numel() * p.element_size() for p in workload.build_model().parameters())
+    assert ranks["2x1x1"].step_bytes == half.step_bytes + params
+    assert ranks["2x1x1"].floor_bytes == half.floor_bytes + params
+    # FSDP and tensor parallelism hold a shard of the weights, gradients and optimizer state a
+    # rank (on the whole batch under tensor parallelism, half of it under FSDP): less than one process.
+    for layout in ("1x2x1", "1x1x2"):
+        assert ranks[layout].floor_bytes < single.floor_bytes, (layout, ranks[layout], single)
+        assert ranks[layout].step_bytes < single.step_bytes, (layout, ranks[layout], single)
+
+
+def test_trials_that_differ_only_in_memory_neutral_settings_share_one_estimate(monkeypatch) -> None:
+    from tpu_tuner.execution import memory_estimate
+
+    base = Candidate()
+    neutral = Candidate(matmul_precision="medium", intra_op_threads="1", execution="inductor")
+    autotuned = Candidate(execution="inductor", compile_options="max-autotune")
+    assert len({memory_estimate.memory_key(c, 8, 64) for c in (base, neutral, autotuned)}) == 1
+    for other in (Candidate(autocast="bfloat16"), Candidate(execution="inductor", compile_options="freezing")):
+        assert memory_estimate.memory_key(other, 8, 64) != memory_estimate.memory_key(base, 8, 64), other
+    assert memory_estimate.memory_key(base, 16, 64) != memory_estimate.memory_key(base, 8, 64)
+
+    made: list[Candidate] = []
+
+    def fake_estimate(workload, backend, candidate, batch_size, seq_len):  # type: ignore[no-untyped-def]
+        made.append(candidate)
+        return MemoryEstimate(step_bytes=100, in_use_bytes=1, seconds=3.0, floor_bytes=50)
+
+    monkeypatch.setattr(memory_estimate, "estimate_step_memory", fake_estimate)
+    backend, cache = get_backend("cpu"), {}  # type: ignore[var-annotated]
+    first = memory_estimate.cached_estimate(None, backend, base, 8, 64, cache)  # type: ignore[arg-type]
+    again = memory_estimate.cached_estimate(None, backend, neutral, 8, 64, cache)  # type: ignore[arg-type]
+    assert made == [base] and (first.step_bytes, again.step_bytes, again.floor_bytes) == (100, 100, 50)
+    assert again.seconds == 0.0 and again.in_use_bytes > 1  # what the process holds, read again
+
+
+def test_a_refused_setting_spends_no_trial() -> None:
+    import optuna
+
+    from tpu_tuner.studies import records
+    from tpu_tuner.tuning.trials import TuneTrials
+
+    def trial(kind: str) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={records.FAILURE_KIND: kind})
+
+    assert not TuneTrials.spends(None, trial(FailureKind.WOULD_NOT_FIT))  # type: ignore[arg-type]
+    assert TuneTrials.spends(None, trial(FailureKind.OOM))  # type: ignore[arg-type]
+
+
+def test_a_trial_memory_limit_below_the_baseline_s_estimate_is_refused_before_any_trial() -> None:
+    from types import SimpleNamespace
+
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.profiling.profile import MemoryReport
+    from tpu_tuner.tuning.memory_limit import MemoryLimit
+    from tpu_tuner.tuning.run_setup import refuse_below_baseline
+
+    profile = SimpleNamespace(memory=MemoryReport(2**30, "VmHWM", estimated_peak_bytes=3 * 2**29))
+    with pytest.raises(UserInputError, match=r"--trial-memory-gb 1 is below the baseline's estimated peak.*1\.50 GiB"):
+        refuse_below_baseline(MemoryLimit(2**30, "--trial-memory-gb"), profile)  # type: ignore[arg-type]
+    refuse_below_baseline(MemoryLimit(2**31, "--trial-memory-gb"), profile)  # type: ignore[arg-type]
+    refuse_below_baseline(MemoryLimit(2**30, "the device's memory"), profile)  # type: ignore[arg-type]

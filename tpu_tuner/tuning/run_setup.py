@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.core.failures import FailureKind
+from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.lengths import LengthHistogram
@@ -57,15 +57,28 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     runner.device_kind = profile.device.kind
 
 
-def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None) -> Profile:
+def profile_baseline(
+    runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None, memory_limit_bytes: int | None = None
+) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium)."""
+    (on TPU at TorchTPU's default matmul precision, medium). Out of memory under
+    `memory_limit_bytes` (--trial-memory-gb, the worker's address-space limit): that limit is refused."""
     baseline = Candidate.baseline(device_kind)
     profiled = runner.run(
         ProfileRequest(
             candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
         )
     )
+    failure = profiled.failure
+    if (
+        failure is not None
+        and memory_limit_bytes
+        and FailureKind.OOM in (failure.kind, classify(message=failure.message))
+    ):
+        raise UserInputError(
+            f"--trial-memory-gb {memory_limit_bytes / 2**30:g} is too little for the baseline itself: profiling "
+            f"it under that address-space limit ran out of memory ({failure.message.splitlines()[0][:160]})"
+        )
     if profiled.failure is not None and profiled.failure.kind == FailureKind.REFUSED:
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if profiled.failure is not None:
