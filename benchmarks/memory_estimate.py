@@ -9,6 +9,8 @@ worker estimates before it builds the step (a rank on torch's fake process group
 its real one), then measures. On CPU the measured peak is the process's VmHWM over the timed
 steps, the largest rank's under a layout; the estimate is what the process held plus the fake
 step's peak (docs/tuning.md, "Memory before measurement"). The target (issue 38): within 10%.
+The control for the CPU miss (glibc's retained heap): run it again with
+``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (the workers inherit it).
 """
 
 from __future__ import annotations

@@ -249,3 +249,21 @@ def test_a_trial_memory_limit_below_the_baseline_s_estimate_is_refused_before_an
         refuse_below_baseline(MemoryLimit(2**30, "--trial-memory-gb"), profile)  # type: ignore[arg-type]
     refuse_below_baseline(MemoryLimit(2**31, "--trial-memory-gb"), profile)  # type: ignore[arg-type]
     refuse_below_baseline(MemoryLimit(2**30, "the device's memory"), profile)  # type: ignore[arg-type]
+
+
+def test_a_trial_memory_limit_the_baseline_s_profile_runs_out_of_is_refused_in_one_line() -> None:
+    from types import SimpleNamespace
+
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.execution.measurement import TrialFailure
+    from tpu_tuner.runner.trial_runner import JobResult
+    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.run_setup import profile_baseline
+
+    oom = TrialFailure(
+        FailureKind.REFUSED, "gpt.py: building the model failed: DefaultCPUAllocator: can't allocate memory"
+    )
+    runner = SimpleNamespace(run=lambda request: JobResult(failure=oom))
+    options = TuneOptions(device="cpu", memory_limit_bytes=3 * 2**29)
+    with pytest.raises(UserInputError, match=r"^--trial-memory-gb 1\.5 is too little for the baseline itself"):
+        profile_baseline(runner, options, GPT, "cpu")  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from tpu_tuner.tuning.agents import Agent, load_agents
 from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
 from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
-from tpu_tuner.tuning.options import RunnerOptions, TuneOptions
+from tpu_tuner.tuning.options import TuneOptions
 
 
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
@@ -57,26 +57,20 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     runner.device_kind = profile.device.kind
 
 
-def profile_baseline(
-    runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None, memory_limit_bytes: int | None = None
-) -> Profile:
+def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium). Out of memory under
-    `memory_limit_bytes` (--trial-memory-gb, the worker's address-space limit): that limit is refused."""
-    baseline = Candidate.baseline(device_kind)
+    (on TPU at TorchTPU's default matmul precision, medium). Out of memory under --trial-memory-gb
+    (the worker's address-space limit): that limit is refused."""
+    baseline, run, limit = Candidate.baseline(device_kind), options.runner, options.objective.memory_limit_bytes
     profiled = runner.run(
         ProfileRequest(
             candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
         )
     )
     failure = profiled.failure
-    if (
-        failure is not None
-        and memory_limit_bytes
-        and FailureKind.OOM in (failure.kind, classify(message=failure.message))
-    ):
+    if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
         raise UserInputError(
-            f"--trial-memory-gb {memory_limit_bytes / 2**30:g} is too little for the baseline itself: profiling "
+            f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
             f"it under that address-space limit ran out of memory ({failure.message.splitlines()[0][:160]})"
         )
     if profiled.failure is not None and profiled.failure.kind == FailureKind.REFUSED:
