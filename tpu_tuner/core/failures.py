@@ -23,6 +23,7 @@ class FailureKind(StrEnum):
     INTERRUPTED = "interrupted"  # cut short from outside (a host lost, the run stopped): measured again
     ABORTED = "aborted"  # a host's ranks stopped because another host's failed
     LOST = "lost"  # its worker went away with it: nobody was left to record a kind
+    WOULD_NOT_FIT = "would-not-fit"  # refused unmeasured: its peak memory, estimated, is over the limit
 
 
 WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
@@ -39,6 +40,8 @@ def classify(
         if exit_code is not None and exit_code < 0:
             return FailureKind.OOM if -exit_code == signal.SIGKILL else FailureKind.CRASH
         return FailureKind.ERROR if exit_is_error and exit_code else FailureKind.CRASH
+    if "would not fit:" in message.lower():  # execution/memory_estimate.py's refusal
+        return FailureKind.WOULD_NOT_FIT
     markers = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
     return FailureKind.OOM if any(marker in message.lower() for marker in markers) else FailureKind.ERROR
 

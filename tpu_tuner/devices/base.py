@@ -86,9 +86,11 @@ class Backend(ABC):
     @classmethod
     def device_mesh(cls, sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A DeviceMesh of `sizes` named `names` over the default process group's ranks."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(cls.kind, sizes, mesh_dim_names=names)
+        with unset_fake_temporarily():  # its rank map is real data, under a memory estimate's fake mode too
+            return init_device_mesh(cls.kind, sizes, mesh_dim_names=names)
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -202,6 +204,11 @@ class Backend(ABC):
     @abstractmethod
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         """Peak memory since the last reset, and how it was measured."""
+
+    def memory_in_use_bytes(self) -> int | None:
+        """The memory this process holds now, in `peak_memory_bytes`'s terms (an estimated step's
+        peak adds to it: execution/memory_estimate.py); None where the backend cannot tell."""
+        return None
 
     def compile_events(self) -> dict[str, int]:
         """Cumulative compilation counters of this process (differences give compiles).

@@ -106,6 +106,44 @@ class CpuBackend(Backend):
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return kib * 1024, "peak resident set of the process since start (ru_maxrss)"
 
+    def memory_in_use_bytes(self) -> int | None:
+        # The resident set less what malloc holds freed (glibc's mallinfo2): a step's tensors
+        # reuse that first, so it is no part of the base its peak adds to.
+        resident = _status_bytes("VmRSS:")
+        return None if resident is None else max(0, resident - _malloc_free_bytes())
+
+
+def _status_bytes(field: str) -> int | None:
+    """A /proc/self/status figure (`field` with its colon) in bytes; None where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _malloc_free_bytes() -> int:
+    """Bytes glibc's malloc holds in free chunks (mallinfo2's fordblks); 0 on another C library."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+                *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),  # all ten: returned by value
+            )
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):  # not glibc >= 2.33
+        return 0
+    mallinfo2.restype = MallInfo2
+    return int(mallinfo2().fordblks)
+
 
 def _meminfo_bytes(field: str) -> int | None:
     """A /proc/meminfo figure (`field` with its colon) in bytes; None where there is none."""

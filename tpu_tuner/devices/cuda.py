@@ -95,5 +95,8 @@ class CudaBackend(Backend):
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         return int(torch.cuda.max_memory_allocated(self.device)), "torch.cuda.max_memory_allocated"
 
+    def memory_in_use_bytes(self) -> int | None:
+        return int(torch.cuda.memory_allocated(self.device))
+
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

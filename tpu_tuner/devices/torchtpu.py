@@ -155,6 +155,9 @@ class TorchTpuBackend(Backend):
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         return int(torch.accelerator.max_memory_allocated()), "torch.accelerator.max_memory_allocated"
 
+    def memory_in_use_bytes(self) -> int | None:
+        return int(torch.accelerator.memory_allocated())
+
     def compile_events(self) -> dict[str, int]:
         events = super().compile_events()
         stats = torch_tpu_module()._get_cache_stats()  # private; no public counter in 0.2.0

@@ -31,6 +31,17 @@ class Measurement:
     # The dtype the candidate's matmuls ran in; MFU itself always uses the fastest dtype's peak
     # (`peak_dtype`). None in older measurements that did not record it.
     compute_dtype: str | None = None
+    # The peak estimated on fake tensors before the step ran (execution/memory_estimate.py), in
+    # `peak_memory_bytes`'s terms, or why there is none.
+    estimated_peak_bytes: int | None = None
+    estimate_note: str | None = None
+
+    @property
+    def estimate_error(self) -> float | None:
+        """The estimate's error relative to the measured peak (+0.05: 5% high), where both exist."""
+        if self.estimated_peak_bytes is None or not self.peak_memory_bytes:
+            return None
+        return self.estimated_peak_bytes / self.peak_memory_bytes - 1
 
     @property
     def accuracy_error(self) -> float:

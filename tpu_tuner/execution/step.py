@@ -58,7 +58,9 @@ def prepare_step(
     inputs, target = candidate.local_batch(inputs, target, backend)
 
     device = backend.device
-    model = model.to(device)
+    if any(t.device != device for t in (*model.parameters(), *model.buffers())):
+        # Only where it moves something: fake tensors (execution/memory_estimate.py) cannot be swapped in place.
+        model = model.to(device)
     model.train(workload.is_training)
     inputs, target = move_to(inputs, device), move_to(target, device)
     # The candidate's model-level knobs (memory format) before the optimizer sees the parameters,

@@ -106,6 +106,15 @@ class Compiles(ABC):
         """Whether `value` compiles the forward."""
 
 
+class LeavesMemory:
+    """A knob whose values (all, or those `leaves_memory` says) leave the step's estimated memory
+    as it is: trials that differ only in them share one estimate (execution/memory_estimate.py)."""
+
+    def leaves_memory(self, value: str) -> bool:
+        """Whether `value` leaves the estimated peak memory as the knob's default does."""
+        return True
+
+
 class StepContext(ABC):
     """A knob applied as a context around each step's forward and loss (autocast): only these are
     entered on every timed step."""

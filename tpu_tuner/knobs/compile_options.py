@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
-from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, NarrowedByWorkload
+from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, LeavesMemory, NarrowedByWorkload
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,7 +58,7 @@ def flags(value: str) -> tuple[str, ...]:
     return () if value == DEFAULT else tuple(value.split("+"))
 
 
-class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload):
+class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload, LeavesMemory):
     """``default`` or ``+``-joined flags from freezing, max-autotune, fullgraph, cudagraphs."""
 
     name = "compile_options"
@@ -66,6 +66,10 @@ class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload):
     default = DEFAULT
     position = 15  # right after execution: labels read "inductor, freezing"
     device_kinds = ("cpu", "cuda")  # TorchTPU compiles with its own backend, not inductor
+
+    def leaves_memory(self, value: str) -> bool:
+        # Frozen weights become graph constants and CUDA graphs keep static pools: their own estimate.
+        return not {FREEZING, CUDAGRAPHS} & set(flags(value))
 
     def check(self, value: str) -> str:
         value = super().check(value)

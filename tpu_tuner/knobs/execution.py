@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
-from tpu_tuner.knobs.capabilities import Compiles, Flag, PickedByFlags, StartupEnvironment
+from tpu_tuner.knobs.capabilities import Compiles, Flag, LeavesMemory, PickedByFlags, StartupEnvironment
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,7 +38,7 @@ def split(value: str) -> tuple[str, str]:
     return head, tail
 
 
-class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment):
+class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment, LeavesMemory):  # estimated eager (its floor)
     """``eager``, ``eager:<TorchTPU eager mode>``, or ``<compile backend>[:<mode>]``."""
 
     name = "execution"

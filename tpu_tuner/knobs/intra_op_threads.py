@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.host import usable_cores
 from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import LeavesMemory
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,7 +48,7 @@ def torch_default_threads() -> int:
     return _torch_default
 
 
-class IntraOpThreadsKnob(Knob):
+class IntraOpThreadsKnob(Knob, LeavesMemory):
     name = "intra_op_threads"
     agent = "threads"
     default = ALL

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
-from tpu_tuner.knobs.capabilities import DeviceBaseline, Flag, PickedByFlags, SetsComputeDtype
+from tpu_tuner.knobs.capabilities import DeviceBaseline, Flag, LeavesMemory, PickedByFlags, SetsComputeDtype
 
 if TYPE_CHECKING:
     from torch import nn
@@ -33,7 +33,7 @@ def device_default(device_kind: str | None) -> str:
     return _DEVICE_DEFAULTS.get(device_kind or "", MatmulPrecisionKnob.default)
 
 
-class MatmulPrecisionKnob(Knob, DeviceBaseline, PickedByFlags, SetsComputeDtype):
+class MatmulPrecisionKnob(Knob, DeviceBaseline, PickedByFlags, SetsComputeDtype, LeavesMemory):
     name = "matmul_precision"
     agent = "precision"
     default = "highest"

@@ -48,8 +48,18 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         *([("measured probe", _probe_line(p))] if p.device.probe is not None else []),
         *_flops_rows(p),
         ("peak memory", f"{binary_bytes(p.memory.peak_bytes)} ({p.memory.method})"),
+        ("peak memory estimated", _estimate_line(p)),
         ("verdict", p.verdict.summary),
     ]
+
+
+def _estimate_line(p: Profile) -> str:
+    """The fake-tensor estimate made before the step ran, with its error against the measured peak."""
+    estimated, measured = p.memory.estimated_peak_bytes, p.memory.peak_bytes
+    if estimated is None:
+        return f"none: {p.memory.estimate_note}" if p.memory.estimate_note else "none"
+    error = f", {estimated / measured - 1:+.1%} of the measured" if measured else ""
+    return f"{binary_bytes(estimated)} (on fake tensors before the step ran{error})"
 
 
 def _per_dtype(p: Profile) -> str:

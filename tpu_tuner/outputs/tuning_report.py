@@ -328,9 +328,18 @@ def _comparison_rows(
         (f"amortised step ({planned} steps)", lambda m: ms(m.amortised_step(planned))),
         ("MFU", lambda m: _mfu_cell(m, common)),
         ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
+        ("peak memory estimated before the step ran", _estimate_cell),
         ("accuracy error", lambda m: f"{m.accuracy_error:.2e}"),
     ]
     return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
+
+
+def _estimate_cell(m: Measurement) -> str:
+    """The fake-tensor estimate and its error against the measured peak, or why there is none."""
+    if m.estimated_peak_bytes is None:
+        return f"none: {m.estimate_note}" if m.estimate_note else "none"
+    error = m.estimate_error
+    return binary_bytes(m.estimated_peak_bytes) + (f" ({error:+.1%} of the measured)" if error is not None else "")
 
 
 def _mfu_cell(m: Measurement, peak: tuple[float, str]) -> str:

@@ -133,7 +133,12 @@ def mesh_device_type() -> str:
     import torch.distributed as dist
 
     joined = dist.get_backend()
-    return "cpu" if joined == "gloo" else next(b.kind for b in backend_classes() if b.process_group_backend == joined)
+    # "fake": torch's communication-free group, which a memory estimate shards on (CPU tensors).
+    return (
+        "cpu"
+        if joined in ("gloo", "fake")
+        else next(b.kind for b in backend_classes() if b.process_group_backend == joined)
+    )
 
 
 def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inference: bool = False) -> nn.Module:

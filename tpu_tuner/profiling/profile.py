@@ -21,6 +21,7 @@ import torch
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.devices import DeviceInfo, get_backend
+from tpu_tuner.execution.memory_estimate import estimate_step_memory
 from tpu_tuner.execution.operators import OperatorTime, top_operators
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 class MemoryReport:
     peak_bytes: int | None
     method: str
+    # The peak estimated on fake tensors before the step ran (execution/memory_estimate.py), in
+    # `peak_bytes`' terms, or why there is none; None in older profiles.
+    estimated_peak_bytes: int | None = None
+    estimate_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ def profile(
         workload, backend.available_memory_bytes(info.memory_bytes), info, batch_size, seq_len, settings
     )
     deadline = time.monotonic() + settings.max_profile_seconds
+    fake = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)  # beside the measured peak
 
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
@@ -219,7 +225,7 @@ def profile(
         mfu_convention=MFU_CONVENTION,
         compute_dtype=compute_dtype,
         utilisation_by_dtype=utilisation_by_dtype(achieved, info.peak.flops_per_s),
-        memory=MemoryReport(peak_memory, memory_method),
+        memory=MemoryReport(peak_memory, memory_method, fake.peak_bytes, fake.reason),
         operators=operators,
         operator_steps=settings.profiled_steps,
         optimizer_share=shares.get("optimizer_step") if workload.is_training else None,

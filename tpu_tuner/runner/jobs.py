@@ -10,13 +10,14 @@ from __future__ import annotations
 import gc
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from tpu_tuner.devices import Backend, get_backend
 from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
+from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refuse
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.knobs.candidate import Candidate
@@ -58,6 +59,9 @@ class WorkerState:
         # show progress); its built and warmed-up steps stay here between them.
         self.compare_key: str | None = None
         self.compare_steps: list[Any] = []
+        # Memory estimates by the settings that change them (execution/memory_estimate.py):
+        # trials differing only in threads, matmul precision or compiler flags share one.
+        self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
 
     def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
         key = (batch_size, seq_len)
@@ -107,6 +111,17 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     # A rank cut off alone would leave the others waiting in a collective: one process only.
     deadline = rule.compile_limit_s() if rule is not None and candidate.compiles() and backend.ranks == 1 else None
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
+    # Before anything is built: a step that cannot fit is refused here (WouldNotFit), unmeasured.
+    estimate = estimate_or_refuse(
+        workload,
+        backend,
+        candidate,
+        batch_size,
+        seq_len,
+        request.memory_limit_bytes,
+        request.memory_limit_source,
+        state.memory_estimates,
+    )
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         events_before = backend.compile_events()
@@ -212,6 +227,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         peak_memory_bytes=peak_memory,
         accuracy_errors=errors,
         warnings=warnings,
+        estimated_peak_bytes=estimate.peak_bytes,
+        estimate_note=estimate.reason,
     )
 
 

@@ -17,6 +17,10 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpu_tuner.runner.jobs import WorkerState
 
 RESULT = "result.pkl"
 
@@ -43,6 +47,7 @@ def main(argv: list[str]) -> None:
         from tpu_tuner.runner.launch import init_rank
 
         state = WorkerState(spec["workload_path"], spec["device"], rank=rank, ranks=ranks)
+        estimate_before_joining(state, spec["request"])
         init_rank(state.backend.process_group_backend)
         value = run_job(state, spec["request"])
         if rank == 0:
@@ -60,6 +65,22 @@ def main(argv: list[str]) -> None:
     from tpu_tuner.runner.launch import finish_rank
 
     finish_rank()
+
+
+def estimate_before_joining(state: WorkerState, request: object) -> None:
+    """A measurement's per-rank memory estimate, made on torch's fake process group before this
+    rank joins its real one (where fake tensors cannot run): `run_measure` finds it in the cache."""
+    from tpu_tuner.execution.memory_estimate import memory_key
+    from tpu_tuner.execution.rank_memory import estimate_rank_memory
+    from tpu_tuner.knobs.candidate import Candidate
+    from tpu_tuner.runner.requests import MeasureRequest
+
+    if not isinstance(request, MeasureRequest):
+        return
+    candidate, batch_size, seq_len = Candidate.from_dict(request.candidate), request.batch_size, request.seq_len
+    state.memory_estimates[memory_key(candidate, batch_size, seq_len)] = estimate_rank_memory(
+        state.workload, state.backend, candidate, batch_size, seq_len, state.rank, state.backend.ranks
+    )
 
 
 if __name__ == "__main__":

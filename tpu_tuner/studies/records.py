@@ -59,6 +59,11 @@ FEASIBLE = "feasible"
 CANDIDATE = "candidate"
 ACCURACY_ERROR = "accuracy_error"
 PEAK_MEMORY_BYTES = "peak_memory_bytes"
+# The peak estimated on fake tensors before the trial ran, its error against the measured peak,
+# and why there was none (execution/memory_estimate.py).
+ESTIMATED_PEAK_BYTES = "estimated_peak_bytes"
+ESTIMATE_ERROR = "estimate_error"
+ESTIMATE_NOTE = "estimate_note"
 STEP_MEDIAN_S = "step_median_s"
 COMPILE_S = "compile_s"
 AMORTISED_STEP_S = "amortised_step_s"

@@ -11,6 +11,7 @@ so the machine's total says little about what a step may use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tpu_tuner.devices import backend_class
 
@@ -21,6 +22,10 @@ class MemoryLimit:
 
     bytes: int
     source: str  # "--trial-memory-gb" or "the device's memory"
+
+    def request_fields(self) -> dict[str, Any]:
+        """The limit as a `MeasureRequest`'s fields: the worker refuses a step estimated above it."""
+        return {"memory_limit_bytes": self.bytes, "memory_limit_source": self.source}
 
     def exceeded_by(self, peak_bytes: int | None) -> str | None:
         """The reason a trial with this peak is infeasible, or None when it fits (or is unknown)."""

@@ -46,6 +46,8 @@ TRIAL_COLUMNS = [
     records.ACCURACY_ERROR,
     records.FEASIBLE,
     records.PEAK_MEMORY_BYTES,
+    records.ESTIMATED_PEAK_BYTES,
+    records.ESTIMATE_ERROR,
     records.FAILURE_KIND,
     records.FAILURE_MESSAGE,
     records.REJECTED_BY,
@@ -58,7 +60,7 @@ TRIAL_COLUMNS = [
 # (the worker that ran a trial of a shared study; "host" says where it ran).
 HIDDEN_ATTRS = (records.MEASUREMENT, records.CANDIDATE, records.MEASURED, records.WORKER)
 
-INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES)
+INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES, records.ESTIMATED_PEAK_BYTES)
 
 
 @dataclass

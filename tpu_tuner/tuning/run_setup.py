@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.core.failures import FailureKind
+from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.lengths import LengthHistogram
@@ -19,7 +19,7 @@ from tpu_tuner.tuning.agents import Agent, load_agents
 from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
 from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
-from tpu_tuner.tuning.options import RunnerOptions, TuneOptions
+from tpu_tuner.tuning.options import TuneOptions
 
 
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
@@ -57,15 +57,22 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     runner.device_kind = profile.device.kind
 
 
-def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, device_kind: str | None) -> Profile:
+def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium)."""
-    baseline = Candidate.baseline(device_kind)
+    (on TPU at TorchTPU's default matmul precision, medium). Out of memory under --trial-memory-gb
+    (the worker's address-space limit): that limit is refused."""
+    baseline, run, limit = Candidate.baseline(device_kind), options.runner, options.objective.memory_limit_bytes
     profiled = runner.run(
         ProfileRequest(
             candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
         )
     )
+    failure = profiled.failure
+    if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
+        raise UserInputError(
+            f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
+            f"it under that address-space limit ran out of memory ({failure.message.splitlines()[0][:160]})"
+        )
     if profiled.failure is not None and profiled.failure.kind == FailureKind.REFUSED:
         raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
     if profiled.failure is not None:
@@ -73,6 +80,18 @@ def profile_baseline(runner: Runner, run: RunnerOptions, model_file: Path, devic
             f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file
         )
     return profiled.value
+
+
+def refuse_below_baseline(memory: MemoryLimit | None, profile: Profile) -> None:
+    """A --trial-memory-gb below the baseline's estimated peak is refused before any trial: no
+    setting the tuner tries starts from less than the user's own step (UserInputError)."""
+    estimated = profile.memory.estimated_peak_bytes
+    if memory is None or memory.source != "--trial-memory-gb" or estimated is None or estimated <= memory.bytes:
+        return
+    raise UserInputError(
+        f"--trial-memory-gb {memory.bytes / 2**30:g} is below the baseline's estimated peak memory, "
+        f"{estimated / 2**30:.2f} GiB (on fake tensors; `tpu-tune profile` shows it): give at least that"
+    )
 
 
 def prepare_agents(
@@ -85,6 +104,8 @@ def prepare_agents(
     search, nproc = options.search, options.runner.ranks  # every rank of every host
     agents = load_agents(list(search.agents), device_kind, profile.device.probe)
     memory = memory_limit(options.objective.memory_limit_bytes, device_kind, profile.device.memory_bytes)
+    if nproc == 1:  # the profile's estimate is one process's whole step: no rank's of a sharded run
+        refuse_below_baseline(memory, profile)
     for agent in agents:
         if isinstance(agent, MemoryAgent):
             agent.limit = memory

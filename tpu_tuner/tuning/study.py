@@ -172,7 +172,7 @@ def _tune_in(
     keeper = profile is None
     if profile is None:
         emit(_event("profile", "profiling the baseline", options, started))
-        profile = profile_baseline(runner, options.runner, model_file, workload.device_kind)
+        profile = profile_baseline(runner, options, model_file, workload.device_kind)
     device_kind = profile.device.kind
     nproc = options.runner.ranks  # every trial's ranks, over all its hosts
     if isinstance(runner, RankedTrialRunner):

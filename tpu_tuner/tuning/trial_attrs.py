@@ -56,6 +56,9 @@ def record_measurement(
             records.MFU: m.mfu,
             records.ACCURACY_ERROR: m.accuracy_error,
             records.PEAK_MEMORY_BYTES: m.peak_memory_bytes,
+            records.ESTIMATED_PEAK_BYTES: m.estimated_peak_bytes,
+            records.ESTIMATE_ERROR: m.estimate_error,
+            **({records.ESTIMATE_NOTE: m.estimate_note} if m.estimate_note else {}),
             records.FEASIBLE: m.accuracy_error <= tolerance,
             records.CANDIDATE: m.candidate,
         }

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.core.units import duration
 from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
@@ -162,7 +163,8 @@ class TuneTrials(Feature):
 
     def spends(self, trial: FrozenTrial) -> bool:
         attrs = records.attrs(trial)
-        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs
+        refused = attrs.get(records.FAILURE_KIND) == FailureKind.WOULD_NOT_FIT  # refused unmeasured
+        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs and not refused
 
     def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
         trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
@@ -205,6 +207,7 @@ class TuneTrials(Feature):
             candidate=candidate.to_dict(),
             stop_above_s=self.stop_above_s if stop else None,
             planned_steps=self.options.objective.planned_steps,
+            **(self.memory.request_fields() if self.memory is not None else {}),  # refused over it, unmeasured
         )
         return self.runner.run(request, env=env)
 

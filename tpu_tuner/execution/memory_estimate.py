@@ -1,0 +1,230 @@
+"""A training or inference step's peak memory, estimated on fake tensors before anything runs.
+
+The one module that uses torch's private memory tracker, ``torch.distributed._tools``
+(``mem_tracker.MemTracker``; ``fsdp2_mem_tracker.FSDPMemTracker`` where FSDP2 shards the model),
+written against torch 2.13 (https://github.com/pytorch/pytorch/blob/v2.13.0/torch/distributed/_tools/mem_tracker.py).
+The step is built under ``FakeTensorMode`` as the trial builds it (the candidate's model knobs,
+layout, optimizer, autocast, activation checkpointing, micro-batches) and run eagerly twice: the
+second step holds the optimizer's state, as every measured step does. The tracker sees each
+storage the dispatcher allocates and frees, so its peak is the step's peak of tensor memory;
+nothing is computed, so a GPT step estimates in seconds whatever its size.
+
+What it cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the
+eager step stands for them; compiled code frees and fuses more, so the estimate is high there),
+memory a kernel allocates outside the dispatcher (oneDNN scratchpads), and the process itself. A
+model that does not run on fake tensors (a data-dependent branch, ``.item()``) gets no estimate:
+the reason is returned, and the trial runs as it would without one.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tpu_tuner.devices.base import Backend
+from tpu_tuner.knobs import capabilities as kinds
+from tpu_tuner.knobs import registry
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A step's estimated peak, or why there is none.
+
+    `step_bytes`: the peak of the step's tensors (parameters, gradients, optimizer state, batch,
+    activations) on this process's device; `in_use_bytes`: what the process already held when the
+    estimate was made, as the backend measures memory (`Backend.memory_in_use_bytes`); `peak_bytes`
+    is their sum, in the terms of the measured peak it is compared with."""
+
+    step_bytes: int | None
+    in_use_bytes: int = 0
+    reason: str | None = None  # why there is no estimate
+    seconds: float = 0.0
+    # The part of the step's peak a compiler cannot shrink: parameters, buffers, gradients,
+    # optimizer state and the batch (the peak less activations and temporaries).
+    floor_bytes: int | None = None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.step_bytes is None else self.step_bytes + self.in_use_bytes
+
+
+class WouldNotFit(RuntimeError):
+    """A step refused before it ran: its estimated peak is over the memory limit (its message
+    starts "would not fit:", which `core.failures.classify` reads as WOULD_NOT_FIT)."""
+
+
+def tracker_classes() -> tuple[Any, Any] | str:
+    """torch's (MemTracker, FSDPMemTracker), or why they are missing (a torch without them)."""
+    try:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as exc:  # private API: moved or gone in another torch
+        return f"torch's memory tracker is missing (torch.distributed._tools, written for torch 2.13): {exc}"
+    return MemTracker, FSDPMemTracker
+
+
+def estimate_step_memory(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+) -> MemoryEstimate:
+    """The peak memory of `candidate`'s step on this process (its rank's shard under a layout),
+    estimated on fake tensors; never raises for the model's sake (the reason is returned)."""
+    started = time.perf_counter()
+    classes = tracker_classes()
+    if isinstance(classes, str):
+        return MemoryEstimate(None, reason=classes)
+    in_use = backend.memory_in_use_bytes() or 0
+    try:
+        step_bytes, floor = _fake_step_peak(workload, backend, candidate, batch_size, seq_len, *classes)
+    except Exception as exc:  # the model's code on fake tensors: any error means no estimate
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        reason = f"the step does not run on fake tensors ({type(exc).__name__}: {first})"
+        log.debug("no memory estimate for %s: %s", candidate.describe(), reason)
+        return MemoryEstimate(None, in_use, reason, time.perf_counter() - started)
+    finally:
+        gc.collect()
+    return MemoryEstimate(step_bytes, in_use, None, time.perf_counter() - started, floor)
+
+
+def _fake_step_peak(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None,
+    seq_len: int | None,
+    mem_tracker: Any,
+    fsdp_mem_tracker: Any,
+) -> tuple[int, int]:
+    """The step's peak on fake tensors, and the part of it no compiler removes (`floor_bytes`)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tpu_tuner.execution.step import prepare_step
+
+    with candidate.process(backend), FakeTensorMode(allow_non_fake_inputs=True):
+        step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+        fsdp = _is_fsdp2(step.model)
+        tracker = fsdp_mem_tracker(step.model, step.optimizer) if fsdp else mem_tracker()
+        if fsdp:
+            tracker.track_inputs(step.batch)
+        else:
+            tracker.track_external(*(x for x in (step.model, step.optimizer) if x is not None), step.batch)
+        with tracker:
+            step.run_eager()  # the first step creates the optimizer's state
+            tracker.reset_mod_stats()  # the tracker keeps per-module stats of one iteration only
+            step.run_eager()
+        peaks = tracker.get_tracker_snapshot("peak")
+    device = torch.device(backend.device)
+    snaps = [snap for dev, snap in peaks.items() if dev.type == device.type]
+    if not snaps:
+        return 0, 0
+    snap = max(snaps, key=lambda s: s["Total"])
+    transient = sum(v for k, v in snap.items() if k in TRANSIENT)
+    return int(snap["Total"]), int(snap["Total"] - transient)
+
+
+# The tracker's categories (its reference types' values) that a compiled step may hold less of.
+TRANSIENT = ("Activation", "Temp", "All Gather", "Reduce Scatter")
+
+
+def _is_fsdp2(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, compiled: bool = False) -> str | None:
+    """Why a step with `estimate` cannot fit `limit_bytes` (named by `source`), or None. A
+    `compiled` step is judged by its floor alone: the eager activations it stands on are no
+    bound on a compiler's, so only memory no compiler frees refuses it."""
+    if estimate.step_bytes is None or not limit_bytes:
+        return None
+    judged = estimate.floor_bytes if compiled and estimate.floor_bytes is not None else estimate.step_bytes
+    if judged + estimate.in_use_bytes <= limit_bytes:
+        return None
+    what = "its parameters, gradients, optimizer state and batch" if compiled else "the step on fake tensors"
+    return (
+        f"would not fit: estimated peak memory {(judged + estimate.in_use_bytes) / 2**30:.2f} GiB "
+        f"({what} {judged / 2**30:.2f} GiB + {estimate.in_use_bytes / 2**30:.2f} GiB in use) "
+        f"> {limit_bytes / 2**30:.2f} GiB ({source})"
+    )
+
+
+def memory_key(candidate: Candidate, batch_size: int | None, seq_len: int | None) -> Hashable:
+    """What a step's estimate depends on: the batch and the knobs' values that change memory
+    (a `LeavesMemory` knob's neutral values left out, so trials differing only in them share one)."""
+
+    def neutral(name: str, value: str) -> bool:
+        knob = registry.get(name)
+        return isinstance(knob, kinds.LeavesMemory) and knob.leaves_memory(value)
+
+    return batch_size, seq_len, tuple(sorted((n, v) for n, v in candidate.changed.items() if not neutral(n, v)))
+
+
+def cached_estimate(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None,
+    seq_len: int | None,
+    cache: dict[Hashable, MemoryEstimate] | None,
+) -> MemoryEstimate:
+    """`estimate_step_memory`, kept in `cache` by `memory_key`; a kept one is reused with what the
+    process holds now (the step's own bytes do not change between trials of one worker)."""
+    key = memory_key(candidate, batch_size, seq_len)
+    kept = cache.get(key) if cache is not None else None
+    if kept is not None:
+        return replace(kept, in_use_bytes=backend.memory_in_use_bytes() or 0, seconds=0.0)
+    estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
+    log.info("memory estimate of %s: %.2f s", candidate.describe() or "the baseline", estimate.seconds)
+    if cache is not None:
+        cache[key] = estimate
+    return estimate
+
+
+def estimate_or_refuse(
+    workload: Workload,
+    backend: Backend,
+    candidate: Candidate,
+    batch_size: int | None,
+    seq_len: int | None,
+    limit_bytes: int | None,
+    source: str,
+    cache: dict[Hashable, MemoryEstimate] | None = None,
+) -> MemoryEstimate:
+    """The step's estimate (the largest rank's: every rank takes part; `cached_estimate`), raising
+    `WouldNotFit` where it cannot fit `limit_bytes`; without one, the device's memory where it
+    bounds trials, else the memory the process may still take (CPU: what it holds + the host's
+    available). A rank of a sharded trial finds its estimate in `cache`, made before it joined
+    its group (runner/rank_job.py): on a joined group the fake step cannot run."""
+    estimate = cached_estimate(workload, backend, candidate, batch_size, seq_len, cache)
+    if backend.ranks > 1:  # every rank decides alike: the largest shard's estimate
+        step = int(backend.max_over_ranks(-1 if estimate.step_bytes is None else estimate.step_bytes))
+        floor = int(backend.max_over_ranks(-1 if estimate.floor_bytes is None else estimate.floor_bytes))
+        in_use = int(backend.max_over_ranks(estimate.in_use_bytes))
+        reason = estimate.reason or ("another rank's step does not run on fake tensors" if step < 0 else None)
+        estimate = MemoryEstimate(
+            None if step < 0 else step, in_use, reason, estimate.seconds, None if floor < 0 else floor
+        )
+    if not limit_bytes:
+        if backend.memory_bounds_trials:
+            limit_bytes, source = backend.info().memory_bytes, "the device's memory"
+        else:
+            available = backend.available_memory_bytes(None)
+            limit_bytes = available + estimate.in_use_bytes if available else None
+            source = "the memory available to the process"
+    reason = over_limit(estimate, limit_bytes, source, compiled=candidate.compiles())
+    if reason is not None:
+        raise WouldNotFit(reason)
+    return estimate
