@@ -23,9 +23,12 @@ class FailureKind(StrEnum):
     INTERRUPTED = "interrupted"  # cut short from outside (a host lost, the run stopped): measured again
     ABORTED = "aborted"  # a host's ranks stopped because another host's failed
     LOST = "lost"  # its worker went away with it: nobody was left to record a kind
+    HANG = "hang"  # a process it ran on froze (stopped, SIGSTOP or a paused host): killed, measured again
 
 
 WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
+# Failures that say nothing of the setting (a lost host, a frozen process): FAIL, queued again, measured once more.
+MEASURED_AGAIN = (FailureKind.INTERRUPTED, FailureKind.HANG)
 
 
 def classify(

@@ -10,6 +10,7 @@ matplotlib.use("Agg")  # headless: no display on CI machines or servers
 import matplotlib.pyplot as plt
 import numpy as np
 
+from tpu_tuner.core.failures import MEASURED_AGAIN
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 from tpu_tuner.studies import records
 
@@ -55,7 +56,7 @@ def _mfu(result: TuningResult, frame, done) -> Path:
         ax.bar(done["number"], done[records.MFU].astype(float) * 100, color=colors)
     kind = frame[records.FAILURE_KIND] if records.FAILURE_KIND in frame else None
     failed = (
-        frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & (kind != records.INTERRUPTED)]
+        frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & ~kind.isin(list(MEASURED_AGAIN))]
         if kind is not None
         else frame.iloc[0:0]
     )
