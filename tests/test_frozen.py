@@ -104,3 +104,22 @@ def test_a_frozen_rank_fails_its_group_as_a_hang_naming_it_and_leaves_no_process
     assert "froze: stopped (SIGSTOP) for " in result.failure
     assert took < 60 + FROZEN_GRACE_S, took  # start-up and the grace, not the 300 s deadline
     assert processes_running("misbehaving_rank") == []
+
+
+def test_a_hang_teaches_nothing_covers_no_setting_and_is_measured_again() -> None:
+    import optuna
+
+    from tpu_tuner.execution.measurement import TrialFailure
+    from tpu_tuner.studies import records
+    from tpu_tuner.studies.coverage import covered_settings
+    from tpu_tuner.studies.trial_record import TrialRecord
+    from tpu_tuner.tuning.failures import evidence_of
+    from tpu_tuner.tuning.trial_attrs import record_failure
+
+    study = optuna.create_study()
+    trial = study.ask({"layout": optuna.distributions.CategoricalDistribution(["2x1x1", "1x2x1"])})
+    TrialRecord.of(trial).update({records.MEASURED: True})
+    record_failure(trial, TrialFailure(FailureKind.HANG, "the worker (pid 7) froze: stopped (SIGSTOP) for 5 s"))
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    trials = study.get_trials()
+    assert evidence_of(trials, 1e-2) == [] and covered_settings(trials) == {}
