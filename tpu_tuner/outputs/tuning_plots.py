@@ -12,6 +12,7 @@ import numpy as np
 
 from tpu_tuner.core.failures import MEASURED_AGAIN
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.outputs.figure_file import save_figure
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
@@ -101,6 +102,6 @@ def _pareto(result: TuningResult, done) -> Path:
 def _save(fig, result: TuningResult, name: str) -> Path:
     path = result.run_dir / name
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
