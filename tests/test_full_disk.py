@@ -153,7 +153,8 @@ def test_a_disk_full_mid_search_leaves_the_study_database_whole_and_resume_compl
     done = _new_run(small_disk, "trial:2")  # as trial 2 starts: trial 1 is told, trial 2's writes find no room
     assert done.returncode == 1, done.stderr[-3000:]
     (line,) = _errors(done)
-    assert "no space left on the device" in line and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert line.startswith("tpu-tune: error: no space left on the device of the study's database: it could not be")
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
     (run_dir,) = (small_disk / "results").iterdir()
     trials = _whole_study(run_dir)
     assert len(_measured(trials)) == 1  # trial 1, told before the disk filled, is in
