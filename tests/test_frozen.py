@@ -39,19 +39,25 @@ def sleeper():
 
 def test_a_stop_is_read_from_proc_and_counts_only_past_the_grace(sleeper: subprocess.Popen) -> None:
     watch = FrozenWatch(grace_s=10.0)
+    child = [(sleeper.pid, "the sleeper")]
+
+    def looks(start: float, end: float) -> list[Frozen | None]:  # one look a second, as a waiting parent makes
+        return [watch.look(child, now=start + second) for second in range(int(end - start) + 1)]
+
     assert not is_stopped(sleeper.pid)
     os.kill(sleeper.pid, signal.SIGSTOP)
     wait_until(lambda: is_stopped(sleeper.pid), 10)
-    assert watch.look([(sleeper.pid, "the sleeper")], now=100.0) is None  # stopped from now on
-    assert watch.look([(sleeper.pid, "the sleeper")], now=109.0) is None
-    assert watch.look([(sleeper.pid, "the sleeper")], now=110.5) == Frozen(sleeper.pid, "the sleeper", 10.5)
+    assert looks(100.0, 109.0) == [None] * 10  # stopped since 100: within the grace
+    assert watch.look(child, now=110.0) == Frozen(sleeper.pid, "the sleeper", 10.0)
     os.kill(sleeper.pid, signal.SIGCONT)  # a pause on purpose, continued: the count starts again
     wait_until(lambda: not is_stopped(sleeper.pid), 10)
-    assert watch.look([(sleeper.pid, "the sleeper")], now=111.0) is None
+    assert watch.look(child, now=111.0) is None
     os.kill(sleeper.pid, signal.SIGSTOP)
     wait_until(lambda: is_stopped(sleeper.pid), 10)
-    assert watch.look([(sleeper.pid, "the sleeper")], now=112.0) is None
-    assert watch.look([(sleeper.pid, "the sleeper")], now=121.0) is None
+    assert looks(112.0, 121.0) == [None] * 10
+    # The next look 30 s after the last: the watcher was stopped itself (Ctrl-Z, then fg): the count restarts.
+    assert looks(151.0, 160.0) == [None] * 10
+    assert watch.look(child, now=161.0) == Frozen(sleeper.pid, "the sleeper", 10.0)
     assert Frozen(1, "rank 1", 5.2).describe() == "rank 1 (pid 1) froze: stopped (SIGSTOP) for 5 s, and was killed"
     assert not is_stopped(2**22 + 7)  # no such process
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 # Seconds a child may stay stopped before it counts as frozen: longer than a pause someone makes
 # on purpose to look at it (``kill -STOP``, then ``-CONT``), far shorter than a trial's deadline.
 FROZEN_GRACE_S = 5.0
-# Seconds between looks at the children's state while waiting for a reply.
+# Seconds between looks at the children's state while waiting for a reply, and a gap between two
+# looks long enough to mean that the watching process was stopped itself.
 LOOK_S = 0.25
+PARENT_AWAY_S = 2.0
 
 
 def is_stopped(pid: int) -> bool:
@@ -55,11 +57,17 @@ class FrozenWatch:
     def __init__(self, grace_s: float = FROZEN_GRACE_S) -> None:
         self.grace_s = grace_s
         self._stopped_since: dict[int, float] = {}
+        self._last_look: float | None = None
 
     def look(self, children: Iterable[tuple[int, str]], now: float | None = None) -> Frozen | None:
         """The first of `children` (pid, name) stopped for at least the grace, else None; a child
         seen running again starts from zero."""
         now = time.monotonic() if now is None else now
+        if self._last_look is not None and now - self._last_look > PARENT_AWAY_S:
+            # This process was itself stopped in between (Ctrl-Z stops the whole foreground group,
+            # `fg` continues it): what it saw before says nothing of the children now.
+            self._stopped_since.clear()
+        self._last_look = now
         found = None
         for pid, name in children:
             if not is_stopped(pid):
