@@ -84,7 +84,9 @@ def test_a_frozen_worker_s_trial_is_failed_and_retried_and_it_drops_its_result_w
                 os.killpg(w.pid, signal.SIGKILL)
                 w.wait()
     assert all(code == 0 for code in codes.values()), (codes, logs()[-3000:])
-    assert GRACE_S <= detected < GRACE_S + 10, detected  # the grace, plus a stale check a beat apart
+    # The grace counts from the last beat (up to an interval, 1 s, before the stop); the other worker
+    # looks between its own trials.
+    assert GRACE_S - 1 <= detected < GRACE_S + 10, detected
     trials = optuna.load_study(study_name=STUDY, storage=storage).get_trials(deepcopy=False)
     lost = trials[number]
     assert is_lost(lost) and records.MEASURED not in records.attrs(lost), records.attrs(lost)  # no second result
