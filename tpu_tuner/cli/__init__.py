@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(_command_in(words)).parse_args(words)
     _configure_logging(args)
     from tpu_tuner.core.credentials import redact
+    from tpu_tuner.core.run_folder import no_space_line
 
     try:
         if getattr(args, "model_file", None) is not None and args.command != "plan":
@@ -91,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"tpu-tune: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_status
+    except Exception as exc:  # a full disk where no writer said so: an OSError, or SQLite's "disk is full"
+        if (line := no_space_line(exc)) is None or args.debug:
+            raise
+        print(f"tpu-tune: error: {line}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tpu-tune: interrupted", file=sys.stderr)
         return 130

@@ -24,9 +24,12 @@ class FailureKind(StrEnum):
     ABORTED = "aborted"  # a host's ranks stopped because another host's failed
     LOST = "lost"  # its worker went away with it: nobody was left to record a kind
     WOULD_NOT_FIT = "would-not-fit"  # refused unmeasured: its peak memory, estimated, is over the limit
+    HANG = "hang"  # a process it ran on froze (stopped, SIGSTOP or a paused host): killed, measured again
 
 
 WORKER_FAILURES = (FailureKind.CRASH, FailureKind.OOM, FailureKind.TIMEOUT, FailureKind.ERROR)  # a worker's measurement
+# Failures that say nothing of the setting (a lost host, a frozen process): FAIL, queued again, measured once more.
+MEASURED_AGAIN = (FailureKind.INTERRUPTED, FailureKind.HANG)
 
 
 def classify(

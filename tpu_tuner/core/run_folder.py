@@ -9,11 +9,14 @@ tuning loop (run.json, study.db) all spell a file the same way.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
 from datetime import datetime
 from pathlib import Path
+
+from tpu_tuner.core.errors import TpuTuneError
 
 # The results folder every command writes its run folders under unless told otherwise (--out).
 RESULTS_DIR = "results"
@@ -56,11 +59,53 @@ BUCKET_PLOTS = (LENGTHS_PNG, STRATEGIES_PNG)
 BUCKET_CONFIG = "bucket_config.toml"
 
 
+# The errors of a write that found no room: the filesystem is full, or the user's quota is.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(TpuTuneError, OSError):
+    """A file could not be written: its filesystem is full (ENOSPC, or a quota: EDQUOT). An OSError
+    too (its errno), so code that survives a failed write (run.json's "failed" mark) still does."""
+
+    def __init__(self, path: str | Path, errno_: int = errno.ENOSPC) -> None:
+        path = Path(path)
+        OSError.__init__(self, errno_, os.strerror(errno_), str(path))
+        self.message = (
+            f"no space left on the device of {path.parent}/: {path.name} could not be written "
+            f"(nothing half-written was left; free some space, then continue a tuning run with --resume {path.parent})"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def no_space_line(exc: BaseException) -> str | None:
+    """One line for an error that says the disk is full where it was not written by `write_atomic`:
+    an OSError (ENOSPC, EDQUOT: its file named) or SQLite's "database or disk is full", the error
+    itself or any it was raised from (Optuna wraps SQLAlchemy's, which wraps sqlite3's); else None."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, DiskFull):
+            return str(cause)
+        if isinstance(cause, OSError) and cause.errno in NO_SPACE:
+            return f"no space left on the device: {cause.filename or 'a file'} could not be written ({cause.strerror})"
+        if "database or disk is full" in str(cause):
+            return (
+                "no space left on the device of the study's database: it could not be written (SQLite keeps "
+                "it whole: its last transaction was rolled back); free some space, then continue the run with --resume"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def write_atomic(path: str | Path, content: str | bytes) -> Path:
     """Write `content` to `path` through a temporary file in the same folder and `os.replace`:
     a reader polling the folder (the dashboard, a served page, another worker) sees the old file
     or the whole new one, never half of one. The temporary name is unique to this writer, so two
-    processes writing the same file never interleave their bytes."""
+    processes writing the same file never interleave their bytes. A full disk raises `DiskFull`
+    naming the folder and the file, the temporary file removed."""
     path = Path(path)
     data = content.encode("utf-8") if isinstance(content, str) else content
     # os.open with 0o666 keeps the umask's permissions (tempfile.mkstemp would make it 0600).
@@ -69,8 +114,10 @@ def write_atomic(path: str | Path, content: str | bytes) -> Path:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as file:
             file.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, DiskFull) and exc.errno in NO_SPACE:
+            raise DiskFull(path, exc.errno) from exc
         raise
     return path
 

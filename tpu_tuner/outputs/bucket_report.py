@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tpu_tuner.bucketing.study import BucketResult
 from tpu_tuner.core.run_folder import LENGTHS_PNG, STRATEGIES_PNG
+from tpu_tuner.outputs.figure_file import save_figure
 
 
 def _row(result: BucketResult, name: str) -> dict[str, object]:
@@ -126,7 +127,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_ylabel("samples")
     ax.set_title(f"{result.workload}: lengths and chosen bucket bounds (red)")
     fig.tight_layout()
-    fig.savefig(run_dir / LENGTHS_PNG, dpi=110)
+    save_figure(fig, run_dir / LENGTHS_PNG, dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -145,7 +146,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_xlabel(f"seconds for {result.steps} steps (log scale)")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(run_dir / STRATEGIES_PNG, dpi=110)
+    save_figure(fig, run_dir / STRATEGIES_PNG, dpi=110)
     plt.close(fig)
     return [LENGTHS_PNG, STRATEGIES_PNG]
 

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 
 from tpu_tuner.core.failures import FailureKind, is_compiler_out_of_memory
 from tpu_tuner.core.units import binary_bytes, ms, si
+from tpu_tuner.outputs.figure_file import save_figure
 from tpu_tuner.planner.plan import LayoutPlan, PlanResult
 
 
@@ -269,6 +270,6 @@ def write_plot(result: PlanResult, path: Path) -> Path:
     ax.set_ylabel("predicted MFU, %")
     ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM; grey: compiler failed)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

@@ -10,7 +10,9 @@ matplotlib.use("Agg")  # headless: no display on CI machines or servers
 import matplotlib.pyplot as plt
 import numpy as np
 
+from tpu_tuner.core.failures import MEASURED_AGAIN
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
+from tpu_tuner.outputs.figure_file import save_figure
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ def _mfu(result: TuningResult, frame, done) -> Path:
         ax.bar(done["number"], done[records.MFU].astype(float) * 100, color=colors)
     kind = frame[records.FAILURE_KIND] if records.FAILURE_KIND in frame else None
     failed = (
-        frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & (kind != records.INTERRUPTED)]
+        frame[frame["state"].isin(["FAIL", "PRUNED"]) & kind.notna() & ~kind.isin(list(MEASURED_AGAIN))]
         if kind is not None
         else frame.iloc[0:0]
     )
@@ -100,6 +102,6 @@ def _pareto(result: TuningResult, done) -> Path:
 def _save(fig, result: TuningResult, name: str) -> Path:
     path = result.run_dir / name
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

@@ -4,8 +4,9 @@
 runs its workers through) starts the ranks as fresh interpreters, each in its own session; when
 one exits non-zero (an exception, a segfault, the OOM killer's SIGKILL) it terminates the others
 (SIGTERM, then SIGKILL). A hang has no exit to see: the deadline here closes the whole group the
-same way. The rendezvous is a file in the run's folder (``init_method="file://..."``: no port to
-pick or leak), and every rank writes its report as JSON beside it. What the ranks print goes to
+same way, and a rank that froze (stopped: `runner.frozen`) closes it within `FROZEN_GRACE_S`.
+The rendezvous is a file in the run's folder (``init_method="file://..."``: no port to pick or
+leak), and every rank writes its report as JSON beside it. What the ranks print goes to
 files of the launcher's, appended to the caller's `WorkerLog` when the group ends.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from tpu_tuner.core.failures import FailureKind, classify, describe_end
 from tpu_tuner.core.tpu_host import child_environment
+from tpu_tuner.runner.frozen import LOOK_S, Frozen, FrozenWatch
 from tpu_tuner.runner.worker_log import WorkerLog, telling_line
 
 # The process group's timeout for one collective, at least: a rank whose peer died usually hears
@@ -57,7 +59,7 @@ class RanksResult:
 
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
-    kind: FailureKind | None = None  # CRASH, OOM, ERROR, TIMEOUT or ABORTED
+    kind: FailureKind | None = None  # CRASH, OOM, ERROR, TIMEOUT, HANG or ABORTED
     seconds: float = 0.0
     failed_rank: int | None = None  # the rank that failed first (None: none, or a hang)
     ranks: int = 0  # how many were started
@@ -153,8 +155,11 @@ def run_ranks(
             # the tuner's own handling (Ctrl-C ends the study cleanly) must stay as it was.
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            outcome, stopped = _wait(context, timeout_s, abort)
-            if stopped is not None:
+            outcome, stopped, frozen = _wait(context, timeout_s, abort, first)
+            if frozen is not None:  # killed with the others as the group closes
+                result.failure, result.kind = frozen.describe(), FailureKind.HANG
+                result.failed_rank = int(frozen.name.split()[-1])
+            elif stopped is not None:
                 result.failure, result.kind = stopped, FailureKind.ABORTED
             elif outcome is None:
                 result.failure = f"no rank finished within {timeout_s:g} s (a hang): every rank was stopped"
@@ -250,19 +255,22 @@ def finish_rank() -> None:
     os._exit(0)
 
 
-def _wait(context: Any, timeout_s: float, abort: Callable[[], str | None] | None) -> tuple[Any, str | None]:
+def _wait(
+    context: Any, timeout_s: float, abort: Callable[[], str | None] | None, first: int = 0
+) -> tuple[Any, str | None, Frozen | None]:
     """The launcher's result once every rank ended or one failed (None at the deadline), or the
-    reason `abort` gave to stop them first."""
-    if abort is None:
-        return context.wait(timeout=timeout_s, period=0.05), None
+    reason `abort` gave to stop them first, or a rank that froze (stopped for `FROZEN_GRACE_S`)."""
     deadline = time.monotonic() + timeout_s
+    watch = FrozenWatch()
     while True:
-        outcome = context.wait(timeout=max(0.05, min(0.5, deadline - time.monotonic())), period=0.05)
+        outcome = context.wait(timeout=max(0.05, min(LOOK_S, deadline - time.monotonic())), period=0.05)
         if outcome is not None or time.monotonic() >= deadline:
-            return outcome, None
-        reason = abort()
+            return outcome, None, None
+        if (frozen := watch.look((pid, f"rank {first + rank}") for rank, pid in context.pids().items())) is not None:
+            return None, None, frozen
+        reason = abort() if abort is not None else None
         if reason is not None:
-            return None, reason
+            return None, reason, None
 
 
 def _last_line(context: Any, rank: int) -> str:

@@ -10,7 +10,8 @@ worker only.
 
 A host that stops answering during a job (its agent killed, its host down) fails that job naming
 the host, as a trial failure of kind INTERRUPTED (`LOST_HOST`: the setting measured nothing and
-is measured again, `tuning/trials.py`); the other hosts' ranks are stopped. Then, with
+is measured again, `tuning/trials.py`; HANG where its agent is on this machine and seen stopped:
+SIGSTOP, `runner/frozen.py`); the other hosts' ranks are stopped. Then, with
 ``--max-restarts`` left, the hosts meet again before the next job (waiting for the lost one to be
 started again); without, the run stops with `HostsError` before the next trial is asked
 (`check_usable`), one line naming the host and how to resume.
@@ -19,13 +20,15 @@ started again); without, the run stops with `HostsError` before the next trial i
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Sequence
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import TrialFailure
+from tpu_tuner.runner.frozen import is_stopped
 from tpu_tuner.runner.host_jobs import HostOutcome, announce, gather, run_here
-from tpu_tuner.runner.hosts import HostGroup, HostsError, HostsMissing
+from tpu_tuner.runner.hosts import HostGroup, HostInfo, HostsError, HostsMissing
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, rank_account
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult
@@ -38,7 +41,13 @@ log = logging.getLogger(__name__)
 LOST_HOST = FailureKind.INTERRUPTED
 # Which failure to report when several hosts' ranks failed without an account of their own: a
 # signal before an error exit before a hang.
-_PRIORITY = {FailureKind.CRASH: 0, FailureKind.OOM: 0, FailureKind.ERROR: 1, FailureKind.TIMEOUT: 2}
+_PRIORITY = {
+    FailureKind.HANG: 0,
+    FailureKind.CRASH: 0,
+    FailureKind.OOM: 0,
+    FailureKind.ERROR: 1,
+    FailureKind.TIMEOUT: 2,
+}
 
 
 class MultiHostTrialRunner(RankedTrialRunner):
@@ -104,7 +113,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
             return JobResult(failure=TrialFailure(LOST_HOST, self.lost), seconds=time.perf_counter() - started)
         seconds = time.perf_counter() - started
         if lost:
-            return JobResult(failure=TrialFailure(LOST_HOST, self._host_lost(lost)), seconds=seconds)
+            return JobResult(failure=TrialFailure(_lost_kind(self.group, lost), self._host_lost(lost)), seconds=seconds)
         if all(outcome.ok for outcome in outcomes.values()):
             ran = tuple(self.group.host(node).describe() for node in sorted(outcomes))
             return JobResult(value=value, seconds=seconds, hosts=ran)
@@ -132,7 +141,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
         """The failure of a job whose hosts in `lost` stopped answering, deciding what comes next."""
         message = "; ".join(
             f"{self.group.host(node).describe()} stopped answering during this trial (no heartbeat "
-            f"for {silent:.0f} s): its agent died or its host went down"
+            f"for {silent:.0f} s): {_silence_cause(self.group.host(node))}"
             for node, silent in lost.items()
         )
         message += "; the other hosts' ranks were stopped"
@@ -164,6 +173,20 @@ class MultiHostTrialRunner(RankedTrialRunner):
             f"relaunch the same command on every host to resume study {self.group.run_id!r} (nothing measured "
             "is lost or measured again)"
         )
+
+
+def _frozen_here(host: HostInfo) -> bool:
+    """Whether `host`'s agent runs on this machine and is stopped (SIGSTOP): a remote one cannot be told from dead."""
+    return host.host == socket.gethostname() and is_stopped(host.pid)
+
+
+def _silence_cause(host: HostInfo) -> str:
+    return "its agent froze (stopped, SIGSTOP)" if _frozen_here(host) else "its agent died or its host went down"
+
+
+def _lost_kind(group: HostGroup, lost: dict[int, float]) -> FailureKind:
+    """HANG where a lost host's agent is seen frozen here, else `LOST_HOST`: measured again either way."""
+    return FailureKind.HANG if any(_frozen_here(group.host(node)) for node in lost) else LOST_HOST
 
 
 def host_cause(outcomes: dict[int, HostOutcome]) -> TrialFailure:

@@ -1,7 +1,8 @@
 """Isolated trial execution: a worker process per start-up environment, a timeout per job.
 
 A job that raises, a worker that dies and a job past its timeout (its worker killed) become a
-trial failure of the kind `core.failures.classify` decides. The study goes on
+trial failure of the kind `core.failures.classify` decides; a worker that froze (stopped for
+`runner.frozen.FROZEN_GRACE_S`: SIGSTOP) is killed and its trial fails as a HANG, measured again. The study goes on
 with a fresh worker. A warm worker is reused across jobs that need the same start-up
 environment (TorchTPU eager-mode variables are read once, at process start). The workers'
 stdout and stderr go to a `WorkerLog`, not the terminal; a death's message quotes its last line.
@@ -18,7 +19,7 @@ from tpu_tuner.core.failures import FailureKind, describe_end
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.worker_log import WorkerLog
-from tpu_tuner.runner.worker_process import Died, Raised, Replied, TimedOut, WorkerProcess
+from tpu_tuner.runner.worker_process import Died, Frozen, Raised, Replied, TimedOut, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,10 @@ class TrialRunner:
                 note = self.log.failure_note(quote=False, since=since)  # its last line is whatever ran, not a cause
                 failure = TrialFailure(FailureKind.TIMEOUT, f"no result after {limit:.0f} s; worker killed{note}")
                 return JobResult(failure=failure, seconds=seconds, note=note)
+            case Frozen() as frozen:
+                self._worker = None
+                note = self.log.failure_note(quote=False, since=since)
+                return JobResult(failure=TrialFailure(FailureKind.HANG, frozen.describe() + note), seconds=seconds)
             case Died() as died:
                 self._worker = None
                 note = self.log.failure_note(since=since)

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from tpu_tuner.core.run_folder import WORKERS_LOG
+from tpu_tuner.core.run_folder import NO_SPACE, WORKERS_LOG
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class WorkerLog:
         # how many bytes it wrote since: `mark` and `failure_note` count in the latter.
         self._start = 0
         self._written = 0
+        self.dropped = 0  # bytes of output not written: the log's disk was full
         self.temporary = path is None
         self.path = Path(path) if path is not None else Path()
         self.reopen()
@@ -98,9 +99,20 @@ class WorkerLog:
     def write(self, data: bytes) -> None:
         """Append `data` (what a process left in a file of its own, e.g. a rank's output)."""
         with self._lock:
-            if self._file is not None:
+            if self._file is None:
+                return
+            try:
                 self._file.write(data)
-                self._written += len(data)
+            except OSError as exc:
+                # A full disk must not stop the pump reading the child's pipe (a child blocked on a
+                # full pipe would hang its trial): the output is dropped, said once.
+                if exc.errno not in NO_SPACE:
+                    raise
+                if not self.dropped:
+                    log.warning("%s: no space left on its device; the workers' output is dropped", self.path)
+                self.dropped += len(data)
+                return
+            self._written += len(data)
 
     def mark(self) -> int:
         """Where the log ends now: `failure_note(since=mark)` quotes only what came after."""

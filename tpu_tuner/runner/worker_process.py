@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.failures import FailureKind, classify
+from tpu_tuner.runner.frozen import LOOK_S, Frozen, FrozenWatch
 
 if TYPE_CHECKING:  # the log is handed in; this module never makes one
     from tpu_tuner.runner.worker_log import WorkerLog
@@ -69,7 +71,7 @@ class TimedOut:
     seconds: float
 
 
-Outcome = Replied | Raised | Died | TimedOut
+Outcome = Replied | Raised | Died | TimedOut | Frozen
 
 
 class WorkerProcess:
@@ -122,10 +124,19 @@ class WorkerProcess:
 
     def receive(self, timeout_s: float | None = None) -> Outcome:
         """The reply to the job sent, waiting at most `timeout_s` (None: until it comes or the
-        child dies); past the timeout the child is killed."""
-        if timeout_s is not None and not self.connection.poll(timeout_s):
-            self.close(kill=True)
-            return TimedOut(timeout_s)
+        child dies); past the timeout, or once the child is stopped for `frozen.FROZEN_GRACE_S`
+        (SIGSTOP: `Frozen`), the child is killed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        watch = FrozenWatch()
+        while not self.connection.poll(
+            LOOK_S if deadline is None else max(0.0, min(LOOK_S, deadline - time.monotonic()))
+        ):
+            if (frozen := watch.look([(self.process.pid, "the worker")])) is not None:
+                self.close(kill=True)
+                return frozen
+            if deadline is not None and time.monotonic() >= deadline:
+                self.close(kill=True)
+                return TimedOut(float(timeout_s or 0.0))
         try:
             reply = self.connection.recv()
         except (EOFError, OSError):

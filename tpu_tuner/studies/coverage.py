@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from tpu_tuner.core.failures import MEASURED_AGAIN
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost
 
@@ -36,7 +37,7 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
         if (
             records.REPEAT_OF not in attrs
             and records.OVER_BUDGET not in attrs
-            and attrs.get(records.FAILURE_KIND) != records.INTERRUPTED
+            and attrs.get(records.FAILURE_KIND) not in MEASURED_AGAIN
             and not is_lost(t)
         ):
             covered[setting_key(t.params)] = t

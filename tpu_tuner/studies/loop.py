@@ -257,6 +257,14 @@ def run_loop(
                 continue
             results = feature.evaluate(batch)
             for claim, result in zip(batch, results):
+                if storage is not None and _finished_elsewhere(storage, study, claim.trial.number):
+                    # Read before telling, so that none of the result is written (a thawed worker).
+                    log.warning(
+                        "trial %d was failed as lost by another worker while it ran here (its heartbeat "
+                        "stopped: this process was frozen or cut off); its result is dropped",
+                        claim.trial.number,
+                    )
+                    continue
                 try:
                     feature.tell(claim, result)
                 except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
@@ -268,6 +276,13 @@ def run_loop(
                         "trial %d was failed as lost by another worker while it ran here; its result is dropped",
                         claim.trial.number,
                     )
+
+
+def _finished_elsewhere(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> bool:
+    """Whether trial `number`, running here, is finished in the storage: another worker failed it as
+    lost (its heartbeat stopped for a grace period: this process was stopped, SIGSTOP or a paused
+    host) and queued its setting again; telling it would write a second result for that setting."""
+    return storage.get_trial(trial_id_of(storage, study, number)).state.is_finished()
 
 
 def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
+from tpu_tuner.core.failures import MEASURED_AGAIN, WORKER_FAILURES, FailureKind
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
 from tpu_tuner.studies.attribution import Cause, Evidence, Probe, Suspect, attribute
@@ -55,7 +55,7 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
     for trial in trials:
         attrs = records.attrs(trial)
         kind = attrs.get(records.FAILURE_KIND)
-        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs or kind == records.INTERRUPTED:
+        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs or kind in MEASURED_AGAIN:
             continue  # an interrupted trial (a host lost midway) was measured by nobody
         early = attrs.get(records.EARLY_STOP) or {}
         if kind in WORKER_FAILURES:

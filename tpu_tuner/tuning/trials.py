@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.core.failures import FailureKind
+from tpu_tuner.core.failures import MEASURED_AGAIN, FailureKind
 from tpu_tuner.core.units import duration
 from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
@@ -257,13 +257,13 @@ class TuneTrials(Feature):
             if verdict == "ok" and (self.best is None or value < self.best):
                 self.best = value
             message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
-        elif outcome.failure.kind == records.INTERRUPTED:
-            # Cut short by a lost host (runner/multi_host.py): it measured nothing and says nothing
+        elif outcome.failure.kind in MEASURED_AGAIN:
+            # Cut short by a lost host or a frozen process (runner/): it measured nothing and says nothing
             # of the setting, so FAIL (TPE ignores it) and queued again, to be measured once.
             trial_attrs.record_failure(trial, outcome.failure)
             self.study.tell(trial, state=TrialState.FAIL)
             self.study.enqueue_trial(dict(trial.params))
-            message = f"{label}: interrupted, queued again ({outcome.failure.message})"
+            message = f"{label}: {outcome.failure.kind}, queued again ({outcome.failure.message})"
         else:
             trial_attrs.record_failure(trial, outcome.failure)
             # Told as pruned with a violated constraint, not FAIL: TPE reads only complete and
@@ -330,7 +330,7 @@ def _tell_agents(
     """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
     ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
     kind = attrs.get(records.FAILURE_KIND)
-    if kind is None or kind == records.INTERRUPTED or records.REJECTED_BY in attrs or records.REPEAT_OF in attrs:
+    if kind is None or kind in MEASURED_AGAIN or records.REJECTED_BY in attrs or records.REPEAT_OF in attrs:
         return
     candidate = space.to_candidate(dict(params))
     for agent in agents:
