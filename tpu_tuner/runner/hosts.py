@@ -345,7 +345,8 @@ def _open_store(address: str, port: int, timeout_s: float) -> tuple[Any, bool]:
 
 def _is_this_machine(address: str) -> bool:
     """Whether `address` names this machine: localhost, a loopback address, its host name or FQDN,
-    or one of the addresses its name resolves to."""
+    an address one of its interfaces holds (in its network namespace: it can be bound), or one of
+    the addresses its name resolves to."""
     import ipaddress
 
     if address in ("localhost", socket.gethostname(), socket.getfqdn()):
@@ -355,12 +356,26 @@ def _is_this_machine(address: str) -> bool:
             return True
     except ValueError:
         pass
+    if _can_bind(address):
+        return True
     try:
         ours = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
         theirs = {info[4][0] for info in socket.getaddrinfo(address, None)}
     except (OSError, UnicodeError):
         return False
     return bool(ours & theirs)
+
+
+def _can_bind(address: str) -> bool:
+    """Whether a socket here can listen on `address` (port 0: any free one), i.e. an interface of
+    this machine's network namespace holds it; a host with addresses of its own but one name."""
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.bind((address, 0))
+        return True
+    except (OSError, OverflowError):
+        return False
 
 
 def _prefixed(store: Any, prefix: str) -> Any:
