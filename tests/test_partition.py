@@ -46,12 +46,15 @@ class NamespacedHosts(Hosts):
         self.sides = {"a": 0, "b": 1}
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
-        command = self.command
-        self.command = [*self.pair.exec(self.sides[name]), *command]  # `ip netns exec` keeps the pid
+        command, env, side = self.command, self.env, self.sides[name]
+        self.command = [*self.pair.exec(side), *command]  # `ip netns exec` keeps the pid
+        # The host name resolves to loopback here (one /etc/hosts for both): gloo's ranks would offer
+        # their peers 127.0.0.1. Naming the interface is torch's way (GLOO_SOCKET_IFNAME), as on such hosts.
+        self.env = {**env, "GLOO_SOCKET_IFNAME": self.pair.links[side]}
         try:
             return super().start(name, *extra)
         finally:
-            self.command = command
+            self.command, self.env = command, env
 
     def start_pair(self, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
         a = self.start("a", *extra)
@@ -73,7 +76,9 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
         listener.kill()
         listener.wait()
     # The agent at the rendezvous's address serves its store though its host name resolves elsewhere.
-    probe = "import sys; from tpu_tuner.runner.hosts import _is_this_machine as m; print(m(sys.argv[1]), m(sys.argv[2]))"
+    probe = (
+        "import sys; from tpu_tuner.runner.hosts import _is_this_machine as m; print(m(sys.argv[1]), m(sys.argv[2]))"
+    )
     for side in (0, 1):
         said = subprocess.run(
             [*pair.exec(side), sys.executable, "-c", probe, *netns.ADDRESSES],
