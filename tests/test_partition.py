@@ -75,9 +75,12 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
     finally:
         listener.kill()
         listener.wait()
-    # The agent at the rendezvous's address serves its store though its host name resolves elsewhere.
+    # The agent at the rendezvous's address serves its store though its host name resolves elsewhere,
+    # and each host's gloo ranks offer the address on its link, not the loopback its name may resolve to.
     probe = (
-        "import sys; from tpu_tuner.runner.hosts import _is_this_machine as m; print(m(sys.argv[1]), m(sys.argv[2]))"
+        "import sys; from tpu_tuner.runner.hosts import _is_this_machine as m; "
+        "from tpu_tuner.runner.gloo_interface import interface_holding as i; "
+        "print(m(sys.argv[1]), m(sys.argv[2]), i(sys.argv[1]), i(sys.argv[2]))"
     )
     for side in (0, 1):
         said = subprocess.run(
@@ -87,7 +90,8 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
             check=True,
             env={"PYTHONPATH": str(REPO)},
         ).stdout.split()
-        assert said == (["True", "False"] if side == 0 else ["False", "True"])
+        mine = str(side == 0), str(side == 1)
+        assert said == [*mine, *(pair.links[side] if m == "True" else "None" for m in mine)]
 
 
 @needs_netns

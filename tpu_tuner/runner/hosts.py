@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from tpu_tuner.core.errors import TpuTuneError
+from tpu_tuner.runner.gloo_interface import pin_gloo_interface
 from tpu_tuner.runner.launch import RankGroup
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class HostGroup:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
         self._raw, self.hosts_store = _open_store(self.address, self.port, self.timeout_s)
+        pin_gloo_interface(self.address, self.port)  # before any rank starts: they inherit it
         params = RendezvousParameters(
             backend="c10d",
             endpoint=self.endpoint,
