@@ -3,8 +3,9 @@
 
 Four `tpu-tune` processes (the CLI, as an operator starts them) tune benchmarks/chaos_model.py on one
 study of a Debian PostgreSQL server started as tests/postgres_server.py does: a 12-setting space
-(matmul precision x autocast x intra-op threads), ``--trials 12``, no warm start, trials of about a
-second. When a study's workers have all finished, the next study starts (a fresh name), until
+(matmul precision x autocast x intra-op threads; on a CPU the precision agent rejects "high" and
+"medium" unmeasured, so 4 are measured), ``--trials 12``, no warm start, trials of about a second.
+When a study's workers have all finished, the next study starts (a fresh name), until
 ``--minutes`` have passed; the study running then is let finish. Every 30-60 s (a seeded random
 draw) one fault:
 
@@ -20,8 +21,8 @@ faults, one study runs without any: the reference best. Then, per study:
 - no trial left RUNNING;
 - no orphan: once a study's workers have exited, no process that carries the study's marker in its
   environment is left (a scan of /proc);
-- the best feasible setting equals the fault-free study's (the model's speed is known: "medium"
-  without autocast), its step time within 25% of the reference's.
+- the best feasible setting equals the fault-free study's (the model's speed is known: bf16
+  autocast on one thread), its step time within 25% of the reference's.
 
 It prints each fault, each worker that died and its last line, and the invariants with their figures.
 
@@ -101,6 +102,15 @@ class Chaos:
         self.faults: list[str] = []
         self.frozen: list[tuple[float, subprocess.Popen]] = []
         self.t0 = time.monotonic()
+        self.next_fault: float | None = None
+        self.launched: list[subprocess.Popen] = []
+
+    def stop_all(self) -> None:
+        """Stop every worker still running (the benchmark itself stopped early)."""
+        for process in self.launched:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
     def say(self, line: str) -> None:
         print(f"{time.monotonic() - self.t0:7.1f} s  {line}", flush=True)
@@ -120,6 +130,7 @@ class Chaos:
             command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         study.workers[slot].log = log.name  # type: ignore[attr-defined]
+        self.launched.append(study.workers[slot])
 
     def start(self, name: str) -> Study:
         study = Study(name, time.monotonic())
@@ -135,6 +146,7 @@ class Chaos:
                 continue
             if code == 0:
                 study.finished.add(slot)
+                self.say(f"{study.name}: worker {slot} (pid {process.pid}) finished")
                 continue
             lines = Path(process.log).read_text(errors="replace").strip().splitlines()  # type: ignore[attr-defined]
             last = lines[-1][:200] if lines else ""
@@ -158,7 +170,10 @@ class Chaos:
             from postgres_server import _as_postgres, binaries
 
             started = time.monotonic()
-            _as_postgres([str(binaries() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "restart"])
+            # -l: the new server's output to the log, not to this pipe (which it would hold open forever).
+            log = str(self.data.parent / "server.log")
+            restart = [str(binaries() / "pg_ctl"), "-D", str(self.data), "-l", log, "-m", "fast", "-w", "-t", "60"]
+            _as_postgres([*restart, "restart"], timeout=120)
             note = f"pg_ctl restart -m fast ({time.monotonic() - started:.1f} s)"
         else:
             slot, process = self.rng.choice(alive)
@@ -186,7 +201,9 @@ class Chaos:
     def run(self, name: str, until: float | None) -> tuple[Study, bool]:
         """Run study `name` to its end; with `until`, inject faults until then. Whether it finished."""
         study = self.start(name)
-        next_fault = time.monotonic() + self.rng.uniform(*FAULT_EVERY_S)
+        # One schedule over the studies: a fault may land on any phase of one.
+        if until is not None and self.next_fault is None:
+            self.next_fault = time.monotonic() + self.rng.uniform(*FAULT_EVERY_S)
         while not self.tick(study):
             now = time.monotonic()
             if now - study.started > STUDY_LIMIT_S:
@@ -195,9 +212,9 @@ class Chaos:
                         os.killpg(process.pid, signal.SIGKILL)
                 self.thaw(everyone=True)
                 return study, False
-            if until is not None and now < until and now >= next_fault:
+            if until is not None and now < until and self.next_fault is not None and now >= self.next_fault:
                 self.inject(study)
-                next_fault = now + self.rng.uniform(*FAULT_EVERY_S)
+                self.next_fault = now + self.rng.uniform(*FAULT_EVERY_S)
             self.thaw(everyone=until is None or now >= until)
             time.sleep(0.25)  # the operator's polling loop: a fault's timing is its own, not an event's
         self.thaw(everyone=True)
@@ -227,8 +244,10 @@ def check(url: str, study: Study) -> dict[str, object]:
     import optuna
 
     from tpu_tuner.studies import records
+    from tpu_tuner.studies.liveness import read_storage
 
-    trials = optuna.load_study(study_name=study.name, storage=url).get_trials(deepcopy=False)
+    # A server study is tpu-tune's journal (studies/journal.py), not Optuna's RDB tables.
+    trials = optuna.load_study(study_name=study.name, storage=read_storage(url)).get_trials(deepcopy=False)
     originals = [t for t in trials if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
     settings = Counter(tuple(sorted(t.params.items())) for t in originals)
     feasible = [t for t in originals if records.attrs(t).get(records.FEASIBLE) and t.values]
@@ -241,10 +260,27 @@ def check(url: str, study: Study) -> dict[str, object]:
         "running": sum(1 for t in trials if t.state.name == "RUNNING"),
         "failed": sum(1 for t in trials if t.state.name == "FAIL"),
         "orphans": left,
-        "best": {k: best.params[k] for k in ("matmul_precision", "autocast")} if best else None,
+        "best": {k: best.params.get(k) for k in ("autocast", "intra_op_threads")} if best else None,
         "best_s": best.values[0] if best else None,
         "deaths": len(study.deaths),
     }
+
+
+def _phases(
+    chaos: Chaos, url: str, minutes: float
+) -> tuple[dict[str, object], list[tuple[Study, bool, dict[str, object]]]]:
+    """The fault-free reference study, then studies under faults for `minutes`."""
+    reference, done = chaos.run(f"chaos-ref-{uuid.uuid4().hex[:6]}", until=None)
+    ref = check(url, reference)
+    chaos.say(f"reference (no faults): finished {done}, {ref}")
+    until = time.monotonic() + 60 * minutes
+    results = []
+    while time.monotonic() < until:
+        study, done = chaos.run(f"chaos-{len(results)}-{uuid.uuid4().hex[:6]}", until=until)
+        figures = check(url, study)
+        results.append((study, done, figures))
+        chaos.say(f"{study.name}: finished {done}, {figures}")
+    return ref, results
 
 
 def main() -> None:
@@ -252,23 +288,22 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="how long faults are injected (default 20)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="the faults' random draw")
+    parser.add_argument(
+        "--keep", type=Path, help="keep the workers' folders and output here (default: a temporary folder)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))  # leave through the server's clean-up
     from chaos_model import BEST
     from postgres_server import running_server
 
     with tempfile.TemporaryDirectory(prefix="tpu-tune-chaos-") as folder, running_server() as server:
-        chaos = Chaos(server.url(), server.folder / "data", Path(folder), args.workers, random.Random(args.seed))
-        reference, done = chaos.run(f"chaos-ref-{uuid.uuid4().hex[:6]}", until=None)
-        ref = check(server.url(), reference)
-        chaos.say(f"reference (no faults): finished {done}, {ref}")
-        until = time.monotonic() + 60 * args.minutes
-        results = []
-        while time.monotonic() < until:
-            study, done = chaos.run(f"chaos-{len(results)}-{uuid.uuid4().hex[:6]}", until=until)
-            figures = check(server.url(), study)
-            results.append((study, done, figures))
-            chaos.say(f"{study.name}: finished {done}, {figures}")
+        out = (args.keep or Path(folder)).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        chaos = Chaos(server.url(), server.folder / "data", out, args.workers, random.Random(args.seed))
+        try:
+            ref, results = _phases(chaos, server.url(), args.minutes)
+        finally:
+            chaos.stop_all()
     ref_s = ref["best_s"]
     print(
         f"\n{args.workers} workers, {len(results)} studies of {TRIALS} trials, "
