@@ -315,6 +315,10 @@ def main() -> None:
     def held(name: str, ok: bool, figure: str) -> None:
         print(f"  {'held' if ok else 'BROKEN':6} {name}: {figure}")
 
+    print(
+        f"the fault-free reference: {ref['measured']} settings measured, {ref['doubled']} doubled, "
+        f"{ref['running']} RUNNING, {len(ref['orphans'])} orphans"  # type: ignore[arg-type]
+    )
     print("invariants, over the studies with faults:")
     held("every study finished", all(d for _, d, _ in results), f"{sum(d for _, d, _ in results)} of {len(results)}")
     held(
