@@ -129,7 +129,7 @@ class Chaos:
         study.workers[slot] = subprocess.Popen(
             command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        study.workers[slot].log = log.name  # type: ignore[attr-defined]
+        study.workers[slot].log = log.name  # type: ignore[attr-defined]  # its output file, kept on the process
         self.launched.append(study.workers[slot])
 
     def start(self, name: str) -> Study:
@@ -148,7 +148,8 @@ class Chaos:
                 study.finished.add(slot)
                 self.say(f"{study.name}: worker {slot} (pid {process.pid}) finished")
                 continue
-            lines = Path(process.log).read_text(errors="replace").strip().splitlines()  # type: ignore[attr-defined]
+            output = Path(process.log)  # type: ignore[attr-defined]  # set by launch()
+            lines = output.read_text(errors="replace").strip().splitlines()
             last = lines[-1][:200] if lines else ""
             study.deaths.append(f"worker {slot} exited {code}: {last}")
             self.say(f"{study.name}: worker {slot} (pid {process.pid}) exited {code}: {last}")
@@ -317,7 +318,7 @@ def main() -> None:
 
     print(
         f"the fault-free reference: {ref['measured']} settings measured, {ref['doubled']} doubled, "
-        f"{ref['running']} RUNNING, {len(ref['orphans'])} orphans"  # type: ignore[arg-type]
+        f"{ref['running']} RUNNING, orphans {ref['orphans']}"
     )
     print("invariants, over the studies with faults:")
     held("every study finished", all(d for _, d, _ in results), f"{sum(d for _, d, _ in results)} of {len(results)}")
