@@ -92,6 +92,19 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
         ).stdout.split()
         mine = str(side == 0), str(side == 1)
         assert said == [*mine, *(pair.links[side] if m == "True" else "None" for m in mine)]
+    # Host b's agent pins gloo to its link where its name resolves to loopback (here, one /etc/hosts).
+    pin = (
+        "import sys; from tpu_tuner.runner.gloo_interface import pin_gloo_interface as p, _name_is_loopback as l; "
+        "print(l(), p(sys.argv[1], 29400))"
+    )
+    loopback, pinned = subprocess.run(
+        [*pair.exec(1), sys.executable, "-c", pin, netns.ADDRESSES[0]],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO)},
+    ).stdout.split()
+    assert pinned == (pair.links[1] if loopback == "True" else "None")
 
 
 @needs_netns
