@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from tpu_tuner.core.errors import TpuTuneError
+from tpu_tuner.runner.gloo_interface import pin_gloo_interface
 from tpu_tuner.runner.launch import RankGroup
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class HostGroup:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
         self._raw, self.hosts_store = _open_store(self.address, self.port, self.timeout_s)
+        pin_gloo_interface(self.address, self.port)  # before any rank starts: they inherit it
         params = RendezvousParameters(
             backend="c10d",
             endpoint=self.endpoint,
@@ -345,7 +347,8 @@ def _open_store(address: str, port: int, timeout_s: float) -> tuple[Any, bool]:
 
 def _is_this_machine(address: str) -> bool:
     """Whether `address` names this machine: localhost, a loopback address, its host name or FQDN,
-    or one of the addresses its name resolves to."""
+    an address one of its interfaces holds (in its network namespace: it can be bound), or one of
+    the addresses its name resolves to."""
     import ipaddress
 
     if address in ("localhost", socket.gethostname(), socket.getfqdn()):
@@ -355,12 +358,26 @@ def _is_this_machine(address: str) -> bool:
             return True
     except ValueError:
         pass
+    if _can_bind(address):
+        return True
     try:
         ours = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
         theirs = {info[4][0] for info in socket.getaddrinfo(address, None)}
     except (OSError, UnicodeError):
         return False
     return bool(ours & theirs)
+
+
+def _can_bind(address: str) -> bool:
+    """Whether a socket here can listen on `address` (port 0: any free one), i.e. an interface of
+    this machine's network namespace holds it; a host with addresses of its own but one name."""
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.bind((address, 0))
+        return True
+    except (OSError, OverflowError):
+        return False
 
 
 def _prefixed(store: Any, prefix: str) -> Any:
