@@ -402,7 +402,9 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
     if any(codes):
         raise SystemExit(f"a worker failed ({codes}): see {logs}")
     phases = [_phases(_events(log.read_text()), start) for log in logs]
-    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    from tpu_tuner.studies.liveness import read_storage  # the journal on PostgreSQL
+
+    trials = optuna.load_study(study_name=name, storage=read_storage(url)).get_trials(deepcopy=False)
     measured = sum(1 for t in trials if (attrs := records.attrs(t)).get("measured") and "repeat_of" not in attrs)
     return wall, phases, measured
 

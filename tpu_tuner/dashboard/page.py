@@ -83,7 +83,7 @@ def _runs_table(runs: pd.DataFrame) -> str:
         "date",
         "baseline MFU",
         "MFU",
-        "verified speedup [95% CI]",
+        "verified speedup [interval]",
         "accuracy error",
         "trials",
         "failures",
