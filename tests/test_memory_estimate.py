@@ -257,13 +257,13 @@ def test_a_trial_memory_limit_the_baseline_s_profile_runs_out_of_is_refused_in_o
     from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.execution.measurement import TrialFailure
     from tpu_tuner.runner.trial_runner import JobResult
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions, TuneOptions
     from tpu_tuner.tuning.run_setup import profile_baseline
 
     oom = TrialFailure(
         FailureKind.REFUSED, "gpt.py: building the model failed: DefaultCPUAllocator: can't allocate memory"
     )
     runner = SimpleNamespace(run=lambda request: JobResult(failure=oom))
-    options = TuneOptions(device="cpu", memory_limit_bytes=3 * 2**29)
+    options = TuneOptions(runner=RunnerOptions(device="cpu"), objective=ObjectiveOptions(memory_limit_bytes=3 * 2**29))
     with pytest.raises(UserInputError, match=r"^--trial-memory-gb 1\.5 is too little for the baseline itself"):
         profile_baseline(runner, options, GPT, "cpu")  # type: ignore[arg-type]

@@ -158,6 +158,8 @@ def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(
         records.MFU,
         records.ACCURACY_ERROR,
         records.PEAK_MEMORY_BYTES,
+        records.ESTIMATED_PEAK_BYTES,
+        records.ESTIMATE_ERROR,
         records.FEASIBLE,
         records.CANDIDATE,
     }
