@@ -50,6 +50,7 @@ def allocation_peak(step_of: object) -> int:
     return peak
 
 
+@pytest.mark.slow  # two real training steps profiled for their allocations: about 14 s on 2 cores
 @pytest.mark.parametrize("batch_size", [2, 8])
 def test_estimate_is_within_ten_percent_of_the_allocated_peak(batch_size: int) -> None:
     workload, backend, candidate = load_workload(str(GPT)), get_backend("cpu"), Candidate.baseline("cpu")
@@ -110,6 +111,7 @@ FORCED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a forced run out of memory in a subprocess: about 9 s on 2 cores
 def test_a_setting_the_estimate_refuses_runs_out_of_memory_when_forced(tmp_path: Path) -> None:
     script = tmp_path / "forced.py"
     script.write_text(FORCED)
@@ -168,6 +170,7 @@ def test_a_model_that_fails_on_fake_tensors_runs_anyway_with_the_reason(tmp_path
 TINY_LLAMA = ROOT / "tests" / "fixtures" / "tiny_llama.py"
 
 
+@pytest.mark.slow  # every layout estimated on a fake process group: about 6 s on 2 cores
 def test_each_layout_s_rank_is_estimated_on_its_own_shard() -> None:
     from tpu_tuner.execution.rank_memory import estimate_rank_memory
 
