@@ -246,6 +246,47 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1
 
 
+def test_an_earlier_trial_still_writing_the_same_setting_is_waited_for_and_measures_it(tmp_path) -> None:
+    """Two workers asked at once for one setting (the chaos benchmark's fault-free study measured
+    it twice): the later trial read the earlier's setting half written, saw no match, and measured
+    it too, while the earlier one never looks at later trials. The later one now waits until the
+    earlier trial's whole setting and claim are written, and leaves the setting to it."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    space = SearchSpace.load("default", "cpu")
+    setting = space.baseline_params()
+    storage = open_storage(url, 1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    other = optuna.load_study(study_name="s", storage=open_storage(url, 1))  # another worker
+    other.enqueue_trial(setting)
+    theirs = other.ask()  # trial 0: its worker has written one parameter of several so far
+    first = space.searched[0]
+    theirs.suggest_categorical(first.name, list(first.choices))
+    feature = TuneTrials(
+        study,
+        space,
+        [],
+        None,
+        MeasureRequest(),
+        TuneOptions(search=SearchOptions(trials=5)),  # type: ignore[arg-type]
+        lambda event: None,
+        0.0,
+        None,
+        None,
+        Worker("a", "h", storage),
+    )
+    study.enqueue_trial(setting)
+    mine = study.ask()
+    assert mine.number == 1 and len(setting) > 1
+
+    def finish_writing() -> None:
+        space.suggest(theirs)
+        theirs.set_user_attr(records.RECORD, {records.WORKER: "b", records.HOST: "h"})
+
+    threading.Timer(0.3, finish_writing).start()
+    assert _settle(study, feature, Rules(budget=5), mine, []) is Settled.IN_FLIGHT
+    assert records.attrs(study.get_trials()[1])[records.REPEAT_OF] == 0
+
+
 def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the_loop_goes_on(tmp_path, caplog) -> None:
     """Another worker fails the trial (as the lost-trial check does) between its ask and its
     claim: the storage refuses the claim's write; the loop logs it, evaluates nothing for it, and

@@ -31,9 +31,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.core.polling import poll
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, Worker, fail_lost_trials, trial_id_of
 
 log = logging.getLogger(__name__)
+SETTING_WAIT_S = 5.0  # a trial's setting is written in milliseconds; past this its worker is gone
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,11 @@ class Feature(ABC):
     def holds_claim(self, trial: FrozenTrial) -> bool | None:
         """Whether a running trial holds a claim on the budget: True, False, or None while it is
         still being read (an earlier trial still deciding counts when claims are settled)."""
+        return True
+
+    def setting_written(self, trial: FrozenTrial) -> bool:
+        """Whether a running trial's whole setting is in the storage: its parameters are written one
+        by one, and a key read from part of them matches no other trial's."""
         return True
 
     @abstractmethod
@@ -294,6 +301,20 @@ def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:
     return study.get_trials(deepcopy=False)[number].state.is_finished()
 
 
+def _read_once_settings_written(study: optuna.Study, feature: Feature, number: int) -> list[FrozenTrial]:
+    """The study's trials, read once every running trial numbered below `number` has its whole
+    setting written (milliseconds after its ask), or after SETTING_WAIT_S: a worker killed mid-suggest
+    leaves a partial one until its trial is failed as lost. Without the wait, two workers asking at
+    once both measured one setting (the later read the earlier's half-written setting)."""
+
+    def read() -> list[FrozenTrial] | None:
+        trials = study.get_trials(deepcopy=False)
+        writing = [t for t in trials if t.number < number and t.state == TrialState.RUNNING]
+        return None if any(not feature.setting_written(t) for t in writing) else trials
+
+    return poll(read, every_s=0.02, timeout_s=SETTING_WAIT_S) or study.get_trials(deepcopy=False)
+
+
 def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
     with warnings.catch_warnings():
         # Optuna warns that heartbeats are meant for `optimize`; this loop beats itself.
@@ -316,7 +337,7 @@ def _settle(
     if begun is None:
         return Settled.RULED_OUT
     key, point = begun
-    trials = study.get_trials(deepcopy=False)
+    trials = _read_once_settings_written(study, feature, trial.number)
     settled = feature.settled(trials)
     earlier = settled.get(key)
     if earlier is not None and earlier.number != trial.number:

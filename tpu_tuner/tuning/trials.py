@@ -158,6 +158,9 @@ class TuneTrials(Feature):
     def key_of(self, trial: FrozenTrial) -> Hashable:
         return setting_key(trial.params)
 
+    def setting_written(self, trial: FrozenTrial) -> bool:
+        return records.WORKER in records.attrs(trial)  # the claim follows the last parameter (begin)
+
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
         return covered_settings(trials)  # type: ignore[return-value]
 
