@@ -212,7 +212,11 @@ def run_loop(
             return LoopEnd(StopReason.ASKS, spent, idle)
         if rules.max_idle_asks is not None and idle >= rules.max_idle_asks:
             return LoopEnd(StopReason.IDLE, spent, idle)
-        if rules.wait_for_running and spent + len(running) >= rules.budget:
+        # Running trials hold the rest of the budget, or measure every setting not yet settled
+        # (asking then only makes trials answered "in flight elsewhere": 17-309 a chaos study).
+        unsettled_running = {feature.key_of(t) for t in running} - settled.keys()
+        space_held = rules.space_size is not None and len(settled) + len(unsettled_running) >= rules.space_size
+        if rules.wait_for_running and (spent + len(running) >= rules.budget or space_held):
             if not waiting:
                 feature.waiting(spent, len(running))
                 waiting = True
