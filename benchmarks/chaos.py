@@ -1,12 +1,12 @@
 """A chaos benchmark (issue 39 item 6): four workers on one PostgreSQL study, with a random fault every
-30-60 s, then the invariants a shared study must keep.
+20-40 s, then the invariants a shared study must keep.
 
 Four `tpu-tune` processes (the CLI, as an operator starts them) tune benchmarks/chaos_model.py on one
 study of a Debian PostgreSQL server started as tests/postgres_server.py does: a 12-setting space
 (matmul precision x autocast x intra-op threads; on a CPU the precision agent rejects "high" and
 "medium" unmeasured, so 4 are measured), ``--trials 12``, no warm start, trials of about a second.
 When a study's workers have all finished, the next study starts (a fresh name), until
-``--minutes`` have passed; the study running then is let finish. Every 30-60 s (a seeded random
+``--minutes`` have passed; the study running then is let finish. Every 20-40 s (a seeded random
 draw) one fault:
 
 - ``kill``: SIGKILL a worker (its process only, as ``kill -9 PID``);
@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 MODEL = REPO / "benchmarks" / "chaos_model.py"
 MARK = "TPU_TUNE_CHAOS_MARK"
 TRIALS = 12
-FAULT_EVERY_S = (30.0, 60.0)
+FAULT_EVERY_S = (20.0, 40.0)
 THAW_AFTER_S = (10.0, 25.0)
 STUDY_LIMIT_S = 900.0  # a study not done by then is stopped and counted as not finished
 RELAUNCHES = 20  # per study: past this, a worker that keeps dying is left dead

@@ -26,7 +26,7 @@ from tpu_tuner.studies.run_file import RUN_FILE
 from tpu_tuner.tuning.shared_study import VERIFICATION_ATTR
 
 STUDY = "restarted-server"
-TRIALS = 6  # fixtures/outage_worker.py
+TRIALS = 6  # every setting of fixtures/eager_precision_space.toml
 OUTAGE_S = 30
 RETRY_LIMIT_S = 12  # the CLI worker's --storage-retry: shorter than the outage
 
@@ -94,7 +94,8 @@ def test_workers_ride_out_a_server_restart_and_a_30_s_outage_losing_and_doubling
     storage = open_storage(url)
     riding_log, cli_log = tmp_path / "riding.log", tmp_path / "cli.log"
     riding = subprocess.Popen(
-        [sys.executable, str(FIXTURES / "outage_worker.py"), STUDY, str(results), url],
+        [sys.executable, str(FIXTURES / "shared_study_worker.py"), STUDY, str(results), url]
+        + ["--trials", str(TRIALS), "--timing-s", "5"],
         stdout=riding_log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
-from test_multi_host import FIXTURES, Hosts, _lines, _ranks_of, _ranks_up, _text, _wait_for_nothing_left
+from test_multi_host import Hosts, _both_hosts_mid_job, _lines, _text, _wait_for_nothing_left
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.runner.hosts import BEAT_S, SILENT_S
@@ -24,35 +22,7 @@ from tpu_tuner.runner.hosts import BEAT_S, SILENT_S
 def test_a_frozen_follower_agent_fails_its_job_as_a_hang_and_exits_once_continued(tmp_path) -> None:
     hosts = Hosts(tmp_path, "frozen", "--node-rank", "1")
     try:
-        folder = tmp_path / "a"
-        folder.mkdir()
-        with open(folder / "out.txt", "w") as out:
-            driver = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(FIXTURES / "host_driver.py"),
-                    f"127.0.0.1:{hosts.port}",
-                    "frozen",
-                    str(FIXTURES / "tiny_llama.py"),
-                    "2",
-                ],
-                cwd=folder,
-                env=hosts.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        driver.out = folder / "out.txt"  # type: ignore[attr-defined]
-        hosts.started.append(driver)
-        follower = hosts.start("b")
-        deadline = time.monotonic() + 300
-        while (
-            sum(1 for line in _lines(driver) if line.get("job") == "started") < 2
-            or not _ranks_of(follower.pid)
-            or _ranks_up(hosts) < 2
-        ):  # mid-job: the ranks of both hosts are up
-            assert driver.poll() is None and time.monotonic() < deadline, _text(driver) + _text(follower)
-            time.sleep(0.1)
+        driver, follower, deadline = _both_hosts_mid_job(hosts, tmp_path, "frozen")
         os.kill(follower.pid, signal.SIGSTOP)  # the agent only: its ranks run on
         stopped_at = time.monotonic()
         while len([line for line in _lines(driver) if isinstance(line.get("job"), dict)]) < 2:

@@ -267,6 +267,36 @@ def _lines(process: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in _text(process).splitlines() if line.startswith("{")]
 
 
+def _both_hosts_mid_job(hosts: Hosts, tmp_path: Path, name: str) -> tuple[subprocess.Popen, subprocess.Popen, float]:
+    """Start the driver (tests/fixtures/host_driver.py, node 0, two measure jobs of tiny_llama on
+    2 ranks a host) and the follower host "b", and return them once a job runs on both hosts'
+    ranks, with the test's deadline."""
+    folder = tmp_path / "a"
+    folder.mkdir()
+    with open(folder / "out.txt", "w") as out:
+        driver = subprocess.Popen(
+            [sys.executable, str(FIXTURES / "host_driver.py"), f"127.0.0.1:{hosts.port}", name]
+            + [str(FIXTURES / "tiny_llama.py"), "2"],
+            cwd=folder,
+            env=hosts.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    driver.out = folder / "out.txt"  # type: ignore[attr-defined]
+    hosts.started.append(driver)
+    follower = hosts.start("b")
+    deadline = time.monotonic() + 300
+    while (
+        sum(1 for line in _lines(driver) if line.get("job") == "started") < 2
+        or not _ranks_of(follower.pid)
+        or _ranks_up(hosts) < 2
+    ):
+        assert driver.poll() is None and time.monotonic() < deadline, _text(driver) + _text(follower)
+        time.sleep(0.1)
+    return driver, follower, deadline
+
+
 @pytest.mark.slow  # about 40 s on 2 cores; the study test below kills a host the same way through the CLI
 def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_it(tmp_path) -> None:
     """A driver (tests/fixtures/host_driver.py, node 0) runs two measure jobs on both hosts; the
@@ -275,35 +305,7 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
     naming it, and the runner refuses to go on (no restart left); no process is left."""
     hosts = Hosts(tmp_path, "jobs", "--node-rank", "1")
     try:
-        folder = tmp_path / "a"
-        folder.mkdir()
-        with open(folder / "out.txt", "w") as out:
-            driver = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(FIXTURES / "host_driver.py"),
-                    f"127.0.0.1:{hosts.port}",
-                    "jobs",
-                    str(FIXTURES / "tiny_llama.py"),
-                    "2",
-                ],
-                cwd=folder,
-                env=hosts.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        driver.out = folder / "out.txt"  # type: ignore[attr-defined]
-        hosts.started.append(driver)
-        follower = hosts.start("b")
-        deadline = time.monotonic() + 300
-        while (
-            sum(1 for line in _lines(driver) if line.get("job") == "started") < 2
-            or not _ranks_of(follower.pid)
-            or _ranks_up(hosts) < 2
-        ):  # mid-job: the ranks of both hosts are up
-            assert driver.poll() is None and time.monotonic() < deadline, _text(driver) + _text(follower)
-            time.sleep(0.1)
+        driver, follower, deadline = _both_hosts_mid_job(hosts, tmp_path, "jobs")
         os.kill(follower.pid, signal.SIGKILL)
         assert driver.wait(timeout=120) == 0, _text(driver)
         follower.wait()

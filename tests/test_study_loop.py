@@ -84,6 +84,23 @@ def _worker(storage: Any = None) -> Worker:
     return Worker("w", "h", storage, poll_s=0.01)
 
 
+def _tune_trials(study: optuna.Study, space: SearchSpace, storage: Any) -> TuneTrials:
+    """The tuner's feature on `study`, with no agents and no runner: only its claims are settled."""
+    return TuneTrials(
+        study,
+        space,
+        [],
+        None,  # type: ignore[arg-type]
+        MeasureRequest(),
+        TuneOptions(search=SearchOptions(trials=5)),
+        lambda event: None,
+        0.0,
+        None,
+        None,
+        Worker("a", "h", storage),
+    )
+
+
 def test_the_budget_counts_evaluated_settings_and_repeats_are_answered_not_evaluated() -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.enqueue_trial({"x": "s1"})
@@ -240,19 +257,7 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     setting = space.baseline_params()
     storage = open_storage(url, 1)
     study = optuna.create_study(storage=storage, study_name="s")
-    feature = TuneTrials(
-        study,
-        space,
-        [],
-        None,
-        MeasureRequest(),
-        TuneOptions(search=SearchOptions(trials=5)),  # type: ignore[arg-type]
-        lambda event: None,
-        0.0,
-        None,
-        None,
-        Worker("a", "h", storage),
-    )
+    feature = _tune_trials(study, space, storage)
     study.enqueue_trial(setting)
     mine = study.ask()  # trial 0, whose setting is suggested below
     other = optuna.load_study(study_name="s", storage=open_storage(url, 1))  # another worker
@@ -281,19 +286,7 @@ def test_an_earlier_trial_still_writing_the_same_setting_is_waited_for_and_measu
     theirs = other.ask()  # trial 0: its worker has written one parameter of several so far
     first = space.searched[0]
     theirs.suggest_categorical(first.name, list(first.choices))
-    feature = TuneTrials(
-        study,
-        space,
-        [],
-        None,
-        MeasureRequest(),
-        TuneOptions(search=SearchOptions(trials=5)),  # type: ignore[arg-type]
-        lambda event: None,
-        0.0,
-        None,
-        None,
-        Worker("a", "h", storage),
-    )
+    feature = _tune_trials(study, space, storage)
     study.enqueue_trial(setting)
     mine = study.ask()
     assert mine.number == 1 and len(setting) > 1
