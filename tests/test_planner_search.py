@@ -329,3 +329,22 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
     ]
     assert len({a["point"] for a in compiled}) == 10
     assert len({a["worker"] for a in compiled}) == 2
+
+
+def test_a_trial_read_while_its_point_is_half_written_has_no_key_and_is_not_written() -> None:
+    """Another worker's trial read between its ask and its claim has only some of its axes (they
+    are stored one by one): it has no point yet, and the loop waits for it (a KeyError once
+    stopped a worker of the shared-study test above)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from tpu_tuner.planner.search import PlanTrials
+    from tpu_tuner.studies.liveness import Worker
+
+    trials = PlanTrials(_problem(), SPACE, _FakePool(), lambda m: None, 0.0, 8, None, Worker("w", "h", None))  # type: ignore[arg-type]
+    half = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.RUNNING,
+        params={"data": 2},
+        distributions={"data": CategoricalDistribution([1, 2])},
+    )
+    assert trials.key_of(half) is None and not trials.setting_written(half)

@@ -67,6 +67,7 @@ MAX_IDLE_ASKS = 200
 
 
 _COMPILED = (PlanOutcome.COMPILED, PlanOutcome.REFUSED)  # the outcomes of a trial that compiled
+_AXES = frozenset({"tensor", "context", "data", "remat", "accumulation"})  # what `point_of` reads
 
 Evaluator = Callable[[PlanProblem, list[PlanPoint], CompilePool, Callable[[str], None]], dict[PlanPoint, LayoutPlan]]
 
@@ -230,9 +231,14 @@ class PlanTrials(Feature):
         return point.key(), point
 
     def key_of(self, trial: FrozenTrial) -> Hashable | None:
-        # From its parameters, stored at the ask: a trial still being begun has a key already.
+        # Another process may read a trial whose parameters are still being written (one by one).
+        if not _AXES <= trial.params.keys():
+            return None
         point = point_of(trial.params, self.problem.topology.devices)
         return point.key() if point is not None else None
+
+    def setting_written(self, trial: FrozenTrial) -> bool:
+        return records.COMPILING in records.attrs(trial)  # written after the last parameter
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
         found: dict[Hashable, FrozenTrial] = {}

@@ -214,8 +214,11 @@ def run_loop(
             return LoopEnd(StopReason.IDLE, spent, idle)
         # Running trials hold the rest of the budget, or measure every setting not yet settled
         # (asking then only makes trials answered "in flight elsewhere": 17-309 a chaos study).
-        unsettled_running = {feature.key_of(t) for t in running} - settled.keys()
-        space_held = rules.space_size is not None and len(settled) + len(unsettled_running) >= rules.space_size
+        space_held = (
+            rules.space_size is not None
+            and len(settled.keys() | {feature.key_of(t) for t in running if feature.setting_written(t)})
+            >= rules.space_size
+        )
         if rules.wait_for_running and (spent + len(running) >= rules.budget or space_held):
             if not waiting:
                 feature.waiting(spent, len(running))
