@@ -38,7 +38,15 @@ from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
-from tpu_tuner.planner.space import PlanPoint, PlanSpace, default_space, invalid_reason, point_of, valid_points
+from tpu_tuner.planner.space import (
+    POINT_AXES,
+    PlanPoint,
+    PlanSpace,
+    default_space,
+    invalid_reason,
+    point_of,
+    valid_points,
+)
 from tpu_tuner.planner.trial_records import (
     INVALID_VIOLATION,
     params_key,
@@ -67,7 +75,6 @@ MAX_IDLE_ASKS = 200
 
 
 _COMPILED = (PlanOutcome.COMPILED, PlanOutcome.REFUSED)  # the outcomes of a trial that compiled
-_AXES = frozenset({"tensor", "context", "data", "remat", "accumulation"})  # what `point_of` reads
 
 Evaluator = Callable[[PlanProblem, list[PlanPoint], CompilePool, Callable[[str], None]], dict[PlanPoint, LayoutPlan]]
 
@@ -232,7 +239,7 @@ class PlanTrials(Feature):
 
     def key_of(self, trial: FrozenTrial) -> Hashable | None:
         # Another process may read a trial whose parameters are still being written (one by one).
-        if not _AXES <= trial.params.keys():
+        if not POINT_AXES <= trial.params.keys():
             return None
         point = point_of(trial.params, self.problem.topology.devices)
         return point.key() if point is not None else None

@@ -111,6 +111,9 @@ def default_space(
     )
 
 
+POINT_AXES = frozenset({"tensor", "context", "data", "remat", "accumulation"})  # what `point_of` needs; dcn is optional
+
+
 def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
     """The point of one choice per axis (None when the axes leave no whole fsdp size, or data and
     fsdp no whole share of the slices)."""
