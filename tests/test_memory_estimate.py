@@ -63,6 +63,20 @@ def test_estimate_is_within_ten_percent_of_the_allocated_peak(batch_size: int) -
     assert estimate.floor_bytes is not None and params <= estimate.floor_bytes < estimate.step_bytes
 
 
+def test_a_heap_that_keeps_freed_memory_adds_what_the_step_s_mapped_tensors_cannot_reuse(monkeypatch) -> None:
+    # A CPU process whose malloc holds 1 GiB freed: gpt's large tensors (its logits above all)
+    # are mapped afresh beside it, so the estimate adds to the step's own peak (heap_model.py);
+    # on an allocator that keeps nothing (None: not glibc) it adds nothing.
+    workload, backend, candidate = load_workload(str(GPT)), get_backend("cpu"), Candidate.baseline("cpu")
+    monkeypatch.setattr(backend, "free_heap_bytes", lambda: 2**30)
+    kept = estimate_step_memory(workload, backend, candidate, 2, 64)
+    assert kept.step_bytes is not None and kept.peak_bytes is not None
+    assert 0 < kept.retained_bytes and kept.retained_bytes + kept.step_bytes >= 2**30
+    monkeypatch.setattr(backend, "free_heap_bytes", lambda: None)
+    plain = estimate_step_memory(workload, backend, candidate, 2, 64)
+    assert plain.retained_bytes == 0 and plain.step_bytes == kept.step_bytes
+
+
 def test_over_limit_names_the_estimate_and_its_source() -> None:
     estimate = MemoryEstimate(step_bytes=3 * 2**30, in_use_bytes=2**30, floor_bytes=2**29)
     reason = over_limit(estimate, 2 * 2**30, "--trial-memory-gb")

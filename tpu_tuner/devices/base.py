@@ -210,6 +210,11 @@ class Backend(ABC):
         peak adds to it: execution/memory_estimate.py); None where the backend cannot tell."""
         return None
 
+    def free_heap_bytes(self) -> int | None:
+        """Bytes a malloc heap holds freed and resident, where the step's tensors come from one
+        that keeps what it frees (glibc on a CPU: execution/heap_model.py); None elsewhere."""
+        return None
+
     def compile_events(self) -> dict[str, int]:
         """Cumulative compilation counters of this process (differences give compiles).
 

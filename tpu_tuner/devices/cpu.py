@@ -110,7 +110,10 @@ class CpuBackend(Backend):
         # The resident set less what malloc holds freed (glibc's mallinfo2): a step's tensors
         # reuse that first, so it is no part of the base its peak adds to.
         resident = _status_bytes("VmRSS:")
-        return None if resident is None else max(0, resident - _malloc_free_bytes())
+        return None if resident is None else max(0, resident - (self.free_heap_bytes() or 0))
+
+    def free_heap_bytes(self) -> int | None:
+        return _malloc_free_bytes()
 
 
 def _status_bytes(field: str) -> int | None:
@@ -124,8 +127,8 @@ def _status_bytes(field: str) -> int | None:
     return None
 
 
-def _malloc_free_bytes() -> int:
-    """Bytes glibc's malloc holds in free chunks (mallinfo2's fordblks); 0 on another C library."""
+def _malloc_free_bytes() -> int | None:
+    """Bytes glibc's malloc holds in free chunks (mallinfo2's fordblks); None on another C library."""
     import ctypes
 
     class MallInfo2(ctypes.Structure):
@@ -140,7 +143,7 @@ def _malloc_free_bytes() -> int:
     try:
         mallinfo2 = ctypes.CDLL(None).mallinfo2
     except (AttributeError, OSError):  # not glibc >= 2.33
-        return 0
+        return None
     mallinfo2.restype = MallInfo2
     return int(mallinfo2().fordblks)
 

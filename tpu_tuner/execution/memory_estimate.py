@@ -9,9 +9,12 @@ second step holds the optimizer's state, as every measured step does. The tracke
 storage the dispatcher allocates and frees, so its peak is the step's peak of tensor memory;
 nothing is computed, so a GPT step estimates in seconds whatever its size.
 
-What it cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the
-eager step stands for them; compiled code frees and fuses more, so the estimate is high there),
-memory a kernel allocates outside the dispatcher (oneDNN scratchpads), and the process itself. A
+On a CPU the tensors' peak is not the resident set's: the storage changes are replayed through
+glibc's heap model (`heap_model.py`) for what malloc keeps beyond it. What it cannot see
+(docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager step stands
+for them; compiled code frees and fuses more, so the estimate is high there), memory a kernel
+allocates outside the dispatcher (oneDNN scratchpads), the heap's fragmentation, and the process
+itself. A
 model that does not run on fake tensors (a data-dependent branch, ``.item()``) gets no estimate:
 the reason is returned, and the trial runs as it would without one.
 """
@@ -22,10 +25,11 @@ import gc
 import logging
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.heap_model import Change, replay
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry
 from tpu_tuner.knobs.candidate import Candidate
@@ -40,8 +44,10 @@ class MemoryEstimate:
 
     `step_bytes`: the peak of the step's tensors (parameters, gradients, optimizer state, batch,
     activations) on this process's device; `in_use_bytes`: what the process already held when the
-    estimate was made, as the backend measures memory (`Backend.memory_in_use_bytes`); `peak_bytes`
-    is their sum, in the terms of the measured peak it is compared with."""
+    estimate was made, as the backend measures memory (`Backend.memory_in_use_bytes`);
+    `retained_bytes`: what a heap that keeps freed memory holds beyond that peak (glibc on a CPU,
+    `heap_model.py`); `peak_bytes` is their sum, in the terms of the measured peak it is compared
+    with."""
 
     step_bytes: int | None
     in_use_bytes: int = 0
@@ -50,10 +56,14 @@ class MemoryEstimate:
     # The part of the step's peak a compiler cannot shrink: parameters, buffers, gradients,
     # optimizer state and the batch (the peak less activations and temporaries).
     floor_bytes: int | None = None
+    retained_bytes: int = 0
+    # The step's storage changes in order: what the heap keeps is read again from them with the
+    # process's free heap at each use (a rank estimates before its reference step freed any).
+    changes: tuple[Change, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int | None:
-        return None if self.step_bytes is None else self.step_bytes + self.in_use_bytes
+        return None if self.step_bytes is None else self.step_bytes + self.retained_bytes + self.in_use_bytes
 
 
 class WouldNotFit(RuntimeError):
@@ -86,7 +96,7 @@ def estimate_step_memory(
         return MemoryEstimate(None, reason=classes)
     in_use = backend.memory_in_use_bytes() or 0
     try:
-        step_bytes, floor = _fake_step_peak(workload, backend, candidate, batch_size, seq_len, *classes)
+        step_bytes, floor, changes = _fake_step_peak(workload, backend, candidate, batch_size, seq_len, *classes)
     except Exception as exc:  # the model's code on fake tensors: any error means no estimate
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         reason = f"the step does not run on fake tensors ({type(exc).__name__}: {first})"
@@ -94,7 +104,17 @@ def estimate_step_memory(
         return MemoryEstimate(None, in_use, reason, time.perf_counter() - started)
     finally:
         gc.collect()
-    return MemoryEstimate(step_bytes, in_use, None, time.perf_counter() - started, floor)
+    made = MemoryEstimate(step_bytes, in_use, None, time.perf_counter() - started, floor, changes=tuple(changes))
+    return as_of_now(made, backend)
+
+
+def as_of_now(estimate: MemoryEstimate, backend: Backend) -> MemoryEstimate:
+    """`estimate` in this process's present terms: what it holds now, and what its heap would
+    keep beyond the step's peak (`heap_model.py`; nothing where the backend's allocator keeps
+    nothing freed)."""
+    free_heap = backend.free_heap_bytes()
+    retained = replay(estimate.changes, free_heap).retained if free_heap is not None else 0
+    return replace(estimate, in_use_bytes=backend.memory_in_use_bytes() or 0, retained_bytes=retained)
 
 
 def _fake_step_peak(
@@ -105,8 +125,9 @@ def _fake_step_peak(
     seq_len: int | None,
     mem_tracker: Any,
     fsdp_mem_tracker: Any,
-) -> tuple[int, int]:
-    """The step's peak on fake tensors, and the part of it no compiler removes (`floor_bytes`)."""
+) -> tuple[int, int, list[Change]]:
+    """The step's peak on fake tensors, the part of it no compiler removes (`floor_bytes`), and
+    the device's storage changes in order (the warm step's marked timed)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -115,7 +136,8 @@ def _fake_step_peak(
     with candidate.process(backend), FakeTensorMode(allow_non_fake_inputs=True):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
         fsdp = _is_fsdp2(step.model)
-        tracker = fsdp_mem_tracker(step.model, step.optimizer) if fsdp else mem_tracker()
+        recording = _recording(fsdp_mem_tracker if fsdp else mem_tracker, torch.device(backend.device).type)
+        tracker = recording(step.model, step.optimizer) if fsdp else recording()
         if fsdp:
             tracker.track_inputs(step.batch)
         else:
@@ -123,15 +145,39 @@ def _fake_step_peak(
         with tracker:
             step.run_eager()  # the first step creates the optimizer's state
             tracker.reset_mod_stats()  # the tracker keeps per-module stats of one iteration only
+            tracker.timed = True
             step.run_eager()
         peaks = tracker.get_tracker_snapshot("peak")
     device = torch.device(backend.device)
     snaps = [snap for dev, snap in peaks.items() if dev.type == device.type]
     if not snaps:
-        return 0, 0
+        return 0, 0, []
     snap = max(snaps, key=lambda s: s["Total"])
     transient = sum(v for k, v in snap.items() if k in TRANSIENT)
-    return int(snap["Total"]), int(snap["Total"] - transient)
+    return int(snap["Total"]), int(snap["Total"] - transient), tracker.changes
+
+
+def _recording(tracker_class: Any, kind: str) -> Any:
+    """`tracker_class`, also keeping every change of a storage on a device of `kind` in order:
+    the tracker reports each through its `_update_snap` (torch 2.13): allocations, frees and
+    resizes (FSDP2 frees its gathered parameters by one)."""
+
+    class Recording(tracker_class):  # a class of torch's private module
+        timed = False
+
+        def __init__(self, *args: Any) -> None:
+            self.changes: list[Change] = []
+            super().__init__(*args)
+
+        def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            if winfo.device.type != kind or u_type.name == "REF":
+                return
+            before = {"ADD": 0, "DEL": winfo.mem_consumed, "SIZE": old_mem_consumed}[u_type.name]
+            after = 0 if u_type.name == "DEL" else winfo.mem_consumed
+            self.changes.append(Change(id(winfo), before, after, self.timed))
+
+    return Recording
 
 
 # The tracker's categories (its reference types' values) that a compiled step may hold less of.
@@ -150,10 +196,16 @@ def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, c
     bound on a compiler's, so only memory no compiler frees refuses it."""
     if estimate.step_bytes is None or not limit_bytes:
         return None
-    judged = estimate.floor_bytes if compiled and estimate.floor_bytes is not None else estimate.step_bytes
+    judged = (
+        estimate.floor_bytes
+        if compiled and estimate.floor_bytes is not None
+        else estimate.step_bytes + estimate.retained_bytes
+    )
     if judged + estimate.in_use_bytes <= limit_bytes:
         return None
     what = "its parameters, gradients, optimizer state and batch" if compiled else "the step on fake tensors"
+    if not compiled and estimate.retained_bytes:
+        what += " and the freed heap malloc keeps"
     return (
         f"would not fit: estimated peak memory {(judged + estimate.in_use_bytes) / 2**30:.2f} GiB "
         f"({what} {judged / 2**30:.2f} GiB + {estimate.in_use_bytes / 2**30:.2f} GiB in use) "
@@ -185,7 +237,7 @@ def cached_estimate(
     key = memory_key(candidate, batch_size, seq_len)
     kept = cache.get(key) if cache is not None else None
     if kept is not None:
-        return replace(kept, in_use_bytes=backend.memory_in_use_bytes() or 0, seconds=0.0)
+        return replace(as_of_now(kept, backend), seconds=0.0)
     estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
     log.info("memory estimate of %s: %.2f s", candidate.describe() or "the baseline", estimate.seconds)
     if cache is not None:
@@ -213,9 +265,10 @@ def estimate_or_refuse(
         step = int(backend.max_over_ranks(-1 if estimate.step_bytes is None else estimate.step_bytes))
         floor = int(backend.max_over_ranks(-1 if estimate.floor_bytes is None else estimate.floor_bytes))
         in_use = int(backend.max_over_ranks(estimate.in_use_bytes))
+        retained = int(backend.max_over_ranks(estimate.retained_bytes))
         reason = estimate.reason or ("another rank's step does not run on fake tensors" if step < 0 else None)
         estimate = MemoryEstimate(
-            None if step < 0 else step, in_use, reason, estimate.seconds, None if floor < 0 else floor
+            None if step < 0 else step, in_use, reason, estimate.seconds, None if floor < 0 else floor, retained
         )
     if not limit_bytes:
         if backend.memory_bounds_trials:
