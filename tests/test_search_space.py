@@ -12,6 +12,15 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.space import SearchSpace
 
 
+def test_settings_lists_each_valid_setting_once_with_conditional_parameters_only_where_active() -> None:
+    cpu = SearchSpace.load("default", "cpu")
+    settings = cpu.settings()
+    assert len({tuple(s.items()) for s in settings}) == len(settings) == cpu.size()
+    assert all(cpu.normalize(s) == s == cpu.complete(s) for s in settings[::50])  # a sample: 40,824 settings
+    assert all(("compile_options" in s) == (s["execution"] == "inductor") for s in settings)
+    assert settings[0] == cpu.baseline_params()  # grid order: first choices first
+
+
 def test_default_space_per_device() -> None:
     cpu = SearchSpace.load("default", "cpu")
     grid = cpu.grid()
