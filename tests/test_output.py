@@ -246,6 +246,8 @@ def test_readme_first_screen_is_for_a_newcomer() -> None:
     assert "python3 -m venv .venv && . .venv/bin/activate" in first_screen
     assert "pip install -e . && tpu-tune examples/gpt.py" in first_screen
     assert "bash .ci/run" in first_screen
+    set_up = first_screen.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(set_up) == 2, set_up  # exactly two commands: install and run, test
     assert re.search(r"took \d", first_screen)  # how long the first command takes here
     for command in (
         "tpu-tune MODEL.py",
