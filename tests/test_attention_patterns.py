@@ -78,8 +78,8 @@ def test_local_attention_is_masked_softmax_attention_with_exact_gradients(window
     q, k, v = (torch.randn(2, 3, 12, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     sinks = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_sinks else None
     inputs = (q, k, v) + ((sinks,) if sinks is not None else ())
-    assert torch.autograd.gradcheck(
-        lambda *a: local_attention(*a[:3], a[3] if len(a) > 3 else None, window, chunk), inputs
+    assert torch.autograd.gradcheck(  # fast_mode: a random projection of the Jacobian, not every column
+        lambda *a: local_attention(*a[:3], a[3] if len(a) > 3 else None, window, chunk), inputs, fast_mode=True
     )
     mask = attention_mask(12, window, chunk)
     if sinks is None:

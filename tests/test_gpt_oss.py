@@ -89,7 +89,8 @@ def test_the_expert_bias_path_has_exact_gradients_through_the_grouped_matmul_ops
         return functional_call(moe, {**params, **dict(zip(names, values))}, (x,))
 
     inputs = (x.requires_grad_(), *(params[n].detach().clone().requires_grad_() for n in names))
-    assert torch.autograd.gradcheck(run, inputs, eps=1e-6, atol=1e-5)
+    # fast_mode: a random projection of the Jacobian, not every column (seconds, not 15 s).
+    assert torch.autograd.gradcheck(run, inputs, eps=1e-6, atol=1e-5, fast_mode=True)
     # Some gate and up values sit past the limit: the clamps are exercised (their gradient zero there).
     with torch.no_grad():
         gate = torch.einsum("btd,edw->btew", x, moe.w_gate) + moe.gate_bias

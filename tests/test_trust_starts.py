@@ -127,6 +127,7 @@ def test_a_crash_while_importing_is_reported_not_fatal(
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # a whole `tpu-tune plan` command (JAX and libtpu loaded): about 15 s on 2 loaded cores
 def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     done = subprocess.run(
