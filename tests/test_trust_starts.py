@@ -289,3 +289,16 @@ def test_a_run_whose_process_is_gone_is_incomplete_not_running(tmp_path: Path) -
     runs = collect(tmp_path).runs.set_index("run")
     assert runs.loc["dead-tune-20250101-000000", "status"] == "incomplete"
     assert runs.loc["live-tune-20250101-000000", "status"] == "running"
+
+
+def test_the_top_level_help_lists_the_commands_without_importing_torch() -> None:
+    # Every command's flags are built only when that command is named (plan's import the planner).
+    code = (
+        "import sys; from tpu_tuner.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as done:\n    print(done.code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
+    )
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
+    assert all(command in done.stdout for command in ("profile", "tune", "plan", "buckets", "dashboard", "apply"))

@@ -25,7 +25,8 @@ COMMANDS = tuple(module.NAME for module in SUBCOMMANDS)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser, with the flags of `command` (every subcommand's when None)."""
+    """The parser, with the flags of `command` only (none when None: `tpu-tune --help` lists
+    the commands, and building every command's flags would import the planner and torch)."""
     parser = argparse.ArgumentParser(
         prog="tpu-tune",
         description="Profile and tune PyTorch models for TPUs (TorchTPU), GPUs and CPUs.",
@@ -36,7 +37,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         sub = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
-        if command is None or command == module.NAME:
+        if command == module.NAME:
             module.add_arguments(sub)
             sub.set_defaults(handler=module.run)
     return parser
