@@ -239,13 +239,17 @@ def test_bad_options_are_refused_before_any_model_runs(
     assert not (tmp_path / "results").exists()
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh interpreter in the repository (what it imports is its own)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
+    )
+
+
 def test_bad_options_are_refused_before_torch_is_imported() -> None:
-    code = (
+    done = _python(
         "import sys; from tpu_tuner.cli import main; status = main(['tune', 'examples/mlp.py', '--storage', "
         "'notadb://x']); print(status, 'torch' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
     )
     assert done.stdout.split() == ["2", "False"], done.stderr
 
@@ -293,12 +297,9 @@ def test_a_run_whose_process_is_gone_is_incomplete_not_running(tmp_path: Path) -
 
 def test_the_top_level_help_lists_the_commands_without_importing_torch() -> None:
     # Every command's flags are built only when that command is named (plan's import the planner).
-    code = (
+    done = _python(
         "import sys; from tpu_tuner.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit as done:\n    print(done.code, 'torch' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
     )
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
     assert all(command in done.stdout for command in ("profile", "tune", "plan", "buckets", "dashboard", "apply"))
