@@ -14,9 +14,8 @@ glibc's heap model (`heap_model.py`) for what malloc keeps beyond it. What it ca
 (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager step stands
 for them; compiled code frees and fuses more, so the estimate is high there), memory a kernel
 allocates outside the dispatcher (oneDNN scratchpads), the heap's fragmentation, and the process
-itself. A
-model that does not run on fake tensors (a data-dependent branch, ``.item()``) gets no estimate:
-the reason is returned, and the trial runs as it would without one.
+itself. A model that does not run on fake tensors (a data-dependent branch, ``.item()``) gets no
+estimate: the reason is returned, and the trial runs as it would without one.
 """
 
 from __future__ import annotations
