@@ -93,17 +93,16 @@ def estimate_step_memory(
     classes = tracker_classes()
     if isinstance(classes, str):
         return MemoryEstimate(None, reason=classes)
-    in_use = backend.memory_in_use_bytes() or 0
     try:
         step_bytes, floor, changes = _fake_step_peak(workload, backend, candidate, batch_size, seq_len, *classes)
     except Exception as exc:  # the model's code on fake tensors: any error means no estimate
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         reason = f"the step does not run on fake tensors ({type(exc).__name__}: {first})"
         log.debug("no memory estimate for %s: %s", candidate.describe(), reason)
-        return MemoryEstimate(None, in_use, reason, time.perf_counter() - started)
+        return as_of_now(MemoryEstimate(None, reason=reason, seconds=time.perf_counter() - started), backend)
     finally:
         gc.collect()
-    made = MemoryEstimate(step_bytes, in_use, None, time.perf_counter() - started, floor, changes=tuple(changes))
+    made = MemoryEstimate(step_bytes, 0, None, time.perf_counter() - started, floor, changes=tuple(changes))
     return as_of_now(made, backend)
 
 

@@ -197,21 +197,21 @@ class SearchSpace:
         """Every valid setting of the searched parameters, each once (a conditional parameter
         appears only where active), in grid order. Walked as `suggest` asks: a parameter
         inactive under the values before it is skipped, not multiplied out and merged again
-        (40,824 settings of the default CPU space in a tenth of the product's time)."""
-        ordered, found = self._ordered(), []
+        (docs/many-workers.md has its time)."""
+        ordered, fixed, found = self._ordered(), self._fixed(), []
 
-        def walk(index: int, chosen: dict[str, str], context: dict[str, str]) -> None:
+        def walk(index: int, context: dict[str, str]) -> None:
             if index == len(ordered):
-                found.append(chosen)
+                found.append({name: value for name, value in context.items() if name not in fixed})
                 return
             param = ordered[index]
             if not self._active(param.name, context):
-                walk(index + 1, chosen, context)
+                walk(index + 1, context)
                 return
             for choice in param.choices:
-                walk(index + 1, {**chosen, param.name: choice}, {**context, param.name: choice})
+                walk(index + 1, {**context, param.name: choice})
 
-        walk(0, {}, self._fixed())
+        walk(0, fixed)
         return found
 
     def grid(self) -> dict[str, list[str]]:
