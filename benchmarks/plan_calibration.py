@@ -42,6 +42,7 @@ from tpu_tuner.planner.calibration import (
     leave_one_out,
     noise_floor,
 )
+from tpu_tuner.planner.collectives import Collective, latency_steps
 from tpu_tuner.planner.predict import causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -177,7 +178,8 @@ def compile_row(row: Row) -> dict | None:
         "devices_per_chip": topology.devices_per_chip,
         "loop_peeled": c.loop_peeled,
         "collectives": [
-            {"kind": k.kind, "group": k.group_size, "count": k.count, "bytes": k.bytes} for k in c.collectives
+            {"kind": k.kind, "group": k.group_size, "count": k.count, "bytes": k.bytes, "network": k.network}
+            for k in c.collectives
         ],
     }
     print(
@@ -220,6 +222,11 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
         per_device_batch=f["per_device_batch"],
         host_gbytes=2 * f["host_temp_bytes"] / 1e9,
         score_seconds=scores / f["peak_flops"],
+        dcn_steps=sum(
+            latency_steps(Collective(k["kind"], k["group"], k["count"], k["bytes"], k["network"]))
+            for k in f["collectives"]
+            if k.get("network") == "dcn"
+        ),
     )
 
 

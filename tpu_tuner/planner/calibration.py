@@ -14,6 +14,10 @@ Efficiency models compared (EFFICIENCY_MODELS):
 * ``mxu_shape``: physics instead of per-generation freedom: efficiency = base for a 128-wide MXU,
   x `wide_mxu` for a 256-wide one (v6e: predict.MXU_WIDTH), whose systolic array takes four
   times the operands per cycle from the same VMEM, so it is harder to keep busy.
+
+A ``+term`` adds a cause term with one constant shared by every row (CostModel says what each
+charges): ``host`` (offload bandwidth), ``attention`` (vector work a score element), ``comm``
+(a share of the collectives never hidden), ``dcn`` (the latency of one step of a DCN collective).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
-ADOPTED = "per_generation"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
+ADOPTED = "per_generation+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
 EFFICIENCY_MODELS = (
     "global",
@@ -49,6 +53,8 @@ EFFICIENCY_MODELS = (
     "per_generation+comm",
     "per_generation+host+comm",
     "per_generation+host+attention",
+    "per_generation+dcn",
+    "per_generation+host+dcn",
 )
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
@@ -81,6 +87,9 @@ class CalibrationRow:
     # elements per device per step divided by the per-device peak (seconds at one MXU FLOP each).
     host_gbytes: float = 0.0
     score_seconds: float = 0.0
+    # Latency-bound steps of the DCN collectives a step (collectives.latency_steps, summed): what
+    # the "+dcn" term charges its fitted seconds for, each.
+    dcn_steps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class Fitted:
     host_gbytes_per_s: float = 0.0  # the "+host" term's bandwidth (0: no term)
     score_flops: float = 0.0  # the "+attention" term's cost of a score element, in MXU FLOPs (0: none)
     comm_exposed: float = 0.0  # the "+comm" term: this share of the collectives' time never hidden (0: none)
+    dcn_step_seconds: float = 0.0  # the "+dcn" term: seconds a latency-bound DCN step (0: none)
 
     def efficiency_of(self, generation: str) -> float:
         return self.efficiency.get(generation, self.efficiency["*"])
@@ -101,6 +111,7 @@ class Fitted:
             (f"; host offload at {self.host_gbytes_per_s:g} GB/s" if self.host_gbytes_per_s else "")
             + (f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "")
             + (f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
+            + (f"; {self.dcn_step_seconds * 1e3:.2f} ms a DCN step" if self.dcn_step_seconds else "")
         )
         return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
@@ -112,12 +123,13 @@ def predicted_mfu(
     host_gbytes_per_s: float = 0.0,
     score_flops: float = 0.0,
     comm_exposed: float = 0.0,
+    dcn_step_seconds: float = 0.0,
 ) -> float:
     """predict.py's MFU for the row's figures and these constants."""
     a = _arrays([row])
     return float(
         _predicted(
-            _with_terms(a, host_gbytes_per_s, score_flops, comm_exposed),
+            _with_terms(a, host_gbytes_per_s, score_flops, comm_exposed, dcn_step_seconds),
             np.asarray(efficiency),
             np.asarray(memory_overlap),
         )[0]
@@ -135,19 +147,25 @@ def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
             ("published", "published_mfu"),
             ("host", "host_gbytes"),
             ("score", "score_seconds"),
+            ("dcn_steps", "dcn_steps"),
         )
     }
 
 
 def _with_terms(
-    a: dict[str, np.ndarray], host_gbytes_per_s: float, score_flops: float, comm_exposed: float = 0.0
+    a: dict[str, np.ndarray],
+    host_gbytes_per_s: float,
+    score_flops: float,
+    comm_exposed: float = 0.0,
+    dcn_step_seconds: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
-    (at full efficiency: it is divided by the efficiency with the rest), host traffic and the
-    collectives' exposed share apart (serial with the busy time)."""
+    (at full efficiency: it is divided by the efficiency with the rest); host traffic, the
+    collectives' exposed share and the DCN steps' latency apart (serial with the busy time)."""
     extra_compute = score_flops * a["score"]
     host = a["host"] / host_gbytes_per_s if host_gbytes_per_s else np.zeros_like(a["host"])
-    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": host + comm_exposed * a["comm"]}
+    serial = host + comm_exposed * a["comm"] + dcn_step_seconds * a["dcn_steps"]
+    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": serial}
 
 
 def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
@@ -169,6 +187,7 @@ def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
                 fitted.host_gbytes_per_s,
                 fitted.score_flops,
                 fitted.comm_exposed,
+                fitted.dcn_step_seconds,
             )
             - r.published_mfu
         )
@@ -182,26 +201,28 @@ def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
 HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25**k, 1)) for k in range(0, 22))  # 5 .. 540 GB/s
 SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
 COMM_EXPOSED = tuple(x / 4 for x in range(0, 17))  # 0 .. 4 x the ring model's collective time
+DCN_STEP_SECONDS = (0.0,) + tuple(1e-5 * 1.5**k for k in range(0, 16))  # 10 us .. 4.4 ms a DCN step
 
 
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     """The constants of `kind` that minimise the mean absolute error over `rows` (a grid search,
     vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
-    with cause terms: "per_generation+host", "per_generation+attention", "per_generation+host+attention"."""
+    with cause terms: "per_generation+host", "per_generation+dcn", "per_generation+host+attention"."""
     base, *terms = kind.split("+")
-    unknown = set(terms) - {"host", "attention", "comm"}
+    unknown = set(terms) - {"host", "attention", "comm", "dcn"}
     if unknown:
-        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm)")
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm, dcn)")
     if terms:
         best: tuple[float, Fitted] | None = None
         grid = itertools.product(
             HOST_GBYTES_PER_S if "host" in terms else (0.0,),
             SCORE_FLOPS if "attention" in terms else (0.0,),
             COMM_EXPOSED if "comm" in terms else (0.0,),
+            DCN_STEP_SECONDS if "dcn" in terms else (0.0,),
         )
-        for host, score, comm in grid:
-            inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm))
-            fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm)
+        for host, score, comm, dcn in grid:
+            inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm, dcn))
+            fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm, dcn)
             total = sum(abs(e) for e in errors(rows, fitted))
             if best is None or total < best[0] - 1e-9:
                 best = (total, fitted)
@@ -309,6 +330,7 @@ def calibrated_cost_model() -> CostModel:
         host_gbytes_per_s=fitted.host_gbytes_per_s,
         score_flops=fitted.score_flops,
         comm_exposed=fitted.comm_exposed,
+        dcn_step_seconds=fitted.dcn_step_seconds,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo),
         band_rows=tuple(band_rows(rows, loo)),

@@ -159,3 +159,16 @@ def ring_seconds(c: Collective, ring_bytes_per_s: float) -> float:
     else:
         moved = c.bytes
     return moved / ring_bytes_per_s
+
+
+def latency_steps(c: Collective) -> float:
+    """Message steps each of `c`'s ops takes over its group when latency, not bandwidth, bounds it
+    (small buffers over a slow network): recursive halving / doubling, log2(n) steps for a
+    gather or a scatter and twice that for an all-reduce (Thakur, Rabenseifner and Gropp,
+    "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005); an all-to-all
+    one step a peer, a permute one. Times `count`: the steps of every such op in the step."""
+    n = c.group_size
+    if n <= 1:
+        return 0.0
+    per_op = {"all-gather": math.log2(n), "reduce-scatter": math.log2(n), "all-reduce": 2 * math.log2(n)}
+    return c.count * per_op.get(c.kind, float(n - 1) if c.kind == "all-to-all" else 1.0)

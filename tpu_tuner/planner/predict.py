@@ -15,7 +15,9 @@ The model, stated so it can be checked:
   share of the chip's ICI bandwidth (ICI / torus dimensions), one spanning k axes k times that;
   a DCN collective (across slices, `collectives.py`) the same ring over its slices at each
   device's share of the host's DCN bandwidth (`Topology.dcn_bytes_per_s_per_device`), added to the
-  communication and reported apart (`dcn_seconds`, and `exposed_dcn_seconds`: the step time it adds);
+  communication and reported apart (`dcn_seconds`, and `exposed_dcn_seconds`: the step time it adds,
+  with each latency-bound step of a DCN collective (`collectives.latency_steps`) at the fitted
+  `CostModel.dcn_step_seconds`, serial with the busy time);
 * **overlap**: matmuls and memory-bound work (norms, softmax, elementwise, optimizer) overlap
   only in part: `memory_overlap` of the shorter one hides under the longer; XLA's async
   collectives hide communication behind that busy time up to `overlap` of it.
@@ -35,7 +37,7 @@ from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.band import BandRow, ErrorBand, Place
 from tpu_tuner.planner.band import error_band as band_of
-from tpu_tuner.planner.collectives import ring_seconds
+from tpu_tuner.planner.collectives import latency_steps, ring_seconds
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.topology import Topology
 
@@ -94,6 +96,9 @@ class CostModel:
     # The share of the collectives' ring time never hidden behind compute (latency, the FSDP
     # gathers at each block's start, synchronisation): serial with the busy time. 0: off.
     comm_exposed: float = 0.0
+    # Seconds one latency-bound step of a DCN collective costs, serial with the busy time (a
+    # transfer across slices goes through the hosts; fitted to the multi-slice rows). 0: off.
+    dcn_step_seconds: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
@@ -200,20 +205,23 @@ def predict(
     comm = sum(
         ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives if c.network != "dcn"
     )
-    dcn = sum(ring_seconds(c, topology.dcn_bytes_per_s_per_device) for c in compiled.collectives if c.network == "dcn")
+    across_slices = [c for c in compiled.collectives if c.network == "dcn"]
+    dcn = sum(ring_seconds(c, topology.dcn_bytes_per_s_per_device) for c in across_slices)
+    dcn_latency = cost_model.dcn_step_seconds * sum(latency_steps(c) for c in across_slices)
     work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     if cost_model.host_gbytes_per_s:
         # Offloaded tensors go to the host in the forward pass and come back in the backward.
         work += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
 
-    def step_of(communication: float) -> tuple[float, float, float]:
-        """(step, exposed communication, never hidden) with `communication` seconds of collectives."""
+    def step_of(communication: float, latency: float = 0.0) -> tuple[float, float, float]:
+        """(step, exposed communication, never hidden) with `communication` seconds of collectives
+        and `latency` seconds of DCN steps."""
         never_hidden = cost_model.comm_exposed * communication
-        busy = work + never_hidden
+        busy = work + never_hidden + latency
         exposed = max(0.0, communication - cost_model.overlap * busy)
-        return busy + exposed, exposed, never_hidden
+        return busy + exposed, exposed, never_hidden + latency
 
-    step, exposed, never_hidden = step_of(comm + dcn)
+    step, exposed, never_hidden = step_of(comm + dcn, dcn_latency)
     return Prediction(
         compute_seconds=compute,
         memory_seconds=memory,
@@ -224,5 +232,5 @@ def predict(
         mfu=mfu(model_flops_per_device, step, peak),
         tokens_per_second=tokens_per_step / step,
         dcn_seconds=dcn,
-        exposed_dcn_seconds=step - step_of(comm)[0] if dcn else 0.0,
+        exposed_dcn_seconds=step - step_of(comm)[0] if across_slices else 0.0,
     )

@@ -156,7 +156,7 @@ def result_of(
             "collectives compiled as mocks"
             + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
-            + _multislice(problem.topology)
+            + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
         ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
@@ -168,7 +168,7 @@ def result_of(
     )
 
 
-def _multislice(topology: Topology) -> str:
+def _multislice(topology: Topology, dcn_step_seconds: float) -> str:
     """The method's words for a plan over several slices: where its DCN figures come from."""
     if topology.slices == 1:
         return ""
@@ -181,7 +181,14 @@ def _multislice(topology: Topology) -> str:
             if topology.dcn_stated
             else "not published for this generation: v5p's figure assumed"
         )
-        + "), reported apart from ICI"
+        + ")"
+        + (
+            f", plus {dcn_step_seconds * 1e3:.2f} ms a latency-bound message step (fitted to the multi-slice "
+            "calibration rows)"
+            if dcn_step_seconds
+            else ""
+        )
+        + ", reported apart from ICI"
     )
 
 
