@@ -48,7 +48,7 @@ from tpu_tuner.planner.predict import causal_score_elements
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, published_rows
 
-from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
+from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget, parse_xla_flags
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
@@ -132,7 +132,7 @@ def compile_row(row: Row) -> dict | None:
                 quantization=row.quantization,
             ),
             enumeration=PlanEnumeration(layouts=[row.layout]),
-            compile=PlanCompile(workers=1, cost_model=CostModel()),
+            compile=PlanCompile(workers=1, cost_model=CostModel(), xla_flags=parse_xla_flags(row.xla_flags)),
         ),
     )
     (p,) = result.plans
@@ -151,6 +151,7 @@ def compile_row(row: Row) -> dict | None:
         "published_mfu": row.published_mfu,
         "effort": "full",
         "seconds": round(seconds, 1),
+        **({"xla_flags": row.xla_flags} if row.xla_flags else {}),
     }
     if p.prediction is None:
         print(f"{row.id}: compiler refused: {p.why} ({seconds:.0f} s)", flush=True)

@@ -68,6 +68,7 @@ class Row:
     weight_dtype: str  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None  # the planner's --quantization (QUANTIZATION)
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
+    xla_flags: str = ""  # the recipe's XLA flags, compiled with where the file states them (--xla-flags)
 
 
 def load_runs(path: Path = PUBLISHED) -> list[dict[str, Any]]:
@@ -253,6 +254,7 @@ def row_of(run: dict[str, Any]) -> Row:
         quantization=QUANTIZATION[run["quantization"]],
         slices=run["slices"],
         in_calibration_before=run["in_calibration"],
+        xla_flags=run.get("xla_flags", ""),
     )
 
 

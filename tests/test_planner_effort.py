@@ -183,3 +183,31 @@ def test_an_offloading_program_the_compiler_accepts_fits_though_its_allocation_i
         "fits (the compiler accepted its allocation over the limit)" if fits else "DOES NOT FIT"
     )
     assert plan.margin_bytes == (0.0 if fits else HBM - plan.compiled.peak_bytes)
+
+
+def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_in_one_line() -> None:
+    """--xla-flags as LIBTPU_INIT_ARGS spells them: typed compile options on every job; a word not
+    of that form, or an option the compiler does not have, is the user's error (exit status 2)."""
+    from dataclasses import replace
+
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.planner.options import parse_xla_flags
+    from tpu_tuner.planner.search import plan_record
+    from tpu_tuner.planner.space import PlanSpace
+
+    flags = parse_xla_flags("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true --xla_x=ENABLED")
+    assert flags == (
+        ("xla_tpu_scoped_vmem_limit_kib", 81920),
+        ("xla_enable_async_all_gather", True),
+        ("xla_x", "ENABLED"),
+    )
+    for bad in ("xla_a=1", "--xla_a", "--tpu_a=1", "--xla_a="):
+        with pytest.raises(UserInputError, match="--xla-flags takes"):
+            parse_xla_flags(bad)
+    problem = replace(_problem(fast=False), xla_flags=flags)
+    assert problem.job(POINT, 2).compiler_options == flags
+    assert plan_record(problem, PlanSpace((1,)))["xla_flags"][0] == "xla_tpu_scoped_vmem_limit_kib=81920"
+    assert "xla_flags" not in plan_record(_problem(fast=False), PlanSpace((1,)))  # earlier plans' records unchanged
+    unknown = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error="INVALID_ARGUMENT: No such compile option: 'xla_x'")
+    with pytest.raises(UserInputError, match="no option 'xla_x'"):
+        judged(problem, POINT, unknown)

@@ -46,6 +46,24 @@ def _layouts(texts: list[str]) -> list[Layout]:
         raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
 
 
+def parse_xla_flags(text: str) -> tuple[tuple[str, bool | int | str], ...]:
+    """--xla-flags: a recipe's XLA / libtpu flags as LIBTPU_INIT_ARGS spells them
+    ("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true"), as the TPU
+    compile's options: true / false as booleans, whole numbers as integers, the rest as text."""
+    flags: list[tuple[str, bool | int | str]] = []
+    for token in text.split():
+        name, equals, value = token.removeprefix("--").partition("=")
+        if not token.startswith("--") or not equals or not name.startswith("xla_") or not value:
+            raise UserInputError(f"--xla-flags takes --xla_NAME=VALUE words separated by spaces, not {token!r}")
+        typed: bool | int | str = value
+        if value.lower() in ("true", "false"):
+            typed = value.lower() == "true"
+        elif value.lstrip("-").isdigit():
+            typed = int(value)
+        flags.append((name, typed))
+    return tuple(flags)
+
+
 @dataclass(frozen=True)
 class PlanTarget:
     """The TPU slice planned for, and how many of them DCN joins (multi-slice; docs/planner.md, "The whole mesh")."""
@@ -204,6 +222,14 @@ class PlanCompile:
         "--fast",
         help="screen layouts with the compiler's least optimisation effort: 2-4x quicker, same FLOPs "
         "and collectives, but temporaries (so 'fits') overstated; see docs/planner.md",
+    )
+    xla_flags: tuple[tuple[str, bool | int | str], ...] = option(
+        (),
+        "--xla-flags",
+        metavar='"--xla_NAME=VALUE ..."',
+        convert=parse_xla_flags,
+        help='a recipe\'s XLA / libtpu flags as in LIBTPU_INIT_ARGS, written --xla-flags="--xla_NAME=VALUE ...", '
+        "passed to every compile: they change its memory and schedule",
     )
     log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
     cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows

@@ -57,6 +57,7 @@ class PlanProblem:
     vocab_tiling: int = 1
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
+    xla_flags: tuple[tuple[str, Any], ...] = ()  # added to every compile's options (--xla-flags)
 
     @property
     def hbm(self) -> float:
@@ -105,6 +106,7 @@ class PlanProblem:
             vocab_tiling=self.vocab_tiling,
             slices=self.topology.slices,
             optimizer=self.optimizer,
+            compiler_options=self.xla_flags,
         )
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
@@ -224,6 +226,7 @@ def build_problem(
         ),
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
+        xla_flags=options.compile.xla_flags,
         placements={
             name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
             for name, kind in placement.items()

@@ -156,6 +156,11 @@ def result_of(
             "collectives compiled as mocks"
             + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
+            + (
+                "; compiled with XLA flags " + " ".join(f"--{name}={value}" for name, value in problem.xla_flags)
+                if problem.xla_flags
+                else ""
+            )
             + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
         ),
         seconds=time.perf_counter() - started,

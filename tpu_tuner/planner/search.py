@@ -312,6 +312,7 @@ def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
         **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
         **({"quantization": problem.quantization} if problem.quantization else {}),
         **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
+        **({"xla_flags": [f"{name}={value}" for name, value in problem.xla_flags]} if problem.xla_flags else {}),
         "space": space.describe(),
     }
 
