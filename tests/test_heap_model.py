@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from tpu_tuner.execution.heap_model import MMAP_THRESHOLD_MAX, Change, replay
 
 KIB, MIB = 1024, 1024 * 1024
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def alloc(storage: int, size: int, timed: bool = False) -> Change:
@@ -60,3 +66,49 @@ def test_a_resize_frees_and_allocates_the_storage() -> None:
     # FSDP2 frees a gathered parameter by resizing its storage to 0 and gathers it again by a resize.
     changes = [alloc(1, 2 * MIB), Change(1, 2 * MIB, 0), Change(1, 0, 2 * MIB, timed=True)]
     assert replay(changes).resident == 2 * MIB
+
+
+# Each replay in a fresh interpreter (no torch): pytest's process, or an earlier replay, leaves
+# freed heap of its own that would serve the requests. A chunk mapped and freed raises glibc's
+# threshold to 8 MiB; then 16 pairs of 1 MiB chunks from the heap, the first of each pair freed:
+# 16 holes of 1 MiB. Eight 2 MiB requests (timed, then freed: a step's temporaries) fit in none
+# of the holes when the pairs interleave, so the heap grows by 16 MiB more; they fit in the one
+# hole of 16 MiB when the freed chunks were allocated together.
+FRAGMENTED = """
+import json, sys
+from tpu_tuner.execution.heap_model import Change, replay
+from tpu_tuner.execution.malloc_replay import heap_growth
+
+MIB = 1024 * 1024
+interleaved, repeats = sys.argv[1] == "interleaved", int(sys.argv[2])
+first, second = list(range(10, 26)), list(range(30, 46))
+order = [s for pair in zip(first, second) for s in pair] if interleaved else first + second
+step = [Change(1, 0, 8 * MIB), Change(1, 8 * MIB, 0)] + [Change(s, 0, MIB) for s in order]
+step += [Change(s, MIB, 0) for s in first]
+step += [Change(50 + i, 0, 2 * MIB, True) for i in range(8)] + [Change(50 + i, 2 * MIB, 0, True) for i in range(8)]
+print(json.dumps({"model": replay(step).resident, "malloc": heap_growth(step, repeats)}))
+"""
+
+
+def fragmented(order: str, repeats: int) -> dict[str, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", FRAGMENTED, order, str(repeats)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    found: dict[str, int] = json.loads(done.stdout)
+    return found
+
+
+def test_the_replay_through_malloc_sees_the_fragmentation_the_model_leaves_out() -> None:
+    interleaved, together = fragmented("interleaved", 1), fragmented("together", 1)
+    assert interleaved["model"] == together["model"] == 32 * MIB  # the model reuses every freed byte
+    # glibc's own heap: 48 MiB where the holes are too small, 32 where they are one (its padding,
+    # and a request that a chunk's alignment pushes beyond the hole, aside).
+    assert 47 * MIB <= interleaved["malloc"] <= 49 * MIB, interleaved
+    assert 31 * MIB <= together["malloc"] <= 35 * MIB, together
+    # The timed step replayed again frees what it allocated: no less, and not a step's more.
+    repeated = fragmented("interleaved", 3)["malloc"]
+    assert interleaved["malloc"] <= repeated < 64 * MIB, repeated

@@ -78,6 +78,23 @@ def test_a_heap_that_keeps_freed_memory_adds_what_the_step_s_mapped_tensors_cann
     assert plain.retained_bytes == 0 and plain.step_bytes == kept.step_bytes
 
 
+def test_the_heap_s_growth_replayed_through_malloc_is_added_where_the_model_says_less(monkeypatch) -> None:
+    # The model reuses every freed byte; glibc's own heap, replayed (malloc_replay.py), grew by
+    # 300 MiB from a resident set holding 50 MiB free: the estimate reaches 300 MiB above that
+    # resident set (the step's 100 MiB and 250 beyond it), and the model's where nothing replays.
+    from tpu_tuner.execution import memory_estimate
+    from tpu_tuner.execution.heap_model import Change
+
+    mib = 2**20
+    backend = get_backend("cpu")
+    monkeypatch.setattr(backend, "free_heap_bytes", lambda: 50 * mib)
+    made = MemoryEstimate(100 * mib, changes=(Change(1, 0, 100 * mib, True),))
+    monkeypatch.setattr(memory_estimate, "heap_growth", lambda changes: 300 * mib)
+    assert as_of_now(made, backend).retained_bytes == 250 * mib
+    monkeypatch.setattr(memory_estimate, "heap_growth", lambda changes: None)
+    assert as_of_now(made, backend).retained_bytes == 50 * mib  # the model: mapped beside the free heap
+
+
 def test_over_limit_names_the_estimate_and_its_source() -> None:
     estimate = MemoryEstimate(step_bytes=3 * 2**30, in_use_bytes=2**30, floor_bytes=2**29)
     reason = over_limit(estimate, 2 * 2**30, "--trial-memory-gb")

@@ -11,7 +11,9 @@ is more than the peak of live tensors when the two peak at different times.
 
 `replay` runs a step's allocations and frees through that model. It leaves out chunk headers
 and fragmentation (a freed chunk too small for the next request), so it is a lower bound on what
-glibc holds; docs/tuning.md ("Memory before measurement") has its measured error.
+glibc holds: the estimate replays the same changes through the process's own malloc
+(`malloc_replay.py`) and keeps this model as its floor and for where that cannot run;
+docs/tuning.md ("Memory before measurement") has the measured errors of both.
 """
 
 from __future__ import annotations

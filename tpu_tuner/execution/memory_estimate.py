@@ -10,12 +10,14 @@ storage the dispatcher allocates and frees, so its peak is the step's peak of te
 nothing is computed, so a GPT step estimates in seconds whatever its size.
 
 On a CPU the tensors' peak is not the resident set's: the storage changes are replayed through
-glibc's heap model (`heap_model.py`) for what malloc keeps beyond it. What it cannot see
-(docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager step stands
-for them; compiled code frees and fuses more, so the estimate is high there), memory a kernel
-allocates outside the dispatcher (oneDNN scratchpads), the heap's fragmentation, and the process
-itself. A model that does not run on fake tensors (a data-dependent branch, ``.item()``) gets no
-estimate: the reason is returned, and the trial runs as it would without one.
+the process's own malloc (`malloc_replay.py`, its fragmentation included; glibc's heap model,
+`heap_model.py`, where that cannot run and as the floor) for what malloc keeps beyond it. What it
+cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager
+step stands for them; compiled code frees and fuses more, so the estimate is high there), memory a
+kernel allocates outside the dispatcher (oneDNN scratchpads), the small objects the real step
+places between its tensors, and the process itself. A model that does not run on fake tensors
+(a data-dependent branch, ``.item()``) gets no estimate: the reason is returned, and the trial
+runs as it would without one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.heap_model import Change, replay
+from tpu_tuner.execution.malloc_replay import heap_growth
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry
 from tpu_tuner.knobs.candidate import Candidate
@@ -108,10 +111,19 @@ def estimate_step_memory(
 
 def as_of_now(estimate: MemoryEstimate, backend: Backend) -> MemoryEstimate:
     """`estimate` in this process's present terms: what it holds now, and what its heap would
-    keep beyond the step's peak (`heap_model.py`; nothing where the backend's allocator keeps
-    nothing freed)."""
+    keep beyond the step's peak (`malloc_replay.py`, never below `heap_model.py`'s; nothing where
+    the backend's allocator keeps nothing freed)."""
     free_heap = backend.free_heap_bytes()
-    retained = replay(estimate.changes, free_heap).retained if free_heap is not None else 0
+    retained = 0
+    if free_heap is not None and estimate.step_bytes is not None:
+        # The process's own malloc, replayed, places the chunks as the real step will, holes and
+        # all (malloc_replay.py); the model (every freed byte reused) is the floor, and stands in
+        # where the replay cannot run. The growth is over the whole resident set, whose free heap
+        # `in_use_bytes` leaves out: what the heap keeps beyond the step's own peak is that free
+        # heap plus the growth, less the peak.
+        growth = heap_growth(estimate.changes)
+        model = replay(estimate.changes, free_heap)
+        retained = model.retained if growth is None else max(model.retained, free_heap + growth - estimate.step_bytes)
     return replace(estimate, in_use_bytes=backend.memory_in_use_bytes() or 0, retained_bytes=retained)
 
 
