@@ -61,17 +61,23 @@ def test_leave_one_out_predicts_each_row_without_it() -> None:
 def test_the_shipped_calibration_meets_the_issue_targets() -> None:
     """Issues 29 and 36's targets on the shipped rows (benchmarks/plan_calibration.py compiled them):
     at least 20 published runs, each fitting in HBM as it did; the adopted model's leave-one-out
-    error at most 3 MFU points; at least 90% of the rows inside the band they would have been
-    printed with (made from the other rows alone)."""
+    error at most 3 MFU points."""
     rows = load_rows()
     assert len(rows) >= 20 and all(r.fits for r in rows), [r.id for r in rows if not r.fits]
     model = calibrated_cost_model()
     assert model.fitted_rows == len(rows) and model.loo_error_points <= 3.0
     assert model.dcn_step_seconds > 0  # the multi-slice rows' DCN steps are charged (ADOPTED: "+dcn")
-    checked = band_check(rows, ADOPTED, model.noise_floor_points)
-    assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
     assert model.noise_floor_points > 0  # the re-measured recipes are shipped
     assert error_band(Place("v5p", "minimal", 2048, 2.0), CostModel()) is None
+
+
+@pytest.mark.slow  # a leave-one-out inside each leave-one-out: 40 s on 2 cores
+def test_the_shipped_calibrations_bands_cover_at_least_90_percent_of_the_rows() -> None:
+    """At least 90% of the rows inside the band they would have been printed with (made from the
+    other rows alone, each with its own leave-one-out error among them)."""
+    rows = load_rows()
+    checked = band_check(rows, ADOPTED, calibrated_cost_model().noise_floor_points)
+    assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
 
 
 def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:

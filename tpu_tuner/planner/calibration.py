@@ -177,23 +177,13 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
 
 
 def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
-    """Predicted minus published MFU, in points, per row."""
-    return [
-        (
-            predicted_mfu(
-                r,
-                fitted.efficiency_of(r.generation),
-                fitted.memory_overlap,
-                fitted.host_gbytes_per_s,
-                fitted.score_flops,
-                fitted.comm_exposed,
-                fitted.dcn_step_seconds,
-            )
-            - r.published_mfu
-        )
-        * 100
-        for r in rows
-    ]
+    """Predicted minus published MFU, in points, per row (all rows at once: the fits call it for
+    every point of their grids)."""
+    a = _with_terms(
+        _arrays(rows), fitted.host_gbytes_per_s, fitted.score_flops, fitted.comm_exposed, fitted.dcn_step_seconds
+    )
+    efficiency = np.asarray([fitted.efficiency_of(r.generation) for r in rows])
+    return [float(e) for e in (_predicted(a, efficiency, np.asarray(fitted.memory_overlap)) - a["published"]) * 100]
 
 
 # The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,
