@@ -48,7 +48,8 @@ from tpu_tuner.planner.predict import causal_score_elements
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, published_rows
 
-from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget, parse_xla_flags
+from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
+from tpu_tuner.planner.xla_flags import parse_xla_flags
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 

@@ -191,9 +191,9 @@ def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_i
     from dataclasses import replace
 
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.planner.options import parse_xla_flags
     from tpu_tuner.planner.search import plan_record
     from tpu_tuner.planner.space import PlanSpace
+    from tpu_tuner.planner.xla_flags import parse_xla_flags
 
     flags = parse_xla_flags("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true --xla_x=ENABLED")
     assert flags == (
@@ -206,7 +206,10 @@ def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_i
             parse_xla_flags(bad)
     problem = replace(_problem(fast=False), xla_flags=flags)
     assert problem.job(POINT, 2).compiler_options == flags
-    assert plan_record(problem, PlanSpace((1,)))["xla_flags"][0] == "xla_tpu_scoped_vmem_limit_kib=81920"
+    assert plan_record(problem, PlanSpace((1,)))["xla_flags"][:2] == [
+        "--xla_tpu_scoped_vmem_limit_kib=81920",
+        "--xla_enable_async_all_gather=true",
+    ]
     assert "xla_flags" not in plan_record(_problem(fast=False), PlanSpace((1,)))  # earlier plans' records unchanged
     unknown = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error="INVALID_ARGUMENT: No such compile option: 'xla_x'")
     with pytest.raises(UserInputError, match="no option 'xla_x'"):

@@ -25,6 +25,7 @@ from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, PlanSpace
 from tpu_tuner.planner.topology import parse_topology
+from tpu_tuner.planner.xla_flags import parse_xla_flags
 
 PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
 DTYPES = ("float32", "bfloat16")
@@ -44,24 +45,6 @@ def _layouts(texts: list[str]) -> list[Layout]:
         return [parse_layout(text) for text in texts]
     except ValueError as exc:
         raise UserInputError(f"--layout takes DATAxFSDPxTENSOR[xCONTEXT][,AXIS=N...], e.g. 1x64x4: {exc}") from exc
-
-
-def parse_xla_flags(text: str) -> tuple[tuple[str, bool | int | str], ...]:
-    """--xla-flags: a recipe's XLA / libtpu flags as LIBTPU_INIT_ARGS spells them
-    ("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true"), as the TPU
-    compile's options: true / false as booleans, whole numbers as integers, the rest as text."""
-    flags: list[tuple[str, bool | int | str]] = []
-    for token in text.split():
-        name, equals, value = token.removeprefix("--").partition("=")
-        if not token.startswith("--") or not equals or not name.startswith("xla_") or not value:
-            raise UserInputError(f"--xla-flags takes --xla_NAME=VALUE words separated by spaces, not {token!r}")
-        typed: bool | int | str = value
-        if value.lower() in ("true", "false"):
-            typed = value.lower() == "true"
-        elif value.lstrip("-").isdigit():
-            typed = int(value)
-        flags.append((name, typed))
-    return tuple(flags)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.planner.topology import Topology
+from tpu_tuner.planner.xla_flags import xla_flags_text
 
 
 @dataclass
@@ -156,11 +157,7 @@ def result_of(
             "collectives compiled as mocks"
             + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
-            + (
-                "; compiled with XLA flags " + " ".join(f"--{name}={value}" for name, value in problem.xla_flags)
-                if problem.xla_flags
-                else ""
-            )
+            + ("; compiled with XLA flags " + " ".join(xla_flags_text(problem.xla_flags)) if problem.xla_flags else "")
             + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
         ),
         seconds=time.perf_counter() - started,

@@ -57,6 +57,7 @@ from tpu_tuner.planner.trial_records import (
     tell_ruled_out,
     trial_summary,
 )
+from tpu_tuner.planner.xla_flags import xla_flags_text
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
@@ -312,7 +313,7 @@ def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
         **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
         **({"quantization": problem.quantization} if problem.quantization else {}),
         **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
-        **({"xla_flags": [f"{name}={value}" for name, value in problem.xla_flags]} if problem.xla_flags else {}),
+        **({"xla_flags": xla_flags_text(problem.xla_flags)} if problem.xla_flags else {}),
         "space": space.describe(),
     }
 
