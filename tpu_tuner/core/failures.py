@@ -6,6 +6,7 @@ runs written before read back unchanged: a stored "oom" equals `FailureKind.OOM`
 
 from __future__ import annotations
 
+import re
 import signal
 from enum import StrEnum
 
@@ -62,3 +63,10 @@ def is_compiler_out_of_memory(error: str) -> bool:
     VMEM): XLA's RESOURCE_EXHAUSTED, or its HBM message. No other refusal (a RET_CHECK, a compiler
     process that died) is a verdict on memory, even where its text mentions memory."""
     return "RESOURCE_EXHAUSTED" in error or "exceeds available HBM" in error
+
+
+def unknown_compile_option(error: str) -> str | None:
+    """The option a TPU compile was refused for not having ("No such compile option: 'NAME'"),
+    else None: a user's flag, wrong for every program alike."""
+    found = re.search(r"No such compile option: '?(\w+)", error)
+    return found.group(1) if found else None

@@ -126,14 +126,10 @@ def predicted_mfu(
     dcn_step_seconds: float = 0.0,
 ) -> float:
     """predict.py's MFU for the row's figures and these constants."""
-    a = _arrays([row])
-    return float(
-        _predicted(
-            _with_terms(a, host_gbytes_per_s, score_flops, comm_exposed, dcn_step_seconds),
-            np.asarray(efficiency),
-            np.asarray(memory_overlap),
-        )[0]
+    fitted = Fitted(
+        "", {"*": efficiency}, memory_overlap, host_gbytes_per_s, score_flops, comm_exposed, dcn_step_seconds
     )
+    return float(_predictions([row], fitted)[0])
 
 
 def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
@@ -176,14 +172,20 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
     return share_of_peak(a["model"], busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
 
 
-def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
-    """Predicted minus published MFU, in points, per row (all rows at once: the fits call it for
-    every point of their grids)."""
+def _predictions(rows: list[CalibrationRow], fitted: Fitted) -> np.ndarray:
+    """Every row's predicted MFU with `fitted`'s constants, at once."""
     a = _with_terms(
         _arrays(rows), fitted.host_gbytes_per_s, fitted.score_flops, fitted.comm_exposed, fitted.dcn_step_seconds
     )
     efficiency = np.asarray([fitted.efficiency_of(r.generation) for r in rows])
-    return [float(e) for e in (_predicted(a, efficiency, np.asarray(fitted.memory_overlap)) - a["published"]) * 100]
+    return _predicted(a, efficiency, np.asarray(fitted.memory_overlap))
+
+
+def errors(rows: list[CalibrationRow], fitted: Fitted) -> list[float]:
+    """Predicted minus published MFU, in points, per row (all rows at once: the fits call it for
+    every point of their grids)."""
+    published = np.asarray([r.published_mfu for r in rows])
+    return [float(e) for e in (_predictions(rows, fitted) - published) * 100]
 
 
 # The cause terms' grids (docs/planner.md, "Calibration"): host-offload bandwidth per chip in GB/s,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.core.failures import is_compiler_out_of_memory
+from tpu_tuner.core.failures import is_compiler_out_of_memory, unknown_compile_option
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.predict import predict
@@ -159,10 +159,10 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     hbm = problem.hbm
     bound = problem.lower_bound(point).total
     batch = point.per_device_batch(problem.global_batch)
-    unknown = re.search(r"No such compile option: '?(\w+)", full.error or "")
+    unknown = unknown_compile_option(full.error or "")
     if unknown and problem.xla_flags:
         # Every point would be refused alike: the user's flag, not the point, is wrong.
-        raise UserInputError(f"--xla-flags: the TPU compiler has no option {unknown.group(1)!r}")
+        raise UserInputError(f"--xla-flags: the TPU compiler has no option {unknown!r}")
     if full.error:
         return LayoutPlan(
             point.layout,
