@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_type_hints
 
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, LENGTHS, MAX_BUCKETS, at_least, option, positive, uses
@@ -76,6 +77,7 @@ class BucketOptions:
     replay: BucketReplay = field(default_factory=BucketReplay)
 
 
-SECTIONS: dict[str, type] = {"choice": BucketChoice, "measure": BucketMeasurement, "replay": BucketReplay}
+# The sections by attribute name: BucketOptions' fields, each typed by its section's class.
+SECTIONS: dict[str, type] = get_type_hints(BucketOptions)
 
 __all__ = ["SECTIONS", "BucketChoice", "BucketMeasurement", "BucketOptions", "BucketReplay"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import get_type_hints
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
@@ -359,14 +360,8 @@ class PlanOptions:
             )
 
 
-SECTIONS: dict[str, type] = {
-    "target": PlanTarget,
-    "step": PlanStep,
-    "enumeration": PlanEnumeration,
-    "compile": PlanCompile,
-    "search": PlanSearch,
-    "store": PlanStore,
-}
+# The sections by attribute name: PlanOptions' fields, each typed by its section's class.
+SECTIONS: dict[str, type] = get_type_hints(PlanOptions)
 
 __all__ = [
     "PLAN_SAMPLERS",

@@ -26,29 +26,8 @@ from typing import Any, get_type_hints
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
-from tpu_tuner.tuning.runner_options import (
-    MAX_NPROC,
-    RDZV_TIMEOUT_S,
-    OutputOptions,
-    RunnerOptions,
-    StoreOptions,
-    default_trial_settings,
-)
-from tpu_tuner.tuning.search_options import SAMPLERS, ObjectiveOptions, SearchOptions
-
-SECTIONS: dict[str, type] = {
-    "search": SearchOptions,
-    "objective": ObjectiveOptions,
-    "runner": RunnerOptions,
-    "store": StoreOptions,
-    "outputs": OutputOptions,
-}
-# The stored form's key of each field, (section, field): the field's name, but `storage` for the URL.
-PLAIN_KEYS: dict[str, tuple[str, str]] = {
-    ("storage" if f.name == "url" else f.name): (section, f.name)
-    for section, cls in SECTIONS.items()
-    for f in dataclasses.fields(cls)
-}
+from tpu_tuner.tuning.runner_options import OutputOptions, RunnerOptions, StoreOptions, default_trial_settings
+from tpu_tuner.tuning.search_options import ObjectiveOptions, SearchOptions
 
 
 @dataclass(frozen=True)
@@ -120,15 +99,25 @@ class TuneOptions:
             raise UserInputError("length sample file not found", lengths_file)
         if self.search.plan is not None and not (Path(self.search.plan) / "plan.json").is_file():
             raise UserInputError("not a plan folder (no plan.json; `tpu-tune plan` writes one)", self.search.plan)
-        if self.store.resume is not None and not (Path(self.store.resume) / "run.json").is_file():
-            raise UserInputError("not a tuning run folder (no run.json)", self.store.resume)
         if self.store.resume is not None:
+            if not (Path(self.store.resume) / "run.json").is_file():
+                raise UserInputError("not a tuning run folder (no run.json)", self.store.resume)
             from tpu_tuner.studies.run_file import check_resumable
 
             check_resumable(Path(self.store.resume))  # damaged, newer or held: before the model loads
         if checked.store.url is not None:
             check_storage(checked.store.url)
         return checked
+
+
+# The sections by attribute name: TuneOptions' fields, each typed by its section's class.
+SECTIONS: dict[str, type] = get_type_hints(TuneOptions)
+# The stored form's key of each field, (section, field): the field's name, but `storage` for the URL.
+PLAIN_KEYS: dict[str, tuple[str, str]] = {
+    ("storage" if f.name == "url" else f.name): (section, f.name)
+    for section, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+}
 
 
 def _check_space(space: str | Path, device: str | None) -> None:
@@ -138,7 +127,7 @@ def _check_space(space: str | Path, device: str | None) -> None:
     from tpu_tuner.tuning.space import SearchSpace
 
     kinds = [device] if device and device != "auto" else sorted(backend_names())
-    first_error: DefinitionError | None = None
+    errors: list[DefinitionError] = []
     for kind in kinds:
         try:
             SearchSpace.load(space, kind)
@@ -146,9 +135,8 @@ def _check_space(space: str | Path, device: str | None) -> None:
         except DefinitionError as exc:
             if not str(exc).endswith(f"no parameters for device {kind!r}"):
                 raise  # malformed: wrong on every device
-            first_error = first_error or exc
-    assert first_error is not None
-    raise first_error
+            errors.append(exc)
+    raise errors[0]
 
 
 def _check_agents(agents: tuple[str, ...]) -> None:
@@ -162,9 +150,6 @@ def _check_agents(agents: tuple[str, ...]) -> None:
 
 __all__ = [
     "PLAIN_KEYS",
-    "MAX_NPROC",
-    "RDZV_TIMEOUT_S",
-    "SAMPLERS",
     "SECTIONS",
     "ObjectiveOptions",
     "OutputOptions",
