@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, add_flag, device_or_none
+from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, OUT, SEQ_LEN, add_flag
 from tpu_tuner.core.run_folder import RESULTS_DIR
 
 
@@ -82,13 +82,11 @@ def check_lengths(args: argparse.Namespace) -> None:
         read_lengths(args.lengths_file)
 
 
-# device_or_none: re-exported for the commands that read --device themselves (profile, study).
 __all__ = [
     "add_hf_args",
     "add_model_args",
     "add_out",
     "add_run_args",
     "check_lengths",
-    "device_or_none",
     "model_source",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from tpu_tuner.cli.common import add_run_args, device_or_none
+from tpu_tuner.cli.common import add_run_args
+from tpu_tuner.core.flags import device_or_none
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.capabilities import Flag, PickedByFlags
 from tpu_tuner.knobs.registry import REGISTRY

@@ -24,15 +24,8 @@ from tpu_tuner.core.flags import (
 from tpu_tuner.core.units import parse_duration
 from tpu_tuner.studies.samplers import SAMPLERS  # the sampler factory's own names
 
-# The whole run's clock by default: search, race and verification (tuning/clock.py).
-TIME_BUDGET_S = 240.0
-
-
-def _budget_text(seconds: float | None) -> str:
-    """A --time-budget as the flag spells it ("4m")."""
-    if seconds is None:
-        return "none"
-    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+# The whole run's clock by default (--time-budget): search, race and verification (tuning/clock.py).
+TIME_BUDGET = "4m"
 
 
 @dataclass(frozen=True)
@@ -60,10 +53,10 @@ class SearchOptions:
     # The whole run's clock in seconds: search, race and verification fit in it (tuning/clock.py);
     # None: no limit (the trial budget alone ends the search).
     time_budget_s: float | None = option(
-        TIME_BUDGET_S,
+        parse_duration(TIME_BUDGET),
         "--time-budget",
         metavar="DURATION",
-        typed=_budget_text(TIME_BUDGET_S),
+        typed=TIME_BUDGET,
         convert=parse_duration,
         help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
         "none: no clock, the trial budget alone (default %(default)s)",
