@@ -45,12 +45,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _default_to_tune(argv: list[str]) -> list[str]:
     """`tpu-tune model.py ...` means `tpu-tune tune model.py ...`."""
-    for index, arg in enumerate(argv):
-        if not arg.startswith("-"):
-            if arg not in COMMANDS:
-                return argv[:index] + ["tune"] + argv[index:]
-            break
-    return argv
+    word = _command_in(argv)
+    if word is None or word in COMMANDS:
+        return argv
+    index = argv.index(word)
+    return argv[:index] + ["tune"] + argv[index:]
 
 
 def _command_in(argv: list[str]) -> str | None:
