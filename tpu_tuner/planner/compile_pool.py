@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -68,27 +68,17 @@ def default_workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
+# The fields of a `CompileJob` that name its model and its devices, not an argument of compile_step.
+_DEVICE_FIELDS = ("model_file", "preset", "topology", "slices")
+
+
 def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
     workload = _workload(job.model_file)
+    # Every other field of the job is the argument of compile_step by the same name.
+    arguments = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in _DEVICE_FIELDS}
     return compile_step(
-        lambda: workload.model_for_preset(job.preset),
-        job.blocks,
-        job.layout,
-        topology_devices(job.topology, job.slices),
-        job.global_batch,
-        job.seq_len,
-        job.d_model,
-        remat=job.remat,
-        fast=job.fast,
-        scan=job.scan,
-        accumulation=job.accumulation,
-        first_moment_dtype=job.first_moment_dtype,
-        compiler_options=job.compiler_options,
-        weight_dtype=job.weight_dtype,
-        quantization=job.quantization,
-        vocab_tiling=job.vocab_tiling,
-        optimizer=job.optimizer,
+        lambda: workload.model_for_preset(job.preset), devices=topology_devices(job.topology, job.slices), **arguments
     )
 
 
