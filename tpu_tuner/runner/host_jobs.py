@@ -13,7 +13,6 @@ peer that is gone. The other hosts run `follow` until the driver announces the e
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import tempfile
@@ -109,7 +108,7 @@ def run_here(
 ) -> tuple[HostOutcome, Any]:
     """This host's ranks of job `number`; posts their outcome and returns it with the job's value
     (rank 0's result, on the driver only)."""
-    from tpu_tuner.runner.rank_job import RESULT, failure_path
+    from tpu_tuner.runner.rank_job import RESULT, read_accounts
 
     me = group.me()
     with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
@@ -127,12 +126,7 @@ def run_here(
             group=group.rank_group(number),
             abort=lambda: _abort_reason(group, number),
         )
-        accounts = {}
-        for rank in range(me.node * group.nproc, (me.node + 1) * group.nproc):
-            try:
-                accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
-            except (OSError, ValueError):
-                continue
+        accounts = read_accounts(job_file, range(me.node * group.nproc, (me.node + 1) * group.nproc))
         result = Path(folder) / RESULT
         value = pickle.loads(result.read_bytes()) if ranks.ok and result.is_file() else None
     outcome = HostOutcome(
