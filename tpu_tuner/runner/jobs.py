@@ -38,6 +38,7 @@ from tpu_tuner.runner.requests import (
     Request,
     ShardedStepRequest,
 )
+from tpu_tuner.runner.sharded_step import run_sharded_step
 
 
 class WorkerState:
@@ -297,13 +298,6 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
     return Comparison(samples=samples, compiles_while_comparing=compiles)
-
-
-def run_sharded_step(state: WorkerState, request: ShardedStepRequest) -> Any:
-    """The sharded step timed on every rank (`sharded_step.py`)."""
-    from tpu_tuner.runner.sharded_step import time_sharded_step
-
-    return time_sharded_step(state.workload, state.backend, request)
 
 
 # The job function of each request type.
