@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.failures import describe_end
+from tpu_tuner.core.host import usable_cores
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
@@ -65,7 +66,7 @@ class CompileJob:
 
 def default_workers() -> int:
     """One worker per core, at most 4 (each 70B compile holds a few GiB of host memory)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, min(4, usable_cores()))
 
 
 # The fields of a `CompileJob` that name its model and its devices, not an argument of compile_step.
