@@ -40,7 +40,6 @@ TRIALS_CSV = "trials.csv"
 HISTORY_PNG = "optimisation_history.png"
 MFU_PNG = "mfu_per_trial.png"
 ACCURACY_PNG = "speed_vs_accuracy.png"
-TUNING_PLOTS = (HISTORY_PNG, MFU_PNG, ACCURACY_PNG)
 
 # `tpu-tune plan`.
 PLAN_JSON = "plan.json"

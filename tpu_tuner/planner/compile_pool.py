@@ -16,13 +16,14 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.failures import describe_end
+from tpu_tuner.core.host import usable_cores
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
@@ -65,30 +66,20 @@ class CompileJob:
 
 def default_workers() -> int:
     """One worker per core, at most 4 (each 70B compile holds a few GiB of host memory)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, min(4, usable_cores()))
+
+
+# The fields of a `CompileJob` that name its model and its devices, not an argument of compile_step.
+_DEVICE_FIELDS = ("model_file", "preset", "topology", "slices")
 
 
 def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
     workload = _workload(job.model_file)
+    # Every other field of the job is the argument of compile_step by the same name.
+    arguments = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in _DEVICE_FIELDS}
     return compile_step(
-        lambda: workload.model_for_preset(job.preset),
-        job.blocks,
-        job.layout,
-        topology_devices(job.topology, job.slices),
-        job.global_batch,
-        job.seq_len,
-        job.d_model,
-        remat=job.remat,
-        fast=job.fast,
-        scan=job.scan,
-        accumulation=job.accumulation,
-        first_moment_dtype=job.first_moment_dtype,
-        compiler_options=job.compiler_options,
-        weight_dtype=job.weight_dtype,
-        quantization=job.quantization,
-        vocab_tiling=job.vocab_tiling,
-        optimizer=job.optimizer,
+        lambda: workload.model_for_preset(job.preset), devices=topology_devices(job.topology, job.slices), **arguments
     )
 
 

@@ -13,14 +13,13 @@ peer that is gone. The other hosts run `follow` until the driver announces the e
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import FailureKind
@@ -30,6 +29,7 @@ from tpu_tuner.runner.launch import run_ranks
 from tpu_tuner.runner.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 POLL_S = 0.2
 # How long the driver waits for the other hosts' outcomes once its own ranks ended, at most (a
@@ -109,7 +109,7 @@ def run_here(
 ) -> tuple[HostOutcome, Any]:
     """This host's ranks of job `number`; posts their outcome and returns it with the job's value
     (rank 0's result, on the driver only)."""
-    from tpu_tuner.runner.rank_job import RESULT, failure_path
+    from tpu_tuner.runner.rank_job import RESULT, read_accounts
 
     me = group.me()
     with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
@@ -127,12 +127,7 @@ def run_here(
             group=group.rank_group(number),
             abort=lambda: _abort_reason(group, number),
         )
-        accounts = {}
-        for rank in range(me.node * group.nproc, (me.node + 1) * group.nproc):
-            try:
-                accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
-            except (OSError, ValueError):
-                continue
+        accounts = read_accounts(job_file, range(me.node * group.nproc, (me.node + 1) * group.nproc))
         result = Path(folder) / RESULT
         value = pickle.loads(result.read_bytes()) if ranks.ok and result.is_file() else None
     outcome = HostOutcome(
@@ -156,10 +151,11 @@ def post(group: HostGroup, number: int, outcome: HostOutcome | str) -> None:
     group.store.set(f"job/{number}/outcome/{group.node}", pickle.dumps(outcome))
 
 
-def gather(group: HostGroup, number: int, here: HostOutcome) -> tuple[dict[int, HostOutcome], dict[int, float]]:
-    """Every host's outcome of job `number` (the driver), and the hosts that stopped answering
-    instead (node -> seconds without a heartbeat; a host silent past `GATHER_S` counts too)."""
-    outcomes, lost = {here.node: here}, {}
+def gather(group: HostGroup, number: int, here: T, within_s: float = GATHER_S) -> tuple[dict[int, T], dict[int, float]]:
+    """Every host's outcome of job `number` (the driver; `here`, its own), and the hosts that
+    stopped answering instead (node -> seconds without a heartbeat; a host silent past `within_s`
+    counts too)."""
+    outcomes, lost = {group.me().node: here}, {}
 
     def all_heard() -> bool | None:
         for node in group.others():
@@ -172,8 +168,8 @@ def gather(group: HostGroup, number: int, here: HostOutcome) -> tuple[dict[int, 
                 lost[node] = silent
         return True if len(outcomes) + len(lost) == group.nnodes else None
 
-    if poll(all_heard, POLL_S / 2, GATHER_S) is None:
-        lost.update({node: GATHER_S for node in group.others() if node not in outcomes and node not in lost})
+    if poll(all_heard, POLL_S / 2, within_s) is None:
+        lost.update({node: within_s for node in group.others() if node not in outcomes and node not in lost})
     return outcomes, lost
 
 
@@ -182,17 +178,7 @@ def farewell(group: HostGroup, reason: str, failed: bool) -> None:
     the store ends with the driver's process."""
     try:
         number = announce(group, {"kind": "end", "reason": reason, "failed": failed})
-        waiting = set(group.others())
-
-        def all_read() -> bool | None:
-            waiting.difference_update(
-                node
-                for node in list(waiting)
-                if group.store.check([f"job/{number}/outcome/{node}"]) or group.silent_for(node) > SILENT_S
-            )
-            return True if not waiting else None
-
-        poll(all_read, POLL_S / 2, FAREWELL_S)
+        gather(group, number, "bye", FAREWELL_S)  # each host's word that it read the end, as it posts it
     except Exception as exc:
         log.debug("announcing the end: %s", exc)
 
@@ -207,50 +193,42 @@ def follow(
     are decided on each host). `HostsError` when the driver goes away."""
     from torch.distributed import DistError
 
+    jobs = 0
     try:
-        return _follow(group, output, environments)
+        while True:
+            number, payload = next_announcement(group)
+            kind = payload["kind"]
+            if kind == "end":
+                post(group, number, "bye")
+                return FollowEnd(jobs, str(payload.get("reason", "")), bool(payload.get("failed")))
+            if kind == "restart":
+                log.warning(
+                    "%s: re-rendezvous at %s (%s)", group.me().describe(), group.endpoint, payload.get("reason", "")
+                )
+                group.restart()
+                continue
+            try:
+                launch_env, rank_env = environments(payload.get("device_kind"))
+            except Exception as exc:
+                post(
+                    group,
+                    number,
+                    HostOutcome(
+                        group.me().node,
+                        group.me().host,
+                        ok=False,
+                        kind=FailureKind.ERROR,
+                        failure=f"{group.me().describe()}: {first_line(exc)}",
+                    ),
+                )
+                group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
+                continue
+            run_here(group, number, payload, output, launch_env, rank_env)
+            jobs += 1
     except DistError as exc:  # the store went away with its host (the driver's, in the usual case)
         raise HostsError(
             f"the rendezvous store at {group.endpoint} went away with its host ({first_line(exc)}): {_relaunch(group)}"
         ) from exc
-
-
-def _follow(
-    group: HostGroup,
-    output: WorkerLog,
-    environments: Callable[[str | None], tuple[dict[str, str], Callable[[int], dict[str, str]] | None]],
-) -> FollowEnd:
-    jobs = 0
-    while True:
-        number, payload = next_announcement(group)
-        kind = payload["kind"]
-        if kind == "end":
-            post(group, number, "bye")
-            return FollowEnd(jobs, str(payload.get("reason", "")), bool(payload.get("failed")))
-        if kind == "restart":
-            log.warning(
-                "%s: re-rendezvous at %s (%s)", group.me().describe(), group.endpoint, payload.get("reason", "")
-            )
-            group.restart()
-            continue
-        try:
-            launch_env, rank_env = environments(payload.get("device_kind"))
-        except Exception as exc:
-            post(
-                group,
-                number,
-                HostOutcome(
-                    group.me().node,
-                    group.me().host,
-                    ok=False,
-                    kind=FailureKind.ERROR,
-                    failure=f"{group.me().describe()}: {first_line(exc)}",
-                ),
-            )
-            group.store.set(f"job/{number}/abort", f"{group.me().describe()} cannot start its ranks")
-            continue
-        run_here(group, number, payload, output, launch_env, rank_env)
-        jobs += 1
 
 
 def _abort_reason(group: HostGroup, number: int) -> str | None:

@@ -271,9 +271,11 @@ class HostGroup:
     # --- heartbeats ----------------------------------------------------------------------------
 
     def _start_beating(self) -> None:
+        from torch.distributed import PrefixStore
+
         self._stop = threading.Event()
         # A connection of its own: a slow call on the main one never holds a beat back.
-        beats = _prefixed(self._raw.clone(), self.prefix)
+        beats = PrefixStore(self.prefix, self._raw.clone())
         key, stop = f"beat/{self.node}", self._stop
 
         def beat() -> None:
@@ -378,12 +380,6 @@ def _can_bind(address: str) -> bool:
         return True
     except (OSError, OverflowError):
         return False
-
-
-def _prefixed(store: Any, prefix: str) -> Any:
-    from torch.distributed import PrefixStore
-
-    return PrefixStore(prefix, store)
 
 
 def _restore(name: str, value: str | None) -> None:

@@ -38,6 +38,7 @@ from tpu_tuner.runner.requests import (
     Request,
     ShardedStepRequest,
 )
+from tpu_tuner.runner.sharded_step import run_sharded_step
 
 
 class WorkerState:
@@ -153,22 +154,11 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         compile_estimate = (
             max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * min(steady)) if steady else first_call
         )
-        if rule is not None and rule.hopeless(steady, compile_estimate):
-            return EarlyStop(
-                candidate.to_dict(),
-                "steps",
-                rule.explain(steady, compile_estimate),
-                steady,
-                first_call,
-                compile_estimate,
-                rule.optimistic(steady, compile_estimate),
-                errors,
-            )
-        stop = (lambda samples: rule.hopeless(steady + samples, compile_estimate)) if rule is not None else None
-        backend.reset_peak_memory()
-        timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
-        if rule is not None and rule.hopeless(steady + timing.samples, compile_estimate):
-            seen = steady + timing.samples
+
+        def hopeless(seen: list[float]) -> EarlyStop | None:
+            """The trial stopped after the steps `seen`, where they say it is hopeless."""
+            if rule is None or not rule.hopeless(seen, compile_estimate):
+                return None
             return EarlyStop(
                 candidate.to_dict(),
                 "steps",
@@ -179,6 +169,14 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
                 rule.optimistic(seen, compile_estimate),
                 errors,
             )
+
+        if (early := hopeless(steady)) is not None:
+            return early
+        stop = (lambda samples: rule.hopeless(steady + samples, compile_estimate)) if rule is not None else None
+        backend.reset_peak_memory()
+        timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
+        if (early := hopeless(steady + timing.samples)) is not None:
+            return early
         peak_memory, _ = backend.peak_memory_bytes()
         # The largest rank's; every rank takes part in the reduction (-1: none measured).
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
@@ -300,13 +298,6 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
     return Comparison(samples=samples, compiles_while_comparing=compiles)
-
-
-def run_sharded_step(state: WorkerState, request: ShardedStepRequest) -> Any:
-    """The sharded step timed on every rank (`sharded_step.py`)."""
-    from tpu_tuner.runner.sharded_step import time_sharded_step
-
-    return time_sharded_step(state.workload, state.backend, request)
 
 
 # The job function of each request type.

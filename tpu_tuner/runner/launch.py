@@ -74,7 +74,6 @@ def run_ranks(
     module: str,
     args: list[str],
     timeout_s: float,
-    threads_per_rank: int | None = None,
     workdir: str | Path | None = None,
     env: dict[str, str] | None = None,
     rank_env: Callable[[int], dict[str, str]] | None = None,
@@ -103,7 +102,7 @@ def run_ranks(
         from tpu_tuner.core.host import usable_cores
 
         # The cores this launcher may use (its affinity: a container's, or one simulated host's).
-        threads = threads_per_rank or max(1, usable_cores() // nproc)
+        threads = max(1, usable_cores() // nproc)
         first, world = (group.first_rank, group.world_size) if group is not None else (0, nproc)
         meeting = (
             {STORE_VARIABLE: group.store, STORE_PREFIX_VARIABLE: group.prefix}

@@ -90,12 +90,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
             "timeout_s": timeout_s or self.timeout_s,
             "env": dict(env or {}),
             "device_kind": self.device_kind,
-            "spec": {
-                "request": request,
-                "workload_path": self.workload_path,
-                "device": self.device,
-                "memory_limit_bytes": self.memory_limit_bytes,
-            },
+            "spec": self.rank_job(request),
         }
         self.groups_started += 1
         since, started = self.log.mark(), time.perf_counter()

@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,18 @@ RESULT = "result.pkl"
 def failure_path(job_file: Path, rank: int) -> Path:
     """Where rank `rank` writes why its job failed (JSON: kind, message)."""
     return job_file.parent / f"failure-{rank}.json"
+
+
+def read_accounts(job_file: Path, ranks: Iterable[int]) -> dict[int, dict[str, str]]:
+    """The accounts that the ranks of `ranks` wrote of their job's failure (`failure_path`), by
+    rank: those that wrote one."""
+    accounts = {}
+    for rank in ranks:
+        try:
+            accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
+        except (OSError, ValueError):
+            continue
+    return accounts
 
 
 def main(argv: list[str]) -> None:

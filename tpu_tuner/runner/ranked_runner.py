@@ -20,7 +20,6 @@ output appended when its group ends.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import tempfile
@@ -80,7 +79,7 @@ class RankedTrialRunner:
         if not request.on_ranks:
             return self.single.run(request, env=env, timeout_s=timeout_s)
         from tpu_tuner.runner.launch import run_ranks
-        from tpu_tuner.runner.rank_job import RESULT, failure_path
+        from tpu_tuner.runner.rank_job import RESULT, read_accounts
 
         # The single worker is idle from here on (the profile is done): its memory and threads
         # are the ranks' now. A later single-process job starts it again.
@@ -88,16 +87,7 @@ class RankedTrialRunner:
         limit = timeout_s or self.timeout_s
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
-            job_file.write_bytes(
-                pickle.dumps(
-                    {
-                        "request": request,
-                        "workload_path": self.workload_path,
-                        "device": self.device,
-                        "memory_limit_bytes": self.memory_limit_bytes,
-                    }
-                )
-            )
+            job_file.write_bytes(pickle.dumps(self.rank_job(request)))
             self.groups_started += 1
             since = self.log.mark()
             outcome = run_ranks(
@@ -112,12 +102,25 @@ class RankedTrialRunner:
             )
             if outcome.ok:
                 return JobResult(value=pickle.loads((Path(folder) / RESULT).read_bytes()), seconds=outcome.seconds)
-            failure = _failure(outcome, job_file, failure_path)
+            # A rank's own account (`rank_account`), else the launcher's.
+            failure = rank_account(
+                read_accounts(job_file, range(outcome.ranks)), outcome.failed_rank, outcome.kind
+            ) or TrialFailure(outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed")
             # The ranks' accounts already quote the telling line; the log has the rest.
             note = self.log.failure_note(quote=False, since=since)
             return JobResult(
                 failure=TrialFailure(failure.kind, failure.message + note), seconds=outcome.seconds, note=note
             )
+
+    def rank_job(self, request: Request) -> dict[str, Any]:
+        """What each rank of a job reads from its job file (`runner.rank_job`): `request`, and
+        the workload and device it runs on."""
+        return {
+            "request": request,
+            "workload_path": self.workload_path,
+            "device": self.device,
+            "memory_limit_bytes": self.memory_limit_bytes,
+        }
 
     def check_usable(self) -> None:
         """Every job can run here (`MultiHostTrialRunner` raises once its hosts are lost for good)."""
@@ -133,19 +136,6 @@ class RankedTrialRunner:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _failure(outcome: Any, job_file: Path, failure_path: Callable[[Path, int], Path]) -> TrialFailure:
-    """Why the ranks failed: a rank's own account (`rank_account`), else the launcher's."""
-    accounts: dict[int, dict[str, str]] = {}
-    for rank in range(outcome.ranks):
-        try:
-            accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
-        except (OSError, ValueError):
-            continue
-    return rank_account(accounts, outcome.failed_rank, outcome.kind) or TrialFailure(
-        outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed"
-    )
 
 
 def rank_account(

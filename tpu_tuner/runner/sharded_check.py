@@ -52,15 +52,6 @@ class RankStep:
         return int(batch_size_of(self.local_inputs) or 0)
 
 
-def rank_arguments(description: str) -> argparse.ArgumentParser:
-    """The command line every rank program takes: MODEL.py LAYOUT [--batch-size N]."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("model_file")
-    parser.add_argument("layout", help="DATAxFSDPxTENSOR, or a config .toml with [sharding.mesh]")
-    parser.add_argument("--batch-size", type=int)
-    return parser
-
-
 def layout_of(text: str) -> Layout:
     """A layout string, or the [sharding.mesh] of a tuned / planned config file."""
     from tpu_tuner.parallel.apply import parse_layout
@@ -110,7 +101,11 @@ def check_layout(
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = rank_arguments(__doc__.splitlines()[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])  # MODEL.py LAYOUT [--batch-size N]
+    parser.add_argument("model_file")
+    parser.add_argument("layout", help="DATAxFSDPxTENSOR, or a config .toml with [sharding.mesh]")
+    parser.add_argument("--batch-size", type=int)
+    args = parser.parse_args(argv)
 
     import copy
 

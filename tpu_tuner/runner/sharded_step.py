@@ -21,13 +21,14 @@ from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.execution.timer import time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.batch import batch_size_of
-from tpu_tuner.model.workload import Workload
 from tpu_tuner.runner.requests import ShardedStepRequest, ShardedStepTiming
 
 
-def time_sharded_step(workload: Workload, backend: Backend, request: ShardedStepRequest) -> ShardedStepTiming:
+def run_sharded_step(state: Any, request: ShardedStepRequest) -> ShardedStepTiming:
     """Warm up, then time `request.steps` steps of the workload's step (a training step, or an
-    inference forward on each rank's slice) on `request.layout`."""
+    inference forward on each rank's slice) on `request.layout`, in a rank's worker `state`
+    (`runner.jobs.WorkerState`)."""
+    workload, backend = state.workload, state.backend
     candidate = Candidate(layout=request.layout)
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, request.batch_size)

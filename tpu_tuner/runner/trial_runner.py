@@ -128,18 +128,16 @@ class TrialRunner:
             case Raised(kind, message, trace):
                 log.debug("worker job failed: %s", trace)
                 return JobResult(failure=TrialFailure(kind, message), seconds=seconds)
+        self._worker = None  # killed (a timeout, a freeze) or dead: the next job starts another
+        # A killed worker's last line is whatever ran, not a cause: only a death's is quoted.
+        note = self.log.failure_note(quote=isinstance(outcome, Died), since=since)
+        match outcome:
             case TimedOut():
-                self._worker = None
-                note = self.log.failure_note(quote=False, since=since)  # its last line is whatever ran, not a cause
                 failure = TrialFailure(FailureKind.TIMEOUT, f"no result after {limit:.0f} s; worker killed{note}")
                 return JobResult(failure=failure, seconds=seconds, note=note)
             case Frozen() as frozen:
-                self._worker = None
-                note = self.log.failure_note(quote=False, since=since)
                 return JobResult(failure=TrialFailure(FailureKind.HANG, frozen.describe() + note), seconds=seconds)
             case Died() as died:
-                self._worker = None
-                note = self.log.failure_note(since=since)
                 failure = TrialFailure(died.kind, f"worker {describe_end(died.exit_code)}{note}")
                 return JobResult(failure=failure, seconds=seconds, exit_code=died.exit_code, note=note)
         raise AssertionError(f"unknown outcome {outcome!r}")

@@ -83,11 +83,6 @@ class WorkerLog:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    @property
-    def closed(self) -> bool:
-        """Whether `close` ran (nothing is written any more)."""
-        return self._file is None
-
     def capture(self, stream: IO[bytes]) -> threading.Thread:
         """Copy `stream` (a child's stdout-and-stderr pipe) into the log until it ends; returns
         the thread doing it (a daemon: a grandchild holding the pipe never blocks exit)."""

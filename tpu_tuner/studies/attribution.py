@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MIN_FAILURES = 2
@@ -78,29 +78,17 @@ class Cause:
         )
 
     def to_plain(self) -> dict[str, Any]:
-        return {
-            "values": [list(v) for v in self.values],
-            "kind": self.kind,
-            "after_trial": self.after_trial,
-            "failures_with": self.failures_with,
-            "settings_with": self.settings_with,
-            "failures_without": self.failures_without,
-            "settings_without": self.settings_without,
-            "detail": self.detail,
-        }
+        return {**asdict(self), "values": [list(v) for v in self.values]}
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Cause:
-        return cls(
-            tuple((str(n), v) for n, v in data["values"]),
-            str(data["kind"]),
-            int(data["after_trial"]),
-            int(data["failures_with"]),
-            int(data["settings_with"]),
-            int(data["failures_without"]),
-            int(data["settings_without"]),
-            str(data.get("detail", "")),
-        )
+        counts = {name: int(data[name]) for name in _COUNTS}
+        values = tuple((str(n), v) for n, v in data["values"])
+        return cls(values, str(data["kind"]), **counts, detail=str(data.get("detail", "")))
+
+
+# A cause's counts of trials (`Cause`'s int fields).
+_COUNTS = ("after_trial", "failures_with", "settings_with", "failures_without", "settings_without")
 
 
 @dataclass(frozen=True)

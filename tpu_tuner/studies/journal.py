@@ -88,6 +88,13 @@ _STALE = sqlalchemy.text(
     # The server's start counts as every trial's beat: one stopped or restarted heard no beats.
     "WHERE trial_id = ANY(:ids) AND GREATEST(beat, pg_postmaster_start_time()) < now() - make_interval(secs => :grace)"
 )
+_RDB_STUDY = sqlalchemy.text(f"SELECT 1 FROM {RDB_STUDIES_TABLE} WHERE study_name = :name")
+
+
+def _scalars(engine: sqlalchemy.engine.Engine, statement: Any, parameters: dict[str, Any]) -> list[Any]:
+    """The first column of what `statement` returns, run on a connection of its own."""
+    with engine.connect() as connection:
+        return list(connection.execute(statement, parameters).scalars())
 
 
 class PostgresJournal(BaseJournalBackend):
@@ -121,12 +128,8 @@ class PostgresJournal(BaseJournalBackend):
         if appended is not None and appended[0] == log_number_from:
             rows = appended[1]
         else:
-            rows = self.outages.call(lambda: self._read(log_number_from))
+            rows = self.outages.call(lambda: _scalars(self.engine, _READ, {"first": log_number_from}))
         return [json.loads(row) for row in rows]
-
-    def _read(self, log_number_from: int) -> list[str]:
-        with self.engine.connect() as connection:
-            return list(connection.execute(_READ, {"first": log_number_from}).scalars())
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         entries = [json.dumps(entry) for entry in logs]
@@ -189,12 +192,9 @@ class JournalStudyStorage(JournalStorage):
         ]
         if not running:
             return []
-
-        def stale() -> list[int]:
-            with self._autocommit.connect() as connection:
-                return list(connection.execute(_STALE, {"ids": running, "grace": self.grace_period}).scalars())
-
-        return self.outages.call(stale)
+        return self.outages.call(
+            lambda: _scalars(self._autocommit, _STALE, {"ids": running, "grace": self.grace_period})
+        )
 
     def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
         if study_name is not None:
@@ -213,11 +213,7 @@ class JournalStudyStorage(JournalStorage):
         this database: the journal neither reads it nor must create a second study of its name."""
         if not sqlalchemy.inspect(self.engine).has_table(RDB_STUDIES_TABLE):
             return
-        with self.engine.connect() as connection:
-            found = connection.execute(
-                sqlalchemy.text(f"SELECT 1 FROM {RDB_STUDIES_TABLE} WHERE study_name = :name"), {"name": study_name}
-            ).first()
-        if found is not None:
+        if _scalars(self.engine, _RDB_STUDY, {"name": study_name}):
             raise UserInputError(
                 f"study {study_name!r} in {self.engine.url.render_as_string(hide_password=True)} is in Optuna's "
                 "RDB tables (where tpu-tune kept server studies before its journal, docs/many-workers.md), which "

@@ -93,9 +93,8 @@ def open_storage(
     engine_kwargs: dict[str, object] = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            with warnings.catch_warnings():
-                # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # Both are Optuna's documented mechanism, marked experimental since 2.8 / 2.9.
+            with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
                 storage = RDBStorage(
                     url,
                     engine_kwargs=engine_kwargs,
@@ -179,14 +178,12 @@ class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
     not pass for its own."""
 
     def __init__(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
             super().__init__(max_retry=MAX_RETRIES)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         trial.user_attrs = {k: v for k, v in records.attrs(trial).items() if k in KEPT_ON_RETRY}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
             super().__call__(study, trial)
 
 
@@ -310,8 +307,7 @@ def fail_lost_trials(
             for trial_id in storage.stale_trial_ids(storage.get_study_id_from_name(study.study_name)):
                 failed = _fail_lost(study, storage, trial_id, "its heartbeat stopped") or failed
         else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
                 optuna.storages.fail_stale_trials(study)
     trials = study.get_trials(deepcopy=False)
     if watch is None:

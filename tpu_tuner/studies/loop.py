@@ -22,8 +22,8 @@ import logging
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
-from contextlib import ExitStack
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
@@ -241,18 +241,11 @@ def run_loop(
                 beat = beats.enter_context(ExitStack())
                 if storage is not None:
                     beat.enter_context(Heartbeat(storage, trial_id_of(storage, study, trial.number)))
-                try:
+                # Where its setting's writes are refused, beats stopped for a grace period after
+                # the ask (a suspended host) and another worker failed it as lost.
+                outcome: Claim | Settled = Settled.LOST
+                with _unless_failed_elsewhere(study, trial.number, "before it was evaluated here; asking again"):
                     outcome = _settle(study, feature, rules, trial, batch)
-                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
-                    if not _failed_elsewhere(exc, study, trial.number):
-                        raise
-                    # Its setting's writes were refused: beats stopped for a grace period
-                    # after the ask (a suspended host) and another worker failed it as lost.
-                    log.warning(
-                        "trial %d was failed as lost by another worker before it was evaluated here; asking again",
-                        trial.number,
-                    )
-                    outcome = Settled.LOST
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
@@ -279,17 +272,10 @@ def run_loop(
                         claim.trial.number,
                     )
                     continue
-                try:
+                # Where beats stopped for a whole grace period (a suspended host), another worker
+                # failed this trial as lost and queued its setting again: its result is dropped.
+                with _unless_failed_elsewhere(study, claim.trial.number, "while it ran here; its result is dropped"):
                     feature.tell(claim, result)
-                except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
-                    if not _failed_elsewhere(exc, study, claim.trial.number):
-                        raise
-                    # Beats stopped for a whole grace period (a suspended host) and another worker
-                    # failed this trial as lost and queued its setting again: its result is dropped.
-                    log.warning(
-                        "trial %d was failed as lost by another worker while it ran here; its result is dropped",
-                        claim.trial.number,
-                    )
 
 
 def _finished_elsewhere(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> bool:
@@ -299,13 +285,19 @@ def _finished_elsewhere(storage: optuna.storages.BaseStorage, study: optuna.Stud
     return storage.get_trial(trial_id_of(storage, study, number)).state.is_finished()
 
 
-def _failed_elsewhere(exc: Exception, study: optuna.Study, number: int) -> bool:
-    """Whether `exc` says that trial `number` was finished by another worker: a write to it raises
-    `UpdateFinishedTrialError`; Optuna's tell, where it reads the trial first (the journal
-    storage), raises ValueError ("Cannot tell a FAIL trial")."""
-    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
-        return True
-    return study.get_trials(deepcopy=False)[number].state.is_finished()
+@contextmanager
+def _unless_failed_elsewhere(study: optuna.Study, number: int, then: str) -> Iterator[None]:
+    """Run the block; where it raises because trial `number` was finished by another worker, log
+    that, ending with `then`, and go on. A write to such a trial raises `UpdateFinishedTrialError`;
+    Optuna's tell, where it reads the trial first (the journal storage), raises ValueError
+    ("Cannot tell a FAIL trial")."""
+    try:
+        yield
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+        elsewhere = isinstance(exc, optuna.exceptions.UpdateFinishedTrialError)
+        if not elsewhere and not study.get_trials(deepcopy=False)[number].state.is_finished():
+            raise
+        log.warning("trial %d was failed as lost by another worker %s", number, then)
 
 
 def _read_once_settings_written(study: optuna.Study, feature: Feature, number: int) -> list[FrozenTrial]:

@@ -48,8 +48,7 @@ def build_sampler(
         return optuna.samplers.RandomSampler(seed=seed)
     if kind != "tpe":
         raise ValueError(f"unknown sampler {kind!r} (known: {', '.join(SAMPLERS)})")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=startup_trials, multivariate=True, group=group, constant_liar=constant_liar
         )
