@@ -23,7 +23,6 @@ import optuna
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.core.units import duration
-from tpu_tuner.knobs import traits
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.bucket_cost import fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
@@ -177,9 +176,7 @@ def _tune_in(
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
-    space = SearchSpace.load(options.search.space, device_kind, ranks=nproc).for_workload(
-        traits.of_profile(profile.workload)
-    )
+    space = SearchSpace.for_profile(options.search.space, profile, ranks=nproc)
     if options.runner.nnodes > 1 and not options.runner.tensor_across_hosts:
         space = space.tensor_within_hosts(options.runner.nproc)
     if nproc > 1 and not space.spreads_over_ranks():

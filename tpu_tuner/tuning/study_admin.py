@@ -23,7 +23,6 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
-from tpu_tuner.knobs import traits
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.ranked_runner import trial_runner
 from tpu_tuner.studies import records, run_file
@@ -275,9 +274,7 @@ def _finish_in(
 
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
-    space = SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc).for_workload(
-        traits.of_profile(profile.workload)
-    )
+    space = SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.nproc)
     agents, findings, _ = prepare_agents(options, profile)
     measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
     done = recorded_verification(study)
