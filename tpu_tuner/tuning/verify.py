@@ -203,20 +203,18 @@ def verify(
         )
     samples = {label: decided.kept(i) for i, label in enumerate(labels)}
     speedup = decided.speedup
-    contributions = []
-    for name in attributed:
-        if name in unmeasurable:
-            continue
-        label = f"best without {name}"
-        reverted = samples[label] if label in samples else samples["baseline"]
-        contributions.append(
-            KnobContribution(
-                name,
-                space.baseline_value(name),
-                best_params.get(name, space.baseline_value(name)),
-                paired_speedup(reverted, samples["best"], level=speedup.level),
-            )
+    contributions = [
+        KnobContribution(
+            name,
+            space.baseline_value(name),
+            best_params.get(name, space.baseline_value(name)),
+            paired_speedup(
+                samples.get(f"best without {name}", samples["baseline"]), samples["best"], level=speedup.level
+            ),
         )
+        for name in attributed
+        if name not in unmeasurable
+    ]
     chosen_is_best = decided.verdict is VerdictKind.VERIFIED
     return Verification(
         race=race_entries,
