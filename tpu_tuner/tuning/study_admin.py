@@ -24,7 +24,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
 from tpu_tuner.runner.load import load_summary
-from tpu_tuner.runner.ranked_runner import trial_runner
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, trial_runner
 from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
@@ -270,8 +270,6 @@ def finish_study(
 def _finish_in(
     run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any, runner: Any
 ) -> TuningResult:
-    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
-
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
     space = SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.nproc)
@@ -290,7 +288,7 @@ def _finish_in(
             verify(study, space, runner, options, profile.device.kind, None, agents), host=socket.gethostname()
         )
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
-    result = TuningResult(
+    return TuningResult(
         run_dir=run_dir,
         study=study,
         space=space,
@@ -301,7 +299,6 @@ def _finish_in(
         worker_starts=runner.workers_started,
         storage_url=storage_url,
     )
-    return result
 
 
 def _label(trial: optuna.trial.FrozenTrial) -> str:
