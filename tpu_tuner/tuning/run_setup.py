@@ -25,9 +25,7 @@ from tpu_tuner.tuning.options import TuneOptions
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
     """What --nproc N cannot run yet, refused before anything is measured (a training step and an
     inference step both split over ranks)."""
-    if nproc == 1:
-        return
-    if lengths is not None:
+    if nproc > 1 and lengths is not None:
         raise UserInputError(
             f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",

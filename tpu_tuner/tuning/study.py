@@ -169,7 +169,6 @@ def _tune_in(
     if profile is None:
         say("profile", "profiling the baseline")
         profile = profile_baseline(runner, options, model_file, workload.device_kind)
-    device_kind = profile.device.kind
     nproc = options.runner.ranks  # every trial's ranks, over all its hosts
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
@@ -239,7 +238,7 @@ def _tune_in(
         baseline = space.to_candidate(space.baseline_params())
         verification = Verification.keeping_baseline(baseline, f"not verified by this worker: {left_to}")
     else:
-        verification = _verify_here(study, space, runner, options, device_kind, agents, say, started)
+        verification = _verify_here(study, space, runner, options, profile.device.kind, agents, say, started)
         if location.shared:
             record_verification(
                 study,
