@@ -107,8 +107,7 @@ class StudyStatus:
             )
         else:
             out.append("  best      none feasible yet")
-        for words in self.exclusions:
-            out.append(f"  excluded  {words}")
+        out += [f"  excluded  {words}" for words in self.exclusions]
         if self.stopped_early or self.excluded_asks:
             out.append(
                 f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
