@@ -356,16 +356,11 @@ def _objective_name(bucketing: BucketingContext | None) -> str:
 def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingContext | None) -> str:
     """A trial's figures, leading with its objective (what "best" shows) and how it is made up:
     "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
-    lead = f"{duration(objective)} {_objective_name(bucketing)}"
     if bucketing is not None:
-        return (
-            f"{lead} (step {duration(m.step_median)} at the reference length, compile "
-            f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}"
-        )
-    return (
-        f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
-        f"MFU {m.mfu:.1%}"
-    )
+        parts = f"step {duration(m.step_median)} at the reference length, compile {duration(m.compile_seconds)} a shape"
+    else:
+        parts = f"step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps"
+    return f"{duration(objective)} {_objective_name(bucketing)} ({parts}), MFU {m.mfu:.1%}"
 
 
 __all__ = ["TrialRun", "TuneTrials", "run_search"]
