@@ -67,7 +67,6 @@ _NO_WORK_NAMES = (
     "expand",
     "contiguous",
     "to",
-    "to_copy",
     "slice",
     "select",
     "narrow",
@@ -89,7 +88,6 @@ _NO_WORK_NAMES = (
     "lift.*",
     "item",
     "local_scalar_dense",
-    "random",
     "normal",
     "uniform",
     "bernoulli",
@@ -159,13 +157,10 @@ _NO_WORK_NAMES = (
     "grid_sampler.*",
     "affine_grid.*",
     "unsafe.*",
-    "reshape_alias",
-    "fused_dropout",
     "pin_memory",
     "has_compatible.*",
     "nested.*",
     "broadcast.*",
-    "chunk_cat",
 )
 # A name matches when it is one of the above (leading underscores dropped), alone or followed by
 # ``_something`` (``index_put_``, ``embedding_dense_backward``, ``native_layer_norm_backward``).

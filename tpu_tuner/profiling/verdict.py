@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from tpu_tuner.core.units import duration, si
 from tpu_tuner.metrics.mfu import share_of_peak
 
-BOUNDS = ("compute-bound", "memory-bound", "overhead-bound", "below-roofline")
 MATMUL_LIKE = ("mm", "matmul", "linear", "conv", "attention", "bmm", "baddbmm", "addmm", "rnn", "lstm", "gru")
 
 
@@ -31,7 +30,7 @@ def is_matmul_like(operator: str) -> bool:
 class Verdict:
     """The bound, the roofline terms behind it, and a sentence a user can act on."""
 
-    bound: str  # one of BOUNDS
+    bound: str  # "compute-bound", "memory-bound", "overhead-bound" or "below-roofline"
     compute_seconds: float
     memory_seconds: float | None
     step_seconds: float

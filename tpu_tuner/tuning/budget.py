@@ -42,12 +42,8 @@ class Budget:
 
 def measurable_settings(space: SearchSpace, agents: list[Agent]) -> int:
     """Settings of `space` that no agent's `validate` rejects (rejections cost no measurement)."""
-    count = 0
-    for setting in space.settings():
-        candidate = space.to_candidate(setting)
-        if not any(agent.validate(candidate) for agent in agents):
-            count += 1
-    return count
+    candidates = map(space.to_candidate, space.settings())
+    return sum(1 for candidate in candidates if not any(agent.validate(candidate) for agent in agents))
 
 
 def search_budget(trials: int | None, sampler: str, space: SearchSpace, agents: list[Agent]) -> Budget:

@@ -162,8 +162,7 @@ def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     if left is None or next_trial_seconds(trials) == 0.0:
         return True  # no budget, or nothing measured yet: the baseline is measured whatever the clock
     reserved = FinishPlan(RESERVED_RACE_TOP, 4, RESERVED_VERIFY_ROUNDS, False, 0.0)
-    reserved = replace(reserved, seconds=finish_seconds(trials, reserved))
-    return left - next_trial_seconds(trials) > reserved.seconds
+    return left - next_trial_seconds(trials) > finish_seconds(trials, reserved)
 
 
 __all__ = [

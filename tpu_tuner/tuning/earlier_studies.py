@@ -121,7 +121,8 @@ def storage_studies(
 
 
 def _verified_attr(data: Any) -> Verified | None:
-    """A stored study's verification attr ({"speedup": 2.0 or {"speedup": 2.0, ...}, "best_trial"?: 7})."""
+    """A stored study's verification attr, or result.json's verification ({"speedup": 2.0 or
+    {"speedup": 2.0, ...}, "best_trial"?: 7}); None where it is unreadable."""
     if not isinstance(data, Mapping):
         return None
     speedup = data.get("speedup")
@@ -191,16 +192,11 @@ def _folder_study(folder: Path, shared: str | None, exclude_study: str | None) -
 def _folder_verification(folder: Path) -> Verified | None:
     """result.json's verification, else tuned_config.toml's (runs written before result.json)."""
     try:
-        record = json.loads((folder / run_folder.RESULT_JSON).read_text())
-        v = record["verification"]
-        speedup = v.get("speedup")
-        return Verified(
-            speedup=optional(float, speedup.get("speedup") if isinstance(speedup, Mapping) else speedup),
-            best_trial=optional(int, v.get("best_trial")),
-            baseline_trial=optional(int, v.get("baseline_trial")),
-        )
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        pass
+        verified = _verified_attr(json.loads((folder / run_folder.RESULT_JSON).read_text())["verification"])
+    except (OSError, ValueError, TypeError, KeyError):
+        verified = None
+    if verified is not None:
+        return verified
     try:
         config = tomllib.loads((folder / run_folder.TUNED_CONFIG).read_text())
         v = config["provenance"]["verification"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -142,15 +143,12 @@ class FailureLearning:
 
     def _queue_probes(self, study: optuna.Study, trials: Sequence[FrozenTrial], probes: list[Probe]) -> None:
         held = {setting_key(t.params) for t in trials}  # waiting ones too: a probe is queued once
-        queued: dict[str, int] = {}
-        for trial in trials:
-            probe_for = records.attrs(trial).get(records.PROBE_FOR)
-            if isinstance(probe_for, dict):
-                queued[probe_for.get("kind", "")] = queued.get(probe_for.get("kind", ""), 0) + 1
+        probes_for = (records.attrs(trial).get(records.PROBE_FOR) for trial in trials)
+        queued = Counter(probe_for.get("kind", "") for probe_for in probes_for if isinstance(probe_for, dict))
         for probe in probes:
             setting = self.space.complete(probe.setting)
             if (
-                queued.get(probe.kind, 0) >= PROBES_PER_KIND
+                queued[probe.kind] >= PROBES_PER_KIND
                 or setting_key(setting) in held
                 or self.excluded_by(setting) is not None
             ):
@@ -169,7 +167,7 @@ class FailureLearning:
                 },
             )
             held.add(setting_key(setting))
-            queued[probe.kind] = queued.get(probe.kind, 0) + 1
+            queued[probe.kind] += 1
             log.info("probe queued: trial %d's setting without %s", probe.failing_trial, dropped)
 
 

@@ -85,11 +85,7 @@ def load_space(data: Any, options: TuneOptions, profile: Profile) -> SearchSpace
     try:
         return from_plain(SearchSpace, data)
     except (TypeError, ValueError, KeyError, AttributeError):
-        from tpu_tuner.knobs.traits import of_profile
-
-        return SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.ranks).for_workload(
-            of_profile(profile.workload)
-        )
+        return SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.ranks)
 
 
 __all__ = ["RESULT_FORMAT", "load_space", "load_study", "read_finished_run"]

@@ -25,9 +25,7 @@ from tpu_tuner.tuning.options import TuneOptions
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
     """What --nproc N cannot run yet, refused before anything is measured (a training step and an
     inference step both split over ranks)."""
-    if nproc == 1:
-        return
-    if lengths is not None:
+    if nproc > 1 and lengths is not None:
         raise UserInputError(
             f"--nproc {nproc} with varying input lengths is not supported: the bucketing "
             "cost model is measured on one process (give a fixed SEQ_LEN and no length sample)",
@@ -73,12 +71,10 @@ def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, dev
             f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
             f"it under that address-space limit ran out of memory ({failure.message.splitlines()[0][:160]})"
         )
-    if profiled.failure is not None and profiled.failure.kind == FailureKind.REFUSED:
-        raise WorkloadError(profiled.failure.message)  # the worker's own one-line error, naming the file
-    if profiled.failure is not None:
-        raise WorkloadError(
-            f"profiling the baseline failed ({profiled.failure.kind}): {profiled.failure.message}", model_file
-        )
+    if failure is not None and failure.kind == FailureKind.REFUSED:
+        raise WorkloadError(failure.message)  # the worker's own one-line error, naming the file
+    if failure is not None:
+        raise WorkloadError(f"profiling the baseline failed ({failure.kind}): {failure.message}", model_file)
     return profiled.value
 
 

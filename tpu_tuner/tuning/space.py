@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -21,7 +21,10 @@ from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, NarrowedByWorkload, SpreadsOverRanks
-from tpu_tuner.knobs.traits import WorkloadTraits
+from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
+
+if TYPE_CHECKING:
+    from tpu_tuner.profiling.profile import Profile
 
 # The parameters a space may search: the registered knobs.
 KNOWN_PARAMS = knobs.names()
@@ -78,6 +81,12 @@ class SearchSpace:
         return cls(
             name=data.get("space", {}).get("name", where), device_kind=device_kind, params=tuple(params), ranks=ranks
         )
+
+    @classmethod
+    def for_profile(cls, name_or_path: str | Path, profile: Profile, ranks: int = 1) -> SearchSpace:
+        """The space on the profiled device, narrowed to what can change the profiled workload's
+        step (`for_workload` with the traits the profile recorded, knobs/traits.py)."""
+        return cls.load(name_or_path, profile.device.kind, ranks).for_workload(of_profile(profile.workload))
 
     def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
         """This space narrowed to what can change `traits`' step: knobs that cannot

@@ -23,7 +23,6 @@ import optuna
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.core.units import duration
-from tpu_tuner.knobs import traits
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.bucket_cost import fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
@@ -133,7 +132,7 @@ def run_tuning(
         run_file.end(location.run_dir, "done")
     else:
         run_file.end(location.run_dir, "searched", reason=result.verification.message)
-    emit(_event("done", f"results in {location.run_dir}", options, started))
+    _announcer(emit, options, started)("done", f"results in {location.run_dir}")
     return result
 
 
@@ -150,6 +149,7 @@ def _tune_in(
 ) -> TuningResult:
     """Profile (or take the study's shared profile), search and verify, in an existing run folder."""
     model_file = workload.source
+    say = _announcer(emit, options, started)  # the clock's budget is the run's own: adopt_options leaves it
     whole_space = SearchSpace.load(options.search.space, workload.device_kind, ranks=options.runner.ranks)
     storage = open_run_storage(location.storage, options.store)
     worker = Worker.this_process(storage)
@@ -157,11 +157,7 @@ def _tune_in(
     study, first = opened.study, opened.created or not location.shared
     profile = None
     if not first:
-        emit(
-            _event(
-                "profile", f"joined study {location.study_name!r}: waiting for its baseline profile", options, started
-            )
-        )
+        say("profile", f"joined study {location.study_name!r}: waiting for its baseline profile")
         profile = shared_profile(study, wait_s=options.runner.trial_timeout_s + 60)
         # The study's search, objective, liveness and budget, as recorded once its profile is in
         # (as created, where its first worker died while profiling and this one profiles).
@@ -171,18 +167,15 @@ def _tune_in(
     # joining one whose first worker died while profiling.
     keeper = profile is None
     if profile is None:
-        emit(_event("profile", "profiling the baseline", options, started))
+        say("profile", "profiling the baseline")
         profile = profile_baseline(runner, options, model_file, workload.device_kind)
-    device_kind = profile.device.kind
     nproc = options.runner.ranks  # every trial's ranks, over all its hosts
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
     # Narrowed to what can change this workload's step (no optimizer knob for inference, no
     # memory format without convolutions; the layouts of --nproc ranks the model's shapes allow):
     # knobs/traits.py.
-    space = SearchSpace.load(options.search.space, device_kind, ranks=nproc).for_workload(
-        traits.of_profile(profile.workload)
-    )
+    space = SearchSpace.for_profile(options.search.space, profile, ranks=nproc)
     if options.runner.nnodes > 1 and not options.runner.tensor_across_hosts:
         space = space.tensor_within_hosts(options.runner.nproc)
     if nproc > 1 and not space.spreads_over_ranks():
@@ -205,18 +198,10 @@ def _tune_in(
             "(--time-budget)"
         )
     )
-    emit(
-        _event(
-            "budget",
-            (
-                budget.describe()
-                if keeper
-                else f"the study's budget: {budget.trials} measured settings across its workers"
-            )
-            + clock,
-            options,
-            started,
-        )
+    say(
+        "budget",
+        (budget.describe() if keeper else f"the study's budget: {budget.trials} measured settings across its workers")
+        + clock,
     )
     # The sampler of the narrowed space (a grid walks its settings): the study's public attribute.
     study.sampler = build_sampler(options, space, shared=location.shared, first=first)
@@ -235,7 +220,7 @@ def _tune_in(
         enqueue_seeds(study, space, agents, profile, seeds)
     if location.shared and keeper:
         publish_profile(study, profile)  # after the seeds: a joining worker starts on them
-    bucketing = _bucketing_context(workload, lengths, options, runner, profile, emit, started) if lengths else None
+    bucketing = _bucketing_context(workload, lengths, options, runner, profile, say) if lengths else None
     measure_options = MeasureRequest(  # each trial's request, with its candidate filled in
         batch_size=options.runner.batch_size,
         seq_len=options.runner.seq_len,
@@ -246,20 +231,14 @@ def _tune_in(
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None
     if location.shared:
-        emit(_event("verify", "settling: waiting for the study's running trials", options, started))
+        say("verify", "settling: waiting for the study's running trials")
         left_to = verification_left_to(study, worker, end, RunningWatch(2 * options.runner.trial_timeout_s + 60))
     if left_to is not None:
-        emit(_event("verify", f"not verifying here: {left_to}", options, started))
-        verification = Verification(
-            baseline_trial=None,
-            best_trial=None,
-            chosen=space.to_candidate(space.baseline_params()),
-            chosen_is_best=False,
-            speedup=None,
-            message=f"not verified by this worker: {left_to}",
-        )
+        say("verify", f"not verifying here: {left_to}")
+        baseline = space.to_candidate(space.baseline_params())
+        verification = Verification.keeping_baseline(baseline, f"not verified by this worker: {left_to}")
     else:
-        verification = _verify_here(study, space, runner, options, device_kind, agents, emit, started)
+        verification = _verify_here(study, space, runner, options, profile.device.kind, agents, say, started)
         if location.shared:
             record_verification(
                 study,
@@ -284,10 +263,11 @@ def _tune_in(
     return result
 
 
-def _event(phase: str, message: str, options: TuneOptions, started: float) -> Progress:
-    """A progress event of this run, with its time and what is left of its --time-budget."""
+def _announcer(emit: ProgressCallback, options: TuneOptions, started: float) -> Callable[[str, str], None]:
+    """Emit a progress event of this run (phase, message), with its time and what is left of its
+    --time-budget."""
     clock = Clock(options.search.time_budget_s, started)
-    return Progress(phase, message, elapsed=clock.elapsed(), time_left=clock.left())
+    return lambda phase, message: emit(Progress(phase, message, elapsed=clock.elapsed(), time_left=clock.left()))
 
 
 def _verify_here(
@@ -297,7 +277,7 @@ def _verify_here(
     options: TuneOptions,
     device_kind: str,
     agents: list[Agent],
-    emit: ProgressCallback,
+    say: Callable[[str, str], None],
     started: float,
 ) -> Verification:
     """The interleaved verification on this host (tuning/verify.py), reporting its rounds."""
@@ -305,24 +285,13 @@ def _verify_here(
     plan = plan_finish(
         study.get_trials(deepcopy=False), RACE_TOP, options.objective.verify_rounds, clock.left_to_work()
     )
-    emit(
-        _event(
-            "verify",
-            f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}",
-            options,
-            started,
-        )
-    )
+    say("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}")
 
     def verify_progress(done: int, rounds: int, ratio: float) -> None:
-        emit(
-            _event(
-                "verify",
-                f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
-                "(steady step, geometric mean of rounds)",
-                options,
-                started,
-            )
+        say(
+            "verify",
+            f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
+            "(steady step, geometric mean of rounds)",
         )
 
     return replace(
@@ -354,8 +323,7 @@ def _bucketing_context(
     options: TuneOptions,
     runner: Runner,
     profile: Profile,
-    emit: ProgressCallback,
-    started: float,
+    say: Callable[[str, str], None],
 ) -> BucketingContext:
     """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
     length once, so every trial's objective can include its best bucketing (tuning/bucketing.py)."""
@@ -366,14 +334,7 @@ def _bucketing_context(
         )
     objective = options.objective
     probes = probe_lengths(hist, objective.bucket_align)
-    emit(
-        _event(
-            "profile",
-            f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}",
-            options,
-            started,
-        )
-    )
+    say("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}")
     measured = runner.run(
         BucketCostsRequest(
             candidate=Candidate.baseline(profile.device.kind).to_dict(),

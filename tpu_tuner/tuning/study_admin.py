@@ -23,9 +23,8 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
-from tpu_tuner.knobs import traits
 from tpu_tuner.runner.load import load_summary
-from tpu_tuner.runner.ranked_runner import trial_runner
+from tpu_tuner.runner.ranked_runner import RankedTrialRunner, trial_runner
 from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
@@ -108,8 +107,7 @@ class StudyStatus:
             )
         else:
             out.append("  best      none feasible yet")
-        for words in self.exclusions:
-            out.append(f"  excluded  {words}")
+        out += [f"  excluded  {words}" for words in self.exclusions]
         if self.stopped_early or self.excluded_asks:
             out.append(
                 f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
@@ -271,13 +269,9 @@ def finish_study(
 def _finish_in(
     run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any, runner: Any
 ) -> TuningResult:
-    from tpu_tuner.runner.ranked_runner import RankedTrialRunner
-
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
-    space = SearchSpace.load(options.search.space, profile.device.kind, ranks=options.runner.nproc).for_workload(
-        traits.of_profile(profile.workload)
-    )
+    space = SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.nproc)
     agents, findings, _ = prepare_agents(options, profile)
     measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
     done = recorded_verification(study)
@@ -293,7 +287,7 @@ def _finish_in(
             verify(study, space, runner, options, profile.device.kind, None, agents), host=socket.gethostname()
         )
         record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
-    result = TuningResult(
+    return TuningResult(
         run_dir=run_dir,
         study=study,
         space=space,
@@ -304,7 +298,6 @@ def _finish_in(
         worker_starts=runner.workers_started,
         storage_url=storage_url,
     )
-    return result
 
 
 def _label(trial: optuna.trial.FrozenTrial) -> str:

@@ -8,6 +8,7 @@ go through `records.attrs`, which reads a study of any version.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import optuna
 
@@ -64,12 +65,7 @@ def record_measurement(
         }
     )
     if m.accuracy_error > tolerance:
-        record.update(
-            {
-                records.FAILURE_KIND: FailureKind.ACCURACY,
-                records.FAILURE_MESSAGE: f"accuracy error {m.accuracy_error:.3g} > tolerance {tolerance:g}",
-            }
-        )
+        record.update(_accuracy_failure(m.accuracy_error, tolerance))
     over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None and m.peak_memory_bytes is not None else None
     if over:
         record.set(records.FEASIBLE, False)
@@ -109,13 +105,14 @@ def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) ->
         error = max(stop.accuracy_errors.values())
         record.set(records.ACCURACY_ERROR, error)
         if error > tolerance:
-            record.update(
-                {
-                    records.FAILURE_KIND: FailureKind.ACCURACY,
-                    records.FAILURE_MESSAGE: f"accuracy error {error:.3g} > tolerance {tolerance:g}",
-                }
-            )
+            record.update(_accuracy_failure(error, tolerance))
     record.flush()
+
+
+def _accuracy_failure(error: float, tolerance: float) -> dict[str, Any]:
+    """The failure keys of an accuracy error over the tolerance."""
+    message = f"accuracy error {error:.3g} > tolerance {tolerance:g}"
+    return {records.FAILURE_KIND: FailureKind.ACCURACY, records.FAILURE_MESSAGE: message}
 
 
 def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:

@@ -109,33 +109,30 @@ class TrialRun:
     outcome: Any = None
 
 
+@dataclass(eq=False)
 class TuneTrials(Feature):
     """The tuner's side of the loop: one setting a trial, measured one at a time in the warm
     trial worker; a rejection by an agent costs no budget."""
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        space: SearchSpace,
-        agents: list[Agent],
-        runner: Runner,
-        measure_options: MeasureRequest,
-        options: TuneOptions,
-        emit: ProgressCallback,
-        started: float,
-        bucketing: BucketingContext | None,
-        memory: MemoryLimit | None,
-        worker: Worker,
-    ) -> None:
-        self.study, self.space, self.agents, self.runner = study, space, agents, runner
-        self.measure_options, self.options, self.emit, self.started = measure_options, options, emit, started
-        self.bucketing, self.memory, self.worker = bucketing, memory, worker
+    study: optuna.Study
+    space: SearchSpace
+    agents: list[Agent]
+    runner: Runner
+    measure_options: MeasureRequest
+    options: TuneOptions
+    emit: ProgressCallback
+    started: float
+    bucketing: BucketingContext | None
+    memory: MemoryLimit | None
+    worker: Worker
+
+    def __post_init__(self) -> None:
         self.told: set[int] = set()  # failed trials the agents have heard of
-        self.learning = FailureLearning(space, options.objective.tolerance)
+        self.learning = FailureLearning(self.space, self.options.objective.tolerance)
         # A trial's expected step under its own buckets is no amortised step: no pruning with buckets.
-        self.pruner = HopelessPruner() if options.search.prune and bucketing is None else None
+        self.pruner = HopelessPruner() if self.options.search.prune and self.bucketing is None else None
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
-        self.clock = Clock(options.search.time_budget_s, started)
+        self.clock = Clock(self.options.search.time_budget_s, self.started)
         self.out_of_time = False
         # The best feasible objective so far, for progress lines: from the loop's read of the
         # study (`observe`) and this worker's tells, not a read of the study a line.
@@ -359,16 +356,11 @@ def _objective_name(bucketing: BucketingContext | None) -> str:
 def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingContext | None) -> str:
     """A trial's figures, leading with its objective (what "best" shows) and how it is made up:
     "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
-    lead = f"{duration(objective)} {_objective_name(bucketing)}"
     if bucketing is not None:
-        return (
-            f"{lead} (step {duration(m.step_median)} at the reference length, compile "
-            f"{duration(m.compile_seconds)} a shape), MFU {m.mfu:.1%}"
-        )
-    return (
-        f"{lead} (step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps), "
-        f"MFU {m.mfu:.1%}"
-    )
+        parts = f"step {duration(m.step_median)} at the reference length, compile {duration(m.compile_seconds)} a shape"
+    else:
+        parts = f"step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps"
+    return f"{duration(objective)} {_objective_name(bucketing)} ({parts}), MFU {m.mfu:.1%}"
 
 
 __all__ = ["TrialRun", "TuneTrials", "run_search"]

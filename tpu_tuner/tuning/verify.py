@@ -90,6 +90,14 @@ class Verification:
     # holds the others.
     disturbed_rounds: list[DisturbedRound] = field(default_factory=list)
 
+    @classmethod
+    def keeping_baseline(
+        cls, baseline: Candidate, message: str, verdict: str = "", trials: tuple[int | None, int | None] = (None, None)
+    ) -> Verification:
+        """A verification that compared nothing: the baseline is kept, `message` says why; `trials`:
+        the baseline's and the best's trial numbers, where the search has them."""
+        return cls(*trials, baseline, False, None, message=message, verdict=verdict)
+
     @property
     def verdict_kind(self) -> VerdictKind:
         """The verdict: as recorded, else (older results) what the speedup and the choice say."""
@@ -131,26 +139,20 @@ def verify(
             if baseline_trial is None
             else "the baseline failed the accuracy check"
         )
-        return Verification(
-            None, None, baseline, False, None, message=f"not verified: {reason}", verdict=VerdictKind.NOT_VERIFIED
-        )
+        return Verification.keeping_baseline(baseline, f"not verified: {reason}", VerdictKind.NOT_VERIFIED)
     best_trial = min(feasible, key=trial_attrs.objective)
     if best_trial.params == baseline_params:
-        return Verification(
-            baseline_trial.number,
-            best_trial.number,
+        return Verification.keeping_baseline(
             baseline,
-            False,
-            None,
-            message="no gain: no feasible candidate beat the baseline in the search; keep the baseline",
-            verdict=VerdictKind.NO_GAIN,
+            "no gain: no feasible candidate beat the baseline in the search; keep the baseline",
+            VerdictKind.NO_GAIN,
+            (baseline_trial.number, best_trial.number),
         )
 
     # The search's leaders, raced interleaved: one measurement each cannot order settings a few
     # percent apart (tuning/race.py).
     race_entries: list[RaceEntry] = []
-    left = clock.left_to_work() if clock is not None else None
-    plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, left)
+    plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, _seconds_left(clock)())
     contenders = leaders(study, baseline_params)[: plan.race_top]
     if len(contenders) > 1:
         raced = race(study, space, runner, options, contenders, plan.race_rounds)
@@ -160,12 +162,7 @@ def verify(
             best_trial, race_entries = raced
 
     # What the verification itself can afford once the race is run.
-    plan = plan_finish(
-        study.get_trials(deepcopy=False),
-        0,
-        options.objective.verify_rounds,
-        clock.left_to_work() if clock is not None else None,
-    )
+    plan = plan_finish(study.get_trials(deepcopy=False), 0, options.objective.verify_rounds, _seconds_left(clock)())
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [
@@ -198,31 +195,26 @@ def verify(
         progress,
     )
     if isinstance(decided, str):
-        return Verification(
-            baseline_trial.number,
-            best_trial.number,
+        return Verification.keeping_baseline(
             baseline,
-            False,
-            None,
-            message=f"not verified: the verification failed ({decided}); keep the baseline",
-            verdict=VerdictKind.NOT_VERIFIED,
+            f"not verified: the verification failed ({decided}); keep the baseline",
+            VerdictKind.NOT_VERIFIED,
+            (baseline_trial.number, best_trial.number),
         )
     samples = {label: decided.kept(i) for i, label in enumerate(labels)}
     speedup = decided.speedup
-    contributions = []
-    for name in attributed:
-        if name in unmeasurable:
-            continue
-        label = f"best without {name}"
-        reverted = samples[label] if label in samples else samples["baseline"]
-        contributions.append(
-            KnobContribution(
-                name,
-                space.baseline_value(name),
-                best_params.get(name, space.baseline_value(name)),
-                paired_speedup(reverted, samples["best"], level=speedup.level),
-            )
+    contributions = [
+        KnobContribution(
+            name,
+            space.baseline_value(name),
+            best_params.get(name, space.baseline_value(name)),
+            paired_speedup(
+                samples.get(f"best without {name}", samples["baseline"]), samples["best"], level=speedup.level
+            ),
         )
+        for name in attributed
+        if name not in unmeasurable
+    ]
     chosen_is_best = decided.verdict is VerdictKind.VERIFIED
     return Verification(
         race=race_entries,

@@ -54,57 +54,48 @@ def measure_until_decided(
     fitted them to it), then rounds while undecided, each only when `seconds_left()` (None: no
     clock) holds the window's estimate of a round, and never beyond `max_rounds` in all. Returns
     why a round failed, else the decided (or timed-out) window. The window is closed either way."""
+    first_rounds = max(2, first_rounds)
     try:
-        return _measure(window, max(2, first_rounds), max_rounds, seconds_left, progress)
+        target, looks, stopped_by = first_rounds, 0, ""
+        looked: tuple[int, PairedSpeedup] | None = None  # the rounds at the last look, and its figure
+        while True:
+            disturbed = disturbed_rounds(window.samples)
+            while window.rounds - len(disturbed) < target:
+                if window.rounds >= first_rounds:
+                    if window.rounds >= max_rounds:
+                        stopped_by = "rounds"
+                        break
+                    left = seconds_left()
+                    if left is not None and left < window.seconds_per_round():
+                        stopped_by = "clock"
+                        break
+                chunk = window.per_job or target + len(disturbed) - window.rounds
+                failure = window.run(min(chunk, max(1, max_rounds - window.rounds)))
+                if failure is not None:
+                    return failure
+                disturbed = disturbed_rounds(window.samples)
+                if progress is not None:
+                    good = [i for i in range(window.rounds) if i not in disturbed]
+                    planned = window.rounds + max(0, target - len(good))
+                    progress(window.rounds, planned, window.running_ratio(good))
+            if looked is not None and looked[0] == window.rounds:
+                # Nothing was added since the last look (the clock had no room): that look stands, and
+                # another at a stricter level would only widen the same interval.
+                return DecidedWindow(window.samples, disturbed, looked[1], looks, stopped_by, window.compiles)
+            looks += 1
+            good_rounds = [i for i in range(window.rounds) if i not in disturbed]
+            if len(good_rounds) < 2:
+                return f"only {len(good_rounds)} of {window.rounds} rounds were undisturbed"
+            speedup = paired_speedup(
+                [window.samples[0][i] for i in good_rounds],
+                [window.samples[1][i] for i in good_rounds],
+                level=look_level(looks),
+            )
+            looked = (window.rounds, speedup)
+            if speedup.decided:
+                stopped_by = "decided"
+            if stopped_by:
+                return DecidedWindow(window.samples, disturbed, speedup, looks, stopped_by, window.compiles)
+            target = len(good_rounds) + max(MIN_ADDED, len(good_rounds) // 2)
     finally:
         window.close()
-
-
-def _measure(
-    window: InterleavedWindow,
-    first_rounds: int,
-    max_rounds: int,
-    seconds_left: Callable[[], float | None],
-    progress: VerifyProgress | None,
-) -> DecidedWindow | str:
-    target, looks, stopped_by = first_rounds, 0, ""
-    looked: tuple[int, PairedSpeedup] | None = None  # the rounds at the last look, and its figure
-    while True:
-        disturbed = disturbed_rounds(window.samples)
-        while window.rounds - len(disturbed) < target:
-            if window.rounds >= first_rounds:
-                if window.rounds >= max_rounds:
-                    stopped_by = "rounds"
-                    break
-                left = seconds_left()
-                if left is not None and left < window.seconds_per_round():
-                    stopped_by = "clock"
-                    break
-            chunk = window.per_job or target + len(disturbed) - window.rounds
-            failure = window.run(min(chunk, max(1, max_rounds - window.rounds)))
-            if failure is not None:
-                return failure
-            disturbed = disturbed_rounds(window.samples)
-            if progress is not None:
-                good = [i for i in range(window.rounds) if i not in disturbed]
-                planned = window.rounds + max(0, target - len(good))
-                progress(window.rounds, planned, window.running_ratio(good))
-        if looked is not None and looked[0] == window.rounds:
-            # Nothing was added since the last look (the clock had no room): that look stands, and
-            # another at a stricter level would only widen the same interval.
-            return DecidedWindow(window.samples, disturbed, looked[1], looks, stopped_by, window.compiles)
-        looks += 1
-        good_rounds = [i for i in range(window.rounds) if i not in disturbed]
-        if len(good_rounds) < 2:
-            return f"only {len(good_rounds)} of {window.rounds} rounds were undisturbed"
-        speedup = paired_speedup(
-            [window.samples[0][i] for i in good_rounds],
-            [window.samples[1][i] for i in good_rounds],
-            level=look_level(looks),
-        )
-        looked = (window.rounds, speedup)
-        if speedup.decided:
-            stopped_by = "decided"
-        if stopped_by:
-            return DecidedWindow(window.samples, disturbed, speedup, looks, stopped_by, window.compiles)
-        target = len(good_rounds) + max(MIN_ADDED, len(good_rounds) // 2)

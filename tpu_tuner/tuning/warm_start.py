@@ -100,51 +100,38 @@ def find_warm_seeds(
         return []
     storages: dict[str, StudyStorage] = {}
     try:
-        return _seeds(space, features, storage, results_dir, exclude_study, limit, max_distance, storages)
+        found: dict[tuple[str, str], EarlierStudy] = {}
+        for earlier in [
+            *storage_studies(storage, exclude_study, storages),
+            *folder_studies(results_dir, storage, exclude_study),
+        ]:
+            if earlier.features.device_kind == features.device_kind:
+                found.setdefault(earlier.key, earlier)
+        # Closest first; among equally close studies the newest (a stable sort on the newer order).
+        newest_first = sorted(found.values(), key=lambda e: e.started, reverse=True)
+        ranked = sorted(((*distance(features, e.features), e) for e in newest_first), key=lambda item: item[0])
+        baseline = space.to_candidate(space.baseline_params())
+        seeds: list[WarmSeed] = []
+        for d, match, earlier in ranked:
+            if d > max_distance:
+                log.debug("warm start: %s is too far (%.2f > %.2f): %s", earlier.source, d, max_distance, match)
+                break
+            try:
+                seed = _best_of(earlier.open(storages), space, baseline, earlier, d, match)
+            except Exception as exc:
+                log.debug("warm start: skipping %s: %s", earlier.source, redact(f"{type(exc).__name__}: {exc}"))
+                continue
+            if seed is None or any(s.params == seed.params for s in seeds):
+                continue
+            seeds.append(seed)
+            log.info("warm start: %s", seed.describe())
+            if len(seeds) >= limit:
+                break
+        return seeds
     finally:
         for rdb in storages.values():  # no connection pool left open behind the search
             with contextlib.suppress(Exception):
                 rdb.engine.dispose()
-
-
-def _seeds(
-    space: SearchSpace,
-    features: WorkloadFeatures,
-    storage: str | None,
-    results_dir: Path | None,
-    exclude_study: str | None,
-    limit: int,
-    max_distance: float,
-    storages: dict[str, StudyStorage],
-) -> list[WarmSeed]:
-    found: dict[tuple[str, str], EarlierStudy] = {}
-    for earlier in [
-        *storage_studies(storage, exclude_study, storages),
-        *folder_studies(results_dir, storage, exclude_study),
-    ]:
-        if earlier.features.device_kind == features.device_kind:
-            found.setdefault(earlier.key, earlier)
-    # Closest first; among equally close studies the newest (a stable sort on the newer order).
-    newest_first = sorted(found.values(), key=lambda e: e.started, reverse=True)
-    ranked = sorted(((*distance(features, e.features), e) for e in newest_first), key=lambda item: item[0])
-    baseline = space.to_candidate(space.baseline_params())
-    seeds: list[WarmSeed] = []
-    for d, match, earlier in ranked:
-        if d > max_distance:
-            log.debug("warm start: %s is too far (%.2f > %.2f): %s", earlier.source, d, max_distance, match)
-            break
-        try:
-            seed = _best_of(earlier.open(storages), space, baseline, earlier, d, match)
-        except Exception as exc:
-            log.debug("warm start: skipping %s: %s", earlier.source, redact(f"{type(exc).__name__}: {exc}"))
-            continue
-        if seed is None or any(s.params == seed.params for s in seeds):
-            continue
-        seeds.append(seed)
-        log.info("warm start: %s", seed.describe())
-        if len(seeds) >= limit:
-            break
-    return seeds
 
 
 def enqueue_warm_seeds(study: optuna.Study, seeds: list[WarmSeed]) -> None:
