@@ -169,14 +169,7 @@ def search(
 
 def distributions(space: PlanSpace) -> dict[str, BaseDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
-    return {
-        "tensor": CategoricalDistribution(space.tensors),
-        "context": CategoricalDistribution(space.contexts),
-        "data": CategoricalDistribution(space.datas),
-        "remat": CategoricalDistribution(space.remats),
-        "accumulation": CategoricalDistribution(space.accumulations),
-        **({"dcn": CategoricalDistribution(space.dcns)} if space.dcns else {}),
-    }  # over several slices
+    return {axis: CategoricalDistribution(choices) for axis, choices in space.axes().items()}
 
 
 def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
