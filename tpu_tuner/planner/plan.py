@@ -94,7 +94,7 @@ def enumerated(
         emit(f"[{next(counter)}/{len(points)}] {point.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
 
     evaluated = evaluate(problem, points, pool, emit, done)
-    plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
+    plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -p.predicted_mfu))
     return result_of(problem, plans, rejected, parse_remat(options.step.remat).name, started)
 
 

@@ -152,7 +152,7 @@ def search(
     trials = study.get_trials(deepcopy=False)
     compiled = [t for t in trials if records.attrs(t).get(records.OUTCOME) in _COMPILED]
     plans = [plan_of_trial(problem, t) for t in compiled]
-    plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
+    plans.sort(key=lambda p: (not p.fits, -p.predicted_mfu))
     record = {
         "study": study.study_name,
         "storage": without_password(str(storage.url)) if storage is not None else "memory",
