@@ -234,15 +234,9 @@ def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -
     if kind == "per_generation":
         # With the overlap fixed, each generation's efficiency only touches its own rows.
         generations = sorted({r.generation for r in rows})
-        total = np.zeros(len(_MEMORY_OVERLAPS))
-        for generation in generations:
-            own = np.asarray([r.generation == generation for r in rows])
-            total += abs_err[:, :, own].sum(axis=2).min(axis=0)
-        g = int(np.argmin(total))
-        efficiency = {}
-        for generation in generations:
-            own = np.asarray([r.generation == generation for r in rows])
-            efficiency[generation] = _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))]
+        owns = {gen: np.asarray([r.generation == gen for r in rows]) for gen in generations}
+        g = int(np.argmin(sum(abs_err[:, :, own].sum(axis=2).min(axis=0) for own in owns.values())))
+        efficiency = {gen: _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))] for gen, own in owns.items()}
         # A generation without rows is a new chip: the median chip's efficiency, each known
         # generation one sample (a fit over all rows would be the most-published generation's).
         efficiency["*"] = float(np.median(list(efficiency.values())))
