@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -182,23 +183,19 @@ def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampl
     )
 
 
+@dataclass(eq=False)  # equal and hashed by identity, as before it was a dataclass
 class PlanTrials(Feature):
     """The planner's side of the loop: a trial holds a point, ruled out without a compile when
     it cannot run or cannot fit; claims compile in batches of the pool's workers."""
 
-    def __init__(
-        self,
-        problem: PlanProblem,
-        space: PlanSpace,
-        pool: CompilePool,
-        emit: Callable[[str], None],
-        started: float,
-        budget: int,
-        evaluator: Evaluator,
-        worker: Worker,
-    ) -> None:
-        self.problem, self.space, self.pool, self.emit = problem, space, pool, emit
-        self.started, self.budget, self.evaluator, self.worker = started, budget, evaluator, worker
+    problem: PlanProblem
+    space: PlanSpace
+    pool: CompilePool
+    emit: Callable[[str], None]
+    started: float
+    budget: int
+    evaluator: Evaluator
+    worker: Worker
 
     def ask(self, study: optuna.Study) -> optuna.Trial:
         return study.ask(distributions(self.space))
