@@ -20,21 +20,10 @@ from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 DTYPE_BYTES = {
-    "bf16": 2,
-    "f16": 2,
-    "f32": 4,
-    "f64": 8,
-    "s32": 4,
-    "u32": 4,
-    "s64": 8,
-    "u64": 8,
-    "s8": 1,
-    "u8": 1,
-    "pred": 1,
-    "s16": 2,
-    "u16": 2,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
+    **dict.fromkeys(("pred", "s8", "u8", "f8e4m3fn", "f8e5m2"), 1),
+    **dict.fromkeys(("bf16", "f16", "s16", "u16"), 2),
+    **dict.fromkeys(("f32", "s32", "u32"), 4),
+    **dict.fromkeys(("f64", "s64", "u64"), 8),
 }
 _LINE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<kind>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
