@@ -217,14 +217,11 @@ def matmul_parameters(model: nn.Module) -> int:
     lookup_tables = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights
     }
-    seen: set[int] = set()
-    total = 0
-    for name, parameter in model.named_parameters():  # named_parameters() already skips tied duplicates
-        if id(parameter) in seen or id(parameter) in lookup_tables or parameter.dim() < 2 or name.endswith("bias"):
-            continue
-        seen.add(id(parameter))
-        total += round(parameter.numel() * active_share.get(id(parameter), 1.0))
-    return total
+    return sum(
+        round(parameter.numel() * active_share.get(id(parameter), 1.0))
+        for name, parameter in model.named_parameters()  # named_parameters() already skips tied duplicates
+        if id(parameter) not in lookup_tables and parameter.dim() >= 2 and not name.endswith("bias")
+    )
 
 
 @dataclass(frozen=True)

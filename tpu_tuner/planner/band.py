@@ -37,17 +37,6 @@ WIDEN = 0.25  # beyond the rows' own distances: the largest error seen x (1 + WI
 
 
 @dataclass(frozen=True)
-class BandRow:
-    """One calibration row's place and its leave-one-out error (MFU points, predicted - published)."""
-
-    generation: str
-    remat_family: str
-    seq: int
-    per_device_batch: float
-    error: float
-
-
-@dataclass(frozen=True)
 class Place:
     """Where a prediction sits: what the band compares with the calibration rows."""
 
@@ -55,6 +44,13 @@ class Place:
     remat_family: str
     seq: int
     per_device_batch: float
+
+
+@dataclass(frozen=True)
+class BandRow(Place):
+    """One calibration row's place and its leave-one-out error (MFU points, predicted - published)."""
+
+    error: float
 
 
 @dataclass(frozen=True)
@@ -133,12 +129,7 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
         m = len(kinds)
         # The rows that, left out, had every one of these gaps themselves: their errors are what
         # extrapolating that way cost.
-        far = [
-            r
-            for i, r in enumerate(rows)
-            if set(kinds)
-            <= set(gap_kinds(Place(r.generation, r.remat_family, r.seq, r.per_device_batch), rows[:i] + rows[i + 1 :]))
-        ]
+        far = [r for i, r in enumerate(rows) if set(kinds) <= set(gap_kinds(r, rows[:i] + rows[i + 1 :]))]
         if len(far) >= MIN_COMPARABLE:
             points = max(points, conformal_quantile([abs(r.error) for r in far]))
             source += f"; widened to that of the {len(far)} rows that had the same gaps when left out"

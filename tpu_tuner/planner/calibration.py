@@ -26,7 +26,7 @@ import itertools
 import json
 import logging
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -148,19 +148,14 @@ def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
     }
 
 
-def _with_terms(
-    a: dict[str, np.ndarray],
-    host_gbytes_per_s: float,
-    score_flops: float,
-    comm_exposed: float = 0.0,
-    dcn_step_seconds: float = 0.0,
-) -> dict[str, np.ndarray]:
-    """The rows' arrays with the cause terms' seconds: attention's vector work added to compute
-    (at full efficiency: it is divided by the efficiency with the rest); host traffic, the
-    collectives' exposed share and the DCN steps' latency apart (serial with the busy time)."""
-    extra_compute = score_flops * a["score"]
-    host = a["host"] / host_gbytes_per_s if host_gbytes_per_s else np.zeros_like(a["host"])
-    serial = host + comm_exposed * a["comm"] + dcn_step_seconds * a["dcn_steps"]
+def _with_terms(a: dict[str, np.ndarray], terms: Fitted) -> dict[str, np.ndarray]:
+    """The rows' arrays with the cause terms' seconds (`terms`' constants): attention's vector work
+    added to compute (at full efficiency: it is divided by the efficiency with the rest); host
+    traffic, the collectives' exposed share and the DCN steps' latency apart (serial with the busy
+    time)."""
+    extra_compute = terms.score_flops * a["score"]
+    host = a["host"] / terms.host_gbytes_per_s if terms.host_gbytes_per_s else np.zeros_like(a["host"])
+    serial = host + terms.comm_exposed * a["comm"] + terms.dcn_step_seconds * a["dcn_steps"]
     return {**a, "compute": a["compute"] + extra_compute, "host_seconds": serial}
 
 
@@ -174,9 +169,7 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
 
 def _predictions(rows: list[CalibrationRow], fitted: Fitted) -> np.ndarray:
     """Every row's predicted MFU with `fitted`'s constants, at once."""
-    a = _with_terms(
-        _arrays(rows), fitted.host_gbytes_per_s, fitted.score_flops, fitted.comm_exposed, fitted.dcn_step_seconds
-    )
+    a = _with_terms(_arrays(rows), fitted)
     efficiency = np.asarray([fitted.efficiency_of(r.generation) for r in rows])
     return _predicted(a, efficiency, np.asarray(fitted.memory_overlap))
 
@@ -213,8 +206,9 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
             DCN_STEP_SECONDS if "dcn" in terms else (0.0,),
         )
         for host, score, comm, dcn in grid:
-            inner = _fit_base(rows, base, _with_terms(_arrays(rows), host, score, comm, dcn))
-            fitted = Fitted(kind, inner.efficiency, inner.memory_overlap, host, score, comm, dcn)
+            constants = Fitted(kind, {}, 0.0, host, score, comm, dcn)
+            inner = _fit_base(rows, base, _with_terms(_arrays(rows), constants))
+            fitted = replace(constants, efficiency=inner.efficiency, memory_overlap=inner.memory_overlap)
             total = sum(abs(e) for e in errors(rows, fitted))
             if best is None or total < best[0] - 1e-9:
                 best = (total, fitted)
@@ -234,15 +228,9 @@ def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -
     if kind == "per_generation":
         # With the overlap fixed, each generation's efficiency only touches its own rows.
         generations = sorted({r.generation for r in rows})
-        total = np.zeros(len(_MEMORY_OVERLAPS))
-        for generation in generations:
-            own = np.asarray([r.generation == generation for r in rows])
-            total += abs_err[:, :, own].sum(axis=2).min(axis=0)
-        g = int(np.argmin(total))
-        efficiency = {}
-        for generation in generations:
-            own = np.asarray([r.generation == generation for r in rows])
-            efficiency[generation] = _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))]
+        owns = {gen: np.asarray([r.generation == gen for r in rows]) for gen in generations}
+        g = int(np.argmin(sum(abs_err[:, :, own].sum(axis=2).min(axis=0) for own in owns.values())))
+        efficiency = {gen: _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))] for gen, own in owns.items()}
         # A generation without rows is a new chip: the median chip's efficiency, each known
         # generation one sample (a fit over all rows would be the most-published generation's).
         efficiency["*"] = float(np.median(list(efficiency.values())))

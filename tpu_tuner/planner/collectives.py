@@ -20,21 +20,10 @@ from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 DTYPE_BYTES = {
-    "bf16": 2,
-    "f16": 2,
-    "f32": 4,
-    "f64": 8,
-    "s32": 4,
-    "u32": 4,
-    "s64": 8,
-    "u64": 8,
-    "s8": 1,
-    "u8": 1,
-    "pred": 1,
-    "s16": 2,
-    "u16": 2,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
+    **dict.fromkeys(("pred", "s8", "u8", "f8e4m3fn", "f8e5m2"), 1),
+    **dict.fromkeys(("bf16", "f16", "s16", "u16"), 2),
+    **dict.fromkeys(("f32", "s32", "u32"), 4),
+    **dict.fromkeys(("f64", "s64", "u64"), 8),
 }
 _LINE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<kind>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
@@ -77,22 +66,20 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
     totals: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0])
     for line in hlo_text.splitlines():
         dcn = _DCN_RECV.search(line) if "_xla_megascale_transfer_type" in line else None
-        if dcn:
-            arrays = [_bytes(dtype, dims) for dtype, dims in _ARRAY.findall(dcn.group("shape"))]
-            entry = totals[(dcn.group("kind").lower().replace("_", "-"), _dcn_slices(line), "dcn")]
-            entry[0] += 1
-            entry[1] += arrays[0] if arrays else 0
-            continue
-        match = _LINE.search(line)
+        match = dcn or _LINE.search(line)
         if not match:
             continue
         arrays = [_bytes(dtype, dims) for dtype, dims in _ARRAY.findall(match.group("shape"))]
-        if not arrays:
+        if dcn:
+            key = (dcn.group("kind").lower().replace("_", "-"), _dcn_slices(line), "dcn")
+            size = arrays[0] if arrays else 0
+        elif arrays:
+            key = (match.group("kind"), _group_size(line), "ici")
+            size = arrays[-1] if match.group("start") else sum(arrays)
+        else:
             continue
-        size = arrays[-1] if match.group("start") else sum(arrays)
-        entry = totals[(match.group("kind"), _group_size(line), "ici")]
-        entry[0] += 1
-        entry[1] += size
+        totals[key][0] += 1
+        totals[key][1] += size
     return [
         Collective(kind, group, count, nbytes, network)
         for (kind, group, network), (count, nbytes) in sorted(totals.items())
@@ -148,17 +135,8 @@ def ring_seconds(c: Collective, ring_bytes_per_s: float) -> float:
     if n <= 1:
         return 0.0
     share = (n - 1) / n
-    if c.kind == "all-gather":
-        moved = c.bytes * share
-    elif c.kind == "reduce-scatter":
-        moved = c.bytes * n * share
-    elif c.kind == "all-reduce":
-        moved = 2 * c.bytes * share
-    elif c.kind == "all-to-all":
-        moved = c.bytes * share
-    else:
-        moved = c.bytes
-    return moved / ring_bytes_per_s
+    moved = {"all-gather": share, "reduce-scatter": n * share, "all-reduce": 2 * share, "all-to-all": share}
+    return c.bytes * moved.get(c.kind, 1.0) / ring_bytes_per_s
 
 
 def latency_steps(c: Collective) -> float:

@@ -127,18 +127,15 @@ def combine_scanned(
         e = by_key.pop((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
         collectives.append(replace(c, count=round(total(e.count, c.count)), bytes=round(total(e.bytes, c.bytes))))
     collectives += list(by_key.values())
-    return CompiledStep(
+    return replace(
+        memory,
         flops=total(ends.flops, scanned.flops),
         bytes_accessed=total(ends.bytes_accessed, scanned.bytes_accessed),
-        argument_bytes=memory.argument_bytes,
-        output_bytes=memory.output_bytes,
-        temp_bytes=memory.temp_bytes,
-        alias_bytes=memory.alias_bytes,
         collectives=sorted(collectives, key=lambda c: (c.kind, c.group_size, c.network)),
         compile_seconds=ends.compile_seconds + memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
-        host_temp_bytes=memory.host_temp_bytes,
+        error=None,
         loop_peeled=scanned.loop_peeled,
-        compiler_peak_bytes=memory.compiler_peak_bytes,
+        loop_iteration=None,
     )
 
 

@@ -3,6 +3,7 @@ figures, whether it fits, and its prediction."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -163,19 +164,18 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     if unknown and problem.xla_flags:
         # Every point would be refused alike: the user's flag, not the point, is wrong.
         raise UserInputError(f"--xla-flags: the TPU compiler has no option {unknown!r}")
+    # The point's plan given (fits, margin, why, prediction): the rest is the same either way.
+    plan_of = functools.partial(
+        LayoutPlan,
+        point.layout,
+        full,
+        remat=point.remat,
+        accumulation=point.accumulation,
+        per_device_batch=batch,
+        lower_bound_bytes=bound,
+    )
     if full.error:
-        return LayoutPlan(
-            point.layout,
-            full,
-            False,
-            0.0,
-            f"the compiler refused: {full.error}",
-            None,
-            point.remat,
-            point.accumulation,
-            batch,
-            bound,
-        )
+        return plan_of(False, 0.0, f"the compiler refused: {full.error}", None)
     if full.loop_peeled:
         log.warning(
             "%s: the compiler peeled the block loop; per-block work may count more than one block", point.name()
@@ -229,19 +229,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     )
     # The margin of an accepted program over its allocation is not known: 0, at the limit.
     margin = 0.0 if over_but_accepted else hbm - full.peak_bytes
-    return LayoutPlan(
-        point.layout,
-        full,
-        fits,
-        margin,
-        why,
-        prediction,
-        point.remat,
-        point.accumulation,
-        batch,
-        bound,
-        over_limit_accepted=over_but_accepted,
-    )
+    return plan_of(fits, margin, why, prediction, over_limit_accepted=over_but_accepted)
 
 
 __all__ = ["evaluate", "judged"]

@@ -16,7 +16,6 @@ from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
-from tpu_tuner.planner.optimizer import state_bytes_per_parameter
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.remat import parse_remat
@@ -58,14 +57,7 @@ def enumerated(
             problem.seq_len,
             slices=problem.topology.slices,
         )
-        candidates, too_big = _weights_fit(
-            candidates,
-            problem.matmul_parameters,
-            problem.hbm,
-            2 if problem.first_moment_dtype == "bfloat16" else 4,
-            2 if problem.weight_dtype == "bfloat16" else 4,
-            problem.optimizer,
-        )
+        candidates, too_big = _weights_fit(candidates, problem)
         rejected += too_big
         candidates = sorted(candidates, key=_preference)[: options.enumeration.max_layouts]
     if not candidates:
@@ -94,28 +86,20 @@ def enumerated(
         emit(f"[{next(counter)}/{len(points)}] {point.layout.name()}: {status} ({time.perf_counter() - started:.0f} s)")
 
     evaluated = evaluate(problem, points, pool, emit, done)
-    plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
+    plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -p.predicted_mfu))
     return result_of(problem, plans, rejected, parse_remat(options.step.remat).name, started)
 
 
-def _weights_fit(
-    layouts: list[Layout],
-    n_params: int,
-    hbm: float,
-    first_moment_bytes: int = 4,
-    weight_bytes: int = 4,
-    optimizer: str = "adamw",
-) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """Drop, without compiling, layouts whose weights and optimizer state alone (the weight in
-    `weight_bytes`; AdamW's second moment in `weight_bytes` and first in `first_moment_bytes`, SGD
-    none; split over fsdp x context x tensor, replicated over data)
-    exceed a device's HBM: a lower bound on the compiler's argument bytes, so nothing that could
-    fit is dropped."""
+def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Drop, without compiling, layouts whose weights and optimizer state alone (in the problem's
+    dtypes, AdamW's two moments or SGD's none, split over fsdp x context x tensor, replicated over
+    data: the first term of its memory lower bound, space.memory_lower_bound) exceed a device's
+    HBM: a lower bound on the compiler's argument bytes, so nothing that could fit is dropped."""
     keep, drop = [], []
-    per_parameter = weight_bytes + state_bytes_per_parameter(optimizer, first_moment_bytes, weight_bytes)
-    state = "AdamW moments" if optimizer == "adamw" else "optimizer state"
+    hbm = problem.hbm
+    state = "AdamW moments" if problem.optimizer == "adamw" else "optimizer state"
     for layout in layouts:
-        need = per_parameter * n_params / layout.parameter_shards
+        need = problem.lower_bound(PlanPoint(layout)).weights_and_moments
         if need > hbm:
             reason = f"the weights + {state} alone need {need / 2**30:.0f} GiB per device (> {hbm / 2**30:.0f} GiB HBM)"
             drop.append((layout, reason))

@@ -67,8 +67,7 @@ FAST_COMPILE_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "exec_time_optimizati
 def truncated(model: nn.Module, keep: int) -> nn.Module:
     """The model with only its first `keep` repeated blocks (shares the rest)."""
     name, blocks = blocks_of(model)
-    parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-    setattr(parent, name.rsplit(".", 1)[-1], nn.ModuleList(list(blocks)[:keep]))
+    model.set_submodule(name, nn.ModuleList(list(blocks)[:keep]))
     return model
 
 
@@ -159,20 +158,17 @@ def compile_step(
             h, _ = jax.lax.scan(body, jax.lax.with_sharding_constraint(jax_view(x), residual), stacked["weights"])
             return torch_view(h)
 
-        parent = model.get_submodule(blocks_name.rsplit(".", 1)[0]) if "." in blocks_name else model
-        setattr(parent, blocks_name.rsplit(".", 1)[-1], nn.ModuleList([ScannedBlocks(run_blocks)]))
-        for block in beside:  # leading / trailing layers of a layer pattern: unrolled, as MaxText does
-            block.register_forward_hook(constrain)
-            if checkpoint_policy is not None:
-                block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
+        model.set_submodule(blocks_name, nn.ModuleList([ScannedBlocks(run_blocks)]))
+        unrolled = beside  # leading / trailing layers of a layer pattern: unrolled, as MaxText does
     else:
         if policy.action(BLOCK_INPUT) == "offload" and len(block_list):
             raise ValueError("offloading the block input needs the scanned blocks (scan=True)")
         template = None
-        for block in [*block_list, *beside]:
-            block.register_forward_hook(constrain)
-            if checkpoint_policy is not None:
-                block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
+        unrolled = [*block_list, *beside]
+    for block in unrolled:
+        block.register_forward_hook(constrain)
+        if checkpoint_policy is not None:
+            block.forward = torchax.interop.gradient_checkpoint(block.forward, kwargs={"policy": checkpoint_policy})
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             module.register_forward_hook(constrain)
@@ -187,7 +183,8 @@ def compile_step(
         head_weight = next(name for name, p in model.named_parameters() if p is head.weight)
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
-    sharded_attention(env, mesh, flash=np.asarray(devices).flat[0].platform == "tpu")
+    on_tpu = np.asarray(devices).flat[0].platform == "tpu"
+    sharded_attention(env, mesh, flash=on_tpu)
     if quantization is not None:
         scope = BlockScope()
         scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
@@ -202,7 +199,7 @@ def compile_step(
         for path, role in block_tensor_roles(block, d_model, mlp_width(block, d_model))[0].items()
         if role.startswith("mlp")
     }
-    grouped_matmuls_per_device(env, mesh, megablox=np.asarray(devices).flat[0].platform == "tpu")
+    grouped_matmuls_per_device(env, mesh, megablox=on_tpu)
 
     def param_struct(name: str, tensor: torch.Tensor, leading: tuple = ()) -> Any:
         # MaxText's rules: the embed side over fsdp, context (and fsdp_transpose, expert), the MLP's
@@ -284,7 +281,6 @@ def compile_step(
     start = time.perf_counter()
     state = initial_state(optimizer, params, first_moment_dtype)
     lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, state, buffers, tokens, tokens)
-    on_tpu = np.asarray(devices).flat[0].platform == "tpu"
     try:
         options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}
         compiled = lowered.compile(options if on_tpu else None)

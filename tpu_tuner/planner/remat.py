@@ -26,21 +26,10 @@ from torch import nn
 from tpu_tuner.core.errors import UserInputError
 
 BLOCK_INPUT = "decoder_layer_input"
-WEIGHT_MATMULS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
-TENSOR_NAMES = (
-    BLOCK_INPUT,
-    "query_proj",
-    "key_proj",
-    "value_proj",
-    "qkv_proj",
-    "context",
-    "out_proj",
-    "mlpwi_0",
-    "mlpwi_1",
-    "mlpwo",
-)
-ACTIONS = ("remat", "device", "offload")
 _QKV = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+WEIGHT_MATMULS = (*_QKV, "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+TENSOR_NAMES = (BLOCK_INPUT, *_QKV, "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+ACTIONS = ("remat", "device", "offload")
 
 # MaxText's named policies as (saved on device, offloaded to host, every weight matmul's output:
 # None, "device" or "offload"). "minimal" saves the outputs of every matmul without batch

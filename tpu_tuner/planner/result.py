@@ -101,9 +101,7 @@ class PlanResult:
             "chips": self.topology.chips,
             "devices": self.topology.devices,
             "slices": self.topology.slices,
-            "dcn_gbits_per_chip": self.topology.dcn_bytes_per_s_per_device * 8e-9 * self.topology.devices_per_chip
-            if self.topology.slices > 1
-            else None,
+            "dcn_gbits_per_chip": self.topology.dcn_gbits_per_chip if self.topology.slices > 1 else None,
             "generation": self.topology.chip.generation,
             "megacore": self.topology.megacore,
             "hbm_bytes_per_device": self.topology.hbm_bytes_per_device,
@@ -174,10 +172,10 @@ def _multislice(topology: Topology, dcn_step_seconds: float) -> str:
     """The method's words for a plan over several slices: where its DCN figures come from."""
     if topology.slices == 1:
         return ""
-    gbits = topology.dcn_bytes_per_s_per_device * 8e-9 * topology.devices_per_chip
     return (
         f"; {topology.slices} slices compiled as one multi-slice program: the DCN collectives are its megascale "
-        f"transfers across slices, each a ring over its slices at {gbits:.0f} Gbit/s of DCN per chip ("
+        f"transfers across slices, each a ring over its slices at {topology.dcn_gbits_per_chip:.0f} Gbit/s of DCN "
+        "per chip ("
         + (
             "Google Cloud's published figure"
             if topology.dcn_stated

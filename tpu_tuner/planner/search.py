@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -152,7 +153,7 @@ def search(
     trials = study.get_trials(deepcopy=False)
     compiled = [t for t in trials if records.attrs(t).get(records.OUTCOME) in _COMPILED]
     plans = [plan_of_trial(problem, t) for t in compiled]
-    plans.sort(key=lambda p: (not p.fits, -(p.prediction.mfu if p.prediction else 0.0)))
+    plans.sort(key=lambda p: (not p.fits, -p.predicted_mfu))
     record = {
         "study": study.study_name,
         "storage": without_password(str(storage.url)) if storage is not None else "memory",
@@ -169,14 +170,7 @@ def search(
 
 def distributions(space: PlanSpace) -> dict[str, BaseDistribution]:
     """The fixed distributions every trial is asked with (define-and-run, so TPE sees one space)."""
-    return {
-        "tensor": CategoricalDistribution(space.tensors),
-        "context": CategoricalDistribution(space.contexts),
-        "data": CategoricalDistribution(space.datas),
-        "remat": CategoricalDistribution(space.remats),
-        "accumulation": CategoricalDistribution(space.accumulations),
-        **({"dcn": CategoricalDistribution(space.dcns)} if space.dcns else {}),
-    }  # over several slices
+    return {axis: CategoricalDistribution(choices) for axis, choices in space.axes().items()}
 
 
 def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
@@ -189,23 +183,19 @@ def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampl
     )
 
 
+@dataclass(eq=False)  # equal and hashed by identity, as before it was a dataclass
 class PlanTrials(Feature):
     """The planner's side of the loop: a trial holds a point, ruled out without a compile when
     it cannot run or cannot fit; claims compile in batches of the pool's workers."""
 
-    def __init__(
-        self,
-        problem: PlanProblem,
-        space: PlanSpace,
-        pool: CompilePool,
-        emit: Callable[[str], None],
-        started: float,
-        budget: int,
-        evaluator: Evaluator,
-        worker: Worker,
-    ) -> None:
-        self.problem, self.space, self.pool, self.emit = problem, space, pool, emit
-        self.started, self.budget, self.evaluator, self.worker = started, budget, evaluator, worker
+    problem: PlanProblem
+    space: PlanSpace
+    pool: CompilePool
+    emit: Callable[[str], None]
+    started: float
+    budget: int
+    evaluator: Evaluator
+    worker: Worker
 
     def ask(self, study: optuna.Study) -> optuna.Trial:
         return study.ask(distributions(self.space))

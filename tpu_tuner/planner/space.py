@@ -13,6 +13,7 @@ none, so its trials and study records are as before.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from tpu_tuner.model.layouts import Layout, ModelShape, why_not
@@ -70,15 +71,19 @@ class PlanSpace:
     accumulations: tuple[int, ...] = (1,)
     dcns: tuple[str, ...] = ()  # over several slices: DCN_DATAxDCN_FSDP choices (none: one slice)
 
-    def describe(self) -> dict[str, list]:
+    def axes(self) -> dict[str, tuple]:
+        """Each axis's choices by its trial parameter's name (dcn only over several slices)."""
         return {
-            "tensor": list(self.tensors),
-            "context": list(self.contexts),
-            "data": list(self.datas),
-            "remat": list(self.remats),
-            "accumulation": list(self.accumulations),
-            **({"dcn": list(self.dcns)} if self.dcns else {}),
+            "tensor": self.tensors,
+            "context": self.contexts,
+            "data": self.datas,
+            "remat": self.remats,
+            "accumulation": self.accumulations,
+            **({"dcn": self.dcns} if self.dcns else {}),
         }
+
+    def describe(self) -> dict[str, list]:
+        return {axis: list(choices) for axis, choices in self.axes().items()}
 
 
 def default_space(
@@ -141,26 +146,12 @@ def invalid_reason(point: PlanPoint, shape: ModelShape, global_batch: int, seq_l
 
 def valid_points(space: PlanSpace, devices: int, shape: ModelShape, global_batch: int, seq_len: int) -> list[PlanPoint]:
     """Every valid point of the space, in a fixed order (the exhaustive plan's)."""
+    axes = space.axes()
     points = []
-    for tensor in space.tensors:
-        for context in space.contexts:
-            for data in space.datas:
-                for remat in space.remats:
-                    for accumulation in space.accumulations:
-                        for dcn in space.dcns or ("1x1",):
-                            point = point_of(
-                                dict(
-                                    tensor=tensor,
-                                    context=context,
-                                    data=data,
-                                    remat=remat,
-                                    accumulation=accumulation,
-                                    dcn=dcn,
-                                ),
-                                devices,
-                            )
-                            if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
-                                points.append(point)
+    for choice in itertools.product(*axes.values()):
+        point = point_of(dict(zip(axes, choice)), devices)
+        if point is not None and invalid_reason(point, shape, global_batch, seq_len) is None:
+            points.append(point)
     return points
 
 

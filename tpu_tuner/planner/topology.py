@@ -83,10 +83,14 @@ class Topology:
         return self.chip.generation in DCN_GBITS_PER_CHIP
 
     @property
+    def dcn_gbits_per_chip(self) -> float:
+        """The generation's DCN bandwidth per chip, Gbit/s (each way): Google's, else DCN_FALLBACK_GBITS."""
+        return DCN_GBITS_PER_CHIP.get(self.chip.generation, DCN_FALLBACK_GBITS)
+
+    @property
     def dcn_bytes_per_s_per_device(self) -> float:
         """Each device's share of its host's DCN bandwidth, bytes/s (each way)."""
-        gbits = DCN_GBITS_PER_CHIP.get(self.chip.generation, DCN_FALLBACK_GBITS)
-        return gbits * 1e9 / 8 / self.devices_per_chip
+        return self.dcn_gbits_per_chip * 1e9 / 8 / self.devices_per_chip
 
     def with_slices(self, slices: int) -> Topology:
         """This slice taken `slices` times (one line of error where that is no count of slices)."""
@@ -137,10 +141,9 @@ class Topology:
         per_chip = f", {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
         if self.megacore:
             per_chip = ", megacore: one device per chip, both TensorCores"
-        dcn_gbit_per_chip = self.dcn_bytes_per_s_per_device * 8 / 1e9 * self.devices_per_chip
         slices = (
             (
-                f" x {self.slices} slices over DCN ({dcn_gbit_per_chip:.0f} "
+                f" x {self.slices} slices over DCN ({self.dcn_gbits_per_chip:.0f} "
                 f"Gbit/s per chip{'' if self.dcn_stated else ', v5p figure assumed'})"
             )
             if self.slices > 1

@@ -100,19 +100,12 @@ def compiled_from_dict(data: dict[str, Any]) -> CompiledStep:
     return CompiledStep(**fields)
 
 
-def point_of_trial(trial: FrozenTrial, devices: int) -> PlanPoint:
-    """The point a settled trial asked for (its parameters were valid: it was not ruled out)."""
-    point = point_of(trial.params, devices)
-    assert point is not None
-    return point
-
-
 def plan_of_trial(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
     """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
     attrs = records.attrs(trial)
-    plan = judged(
-        problem, point_of_trial(trial, problem.topology.devices), compiled_from_dict(attrs[records.COMPILED_STEP])
-    )
+    point = point_of(trial.params, problem.topology.devices)
+    assert point is not None  # a settled trial's parameters were valid: it was not ruled out
+    plan = judged(problem, point, compiled_from_dict(attrs[records.COMPILED_STEP]))
     plan.fit_effort = attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
     return plan
 
