@@ -150,6 +150,11 @@ class ApiCheck:
         return f"{head}, {len(self.missing)} missing: {names}"
 
 
+def _found(name: str, kind: str, present: bool, why_missing: str) -> NameCheck:
+    """The check of one name, which says `why_missing` only where it is missing."""
+    return NameCheck(name, kind, present, "" if present else why_missing)
+
+
 def _resolve(dotted: str) -> Any:
     """Import the longest importable prefix of `dotted`, then walk its attributes."""
     parts = dotted.split(".")
@@ -229,23 +234,19 @@ def _check(
     for module_name, name in public_names:
         dotted = f"{module_name}.{name}"
         if name not in table.get(module_name, set()):
-            checks.append(NameCheck(dotted, "public name", False, table_error or "not in torch_tpu's public API table"))
+            checks.append(_found(dotted, "public name", False, table_error or "not in torch_tpu's public API table"))
             continue
         try:
             present = _has_attribute(_resolve(module_name), name)
         except (ImportError, AttributeError):
             present = False
-        checks.append(NameCheck(dotted, "public name", present, "" if present else "listed but not importable"))
+        checks.append(_found(dotted, "public name", present, "listed but not importable"))
 
     for enum_name, members in enum_members.items():
         enum = getattr(torch.tpu, enum_name, None)  # type: ignore[attr-defined]  # torch.tpu exists only with torch_tpu installed
         for member in members:
             present = enum is not None and hasattr(enum, member)
-            checks.append(
-                NameCheck(
-                    f"torch.tpu.{enum_name}.{member}", "enum member", present, "" if present else "no such member"
-                )
-            )
+            checks.append(_found(f"torch.tpu.{enum_name}.{member}", "enum member", present, "no such member"))
 
     for (module_name, name), parameters in PARAMETERS.items():
         if (module_name, name) not in public_names:
@@ -256,11 +257,7 @@ def _check(
             signature = None
         for parameter in parameters:
             present = signature is not None and parameter in signature.parameters
-            checks.append(
-                NameCheck(
-                    f"{module_name}.{name}({parameter}=)", "parameter", present, "" if present else "no such keyword"
-                )
-            )
+            checks.append(_found(f"{module_name}.{name}({parameter}=)", "parameter", present, "no such keyword"))
 
     for (module_name, name), fields in RESULT_FIELDS.items():
         try:
@@ -269,13 +266,12 @@ def _check(
         except Exception:
             known = set()
         for field_name in fields:
-            present = field_name in known
             checks.append(
-                NameCheck(
+                _found(
                     f"{module_name}.{name}().{field_name}",
                     "result field",
-                    present,
-                    "" if present else "not a field of its result",
+                    field_name in known,
+                    "not a field of its result",
                 )
             )
 
@@ -285,9 +281,7 @@ def _check(
             resolved[dotted] = _resolve(dotted)
         except (ImportError, AttributeError):
             pass
-        checks.append(
-            NameCheck(dotted, "private name", dotted in resolved, "" if dotted in resolved else "not importable")
-        )
+        checks.append(_found(dotted, "private name", dotted in resolved, "not importable"))
     if "torch.tpu._get_cache_stats" in resolved:
         try:
             stats, stats_error = resolved["torch.tpu._get_cache_stats"](), ""  # counters: no device runtime
@@ -295,25 +289,16 @@ def _check(
             stats, stats_error = None, f"call failed: {type(exc).__name__}: {exc}"
         for field_name in CACHE_STATS_FIELDS:
             present = stats is not None and hasattr(stats, field_name)
-            checks.append(
-                NameCheck(
-                    f"torch.tpu._get_cache_stats().{field_name}",
-                    "result field",
-                    present,
-                    "" if present else stats_error or "not a field of its result",
-                )
-            )
+            why = stats_error or "not a field of its result"
+            checks.append(_found(f"torch.tpu._get_cache_stats().{field_name}", "result field", present, why))
 
     from torch._dynamo import list_backends
     from torch._dynamo.backends.registry import lookup_backend
 
     registered = COMPILE_BACKEND in list_backends()
     checks.append(
-        NameCheck(
-            f'torch.compile(backend="{COMPILE_BACKEND}")',
-            "compile backend",
-            registered,
-            "" if registered else "not registered with dynamo",
+        _found(
+            f'torch.compile(backend="{COMPILE_BACKEND}")', "compile backend", registered, "not registered with dynamo"
         )
     )
     try:
@@ -324,45 +309,29 @@ def _check(
     except (OSError, TypeError, SyntaxError) as exc:  # no source to read (a compiled backend)
         keys, keys_error = set(), f"the backend's source is unreadable: {exc}"
     for option in compile_options:
-        checks.append(
-            NameCheck(
-                f"options={{'{option}': ...}}",
-                "compile option",
-                option in keys,
-                "" if option in keys else keys_error or "not read by the tpu backend",
-            )
-        )
+        why = keys_error or "not read by the tpu backend"
+        checks.append(_found(f"options={{'{option}': ...}}", "compile option", option in keys, why))
 
     backends = registered_process_group_backends(folder)
     checks.append(
-        NameCheck(
+        _found(
             f'init_process_group("{process_group_backend}")',
             "process group backend",
             process_group_backend in backends,
-            "" if process_group_backend in backends else "never registered",
+            "never registered",
         )
     )
 
     found = strings_in_libraries(folder, environment_variables)
     for variable in environment_variables:
-        checks.append(
-            NameCheck(
-                variable, "environment variable", variable in found, "" if variable in found else "not in its libraries"
-            )
-        )
+        checks.append(_found(variable, "environment variable", variable in found, "not in its libraries"))
     try:
         launch, launch_error = string_constants(_resolve("torch.tpu.distributed").set_tpu_launch_env), ""
     except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
         launch, launch_error = set(), f"set_tpu_launch_env's source is unreadable: {exc}"
     for variable in launch_variables:
-        checks.append(
-            NameCheck(
-                variable,
-                "launch variable",
-                variable in launch,
-                "" if variable in launch else launch_error or "not read or set by set_tpu_launch_env",
-            )
-        )
+        why = launch_error or "not read or set by set_tpu_launch_env"
+        checks.append(_found(variable, "launch variable", variable in launch, why))
     return ApiCheck(version=version, checks=tuple(checks))
 
 
