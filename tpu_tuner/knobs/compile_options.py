@@ -28,6 +28,7 @@ space lists only the combinations worth measuring (docs/knobs.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -165,9 +166,7 @@ class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload, LeavesMemory):
 
 
 def _config_get(config: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        config = getattr(config, part)
-    return config
+    return functools.reduce(getattr, dotted.split("."), config)
 
 
 class _compiler_settings(contextlib.AbstractContextManager[None]):
@@ -205,6 +204,4 @@ class _compiler_settings(contextlib.AbstractContextManager[None]):
 
 def _config_set(config: Any, dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
-    for part in parents:
-        config = getattr(config, part)
-    setattr(config, last, value)
+    setattr(functools.reduce(getattr, parents, config), last, value)
