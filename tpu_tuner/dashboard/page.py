@@ -182,9 +182,11 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
     parts.append(
         '<h2>MFU</h2><div class="figs">'
         + figure_html(plots.mfu_over_time(runs), "MFU over time per model and device", "No MFU measured yet.")
-        + figure_html(plots.mfu_per_model(runs), "best MFU per model against the device peak", "")
         + figure_html(
-            plots.roofline(runs),
+            plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
+        )
+        + figure_html(
+            plots.figure_uri(plots.roofline_figure(runs)),
             "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
             "No profile with arithmetic intensity and peaks for a roofline.",
         )
