@@ -59,9 +59,7 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
     position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
 
     def check(self, value: str) -> str:
-        if not isinstance(value, str):
-            raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
-        return parse_layout(value, context=False).short()
+        return parse_layout(super().check(value), context=False).short()
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The families of `entry` expanded for `ranks` ranks, the data-parallel one (the
