@@ -121,21 +121,10 @@ def plan_buckets(
         f"{hist.total} lengths ({len(hist.lengths)} distinct, {hist.lengths[0]}..{hist.max_length}); measuring "
         f"compile cost and step time at {probes} with torch.compile(backend={backend_name!r}, dynamic=False)"
     )
-    with (
-        TrialRunner(
-            str(workload.source), options.measure.device, options.measure.trial_timeout_s, log=workers_log
-        ) as runner,
-        cold_compile_env() as env,
-    ):
-        measured = _value(
-            runner.run(
-                BucketCostsRequest(
-                    candidate=candidate, lengths=probes, warmup_length=warmup, batch_size=options.measure.batch_size
-                ),
-                env=env,
-            ),
-            "measuring the cost model",
-        )
+    request = BucketCostsRequest(
+        candidate=candidate, lengths=probes, warmup_length=warmup, batch_size=options.measure.batch_size
+    )
+    measured = _run_cold(workload.source, options, request, "measuring the cost model", workers_log)
     points = measured.points
     model = fit_cost_model(
         [(p.length, p.step_seconds) for p in points], [(p.length, p.compile_seconds) for p in points]
@@ -201,25 +190,14 @@ def replay(
             )
             continue
         emit(f"replay: {strategy.name} ({len(needed)} shapes, {len(stream)} steps)")
-        with (
-            TrialRunner(
-                str(source), options.measure.device, options.measure.trial_timeout_s, log=workers_log
-            ) as runner,
-            cold_compile_env() as env,
-        ):
-            value = _value(
-                runner.run(
-                    BucketReplayRequest(
-                        candidate=candidate,
-                        bounds=list(strategy.bounds),
-                        stream=stream.tolist(),
-                        warmup_length=warmup,
-                        batch_size=options.measure.batch_size,
-                    ),
-                    env=env,
-                ),
-                f"replaying {strategy.name}",
-            )
+        request = BucketReplayRequest(
+            candidate=candidate,
+            bounds=list(strategy.bounds),
+            stream=stream.tolist(),
+            warmup_length=warmup,
+            batch_size=options.measure.batch_size,
+        )
+        value = _run_cold(source, options, request, f"replaying {strategy.name}", workers_log)
         compile_seconds = float(sum(value.compile_seconds.values()))
         replays.append(
             Replay(
@@ -260,8 +238,15 @@ def _summary(hist: LengthHistogram) -> dict[str, float]:
     }
 
 
-def _value(result: Any, what: str) -> Any:
-    if not result.ok:
+def _run_cold(source: Path, options: BucketOptions, request: Any, what: str, workers_log: WorkerLog | None) -> Any:
+    """The value `request` gives in a fresh worker with an empty compile cache (`cold_compile_env`);
+    a TpuTuneError saying `what` failed where it fails."""
+    with (
+        TrialRunner(str(source), options.measure.device, options.measure.trial_timeout_s, log=workers_log) as runner,
+        cold_compile_env() as env,
+    ):
+        result = runner.run(request, env=env)
+    if result.failure is not None:
         raise TpuTuneError(f"{what} failed: {result.failure.kind}: {result.failure.message}")
     return result.value
 

@@ -203,11 +203,9 @@ def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
     return row
 
 
-def _profile_fields(profile: dict[str, Any], row: dict[str, Any]) -> None:
-    """Device, MFU and the roofline coordinates of a profile.json."""
-    for key in ("workload", "device", "mfu", "achieved_flops_per_s", "peak_flops_per_s"):
-        if key not in profile:
-            raise ValueError(f"{PROFILE_JSON}: missing key {key!r}")
+def _profile_fields(folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """Device, MFU and the roofline coordinates of the folder's profile.json (returned)."""
+    profile = load_json(folder / PROFILE_JSON, "workload", "device", "mfu", "achieved_flops_per_s", "peak_flops_per_s")
     device = profile["device"]
     row["model"] = nested(profile, "workload", "name")
     row["device"] = device.get("kind")
@@ -217,11 +215,11 @@ def _profile_fields(profile: dict[str, Any], row: dict[str, Any]) -> None:
     row["peak_flops_per_s"] = profile.get("peak_flops_per_s")
     row["peak_bytes_per_s"] = nested(device, "peak", "memory_bytes_per_s")
     row["arithmetic_intensity"] = nested(profile, "verdict", "arithmetic_intensity")
+    return profile
 
 
 def _read_profile(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    profile = load_json(folder / PROFILE_JSON)
-    _profile_fields(profile, row)
+    profile = _profile_fields(folder, row)
     row["mfu"] = row["baseline_mfu"] = profile["mfu"]
     row["step_s"] = row["baseline_step_s"] = nested(profile, "timing", "median")
     row["settings"] = _describe(profile.get("candidate") or {})
@@ -280,7 +278,7 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     run = folder.name
     row["report"] = report_link(folder, REPORT_MD)
     if (folder / PROFILE_JSON).exists():
-        _profile_fields(load_json(folder / PROFILE_JSON), row)
+        _profile_fields(folder, row)
     if (folder / TRIALS_CSV).exists():
         try:
             trials = pd.read_csv(folder / TRIALS_CSV)

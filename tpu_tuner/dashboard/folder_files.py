@@ -35,14 +35,17 @@ def base_row(folder: Path, kind: str) -> dict[str, Any]:
     return {"run": folder.name, "kind": kind, "status": "ok", "reason": "", "date": date, "path": str(folder)}
 
 
-def load_json(path: Path) -> dict[str, Any]:
-    """A JSON object, or a ValueError naming the file."""
+def load_json(path: Path, *required: str) -> dict[str, Any]:
+    """A JSON object holding the `required` keys, or a ValueError naming the file."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path.name}: invalid JSON: {exc.msg} at line {exc.lineno}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path.name}: expected a JSON object, found {type(data).__name__}")
+    for key in required:
+        if key not in data:
+            raise ValueError(f"{path.name}: missing key {key!r}")
     return data
 
 

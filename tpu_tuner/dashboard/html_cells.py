@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from tpu_tuner.dashboard.folder_files import finite
@@ -23,6 +24,12 @@ def num_cell(value: Any, text: str) -> str:
     """A right-aligned cell showing `text` that sorts by `value` (last when not a number)."""
     sort = repr(float(value)) if finite(value) else ""
     return f'<td class="num" data-v="{sort}">{esc(text)}</td>'
+
+
+def sortable_table(headers: Iterable[str], attributes: str = 'class="sortable"') -> str:
+    """A table sorted by clicking its headers, opened up to its body's first row."""
+    head = "".join(f'<th class="sortable">{esc(h)}</th>' for h in headers)
+    return f"<table {attributes}><thead><tr>{head}</tr></thead><tbody>"
 
 
 def figure_html(uri: str | None, alt: str, missing: str) -> str:

@@ -17,7 +17,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
 from tpu_tuner.dashboard.collect import Collection, collect
 from tpu_tuner.dashboard.folder_files import finite
-from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct
+from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
 from tpu_tuner.dashboard.planner_sections import buckets_section, plans_section, rankings_section
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,7 @@ def _runs_table(runs: pd.DataFrame) -> str:
         "chosen settings",
         "status",
     ]
-    out = ['<table id="runs" class="sortable"><thead><tr>']
-    out += [f'<th class="sortable">{h}</th>' for h in head]
-    out.append("</tr></thead><tbody>")
+    out = [sortable_table(head, 'id="runs" class="sortable"')]
     for _, row in rows.iterrows():
         name = esc(row["run"])
         link = f'<a href="{esc(row["report"])}">{name}</a>' if row["report"] else name
@@ -184,9 +182,11 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
     parts.append(
         '<h2>MFU</h2><div class="figs">'
         + figure_html(plots.mfu_over_time(runs), "MFU over time per model and device", "No MFU measured yet.")
-        + figure_html(plots.mfu_per_model(runs), "best MFU per model against the device peak", "")
         + figure_html(
-            plots.roofline(runs),
+            plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
+        )
+        + figure_html(
+            plots.figure_uri(plots.roofline_figure(runs)),
             "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
             "No profile with arithmetic intensity and peaks for a roofline.",
         )

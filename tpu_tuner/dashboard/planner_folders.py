@@ -17,10 +17,7 @@ if TYPE_CHECKING:
 
 
 def read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    plan = load_json(folder / PLAN_JSON)
-    for key in ("workload", "topology", "plans"):
-        if key not in plan:
-            raise ValueError(f"{PLAN_JSON}: missing key {key!r}")
+    plan = load_json(folder / PLAN_JSON, "workload", "topology", "plans")
     if not isinstance(plan["plans"], list):
         raise ValueError(f"{PLAN_JSON}: 'plans' is not a list")
     collection.plans[row["run"]] = plan  # a ranking's plan: "<ranking folder>/<plan folder>"
@@ -46,10 +43,7 @@ def read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None
 
 
 def read_ranking(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    data = load_json(folder / RANKING_JSON)
-    for key in ("source", "slices", "topologies", "prices"):
-        if key not in data:
-            raise ValueError(f"{RANKING_JSON}: missing key {key!r}")
+    data = load_json(folder / RANKING_JSON, "source", "slices", "topologies", "prices")
     if not isinstance(data["slices"], list) or not all(isinstance(s, dict) and "topology" in s for s in data["slices"]):
         raise ValueError(f"{RANKING_JSON}: 'slices' is not a list of ranked slices")
     collection.rankings[folder.name] = data
@@ -84,10 +78,7 @@ def ranking_plans(folder: Path, collection: Collection) -> list[dict[str, Any]]:
 
 
 def read_buckets(folder: Path, row: dict[str, Any], collection: Collection) -> None:
-    data = load_json(folder / BUCKETS_JSON)
-    for key in ("workload", "histogram", "chosen_buckets"):
-        if key not in data:
-            raise ValueError(f"{BUCKETS_JSON}: missing key {key!r}")
+    data = load_json(folder / BUCKETS_JSON, "workload", "histogram", "chosen_buckets")
     hist = data["histogram"]
     if len(hist.get("lengths", [])) != len(hist.get("counts", [])):
         raise ValueError(f"{BUCKETS_JSON}: histogram lengths and counts differ in length")

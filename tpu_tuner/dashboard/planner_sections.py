@@ -11,7 +11,7 @@ import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.units import ms
 from tpu_tuner.dashboard.collect import Collection
 from tpu_tuner.dashboard.folder_files import finite
-from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct
+from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER
 from tpu_tuner.outputs.ranking_report import cells as ranking_cells
@@ -32,12 +32,9 @@ def plans_section(collection: Collection) -> str:
             f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>'
         )
         out.append(
-            '<table class="sortable"><thead><tr>'
-            + "".join(
-                f'<th class="sortable">{h}</th>'
-                for h in ("layout", "fits", "predicted MFU", "step", "compute", "memory", "comm", "exposed comm", "why")
+            sortable_table(
+                ("layout", "fits", "predicted MFU", "step", "compute", "memory", "comm", "exposed comm", "why")
             )
-            + "</tr></thead><tbody>"
         )
         for plan in data["plans"]:
             p = plan.get("prediction") or {}
@@ -143,11 +140,7 @@ def rankings_section(collection: Collection) -> str:
             f'<section class="ranking"><h3>{esc(row["model"])} on {len(data["topologies"])} slices{state} '
             f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>'
         )
-        out.append(
-            '<table class="sortable ranking"><thead><tr>'
-            + "".join(f'<th class="sortable">{esc(h)}</th>' for h in RANKING_HEADER + ["best point, or why not"])
-            + "</tr></thead><tbody>"
-        )
+        out.append(sortable_table(RANKING_HEADER + ["best point, or why not"], 'class="sortable ranking"'))
         for entry in data["slices"]:
             texts = ranking_cells(entry)
             tds = [

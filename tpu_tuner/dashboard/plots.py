@@ -55,6 +55,11 @@ def to_data_uri(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def figure_uri(fig: Figure | None) -> str | None:
+    """`to_data_uri` of a figure there may be no data for (None)."""
+    return None if fig is None else to_data_uri(fig)
+
+
 def _measured(runs: pd.DataFrame) -> pd.DataFrame:
     """Readable profiles and tuning runs that have an MFU."""
     if not len(runs):
@@ -84,14 +89,9 @@ def mfu_over_time(runs: pd.DataFrame) -> str | None:
     return to_data_uri(fig)
 
 
-def mfu_per_model(runs: pd.DataFrame) -> str | None:
-    """Best MFU each model reached on each device, as a bar against the device peak (100 %)."""
-    fig = mfu_per_model_figure(runs)
-    return None if fig is None else to_data_uri(fig)
-
-
 def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
-    """The figure of `mfu_per_model`: one horizontal bar a model and device."""
+    """Best MFU each model reached on each device, as a bar against the device peak (100 %):
+    one horizontal bar a model and device."""
     rows = _measured(runs)
     if not len(rows):
         return None
@@ -121,14 +121,9 @@ def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def roofline(runs: pd.DataFrame) -> str | None:
-    """Achieved FLOP/s against arithmetic intensity per profiled step, under each device's roof."""
-    fig = roofline_figure(runs)
-    return None if fig is None else to_data_uri(fig)
-
-
 def roofline_figure(runs: pd.DataFrame) -> Figure | None:
-    """The figure of `roofline`; a device with several roofs (runs' probes differ) names their runs."""
+    """Achieved FLOP/s against arithmetic intensity per profiled step, under each device's roof; a
+    device with several roofs (runs' probes differ) names their runs."""
     rows = _measured(runs)
     if not len(rows):
         return None

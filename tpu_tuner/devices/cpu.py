@@ -35,7 +35,7 @@ class CpuBackend(Backend):
 
     def available_memory_bytes(self, total: int | None) -> int | None:
         """The host's available memory (MemAvailable), else its free pages, else `total`."""
-        meminfo = _meminfo_bytes("MemAvailable:")
+        meminfo = _proc_bytes("meminfo", "MemAvailable:")
         if meminfo is not None:
             return meminfo
         try:
@@ -50,7 +50,7 @@ class CpuBackend(Backend):
             kind="cpu",
             name=cpu_model_name(),
             count=1,
-            memory_bytes=_meminfo_bytes("MemTotal:"),
+            memory_bytes=_proc_bytes("meminfo", "MemTotal:"),
             peak=peak,
             details={"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "usable_cores": usable_cores()},
             probe=probe,
@@ -95,12 +95,9 @@ class CpuBackend(Backend):
             pass
 
     def peak_memory_bytes(self) -> tuple[int | None, str]:
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024, "peak resident set of the process (VmHWM)"
-        except OSError:
-            pass
+        peak = _proc_bytes("self/status", "VmHWM:")
+        if peak is not None:
+            return peak, "peak resident set of the process (VmHWM)"
         import resource
 
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -109,17 +106,18 @@ class CpuBackend(Backend):
     def memory_in_use_bytes(self) -> int | None:
         # The resident set less what malloc holds freed (glibc's mallinfo2): a step's tensors
         # reuse that first, so it is no part of the base its peak adds to.
-        resident = _status_bytes("VmRSS:")
+        resident = _proc_bytes("self/status", "VmRSS:")
         return None if resident is None else max(0, resident - (self.free_heap_bytes() or 0))
 
     def free_heap_bytes(self) -> int | None:
         return _malloc_free_bytes()
 
 
-def _status_bytes(field: str) -> int | None:
-    """A /proc/self/status figure (`field` with its colon) in bytes; None where there is none."""
+def _proc_bytes(file: str, field: str) -> int | None:
+    """A figure of /proc/`file` (status, meminfo: `field` with its colon) in bytes; None where
+    there is none."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc", file).read_text().splitlines():
             if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
@@ -146,14 +144,3 @@ def _malloc_free_bytes() -> int | None:
         return None
     mallinfo2.restype = MallInfo2
     return int(mallinfo2().fordblks)
-
-
-def _meminfo_bytes(field: str) -> int | None:
-    """A /proc/meminfo figure (`field` with its colon) in bytes; None where there is none."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

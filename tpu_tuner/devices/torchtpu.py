@@ -193,10 +193,7 @@ class TorchTpuBackend(Backend):
         before = dict(os.environ)
         hosts = f" --nnodes {nnodes}" if nnodes > 1 else ""
         try:
-            if nnodes > 1:
-                distributed.set_tpu_launch_env(nnodes=nnodes, nproc_per_node=ranks)
-            else:
-                distributed.set_tpu_launch_env(nproc_per_node=ranks)
+            distributed.set_tpu_launch_env(nproc_per_node=ranks, **({"nnodes": nnodes} if nnodes > 1 else {}))
         except (RuntimeError, ValueError) as exc:  # e.g. a rank count with no TPU topology
             where = f"a host on {nnodes} hosts" if nnodes > 1 else "on this host"
             raise UserInputError(

@@ -36,6 +36,7 @@ class AttnImplementationKnob(Knob, NarrowedByWorkload):
     default = DEFAULT
     position = 15
     values = (DEFAULT, *IMPLEMENTATIONS)
+    described = "{value} attention"
     not_applicable = "the model has no attention implementation switch (a transformers model's set_attn_implementation)"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
@@ -52,9 +53,6 @@ class AttnImplementationKnob(Knob, NarrowedByWorkload):
         model.set_attn_implementation(value)  # type: ignore[operator]
         setattr(model, _MARK, value)
         return model
-
-    def describe(self, value: str) -> str:
-        return "" if value == DEFAULT else f"{value} attention"
 
     def code(self, value: str, device_kind: str) -> list[str]:
         if value == DEFAULT:

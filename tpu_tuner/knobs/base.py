@@ -49,6 +49,7 @@ class Knob(ABC):
     values: ClassVar[tuple[str, ...] | None] = None  # the valid values, where they are a fixed set
     device_kinds: ClassVar[tuple[str, ...] | None] = None  # the backends it applies to; None: every one
     position: ClassVar[int] = 100  # order in labels, tables and configs (lower first)
+    described: ClassVar[str] = "{name} {value}"  # `describe`'s words for a value other than the default
 
     # --- values ------------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class Knob(ABC):
 
     def describe(self, value: str) -> str:
         """A few words for labels and reports; empty for the default (it goes without saying)."""
-        return "" if value == self.default else f"{self.name} {value}"
+        return "" if value == self.default else self.described.format(name=self.name, value=value)
 
     def label(self, value: str) -> str:
         """The knob's part of the dashboard's terse settings cell ("compile=inductor, matmul=high");

@@ -57,8 +57,7 @@ class IntraOpThreadsKnob(Knob, LeavesMemory):
 
     def check(self, value: str) -> str:
         """``all``, or a positive thread count (``half`` resolves to half the usable cores)."""
-        if not isinstance(value, str):
-            raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
+        value = super().check(value)
         if value in (ALL, HALF):
             return value if value == ALL else str(max(1, usable_cores() // 2))
         if not value.isdigit() or int(value) < 1:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload, SpreadsOverRanks
-from tpu_tuner.model.layouts import Layout, parse_layout, why_not_ranks
+from tpu_tuner.model.layouts import Layout, divisors, parse_layout, why_not_ranks
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,14 +46,10 @@ def expand(family: str, ranks: int) -> list[str]:
     """Every ``DxFxT`` of `ranks` devices whose axes above 1 are exactly `family`'s."""
     wanted = set(family.split("+"))
     found = []
-    for sizes in product(_divisors(ranks), repeat=3):
+    for sizes in product(divisors(ranks), repeat=3):
         if math.prod(sizes) == ranks and {axis for axis, size in zip(AXES, sizes) if size > 1} == wanted:
             found.append(Layout(*sizes).short())
     return found
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
@@ -63,9 +59,7 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
     position = 70  # after the other model hooks: shard the model they changed (checkpointed blocks)
 
     def check(self, value: str) -> str:
-        if not isinstance(value, str):
-            raise ValueError(f"{self.name} must be a string, not {type(value).__name__}")
-        return parse_layout(value, context=False).short()
+        return parse_layout(super().check(value), context=False).short()
 
     def choices(self, device_kind: str, entry: dict[str, Any], ranks: int = 1) -> tuple[str, ...]:
         """The families of `entry` expanded for `ranks` ranks, the data-parallel one (the

@@ -32,6 +32,7 @@ class MemoryFormatKnob(Knob, NarrowedByWorkload):
     default = CONTIGUOUS
     position = 40
     values = (CONTIGUOUS, CHANNELS_LAST)
+    described = "{value}"
     device_kinds = ("cpu", "cuda")
     not_applicable = "the model has no 4-D (convolution) weights to re-lay"
 
@@ -50,9 +51,6 @@ class MemoryFormatKnob(Knob, NarrowedByWorkload):
             model.register_forward_pre_hook(_channels_last_inputs, with_kwargs=True)
             setattr(model, INPUTS_HOOKED_MARK, True)
         return model
-
-    def describe(self, value: str) -> str:
-        return CHANNELS_LAST if value == CHANNELS_LAST else ""
 
     def code(self, value: str, device_kind: str) -> list[str]:
         if value != CHANNELS_LAST:

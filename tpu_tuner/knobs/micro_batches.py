@@ -26,6 +26,7 @@ class MicroBatchesKnob(Knob, NarrowedByWorkload, TrainingStep):
     default = "1"
     position = 65
     values = ("1", "2", "4", "8")
+    described = "{value} micro-batches"
     not_applicable = "an inference step has no backward pass to accumulate over"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
@@ -37,9 +38,6 @@ class MicroBatchesKnob(Knob, NarrowedByWorkload, TrainingStep):
 
     def micro_batches(self, value: str) -> int:
         return int(self.check(value))
-
-    def describe(self, value: str) -> str:
-        return "" if value == self.default else f"{value} micro-batches"
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
         k = int(self.check(value))

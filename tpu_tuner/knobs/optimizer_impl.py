@@ -43,6 +43,7 @@ class OptimizerImplKnob(Knob, NarrowedByWorkload, TrainingStep):
     values = (DEFAULT, FORLOOP, FOREACH, FUSED)
     device_kinds = ("cpu", "cuda")
     not_applicable = "an inference step has no optimizer"
+    described = "{value} optimizer"
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
         return traits.training  # an inference step has no optimizer
@@ -51,9 +52,6 @@ class OptimizerImplKnob(Knob, NarrowedByWorkload, TrainingStep):
         if value == DEFAULT or optimizer is None:
             return optimizer
         return rebuild(optimizer, value)
-
-    def describe(self, value: str) -> str:
-        return "" if value == DEFAULT else f"{value} optimizer"
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
         if value == DEFAULT:

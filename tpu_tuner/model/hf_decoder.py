@@ -343,9 +343,10 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
     return shape
 
 
-def max_positions(config: PretrainedConfig) -> int | None:
-    """The longest sequence the config declares (``max_position_embeddings`` or GPT-2's ``n_positions``)."""
-    for key in ("max_position_embeddings", "n_positions"):
+def max_positions(config: PretrainedConfig, *also: str) -> int | None:
+    """The longest sequence the config declares (``max_position_embeddings`` or GPT-2's ``n_positions``,
+    then the keys `also` names)."""
+    for key in ("max_position_embeddings", "n_positions", *also):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
             return value

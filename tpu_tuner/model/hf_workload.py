@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.hf_decoder import max_positions
 from tpu_tuner.model.hf_source import HfSource, load_config, parse
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def hf_module(path: str) -> types.ModuleType:
     if not source.inference:
         attributes["loss"] = loss
     attributes["BATCH_SIZE"] = DEFAULT_BATCH_SIZE
-    attributes["SEQ_LEN"] = min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
+    attributes["SEQ_LEN"] = min(DEFAULT_SEQ_LEN, max_positions(config, "max_seq_len") or DEFAULT_SEQ_LEN)
     dims = declared_dims(config)
     if dims is not None and not getattr(config, "is_encoder_decoder", False):
         # An encoder-decoder's step (two stacks, cross-attention) is not the decoder formula's:
@@ -257,14 +258,6 @@ def _vocab(config: PretrainedConfig, source: HfSource) -> int:
 def _vocab_size(config: PretrainedConfig) -> int:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return int(getattr(text, "vocab_size", 0) or 0)
-
-
-def _max_positions(config: PretrainedConfig) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def declared_dims(config: PretrainedConfig) -> dict[str, int] | None:

@@ -237,10 +237,10 @@ def enumerate_layouts(
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     for context in (c for c in contexts if devices % c == 0):
-        for tensor in _divisors(devices // context):
-            for fsdp in _divisors(devices // context // tensor):
+        for tensor in divisors(devices // context):
+            for fsdp in divisors(devices // context // tensor):
                 data = devices // context // tensor // fsdp
-                for dcn_data in sorted(_divisors(slices), reverse=True):
+                for dcn_data in sorted(divisors(slices), reverse=True):
                     dcn_fsdp = slices // dcn_data
                     if data % dcn_data or fsdp % dcn_fsdp:
                         continue
@@ -313,7 +313,8 @@ def why_not(layout: Layout, shape: ModelShape, global_batch: int, seq_len: int |
     return None
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of `n`, smallest first."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 

@@ -126,9 +126,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("samples")
     ax.set_title(f"{result.workload}: lengths and chosen bucket bounds (red)")
-    fig.tight_layout()
     save_figure(fig, run_dir / LENGTHS_PNG, dpi=110)
-    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
     names = [e.strategy.name for e in result.table] + ["oracle bound"]
@@ -145,9 +143,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     ax.set_xscale("log")
     ax.set_xlabel(f"seconds for {result.steps} steps (log scale)")
     ax.legend(loc="lower right")
-    fig.tight_layout()
     save_figure(fig, run_dir / STRATEGIES_PNG, dpi=110)
-    plt.close(fig)
     return [LENGTHS_PNG, STRATEGIES_PNG]
 
 

@@ -15,7 +15,12 @@ from tpu_tuner.core.run_folder import write_atomic
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int) -> Path:
-    """Render `fig` (a matplotlib Figure) as PNG at `dpi` and write it to `path` atomically."""
+    """Lay out `fig` (a pyplot Figure) tightly, render it as PNG at `dpi`, close it and write it
+    to `path` atomically."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
     return write_atomic(path, buffer.getvalue())

@@ -269,7 +269,4 @@ def write_plot(result: PlanResult, path: Path) -> Path:
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("predicted MFU, %")
     ax.set_title(f"{result.workload} on {result.topology.name} (red: does not fit in HBM; grey: compiler failed)")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

@@ -47,7 +47,7 @@ def _history(result: TuningResult, done) -> Path:
     ax.set_ylabel(f"amortised step time, ms ({result.options.objective.planned_steps} planned steps)")
     ax.set_title("Optimisation history")
     ax.legend(loc="best", fontsize=8)
-    return _save(fig, result, HISTORY_PNG)
+    return save_figure(fig, result.run_dir / HISTORY_PNG, dpi=100)
 
 
 def _mfu(result: TuningResult, frame, done) -> Path:
@@ -66,7 +66,7 @@ def _mfu(result: TuningResult, frame, done) -> Path:
     ax.set_xlabel("trial (red: accuracy violation; dotted: failed)")
     ax.set_ylabel("MFU, %")
     ax.set_title(f"MFU per trial on {result.profile.device.name}")
-    return _save(fig, result, MFU_PNG)
+    return save_figure(fig, result.run_dir / MFU_PNG, dpi=100)
 
 
 def _pareto(result: TuningResult, done) -> Path:
@@ -96,12 +96,4 @@ def _pareto(result: TuningResult, done) -> Path:
     ax.set_ylabel("steady step time, ms")
     ax.set_title("Speed against accuracy error")
     ax.legend(loc="best", fontsize=8)
-    return _save(fig, result, ACCURACY_PNG)
-
-
-def _save(fig, result: TuningResult, name: str) -> Path:
-    path = result.run_dir / name
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, result.run_dir / ACCURACY_PNG, dpi=100)

@@ -68,18 +68,13 @@ def write_tuning(result: TuningResult) -> list[str]:
     write_atomic(run_dir / run_folder.TRIALS_CSV, result.trials_dataframe().to_csv(index=False))
     plots = write_plots(result)
     write_atomic(run_dir / run_folder.REPORT_MD, render_report(result, plots))
+    written = [run_folder.PROFILE_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()), run_folder.REPORT_MD]
     if not result.verified:
         # A worker that left the verification to another writes no recommendation of its own.
-        return [run_folder.PROFILE_JSON, run_folder.TRIALS_CSV, *(p.name for p in plots.values()), run_folder.REPORT_MD]
+        return written
     result.best_config.save(run_dir / run_folder.TUNED_CONFIG)
-    return [
-        run_folder.PROFILE_JSON,
-        run_folder.RESULT_JSON,
-        run_folder.TRIALS_CSV,
-        *(p.name for p in plots.values()),
-        run_folder.REPORT_MD,
-        run_folder.TUNED_CONFIG,
-    ]
+    # In the order written: result.json came right after profile.json.
+    return [written[0], run_folder.RESULT_JSON, *written[1:], run_folder.TUNED_CONFIG]
 
 
 # --- plan ------------------------------------------------------------------------------------
