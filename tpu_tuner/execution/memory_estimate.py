@@ -14,9 +14,9 @@ the process's own malloc (`malloc_replay.py`, its fragmentation included; glibc'
 `heap_model.py`, where that cannot run and as the floor) for what malloc keeps beyond it. What it
 cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager
 step stands for them; compiled code frees and fuses more, so the estimate is high there), memory a
-kernel or a collective allocates outside the dispatcher (oneDNN scratchpads; gloo's own, where
-`gloo_buffers.py` models only its tensors and its worker threads' arenas' least), the small objects the real step
-places between its tensors, and the process itself. A model that does not run on fake tensors
+kernel or a collective allocates outside the dispatcher (oneDNN scratchpads; inside gloo, beyond
+the tensors and the least of its workers' arenas that `gloo_buffers.py` models), the small
+objects the real step places between its tensors, and the process itself. A model that does not run on fake tensors
 (a data-dependent branch, ``.item()``) gets no estimate: the reason is returned, and the trial
 runs as it would without one.
 """
