@@ -8,7 +8,8 @@ Every figure is a real trial, run as the tuner runs one (`TrialRunner` in one wo
 worker estimates before it builds the step (a rank on torch's fake process group before it joins
 its real one), then measures. On CPU the measured peak is the process's VmHWM over the timed
 steps, the largest rank's under a layout; the estimate is what the process held plus the fake
-step's peak (docs/tuning.md, "Memory before measurement"). The target (issue 38): within 10%.
+step's peak, what malloc's heap keeps beyond it and, for an FSDP rank on gloo, what gloo's worker
+threads keep (docs/tuning.md, "Memory before measurement"). The target (issue 38): within 10%.
 The control for the CPU miss (glibc's retained heap): run it again with
 ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (the workers inherit it).
 """

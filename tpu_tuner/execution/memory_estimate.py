@@ -14,8 +14,9 @@ the process's own malloc (`malloc_replay.py`, its fragmentation included; glibc'
 `heap_model.py`, where that cannot run and as the floor) for what malloc keeps beyond it. What it
 cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager
 step stands for them; compiled code frees and fuses more, so the estimate is high there), memory a
-kernel allocates outside the dispatcher (oneDNN scratchpads), the small objects the real step
-places between its tensors, and the process itself. A model that does not run on fake tensors
+kernel or a collective allocates outside the dispatcher (oneDNN scratchpads; inside gloo, beyond
+the tensors and the least of its workers' arenas that `gloo_buffers.py` models), the small
+objects the real step places between its tensors, and the process itself. A model that does not run on fake tensors
 (a data-dependent branch, ``.item()``) gets no estimate: the reason is returned, and the trial
 runs as it would without one.
 """
@@ -48,8 +49,9 @@ class MemoryEstimate:
     activations) on this process's device; `in_use_bytes`: what the process already held when the
     estimate was made, as the backend measures memory (`Backend.memory_in_use_bytes`);
     `retained_bytes`: what a heap that keeps freed memory holds beyond that peak (glibc on a CPU,
-    `heap_model.py`); `peak_bytes` is their sum, in the terms of the measured peak it is compared
-    with."""
+    `heap_model.py`); `arena_bytes`: what other threads' arenas will keep (gloo's workers under a
+    layout, `gloo_buffers.py`); `peak_bytes` is their sum, in the terms of the measured peak it is
+    compared with."""
 
     step_bytes: int | None
     in_use_bytes: int = 0
@@ -62,10 +64,13 @@ class MemoryEstimate:
     # The step's storage changes in order: what the heap keeps is read again from them with the
     # process's free heap at each use (a rank estimates before its reference step freed any).
     changes: tuple[Change, ...] = field(default=(), repr=False, compare=False)
+    arena_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int | None:
-        return None if self.step_bytes is None else self.step_bytes + self.retained_bytes + self.in_use_bytes
+        if self.step_bytes is None:
+            return None
+        return self.step_bytes + self.retained_bytes + self.arena_bytes + self.in_use_bytes
 
 
 class WouldNotFit(RuntimeError):
@@ -206,7 +211,7 @@ def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, c
     bound on a compiler's, so only memory no compiler frees refuses it."""
     if estimate.step_bytes is None or not limit_bytes:
         return None
-    judged = (
+    judged = estimate.arena_bytes + (
         estimate.floor_bytes
         if compiled and estimate.floor_bytes is not None
         else estimate.step_bytes + estimate.retained_bytes
@@ -216,6 +221,8 @@ def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, c
     what = "its parameters, gradients, optimizer state and batch" if compiled else "the step on fake tensors"
     if not compiled and estimate.retained_bytes:
         what += " and the freed heap malloc keeps"
+    if estimate.arena_bytes:
+        what += " and the collectives' buffers"
     return (
         f"would not fit: estimated peak memory {(judged + estimate.in_use_bytes) / 2**30:.2f} GiB "
         f"({what} {judged / 2**30:.2f} GiB + {estimate.in_use_bytes / 2**30:.2f} GiB in use) "
@@ -276,9 +283,16 @@ def estimate_or_refuse(
         floor = int(backend.max_over_ranks(-1 if estimate.floor_bytes is None else estimate.floor_bytes))
         in_use = int(backend.max_over_ranks(estimate.in_use_bytes))
         retained = int(backend.max_over_ranks(estimate.retained_bytes))
+        arenas = int(backend.max_over_ranks(estimate.arena_bytes))
         reason = estimate.reason or ("another rank's step does not run on fake tensors" if step < 0 else None)
         estimate = MemoryEstimate(
-            None if step < 0 else step, in_use, reason, estimate.seconds, None if floor < 0 else floor, retained
+            None if step < 0 else step,
+            in_use,
+            reason,
+            estimate.seconds,
+            None if floor < 0 else floor,
+            retained,
+            arena_bytes=arenas,
         )
     if not limit_bytes:
         if backend.memory_bounds_trials:

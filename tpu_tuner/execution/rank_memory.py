@@ -7,7 +7,9 @@ communication-free fake process group (``torch.testing._internal.distributed.fak
 sees the rank's own shards, and then leaves that group. DDP cannot be built there (its
 constructor reads parameter data and builds its buckets in C++), so a DDP rank stands in as the
 unsharded model on the rank's slice of the batch plus one flat copy of its gradients (DDP's
-buckets hold one; docs/tuning.md, "Memory before measurement").
+buckets hold one; docs/tuning.md, "Memory before measurement"). On gloo, the fake group's
+collectives allocate what gloo's will (`gloo_buffers.py`: the reduce-scatter's copy of its input
+in the step, the buffers its worker threads keep in their arenas as `arena_bytes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.gloo_buffers import WorkerBuffers, as_gloo, default_threads
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import SINGLE, LayoutKnob, layout_in
@@ -38,10 +41,13 @@ def estimate_rank_memory(
     if workload.is_training and layout.data > 1 and layout.fsdp == 1 and layout.tensor == 1:
         return _ddp_stand_in(workload, backend, candidate, batch_size, seq_len, layout.data)
     try:
-        with _fake_group(rank, ranks) as joined:
+        with _fake_group(rank, ranks) as joined, _real_collectives(backend) as workers:
             if not joined:
                 return MemoryEstimate(None, reason="a process group was joined before the estimate")
-            return estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
+            estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
+            if workers is None or estimate.step_bytes is None:
+                return estimate
+            return replace(estimate, arena_bytes=workers.arena_bytes())
     except Exception as exc:  # the group itself (the estimate returns its reasons): the trial runs without one
         return MemoryEstimate(None, reason=f"torch's fake process group failed ({type(exc).__name__}: {exc})")
 
@@ -77,6 +83,17 @@ def _gradient_bytes(workload: Workload) -> int:
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = workload.build_model()
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+@contextlib.contextmanager
+def _real_collectives(backend: Backend) -> Iterator[WorkerBuffers | None]:
+    """The fake group's collectives allocating as the real group's will (gloo: `gloo_buffers.py`);
+    None where the real group is another (an accelerator's collectives allocate on its device)."""
+    if backend.process_group_backend != "gloo":
+        yield None
+        return
+    with as_gloo(default_threads()) as workers:
+        yield workers
 
 
 @contextlib.contextmanager
