@@ -73,7 +73,10 @@ def test_a_resize_frees_and_allocates_the_storage() -> None:
 # threshold to 8 MiB; then 16 pairs of 1 MiB chunks from the heap, the first of each pair freed:
 # 16 holes of 1 MiB. Eight 2 MiB requests (timed, then freed: a step's temporaries) fit in none
 # of the holes when the pairs interleave, so the heap grows by 16 MiB more; they fit in the one
-# hole of 16 MiB when the freed chunks were allocated together.
+# hole of 16 MiB when the freed chunks were allocated together. The replay requests 64-byte
+# alignment, so glibc splits a small remainder off each chunk; with its per-thread cache on, how many
+# remainders it keeps (blocking the holes' merging) depends on the interpreter's start-up heap, which
+# moved with the checkout's path (40 MiB instead of 32 in one clone). The cache is off in these runs.
 FRAGMENTED = """
 import json, sys
 from tpu_tuner.execution.heap_model import Change, replay
@@ -96,7 +99,7 @@ def fragmented(order: str, repeats: int) -> dict[str, int]:
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(ROOT)},
+        env={"PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"},
     )
     found: dict[str, int] = json.loads(done.stdout)
     return found
