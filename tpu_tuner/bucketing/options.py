@@ -19,9 +19,9 @@ from tpu_tuner.core.flags import BATCH_SIZE, DEVICE, LENGTHS, MAX_BUCKETS, at_le
 class BucketChoice:
     """The length sample, the planned run and the limits the buckets are chosen under."""
 
-    lengths_file: Path | None = field(default=None, metadata=uses(LENGTHS))
+    lengths_file: Path | None = uses(None, LENGTHS)
     planned_steps: int = option(20_000, "--steps", type=int, help="steps of the planned run (default %(default)s)")
-    max_buckets: int = field(default=8, metadata=uses(MAX_BUCKETS))
+    max_buckets: int = uses(8, MAX_BUCKETS)
     align: int = option(
         8, "--align", type=int, help="bounds are multiples of this (default %(default)s; 128 on TPU matmul units)"
     )
@@ -35,11 +35,11 @@ class BucketChoice:
 class BucketMeasurement:
     """Where the cost model is measured: device, compile backend, batch, each worker's time limit."""
 
-    device: str | None = field(default=None, metadata=uses(DEVICE))
+    device: str | None = uses(None, DEVICE)
     compile_backend: str | None = option(
         None, "--compile-backend", help="torch.compile backend to measure (default: the device's: inductor / tpu)"
     )
-    batch_size: int | None = field(default=None, metadata=uses(BATCH_SIZE))
+    batch_size: int | None = uses(None, BATCH_SIZE)
     trial_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:

@@ -52,9 +52,10 @@ def option(default: Any, *names: str, help: str, factory: bool = False, **spelli
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def uses(shared: Flag) -> dict[str, Flag]:
-    """A field's metadata naming a flag defined once for several commands."""
-    return {FLAG: shared}
+def uses(default: Any, shared: Flag, **words: Any) -> Any:
+    """A section's field whose flag is defined once for several commands: ``uses(None, SEQ_LEN)``,
+    with a command's own `words` where they differ (its help, metavar or choices)."""
+    return dataclasses.field(default=default, metadata={FLAG: shared.adapted(**words) if words else shared})
 
 
 def _field_default(f: dataclasses.Field[Any]) -> Any:

@@ -85,14 +85,10 @@ class PlanStep:
         type=int,
         help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)",
     )
-    seq_len: int | None = field(
-        default=None,
-        metadata=uses(
-            SEQ_LEN.adapted(
-                help="sequence length (default: the file's SEQ_LEN; an hf: config's max_position_embeddings, "
-                "at most 8192)"
-            )
-        ),
+    seq_len: int | None = uses(
+        None,
+        SEQ_LEN,
+        help="sequence length (default: the file's SEQ_LEN; an hf: config's max_position_embeddings, at most 8192)",
     )
     preset: str | None = option(None, "--preset", help="a named model size from the file's PRESETS, e.g. 70b")
     remat: str = option(
@@ -148,7 +144,7 @@ class PlanStep:
         help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
         "the generic decoder's shapes; default %(default)s)",
     )
-    attention: AttentionConvention = field(default="full", metadata=uses(ATTENTION))  # MFU convention
+    attention: AttentionConvention = uses("full", ATTENTION)  # MFU convention
 
     def __post_init__(self) -> None:
         check_field_types(self)  # the Python API may pass any value
@@ -258,16 +254,13 @@ class PlanSearch:
         convert=lambda text: _ints("--contexts", text),
         help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
     )
-    sampler: str = field(
-        default="tpe",
-        metadata=uses(
-            SAMPLER.adapted(
-                choices=PLAN_SAMPLERS,
-                help="tpe, random, or exhaustive (every valid point; --budget optional); default %(default)s",
-            )
-        ),
+    sampler: str = uses(
+        "tpe",
+        SAMPLER,
+        choices=PLAN_SAMPLERS,
+        help="tpe, random, or exhaustive (every valid point; --budget optional); default %(default)s",
     )
-    seed: int = field(default=0, metadata=uses(SEED))
+    seed: int = uses(0, SEED)
 
     def __post_init__(self) -> None:
         check_field_types(self)  # the Python API may pass any value
@@ -293,20 +286,13 @@ class PlanStore:
     """The search's Optuna study: its name (None: one derived from the plan's inputs, so the same
     plan run again resumes) and storage URL (None: in memory; plan_to_folder gives one)."""
 
-    study: str | None = field(
-        default=None,
-        metadata=uses(
-            STUDY.adapted(
-                metavar=None,
-                help="the study's name (default: one derived from the plan's inputs, so the same plan run "
-                "again resumes)",
-            )
-        ),
+    study: str | None = uses(
+        None,
+        STUDY,
+        metavar=None,
+        help="the study's name (default: one derived from the plan's inputs, so the same plan run again resumes)",
     )
-    url: str | None = field(
-        default=None,
-        metadata=uses(STORAGE.adapted(help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")),
-    )
+    url: str | None = uses(None, STORAGE, help="Optuna storage URL (default: $TPU_TUNE_STORAGE, else results/plans.db)")
 
 
 @dataclass(frozen=True)

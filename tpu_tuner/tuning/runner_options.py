@@ -7,7 +7,7 @@ Each checks itself when built (`UserInputError` naming the flag) and names its f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,7 @@ def default_trial_settings() -> ProfilerSettings:
 class RunnerOptions:
     """How each trial runs: on which device, on how many ranks, at what sizes, for how long."""
 
-    device: str | None = field(default=None, metadata=uses(DEVICE))  # None: the best device present
+    device: str | None = uses(None, DEVICE)  # None: the best device present
     # Processes each trial runs on per host, one per device: the sharding layouts searched are
     # those of nnodes x nproc ranks (`ranks`).
     nproc: int = option(
@@ -110,8 +110,8 @@ class RunnerOptions:
         type=float,
         help="seconds before a trial is killed (default %(default)g)",
     )
-    batch_size: int | None = field(default=None, metadata=uses(BATCH_SIZE))
-    seq_len: int | None = field(default=None, metadata=uses(SEQ_LEN))
+    batch_size: int | None = uses(None, BATCH_SIZE)
+    seq_len: int | None = uses(None, SEQ_LEN)
     # None: the run's default, `default_trial_settings()` (building it imports torch).
     trial_settings: ProfilerSettings | None = None
 
@@ -156,26 +156,20 @@ class StoreOptions:
 
     # Optuna storage URL (stored as `storage`); None: $TPU_TUNE_STORAGE, else SQLite (the run
     # folder's study.db, or the results folder's studies.db for a named study).
-    url: str | None = field(
-        default=None,
-        metadata=uses(
-            STORAGE.adapted(
-                help="Optuna storage URL, e.g. postgresql://user@host/db (default: $TPU_TUNE_STORAGE, else "
-                "SQLite: the run folder's study.db, or with --study the results folder's studies.db); a "
-                "password may also come from PGPASSWORD or ~/.pgpass"
-            )
-        ),
+    url: str | None = uses(
+        None,
+        STORAGE,
+        help="Optuna storage URL, e.g. postgresql://user@host/db (default: $TPU_TUNE_STORAGE, else "
+        "SQLite: the run folder's study.db, or with --study the results folder's studies.db); a "
+        "password may also come from PGPASSWORD or ~/.pgpass",
     )
     # A study shared by name: every worker given the same storage and name joins it
     # (tuning/shared_study.py).
-    study: str | None = field(
-        default=None,
-        metadata=uses(
-            STUDY.adapted(
-                help="join the study NAME in the storage (created by its first worker): every worker given "
-                "the same storage and name works on one search"
-            )
-        ),
+    study: str | None = uses(
+        None,
+        STUDY,
+        help="join the study NAME in the storage (created by its first worker): every worker given "
+        "the same storage and name works on one search",
     )
     resume: Path | None = option(
         None, "--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder"
@@ -230,4 +224,4 @@ class StoreOptions:
 class OutputOptions:
     """Where the run folder is written."""
 
-    out: Path = field(default=Path(RESULTS_DIR), metadata=uses(OUT))
+    out: Path = uses(Path(RESULTS_DIR), OUT)

@@ -6,7 +6,7 @@ Each checks itself when built (`UserInputError` naming the flag) and names its f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
@@ -61,8 +61,8 @@ class SearchOptions:
         help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
         "none: no clock, the trial budget alone (default %(default)s)",
     )
-    sampler: str = field(default="tpe", metadata=uses(SAMPLER.adapted(choices=tuple(SAMPLERS))))
-    seed: int = field(default=0, metadata=uses(SEED))
+    sampler: str = uses("tpe", SAMPLER, choices=tuple(SAMPLERS))
+    seed: int = uses(0, SEED)
     space: str | Path = option("default", "--space", help="search space: a name in search_spaces/ or a TOML path")
     agents: tuple[str, ...] = ("compile", "precision", "threads", "memory", "sharding")
     # Enqueue the best settings of earlier studies of this device kind first (tuning/warm_start.py).
@@ -125,16 +125,13 @@ class ObjectiveOptions:
     )
     # Varying input lengths (tuning/bucketing.py): a length sample file, else the workload's
     # sample_lengths(); the bucket limits the per-trial optimiser respects.
-    lengths_file: Path | None = field(
-        default=None,
-        metadata=uses(
-            LENGTHS.adapted(
-                help="input length sample (CSV or one number a line; default: the file's sample_lengths()); "
-                "each trial's objective then includes its best shape buckets"
-            )
-        ),
+    lengths_file: Path | None = uses(
+        None,
+        LENGTHS,
+        help="input length sample (CSV or one number a line; default: the file's sample_lengths()); "
+        "each trial's objective then includes its best shape buckets",
     )
-    max_buckets: int = field(default=8, metadata=uses(MAX_BUCKETS))
+    max_buckets: int = uses(8, MAX_BUCKETS)
     bucket_align: int = option(
         8, "--bucket-align", type=int, help="bucket bounds are multiples of this (default %(default)s)"
     )
