@@ -17,12 +17,8 @@ torch 2.13):
   one, up to 8 a core), and what it frees stays there: the arena keeps at least its largest
   buffer, and over the warm-up every worker serves the largest (FSDP2's root group). So the
   estimate adds `threads x` the largest buffer below glibc's largest mmap threshold (a mapped one
-  is returned when freed) as `arena_bytes`: a lower bound. On glibc 2.36 (this host) an arena
-  keeps more: posix_memalign, as c10 asks, does not reuse a freed chunk of exactly its size, so
-  an arena grows by a buffer per collective until its holes serve the mix of sizes (8 MiB
-  all-gathers: 8, 16, 24 MiB after one, two, three on one thread; gpt's two workers settled at
-  12 and 18 MiB with a largest buffer of 9). The reduce-scatter's all-reduce runs on a worker
-  thread too, on buffers gloo allocates itself (2-4 MiB for an 8 MiB message): not modelled.
+  is returned when freed) as `arena_bytes`: a lower bound (an arena keeps more, and the
+  reduce-scatter's all-reduce buffers on the worker threads are not modelled).
 
 Measured on this host: docs/tuning.md, "Memory before measurement".
 """
@@ -35,6 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_tuner.execution.heap_model import MMAP_THRESHOLD_MAX
+
+# The worker threads of a gloo group joined with default options: `ProcessGroupGloo::Options`'
+# `threads(2)` (its constructor in torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, torch 2.13; no public reader).
+GLOO_THREADS = 2
 
 
 @dataclass
@@ -51,16 +51,6 @@ class WorkerBuffers:
         return self.threads * max(kept, default=0)
 
 
-def default_threads() -> int:
-    """The worker threads of a gloo group joined with default options (`init_process_group`)."""
-    import torch.distributed as dist
-
-    try:
-        return int(dist.ProcessGroupGloo._Options()._threads)  # type: ignore[attr-defined]  # private, torch 2.13
-    except (AttributeError, RuntimeError):  # a torch without gloo's options: its C++ default
-        return 2
-
-
 @contextlib.contextmanager
 def as_gloo(threads: int) -> Iterator[WorkerBuffers]:
     """FSDP2's collectives (`dist.reduce_scatter_single`, `dist.all_gather_single`) allocating,
@@ -69,12 +59,13 @@ def as_gloo(threads: int) -> Iterator[WorkerBuffers]:
     import torch.distributed as dist
 
     buffers = WorkerBuffers(threads)
-    reduce_scatter, all_gather = dist.reduce_scatter_single, dist.all_gather_single
+    names = ("reduce_scatter_single", "all_gather_single")
+    originals = {name: getattr(dist, name) for name in names}
 
     def reduce_scatter_single(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
         clone = input.clone()  # gloo's copy of the whole input, on this thread
         try:
-            return reduce_scatter(output, input, *args, **kwargs)
+            return originals["reduce_scatter_single"](output, input, *args, **kwargs)
         finally:
             del clone
 
@@ -82,14 +73,12 @@ def as_gloo(threads: int) -> Iterator[WorkerBuffers]:
         flat = output.new_empty(output.shape)  # the work's flat output tensors, on this thread
         buffers.sizes.append(_nbytes(output))  # the flat output gathered into, on a worker thread
         try:
-            return all_gather(output, input, *args, **kwargs)
+            return originals["all_gather_single"](output, input, *args, **kwargs)
         finally:
             del flat
 
-    wrapped = {"reduce_scatter_single": reduce_scatter_single, "all_gather_single": all_gather_single}
-    originals = {name: getattr(dist, name) for name in wrapped}
-    for name, function in wrapped.items():  # FSDP2 calls them as `dist.<name>`, read at each call
-        setattr(dist, name, function)
+    for function in (reduce_scatter_single, all_gather_single):  # FSDP2 reads `dist.<name>` at each call
+        setattr(dist, function.__name__, function)
     try:
         yield buffers
     finally:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from tpu_tuner.devices.base import Backend
-from tpu_tuner.execution.gloo_buffers import WorkerBuffers, as_gloo, default_threads
+from tpu_tuner.execution.gloo_buffers import GLOO_THREADS, WorkerBuffers, as_gloo
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import SINGLE, LayoutKnob, layout_in
@@ -92,7 +92,7 @@ def _real_collectives(backend: Backend) -> Iterator[WorkerBuffers | None]:
     if backend.process_group_backend != "gloo":
         yield None
         return
-    with as_gloo(default_threads()) as workers:
+    with as_gloo(GLOO_THREADS) as workers:
         yield workers
 
 
