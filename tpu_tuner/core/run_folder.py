@@ -54,7 +54,6 @@ BUCKETS_JSON = "buckets.json"
 BUCKETS_MD = "buckets.md"
 LENGTHS_PNG = "length_histogram.png"
 STRATEGIES_PNG = "strategy_totals.png"
-BUCKET_PLOTS = (LENGTHS_PNG, STRATEGIES_PNG)
 BUCKET_CONFIG = "bucket_config.toml"
 
 
