@@ -113,9 +113,9 @@ def _own_switch(model: nn.Module, every: int) -> bool:
         return False
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)  # type: ignore[operator]
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)  # type: ignore[operator]  # nn.Module.__getattr__'s type
     elif every == 1 and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]  # as above
     else:
         return False
     for block in _declared_blocks(model):

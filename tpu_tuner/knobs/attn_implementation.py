@@ -50,7 +50,7 @@ class AttnImplementationKnob(Knob, NarrowedByWorkload):
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         if value == DEFAULT:
             return model
-        model.set_attn_implementation(value)  # type: ignore[operator]
+        model.set_attn_implementation(value)  # type: ignore[operator]  # nn.Module.__getattr__'s type
         setattr(model, _MARK, value)
         return model
 
@@ -65,7 +65,8 @@ class AttnImplementationKnob(Knob, NarrowedByWorkload):
         chosen = getattr(model, _MARK, None)
         if chosen is None:
             return DEFAULT
-        return chosen if model.config._attn_implementation == chosen else None  # type: ignore[union-attr]
+        config: Any = model.config  # a transformers PretrainedConfig (nn.Module.__getattr__ types it Tensor | Module)
+        return chosen if config._attn_implementation == chosen else None
 
 
 def offered(model: nn.Module) -> tuple[str, ...]:

@@ -136,9 +136,9 @@ def verdict(result: PlanResult, model_file: str = "MODEL.py", run_dir: str = "PL
     ]
     lines += [f"  {reason}" for reason in (band.reasons if band else ())]
     close = result.indistinguishable
-    if len(close) > 1:
+    if len(close) > 1 and band is not None:  # points are indistinguishable only within a band
         lines += [
-            f"{len(close)} points are within {band.points:.1f} MFU points of it, so the prediction cannot order "  # type: ignore[union-attr]
+            f"{len(close)} points are within {band.points:.1f} MFU points of it, so the prediction cannot order "
             "them: " + "; ".join(point_label(p) for p in close[1:4]) + (" ..." if len(close) > 4 else ""),
             f"measure them on the hardware: tpu-tune {model_file} --nproc N --plan {run_dir}",
         ]

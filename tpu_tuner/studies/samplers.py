@@ -78,7 +78,7 @@ class SettingsGrid(optuna.samplers.BaseSampler):
         # (so a seed walks the settings in the order it did before this class replaced it).
         self._rng.shuffle(list(itertools.product(*(grid[name] for name in sorted(grid)))))
         self._settings = [dict(s) for s in settings]
-        self._rng.shuffle(self._settings)  # type: ignore[arg-type]
+        self._rng.shuffle(self._settings)  # type: ignore[arg-type]  # numpy's stubs take arrays; a list shuffles in place
         self._chosen: dict[int, dict[str, Any]] = {}
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:

@@ -159,7 +159,7 @@ class TuneTrials(Feature):
         return records.WORKER in records.attrs(trial)  # the claim follows the last parameter (begin)
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
-        return covered_settings(trials)  # type: ignore[return-value]
+        return covered_settings(trials)  # type: ignore[return-value]  # dict is invariant: SettingKey keys are Hashable
 
     def spends(self, trial: FrozenTrial) -> bool:
         attrs = records.attrs(trial)
