@@ -80,11 +80,11 @@ class MultiHostTrialRunner(RankedTrialRunner):
     def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job: on every host's ranks when it runs a layout, else in the single worker."""
         if not request.on_ranks:
-            return self.single.run(request, env=env, timeout_s=timeout_s)
+            return super().run(request, env=env, timeout_s=timeout_s)
         from torch.distributed import DistError
 
         self.check_usable()
-        self.single.close()  # idle from here on: its memory and threads are the ranks'
+        self.stop_worker()  # idle from here on: its memory and threads are the ranks'
         payload = {
             "kind": "run",
             "timeout_s": timeout_s or self.timeout_s,
@@ -93,6 +93,7 @@ class MultiHostTrialRunner(RankedTrialRunner):
             "spec": self.rank_job(request),
         }
         self.groups_started += 1
+        self.workers_started += 1
         since, started = self.log.mark(), time.perf_counter()
         try:
             number = announce(self.group, payload)
