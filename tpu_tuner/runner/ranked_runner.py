@@ -67,18 +67,22 @@ class RankedTrialRunner(TrialRunner):
         """Run one job: on the ranks when it runs a layout, else in the single worker."""
         if not request.on_ranks:
             return super().run(request, env=env, timeout_s=timeout_s)
-        from tpu_tuner.runner.launch import run_ranks
-        from tpu_tuner.runner.rank_job import RESULT, read_accounts
-
+        self.check_usable()
         # The single worker is idle from here on (the profile is done): its memory and threads
         # are the ranks' now. A later single-process job starts it again.
         self.stop_worker()
-        limit = timeout_s or self.timeout_s
+        self.groups_started += 1
+        self.workers_started += 1
+        return self.run_group(request, env or {}, timeout_s or self.timeout_s)
+
+    def run_group(self, request: Request, env: dict[str, str], limit: float) -> JobResult:
+        """Run one job on a fresh group of `nproc` ranks, stopped after `limit` seconds."""
+        from tpu_tuner.runner.launch import run_ranks
+        from tpu_tuner.runner.rank_job import RESULT, read_accounts
+
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
             job_file.write_bytes(pickle.dumps(self.rank_job(request)))
-            self.groups_started += 1
-            self.workers_started += 1
             since = self.log.mark()
             outcome = run_ranks(
                 self.nproc,
@@ -86,7 +90,7 @@ class RankedTrialRunner(TrialRunner):
                 [str(job_file)],
                 limit,
                 workdir=folder,
-                env={**self.launch_environment, **(env or {})},
+                env={**self.launch_environment, **env},
                 rank_env=self.rank_environment,
                 output=self.log,
             )
