@@ -20,6 +20,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
+from contextlib import suppress
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -198,10 +199,8 @@ def _convert(kind: Any, value: Any, where: str, path: KeyPath) -> Any:
             return _build(kind, value, where, path)
     elif origin in (Union, types.UnionType):
         for option in typing.get_args(kind):
-            try:
+            with suppress(DefinitionError):
                 return _convert(option, value, where, path)
-            except DefinitionError:
-                continue
     elif origin is tuple:
         item = typing.get_args(kind)[0]
         if isinstance(value, list):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from tpu_tuner.core.errors import UserInputError
@@ -28,10 +29,8 @@ def typed_value(text: str) -> Any:
     if lowered in ("none", "null"):
         return None
     for cast in (int, float):
-        try:
+        with suppress(ValueError):
             return cast(text)
-        except ValueError:
-            pass
     return text
 
 

@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import threading
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 
@@ -129,9 +130,7 @@ def new_run_dir(root: str | Path, model: str, kind: str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for attempt in range(1000):
         candidate = root / (base if attempt == 0 else f"{base}-{attempt}")
-        try:
+        with suppress(FileExistsError):
             candidate.mkdir()
             return candidate
-        except FileExistsError:
-            continue
     raise RuntimeError(f"could not create a run folder under {root}")

@@ -26,16 +26,14 @@ def plans_section(collection: Collection) -> str:
     runs = collection.runs.set_index("run")
     for run, data in collection.plans.items():
         row = runs.loc[run]
-        out.append(
+        out += [
             f'<section class="plan"><h3>{esc(row["model"])} on {esc(row["topology"])} '
             f"({esc(int(row['chips']) if finite(row['chips']) else '?')} chips) "
-            f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>'
-        )
-        out.append(
+            f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>',
             sortable_table(
                 ("layout", "fits", "predicted MFU", "step", "compute", "memory", "comm", "exposed comm", "why")
-            )
-        )
+            ),
+        ]
         for plan in data["plans"]:
             p = plan.get("prediction") or {}
             layout = Layout.from_mesh(plan["layout"]).short(with_context=False)
@@ -52,8 +50,7 @@ def plans_section(collection: Collection) -> str:
         out.append("</tbody></table>")
         if any(hidden_comm(plan.get("prediction") or {}) for plan in data["plans"]):
             out.append(f'<p class="muted">{esc(NOT_MODELLED)}</p>')
-        out.append(figure_html(plots.plan(data), f"predicted MFU and step split per layout, {run}", ""))
-        out.append("</section>")
+        out += [figure_html(plots.plan(data), f"predicted MFU and step split per layout, {run}", ""), "</section>"]
         if finite(row["mfu"]) and finite(row["chips"]):
             band = next(
                 (
@@ -136,11 +133,11 @@ def rankings_section(collection: Collection) -> str:
     for run, data in collection.rankings.items():
         row = runs.loc[run]
         state = f" ({esc(row['reason'])})" if row["status"] != "ok" else ""
-        out.append(
+        out += [
             f'<section class="ranking"><h3>{esc(row["model"])} on {len(data["topologies"])} slices{state} '
-            f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>'
-        )
-        out.append(sortable_table(RANKING_HEADER + ["best point, or why not"], 'class="sortable ranking"'))
+            f'<a href="{esc(row["report"])}">{esc(run)}</a></h3>',
+            sortable_table(RANKING_HEADER + ["best point, or why not"], 'class="sortable ranking"'),
+        ]
         for entry in data["slices"]:
             texts = ranking_cells(entry)
             tds = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from pathlib import Path
 
 import torch
@@ -89,10 +90,8 @@ class CpuBackend(Backend):
 
     def reset_peak_memory(self) -> None:
         # Writing 5 to clear_refs resets the kernel's peak-RSS mark (VmHWM) to the current RSS.
-        try:
+        with suppress(OSError):
             Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
 
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         peak = _proc_bytes("self/status", "VmHWM:")

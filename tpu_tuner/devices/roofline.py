@@ -153,17 +153,16 @@ def measure(
     source = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=device).fill_(1.0)
     target = torch.empty_like(source)
 
-    measured: list[dict[str, float]] = []
-    for _ in range(rounds):
-        measured.append(
-            {
-                "float32_flops_per_s": flops / _best_of(lambda: torch.mm(*fp32), sync, repeats, timer),
-                "bfloat16_flops_per_s": flops / _best_of(lambda: torch.mm(*bf16), sync, repeats, timer),
-                # A copy reads and writes every byte once.
-                "copy_bytes_per_s": 2 * COPY_BYTES / _best_of(lambda: target.copy_(source), sync, repeats, timer),
-                "dispatch_seconds_per_op": dispatch_seconds_per_op(device, sync, repeats, timer),
-            }
-        )
+    measured = [
+        {
+            "float32_flops_per_s": flops / _best_of(lambda: torch.mm(*fp32), sync, repeats, timer),
+            "bfloat16_flops_per_s": flops / _best_of(lambda: torch.mm(*bf16), sync, repeats, timer),
+            # A copy reads and writes every byte once.
+            "copy_bytes_per_s": 2 * COPY_BYTES / _best_of(lambda: target.copy_(source), sync, repeats, timer),
+            "dispatch_seconds_per_op": dispatch_seconds_per_op(device, sync, repeats, timer),
+        }
+        for _ in range(rounds)
+    ]
     probe = probe_from_rounds(measured, repeats, medium_relative_error(device), now=time.time(), load_average=load)
     if probe.under_load:
         # Info, not a warning: the profile's peak source line says it where the figures are shown.

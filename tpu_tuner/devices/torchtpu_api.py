@@ -29,6 +29,7 @@ import importlib.util
 import inspect
 import typing
 import warnings
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -254,10 +255,8 @@ def check_api(
 
         resolved: dict[str, Any] = {}
         for dotted in private_names:
-            try:
+            with suppress(ImportError, AttributeError):
                 resolved[dotted] = _resolve(dotted)
-            except (ImportError, AttributeError):
-                pass
             checks.append(_found(dotted, "private name", dotted in resolved, "not importable"))
         if "torch.tpu._get_cache_stats" in resolved:
             try:

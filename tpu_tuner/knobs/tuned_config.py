@@ -128,8 +128,7 @@ class TunedConfig:
                 "# before the process imports torch (read once, at start-up); or in the shell: "
                 + " ".join(f"export {key}={value}" for key, value in env.items())
             )
-            lines.append("import os")
-            lines.append(f"os.environ.update({env!r})")
+            lines += ["import os", f"os.environ.update({env!r})"]
         lines += [
             "import tpu_tuner",
             "",

@@ -120,13 +120,12 @@ class Decoder(nn.Module):
 
     def blocks(self) -> list[Block]:
         """Every layer's block, in order (however the layers are grouped)."""
-        found: list[Block] = []
-        for stack in (self.leading, self.layers, self.trailing):
-            for unit in stack or ():
-                found.extend(
-                    cast(Block, member) for member in (unit.members if isinstance(unit, LayerGroup) else [unit])
-                )
-        return found
+        return [
+            cast(Block, member)
+            for stack in (self.leading, self.layers, self.trailing)
+            for unit in stack or ()
+            for member in (unit.members if isinstance(unit, LayerGroup) else [unit])
+        ]
 
     def _rope_tables(self, suffix: str, rotated: int) -> None:
         inv_freq = 1.0 / (self.shape.rope_theta ** (torch.arange(0, rotated, 2, dtype=torch.float32) / rotated))

@@ -251,10 +251,9 @@ def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
     theta, _ = _rope(config)
     bias = bool(getattr(config, "attention_bias", False))
     return {
-        "vocab": config.vocab_size,
-        "d_model": config.hidden_size,
-        "layers": config.num_hidden_layers,
-        "heads": config.num_attention_heads,
+        **_attention(config),
+        "kv_heads": None,
+        "head_dim": None,
         "mlp": config.intermediate_size,
         "activation": _activation(config.hidden_act),
         "max_seq_len": config.max_position_embeddings,
@@ -262,7 +261,6 @@ def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
         "rope_theta": theta,
         "qkv_bias": bias,
         "out_bias": bias,
-        "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
         "experts": config.n_routed_experts,
         "top_k": config.num_experts_per_tok,
         "expert_mlp": config.moe_intermediate_size,

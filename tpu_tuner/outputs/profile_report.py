@@ -121,12 +121,10 @@ def render_terminal(p: Profile) -> str:
     rows = summary_rows(p)
     width = max(len(label) for label, _ in rows)
     lines = [f"{label.rjust(width)}  {value}" for label, value in rows]
-    lines.append("")
-    lines.append(f"top operators by self time, per step (torch.profiler over {p.operator_steps} steps):")
+    lines += ["", f"top operators by self time, per step (torch.profiler over {p.operator_steps} steps):"]
     for op in p.operators:
         lines.append(f"  {op.share:6.1%}  {op.self_ms_per_step:9.3f} ms  {op.calls_per_step:7.1f} calls  {op.name}")
-    for warning in p.warnings:
-        lines.append(f"warning: {warning}")
+    lines += [f"warning: {warning}" for warning in p.warnings]
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -218,10 +219,8 @@ class HostGroup:
             raise HostsError(f"the rendezvous at {self.endpoint} failed: {exc}") from exc
         finally:
             _restore("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", previous)
-            try:
+            with suppress(Exception):
                 self._raw.add(waiting, -1)
-            except Exception:
-                pass
         log.info(
             "rendezvous at %s: %d hosts met in %.1f s (this agent is its rank %d)",
             self.endpoint,

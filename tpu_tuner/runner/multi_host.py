@@ -77,22 +77,17 @@ class MultiHostTrialRunner(RankedTrialRunner):
         if self.lost is not None:
             raise HostsError(self.lost)
 
-    def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
-        """Run one job: on every host's ranks when it runs a layout, else in the single worker."""
-        if not request.on_ranks:
-            return self.single.run(request, env=env, timeout_s=timeout_s)
+    def run_group(self, request: Request, env: dict[str, str], limit: float) -> JobResult:
+        """Run one job on every host's ranks, stopped after `limit` seconds."""
         from torch.distributed import DistError
 
-        self.check_usable()
-        self.single.close()  # idle from here on: its memory and threads are the ranks'
         payload = {
             "kind": "run",
-            "timeout_s": timeout_s or self.timeout_s,
-            "env": dict(env or {}),
+            "timeout_s": limit,
+            "env": dict(env),
             "device_kind": self.device_kind,
             "spec": self.rank_job(request),
         }
-        self.groups_started += 1
         since, started = self.log.mark(), time.perf_counter()
         try:
             number = announce(self.group, payload)

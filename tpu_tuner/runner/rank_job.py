@@ -17,6 +17,7 @@ import os
 import pickle
 import sys
 from collections.abc import Iterable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,10 +37,8 @@ def read_accounts(job_file: Path, ranks: Iterable[int]) -> dict[int, dict[str, s
     rank: those that wrote one."""
     accounts = {}
     for rank in ranks:
-        try:
+        with suppress(OSError, ValueError):
             accounts[rank] = json.loads(failure_path(job_file, rank).read_text())
-        except (OSError, ValueError):
-            continue
     return accounts
 
 

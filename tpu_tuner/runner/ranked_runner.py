@@ -36,9 +36,9 @@ from tpu_tuner.runner.worker_log import WorkerLog
 log = logging.getLogger(__name__)
 
 
-class RankedTrialRunner:
+class RankedTrialRunner(TrialRunner):
     """Runs the requests that run a layout (`Request.on_ranks`) on `nproc` ranks and every other
-    job in one worker; their output goes to `log` (None: a temporary one, as `TrialRunner`'s)."""
+    job in one worker, as `TrialRunner`; their output goes to `log` (None: a temporary one)."""
 
     # Each job is a fresh group: a comparison cannot keep its built steps between jobs, so its
     # rounds run in one job (tuning/verify.py asks this).
@@ -53,42 +53,36 @@ class RankedTrialRunner:
         memory_limit_bytes: int | None = None,
         log: WorkerLog | None = None,
     ) -> None:
-        self.workload_path = str(workload_path)
-        self.device = device
+        super().__init__(workload_path, device, timeout_s, memory_limit_bytes, log=log)
         self.nproc = nproc
-        self.timeout_s = timeout_s
-        self.memory_limit_bytes = memory_limit_bytes
-        self._owns_log = log is None
-        self.log = log if log is not None else WorkerLog()
-        self.single = TrialRunner(workload_path, device, timeout_s, memory_limit_bytes, log=self.log)
         # Per-rank start-up variables (a device of its own); set once the device kind is known.
         self.rank_environment: Callable[[int], dict[str, str]] | None = None
         # Variables every rank shares, decided once by the parent (Backend.launch_environment).
         self.launch_environment: dict[str, str] = {}
         self.device_kind: str | None = None  # the ranks' device kind, known once profiled
         self.nnodes = 1  # hosts every trial spans (runner/multi_host.py: more than one)
-        self.groups_started = 0
-
-    @property
-    def workers_started(self) -> int:
-        """Single-process workers plus process groups started."""
-        return self.single.workers_started + self.groups_started
+        self.groups_started = 0  # of `workers_started`: single-process workers plus process groups
 
     def run(self, request: Request, env: dict[str, str] | None = None, timeout_s: float | None = None) -> JobResult:
         """Run one job: on the ranks when it runs a layout, else in the single worker."""
         if not request.on_ranks:
-            return self.single.run(request, env=env, timeout_s=timeout_s)
+            return super().run(request, env=env, timeout_s=timeout_s)
+        self.check_usable()
+        # The single worker is idle from here on (the profile is done): its memory and threads
+        # are the ranks' now. A later single-process job starts it again.
+        self.stop_worker()
+        self.groups_started += 1
+        self.workers_started += 1
+        return self.run_group(request, env or {}, timeout_s or self.timeout_s)
+
+    def run_group(self, request: Request, env: dict[str, str], limit: float) -> JobResult:
+        """Run one job on a fresh group of `nproc` ranks, stopped after `limit` seconds."""
         from tpu_tuner.runner.launch import run_ranks
         from tpu_tuner.runner.rank_job import RESULT, read_accounts
 
-        # The single worker is idle from here on (the profile is done): its memory and threads
-        # are the ranks' now. A later single-process job starts it again.
-        self.single.close()
-        limit = timeout_s or self.timeout_s
         with tempfile.TemporaryDirectory(prefix="tpu-tune-trial-") as folder:
             job_file = Path(folder) / "job.pkl"
             job_file.write_bytes(pickle.dumps(self.rank_job(request)))
-            self.groups_started += 1
             since = self.log.mark()
             outcome = run_ranks(
                 self.nproc,
@@ -96,7 +90,7 @@ class RankedTrialRunner:
                 [str(job_file)],
                 limit,
                 workdir=folder,
-                env={**self.launch_environment, **(env or {})},
+                env={**self.launch_environment, **env},
                 rank_env=self.rank_environment,
                 output=self.log,
             )
@@ -121,21 +115,6 @@ class RankedTrialRunner:
             "device": self.device,
             "memory_limit_bytes": self.memory_limit_bytes,
         }
-
-    def check_usable(self) -> None:
-        """Every job can run here (`MultiHostTrialRunner` raises once its hosts are lost for good)."""
-
-    def close(self) -> None:
-        """Stop the single worker (a group ends with its job)."""
-        self.single.close()
-        if self._owns_log:
-            self.log.close()
-
-    def __enter__(self) -> RankedTrialRunner:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def rank_account(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from tpu_tuner.core.failures import FailureKind, describe_end
 from tpu_tuner.execution.measurement import TrialFailure
@@ -143,14 +143,18 @@ class TrialRunner:
         raise AssertionError(f"unknown outcome {outcome!r}")
 
     def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
-        if self._worker is not None:
-            self._worker.close()
-        self._worker = None
+        """Stop the worker; close the log when it is the runner's own."""
+        self.stop_worker()
         if self._owns_log:
             self.log.close()
 
-    def __enter__(self) -> TrialRunner:
+    def stop_worker(self) -> None:
+        """Stop the worker (politely, then by force); the next job starts another."""
+        if self._worker is not None:
+            self._worker.close()
+        self._worker = None
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +122,8 @@ def mark_failed(run_dir: Path, exc: BaseException) -> None:
         reason = "interrupted (Ctrl-C); continue it with --resume"
     else:
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
-    try:
+    with suppress(OSError):
         end(run_dir, "failed", reason=reason)
-    except OSError:
-        pass
 
 
 def process_alive(data: dict[str, Any]) -> bool | None:

@@ -66,10 +66,7 @@ def enqueue_seeds(
     """
     baseline = space.baseline_params()
     per_agent = [agent.seeds(profile, space) for agent in agents]
-    first_seeds: dict[str, str] = {}
-    for seeds in per_agent:
-        if seeds:
-            first_seeds.update(seeds[0])
+    first_seeds: dict[str, str] = {name: value for seeds in per_agent if seeds for name, value in seeds[0].items()}
     queue: list[dict[str, str]] = [baseline]
     queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
     combined = {**baseline, **first_seeds}

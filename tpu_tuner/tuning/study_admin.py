@@ -229,9 +229,8 @@ def finish_study(
         runner=replace(options.runner, device=device if device is not None else options.runner.device),
     )
     run = options.runner
-    if (
-        run.nnodes > 1
-    ):  # its trials ran on several hosts; a verification on this one alone would measure another machine
+    # Its trials ran on several hosts; a verification on this one alone would measure another machine.
+    if run.nnodes > 1:
         raise UserInputError(
             f"study {name!r} runs each trial on {run.nnodes} hosts: its driver verifies it when the "
             "search ends (relaunch the hosts' command to finish it)"
