@@ -5,6 +5,7 @@ or stays in its own package, and no imports close a cycle."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,24 @@ def test_no_module_over_the_line_limit(limit: int) -> None:
         module: n for module, path in _modules(PACKAGE).items() if (n := len(path.read_text().splitlines())) > limit
     }
     assert not long, f"modules over {limit} lines: {long}"
+
+
+# An ignore names its error code and says why after it, on its line (docs/testing.md, "Gates").
+REASONED_IGNORE = re.compile(r"# type: ignore\[[a-z-]+(, [a-z-]+)*\]  # \S")
+
+
+def unreasoned_ignores(package: Path) -> list[str]:
+    """`path:line` of each `type: ignore` without an error code and a reason on its line."""
+    return [
+        f"{path.relative_to(package.parent)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "# type: ignore" in line and not REASONED_IGNORE.search(line)
+    ]
+
+
+def test_every_type_ignore_names_its_code_and_says_why(tmp_path: Path) -> None:
+    assert unreasoned_ignores(PACKAGE) == []
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("a = f()  # type: ignore[misc]\nb = g()  # type: ignore[misc]  # why\n")
+    assert unreasoned_ignores(tmp_path / "pkg") == ["pkg/m.py:1"]
