@@ -200,7 +200,13 @@ def test_buckets_cli_and_api_write_the_same_folder(tmp_path, capsys) -> None:
     api_dir = save_buckets(result, tmp_path / "api", FIXTURES / "tiny_encoder.py")
     (cli_dir,) = (tmp_path / "cli").iterdir()
     expected = sorted(
-        [run_folder.BUCKETS_JSON, run_folder.BUCKETS_MD, *run_folder.BUCKET_PLOTS, run_folder.BUCKET_CONFIG]
+        [
+            run_folder.BUCKETS_JSON,
+            run_folder.BUCKETS_MD,
+            run_folder.LENGTHS_PNG,
+            run_folder.STRATEGIES_PNG,
+            run_folder.BUCKET_CONFIG,
+        ]
     )
     assert sorted(p.name for p in api_dir.iterdir()) == expected
     # The command measures in a worker, whose output it keeps in the folder (the API runs in-process).
