@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
+from tpu_tuner.model import experts
 from tpu_tuner.model.experts import grouped_matmul, permute_rows
 from tpu_tuner.model.loader import load_workload
 
@@ -66,6 +67,44 @@ def test_dropless_routing_drops_no_token_and_matches_the_dropping_router_with_ro
         torch.testing.assert_close(dropless(x), expected, atol=1e-5, rtol=1e-4)
         dropping.capacity_factor = 0.25
         assert (dropping(x).abs().sum(-1) == 0).any() and not torch.allclose(dropping(x), expected, atol=1e-3)
+
+
+def test_a_sort_group_of_sequences_changes_no_result_and_sorts_their_rows_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The planner sorts a device's sequences together (sort_group: the sequences it holds, as
+    MaxText sorts a device's tokens once): the output and every gradient are the per-sequence
+    ones, and the grouped matmuls see two sort groups of 2 x 16 tokens x top_k 2 rows, not four
+    of 32, each projection with its checkpoint name."""
+    torch.manual_seed(0)
+    _, moe = _moe(",moe_routing=dropless")
+    x = torch.randn(4, 16, 32, requires_grad=True)
+    seen: list[tuple[tuple[int, ...], str]] = []
+
+    def recorded(h: torch.Tensor, w: torch.Tensor, sizes: torch.Tensor, rowwise: bool, role: str = "") -> torch.Tensor:
+        if role:  # the forward's projections (the backward's input gradients go through the op unnamed)
+            seen.append((tuple(h.shape), role))
+        return grouped_matmul(h, w, sizes, rowwise, role)
+
+    monkeypatch.setattr(experts, "grouped_matmul", recorded)
+    results = []
+    for group in (1, 2):
+        moe.sort_group, x.grad = group, None
+        moe.zero_grad()
+        out = moe(x)
+        (out**2).sum().backward()
+        results.append([out.detach(), x.grad.clone(), *(p.grad.clone() for p in (moe.w_gate, moe.w_up, moe.w_down))])
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert [shape for shape, _ in seen] == [
+        (4, 32, 32),
+        (4, 32, 32),
+        (4, 32, 48),
+        (2, 64, 32),
+        (2, 64, 32),
+        (2, 64, 48),
+    ]
+    assert [role for _, role in seen[3:]] == ["mlpwi_1", "mlpwi_0", "mlpwo"]
 
 
 def test_the_grouped_matmul_op_passes_torchs_custom_op_checks_and_its_gradient_check() -> None:

@@ -7,10 +7,12 @@ Two ways to run routed experts, as MaxText has them (layers/moe.py):
   the rest dropped; dispatch and combine are one-hot einsums over [batch, seq, experts, slots].
 * **dropless** (MaxText's default since 2024: ``sparse_matmul=True``, ``megablox=True``,
   ``capacity_factor=-1``): every (token, choice) pair is sorted by its expert and the sorted rows
-  run through grouped matmuls (`grouped_matmul`, a torch custom op), no token dropped. Sorting is
-  per sequence, so that it stays local to the devices holding the sequence (MaxText sorts each
-  device's tokens: the same sizes when a device holds one sequence). In plain torch the op is a
-  per-group loop; the planner compiles it as a grouped matmul kernel (planner/grouped_matmul.py).
+  run through grouped matmuls (`grouped_matmul`, a torch custom op), no token dropped. The rows
+  are sorted a group of `sort_group` sequences at a time (default one): the planner sets it to the
+  sequences a device holds, so that each device sorts its rows once and runs one grouped matmul
+  over them, as MaxText's sparse_matmul does inside its shard_map. The grouping changes no row's
+  result. In plain torch the op is a per-group loop; the planner compiles it as a grouped matmul
+  kernel (planner/grouped_matmul.py).
 
 Routers (`router`): ``topk_softmax`` (default: the top-k logits softmaxed among themselves,
 Mixtral, gpt-oss, MaxText's default), ``softmax_topk`` (softmax over all experts, then the top k,
@@ -47,11 +49,15 @@ from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward, gated_activati
 
 
 @torch.library.custom_op("tpu_tune::grouped_matmul", mutates_args=())
-def grouped_matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
-    """Per sequence b, rows of ``x[b]`` ([batch, rows, k], sorted by group) times their group's
-    ``weights[g]`` ([groups, k, n]); ``group_sizes[b, g]`` rows of sequence b belong to group g.
+def grouped_matmul(
+    x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool, role: str = ""
+) -> torch.Tensor:
+    """Per sort group b (a sequence or several), rows of ``x[b]`` ([batch, rows, k], sorted by group)
+    times their group's ``weights[g]`` ([groups, k, n]); ``group_sizes[b, g]`` rows of b belong to g.
     `rowwise` says which side a tensor-parallel planner splits (True: the contraction, as a down
-    projection's; False: the output, as an up projection's); plain torch ignores it."""
+    projection's; False: the output, as an up projection's); `role` is the output's checkpoint name
+    (MaxText's ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``; empty: none), which a planner's remat policy
+    reads. Plain torch ignores both."""
     out = x.new_zeros(x.shape[0], x.shape[1], weights.shape[2])
     for b, sizes in enumerate(group_sizes.tolist()):
         start = 0
@@ -78,7 +84,7 @@ def grouped_matmul_weight_grad(
 
 
 @grouped_matmul.register_fake
-def _(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
+def _(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool, role: str = "") -> torch.Tensor:
     return x.new_empty(x.shape[0], x.shape[1], weights.shape[2])
 
 
@@ -88,7 +94,7 @@ def _(x: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor, groups: in
 
 
 def _save(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weights, group_sizes, _ = inputs
+    x, weights, group_sizes = inputs[:3]
     ctx.save_for_backward(x, weights, group_sizes)
 
 
@@ -96,7 +102,7 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     x, weights, group_sizes = ctx.saved_tensors
     grad_x = grouped_matmul(grad, weights.transpose(1, 2).contiguous(), group_sizes, False)
     grad_w = grouped_matmul_weight_grad(x, grad, group_sizes, weights.shape[0])
-    return grad_x, grad_w, None, None
+    return grad_x, grad_w, None, None, None
 
 
 grouped_matmul.register_autograd(_backward, setup_context=_save)
@@ -137,6 +143,8 @@ class MixtureOfExperts(nn.Module):
     weights touch each token)."""
 
     score_bias: torch.Tensor | None  # a buffer: DeepSeek-V3's bias for the sigmoid router, else None
+    # Consecutive sequences whose rows the dropless path sorts together (one where it does not divide the batch).
+    sort_group: int = 1
 
     def __init__(self, s: DecoderShape) -> None:
         super().__init__()
@@ -194,35 +202,41 @@ class MixtureOfExperts(nn.Module):
     def _experts(
         self,
         rows: torch.Tensor,
-        matmul: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor],
+        matmul: Callable[[torch.Tensor, torch.Tensor, bool, str], torch.Tensor],
         bias_of_rows: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         """The gated (or plain) expert MLP over `rows`, each projection by `matmul(rows, weights,
-        rowwise)`, plus its bias where the experts have them, `bias_of_rows(bias)` being each
-        row's expert's bias in the rows' layout."""
+        rowwise, role)` (role: MaxText's checkpoint name of its output, ``mlpwi_0`` the gate,
+        ``mlpwi_1`` the up projection, ``mlpwo`` the down one; a plain MLP's up is ``mlpwi_0``),
+        plus its bias where the experts have them, `bias_of_rows(bias)` being each row's expert's
+        bias in the rows' layout."""
 
-        def project(h: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None, rowwise: bool) -> torch.Tensor:
-            out = matmul(h, weights, rowwise)
+        def project(
+            h: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None, rowwise: bool, role: str
+        ) -> torch.Tensor:
+            out = matmul(h, weights, rowwise, role)
             return out if bias is None else out + bias_of_rows(bias)
 
-        hidden = project(rows, self.w_up, self.up_bias, False)
+        hidden = project(rows, self.w_up, self.up_bias, False, "mlpwi_1" if self.w_gate is not None else "mlpwi_0")
         if self.w_gate is not None:
-            hidden = self.activation(project(rows, self.w_gate, self.gate_bias, False), hidden)
+            hidden = self.activation(project(rows, self.w_gate, self.gate_bias, False, "mlpwi_0"), hidden)
         else:
             hidden = self.activation(hidden)
-        return project(hidden, self.w_down, self.down_bias, True)
+        return project(hidden, self.w_down, self.down_bias, True, "mlpwo")
 
     def _dropless(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
-        flat = chosen.reshape(batch, seq * self.top_k)
-        order = flat.argsort(dim=-1, stable=True)  # each sequence's (token, choice) pairs by expert
-        rows = permute_rows(x.repeat_interleave(self.top_k, dim=1), order)  # a copy per choice, then sorted
+        group = self.sort_group if batch % self.sort_group == 0 else 1
+        flat = chosen.reshape(batch // group, group * seq * self.top_k)
+        order = flat.argsort(dim=-1, stable=True)  # each sort group's (token, choice) pairs by expert
+        tokens = x.reshape(batch // group, group * seq, d_model)
+        rows = permute_rows(tokens.repeat_interleave(self.top_k, dim=1), order)  # a copy per choice, then sorted
         experts = torch.arange(self.n_experts, device=x.device)
-        group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [batch, experts]
-        sorted_experts = flat.gather(-1, order)  # [batch, rows]: each sorted row's expert
+        group_sizes = (flat[..., None] == experts).sum(dim=1).to(torch.int32)  # [sort groups, experts]
+        sorted_experts = flat.gather(-1, order)  # [sort groups, rows]: each sorted row's expert
         out = self._experts(
             rows,
-            lambda h, w, rowwise: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise),
+            lambda h, w, rowwise, role: grouped_matmul(h, w.to(x.dtype), group_sizes, rowwise, role),
             lambda bias: F.embedding(sorted_experts, bias.to(x.dtype)),
         )
         out = permute_rows(out, order.argsort(dim=-1)).view(batch, seq, self.top_k, d_model)  # token order again
@@ -239,7 +253,7 @@ class MixtureOfExperts(nn.Module):
         dispatch = (combine != 0).to(x.dtype)
         expert_in = torch.einsum("bsm,bsec->ebcm", x, dispatch)
 
-        def matmul(h: torch.Tensor, w: torch.Tensor, rowwise: bool) -> torch.Tensor:
+        def matmul(h: torch.Tensor, w: torch.Tensor, rowwise: bool, role: str) -> torch.Tensor:
             return torch.einsum("ebcm,emh->ebch", h, w.to(x.dtype))
 
         out = self._experts(expert_in, matmul, lambda bias: bias.to(x.dtype)[:, None, None, :])  # [experts, 1, 1, n]

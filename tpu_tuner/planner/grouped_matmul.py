@@ -3,7 +3,10 @@
 device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
 (layers/moe.py at e591f30: the routed computation inside ``jax.shard_map``, the batch over the
 data-parallel axes, expert weights gathered over fsdp and split over tensor on the MLP width, the
-down projection's partial sums reduce-scattered over tensor).
+down projection's partial sums reduce-scattered over tensor). Each device sorts its own sequences'
+rows once (`sort_each_device`: one sort group a device) and runs one grouped matmul over them, as
+MaxText's ``permute`` sorts a device's tokens inside that shard_map; each output carries the
+checkpoint name the model gives it (``mlpwi_0``, ``mlpwi_1``, ``mlpwo``), as MaxText names them there.
 
 On a TPU the kernel is JAX's megablox grouped matmul (``jax.experimental.pallas.ops.tpu.megablox``,
 ``gmm`` forward and ``tgmm`` for the weights' gradient), as MaxText's defaults (``megablox: true``,
@@ -19,11 +22,14 @@ scatter-add, which the TPU compiler sorts. JAX and torchax are imported inside t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+from torch import nn
 
-import tpu_tuner.model.experts  # noqa: F401 - registers torch.ops.tpu_tune.grouped_matmul
+from tpu_tuner.model.experts import MixtureOfExperts  # registers torch.ops.tpu_tune.grouped_matmul
+from tpu_tuner.planner.mesh import BATCH_AXES
 
 # MaxText's megablox tiles for the batch x sequence, embed and MLP dimensions (wi_tile_fwd_* in
 # configs/base.yml at e591f30), cut to the operands' sizes.
@@ -43,16 +49,25 @@ def _tile(size: int, preferred: int) -> int:
     return size if size <= preferred else preferred
 
 
+def sort_each_device(model: nn.Module, mesh: Any, batch: int) -> None:
+    """Sort each device's dropless rows once: every MixtureOfExperts of `model` gets the sequences a
+    device holds of a `batch` of sequences as its sort group, where they divide evenly and no
+    context axis splits the sequences (else one sequence a group, each device's several)."""
+    ways = math.prod(dict(mesh.shape).get(axis, 1) for axis in BATCH_AXES)
+    whole = batch % ways == 0 and dict(mesh.shape).get("context", 1) == 1
+    for module in model.modules():
+        if isinstance(module, MixtureOfExperts):
+            module.sort_group = batch // ways if whole else 1
+
+
 def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
-    """megablox's grouped matmul of each sequence's rows (`rows` [sequences, rows, k], `sizes`
-    [sequences, groups]) with a tiling for each pass, as MaxText sets its wi/wo tiles for the
-    forward pass and both backward ones: the kernel's own gradient reuses the forward's tiling
-    for the transposed product, which no tile suits where the two widths are not multiples of a
-    common one (Gemma 4 26B: 2816 x 704). The weights' gradient is one buffer that each
-    sequence's tgmm adds into (its ``existing_out``), as MaxText's one grouped matmul over a
-    device's tokens has one: summed after the fact, the sequences' [experts, k, n] gradients were
-    all live at once (a device of 8 sequences of 1024 tokens, 32 experts of 1024 x 1024: 2.4 GiB
-    of temporaries against 0.9 for 1 sequence of 8192)."""
+    """megablox's grouped matmul of each sort group's rows (`rows` [sort groups, rows, k], `sizes`
+    [sort groups, experts]; one group a device where `sort_each_device` set it) with a tiling for
+    each pass, as MaxText sets its wi/wo tiles for the forward pass and both backward ones: the
+    kernel's own gradient reuses the forward's tiling for the transposed product, which no tile
+    suits where the two widths are not multiples of a common one (Gemma 4 26B: 2816 x 704).
+    Where a device holds several groups the weights' gradient is one buffer that each group's tgmm
+    adds into (its ``existing_out``)."""
     import importlib
 
     import jax
@@ -61,13 +76,13 @@ def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
     # The kernels' module: the package's `gmm` name is the function with the shared-tiling gradient.
     kernels = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
-    sequences, rows_tile = rows.shape[0], min(TILING[0], rows.shape[1])
+    groups, rows_tile = rows.shape[0], min(TILING[0], rows.shape[1])
     embed, width = _tile(rows.shape[2], TILING[1]), _tile(weights.shape[2], TILING[2])
 
     @jax.custom_vjp
     def grouped(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
         return jnp.stack(
-            [kernels.gmm(lhs[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, embed, width)) for i in range(sequences)]
+            [kernels.gmm(lhs[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, embed, width)) for i in range(groups)]
         )
 
     def forward(lhs: Any, rhs: Any, group_sizes: Any) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -78,11 +93,11 @@ def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
         d_lhs = jnp.stack(
             [
                 kernels.gmm(grad[i], rhs, group_sizes[i], lhs.dtype, (rows_tile, width, embed), transpose_rhs=True)
-                for i in range(sequences)
+                for i in range(groups)
             ]
         )
         d_rhs = None
-        for i in range(sequences):
+        for i in range(groups):
             d_rhs = kernels.tgmm(
                 lhs[i].swapaxes(0, 1), grad[i], group_sizes[i], rhs.dtype, (rows_tile, embed, width), existing_out=d_rhs
             )
@@ -98,18 +113,21 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
     import jax
     import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
     batch = ("data", "fsdp")
     tensor = mesh.shape["tensor"]
 
-    def kernel(rows: Any, weights: Any, sizes: Any) -> Any:  # rows [sequences, rows, k], sizes [sequences, groups]
+    def kernel(rows: Any, weights: Any, sizes: Any) -> Any:  # rows [sort groups, rows, k], sizes [sort groups, experts]
         if not megablox:
             return jnp.stack([jax.lax.ragged_dot(rows[i], weights, sizes[i]) for i in range(rows.shape[0])])
         return _megablox(rows, weights, sizes)
 
-    def matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    def matmul(
+        x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, rowwise: bool, role: str = ""
+    ) -> torch.Tensor:
         x_j, w_j, sizes_j = jax_view(x), jax_view(weights), jax_view(group_sizes).astype(jnp.int32)
         # Down projections contract the tensor-split MLP width: partial sums, reduce-scattered over
         # tensor on d_model where it divides (MaxText's psum_scatter), else summed.
@@ -117,15 +135,15 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
         out_spec = PartitionSpec(batch, None, "tensor" if scatter or not rowwise else None)
 
         def local(x: Any, w: Any, sizes: Any) -> Any:
-            # One grouped matmul per sequence this device holds (each sorted on its own).
+            # One grouped matmul per sort group this device holds (one where sort_each_device set it).
             y = kernel(x, w, sizes)
             if rowwise and tensor > 1:
-                return (
+                y = (
                     jax.lax.psum_scatter(y, "tensor", scatter_dimension=2, tiled=True)
                     if scatter
                     else jax.lax.psum(y, "tensor")
                 )
-            return y
+            return checkpoint_name(y, role) if role else y
 
         specs = (
             (PartitionSpec(batch, None, "tensor"), PartitionSpec(None, "tensor", None))
@@ -157,4 +175,4 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     env.override_op_definition(torch.ops.tpu_tune.permute_rows.default, permute_rows)
 
 
-__all__ = ["TILING", "grouped_matmuls_per_device"]
+__all__ = ["TILING", "grouped_matmuls_per_device", "sort_each_device"]

@@ -36,7 +36,7 @@ from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.collectives import device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.expert_parallel import expert_dispatch
-from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device
+from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device, sort_each_device
 from tpu_tuner.planner.loop_costs import block_loop_iteration
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.optimizer import apply_update, initial_state
@@ -122,6 +122,7 @@ def compile_step(
     model = truncated(model, blocks)
     policy = parse_remat(remat)
     mesh = layout_mesh(devices, layout)  # over slices: hybrid, DCN ways outer (mesh.py)
+    sort_each_device(model, mesh, global_batch // accumulation)  # before the scan takes the blocks out of the model
     # The residual stream [batch, seq, embed] splits its batch over (data, fsdp) and its features
     # over tensor, as MaxText's `activation_embed` rule does: the residual and every block's
     # input and output, which the backward pass keeps, are then stored once per tensor group, not
