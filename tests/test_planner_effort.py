@@ -156,6 +156,13 @@ def test_v4_is_planned_as_megacore() -> None:
     assert not parse_topology("v5p-128").megacore
 
 
+def test_a_one_chip_machine_is_a_slice_and_its_own_host() -> None:
+    # libtpu's default host is 2x2 chips; a v5litepod-1 / v6e-1 topology must name its own bounds.
+    assert parse_topology("v5e-1").shape == (1, 1) and parse_topology("v6e-1").chips == 1
+    assert topology_config("v5e:1x1") == {"chips_per_host_bounds": (1, 1, 1)}
+    assert topology_config("v6e:2x1") == {"chips_per_host_bounds": (2, 1, 1)} and topology_config("v5e:2x2") == {}
+
+
 class _OffloadingPool:
     """A full-effort compile the compiler accepted, its allocation 1.08 x the limit, `host` bytes offloaded."""
 

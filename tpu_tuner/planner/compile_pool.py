@@ -62,6 +62,8 @@ class CompileJob:
     vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
     slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
     optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
+    export_to: str | None = None  # a file for the step serialized by jax.export (program.compile_step)
+    flash_block: int | None = None  # the flash kernel's blocks (None: its default, as calibrated)
 
 
 def default_workers() -> int:
@@ -215,10 +217,15 @@ def _death(died: Died) -> str:
     return describe_end(died.exit_code) + (f" ({said})" if said else "")
 
 
-def topology_config(jax_name: str) -> dict[str, str]:
+def topology_config(jax_name: str) -> dict[str, Any]:
     """Extra arguments of get_topology_desc for `jax_name`: megacore where the runtime uses it
-    (topology.MEGACORE says why)."""
-    return {"chip_config_name": "megacore"} if jax_name.split(":")[0] in MEGACORE else {}
+    (topology.MEGACORE says why), and the host of a slice smaller than libtpu's default 2x2 host."""
+    generation, _, shape = jax_name.partition(":")
+    config: dict[str, Any] = {"chip_config_name": "megacore"} if generation in MEGACORE else {}
+    dims = tuple(int(d) for d in shape.split("x")) if shape else ()
+    if len(dims) == 2 and dims[0] * dims[1] < 4:  # v5e-1, v6e-1: a one-chip machine is its whole slice
+        config["chips_per_host_bounds"] = (*dims, 1)
+    return config
 
 
 @lru_cache(maxsize=4)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -89,6 +90,8 @@ def compile_step(
     quantization: str | None = None,
     vocab_tiling: int = 1,
     optimizer: str = "adamw",
+    export_to: str | None = None,
+    flash_block: int | None = None,
 ) -> CompiledStep:
     """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
 
@@ -103,7 +106,10 @@ def compile_step(
     blocks' linear layers as 8-bit matmuls (quantized_matmul.py). With `vocab_tiling` > 1 the loss
     computes the output head's logits that many slices of the sequence at a time (MaxText's
     num_vocab_tiling; the model needs a `hidden` method: the generic decoder). `optimizer` is
-    MaxText's opt_type, "adamw" or "sgd" (optimizer.py: SGD keeps no state).
+    MaxText's opt_type, "adamw" or "sgd" (optimizer.py: SGD keeps no state). `export_to`: a file
+    that takes the step serialized by `jax.export`, so a machine with the TPU can run the very
+    program that was planned (benchmarks/tpu_chip_check.py); `flash_block`: the flash kernel's
+    blocks (None: its default, as the calibration compiled; step_parts.sharded_attention).
     On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
     import jax
     import jax.numpy as jnp
@@ -185,7 +191,7 @@ def compile_step(
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     on_tpu = np.asarray(devices).flat[0].platform == "tpu"
-    sharded_attention(env, mesh, flash=on_tpu)
+    sharded_attention(env, mesh, flash=on_tpu, flash_block=flash_block)
     if quantization is not None:
         scope = BlockScope()
         scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
@@ -281,7 +287,13 @@ def compile_step(
 
     start = time.perf_counter()
     state = initial_state(optimizer, params, first_moment_dtype)
-    lowered = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, state, buffers, tokens, tokens)
+    step = jax.jit(train_step, donate_argnums=(0, 1))
+    lowered = step.lower(params, state, buffers, tokens, tokens)
+    if export_to is not None:
+        exported = jax.export.export(step, platforms=[np.asarray(devices).flat[0].platform])(
+            params, state, buffers, tokens, tokens
+        )
+        Path(export_to).write_bytes(exported.serialize())
     try:
         options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}
         compiled = lowered.compile(options if on_tpu else None)

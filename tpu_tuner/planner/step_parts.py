@@ -92,9 +92,12 @@ def embedding_without_index_sort(env: Any) -> None:
     env.override_op_definition(F.embedding, embedding)
 
 
-def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
+def sharded_attention(env: Any, mesh: Any, flash: bool, flash_block: int | None = None) -> None:
     """Run F.scaled_dot_product_attention per device: heads over the tensor axis, the batch over
-    (data, fsdp), inside `shard_map`; with `flash` as TPU flash attention (Pallas), as MaxText does.
+    (data, fsdp), inside `shard_map`; with `flash` as TPU flash attention (Pallas), as MaxText does,
+    in the kernel's default 128 blocks or `flash_block` ones (the calibration's programs use the
+    default; at 512, MaxText's splash blocks, causal attention ran 3.7x faster on a v5e chip:
+    docs/planner.md, "On a real chip").
 
     torchax's own translation materialises the [batch, heads, seq, seq] scores, which at 8k
     tokens outweighs everything else in HBM; on a TPU the attention is a flash kernel that never
@@ -142,7 +145,14 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
                     t if t.shape[-1] == head else jnp.pad(t, ((0, 0),) * 3 + ((0, head - t.shape[-1]),))
                     for t in (q, k, v)
                 )
-                return pallas_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)[..., :width]
+                return pallas_flash.flash_attention(
+                    q,
+                    k,
+                    v,
+                    causal=causal,
+                    sm_scale=sm_scale,
+                    block_sizes=_flash_blocks(pallas_flash, flash_block, q, k),
+                )[..., :width]
         else:
 
             def kernel(q: Any, k: Any, v: Any) -> Any:  # softmax(q k^T) v, [batch, heads, seq, head_dim]
@@ -161,6 +171,13 @@ def sharded_attention(env: Any, mesh: Any, flash: bool) -> None:
 
     env.override_op_definition(F.scaled_dot_product_attention, sdpa)
     env.override_op_definition(local_attention_op(), _local_attention(mesh, flash))
+
+
+def _flash_blocks(pallas_flash: Any, block: int | None, q: Any, k: Any) -> Any:
+    """`block`-sized blocks where both sequences divide into them, else (and for None) the kernel's default."""
+    if block is None or q.shape[2] % block or k.shape[2] % block:
+        return None
+    return pallas_flash.BlockSizes(*(block,) * 3, 1, *(block,) * 7)
 
 
 def _heads_spec(mesh: Any) -> Any:

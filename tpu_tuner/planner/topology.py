@@ -30,7 +30,8 @@ from tpu_tuner.core.hardware import TPU_CHIPS, TpuChip
 MEGACORE = ("v4",)
 
 # Standard slice shapes by chip count: 2D tori for v5e/v6e, 3D for v4/v5p/TPU7x.
-_SHAPES_2D = {4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+# 1: one-chip machines (v5litepod-1: https://cloud.google.com/tpu/docs/v5e; v6e-1: .../tpu/docs/v6e).
+_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
 _SHAPES_3D = {
     4: (2, 2, 1),
     8: (2, 2, 2),
