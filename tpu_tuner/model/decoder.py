@@ -205,8 +205,9 @@ class Decoder(nn.Module):
             for layer in stack or ():
                 if isinstance(layer, Block) and layer.kv_donor:
                     # The donor's keys and values, computed here so that the shared layers can read them.
-                    kv = layer.attention.key_values(layer.attention_norm(x), *layer.rope(*rope, None, None))
-                    shared_kv[2 * layer.attention.is_global : 2 * layer.attention.is_global + 2] = kv
+                    attention = cast(Attention, layer.attention)  # not latent attention (shape_checks)
+                    kv = attention.key_values(layer.attention_norm(x), *layer.rope(*rope, None, None))
+                    shared_kv[2 * attention.is_global : 2 * attention.is_global + 2] = kv
                     x = layer(x, *rope, kv=kv, **inputs)
                 elif self.shape.kv_shared_layers and (stack is not self.leading or cast(Block, layer).kv_shared):
                     x = layer(x, *rope, shared_kv=tuple(shared_kv), **inputs)
