@@ -3,6 +3,7 @@ the double-wide MLP (model/shape_checks.py), against transformers' Gemma 4 text 
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -152,3 +153,33 @@ def test_an_impossible_sharing_is_refused_in_one_line(extra, words) -> None:
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
         DecoderShape(**(TINY | extra)).check("test")
     assert len(str(info.value).splitlines()) == 1
+
+
+# Slow (a few minutes on 2 cores): two compiles of the tiny E2B for a TPU topology.
+@pytest.mark.slow
+def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolled() -> None:
+    """The tiny E2B compiled for v5e:2x2: the KV-shared layers scanned (the donors' keys and values
+    and the per-layer inputs entering the loop), the plan's one-compile figures (the loop's other
+    iterations measured in its HLO) against the same model with every layer unrolled."""
+    from tests.test_planner_compile import _run_python
+
+    out = _run_python(f"""
+        import json
+        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.decoder import Decoder
+        from tpu_tuner.model.decoder_shape import DecoderShape
+        from tpu_tuner.planner.compiled_step import add_loop_iterations
+        import tpu_tuner.planner.program as program
+        shape = DecoderShape(**{TINY | dict(layers=15, kv_shared_layers=10, max_seq_len=512, sliding_window=64)!r})
+        devices = topology_devices("v5e:2x2")
+        compile = lambda blocks, scan: program.compile_step(lambda: Decoder(shape), blocks, Layout(1, 4, 1), devices,
+                                                            8, 256, 32, remat="full", scan=scan, fast=True)
+        scanned, unrolled = compile(2, True), compile(2, False)
+        whole = add_loop_iterations(scanned, 2)
+        print(json.dumps(dict(errors=[scanned.error, unrolled.error], measured=scanned.loop_iteration is not None,
+                              flops=[whole.flops, unrolled.flops])))
+    """)
+    data = json.loads(out)
+    assert data["errors"] == [None, None] and data["measured"]
+    assert data["flops"][0] == pytest.approx(data["flops"][1], rel=0.01)
