@@ -11,7 +11,7 @@ import torch
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import matmul_parameters
-from tpu_tuner.model.decoder import Decoder, LayerGroup
+from tpu_tuner.model.decoder import Decoder, LayerGroup, decoder_module
 from tpu_tuner.model.decoder_shape import DecoderShape
 from tpu_tuner.model.shape_checks import kv_donor
 from tpu_tuner.model.structure import read_dims
@@ -183,3 +183,10 @@ def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolle
     data = json.loads(out)
     assert data["errors"] == [None, None] and data["measured"]
     assert data["flops"][0] == pytest.approx(data["flops"][1], rel=0.01)
+
+
+def test_the_spans_give_the_hardware_floor_each_layers_projections_and_mlp() -> None:
+    spans = decoder_module(DecoderShape(**TINY), "tiny", 1, 16).TRANSFORMER["spans"]
+    assert [span.kv_heads for span in spans] == [1] * 6 + [0] * 4
+    assert [span.mlp for span in spans] == [48] * 6 + [96] * 4
+    assert [span.head_dim for span in spans] == [8, 8, 8, 8, 16, 8, 8, 8, 8, 16]

@@ -233,9 +233,14 @@ def attention_spans(shape: DecoderShape) -> tuple[AttentionSpan, ...]:
     """Every layer's attention as the FLOPs formula reads it (metrics/flops.py)."""
     spans = []
     for layer in range(shape.layers):
-        heads, _, head_dim = shape.attention_heads(layer)
+        heads, kv_heads, head_dim = shape.attention_heads(layer)
         window, chunk = shape.attention_span(layer)
-        spans.append(AttentionSpan(heads, head_dim, window, chunk))
+        if shape.kv_shared_layers:  # layers differ in their K/V projections and MLP width too (Gemma 4)
+            shared = shape.is_kv_shared(layer)
+            wide = 2 if shared and shape.double_wide_mlp else 1
+            spans.append(AttentionSpan(heads, head_dim, window, chunk, 0 if shared else kv_heads, shape.mlp * wide))
+        else:
+            spans.append(AttentionSpan(heads, head_dim, window, chunk))
     return tuple(spans)
 
 
@@ -273,7 +278,7 @@ def decoder_module(shape: DecoderShape, name: str, batch_size: int, seq_len: int
             "heads": shape.heads,
             "head_dim": shape.n_head_dim,
             "causal": True,
-            "spans": attention_spans(shape) if shape.has_local_layers else (),
+            "spans": attention_spans(shape) if shape.has_local_layers or shape.kv_shared_layers else (),
             **({"value_head_dim": shape.v_head_dim} if shape.kv_lora_rank else {}),
         },
         NAME=name,
