@@ -99,6 +99,7 @@ def test_shared_layers_are_the_scanned_stack_and_project_no_keys_or_values() -> 
     assert [b.feed_forward.w_up.out_features for b in blocks] == [48] * 6 + [96] * 4
     dims = read_dims(model, shape.heads)
     assert (dims.shape.n_layers, dims.scanned, dims.unscanned) == (10, 1, 6)
+    assert (dims.shape.d_model, dims.shape.vocab) == (32, 64)  # the token embedding, not the per-layer table
 
 
 def test_forward_and_backward_run_and_shared_layers_train_their_donors_keys() -> None:
