@@ -124,11 +124,11 @@ _LOCAL = re.compile(r"(\d+) local \(window (\d+)\) : 1 global")
 _ALTERNATING = re.compile(r"alternating local \(window (\d+)\) / global")
 _CHUNKED = re.compile(r"chunked causal \(chunk (\d+)\) on RoPE layers, global causal on every (\d+)\w* \(NoPE\) layer")
 _GLOBAL_HEADS = re.compile(r"global layers head_dim (\d+)(?: with (\d+) KV heads)?")
-# What the generic decoder has no keys for (docs/planner.md, "Attention patterns").
-_NOT_EXPRESSIBLE = {
-    "per-layer inputs": "per-layer input embeddings",
-    "KV shared across the last": "keys and values shared across layers",
-}
+# Gemma 4 E2B / E4B (model/shape_checks.py): per_layer_input, kv_shared_layers, double_wide_mlp.
+_PER_LAYER_INPUTS = re.compile(r"per-layer inputs \((\d+)\)")
+_KV_SHARED = re.compile(r"KV shared across the last (\d+) layers")
+# What the generic decoder has no keys for (docs/planner.md, "Attention patterns"): nothing today.
+_NOT_EXPRESSIBLE: dict[str, str] = {}
 
 
 def attention_keys(pattern: str) -> dict[str, Any] | str:
@@ -158,6 +158,12 @@ def attention_keys(pattern: str) -> dict[str, Any] | str:
         keys |= {"qkv_bias": True, "out_bias": True}
     if "QK-norm" in pattern:
         keys["qk_norm"] = True
+    if found := _PER_LAYER_INPUTS.search(pattern):
+        keys["per_layer_input"] = int(found.group(1))  # its table as wide as the vocabulary (per_layer_vocab 0)
+    if found := _KV_SHARED.search(pattern):
+        keys["kv_shared_layers"] = int(found.group(1))
+    if "double-wide MLP in KV-shared layers" in pattern:
+        keys["double_wide_mlp"] = True
     return keys
 
 

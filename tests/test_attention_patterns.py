@@ -48,7 +48,11 @@ def test_layers_group_into_leading_blocks_and_repeats_of_their_pattern(extra, gr
     assert all(isinstance(unit, LayerGroup) == (period > 1) for unit in model.layers)
     # The blocks in order are the shape's layers, each built as its kind says.
     kinds = [
-        (b.attention.window == 0 and b.attention.chunk == 0, type(b.feed_forward).__name__ == "MixtureOfExperts")
+        (
+            b.attention.window == 0 and b.attention.chunk == 0,
+            type(b.feed_forward).__name__ == "MixtureOfExperts",
+            b.kv_shared,
+        )
         for b in model.blocks()
     ]
     assert kinds == [shape.layer_kind(i) for i in range(shape.layers)]

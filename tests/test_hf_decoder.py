@@ -109,6 +109,23 @@ FAMILIES = {
         ),
     ),
     "gpt_oss": ("gpt_oss", dict(BASE, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)),
+    # Gemma 4 E2B's kind: KV-shared layers, per-layer inputs, a double-wide MLP in the shared layers.
+    "gemma4_text": (
+        "gemma4_text",
+        dict(
+            BASE,
+            head_dim=16,
+            global_head_dim=32,
+            num_key_value_heads=1,
+            num_hidden_layers=10,
+            sliding_window=8,
+            layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(10)],
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=256,
+            num_kv_shared_layers=4,
+            use_double_wide_mlp=True,
+        ),
+    ),
 }
 
 
@@ -143,6 +160,18 @@ FAMILIES = {
             ),
         ),
         ("qwen3_moe", dict(moe_routing="dropless", router="softmax_topk")),
+        (
+            "gemma4_text",
+            dict(
+                sliding_window=8,
+                global_every=5,
+                global_head_dim=32,
+                kv_shared_layers=4,
+                per_layer_input=8,
+                per_layer_vocab=256,
+                double_wide_mlp=True,
+            ),
+        ),
         (
             "gpt_oss",
             dict(

@@ -24,7 +24,11 @@ def test_every_expressible_current_run_is_a_row_and_every_other_says_why() -> No
     assert len(rows) + len(excluded) == len(runs) and len(rows) >= 20
     reasons = dict(excluded)
     assert all(r["id"] in reasons for r in runs if r["superseded_by"])
-    assert "per-layer input embeddings" in reasons["gemma4-e2b-tpu7x-4x4x4"]
+    # Gemma 4 E2B / E4B: per-layer inputs, KV-shared layers (E2B: with double-wide MLPs there).
+    e2b = read_shape(next(row for row in rows if row.id == "gemma4-e2b-tpu7x-4x4x4").spec)[0]
+    assert (e2b.per_layer_input, e2b.kv_shared_layers, e2b.double_wide_mlp, e2b.global_every) == (256, 20, True, 5)
+    e4b = read_shape(next(row for row in rows if row.id == "gemma4-e4b-tpu7x-4x4x4").spec)[0]
+    assert (e4b.per_layer_input, e4b.kv_shared_layers, e4b.double_wide_mlp, e4b.global_every) == (256, 18, False, 6)
     gemma3 = next(row for row in rows if row.id == "gemma3-12b-v6e-256-seq32k")  # 5 local : 1 global
     assert "sliding_window=1024,global_every=6" in gemma3.spec
     by_id = {row.id: row for row in rows}

@@ -149,33 +149,61 @@ class Attention(nn.Module):
     """Layer `layer`'s attention of the shape `s`: its heads, head width, window or chunk, sinks.
 
     `window` and `chunk` are read by the planner's mask and the FLOPs count; `rope` is whether
-    this layer turns its queries and keys (Llama 4's global layers do not)."""
+    this layer turns its queries and keys (Llama 4's global layers do not). A KV-shared layer
+    (Gemma 4: model/shape_checks.py) has no key or value projection: its forward takes another
+    layer's keys and values, as that layer's `key_values` gave them."""
 
     def __init__(self, s: DecoderShape, layer: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = s.attention_heads(layer)
         self.window, self.chunk = s.attention_span(layer)
-        is_global = s.is_global(layer) and s.has_local_layers
+        self.is_global = s.is_global(layer)  # which donor a KV-shared layer reads
+        is_global = self.is_global and s.has_local_layers
         self.rope = s.positions == "rope" and not (is_global and not s.global_rope)
+        self.kv_shared = s.is_kv_shared(layer)
         self.wq = nn.Linear(s.d_model, self.heads * self.head_dim, bias=s.qkv_bias)
-        self.wk = nn.Linear(s.d_model, self.kv_heads * self.head_dim, bias=s.qkv_bias)
+        kv_width = self.kv_heads * self.head_dim
+        self.wk = None if self.kv_shared else nn.Linear(s.d_model, kv_width, bias=s.qkv_bias)
         # Gemma 4's global layers: one projection gives the keys, and the values are the same vectors.
-        shared_kv = is_global and s.global_shared_kv
-        self.wv = None if shared_kv else nn.Linear(s.d_model, self.kv_heads * self.head_dim, bias=s.qkv_bias)
+        shared_kv = (is_global and s.global_shared_kv) or self.kv_shared
+        self.wv = None if shared_kv else nn.Linear(s.d_model, kv_width, bias=s.qkv_bias)
         self.wo = nn.Linear(self.heads * self.head_dim, s.d_model, bias=s.out_bias)
         self.q_norm = RMSNorm(self.head_dim, s.norm_eps) if s.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, s.norm_eps) if s.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, s.norm_eps) if s.qk_norm and not self.kv_shared else None
         self.sinks = nn.Parameter(torch.zeros(self.heads)) if s.attention_sinks else None
+        if self.kv_shared:  # the planner's checkpoint names (remat.block_tensor_roles) would read wq as qkv
+            self.tensor_roles = {"wq": "query_proj", "wo": "out_proj"}
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    def key_values(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's keys and values of `x`, [batch, kv_heads, seq, head_dim] each: normed and
+        turned, as attention reads them (and as a KV-shared layer reads its donor's)."""
+        if self.wk is None:
+            raise ValueError("a KV-shared layer projects no keys or values: pass its donor's")
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = k if self.wv is None else self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         if self.rope and cos is not None and sin is not None:
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            k = rotate(k, cos, sin)
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.rope and cos is not None and sin is not None:
+            q = rotate(q, cos, sin)
+        k, v = kv if kv is not None else self.key_values(x, cos, sin)
         repeat = self.heads // self.kv_heads  # grouped-query attention: each K/V head serves `repeat`
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         if self.window or self.chunk or self.sinks is not None:

@@ -60,6 +60,9 @@ default: ``router_bias`` (a bias on the router's logits), ``expert_bias`` (biase
 expert's gate, up and down projections, [experts, width] each) and ``activation = "clamped_swiglu"``
 (gate clipped above at ``swiglu_limit``, up clipped to +-``swiglu_limit``, out = (up + 1) x gate x
 sigmoid(``swiglu_alpha`` x gate); 1.702 and 7.0 by default, as gpt-oss has them).
+
+Gemma 3n / Gemma 4's small models (E2B, E4B), off by default: ``kv_shared_layers``,
+``per_layer_input`` / ``per_layer_vocab`` and ``double_wide_mlp`` (model/shape_checks.py).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from typing import Any
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.core.field_types import wrong_type
 from tpu_tuner.core.key_values import parse_key_values
+from tpu_tuner.model.shape_checks import check_gpt_oss_keys, check_layer_sharing
 
 INLINE_PREFIX = "decoder:"
 ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu", "clamped_swiglu")  # gelu_tanh: GELU's tanh approximation
@@ -136,11 +140,16 @@ class DecoderShape:
     qk_nope_head_dim: int = 0  # each query/key head's dimensions without rotary positions
     qk_rope_head_dim: int = 0  # ... and with them (one rotary key shared by every head)
     v_head_dim: int = 0  # each value head's width
-    # gpt-oss's MoE (the module docstring; checked by _check_gpt_oss_keys).
+    # gpt-oss's MoE (the module docstring; checked by shape_checks.check_gpt_oss_keys).
     router_bias: bool = False  # a bias on the router's logits
     expert_bias: bool = False  # biases on each routed expert's gate, up and down projections
     swiglu_alpha: float = 1.702  # clamped_swiglu: out = (up + 1) x gate x sigmoid(alpha x gate)
     swiglu_limit: float = 7.0  # clamped_swiglu: gate clipped above at it, up to [-limit, limit]
+    # Gemma 3n / Gemma 4's small models (model/shape_checks.py; checked by check_layer_sharing).
+    kv_shared_layers: int = 0  # the last N layers reuse the K/V of the last earlier layer of their kind
+    per_layer_input: int = 0  # width of each layer's own input (a second embedding table, a gate)
+    per_layer_vocab: int = 0  # the per-layer table's rows (0: vocab)
+    double_wide_mlp: bool = False  # the KV-shared layers' MLP is 2 x mlp wide
 
     def __post_init__(self) -> None:
         # A TOML array arrives as a list; the shape stays hashable.
@@ -177,20 +186,25 @@ class DecoderShape:
             return True
         return self.global_every > 0 and (layer + 1) % self.global_every == 0
 
-    def layer_kind(self, layer: int) -> tuple[bool, bool]:
-        """What makes two layers' blocks differ in structure: (global attention, routed experts)."""
-        return self.is_global(layer), self.has_experts(layer)
+    def is_kv_shared(self, layer: int) -> bool:
+        """Whether layer `layer` reads another layer's keys and values (it projects none)."""
+        return layer >= self.layers - self.kv_shared_layers
 
-    def layer_groups(self) -> tuple[int, int, int]:
+    def layer_kind(self, layer: int) -> tuple[bool, bool, bool]:
+        """What makes two layers' blocks differ in structure: (global attention, routed experts, KV shared)."""
+        return self.is_global(layer), self.has_experts(layer), self.is_kv_shared(layer)
+
+    def layer_groups(self, first: int = 0) -> tuple[int, int, int]:
         """(leading, period, groups): the layers as `leading` blocks of their own, then `groups`
         repeats of a pattern of `period` blocks, then the rest (a partial pattern). Chosen for the
         fewest distinct blocks to compile (leading + period + the rest), then the fewest leading:
         DeepSeek-V3's 3 dense layers lead 58 like ones, Gemma 3's 5 local : 1 global repeats with
         period 6, a uniform model is (0, 1, layers). The planner scans the repeats (MaxText's
-        scannable blocks of a layer pattern) and unrolls the rest."""
-        kinds = [self.layer_kind(i) for i in range(self.layers)]
+        scannable blocks of a layer pattern) and unrolls the rest. With `first`, of layers `first`
+        on (`leading` counted from it): the KV-shared layers, scanned apart (model/decoder.py)."""
+        kinds = [self.layer_kind(i) for i in range(first, self.layers)]
         best: tuple[int, int, int, int] | None = None  # (blocks to compile, leading, period, groups)
-        for leading in range(self.layers):
+        for leading in range(len(kinds)):
             rest = kinds[leading:]
             period = next(p for p in range(1, len(rest) + 1) if all(kind == rest[i % p] for i, kind in enumerate(rest)))
             groups = len(rest) // period
@@ -247,19 +261,8 @@ class DecoderShape:
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}", where)
         self.check_experts_and_latent(where)
-        self._check_gpt_oss_keys(where)
-
-    def _check_gpt_oss_keys(self, where: str | Path) -> None:
-        if (self.router_bias or self.expert_bias) and not self.experts:
-            raise WorkloadError("router_bias and expert_bias need routed experts: give experts", where)
-        if self.activation == "clamped_swiglu" and not self.gated:
-            raise WorkloadError(
-                "activation clamped_swiglu reads a gate and an up projection: it needs gated = true", where
-            )
-        if self.swiglu_alpha <= 0 or self.swiglu_limit <= 0:
-            raise WorkloadError(
-                f"swiglu_alpha and swiglu_limit must be above 0, not {self.swiglu_alpha} and {self.swiglu_limit}", where
-            )
+        check_gpt_oss_keys(self, where)
+        check_layer_sharing(self, where)
 
     def check_experts_and_latent(self, where: str | Path) -> None:
         """The routing, shared-expert and latent-attention keys (a one-line WorkloadError naming `where`)."""

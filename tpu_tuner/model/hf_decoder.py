@@ -11,7 +11,8 @@ Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positio
 - ``qwen2``: query/key/value biases (always, the output projection none); ``qwen3``: a head_dim of
   its own and an RMSNorm of each query and key head (qk-norm).
 - ``gemma``: head_dim of its own, GELU (tanh) gate, tied embeddings; ``gemma2`` adds norms after
-  attention and after the MLP; ``gemma3_text`` adds qk-norm too.
+  attention and after the MLP; ``gemma3_text`` adds qk-norm too; ``gemma4_text`` wider global heads
+  (one K=V projection where ``attention_k_eq_v``), KV-shared layers and per-layer inputs.
 - ``phi3``: fused qkv and gate/up projections, the same parameters as separate ones; partial rotary.
 - ``gpt2``: learned positions, LayerNorm (with bias), a plain GELU MLP, biases everywhere, tied.
 - ``gpt_neox``: LayerNorm, a plain GELU MLP with biases, fused qkv with biases, the parallel
@@ -33,6 +34,7 @@ rope theta (Gemma 3). A config the decoder cannot express raises
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -278,6 +280,33 @@ def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
     }
 
 
+def _gemma4(config: PretrainedConfig) -> dict[str, Any]:
+    """Gemma 4's text model (transformers' modeling_gemma4.py): Gemma 3's reading, the global
+    layers' own head width (and, with attention_k_eq_v, KV heads and one K=V projection), and the
+    small models' KV-shared layers, per-layer inputs and double-wide MLP (model/shape_checks.py)."""
+    if getattr(config, "enable_moe_block", False):
+        raise NotExpressible("Gemma 4's MoE block (a dense MLP beside the experts) is not expressible")
+    # transformers refuses a per-layer key (head_dim, num_key_value_heads) read off the whole config
+    # unless told: the base values are the local layers', the global layers' come from per_layer_config.
+    config = copy.deepcopy(config)
+    config.allow_global_per_layer_attribute_access = True
+    full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
+    per_layer = config.per_layer_config[full[0]] if full else None
+    per_layer_input = getattr(config, "hidden_size_per_layer_input", 0) or 0
+    extra: dict[str, Any] = {
+        "kv_shared_layers": config.num_kv_shared_layers,
+        "per_layer_input": per_layer_input,
+        "per_layer_vocab": config.vocab_size_per_layer_input if per_layer_input else 0,
+        "double_wide_mlp": bool(config.use_double_wide_mlp and config.num_kv_shared_layers),
+    }
+    pattern = attention_pattern(config)
+    if per_layer is not None and pattern:
+        extra["global_head_dim"] = per_layer.head_dim
+        if config.attention_k_eq_v:
+            extra |= {"global_shared_kv": True, "global_kv_heads": per_layer.num_key_value_heads}
+    return _llama_like(config, activation="hidden_activation", post_norms=True, qk_norm=True, **extra)
+
+
 # model_type -> the decoder's shape keys, read from a config of that type.
 FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "llama": _llama_like,
@@ -287,6 +316,7 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gemma": _llama_like,
     "gemma2": lambda c: _llama_like(c, activation="hidden_activation", post_norms=True),
     "gemma3_text": lambda c: _llama_like(c, activation="hidden_activation", post_norms=True, qk_norm=True),
+    "gemma4_text": _gemma4,
     "phi3": _llama_like,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,

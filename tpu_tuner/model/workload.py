@@ -21,12 +21,15 @@ Batch = Any  # inference: ModelInputs; training: (ModelInputs, target)
 @dataclass(frozen=True)
 class AttentionSpan:
     """One layer's attention as the model-FLOPs formula reads it: its heads and head width, and its
-    sliding window or chunk (0, 0: the whole causal sequence)."""
+    sliding window or chunk (0, 0: the whole causal sequence). The prediction's hardware floor
+    also reads the layer's key/value heads and MLP width where they are given (None: the model's)."""
 
     heads: int
     head_dim: int
     window: int = 0
     chunk: int = 0
+    kv_heads: int | None = None  # 0: the layer projects no keys or values (Gemma 4's KV-shared layers)
+    mlp: int | None = None  # its MLP's width (Gemma 4 E2B's double-wide MLPs)
 
 
 @dataclass(frozen=True)

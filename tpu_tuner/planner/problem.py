@@ -74,9 +74,9 @@ class PlanProblem:
                 policy,
                 shape.d_model,
                 span.heads,
-                shape.n_kv_heads,
+                shape.n_kv_heads if span.kv_heads is None else span.kv_heads,
                 span.head_dim,
-                shape.mlp_hidden,
+                shape.mlp_hidden if span.mlp is None else span.mlp,
                 self.gated,
                 score_pairs(seq, span.window, span.chunk, False) / seq,
             )[1]
