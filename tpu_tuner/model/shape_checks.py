@@ -4,8 +4,8 @@ Kept apart from model/decoder_shape.py (which calls them from `DecoderShape.chec
 stays one screenful of keys. The shape arrives as an argument: this module imports nothing of it.
 
 Gemma 3n and Gemma 4's small models (E2B, E4B), all off by default, as transformers builds them
-(models/gemma4/modeling_gemma4.py and configuration_gemma4.py, transformers 5.x:
-https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma4/modeling_gemma4.py)
+(models/gemma4/modeling_gemma4.py and configuration_gemma4.py, transformers 5.25.0:
+https://github.com/huggingface/transformers/blob/v5.25.0/src/transformers/models/gemma4/modeling_gemma4.py)
 and MaxText runs them (src/maxtext/models/gemma4_small.py at 1fecb0f:
 https://github.com/AI-Hypercomputer/maxtext/blob/1fecb0f17dab37d237f946052a07a8f51d8e1975/src/maxtext/models/gemma4_small.py):
 
