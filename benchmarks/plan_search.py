@@ -13,7 +13,11 @@ With --slices 2 the same model plans over two v5p-256 slices joined by DCN (glob
 policies, so the search has the `dcn` axis too (issue 36: a multi-slice search needs no larger a
 share of its candidates than the single-slice one).
 
-    python benchmarks/plan_search.py [--workers N] [--seeds 10] [--db results/plan_search.db] [--slices 2]
+With --full-effort every point compiles at full effort instead (3-10x slower here; its own
+results/plan_search*_full.db), to check that --fast ranks the points as full effort does.
+
+    python benchmarks/plan_search.py [--workers N] [--seeds 10] [--db results/plan_search.db] \\
+        [--slices 2] [--full-effort]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ TARGET_SHARE = 0.30
 def options(
     slices: int = 1,
     workers: int | None = None,
+    fast: bool = True,
     log_file: Path | None = None,
     storage: str | None = None,
     study: str | None = None,
@@ -70,7 +75,7 @@ def options(
     return PlanOptions(
         PlanTarget("v5p-256", slices),
         step=PlanStep(preset="70b", global_batch=512 * slices, seq_len=4096, attention="causal"),
-        compile=PlanCompile(fast_compile=True, log_file=log_file, **({"workers": workers} if workers else {})),
+        compile=PlanCompile(fast_compile=fast, log_file=log_file, **({"workers": workers} if workers else {})),
         search=PlanSearch(space=SPACE if slices == 1 else MULTI_SLICE_SPACE, **search),
         store=PlanStore(study=study, url=storage),
     )
@@ -82,9 +87,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--db", type=Path, default=None, help="default results/plan_search[_Nslices].db")
     parser.add_argument("--slices", type=int, default=1, help="v5p-256 slices joined by DCN")
+    parser.add_argument(
+        "--full-effort", action="store_true", help="compile every point at full effort (no --fast): one basis"
+    )
     args = parser.parse_args()
+    fast = not args.full_effort
     if args.db is None:
-        suffix = "" if args.slices == 1 else f"_{args.slices}slices"
+        suffix = ("" if args.slices == 1 else f"_{args.slices}slices") + ("" if fast else "_full")
         args.db = REPO / "results" / f"plan_search{suffix}.db"
     logging.basicConfig(level=logging.WARNING)
     args.db.parent.mkdir(parents=True, exist_ok=True)
@@ -96,10 +105,13 @@ def main() -> None:
         model,
         options(
             args.slices,
+            fast=fast,
             sampler="exhaustive",
             budget=None,
             storage=f"sqlite:///{args.db.resolve()}",
-            study="plan-search-70b-v5p-256-exhaustive" + ("" if args.slices == 1 else f"-x{args.slices}"),
+            study="plan-search-70b-v5p-256-exhaustive"
+            + ("" if args.slices == 1 else f"-x{args.slices}")
+            + ("" if fast else "-full"),
             log_file=log_file,
             **({"workers": args.workers} if args.workers else {}),
         ),
@@ -135,7 +147,7 @@ def main() -> None:
         )
 
     problem = build_problem(
-        model, options(args.slices), parse_topology("v5p-256").with_slices(args.slices), lambda m: None
+        model, options(args.slices, fast=fast), parse_topology("v5p-256").with_slices(args.slices), lambda m: None
     )
 
     def from_table(problem_, points: list[PlanPoint], pool, emit) -> dict[PlanPoint, LayoutPlan]:
@@ -147,7 +159,7 @@ def main() -> None:
         for seed in range(args.seeds):
             result = search(
                 problem,
-                options(args.slices, sampler=sampler, seed=seed, budget=budget),
+                options(args.slices, fast=fast, sampler=sampler, seed=seed, budget=budget),
                 _NoPool(),
                 lambda m: None,
                 time.perf_counter(),

@@ -103,6 +103,35 @@ def add_loop_iterations(
     )
 
 
+def extrapolate_depth(shallow: CompiledStep, deep: CompiledStep, depths: tuple[int, int], blocks: int) -> CompiledStep:
+    """One program's work at `blocks` blocks from the same program compiled at two smaller `depths`.
+
+    For a peeled program whose unpeeled compile at full depth was refused for memory. The cost
+    analysis counts the block loop's body once at any depth; what grows with the depth is the work
+    on the stacked weights outside the loop (optimizer update, gradient reductions), linearly, so
+    the two depths give the full one. The loop iteration is the deeper program's."""
+    low, high = depths
+    scale = (blocks - high) / (high - low)
+
+    def grown(at_low: float, at_high: float) -> float:
+        return max(0.0, at_high + scale * (at_high - at_low))
+
+    by_key = {(c.kind, c.group_size, c.network): c for c in shallow.collectives}
+    collectives = []
+    for c in deep.collectives:
+        low_c = by_key.get((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
+        collectives.append(
+            replace(c, count=round(grown(low_c.count, c.count)), bytes=round(grown(low_c.bytes, c.bytes)))
+        )
+    return replace(
+        deep,
+        flops=grown(shallow.flops, deep.flops),
+        bytes_accessed=grown(shallow.bytes_accessed, deep.bytes_accessed),
+        collectives=collectives,
+        compile_seconds=shallow.compile_seconds + deep.compile_seconds,
+    )
+
+
 def combine_scanned(
     ends: CompiledStep, scanned: CompiledStep, blocks: int, costs: CompiledStep | None = None
 ) -> CompiledStep:

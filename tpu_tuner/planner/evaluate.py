@@ -12,7 +12,7 @@ from dataclasses import replace
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.failures import is_compiler_out_of_memory, unknown_compile_option
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned, extrapolate_depth
 from tpu_tuner.planner.predict import predict
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.result import LayoutPlan
@@ -77,7 +77,7 @@ def evaluate(
             f"{'it' if len(recost_jobs) == 1 else 'them'} once for {_its(len(recost_jobs))} work"
         )
     second = pool.compile([*ends_jobs.values(), *recost_jobs.values(), *confirm_jobs.values()])
-    judged_points = {}
+    decided: dict[PlanPoint, tuple[CompiledStep, str, CompiledStep | None]] = {}
     for point in points:
         step, effort = scanned[point], "fast" if problem.fast else "full"
         confirmed = _step_of(second, confirm_jobs.get(point))
@@ -86,10 +86,48 @@ def evaluate(
             # The full-effort program decides memory; the fast one, which never peels, counts the work.
             step, effort = confirmed, f"full effort (the --fast compile was within {NEAR_LIMIT:.0%} of the limit)"
             cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
-        plan = _judge(problem, point, step, _step_of(second, ends_jobs.get(point)), cost_step)
+        decided[point] = (step, effort, cost_step)
+    shallow = _unpeeled_by_depth(problem, decided, pool, emit)
+    judged_points = {}
+    for point, (step, effort, cost_step) in decided.items():
+        plan = _judge(problem, point, step, _step_of(second, ends_jobs.get(point)), shallow.get(point, cost_step))
         plan.fit_effort = effort
         judged_points[point] = plan
     return judged_points
+
+
+def _unpeeled_by_depth(
+    problem: PlanProblem,
+    decided: dict[PlanPoint, tuple[CompiledStep, str, CompiledStep | None]],
+    pool: CompilePool,
+    emit: Callable[[str], None],
+) -> dict[PlanPoint, CompiledStep]:
+    """The work of peeled programs whose unpeeled compile (least effort, full depth) was refused:
+    the least-effort program at a half and a quarter of the depth, which fits, extrapolated to the
+    full depth (compiled_step.extrapolate_depth). Without this a peeled program's own count stood
+    (70B on two v5p-256 slices: 2.24e15 FLOPs counted where its unpeeled neighbours count 7.3e15)."""
+    depth = problem.dims.scanned
+    depths = (max(2, depth // 4), depth // 2)
+    needed = [
+        point
+        for point, (step, _, cost_step) in decided.items()
+        if not step.error and step.loop_peeled and (cost_step is None or cost_step.error) and depths[0] < depths[1]
+    ]
+    if not needed:
+        return {}
+    emit(
+        f"{_programs(len(needed))} block loops were peeled and the unpeeled program did not fit: counting "
+        f"{_its(len(needed))} work from the least-effort program at {depths[0]} and {depths[1]} blocks"
+    )
+    jobs = {(point, blocks): problem.job(point, blocks, fast=True) for point in needed for blocks in depths}
+    compiled = pool.compile(list(jobs.values()))
+    found = {}
+    for point in needed:
+        low, high = (compiled.get(jobs[point, blocks]) for blocks in depths)
+        if low is None or high is None or low.error or high.error or high.loop_iteration is None:
+            continue  # the peeled program's own count stands, and its plan says so
+        found[point] = extrapolate_depth(low, high, depths, depth)
+    return found
 
 
 NEAR_LIMIT = 0.05  # a --fast peak within this share of the HBM limit (either side) is compiled again
@@ -207,7 +245,8 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
             else ""
         )
         + (
-            "; the compiler peeled the block loop, so FLOPs / bytes / collectives may count more than one block"
+            "; the compiler peeled the block loop and its unpeeled program could not be compiled, so FLOPs / bytes / "
+            "collectives may not be one block's"
             if full.loop_peeled
             else ""
         )
