@@ -1,6 +1,6 @@
 """The TPU compiler's per-device figures for one training step (`CompiledStep`), and the whole
 step's figures put together from a scanned program (`add_loop_iterations`, `combine_scanned`;
-why: planner/program.py). Plain data: no JAX, no torch.
+why: planner/program.py), or from two shallower ones (`extrapolate_depth`). Plain data: no JAX, no torch.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ def _unpeeled_by_depth(
     pool: CompilePool,
     emit: Callable[[str], None],
 ) -> dict[PlanPoint, CompiledStep]:
-    """The work of peeled programs whose unpeeled compile (least effort, full depth) was refused:
+    """The work of peeled programs whose unpeeled compile (least effort, full depth) was refused
+    (near the HBM limit, where that effort overstates temporaries):
     the least-effort program at a half and a quarter of the depth, which fits, extrapolated to the
     full depth (compiled_step.extrapolate_depth). Without this a peeled program's own count stood
     (70B on two v5p-256 slices: 2.24e15 FLOPs counted where its unpeeled neighbours count 7.3e15)."""
@@ -116,7 +117,7 @@ def _unpeeled_by_depth(
     if not needed:
         return {}
     emit(
-        f"{_programs(len(needed))} block loops were peeled and the unpeeled program did not fit: counting "
+        f"{_programs(len(needed))} block loops were peeled and the unpeeled program could not be compiled: counting "
         f"{_its(len(needed))} work from the least-effort program at {depths[0]} and {depths[1]} blocks"
     )
     jobs = {(point, blocks): problem.job(point, blocks, fast=True) for point in needed for blocks in depths}
