@@ -60,7 +60,7 @@ class Row:
     remat: str  # remat.parse_remat's syntax
     remat_family: str  # full / minimal / offload / device (the custom policies by what they keep)
     attention: str  # the MFU convention: "full", "causal" or "none" (no attention term: A0)
-    mu_dtype: str  # AdamW's first moment's dtype (the planner's default, unused, where the optimizer has none)
+    mu_dtype: str | None  # AdamW's first moment's dtype; None where the optimizer keeps no moments
     optimizer: str  # the planner's --optimizer (OPTIMIZER_OF)
     published_mfu: float
     vocab_tiling: int  # MaxText's num_vocab_tiling (1: the whole step's logits at once)
@@ -252,7 +252,7 @@ def row_of(run: dict[str, Any]) -> Row:
         remat=remat,
         remat_family=family,
         attention=ATTENTION_OF_CONVENTION[run["flops_convention"]],
-        mu_dtype=run["mu_dtype"] if OPTIMIZER_OF[run["opt_type"]] == "adamw" else "float32",
+        mu_dtype=run["mu_dtype"] if OPTIMIZER_OF[run["opt_type"]] == "adamw" else None,
         optimizer=OPTIMIZER_OF[run["opt_type"]],
         published_mfu=run["mfu"],
         vocab_tiling=run.get("vocab_tiling", 1),
