@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -61,6 +61,17 @@ class Collective:
     network: str = "ici"  # "ici" (inside a slice), or "dcn": across slices, group_size counting slices
 
 
+def add_collectives(base: list[Collective], more: list[Collective], times: int) -> list[Collective]:
+    """`base` with `times` x `more` added, one entry a (kind, group size, network), sorted."""
+    by_key = {(c.kind, c.group_size, c.network): c for c in base}
+    for c in more:
+        seen = by_key.get((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
+        by_key[(c.kind, c.group_size, c.network)] = replace(
+            seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes
+        )
+    return sorted(by_key.values(), key=lambda c: (c.kind, c.group_size, c.network))
+
+
 def parse_collectives(hlo_text: str) -> list[Collective]:
     """Collectives of a compiled module (async -start ops counted once, by their result)."""
     totals: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0])
@@ -69,7 +80,11 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
         match = dcn or _LINE.search(line)
         if not match:
             continue
-        arrays = [_bytes(dtype, dims) for dtype, dims in _ARRAY.findall(match.group("shape"))]
+        shapes = _ARRAY.findall(match.group("shape"))
+        if not dcn and match.group("start"):
+            # An async start's tuple ends with its result; a permute's adds u32[] context scalars after it.
+            shapes = [shape for shape in shapes if shape[1]] or shapes
+        arrays = [_bytes(dtype, dims) for dtype, dims in shapes]
         if dcn:
             key = (dcn.group("kind").lower().replace("_", "-"), _dcn_slices(line), "dcn")
             size = arrays[0] if arrays else 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tpu_tuner.planner.collectives import Collective
+from tpu_tuner.planner.collectives import Collective, add_collectives
 from tpu_tuner.planner.loop_costs import LoopIteration
 
 
@@ -83,21 +83,16 @@ def add_loop_iterations(
     extra = [(blocks - 1, iteration)]
     if iteration.micro_batch is not None:
         extra = [(accumulation - 1, iteration.micro_batch), (accumulation * (blocks - 1), iteration)]
-    by_key = {(c.kind, c.group_size, c.network): c for c in work.collectives}
-    flops, bytes_accessed = work.flops, work.bytes_accessed
+    flops, bytes_accessed, collectives = work.flops, work.bytes_accessed, work.collectives
     for times, loop in extra:
         flops += times * loop.flops
         bytes_accessed += times * loop.bytes_accessed
-        for c in loop.collectives:
-            seen = by_key.get((c.kind, c.group_size, c.network), Collective(c.kind, c.group_size, 0, 0, c.network))
-            by_key[(c.kind, c.group_size, c.network)] = replace(
-                seen, count=seen.count + times * c.count, bytes=seen.bytes + times * c.bytes
-            )
+        collectives = add_collectives(collectives, loop.collectives, times)
     return replace(
         memory,
         flops=flops,
         bytes_accessed=bytes_accessed,
-        collectives=sorted(by_key.values(), key=lambda c: (c.kind, c.group_size, c.network)),
+        collectives=collectives,
         compile_seconds=memory.compile_seconds + (costs.compile_seconds if costs else 0.0),
         loop_peeled=work.loop_peeled,
     )

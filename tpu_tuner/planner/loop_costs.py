@@ -15,6 +15,15 @@ the kernel's own cost estimate in its backend config; this module adds those est
 HBM bytes are XLA's generic count (each op's operands and results once, unpadded); the TPU analysis
 also counts tile padding and matmul operands re-read between tiles, so these are lower (figures:
 docs/planner.md, "One compile a layout").
+
+The compiler makes while loops of its own too: FSDP's windowed einsums
+(``windowed_dot_general_body_ag`` / ``_rs``), an all-gather or reduce-scatter decomposed into
+collective-permutes around slices of a matmul, a few iterations each. They are counted once as
+well, inside the block loops and outside them; `windowed_uncounted` measures their other
+iterations' FLOPs and collectives (trip count read from the loop's counter) so that a step's
+work is whole. Not their HBM bytes: the generic count of a windowed body (its whole output
+accumulator read and written each iteration) times its trips exceeds what the published steps
+allow (docs/planner.md, "What the windowed einsums hide").
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from tpu_tuner.planner.collectives import Collective, parse_collectives
+from tpu_tuner.planner.collectives import Collective, add_collectives, parse_collectives
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,17 @@ _HEADER = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) \(")
 _CALLED = re.compile(r"\b(?:to_apply|calls|body|condition|select|scatter|comparator)=%([\w.\-]+)")
 _CALLED_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 _WHILE = re.compile(r"\bwhile\(.*?body=%(?P<body>[\w.\-]+).*?op_name=\"(?P<op>[^\"]*)\"")
+# A windowed einsum's loop: "while(%tuple.590), condition=%wide.windowed_dot_general_cond_ag.3,
+# body=%wide.windowed_dot_general_body_ag.3.sunk".
+_WINDOWED_WHILE = re.compile(
+    r"\bwhile\(%(?P<init>[\w.\-]+)\), condition=%(?P<condition>[\w.\-]+), "
+    r"body=%(?P<body>[\w.\-]*windowed_dot_general[\w.\-]*)"
+)
+_DEFINED = re.compile(r"^(?:ROOT )?%([\w.\-]+) = ")
+_OPERANDS = re.compile(r"%([\w.\-]+)")
+_TUPLE_INDEX = re.compile(r" get-tuple-element\(%[\w.\-]+\), index=(\d+)")
+_SCALAR_CONSTANT = re.compile(r"^(?:ROOT )?%[\w.\-]+ = [su]\d+\[\]\S* constant\((-?\d+)\)")
+_COPY = re.compile(r" copy\(%([\w.\-]+)\)")
 # A Pallas kernel's estimate, compact ("cost_estimate":{"flops":"123",...) or, for kernels inside
 # called computations (megablox's grouped matmuls), spread over lines
 # ("cost_estimate": {\n"bytes_accessed":...,\n"flops":123,).
@@ -58,8 +78,7 @@ def block_loop_iteration(hlo_text: str) -> LoopIteration | None:
     """One iteration of the program's scan loops, or None when it has none or cannot be measured.
 
     The scan loops are the entry computation's while loops that JAX emitted (their op_name ends
-    in "/while"); loops the compiler makes itself (windowed einsums) are named after the op they
-    came from and stay counted once, as before."""
+    in "/while"). An iteration includes every iteration of the windowed-einsum loops inside it."""
     module = _Module(hlo_text)
     if module.entry is None:
         return None
@@ -98,7 +117,118 @@ def _measure(module: _Module, loops: list[str]) -> LoopIteration | None:
         flops += cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text))
         bytes_accessed += cost.get("bytes accessed", 0.0)
         texts.append(text)
-    return LoopIteration(flops, bytes_accessed, parse_collectives("\n".join(texts)), loops=len(loops))
+    collectives = parse_collectives("\n".join(texts))
+    for body in loops:
+        windowed = _windowed(module, body)
+        if windowed is None:
+            return None
+        flops += windowed.flops
+        collectives = add_collectives(collectives, windowed.collectives, 1)
+    return LoopIteration(flops, bytes_accessed, collectives, loops=len(loops))
+
+
+def windowed_uncounted(hlo_text: str) -> LoopIteration | None:
+    """The FLOPs and collectives of the windowed-einsum loops' iterations beyond the first,
+    anywhere in the program (the compiler's totals count each loop's body once); None when the
+    program has none, or one cannot be measured. `loops` is how many windowed loops there are;
+    `bytes_accessed` is 0 (the module's docstring says why)."""
+    module = _Module(hlo_text)
+    if module.entry is None:
+        return None
+    found = _windowed(module, module.entry)
+    return found if found is not None and found.loops else None
+
+
+def _windowed(module: _Module, root: str) -> LoopIteration | None:
+    """The uncounted iterations of every windowed loop reachable from `root` (each loop's body
+    times its trip count - 1), FLOPs and collectives; None when a loop's body cannot be measured."""
+    flops = 0.0
+    collectives: list[Collective] = []
+    loops = 0
+    for caller in module.reachable(root):
+        for line in module.lines(caller):
+            loop = _WINDOWED_WHILE.search(line)
+            if loop is None:
+                continue
+            body, trips = loop.group("body"), _trip_count(module, caller, loop)
+            if trips is None:
+                log.warning("the windowed loop %s has no trip count to read: counted once", body)
+                continue
+            reachable = module.reachable(body)
+            cost = _cost_as_entry(module.as_entry(body, reachable), body)
+            if cost is None:
+                return None
+            text = "\n".join(module.blocks[name] for name in reachable)
+            more = trips - 1
+            flops += more * (cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text)))
+            collectives = add_collectives(collectives, parse_collectives(text), more)
+            loops += 1
+    return LoopIteration(flops, 0.0, collectives, loops=loops)
+
+
+def _trip_count(module: _Module, caller: str, loop: re.Match[str]) -> int | None:
+    """Iterations of a counted while loop: its condition compares a tuple element with a constant
+    (``LT``), its body adds a constant to that element, and the caller starts it at a constant
+    (through copies). None where the loop is not of that form."""
+    condition = _definitions(module, loop.group("condition"))
+    compare = next((d for d in condition.values() if d.startswith("ROOT") and " compare(" in d), "")
+    operands = _call_operands(compare, "compare") if "direction=LT" in compare else []
+    if len(operands) != 2:
+        return None
+    index = _TUPLE_INDEX.search(condition.get(operands[0], ""))
+    limit = _constant(condition, operands[1])
+    body = _definitions(module, loop.group("body"))
+    root = next((d for d in body.values() if d.startswith("ROOT") and " tuple(" in d), "")
+    updated = _tuple_operands(root)
+    start = _tuple_operands(_definitions(module, caller).get(loop.group("init"), ""))
+    if index is None or limit is None:
+        return None
+    position = int(index.group(1))
+    if position >= min(len(updated), len(start)):
+        return None
+    step_operands = _call_operands(body.get(updated[position], ""), "add")
+    step = next((v for name in step_operands if (v := _constant(body, name)) is not None), None)
+    first = _constant(_definitions(module, caller), start[position])
+    if not step or first is None or step < 0:
+        return None
+    return max(1, -(-(limit - first) // step))  # ceil
+
+
+def _definitions(module: _Module, computation: str) -> dict[str, str]:
+    """Each instruction of `computation` by name, its line from "ROOT" or "%name =" on."""
+    found = {}
+    for line in module.lines(computation):
+        stripped = line.strip()
+        name = _DEFINED.match(stripped)
+        if name:
+            found[name.group(1)] = stripped
+    return found
+
+
+def _constant(definitions: dict[str, str], name: str) -> int | None:
+    """The integer a scalar constant (or a chain of copies of one) holds; None otherwise."""
+    for _ in range(8):  # copies chain a few deep at most
+        line = definitions.get(name, "")
+        value = _SCALAR_CONSTANT.search(line)
+        if value:
+            return int(value.group(1))
+        copied = _COPY.search(line)
+        if copied is None:
+            return None
+        name = copied.group(1)
+    return None
+
+
+def _tuple_operands(line: str) -> list[str]:
+    """The operands of a ``tuple(...)`` instruction, in order."""
+    return _call_operands(re.sub(r"/\*[^*]*\*/", "", line), "tuple")
+
+
+def _call_operands(line: str, op: str) -> list[str]:
+    """The operand names of `line`'s instruction if it is an `op`, else []."""
+    if f" {op}(" not in line:
+        return []
+    return _OPERANDS.findall(line.split(f" {op}(", 1)[1].split(")", 1)[0])
 
 
 class _Module:

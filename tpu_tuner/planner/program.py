@@ -34,11 +34,11 @@ from torch import nn
 
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
-from tpu_tuner.planner.collectives import device_slices, parse_collectives
+from tpu_tuner.planner.collectives import add_collectives, device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.expert_parallel import expert_dispatch
 from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device, sort_each_device
-from tpu_tuner.planner.loop_costs import block_loop_iteration
+from tpu_tuner.planner.loop_costs import block_loop_iteration, windowed_uncounted
 from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.optimizer import apply_update, initial_state
 from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
@@ -309,8 +309,14 @@ def compile_step(
     assert memory is not None and text is not None  # XLA's TPU and CPU clients give both
     with device_slices(np.asarray(devices).flat):  # DCN groups named by device ids (collectives.py)
         collectives, loop_iteration = parse_collectives(text), block_loop_iteration(text) if scan and blocks else None
+        # The windowed einsums' loops are counted once by the cost analysis too: their other iterations.
+        windowed = windowed_uncounted(text)
+    flops = float(cost.get("flops", 0.0))
+    if windowed is not None:
+        flops += windowed.flops
+        collectives = add_collectives(collectives, windowed.collectives, 1)
     return CompiledStep(
-        flops=float(cost.get("flops", 0.0)),
+        flops=flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         argument_bytes=float(memory.argument_size_in_bytes),
         output_bytes=float(memory.output_size_in_bytes),
