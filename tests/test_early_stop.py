@@ -47,6 +47,35 @@ def test_a_deadline_interrupts_the_main_thread() -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped raise
+def test_a_cut_off_dropped_inside_a_gc_callback_is_raised_again() -> None:
+    """Python drops an exception a signal handler raises while a gc callback runs (jax registers
+    one): the deadline raises again until the cut-off is seen."""
+    import gc
+    import time
+
+    def busy(seconds: float) -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            pass
+
+    def slow_callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            busy(0.03)
+
+    gc.callbacks.append(slow_callback)
+    try:
+        with pytest.raises(CompileCutOff):
+            with compile_deadline(0.01):
+                gc.collect()  # the first alarm (at 10 ms) lands in the callback and is dropped
+                end = time.perf_counter() + 2
+                while time.perf_counter() < end:
+                    busy(0.03)
+                    gc.collect()
+    finally:
+        gc.callbacks.remove(slow_callback)
+
+
 def test_a_slow_trial_stops_after_its_first_steps(fast_settings) -> None:
     state = WorkerState(str(FIXTURES / "synthetic_speed.py"), "cpu")
     stopped = run_measure(state, _request(Candidate(), fast_settings, stop_above_s=0.001, planned_steps=100))

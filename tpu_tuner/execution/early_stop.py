@@ -59,22 +59,36 @@ class CompileCutOff(BaseException):
     as KeyboardInterrupt is, so that the compiler's own `except Exception` handlers let it through."""
 
 
+# After the deadline, the cut-off is raised again this often until it is seen: Python drops an
+# exception that a signal handler raises while a gc callback or a finalizer runs (jax registers a
+# gc callback; a compile collects garbage often), and one dropped raise would lose the deadline.
+RETRY_S = 0.05
+
+
 @contextmanager
 def compile_deadline(seconds: float | None) -> Iterator[None]:
-    """Raise `CompileCutOff` in this (main) thread once `seconds` pass; no limit when None, or off
-    the main thread (signals reach the main thread only)."""
+    """Raise `CompileCutOff` in this (main) thread once `seconds` pass, and every `RETRY_S` after
+    until it leaves the block; no limit when None, or off the main thread (signals reach the main
+    thread only)."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
+    armed = [True]
 
     def cut_off(signum: int, frame: object) -> None:
-        raise CompileCutOff(f"the compile ran past {duration(seconds)}")
+        if armed[0]:
+            raise CompileCutOff(f"the compile ran past {duration(seconds)}")
 
     previous = signal.signal(signal.SIGALRM, cut_off)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), RETRY_S)
     try:
         yield
     finally:
+        while armed[0]:  # a tick landing here raises before the flag is down: try again
+            try:
+                armed[0] = False
+            except CompileCutOff:
+                continue
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
@@ -82,4 +96,4 @@ def compile_deadline(seconds: float | None) -> Iterator[None]:
 StepCheck = Callable[[list[float]], bool]
 """Called with the timed steps so far; True stops the timing (`time_steps`)."""
 
-__all__ = ["MIN_STEPS_TO_JUDGE", "CompileCutOff", "StepCheck", "StopRule", "compile_deadline"]
+__all__ = ["MIN_STEPS_TO_JUDGE", "RETRY_S", "CompileCutOff", "StepCheck", "StopRule", "compile_deadline"]
