@@ -109,13 +109,12 @@ def _measure(module: _Module, loops: list[str]) -> LoopIteration | None:
     texts = []
     # The bodies only: a scan's condition is one compare of the counter.
     for body in loops:
-        reachable = module.reachable(body)
-        cost = _cost_as_entry(module.as_entry(body, reachable), body)
-        if cost is None:
+        measured = _body_cost(module, body)
+        if measured is None:
             return None
-        text = "\n".join(module.blocks[name] for name in reachable)
-        flops += cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text))
-        bytes_accessed += cost.get("bytes accessed", 0.0)
+        body_flops, body_bytes, text = measured
+        flops += body_flops
+        bytes_accessed += body_bytes
         texts.append(text)
     collectives = parse_collectives("\n".join(texts))
     for body in loops:
@@ -125,6 +124,19 @@ def _measure(module: _Module, loops: list[str]) -> LoopIteration | None:
         flops += windowed.flops
         collectives = add_collectives(collectives, windowed.collectives, 1)
     return LoopIteration(flops, bytes_accessed, collectives, loops=len(loops))
+
+
+def _body_cost(module: _Module, body: str) -> tuple[float, float, str] | None:
+    """One run of the computation `body`: its FLOPs (Pallas kernels' estimates added), its HBM
+    bytes and its text with everything it calls (for the collectives); None when XLA's cost
+    analysis cannot measure it."""
+    reachable = module.reachable(body)
+    cost = _cost_as_entry(module.as_entry(body, reachable), body)
+    if cost is None:
+        return None
+    text = "\n".join(module.blocks[name] for name in reachable)
+    flops = cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text))
+    return flops, cost.get("bytes accessed", 0.0), text
 
 
 def windowed_uncounted(hlo_text: str) -> LoopIteration | None:
@@ -154,13 +166,12 @@ def _windowed(module: _Module, root: str) -> LoopIteration | None:
             if trips is None:
                 log.warning("the windowed loop %s has no trip count to read: counted once", body)
                 continue
-            reachable = module.reachable(body)
-            cost = _cost_as_entry(module.as_entry(body, reachable), body)
-            if cost is None:
+            measured = _body_cost(module, body)
+            if measured is None:
                 return None
-            text = "\n".join(module.blocks[name] for name in reachable)
+            body_flops, _, text = measured
             more = trips - 1
-            flops += more * (cost.get("flops", 0.0) + sum(float(f) for f in _KERNEL_FLOPS.findall(text)))
+            flops += more * body_flops
             collectives = add_collectives(collectives, parse_collectives(text), more)
             loops += 1
     return LoopIteration(flops, 0.0, collectives, loops=loops)
