@@ -61,3 +61,17 @@ def test_band_covers_comparable_rows_and_widens_with_distance() -> None:
     unseen = error_band(Place("v4", "full", 2048, 16), rows)
     assert unseen.reasons[0] == "extrapolated: no calibration row on v4" and unseen.points >= 7.0
     assert error_band(Place("v6e", "offload", 8192, 4), []) is None
+
+
+def test_an_unseen_generation_takes_the_quantile_of_the_errors_with_generations_left_out() -> None:
+    rows = [BandRow("v6e", "offload", 8192, 4, 0.5, unseen) for unseen in (1.0, -2.0, 3.0, 9.0)]
+    rows += [BandRow("v5p", "offload", 8192, 4, -0.5, -4.0)]
+    band = error_band(Place("v5e", "offload", 8192, 4), rows)
+    assert band.points == 9.0  # 5 errors: the largest (ceil(0.9 x 6) = 6 > 5)
+    assert "generation was left out" in band.source
+    # A further gap (a sequence no row is near) widens it by WIDEN, assumed and said so.
+    far = error_band(Place("v5e", "offload", 65536, 4), rows)
+    assert far.points == pytest.approx(9.0 * 1.25) and "per further gap" in far.source
+    # Without such errors, the assumed rule: the largest leave-one-out error x 1.25.
+    plain = [BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, r.error) for r in rows]
+    assert error_band(Place("v5e", "offload", 8192, 4), plain).points == pytest.approx(0.5 * 1.25)

@@ -18,9 +18,11 @@ from the calibration:
   per-device batch with no calibration row within a factor `NEAR` is a gap, and each gap is
   named in the band's reasons ("extrapolated: no calibration row with full remat on v6e"). A
   point with gaps gets at least the quantile of the rows that had the same kinds of gap
-  themselves when left out (their errors are what extrapolating that way cost); where fewer than
-  `MIN_COMPARABLE` rows had them, the largest error seen, widened by `WIDEN` per gap (an
-  assumption, said in the band's source).
+  themselves when left out (their errors are what extrapolating that way cost). A generation with
+  no rows is measured the same way, by leaving out whole generations: the quantile of each row's
+  error when no row of its generation was fitted (`BandRow.unseen_generation_error`), widened by
+  `WIDEN` per further gap. Where fewer than `MIN_COMPARABLE` rows measure a gap, the largest error
+  seen, widened by `WIDEN` per gap (an assumption, said in the band's source).
 
 Plain data, no JAX: the planner computes a band per point, the calibration its coverage.
 """
@@ -48,9 +50,12 @@ class Place:
 
 @dataclass(frozen=True)
 class BandRow(Place):
-    """One calibration row's place and its leave-one-out error (MFU points, predicted - published)."""
+    """One calibration row's place and its leave-one-out error (MFU points, predicted - published);
+    `unseen_generation_error`: its error when no row of its generation was fitted (None: not
+    measured, or its generation is the only one)."""
 
     error: float
+    unseen_generation_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,15 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
         # The rows that, left out, had every one of these gaps themselves: their errors are what
         # extrapolating that way cost.
         far = [r for i, r in enumerate(rows) if set(kinds) <= set(gap_kinds(r, rows[:i] + rows[i + 1 :]))]
-        if len(far) >= MIN_COMPARABLE:
+        unseen = [abs(r.unseen_generation_error) for r in rows if r.unseen_generation_error is not None]
+        if "generation" in kinds and len(far) < MIN_COMPARABLE and len(unseen) >= MIN_COMPARABLE:
+            points = max(points, conformal_quantile(unseen)) * (1 + WIDEN * (m - 1))
+            source += (
+                f"; for a generation without rows, the {COVERAGE:.0%} quantile of the {len(unseen)} rows' "
+                "errors when their own generation was left out of the fit"
+                + (f", widened by {WIDEN:.0%} per further gap (assumed)" if m > 1 else "")
+            )
+        elif len(far) >= MIN_COMPARABLE:
             points = max(points, conformal_quantile([abs(r.error) for r in far]))
             source += f"; widened to that of the {len(far)} rows that had the same gaps when left out"
         else:

@@ -252,15 +252,34 @@ def leave_one_out(rows: list[CalibrationRow], kind: str) -> list[float]:
     return [errors([row], fit([r for r in rows if r is not row], kind))[0] for row in rows]
 
 
+def leave_generation_out(rows: list[CalibrationRow], kind: str) -> list[float | None]:
+    """Each row's error when the constants are fitted to the other generations' rows alone (its
+    generation then takes the fallback "*" constants): what planning a generation without
+    calibration rows costs. None for the rows of a generation that is the only one."""
+    unseen: dict[int, float] = {}
+    for generation in sorted({r.generation for r in rows}):
+        others = [r for r in rows if r.generation != generation]
+        if not others:
+            continue
+        mine = [r for r in rows if r.generation == generation]
+        unseen.update(zip(map(id, mine), errors(mine, fit(others, kind))))
+    return [unseen.get(id(r)) for r in rows]
+
+
 def load_rows(path: Path = ROWS_FILE) -> list[CalibrationRow]:
     """The calibration rows kept in `path` (benchmarks/plan_calibration.py writes them)."""
     names = {f.name for f in fields(CalibrationRow)}
     return [CalibrationRow(**{k: v for k, v in row.items() if k in names}) for row in json.loads(path.read_text())]
 
 
-def band_rows(rows: list[CalibrationRow], loo: list[float]) -> list[BandRow]:
-    """The rows' places with their leave-one-out errors: what every band is made of (band.py)."""
-    return [BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e) for r, e in zip(rows, loo)]
+def band_rows(rows: list[CalibrationRow], kind: str) -> tuple[list[float], list[BandRow]]:
+    """The rows' leave-one-out errors, and their places with those errors and their errors with
+    their generation unseen: what every band is made of (band.py)."""
+    loo = leave_one_out(rows, kind)
+    unseen = leave_generation_out(rows, kind)
+    return loo, [
+        BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e, u) for r, e, u in zip(rows, loo, unseen)
+    ]
 
 
 def place_of(row: CalibrationRow) -> Place:
@@ -286,7 +305,7 @@ def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> lis
     for i, row in enumerate(rows):
         others = rows[:i] + rows[i + 1 :]
         error = errors([row], fit(others, kind))[0]
-        band = error_band(place_of(row), band_rows(others, leave_one_out(others, kind)), floor)
+        band = error_band(place_of(row), band_rows(others, kind)[1], floor)
         assert band is not None  # others is never empty here, so the band has rows
         out.append((error, band))
     return out
@@ -302,7 +321,7 @@ def calibrated_cost_model() -> CostModel:
         log.warning("no calibration rows (%s): predicting with uncalibrated constants", exc)
         return CostModel()
     fitted = fit(rows, ADOPTED)
-    loo = leave_one_out(rows, ADOPTED)
+    loo, bands = band_rows(rows, ADOPTED)
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"],
         memory_overlap=fitted.memory_overlap,
@@ -313,7 +332,7 @@ def calibrated_cost_model() -> CostModel:
         dcn_step_seconds=fitted.dcn_step_seconds,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo),
-        band_rows=tuple(band_rows(rows, loo)),
+        band_rows=tuple(bands),
         noise_floor_points=noise_floor(),
         fitted_rows=len(rows),
     )
