@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tpu_tuner.planner.band import BandRow, Place, comparable, conformal_quantile, error_band, gaps
+from tpu_tuner.planner.band import MIN_COMPARABLE, BandRow, Place, comparable, conformal_quantile, error_band, gaps
 
 
 def _rows() -> list[BandRow]:
@@ -30,6 +30,7 @@ def test_conformal_quantile_is_the_order_statistic_that_covers_ninety_percent() 
 
 
 def test_comparable_rows_fall_back_from_family_to_generation_to_all() -> None:
+    assert MIN_COMPARABLE == 9  # the fewest rows whose conformal 90% quantile is one of them
     rows = _rows()
     same, which = comparable(Place("v6e", "offload", 8192, 4), rows)
     assert len(same) == 10 and "offload" in which
@@ -64,10 +65,13 @@ def test_band_covers_comparable_rows_and_widens_with_distance() -> None:
 
 
 def test_an_unseen_generation_takes_the_quantile_of_the_errors_with_generations_left_out() -> None:
-    rows = [BandRow("v6e", "offload", 8192, 4, 0.5, unseen) for unseen in (1.0, -2.0, 3.0, 9.0)]
+    unseen = (1.0, -2.0, 3.0, 9.0, -1.0, 2.0, 0.5, 1.5, 2.5)
+    rows = [BandRow("v6e", "offload", 8192, 4, 0.5, u) for u in unseen]
     rows += [BandRow("v5p", "offload", 8192, 4, -0.5, -4.0)]
     band = error_band(Place("v5e", "offload", 8192, 4), rows)
-    assert band.points == 9.0  # 5 errors: the largest (ceil(0.9 x 6) = 6 > 5)
+    assert band.points == 9.0  # 10 errors: the ceil(0.9 x 11) = 10th smallest
+    # Fewer than MIN_COMPARABLE such errors cannot promise the coverage: the assumed rule instead.
+    assert error_band(Place("v5e", "offload", 8192, 4), rows[-4:]).points == pytest.approx(0.5 * 1.25)
     assert "generation was left out" in band.source
     # A further gap (a sequence no row is near) widens it by WIDEN, assumed and said so.
     far = error_band(Place("v5e", "offload", 65536, 4), rows)

@@ -6,7 +6,9 @@ quantile of those misses, of the rows comparable to it, and it widens with the p
 from the calibration:
 
 * **comparable rows**: the rows of the point's generation and remat family; with fewer than
-  `MIN_COMPARABLE` of them, the generation's rows; then every row;
+  `MIN_COMPARABLE` (9) of them, the generation's rows; then every row. Nine is the fewest whose
+  90% quantile below exists: the largest of n rows covers a new one only n / (n + 1) of the time
+  (3 rows: 75%);
 * **the quantile**: the split-conformal one, the ceil(0.9 (n + 1))-th smallest of n absolute
   errors (the largest where n < 9), so that a new point like the rows is covered at least 90% of
   the time when the rows are exchangeable (Vovk et al., "Algorithmic Learning in a Random World";
@@ -33,7 +35,9 @@ import math
 from dataclasses import dataclass
 
 COVERAGE = 0.9
-MIN_COMPARABLE = 3
+# The fewest rows whose conformal quantile is one of them (ceil(0.9 (n + 1)) <= n: 9): fewer rows
+# cannot promise the coverage, so a band from them would be narrower than it claims.
+MIN_COMPARABLE = next(n for n in range(1, 1000) if math.ceil(COVERAGE * (n + 1)) <= n)
 NEAR = 2.0  # a row within this factor of the point's sequence length / per-device batch is nearby
 WIDEN = 0.25  # beyond the rows' own distances: the largest error seen x (1 + WIDEN x gaps)
 

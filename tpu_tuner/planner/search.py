@@ -74,6 +74,9 @@ RECORD_ATTR = "tpu_tune_plan"  # the study's record: what it plans (a joiner mus
 # Asks without a new point to compile before the search stops (the sampler keeps proposing
 # points already compiled or ruled out: the space is spent as far as it can tell).
 MAX_IDLE_ASKS = 200
+# TPE's random trials before it models the results: 4, as the tuner's. Fewer random compiles
+# reached the best sooner on every kept search table (docs/planner.md, "The search over slices").
+STARTUP_TRIALS = 4
 
 
 _COMPILED = (PlanOutcome.COMPILED, PlanOutcome.REFUSED)  # the outcomes of a trial that compiled
@@ -173,14 +176,12 @@ def distributions(space: PlanSpace) -> dict[str, BaseDistribution]:
     return {axis: CategoricalDistribution(choices) for axis, choices in space.axes().items()}
 
 
-def plan_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+def plan_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     """TPE for a small budget over categorical axes: multivariate (the axes interact: a policy
     that fits at one micro-batch count does not at another), a constant liar for the points
-    compiling in parallel, and few random start-up trials; or random search, or (exhaustive)
-    the queue of every point. Every trial carries its "fits" constraint, which TPE reads."""
-    return build_sampler(
-        "tpe" if name == "tpe" else "random", seed, constant_liar=True, startup_trials=max(4, min(10, budget // 4))
-    )
+    compiling in parallel, and `STARTUP_TRIALS` random start-up trials; or random search, or
+    (exhaustive) the queue of every point. Every trial carries its "fits" constraint, which TPE reads."""
+    return build_sampler("tpe" if name == "tpe" else "random", seed, constant_liar=True, startup_trials=STARTUP_TRIALS)
 
 
 @dataclass(eq=False)  # equal and hashed by identity, as before it was a dataclass
@@ -325,9 +326,7 @@ def _open_study(
     study, recorded = opened.study, opened.record
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
-    study.sampler = plan_sampler(
-        options.search.sampler, options.search.seed + len(study.get_trials(deepcopy=False)), options.search.budget or 0
-    )
+    study.sampler = plan_sampler(options.search.sampler, options.search.seed + len(study.get_trials(deepcopy=False)))
     if not recorded:  # a study of a plan that died before writing it
         study.set_user_attr(RECORD_ATTR, record)
     elif recorded != record:

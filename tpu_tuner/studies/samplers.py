@@ -1,7 +1,7 @@
 """The one sampler factory of every tpu-tune study: TPE, random search, or a grid of settings.
 
 Each feature states what differs (the tuner's grouped TPE with four start-up trials, the
-planner's constant liar and start-up trials scaled to its budget); the factory builds it.
+planner's constant liar); the factory builds it.
 """
 
 from __future__ import annotations
