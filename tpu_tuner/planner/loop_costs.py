@@ -191,7 +191,8 @@ def _trip_count(module: _Module, caller: str, loop: re.Match[str]) -> int | None
     body = _definitions(module, loop.group("body"))
     root = next((d for d in body.values() if d.startswith("ROOT") and " tuple(" in d), "")
     updated = _tuple_operands(root)
-    start = _tuple_operands(_definitions(module, caller).get(loop.group("init"), ""))
+    caller_definitions = _definitions(module, caller)
+    start = _tuple_operands(caller_definitions.get(loop.group("init"), ""))
     if index is None or limit is None:
         return None
     position = int(index.group(1))
@@ -199,7 +200,7 @@ def _trip_count(module: _Module, caller: str, loop: re.Match[str]) -> int | None
         return None
     step_operands = _call_operands(body.get(updated[position], ""), "add")
     step = next((v for name in step_operands if (v := _constant(body, name)) is not None), None)
-    first = _constant(_definitions(module, caller), start[position])
+    first = _constant(caller_definitions, start[position])
     if not step or first is None or step < 0:
         return None
     return max(1, -(-(limit - first) // step))  # ceil
