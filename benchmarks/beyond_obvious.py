@@ -8,8 +8,9 @@ beyond it. For each model: `tpu-tune MODEL` with the given clock (or a run folde
     python benchmarks/beyond_obvious.py [--models examples/cnn.py ...] [--time-budget 240] \\
         [--rounds 12] [--out results/beyond_obvious]
 
-Default models: the examples (gpt, cnn) and three outside models (benchmarks/outside_models:
-a ViT, a BERT encoder, a GRU language model). The issue's target: at least 1.3x on at least
+Default models: every example with a model of its own (gpt and llama training; cnn, mlp and
+encoder inference) and three outside models (benchmarks/outside_models: a ViT, a BERT encoder, a
+GRU language model). The issue's target: at least 1.3x on at least
 half of them, every figure with its interval. Steady steps are compared (compile time is the
 tuner's objective, not this comparison's).
 """
@@ -34,7 +35,10 @@ from tpu_tuner.tuning.options import RunnerOptions
 REPO = Path(__file__).resolve().parent.parent
 MODELS = [
     "examples/gpt.py",
+    "examples/llama.py",
     "examples/cnn.py",
+    "examples/mlp.py",
+    "examples/encoder.py",
     "benchmarks/outside_models/vit_inference.py",
     "benchmarks/outside_models/bert_inference.py",
     "benchmarks/outside_models/gru_inference.py",

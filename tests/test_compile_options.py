@@ -146,9 +146,14 @@ def test_default_space_grid_counts_valid_settings() -> None:
     product = 1
     for choices in grid.values():
         product *= len(choices)
-    per_execution = product // (len(grid["execution"]) * len(grid["compile_options"]))
-    inductor = sum(1 for e in grid["execution"] if e.partition(":")[0] == "inductor")
-    assert space.size() == per_execution * (len(grid["execution"]) - inductor + inductor * len(grid["compile_options"]))
+    options, scopes = len(grid["compile_options"]), len(grid["compile_scope"])
+    per_execution = product // (len(grid["execution"]) * options * scopes)
+    # compile_options counts only under inductor, compile_scope under any compiling execution.
+    conditional = sum(
+        (options if e.partition(":")[0] == "inductor" else 1) * (1 if e.startswith("eager") else scopes)
+        for e in grid["execution"]
+    )
+    assert space.size() == per_execution * conditional
 
 
 def test_cudagraphs_refused_off_cuda_by_the_space(tmp_path) -> None:

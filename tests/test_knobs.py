@@ -24,7 +24,7 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.devices.torchtpu import TorchTpuBackend
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.capabilities import TrainingStep
+from tpu_tuner.knobs.capabilities import Conditional, TrainingStep
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -168,6 +168,8 @@ def test_knob_contract(name: str, value: str, tmp_path) -> None:
     expected = knob.check(value)
     backend = CpuBackend()
     if isinstance(knob, TrainingStep):
+        if isinstance(knob, Conditional):  # checked where it is active: under a compiled forward
+            candidate = Candidate({name: value, "execution": "aot_eager"})
         _training_step_contract(knob, candidate, expected, backend, tmp_path)
         return
     before = torch.get_float32_matmul_precision()
@@ -226,7 +228,7 @@ def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: st
     )
     for tried, wanted in ((Candidate(), knob.default), (candidate, expected)):
         step = prepare_step(workload, backend, tried)
-        assert knob.observe_training(step.optimizer, tried.micro_batches(backend)) == wanted
+        assert knob.observe_training(step.optimizer, tried.micro_batches(backend), step.loss) == wanted
         assert knob.observe(step.model, step.forward, backend) is None  # the model is untouched
         step.run()
     loaded = TunedConfig.load(TunedConfig(candidate, "cpu").save(tmp_path / "tuned_config.toml"))

@@ -29,9 +29,13 @@ def test_default_space_per_device() -> None:
         "matmul_precision": ["highest", "high", "medium"],
         "autocast": ["none", "bfloat16"],
     }
-    # compile_options is conditional (inductor only): its choices multiply the inductor settings only.
-    others = math.prod(len(c) for name, c in grid.items() if name not in ("execution", "compile_options"))
-    assert cpu.size() == others * (2 + len(grid["compile_options"])) >= 18  # eager, aot_eager; inductor x options
+    # compile_options is conditional (inductor only): its choices multiply the inductor settings
+    # only; compile_scope (any compiling execution) multiplies aot_eager's and inductor's.
+    conditional = ("execution", "compile_options", "compile_scope")
+    others = math.prod(len(c) for name, c in grid.items() if name not in conditional)
+    scopes = len(grid["compile_scope"])
+    # eager; aot_eager x scopes; inductor x options x scopes
+    assert cpu.size() == others * (1 + scopes + len(grid["compile_options"]) * scopes) >= 18
     assert cpu.to_candidate(cpu.baseline_params()) == Candidate()  # first choices are the baseline
     tpu = SearchSpace.load("default", "tpu")
     fused = tpu.to_candidate({"execution": "eager:defer_and_fuse"})

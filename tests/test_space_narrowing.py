@@ -89,14 +89,19 @@ def test_training_space_drops_freezing_and_micro_batches_that_do_not_divide_the_
     assert options["micro_batches"] == ("1", "2")  # 4 does not divide 6
     assert {"optimizer_impl", "activation_checkpointing"} <= set(options)
     assert "memory_format" not in options
-    # The size is the product of the choices, inductor's options counted only under inductor.
+    # The size is the product of the choices, inductor's options counted only under inductor and
+    # the compile scope only under a compiling execution.
     per_rest = 1
     for name, choices in options.items():
-        if name not in ("execution", "compile_options"):
+        if name not in ("execution", "compile_options", "compile_scope"):
             per_rest *= len(choices)
-    executions = options["execution"]
-    inductors = sum(1 for e in executions if e.startswith("inductor"))
-    assert training.size() == per_rest * (len(executions) - inductors + inductors * len(options["compile_options"]))
+    scopes = len(options["compile_scope"])
+    assert scopes == 2  # a training step searches it
+    conditional = sum(
+        (len(options["compile_options"]) if e.startswith("inductor") else 1) * (1 if e == "eager" else scopes)
+        for e in options["execution"]
+    )
+    assert training.size() == per_rest * conditional
     # A model without repeated blocks cannot be checkpointed.
     flat = full.for_workload(WorkloadTraits(True, 0, 0, 8))
     assert "activation_checkpointing" not in _names(flat)

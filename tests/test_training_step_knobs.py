@@ -104,10 +104,10 @@ def test_accumulated_gradients_equal_the_whole_batch_ones(k: int) -> None:
     split = prepare_step(_workload(), backend, Candidate(micro_batches=str(k)))
     # One step's backward without the optimizer: the step's own accumulation, then read .grad.
     inputs, target = whole.batch
-    loss_whole = accumulate_gradients(whole.forward, nn.functional.cross_entropy, [(inputs, target)], torch.enable_grad)
+    loss_whole = accumulate_gradients(whole.loss, [(inputs, target)], torch.enable_grad)
     slices = micro_batches(*split.batch, k, _workload())
     assert len(slices) == k and all(s[0].shape[0] == 8 // k for s in slices)
-    loss_split = accumulate_gradients(split.forward, nn.functional.cross_entropy, slices, torch.enable_grad)
+    loss_split = accumulate_gradients(split.loss, slices, torch.enable_grad)
     assert torch.equal(whole.batch[0], split.batch[0])  # same seeded data and weights
     assert abs(loss_whole.item() - loss_split.item()) < 1e-6
     assert (_grads(whole.model) - _grads(split.model)).abs().max().item() < 1e-6

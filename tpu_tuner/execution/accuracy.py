@@ -33,11 +33,11 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
     """Run the candidate's forward (and backward) once without touching the weights."""
     inputs, target = step.batch
     if workload.is_training:
-        assert workload.loss_fn is not None
+        assert step.loss is not None
         # The candidate's own accumulation (micro-batches, loss / k): its accumulated gradients
         # are what is compared with the whole-batch fp32 reference.
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
-        loss = accumulate_gradients(step.forward, workload.loss_fn, slices, lambda: candidate.step(backend))
+        loss = accumulate_gradients(step.loss, slices, lambda: candidate.step(backend))
         # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
         # gradient whole (gathered from its shards; every rank takes part, in parameter order).
         loss = backend.mean_over_ranks(loss)

@@ -14,7 +14,7 @@ from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.batch import batch_size_of, batch_slice
-from tpu_tuner.model.workload import Workload, call_model, move_to
+from tpu_tuner.model.workload import Workload, call_model, loss_of, move_to
 
 
 @dataclass
@@ -22,7 +22,8 @@ class PreparedStep:
     """One workload step, ready to run: `run()` does a step and returns its output.
 
     `run_eager` is the same step without torch.compile, for counting FLOPs: the dispatch-level
-    counters only see ops that eager code dispatches.
+    counters only see ops that eager code dispatches. `loss` is a training step's
+    ``(inputs, target) -> loss`` as the candidate computes it (None for inference).
     """
 
     model: nn.Module
@@ -31,6 +32,7 @@ class PreparedStep:
     run: Callable[[], Any]
     run_eager: Callable[[], Any]
     forward: Callable[..., Any]  # the model as the candidate runs it (compiled or not)
+    loss: Callable[[Any, Any], Any] | None = None
 
 
 def prepare_step(
@@ -70,14 +72,19 @@ def prepare_step(
     # The training step's optimizer as the candidate builds it (implementation flag).
     optimizer = candidate.prepare_optimizer(workload.optimizer_for(model), backend)
     compiled = candidate.wrap_forward(model, backend)
+    loss = eager_loss = None
+    if workload.loss_fn is not None:
+        loss = candidate.training_loss(model, workload.loss_fn, compiled, backend)
+        eager_loss = loss_of(model, workload.loss_fn)
 
     return PreparedStep(
         model=model,
         optimizer=optimizer,
         batch=(inputs, target),
-        run=step_function(workload, backend, candidate, compiled, optimizer, inputs, target),
-        run_eager=step_function(workload, backend, candidate, model, optimizer, inputs, target),
+        run=step_function(workload, backend, candidate, compiled, loss, optimizer, inputs, target),
+        run_eager=step_function(workload, backend, candidate, model, eager_loss, optimizer, inputs, target),
         forward=compiled,
+        loss=loss,
     )
 
 
@@ -86,19 +93,21 @@ def step_function(
     backend: Backend,
     candidate: Candidate,
     forward: Callable[..., Any],
+    loss: Callable[[Any, Any], Any] | None,
     optimizer: torch.optim.Optimizer | None,
     inputs: Any,
     target: Any,
 ) -> Callable[[], Any]:
-    """One step of `forward` on fixed inputs: forward + loss + backward + optimizer step for
-    training, a no-grad forward for inference, under the candidate's autocast."""
+    """One step on fixed inputs: `loss` (forward and loss, `Candidate.training_loss`) + backward
+    + optimizer step for training, a no-grad `forward` for inference, under the candidate's
+    autocast."""
     if workload.is_training:
-        assert optimizer is not None and workload.loss_fn is not None
-        loss_fn = workload.loss_fn
+        assert optimizer is not None and loss is not None
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
+        training_loss = loss
 
         def train_step() -> Any:
-            loss = accumulate_gradients(forward, loss_fn, slices, lambda: candidate.step(backend))
+            loss = accumulate_gradients(training_loss, slices, lambda: candidate.step(backend))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return loss.detach()
@@ -127,8 +136,7 @@ def micro_batches(inputs: Any, target: Any, k: int, workload: Workload) -> list[
 
 
 def accumulate_gradients(
-    forward: Callable[..., Any],
-    loss_fn: Callable[[Any, Any], torch.Tensor],
+    loss_of: Callable[[Any, Any], torch.Tensor],
     slices: list[tuple[Any, Any]],
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
 ) -> torch.Tensor:
@@ -138,7 +146,7 @@ def accumulate_gradients(
     total: torch.Tensor | None = None
     for inputs, target in slices:
         with autocast():
-            loss = loss_fn(call_model(forward, inputs), target)
+            loss = loss_of(inputs, target)
         if len(slices) > 1:
             loss = loss / len(slices)
         loss.backward()

@@ -157,6 +157,27 @@ class Candidate:
             fn = knob.forward(value, fn, backend, static_shapes)
         return fn
 
+    def training_loss(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Any, Any], Any],
+        forward: Callable[..., Any],
+        backend: BackendLike,
+        static_shapes: bool = False,
+    ) -> Callable[[Any, Any], Any]:
+        """``(inputs, target) -> loss`` as the candidate computes a training loss: `loss_fn` on the
+        output of `forward` (the model as `wrap_forward` made it), or, where the forward compiles
+        and a training-step knob asks (`compiles_loss`), model and loss compiled as one module."""
+        from tpu_tuner.model.workload import ModelWithLoss, loss_of
+
+        if self.compiles() and any(
+            knob.compiles_loss(value)
+            for knob, value in self._active(backend.kind)
+            if isinstance(knob, kinds.TrainingStep)
+        ):
+            return self.wrap_forward(ModelWithLoss(model, loss_fn), backend, static_shapes)
+        return loss_of(forward, loss_fn)
+
     @contextlib.contextmanager
     def step(self, backend: BackendLike) -> Iterator[None]:
         """The context of one step (autocast). Entered on every timed step: only `StepContext`

@@ -137,8 +137,9 @@ class TrainingCode(ABC):
 
 
 class TrainingStep(TrainingCode):
-    """A knob of the training step alone (optimizer, accumulation), which `execution/step.py`
-    builds through these hooks: it leaves the model alone, so `observe_training` reads it."""
+    """A knob of the training step alone (optimizer, accumulation, what is compiled with the
+    model), which `execution/step.py` builds through these hooks: it leaves the model alone, so
+    `observe_training` reads it."""
 
     def optimizer(self, value: str, optimizer: Any, backend: BackendLike) -> Any:
         """The training step's optimizer with the setting applied (the same one by default)."""
@@ -148,9 +149,15 @@ class TrainingStep(TrainingCode):
         """Into how many micro-batches a training step splits its batch (1: the whole batch)."""
         return 1
 
+    def compiles_loss(self, value: str) -> bool:
+        """Whether the loss is compiled with the model, as one graph, where the forward compiles
+        (False: the loss runs on the compiled forward's output, outside it)."""
+        return False
+
     @abstractmethod
-    def observe_training(self, optimizer: Any, micro_batches: int) -> str | None:
-        """The value in force in a built training step (its optimizer, its micro-batch count)."""
+    def observe_training(self, optimizer: Any, micro_batches: int, loss: Any) -> str | None:
+        """The value in force in a built training step (its optimizer, its micro-batch count, the
+        callable that computes its loss)."""
 
 
 class SpreadsOverRanks(TrainingCode):

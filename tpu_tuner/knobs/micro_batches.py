@@ -52,5 +52,5 @@ class MicroBatchesKnob(Knob, NarrowedByWorkload, TrainingStep):
             "optimizer.zero_grad(set_to_none=True)",
         ]
 
-    def observe_training(self, optimizer: object, micro_batches: int) -> str | None:
+    def observe_training(self, optimizer: object, micro_batches: int, loss: object) -> str | None:
         return str(micro_batches)

@@ -63,7 +63,7 @@ class OptimizerImplKnob(Knob, NarrowedByWorkload, TrainingStep):
             f"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, {flags})",
         ]
 
-    def observe_training(self, optimizer: Any, micro_batches: int) -> str | None:
+    def observe_training(self, optimizer: Any, micro_batches: int, loss: Any) -> str | None:
         return implementation(optimizer)
 
 

@@ -13,6 +13,7 @@ from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob
 from tpu_tuner.knobs.autocast import AutocastKnob
 from tpu_tuner.knobs.base import Knob
 from tpu_tuner.knobs.compile_options import CompileOptionsKnob
+from tpu_tuner.knobs.compile_scope import CompileScopeKnob
 from tpu_tuner.knobs.execution import ExecutionKnob
 from tpu_tuner.knobs.intra_op_threads import IntraOpThreadsKnob
 from tpu_tuner.knobs.layout import LayoutKnob
@@ -29,6 +30,7 @@ KNOB_CLASSES: tuple[type[Knob], ...] = (
     AttnImplementationKnob,
     AutocastKnob,
     CompileOptionsKnob,
+    CompileScopeKnob,
     ExecutionKnob,
     IntraOpThreadsKnob,
     LayoutKnob,

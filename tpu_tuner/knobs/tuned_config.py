@@ -132,7 +132,8 @@ class TunedConfig:
         lines += [
             "import tpu_tuner",
             "",
-            f"model, autocast = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
+            f"applied = tpu_tuner.apply(model, {str(Path(path).resolve())!r})",
+            "model, autocast = applied",
             "with autocast():  # around the forward pass and the loss"
             if self.training
             else "with torch.no_grad(), autocast():  # the forward pass (tuned as inference)",
@@ -174,6 +175,9 @@ class AppliedConfig:
 
     model: Callable[..., Any]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    # Training: `training_loss(loss_fn)` is `(inputs, target) -> loss` as the trial computed it
+    # (the loss compiled with the model where the config says so).
+    training_loss: Callable[[Any], Callable[[Any, Any], Any]] = field(repr=False)
     _process: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     # Training: `optimizer(opt)` rebuilds the user's optimizer with the measured implementation
     # (the hook a trial used); `micro_batches` is the k their own loop should accumulate over.
@@ -205,8 +209,9 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
     ``model, autocast = tpu_tuner.apply(model, "tuned_config.toml")`` then
     ``with autocast(): out = model(x)``. The training loop stays the user's: `apply` cannot split
     their batch or step their optimizer; ``applied.optimizer(opt)`` rebuilds an optimizer with the
-    measured implementation and ``applied.micro_batches`` says how many micro-batches to
-    accumulate over (`TunedConfig.instructions` prints the loop).
+    measured implementation, ``applied.micro_batches`` says how many micro-batches to
+    accumulate over and ``applied.training_loss(loss_fn)`` computes the loss as the trial did
+    (`TunedConfig.instructions` prints the loop).
     """
     if not isinstance(config, TunedConfig):
         config = TunedConfig.load(config)
@@ -230,6 +235,7 @@ def apply(model: nn.Module, config: TunedConfig | str | Path) -> AppliedConfig:
         _process=process,
         optimizer=lambda optimizer: candidate.prepare_optimizer(optimizer, backend),
         micro_batches=candidate.micro_batches(backend),
+        training_loss=lambda loss_fn: candidate.training_loss(model, loss_fn, compiled, backend),
     )
 
 

@@ -133,6 +133,26 @@ def call_model(model: Callable[..., Any], inputs: ModelInputs) -> Any:
     return model(inputs)
 
 
+class ModelWithLoss(nn.Module):
+    """The model and its loss as one module, ``(inputs, target) -> loss``: what a compiler handed
+    both traces as one graph (the loss fused with the output head, its logits never written out
+    whole)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs: ModelInputs, target: Any) -> torch.Tensor:
+        return self.loss_fn(call_model(self.model, inputs), target)
+
+
+def loss_of(forward: Callable[..., Any], loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[[Any, Any], Any]:
+    """``(inputs, target) -> loss``: `loss_fn` on the output of `forward` (compiled or not), the
+    loss computed outside whatever compiled the forward."""
+    return lambda inputs, target: loss_fn(call_model(forward, inputs), target)
+
+
 def move_to(obj: Any, device: torch.device | str) -> Any:
     """Move every tensor in a nested tuple/list/dict structure to `device`."""
     if isinstance(obj, torch.Tensor):

@@ -37,6 +37,11 @@ class ShapeRunner:
         self.model.train(workload.is_training)
         self.optimizer = workload.optimizer_for(self.model)
         self.forward = candidate.wrap_forward(self.model, backend, static_shapes=True)
+        self.loss = (
+            None
+            if workload.loss_fn is None
+            else candidate.training_loss(self.model, workload.loss_fn, self.forward, backend, static_shapes=True)
+        )
         self._steps: dict[int, Callable[[], Any]] = {}
 
     def step_at(self, length: int) -> Callable[[], Any]:
@@ -46,7 +51,7 @@ class ShapeRunner:
             inputs, target = self.workload.split_batch(self.workload.batch(self.batch_size, length))
             inputs, target = move_to(inputs, self.backend.device), move_to(target, self.backend.device)
             self._steps[length] = step_function(
-                self.workload, self.backend, self.candidate, self.forward, self.optimizer, inputs, target
+                self.workload, self.backend, self.candidate, self.forward, self.loss, self.optimizer, inputs, target
             )
         return self._steps[length]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
+import tpu_tuner.tuning.agents.loss_scope as loss_scope
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
@@ -60,6 +61,7 @@ class CompileAgent(Agent):
             findings.append(self._layout_finding(profile))
         self._training = profile.workload.training
         findings += training_step.findings(profile)
+        findings += loss_scope.findings(profile)
         if knobs.get("compile_options").applies_to(self.device_kind):
             findings += compiler_options.findings(profile)
         return findings
@@ -82,8 +84,10 @@ class CompileAgent(Agent):
         if profile is not None:
             self._conv_share = convolution_share(profile)
             self._training = profile.workload.training
-        seeds += training_step.seeds(profile, {p.name: p.choices for p in self.params(space)})
-        seeds += compiler_options.seeds(profile, {p.name: p.choices for p in self.params(space)})
+        choices = {p.name: p.choices for p in self.params(space)}
+        seeds += loss_scope.seeds(profile, choices, seeds)
+        seeds += training_step.seeds(profile, choices)
+        seeds += compiler_options.seeds(profile, choices)
         layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
         if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
             return seeds
