@@ -12,6 +12,7 @@ import optuna
 
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import samplers
+from tpu_tuner.tuning import stacking
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
@@ -54,7 +55,8 @@ def enqueue_seeds(
 ) -> None:
     """Baseline first (trial 0), then the best settings of earlier studies (`warm`, nearest
     workload first), then every agent's first seed alone, then those first seeds combined, then
-    the agents' further seeds in turns, each on top of the combined seed.
+    the agents' further seeds in turns, each on top of the combined seed (their winners are
+    stacked into one more setting once they are measured: `stacking.py`).
 
     Round-robin, not agent by agent: with many knobs one agent can propose more seeds than a
     small budget holds (the compile agent's freezing / max-autotune / channels_last variants once
@@ -71,8 +73,15 @@ def enqueue_seeds(
     queue += [{**baseline, **seeds[0]} for seeds in per_agent if seeds]
     combined = {**baseline, **first_seeds}
     queue.append(combined)
-    for turn in range(1, max((len(seeds) for seeds in per_agent), default=0)):
-        queue += [{**combined, **seeds[turn]} for seeds in per_agent if len(seeds) > turn]
+    variants = [
+        {**combined, **seeds[turn]}
+        for turn in range(1, max((len(seeds) for seeds in per_agent), default=0))
+        for seeds in per_agent
+        if len(seeds) > turn
+    ]
+    queue += variants
+    # The variants that beat the combined seed are stacked into one more setting once measured.
+    stacking.record_plan(study, space.complete(combined), [space.complete(v) for v in variants])
     study.enqueue_trial(space.complete(baseline), skip_if_exists=True)
     # An earlier study's best has been measured on a like workload: worth more than a guess.
     enqueue_warm_seeds(study, list(warm))

@@ -30,7 +30,7 @@ from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler
 from tpu_tuner.studies.trial_record import TrialRecord
-from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning import stacking, trial_attrs
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.clock import Clock, search_may_go_on
@@ -134,6 +134,7 @@ class TuneTrials(Feature):
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
         self.clock = Clock(self.options.search.time_budget_s, self.started)
         self.out_of_time = False
+        self.stacked = False  # whether this worker queued the seeds' winners stacked (stacking.py)
         # The best feasible objective so far, for progress lines: from the loop's read of the
         # study (`observe`) and this worker's tells, not a read of the study a line.
         self.best: float | None = None
@@ -284,6 +285,18 @@ class TuneTrials(Feature):
         for cause in self.learning.update(self.study, trials):
             self.emit(
                 Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left())
+            )
+        if not self.stacked and (stacked := stacking.stacked_setting(self.study, trials, self.space)) is not None:
+            self.stacked = True
+            self.study.enqueue_trial(stacked, skip_if_exists=True)
+            self.emit(
+                Progress(
+                    "learn",
+                    f"queued {self.space.to_candidate(stacked).describe()}: "
+                    "the seeds that beat the combined one, stacked",
+                    elapsed=self.clock.elapsed(),
+                    time_left=self.clock.left(),
+                )
             )
         if self.pruner is not None:
             self.stop_above_s = self.pruner.threshold(trials)
