@@ -137,7 +137,8 @@ def _profile(step: str, **shares: float) -> SimpleNamespace:
 def test_the_compile_agent_seeds_it_where_the_loss_is_a_noticeable_share() -> None:
     space = SearchSpace.load("default", "cpu")
     (agent,) = load_agents(["compile"], "cpu")
-    heavy = _profile("training step", **{"aten::_log_softmax": 0.06, "aten::_log_softmax_backward_data": 0.06})
+    # examples/llama.py's baseline profile: the loss's two kernels took 2.5% and 2.3%.
+    heavy = _profile("training step", **{"aten::_log_softmax": 0.025, "aten::_log_softmax_backward_data": 0.023})
     light = _profile("training step", **{"aten::nll_loss_forward": 0.01, "aten::addmm": 0.99})
     inference = _profile("inference (forward)", **{"aten::_log_softmax": 0.5})
     assert {"execution": "inductor", "compile_scope": "model+loss"} in agent.seeds(heavy, space)
