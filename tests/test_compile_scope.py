@@ -31,13 +31,8 @@ from tpu_tuner.tuning.space import SearchSpace
 COMPILED_LOSS = Candidate(execution="aot_eager", compile_scope="model+loss")
 
 
-class Mlp(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
 GRAPHS: list[torch.fx.GraphModule] = []
@@ -64,7 +59,7 @@ def _workload(loss_fn) -> Workload:
     return Workload(
         name="mlp",
         source=Path("mlp.py"),
-        build_model=Mlp,
+        build_model=_mlp,
         make_batch=lambda b, s: (torch.randn(b, 6), torch.randint(0, 3, (b,))),
         batch_size=8,
         seq_len=None,
@@ -117,7 +112,7 @@ def test_apply_and_the_printed_loop_compute_the_loss_as_the_trial_did(tmp_path) 
     assert "applied.training_loss(loss_fn)" in code
     torch.manual_seed(0)
     inputs, target = torch.randn(8, 6), torch.randint(0, 3, (8,))
-    applied = apply(Mlp(), path)
+    applied = apply(_mlp(), path)
     try:
         loss_fn = nn.functional.cross_entropy
         namespace = {"applied": applied, "inputs": inputs, "target": target, "loss_fn": loss_fn, "torch": torch}
