@@ -104,13 +104,13 @@ def step_function(
     if workload.is_training:
         assert optimizer is not None and loss is not None
         slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
-        training_loss = loss
+        loss_of_slice = loss
 
         def train_step() -> Any:
-            loss = accumulate_gradients(training_loss, slices, lambda: candidate.step(backend))
+            total = accumulate_gradients(loss_of_slice, slices, lambda: candidate.step(backend))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            return loss.detach()
+            return total.detach()
 
         return train_step
 
