@@ -117,8 +117,9 @@ def test_apply_and_the_printed_loop_compute_the_loss_as_the_trial_did(tmp_path) 
         loss_fn = nn.functional.cross_entropy
         namespace = {"applied": applied, "inputs": inputs, "target": target, "loss_fn": loss_fn, "torch": torch}
         exec(compile(code, "printed", "exec"), namespace)
-        assert torch.allclose(namespace["loss"], loss_fn(applied.model(inputs), target))
-        assert knobs.get("compile_scope").observe_training(None, 1, namespace["model_and_loss"]) == "model+loss"
+        training_loss = namespace["training_loss"]
+        assert torch.allclose(training_loss(inputs, target), loss_fn(applied.model(inputs), target))
+        assert knobs.get("compile_scope").observe_training(None, 1, training_loss) == "model+loss"
     finally:
         applied.restore()
 

@@ -152,21 +152,23 @@ def test_printed_training_code_runs_and_apply_rebuilds_the_optimizer(tmp_path) -
     start = next(i for i, line in enumerate(lines) if line.startswith("# in your training loop"))
     code = "\n".join(line.removeprefix("#   ") for line in lines[start + 1 :] if line.startswith("#   "))
     assert "fused=True" in code and "chunk(2)" in code
+    assert "training_loss(inputs_i, target_i) / 2" in code
     torch.manual_seed(0)
-    model, inputs, target = Mlp(), torch.randn(8, 6), torch.randint(0, 3, (8,))
-    namespace = {
-        "torch": torch,
-        "model": model,
-        "inputs": inputs,
-        "target": target,
-        "loss_fn": nn.functional.cross_entropy,
-    }
-    exec(compile(code, "printed", "exec"), namespace)
-    assert namespace["optimizer"].defaults["fused"] is True
-    assert namespace["optimizer"].state  # it stepped
-
+    inputs, target = torch.randn(8, 6), torch.randint(0, 3, (8,))
     applied = apply(Mlp(), path)
     try:
+        # As the printed instructions leave them: `applied`, and `model` the applied model.
+        namespace = {
+            "torch": torch,
+            "applied": applied,
+            "model": applied.model,
+            "inputs": inputs,
+            "target": target,
+            "loss_fn": nn.functional.cross_entropy,
+        }
+        exec(compile(code, "printed", "exec"), namespace)
+        assert namespace["optimizer"].defaults["fused"] is True
+        assert namespace["optimizer"].state  # it stepped
         rebuilt = applied.optimizer(torch.optim.AdamW(applied.model.parameters(), lr=3e-4))
         assert rebuilt.defaults["fused"] is True and rebuilt.param_groups[0]["lr"] == 3e-4
         assert applied.micro_batches == 2

@@ -56,10 +56,9 @@ class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, Leav
         if value != MODEL_AND_LOSS:
             return []
         return [
-            "# the loss compiled with the model as one graph, as the trial built it "
-            "(in place of loss_fn(model(inputs), target)):",
-            "model_and_loss = applied.training_loss(loss_fn)",
-            "loss = model_and_loss(inputs, target)",
+            "# the loss compiled with the model as one graph, as the trial built it: "
+            "call training_loss(inputs, target) where your loop calls loss_fn(model(inputs), target)",
+            "training_loss = applied.training_loss(loss_fn)",
         ]
 
     def observe_training(self, optimizer: Any, micro_batches: int, loss: Any) -> str | None:

@@ -45,8 +45,9 @@ class MicroBatchesKnob(Knob, NarrowedByWorkload, TrainingStep):
             return []
         return [
             f"# gradient accumulation: {k} micro-batches of the batch, one optimizer step (a mean-reduced loss)",
+            "training_loss = applied.training_loss(loss_fn)  # (inputs, target) -> loss, as the trial computed it",
             f"for inputs_i, target_i in zip(inputs.chunk({k}), target.chunk({k})):",
-            f"    loss = loss_fn(model(inputs_i), target_i) / {k}",
+            f"    loss = training_loss(inputs_i, target_i) / {k}",
             "    loss.backward()",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
