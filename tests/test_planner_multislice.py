@@ -148,6 +148,8 @@ def test_enumerated_layouts_spread_the_slices_over_data_or_fsdp() -> None:
             ["--layout", "1x4x1,dcn_pipeline=2", "--slices", "2"],
             "dcn_pipeline (pipeline stages across slices) is not compiled",
         ),
+        (["--layout", "1x2x1"], "--layout 1x2x1 places 2 devices; v5e:2x2 has 4"),
+        (["--slices", "2", "--layout", "2x4x2,dcn_data=2"], "places 16 devices; v5e:2x2 x 2 slices has 8"),
     ],
 )
 def test_a_slice_count_the_layout_cannot_form_is_one_line_and_status_2(tmp_path, capsys, args, problem) -> None:

@@ -318,6 +318,13 @@ class PlanOptions:
                     f"--layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), "
                     f"--slices is {target.slices}: the DCN ways' product must be the slice count"
                 )
+            devices = parse_topology(target.topology).devices * target.slices
+            if layout.devices != devices:
+                raise UserInputError(
+                    f"--layout {layout.short()} places {layout.devices} devices; {target.topology}"
+                    + (f" x {target.slices} slices" if target.slices > 1 else "")
+                    + f" has {devices}: the axes' product must be the device count"
+                )
         quantization = self.step.quantization
         if quantization is not None:
             refusal = quantized_peak_refusal(parse_topology(target.topology).chip.generation, quantization)
