@@ -49,7 +49,7 @@ from tpu_tuner.planner.step_parts import (
     name_block_tensors,
     sharded_attention,
 )
-from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
+from tpu_tuner.planner.vocab_tiling import cross_entropy, tiled_cross_entropy
 
 log = logging.getLogger(__name__)
 
@@ -261,11 +261,7 @@ def compile_step(
         logits = env.t2j_iso(logits)
         if vocab_tiling > 1:  # the final hidden states: the head's logits a tile at a time
             return tiled_cross_entropy(logits, compute["model"][head_weight], targets, vocab_tiling)
-        # Cross-entropy without a float32 copy of the logits: the fp32 log-sum-exp fuses into its
-        # reduction, as in MaxText; a [tokens, vocab] fp32 buffer would dominate HBM at 128k vocab.
-        lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
-        return (lse - target_logit).mean()
+        return cross_entropy(logits, targets).mean()
 
     def gradients(weights: Any, buffer_values: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
         if accumulation == 1:

@@ -14,6 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 
+def cross_entropy(logits: Any, targets: Any) -> Any:
+    """Per-token next-token cross-entropy in fp32: the log-sum-exp of `logits` [..., vocab] less
+    the target's logit, picked by a one-hot product as MaxText's loss picks it (``jax.nn.one_hot``
+    and ``max_utils.cross_entropy_with_logits``, docs/planner.md, "The loss's target logit"). The
+    fp32 log-sum-exp fuses into its reduction: no [tokens, vocab] fp32 copy of the logits."""
+    import jax
+    import jax.numpy as jnp
+
+    lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    # A product with the one-hot, not an element gather: libtpu 0.0.42 offloads such a gather of
+    # large logits to SparseCore and fails there (a RET_CHECK in gather_emitter.cc).
+    picked = logits * jax.nn.one_hot(targets, logits.shape[-1], dtype=logits.dtype)
+    return lse - jnp.sum(picked.astype(jnp.float32), axis=-1)
+
+
 def tiled_cross_entropy(hidden: Any, head: Any, targets: Any, tiles: int) -> Any:
     """Mean next-token cross-entropy of `hidden` [batch, seq, d_model] (the final norm's output)
     against `targets` [batch, seq], the logits `hidden @ head.T` (`head` [vocab, d_model], a torch
@@ -32,12 +47,10 @@ def tiled_cross_entropy(hidden: Any, head: Any, targets: Any, tiles: int) -> Any
     def tile(total: Any, pair: tuple[Any, Any]) -> tuple[Any, None]:
         rows, wanted = pair
         logits = jnp.einsum("bsd,vd->bsv", rows, head)
-        lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-        target_logit = jnp.take_along_axis(logits, wanted[..., None], axis=-1)[..., 0].astype(jnp.float32)
-        return total + (lse - target_logit).sum(), None
+        return total + cross_entropy(logits, wanted).sum(), None
 
     total, _ = jax.lax.scan(tile, jnp.zeros((), jnp.float32), (hidden_tiles, target_tiles))
     return total / (batch * seq)
 
 
-__all__ = ["tiled_cross_entropy"]
+__all__ = ["cross_entropy", "tiled_cross_entropy"]
