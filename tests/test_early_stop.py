@@ -68,9 +68,12 @@ def test_a_cut_off_dropped_inside_a_gc_callback_is_raised_again() -> None:
         with pytest.raises(CompileCutOff):
             with compile_deadline(0.01):
                 gc.collect()  # the first alarm (at 10 ms) lands in the callback and is dropped
-                end = time.perf_counter() + 2
+                # Then work outside collections (busy) between them: a try that lands there is
+                # seen. A collection of this test process's heap takes tens of ms on its own (a
+                # tick then runs at the "stop" callback, dropped too), hence 60 ms of work between.
+                end = time.perf_counter() + 5
                 while time.perf_counter() < end:
-                    busy(0.03)
+                    busy(0.06)
                     gc.collect()
     finally:
         gc.callbacks.remove(slow_callback)

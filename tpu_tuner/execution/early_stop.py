@@ -11,6 +11,7 @@ reported values (tuning/pruning.py); this rule runs inside the trial worker, whe
 
 from __future__ import annotations
 
+import random
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -59,7 +60,7 @@ class CompileCutOff(BaseException):
     as KeyboardInterrupt is, so that the compiler's own `except Exception` handlers let it through."""
 
 
-# After the deadline, the cut-off is raised again this often until it is seen: Python drops an
+# After the deadline, the cut-off is raised again about this often (jittered +-50%) until it is seen: Python drops an
 # exception that a signal handler raises while a gc callback or a finalizer runs (jax registers a
 # gc callback; a compile collects garbage often), and one dropped raise would lose the deadline.
 RETRY_S = 0.05
@@ -77,10 +78,13 @@ def compile_deadline(seconds: float | None) -> Iterator[None]:
 
     def cut_off(signum: int, frame: object) -> None:
         if armed[0]:
+            # The next try at a jittered delay: at a fixed period the tries can lock in step with a
+            # periodic gc callback (each dropped raise cuts that callback short) and all land in it.
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.5, 1.5) * RETRY_S)
             raise CompileCutOff(f"the compile ran past {duration(seconds)}")
 
     previous = signal.signal(signal.SIGALRM, cut_off)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), RETRY_S)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
     try:
         yield
     finally:
