@@ -60,9 +60,10 @@ class CompileCutOff(BaseException):
     as KeyboardInterrupt is, so that the compiler's own `except Exception` handlers let it through."""
 
 
-# After the deadline, the cut-off is raised again about this often (jittered +-50%) until it is seen: Python drops an
-# exception that a signal handler raises while a gc callback or a finalizer runs (jax registers a
-# gc callback; a compile collects garbage often), and one dropped raise would lose the deadline.
+# After the deadline, the cut-off is raised again about this often (jittered +-50%) until it is
+# seen: Python drops an exception that a signal handler raises while a gc callback or a finalizer
+# runs (jax registers a gc callback; a compile collects garbage often), and one dropped raise would
+# lose the deadline.
 RETRY_S = 0.05
 
 
