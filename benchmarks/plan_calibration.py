@@ -175,7 +175,7 @@ def compile_row(row: Row) -> dict | None:
         "comm_seconds": pr.comm_seconds,
         "alignment": pr.alignment,
         "peak_flops": peak,
-        "hbm_bytes_per_s": topology.chip.hbm_gbytes_per_s * 1e9,
+        "hbm_bytes_per_s": topology.hbm_bytes_per_s_per_device,  # per device: half the chip's on TPU7x
         "devices": topology.devices,
         "devices_per_chip": topology.devices_per_chip,
         "loop_peeled": c.loop_peeled,
@@ -222,7 +222,7 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
         remat_family=f["remat_family"],
         seq=f["seq"],
         per_device_batch=f["per_device_batch"],
-        host_gbytes=2 * f["host_temp_bytes"] / 1e9,
+        host_gbytes=2 * f["host_temp_bytes"] * f["devices_per_chip"] / 1e9,  # the chip's: its devices share it
         score_seconds=scores / f["peak_flops"],
         dcn_steps=sum(
             latency_steps(Collective(k["kind"], k["group"], k["count"], k["bytes"], k["network"]))

@@ -52,6 +52,7 @@ def test_tpu_relations() -> None:
     assert ironwood is not None and ironwood.devices_per_chip == 2
     assert ironwood.bf16_flops_per_device * 2 == pytest.approx(ironwood.bf16_tflops_per_chip * 1e12)
     assert ironwood.hbm_bytes_per_device * 2 == ironwood.hbm_bytes_per_chip
+    assert ironwood.hbm_bytes_per_s_per_device * 2 == pytest.approx(ironwood.hbm_gbytes_per_s * 1e9)
     for chip in TPU_CHIPS.values():  # one device per chip elsewhere: the device is the chip
         assert chip is ironwood or chip.bf16_flops_per_device == pytest.approx(chip.bf16_tflops_per_chip * 1e12)
 

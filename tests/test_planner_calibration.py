@@ -148,7 +148,7 @@ def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
         1.0,
         2.0,
         max(step.flops, hardware) / (peak * aligned),
-        step.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9),
+        step.bytes_accessed / topology.hbm_bytes_per_s_per_device,
         comm,
         model_flops / peak,
         0.0,

@@ -226,6 +226,8 @@ def test_a_topology_as_the_compiler_sees_it() -> None:
     compiled = v4.as_compiled(8, 15 * 2**30)  # libtpu's compile-only v4: one device per core
     assert (compiled.devices, compiled.devices_per_chip, compiled.hbm_bytes_per_device) == (8, 2, 15 * 2**30)
     assert compiled.peak_flops_per_device == pytest.approx(275e12 / 2)
+    assert compiled.hbm_bytes_per_s_per_device == pytest.approx(1200e9 / 2)  # the chip's bandwidth, shared
+    assert parse_topology("tpu7x-8").hbm_bytes_per_s_per_device == pytest.approx(7380e9 / 2)
     assert parse_topology("v5e-4").hbm_bytes_per_device == 16 * 2**30  # GiB, as TorchTPU's table has it
     with pytest.raises(UserInputError, match="the TPU compiler sees 6 devices for 4 v4 chips"):
         v4.as_compiled(6, None)

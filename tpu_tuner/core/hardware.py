@@ -44,6 +44,12 @@ class TpuChip:
     def hbm_bytes_per_device(self) -> float:
         return self.hbm_bytes_per_chip / self.devices_per_chip
 
+    @property
+    def hbm_bytes_per_s_per_device(self) -> float:
+        """Each device's share of the chip's HBM bandwidth: a TPU7x device has half the chip's HBM,
+        and the stacks' bandwidth with it."""
+        return self.hbm_gbytes_per_s * GIGA / self.devices_per_chip
+
 
 GIB = 1024**3
 

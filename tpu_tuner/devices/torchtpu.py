@@ -134,7 +134,7 @@ class TorchTpuBackend(Backend):
             peak=DevicePeak(
                 # MXU matmuls run in bf16 passes; MFU on TPU is quoted against the bf16 peak.
                 flops_per_s={"bfloat16": flops, "float32": flops},
-                memory_bytes_per_s=chip.hbm_gbytes_per_s * GIGA,
+                memory_bytes_per_s=chip.hbm_bytes_per_s_per_device,
                 source=source,
             ),
             details={"generation": chip.generation},

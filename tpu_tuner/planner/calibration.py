@@ -82,8 +82,9 @@ class CalibrationRow:
     remat_family: str = ""
     seq: int = 0
     per_device_batch: float = 0.0
-    # The cause terms' inputs (predict.py): host-offload traffic per step (GB: the compiler's host
-    # buffers written in the forward pass and read back in the backward), and the attention score
+    # The cause terms' inputs (predict.py): host-offload traffic per chip a step (GB: the compiler's
+    # host buffers written in the forward pass and read back in the backward, times the devices
+    # that share the chip's host link), and the attention score
     # elements per device per step divided by the per-device peak (seconds at one MXU FLOP each).
     host_gbytes: float = 0.0
     score_seconds: float = 0.0

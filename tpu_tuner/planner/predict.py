@@ -9,7 +9,7 @@ The model, stated so it can be checked:
   "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (per
   generation: `CostModel`); alignment is the FLOP-weighted waste of matmul dimensions that are not
   multiples of the MXU width (128; 256 on v6e), per device after sharding;
-* **memory** = compiler HBM bytes / HBM bandwidth;
+* **memory** = compiler HBM bytes / the device's HBM bandwidth (half the chip's on TPU7x, as its peak);
 * **communication** = each collective's bandwidth-optimal ring cost (see `collectives.py`) over
   the ICI links its device group spans: a group that fits along one torus axis gets that axis's
   share of the chip's ICI bandwidth (ICI / torus dimensions), one spanning k axes k times that;
@@ -201,7 +201,7 @@ def predict(
         per_flop = (1 - quantized_share) / peak + quantized_share / quantized_peak
     at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
     compute = at_peak / cost_model.efficiency(topology.chip.generation)
-    memory = compiled.bytes_accessed / (topology.chip.hbm_gbytes_per_s * 1e9)
+    memory = compiled.bytes_accessed / topology.hbm_bytes_per_s_per_device
     comm = sum(
         ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives if c.network != "dcn"
     )
@@ -210,8 +210,10 @@ def predict(
     dcn_latency = cost_model.dcn_step_seconds * sum(latency_steps(c) for c in across_slices)
     work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     if cost_model.host_gbytes_per_s:
-        # Offloaded tensors go to the host in the forward pass and come back in the backward.
-        work += 2 * compiled.host_temp_bytes / (cost_model.host_gbytes_per_s * 1e9)
+        # Offloaded tensors go to the host in the forward pass and come back in the backward, over
+        # the chip's host link, which a TPU7x chip's two devices share.
+        host_bytes_per_chip = 2 * compiled.host_temp_bytes * topology.devices_per_chip
+        work += host_bytes_per_chip / (cost_model.host_gbytes_per_s * 1e9)
 
     def step_of(communication: float, latency: float = 0.0) -> tuple[float, float, float]:
         """(step, exposed communication, never hidden) with `communication` seconds of collectives

@@ -123,6 +123,11 @@ class Topology:
     def peak_flops_per_device(self) -> float:
         return self.chip.bf16_tflops_per_chip * 1e12 / self.devices_per_chip
 
+    @property
+    def hbm_bytes_per_s_per_device(self) -> float:
+        """Each device's share of its chip's HBM bandwidth, bytes/s (half the chip's on TPU7x)."""
+        return self.chip.hbm_gbytes_per_s * 1e9 / self.devices_per_chip
+
     def as_compiled(self, device_count: int, hbm_limit: int | None) -> Topology:
         """This topology as the TPU compiler sees it: `device_count` devices (a whole number per
         chip, else a one-line error: the slice name and the compiler disagree) and its HBM limit."""
