@@ -163,3 +163,40 @@ def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
         predicted_mfu(row, 0.62, 0.6) > predicted_mfu(row, 0.62, 0.6, 90.0, 128.0, 1.5) > want
     )  # each term costs time
     assert got.exposed_dcn_seconds >= 0.6  # the 600 steps' latency, beside the DCN ring time
+
+
+def test_the_one_pass_fit_of_host_and_dcn_terms_is_the_grids_best() -> None:
+    """fit's one-pass path for per_generation with host and DCN terms finds the grid point whose
+    fit a point at a time (the generic path) has the least total error, with the same constants."""
+    import itertools
+    from dataclasses import replace
+
+    from tpu_tuner.planner import calibration
+
+    made = [
+        replace(ROWS[0], host_gbytes=40.0),
+        replace(ROWS[1], dcn_steps=600.0),
+        replace(ROWS[2], host_gbytes=90.0, dcn_steps=300.0),
+        ROWS[3],
+        replace(ROWS[4], host_gbytes=10.0),
+    ]
+    rows = [replace(r, published_mfu=predicted_mfu(r, 0.7, 0.5, 60.0, 0.0, 0.0, 2e-4)) for r in made]
+    rows[3] = replace(rows[3], published_mfu=rows[3].published_mfu * 0.97)  # no exact fit: a real trade-off
+    kind = "per_generation+host+dcn"
+    fast = fit(rows, kind)
+    totals = []
+    for host, dcn in itertools.product(calibration.HOST_GBYTES_PER_S, calibration.DCN_STEP_SECONDS):
+        constants = Fitted(kind, {}, 0.0, host, 0.0, 0.0, dcn)
+        inner = calibration._fit_base(
+            rows, "per_generation", calibration._with_terms(calibration._arrays(rows), constants)
+        )
+        point = replace(constants, efficiency=inner.efficiency, memory_overlap=inner.memory_overlap)
+        totals.append((sum(abs(e) for e in errors(rows, point)), point))
+    best_total, best = min(totals, key=lambda t: t[0])
+    assert sum(abs(e) for e in errors(rows, fast)) == pytest.approx(best_total, abs=1e-9)
+    assert (fast.host_gbytes_per_s, fast.dcn_step_seconds, fast.memory_overlap) == (
+        best.host_gbytes_per_s,
+        best.dcn_step_seconds,
+        best.memory_overlap,
+    )
+    assert fast.efficiency == best.efficiency

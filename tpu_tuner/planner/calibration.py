@@ -198,6 +198,8 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     unknown = set(terms) - {"host", "attention", "comm", "dcn"}
     if unknown:
         raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm, dcn)")
+    if base == "per_generation" and set(terms) <= {"host", "dcn"} and terms:
+        return _fit_serial_terms(rows, kind, "host" in terms, "dcn" in terms)
     if terms:
         best: tuple[float, Fitted] | None = None
         grid = itertools.product(
@@ -216,6 +218,47 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
         assert best is not None
         return best[1]
     return _fit_base(rows, base, _arrays(rows))
+
+
+def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bool) -> Fitted:
+    """`fit`'s grid for per_generation with the host and / or DCN terms, in one pass: a row's error
+    depends on the host bandwidth only if it offloads and on the DCN step only if it crosses
+    slices, so each row is evaluated on its own terms' grids alone ([host, dcn, efficiency,
+    overlap] sums per generation instead of a fit per grid point: the leave-one-out passes and
+    the nested band check take seconds, not the better part of an hour)."""
+    a = _arrays(rows)
+    hosts = np.asarray(HOST_GBYTES_PER_S if host else (0.0,))
+    dcns = np.asarray(DCN_STEP_SECONDS if dcn else (0.0,))
+    eff = np.asarray(_EFFICIENCIES)[:, None, None]
+    overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
+    offloads = (a["host"] > 0) & host
+    crosses = (a["dcn_steps"] > 0) & dcn
+    generations = sorted({r.generation for r in rows})
+    of_generation = np.asarray([generations.index(r.generation) for r in rows])
+    sums = np.zeros((len(generations), len(hosts), len(dcns), len(_EFFICIENCIES), len(_MEMORY_OVERLAPS)))
+    for on_host, on_dcn in itertools.product((False, True), repeat=2):
+        cols = (offloads == on_host) & (crosses == on_dcn)
+        if not cols.any():
+            continue
+        sub = {name: values[cols] for name, values in a.items()}
+        with np.errstate(divide="ignore"):
+            host_seconds = sub["host"] / hosts[:, None] if on_host else np.zeros((1, cols.sum()))
+        dcn_seconds = dcns[:, None] * sub["dcn_steps"] if on_dcn else np.zeros((1, cols.sum()))
+        sub["host_seconds"] = (host_seconds[:, None, :] + dcn_seconds[None, :, :])[:, :, None, None, :]
+        abs_err = np.abs(_predicted(sub, eff, overlap) - sub["published"])  # [host, dcn, eff, overlap, row]
+        for g in range(len(generations)):
+            sums[g] += abs_err[..., of_generation[cols] == g].sum(axis=-1)
+    totals = sums.min(axis=3).sum(axis=0)  # [host, dcn, overlap]: each generation at its best efficiency
+    h, d, o = map(int, np.unravel_index(np.argmin(totals), totals.shape))
+    efficiency = {gen: _EFFICIENCIES[int(np.argmin(sums[g, h, d, :, o]))] for g, gen in enumerate(generations)}
+    efficiency["*"] = float(np.median(list(efficiency.values())))
+    return Fitted(
+        kind,
+        efficiency,
+        _MEMORY_OVERLAPS[o],
+        host_gbytes_per_s=float(hosts[h]),
+        dcn_step_seconds=float(dcns[d]),
+    )
 
 
 def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -> Fitted:

@@ -88,7 +88,8 @@ class CostModel:
     overlap: float = 0.9
     efficiency_by_generation: tuple[tuple[str, float], ...] = ()
     # The cause terms (docs/planner.md, "Calibration"; 0: off): host-offload traffic at this
-    # bandwidth per device, serial with the busy time; each causal attention score element costs
+    # bandwidth per chip (a TPU7x chip's two devices share it), serial with the busy time; each
+    # causal attention score element costs
     # this many MXU FLOPs of vector-unit work (softmax: exp, max, scale, in the forward pass and
     # again in the backward), added to the compute.
     host_gbytes_per_s: float = 0.0
