@@ -42,6 +42,7 @@ from tpu_tuner.planner.calibration import (
     leave_one_out,
     noise_floor,
 )
+from tpu_tuner.planner.calibration_store import FIT_FILE, store_fit
 from tpu_tuner.planner.collectives import Collective, latency_steps
 from tpu_tuner.planner.predict import causal_score_elements
 
@@ -107,6 +108,9 @@ def main() -> None:
     calibration = [calibration_row(kept[r.id], runs[r.id]) for r in rows if r.id in kept and "error" not in kept[r.id]]
     args.rows_file.write_text(json.dumps([asdict(r) for r in calibration], indent=1))
     print(f"{len(calibration)} rows written to {args.rows_file}")
+    if args.rows_file == ROWS_FILE:  # the planner's rows: keep the adopted model's fit of them beside
+        kept_fit = store_fit()
+        print(f"the adopted {kept_fit['kind']} fit of them kept in {FIT_FILE}")
     report(calibration)
 
 

@@ -263,7 +263,8 @@ def test_a_peeled_program_whose_unpeeled_one_does_not_fit_is_counted_from_two_sh
     problem = _problem(fast=False)
     problem = replace(problem, dims=replace(problem.dims, scanned=8, unscanned=0))
     pool = _PeelingPool(8, shallow_fits)
-    (plan,) = evaluate(problem, [POINT], pool, lambda message: None).values()
+    said: list[str] = []
+    (plan,) = evaluate(problem, [POINT], pool, said.append).values()
     assert pool.jobs[:2] == [(False, 8), (True, 8)] and sorted(pool.jobs[2:]) == [(True, 2), (True, 4)]
     if shallow_fits:
         whole = pool.ENDS + 8 * pool.STACKED + 8 * pool.ITERATION  # the program at 8 blocks, unpeeled
@@ -271,3 +272,5 @@ def test_a_peeled_program_whose_unpeeled_one_does_not_fit_is_counted_from_two_sh
         assert plan.fits and plan.compiled.peak_bytes == pytest.approx(0.6 * HBM)  # memory: the real program's
     else:
         assert plan.compiled.loop_peeled and "unpeeled program could not be compiled" in plan.why
+        # and the run says why the shallower programs did not count it (the compiler's own words)
+        assert any("did not count its work either" in m and HBM_OOM.splitlines()[0] in m for m in said), said

@@ -64,6 +64,13 @@ def test_peak_comes_from_the_spec_table_where_the_runtime_has_none(fake_tpu) -> 
     assert info.memory_bytes == 95 * 1024**3
 
 
+def test_a_tpu7x_device_has_half_its_chips_peak_and_bandwidth(fake_tpu) -> None:
+    torch.tpu.get_device_name = lambda: "TPU v7"  # torch-tpu 0.2.0's name for a TPU7x device
+    info = TorchTpuBackend().info()
+    assert info.peak.flops_per_s["bfloat16"] == pytest.approx(2307e12 / 2)
+    assert info.peak.memory_bytes_per_s == pytest.approx(7380e9 / 2)  # the chip's two devices share its HBM
+
+
 def test_an_unknown_generation_is_an_error_not_a_guess(fake_tpu) -> None:
     torch.tpu.get_device_name = lambda: "TPU"  # what 0.2.0 answers for a chip it does not know
     with pytest.raises(BackendError, match="unknown TPU generation 'TPU'"):

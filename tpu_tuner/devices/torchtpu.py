@@ -21,7 +21,7 @@ import torch
 
 from tpu_tuner.core import tpu_host
 from tpu_tuner.core.errors import BackendError, UserInputError
-from tpu_tuner.core.hardware import GIGA, tpu_chip_for_name
+from tpu_tuner.core.hardware import tpu_chip_for_name
 from tpu_tuner.core.tpu_host import tpu_chips_on_host
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.torchtpu_api import (

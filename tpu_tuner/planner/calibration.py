@@ -25,16 +25,14 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import statistics
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
 from tpu_tuner.planner.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
-from tpu_tuner.planner.predict import MXU_WIDTH, CostModel
+from tpu_tuner.planner.predict import MXU_WIDTH
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +40,7 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
-ADOPTED = "per_generation+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
+ADOPTED = "per_generation+host+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
 EFFICIENCY_MODELS = (
     "global",
@@ -353,30 +351,3 @@ def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> lis
         assert band is not None  # others is never empty here, so the band has rows
         out.append((error, band))
     return out
-
-
-@lru_cache(maxsize=1)
-def calibrated_cost_model() -> CostModel:
-    """The `ADOPTED` efficiency model fitted to the kept calibration rows, with each row's
-    leave-one-out error and place (the error band printed with every prediction, band.py)."""
-    try:
-        rows = load_rows()
-    except (OSError, ValueError, TypeError) as exc:
-        log.warning("no calibration rows (%s): predicting with uncalibrated constants", exc)
-        return CostModel()
-    fitted = fit(rows, ADOPTED)
-    loo, bands = band_rows(rows, ADOPTED)
-    return CostModel(
-        mxu_efficiency=fitted.efficiency["*"],
-        memory_overlap=fitted.memory_overlap,
-        overlap=OVERLAP,
-        host_gbytes_per_s=fitted.host_gbytes_per_s,
-        score_flops=fitted.score_flops,
-        comm_exposed=fitted.comm_exposed,
-        dcn_step_seconds=fitted.dcn_step_seconds,
-        efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
-        loo_error_points=statistics.mean(abs(e) for e in loo),
-        band_rows=tuple(bands),
-        noise_floor_points=noise_floor(),
-        fitted_rows=len(rows),
-    )

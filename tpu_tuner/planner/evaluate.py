@@ -126,7 +126,10 @@ def _unpeeled_by_depth(
     for point in needed:
         low, high = (compiled.get(jobs[point, blocks]) for blocks in depths)
         if low is None or high is None or low.error or high.error or high.loop_iteration is None:
-            continue  # the peeled program's own count stands, and its plan says so
+            # The peeled program's own count stands, and its plan says so; the log says why.
+            why = next((s.error for s in (low, high) if s is not None and s.error), "its block loop was not measured")
+            emit(f"{point.name()}: the shallower programs did not count its work either ({why.splitlines()[0]})")
+            continue
         found[point] = extrapolate_depth(low, high, depths, depth)
     return found
 

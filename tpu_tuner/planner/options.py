@@ -18,7 +18,7 @@ from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout, parse_layout
-from tpu_tuner.planner.calibration import calibrated_cost_model
+from tpu_tuner.planner.calibration_store import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import default_workers
 from tpu_tuner.planner.optimizer import check_optimizer
 from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
