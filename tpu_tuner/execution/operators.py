@@ -1,13 +1,15 @@
-"""Top operators by self time, from torch.profiler over a few steps (never the timed ones)."""
+"""Top operators by self time, and the device's busy time, from torch.profiler over a few steps
+(never the timed ones)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 
 from tpu_tuner.devices.base import Backend
 
@@ -22,6 +24,15 @@ class OperatorTime:
     calls_per_step: float
     self_ms_per_step: float
     share: float  # of all operators' self time
+
+
+@dataclass(frozen=True)
+class DeviceBusy:
+    """The device's busy time per profiled step, from the device events of a profiler trace."""
+
+    seconds_per_step: float
+    events: int  # device events whose intervals were merged
+    method: str  # how it was measured, for the profile report
 
 
 # torch.optim wraps every optimizer's step in a profiler range of this prefix
@@ -84,3 +95,41 @@ def top_operators(
         )
         for name, count, self_us in rows[:top]
     ]
+
+
+def device_busy(events: Sequence[Any], steps: int) -> DeviceBusy | None:
+    """The device's busy time per step: the union of the trace's device-side event intervals
+    (CUDA kernels and copies, TorchTPU's PrivateUse1 events), overlaps counted once, over `steps`.
+
+    None where the trace holds no device events (a CPU run: host events only). User annotations
+    mirrored onto the device timeline span gaps between kernels, so they never count as busy.
+    """
+    intervals = []
+    kinds = set()
+    for event in events:
+        kind = getattr(event, "device_type", DeviceType.CPU)
+        if kind == DeviceType.CPU or getattr(event, "is_user_annotation", False):
+            continue
+        if "annotation" in str(getattr(event, "activity_type", "") or "").lower():
+            continue
+        start, end = event.time_range.start, event.time_range.end
+        if end > start:
+            intervals.append((start, end))
+            kinds.add(getattr(kind, "name", str(kind)))
+    if not intervals or steps <= 0:
+        return None
+    intervals.sort()
+    busy_us = 0.0
+    current_start, current_end = intervals[0]
+    for start, end in intervals[1:]:
+        if start > current_end:  # a gap: close the merged interval
+            busy_us += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    busy_us += current_end - current_start
+    method = (
+        f"union of {len(intervals):,} {'/'.join(sorted(kinds))} device-event intervals in the torch.profiler "
+        f"trace (overlaps counted once), over {steps} profiled step{'s' if steps != 1 else ''}"
+    )
+    return DeviceBusy(seconds_per_step=busy_us * 1e-6 / steps, events=len(intervals), method=method)

@@ -49,8 +49,21 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         *_flops_rows(p),
         ("peak memory", f"{binary_bytes(p.memory.peak_bytes)} ({p.memory.method})"),
         ("peak memory estimated", _estimate_line(p)),
+        *([("device busy", _busy_line(p))] if p.device_busy_method is not None else []),
         ("verdict", p.verdict.summary),
     ]
+
+
+def _busy_line(p: Profile) -> str:
+    """The device's measured busy time per step and its share of the step, with how it was
+    measured; or why it was not (older profiles have neither, and show no row)."""
+    if p.device_busy_seconds is None:
+        return str(p.device_busy_method)
+    share = min(1.0, p.device_busy_seconds / p.timing.median)
+    return (
+        f"{ms(p.device_busy_seconds)} per step, {share:.0%} of the {ms(p.timing.median)} median step, "
+        f"idle {1 - share:.0%} ({p.device_busy_method})"
+    )
 
 
 def _estimate_line(p: Profile) -> str:
@@ -174,6 +187,15 @@ def render_markdown(p: Profile) -> str:
         f"- {p.mfu_convention}. MFU = model FLOPs per step / median step time / that peak of the devices "
         "used; it never exceeds 100% (a step that beats the peak re-measures it, see the warnings).",
         f"- Compilations while timing: {p.compiles_while_timing or 'none'}.",
+        *(
+            [
+                f"- Device busy time: {p.device_busy_method}. Where measured, the device's idle share of the "
+                "step is the verdict's overhead term, not ops x the per-op dispatch cost (measured on a tiny "
+                "op with a sync, that cost overlaps device work on an asynchronous device)."
+            ]
+            if p.device_busy_method is not None
+            else []
+        ),
         "- Environment: " + ", ".join(f"{k} {v}" for k, v in p.environment.items()),
     ]
     if p.warnings:

@@ -21,8 +21,9 @@ import torch
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.devices import DeviceInfo, get_backend
+from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.memory_estimate import estimate_step_memory
-from tpu_tuner.execution.operators import OperatorTime, top_operators
+from tpu_tuner.execution.operators import OperatorTime, device_busy, top_operators
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
@@ -40,6 +41,11 @@ from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.profiling.verdict import Verdict, decide
 
 log = logging.getLogger(__name__)
+
+NO_DEVICE_EVENTS = (
+    "not measured: the profiler trace holds no device events ({why}), so the verdict's overhead term "
+    "is ops x the measured per-op dispatch cost"
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,10 @@ class Profile:
     # A training step's optimizer update, as a share of profiled operator self time (its
     # profiler range, so every kernel of it counts); None for inference and older profiles.
     optimizer_share: float | None = None
+    # The device's busy time per step (the union of its profiler events) and how it was
+    # measured, or why not; both None in older profiles. The verdict's overhead term reads it.
+    device_busy_seconds: float | None = None
+    device_busy_method: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -171,6 +181,7 @@ def profile(
         events: list[Any] = []
         shares: dict[str, float] = {}
         operators = top_operators(step.run, backend, settings.profiled_steps, settings.top_operators, events, shares)
+        busy = device_busy(events, settings.profiled_steps)
         flops, mfu_is_lower_bound = with_uncounted(flops, workload, events, backend, settings, warnings)
 
     # One MFU convention for every run: the fastest dtype's peak, never exceeded (docs/mfu.md).
@@ -194,6 +205,7 @@ def profile(
         top_operators=[(op.name, op.share) for op in operators[:3]],
         step_cv=timing.robust_cv,  # one slow step among hundreds is no reason to doubt the verdict
         cv_max=settings.verdict_cv_max,
+        device_busy_seconds=busy.seconds_per_step if busy else None,
     )
     if verdict.uncertain:
         warnings.append(
@@ -229,6 +241,8 @@ def profile(
         operators=operators,
         operator_steps=settings.profiled_steps,
         optimizer_share=shares.get("optimizer_step") if workload.is_training else None,
+        device_busy_seconds=busy.seconds_per_step if busy else None,
+        device_busy_method=busy.method if busy else _no_busy_time(backend),
         verdict=verdict,
         environment={
             "python": platform.python_version(),
@@ -241,6 +255,14 @@ def profile(
         mfu_is_lower_bound=mfu_is_lower_bound,
         estimate=estimate,
     )
+
+
+def _no_busy_time(backend: Backend) -> str:
+    """Why the device's busy time is missing: a host-only trace, or a device tracer that gave none."""
+    if all(a == torch.profiler.ProfilerActivity.CPU for a in backend.profiler_activities()):
+        return NO_DEVICE_EVENTS.format(why="the host runs the ops")
+    log.warning("the device profiler traced no device events: the device's busy time is not measured")
+    return NO_DEVICE_EVENTS.format(why="the device tracer recorded none")
 
 
 def _with_peak(info: DeviceInfo, choice: PeakChoice) -> DeviceInfo:
