@@ -187,3 +187,59 @@ def test_a_value_is_blamed_only_for_the_failures_left_unexplained() -> None:
     more = attribute([*evidence, _failed(7, "crash", execution="eager", autocast="bfloat16", threads="2")])
     assert sorted(c.values for c in more.causes) == [(("autocast", "bfloat16"),), (("execution", "inductor"),)]
     assert more.open == []
+
+
+# The chip's Llama-class run (issue 54): the baseline (every knob at its first value) failed the
+# accuracy check under TorchTPU's default matmul precision, and so did a setting sharing its
+# values; the other settings failed otherwise and said nothing of accuracy.
+CHIP_BASELINE = {"activation_checkpointing": "none", "matmul": "medium", "autocast": "none", "fuse": "off"}
+ACCURACY = {"accuracy": True, **dict.fromkeys(KINDS, False)}
+
+
+def test_a_kind_the_baseline_fails_with_is_blamed_on_no_value_it_holds() -> None:
+    evidence = [
+        Evidence(0, CHIP_BASELINE, ACCURACY),
+        Evidence(1, {**CHIP_BASELINE, "fuse": "on"}, ACCURACY),
+        _failed(2, "error", **{**CHIP_BASELINE, "autocast": "bfloat16"}),
+        _failed(3, "crash", **{**CHIP_BASELINE, "activation_checkpointing": "full"}),
+    ]
+    # Without knowing the baseline the kind is still blamed on nothing: no setting got past it.
+    assert attribute(evidence).causes == []
+    found = attribute(evidence, baseline=CHIP_BASELINE)
+    assert found.causes == found.probes == [] and all(s.kind != "accuracy" for s in found.open)
+    (note,) = [n for n in found.not_blamed if n.kind == "accuracy"]
+    assert (note.baseline_trial, note.failures, note.settings, note.after_trial) == (0, 2, 2, 1)
+    assert note.describe() == (
+        "the baseline (trial 0) fails with accuracy too (accuracy): not blamed on any knob value; "
+        "2 of 2 settings failed with it, up to trial 1"
+    )
+    # A setting that got past the check does not change that: the baseline's values are not
+    # blamed though matmul medium is held by both failures and not by the success.
+    passed = Evidence(4, {**CHIP_BASELINE, "matmul": "highest"}, {"accuracy": False, **dict.fromkeys(KINDS, False)})
+    assert [c.values for c in attribute([*evidence, passed]).causes] == [(("matmul", "medium"),)]
+    found = attribute([*evidence, passed], baseline=CHIP_BASELINE)
+    assert found.causes == [] and all(s.kind != "accuracy" for s in found.open)
+    assert [(n.kind, n.baseline_trial, n.failures, n.settings) for n in found.not_blamed] == [("accuracy", 0, 2, 3)]
+
+
+def test_a_kind_no_setting_got_past_is_blamed_on_no_value() -> None:
+    """A device fault fails every setting alike ("a required argument is in a failed state"): no
+    value is blamed, not even one every failure holds ("0 of 0 without")."""
+    fault = "RuntimeError: a required argument is in a failed state"
+    evidence = [
+        Evidence(1, {"autocast": "bfloat16", "threads": "1", "fuse": "on"}, {"error": True}, fault),
+        Evidence(2, {"autocast": "bfloat16", "threads": "2", "fuse": "off"}, {"error": True}, fault),
+        Evidence(3, {"autocast": "none", "threads": "4", "fuse": "off"}, {"error": True}, fault),
+    ]
+    found = attribute(evidence, lambda kind, messages: f"the step failed ({messages[0]})")
+    assert (found.causes, found.probes, found.open) == ([], [], [])
+    (note,) = found.not_blamed
+    assert (note.kind, note.baseline_trial, note.failures, note.settings) == ("error", None, 3, 3)
+    assert note.describe().startswith(
+        "error in every setting so far (the step failed (RuntimeError: a required argument is in a "
+        "failed state)): not blamed on any knob value until a setting gets past it; 3 of 3"
+    )
+    # Two failures sharing values and nothing else measured: neither bf16 nor the pair is blamed.
+    assert attribute(evidence[:2]).causes == []
+    # One failure is not yet worth a word.
+    assert attribute(evidence[:1]).not_blamed == []

@@ -18,7 +18,7 @@ from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.clock import Clock, plan_finish
-from tpu_tuner.tuning.failures import stored_causes
+from tpu_tuner.tuning.failures import stored_causes, stored_not_blamed
 from tpu_tuner.tuning.options import SearchOptions
 from tpu_tuner.tuning.pruning import HopelessPruner
 from tpu_tuner.tuning.space import SearchSpace
@@ -261,6 +261,87 @@ def test_only_single_values_lift_the_early_stop() -> None:
     # highest and bf16 each worked once: only their pair is open, and it lifts nothing.
     assert learning.suspects == []
     assert learning.open_suspects_in({"matmul_precision": "highest", "autocast": "bfloat16"}) == []
+
+
+class ChipRunner(RuleRunner):
+    """Issue 54's chip: the default precision (autocast none, the baseline's) fails the accuracy
+    check; with `fault`, every job fails with the device's error instead."""
+
+    def __init__(self, fault: bool = False) -> None:
+        super().__init__()
+        self.fault = fault
+
+    def run(self, request: MeasureRequest, env=None, timeout_s=None) -> JobResult:
+        self.jobs.append(dict(request.candidate))
+        if self.fault:
+            failure = TrialFailure("error", "RuntimeError: a required argument is in a failed state")
+            return JobResult(failure=failure, seconds=0.0)
+        measurement = _measurement(request.candidate, STEP[request.candidate["matmul_precision"]])
+        if request.candidate.get("autocast") == "none":
+            measurement.accuracy_errors = {"output": 0.5}
+        return JobResult(value=measurement, seconds=0.0)
+
+
+def test_a_failure_the_baseline_shares_excludes_nothing_and_is_said() -> None:
+    study = _grid_study()
+    study.enqueue_trial(SPACE.baseline_params())
+    runner = ChipRunner()
+    _, events = _search(study, runner, trials=6, prune=False)
+    # Every setting measured: autocast none (three failures, no success with it) is not excluded.
+    assert len(runner.jobs) == 6
+    assert not [t for t in study.trials if records.attrs(t).get(records.EXCLUDED_BY)]
+    said = [e.message for e in events if e.phase == "learn"]
+    assert said == [
+        "the baseline (trial 0) fails with accuracy too (the accuracy check failed): not blamed on any knob "
+        "value; 1 of 1 settings failed with it, up to trial 0"
+    ]
+    # Kept in the study, beside (instead of) the causes.
+    assert stored_causes(study.user_attrs) == []
+    assert [(n.kind, n.baseline_trial) for n in stored_not_blamed(study.user_attrs)] == [("accuracy", 0)]
+
+
+def _told(study: optuna.Study, precision: str, autocast: str, error: float) -> None:
+    study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
+    trial = study.ask()
+    trial.suggest_categorical("matmul_precision", ["highest", "high", "medium"])
+    trial.suggest_categorical("autocast", ["none", "bfloat16"])
+    trial.set_user_attr(records.RECORD, {records.MEASURED: True, records.ACCURACY_ERROR: error})
+    study.tell(trial, 0.01)
+
+
+def test_a_cause_found_before_the_baseline_failed_with_its_kind_is_lifted() -> None:
+    """Settings measured before the baseline's verdict (another worker's, or queued first) made
+    autocast none a cause; the baseline then fails the same check: the cause is lifted, here and
+    in the study's record, and said."""
+    from tpu_tuner.tuning.failures import FailureLearning
+
+    study = optuna.create_study(direction="minimize")
+    for precision, autocast, error in (("medium", "none", 0.5), ("high", "none", 0.5), ("high", "bfloat16", 0.0)):
+        _told(study, precision, autocast, error)
+    learning = FailureLearning(SPACE, 0.1)
+    (cause,) = learning.update(study, study.get_trials())
+    baseline = SPACE.complete(SPACE.baseline_params())
+    assert cause.key == "autocast=none" and learning.excluded_by(baseline) is cause
+    _told(study, "highest", "none", 0.5)  # the baseline
+    (note,) = learning.update(study, study.get_trials())
+    assert note.describe().startswith("the baseline (trial 3) fails with accuracy too")
+    assert learning.excluded_by(baseline) is None and learning.causes == {}
+    assert stored_causes(study.user_attrs) == []
+    assert learning.update(study, study.get_trials()) == []  # said once
+
+
+def test_a_device_fault_of_every_setting_excludes_nothing() -> None:
+    study = _grid_study()
+    for precision, autocast in (("high", "none"), ("medium", "none"), ("medium", "bfloat16")):
+        study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
+    runner = ChipRunner(fault=True)
+    _, events = _search(study, runner, trials=3, prune=False)
+    assert len(runner.jobs) == 3
+    assert not [t for t in study.trials if records.attrs(t).get(records.EXCLUDED_BY)]
+    (said,) = [e.message for e in events if e.phase == "learn"]
+    assert said.startswith("error in every setting so far (the step failed (RuntimeError: a required argument")
+    assert "not blamed on any knob value until a setting gets past it" in said
+    assert stored_causes(study.user_attrs) == stored_not_blamed(study.user_attrs) == []
 
 
 def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish(monkeypatch) -> None:

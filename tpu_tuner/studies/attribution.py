@@ -14,6 +14,13 @@ parameters, that no success holds. A suspect is the cause once
   since a setting holding both fails whichever it is), and
 * for a pair, neither value is a suspect alone (a value that fails everywhere is no combination).
 
+No value is blamed for a kind the baseline (the space's default setting) fails with too: its
+failures hold the baseline's own values, so a failure it shares is no evidence against any of
+them (on a chip, a default matmul precision that failed the accuracy check once made ten pairs of
+the baseline's values "causes"). Nor for a kind no setting has got past yet: with nothing to
+compare against (a device fault fails every setting alike), every value the failures share would
+look guilty. Such a kind is `NotBlamed` instead.
+
 A suspect held by fewer failures is *open*: the next setting holding it settles it (a success
 clears it, a failure makes it a cause), so that setting is worth measuring to its verdict.
 
@@ -117,13 +124,56 @@ class Suspect:
 
 
 @dataclass(frozen=True)
+class NotBlamed:
+    """A failure kind blamed on no value: the baseline (trial `baseline_trial`) fails with it too,
+    or (`baseline_trial` None) no setting has got past it yet; `failures` of `settings` failed."""
+
+    kind: str
+    after_trial: int
+    failures: int
+    settings: int
+    baseline_trial: int | None = None
+    detail: str = ""
+
+    def describe(self, label: Callable[[str, Any], str] | None = None) -> str:
+        """In words ("the baseline (trial 0) fails with accuracy too (...): not blamed on any knob
+        value, ..."); `label` is unused, as the caller words a `Cause` with it."""
+        counts = f"{self.failures} of {self.settings} settings failed with it, up to trial {self.after_trial}"
+        if self.baseline_trial is not None:
+            return (
+                f"the baseline (trial {self.baseline_trial}) fails with {self.kind} too ({self.detail or self.kind}): "
+                f"not blamed on any knob value; {counts}"
+            )
+        return (
+            f"{self.kind} in every setting so far ({self.detail or self.kind}): not blamed on any knob value "
+            f"until a setting gets past it; {counts}"
+        )
+
+    def to_plain(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": str(self.kind)}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> NotBlamed:
+        baseline = data.get("baseline_trial")
+        return cls(
+            str(data["kind"]),
+            int(data["after_trial"]),
+            int(data["failures"]),
+            int(data["settings"]),
+            None if baseline is None else int(baseline),
+            str(data.get("detail", "")),
+        )
+
+
+@dataclass(frozen=True)
 class Attribution:
-    """What the evidence says: causes found, probes that would settle tied suspects, and the
-    suspects still open."""
+    """What the evidence says: causes found, probes that would settle tied suspects, the
+    suspects still open, and the kinds blamed on no value."""
 
     causes: list[Cause]
     probes: list[Probe]
     open: list[Suspect] = field(default_factory=list)
+    not_blamed: list[NotBlamed] = field(default_factory=list)
 
 
 Alternatives = Callable[[str, Any], Sequence[Any]]
@@ -135,23 +185,36 @@ def attribute(
     evidence: Sequence[Evidence],
     detail: Callable[[str, Sequence[str]], str] | None = None,
     alternatives: Alternatives | None = None,
+    baseline: Mapping[str, Any] | None = None,
 ) -> Attribution:
     """The causes of every failure kind in `evidence`, and probes for suspects it cannot separate.
-    `detail(kind, messages)` words a kind from its failures' messages."""
+    `detail(kind, messages)` words a kind from its failures' messages. A kind that `baseline` (the
+    default setting) fails with, or that no setting got past, is blamed on nothing (`NotBlamed`;
+    the latter said from `MIN_FAILURES` failures on, when it could have been blamed)."""
     causes: list[Cause] = []
     probes: list[Probe] = []
     open_suspects: list[Suspect] = []
+    not_blamed: list[NotBlamed] = []
     kinds = sorted({kind for e in evidence for kind, failed in e.outcomes.items() if failed})
     for kind in kinds:
         relevant = [e for e in evidence if kind in e.outcomes]
         failures = [e for e in relevant if e.outcomes[kind]]
         successes = [e for e in relevant if not e.outcomes[kind]]
         words = detail(kind, [e.message for e in failures]) if detail else kind
+        shared = [e.number for e in failures if baseline is not None and dict(e.setting) == dict(baseline)]
+        if shared or not successes:
+            # Blaming needs a setting that got past the kind ("0 of 0 without" is no evidence), and
+            # a failure the baseline shares is none against the values it holds.
+            if shared or len(failures) >= MIN_FAILURES:
+                after = max(e.number for e in relevant)
+                first = min(shared) if shared else None
+                not_blamed.append(NotBlamed(kind, after, len(failures), len(relevant), first, words))
+            continue
         found, open_ties, unsettled = _causes_of(kind, failures, successes, words)
         causes += found
         probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes, alternatives)) is not None]
         open_suspects += unsettled
-    return Attribution(causes, probes, open_suspects)
+    return Attribution(causes, probes, open_suspects, not_blamed)
 
 
 def _suspects(
@@ -274,4 +337,14 @@ def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
     return sum(1 for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
-__all__ = ["MIN_FAILURES", "Alternatives", "Attribution", "Cause", "Evidence", "Probe", "Suspect", "attribute"]
+__all__ = [
+    "MIN_FAILURES",
+    "Alternatives",
+    "Attribution",
+    "Cause",
+    "Evidence",
+    "NotBlamed",
+    "Probe",
+    "Suspect",
+    "attribute",
+]

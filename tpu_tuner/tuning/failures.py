@@ -9,6 +9,9 @@ together, a probe (the failing setting with one of them changed back to the near
 that worked) is queued to tell them apart: at most `PROBES_PER_KIND` per failure kind. A setting
 holding a value one failure so far points at is measured to its verdict (no early stop): cut
 off while compiling, it would spend a trial and settle nothing (a crash model once spent three).
+A kind the baseline fails with too is blamed on no value (studies/attribution.py), said once and
+kept in the study (`NOT_BLAMED_PREFIX`): its causes, stored before the baseline's verdict came,
+are then dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from optuna.trial import FrozenTrial
 from tpu_tuner.core.failures import MEASURED_AGAIN, WORKER_FAILURES, FailureKind
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
-from tpu_tuner.studies.attribution import Cause, Evidence, Probe, Suspect, attribute
+from tpu_tuner.studies.attribution import Cause, Evidence, NotBlamed, Probe, Suspect, attribute
 from tpu_tuner.studies.coverage import setting_key
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -38,6 +41,9 @@ PROBES_PER_KIND = 2
 CAUSES_REREAD_S = 10.0
 # The kind of a trial whose compile was cut off (tuning/pruning.py): it could never pay back.
 COMPILE_COST = "compile_cost"
+# The study keeps a kind the baseline fails with too under this prefix + the kind (a study user
+# attribute, beside records.EXCLUSION_PREFIX's causes): a stored string, never changed.
+NOT_BLAMED_PREFIX = "not_blamed:"
 
 
 def label(name: str, value: Any) -> str:
@@ -99,23 +105,38 @@ class FailureLearning:
 
     def __init__(self, space: SearchSpace, tolerance: float) -> None:
         self.space, self.tolerance = space, tolerance
+        self.baseline = space.complete(space.baseline_params())  # trial 0's setting: every first choice
         self.causes: dict[str, Cause] = {}
         self.suspects: list[Suspect] = []  # open values: one failure so far, no success (cut-offs aside)
         self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
+        self._said: set[tuple[str, bool]] = set()  # the kinds blamed on nothing said so far (kind, baseline's)
 
-    def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause]:
+    def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause | NotBlamed]:
         """Read the causes the study holds (again when `trials` hold failures not seen at the last
         read, or `CAUSES_REREAD_S` after it) and find new ones in `trials` (stored in the study,
-        and probes queued); returns the causes this worker had not known of, in the order found."""
+        and probes queued); returns what this worker had not known of, in the order found: causes,
+        and kinds blamed on no value (one the baseline fails with too is stored in the study)."""
         evidence = evidence_of(trials, self.tolerance)
         failures, now = sum(1 for e in evidence if any(e.outcomes.values())), time.monotonic()
-        learned = []
+        found = attribute(evidence, describe_kind, self._alternatives, self.baseline)
+        shared = {note.kind for note in found.not_blamed if note.baseline_trial is not None}
+        learned: list[Cause | NotBlamed] = []
         if self._read is None or self._read[1] != failures or now - self._read[0] >= CAUSES_REREAD_S:
             self._read = (now, failures)
-            learned = [cause for cause in stored_causes(study.user_attrs) if cause.key not in self.causes]
-        for cause in learned:
-            self.causes[cause.key] = cause
-        found = attribute(evidence, describe_kind, self._alternatives)
+            for cause in stored_causes(study.user_attrs):
+                if cause.key not in self.causes and cause.kind not in shared:
+                    self.causes[cause.key] = cause
+                    learned.append(cause)
+        for note in found.not_blamed:
+            if (note.kind, note.baseline_trial is not None) in self._said:
+                continue
+            self._said.add((note.kind, note.baseline_trial is not None))
+            if note.baseline_trial is not None:
+                study.set_user_attr(NOT_BLAMED_PREFIX + note.kind, note.to_plain())
+            learned.append(note)
+        # A cause found (here or by another worker) before the baseline failed with its kind is lifted.
+        for key in [key for key, cause in self.causes.items() if cause.kind in shared]:
+            log.info("%s no longer excluded: the baseline fails with %s too", key, self.causes.pop(key).kind)
         # A cut-off compile is itself what an early stop makes: no reason to measure one to its end.
         # Single values only: one failure leaves every pair of its values that no success held
         # open (dozens), which would lift the early stop from most settings after any failure.
@@ -172,9 +193,25 @@ class FailureLearning:
 
 
 def stored_causes(user_attrs: Mapping[str, Any]) -> list[Cause]:
-    """The causes a study holds (its user attributes), in the order they were found."""
+    """The causes a study holds (its user attributes), in the order they were found; none of a
+    kind the baseline fails with too (`stored_not_blamed`)."""
+    shared = {note.kind for note in stored_not_blamed(user_attrs)}
     causes = [Cause.from_plain(value) for key, value in user_attrs.items() if key.startswith(records.EXCLUSION_PREFIX)]
-    return sorted(causes, key=lambda cause: (cause.after_trial, cause.key))
+    return sorted((c for c in causes if c.kind not in shared), key=lambda cause: (cause.after_trial, cause.key))
 
 
-__all__ = ["FailureLearning", "describe_kind", "evidence_of", "label", "stored_causes"]
+def stored_not_blamed(user_attrs: Mapping[str, Any]) -> list[NotBlamed]:
+    """The kinds a study blames on no value, as the baseline fails with them too, by kind."""
+    notes = [NotBlamed.from_plain(value) for key, value in user_attrs.items() if key.startswith(NOT_BLAMED_PREFIX)]
+    return sorted(notes, key=lambda note: note.kind)
+
+
+__all__ = [
+    "NOT_BLAMED_PREFIX",
+    "FailureLearning",
+    "describe_kind",
+    "evidence_of",
+    "label",
+    "stored_causes",
+    "stored_not_blamed",
+]
