@@ -89,7 +89,15 @@ def run(args: argparse.Namespace) -> int:
                 f"          (from the search: {compared.why_search}; "
                 f"amortised = steady step + compile time / {planned} planned steps)"
             )
-        print(f"accuracy  relative error {chosen.accuracy_error:.2e} (tolerance {options.objective.tolerance:g})")
+        against = (
+            ""
+            if chosen.baseline_error is None or chosen.error_vs_baseline is None
+            else f" (the baseline's {chosen.baseline_error:.2e}), {chosen.error_vs_baseline:.2e} vs the baseline"
+        )
+        print(
+            f"accuracy  relative error {chosen.accuracy_error:.2e} vs fp32{against} "
+            f"(tolerance {options.objective.tolerance:g} beyond the baseline's)"
+        )
     print(f"speedup   {v.message}")
     if v.speedup is not None:
         print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")

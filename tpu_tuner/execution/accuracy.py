@@ -1,25 +1,37 @@
-"""The accuracy guardrail: a trial's outputs against a full-fp32 eager reference.
+"""The accuracy guardrail: a trial's outputs against a full-fp32 eager reference and the baseline's.
 
 Inference compares the model outputs; training compares the loss and the gradients of the
 first step (before any optimizer step; accumulated over the candidate's micro-batches), on the
 same seeded weights and inputs. The error is relative: ||trial - reference|| / ||reference||,
-the largest over the compared parts.
+per compared part, its norms in float64. The guardrail judges a setting by how much its error
+against fp32 exceeds the baseline's (execution/measurement.py, `accuracy_excess`): the baseline
+is what the user's code runs, one bf16 pass on a TPU (docs/tuning.md, "Accuracy against the
+baseline").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.step import PreparedStep, accumulate_gradients, micro_batches
+from tpu_tuner.knobs import capabilities as kinds
+from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.batch import batch_size_of
 from tpu_tuner.model.workload import Workload, call_model
 
+log = logging.getLogger(__name__)
+
 REFERENCE = Candidate()  # eager, fp32 "highest", no autocast
+# Elements a float64 copy is made of at a time: a whole model's gradients are never copied at once.
+CHUNK = 1 << 22
 
 
 @dataclass
@@ -62,9 +74,79 @@ def relative_error(trial: Outputs, reference: Outputs) -> dict[str, float]:
         if got is None or got.shape != expected.shape or not torch.isfinite(got).all():
             errors[name] = float("inf")
             continue
-        scale = expected.norm().item() or 1.0
-        errors[name] = (got - expected).norm().item() / scale
+        errors[name] = _relative(got.reshape(-1), expected.reshape(-1))
     return errors
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """||got - expected|| / ||expected|| (the absolute norm where `expected` is all zeros).
+
+    In float32, squares of values near 1e-21 underflow to zero (an error read as 0) and those
+    near 1e21 overflow (inf / inf: NaN, which passes any `>` check). Here both tensors are first
+    divided by the reference's largest magnitude and summed in float64, a chunk at a time."""
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    if not math.isfinite(scale):  # a non-finite reference: nothing to be relative to
+        return float("inf")
+    scale = scale or 1.0
+    diff_sq = ref_sq = 0.0
+    for start in range(0, expected.numel(), CHUNK):
+        e = expected[start : start + CHUNK].double() / scale
+        diff_sq += (got[start : start + CHUNK].double() / scale - e).square().sum().item()
+        ref_sq += e.square().sum().item()
+    return math.sqrt(diff_sq) / (math.sqrt(ref_sq) or 1.0)  # an all-zero reference: scale 1, absolute
+
+
+@dataclass(frozen=True)
+class AccuracyErrors:
+    """A trial's relative errors by part: against the fp32 reference, the baseline's against the
+    same reference, and against the baseline's outputs (`Measurement`'s fields of those names)."""
+
+    accuracy_errors: dict[str, float] = field(default_factory=dict)
+    baseline_errors: dict[str, float] = field(default_factory=dict)
+    errors_vs_baseline: dict[str, float] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, dict[str, float]]:
+        """The three, as `Measurement` / `EarlyStop` keyword arguments."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BaselineOutputs:
+    """The baseline's outputs and their errors against the fp32 reference; `outputs` None where
+    the baseline could not run (a trial is then judged against fp32 alone)."""
+
+    outputs: Outputs | None
+    errors: dict[str, float]
+
+
+def single_device(candidate: Candidate) -> Candidate:
+    """`candidate` on one process: its layout (each `SpreadsOverRanks` knob) at its default. The
+    baseline's outputs are computed as the reference's are, on the whole batch in one process."""
+    spread = {name: knob.default for name, knob in knobs.REGISTRY.items() if isinstance(knob, kinds.SpreadsOverRanks)}
+    return Candidate({**candidate.to_dict(), **spread})
+
+
+def baseline_outputs(run: Callable[[Candidate], Outputs], baseline: Candidate, reference: Outputs) -> BaselineOutputs:
+    """The baseline's outputs (`run` computes a candidate's on one process) and errors against
+    `reference`; where it cannot run, none, and a warning: every trial would otherwise fail with it."""
+    try:
+        outputs = run(single_device(baseline))
+    except Exception as exc:  # any failure of the user's step (its OOM too): the trials still run
+        log.warning("the baseline's outputs could not be computed (%s): accuracy judged against fp32 alone", exc)
+        return BaselineOutputs(None, {})
+    return BaselineOutputs(outputs, relative_error(outputs, reference))
+
+
+def judge(outputs: Outputs, reference: Outputs, baseline: BaselineOutputs | None, is_baseline: bool) -> AccuracyErrors:
+    """A trial's errors against the fp32 reference and the baseline (None: no baseline given, the
+    fp32 rule). The baseline's own trial takes its own errors as the baseline's, so it never fails
+    its own guardrail, even where two runs of it differ."""
+    errors = relative_error(outputs, reference)
+    if baseline is None or baseline.outputs is None:
+        return AccuracyErrors(errors)
+    return AccuracyErrors(
+        errors, dict(errors) if is_baseline else baseline.errors, relative_error(outputs, baseline.outputs)
+    )
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

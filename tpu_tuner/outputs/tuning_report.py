@@ -49,8 +49,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         "",
         f"{', '.join(filter(None, (result.profile.workload.step, shape(result.profile.workload))))}. "
         "Objective: amortised step time (steady step + compile "
-        f"time / {planned} planned steps). Accuracy tolerance {result.options.objective.tolerance:g} (relative error "
-        "against fp32 eager).",
+        f"time / {planned} planned steps). {_tolerance_line(result)}",
         "",
         (
             f"**Recommendation: {v.chosen.describe()}.** {v.message}"
@@ -131,8 +130,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         out += ["Left out of the space for this workload (they cannot change its step):", ""]
         out += [f"- {line}" for line in result.space.left_out] + [""]
     out += [
-        "| # | state | settings | amortised | step | compile | MFU | error | note |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| # | state | settings | amortised | step | compile | MFU | error vs fp32 | vs baseline | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for _, row in frame.iterrows():
         settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
@@ -152,7 +151,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             f"| {row['number']} | {_state(row)} | {settings} | {ms_or_blank(row.get(records.AMORTISED_STEP_S))} | "
             f"{ms_or_blank(row.get(records.STEP_MEDIAN_S))} | {ms_or_blank(row.get(records.COMPILE_S))} | "
             f"{_pct(row.get(records.MFU))} | "
-            f"{_sci(row.get(records.ACCURACY_ERROR))} | {note.replace('|', '/')} |"
+            f"{_sci(row.get(records.ACCURACY_ERROR))} | {_sci(row.get(records.ACCURACY_ERROR_VS_BASELINE))} | "
+            f"{note.replace('|', '/')} |"
         )
     failures = frame[frame[records.FAILURE_KIND].notna()] if records.FAILURE_KIND in frame else frame.iloc[0:0]
     out += ["", "## Failures", ""]
@@ -329,7 +329,8 @@ def _comparison_rows(
         ("MFU", lambda m: _mfu_cell(m, common)),
         ("peak memory", lambda m: binary_bytes(m.peak_memory_bytes)),
         ("peak memory estimated before the step ran", _estimate_cell),
-        ("accuracy error", lambda m: f"{m.accuracy_error:.2e}"),
+        ("accuracy error vs fp32", lambda m: f"{m.accuracy_error:.2e}"),
+        ("accuracy error vs the baseline's outputs", lambda m: _sci_or_na(m.error_vs_baseline)),
     ]
     return [f"| {label} | {cell(base, fn)} | {cell(chosen, fn)} |" for label, fn in rows]
 
@@ -353,6 +354,20 @@ def _describe(m: Measurement) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
     return Candidate.from_dict(m.candidate).describe()
+
+
+def _tolerance_line(result: TuningResult) -> str:
+    """The guardrail's rule, with the baseline's own error against fp32 where it was measured."""
+    tolerance, base = result.options.objective.tolerance, result.baseline
+    own = "" if base is None or base.baseline_error is None else f"; the baseline's own: {base.accuracy_error:.2e}"
+    return (
+        f"Accuracy tolerance {tolerance:g}: how much a setting's relative error against fp32 eager may exceed the "
+        f'baseline\'s{own} (docs/tuning.md, "Accuracy against the baseline").'
+    )
+
+
+def _sci_or_na(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2e}"
 
 
 def _pct(value) -> str:

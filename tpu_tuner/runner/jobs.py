@@ -2,7 +2,7 @@
 
 These functions run inside the isolated worker (`trial_worker.py`) or a rank of a sharded trial
 (`rank_job.py`), one per request type (`requests.py`); they load the workload from its file once
-and keep the fp32 reference outputs for the guardrail.
+and keep the fp32 reference's and the baseline's outputs for the guardrail.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from tpu_tuner.devices import Backend, get_backend
-from tpu_tuner.execution.accuracy import REFERENCE, Outputs, capture, relative_error
+from tpu_tuner.execution.accuracy import (
+    REFERENCE,
+    AccuracyErrors,
+    BaselineOutputs,
+    Outputs,
+    baseline_outputs,
+    capture,
+    judge,
+)
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refuse
@@ -42,7 +50,7 @@ from tpu_tuner.runner.sharded_step import run_sharded_step
 
 
 class WorkerState:
-    """Per-process caches: the loaded workload, the backend and the reference outputs."""
+    """Per-process caches: the loaded workload, the backend, the reference's and the baseline's outputs."""
 
     def __init__(self, workload_path: str, device: str | None, rank: int = 0, ranks: int = 1) -> None:
         self.workload: Workload = load_workload(workload_path)
@@ -51,7 +59,8 @@ class WorkerState:
         # rank 0 holds the reference and returns the measurement.
         self.rank = rank
         self.backend.ranks = ranks
-        self._references: dict[tuple[Any, Any], Outputs] = {}
+        self._references: dict[tuple[Any, Any, Any], Outputs] = {}  # by candidate, batch size, length
+        self._baselines: dict[tuple[Any, Any, Any], BaselineOutputs] = {}
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
         self.peak_flops_per_s: dict[str, float] | None = None
@@ -64,22 +73,32 @@ class WorkerState:
         # trials differing only in threads, matmul precision or compiler flags share one.
         self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
 
-    def reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
-        key = (batch_size, seq_len)
+    def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate = REFERENCE) -> Outputs:
+        """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch; cached."""
+        key = (candidate, batch_size, seq_len)
         if key not in self._references:
             ranks, self.backend.ranks = self.backend.ranks, 1  # one process, the whole batch: no collective
             try:
-                self._references[key] = self._reference(batch_size, seq_len)
+                self._references[key] = self._reference(batch_size, seq_len, candidate)
             finally:
                 self.backend.ranks = ranks
         return self._references[key]
 
-    def _reference(self, batch_size: int | None, seq_len: int | None) -> Outputs:
-        with REFERENCE.process(self.backend):
-            step = prepare_step(self.workload, self.backend, REFERENCE, batch_size, seq_len)
-            return run_user_step(
-                lambda: capture(step, self.workload, self.backend, REFERENCE), self.workload, "the reference step"
+    def baseline(self, baseline: Candidate, batch_size: int | None, seq_len: int | None) -> BaselineOutputs:
+        """The baseline's outputs and errors against the fp32 reference, computed once (the same
+        cache as the reference's: on CPU the baseline is the reference, computed once for both)."""
+        key = (baseline, batch_size, seq_len)
+        if key not in self._baselines:
+            self._baselines[key] = baseline_outputs(
+                lambda c: self.reference(batch_size, seq_len, c), baseline, self.reference(batch_size, seq_len)
             )
+        return self._baselines[key]
+
+    def _reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate) -> Outputs:
+        what = "the reference step" if candidate == REFERENCE else "the baseline step"
+        with candidate.process(self.backend):
+            step = prepare_step(self.workload, self.backend, candidate, batch_size, seq_len)
+            return run_user_step(lambda: capture(step, self.workload, self.backend, candidate), self.workload, what)
 
 
 def run_load(state: WorkerState, request: LoadRequest) -> WorkloadSummary:
@@ -105,8 +124,11 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     candidate = Candidate.from_dict(request.candidate)
     backend, workload = state.backend, state.workload
     batch_size, seq_len = request.batch_size, request.seq_len
-    # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0).
+    # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0),
+    # and judges against the baseline's outputs, computed alike (none given: against fp32 alone).
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
+    baseline = Candidate.from_dict(request.baseline) if request.baseline is not None else None
+    base = state.baseline(baseline, batch_size, seq_len) if reference is not None and baseline is not None else None
     settings = request.settings or ProfilerSettings.load()
     rule = StopRule(request.stop_above_s, request.planned_steps) if request.stop_above_s else None
     # A rank cut off alone would leave the others waiting in a collective: one process only.
@@ -146,7 +168,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
                 spent / rule.planned_steps,
             )
         first_call = time.perf_counter() - start
-        errors = relative_error(outputs, reference) if reference is not None else {}
+        errors = judge(outputs, reference, base, candidate == baseline) if reference is not None else AccuracyErrors()
         del outputs  # the gathered whole gradients: not part of the step's memory
         warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
         steady = list(warmup.steady_steps)
@@ -167,7 +189,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
                 first_call,
                 compile_estimate,
                 rule.optimistic(seen, compile_estimate),
-                errors,
+                **errors.fields(),
             )
 
         if (early := hopeless(steady)) is not None:
@@ -223,7 +245,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         mfu=mfu(flops, timing.median, peak),
         compute_dtype=candidate.compute_dtype(backend),
         peak_memory_bytes=peak_memory,
-        accuracy_errors=errors,
+        **errors.fields(),
         warnings=warnings,
         estimated_peak_bytes=estimate.peak_bytes,
         estimate_note=estimate.reason,

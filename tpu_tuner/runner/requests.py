@@ -70,6 +70,9 @@ class MeasureRequest(Request):
     # unmeasured (execution/memory_estimate.py); None: the device's or the process's memory.
     memory_limit_bytes: int | None = None
     memory_limit_source: str = ""
+    # The search's baseline (its candidate's dict): the accuracy guardrail judges a setting by how
+    # much less accurate than it it is (execution/accuracy.py); None: against fp32 alone.
+    baseline: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

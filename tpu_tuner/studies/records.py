@@ -57,7 +57,12 @@ MEASUREMENT = "measurement"
 TRIAL_WALL_S = "trial_wall_s"
 FEASIBLE = "feasible"
 CANDIDATE = "candidate"
-ACCURACY_ERROR = "accuracy_error"
+ACCURACY_ERROR = "accuracy_error"  # against the fp32 reference
+# The baseline's error against the fp32 reference, the trial's against the baseline's outputs, and
+# what the guardrail judges: its error against fp32 beyond the baseline's (execution/measurement.py).
+BASELINE_ACCURACY_ERROR = "baseline_accuracy_error"
+ACCURACY_ERROR_VS_BASELINE = "accuracy_error_vs_baseline"
+ACCURACY_EXCESS = "accuracy_excess"
 PEAK_MEMORY_BYTES = "peak_memory_bytes"
 # The peak estimated on fake tensors before the trial ran, its error against the measured peak,
 # and why there was none (execution/memory_estimate.py).

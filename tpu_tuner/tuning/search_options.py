@@ -92,9 +92,9 @@ class ObjectiveOptions:
 
     * ``planned_steps``: the length of the run the user plans; compile time is spread over it
       (amortised step time = steady step + compile time / planned_steps).
-    * ``tolerance``: the largest relative error against the fp32 eager reference a chosen config
-      may have (outputs for inference; loss and gradients for training); 1e-2 admits bf16
-      autocast on the examples (docs/tuning.md).
+    * ``tolerance``: how much a config's relative error against the fp32 eager reference may
+      exceed the baseline's (outputs for inference; loss and gradients for training); 1e-2 admits
+      bf16 autocast on the examples (docs/tuning.md, "Accuracy against the baseline").
     * ``memory_limit_bytes``: the trial worker's address-space limit, and the memory a feasible
       setting may peak at; None: the device's memory.
     """
@@ -110,7 +110,7 @@ class ObjectiveOptions:
         1e-2,
         "--tolerance",
         type=float,
-        help="largest relative error against fp32 eager a config may have (default %(default)g)",
+        help="how much a config's relative error against fp32 eager may exceed the baseline's (default %(default)g)",
     )
     memory_limit_bytes: int | None = option(
         None,

@@ -227,6 +227,7 @@ def _tune_in(
         settings=options.runner.trial_settings,
         peak_flops_per_s=profile.device.peak.flops_per_s,
         model_flops_per_step=profile.flops.model_per_step,
+        baseline=space.to_candidate(space.baseline_params()).to_dict(),  # accuracy is judged against it
     )
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
     left_to = None

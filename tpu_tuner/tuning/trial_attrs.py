@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
-from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
+from tpu_tuner.execution.measurement import AccuracyFigures, EarlyStop, Measurement, TrialFailure, accuracy_refusal
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.bucketing import BucketingContext
@@ -37,7 +37,8 @@ def record_measurement(
     memory: MemoryLimit | None = None,
 ) -> float:
     """Store the measurement (with any keys already set on the trial's record, in one write), the
-    accuracy constraint and (with a `memory` limit) the memory constraint; return the objective
+    accuracy constraint (at most `tolerance` less accurate than the baseline: `AccuracyFigures`)
+    and (with a `memory` limit) the memory constraint; return the objective
     value: the amortised step, or with varying input lengths the expected step under the trial's
     best bucketing (see tuning/bucketing.py)."""
     record = TrialRecord.of(trial)
@@ -55,25 +56,25 @@ def record_measurement(
             records.COMPILE_S: m.compile_seconds,
             records.AMORTISED_STEP_S: objective,
             records.MFU: m.mfu,
-            records.ACCURACY_ERROR: m.accuracy_error,
+            **_accuracy_keys(m),
             records.PEAK_MEMORY_BYTES: m.peak_memory_bytes,
             records.ESTIMATED_PEAK_BYTES: m.estimated_peak_bytes,
             records.ESTIMATE_ERROR: m.estimate_error,
             **({records.ESTIMATE_NOTE: m.estimate_note} if m.estimate_note else {}),
-            records.FEASIBLE: m.accuracy_error <= tolerance,
+            records.FEASIBLE: not m.accuracy_refused(tolerance),
             records.CANDIDATE: m.candidate,
         }
     )
-    if m.accuracy_error > tolerance:
-        record.update(_accuracy_failure(m.accuracy_error, tolerance))
+    if m.accuracy_refused(tolerance):
+        record.update(_accuracy_failure(m, tolerance))
     over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None and m.peak_memory_bytes is not None else None
     if over:
         record.set(records.FEASIBLE, False)
-        if m.accuracy_error <= tolerance:  # the accuracy reason, where both fail, stays first
+        if not m.accuracy_refused(tolerance):  # the accuracy reason, where both fail, stays first
             record.update({records.FAILURE_KIND: FailureKind.MEMORY, records.FAILURE_MESSAGE: over})
     record.flush()
     # Optuna: a trial is feasible when every constraint is <= 0.
-    trial.set_constraint("accuracy", m.accuracy_error - tolerance)
+    trial.set_constraint("accuracy", m.accuracy_excess - tolerance)
     if memory is not None and m.peak_memory_bytes is not None:
         trial.set_constraint("memory", float(m.peak_memory_bytes - memory.bytes))
     return objective
@@ -102,17 +103,41 @@ def record_early_stop(trial: optuna.Trial, stop: EarlyStop, tolerance: float) ->
         }
     )
     if stop.accuracy_errors:
-        error = max(stop.accuracy_errors.values())
-        record.set(records.ACCURACY_ERROR, error)
-        if error > tolerance:
-            record.update(_accuracy_failure(error, tolerance))
+        record.update(_accuracy_keys(stop))
+        if stop.accuracy_refused(tolerance):
+            record.update(_accuracy_failure(stop, tolerance))
     record.flush()
 
 
-def _accuracy_failure(error: float, tolerance: float) -> dict[str, Any]:
-    """The failure keys of an accuracy error over the tolerance."""
-    message = f"accuracy error {error:.3g} > tolerance {tolerance:g}"
+def _accuracy_keys(figures: AccuracyFigures) -> dict[str, Any]:
+    """A trial's accuracy figures as record keys: its error against fp32, and (where the worker had
+    the baseline's outputs) the baseline's against fp32, its own against the baseline's, and the
+    excess over the baseline's error that the guardrail judges."""
+    keys: dict[str, Any] = {records.ACCURACY_ERROR: figures.accuracy_error}
+    if figures.baseline_errors:
+        keys.update(
+            {
+                records.BASELINE_ACCURACY_ERROR: figures.baseline_error,
+                records.ACCURACY_ERROR_VS_BASELINE: figures.error_vs_baseline,
+                records.ACCURACY_EXCESS: figures.accuracy_excess,
+            }
+        )
+    return keys
+
+
+def _accuracy_failure(figures: AccuracyFigures, tolerance: float) -> dict[str, Any]:
+    """The failure keys of a setting more than the tolerance less accurate than the baseline."""
+    message = accuracy_refusal(figures.accuracy_errors, figures.baseline_errors, tolerance)
     return {records.FAILURE_KIND: FailureKind.ACCURACY, records.FAILURE_MESSAGE: message}
+
+
+def accuracy_excess_of(attrs: Any) -> float | None:
+    """What the guardrail judged of a stored trial (its record's keys): its error against fp32
+    beyond the baseline's; a record without baseline figures (older versions) its error against
+    fp32; None where it has no accuracy figure."""
+    excess = attrs.get(records.ACCURACY_EXCESS)
+    error = attrs.get(records.ACCURACY_ERROR) if excess is None else excess
+    return None if error is None else float(error)
 
 
 def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:
@@ -163,8 +188,8 @@ def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance
     record = TrialRecord.of(target)
     record.update({key: value for key, value in attrs.items() if key not in NOT_COPIED})
     record.write({records.REPEAT_OF: source.number})
-    error = attrs.get(records.ACCURACY_ERROR)
-    if error is not None:
-        target.set_constraint("accuracy", float(error) - tolerance)
+    excess = accuracy_excess_of(attrs)
+    if excess is not None:
+        target.set_constraint("accuracy", excess - tolerance)
     if "memory" in source.constraints:
         target.set_constraint("memory", source.constraints["memory"])

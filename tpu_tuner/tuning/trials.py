@@ -250,7 +250,7 @@ class TuneTrials(Feature):
             over = memory.exceeded_by(m.peak_memory_bytes) if memory is not None else None
             verdict = (
                 "infeasible (accuracy)"
-                if m.accuracy_error > objective.tolerance
+                if m.accuracy_refused(objective.tolerance)
                 else f"infeasible ({over})"
                 if over
                 else "ok"

@@ -18,9 +18,11 @@ from typing import Any
 
 import optuna
 
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import MIN_GAIN, PairedSpeedup, VerdictKind, paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
+from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.clock import Clock, plan_finish
@@ -133,13 +135,24 @@ def verify(
     baseline_trial = next((t for t in measured if t.params == baseline_params), None)
     feasible = [t for t in measured if trial_attrs.is_feasible(t)]
     baseline = space.to_candidate(baseline_params)
-    if baseline_trial is None or not trial_attrs.is_feasible(baseline_trial):
+    # The baseline is what the user's code runs and what accuracy is judged against: its own error
+    # never keeps it out of the comparison (it fails its guardrail only with outputs not finite, or
+    # in a study of an earlier version, which judged it against fp32: TorchTPU's default failed).
+    kind = records.attrs(baseline_trial).get(records.FAILURE_KIND) if baseline_trial is not None else None
+    if baseline_trial is None or not (trial_attrs.is_feasible(baseline_trial) or kind == FailureKind.ACCURACY):
         reason = (
             "the baseline trial did not produce a measurement"
             if baseline_trial is None
-            else "the baseline failed the accuracy check"
+            else f"the baseline is infeasible ({records.attrs(baseline_trial).get(records.FAILURE_MESSAGE, kind)})"
         )
         return Verification.keeping_baseline(baseline, f"not verified: {reason}", VerdictKind.NOT_VERIFIED)
+    if not feasible:
+        return Verification.keeping_baseline(
+            baseline,
+            "not verified: no measured setting was feasible, the baseline included; keep the baseline",
+            VerdictKind.NOT_VERIFIED,
+            (baseline_trial.number, None),
+        )
     best_trial = min(feasible, key=trial_attrs.objective)
     if best_trial.params == baseline_params:
         return Verification.keeping_baseline(
