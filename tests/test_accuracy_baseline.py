@@ -128,6 +128,23 @@ def test_the_stored_trial_is_feasible_by_its_excess_and_a_repeat_carries_it() ->
     assert records.attrs(study.trials[-1])[records.FAILURE_MESSAGE].startswith("accuracy error 3.10e-02 vs fp32")
 
 
+def test_failure_learning_reads_an_accuracy_failure_by_the_excess_not_the_fp32_error() -> None:
+    """A setting as far from fp32 as the chip's baseline (1.93e-2, over the 0.01 tolerance) got past
+    the guardrail: the learner must not count it an accuracy failure of its knob values."""
+    from tpu_tuner.studies.trial_record import TrialRecord
+    from tpu_tuner.tuning.failures import evidence_of
+
+    study = optuna.create_study()
+    baseline = {"output": 0.0193}
+    for error in (0.0193, 0.031):
+        trial = study.ask()
+        TrialRecord.of(trial).update({records.MEASURED: True})
+        measured = _measurement({"output": error}, baseline, {"output": error - 0.0193})
+        study.tell(trial, trial_attrs.record_measurement(trial, measured, 100, TOLERANCE))
+    passed, failed = evidence_of(study.trials, TOLERANCE)
+    assert passed.outcomes["accuracy"] is False and failed.outcomes["accuracy"] is True
+
+
 # --- in the worker ---------------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.attribution import Cause, Evidence, NotBlamed, Probe, Suspect, attribute
 from tpu_tuner.studies.coverage import setting_key
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trial_attrs import accuracy_excess_of
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,11 @@ def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidenc
             outcomes = {COMPILE_COST: True}
         else:
             outcomes = dict.fromkeys((*WORKER_FAILURES, COMPILE_COST), False)
-            error = attrs.get(records.ACCURACY_ERROR)
-            if error is not None:
-                outcomes[FailureKind.ACCURACY] = float(error) > tolerance
+            # What the guardrail judged: the error beyond the baseline's, not the error against fp32
+            # (a chip's default precision is itself more than the tolerance from fp32).
+            excess = accuracy_excess_of(attrs)
+            if excess is not None:
+                outcomes[FailureKind.ACCURACY] = excess > tolerance
             if not early:  # a stopped trial's peak memory was not measured
                 outcomes[FailureKind.MEMORY] = kind == FailureKind.MEMORY
         evidence.append(
