@@ -41,16 +41,8 @@ class CompileAgent(Agent):
         ]
         if verdict.uncertain:
             findings.append(f"the step time spread too much (CV {verdict.step_cv:.0%}) for a firm verdict")
-        if (
-            verdict.bound == "overhead-bound"
-            and verdict.dispatch_seconds_per_op is not None  # an overhead-bound verdict measured it
-            and self.definition.diagnose.overhead_bound_hint
-        ):
-            findings.append(
-                f"overhead-bound: {verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured "
-                f"dispatch cost explain {verdict.dispatch_share:.0%} of the step; fusing ops with a compiler "
-                "should cut dispatch time"
-            )
+        if verdict.bound == "overhead-bound" and self.definition.diagnose.overhead_bound_hint:
+            findings.append(self._overhead_bound(verdict))
         elif verdict.bound == "memory-bound":
             findings.append("memory-bound: compiler fusion removes intermediate reads and writes")
         elif verdict.bound == "compute-bound":
@@ -96,6 +88,24 @@ class CompileAgent(Agent):
             + [{"memory_format": "channels_last"}]
             + seeds
         )
+
+    @staticmethod
+    def _overhead_bound(verdict: Verdict) -> str:
+        """What makes the step overhead-bound, by what was measured: the device's idle share where
+        its busy time was traced, else ops x the per-op dispatch cost (which never exceeds the step)."""
+        if verdict.device_busy_share is not None:
+            cause = (
+                f"the device is idle {1 - verdict.device_busy_share:.0%} of the step waiting on the host "
+                "(the profiler's device events)"
+            )
+        elif verdict.dispatch_seconds_per_op is not None and verdict.dispatch_share is not None:
+            cause = (
+                f"{verdict.ops_per_step} ops x {verdict.dispatch_seconds_per_op * 1e6:.2g} us measured dispatch cost "
+                f"explain {verdict.dispatch_share:.0%} of the step"
+            )
+        else:
+            cause = f"{verdict.ops_per_step} ops per step"
+        return f"overhead-bound: {cause}; fusing ops with a compiler should cut dispatch time"
 
     @staticmethod
     def _below_roofline(verdict: Verdict) -> str:
