@@ -238,3 +238,18 @@ def test_the_profile_measures_the_optimizer_update_from_its_profiler_range(fast_
 def _profiled_workload(step: str) -> ProfiledWorkload:
     """A profiled workload whose step reads `step`, as profile.json writes it."""
     return ProfiledWorkload.from_dict({"name": "m", "source": "m.py", "convention": "native", "step": step})
+
+
+def test_micro_batches_under_torchtpu_compile_are_refused_unmeasured_on_tpu_only() -> None:
+    """On a v5e chip, accumulation under torch.compile(backend="tpu") failed every step after the
+    first ("a required argument is in a failed state") after a compile of up to 145 s: refused up
+    front there, with its cause; eager accumulation and a compiled single batch still run."""
+    (tpu,) = load_agents(["memory"], "tpu")
+    tpu.diagnose(_profile("training step"))
+    refusal = tpu.validate(Candidate(execution="tpu", micro_batches="2"))
+    assert refusal is not None and "failed state" in refusal and "micro_batches 2" in refusal
+    assert tpu.validate(Candidate(execution="tpu")) is None
+    assert tpu.validate(Candidate(execution="eager:defer_and_fuse", micro_batches="2")) is None
+    (cpu,) = load_agents(["memory"], "cpu")
+    cpu.diagnose(_profile("training step"))
+    assert cpu.validate(Candidate(execution="inductor", micro_batches="2")) is None

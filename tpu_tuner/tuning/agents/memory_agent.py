@@ -21,6 +21,7 @@ KNOB = "activation_checkpointing"
 # Gradient accumulation (tpu_tuner/knobs/micro_batches.py): the other memory knob of a training
 # step; k smaller passes are slower by construction, so it is reasoned about like checkpointing.
 MICRO_BATCHES = "micro_batches"
+TPU_COMPILE = "tpu"  # the `execution` value of torch.compile(backend="tpu")
 
 
 class MemoryAgent(Agent):
@@ -105,7 +106,19 @@ class MemoryAgent(Agent):
             )
         if self._training is False and candidate[MICRO_BATCHES] != "1":
             return "micro_batches skipped: an inference step has no backward pass or optimizer step to accumulate over"
-        return self._slice_refusal(candidate)
+        return self._compiled_accumulation_refusal(candidate) or self._slice_refusal(candidate)
+
+    def _compiled_accumulation_refusal(self, candidate: Candidate) -> str | None:
+        """Micro-batches under TorchTPU's compile backend fail every step after the first on torch-tpu
+        0.2.0 (docs/torchtpu.md, "On a real chip"): refused unmeasured, not found after a compile."""
+        if self.device_kind != "tpu" or candidate[MICRO_BATCHES] == "1" or candidate["execution"] != TPU_COMPILE:
+            return None
+        return (
+            f"micro_batches {candidate[MICRO_BATCHES]} skipped under execution {TPU_COMPILE}: gradients accumulated "
+            'over micro-batches by a torch.compile(backend="tpu") step fail from the second step with '
+            "'a required argument is in a failed state' (torch-tpu 0.2.0 on a v5e chip, at every matmul "
+            "precision and with launch blocking; eager accumulation and compiled single batches run)"
+        )
 
     def _slice_refusal(self, candidate: Candidate) -> str | None:
         """Micro-batches split each rank's slice of the batch, which a sharding layout makes
