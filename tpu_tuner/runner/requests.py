@@ -97,6 +97,8 @@ class Comparison:
 
     samples: list[list[float]]
     compiles_while_comparing: dict[str, int]
+    # What the window found of its timing (a synced step scaled to hold its deferred work).
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

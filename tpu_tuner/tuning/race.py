@@ -20,7 +20,7 @@ from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.interleaved import compare_interleaved
+from tpu_tuner.tuning.interleaved import compare_interleaved, start_environments
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -79,7 +79,9 @@ def race(
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
     rounds = rounds or max(4, options.objective.verify_rounds // 2)
-    compared = compare_interleaved(runner, candidates, rounds, options.runner, None)
+    compared = compare_interleaved(
+        runner, candidates, rounds, options.runner, None, start_environments(candidates, space.device_kind)
+    )
     if isinstance(compared, str):
         return compared
     samples = compared[0]

@@ -26,7 +26,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.clock import Clock, plan_finish
-from tpu_tuner.tuning.interleaved import InterleavedWindow, VerifyProgress
+from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.space import SearchSpace
@@ -195,12 +195,14 @@ def verify(
         elif ablated != baseline_params:
             labels[f"best without {name}"] = ablated
     unclocked = clock is None or clock.budget_s is None
+    compared = [space.to_candidate(params).to_dict() for params in labels.values()]
     decided = measure_until_decided(
         InterleavedWindow(
             runner,
-            [space.to_candidate(params).to_dict() for params in labels.values()],
+            compared,
             options.runner,
             time.perf_counter if clock is None else clock.now,
+            start_environments(compared, device_kind),
         ),
         plan.verify_rounds,
         UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING,
@@ -260,17 +262,23 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
     was re-run where the clock allowed: the rounds kept are in the interval's count)."""
     s, verdict = decided.speedup, decided.verdict
     rerun = len(decided.disturbed)
-    disturbed = (
+    notes = (
         f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
         f"({', '.join(str(i + 1) for i in decided.disturbed)})"
         if rerun
         else ""
     )
+    if decided.processes > 1:
+        notes += (
+            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
+            f"alternating every {PROCESS_BLOCK_ROUNDS} rounds"
+        )
+    notes += "".join(f"; {note}" for note in decided.notes)
     if verdict is VerdictKind.VERIFIED:
-        return f"verified: {s.describe()}{disturbed}"
+        return f"verified: {s.describe()}{notes}"
     if verdict is VerdictKind.NO_GAIN:
         what = "slower than the baseline when re-measured" if s.ci_high < 1.0 else f"any gain is under {MIN_GAIN:.2f}x"
-        return f"no gain: {what}, {s.describe()}{disturbed}; keep the baseline"
+        return f"no gain: {what}, {s.describe()}{notes}; keep the baseline"
     why = {
         "rounds": f"--verify-rounds allowed no more ({UNCLOCKED_GROWTH}x its {verify_rounds})"
         if unclocked
@@ -278,7 +286,7 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
     }.get(decided.stopped_by, "the clock ran out")
     return (
         f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
-        f"({s.speedup:.2f}x, {s.level * 100:.4g}%){disturbed}; {why} before it decided; keep the baseline"
+        f"({s.speedup:.2f}x, {s.level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
     )
 
 

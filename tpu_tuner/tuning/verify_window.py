@@ -33,6 +33,8 @@ class DecidedWindow:
     looks: int
     stopped_by: str  # "decided" | "clock" | "rounds"
     compiles: dict[str, int]  # compiles seen while comparing, by kind
+    processes: int = 1  # processes the settings ran in (more than one: start-up environments differ)
+    notes: tuple[str, ...] = ()  # what the jobs found of their timing (a step scaled to hold its work)
 
     @property
     def verdict(self) -> VerdictKind:
@@ -81,7 +83,16 @@ def measure_until_decided(
             if looked is not None and looked[0] == window.rounds:
                 # Nothing was added since the last look (the clock had no room): that look stands, and
                 # another at a stricter level would only widen the same interval.
-                return DecidedWindow(window.samples, disturbed, looked[1], looks, stopped_by, window.compiles)
+                return DecidedWindow(
+                    window.samples,
+                    disturbed,
+                    looked[1],
+                    looks,
+                    stopped_by,
+                    window.compiles,
+                    len(window.groups),
+                    tuple(dict.fromkeys(window.notes)),
+                )
             looks += 1
             good_rounds = [i for i in range(window.rounds) if i not in disturbed]
             if len(good_rounds) < 2:
@@ -95,7 +106,16 @@ def measure_until_decided(
             if speedup.decided:
                 stopped_by = "decided"
             if stopped_by:
-                return DecidedWindow(window.samples, disturbed, speedup, looks, stopped_by, window.compiles)
+                return DecidedWindow(
+                    window.samples,
+                    disturbed,
+                    speedup,
+                    looks,
+                    stopped_by,
+                    window.compiles,
+                    len(window.groups),
+                    tuple(dict.fromkeys(window.notes)),
+                )
             target = len(good_rounds) + max(MIN_ADDED, len(good_rounds) // 2)
     finally:
         window.close()
