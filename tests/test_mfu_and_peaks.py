@@ -12,11 +12,13 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import (
     MFU_CONVENTION,
+    NO_MFU,
     PeakChoice,
     achieved_flops_per_s,
     checked_peak,
     fastest_peak,
     mfu,
+    mfu_text,
     utilisation_by_dtype,
 )
 from tpu_tuner.metrics.timing import TimingStats
@@ -161,8 +163,18 @@ def test_checked_peak_remeasures_then_raises_never_above_100() -> None:
     choice = checked_peak(250.0, 200.0, "float32", remeasure=lambda: calls.append(1) or (210.0, "float32"))
     assert choice.flops_per_s == 250.0 and choice.raised_to_achieved and len(calls) == 1
     assert "achieved rate as the peak" in choice.note
-    # A datasheet peak (nothing to re-measure) is raised the same way.
+    # Asked with nothing to re-measure (a worker that re-probed once already), it is raised the same way.
     assert checked_peak(250.0, 200.0, "bfloat16").flops_per_s == 250.0
+
+
+def test_a_step_beating_a_published_peak_states_no_mfu() -> None:
+    """A GPT block on a v5e chip printed "MFU 100.0%": the chip's published peak had been raised to
+    a rate no step reaches. A published peak (re-measuring gives nothing) stays, and no MFU is stated."""
+    choice = checked_peak(250.0, 200.0, "bfloat16", remeasure=lambda: None)
+    assert (choice.flops_per_s, choice.raised_to_achieved) == (200.0, False)
+    assert "published peak" in choice.note and "no MFU is stated" in choice.note
+    assert mfu_text(mfu(250.0, 1.0, choice.flops_per_s)) == NO_MFU
+    assert mfu_text(0.374) == "37.4%" and mfu_text(1.0) == "100.0%"
 
 
 def test_utilisation_by_dtype_never_reports_above_100() -> None:

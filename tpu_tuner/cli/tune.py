@@ -10,6 +10,7 @@ import argparse
 
 from tpu_tuner.cli.common import add_model_args
 from tpu_tuner.core.flags import add_section, sections_from
+from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.studies.storage import keeps_journal
 from tpu_tuner.tuning.options import SECTIONS, TuneOptions
 
@@ -73,17 +74,19 @@ def run(args: argparse.Namespace) -> int:
         planned = options.objective.planned_steps
         print(
             f"baseline  steady step {ms(base.step_median)}, amortised {ms(base.amortised_step(planned))}, "
-            f"MFU {base.mfu:.1%}  ({Candidate.from_dict(base.candidate).describe()})"
+            f"MFU {mfu_text(base.mfu)}  ({Candidate.from_dict(base.candidate).describe()})"
         )
         print(
             f"tuned     steady step {ms(chosen.step_median)}, amortised {ms(chosen.amortised_step(planned))}, "
-            f"MFU {chosen.mfu:.1%}  ({v.chosen.describe()})"
+            f"MFU {mfu_text(chosen.mfu)}  ({v.chosen.describe()})"
         )
         if compared.from_window:
             print(
                 f"          (steady step: median of the {compared.rounds} rounds of the interleaved verification "
                 f"window; amortised adds the search's compile time / {planned} planned steps)"
             )
+            for said in result.step_disagreements:
+                print(f"note      {said}")
         else:
             print(
                 f"          (from the search: {compared.why_search}; "

@@ -79,11 +79,12 @@ def checked_peak(
     dtype: str,
     remeasure: Callable[[], tuple[float, str] | None] | None = None,
 ) -> PeakChoice:
-    """The peak for an MFU figure that can never exceed 100%.
+    """The peak for an MFU figure that is never stated above 100%.
 
-    A step faster than the peak means the peak is wrong (a probe measured under load): re-measure
-    it with `remeasure` (returns the new fastest peak, or None where the peak is a datasheet
-    figure); if the step still beats it, the achieved rate becomes the peak and the note says so.
+    A step faster than a measured peak means the peak is wrong (a probe measured under load):
+    re-measure it with `remeasure` (returns the new fastest peak, or None where the peak is a
+    published figure); if the step still beats it, the achieved rate becomes the peak and the note
+    says so. A published peak stays: the step's figure is wrong, and `mfu_text` says no MFU.
     """
     if achieved <= peak:
         return PeakChoice(peak, dtype)
@@ -94,8 +95,25 @@ def checked_peak(
         note += f"; re-measured, the peak is now {peak / 1e9:.4g} GFLOP/s ({dtype})"
     if achieved <= peak:
         return PeakChoice(peak, dtype, note)
+    if remeasure is not None and fresh is None:
+        # A published peak (a chip's datasheet figure): no step beats it, so raising it to the
+        # achieved rate would print a false "100%" (a GPT block's on a v5e chip did).
+        note += (
+            "; that is the device's published peak, which no step can beat: the step was timed before "
+            "the device finished or its FLOP count is wrong, so no MFU is stated"
+        )
+        return PeakChoice(peak, dtype, note)
     note += "; MFU uses the achieved rate as the peak (100%): the peak or the FLOP count is wrong"
     return PeakChoice(achieved, dtype, note, raised_to_achieved=True)
+
+
+NO_MFU = "n/a (faster than the device's peak: mistimed or miscounted)"
+
+
+def mfu_text(value: float, digits: int = 1) -> str:
+    """An MFU figure to print: a percentage, or why none is stated where it exceeds 100% (only a
+    step that beat a published peak keeps such a figure: `checked_peak`)."""
+    return f"{value:.{digits}%}" if value <= 1.0 + 1e-9 else NO_MFU
 
 
 def common_peak(peaks: Iterable[tuple[float, str]], default: tuple[float, str] | None = None) -> tuple[float, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tpu_tuner.core.units import binary_bytes, ms, shape, si
+from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.profiling.profile import Profile
 
 
@@ -42,7 +43,7 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         ("achieved", si(p.achieved_flops_per_s, "FLOP/s") + " of model FLOPs"),
         (
             "MFU",
-            f"{'at least ' if p.mfu_is_lower_bound else ''}{p.mfu:.1%} of the {p.peak_dtype} peak; "
+            f"{'at least ' if p.mfu_is_lower_bound else ''}{mfu_text(p.mfu)} of the {p.peak_dtype} peak; "
             f"per dtype: {_per_dtype(p)}",
         ),
         *([("measured probe", _probe_line(p))] if p.device.probe is not None else []),

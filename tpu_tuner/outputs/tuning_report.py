@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tpu_tuner.core.units import binary_bytes, ms, shape
 from tpu_tuner.metrics.disturbed import DISTURBED_DEVIATIONS
-from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu
+from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu, mfu_text
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.studies import records
@@ -81,6 +81,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             f"| steady step in the search (one measurement) | {_search_step(result.baseline)} | "
             f"{_search_step(result.chosen)} |"
         )
+        out += ["", *result.step_disagreements] if result.step_disagreements else []
     bucketing = result.chosen_bucketing()
     if bucketing:
         out += [
@@ -347,7 +348,7 @@ def _mfu_cell(m: Measurement, peak: tuple[float, str]) -> str:
     """MFU against the common peak, with the dtype the setting's matmuls ran in."""
     value = mfu(m.model_flops_per_step, m.step_median, peak[0])
     ran_in = f"; matmuls in {m.compute_dtype}" if m.compute_dtype else ""
-    return f"{value:.1%} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
+    return f"{mfu_text(value)} of {peak[0] / 1e9:.0f} GFLOP/s ({peak[1]}, the fastest dtype){ran_in}"
 
 
 def _describe(m: Measurement) -> str:

@@ -27,6 +27,7 @@ from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_dead
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refuse
 from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.sync_check import check_sync, finished_timing
 from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
@@ -69,6 +70,8 @@ class WorkerState:
         # show progress); its built and warmed-up steps stay here between them.
         self.compare_key: str | None = None
         self.compare_steps: list[Any] = []
+        self.compare_scales: list[float] = []  # each step's scale to hold its work (sync_check.py)
+        self.compare_notes: list[str] = []
         # Memory estimates by the settings that change them (execution/memory_estimate.py):
         # trials differing only in threads, matmul precision or compiler flags share one.
         self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
@@ -199,6 +202,12 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
         if (early := hopeless(steady + timing.samples)) is not None:
             return early
+        flops = float(request.model_flops_per_step)
+        # N ranks: the peak of the devices they run on (devices.base.Backend.peak_of_ranks).
+        peaks = state.peak_flops_per_s or backend.peak_of_ranks(
+            {k: float(v) for k, v in request.peak_flops_per_s.items()}
+        )
+        timing, unsynced = finished_timing(step.run, backend, timing, flops, max(peaks.values(), default=0.0))
         peak_memory, _ = backend.peak_memory_bytes()
         # The largest rank's; every rank takes part in the reduction (-1: none measured).
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
@@ -213,10 +222,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         )
     # Compile cost: the time warm-up took beyond what the same number of steady steps take.
     compile_seconds = max(0.0, first_call + warmup.seconds - (warmup.steps + 1) * timing.median)
-    flops = float(request.model_flops_per_step)
     # The same MFU convention as the profile: the fastest dtype's peak, never exceeded.
-    # N ranks: the peak of the devices they run on (devices.base.Backend.peak_of_ranks).
-    peaks = state.peak_flops_per_s or backend.peak_of_ranks({k: float(v) for k, v in request.peak_flops_per_s.items()})
     # A rank re-probing alone would measure its share of the cores, not the step's devices.
     choice = backend.mfu_peak(peaks, flops / timing.median, remeasure=not state.peak_reprobed and backend.ranks == 1)
     if choice.note:
@@ -224,7 +230,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         state.peak_reprobed = True
     peak = choice.flops_per_s
     warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
-    warnings += disturbed
+    warnings += disturbed + unsynced
     if choice.note:
         warnings.append(choice.note)
     del step
@@ -295,18 +301,23 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
     candidates, batch_size, seq_len = request.candidates, request.batch_size, request.seq_len
     parsed = [Candidate.from_dict(c) for c in candidates]
     key = json.dumps([candidates, batch_size, seq_len], sort_keys=True)
-    if state.compare_key != key:
+    built = state.compare_key != key
+    if built:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
         # Every candidate of the window keeps its compiled frames: room for all of them.
         backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
+        state.compare_scales, state.compare_notes = [], []
         for candidate in parsed:
             with candidate.process(backend):
                 step = prepare_step(workload, backend, candidate, batch_size, seq_len)
                 warm_up(step.run, backend, request.warmup_min_steps, request.warmup_max_steps)
+                scale, note = _sync_scale(step.run, backend, candidate)
             state.compare_steps.append(step)
+            state.compare_scales.append(scale)
+            state.compare_notes += note
         state.compare_key = key
-    steps = state.compare_steps
+    steps, scales = state.compare_steps, state.compare_scales
     samples: list[list[float]] = [[] for _ in parsed]
     events_before = backend.compile_events()
     first = request.first_round
@@ -314,12 +325,23 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         for offset in range(len(parsed)):
             index = (round_index + offset) % len(parsed)
             with parsed[index].process(backend):
-                samples[index].append(timed_call(steps[index].run, backend))
+                samples[index].append(timed_call(steps[index].run, backend) * scales[index])
     compiles = compile_delta(events_before, backend.compile_events())
+    notes = list(state.compare_notes) if built else []  # said once, by the job that built the steps
     if request.last:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
-    return Comparison(samples=samples, compiles_while_comparing=compiles)
+    return Comparison(samples=samples, compiles_while_comparing=compiles, notes=notes)
+
+
+def _sync_scale(run: Callable[[], Any], backend: Backend, candidate: Candidate) -> tuple[float, list[str]]:
+    """What a window's synced steps of `candidate` are scaled by to hold their work (on a device
+    that may defer work past its sync: execution/sync_check.py), and why, in words."""
+    if not backend.defers_work:
+        return 1.0, []
+    synced = sorted(timed_call(run, backend) for _ in range(3))[1]
+    sync = check_sync(run, backend, synced)
+    return sync.scale, [sync.note(candidate.describe() or "the baseline")] if sync.missed_work else []
 
 
 # The job function of each request type.

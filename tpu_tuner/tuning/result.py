@@ -33,7 +33,7 @@ from tpu_tuner.tuning.finished_run import RESULT_FORMAT, load_space, load_study,
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification, trial_measurement
-from tpu_tuner.tuning.window import ComparedSteps, with_window_step
+from tpu_tuner.tuning.window import ComparedSteps, step_disagreement, with_window_step
 
 TRIAL_COLUMNS = [
     "number",
@@ -157,6 +157,18 @@ class TuningResult:
             from_window=True,
             rounds=window.baseline.rounds,
         )
+
+    @property
+    def step_disagreements(self) -> list[str]:
+        """Where the search's step of the baseline or the recommended setting disagrees with the
+        window's beyond their spreads, said with the figure that stands (tuning/window.py)."""
+        compared = self.compared
+        if not compared.from_window:
+            return []
+        sides = [("baseline", self.baseline, compared.baseline)]
+        if self.verification.chosen_is_best:
+            sides.append(("recommended setting", self.chosen, compared.tuned))
+        return [said for label, search, window in sides if (said := step_disagreement(label, search, window))]
 
     @property
     def best_config(self) -> TunedConfig:

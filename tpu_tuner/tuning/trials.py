@@ -21,6 +21,7 @@ from tpu_tuner.core.units import duration
 from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
@@ -373,7 +374,7 @@ def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingC
         parts = f"step {duration(m.step_median)} at the reference length, compile {duration(m.compile_seconds)} a shape"
     else:
         parts = f"step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps"
-    return f"{duration(objective)} {_objective_name(bucketing)} ({parts}), MFU {m.mfu:.1%}"
+    return f"{duration(objective)} {_objective_name(bucketing)} ({parts}), MFU {mfu_text(m.mfu)}"
 
 
 __all__ = ["TrialRun", "TuneTrials", "run_search"]

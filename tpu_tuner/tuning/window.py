@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tpu_tuner.execution.measurement import Measurement
+from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.metrics.timing import TimingStats
 
 # How the figures are labelled wherever they are shown (summary, report, provenance).
@@ -103,4 +104,35 @@ def with_window_step(m: Measurement | None, step: WindowStep, samples: Sequence[
     )
 
 
-__all__ = ["FROM_SEARCH", "FROM_WINDOW", "ComparedSteps", "WindowFigures", "WindowStep", "with_window_step"]
+def step_disagreement(label: str, search: Measurement | None, window: Measurement | None) -> str | None:
+    """Where the search's one measurement of a setting and the window's rounds of it disagree
+    beyond their spreads (their p10-p90 ranges do not overlap), which figure stands and why, in
+    words; None where they agree or one is missing. MFU figures are of the same peak (`window`'s)."""
+    if search is None or window is None or search.step_median <= 0 or window.step_median <= 0:
+        return None
+    if search.step_p10 <= window.step_p90 and window.step_p10 <= search.step_p90:
+        return None
+    ratio = window.step_median / search.step_median
+    peak = window.peak_flops_per_s
+    search_mfu = search.model_flops_per_step / search.step_median / peak if peak > 0 else float("nan")
+    said = f"; the search's measurement noted: {'; '.join(search.warnings)}" if search.warnings else ""
+    return (
+        f"The {label}'s steady step disagrees between the search ({search.step_median * 1e3:.4g} ms, p10-p90 "
+        f"{search.step_p10 * 1e3:.4g}-{search.step_p90 * 1e3:.4g}) and the window ({window.step_median * 1e3:.4g} "
+        f"ms, {window.step_p10 * 1e3:.4g}-{window.step_p90 * 1e3:.4g}): the window's is {ratio:.2f}x the "
+        f"search's, beyond both spreads (MFU {mfu_text(search_mfu)} in the search, {mfu_text(window.mfu)} in the "
+        "window). The window's figure stands: "
+        "it timed the settings in turn, each in a process started as the search's trial was, under the same "
+        f"conditions; the search's was one measurement at its own moment{said}."
+    )
+
+
+__all__ = [
+    "FROM_SEARCH",
+    "FROM_WINDOW",
+    "ComparedSteps",
+    "WindowFigures",
+    "WindowStep",
+    "step_disagreement",
+    "with_window_step",
+]
