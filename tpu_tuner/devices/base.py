@@ -42,6 +42,13 @@ class Backend(ABC):
     # Whether the measured peak is of memory of the device's own that a step fills (its
     # allocator's), so that a study's memory limit defaults to the device's memory.
     memory_bounds_trials: ClassVar[bool] = False
+    # Whether work may be deferred past `synchronize` to a materialisation point (TorchTPU's
+    # DeferAndFuse): timed steps are then checked against steps run back to back
+    # (execution/sync_check.py).
+    defers_work: ClassVar[bool] = False
+    # Where the memory estimate's fake tensors go when they cannot be placed on the device itself
+    # (TorchTPU's: "Couldn't swap Embedding.weight"): the same shapes and dtypes, so the same bytes.
+    fake_tensor_device: ClassVar[str | None] = None
     # The ranks of the process group this process times steps with (set by a rank of a sharded
     # trial, `runner/rank_job.py`): its steps start and end together and report the slowest.
     ranks: int = 1
@@ -204,6 +211,11 @@ class Backend(ABC):
     @abstractmethod
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         """Peak memory since the last reset, and how it was measured."""
+
+    def estimate_kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """A context for the memory estimate's fake step that picks the kernels the device runs
+        where they decide what a step keeps (the attention's); nothing by default."""
+        return contextlib.nullcontext()
 
     def memory_in_use_bytes(self) -> int | None:
         """The memory this process holds now, in `peak_memory_bytes`'s terms (an estimated step's

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.heap_model import Change, replay
@@ -148,10 +148,11 @@ def _fake_step_peak(
 
     from tpu_tuner.execution.step import prepare_step
 
-    with candidate.process(backend), FakeTensorMode(allow_non_fake_inputs=True):
-        step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+    built_on = stand_in(backend)
+    with candidate.process(backend), backend.estimate_kernels(), FakeTensorMode(allow_non_fake_inputs=True):
+        step = prepare_step(workload, built_on, candidate, batch_size, seq_len)
         fsdp = _is_fsdp2(step.model)
-        recording = _recording(fsdp_mem_tracker if fsdp else mem_tracker, torch.device(backend.device).type)
+        recording = _recording(fsdp_mem_tracker if fsdp else mem_tracker, torch.device(built_on.device).type)
         tracker = recording(step.model, step.optimizer) if fsdp else recording()
         if fsdp:
             tracker.track_inputs(step.batch)
@@ -163,13 +164,36 @@ def _fake_step_peak(
             tracker.timed = True
             step.run_eager()
         peaks = tracker.get_tracker_snapshot("peak")
-    device = torch.device(backend.device)
+    device = torch.device(built_on.device)
     snaps = [snap for dev, snap in peaks.items() if dev.type == device.type]
     if not snaps:
         return 0, 0, []
     snap = max(snaps, key=lambda s: s["Total"])
     transient = sum(v for k, v in snap.items() if k in TRANSIENT)
     return int(snap["Total"]), int(snap["Total"] - transient), tracker.changes
+
+
+class _StandIn:
+    """A backend as the fake step sees it where fake tensors cannot live on its device: its own in
+    all but the device, and the device type autocast and the knobs key on (a chip's bf16 autocast
+    then casts the CPU fake tensors as it would the chip's)."""
+
+    def __init__(self, backend: Backend, device: str) -> None:
+        import torch
+
+        self._backend = backend
+        self.device = torch.device(device)
+        self.kind = self.device.type
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def stand_in(backend: Backend) -> Backend:
+    """`backend`, or its stand-in on `Backend.fake_tensor_device` where it names one."""
+    if backend.fake_tensor_device is None:
+        return backend
+    return cast(Backend, _StandIn(backend, backend.fake_tensor_device))
 
 
 def _recording(tracker_class: Any, kind: str) -> Any:
