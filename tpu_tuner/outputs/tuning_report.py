@@ -261,6 +261,7 @@ def _learned_section(result: TuningResult, frame) -> list[str]:
         ]
     else:
         out.append("No failure cause found (a cause needs two failures of a kind, and no success, with one value).")
+    out += [f"- Not blamed: {words}" for words in result.not_blamed]
     if stopped:
         out += [
             "",

@@ -119,6 +119,13 @@ class TuningResult:
         return [cause.describe(label) for cause in stored_causes(self.study.user_attrs)]
 
     @property
+    def not_blamed(self) -> list[str]:
+        """The failure kinds the search blamed on no knob value (the baseline shares them), in words."""
+        from tpu_tuner.tuning.failures import stored_not_blamed
+
+        return [note.describe() for note in stored_not_blamed(self.study.user_attrs)]
+
+    @property
     def baseline(self) -> Measurement | None:
         """The search's measurement of the baseline (one, at its own moment: see `compared`)."""
         return self.on_run_peak(trial_measurement(self.study, self.verification.baseline_trial))

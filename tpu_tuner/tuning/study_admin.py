@@ -37,7 +37,7 @@ from tpu_tuner.studies.liveness import (
     set_liveness,
 )
 from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.failures import label, stored_causes
+from tpu_tuner.tuning.failures import label, stored_causes, stored_not_blamed
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
@@ -83,6 +83,7 @@ class StudyStatus:
     # What the search learned (tuning/failures.py, tuning/pruning.py): each cause in words, and
     # how many trials were stopped early or asked for an excluded setting (never measured).
     exclusions: list[str] = field(default_factory=list)
+    not_blamed: list[str] = field(default_factory=list)  # failure kinds blamed on no value (tuning/failures.py)
     stopped_early: int = 0
     excluded_asks: int = 0
 
@@ -108,6 +109,7 @@ class StudyStatus:
         else:
             out.append("  best      none feasible yet")
         out += [f"  excluded  {words}" for words in self.exclusions]
+        out += [f"  not blamed {words}" for words in self.not_blamed]
         if self.stopped_early or self.excluded_asks:
             out.append(
                 f"  pruned    {self.stopped_early} trial(s) stopped early, hopeless against the best so far; "
@@ -176,6 +178,7 @@ def study_status(storage: str, name: str) -> StudyStatus:
         best_host=str(records.attrs(best).get(records.HOST, "?")) if best else None,
         verification=recorded_verification(study),
         exclusions=[cause.describe(label) for cause in stored_causes(study.user_attrs)],
+        not_blamed=[note.describe() for note in stored_not_blamed(study.user_attrs)],
         stopped_early=sum(
             1 for a in map(records.attrs, trials) if records.STOPPED_EARLY in a and records.REPEAT_OF not in a
         ),
