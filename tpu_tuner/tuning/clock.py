@@ -35,6 +35,8 @@ RESERVED_VERIFY_ROUNDS = 6
 # Kept for what follows the verification: the run folder's reports and plots, and the process's
 # exit (on examples/gpt.py the last progress line came 5 s before the process ended).
 WRAP_UP_S = 10.0
+# How a trial the clock turned away or stopped is named (its `rejected_by` starts with it).
+CLOCK = "clock"
 
 
 @dataclass(frozen=True)
@@ -155,22 +157,73 @@ def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
     return statistics.median(walls) if walls else 0.0
 
 
+def reserved_finish_seconds(trials: Sequence[FrozenTrial]) -> float:
+    """The room the search keeps for the finish: a race of `RESERVED_RACE_TOP` leaders and
+    `RESERVED_VERIFY_ROUNDS` rounds, costed on the measured settings."""
+    return finish_seconds(trials, FinishPlan(RESERVED_RACE_TOP, 4, RESERVED_VERIFY_ROUNDS, False, 0.0))
+
+
 def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     """Whether one more trial (as long as the median one so far) fits before the room kept for
-    the finish: a race of `RESERVED_RACE_TOP` leaders and `RESERVED_VERIFY_ROUNDS` rounds."""
+    the finish (`reserved_finish_seconds`)."""
     left = clock.left_to_work()
     if left is None or next_trial_seconds(trials) == 0.0:
         return True  # no budget, or nothing measured yet: the baseline is measured whatever the clock
-    reserved = FinishPlan(RESERVED_RACE_TOP, 4, RESERVED_VERIFY_ROUNDS, False, 0.0)
-    return left - next_trial_seconds(trials) > finish_seconds(trials, reserved)
+    return left - next_trial_seconds(trials) > reserved_finish_seconds(trials)
+
+
+def expected_trial_seconds(trials: Sequence[FrozenTrial], execution: str) -> tuple[float, bool]:
+    """What a trial of compile mode `execution` is expected to take, and whether that mode was
+    seen: the longest wall time of the measured trials of that mode (its compile dominates: a
+    max-autotune compile of 112 s against 10 s trials of others), else the median of all."""
+    walls = [
+        (trial.params.get("execution"), float(attrs[records.TRIAL_WALL_S]))
+        for trial in trials
+        if records.TRIAL_WALL_S in (attrs := records.attrs(trial)) and records.REPEAT_OF not in attrs
+    ]
+    same = [wall for mode, wall in walls if mode == execution]
+    if same:
+        return max(same), True
+    return (statistics.median(wall for _, wall in walls) if walls else 0.0), False
+
+
+@dataclass(frozen=True)
+class TrialAllowance:
+    """What the clock allows the next trial: the seconds it may run before the room kept for the
+    finish (None: no clock, or nothing measured yet), or why it is skipped unmeasured."""
+
+    limit_s: float | None = None
+    skip: str | None = None
+
+
+def trial_allowance(trials: Sequence[FrozenTrial], clock: Clock, execution: str) -> TrialAllowance:
+    """The clock's promise for a trial of compile mode `execution`: skipped when what this search
+    saw that mode take does not fit what is left before the finish's room; else allowed that
+    much, and stopped there (a mode not seen yet may compile for longer than any seen)."""
+    left = clock.left_to_work()
+    if left is None or not any(records.TRIAL_WALL_S in records.attrs(t) for t in trials):
+        return TrialAllowance()  # no budget, or the baseline: measured whatever the clock
+    room = left - reserved_finish_seconds(trials)
+    expected, seen = expected_trial_seconds(trials, execution)
+    if seen and expected > room:
+        return TrialAllowance(
+            skip=f"{execution} trials took up to {duration(expected)} in this search and "
+            f"{duration(max(0.0, room))} is left before the room kept for the race and verification"
+        )
+    return TrialAllowance(limit_s=max(1.0, room))
 
 
 __all__ = [
+    "CLOCK",
     "MIN_VERIFY_ROUNDS",
     "Clock",
     "FinishPlan",
     "finish_seconds",
     "next_trial_seconds",
     "plan_finish",
+    "TrialAllowance",
+    "expected_trial_seconds",
+    "reserved_finish_seconds",
     "search_may_go_on",
+    "trial_allowance",
 ]

@@ -34,7 +34,7 @@ from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning import stacking, trial_attrs
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
-from tpu_tuner.tuning.clock import Clock, search_may_go_on
+from tpu_tuner.tuning.clock import CLOCK, Clock, search_may_go_on, trial_allowance
 from tpu_tuner.tuning.failures import FailureLearning, label
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 from tpu_tuner.tuning.options import TuneOptions
@@ -106,8 +106,9 @@ class TrialRun:
     """What evaluating a claim gave: its candidate, and an agent's rejection or the worker's outcome."""
 
     candidate: Candidate
-    rejection: str | None = None
+    rejection: str | None = None  # an agent's, or the clock's ("clock: ..."): never measured to the end
     outcome: Any = None
+    wall_s: float | None = None  # what a trial the clock stopped ran for
 
 
 @dataclass(eq=False)
@@ -193,12 +194,23 @@ class TuneTrials(Feature):
         rejection = next((f"{a.name}: {r}" for a in self.agents if (r := a.validate(candidate))), None)
         if rejection:
             return TrialRun(candidate, rejection=rejection)
+        # The clock is a promise (tuning/clock.py): a trial whose compile mode took longer in this
+        # search than is left is skipped; any other is stopped where the finish's room begins.
+        allowance = trial_allowance(self.study.get_trials(deepcopy=False), self.clock, candidate["execution"])
+        if allowance.skip is not None:
+            return TrialRun(candidate, rejection=f"{CLOCK}: {allowance.skip}")
         suspects = self.learning.open_suspects_in(claim.point)
         why = f" (to its verdict: {_suspected(suspects)})" if suspects and self.stop_above_s is not None else ""
         self._progress(f"running {candidate.describe()}{why}", claim.position)
-        return TrialRun(candidate, outcome=self._measure(candidate, stop=not suspects))
+        limit = allowance.limit_s
+        outcome = self._measure(candidate, stop=not suspects, limit_s=limit)
+        if limit is not None and not outcome.ok and outcome.failure.kind == FailureKind.TIMEOUT:
+            if limit < self.options.runner.trial_timeout_s:  # the clock's limit, not the trial timeout
+                stopped = f"{CLOCK}: stopped after {duration(outcome.seconds)}, where the finish's room begins"
+                return TrialRun(candidate, rejection=stopped, wall_s=outcome.seconds)
+        return TrialRun(candidate, outcome=outcome)
 
-    def _measure(self, candidate: Candidate, stop: bool = True) -> Any:
+    def _measure(self, candidate: Candidate, stop: bool = True, limit_s: float | None = None) -> Any:
         """The trial worker's measure job for `candidate` (the one call of it in a search); with
         `stop`, it stops early where the pruner's threshold says it is hopeless."""
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
@@ -211,14 +223,20 @@ class TuneTrials(Feature):
             planned_steps=self.options.objective.planned_steps,
             **(self.memory.request_fields() if self.memory is not None else {}),  # refused over it, unmeasured
         )
-        return self.runner.run(request, env=env)
+        timeout = None if limit_s is None else min(limit_s, self.options.runner.trial_timeout_s)
+        return self.runner.run(request, env=env, timeout_s=timeout)
 
     def tell(self, claim: Claim, result: TrialRun) -> None:
         trial, label, objective = claim.trial, result.candidate.describe(), self.options.objective
         if result.rejection is not None:
-            TrialRecord.of(trial).write({records.REJECTED_BY: result.rejection})
+            ran = {records.TRIAL_WALL_S: result.wall_s} if result.wall_s is not None else {}
+            TrialRecord.of(trial).write({records.REJECTED_BY: result.rejection, **ran})
             self.study.tell(trial, state=TrialState.PRUNED)
-            self._progress(f"rejected {label} ({result.rejection})", claim.position, rejected_by=result.rejection)
+            # One line for every skip of a compile mode by the clock (tune_progress counts the rest).
+            reason = f"{CLOCK} ({result.candidate['execution']})" if result.rejection.startswith(CLOCK) else None
+            self._progress(
+                f"rejected {label} ({result.rejection})", claim.position, rejected_by=reason or result.rejection
+            )
             return
         outcome = result.outcome
         # Stored with the measurement or the failure, in one write (trial_attrs.py).
