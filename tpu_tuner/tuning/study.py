@@ -41,10 +41,10 @@ from tpu_tuner.studies.trial_record import write_stored
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.clock import Clock, plan_finish
+from tpu_tuner.tuning.clock import Clock, FinishPlan, plan_finish
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
-from tpu_tuner.tuning.race import RACE_TOP
+from tpu_tuner.tuning.race import RACE_TOP, RACE_WITHIN, leaders
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_location import RunLocation, open_or_join, open_run_storage, run_location
 from tpu_tuner.tuning.run_setup import check_ranks, prepare_agents, profile_baseline, start_ranks_on
@@ -295,9 +295,28 @@ def _verify_here(
             "(steady step, geometric mean of rounds)",
         )
 
-    return replace(
-        verify(study, space, runner, options, device_kind, verify_progress, agents, clock), host=socket.gethostname()
-    )
+    verification = verify(study, space, runner, options, device_kind, verify_progress, agents, clock)
+    for why in phases_not_run(plan, verification, len(leaders(study, space.baseline_params()))):
+        say("verify", why)
+    return replace(verification, host=socket.gethostname())
+
+
+def phases_not_run(plan: FinishPlan, verification: Verification, contenders: int) -> list[str]:
+    """Why a phase the finish announced (`plan`) did not run, in words: every announced phase
+    either runs or is said not to have (issue 55: a race and 12 rounds announced, neither run,
+    nothing said). `contenders`: the search's leaders within reach of the best."""
+    said = []
+    if verification.speedup is None:
+        said.append(f"no race and no verification rounds: {verification.message}")
+        return said
+    if plan.race_top > 1 and not verification.race:
+        said.append(
+            f"no race: only {contenders} setting(s) came within {RACE_WITHIN:.2f}x of the best in the search, "
+            "so one measurement each could not have put them in another order"
+            if contenders <= 1
+            else "no race: racing the leaders failed, so the search's best was verified (workers.log says why)"
+        )
+    return said
 
 
 def _mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
