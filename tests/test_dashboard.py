@@ -218,7 +218,7 @@ def test_empty_folder_gives_a_page_that_says_what_is_missing(tmp_path) -> None:
     assert collection.runs.empty and list(collection.runs.columns) == COLUMNS
     page = render_page(collection)
     assert f"no run folders in {tmp_path}" in page
-    assert "No tuning run or profile to list." in page and "No MFU measured yet." in page
+    assert "No tuning run or profile to list." in page and "No MFU measured yet" in page
 
 
 def test_profile_and_tuning_run_are_read(tmp_path, profile_json) -> None:

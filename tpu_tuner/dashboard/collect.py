@@ -108,25 +108,14 @@ class Collection:
         return bool((self.runs["status"] == "running").any()) if len(self.runs) else False
 
     def missing(self) -> list[str]:
-        """What the page cannot show, in words (empty when every section has data)."""
-        ok = self.runs[self.runs["status"] == "ok"] if len(self.runs) else self.runs
-        kinds = set(ok["kind"]) if len(ok) else set()
-        notes = []
-        if not len(self.runs):
-            notes.append(
-                f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
-                "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here"
-            )
-            return notes
-        if not kinds & {"tune", "profile"}:
-            notes.append("no readable tuning run or profile: no MFU to show")
-        if "tune" not in kinds:
-            notes.append("no finished tuning run: no per-trial plots")
-        if "plan" not in kinds:
-            notes.append("no planner result (`tpu-tune plan`): no plans section")
-        if "buckets" not in kinds:
-            notes.append("no bucketing result (`tpu-tune buckets`): no buckets section")
-        return notes
+        """What the page as a whole cannot show, in words: only that the folder holds no run. Each
+        section says itself what it lacks, so that no notice appears twice."""
+        if len(self.runs):
+            return []
+        return [
+            f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
+            "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here"
+        ]
 
 
 def collect(root: str | Path) -> Collection:

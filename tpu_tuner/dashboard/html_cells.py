@@ -32,8 +32,18 @@ def sortable_table(headers: Iterable[str], attributes: str = 'class="sortable"')
     return f"<table {attributes}><thead><tr>{head}</tr></thead><tbody>"
 
 
+def note(text: str, classes: str = "note") -> str:
+    """A notice paragraph; `text` is plain text whose `backticked` spans are code (as in the CLI's
+    messages), shown as code rather than as raw backticks."""
+    parts = esc(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick is no code span: keep the text as written
+        return f'<p class="{classes}">{esc(text)}</p>'
+    html_text = "".join(f"<code>{part}</code>" if index % 2 else part for index, part in enumerate(parts))
+    return f'<p class="{classes}">{html_text}</p>'
+
+
 def figure_html(uri: str | None, alt: str, missing: str) -> str:
-    """An embedded plot with its caption, or a note saying `missing`."""
+    """An embedded plot with its caption, or a note saying `missing` (nothing when that is "")."""
     if uri is None:
-        return f'<p class="note">{esc(missing)}</p>'
+        return note(missing) if missing else ""
     return f'<figure><img src="{uri}" alt="{esc(alt)}"><figcaption class="muted">{esc(alt)}</figcaption></figure>'

@@ -17,7 +17,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
 from tpu_tuner.dashboard.collect import Collection, collect
 from tpu_tuner.dashboard.folder_files import finite
-from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
+from tpu_tuner.dashboard.html_cells import esc, figure_html, note, num_cell, pct, sortable_table
 from tpu_tuner.dashboard.planner_sections import buckets_section, plans_section, rankings_section
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,32 @@ def _details(collection: Collection, limit: int) -> str:
     if len(tuned) > limit:
         out.insert(
             limit,
-            f'<p class="note">Figures for the newest {limit} tuning runs; older ones link to the '
-            f"plots in their own folder (`tpu-tune dashboard --details N` shows more).</p>",
+            note(
+                f"Figures for the newest {limit} tuning runs; older ones link to the plots in their own "
+                "folder (`tpu-tune dashboard --details N` shows more)."
+            ),
         )
     return "".join(out)
+
+
+def _mfu_section(runs: pd.DataFrame) -> str:
+    """MFU over time, the best MFU per model and the roofline; one notice when nothing has an MFU."""
+    over_time = plots.mfu_over_time(runs)
+    if over_time is None:
+        return note("No MFU measured yet: no readable tuning run or profile.")
+    return (
+        '<div class="figs">'
+        + figure_html(over_time, "MFU over time per model and device", "")
+        + figure_html(
+            plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
+        )
+        + figure_html(
+            plots.figure_uri(plots.roofline_figure(runs)),
+            "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
+            "No profile with arithmetic intensity and peaks for a roofline.",
+        )
+        + "</div>"
+    )
 
 
 def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_s: int | None = None) -> str:
@@ -166,7 +188,7 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
         f"<h1>tpu-tune dashboard</h1><p class=muted>{esc(collection.root)}: {len(runs)} run folders, "
         f"generated {generated}</p>"
     )
-    parts += [f'<p class="note missing">{esc(note)}</p>' for note in collection.missing()]
+    parts += [note(text, "note missing") for text in collection.missing()]
     live = runs[runs["status"] == "running"] if len(runs) else runs
     if len(live):
         parts.append(
@@ -179,19 +201,7 @@ def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_
         parts += [f'<li class="bad"><b>{esc(r["run"])}</b>: {esc(r["reason"])}</li>' for _, r in unreadable.iterrows()]
         parts.append("</ul>")
     parts.append("<h2>Runs</h2>" + _runs_table(runs))
-    parts.append(
-        '<h2>MFU</h2><div class="figs">'
-        + figure_html(plots.mfu_over_time(runs), "MFU over time per model and device", "No MFU measured yet.")
-        + figure_html(
-            plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
-        )
-        + figure_html(
-            plots.figure_uri(plots.roofline_figure(runs)),
-            "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
-            "No profile with arithmetic intensity and peaks for a roofline.",
-        )
-        + "</div>"
-    )
+    parts.append("<h2>MFU</h2>" + _mfu_section(runs))
     parts.append("<h2>Tuning runs</h2>" + _details(collection, details))
     parts.append("<h2>Which TPU to rent</h2>" + rankings_section(collection))
     parts.append("<h2>Plans</h2>" + plans_section(collection))

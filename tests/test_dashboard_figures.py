@@ -1,0 +1,111 @@
+"""The dashboard as a person reads it (issue 55, item 13): each notice once, a time axis fitted to the
+runs, labels legible at the page's width, and the knobs' measured contributions beside the search's
+importance."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+from test_dashboard import TRIALS_CSV, TUNED_CONFIG
+
+import tpu_tuner.dashboard.plots as plots
+from tpu_tuner.core.plain_data import json_default
+from tpu_tuner.dashboard import collect, render_page
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.metrics.paired import PairedSpeedup
+from tpu_tuner.tuning.verify import KnobContribution, Verification
+
+TUNE = "gpt-tune-20261129-092208"
+# The page at 1400 px: the body's margins (1.5em of 14 px) and a <figure>'s (40 px each side) and
+# the image's 1 px border leave this much for a plot; a wider PNG is scaled down to it.
+PAGE_PX = 1400
+FIGURE_ROOM_PX = PAGE_PX - 2 * 21 - 2 * 40 - 2
+MIN_LABEL_PX = 10
+
+
+def profile_dict(created: str) -> dict:
+    """profile.json with just what the collector reads (a tuning run's baseline profile)."""
+    return {
+        "created": created,
+        "workload": {"name": "gpt"},
+        "device": {"kind": "cpu", "name": "AMD EPYC", "peak": {"memory_bytes_per_s": 34.2e9}},
+        "mfu": 0.02,
+        "peak_dtype": "float32",
+        "achieved_flops_per_s": 2e10,
+        "peak_flops_per_s": 7.8e11,
+        "verdict": {"arithmetic_intensity": 3.0},
+        "timing": {"median": 0.76},
+    }
+
+
+def verification_json(contributions: dict[str, tuple[str, str, float]]) -> str:
+    """result.json as TuningResult.to_json writes it, as far as the dashboard reads it: the
+    verification with each knob's measured contribution (speedup, interval 0.1 either side)."""
+    verification = Verification(
+        baseline_trial=0,
+        best_trial=1,
+        chosen=Candidate(),
+        chosen_is_best=True,
+        speedup=PairedSpeedup(3.0, 2.9, 3.1, 12),
+        contributions=[
+            KnobContribution(knob, base, best, PairedSpeedup(x, x - 0.1, x + 0.1, 12))
+            for knob, (base, best, x) in contributions.items()
+        ],
+        contributions_left_out={"matmul_precision": "the time budget left no room"},
+        verdict="verified",
+    )
+    return json.dumps({"format": 1, "verification": dataclasses.asdict(verification)}, default=json_default)
+
+
+def write_tune_run(root: Path, name: str = TUNE, result_json: str | None = None) -> Path:
+    """A finished tuning run of 65 s: its baseline profile at 09:23:28, its tuned config at 09:24:33."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "tuned_config.toml").write_text(TUNED_CONFIG)
+    (folder / "trials.csv").write_text(TRIALS_CSV)
+    (folder / "profile.json").write_text(json.dumps(profile_dict("2026-11-29T09:23:28+00:00")))
+    (folder / "report.md").write_text("# Tuning report: gpt\n")
+    if result_json is not None:
+        (folder / "result.json").write_text(result_json)
+    return folder
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list[Figure]:
+    """Every figure the page embeds, as drawn (captured on its way to a PNG)."""
+    drawn: list[Figure] = []
+    to_png = plots.to_data_uri
+
+    def capture(fig: Figure) -> str:
+        uri = to_png(fig)  # draws it: tick labels and legends exist from here on
+        drawn.append(fig)
+        return uri
+
+    monkeypatch.setattr(plots, "to_data_uri", capture)
+    return drawn
+
+
+def test_each_notice_appears_once_and_no_markdown_shows_raw(tmp_path) -> None:
+    write_tune_run(tmp_path)
+    page = render_page(collect(tmp_path))
+    text = html_text(page).lower()
+    for notice in ("no planner result", "no bucketing result", "no ranking of several slices"):
+        assert text.count(notice) == 1, notice
+    assert "`" not in text
+    assert '<p class="note"></p>' not in page  # no empty notice either
+
+    (tmp_path / "empty").mkdir()
+    text = html_text(render_page(collect(tmp_path / "empty"))).lower()
+    assert text.count("no run folders in") == 1 and "`" not in text
+    assert text.count("no mfu") == 1
+
+
+def html_text(page: str) -> str:
+    """The page's text as a reader sees it: no tags, no script, no style, no image data."""
+    body = re.sub(r"<(script|style)>.*?</\1>", "", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", body)
