@@ -56,6 +56,10 @@ class RooflineProbe:
     version: int = PROBE_VERSION
     load_average: float | None = None  # 1-minute load average when the probe started
     cores: int | None = None  # usable cores then
+    # A re-probe that raised a peak keeps the peaks it replaced and when (MFU figures of earlier
+    # runs divided by those, so they compare with later ones only with both figures said).
+    raised_from: dict[str, float] | None = None
+    raised_at: str | None = None
 
     @property
     def under_load(self) -> bool:
@@ -105,7 +109,21 @@ class RooflineProbe:
         return (
             f"measured roofline probe: {self.matmul_size}x{self.matmul_size} matmuls and a "
             f"{self.copy_bytes // 1024**2} MiB copy, {rounds}, at {self.measured_at}{spread_text}{load}"
+            f"{self.raised_note()}"
         )
+
+    def raised_note(self) -> str:
+        """Where a re-probe raised the peak: from what, to what and when, MFU's denominator having
+        moved (issue 55: 1772 -> 1970 GFLOP/s between two runs an hour apart, unsaid); else ""."""
+        if not self.raised_from:
+            return ""
+        now = {"float32": self.float32_flops_per_s, "bfloat16": self.bfloat16_flops_per_s}
+        moved = ", ".join(
+            f"{dtype} {old / 1e9:.0f} -> {now[dtype] / 1e9:.0f} GFLOP/s"
+            for dtype, old in self.raised_from.items()
+            if dtype in now and now[dtype] != old
+        )
+        return f"; peak last raised at {self.raised_at} ({moved}): MFU figures of runs before then divided by the lower peak"
 
     def merged_with(self, other: RooflineProbe) -> RooflineProbe:
         """The best of two probes of the same machine: a re-probe never lowers a peak."""
@@ -116,6 +134,12 @@ class RooflineProbe:
         }
         dispatch = [v for v in (self.dispatch_seconds_per_op, other.dispatch_seconds_per_op) if v is not None]
         newer = max(self, other, key=lambda p: p.measured_at_epoch)
+        older = other if newer is self else self
+        peaks = {
+            "float32": (older.float32_flops_per_s, max(self.float32_flops_per_s, other.float32_flops_per_s)),
+            "bfloat16": (older.bfloat16_flops_per_s, max(self.bfloat16_flops_per_s, other.bfloat16_flops_per_s)),
+        }
+        raised = {dtype: old for dtype, (old, new) in peaks.items() if new > old}
         return RooflineProbe(
             float32_flops_per_s=max(self.float32_flops_per_s, other.float32_flops_per_s),
             bfloat16_flops_per_s=max(self.bfloat16_flops_per_s, other.bfloat16_flops_per_s),
@@ -130,4 +154,7 @@ class RooflineProbe:
             measured_at_epoch=newer.measured_at_epoch,
             load_average=newer.load_average,
             cores=newer.cores,
+            # The earliest peaks replaced are kept: what the runs before the first raise divided by.
+            raised_from={**raised, **(older.raised_from or {})} if raised or older.raised_from else None,
+            raised_at=newer.measured_at if raised else older.raised_at,
         )
