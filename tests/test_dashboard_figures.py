@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import matplotlib.dates as mdates
+import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 from test_dashboard import TRIALS_CSV, TUNED_CONFIG
@@ -109,3 +111,13 @@ def html_text(page: str) -> str:
     """The page's text as a reader sees it: no tags, no script, no style, no image data."""
     body = re.sub(r"<(script|style)>.*?</\1>", "", page, flags=re.S)
     return re.sub(r"<[^>]+>", " ", body)
+
+
+def test_mfu_over_time_spans_the_runs_own_minutes_not_a_day(tmp_path, figures) -> None:
+    write_tune_run(tmp_path)
+    render_page(collect(tmp_path))
+    (fig,) = [f for f in figures if f.axes and f.axes[0].get_ylabel().startswith("MFU, % of device peak")]
+    low, high = (mdates.num2date(x) for x in fig.axes[0].get_xlim())
+    start, end = pd.Timestamp("2026-11-29T09:23:28Z"), pd.Timestamp("2026-11-29T09:24:33Z")
+    assert low <= start and high >= end  # the run's span, from its baseline profile to its tuned config
+    assert high - low <= pd.Timedelta(minutes=2)  # 65 s of run, not a day

@@ -64,6 +64,7 @@ COLUMNS = [
     "device",
     "device_name",
     "date",
+    "started",
     "mfu",
     "baseline_mfu",
     "tuned_mfu",
@@ -140,7 +141,8 @@ def collect(root: str | Path) -> Collection:
             rows += ranking_plans(folder, collection)
     if rows:
         frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-        frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce")
+        for column in ("date", "started"):
+            frame[column] = pd.to_datetime(frame[column], utc=True, errors="coerce")
         collection.runs = frame.sort_values("date", ascending=False, na_position="last", kind="stable")
         collection.runs = collection.runs.reset_index(drop=True)
     return collection
@@ -267,7 +269,8 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     run = folder.name
     row["report"] = report_link(folder, REPORT_MD)
     if (folder / PROFILE_JSON).exists():
-        _profile_fields(folder, row)
+        # The baseline is profiled first: its time is the run's start (the MFU plot spans start to end).
+        row["started"] = date_of(_profile_fields(folder, row).get("created"))
     if (folder / TRIALS_CSV).exists():
         try:
             trials = pd.read_csv(folder / TRIALS_CSV)

@@ -154,12 +154,17 @@ def _details(collection: Collection, limit: int) -> str:
 
 def _mfu_section(runs: pd.DataFrame) -> str:
     """MFU over time, the best MFU per model and the roofline; one notice when nothing has an MFU."""
-    over_time = plots.mfu_over_time(runs)
+    over_time = plots.figure_uri(plots.mfu_over_time(runs))
     if over_time is None:
         return note("No MFU measured yet: no readable tuning run or profile.")
     return (
         '<div class="figs">'
-        + figure_html(over_time, "MFU over time per model and device", "")
+        + figure_html(
+            over_time,
+            "MFU over time per model and device: a tuning run from its baseline at its start to its chosen "
+            "setting at its end",
+            "",
+        )
         + figure_html(
             plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
         )

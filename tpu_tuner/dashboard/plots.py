@@ -68,25 +68,49 @@ def _measured(runs: pd.DataFrame) -> pd.DataFrame:
     return rows[pd.to_numeric(rows["mfu"], errors="coerce").notna()]
 
 
-def mfu_over_time(runs: pd.DataFrame) -> str | None:
-    """MFU of each profile and tuning run against its date, one line per model and device."""
+def mfu_over_time(runs: pd.DataFrame) -> Figure | None:
+    """MFU of each profile and tuning run against time, one line per model and device: a tuning run
+    goes from its baseline MFU at its start (its baseline profile) to its chosen MFU at its end. The
+    time axis spans the runs' own times: one run of a minute reads in seconds, not a day."""
     rows = _measured(runs)
     if not len(rows):
         return None
     fig = _figure(7, 3.6, bottom=0.7)
     ax = fig.add_subplot()
-    for (model, device), group in rows.groupby(["model", "device"], dropna=False):
-        group = group.sort_values("date")
-        ax.plot(group["date"], group["mfu"].astype(float) * 100, marker="o", label=f"{model} on {device}")
+    points = _mfu_points(rows)
+    for index, ((model, device), group) in enumerate(points.groupby(["model", "device"], dropna=False, sort=False)):
+        color = f"C{index % 10}"
+        # Each run its own line: one run's end joined to the next run's baseline would read as a drop.
+        for number, (_, run) in enumerate(group.groupby("run", sort=False)):
+            run = run.sort_values("time")
+            label = f"{model} on {device}" if number == 0 else None
+            ax.plot(run["time"], run["mfu"] * 100, marker="o", color=color, label=label)
     ax.set_ylabel("MFU, % of device peak")
+    ax.set_xlabel("time (UTC)")
     ax.set_ylim(bottom=0)
-    first, last = rows["date"].min(), rows["date"].max()
-    if first == last:  # one day's runs: matplotlib would otherwise pad the axis by years
-        ax.set_xlim(first - pd.Timedelta(hours=12), last + pd.Timedelta(hours=12))
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    first, last = points["time"].min(), points["time"].max()
+    # A margin of a twentieth of the span; a single instant gets a minute either side.
+    pad = (last - first) / 20 if last > first else pd.Timedelta(minutes=1)
+    ax.set_xlim(first - pad, last + pad)
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    # Seconds as 23:13:40, not a bare "40" beside minute ticks such as "23:14".
+    formats = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, formats=formats))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")  # "best" searches every point: slow with 200 runs
-    return to_data_uri(fig)
+    return fig
+
+
+def _mfu_points(rows: pd.DataFrame) -> pd.DataFrame:
+    """(run, model, device, time, mfu) of each run's end, and of each tuning run's start where its
+    baseline profile dates it."""
+    ends = rows.assign(time=rows["date"], mfu=rows["mfu"].astype(float))
+    tuned = rows[(rows["kind"] == "tune") & rows["started"].notna() & (rows["started"] < rows["date"])]
+    tuned = tuned[pd.to_numeric(tuned["baseline_mfu"], errors="coerce").notna()]
+    starts = tuned.assign(time=tuned["started"], mfu=tuned["baseline_mfu"].astype(float))
+    columns = ["run", "model", "device", "time", "mfu"]
+    return pd.concat([starts[columns], ends[columns]], ignore_index=True)
 
 
 def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
