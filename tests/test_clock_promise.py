@@ -6,9 +6,11 @@ it by what the setting takes."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import optuna
+import pytest
 from conftest import FIXTURES
 
 from tpu_tuner.core.failures import FailureKind
@@ -76,7 +78,9 @@ class ClockedRunner:
         return JobResult(value=m, seconds=takes)
 
 
-def _search(monkeypatch, budget_s: float | None, order: list[dict[str, str]]) -> tuple[optuna.Study, ClockedRunner, Now]:
+def _search(
+    monkeypatch, budget_s: float | None, order: list[dict[str, str]]
+) -> tuple[optuna.Study, ClockedRunner, Now]:
     now = Now()
     monkeypatch.setattr(trials, "Clock", lambda budget, started: Clock(budget, started, now))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -138,3 +142,17 @@ def test_without_a_clock_nothing_is_skipped_or_limited(monkeypatch) -> None:
     ]
     _, runner, _ = _search(monkeypatch, None, order)
     assert all(limit is None for _, _, limit in runner.jobs) and len(runner.jobs) == 4
+
+
+def test_a_search_the_clock_stopped_says_so_with_its_figures(monkeypatch) -> None:
+    """An --nproc run stopped after 2 settings with 44 s left and said nothing of why."""
+    from tpu_tuner.tuning.clock import clock_stop_words
+
+    order = [{"execution": "eager", "matmul_precision": "highest"}]
+    study, _, now = _search(monkeypatch, 40.0, order)
+    words = clock_stop_words(study.trials, Clock(40.0, 0.0, now))
+    left = re.match(
+        r"search stopped by the clock with ([\d.]+) s left: the next trial \(about [\d.]+ s, the median", words
+    )
+    assert left is not None and float(left.group(1)) == pytest.approx(40.0 - now.t, abs=0.05)
+    assert "kept for the race and verification" in words

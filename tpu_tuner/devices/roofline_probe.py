@@ -123,7 +123,10 @@ class RooflineProbe:
             for dtype, old in self.raised_from.items()
             if dtype in now and now[dtype] != old
         )
-        return f"; peak last raised at {self.raised_at} ({moved}): MFU figures of runs before then divided by the lower peak"
+        return (
+            f"; peak last raised at {self.raised_at} ({moved}): "
+            "MFU figures of runs before then divided by the lower peak"
+        )
 
     def merged_with(self, other: RooflineProbe) -> RooflineProbe:
         """The best of two probes of the same machine: a re-probe never lowers a peak."""

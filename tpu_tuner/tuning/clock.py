@@ -172,6 +172,18 @@ def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     return left - next_trial_seconds(trials) > reserved_finish_seconds(trials)
 
 
+def clock_stop_words(trials: Sequence[FrozenTrial], clock: Clock) -> str:
+    """Why the search stopped for the clock, with its figures (a search that stopped with 44 s
+    left and said nothing, issue 55)."""
+    left = clock.left()
+    return (
+        f"search stopped by the clock with {duration(left or 0.0)} left: the next trial (about "
+        f"{duration(next_trial_seconds(trials))}, the median so far) would eat into the "
+        f"{duration(reserved_finish_seconds(trials))} kept for the race and verification and the "
+        f"{duration(WRAP_UP_S)} for writing the results"
+    )
+
+
 def expected_trial_seconds(trials: Sequence[FrozenTrial], execution: str) -> tuple[float, bool]:
     """What a trial of compile mode `execution` is expected to take, and whether that mode was
     seen: the longest wall time of the measured trials of that mode (its compile dominates: a
@@ -216,6 +228,7 @@ def trial_allowance(trials: Sequence[FrozenTrial], clock: Clock, execution: str)
 __all__ = [
     "CLOCK",
     "MIN_VERIFY_ROUNDS",
+    "clock_stop_words",
     "Clock",
     "FinishPlan",
     "finish_seconds",

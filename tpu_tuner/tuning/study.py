@@ -37,11 +37,12 @@ from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.fingerprint import fingerprint
 from tpu_tuner.studies.liveness import RunningWatch, Worker, set_liveness, trial_id_of
+from tpu_tuner.studies.loop import StopReason
 from tpu_tuner.studies.trial_record import write_stored
 from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.clock import Clock, FinishPlan, plan_finish
+from tpu_tuner.tuning.clock import Clock, FinishPlan, clock_stop_words, plan_finish
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.race import RACE_TOP, RACE_WITHIN, leaders
@@ -230,6 +231,8 @@ def _tune_in(
         baseline=space.to_candidate(space.baseline_params()).to_dict(),  # accuracy is judged against it
     )
     end = run_search(study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker)
+    if end == StopReason.CLOCK:
+        say("search", clock_stop_words(study.get_trials(deepcopy=False), Clock(options.search.time_budget_s, started)))
     left_to = None
     if location.shared:
         say("verify", "settling: waiting for the study's running trials")
