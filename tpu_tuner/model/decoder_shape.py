@@ -76,6 +76,7 @@ from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.core.field_types import wrong_type
 from tpu_tuner.core.key_values import parse_key_values
 from tpu_tuner.model.shape_checks import check_gpt_oss_keys, check_layer_sharing
+from tpu_tuner.model.shape_keys import refuse_incomplete
 
 INLINE_PREFIX = "decoder:"
 ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu", "clamped_swiglu")  # gelu_tanh: GELU's tanh approximation
@@ -238,7 +239,9 @@ class DecoderShape:
             raise WorkloadError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.n_kv_heads})", where)
         if self.head_dim is None and not self.kv_lora_rank and self.d_model % self.heads:
             raise WorkloadError(
-                f"d_model ({self.d_model}) is not a multiple of heads ({self.heads}): give head_dim", where
+                f"heads ({self.heads}) must divide d_model ({self.d_model}) for heads d_model / heads wide: d_model "
+                f"({self.d_model}) is not a multiple of heads ({self.heads}); give heads that divide it, or head_dim",
+                where,
             )
         if self.positions == "rope" and (self.rotary_dim % 2 or not 0 < self.rotary_fraction <= 1):
             raise WorkloadError(
@@ -374,10 +377,8 @@ def read_shape(path: str | Path) -> tuple[DecoderShape, dict[str, int], str]:
     wrong = wrong_type(DecoderShape, model)
     if wrong:
         raise WorkloadError(wrong, path)
-    try:
-        shape = DecoderShape(**model)
-    except TypeError as exc:
-        raise WorkloadError(f"incomplete shape: {exc}", path) from exc
+    refuse_incomplete(DecoderShape, model, path)  # the keys missing and what they mean, not a TypeError
+    shape = DecoderShape(**model)
     shape.check(path)
     sizes = {k: v for k, v in run.items() if k in ("batch_size", "seq_len")} if isinstance(run, dict) else {"": run}
     if any(type(v) is not int or v < 1 for v in sizes.values()):
