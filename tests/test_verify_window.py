@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -247,3 +248,117 @@ def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
         "round 7 (baseline 45.0 ms, best 61.2 ms)." in report
     )
     assert "Disturbed rounds" not in render_report(_result(tmp_path), {})
+
+
+def _jitter(r: int, k: int = 0) -> float:
+    """A fixed small wobble of round `r` (setting `k`): within 0.6%, no trend, no clusters."""
+    return 1.0 + 0.003 * np.sin(1.7 * r + 2.3 * k) + 0.002 * np.cos(0.9 * r * r + k)
+
+
+def test_a_bimodal_best_is_flagged_re_run_and_said() -> None:
+    # Issue 55: the tuned step in two clusters (8 rounds near 22.5 ms, 4 at 33-35 ms), the baseline
+    # at 171 ms; every third round slow, so the rounds added for it keep the pattern.
+    def steps(r: int) -> list[float]:
+        best = (0.033 + 0.001 * (r % 3)) if r % 3 == 2 else 0.0225 * _jitter(r, 1)
+        return [0.171 * _jitter(r), best]
+
+    decided = measure_until_decided(_window(steps, FakeClock())[0], 12, 48, _no_clock)
+    assert not isinstance(decided, str) and decided.verdict is VerdictKind.VERIFIED
+    found = {(u.label, u.kind) for u in decided.unsteady}
+    assert ("best", "bimodal") in found and not any(u.label == "baseline" for u in decided.unsteady)
+    assert decided.added_for_unsteady is not None and decided.added_for_unsteady >= 2  # re-run, once
+    bimodal = next(u for u in decided.unsteady if (u.label, u.kind) == ("best", "bimodal"))
+    assert re.search(r"^\d+ rounds near 22\.\d ms, \d+ near 3[345]\.\d ms$", bimodal.detail), bimodal.detail
+    message = verdict_message(decided, 12, unclocked=True)
+    assert "unsteady rounds: best bimodal (" in message and re.search(r"; \d+ rounds added for (it|them)", message)
+
+
+def test_a_steady_window_is_not_flagged_and_adds_no_round() -> None:
+    def steps(r: int) -> list[float]:
+        return [0.100 * _jitter(r), 0.050 * _jitter(r, 1)]
+
+    decided = measure_until_decided(_window(steps, FakeClock())[0], 12, 48, _no_clock)
+    assert not isinstance(decided, str) and decided.verdict is VerdictKind.VERIFIED
+    assert decided.unsteady == () and decided.added_for_unsteady is None and len(decided.samples[0]) == 12
+    assert "unsteady" not in verdict_message(decided, 12, unclocked=True)
+
+
+def test_a_drifting_ratio_is_flagged_and_the_clock_bounds_the_rounds_added() -> None:
+    # Issue 55: the running ratio drifting from 8.65x to 6.52x over 12 rounds (the best slowing).
+    def steps(r: int) -> list[float]:
+        ratio = np.exp(np.log(8.65) + (np.log(6.52) - np.log(8.65)) * r / 11)
+        return [0.171 * _jitter(r), 0.171 / ratio * _jitter(r, 1)]
+
+    decided = measure_until_decided(_window(steps, FakeClock())[0], 12, 48, _no_clock)
+    assert not isinstance(decided, str) and decided.verdict is VerdictKind.VERIFIED
+    kinds = {(u.label, u.kind) for u in decided.unsteady}
+    assert ("baseline/best ratio", "drifting") in kinds and ("best", "drifting") in kinds
+    assert ("baseline", "drifting") not in kinds
+    assert decided.added_for_unsteady is not None and decided.added_for_unsteady > 0
+    ratio = next(u for u in decided.unsteady if u.label == "baseline/best ratio")
+    assert re.fullmatch(r"8\.\d\dx to \d\.\d\dx over \d+ rounds, -\d+%", ratio.detail), ratio.detail
+    # No room on the clock after the planned rounds: flagged all the same, nothing added, and said.
+    spent = FakeClock()
+    no_room = Clock(budget_s=1.0, started=spent.now - 60, now=spent.monotonic)
+    late = measure_until_decided(_window(steps, spent)[0], 12, 48, no_room.left)
+    assert not isinstance(late, str) and late.added_for_unsteady == 0 and len(late.samples[0]) == 12
+    assert late.stopped_by == "decided" and {(u.label, u.kind) for u in late.unsteady} >= {("best", "drifting")}
+    assert "the clock left no room to add rounds for them" in verdict_message(late, 12, unclocked=False)
+
+
+def test_steady_noise_is_rarely_called_unsteady() -> None:
+    from tpu_tuner.metrics.unsteady import bimodal, drift
+
+    rng = np.random.default_rng(55)
+    for rounds in (8, 12, 24):
+        windows = [rng.normal(0, sd, rounds) for sd in (0.01, 0.05, 0.2) for _ in range(400)]
+        assert sum(bimodal(w) is not None for w in windows) <= 4  # 1 in 300 at most
+        assert sum(drift(w, range(rounds)) is not None for w in windows) <= 12  # 1 in 100 at most
+
+
+class _DriftingRunner:
+    """The race test's scripted source (2.5x for matmul medium at first), the medium step slowing
+    round by round: the ratio drifts from 2.5x to about 2.0x over the 12 planned rounds."""
+
+    keeps_warm_steps = True
+
+    def run(self, request, env=None, timeout_s=None):
+        samples = []
+        for c in request.candidates:
+            steps = []
+            for r in range(request.first_round, request.first_round + request.rounds):
+                step = 0.100 if c["matmul_precision"] == "highest" else 0.040 * 1.25 ** (r / 11)
+                steps.append(step * _jitter(r, len(samples)))
+            samples.append(steps)
+        return JobResult(value=Comparison(samples=samples, compiles_while_comparing={}))
+
+
+def test_verify_records_the_unsteady_rounds_and_report_md_says_them(tmp_path) -> None:
+    from test_window_figures import _result
+
+    from tpu_tuner.metrics.unsteady import Unsteady
+    from tpu_tuner.outputs.tuning_report import render_report
+
+    study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
+    options = TuneOptions(
+        objective=ObjectiveOptions(verify_rounds=12), runner=RunnerOptions(trial_settings=ProfilerSettings())
+    )
+    v = verify(study, _space(), _DriftingRunner(), options, "cpu")  # type: ignore[arg-type]
+    assert v.verdict == VerdictKind.VERIFIED and v.unsteady_added is not None and v.unsteady_added > 0
+    assert {(u.label, u.kind) for u in v.unsteady} >= {("best", "drifting"), ("baseline/best ratio", "drifting")}
+    assert "; unsteady rounds: best drifting (39.9 ms to " in v.message and "; 6 rounds added for them" in v.message
+    data = dataclasses.asdict(v)
+    data["chosen"] = v.chosen.to_dict()
+    assert from_plain(Verification, json.loads(json.dumps(data))).unsteady == v.unsteady
+    result = _result(tmp_path)
+    result.verification = dataclasses.replace(
+        result.verification, unsteady=[Unsteady("best", "bimodal", "8 rounds near 22.5 ms, 4 near 34.0 ms")]
+    )
+    result.verification.unsteady_added = 6
+    report = render_report(result, {})
+    assert (
+        "- Unsteady rounds (two clusters of a setting's rounds, or a trend over them, judged per setting and for the "
+        "ratio: docs/tuning.md): best bimodal (8 rounds near 22.5 ms, 4 near 34.0 ms). 6 rounds were added for "
+        "them, once." in report
+    )
+    assert "Unsteady rounds" not in render_report(_result(tmp_path), {})

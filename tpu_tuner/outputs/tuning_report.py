@@ -181,6 +181,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         "with t intervals at the level of the window's last look (97% at the first, more at each look after it: "
         f"rounds are added until the interval decides, docs/tuning.md). Verdict: {v.verdict_kind}.",
         *_disturbed_lines(v),
+        *_unsteady_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
         "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
         f"- Worker processes started: {result.worker_starts}.",
@@ -202,6 +203,24 @@ def _disturbed_lines(v: Verification) -> list[str]:
         "- Disturbed rounds, left out and re-run where the clock allowed (a step more than "
         f"{DISTURBED_DEVIATIONS:g} robust deviations above its setting's median in the window, or a ratio as far "
         f"off the median ratio: docs/tuning.md): {rounds}."
+    ]
+
+
+def _unsteady_lines(v: Verification) -> list[str]:
+    """The settings whose rounds the window found bimodal or drifting, and what was done, or nothing."""
+    if not v.unsteady:
+        return []
+    added = v.unsteady_added
+    done = (
+        ""
+        if added is None
+        else " The clock left no room to add rounds for them."
+        if added == 0
+        else f" {added} round{'s were' if added > 1 else ' was'} added for them, once."
+    )
+    return [
+        "- Unsteady rounds (two clusters of a setting's rounds, or a trend over them, judged per setting and for "
+        f"the ratio: docs/tuning.md): {'; '.join(u.describe() for u in v.unsteady)}.{done}"
     ]
 
 

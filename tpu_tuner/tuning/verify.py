@@ -21,6 +21,7 @@ import optuna
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import MIN_GAIN, PairedSpeedup, VerdictKind, paired_speedup
+from tpu_tuner.metrics.unsteady import Unsteady
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
@@ -91,6 +92,10 @@ class Verification:
     # The window's rounds left out as disturbed (each re-run where the clock allowed); `samples`
     # holds the others.
     disturbed_rounds: list[DisturbedRound] = field(default_factory=list)
+    # The settings (and the baseline/best ratio) whose rounds were bimodal or drifting at the last
+    # look (metrics/unsteady.py), and the rounds added for them (None: none asked for; 0: no room).
+    unsteady: list[Unsteady] = field(default_factory=list)
+    unsteady_added: int | None = None
 
     @classmethod
     def keeping_baseline(
@@ -208,6 +213,7 @@ def verify(
         UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING,
         _seconds_left(clock),
         progress,
+        list(labels),
     )
     if isinstance(decided, str):
         return Verification.keeping_baseline(
@@ -249,6 +255,8 @@ def verify(
             DisturbedRound(i + 1, {label: decided.samples[k][i] for k, label in enumerate(labels)})
             for i in decided.disturbed
         ],
+        unsteady=list(decided.unsteady),
+        unsteady_added=decided.added_for_unsteady,
     )
 
 
@@ -274,6 +282,7 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
             f"alternating every {PROCESS_BLOCK_ROUNDS} rounds"
         )
     notes += "".join(f"; {note}" for note in decided.notes)
+    notes += unsteady_note(decided)
     if verdict is VerdictKind.VERIFIED:
         return f"verified: {s.describe()}{notes}"
     if verdict is VerdictKind.NO_GAIN:
@@ -288,6 +297,23 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
         f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
         f"({s.speedup:.2f}x, {s.level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
     )
+
+
+def unsteady_note(decided: DecidedWindow) -> str:
+    """The settings whose rounds the last look found bimodal or drifting, and the rounds added for
+    them (metrics/unsteady.py); empty when none was."""
+    if not decided.unsteady:
+        return ""
+    them = "it" if len(decided.unsteady) == 1 else "them"
+    added = decided.added_for_unsteady
+    said = (
+        ""
+        if added is None
+        else f"; the clock left no room to add rounds for {them}"
+        if added == 0
+        else f"; {added} round{'s' if added > 1 else ''} added for {them}"
+    )
+    return f"; unsteady rounds: {', '.join(u.describe() for u in decided.unsteady)}{said}"
 
 
 def trial_measurement(study: optuna.Study, number: int | None) -> Any:

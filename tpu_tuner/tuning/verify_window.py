@@ -8,15 +8,21 @@ again are added (at least `MIN_ADDED`), and every disturbed round is replaced by
 long as the clock has room for one more round (or, without a clock, up to `max_rounds`); then it
 looks again. When the time is gone, the last look's interval is the verdict: verified, no gain,
 or undecided.
+
+Each look also judges every setting's rounds, and the baseline/best ratio, for two clusters or a
+drift (metrics/unsteady.py). A decided look that finds one adds rounds once more, as an undecided
+look would, where the clock has room (a switch that comes and goes shows in more rounds, and a
+drift either settles or goes on); the last look's findings go with the verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tpu_tuner.metrics.disturbed import disturbed_rounds
 from tpu_tuner.metrics.paired import PairedSpeedup, VerdictKind, look_level, paired_speedup
+from tpu_tuner.metrics.unsteady import Unsteady, unsteady_settings
 from tpu_tuner.tuning.interleaved import InterleavedWindow, VerifyProgress
 
 MIN_ADDED = 2
@@ -35,6 +41,10 @@ class DecidedWindow:
     compiles: dict[str, int]  # compiles seen while comparing, by kind
     processes: int = 1  # processes the settings ran in (more than one: start-up environments differ)
     notes: tuple[str, ...] = ()  # what the jobs found of their timing (a step scaled to hold its work)
+    # The settings the last look judged unsteady (metrics/unsteady.py), and the rounds added for them
+    # after a look that had decided (None: none was asked for; 0: the clock had no room).
+    unsteady: tuple[Unsteady, ...] = ()
+    added_for_unsteady: int | None = None
 
     @property
     def verdict(self) -> VerdictKind:
@@ -51,15 +61,35 @@ def measure_until_decided(
     max_rounds: int,
     seconds_left: Callable[[], float | None],
     progress: VerifyProgress | None = None,
+    labels: Sequence[str] = ("baseline", "best"),
 ) -> DecidedWindow | str:
     """Run `window` as the module says: `first_rounds` rounds whatever the clock (the finish's plan
-    fitted them to it), then rounds while undecided, each only when `seconds_left()` (None: no
-    clock) holds the window's estimate of a round, and never beyond `max_rounds` in all. Returns
-    why a round failed, else the decided (or timed-out) window. The window is closed either way."""
+    fitted them to it), then rounds while undecided (or once more for an unsteady setting), each
+    only when `seconds_left()` (None: no clock) holds the window's estimate of a round, and never
+    beyond `max_rounds` in all; `labels` name the window's settings in what it finds. Returns why a
+    round failed, else the decided (or timed-out) window. The window is closed either way."""
     first_rounds = max(2, first_rounds)
+    labels = [*labels, *(f"setting {i + 1}" for i in range(len(labels), len(window.samples)))]
     try:
         target, looks, stopped_by = first_rounds, 0, ""
         looked: tuple[int, PairedSpeedup] | None = None  # the rounds at the last look, and its figure
+        unsteady: list[Unsteady] = []
+        extended_at: int | None = None  # the rounds when a decided look asked for more for an unsteady setting
+
+        def outcome(disturbed: list[int], speedup: PairedSpeedup) -> DecidedWindow:
+            return DecidedWindow(
+                window.samples,
+                disturbed,
+                speedup,
+                looks,
+                "decided" if speedup.decided else stopped_by,
+                window.compiles,
+                len(window.groups),
+                tuple(dict.fromkeys(window.notes)),
+                tuple(unsteady),
+                None if extended_at is None else window.rounds - extended_at,
+            )
+
         while True:
             disturbed = disturbed_rounds(window.samples)
             while window.rounds - len(disturbed) < target:
@@ -83,16 +113,7 @@ def measure_until_decided(
             if looked is not None and looked[0] == window.rounds:
                 # Nothing was added since the last look (the clock had no room): that look stands, and
                 # another at a stricter level would only widen the same interval.
-                return DecidedWindow(
-                    window.samples,
-                    disturbed,
-                    looked[1],
-                    looks,
-                    stopped_by,
-                    window.compiles,
-                    len(window.groups),
-                    tuple(dict.fromkeys(window.notes)),
-                )
+                return outcome(disturbed, looked[1])
             looks += 1
             good_rounds = [i for i in range(window.rounds) if i not in disturbed]
             if len(good_rounds) < 2:
@@ -103,19 +124,13 @@ def measure_until_decided(
                 level=look_level(looks),
             )
             looked = (window.rounds, speedup)
-            if speedup.decided:
+            unsteady = unsteady_settings(window.samples, labels)
+            if speedup.decided and not (unsteady and extended_at is None):
                 stopped_by = "decided"
+            elif speedup.decided:
+                extended_at = window.rounds  # decided, but a setting is unsteady: more rounds, once
             if stopped_by:
-                return DecidedWindow(
-                    window.samples,
-                    disturbed,
-                    speedup,
-                    looks,
-                    stopped_by,
-                    window.compiles,
-                    len(window.groups),
-                    tuple(dict.fromkeys(window.notes)),
-                )
+                return outcome(disturbed, speedup)
             target = len(good_rounds) + max(MIN_ADDED, len(good_rounds) // 2)
     finally:
         window.close()
