@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -192,6 +193,9 @@ def test_a_model_that_fails_on_fake_tensors_runs_anyway_with_the_reason(tmp_path
     state = WorkerState(str(path), "cpu")
     estimate = estimate_or_refuse(state.workload, state.backend, Candidate(), None, None, 1, "a limit of 1 byte")
     assert estimate.step_bytes is None and "does not run on fake tensors" in str(estimate.reason)
+    # What failed and where, in a line: a library's own message (torch's MemTracker asked users to
+    # "file a github issue" in a report) stays in the workers' log.
+    assert re.fullmatch(r"the step does not run on fake tensors \(\w+ in [\w./-]+\.py\)", str(estimate.reason))
     m = run_measure(state, MeasureRequest(candidate={}, model_flops_per_step=1.0, peak_flops_per_s={"float32": 1e12}))
     assert m.step_median > 0 and m.estimated_peak_bytes is None and m.estimate_error is None
     assert m.estimate_note is not None and "fake tensors" in m.estimate_note

@@ -26,10 +26,12 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import traceback
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+from tpu_tuner.core.errors import first_line
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.heap_model import Change, replay
 from tpu_tuner.execution.malloc_replay import heap_growth
@@ -104,14 +106,25 @@ def estimate_step_memory(
     try:
         step_bytes, floor, changes = _fake_step_peak(workload, backend, candidate, batch_size, seq_len, *classes)
     except Exception as exc:  # the model's code on fake tensors: any error means no estimate
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        reason = f"the step does not run on fake tensors ({type(exc).__name__}: {first})"
-        log.debug("no memory estimate for %s: %s", candidate.describe(), reason)
+        # One line of what failed for the report; the library's own message to the workers' log.
+        reason = f"the step does not run on fake tensors ({type(exc).__name__} in {_raised_in(exc)})"
+        log.warning("no memory estimate for %s: %s", candidate.describe() or "the baseline", first_line(exc))
         return as_of_now(MemoryEstimate(None, reason=reason, seconds=time.perf_counter() - started), backend)
     finally:
         gc.collect()
     made = MemoryEstimate(step_bytes, 0, None, time.perf_counter() - started, floor, changes=tuple(changes))
     return as_of_now(made, backend)
+
+
+def _raised_in(exc: BaseException) -> str:
+    """Where `exc` was raised, as a path a user can place: inside an installed package from the
+    package's folder on ("torch/distributed/_tools/mem_tracker.py"), else the file's name."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    path = frames[-1].filename.replace("\\", "/")
+    inside = path.rsplit("-packages/", 1)
+    return inside[1] if len(inside) == 2 else path.rsplit("/", 1)[-1]
 
 
 def as_of_now(estimate: MemoryEstimate, backend: Backend) -> MemoryEstimate:
