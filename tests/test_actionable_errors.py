@@ -4,6 +4,7 @@ keys missing, and a "did you mean" only for a close name."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, fields
 
 import pytest
@@ -41,3 +42,21 @@ def test_a_shape_error_says_what_is_wrong_and_nothing_else(spec: str, said: str,
 def test_every_required_shape_key_has_a_meaning() -> None:
     required = {f.name for f in fields(DecoderShape) if f.default is MISSING and f.default_factory is MISSING}
     assert set(REQUIRED_KEYS) == required
+
+
+def test_a_model_type_is_suggested_only_when_close() -> None:
+    pytest.importorskip("transformers")
+    from tpu_tuner.core.errors import UserInputError
+    from tpu_tuner.model.hf_source import load_config, parse
+
+    def refusal(text: str) -> str:
+        with pytest.raises(UserInputError) as info:
+            load_config(parse(text))
+        return str(info.value)
+
+    far = refusal("hf:not_a_real_model_type")
+    assert far == "hf:not_a_real_model_type: unknown transformers model type 'not_a_real_model_type'"
+    assert re.search(r"did you mean llama\b", refusal("hf:lama"))
+    assert "did you mean hidden_size?" in refusal("hf:llama?hiden_size=64")  # not hidden_act as well
+    assert "did you mean num_hidden_layers?" in refusal("hf:llama?num_layers=2")  # its words, in order
+    assert "did you mean" not in refusal("hf:llama?foo_bar=1")

@@ -38,6 +38,10 @@ TASKS = ("causal-lm", "masked-lm", "seq2seq", "classification")
 OPTIONS = ("inference", "weights", "task")
 INSTALL_HINT = "Hugging Face models need the transformers package: pip install 'tpu-tune[hf]'"
 HUB_PROBE_TIMEOUT_S = 3.0
+# How alike (difflib's ratio) a name must be to be suggested: 'lama' is 0.89 to 'llama', 'lamma'
+# 0.80; difflib's own 0.6 suggested 'voxtral_realtime_text' for 'not_a_real_model_type' (0.62),
+# among 400-odd model types something always reaches it.
+CLOSE_RATIO = 0.8
 
 Kind = Literal["directory", "hub", "type"]
 
@@ -140,8 +144,7 @@ def _config_for_type(source: HfSource, transformers: Any) -> PretrainedConfig:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if source.location not in CONFIG_MAPPING_NAMES:
-        close = difflib.get_close_matches(source.location, list(CONFIG_MAPPING_NAMES), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = _did_you_mean(source.location.lower(), list(CONFIG_MAPPING_NAMES))
         raise UserInputError(f"unknown transformers model type {source.location!r}{hint}", source.text)
     try:
         default = transformers.AutoConfig.for_model(source.location)
@@ -159,9 +162,23 @@ def _check_keys(config: PretrainedConfig, overrides: dict[str, Any], source: HfS
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
     for key in overrides:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = _did_you_mean(key, sorted(known), by_words=True)
             raise UserInputError(f"{type(config).__name__} has no setting {key!r}{hint}", source.text)
+
+
+def _did_you_mean(word: str, names: list[str], by_words: bool = False) -> str:
+    """'; did you mean a, b?' naming up to three of `names` close to `word`, or '' where none is.
+    With `by_words`, a name holding the word's '_'-separated words in order is close too: a setting
+    named short ('num_layers' for num_hidden_layers, 'vocab' for vocab_size)."""
+    close = difflib.get_close_matches(word, names, n=3, cutoff=CLOSE_RATIO)
+    if by_words and not close:
+        close = [name for name in names if _holds_in_order(name.split("_"), word.split("_"))][:3]
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def _holds_in_order(words: list[str], wanted: list[str]) -> bool:
+    remaining = iter(words)
+    return all(any(word == want for word in remaining) for want in wanted)
 
 
 def _hub_config(source: HfSource, transformers: Any) -> PretrainedConfig:
