@@ -13,7 +13,8 @@ import matplotlib.dates as mdates
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
-from test_dashboard import TRIALS_CSV, TUNED_CONFIG
+from matplotlib.text import Text
+from test_dashboard import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.plain_data import json_default
@@ -121,3 +122,28 @@ def test_mfu_over_time_spans_the_runs_own_minutes_not_a_day(tmp_path, figures) -
     start, end = pd.Timestamp("2026-11-29T09:23:28Z"), pd.Timestamp("2026-11-29T09:24:33Z")
     assert low <= start and high >= end  # the run's span, from its baseline profile to its tuned config
     assert high - low <= pd.Timedelta(minutes=2)  # 65 s of run, not a day
+
+
+def test_every_label_is_at_least_10_px_at_the_pages_width(tmp_path, figures) -> None:
+    write_tune_run(tmp_path)
+    write_tune_run(tmp_path, "gpt-tune-20261130-092208", verification_json({"autocast": ("none", "bfloat16", 3.0)}))
+    write_json(
+        tmp_path, "gpt_70b-plan-v5p-8-20261125-000000", "plan.json", plan_dict("v5p-8", 4, [0.41, 0.5], [True, False])
+    )
+    write_json(tmp_path, "gpt_70b-plan-v5p-16-20261125-010000", "plan.json", plan_dict("v5p-16", 8, [0.38], [True]))
+    many = plan_dict("v5p-64", 32, [0.3 + 0.01 * i for i in range(20)], [True] * 20)  # a wide figure
+    write_json(tmp_path, "gpt_70b-plan-v5p-64-20261125-020000", "plan.json", many)
+    write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])
+    write_json(tmp_path, "tiny_encoder-buckets-20261126-000000", "buckets.json", buckets_dict())
+    render_page(collect(tmp_path))
+    assert len(figures) >= 10  # MFU x3, two runs, four plans, the scaling, the ranking, the buckets
+    small = []
+    for fig in figures:
+        natural = fig.get_figwidth() * plots.DPI
+        shown = min(natural, FIGURE_ROOM_PX) / natural  # img{max-width:100%} only ever shrinks
+        for text in fig.findobj(Text):
+            if text.get_visible() and text.get_text().strip():
+                px = text.get_fontsize() * plots.DPI / 72 * shown
+                if px < MIN_LABEL_PX:
+                    small.append(f"{text.get_text()!r}: {px:.1f} px")
+    assert not small, f"{len(small)} texts under {MIN_LABEL_PX} px, e.g. {small[:5]}"

@@ -26,6 +26,15 @@ from tpu_tuner.model.layouts import Layout
 from tpu_tuner.studies import records
 
 DPI = 80
+# Every text at least 10 px where the page shows the PNG: at DPI px per inch that is 72 * 10 / DPI
+# points (9 pt at 80 dpi), as long as the figure is not shrunk to fit the page (MAX_WIDTH_IN).
+MIN_LABEL_PX = 10
+SMALL = 72 * MIN_LABEL_PX / DPI
+TITLE = SMALL + 1
+# The widest figure a 1400 px page shows at its own size: 1400 px less the body's margins (2 x 21 px),
+# a <figure>'s (2 x 40 px) and the image's border (2 px); `img{max-width:100%}` shrinks a wider one.
+PAGE_PX = 1400
+MAX_WIDTH_IN = (PAGE_PX - 2 * 21 - 2 * 40 - 2) / DPI
 _OK = "tab:blue"
 
 
@@ -40,6 +49,7 @@ def _figure(
 ) -> Figure:
     """A figure with fixed margins (in inches). Not layout="constrained": the layout engine draws
     every figure twice, which was a third of the page's render time for 200 runs."""
+    width = min(width, MAX_WIDTH_IN)  # wider would be shrunk by the page, and its labels with it
     fig = Figure(figsize=(width, height))
     fig.subplots_adjust(
         left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height, wspace=wspace
@@ -98,7 +108,7 @@ def mfu_over_time(runs: pd.DataFrame) -> Figure | None:
     formats = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, formats=formats))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")  # "best" searches every point: slow with 200 runs
+    ax.legend(fontsize=SMALL, loc="lower left")  # "best" searches every point: slow with 200 runs
     return fig
 
 
@@ -122,7 +132,7 @@ def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
     best = rows.assign(mfu=rows["mfu"].astype(float)).sort_values("mfu").groupby(["model", "device"]).tail(1)
     labels = [f"{m} on {d}" for m, d in zip(best["model"], best["device"])]
     # Horizontal bars: a model name of any length sits on its own line, never over its neighbour's.
-    left = min(4.0, 0.3 + 0.065 * max(map(len, labels)))
+    left = min(4.5, 0.3 + 0.08 * max(map(len, labels)))
     fig = _figure(left + 5.0, 0.9 + 0.32 * len(labels), bottom=0.5, left=left, top=0.15)
     ax = fig.add_subplot()
     y = np.arange(len(labels))
@@ -134,14 +144,14 @@ def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
             index,
             f"{mfu:.0%} ({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
             va="center",
-            fontsize=7,
+            fontsize=SMALL,
         )
-    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_yticks(y, labels, fontsize=SMALL)
     ax.set_ylim(-0.6, len(labels) - 0.4)
     ax.set_xlabel("best MFU, % of device peak")
     ax.set_xlim(0, 130)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.tick_params(labelsize=SMALL)
+    ax.legend(fontsize=SMALL, loc="lower right")
     return fig
 
 
@@ -181,7 +191,7 @@ def roofline_figure(runs: pd.DataFrame) -> Figure | None:
     ax.set_xlabel("arithmetic intensity, FLOP per byte")
     ax.set_ylabel("achieved FLOP/s")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return fig
 
 
@@ -205,7 +215,7 @@ def run_detail(trials: pd.DataFrame) -> str:
     # A fixed layout, not "constrained": the layout engine was over half of this figure's render time,
     # and this figure is drawn once per tuning run.
     fig = Figure(figsize=(13, 3.2))
-    fig.subplots_adjust(left=0.045, right=0.99, bottom=0.16, top=0.9, wspace=0.42)
+    fig.subplots_adjust(left=0.045, right=0.99, bottom=0.16, top=0.9, wspace=0.55)
     history, mfu, pareto, knobs = fig.subplots(1, 4)
     number = done["number"].to_numpy()
     step_ms = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
@@ -226,7 +236,7 @@ def run_detail(trials: pd.DataFrame) -> str:
             label="best so far",
         )
     history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
-    history.legend(fontsize=6)
+    history.legend(fontsize=SMALL)
 
     mfu_values = pd.to_numeric(done.get(records.MFU), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
     mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
@@ -247,7 +257,7 @@ def run_detail(trials: pd.DataFrame) -> str:
         )
         pareto.set_yscale("log")
         pareto.minorticks_off()  # minor ticks of log axes are many Line2D objects: a tenth of the render
-        pareto.legend(fontsize=6)
+        pareto.legend(fontsize=SMALL)
     pareto.set(title="speed against accuracy error", xlabel="amortised step, ms", ylabel="relative error")
 
     importance = knob_importance(trials)
@@ -259,8 +269,8 @@ def run_detail(trials: pd.DataFrame) -> str:
         knobs.text(0.5, 0.5, "too few trials\nto rank the knobs", ha="center", va="center", transform=knobs.transAxes)
     knobs.set(title="knob importance (PED-ANOVA)", xlabel="share of step-time variation")
     for ax in (history, mfu, pareto, knobs):
-        ax.tick_params(labelsize=7)
-        ax.title.set_fontsize(8)
+        ax.tick_params(labelsize=SMALL)
+        ax.title.set_fontsize(TITLE)
     return to_data_uri(fig)
 
 
@@ -280,7 +290,12 @@ def plan(plan_data: dict[str, Any]) -> str:
     plans = plan_data["plans"]
     labels = [Layout.from_mesh(p["layout"]).short(with_context=False) for p in plans]
     predictions = [p.get("prediction") for p in plans]
-    fig = _figure(max(8, 1.3 * len(labels)), 3.4, bottom=0.75, left=0.6, wspace=0.25)
+    width = min(max(8, 1.3 * len(labels)), MAX_WIDTH_IN)
+    # Layout names side by side need ~0.075 in a character at SMALL; where they would collide, upright.
+    longest = 0.075 * max(map(len, labels), default=1)
+    crowded = len(labels) * (longest + 0.1) > (width - 0.75) / 2 - 0.3
+    below = longest if crowded else 0.0
+    fig = _figure(width, 3.65 + below, bottom=0.75 + below, left=0.6, top=0.6, wspace=0.25)
     mfu_ax, split_ax = fig.subplots(1, 2)
     colors = [
         _OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red" for p in plans
@@ -288,7 +303,7 @@ def plan(plan_data: dict[str, Any]) -> str:
     bands = [((p.get("band") or {}).get("points") or 0.0) if p.get("prediction") else 0.0 for p in plans]
     mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors, yerr=bands, capsize=3)
     mfu_ax.set(
-        title="predicted MFU ± its band (red: does not fit in HBM; grey: compiler failed)",
+        title="predicted MFU ± its band\n(red: does not fit in HBM; grey: compiler failed)",
         ylabel="MFU, %",
         xlabel="layout data x fsdp x tensor",
     )
@@ -303,10 +318,11 @@ def plan(plan_data: dict[str, Any]) -> str:
         bottom += splits[:, column]
     split_ax.set(title="predicted step time split", ylabel="ms per step", xlabel="layout data x fsdp x tensor")
     split_ax.set_ylim(0, max(bottom.max(), 1e-9) * 1.45)  # room above the bars for the legend
-    split_ax.legend(fontsize=6, loc="upper left")
+    split_ax.legend(fontsize=SMALL, loc="upper left")
     for ax in (mfu_ax, split_ax):
-        ax.tick_params(labelsize=7)
-        ax.title.set_fontsize(8)
+        ax.tick_params(labelsize=SMALL)
+        ax.tick_params(axis="x", labelrotation=90 if crowded else 0)
+        ax.title.set_fontsize(TITLE)
     return to_data_uri(fig)
 
 
@@ -321,12 +337,13 @@ def plan_scaling(points: pd.DataFrame) -> str | None:
         band = pd.to_numeric(group.get("band_points"), errors="coerce").fillna(0.0) if "band_points" in group else 0.0
         ax.errorbar(group["chips"], group["mfu"] * 100, yerr=band, marker="o", capsize=3, label=model)
         for chips, mfu, topology in zip(group["chips"], group["mfu"], group["topology"]):
-            ax.annotate(topology, (chips, mfu * 100), fontsize=6, textcoords="offset points", xytext=(3, 3))
+            ax.annotate(topology, (chips, mfu * 100), fontsize=SMALL, textcoords="offset points", xytext=(3, 3))
     ax.set_xscale("log", base=2)
+    ax.margins(x=0.12)  # room for the last point's topology label
     ax.set(xlabel="chips in the slice", ylabel="best predicted MFU (± its band), %")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=SMALL)
     return to_data_uri(fig)
 
 
@@ -356,9 +373,9 @@ def ranking(data: dict[str, Any]) -> str | None:
         )
         for index, entry in enumerate(fitting):
             if entry.get(key) is None:
-                ax.text(0, index, "  no price", va="center", fontsize=7)
-        ax.set_title(title, fontsize=8)
-        ax.tick_params(labelsize=7)
+                ax.text(0, index, "  no price", va="center", fontsize=SMALL)
+        ax.set_title(title, fontsize=TITLE)
+        ax.tick_params(labelsize=SMALL)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: si(value, "").strip()))  # 13.7 G, not 1e10
         ax.grid(axis="x", alpha=0.3)
     dollar_ax.set_yticks(y, labels)
@@ -379,6 +396,6 @@ def buckets(data: dict[str, Any]) -> str:
             bound, color="tab:red", linestyle="--", linewidth=1, label="chosen bucket bounds" if index == 0 else None
         )
     ax.set(xlabel="sequence length", ylabel="sequences", title=f"{data['workload']}: lengths and chosen buckets")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7)
+    ax.title.set_fontsize(TITLE)
+    ax.legend(fontsize=SMALL)
     return to_data_uri(fig)
