@@ -239,7 +239,7 @@ class DecoderShape:
             raise WorkloadError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.n_kv_heads})", where)
         if self.head_dim is None and not self.kv_lora_rank and self.d_model % self.heads:
             raise WorkloadError(
-                f"heads ({self.heads}) must divide d_model ({self.d_model}) for heads d_model / heads wide: d_model "
+                f"heads ({self.heads}) must divide d_model ({self.d_model}), each head d_model / heads wide: d_model "
                 f"({self.d_model}) is not a multiple of heads ({self.heads}); give heads that divide it, or head_dim",
                 where,
             )
