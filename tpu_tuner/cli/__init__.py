@@ -4,24 +4,33 @@ terminal or exits.
 Each subcommand module holds its `NAME`, `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
 `run(args)`. Only the chosen subcommand's flags are built: they read their defaults from the
 options dataclasses, and building those of `plan` or `buckets` imports torch, which `tune`
-refuses bad options without.
+refuses bad options without. A model named right after its command is checked before any
+parser is built (model/model_argument.py): a missing file is refused before torch, numpy or
+optuna is imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from tpu_tuner.cli import apply, buckets, dashboard, devices, plan, profile, study, tune
 from tpu_tuner.core.errors import TpuTuneError
 
 log = logging.getLogger("tpu_tuner.cli")
 
-# In the order `tpu-tune --help` lists them.
-SUBCOMMANDS = (profile, tune, plan, buckets, dashboard, study, devices, apply)
-COMMANDS = tuple(module.NAME for module in SUBCOMMANDS)
+# In the order `tpu-tune --help` lists them; each the module tpu_tuner/cli/<name>.py, imported when
+# a parser is built (tune's imports optuna and numpy, which a missing model is refused without).
+COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "study", "devices", "apply")
+# The commands whose one positional argument is the model.
+MODEL_COMMANDS = ("tune", "profile", "plan", "buckets")
+
+
+def _subcommand(name: str) -> ModuleType:
+    return importlib.import_module(f"tpu_tuner.cli.{name}")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -35,7 +44,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="also show tpu-tune's own log lines (INFO)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr, no warnings")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in SUBCOMMANDS:
+    for module in map(_subcommand, COMMANDS):
         sub = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
         if command == module.NAME:
             module.add_arguments(sub)
@@ -58,6 +67,31 @@ def _command_in(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _model_named_first(words: list[str], command: str | None) -> str | None:
+    """The model argument of a model command when it is the word right after the command's name
+    (argparse reads that word as the model whatever follows), else None: a flag comes first (its
+    value could be any later word; the model is checked once the flags are parsed) or help is asked."""
+    if command not in MODEL_COMMANDS or "-h" in words or "--help" in words:
+        return None
+    after = words.index(command) + 1
+    return words[after] if after < len(words) and not words[after].startswith("-") else None
+
+
+# What str.splitlines breaks a line at besides \n and \r (which UserInputError escapes): a typed
+# model argument may hold any of them (tests/test_fuzz_cli.py found decoder:\x1e=0), and a
+# refusal quotes it.
+_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _refused(exc: TpuTuneError) -> int:
+    """Print `exc` as the one line of a refusal; its exit status."""
+    from tpu_tuner.core.credentials import redact
+
+    text = "".join(ascii(c)[1:-1] if c in _LINE_BREAKS else c for c in redact(str(exc)))
+    print(f"tpu-tune: error: {text}", file=sys.stderr)
+    return exc.exit_status
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
     """The terminal holds the command's own lines: log records reach it from WARNING up (ERROR with
     -q); -v adds tpu-tune's INFO lines, --debug every library's DEBUG ones (matplotlib's font cache,
@@ -75,23 +109,34 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tpu-tune` console script."""
     words = _default_to_tune(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser(_command_in(words)).parse_args(words)
+    command = _command_in(words)
+    if (model := _model_named_first(words, command)) is not None:
+        from tpu_tuner.model.model_argument import check_model_argument
+
+        try:  # before the parser: plan's and buckets' flags import torch
+            check_model_argument(model)
+        except TpuTuneError as exc:
+            if "--debug" in words:
+                raise
+            return _refused(exc)
+    args = build_parser(command).parse_args(words)
     _configure_logging(args)
-    from tpu_tuner.core.credentials import redact
     from tpu_tuner.core.run_folder import no_space_line
 
     try:
-        if getattr(args, "model_file", None) is not None and args.command != "plan":
+        if getattr(args, "model_file", None) is not None:
             from tpu_tuner.cli.common import check_lengths, model_source
+            from tpu_tuner.model.model_argument import check_model_argument
 
-            args.model_file = model_source(args)
-            check_lengths(args)
+            check_model_argument(args.model_file)  # named after flags: not checked above
+            if args.command != "plan":  # the planner reads an hf: config its own way
+                args.model_file = model_source(args)
+                check_lengths(args)
         return args.handler(args)
     except TpuTuneError as exc:
         if args.debug:
             raise
-        print(f"tpu-tune: error: {redact(str(exc))}", file=sys.stderr)
-        return exc.exit_status
+        return _refused(exc)
     except Exception as exc:  # a full disk where no writer said so: an OSError, or SQLite's "disk is full"
         if (line := no_space_line(exc)) is None or args.debug:
             raise

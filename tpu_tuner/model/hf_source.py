@@ -131,13 +131,19 @@ def load_config(source: HfSource) -> PretrainedConfig:
     if source.kind == "type":
         return _config_for_type(source, transformers)
     if source.kind == "directory":
-        folder = Path(source.location).expanduser()
-        if not folder.is_dir():
-            raise UserInputError(f"no such folder: {folder}", source.text)
-        if not (folder / "config.json").is_file():
-            raise UserInputError(f"no config.json in {folder}", source.text)
-        return _from_pretrained(transformers, str(folder), source, local_only=True)
+        return _from_pretrained(transformers, str(check_folder(source)), source, local_only=True)
     return _hub_config(source, transformers)
+
+
+def check_folder(source: HfSource) -> Path:
+    """The folder a ``directory`` source names, once it is there with a config.json
+    (`UserInputError` otherwise). Needs no transformers: the CLI runs it before importing that."""
+    folder = Path(source.location).expanduser()
+    if not folder.is_dir():
+        raise UserInputError(f"no such folder: {folder}", source.text)
+    if not (folder / "config.json").is_file():
+        raise UserInputError(f"no config.json in {folder}", source.text)
+    return folder
 
 
 def _config_for_type(source: HfSource, transformers: Any) -> PretrainedConfig:
@@ -247,4 +253,14 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] if text else type(exc).__name__
 
 
-__all__ = ["HfSource", "INSTALL_HINT", "PREFIX", "TASKS", "config_bytes", "is_hf_source", "load_config", "parse"]
+__all__ = [
+    "HfSource",
+    "INSTALL_HINT",
+    "PREFIX",
+    "TASKS",
+    "check_folder",
+    "config_bytes",
+    "is_hf_source",
+    "load_config",
+    "parse",
+]

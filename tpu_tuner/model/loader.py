@@ -28,6 +28,7 @@ from torch import nn
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.model.batch import resize_batch
+from tpu_tuner.model.model_argument import check_model_file
 from tpu_tuner.model.workload import TransformerDims, Workload
 
 NATIVE_REQUIRED = ("build_model", "make_batch")
@@ -77,12 +78,7 @@ def load_workload(path: str | Path) -> Workload:
 
 
 def _import_file(path: Path) -> types.ModuleType:
-    if not path.exists():
-        raise WorkloadError("file not found", path)
-    if not path.is_file():
-        raise WorkloadError("not a file", path)
-    if path.suffix != ".py":
-        raise WorkloadError("a model file must be a Python file ending in .py", path)
+    check_model_file(path)
     # A unique module name: loading two files with the same stem must not collide.
     module_name = f"tpu_tune_workload_{path.stem}_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
