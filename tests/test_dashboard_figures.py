@@ -24,10 +24,10 @@ from tpu_tuner.metrics.paired import PairedSpeedup
 from tpu_tuner.tuning.verify import KnobContribution, Verification
 
 TUNE = "gpt-tune-20261129-092208"
-# The page at 1400 px: the body's margins (1.5em of 14 px) and a <figure>'s (40 px each side) and
-# the image's 1 px border leave this much for a plot; a wider PNG is scaled down to it.
+# The page at 1400 px: a scrollbar (up to 17 px), the body's margins (1.5em of 14 px), a <figure>'s
+# (40 px each side) and the image's 1 px border leave this much for a plot; a wider PNG is scaled down.
 PAGE_PX = 1400
-FIGURE_ROOM_PX = PAGE_PX - 2 * 21 - 2 * 40 - 2
+FIGURE_ROOM_PX = PAGE_PX - 17 - 2 * 21 - 2 * 40 - 2
 MIN_LABEL_PX = 10
 
 

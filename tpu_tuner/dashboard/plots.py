@@ -31,10 +31,11 @@ DPI = 80
 MIN_LABEL_PX = 10
 SMALL = 72 * MIN_LABEL_PX / DPI
 TITLE = SMALL + 1
-# The widest figure a 1400 px page shows at its own size: 1400 px less the body's margins (2 x 21 px),
-# a <figure>'s (2 x 40 px) and the image's border (2 px); `img{max-width:100%}` shrinks a wider one.
+# The widest figure a 1400 px window shows at its own size: 1400 px less a scrollbar (17 px), the
+# body's margins (2 x 21 px), a <figure>'s (2 x 40 px) and the image's border (2 px);
+# `img{max-width:100%}` shrinks a wider one, and its labels with it.
 PAGE_PX = 1400
-MAX_WIDTH_IN = (PAGE_PX - 2 * 21 - 2 * 40 - 2) / DPI
+MAX_WIDTH_IN = (PAGE_PX - 17 - 2 * 21 - 2 * 40 - 2) / DPI
 _OK = "tab:blue"
 
 
