@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"speedup   {v.message}")
     if v.speedup is not None:
         print("          (steady step against steady step, re-measured interleaved; compile time is not in it)")
-        if compared.from_window and compared.ratio is not None and v.chosen_is_best:
+        if compared.from_window and compared.ratio is not None and v.recommends_tuned:
             # Two estimators of one window: close, not identical.
             print(f"          (geometric mean of the per-round ratios; the medians above give {compared.ratio:.2f}x)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")

@@ -6,16 +6,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_tuner.core.units import binary_bytes, ms, shape
-from tpu_tuner.metrics.disturbed import DISTURBED_DEVIATIONS
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu, mfu_text
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
+from tpu_tuner.outputs.verification_lines import contributions_section, disturbed_lines, unsteady_lines
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
     from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.verify import Verification
     from tpu_tuner.tuning.window import ComparedSteps
 
 
@@ -68,7 +67,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             if result.options.runner.ranks > 1
             else []
         ),
-        *(_figures_note(compared, v.speedup is not None, v.chosen_is_best, planned) + [""]),
+        *(_figures_note(compared, v.speedup is not None, v.recommends_tuned, planned) + [""]),
         "## Baseline against tuned",
         "",
         "| | baseline | tuned |",
@@ -112,7 +111,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             f"{e.speedup_over_baseline:.2f}x |"
             for e in v.race
         ]
-    out += ["", "## What each knob contributed", "", *_contributions(v)]
+    out += ["", "## What each knob contributed", "", *contributions_section(v)]
     out += ["", "## Agents' findings from the profile", ""]
     for agent, findings in result.findings.items():
         out += [f"- **{agent}**: " + "; ".join(findings)]
@@ -180,8 +179,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         f"({v.speedup.rounds if v.speedup else 0} rounds kept); speedups are geometric means of per-round ratios "
         "with t intervals at the level of the window's last look (97% at the first, more at each look after it: "
         f"rounds are added until the interval decides, docs/tuning.md). Verdict: {v.verdict_kind}.",
-        *_disturbed_lines(v),
-        *_unsteady_lines(v),
+        *disturbed_lines(v),
+        *unsteady_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
         "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
         f"- Worker processes started: {result.worker_starts}.",
@@ -189,69 +188,6 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
         out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")
     return "\n".join(out) + "\n"
-
-
-def _disturbed_lines(v: Verification) -> list[str]:
-    """The window's rounds left out as disturbed, each with its steps, or nothing."""
-    if not v.disturbed_rounds:
-        return []
-    rounds = "; ".join(
-        f"round {d.round} ({', '.join(f'{label} {ms(step)}' for label, step in d.steps.items())})"
-        for d in v.disturbed_rounds
-    )
-    return [
-        "- Disturbed rounds, left out and re-run where the clock allowed (a step more than "
-        f"{DISTURBED_DEVIATIONS:g} robust deviations above its setting's median in the window, or a ratio as far "
-        f"off the median ratio: docs/tuning.md): {rounds}."
-    ]
-
-
-def _unsteady_lines(v: Verification) -> list[str]:
-    """The settings whose rounds the window found bimodal or drifting, and what was done, or nothing."""
-    if not v.unsteady:
-        return []
-    added = v.unsteady_added
-    done = (
-        ""
-        if added is None
-        else " The clock left no room to add rounds for them."
-        if added == 0
-        else f" {added} round{'s were' if added > 1 else ' was'} added for them, once."
-    )
-    return [
-        "- Unsteady rounds (two clusters of a setting's rounds, or a trend over them, judged per setting and for "
-        f"the ratio: docs/tuning.md): {'; '.join(u.describe() for u in v.unsteady)}.{done}"
-    ]
-
-
-def _contributions(v: Verification) -> list[str]:
-    """Each knob's measured contribution, and why any is missing, from what the verification recorded."""
-    out = []
-    if v.contributions:
-        out += [
-            "Measured, interleaved with the best configuration in the same window: the speedup the best has "
-            "over itself with that one knob set back to its baseline value.",
-            "",
-            "| knob | baseline | tuned | contribution |",
-            "|---|---|---|---|",
-        ]
-        out += [
-            f"| {c.param} | {c.baseline_value} | {c.best_value} | {c.speedup.describe()} |" for c in v.contributions
-        ]
-        if len(v.contributions) == 1 and not v.contributions_left_out:
-            out += ["", "Only this knob changed: its contribution is the verified speedup itself."]
-    elif v.speedup is None and v.best_trial is not None and v.best_trial == v.baseline_trial:
-        return ["Nothing to attribute: the search's best setting is the baseline."]
-    elif v.speedup is None:
-        return [f"Not measured: the interleaved verification did not run to its end ({v.message})."]
-    elif not v.contributions_left_out:
-        return ["Not recorded: this run's result.json predates the record of why no contribution was measured."]
-    reasons: dict[str, list[str]] = {}
-    for knob, why in v.contributions_left_out.items():
-        reasons.setdefault(why, []).append(knob)
-    return (
-        out + ([""] if out else []) + [f"Not measured for {', '.join(knobs)}: {why}." for why, knobs in reasons.items()]
-    )
 
 
 def _state(row) -> str:

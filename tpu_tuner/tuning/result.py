@@ -32,8 +32,9 @@ from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.finished_run import RESULT_FORMAT, load_space, load_study, read_finished_run
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trim import TRIMMED
 from tpu_tuner.tuning.verify import Verification, trial_measurement
-from tpu_tuner.tuning.window import ComparedSteps, step_disagreement, with_window_step
+from tpu_tuner.tuning.window import ComparedSteps, WindowFigures, step_disagreement, with_window_step
 
 TRIAL_COLUMNS = [
     "number",
@@ -137,8 +138,13 @@ class TuningResult:
 
     @property
     def chosen(self) -> Measurement | None:
-        """The search's measurement of the recommended setting."""
-        return self.best if self.verification.chosen_is_best else self.baseline
+        """The search's measurement of the recommended setting (None: a best trimmed of its harmful
+        knobs that the search never measured, tuning/trim.py)."""
+        v = self.verification
+        if v.recommends_trimmed:
+            number = v.trim.trial if v.trim is not None else None
+            return self.on_run_peak(trial_measurement(self.study, number))
+        return self.best if v.chosen_is_best else self.baseline
 
     @property
     def compared(self) -> ComparedSteps:
@@ -147,23 +153,35 @@ class TuningResult:
         ratio agrees with the speedup; else the search's figures (not verified, verification
         failed, or a result.json written before the window was stored)."""
         v, base, chosen = self.verification, self.baseline, self.chosen
-        window = v.window
+        window, samples = v.window, v.samples
+        if v.recommends_trimmed and v.trim is not None:
+            # The trimmed setting's own window against the baseline, where it ran.
+            samples = {"baseline": v.trim.samples.get("baseline", []), "best": v.trim.samples.get(TRIMMED, [])}
+            window = WindowFigures.of(samples)
         if window is None or base is None or chosen is None:
-            why = (
-                "this result.json predates the window's stored figures"
-                if window is None and v.speedup is not None
-                else "no interleaved verification window"
-            )
-            return ComparedSteps(base, chosen, from_window=False, why_search=why)
+            return ComparedSteps(base, chosen, from_window=False, why_search=self._why_search(window, chosen))
         run_peak = self.peak
         # Not significant: the recommendation is the baseline, so "tuned" is its window figure too.
-        tuned_label, tuned_step = ("best", window.best) if v.chosen_is_best else ("baseline", window.baseline)
+        tuned_label, tuned_step = ("best", window.best) if v.recommends_tuned else ("baseline", window.baseline)
         return ComparedSteps(
-            self.on_run_peak(with_window_step(base, window.baseline, v.samples.get("baseline", ())), run_peak),
-            self.on_run_peak(with_window_step(chosen, tuned_step, v.samples.get(tuned_label, ())), run_peak),
+            self.on_run_peak(with_window_step(base, window.baseline, samples.get("baseline", ())), run_peak),
+            self.on_run_peak(with_window_step(chosen, tuned_step, samples.get(tuned_label, ())), run_peak),
             from_window=True,
             rounds=window.baseline.rounds,
         )
+
+    def _why_search(self, window: WindowFigures | None, chosen: Measurement | None) -> str:
+        """Why the figures shown are the search's, not a window's."""
+        v = self.verification
+        if v.recommends_trimmed and v.trim is not None:
+            without = f"the best without {', '.join(v.trim.dropped)}"
+            if chosen is None:
+                return f"the recommended setting, {without}, was never measured by the search: its column is empty"
+            if window is None:
+                return f"the recommended setting, {without}, was not re-measured in a window of its own"
+        if window is None and v.speedup is not None:
+            return "this result.json predates the window's stored figures"
+        return "no interleaved verification window"
 
     @property
     def step_disagreements(self) -> list[str]:
@@ -173,7 +191,7 @@ class TuningResult:
         if not compared.from_window:
             return []
         sides = [("baseline", self.baseline, compared.baseline)]
-        if self.verification.chosen_is_best:
+        if self.verification.recommends_tuned:
             sides.append(("recommended setting", self.chosen, compared.tuned))
         return [said for label, search, window in sides if (said := step_disagreement(label, search, window))]
 
@@ -313,7 +331,8 @@ class TuningResult:
                 "ci_low": v.speedup.ci_low if v.speedup else None,
                 "ci_high": v.speedup.ci_high if v.speedup else None,
                 "rounds": v.speedup.rounds if v.speedup else None,
-                "significant": v.chosen_is_best,
+                "significant": v.recommends_tuned,
+                "dropped_knobs": v.trim.dropped if v.recommends_trimmed and v.trim is not None else [],
                 "verdict": str(v.verdict_kind),
                 "disturbed_rounds": [d.round for d in v.disturbed_rounds],
             },

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.knobs.candidate import Candidate
@@ -31,12 +32,15 @@ from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trim import TRIMMED, KnobContribution, Trim, trim
 from tpu_tuner.tuning.verify_window import DecidedWindow, measure_until_decided
 from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
 # Why a knob's contribution is missing when the clock's finish drops them (tuning/clock.py).
 NO_TIME = "the time budget left no room (each knob set back is a setting compiled afresh)"
+# Why the trimmed setting (tuning/trim.py) is not re-verified in a window of its own.
+NO_ROOM = "the time budget left no room for a window of its own"
 # How far the window may grow while undecided: without a clock, to 4x --verify-rounds; with one,
 # as far as the clock allows (the ceiling only bounds a window of microsecond steps).
 UNCLOCKED_GROWTH = 4
@@ -53,23 +57,15 @@ class DisturbedRound:
 
 
 @dataclass
-class KnobContribution:
-    """How much slower the best gets when one knob goes back to its baseline value."""
-
-    param: str
-    baseline_value: str
-    best_value: str
-    speedup: PairedSpeedup
-
-
-@dataclass
 class Verification:
-    """The interleaved re-measurement and the resulting recommendation."""
+    """The interleaved re-measurement and the resulting recommendation: the best's window (its
+    speedup, samples, figures and knobs' contributions), and the best trimmed of its harmful knobs
+    where any was (`trim`, tuning/trim.py)."""
 
     baseline_trial: int | None
     best_trial: int | None
     chosen: Candidate
-    chosen_is_best: bool
+    chosen_is_best: bool  # the recommendation is the best itself (not trimmed, not the baseline)
     speedup: PairedSpeedup | None
     contributions: list[KnobContribution] = field(default_factory=list)
     # The knobs of the best whose contribution was not measured, each with why (the clock, an agent
@@ -96,6 +92,9 @@ class Verification:
     # look (metrics/unsteady.py), and the rounds added for them (None: none asked for; 0: no room).
     unsteady: list[Unsteady] = field(default_factory=list)
     unsteady_added: int | None = None
+    # The best less the knobs whose contributions lay wholly below 1, and its re-verification;
+    # None where no knob was harmful (and in results written before it was recorded).
+    trim: Trim | None = None
 
     @classmethod
     def keeping_baseline(
@@ -104,6 +103,16 @@ class Verification:
         """A verification that compared nothing: the baseline is kept, `message` says why; `trials`:
         the baseline's and the best's trial numbers, where the search has them."""
         return cls(*trials, baseline, False, None, message=message, verdict=verdict)
+
+    @property
+    def recommends_trimmed(self) -> bool:
+        """Whether the recommendation is the best less its harmful knobs (`trim`)."""
+        return self.trim is not None and self.trim.recommended
+
+    @property
+    def recommends_tuned(self) -> bool:
+        """Whether a tuned setting (the best, or the best trimmed) is recommended, not the baseline."""
+        return self.chosen_is_best or self.recommends_trimmed
 
     @property
     def verdict_kind(self) -> VerdictKind:
@@ -201,16 +210,12 @@ def verify(
             labels[f"best without {name}"] = ablated
     unclocked = clock is None or clock.budget_s is None
     compared = [space.to_candidate(params).to_dict() for params in labels.values()]
+    now = time.perf_counter if clock is None else clock.now
+    growth = UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING
     decided = measure_until_decided(
-        InterleavedWindow(
-            runner,
-            compared,
-            options.runner,
-            time.perf_counter if clock is None else clock.now,
-            start_environments(compared, device_kind),
-        ),
+        InterleavedWindow(runner, compared, options.runner, now, start_environments(compared, device_kind)),
         plan.verify_rounds,
-        UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING,
+        growth,
         _seconds_left(clock),
         progress,
         list(labels),
@@ -236,21 +241,51 @@ def verify(
         for name in attributed
         if name not in unmeasurable
     ]
-    chosen_is_best = decided.verdict is VerdictKind.VERIFIED
+    message = verdict_message(decided, options.objective.verify_rounds, unclocked)
+    chosen_params = best_params if decided.verdict is VerdictKind.VERIFIED else baseline_params
+    verdict = decided.verdict
+    trims: list[DecidedWindow] = []  # the trimmed setting's window, where it ran
+
+    def reverify(params: dict[str, Any]) -> DecidedWindow | str:
+        pair = [baseline.to_dict(), space.to_candidate(params).to_dict()]
+        window = InterleavedWindow(runner, pair, options.runner, now, start_environments(pair, device_kind))
+        again = measure_until_decided(
+            window, rounds or 0, growth, _seconds_left(clock), progress, ["baseline", TRIMMED]
+        )
+        trims.extend([] if isinstance(again, str) else [again])
+        return f"its window failed: {again}" if isinstance(again, str) else again
+
+    rounds = _reverify_rounds(study.get_trials(deepcopy=False), options.objective.verify_rounds, _seconds_left(clock))
+    trimmed = trim(
+        contributions,
+        best_params,
+        baseline_params,
+        space.normalize,
+        study.get_trials(deepcopy=False),
+        (decided.verdict, message),
+        reverify if rounds is not None else None,
+        NO_ROOM,
+    )
+    if trimmed is not None:
+        chosen_params, verdict = trimmed.params, trimmed.verdict
+        # The trimmed setting's own window's notes (disturbed rounds, unsteady settings), where it ran.
+        notes = "".join(window_notes(w) for w in trims).removeprefix("; ")
+        message = trimmed.message + (f"; in its own window: {notes}" if notes else "")
     return Verification(
         race=race_entries,
         baseline_trial=baseline_trial.number,
         best_trial=best_trial.number,
-        chosen=space.to_candidate(best_params) if chosen_is_best else baseline,
-        chosen_is_best=chosen_is_best,
+        chosen=space.to_candidate(chosen_params),
+        chosen_is_best=chosen_params == best_params,
         speedup=speedup,
         contributions=contributions,
         contributions_left_out=unmeasurable,
         samples=samples,
         compiles_while_comparing=decided.compiles,
-        message=verdict_message(decided, options.objective.verify_rounds, unclocked),
+        message=message,
         window=WindowFigures.of(samples),
-        verdict=decided.verdict,
+        verdict=verdict,
+        trim=trimmed.trim if trimmed is not None else None,
         disturbed_rounds=[
             DisturbedRound(i + 1, {label: decided.samples[k][i] for k, label in enumerate(labels)})
             for i in decided.disturbed
@@ -264,25 +299,20 @@ def _seconds_left(clock: Clock | None) -> Callable[[], float | None]:
     return (lambda: None) if clock is None else clock.left_to_work
 
 
+def _reverify_rounds(
+    trials: Sequence[FrozenTrial], verify_rounds: int, seconds_left: Callable[[], float | None]
+) -> int | None:
+    """The rounds a window of the trimmed setting against the baseline starts with, where the clock
+    has room for one (a finish without race or contributions: tuning/clock.py); None where not."""
+    left = seconds_left()
+    plan = plan_finish(trials, 0, verify_rounds, left, differing_knobs=0)
+    return plan.verify_rounds if left is None or plan.seconds <= left else None
+
+
 def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool) -> str:
     """The verdict in words, led by its kind: "verified: 2.03x (...)", "no gain: ...",
-    "undecided: 40 rounds, interval 0.95-1.30 ..."; the disturbed rounds left out, when any (each
-    was re-run where the clock allowed: the rounds kept are in the interval's count)."""
-    s, verdict = decided.speedup, decided.verdict
-    rerun = len(decided.disturbed)
-    notes = (
-        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
-        f"({', '.join(str(i + 1) for i in decided.disturbed)})"
-        if rerun
-        else ""
-    )
-    if decided.processes > 1:
-        notes += (
-            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
-            f"alternating every {PROCESS_BLOCK_ROUNDS} rounds"
-        )
-    notes += "".join(f"; {note}" for note in decided.notes)
-    notes += unsteady_note(decided)
+    "undecided: 40 rounds, interval 0.95-1.30 ..."; then the window's notes (`window_notes`)."""
+    s, verdict, notes = decided.speedup, decided.verdict, window_notes(decided)
     if verdict is VerdictKind.VERIFIED:
         return f"verified: {s.describe()}{notes}"
     if verdict is VerdictKind.NO_GAIN:
@@ -297,6 +327,26 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
         f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
         f"({s.speedup:.2f}x, {s.level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
     )
+
+
+def window_notes(decided: DecidedWindow) -> str:
+    """What the window found besides its interval, each after "; ": the disturbed rounds left out
+    (each re-run where the clock allowed: the rounds kept are in the interval's count), processes
+    of their own, the jobs' timing notes, unsteady settings; empty when none."""
+    rerun = len(decided.disturbed)
+    notes = (
+        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
+        f"({', '.join(str(i + 1) for i in decided.disturbed)})"
+        if rerun
+        else ""
+    )
+    if decided.processes > 1:
+        notes += (
+            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
+            f"alternating every {PROCESS_BLOCK_ROUNDS} rounds"
+        )
+    notes += "".join(f"; {note}" for note in decided.notes)
+    return notes + unsteady_note(decided)
 
 
 def unsteady_note(decided: DecidedWindow) -> str:
