@@ -147,3 +147,29 @@ def test_every_label_is_at_least_10_px_at_the_pages_width(tmp_path, figures) -> 
                 if px < MIN_LABEL_PX:
                     small.append(f"{text.get_text()!r}: {px:.1f} px")
     assert not small, f"{len(small)} texts under {MIN_LABEL_PX} px, e.g. {small[:5]}"
+
+
+def test_measured_contributions_are_shown_where_the_run_has_them(tmp_path, figures) -> None:
+    write_tune_run(tmp_path, result_json=verification_json({"autocast": ("none", "bfloat16", 3.0)}))
+    write_tune_run(tmp_path, "gpt-tune-20261130-092208")  # no result.json: only the search's importance
+    page = render_page(collect(tmp_path))
+
+    measured = re.search(rf'<section class="run" id="run-{TUNE}">(.*?)</section>', page, re.S).group(1)
+    row = re.search(r"<tr[^>]*>\s*<td>autocast</td>(.*?)</tr>", measured, re.S).group(1)
+    assert "none" in row and "bfloat16" in row and "3.00x" in row and "2.90" in row and "3.10" in row
+    assert "matmul_precision" in measured and "the time budget left no room" in measured
+    (knobs,) = [ax for f in figures for ax in f.axes if "measured" in ax.get_title()]
+    assert [round(bar.get_width(), 2) for bar in knobs.patches] == [3.0]  # the speedup, not a variance share
+
+    other = re.search(r'<section class="run" id="run-gpt-tune-20261130-092208">(.*?)</section>', page, re.S).group(1)
+    assert "share of the variance of the step time across this search" in html_text(other)
+    assert "not a speedup" in html_text(other)
+
+
+def test_an_unreadable_result_json_costs_the_contributions_not_the_run(tmp_path) -> None:
+    write_tune_run(tmp_path, result_json='{"verification": ')
+    collection = collect(tmp_path)
+    assert collection.runs.loc[0, "status"] == "ok"
+    page = render_page(collection)
+    assert "No measured contribution: result.json: invalid JSON" in page
+    assert "share of the variance of the step time" in page  # the importance, said for what it is

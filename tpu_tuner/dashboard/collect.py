@@ -36,6 +36,7 @@ from tpu_tuner.core.run_folder import (
     TRIALS_CSV,
     TUNED_CONFIG,
 )
+from tpu_tuner.dashboard.contributions import Contributions, read_contributions
 from tpu_tuner.dashboard.folder_files import (
     LIVE_WINDOW_S,
     base_row,
@@ -102,6 +103,8 @@ class Collection:
     plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> plan.json
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> buckets.json
     rankings: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> ranking.json
+    # run -> each knob's measured contribution (result.json's verification), where the run has one
+    contributions: dict[str, Contributions] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -291,6 +294,9 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
         if records.FAILURE_KIND in measured:
             failed |= (measured["state"] == "PRUNED") & measured[records.FAILURE_KIND].notna()
         row["failures"] = int(failed.sum())
+    contributions = read_contributions(folder)
+    if contributions is not None:
+        collection.contributions[run] = contributions
     config_path = folder / TUNED_CONFIG
     if not config_path.exists():
         row.update(_unfinished_status(folder))

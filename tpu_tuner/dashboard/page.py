@@ -15,7 +15,9 @@ import pandas as pd
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
+from tpu_tuner.dashboard import run_figure
 from tpu_tuner.dashboard.collect import Collection, collect
+from tpu_tuner.dashboard.contributions import contributions_html
 from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.dashboard.html_cells import esc, figure_html, note, num_cell, pct, sortable_table
 from tpu_tuner.dashboard.planner_sections import buckets_section, plans_section, rankings_section
@@ -127,7 +129,12 @@ def _details(collection: Collection, limit: int) -> str:
             title = f"{run}: {row['model']} on {row['device']}"
             out.append(
                 f'<section class="run" id="run-{esc(run)}"><h3>{esc(title)}</h3>'
-                + figure_html(plots.run_detail(collection.trials[run]), f"trials of {run}", "")
+                + figure_html(
+                    run_figure.run_detail(collection.trials[run], collection.contributions.get(run)),
+                    f"trials of {run}",
+                    "",
+                )
+                + contributions_html(collection.contributions.get(run))
                 + "</section>"
             )
         else:
@@ -161,8 +168,7 @@ def _mfu_section(runs: pd.DataFrame) -> str:
         '<div class="figs">'
         + figure_html(
             over_time,
-            "MFU over time per model and device: a tuning run from its baseline at its start to its chosen "
-            "setting at its end",
+            "MFU over time; a tuning run: baseline at start, chosen at end",
             "",
         )
         + figure_html(

@@ -21,9 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from tpu_tuner.core.units import si
-from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.studies import records
 
 DPI = 80
 # Every text at least 10 px where the page shows the PNG: at DPI px per inch that is 72 * 10 / DPI
@@ -205,74 +203,6 @@ def _probed_by(rows: pd.DataFrame, device: str, group: pd.DataFrame) -> str:
     return f"\n  probe of {runs[0]}" + (
         f"\n  and of {len(runs) - 1} more run(s) (the runs table)" if len(runs) > 1 else ""
     )
-
-
-def run_detail(trials: pd.DataFrame) -> str:
-    """One tuning run: history, MFU per trial, speed against accuracy error, knob importance.
-
-    No title: the page puts the run's name above it.
-    """
-    done = measured_trials(trials)
-    # A fixed layout, not "constrained": the layout engine was over half of this figure's render time,
-    # and this figure is drawn once per tuning run.
-    fig = Figure(figsize=(13, 3.2))
-    fig.subplots_adjust(left=0.045, right=0.99, bottom=0.16, top=0.9, wspace=0.55)
-    history, mfu, pareto, knobs = fig.subplots(1, 4)
-    number = done["number"].to_numpy()
-    step_ms = done[records.AMORTISED_STEP_S].to_numpy(dtype=float) * 1e3
-    feasible = (
-        done[records.FEASIBLE].fillna(False).astype(bool).to_numpy()
-        if records.FEASIBLE in done
-        else np.ones(len(done), bool)
-    )
-
-    history.scatter(number[feasible], step_ms[feasible], s=14, color=_OK, label="feasible")
-    history.scatter(number[~feasible], step_ms[~feasible], s=14, color="tab:red", marker="x", label="too inaccurate")
-    if len(done):
-        history.step(
-            number,
-            np.minimum.accumulate(np.where(feasible, step_ms, np.inf)),
-            where="post",
-            color="tab:green",
-            label="best so far",
-        )
-    history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
-    history.legend(fontsize=SMALL)
-
-    mfu_values = pd.to_numeric(done.get(records.MFU), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
-    mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
-    mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, %")
-
-    if len(done) and records.ACCURACY_ERROR in done:
-        error = pd.to_numeric(done[records.ACCURACY_ERROR], errors="coerce").to_numpy(dtype=float)
-        # Exact fp32 matches have error 0, which a log axis cannot show: they sit at a floor.
-        floor = np.nanmin(error[error > 0]) / 10 if (error > 0).any() else 1e-12
-        pareto.scatter(step_ms, np.maximum(error, floor), s=14, color="tab:gray", label="trial")
-        front = pareto_front(trials)
-        pareto.plot(
-            front[records.AMORTISED_STEP_S].astype(float) * 1e3,
-            np.maximum(front[records.ACCURACY_ERROR].astype(float), floor),
-            marker="o",
-            color="tab:orange",
-            label="Pareto front",
-        )
-        pareto.set_yscale("log")
-        pareto.minorticks_off()  # minor ticks of log axes are many Line2D objects: a tenth of the render
-        pareto.legend(fontsize=SMALL)
-    pareto.set(title="speed against accuracy error", xlabel="amortised step, ms", ylabel="relative error")
-
-    importance = knob_importance(trials)
-    if importance:
-        names = list(importance)[::-1]
-        knobs.barh(names, [importance[n] for n in names], color=_OK)
-        knobs.set(xlim=(0, 1))
-    else:
-        knobs.text(0.5, 0.5, "too few trials\nto rank the knobs", ha="center", va="center", transform=knobs.transAxes)
-    knobs.set(title="knob importance (PED-ANOVA)", xlabel="share of step-time variation")
-    for ax in (history, mfu, pareto, knobs):
-        ax.tick_params(labelsize=SMALL)
-        ax.title.set_fontsize(TITLE)
-    return to_data_uri(fig)
 
 
 def step_split(prediction: dict[str, Any]) -> tuple[float, float, float]:
