@@ -87,6 +87,10 @@ def test_dashboard_in_headless_chromium(server, real_results, tmp_path) -> None:
             # Every plot decoded into a real image (natural width > 0), none broken.
             widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
             assert len(widths) >= 4 and min(widths) > 0
+            # Shown at their own size on a 1400 px page: their labels are sized for that (at least 10 px,
+            # tests/test_dashboard_figures.py), and a shrunk image would shrink them.
+            shown = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.clientWidth, i.naturalWidth])")
+            assert all(client == natural for client, natural in shown), shown
             # Sorting: a click on the MFU header marks it sorted.
             header = page.locator("#runs th", has_text="MFU").nth(1)
             header.click()
