@@ -157,6 +157,7 @@ def test_measured_contributions_are_shown_where_the_run_has_them(tmp_path, figur
     measured = re.search(rf'<section class="run" id="run-{TUNE}">(.*?)</section>', page, re.S).group(1)
     row = re.search(r"<tr[^>]*>\s*<td>autocast</td>(.*?)</tr>", measured, re.S).group(1)
     assert "none" in row and "bfloat16" in row and "3.00x" in row and "2.90" in row and "3.10" in row
+    assert "speeds the best" in row  # as report.md judges it: the interval lies above 1
     assert "matmul_precision" in measured and "the time budget left no room" in measured
     (knobs,) = [ax for f in figures for ax in f.axes if "measured" in ax.get_title()]
     assert [round(bar.get_width(), 2) for bar in knobs.patches] == [3.0]  # the speedup, not a variance share
@@ -173,3 +174,19 @@ def test_an_unreadable_result_json_costs_the_contributions_not_the_run(tmp_path)
     page = render_page(collection)
     assert "No measured contribution: result.json: invalid JSON" in page
     assert "share of the variance of the step time" in page  # the importance, said for what it is
+
+
+def test_each_contribution_is_judged_as_the_report_judges_it(tmp_path) -> None:
+    from tpu_tuner.dashboard.contributions import read_contributions
+
+    knobs = {"autocast": ("none", "bfloat16", 3.0), "matmul_precision": ("highest", "medium", 0.85)}
+    knobs["layout"] = ("1x1x1", "1x2x1", 1.02)
+    record = json.loads(verification_json(knobs))
+    record["verification"]["trim"] = {"dropped": ["matmul_precision"], "recommended": True}
+    folder = write_tune_run(tmp_path, result_json=json.dumps(record))
+    judged = {c.knob: c.judged for c in read_contributions(folder).measured}
+    assert judged == {
+        "autocast": "speeds the best",
+        "matmul_precision": "slows the best: dropped",
+        "layout": "not significant: kept",
+    }

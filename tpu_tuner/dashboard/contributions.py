@@ -20,6 +20,7 @@ from typing import Any
 from tpu_tuner.core.run_folder import RESULT_JSON
 from tpu_tuner.dashboard.folder_files import finite, load_json, reason_of
 from tpu_tuner.dashboard.html_cells import esc, note, num_cell, sortable_table
+from tpu_tuner.tuning.trim import HARMFUL, HELPS, NOT_SIGNIFICANT
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Contribution:
     ci_high: float
     rounds: int
     level: float
+    judged: str = ""  # what the interval says of the knob and what became of it, as report.md puts it
 
     def describe(self) -> str:
         """ "3.00x [2.90–3.10]": the speedup and its interval."""
@@ -65,7 +67,10 @@ def read_contributions(folder: Path) -> Contributions | None:
         return None
     try:
         verification = load_json(folder / RESULT_JSON, "verification")["verification"]
-        measured = [_contribution(entry) for entry in verification.get("contributions") or []]
+        trim = verification.get("trim") or {}
+        # Knobs the recommendation dropped for slowing the best (tuning/trim.py), where it was trimmed.
+        dropped = set(trim.get("dropped") or []) if trim.get("recommended") else set()
+        measured = [_contribution(entry, dropped) for entry in verification.get("contributions") or []]
         left_out = {str(k): str(v) for k, v in (verification.get("contributions_left_out") or {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         text = reason_of(exc)
@@ -75,11 +80,18 @@ def read_contributions(folder: Path) -> Contributions | None:
     return Contributions(measured, left_out)
 
 
-def _contribution(entry: dict[str, Any]) -> Contribution:
+def _contribution(entry: dict[str, Any], dropped: set[str]) -> Contribution:
     speedup = entry["speedup"]
     figures = [speedup["speedup"], speedup["ci_low"], speedup["ci_high"]]
     if not all(finite(x) for x in figures):
         raise ValueError(f"{RESULT_JSON}: contribution of {entry.get('param')!r} is not a number")
+    # As report.md judges it (outputs/verification_lines.py): by where the interval lies against 1.
+    if figures[1] > 1.0:
+        judged = HELPS
+    elif figures[2] < 1.0:
+        judged = f"{HARMFUL}: dropped" if entry["param"] in dropped else f"{HARMFUL}: kept (the verdict says why)"
+    else:
+        judged = f"{NOT_SIGNIFICANT}: kept"
     return Contribution(
         knob=str(entry["param"]),
         baseline=str(entry["baseline_value"]),
@@ -89,6 +101,7 @@ def _contribution(entry: dict[str, Any]) -> Contribution:
         ci_high=float(figures[2]),
         rounds=int(speedup.get("rounds") or 0),
         level=float(speedup.get("level") or 0.95),
+        judged=judged,
     )
 
 
@@ -109,7 +122,7 @@ def contributions_html(contributions: Contributions | None) -> str:
         )
         out.append(
             sortable_table(
-                ("knob", "baseline", "tuned", "measured contribution [interval]", "interval level", "rounds"),
+                ("knob", "baseline", "tuned", "measured contribution [interval]", "interval level", "rounds", "judged"),
                 'class="sortable contributions"',
             )
         )
@@ -118,7 +131,7 @@ def contributions_html(contributions: Contributions | None) -> str:
             + num_cell(c.speedup, c.describe())
             + num_cell(c.level, f"{c.level * 100:.4g}%")
             + num_cell(c.rounds, str(c.rounds))
-            + "</tr>"
+            + f"<td>{esc(c.judged)}</td></tr>"
             for c in measured
         ]
         out.append("</tbody></table>")
