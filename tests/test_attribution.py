@@ -243,3 +243,60 @@ def test_a_kind_no_setting_got_past_is_blamed_on_no_value() -> None:
     assert attribute(evidence[:2]).causes == []
     # One failure is not yet worth a word.
     assert attribute(evidence[:1]).not_blamed == []
+
+
+# Issue 55: inductor's defaults (conditional parameters the baseline lacks) come with every
+# setting naming inductor, so no success holds them before an inductor setting works.
+INDUCTOR_DEFAULTS = {"compile_options": "default", "compile_scope": "model"}
+
+
+def _inductor(number: int, options: str = "default", **setting: str) -> Evidence:
+    return _failed(number, "crash", execution="inductor", compile_options=options, compile_scope="model", **setting)
+
+
+def test_a_value_is_not_tied_with_the_defaults_it_brings() -> None:
+    """Two inductor crashes: inductor is the cause, not only its pairs with its default options
+    and compile scope (which left a third inductor setting, with other options, to be measured)."""
+    evidence = [
+        _ok(0, execution="eager", autocast="none"),
+        _inductor(1, autocast="none"),
+        _ok(2, execution="eager", autocast="bfloat16"),
+        _inductor(3, autocast="bfloat16"),
+    ]
+    found = attribute(evidence, defaults=INDUCTOR_DEFAULTS)
+    assert [c.values for c in found.causes] == [(("execution", "inductor"),)]
+    assert (found.probes, found.open) == ([], [])
+    assert found.causes[0].matches({"execution": "inductor", "compile_options": "freezing", "autocast": "none"})
+    # One crash: inductor alone is open (its next setting is measured to its verdict).
+    assert [s.values for s in attribute(evidence[:2], defaults=INDUCTOR_DEFAULTS).open] == [
+        (("execution", "inductor"),)
+    ]
+    # Unknown defaults: the three tie, and only their pairs are excluded.
+    assert sorted(len(c.values) for c in attribute(evidence).causes) == [2, 2, 2]
+    # A success of another compiling mode with the other scope does not make the scope a rival.
+    passed = Evidence(4, {"execution": "aot_eager", "compile_scope": "model+loss"}, dict.fromkeys(KINDS, False))
+    assert [c.values for c in attribute([*evidence, passed], defaults=INDUCTOR_DEFAULTS).causes] == [
+        (("execution", "inductor"),)
+    ]
+
+
+def test_a_non_default_option_still_ties_and_a_default_failing_alone_is_blamed() -> None:
+    # Fullgraph is no default: with inductor it is a tie, settled by a probe with the default options.
+    evidence = [
+        _ok(0, execution="eager", autocast="none"),
+        _inductor(1, "fullgraph", autocast="none"),
+        _ok(2, execution="eager", autocast="bfloat16"),
+        _inductor(3, "fullgraph", autocast="bfloat16"),
+    ]
+    choices = {"compile_options": ["default", "fullgraph"], "compile_scope": ["model", "model+loss"]}
+    found = attribute(evidence, alternatives=lambda n, v: [c for c in choices[n] if c != v], defaults=INDUCTOR_DEFAULTS)
+    assert [c.values for c in found.causes] == [(("compile_options", "fullgraph"), ("execution", "inductor"))]
+    (probe,) = found.probes
+    assert probe.setting["compile_options"] == "default" and probe.setting["execution"] == "inductor"
+    # The default scope failing under two compiling modes has no value it came along with: blamed.
+    scope = [
+        _ok(0, execution="eager"),
+        _failed(1, "crash", execution="aot_eager", compile_scope="model"),
+        _inductor(2),
+    ]
+    assert [c.values for c in attribute(scope, defaults=INDUCTOR_DEFAULTS).causes] == [(("compile_scope", "model"),)]

@@ -14,12 +14,14 @@ parameters, that no success holds. A suspect is the cause once
   since a setting holding both fails whichever it is), and
 * for a pair, neither value is a suspect alone (a value that fails everywhere is no combination).
 
-No value is blamed for a kind the baseline (the space's default setting) fails with too: its
-failures hold the baseline's own values, so a failure it shares is no evidence against any of
-them (on a chip, a default matmul precision that failed the accuracy check once made ten pairs of
-the baseline's values "causes"). Nor for a kind no setting has got past yet: with nothing to
-compare against (a device fault fails every setting alike), every value the failures share would
-look guilty. Such a kind is `NotBlamed` instead.
+The default value of a parameter that only some settings have (a conditional one, inactive in
+the baseline: inductor's default options, the default compile scope) is not judged apart from
+a value that every failure holding it also holds: a setting naming inductor always has inductor's
+defaults too, so as rivals the two would tie, only their pair would be excluded, and further
+inductor settings with other options would be measured to settle what the first two failures
+showed (a model that crashed under inductor spent a third). Where the options themselves fail (a
+non-default one, fullgraph), the tie and its probe stand; where the default options alone fail,
+inductor is excluded with them, the price of never measuring a crashing value a third time.
 
 A suspect held by fewer failures is *open*: the next setting holding it settles it (a success
 clears it, a failure makes it a cause), so that setting is worth measuring to its verdict.
@@ -186,11 +188,13 @@ def attribute(
     detail: Callable[[str, Sequence[str]], str] | None = None,
     alternatives: Alternatives | None = None,
     baseline: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Attribution:
     """The causes of every failure kind in `evidence`, and probes for suspects it cannot separate.
     `detail(kind, messages)` words a kind from its failures' messages. A kind that `baseline` (the
     default setting) fails with, or that no setting got past, is blamed on nothing (`NotBlamed`;
-    the latter said from `MIN_FAILURES` failures on, when it could have been blamed)."""
+    the latter said from `MIN_FAILURES` failures on, when it could have been blamed). `defaults`
+    holds the default value of each parameter the baseline lacks (a conditional one: `_tagalongs`)."""
     causes: list[Cause] = []
     probes: list[Probe] = []
     open_suspects: list[Suspect] = []
@@ -210,7 +214,7 @@ def attribute(
                 first = min(shared) if shared else None
                 not_blamed.append(NotBlamed(kind, after, len(failures), len(relevant), first, words))
             continue
-        found, open_ties, unsettled = _causes_of(kind, failures, successes, words)
+        found, open_ties, unsettled = _causes_of(kind, failures, successes, words, defaults or {})
         causes += found
         probes += [p for tie in open_ties if (p := _probe(kind, tie, failures, successes, alternatives)) is not None]
         open_suspects += unsettled
@@ -233,16 +237,35 @@ def _suspects(
     return {combo: numbers for combo, numbers in held.items() if combo not in cleared}
 
 
+def _tagalongs(singles: Mapping[tuple[Value, ...], set[int]], defaults: Mapping[str, Any]) -> set[tuple[Value, ...]]:
+    """The suspects that only came along with another: a conditional parameter's default value
+    (`defaults`), every failure holding it held by another suspect that is no such value."""
+    candidates = {combo for combo in singles if combo[0][0] in defaults and defaults[combo[0][0]] == combo[0][1]}
+    return {
+        combo
+        for combo in candidates
+        if any(other not in candidates and singles[combo] <= numbers for other, numbers in singles.items())
+    }
+
+
 def _causes_of(
-    kind: str, failures: Sequence[Evidence], successes: Sequence[Evidence], words: str
+    kind: str,
+    failures: Sequence[Evidence],
+    successes: Sequence[Evidence],
+    words: str,
+    defaults: Mapping[str, Any],
 ) -> tuple[list[Cause], list[tuple[tuple[Value, ...], tuple[Value, ...]]], list[Suspect]]:
     """The confirmed causes of one kind, the pairs of suspects that always came together, and
     the suspects too few failures hold yet."""
-    singles = _suspects(failures, successes, 1)
+    held = _suspects(failures, successes, 1)
+    # Inductor's default options came with inductor in every failure: judged with it, not as its
+    # rival (a tie would exclude only their pair, and a third inductor setting would be measured).
+    tagalongs = _tagalongs(held, defaults)
+    singles = {combo: numbers for combo, numbers in held.items() if combo not in tagalongs}
     pairs = {
         combo: numbers
         for combo, numbers in _suspects(failures, successes, 2).items()
-        if not any((v,) in singles for v in combo)
+        if not any((v,) in held for v in combo)
     }
     found: list[Cause] = []
     ties: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []

@@ -109,6 +109,9 @@ class FailureLearning:
     def __init__(self, space: SearchSpace, tolerance: float) -> None:
         self.space, self.tolerance = space, tolerance
         self.baseline = space.complete(space.baseline_params())  # trial 0's setting: every first choice
+        # The defaults of the searched parameters the baseline lacks (conditional ones): inductor's
+        # default options are judged with inductor, not as its rival (studies/attribution.py).
+        self.defaults = {p.name: p.choices[0] for p in space.searched if p.name not in self.baseline}
         self.causes: dict[str, Cause] = {}
         self.suspects: list[Suspect] = []  # open values: one failure so far, no success (cut-offs aside)
         self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
@@ -121,7 +124,7 @@ class FailureLearning:
         and kinds blamed on no value (one the baseline fails with too is stored in the study)."""
         evidence = evidence_of(trials, self.tolerance)
         failures, now = sum(1 for e in evidence if any(e.outcomes.values())), time.monotonic()
-        found = attribute(evidence, describe_kind, self._alternatives, self.baseline)
+        found = attribute(evidence, describe_kind, self._alternatives, self.baseline, self.defaults)
         shared = {note.kind for note in found.not_blamed if note.baseline_trial is not None}
         learned: list[Cause | NotBlamed] = []
         if self._read is None or self._read[1] != failures or now - self._read[0] >= CAUSES_REREAD_S:
