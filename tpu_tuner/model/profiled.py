@@ -2,8 +2,9 @@
 
 One `training` flag answers "is it a training step" for every reader (the agents, the knob
 traits); profile.json keeps its table (name, source, convention, step, batch_size, seq_len,
-notes, traits) key for key, so files written before read back and files written now read the same
-in the dashboard and the warm start, which read profile.json as plain JSON.
+notes, traits, and dims where recorded) key for key, so files written before read back and files
+written now read the same in the dashboard and the warm start, which read profile.json as plain
+JSON.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from tpu_tuner.model.input_dims import InputDims, recorded_dims
 
 TRAINING_STEP = "training step"
 INFERENCE_STEP = "inference (forward)"
@@ -39,10 +42,21 @@ class ProfiledWorkload(Mapping[str, Any]):
     # What knobs are narrowed by (knobs/traits.py owns their schema), less `training`, which is
     # the flag above; None for a profile written before traits were recorded.
     traits: dict[str, Any] | None = None
+    # Which input sizes are the batch and the sequence, as the file declares them (model/input_dims.py,
+    # read where the file was imported); None where not recorded.
+    dims: InputDims | None = None
 
     @property
     def step(self) -> str:
         return step_kind(self.training)
+
+    def sizes(self, signature: Any = None, requested: tuple[int | None, int | None] = (None, None)) -> str:
+        """Batch and sequence for a header, as the workload declares them: the recorded `dims`,
+        else what its convention and sizes allow (`signature`: its inputs' recorded shapes;
+        `requested`: the run's --batch-size and --seq-len), never a batch it cannot tell."""
+        return (
+            self.dims or recorded_dims(self.convention, self.batch_size, self.seq_len, signature, requested)
+        ).describe()
 
     def to_dict(self) -> dict[str, Any]:
         """The profile.json table, keys in the order profile.json has always had them."""
@@ -57,6 +71,8 @@ class ProfiledWorkload(Mapping[str, Any]):
         }
         if self.traits is not None:
             data["traits"] = {"training": self.training, **self.traits}
+        if self.dims is not None:
+            data["dims"] = self.dims.to_dict()
         return data
 
     @classmethod
@@ -79,6 +95,7 @@ class ProfiledWorkload(Mapping[str, Any]):
             seq_len=_int_or_none(data.get("seq_len")),
             notes=tuple(str(note) for note in data.get("notes") or ()),
             traits=traits,
+            dims=InputDims.from_dict(data["dims"]) if isinstance(data.get("dims"), Mapping) else None,
         )
 
     # Read-only mapping access to the profile.json table.

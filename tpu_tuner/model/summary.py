@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.input_dims import InputDims, read_dims
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class WorkloadSummary:
     # they could not be made on the meta device (see input_signature).
     inputs: list[Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # Which input sizes are the batch and the sequence, as the file declares them (model/input_dims.py);
+    # None where they could not be read.
+    dims: InputDims | None = None
 
     def length_source(self) -> Any:
         """What `model.lengths.bucket_histogram` reads: ``source`` and ``sample_lengths()``
@@ -69,6 +73,11 @@ def summarize(
             lengths = tuple(int(x) for x in workload.sample_lengths())
         except Exception as exc:
             lengths_error = f"{type(exc).__name__}: {exc}"
+    inputs = input_signature(workload, batch_size, seq_len)
+    try:
+        dims: InputDims | None = read_dims(workload, inputs, (batch_size, seq_len))
+    except Exception:  # the header's words are never worth failing a load for
+        dims = None
     return WorkloadSummary(
         name=workload.name,
         source=workload.source,
@@ -83,8 +92,9 @@ def summarize(
         sample_lengths_error=lengths_error,
         device_kind=backend.kind,
         device_name=_device_name(backend),
-        inputs=input_signature(workload, batch_size, seq_len),
+        inputs=inputs,
         notes=list(workload.notes),
+        dims=dims,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpu_tuner.core.units import binary_bytes, ms, shape
+from tpu_tuner.core.units import binary_bytes, ms
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu, mfu_text
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
@@ -46,7 +46,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     out = [
         f"# Tuning `{result.profile.workload.name}` on {result.profile.device.name}",
         "",
-        f"{', '.join(filter(None, (result.profile.workload.step, shape(result.profile.workload))))}. "
+        f"{', '.join(filter(None, (result.profile.workload.step, result.workload_sizes)))}. "
         "Objective: amortised step time (steady step + compile "
         f"time / {planned} planned steps). {_tolerance_line(result)}",
         "",

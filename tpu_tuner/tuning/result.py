@@ -31,6 +31,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.finished_run import RESULT_FORMAT, load_space, load_study, read_finished_run
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.shared_study import RECORD_ATTR
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trim import TRIMMED
 from tpu_tuner.tuning.verify import Verification, trial_measurement
@@ -125,6 +126,14 @@ class TuningResult:
         from tpu_tuner.tuning.failures import stored_not_blamed
 
         return [note.describe() for note in stored_not_blamed(self.study.user_attrs)]
+
+    @property
+    def workload_sizes(self) -> str:
+        """The batch and sequence as the report's header says them: from what the workload declares
+        (model/input_dims.py), else from its recorded sizes and input shapes, never a guessed batch."""
+        fingerprint = (self.study.user_attrs.get(RECORD_ATTR) or {}).get("fingerprint") or {}
+        run = self.options.runner
+        return self.profile.workload.sizes(fingerprint.get("inputs"), (run.batch_size, run.seq_len))
 
     @property
     def baseline(self) -> Measurement | None:
