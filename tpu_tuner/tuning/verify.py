@@ -27,7 +27,7 @@ from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.clock import Clock, plan_finish
+from tpu_tuner.tuning.clock import MIN_VERIFY_ROUNDS, Clock, FinishPlan, finish_seconds, plan_finish
 from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
@@ -302,11 +302,15 @@ def _seconds_left(clock: Clock | None) -> Callable[[], float | None]:
 def _reverify_rounds(
     trials: Sequence[FrozenTrial], verify_rounds: int, seconds_left: Callable[[], float | None]
 ) -> int | None:
-    """The rounds a window of the trimmed setting against the baseline starts with, where the clock
-    has room for one (a finish without race or contributions: tuning/clock.py); None where not."""
+    """The rounds a window of the trimmed setting against the baseline starts with: the most (down
+    to `MIN_VERIFY_ROUNDS`, by twos) the clock has room for, None where it has room for none. The
+    trimmed setting may never have been compiled, so it is costed as a knob set back is (in full),
+    beside the best (tuning/clock.py): an estimate that errs long, as the clock's promise needs."""
     left = seconds_left()
-    plan = plan_finish(trials, 0, verify_rounds, left, differing_knobs=0)
-    return plan.verify_rounds if left is None or plan.seconds <= left else None
+    for rounds in range(verify_rounds, min(MIN_VERIFY_ROUNDS, verify_rounds) - 1, -2):
+        if left is None or finish_seconds(trials, FinishPlan(0, 0, rounds, True, 0.0), differing_knobs=1) <= left:
+            return rounds
+    return None
 
 
 def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool) -> str:
