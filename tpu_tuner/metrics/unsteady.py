@@ -11,13 +11,15 @@ round is timed, judge the log steps of each setting and the baseline/best log ra
   `MIN_CLUSTER` rounds (and `MIN_CLUSTER_SHARE` of them), the gap at least `GAP_SPREADS` times
   the pooled within-cluster standard deviation and at least `MIN_GAP` (10%). A lone slow round
   is no cluster (the disturbed rule deals with it); normal noise, whose widest gap is about one
-  standard deviation, never comes near.
+  standard deviation, rarely comes near.
 * **drifting**: the Theil-Sen slope of the values over the round number (robust: a disturbed
   round does not make a trend), its interval at `DRIFT_LEVEL` excluding 0, and the change it
   implies over the window at least `MIN_DRIFT` (5%).
 
 Each needs `MIN_JUDGED_ROUNDS` rounds. A flag does not change the verdict's interval: the window
-adds rounds for it once when the clock allows (tuning/verify_window.py) and says what it found.
+adds rounds for it once when the clock allows (tuning/verify_window.py) and says what it found. A
+drift every setting shares (the host slowing) cancels in the paired ratio: the ratio's own
+judgment says whether the estimate is touched.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from tpu_tuner.core.units import duration
 MIN_JUDGED_ROUNDS = 8
 MIN_CLUSTER = 3
 MIN_CLUSTER_SHARE = 1 / 6
-# 6 pooled deviations: normal (or t3) rounds reach it in about 2 windows of 1000 at 8 rounds and
-# fewer beyond (tests/test_unsteady.py); the issue's bimodal step is over 20 deviations apart.
+# 6 pooled deviations: normal (or t3) rounds reached it in about 2 windows of 1000 at 8 rounds and
+# fewer beyond when the rule was set (20,000 seeded windows; tests/test_verify_window.py checks a
+# bound); the issue's bimodal step is over 20 deviations apart.
 GAP_SPREADS = 6.0
 MIN_GAP = math.log(1.10)
 # At 99% with the 5% floor, steady rounds of log-sd 0.03-0.1 are called drifting in under 1 window
