@@ -1,6 +1,8 @@
 """The Agent contract: a specialist for one knob family that reads the profile, never times.
 
-* ``diagnose(profile)``: findings, in words, with the numbers behind them;
+* ``diagnose(profile, space)``: findings, in words, with the numbers behind them; a finding
+  suggests a lever only where the search space holds it for this workload and device, and says
+  why it is left out otherwise (`levers.py`);
 * ``params(space)``: its part of the search space;
 * ``seeds(profile, space)``: parameter settings worth trying first;
 * ``validate(candidate)``: a cheap, static reason to reject a candidate, or None.
@@ -20,6 +22,7 @@ from tpu_tuner.core.definitions import load_schema
 from tpu_tuner.devices.roofline_probe import RooflineProbe
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.agents.levers import Wanted, left_out
 from tpu_tuner.tuning.agents.schema import seeds_for
 from tpu_tuner.tuning.space import Param, SearchSpace
 
@@ -46,8 +49,17 @@ class Agent(ABC):
         return tuple(p for p in space.searched if p.agent == self.name)
 
     @abstractmethod
-    def diagnose(self, profile: Profile) -> list[str]:
-        """What the profile says about this agent's knobs."""
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
+        """What the profile says about this agent's knobs: the levers it suggests only where
+        `space` (the search space narrowed to this workload) holds them, else why not; without
+        a space, the knobs' own checks for this device and workload decide (`levers.left_out`)."""
+
+    def left_out(
+        self, knob: str, profile: Profile, space: SearchSpace | None, wanted: Wanted | None = None
+    ) -> str | None:
+        """Why the lever (`knob`, a `wanted` choice of it) is not searched for `profile`'s
+        workload on this agent's device; None where it is (`levers.left_out`)."""
+        return left_out(knob, self.device_kind, profile, space, wanted)
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
         """Seeds from the definition's [seeds] table for this device, limited to the space."""

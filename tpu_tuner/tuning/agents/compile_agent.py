@@ -1,4 +1,9 @@
-"""The compile agent: eager, TorchTPU eager modes, or torch.compile."""
+"""The compile agent: eager, TorchTPU eager modes, or torch.compile.
+
+Its findings name a lever (compiling, channels_last, inductor's options, the loss compiled with
+the model, a fused optimizer) only where the search space holds it for the profiled workload;
+otherwise they say it is not searched, and why (`levers.py`).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,19 @@ import tpu_tuner.tuning.agents.loss_scope as loss_scope
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import Verdict
 from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import CompileDefinition
 from tpu_tuner.tuning.space import SearchSpace
 
 # channels_last is seeded when convolutions take at least this share of the profiled self time:
 # then the NHWC kernels (no layout conversion around each convolution) can move the step.
 CONV_SEED_SHARE = 0.3
+AUTOTUNED = "better kernels (a compiler's autotuned ones)"
 
 
 def convolution_share(profile: Profile) -> float:
@@ -33,7 +41,7 @@ class CompileAgent(Agent):
     definition_schema = CompileDefinition
     definition: CompileDefinition
 
-    def diagnose(self, profile: Profile) -> list[str]:
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
         verdict = profile.verdict
         findings = [
             f"{verdict.ops_per_step} aten ops per step; first call {profile.warmup.first_call_seconds * 1e3:.0f} ms "
@@ -41,25 +49,38 @@ class CompileAgent(Agent):
         ]
         if verdict.uncertain:
             findings.append(f"the step time spread too much (CV {verdict.step_cv:.0%}) for a firm verdict")
+        # What a compiler could do is said only where the space searches a compiling execution.
+        compiling = self.left_out("execution", profile, space, lambda c: compile_options(c) is not None)
         if verdict.bound == "overhead-bound" and self.definition.diagnose.overhead_bound_hint:
-            findings.append(self._overhead_bound(verdict))
+            findings.append(self._overhead_bound(verdict, compiling))
         elif verdict.bound == "memory-bound":
-            findings.append("memory-bound: compiler fusion removes intermediate reads and writes")
+            findings.append(
+                "memory-bound: "
+                + (
+                    "compiler fusion removes intermediate reads and writes"
+                    if compiling is None
+                    else not_searched("compiler fusion", compiling)
+                )
+            )
         elif verdict.bound == "compute-bound":
             findings.append("compute-bound: a compiler helps little unless it picks faster matmul kernels")
         else:
-            findings.append(self._below_roofline(verdict))
+            findings.append(self._below_roofline(verdict, compiling, self._kernel_levers(profile, space, compiling)))
         if knobs.get("memory_format").applies_to(self.device_kind):
-            findings.append(self._layout_finding(profile))
+            findings.append(self._layout_finding(profile, self.left_out("memory_format", profile, space)))
         self._training = profile.workload.training
-        findings += training_step.findings(profile)
-        findings += loss_scope.findings(profile)
+        findings += training_step.findings(
+            profile, self.left_out(training_step.KNOB, profile, space, lambda c: c == "fused")
+        )
+        findings += loss_scope.findings(profile, self.left_out(loss_scope.KNOB, profile, space))
         if knobs.get("compile_options").applies_to(self.device_kind):
-            findings += compiler_options.findings(profile)
+            findings += compiler_options.findings(profile, self.left_out(compiler_options.KNOB, profile, space))
         return findings
 
-    def _layout_finding(self, profile: Profile) -> str:
+    def _layout_finding(self, profile: Profile, left_out: str | None = None) -> str:
         share = self._conv_share = convolution_share(profile)
+        if share > 0 and left_out is not None:
+            return f"convolutions take {share:.0%} of profiled self time; " + not_searched("channels_last", left_out)
         if share >= CONV_SEED_SHARE:
             return (
                 f"convolutions take {share:.0%} of profiled self time: channels_last memory format is seeded "
@@ -90,7 +111,7 @@ class CompileAgent(Agent):
         )
 
     @staticmethod
-    def _overhead_bound(verdict: Verdict) -> str:
+    def _overhead_bound(verdict: Verdict, compiling: str | None = None) -> str:
         """What makes the step overhead-bound, by what was measured: the device's idle share where
         its busy time was traced, else ops x the per-op dispatch cost (which never exceeds the step)."""
         if verdict.device_busy_share is not None:
@@ -105,10 +126,21 @@ class CompileAgent(Agent):
             )
         else:
             cause = f"{verdict.ops_per_step} ops per step"
+        if compiling is not None:
+            return f"overhead-bound: {cause}; " + not_searched("fusing ops with a compiler", compiling)
         return f"overhead-bound: {cause}; fusing ops with a compiler should cut dispatch time"
 
+    def _kernel_levers(self, profile: Profile, space: SearchSpace | None, compiling: str | None) -> list[str]:
+        """The levers on slow matmul / convolution kernels that the space searches, in words."""
+        lower = self.left_out("autocast", profile, space, lambda c: c == "bfloat16") is None or (
+            self.left_out("matmul_precision", profile, space, lambda c: c == "medium") is None
+        )
+        layout = self.left_out("memory_format", profile, space, lambda c: c == "channels_last") is None
+        named = (("lower precision", lower), ("memory format", layout), (AUTOTUNED, compiling is None))
+        return [words for words, searched in named if searched]
+
     @staticmethod
-    def _below_roofline(verdict: Verdict) -> str:
+    def _below_roofline(verdict: Verdict, compiling: str | None = None, levers: list[str] | None = None) -> str:
         """What a compiler can do for kernels that run below the roofline, by which kernels they are."""
         top = ", ".join(f"{name} {share:.0%}" for name, share in verdict.top_operators) or "no operator table"
         dispatch = (
@@ -116,9 +148,20 @@ class CompileAgent(Agent):
         )
         head = f"below the roofline: the kernels reach {verdict.compute_share:.1%} of the peak ({top}){dispatch}"
         if verdict.compute_kernels_dominate:
+            levers = ["lower precision", "memory format", AUTOTUNED] if levers is None else levers
+            if not levers:
+                return head + (
+                    "; matmul/convolution kernels dominate, so fusion cuts little, and none of lower precision, "
+                    "memory format or a compiler's autotuned kernels is searched here"
+                )
+            listed = " or ".join([", ".join(levers[:-1]), levers[-1]] if len(levers) > 1 else levers)
             return (
-                head + "; matmul/convolution kernels dominate, so fusion cuts little: lower precision, "
-                "memory format or better kernels (a compiler's autotuned ones) are what can help"
+                head + f"; matmul/convolution kernels dominate, so fusion cuts little: {listed} "
+                f"{'is' if len(levers) == 1 else 'are'} what can help"
+            )
+        if compiling is not None:
+            return (
+                head + "; elementwise / data-movement kernels dominate; " + not_searched("compiler fusion", compiling)
             )
         return head + "; elementwise / data-movement kernels dominate, so compiler fusion can help"
 

@@ -16,6 +16,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.compile_options import CUDAGRAPHS, FREEZING, FULLGRAPH, MAX_AUTOTUNE, flags
 from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.agents.levers import not_searched
 
 KNOB = "compile_options"
 SEEDED = (FREEZING, f"{FREEZING}+{MAX_AUTOTUNE}")  # in this order
@@ -29,13 +30,16 @@ def compute_heavy(profile: Profile) -> bool:
     return verdict.bound == "compute-bound" or bool(verdict.compute_kernels_dominate)
 
 
-def findings(profile: Profile) -> list[str]:
-    """What the profile says about inductor's options."""
+def findings(profile: Profile, left_out: str | None = None) -> list[str]:
+    """What the profile says about inductor's options; `left_out`: why the space does not search
+    them for this workload (then said instead of seeding them)."""
     if profile.workload.training:
         return [
             "training step: inductor freezing is skipped (it bakes the weights the optimizer updates "
             "into the compiled graph, and inductor freezes only graphs compiled without grad)"
         ]
+    if left_out is not None:
+        return [not_searched("inductor freezing / max-autotune", left_out)]
     if compute_heavy(profile):
         return [
             "inference dominated by matmul/convolution kernels: inductor freezing (constant weights, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from tpu_tuner.knobs.compile_scope import MODEL_AND_LOSS
 from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.agents.levers import not_searched
 
 KNOB = "compile_scope"
 # Seed the loss compiled with the model from this share of the baseline's (eager, fp32) profiled
@@ -27,11 +28,17 @@ def loss_share(profile: Profile) -> float:
     return sum(op.share for op in profile.operators if any(part in op.name.lower() for part in LOSS_OPS))
 
 
-def findings(profile: Profile) -> list[str]:
-    """What the profile says about compiling the loss with the model."""
+def findings(profile: Profile, left_out: str | None = None) -> list[str]:
+    """What the profile says about compiling the loss with the model; `left_out`: why the space
+    does not search it for this workload (then said instead)."""
     if not profile.workload.training:
         return []
     share = loss_share(profile)
+    if left_out is not None:
+        return [
+            f"the loss's kernels take {share:.0%} of profiled self time; "
+            + not_searched("compiling the loss with the model", left_out)
+        ]
     return [
         f"the loss's kernels take {share:.0%} of profiled self time: "
         + (

@@ -5,7 +5,8 @@ for peak memory, so it is tried only when the baseline's measured peak is close 
 trial must stay under (`tpu_tuner.tuning.memory_limit`): there it is seeded; elsewhere a setting
 with it is rejected unmeasured (it could only be slower; docs/knobs.md has the measured cost).
 An inference step has no backward pass: the search space leaves both memory knobs out there
-(knobs/traits.py), and this agent rejects them should a space still hold them.
+(knobs/traits.py), and this agent rejects them should a space still hold them. Its findings
+seed or suggest a memory knob only where the space searches it (`levers.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import MemoryDefinition
 from tpu_tuner.tuning.memory_limit import MemoryLimit
 from tpu_tuner.tuning.space import SearchSpace
@@ -33,7 +35,7 @@ class MemoryAgent(Agent):
     _pressed: bool | None = None  # whether that profile's peak is near the limit; None before
     _batch: int | None = None  # the global batch of that profile's step
 
-    def diagnose(self, profile: Profile) -> list[str]:
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
         self._training = profile.workload.training
         batch = profile.workload.batch_size
         self._batch = int(batch) if isinstance(batch, int) else None
@@ -52,21 +54,42 @@ class MemoryAgent(Agent):
             findings.append(
                 "inference step: no activations are kept for a backward pass, so activation checkpointing is skipped"
             )
-        elif self._near_limit(profile):
-            findings.append(
-                f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
-                "checkpointing repeated blocks is seeded (less activation memory, one more forward "
-                "of each block), and so is splitting the batch into micro-batches (one slice's "
-                "activations alive at a time, k smaller passes)"
-            )
         else:
-            findings.append(
-                "the baseline is not near a memory limit: activation checkpointing is not tried (it "
-                "only trades a forward of each block for memory the step does not need; give "
-                "--trial-memory-gb to search it under a limit), micro-batching is searched, not "
-                "seeded (k smaller passes, which can also run faster where activations fit in cache)"
-            )
+            findings.append(self._training_finding(profile, space))
         return findings
+
+    def _training_finding(self, profile: Profile, space: SearchSpace | None) -> str:
+        """A training step: checkpointing and micro-batches, seeded near the limit and otherwise
+        not tried / searched; either said as not searched (and why) where the space leaves it out."""
+        checkpointing = self.left_out(KNOB, profile, space, lambda c: c != "none")
+        split = self.left_out(MICRO_BATCHES, profile, space, lambda c: c != "1")
+        if self._near_limit(profile):
+            head = f"the baseline is within {1 - self.definition.seeds.near_limit_share:.0%} of the limit: "
+            recompute = "checkpointing repeated blocks"
+            slices = "splitting the batch into micro-batches"
+            if checkpointing is None and split is None:
+                return (
+                    f"{head}{recompute} is seeded (less activation memory, one more forward of each block), and "
+                    f"so is {slices} (one slice's activations alive at a time, k smaller passes)"
+                )
+            parts = [
+                f"{recompute} is seeded" if checkpointing is None else not_searched(recompute, checkpointing),
+                f"{slices} is seeded" if split is None else not_searched(slices, split),
+            ]
+            return head + "; ".join(parts)
+        parts = [
+            "activation checkpointing is not tried (it only trades a forward of each block for memory the step "
+            "does not need; give --trial-memory-gb to search it under a limit)"
+            if checkpointing is None
+            else "activation checkpointing is not tried (the step does not need the memory; "
+            + not_searched("checkpointing", checkpointing)
+            + ")",
+            "micro-batching is searched, not seeded (k smaller passes, which can also run faster where "
+            "activations fit in cache)"
+            if split is None
+            else not_searched("micro-batching", split),
+        ]
+        return "the baseline is not near a memory limit: " + ", ".join(parts)
 
     def _near_limit(self, profile: Profile) -> bool:
         peak = profile.memory.peak_bytes

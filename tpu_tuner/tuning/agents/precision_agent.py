@@ -4,7 +4,9 @@ On a device with a measured probe it skips what the probe shows cannot help: "me
 leaves fp32 matmul numerics unchanged (the same kernels as "highest"), and bf16 autocast where
 bf16 matmuls run well below the fp32 rate (no fast bf16 units). Every skip says why, with the
 measured figures, in the findings and in the rejected trial's reason. Quantized linears
-(torchao, inference) are seeded only where linear layers dominate the profiled time.
+(torchao, inference) are seeded only where linear layers dominate the profiled time. A finding
+names a lever (autocast, lower matmul precision, quantized linears) only where the search space
+holds it for the workload; otherwise it says the lever is not searched, and why.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.profiling.verdict import is_matmul_like
 from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import PrecisionDefinition
 from tpu_tuner.tuning.space import SearchSpace
 
 # Profiled operators that are a linear layer's matmul (aten::linear runs as addmm / mm).
 LINEAR_OPERATORS = ("aten::linear", "aten::addmm", "aten::mm")
+QUANTIZED_LINEARS = "int8 quantized linears (torchao)"
 
 
 def linear_share(profile: Profile) -> float:
@@ -30,31 +34,49 @@ class PrecisionAgent(Agent):
     definition_schema = PrecisionDefinition
     definition: PrecisionDefinition
 
-    def diagnose(self, profile: Profile) -> list[str]:
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
         verdict = profile.verdict
         matmul_share = sum(op.share for op in profile.operators if is_matmul_like(op.name))
         findings = [
             f"matmul-like operators take {matmul_share:.0%} of profiled self time; "
             f"compute explains {verdict.compute_share:.0%} of the step at the {profile.peak_dtype} peak"
         ]
-        findings += self._hardware_findings()
+        autocast = self.left_out("autocast", profile, space, lambda c: c == "bfloat16")
+        findings += self._hardware_findings(autocast)
         hint = self.definition.diagnose.compute_share_hint
         if self._linears_dominate(profile):
+            linears = f"linear layers take {linear_share(profile):.0%} of profiled self time"
+            # A model whose space leaves quantization out (training, no nn.Linear modules, no
+            # torchao, TPU) is told so, not that quantized linears may pay off.
+            why = self.left_out("quantization", profile, space, lambda c: c.startswith("int8"))
             findings.append(
-                f"linear layers take {linear_share(profile):.0%} of profiled self time: "
-                "int8 quantized linears (torchao) may pay off, under the accuracy guardrail"
+                f"{linears}: {QUANTIZED_LINEARS} may pay off, under the accuracy guardrail"
+                if why is None
+                else f"{linears}; " + not_searched(QUANTIZED_LINEARS, why)
             )
         if verdict.compute_share >= hint or matmul_share >= hint:
-            ratio = self._bf16_ratio()
-            if ratio is None or ratio >= self.definition.hardware.seed_bf16_min_ratio:
-                means = "bf16 autocast" if self._medium_without_effect() else "autocast or lower matmul precision"
-                findings.append(f"matmul-heavy: bf16 matmuls ({means}) should pay off")
-            else:
-                findings.append(
-                    "matmul-heavy, but this host's bf16 matmuls are no faster than fp32: "
-                    "lower precision is not expected to pay off here"
-                )
+            findings.append(self._lower_precision_finding(profile, space, autocast))
         return findings
+
+    def _lower_precision_finding(self, profile: Profile, space: SearchSpace | None, autocast: str | None) -> str:
+        """A matmul-heavy step: which of bf16 autocast and a lower matmul precision (those the
+        space searches) should pay off, by the measured bf16 rate."""
+        ratio = self._bf16_ratio()
+        if ratio is not None and ratio < self.definition.hardware.seed_bf16_min_ratio:
+            return (
+                "matmul-heavy, but this host's bf16 matmuls are no faster than fp32: "
+                "lower precision is not expected to pay off here"
+            )
+        lower = not self._medium_without_effect() and (
+            self.left_out("matmul_precision", profile, space, lambda c: c == "medium") is None
+        )
+        if autocast is None:
+            means = "autocast or lower matmul precision" if lower else "bf16 autocast"
+        elif lower:
+            means = "lower matmul precision"
+        else:
+            return "matmul-heavy; " + not_searched("bf16 autocast and lower matmul precision", autocast)
+        return f"matmul-heavy: bf16 matmuls ({means}) should pay off"
 
     def seeds(self, profile: Profile | None, space: SearchSpace) -> list[dict[str, str]]:
         """The definition's seeds, less those the measured hardware rules out."""
@@ -121,8 +143,9 @@ class PrecisionAgent(Agent):
             f"({self.probe.bf16_speed_ratio:.2f}x): no fast bf16 matmul units"
         )
 
-    def _hardware_findings(self) -> list[str]:
-        """What the probe says about each precision choice, with the measured figures."""
+    def _hardware_findings(self, autocast: str | None = None) -> list[str]:
+        """What the probe says about each precision choice, with the measured figures; bf16
+        autocast is called worth trying only where it is searched (`autocast`: why not)."""
         if self.probe is None:
             return []
         probe = self.probe
@@ -139,9 +162,14 @@ class PrecisionAgent(Agent):
         if ratio < self.definition.hardware.seed_bf16_min_ratio:
             findings.append(self._bf16_reason("rejected" if self._bf16_too_slow() else "not seeded"))
         else:
-            findings.append(
+            rates = (
                 f"bf16 matmuls run at {probe.bfloat16_flops_per_s / 1e9:.0f} GFLOP/s against "
-                f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x): "
-                "bf16 autocast is worth trying"
+                f"{probe.float32_flops_per_s / 1e9:.0f} GFLOP/s fp32 ({ratio:.2f}x)"
             )
+            worth = (
+                ": bf16 autocast is worth trying"
+                if autocast is None
+                else "; " + not_searched("bf16 autocast", autocast)
+            )
+            findings.append(rates + worth)
         return findings

@@ -41,7 +41,7 @@ class ShardingAgent(Agent):
         # Layouts that failed on their own: layout -> (trial, the error's first line).
         self._dead: dict[str, tuple[int, str]] = {}
 
-    def diagnose(self, profile: Profile) -> list[str]:
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
         if self.ranks == 1:
             return ["one process per trial: no sharding layout to search (--nproc N runs every trial on N ranks)"]
         self.training = profile.workload.training

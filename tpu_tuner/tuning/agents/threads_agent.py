@@ -12,6 +12,7 @@ from tpu_tuner.core.host import usable_cores
 from tpu_tuner.knobs.intra_op_threads import ALL, IntraOpThreadsKnob
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
+from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import ThreadsDefinition
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -37,13 +38,16 @@ class ThreadsAgent(Agent):
             found.append(f"the step times spread (robust CV {verdict.step_cv:.0%}): other work may share the cores")
         return found
 
-    def diagnose(self, profile: Profile) -> list[str]:
+    def diagnose(self, profile: Profile, space: SearchSpace | None = None) -> list[str]:
         if not IntraOpThreadsKnob().applies_to(self.device_kind):
             return [f"intra-op threads are a CPU setting: not searched on {self.device_kind}"]
         threads = profile.environment.get("threads", "?")
         head = f"torch runs {threads} intra-op threads on {usable_cores()} usable cores"
         if usable_cores() <= 1:
             return [head + ": one core, so the thread count is not searched"]
+        left_out = self.left_out(KNOB, profile, space, lambda c: c != ALL)
+        if left_out is not None:
+            return [head + "; " + not_searched("fewer threads", left_out)]
         reasons = self.reasons(profile)
         if reasons:
             return [head + "; fewer threads are seeded: " + "; ".join(reasons)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.agents.levers import not_searched
 
 KNOB = "optimizer_impl"
 # Seed the fused optimizer when the update takes at least this share of profiled self time. Low on
@@ -34,11 +35,17 @@ def optimizer_share(profile: Profile) -> float:
     return sum(op.share for op in profile.operators if any(part in op.name.lower() for part in OPTIMIZER_OPS))
 
 
-def findings(profile: Profile) -> list[str]:
-    """What the profile says about the optimizer implementation."""
+def findings(profile: Profile, left_out: str | None = None) -> list[str]:
+    """What the profile says about the optimizer implementation; `left_out`: why the space does
+    not search it for this workload (then said instead)."""
     if not profile.workload.training:
         return ["inference step: the optimizer implementation does not apply (no optimizer step)"]
     share = optimizer_share(profile)
+    if left_out is not None:
+        return [
+            f"the optimizer update takes {share:.0%} of profiled self time; "
+            + not_searched("a fused optimizer", left_out)
+        ]
     return [
         f"the optimizer update takes {share:.0%} of profiled self time: "
         + (
