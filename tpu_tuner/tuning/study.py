@@ -170,6 +170,10 @@ def _tune_in(
     if profile is None:
         say("profile", "profiling the baseline")
         profile = profile_baseline(runner, options, model_file, workload.device_kind)
+    if profile.workload.dims is None and workload.dims is not None:
+        # Which input sizes are the batch and the sequence, as the file declares them: the
+        # report's header says them (a recurrent model's sequence of 512 had read "batch 512").
+        profile = replace(profile, workload=replace(profile.workload, dims=workload.dims))
     nproc = options.runner.ranks  # every trial's ranks, over all its hosts
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
