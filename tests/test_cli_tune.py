@@ -33,7 +33,7 @@ def test_tune_is_the_default_command(tmp_path, capsys, monkeypatch, tmp_path_fac
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith("tiny_mlp_benchmark-tune-")
     printed = capsys.readouterr().out
-    assert "[trial 1/3" in printed and "baseline" in printed and "speedup" in printed
+    assert "| budget 1/3 |" in printed and "[trial 0 |" in printed and "baseline" in printed and "speedup" in printed
     assert str(run_dir) in printed
     assert (run_dir / "workers.log").is_file()  # the workers' own output, off the terminal
     frame = pd.read_csv(run_dir / "trials.csv")

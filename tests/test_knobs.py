@@ -109,7 +109,7 @@ ADDED_KNOB = textwrap.dedent("""\
     from tpu_tuner.cli import profile
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.knobs.tuned_config import TunedConfig
-    from tpu_tuner.tuning.result import TRIAL_COLUMNS
+    from tpu_tuner.tuning.trials_table import TRIAL_COLUMNS
     from tpu_tuner.tuning.space import SearchSpace
 
     folder = pathlib.Path(sys.argv[1])

@@ -331,7 +331,7 @@ def _pair_with_the_follower_killed_in_trial_2(hosts: Hosts) -> tuple[subprocess.
     """Start both hosts of a 2-trial study; SIGKILL host b's agent once trial 2 runs on its ranks."""
     a, b = hosts.start_pair()
     deadline = time.monotonic() + 400
-    while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2:
+    while "] running" not in _text(a).partition("| budget 2/2 |")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2:
         assert a.poll() is None and time.monotonic() < deadline, _text(a)  # mid-trial: both hosts' ranks up
         time.sleep(0.1)
     os.kill(b.pid, signal.SIGKILL)

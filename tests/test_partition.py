@@ -119,7 +119,9 @@ def test_a_partition_mid_trial_fails_it_naming_the_host_and_the_study_goes_on_or
     try:
         a, b = hosts.start_pair()
         deadline = time.monotonic() + 400
-        while "] running" not in _text(a).partition("[trial 2/2")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2:
+        while (
+            "] running" not in _text(a).partition("| budget 2/2 |")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2
+        ):
             assert a.poll() is None and time.monotonic() < deadline, _text(a)  # mid-trial: both hosts' ranks up
             time.sleep(0.1)
         pair.cut()

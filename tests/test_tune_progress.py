@@ -48,4 +48,15 @@ def test_repeated_rejections_are_counted_and_summarised_once(capsys: pytest.Capt
 
 def test_a_trial_line_shows_the_best_and_the_time_left(capsys: pytest.CaptureFixture[str]) -> None:
     ProgressLines()(Progress("trial", "eager: 190 ms", 5, 36, 0.19, 61.0, time_left=174.0))
-    assert capsys.readouterr().out == "[trial 5/36 | best 190 ms amortised |    61 s, 2.9 min left] eager: 190 ms\n"
+    assert capsys.readouterr().out == "[budget 5/36 | best 190 ms amortised |    61 s, 2.9 min left] eager: 190 ms\n"
+
+
+def test_a_trial_line_leads_with_the_number_report_md_gives_the_trial(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 55: rejected settings reused the next trial's position ("trial 11/48" three times) and
+    the terminal's numbers were not report.md's; each line now leads with the trial's own number."""
+    show = ProgressLines()
+    for number in (11, 12):
+        show(Progress("trial", "rejected unmeasured: x", 9, 48, 0.19, 61.0, rejected_by=f"r{number}", number=number))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" |")[0] for line in lines] == ["[trial 11", "[trial 12"]
+    assert all("| budget 9/48 |" in line for line in lines)

@@ -596,7 +596,7 @@ def test_report_hosts_line_for_one_host(tmp_path: Path) -> None:
 
 
 def test_trials_csv_keeps_host_and_names_the_warm_start_source(tmp_path: Path) -> None:
-    from tpu_tuner.tuning.result import TRIAL_COLUMNS
+    from tpu_tuner.tuning.trials_table import TRIAL_COLUMNS
 
     frame = _result(tmp_path, ["vm-a", "vm-b", "vm-b"], "vm-a").trials_dataframe()
     assert "host" in TRIAL_COLUMNS and list(frame["host"]) == ["vm-a", "vm-b", "vm-b"]

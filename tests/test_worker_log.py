@@ -189,7 +189,7 @@ def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(
         == 0
     )
     printed = capfd.readouterr()
-    assert "[trial 1/2" in printed.out
+    assert "| budget 1/2 |" in printed.out
     assert not any(noise in printed.out + printed.err for noise in NOISE), printed
     (run_dir,) = tmp_path.iterdir()
     logged = (run_dir / WORKERS_LOG).read_text()

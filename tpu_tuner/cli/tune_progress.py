@@ -41,10 +41,14 @@ class ProgressLines:
 
 
 def line(event: Progress) -> str:
-    """`[trial 5/36 | best 190 ms amortised |    61 s, 2.9 min left] message`."""
+    """`[trial 7 | budget 5/36 | best 190 ms amortised |    61 s, 2.9 min left] message`."""
     # "best" is the same quantity a finished trial's line leads with (its objective).
     best = f"best {ms(event.best_seconds)} {event.objective}" if event.best_seconds else "best -"
     # The search's best belongs on trial lines only; other phases show where and when.
-    where = f"trial {event.trial}/{event.trials} | {best}" if event.trial else event.phase
+    if event.trial and event.number is not None:
+        # The trial's own number (report.md's, trials.csv's), then where the budget stands.
+        where = f"trial {event.number} | budget {event.trial}/{event.trials} | {best}"
+    else:
+        where = f"budget {event.trial}/{event.trials} | {best}" if event.trial else event.phase
     left = f", {duration(event.time_left)} left" if event.time_left is not None else ""
     return f"[{where} | {event.elapsed:5.0f} s{left}] {event.message}"

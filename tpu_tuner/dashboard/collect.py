@@ -52,6 +52,7 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.planner.ranking import RANKING_JSON
 from tpu_tuner.studies import records, run_file
+from tpu_tuner.studies.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -282,19 +283,14 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
         if "state" not in trials or "number" not in trials:
             raise ValueError(f"{TRIALS_CSV}: no 'number' and 'state' columns")
         collection.trials[run] = trials
-        # Repeats of an earlier setting and settings rejected before running cost no measurement.
-        measured = trials
-        for column in (records.REPEAT_OF, records.REJECTED_BY, records.EXCLUDED_BY):
-            if column in measured:
-                measured = measured[measured[column].isna()]
-        row["trials"] = len(measured)
-        # A failed measurement: FAIL in studies of earlier versions, pruned with a failure kind now
-        # (told so, so that TPE learns from it); an infeasible complete trial is no failure here.
-        failed = measured["state"] == "FAIL"
-        if records.FAILURE_KIND in measured:
-            failed |= (measured["state"] == "PRUNED") & measured[records.FAILURE_KIND].notna()
-        row["failures"] = int(failed.sum())
+        if "outcome" in trials:
+            # The one vocabulary (studies/outcome.py): the same counts as report.md's "N measured, K failed".
+            row["trials"] = int(trials["outcome"].isin([Outcome.MEASURED, Outcome.STOPPED_EARLY]).sum())
+            row["failures"] = int((trials["outcome"] == Outcome.FAILED).sum())
+        else:
+            _count_older(trials, row)
     contributions = read_contributions(folder)
+
     if contributions is not None:
         collection.contributions[run] = contributions
     config_path = folder / TUNED_CONFIG
@@ -324,3 +320,19 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     row["significant"] = verification.get("significant")
     if row.get("trials") is None:
         row["trials"] = nested(prov, "study", "trials")
+
+
+def _count_older(trials: pd.DataFrame, row: dict[str, Any]) -> None:
+    """The measured and failed trials of a trials.csv written before its `outcome` column."""
+    # Repeats of an earlier setting and settings rejected before running cost no measurement.
+    measured = trials
+    for column in (records.REPEAT_OF, records.REJECTED_BY, records.EXCLUDED_BY):
+        if column in measured:
+            measured = measured[measured[column].isna()]
+    row["trials"] = len(measured)
+    # A failed measurement: FAIL in studies of earlier versions, pruned with a failure kind later
+    # (told so, so that TPE learns from it); an infeasible complete trial is no failure here.
+    failed = measured["state"] == "FAIL"
+    if records.FAILURE_KIND in measured:
+        failed |= (measured["state"] == "PRUNED") & measured[records.FAILURE_KIND].notna()
+    row["failures"] = int(failed.sum())

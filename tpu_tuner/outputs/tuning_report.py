@@ -11,6 +11,7 @@ from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.outputs.verification_lines import contributions_section, disturbed_lines, unsteady_lines
 from tpu_tuner.studies import records
+from tpu_tuner.studies.outcome import Outcome, tally
 
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
@@ -121,7 +122,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
     out += [
         "## Trials",
         "",
-        f"{len(frame)} trials, sampler {result.options.search.sampler}, search space "
+        f"{tally([Outcome(o) for o in frame['outcome']])}; sampler {result.options.search.sampler}, search space "
         f"`{result.space.name}` ({result.space.size()} valid settings for this workload); every row is in "
         "trials.csv.",
         "",
@@ -130,11 +131,13 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         out += ["Left out of the space for this workload (they cannot change its step):", ""]
         out += [f"- {line}" for line in result.space.left_out] + [""]
     out += [
-        "| # | state | settings | amortised | step | compile | MFU | error vs fp32 | vs baseline | note |",
+        "| # | outcome | settings | amortised | step | compile | MFU | error vs fp32 | vs baseline | note |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for _, row in frame.iterrows():
-        settings = ", ".join(str(row[p.name]) for p in result.space.searched if p.name in row)
+        # In the knobs' own words ("inductor, matmul medium, autocast bfloat16"), not bare values.
+        params = {p.name: row[p.name] for p in result.space.searched if present(row.get(p.name))}
+        settings = result.space.to_candidate(params).describe() or "baseline"
         note = next(
             (
                 str(row[k])
@@ -191,15 +194,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
 
 
 def _state(row) -> str:
-    """A trial's state as the report names it: a failed measurement is told to Optuna as pruned
-    (so that TPE learns from it), a hopeless one stopped early, an excluded ask never measured."""
-    if present(row.get(records.EXCLUDED_BY)):
-        return "EXCLUDED"
-    if present(row.get(records.STOPPED_EARLY)):
-        return "STOPPED EARLY"
-    if row["state"] != "COMPLETE" and present(row.get(records.FAILURE_KIND)):
-        return "FAILED"
-    return str(row["state"])
+    """A trial's outcome in the one vocabulary of every output (studies/outcome.py)."""
+    return str(row["outcome"]) if present(row.get("outcome")) else str(row["state"])
 
 
 def _learned_section(result: TuningResult, frame) -> list[str]:

@@ -23,6 +23,9 @@ class Progress:
     time_left: float | None = None
     # A setting an agent rejected unmeasured: the agent's reason (the CLI counts repeats of one).
     rejected_by: str | None = None
+    # The trial's number, as report.md, trials.csv and the dashboard give it (Optuna's); `trial`
+    # is its position in the budget.
+    number: int | None = None
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -23,7 +23,6 @@ import torch
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import UserInputError, first_line
 from tpu_tuner.execution.measurement import Measurement
-from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.profiling.profile import Profile
@@ -33,39 +32,10 @@ from tpu_tuner.tuning.finished_run import RESULT_FORMAT, load_space, load_study,
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.shared_study import RECORD_ATTR
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trials_table import trials_frame
 from tpu_tuner.tuning.trim import TRIMMED
 from tpu_tuner.tuning.verify import Verification, trial_measurement
 from tpu_tuner.tuning.window import ComparedSteps, WindowFigures, step_disagreement, with_window_step
-
-TRIAL_COLUMNS = [
-    "number",
-    "state",
-    *knobs.names(),
-    records.AMORTISED_STEP_S,
-    records.STEP_MEDIAN_S,
-    records.COMPILE_S,
-    records.MFU,
-    records.ACCURACY_ERROR,
-    records.BASELINE_ACCURACY_ERROR,
-    records.ACCURACY_ERROR_VS_BASELINE,
-    records.ACCURACY_EXCESS,
-    records.FEASIBLE,
-    records.PEAK_MEMORY_BYTES,
-    records.ESTIMATED_PEAK_BYTES,
-    records.ESTIMATE_ERROR,
-    records.FAILURE_KIND,
-    records.FAILURE_MESSAGE,
-    records.REJECTED_BY,
-    records.REPEAT_OF,
-    records.TRIAL_WALL_S,
-    records.HOST,
-    "duration_s",
-]
-# User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
-# (the worker that ran a trial of a shared study; "host" says where it ran).
-HIDDEN_ATTRS = (records.MEASUREMENT, records.CANDIDATE, records.MEASURED, records.WORKER)
-
-INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES, records.ESTIMATED_PEAK_BYTES)
 
 
 @dataclass
@@ -228,32 +198,8 @@ class TuningResult:
         return None
 
     def trials_dataframe(self) -> pd.DataFrame:
-        """One row per trial: settings, objective, measurements, failures."""
-        rows = []
-        run_peak = self.peak
-        trials = self.study.get_trials(deepcopy=False)
-        measurements = {t.number: trial_attrs.measurement_of(t) for t in trials}
-        for t in trials:
-            row: dict[str, Any] = {"number": t.number, "state": t.state.name}
-            row.update(t.params)
-            attrs = records.attrs(t)
-            row.update({k: v for k, v in attrs.items() if k not in HIDDEN_ATTRS})
-            if isinstance(row.get(records.WARM_START), dict):  # where the setting came from, not a dict repr
-                row[records.WARM_START] = row[records.WARM_START].get("source")
-            row["duration_s"] = t.duration.total_seconds() if t.duration else None
-            # A repeat carries its first trial's figures: its MFU too, on the run's peak.
-            measured = self.on_run_peak(measurements.get(attrs.get(records.REPEAT_OF, t.number)), run_peak)
-            if measured is not None:
-                row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
-            rows.append(row)
-        frame = pd.DataFrame(rows)
-        # A stable schema: every documented column is present, even when no trial set it.
-        frame = frame.reindex(columns=TRIAL_COLUMNS + [c for c in frame.columns if c not in TRIAL_COLUMNS])
-        # Ids and byte counts are integers; pandas' nullable Int64 keeps them so where some rows
-        # have none (NaN would turn the whole column into floats: "3.0" in trials.csv).
-        for column in INTEGER_COLUMNS:
-            frame[column] = pd.to_numeric(frame[column]).round().astype("Int64")
-        return frame.drop(columns=[p for p in knobs.names() if p not in {q.name for q in self.space.searched}])
+        """One row per trial: settings, outcome, objective, measurements, failures (trials_table.py)."""
+        return trials_frame(self.study, self.space, self.on_run_peak)
 
     def to_json(self) -> str:
         """result.json: what `load` needs besides the study and profile.json (the verification,

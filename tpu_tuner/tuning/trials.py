@@ -21,11 +21,9 @@ from tpu_tuner.core.units import duration
 from tpu_tuner.devices import backend_class
 from tpu_tuner.execution.measurement import EarlyStop
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
-from tpu_tuner.studies.attribution import Suspect
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
@@ -41,6 +39,7 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.pruning import HopelessPruner, best_objective
 from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.trial_lines import objective_name, suspected_words, trial_figures
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +199,8 @@ class TuneTrials(Feature):
         if allowance.skip is not None:
             return TrialRun(candidate, rejection=f"{CLOCK}: {allowance.skip}")
         suspects = self.learning.open_suspects_in(claim.point)
-        why = f" (to its verdict: {_suspected(suspects)})" if suspects and self.stop_above_s is not None else ""
-        self._progress(f"running {candidate.describe()}{why}", claim.position)
+        why = f" (to its verdict: {suspected_words(suspects)})" if suspects and self.stop_above_s is not None else ""
+        self._progress(f"running {candidate.describe()}{why}", claim.position, trial=claim.trial.number)
         limit = allowance.limit_s
         outcome = self._measure(candidate, stop=not suspects, limit_s=limit)
         if limit is not None and not outcome.ok and outcome.failure.kind == FailureKind.TIMEOUT:
@@ -235,7 +234,10 @@ class TuneTrials(Feature):
             # One line for every skip of a compile mode by the clock (tune_progress counts the rest).
             reason = f"{CLOCK} ({result.candidate['execution']})" if result.rejection.startswith(CLOCK) else None
             self._progress(
-                f"rejected {label} ({result.rejection})", claim.position, rejected_by=reason or result.rejection
+                f"rejected unmeasured: {label} ({result.rejection})",
+                claim.position,
+                rejected_by=reason or result.rejection,
+                trial=trial.number,
             )
             return
         outcome = result.outcome
@@ -259,7 +261,7 @@ class TuneTrials(Feature):
                 # inductor compile in the same worker hung until its timeout): start afresh.
                 self.runner.close()
             note = "" if confirmed else " (the best so far moved on meanwhile)"
-            message = f"{label}: pruned, {stop.message}{note}"
+            message = f"{label}: stopped early, {stop.message}{note}"
         elif outcome.ok:
             m, memory = outcome.value, self.memory
             value = trial_attrs.record_measurement(
@@ -276,7 +278,7 @@ class TuneTrials(Feature):
             )
             if verdict == "ok" and (self.best is None or value < self.best):
                 self.best = value
-            message = f"{label}: {_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
+            message = f"{label}: {trial_figures(value, m, objective.planned_steps, self.bucketing)}, {verdict}"
         elif outcome.failure.kind in MEASURED_AGAIN:
             # Cut short by a lost host or a frozen process (runner/): it measured nothing and says nothing
             # of the setting, so FAIL (TPE ignores it) and queued again, to be measured once.
@@ -291,7 +293,7 @@ class TuneTrials(Feature):
             trial.set_constraint("failed", 1.0)
             self.study.tell(trial, state=TrialState.PRUNED)
             message = f"{label}: failed ({outcome.failure.kind}: {outcome.failure.message})"
-        self._progress(message, claim.position)
+        self._progress(message, claim.position, trial=trial.number)
 
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
@@ -332,18 +334,21 @@ class TuneTrials(Feature):
             f"the rest of the budget is running on other workers ({running} trial(s)): waiting for them", spent
         )
 
-    def _progress(self, message: str, number: int, rejected_by: str | None = None) -> None:
+    def _progress(self, message: str, position: int, rejected_by: str | None = None, trial: int | None = None) -> None:
+        """A search line: `position` in the budget, `trial` the trial's number (Optuna's, as
+        report.md, trials.csv and the dashboard number it)."""
         self.emit(
             Progress(
                 "trial",
                 message,
-                number,
+                position,
                 self.options.search.trials,
                 self.best,
                 self.clock.elapsed(),
-                _objective_name(self.bucketing),
+                objective_name(self.bucketing),
                 self.clock.left(),
                 rejected_by,
+                trial,
             )
         )
 
@@ -368,31 +373,6 @@ def _tell_agents(
     for agent in agents:
         for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get(records.FAILURE_MESSAGE, ""))):
             study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
-
-
-def _suspected(suspects: Sequence[Suspect]) -> str:
-    """Open suspects in words: "autocast bfloat16 failed in trial 2 (crash) and never worked"."""
-    parts = []
-    for suspect in suspects:
-        names = " with ".join(label(name, value) for name, value in suspect.values)
-        trials = ", ".join(str(n) for n in suspect.failures)
-        parts.append(f"{names} failed in trial {trials} ({suspect.kind}) and never worked")
-    return "; ".join(parts)
-
-
-def _objective_name(bucketing: BucketingContext | None) -> str:
-    """What a trial's objective is, as progress lines name it."""
-    return "expected (bucketed)" if bucketing is not None else "amortised"
-
-
-def _figures(objective: float, m: Any, planned_steps: int, bucketing: BucketingContext | None) -> str:
-    """A trial's figures, leading with its objective (what "best" shows) and how it is made up:
-    "470 ms amortised (step 465 ms + compile 25.0 s / 5000 steps), MFU 37.4%"."""
-    if bucketing is not None:
-        parts = f"step {duration(m.step_median)} at the reference length, compile {duration(m.compile_seconds)} a shape"
-    else:
-        parts = f"step {duration(m.step_median)} + compile {duration(m.compile_seconds)} / {planned_steps} steps"
-    return f"{duration(objective)} {_objective_name(bucketing)} ({parts}), MFU {mfu_text(m.mfu)}"
 
 
 __all__ = ["TrialRun", "TuneTrials", "run_search"]
