@@ -20,6 +20,7 @@ from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
 from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.space import SearchSpace
 
 
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
@@ -91,11 +92,12 @@ def refuse_below_baseline(memory: MemoryLimit | None, profile: Profile) -> None:
 
 
 def prepare_agents(
-    options: TuneOptions, profile: Profile
+    options: TuneOptions, profile: Profile, space: SearchSpace | None = None
 ) -> tuple[list[Agent], dict[str, list[str]], MemoryLimit | None]:
-    """The run's agents, having read the baseline profile (their findings, by agent), and the
-    study's memory constraint (--trial-memory-gb, or the device's memory): the memory agent
-    reasons from it, and every measured trial is checked against it."""
+    """The run's agents, having read the baseline profile (their findings, by agent: a lever is
+    suggested only where `space`, the run's narrowed space, holds it), and the study's memory
+    constraint (--trial-memory-gb, or the device's memory): the memory agent reasons from it, and
+    every measured trial is checked against it."""
     device_kind = profile.device.kind
     search, nproc = options.search, options.runner.ranks  # every rank of every host
     agents = load_agents(list(search.agents), device_kind, profile.device.probe)
@@ -110,7 +112,7 @@ def prepare_agents(
             if search.plan is not None:
                 agent.planned = planned_layouts(search.plan, nproc, agent.definition.seeds.plan_top)
                 agent.plan_source = str(search.plan)
-    findings = {agent.name: agent.diagnose(profile) for agent in agents}
+    findings = {agent.name: agent.diagnose(profile, space) for agent in agents}
     return agents, findings, memory
 
 

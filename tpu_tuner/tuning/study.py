@@ -190,7 +190,7 @@ def _tune_in(
             "(add one, as search_spaces/default.toml does)"
         )
     record = study.user_attrs.get(RECORD_ATTR, opened.record)
-    agents, findings, memory = prepare_agents(options, profile)
+    agents, findings, memory = prepare_agents(options, profile, space)
     if isinstance(runner, MultiHostTrialRunner):  # which host holds which ranks, under each layout searched
         findings["hosts"] = runner.describe_hosts(space.placements())
     budget = search_budget(options.search.trials, options.search.sampler, space, agents)

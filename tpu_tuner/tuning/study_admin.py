@@ -274,7 +274,7 @@ def _finish_in(
     if isinstance(runner, RankedTrialRunner):
         start_ranks_on(runner, profile, options.runner.nproc)
     space = SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.nproc)
-    agents, findings, _ = prepare_agents(options, profile)
+    agents, findings, _ = prepare_agents(options, profile, space)
     measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
     done = recorded_verification(study)
     if done is not None and done.get("measured") == measured:
