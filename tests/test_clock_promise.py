@@ -156,3 +156,34 @@ def test_a_search_the_clock_stopped_says_so_with_its_figures(monkeypatch) -> Non
     )
     assert left is not None and float(left.group(1)) == pytest.approx(40.0 - now.t, abs=0.05)
     assert "kept for the race and verification" in words
+
+
+def test_a_clock_that_measured_only_the_baseline_ends_undecided_not_no_gain(monkeypatch) -> None:
+    """`--time-budget 100s` on examples/gpt.py measured the baseline only, then printed "no gain:
+    no feasible candidate beat the baseline" having compared nothing."""
+    from tpu_tuner.metrics.paired import VerdictKind
+    from tpu_tuner.profiling.settings import ProfilerSettings
+    from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
+    from tpu_tuner.tuning.verify import verify
+
+    order = [{"execution": "eager", "matmul_precision": "highest"}]
+    study, runner, now = _search(monkeypatch, 20.0, order)  # the baseline's 5 s leave no room for more
+    assert len(runner.jobs) == 1
+    options = TuneOptions(
+        search=SearchOptions(space=SPACE.name, agents=(), trials=12, time_budget_s=20.0),
+        objective=ObjectiveOptions(verify_rounds=6),
+        runner=RunnerOptions(trial_settings=ProfilerSettings()),
+    )
+    now.t = 20.0  # the clock spent
+    v = verify(study, SPACE, runner, options, "cpu", clock=Clock(20.0, 0.0, now))  # type: ignore[arg-type]
+    assert v.verdict_kind is VerdictKind.UNDECIDED and not v.chosen_is_best
+    said = re.fullmatch(
+        r"undecided: only the baseline fit in 20\.0 s; about (.+) would measure 12 settings "
+        r"\(--time-budget\); keep the baseline",
+        v.message,
+    )
+    assert said is not None and "no gain" not in v.message
+    # Without a clock, a search that measured nothing else says so too.
+    assert verify(study, SPACE, runner, options, "cpu").message.startswith(
+        "undecided: no setting but the baseline was measured"
+    )

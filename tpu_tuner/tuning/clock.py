@@ -184,6 +184,21 @@ def clock_stop_words(trials: Sequence[FrozenTrial], clock: Clock) -> str:
     )
 
 
+def only_baseline_words(trials: Sequence[FrozenTrial], clock: Clock | None, budget: int) -> str:
+    """The verdict of a search that measured no setting but the baseline: undecided, with what a
+    clock that measures `budget` settings would take (never "no gain": nothing was compared)."""
+    if clock is None or clock.budget_s is None or clock.left_to_work():
+        return (
+            "undecided: no setting but the baseline was measured (every other was rejected, excluded or "
+            "a repeat); keep the baseline"
+        )
+    needed = clock.elapsed() + (budget - 1) * next_trial_seconds(trials) + reserved_finish_seconds(trials) + WRAP_UP_S
+    return (
+        f"undecided: only the baseline fit in {duration(clock.budget_s)}; about {duration(needed)} would measure "
+        f"{budget} settings (--time-budget); keep the baseline"
+    )
+
+
 def expected_trial_seconds(trials: Sequence[FrozenTrial], execution: str) -> tuple[float, bool]:
     """What a trial of compile mode `execution` is expected to take, and whether that mode was
     seen: the longest wall time of the measured trials of that mode (its compile dominates: a
@@ -233,6 +248,7 @@ __all__ = [
     "FinishPlan",
     "finish_seconds",
     "next_trial_seconds",
+    "only_baseline_words",
     "plan_finish",
     "TrialAllowance",
     "expected_trial_seconds",

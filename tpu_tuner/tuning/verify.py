@@ -27,7 +27,14 @@ from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
-from tpu_tuner.tuning.clock import MIN_VERIFY_ROUNDS, Clock, FinishPlan, finish_seconds, plan_finish
+from tpu_tuner.tuning.clock import (
+    MIN_VERIFY_ROUNDS,
+    Clock,
+    FinishPlan,
+    finish_seconds,
+    only_baseline_words,
+    plan_finish,
+)
 from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
@@ -168,6 +175,13 @@ def verify(
             (baseline_trial.number, None),
         )
     best_trial = min(feasible, key=trial_attrs.objective)
+    others = [t for t in trials if records.attrs(t).get(records.MEASURED) and t.params != baseline_params]
+    if best_trial.params == baseline_params and not others:
+        # Nothing was compared: a clock too short for any candidate is no evidence of "no gain".
+        words = only_baseline_words(trials, clock, options.search.trials or 1)
+        return Verification.keeping_baseline(
+            baseline, words, VerdictKind.UNDECIDED, (baseline_trial.number, best_trial.number)
+        )
     if best_trial.params == baseline_params:
         return Verification.keeping_baseline(
             baseline,
