@@ -8,6 +8,7 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
+import pytest
 from conftest import FIXTURES
 
 from tpu_tuner.model.input_dims import InputDims, SizeOf, recorded_dims
@@ -98,3 +99,14 @@ def test_profile_json_keeps_the_dims_and_older_profiles_read_back_without() -> N
     older = {k: v for k, v in workload.to_dict().items() if k != "dims"}
     assert "dims" not in ProfiledWorkload.from_dict(older).to_dict()
     assert recorded_dims("benchmark", 512, None).describe() == ""  # nothing recorded: nothing claimed
+
+
+@pytest.mark.slow  # a 512-step GRU profiled: about 50 s on 2 loaded cores
+def test_tpu_tune_profile_says_the_declared_batch_too(fast_settings) -> None:
+    """`tpu-tune profile`'s report read its header from dim 0 as well ("batch 512")."""
+    import tpu_tuner
+    from tpu_tuner.outputs.profile_report import render_markdown
+
+    profile = tpu_tuner.profile(FIXTURES / "kernelbench_gru_seq_first.py", device="cpu", settings=fast_settings)
+    header = next(line for line in render_markdown(profile).splitlines() if "kernelbench_gru_seq_first (" in line)
+    assert "batch 10 at dim 1" in header and "batch 512" not in header

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpu_tuner.core.units import binary_bytes, ms, shape, si
+from tpu_tuner.core.units import binary_bytes, ms, si
 from tpu_tuner.metrics.mfu import mfu_text
 from tpu_tuner.profiling.profile import Profile
 
@@ -15,7 +15,7 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
     return [
         (
             "workload",
-            f"{p.workload.name} ({', '.join(filter(None, (p.workload.step, shape(p.workload))))}, "
+            f"{p.workload.name} ({', '.join(filter(None, (p.workload.step, p.workload.sizes())))}, "
             f"{p.workload.convention} convention)",
         ),
         ("device", f"{device.name} ({device.kind}, {device.count} device{'s' if device.count != 1 else ''})"),

@@ -33,8 +33,10 @@ from tpu_tuner.metrics.flops import AttentionConvention, count_step
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
 from tpu_tuner.model.batch import leading_size
+from tpu_tuner.model.input_dims import InputDims, read_dims
 from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
 from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.summary import input_signature
 from tpu_tuner.model.workload import Workload
 from tpu_tuner.profiling.flops_report import FlopsReport, flops_report, with_uncounted
 from tpu_tuner.profiling.settings import ProfilerSettings
@@ -221,6 +223,7 @@ def profile(
             batch_size=ran_batch_size,
             seq_len=seq_len,
             notes=tuple(workload.notes + _size_notes(workload, batch_size, ran_batch_size)),
+            dims=_declared_dims(workload, batch_size, seq_len),
             # The traits' own training flag is the workload's (both from workload.is_training).
             traits={key: value for key, value in traits.to_dict().items() if key != "training"},
         ),
@@ -306,6 +309,15 @@ def _estimate_or_refuse(
     )
     check_budget(estimate, available_bytes, seconds, settings.max_step_seconds, workload.source, resizable=True)
     return estimate
+
+
+def _declared_dims(workload: Workload, batch_size: int | None, seq_len: int | None) -> InputDims | None:
+    """Which input sizes are the batch and the sequence, as the file declares them (the report's
+    header says them: a sequence-first recurrent model's 512 had read "batch 512")."""
+    try:
+        return read_dims(workload, input_signature(workload, batch_size, seq_len), (batch_size, seq_len))
+    except Exception:  # the header's words are never worth failing a profile for
+        return None
 
 
 def _ran_batch_size(workload: Workload, inputs: Any, batch_size: int | None) -> int | None:
