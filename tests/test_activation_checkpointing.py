@@ -173,7 +173,7 @@ def test_a_trial_over_the_memory_limit_is_infeasible_with_the_reason() -> None:
     over_t, under_t = study.trials
     assert not trial_attrs.is_feasible(over_t) and trial_attrs.is_feasible(under_t)
     assert records.attrs(over_t)["failure_kind"] == "memory"
-    assert records.attrs(over_t)["failure_message"] == "peak memory 3.00 GiB > 2.00 GiB (--trial-memory-gb)"
+    assert records.attrs(over_t)["failure_message"] == "peak memory 3 GiB > 2 GiB (--trial-memory-gb)"
     assert over_t.constraints["memory"] == GiB and under_t.constraints["memory"] == -GiB
     # A repeat carries the constraint, as it carries the accuracy one.
     repeat = study.ask()
@@ -213,7 +213,7 @@ def test_memory_agent_seeds_checkpointing_only_near_the_limit() -> None:
         {"micro_batches": "2"},
     ]
     findings = near.diagnose(_profile(int(3.6 * GiB)))
-    assert findings[0] == "baseline peak memory 3.60 GiB (VmHWM); limit 4.00 GiB (--trial-memory-gb), 90% of it"
+    assert findings[0] == "baseline peak memory 3.6 GiB (VmHWM); limit 4 GiB (--trial-memory-gb), 90% of it"
     assert "seeded" in findings[1]
     assert _memory_agent(limit).seeds(_profile(1 * GiB), space) == []
     no_limit = _memory_agent(None)

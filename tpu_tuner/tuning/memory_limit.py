@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_tuner.core.units import binary_bytes
 from tpu_tuner.devices import backend_class
 
 
@@ -31,7 +32,7 @@ class MemoryLimit:
         """The reason a trial with this peak is infeasible, or None when it fits (or is unknown)."""
         if peak_bytes is None or peak_bytes <= self.bytes:
             return None
-        return f"peak memory {peak_bytes / 2**30:.2f} GiB > {self.bytes / 2**30:.2f} GiB ({self.source})"
+        return f"peak memory {binary_bytes(peak_bytes)} > {binary_bytes(self.bytes)} ({self.source})"
 
 
 def memory_limit(user_limit_bytes: int | None, device_kind: str, device_memory_bytes: int | None) -> MemoryLimit | None:

@@ -11,6 +11,7 @@ seed or suggest a memory knob only where the space searches it (`levers.py`).
 
 from __future__ import annotations
 
+from tpu_tuner.core.units import binary_bytes
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
@@ -41,14 +42,15 @@ class MemoryAgent(Agent):
         self._batch = int(batch) if isinstance(batch, int) else None
         self._pressed = self._near_limit(profile)
         peak = profile.memory.peak_bytes
-        measured = f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"
+        # In report.md's units (core/units.py): one run, one figure ("857 MiB", not also "0.78 GiB").
+        measured = binary_bytes(peak) if peak is not None else "not measured"
         if self.limit is None:
             against = (
                 "no memory limit on this device (CPU without --trial-memory-gb): the search does not constrain memory"
             )
         else:
             share = f", {peak / self.limit.bytes:.0%} of it" if peak is not None else ""
-            against = f"limit {self.limit.bytes / 2**30:.2f} GiB ({self.limit.source}){share}"
+            against = f"limit {binary_bytes(self.limit.bytes)} ({self.limit.source}){share}"
         findings = [f"baseline peak memory {measured} ({profile.memory.method}); {against}"]
         if not self._training:
             findings.append(
