@@ -35,3 +35,11 @@ def test_phases_that_ran_or_were_not_announced_need_no_word() -> None:
     assert phases_not_run(PLAN, _verified(["an entry"]), contenders=3) == []
     no_race = FinishPlan(race_top=0, race_rounds=0, verify_rounds=6, ablations=False, seconds=10.0)
     assert phases_not_run(no_race, _verified([]), contenders=1) == []
+
+
+def test_the_round_total_is_the_first_plan_and_the_rounds_beyond_it_are_said() -> None:
+    """Issue 55: the total moved ("round 3/12", "4/13", "6/12", "13/18")."""
+    from tpu_tuner.tuning.study import round_words
+
+    assert round_words(5, 12) == "round 5/12"
+    assert round_words(14, 12).startswith("round 14 (12 planned, 2 added: the interval had not decided")

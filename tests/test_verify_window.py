@@ -127,12 +127,13 @@ def test_the_rule_flags_only_slow_outliers_of_either_setting() -> None:
 def test_a_wide_interval_adds_rounds_until_it_decides() -> None:
     clock = FakeClock()
     window, _ = _window(_ratios(seed=4, mean=1.6, sd=0.35), clock)
-    planned: list[int] = []
-    decided = measure_until_decided(window, 6, 200, _no_clock, lambda done, rounds, ratio: planned.append(rounds))
+    heard: list[tuple[int, int]] = []
+    decided = measure_until_decided(window, 6, 200, _no_clock, lambda done, rounds, ratio: heard.append((done, rounds)))
     assert not isinstance(decided, str)
     first = paired_speedup(decided.samples[0][:6], decided.samples[1][:6], level=look_level(1))
     assert not first.decided  # six rounds could not decide
-    assert decided.looks > 1 and len(decided.samples[0]) > 6 and max(planned) > 6
+    assert decided.looks > 1 and len(decided.samples[0]) > 6 and max(done for done, _ in heard) > 6
+    assert {total for _, total in heard} == {6}  # the total the progress names never moves
     assert decided.stopped_by == "decided" and decided.verdict is VerdictKind.VERIFIED
     s = decided.speedup
     assert s.ci_low >= 0.8 * s.speedup and s.level == pytest.approx(look_level(decided.looks))
@@ -362,3 +363,19 @@ def test_verify_records_the_unsteady_rounds_and_report_md_says_them(tmp_path) ->
         "them, once." in report
     )
     assert "Unsteady rounds" not in render_report(_result(tmp_path), {})
+
+
+def test_the_interval_is_stated_at_one_level_whatever_the_look() -> None:
+    """Issue 55: the stated level moved run to run (95% in the README, 96.96%, 99.24%). A look's
+    interval is computed at its share of the 5% and stated at the window's 95%."""
+    for look in (1, 2, 5):
+        s = dataclasses.replace(
+            paired_speedup([0.1, 0.11, 0.1, 0.12], [0.05, 0.05, 0.052, 0.06], level=look_level(look)), overall=True
+        )
+        assert "(95% CI " in s.describe() and s.level == look_level(look)
+    plain = paired_speedup([0.1, 0.11, 0.1], [0.05, 0.05, 0.052], level=0.9)
+    assert "(90% CI " in plain.describe()  # a one-off interval keeps its own level
+    ratios = np.linspace(1.7, 2.4, 13)
+    decided = measure_until_decided(_window(lambda r: [0.1, 0.1 / ratios[r % 13]], FakeClock())[0], 12, 48, _no_clock)
+    assert not isinstance(decided, str) and decided.speedup.overall
+    assert "(95% CI " in verdict_message(decided, 12, unclocked=True)

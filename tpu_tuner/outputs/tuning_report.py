@@ -180,8 +180,9 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         f"at least {trial_settings.timing_min_steps} synced steps; median reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds kept); speedups are geometric means of per-round ratios "
-        "with t intervals at the level of the window's last look (97% at the first, more at each look after it: "
-        f"rounds are added until the interval decides, docs/tuning.md). Verdict: {v.verdict_kind}.",
+        "with t intervals stated at 95% for the window as a whole: rounds are added until the interval decides, "
+        "and each look takes its share of the 5% (97% at the first, more at each look after it), so that all "
+        f"its looks together miss at most 5% of the time (docs/tuning.md). Verdict: {v.verdict_kind}.",
         *disturbed_lines(v),
         *unsteady_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "

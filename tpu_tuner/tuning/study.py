@@ -295,17 +295,22 @@ def _verify_here(
     )
     say("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {plan.describe()}")
 
-    def verify_progress(done: int, rounds: int, ratio: float) -> None:
-        say(
-            "verify",
-            f"round {done}/{rounds}: best {ratio:.2f}x the baseline's speed so far "
-            "(steady step, geometric mean of rounds)",
-        )
+    def verify_progress(done: int, planned: int, ratio: float) -> None:
+        say("verify", f"{round_words(done, planned)}: best {ratio:.2f}x the baseline's speed so far")
 
     verification = verify(study, space, runner, options, device_kind, verify_progress, agents, clock)
     for why in phases_not_run(plan, verification, len(leaders(study, space.baseline_params()))):
         say("verify", why)
     return replace(verification, host=socket.gethostname())
+
+
+def round_words(done: int, planned: int) -> str:
+    """A verification round against the rounds first planned, which stay the total: "round 5/12",
+    then "round 14 (12 planned, 2 added: the interval had not decided, or rounds were disturbed)"."""
+    if done <= planned:
+        return f"round {done}/{planned}"
+    added = done - planned
+    return f"round {done} ({planned} planned, {added} added: the interval had not decided, or rounds were disturbed)"
 
 
 def phases_not_run(plan: FinishPlan, verification: Verification, contenders: int) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -248,8 +248,11 @@ def verify(
             name,
             space.baseline_value(name),
             best_params.get(name, space.baseline_value(name)),
-            paired_speedup(
-                samples.get(f"best without {name}", samples["baseline"]), samples["best"], level=speedup.level
+            replace(
+                paired_speedup(
+                    samples.get(f"best without {name}", samples["baseline"]), samples["best"], level=speedup.level
+                ),
+                overall=speedup.overall,
             ),
         )
         for name in attributed
@@ -343,7 +346,7 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
     }.get(decided.stopped_by, "the clock ran out")
     return (
         f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
-        f"({s.speedup:.2f}x, {s.level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
+        f"({s.speedup:.2f}x, {s.stated_level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
     )
 
 

@@ -18,7 +18,7 @@ drift either settles or goes on); the last look's findings go with the verdict.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpu_tuner.metrics.disturbed import disturbed_rounds
 from tpu_tuner.metrics.paired import PairedSpeedup, VerdictKind, look_level, paired_speedup
@@ -108,8 +108,9 @@ def measure_until_decided(
                 disturbed = disturbed_rounds(window.samples)
                 if progress is not None:
                     good = [i for i in range(window.rounds) if i not in disturbed]
-                    planned = window.rounds + max(0, target - len(good))
-                    progress(window.rounds, planned, window.running_ratio(good))
+                    # The first plan as the total, whatever is added: a total that moved ("4/13",
+                    # "6/12", "13/18") said nothing; the words say the rounds beyond it (study.py).
+                    progress(window.rounds, first_rounds, window.running_ratio(good))
             if looked is not None and looked[0] == window.rounds:
                 # Nothing was added since the last look (the clock had no room): that look stands, and
                 # another at a stricter level would only widen the same interval.
@@ -118,10 +119,13 @@ def measure_until_decided(
             good_rounds = [i for i in range(window.rounds) if i not in disturbed]
             if len(good_rounds) < 2:
                 return f"only {len(good_rounds)} of {window.rounds} rounds were undisturbed"
-            speedup = paired_speedup(
-                [window.samples[0][i] for i in good_rounds],
-                [window.samples[1][i] for i in good_rounds],
-                level=look_level(looks),
+            speedup = replace(
+                paired_speedup(
+                    [window.samples[0][i] for i in good_rounds],
+                    [window.samples[1][i] for i in good_rounds],
+                    level=look_level(looks),
+                ),
+                overall=True,  # stated as the looks' 95% together (metrics/paired.py)
             )
             looked = (window.rounds, speedup)
             unsteady = unsteady_settings(window.samples, labels)
