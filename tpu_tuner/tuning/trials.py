@@ -135,6 +135,7 @@ class TuneTrials(Feature):
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
         self.clock = Clock(self.options.search.time_budget_s, self.started)
         self.out_of_time = False
+        self.seen: Sequence[FrozenTrial] = ()  # the study's trials as the loop last read them (`observe`)
         self.stacked = False  # whether this worker queued the seeds' winners stacked (stacking.py)
         # The best feasible objective so far, for progress lines: from the loop's read of the
         # study (`observe`) and this worker's tells, not a read of the study a line.
@@ -195,7 +196,7 @@ class TuneTrials(Feature):
             return TrialRun(candidate, rejection=rejection)
         # The clock is a promise (tuning/clock.py): a trial whose compile mode took longer in this
         # search than is left is skipped; any other is stopped where the finish's room begins.
-        allowance = trial_allowance(self.study.get_trials(deepcopy=False), self.clock, candidate["execution"])
+        allowance = trial_allowance(self.seen, self.clock, candidate["execution"])
         if allowance.skip is not None:
             return TrialRun(candidate, rejection=f"{CLOCK}: {allowance.skip}")
         suspects = self.learning.open_suspects_in(claim.point)
@@ -299,6 +300,7 @@ class TuneTrials(Feature):
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
         self.best = best_objective(trials)
+        self.seen = trials  # the loop's read of the study this round: the clock's allowance reads it
         for trial in trials:
             if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
                 self.told.add(trial.number)
