@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
+from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.profiling import ProfilerSettings
 
 if TYPE_CHECKING:
@@ -185,3 +186,27 @@ def postgres() -> Iterator[PostgresServer]:
 
     with running_server() as server:
         yield server
+
+
+def steady_measurement(candidate: dict, step: float, **fields: Any) -> Measurement:
+    """A trial's measurement of `candidate` whose every step took `step` seconds (no compile, an
+    MFU of 10% of a 1 FLOP/s peak, no accuracy figure): the tests' stand-in for a worker's, with
+    `fields` replacing any of it."""
+    values: dict[str, Any] = dict(
+        candidate=candidate,
+        step_median=step,
+        step_p10=step,
+        step_p90=step,
+        samples=[step],
+        first_call_seconds=step,
+        warmup_seconds=0.0,
+        compile_seconds=0.0,
+        compiles={},
+        model_flops_per_step=1.0,
+        peak_flops_per_s=1.0,
+        peak_dtype="float32",
+        mfu=0.1,
+        peak_memory_bytes=None,
+        accuracy_errors={},
+    )
+    return Measurement(**{**values, **fields})

@@ -11,10 +11,10 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, steady_measurement
 
 from tpu_tuner.core.failures import FailureKind
-from tpu_tuner.execution.measurement import Measurement, TrialFailure
+from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
@@ -58,21 +58,15 @@ class ClockedRunner:
             failure = TrialFailure(FailureKind.TIMEOUT, f"no result after {timeout_s:.0f} s; worker killed")
             return JobResult(failure=failure, seconds=timeout_s)
         self.now.t += takes
-        m = Measurement(
-            candidate=candidate,
-            step_median=STEP,
-            step_p10=STEP,
-            step_p90=STEP,
+        m = steady_measurement(
+            candidate,
+            STEP,
             samples=[STEP] * 10,
             first_call_seconds=takes - 0.1,
             warmup_seconds=0.05,
             compile_seconds=takes - 0.2,
-            compiles={},
             model_flops_per_step=1e6,
             peak_flops_per_s=1e9,
-            peak_dtype="float32",
-            mfu=0.1,
-            peak_memory_bytes=None,
             accuracy_errors={"output": 0.0},
         )
         return JobResult(value=m, seconds=takes)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import steady_measurement
 
-from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import CompareRequest, Comparison
@@ -116,23 +116,7 @@ def _study() -> optuna.Study:
         study.enqueue_trial({"execution": execution, "matmul_precision": "medium"})
         trial = study.ask()
         params = SPACE.suggest(trial)
-        m = Measurement(
-            candidate=SPACE.to_candidate(params).to_dict(),
-            step_median=value,
-            step_p10=value,
-            step_p90=value,
-            samples=[value],
-            first_call_seconds=value,
-            warmup_seconds=0.0,
-            compile_seconds=0.0,
-            compiles={},
-            model_flops_per_step=1.0,
-            peak_flops_per_s=1.0,
-            peak_dtype="bfloat16",
-            mfu=0.1,
-            peak_memory_bytes=None,
-            accuracy_errors={},
-        )
+        m = steady_measurement(SPACE.to_candidate(params).to_dict(), value, peak_dtype="bfloat16")
         study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
     return study
 

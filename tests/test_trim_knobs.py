@@ -11,7 +11,7 @@ import math
 
 import optuna
 import pytest
-from conftest import FIXTURES, FakeClock
+from conftest import FIXTURES, FakeClock, steady_measurement
 
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.execution.measurement import Measurement
@@ -69,21 +69,9 @@ class _ScriptedRunner:
 
 
 def _measurement(params: dict, step: float, error: float = 1e-4) -> Measurement:
-    return Measurement(
-        candidate=SPACE.to_candidate(params).to_dict(),
-        step_median=step,
-        step_p10=step,
-        step_p90=step,
-        samples=[step],
-        first_call_seconds=step,
-        warmup_seconds=0.0,
-        compile_seconds=0.0,
-        compiles={},
-        model_flops_per_step=1.0,
-        peak_flops_per_s=1.0,
-        peak_dtype="float32",
-        mfu=0.1,
-        peak_memory_bytes=None,
+    return steady_measurement(
+        SPACE.to_candidate(params).to_dict(),
+        step,
         accuracy_errors={"output": error},
         baseline_errors={"output": 1e-4},
     )
