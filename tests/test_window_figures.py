@@ -98,6 +98,7 @@ def _result(tmp_path, window: bool = True, significant: bool = True) -> TuningRe
         peak_dtype="bfloat16",
         verdict=SimpleNamespace(summary="compute-bound"),
         flops=SimpleNamespace(model_formula="counted"),
+        memory=SimpleNamespace(peak_bytes=3 << 29, method="VmHWM"),  # the profile's: 1.5 GiB
     )
     return TuningResult(
         run_dir=tmp_path,
@@ -221,3 +222,11 @@ def test_a_verification_stored_without_a_window_still_loads() -> None:
     assert from_plain(Verification, plain).window == v.window  # round-trips through result.json's form
     del plain["window"]  # as written before the window was stored
     assert from_plain(Verification, plain).window is None
+
+
+def test_the_baseline_has_one_peak_memory_figure_the_profiles(tmp_path) -> None:
+    """Issue 55: the findings gave the profile's 656 MiB, the table a trial's own 677 MiB."""
+    from tpu_tuner.outputs.tuning_report import render_report
+
+    row = next(line for line in render_report(_result(tmp_path), {}).splitlines() if line.startswith("| peak memory |"))
+    assert row.split("|")[2].strip() == "1.5 GiB" and row.split("|")[3].strip() == "1 GiB"

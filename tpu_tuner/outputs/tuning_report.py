@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,10 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         "| | baseline | tuned |",
         "|---|---:|---:|",
     ]
+    if base is not None and result.profile.memory.peak_bytes is not None:
+        # The baseline's peak as the profile measured it, the figure its findings give too: one
+        # figure a run (a trial's own measurement of the same step read 656 MiB beside 677).
+        base = replace(base, peak_memory_bytes=result.profile.memory.peak_bytes)
     out += _comparison_rows(base, chosen, planned, compared.where)
     if compared.from_window:
         # The search's one measurement of each, for the record: a disturbed one shows here.

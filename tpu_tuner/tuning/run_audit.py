@@ -45,10 +45,16 @@ def audit(run_dir: Path, wall_s: float | None = None) -> list[str]:
     return findings
 
 
+def _trials_table(report: str) -> list[str]:
+    """The lines of report.md's "## Trials" section (other tables' rows may start with a number too)."""
+    section = report.split("\n## Trials\n", 1)[-1] if "\n## Trials\n" in report else report
+    return section.split("\n## ", 1)[0].splitlines()
+
+
 def _numbering(report: str, trials: pd.DataFrame) -> list[str]:
     """The report's trial rows and every "trial N" it names are trials.csv's trials."""
     numbers = {int(n) for n in trials["number"]}
-    rows = {int(m.group(1)) for line in report.splitlines() if (m := TABLE_ROW.match(line))}
+    rows = {int(m.group(1)) for line in _trials_table(report) if (m := TABLE_ROW.match(line))}
     found = []
     if rows != numbers:
         found.append(f"report.md's trials table numbers {sorted(rows ^ numbers)} differently from trials.csv")
@@ -64,7 +70,7 @@ def _outcomes(report: str, trials: pd.DataFrame) -> list[str]:
     never ran or holds a missing value."""
     found = []
     words = dict(zip((int(n) for n in trials["number"]), trials.get("outcome", trials["state"])))
-    for line in report.splitlines():
+    for line in _trials_table(report):
         m = TABLE_ROW.match(line)
         if m and str(words.get(int(m.group(1)))) != m.group(2).strip():
             number, word = int(m.group(1)), m.group(2).strip()
