@@ -110,3 +110,14 @@ def test_tpu_tune_profile_says_the_declared_batch_too(fast_settings) -> None:
     profile = tpu_tuner.profile(FIXTURES / "kernelbench_gru_seq_first.py", device="cpu", settings=fast_settings)
     header = next(line for line in render_markdown(profile).splitlines() if "kernelbench_gru_seq_first (" in line)
     assert "batch 10 at dim 1" in header and "batch 512" not in header
+
+
+def test_a_profile_says_the_files_own_sizes_as_the_files() -> None:
+    """A run with no flags read "batch 8 (--batch-size), seq 256 (--seq-len)" for examples/gpt.py's
+    own BATCH_SIZE and SEQ_LEN (the profile passed the sizes it had resolved as the flags)."""
+    import tpu_tuner
+    from tpu_tuner.profiling import ProfilerSettings
+
+    fast = ProfilerSettings(timing_min_steps=2, timing_min_seconds=0.0, warmup_min_steps=1, warmup_max_steps=2)
+    profile = tpu_tuner.profile(FIXTURES / "tiny_gpt.py", device="cpu", settings=fast)
+    assert profile.workload.sizes() == "batch 2 (BATCH_SIZE), seq 32 (SEQ_LEN)"

@@ -15,7 +15,7 @@ from tpu_tuner.tuning.run_audit import audit
 
 REPORT = """# Tuning `m` on cpu
 
-inference (forward), batch 512. Objective: amortised step time.
+inference (forward), batch 512 (--batch-size). Objective: amortised step time.
 
 3 trials: 3 measured; sampler tpe, search space `default`.
 
@@ -81,6 +81,7 @@ def test_each_planted_false_sentence_is_found(tmp_path: Path) -> None:
         "peak memory as 0.78 GiB and as 857 MiB",
         "the run took 288 s, 20% past its 240 s clock",
         "no gain, and no setting but the baseline was measured",
+        "says a size came from --batch-size, which the run was not given",
     ):
         assert words in found, words
 

@@ -142,6 +142,7 @@ def profile(
     info = backend.info()
     compute_dtype = candidate.compute_dtype(backend)
     dispatch_cost = backend.dispatch_seconds_per_op()
+    requested = (batch_size, seq_len)  # the flags as given: the header says which sizes came from them
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
@@ -223,7 +224,7 @@ def profile(
             batch_size=ran_batch_size,
             seq_len=seq_len,
             notes=tuple(workload.notes + _size_notes(workload, batch_size, ran_batch_size)),
-            dims=_declared_dims(workload, batch_size, seq_len),
+            dims=_declared_dims(workload, batch_size, seq_len, requested),
             # The traits' own training flag is the workload's (both from workload.is_training).
             traits={key: value for key, value in traits.to_dict().items() if key != "training"},
         ),
@@ -311,11 +312,14 @@ def _estimate_or_refuse(
     return estimate
 
 
-def _declared_dims(workload: Workload, batch_size: int | None, seq_len: int | None) -> InputDims | None:
+def _declared_dims(
+    workload: Workload, batch_size: int | None, seq_len: int | None, requested: tuple[int | None, int | None]
+) -> InputDims | None:
     """Which input sizes are the batch and the sequence, as the file declares them (the report's
-    header says them: a sequence-first recurrent model's 512 had read "batch 512")."""
+    header says them: a sequence-first recurrent model's 512 had read "batch 512"); `requested`:
+    --batch-size and --seq-len as given (None: the file's own)."""
     try:
-        return read_dims(workload, input_signature(workload, batch_size, seq_len), (batch_size, seq_len))
+        return read_dims(workload, input_signature(workload, batch_size, seq_len), requested)
     except Exception:  # the header's words are never worth failing a profile for
         return None
 

@@ -41,7 +41,7 @@ def audit(run_dir: Path, wall_s: float | None = None) -> list[str]:
     result = json.loads((run_dir / "result.json").read_text())
     findings = _numbering(report, trials) + _outcomes(report, trials) + _contributions(report, result, run_dir)
     findings += _errors(trials) + _raw_messages(report) + _memory_figures(report)
-    findings += _clock(result, run_dir, wall_s) + _no_gain(result, trials) + _header(report, run_dir)
+    findings += _clock(result, run_dir, wall_s) + _no_gain(result, trials) + _header(report, run_dir, result)
     return findings
 
 
@@ -149,16 +149,24 @@ def _no_gain(result: dict[str, Any], trials: pd.DataFrame) -> list[str]:
     return [] if len(measured) > 1 else ["the verdict says no gain, and no setting but the baseline was measured"]
 
 
-def _header(report: str, run_dir: Path) -> list[str]:
-    """The header's batch and sequence are the run's own words for them (the workload's dims)."""
+def _header(report: str, run_dir: Path, result: dict[str, Any]) -> list[str]:
+    """The header's batch and sequence are the run's own words for them (the workload's dims),
+    and a size it says came from a flag was given by one."""
+    options = result.get("options") or {}
+    header = report.splitlines()[2] if len(report.splitlines()) > 2 else ""
+    flags = [f for f, key in (("--batch-size", "batch_size"), ("--seq-len", "seq_len")) if f"({f})" in header]
+    found = [
+        f"report.md's header says a size came from {f}, which the run was not given"
+        for f in flags
+        if options.get("batch_size" if f == "--batch-size" else "seq_len") is None
+    ]
     try:
         sizes = TuningResult.load(run_dir).workload_sizes
     except Exception as exc:  # an unreadable folder is a finding of its own
-        return [f"{run_dir.name} does not load back ({type(exc).__name__})"]
-    header = report.splitlines()[2] if len(report.splitlines()) > 2 else ""
+        return [*found, f"{run_dir.name} does not load back ({type(exc).__name__})"]
     if sizes and sizes not in header:
-        return [f"report.md's header does not say the workload's sizes ({sizes!r})"]
-    return []
+        found.append(f"report.md's header does not say the workload's sizes ({sizes!r})")
+    return found
 
 
 __all__ = ["CLOCK_SLACK", "audit"]
