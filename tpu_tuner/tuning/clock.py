@@ -75,7 +75,11 @@ class FinishPlan:
     def describe(self) -> str:
         race = f"race of {self.race_top} leaders ({self.race_rounds} rounds), " if self.race_top else "no race, "
         knobs = "" if self.ablations else ", without knob-by-knob contributions"
-        return f"{race}{self.verify_rounds} verification rounds{knobs}: about {duration(self.seconds)}"
+        # The rounds planned: a window adds rounds while its interval is undecided, as the clock allows.
+        return (
+            f"{race}{self.verify_rounds} verification rounds{knobs}: about {duration(self.seconds)} for the "
+            "rounds planned, more where the interval has not decided and the clock has room"
+        )
 
 
 @dataclass(frozen=True)
