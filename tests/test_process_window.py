@@ -131,3 +131,35 @@ def test_the_verification_of_an_eager_mode_matches_the_search_and_says_how_it_co
     assert chip.starts == 4  # A B, B A, A B: a block that follows its own setting keeps the process
     assert v.chosen_is_best and v.speedup.speedup == pytest.approx(0.246 / 0.150, rel=1e-6)
     assert "compared in 2 processes of their own" in v.message
+
+
+class ClockedChip(FakeChip):
+    """A fake chip whose steps take time on a clock, a DeferAndFuse step at a ratio that wanders
+    round to round (so the window cannot decide from one block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def run(self, request: CompareRequest, env=None, timeout_s=None) -> JobResult:
+        samples: list[list[float]] = [[] for _ in request.candidates]
+        for r in range(request.first_round, request.first_round + request.rounds):
+            for kept, candidate in zip(samples, request.candidates):
+                step = 1.0 if _mode(candidate) == "strict" else (0.5 if r % 2 else 1.0)
+                kept.append(step)
+                self.now += step
+        self.jobs.append((env or {}, [_mode(c) for c in request.candidates]))
+        return JobResult(value=Comparison(samples=samples, compiles_while_comparing={}))
+
+
+def test_a_block_is_started_only_when_the_clock_holds_all_of_it() -> None:
+    from tpu_tuner.tuning.verify_window import measure_until_decided
+
+    chip, candidates = ClockedChip(), _candidates()
+    window = InterleavedWindow(
+        chip, candidates, _options(), lambda: chip.now, environments=start_environments(candidates, "tpu")
+    )
+    budget = 10.0  # the first block takes 6 s: 1.5 s a round, so a second block needs 6 s more
+    decided = measure_until_decided(window, 4, 40, lambda: budget - chip.now)
+    assert not isinstance(decided, str) and decided.stopped_by == "clock"
+    assert window.rounds == 4 and chip.now <= budget

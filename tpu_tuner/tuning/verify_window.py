@@ -98,7 +98,9 @@ def measure_until_decided(
                         stopped_by = "rounds"
                         break
                     left = seconds_left()
-                    if left is not None and left < window.seconds_per_round():
+                    # A chunk is what the window runs next (a block of rounds where settings need
+                    # processes of their own): the clock must hold all of it.
+                    if left is not None and left < window.seconds_per_round() * (window.per_job or 1):
                         stopped_by = "clock"
                         break
                 chunk = window.per_job or target + len(disturbed) - window.rounds
