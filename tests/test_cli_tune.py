@@ -109,3 +109,20 @@ def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts
         == 2
     )
     assert "has no layout parameter" in capsys.readouterr().err
+
+
+def test_the_last_lines_suggest_only_a_dashboard_that_is_installed(tmp_path, monkeypatch) -> None:
+    """Issue 55: the run's last line suggested optuna-dashboard, which no extra installs."""
+    import importlib.util
+
+    from tpu_tuner.cli.common import dashboard_lines
+
+    run_dir = tmp_path / "results" / "m-tune-1"
+    storage = f"sqlite:///{run_dir}/study.db"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "optuna_dashboard" else real(name))
+    assert dashboard_lines(run_dir, storage) == [f"dashboard tpu-tune dashboard {tmp_path / 'results'}"]
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: object() if name == "optuna_dashboard" else real(name)
+    )
+    assert dashboard_lines(run_dir, storage)[1] == f"          optuna-dashboard {storage}"

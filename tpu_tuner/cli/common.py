@@ -90,3 +90,18 @@ __all__ = [
     "check_lengths",
     "model_source",
 ]
+
+
+def dashboard_lines(run_dir: Path, storage: str) -> list[str]:
+    """Where to look at a finished run: tpu-tune's own dashboard of its results folder, and
+    Optuna's over the study where optuna-dashboard is installed (no extra of this package installs
+    it, so it is not suggested where it would only fail) and the storage is one it opens."""
+    import importlib.util
+
+    from tpu_tuner.core.credentials import redact
+    from tpu_tuner.studies.storage import keeps_journal
+
+    lines = [f"dashboard tpu-tune dashboard {run_dir.parent}"]
+    if importlib.util.find_spec("optuna_dashboard") is not None and "://" in storage and not keeps_journal(storage):
+        lines.append(f"          optuna-dashboard {redact(storage)}")
+    return lines

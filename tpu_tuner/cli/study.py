@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpu_tuner.cli.common import add_out
+from tpu_tuner.cli.common import add_out, dashboard_lines
 from tpu_tuner.core.flags import DEVICE, STORAGE, STUDY, add_flag, device_or_none
-from tpu_tuner.studies.storage import keeps_journal
 
 NAME = "study"
 HELP = "a study shared by several workers (--study): its status, or finish it"
@@ -47,7 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the study's status, or verify its best here and write the run folder."""
-    from tpu_tuner.core.credentials import redact
     from tpu_tuner.studies.storage import check_storage, shared_sqlite, storage_from_environment
 
     storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
@@ -63,6 +61,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"speedup   {result.verification.message} (verified on {result.verification.host})")
     print(f"tuned     {result.verification.chosen.describe()}")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
-    if not keeps_journal(storage):  # a PostgreSQL journal: docs/many-workers.md says how to view it
-        print(f"dashboard optuna-dashboard {redact(storage)}")
+    for line in dashboard_lines(result.run_dir, storage):
+        print(line)
     return 0

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from tpu_tuner.cli.common import add_model_args
+from tpu_tuner.cli.common import add_model_args, dashboard_lines
 from tpu_tuner.core.flags import add_section, sections_from
 from tpu_tuner.metrics.mfu import mfu_text
-from tpu_tuner.studies.storage import keeps_journal
 from tpu_tuner.tuning.options import SECTIONS, TuneOptions
 
 NAME = "tune"
@@ -33,7 +32,7 @@ def options_from(args: argparse.Namespace) -> TuneOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Tune, printing progress; then the baseline against the tuned setting, and where it is."""
-    from tpu_tuner.core.credentials import redact, without_password
+    from tpu_tuner.core.credentials import without_password
     from tpu_tuner.studies.storage import storage_from_environment
 
     # Bad options, space or storage are refused here, in well under a second: before torch and
@@ -108,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
             # Two estimators of one window: close, not identical.
             print(f"          (geometric mean of the per-round ratios; the medians above give {compared.ratio:.2f}x)")
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
-    stored = str(result.best_config.provenance["study"]["storage"])
-    # A PostgreSQL journal is not opened by URL (docs/many-workers.md); an in-memory study has none.
-    if "://" in stored and not keeps_journal(stored):
-        print(f"dashboard optuna-dashboard {redact(stored)}")
+    for line in dashboard_lines(result.run_dir, str(result.best_config.provenance["study"]["storage"])):
+        print(line)
     return 0
