@@ -52,7 +52,9 @@ def test_the_budget_is_a_fifth_of_the_space_within_12_to_48(names: tuple[str, ..
     assert space.size() == size
     budget = search_budget(None, "tpe", space, [])
     assert (budget.trials, budget.measurable, budget.automatic) == (trials, size, True)
-    assert f"budget {trials} measured settings: 20% of the {size} the agents would measure" in budget.describe()
+    assert f"budget {trials} measured settings: 20% of the {size} settings of the space that no rule refuses" in (
+        budget.describe()
+    )
 
 
 def test_settings_an_agent_rejects_are_not_counted() -> None:
@@ -75,7 +77,10 @@ def test_a_grid_measures_every_measurable_setting_and_trials_override() -> None:
     )  # nothing measurable: still one trial
     given = search_budget(7, "tpe", space, no_fp16)
     assert (given.trials, given.measurable, given.automatic) == (7, 192, False)
-    assert "budget 7 measured settings (--trials), of 192 the agents would measure" == given.describe()
+    assert (
+        "budget 7 measured settings (--trials), of the 192 settings of the space that no rule refuses unmeasured"
+        == (given.describe())
+    )
     assert search_budget(300, "grid", space, []).trials == 300
 
 

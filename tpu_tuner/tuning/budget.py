@@ -33,10 +33,14 @@ class Budget:
 
     def describe(self) -> str:
         if not self.automatic:
-            return f"budget {self.trials} measured settings (--trials), of {self.measurable} the agents would measure"
+            return (
+                f"budget {self.trials} measured settings (--trials), of the {self.measurable} settings of the space "
+                "that no rule refuses unmeasured"
+            )
         return (
-            f"budget {self.trials} measured settings: {BUDGET_SHARE:.0%} of the {self.measurable} the agents "
-            f"would measure, within {MIN_TRIALS}-{MAX_TRIALS} (--trials sets it)"
+            f"budget {self.trials} measured settings: {BUDGET_SHARE:.0%} of the {self.measurable} settings of the "
+            "space that no rule refuses unmeasured (one that cannot help this workload, or cannot run: the "
+            f"progress and report.md say which), within {MIN_TRIALS}-{MAX_TRIALS} (--trials sets it)"
         )
 
 

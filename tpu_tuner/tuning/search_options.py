@@ -37,7 +37,7 @@ class SearchOptions:
         "--trials",
         type=int,
         help="settings to measure, baseline and seeds included; repeats and rejections are free "
-        "(default: 20%% of the settings the agents would measure, 12 to 48; a grid: all of them)",
+        "(default: 20%% of the space's settings no rule refuses unmeasured, 12 to 48; a grid: all of them)",
     )
     timeout_s: float | None = option(
         None,
