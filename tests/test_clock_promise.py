@@ -168,7 +168,7 @@ def test_a_clock_that_measured_only_the_baseline_ends_undecided_not_no_gain(monk
         objective=ObjectiveOptions(verify_rounds=6),
         runner=RunnerOptions(trial_settings=ProfilerSettings()),
     )
-    now.t = 20.0  # the clock spent
+    assert now.t < 20.0 - 10.0  # stopped with time held back for the finish: the clock is still the cause
     v = verify(study, SPACE, runner, options, "cpu", clock=Clock(20.0, 0.0, now))  # type: ignore[arg-type]
     assert v.verdict_kind is VerdictKind.UNDECIDED and not v.chosen_is_best
     said = re.fullmatch(

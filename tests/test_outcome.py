@@ -27,6 +27,8 @@ def test_each_record_reads_as_one_outcome() -> None:
         ("FAIL", ((records.FAILURE_KIND, "interrupted"),)): Outcome.INTERRUPTED,
         ("WAITING", ()): Outcome.NEVER_RUN,
         ("RUNNING", ()): Outcome.RUNNING,
+        ("FAIL", ()): Outcome.INTERRUPTED,  # a lost worker's trial: no kind recorded
+        ("PRUNED", ((records.FAILURE_KIND, "aborted"),)): Outcome.FAILED,  # a kind of another runner
     }
     for (state, attrs), outcome in cases.items():
         assert outcome_of(state, dict(attrs)) is outcome, (state, attrs)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from conftest import steady_measurement
 
-from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions, trial_attrs
@@ -54,23 +54,7 @@ def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | No
         study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
         trial = study.ask()
         params = space.suggest(trial)
-        m = Measurement(
-            candidate=space.to_candidate(params).to_dict(),
-            step_median=value,
-            step_p10=value,
-            step_p90=value,
-            samples=[value],
-            first_call_seconds=value,
-            warmup_seconds=0.0,
-            compile_seconds=0.0,
-            compiles={},
-            model_flops_per_step=1.0,
-            peak_flops_per_s=1.0,
-            peak_dtype="float32",
-            mfu=0.1,
-            peak_memory_bytes=None,
-            accuracy_errors={},
-        )
+        m = steady_measurement(space.to_candidate(params).to_dict(), value)
         if buckets:
             trial.set_user_attr("buckets", buckets)  # as a search with varying input lengths records
         study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))

@@ -80,7 +80,7 @@ def test_each_planted_false_sentence_is_found(tmp_path: Path) -> None:
         "a library's raw message ('file a github issue')",
         "peak memory as 0.78 GiB and as 857 MiB",
         "the run took 288 s, 20% past its 240 s clock",
-        "no gain, and no setting but the baseline was measured",
+        "no gain, and no setting but the baseline was tried",
         "says a size came from --batch-size, which the run was not given",
     ):
         assert words in found, words

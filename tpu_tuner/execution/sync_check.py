@@ -5,7 +5,8 @@ to a materialisation point (TorchTPU's DeferAndFuse), a sync that returns before
 launched times a step without its work, which the next step then pays: a GPT block read 900 µs in
 the search (MFU "100%") and 1.34 ms in the verification window (docs/torchtpu.md, "On a real
 chip"). The check times the same steps back to back with one sync at the end: that total holds
-every step's work whatever the per-step sync did. Back to back never runs slower per step than
+the work of every step but what the last one still defers past that sync, so a step's work is
+read at least 4/5 right however the per-step sync behaves. Back to back never runs slower per step than
 synced steps do (it only saves the syncs' round trips), so a back-to-back step clearly slower
 than the synced median says the synced ones missed work; their figures are then scaled to the
 back-to-back step, and the measurement says so.

@@ -44,9 +44,11 @@ def outcome_of(state: str, attrs: Mapping[str, Any]) -> Outcome:
         (records.EXCLUDED_BY in attrs, Outcome.EXCLUDED),
         (records.REJECTED_BY in attrs or kind == FailureKind.WOULD_NOT_FIT, Outcome.REJECTED),
         (records.OVER_BUDGET in attrs, Outcome.RELEASED),
-        (kind in MEASURED_AGAIN, Outcome.INTERRUPTED),
+        # A lost worker's trial is FAIL with no kind (studies/liveness.py): measured by nobody.
+        (kind in MEASURED_AGAIN or (state == "FAIL" and kind is None), Outcome.INTERRUPTED),
         (records.STOPPED_EARLY in attrs, Outcome.STOPPED_EARLY),
-        (kind in WORKER_FAILURES, Outcome.FAILED),
+        # Any other kind on a trial that did not complete (a worker's, a host's "aborted"): failed.
+        (kind in WORKER_FAILURES or (kind is not None and state != "COMPLETE"), Outcome.FAILED),
     )
     return next((outcome for holds, outcome in checks if holds), Outcome.MEASURED)
 
@@ -70,4 +72,7 @@ def tally(outcomes: list[Outcome]) -> str:
     return f"{total} trial{'s' if total != 1 else ''}: " + ", ".join(parts)
 
 
-__all__ = ["Outcome", "outcome_of", "tally"]
+# What tried a setting: measured to its end, stopped early, or failed while measuring.
+TRIED = (Outcome.MEASURED, Outcome.STOPPED_EARLY, Outcome.FAILED)
+
+__all__ = ["TRIED", "Outcome", "outcome_of", "tally"]

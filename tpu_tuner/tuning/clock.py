@@ -191,7 +191,10 @@ def clock_stop_words(trials: Sequence[FrozenTrial], clock: Clock) -> str:
 def only_baseline_words(trials: Sequence[FrozenTrial], clock: Clock | None, budget: int) -> str:
     """The verdict of a search that measured no setting but the baseline: undecided, with what a
     clock that measures `budget` settings would take (never "no gain": nothing was compared)."""
-    if clock is None or clock.budget_s is None or clock.left_to_work():
+    # The clock is the cause where it turned settings away, or where nothing but the baseline was asked.
+    clock_refused = any(str(records.attrs(t).get(records.REJECTED_BY, "")).startswith(CLOCK) for t in trials)
+    only_asked = all(records.attrs(t).get(records.MEASURED) for t in trials)
+    if clock is None or clock.budget_s is None or not (clock_refused or only_asked):
         return (
             "undecided: no setting but the baseline was measured (every other was rejected, excluded or "
             "a repeat); keep the baseline"
@@ -232,8 +235,10 @@ def trial_allowance(trials: Sequence[FrozenTrial], clock: Clock, execution: str)
     saw that mode take does not fit what is left before the finish's room; else allowed that
     much, and stopped there (a mode not seen yet may compile for longer than any seen)."""
     left = clock.left_to_work()
-    if left is None or not any(records.TRIAL_WALL_S in records.attrs(t) for t in trials):
-        return TrialAllowance()  # no budget, or the baseline: measured whatever the clock
+    if left is None or not any(records.MEASUREMENT in records.attrs(t) for t in trials):
+        # No budget, or nothing measured yet (the baseline, or its retry after a lost worker):
+        # measured whatever the clock.
+        return TrialAllowance()
     room = left - reserved_finish_seconds(trials)
     expected, seen = expected_trial_seconds(trials, execution)
     if seen and expected > room:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from tpu_tuner.studies.outcome import Outcome, tally
+from tpu_tuner.studies.outcome import TRIED, Outcome, tally
 from tpu_tuner.tuning.result import TuningResult
 
 CLOCK_SLACK = 0.05  # a run may end this share past its --time-budget (issue 55's target)
@@ -89,16 +89,20 @@ def _contributions(report: str, result: dict[str, Any], run_dir: Path) -> list[s
     1 is called not significant."""
     verification = result.get("verification") or {}
     chosen = verification.get("chosen") or {}
+    trim = verification.get("trim") or {}
+    # A trim the verdict declined (not re-verified in time, or found inaccurate) keeps the best, and says why.
+    declined = bool(trim) and not trim.get("recommended")
     found = []
     for c in verification.get("contributions") or []:
         speedup, knob = c.get("speedup") or {}, c.get("param")
         low, high = speedup.get("ci_low"), speedup.get("ci_high")
-        if high is not None and high < 1.0 and chosen.get(knob) == c.get("best_value") != c.get("baseline_value"):
+        kept = chosen.get(knob) == c.get("best_value") != c.get("baseline_value")
+        if high is not None and high < 1.0 and kept and not declined:
             found.append(
                 f"the recommendation keeps {knob}={c.get('best_value')}, whose contribution's interval lies below 1"
             )
-        if low is not None and high is not None and low <= 1.0 <= high and f"| {knob} |" in report:
-            row = next(line for line in report.splitlines() if line.startswith(f"| {knob} |"))
+        row = next((line for line in report.splitlines() if line.startswith(f"| {knob} |")), None)
+        if low is not None and high is not None and low <= 1.0 <= high and row is not None:
             if "not significant" not in row:
                 found.append(f"{knob}'s contribution holds 1 and report.md does not call it not significant")
     return found
@@ -120,7 +124,7 @@ def _memory_figures(report: str) -> list[str]:
     """The baseline's peak memory is one figure wherever report.md gives it."""
     said = re.search(r"baseline peak memory ([\d.]+ [KMG]iB)", report)
     row = re.search(r"^\| peak memory \| ([^|]+) \|", report, re.M)
-    if said and row and said.group(1) != row.group(1).strip() and "window" not in row.group(0):
+    if said and row and said.group(1) != row.group(1).strip():
         return [f"report.md gives the baseline's peak memory as {said.group(1)} and as {row.group(1).strip()}"]
     return []
 
@@ -145,8 +149,8 @@ def _no_gain(result: dict[str, Any], trials: pd.DataFrame) -> list[str]:
     message = str((result.get("verification") or {}).get("message", ""))
     if not message.startswith("no gain") or "outcome" not in trials:
         return []
-    measured = trials[trials["outcome"].isin([Outcome.MEASURED, Outcome.STOPPED_EARLY])]
-    return [] if len(measured) > 1 else ["the verdict says no gain, and no setting but the baseline was measured"]
+    tried = trials[trials["outcome"].isin(list(TRIED))]
+    return [] if len(tried) > 1 else ["the verdict says no gain, and no setting but the baseline was tried"]
 
 
 def _header(report: str, run_dir: Path, result: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from tpu_tuner.metrics.paired import MIN_GAIN, PairedSpeedup, VerdictKind, paire
 from tpu_tuner.metrics.unsteady import Unsteady
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.studies import records
+from tpu_tuner.studies.outcome import TRIED, outcome_of
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.clock import (
@@ -175,7 +176,7 @@ def verify(
             (baseline_trial.number, None),
         )
     best_trial = min(feasible, key=trial_attrs.objective)
-    others = [t for t in trials if records.attrs(t).get(records.MEASURED) and t.params != baseline_params]
+    others = [t for t in trials if t.params != baseline_params and outcome_of(t.state.name, records.attrs(t)) in TRIED]
     if best_trial.params == baseline_params and not others:
         # Nothing was compared: a clock too short for any candidate is no evidence of "no gain".
         words = only_baseline_words(trials, clock, options.search.trials or 1)
