@@ -24,6 +24,15 @@ FLAG = "flag"
 _UNSET: Any = object()
 
 
+class DefaultWords(str):
+    """A flag's default as its help shows it ("4m"), told apart from the same words given on the
+    command line: argparse hands this very object back only when the flag was not given, so a
+    field whose default means something of its own (a clock fitted to the device) sees the choice."""
+
+    def __str__(self) -> str:
+        return self  # argparse's str() of the default keeps this object, not a plain copy
+
+
 @dataclass(frozen=True)
 class Flag:
     """How one option field is spelled on the command line (`names[0]`, then its aliases)."""
@@ -106,7 +115,11 @@ def section_from(args: argparse.Namespace, section: type, **values: Any) -> Any:
         if spec is None or f.name in values:
             continue
         value, default = getattr(args, f.name), _field_default(f)
-        if value == (default if spec.typed is _UNSET else spec.typed):
+        if spec.typed is _UNSET:
+            unset = value == default
+        else:  # the default's own words given on the command line count as given (`DefaultWords`)
+            unset = value is spec.typed if isinstance(spec.typed, DefaultWords) else value == spec.typed
+        if unset:
             values[f.name] = default
         else:
             values[f.name] = spec.convert(value) if spec.convert is not None else value

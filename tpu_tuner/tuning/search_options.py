@@ -16,6 +16,7 @@ from tpu_tuner.core.flags import (
     MAX_BUCKETS,
     SAMPLER,
     SEED,
+    DefaultWords,
     at_least,
     option,
     positive,
@@ -26,6 +27,14 @@ from tpu_tuner.studies.samplers import SAMPLERS  # the sampler factory's own nam
 
 # The whole run's clock by default (--time-budget): search, race and verification (tuning/clock.py).
 TIME_BUDGET = "4m"
+# The longest a default clock is fitted to on a TPU (tuning/fitted_clock.py).
+LONGEST_FITTED_BUDGET = "20m"
+
+
+class DefaultBudget(float):
+    """The default clock's seconds, marked as the default (a float like any other), so that a run
+    on a TPU may fit it to what a setting costs there (tuning/fitted_clock.py); a budget the user
+    gave is a plain float and is held to."""
 
 
 @dataclass(frozen=True)
@@ -53,13 +62,14 @@ class SearchOptions:
     # The whole run's clock in seconds: search, race and verification fit in it (tuning/clock.py);
     # None: no limit (the trial budget alone ends the search).
     time_budget_s: float | None = option(
-        parse_duration(TIME_BUDGET),
+        DefaultBudget(parse_duration(TIME_BUDGET) or 0.0),
         "--time-budget",
         metavar="DURATION",
-        typed=TIME_BUDGET,
+        typed=DefaultWords(TIME_BUDGET),
         convert=parse_duration,
         help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
-        "none: no clock, the trial budget alone (default %(default)s)",
+        "none: no clock, the trial budget alone (default %(default)s; on a TPU fitted to what the baseline's "
+        f"load and profile took, at most {LONGEST_FITTED_BUDGET})",
     )
     sampler: str = uses("tpe", SAMPLER, choices=tuple(SAMPLERS))
     seed: int = uses(0, SEED)

@@ -43,6 +43,7 @@ from tpu_tuner.tuning.agents import Agent
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.budget import search_budget
 from tpu_tuner.tuning.clock import Clock, FinishPlan, clock_stop_words, plan_finish
+from tpu_tuner.tuning.fitted_clock import fit_default_clock
 from tpu_tuner.tuning.options import TuneOptions, default_trial_settings
 from tpu_tuner.tuning.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.race import RACE_TOP, RACE_WITHIN, leaders
@@ -170,6 +171,11 @@ def _tune_in(
     if profile is None:
         say("profile", "profiling the baseline")
         profile = profile_baseline(runner, options, model_file, workload.device_kind)
+        fitted = fit_default_clock(options.search.time_budget_s, profile.device.kind, time.perf_counter() - started)
+        if fitted is not None:  # recorded with the options below: a joining worker keeps the same clock
+            options = replace(options, search=replace(options.search, time_budget_s=fitted.budget_s))
+            say = _announcer(emit, options, started)
+            say("profile", f"the clock: {fitted.words}")
     if profile.workload.dims is None and workload.dims is not None:
         # Which input sizes are the batch and the sequence, as the file declares them: the
         # report's header says them (a recurrent model's sequence of 512 had read "batch 512").
