@@ -70,6 +70,8 @@ PUBLIC_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.tpu.distributed", "set_tpu_launch_env"),  # the variables every rank of a trial shares
     ("torch.tpu.distributed", "topology_aware_mesh"),  # an ICI-aware rank order for DeviceMesh
     ("torch.tpu.profiler", "TpuProfilerConfig"),  # torch.profiler's XPlane (XProf) trace on TPU
+    ("torch.tpu.compiler", "custom_compiler_options"),  # XLA options for a block (xla_optimization_level knob)
+    ("torch.tpu.ops", "splash_sdpa"),  # the splash attention kernel (attention_kernel knob)
 )
 ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
     "EagerMode": tuple(EAGER_MODE_ENUM.values()),
@@ -80,6 +82,18 @@ PARAMETERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("torch.tpu.distributed", "set_tpu_launch_env"): ("nproc_per_node", "nnodes"),
     ("torch.tpu.distributed", "topology_aware_mesh"): ("mesh_shape",),
     ("torch.tpu.profiler", "TpuProfilerConfig"): ("run_dir", "worker_rank"),
+    ("torch.tpu.compiler", "custom_compiler_options"): ("options",),
+    ("torch.tpu.ops", "splash_sdpa"): (
+        "scale",
+        "is_causal",
+        "enable_gqa",
+        "block_q",
+        "block_kv",
+        "block_kv_compute",
+        "block_q_dkv",
+        "block_kv_dkv",
+        "block_kv_dkv_compute",
+    ),
 }
 # Fields the adapter reads of a result: (public module, callable) -> field names.
 RESULT_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -96,8 +110,14 @@ COMPILE_BACKEND = "tpu"
 # torch.compile(backend="tpu", options={...}) keys: bounded dynamism (model/torchtpu_buckets.py).
 COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
 PROCESS_GROUP_BACKEND = "tpu_dist"
-# Start-up variables of the eager modes, read only by TorchTPU's C++ runtime.
-ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(name for env in EAGER_MODE_ENV.values() for name in env)
+# libtpu's start-up flags (the libtpu_flags knob appends a set to the user's value); its name is
+# also in TorchTPU's glue library, which is where the check finds it.
+LIBTPU_FLAGS_VARIABLE = "LIBTPU_INIT_ARGS"
+# Start-up variables of the eager modes, read only by TorchTPU's C++ runtime, and libtpu's flags.
+ENVIRONMENT_VARIABLES: tuple[str, ...] = (
+    *(name for env in EAGER_MODE_ENV.values() for name in env),
+    LIBTPU_FLAGS_VARIABLE,
+)
 # The host's place in a multi-host slice, as `set_tpu_launch_env(nnodes=...)` decides it.
 NODE_RANK_VARIABLE = "NODE_RANK"
 # Variables `set_tpu_launch_env` reads or writes that a multi-host run relies on (docs/sharding.md's

@@ -37,6 +37,9 @@ class WorkloadTraits:
     attention_implementations: tuple[str, ...] = ()
     # nn.Linear modules: what a quantization knob quantizes; None for a profile written before.
     linear_layers: int | None = None
+    # Whether the model's code calls torch.nn.functional.scaled_dot_product_attention (what
+    # `knobs/attention_kernel.py` replaces); False for a profile written before it was recorded.
+    scaled_dot_product_attention: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         # Lists, as the profile's JSON gives them back (a stored profile equals the live one).
@@ -53,6 +56,7 @@ class WorkloadTraits:
             tensor_divisor=None if data.get("tensor_divisor") is None else int(data["tensor_divisor"]),
             attention_implementations=tuple(str(v) for v in data.get("attention_implementations") or ()),
             linear_layers=None if data.get("linear_layers") is None else int(data["linear_layers"]),
+            scaled_dot_product_attention=bool(data.get("scaled_dot_product_attention", False)),
         )
 
 
@@ -62,6 +66,7 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
 
     import torch
 
+    from tpu_tuner.knobs.attention_kernel import calls_sdpa
     from tpu_tuner.knobs.attn_implementation import offered
     from tpu_tuner.model.blocks import repeated_blocks
     from tpu_tuner.parallel.apply import tensor_widths
@@ -75,6 +80,7 @@ def of_model(model: nn.Module, training: bool, batch_size: int | None) -> Worklo
         tensor_divisor=math.gcd(*widths) if widths else None,
         attention_implementations=offered(model),
         linear_layers=sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear)),
+        scaled_dot_product_attention=calls_sdpa(model),
     )
 
 

@@ -1,0 +1,149 @@
+"""The `attention_kernel` knob against a stand-in ``torch.tpu.ops.splash_sdpa`` (the default
+environment has no torch-tpu): the calls it can serve reach the kernel with the value's block
+sizes, every other call runs torch's own SDPA, the replacement holds only inside the step's
+context (also while dynamo traces a compiled forward), and it is offered only where the model calls
+SDPA."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.attention_kernel import BLOCK_KEYWORDS, calls_sdpa
+from tpu_tuner.knobs.traits import WorkloadTraits, of_model
+from tpu_tuner.tuning.space import SearchSpace
+
+CPU = types.SimpleNamespace(kind="cpu")  # tensors here are CPU tensors: the "device" the kernel serves
+
+
+@pytest.fixture
+def splash(monkeypatch) -> list[dict]:
+    """Records each call's keywords; answers with torch's own SDPA (so outputs compare)."""
+    calls: list[dict] = []
+    original = F.scaled_dot_product_attention
+
+    def splash_sdpa(q, k, v, **keywords):
+        calls.append(keywords)
+        return original(q, k, v, is_causal=keywords["is_causal"], scale=keywords["scale"]) + 1  # marked
+
+    monkeypatch.setattr(
+        torch, "tpu", types.SimpleNamespace(ops=types.SimpleNamespace(splash_sdpa=splash_sdpa)), raising=False
+    )
+    return calls
+
+
+def _qkv(heads_kv: int = 2, kv_length: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 2, 8, 4), torch.randn(1, heads_kv, kv_length, 4), torch.randn(1, heads_kv, kv_length, 4)
+
+
+def test_a_servable_call_reaches_splash_with_the_values_block_sizes(splash) -> None:
+    knob = knobs.get("attention_kernel")
+    q, k, v = _qkv()
+    with knob.step("splash:256", CPU):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert knob.observe(nn.Linear(1, 1), nn.Linear(1, 1), CPU) == "splash:256"
+    assert splash == [{"scale": None, "is_causal": True, "enable_gqa": False, **dict.fromkeys(BLOCK_KEYWORDS, 256)}]
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True) + 1)
+    with knob.step("splash", CPU):
+        F.scaled_dot_product_attention(q, k, v, scale=0.5)
+    assert splash[-1] == {"scale": 0.5, "is_causal": False, "enable_gqa": False}  # torch-tpu's own blocks (512)
+    assert knob.observe(nn.Linear(1, 1), nn.Linear(1, 1), CPU) == "default"  # torch's own again after the step
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1),
+        lambda q, k, v: F.scaled_dot_product_attention(q[0], k[0], v[0]),  # 3-D
+    ],
+    ids=["mask", "dropout", "3-D"],
+)
+def test_a_call_splash_cannot_serve_runs_torchs_own(splash, call) -> None:
+    q, k, v = _qkv()
+    with knobs.get("attention_kernel").step("splash", CPU):
+        call(q, k, v)
+    assert splash == []
+
+
+def test_other_lengths_or_devices_run_torchs_own_and_gqa_is_passed_on(splash) -> None:
+    knob = knobs.get("attention_kernel")
+    with knob.step("splash", CPU):
+        F.scaled_dot_product_attention(*_qkv(kv_length=16))  # cross-attention of another length
+    with knob.step("splash", types.SimpleNamespace(kind="tpu")):
+        F.scaled_dot_product_attention(*_qkv())  # CPU tensors in a TPU step: not the kernel's
+    assert splash == []
+    with knob.step("splash", CPU):
+        F.scaled_dot_product_attention(*_qkv(heads_kv=1), enable_gqa=True)
+    assert splash[-1]["enable_gqa"] is True
+
+
+def test_one_function_per_block_size_so_a_compiled_forward_keeps_its_graph(splash) -> None:
+    knob = knobs.get("attention_kernel")
+    seen = []
+    for _ in range(2):
+        with knob.step("splash:1024", CPU):
+            seen.append(F.scaled_dot_product_attention)
+    assert seen[0] is seen[1]  # dynamo guards on the function: the same one every step
+
+
+@pytest.mark.slow  # dynamo's first compile in a process: about 3 s
+def test_dynamo_traces_the_kernel_into_a_compiled_forward_inside_the_step(splash) -> None:
+    knob = knobs.get("attention_kernel")
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(attend, backend="eager")
+    with knob.step("splash:1024", CPU):
+        compiled(*_qkv())  # dynamo traces inside the step's context: the kernel is in the graph
+    assert splash and splash[-1]["block_q"] == 1024
+
+
+def test_values_are_checked_and_canonical() -> None:
+    knob = knobs.get("attention_kernel")
+    assert knob.check("splash:512") == "splash"  # torch-tpu's own block size
+    assert knob.check("splash:0256") == "splash:256"
+    for bad in ("splash:100", "splash:", "flash", "splash:16384"):
+        with pytest.raises(ValueError, match=r"^attention_kernel must be default, splash or splash:N"):
+            knob.check(bad)
+    assert knob.step_code("splash:256", "tpu") == 'splash_attention(256, "tpu")'
+    assert knob.code("splash", "tpu") == ["from tpu_tuner.knobs.attention_kernel import splash_attention"]
+    assert knob.describe("splash:256") == "splash:256 attention"
+
+
+class Attends(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).unsqueeze(1)
+        return self._attend(q)
+
+    def _attend(self, q: torch.Tensor) -> torch.Tensor:  # a helper of the class, as blocks often have
+        return F.scaled_dot_product_attention(q, q, q)
+
+
+def test_offered_only_where_the_model_calls_sdpa() -> None:
+    assert calls_sdpa(Attends())
+    assert calls_sdpa(nn.Sequential(nn.MultiheadAttention(4, 2)))
+    assert not calls_sdpa(nn.Sequential(nn.Linear(4, 4)))
+    traits = of_model(Attends(), training=True, batch_size=2)
+    assert traits.scaled_dot_product_attention and WorkloadTraits.from_dict(traits.to_dict()) == traits
+    space = SearchSpace.load("torchtpu", "tpu")
+    without = space.for_workload(of_model(nn.Linear(4, 4), training=True, batch_size=2))
+    assert dict((p.name, p.choices) for p in without.params)["attention_kernel"] == ("default",)
+    assert any(line.startswith("attention_kernel: the model calls no") for line in without.left_out)
+    kept = space.for_workload(traits)
+    assert dict((p.name, p.choices) for p in kept.params)["attention_kernel"] == (
+        "default",
+        "splash",
+        "splash:256",
+        "splash:1024",
+    )

@@ -1,0 +1,42 @@
+"""The opt-in ``torchtpu`` space: default.toml's TPU choices plus TorchTPU's levers, which are not
+yet measured on a chip and so stay out of the default space; shipped like the other spaces; the
+TorchTPU names the levers use are in the table checked against the released package."""
+
+from __future__ import annotations
+
+from tpu_tuner.core.definitions import builtin_names, load_definition
+from tpu_tuner.devices import torchtpu_api
+from tpu_tuner.tuning.space import SearchSpace
+
+LEVERS = {"xla_optimization_level", "libtpu_flags", "param_dtype", "attention_kernel"}
+
+
+def _entries(space: str) -> dict[str, dict]:
+    return {entry["name"]: entry for entry in load_definition("search_spaces", space)["param"]}
+
+
+def test_the_torchtpu_space_is_the_default_tpu_space_plus_the_levers() -> None:
+    default, levers = _entries("default"), _entries("torchtpu")
+    for name, entry in default.items():
+        if "tpu" in entry["choices"]:
+            assert levers[name]["choices"]["tpu"] == entry["choices"]["tpu"], name
+        else:
+            assert name not in levers, name
+    assert set(levers) - set(default) == LEVERS
+    assert set(levers["param_dtype"]["choices"]) == {"cpu", "cuda", "tpu"}
+
+
+def test_the_levers_are_not_in_the_default_space_on_any_device() -> None:
+    for kind in ("cpu", "cuda", "tpu"):
+        assert not LEVERS & {p.name for p in SearchSpace.load("default", kind).params}, kind
+    tpu = {p.name for p in SearchSpace.load("torchtpu", "tpu").params}
+    assert tpu >= LEVERS
+    assert [p.name for p in SearchSpace.load("torchtpu", "cpu").params] == ["param_dtype"]
+
+
+def test_the_space_ships_with_the_package_and_its_names_are_checked() -> None:
+    assert "torchtpu" in builtin_names("search_spaces")  # `--space torchtpu`, installed too (*.toml)
+    assert ("torch.tpu.compiler", "custom_compiler_options") in torchtpu_api.PUBLIC_NAMES
+    assert ("torch.tpu.ops", "splash_sdpa") in torchtpu_api.PUBLIC_NAMES
+    assert "block_kv" in torchtpu_api.PARAMETERS[("torch.tpu.ops", "splash_sdpa")]
+    assert "LIBTPU_INIT_ARGS" in torchtpu_api.ENVIRONMENT_VARIABLES

@@ -1,0 +1,119 @@
+"""The `param_dtype` knob: pure bfloat16 training, parameters and optimizer states in bfloat16.
+
+Not autocast (which keeps fp32 weights and casts per op): the model's floating-point parameters
+and buffers become bfloat16 (``model.to(torch.bfloat16)``) in the `model` hook, which
+`execution/step.py` runs before the optimizer is built, so the optimizer's states (AdamW's moments,
+created like the parameters) are bfloat16 too: half the memory of weights, gradients and states,
+and bf16 matmuls throughout. The model's floating-point inputs are cast to bfloat16 on the way in
+(a forward pre-hook: the user's batch stays as it is) and its floating-point outputs back to
+float32 on the way out, so the loss and the accuracy guardrail see the dtype the user's code
+expects; the guardrail judges the setting like any other (nothing loosened). What it cannot see
+in one step: bf16 updates that round to nothing over a long run (no stochastic rounding or fp32
+master weights here).
+
+A training knob (``applies_to_workload``: an inference step has no optimizer states). Its choices
+are in the opt-in ``torchtpu`` space for CPU, CUDA and TPU: not measured on a chip, so not in
+the default space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tpu_tuner.knobs.base import BackendLike, Knob
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload, SetsComputeDtype
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from tpu_tuner.devices.base import Backend
+    from tpu_tuner.knobs.traits import WorkloadTraits
+
+DEFAULT = "default"
+BFLOAT16 = "bfloat16"
+_MARK = "_tpu_tune_param_dtype"  # the dtype the knob cast the model to (its hooks are installed once)
+
+
+class ParamDtypeKnob(Knob, NarrowedByWorkload, SetsComputeDtype):
+    """``default`` (the parameters as the model file built them) or ``bfloat16``."""
+
+    name = "param_dtype"
+    agent = "precision"
+    default = DEFAULT
+    position = 36  # after autocast (30): the matmul dtype it decides is the last word
+    values = (DEFAULT, BFLOAT16)
+    described = "{value} parameters and optimizer states"
+    not_applicable = "an inference step has no optimizer states (pure bf16 training only)"
+
+    def check(self, value: str) -> str:
+        if not isinstance(value, str) or value not in self.values:
+            raise ValueError(f"param_dtype must be one of {', '.join(self.values)}, not {value!r}")
+        return value
+
+    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
+        return traits.training
+
+    def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
+        return BFLOAT16 if value == BFLOAT16 else dtype
+
+    def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
+        if value == DEFAULT:
+            return model
+        import torch
+
+        return cast_parameters(model, getattr(torch, value))
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        if value == DEFAULT:
+            return []
+        return [
+            "from tpu_tuner.knobs.param_dtype import cast_parameters",
+            f"# before the optimizer is built: its states are created in the parameters' dtype ({value})",
+            f"model = cast_parameters(model, torch.{value})",
+        ]
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        marked = getattr(model, _MARK, None)
+        if marked is None:
+            return DEFAULT
+        floating = [p for p in model.parameters() if p.is_floating_point()]
+        wanted = str(marked).removeprefix("torch.")
+        return wanted if all(str(p.dtype).removeprefix("torch.") == wanted for p in floating) else None
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model` with its floating-point parameters and buffers in `dtype` (in place), taking
+    floating-point inputs in `dtype` and giving floating-point outputs in float32."""
+    import torch
+
+    model.to(dtype)  # in place: the Parameter objects stay, so an optimizer built earlier still holds them
+    if getattr(model, _MARK, None) is None:
+        model.register_forward_pre_hook(
+            lambda _module, args, kwargs: (_cast(args, dtype), _cast(kwargs, dtype)), with_kwargs=True
+        )
+        model.register_forward_hook(lambda _module, _args, output: _cast(output, torch.float32))
+    setattr(model, _MARK, dtype)
+    return model
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """`value` with every floating-point tensor in it (nested in tuples, lists, dicts) in `dtype`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_cast(v, dtype) for v in value))
+    if isinstance(value, tuple | list):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, dict):
+        items = {k: _cast(v, dtype) for k, v in value.items()}
+        if type(value) is dict:
+            return items
+        try:  # a dict subclass (transformers' ModelOutput) keeps its type and attributes
+            return type(value)(**items)
+        except TypeError:
+            return items
+    return value
