@@ -39,6 +39,12 @@ class BackendError(TpuTuneError):
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    """An exception as one line: its type and the first line of its message (its type alone
+    where it has no message: a compiler's message-less error must not become an IndexError)."""
+    line = first_text_line(str(exc))
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def first_text_line(text: str) -> str:
+    """The first line of `text` with something on it, stripped; "" for a blank text."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.errors import UserInputError, first_text_line
 from tpu_tuner.core.failures import is_compiler_out_of_memory, unknown_compile_option
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned, extrapolate_depth
@@ -128,7 +128,7 @@ def _unpeeled_by_depth(
         if low is None or high is None or low.error or high.error or high.loop_iteration is None:
             # The peeled program's own count stands, and its plan says so; the log says why.
             why = next((s.error for s in (low, high) if s is not None and s.error), "its block loop was not measured")
-            emit(f"{point.name()}: the shallower programs did not count its work either ({why.splitlines()[0]})")
+            emit(f"{point.name()}: the shallower programs did not count its work either ({first_text_line(why)})")
             continue
         found[point] = extrapolate_depth(low, high, depths, depth)
     return found

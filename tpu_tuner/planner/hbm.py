@@ -17,6 +17,8 @@ import logging
 import re
 from typing import Any
 
+from tpu_tuner.core.errors import first_line
+
 log = logging.getLogger(__name__)
 
 _LIMIT = re.compile(r"exceeds available HBM \((?P<value>[\d.]+)(?P<unit>[KMGTP]?)i?B?\)")
@@ -46,7 +48,7 @@ def compiler_hbm_limit(device: Any) -> int | None:
     except Exception as exc:
         limit = parse_hbm_limit(str(exc))
         if limit is None:
-            log.warning("the TPU compiler's refusal stated no HBM limit (%s)", str(exc).splitlines()[0][:200])
+            log.warning("the TPU compiler's refusal stated no HBM limit (%s)", first_line(exc)[:200])
         return limit
     log.warning("the TPU compiler accepted a %d-byte program: no HBM limit read", PROBE_BYTES)
     return None

@@ -32,6 +32,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from tpu_tuner.core.errors import first_line
 from tpu_tuner.planner.collectives import Collective, add_collectives, parse_collectives
 
 log = logging.getLogger(__name__)
@@ -302,7 +303,5 @@ def _cost_as_entry(module_text: str, computation: str) -> dict[str, float] | Non
         module = hlo.hlo_module_from_text(module_text)
         return dict(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module))
     except Exception as exc:
-        log.warning(
-            "cannot measure the loop body %s with XLA's cost analysis: %s", computation, str(exc).splitlines()[0]
-        )
+        log.warning("cannot measure the loop body %s with XLA's cost analysis: %s", computation, first_line(exc))
         return None

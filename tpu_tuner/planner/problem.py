@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tpu_tuner.core.errors import TpuTuneError, UserInputError
+from tpu_tuner.core.errors import TpuTuneError, UserInputError, first_line
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.hf_source import is_hf_source
@@ -251,7 +251,7 @@ def _topology_devices(topology: Topology) -> Any:
         raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
     except Exception as exc:
         raise TpuTuneError(
-            f"cannot build the TPU topology {topology.jax_name}: {type(exc).__name__}: {str(exc).splitlines()[0]} "
+            f"cannot build the TPU topology {topology.jax_name}: {first_line(exc)} "
             "(the planner needs libtpu: pip install 'tpu-tune[plan]')"
         ) from exc
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tpu_tuner.core.errors import first_line
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
 from tpu_tuner.planner.collectives import add_collectives, device_slices, parse_collectives
@@ -294,7 +295,7 @@ def compile_step(
         options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}
         compiled = lowered.compile(options if on_tpu else None)
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0]
+        message = first_line(exc)
         return CompiledStep(0, 0, 0, 0, 0, 0, [], time.perf_counter() - start, error=message)
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis() or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_tuner.core.errors import UserInputError, WorkloadError
+from tpu_tuner.core.errors import UserInputError, WorkloadError, first_text_line
 from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
@@ -70,7 +70,7 @@ def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, dev
     if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
         raise UserInputError(
             f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
-            f"it under that address-space limit ran out of memory ({failure.message.splitlines()[0][:160]})"
+            f"it under that address-space limit ran out of memory ({first_text_line(failure.message)[:160]})"
         )
     if failure is not None and failure.kind == FailureKind.REFUSED:
         raise WorkloadError(failure.message)  # the worker's own one-line error, naming the file
