@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -22,6 +23,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import describe_end
 from tpu_tuner.core.host import usable_cores
 from tpu_tuner.model.layouts import Layout
@@ -35,6 +37,9 @@ from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 WORKER_MODULE = "tpu_tuner.planner.compile_pool"
 # An idle compile worker asked to exit is waited for this long before it is killed.
 EXIT_GRACE_S = 10.0
+# A compile running longer is taken as hung: its worker is killed and its job fails (the longest
+# compile measured here, Gemma 4 26B on 4x8x8, took 674 s; docs/planner.md).
+COMPILE_TIMEOUT_S = 3600.0
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +95,12 @@ class CompilePool:
     torchax, libtpu: a few seconds each) overlaps the caller's own work; use it as a context
     manager so they always end."""
 
-    def __init__(self, workers: int, log_path: str | Path | None = None) -> None:
+    def __init__(self, workers: int, log_path: str | Path | None = None, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         """`log_path`: a file that takes the workers' stdout and stderr (libtpu's start-up
         complaints about TPU_WORKER_HOSTNAMES, compiler stack dumps); None leaves them on the
-        caller's terminal. The caller still hears of every event, as one log line each."""
+        caller's terminal. The caller still hears of every event, as one log line each.
+        `timeout_s`: a job still compiling after this long has its worker killed and fails."""
+        self.timeout_s = timeout_s
         # Compile-only use never touches a TPU; without this every worker after the first waits on
         # libtpu's exclusive /tmp/libtpu_lockfile.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -134,6 +141,7 @@ class CompilePool:
         queue = list(jobs)
         results: dict[CompileJob, CompiledStep] = {}
         busy: dict[Any, tuple[WorkerProcess, CompileJob]] = {}  # connection -> (worker, job)
+        deadlines: dict[Any, float] = {}  # connection -> when its job is taken as hung
 
         def finish(job: CompileJob, step: CompiledStep) -> None:
             results[job] = step
@@ -147,11 +155,16 @@ class CompilePool:
                     job = queue.pop(0)
                     worker.send(job)  # a worker that died already answers with its death below
                     busy[worker.connection] = (worker, job)
-                ready = set(wait(list(busy)))  # a dead worker's pipe is ready too: at end of file
+                    deadlines[worker.connection] = time.monotonic() + self.timeout_s
+                # A dead worker's pipe is ready too (at end of file); a hung one is never ready.
+                ready = set(wait(list(busy), timeout=max(0.0, min(deadlines.values()) - time.monotonic())))
                 for connection, (worker, job) in list(busy.items()):
                     if connection not in ready:
+                        if time.monotonic() >= deadlines[connection]:
+                            del busy[connection], deadlines[connection]
+                            self._hung(worker, job, finish)
                         continue
-                    del busy[connection]
+                    del busy[connection], deadlines[connection]
                     outcome = worker.receive()  # ready: the reply, or the end of a dead worker's pipe
                     if isinstance(outcome, Replied):
                         finish(job, outcome.value)
@@ -166,6 +179,13 @@ class CompilePool:
             for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
                 worker.close(kill=True)
         return results
+
+    def _hung(self, worker: WorkerProcess, job: CompileJob, finish: Callable[[CompileJob, CompiledStep], None]) -> None:
+        """A job past the timeout: its worker killed (a fresh one takes the next job), the job failed."""
+        worker.close(kill=True)
+        reason = f"was still compiling after {self.timeout_s:g} s (--compile-timeout) and was killed"
+        log.warning("compile worker for %s (%d blocks) %s", job.layout.name(), job.blocks, reason)
+        finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], self.timeout_s, error=f"the compiler process {reason}"))
 
 
 @contextmanager
@@ -204,7 +224,7 @@ def _compile(job: CompileJob) -> CompiledStep:
     try:
         return run_job(job)
     except Exception as exc:
-        return CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=first_line(exc))
 
 
 def _death(died: Died) -> str:

@@ -15,11 +15,23 @@ from typing import get_type_hints
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
-from tpu_tuner.core.flags import ATTENTION, SAMPLER, SEED, SEQ_LEN, STORAGE, STUDY, at_least, comma_list, option, uses
+from tpu_tuner.core.flags import (
+    ATTENTION,
+    SAMPLER,
+    SEED,
+    SEQ_LEN,
+    STORAGE,
+    STUDY,
+    at_least,
+    comma_list,
+    option,
+    positive,
+    uses,
+)
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout, parse_layout
 from tpu_tuner.planner.calibration_store import calibrated_cost_model
-from tpu_tuner.planner.compile_pool import default_workers
+from tpu_tuner.planner.compile_pool import COMPILE_TIMEOUT_S, default_workers
 from tpu_tuner.planner.optimizer import check_optimizer
 from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
@@ -211,12 +223,21 @@ class PlanCompile:
         help='a recipe\'s XLA / libtpu flags as in LIBTPU_INIT_ARGS, written --xla-flags="--xla_NAME=VALUE ...", '
         "passed to every compile: they change its memory and schedule",
     )
+    compile_timeout_s: float = option(
+        COMPILE_TIMEOUT_S,
+        "--compile-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="a compile still running after this many seconds has its process killed and its point marked "
+        "failed, the plan goes on (default %(default)g: the longest seen, a 26B MoE, took 674 s)",
+    )
     log_file: Path | None = None  # the compiler processes' output (libtpu's logs); None: the terminal
     cost_model: CostModel = field(default_factory=calibrated_cost_model)  # fitted to the published rows
 
     def __post_init__(self) -> None:
         check_field_types(self)  # the Python API may pass any value
         at_least(1, ("--workers", self.workers))
+        positive(("--compile-timeout", self.compile_timeout_s))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     check_field_types(options)
     topology = parse_topology(options.target.topology).with_slices(options.target.slices)
     # The compiler processes start now: their start-up overlaps reading the model.
-    with CompilePool(options.compile.workers, options.compile.log_file) as pool:
+    with CompilePool(options.compile.workers, options.compile.log_file, options.compile.compile_timeout_s) as pool:
         emit = progress or (lambda message: None)
         problem = build_problem(model_file, options, topology, emit)
         if options.search.active:
