@@ -4,7 +4,9 @@ Trial workers (`trial_runner.py`, `trial_worker.py`) and the planner's compile w
 (`planner/compile_pool.py`) both run on this. The parent starts the child with the environment it
 needs, sends it a job (any picklable object), reads the reply with a timeout and, when the child
 dies, decodes its exit status; the child runs `serve`, which answers each job with
-``("ok", value)`` or ``(kind, message, traceback)`` until it is sent None.
+``("ok", value)`` or ``(kind, message, traceback)`` until it is sent None. A child served with
+`ready` first says ``READY`` once its start-up is done, so the parent measures what starting it
+cost (`WorkerProcess.ready_s`) apart from its first job.
 
 A plain subprocess rather than multiprocessing's spawn: spawn re-imports the caller's main
 module, which breaks scripts that call the API without a ``__main__`` guard. The child is a fresh
@@ -32,6 +34,8 @@ if TYPE_CHECKING:  # the log is handed in; this module never makes one
 
 # The child's exit status is read this long after its pipe closed before it is killed.
 EXIT_WAIT_S = 10.0
+# What a child served with `ready` sends once its start-up is done, before any reply.
+READY = ("ready",)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class WorkerProcess:
         if output is not None:
             streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
             env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+        self.started = time.perf_counter()
+        # Seconds from the start to the child's READY (None: not yet, or it never says so).
+        self.ready_s: float | None = None
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(to_child_r), str(from_child_w), *args],
             pass_fds=(to_child_r, from_child_w),
@@ -125,22 +132,27 @@ class WorkerProcess:
     def receive(self, timeout_s: float | None = None) -> Outcome:
         """The reply to the job sent, waiting at most `timeout_s` (None: until it comes or the
         child dies); past the timeout, or once the child is stopped for `frozen.FROZEN_GRACE_S`
-        (SIGSTOP: `Frozen`), the child is killed."""
+        (SIGSTOP: `Frozen`), the child is killed. A READY on the way is noted (`ready_s`) and
+        the wait goes on, under the same deadline: the start-up is part of the first job's time."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         watch = FrozenWatch()
-        while not self.connection.poll(
-            LOOK_S if deadline is None else max(0.0, min(LOOK_S, deadline - time.monotonic()))
-        ):
-            if (frozen := watch.look([(self.process.pid, "the worker")])) is not None:
-                self.close(kill=True)
-                return frozen
-            if deadline is not None and time.monotonic() >= deadline:
-                self.close(kill=True)
-                return TimedOut(float(timeout_s or 0.0))
-        try:
-            reply = self.connection.recv()
-        except (EOFError, OSError):
-            return self.died()
+        while True:
+            while not self.connection.poll(
+                LOOK_S if deadline is None else max(0.0, min(LOOK_S, deadline - time.monotonic()))
+            ):
+                if (frozen := watch.look([(self.process.pid, "the worker")])) is not None:
+                    self.close(kill=True)
+                    return frozen
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.close(kill=True)
+                    return TimedOut(float(timeout_s or 0.0))
+            try:
+                reply = self.connection.recv()
+            except (EOFError, OSError):
+                return self.died()
+            if reply[0] != READY[0]:
+                break
+            self.ready_s = time.perf_counter() - self.started
         if reply[0] == "ok":
             return Replied(reply[1])
         return Raised(*reply)
@@ -188,12 +200,17 @@ def serve(
     handle: Callable[[Any], Any],
     describe: Callable[[BaseException, Any], tuple[FailureKind, str]] | None = None,
     catch: type[BaseException] = BaseException,
+    ready: Callable[[], None] | None = None,
 ) -> None:
     """The child's loop: answer each job with ``("ok", handle(job))``, or, when it raises one of
     `catch`, with ``(kind, message, traceback)`` from `describe(exc, job)` (default: `failure_of`),
-    until the parent sends None or closes its end. An exception outside `catch` ends the child."""
+    until the parent sends None or closes its end. An exception outside `catch` ends the child.
+    With `ready`, the child first runs it (its start-up: it must not raise) and sends READY."""
     receive = Connection(read_fd, writable=False)
     send = Connection(write_fd, readable=False)
+    if ready is not None:
+        ready()
+        send.send(READY)
     while True:
         try:
             job = receive.recv()
