@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -145,6 +146,13 @@ class Backend(ABC):
     def reset_peak_memory(self) -> None:
         """Start a new peak-memory window; nothing to reset where the backend tracks no peak."""
         return None
+
+    @classmethod
+    def worker_environment(cls, run_folder: Path) -> dict[str, str]:
+        """Start-up variables every worker and rank of a run in `run_folder` gets, the same for
+        every job (so they never decide a worker restart): TorchTPU's compilation cache kept in
+        the folder; none by default. A variable the user set is left to the user."""
+        return {}
 
     # --- a rank of a sharded step: every rank must take the same decisions --------------------
 

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,12 @@ MIN_LIBTPU = (0, 0, 50)
 XPROF_DIR_VARIABLE = "TPU_TUNE_XPROF_DIR"
 # Set by a process whose installed torch-tpu passed the API check, to that version.
 API_CHECKED_VARIABLE = "TPU_TUNE_TORCHTPU_API_CHECKED"
+# TorchTPU's persistent ("Tier-3") compilation cache: the root folder its C++ runtime reads from
+# this variable (named in 0.2.0's libpywrap_2_13_0_common.so), kept in the run folder under
+# COMPILATION_CACHE_FOLDER so that a restarted worker, the verification and a resume reuse the
+# search's compiles. Its Tier-2 cache is off for a world size of 1 ("disabled for world size 1").
+COMPILATION_CACHE_VARIABLE = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+COMPILATION_CACHE_FOLDER = "torchtpu_cache"
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -208,6 +215,16 @@ class TorchTpuBackend(Backend):
             os.environ.clear()
             os.environ.update(before)
         return decided
+
+    @classmethod
+    def worker_environment(cls, run_folder: Path) -> dict[str, str]:
+        """TorchTPU's compilation cache in `run_folder`/torchtpu_cache (made here), unless the
+        user set the variable: workers inherit the user's value then."""
+        if os.environ.get(COMPILATION_CACHE_VARIABLE):
+            return {}
+        cache = Path(run_folder) / COMPILATION_CACHE_FOLDER
+        cache.mkdir(parents=True, exist_ok=True)
+        return {COMPILATION_CACHE_VARIABLE: str(cache)}
 
     @classmethod
     def host_node_rank(cls, ranks: int, nnodes: int) -> int | None:

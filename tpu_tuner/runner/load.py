@@ -35,6 +35,9 @@ def load_summary(
         timeout_s=max(LOAD_TIMEOUT_S, runner.timeout_s),
     )
     if result.ok:
+        # The device the workers run on: the runner's later workers take its variables for the
+        # run folder (TrialRunner.run_environment).
+        runner.device_kind = result.value.device_kind
         return result.value
     raise load_failure(result, model_file)
 

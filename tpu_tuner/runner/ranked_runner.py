@@ -90,7 +90,8 @@ class RankedTrialRunner(TrialRunner):
                 [str(job_file)],
                 limit,
                 workdir=folder,
-                env={**self.launch_environment, **env},
+                # The run's variables (TorchTPU's compilation cache) for every rank, as for a worker.
+                env={**self.launch_environment, **self.run_environment(), **env},
                 rank_env=self.rank_environment,
                 output=self.log,
             )

@@ -6,6 +6,12 @@ trial failure of the kind `core.failures.classify` decides; a worker that froze 
 with a fresh worker. A warm worker is reused across jobs that need the same start-up
 environment (TorchTPU eager-mode variables are read once, at process start). The workers'
 stdout and stderr go to a `WorkerLog`, not the terminal; a death's message quotes its last line.
+
+Every worker started once the run folder is known (the log moved into it) and the device kind
+too (`device_kind`, set by the load job's caller) also gets the backend's variables for that
+folder (`Backend.worker_environment`: TorchTPU's compilation cache), which are the same for every
+job and so never decide a restart. A job that started its worker says what the start cost
+(`JobResult.start_s`: process start to the worker's READY; 0 on a warm worker).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, Self
 
 from tpu_tuner.core.failures import FailureKind, describe_end
@@ -41,6 +48,9 @@ class JobResult:
     note: str = ""
     # The hosts whose ranks ran the job, where it spans hosts (runner/multi_host.py).
     hosts: tuple[str, ...] = ()
+    # Of `seconds`, the worker's start-up (process start to its READY): 0 on a warm worker; None
+    # where it was not told apart (a group of ranks, a worker that died before it was ready).
+    start_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,6 +71,7 @@ class Runner(Protocol):
 
     log: WorkerLog
     timeout_s: float  # a job's default limit
+    device_kind: str | None  # the workers' device kind once known (the load job's caller sets it)
 
     def check_usable(self) -> None:
         """Raise when no job can run here any more (a multi-host runner whose hosts are gone)."""
@@ -104,6 +115,7 @@ class TrialRunner:
         self._worker: WorkerProcess | None = None
         self._env: dict[str, str] = {}
         self.workers_started = 0
+        self.device_kind: str | None = None
         self._owns_log = log is None
         self.log = log if log is not None else WorkerLog()
 
@@ -116,18 +128,21 @@ class TrialRunner:
         start = time.perf_counter()
         self.log.reopen()  # after `close`, which closed a log of its own
         since = self.log.mark()  # a failure quotes only this job's output (and its worker's start-up)
-        if self._worker is None or not self._worker.alive() or env != self._env:
+        warm = not (self._worker is None or not self._worker.alive() or env != self._env)
+        if not warm:
             self._start(env)
-        assert self._worker is not None
+        worker = self._worker
+        assert worker is not None
         limit = timeout_s or self.timeout_s
-        outcome = self._worker.request(request, limit)
+        outcome = worker.request(request, limit)
         seconds = time.perf_counter() - start
+        start_s = 0.0 if warm else worker.ready_s
         match outcome:
             case Replied(value):
-                return JobResult(value=value, seconds=seconds)
+                return JobResult(value=value, seconds=seconds, start_s=start_s)
             case Raised(kind, message, trace):
                 log.debug("worker job failed: %s", trace)
-                return JobResult(failure=TrialFailure(kind, message), seconds=seconds)
+                return JobResult(failure=TrialFailure(kind, message), seconds=seconds, start_s=start_s)
         self._worker = None  # killed (a timeout, a freeze) or dead: the next job starts another
         # A killed worker's last line is whatever ran, not a cause: only a death's is quoted.
         note = self.log.failure_note(quote=isinstance(outcome, Died), since=since)
@@ -160,15 +175,26 @@ class TrialRunner:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def run_environment(self) -> dict[str, str]:
+        """The variables every worker of this run gets, whatever its job: the backend's for the run
+        folder (`Backend.worker_environment`), once the log is in that folder and the device kind
+        is known; empty before, and on backends that need none."""
+        if self.device_kind is None or self.log.temporary:
+            return {}
+        from tpu_tuner.devices import backend_class
+
+        return backend_class(self.device_kind).worker_environment(Path(self.log.path).parent)
+
     def _start(self, env: dict[str, str]) -> None:
         """Start a worker (`python -m tpu_tuner.runner.trial_worker`); start-up environment
-        variables go into the child's environment only."""
+        variables go into the child's environment only. The run's own variables
+        (`run_environment`) come first: a job's start-up variables are the ones that differ."""
         if self._worker is not None:
             self._worker.close(kill=True)
         self._worker = WorkerProcess(
             WORKER_MODULE,
             [self.workload_path, self.device or "auto", str(self.memory_limit_bytes or 0)],
-            env,
+            {**self.run_environment(), **env},
             output=self.log,
         )
         self._env = dict(env)
