@@ -4,12 +4,13 @@ measures first (the baseline, earlier studies' best, the agents' seeds)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
+from tpu_tuner.devices import backend_class
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.studies import samplers
 from tpu_tuner.tuning import stacking
@@ -18,6 +19,8 @@ from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
 from tpu_tuner.tuning.workload_features import features_of
+
+T = TypeVar("T")
 
 
 def build_sampler(
@@ -65,6 +68,10 @@ def enqueue_seeds(
     knobs, and the other agents' knobs are mostly independent of them; on the baseline they
     measured settings every agent already expects to lose (on examples/cnn.py, inductor freezing
     in fp32 while bf16 autocast had already halved the step, and the grid's best was never queued).
+
+    Then the queue is grouped by start-up environment (`by_start_environment`), the baseline's
+    group first: each change of environment costs a worker start, so a seed needing another
+    environment waits for the end of its predecessors' group rather than splitting it.
     """
     baseline = space.baseline_params()
     per_agent = [agent.seeds(profile, space) for agent in agents]
@@ -82,14 +89,34 @@ def enqueue_seeds(
     queue += variants
     # The variants that beat the combined seed are stacked into one more setting once measured.
     stacking.record_plan(study, space.complete(combined), [space.complete(v) for v in variants])
-    study.enqueue_trial(space.complete(baseline), skip_if_exists=True)
     # An earlier study's best has been measured on a like workload: worth more than a guess.
-    enqueue_warm_seeds(study, list(warm))
-    seen: list[dict[str, str]] = [space.complete(baseline)]
+    ordered: list[dict[str, str] | WarmSeed] = [space.complete(baseline), *warm]
     for params in map(space.complete, queue):  # whole settings: a grid sampler asks for none
-        if params not in seen:
-            seen.append(params)
-            study.enqueue_trial(params, skip_if_exists=True)
+        if params not in ordered:
+            ordered.append(params)
+    for entry in by_start_environment(ordered, space, lambda e: e.params if isinstance(e, WarmSeed) else e):
+        if isinstance(entry, WarmSeed):
+            enqueue_warm_seeds(study, [entry])
+        else:
+            study.enqueue_trial(entry, skip_if_exists=True)
+
+
+def by_start_environment(
+    settings: Sequence[T], space: SearchSpace, params_of: Callable[[T], dict[str, str]]
+) -> list[T]:
+    """`settings` with those that need the same start-up environment (TorchTPU's eager modes,
+    read once per process) back to back, each group where its first member was and in its own
+    order: the first setting (the baseline) stays first. A worker is started for each change of
+    environment (runner/trial_runner.py), so a queue of strict, DeferAndFuse, strict settings
+    would cost three starts (about 15 s each on a v5e chip) where two do. On a device whose
+    settings need no environment (CPU, CUDA) the order is unchanged. `params_of`: a setting's
+    parameters."""
+    backend = backend_class(space.device_kind)
+    groups: dict[tuple[tuple[str, str], ...], list[T]] = {}
+    for setting in settings:
+        env = space.to_candidate(params_of(setting)).environment(backend)
+        groups.setdefault(tuple(sorted(env.items())), []).append(setting)
+    return [setting for group in groups.values() for setting in group]
 
 
 def warm_seeds(
@@ -102,4 +129,4 @@ def warm_seeds(
     )
 
 
-__all__ = ["build_sampler", "enqueue_seeds", "warm_seeds"]
+__all__ = ["build_sampler", "by_start_environment", "enqueue_seeds", "warm_seeds"]
