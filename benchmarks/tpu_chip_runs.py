@@ -69,14 +69,20 @@ def summarise(name: str, run_dir: Path | None, wall_s: float, returncode: int, l
 
 
 def _trial_costs(run_dir: Path) -> dict[str, Any]:
-    """Settings measured, per minute of the run, and each measured trial's wall time and compile."""
+    """Settings measured, per minute of the run, and each measured trial's wall time and compile;
+    the figures of report.md's cost line (`outputs/trial_costs.py`): settings measured per minute
+    of trials, the median cost beyond compile and timed steps, and the run's worker starts."""
     import pandas as pd
+
+    from tpu_tuner.outputs.trial_costs import trial_costs
 
     trials = pd.read_csv(run_dir / "trials.csv")
     measured = trials[trials["trial_wall_s"].notna()] if "trial_wall_s" in trials else trials.iloc[0:0]
     walls = [float(w) for w in measured.get("trial_wall_s", [])]
     compiles = [float(c) for c in measured.get("compile_s", []) if c == c]
     estimate_errors = [float(e) for e in measured.get("estimate_error", []) if e == e]
+    costs = trial_costs(trials)
+    result = run_dir / "result.json"
     return {
         "settings_measured": len(measured),
         "failed": int(measured["failure_kind"].notna().sum()) if "failure_kind" in measured else 0,
@@ -84,6 +90,11 @@ def _trial_costs(run_dir: Path) -> dict[str, Any]:
         "trial_wall_s": [round(w, 1) for w in walls],
         "compile_s_median": round(statistics.median(compiles), 1) if compiles else None,
         "memory_estimate_error_median": statistics.median(estimate_errors) if estimate_errors else None,
+        "settings_per_trial_minute": None if costs.per_minute is None else round(costs.per_minute, 2),
+        "beyond_compile_and_steps_s_median": (
+            None if costs.beyond_median_s is None else round(costs.beyond_median_s, 1)
+        ),
+        "worker_starts": json.loads(result.read_text()).get("worker_starts") if result.exists() else None,
     }
 
 
@@ -93,15 +104,20 @@ def _ms(seconds: Any) -> float | None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table (docs/torchtpu.md takes it as it is)."""
-    head = "| workload | verdict | baseline ms (MFU) | tuned ms (MFU) | settings / min | trial median s | wall s |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|"]
+    head = (
+        "| workload | verdict | baseline ms (MFU) | tuned ms (MFU) | settings / min (of trials) | trial median s "
+        "| beyond compile and steps, median s (worker starts) | wall s |"
+    )
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        # Over the whole run (profile and verification included), and over its trials' wall time.
         per_minute = r.get("settings_measured", 0) / (r["wall_s"] / 60) if r["wall_s"] else 0
         lines.append(
             f"| {r['workload']} | {(r.get('verdict') or r.get('failure') or '')[:90]} | "
             f"{_cell(r.get('baseline_step_ms'), r.get('baseline_mfu'))} | "
             f"{_cell(r.get('tuned_step_ms'), r.get('tuned_mfu'))} "
-            f"| {per_minute:.1f} | {r.get('trial_wall_s_median')} | {r['wall_s']} |"
+            f"| {per_minute:.1f} ({r.get('settings_per_trial_minute')}) | {r.get('trial_wall_s_median')} "
+            f"| {r.get('beyond_compile_and_steps_s_median')} ({r.get('worker_starts')}) | {r['wall_s']} |"
         )
     return "\n".join(lines)
 

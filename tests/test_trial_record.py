@@ -18,6 +18,7 @@ from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.liveness import Worker, is_lost, trial_id_of
+from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord, write_stored
 from tpu_tuner.tuning import TuneOptions, trial_attrs
 from tpu_tuner.tuning.options import SearchOptions
@@ -162,6 +163,7 @@ def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(
         records.ESTIMATE_ERROR,
         records.FEASIBLE,
         records.CANDIDATE,
+        *COST_KEYS,  # where its wall time went (issue 56)
     }
     assert measured[records.WORKER] == "worker-1" and measured[records.HOST] == "host-1" and measured[records.FEASIBLE]
     # A repeat carries its first trial's figures, but says who asked for it, not who measured.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tpu_tuner.core.units import binary_bytes, ms
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, common_peak, mfu, mfu_text
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
+from tpu_tuner.outputs.trial_costs import cost_line
 from tpu_tuner.outputs.trial_sources import hosts_section, ms_or_blank, present, warm_start_section
 from tpu_tuner.outputs.verification_lines import contributions_section, disturbed_lines, unsteady_lines
 from tpu_tuner.studies import records
@@ -192,7 +193,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         *unsteady_lines(v),
         f"- MFU: model FLOPs ({result.profile.flops.model_formula}) / median step / peak. {MFU_CONVENTION}; "
         "baseline and trials alike, so MFU rises exactly when a setting gets faster.",
-        f"- Worker processes started: {result.worker_starts}.",
+        cost_line(frame, result.worker_starts),
     ]
     if v.compiles_while_comparing and any(v.compiles_while_comparing.values()):
         out.append(f"- Warning: compilations during the interleaved window: {v.compiles_while_comparing}.")

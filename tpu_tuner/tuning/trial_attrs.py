@@ -15,6 +15,7 @@ import optuna
 from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
 from tpu_tuner.execution.measurement import AccuracyFigures, EarlyStop, Measurement, TrialFailure, accuracy_refusal
 from tpu_tuner.studies import records
+from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.memory_limit import MemoryLimit
@@ -178,6 +179,7 @@ NOT_COPIED = (
     records.HOST,
     records.HOSTS,
     records.TRIAL_WALL_S,
+    *COST_KEYS,
     records.WARM_START,
 )
 

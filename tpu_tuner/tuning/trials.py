@@ -28,6 +28,7 @@ from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler
+from tpu_tuner.studies.trial_costs import cost_keys
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning import stacking, trial_attrs
 from tpu_tuner.tuning.agents import Agent
@@ -247,6 +248,7 @@ class TuneTrials(Feature):
             {
                 records.MEASURED: True,
                 records.TRIAL_WALL_S: outcome.seconds,
+                **cost_keys(outcome.value, outcome.seconds, outcome.start_s),
                 **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {}),
             }
         )

@@ -17,6 +17,7 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
 from tpu_tuner.studies.outcome import Outcome, outcome_of
+from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -42,6 +43,7 @@ TRIAL_COLUMNS = [
     records.REJECTED_BY,
     records.REPEAT_OF,
     records.TRIAL_WALL_S,
+    *COST_KEYS,  # with compile_s, where TRIAL_WALL_S went
     records.HOST,
     "duration_s",
 ]

@@ -1,0 +1,46 @@
+"""Where a measured trial's wall time went: the record keys (trials.csv's columns) and the split.
+
+Beside `records.COMPILE_S`, a measured trial's `records.TRIAL_WALL_S` splits into its worker's
+start-up (as the parent saw it: process start to the worker's READY, 0 on a warm worker), its
+steps at their steady speed (warm-up beyond the compile, and the timed steps) and the rest, the
+overhead (the reference and the accuracy check, the memory estimate, the model's build, re-timing,
+the pipe). Issue 56: on a TPU v5e chip a worker's start was about 15 s a trial.
+
+The keys belong with the others in `records.py`; they are named here, once, until they move.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpu_tuner.execution.measurement import EarlyStop, Measurement
+
+# Stored keys and trials.csv's columns: a file format, never renamed.
+WORKER_START_S = "worker_start_s"
+STEPS_S = "steps_s"
+OVERHEAD_S = "overhead_s"
+COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S)
+
+
+def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, float | None]:
+    """Where a trial's `wall_s` went (`COST_KEYS`), from what its worker measured (`value`: a
+    `Measurement` or an `EarlyStop`; anything else, a failure, has no cost split) and its
+    worker's start-up as the parent saw it (`start_s`; None: not told apart, so in the overhead)."""
+    if isinstance(value, Measurement):
+        compile_s = value.compile_seconds
+        # The first call and warm-up beyond the compile ran at the steady speed, as the timed steps.
+        steps = max(0.0, value.first_call_seconds + value.warmup_seconds - compile_s) + sum(value.samples)
+    elif isinstance(value, EarlyStop):
+        compile_s = value.compile_seconds
+        steps = max(0.0, value.first_call_seconds - compile_s) + sum(value.steps)
+    else:
+        return {}
+    start = start_s or 0.0
+    return {
+        WORKER_START_S: start_s,
+        STEPS_S: steps,
+        OVERHEAD_S: max(0.0, wall_s - start - compile_s - steps),
+    }
+
+
+__all__ = ["COST_KEYS", "OVERHEAD_S", "STEPS_S", "WORKER_START_S", "cost_keys"]
