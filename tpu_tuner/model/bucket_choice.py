@@ -5,7 +5,10 @@ aligned ceiling of its longest member, so the candidate bounds are the m distinc
 ceilings of the sample's lengths, and a bucketing is a partition of them into contiguous runs.
 With P the cumulative probability over candidates and x_j = S t(u_j):
 
-    best[k][j] = C + x_j P_j + min_{i<j} (best[k-1][i] - x_j P_i)
+    best[k][j] = C(u_j) + x_j P_j + min_{i<j} (best[k-1][i] - x_j P_i)
+
+C(u_j), the measured cost of compiling bound u_j, depends on j alone, so it leaves the minimum
+(and its hull) untouched: the optimiser stays exact with a compile cost that grows with length.
 
 The inner minimum is over lines of slope -P_i, added in order of falling slope and queried at
 rising x_j (t is increasing), so a convex-hull sweep answers it in amortised O(1): O(K m) time and
@@ -44,6 +47,22 @@ class Evaluation:
     step_seconds: float
     total_seconds: float
     within_limits: bool = True  # False when it compiles more shapes than --max-buckets allows
+    padding_seconds: float = 0.0  # the steps' time beyond each step at its exact length
+
+
+@dataclass(frozen=True)
+class BucketShare:
+    """One bucket of a strategy over the planned run: its compile against its padding.
+
+    The trade the optimiser weighs: a new bound costs `compile_seconds` once, amortised over the
+    `expected_steps` the run sends to it; merging it into the next bound instead costs padding."""
+
+    bound: int
+    expected_steps: float  # planned steps x the share of lengths this bucket holds
+    compile_seconds: float
+    compile_per_step: float  # compile_seconds / expected_steps
+    padding_seconds: float  # expected extra step time over the run from padding to `bound`
+    padding_per_step: float  # padding_seconds / expected_steps
 
 
 def assign(hist: LengthHistogram, bounds: tuple[int, ...]) -> np.ndarray:
@@ -64,7 +83,8 @@ def evaluate(
     used = len(np.unique(index))
     probabilities = hist.probabilities()
     step_total = steps * float(np.sum(probabilities * model.step_seconds(padded)))
-    compile_total = used * model.compile_seconds
+    exact_total = steps * float(np.sum(probabilities * model.step_seconds(hist.lengths)))
+    compile_total = float(np.sum(model.compile_seconds_at(bounds[np.unique(index)])))
     waste = float(np.sum(hist.counts * (padded - hist.lengths)) / np.sum(hist.counts * padded))
     return Evaluation(
         strategy,
@@ -74,7 +94,28 @@ def evaluate(
         step_total,
         compile_total + step_total,
         max_buckets is None or used <= max_buckets,
+        step_total - exact_total,
     )
+
+
+def bucket_shares(strategy: Strategy, hist: LengthHistogram, model: BucketCostModel, steps: int) -> list[BucketShare]:
+    """Each used bound of `strategy`: expected steps, compile and padding seconds over the run."""
+    index = assign(hist, strategy.bounds)
+    probabilities = hist.probabilities()
+    extra = np.asarray(model.step_seconds(np.asarray(strategy.bounds)[index])) - np.asarray(
+        model.step_seconds(hist.lengths)
+    )
+    shares = []
+    for bucket in np.unique(index):
+        members = index == bucket
+        expected = steps * float(np.sum(probabilities[members]))
+        bound = int(strategy.bounds[bucket])
+        compile_seconds = float(model.compile_seconds_at(bound))
+        padding = steps * float(np.sum(probabilities[members] * extra[members]))
+        shares.append(
+            BucketShare(bound, expected, compile_seconds, compile_seconds / expected, padding, padding / expected)
+        )
+    return shares
 
 
 def oracle_seconds(hist: LengthHistogram, model: BucketCostModel, steps: int) -> float:
@@ -95,7 +136,7 @@ def optimal_buckets(
     m = len(candidates)
     x = [0.0] + (steps * np.asarray(model.step_seconds(candidates.astype(float)))).tolist()
     monotone = all(x[j] <= x[j + 1] for j in range(1, m))
-    compile_cost = model.compile_seconds
+    compile_cost = [0.0] + np.asarray(model.compile_seconds_at(candidates.astype(float))).tolist()
     previous = [0.0] + [math.inf] * m
     parents: list[list[int]] = []
     best_total, best_k = math.inf, 0
@@ -119,7 +160,7 @@ def optimal_buckets(
                 split = hull[pointer]
             else:
                 split = min(hull, key=lambda h: _line(h, x[j], previous, cumulative))
-            current[j] = compile_cost + x[j] * cumulative[j] + _line(split, x[j], previous, cumulative)
+            current[j] = compile_cost[j] + x[j] * cumulative[j] + _line(split, x[j], previous, cumulative)
             parent[j] = split
         parents.append(parent)
         if current[m] < best_total:

@@ -4,25 +4,97 @@ Both jobs build the model once and wrap it with torch.compile(dynamic=False), as
 compiles: every new padded length is a fresh compile, and a length seen before is a cache hit.
 Compile caches that outlive the process (inductor's FX-graph and AOTAutograd caches) are turned
 off, or a strategy would inherit another's compiles and look cheaper than it is.
+
+What a new shape costs is measured, not assumed (`probe_shapes`): the first step at the length
+minus a warm step, with the backend's compile counters read around the first step. On TorchTPU
+they are the device's (``torch.tpu._get_cache_stats()``: compilations, cache requests and hits,
+`devices/torchtpu.py`), so a first step that reused a compiled program is counted as a cache
+hit costing no compile; elsewhere dynamo's graph counter says whether the step compiled.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from tpu_tuner.devices import Backend
 from tpu_tuner.execution.step import run_user_step, step_function
-from tpu_tuner.execution.timer import timed_call
+from tpu_tuner.execution.timer import compile_delta, timed_call
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.model.bucket_cost import ShapeCost, compile_counter
 from tpu_tuner.model.workload import Workload, move_to
 from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 
+log = logging.getLogger(__name__)
+
 STEADY_STEPS = 5  # steady steps timed per length (median)
+
+
+@dataclass(frozen=True)
+class MeasuredPoint(BucketPoint):
+    """A `BucketPoint` with how it was measured: the first step, the counters (`ShapeCost`)."""
+
+    shape: ShapeCost | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredCosts(BucketCosts):
+    """`BucketCosts` with the device they were measured on, by name (e.g. "TPU v5e")."""
+
+    device_name: str = ""
+
+
+@dataclass(frozen=True)
+class MeasuredReplay(BucketReplay):
+    """`BucketReplay` with each bound's first use as measured (`ShapeCost`), in first-use order."""
+
+    shapes: list[ShapeCost] = field(default_factory=list)
+
+
+def probe_shapes(
+    steps: dict[int, Callable[[], Any]],
+    timed: Callable[[Callable[[], Any]], float],
+    events: Callable[[], dict[str, int]],
+    steady_steps: int = STEADY_STEPS,
+) -> list[ShapeCost]:
+    """What each length of `steps` (length -> its step, built) costs as a new shape.
+
+    Each length's first step is timed with the compile counters (`events`) read around it; then
+    `steady_steps` rounds time every length once, round-robin, as a bucketed stream alternates
+    shapes (timed back to back at one length they read faster than a replayed stream:
+    docs/bucketing.md). A warm step that still compiled is counted (`warm_compilations`)."""
+    first: dict[int, float] = {}
+    deltas: dict[int, dict[str, int]] = {}
+    for length, step in steps.items():
+        before = events()
+        first[length] = timed(step)
+        deltas[length] = compile_delta(before, events())
+    warm: dict[int, list[float]] = {length: [] for length in steps}
+    recompiled = dict.fromkeys(steps, 0)
+    for _ in range(steady_steps):
+        for length, step in steps.items():
+            before = events()
+            warm[length].append(timed(step))
+            delta = compile_delta(before, events())
+            if (name := compile_counter(delta)) is not None:
+                recompiled[length] += delta[name]
+    shapes = [
+        ShapeCost.measured(length, first[length], statistics.median(warm[length]), deltas[length], recompiled[length])
+        for length in steps
+    ]
+    for shape in shapes:
+        if shape.warm_compilations:
+            log.warning(
+                "length %d: the warm steps compiled %d more times, so its compile cost is a lower bound",
+                shape.length,
+                shape.warm_compilations,
+            )
+    return shapes
 
 
 class ShapeRunner:
@@ -46,68 +118,68 @@ class ShapeRunner:
 
     def step_at(self, length: int) -> Callable[[], Any]:
         """The step on a batch padded to `length` (its attention mask, if any, marks no padding:
-        the padded shape, not the mask, decides the work of a dense step)."""
+        the padded shape, not the mask, decides the work of a dense step). Building it makes and
+        moves the batch, so callers build it before timing the first step."""
         if length not in self._steps:
             inputs, target = self.workload.split_batch(self.workload.batch(self.batch_size, length))
             inputs, target = move_to(inputs, self.backend.device), move_to(target, self.backend.device)
-            self._steps[length] = step_function(
+            step = step_function(
                 self.workload, self.backend, self.candidate, self.forward, self.loss, self.optimizer, inputs, target
             )
+            what = f"a step at length {length}"
+            self._steps[length] = lambda: run_user_step(step, self.workload, what)
         return self._steps[length]
 
-    def first_call(self, length: int) -> float:
-        """Seconds of the first call at `length`, including its compile."""
-        self.backend.synchronize()
-        start = time.perf_counter()
-        run_user_step(self.step_at(length), self.workload, f"a step at length {length}")
-        self.backend.synchronize()
-        return time.perf_counter() - start
+    def probe(self, lengths: Sequence[int], steady_steps: int = STEADY_STEPS) -> list[ShapeCost]:
+        """`probe_shapes` over `lengths` on this runner's backend."""
+        steps = {int(length): self.step_at(int(length)) for length in lengths}
+        return probe_shapes(steps, self.timed, self.backend.compile_events, steady_steps)
 
-    def first_and_steady(self, length: int) -> tuple[float, float]:
-        """(seconds of the first call at `length`, including its compile; median steady step)."""
-        first = self.first_call(length)
-        steady = statistics.median(timed_call(self.step_at(length), self.backend) for _ in range(STEADY_STEPS))
-        return first, steady
+    def timed(self, step: Callable[[], Any]) -> float:
+        """Seconds of one call of `step`, synced with the device."""
+        return timed_call(step, self.backend)
 
 
-def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
+def run_bucket_costs(state: Any, request: BucketCostsRequest) -> MeasuredCosts:
     """Compile cost of a new shape and steady step time at each of the request's lengths.
 
     A throwaway compile at its `warmup_length` first pays the once-per-process costs
-    (dynamo and backend start-up) that a new shape in a running job does not pay again. Steady
-    steps are timed round-robin over the lengths, as a bucketed stream alternates shapes: timed
-    back to back at one length they read faster than a replayed stream (docs/bucketing.md)."""
+    (dynamo and backend start-up, the optimizer's state) that a new shape in a running job does
+    not pay again."""
     runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(request.candidate), request.batch_size)
-    runner.first_and_steady(int(request.warmup_length))
-    lengths = [int(length) for length in request.lengths]
-    first = {length: runner.first_call(length) for length in lengths}
-    samples: dict[int, list[float]] = {length: [] for length in lengths}
-    for _ in range(STEADY_STEPS):
-        for length in lengths:
-            samples[length].append(timed_call(runner.step_at(length), runner.backend))
-    points = []
-    for length in lengths:
-        steady = statistics.median(samples[length])
-        points.append(BucketPoint(length, max(0.0, first[length] - steady), steady))
-    return BucketCosts(points)
+    runner.probe([int(request.warmup_length)])
+    shapes = runner.probe([int(length) for length in request.lengths])
+    points: list[BucketPoint] = [
+        MeasuredPoint(shape.length, shape.compile_seconds, shape.warm_seconds, shape) for shape in shapes
+    ]
+    return MeasuredCosts(points, device_name=_device_name(state.backend))
 
 
-def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
+def run_bucket_replay(state: Any, request: BucketReplayRequest) -> MeasuredReplay:
     """Replay the request's `stream` (one length per step) under its `bounds`.
 
-    Each bound the stream needs is compiled on first use, timed as first call minus a steady step;
+    Each bound the stream needs is measured on first use as `probe_shapes` measures a length;
     every step of the stream is then timed at its padded length."""
     runner = ShapeRunner(state.workload, state.backend, Candidate.from_dict(request.candidate), request.batch_size)
-    runner.first_and_steady(int(request.warmup_length))
+    runner.probe([int(request.warmup_length)])
     bounds = sorted(int(b) for b in request.bounds)
-    stream = [int(length) for length in request.stream]
-    padded = [bounds[_bucket_index(bounds, length)] for length in stream]
-    compiles = {}
-    for bound in dict.fromkeys(padded):  # first-use order
-        first, steady = runner.first_and_steady(bound)
-        compiles[bound] = max(0.0, first - steady)
-    step_seconds = sum(timed_call(runner.step_at(bound), runner.backend) for bound in padded)
-    return BucketReplay(compile_seconds=compiles, step_seconds=step_seconds, steps=len(stream))
+    padded = [bounds[_bucket_index(bounds, int(length))] for length in request.stream]
+    shapes = [runner.probe([bound])[0] for bound in dict.fromkeys(padded)]  # first-use order
+    step_seconds = sum(runner.timed(runner.step_at(bound)) for bound in padded)
+    return MeasuredReplay(
+        compile_seconds={s.length: s.compile_seconds for s in shapes},
+        step_seconds=step_seconds,
+        steps=len(padded),
+        shapes=shapes,
+    )
+
+
+def _device_name(backend: Backend) -> str:
+    """The device's name (`Backend.device_name`), else its kind: a report names what it measured."""
+    try:
+        return str(backend.device_name())
+    except Exception:  # a name is a label; a backend that cannot give one still measured
+        return backend.kind
 
 
 def _bucket_index(bounds: list[int], length: int) -> int:
