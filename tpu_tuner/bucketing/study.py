@@ -33,14 +33,16 @@ from tpu_tuner.devices import get_backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compiled_with
 from tpu_tuner.model.bucket_choice import (
+    BucketShare,
     Evaluation,
     Strategy,
     baselines,
+    bucket_shares,
     evaluate,
     optimal_buckets,
     oracle_seconds,
 )
-from tpu_tuner.model.bucket_cost import BucketCostModel, fit_cost_model
+from tpu_tuner.model.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
@@ -60,12 +62,16 @@ class Replay:
     stream_steps: int
     stream_step_seconds: float
     total_seconds: float  # compile + steps x planned / stream
+    compilations: int | None = None  # the backend's compile counter over the bounds' first steps
+    cache_hits: int | None = None  # first steps at a bound that reused a compiled program
 
 
 @dataclass
 class BucketResult:
+    """The bucketing study: the sample, the measured cost model, the chosen bounds, the table."""
+
     workload: str
-    device: str
+    device: str  # the backend's kind ("tpu", "cpu")
     compile_backend: str
     samples: int
     distinct_lengths: int
@@ -82,8 +88,11 @@ class BucketResult:
     replays: list[Replay] = field(default_factory=list)
     replay_note: str = ""
     seconds: float = 0.0
+    device_name: str = ""  # the device measured on, by name ("TPU v5e"); the kind where none
+    chosen_shares: list[BucketShare] = field(default_factory=list)  # each chosen bucket's compile vs padding
 
     def to_dict(self) -> dict[str, Any]:
+        """buckets.json's content: every field, the histogram as lists, the chosen bounds."""
         data = asdict(self)
         data["histogram"] = {"lengths": self.histogram.lengths.tolist(), "counts": self.histogram.counts.tolist()}
         data["chosen_buckets"] = list(self.chosen.strategy.bounds)
@@ -126,10 +135,13 @@ def plan_buckets(
     )
     measured = _run_cold(workload.source, options, request, "measuring the cost model", workers_log)
     points = measured.points
+    # The worker's points carry how each length was measured (runner/bucket_jobs.py: ShapeCost).
+    shapes: list[ShapeCost] = [shape for p in points if (shape := getattr(p, "shape", None)) is not None]
     model = fit_cost_model(
-        [(p.length, p.step_seconds) for p in points], [(p.length, p.compile_seconds) for p in points]
+        [(p.length, p.step_seconds) for p in points], [(p.length, p.compile_seconds) for p in points], shapes
     )
-    emit(f"cost model: {model.describe()}")
+    device_name = getattr(measured, "device_name", "") or workload.device_name or backend.kind
+    emit(f"cost model on {device_name}: {model.describe()}")
 
     start = time.perf_counter()
     chosen_strategy = optimal_buckets(
@@ -154,6 +166,8 @@ def plan_buckets(
         oracle_seconds=oracle_seconds(hist, model, options.choice.planned_steps),
         optimiser_seconds=optimiser_seconds,
         histogram=hist,
+        device_name=device_name,
+        chosen_shares=bucket_shares(chosen_strategy, hist, model, options.choice.planned_steps),
     )
     if options.replay.steps:
         result.replays, result.replay_note = replay(
@@ -199,6 +213,7 @@ def replay(
         )
         value = _run_cold(source, options, request, f"replaying {strategy.name}", workers_log)
         compile_seconds = float(sum(value.compile_seconds.values()))
+        shapes = [s for s in getattr(value, "shapes", []) if s.counter is not None]
         replays.append(
             Replay(
                 strategy.name,
@@ -207,6 +222,8 @@ def replay(
                 len(stream),
                 value.step_seconds,
                 compile_seconds + scale * value.step_seconds,
+                sum(s.compilations or 0 for s in shapes) if shapes else None,
+                sum(1 for s in shapes if s.cache_hit) if shapes else None,
             )
         )
     note = (
@@ -217,13 +234,24 @@ def replay(
     return replays, note
 
 
+# TorchTPU's persistent compilation cache folder (torch-tpu 0.2.0's C++ runtime reads it; its
+# Tier-2 cache is off for one process): a worker given a warm one would load, not compile, shapes.
+TORCHTPU_CACHE_VARIABLE = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+
+
 @contextlib.contextmanager
 def cold_compile_env() -> Iterator[dict[str, str]]:
-    """A fresh, empty inductor cache folder for one worker, removed afterwards: inductor keeps
-    compiled kernels on disk across processes, so without it a strategy would reuse kernels an
-    earlier one compiled for the same shape and look cheaper (docs/bucketing.md)."""
+    """Fresh, empty compile cache folders for one worker, removed afterwards: inductor keeps
+    compiled kernels on disk across processes, and TorchTPU its executables where a run folder
+    or the user names a Tier-3 cache, so without them a strategy would reuse programs an earlier
+    one compiled for the same shape and look cheaper (docs/bucketing.md)."""
     with tempfile.TemporaryDirectory(prefix="tpu-tune-inductor-") as folder:
-        yield {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
+        os.makedirs(os.path.join(folder, "torchtpu"))
+        yield {
+            "TORCHINDUCTOR_CACHE_DIR": folder,
+            "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+            TORCHTPU_CACHE_VARIABLE: os.path.join(folder, "torchtpu"),
+        }
 
 
 def _summary(hist: LengthHistogram) -> dict[str, float]:

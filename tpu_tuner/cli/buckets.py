@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, choose and compare buckets; write the run folder and print the table."""
+    from tpu_tuner.bucketing.measured import measurement_lines
     from tpu_tuner.bucketing.options import SECTIONS, BucketOptions
     from tpu_tuner.bucketing.study import plan_buckets
     from tpu_tuner.core.run_folder import new_run_dir
@@ -51,5 +52,6 @@ def run(args: argparse.Namespace) -> int:
         workers_log.move_into(run_dir)
     print()
     print(render_terminal(result))
+    print("\n".join(measurement_lines(result)))
     print(f"\nwrote {run_dir}/ ({', '.join(written)})")
     return 0

@@ -188,7 +188,34 @@ def buckets_section(collection: Collection) -> str:
             f"{esc(run)}</a></h3><p>chosen bounds {esc(', '.join(map(str, data['chosen_buckets'])))}"
             + (f"; padding waste {waste:.1%}" if finite(waste) else "")
             + "</p>"
+            + _measured_costs(data)
             + figure_html(plots.buckets(data), f"length histogram and chosen buckets, {run}", "")
             + "</section>"
         )
     return "".join(out)
+
+
+def _measured_costs(data: dict[str, Any]) -> str:
+    """What the study measured on its device: compile seconds per new shape with the backend's
+    counters, and what the chosen buckets pay in padding against compiles ('' for a result
+    written before these were kept)."""
+    shapes = (data.get("cost_model") or {}).get("shapes") or []
+    chosen = data.get("chosen") or {}
+    if not shapes or not finite(chosen.get("padding_seconds")):
+        return ""
+    device = data.get("device_name") or data.get("device") or "the device"
+    seconds = [float(s["compile_seconds"]) for s in shapes]
+    counted = [s for s in shapes if s.get("counter")]
+    counts = (
+        f" ({sum(1 for s in counted if s.get('compilations'))} compiled, "
+        f"{sum(1 for s in counted if s.get('compilations') == 0 and s.get('cache_hits'))} cache hits by "
+        f"{esc(counted[0]['counter'])})"
+        if counted
+        else " (no compile counter)"
+    )
+    return (
+        f'<p class="note">measured on {esc(device)}: {len(shapes)} new shapes, '
+        f"{min(seconds):.2f}-{max(seconds):.2f} s compile each{counts}; over {data.get('steps')} steps the chosen "
+        f"buckets pay {chosen['padding_seconds']:,.1f} s of padding against {chosen['compile_seconds']:,.1f} s "
+        "of compiles</p>"
+    )
