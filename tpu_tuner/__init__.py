@@ -35,6 +35,7 @@ _EXPORTS = {
     "TuneOptions": "tpu_tuner.tuning",
     "TuningResult": "tpu_tuner.tuning",
     "tune": "tpu_tuner.api",
+    "study_storage": "tpu_tuner.api",
     "TransformerDims": "tpu_tuner.model.workload",
     "Workload": "tpu_tuner.model.workload",
     "PlanOptions": "tpu_tuner.planner.plan",
@@ -78,5 +79,6 @@ __all__ = [
     "profile",
     "save_buckets",
     "save_profile",
+    "study_storage",
     "tune",
 ]

@@ -22,6 +22,8 @@ from tpu_tuner.tuning.study import run_tuning
 from tpu_tuner.tuning.study_admin import finish_study as _finish_study
 
 if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
     from tpu_tuner.runner.host_jobs import FollowEnd
 
 
@@ -140,6 +142,19 @@ def _environments(nproc: int, nnodes: int) -> Callable[[str | None], Environment
         return decided[backend.kind]
 
     return environments
+
+
+def study_storage(url: str) -> BaseStorage:
+    """The storage of tpu-tune's studies at `url`, opened as Optuna's own tools take it: a
+    PostgreSQL server keeps its studies in tpu-tune's journal tables, which Optuna cannot open by
+    URL, so ``optuna.load_study(study_name=NAME, storage=tpu_tuner.study_storage(URL))`` reads
+    one, and ``optuna_dashboard.run_server(tpu_tuner.study_storage(URL))`` shows it (as
+    `tpu-tune study dashboard` does). SQLite and MySQL studies are Optuna's RDB storage as usual."""
+    from tpu_tuner.studies.liveness import read_storage
+    from tpu_tuner.studies.storage import check_storage
+
+    check_storage(url)  # a bad URL or an unreachable server is one line, without the password
+    return read_storage(url)
 
 
 def finish_study(

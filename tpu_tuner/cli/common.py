@@ -94,14 +94,19 @@ __all__ = [
 
 def dashboard_lines(run_dir: Path, storage: str) -> list[str]:
     """Where to look at a finished run: tpu-tune's own dashboard of its results folder, and
-    Optuna's over the study where optuna-dashboard is installed (no extra of this package installs
-    it, so it is not suggested where it would only fail) and the storage is one it opens."""
+    Optuna's over the study where optuna-dashboard is installed (the `postgres` extra installs it;
+    it is not suggested where it would only fail): by URL where Optuna opens the storage, through
+    `tpu-tune study dashboard` for a PostgreSQL journal, which it cannot open by URL."""
     import importlib.util
 
     from tpu_tuner.core.credentials import redact
     from tpu_tuner.studies.storage import keeps_journal
 
     lines = [f"dashboard tpu-tune dashboard {run_dir.parent}"]
-    if importlib.util.find_spec("optuna_dashboard") is not None and "://" in storage and not keeps_journal(storage):
+    if importlib.util.find_spec("optuna_dashboard") is None or "://" not in storage:
+        return lines
+    if keeps_journal(storage):
+        lines.append(f"          tpu-tune study dashboard --storage {redact(storage)}")
+    else:
         lines.append(f"          optuna-dashboard {redact(storage)}")
     return lines

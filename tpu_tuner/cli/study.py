@@ -1,4 +1,6 @@
-"""`tpu-tune study status|finish`: a study shared by several workers (--study), seen or finished."""
+"""`tpu-tune study status|finish|dashboard`: a study shared by several workers (--study), seen,
+finished, or shown in optuna-dashboard (whose own command cannot open tpu-tune's PostgreSQL journal
+by URL: `tpu_tuner.study_storage` opens it for Optuna's tools)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ DESCRIPTION = "See how far a shared study is, or verify its best once on this ho
 ACTIONS = (
     ("status", "trials done / running / failed, per worker, and the best so far"),
     ("finish", "verify the best against the baseline on this host, once; write the run folder"),
+    ("dashboard", "serve optuna-dashboard over the storage's studies (pip install optuna-dashboard)"),
 )
+DASHBOARD_PORT = 8080  # optuna-dashboard's own default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             STORAGE.adapted(help="the study's storage URL (default: $TPU_TUNE_STORAGE, else OUT/studies.db)"),
             "storage",
         )
-        add_flag(sub, STUDY.adapted(required=True), "study")
         add_out(sub)
+        if action == "dashboard":
+            sub.add_argument("--host", default="127.0.0.1", help="the address to serve on (default %(default)s)")
+            sub.add_argument("--port", type=int, default=DASHBOARD_PORT, help="the port (default %(default)s)")
+            continue
+        add_flag(sub, STUDY.adapted(required=True), "study")
         if action == "finish":
             sub.add_argument(
                 "--model",
@@ -50,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
     check_storage(storage)
+    if args.action == "dashboard":
+        return _serve_dashboard(storage, args.host, args.port)
     if args.action == "status":
         from tpu_tuner.tuning.study_admin import study_status
 
@@ -63,4 +73,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"results   {result.run_dir}/ (tuned_config.toml, report.md, trials.csv, plots)")
     for line in dashboard_lines(result.run_dir, storage):
         print(line)
+    return 0
+
+
+def _serve_dashboard(storage: str, host: str, port: int) -> int:
+    """optuna-dashboard over `storage` until interrupted (a PostgreSQL study is in tpu-tune's
+    journal, which `optuna-dashboard URL` cannot open: this passes it the opened storage)."""
+    import importlib.util
+
+    from tpu_tuner.api import study_storage
+    from tpu_tuner.core.credentials import redact
+    from tpu_tuner.core.errors import UserInputError
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        raise UserInputError("tpu-tune study dashboard needs optuna-dashboard: pip install optuna-dashboard")
+    import optuna_dashboard
+
+    print(f"dashboard optuna-dashboard over {redact(storage)} at http://{host}:{port}/ (Ctrl-C stops it)")
+    optuna_dashboard.run_server(study_storage(storage), host=host, port=port)
     return 0
