@@ -24,8 +24,8 @@ Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positio
   whose router and gate / up / down projections carry biases, the clamped SwiGLU (``swiglu_alpha``,
   ``swiglu_limit``), attention biases and sinks, sliding-window layers alternating with global ones.
 
-Sliding-window attention is read from ``sliding_window`` and ``layer_types`` (every layer local, as
-in Mistral v0.1, or every N-th layer global: Gemma 2 and 3); an irregular pattern is not
+Sliding windows and chunks are read by model/attention_pattern.py (every layer local, as in
+Mistral v0.1, or every N-th layer global: Gemma 2 and 3, Llama 4); an irregular pattern is not
 expressible. What changes neither parameters nor the matmul FLOPs is left out: Gemma's embedding
 scale and (1 + w) norm scale, Gemma 2's logit soft-capping, rope scaling, the local layers' own
 rope theta (Gemma 3). A config the decoder cannot express raises
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.model.attention_pattern import read_attention
 from tpu_tuner.model.decoder_shape import DecoderShape
 
 if TYPE_CHECKING:
@@ -93,22 +94,15 @@ def _attention(config: PretrainedConfig) -> dict[str, Any]:
 
 
 def attention_pattern(config: PretrainedConfig) -> dict[str, Any]:
-    """The shape keys of the config's sliding-window layers (none without a window, or with one
-    no shorter than the longest sequence): every layer local, or every N-th global as
-    ``layer_types`` lists them."""
-    window = getattr(config, "sliding_window", None) or 0
-    types = list(getattr(config, "layer_types", None) or [])
-    if window >= (max_positions(config) or window + 1):
-        window = 0  # a window as long as every sequence the config allows: global attention
-    if not window or (types and all(kind == "full_attention" for kind in types)):
-        return {}
-    full = [kind == "full_attention" for kind in types]
-    if not any(full):
-        return {"sliding_window": window}
-    every = full.index(True) + 1
-    if any(is_full != ((i + 1) % every == 0) for i, is_full in enumerate(full)):
-        raise NotExpressible(f"the layer pattern {types} is not every N-th layer global: not expressible")
-    return {"sliding_window": window, "global_every": every}
+    """The decoder's shape keys of the config's attention, as model/attention_pattern.py reads it:
+    none where every layer is global; every layer local, or every N-th layer global; another
+    pattern (windows of different sizes, global layers not every N-th) is not expressible."""
+    try:
+        window, chunk, every = read_attention(config).periodic()
+    except ValueError as exc:
+        raise NotExpressible(f"{exc}: not expressible") from exc
+    keys = {"sliding_window": window} if window else {"attention_chunk": chunk} if chunk else {}
+    return {**keys, "global_every": every} if keys and every else keys
 
 
 def _llama_like(config: PretrainedConfig, activation: str = "hidden_act", **extra: Any) -> dict[str, Any]:
@@ -205,13 +199,13 @@ def _llama4(config: PretrainedConfig) -> dict[str, Any]:
     layers = config.num_hidden_layers
     step = config.interleave_moe_layer_step
     moe = set(getattr(config, "moe_layers", None) or range(step - 1, layers, step))
-    nope = [i for i, rope in enumerate(config.no_rope_layers) if not rope]
+    every = attention_pattern(config).get("global_every", 0)
     pattern: dict[str, Any] = {}
-    if config.attention_chunk_size and nope:
-        every = nope[0] + 1
+    if every:  # the global layers turn no positions: they must be the NoPE layers
+        nope = [i for i, rope in enumerate(config.no_rope_layers) if not rope]
         if nope != list(range(every - 1, layers, every)):
-            raise NotExpressible(f"the NoPE layers {nope} are not every N-th layer: not expressible")
-        pattern = {"attention_chunk": config.attention_chunk_size, "global_every": every, "global_rope": False}
+            raise NotExpressible(f"the NoPE layers {nope} are not every {every}-th layer: not expressible")
+        pattern = {"global_rope": False}
     return _llama_like(
         config,
         mlp=config.intermediate_size_mlp,

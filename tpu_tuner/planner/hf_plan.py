@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.model.attention_pattern import read_attention, warn_unread
 from tpu_tuner.model.blocks import blocks_of
 from tpu_tuner.model.decoder import Decoder, decoder_module
 from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape, max_positions, not_expressible
@@ -58,6 +59,7 @@ def planned_workload(source: str | Path) -> Workload:
     hf = parse(text)
     config = load_config(hf)
     _check_causal_lm(config, hf)
+    warn_unread(read_attention(config), config.model_type)  # on either route: never silently global
     name = hf.name
     try:
         shape = decoder_shape(config)
@@ -185,8 +187,8 @@ def planner_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface answered by scaled_dot_product_attention, causal and
     unmasked (a training batch of whole sequences), which the compiled program turns into the
-    sharded flash kernel. Sliding windows and soft-capping are left out: flash attention's cost
-    does not discount a window, and a cap adds no matmul."""
+    sharded flash kernel. Sliding windows and soft-capping are left out of the program (a cap adds
+    no matmul); the model FLOPs still count a local layer by its window (`_traced`'s spans)."""
     import torch.nn.functional as F
 
     out = F.scaled_dot_product_attention(
@@ -207,6 +209,9 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
     if dims is None:
         raise UserInputError(f"a {config.model_type} config without layers, heads and width to plan", text)
     kv_heads = getattr(config, "num_key_value_heads", None) or dims["heads"]
+    # The model FLOPs follow the config's pattern (local layers by their window or chunks), whatever
+    # the traced program computes.
+    spans = read_attention(config, dims["layers"]).spans(dims["heads"], dims["head_dim"])
 
     def build_model() -> nn.Module:
         import transformers
@@ -237,7 +242,7 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
         name,
         config,
         note,
-        TransformerDims(dims["layers"], dims["heads"], dims["head_dim"], True),
+        TransformerDims(dims["layers"], dims["heads"], dims["head_dim"], True, spans),
     )
 
 

@@ -20,7 +20,7 @@ from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
-from tpu_tuner.planner.hf_plan import check_seq_len, planned_workload, source_digest
+from tpu_tuner.planner.hf_plan import TracedCausalLM, check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
@@ -188,7 +188,8 @@ def build_problem(
             workload.source,
         )
     window = max((max(span.window, span.chunk) for span in (transformer.spans if transformer else ())), default=0)
-    if window > seq_len:
+    # The generic decoder compiles the window into its kernel; a traced model's FLOPs only count it.
+    if window > seq_len and not isinstance(meta_model, TracedCausalLM):
         raise UserInputError(
             f"the local layers' window or chunk ({window}) is larger than the sequence ({seq_len}): "
             "plan a longer --seq, or the model as global attention",
