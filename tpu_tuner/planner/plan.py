@@ -19,7 +19,7 @@ from tpu_tuner.planner.evaluate import evaluate, judged
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
+from tpu_tuner.planner.result import LayoutPlan, PlanResult, attention_layers, result_of
 from tpu_tuner.planner.search import search
 from tpu_tuner.planner.space import PlanPoint, invalid_reason
 from tpu_tuner.planner.topology import parse_topology
@@ -35,6 +35,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     with CompilePool(options.compile.workers, options.compile.log_file, options.compile.compile_timeout_s) as pool:
         emit = progress or (lambda message: None)
         problem = build_problem(model_file, options, topology, emit)
+        emit(f"attention: {attention_layers(problem)}")  # what each layer group runs, as the FLOPs count it
         if options.search.active:
             return search(problem, options, pool, emit, started)
         return enumerated(problem, options, pool, emit, started)

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tpu_tuner.model.attention_pattern import describe_spans
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.band import ErrorBand, Place
 from tpu_tuner.planner.compiled_step import CompiledStep
@@ -73,6 +74,7 @@ class PlanResult:
     weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
     quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
     optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
+    attention: str = ""  # each layer group's attention: "36 layers sliding window 4096, 12 layers global (every 4th)"
 
     @property
     def best(self) -> LayoutPlan | None:
@@ -137,9 +139,13 @@ def result_of(
         global_batch=problem.global_batch,
         seq_len=problem.seq_len,
         remat=remat,
-        attention_convention="causal attention counted as half (MaxText)"
-        if problem.attention == "causal"
-        else "full attention (PaLM / torchtitan / nanoGPT)",
+        # The reports print the convention beside the model FLOPs: the layers' attention goes with it.
+        attention_convention=(
+            "causal attention counted as half (MaxText)"
+            if problem.attention == "causal"
+            else "full attention (PaLM / torchtitan / nanoGPT)"
+        )
+        + f"; attention: {attention_layers(problem)}",
         model_flops_per_step=problem.model_flops,
         matmul_parameters=problem.matmul_parameters,
         plans=plans,
@@ -165,7 +171,13 @@ def result_of(
         weight_dtype=problem.weight_dtype,
         quantization=problem.quantization,
         optimizer=problem.optimizer,
+        attention=attention_layers(problem),
     )
+
+
+def attention_layers(problem: PlanProblem) -> str:
+    """Each layer group's attention as the plan's FLOPs count it ("48 layers global")."""
+    return describe_spans(problem.spans, problem.dims.shape.n_layers)
 
 
 def _multislice(topology: Topology, dcn_step_seconds: float) -> str:
@@ -192,4 +204,4 @@ def _multislice(topology: Topology, dcn_step_seconds: float) -> str:
     )
 
 
-__all__ = ["LayoutPlan", "PlanResult", "result_of"]
+__all__ = ["LayoutPlan", "PlanResult", "attention_layers", "result_of"]
