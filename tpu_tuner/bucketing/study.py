@@ -29,6 +29,7 @@ import numpy as np
 from tpu_tuner.bucketing.options import BucketOptions
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.core.field_types import check_field_types
+from tpu_tuner.core.tpu_host import TORCHTPU_CACHE_VARIABLE
 from tpu_tuner.devices import get_backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compiled_with
@@ -136,11 +137,11 @@ def plan_buckets(
     measured = _run_cold(workload.source, options, request, "measuring the cost model", workers_log)
     points = measured.points
     # The worker's points carry how each length was measured (runner/bucket_jobs.py: ShapeCost).
-    shapes: list[ShapeCost] = [shape for p in points if (shape := getattr(p, "shape", None)) is not None]
+    shapes: list[ShapeCost] = [p.shape for p in points if p.shape is not None]
     model = fit_cost_model(
         [(p.length, p.step_seconds) for p in points], [(p.length, p.compile_seconds) for p in points], shapes
     )
-    device_name = getattr(measured, "device_name", "") or workload.device_name or backend.kind
+    device_name = measured.device_name or workload.device_name or backend.kind
     emit(f"cost model on {device_name}: {model.describe()}")
 
     start = time.perf_counter()
@@ -213,7 +214,7 @@ def replay(
         )
         value = _run_cold(source, options, request, f"replaying {strategy.name}", workers_log)
         compile_seconds = float(sum(value.compile_seconds.values()))
-        shapes = [s for s in getattr(value, "shapes", []) if s.counter is not None]
+        shapes = [s for s in value.shapes if s.counter is not None]
         replays.append(
             Replay(
                 strategy.name,
@@ -232,11 +233,6 @@ def replay(
         f"{options.choice.planned_steps} steps"
     )
     return replays, note
-
-
-# TorchTPU's persistent compilation cache folder (torch-tpu 0.2.0's C++ runtime reads it; its
-# Tier-2 cache is off for one process): a worker given a warm one would load, not compile, shapes.
-TORCHTPU_CACHE_VARIABLE = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,27 +32,6 @@ from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoi
 log = logging.getLogger(__name__)
 
 STEADY_STEPS = 5  # steady steps timed per length (median)
-
-
-@dataclass(frozen=True)
-class MeasuredPoint(BucketPoint):
-    """A `BucketPoint` with how it was measured: the first step, the counters (`ShapeCost`)."""
-
-    shape: ShapeCost | None = None
-
-
-@dataclass(frozen=True)
-class MeasuredCosts(BucketCosts):
-    """`BucketCosts` with the device they were measured on, by name (e.g. "TPU v5e")."""
-
-    device_name: str = ""
-
-
-@dataclass(frozen=True)
-class MeasuredReplay(BucketReplay):
-    """`BucketReplay` with each bound's first use as measured (`ShapeCost`), in first-use order."""
-
-    shapes: list[ShapeCost] = field(default_factory=list)
 
 
 def probe_shapes(
@@ -140,7 +118,7 @@ class ShapeRunner:
         return timed_call(step, self.backend)
 
 
-def run_bucket_costs(state: Any, request: BucketCostsRequest) -> MeasuredCosts:
+def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
     """Compile cost of a new shape and steady step time at each of the request's lengths.
 
     A throwaway compile at its `warmup_length` first pays the once-per-process costs
@@ -150,12 +128,12 @@ def run_bucket_costs(state: Any, request: BucketCostsRequest) -> MeasuredCosts:
     runner.probe([int(request.warmup_length)])
     shapes = runner.probe([int(length) for length in request.lengths])
     points: list[BucketPoint] = [
-        MeasuredPoint(shape.length, shape.compile_seconds, shape.warm_seconds, shape) for shape in shapes
+        BucketPoint(shape.length, shape.compile_seconds, shape.warm_seconds, shape=shape) for shape in shapes
     ]
-    return MeasuredCosts(points, device_name=_device_name(state.backend))
+    return BucketCosts(points, device_name=_device_name(state.backend))
 
 
-def run_bucket_replay(state: Any, request: BucketReplayRequest) -> MeasuredReplay:
+def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
     """Replay the request's `stream` (one length per step) under its `bounds`.
 
     Each bound the stream needs is measured on first use as `probe_shapes` measures a length;
@@ -166,7 +144,7 @@ def run_bucket_replay(state: Any, request: BucketReplayRequest) -> MeasuredRepla
     padded = [bounds[_bucket_index(bounds, int(length))] for length in request.stream]
     shapes = [runner.probe([bound])[0] for bound in dict.fromkeys(padded)]  # first-use order
     step_seconds = sum(runner.timed(runner.step_at(bound)) for bound in padded)
-    return MeasuredReplay(
+    return BucketReplay(
         compile_seconds={s.length: s.compile_seconds for s in shapes},
         step_seconds=step_seconds,
         steps=len(padded),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from tpu_tuner.metrics.flops import AttentionConvention
+    from tpu_tuner.model.bucket_cost import ShapeCost
     from tpu_tuner.profiling.settings import ProfilerSettings
 
 
@@ -119,6 +120,7 @@ class BucketPoint:
     length: int
     compile_seconds: float
     step_seconds: float
+    shape: ShapeCost | None = None  # how it was measured: the first step, the backend's counters
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class BucketCosts:
     """The cost of each length measured, in the order asked."""
 
     points: list[BucketPoint]
+    device_name: str = ""  # the device they were measured on, by name (e.g. "TPU v5e")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class BucketReplay:
     compile_seconds: dict[int, float]
     step_seconds: float
     steps: int
+    shapes: list[ShapeCost] = field(default_factory=list)  # each bound's first use as measured, in order
 
 
 @dataclass(frozen=True)

@@ -386,5 +386,12 @@ def _bucketing_context(
             f"measuring step time against length failed ({measured.failure.kind}): {measured.failure.message}",
             workload.source,
         )
-    points = [(p.length, p.step_seconds) for p in measured.value.points]
-    return BucketingContext(hist, fit_cost_model(points, []), reference, objective.max_buckets, objective.bucket_align)
+    points = measured.value.points
+    # The compile cost per new length as measured (a curve C(L) where the lengths' compiles differ,
+    # on TorchTPU confirmed by its counters): each trial's compile is scaled along it.
+    model = fit_cost_model(
+        [(p.length, p.step_seconds) for p in points],
+        [(p.length, p.compile_seconds) for p in points],
+        [p.shape for p in points if p.shape is not None],
+    )
+    return BucketingContext(hist, model, reference, objective.max_buckets, objective.bucket_align)
