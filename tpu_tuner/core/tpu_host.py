@@ -27,6 +27,10 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+# TorchTPU's persistent ("Tier-3") compilation cache: the root folder its C++ runtime reads from
+# this variable (named in torch-tpu 0.2.0's libpywrap_2_13_0_common.so): the run folder's workers
+# share one (devices/torchtpu.py), the bucketing study gives each worker an empty one.
+TORCHTPU_CACHE_VARIABLE = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 GOOGLE_PCI_VENDOR = "0x1ae0"
 # Google's PCI device ids of TPU chips (torch-tpu 0.2.0's hardware table). Google's vendor id alone

@@ -23,7 +23,7 @@ import torch
 from tpu_tuner.core import tpu_host
 from tpu_tuner.core.errors import BackendError, UserInputError
 from tpu_tuner.core.hardware import tpu_chip_for_name
-from tpu_tuner.core.tpu_host import tpu_chips_on_host
+from tpu_tuner.core.tpu_host import TORCHTPU_CACHE_VARIABLE, tpu_chips_on_host
 from tpu_tuner.devices.base import Backend, DeviceInfo, DevicePeak
 from tpu_tuner.devices.torchtpu_api import (
     EAGER_MODE_ENUM,
@@ -41,11 +41,10 @@ MIN_LIBTPU = (0, 0, 50)
 XPROF_DIR_VARIABLE = "TPU_TUNE_XPROF_DIR"
 # Set by a process whose installed torch-tpu passed the API check, to that version.
 API_CHECKED_VARIABLE = "TPU_TUNE_TORCHTPU_API_CHECKED"
-# TorchTPU's persistent ("Tier-3") compilation cache: the root folder its C++ runtime reads from
-# this variable (named in 0.2.0's libpywrap_2_13_0_common.so), kept in the run folder under
+# TorchTPU's persistent compilation cache (core/tpu_host.py), kept in the run folder under
 # COMPILATION_CACHE_FOLDER so that a restarted worker, the verification and a resume reuse the
 # search's compiles. Its Tier-2 cache is off for a world size of 1 ("disabled for world size 1").
-COMPILATION_CACHE_VARIABLE = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+COMPILATION_CACHE_VARIABLE = TORCHTPU_CACHE_VARIABLE
 COMPILATION_CACHE_FOLDER = "torchtpu_cache"
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tpu_tuner.core.tpu_host import TORCHTPU_CACHE_VARIABLE
 from tpu_tuner.devices.torchtpu_package import (
     installed_version,
     package_folder,
@@ -113,10 +114,12 @@ PROCESS_GROUP_BACKEND = "tpu_dist"
 # libtpu's start-up flags (the libtpu_flags knob appends a set to the user's value); its name is
 # also in TorchTPU's glue library, which is where the check finds it.
 LIBTPU_FLAGS_VARIABLE = "LIBTPU_INIT_ARGS"
-# Start-up variables of the eager modes, read only by TorchTPU's C++ runtime, and libtpu's flags.
+# Start-up variables of the eager modes, read only by TorchTPU's C++ runtime, libtpu's flags and
+# the persistent compilation cache's root (core/tpu_host.py).
 ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     *(name for env in EAGER_MODE_ENV.values() for name in env),
     LIBTPU_FLAGS_VARIABLE,
+    TORCHTPU_CACHE_VARIABLE,
 )
 # The host's place in a multi-host slice, as `set_tpu_launch_env(nnodes=...)` decides it.
 NODE_RANK_VARIABLE = "NODE_RANK"
