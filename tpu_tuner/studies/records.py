@@ -71,6 +71,11 @@ ESTIMATE_ERROR = "estimate_error"
 ESTIMATE_NOTE = "estimate_note"
 STEP_MEDIAN_S = "step_median_s"
 COMPILE_S = "compile_s"
+# Where the rest of a measured trial's wall time went (studies/trial_costs.py): its worker's
+# start-up, its steps at their steady speed, and the overhead left.
+WORKER_START_S = "worker_start_s"
+STEPS_S = "steps_s"
+OVERHEAD_S = "overhead_s"
 AMORTISED_STEP_S = "amortised_step_s"
 MFU = "mfu"
 BUCKETS = "buckets"

@@ -5,8 +5,6 @@ start-up (as the parent saw it: process start to the worker's READY, 0 on a warm
 steps at their steady speed (warm-up beyond the compile, and the timed steps) and the rest, the
 overhead (the reference and the accuracy check, the memory estimate, the model's build, re-timing,
 the pipe). Issue 56: on a TPU v5e chip a worker's start was about 15 s a trial.
-
-The keys belong with the others in `records.py`; they are named here, once, until they move.
 """
 
 from __future__ import annotations
@@ -14,11 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
+from tpu_tuner.studies.records import OVERHEAD_S, STEPS_S, WORKER_START_S
 
-# Stored keys and trials.csv's columns: a file format, never renamed.
-WORKER_START_S = "worker_start_s"
-STEPS_S = "steps_s"
-OVERHEAD_S = "overhead_s"
+# trials.csv's columns, in order.
 COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S)
 
 
