@@ -326,3 +326,11 @@ def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the
     first = optuna.load_study(study_name="lost", storage=url).get_trials()[0]
     assert first.state == TrialState.FAIL and records.WORKER not in first.user_attrs  # its claim refused
     assert "trial 0 was failed as lost by another worker before it was evaluated here" in caplog.text
+
+
+def test_a_timeout_given_without_a_start_counts_from_the_loops_start() -> None:
+    """Issue 58: `Rules.started` defaulted to 0 (a perf_counter reading, hours ago), so a timeout
+    given alone stopped the loop at once, before any trial."""
+    study = optuna.create_study()
+    end = run_loop(study, Scripted(), Rules(budget=4, timeout_s=3600.0), _worker())
+    assert end.reason == "budget" and end.spent == 4

@@ -52,7 +52,8 @@ class Rules:
       (not with ``queue_only``, whose empty batch means an empty queue).
     * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
     * ``space_size``: stop once this many distinct settings are settled.
-    * ``timeout_s``: stop asking this long after ``started`` (a `time.perf_counter` reading).
+    * ``timeout_s``: stop asking this long after ``started`` (a `time.perf_counter` reading;
+      None: when the loop starts, so a timeout given alone counts from there, not from 0).
     """
 
     budget: int
@@ -64,7 +65,7 @@ class Rules:
     max_idle_asks: int | None = None
     space_size: int | None = None
     timeout_s: float | None = None
-    started: float = 0.0
+    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ def run_loop(
     `worker.storage` (None: a study in memory) keeps the trials' heartbeats; `watch` also fails
     trials seen running longer than any trial can run."""
     storage = worker.storage
+    started = time.perf_counter() if rules.started is None else rules.started
     asked = idle = 0
     waiting = False
     while True:
@@ -202,7 +204,7 @@ def run_loop(
             spent += sum(1 for t in running if feature.holds_claim(t) is True)
         if spent >= rules.budget:
             return LoopEnd(StopReason.BUDGET, spent, idle)
-        if rules.timeout_s and time.perf_counter() - rules.started > rules.timeout_s:
+        if rules.timeout_s and time.perf_counter() - started > rules.timeout_s:
             return LoopEnd(StopReason.TIMEOUT, spent, idle)
         if (reason := feature.stop_reason()) is not None:
             return LoopEnd(reason, spent, idle)
