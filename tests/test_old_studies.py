@@ -23,9 +23,19 @@ from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.tuning import trial_attrs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
-# Keys whose stored form changed since the fixture was written (a knob and the memory estimate
-# added): compared as what they read back as, or not at all where the old study had none.
-SINCE = ("candidate", records.MEASUREMENT, records.ESTIMATED_PEAK_BYTES, records.ESTIMATE_ERROR, records.ESTIMATE_NOTE)
+# Keys whose stored form changed since the fixture was written (a knob, the memory estimate and
+# the trial's cost split added): compared as what they read back as, or not at all where the old
+# study had none.
+SINCE = (
+    "candidate",
+    records.MEASUREMENT,
+    records.ESTIMATED_PEAK_BYTES,
+    records.ESTIMATE_ERROR,
+    records.ESTIMATE_NOTE,
+    records.WORKER_START_S,
+    records.STEPS_S,
+    records.OVERHEAD_S,
+)
 
 
 @pytest.fixture
