@@ -39,6 +39,8 @@ class LayoutPlan:
     # An offloading program whose HBM allocation is over the limit and which the compiler accepted
     # (CompiledStep.fits_in): it fits, with an unknown margin (margin_bytes 0).
     over_limit_accepted: bool = False
+    # The HBM estimate before compiling, by term, with "total" and the "limit" (memory_estimate.py).
+    memory_estimate: dict[str, float] | None = None
 
     @property
     def point(self) -> PlanPoint:
