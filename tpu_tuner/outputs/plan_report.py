@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 from tpu_tuner.core.failures import FailureKind, is_compiler_out_of_memory
 from tpu_tuner.core.units import binary_bytes, ms, si
 from tpu_tuner.outputs.figure_file import save_figure
+from tpu_tuner.planner.memory_estimate import estimate_text
 from tpu_tuner.planner.plan import LayoutPlan, PlanResult
 
 
@@ -51,7 +52,7 @@ def table_rows(result: PlanResult) -> list[list[str]]:
             [
                 str(rank),
                 point_label(p),
-                hbm_status(p),
+                hbm_status(p) + (f"; {estimate_text(p.memory_estimate)}" if p.memory_estimate else ""),
                 binary_bytes(c.peak_bytes) if not c.error else "n/a",
                 si(c.flops, "FLOP") if not c.error else "n/a",
                 binary_bytes(c.bytes_accessed) if not c.error else "n/a",

@@ -13,6 +13,7 @@ from tpu_tuner.core.errors import UserInputError, first_text_line
 from tpu_tuner.core.failures import is_compiler_out_of_memory, unknown_compile_option
 from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned, extrapolate_depth
+from tpu_tuner.planner.memory_estimate import estimate_record
 from tpu_tuner.planner.predict import predict
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.result import LayoutPlan
@@ -215,6 +216,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         accumulation=point.accumulation,
         per_device_batch=batch,
         lower_bound_bytes=bound,
+        memory_estimate=estimate_record(problem, point),
     )
     if full.error:
         return plan_of(False, 0.0, f"the compiler refused: {full.error}", None)

@@ -16,6 +16,7 @@ from tpu_tuner.model.layouts import Layout, enumerate_layouts
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged
+from tpu_tuner.planner.fits_first import choose
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem, build_problem
 from tpu_tuner.planner.remat import parse_remat
@@ -60,7 +61,12 @@ def enumerated(
         )
         candidates, too_big = _weights_fit(candidates, problem)
         rejected += too_big
-        candidates = sorted(candidates, key=_preference)[: options.enumeration.max_layouts]
+        # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py).
+        remat = parse_remat(options.step.remat).name
+        points = [PlanPoint(layout, remat, options.step.accumulation) for layout in sorted(candidates, key=_preference)]
+        chosen, unfit = choose(problem, points, options.enumeration.max_layouts, emit)
+        rejected += [(point.layout, why) for point, why in unfit]
+        candidates = [point.layout for point in chosen]
     if not candidates:
         raise UserInputError(
             f"no layout divides this model or fits it on {problem.topology.devices} devices: "

@@ -35,6 +35,8 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import binary_bytes
 from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.evaluate import evaluate
+from tpu_tuner.planner.fits_first import choose
+from tpu_tuner.planner.memory_estimate import FIT_MARGIN, estimate, estimate_record
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.remat import parse_remat
@@ -134,6 +136,17 @@ def search(
         for point in valid:
             if params_key(params_of(point)) not in done:
                 study.enqueue_trial(params_of(point))
+    allowed: set[str] = set()  # points compiled whatever their estimate (the closest, when none fits)
+    if not exhaustive:
+        # Memory first (fits_first.py): the first trials are the best-predicted points estimated to
+        # fit; with none, the line saying what would fit and the closest point, compiled anyway.
+        first, _ = choose(problem, valid, min(STARTUP_TRIALS, budget), emit)
+        seen = {records.attrs(t).get(records.POINT) for t in study.get_trials(deepcopy=False)}
+        for point in first:
+            if not estimate(problem, point).fits(problem.hbm):
+                allowed.add(point.key())
+            if point.key() not in seen:
+                study.enqueue_trial(params_of(point))
     # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
     limit = len(valid) if exhaustive and not options.search.budget else budget
     rules = Rules(
@@ -145,7 +158,15 @@ def search(
         started=started,
     )
     feature = PlanTrials(
-        problem, space, pool, emit, started, limit, evaluator or evaluate, Worker.this_process(storage)
+        problem,
+        space,
+        pool,
+        emit,
+        started,
+        limit,
+        evaluator or evaluate,
+        Worker.this_process(storage),
+        None if exhaustive else allowed,
     )
     end = run_loop(study, feature, rules, feature.worker)
     if end.reason is StopReason.IDLE:
@@ -156,6 +177,8 @@ def search(
     trials = study.get_trials(deepcopy=False)
     compiled = [t for t in trials if records.attrs(t).get(records.OUTCOME) in _COMPILED]
     plans = [plan_of_trial(problem, t) for t in compiled]
+    for plan in plans:  # a trial keeps the compiler's figures; the estimate is recomputed (cheap)
+        plan.memory_estimate = estimate_record(problem, plan.point)
     plans.sort(key=lambda p: (not p.fits, -p.predicted_mfu))
     record = {
         "study": study.study_name,
@@ -197,6 +220,9 @@ class PlanTrials(Feature):
     budget: int
     evaluator: Evaluator
     worker: Worker
+    # Keys of points compiled whatever their HBM estimate; None: the estimate rules nothing out
+    # (the exhaustive sampler, which compiles every point the lower bound leaves).
+    estimate_allows: set[str] | None = None
 
     def ask(self, study: optuna.Study) -> optuna.Trial:
         return study.ask(distributions(self.space))
@@ -226,6 +252,17 @@ class PlanTrials(Feature):
                 f"> {problem.hbm / 2**30:.2f} GiB HBM",
             )
             return None
+        if self.estimate_allows is not None and point.key() not in self.estimate_allows:
+            estimated = estimate(problem, point)
+            if not estimated.fits(problem.hbm):
+                tell_ruled_out(
+                    trial,
+                    PlanOutcome.LOWER_BOUND,  # ruled out for HBM before compiling; the reason says by what
+                    (estimated.total - FIT_MARGIN * problem.hbm) / 2**30,
+                    f"estimated {estimated.total / 2**30:.1f} GiB per device > {FIT_MARGIN:.0%} of "
+                    f"{problem.hbm / 2**30:.2f} GiB HBM (memory_estimate.py)",
+                )
+                return None
         record.write({records.COMPILING: True})  # the claim, in one write
         return point.key(), point
 

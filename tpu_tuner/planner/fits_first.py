@@ -1,0 +1,112 @@
+"""Memory first: which points are worth a compile, in what order, and what would make one fit.
+
+Every candidate gets its HBM estimate (memory_estimate.py) before any compile. Points estimated
+above `FIT_MARGIN` of the compiler's limit are not compiled; those below are ordered by what
+predicts a faster step before compiling: less recomputation (the remat policy's hardware FLOPs),
+fewer micro-batches (a larger per-device batch), then the enumeration's layout preference.
+When nothing is estimated to fit, one line names the smallest single change that would: another
+remat policy (host offload among them), more micro-batches (a smaller per-device batch), or a
+slice twice as large; and the closest point is still compiled, so a plan never silently plans
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.planner.memory_estimate import FIT_MARGIN, MemoryEstimate, estimate
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.space import DEFAULT_REMATS, PlanPoint, invalid_reason
+
+# What a change costs, for choosing the smallest: a remat policy its recomputed FLOPs' share of the
+# step, a doubling of micro-batches this much (the same work in smaller matmuls), a slice twice
+# the chips 1.0 (twice the price for the same step).
+MICRO_BATCH_COST = 0.05
+LARGER_SLICE_COST = 1.0
+
+
+def layout_preference(layout: Layout) -> tuple:
+    """The enumeration's order of layouts (FSDP-heavy, small tensor axes, little pure data)."""
+    return (layout.tensor > 8, layout.data // layout.dcn_data, layout.tensor, -layout.fsdp)
+
+
+def precompile_key(problem: PlanProblem, point: PlanPoint) -> tuple:
+    """Sort key: the point predicted fastest before any compile first."""
+    return (problem.hardware_flops(point.remat), point.accumulation, layout_preference(point.layout))
+
+
+def fits_first(
+    problem: PlanProblem, points: Sequence[PlanPoint]
+) -> tuple[list[PlanPoint], dict[PlanPoint, MemoryEstimate]]:
+    """(the points estimated to fit, best-predicted first; every point's estimate)."""
+    estimates = {p: estimate(problem, p) for p in points}
+    fitting = [p for p in points if estimates[p].fits(problem.hbm)]
+    return sorted(fitting, key=lambda p: precompile_key(problem, p)), estimates
+
+
+def closest(estimates: dict[PlanPoint, MemoryEstimate]) -> PlanPoint:
+    """The point with the smallest estimate."""
+    return min(estimates, key=lambda p: estimates[p].total)
+
+
+def _alternatives(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, str, PlanPoint]]:
+    """Single changes of `point`, each with its cost and words."""
+    base = problem.hardware_flops(point.remat)
+    found = []
+    for remat in DEFAULT_REMATS:
+        if remat != point.remat:
+            cost = max(0.0, problem.hardware_flops(remat) / base - 1) if base else 0.0
+            found.append((cost, f"remat {remat}", replace(point, remat=remat)))
+    for times in (2, 4, 8, 16):
+        steps = point.accumulation * times
+        if problem.global_batch % steps == 0:
+            batch = point.per_device_batch(problem.global_batch) / times
+            words = f"{steps} micro-batches ({batch:g} sequences a device)"
+            found.append((MICRO_BATCH_COST * math.log2(times), words, replace(point, accumulation=steps)))
+    layout = point.layout
+    bigger = replace(problem, topology=problem.topology.as_compiled(2 * layout.devices, int(problem.hbm)))
+    larger = replace(point, layout=replace(layout, fsdp=2 * layout.fsdp))
+    found.append((LARGER_SLICE_COST, f"a slice of {2 * layout.devices} devices (fsdp {2 * layout.fsdp})", larger))
+    return [(cost, words, p) for cost, words, p in found if _valid(bigger if p is larger else problem, p)]
+
+
+def _valid(problem: PlanProblem, point: PlanPoint) -> bool:
+    return invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len) is None
+
+
+def what_would_fit(problem: PlanProblem, point: PlanPoint) -> str:
+    """One line: `point`'s estimate, and the smallest single change estimated to fit, with its estimate."""
+    hbm = problem.hbm
+    here = estimate(problem, point)
+    head = f"nothing is estimated to fit within {FIT_MARGIN:.0%} of HBM; closest: {point.name()}, {here.text(hbm)}"
+    for _, words, changed in sorted(_alternatives(problem, point), key=lambda a: a[0]):
+        changed_estimate = estimate(problem, changed)
+        if changed_estimate.fits(hbm):
+            return f"{head}; {words} would fit ({changed_estimate.text(hbm)})"
+    return f"{head}; no single change (remat, micro-batches, a slice twice as large) is estimated to fit"
+
+
+def choose(
+    problem: PlanProblem, points: Sequence[PlanPoint], limit: int, emit: Callable[[str], None]
+) -> tuple[list[PlanPoint], list[tuple[PlanPoint, str]]]:
+    """(up to `limit` points to compile, fitting ones best-predicted first; the points left out
+    with why). With none estimated to fit, the line of `what_would_fit` goes to `emit` and the
+    closest point is compiled alone."""
+    if not points:
+        return [], []
+    fitting, estimates = fits_first(problem, points)
+    hbm = problem.hbm
+    left_out = [(p, f"{estimates[p].text(hbm)}: above {FIT_MARGIN:.0%} of HBM") for p in points if p not in fitting]
+    if fitting:
+        if left_out:
+            emit(f"{len(left_out)} of {len(points)} points are estimated not to fit in HBM: not compiled")
+        return fitting[:limit], left_out
+    nearest = closest(estimates)
+    emit(what_would_fit(problem, nearest) + "; compiling the closest point anyway")
+    return [nearest], [entry for entry in left_out if entry[0] != nearest]
+
+
+__all__ = ["choose", "closest", "fits_first", "layout_preference", "precompile_key", "what_would_fit"]

@@ -1,0 +1,236 @@
+"""An estimate of a point's HBM per device before any compile ("memory first", issue 57).
+
+The lower bound (space.memory_lower_bound) rules out only points that cannot fit whatever the
+compiler does; this estimate says where a point is likely to land, so the search spends compiles
+on points estimated to fit and can say which knob would make a point fit. Its terms, per device:
+
+* **weights** and **optimizer state**: every parameter (inactive experts and lookup tables
+  included) in the weights' dtype, AdamW's first moment in its own dtype and second in the
+  weights' (SGD: none; optimizer.py), split over the parameter axes (fsdp, context, tensor,
+  fsdp_transpose, expert): the compiled step's arguments;
+* **gradients**: the gradients and the step's bf16 copy of the weights, over the same shards;
+  with micro-batches, the fp32 gradient sum besides;
+* **gathered**: a layer's weights gathered over fsdp in bf16 (split over tensor and expert only),
+  and the output head gathered with its gradient;
+* **saved activations**: for every layer, what the remat policy keeps in HBM (remat.py: the block
+  input unless offloaded, each named tensor kept on the device), in bf16, tokens split over the
+  batch and context axes, features over tensor;
+* **working set**: one layer's forward recomputed and its backward (every named tensor of a
+  layer, context's gathered keys and values);
+* **logits**: the loss's [tokens, vocab / tensor] buffers, one tile of them under vocab tiling.
+
+The constants (`FITTED`) are fitted to the compiled peaks the project keeps
+(benchmarks/calibration_compiled.json, `python benchmarks/plan_memory_estimate.py --fit`); the
+activation terms carry one factor per remat family, as the data shows they differ (docs/planner.md,
+"Memory first").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tpu_tuner.planner.optimizer import state_bytes_per_parameter
+from tpu_tuner.planner.remat import BLOCK_INPUT, RematPolicy, parse_remat
+
+if TYPE_CHECKING:
+    from tpu_tuner.planner.problem import PlanProblem
+    from tpu_tuner.planner.space import PlanPoint
+
+# A point is compiled when its estimate is at most this share of the compiler's HBM limit: the
+# estimate's errors on the kept peaks (docs/planner.md, "Memory first") are mostly within 10%, so
+# a point estimated at 90% of the limit may still fit and one above it rarely does.
+FIT_MARGIN = 0.9
+BF16 = 2.0
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The estimate's constants: multipliers of its physical terms, least-squares fitted to the
+    kept compiled peaks' relative error (benchmarks/plan_memory_estimate.py --fit prints them)."""
+
+    gradients: float = 1.0  # x (weight bytes + 2) bytes a parameter shard: gradients + the bf16 copy
+    gathered: float = 1.0  # x one layer's bf16 weights gathered, and the head with its gradient
+    logits: float = 1.0  # bytes a logit (bf16 logits, their fp32 softmax's cotangent: fitted)
+    experts: float = 0.0  # x the working set, added for a mixture of experts (dispatch and combine buffers)
+    # x the activations (saved + working set), by remat family (RematPolicy.family).
+    activations: tuple[tuple[str, float], ...] = ()
+
+    def activation_factor(self, family: str) -> float:
+        return dict(self.activations).get(family, 1.0)
+
+
+# Fitted to the 41 kept compiled peaks (`python benchmarks/plan_memory_estimate.py --fit`, 2026-12-05):
+# 56% of them within 10% in sample, 54% left out (docs/planner.md, "Memory first").
+FITTED = Fitted(
+    gradients=1.751,
+    gathered=2.211,
+    logits=1.329,
+    experts=1.097,
+    activations=(("full", 0.642), ("minimal", 0.853), ("device", 0.826), ("offload", 0.273)),
+)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A point's estimated HBM per device, by term (bytes)."""
+
+    weights: float
+    optimizer_state: float
+    gradients: float
+    gathered: float
+    saved_activations: float
+    working_set: float
+    logits: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.optimizer_state
+            + self.gradients
+            + self.gathered
+            + self.saved_activations
+            + self.working_set
+            + self.logits
+        )
+
+    def fits(self, hbm: float, margin: float = FIT_MARGIN) -> bool:
+        """Whether the estimate is within `margin` of the HBM limit `hbm`."""
+        return self.total <= margin * hbm
+
+    def text(self, hbm: float) -> str:
+        """'est 84.1 GiB / 95.7 GiB', as a plan row shows it."""
+        return f"est {self.total / 2**30:.1f} GiB / {hbm / 2**30:.1f} GiB"
+
+    def terms(self) -> dict[str, float]:
+        """Each term in bytes, and the total (plan.json's `memory_estimate`)."""
+        return {
+            "weights": self.weights,
+            "optimizer_state": self.optimizer_state,
+            "gradients": self.gradients,
+            "gathered": self.gathered,
+            "saved_activations": self.saved_activations,
+            "working_set": self.working_set,
+            "logits": self.logits,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class LayerWidths:
+    """One average layer's named tensors, in elements a token (before any sharding)."""
+
+    d_model: int
+    query: float
+    key_value: float  # key and value together
+    context: float
+    mlp: float  # one MLP input projection's output (gate or up); the active experts' under MoE
+    gated: bool
+    experts: bool  # a mixture of experts: its MLP tensors carry no names (recomputed, remat.py)
+
+    def named(self, policy: RematPolicy, tensor: int) -> tuple[float, float]:
+        """(the widths `policy` keeps on the device, every named width) a token, over `tensor`."""
+        parts = {
+            "query_proj": self.query,
+            "key_proj": self.key_value / 2,
+            "value_proj": self.key_value / 2,
+            "context": self.context,
+            "out_proj": self.d_model,
+            "mlpwi_0": self.mlp,
+            "mlpwi_1": self.mlp if self.gated else 0.0,
+            "mlpwo": self.d_model,
+        }
+        kept = sum(
+            width
+            for name, width in parts.items()
+            if policy.action(name) == "device" and not (self.experts and name.startswith("mlp"))
+        )
+        return kept / tensor, sum(parts.values()) / tensor
+
+
+def layer_widths(problem: PlanProblem) -> LayerWidths:
+    """The average layer's tensor widths: from every layer's attention span where layers differ,
+    the MLP from the active matmul parameters where the model holds more parameters than it uses
+    a token (a mixture of experts)."""
+    shape, head_dim = problem.dims.shape, problem.dims.head_dim
+    layers = max(1, shape.n_layers)
+    spans = problem.spans
+    if spans:
+        query = sum(s.heads * s.head_dim for s in spans) / len(spans)
+        kv = sum(2 * (shape.n_kv_heads if s.kv_heads is None else s.kv_heads) * s.head_dim for s in spans) / len(spans)
+    else:
+        query, kv = shape.n_heads * head_dim, 2 * shape.n_kv_heads * head_dim
+    head = shape.vocab * shape.d_model
+    experts = problem.parameters > 1.3 * (problem.matmul_parameters + 2 * head)
+    per_layer = max(0.0, (problem.matmul_parameters - head) / layers) / shape.d_model  # widths a layer's matmuls add
+    mlp_matrices = 3 if problem.gated else 2
+    mlp = float(shape.mlp_hidden)
+    if experts:
+        mlp = max(0.0, per_layer - 2 * query - kv) / mlp_matrices
+    elif not spans:
+        # The shape's KV heads can be the query heads' count where the model names its own otherwise
+        # (structure.read_dims): a dense layer's matmul parameters say what its keys and values are.
+        kv = min(kv, max(0.0, per_layer - 2 * query - mlp_matrices * mlp))
+    return LayerWidths(shape.d_model, query, kv, query, mlp, problem.gated, experts)
+
+
+def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) -> MemoryEstimate:
+    """The HBM per device `point` is estimated to need (see the module docstring)."""
+    shape, layout = problem.dims.shape, point.layout
+    policy = parse_remat(point.remat)
+    weight_bytes = 2 if problem.weight_dtype == "bfloat16" else 4
+    first_moment = 2 if problem.first_moment_dtype == "bfloat16" else 4
+    shards = layout.parameter_shards
+    per_shard = problem.parameters / shards
+    weights = weight_bytes * per_shard
+    state = state_bytes_per_parameter(problem.optimizer, first_moment, weight_bytes) * per_shard
+    # Gradients in the weights' dtype and the bf16 copy the step computes with (none of bf16 weights).
+    gradients = fitted.gradients * (weight_bytes + (BF16 if weight_bytes > 2 else 0.0)) * per_shard
+    if point.accumulation > 1:
+        gradients += 4.0 * per_shard
+    layers = max(1, shape.n_layers)
+    head = shape.vocab * shape.d_model
+    layer_weights = max(0.0, problem.parameters - head) / layers
+    gathered = fitted.gathered * BF16 * (layer_weights / (layout.tensor * layout.expert) + 2 * head / layout.tensor)
+    tokens = problem.global_batch / point.accumulation / layout.batch_shards * problem.seq_len / layout.context
+    widths = layer_widths(problem)
+    kept, every = widths.named(policy, layout.tensor)
+    block_input = 0.0 if policy.action(BLOCK_INPUT) == "offload" else shape.d_model / layout.tensor
+    factor = fitted.activation_factor(policy.family)
+    saved = factor * BF16 * tokens * (problem.dims.saved_block_inputs * block_input + layers * kept)
+    # One layer recomputed and differentiated: its named tensors, its input and the residual's
+    # gradient, and under context parallelism the keys and values gathered over the sequence.
+    # A loop iteration of a layer pattern recomputes the pattern's layers together.
+    per_iteration = max(1.0, (layers - problem.dims.unscanned) / problem.dims.scanned) if problem.dims.scanned else 1.0
+    working = (
+        BF16 * tokens * (every + 2 * shape.d_model / layout.tensor + widths.key_value * layout.context / layout.tensor)
+    )
+    working *= factor * per_iteration + (fitted.experts * per_iteration if widths.experts else 0.0)
+    logits = fitted.logits * tokens / problem.vocab_tiling * shape.vocab / layout.tensor
+    return MemoryEstimate(weights, state, gradients, gathered, saved, working, logits)
+
+
+def estimate_record(problem: PlanProblem, point: PlanPoint) -> dict[str, float]:
+    """plan.json's `memory_estimate` of a point: each term in bytes, the total and the HBM limit."""
+    return {**estimate(problem, point).terms(), "limit": problem.hbm}
+
+
+def estimate_text(record: dict[str, float] | None) -> str:
+    """'est 84.1 GiB / 95.7 GiB' of a plan's `memory_estimate` ("" without one)."""
+    if not record:
+        return ""
+    return f"est {record['total'] / 2**30:.1f} GiB / {record['limit'] / 2**30:.1f} GiB"
+
+
+__all__ = [
+    "FITTED",
+    "estimate_record",
+    "estimate_text",
+    "FIT_MARGIN",
+    "Fitted",
+    "LayerWidths",
+    "MemoryEstimate",
+    "estimate",
+    "layer_widths",
+]
