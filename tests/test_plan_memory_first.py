@@ -1,0 +1,157 @@
+"""Memory first (issue 57 item 1): every point's HBM estimate before compiling, points estimated
+not to fit never compiled, the best-predicted fitting points first, and the line saying what would
+make a point fit. A scripted compiler stands in for libtpu: nothing here compiles."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.structure import read_dims
+from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.fits_first import choose, what_would_fit
+from tpu_tuner.planner.loop_costs import LoopIteration
+from tpu_tuner.planner.memory_estimate import FIT_MARGIN, estimate
+from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.space import PlanPoint, PlanSpace
+from tpu_tuner.planner.topology import parse_topology
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+POINT = PlanPoint(Layout(1, 8, 1))
+
+
+@functools.cache
+def _dims():  # read once: loading the example costs most of a test's time
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        return read_dims(workload.model_for_preset("tiny"))
+
+
+def _problem(hbm_gib: float = 6.0, **changes) -> PlanProblem:
+    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
+    problem = PlanProblem(
+        source=str(EXAMPLES / "llama.py"),
+        workload="llama",
+        preset="tiny",
+        topology=topology,
+        global_batch=16,
+        seq_len=1024,
+        dims=_dims(),
+        gated=True,
+        matmul_parameters=3_000_000,
+        parameters=3_100_000,
+        model_flops=1e12,
+        attention="full",
+        fast=True,
+        cost_model=CostModel(),
+        placements={},
+    )
+    return replace(problem, **changes)
+
+
+def test_the_estimate_counts_each_term_as_stated() -> None:
+    problem = _problem()
+    est = estimate(problem, POINT)
+    params = problem.parameters / 8
+    assert est.weights == 4 * params and est.optimizer_state == 8 * params  # fp32 weights, AdamW's two moments
+    assert estimate(_problem(optimizer="sgd"), POINT).optimizer_state == 0
+    assert estimate(_problem(first_moment_dtype="bfloat16"), POINT).optimizer_state == 6 * params
+    assert estimate(_problem(weight_dtype="bfloat16"), POINT).weights == 2 * params
+    assert est.total == pytest.approx(sum(v for k, v in est.terms().items() if k != "total"))
+    # What the policy keeps: minimal keeps every matmul's output, host offload keeps the block input off HBM.
+    assert estimate(problem, replace(POINT, remat="minimal")).saved_activations > est.saved_activations
+    assert estimate(problem, replace(POINT, remat="custom:decoder_layer_input=offload")).saved_activations == 0
+    # Micro-batches halve the tokens a device holds at once (and add the fp32 gradient sum).
+    halved = estimate(problem, replace(POINT, accumulation=2))
+    assert halved.saved_activations == pytest.approx(est.saved_activations / 2)
+    assert halved.gradients == pytest.approx(est.gradients + 4 * params)
+    # Vocab tiling: one tile's logits at a time; tensor parallelism splits the vocabulary.
+    assert estimate(_problem(vocab_tiling=4), POINT).logits == pytest.approx(est.logits / 4)
+    assert estimate(problem, PlanPoint(Layout(1, 4, 2))).logits == pytest.approx(est.logits)  # 2x tokens, / 2 vocab
+    assert est.text(problem.hbm).startswith("est ") and est.text(problem.hbm).endswith(" GiB / 6.0 GiB")
+
+
+def test_fitting_points_come_first_best_predicted_first() -> None:
+    problem = _problem(hbm_gib=64.0)
+    points = [replace(POINT, remat="full"), replace(POINT, remat="save_qkv_proj"), replace(POINT, remat="minimal")]
+    chosen, left_out = choose(problem, points, 3, lambda line: None)
+    assert not left_out
+    # Less recomputation predicts a faster step: minimal, then save_qkv_proj, then full.
+    assert [p.remat for p in chosen] == ["minimal", "save_qkv_proj", "full"]
+    # Under a limit that leaves minimal out, it is listed with its estimate and not chosen.
+    limit = estimate(problem, points[1]).total / FIT_MARGIN * 1.01
+    said: list[str] = []
+    chosen, left_out = choose(_problem(hbm_gib=limit / 2**30), points, 1, said.append)
+    assert [p.remat for p in chosen] == ["save_qkv_proj"]
+    assert [p.remat for p, _ in left_out] == ["minimal"] and "above 90% of HBM" in left_out[0][1]
+    assert said == ["1 of 3 points are estimated not to fit in HBM: not compiled"]
+
+
+def test_nothing_estimated_to_fit_says_what_would_and_compiles_the_closest() -> None:
+    full = estimate(_problem(), POINT)
+    problem = _problem(hbm_gib=full.total / 2**30)  # full remat at 100% of HBM: above the 90% margin
+    said: list[str] = []
+    chosen, _ = choose(problem, [POINT, PlanPoint(Layout(2, 4, 1))], 2, said.append)
+    assert chosen == [POINT]  # the closest, compiled anyway
+    (line,) = said
+    assert line.startswith("nothing is estimated to fit within 90% of HBM; closest: data 1 x fsdp 8 x tensor 1")
+    assert "would fit (est " in line and line.endswith("compiling the closest point anyway")
+    assert line == what_would_fit(problem, POINT) + "; compiling the closest point anyway"
+
+
+class _ScriptedPool:
+    """Answers every compile with a small fitting step, recording the jobs."""
+
+    workers = 2
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def compile(self, jobs, done=None):
+        results = {}
+        for job in jobs:
+            self.jobs.append(job)
+            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2)
+            results[job] = CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
+            if done:
+                done(job, results[job])
+        return results
+
+
+def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> None:
+    from tpu_tuner.planner.search import search
+
+    space = PlanSpace(tensors=(1, 2), remats=("full", "minimal", "save_qkv_proj"), accumulations=(1, 2))
+    probe = _problem()
+    estimates = sorted(
+        estimate(probe, PlanPoint(Layout(1, 8 // t, t), r, a)).total
+        for t in (1, 2)
+        for r in space.remats
+        for a in (1, 2)
+    )
+    hbm = estimates[len(estimates) // 2] / FIT_MARGIN  # about half the points estimated to fit
+    problem = _problem(hbm_gib=hbm / 2**30)
+    pool = _ScriptedPool()
+    options = PlanOptions(
+        PlanTarget("v5p:2x2x2"),
+        search=PlanSearch(budget=4, space=space, sampler="tpe", seed=0),
+        store=PlanStore(url=f"sqlite:///{tmp_path / 'plans.db'}"),
+    )
+    said: list[str] = []
+    result = search(problem, options, pool, said.append, time.perf_counter())
+    assert pool.jobs, "something compiled"
+    for job in pool.jobs:
+        point = PlanPoint(job.layout, job.remat, job.accumulation)
+        assert estimate(problem, point).fits(problem.hbm), point.name()
+    assert len({j.layout for j in pool.jobs} | {j.remat for j in pool.jobs}) > 1  # a search, not one point
+    for plan in result.plans:  # plan.json keeps each point's estimate
+        assert plan.memory_estimate and plan.memory_estimate["limit"] == problem.hbm
