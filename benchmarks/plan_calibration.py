@@ -30,6 +30,7 @@ from pathlib import Path
 from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.planner.band import ErrorBand, coverage_and_width
 from tpu_tuner.planner.calibration import (
     ADOPTED,
     EFFICIENCY_MODELS,
@@ -47,7 +48,7 @@ from tpu_tuner.planner.collectives import Collective, latency_steps
 from tpu_tuner.planner.predict import causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_calibration import Row, load_runs, published_rows
+from published_calibration import Row, load_runs, moe_kind, published_rows
 
 from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
 from tpu_tuner.planner.xla_flags import parse_xla_flags
@@ -233,6 +234,8 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
             for k in f["collectives"]
             if k.get("network") == "dcn"
         ),
+        moe=moe_kind(run),
+        slices=run["slices"],
     )
 
 
@@ -260,14 +263,26 @@ def report(rows: list[CalibrationRow]) -> None:
     print(f"\nnoise floor of every band: {floor:.2f} points (published recipes measured again: {RERUNS_FILE.name})")
     for kind in dict.fromkeys(("per_generation", ADOPTED)):
         checked = band_check(rows, kind, floor)
-        inside = sum(abs(e) <= b.points for e, b in checked)
         print(f"\n{kind}: each row's leave-one-out error against the band made from the other rows alone:")
-        for r, (e, b) in zip(rows, checked):
-            print(
-                f"  {r.id:>36} LOO {e:+6.1f}  band {b.points:5.1f} {'inside ' if abs(e) <= b.points else 'OUTSIDE'}"
-                + (f"  ({'; '.join(b.reasons)})" if b.reasons else "")
-            )
-        print(f"  inside their band: {inside} of {len(rows)} ({inside / len(rows):.0%}; target >= 90%)")
+        print_bands(rows, checked)
+
+
+def print_bands(rows: list[CalibrationRow], checked: list[tuple[float, ErrorBand]]) -> None:
+    """Each row's error and band, then the coverage and median band, overall and per generation
+    (issue 57's targets: at least 90% inside, a median band of at most 6 points)."""
+    for r, (e, b) in zip(rows, checked):
+        print(
+            f"  {r.id:>36} LOO {e:+6.1f}  band {b.points:5.1f} {'inside ' if abs(e) <= b.points else 'OUTSIDE'}"
+            + (f"  ({'; '.join(b.reasons)})" if b.reasons else "")
+        )
+    for generation in [None, *sorted({r.generation for r in rows})]:
+        mine = [c for r, c in zip(rows, checked) if generation in (None, r.generation)]
+        share, median = coverage_and_width(mine)
+        inside = sum(abs(e) <= b.points for e, b in mine)
+        print(
+            f"  {generation or 'all':>6}: inside their band {inside} of {len(mine)} ({share:.0%}; target >= 90%), "
+            f"median band +-{median:.1f} points (target <= 6)"
+        )
 
 
 if __name__ == "__main__":

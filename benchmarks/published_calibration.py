@@ -71,6 +71,15 @@ class Row:
     xla_flags: str = ""  # the recipe's XLA flags, compiled with where the file states them (--xla-flags)
 
 
+def moe_kind(run: dict[str, Any]) -> str:
+    """A run's MoE kind as the error band compares rows (tpu_tuner/planner/band.py): "dense",
+    "dropping" (a capacity factor: MaxText's einsum dispatch) or "dropless" (capacity_factor -1:
+    sparse_matmul's grouped matmuls)."""
+    if not run["experts"]:
+        return "dense"
+    return "dropless" if run["capacity_factor"] <= 0 else "dropping"
+
+
 def load_runs(path: Path = PUBLISHED) -> list[dict[str, Any]]:
     """Every [[run]] of the published-runs file."""
     return tomllib.loads(path.read_text())["run"]

@@ -29,14 +29,16 @@ def test_conformal_quantile_is_the_order_statistic_that_covers_ninety_percent() 
         conformal_quantile([])
 
 
-def test_comparable_rows_fall_back_from_family_to_generation_to_all() -> None:
+def test_comparable_rows_are_the_nearest_nine_with_unlike_ones_filling_in() -> None:
     assert MIN_COMPARABLE == 9  # the fewest rows whose conformal 90% quantile is one of them
     rows = _rows()
     same, which = comparable(Place("v6e", "offload", 8192, 4), rows)
-    assert len(same) == 10 and "offload" in which
-    generation, which = comparable(Place("v6e", "device", 8192, 4), rows)
-    assert len(generation) == 11 and which == "the 11 v6e rows"
-    assert len(comparable(Place("v5p", "minimal", 2048, 4), rows)[0]) == len(rows)
+    assert len(same) == 10 and which == "the 10 rows most like it (10 alike)"
+    # No row alike: the nearest fill the set (the v6e offload rows: another remat only), said so.
+    device, which = comparable(Place("v6e", "device", 8192, 4), rows)
+    assert len(device) >= MIN_COMPARABLE and all(r.generation == "v6e" for r in device)
+    assert which.startswith(f"the {len(device)} rows most like it (0 alike; the others unlike it in remat")
+    assert len(comparable(Place("v5p", "minimal", 2048, 4), rows[-4:])[0]) == 4  # fewer rows: all of them
 
 
 def test_gaps_name_what_has_no_nearby_row() -> None:

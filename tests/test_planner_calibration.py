@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from tpu_tuner.planner.band import Place
+from tpu_tuner.planner.band import ErrorBand, Place, coverage_and_width
 from tpu_tuner.planner.calibration import (
     ADOPTED,
     CalibrationRow,
@@ -96,13 +98,31 @@ def test_the_shipped_calibrations_leave_one_out_error_is_at_most_3_points() -> N
     assert calibrated_cost_model().loo_error_points <= 3.0
 
 
-@pytest.mark.slow  # a leave-one-out inside each leave-one-out: about a minute on 2 cores
+@functools.cache
+def _shipped_band_check() -> list[tuple[float, ErrorBand]]:
+    """Each shipped row's leave-one-out error and the band it would have been printed with (made
+    from the other rows alone, each with its own leave-one-out error among them)."""
+    return band_check(load_rows(), ADOPTED, calibrated_cost_model().noise_floor_points)
+
+
+@pytest.mark.slow  # a leave-one-out inside each leave-one-out: about two minutes on 2 cores
 def test_the_shipped_calibrations_bands_cover_at_least_90_percent_of_the_rows() -> None:
-    """At least 90% of the rows inside the band they would have been printed with (made from the
-    other rows alone, each with its own leave-one-out error among them)."""
-    rows = load_rows()
-    checked = band_check(rows, ADOPTED, calibrated_cost_model().noise_floor_points)
-    assert sum(abs(e) <= b.points for e, b in checked) >= 0.9 * len(rows)
+    """At least 90% of the rows inside the band they would have been printed with."""
+    share, _ = coverage_and_width(_shipped_band_check())
+    assert share >= 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="median band 7.6 points since the bands come from the rows most like each point (13.5 before): "
+    "the TPU7x dense rows miss by up to 7.2 and the v6e dense offload rows by up to 5.2 when left out "
+    "(docs/planner.md, 'Calibration', issue 57)",
+)
+def test_the_shipped_calibrations_median_band_is_at_most_6_points() -> None:
+    """Issue 57's target: bands that decide, a median band of at most 6 MFU points."""
+    _, median = coverage_and_width(_shipped_band_check())
+    assert median <= 6.0
 
 
 def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:

@@ -2,13 +2,18 @@
 
 Every calibration row (a published run, planner/calibration.py) has a leave-one-out error: its
 prediction's miss when the constants are fitted to the other rows. A new point's band is a
-quantile of those misses, of the rows comparable to it, and it widens with the point's distance
-from the calibration:
+quantile of the misses of the rows most like it:
 
-* **comparable rows**: the rows of the point's generation and remat family; with fewer than
-  `MIN_COMPARABLE` (9) of them, the generation's rows; then every row. Nine is the fewest whose
-  90% quantile below exists: the largest of n rows covers a new one only n / (n + 1) of the time
-  (3 rows: 75%);
+* **alike**: a row is as far from the point as its differences weigh (`MISMATCH`): another
+  generation, MoE kind (dense, dropping, dropless), remat family, host offload or slice count
+  (one or several), and each doubling between their sequence lengths and per-device batches
+  (`PER_DOUBLING`). The point's rows are its `MIN_COMPARABLE` (9) nearest, with any row as near
+  as the ninth. Nine is the fewest whose 90% quantile below exists: the largest of n rows covers
+  a new one only n / (n + 1) of the time (3 rows: 75%). Where fewer than nine rows are alike (no
+  difference), the nearest unlike ones fill the set: the fallback, and the band's source says
+  how many were alike and what the others differ in. A dimension the point does not state
+  (None) is not compared. The rows of other kinds (the dropless MoE rows' 11-21-point misses)
+  no longer set the band of a point unlike them;
 * **the quantile**: the split-conformal one, the ceil(0.9 (n + 1))-th smallest of n absolute
   errors (the largest where n < 9), so that a new point like the rows is covered at least 90% of
   the time when the rows are exchangeable (Vovk et al., "Algorithmic Learning in a Random World";
@@ -16,15 +21,14 @@ from the calibration:
 * **a floor**: a published recipe measured again differed by up to a few MFU points (software
   drift, run-to-run noise: the superseded rows of benchmarks/published_runs.toml); a band is never
   narrower than the same quantile of those differences;
-* **distance**: a generation, a remat family on that generation, a sequence length or a
-  per-device batch with no calibration row within a factor `NEAR` is a gap, and each gap is
-  named in the band's reasons ("extrapolated: no calibration row with full remat on v6e"). A
-  point with gaps gets at least the quantile of the rows that had the same kinds of gap
-  themselves when left out (their errors are what extrapolating that way cost). A generation with
-  no rows is measured the same way, by leaving out whole generations: the quantile of each row's
-  error when no row of its generation was fitted (`BandRow.unseen_generation_error`), widened by
-  `WIDEN` per further gap. Where fewer than `MIN_COMPARABLE` rows measure a gap, the largest error
-  seen, widened by `WIDEN` per gap (an assumption, said in the band's source).
+* **a generation without rows**: leave-one-out errors say nothing about a chip the fit never saw,
+  so such a point gets the quantile of each row's error when no row of its generation was fitted
+  (`BandRow.unseen_generation_error`), widened by `WIDEN` per further gap; with fewer than
+  `MIN_COMPARABLE` such errors, the largest leave-one-out error, widened by `WIDEN` per gap (an
+  assumption, said in the band's source).
+
+A generation, remat family, sequence length or per-device batch with no row near it is still
+named in the band's reasons ("extrapolated: no calibration row with full remat on v6e").
 
 Plain data, no JAX: the planner computes a band per point, the calibration its coverage.
 """
@@ -32,24 +36,41 @@ Plain data, no JAX: the planner computes a band per point, the calibration its c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 COVERAGE = 0.9
 # The fewest rows whose conformal quantile is one of them (ceil(0.9 (n + 1)) <= n: 9): fewer rows
 # cannot promise the coverage, so a band from them would be narrower than it claims.
 MIN_COMPARABLE = next(n for n in range(1, 1000) if math.ceil(COVERAGE * (n + 1)) <= n)
 NEAR = 2.0  # a row within this factor of the point's sequence length / per-device batch is nearby
-WIDEN = 0.25  # beyond the rows' own distances: the largest error seen x (1 + WIDEN x gaps)
+WIDEN = 0.25  # a generation without rows, per further gap (assumed): x (1 + WIDEN x gaps)
+# What a difference costs in the distance from a point to a row, fixed before measuring coverage.
+# Generation and MoE kind weigh double: each carries its own fitted or unmodelled costs (an
+# efficiency per chip; grouped matmuls and sorts), so a row of another chip or kind is a worse
+# stand-in than one of another remat policy or slice count.
+MISMATCH = {"generation": 2.0, "moe": 2.0, "remat": 1.0, "offload": 1.0, "slices": 1.0}
+# Per doubling between the point's and the row's sequence length / per-device batch.
+PER_DOUBLING = {"sequence": 0.5, "batch": 0.25}
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where a prediction sits: what the band compares with the calibration rows."""
+    """Where a prediction sits: what the band compares with the calibration rows. `moe`: "dense",
+    "dropping" (capacity-factor MoE) or "dropless"; `moe`, `offload` and `slices` may be None (not
+    stated: not compared), and `offload` None reads the remat family ("offload" offloads)."""
 
     generation: str
     remat_family: str
     seq: int
     per_device_batch: float
+    moe: str | None = field(default=None, kw_only=True)
+    offload: bool | None = field(default=None, kw_only=True)
+    slices: int | None = field(default=None, kw_only=True)
+
+    @property
+    def offloads(self) -> bool:
+        """Whether the step keeps tensors in host memory."""
+        return self.remat_family == "offload" if self.offload is None else self.offload
 
 
 @dataclass(frozen=True)
@@ -85,6 +106,42 @@ def _near(a: float, b: float) -> bool:
     return a > 0 and b > 0 and max(a, b) / min(a, b) <= NEAR
 
 
+def _doublings(a: float, b: float) -> float:
+    return abs(math.log2(a / b)) if a > 0 and b > 0 else 1.0
+
+
+def differences(place: Place, row: Place) -> list[str]:
+    """The dimensions in which `row` is unlike `place` (unstated ones not compared; a sequence or
+    batch when not within `NEAR`)."""
+    out = []
+    if row.generation != place.generation:
+        out.append("generation")
+    if place.moe is not None and row.moe is not None and row.moe != place.moe:
+        out.append("moe")
+    if row.remat_family != place.remat_family:
+        out.append("remat")
+    if row.offloads != place.offloads:
+        out.append("offload")
+    if place.slices and row.slices and (row.slices > 1) != (place.slices > 1):
+        out.append("slices")
+    if not _near(row.seq, place.seq):
+        out.append("sequence")
+    if not _near(row.per_device_batch, place.per_device_batch):
+        out.append("batch")
+    return out
+
+
+def distance(place: Place, row: Place) -> float:
+    """How unlike `row` is to `place`: the `MISMATCH` weights of their differences, plus
+    `PER_DOUBLING` for each doubling between their sequence lengths and per-device batches."""
+    categorical = sum(MISMATCH.get(d, 0.0) for d in differences(place, row))
+    return (
+        categorical
+        + PER_DOUBLING["sequence"] * _doublings(row.seq, place.seq)
+        + PER_DOUBLING["batch"] * _doublings(row.per_device_batch, place.per_device_batch)
+    )
+
+
 def gap_kinds(place: Place, rows: list[BandRow] | list[Place]) -> dict[str, str]:
     """The dimensions in which no calibration row is near `place` ("generation", "remat",
     "sequence", "batch"), each with its reason."""
@@ -111,14 +168,20 @@ def gaps(place: Place, rows: list[BandRow] | list[Place]) -> list[str]:
 
 
 def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
-    """The rows whose errors stand for `place`'s, and which they are, in words."""
-    same = [r for r in rows if r.generation == place.generation and r.remat_family == place.remat_family]
-    if len(same) >= MIN_COMPARABLE:
-        return same, f"the {len(same)} {place.generation} rows with {place.remat_family} remat"
-    generation = [r for r in rows if r.generation == place.generation]
-    if len(generation) >= MIN_COMPARABLE:
-        return generation, f"the {len(generation)} {place.generation} rows"
-    return list(rows), f"all {len(rows)} rows"
+    """The rows whose errors stand for `place`'s: its `MIN_COMPARABLE` nearest (`distance`), with
+    any row as near as the last of them (all rows where there are fewer), and which they are."""
+    far = [distance(place, r) for r in rows]
+    radius = sorted(far)[min(MIN_COMPARABLE, len(rows)) - 1]
+    near = [r for r, d in zip(rows, far) if d <= radius + 1e-9]
+    alike = sum(1 for r in near if not differences(place, r))
+    unlike: dict[str, int] = {}
+    for r in near:
+        for d in differences(place, r):
+            unlike[d] = unlike.get(d, 0) + 1
+    which = f"the {len(near)} rows most like it ({alike} alike"
+    if unlike:  # the fallback: too few alike, the nearest unlike rows fill the set
+        which += "; the others unlike it in " + ", ".join(f"{d} ({n})" for d, n in unlike.items())
+    return near, which + ")"
 
 
 def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBand | None:
@@ -134,29 +197,34 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
         points = floor
         source += f", raised to the {floor:.1f}-point spread of published recipes measured again"
     kinds = gap_kinds(place, rows)
-    if kinds:
+    if "generation" in kinds:
         m = len(kinds)
-        # The rows that, left out, had every one of these gaps themselves: their errors are what
-        # extrapolating that way cost.
-        far = [r for i, r in enumerate(rows) if set(kinds) <= set(gap_kinds(r, rows[:i] + rows[i + 1 :]))]
         unseen = [abs(r.unseen_generation_error) for r in rows if r.unseen_generation_error is not None]
-        if "generation" in kinds and len(far) < MIN_COMPARABLE and len(unseen) >= MIN_COMPARABLE:
+        if len(unseen) >= MIN_COMPARABLE:
             points = max(points, conformal_quantile(unseen)) * (1 + WIDEN * (m - 1))
             source += (
                 f"; for a generation without rows, the {COVERAGE:.0%} quantile of the {len(unseen)} rows' "
                 "errors when their own generation was left out of the fit"
                 + (f", widened by {WIDEN:.0%} per further gap (assumed)" if m > 1 else "")
             )
-        elif len(far) >= MIN_COMPARABLE:
-            points = max(points, conformal_quantile([abs(r.error) for r in far]))
-            source += f"; widened to that of the {len(far)} rows that had the same gaps when left out"
         else:
             points = max(points, max(abs(r.error) for r in rows)) * (1 + WIDEN * m)
             source += (
-                f"; fewer than {MIN_COMPARABLE} rows had the same gaps: the largest error seen, "
+                f"; fewer than {MIN_COMPARABLE} rows measured a generation left out: the largest error seen, "
                 f"widened by {WIDEN:.0%} per gap (assumed)"
             )
     return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in kinds.values()))
+
+
+def coverage_and_width(checked: list[tuple[float, ErrorBand]]) -> tuple[float, float]:
+    """The share of errors inside their band (|error| <= band) and the median band (points, +-)."""
+    if not checked:
+        raise ValueError("no bands")
+    inside = sum(abs(e) <= b.points for e, b in checked)
+    widths = sorted(b.points for _, b in checked)
+    n = len(widths)
+    median = widths[n // 2] if n % 2 else (widths[n // 2 - 1] + widths[n // 2]) / 2
+    return inside / n, median
 
 
 __all__ = [
@@ -164,10 +232,15 @@ __all__ = [
     "COVERAGE",
     "ErrorBand",
     "MIN_COMPARABLE",
+    "MISMATCH",
     "NEAR",
+    "PER_DOUBLING",
     "Place",
-    "conformal_quantile",
     "comparable",
+    "conformal_quantile",
+    "coverage_and_width",
+    "differences",
+    "distance",
     "error_band",
     "gap_kinds",
     "gaps",

@@ -89,6 +89,10 @@ class CalibrationRow:
     # Latency-bound steps of the DCN collectives a step (collectives.latency_steps, summed): what
     # the "+dcn" term charges its fitted seconds for, each.
     dcn_steps: float = 0.0
+    # More of where the row sits, for the band's likeness (band.py): its MoE kind ("dense",
+    # "dropping": a capacity factor, "dropless") and the slices its run joined over DCN.
+    moe: str = "dense"
+    slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -319,13 +323,36 @@ def band_rows(rows: list[CalibrationRow], kind: str) -> tuple[list[float], list[
     their generation unseen: what every band is made of (band.py)."""
     loo = leave_one_out(rows, kind)
     unseen = leave_generation_out(rows, kind)
-    return loo, [
-        BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e, u) for r, e, u in zip(rows, loo, unseen)
-    ]
+    return loo, [band_row(r, e, u) for r, e, u in zip(rows, loo, unseen)]
 
 
 def place_of(row: CalibrationRow) -> Place:
-    return Place(row.generation, row.remat_family, row.seq, row.per_device_batch)
+    """Where a row sits, as the band compares places (offload: the row moved bytes to the host)."""
+    return Place(
+        row.generation,
+        row.remat_family,
+        row.seq,
+        row.per_device_batch,
+        moe=row.moe,
+        offload=row.host_gbytes > 0,
+        slices=row.slices,
+    )
+
+
+def band_row(row: CalibrationRow, error: float, unseen: float | None) -> BandRow:
+    """A row's place with its leave-one-out error and its error with its generation unseen."""
+    p = place_of(row)
+    return BandRow(
+        p.generation,
+        p.remat_family,
+        p.seq,
+        p.per_device_batch,
+        error,
+        unseen,
+        moe=p.moe,
+        offload=p.offload,
+        slices=p.slices,
+    )
 
 
 def noise_floor(path: Path = RERUNS_FILE) -> float:

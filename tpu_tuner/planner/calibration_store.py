@@ -19,13 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.planner.band import BandRow
 from tpu_tuner.planner.calibration import (
     ADOPTED,
     OVERLAP,
     ROWS_FILE,
     CalibrationRow,
     Fitted,
+    band_row,
     fit,
     leave_generation_out,
     leave_one_out,
@@ -82,9 +82,7 @@ def cost_model_from(rows: list[CalibrationRow], record: dict[str, Any]) -> CostM
     """The CostModel of a fit record (`fit_record`'s) of `rows`."""
     fitted = Fitted(record["kind"], **record["fitted"])
     loo, unseen = record["leave_one_out"], record["generation_unseen"]
-    bands = tuple(
-        BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, e, u) for r, e, u in zip(rows, loo, unseen)
-    )
+    bands = tuple(band_row(r, e, u) for r, e, u in zip(rows, loo, unseen))
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"],
         memory_overlap=fitted.memory_overlap,
