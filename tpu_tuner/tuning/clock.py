@@ -39,14 +39,23 @@ WRAP_UP_S = 10.0
 CLOCK = "clock"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Clock:
     """The run's time budget (None: no limit) from `started`, a reading of `now` (a test's fake
-    clock, else `time.perf_counter`)."""
+    clock, else `time.perf_counter`).
+
+    A tuning run makes one (tuning/study.py) and hands that one to every phase: the progress
+    lines, the search, the race and the verification all read the same budget."""
 
     budget_s: float | None
     started: float
     now: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
+
+    def set_budget(self, budget_s: float) -> None:
+        """The one change a run's clock takes: the default fitted to the device once the profile
+        phase has ended (tuning/fitted_clock.py). Mutated, not replaced, so that every holder of
+        the clock reads the fitted budget from then on."""
+        self.budget_s = budget_s
 
     def elapsed(self) -> float:
         return self.now() - self.started

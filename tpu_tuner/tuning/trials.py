@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import InitVar, dataclass, replace
 from typing import Any
 
 import optuna
@@ -53,7 +53,7 @@ def run_search(
     measure_options: MeasureRequest,
     options: TuneOptions,
     emit: ProgressCallback,
-    started: float,
+    clock: Clock | float,
     bucketing: BucketingContext | None = None,
     memory: MemoryLimit | None = None,
     worker: Worker | None = None,
@@ -62,6 +62,8 @@ def run_search(
     all its workers), the space is covered, or `options.search.timeout_s` passes; returns which
     (CLOCK: the next trial would eat into the time the finish needs, --time-budget; ASKS: a
     sampler that only re-proposed covered settings).
+
+    `clock` is the run's one clock (a bare start: `as_clock`): --time-budget and --timeout both read it.
 
     With other workers on the study, a setting another worker is measuring is not measured again
     here, and when their running trials hold the rest of the budget this worker waits for them
@@ -77,12 +79,8 @@ def run_search(
         look_between_asks=True,
         max_asks=20 * budget,
         space_size=space.size(),
-        timeout_s=options.search.timeout_s,
-        started=started,
     )
-    feature = TuneTrials(
-        study, space, agents, runner, measure_options, options, emit, started, bucketing, memory, worker
-    )
+    feature = TuneTrials(study, space, agents, runner, measure_options, options, emit, clock, bucketing, memory, worker)
     # The sampler never proposes what the study has excluded (ExcludingSampler redraws); the
     # study's pruner is the one the trials are stopped by (should_prune asks it).
     sampler, pruner = study.sampler, study.pruner
@@ -114,7 +112,7 @@ class TrialRun:
 @dataclass(eq=False)
 class TuneTrials(Feature):
     """The tuner's side of the loop: one setting a trial, measured one at a time in the warm
-    trial worker; a rejection by an agent costs no budget."""
+    trial worker; a rejection by an agent costs no budget. It keeps the run's clock as `clock`."""
 
     study: optuna.Study
     space: SearchSpace
@@ -123,18 +121,18 @@ class TuneTrials(Feature):
     measure_options: MeasureRequest
     options: TuneOptions
     emit: ProgressCallback
-    started: float
+    run_clock: InitVar[Clock | float]  # kept as `clock` (a bare start: `as_clock`)
     bucketing: BucketingContext | None
     memory: MemoryLimit | None
     worker: Worker
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, run_clock: Clock | float) -> None:
+        self.clock = as_clock(run_clock, self.options)
         self.told: set[int] = set()  # failed trials the agents have heard of
         self.learning = FailureLearning(self.space, self.options.objective.tolerance)
         # A trial's expected step under its own buckets is no amortised step: no pruning with buckets.
         self.pruner = HopelessPruner() if self.options.search.prune and self.bucketing is None else None
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
-        self.clock = Clock(self.options.search.time_budget_s, self.started)
         self.out_of_time = False
         self.seen: Sequence[FrozenTrial] = ()  # the study's trials as the loop last read them (`observe`)
         self.stacked = False  # whether this worker queued the seeds' winners stacked (stacking.py)
@@ -328,6 +326,10 @@ class TuneTrials(Feature):
         self.out_of_time = not search_may_go_on(trials, self.clock)
 
     def stop_reason(self) -> StopReason | None:
+        # --timeout on the run's clock too (the loop's own timeout would count on another).
+        timeout = self.options.search.timeout_s
+        if timeout and self.clock.elapsed() > timeout:
+            return StopReason.TIMEOUT
         # A runner whose hosts are gone for good raises here, before the next ask: no trial is
         # left running for a relaunch to find.
         self.runner.check_usable()
@@ -360,6 +362,12 @@ class TuneTrials(Feature):
         return self.space.to_candidate(dict(trial.params)).describe()
 
 
+def as_clock(clock: Clock | float, options: TuneOptions) -> Clock:
+    """The run's clock as given; a bare start (a `time.perf_counter` reading, from a search run
+    without a tuning run: tests, benchmarks) is a clock of the options' budget from it."""
+    return Clock(options.search.time_budget_s, clock) if isinstance(clock, int | float) else clock
+
+
 def _tell_agents(
     study: optuna.Study,
     agents: list[Agent],
@@ -379,4 +387,4 @@ def _tell_agents(
             study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
 
 
-__all__ = ["TrialRun", "TuneTrials", "run_search"]
+__all__ = ["TrialRun", "TuneTrials", "as_clock", "run_search"]
