@@ -14,9 +14,9 @@ import optuna
 from tpu_tuner.core.credentials import password_of, redact, with_password, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import STUDY_DB, new_run_dir
-from tpu_tuner.studies import run_file, run_lock
+from tpu_tuner.studies import records, run_file, run_lock
 from tpu_tuner.studies.fingerprint import differences
-from tpu_tuner.studies.liveness import StudyStorage, open_storage
+from tpu_tuner.studies.liveness import StudyStorage, open_storage, trial_id_of
 from tpu_tuner.studies.opening import OpenedStudy, open_study
 from tpu_tuner.studies.run_file import RUN_FILE
 from tpu_tuner.studies.storage import (
@@ -26,6 +26,7 @@ from tpu_tuner.studies.storage import (
     shared_sqlite,
     storage_from_environment,
 )
+from tpu_tuner.studies.trial_record import write_stored
 from tpu_tuner.tuning.options import StoreOptions, TuneOptions
 from tpu_tuner.tuning.shared_study import RECORD_ATTR, open_shared
 from tpu_tuner.tuning.space import SearchSpace
@@ -152,4 +153,22 @@ def open_or_join(
     return replace(opened, record=opened.record or record)
 
 
-__all__ = ["RunLocation", "open_or_join", "open_run_storage", "resumed_location", "run_location"]
+def mark_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
+    """Trials left RUNNING by an interrupted run are failed, so that resume repeats none.
+
+    `storage` is the one `study` was opened with: a trial of another process is annotated
+    through it, by the trial's storage id (Optuna opens no `Trial` on a stored trial publicly)."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        write_stored(
+            storage,
+            trial_id_of(storage, study, trial.number),
+            trial,
+            {
+                records.FAILURE_KIND: records.INTERRUPTED,
+                records.FAILURE_MESSAGE: "the run stopped while this trial was running",
+            },
+        )
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+
+
+__all__ = ["RunLocation", "mark_interrupted", "open_or_join", "open_run_storage", "resumed_location", "run_location"]

@@ -1,23 +1,27 @@
 """What a tuning run sets up before it searches: the ranks it may start, the baseline's profile,
-and the agents that read it (the study's memory constraint with them)."""
+the agents that read it (the study's memory constraint with them), and with varying input
+lengths the step time against length that every trial's bucketing is costed from."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError, first_text_line
 from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.model.lengths import LengthHistogram, probe_lengths
 from tpu_tuner.model.summary import WorkloadSummary
 from tpu_tuner.parallel.from_plan import planned_layouts
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner
-from tpu_tuner.runner.requests import ProfileRequest
+from tpu_tuner.runner.requests import BucketCostsRequest, ProfileRequest
 from tpu_tuner.tuning.agents import Agent, load_agents
 from tpu_tuner.tuning.agents.memory_agent import MemoryAgent
 from tpu_tuner.tuning.agents.sharding_agent import ShardingAgent
+from tpu_tuner.tuning.bucketing import BucketingContext
 from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.space import SearchSpace
@@ -116,4 +120,46 @@ def prepare_agents(
     return agents, findings, memory
 
 
-__all__ = ["check_ranks", "prepare_agents", "profile_baseline", "start_ranks_on"]
+def bucketing_context(
+    workload: WorkloadSummary,
+    hist: LengthHistogram,
+    options: TuneOptions,
+    runner: Runner,
+    profile: Profile,
+    say: Callable[[str, str], None],
+) -> BucketingContext:
+    """With a length sample (--lengths, or the file's sample_lengths()), measure step time against
+    length once, so every trial's objective can include its best bucketing (tuning/bucketing.py)."""
+    reference = int(profile.workload.seq_len or 0)
+    if not reference:
+        raise UserInputError(
+            "the length sample needs a sequence length to measure at: set SEQ_LEN or --seq-len", workload.source
+        )
+    objective = options.objective
+    probes = probe_lengths(hist, objective.bucket_align)
+    say("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}")
+    measured = runner.run(
+        BucketCostsRequest(
+            candidate=Candidate.baseline(profile.device.kind).to_dict(),
+            lengths=probes,
+            warmup_length=reference,
+            batch_size=options.runner.batch_size,
+        )
+    )
+    if measured.failure is not None:
+        raise WorkloadError(
+            f"measuring step time against length failed ({measured.failure.kind}): {measured.failure.message}",
+            workload.source,
+        )
+    points = measured.value.points
+    # The compile cost per new length as measured (a curve C(L) where the lengths' compiles differ,
+    # on TorchTPU confirmed by its counters): each trial's compile is scaled along it.
+    model = fit_cost_model(
+        [(p.length, p.step_seconds) for p in points],
+        [(p.length, p.compile_seconds) for p in points],
+        [p.shape for p in points if p.shape is not None],
+    )
+    return BucketingContext(hist, model, reference, objective.max_buckets, objective.bucket_align)
+
+
+__all__ = ["bucketing_context", "check_ranks", "prepare_agents", "profile_baseline", "start_ranks_on"]

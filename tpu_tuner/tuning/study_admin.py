@@ -4,15 +4,17 @@
 budget, the best so far, and whether it was verified. `finish` verifies the study's best once,
 on this host (interleaved against the baseline, like a worker that completes the budget), and
 writes a run folder with the tuned config; when a worker has verified it already, it writes the
-folder from that recorded verification without measuring again.
+folder from that recorded verification without measuring again. It finishes through a tuning
+run's own last phases (tuning/phases.py: `race_and_verify`, `finish`), on a `Searched` made
+from the study's record.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.core.run_folder import new_run_dir
+from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, trial_runner
 from tpu_tuner.studies import records, run_file
@@ -36,20 +39,16 @@ from tpu_tuner.studies.liveness import (
     open_storage,
     set_liveness,
 )
-from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning import phases, trial_attrs
+from tpu_tuner.tuning.clock import Clock
 from tpu_tuner.tuning.failures import label, stored_causes, stored_not_blamed
 from tpu_tuner.tuning.options import TuneOptions
+from tpu_tuner.tuning.phases import OutputsWriter, Run, Searched, Verified
 from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.run_setup import prepare_agents, start_ranks_on
-from tpu_tuner.tuning.shared_study import (
-    PROFILE_ATTR,
-    RECORD_ATTR,
-    join_differences,
-    record_verification,
-    recorded_verification,
-)
+from tpu_tuner.tuning.shared_study import PROFILE_ATTR, RECORD_ATTR, join_differences, recorded_verification
 from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.verify import Verification, verify
+from tpu_tuner.tuning.verify import Verification
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +193,7 @@ def finish_study(
     device: str | None = None,
     now: bool = False,
     *,
-    write_outputs: Callable[[TuningResult], object],
+    write_outputs: OutputsWriter,
 ) -> TuningResult:
     """Verify the best of study `name` once, on this host, and write a run folder (tuned config,
     report, trials); from the recorded verification when a worker verified the study as it is.
@@ -221,8 +220,6 @@ def finish_study(
             f"study {name!r}: no baseline profile recorded yet (its first worker is still profiling, "
             "or died before it finished)"
         )
-    from tpu_tuner.profiling.profile import Profile
-
     profile = Profile.from_dict(profile_data)
     options = TuneOptions.from_plain(recorded_options)
     options = replace(
@@ -259,8 +256,10 @@ def finish_study(
         runner.log.move_into(run_dir)  # the workers' output, kept off the terminal
         run_file.start(run_dir, storage, name, True, model_file, current)
         try:
-            result = _finish_in(run_dir, study, rdb.url, options, profile, runner)
-            write_outputs(result)
+            # No clock (the trial budget alone) and no progress lines: the CLI prints the verdict.
+            finishing = Run(runner, Clock(None, time.perf_counter()), lambda event: None)
+            searched = _searched(finishing, run_dir, study, rdb.url, options, profile)
+            result = phases.finish(finishing, _verified(finishing, searched), write_outputs)
         except BaseException as exc:
             run_file.mark_failed(run_dir, exc)
             raise
@@ -268,38 +267,31 @@ def finish_study(
     return result
 
 
-def _finish_in(
-    run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Any, runner: Any
-) -> TuningResult:
-    if isinstance(runner, RankedTrialRunner):
-        start_ranks_on(runner, profile, options.runner.nproc)
+def _searched(
+    run: Run, run_dir: Path, study: optuna.Study, storage_url: str, options: TuneOptions, profile: Profile
+) -> Searched:
+    """The study as a worker's search would have left it for its finish: the space narrowed to
+    the recorded profile, the agents having read it, the ranks given their devices."""
+    if isinstance(run.runner, RankedTrialRunner):
+        start_ranks_on(run.runner, profile, options.runner.nproc)
     space = SearchSpace.for_profile(options.search.space, profile, ranks=options.runner.nproc)
     agents, findings, _ = prepare_agents(options, profile, space)
-    measured = measured_count(covered_settings(study.get_trials(deepcopy=False)))
-    done = recorded_verification(study)
-    if done is not None and done.get("measured") == measured:
-        log.info(
-            "the study was verified on %s (%s): writing the config from that verification",
-            done.get("host"),
-            done.get("run_dir"),
-        )
-        verification = from_plain(Verification, done)
-    else:
-        verification = replace(
-            verify(study, space, runner, options, profile.device.kind, None, agents), host=socket.gethostname()
-        )
-        record_verification(study, verification, str(run_dir), f"study finish on {socket.gethostname()}", measured)
-    return TuningResult(
-        run_dir=run_dir,
-        study=study,
-        space=space,
-        profile=profile,
-        findings=findings,
-        verification=verification,
-        options=options,
-        worker_starts=runner.workers_started,
-        storage_url=storage_url,
+    recorder = f"study finish on {socket.gethostname()}"
+    return Searched(study, storage_url, space, profile, agents, findings, options, run_dir, recorder)
+
+
+def _verified(run: Run, searched: Searched) -> Verified:
+    """The verification a worker recorded for the study as it stands, else one measured here."""
+    measured = measured_count(covered_settings(searched.study.get_trials(deepcopy=False)))
+    done = recorded_verification(searched.study)
+    if done is None or done.get("measured") != measured:
+        return phases.race_and_verify(run, searched)
+    log.info(
+        "the study was verified on %s (%s): writing the config from that verification",
+        done.get("host"),
+        done.get("run_dir"),
     )
+    return Verified(searched, from_plain(Verification, done), measured_here=False, measured=measured)
 
 
 def _label(trial: optuna.trial.FrozenTrial) -> str:
