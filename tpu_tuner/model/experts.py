@@ -261,3 +261,16 @@ class MixtureOfExperts(nn.Module):
 
 
 __all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad", "permute_rows"]
+
+
+def moe_routing(model: nn.Module) -> str:
+    """How `model` routes tokens to experts, as the planner's error band compares it with the
+    calibration rows (planner/band.py): "dense" (no experts), "dropping" (a capacity factor) or
+    "dropless". A traced Hugging Face MoE (a module holding an ``experts`` child) computes every
+    routed token with no capacity, so it reads dropless."""
+    for module in model.modules():
+        if isinstance(module, MixtureOfExperts):
+            return "dropless" if module.dropless else "dropping"
+        if isinstance(getattr(module, "experts", None), nn.Module):
+            return "dropless"
+    return "dense"

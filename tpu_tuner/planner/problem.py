@@ -14,6 +14,7 @@ from torch import nn
 from tpu_tuner.core.errors import TpuTuneError, UserInputError, first_line
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
+from tpu_tuner.model.experts import moe_routing
 from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
@@ -58,6 +59,7 @@ class PlanProblem:
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
     xla_flags: tuple[tuple[str, Any], ...] = ()  # added to every compile's options (--xla-flags)
+    moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/experts.py)
 
     @property
     def hbm(self) -> float:
@@ -228,6 +230,7 @@ def build_problem(
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
         xla_flags=options.compile.xla_flags,
+        moe=moe_routing(meta_model),
         placements={
             name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
             for name, kind in placement.items()

@@ -129,7 +129,14 @@ def result_of(
     for p in plans:  # each point's own band: its remat family and per-device batch may differ
         p.per_chip_batch = p.per_device_batch * problem.topology.devices_per_chip
         p.band = error_band(
-            Place(problem.topology.chip.generation, parse_remat(p.remat).family, problem.seq_len, p.per_device_batch),
+            Place(
+                problem.topology.chip.generation,
+                parse_remat(p.remat).family,
+                problem.seq_len,
+                p.per_device_batch,
+                moe=problem.moe,
+                slices=problem.topology.slices,
+            ),
             problem.cost_model,
         )
     fitting = [p for p in plans if p.fits and p.prediction]
