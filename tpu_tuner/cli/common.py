@@ -92,6 +92,15 @@ __all__ = [
 ]
 
 
+def quiet_optuna(debug: bool) -> None:
+    """Optuna's own INFO lines (a study created, each trial told) off the terminal, which holds
+    the command's progress lines (all of them with --debug). The CLI's choice, made once Optuna is
+    imported (after the options are checked): the library leaves Optuna's logging as it is."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.DEBUG if debug else optuna.logging.WARNING)
+
+
 def dashboard_lines(run_dir: Path, storage: str) -> list[str]:
     """Where to look at a finished run: tpu-tune's own dashboard of its results folder, and
     Optuna's over the study where optuna-dashboard is installed (the `postgres` extra installs it;

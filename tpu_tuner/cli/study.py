@@ -54,10 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the study's status, or verify its best here and write the run folder."""
+    from tpu_tuner.cli.common import quiet_optuna
     from tpu_tuner.studies.storage import check_storage, shared_sqlite, storage_from_environment
 
     storage = args.storage or storage_from_environment() or shared_sqlite(args.out)
     check_storage(storage)
+    quiet_optuna(args.debug)
     if args.action == "dashboard":
         return _serve_dashboard(storage, args.host, args.port)
     if args.action == "status":

@@ -39,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
     # optuna are imported, before any model runs and before a run folder exists.
     options = options_from(args).preflight()
     from tpu_tuner.api import tune
+    from tpu_tuner.cli.common import quiet_optuna
     from tpu_tuner.cli.tune_progress import ProgressLines
     from tpu_tuner.core.units import ms
     from tpu_tuner.knobs.candidate import Candidate
 
+    quiet_optuna(args.debug)
     show = ProgressLines()
     if options.runner.nnodes > 1:
         from tpu_tuner.api import tune_across_hosts

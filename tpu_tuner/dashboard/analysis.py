@@ -63,8 +63,14 @@ def knob_importance(trials: pd.DataFrame) -> dict[str, float]:
         )
         for _, row in done.iterrows()
     ]
+    # A throwaway study to ask Optuna's importance of: its "new study created" line is no news,
+    # and the caller's verbosity is restored (a library leaves Optuna's logging as it found it).
+    verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize")
+    try:
+        study = optuna.create_study(direction="minimize")
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     study.add_trials(frozen)
     try:
         # PED-ANOVA: Optuna's default evaluator, deterministic and without scikit-learn (fANOVA needs it).

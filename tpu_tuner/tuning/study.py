@@ -17,8 +17,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import optuna
-
 from tpu_tuner.runner.hosts import HostGroup
 from tpu_tuner.runner.multi_host import MultiHostTrialRunner
 from tpu_tuner.runner.ranked_runner import trial_runner
@@ -32,7 +30,6 @@ from tpu_tuner.tuning.result import TuningResult
 from tpu_tuner.tuning.shared_study import JoinRefused
 
 log = logging.getLogger(__name__)
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def run_tuning(
