@@ -100,3 +100,32 @@ def write(file: Path, text: str) -> Path:
     """`text` into `file` as UTF-8, a lone surrogate as the bytes no UTF-8 reader accepts."""
     file.write_bytes(text.encode("utf-8", "surrogatepass"))
     return file
+
+
+# --- the grammars of what a user types (tests/test_fuzz_parsers.py, test_fuzz_cli.py) -------------
+
+# --time-budget
+DURATION = joined(st.tuples(numbers(), st.sampled_from(["h", "m", "s", "", " m", "min", "ms"])).map("".join), "", 3)
+# --layout (the planner's) and the layout knob's values
+AXIS_SIZES = joined(numbers(), "x", 5)
+NAMED_AXIS = st.tuples(
+    st.sampled_from(["fsdp_transpose", "expert", "dcn_data", "dcn_fsdp", "dcn_pipeline", "tensor", ""]), numbers()
+).map(lambda pair: f"{pair[0]}={pair[1]}")
+LAYOUT = st.tuples(AXIS_SIZES, st.lists(NAMED_AXIS, max_size=3)).map(lambda p: ",".join([p[0], *p[1]]))
+# --topology and --price GEN=USD
+GENERATIONS = ["v4", "v5e", "v5p", "v5litepod", "v6e", "tpu7x", "v7x", "v3", "V5P"]
+TOPOLOGY = st.one_of(
+    st.tuples(st.sampled_from(GENERATIONS), numbers()).map("-".join),
+    st.tuples(st.sampled_from(GENERATIONS), joined(numbers(), "x", 4)).map(":".join),
+)
+PRICE = st.tuples(st.sampled_from([*GENERATIONS, "v6e ", ""]), numbers()).map("=".join)
+# --remat
+REMAT = st.one_of(
+    st.sampled_from(["full", "minimal", "none", "save_qkv_proj", "save_dot_except_mlpwi", "qkv_proj_offloaded"]),
+    key_values(["query_proj", "key_proj", "decoder_layer_input", "mlpwi", "out_proj"], lambda: st.sampled_from(
+        ["device", "offload", "remat", "", "DEVICE"]
+    )).map(lambda pairs: "custom:" + pairs),
+)  # fmt: skip
+# --lengths files (tpu-tune buckets, tune --lengths)
+LENGTH_ROW = st.one_of(numbers(), joined(numbers(), ",", 3), st.sampled_from(["length", "tokens,id", "id,name"]))
+LENGTHS_TEXT = st.lists(near(LENGTH_ROW), max_size=8).map("\n".join)

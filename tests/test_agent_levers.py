@@ -9,9 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_agents_hardware import AMX, _agent, _matmul_heavy_profile
-from test_threads_knob import _cores
-from test_threads_knob import _profile as _threads_profile
+from helpers import AMX, matmul_heavy_profile, pin_cores, precision_agent, threads_profile
 
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.knobs.quantization import NO_TORCHAO
@@ -26,7 +24,7 @@ SUGGESTED = "int8 quantized linears (torchao) may pay off"
 
 def _linear_heavy(linear_layers: int | None = 4) -> SimpleNamespace:
     """An inference step spending 80% in linear layers' matmuls; with traits where given."""
-    profile = _matmul_heavy_profile(training=False)
+    profile = matmul_heavy_profile(training=False)
     if linear_layers is not None:
         traits = WorkloadTraits(False, 0, 0, 8, linear_layers=linear_layers).to_dict()
         del traits["training"]
@@ -35,7 +33,7 @@ def _linear_heavy(linear_layers: int | None = 4) -> SimpleNamespace:
 
 
 def test_a_space_without_quantization_gets_no_quantization_suggestion() -> None:
-    agent, profile = _agent(AMX), _linear_heavy()
+    agent, profile = precision_agent(AMX), _linear_heavy()
     with_it = " ".join(agent.diagnose(profile, SearchSpace.load("default", "cpu").for_workload(_traits(profile))))
     assert SUGGESTED in with_it
     # The precision space has no quantization parameter at all: said so, not suggested.
@@ -59,7 +57,7 @@ def _traits(profile: SimpleNamespace) -> WorkloadTraits:
 def test_the_reason_is_the_space_s_own_note_and_the_knob_s_checks_without_a_space(monkeypatch) -> None:
     # No nn.Linear modules (the matmuls are addmm calls of another module, as GPT-2's Conv1D):
     # the narrowed space leaves quantization out, and says why.
-    agent, profile = _agent(AMX), _linear_heavy(linear_layers=0)
+    agent, profile = precision_agent(AMX), _linear_heavy(linear_layers=0)
     narrowed = SearchSpace.load("default", "cpu").for_workload(_traits(profile))
     for space in (narrowed, None):  # without a space, the knob's own checks give the same reason
         text = " ".join(agent.diagnose(profile, space))
@@ -78,7 +76,7 @@ def test_the_reason_is_the_space_s_own_note_and_the_knob_s_checks_without_a_spac
 
 
 def test_bf16_autocast_is_called_worth_trying_only_where_it_is_searched() -> None:
-    agent, profile = _agent(AMX), _linear_heavy()
+    agent, profile = precision_agent(AMX), _linear_heavy()
     searched = " ".join(agent.diagnose(profile, SearchSpace.load("precision", "cpu")))
     assert "bf16 autocast is worth trying" in searched and "should pay off" in searched
     fixed = SearchSpace.load("precision", "cpu")
@@ -110,9 +108,9 @@ def test_compiler_fusion_is_suggested_only_where_a_compiling_mode_is_searched() 
 
 @pytest.mark.parametrize("space_name", ["default", "precision"])
 def test_fewer_threads_are_seeded_only_where_the_thread_count_is_searched(monkeypatch, space_name: str) -> None:
-    _cores(monkeypatch, 8)
+    pin_cores(monkeypatch, 8)
     (agent,) = load_agents(["threads"], "cpu")
-    profile: Any = _threads_profile(0.7, 200, 2e-3, 0.02)  # overhead-bound: a reason for fewer threads
+    profile: Any = threads_profile(0.7, 200, 2e-3, 0.02)  # overhead-bound: a reason for fewer threads
     finding = agent.diagnose(profile, SearchSpace.load(space_name, "cpu"))[0]
     assert ("fewer threads are seeded" in finding) == (space_name == "default")
     assert ("fewer threads: not searched here" in finding) == (space_name == "precision")

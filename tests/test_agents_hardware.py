@@ -3,68 +3,24 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import optuna
 import pytest
 from conftest import use_probe
+from helpers import AMX, injected_probe, matmul_heavy_profile, precision_agent
 
 from tpu_tuner.core.definitions import load_definition
-from tpu_tuner.devices import roofline
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.tuning.agents import PrecisionAgent, load_agents
 from tpu_tuner.tuning.seeding import enqueue_seeds
 from tpu_tuner.tuning.space import SearchSpace
 
-
-def _probe(fp32: float, bf16: float, medium_error: float) -> roofline.RooflineProbe:
-    return roofline.RooflineProbe(
-        float32_flops_per_s=fp32,
-        bfloat16_flops_per_s=bf16,
-        copy_bytes_per_s=2e10,
-        matmul_size=2048,
-        copy_bytes=1,
-        repeats=3,
-        measured_at="injected",
-        dispatch_seconds_per_op=1e-6,
-        medium_relative_error=medium_error,
-        measured_at_epoch=time.time(),
-    )
-
-
 # The two host kinds of docs/mfu.md ("medium" numerics): AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
-NO_BF16_UNITS = _probe(300e9, 60e9, 1.2e-7)
-AMX = _probe(300e9, 1200e9, 2.5e-3)
+NO_BF16_UNITS = injected_probe(300e9, 60e9, 1.2e-7)
 # This kind too: fast bf16 (AVX512_BF16) but "medium" leaves fp32 matmuls unchanged.
-BF16_BUT_MEDIUM_IS_FP32 = _probe(210e9, 900e9, 4e-7)
-
-
-def _agent(probe: roofline.RooflineProbe | None) -> PrecisionAgent:
-    return PrecisionAgent(load_definition("agents", "precision"), "cpu", probe)
-
-
-def _matmul_heavy_profile(training: bool = True) -> SimpleNamespace:
-    verdict = decide(
-        6e9,
-        1e8,
-        0.05,
-        300e9,
-        "float32",
-        2e10,
-        40,
-        0.5,
-        dispatch_seconds_per_op=1e-6,
-        top_operators=[("aten::addmm", 0.8)],
-    )
-    return SimpleNamespace(
-        verdict=verdict,
-        peak_dtype="float32",
-        operators=[SimpleNamespace(name="aten::addmm", share=0.8)],
-        workload=SimpleNamespace(training=training),
-    )
+BF16_BUT_MEDIUM_IS_FP32 = injected_probe(210e9, 900e9, 4e-7)
 
 
 def _space() -> SearchSpace:
@@ -72,36 +28,36 @@ def _space() -> SearchSpace:
 
 
 def test_host_without_bf16_units_skips_medium_and_bf16_with_the_figures() -> None:
-    agent = _agent(NO_BF16_UNITS)
+    agent = precision_agent(NO_BF16_UNITS)
     medium = agent.validate(Candidate(matmul_precision="medium"))
     assert medium is not None and "relative error 1.2e-07" in medium and "same kernels as 'highest'" in medium
     bf16 = agent.validate(Candidate(autocast="bfloat16"))
     assert bf16 is not None and "60 GFLOP/s against 300 GFLOP/s" in bf16 and "0.20x" in bf16
     assert agent.seeds(None, _space()) == []
-    findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
+    findings = " ".join(agent.diagnose(matmul_heavy_profile()))
     assert "should pay off" not in findings and "no faster than fp32" in findings
     assert "matmul precision 'medium' skipped" in findings and "bf16 autocast rejected" in findings
 
 
 def test_host_with_fast_bf16_still_seeds_both() -> None:
-    agent = _agent(AMX)
+    agent = precision_agent(AMX)
     assert agent.validate(Candidate(matmul_precision="medium")) is None
     assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}, {"matmul_precision": "medium"}]
-    findings = " ".join(agent.diagnose(_matmul_heavy_profile()))
+    findings = " ".join(agent.diagnose(matmul_heavy_profile()))
     assert "should pay off" in findings and "runs fp32 matmuls as bf16" in findings
 
 
 def test_fast_bf16_with_fp32_medium_seeds_only_autocast() -> None:
-    agent = _agent(BF16_BUT_MEDIUM_IS_FP32)
+    agent = precision_agent(BF16_BUT_MEDIUM_IS_FP32)
     assert agent.validate(Candidate(matmul_precision="medium")) is not None
     assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"autocast": "bfloat16"}]
-    assert "bf16 matmuls (bf16 autocast) should pay off" in " ".join(agent.diagnose(_matmul_heavy_profile()))
+    assert "bf16 matmuls (bf16 autocast) should pay off" in " ".join(agent.diagnose(matmul_heavy_profile()))
 
 
 def test_bf16_a_little_slower_is_not_seeded_but_not_rejected() -> None:
-    agent = _agent(_probe(300e9, 240e9, 2.5e-3))  # 0.8x: not seeded, still searchable
+    agent = precision_agent(injected_probe(300e9, 240e9, 2.5e-3))  # 0.8x: not seeded, still searchable
     assert agent.validate(Candidate(autocast="bfloat16")) is None
     assert agent.seeds(None, _space()) == [{"matmul_precision": "medium"}]
 
@@ -159,12 +115,12 @@ def test_seeds_are_queued_in_turns_so_every_agent_s_first_guess_runs_early() -> 
 
 
 def test_quantized_linears_are_proposed_only_for_a_linear_heavy_inference_step() -> None:
-    agent, space = _agent(AMX), SearchSpace.load("default", "cpu")
-    inference = _matmul_heavy_profile(training=False)
+    agent, space = precision_agent(AMX), SearchSpace.load("default", "cpu")
+    inference = matmul_heavy_profile(training=False)
     assert {"quantization": "int8_dynamic"} in agent.seeds(inference, space)
     assert "int8 quantized linears (torchao) may pay off" in " ".join(agent.diagnose(inference))
-    assert {"quantization": "int8_dynamic"} not in agent.seeds(_matmul_heavy_profile(), space)  # training
-    light = _matmul_heavy_profile(training=False)
+    assert {"quantization": "int8_dynamic"} not in agent.seeds(matmul_heavy_profile(), space)  # training
+    light = matmul_heavy_profile(training=False)
     light.operators = [
         SimpleNamespace(name="aten::convolution", share=0.8),
         SimpleNamespace(name="aten::addmm", share=0.1),

@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 import pytest
-from test_failure_learning import _measurement
+from helpers import step_measurement
 
 from tpu_tuner import TuneOptions
 from tpu_tuner.execution.measurement import EarlyStop, TrialFailure
@@ -79,7 +79,7 @@ class CrashRunner:
         if request.stop_above_s is not None and step > request.stop_above_s:
             stop = EarlyStop(candidate, "steps", "too slow", [step] * 3, step, 0.0, step)
             return JobResult(value=stop, seconds=0.0)
-        return JobResult(value=_measurement(candidate, step), seconds=0.0)
+        return JobResult(value=step_measurement(candidate, step), seconds=0.0)
 
 
 def _tune(space: SearchSpace, bad: tuple[str, str], sampler: str, seed: int) -> tuple[optuna.Study, list[Any]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import FIXTURES, serving
+from helpers import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 
 import tpu_tuner
 from tpu_tuner.cli import main
@@ -25,54 +26,6 @@ from tpu_tuner.dashboard.analysis import knob_importance, pareto_front
 from tpu_tuner.dashboard.collect import COLUMNS
 from tpu_tuner.dashboard.plots import step_split
 from tpu_tuner.profiling import ProfilerSettings
-
-TUNED_CONFIG = """\
-format_version = 1
-device_kind = "cpu"
-
-[settings]
-eager_mode = "strict"
-compile_backend = "inductor"
-matmul_precision = "highest"
-autocast_dtype = "bfloat16"
-
-[provenance]
-created = "2026-11-29T09:24:33+00:00"
-device = "AMD EPYC"
-accuracy_error = 0.0029
-
-[provenance.workload]
-name = "gpt"
-
-[provenance.baseline]
-step_median_s = 0.76
-mfu = 0.626
-
-[provenance.tuned]
-step_median_s = 0.445
-mfu = 0.391
-peak_dtype = "bfloat16"
-
-[provenance.verification]
-speedup = 1.548
-ci_low = 1.49
-ci_high = 1.60
-significant = true
-
-[provenance.study]
-trials = 6
-"""
-
-# Trial 3 repeats trial 1 and trial 4 was rejected before running: neither counts as measured.
-TRIALS_CSV = """\
-number,state,execution,matmul_precision,autocast,amortised_step_s,step_median_s,compile_s,mfu,accuracy_error,feasible,peak_memory_bytes,failure_kind,failure_message,rejected_by,repeat_of,trial_wall_s,duration_s
-0,COMPLETE,eager,highest,none,0.76,0.76,0.01,0.626,0.0,True,1e9,,,,,11,11
-1,COMPLETE,inductor,highest,bfloat16,0.445,0.445,0.76,0.391,0.0029,True,1e9,,,,,13,13
-2,COMPLETE,eager,medium,none,0.665,0.665,0.0,0.26,3e-7,True,1e9,,,,,9,9
-3,COMPLETE,inductor,highest,bfloat16,0.445,0.445,0.76,0.391,0.0029,True,1e9,,,,1.0,13,13
-4,PRUNED,aot_eager,high,none,,,,,,,,,,precision: same as highest,,0,0
-5,FAIL,aot_eager,medium,bfloat16,,,,,,,,timeout,killed after 300 s,,,300,300
-"""
 
 
 @pytest.fixture(scope="module")
@@ -107,106 +60,6 @@ def write_tune(root: Path, profile_text: str, name: str = "gpt-tune-20261129-092
     (folder / "profile.json").write_text(profile_text)
     (folder / "report.md").write_text("# Tuning report: gpt\n")
     (folder / "run.json").write_text(json.dumps({"storage": "sqlite:///x.db", "study_name": name}))
-    return folder
-
-
-def plan_dict(topology: str, chips: int, mfus: list[float | None], fits: list[bool]) -> dict:
-    """plan.json as PlanResult.to_dict() writes it (planner/plan.py)."""
-    plans = []
-    for index, (mfu, fit) in enumerate(zip(mfus, fits)):
-        prediction = (
-            None
-            if mfu is None
-            else {
-                "compute_seconds": 0.8,
-                "memory_seconds": 0.5,
-                "comm_seconds": 0.4,
-                "exposed_comm_seconds": 0.1,
-                "step_seconds": 1.0 + 0.1 * index,
-                "alignment": 1.0,
-                "mfu": mfu,
-                "tokens_per_second": 1e5,
-            }
-        )
-        plans.append(
-            {
-                "layout": {"data": 1, "fsdp": chips // (index + 1), "tensor": index + 1},
-                "compiled": {
-                    "flops": 1e15,
-                    "bytes_accessed": 1e12,
-                    "argument_bytes": 1e9,
-                    "output_bytes": 1e9,
-                    "temp_bytes": 1e9,
-                    "alias_bytes": 0.0,
-                    "collectives": [],
-                    "compile_seconds": 3.0,
-                    "error": None if mfu is not None else "RESOURCE_EXHAUSTED",
-                    "host_temp_bytes": 0.0,
-                },
-                "fits": fit,
-                "margin_bytes": 1e9 if fit else -1e9,
-                "why": "" if fit else "over HBM by 1 GiB",
-                "prediction": prediction,
-            }
-        )
-    best = max((p for p in plans if p["fits"] and p["prediction"]), key=lambda p: p["prediction"]["mfu"], default=None)
-    return {
-        "workload": "gpt",
-        "preset": "70b",
-        "topology": {"name": topology, "jax_name": "TPU v5p", "chips": chips, "devices": chips, "generation": "v5p"},
-        "global_batch": 256,
-        "seq_len": 4096,
-        "remat": "full",
-        "attention_convention": "full",
-        "model_flops_per_step": 1e18,
-        "matmul_parameters": 7e10,
-        "plans": plans,
-        "rejected": [],
-        "placements": {},
-        "method": "compiled",
-        "seconds": 12.0,
-        "best": None if best is None else "data {data} x fsdp {fsdp} x tensor {tensor}".format(**best["layout"]),
-    }
-
-
-def buckets_dict() -> dict:
-    """buckets.json as BucketResult.to_dict() writes it (bucketing/study.py)."""
-    evaluation = {
-        "strategy": {"name": "optimal", "bounds": [64, 128, 256], "note": ""},
-        "compiled_shapes": 3,
-        "padding_waste": 0.12,
-        "compile_seconds": 30.0,
-        "step_seconds": 0.1,
-        "total_seconds": 2030.0,
-        "within_limits": True,
-    }
-    return {
-        "workload": "tiny_encoder",
-        "device": "cpu",
-        "compile_backend": "inductor",
-        "samples": 1000,
-        "distinct_lengths": 4,
-        "length_summary": {"p50": 100},
-        "steps": 20000,
-        "max_buckets": 8,
-        "align": 8,
-        "cost_model": {},
-        "chosen": evaluation,
-        "table": [evaluation],
-        "oracle_seconds": 2000.0,
-        "optimiser_seconds": 0.01,
-        "histogram": {"lengths": [40, 100, 200, 250], "counts": [300, 400, 200, 100]},
-        "replays": [],
-        "replay_note": "",
-        "seconds": 5.0,
-        "chosen_buckets": [64, 128, 256],
-    }
-
-
-def write_json(root: Path, name: str, file: str, data: object) -> Path:
-    folder = root / name
-    folder.mkdir(parents=True)
-    (folder / file).write_text(json.dumps(data))
     return folder
 
 
@@ -467,42 +320,6 @@ def test_serve_stops_cleanly_on_ctrl_c(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------- rankings of slices (tpu-tune plan --topology A,B)
-
-
-def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b-plan-ranking-20261202-000000") -> Path:
-    """A ranking folder as outputs/ranking_report.py writes it: ranking.json, ranking.md and one plan
-    folder per slice (v5p-8 fits; v5p-16 does not; tpu7x-8 fits and has no price)."""
-    from tpu_tuner.outputs.ranking_report import write_ranking
-    from tpu_tuner.planner.prices import price_table
-    from tpu_tuner.planner.ranking import Ranking, ranked, slice_of
-
-    folder = root / name
-    folder.mkdir(parents=True)
-    prices = price_table()
-    plans = {
-        "v5p-8": plan_dict("v5p-8", 4, [0.41], [True]),
-        "v5p-16": plan_dict("v5p-16", 8, [0.5], [False]),
-        "tpu7x-8": plan_dict("tpu7x-8", 8, [0.3], [True]),
-    }
-    plans["tpu7x-8"]["topology"]["generation"] = "tpu7x"
-    slices = []
-    for topology in topologies:
-        plan = plans[topology]
-        for point in plan["plans"]:
-            point["band"] = {"points": 4.0, "source": "test", "reasons": []}
-        child = write_json(folder, f"gpt_70b-plan-{topology}-20261202-000000", "plan.json", plan)
-        (child / "plan.md").write_text("# Plan\n")
-        slices.append(slice_of(plan, prices.get(plan["topology"]["generation"]), child.name))
-    ranking = Ranking(
-        "examples/llama.py",
-        "gpt",
-        "70b",
-        ranked(slices),
-        {g: vars(p) for g, p in prices.items()},
-        ["v5p-8", "v5p-16", "tpu7x-8"],
-    )
-    write_ranking(folder, ranking)
-    return folder
 
 
 def test_a_ranking_of_slices_is_read_with_its_plans_and_shown_as_the_cli_prints_it(tmp_path) -> None:

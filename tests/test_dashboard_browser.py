@@ -113,8 +113,8 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
     table sorts, its chart decodes, and a slice's best point links to that slice's plan.md."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
+    from helpers import write_ranking_folder
     from playwright.sync_api import sync_playwright
-    from test_dashboard import write_ranking_folder
 
     folder = write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])
     problems: list[str] = []

@@ -12,9 +12,9 @@ from pathlib import Path
 import matplotlib.dates as mdates
 import pandas as pd
 import pytest
+from helpers import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 from matplotlib.figure import Figure
 from matplotlib.text import Text
-from test_dashboard import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.plain_data import json_default

@@ -11,9 +11,10 @@ from typing import Any
 import optuna
 import pytest
 from conftest import FIXTURES
+from helpers import step_measurement
 
 from tpu_tuner import TuneOptions
-from tpu_tuner.execution.measurement import EarlyStop, Measurement, TrialFailure
+from tpu_tuner.execution.measurement import EarlyStop, TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
@@ -26,26 +27,6 @@ from tpu_tuner.tuning.trials import run_search
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
-
-
-def _measurement(candidate: dict, step: float, compile_s: float = 0.0) -> Measurement:
-    return Measurement(
-        candidate=candidate,
-        step_median=step,
-        step_p10=step,
-        step_p90=step,
-        samples=[step] * 10,
-        first_call_seconds=step + compile_s,
-        warmup_seconds=step,
-        compile_seconds=compile_s,
-        compiles={},
-        model_flops_per_step=1e6,
-        peak_flops_per_s=1e9,
-        peak_dtype="float32",
-        mfu=1e6 / step / 1e9,
-        peak_memory_bytes=None,
-        accuracy_errors={"output": 0.0},
-    )
 
 
 class RuleRunner:
@@ -73,7 +54,7 @@ class RuleRunner:
             return JobResult(
                 value=EarlyStop(candidate, "steps", "too slow", [step] * 3, step, 0.0, step), seconds=self.seconds
             )
-        return JobResult(value=_measurement(candidate, step), seconds=self.seconds)
+        return JobResult(value=step_measurement(candidate, step), seconds=self.seconds)
 
 
 def _search(study: optuna.Study, runner: RuleRunner, trials: int, **search: Any) -> tuple[str, list]:
@@ -276,7 +257,7 @@ class ChipRunner(RuleRunner):
         if self.fault:
             failure = TrialFailure("error", "RuntimeError: a required argument is in a failed state")
             return JobResult(failure=failure, seconds=0.0)
-        measurement = _measurement(request.candidate, STEP[request.candidate["matmul_precision"]])
+        measurement = step_measurement(request.candidate, STEP[request.candidate["matmul_precision"]])
         if request.candidate.get("autocast") == "none":
             measurement.accuracy_errors = {"output": 0.5}
         return JobResult(value=measurement, seconds=0.0)

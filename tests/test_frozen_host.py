@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from test_multi_host import Hosts, _both_hosts_mid_job, _lines, _text, _wait_for_nothing_left
+from helpers import Hosts, both_hosts_mid_job, json_lines, output_of, wait_for_nothing_left
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.runner.hosts import BEAT_S, SILENT_S
@@ -22,18 +22,18 @@ from tpu_tuner.runner.hosts import BEAT_S, SILENT_S
 def test_a_frozen_follower_agent_fails_its_job_as_a_hang_and_exits_once_continued(tmp_path) -> None:
     hosts = Hosts(tmp_path, "frozen", "--node-rank", "1")
     try:
-        driver, follower, deadline = _both_hosts_mid_job(hosts, tmp_path, "frozen")
+        driver, follower, deadline = both_hosts_mid_job(hosts, tmp_path, "frozen")
         os.kill(follower.pid, signal.SIGSTOP)  # the agent only: its ranks run on
         stopped_at = time.monotonic()
-        while len([line for line in _lines(driver) if isinstance(line.get("job"), dict)]) < 2:
-            assert driver.poll() is None and time.monotonic() < deadline, _text(driver)
+        while len([line for line in json_lines(driver) if isinstance(line.get("job"), dict)]) < 2:
+            assert driver.poll() is None and time.monotonic() < deadline, output_of(driver)
             time.sleep(0.1)
         detected = time.monotonic() - stopped_at
         print(f"frozen follower agent: its job failed {detected:.1f} s after SIGSTOP (silence limit {SILENT_S:g} s)")
         os.kill(follower.pid, signal.SIGCONT)
-        assert driver.wait(timeout=120) == 0, _text(driver)
+        assert driver.wait(timeout=120) == 0, output_of(driver)
         assert follower.wait(timeout=120) != 0  # it found the run over (the store gone with the driver)
-        second = [line["job"] for line in _lines(driver) if isinstance(line.get("job"), dict)][1]
+        second = [line["job"] for line in json_lines(driver) if isinstance(line.get("job"), dict)][1]
         assert second["kind"] == FailureKind.HANG, second
         me = socket.gethostname()
         assert second["message"].startswith(
@@ -42,7 +42,7 @@ def test_a_frozen_follower_agent_fails_its_job_as_a_hang_and_exits_once_continue
         assert "its agent froze (stopped, SIGSTOP)" in second["message"], second
         # Silence counts from the agent's last beat, up to a beat before the stop.
         assert SILENT_S - BEAT_S <= detected < SILENT_S + 10, detected
-        _wait_for_nothing_left(hosts)
+        wait_for_nothing_left(hosts)
     finally:
         for process in hosts.started:
             if process.poll() is None:

@@ -13,10 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_strategies import budget, joined, key_values, near, numbers, values, write
+from fuzz_strategies import (
+    DURATION,
+    LAYOUT,
+    LENGTHS_TEXT,
+    PRICE,
+    REMAT,
+    TOPOLOGY,
+    budget,
+    joined,
+    key_values,
+    near,
+    numbers,
+    values,
+    write,
+)
 from hypothesis import given
 from hypothesis import strategies as st
-from test_fuzz_parsers import DURATION, LAYOUT, LENGTHS_TEXT, PRICE, REMAT, TOPOLOGY
 
 import tpu_tuner
 from tpu_tuner.cli import main

@@ -11,7 +11,21 @@ import math
 from pathlib import Path
 
 import pytest
-from fuzz_strategies import budget, joined, key_values, mutated, near, numbers, write
+from fuzz_strategies import (
+    DURATION,
+    LAYOUT,
+    LENGTHS_TEXT,
+    PRICE,
+    REMAT,
+    TOPOLOGY,
+    budget,
+    joined,
+    key_values,
+    mutated,
+    near,
+    numbers,
+    write,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,8 +40,6 @@ def refused_in_one_line(exc: BaseException) -> None:
 
 
 # --- --time-budget -----------------------------------------------------------------------------
-
-DURATION = joined(st.tuples(numbers(), st.sampled_from(["h", "m", "s", "", " m", "min", "ms"])).map("".join), "", 3)
 
 
 @given(near(st.one_of(DURATION, st.sampled_from(["none", "off", "0", "10m", "1h30m", "90s"]))))
@@ -47,12 +59,6 @@ def test_time_budget(text: str) -> None:
 
 # --- --layout (the planner's) and the layout knob's values ------------------------------------
 
-AXIS_SIZES = joined(numbers(), "x", 5)
-NAMED_AXIS = st.tuples(
-    st.sampled_from(["fsdp_transpose", "expert", "dcn_data", "dcn_fsdp", "dcn_pipeline", "tensor", ""]), numbers()
-).map(lambda pair: f"{pair[0]}={pair[1]}")
-LAYOUT = st.tuples(AXIS_SIZES, st.lists(NAMED_AXIS, max_size=3)).map(lambda p: ",".join([p[0], *p[1]]))
-
 
 @given(near(LAYOUT), st.booleans())
 def test_layout(text: str, context: bool) -> None:
@@ -70,12 +76,6 @@ def test_layout(text: str, context: bool) -> None:
 
 
 # --- --topology and --slices --------------------------------------------------------------------
-
-GENERATIONS = ["v4", "v5e", "v5p", "v5litepod", "v6e", "tpu7x", "v7x", "v3", "V5P"]
-TOPOLOGY = st.one_of(
-    st.tuples(st.sampled_from(GENERATIONS), numbers()).map("-".join),
-    st.tuples(st.sampled_from(GENERATIONS), joined(numbers(), "x", 4)).map(":".join),
-)
 
 
 @given(near(TOPOLOGY), st.one_of(st.integers(-2, 8), st.integers()))
@@ -95,8 +95,6 @@ def test_topology(text: str, slices: int) -> None:
 
 # --- --price GEN=USD ----------------------------------------------------------------------------
 
-PRICE = st.tuples(st.sampled_from([*GENERATIONS, "v6e ", ""]), numbers()).map("=".join)
-
 
 @given(st.lists(near(joined(PRICE, ",", 3)), max_size=3))
 def test_price_flags(flags: list[str]) -> None:
@@ -113,13 +111,6 @@ def test_price_flags(flags: list[str]) -> None:
 
 
 # --- --remat, --accumulations / --contexts ------------------------------------------------------
-
-REMAT = st.one_of(
-    st.sampled_from(["full", "minimal", "none", "save_qkv_proj", "save_dot_except_mlpwi", "qkv_proj_offloaded"]),
-    key_values(["query_proj", "key_proj", "decoder_layer_input", "mlpwi", "out_proj"], lambda: st.sampled_from(
-        ["device", "offload", "remat", "", "DEVICE"]
-    )).map(lambda pairs: "custom:" + pairs),
-)  # fmt: skip
 
 
 @given(near(REMAT))
@@ -148,9 +139,6 @@ def test_plan_sizes(flag: str, text: str) -> None:
 
 
 # --- --lengths files (tpu-tune buckets, tune --lengths) -----------------------------------------
-
-LENGTH_ROW = st.one_of(numbers(), joined(numbers(), ",", 3), st.sampled_from(["length", "tokens,id", "id,name"]))
-LENGTHS_TEXT = st.lists(near(LENGTH_ROW), max_size=8).map("\n".join)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from tpu_tuner.devices import get_backend  # noqa: E402
 from tpu_tuner.execution.gloo_buffers import WorkerBuffers, as_gloo  # noqa: E402
 from tpu_tuner.execution.heap_model import MMAP_THRESHOLD_MAX  # noqa: E402
-from tpu_tuner.execution.rank_memory import _fake_group, estimate_rank_memory  # noqa: E402
+from tpu_tuner.execution.rank_memory import estimate_rank_memory, fake_group  # noqa: E402
 from tpu_tuner.knobs.candidate import Candidate  # noqa: E402
 from tpu_tuner.model.loader import load_workload  # noqa: E402
 
@@ -30,7 +30,7 @@ def _tracked_peak(collective: str, gloo: bool) -> tuple[int, WorkerBuffers | Non
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with _fake_group(0, 2), as_gloo(2) if gloo else contextlib.nullcontext() as workers, FakeTensorMode():
+    with fake_group(0, 2), as_gloo(2) if gloo else contextlib.nullcontext() as workers, FakeTensorMode():
         whole, shard = torch.empty(MIB // 2), torch.empty(MIB // 4)  # 2 MiB and 1 MiB of float32
         tracker = MemTracker()
         tracker.track_external(whole, shard)

@@ -66,12 +66,12 @@ def test_a_native_file_says_its_declarations_or_the_flags_that_replaced_them() -
 
 
 def test_the_report_header_says_dims_not_a_guessed_batch(tmp_path) -> None:
-    from test_window_figures import _result
+    from helpers import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
     from tpu_tuner.tuning.shared_study import RECORD_ATTR
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     # As the profile records a benchmark file's batch: dim 0 of its first input, here the sequence.
     gru = ProfiledWorkload("gru", "gru.py", "benchmark", training=False, batch_size=512)
     result.profile.workload = gru  # type: ignore[misc]
@@ -88,7 +88,9 @@ def test_the_report_header_says_dims_not_a_guessed_batch(tmp_path) -> None:
         "seq 512 at dim 0 (the file's seq_len). Objective:"
     )
     # A native file's header names its declarations (the fixture run's BATCH_SIZE is 32).
-    assert render_report(_result(tmp_path), {}).splitlines()[2].startswith("training step, batch 32 (BATCH_SIZE).")
+    assert (
+        render_report(window_result(tmp_path), {}).splitlines()[2].startswith("training step, batch 32 (BATCH_SIZE).")
+    )
 
 
 def test_profile_json_keeps_the_dims_and_older_profiles_read_back_without() -> None:

@@ -10,7 +10,7 @@ import io
 
 import optuna
 import pandas as pd
-from test_dashboard import TRIALS_CSV
+from helpers import TRIALS_CSV
 
 from tpu_tuner.dashboard.analysis import knob_importance
 

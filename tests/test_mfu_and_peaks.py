@@ -235,13 +235,13 @@ def _measurement(step: float, peak: float, dtype: str) -> Measurement:
 
 
 def test_tuning_report_compares_mfu_on_one_peak() -> None:
-    from tpu_tuner.outputs.tuning_report import _comparison_rows
+    from tpu_tuner.outputs.tuning_report import comparison_rows
 
     # The tuned trial beat the profile's peak and raised it: both columns use the raised peak,
     # so the tuned run reads higher (it is faster) and nothing reads above 100%.
     base = _measurement(1.0, 300e9, "float32")
     tuned = _measurement(0.25, 400e9, "float32")
-    row = next(r for r in _comparison_rows(base, tuned, 100) if r.startswith("| MFU"))
+    row = next(r for r in comparison_rows(base, tuned, 100) if r.startswith("| MFU"))
     assert "25.0% of 400 GFLOP/s" in row and "100.0% of 400 GFLOP/s" in row
 
 

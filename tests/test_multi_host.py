@@ -11,25 +11,29 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import FIXTURES, wait_until
+from helpers import (
+    Hosts,
+    both_hosts_mid_job,
+    json_lines,
+    listening,
+    marked_processes,
+    output_of,
+    ranks_of,
+    ranks_up,
+    study_trials,
+    wait_for_nothing_left,
+)
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.host_mesh import axes_within_hosts, describe_on_hosts
 from tpu_tuner.model.layouts import parse_layout
 from tpu_tuner.runner.hosts import HostsError, assign_nodes
 from tpu_tuner.studies import records
-
-FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).parent.parent
-MARK = "TPU_TUNE_TEST_HOSTS_MARK"
-
 
 # --- pieces without processes -----------------------------------------------------------------
 
@@ -113,188 +117,18 @@ def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -
 # --- hosts as process trees on loopback -------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _marked(mark: str) -> list[str]:
-    """This host's processes that carry `mark` in their environment (started by this test)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"{MARK}={mark}".encode() in environ.split(b"\0") and state != "Z":
-            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160])
-    return found
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-class Hosts:
-    """Simulated hosts: the same `tpu-tune` command in a folder of each host's own."""
-
-    def __init__(self, root: Path, study: str, *flags: str, nnodes: int = 2, model: Path = FIXTURES / "tiny_llama.py"):
-        self.root, self.mark, self.port = root, uuid.uuid4().hex, _free_port()
-        self.command = [
-            sys.executable,
-            "-m",
-            "tpu_tuner.cli",
-            str(model),
-            "--device",
-            "cpu",
-            "--nnodes",
-            str(nnodes),
-            "--nproc",
-            "1",
-            "--rdzv",
-            f"127.0.0.1:{self.port}",
-            "--study",
-            study,
-            "--storage",
-            f"sqlite:///{root / 'study.db'}",
-            "--out",
-            "results",
-            "--time-budget",
-            "none",
-            *flags,
-        ]
-        self.env = {
-            **os.environ,
-            MARK: self.mark,
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        }
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, name: str, *extra: str) -> subprocess.Popen:
-        """Host `name`'s command, in its own folder and session; its output in out<k>.txt there."""
-        folder = self.root / name
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"out-{self.mark[:6]}-{len(self.started)}.txt"
-        with open(path, "w") as out:
-            process = subprocess.Popen(
-                [*self.command, *extra],
-                cwd=folder,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process.out = path  # type: ignore[attr-defined]
-        self.started.append(process)
-        return process
-
-    def start_pair(self, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-        """Host a (it serves the rendezvous, so it drives), then host b once a is listening."""
-        a = self.start("a", *extra)
-        deadline = time.monotonic() + 120
-        while not _listening(self.port):
-            assert a.poll() is None and time.monotonic() < deadline, a.out.read_text()  # type: ignore[attr-defined]
-            time.sleep(0.2)
-        return a, self.start("b", *extra)
-
-    def cleanup(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-def _ranks_up(hosts: Hosts) -> int:
-    """How many rank processes the hosts' agents have running (both hosts' ranks, by their marker)."""
-    return sum("rank_job" in command for command in _marked(hosts.mark))
-
-
-def _wait_for_nothing_left(hosts: Hosts) -> None:
-    """Wait until no process the hosts started is left and their rendezvous port is closed."""
-    wait_until(
-        lambda: _marked(hosts.mark) == [] and not _listening(hosts.port),
-        60,
-        lambda: f"left: {_marked(hosts.mark)}, port listening: {_listening(hosts.port)}",
-    )
-
-
-def _text(process: subprocess.Popen) -> str:
-    return process.out.read_text()  # type: ignore[attr-defined]
-
-
-def _trials(root: Path, study: str) -> list:
-    import optuna
-
-    return optuna.load_study(study_name=study, storage=f"sqlite:///{root / 'study.db'}").get_trials()
-
-
-def _ranks_of(pid: int) -> list[int]:
-    """The rank processes whose parent is `pid` (a host agent's ranks)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid and b"rank_job" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 def test_a_host_that_never_arrives_times_out_with_one_line_naming_what_is_missing(tmp_path) -> None:
     hosts = Hosts(tmp_path, "alone", "--rdzv-timeout", "3")
     try:
         alone = hosts.start("a")
         assert alone.wait(timeout=120) == 2
-        lines = [line for line in _text(alone).splitlines() if line.startswith("tpu-tune: error:")]
-        assert len(lines) == 1, _text(alone)
+        lines = [line for line in output_of(alone).splitlines() if line.startswith("tpu-tune: error:")]
+        assert len(lines) == 1, output_of(alone)
         assert f"s at 127.0.0.1:{hosts.port} for 2 hosts; 1 joined (--rdzv-timeout 3 s" in lines[0]
-        assert not _listening(hosts.port) and _marked(hosts.mark) == []
+        assert not listening(hosts.port) and marked_processes(hosts.mark) == []
         assert not (tmp_path / "a" / "results").exists()  # nothing written before the hosts met
     finally:
         hosts.cleanup()
-
-
-def _lines(process: subprocess.Popen) -> list[dict]:
-    return [json.loads(line) for line in _text(process).splitlines() if line.startswith("{")]
-
-
-def _both_hosts_mid_job(hosts: Hosts, tmp_path: Path, name: str) -> tuple[subprocess.Popen, subprocess.Popen, float]:
-    """Start the driver (tests/fixtures/host_driver.py, node 0, two measure jobs of tiny_llama on
-    2 ranks a host) and the follower host "b", and return them once a job runs on both hosts'
-    ranks, with the test's deadline."""
-    folder = tmp_path / "a"
-    folder.mkdir()
-    with open(folder / "out.txt", "w") as out:
-        driver = subprocess.Popen(
-            [sys.executable, str(FIXTURES / "host_driver.py"), f"127.0.0.1:{hosts.port}", name]
-            + [str(FIXTURES / "tiny_llama.py"), "2"],
-            cwd=folder,
-            env=hosts.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    driver.out = folder / "out.txt"  # type: ignore[attr-defined]
-    hosts.started.append(driver)
-    follower = hosts.start("b")
-    deadline = time.monotonic() + 300
-    while (
-        sum(1 for line in _lines(driver) if line.get("job") == "started") < 2
-        or not _ranks_of(follower.pid)
-        or _ranks_up(hosts) < 2
-    ):
-        assert driver.poll() is None and time.monotonic() < deadline, _text(driver) + _text(follower)
-        time.sleep(0.1)
-    return driver, follower, deadline
 
 
 @pytest.mark.slow  # about 40 s on 2 cores; the study test below kills a host the same way through the CLI
@@ -305,11 +139,11 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
     naming it, and the runner refuses to go on (no restart left); no process is left."""
     hosts = Hosts(tmp_path, "jobs", "--node-rank", "1")
     try:
-        driver, follower, deadline = _both_hosts_mid_job(hosts, tmp_path, "jobs")
+        driver, follower, deadline = both_hosts_mid_job(hosts, tmp_path, "jobs")
         os.kill(follower.pid, signal.SIGKILL)
-        assert driver.wait(timeout=120) == 0, _text(driver)
+        assert driver.wait(timeout=120) == 0, output_of(driver)
         follower.wait()
-        lines = _lines(driver)
+        lines = json_lines(driver)
         me = socket.gethostname()
         assert lines[0] == {
             "joined": 0,
@@ -322,7 +156,7 @@ def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_
             f"host {me} (node 1, agent pid {follower.pid}) stopped answering during this trial (no heartbeat for "
         ), second
         assert lines[-1]["usable"] is False and "no restart left (--max-restarts 0)" in lines[-1]["error"]
-        _wait_for_nothing_left(hosts)
+        wait_for_nothing_left(hosts)
     finally:
         hosts.cleanup()
 
@@ -331,8 +165,8 @@ def _pair_with_the_follower_killed_in_trial_2(hosts: Hosts) -> tuple[subprocess.
     """Start both hosts of a 2-trial study; SIGKILL host b's agent once trial 2 runs on its ranks."""
     a, b = hosts.start_pair()
     deadline = time.monotonic() + 400
-    while "] running" not in _text(a).partition("| budget 2/2 |")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2:
-        assert a.poll() is None and time.monotonic() < deadline, _text(a)  # mid-trial: both hosts' ranks up
+    while "] running" not in output_of(a).partition("| budget 2/2 |")[2] or not ranks_of(b.pid) or ranks_up(hosts) < 2:
+        assert a.poll() is None and time.monotonic() < deadline, output_of(a)  # mid-trial: both hosts' ranks up
         time.sleep(0.1)
     os.kill(b.pid, signal.SIGKILL)
     return a, b
@@ -348,13 +182,13 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
     hosts = Hosts(tmp_path, "killed", *flags)
     try:
         a, b = _pair_with_the_follower_killed_in_trial_2(hosts)
-        assert a.wait(timeout=180) == 1, _text(a)
+        assert a.wait(timeout=180) == 1, output_of(a)
         b.wait()
-        errors = [line for line in _text(a).splitlines() if line.startswith("tpu-tune: error:")]
-        assert len(errors) == 1 and f"(node 1, agent pid {b.pid}) stopped answering" in errors[0], _text(a)
+        errors = [line for line in output_of(a).splitlines() if line.startswith("tpu-tune: error:")]
+        assert len(errors) == 1 and f"(node 1, agent pid {b.pid}) stopped answering" in errors[0], output_of(a)
         assert "no restart left (--max-restarts 0)" in errors[0]
-        _wait_for_nothing_left(hosts)
-        before = _trials(tmp_path, "killed")
+        wait_for_nothing_left(hosts)
+        before = study_trials(tmp_path, "killed")
         interrupted = [t for t in before if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
         assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
         done_before = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
@@ -367,13 +201,15 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
 
         relaunched = Hosts(tmp_path, "killed", *flags)
         a2, b2 = relaunched.start_pair()
-        assert a2.wait(timeout=600) == 0, _text(a2)
-        assert b2.wait(timeout=60) == 0, _text(b2)
-        assert f"the study ended on the driver (host {socket.gethostname()} (node 0, agent pid {a2.pid}))" in _text(b2)
-        _wait_for_nothing_left(relaunched)
+        assert a2.wait(timeout=600) == 0, output_of(a2)
+        assert b2.wait(timeout=60) == 0, output_of(b2)
+        assert f"the study ended on the driver (host {socket.gethostname()} (node 0, agent pid {a2.pid}))" in output_of(
+            b2
+        )
+        wait_for_nothing_left(relaunched)
     finally:
         hosts.cleanup()
-    after = _trials(tmp_path, "killed")
+    after = study_trials(tmp_path, "killed")
     assert {t.number: t.params for t in after if t.number in done_before} == done_before
     measured = [
         tuple(sorted(t.params.items()))
@@ -416,15 +252,15 @@ def test_with_a_restart_left_the_driver_waits_for_the_lost_host_and_the_study_go
     try:
         a, b = _pair_with_the_follower_killed_in_trial_2(hosts)
         b.wait()
-        wait_until(lambda: "re-rendezvous 1 of 1" in _text(a) or a.poll() is not None, 120, lambda: _text(a))
-        assert a.poll() is None, _text(a)  # the driver waits for the host, not exits
+        wait_until(lambda: "re-rendezvous 1 of 1" in output_of(a) or a.poll() is not None, 120, lambda: output_of(a))
+        assert a.poll() is None, output_of(a)  # the driver waits for the host, not exits
         b2 = hosts.start("b")
-        assert a.wait(timeout=600) == 0, _text(a)
-        assert b2.wait(timeout=60) == 0, _text(b2)
-        _wait_for_nothing_left(hosts)
+        assert a.wait(timeout=600) == 0, output_of(a)
+        assert b2.wait(timeout=60) == 0, output_of(b2)
+        wait_for_nothing_left(hosts)
     finally:
         hosts.cleanup()
-    trials = _trials(tmp_path, "restarted")
+    trials = study_trials(tmp_path, "restarted")
     interrupted = [t for t in trials if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
     assert len(interrupted) == 1 and f"agent pid {b.pid}" in records.attrs(interrupted[0])[records.FAILURE_MESSAGE]
     measured = [t for t in trials if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import netns
 import pytest
-from conftest import wait_until
-from test_multi_host import FIXTURES, REPO, Hosts, _marked, _ranks_of, _ranks_up, _text, _trials
+from conftest import FIXTURES, wait_until
+from helpers import REPO, Hosts, marked_processes, output_of, ranks_of, ranks_up, study_trials
 
 from tpu_tuner.studies import records
 
@@ -58,8 +58,8 @@ class NamespacedHosts(Hosts):
 
     def start_pair(self, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
         a = self.start("a", *extra)
-        wait_until(lambda: a.poll() is not None or self.pair.reaches(0, PORT), 120, lambda: _text(a))
-        assert a.poll() is None, _text(a)
+        wait_until(lambda: a.poll() is not None or self.pair.reaches(0, PORT), 120, lambda: output_of(a))
+        assert a.poll() is None, output_of(a)
         return a, self.start("b", *extra)
 
 
@@ -78,7 +78,7 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
     # The agent at the rendezvous's address serves its store though its host name resolves elsewhere,
     # and each host's gloo ranks offer the address on its link, not the loopback its name may resolve to.
     probe = (
-        "import sys; from tpu_tuner.runner.hosts import _is_this_machine as m; "
+        "import sys; from tpu_tuner.runner.hosts import is_this_machine as m; "
         "from tpu_tuner.runner.gloo_interface import interface_holding as i; "
         "print(m(sys.argv[1]), m(sys.argv[2]), i(sys.argv[1]), i(sys.argv[2]))"
     )
@@ -94,7 +94,7 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
         assert said == [*mine, *(pair.links[side] if m == "True" else "None" for m in mine)]
     # Host b's agent pins gloo to its link where its name resolves to loopback (here, one /etc/hosts).
     pin = (
-        "import sys; from tpu_tuner.runner.gloo_interface import pin_gloo_interface as p, _name_is_loopback as l; "
+        "import sys; from tpu_tuner.runner.gloo_interface import pin_gloo_interface as p, name_is_loopback as l; "
         "print(l(), p(sys.argv[1], 29400))"
     )
     loopback, pinned = subprocess.run(
@@ -120,32 +120,32 @@ def test_a_partition_mid_trial_fails_it_naming_the_host_and_the_study_goes_on_or
         a, b = hosts.start_pair()
         deadline = time.monotonic() + 400
         while (
-            "] running" not in _text(a).partition("| budget 2/2 |")[2] or not _ranks_of(b.pid) or _ranks_up(hosts) < 2
+            "] running" not in output_of(a).partition("| budget 2/2 |")[2] or not ranks_of(b.pid) or ranks_up(hosts) < 2
         ):
-            assert a.poll() is None and time.monotonic() < deadline, _text(a)  # mid-trial: both hosts' ranks up
+            assert a.poll() is None and time.monotonic() < deadline, output_of(a)  # mid-trial: both hosts' ranks up
             time.sleep(0.1)
         pair.cut()
         healed_at = time.monotonic() + CUT_S
         # The driver names the silent host within its heartbeat's grace, while the link is still down.
-        wait_until(lambda: "stopped answering" in _text(a), CUT_S, lambda: _text(a))
+        wait_until(lambda: "stopped answering" in output_of(a), CUT_S, lambda: output_of(a))
         wait_until(lambda: time.monotonic() >= healed_at, CUT_S + 1)  # the partition lasts its 20 s
         pair.heal()
         if restarts:
-            assert a.wait(timeout=600) == 0, _text(a)
-            assert b.wait(timeout=60) == 0, _text(b)
-            assert "re-rendezvous 1 of 1" in _text(a)
+            assert a.wait(timeout=600) == 0, output_of(a)
+            assert b.wait(timeout=60) == 0, output_of(b)
+            assert "re-rendezvous 1 of 1" in output_of(a)
         else:
-            assert a.wait(timeout=180) == 1, _text(a)
-            errors = [line for line in _text(a).splitlines() if line.startswith("tpu-tune: error:")]
-            assert len(errors) == 1 and f"(node 1, agent pid {b.pid}) stopped answering" in errors[0], _text(a)
+            assert a.wait(timeout=180) == 1, output_of(a)
+            errors = [line for line in output_of(a).splitlines() if line.startswith("tpu-tune: error:")]
+            assert len(errors) == 1 and f"(node 1, agent pid {b.pid}) stopped answering" in errors[0], output_of(a)
             assert "no restart left (--max-restarts 0)" in errors[0]
-            assert b.wait(timeout=180) != 0, _text(b)  # the follower finds the driver gone once the link is back
-            said = [line for line in _text(b).splitlines() if line.startswith("tpu-tune: error:")]
-            assert len(said) == 1, _text(b)
-        wait_until(lambda: _marked(hosts.mark) == [], 60, lambda: f"left: {_marked(hosts.mark)}")
+            assert b.wait(timeout=180) != 0, output_of(b)  # the follower finds the driver gone once the link is back
+            said = [line for line in output_of(b).splitlines() if line.startswith("tpu-tune: error:")]
+            assert len(said) == 1, output_of(b)
+        wait_until(lambda: marked_processes(hosts.mark) == [], 60, lambda: f"left: {marked_processes(hosts.mark)}")
     finally:
         hosts.cleanup()
-    trials = _trials(tmp_path, "cut")
+    trials = study_trials(tmp_path, "cut")
     assert not [t.number for t in trials if t.state.name == "RUNNING"]
     (cut,) = [t for t in trials if records.attrs(t).get(records.FAILURE_KIND) == records.INTERRUPTED]
     message = records.attrs(cut)[records.FAILURE_MESSAGE]

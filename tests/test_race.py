@@ -4,16 +4,14 @@ and recommended; a lone leader is not raced."""
 
 from __future__ import annotations
 
-import optuna
 import pytest
-from conftest import steady_measurement
+from helpers import precision_space, searched_study
 
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.tuning import TuneOptions, trial_attrs
+from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.race import leaders
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import verify
 
 # Steady step each setting really takes (what every interleaved round sees), by autocast x precision.
@@ -23,10 +21,6 @@ TRUE_STEP = {
     ("none", "medium"): 0.040,
     ("bfloat16", "medium"): 0.080,
 }
-
-
-def _space() -> SearchSpace:
-    return SearchSpace.load("precision", "cpu")
 
 
 class _ScriptedRunner:
@@ -45,22 +39,6 @@ class _ScriptedRunner:
         return JobResult(value=Comparison(samples=times, compiles_while_comparing={}))
 
 
-def _study(search_figures: dict[tuple[str, str], float], buckets: list[int] | None = None) -> optuna.Study:
-    """A finished search: one measured trial per setting, valued at its (noisy) search figure."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = _space()
-    study = optuna.create_study()
-    for (autocast, precision), value in search_figures.items():
-        study.enqueue_trial({"matmul_precision": precision, "autocast": autocast})
-        trial = study.ask()
-        params = space.suggest(trial)
-        m = steady_measurement(space.to_candidate(params).to_dict(), value)
-        if buckets:
-            trial.set_user_attr("buckets", buckets)  # as a search with varying input lengths records
-        study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
-    return study
-
-
 @pytest.fixture
 def options() -> TuneOptions:
     from tpu_tuner.profiling.settings import ProfilerSettings
@@ -72,9 +50,9 @@ def options() -> TuneOptions:
 
 def test_a_leader_that_one_measurement_put_second_wins_the_race_and_is_verified(options) -> None:
     # The search saw bf16 (truly 50 ms) at 41 ms and medium (truly 40 ms) at 45 ms.
-    study = _study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
+    study = searched_study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
     runner = _ScriptedRunner()
-    v = verify(study, _space(), runner, options, "cpu")
+    v = verify(study, precision_space(), runner, options, "cpu")
     assert [e.label for e in v.race] == ["eager, matmul highest, autocast bfloat16", "eager, matmul medium"]
     winner = next(e for e in v.race if e.trial == v.best_trial)
     assert winner.label == "eager, matmul medium" and winner.interleaved_amortised_s == pytest.approx(0.040, rel=0.03)
@@ -85,10 +63,10 @@ def test_a_leader_that_one_measurement_put_second_wins_the_race_and_is_verified(
 
 def test_a_lone_leader_and_a_distant_runner_up_are_not_raced(options) -> None:
     # 45 ms against 100 ms: beyond RACE_WITHIN of the leader, one measurement's noise cannot reverse that.
-    study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040, ("bfloat16", "medium"): 0.080})
-    assert [t.params["matmul_precision"] for t in leaders(study, _space().baseline_params())] == ["medium"]
+    study = searched_study({("none", "highest"): 0.100, ("none", "medium"): 0.040, ("bfloat16", "medium"): 0.080})
+    assert [t.params["matmul_precision"] for t in leaders(study, precision_space().baseline_params())] == ["medium"]
     runner = _ScriptedRunner()
-    v = verify(study, _space(), runner, options, "cpu")
+    v = verify(study, precision_space(), runner, options, "cpu")
     assert v.race == [] and v.chosen.to_dict()["matmul_precision"] == "medium"
     assert all(len(payload) == 2 for payload in runner.compared)  # only baseline and best
 
@@ -100,8 +78,8 @@ def test_the_race_is_kept_in_result_json(options) -> None:
     from tpu_tuner.core.plain_data import from_plain
     from tpu_tuner.tuning.verify import Verification
 
-    study = _study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
-    v = verify(study, _space(), _ScriptedRunner(), options, "cpu")
+    study = searched_study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
+    v = verify(study, precision_space(), _ScriptedRunner(), options, "cpu")
     data = dataclasses.asdict(v)
     data["chosen"] = v.chosen.to_dict()
     again = from_plain(Verification, json.loads(json.dumps(data)))
@@ -110,8 +88,8 @@ def test_the_race_is_kept_in_result_json(options) -> None:
 
 def test_a_bucketed_search_is_not_raced() -> None:
     figures = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045}
-    assert len(leaders(_study(figures), _space().baseline_params())) == 2
-    assert leaders(_study(figures, buckets=[16, 32]), _space().baseline_params()) == []
+    assert len(leaders(searched_study(figures), precision_space().baseline_params())) == 2
+    assert leaders(searched_study(figures, buckets=[16, 32]), precision_space().baseline_params()) == []
 
 
 def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_changed(options) -> None:
@@ -123,15 +101,15 @@ def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_cha
     from tpu_tuner.tuning.verify import NO_TIME
 
     no_time = Clock(budget_s=1.0, started=time.perf_counter() - 60)
-    two_knobs = _study({("none", "highest"): 0.100, ("bfloat16", "medium"): 0.030})
+    two_knobs = searched_study({("none", "highest"): 0.100, ("bfloat16", "medium"): 0.030})
     runner = _ScriptedRunner()
-    v = verify(two_knobs, _space(), runner, options, "cpu", clock=no_time)
+    v = verify(two_knobs, precision_space(), runner, options, "cpu", clock=no_time)
     assert v.chosen_is_best and v.contributions == []
     assert v.contributions_left_out == {"matmul_precision": NO_TIME, "autocast": NO_TIME}
     assert all(len(payload) == 2 for payload in runner.compared)  # baseline and best only
     one_knob = verify(
-        _study({("none", "highest"): 0.100, ("none", "medium"): 0.040}),
-        _space(),
+        searched_study({("none", "highest"): 0.100, ("none", "medium"): 0.040}),
+        precision_space(),
         _ScriptedRunner(),
         options,
         "cpu",

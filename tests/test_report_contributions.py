@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_window_figures import _result, _window_samples
+from helpers import window_result, window_samples
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.outputs.tuning_report import render_report
@@ -19,7 +19,7 @@ def _section(result) -> str:
 
 
 def _with(tmp_path, **changes) -> str:
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     result.verification = dataclasses.replace(result.verification, **changes)
     return _section(result)
 
@@ -46,7 +46,7 @@ def test_a_verification_that_failed_says_so(tmp_path) -> None:
 
 
 def test_one_knob_changed_and_a_refused_revert(tmp_path) -> None:
-    samples = _window_samples()
+    samples = window_samples()
     one = KnobContribution(
         "matmul_precision", "highest", "medium", paired_speedup(samples["baseline"], samples["best"])
     )
@@ -68,6 +68,6 @@ def test_the_reason_survives_result_json(tmp_path, left_out: dict[str, str]) -> 
     from tpu_tuner.core.plain_data import from_plain, json_default
     from tpu_tuner.tuning.verify import Verification
 
-    v = dataclasses.replace(_result(tmp_path).verification, contributions_left_out=left_out)
+    v = dataclasses.replace(window_result(tmp_path).verification, contributions_left_out=left_out)
     back = from_plain(Verification, json.loads(json.dumps(dataclasses.asdict(v), default=json_default)))
     assert back.contributions_left_out == left_out

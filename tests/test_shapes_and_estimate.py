@@ -18,7 +18,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.estimate import LiveMemory, estimate_step
 from tpu_tuner.metrics.flops import count_step
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.profiling.profile import _within_budget
+from tpu_tuner.profiling.profile import within_budget
 from tpu_tuner.profiling.settings import ProfilerSettings
 
 
@@ -119,9 +119,9 @@ def test_meta_pass_failure_falls_back_to_no_estimate(tmp_path: Path, fast_settin
 def test_slow_steps_cap_warmup_timing_and_profiling_by_the_budget() -> None:
     settings = ProfilerSettings()
     warnings: list[str] = []
-    capped = _within_budget(settings, step_seconds=10.0, deadline=time.monotonic() + 100, warnings=warnings)
+    capped = within_budget(settings, step_seconds=10.0, deadline=time.monotonic() + 100, warnings=warnings)
     budget_steps = capped.warmup_max_steps + capped.timing_max_steps + capped.profiled_steps
     assert budget_steps * 10.0 <= 100 and capped.timing_min_steps <= capped.timing_max_steps
     assert len(warnings) == 1 and warnings[0].startswith("time budget:")
-    fast = _within_budget(settings, step_seconds=1e-4, deadline=time.monotonic() + 100, warnings=warnings)
+    fast = within_budget(settings, step_seconds=1e-4, deadline=time.monotonic() + 100, warnings=warnings)
     assert fast == settings  # fast steps: nothing capped

@@ -243,7 +243,7 @@ def _trial(number: int, params: dict, state: optuna.trial.TrialState, worker: st
 def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path) -> None:
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
-    from tpu_tuner.studies.loop import Rules, Settled, _settle
+    from tpu_tuner.studies.loop import Rules, Settled, settle
     from tpu_tuner.tuning.trials import TuneTrials
 
     study = optuna.create_study()
@@ -281,7 +281,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
         None,
         Worker("b", "h"),
     )
-    assert _settle(study, trials, Rules(budget=2), late, []) is Settled.RELEASED
+    assert settle(study, trials, Rules(budget=2), late, []) is Settled.RELEASED
     released = study.get_trials(deepcopy=False)[late.number]
     assert released.state == optuna.trial.TrialState.PRUNED and records.attrs(released).get("over_budget")
     assert "measured" not in records.attrs(released)

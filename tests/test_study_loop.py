@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, _settle, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, run_loop, settle
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options import SearchOptions
@@ -165,21 +165,21 @@ def test_a_worker_waits_when_running_trials_measure_every_setting_left() -> None
 
 
 def test_a_late_trial_is_released_and_an_in_flight_setting_left_to_its_trial() -> None:
-    from tpu_tuner.studies.loop import _settle
+    from tpu_tuner.studies.loop import settle
 
     study = optuna.create_study()
     study.enqueue_trial({"x": "s4"})
     study.ask().suggest_categorical("x", KEYS)
     study.enqueue_trial({"x": "s4"})
     same = study.ask()
-    assert _settle(study, Scripted(), Rules(budget=5), same, []) is Settled.IN_FLIGHT
+    assert settle(study, Scripted(), Rules(budget=5), same, []) is Settled.IN_FLIGHT
     assert study.get_trials()[same.number].user_attrs[records.IN_FLIGHT_ELSEWHERE]
     study.enqueue_trial({"x": "s5"})
     late = study.ask()
-    assert _settle(study, Scripted(), Rules(budget=1), late, []) is Settled.RELEASED
+    assert settle(study, Scripted(), Rules(budget=1), late, []) is Settled.RELEASED
     assert study.get_trials()[late.number].user_attrs[records.OVER_BUDGET]
     study.enqueue_trial({"x": "s6"})
-    claim = _settle(study, Scripted(), Rules(budget=5), study.ask(), [])
+    claim = settle(study, Scripted(), Rules(budget=5), study.ask(), [])
     assert isinstance(claim, Claim) and claim.position == 1 and claim.key == "s6"
 
 
@@ -267,7 +267,7 @@ def test_a_setting_another_worker_settled_while_this_one_suggested_it_is_a_repea
     theirs.set_user_attr(records.RECORD, {records.MEASURED: True, records.FEASIBLE: True})
     other.tell(theirs, 1.0)
     assert theirs.number == 1
-    assert _settle(study, feature, Rules(budget=5), mine, []) is Settled.REPEAT
+    assert settle(study, feature, Rules(budget=5), mine, []) is Settled.REPEAT
     assert records.attrs(study.get_trials()[0])[records.REPEAT_OF] == 1
 
 
@@ -296,7 +296,7 @@ def test_an_earlier_trial_still_writing_the_same_setting_is_waited_for_and_measu
         theirs.set_user_attr(records.RECORD, {records.WORKER: "b", records.HOST: "h"})
 
     threading.Timer(0.3, finish_writing).start()
-    assert _settle(study, feature, Rules(budget=5), mine, []) is Settled.IN_FLIGHT
+    assert settle(study, feature, Rules(budget=5), mine, []) is Settled.IN_FLIGHT
     assert records.attrs(study.get_trials()[1])[records.REPEAT_OF] == 0
 
 

@@ -12,10 +12,10 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import pin_cores, threads_profile
 from torch import nn
 
 from tpu_tuner.core.host import usable_cores
@@ -32,15 +32,11 @@ KNOB = knobs.get("intra_op_threads")
 ENTRY = {"choices": {"cpu": ["all", "half", "1"]}}
 
 
-def _cores(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
-
-
 @pytest.mark.parametrize(
     ("cores", "expected"), [(1, ("all",)), (2, ("all", "1")), (3, ("all", "1")), (8, ("all", "4", "1"))]
 )
 def test_choices_are_resolved_on_the_host_at_hand(monkeypatch, cores: int, expected: tuple[str, ...]) -> None:
-    _cores(monkeypatch, cores)
+    pin_cores(monkeypatch, cores)
     assert KNOB.choices("cpu", ENTRY) == expected
     assert KNOB.choices("cuda", ENTRY) == () and not KNOB.applies_to("tpu")
     searched = {p.name for p in SearchSpace.load("default", "cpu").searched}
@@ -105,23 +101,18 @@ def test_apply_sets_the_thread_count_and_restore_puts_it_back(tmp_path) -> None:
     assert done.stdout.split()[-1] == "1"
 
 
-def _profile(dispatch_share: float | None, ops: int, step_s: float, cv: float | None) -> object:
-    verdict = SimpleNamespace(dispatch_share=dispatch_share, ops_per_step=ops, step_seconds=step_s, step_cv=cv)
-    return SimpleNamespace(verdict=verdict, environment={"threads": "2"})
-
-
 @pytest.mark.parametrize(
     ("profile", "seeded"),
     [
-        (_profile(0.7, 200, 2e-3, 0.02), True),  # overhead-bound
-        (_profile(0.1, 400, 4e-3, 0.02), True),  # 10 us per op: small ops
-        (_profile(0.1, 20, 20e-3, 0.40), True),  # large ops, but the step times spread: contention
-        (_profile(0.1, 20, 20e-3, 0.02), False),  # large ops, quiet: searched, not seeded
-        (_profile(None, 20, 20e-3, None), False),
+        (threads_profile(0.7, 200, 2e-3, 0.02), True),  # overhead-bound
+        (threads_profile(0.1, 400, 4e-3, 0.02), True),  # 10 us per op: small ops
+        (threads_profile(0.1, 20, 20e-3, 0.40), True),  # large ops, but the step times spread: contention
+        (threads_profile(0.1, 20, 20e-3, 0.02), False),  # large ops, quiet: searched, not seeded
+        (threads_profile(None, 20, 20e-3, None), False),
     ],
 )
 def test_threads_agent_seeds_fewer_threads_only_with_a_reason(monkeypatch, profile, seeded: bool) -> None:
-    _cores(monkeypatch, 8)
+    pin_cores(monkeypatch, 8)
     space = SearchSpace.load("default", "cpu")
     (agent,) = load_agents(["threads"], "cpu")
     seeds = agent.seeds(profile, space)
@@ -132,8 +123,8 @@ def test_threads_agent_seeds_fewer_threads_only_with_a_reason(monkeypatch, profi
 
 
 def test_threads_agent_on_one_core_and_off_cpu(monkeypatch) -> None:
-    _cores(monkeypatch, 1)
-    profile = _profile(0.9, 400, 1e-3, 0.5)
+    pin_cores(monkeypatch, 1)
+    profile = threads_profile(0.9, 400, 1e-3, 0.5)
     (agent,) = load_agents(["threads"], "cpu")
     assert agent.seeds(profile, SearchSpace.load("default", "cpu")) == []
     assert "not searched" in agent.diagnose(profile)[0]

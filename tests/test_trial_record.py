@@ -6,88 +6,20 @@ silently regress."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import optuna
 import pytest
+from helpers import RECORD_BUDGET, RECORD_SETTINGS, recorded_search
 
-from tpu_tuner.execution.measurement import Measurement, TrialFailure
-from tpu_tuner.runner.requests import MeasureRequest
-from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
-from tpu_tuner.studies.liveness import Worker, is_lost, trial_id_of
+from tpu_tuner.studies.liveness import is_lost, trial_id_of
 from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord, write_stored
-from tpu_tuner.tuning import TuneOptions, trial_attrs
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import run_search
+from tpu_tuner.tuning import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-SPACE = SearchSpace.load("default", "cpu")
-BASE = SPACE.baseline_params()
-# Enqueued in this order: measured; repeated; rejected by the agent; infeasible (accuracy); failed.
-SETTINGS = [
-    BASE,
-    BASE,
-    {**BASE, "memory_format": "channels_last"},
-    {**BASE, "matmul_precision": "high"},
-    {**BASE, "autocast": "bfloat16"},
-]
-BUDGET = 3  # the three measured settings: the repeat and the rejection cost none
-
-
-class SequenceRunner:
-    """Answers the study's measure jobs in order: a measurement, an inaccurate one, a failure."""
-
-    workers_started = 0
-
-    def __init__(self) -> None:
-        self.jobs = 0
-
-    def check_usable(self) -> None:
-        pass  # the Runner protocol: every job can run here
-
-    def run(self, request: MeasureRequest, env: Any = None, timeout_s: float | None = None) -> JobResult:
-        self.jobs += 1
-        if self.jobs == 3:
-            return JobResult(failure=TrialFailure("error", "RuntimeError: boom"), seconds=0.5)
-        m = Measurement(
-            candidate=dict(request.candidate),
-            step_median=0.2,
-            step_p10=0.19,
-            step_p90=0.21,
-            samples=[0.2] * 20,
-            first_call_seconds=1.5,
-            warmup_seconds=0.5,
-            compile_seconds=1.0,
-            compiles={},
-            model_flops_per_step=1e10,
-            peak_flops_per_s=1e12,
-            peak_dtype="float32",
-            mfu=0.05,
-            peak_memory_bytes=2**30,
-            accuracy_errors={"loss": 1e-6 if self.jobs == 1 else 0.5},
-            compute_dtype="float32",
-        )
-        return JobResult(value=m, seconds=0.25)
-
-
-class RejectChannelsLast:
-    """An agent that turns away the channels-last setting before it runs."""
-
-    name = "layout"
-
-    def validate(self, candidate: Any) -> str | None:
-        return (
-            "channels_last: not on this model" if candidate.to_dict().get("memory_format") == "channels_last" else None
-        )
-
-    def learn(self, *args: Any) -> list[dict[str, str]]:
-        return []
 
 
 class CountingStorage(optuna.storages.InMemoryStorage):
@@ -102,25 +34,6 @@ class CountingStorage(optuna.storages.InMemoryStorage):
         super().set_trial_user_attr(trial_id, key, value)
 
 
-def _search(storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
-    study = optuna.create_study(storage=storage, direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0))
-    for setting in SETTINGS:
-        study.enqueue_trial(setting)
-    options = TuneOptions(search=SearchOptions(trials=BUDGET, agents=(), sampler="random", seed=0))
-    run_search(
-        study,
-        SPACE,
-        [RejectChannelsLast()],
-        SequenceRunner(),
-        MeasureRequest(),
-        options,  # type: ignore[list-item]
-        lambda event: None,
-        time.perf_counter(),
-        worker=Worker("worker-1", "host-1"),
-    )
-    return study
-
-
 def _flat_flush(self: TrialRecord) -> None:
     """How versions before the structured record stored a trial: one user attribute per key."""
     for key, value in self.values().items():
@@ -130,17 +43,17 @@ def _flat_flush(self: TrialRecord) -> None:
 @pytest.fixture(scope="module")
 def studies() -> tuple[optuna.Study, optuna.Study]:
     """The same search stored the new way and the old way."""
-    new = _search()
+    new = recorded_search()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TrialRecord, "flush", _flat_flush)
-        old = _search()
+        old = recorded_search()
     return new, old
 
 
 def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(studies) -> None:
     new, old = studies
     new_trials, old_trials = new.get_trials(), old.get_trials()
-    assert len(new_trials) == len(old_trials) == len(SETTINGS)
+    assert len(new_trials) == len(old_trials) == len(RECORD_SETTINGS)
     for n, o in zip(new_trials, old_trials):
         assert set(n.user_attrs) == {records.RECORD}  # one attribute
         assert records.RECORD not in o.user_attrs
@@ -192,7 +105,7 @@ def test_a_study_of_the_old_way_reads_as_the_new_one(studies) -> None:
         assert is_lost(n) == is_lost(o)
     new_covered, old_covered = covered_settings(new_trials), covered_settings(old_trials)
     assert {k: t.number for k, t in new_covered.items()} == {k: t.number for k, t in old_covered.items()}
-    assert measured_count(new_covered) == measured_count(old_covered) == BUDGET
+    assert measured_count(new_covered) == measured_count(old_covered) == RECORD_BUDGET
     assert last_measured(new_trials).number == last_measured(old_trials).number == 4
 
 
@@ -231,9 +144,9 @@ def test_a_trial_writes_its_record_twice_and_the_loop_reads_the_study_twice_a_ro
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(optuna.Study, "get_trials", counted)
-    study = _search(storage)
+    study = recorded_search(storage)
     trials = study.get_trials()
     reads.pop()
-    assert len(trials) == len(SETTINGS)
+    assert len(trials) == len(RECORD_SETTINGS)
     assert storage.user_attr_writes == {trial_id_of(storage, study, t.number): 2 for t in trials}
     assert len(reads) <= 2 * len(trials) + 1, len(reads)

@@ -137,11 +137,11 @@ def test_a_knob_whose_interval_holds_one_is_kept_and_called_not_significant(opti
     (kept,) = [c for c in v.contributions if c.param == "memory_format"]
     assert kept.speedup.ci_low < 1.0 < kept.speedup.ci_high and kept.judged == NOT_SIGNIFICANT
     assert v.trim is None and v.chosen_is_best and v.chosen.to_dict()["memory_format"] == "channels_last"
-    from test_window_figures import _result
+    from helpers import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     result.verification = dataclasses.replace(result.verification, contributions=v.contributions)
     report = render_report(result, {})
     row = next(line for line in report.splitlines() if line.startswith("| memory_format |"))
@@ -175,13 +175,13 @@ def test_a_trimmed_setting_the_search_found_inaccurate_is_not_recommended(option
 
 
 def test_the_results_figures_are_the_trimmed_settings_own_window(tmp_path) -> None:
-    from test_window_figures import _result
+    from helpers import window_result
 
     from tpu_tuner.metrics.paired import paired_speedup
     from tpu_tuner.outputs.tuning_report import render_report
     from tpu_tuner.tuning.trim import TRIMMED, KnobContribution, Trim
 
-    result = _result(tmp_path)  # its trial 1 stands for the trimmed setting, measured by the search
+    result = window_result(tmp_path)  # its trial 1 stands for the trimmed setting, measured by the search
     samples = {"baseline": [0.050, 0.051, 0.049, 0.050], TRIMMED: [0.025, 0.0255, 0.0245, 0.025]}
     trim = Trim(["autocast"], True, 1, paired_speedup(samples["baseline"], samples[TRIMMED]), samples, "verified")
     slows = KnobContribution("autocast", "none", "bfloat16", paired_speedup([1.0, 1.01, 0.99], [1.05, 1.06, 1.04]))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from conftest import FakeClock
-from test_race import _space, _study
+from helpers import precision_space, searched_study
 
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.metrics.disturbed import disturbed_rounds
@@ -210,11 +210,11 @@ class _DisturbedRunner:
 
 
 def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() -> None:
-    study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
+    study = searched_study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
     options = TuneOptions(
         objective=ObjectiveOptions(verify_rounds=6), runner=RunnerOptions(trial_settings=ProfilerSettings())
     )
-    v = verify(study, _space(), _DisturbedRunner(), options, "cpu")  # type: ignore[arg-type]
+    v = verify(study, precision_space(), _DisturbedRunner(), options, "cpu")  # type: ignore[arg-type]
     assert v.verdict == VerdictKind.VERIFIED and v.chosen_is_best
     assert v.message.startswith("verified: 2.5") and "1 disturbed round left out (4)" in v.message
     (disturbed,) = v.disturbed_rounds
@@ -230,12 +230,12 @@ def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() ->
 
 
 def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
-    from test_window_figures import _result
+    from helpers import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
     from tpu_tuner.tuning.verify import DisturbedRound
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     result.verification = dataclasses.replace(
         result.verification,
         verdict=VerdictKind.VERIFIED,
@@ -248,7 +248,7 @@ def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
         "above its setting's median in the window, or a ratio as far off the median ratio: docs/tuning.md): "
         "round 7 (baseline 45.0 ms, best 61.2 ms)." in report
     )
-    assert "Disturbed rounds" not in render_report(_result(tmp_path), {})
+    assert "Disturbed rounds" not in render_report(window_result(tmp_path), {})
 
 
 def _jitter(r: int, k: int = 0) -> float:
@@ -335,23 +335,23 @@ class _DriftingRunner:
 
 
 def test_verify_records_the_unsteady_rounds_and_report_md_says_them(tmp_path) -> None:
-    from test_window_figures import _result
+    from helpers import window_result
 
     from tpu_tuner.metrics.unsteady import Unsteady
     from tpu_tuner.outputs.tuning_report import render_report
 
-    study = _study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
+    study = searched_study({("none", "highest"): 0.100, ("none", "medium"): 0.040})
     options = TuneOptions(
         objective=ObjectiveOptions(verify_rounds=12), runner=RunnerOptions(trial_settings=ProfilerSettings())
     )
-    v = verify(study, _space(), _DriftingRunner(), options, "cpu")  # type: ignore[arg-type]
+    v = verify(study, precision_space(), _DriftingRunner(), options, "cpu")  # type: ignore[arg-type]
     assert v.verdict == VerdictKind.VERIFIED and v.unsteady_added is not None and v.unsteady_added > 0
     assert {(u.label, u.kind) for u in v.unsteady} >= {("best", "drifting"), ("baseline/best ratio", "drifting")}
     assert "; unsteady rounds: best drifting (39.9 ms to " in v.message and "; 6 rounds added for them" in v.message
     data = dataclasses.asdict(v)
     data["chosen"] = v.chosen.to_dict()
     assert from_plain(Verification, json.loads(json.dumps(data))).unsteady == v.unsteady
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     result.verification = dataclasses.replace(
         result.verification, unsteady=[Unsteady("best", "bimodal", "8 rounds near 22.5 ms, 4 near 34.0 ms")]
     )
@@ -362,7 +362,7 @@ def test_verify_records_the_unsteady_rounds_and_report_md_says_them(tmp_path) ->
         "ratio: docs/tuning.md): best bimodal (8 rounds near 22.5 ms, 4 near 34.0 ms). 6 rounds were added for "
         "them, once." in report
     )
-    assert "Unsteady rounds" not in render_report(_result(tmp_path), {})
+    assert "Unsteady rounds" not in render_report(window_result(tmp_path), {})
 
 
 def test_the_interval_is_stated_at_one_level_whatever_the_look() -> None:

@@ -8,113 +8,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from types import SimpleNamespace
 
-import numpy as np
-import optuna
 import pytest
 from conftest import FIXTURES
+from helpers import WINDOW_FLOPS, WINDOW_PEAK, WINDOW_ROUNDS, window_result, window_samples
 
 from tpu_tuner.core.plain_data import from_plain, json_default
-from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
-from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import Verification
 from tpu_tuner.tuning.window import FROM_SEARCH, FROM_WINDOW, WindowFigures
 
-FLOPS = 1.8e12  # model FLOPs per step
-PEAK = 100e12  # the run's peak, FLOP/s
-ROUNDS = 12
-
-
-def _measurement(candidate: Candidate, median: float, p10: float, p90: float) -> Measurement:
-    return Measurement(
-        candidate=candidate.to_dict(),
-        step_median=median,
-        step_p10=p10,
-        step_p90=p90,
-        samples=[median],
-        first_call_seconds=2.0,
-        warmup_seconds=0.1,
-        compile_seconds=1.5,
-        compiles={},
-        model_flops_per_step=FLOPS,
-        peak_flops_per_s=PEAK,
-        peak_dtype="bfloat16",
-        mfu=FLOPS / median / PEAK,
-        peak_memory_bytes=1 << 30,
-        accuracy_errors={"loss": 1e-4},
-    )
-
-
-def _window_samples() -> dict[str, list[float]]:
-    """Twelve rounds at ~45 ms against ~18.9 ms, each round drifting a little (a shared machine)."""
-    rng = np.random.default_rng(3)
-    drift = 1 + 0.05 * rng.standard_normal(ROUNDS)
-    return {
-        "baseline": list(0.045 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS))),
-        "best": list(0.0189 * drift * (1 + 0.01 * rng.standard_normal(ROUNDS))),
-    }
-
-
-def _result(tmp_path, window: bool = True, significant: bool = True) -> TuningResult:
-    """A run whose search measured a disturbed baseline (median 447 ms, p10 55.7 ms, p90 1.02 s)."""
-    space = SearchSpace.load("precision", "cpu")
-    tuned = Candidate(matmul_precision="medium")
-    study = optuna.create_study()
-    for m in (_measurement(Candidate(), 0.447, 0.0557, 1.02), _measurement(tuned, 0.0189, 0.0187, 0.0192)):
-        trial = study.ask()
-        study.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01))
-    samples = _window_samples()
-    speedup = paired_speedup(samples["baseline"], samples["best"])
-    verification = Verification(
-        baseline_trial=0,
-        best_trial=1,
-        chosen=tuned if significant else Candidate(),
-        chosen_is_best=significant,
-        speedup=speedup,
-        samples=samples,
-        message=f"verified: {speedup.describe()}",
-        window=WindowFigures.of(samples) if window else None,
-    )
-    profile = SimpleNamespace(
-        workload=ProfiledWorkload.from_dict(
-            {
-                "name": "resnet18",
-                "source": "resnet18.py",
-                "convention": "native",
-                "step": "training step",
-                "batch_size": 32,
-                "seq_len": None,
-            }
-        ),
-        device=SimpleNamespace(name="host cpu", kind="cpu", count=1),
-        peak_flops_per_s=PEAK,
-        peak_dtype="bfloat16",
-        verdict=SimpleNamespace(summary="compute-bound"),
-        flops=SimpleNamespace(model_formula="counted"),
-        memory=SimpleNamespace(peak_bytes=3 << 29, method="VmHWM"),  # the profile's: 1.5 GiB
-    )
-    return TuningResult(
-        run_dir=tmp_path,
-        study=study,
-        space=space,
-        profile=profile,  # type: ignore[arg-type]
-        findings={},
-        verification=verification,
-        options=TuneOptions(runner=RunnerOptions(trial_settings=default_trial_settings())),  # as a run resolves them
-    )
-
 
 def test_compared_steps_come_from_the_window_and_agree_with_the_speedup(tmp_path) -> None:
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     compared, speedup = result.compared, result.verification.speedup
-    assert compared.from_window and compared.source == FROM_WINDOW and compared.rounds == ROUNDS
+    assert compared.from_window and compared.source == FROM_WINDOW and compared.rounds == WINDOW_ROUNDS
     assert compared.baseline.step_median == pytest.approx(0.045, rel=0.05)
     assert compared.tuned.step_median == pytest.approx(0.0189, rel=0.05)
     # A ratio of medians against the geometric mean of paired ratios: close, not identical.
@@ -122,27 +31,27 @@ def test_compared_steps_come_from_the_window_and_agree_with_the_speedup(tmp_path
     # The search's disturbed figure would have said ~23x.
     assert result.baseline.step_median / result.chosen.step_median > 20
     # MFU of the window's step, on the run's peak, with the search's FLOPs per step.
-    assert compared.baseline.mfu == pytest.approx(FLOPS / compared.baseline.step_median / PEAK)
+    assert compared.baseline.mfu == pytest.approx(WINDOW_FLOPS / compared.baseline.step_median / WINDOW_PEAK)
     assert compared.tuned.mfu / compared.baseline.mfu == pytest.approx(compared.ratio)
     # The compile part of the amortised step is the search's.
     assert compared.tuned.amortised_step(5000) == pytest.approx(compared.tuned.step_median + 1.5 / 5000)
 
 
 def test_provenance_gives_the_window_figures_and_the_search_beside_them(tmp_path) -> None:
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     p = result.best_config.provenance
     base, tuned = p["baseline"], p["tuned"]
     assert base["step_source"] == tuned["step_source"] == FROM_WINDOW
     assert base["step_median_s"] / tuned["step_median_s"] == pytest.approx(p["verification"]["speedup"], rel=0.03)
-    assert base["search_step_median_s"] == pytest.approx(0.447) and base["window_rounds"] == ROUNDS
-    assert base["mfu"] == pytest.approx(FLOPS / base["step_median_s"] / PEAK)
+    assert base["search_step_median_s"] == pytest.approx(0.447) and base["window_rounds"] == WINDOW_ROUNDS
+    assert base["mfu"] == pytest.approx(WINDOW_FLOPS / base["step_median_s"] / WINDOW_PEAK)
     assert tuned["compile_s"] == pytest.approx(1.5)
 
 
 def test_report_table_shows_the_window_and_the_search_row(tmp_path) -> None:
     from tpu_tuner.outputs.tuning_report import render_report
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     text = render_report(result, {})
     table = text.split("## Baseline against tuned")[1].split("\n## ")[0]
     row = next(
@@ -163,7 +72,7 @@ def test_a_search_step_the_window_contradicts_is_named_with_the_figure_that_stan
     (18.9 ms both ways) agrees, and is not named."""
     from tpu_tuner.outputs.tuning_report import render_report
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     (said,) = result.step_disagreements
     assert said.startswith("The baseline's steady step disagrees between the search (447 ms")
     assert (
@@ -178,13 +87,13 @@ def test_cli_summary_prints_the_window_figures(tmp_path, monkeypatch, capsys) ->
     import tpu_tuner.api
     from tpu_tuner.cli import main
 
-    result = _result(tmp_path)
+    result = window_result(tmp_path)
     monkeypatch.setattr(tpu_tuner.api, "tune", lambda *args, **kwargs: result)
     assert main(["-q", str(FIXTURES / "synthetic_speed.py"), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     steps = [float(x) for x in re.findall(r"^(?:baseline|tuned)\s+steady step ([0-9.]+) ms", printed, re.M)]
     assert len(steps) == 2 and steps[0] / steps[1] == pytest.approx(result.verification.speedup.speedup, rel=0.03)
-    assert f"median of the {ROUNDS} rounds of the interleaved verification window" in printed
+    assert f"median of the {WINDOW_ROUNDS} rounds of the interleaved verification window" in printed
     assert "amortised adds the search's compile time" in printed
     assert "geometric mean of the per-round ratios; the medians above give" in printed
     # The search's disturbed baseline is no figure of the summary, only named where it disagrees.
@@ -192,14 +101,14 @@ def test_cli_summary_prints_the_window_figures(tmp_path, monkeypatch, capsys) ->
 
 
 def test_not_significant_shows_the_baselines_window_for_both(tmp_path) -> None:
-    compared = _result(tmp_path, significant=False).compared
+    compared = window_result(tmp_path, significant=False).compared
     assert compared.from_window and compared.tuned.step_median == compared.baseline.step_median
 
 
 def test_without_a_window_the_figures_are_the_searchs_and_say_why(tmp_path) -> None:
     from tpu_tuner.outputs.tuning_report import render_report
 
-    result = _result(tmp_path, window=False)
+    result = window_result(tmp_path, window=False)
     compared = result.compared
     assert not compared.from_window and compared.baseline.step_median == pytest.approx(0.447)
     assert "predates" in compared.why_search
@@ -208,7 +117,7 @@ def test_without_a_window_the_figures_are_the_searchs_and_say_why(tmp_path) -> N
 
 
 def test_a_verification_stored_without_a_window_still_loads() -> None:
-    samples = _window_samples()
+    samples = window_samples()
     v = Verification(
         0,
         1,
@@ -228,5 +137,7 @@ def test_the_baseline_has_one_peak_memory_figure_the_profiles(tmp_path) -> None:
     """Issue 55: the findings gave the profile's 656 MiB, the table a trial's own 677 MiB."""
     from tpu_tuner.outputs.tuning_report import render_report
 
-    row = next(line for line in render_report(_result(tmp_path), {}).splitlines() if line.startswith("| peak memory |"))
+    row = next(
+        line for line in render_report(window_result(tmp_path), {}).splitlines() if line.startswith("| peak memory |")
+    )
     assert row.split("|")[2].strip() == "1.5 GiB" and row.split("|")[3].strip() == "1 GiB"

@@ -41,7 +41,7 @@ def estimate_rank_memory(
     if workload.is_training and layout.data > 1 and layout.fsdp == 1 and layout.tensor == 1:
         return _ddp_stand_in(workload, backend, candidate, batch_size, seq_len, layout.data)
     try:
-        with _fake_group(rank, ranks) as joined, _real_collectives(backend) as workers:
+        with fake_group(rank, ranks) as joined, _real_collectives(backend) as workers:
             if not joined:
                 return MemoryEstimate(None, reason="a process group was joined before the estimate")
             estimate = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
@@ -97,7 +97,7 @@ def _real_collectives(backend: Backend) -> Iterator[WorkerBuffers | None]:
 
 
 @contextlib.contextmanager
-def _fake_group(rank: int, ranks: int) -> Iterator[bool]:
+def fake_group(rank: int, ranks: int) -> Iterator[bool]:
     """torch's fake process group of `ranks` ranks as this process's default group for the
     block (False, and nothing joined, where a group is joined already)."""
     import torch.distributed as dist

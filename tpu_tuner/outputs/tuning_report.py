@@ -80,7 +80,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         # The baseline's peak as the profile measured it, the figure its findings give too: one
         # figure a run (a trial's own measurement of the same step read 656 MiB beside 677).
         base = replace(base, peak_memory_bytes=result.profile.memory.peak_bytes)
-    out += _comparison_rows(base, chosen, planned, compared.where)
+    out += comparison_rows(base, chosen, planned, compared.where)
     if compared.from_window:
         # The search's one measurement of each, for the record: a disturbed one shows here.
         out.append(
@@ -266,9 +266,12 @@ def _search_step(m: Measurement | None) -> str:
     return "n/a" if m is None else f"{ms(m.step_median)} (p10 {ms(m.step_p10)}, p90 {ms(m.step_p90)})"
 
 
-def _comparison_rows(
+def comparison_rows(
     base: Measurement | None, chosen: Measurement | None, planned: int, where: str = "search"
 ) -> list[str]:
+    """The report's baseline-against-tuned table rows (settings, steady step from `where`: the search
+    or the window, compile, amortised over `planned` steps, MFU on one peak, memory, accuracy)."""
+
     def cell(m: Measurement | None, fn) -> str:
         return "n/a" if m is None else fn(m)
 

@@ -161,7 +161,7 @@ def profile(
         log.info("counting FLOPs of one eager %s", workload.step_kind)
         started = time.monotonic()
         counted = run_user_step(lambda: count_step(step.run_eager), workload, "the first step")
-        settings = _within_budget(settings, time.monotonic() - started, deadline, warnings)
+        settings = within_budget(settings, time.monotonic() - started, deadline, warnings)
         flops = flops_report(workload, step.model, counted, batch_size, seq_len, attention_convention)
         log.info("warming up %s", candidate.describe())
         warmup_min, warmup_max = settings.warmup_min_steps, settings.warmup_max_steps
@@ -172,7 +172,7 @@ def profile(
         )
         if not warmup.settled:
             warnings.append(f"still compiling after {warmup.steps} warm-up steps")
-        settings = _within_budget(settings, _steady_seconds(warmup), deadline, warnings)
+        settings = within_budget(settings, _steady_seconds(warmup), deadline, warnings)
         backend.reset_peak_memory()
         log.info("timing at least %d steps", settings.timing_min_steps)
         timing, compiles_while_timing = time_steps(
@@ -348,7 +348,7 @@ def _steady_seconds(warmup: WarmupResult) -> float:
     return warmup.first_call_seconds
 
 
-def _within_budget(
+def within_budget(
     settings: ProfilerSettings, step_seconds: float, deadline: float, warnings: list[str]
 ) -> ProfilerSettings:
     """`settings` with warm-up, timed and profiled steps capped so that, at `step_seconds` a

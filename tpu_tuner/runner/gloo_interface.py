@@ -27,7 +27,7 @@ _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address (netdevice(7))
 def pin_gloo_interface(address: str, port: int) -> str | None:
     """Set GLOO_SOCKET_IFNAME to the interface that routes to `address` (the rendezvous), where the
     host name resolves to loopback and the rendezvous is not; the interface chosen, or None."""
-    if VARIABLE in os.environ or not _name_is_loopback():
+    if VARIABLE in os.environ or not name_is_loopback():
         return None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -57,7 +57,8 @@ def interface_holding(address: str) -> str | None:
     return None
 
 
-def _name_is_loopback() -> bool:
+def name_is_loopback() -> bool:
+    """Whether every address this host's name resolves to is a loopback one (as one /etc/hosts line can make it)."""
     try:
         return all(
             ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(socket.gethostname(), None)

@@ -332,7 +332,7 @@ def _open_store(address: str, port: int, timeout_s: float) -> tuple[Any, bool]:
     from torch.distributed import TCPStore
 
     timeout = timedelta(seconds=timeout_s)
-    if _is_this_machine(address):
+    if is_this_machine(address):
         try:
             return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout), True
         except (RuntimeError, ValueError):  # another agent of this machine serves it
@@ -346,7 +346,7 @@ def _open_store(address: str, port: int, timeout_s: float) -> tuple[Any, bool]:
         ) from exc
 
 
-def _is_this_machine(address: str) -> bool:
+def is_this_machine(address: str) -> bool:
     """Whether `address` names this machine: localhost, a loopback address, its host name or FQDN,
     an address one of its interfaces holds (in its network namespace: it can be bound), or one of
     the addresses its name resolves to."""

@@ -92,7 +92,7 @@ class StopReason(StrEnum):
 
 
 class Settled(Enum):
-    """What became of an asked trial that holds no claim (`_settle`; a claim is a `Claim`)."""
+    """What became of an asked trial that holds no claim (`settle`; a claim is a `Claim`)."""
 
     RULED_OUT = "ruled out"  # the feature told it in `begin`
     REPEAT = "repeat"  # answered from the trial that settled its setting
@@ -247,7 +247,7 @@ def run_loop(
                 # the ask (a suspended host) and another worker failed it as lost.
                 outcome: Claim | Settled = Settled.LOST
                 with _unless_failed_elsewhere(study, trial.number, "before it was evaluated here; asking again"):
-                    outcome = _settle(study, feature, rules, trial, batch)
+                    outcome = settle(study, feature, rules, trial, batch)
                 if isinstance(outcome, Claim):
                     batch.append(outcome)
                     idle = 0
@@ -323,7 +323,7 @@ def _ask(study: optuna.Study, feature: Feature) -> optuna.Trial:
         return feature.ask(study)
 
 
-def _settle(
+def settle(
     study: optuna.Study, feature: Feature, rules: Rules, trial: optuna.Trial, batch: list[Claim]
 ) -> Claim | Settled:
     """The trial's claim, or what became of it.
