@@ -60,7 +60,9 @@ print(json.dumps(out))
 ROUTING = """
 import json, re, time, torch
 import tpu_tuner.planner.program as program
-from tpu_tuner.planner.compile_pool import CompileJob, run_job, _workload
+from tpu_tuner.planner.compile_pool import run_job, _workload
+from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import add_loop_iterations
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
@@ -72,7 +74,8 @@ for name, extra in (("dropless top-1", ",top_k=1,moe_routing=dropless"),
                     ("dropless top-2", ",top_k=2,moe_routing=dropless"),
                     ("dropping top-2, capacity 1", ",top_k=2,capacity_factor=1")):
     start = time.perf_counter()
-    step = run_job(CompileJob(base + extra, None, 2, Layout(1, 4, 1), "v5e:2x2", 8, 256, 128, "none", True, scan=True))
+    step = run_job(CompileJob(CompileModel(base + extra, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+                              StepSettings(8, 256), PlanPoint(Layout(1, 4, 1), "none"), fast=True))
     assert step.error is None, step.error
     full = add_loop_iterations(step, 2)
     workload = _workload(base + extra)
@@ -97,6 +100,8 @@ from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import add_loop_iterations
 from tpu_tuner.planner.program import compile_step
+from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,"
         "q_lora_rank=64,kv_lora_rank=32,qk_rope_head_dim=32")
@@ -106,8 +111,9 @@ for name, extra in (("v 32", ",qk_nope_head_dim=64,v_head_dim=32"), ("v 96", ",q
     w = load_workload(base + extra)
     with torch.device("meta"):
         m = w.build_model()
-    r = add_loop_iterations(
-        compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128, remat="none", scan=True), 2)
+    job = CompileJob(CompileModel(name, None, 128, 2, scan=True), CompileTarget("cpu"), StepSettings(8, 256),
+                     PlanPoint(Layout(1, 4, 1), "none"))
+    r = add_loop_iterations(compile_step(job, w.build_model, jax.devices("cpu")), 2)
     formula = transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True).per_step
     out[name] = {"compiled": r.flops * 4, "formula": formula}
 for wider in ("v 96", "nope 128"):

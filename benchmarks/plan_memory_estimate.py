@@ -39,6 +39,7 @@ from tpu_tuner.planner.memory_estimate import FITTED, Fitted, estimate, layer_wi
 from tpu_tuner.planner.predict import CostModel  # noqa: E402
 from tpu_tuner.planner.problem import PlanProblem  # noqa: E402
 from tpu_tuner.planner.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
+from tpu_tuner.planner.request import StepSettings  # noqa: E402
 from tpu_tuner.planner.space import PlanPoint  # noqa: E402
 from tpu_tuner.planner.topology import Topology, parse_topology  # noqa: E402
 
@@ -70,8 +71,14 @@ def problem_of(
         workload=workload.name,
         preset=None,
         topology=topology,
-        global_batch=global_batch,
-        seq_len=seq,
+        step=StepSettings(
+            global_batch,
+            seq,
+            first_moment_dtype=mu_dtype,
+            optimizer=optimizer,
+            weight_dtype=weight_dtype,
+            vocab_tiling=vocab_tiling,
+        ),
         dims=dims,
         gated="mlpwi_1" in roles.values(),
         matmul_parameters=matmul_parameters(model),
@@ -81,10 +88,6 @@ def problem_of(
         fast=False,
         cost_model=CostModel(),
         placements={},
-        first_moment_dtype=mu_dtype,
-        optimizer=optimizer,
-        weight_dtype=weight_dtype,
-        vocab_tiling=vocab_tiling,
         spans=transformer.spans if transformer else (),
     )
 
@@ -174,7 +177,7 @@ def report(points: list[tuple[str, PlanProblem, PlanPoint, dict]], fitted: Fitte
 def compile_small(fitted: Fitted) -> None:
     """A handful of small points compiled here (v5e:2x2, the tiny example Llama), estimate beside
     the compiler's peak."""
-    from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+    from tpu_tuner.planner.compile_pool import CompilePool
 
     source = str(HERE.parent / "examples" / "llama.py")
     workload = planned_workload(source)
@@ -202,23 +205,7 @@ def compile_small(fitted: Fitted) -> None:
         PlanPoint(Layout(1, 2, 2), "save_qkv_proj"),
         PlanPoint(Layout(1, 4, 1), "full", 2),
     ]
-    jobs = {
-        p: CompileJob(
-            source,
-            "tiny",
-            dims.scanned,
-            p.layout,
-            "v5e:2x2",
-            16,
-            512,
-            dims.shape.d_model,
-            p.remat,
-            True,
-            scan=True,
-            accumulation=p.accumulation,
-        )
-        for p in points
-    }
+    jobs = {p: replace(problem, fast=True).job(p, dims.scanned) for p in points}
     with CompilePool(2) as pool:
         steps = pool.compile(list(jobs.values()))
     for point, job in jobs.items():

@@ -61,8 +61,8 @@ def export(
     job = replace(
         problem.job(best.point, problem.dims.scanned, fast=False),
         export_to=str(out / STEP_FILE),
-        flash_block=flash_block,
     )
+    job = replace(job, step=replace(job.step, flash_block=flash_block))
     exported = run_job(job)
     prediction = best.prediction
     record = {

@@ -31,8 +31,10 @@ VARIANTS = {"seq2048-flash": (2048, True), "seq1024-flash": (1024, True), "seq10
 def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
     """One line: the row's step compiled at `seq` with the flash kernel or the textbook attention."""
     from tpu_tuner.planner import program
-    from tpu_tuner.planner.compile_pool import _workload, topology_devices
+    from tpu_tuner.planner.compile_pool import _workload
     from tpu_tuner.planner.hbm import compiler_hbm_limit
+    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings, topology_devices
+    from tpu_tuner.planner.space import PlanPoint
     from tpu_tuner.planner.step_parts import sharded_attention
     from tpu_tuner.planner.topology import parse_topology
 
@@ -42,23 +44,18 @@ def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
 
     # The planner picks the kernel by platform (flash on a TPU); the dot-product variant asks the
     # CPU cross-check's kernel on the TPU topology instead.
-    def attention(env: object, mesh: object, flash: bool) -> None:
-        sharded_attention(env, mesh, flash=flash and use_flash)
+    def attention(env: object, mesh: object, flash: bool, flash_block: int | None = None) -> None:
+        sharded_attention(env, mesh, flash=flash and use_flash, flash_block=flash_block)
 
     program.sharded_attention = attention
     workload = _workload(row.spec)
-    step = program.compile_step(
-        lambda: workload.model_for_preset(None),
-        run["layers"],
-        row.layout,
-        devices,
-        row.global_batch,
-        seq,
-        run["d_model"],
-        remat=row.remat,
-        scan=True,
-        first_moment_dtype=row.mu_dtype or "float32",  # unused by an optimizer without moments
+    job = CompileJob(
+        CompileModel(row.spec, None, run["d_model"], run["layers"], scan=True),
+        CompileTarget(topology.jax_name),
+        StepSettings(row.global_batch, seq, first_moment_dtype=row.mu_dtype or "float32"),  # unused without moments
+        PlanPoint(row.layout, row.remat),
     )
+    step = program.compile_step(job, lambda: workload.model_for_preset(None), devices)
     limit = compiler_hbm_limit(devices[0])
     gib = 2**30
     name = f"{row.id} seq {seq} {'flash' if use_flash else 'dot-product'}"

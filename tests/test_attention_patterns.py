@@ -194,20 +194,23 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
 
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import read_shape
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         import tpu_tuner.planner.program as program
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         texts = []
         measure = program.block_loop_iteration
         program.block_loop_iteration = lambda text: texts.append(text) or measure(text)
         spec = {BASE + ",layers=7,sliding_window=64,global_every=3,attention_sinks=true,max_seq_len=512"!r}
         shape = read_shape(spec)[0]
         devices = topology_devices("v5e:2x2")
-        compile = lambda blocks, scan: program.compile_step(lambda: Decoder(shape), blocks, Layout(1, 4, 1), devices,
-                                                            8, 256, 64, remat="full", scan=scan, fast=True)
+        compile = lambda blocks, scan: program.compile_step(CompileJob(
+            CompileModel("decoder", None, 64, blocks, scan), CompileTarget("v5e:2x2"), StepSettings(8, 256),
+            PlanPoint(Layout(1, 4, 1), "full"), fast=True), lambda: Decoder(shape), devices)
         scanned, unrolled = compile(2, True), compile(2, False)
         gathered = lambda step: sum(c.bytes for c in step.collectives if c.kind == "all-gather")
         whole = add_loop_iterations(scanned, 2)
@@ -236,16 +239,19 @@ def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss()
     out = _run_python("""
         import json
         import jax, jax.numpy as jnp, numpy as np
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import read_shape
         from tpu_tuner.planner.program import compile_step
         from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         shape = read_shape("decoder:vocab=32768,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=1024")[0]
         devices = topology_devices("v5e:2x2")
-        peaks = [compile_step(lambda: Decoder(shape), 2, Layout(1, 4, 1), devices, 8, 1024, 128, remat="full",
-                              scan=True, fast=True, vocab_tiling=tiles).temp_bytes for tiles in (1, 8)]
+        job = lambda tiles: CompileJob(CompileModel("decoder", None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+                                       StepSettings(8, 1024, vocab_tiling=tiles), PlanPoint(Layout(1, 4, 1)), fast=True)
+        peaks = [compile_step(job(tiles), lambda: Decoder(shape), devices).temp_bytes for tiles in (1, 8)]
         keys = jax.random.split(jax.random.PRNGKey(0), 3)
         hidden = jax.random.normal(keys[0], (2, 64, 16))
         head = jax.random.normal(keys[1], (100, 16))

@@ -11,12 +11,15 @@ import pytest
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+from tpu_tuner.planner.compile_pool import CompilePool
 from tpu_tuner.planner.options import PlanCompile
+from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.space import PlanPoint
 
 
 def _job(model_file: Path) -> CompileJob:
-    return CompileJob(str(model_file), None, 1, Layout(1, 1, 1), "v5e:1x1", 8, 128, 256, "full", True)
+    model = CompileModel(str(model_file), None, 256, 1)
+    return CompileJob(model, CompileTarget("v5e:1x1"), StepSettings(8, 128), PlanPoint(Layout(1, 1, 1)), fast=True)
 
 
 def test_a_hung_compile_is_killed_at_its_timeout_and_fails_with_the_reason(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from tpu_tuner.planner.hf_plan import planned_workload  # noqa: E402
 from tpu_tuner.planner.options import PlanOptions, PlanTarget  # noqa: E402
 from tpu_tuner.planner.predict import CostModel  # noqa: E402
 from tpu_tuner.planner.problem import PlanProblem  # noqa: E402
+from tpu_tuner.planner.request import StepSettings  # noqa: E402
 from tpu_tuner.planner.result import result_of  # noqa: E402
 from tpu_tuner.planner.topology import parse_topology  # noqa: E402
 
@@ -168,8 +169,7 @@ def _problem(spans: bool):
         workload="tiny",
         preset=None,
         topology=parse_topology("v5e-4").as_compiled(4, 16 * 2**30),
-        global_batch=4,
-        seq_len=64,
+        step=StepSettings(4, 64),
         dims=dims,
         gated=True,
         matmul_parameters=1,

@@ -239,7 +239,9 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
     script = textwrap.dedent("""
         import json, re, torch
         import tpu_tuner.planner.program as program
-        from tpu_tuner.planner.compile_pool import CompileJob, run_job, _workload
+        from tpu_tuner.planner.compile_pool import run_job, _workload
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
@@ -249,8 +251,8 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
         out = {}
         for name, extra in (("k1", ",top_k=1,moe_routing=dropless"), ("k2", ",top_k=2,moe_routing=dropless"),
                             ("dropping", ",top_k=2,capacity_factor=1")):
-            step = run_job(CompileJob(base + extra, None, 2, Layout(1, 4, 1), "v5e:2x2", 8, 256, 128, "none", True,
-                                      scan=True))
+            step = run_job(CompileJob(CompileModel(base + extra, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+                                      StepSettings(8, 256), PlanPoint(Layout(1, 4, 1), "none"), fast=True))
             assert step.error is None, step.error
             workload = _workload(base + extra)
             with torch.device("meta"):

@@ -166,16 +166,19 @@ def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolle
 
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import DecoderShape
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         import tpu_tuner.planner.program as program
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         shape = DecoderShape(**{TINY | dict(layers=15, kv_shared_layers=10, max_seq_len=512, sliding_window=64)!r})
         devices = topology_devices("v5e:2x2")
-        compile = lambda blocks, scan: program.compile_step(lambda: Decoder(shape), blocks, Layout(1, 4, 1), devices,
-                                                            8, 256, 32, remat="full", scan=scan, fast=True)
+        compile = lambda blocks, scan: program.compile_step(CompileJob(
+            CompileModel("decoder", None, 32, blocks, scan), CompileTarget("v5e:2x2"), StepSettings(8, 256),
+            PlanPoint(Layout(1, 4, 1), "full"), fast=True), lambda: Decoder(shape), devices)
         scanned, unrolled = compile(2, True), compile(2, False)
         whole = add_loop_iterations(scanned, 2)
         print(json.dumps(dict(errors=[scanned.error, unrolled.error], measured=scanned.loop_iteration is not None,

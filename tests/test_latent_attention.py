@@ -196,9 +196,11 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         import jax, torch
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
         base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,q_lora_rank=64,"
                 "kv_lora_rank=32,qk_rope_head_dim=32")
@@ -209,15 +211,17 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
             w = load_workload(base + extra)
             with torch.device("meta"):
                 m = w.build_model()
-            r = add_loop_iterations(compile_step(w.build_model, 2, Layout(1, 4, 1), jax.devices("cpu"), 8, 256, 128,
-                                                 remat="none", scan=True), 2)
+            job = CompileJob(CompileModel(name, None, 128, 2, scan=True), CompileTarget("cpu"), StepSettings(8, 256),
+                             PlanPoint(Layout(1, 4, 1), "none"))
+            r = add_loop_iterations(compile_step(job, w.build_model, jax.devices("cpu")), 2)
             formula = transformer_model_flops(matmul_parameters(m), w.transformer, 8, 256, True)
             out[name] = [r.flops * 4, formula.per_step]
         # DeepSeek's head widths: 192-wide queries and keys, 128-wide values (the kernel pads all to 256).
         deepseek_heads = ",qk_nope_head_dim=128,v_head_dim=128"
         w = load_workload(base.replace("qk_rope_head_dim=32", "qk_rope_head_dim=64") + deepseek_heads)
-        tpu = compile_step(w.build_model, 2, Layout(1, 2, 2), topology_devices("v5e:2x2"), 8, 256, 128, remat="full",
-                           fast=True, scan=True)
+        job = CompileJob(CompileModel("deepseek", None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+                         StepSettings(8, 256), PlanPoint(Layout(1, 2, 2), "full"), fast=True)
+        tpu = compile_step(job, w.build_model, topology_devices("v5e:2x2"))
         out["tpu"] = [tpu.error, tpu.flops]
         print(json.dumps(out))
     """)

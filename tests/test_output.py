@@ -215,7 +215,9 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
     """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
     log file; the caller's terminal gets one warning line naming the event and the log."""
     from tpu_tuner.model.layouts import Layout
-    from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+    from tpu_tuner.planner.compile_pool import CompilePool
+    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+    from tpu_tuner.planner.space import PlanPoint
 
     monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     crashing = tmp_path / "crashing.py"
@@ -224,7 +226,8 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
         "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGFPE)\n"
     )
     log_file = tmp_path / "compiler.log"
-    job = CompileJob(str(crashing), "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
+    model = CompileModel(str(crashing), "tiny", 256, 1)
+    job = CompileJob(model, CompileTarget("v5e:2x2"), StepSettings(8, 128), PlanPoint(Layout(1, 4, 1)), fast=True)
     with caplog.at_level("WARNING"), CompilePool(1, log_file) as pool:
         result = pool.compile([job])[job]
     assert "SIGFPE" in result.error

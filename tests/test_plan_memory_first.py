@@ -22,6 +22,7 @@ from tpu_tuner.planner.memory_estimate import FIT_MARGIN, estimate
 from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.request import StepSettings
 from tpu_tuner.planner.space import PlanPoint, PlanSpace
 from tpu_tuner.planner.topology import parse_topology
 
@@ -43,8 +44,7 @@ def _problem(hbm_gib: float = 6.0, **changes) -> PlanProblem:
         workload="llama",
         preset="tiny",
         topology=topology,
-        global_batch=16,
-        seq_len=1024,
+        step=StepSettings(16, 1024),
         dims=_dims(),
         gated=True,
         matmul_parameters=3_000_000,
@@ -55,7 +55,7 @@ def _problem(hbm_gib: float = 6.0, **changes) -> PlanProblem:
         cost_model=CostModel(),
         placements={},
     )
-    return replace(problem, **changes)
+    return replace(problem, step=replace(problem.step, **changes))
 
 
 def test_the_estimate_counts_each_term_as_stated() -> None:
@@ -120,7 +120,7 @@ class _ScriptedPool:
         results = {}
         for job in jobs:
             self.jobs.append(job)
-            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2)
+            iteration = LoopIteration(1e9 / job.point.layout.tensor, 1e6, [], loops=2)
             results[job] = CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
             if done:
                 done(job, results[job])
@@ -150,8 +150,8 @@ def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> Non
     result = search(problem, options, pool, said.append, time.perf_counter())
     assert pool.jobs, "something compiled"
     for job in pool.jobs:
-        point = PlanPoint(job.layout, job.remat, job.accumulation)
+        point = job.point
         assert estimate(problem, point).fits(problem.hbm), point.name()
-    assert len({j.layout for j in pool.jobs} | {j.remat for j in pool.jobs}) > 1  # a search, not one point
+    assert len({j.point.layout for j in pool.jobs} | {j.point.remat for j in pool.jobs}) > 1  # a search, not one point
     for plan in result.plans:  # plan.json keeps each point's estimate
         assert plan.memory_estimate and plan.memory_estimate["limit"] == problem.hbm

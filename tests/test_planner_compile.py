@@ -137,7 +137,7 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
     (planner/hbm.py) is what a layout must fit in."""
     out = _run_python("""
         import json
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.planner.hbm import compiler_hbm_limit
         from tpu_tuner.planner.topology import parse_topology
         seen = {}
@@ -196,13 +196,16 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.compiled_step import add_loop_iterations
         from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
         for name, devices in (("cpu", jax.devices("cpu")), ("tpu", tpu)):
             for layout in (Layout(1, 8, 1), Layout(1, 4, 2), Layout(2, 2, 2)):
-                step = compile_step(lambda: w.model_for_preset("tiny"), 4, layout, devices, 16, 128, 256,
-                                    remat="full", scan=True)
+                job = CompileJob(CompileModel("llama", "tiny", 256, 4, scan=True), CompileTarget(name),
+                                 StepSettings(16, 128), PlanPoint(layout, "full"))
+                step = compile_step(job, lambda: w.model_for_preset("tiny"), devices)
                 r = add_loop_iterations(step, 4)
                 collectives = [[c.kind, c.group_size] for c in r.collectives if c.group_size > 1 and c.count]
                 out[f"{{name}} {{layout.data}}x{{layout.fsdp}}x{{layout.tensor}}"] = {{
@@ -244,15 +247,18 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     out = _run_python(f"""
         import json
         from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.compiled_step import add_loop_iterations, combine_scanned
         from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
         tiny = lambda: w.model_for_preset("tiny")
-        compile = lambda blocks, scan: compile_step(tiny, blocks, Layout(1, 8, 1), devices, 16, 256, 256,
-                                                    remat="full", scan=scan)
+        compile = lambda blocks, scan: compile_step(CompileJob(
+            CompileModel("llama", "tiny", 256, blocks, scan), CompileTarget("v5p:2x2x2"), StepSettings(16, 256),
+            PlanPoint(Layout(1, 8, 1), "full")), tiny, devices)
         unrolled, scanned = compile(4, False), compile(4, True)
         gathered = lambda step: sum(c.bytes for c in step.collectives if c.kind == "all-gather")
         print(json.dumps({{name: [step.flops, gathered(step), step.bytes_accessed, step.peak_bytes] for name, step in (
@@ -277,9 +283,12 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     crashing.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGFPE)\n")
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+        from tpu_tuner.planner.compile_pool import CompilePool
         from tpu_tuner.model.layouts import Layout
-        jobs = [CompileJob(path, "tiny", 1, Layout(1, 4, 1), "v5e:2x2", 8, 128, 256, "full", True)
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
+        jobs = [CompileJob(CompileModel(path, "tiny", 256, 1), CompileTarget("v5e:2x2"), StepSettings(8, 128),
+                           PlanPoint(Layout(1, 4, 1), "full"), fast=True)
                 for path in ({str(crashing)!r}, {str(EXAMPLES / "llama.py")!r})]
         with CompilePool(1) as pool:
             results = pool.compile(jobs)
@@ -324,10 +333,12 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
 
     def answer(job):
-        if job.blocks == 0:
+        if job.model.blocks == 0:
             return CompiledStep(1e9, 1e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 2, 100)])
         iteration = (
-            LoopIteration(5e9, 5e6, [Collective("all-gather", 8, 3, 300)], loops=2) if job.layout == measured else None
+            LoopIteration(5e9, 5e6, [Collective("all-gather", 8, 3, 300)], loops=2)
+            if job.point.layout == measured
+            else None
         )
         return CompiledStep(
             6e9, 6e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 5, 400)], loop_iteration=iteration
@@ -342,7 +353,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     said: list[str] = []
     problem = build_problem(EXAMPLES / "llama.py", options, parse_topology("v5p:2x2x2"), said.append)
     result = enumerated(problem, options, pool, said.append, time.perf_counter())
-    assert sorted((j.layout.name(), j.blocks) for j in pool.jobs) == sorted(
+    assert sorted((j.point.layout.name(), j.model.blocks) for j in pool.jobs) == sorted(
         [(measured.name(), 4), (unmeasured.name(), 4), (unmeasured.name(), 0)]
     )
     by_layout = {p.layout: p.compiled for p in result.plans}
@@ -408,9 +419,10 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     out = _run_python(f"""
         import json
         from dataclasses import replace
-        from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
+        from tpu_tuner.planner.compile_pool import CompilePool
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
         from tpu_tuner.model.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}
@@ -418,8 +430,9 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         cases = {{"full": ("full", 1, Layout(1, 4, 1)), "minimal": ("minimal", 1, Layout(1, 4, 1)),
                   "qkv": ("save_qkv_proj", 1, Layout(1, 4, 1)), "offload": (offload, 1, Layout(1, 4, 1)),
                   "micro": ("full", 4, Layout(1, 4, 1)), "context": ("full", 1, Layout(1, 2, 1, 2))}}
-        jobs = {{name: CompileJob(path, "tiny", 4, layout, "v5e:2x2", 16, 256, 256, remat, True, scan=True,
-                                  accumulation=acc) for name, (remat, acc, layout) in cases.items()}}
+        jobs = {{name: CompileJob(CompileModel(path, "tiny", 256, 4, scan=True), CompileTarget("v5e:2x2"),
+                                  StepSettings(16, 256), PlanPoint(layout, remat, acc), fast=True)
+                for name, (remat, acc, layout) in cases.items()}}
         with CompilePool(1) as pool:
             steps = pool.compile(list(jobs.values()))
         shape = ModelShape(256, 8, 2, 768, 4096, 4)
@@ -427,8 +440,8 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         for name, job in jobs.items():
             step = steps[job]
             assert step.error is None, (name, step.error)
-            full = add_loop_iterations(step, 4, None, job.accumulation)
-            point = PlanPoint(job.layout, job.remat, job.accumulation)
+            point = job.point
+            full = add_loop_iterations(step, 4, None, point.accumulation)
             bound = memory_lower_bound(point, 3_100_000, shape, 16, 256).total
             out[name] = [full.flops, full.temp_bytes, full.host_temp_bytes, full.peak_bytes, bound,
                          [[c.kind, c.group_size] for c in full.collectives]]

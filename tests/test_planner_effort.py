@@ -12,12 +12,12 @@ from tpu_tuner.model.layouts import Layout
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
 from tpu_tuner.outputs.plan_report import hbm_status
-from tpu_tuner.planner.compile_pool import topology_config
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import evaluate, judged, near_limit
 from tpu_tuner.planner.loop_costs import LoopIteration
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.problem import PlanProblem
+from tpu_tuner.planner.request import StepSettings, topology_config
 from tpu_tuner.planner.space import PlanPoint
 from tpu_tuner.planner.topology import parse_topology
 
@@ -74,8 +74,7 @@ def _problem(fast: bool) -> PlanProblem:
         workload="llama",
         preset="tiny",
         topology=topology,
-        global_batch=16,
-        seq_len=128,
+        step=StepSettings(16, 128),
         dims=read_dims(model),
         gated=True,
         matmul_parameters=3_000_000,
@@ -198,8 +197,8 @@ def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_i
     from dataclasses import replace
 
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.planner.search import plan_record
     from tpu_tuner.planner.space import PlanSpace
+    from tpu_tuner.planner.trial_records import plan_record
     from tpu_tuner.planner.xla_flags import parse_xla_flags
 
     flags = parse_xla_flags("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true --xla_x=ENABLED")
@@ -211,8 +210,8 @@ def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_i
     for bad in ("xla_a=1", "--xla_a", "--tpu_a=1", "--xla_a="):
         with pytest.raises(UserInputError, match="--xla-flags takes"):
             parse_xla_flags(bad)
-    problem = replace(_problem(fast=False), xla_flags=flags)
-    assert problem.job(POINT, 2).compiler_options == flags
+    problem = replace(_problem(fast=False), step=StepSettings(16, 128, xla_flags=flags))
+    assert problem.job(POINT, 2).step.xla_flags == flags
     assert plan_record(problem, PlanSpace((1,)))["xla_flags"][:2] == [
         "--xla_tpu_scoped_vmem_limit_kib=81920",
         "--xla_enable_async_all_gather=true",
@@ -237,16 +236,16 @@ class _PeelingPool:
     def compile(self, jobs, done=None):
         out = {}
         for job in jobs:
-            self.jobs.append((job.fast, job.blocks))
+            self.jobs.append((job.fast, job.model.blocks))
             iteration = LoopIteration(self.ITERATION, 1e6, [], loops=2)
             if not job.fast:  # peeled: a count no formula of the depth gives
                 step = CompiledStep(
                     1e9, 1e6, 0.3 * HBM, 0, 0.3 * HBM, 0, [], 1.0, loop_peeled=True, loop_iteration=iteration
                 )
-            elif job.blocks == self.depth or not self.shallow_fits:
+            elif job.model.blocks == self.depth or not self.shallow_fits:
                 step = CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error=HBM_OOM)
             else:
-                flops = self.ENDS + job.blocks * self.STACKED + self.ITERATION
+                flops = self.ENDS + job.model.blocks * self.STACKED + self.ITERATION
                 step = CompiledStep(flops, 2e6, 0.2 * HBM, 0, 0.2 * HBM, 0, [], 1.0, loop_iteration=iteration)
             out[job] = step
         return out

@@ -22,11 +22,14 @@ def test_the_exported_step_is_the_planned_training_step(tmp_path: object) -> Non
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.hf_plan import planned_workload
         from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
 
         workload = planned_workload({TINY!r})
         path = {str(tmp_path)!r} + "/step.jaxexport"
-        step = compile_step(lambda: workload.model_for_preset(None), 2, Layout(1, 1, 1), jax.devices("cpu")[:1],
-                            4, 64, 128, "full", scan=True, export_to=path)
+        job = CompileJob(CompileModel({TINY!r}, None, 128, 2, scan=True), CompileTarget("cpu"), StepSettings(4, 64),
+                         PlanPoint(Layout(1, 1, 1)), export_to=path)
+        step = compile_step(job, lambda: workload.model_for_preset(None), jax.devices("cpu")[:1])
         assert step.error is None, step.error
         exported = jax.export.deserialize(bytearray(open(path, "rb").read()))
         (params, state, buffers, tokens, _), _ = jax.tree.unflatten(exported.in_tree, exported.in_avals)

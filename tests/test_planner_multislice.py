@@ -121,8 +121,9 @@ def test_the_hybrid_mesh_puts_dcn_ways_outer_and_keeps_each_slice_in_its_own_ord
     assert [d.slice_index for d in fsdp] == [0, 0, 0, 0, 1, 1, 1, 1]  # fsdp's DCN ways outer along its axis
     mixed = mesh_devices(devices, Layout(2, 2, 2, dcn_data=2))  # data over DCN, fsdp x tensor in each slice
     assert {d.slice_index for d in mixed[1].flat} == {1}
-    with pytest.raises(ValueError, match="spans 1 slice"):
-        mesh_devices(devices, Layout(2, 4, 1))
+    # A layout whose DCN ways are not the slice count is refused before any mesh (Topology.check_layout).
+    with pytest.raises(UserInputError, match="spans 1 slice"):
+        parse_topology("v5e:2x2").with_slices(2).check_layout(Layout(2, 4, 1))
 
 
 def test_enumerated_layouts_spread_the_slices_over_data_or_fsdp() -> None:

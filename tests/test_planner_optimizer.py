@@ -51,17 +51,17 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
     from tpu_tuner.model.structure import Dims
     from tpu_tuner.planner.predict import CostModel
     from tpu_tuner.planner.problem import PlanProblem
-    from tpu_tuner.planner.search import plan_record
+    from tpu_tuner.planner.request import StepSettings
     from tpu_tuner.planner.space import PlanSpace
     from tpu_tuner.planner.topology import parse_topology
+    from tpu_tuner.planner.trial_records import plan_record
 
     problem = PlanProblem(
         source="shape",
         workload="decoder",
         preset=None,
         topology=parse_topology("v5e:2x2"),
-        global_batch=8,
-        seq_len=256,
+        step=StepSettings(8, 256),
         dims=Dims(ModelShape(128, 4, 4, 256, 256, 2), 32),
         gated=True,
         matmul_parameters=1,
@@ -73,7 +73,10 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
         placements={},
         model_digest="0" * 64,
     )
-    adamw, sgd = (plan_record(p, PlanSpace(tensors=(1,))) for p in (problem, replace(problem, optimizer="sgd")))
+    adamw, sgd = (
+        plan_record(p, PlanSpace(tensors=(1,)))
+        for p in (problem, replace(problem, step=replace(problem.step, optimizer="sgd")))
+    )
     assert "optimizer" not in adamw and sgd["optimizer"] == "sgd"  # earlier studies keep their records
 
 
@@ -120,16 +123,19 @@ def test_the_sgd_step_compiles_without_adamws_two_moments() -> None:
     out = _last_json(f"""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.planner.hf_plan import planned_workload
         from tpu_tuner.planner.program import compile_step
+        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.space import PlanPoint
 
         workload = planned_workload({TINY!r})
         devices = topology_devices("v5e:2x2")
         out = {{}}
         for optimizer in ("adamw", "sgd"):
-            step = compile_step(lambda: workload.model_for_preset(None), 2, Layout(1, 4, 1), devices, 8, 256, 128,
-                                "full", fast=True, scan=True, optimizer=optimizer)
+            job = CompileJob(CompileModel({TINY!r}, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+                             StepSettings(8, 256, optimizer=optimizer), PlanPoint(Layout(1, 4, 1)), fast=True)
+            step = compile_step(job, lambda: workload.model_for_preset(None), devices)
             assert step.error is None, step.error
             out[optimizer] = {{"arguments": step.argument_bytes, "peak": step.peak_bytes, "flops": step.flops}}
         print(json.dumps(out))

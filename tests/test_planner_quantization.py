@@ -84,8 +84,9 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
 
     from tpu_tuner.model.structure import Dims
     from tpu_tuner.planner.problem import PlanProblem
-    from tpu_tuner.planner.search import plan_record
+    from tpu_tuner.planner.request import StepSettings
     from tpu_tuner.planner.space import PlanSpace
+    from tpu_tuner.planner.trial_records import plan_record
 
     shape = ModelShape(128, 4, 4, 256, 256, 2)
     problem = PlanProblem(
@@ -93,8 +94,7 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
         workload="decoder",
         preset=None,
         topology=parse_topology("tpu7x:2x2x1"),
-        global_batch=8,
-        seq_len=256,
+        step=StepSettings(8, 256),
         dims=Dims(shape, 32),
         gated=True,
         matmul_parameters=1,
@@ -109,7 +109,11 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     space = PlanSpace(tensors=(1,))
     records = [
         plan_record(p, space)
-        for p in (problem, replace(problem, quantization="fp8"), replace(problem, weight_dtype="bfloat16"))
+        for p in (
+            problem,
+            replace(problem, step=replace(problem.step, quantization="fp8")),
+            replace(problem, step=replace(problem.step, weight_dtype="bfloat16")),
+        )
     ]
     assert "quantization" not in records[0] and "weight_dtype" not in records[0]  # earlier studies keep their names
     assert records[1]["quantization"] == "fp8" and records[2]["weight_dtype"] == "bfloat16"
@@ -165,7 +169,7 @@ def test_the_quantized_dot_alone_compiles_int8_forward_and_backward() -> None:
         from collections import Counter
         import jax, jax.numpy as jnp
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
-        from tpu_tuner.planner.compile_pool import topology_devices
+        from tpu_tuner.planner.request import topology_devices
         from tpu_tuner.planner.quantized_matmul import quantized_dot
         __DOTS__
         mesh = Mesh(topology_devices("v5e:2x2"), ("fsdp",))
@@ -188,9 +192,11 @@ _COMPILE = r"""
     as_text = stages.Compiled.as_text
     stages.Compiled.as_text = lambda self, *a, **k: texts.append(as_text(self, *a, **k)) or texts[-1]
     from tpu_tuner.model.layouts import Layout
-    from tpu_tuner.planner.compile_pool import topology_devices
+    from tpu_tuner.planner.request import topology_devices
     from tpu_tuner.planner.hf_plan import planned_workload
     from tpu_tuner.planner.program import compile_step
+    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
+    from tpu_tuner.planner.space import PlanPoint
 
     __DOTS__
 
@@ -199,9 +205,10 @@ _COMPILE = r"""
     for name, topology, weights, quantization in __RUNS__:
         devices = topology_devices(topology)
         layout = Layout(1, len(devices), 1)
-        step = compile_step(lambda: workload.model_for_preset(None), 2, layout, devices, 8, 256, 128, "full",
-                            fast=True, scan=True, first_moment_dtype=weights, weight_dtype=weights,
-                            quantization=quantization)
+        settings = StepSettings(8, 256, first_moment_dtype=weights, weight_dtype=weights, quantization=quantization)
+        job = CompileJob(CompileModel("shape", None, 128, 2, scan=True), CompileTarget(topology), settings,
+                         PlanPoint(layout), fast=True)
+        step = compile_step(job, lambda: workload.model_for_preset(None), devices)
         assert step.error is None, step.error
         out[name] = {"arguments": step.argument_bytes, "peak": step.peak_bytes, "dots": dots(texts[-1])}
     print(json.dumps(out))

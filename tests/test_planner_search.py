@@ -22,6 +22,7 @@ from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTa
 from tpu_tuner.planner.plan import PlanProblem
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
+from tpu_tuner.planner.request import StepSettings
 from tpu_tuner.planner.space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
 from tpu_tuner.planner.topology import parse_topology
 
@@ -156,11 +157,12 @@ class _FakePool:
         results = {}
         for job in jobs:
             self.compiled.append(job)
-            keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.remat, 1.0)
-            batch = job.global_batch / job.accumulation / (job.layout.data * job.layout.fsdp)
+            keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.point.remat, 1.0)
+            point = job.point
+            batch = job.step.global_batch / point.accumulation / (point.layout.data * point.layout.fsdp)
             peak = 1e9 * batch * keeps
-            micro = LoopIteration(3e9, 2e6, [], loops=1) if job.accumulation > 1 else None
-            iteration = LoopIteration(1e9 / job.layout.tensor, 1e6, [], loops=2, micro_batch=micro)
+            micro = LoopIteration(3e9, 2e6, [], loops=1) if point.accumulation > 1 else None
+            iteration = LoopIteration(1e9 / point.layout.tensor, 1e6, [], loops=2, micro_batch=micro)
             step = CompiledStep(2e9, 2e6, peak / 2, 0.0, peak / 2, 0.0, [], 1.0, loop_iteration=iteration)
             results[job] = step
             if done:
@@ -178,8 +180,7 @@ def _problem(hbm_gib: float = 6.0) -> PlanProblem:
         workload="llama",
         preset="tiny",
         topology=topology,
-        global_batch=16,
-        seq_len=128,
+        step=StepSettings(16, 128),
         dims=read_dims(model),
         gated=True,
         matmul_parameters=3_000_000,
@@ -216,7 +217,7 @@ def _search(tmp_path, pool, problem=None, study=None, budget=8, **search_options
 def test_the_search_compiles_its_budget_and_keeps_every_trial(tmp_path) -> None:
     pool = _FakePool()
     result = _search(tmp_path, pool, budget=8, sampler="tpe", seed=1)
-    compiled_points = {(j.layout, j.remat, j.accumulation) for j in pool.compiled}
+    compiled_points = {j.point for j in pool.compiled}
     assert len(pool.compiled) == len(compiled_points) == 8  # each point compiled once, the budget exactly
     search = result.search
     assert search["compiled"] == 8 and len(result.plans) == 8
@@ -240,8 +241,8 @@ def test_the_same_plan_run_again_resumes_its_study(tmp_path) -> None:
     more = _FakePool()
     result = _search(tmp_path, more, budget=9, sampler="random", seed=4)
     assert len(more.compiled) == 4 and result.search["compiled"] == 9
-    earlier = {(j.layout, j.remat, j.accumulation) for j in first.compiled}
-    assert not earlier & {(j.layout, j.remat, j.accumulation) for j in more.compiled}
+    earlier = {j.point for j in first.compiled}
+    assert not earlier & {j.point for j in more.compiled}
 
 
 def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
@@ -258,7 +259,7 @@ def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
 
 def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
     _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared")
-    other = replace(_problem(), global_batch=32)
+    other = replace(_problem(), step=StepSettings(32, 128))
     with pytest.raises(UserInputError, match="study 'shared' plans something else.*global_batch"):
         _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared", problem=other)
 

@@ -53,14 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.core.run_folder import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
     from tpu_tuner.outputs.plan_report import render_terminal
     from tpu_tuner.outputs.write import plan_to_folder
-    from tpu_tuner.planner.options import SECTIONS, PlanOptions, PlanTarget
+    from tpu_tuner.planner.options import SECTIONS, PlanOptions
 
-    topologies, prices = _ranking_flags(args)  # a list of topologies ranks them (docs/planner.md, "Which TPU to rent")
-    sections = sections_from(args, {name: cls for name, cls in SECTIONS.items() if cls is not PlanTarget})
-    # Each section checks itself, PlanOptions what spans them; a ranking plans every topology.
-    options = PlanOptions(PlanTarget(topologies[0], args.slices), **sections)
-    if len(topologies) > 1:
-        return _rank(args, options, topologies, prices)
+    # Each section checks itself (the target every slice --topology names), PlanOptions what spans them.
+    options = PlanOptions(**sections_from(args, SECTIONS))
+    prices = _prices(args, options.target.topologies)
+    if len(options.target.topologies) > 1:  # a ranking plans each (docs/planner.md, "Which TPU to rent")
+        return _rank(args, options, prices)
     run_dir, result = plan_to_folder(
         args.model_file, options, args.out, progress=lambda message: print(message, flush=True)
     )
@@ -74,43 +73,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ranking_flags(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
-    """--topology as a list (one entry: today's single plan, the text as given) and the prices a
-    ranking uses; a bad entry, a bad --price, or a flag a ranking cannot take is refused in one
-    line before anything compiles."""
+def _prices(args: argparse.Namespace, topologies: list[str]) -> dict[str, Any]:
+    """The prices a ranking of several `topologies` uses; --price without one is refused in one line."""
     from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.planner.prices import parse_price_flags, price_table
-    from tpu_tuner.planner.topology import parse_topology
 
     given = parse_price_flags(args.price)
-    if "," not in args.topology:
+    if len(topologies) == 1:
         if given:
             raise UserInputError(
                 "--price prices the ranking of several topologies: give --topology A,B,... (e.g. v5e-256,v6e-256)"
             )
-        return [args.topology], {}
-    entries = [entry.strip() for entry in args.topology.split(",")]
-    seen: dict[str, str] = {}
-    for number, entry in enumerate(entries, 1):
-        if not entry:
-            raise UserInputError(f"--topology {args.topology!r}: entry {number} is empty")
-        shape = parse_topology(entry).jax_name
-        if shape in seen:
-            raise UserInputError(f"--topology {args.topology!r}: {entry} is the same slice as {seen[shape]} ({shape})")
-        seen[shape] = entry
-    if args.layouts:
-        raise UserInputError(
-            "--layout names layouts of one slice's devices: give one --topology, or leave out --layout"
-        )
-    return entries, price_table(given)
+        return {}
+    return price_table(given)
 
 
-def _rank(args: argparse.Namespace, options: Any, topologies: list[str], prices: dict[str, Any]) -> int:
-    """Plan every topology with the same options, then print the ranking."""
+def _rank(args: argparse.Namespace, options: Any, prices: dict[str, Any]) -> int:
+    """Plan every topology of the target with the same options, then print the ranking."""
     from tpu_tuner.outputs.ranking_report import rank_to_folder, render_terminal
 
     folder, ranking = rank_to_folder(
-        args.model_file, options, topologies, prices, args.out, progress=lambda message: print(message, flush=True)
+        args.model_file,
+        options,
+        options.target.topologies,
+        prices,
+        args.out,
+        progress=lambda message: print(message, flush=True),
     )
     print()
     print(render_terminal(ranking.to_dict(), str(folder)))

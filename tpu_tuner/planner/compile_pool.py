@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from functools import lru_cache
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -26,10 +25,9 @@ from typing import Any
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import describe_end
 from tpu_tuner.core.host import usable_cores
-from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.program import compile_step
-from tpu_tuner.planner.topology import MEGACORE
+from tpu_tuner.planner.request import CompileJob
 from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 
@@ -44,50 +42,15 @@ COMPILE_TIMEOUT_S = 3600.0
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CompileJob:
-    """One program to compile: the model cut to `blocks` repeated blocks (scanned or unrolled), on one layout."""
-
-    model_file: str
-    preset: str | None
-    blocks: int
-    layout: Layout
-    topology: str  # the name get_topology_desc takes, e.g. "v5p:16x16x32"
-    global_batch: int
-    seq_len: int
-    d_model: int
-    remat: str
-    fast: bool
-    scan: bool = False
-    accumulation: int = 1  # micro-batches a step
-    first_moment_dtype: str = "float32"  # AdamW's first moment (MaxText's mu_dtype)
-    compiler_options: tuple[tuple[str, Any], ...] = ()  # added to the TPU compile's options
-    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
-    quantization: str | None = None  # the blocks' matmuls: None (bf16), "int8" or "fp8"
-    vocab_tiling: int = 1  # the loss's logits a 1 / vocab_tiling of the tokens at a time (vocab_tiling.py)
-    slices: int = 1  # slices of `topology` joined by DCN (get_topology_desc's num_slices)
-    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
-    export_to: str | None = None  # a file for the step serialized by jax.export (program.compile_step)
-    flash_block: int | None = None  # the flash kernel's blocks (None: its default, as calibrated)
-
-
 def default_workers() -> int:
     """One worker per core, at most 4 (each 70B compile holds a few GiB of host memory)."""
     return max(1, min(4, usable_cores()))
 
 
-# The fields of a `CompileJob` that name its model and its devices, not an argument of compile_step.
-_DEVICE_FIELDS = ("model_file", "preset", "topology", "slices")
-
-
 def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
-    workload = _workload(job.model_file)
-    # Every other field of the job is the argument of compile_step by the same name.
-    arguments = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in _DEVICE_FIELDS}
-    return compile_step(
-        lambda: workload.model_for_preset(job.preset), devices=topology_devices(job.topology, job.slices), **arguments
-    )
+    workload = _workload(job.model.source)
+    return compile_step(job, lambda: workload.model_for_preset(job.model.preset), job.target.devices())
 
 
 class CompilePool:
@@ -172,7 +135,13 @@ class CompilePool:
                         continue
                     reason = _death(outcome) if isinstance(outcome, Died) else f"sent an unexpected reply {outcome}"
                     where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
-                    log.warning("compile worker for %s (%d blocks) %s%s", job.layout.name(), job.blocks, reason, where)
+                    log.warning(
+                        "compile worker for %s (%d blocks) %s%s",
+                        job.point.layout.name(),
+                        job.model.blocks,
+                        reason,
+                        where,
+                    )
                     finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process {reason}"))
                     worker.close(grace_s=EXIT_GRACE_S)
         finally:
@@ -184,7 +153,7 @@ class CompilePool:
         """A job past the timeout: its worker killed (a fresh one takes the next job), the job failed."""
         worker.close(kill=True)
         reason = f"was still compiling after {self.timeout_s:g} s (--compile-timeout) and was killed"
-        log.warning("compile worker for %s (%d blocks) %s", job.layout.name(), job.blocks, reason)
+        log.warning("compile worker for %s (%d blocks) %s", job.point.layout.name(), job.model.blocks, reason)
         finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], self.timeout_s, error=f"the compiler process {reason}"))
 
 
@@ -235,31 +204,6 @@ def _death(died: Died) -> str:
         -signal.SIGABRT: "libtpu aborted",
     }.get(died.exit_code or 0)
     return describe_end(died.exit_code) + (f" ({said})" if said else "")
-
-
-def topology_config(jax_name: str) -> dict[str, Any]:
-    """Extra arguments of get_topology_desc for `jax_name`: megacore where the runtime uses it
-    (topology.MEGACORE says why), and the host of a slice smaller than libtpu's default 2x2 host."""
-    generation, _, shape = jax_name.partition(":")
-    config: dict[str, Any] = {"chip_config_name": "megacore"} if generation in MEGACORE else {}
-    dims = tuple(int(d) for d in shape.split("x")) if shape else ()
-    if len(dims) == 2 and dims[0] * dims[1] < 4:  # v5e-1, v6e-1: a one-chip machine is its whole slice
-        config["chips_per_host_bounds"] = (*dims, 1)
-    return config
-
-
-@lru_cache(maxsize=4)
-def topology_devices(jax_name: str, slices: int = 1) -> Any:
-    """The devices of a TPU topology, for compile-only use (needs libtpu); v4 as megacore. With
-    `slices` > 1, that many copies of the slice, each device with its `slice_index` (MaxText's
-    ahead-of-time compile asks for multi-slice the same way)."""
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-
-    extra: dict[str, Any] = {"num_slices": slices} if slices > 1 else {}
-    return topologies.get_topology_desc(
-        topology_name=jax_name, platform="tpu", **topology_config(jax_name), **extra
-    ).devices
 
 
 @lru_cache(maxsize=4)

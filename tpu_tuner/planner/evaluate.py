@@ -202,9 +202,9 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
     """The LayoutPlan of a point from its whole step's compiler figures (or refusal)."""
     hbm = problem.hbm
     bound = problem.lower_bound(point).total
-    batch = point.per_device_batch(problem.global_batch)
+    batch = point.per_device_batch(problem.step.global_batch)
     unknown = unknown_compile_option(full.error or "")
-    if unknown and problem.xla_flags:
+    if unknown and problem.step.xla_flags:
         # Every point would be refused alike: the user's flag, not the point, is wrong.
         raise UserInputError(f"--xla-flags: the TPU compiler has no option {unknown!r}")
     # The point's plan given (fits, margin, why, prediction): the rest is the same either way.
@@ -265,11 +265,11 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         problem.dims.shape,
         problem.dims.head_dim,
         problem.model_flops / devices,
-        problem.global_batch * problem.seq_len,
+        problem.step.global_batch * problem.step.seq_len,
         problem.cost_model,
         problem.hardware_flops(point.remat) / devices,
-        problem.seq_len,
-        problem.quantization,
+        problem.step.seq_len,
+        problem.step.quantization,
         problem.quantized_share(),
     )
     # The margin of an accepted program over its allocation is not known: 0, at the limit.

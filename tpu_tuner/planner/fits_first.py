@@ -62,8 +62,8 @@ def _alternatives(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, s
             found.append((cost, f"remat {remat}", replace(point, remat=remat)))
     for times in (2, 4, 8, 16):
         steps = point.accumulation * times
-        if problem.global_batch % steps == 0:
-            batch = point.per_device_batch(problem.global_batch) / times
+        if problem.step.global_batch % steps == 0:
+            batch = point.per_device_batch(problem.step.global_batch) / times
             words = f"{steps} micro-batches ({batch:g} sequences a device)"
             found.append((MICRO_BATCH_COST * math.log2(times), words, replace(point, accumulation=steps)))
     layout = point.layout
@@ -74,7 +74,7 @@ def _alternatives(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, s
 
 
 def _valid(problem: PlanProblem, point: PlanPoint) -> bool:
-    return invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len) is None
+    return invalid_reason(point, problem.dims.shape, problem.step.global_batch, problem.step.seq_len) is None
 
 
 def what_would_fit(problem: PlanProblem, point: PlanPoint) -> str:

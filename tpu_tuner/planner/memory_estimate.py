@@ -179,12 +179,12 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     """The HBM per device `point` is estimated to need (see the module docstring)."""
     shape, layout = problem.dims.shape, point.layout
     policy = parse_remat(point.remat)
-    weight_bytes = 2 if problem.weight_dtype == "bfloat16" else 4
-    first_moment = 2 if problem.first_moment_dtype == "bfloat16" else 4
+    weight_bytes = 2 if problem.step.weight_dtype == "bfloat16" else 4
+    first_moment = 2 if problem.step.first_moment_dtype == "bfloat16" else 4
     shards = layout.parameter_shards
     per_shard = problem.parameters / shards
     weights = weight_bytes * per_shard
-    state = state_bytes_per_parameter(problem.optimizer, first_moment, weight_bytes) * per_shard
+    state = state_bytes_per_parameter(problem.step.optimizer, first_moment, weight_bytes) * per_shard
     # Gradients in the weights' dtype and the bf16 copy the step computes with (none of bf16 weights).
     gradients = fitted.gradients * (weight_bytes + (BF16 if weight_bytes > 2 else 0.0)) * per_shard
     if point.accumulation > 1:
@@ -193,7 +193,8 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     head = shape.vocab * shape.d_model
     layer_weights = max(0.0, problem.parameters - head) / layers
     gathered = fitted.gathered * BF16 * (layer_weights / (layout.tensor * layout.expert) + 2 * head / layout.tensor)
-    tokens = problem.global_batch / point.accumulation / layout.batch_shards * problem.seq_len / layout.context
+    step = problem.step
+    tokens = step.global_batch / point.accumulation / layout.batch_shards * step.seq_len / layout.context
     widths = layer_widths(problem)
     kept, every = widths.named(policy, layout.tensor)
     block_input = 0.0 if policy.action(BLOCK_INPUT) == "offload" else shape.d_model / layout.tensor
@@ -207,7 +208,7 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
         BF16 * tokens * (every + 2 * shape.d_model / layout.tensor + widths.key_value * layout.context / layout.tensor)
     )
     working *= factor * per_iteration + (fitted.experts * per_iteration if widths.experts else 0.0)
-    logits = fitted.logits * tokens / problem.vocab_tiling * shape.vocab / layout.tensor
+    logits = fitted.logits * tokens / problem.step.vocab_tiling * shape.vocab / layout.tensor
     return MemoryEstimate(weights, state, gradients, gathered, saved, working, logits)
 
 

@@ -22,17 +22,12 @@ BATCH_AXES = ("data", "fsdp", "fsdp_transpose", "expert")
 
 
 def mesh_devices(devices: Any, layout: Layout) -> np.ndarray:
-    """The devices as an array over MESH_AXES: DCN ways outer, ICI ways inner on each axis; a
-    one-line ValueError where the devices' slices and the layout's DCN ways disagree."""
+    """The devices as an array over MESH_AXES: DCN ways outer, ICI ways inner on each axis. The
+    layout's DCN ways make the devices' slice count: Topology.check_layout refused any other."""
     flat = list(np.asarray(devices).flat)
     by_slice: dict[int, list[Any]] = {}
     for device in flat:
         by_slice.setdefault(int(getattr(device, "slice_index", 0) or 0), []).append(device)
-    if len(by_slice) != layout.slices:
-        raise ValueError(
-            f"layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), the topology "
-            f"has {len(by_slice)}"
-        )
     if layout.slices == 1:
         return np.asarray(flat).reshape(layout.mesh_sizes())
     dcn, ici = layout.dcn_sizes(), layout.ici_sizes()

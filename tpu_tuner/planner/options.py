@@ -37,7 +37,7 @@ from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
 from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, PlanSpace
-from tpu_tuner.planner.topology import parse_topology
+from tpu_tuner.planner.topology import Topology, parse_slices
 from tpu_tuner.planner.xla_flags import parse_xla_flags
 
 PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
@@ -82,8 +82,19 @@ class PlanTarget:
 
     def __post_init__(self) -> None:
         check_field_types(self)  # the Python API may pass any value
-        parse_topology(self.topology)
-        at_least(1, ("--slices", self.slices))
+        parse_slices(self.topology, self.slices)
+
+    @property
+    def topologies(self) -> list[str]:
+        """The slices named: one, or several a ranking plans each (docs/planner.md, "Which TPU to rent")."""
+        return [topology.name for topology in parse_slices(self.topology, self.slices)]
+
+    def slice(self) -> Topology:
+        """The slice planned, `slices` times over DCN (several are ranked, each planned as its own target)."""
+        first, *more = parse_slices(self.topology, self.slices)
+        if more:
+            raise UserInputError(f"--topology {self.topology!r} names several slices: plan one, or rank them")
+        return first
 
 
 @dataclass(frozen=True)
@@ -333,24 +344,19 @@ class PlanOptions:
         and the search's flags only with a search (refused before any compiler starts)."""
         check_field_types(self)  # the Python API may pass any value
         target, search = self.target, self.search
+        first, *more = parse_slices(target.topology, target.slices)
+        if more and self.enumeration.layouts:
+            raise UserInputError(
+                "--layout names layouts of one slice's devices: give one --topology, or leave out --layout"
+            )
         for layout in self.enumeration.layouts or ():
-            if layout.slices != target.slices:
-                raise UserInputError(
-                    f"--layout {layout.short()} spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), "
-                    f"--slices is {target.slices}: the DCN ways' product must be the slice count"
-                )
-            devices = parse_topology(target.topology).devices * target.slices
-            if layout.devices != devices:
-                raise UserInputError(
-                    f"--layout {layout.short()} places {layout.devices} devices; {target.topology}"
-                    + (f" x {target.slices} slices" if target.slices > 1 else "")
-                    + f" has {devices}: the axes' product must be the device count"
-                )
+            first.check_layout(layout)
         quantization = self.step.quantization
         if quantization is not None:
-            refusal = quantized_peak_refusal(parse_topology(target.topology).chip.generation, quantization)
+            # A ranking's other slices are checked as each is planned (a refusal ranks that slice unplanned).
+            refusal = quantized_peak_refusal(first.chip.generation, quantization)
             if refusal:
-                raise UserInputError(f"--quantization {quantization} on {target.topology}: {refusal}")
+                raise UserInputError(f"--quantization {quantization} on {first.name}: {refusal}")
         search_only = [
             name
             for name, given in (

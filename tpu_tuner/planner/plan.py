@@ -23,7 +23,6 @@ from tpu_tuner.planner.remat import parse_remat
 from tpu_tuner.planner.result import LayoutPlan, PlanResult, attention_layers, result_of
 from tpu_tuner.planner.search import search
 from tpu_tuner.planner.space import PlanPoint, invalid_reason
-from tpu_tuner.planner.topology import parse_topology
 
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
@@ -31,7 +30,7 @@ def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str],
     (or the exhaustive sampler) the search over the joint space."""
     started = time.perf_counter()
     check_field_types(options)
-    topology = parse_topology(options.target.topology).with_slices(options.target.slices)
+    topology = options.target.slice()
     # The compiler processes start now: their start-up overlaps reading the model.
     with CompilePool(options.compile.workers, options.compile.log_file, options.compile.compile_timeout_s) as pool:
         emit = progress or (lambda message: None)
@@ -55,8 +54,8 @@ def enumerated(
         candidates, rejected = enumerate_layouts(
             problem.topology.devices,
             shape,
-            problem.global_batch // max(1, options.step.accumulation),
-            problem.seq_len,
+            problem.step.global_batch // max(1, options.step.accumulation),
+            problem.step.seq_len,
             slices=problem.topology.slices,
         )
         candidates, too_big = _weights_fit(candidates, problem)
@@ -76,13 +75,7 @@ def enumerated(
         PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
     ]
     for point in points:
-        if point.layout.slices != problem.topology.slices:
-            raise UserInputError(
-                f"layout {point.layout.short()} spans {point.layout.slices} slice(s) (dcn_data x dcn_fsdp) "
-                f"but the plan has {problem.topology.slices}: give ,dcn_data=N / ,dcn_fsdp=N whose "
-                "product is the slice count"
-            )
-        reason = invalid_reason(point, shape, problem.global_batch, problem.seq_len)
+        reason = invalid_reason(point, shape, problem.step.global_batch, problem.step.seq_len)
         if reason:
             raise UserInputError(f"{point.layout.short()}: {reason}")
     emit(f"compiling {len(points)} layouts for {problem.topology.jax_name} on {pool.workers} compiler processes")
@@ -104,7 +97,7 @@ def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layo
     HBM: a lower bound on the compiler's argument bytes, so nothing that could fit is dropped."""
     keep, drop = [], []
     hbm = problem.hbm
-    state = "AdamW moments" if problem.optimizer == "adamw" else "optimizer state"
+    state = "AdamW moments" if problem.step.optimizer == "adamw" else "optimizer state"
     for layout in layouts:
         need = problem.lower_bound(PlanPoint(layout)).weights_and_moments
         if need > hbm:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tpu_tuner.core.errors import TpuTuneError, UserInputError, first_line
+from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.experts import moe_routing
@@ -19,12 +19,13 @@ from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
-from tpu_tuner.planner.compile_pool import CompileJob, stderr_to
+from tpu_tuner.planner.compile_pool import stderr_to
 from tpu_tuner.planner.hbm import compiler_hbm_limit
 from tpu_tuner.planner.hf_plan import TracedCausalLM, check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
+from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
 from tpu_tuner.planner.topology import Topology
 
@@ -39,8 +40,7 @@ class PlanProblem:
     workload: str
     preset: str | None
     topology: Topology
-    global_batch: int
-    seq_len: int
+    step: StepSettings  # what every compile of the plan shares (request.py)
     dims: Dims
     gated: bool
     matmul_parameters: int
@@ -50,15 +50,9 @@ class PlanProblem:
     fast: bool
     cost_model: CostModel
     placements: dict[str, str]
-    first_moment_dtype: str = "float32"
-    optimizer: str = "adamw"  # MaxText's opt_type: "adamw" or "sgd" (optimizer.py)
-    weight_dtype: str = "float32"  # the master weights' storage (MaxText's weight_dtype)
-    quantization: str | None = None  # the blocks' linear layers: None (bf16), "int8" or "fp8"
     quantized_parameters: int = 0  # the weights of the blocks' linear layers (what --quantization quantizes)
-    vocab_tiling: int = 1
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
-    xla_flags: tuple[tuple[str, Any], ...] = ()  # added to every compile's options (--xla-flags)
     moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/experts.py)
 
     @property
@@ -68,7 +62,7 @@ class PlanProblem:
     def hardware_flops(self, remat: str) -> float:
         """The work the chips do, a floor under the compiler's count (predict.py): the model's
         FLOPs with full attention plus what `remat` recomputes of each block's forward."""
-        shape, policy, seq = self.dims.shape, parse_remat(remat), self.seq_len
+        shape, policy, seq = self.dims.shape, parse_remat(remat), self.step.seq_len
         spans = self.spans or (AttentionSpan(shape.n_heads, self.dims.head_dim),) * shape.n_layers
         # A local layer's attention recomputes its window's keys per query, not the sequence's.
         recomputed = sum(
@@ -85,30 +79,17 @@ class PlanProblem:
             for span in spans
         )
         attention = TransformerDims(shape.n_layers, shape.n_heads, self.dims.head_dim, True, self.spans)
-        full = _model_flops(self.matmul_parameters, attention, self.dims, self.global_batch, seq, "full")
-        return full + recomputed * self.global_batch * seq
+        full = _model_flops(self.matmul_parameters, attention, self.dims, self.step.global_batch, seq, "full")
+        return full + recomputed * self.step.global_batch * seq
 
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
+        """The compile of `point` with `blocks` scanned blocks (`fast`: the plan's effort unless given)."""
         return CompileJob(
-            self.source,
-            self.preset,
-            blocks,
-            point.layout,
-            self.topology.jax_name,
-            self.global_batch,
-            self.seq_len,
-            self.dims.shape.d_model,
-            point.remat,
+            CompileModel(self.source, self.preset, self.dims.shape.d_model, blocks, scan=True),
+            CompileTarget(self.topology.jax_name, self.topology.slices),
+            self.step,
+            point,
             self.fast if fast is None else fast,
-            scan=True,
-            accumulation=point.accumulation,
-            first_moment_dtype=self.first_moment_dtype,
-            weight_dtype=self.weight_dtype,
-            quantization=self.quantization,
-            vocab_tiling=self.vocab_tiling,
-            slices=self.topology.slices,
-            optimizer=self.optimizer,
-            compiler_options=self.xla_flags,
         )
 
     def lower_bound(self, point: PlanPoint) -> MemoryBound:
@@ -116,22 +97,22 @@ class PlanProblem:
             point,
             self.matmul_parameters,
             self.dims.shape,
-            self.global_batch,
-            self.seq_len,
-            first_moment_bytes=2 if self.first_moment_dtype == "bfloat16" else 4,
-            weight_bytes=2 if self.weight_dtype == "bfloat16" else 4,
+            self.step.global_batch,
+            self.step.seq_len,
+            first_moment_bytes=2 if self.step.first_moment_dtype == "bfloat16" else 4,
+            weight_bytes=2 if self.step.weight_dtype == "bfloat16" else 4,
             saved_inputs=self.dims.saved_block_inputs,
-            optimizer=self.optimizer,
+            optimizer=self.step.optimizer,
         )
 
     def quantized_share(self) -> float:
         """The share of the step's FLOPs that --quantization runs in 8 bits: the blocks' linear
         layers' forward and both backward matmuls (6 FLOPs a weight a token) of the model's FLOPs
         with full attention; remat's recomputation is taken to have the same mix."""
-        if self.quantization is None:
+        if self.step.quantization is None:
             return 0.0
-        full = _model_flops(self.matmul_parameters, None, self.dims, self.global_batch, self.seq_len, "full")
-        return min(1.0, 6.0 * self.quantized_parameters * self.global_batch * self.seq_len / full)
+        full = _model_flops(self.matmul_parameters, None, self.dims, self.step.global_batch, self.step.seq_len, "full")
+        return min(1.0, 6.0 * self.quantized_parameters * self.step.global_batch * self.step.seq_len / full)
 
 
 def _screen_in_worker(model_file: str | Path, log_file: Path | None = None) -> None:
@@ -160,7 +141,9 @@ def build_problem(
     if not workload.is_training:
         raise UserInputError("the planner plans training steps: the file needs a loss()", workload.source)
     with stderr_to(options.compile.log_file):  # libtpu's start-up complaints go where the workers' go
-        devices = _topology_devices(topology)  # fails early, with the install hint, when libtpu is missing
+        devices = CompileTarget(
+            topology.jax_name, topology.slices
+        ).devices()  # fails early, with the install hint, when libtpu is missing
         # The compiler's view: its device count (v4: one per TensorCore) and its HBM limit.
         topology = topology.as_compiled(len(devices), compiler_hbm_limit(devices[0]))
     emit(
@@ -209,8 +192,7 @@ def build_problem(
         workload=workload.name,
         preset=options.step.preset,
         topology=topology,
-        global_batch=global_batch,
-        seq_len=seq_len,
+        step=StepSettings.of(options, global_batch, seq_len),
         dims=dims,
         gated="mlpwi_1" in roles.values(),
         matmul_parameters=n_matmul,
@@ -219,17 +201,11 @@ def build_problem(
         attention=options.step.attention,
         fast=options.compile.fast_compile,
         cost_model=options.compile.cost_model,
-        first_moment_dtype=options.step.moment_dtype,
-        optimizer=options.step.optimizer,
-        vocab_tiling=options.step.vocab_tiling,
-        weight_dtype=options.step.weight_dtype,
-        quantization=options.step.quantization,
         quantized_parameters=sum(
             m.weight.numel() for block in every_block for m in block.modules() if isinstance(m, nn.Linear)
         ),
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
-        xla_flags=options.compile.xla_flags,
         moe=moe_routing(meta_model),
         placements={
             name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
@@ -243,21 +219,6 @@ def _model_flops(
 ) -> float:
     attention = transformer or TransformerDims(dims.shape.n_layers, dims.shape.n_heads, dims.head_dim, True)
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step
-
-
-def _topology_devices(topology: Topology) -> Any:
-    """The topology's devices (the workers build theirs the same way), or a clear error without libtpu."""
-    try:
-        from tpu_tuner.planner.compile_pool import topology_devices
-
-        return topology_devices(topology.jax_name, topology.slices)
-    except ImportError as exc:
-        raise TpuTuneError("the planner needs JAX: pip install 'tpu-tune[plan]'") from exc
-    except Exception as exc:
-        raise TpuTuneError(
-            f"cannot build the TPU topology {topology.jax_name}: {first_line(exc)} "
-            "(the planner needs libtpu: pip install 'tpu-tune[plan]')"
-        ) from exc
 
 
 __all__ = ["PlanProblem", "build_problem"]

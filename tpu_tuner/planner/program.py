@@ -34,7 +34,7 @@ from torch import nn
 
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
-from tpu_tuner.model.layouts import Layout, mesh_partition_spec, placements
+from tpu_tuner.model.layouts import mesh_partition_spec, placements
 from tpu_tuner.planner.collectives import add_collectives, device_slices, parse_collectives
 from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.expert_parallel import expert_dispatch
@@ -44,6 +44,7 @@ from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
 from tpu_tuner.planner.optimizer import apply_update, initial_state
 from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
 from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
+from tpu_tuner.planner.request import CompileJob
 from tpu_tuner.planner.step_parts import (
     ScannedBlocks,
     embedding_without_index_sort,
@@ -73,45 +74,17 @@ def truncated(model: nn.Module, keep: int) -> nn.Module:
     return model
 
 
-def compile_step(
-    build_meta_model: Callable[[], nn.Module],
-    blocks: int,
-    layout: Layout,
-    devices: Any,
-    global_batch: int,
-    seq_len: int,
-    d_model: int,
-    remat: str,
-    fast: bool = False,
-    scan: bool = False,
-    accumulation: int = 1,
-    first_moment_dtype: str = "float32",
-    compiler_options: tuple[tuple[str, Any], ...] = (),
-    weight_dtype: str = "float32",
-    quantization: str | None = None,
-    vocab_tiling: int = 1,
-    optimizer: str = "adamw",
-    export_to: str | None = None,
-    flash_block: int | None = None,
-) -> CompiledStep:
-    """Compile one training step of the model cut to `blocks` blocks on `devices` (a TPU topology).
-
-    `remat` is a policy as `remat.parse_remat` reads it. With `scan` the blocks run as one
-    `jax.lax.scan` over stacked weights (see the module docstring); otherwise they are unrolled.
-    With `accumulation` > 1 the global batch runs as that many micro-batches in a loop that
-    accumulates fp32 gradients, the optimizer once after it (MaxText's gradient_accumulation_steps).
-    `first_moment_dtype` is AdamW's first moment's storage (MaxText's mu_dtype);
-    `compiler_options` are added to the TPU compile's options (a recipe's XLA flags).
-    `weight_dtype` is the master weights' storage (MaxText's weight_dtype: with bfloat16 the
-    gradients and AdamW's second moment are bf16 too); `quantization` ("int8", "fp8") compiles the
-    blocks' linear layers as 8-bit matmuls (quantized_matmul.py). With `vocab_tiling` > 1 the loss
-    computes the output head's logits that many slices of the sequence at a time (MaxText's
-    num_vocab_tiling; the model needs a `hidden` method: the generic decoder). `optimizer` is
-    MaxText's opt_type, "adamw" or "sgd" (optimizer.py: SGD keeps no state). `export_to`: a file
-    that takes the step serialized by `jax.export`, so a machine with the TPU can run the very
-    program that was planned (benchmarks/tpu_chip_check.py); `flash_block`: the flash kernel's
-    blocks (None: its default, as the calibration compiled; step_parts.sharded_attention).
-    On a TPU topology it compiles with COMPILE_OPTIONS, or FAST_COMPILE_OPTIONS when `fast`."""
+def compile_step(job: CompileJob, build_meta_model: Callable[[], nn.Module], devices: Any) -> CompiledStep:
+    """Compile one training step of `job` (request.py, where each field says what it sets): its
+    model, built by `build_meta_model`, cut to `job.model.blocks` blocks (one `jax.lax.scan` over
+    stacked weights with `scan`, see the module docstring), on `devices`, the target's as this
+    process built them. Micro-batches accumulate fp32 gradients, the optimizer once after them
+    (MaxText's gradient_accumulation_steps); `export_to` takes the step serialized by `jax.export`
+    (benchmarks/tpu_chip_check.py). On a TPU topology it compiles with COMPILE_OPTIONS, or
+    FAST_COMPILE_OPTIONS when `fast`, and the step's XLA flags on top."""
+    blocks, scan, d_model = job.model.blocks, job.model.scan, job.model.d_model
+    layout, remat, accumulation = job.point.layout, job.point.remat, job.point.accumulation
+    global_batch, seq_len, vocab_tiling = job.step.global_batch, job.step.seq_len, job.step.vocab_tiling
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -192,11 +165,11 @@ def compile_step(
     jittable = JittableModule(model)
     embedding_without_index_sort(env)
     on_tpu = np.asarray(devices).flat[0].platform == "tpu"
-    sharded_attention(env, mesh, flash=on_tpu, flash_block=flash_block)
-    if quantization is not None:
+    sharded_attention(env, mesh, flash=on_tpu, flash_block=job.step.flash_block)
+    if job.step.quantization is not None:
         scope = BlockScope()
         scope.watch([*block_list, *beside])  # unrolled: every block; scanned: the template, and the blocks beside it
-        install_quantized_linear(env, quantization, scope)
+        install_quantized_linear(env, job.step.quantization, scope)
     expert_dispatch(env, mesh)  # the MoE's dispatch as all-to-alls over an expert axis (expert_parallel.py)
 
     # The MLP's linears (their checkpoint roles, remat.py), which fsdp_transpose splits on their MLP side:
@@ -219,7 +192,9 @@ def compile_step(
             raise ValueError(f"expert {layout.expert} does not divide the {tensor.shape[0]} experts of {name}")
         spec = (None,) * len(leading) + split
         return jax.ShapeDtypeStruct(
-            (*leading, *tensor.shape), jnp.dtype(weight_dtype), sharding=NamedSharding(mesh, PartitionSpec(*spec))
+            (*leading, *tensor.shape),
+            jnp.dtype(job.step.weight_dtype),
+            sharding=NamedSharding(mesh, PartitionSpec(*spec)),
         )
 
     params: dict[str, Any] = {"model": {name: param_struct(name, t) for name, t in jittable.params.items()}}
@@ -279,20 +254,20 @@ def compile_step(
 
     def train_step(weights: Any, state: Any, buffer_values: Any, inputs: Any, targets: Any) -> Any:
         loss, grads = gradients(weights, buffer_values, inputs, targets)
-        weights, state = apply_update(optimizer, weights, state, grads)
+        weights, state = apply_update(job.step.optimizer, weights, state, grads)
         return weights, state, loss
 
     start = time.perf_counter()
-    state = initial_state(optimizer, params, first_moment_dtype)
+    state = initial_state(job.step.optimizer, params, job.step.first_moment_dtype)
     step = jax.jit(train_step, donate_argnums=(0, 1))
     lowered = step.lower(params, state, buffers, tokens, tokens)
-    if export_to is not None:
+    if job.export_to is not None:
         exported = jax.export.export(step, platforms=[np.asarray(devices).flat[0].platform])(
             params, state, buffers, tokens, tokens
         )
-        Path(export_to).write_bytes(exported.serialize())
+        Path(job.export_to).write_bytes(exported.serialize())
     try:
-        options = {**(FAST_COMPILE_OPTIONS if fast else COMPILE_OPTIONS), **dict(compiler_options)}
+        options = {**(FAST_COMPILE_OPTIONS if job.fast else COMPILE_OPTIONS), **dict(job.step.xla_flags)}
         compiled = lowered.compile(options if on_tpu else None)
     except Exception as exc:
         message = first_line(exc)

@@ -125,14 +125,14 @@ def result_of(
     search: dict[str, Any] | None = None,
 ) -> PlanResult:
     """The PlanResult of evaluated points."""
-    peeled = sum(1 for p in plans if p.compiled.loop_peeled)
+    peeled, flags = sum(1 for p in plans if p.compiled.loop_peeled), problem.step.xla_flags
     for p in plans:  # each point's own band: its remat family and per-device batch may differ
         p.per_chip_batch = p.per_device_batch * problem.topology.devices_per_chip
         p.band = error_band(
             Place(
                 problem.topology.chip.generation,
                 parse_remat(p.remat).family,
-                problem.seq_len,
+                problem.step.seq_len,
                 p.per_device_batch,
                 moe=problem.moe,
                 slices=problem.topology.slices,
@@ -145,8 +145,8 @@ def result_of(
         workload=problem.workload,
         preset=problem.preset,
         topology=problem.topology,
-        global_batch=problem.global_batch,
-        seq_len=problem.seq_len,
+        global_batch=problem.step.global_batch,
+        seq_len=problem.step.seq_len,
         remat=remat,
         # The reports print the convention beside the model FLOPs: the layers' attention goes with it.
         attention_convention=(
@@ -170,16 +170,16 @@ def result_of(
             "collectives compiled as mocks"
             + (f"; {peeled} program{'s' if peeled != 1 else ''} whose block loop the compiler peeled" if peeled else "")
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
-            + ("; compiled with XLA flags " + " ".join(xla_flags_text(problem.xla_flags)) if problem.xla_flags else "")
+            + ("; compiled with XLA flags " + " ".join(xla_flags_text(flags)) if flags else "")
             + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
         ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
         search=search,
         source=problem.source,
-        weight_dtype=problem.weight_dtype,
-        quantization=problem.quantization,
-        optimizer=problem.optimizer,
+        weight_dtype=problem.step.weight_dtype,
+        quantization=problem.step.quantization,
+        optimizer=problem.step.optimizer,
         attention=attention_layers(problem),
     )
 

@@ -55,14 +55,14 @@ from tpu_tuner.planner.trial_records import (
     params_key,
     params_of,
     plan_of_trial,
+    plan_record,
     record_compiled,
     tell_repeat,
     tell_ruled_out,
     trial_summary,
 )
-from tpu_tuner.planner.xla_flags import xla_flags_text
 from tpu_tuner.studies import records
-from tpu_tuner.studies.fingerprint import differing_keys, digest, file_sha256
+from tpu_tuner.studies.fingerprint import differing_keys, digest
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
 from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
 from tpu_tuner.studies.opening import open_study
@@ -102,13 +102,13 @@ def search(
     space = options.search.space or default_space(
         problem.topology.devices,
         shape,
-        problem.seq_len,
+        problem.step.seq_len,
         tuple(parse_remat(r).name for r in options.search.remats),
         options.search.accumulations,
         options.search.contexts,
         problem.topology.slices,
     )
-    valid = valid_points(space, problem.topology.devices, shape, problem.global_batch, problem.seq_len)
+    valid = valid_points(space, problem.topology.devices, shape, problem.step.global_batch, problem.step.seq_len)
     if not valid:
         raise UserInputError(
             f"no point of the space divides this model and batch on {problem.topology.devices} devices"
@@ -234,7 +234,7 @@ class PlanTrials(Feature):
         reason = (
             "the sizes leave no whole fsdp size"
             if point is None
-            else invalid_reason(point, problem.dims.shape, problem.global_batch, problem.seq_len)
+            else invalid_reason(point, problem.dims.shape, problem.step.global_batch, problem.step.seq_len)
         )
         if reason or point is None:
             tell_ruled_out(trial, PlanOutcome.INVALID, INVALID_VIOLATION, reason or "")
@@ -323,27 +323,6 @@ class PlanTrials(Feature):
                 f"[{claim.position}/{self.budget}] trial {claim.trial.number}: {claim.point.name()}: "
                 f"{status} ({time.perf_counter() - self.started:.0f} s)"
             )
-
-
-def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
-    """What a plan's trials depend on: another plan with the same record may reuse them."""
-    return {
-        "model_sha256": problem.model_digest or file_sha256(problem.source),
-        "preset": problem.preset,
-        "topology": problem.topology.jax_name,
-        "devices": problem.topology.devices,
-        "global_batch": problem.global_batch,
-        "seq_len": problem.seq_len,
-        "fast": problem.fast,
-        "first_moment_dtype": problem.first_moment_dtype,
-        # The step's precision, named only where it is not the default: earlier plans' records stay as they were.
-        **({"weight_dtype": problem.weight_dtype} if problem.weight_dtype != "float32" else {}),
-        **({"optimizer": problem.optimizer} if problem.optimizer != "adamw" else {}),
-        **({"quantization": problem.quantization} if problem.quantization else {}),
-        **({"vocab_tiling": problem.vocab_tiling} if problem.vocab_tiling > 1 else {}),
-        **({"xla_flags": xla_flags_text(problem.xla_flags)} if problem.xla_flags else {}),
-        "space": space.describe(),
-    }
 
 
 def _open_study(

@@ -19,13 +19,15 @@ import re
 from dataclasses import dataclass, replace
 
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.flags import at_least
 from tpu_tuner.core.hardware import TPU_CHIPS, TpuChip
+from tpu_tuner.model.layouts import Layout
 
 # Generations that JAX and TorchTPU run as megacore: one device per chip driving both TensorCores
 # with the chip's whole HBM (v4; MaxText's v4 scripts set TPU_MEGACORE=MEGACORE_DENSE,
 # https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v4/22b.sh). libtpu's
 # compile-only default is one device per TensorCore, so the planner asks for the megacore chip
-# configuration (compile_pool.topology_devices): the compiler then partitions for 64 devices of
+# configuration (request.topology_devices): the compiler then partitions for 64 devices of
 # 30.75 GiB each on a v4-128 instead of 128 of 15.25 GiB.
 MEGACORE = ("v4",)
 
@@ -95,9 +97,19 @@ class Topology:
 
     def with_slices(self, slices: int) -> Topology:
         """This slice taken `slices` times (one line of error where that is no count of slices)."""
-        if slices < 1:
-            raise UserInputError(f"--slices must be at least 1, not {slices}")
+        at_least(1, ("--slices", slices))  # the slice count's one check (options.PlanTarget parses through here)
         return replace(self, slices=slices)
+
+    def check_layout(self, layout: Layout) -> None:
+        """Refuse, in one line, a `--layout` whose DCN ways are not this slice count or whose axes do
+        not place its devices (a point the search or the enumeration makes does by construction)."""
+        across = f" x {self.slices} slices" if self.slices > 1 else ""
+        if layout.slices != self.slices:
+            why = f"spans {layout.slices} slice(s) (dcn_data x dcn_fsdp), --slices is {self.slices}: the DCN ways'"
+            raise UserInputError(f"--layout {layout.short()} {why} product must be the slice count")
+        if layout.devices != self.devices:
+            why = f"places {layout.devices} devices; {self.name}{across} has {self.devices}: the axes'"
+            raise UserInputError(f"--layout {layout.short()} {why} product must be the device count")
 
     @property
     def devices(self) -> int:
@@ -204,3 +216,16 @@ def parse_topology(text: str) -> Topology:
             f"{topology.chip.max_chips}-chip maximum of {topology.chip.generation}"
         )
     return topology
+
+
+def parse_slices(text: str, slices: int = 1) -> list[Topology]:
+    """--topology with --slices: one slice (the text as written), or several separated by commas
+    that a ranking plans each; an empty or repeated entry is refused in one line."""
+    parsed: dict[str, Topology] = {}
+    for number, entry in enumerate([e.strip() for e in text.split(",")] if "," in text else [text], 1):
+        if not entry:
+            raise UserInputError(f"--topology {text!r}: entry {number} is empty")
+        topology = parse_topology(entry).with_slices(slices)
+        if (same := parsed.setdefault(topology.jax_name, topology)) is not topology:
+            raise UserInputError(f"--topology {text!r}: {entry} is the same slice as {same.name} ({topology.jax_name})")
+    return list(parsed.values())

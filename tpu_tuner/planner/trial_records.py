@@ -1,4 +1,5 @@
-"""What a planner trial records in its Optuna study, and how a settled trial is read back: the
+"""What a plan records in its Optuna study (`plan_record`, what every trial depends on) and a
+planner trial in its own record, and how a settled trial is read back: the
 outcome and reason of a point told without a compile, the compiler's figures of a compiled one,
 the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/search.py asks).
 
@@ -19,8 +20,9 @@ from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.evaluate import judged
 from tpu_tuner.planner.problem import PlanProblem
 from tpu_tuner.planner.result import LayoutPlan
-from tpu_tuner.planner.space import PlanPoint, point_of
+from tpu_tuner.planner.space import PlanPoint, PlanSpace, point_of
 from tpu_tuner.studies import records
+from tpu_tuner.studies.fingerprint import file_sha256
 from tpu_tuner.studies.records import PlanOutcome
 from tpu_tuner.studies.trial_record import TrialRecord
 
@@ -29,6 +31,20 @@ CONSTRAINT = "hbm_over_gib"  # the trial constraint: how far past the device's H
 # one that cannot exist (sizes that do not divide), in GiB past the HBM.
 REFUSED_VIOLATION = 1.0
 INVALID_VIOLATION = 1000.0
+
+
+def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
+    """What a plan's trials depend on: another plan with the same record may reuse them. The step's
+    part is the compile request's (StepSettings.record): a new option is recorded with no line here."""
+    return {
+        "model_sha256": problem.model_digest or file_sha256(problem.source),
+        "preset": problem.preset,
+        "topology": problem.topology.jax_name,
+        "devices": problem.topology.devices,
+        "fast": problem.fast,
+        **problem.step.record(),
+        "space": space.describe(),
+    }
 
 
 def set_constraint(trial: optuna.Trial, gib_over: float) -> None:
