@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Hashable, Sequence
+from dataclasses import fields
 from typing import Any
 
 import optuna
@@ -16,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, run_loop, settle
+from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, StopReason, run_loop, settle
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options import SearchOptions
@@ -54,17 +55,16 @@ class Scripted(Feature):
             t.params["x"]: t for t in trials if t.state == TrialState.COMPLETE and records.REPEAT_OF not in t.user_attrs
         }
 
-    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        trial.set_user_attr(records.REPEAT_OF, earlier.number)
-        trial.study.tell(trial, earlier.value)
-
-    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
-        trial.set_user_attr(records.REPEAT_OF, elsewhere.number)
-        trial.set_user_attr(records.IN_FLIGHT_ELSEWHERE, True)
-        trial.study.tell(trial, state=TrialState.PRUNED)
-
-    def tell_released(self, trial: optuna.Trial) -> None:
-        trial.set_user_attr(records.OVER_BUDGET, True)
+    def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
+        if how is Settled.REPEAT and other is not None:
+            trial.set_user_attr(records.REPEAT_OF, other.number)
+            trial.study.tell(trial, other.value)
+            return
+        if how is Settled.IN_FLIGHT and other is not None:
+            trial.set_user_attr(records.REPEAT_OF, other.number)
+            trial.set_user_attr(records.IN_FLIGHT_ELSEWHERE, True)
+        else:
+            trial.set_user_attr(records.OVER_BUDGET, True)
         trial.study.tell(trial, state=TrialState.PRUNED)
 
     def evaluate(self, claims: list[Claim]) -> list[Any]:
@@ -328,9 +328,15 @@ def test_a_trial_failed_as_lost_before_its_setting_is_written_is_skipped_and_the
     assert "trial 0 was failed as lost by another worker before it was evaluated here" in caplog.text
 
 
-def test_a_timeout_given_without_a_start_counts_from_the_loops_start() -> None:
-    """Issue 58: `Rules.started` defaulted to 0 (a perf_counter reading, hours ago), so a timeout
-    given alone stopped the loop at once, before any trial."""
+def test_the_loop_keeps_no_clock_of_its_own_the_features_stop_is_the_one_deadline() -> None:
+    """Issue 58: two time stops (the loop's `Rules.timeout_s` from a start that defaulted to 0,
+    and the feature's clock) are one: the feature's `stop_reason`, read before every round."""
     study = optuna.create_study()
-    end = run_loop(study, Scripted(), Rules(budget=4, timeout_s=3600.0), _worker())
-    assert end.reason == "budget" and end.spent == 4
+
+    class Stopping(Scripted):
+        def stop_reason(self) -> StopReason | None:
+            return StopReason.CLOCK if len(self.evaluated) >= 2 else None
+
+    end = run_loop(study, Stopping(), Rules(budget=4), _worker())
+    assert end.reason == StopReason.CLOCK and end.spent == 2
+    assert "timeout_s" not in {f.name for f in fields(Rules)}

@@ -64,7 +64,7 @@ from tpu_tuner.planner.trial_records import (
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage
-from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Holding, Rules, Settled, StopReason, run_loop
 from tpu_tuner.studies.opening import open_study
 from tpu_tuner.studies.records import PlanOutcome
 from tpu_tuner.studies.samplers import build_sampler
@@ -155,7 +155,6 @@ def search(
         wait_for_running=False,
         queue_only=exhaustive,
         max_idle_asks=None if exhaustive else MAX_IDLE_ASKS,
-        started=started,
     )
     feature = PlanTrials(
         problem,
@@ -284,23 +283,19 @@ class PlanTrials(Feature):
                 found.setdefault(attrs.get(records.POINT), t)
         return found
 
-    def holds_claim(self, trial: FrozenTrial) -> bool | None:
-        return records.attrs(trial).get(records.COMPILING)
+    def holds_claim(self, trial: FrozenTrial) -> Holding:
+        # The claim is its `compiling` flag: set at begin, cleared once it is settled without one.
+        compiling = records.attrs(trial).get(records.COMPILING)
+        return Holding.DECIDING if compiling is None else Holding.YES if compiling else Holding.NO
 
-    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+    def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
         TrialRecord.of(trial).set(records.COMPILING, False)
-        if earlier.state == TrialState.COMPLETE:
-            tell_repeat(trial, earlier)
-        else:
-            self.tell_in_flight(trial, earlier)
-
-    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
-        TrialRecord.of(trial).set(records.COMPILING, False)
-        tell_ruled_out(trial, PlanOutcome.REPEAT, 0.0, f"compiling in trial {elsewhere.number}")
-
-    def tell_released(self, trial: optuna.Trial) -> None:
-        TrialRecord.of(trial).set(records.COMPILING, False)
-        tell_ruled_out(trial, PlanOutcome.RELEASED, 0.0, "the budget was filled by earlier trials")
+        if how is Settled.RELEASED or other is None:
+            tell_ruled_out(trial, PlanOutcome.RELEASED, 0.0, "the budget was filled by earlier trials")
+        elif how is Settled.REPEAT and other.state == TrialState.COMPLETE:
+            tell_repeat(trial, other)
+        else:  # in flight, or a repeat of a trial not complete yet
+            tell_ruled_out(trial, PlanOutcome.REPEAT, 0.0, f"compiling in trial {other.number}")
 
     def evaluate(self, claims: list[Claim]) -> list[LayoutPlan]:
         results = self.evaluator(self.problem, [c.point for c in claims], self.pool, self.emit)

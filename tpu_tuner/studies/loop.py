@@ -52,8 +52,9 @@ class Rules:
       (not with ``queue_only``, whose empty batch means an empty queue).
     * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
     * ``space_size``: stop once this many distinct settings are settled.
-    * ``timeout_s``: stop asking this long after ``started`` (a `time.perf_counter` reading;
-      None: when the loop starts, so a timeout given alone counts from there, not from 0).
+
+    Time is the feature's to keep (`Feature.stop_reason`): one deadline, on the clock the rest of
+    its run keeps (the tuner's --time-budget and --timeout), never a second clock here.
     """
 
     budget: int
@@ -64,8 +65,6 @@ class Rules:
     max_asks: int | None = None
     max_idle_asks: int | None = None
     space_size: int | None = None
-    timeout_s: float | None = None
-    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,12 +82,20 @@ class StopReason(StrEnum):
     """Why the loop stopped (a `StrEnum`: run.json and the reports keep the word)."""
 
     BUDGET = "budget"  # spent
-    TIMEOUT = "timeout"  # `Rules.timeout_s` passed
+    TIMEOUT = "timeout"  # the feature's own limit on the search alone (the tuner's --timeout)
     CLOCK = "clock"  # the feature's own clock (`Feature.stop_reason`: the tuner's --time-budget)
     COVERED = "covered"  # `space_size` settings settled
     ASKS = "asks"  # `max_asks` asked
     IDLE = "idle"  # `max_idle_asks` in a row without a claim
     QUEUE = "queue"  # the queue is empty (`queue_only`)
+
+
+class Holding(Enum):
+    """Whether a running trial holds a claim on the budget (`Feature.holds_claim`)."""
+
+    YES = "yes"
+    NO = "no"  # it was answered without evaluating (a repeat, released, ruled out)
+    DECIDING = "deciding"  # still being read: an earlier trial deciding counts when claims are settled
 
 
 class Settled(Enum):
@@ -135,10 +142,9 @@ class Feature(ABC):
         """Whether a settled trial counts against the budget."""
         return True
 
-    def holds_claim(self, trial: FrozenTrial) -> bool | None:
-        """Whether a running trial holds a claim on the budget: True, False, or None while it is
-        still being read (an earlier trial still deciding counts when claims are settled)."""
-        return True
+    def holds_claim(self, trial: FrozenTrial) -> Holding:
+        """Whether a running trial holds a claim on the budget (`Holding`)."""
+        return Holding.YES
 
     def setting_written(self, trial: FrozenTrial) -> bool:
         """Whether a running trial's whole setting is in the storage: its parameters are written one
@@ -146,16 +152,11 @@ class Feature(ABC):
         return True
 
     @abstractmethod
-    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        """Answer `trial` from the trial that settled its setting, and tell it."""
-
-    @abstractmethod
-    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
-        """Tell `trial`, whose setting the earlier trial `elsewhere` is evaluating."""
-
-    @abstractmethod
-    def tell_released(self, trial: optuna.Trial) -> None:
-        """Tell `trial`, asked when earlier trials held the rest of the budget."""
+    def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
+        """Record and tell `trial`, settled without a claim: a `Settled.REPEAT` answered from
+        `other`, the trial that settled its setting; `Settled.IN_FLIGHT`, its setting evaluated by
+        the earlier trial `other`; `Settled.RELEASED` (`other` None), asked when earlier trials
+        held the rest of the budget."""
 
     @abstractmethod
     def evaluate(self, claims: list[Claim]) -> list[Any]:
@@ -189,7 +190,6 @@ def run_loop(
     `worker.storage` (None: a study in memory) keeps the trials' heartbeats; `watch` also fails
     trials seen running longer than any trial can run."""
     storage = worker.storage
-    started = time.perf_counter() if rules.started is None else rules.started
     asked = idle = 0
     waiting = False
     while True:
@@ -198,14 +198,12 @@ def run_loop(
         feature.observe(trials)
         settled = feature.settled(trials)
         spent = sum(1 for t in settled.values() if feature.spends(t))
-        running = [t for t in trials if t.state == TrialState.RUNNING and feature.holds_claim(t) is not False]
+        running = [t for t in trials if t.state == TrialState.RUNNING and feature.holds_claim(t) is not Holding.NO]
         if not rules.wait_for_running:
             # Without waiting, running claims are spent as far as this worker can tell.
-            spent += sum(1 for t in running if feature.holds_claim(t) is True)
+            spent += sum(1 for t in running if feature.holds_claim(t) is Holding.YES)
         if spent >= rules.budget:
             return LoopEnd(StopReason.BUDGET, spent, idle)
-        if rules.timeout_s and time.perf_counter() - started > rules.timeout_s:
-            return LoopEnd(StopReason.TIMEOUT, spent, idle)
         if (reason := feature.stop_reason()) is not None:
             return LoopEnd(reason, spent, idle)
         if rules.space_size is not None and len(settled) >= rules.space_size:
@@ -342,22 +340,22 @@ def settle(
     settled = feature.settled(trials)
     earlier = settled.get(key)
     if earlier is not None and earlier.number != trial.number:
-        feature.tell_repeat(trial, earlier)
+        feature.tell_settled(trial, Settled.REPEAT, earlier)
         return Settled.REPEAT
     running_before = [
         t
         for t in trials
-        if t.state == TrialState.RUNNING and t.number < trial.number and feature.holds_claim(t) is not False
+        if t.state == TrialState.RUNNING and t.number < trial.number and feature.holds_claim(t) is not Holding.NO
     ]
     elsewhere = next((t for t in running_before if feature.key_of(t) == key), None)
     if elsewhere is not None:
-        feature.tell_in_flight(trial, elsewhere)
+        feature.tell_settled(trial, Settled.IN_FLIGHT, elsewhere)
         return Settled.IN_FLIGHT
     spent = sum(1 for t in settled.values() if feature.spends(t))
     if spent + len(running_before) >= rules.budget:
-        feature.tell_released(trial)
+        feature.tell_settled(trial, Settled.RELEASED, None)
         return Settled.RELEASED
     return Claim(trial, key, point, spent + len(batch) + 1)
 
 
-__all__ = ["Claim", "Feature", "LoopEnd", "Rules", "Settled", "StopReason", "run_loop"]
+__all__ = ["Claim", "Feature", "Holding", "LoopEnd", "Rules", "Settled", "StopReason", "run_loop"]

@@ -26,7 +26,7 @@ from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
-from tpu_tuner.studies.loop import Claim, Feature, Rules, StopReason, run_loop
+from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, StopReason, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler
 from tpu_tuner.studies.trial_costs import cost_keys
 from tpu_tuner.studies.trial_record import TrialRecord
@@ -168,22 +168,21 @@ class TuneTrials(Feature):
         refused = attrs.get(records.FAILURE_KIND) == FailureKind.WOULD_NOT_FIT  # refused unmeasured
         return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs and not refused
 
-    def tell_repeat(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        trial_attrs.copy_attrs(earlier, trial, self.options.objective.tolerance)
-        self.study.tell(trial, earlier.value if earlier.state == TrialState.COMPLETE else None, state=earlier.state)
-        log.debug("%s: repeat of trial %d, not re-measured", self._label(trial), earlier.number)
-
-    def tell_in_flight(self, trial: optuna.Trial, elsewhere: FrozenTrial) -> None:
-        # Two workers asked for the same setting at once (TPE's lie about running trials makes it
-        # rare): the lower trial number measures it.
-        TrialRecord.of(trial).write({records.REPEAT_OF: elsewhere.number, records.IN_FLIGHT_ELSEWHERE: True})
-        self.study.tell(trial, state=TrialState.PRUNED)
-        log.debug("%s: being measured by trial %d of another worker", self._label(trial), elsewhere.number)
-
-    def tell_released(self, trial: optuna.Trial) -> None:
-        TrialRecord.of(trial).write({records.OVER_BUDGET: True})
-        self.study.tell(trial, state=TrialState.PRUNED)
-        log.debug("%s: released, earlier trials hold the rest of the budget", self._label(trial))
+    def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
+        if how is Settled.REPEAT and other is not None:
+            trial_attrs.copy_attrs(other, trial, self.options.objective.tolerance)
+            self.study.tell(trial, other.value if other.state == TrialState.COMPLETE else None, state=other.state)
+            log.debug("%s: repeat of trial %d, not re-measured", self._label(trial), other.number)
+        elif how is Settled.IN_FLIGHT and other is not None:
+            # Two workers asked for the same setting at once (TPE's lie about running trials makes
+            # it rare): the lower trial number measures it.
+            TrialRecord.of(trial).write({records.REPEAT_OF: other.number, records.IN_FLIGHT_ELSEWHERE: True})
+            self.study.tell(trial, state=TrialState.PRUNED)
+            log.debug("%s: being measured by trial %d of another worker", self._label(trial), other.number)
+        else:
+            TrialRecord.of(trial).write({records.OVER_BUDGET: True})
+            self.study.tell(trial, state=TrialState.PRUNED)
+            log.debug("%s: released, earlier trials hold the rest of the budget", self._label(trial))
 
     def evaluate(self, claims: list[Claim]) -> list[TrialRun]:
         return [self._evaluate(claim) for claim in claims]
