@@ -214,6 +214,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         full,
         remat=point.remat,
         accumulation=point.accumulation,
+        flash_block=point.flash_block,
         per_device_batch=batch,
         lower_bound_bytes=bound,
         memory_estimate=estimate_record(problem, point),

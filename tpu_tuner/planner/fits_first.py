@@ -74,7 +74,8 @@ def _alternatives(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, s
 
 
 def _valid(problem: PlanProblem, point: PlanPoint) -> bool:
-    return invalid_reason(point, problem.dims.shape, problem.step.global_batch, problem.step.seq_len) is None
+    step = problem.step
+    return invalid_reason(point, problem.dims.shape, step.global_batch, step.seq_len, step.flash_block) is None
 
 
 def what_would_fit(problem: PlanProblem, point: PlanPoint) -> str:

@@ -16,10 +16,8 @@ from typing import get_type_hints
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import (
-    ATTENTION,
     SAMPLER,
     SEED,
-    SEQ_LEN,
     STORAGE,
     STUDY,
     at_least,
@@ -28,24 +26,27 @@ from tpu_tuner.core.flags import (
     positive,
     uses,
 )
-from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.model.layouts import Layout, parse_layout
 from tpu_tuner.planner.calibration_store import calibrated_cost_model
 from tpu_tuner.planner.compile_pool import COMPILE_TIMEOUT_S, default_workers
-from tpu_tuner.planner.optimizer import check_optimizer
 from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
-from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
 from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.space import DEFAULT_ACCUMULATIONS, DEFAULT_CONTEXTS, DEFAULT_REMATS, PlanSpace
+from tpu_tuner.planner.space import (
+    DEFAULT_ACCUMULATIONS,
+    DEFAULT_CONTEXTS,
+    DEFAULT_REMATS,
+    PlanSpace,
+    flash_block_refusal,
+)
+from tpu_tuner.planner.step_options import PlanStep
 from tpu_tuner.planner.topology import Topology, parse_slices
 from tpu_tuner.planner.xla_flags import parse_xla_flags
 
 PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
-DTYPES = ("float32", "bfloat16")
 
 
 def _ints(flag_name: str, text: str) -> tuple[int, ...]:
-    """--accumulations / --contexts: whole numbers separated by commas (sizes: PlanSearch checks them)."""
+    """--accumulations / --contexts / --flash-blocks: whole numbers separated by commas (PlanSearch checks them)."""
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError as exc:
@@ -95,98 +96,6 @@ class PlanTarget:
         if more:
             raise UserInputError(f"--topology {self.topology!r} names several slices: plan one, or rank them")
         return first
-
-
-@dataclass(frozen=True)
-class PlanStep:
-    """The training step planned: its sizes, rematerialisation, micro-batches and precision
-    (docs/planner.md, "Precision of the step"), by MaxText's names."""
-
-    global_batch: int | None = option(
-        None,
-        "--global-batch",
-        type=int,
-        help="sequences per step (default: BATCH_SIZE per device; an hf: config: one per device)",
-    )
-    seq_len: int | None = uses(
-        None,
-        SEQ_LEN,
-        help="sequence length (default: the file's SEQ_LEN; an hf: config's max_position_embeddings, at most 8192)",
-    )
-    preset: str | None = option(None, "--preset", help="a named model size from the file's PRESETS, e.g. 70b")
-    remat: str = option(
-        "full",
-        "--remat",
-        metavar="POLICY",
-        help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
-        "save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, or "
-        "custom:decoder_layer_input=offload,query_proj=device,... (default %(default)s; docs/planner.md)",
-    )
-    accumulation: int = option(
-        1,
-        "--accumulation",
-        type=int,
-        metavar="N",
-        help="micro-batches a step (gradient accumulation; default %(default)s)",
-    )
-    optimizer: str = option(
-        "adamw",
-        "--optimizer",
-        metavar="adamw|sgd",
-        help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
-        "(optax.sgd without momentum: no state); default %(default)s",
-    )
-    # AdamW's first moment (MaxText's mu_dtype); None follows the weights', as MaxText's does.
-    first_moment_dtype: str | None = option(
-        None,
-        "--mu-dtype",
-        choices=DTYPES,
-        help="AdamW's first moment's storage (MaxText's mu_dtype; default: the weights' dtype, as "
-        "MaxText's mu_dtype follows weight_dtype when unset)",
-    )
-    weight_dtype: str = option(
-        "float32",
-        "--weight-dtype",
-        metavar="float32|bfloat16",
-        help="the master weights' storage, and so the gradients' and AdamW's second moment's "
-        "(MaxText's weight_dtype; default %(default)s)",
-    )
-    quantization: str | None = option(
-        None,
-        "--quantization",
-        metavar="int8|fp8",
-        help="run the decoder blocks' matmuls, forward and backward, in 8 bits: int8 (MaxText's "
-        "AQT int8; v5e, v6e) or fp8 (MaxText's fp8_full; TPU7x); default: bf16. MFU stays "
-        'against the bf16 peak (docs/planner.md, "Precision of the step")',
-    )
-    vocab_tiling: int = option(
-        1,
-        "--vocab-tiling",
-        type=int,
-        metavar="N",
-        help="compute the loss's logits N slices of the sequence at a time (MaxText's num_vocab_tiling; "
-        "the generic decoder's shapes; default %(default)s)",
-    )
-    attention: AttentionConvention = uses("full", ATTENTION)  # MFU convention
-
-    def __post_init__(self) -> None:
-        check_field_types(self)  # the Python API may pass any value
-        at_least(1, ("--global-batch", self.global_batch), ("--seq-len", self.seq_len))
-        at_least(1, ("--accumulation", self.accumulation), ("--vocab-tiling", self.vocab_tiling))
-        parse_remat(self.remat, "--remat")
-        check_optimizer(self.optimizer)
-        if self.optimizer == "sgd" and self.first_moment_dtype is not None:
-            raise UserInputError("--mu-dtype is AdamW's first moment's storage: --optimizer sgd keeps no moments")
-        for name, dtype in (("--weight-dtype", self.weight_dtype), ("--mu-dtype", self.first_moment_dtype)):
-            if dtype is not None and dtype not in DTYPES:
-                raise UserInputError(f"{name} takes float32 or bfloat16, not {dtype!r}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise UserInputError(f"--quantization takes {' or '.join(QUANTIZATIONS)}, not {self.quantization!r}")
-
-    @property
-    def moment_dtype(self) -> str:
-        """AdamW's first moment's storage: as given, else the weights'."""
-        return self.first_moment_dtype or self.weight_dtype
 
 
 @dataclass(frozen=True)
@@ -286,6 +195,13 @@ class PlanSearch:
         convert=lambda text: _ints("--contexts", text),
         help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
     )
+    flash_blocks: tuple[int, ...] = option(
+        (),
+        "--flash-blocks",
+        metavar="N1,N2,...",
+        convert=lambda text: _ints("--flash-blocks", text),
+        help="flash kernel block sizes to search, e.g. 128,256,512 (default: no such axis, --flash-block's)",
+    )
     sampler: str = uses(
         "tpe",
         SAMPLER,
@@ -306,6 +222,8 @@ class PlanSearch:
         for name, sizes in (("--accumulations", self.accumulations), ("--contexts", self.contexts)):
             if not sizes or min(sizes) < 1:
                 raise UserInputError(f"{name} takes sizes of at least 1, not {','.join(map(str, sizes))!r}")
+        if self.flash_blocks and min(self.flash_blocks) < 1:
+            raise UserInputError(f"--flash-blocks takes sizes of at least 1, not {self.flash_blocks}")
 
     @property
     def active(self) -> bool:
@@ -363,11 +281,18 @@ class PlanOptions:
                 ("--remats", search.remats != DEFAULT_REMATS),
                 ("--accumulations", search.accumulations != DEFAULT_ACCUMULATIONS),
                 ("--contexts", search.contexts != DEFAULT_CONTEXTS),
+                ("--flash-blocks", bool(search.flash_blocks)),
                 ("--study", self.store.study is not None),
                 ("--storage", self.store.url is not None),
             )
             if given
         ]
+        if search.flash_blocks and self.step.flash_block is not None:
+            raise UserInputError("--flash-block fixes the blocks --flash-blocks searches: give one of them")
+        for block in search.flash_blocks if self.step.seq_len else ():  # else checked when the model is read
+            refusal = flash_block_refusal(block, self.step.seq_len or 0)
+            if refusal:
+                raise UserInputError(f"--flash-blocks: {refusal}")
         if not search.active and search_only:
             raise UserInputError(
                 f"{', '.join(search_only)} set(s) the search's space or study: "

@@ -75,7 +75,7 @@ def enumerated(
         PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
     ]
     for point in points:
-        reason = invalid_reason(point, shape, problem.step.global_batch, problem.step.seq_len)
+        reason = invalid_reason(point, shape, problem.step.global_batch, problem.step.seq_len, problem.step.flash_block)
         if reason:
             raise UserInputError(f"{point.layout.short()}: {reason}")
     emit(f"compiling {len(points)} layouts for {problem.topology.jax_name} on {pool.workers} compiler processes")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from tpu_tuner.planner.options import PlanOptions
 from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
 from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import MemoryBound, PlanPoint, memory_lower_bound
+from tpu_tuner.planner.space import MemoryBound, PlanPoint, flash_block_refusal, memory_lower_bound
 from tpu_tuner.planner.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,13 @@ class PlanProblem:
         return full + recomputed * self.step.global_batch * seq
 
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
-        """The compile of `point` with `blocks` scanned blocks (`fast`: the plan's effort unless given)."""
+        """The compile of `point` with `blocks` scanned blocks (`fast`: the plan's effort unless given),
+        in the point's flash blocks where a search gave it its own."""
+        step = self.step if point.flash_block is None else replace(self.step, flash_block=point.flash_block)
         return CompileJob(
             CompileModel(self.source, self.preset, self.dims.shape.d_model, blocks, scan=True),
             CompileTarget(self.topology.jax_name, self.topology.slices),
-            self.step,
+            step,
             point,
             self.fast if fast is None else fast,
         )
@@ -180,6 +182,13 @@ def build_problem(
             "plan a longer --seq, or the model as global attention",
             workload.source,
         )
+    # A block that does not divide the sequence is refused before any compile, in one line.
+    for name, block in [("--flash-block", options.step.flash_block)] + [
+        ("--flash-blocks", b) for b in options.search.flash_blocks
+    ]:
+        refusal = flash_block_refusal(block, seq_len)
+        if refusal:
+            raise UserInputError(f"{name}: {refusal}")
     dims = read_dims(meta_model, transformer.heads if transformer else None)
     n_matmul = matmul_parameters(meta_model)
     blocks_name, blocks = blocks_of(meta_model)

@@ -41,10 +41,11 @@ class LayoutPlan:
     over_limit_accepted: bool = False
     # The HBM estimate before compiling, by term, with "total" and the "limit" (memory_estimate.py).
     memory_estimate: dict[str, float] | None = None
+    flash_block: int | None = None  # the point's own flash blocks where searched (None: the plan's)
 
     @property
     def point(self) -> PlanPoint:
-        return PlanPoint(self.layout, self.remat, self.accumulation)
+        return PlanPoint(self.layout, self.remat, self.accumulation, self.flash_block)
 
     @property
     def predicted_mfu(self) -> float:
@@ -172,6 +173,7 @@ def result_of(
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
             + ("; compiled with XLA flags " + " ".join(xla_flags_text(flags)) if flags else "")
             + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
+            + flash_blocks_said(problem.step.flash_block, {p.flash_block for p in plans if p.flash_block is not None})
         ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
@@ -182,6 +184,17 @@ def result_of(
         optimizer=problem.step.optimizer,
         attention=attention_layers(problem),
     )
+
+
+def flash_blocks_said(step_block: int | None, searched: set[int]) -> str:
+    """Which blocks the attention's flash kernel compiled with: the chip ran attention 5x slower in
+    the default 128 than in 512 (docs/planner.md, "On a real chip"), and the prediction does not
+    tell them apart, so the plan says which it compiled."""
+    if searched:
+        return f"; flash attention in blocks of {', '.join(map(str, sorted(searched)))} (each point's own)"
+    if step_block is not None:
+        return f"; flash attention in blocks of {step_block}"
+    return "; flash attention in the kernel's default blocks (128, as the calibration rows; --flash-block N)"
 
 
 def attention_layers(problem: PlanProblem) -> str:

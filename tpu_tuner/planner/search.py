@@ -107,6 +107,8 @@ def search(
         options.search.accumulations,
         options.search.contexts,
         problem.topology.slices,
+        # --flash-block with a search: an axis of one value, so each point is checked against it.
+        options.search.flash_blocks or tuple(b for b in (problem.step.flash_block,) if b is not None),
     )
     valid = valid_points(space, problem.topology.devices, shape, problem.step.global_batch, problem.step.seq_len)
     if not valid:

@@ -40,19 +40,24 @@ DEFAULT_CONTEXTS = (1, 2, 4)
 
 @dataclass(frozen=True)
 class PlanPoint:
-    """One candidate: a layout, a remat policy and a micro-batch count."""
+    """One candidate: a layout, a remat policy, a micro-batch count and, where searched, the flash
+    kernel's block size (None: the plan's step's, `StepSettings.flash_block`)."""
 
     layout: Layout
     remat: str = "full"
     accumulation: int = 1
+    flash_block: int | None = None
 
     def name(self) -> str:
         steps = f", {self.accumulation} micro-batches" if self.accumulation > 1 else ""
-        return f"{self.layout.name()}, remat {self.remat}{steps}"
+        blocks = f", flash blocks {self.flash_block}" if self.flash_block is not None else ""
+        return f"{self.layout.name()}, remat {self.remat}{steps}{blocks}"
 
     def key(self) -> str:
-        """A short stable identifier (the Optuna trial attribute that finds repeats)."""
-        return f"{self.layout.short()}|{self.remat}|{self.accumulation}"
+        """A short stable identifier (the Optuna trial attribute that finds repeats); a point
+        without its own block keeps the key it had before blocks were an axis (kept studies)."""
+        blocks = f"|{self.flash_block}" if self.flash_block is not None else ""
+        return f"{self.layout.short()}|{self.remat}|{self.accumulation}{blocks}"
 
     def per_device_batch(self, global_batch: int) -> float:
         """MaxText's per_device_batch_size: sequences per device in one micro-batch (global batch /
@@ -70,6 +75,9 @@ class PlanSpace:
     remats: tuple[str, ...] = DEFAULT_REMATS
     accumulations: tuple[int, ...] = (1,)
     dcns: tuple[str, ...] = ()  # over several slices: DCN_DATAxDCN_FSDP choices (none: one slice)
+    # The flash kernel's block sizes (none: no axis, the step's block): an axis only when given, so
+    # a search without it keeps the trial parameters, and the studies, it had before.
+    flash_blocks: tuple[int, ...] = ()
 
     def axes(self) -> dict[str, tuple]:
         """Each axis's choices by its trial parameter's name (dcn only over several slices)."""
@@ -80,6 +88,7 @@ class PlanSpace:
             "remat": self.remats,
             "accumulation": self.accumulations,
             **({"dcn": self.dcns} if self.dcns else {}),
+            **({"flash_block": self.flash_blocks} if self.flash_blocks else {}),
         }
 
     def describe(self) -> dict[str, list]:
@@ -94,6 +103,7 @@ def default_space(
     accumulations: tuple[int, ...] = DEFAULT_ACCUMULATIONS,
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
     slices: int = 1,
+    flash_blocks: tuple[int, ...] = (),
 ) -> PlanSpace:
     """Every tensor size that divides the heads, KV heads, MLP width and vocabulary (and the
     devices); context sizes that divide the sequence; data sizes in powers of two; over `slices`
@@ -113,10 +123,12 @@ def default_space(
         tuple(remats),
         tuple(accumulations),
         dcns,
+        tuple(flash_blocks),
     )
 
 
-POINT_AXES = frozenset({"tensor", "context", "data", "remat", "accumulation"})  # what `point_of` needs; dcn is optional
+# What `point_of` needs; dcn and flash_block are optional.
+POINT_AXES = frozenset({"tensor", "context", "data", "remat", "accumulation"})
 
 
 def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
@@ -130,11 +142,31 @@ def point_of(space_choice: dict, devices: int) -> PlanPoint | None:
     if data % dcn_data or fsdp % dcn_fsdp:
         return None
     layout = Layout(data, fsdp, tensor, context, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp)
-    return PlanPoint(layout, space_choice["remat"], space_choice["accumulation"])
+    return PlanPoint(layout, space_choice["remat"], space_choice["accumulation"], space_choice.get("flash_block"))
 
 
-def invalid_reason(point: PlanPoint, shape: ModelShape, global_batch: int, seq_len: int) -> str | None:
-    """Why the point cannot run this model and batch (None: it can)."""
+def flash_block_refusal(block: int | None, seq_len: int, context: int = 1) -> str | None:
+    """Why the flash kernel cannot take `block`-sized blocks of this sequence (None: it can). A
+    device's queries are the sequence / context, its keys the whole (gathered) sequence; a block
+    that divides neither would leave the kernel its default blocks unsaid (step_parts._flash_blocks)."""
+    if block is None:
+        return None
+    queries = seq_len // context
+    if seq_len % block or queries % block:
+        split = f" ({queries} a device over context {context})" if context > 1 else ""
+        return f"flash blocks of {block} do not divide the sequence {seq_len}{split}"
+    return None
+
+
+def invalid_reason(
+    point: PlanPoint, shape: ModelShape, global_batch: int, seq_len: int, flash_block: int | None = None
+) -> str | None:
+    """Why the point cannot run this model and batch (None: it can); `flash_block` is the step's
+    block, which a point's own replaces."""
+    block = point.flash_block if point.flash_block is not None else flash_block
+    blocks = flash_block_refusal(block, seq_len, point.layout.context)
+    if blocks:
+        return blocks
     if global_batch % point.accumulation:
         return f"{point.accumulation} micro-batches do not divide the global batch {global_batch}"
     micro = global_batch // point.accumulation
