@@ -45,7 +45,7 @@ from tpu_tuner.planner.calibration import (
 )
 from tpu_tuner.planner.calibration_store import FIT_FILE, store_fit
 from tpu_tuner.planner.collectives import Collective, latency_steps
-from tpu_tuner.planner.predict import causal_score_elements
+from tpu_tuner.planner.predict import MXU_WIDTH, alignment, causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, moe_kind, published_rows
@@ -106,7 +106,11 @@ def main() -> None:
     ]
     if args.rows_file == ROWS_FILE:
         RERUNS_FILE.write_text(json.dumps(reruns, indent=1))
-    calibration = [calibration_row(kept[r.id], runs[r.id]) for r in rows if r.id in kept and "error" not in kept[r.id]]
+    calibration = [
+        calibration_row({**kept[r.id], "alignment": aligned(r)}, runs[r.id])
+        for r in rows
+        if r.id in kept and "error" not in kept[r.id]
+    ]
     args.rows_file.write_text(json.dumps([asdict(r) for r in calibration], indent=1))
     print(f"{len(calibration)} rows written to {args.rows_file}")
     if args.rows_file == ROWS_FILE:  # the planner's rows: keep the adopted model's fit of them beside
@@ -207,6 +211,21 @@ def attention_not_counted(row: Row) -> float:
     shape, _, _ = read_shape(row.spec)
     dims = TransformerDims(shape.layers, shape.heads, shape.n_head_dim, causal=True)
     return transformer_model_flops(0, dims, row.per_device_batch, row.seq, True, "causal").attention_per_step
+
+
+def aligned(row: Row) -> float:
+    """The row's MXU alignment as the prediction computes it now (predict.alignment, attention's
+    own matmuls included), from its shape: the kept figures' `alignment` may predate a term, and
+    a refit must divide the FLOPs by what a plan would (no compile needed, the shape suffices)."""
+    import torch
+
+    from tpu_tuner.model.decoder import Decoder
+    from tpu_tuner.model.structure import read_dims
+
+    shape, _, _ = read_shape(row.spec)
+    with torch.device("meta"):
+        dims = read_dims(Decoder(shape), shape.heads)
+    return alignment(dims.shape, row.layout, dims.head_dim, MXU_WIDTH.get(row.generation, 128), row.seq)
 
 
 def calibration_row(f: dict, run: dict) -> CalibrationRow:

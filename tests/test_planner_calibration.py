@@ -159,7 +159,7 @@ def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
     model_flops, hardware = 1.7e15, 2.4e15
     got = predict(step, topology, layout, shape, 128, model_flops, batch * seq, model, hardware, seq)
     peak = topology.peak_flops_per_device
-    aligned = alignment(shape, layout, 128, 256)
+    aligned = alignment(shape, layout, 128, 256, seq)  # attention's matmuls too, as plan_calibration.aligned
     comm = ring_seconds(step.collectives[0], ring_bandwidth(topology, 8))
     comm += ring_seconds(across, topology.dcn_bytes_per_s_per_device)
     row = CalibrationRow(

@@ -148,21 +148,32 @@ def ring_bandwidth(topology: Topology, group_devices: int) -> float:
     return per_axis * max(spanned, 1)
 
 
-def alignment(shape: ModelShape, layout: Layout, head_dim: int, mxu: int) -> float:
-    """FLOP-weighted fraction of MXU work that is useful for the model's per-device matmuls."""
+def alignment(shape: ModelShape, layout: Layout, head_dim: int, mxu: int, seq_len: int = 0) -> float:
+    """FLOP-weighted fraction of MXU work that is useful for the model's per-device matmuls.
+
+    With `seq_len`, attention's own matmuls count too: QK^T contracts over the head width and PV
+    produces it, so a head narrower than the MXU (64 on v5e's 128) leaves lanes idle in both, which
+    the projections' widths do not show (a v5e chip ran 64-wide heads 42% slower than 128-wide at
+    the same FLOPs: docs/planner.md, "On a real chip"). Weighted as the prediction counts their
+    FLOPs: full attention, 12 x seq x heads x head_dim a token a layer, i.e. 2 x seq x heads x
+    head_dim against the projections' weights (6 FLOPs a weight a token)."""
 
     def useful(n: int) -> float:
         return n / (math.ceil(n / mxu) * mxu) if n > 0 else 1.0
 
     t = layout.tensor
-    terms = [  # (flops weight, per-device matmul width)
-        (3 * shape.d_model * shape.mlp_hidden, shape.mlp_hidden // t),
-        (2 * shape.d_model * shape.n_heads * head_dim, shape.n_heads * head_dim // t),
-        (2 * shape.d_model * shape.n_kv_heads * head_dim, shape.n_kv_heads * head_dim // t),
-        (shape.d_model * shape.vocab / max(shape.n_layers, 1), shape.vocab // t),
+    terms = [  # (flops weight, per-device matmul width, contraction width)
+        (3 * shape.d_model * shape.mlp_hidden, shape.mlp_hidden // t, shape.d_model),
+        (2 * shape.d_model * shape.n_heads * head_dim, shape.n_heads * head_dim // t, shape.d_model),
+        (2 * shape.d_model * shape.n_kv_heads * head_dim, shape.n_kv_heads * head_dim // t, shape.d_model),
+        (shape.d_model * shape.vocab / max(shape.n_layers, 1), shape.vocab // t, shape.d_model),
     ]
-    total = sum(w for w, _ in terms)
-    return sum(w * useful(shape.d_model) * useful(width) for w, width in terms) / total
+    if seq_len:
+        # QK^T ([seq, head_dim] x [head_dim, seq]) wastes on its contraction, PV on its output
+        # width: each the head width once, the sequence sides taken as filling the MXU.
+        terms.append((2 * seq_len * shape.n_heads * head_dim, head_dim, mxu))
+    total = sum(w for w, _, _ in terms)
+    return sum(w * useful(contraction) * useful(width) for w, width, contraction in terms) / total
 
 
 def causal_score_elements(layers: int, heads: int, seq_len: int, tokens_per_device: float) -> float:
@@ -190,7 +201,7 @@ def predict(
     fitted efficiency; MFU stays against the bf16 peak (MaxText's convention)."""
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
-    aligned = alignment(shape, layout, head_dim, mxu)
+    aligned = alignment(shape, layout, head_dim, mxu, seq_len)
     flops = max(compiled.flops, hardware_flops_per_device)
     scores = causal_score_elements(shape.n_layers, shape.n_heads, seq_len, tokens_per_step / topology.devices)
     # Seconds a FLOP at full efficiency: 8-bit matmuls at their own peak (docs/planner.md, "Precision of the step").
