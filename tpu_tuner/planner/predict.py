@@ -8,7 +8,8 @@ The model, stated so it can be checked:
   FSDP's gathered matmuls into windowed-einsum loops, which it then undercounts (docs/planner.md,
   "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (per
   generation: `CostModel`); alignment is the FLOP-weighted waste of matmul dimensions that are not
-  multiples of the MXU width (128; 256 on v6e), per device after sharding;
+  multiples of the MXU width (128; 256 on v6e), per device after sharding: the projections' widths
+  and attention's head width (`alignment`);
 * **memory** = compiler HBM bytes / the device's HBM bandwidth (half the chip's on TPU7x, as its peak);
 * **communication** = each collective's bandwidth-optimal ring cost (see `collectives.py`) over
   the ICI links its device group spans: a group that fits along one torus axis gets that axis's
