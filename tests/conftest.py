@@ -61,6 +61,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_XDIST_WORKERS))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A `timed` test is a slow one too (pyproject.toml's markers): .ci/run's slow passes select
+    `slow and timed` (one at a time) and `slow and not timed` (two at a time)."""
+    loose = [item.nodeid for item in items if item.get_closest_marker("timed") and not item.get_closest_marker("slow")]
+    if loose:
+        raise pytest.UsageError(f"marked timed but not slow (pyproject.toml's markers): {loose}")
+
+
 def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] = lambda: "") -> None:
     """Poll `condition` until it holds; fail naming `what()` once `timeout_s` passes. The timeout is
     a bound for a stuck test on a loaded host, never the thing that makes the awaited event happen."""

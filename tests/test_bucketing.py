@@ -161,6 +161,7 @@ def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
 
 # Slow (25 s): the default run covers the command through test_run_outputs' CLI-and-API test.
 @pytest.mark.slow
+@pytest.mark.timed
 def test_buckets_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
         [
@@ -204,6 +205,7 @@ def test_buckets_command_end_to_end(tmp_path) -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_tune_includes_the_best_buckets_when_inputs_vary(tmp_path) -> None:
     """The main study: a workload with a length sample gets each trial's best bucketing in its
     objective, and the chosen setting's buckets in the tuned config and report."""

@@ -89,6 +89,7 @@ def test_bad_config_for_apply(tmp_path, capsys) -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts(tmp_path, capsys) -> None:
     llama = FIXTURES / "tiny_llama.py"  # batch 4
     assert main(["-q", str(llama), "--nproc", "3", "--out", str(tmp_path)]) == 2

@@ -181,6 +181,7 @@ def test_agent_seeds_freezing_for_compute_heavy_inference_and_rejects_what_canno
 
 
 @pytest.mark.slow  # the baseline compiles a tiny model with inductor (C++)
+@pytest.mark.timed
 def test_fullgraph_on_a_graph_break_is_a_failed_trial(tmp_path) -> None:
     settings = ProfilerSettings(
         warmup_min_steps=1,

@@ -189,6 +189,7 @@ def test_tpu_tuner_apply_splits_a_hugging_face_llama_by_its_plan_for_inference(m
 
 
 @pytest.mark.slow  # a whole study on two ranks
+@pytest.mark.timed
 def test_a_study_of_an_inference_file_on_two_ranks_measures_its_layouts(monkeypatch, tmp_path) -> None:
     import subprocess
     import sys

@@ -156,6 +156,7 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
     ],
 )
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(
     monkeypatch, tmp_path, mode: str, kind: str, says: str
 ) -> None:
@@ -201,6 +202,7 @@ def _plan(folder: Path) -> Path:
 # Slow (20 s): a whole study on two ranks; the default run checks the plan's mapping onto ranks
 # (test_sharding_from_plan) and layouts on two ranks (test_each_layout_is_measured_...).
 @pytest.mark.slow
+@pytest.mark.timed
 def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
     import optuna
 
@@ -271,6 +273,7 @@ def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> None:
     """tiny_gpt's fused q/k/v cannot run tensor parallel: after its first error the layout is
     measured alone, fails there too, and the rest of its settings are rejected unmeasured."""

@@ -91,6 +91,7 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     result = tune(FIXTURES / "failing.py", _options(tmp_path, trial_timeout_s=20.0))
     rows = _by_params(result.trials_dataframe())
@@ -117,6 +118,7 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
+@pytest.mark.timed
 def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     # No pruning: the test counts every setting of the grid measured to the end.
     first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3, prune=False))

@@ -160,6 +160,7 @@ def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(
 
 
 @pytest.mark.slow  # a whole tuning run (~20 s here): .ci/run's full pass; the quick CLI test checks its workers.log
+@pytest.mark.timed
 def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
