@@ -121,10 +121,10 @@ def _resume_on_free_space(disk: Path, run_dir: Path, measured_before: list[tuple
     after = _measured(trials)
     assert set(measured_before) <= set(after) and len(after) == len(set(after))  # nothing measured twice
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-    return after
     _nothing_half_written(run_dir)
     (row,) = collect(disk / "results").runs.to_dict("records")
     assert row["status"] not in ("incomplete", "failed", "unreadable"), row
+    return after
 
 
 @pytest.mark.slow  # two tuning runs end to end: about 80 s on 2 cores
