@@ -159,9 +159,10 @@ def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
     assert len(lines) == 1 and "lengths.txt" in lines[0] and "line 2" in lines[0]
 
 
-# Slow (25-45 s): the default run covers the command through test_run_outputs' CLI-and-API test. Not timed:
-# its assertions are what was measured and written, not how long it took (two at a time in .ci/run).
+# Slow (25-45 s): the default run covers the command through test_run_outputs' CLI-and-API test. Timed:
+# it times compiles and steps at each probe length, and beside another test it took 149 s (43 s alone).
 @pytest.mark.slow
+@pytest.mark.timed
 def test_buckets_command_end_to_end(tmp_path) -> None:
     result = subprocess.run(
         [
