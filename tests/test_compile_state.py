@@ -24,6 +24,7 @@ def _measure(candidate: Candidate, fast_settings) -> MeasureRequest:
     )
 
 
+@pytest.mark.slow  # 39 s of the quick run: more compiled trials than dynamo's limit, each a compile
 def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_settings) -> None:
     import torch._dynamo
 

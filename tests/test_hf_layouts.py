@@ -159,6 +159,7 @@ def test_the_printed_apply_code_shards_a_user_s_from_config_model_as_rank_zero_s
         assert abs(report["sharded_loss"] - reports[0]["own_loss"]) < 1e-5
 
 
+@pytest.mark.slow  # two ranks of a from_pretrained model; the printed apply code stays quick
 def test_tpu_tuner_apply_shards_a_from_pretrained_model_by_its_plan(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     result = run_ranks(2, "hf_printed_layout_code", ["1x1x2", "apply", str(tmp_path)], timeout_s=240)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import optuna
+import pytest
 from conftest import FIXTURES, FakeClock, wait_until
 from postgres_server import PASSWORD
 
@@ -36,6 +37,8 @@ FAST = ProfilerSettings(
 )
 
 
+@pytest.mark.slow  # a whole tuning run on the server (the quick run keeps its Optuna-tools and refusal tests)
+@pytest.mark.timed
 def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(postgres, tmp_path) -> None:
     url = postgres.url("secret", PASSWORD)
     # Every trial measured to the end (no pruning): the test reads three complete trials back.

@@ -287,6 +287,8 @@ def _tuned(tmp_path: Path):
     return tune(FIXTURES / "synthetic_speed.py", options)
 
 
+@pytest.mark.slow  # a whole tuning run, its verification timed
+@pytest.mark.timed
 def test_a_finished_run_loads_back_as_the_live_result(tmp_path) -> None:
     from tpu_tuner import TuningResult
 

@@ -27,6 +27,7 @@ def test_each_layout_matches_the_single_device_reference(layout: str) -> None:
     assert report["local_batch"] == (4 if layout == "1x1x2" else 2)  # tensor ranks share the batch
 
 
+@pytest.mark.slow  # two ranks started for a layout that fails: an end-to-end check
 def test_a_layout_the_model_cannot_run_fails_with_the_reason() -> None:
     # examples/gpt.py projects q, k and v with one fused Linear: a column-wise split of it hands
     # each rank part of q and part of k, which its forward cannot unpack.

@@ -70,6 +70,8 @@ def test_finds_the_known_best_and_rejects_the_inaccurate_one(grid_run) -> None:
     assert result.best_config.candidate == result.verification.chosen
 
 
+@pytest.mark.slow  # a whole search on a synthetic step whose speeds are timed
+@pytest.mark.timed
 def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     # A host where "medium" really runs matmuls as bf16 (the precision agent skips it elsewhere).
     use_probe(monkeypatch, tmp_path / "cache", medium_relative_error=2.5e-3)
