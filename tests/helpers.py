@@ -702,3 +702,20 @@ def both_hosts_mid_job(hosts: Hosts, tmp_path: Path, name: str) -> tuple[subproc
         assert driver.poll() is None and time.monotonic() < deadline, output_of(driver) + output_of(follower)
         time.sleep(0.1)
     return driver, follower, deadline
+
+
+class ScriptedPool:
+    """Stands in for the planner's compiler processes (`CompilePool`): answers each job from
+    `answer` (a job -> `CompiledStep`), records the jobs in order, calls `done` as the pool does."""
+
+    def __init__(self, answer: Any, workers: int = 1) -> None:
+        self.answer, self.workers, self.jobs = answer, workers, []
+
+    def compile(self, jobs: Any, done: Any = None) -> dict[Any, Any]:
+        results = {}
+        for job in jobs:
+            self.jobs.append(job)
+            results[job] = self.answer(job)
+            if done:
+                done(job, results[job])
+        return results

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import ScriptedPool
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims
@@ -27,23 +28,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SEQ = 512
 
 
-class _ScriptedPool:
-    """Compiles nothing: answers every job with the same small step, and keeps the jobs."""
-
-    workers = 2
-
-    def __init__(self) -> None:
-        self.compiled: list = []
-
-    def compile(self, jobs, done=None):
-        results = {}
-        for job in jobs:
-            self.compiled.append(job)
-            iteration = LoopIteration(1e9, 1e6, [], loops=2)
-            results[job] = CompiledStep(2e9, 2e6, 1e9, 0.0, 1e9, 0.0, [], 1.0, loop_iteration=iteration)
-            if done:
-                done(job, results[job])
-        return results
+def _small_step(job) -> CompiledStep:
+    """Every job answered with the same small step."""
+    iteration = LoopIteration(1e9, 1e6, [], loops=2)
+    return CompiledStep(2e9, 2e6, 1e9, 0.0, 1e9, 0.0, [], 1.0, loop_iteration=iteration)
 
 
 def _problem(step: StepSettings) -> PlanProblem:
@@ -65,7 +53,7 @@ def _problem(step: StepSettings) -> PlanProblem:
     )
 
 
-def _search(tmp_path: Path, problem: PlanProblem, pool: _ScriptedPool, **search_options):
+def _search(tmp_path: Path, problem: PlanProblem, pool: ScriptedPool, **search_options):
     from tpu_tuner.planner.search import search
 
     options = PlanOptions(
@@ -77,12 +65,12 @@ def _search(tmp_path: Path, problem: PlanProblem, pool: _ScriptedPool, **search_
 
 
 def test_the_searched_flash_blocks_reach_the_compile_jobs(tmp_path: Path) -> None:
-    pool = _ScriptedPool()
+    pool = ScriptedPool(_small_step, workers=2)
     result = _search(tmp_path, _problem(StepSettings(16, SEQ)), pool, contexts=(1, 2), flash_blocks=(128, 256, 512))
-    assert {job.step.flash_block for job in pool.compiled} == {128, 256, 512}
-    assert all(job.step.flash_block == job.point.flash_block for job in pool.compiled)
+    assert {job.step.flash_block for job in pool.jobs} == {128, 256, 512}
+    assert all(job.step.flash_block == job.point.flash_block for job in pool.jobs)
     # Context 2 leaves a device 256 queries: 512 blocks do not divide them, so none was compiled.
-    assert not [job for job in pool.compiled if job.point.layout.context == 2 and job.point.flash_block == 512]
+    assert not [job for job in pool.jobs if job.point.layout.context == 2 and job.point.flash_block == 512]
     assert {p.point.flash_block for p in result.plans} == {128, 256, 512}
     assert "flash attention in blocks of 128, 256, 512" in result.method
     assert "flash blocks 512" in result.plans[0].point.name() or result.plans[0].point.flash_block != 512
@@ -94,9 +82,9 @@ def test_one_flash_block_reaches_every_job_of_a_search_and_of_an_enumeration(tmp
     assert step.flash_block == 256 and step.record()["flash_block"] == 256
     problem = _problem(step)
     assert problem.job(PlanPoint(Layout(1, 8, 1)), 1).step.flash_block == 256  # an enumerated layout
-    pool = _ScriptedPool()
+    pool = ScriptedPool(_small_step, workers=2)
     _search(tmp_path, problem, pool, contexts=(1,))
-    assert pool.compiled and {job.step.flash_block for job in pool.compiled} == {256}
+    assert pool.jobs and {job.step.flash_block for job in pool.jobs} == {256}
     # Unset, the kernel's default: the step records nothing new (earlier plans' studies keep their names).
     assert "flash_block" not in StepSettings.of(PlanOptions(PlanTarget("v5e-4")), 16, SEQ).record()
 

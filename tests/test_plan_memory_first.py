@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ScriptedPool
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.model.loader import load_workload
@@ -108,23 +109,10 @@ def test_nothing_estimated_to_fit_says_what_would_and_compiles_the_closest() -> 
     assert line == what_would_fit(problem, POINT) + "; compiling the closest point anyway"
 
 
-class _ScriptedPool:
-    """Answers every compile with a small fitting step, recording the jobs."""
-
-    workers = 2
-
-    def __init__(self) -> None:
-        self.jobs: list = []
-
-    def compile(self, jobs, done=None):
-        results = {}
-        for job in jobs:
-            self.jobs.append(job)
-            iteration = LoopIteration(1e9 / job.point.layout.tensor, 1e6, [], loops=2)
-            results[job] = CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
-            if done:
-                done(job, results[job])
-        return results
+def _fitting_step(job) -> CompiledStep:
+    """A small fitting step whose loop's work falls with the tensor axis."""
+    iteration = LoopIteration(1e9 / job.point.layout.tensor, 1e6, [], loops=2)
+    return CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
 
 
 def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> None:
@@ -140,7 +128,7 @@ def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> Non
     )
     hbm = estimates[len(estimates) // 2] / FIT_MARGIN  # about half the points estimated to fit
     problem = _problem(hbm_gib=hbm / 2**30)
-    pool = _ScriptedPool()
+    pool = ScriptedPool(_fitting_step, workers=2)
     options = PlanOptions(
         PlanTarget("v5p:2x2x2"),
         search=PlanSearch(budget=4, space=space, sampler="tpe", seed=0),

@@ -13,6 +13,7 @@ import tomllib
 import numpy as np
 import pytest
 from conftest import EXAMPLES
+from helpers import ScriptedPool
 
 from tpu_tuner.planner.options import PlanEnumeration, PlanStep, PlanTarget
 
@@ -299,24 +300,6 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     assert ok_error is None and ok_flops > 0
 
 
-class _ScriptedPool:
-    """Stands in for the compiler processes: answers each job from `answer` and records the jobs."""
-
-    workers = 1
-
-    def __init__(self, answer) -> None:
-        self.answer, self.jobs = answer, []
-
-    def compile(self, jobs, done=None):
-        results = {}
-        for job in jobs:
-            self.jobs.append(job)
-            results[job] = self.answer(job)
-            if done:
-                done(job, results[job])
-        return results
-
-
 def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measured() -> None:
     """A layout whose scanned program came back without a measured loop iteration gets a second,
     block-less program and the difference as one block; a layout with one needs no second compile."""
@@ -344,7 +327,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
             6e9, 6e6, 1e6, 1e6, 1e6, 1e6, [Collective("all-gather", 8, 5, 400)], loop_iteration=iteration
         )
 
-    pool = _ScriptedPool(answer)
+    pool = ScriptedPool(answer)
     options = PlanOptions(
         PlanTarget(topology="v5p:2x2x2"),
         step=PlanStep(global_batch=16, seq_len=128, preset="tiny"),
