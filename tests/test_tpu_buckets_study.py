@@ -132,6 +132,10 @@ def test_a_tuning_run_measures_its_length_curve_on_tpu_and_buckets_each_trial(fa
         runner.state.workload, hist, TuneOptions(), runner, profile, lambda _, text: said.append(text)
     )
     assert "measuring step time at" in said[0] and len(context.shape_model.fit_points) >= 2
+    # The compile cost per length as the chip measured it reaches the trials' bucketing (it was
+    # fitted from no compile points, so every trial's bucketing charged none).
+    model = context.shape_model
+    assert len(model.compile_samples) == len(model.fit_points) and len(model.shapes) == len(model.fit_points)
     best = context.best(step_seconds=0.01, compile_seconds=20.0, planned_steps=2000)
     assert best.strategy.bounds[-1] >= 64 and best.total_seconds > 0
 
