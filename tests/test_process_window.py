@@ -19,7 +19,8 @@ from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions, trial_attrs
-from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow, start_environments
+from tpu_tuner.tuning.clock import MIN_BLOCK_ROUNDS, block_rounds
+from tpu_tuner.tuning.interleaved import InterleavedWindow, start_environments
 from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.verify import verify
@@ -77,7 +78,7 @@ def test_settings_fixed_per_process_run_in_processes_of_their_own_alternating() 
     environments = start_environments(candidates, "tpu")
     assert environments == [{}, DEFER]
     window = InterleavedWindow(chip, candidates, _options(), environments=environments)
-    assert window.per_process and window.per_job == PROCESS_BLOCK_ROUNDS
+    assert window.per_process and window.per_job == MIN_BLOCK_ROUNDS
     assert window.run(12) is None and window.rounds == 12
     assert chip.switched == 0  # every setting ran in a process started with its own mode
     assert all(modes == [("defer_and_fuse" if env == DEFER else "strict")] for env, modes in chip.jobs)
@@ -127,10 +128,25 @@ def test_the_verification_of_an_eager_mode_matches_the_search_and_says_how_it_co
         objective=ObjectiveOptions(verify_rounds=12), runner=RunnerOptions(trial_settings=ProfilerSettings())
     )
     v = verify(_study(), SPACE, chip, options, "tpu")
-    assert chip.switched == 0 and len(chip.jobs) == 6  # 12 rounds: three blocks of each setting
-    assert chip.starts == 4  # A B, B A, A B: a block that follows its own setting keeps the process
+    # 12 rounds in two blocks of 6 (block_rounds): each setting's process twice, the order reversed.
+    assert chip.switched == 0 and [env == DEFER for env, _ in chip.jobs] == [False, True, True, False]
+    assert chip.starts == 3  # A B, B A: the second block's first process is the first's last
     assert v.chosen_is_best and v.speedup.speedup == pytest.approx(0.246 / 0.150, rel=1e-6)
-    assert "compared in 2 processes of their own" in v.message
+    assert "compared in 2 processes of their own (their start-up environments differ), alternating every 6 rounds" in (
+        v.message
+    )
+
+
+def test_a_window_of_processes_runs_its_planned_rounds_in_two_blocks() -> None:
+    """Each block starts every process afresh (on a v5e chip about a minute each for a Llama-class
+    model): two blocks, one order then the other, cancel a linear drift at the fewest starts."""
+    assert [block_rounds(r) for r in (4, 6, 8, 12, 13, 40)] == [4, 4, 4, 6, 7, 20]
+    chip, candidates = FakeChip(), _candidates()
+    window = InterleavedWindow(
+        chip, candidates, _options(), environments=start_environments(candidates, "tpu"), block=block_rounds(12)
+    )
+    assert window.run(12) is None and window.rounds == 12
+    assert [env == DEFER for env, _ in chip.jobs] == [False, True, True, False] and chip.starts == 3
 
 
 class ClockedChip(FakeChip):

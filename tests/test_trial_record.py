@@ -77,6 +77,7 @@ def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(
         records.FEASIBLE,
         records.CANDIDATE,
         *COST_KEYS,  # where its wall time went (issue 56)
+        records.START_ENV,  # the start-up variables its worker ran with
     }
     assert measured[records.WORKER] == "worker-1" and measured[records.HOST] == "host-1" and measured[records.FEASIBLE]
     # A repeat carries its first trial's figures, but says who asked for it, not who measured.
@@ -92,6 +93,7 @@ def test_the_record_is_one_attribute_and_reads_back_as_every_key_of_the_old_way(
         records.FAILURE_KIND,
         records.FAILURE_MESSAGE,
         records.FEASIBLE,
+        records.START_ENV,
     }
 
 

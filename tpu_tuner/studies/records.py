@@ -76,6 +76,10 @@ COMPILE_S = "compile_s"
 WORKER_START_S = "worker_start_s"
 STEPS_S = "steps_s"
 OVERHEAD_S = "overhead_s"
+REFERENCE_S = "reference_s"  # of the overhead: the fp32 reference's and the baseline's outputs
+# The start-up variables the trial's worker was started with ("NAME=value" strings, sorted; none:
+# any worker runs it): settings with different ones are compared in processes of their own.
+START_ENV = "start_env"
 AMORTISED_STEP_S = "amortised_step_s"
 MFU = "mfu"
 BUCKETS = "buckets"

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from tpu_tuner.core.units import duration
 from tpu_tuner.studies import records
@@ -32,6 +33,13 @@ RECOMPILE_SHARE = 0.3
 # knob-by-knob contributions (the finish then takes the fullest plan the time left allows).
 RESERVED_RACE_TOP = 3
 RESERVED_VERIFY_ROUNDS = 6
+# Where compared settings need processes of their own (TorchTPU's eager modes), a window alternates
+# blocks of rounds between their processes, each block starting every process afresh: two blocks
+# (one ordering, then the other) cancel a drift that is linear in time at the least process
+# starts; a Llama-class window of 3 blocks of 4 rounds on a v5e chip started 6 processes of about a
+# minute each and ran over its 8-minute clock by more than 2 minutes (docs/torchtpu.md).
+PROCESS_BLOCKS = 2
+MIN_BLOCK_ROUNDS = 4
 # Kept for what follows the verification: the run folder's reports and plots, and the process's
 # exit (on examples/gpt.py the last progress line came 5 s before the process ended).
 WRAP_UP_S = 10.0
@@ -91,10 +99,17 @@ class FinishPlan:
         )
 
 
+def block_rounds(rounds: int) -> int:
+    """Rounds a block runs where settings need processes of their own: the planned `rounds` in
+    `PROCESS_BLOCKS` blocks, never fewer than `MIN_BLOCK_ROUNDS` a block."""
+    return max(MIN_BLOCK_ROUNDS, -(-rounds // PROCESS_BLOCKS))
+
+
 @dataclass(frozen=True)
 class _Setting:
     step_s: float
     compile_s: float
+    env: tuple[str, ...] = ()  # its start-up environment (`records.START_ENV`): equal ones share a process
 
     def build_s(self, cached: bool = True) -> float:
         """Building and warming it up again: its compile mostly from the cache when the search
@@ -108,8 +123,42 @@ def _measured(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, _Setting
         attrs = records.attrs(trial)
         step = attrs.get(records.STEP_MEDIAN_S)
         if step is not None and trial_attrs.is_feasible(trial) and records.REPEAT_OF not in attrs:
-            found.append((trial, _Setting(float(step), float(attrs.get(records.COMPILE_S) or 0.0))))
+            env = tuple(attrs.get(records.START_ENV) or ())
+            found.append((trial, _Setting(float(step), float(attrs.get(records.COMPILE_S) or 0.0), env)))
     return sorted(found, key=lambda pair: pair[0].value if pair[0].value is not None else float("inf"))
+
+
+def process_seconds(trials: Sequence[FrozenTrial]) -> float:
+    """What starting a process for a compared setting costs beyond its compile and steps, as the
+    search measured it: the median start-up and overhead of the trials that started a worker of
+    their own, else the largest overhead of any trial (the first worker's first trial). Less the
+    reference's and the baseline's outputs such a trial computed, which a comparing process skips."""
+    costs = [records.attrs(t) for t in trials]
+
+    def beyond(a: Mapping[str, Any]) -> float:
+        overhead = float(a.get(records.OVERHEAD_S) or 0.0) - float(a.get(records.REFERENCE_S) or 0.0)
+        return float(a.get(records.WORKER_START_S) or 0.0) + max(0.0, overhead)
+
+    fresh = [beyond(a) for a in costs if float(a.get(records.WORKER_START_S) or 0.0) > 0.0]
+    if fresh:
+        return statistics.median(fresh)
+    return max((beyond(a) for a in costs), default=0.0)
+
+
+def window_seconds(settings: Sequence[_Setting], rounds: int, process_s: float, cached: Sequence[bool]) -> float:
+    """One window of `rounds` rounds of `settings` (`cached[i]`: whether the search compiled
+    setting i, so its compile comes mostly from the cache). Settings of one start-up environment
+    share a worker: each built once. Of several: `PROCESS_BLOCKS` blocks (fewer where the rounds
+    are few), each starting a process per environment and building its settings again, but for
+    the process a block's order shares with the last block's (A B, then B A: B's runs on)."""
+    steps = rounds * sum(s.step_s for s in settings)
+    builds = [s.build_s(c) for s, c in zip(settings, cached)]
+    envs = {s.env for s in settings}
+    if len(envs) <= 1:
+        return sum(builds) + steps
+    blocks = -(-rounds // block_rounds(rounds))
+    starts = blocks * len(envs) - (blocks - 1)
+    return starts * process_s + blocks * sum(builds) + steps
 
 
 def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_knobs: int = 3) -> float:
@@ -121,19 +170,16 @@ def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_kn
     baseline = min(measured, key=lambda pair: pair[0].number)[1]
     leaders = [s for _, s in measured[: max(1, plan.race_top)]]
     best = leaders[0]
+    process_s = process_seconds(trials)
     race = 0.0
     if plan.race_top > 1:
         raced = [baseline, *leaders]
-        race = sum(s.build_s() for s in raced) + plan.race_rounds * sum(s.step_s for s in raced)
+        race = window_seconds(raced, plan.race_rounds, process_s, [True] * len(raced))
+    # A knob set back is costed as the best, in the best's process (most knobs start none).
     ablated = [best] * differing_knobs if plan.ablations else []
     verified = [baseline, best, *ablated]
-    verify = (
-        baseline.build_s()
-        + best.build_s()
-        + sum(s.build_s(cached=False) for s in ablated)
-        + plan.verify_rounds * sum(s.step_s for s in verified)
-    )
-    return race + verify
+    cached = [True, True, *(False for _ in ablated)]
+    return race + window_seconds(verified, plan.verify_rounds, process_s, cached)
 
 
 def plan_finish(
@@ -202,7 +248,9 @@ def only_baseline_words(trials: Sequence[FrozenTrial], clock: Clock | None, budg
     clock that measures `budget` settings would take (never "no gain": nothing was compared)."""
     # The clock is the cause where it turned settings away, or where nothing but the baseline was asked.
     clock_refused = any(str(records.attrs(t).get(records.REJECTED_BY, "")).startswith(CLOCK) for t in trials)
-    only_asked = all(records.attrs(t).get(records.MEASURED) for t in trials)
+    # Settings queued (seeds) but never asked wait in the study: the clock left no room to ask them.
+    asked = [t for t in trials if t.state is not TrialState.WAITING]
+    only_asked = all(records.attrs(t).get(records.MEASURED) for t in asked)
     if clock is None or clock.budget_s is None or not (clock_refused or only_asked):
         return (
             "undecided: no setting but the baseline was measured (every other was rejected, excluded or "
@@ -268,6 +316,10 @@ __all__ = [
     "next_trial_seconds",
     "only_baseline_words",
     "plan_finish",
+    "PROCESS_BLOCKS",
+    "block_rounds",
+    "process_seconds",
+    "window_seconds",
     "TrialAllowance",
     "expected_trial_seconds",
     "reserved_finish_seconds",

@@ -17,15 +17,11 @@ from typing import Any
 
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import CompareRequest
+from tpu_tuner.tuning.clock import MIN_BLOCK_ROUNDS, block_rounds
 from tpu_tuner.tuning.options import RunnerOptions
 
 # (rounds done, rounds in all, running baseline/best ratio)
 VerifyProgress = Callable[[int, int, float], None]
-
-# Rounds a process runs before the next setting's process takes over, where settings need processes
-# of their own: each block pays a start, a build and a warm-up, so a block holds a few rounds; 12
-# verification rounds alternate three times.
-PROCESS_BLOCK_ROUNDS = 4
 
 
 def start_environments(candidates: list[dict[str, Any]], device_kind: str | None) -> list[dict[str, str]]:
@@ -44,7 +40,9 @@ class InterleavedWindow:
     rounds can be added until the caller `close`s it. On a runner that keeps warm steps each round
     is a job on the same worker (the steps built by the first job kept for the rest); elsewhere
     each `run` is one job that builds the candidates afresh (trials on N ranks). `now` times each
-    job (a test's fake clock, else `time.perf_counter`)."""
+    job (a test's fake clock, else `time.perf_counter`). Where the candidates need processes of
+    their own, each block of `block` rounds starts them afresh (`clock.block_rounds`: each block
+    pays a start, a build and a warm-up per process)."""
 
     def __init__(
         self,
@@ -53,8 +51,10 @@ class InterleavedWindow:
         trial: RunnerOptions,
         now: Callable[[], float] = time.perf_counter,
         environments: list[dict[str, str]] | None = None,
+        block: int = MIN_BLOCK_ROUNDS,
     ) -> None:
         self.runner, self.candidates, self.trial, self.now = runner, candidates, trial, now
+        self.block = block
         self.samples: list[list[float]] = [[] for _ in candidates]
         self.compiles: dict[str, int] = {}
         self.notes: list[str] = []  # what the jobs found of their timing (runner/jobs.py, `Comparison.notes`)
@@ -82,10 +82,10 @@ class InterleavedWindow:
 
     @property
     def per_job(self) -> int | None:
-        """Rounds a job runs: 1 on a warm runner, `PROCESS_BLOCK_ROUNDS` where the candidates need
-        processes of their own, else None (all that are asked, in one job)."""
+        """Rounds a job runs: 1 on a warm runner, a block where the candidates need processes of
+        their own, else None (all that are asked, in one job)."""
         if self.per_process:
-            return PROCESS_BLOCK_ROUNDS
+            return self.block
         return 1 if self.runner.keeps_warm_steps else None
 
     def seconds_per_round(self) -> float:
@@ -133,9 +133,9 @@ class InterleavedWindow:
         no setting always follows another's process."""
         while self.rounds < target:
             first = self.rounds
-            count = min(PROCESS_BLOCK_ROUNDS, target - first)
+            count = min(self.block, target - first)
             started = self.now()
-            block = first // PROCESS_BLOCK_ROUNDS
+            block = first // self.block
             order = self.groups[block % len(self.groups) :] + self.groups[: block % len(self.groups)]
             measured: dict[int, list[float]] = {}
             for env, indices in order:
@@ -194,7 +194,7 @@ def compare_interleaved(
     """`rounds` interleaved rounds of `candidates` in one window (`InterleavedWindow`); `trial`:
     the sizes, warm-up and timeout of a trial; `environments`: each candidate's start-up
     environment. Returns per-candidate samples and compile counts, or why it failed."""
-    window = InterleavedWindow(runner, candidates, trial, environments=environments)
+    window = InterleavedWindow(runner, candidates, trial, environments=environments, block=block_rounds(rounds))
     step = window.per_job or rounds
     while window.rounds < rounds:
         failure = window.run(min(step, rounds - window.rounds), last=window.rounds + step >= rounds)

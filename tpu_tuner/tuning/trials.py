@@ -213,7 +213,7 @@ class TuneTrials(Feature):
         `stop`, it stops early where the pruner's threshold says it is hopeless."""
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
-        env = candidate.environment(backend_class(self.space.device_kind))
+        env = self._environment(candidate)
         request = replace(
             self.measure_options,
             candidate=candidate.to_dict(),
@@ -223,6 +223,9 @@ class TuneTrials(Feature):
         )
         timeout = None if limit_s is None else min(limit_s, self.options.runner.trial_timeout_s)
         return self.runner.run(request, env=env, timeout_s=timeout)
+
+    def _environment(self, candidate: Candidate) -> dict[str, str]:
+        return candidate.environment(backend_class(self.space.device_kind))
 
     def tell(self, claim: Claim, result: TrialRun) -> None:
         trial, label, objective = claim.trial, result.candidate.describe(), self.options.objective
@@ -246,6 +249,7 @@ class TuneTrials(Feature):
                 records.MEASURED: True,
                 records.TRIAL_WALL_S: outcome.seconds,
                 **cost_keys(outcome.value, outcome.seconds, outcome.start_s),
+                records.START_ENV: sorted(f"{k}={v}" for k, v in self._environment(result.candidate).items()),
                 **({records.HOSTS: list(outcome.hosts)} if outcome.hosts else {}),
             }
         )

@@ -32,16 +32,17 @@ from tpu_tuner.tuning.clock import (
     MIN_VERIFY_ROUNDS,
     Clock,
     FinishPlan,
+    block_rounds,
     finish_seconds,
     only_baseline_words,
     plan_finish,
 )
-from tpu_tuner.tuning.interleaved import PROCESS_BLOCK_ROUNDS, InterleavedWindow, VerifyProgress, start_environments
+from tpu_tuner.tuning.interleaved import InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.options import TuneOptions
 from tpu_tuner.tuning.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.space import SearchSpace
 from tpu_tuner.tuning.trim import TRIMMED, KnobContribution, Trim, trim
-from tpu_tuner.tuning.verify_window import DecidedWindow, measure_until_decided
+from tpu_tuner.tuning.verify_window import DecidedWindow, measure_until_decided, window_notes
 from tpu_tuner.tuning.window import WindowFigures
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,14 @@ def verify(
     now = time.perf_counter if clock is None else clock.now
     growth = UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING
     decided = measure_until_decided(
-        InterleavedWindow(runner, compared, options.runner, now, start_environments(compared, device_kind)),
+        InterleavedWindow(
+            runner,
+            compared,
+            options.runner,
+            now,
+            start_environments(compared, device_kind),
+            block_rounds(plan.verify_rounds),
+        ),
         plan.verify_rounds,
         growth,
         _seconds_left(clock),
@@ -266,7 +274,8 @@ def verify(
 
     def reverify(params: dict[str, Any]) -> DecidedWindow | str:
         pair = [baseline.to_dict(), space.to_candidate(params).to_dict()]
-        window = InterleavedWindow(runner, pair, options.runner, now, start_environments(pair, device_kind))
+        environments = start_environments(pair, device_kind)
+        window = InterleavedWindow(runner, pair, options.runner, now, environments, block_rounds(rounds or 0))
         again = measure_until_decided(
             window, rounds or 0, growth, _seconds_left(clock), progress, ["baseline", TRIMMED]
         )
@@ -349,43 +358,6 @@ def verdict_message(decided: DecidedWindow, verify_rounds: int, unclocked: bool)
         f"undecided: {len(decided.samples[0])} rounds, interval {s.ci_low:.2f}-{s.ci_high:.2f} "
         f"({s.speedup:.2f}x, {s.stated_level * 100:.4g}%){notes}; {why} before it decided; keep the baseline"
     )
-
-
-def window_notes(decided: DecidedWindow) -> str:
-    """What the window found besides its interval, each after "; ": the disturbed rounds left out
-    (each re-run where the clock allowed: the rounds kept are in the interval's count), processes
-    of their own, the jobs' timing notes, unsteady settings; empty when none."""
-    rerun = len(decided.disturbed)
-    notes = (
-        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
-        f"({', '.join(str(i + 1) for i in decided.disturbed)})"
-        if rerun
-        else ""
-    )
-    if decided.processes > 1:
-        notes += (
-            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
-            f"alternating every {PROCESS_BLOCK_ROUNDS} rounds"
-        )
-    notes += "".join(f"; {note}" for note in decided.notes)
-    return notes + unsteady_note(decided)
-
-
-def unsteady_note(decided: DecidedWindow) -> str:
-    """The settings whose rounds the last look found bimodal or drifting, and the rounds added for
-    them (metrics/unsteady.py); empty when none was."""
-    if not decided.unsteady:
-        return ""
-    them = "it" if len(decided.unsteady) == 1 else "them"
-    added = decided.added_for_unsteady
-    said = (
-        ""
-        if added is None
-        else f"; the clock left no room to add rounds for {them}"
-        if added == 0
-        else f"; {added} round{'s' if added > 1 else ''} added for {them}"
-    )
-    return f"; unsteady rounds: {', '.join(u.describe() for u in decided.unsteady)}{said}"
 
 
 def trial_measurement(study: optuna.Study, number: int | None) -> Any:

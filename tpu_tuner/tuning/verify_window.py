@@ -40,6 +40,7 @@ class DecidedWindow:
     stopped_by: str  # "decided" | "clock" | "rounds"
     compiles: dict[str, int]  # compiles seen while comparing, by kind
     processes: int = 1  # processes the settings ran in (more than one: start-up environments differ)
+    block: int = 0  # rounds a block ran, alternating between those processes (0: one process)
     notes: tuple[str, ...] = ()  # what the jobs found of their timing (a step scaled to hold its work)
     # The settings the last look judged unsteady (metrics/unsteady.py), and the rounds added for them
     # after a look that had decided (None: none was asked for; 0: the clock had no room).
@@ -85,6 +86,7 @@ def measure_until_decided(
                 "decided" if speedup.decided else stopped_by,
                 window.compiles,
                 len(window.groups),
+                window.block if window.per_process else 0,
                 tuple(dict.fromkeys(window.notes)),
                 tuple(unsteady),
                 None if extended_at is None else window.rounds - extended_at,
@@ -140,3 +142,40 @@ def measure_until_decided(
             target = len(good_rounds) + max(MIN_ADDED, len(good_rounds) // 2)
     finally:
         window.close()
+
+
+def window_notes(decided: DecidedWindow) -> str:
+    """What the window found besides its interval, each after "; ": the disturbed rounds left out
+    (each re-run where the clock allowed: the rounds kept are in the interval's count), processes
+    of their own, the jobs' timing notes, unsteady settings; empty when none."""
+    rerun = len(decided.disturbed)
+    notes = (
+        f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
+        f"({', '.join(str(i + 1) for i in decided.disturbed)})"
+        if rerun
+        else ""
+    )
+    if decided.processes > 1:
+        notes += (
+            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
+            f"alternating every {decided.block} rounds"
+        )
+    notes += "".join(f"; {note}" for note in decided.notes)
+    return notes + unsteady_note(decided)
+
+
+def unsteady_note(decided: DecidedWindow) -> str:
+    """The settings whose rounds the last look found bimodal or drifting, and the rounds added for
+    them (metrics/unsteady.py); empty when none was."""
+    if not decided.unsteady:
+        return ""
+    them = "it" if len(decided.unsteady) == 1 else "them"
+    added = decided.added_for_unsteady
+    said = (
+        ""
+        if added is None
+        else f"; the clock left no room to add rounds for {them}"
+        if added == 0
+        else f"; {added} round{'s' if added > 1 else ''} added for {them}"
+    )
+    return f"; unsteady rounds: {', '.join(u.describe() for u in decided.unsteady)}{said}"
