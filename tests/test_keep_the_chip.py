@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tpu_tuner.outputs.trial_costs import cost_line, trial_costs
 from tpu_tuner.runner import trial_runner
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
 from tpu_tuner.runner.worker_process import Replied, WorkerProcess
-from tpu_tuner.studies.trial_costs import OVERHEAD_S, STEPS_S, WORKER_START_S, cost_keys
+from tpu_tuner.studies.trial_costs import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S, cost_keys
 from tpu_tuner.tuning import seeding
 from tpu_tuner.tuning.space import SearchSpace
 
@@ -194,8 +195,11 @@ def _measurement(**fields: Any) -> Measurement:
 
 def test_a_trials_wall_time_splits_into_start_compile_steps_and_the_rest() -> None:
     assert cost_keys(_measurement(), wall_s=10.0, start_s=3.0) == pytest.approx(
-        {WORKER_START_S: 3.0, STEPS_S: 3.0, OVERHEAD_S: 2.0}
+        {WORKER_START_S: 3.0, STEPS_S: 3.0, OVERHEAD_S: 2.0, REFERENCE_S: 0.0}
     )
+    # The reference's and the baseline's outputs this job computed: a part of the overhead.
+    first = cost_keys(replace(_measurement(), reference_seconds=1.5), wall_s=10.0, start_s=3.0)
+    assert first[REFERENCE_S] == 1.5 and first[OVERHEAD_S] == pytest.approx(2.0)
     warm = cost_keys(_measurement(), wall_s=6.0, start_s=0.0)
     assert warm[WORKER_START_S] == 0.0 and warm[OVERHEAD_S] == pytest.approx(1.0)
     stop = EarlyStop({}, "steps", "hopeless", [0.5, 0.5], 1.5, 1.0, 0.4)
@@ -214,12 +218,15 @@ def test_the_reports_line_counts_measured_settings_per_minute_and_the_median_bey
             WORKER_START_S: [15.0, 0.0, None, None],
             STEPS_S: [2.0, 8.0, None, None],
             OVERHEAD_S: [1.0, 1.0, None, None],
+            REFERENCE_S: [0.5, 0.0, None, None],
         }
     )
     costs = trial_costs(frame)
     assert (costs.measured, costs.trial_minutes, costs.beyond_median_s) == (2, 1.0, 8.5)
+    assert costs.reference_s == 0.5
     assert cost_line(frame, 3) == (
         "- Settings measured per minute: 2.0 (2 in 1.0 min of trials); per-trial cost beyond compile "
-        "and timed steps: median 8.5 s (worker starts: 3)."
+        "and timed steps: median 8.5 s, 0.5 s of it in all computing the fp32 reference's and the baseline's "
+        "outputs (worker starts: 3)."
     )
     assert "n/a" in cost_line(pd.DataFrame({"trial_wall_s": [1.0]}), 1)  # an older run's table

@@ -110,6 +110,9 @@ class Measurement(AccuracyFigures):
     # measurements, or where the baseline could not run (the setting is then judged against fp32).
     baseline_errors: dict[str, float] = field(default_factory=dict)
     errors_vs_baseline: dict[str, float] = field(default_factory=dict)
+    # Seconds this job spent computing the fp32 reference's and the baseline's outputs (0 where the
+    # worker had them from an earlier job): a trial's cost that a process comparing settings skips.
+    reference_seconds: float = 0.0
 
     @property
     def estimate_error(self) -> float | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_tuner.studies import records
-from tpu_tuner.studies.trial_costs import OVERHEAD_S, STEPS_S, WORKER_START_S
+from tpu_tuner.studies.trial_costs import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class TrialCosts:
     measured: int
     trial_minutes: float
     beyond_median_s: float | None
+    reference_s: float = 0.0  # in all, the fp32 reference's and the baseline's outputs (once a worker)
 
     @property
     def per_minute(self) -> float | None:
@@ -48,6 +49,7 @@ def trial_costs(frame: Any) -> TrialCosts:
         measured=sum(s is not None for s in steps),
         trial_minutes=sum(w for w in walls if w is not None) / 60,
         beyond_median_s=statistics.median(beyond) if beyond else None,
+        reference_s=sum(r for r in _numbers(frame, REFERENCE_S) if r is not None),
     )
 
 
@@ -57,6 +59,8 @@ def cost_line(frame: Any, worker_starts: int) -> str:
     costs = trial_costs(frame)
     rate = "n/a" if costs.per_minute is None else f"{costs.per_minute:.1f}"
     beyond = "n/a" if costs.beyond_median_s is None else f"median {costs.beyond_median_s:.1f} s"
+    if costs.reference_s > 0:
+        beyond += f", {costs.reference_s:.1f} s of it in all computing the fp32 reference's and the baseline's outputs"
     return (
         f"- Settings measured per minute: {rate} ({costs.measured} in {costs.trial_minutes:.1f} min of trials); "
         f"per-trial cost beyond compile and timed steps: {beyond} (worker starts: {worker_starts})."

@@ -129,9 +129,11 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     batch_size, seq_len = request.batch_size, request.seq_len
     # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0),
     # and judges against the baseline's outputs, computed alike (none given: against fp32 alone).
+    references_started = time.perf_counter()
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     baseline = Candidate.from_dict(request.baseline) if request.baseline is not None else None
     base = state.baseline(baseline, batch_size, seq_len) if reference is not None and baseline is not None else None
+    reference_seconds = time.perf_counter() - references_started
     settings = request.settings or ProfilerSettings.load()
     rule = StopRule(request.stop_above_s, request.planned_steps) if request.stop_above_s else None
     # A rank cut off alone would leave the others waiting in a collective: one process only.
@@ -255,6 +257,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         warnings=warnings,
         estimated_peak_bytes=estimate.peak_bytes,
         estimate_note=estimate.reason,
+        reference_seconds=reference_seconds,
     )
 
 

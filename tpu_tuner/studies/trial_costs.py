@@ -4,7 +4,9 @@ Beside `records.COMPILE_S`, a measured trial's `records.TRIAL_WALL_S` splits int
 start-up (as the parent saw it: process start to the worker's READY, 0 on a warm worker), its
 steps at their steady speed (warm-up beyond the compile, and the timed steps) and the rest, the
 overhead (the reference and the accuracy check, the memory estimate, the model's build, re-timing,
-the pipe). Issue 56: on a TPU v5e chip a worker's start was about 15 s a trial.
+the pipe), of which the reference's and the baseline's outputs are told apart (`REFERENCE_S`: a
+process comparing settings does not compute them). Issue 56: on a TPU v5e chip a worker's start
+was about 15-20 s, and a Llama-class trial in a fresh worker had 78 s of overhead.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
-from tpu_tuner.studies.records import OVERHEAD_S, STEPS_S, WORKER_START_S
+from tpu_tuner.studies.records import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
 
 # trials.csv's columns, in order.
-COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S)
+COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S, REFERENCE_S)
 
 
 def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, float | None]:
     """Where a trial's `wall_s` went (`COST_KEYS`), from what its worker measured (`value`: a
     `Measurement` or an `EarlyStop`; anything else, a failure, has no cost split) and its
     worker's start-up as the parent saw it (`start_s`; None: not told apart, so in the overhead)."""
+    reference: dict[str, float | None] = {}
     if isinstance(value, Measurement):
         compile_s = value.compile_seconds
+        reference = {REFERENCE_S: value.reference_seconds}
         # The first call and warm-up beyond the compile ran at the steady speed, as the timed steps.
         steps = max(0.0, value.first_call_seconds + value.warmup_seconds - compile_s) + sum(value.samples)
     elif isinstance(value, EarlyStop):
@@ -36,7 +40,8 @@ def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, flo
         WORKER_START_S: start_s,
         STEPS_S: steps,
         OVERHEAD_S: max(0.0, wall_s - start - compile_s - steps),
+        **reference,
     }
 
 
-__all__ = ["COST_KEYS", "OVERHEAD_S", "STEPS_S", "WORKER_START_S", "cost_keys"]
+__all__ = ["COST_KEYS", "OVERHEAD_S", "REFERENCE_S", "STEPS_S", "WORKER_START_S", "cost_keys"]
