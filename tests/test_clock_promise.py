@@ -177,6 +177,12 @@ def test_a_clock_that_measured_only_the_baseline_ends_undecided_not_no_gain(monk
         v.message,
     )
     assert said is not None and "no gain" not in v.message
+    # Seeds queued but never asked (a Llama-class forward pass on a v5e chip, 3 minutes: a 67 s
+    # baseline, four seeds waiting) leave the clock the cause: it had read "every other was rejected".
+    study.enqueue_trial({"execution": "inductor", "matmul_precision": "highest"})
+    study.enqueue_trial({"execution": "eager", "matmul_precision": "high"})
+    again = verify(study, SPACE, runner, options, "cpu", clock=Clock(20.0, 0.0, now))  # type: ignore[arg-type]
+    assert again.message.startswith("undecided: only the baseline fit in 20.0 s")
     # Without a clock, a search that measured nothing else says so too.
     assert verify(study, SPACE, runner, options, "cpu").message.startswith(
         "undecided: no setting but the baseline was measured"
