@@ -38,6 +38,8 @@ SINCE = (
     records.WORKER_START_S,
     records.STEPS_S,
     records.OVERHEAD_S,
+    records.REFERENCE_S,
+    records.START_ENV,
 )
 
 
