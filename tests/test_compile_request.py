@@ -29,7 +29,7 @@ CHANGED: dict[str, Any] = {
 
 
 def test_every_step_field_flows_from_the_options_to_the_job_and_the_record() -> None:
-    from test_planner_search import _problem
+    from tiny_planner import tiny_llama_problem
 
     options = PlanOptions(
         PlanTarget("v5e-4"),
@@ -44,7 +44,7 @@ def test_every_step_field_flows_from_the_options_to_the_job_and_the_record() -> 
 
     # The job a point compiles carries the plan's step whole; the record holds every field of it
     # that differs from its default (a field added later keeps earlier studies' names).
-    problem = _problem()
+    problem = tiny_llama_problem()
     full = StepSettings(16, 128, **{**CHANGED, "optimizer": "sgd"}, flash_block=512)
     from dataclasses import replace
 

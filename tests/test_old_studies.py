@@ -16,7 +16,7 @@ from helpers import recorded_search
 
 # A test module imported by another, for now (tests/test_test_hygiene.py): the planner's search tests'
 # scripted compiler follows the planner's job, which is being refactored; it moves to helpers.py after.
-from test_planner_search import SPACE, _FakePool, _problem
+from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
@@ -80,13 +80,13 @@ def test_an_old_plan_study_resumes_without_a_compile_into_its_plan(old_url: str)
     assert all(records.RECORD not in t.user_attrs for t in stored)  # each key its own attribute
     compiled_before = {t.user_attrs["point"] for t in stored if t.user_attrs.get("outcome") == "compiled"}
     assert len(compiled_before) == 4
-    pool = _FakePool()
+    pool = ShapedPool()
     options = PlanOptions(
         PlanTarget("v5p:2x2x2"),
-        search=PlanSearch(budget=4, space=SPACE, sampler="tpe", seed=0),
+        search=PlanSearch(budget=4, space=SEARCH_SPACE, sampler="tpe", seed=0),
         store=PlanStore(study="plan", url=old_url),
     )
-    result = search(_problem(), options, pool, lambda message: None, time.perf_counter())
+    result = search(tiny_llama_problem(), options, pool, lambda message: None, time.perf_counter())
     assert pool.compiled == []  # the budget was spent by the old trials
     assert result.search is not None and result.search["compiled"] == 4
     assert {plan.point.key() for plan in result.plans} == compiled_before

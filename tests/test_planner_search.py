@@ -11,20 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.decoder import Decoder, DecoderShape
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.compiled_step import CompiledStep
 from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
-from tpu_tuner.planner.plan import PlanProblem
-from tpu_tuner.planner.predict import CostModel
 from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
 from tpu_tuner.planner.request import StepSettings
 from tpu_tuner.planner.space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
-from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHAPE = ModelShape(d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=768, vocab=4096, n_layers=4)
@@ -142,80 +139,20 @@ def test_the_memory_lower_bound_counts_what_no_compile_can_avoid() -> None:
 # --- the search loop, against a scripted compiler ------------------------------------------
 
 
-class _FakePool:
-    """Answers every compile from the point: peak memory grows with the per-device batch and
-    what the policy keeps; FLOPs fall with the tensor size (so the objective has a shape)."""
-
-    workers = 2
-
-    def __init__(self) -> None:
-        self.compiled: list = []
-
-    def compile(self, jobs, done=None):
-        from tpu_tuner.planner.loop_costs import LoopIteration
-
-        results = {}
-        for job in jobs:
-            self.compiled.append(job)
-            keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.point.remat, 1.0)
-            point = job.point
-            batch = job.step.global_batch / point.accumulation / (point.layout.data * point.layout.fsdp)
-            peak = 1e9 * batch * keeps
-            micro = LoopIteration(3e9, 2e6, [], loops=1) if point.accumulation > 1 else None
-            iteration = LoopIteration(1e9 / point.layout.tensor, 1e6, [], loops=2, micro_batch=micro)
-            step = CompiledStep(2e9, 2e6, peak / 2, 0.0, peak / 2, 0.0, [], 1.0, loop_iteration=iteration)
-            results[job] = step
-            if done:
-                done(job, step)
-        return results
-
-
-def _problem(hbm_gib: float = 6.0) -> PlanProblem:
-    workload = load_workload(EXAMPLES / "llama.py")
-    with torch.device("meta"):
-        model = workload.model_for_preset("tiny")
-    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
-    return PlanProblem(
-        source=str(EXAMPLES / "llama.py"),
-        workload="llama",
-        preset="tiny",
-        topology=topology,
-        step=StepSettings(16, 128),
-        dims=read_dims(model),
-        gated=True,
-        matmul_parameters=3_000_000,
-        parameters=3_100_000,
-        model_flops=1e12,
-        attention="full",
-        fast=True,
-        cost_model=CostModel(),
-        placements={},
-    )
-
-
-SPACE = PlanSpace(
-    tensors=(1, 2, 4, 8),
-    contexts=(1, 2),
-    datas=(1, 2),
-    remats=("full", "minimal", "save_qkv_proj"),
-    accumulations=(1, 2),
-)
-
-
 def _search(tmp_path, pool, problem=None, study=None, budget=8, **search_options):
     from tpu_tuner.planner.search import search
 
-    problem = problem or _problem()
+    problem = problem or tiny_llama_problem()
     opts = PlanOptions(
         PlanTarget("v5p:2x2x2"),
-        search=PlanSearch(budget=budget, space=SPACE, **search_options),
+        search=PlanSearch(budget=budget, space=SEARCH_SPACE, **search_options),
         store=PlanStore(study=study, url=f"sqlite:///{tmp_path / 'plans.db'}"),
     )
     return search(problem, opts, pool, lambda message: None, time.perf_counter())
 
 
 def test_the_search_compiles_its_budget_and_keeps_every_trial(tmp_path) -> None:
-    pool = _FakePool()
+    pool = ShapedPool()
     result = _search(tmp_path, pool, budget=8, sampler="tpe", seed=1)
     compiled_points = {j.point for j in pool.compiled}
     assert len(pool.compiled) == len(compiled_points) == 8  # each point compiled once, the budget exactly
@@ -227,18 +164,18 @@ def test_the_search_compiles_its_budget_and_keeps_every_trial(tmp_path) -> None:
     # Nothing whose lower bound exceeds HBM was compiled; every compiled one is at or above its bound.
     for plan in result.plans:
         assert plan.lower_bound_bytes <= plan.compiled.peak_bytes
-        assert plan.lower_bound_bytes <= _problem().hbm
+        assert plan.lower_bound_bytes <= tiny_llama_problem().hbm
     assert result.best is not None and result.best.fits
 
 
 def test_the_same_plan_run_again_resumes_its_study(tmp_path) -> None:
-    first = _FakePool()
+    first = ShapedPool()
     _search(tmp_path, first, budget=5, sampler="random", seed=3)
-    again = _FakePool()
+    again = ShapedPool()
     result = _search(tmp_path, again, budget=5, sampler="random", seed=3)
     assert again.compiled == []  # the budget is spent: nothing compiles again
     assert result.search["compiled"] == 5
-    more = _FakePool()
+    more = ShapedPool()
     result = _search(tmp_path, more, budget=9, sampler="random", seed=4)
     assert len(more.compiled) == 4 and result.search["compiled"] == 9
     earlier = {j.point for j in first.compiled}
@@ -246,10 +183,10 @@ def test_the_same_plan_run_again_resumes_its_study(tmp_path) -> None:
 
 
 def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
-    pool = _FakePool()
-    valid = valid_points(SPACE, 8, _problem().dims.shape, 16, 128)
-    bounds = sorted(_problem().lower_bound(p).total for p in valid)
-    problem = _problem(hbm_gib=bounds[len(bounds) // 2] / 2**30)  # half the points cannot fit
+    pool = ShapedPool()
+    valid = valid_points(SEARCH_SPACE, 8, tiny_llama_problem().dims.shape, 16, 128)
+    bounds = sorted(tiny_llama_problem().lower_bound(p).total for p in valid)
+    problem = tiny_llama_problem(hbm_gib=bounds[len(bounds) // 2] / 2**30)  # half the points cannot fit
     result = _search(tmp_path, pool, budget=None, sampler="exhaustive", problem=problem)
     may_fit = [p for p in valid if problem.lower_bound(p).total <= problem.hbm]
     assert result.search["valid_points"] == len(valid)
@@ -258,10 +195,10 @@ def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
 
 
 def test_a_study_that_plans_something_else_is_refused(tmp_path) -> None:
-    _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared")
-    other = replace(_problem(), step=StepSettings(32, 128))
+    _search(tmp_path, ShapedPool(), budget=2, sampler="random", study="shared")
+    other = replace(tiny_llama_problem(), step=StepSettings(32, 128))
     with pytest.raises(UserInputError, match="study 'shared' plans something else.*global_batch"):
-        _search(tmp_path, _FakePool(), budget=2, sampler="random", study="shared", problem=other)
+        _search(tmp_path, ShapedPool(), budget=2, sampler="random", study="shared", problem=other)
 
 
 @pytest.mark.parametrize(
@@ -300,19 +237,19 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_planner_search import _FakePool, _problem, SPACE
+        from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
         from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
         from tpu_tuner.planner.search import search
 
-        class SlowPool(_FakePool):
+        class SlowPool(ShapedPool):
             def compile(self, jobs, done=None):
                 time.sleep(0.3)  # long enough for the two workers' trials to overlap
                 return super().compile(jobs, done)
 
         options = PlanOptions(PlanTarget("v5p:2x2x2"),
-                              search=PlanSearch(budget=10, space=SPACE, sampler="tpe", seed=int(sys.argv[1])),
+                              search=PlanSearch(budget=10, space=SEARCH_SPACE, sampler="tpe", seed=int(sys.argv[1])),
                               store=PlanStore(study="shared", url={storage!r}))
-        search(_problem(), options, SlowPool(), lambda message: None, time.perf_counter())
+        search(tiny_llama_problem(), options, SlowPool(), lambda message: None, time.perf_counter())
     """)
     workers = [
         subprocess.Popen([sys.executable, "-c", code, str(seed)], stderr=subprocess.PIPE, text=True) for seed in (1, 2)
@@ -342,7 +279,9 @@ def test_a_trial_read_while_its_point_is_half_written_has_no_key_and_is_not_writ
     from tpu_tuner.planner.search import PlanTrials
     from tpu_tuner.studies.liveness import Worker
 
-    trials = PlanTrials(_problem(), SPACE, _FakePool(), lambda m: None, 0.0, 8, None, Worker("w", "h", None))  # type: ignore[arg-type]
+    trials = PlanTrials(
+        tiny_llama_problem(), SEARCH_SPACE, ShapedPool(), lambda m: None, 0.0, 8, None, Worker("w", "h", None)
+    )  # type: ignore[arg-type]
     half = optuna.trial.create_trial(
         state=optuna.trial.TrialState.RUNNING,
         params={"data": 2},

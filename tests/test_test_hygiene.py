@@ -14,13 +14,7 @@ TESTS = Path(__file__).resolve().parent
 HERE = Path(__file__).resolve()  # its own examples below are not imports
 
 # Test modules another test module may still import, with why (each one a debt with its end named).
-# Left for later: the planner's search tests' scripted compiler (`_FakePool`, `_problem`, `SPACE`) follows
-# the planner's compile job, which another change is refactoring; it moves to helpers.py once that lands.
-PLANNER_REFACTOR = "the planner's scripted compiler follows its compile job, under refactor"
-TEST_MODULE_IMPORTS = {
-    ("test_old_studies.py", "test_planner_search"): PLANNER_REFACTOR,
-    ("test_compile_request.py", "test_planner_search"): PLANNER_REFACTOR,
-}
+TEST_MODULE_IMPORTS: dict[tuple[str, str], str] = {}
 
 # Private names of the package a test may import: (test file, module, name) -> why there is no public name.
 PRIVATE_SEAMS = {

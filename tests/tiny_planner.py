@@ -1,12 +1,27 @@
 """What the planner's tests of a tiny decoder share: the model, its matrix weights, the marker
-that skips them without the planner extra, and the environment a compiling subprocess needs."""
+that skips them without the planner extra, the environment a compiling subprocess needs, and the
+search tests' scripted compiler (`ShapedPool`) with its problem and space (tests/test_planner_search.py,
+test_old_studies.py, test_compile_request.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
+import torch
+
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.structure import read_dims
+from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.plan import PlanProblem
+from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.request import StepSettings
+from tpu_tuner.planner.space import PlanSpace
+from tpu_tuner.planner.topology import parse_topology
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 needs_planner = pytest.mark.skipif(
     importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
@@ -26,3 +41,66 @@ def planner_env() -> dict[str, str]:
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
     }
+
+
+class ShapedPool:
+    """Answers every compile from the point: peak memory grows with the per-device batch and
+    what the policy keeps; FLOPs fall with the tensor size (so the objective has a shape)."""
+
+    workers = 2
+
+    def __init__(self) -> None:
+        self.compiled: list = []
+
+    def compile(self, jobs, done=None):
+        from tpu_tuner.planner.loop_costs import LoopIteration
+
+        results = {}
+        for job in jobs:
+            self.compiled.append(job)
+            keeps = {"full": 1.0, "minimal": 3.0, "save_qkv_proj": 1.5}.get(job.point.remat, 1.0)
+            point = job.point
+            batch = job.step.global_batch / point.accumulation / (point.layout.data * point.layout.fsdp)
+            peak = 1e9 * batch * keeps
+            micro = LoopIteration(3e9, 2e6, [], loops=1) if point.accumulation > 1 else None
+            iteration = LoopIteration(1e9 / point.layout.tensor, 1e6, [], loops=2, micro_batch=micro)
+            step = CompiledStep(2e9, 2e6, peak / 2, 0.0, peak / 2, 0.0, [], 1.0, loop_iteration=iteration)
+            results[job] = step
+            if done:
+                done(job, step)
+        return results
+
+
+def tiny_llama_problem(hbm_gib: float = 6.0) -> PlanProblem:
+    """examples/llama.py's tiny preset planned for v5p:2x2x2 with `hbm_gib` GiB a device, priced by
+    the default cost model: the problem the search tests hand a `ShapedPool`."""
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        model = workload.model_for_preset("tiny")
+    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
+    return PlanProblem(
+        source=str(EXAMPLES / "llama.py"),
+        workload="llama",
+        preset="tiny",
+        topology=topology,
+        step=StepSettings(16, 128),
+        dims=read_dims(model),
+        gated=True,
+        matmul_parameters=3_000_000,
+        parameters=3_100_000,
+        model_flops=1e12,
+        attention="full",
+        fast=True,
+        cost_model=CostModel(),
+        placements={},
+    )
+
+
+# A small joint space of the search tests: tensor, context, data, remat and micro-batch axes.
+SEARCH_SPACE = PlanSpace(
+    tensors=(1, 2, 4, 8),
+    contexts=(1, 2),
+    datas=(1, 2),
+    remats=("full", "minimal", "save_qkv_proj"),
+    accumulations=(1, 2),
+)
