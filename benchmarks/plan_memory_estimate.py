@@ -35,7 +35,7 @@ from tpu_tuner.metrics.flops import matmul_parameters  # noqa: E402
 from tpu_tuner.model.blocks import blocks_of  # noqa: E402
 from tpu_tuner.model.structure import read_dims  # noqa: E402
 from tpu_tuner.planner.hf_plan import planned_workload  # noqa: E402
-from tpu_tuner.planner.memory_estimate import FITTED, Fitted, estimate, layer_widths  # noqa: E402
+from tpu_tuner.planner.memory_estimate import FITTED, Fitted, estimate  # noqa: E402
 from tpu_tuner.planner.predict import CostModel  # noqa: E402
 from tpu_tuner.planner.problem import PlanProblem  # noqa: E402
 from tpu_tuner.planner.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
@@ -116,13 +116,22 @@ def kept_points() -> list[tuple[str, PlanProblem, PlanPoint, dict]]:
     return found
 
 
+TERMS = ("gradients", "gathered", "logits", "dispatch", "side_tables")
+
+
+def _zero() -> Fitted:
+    return Fitted(**{t: 0.0 for t in TERMS}, activations=tuple((f, 0.0) for f in FAMILIES))
+
+
 def columns(problem: PlanProblem, point: PlanPoint) -> tuple[float, list[float]]:
-    """(the fixed terms: weights and optimizer state, each fitted term at unit constants)."""
-    unit = estimate(problem, point, Fitted(activations=tuple((f, 1.0) for f in FAMILIES)))
+    """(the fixed terms: weights, optimizer state and the fp32 gradient sum; each fitted term at a
+    unit constant, the others at zero). Every term is linear in its constant."""
+    zero = _zero()
+    fixed = estimate(problem, point, zero).total
+    per_term = [estimate(problem, point, replace(zero, **{t: 1.0})).total - fixed for t in TERMS]
     family = parse_remat(point.remat).family
-    activations = [unit.saved_activations + unit.working_set if family == f else 0.0 for f in FAMILIES]
-    experts = unit.working_set if layer_widths(problem).experts else 0.0
-    return unit.weights + unit.optimizer_state, [unit.gradients, unit.gathered, unit.logits, experts, *activations]
+    unit = estimate(problem, point, replace(zero, activations=((family, 1.0),))).total - fixed
+    return fixed, [*per_term, *(unit if family == f else 0.0 for f in FAMILIES)]
 
 
 def fit(rows: list[tuple[float, list[float], float]]) -> Fitted:
@@ -141,8 +150,8 @@ def fit(rows: list[tuple[float, list[float], float]]) -> Fitted:
             coef[active] = solved
             break
         active = [a for a, c in zip(active, solved) if c >= 0]
-    grads, gathered, logits, experts, *families = (round(float(c), 3) for c in coef)
-    return Fitted(grads, gathered, logits, experts, tuple(zip(FAMILIES, families)))
+    values = [round(float(c), 3) for c in coef]
+    return Fitted(**dict(zip(TERMS, values)), activations=tuple(zip(FAMILIES, values[len(TERMS) :])))
 
 
 def report(points: list[tuple[str, PlanProblem, PlanPoint, dict]], fitted: Fitted, loo: bool) -> None:

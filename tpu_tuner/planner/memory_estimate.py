@@ -17,7 +17,13 @@ on points estimated to fit and can say which knob would make a point fit. Its te
   batch and context axes, features over tensor;
 * **working set**: one layer's forward recomputed and its backward (every named tensor of a
   layer, context's gathered keys and values);
-* **logits**: the loss's [tokens, vocab / tensor] buffers, one tile of them under vocab tiling.
+* **logits**: the loss's [tokens, vocab / tensor] buffers, one tile of them under vocab tiling;
+* **MoE dispatch** (in the working set): a mixture of experts' routed rows of one layer, a
+  d_model-wide row for each of a token's top_k choices (times the capacity factor where the layer
+  drops tokens), and under capacity routing the dispatch and combine masks (moe_dispatch_width);
+* **side tables** (in the gathered term): lookup tables besides the token embedding (Gemma 3n / 4's
+  per-layer inputs), whose gradient every device builds whole in bf16, and the per-layer inputs
+  a token reads from them.
 
 The constants (`FITTED`) are fitted to the compiled peaks the project keeps
 (benchmarks/calibration_compiled.json, `python benchmarks/plan_memory_estimate.py --fit`); the
@@ -52,7 +58,8 @@ class Fitted:
     gradients: float = 1.0  # x (weight bytes + 2) bytes a parameter shard: gradients + the bf16 copy
     gathered: float = 1.0  # x one layer's bf16 weights gathered, and the head with its gradient
     logits: float = 1.0  # bytes a logit (bf16 logits, their fp32 softmax's cotangent: fitted)
-    experts: float = 0.0  # x the working set, added for a mixture of experts (dispatch and combine buffers)
+    dispatch: float = 1.0  # x a mixture of experts' routed rows of one layer (moe_dispatch_width)
+    side_tables: float = 1.0  # x the side lookup tables' whole gradients and per-layer inputs (side_tables)
     # x the activations (saved + working set), by remat family (RematPolicy.family).
     activations: tuple[tuple[str, float], ...] = ()
 
@@ -60,14 +67,15 @@ class Fitted:
         return dict(self.activations).get(family, 1.0)
 
 
-# Fitted to the 41 kept compiled peaks (`python benchmarks/plan_memory_estimate.py --fit`, 2026-12-05):
-# 56% of them within 10% in sample, 54% left out (docs/planner.md, "Memory first").
+# Fitted to the 41 kept compiled peaks (`python benchmarks/plan_memory_estimate.py --fit`, 2026-12-06):
+# 71% of them within 10% in sample, 66% left out (docs/planner.md, "Memory first").
 FITTED = Fitted(
-    gradients=1.751,
-    gathered=2.211,
-    logits=1.329,
-    experts=1.097,
-    activations=(("full", 0.642), ("minimal", 0.853), ("device", 0.826), ("offload", 0.273)),
+    gradients=1.839,
+    gathered=0.619,
+    logits=1.785,
+    dispatch=8.116,
+    side_tables=1.707,
+    activations=(("full", 0.952), ("minimal", 0.86), ("device", 0.945), ("offload", 1.019)),
 )
 
 
@@ -162,17 +170,31 @@ def layer_widths(problem: PlanProblem) -> LayerWidths:
     else:
         query, kv = shape.n_heads * head_dim, 2 * shape.n_kv_heads * head_dim
     head = shape.vocab * shape.d_model
-    experts = problem.parameters > 1.3 * (problem.matmul_parameters + 2 * head)
+    experts = problem.dims.experts > 0
     per_layer = max(0.0, (problem.matmul_parameters - head) / layers) / shape.d_model  # widths a layer's matmuls add
     mlp_matrices = 3 if problem.gated else 2
     mlp = float(shape.mlp_hidden)
     if experts:
-        mlp = max(0.0, per_layer - 2 * query - kv) / mlp_matrices
+        # Capacity routing computes every expert's slots, filled or not: capacity factor x the rows.
+        mlp = max(0.0, per_layer - 2 * query - kv) / mlp_matrices * (problem.dims.capacity_factor or 1.0)
     elif not spans:
-        # The shape's KV heads can be the query heads' count where the model names its own otherwise
-        # (structure.read_dims): a dense layer's matmul parameters say what its keys and values are.
+        # A traced model may name its key/value heads in a way read_dims does not read (it then takes
+        # the query heads' count): a dense layer's matmul parameters say what its keys and values are.
         kv = min(kv, max(0.0, per_layer - 2 * query - mlp_matrices * mlp))
     return LayerWidths(shape.d_model, query, kv, query, mlp, problem.gated, experts)
+
+
+def moe_dispatch_width(problem: PlanProblem) -> float:
+    """Elements a token puts in one MoE layer's routed buffers: a d_model-wide row for each of its
+    top_k choices (their capacity slots where the layer drops tokens), and with a capacity its
+    share of the [tokens, experts x capacity] dispatch and combine masks, seq x top_k x capacity
+    factor (0 for a dense model)."""
+    dims = problem.dims
+    if not dims.experts:
+        return 0.0
+    slots = dims.top_k * (dims.capacity_factor or 1.0)
+    masks = problem.step.seq_len * slots if dims.capacity_factor else 0.0
+    return slots * dims.shape.d_model + masks
 
 
 def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) -> MemoryEstimate:
@@ -207,9 +229,21 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     working = (
         BF16 * tokens * (every + 2 * shape.d_model / layout.tensor + widths.key_value * layout.context / layout.tensor)
     )
-    working *= factor * per_iteration + (fitted.experts * per_iteration if widths.experts else 0.0)
+    working *= factor * per_iteration
+    # A mixture of experts' routed rows: one layer's copies of its tokens, a d_model-wide row a
+    # choice (times the capacity factor where it drops), and under capacity routing the
+    # [tokens, experts x capacity] dispatch and combine masks (model/experts.py).
+    working += fitted.dispatch * BF16 * tokens * moe_dispatch_width(problem)
+    # Lookup tables besides the token embedding (per-layer inputs): the gradient of a lookup is
+    # scattered into a whole bf16 table on every device before its all-reduce, and the compiled
+    # step holds two such tables at its peak (Gemma 4 E2B's buffer assignment); the per-layer
+    # inputs a token reads stay live for the backward, in bf16 with three fp32 buffers beside.
+    dims = problem.dims
+    side = fitted.side_tables * (
+        2 * BF16 * dims.side_table_parameters / layout.tensor + (BF16 + 3 * 4.0) * tokens * dims.side_table_width
+    )
     logits = fitted.logits * tokens / problem.step.vocab_tiling * shape.vocab / layout.tensor
-    return MemoryEstimate(weights, state, gradients, gathered, saved, working, logits)
+    return MemoryEstimate(weights, state, gradients, gathered + side, saved, working, logits)
 
 
 def estimate_record(problem: PlanProblem, point: PlanPoint) -> dict[str, float]:
@@ -234,4 +268,5 @@ __all__ = [
     "MemoryEstimate",
     "estimate",
     "layer_widths",
+    "moe_dispatch_width",
 ]
