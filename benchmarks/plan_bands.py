@@ -2,8 +2,8 @@
 
 Each calibration row's leave-one-out error is checked against the band it would have been printed
 with: the band made from the other rows alone, each with its own leave-one-out error among them
-(`calibration.band_check`, a leave-one-out inside each leave-one-out: about two minutes on two
-cores, no compiles). Printed: each row, then the share of rows inside their band and the median
+(`calibration.band_check`, a leave-one-out inside each leave-one-out: about 30 s on two cores
+with the adopted model, no compiles). Printed: each row, then the share of rows inside their band and the median
 band (+- MFU points), over every row and per generation. Targets: at least 90% inside and a
 median band of at most 6 points.
 

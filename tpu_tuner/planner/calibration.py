@@ -10,7 +10,10 @@ Efficiency models compared (EFFICIENCY_MODELS):
 * ``global``: one MXU efficiency for every generation, and one compute / memory overlap;
 * ``per_generation``: an efficiency per generation, the overlap shared; a generation with no
   other row is predicted with the median of the other generations' efficiencies (so its
-  leave-one-out error is that of a generation the fit never saw);
+  leave-one-out error is that of a generation the fit never saw). Dropless MoE steps have their
+  own efficiency per generation (`DROPLESS`: grouped-matmul kernels and token sorts, not the dense
+  matmuls; a generation without such rows takes its dense efficiency x the median ratio of the
+  generations that have both);
 * ``mxu_shape``: physics instead of per-generation freedom: efficiency = base for a 128-wide MXU,
   x `wide_mxu` for a 256-wide one (v6e: predict.MXU_WIDTH), whose systolic array takes four
   times the operands per cycle from the same VMEM, so it is harder to keep busy.
@@ -40,7 +43,7 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
-ADOPTED = "per_generation+host+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
+ADOPTED = "per_generation+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
 EFFICIENCY_MODELS = (
     "global",
@@ -56,7 +59,7 @@ EFFICIENCY_MODELS = (
 )
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
-_EFFICIENCIES = [e / 100 for e in range(40, 101)]
+_EFFICIENCIES = [e / 100 for e in range(20, 101)]  # from 0.2: the TPU7x dropless MoE steps fit 0.40
 _MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 2)]
 
 
@@ -95,18 +98,37 @@ class CalibrationRow:
     slices: int = 1
 
 
+DROPLESS = "dropless"
+
+
+def fit_group(generation: str, moe: str) -> str:
+    """The efficiency a row is fitted with: its generation's, or for a dropless MoE step its
+    generation's dropless one ("tpu7x/dropless"): the grouped matmuls (megablox, tokamax), the
+    token sort's gathers and the expert weights' gathers run well below the dense matmuls' share
+    of peak, by how much depending on the chip's kernel (docs/planner.md, "Calibration")."""
+    return f"{generation}/{DROPLESS}" if moe == DROPLESS else generation
+
+
 @dataclass(frozen=True)
 class Fitted:
     kind: str
-    efficiency: dict[str, float]  # generation -> MXU efficiency ("*": the rest)
+    efficiency: dict[str, float]  # fit group (`fit_group`) -> MXU efficiency ("*": a generation without rows)
     memory_overlap: float
     host_gbytes_per_s: float = 0.0  # the "+host" term's bandwidth (0: no term)
     score_flops: float = 0.0  # the "+attention" term's cost of a score element, in MXU FLOPs (0: none)
     comm_exposed: float = 0.0  # the "+comm" term: this share of the collectives' time never hidden (0: none)
     dcn_step_seconds: float = 0.0  # the "+dcn" term: seconds a latency-bound DCN step (0: none)
+    dropless_ratio: float = (
+        1.0  # a dropless step's efficiency / the dense one, where its generation has no dropless row
+    )
 
-    def efficiency_of(self, generation: str) -> float:
-        return self.efficiency.get(generation, self.efficiency["*"])
+    def efficiency_of(self, generation: str, moe: str = "dense") -> float:
+        """The efficiency a step of `generation` and MoE kind `moe` is predicted with."""
+        own = self.efficiency.get(fit_group(generation, moe))
+        if own is not None:
+            return own
+        dense = self.efficiency.get(generation, self.efficiency["*"])
+        return dense * self.dropless_ratio if moe == DROPLESS else dense
 
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
@@ -173,7 +195,7 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
 def _predictions(rows: list[CalibrationRow], fitted: Fitted) -> np.ndarray:
     """Every row's predicted MFU with `fitted`'s constants, at once."""
     a = _with_terms(_arrays(rows), fitted)
-    efficiency = np.asarray([fitted.efficiency_of(r.generation) for r in rows])
+    efficiency = np.asarray([fitted.efficiency_of(r.generation, r.moe) for r in rows])
     return _predicted(a, efficiency, np.asarray(fitted.memory_overlap))
 
 
@@ -213,7 +235,12 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
         for host, score, comm, dcn in grid:
             constants = Fitted(kind, {}, 0.0, host, score, comm, dcn)
             inner = _fit_base(rows, base, _with_terms(_arrays(rows), constants))
-            fitted = replace(constants, efficiency=inner.efficiency, memory_overlap=inner.memory_overlap)
+            fitted = replace(
+                constants,
+                efficiency=inner.efficiency,
+                memory_overlap=inner.memory_overlap,
+                dropless_ratio=inner.dropless_ratio,
+            )
             total = sum(abs(e) for e in errors(rows, fitted))
             if best is None or total < best[0] - 1e-9:
                 best = (total, fitted)
@@ -235,8 +262,8 @@ def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bo
     overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
     offloads = (a["host"] > 0) & host
     crosses = (a["dcn_steps"] > 0) & dcn
-    generations = sorted({r.generation for r in rows})
-    of_generation = np.asarray([generations.index(r.generation) for r in rows])
+    generations = sorted({fit_group(r.generation, r.moe) for r in rows})
+    of_generation = np.asarray([generations.index(fit_group(r.generation, r.moe)) for r in rows])
     sums = np.zeros((len(generations), len(hosts), len(dcns), len(_EFFICIENCIES), len(_MEMORY_OVERLAPS)))
     for on_host, on_dcn in itertools.product((False, True), repeat=2):
         cols = (offloads == on_host) & (crosses == on_dcn)
@@ -253,14 +280,19 @@ def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bo
     totals = sums.min(axis=3).sum(axis=0)  # [host, dcn, overlap]: each generation at its best efficiency
     h, d, o = map(int, np.unravel_index(np.argmin(totals), totals.shape))
     efficiency = {gen: _EFFICIENCIES[int(np.argmin(sums[g, h, d, :, o]))] for g, gen in enumerate(generations)}
-    efficiency["*"] = float(np.median(list(efficiency.values())))
-    return Fitted(
-        kind,
-        efficiency,
-        _MEMORY_OVERLAPS[o],
-        host_gbytes_per_s=float(hosts[h]),
-        dcn_step_seconds=float(dcns[d]),
+    return _fitted(
+        kind, efficiency, _MEMORY_OVERLAPS[o], host_gbytes_per_s=float(hosts[h]), dcn_step_seconds=float(dcns[d])
     )
+
+
+def _fitted(kind: str, efficiency: dict[str, float], overlap: float, **terms: float) -> Fitted:
+    """The fit of per-group `efficiency`, with "*", a generation without rows (the median chip's
+    dense efficiency, each known generation one sample: a fit over all rows would be the
+    most-published generation's), and the median dropless / dense ratio of the generations with both."""
+    dense = {g: e for g, e in efficiency.items() if "/" not in g}
+    ratios = [e / dense[g.split("/")[0]] for g, e in efficiency.items() if "/" in g and g.split("/")[0] in dense]
+    fallback = {"*": float(np.median(list(dense.values())))}
+    return Fitted(kind, {**efficiency, **fallback}, overlap, **terms, dropless_ratio=float(np.median(ratios or [1.0])))
 
 
 def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -> Fitted:
@@ -273,14 +305,11 @@ def _fit_base(rows: list[CalibrationRow], kind: str, a: dict[str, np.ndarray]) -
         return Fitted(kind, {"*": _EFFICIENCIES[e]}, _MEMORY_OVERLAPS[g])
     if kind == "per_generation":
         # With the overlap fixed, each generation's efficiency only touches its own rows.
-        generations = sorted({r.generation for r in rows})
-        owns = {gen: np.asarray([r.generation == gen for r in rows]) for gen in generations}
+        groups = [fit_group(r.generation, r.moe) for r in rows]
+        owns = {gen: np.asarray([x == gen for x in groups]) for gen in sorted(set(groups))}
         g = int(np.argmin(sum(abs_err[:, :, own].sum(axis=2).min(axis=0) for own in owns.values())))
         efficiency = {gen: _EFFICIENCIES[int(np.argmin(abs_err[:, g, own].sum(axis=1)))] for gen, own in owns.items()}
-        # A generation without rows is a new chip: the median chip's efficiency, each known
-        # generation one sample (a fit over all rows would be the most-published generation's).
-        efficiency["*"] = float(np.median(list(efficiency.values())))
-        return Fitted(kind, efficiency, _MEMORY_OVERLAPS[g])
+        return _fitted(kind, efficiency, _MEMORY_OVERLAPS[g])
     if kind == "mxu_shape":
         wides = np.asarray([w / 100 for w in range(60, 121, 2)])
         is_wide = np.asarray([r.generation in WIDE_MXU for r in rows])
@@ -341,18 +370,7 @@ def place_of(row: CalibrationRow) -> Place:
 
 def band_row(row: CalibrationRow, error: float, unseen: float | None) -> BandRow:
     """A row's place with its leave-one-out error and its error with its generation unseen."""
-    p = place_of(row)
-    return BandRow(
-        p.generation,
-        p.remat_family,
-        p.seq,
-        p.per_device_batch,
-        error,
-        unseen,
-        moe=p.moe,
-        offload=p.offload,
-        slices=p.slices,
-    )
+    return BandRow(**vars(place_of(row)), error=error, unseen_generation_error=unseen)
 
 
 def noise_floor(path: Path = RERUNS_FILE) -> float:

@@ -81,8 +81,10 @@ class CostModel:
     figures benchmarks/plan_calibration.py keeps in calibration_rows.json):
     an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
-    fitted. Each row's leave-one-out error (its miss when the constants are fitted to the other
-    rows) is kept with where the row sits (`band_rows`): the band of every prediction (band.py)."""
+    fitted. A dropless MoE step has its own efficiency per generation ("tpu7x/dropless" in
+    `efficiency_by_generation`; elsewhere the generation's x `dropless_ratio`). Each row's
+    leave-one-out error (its miss when the constants are fitted to the other rows) is kept with
+    where the row sits (`band_rows`): the band of every prediction (band.py)."""
 
     mxu_efficiency: float = 0.78
     memory_overlap: float = 0.66
@@ -101,14 +103,22 @@ class CostModel:
     # Seconds one latency-bound step of a DCN collective costs, serial with the busy time (a
     # transfer across slices goes through the hosts; fitted to the multi-slice rows). 0: off.
     dcn_step_seconds: float = 0.0
+    # A dropless MoE step's efficiency over the dense one's, for a generation without dropless rows
+    # (the median over the generations with both: calibration.Fitted).
+    dropless_ratio: float = 1.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
     fitted_rows: int = 0
 
-    def efficiency(self, generation: str) -> float:
-        """The fraction of peak that large aligned matmuls reach on `generation`."""
-        return dict(self.efficiency_by_generation).get(generation, self.mxu_efficiency)
+    def efficiency(self, generation: str, moe: str = "dense") -> float:
+        """The fraction of peak that large aligned matmuls reach on `generation` in a step whose
+        MoE routing is `moe` ("dense", "dropping" or "dropless": grouped matmuls and sorts)."""
+        by = dict(self.efficiency_by_generation)
+        if moe == "dropless":
+            own = by.get(f"{generation}/dropless")
+            return own if own is not None else by.get(generation, self.mxu_efficiency) * self.dropless_ratio
+        return by.get(generation, self.mxu_efficiency)
 
 
 def error_band(place: Place, cost_model: CostModel) -> ErrorBand | None:
@@ -196,10 +206,12 @@ def predict(
     seq_len: int = 0,
     quantization: str | None = None,
     quantized_share: float = 0.0,
+    moe: str = "dense",
 ) -> Prediction:
     """The step's time, MFU and tokens/s. With `quantization`, `quantized_share` of the FLOPs (the
     blocks' linear layers) run at the generation's 8-bit peak, the rest at bf16's, each at the
-    fitted efficiency; MFU stays against the bf16 peak (MaxText's convention)."""
+    fitted efficiency; MFU stays against the bf16 peak (MaxText's convention). `moe`: the step's
+    MoE routing (a dropless step runs at its own fitted efficiency: `CostModel.efficiency`)."""
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
     aligned = alignment(shape, layout, head_dim, mxu, seq_len)
@@ -213,7 +225,7 @@ def predict(
         )
         per_flop = (1 - quantized_share) / peak + quantized_share / quantized_peak
     at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
-    compute = at_peak / cost_model.efficiency(topology.chip.generation)
+    compute = at_peak / cost_model.efficiency(topology.chip.generation, moe)
     memory = compiled.bytes_accessed / topology.hbm_bytes_per_s_per_device
     comm = sum(
         ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives if c.network != "dcn"
