@@ -10,7 +10,7 @@ import optuna
 
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.search import trial_attrs
 
 
 def load_study(run_dir: Path) -> optuna.Study:

@@ -19,8 +19,9 @@ from pathlib import Path
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import TuningResult, trial_attrs
-from tpu_tuner.tuning.interleaved import compare_interleaved
+from tpu_tuner.tuning import TuningResult
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.verify.interleaved import compare_interleaved
 
 WITHIN = 0.97
 

@@ -34,8 +34,8 @@ from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.trial_runner import TrialRunner
-from tpu_tuner.tuning.interleaved import compare_interleaved, start_environments
-from tpu_tuner.tuning.options import RunnerOptions
+from tpu_tuner.tuning.options.tune_options import RunnerOptions
+from tpu_tuner.tuning.verify.interleaved import compare_interleaved, start_environments
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = [

@@ -25,7 +25,7 @@ from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.intra_op_threads import usable_cores
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 # (file, batch size or None for the file's own): small ops first, then larger ones.

@@ -23,9 +23,9 @@ from tpu_tuner.runner.requests import ProfileRequest
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.agents import load_agents
-from tpu_tuner.tuning.interleaved import compare_interleaved
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.interleaved import compare_interleaved
 
 
 def _parse(pairs: str) -> dict[str, str]:

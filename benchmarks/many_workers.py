@@ -37,7 +37,13 @@ import time
 import uuid
 from pathlib import Path
 
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, StoreOptions
+from tpu_tuner.tuning.options.tune_options import (
+    ObjectiveOptions,
+    OutputOptions,
+    RunnerOptions,
+    SearchOptions,
+    StoreOptions,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -107,7 +113,7 @@ def _loop_options(trials: int):
 
 
 def _space():
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     return SearchSpace.load("default", "cpu")  # thousands of settings: 40 trials never cover it
 
@@ -123,8 +129,8 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import Worker, open_storage
-    from tpu_tuner.tuning.seeding import build_sampler
-    from tpu_tuner.tuning.trials import run_search
+    from tpu_tuner.tuning.search.seeding import build_sampler
+    from tpu_tuner.tuning.search.trials import run_search
 
     space, options = _space(), _loop_options(trials)
     storage = open_storage(url, 1) if url else None
@@ -185,8 +191,8 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import Worker, open_storage
-    from tpu_tuner.tuning.seeding import build_sampler
-    from tpu_tuner.tuning.trials import run_search
+    from tpu_tuner.tuning.search.seeding import build_sampler
+    from tpu_tuner.tuning.search.trials import run_search
 
     name = f"overhead-{uuid.uuid4().hex[:8]}"
     if url is None:  # in memory: one process, no storage, no heartbeat
@@ -300,7 +306,7 @@ def study_worker(study: str, out: str, storage: str, space: str) -> None:
     print(f"{time.time():.3f} [start] imported nothing yet", flush=True)
     from tpu_tuner.api import tune
     from tpu_tuner.profiling import ProfilerSettings
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
 
     settings = ProfilerSettings(
         warmup_min_steps=1,

@@ -25,7 +25,7 @@ from tpu_tuner.model.loader import load_workload
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
-from tpu_tuner.tuning.options import default_trial_settings
+from tpu_tuner.tuning.options.tune_options import default_trial_settings
 
 EXAMPLES = ("gpt", "cnn", "mlp", "encoder", "llama")
 LAYOUTS = ("2x1x1", "1x2x1", "1x1x2")  # DDP, FSDP, tensor parallel on 2 ranks

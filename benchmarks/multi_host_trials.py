@@ -90,7 +90,7 @@ def trials(args: argparse.Namespace) -> None:
     from tpu_tuner.runner.multi_host import MultiHostTrialRunner
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.tuning.options import default_trial_settings
+    from tpu_tuner.tuning.options.tune_options import default_trial_settings
 
     def request(layout: str) -> MeasureRequest:
         return MeasureRequest(

@@ -4,7 +4,7 @@ baseline while a CPU burner takes every core for exactly one round.
     PYTHONPATH=. python benchmarks/noisy_verify.py                      # cnn and gpt, 10 repeats each
     PYTHONPATH=. python benchmarks/noisy_verify.py --models examples/cnn.py --repeats 3
 
-Each repeat is one verification as a run's finish does it (tuning/verify_window.py), with the
+Each repeat is one verification as a run's finish does it (tuning/verify/verify_window.py), with the
 baseline and the setting only (no knob-by-knob contributions): a fresh window in the warm worker,
 `--rounds` planned rounds, rounds added while the interval cannot decide and the clock
 (`--clock`, what the default 4-minute run clock leaves the verification; the issue's run had 76 s
@@ -30,12 +30,12 @@ from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning import TuneOptions
-from tpu_tuner.tuning.clock import Clock
-from tpu_tuner.tuning.interleaved import InterleavedWindow
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.verify import CLOCKED_CEILING
-from tpu_tuner.tuning.verify_window import measure_until_decided
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import Clock
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.interleaved import InterleavedWindow
+from tpu_tuner.tuning.verify.verification import CLOCKED_CEILING
+from tpu_tuner.tuning.verify.verify_window import measure_until_decided
 
 # A setting about 2x the baseline's speed on each example on a 2-core CPU (docs/search-efficiency.md).
 SETTINGS = {

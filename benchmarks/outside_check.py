@@ -5,7 +5,7 @@ The models: a MobileNet-style network with outputs of about 1e-21, a ViT, a BERT
 language model, KernelBench's LSTM (a benchmark-convention file), a small CNN, a transformer
 encoder and the README's GPT (whose inductor compile is the slow one). Each is a whole `tpu-tune`
 process with its default clock (`--time-budget`, 4 min); its wall time is taken around the
-process. Then `tpu_tuner.tuning.run_audit.audit` reads each run folder (report.md against
+process. Then `tpu_tuner.tuning.run.run_audit.audit` reads each run folder (report.md against
 trials.csv, result.json, run.json, profile.json and tuned_config.toml) and every finding is printed.
 
     python benchmarks/outside_check.py [--out results/outside] [--only NAME ...] [--audit-only]
@@ -70,7 +70,7 @@ def main() -> None:
                 walls[run_dir.name] = {"wall_s": wall, "exit_status": status}
                 walls_path.write_text(json.dumps(walls, indent=2) + "\n")
             print(f"{model}: {wall:.0f} s ({wall / CLOCK_S - 1:+.1%} of the clock)", flush=True)
-    from tpu_tuner.tuning.run_audit import audit
+    from tpu_tuner.tuning.run.run_audit import audit
 
     total = 0
     print("| model | verdict | wall s | over the clock | findings |")

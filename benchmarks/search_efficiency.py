@@ -38,12 +38,12 @@ from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, SearchOptions, default_trial_settings
-from tpu_tuner.tuning.run_setup import prepare_agents
-from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
-from tpu_tuner.tuning.trials import run_search
-from tpu_tuner.tuning.warm_start import WarmSeed
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, SearchOptions, default_trial_settings
+from tpu_tuner.tuning.run.run_setup import prepare_agents
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.seeding import build_sampler, enqueue_seeds
+from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.search.warm_start import WarmSeed
 
 REPO = Path(__file__).resolve().parent.parent
 WITHIN = 1.03

@@ -19,8 +19,8 @@ from pathlib import Path
 import optuna
 
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.options.tune_options import OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.search import trial_attrs
 
 
 def summarise(study: optuna.Study) -> list[str]:
@@ -62,13 +62,13 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="summarise this finished run folder instead of tuning")
     args = parser.parse_args()
 
-    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
 
     if args.run is not None:
         result = TuningResult.load(args.run)
     else:
         from tpu_tuner.api import tune
-        from tpu_tuner.tuning.options import TuneOptions
+        from tpu_tuner.tuning.options.tune_options import TuneOptions
 
         result = tune(
             args.model,

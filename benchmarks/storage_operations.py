@@ -57,9 +57,9 @@ def operations(trials: int) -> dict[str, list[float]]:
 
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import fail_lost_trials, open_storage, trial_id_of
-    from tpu_tuner.tuning import trial_attrs
-    from tpu_tuner.tuning.failures import FailureLearning
-    from tpu_tuner.tuning.seeding import build_sampler
+    from tpu_tuner.tuning.search import trial_attrs
+    from tpu_tuner.tuning.search.failure_learning import FailureLearning
+    from tpu_tuner.tuning.search.seeding import build_sampler
 
     space, options = _space(), _loop_options(trials)
     m = InstantRunner().run(MeasureRequest(candidate={})).value

@@ -46,11 +46,11 @@ from search_efficiency import WITHIN, TableRunner, _measured, best_feasible, rep
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.budget import search_budget
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
-from tpu_tuner.tuning.run_setup import prepare_agents
-from tpu_tuner.tuning.warm_start import WarmSeed, find_warm_seeds
-from tpu_tuner.tuning.workload_features import features_of
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.run.run_setup import prepare_agents
+from tpu_tuner.tuning.search.budget import search_budget
+from tpu_tuner.tuning.search.warm_start import WarmSeed, find_warm_seeds
+from tpu_tuner.tuning.search.workload_features import features_of
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -31,14 +31,15 @@ from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies.liveness import Worker
-from tpu_tuner.tuning import TuneOptions, trial_attrs
+from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.agents import PrecisionAgent
-from tpu_tuner.tuning.options import RunnerOptions, SearchOptions, default_trial_settings
-from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import run_search
-from tpu_tuner.tuning.verify import Verification
-from tpu_tuner.tuning.window import WindowFigures
+from tpu_tuner.tuning.options.tune_options import RunnerOptions, SearchOptions, default_trial_settings
+from tpu_tuner.tuning.run.tuning_result import TuningResult
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.verify.verification import Verification
+from tpu_tuner.tuning.verify.window_figures import WindowFigures
 
 # --- a precision agent on an injected hardware probe (tests/test_agents_hardware.py, test_agent_levers.py) ---
 

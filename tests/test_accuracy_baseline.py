@@ -22,8 +22,8 @@ from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.runner.jobs import WorkerState, run_measure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import trial_attrs
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.search import trial_attrs
 
 GRADED = FIXTURES / "graded_accuracy.py"
 BASELINE = Candidate(matmul_precision="medium")  # 1.2e-2 off fp32 (the fixture's)
@@ -132,7 +132,7 @@ def test_failure_learning_reads_an_accuracy_failure_by_the_excess_not_the_fp32_e
     """A setting as far from fp32 as the chip's baseline (1.93e-2, over the 0.01 tolerance) got past
     the guardrail: the learner must not count it an accuracy failure of its knob values."""
     from tpu_tuner.studies.trial_record import TrialRecord
-    from tpu_tuner.tuning.failures import evidence_of
+    from tpu_tuner.tuning.search.failure_learning import evidence_of
 
     study = optuna.create_study()
     baseline = {"output": 0.0193}

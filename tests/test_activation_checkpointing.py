@@ -29,10 +29,10 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.blocks import repeated_blocks
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import trial_attrs
 from tpu_tuner.tuning.agents import load_agents
-from tpu_tuner.tuning.memory_limit import MemoryLimit, memory_limit
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.memory_limit import MemoryLimit, memory_limit
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 GiB = 2**30
 

@@ -17,7 +17,7 @@ from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.tuning.agents import CompileAgent, load_agents
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 SUGGESTED = "int8 quantized linears (torchao) may pay off"
 

@@ -14,8 +14,8 @@ from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.tuning.agents import PrecisionAgent, load_agents
-from tpu_tuner.tuning.seeding import enqueue_seeds
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.seeding import enqueue_seeds
 
 # The two host kinds of docs/mfu.md ("medium" numerics): AVX-512F only (medium is fp32, bf16 ~5x slower) and AMX.
 NO_BF16_UNITS = injected_probe(300e9, 60e9, 1.2e-7)

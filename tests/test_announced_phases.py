@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.tuning.clock import FinishPlan
-from tpu_tuner.tuning.verify import Verification
-from tpu_tuner.tuning.verify_lines import phases_not_run
+from tpu_tuner.tuning.run.clock import FinishPlan
+from tpu_tuner.tuning.verify.verification import Verification
+from tpu_tuner.tuning.verify.verify_lines import phases_not_run
 
 PLAN = FinishPlan(race_top=5, race_rounds=6, verify_rounds=12, ablations=True, seconds=29.6)
 
@@ -39,7 +39,7 @@ def test_phases_that_ran_or_were_not_announced_need_no_word() -> None:
 
 def test_the_round_total_is_the_first_plan_and_the_rounds_beyond_it_are_said() -> None:
     """Issue 55: the total moved ("round 3/12", "4/13", "6/12", "13/18")."""
-    from tpu_tuner.tuning.verify_lines import round_words
+    from tpu_tuner.tuning.verify.verify_lines import round_words
 
     assert round_words(5, 12) == "round 5/12"
     assert round_words(14, 12).startswith("round 14 (12 planned, 2 added: the interval had not decided")

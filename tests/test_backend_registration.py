@@ -60,8 +60,8 @@ FAKE_BACKEND = textwrap.dedent("""\
     from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.profiling.profile import profile
     from tpu_tuner.profiling.settings import ProfilerSettings
-    from tpu_tuner.tuning.memory_limit import memory_limit
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.memory_limit import memory_limit
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):

@@ -1,4 +1,4 @@
-"""The default search budget follows the space (tuning/budget.py's documented rule): a fifth of the
+"""The default search budget follows the space (tuning/search/budget.py's documented rule): a fifth of the
 settings the agents would measure, rounded up, no fewer than 12 and no more than 48; a grid gets
 all of them; --trials overrides. Spaces of a known size, built here, so each figure below is the
 rule worked by hand, not the formula run again."""
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.tuning.budget import measurable_settings, search_budget
-from tpu_tuner.tuning.space import Param, SearchSpace
+from tpu_tuner.tuning.search.budget import measurable_settings, search_budget
+from tpu_tuner.tuning.search.search_space import Param, SearchSpace
 
 # Knobs without conditions, with their number of choices: a space's size is the product.
 CHOICES = {

@@ -68,8 +68,8 @@ import logging, sys
 import tpu_tuner.cli.devices as command
 def run(args):
     logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
-    logging.getLogger("tpu_tuner.tuning.failures").info("probe queued: trial 3's setting")
-    logging.getLogger("tpu_tuner.tuning.verify").warning("racing the search's leaders failed")
+    logging.getLogger("tpu_tuner.tuning.search.failure_learning").info("probe queued: trial 3's setting")
+    logging.getLogger("tpu_tuner.tuning.verify.verification").warning("racing the search's leaders failed")
     return 0
 command.run = run
 from tpu_tuner.cli import main

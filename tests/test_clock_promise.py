@@ -18,11 +18,12 @@ from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import TuneOptions, trials
-from tpu_tuner.tuning.clock import WRAP_UP_S, Clock
-from tpu_tuner.tuning.failures import evidence_of
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.run.clock import WRAP_UP_S, Clock
+from tpu_tuner.tuning.search import trials
+from tpu_tuner.tuning.search.failure_learning import evidence_of
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 SPACE = SearchSpace.load(FIXTURES / "compile_precision_space.toml", "cpu")
 TAKES = {"eager": 5.0, "inductor": 100.0}  # seconds a trial of each compile mode takes
@@ -140,7 +141,7 @@ def test_without_a_clock_nothing_is_skipped_or_limited(monkeypatch) -> None:
 
 def test_a_search_the_clock_stopped_says_so_with_its_figures(monkeypatch) -> None:
     """An --nproc run stopped after 2 settings with 44 s left and said nothing of why."""
-    from tpu_tuner.tuning.clock import clock_stop_words
+    from tpu_tuner.tuning.run.clock import clock_stop_words
 
     order = [{"execution": "eager", "matmul_precision": "highest"}]
     study, _, now = _search(monkeypatch, 40.0, order)
@@ -157,8 +158,8 @@ def test_a_clock_that_measured_only_the_baseline_ends_undecided_not_no_gain(monk
     no feasible candidate beat the baseline" having compared nothing."""
     from tpu_tuner.metrics.paired import VerdictKind
     from tpu_tuner.profiling.settings import ProfilerSettings
-    from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-    from tpu_tuner.tuning.verify import verify
+    from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+    from tpu_tuner.tuning.verify.verification import verify
 
     order = [{"execution": "eager", "matmul_precision": "highest"}]
     study, runner, now = _search(monkeypatch, 20.0, order)  # the baseline's 5 s leave no room for more

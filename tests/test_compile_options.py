@@ -19,9 +19,15 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.agents.compiler_options import seeds, validate
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, TuneOptions
-from tpu_tuner.tuning.seeding import build_sampler
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.options.tune_options import (
+    ObjectiveOptions,
+    OutputOptions,
+    RunnerOptions,
+    SearchOptions,
+    TuneOptions,
+)
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.seeding import build_sampler
 
 CONDITIONAL = """
 [[param]]

@@ -26,7 +26,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.model.workload import Workload
 from tpu_tuner.tuning.agents import load_agents, loss_scope
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 COMPILED_LOSS = Candidate(execution="aot_eager", compile_scope="model+loss")
 

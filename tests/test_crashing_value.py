@@ -27,11 +27,11 @@ from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.studies.samplers import build_sampler
-from tpu_tuner.tuning.failures import stored_causes
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.seeding import enqueue_seeds
-from tpu_tuner.tuning.space import Param, SearchSpace
-from tpu_tuner.tuning.trials import run_search
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.search.failure_learning import stored_causes
+from tpu_tuner.tuning.search.search_space import Param, SearchSpace
+from tpu_tuner.tuning.search.seeding import enqueue_seeds
+from tpu_tuner.tuning.search.trials import run_search
 
 EXECUTION = Param("execution", "compile", ("eager", "aot_eager", "inductor"))
 OPTIONS = Param("compile_options", "compile", ("default", "freezing", "max-autotune"))

@@ -21,7 +21,7 @@ from tpu_tuner.core.plain_data import json_default
 from tpu_tuner.dashboard import collect, render_page
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import PairedSpeedup
-from tpu_tuner.tuning.verify import KnobContribution, Verification
+from tpu_tuner.tuning.verify.verification import KnobContribution, Verification
 
 TUNE = "gpt-tune-20261129-092208"
 # The page at 1400 px: a scrollbar (up to 17 px), the body's margins (1.5em of 14 px), a <figure>'s

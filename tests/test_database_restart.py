@@ -23,7 +23,7 @@ from postgres_server import PASSWORD
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost, open_storage
 from tpu_tuner.studies.run_file import RUN_FILE
-from tpu_tuner.tuning.shared_study import VERIFICATION_ATTR
+from tpu_tuner.tuning.run.shared_study import VERIFICATION_ATTR
 
 STUDY = "restarted-server"
 TRIALS = 6  # every setting of fixtures/eager_precision_space.toml

@@ -261,7 +261,7 @@ def test_an_agent_given_parsed_toml_checks_it() -> None:
     ],
 )
 def test_a_typo_in_a_search_space_top_level_is_refused(tmp_path: Path, text: str, message: str) -> None:
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     path = tmp_path / "space.toml"
     path.write_text(text + '[[param]]\nname = "autocast"\nagent = "precision"\nchoices.cpu = ["none", "bfloat16"]\n')

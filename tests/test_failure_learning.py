@@ -18,12 +18,12 @@ from tpu_tuner.execution.measurement import EarlyStop, TrialFailure
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.clock import Clock, plan_finish
-from tpu_tuner.tuning.failures import stored_causes, stored_not_blamed
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.pruning import HopelessPruner
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import run_search
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.run.clock import Clock, plan_finish
+from tpu_tuner.tuning.search.failure_learning import stored_causes, stored_not_blamed
+from tpu_tuner.tuning.search.pruning import HopelessPruner
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.trials import run_search
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
@@ -121,8 +121,8 @@ def test_the_exclusion_holds_for_another_worker_and_after_a_resume(tmp_path: Pat
         assert all(job.get("autocast") != "bfloat16" for job in runner.jobs), name
     assert len(_bf16_measured(optuna.load_study(study_name="s", storage=storage))) == 2
     # `tpu-tune study status` lists the cause.
-    from tpu_tuner.tuning.shared_study import RECORD_ATTR
-    from tpu_tuner.tuning.study_admin import study_status
+    from tpu_tuner.tuning.run.shared_study import RECORD_ATTR
+    from tpu_tuner.tuning.run.study_admin import study_status
 
     first.set_user_attr(RECORD_ATTR, {"options": {"trials": 6}})
     lines = "\n".join(study_status(storage, "s").lines())
@@ -133,13 +133,13 @@ def test_the_stored_causes_are_read_when_failures_are_new_or_a_while_passed(monk
     """Another worker stores a cause once it has seen failures: a round whose trials hold no new
     failure needs no read of the study's attributes (a storage transaction) but every
     `CAUSES_REREAD_S`."""
-    from tpu_tuner.tuning import failures
+    from tpu_tuner.tuning.search import failure_learning
 
     study = _grid_study()
     reads = []
     real = optuna.Study.user_attrs
     monkeypatch.setattr(optuna.Study, "user_attrs", property(lambda self: reads.append(1) or real.fget(self)))
-    learning = failures.FailureLearning(SPACE, 0.1)
+    learning = failure_learning.FailureLearning(SPACE, 0.1)
     trial = study.ask()
     trial.suggest_categorical("autocast", ["none", "bfloat16"])
     study.tell(trial, 1.0)
@@ -152,7 +152,7 @@ def test_the_stored_causes_are_read_when_failures_are_new_or_a_while_passed(monk
     learning.update(study, study.get_trials())
     learning.update(study, study.get_trials())
     assert reads == [1, 1]
-    monkeypatch.setattr(failures, "CAUSES_REREAD_S", 0.0)
+    monkeypatch.setattr(failure_learning, "CAUSES_REREAD_S", 0.0)
     learning.update(study, study.get_trials())
     assert reads == [1, 1, 1]
 
@@ -222,7 +222,7 @@ def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> Non
 def test_only_single_values_lift_the_early_stop() -> None:
     """One failure leaves every pair of its values that no success held open; those do not lift
     the stop (they would from most settings after any failure), single values do."""
-    from tpu_tuner.tuning.failures import FailureLearning
+    from tpu_tuner.tuning.search.failure_learning import FailureLearning
 
     study = optuna.create_study(direction="minimize")
     for params, attrs in (
@@ -294,7 +294,7 @@ def test_a_cause_found_before_the_baseline_failed_with_its_kind_is_lifted() -> N
     """Settings measured before the baseline's verdict (another worker's, or queued first) made
     autocast none a cause; the baseline then fails the same check: the cause is lifted, here and
     in the study's record, and said."""
-    from tpu_tuner.tuning.failures import FailureLearning
+    from tpu_tuner.tuning.search.failure_learning import FailureLearning
 
     study = optuna.create_study(direction="minimize")
     for precision, autocast, error in (("medium", "none", 0.5), ("high", "none", 0.5), ("high", "bfloat16", 0.0)):
@@ -326,7 +326,7 @@ def test_a_device_fault_of_every_setting_excludes_nothing() -> None:
 
 
 def test_the_search_stops_when_the_next_trial_would_eat_into_the_finish(monkeypatch) -> None:
-    from tpu_tuner.tuning import clock
+    from tpu_tuner.tuning.run import clock
 
     monkeypatch.setattr(clock, "WRAP_UP_S", 0.0)  # no results to write here
     study = _grid_study()

@@ -20,8 +20,9 @@ from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_record import TrialRecord
-from tpu_tuner.tuning import TuneOptions, trial_attrs
-from tpu_tuner.tuning.clock import (
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import (
     Clock,
     FinishPlan,
     finish_seconds,
@@ -30,9 +31,9 @@ from tpu_tuner.tuning.clock import (
     reserved_finish_seconds,
     search_may_go_on,
 )
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.verify import verify
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.verification import verify
 
 SPACE = SearchSpace.load(Path(__file__).parent / "fixtures" / "tpu_eager_space.toml", "tpu")
 DEFER_ENV = ["TORCH_TPU_DEFER_AND_FUSE=1"]

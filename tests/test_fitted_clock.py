@@ -9,9 +9,9 @@ import argparse
 import pytest
 
 from tpu_tuner.cli import tune as tune_cli
-from tpu_tuner.tuning.clock import WRAP_UP_S
-from tpu_tuner.tuning.fitted_clock import FINISH_SETTINGS, LONGEST_FITTED_S, MIN_SEARCH_SETTINGS, fit_default_clock
-from tpu_tuner.tuning.search_options import DefaultBudget, SearchOptions
+from tpu_tuner.tuning.options.search_options import DefaultBudget, SearchOptions
+from tpu_tuner.tuning.run.clock import WRAP_UP_S
+from tpu_tuner.tuning.run.fitted_clock import FINISH_SETTINGS, LONGEST_FITTED_S, MIN_SEARCH_SETTINGS, fit_default_clock
 
 
 def _search_options(*argv: str) -> SearchOptions:

@@ -120,8 +120,8 @@ def test_a_hang_teaches_nothing_covers_no_setting_and_is_measured_again() -> Non
     from tpu_tuner.studies import records
     from tpu_tuner.studies.coverage import covered_settings
     from tpu_tuner.studies.trial_record import TrialRecord
-    from tpu_tuner.tuning.failures import evidence_of
-    from tpu_tuner.tuning.trial_attrs import record_failure
+    from tpu_tuner.tuning.search.failure_learning import evidence_of
+    from tpu_tuner.tuning.search.trial_attrs import record_failure
 
     study = optuna.create_study()
     trial = study.ask({"layout": optuna.distributions.CategoricalDistribution(["2x1x1", "1x2x1"])})

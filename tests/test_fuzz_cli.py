@@ -52,7 +52,7 @@ def stopped_before_work() -> Any:
     """The commands' and the API's real work replaced by `Accepted`: the checks before it run as
     they are, and nothing is tuned, planned or measured."""
     mp = pytest.MonkeyPatch()
-    mp.setattr("tpu_tuner.tuning.study.trial_runner", _accept)
+    mp.setattr("tpu_tuner.tuning.run.tune_run.trial_runner", _accept)
     mp.setattr("tpu_tuner.outputs.write.plan_to_folder", _accept)
     mp.setattr("tpu_tuner.outputs.ranking_report.rank_to_folder", _accept)
     mp.setattr("tpu_tuner.planner.plan.CompilePool", _accept)

@@ -46,7 +46,7 @@ def refused_in_one_line(exc: BaseException) -> None:
 def test_time_budget(text: str) -> None:
     """--time-budget as the CLI reads it: parse_duration, then the options' check."""
     from tpu_tuner.core.units import parse_duration
-    from tpu_tuner.tuning.options import SearchOptions
+    from tpu_tuner.tuning.options.tune_options import SearchOptions
 
     try:
         seconds = parse_duration(text)
@@ -343,7 +343,7 @@ SPACE = st.one_of(
 def test_search_space_file(scratch: Path, data: dict | None, mutate: bool, device: str, draw: st.DataObject) -> None:
     import tomli_w
 
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     text = BUILTIN_SPACE if data is None else tomli_w.dumps(data)
     if mutate or data is None:

@@ -61,7 +61,7 @@ def test_a_plain_mlp_splits_its_chain_of_linears_as_column_row_pairs() -> None:
 
 
 def test_an_inference_space_offers_the_layouts_an_inference_step_can_run() -> None:
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     four = SearchSpace.load("default", "cpu", ranks=4)
     # A plain MLP (no repeated blocks, chain widths 2048) as inference: replicas, tensor, data x tensor.
@@ -74,7 +74,7 @@ def test_the_sharding_agent_seeds_tensor_layouts_first_for_an_inference_step() -
     from types import SimpleNamespace
 
     from tpu_tuner.tuning.agents import load_agents
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     agent = next(a for a in load_agents(["sharding"], "cpu", None) if a.name == "sharding")
     agent.ranks = 4
@@ -196,7 +196,7 @@ def test_a_study_of_an_inference_file_on_two_ranks_measures_its_layouts(monkeypa
 
     from tpu_tuner.knobs.tuned_config import TunedConfig
     from tpu_tuner.studies import records
-    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
 
     out = tmp_path / "results"
     done = subprocess.run(

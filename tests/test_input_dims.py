@@ -69,7 +69,7 @@ def test_the_report_header_says_dims_not_a_guessed_batch(tmp_path) -> None:
     from helpers import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
-    from tpu_tuner.tuning.shared_study import RECORD_ATTR
+    from tpu_tuner.tuning.run.shared_study import RECORD_ATTR
 
     result = window_result(tmp_path)
     # As the profile records a benchmark file's batch: dim 0 of its first input, here the sequence.

@@ -29,10 +29,10 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.journal import HEARTBEAT_TABLE, JOURNAL_TABLE, JournalStudyStorage
 from tpu_tuner.studies.liveness import Heartbeat, Worker, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.tuning import TuneOptions
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.seeding import build_sampler
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import run_search
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.seeding import build_sampler
+from tpu_tuner.tuning.search.trials import run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACE = SearchSpace.load("default", "cpu")  # about 10 parameters a trial, thousands of settings

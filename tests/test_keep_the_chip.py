@@ -24,8 +24,8 @@ from tpu_tuner.runner import trial_runner
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
 from tpu_tuner.runner.worker_process import Replied, WorkerProcess
 from tpu_tuner.studies.trial_costs import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S, cost_keys
-from tpu_tuner.tuning import seeding
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search import seeding
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 TESTS = Path(__file__).parent
 CHILD = "test_keep_the_chip_child"

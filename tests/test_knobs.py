@@ -26,7 +26,7 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.capabilities import Conditional, TrainingStep
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 # torch.compile with inductor builds C++ (tens of seconds on 2 cores): kept out of the quick run.
 SLOW_VALUES = {("execution", "inductor")}
@@ -124,8 +124,8 @@ ADDED_KNOB = textwrap.dedent("""\
     from tpu_tuner.cli import profile
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.knobs.tuned_config import TunedConfig
-    from tpu_tuner.tuning.trials_table import TRIAL_COLUMNS
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.trials_table import TRIAL_COLUMNS
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     folder = pathlib.Path(sys.argv[1])
     (folder / "space.toml").write_text(

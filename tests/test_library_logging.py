@@ -1,4 +1,4 @@
-"""Issue 58, item 5: the library leaves Optuna's logging as it finds it. `tuning/study.py` set
+"""Issue 58, item 5: the library leaves Optuna's logging as it finds it. `tuning/run/tune_run.py` set
 Optuna's verbosity to WARNING when imported, changing a Python API user's own Optuna output; the
 CLI now makes that choice for its terminal (`cli.common.quiet_optuna`), and the dashboard's
 throwaway importance study restores the verbosity it found."""
@@ -24,7 +24,7 @@ def _at_info() -> int:
 def test_importing_the_tuner_leaves_optunas_verbosity_alone() -> None:
     before = _at_info()
     try:
-        import tpu_tuner.tuning.study as study
+        import tpu_tuner.tuning.run.tune_run as study
 
         importlib.reload(study)  # its import-time code runs again
         assert optuna.logging.get_verbosity() == optuna.logging.INFO

@@ -23,11 +23,11 @@ from postgres_server import PASSWORD
 from tpu_tuner.cli import main
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost, open_storage
-from tpu_tuner.tuning.seeding import enqueue_seeds
-from tpu_tuner.tuning.shared_study import RECORD_ATTR, VERIFICATION_ATTR
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.warm_start import find_warm_seeds
-from tpu_tuner.tuning.workload_features import WorkloadFeatures
+from tpu_tuner.tuning.run.shared_study import RECORD_ATTR, VERIFICATION_ATTR
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.seeding import enqueue_seeds
+from tpu_tuner.tuning.search.warm_start import find_warm_seeds
+from tpu_tuner.tuning.search.workload_features import WorkloadFeatures
 
 STUDY = "synthetic-shared"
 BUDGET = 5  # fixtures/shared_study_worker.py; fewer than the space's 6 settings, so a worker could overshoot

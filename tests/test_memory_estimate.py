@@ -266,7 +266,7 @@ def test_a_refused_setting_spends_no_trial() -> None:
     import optuna
 
     from tpu_tuner.studies import records
-    from tpu_tuner.tuning.trials import TuneTrials
+    from tpu_tuner.tuning.search.trials import TuneTrials
 
     def trial(kind: str) -> optuna.trial.FrozenTrial:
         return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={records.FAILURE_KIND: kind})
@@ -280,8 +280,8 @@ def test_a_trial_memory_limit_below_the_baseline_s_estimate_is_refused_before_an
 
     from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.profiling.profile import MemoryReport
-    from tpu_tuner.tuning.memory_limit import MemoryLimit
-    from tpu_tuner.tuning.run_setup import refuse_below_baseline
+    from tpu_tuner.tuning.run.run_setup import refuse_below_baseline
+    from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 
     profile = SimpleNamespace(memory=MemoryReport(2**30, "VmHWM", estimated_peak_bytes=3 * 2**29))
     with pytest.raises(UserInputError, match=r"--trial-memory-gb 1 is below the baseline's estimated peak.*1\.50 GiB"):
@@ -296,8 +296,8 @@ def test_a_trial_memory_limit_the_baseline_s_profile_runs_out_of_is_refused_in_o
     from tpu_tuner.core.errors import UserInputError
     from tpu_tuner.execution.measurement import TrialFailure
     from tpu_tuner.runner.trial_runner import JobResult
-    from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions, TuneOptions
-    from tpu_tuner.tuning.run_setup import profile_baseline
+    from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions, TuneOptions
+    from tpu_tuner.tuning.run.run_setup import profile_baseline
 
     oom = TrialFailure(
         FailureKind.REFUSED, "gpt.py: building the model failed: DefaultCPUAllocator: can't allocate memory"

@@ -273,11 +273,11 @@ def test_a_tuning_result_reports_every_trial_on_the_runs_one_peak(tmp_path) -> N
 
     import optuna
 
-    from tpu_tuner.tuning import trial_attrs
-    from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
-    from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.space import SearchSpace
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.options.tune_options import RunnerOptions, TuneOptions, default_trial_settings
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
+    from tpu_tuner.tuning.search import trial_attrs
+    from tpu_tuner.tuning.search.search_space import SearchSpace
+    from tpu_tuner.tuning.verify.verification import Verification
 
     study = optuna.create_study()
     for m in (_measurement(1.0, 400e9, "bfloat16"), _measurement(0.25, 900e9, "bfloat16")):

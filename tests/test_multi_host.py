@@ -58,7 +58,7 @@ def test_node_ranks_keep_claims_give_the_store_host_node_0_and_refuse_a_rank_cla
 
 
 def test_the_mesh_maps_onto_hosts_and_tensor_groups_stay_within_one_by_default() -> None:
-    from tpu_tuner.tuning.space import SearchSpace
+    from tpu_tuner.tuning.search.search_space import SearchSpace
 
     assert axes_within_hosts(parse_layout("1x2x2", context=False), 2) == {"fsdp": False, "tensor": True}
     assert axes_within_hosts(parse_layout("2x2x2", context=False), 4) == {"data": False, "fsdp": True, "tensor": True}
@@ -76,7 +76,7 @@ def test_the_mesh_maps_onto_hosts_and_tensor_groups_stay_within_one_by_default()
 
 
 def test_the_host_flags_are_checked_before_anything_runs() -> None:
-    from tpu_tuner.tuning.options import RunnerOptions, StoreOptions, TuneOptions
+    from tpu_tuner.tuning.options.tune_options import RunnerOptions, StoreOptions, TuneOptions
 
     good = dict(nnodes=2, nproc=1, rdzv="127.0.0.1:29400")
     assert TuneOptions(runner=RunnerOptions(**good), store=StoreOptions(study="s")).runner.ranks == 2
@@ -101,8 +101,8 @@ def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -
     from tpu_tuner.runner.multi_host import LOST_HOST
     from tpu_tuner.studies.coverage import covered_settings
     from tpu_tuner.studies.trial_record import TrialRecord
-    from tpu_tuner.tuning.failures import evidence_of
-    from tpu_tuner.tuning.trial_attrs import failed_to_run, record_failure
+    from tpu_tuner.tuning.search.failure_learning import evidence_of
+    from tpu_tuner.tuning.search.trial_attrs import failed_to_run, record_failure
 
     assert LOST_HOST == records.INTERRUPTED
     study = optuna.create_study()

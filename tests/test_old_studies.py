@@ -23,7 +23,7 @@ from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTa
 from tpu_tuner.planner.search import search
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
-from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.search import trial_attrs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
 # Keys whose stored form changed since the fixture was written (a knob, the memory estimate and

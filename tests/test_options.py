@@ -14,7 +14,7 @@ from tpu_tuner.cli import build_parser
 from tpu_tuner.cli.tune import options_from
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.flags import DEVICE, FLAG
-from tpu_tuner.tuning.options import (
+from tpu_tuner.tuning.options.tune_options import (
     ObjectiveOptions,
     RunnerOptions,
     SearchOptions,
@@ -90,6 +90,9 @@ def test_the_stored_form_is_flat_and_loads_back() -> None:
 
 
 def test_tune_options_import_and_build_without_torch() -> None:
-    code = "import sys; from tpu_tuner.tuning.options import TuneOptions; TuneOptions(); print('torch' in sys.modules)"
+    code = (
+        "import sys; from tpu_tuner.tuning.options.tune_options import TuneOptions; TuneOptions(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

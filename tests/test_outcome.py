@@ -9,8 +9,8 @@ import optuna
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.outcome import Outcome, outcome_of, tally
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials_table import trials_frame
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.trials_table import trials_frame
 
 
 def test_each_record_reads_as_one_outcome() -> None:

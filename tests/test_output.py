@@ -22,7 +22,7 @@ from tpu_tuner.core.units import duration, ms, shape
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.profiling import ProfilerSettings
-from tpu_tuner.tuning.options import RunnerOptions, SearchOptions
+from tpu_tuner.tuning.options.tune_options import RunnerOptions, SearchOptions
 
 FAST = ProfilerSettings(
     warmup_min_steps=1,
@@ -39,11 +39,11 @@ FAST = ProfilerSettings(
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One small tuning run through the CLI's printing (synthetic model: "medium" is 4x faster,
     so verification runs): its folder and what the terminal showed."""
-    from tpu_tuner.tuning import study
+    from tpu_tuner.tuning.run import tune_run
 
     out = tmp_path_factory.mktemp("runs")
     printed = io.StringIO()
-    original = study.TuneOptions.__init__
+    original = tune_run.TuneOptions.__init__
 
     # The CLI has no flags for these: fast profiler settings, and no agents (the precision agent
     # would reject "medium" on a host whose matmuls it does not change; the fixture only sleeps).
@@ -53,7 +53,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         original(self, *args, **{**kwargs, **fast})
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.setattr(study.TuneOptions, "__init__", fast_init)
+        patch.setattr(tune_run.TuneOptions, "__init__", fast_init)
         status = main(
             [
                 "-q",
@@ -127,8 +127,8 @@ def test_summary_and_config_give_the_window_and_an_older_result_still_loads(tune
     import shutil
     import statistics
 
-    from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.window import FROM_SEARCH, FROM_WINDOW
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
+    from tpu_tuner.tuning.verify.window_figures import FROM_SEARCH, FROM_WINDOW
 
     run_dir, printed = tuned
     # The rounds kept: 5 planned, more when a round was disturbed or the interval too wide.

@@ -15,7 +15,7 @@ from tpu_tuner.api import tune
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import open_storage
-from tpu_tuner.tuning.options import (
+from tpu_tuner.tuning.options.tune_options import (
     ObjectiveOptions,
     OutputOptions,
     RunnerOptions,
@@ -23,7 +23,7 @@ from tpu_tuner.tuning.options import (
     StoreOptions,
     TuneOptions,
 )
-from tpu_tuner.tuning.result import TuningResult
+from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 FAST = ProfilerSettings(
     warmup_min_steps=1,

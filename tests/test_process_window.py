@@ -18,12 +18,13 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.tuning import TuneOptions, trial_attrs
-from tpu_tuner.tuning.clock import MIN_BLOCK_ROUNDS, block_rounds
-from tpu_tuner.tuning.interleaved import InterleavedWindow, start_environments
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.verify import verify
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import MIN_BLOCK_ROUNDS, block_rounds
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.interleaved import InterleavedWindow, start_environments
+from tpu_tuner.tuning.verify.verification import verify
 
 SPACE = SearchSpace.load(Path(__file__).parent / "fixtures" / "tpu_eager_space.toml", "tpu")
 DEFER = {"TORCH_TPU_DEFER_AND_FUSE": "1"}
@@ -169,7 +170,7 @@ class ClockedChip(FakeChip):
 
 
 def test_a_block_is_started_only_when_the_clock_holds_all_of_it() -> None:
-    from tpu_tuner.tuning.verify_window import measure_until_decided
+    from tpu_tuner.tuning.verify.verify_window import measure_until_decided
 
     chip, candidates = ClockedChip(), _candidates()
     window = InterleavedWindow(

@@ -16,7 +16,7 @@ from tpu_tuner.knobs.quantization import NO_TORCHAO
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.outputs.guardrail_refusals import refused_faster
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="the quant extra")
 KNOB = registry.get("quantization")

@@ -10,9 +10,9 @@ from helpers import precision_space, searched_study
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.race import leaders
-from tpu_tuner.tuning.verify import verify
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.verify.race import leaders
+from tpu_tuner.tuning.verify.verification import verify
 
 # Steady step each setting really takes (what every interleaved round sees), by autocast x precision.
 TRUE_STEP = {
@@ -76,7 +76,7 @@ def test_the_race_is_kept_in_result_json(options) -> None:
     import json
 
     from tpu_tuner.core.plain_data import from_plain
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.verify.verification import Verification
 
     study = searched_study({("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045})
     v = verify(study, precision_space(), _ScriptedRunner(), options, "cpu")
@@ -93,12 +93,12 @@ def test_a_bucketed_search_is_not_raced() -> None:
 
 
 def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_changed(options) -> None:
-    """With no time left the finish drops the knob-by-knob contributions (tuning/clock.py) and the
+    """With no time left the finish drops the knob-by-knob contributions (tuning/run/clock.py) and the
     verification records why; one knob changed costs nothing to attribute (set back, it is the baseline)."""
     import time
 
-    from tpu_tuner.tuning.clock import Clock
-    from tpu_tuner.tuning.verify import NO_TIME
+    from tpu_tuner.tuning.run.clock import Clock
+    from tpu_tuner.tuning.verify.verification import NO_TIME
 
     no_time = Clock(budget_s=1.0, started=time.perf_counter() - 60)
     two_knobs = searched_study({("none", "highest"): 0.100, ("bfloat16", "medium"): 0.030})

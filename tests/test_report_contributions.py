@@ -11,7 +11,7 @@ from helpers import window_result, window_samples
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.outputs.tuning_report import render_report
-from tpu_tuner.tuning.verify import NO_TIME, KnobContribution
+from tpu_tuner.tuning.verify.verification import NO_TIME, KnobContribution
 
 
 def _section(result) -> str:
@@ -66,7 +66,7 @@ def test_the_reason_survives_result_json(tmp_path, left_out: dict[str, str]) -> 
     import json
 
     from tpu_tuner.core.plain_data import from_plain, json_default
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.verify.verification import Verification
 
     v = dataclasses.replace(window_result(tmp_path).verification, contributions_left_out=left_out)
     back = from_plain(Verification, json.loads(json.dumps(dataclasses.asdict(v), default=json_default)))

@@ -1,5 +1,5 @@
 """Issue 55's target: no false sentence in a run's report, found by reading report.md against
-the run's own files (tuning/run_audit.py). Planted contradictions are each found; a real run of
+the run's own files (tuning/run/run_audit.py). Planted contradictions are each found; a real run of
 this version reads clean (slow)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.tuning.run_audit import audit
+from tpu_tuner.tuning.run.run_audit import audit
 
 REPORT = """# Tuning `m` on cpu
 

@@ -21,7 +21,7 @@ from conftest import EXAMPLES, FIXTURES
 from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 
 PACKAGE = Path(__file__).parent.parent / "tpu_tuner"
 
@@ -44,7 +44,7 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
 
 def test_tuning_result_and_reports_import_in_one_direction() -> None:
     # The result never reaches for the reports (not even inside a function) ...
-    result_imports = [m for m, _ in _imports(PACKAGE / "tuning" / "result.py")]
+    result_imports = [m for m, _ in _imports(PACKAGE / "tuning" / "run" / "tuning_result.py")]
     assert not [m for m in result_imports if m.startswith("tpu_tuner.outputs")], result_imports
     # ... and the reports know the result only as a type.
     reports = sorted((PACKAGE / "outputs").glob("*.py"))
@@ -54,7 +54,7 @@ def test_tuning_result_and_reports_import_in_one_direction() -> None:
         assert not runtime, (report.name, runtime)
     # Each imports on its own in a fresh interpreter (started together: each waits on its imports).
     modules = (
-        "tpu_tuner.tuning.result",
+        "tpu_tuner.tuning.run.tuning_result",
         "tpu_tuner.outputs.tuning_report",
         "tpu_tuner.outputs.tuning_plots",
         "tpu_tuner.outputs.write",
@@ -92,7 +92,7 @@ def test_no_module_but_run_folder_spells_a_run_file_name() -> None:
     paths = [
         *(PACKAGE / "cli").glob("*.py"),
         PACKAGE / "api.py",
-        PACKAGE / "tuning" / "result.py",
+        PACKAGE / "tuning" / "run" / "tuning_result.py",
         *(PACKAGE / "dashboard").glob("*.py"),
         *(PACKAGE / "outputs").glob("*.py"),
     ]

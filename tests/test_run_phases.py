@@ -1,4 +1,4 @@
-"""Issue 58, item 1: a tuning run is a sequence of named phases (tuning/phases.py) that share one
+"""Issue 58, item 1: a tuning run is a sequence of named phases (tuning/run/phases.py) that share one
 `Run`: one clock, made once, fitted in place when the profile phase ends, and read by the
 search, the verification and every progress line; `tpu-tune tune` and `tpu-tune study finish`
 verify, record and build their result through the same two functions. Stubbed phases, a fake
@@ -21,15 +21,15 @@ from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.studies.fingerprint import file_sha256
 from tpu_tuner.studies.liveness import Worker
 from tpu_tuner.studies.loop import StopReason
-from tpu_tuner.tuning import phases, study, study_admin
-from tpu_tuner.tuning.clock import Clock
-from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.run_location import RunLocation
-from tpu_tuner.tuning.search_options import DefaultBudget, SearchOptions
-from tpu_tuner.tuning.shared_study import PROFILE_ATTR, RECORD_ATTR, VERIFICATION_ATTR, record_verification
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import TuneTrials
-from tpu_tuner.tuning.verify import Verification
+from tpu_tuner.tuning.options.search_options import DefaultBudget, SearchOptions
+from tpu_tuner.tuning.options.tune_options import TuneOptions
+from tpu_tuner.tuning.run import phases, study_admin, tune_run
+from tpu_tuner.tuning.run.clock import Clock
+from tpu_tuner.tuning.run.run_location import RunLocation
+from tpu_tuner.tuning.run.shared_study import PROFILE_ATTR, RECORD_ATTR, VERIFICATION_ATTR, record_verification
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.trials import TuneTrials
+from tpu_tuner.tuning.verify.verification import Verification
 
 SPACE = SearchSpace.load(FIXTURES / "compile_precision_space.toml", "cpu")
 OPTIONS = TuneOptions(
@@ -75,10 +75,10 @@ def test_a_run_is_its_phases_in_order_each_given_the_last_ones_result(monkeypatc
 
         monkeypatch.setattr(phases, name, phase)
     runner, ended, events, writer = FakeRunner(), [], [], object()
-    monkeypatch.setattr(study, "trial_runner", lambda *args: runner)
-    monkeypatch.setattr(study.run_file, "end", lambda run_dir, status, **fields: ended.append(status))
+    monkeypatch.setattr(tune_run, "trial_runner", lambda *args: runner)
+    monkeypatch.setattr(tune_run.run_file, "end", lambda run_dir, status, **fields: ended.append(status))
 
-    assert study.run_tuning(FIXTURES / "model.py", OPTIONS, events.append, writer) is result  # type: ignore[arg-type]
+    assert tune_run.run_tuning(FIXTURES / "model.py", OPTIONS, events.append, writer) is result  # type: ignore[arg-type]
     assert [name for name, _, _ in calls] == list(returns)
     handed = [args[0] for _, _, args in calls[1:]]
     assert handed == [returns["start"], "profiled", "planned", "searched", "verified"]  # each the last one's result
@@ -228,8 +228,8 @@ def test_study_finish_writes_a_recorded_verification_through_the_one_finish(fini
 
 def test_the_finish_and_the_clock_are_written_once() -> None:
     """Neither entry point verifies, records or builds a result itself, and the run makes its clock once."""
-    for module in (study, study_admin):
+    for module in (tune_run, study_admin):
         source = inspect.getsource(module)
         assert not re.search(r"\b(verify|record_verification|TuningResult)\(", source), module.__name__
-    assert inspect.getsource(study).count("Clock(") == 1
+    assert inspect.getsource(tune_run).count("Clock(") == 1
     assert "Clock(" not in inspect.getsource(phases)

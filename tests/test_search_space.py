@@ -9,7 +9,7 @@ import pytest
 from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.devices.torchtpu import TorchTpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 
 def test_settings_lists_each_valid_setting_once_with_conditional_parameters_only_where_active() -> None:

@@ -17,15 +17,15 @@ from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.runner.requests import CompareRequest, MeasureRequest
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny_llama.py"
 
 
 def _measure(layout: str) -> MeasureRequest:
-    from tpu_tuner.tuning.options import default_trial_settings
+    from tpu_tuner.tuning.options.tune_options import default_trial_settings
 
     return MeasureRequest(
         candidate=Candidate(layout=layout).to_dict(),
@@ -104,7 +104,7 @@ def test_a_config_s_layout_is_its_setting_and_its_mesh_alike(tmp_path) -> None:
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_each_layout_is_measured_on_two_ranks_against_the_single_device_reference() -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
-    from tpu_tuner.tuning.options import default_trial_settings
+    from tpu_tuner.tuning.options.tune_options import default_trial_settings
 
     with RankedTrialRunner(str(TINY_LLAMA), "cpu", 2, timeout_s=120) as runner:
         measured = {}
@@ -208,7 +208,7 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
 
     from tpu_tuner.api import tune
     from tpu_tuner.knobs.tuned_config import TunedConfig
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
 
     plan = _plan(tmp_path / "plan")
     # Every trial measured to the end (no pruning): the test reads five complete trials back.
@@ -280,8 +280,8 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     import optuna
 
     from tpu_tuner.api import tune
-    from tpu_tuner.tuning import trial_attrs
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
+    from tpu_tuner.tuning.search import trial_attrs
 
     # No pruning: the test counts the data-parallel settings measured to the end.
     options = TuneOptions(
@@ -296,7 +296,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
     failed = [t for t in tensor if trial_attrs.failed_to_run(t)]
     # Given up unmeasured: rejected by the sharding agent once the layout failed alone, or, once it
-    # failed twice with no success, excluded by the study (tuning/failures.py), whichever came first.
+    # failed twice with no success, excluded by the study (tuning/search/failure_learning.py), whichever came first.
     given_up = [t for t in tensor if {"rejected_by", "excluded_by"} & set(records.attrs(t))]
     alone = [t for t in failed if t.params == {"autocast": "none", "optimizer_impl": "default", "layout": "1x1x2"}]
     assert len(alone) == 1 and len(failed) <= 2 and all("rank" in records.attrs(t)["failure_message"] for t in failed)

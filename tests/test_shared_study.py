@@ -1,4 +1,4 @@
-"""A study shared by name, without a model: joining and its refusals (tuning/shared_study.py), and
+"""A study shared by name, without a model: joining and its refusals (tuning/run/shared_study.py), and
 liveness (studies/liveness.py): a trial whose heartbeat stops is failed as lost and queued again,
 a beating one is left alone. On SQLite files in a temporary folder (the PostgreSQL server runs
 the whole thing in test_many_workers.py)."""
@@ -17,8 +17,8 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.studies import liveness, records
 from tpu_tuner.studies.liveness import Heartbeat, RunningWatch, fail_lost_trials, is_lost, open_storage
 from tpu_tuner.studies.loop import StopReason
-from tpu_tuner.tuning.options import ObjectiveOptions, SearchOptions, TuneOptions
-from tpu_tuner.tuning.shared_study import (
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, SearchOptions, TuneOptions
+from tpu_tuner.tuning.run.shared_study import (
     RECORD_ATTR,
     RECORD_FORMAT,
     adopt_options,
@@ -26,7 +26,7 @@ from tpu_tuner.tuning.shared_study import (
     make_record,
     open_shared,
 )
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 FINGERPRINT = {
@@ -244,7 +244,7 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import Worker
     from tpu_tuner.studies.loop import Rules, Settled, settle
-    from tpu_tuner.tuning.trials import TuneTrials
+    from tpu_tuner.tuning.search.trials import TuneTrials
 
     study = optuna.create_study()
     study.add_trial(
@@ -289,8 +289,8 @@ def test_a_worker_asking_past_the_budget_releases_its_trial_unmeasured(tmp_path)
 
 def test_the_worker_that_measured_last_verifies_once(tmp_path) -> None:
     from tpu_tuner.studies.liveness import Worker
-    from tpu_tuner.tuning.shared_study import record_verification, verification_left_to
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.run.shared_study import record_verification, verification_left_to
+    from tpu_tuner.tuning.verify.verification import Verification
 
     storage = _storage(tmp_path)
     study = optuna.create_study(storage=storage, study_name="s")

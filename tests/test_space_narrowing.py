@@ -11,8 +11,8 @@ from torch import nn
 
 from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
 from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 
 class _Block(nn.Module):
@@ -137,7 +137,7 @@ def test_grid_run_takes_seeds_that_switch_on_a_conditional_parameter() -> None:
     import optuna
 
     from tpu_tuner.tuning import TuneOptions
-    from tpu_tuner.tuning.seeding import build_sampler, enqueue_seeds
+    from tpu_tuner.tuning.search.seeding import build_sampler, enqueue_seeds
 
     space = SearchSpace.load("default", "cpu").for_workload(WorkloadTraits(False, 0, 0, 4))
     assert space.complete({"execution": "inductor"})["compile_options"] == "default"

@@ -1,4 +1,4 @@
-"""The seeds' winners stacked (tpu_tuner/tuning/stacking.py): once the combined seed and its
+"""The seeds' winners stacked (tpu_tuner/tuning/search/stacking.py): once the combined seed and its
 one-agent variants have finished, the variants that beat it are merged into one more setting."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.space import Param, SearchSpace
-from tpu_tuner.tuning.stacking import record_plan, stacked_setting
+from tpu_tuner.tuning.search.search_space import Param, SearchSpace
+from tpu_tuner.tuning.search.stacking import record_plan, stacked_setting
 
 SPACE = SearchSpace(
     "test",

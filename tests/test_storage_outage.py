@@ -227,7 +227,7 @@ def test_running_watch_does_not_count_the_time_the_storage_was_unreachable(monke
 
 def test_the_retry_limit_is_an_option_checked_with_the_others() -> None:
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.tuning.options import StoreOptions
+    from tpu_tuner.tuning.options.tune_options import StoreOptions
 
     assert StoreOptions().storage_retry_s == outage.DEFAULT_LIMIT_S == 300
     assert StoreOptions(storage_retry_s=0).storage_retry_s == 0  # no retry: stop at the first failure

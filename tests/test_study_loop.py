@@ -20,9 +20,9 @@ from tpu_tuner.studies.liveness import Worker, open_storage
 from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, StopReason, run_loop, settle
 from tpu_tuner.studies.samplers import SettingsGrid, build_sampler
 from tpu_tuner.tuning import TuneOptions
-from tpu_tuner.tuning.options import SearchOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trials import TuneTrials
+from tpu_tuner.tuning.options.tune_options import SearchOptions
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.trials import TuneTrials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 KEYS = [f"s{i}" for i in range(10)]

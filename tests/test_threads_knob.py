@@ -25,7 +25,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.tuning.agents import load_agents
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KNOB = knobs.get("intra_op_threads")

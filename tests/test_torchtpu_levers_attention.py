@@ -16,7 +16,7 @@ from torch import nn
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.attention_kernel import BLOCK_KEYWORDS, calls_sdpa
 from tpu_tuner.knobs.traits import WorkloadTraits, of_model
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 CPU = types.SimpleNamespace(kind="cpu")  # tensors here are CPU tensors: the "device" the kernel serves
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tpu_tuner.core.definitions import builtin_names, load_definition
 from tpu_tuner.devices import torchtpu_api
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 LEVERS = {"xla_optimization_level", "libtpu_flags", "param_dtype", "attention_kernel"}
 

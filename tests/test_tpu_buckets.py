@@ -15,7 +15,7 @@ from tpu_tuner.model.bucket_choice import Strategy, bucket_shares, evaluate, opt
 from tpu_tuner.model.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
 from tpu_tuner.model.lengths import LengthHistogram
 from tpu_tuner.runner.bucket_jobs import probe_shapes
-from tpu_tuner.tuning.bucketing import BucketingContext
+from tpu_tuner.tuning.search.bucketing_context import BucketingContext
 
 
 class ScriptedChip:

@@ -22,8 +22,8 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.model.lengths import LengthHistogram
 from tpu_tuner.runner import jobs
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.run_setup import bucketing_context
+from tpu_tuner.tuning.options.tune_options import TuneOptions
+from tpu_tuner.tuning.run.run_setup import bucketing_context
 
 ENCODER = FIXTURES / "tiny_encoder.py"
 
@@ -120,7 +120,7 @@ def test_every_measuring_worker_gets_an_empty_torchtpu_compile_cache(monkeypatch
 
 
 def test_a_tuning_run_measures_its_length_curve_on_tpu_and_buckets_each_trial(fake_chip) -> None:
-    """tuning/run_setup.py's bucketing context on the fake chip: the baseline (TorchTPU's defaults)
+    """tuning/run/run_setup.py's bucketing context on the fake chip: the baseline (TorchTPU's defaults)
     stepped at the probed lengths in the worker, then a trial's best bucketing from it."""
     runner = InProcessRunner(str(ENCODER), "tpu")
     hist = LengthHistogram.from_sample(np.array([3, 5, 5, 8, 9, 12, 12, 12, 17, 20, 31, 40, 40, 64]))

@@ -25,7 +25,7 @@ from tpu_tuner.knobs.tuned_config import TunedConfig, apply
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.model.workload import Workload
 from tpu_tuner.tuning.agents import load_agents, training_step
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 
 class Mlp(nn.Module):
@@ -206,7 +206,7 @@ def test_the_compile_agent_seeds_and_rejects_the_optimizer_implementation() -> N
 
 
 def test_the_memory_agent_seeds_micro_batching_only_near_the_memory_limit() -> None:
-    from tpu_tuner.tuning.memory_limit import MemoryLimit
+    from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 
     space = SearchSpace.load("default", "cpu")
     (agent,) = load_agents(["memory"], "cpu")

@@ -17,7 +17,7 @@ from tpu_tuner.studies.coverage import covered_settings, last_measured, measured
 from tpu_tuner.studies.liveness import is_lost, trial_id_of
 from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord, write_stored
-from tpu_tuner.tuning import trial_attrs
+from tpu_tuner.tuning.search import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

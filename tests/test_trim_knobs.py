@@ -19,12 +19,13 @@ from tpu_tuner.metrics.paired import VerdictKind
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.tuning import TuneOptions, trial_attrs
-from tpu_tuner.tuning.clock import Clock
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.space import SearchSpace
-from tpu_tuner.tuning.trim import HARMFUL, HELPS, NOT_SIGNIFICANT
-from tpu_tuner.tuning.verify import Verification, verify
+from tpu_tuner.tuning import TuneOptions
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import Clock
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.trim import HARMFUL, HELPS, NOT_SIGNIFICANT
+from tpu_tuner.tuning.verify.verification import Verification, verify
 
 SPACE = SearchSpace.load(FIXTURES / "trim_space.toml", "cpu")
 # Each knob value's factor on the baseline's 100 ms step: bf16 autocast halves it, matmul medium
@@ -179,7 +180,7 @@ def test_the_results_figures_are_the_trimmed_settings_own_window(tmp_path) -> No
 
     from tpu_tuner.metrics.paired import paired_speedup
     from tpu_tuner.outputs.tuning_report import render_report
-    from tpu_tuner.tuning.trim import TRIMMED, KnobContribution, Trim
+    from tpu_tuner.tuning.verify.trim import TRIMMED, KnobContribution, Trim
 
     result = window_result(tmp_path)  # its trial 1 stands for the trimmed setting, measured by the search
     samples = {"baseline": [0.050, 0.051, 0.049, 0.050], TRIMMED: [0.025, 0.0255, 0.0245, 0.025]}

@@ -19,7 +19,7 @@ from tpu_tuner.core.credentials import redact, without_password
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.runner.trial_runner import TrialRunner
 from tpu_tuner.studies import run_file
-from tpu_tuner.tuning.options import OutputOptions, SearchOptions, StoreOptions
+from tpu_tuner.tuning.options.tune_options import OutputOptions, SearchOptions, StoreOptions
 
 SECRET = "SECRETPASS"
 PG_URL = f"postgresql://user:{SECRET}@localhost:5432/optuna"
@@ -47,8 +47,8 @@ def test_redact_removes_passwords_from_urls_in_text(text: str, expected: str) ->
 
 
 def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Path) -> None:
-    from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.run_location import run_location
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
+    from tpu_tuner.tuning.run.run_location import run_location
 
     fingerprint = {"model_file": "m.py", "sha256": "0" * 64}
     location = run_location(
@@ -60,7 +60,7 @@ def test_run_json_never_holds_the_password_but_resume_gets_it_back(tmp_path: Pat
     assert json.loads((run_dir / "run.json").read_text())["storage"] == without_password(PG_URL)
     # Resume: the password comes from --storage given again, which must name the same database.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("tpu_tuner.tuning.run_location.check_storage", lambda url: None)
+        mp.setattr("tpu_tuner.tuning.run.run_location.check_storage", lambda url: None)
         resumed = run_location("m", TuneOptions(store=StoreOptions(resume=run_dir, url=PG_URL)), fingerprint)
         assert resumed.storage == PG_URL and resumed.resumed and not resumed.shared
         with pytest.raises(UserInputError, match="is not the run's storage") as info:
@@ -173,8 +173,8 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
     from tpu_tuner.api import tune
     from tpu_tuner.runner.load import load_summary
     from tpu_tuner.studies.fingerprint import fingerprint
-    from tpu_tuner.tuning.options import TuneOptions
-    from tpu_tuner.tuning.run_location import run_location
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
+    from tpu_tuner.tuning.run.run_location import run_location
 
     with TrialRunner(str(EXAMPLES / "mlp.py")) as runner:
         summary = load_summary(runner, EXAMPLES / "mlp.py")
@@ -257,7 +257,7 @@ def test_bad_options_are_refused_before_torch_is_imported() -> None:
 def test_a_run_that_dies_is_marked_failed_and_shown_failed(tmp_path: Path) -> None:
     from tpu_tuner.api import tune
     from tpu_tuner.dashboard import collect
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
 
     # The worker's own one-line error, naming the file and what failed in it.
     with pytest.raises(WorkloadError, match=r"bad_forward.py: the first step failed: RuntimeError: mat1 and mat2"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpu_tuner.cli.tune_progress import ProgressLines
-from tpu_tuner.tuning.progress import Progress
+from tpu_tuner.tuning.run.progress import Progress
 
 LONG = "precision: matmul precision 'high' is identical to 'highest' on CPU (no TF32)"
 OTHER = "compile: inductor on CPU needs a C++ compiler and none is on PATH"

@@ -15,7 +15,13 @@ from conftest import FIXTURES, use_probe
 from tpu_tuner import TuneOptions, tune
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.studies import records
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions, StoreOptions
+from tpu_tuner.tuning.options.tune_options import (
+    ObjectiveOptions,
+    OutputOptions,
+    RunnerOptions,
+    SearchOptions,
+    StoreOptions,
+)
 
 SPACE = FIXTURES / "eager_precision_space.toml"
 FAST = ProfilerSettings(
@@ -84,7 +90,7 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     assert result.verification.chosen["matmul_precision"] == "medium"
     frame = result.trials_dataframe()
     # The precision agent rejects "high" on CPU without measuring it (no TF32 there); other
-    # pruned trials are the slow ones stopped early (tuning/pruning.py).
+    # pruned trials are the slow ones stopped early (tuning/search/pruning.py).
     rejected = frame[frame["rejected_by"].notna()]
     assert set(rejected["matmul_precision"]) <= {"high"}
     assert all("identical to 'highest'" in r for r in rejected["rejected_by"])
@@ -108,7 +114,7 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     }
     for params, (kind, text) in expected.items():
         row = rows[params]
-        # Told as pruned with a violated constraint, so that TPE learns from it (tuning/trials.py).
+        # Told as pruned with a violated constraint, so that TPE learns from it (tuning/search/trials.py).
         assert row["state"] == "PRUNED", params
         assert row["failure_kind"] == kind, (params, row["failure_kind"], row["failure_message"])
         assert text in row["failure_message"], (params, row["failure_message"])

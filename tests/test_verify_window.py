@@ -21,11 +21,11 @@ from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions
-from tpu_tuner.tuning.clock import Clock
-from tpu_tuner.tuning.interleaved import InterleavedWindow
-from tpu_tuner.tuning.options import ObjectiveOptions, RunnerOptions
-from tpu_tuner.tuning.verify import Verification, verdict_message, verify
-from tpu_tuner.tuning.verify_window import measure_until_decided
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import Clock
+from tpu_tuner.tuning.verify.interleaved import InterleavedWindow
+from tpu_tuner.tuning.verify.verification import Verification, verdict_message, verify
+from tpu_tuner.tuning.verify.verify_window import measure_until_decided
 
 BUILD_S = 2.0  # what the first job spends building and warming up the candidates, on the fake clock
 
@@ -233,7 +233,7 @@ def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
     from helpers import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
-    from tpu_tuner.tuning.verify import DisturbedRound
+    from tpu_tuner.tuning.verify.verification import DisturbedRound
 
     result = window_result(tmp_path)
     result.verification = dataclasses.replace(

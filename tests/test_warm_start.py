@@ -1,4 +1,4 @@
-"""Warm start (tuning/warm_start.py, earlier_studies.py, workload_features.py): earlier studies' best
+"""Warm start (tuning/search/warm_start.py, earlier_studies.py, workload_features.py): earlier studies' best
 settings, found in the results folder and the storage, ranked (the same workload, then the nearest
 by features), valid for this space, never the baseline, never a password; and the report's
 "Warm start" and "Hosts" sections.
@@ -21,11 +21,17 @@ import pytest
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
-from tpu_tuner.tuning import earlier_studies, warm_start
-from tpu_tuner.tuning.options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
-from tpu_tuner.tuning.space import Param, SearchSpace
-from tpu_tuner.tuning.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
-from tpu_tuner.tuning.workload_features import WorkloadFeatures, distance, features_of, features_of_json, model_kind_of
+from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
+from tpu_tuner.tuning.search import earlier_studies, warm_start
+from tpu_tuner.tuning.search.search_space import Param, SearchSpace
+from tpu_tuner.tuning.search.warm_start import WarmSeed, enqueue_warm_seeds, find_warm_seeds
+from tpu_tuner.tuning.search.workload_features import (
+    WorkloadFeatures,
+    distance,
+    features_of,
+    features_of_json,
+    model_kind_of,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -495,9 +501,9 @@ def test_enqueued_trials_carry_the_warm_start_attr(tmp_path: Path) -> None:
 
 
 def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
-    from tpu_tuner.tuning.options import RunnerOptions, TuneOptions, default_trial_settings
-    from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.options.tune_options import RunnerOptions, TuneOptions, default_trial_settings
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
+    from tpu_tuner.tuning.verify.verification import Verification
 
     space = _space()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'report.db'}")
@@ -596,7 +602,7 @@ def test_report_hosts_line_for_one_host(tmp_path: Path) -> None:
 
 
 def test_trials_csv_keeps_host_and_names_the_warm_start_source(tmp_path: Path) -> None:
-    from tpu_tuner.tuning.trials_table import TRIAL_COLUMNS
+    from tpu_tuner.tuning.search.trials_table import TRIAL_COLUMNS
 
     frame = _result(tmp_path, ["vm-a", "vm-b", "vm-b"], "vm-a").trials_dataframe()
     assert "host" in TRIAL_COLUMNS and list(frame["host"]) == ["vm-a", "vm-b", "vm-b"]
@@ -621,7 +627,7 @@ def test_a_new_run_in_the_results_folder_starts_from_an_earlier_runs_best(tmp_pa
 
     from tpu_tuner.api import tune
     from tpu_tuner.profiling import ProfilerSettings
-    from tpu_tuner.tuning.options import TuneOptions
+    from tpu_tuner.tuning.options.tune_options import TuneOptions
 
     fast = ProfilerSettings(
         warmup_min_steps=1,

@@ -16,8 +16,8 @@ from helpers import WINDOW_FLOPS, WINDOW_PEAK, WINDOW_ROUNDS, window_result, win
 from tpu_tuner.core.plain_data import from_plain, json_default
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.tuning.verify import Verification
-from tpu_tuner.tuning.window import FROM_SEARCH, FROM_WINDOW, WindowFigures
+from tpu_tuner.tuning.verify.verification import Verification
+from tpu_tuner.tuning.verify.window_figures import FROM_SEARCH, FROM_WINDOW, WindowFigures
 
 
 def test_compared_steps_come_from_the_window_and_agree_with_the_speedup(tmp_path) -> None:

@@ -15,11 +15,11 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.outputs.write import write_tuning
 from tpu_tuner.profiling.settings import ProfilerSettings
-from tpu_tuner.tuning.options import TuneOptions
-from tpu_tuner.tuning.progress import Progress, ProgressCallback
-from tpu_tuner.tuning.result import TuningResult
-from tpu_tuner.tuning.study import run_tuning
-from tpu_tuner.tuning.study_admin import finish_study as _finish_study
+from tpu_tuner.tuning.options.tune_options import TuneOptions
+from tpu_tuner.tuning.run.progress import Progress, ProgressCallback
+from tpu_tuner.tuning.run.study_admin import finish_study as _finish_study
+from tpu_tuner.tuning.run.tune_run import run_tuning
+from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage

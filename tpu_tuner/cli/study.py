@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "dashboard":
         return _serve_dashboard(storage, args.host, args.port)
     if args.action == "status":
-        from tpu_tuner.tuning.study_admin import study_status
+        from tpu_tuner.tuning.run.study_admin import study_status
 
         print("\n".join(study_status(storage, args.study).lines()))
         return 0

@@ -1,6 +1,6 @@
 """`tpu-tune tune` (also `tpu-tune MODEL.py`): search, verify, write a tuned config.
 
-Every flag is generated from the field of `TuneOptions` it sets (tuning/options.py): its name,
+Every flag is generated from the field of `TuneOptions` it sets (tuning/options/tune_options.py): its name,
 help and default are stated there, once.
 """
 
@@ -11,7 +11,7 @@ import argparse
 from tpu_tuner.cli.common import add_model_args, dashboard_lines
 from tpu_tuner.core.flags import add_section, sections_from
 from tpu_tuner.metrics.mfu import mfu_text
-from tpu_tuner.tuning.options import SECTIONS, TuneOptions
+from tpu_tuner.tuning.options.tune_options import SECTIONS, TuneOptions
 
 NAME = "tune"
 HELP = "search eager/compile mode and precision with Optuna; verify the win; write a tuned config"
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     show = ProgressLines()
     if options.runner.nnodes > 1:
         from tpu_tuner.api import tune_across_hosts
-        from tpu_tuner.tuning.result import TuningResult
+        from tpu_tuner.tuning.run.tuning_result import TuningResult
 
         outcome = tune_across_hosts(args.model_file, options, progress=show)
         if not isinstance(outcome, TuningResult):  # a follower: the driver has the results

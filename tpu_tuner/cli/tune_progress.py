@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tpu_tuner.core.units import duration, ms
-from tpu_tuner.tuning.progress import Progress
+from tpu_tuner.tuning.run.progress import Progress
 
 # Phases of the search itself; any other event (the verification, the end) closes the search.
 SEARCH_PHASES = ("trial", "learn")

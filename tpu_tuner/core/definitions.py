@@ -51,7 +51,7 @@ class SpaceHeader:
 @dataclasses.dataclass(frozen=True)
 class SpaceFile:
     """A search space file's top level. Each [[param]] entry is checked by
-    `tpu_tuner.tuning.space`, which knows the knobs; this catches a typo in the tables."""
+    `tpu_tuner.tuning.search.search_space`, which knows the knobs; this catches a typo in the tables."""
 
     param: tuple[dict[str, Any], ...] = ()
     space: SpaceHeader = SpaceHeader()

@@ -90,7 +90,7 @@ COLUMNS = [
     "report",
     "path",
 ]
-# The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/result.py).
+# The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/run/tuning_result.py).
 KNOBS = knobs.names()
 
 

@@ -1,7 +1,7 @@
 """What each knob contributed, as a tuning run measured it, and how the page tells it from the
 search's knob importance.
 
-The verification (tuning/verify.py) runs the best setting interleaved with itself with one knob set
+The verification (tuning/verify/verification.py) runs the best setting interleaved with itself with one knob set
 back to its baseline value; the paired ratio is that knob's contribution, a speedup with an interval,
 and result.json keeps it (`verification.contributions`). Optuna's importance from trials.csv is
 something else: each knob's share of the step time's variance across the search's trials. A knob the
@@ -20,7 +20,7 @@ from typing import Any
 from tpu_tuner.core.run_folder import RESULT_JSON
 from tpu_tuner.dashboard.folder_files import finite, load_json, reason_of
 from tpu_tuner.dashboard.html_cells import esc, note, num_cell, sortable_table
-from tpu_tuner.tuning.trim import HARMFUL, HELPS, NOT_SIGNIFICANT
+from tpu_tuner.tuning.verify.trim import HARMFUL, HELPS, NOT_SIGNIFICANT
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def read_contributions(folder: Path) -> Contributions | None:
     try:
         verification = load_json(folder / RESULT_JSON, "verification")["verification"]
         trim = verification.get("trim") or {}
-        # Knobs the recommendation dropped for slowing the best (tuning/trim.py), where it was trimmed.
+        # Knobs the recommendation dropped for slowing the best (tuning/verify/trim.py), where it was trimmed.
         dropped = set(trim.get("dropped") or []) if trim.get("recommended") else set()
         measured = [_contribution(entry, dropped) for entry in verification.get("contributions") or []]
         left_out = {str(k): str(v) for k, v in (verification.get("contributions_left_out") or {}).items()}

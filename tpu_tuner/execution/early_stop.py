@@ -6,7 +6,7 @@ slows a step down), so when even that, with the compile time already spent, is b
 times the best objective so far, the rest of the measurement cannot change the verdict. A compile
 that alone costs more than that objective over the planned steps cannot pay back either, and is
 cut off while it runs (`compile_deadline`). Optuna's pruners decide the same way from a trial's
-reported values (tuning/pruning.py); this rule runs inside the trial worker, where the steps are.
+reported values (tuning/search/pruning.py); this rule runs inside the trial worker, where the steps are.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ round is timed, judge the log steps of each setting and the baseline/best log ra
   implies over the window at least `MIN_DRIFT` (5%).
 
 Each needs `MIN_JUDGED_ROUNDS` rounds. A flag does not change the verdict's interval: the window
-adds rounds for it once when the clock allows (tuning/verify_window.py) and says what it found. A
+adds rounds for it once when the clock allows (tuning/verify/verify_window.py) and says what it found. A
 drift every setting shares (the host slowing) cancels in the paired ratio: the ratio's own
 judgment says whether the estimate is touched.
 """

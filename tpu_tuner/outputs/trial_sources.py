@@ -11,15 +11,15 @@ from tpu_tuner.core.units import ms
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
-    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 
-# The trial user attr an enqueued earlier best carries (tuning/warm_start.py).
+# The trial user attr an enqueued earlier best carries (tuning/search/warm_start.py).
 WARM_START_ATTR = records.WARM_START
 
 
 def warm_start_section(result: TuningResult) -> list[str]:
-    """Where each warm-start trial's setting came from (an earlier study's best: tuning/warm_start.py),
+    """Where each warm-start trial's setting came from (an earlier study's best: tuning/search/warm_start.py),
     what it measured there and what it measured here; nothing when no trial was warm-started."""
     trials = [
         t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)
@@ -123,7 +123,7 @@ def _measured_here(trial, baseline_value: float | None) -> str:
     if attrs.get(records.STOPPED_EARLY):
         return "stopped early (hopeless against the best so far)"
     kind = attrs.get(records.FAILURE_KIND)
-    # A failed measurement is told as pruned with a violated constraint (tuning/trials.py).
+    # A failed measurement is told as pruned with a violated constraint (tuning/search/trials.py).
     failed = trial.state == optuna.trial.TrialState.FAIL or kind is not None
     state = "failed" if failed else trial.state.name.lower()
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")

@@ -18,7 +18,7 @@ from tpu_tuner.studies import records
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 
 def write_plots(result: TuningResult) -> dict[str, Path]:

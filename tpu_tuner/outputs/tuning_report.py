@@ -17,8 +17,8 @@ from tpu_tuner.studies.outcome import Outcome, tally
 
 if TYPE_CHECKING:
     from tpu_tuner.execution.measurement import Measurement
-    from tpu_tuner.tuning.result import TuningResult
-    from tpu_tuner.tuning.window import ComparedSteps
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
+    from tpu_tuner.tuning.verify.window_figures import ComparedSteps
 
 
 def _ranks_line(nproc: int, training: bool, nnodes: int = 1) -> str:

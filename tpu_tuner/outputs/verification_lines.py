@@ -9,8 +9,8 @@ from tpu_tuner.core.units import ms
 from tpu_tuner.metrics.disturbed import DISTURBED_DEVIATIONS
 
 if TYPE_CHECKING:
-    from tpu_tuner.tuning.trim import KnobContribution
-    from tpu_tuner.tuning.verify import Verification
+    from tpu_tuner.tuning.verify.trim import KnobContribution
+    from tpu_tuner.tuning.verify.verification import Verification
 
 
 def disturbed_lines(v: Verification) -> list[str]:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tpu_tuner.bucketing.study import BucketResult
     from tpu_tuner.planner.plan import PlanOptions, PlanResult
     from tpu_tuner.profiling.profile import Profile
-    from tpu_tuner.tuning.result import TuningResult
+    from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 log = logging.getLogger(__name__)
 

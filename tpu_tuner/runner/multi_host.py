@@ -10,7 +10,7 @@ worker only.
 
 A host that stops answering during a job (its agent killed, its host down) fails that job naming
 the host, as a trial failure of kind INTERRUPTED (`LOST_HOST`: the setting measured nothing and
-is measured again, `tuning/trials.py`; HANG where its agent is on this machine and seen stopped:
+is measured again, `tuning/search/trials.py`; HANG where its agent is on this machine and seen stopped:
 SIGSTOP, `runner/frozen.py`); the other hosts' ranks are stopped. Then, with
 ``--max-restarts`` left, the hosts meet again before the next job (waiting for the lost one to be
 started again); without, the run stops with `HostsError` before the next trial is asked

@@ -41,7 +41,7 @@ class RankedTrialRunner(TrialRunner):
     job in one worker, as `TrialRunner`; their output goes to `log` (None: a temporary one)."""
 
     # Each job is a fresh group: a comparison cannot keep its built steps between jobs, so its
-    # rounds run in one job (tuning/verify.py asks this).
+    # rounds run in one job (tuning/verify/verification.py asks this).
     keeps_warm_steps = False
 
     def __init__(

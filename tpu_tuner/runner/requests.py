@@ -67,7 +67,7 @@ class MeasureRequest(Request):
     # compile spread over `planned_steps` (execution/early_stop.py); None measures to the end.
     stop_above_s: float | None = None
     planned_steps: int = 5000
-    # The study's memory limit (`tuning/memory_limit.py`): a step estimated above it is refused
+    # The study's memory limit (`tuning/search/memory_limit.py`): a step estimated above it is refused
     # unmeasured (execution/memory_estimate.py); None: the device's or the process's memory.
     memory_limit_bytes: int | None = None
     memory_limit_source: str = ""

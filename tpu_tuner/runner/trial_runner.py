@@ -63,7 +63,7 @@ class Runner(Protocol):
 
     @property
     def keeps_warm_steps(self) -> bool:
-        """Whether a comparison may run its rounds as several jobs on warm steps (tuning/verify.py)."""
+        """Whether a comparison may run its rounds as several jobs on warm steps (tuning/verify/verification.py)."""
 
     @property
     def workers_started(self) -> int:
@@ -97,7 +97,7 @@ class TrialRunner:
     (`runner.log.move_into(run_dir)`) and owns a log it passed in."""
 
     # A worker stays warm between jobs, so a comparison may run its rounds as several jobs
-    # (tuning/verify.py), the steps built by the first kept for the rest.
+    # (tuning/verify/verification.py), the steps built by the first kept for the rest.
     keeps_warm_steps = True
 
     def __init__(

@@ -29,7 +29,7 @@ clears it, a failure makes it a cause), so that setting is worth measuring to it
 The probe for two suspects that always came together is the failing setting with one of them
 changed back to the value of the nearest setting that worked: whether it fails says which value
 is the cause. Deterministic: every worker of a study, given the same trials, finds the same causes.
-No Optuna here: the tuner reads its trials into `Evidence` (tuning/failures.py).
+No Optuna here: the tuner reads its trials into `Evidence` (tuning/search/failure_learning.py).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class PostgresJournal(BaseJournalBackend):
         self.outages = outages or Outages(engine.url.render_as_string(hide_password=True))
         self._appended: tuple[int, list[str]] | None = None  # (first number, entries) of the last append
         # Not retried: a worker that cannot reach its server at start is refused at once (exit 2,
-        # tuning/run_location.py); an outage is ridden out only once the study is under way.
+        # tuning/run/run_location.py); an outage is ridden out only once the study is under way.
         self._create_schema(engine)
 
     @staticmethod

@@ -40,13 +40,13 @@ FAILURE_MESSAGE = "failure_message"
 REJECTED_BY = "rejected_by"
 INTERRUPTED = FailureKind.INTERRUPTED  # the failure kind of a trial left RUNNING by an interrupted run
 
-# Failure learning (tuning/failures.py): a trial asked for a setting the study had excluded names
+# Failure learning (tuning/search/failure_learning.py): a trial asked for a setting the study had excluded names
 # the cause (it is not measured); a probe queued to tell two suspects apart names what it tests;
 # the study keeps each cause found under EXCLUSION_PREFIX + its key (a study user attribute).
 EXCLUDED_BY = "excluded_by"
 PROBE_FOR = "probe_for"
 EXCLUSION_PREFIX = "exclusion:"
-# A trial whose measurement stopped early, hopeless against the best so far (tuning/pruning.py):
+# A trial whose measurement stopped early, hopeless against the best so far (tuning/search/pruning.py):
 # why, and what it measured until then (an EarlyStop's fields).
 STOPPED_EARLY = "stopped_early"
 EARLY_STOP = "early_stop"
@@ -84,7 +84,7 @@ AMORTISED_STEP_S = "amortised_step_s"
 MFU = "mfu"
 BUCKETS = "buckets"
 PADDING_WASTE = "padding_waste"
-# How a setting was queued from an earlier study (tuning/warm_start.py); kept by a lost trial's retry.
+# How a setting was queued from an earlier study (tuning/search/warm_start.py); kept by a lost trial's retry.
 WARM_START = "warm_start"
 
 # The planner's record: what became of a trial ("outcome", a `PlanOutcome`), why, the point it

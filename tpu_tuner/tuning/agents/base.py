@@ -24,7 +24,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.levers import Wanted, left_out
 from tpu_tuner.tuning.agents.schema import seeds_for
-from tpu_tuner.tuning.space import Param, SearchSpace
+from tpu_tuner.tuning.search.search_space import Param, SearchSpace
 
 
 class Agent(ABC):

@@ -21,7 +21,7 @@ from tpu_tuner.profiling.verdict import Verdict
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import CompileDefinition
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 # channels_last is seeded when convolutions take at least this share of the profiled self time:
 # then the NHWC kernels (no layout conversion around each convolution) can move the step.

@@ -18,7 +18,7 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
 from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 Wanted = Callable[[str], bool]
 """Which of a knob's choices make the lever (quantization: any but "none"); None: any choice."""

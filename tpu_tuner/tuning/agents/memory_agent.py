@@ -2,7 +2,7 @@
 
 Checkpointing repeated blocks trades step time (one more forward of each checkpointed block)
 for peak memory, so it is tried only when the baseline's measured peak is close to the limit a
-trial must stay under (`tpu_tuner.tuning.memory_limit`): there it is seeded; elsewhere a setting
+trial must stay under (`tpu_tuner.tuning.search.memory_limit`): there it is seeded; elsewhere a setting
 with it is rejected unmeasured (it could only be slower; docs/knobs.md has the measured cost).
 An inference step has no backward pass: the search space leaves both memory knobs out there
 (knobs/traits.py), and this agent rejects them should a space still hold them. Its findings
@@ -17,8 +17,8 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import MemoryDefinition
-from tpu_tuner.tuning.memory_limit import MemoryLimit
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.memory_limit import MemoryLimit
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 KNOB = "activation_checkpointing"
 # Gradient accumulation (tpu_tuner/knobs/micro_batches.py): the other memory knob of a training

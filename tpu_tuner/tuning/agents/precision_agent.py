@@ -17,7 +17,7 @@ from tpu_tuner.profiling.verdict import is_matmul_like
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import PrecisionDefinition
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 # Profiled operators that are a linear layer's matmul (aten::linear runs as addmm / mm).
 LINEAR_OPERATORS = ("aten::linear", "aten::addmm", "aten::mm")

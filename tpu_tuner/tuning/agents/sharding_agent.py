@@ -22,7 +22,7 @@ from tpu_tuner.parallel.from_plan import MappedLayout
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.schema import ShardingDefinition
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 KNOB = "layout"
 

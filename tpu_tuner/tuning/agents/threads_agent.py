@@ -14,7 +14,7 @@ from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.agents.levers import not_searched
 from tpu_tuner.tuning.agents.schema import ThreadsDefinition
-from tpu_tuner.tuning.space import SearchSpace
+from tpu_tuner.tuning.search.search_space import SearchSpace
 
 KNOB = "intra_op_threads"
 

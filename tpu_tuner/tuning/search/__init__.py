@@ -1,0 +1,1 @@
+"""The search: the space, the trials Optuna asks for, what they record, seeds and failure learning."""

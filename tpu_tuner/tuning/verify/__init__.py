@@ -1,0 +1,1 @@
+"""After the search: the leaders raced and the best verified against the baseline, interleaved."""

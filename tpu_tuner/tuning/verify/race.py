@@ -1,0 +1,105 @@
+"""The race: the search's few fastest settings re-measured interleaved before one is verified.
+
+The search measures each setting once, at its own moment, on a machine whose timings drift, so
+its ranking of settings a few percent apart is partly chance (on examples/gpt.py a run's best by
+one measurement, 2 micro-batches at 185 ms, was 7% slower interleaved than 4 micro-batches,
+which that run had measured at 200 ms). As racing algorithms do (irace, successive halving), the
+leaders get a second, paired look: the baseline and the top settings within `RACE_WITHIN` of the
+best run round-robin in one worker, and the fastest by its interleaved amortised step goes on to
+the verification. A lone leader (no runner-up within reach) is not raced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import optuna
+
+from tpu_tuner.metrics.paired import paired_speedup
+from tpu_tuner.runner.ranked_runner import Runner
+from tpu_tuner.studies import records
+from tpu_tuner.tuning.options.tune_options import TuneOptions
+from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.verify.interleaved import compare_interleaved, start_environments
+
+# How many of the search's leaders are raced, and how far behind the best one may be: beyond
+# 15% one measurement's noise on this kind of machine does not reverse the order. Five: on
+# examples/gpt.py five settings sat within 5% of the best by one measurement each, and the one
+# fastest interleaved was fifth (docs/search-efficiency.md); each costs a build and one step a round.
+RACE_TOP = 5
+RACE_WITHIN = 1.15
+
+
+@dataclass(frozen=True)
+class RaceEntry:
+    """One raced setting: its trial, the search's figure and the interleaved one."""
+
+    trial: int
+    label: str
+    search_amortised_s: float
+    interleaved_amortised_s: float  # median steady step in the race + the search's compile / planned steps
+    speedup_over_baseline: float
+
+
+def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna.trial.FrozenTrial]:
+    """The feasible, measured, non-baseline settings worth racing, fastest first."""
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if trial_attrs.is_feasible(t)
+        and trial_attrs.measurement_of(t) is not None
+        and records.REPEAT_OF not in records.attrs(t)
+        and t.params != baseline_params
+    ]
+    feasible.sort(key=trial_attrs.objective)
+    if not feasible or any(records.BUCKETS in records.attrs(t) for t in feasible):
+        # With varying input lengths the objective is the expected step over the length sample
+        # under each trial's own buckets (tuning/search/bucketing_context.py), which a race at one shape cannot
+        # re-measure: the search's order stands.
+        return []
+    return [
+        t for t in feasible[:RACE_TOP] if trial_attrs.objective(t) <= trial_attrs.objective(feasible[0]) * RACE_WITHIN
+    ]
+
+
+def race(
+    study: optuna.Study,
+    space: SearchSpace,
+    runner: Runner,
+    options: TuneOptions,
+    contenders: list[optuna.trial.FrozenTrial],
+    rounds: int | None = None,
+) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
+    """Race `contenders` (fastest first by the search) against the baseline, interleaved, for
+    `rounds` rounds (default: half the verification's, at least 4);
+    returns the winner and every entry, or why the race failed (the caller keeps the search's
+    best then)."""
+    baseline = space.to_candidate(space.baseline_params())
+    candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
+    rounds = rounds or max(4, options.objective.verify_rounds // 2)
+    compared = compare_interleaved(
+        runner, candidates, rounds, options.runner, None, start_environments(candidates, space.device_kind)
+    )
+    if isinstance(compared, str):
+        return compared
+    samples = compared[0]
+    entries = []
+    for trial, times in zip(contenders, samples[1:]):
+        measured = trial_attrs.measurement_of(trial)
+        compile_share = measured.compile_seconds / options.objective.planned_steps if measured is not None else 0.0
+        median = sorted(times)[len(times) // 2]
+        entries.append(
+            RaceEntry(
+                trial=trial.number,
+                label=space.to_candidate(dict(trial.params)).describe(),
+                search_amortised_s=trial_attrs.objective(trial),
+                interleaved_amortised_s=median + compile_share,
+                speedup_over_baseline=paired_speedup(samples[0], times).speedup,
+            )
+        )
+    best = min(range(len(entries)), key=lambda i: (entries[i].interleaved_amortised_s, i))
+    if not math.isfinite(entries[best].interleaved_amortised_s):
+        return "no finite time in the race"
+    return contenders[best], entries
