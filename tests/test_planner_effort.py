@@ -147,6 +147,19 @@ def test_a_fast_point_far_from_the_limit_stays_fast_and_full_effort_plans_compil
     assert [job.fast for job in pool.jobs] == [False] and plan.fit_effort == "full"
 
 
+def test_a_dropless_step_is_predicted_at_the_dropless_efficiency() -> None:
+    """The calibration fits dropless MoE steps their own efficiency (TPU7x 0.35 against dense 0.63):
+    a plan of such a model must use it, or it is predicted about 1.8x too fast."""
+    from dataclasses import replace
+
+    dense = replace(_problem(fast=False), cost_model=CostModel(mxu_efficiency=0.6, dropless_ratio=0.5))
+    dropless = replace(dense, moe="dropless")
+    (fast,) = evaluate(dense, [POINT], _TwoEffortPool(fast=0.5, full=0.5), lambda _: None).values()
+    (slow,) = evaluate(dropless, [POINT], _TwoEffortPool(fast=0.5, full=0.5), lambda _: None).values()
+    assert fast.prediction is not None and slow.prediction is not None
+    assert slow.prediction.step_seconds > fast.prediction.step_seconds
+
+
 def test_v4_is_planned_as_megacore() -> None:
     assert topology_config("v4:4x4x4") == {"chip_config_name": "megacore"} and topology_config("v5p:4x4x4") == {}
     v4 = parse_topology("v4-128")  # slice names count TensorCores: 64 chips, one megacore device each
