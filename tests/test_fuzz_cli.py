@@ -53,8 +53,8 @@ def stopped_before_work() -> Any:
     they are, and nothing is tuned, planned or measured."""
     mp = pytest.MonkeyPatch()
     mp.setattr("tpu_tuner.tuning.run.tune_run.trial_runner", _accept)
-    mp.setattr("tpu_tuner.outputs.write.plan_to_folder", _accept)
-    mp.setattr("tpu_tuner.outputs.ranking_report.rank_to_folder", _accept)
+    mp.setattr("tpu_tuner.plan_api.plan_to_folder", _accept)
+    mp.setattr("tpu_tuner.plan_api.rank_to_folder", _accept)
     mp.setattr("tpu_tuner.planner.plan.CompilePool", _accept)
     mp.setattr("tpu_tuner.bucketing.study.TrialRunner", _accept)
     mp.delenv("TPU_TUNE_STORAGE", raising=False)

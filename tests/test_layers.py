@@ -32,6 +32,7 @@ LAYERS = {
     "outputs": 11,
     "dashboard": 12,
     "api": 13,
+    "plan_api": 13,
     "cli": 14,
     "": 15,  # the package face, tpu_tuner/__init__.py
 }

@@ -186,6 +186,7 @@ def test_the_notes_say_which_slices_the_bands_cannot_order() -> None:
 def _fake_plans(monkeypatch, plans: dict[str, dict | UserInputError]) -> list[str]:
     """plan_to_folder replaced by one that writes the given plan.json (or refuses) per topology."""
     import tpu_tuner.outputs.write as write
+    import tpu_tuner.plan_api as plan_api
 
     called: list[str] = []
 
@@ -198,12 +199,12 @@ def _fake_plans(monkeypatch, plans: dict[str, dict | UserInputError]) -> list[st
         (folder / "plan.json").write_text(json.dumps(outcome))
         return folder, type("Result", (), {"workload": "decoder"})()
 
-    monkeypatch.setattr(write, "plan_to_folder", fake)
+    monkeypatch.setattr(plan_api, "plan_to_folder", fake)
     return called
 
 
 def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_path) -> None:
-    from tpu_tuner.outputs.ranking_report import rank_to_folder
+    from tpu_tuner.plan_api import rank_to_folder
     from tpu_tuner.planner.options import PlanOptions
 
     called = _fake_plans(
@@ -234,7 +235,7 @@ def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_pat
 
 
 def test_when_every_slice_is_refused_the_first_refusal_is_raised_and_no_folder_is_left(monkeypatch, tmp_path) -> None:
-    from tpu_tuner.outputs.ranking_report import rank_to_folder
+    from tpu_tuner.plan_api import rank_to_folder
     from tpu_tuner.planner.options import PlanOptions
 
     _fake_plans(

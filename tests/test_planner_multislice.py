@@ -174,7 +174,7 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
         from pathlib import Path
         from tpu_tuner.model.layouts import parse_layout
         from tpu_tuner.outputs.plan_report import render_terminal
-        from tpu_tuner.outputs.write import plan_to_folder
+        from tpu_tuner.plan_api import plan_to_folder
         from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
         options = PlanOptions(PlanTarget("v5e:2x2", slices=2), step=PlanStep(global_batch=16, seq_len=128),
                               compile=PlanCompile(fast_compile=True, workers=2),

@@ -43,7 +43,7 @@ _EXPORTS = {
     "BucketOptions": "tpu_tuner.bucketing.study",
     "plan_buckets": "tpu_tuner.bucketing.study",
     # Run folders: the same files the CLI writes (tpu_tuner/outputs/write.py).
-    "plan_to_folder": "tpu_tuner.outputs.write",
+    "plan_to_folder": "tpu_tuner.plan_api",
     "save_buckets": "tpu_tuner.outputs.write",
     "save_profile": "tpu_tuner.outputs.write",
 }

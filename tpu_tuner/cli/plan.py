@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags, plan into a run folder, print the ranking."""
     from tpu_tuner.core.run_folder import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
     from tpu_tuner.outputs.plan_report import render_terminal
-    from tpu_tuner.outputs.write import plan_to_folder
+    from tpu_tuner.plan_api import plan_to_folder
     from tpu_tuner.planner.options import SECTIONS, PlanOptions
 
     # Each section checks itself (the target every slice --topology names), PlanOptions what spans them.
@@ -90,7 +90,8 @@ def _prices(args: argparse.Namespace, topologies: list[str]) -> dict[str, Any]:
 
 def _rank(args: argparse.Namespace, options: Any, prices: dict[str, Any]) -> int:
     """Plan every topology of the target with the same options, then print the ranking."""
-    from tpu_tuner.outputs.ranking_report import rank_to_folder, render_terminal
+    from tpu_tuner.outputs.ranking_report import render_terminal
+    from tpu_tuner.plan_api import rank_to_folder
 
     folder, ranking = rank_to_folder(
         args.model_file,

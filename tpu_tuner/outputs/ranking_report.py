@@ -16,22 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import time
-from collections.abc import Callable
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core import run_folder
-from tpu_tuner.core.errors import TpuTuneError
 from tpu_tuner.core.run_folder import write_atomic
 from tpu_tuner.core.units import duration, si
-from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD, Ranking, ranked, slice_of, unplanned
+from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD, Ranking
 
 if TYPE_CHECKING:
-    from tpu_tuner.planner.options import PlanOptions
-    from tpu_tuner.planner.prices import Price
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -48,65 +42,6 @@ HEADER = [
     "# per chip",
     "# per $",
 ]
-
-
-def rank_to_folder(
-    model_file: str | Path,
-    options: PlanOptions,
-    topologies: list[str],
-    prices: dict[str, Price],
-    out: str | Path = run_folder.RESULTS_DIR,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[Path, Ranking]:
-    """Plan `model_file` on each of `topologies` with the same options (one plan folder each, inside
-    a new ranking folder under `out`) and rank them; returns (ranking folder, ranking).
-
-    A slice the planner refuses (no layout divides the model on it, ...) ranks with the slices
-    where nothing fits, its refusal as why. When every slice is refused, the folder is removed and
-    the first refusal raised: the input, not one slice, is at fault."""
-    from tpu_tuner.outputs.write import plan_run_dir, plan_to_folder, with_plan_storage
-    from tpu_tuner.planner.topology import parse_topology
-
-    emit = progress or (lambda message: None)
-    started = time.perf_counter()
-    # One study storage for every slice, as a single plan keeps it: a ranking run again resumes each slice's search.
-    options = with_plan_storage(options, out)
-    parent = plan_run_dir(out, model_file, "ranking", options.step.preset)
-    ranking = Ranking(
-        source=str(model_file),
-        workload="",
-        preset=options.step.preset,
-        slices=[],
-        prices={g: asdict(p) for g, p in sorted(prices.items())},
-        topologies=list(topologies),
-    )
-    write_ranking(parent, ranking)  # marks the folder as a ranking while its slices are planned
-    refusals: list[TpuTuneError] = []
-    for number, topology in enumerate(topologies, 1):
-        emit(f"=== {topology} ({number} of {len(topologies)}) ===")
-        parsed = parse_topology(topology)
-        price = prices.get(parsed.chip.generation)
-        try:
-            run_dir, result = plan_to_folder(
-                model_file, replace(options, target=replace(options.target, topology=topology)), parent, progress
-            )
-        except TpuTuneError as exc:
-            refusals.append(exc)
-            emit(f"{topology}: not planned: {exc}")
-            ranking.slices.append(
-                unplanned(topology, parsed.chip.generation, parsed.chips, parsed.devices, f"not planned: {exc}", price)
-            )
-        else:
-            ranking.workload = result.workload
-            plan = json.loads((run_dir / run_folder.PLAN_JSON).read_text())
-            ranking.slices.append(slice_of(plan, price, run_dir.name))
-        ranking.slices = ranked(ranking.slices)
-        ranking.seconds = time.perf_counter() - started
-        write_ranking(parent, ranking)
-    if len(refusals) == len(topologies):
-        shutil.rmtree(parent, ignore_errors=True)
-        raise refusals[0]
-    return parent, ranking
 
 
 def write_ranking(folder: Path, ranking: Ranking) -> list[str]:
@@ -258,7 +193,6 @@ __all__ = [
     "cells",
     "notes",
     "price_lines",
-    "rank_to_folder",
     "render_markdown",
     "render_terminal",
     "write_ranking",

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core import run_folder
-from tpu_tuner.core.errors import TpuTuneError
 from tpu_tuner.core.run_folder import new_run_dir, write_atomic
 
 if TYPE_CHECKING:
@@ -146,48 +143,6 @@ def with_plan_storage(options: PlanOptions, out: str | Path) -> PlanOptions:
     return replace(options, store=replace(options.store, url=url))
 
 
-def plan_to_folder(
-    model_file: str | Path,
-    options: PlanOptions,
-    out: str | Path = run_folder.RESULTS_DIR,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[Path, PlanResult]:
-    """Plan `model_file` into a new folder under `out`; returns (folder, result).
-
-    The folder comes first: the compiler processes write libtpu's logs (start-up noise, stack
-    dumps of compiler crashes) into its compiler.log rather than onto the terminal. A plan refused
-    for bad input leaves no folder behind; one that failed otherwise keeps compiler.log when the
-    compilers wrote anything (it says why).
-    """
-    from tpu_tuner.planner.plan import plan
-
-    new_root = not Path(out).exists()
-    options = with_plan_storage(options, out)
-    if options.store.url is not None:
-        from tpu_tuner.studies.storage import check_storage
-
-        check_storage(options.store.url)
-    run_dir = plan_run_dir(out, model_file, options.target.topology, options.step.preset)
-    log_file = run_dir / run_folder.COMPILER_LOG
-    options = replace(options, compile=replace(options.compile, log_file=log_file))
-    try:
-        result = plan(model_file, options, progress=progress)
-    except BaseException as exc:
-        _drop_failed_plan(run_dir, log_file, bad_input=isinstance(exc, TpuTuneError))
-        if new_root and not any(Path(out).iterdir()):  # the results folder this plan made, now empty
-            Path(out).rmdir()
-        raise
-    write_plan(run_dir, result)
-    return run_dir, result
-
-
-def _drop_failed_plan(run_dir: Path, log_file: Path, bad_input: bool) -> None:
-    if bad_input or not log_file.exists() or log_file.stat().st_size == 0:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        log.warning("the compiler processes' output is in %s", log_file)
-
-
 # --- buckets ---------------------------------------------------------------------------------
 
 
@@ -234,7 +189,6 @@ def save_buckets(
 
 __all__ = [
     "plan_run_dir",
-    "plan_to_folder",
     "save_buckets",
     "save_profile",
     "write_buckets",
