@@ -59,12 +59,12 @@ print(json.dumps(out))
 
 ROUTING = """
 import json, re, time, torch
-import tpu_tuner.planner.program as program
-from tpu_tuner.planner.compile_pool import run_job, _workload
-from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import PlanPoint
+import tpu_tuner.planner.compiler.program as program
+from tpu_tuner.planner.compiler.compile_pool import run_job, _workload
+from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.compiled_step import add_loop_iterations
+from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 texts, parse = [], program.parse_collectives
 program.parse_collectives = lambda text: (texts.append(text), parse(text))[1]
@@ -98,10 +98,10 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, torch
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.compiled_step import add_loop_iterations
-from tpu_tuner.planner.program import compile_step
-from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+from tpu_tuner.planner.compiler.program import compile_step
+from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,"
         "q_lora_rank=64,kv_lora_rank=32,qk_rope_head_dim=32")

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from tpu_tuner.outputs.plan_report import render_terminal
-from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
-from tpu_tuner.planner.plan import plan
+from tpu_tuner.planner.plans.plan import plan
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
 
 REPO = Path(__file__).resolve().parent.parent
 

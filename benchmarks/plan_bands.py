@@ -18,7 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from tpu_tuner.planner.calibration import ADOPTED, EFFICIENCY_MODELS, ROWS_FILE, band_check, load_rows, noise_floor
+from tpu_tuner.planner.calibration.fitting import (
+    ADOPTED,
+    EFFICIENCY_MODELS,
+    ROWS_FILE,
+    band_check,
+    load_rows,
+    noise_floor,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_calibration import print_bands

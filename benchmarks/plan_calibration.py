@@ -6,7 +6,7 @@ other run is left out): each run's shape, slice, mesh, remat policy, per-device 
 (AdamW or SGD), AdamW first-moment dtype and FLOPs convention. Each row is compiled for its topology at full effort;
 its compiler figures are kept per row in benchmarks/calibration_compiled.json as soon as it is
 compiled, so a rerun compiles only the rows not there yet. Then the rows the prediction needs go
-to tpu_tuner/planner/calibration_rows.json (the planner fits its constants to that file) and the
+to tpu_tuner/planner/calibration/calibration_rows.json (the planner fits its constants to that file) and the
 report prints every row's fit verdict and each efficiency model's leave-one-out table.
 
     python benchmarks/plan_calibration.py [--only ID ...] [--recompile]   # compiles what is missing
@@ -30,8 +30,8 @@ from pathlib import Path
 from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.model.workload import TransformerDims
-from tpu_tuner.planner.band import ErrorBand, coverage_and_width
-from tpu_tuner.planner.calibration import (
+from tpu_tuner.planner.calibration.calibration_store import FIT_FILE, store_fit
+from tpu_tuner.planner.calibration.fitting import (
     ADOPTED,
     EFFICIENCY_MODELS,
     RERUNS_FILE,
@@ -43,15 +43,15 @@ from tpu_tuner.planner.calibration import (
     leave_one_out,
     noise_floor,
 )
-from tpu_tuner.planner.calibration_store import FIT_FILE, store_fit
-from tpu_tuner.planner.collectives import Collective, latency_steps
-from tpu_tuner.planner.predict import MXU_WIDTH, alignment, causal_score_elements
+from tpu_tuner.planner.prediction.band import ErrorBand, coverage_and_width
+from tpu_tuner.planner.prediction.collectives import Collective, latency_steps
+from tpu_tuner.planner.prediction.predict import MXU_WIDTH, alignment, causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, moe_kind, published_rows
 
-from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
-from tpu_tuner.planner.xla_flags import parse_xla_flags
+from tpu_tuner.planner.compiler.xla_flags import parse_xla_flags
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
@@ -121,8 +121,8 @@ def main() -> None:
 
 def compile_row(row: Row) -> dict | None:
     """Compile `row` at full effort; its compiler figures (or the refusal) as a JSON-able dict."""
-    from tpu_tuner.planner.plan import PlanOptions, plan
-    from tpu_tuner.planner.predict import CostModel
+    from tpu_tuner.planner.plans.plan import PlanOptions, plan
+    from tpu_tuner.planner.prediction.predict import CostModel
 
     start = time.perf_counter()
     # An uncalibrated cost model: only the compiler's figures are kept, never a prediction.

@@ -1,4 +1,4 @@
-"""The planner's HBM estimate before compiling (tpu_tuner/planner/memory_estimate.py) against the
+"""The planner's HBM estimate before compiling (tpu_tuner/planner/prediction/hbm_estimate.py) against the
 compiler's peak on every point the project keeps compiled figures for.
 
     python benchmarks/plan_memory_estimate.py            # per-row error, the share within 10%
@@ -34,13 +34,13 @@ from published_calibration import published_rows  # noqa: E402
 from tpu_tuner.metrics.flops import matmul_parameters  # noqa: E402
 from tpu_tuner.model.blocks import blocks_of  # noqa: E402
 from tpu_tuner.model.structure import read_dims  # noqa: E402
-from tpu_tuner.planner.hf_plan import planned_workload  # noqa: E402
-from tpu_tuner.planner.memory_estimate import FITTED, Fitted, estimate  # noqa: E402
-from tpu_tuner.planner.predict import CostModel  # noqa: E402
-from tpu_tuner.planner.problem import PlanProblem  # noqa: E402
-from tpu_tuner.planner.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
-from tpu_tuner.planner.request import StepSettings  # noqa: E402
-from tpu_tuner.planner.space import PlanPoint  # noqa: E402
+from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
+from tpu_tuner.planner.compiler.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
+from tpu_tuner.planner.plans.hf_plan import planned_workload  # noqa: E402
+from tpu_tuner.planner.plans.plan_problem import PlanProblem  # noqa: E402
+from tpu_tuner.planner.plans.plan_space import PlanPoint  # noqa: E402
+from tpu_tuner.planner.prediction.hbm_estimate import FITTED, Fitted, estimate  # noqa: E402
+from tpu_tuner.planner.prediction.predict import CostModel  # noqa: E402
 from tpu_tuner.planner.topology import Topology, parse_topology  # noqa: E402
 
 COMPILED = HERE / "calibration_compiled.json"
@@ -186,7 +186,7 @@ def report(points: list[tuple[str, PlanProblem, PlanPoint, dict]], fitted: Fitte
 def compile_small(fitted: Fitted) -> None:
     """A handful of small points compiled here (v5e:2x2, the tiny example Llama), estimate beside
     the compiler's peak."""
-    from tpu_tuner.planner.compile_pool import CompilePool
+    from tpu_tuner.planner.compiler.compile_pool import CompilePool
 
     source = str(HERE.parent / "examples" / "llama.py")
     workload = planned_workload(source)
@@ -254,8 +254,8 @@ def issue_shapes() -> None:
     """What fits-first does on the issue's two shapes (estimated; nothing compiled): the enumeration
     with --remat full and --max-layouts 3, and the search's first trials."""
     from tpu_tuner.model.layouts import enumerate_layouts
-    from tpu_tuner.planner.fits_first import choose
-    from tpu_tuner.planner.space import default_space, valid_points
+    from tpu_tuner.planner.plans.fits_first import choose
+    from tpu_tuner.planner.plans.plan_space import default_space, valid_points
 
     for name, spec, topology_name, slices, hbm, batch, seq in ISSUE_SHAPES:
         topology = parse_topology(topology_name).with_slices(slices)

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.options import PlanCompile, PlanOptions, PlanSearch, PlanStep, PlanStore, PlanTarget
-from tpu_tuner.planner.plan import LayoutPlan, judged, plan
-from tpu_tuner.planner.problem import build_problem
-from tpu_tuner.planner.search import search
-from tpu_tuner.planner.space import PlanPoint, PlanSpace
+from tpu_tuner.planner.compiler.compile_pool import CompilePool
+from tpu_tuner.planner.plans.plan import LayoutPlan, judged, plan
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanOptions, PlanSearch, PlanStep, PlanStore, PlanTarget
+from tpu_tuner.planner.plans.plan_problem import build_problem
+from tpu_tuner.planner.plans.plan_search import search
+from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace
 from tpu_tuner.planner.topology import parse_topology
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.remat import parse_remat
+from tpu_tuner.planner.compiler.remat import parse_remat
 
 PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
 
@@ -36,7 +36,7 @@ QUANTIZATION = {"none": None, "int8": "int8", "fp8_full": "fp8"}
 # is Adam with decoupled weight decay written after Pax: the same two moments and elementwise
 # update as AdamW, so it compiles as AdamW does. The 2023 v4 runs used optax.adam: the same two fp32
 # moments, without the decay's one elementwise multiply-add per weight (no state, no memory). sgd is
-# optax.sgd without momentum: no state a parameter (tpu_tuner/planner/optimizer.py).
+# optax.sgd without momentum: no state a parameter (tpu_tuner/planner/compiler/optimizer.py).
 OPTIMIZER_OF = {"adamw": "adamw", "adam_pax": "adamw", "adam": "adamw", "sgd": "sgd"}
 # Slices whose chip count has no standard cube in the planner's table: their physical shape
 # (v4-384 is 4x4x12, https://cloud.google.com/tpu/docs/v4 "Topologies").
@@ -72,7 +72,7 @@ class Row:
 
 
 def moe_kind(run: dict[str, Any]) -> str:
-    """A run's MoE kind as the error band compares rows (tpu_tuner/planner/band.py): "dense",
+    """A run's MoE kind as the error band compares rows (tpu_tuner/planner/prediction/band.py): "dense",
     "dropping" (a capacity factor: MaxText's einsum dispatch) or "dropless" (capacity_factor -1:
     sparse_matmul's grouped matmuls)."""
     if not run["experts"]:

@@ -44,10 +44,10 @@ def export(
     # The project (and torch) only here: `run` must work where neither is installed.
     from dataclasses import replace
 
-    from tpu_tuner.planner.compile_pool import run_job
-    from tpu_tuner.planner.options import PlanOptions, PlanStep, PlanTarget
-    from tpu_tuner.planner.plan import plan
-    from tpu_tuner.planner.problem import build_problem
+    from tpu_tuner.planner.compiler.compile_pool import run_job
+    from tpu_tuner.planner.plans.plan import plan
+    from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanStep, PlanTarget
+    from tpu_tuner.planner.plans.plan_problem import build_problem
     from tpu_tuner.planner.topology import parse_topology
 
     options = PlanOptions(PlanTarget(topology), step=PlanStep(global_batch=global_batch, seq_len=seq_len, remat=remat))

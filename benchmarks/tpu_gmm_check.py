@@ -9,7 +9,7 @@ one dense [rows, k] x [k, n] product of the same 2 m k n FLOPs. Routing is balan
 
     python benchmarks/tpu_gmm_check.py --out DIR --shape NAME,ROWS,K,N,EXPERTS,TM,TK,TN ...
 
-TM, TK, TN: the tiles as ``planner/grouped_matmul.py`` picks them for the shape (its ``_tile``).
+TM, TK, TN: the tiles as ``planner/compiler/grouped_matmul.py`` picks them for the shape (its ``_tile``).
 Prints one line a shape and kernel and writes ``DIR/gmm_check.json``.
 """
 
@@ -42,7 +42,7 @@ def check(name: str, rows: int, k: int, n: int, experts: int, tiles: tuple[int, 
     import jax
     import jax.numpy as jnp
 
-    # The kernels' module (the package's `gmm` name is a function), as planner/grouped_matmul.py takes it.
+    # The kernels' module (the package's `gmm` name is a function), as planner/compiler/grouped_matmul.py takes it.
     kernels = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
     keys = jax.random.split(jax.random.PRNGKey(0), 3)

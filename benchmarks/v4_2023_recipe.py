@@ -30,12 +30,18 @@ VARIANTS = {"seq2048-flash": (2048, True), "seq1024-flash": (1024, True), "seq10
 
 def compile_variant(run: dict, seq: int, use_flash: bool) -> str:
     """One line: the row's step compiled at `seq` with the flash kernel or the textbook attention."""
-    from tpu_tuner.planner import program
-    from tpu_tuner.planner.compile_pool import _workload
-    from tpu_tuner.planner.hbm import compiler_hbm_limit
-    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings, topology_devices
-    from tpu_tuner.planner.space import PlanPoint
-    from tpu_tuner.planner.step_parts import sharded_attention
+    from tpu_tuner.planner.compiler import program
+    from tpu_tuner.planner.compiler.compile_pool import _workload
+    from tpu_tuner.planner.compiler.compile_request import (
+        CompileJob,
+        CompileModel,
+        CompileTarget,
+        StepSettings,
+        topology_devices,
+    )
+    from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
+    from tpu_tuner.planner.compiler.step_parts import sharded_attention
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
     from tpu_tuner.planner.topology import parse_topology
 
     row = row_of({**run, "seq": seq})

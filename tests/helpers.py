@@ -389,7 +389,7 @@ number,state,execution,matmul_precision,autocast,amortised_step_s,step_median_s,
 
 
 def plan_dict(topology: str, chips: int, mfus: list[float | None], fits: list[bool]) -> dict:
-    """plan.json as PlanResult.to_dict() writes it (planner/plan.py)."""
+    """plan.json as PlanResult.to_dict() writes it (planner/plans/plan.py)."""
     plans = []
     for index, (mfu, fit) in enumerate(zip(mfus, fits)):
         prediction = (
@@ -493,8 +493,8 @@ def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b
     """A ranking folder as outputs/ranking_report.py writes it: ranking.json, ranking.md and one plan
     folder per slice (v5p-8 fits; v5p-16 does not; tpu7x-8 fits and has no price)."""
     from tpu_tuner.outputs.ranking_report import write_ranking
-    from tpu_tuner.planner.prices import price_table
-    from tpu_tuner.planner.ranking import Ranking, ranked, slice_of
+    from tpu_tuner.planner.plans.prices import price_table
+    from tpu_tuner.planner.plans.ranking import Ranking, ranked, slice_of
 
     folder = root / name
     folder.mkdir(parents=True)

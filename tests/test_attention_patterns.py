@@ -194,14 +194,14 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
 
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.request import topology_devices
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import read_shape
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
-        import tpu_tuner.planner.program as program
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+        import tpu_tuner.planner.compiler.program as program
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         texts = []
         measure = program.block_loop_iteration
         program.block_loop_iteration = lambda text: texts.append(text) or measure(text)
@@ -239,14 +239,14 @@ def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss()
     out = _run_python("""
         import json
         import jax, jax.numpy as jnp, numpy as np
-        from tpu_tuner.planner.request import topology_devices
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import read_shape
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.vocab_tiling import tiled_cross_entropy
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.vocab_tiling import tiled_cross_entropy
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         shape = read_shape("decoder:vocab=32768,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=1024")[0]
         devices = topology_devices("v5e:2x2")
         job = lambda tiles: CompileJob(CompileModel("decoder", None, 128, 2, scan=True), CompileTarget("v5e:2x2"),

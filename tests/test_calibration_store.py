@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.planner import calibration_store
-from tpu_tuner.planner.calibration import ADOPTED, ROWS_FILE, load_rows
-from tpu_tuner.planner.calibration_store import (
+from tpu_tuner.planner.calibration import calibration_store
+from tpu_tuner.planner.calibration.calibration_store import (
     cost_model_from,
     fit_record,
     rows_digest,
     store_fit,
     stored_fit,
 )
+from tpu_tuner.planner.calibration.fitting import ADOPTED, ROWS_FILE, load_rows
 
 
 def test_the_shipped_fit_is_the_adopted_models_fit_of_the_shipped_rows() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner import compile_pool
-from tpu_tuner.planner.program import compile_step
-from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler import compile_pool
+from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.compiler.program import compile_step
+from tpu_tuner.planner.plans.plan_space import PlanPoint
 
 JOB = CompileJob(
     CompileModel("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256", None, 128, 2, scan=True),

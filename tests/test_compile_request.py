@@ -12,10 +12,10 @@ import pytest
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.options import PlanCompile, PlanOptions, PlanStep, PlanTarget
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanPoint, PlanSpace
-from tpu_tuner.planner.trial_records import plan_record
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanOptions, PlanStep, PlanTarget
+from tpu_tuner.planner.plans.plan_records import plan_record
+from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace
 
 # A value unlike each field's default, for the options that set it.
 CHANGED: dict[str, Any] = {

@@ -11,10 +11,10 @@ import pytest
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.options import PlanCompile
-from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compile_pool import CompilePool
+from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.plans.plan_options import PlanCompile
+from tpu_tuner.planner.plans.plan_space import PlanPoint
 
 
 def _job(model_file: Path) -> CompileJob:

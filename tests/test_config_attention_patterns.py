@@ -30,13 +30,13 @@ from tpu_tuner.model.hf_decoder import NotExpressible, attention_pattern  # noqa
 from tpu_tuner.model.structure import read_dims  # noqa: E402
 from tpu_tuner.model.workload import TransformerDims  # noqa: E402
 from tpu_tuner.outputs.plan_report import render_terminal  # noqa: E402
-from tpu_tuner.planner import plan as plan_module  # noqa: E402
-from tpu_tuner.planner.hf_plan import planned_workload  # noqa: E402
-from tpu_tuner.planner.options import PlanOptions, PlanTarget  # noqa: E402
-from tpu_tuner.planner.predict import CostModel  # noqa: E402
-from tpu_tuner.planner.problem import PlanProblem  # noqa: E402
-from tpu_tuner.planner.request import StepSettings  # noqa: E402
-from tpu_tuner.planner.result import result_of  # noqa: E402
+from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
+from tpu_tuner.planner.plans import plan as plan_module  # noqa: E402
+from tpu_tuner.planner.plans.hf_plan import planned_workload  # noqa: E402
+from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanTarget  # noqa: E402
+from tpu_tuner.planner.plans.plan_problem import PlanProblem  # noqa: E402
+from tpu_tuner.planner.plans.plan_result import result_of  # noqa: E402
+from tpu_tuner.planner.prediction.predict import CostModel  # noqa: E402
 from tpu_tuner.planner.topology import parse_topology  # noqa: E402
 
 W, G = (4096, 0), (0, 0)  # a local layer of window 4096, a global layer

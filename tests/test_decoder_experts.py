@@ -1,6 +1,6 @@
 """Mixtures of experts as run (tpu_tuner/model/experts.py): dropless routing through grouped matmuls
 beside the dropping router, the routers of Mixtral / Qwen / DeepSeek-V3 / Llama 4, ungated shared
-experts; the planner compiles the grouped matmuls as megablox kernels (planner/grouped_matmul.py)."""
+experts; the planner compiles the grouped matmuls as megablox kernels (planner/compiler/grouped_matmul.py)."""
 
 from __future__ import annotations
 
@@ -238,12 +238,12 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
     computes more than the dropless one, its one-hot dispatch and combine einsums."""
     script = textwrap.dedent("""
         import json, re, torch
-        import tpu_tuner.planner.program as program
-        from tpu_tuner.planner.compile_pool import run_job, _workload
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        import tpu_tuner.planner.compiler.program as program
+        from tpu_tuner.planner.compiler.compile_pool import run_job, _workload
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
         texts, parse = [], program.parse_collectives
         program.parse_collectives = lambda text: (texts.append(text), parse(text))[1]
@@ -283,7 +283,7 @@ def test_loop_costs_read_kernel_estimates_spread_over_lines() -> None:
     one starting with "},": the HLO reader keeps such a computation whole (it ends at a line that is
     "}" alone) and reads the estimate's FLOPs, as it reads the compact form of the scan's own kernels
     (seen at Mixtral-8x7B's size on v6e-256; the tiny shapes print every estimate compactly)."""
-    from tpu_tuner.planner import loop_costs
+    from tpu_tuner.planner.compiler import loop_costs
 
     text = (
         "HloModule m\n"

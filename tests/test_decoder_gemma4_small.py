@@ -166,14 +166,14 @@ def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolle
 
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.request import topology_devices
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.model.decoder import Decoder
         from tpu_tuner.model.decoder_shape import DecoderShape
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
-        import tpu_tuner.planner.program as program
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+        import tpu_tuner.planner.compiler.program as program
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         shape = DecoderShape(**{TINY | dict(layers=15, kv_shared_layers=10, max_seq_len=512, sliding_window=64)!r})
         devices = topology_devices("v5e:2x2")
         compile = lambda blocks, scan: program.compile_step(CompileJob(

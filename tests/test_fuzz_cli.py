@@ -55,7 +55,7 @@ def stopped_before_work() -> Any:
     mp.setattr("tpu_tuner.tuning.run.tune_run.trial_runner", _accept)
     mp.setattr("tpu_tuner.plan_api.plan_to_folder", _accept)
     mp.setattr("tpu_tuner.plan_api.rank_to_folder", _accept)
-    mp.setattr("tpu_tuner.planner.plan.CompilePool", _accept)
+    mp.setattr("tpu_tuner.planner.plans.plan.CompilePool", _accept)
     mp.setattr("tpu_tuner.bucketing.study.TrialRunner", _accept)
     mp.delenv("TPU_TUNE_STORAGE", raising=False)
     yield

@@ -98,7 +98,7 @@ def test_topology(text: str, slices: int) -> None:
 
 @given(st.lists(near(joined(PRICE, ",", 3)), max_size=3))
 def test_price_flags(flags: list[str]) -> None:
-    from tpu_tuner.planner.prices import parse_price_flags, price_table
+    from tpu_tuner.planner.plans.prices import parse_price_flags, price_table
 
     try:
         given_prices = parse_price_flags(flags)
@@ -115,7 +115,7 @@ def test_price_flags(flags: list[str]) -> None:
 
 @given(near(REMAT))
 def test_remat(text: str) -> None:
-    from tpu_tuner.planner.remat import parse_remat
+    from tpu_tuner.planner.compiler.remat import parse_remat
 
     try:
         policy = parse_remat(text, "--remat")
@@ -127,7 +127,7 @@ def test_remat(text: str) -> None:
 
 @given(st.sampled_from(["accumulations", "contexts"]), near(joined(numbers(), ",", 4)))
 def test_plan_sizes(flag: str, text: str) -> None:
-    from tpu_tuner.planner.options import PlanSearch, _ints
+    from tpu_tuner.planner.plans.plan_options import PlanSearch, _ints
 
     try:
         sizes = _ints(f"--{flag}", text)

@@ -1,4 +1,4 @@
-"""Planning from a Hugging Face config (model/hf_decoder.py, planner/hf_plan.py): each mapped family
+"""Planning from a Hugging Face config (model/hf_decoder.py, planner/plans/hf_plan.py): each mapped family
 becomes the generic decoder with exactly the parameters of the transformers model built from the
 same config; other decoders are traced through torchax; what neither expresses is refused in one
 line. Tiny configs are made in-process (no network)."""
@@ -21,7 +21,7 @@ from tpu_tuner.model import hf_decoder  # noqa: E402
 from tpu_tuner.model.decoder import Decoder  # noqa: E402
 from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape  # noqa: E402
 from tpu_tuner.model.structure import read_dims  # noqa: E402
-from tpu_tuner.planner.hf_plan import planned_workload, source_digest  # noqa: E402
+from tpu_tuner.planner.plans.hf_plan import planned_workload, source_digest  # noqa: E402
 
 LLAMA_3_2_1B = FIXTURES / "hf" / "llama-3.2-1b"
 BASE = dict(

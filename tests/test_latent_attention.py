@@ -168,7 +168,7 @@ def test_the_up_projections_split_heads_over_tensor_and_carry_maxtexts_names() -
     tensor, the latent over fsdp); the block's checkpoint names are MaxText's query_proj / key_proj /
     out_proj, not the MLP's that the widths alone would suggest."""
     from tpu_tuner.model.layouts import placements
-    from tpu_tuner.planner.remat import block_tensor_roles, mlp_width
+    from tpu_tuner.planner.compiler.remat import block_tensor_roles, mlp_width
 
     spec = MLA.replace("mlp=96", "mlp=32") + ",experts=4,expert_mlp=16,moe_routing=dropless"
     with torch.device("meta"):
@@ -196,11 +196,11 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         import jax, torch
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.request import topology_devices
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
         base = ("decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,max_seq_len=512,q_lora_rank=64,"
                 "kv_lora_rank=32,qk_rope_head_dim=32")

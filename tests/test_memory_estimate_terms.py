@@ -11,12 +11,12 @@ import torch
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims, read_dims
-from tpu_tuner.planner.hf_plan import planned_workload
-from tpu_tuner.planner.memory_estimate import BF16, Fitted, estimate, moe_dispatch_width
-from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.plans.hf_plan import planned_workload
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.hbm_estimate import BF16, Fitted, estimate, moe_dispatch_width
+from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import parse_topology
 
 BASE = "decoder:vocab=1024,d_model=64,layers=2,heads=4,kv_heads=2,mlp=128,max_seq_len=256"

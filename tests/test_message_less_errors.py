@@ -23,7 +23,7 @@ def test_first_line_of_a_message_less_error_is_its_type() -> None:
 
 
 def test_a_compile_worker_reports_a_message_less_compiler_error_by_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpu_tuner.planner import compile_pool
+    from tpu_tuner.planner.compiler import compile_pool
 
     def fail(job: Any) -> Any:
         raise MessageLess()
@@ -38,7 +38,7 @@ def test_a_loop_body_the_cost_analysis_refuses_without_a_message_is_logged(
     pytest.importorskip("jax")
     import jaxlib._hlo as hlo
 
-    from tpu_tuner.planner import loop_costs
+    from tpu_tuner.planner.compiler import loop_costs
 
     def refuse(text: str) -> Any:
         raise MessageLess()
@@ -55,7 +55,7 @@ def test_a_message_less_hbm_refusal_is_logged_by_its_type(
     pytest.importorskip("jax")
     import jax
 
-    from tpu_tuner.planner import hbm
+    from tpu_tuner.planner.compiler import hbm
 
     def refuse(fn: Any) -> Any:
         raise MessageLess()

@@ -19,8 +19,8 @@ from helpers import recorded_search
 from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
-from tpu_tuner.planner.search import search
+from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+from tpu_tuner.planner.plans.plan_search import search
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.tuning.search import trial_attrs

@@ -215,9 +215,9 @@ def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path
     """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
     log file; the caller's terminal gets one warning line naming the event and the log."""
     from tpu_tuner.model.layouts import Layout
-    from tpu_tuner.planner.compile_pool import CompilePool
-    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-    from tpu_tuner.planner.space import PlanPoint
+    from tpu_tuner.planner.compiler.compile_pool import CompilePool
+    from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
 
     monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     crashing = tmp_path / "crashing.py"

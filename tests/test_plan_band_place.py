@@ -1,5 +1,5 @@
 """Issue 57, item 3: a plan's printed band compares its point with the calibration rows of the
-same MoE routing and slice count (planner/band.py's likeness): the plan states both, read from the
+same MoE routing and slice count (planner/prediction/band.py's likeness): the plan states both, read from the
 model it compiles (`model.experts.moe_routing`) and the slice it plans for."""
 
 from __future__ import annotations

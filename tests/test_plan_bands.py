@@ -1,11 +1,12 @@
 """Bands that decide (issue 57 item 3): a band from the rows most like the point, its fallback,
-and the coverage and median width the benchmarks report (planner/band.py; no compiles)."""
+and the coverage and median width the benchmarks report (planner/prediction/band.py; no compiles)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tpu_tuner.planner.band import (
+from tpu_tuner.planner.calibration.fitting import CalibrationRow, band_row, place_of
+from tpu_tuner.planner.prediction.band import (
     MIN_COMPARABLE,
     BandRow,
     ErrorBand,
@@ -17,7 +18,6 @@ from tpu_tuner.planner.band import (
     distance,
     error_band,
 )
-from tpu_tuner.planner.calibration import CalibrationRow, band_row, place_of
 
 
 def _rows() -> list[BandRow]:

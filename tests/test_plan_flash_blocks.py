@@ -15,13 +15,13 @@ from helpers import ScriptedPool
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.loop_costs import LoopIteration
-from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStep, PlanStore, PlanTarget
-from tpu_tuner.planner.plan import PlanProblem
-from tpu_tuner.planner.predict import CostModel, alignment, predict
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanPoint, flash_block_refusal, invalid_reason
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.plans.plan import PlanProblem
+from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStep, PlanStore, PlanTarget
+from tpu_tuner.planner.plans.plan_space import PlanPoint, flash_block_refusal, invalid_reason
+from tpu_tuner.planner.prediction.predict import CostModel, alignment, predict
 from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -54,7 +54,7 @@ def _problem(step: StepSettings) -> PlanProblem:
 
 
 def _search(tmp_path: Path, problem: PlanProblem, pool: ScriptedPool, **search_options):
-    from tpu_tuner.planner.search import search
+    from tpu_tuner.planner.plans.plan_search import search
 
     options = PlanOptions(
         PlanTarget("v5e-4"),
@@ -147,8 +147,8 @@ def test_64_wide_heads_predict_a_slower_step_than_128_wide_at_the_same_flops() -
 
 @pytest.mark.slow  # one real compile for the TPU: .ci/run's full pass
 def test_a_tiny_decoder_compiles_in_512_blocks_on_v5e_1() -> None:
-    from tpu_tuner.planner.options import PlanCompile, PlanEnumeration
-    from tpu_tuner.planner.plan import plan
+    from tpu_tuner.planner.plans.plan import plan
+    from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration
 
     result = plan(
         "decoder:vocab=1024,d_model=256,layers=2,heads=2,mlp=512,max_seq_len=1024",

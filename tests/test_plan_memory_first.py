@@ -16,15 +16,15 @@ from helpers import ScriptedPool
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.fits_first import choose, what_would_fit
-from tpu_tuner.planner.loop_costs import LoopIteration
-from tpu_tuner.planner.memory_estimate import FIT_MARGIN, estimate
-from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
-from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanPoint, PlanSpace
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.plans.fits_first import choose, what_would_fit
+from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace
+from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, estimate
+from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -116,7 +116,7 @@ def _fitting_step(job) -> CompiledStep:
 
 
 def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> None:
-    from tpu_tuner.planner.search import search
+    from tpu_tuner.planner.plans.plan_search import search
 
     space = PlanSpace(tensors=(1, 2), remats=("full", "minimal", "save_qkv_proj"), accumulations=(1, 2))
     probe = _problem()

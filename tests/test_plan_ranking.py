@@ -1,5 +1,5 @@
 """Which TPU to rent: `tpu-tune plan MODEL --topology A,B,...` ranks slices by tokens/s per chip
-and tokens per dollar (planner/prices.py, planner/ranking.py, outputs/ranking_report.py)."""
+and tokens per dollar (planner/plans/prices.py, planner/plans/ranking.py, outputs/ranking_report.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.planner.options import PlanCompile, PlanTarget
-from tpu_tuner.planner.prices import PRICES_FILE, Price, load_prices, parse_price_flags, price_table
-from tpu_tuner.planner.ranking import band_factors, ranked, slice_of
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanTarget
+from tpu_tuner.planner.plans.prices import PRICES_FILE, Price, load_prices, parse_price_flags, price_table
+from tpu_tuner.planner.plans.ranking import band_factors, ranked, slice_of
 
 TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
 GIB = 2**30
@@ -72,7 +72,7 @@ def test_the_shipped_prices_each_name_a_public_source_and_the_date_read() -> Non
     for price in prices.values():
         assert price.source.startswith("https://") and price.states
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", price.read)
-    assert "tpu_tuner/planner/tpu_prices.toml" in str(PRICES_FILE).replace(os.sep, "/")
+    assert "tpu_tuner/planner/plans/tpu_prices.toml" in str(PRICES_FILE).replace(os.sep, "/")
 
 
 def test_price_flags_are_repeatable_comma_separated_and_take_aliases() -> None:
@@ -205,7 +205,7 @@ def _fake_plans(monkeypatch, plans: dict[str, dict | UserInputError]) -> list[st
 
 def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_path) -> None:
     from tpu_tuner.plan_api import rank_to_folder
-    from tpu_tuner.planner.options import PlanOptions
+    from tpu_tuner.planner.plans.plan_options import PlanOptions
 
     called = _fake_plans(
         monkeypatch,
@@ -236,7 +236,7 @@ def test_the_ranking_folder_holds_one_plan_folder_per_slice(monkeypatch, tmp_pat
 
 def test_when_every_slice_is_refused_the_first_refusal_is_raised_and_no_folder_is_left(monkeypatch, tmp_path) -> None:
     from tpu_tuner.plan_api import rank_to_folder
-    from tpu_tuner.planner.options import PlanOptions
+    from tpu_tuner.planner.plans.plan_options import PlanOptions
 
     _fake_plans(
         monkeypatch,

@@ -1,4 +1,4 @@
-"""The error band (planner/band.py): a quantile of comparable rows' misses, wider with distance."""
+"""The error band (planner/prediction/band.py): a quantile of comparable rows' misses, wider with distance."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from tpu_tuner.planner.band import MIN_COMPARABLE, BandRow, Place, comparable, conformal_quantile, error_band, gaps
+from tpu_tuner.planner.prediction.band import (
+    MIN_COMPARABLE,
+    BandRow,
+    Place,
+    comparable,
+    conformal_quantile,
+    error_band,
+    gaps,
+)
 
 
 def _rows() -> list[BandRow]:

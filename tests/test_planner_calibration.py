@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
-from tpu_tuner.planner.band import ErrorBand, Place, coverage_and_width
-from tpu_tuner.planner.calibration import (
+from tpu_tuner.planner.calibration.calibration_store import calibrated_cost_model
+from tpu_tuner.planner.calibration.fitting import (
     ADOPTED,
     CalibrationRow,
     Fitted,
@@ -19,8 +19,8 @@ from tpu_tuner.planner.calibration import (
     load_rows,
     predicted_mfu,
 )
-from tpu_tuner.planner.calibration_store import calibrated_cost_model
-from tpu_tuner.planner.predict import CostModel, error_band
+from tpu_tuner.planner.prediction.band import ErrorBand, Place, coverage_and_width
+from tpu_tuner.planner.prediction.predict import CostModel, error_band
 
 
 def _row(
@@ -151,9 +151,9 @@ def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
     """calibration.predicted_mfu on a row made from compiler figures (as plan_calibration.py
     makes it) equals predict.predict on those figures, with host, attention, comm and DCN terms on."""
     from tpu_tuner.model.layouts import Layout, ModelShape
-    from tpu_tuner.planner.collectives import Collective, latency_steps, ring_seconds
-    from tpu_tuner.planner.compiled_step import CompiledStep
-    from tpu_tuner.planner.predict import alignment, predict, ring_bandwidth
+    from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+    from tpu_tuner.planner.prediction.collectives import Collective, latency_steps, ring_seconds
+    from tpu_tuner.planner.prediction.predict import alignment, predict, ring_bandwidth
     from tpu_tuner.planner.topology import parse_topology
 
     topology = parse_topology("v6e-8").with_slices(2).as_compiled(16, 31 * 2**30)
@@ -214,7 +214,7 @@ def test_the_one_pass_fit_of_host_and_dcn_terms_is_the_grids_best() -> None:
     import itertools
     from dataclasses import replace
 
-    from tpu_tuner.planner import calibration
+    from tpu_tuner.planner.calibration import fitting as calibration
 
     made = [
         replace(ROWS[0], host_gbytes=40.0),

@@ -15,7 +15,7 @@ import pytest
 from conftest import EXAMPLES
 from helpers import ScriptedPool
 
-from tpu_tuner.planner.options import PlanEnumeration, PlanStep, PlanTarget
+from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanStep, PlanTarget
 
 # Find, don't import: a plain `import torchax` fails on torch 2.13 (see torchax_compat).
 pytestmark = pytest.mark.skipif(
@@ -44,7 +44,7 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
         import json
         import jax.numpy as jnp, numpy as np, torch
         from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.planner.torchax_compat import SKIPPED, import_torchax
+        from tpu_tuner.planner.compiler.torchax_compat import SKIPPED, import_torchax
         torchax = import_torchax()
         from torchax.interop import JittableModule
         workload = load_workload({str(EXAMPLES / "llama.py")!r})
@@ -135,11 +135,11 @@ def test_plan_command_end_to_end(tmp_path) -> None:
 def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation() -> None:
     """libtpu's compile-only topologies as the planner asks for them: v4 as megacore (one device per
     chip, both TensorCores: topology.MEGACORE), TPU7x two per chip; the HBM limit each states
-    (planner/hbm.py) is what a layout must fit in."""
+    (planner/compiler/hbm.py) is what a layout must fit in."""
     out = _run_python("""
         import json
-        from tpu_tuner.planner.request import topology_devices
-        from tpu_tuner.planner.hbm import compiler_hbm_limit
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
+        from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
         from tpu_tuner.planner.topology import parse_topology
         seen = {}
         for name in ("v4-8", "v5e-4", "v5p-8", "v6e-4", "tpu7x:2x2x1"):
@@ -169,8 +169,8 @@ def test_memory_truth_from_the_compiler() -> None:
     out = _run_python(f"""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.options import PlanEnumeration, PlanOptions, PlanStep, PlanTarget
-        from tpu_tuner.planner.plan import plan
+        from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        from tpu_tuner.planner.plans.plan import plan
         result = plan({str(EXAMPLES / "llama.py")!r}, PlanOptions(PlanTarget("v5e-4"),
                       step=PlanStep(preset="tiny", global_batch=16384, seq_len=1024, remat="none"),
                       enumeration=PlanEnumeration(layouts=[Layout(1, 4, 1)])))
@@ -195,10 +195,10 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         from jax.experimental import topologies
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         tpu = topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
         out = {{}}
@@ -248,12 +248,12 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     out = _run_python(f"""
         import json
         from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.planner.request import topology_devices
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compiled_step import add_loop_iterations, combine_scanned
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations, combine_scanned
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         w = load_workload({str(EXAMPLES / "llama.py")!r})
         devices = topology_devices("v5p:2x2x2")
         tiny = lambda: w.model_for_preset("tiny")
@@ -284,10 +284,10 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     crashing.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGFPE)\n")
     out = _run_python(f"""
         import json
-        from tpu_tuner.planner.compile_pool import CompilePool
+        from tpu_tuner.planner.compiler.compile_pool import CompilePool
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         jobs = [CompileJob(CompileModel(path, "tiny", 256, 1), CompileTarget("v5e:2x2"), StepSettings(8, 128),
                            PlanPoint(Layout(1, 4, 1), "full"), fast=True)
                 for path in ({str(crashing)!r}, {str(EXAMPLES / "llama.py")!r})]
@@ -306,11 +306,11 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     import time
 
     from tpu_tuner.model.layouts import Layout
-    from tpu_tuner.planner.collectives import Collective
-    from tpu_tuner.planner.compiled_step import CompiledStep
-    from tpu_tuner.planner.loop_costs import LoopIteration
-    from tpu_tuner.planner.plan import PlanOptions, enumerated
-    from tpu_tuner.planner.problem import build_problem
+    from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+    from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+    from tpu_tuner.planner.plans.plan import PlanOptions, enumerated
+    from tpu_tuner.planner.plans.plan_problem import build_problem
+    from tpu_tuner.planner.prediction.collectives import Collective
     from tpu_tuner.planner.topology import parse_topology
 
     measured, unmeasured = Layout(1, 8, 1), Layout(1, 4, 2)
@@ -402,11 +402,11 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     out = _run_python(f"""
         import json
         from dataclasses import replace
-        from tpu_tuner.planner.compile_pool import CompilePool
+        from tpu_tuner.planner.compiler.compile_pool import CompilePool
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.compiled_step import add_loop_iterations
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
+        from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
         from tpu_tuner.model.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}
         offload = "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload"

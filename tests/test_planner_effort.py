@@ -1,5 +1,5 @@
 """A --fast point near the HBM limit is compiled again at full effort, which decides whether it
-fits (planner/evaluate.py), and the plan says which effort decided; v4 plans as megacore."""
+fits (planner/plans/evaluate.py), and the plan says which effort decided; v4 plans as megacore."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from tpu_tuner.model.layouts import Layout
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
 from tpu_tuner.outputs.plan_report import hbm_status
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.evaluate import evaluate, judged, near_limit
-from tpu_tuner.planner.loop_costs import LoopIteration
-from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.request import StepSettings, topology_config
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compile_request import StepSettings, topology_config
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.plans.evaluate import evaluate, judged, near_limit
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -210,9 +210,9 @@ def test_a_recipes_xla_flags_reach_every_compile_and_an_unknown_one_is_refused_i
     from dataclasses import replace
 
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.planner.space import PlanSpace
-    from tpu_tuner.planner.trial_records import plan_record
-    from tpu_tuner.planner.xla_flags import parse_xla_flags
+    from tpu_tuner.planner.compiler.xla_flags import parse_xla_flags
+    from tpu_tuner.planner.plans.plan_records import plan_record
+    from tpu_tuner.planner.plans.plan_space import PlanSpace
 
     flags = parse_xla_flags("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_enable_async_all_gather=true --xla_x=ENABLED")
     assert flags == (

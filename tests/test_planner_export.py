@@ -20,10 +20,10 @@ def test_the_exported_step_is_the_planned_training_step(tmp_path: object) -> Non
         import json, math
         import jax, jax.numpy as jnp, numpy as np
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.hf_plan import planned_workload
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.plans.hf_plan import planned_workload
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
 
         workload = planned_workload({TINY!r})
         path = {str(tmp_path)!r} + "/step.jaxexport"

@@ -1,4 +1,4 @@
-"""The planner's cross-entropy (planner/vocab_tiling.py): MaxText's one-hot form, the same values
+"""The planner's cross-entropy (planner/compiler/vocab_tiling.py): MaxText's one-hot form, the same values
 as picking the target logit by index, and no gather in the program it lowers to."""
 
 import importlib.util
@@ -13,7 +13,7 @@ def test_cross_entropy_equals_the_log_softmax_at_the_target(dtype: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    from tpu_tuner.planner.vocab_tiling import cross_entropy
+    from tpu_tuner.planner.compiler.vocab_tiling import cross_entropy
 
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     logits = (4 * jax.random.normal(keys[0], (3, 7, 50))).astype(dtype)
@@ -31,7 +31,7 @@ def test_cross_entropy_lowers_without_a_gather() -> None:
     import jax
     import jax.numpy as jnp
 
-    from tpu_tuner.planner.vocab_tiling import cross_entropy
+    from tpu_tuner.planner.compiler.vocab_tiling import cross_entropy
 
     logits = jax.ShapeDtypeStruct((2, 8, 1000), jnp.bfloat16)
     targets = jax.ShapeDtypeStruct((2, 8), jnp.int32)

@@ -107,9 +107,9 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
     code = """
         import json
         from tpu_tuner.model.layouts import parse_layout
-        from tpu_tuner.planner.compile_pool import run_job
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compile_pool import run_job
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         out = {}
         for text in ("1x4x1", "1x1x1,expert=4", "1x2x1,fsdp_transpose=2"):
             spec = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=4,top_k=2"
@@ -152,9 +152,9 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
 def test_an_expert_axis_the_experts_do_not_fill_is_refused_before_the_compile() -> None:
     code = """
         from tpu_tuner.model.layouts import parse_layout
-        from tpu_tuner.planner.compile_pool import _compile
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compile_pool import _compile
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
         spec = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=2,top_k=1"
         step = _compile(CompileJob(CompileModel(spec, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
                                    StepSettings(8, 256), PlanPoint(parse_layout("1x1x1,expert=4"), "full"), fast=True))

@@ -17,11 +17,11 @@ import pytest
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts
-from tpu_tuner.planner.collectives import Collective, device_slices, parse_collectives, ring_seconds
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations
-from tpu_tuner.planner.loop_costs import LoopIteration
-from tpu_tuner.planner.mesh import mesh_devices
-from tpu_tuner.planner.predict import CostModel, predict
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep, add_loop_iterations
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.compiler.mesh import mesh_devices
+from tpu_tuner.planner.prediction.collectives import Collective, device_slices, parse_collectives, ring_seconds
+from tpu_tuner.planner.prediction.predict import CostModel, predict
 from tpu_tuner.planner.topology import parse_topology
 
 TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
@@ -175,7 +175,7 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
         from tpu_tuner.model.layouts import parse_layout
         from tpu_tuner.outputs.plan_report import render_terminal
         from tpu_tuner.plan_api import plan_to_folder
-        from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
         options = PlanOptions(PlanTarget("v5e:2x2", slices=2), step=PlanStep(global_batch=16, seq_len=128),
                               compile=PlanCompile(fast_compile=True, workers=2),
                               enumeration=PlanEnumeration(layouts=[parse_layout("1x8x1,dcn_fsdp=2"),
@@ -211,7 +211,7 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
 
 
 def test_the_search_offers_the_slices_split_only_over_several_slices() -> None:
-    from tpu_tuner.planner.space import default_space, point_of, valid_points
+    from tpu_tuner.planner.plans.plan_space import default_space, point_of, valid_points
 
     shape = ModelShape(d_model=128, n_heads=4, n_kv_heads=4, mlp_hidden=256, vocab=256, n_layers=2)
     one = default_space(8, shape, 128, remats=("full",), accumulations=(1,), contexts=(1,))

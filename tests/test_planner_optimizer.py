@@ -1,4 +1,4 @@
-"""The planner's optimizer (--optimizer adamw|sgd; tpu_tuner/planner/optimizer.py): its state in
+"""The planner's optimizer (--optimizer adamw|sgd; tpu_tuner/planner/compiler/optimizer.py): its state in
 the memory bound and in the compiled step, and the one-line refusals."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_en
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.planner.optimizer import check_optimizer, state_bytes_per_parameter
-from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
+from tpu_tuner.planner.compiler.optimizer import check_optimizer, state_bytes_per_parameter
+from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
 
 
 def _last_json(code: str) -> object:
@@ -49,12 +49,12 @@ def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
     from dataclasses import replace
 
     from tpu_tuner.model.structure import Dims
-    from tpu_tuner.planner.predict import CostModel
-    from tpu_tuner.planner.problem import PlanProblem
-    from tpu_tuner.planner.request import StepSettings
-    from tpu_tuner.planner.space import PlanSpace
+    from tpu_tuner.planner.compiler.compile_request import StepSettings
+    from tpu_tuner.planner.plans.plan_problem import PlanProblem
+    from tpu_tuner.planner.plans.plan_records import plan_record
+    from tpu_tuner.planner.plans.plan_space import PlanSpace
+    from tpu_tuner.planner.prediction.predict import CostModel
     from tpu_tuner.planner.topology import parse_topology
-    from tpu_tuner.planner.trial_records import plan_record
 
     problem = PlanProblem(
         source="shape",
@@ -123,11 +123,11 @@ def test_the_sgd_step_compiles_without_adamws_two_moments() -> None:
     out = _last_json(f"""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.request import topology_devices
-        from tpu_tuner.planner.hf_plan import planned_workload
-        from tpu_tuner.planner.program import compile_step
-        from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-        from tpu_tuner.planner.space import PlanPoint
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
+        from tpu_tuner.planner.plans.hf_plan import planned_workload
+        from tpu_tuner.planner.compiler.program import compile_step
+        from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+        from tpu_tuner.planner.plans.plan_space import PlanPoint
 
         workload = planned_workload({TINY!r})
         devices = topology_devices("v5e:2x2")

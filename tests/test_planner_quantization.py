@@ -13,9 +13,9 @@ import pytest
 from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.predict import QUANTIZED_PEAK_TFLOPS, CostModel, predict, quantized_peak_refusal
-from tpu_tuner.planner.space import PlanPoint, memory_lower_bound
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
+from tpu_tuner.planner.prediction.predict import QUANTIZED_PEAK_TFLOPS, CostModel, predict, quantized_peak_refusal
 from tpu_tuner.planner.topology import parse_topology
 
 
@@ -83,10 +83,10 @@ def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     from dataclasses import replace
 
     from tpu_tuner.model.structure import Dims
-    from tpu_tuner.planner.problem import PlanProblem
-    from tpu_tuner.planner.request import StepSettings
-    from tpu_tuner.planner.space import PlanSpace
-    from tpu_tuner.planner.trial_records import plan_record
+    from tpu_tuner.planner.compiler.compile_request import StepSettings
+    from tpu_tuner.planner.plans.plan_problem import PlanProblem
+    from tpu_tuner.planner.plans.plan_records import plan_record
+    from tpu_tuner.planner.plans.plan_space import PlanSpace
 
     shape = ModelShape(128, 4, 4, 256, 256, 2)
     problem = PlanProblem(
@@ -169,8 +169,8 @@ def test_the_quantized_dot_alone_compiles_int8_forward_and_backward() -> None:
         from collections import Counter
         import jax, jax.numpy as jnp
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
-        from tpu_tuner.planner.request import topology_devices
-        from tpu_tuner.planner.quantized_matmul import quantized_dot
+        from tpu_tuner.planner.compiler.compile_request import topology_devices
+        from tpu_tuner.planner.compiler.quantized_matmul import quantized_dot
         __DOTS__
         mesh = Mesh(topology_devices("v5e:2x2"), ("fsdp",))
         dot = quantized_dot("int8")
@@ -192,11 +192,11 @@ _COMPILE = r"""
     as_text = stages.Compiled.as_text
     stages.Compiled.as_text = lambda self, *a, **k: texts.append(as_text(self, *a, **k)) or texts[-1]
     from tpu_tuner.model.layouts import Layout
-    from tpu_tuner.planner.request import topology_devices
-    from tpu_tuner.planner.hf_plan import planned_workload
-    from tpu_tuner.planner.program import compile_step
-    from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-    from tpu_tuner.planner.space import PlanPoint
+    from tpu_tuner.planner.compiler.compile_request import topology_devices
+    from tpu_tuner.planner.plans.hf_plan import planned_workload
+    from tpu_tuner.planner.compiler.program import compile_step
+    from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
 
     __DOTS__
 
@@ -256,8 +256,8 @@ def test_fp8_on_tpu7x_plans_a_shorter_step_than_bf16_where_the_step_is_compute_b
     out = _run_python("""
         import json
         from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.planner.options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
-        from tpu_tuner.planner.plan import plan
+        from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
+        from tpu_tuner.planner.plans.plan import plan
         runs = {}
         for quantization in (None, "fp8"):
             # data 2 x fsdp 4: at fsdp 8 the compiler's fp8 program moves 2.4x the bytes and plans slower;

@@ -18,10 +18,10 @@ from tpu_tuner.model.decoder import Decoder, DecoderShape
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
-from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, parse_remat
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.compiler.remat import block_tensor_roles, forward_flops_per_token, parse_remat
+from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace, invalid_reason, memory_lower_bound, valid_points
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHAPE = ModelShape(d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=768, vocab=4096, n_layers=4)
@@ -57,7 +57,7 @@ def test_custom_policies_are_read_as_maxtext_writes_them() -> None:
 
 
 def test_jax_policies_are_built_for_every_named_policy() -> None:
-    from tpu_tuner.planner.remat import NAMED_POLICIES
+    from tpu_tuner.planner.compiler.remat import NAMED_POLICIES
 
     for name in NAMED_POLICIES:
         assert callable(parse_remat(name).jax_policy()), name
@@ -140,7 +140,7 @@ def test_the_memory_lower_bound_counts_what_no_compile_can_avoid() -> None:
 
 
 def _search(tmp_path, pool, problem=None, study=None, budget=8, **search_options):
-    from tpu_tuner.planner.search import search
+    from tpu_tuner.planner.plans.plan_search import search
 
     problem = problem or tiny_llama_problem()
     opts = PlanOptions(
@@ -238,8 +238,8 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
-        from tpu_tuner.planner.options import PlanOptions, PlanSearch, PlanStore, PlanTarget
-        from tpu_tuner.planner.search import search
+        from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
+        from tpu_tuner.planner.plans.plan_search import search
 
         class SlowPool(ShapedPool):
             def compile(self, jobs, done=None):
@@ -276,7 +276,7 @@ def test_a_trial_read_while_its_point_is_half_written_has_no_key_and_is_not_writ
     import optuna
     from optuna.distributions import CategoricalDistribution
 
-    from tpu_tuner.planner.search import PlanTrials
+    from tpu_tuner.planner.plans.plan_search import PlanTrials
     from tpu_tuner.studies.liveness import Worker
 
     trials = PlanTrials(

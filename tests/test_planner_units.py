@@ -12,10 +12,10 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.collectives import Collective, parse_collectives, ring_seconds
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
-from tpu_tuner.planner.loop_costs import LoopIteration, block_loop_iteration
-from tpu_tuner.planner.predict import ring_bandwidth
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration, block_loop_iteration
+from tpu_tuner.planner.prediction.collectives import Collective, parse_collectives, ring_seconds
+from tpu_tuner.planner.prediction.predict import ring_bandwidth
 from tpu_tuner.planner.topology import parse_topology
 
 
@@ -206,7 +206,7 @@ def test_loop_iterations_measured_in_hlo_add_up_to_the_unrolled_program() -> Non
 
 
 def test_the_compilers_hbm_limit_is_read_from_its_refusal() -> None:
-    from tpu_tuner.planner.hbm import parse_hbm_limit
+    from tpu_tuner.planner.compiler.hbm import parse_hbm_limit
 
     message = (
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tpu_tuner.model.decoder_shape import read_shape
-from tpu_tuner.planner.band import conformal_quantile
-from tpu_tuner.planner.calibration import RERUNS_FILE, noise_floor
-from tpu_tuner.planner.remat import parse_remat
+from tpu_tuner.planner.calibration.fitting import RERUNS_FILE, noise_floor
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.prediction.band import conformal_quantile
 from tpu_tuner.planner.topology import parse_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

@@ -12,8 +12,8 @@ import importlib.util
 
 import pytest
 
-from tpu_tuner.planner.collectives import parse_collectives
-from tpu_tuner.planner.loop_costs import block_loop_iteration, windowed_uncounted
+from tpu_tuner.planner.compiler.loop_costs import block_loop_iteration, windowed_uncounted
+from tpu_tuner.planner.prediction.collectives import parse_collectives
 
 # Not importorskip: importing jax at collection installs its gc callback in every test worker, and
 # an exception a signal raises inside a gc callback is dropped (test_early_stop's compile deadline).

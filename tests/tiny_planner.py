@@ -14,11 +14,11 @@ import torch
 
 from tpu_tuner.model.loader import load_workload
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.plan import PlanProblem
-from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.request import StepSettings
-from tpu_tuner.planner.space import PlanSpace
+from tpu_tuner.planner.compiler.compile_request import StepSettings
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.plans.plan import PlanProblem
+from tpu_tuner.planner.plans.plan_space import PlanSpace
+from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -53,7 +53,7 @@ class ShapedPool:
         self.compiled: list = []
 
     def compile(self, jobs, done=None):
-        from tpu_tuner.planner.loop_costs import LoopIteration
+        from tpu_tuner.planner.compiler.loop_costs import LoopIteration
 
         results = {}
         for job in jobs:

@@ -38,8 +38,8 @@ _EXPORTS = {
     "study_storage": "tpu_tuner.api",
     "TransformerDims": "tpu_tuner.model.workload",
     "Workload": "tpu_tuner.model.workload",
-    "PlanOptions": "tpu_tuner.planner.plan",
-    "plan": "tpu_tuner.planner.plan",
+    "PlanOptions": "tpu_tuner.planner.plans.plan",
+    "plan": "tpu_tuner.planner.plans.plan",
     "BucketOptions": "tpu_tuner.bucketing.study",
     "plan_buckets": "tpu_tuner.bucketing.study",
     # Run folders: the same files the CLI writes (tpu_tuner/outputs/write.py).

@@ -19,13 +19,13 @@ from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import TpuTuneError
 from tpu_tuner.outputs.ranking_report import write_ranking
 from tpu_tuner.outputs.write import plan_run_dir, with_plan_storage, write_plan
-from tpu_tuner.planner.plan import plan
-from tpu_tuner.planner.ranking import Ranking, ranked, slice_of, unplanned
+from tpu_tuner.planner.plans.plan import plan
+from tpu_tuner.planner.plans.ranking import Ranking, ranked, slice_of, unplanned
 
 if TYPE_CHECKING:
-    from tpu_tuner.planner.options import PlanOptions
-    from tpu_tuner.planner.plan import PlanResult
-    from tpu_tuner.planner.prices import Price
+    from tpu_tuner.planner.plans.plan import PlanResult
+    from tpu_tuner.planner.plans.plan_options import PlanOptions
+    from tpu_tuner.planner.plans.prices import Price
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`tpu-tune plan`: rank sharding layouts for a TPU slice with the TPU compiler (JAX compile-only).
 
-Flags are generated from `PlanOptions`' sections (planner/options.py), which state their names,
+Flags are generated from `PlanOptions`' sections (planner/plans/plan_options.py), which state their names,
 help and defaults once; importing them, when this command's parser is built, imports the planner.
 """
 
@@ -20,7 +20,7 @@ DESCRIPTION = "Compile the model's training step ahead of time for a TPU topolog
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan command's flags: the model, --price, then every section's (the search's in a group)."""
-    from tpu_tuner.planner.options import SECTIONS, PlanSearch, PlanStore
+    from tpu_tuner.planner.plans.plan_options import SECTIONS, PlanSearch, PlanStore
 
     parser.add_argument(
         "model_file",
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="GEN=USD_PER_CHIP_HOUR",
         help="a generation's on-demand price per chip-hour for the ranking of several topologies, "
-        "e.g. v6e=2.70 (repeatable or comma-separated; overrides tpu_tuner/planner/tpu_prices.toml)",
+        "e.g. v6e=2.70 (repeatable or comma-separated; overrides tpu_tuner/planner/plans/tpu_prices.toml)",
     )
     search = parser.add_argument_group("search (Optuna over layout x remat x micro-batches)")
     for section in SECTIONS.values():
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_tuner.core.run_folder import COMPILER_LOG, PLAN_JSON, PLAN_MD, PLAN_PNG, SHARDING_CONFIG
     from tpu_tuner.outputs.plan_report import render_terminal
     from tpu_tuner.plan_api import plan_to_folder
-    from tpu_tuner.planner.options import SECTIONS, PlanOptions
+    from tpu_tuner.planner.plans.plan_options import SECTIONS, PlanOptions
 
     # Each section checks itself (the target every slice --topology names), PlanOptions what spans them.
     options = PlanOptions(**sections_from(args, SECTIONS))
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 def _prices(args: argparse.Namespace, topologies: list[str]) -> dict[str, Any]:
     """The prices a ranking of several `topologies` uses; --price without one is refused in one line."""
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.planner.prices import parse_price_flags, price_table
+    from tpu_tuner.planner.plans.prices import parse_price_flags, price_table
 
     given = parse_price_flags(args.price)
     if len(topologies) == 1:

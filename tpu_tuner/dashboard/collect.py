@@ -50,7 +50,7 @@ from tpu_tuner.dashboard.folder_files import (
 from tpu_tuner.dashboard.planner_folders import ranking_plans, read_buckets, read_plan, read_ranking
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.planner.ranking import RANKING_JSON
+from tpu_tuner.planner.plans.ranking import RANKING_JSON
 from tpu_tuner.studies import records, run_file
 from tpu_tuner.studies.outcome import Outcome
 

@@ -75,7 +75,7 @@ def plans_section(collection: Collection) -> str:
     return "".join(out)
 
 
-# The planner's step hides communication under busy time with a fixed overlap (planner/predict.py)
+# The planner's step hides communication under busy time with a fixed overlap (planner/prediction/predict.py)
 # and the adopted calibration keeps no never-hidden share, so "0 exposed" is the model's assumption.
 NOT_MODELLED = (
     'Exposed comm "–": the prediction hides these collectives (comm) entirely under the compute and memory '

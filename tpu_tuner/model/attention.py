@@ -6,7 +6,7 @@ the planner compiles as TPU flash attention). A local layer attends through a sl
 attention sinks (gpt-oss: a learned logit per head that joins the softmax's denominator). Those go
 through one torch operator of the package's own, ``torch.ops.tpu_tune.local_attention``: plain
 masked attention on CPU and GPU, and an operator the planner replaces with Pallas splash attention
-and its block-sparse local or chunked mask (planner/step_parts.py), so a compiled local layer costs
+and its block-sparse local or chunked mask (planner/compiler/step_parts.py), so a compiled local layer costs
 its window, not the sequence. The operator's backward is an operator too, so the FLOP counter
 (metrics/flops.py) counts both passes by the mask's size, as it counts global attention.
 """

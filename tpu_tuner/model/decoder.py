@@ -187,7 +187,7 @@ class Decoder(nn.Module):
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """The final norm's output, before the output head (the planner's vocabulary tiling
-        computes the head's logits a tile of tokens at a time: planner/vocab_tiling.py)."""
+        computes the head's logits a tile of tokens at a time: planner/compiler/vocab_tiling.py)."""
         seq = tokens.shape[1]
         x = self.tok_embeddings(tokens)
         rope: tuple[torch.Tensor | None, ...] = (None, None)

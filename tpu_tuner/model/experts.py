@@ -12,7 +12,7 @@ Two ways to run routed experts, as MaxText has them (layers/moe.py):
   sequences a device holds, so that each device sorts its rows once and runs one grouped matmul
   over them, as MaxText's sparse_matmul does inside its shard_map. The grouping changes no row's
   result. In plain torch the op is a per-group loop; the planner compiles it as a grouped matmul
-  kernel (planner/grouped_matmul.py).
+  kernel (planner/compiler/grouped_matmul.py).
 
 Routers (`router`): ``topk_softmax`` (default: the top-k logits softmaxed among themselves,
 Mixtral, gpt-oss, MaxText's default), ``softmax_topk`` (softmax over all experts, then the top k,
@@ -265,7 +265,7 @@ __all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad", "
 
 def moe_routing(model: nn.Module) -> str:
     """How `model` routes tokens to experts, as the planner's error band compares it with the
-    calibration rows (planner/band.py): "dense" (no experts), "dropping" (a capacity factor) or
+    calibration rows (planner/prediction/band.py): "dense" (no experts), "dropping" (a capacity factor) or
     "dropless". A traced Hugging Face MoE (a module holding an ``experts`` child) computes every
     routed token with no capacity, so it reads dropless."""
     for module in model.modules():

@@ -3,7 +3,7 @@
 Each mapped family is read from its config the way its transformers modeling file builds the
 model, so that the generic decoder (model/decoder.py) has the same parameters: tests build both
 from tiny configs and require equal counts (tests/test_hf_decoder.py), and the planner checks the
-count again for the config at hand (planner/hf_plan.py). The families and what each adds to the
+count again for the config at hand (planner/plans/hf_plan.py). The families and what each adds to the
 Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positions):
 
 - ``llama``, ``mistral``: ``attention_bias`` (every attention projection) and ``mlp_bias``; small

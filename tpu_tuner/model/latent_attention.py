@@ -8,7 +8,7 @@ projection). Positions enter through a decoupled rotary part: ``qk_rope_head_dim
 dimensions per head, and one rotary key per token, computed with the latent and shared by every
 head. Query and key heads are qk_nope + qk_rope wide, value heads v_head_dim: the attention runs as
 F.scaled_dot_product_attention with values of another width than the keys (the planner's flash
-kernel pads them: planner/step_parts.py).
+kernel pads them: planner/compiler/step_parts.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class LatentAttention(nn.Module):
 
     @property
     def tensor_roles(self) -> dict[str, str]:
-        """MaxText's checkpoint names of this module's projections (planner/remat.py): the query's
+        """MaxText's checkpoint names of this module's projections (planner/compiler/remat.py): the query's
         up-projection, ``wkv_b`` (keys without positions and values, one tensor) as the key's, ``wo``."""
         return {"wq_b" if self.q_latent else "wq": "query_proj", "wkv_b": "key_proj", "wo": "out_proj"}
 

@@ -23,7 +23,7 @@ class Dims:
     head_dim: int
     scanned: int = 0
     unscanned: int = 0  # blocks beside the loop, run unrolled (leading dense layers, a partial pattern)
-    # A mixture of experts' routing, as the HBM estimate sizes its dispatch (planner/memory_estimate.py):
+    # A mixture of experts' routing, as the HBM estimate sizes its dispatch (planner/prediction/hbm_estimate.py):
     # routed experts a layer holds and a token's choices (0: dense), the capacity factor (0: dropless).
     experts: int = 0
     top_k: int = 0

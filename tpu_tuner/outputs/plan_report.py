@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt
 from tpu_tuner.core.failures import FailureKind, is_compiler_out_of_memory
 from tpu_tuner.core.units import binary_bytes, ms, si
 from tpu_tuner.outputs.figure_file import save_figure
-from tpu_tuner.planner.memory_estimate import estimate_text
-from tpu_tuner.planner.plan import LayoutPlan, PlanResult
+from tpu_tuner.planner.plans.plan import LayoutPlan, PlanResult
+from tpu_tuner.planner.prediction.hbm_estimate import estimate_text
 
 
 def hbm_status(p: LayoutPlan) -> str:

@@ -8,7 +8,7 @@ The folder layout (docs/planner.md, "Which TPU to rent"):
         <model>-plan-<topology>-<timestamp>/   one plan folder per slice, as `tpu-tune plan` writes it
 
 The per-slice figures are read back from each plan folder's plan.json, so the ranking's figures are
-the plan files' own (planner/ranking.py divides them). Cells are formatted here once, for the
+the plan files' own (planner/plans/ranking.py divides them). Cells are formatted here once, for the
 terminal, ranking.md and the dashboard alike, from ranking.json's plain dicts.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.run_folder import write_atomic
 from tpu_tuner.core.units import duration, si
-from tpu_tuner.planner.ranking import RANKING_JSON, RANKING_MD, Ranking
+from tpu_tuner.planner.plans.ranking import RANKING_JSON, RANKING_MD, Ranking
 
 if TYPE_CHECKING:
     pass

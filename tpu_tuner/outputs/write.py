@@ -21,7 +21,7 @@ from tpu_tuner.core.run_folder import new_run_dir, write_atomic
 
 if TYPE_CHECKING:
     from tpu_tuner.bucketing.study import BucketResult
-    from tpu_tuner.planner.plan import PlanOptions, PlanResult
+    from tpu_tuner.planner.plans.plan import PlanOptions, PlanResult
     from tpu_tuner.profiling.profile import Profile
     from tpu_tuner.tuning.run.tuning_result import TuningResult
 

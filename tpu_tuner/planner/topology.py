@@ -70,7 +70,7 @@ class Topology:
     shape: tuple[int, ...]
     # What the TPU compiler says once asked (`as_compiled`): its device count (libtpu's
     # compile-only v4 has one device per TensorCore, where TorchTPU counts one per chip) and its
-    # HBM limit per device (planner/hbm.py). None: the published figures stand in.
+    # HBM limit per device (planner/compiler/hbm.py). None: the published figures stand in.
     compiler_devices: int | None = None
     compiler_hbm_bytes: int | None = None
     slices: int = 1  # slices of `shape` joined by DCN (multi-slice)

@@ -1,7 +1,7 @@
 """One subprocess worker: a fresh ``python -m MODULE`` on two pipes, and the loop it serves.
 
 Trial workers (`trial_runner.py`, `trial_worker.py`) and the planner's compile workers
-(`planner/compile_pool.py`) both run on this. The parent starts the child with the environment it
+(`planner/compiler/compile_pool.py`) both run on this. The parent starts the child with the environment it
 needs, sends it a job (any picklable object), reads the reply with a timeout and, when the child
 dies, decodes its exit status; the child runs `serve`, which answers each job with
 ``("ok", value)`` or ``(kind, message, traceback)`` until it is sent None. A child served with

@@ -33,24 +33,13 @@ from optuna.trial import FrozenTrial, TrialState
 from tpu_tuner.core.credentials import without_password
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import binary_bytes
-from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.evaluate import evaluate
-from tpu_tuner.planner.fits_first import choose
-from tpu_tuner.planner.memory_estimate import FIT_MARGIN, estimate, estimate_record
-from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.result import LayoutPlan, PlanResult, result_of
-from tpu_tuner.planner.space import (
-    POINT_AXES,
-    PlanPoint,
-    PlanSpace,
-    default_space,
-    invalid_reason,
-    point_of,
-    valid_points,
-)
-from tpu_tuner.planner.trial_records import (
+from tpu_tuner.planner.compiler.compile_pool import CompilePool
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.plans.evaluate import evaluate
+from tpu_tuner.planner.plans.fits_first import choose
+from tpu_tuner.planner.plans.plan_options import PlanOptions
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_records import (
     INVALID_VIOLATION,
     params_key,
     params_of,
@@ -61,6 +50,17 @@ from tpu_tuner.planner.trial_records import (
     tell_ruled_out,
     trial_summary,
 )
+from tpu_tuner.planner.plans.plan_result import LayoutPlan, PlanResult, result_of
+from tpu_tuner.planner.plans.plan_space import (
+    POINT_AXES,
+    PlanPoint,
+    PlanSpace,
+    default_space,
+    invalid_reason,
+    point_of,
+    valid_points,
+)
+from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, estimate, estimate_record
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest
 from tpu_tuner.studies.liveness import StudyStorage, Worker, open_storage

@@ -17,8 +17,8 @@ import itertools
 from dataclasses import dataclass
 
 from tpu_tuner.model.layouts import Layout, ModelShape, why_not
-from tpu_tuner.planner.optimizer import state_bytes_per_parameter
-from tpu_tuner.planner.remat import BLOCK_INPUT, parse_remat
+from tpu_tuner.planner.compiler.optimizer import state_bytes_per_parameter
+from tpu_tuner.planner.compiler.remat import BLOCK_INPUT, parse_remat
 
 # The policies a search tries by default: MaxText's named ones that differ in what they keep, and
 # the published recipes' kind of custom policy (the block input, or it and q/k/v, in host memory).

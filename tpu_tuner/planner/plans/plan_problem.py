@@ -19,14 +19,14 @@ from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
-from tpu_tuner.planner.compile_pool import stderr_to
-from tpu_tuner.planner.hbm import compiler_hbm_limit
-from tpu_tuner.planner.hf_plan import TracedCausalLM, check_seq_len, planned_workload, source_digest
-from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.predict import CostModel
-from tpu_tuner.planner.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
-from tpu_tuner.planner.request import CompileJob, CompileModel, CompileTarget, StepSettings
-from tpu_tuner.planner.space import MemoryBound, PlanPoint, flash_block_refusal, memory_lower_bound
+from tpu_tuner.planner.compiler.compile_pool import stderr_to
+from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
+from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
+from tpu_tuner.planner.compiler.remat import block_tensor_roles, forward_flops_per_token, mlp_width, parse_remat
+from tpu_tuner.planner.plans.hf_plan import TracedCausalLM, check_seq_len, planned_workload, source_digest
+from tpu_tuner.planner.plans.plan_options import PlanOptions
+from tpu_tuner.planner.plans.plan_space import MemoryBound, PlanPoint, flash_block_refusal, memory_lower_bound
+from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def build_problem(
         raise UserInputError("give --seq (the file has no SEQ_LEN)", workload.source)
     if hf:
         check_seq_len(workload, seq_len)
-        for note in workload.notes:  # which route the config took (planner/hf_plan.py)
+        for note in workload.notes:  # which route the config took (planner/plans/hf_plan.py)
             emit(note)
     global_batch = options.step.global_batch or (workload.batch_size or 1) * topology.devices
     if options.step.vocab_tiling < 1 or seq_len % options.step.vocab_tiling:

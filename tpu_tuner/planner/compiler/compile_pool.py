@@ -25,14 +25,14 @@ from typing import Any
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import describe_end
 from tpu_tuner.core.host import usable_cores
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.program import compile_step
-from tpu_tuner.planner.request import CompileJob
+from tpu_tuner.planner.compiler.compile_request import CompileJob
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.program import compile_step
 from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 
 # The compile worker's entry module: this one (`_serve`).
-WORKER_MODULE = "tpu_tuner.planner.compile_pool"
+WORKER_MODULE = "tpu_tuner.planner.compiler.compile_pool"
 # An idle compile worker asked to exit is waited for this long before it is killed.
 EXIT_GRACE_S = 10.0
 # A compile running longer is taken as hung: its worker is killed and its job fails (the longest
@@ -81,7 +81,7 @@ class CompilePool:
         self.close()
 
     def _start(self) -> WorkerProcess:
-        """A compiler process (`python -m tpu_tuner.planner.compile_pool`), its output to the log."""
+        """A compiler process (`python -m tpu_tuner.planner.compiler.compile_pool`), its output to the log."""
         return WorkerProcess(WORKER_MODULE, output=self._log)
 
     def close(self) -> None:
@@ -180,7 +180,7 @@ def _serve(read_fd: int, write_fd: int) -> None:
     try:  # import the compile path's libraries while the caller still prepares its first job
         import jax  # noqa: F401
 
-        from tpu_tuner.planner.torchax_compat import import_torchax
+        from tpu_tuner.planner.compiler.torchax_compat import import_torchax
 
         import_torchax()
     except Exception:
@@ -208,7 +208,7 @@ def _death(died: Died) -> str:
 
 @lru_cache(maxsize=4)
 def _workload(model_file: str) -> Any:
-    from tpu_tuner.planner.hf_plan import planned_workload
+    from tpu_tuner.planner.plans.hf_plan import planned_workload
 
     return planned_workload(model_file)  # an hf: source takes the route the plan's process took
 

@@ -27,20 +27,20 @@ from tpu_tuner.core.flags import (
     uses,
 )
 from tpu_tuner.model.layouts import Layout, parse_layout
-from tpu_tuner.planner.calibration_store import calibrated_cost_model
-from tpu_tuner.planner.compile_pool import COMPILE_TIMEOUT_S, default_workers
-from tpu_tuner.planner.predict import CostModel, quantized_peak_refusal
-from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.space import (
+from tpu_tuner.planner.calibration.calibration_store import calibrated_cost_model
+from tpu_tuner.planner.compiler.compile_pool import COMPILE_TIMEOUT_S, default_workers
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.compiler.xla_flags import parse_xla_flags
+from tpu_tuner.planner.plans.plan_space import (
     DEFAULT_ACCUMULATIONS,
     DEFAULT_CONTEXTS,
     DEFAULT_REMATS,
     PlanSpace,
     flash_block_refusal,
 )
-from tpu_tuner.planner.step_options import PlanStep
+from tpu_tuner.planner.plans.step_options import PlanStep
+from tpu_tuner.planner.prediction.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.topology import Topology, parse_slices
-from tpu_tuner.planner.xla_flags import parse_xla_flags
 
 PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
 
@@ -162,7 +162,7 @@ class PlanCompile:
 
 @dataclass(frozen=True)
 class PlanSearch:
-    """The search (planner/search.py): with a budget, Optuna picks `budget` points of the joint
+    """The search (planner/plans/plan_search.py): with a budget, Optuna picks `budget` points of the joint
     space to compile instead of the layout enumeration; `space` None: space.default_space with
     the three axes below."""
 

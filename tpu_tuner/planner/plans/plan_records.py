@@ -1,7 +1,7 @@
 """What a plan records in its Optuna study (`plan_record`, what every trial depends on) and a
 planner trial in its own record, and how a settled trial is read back: the
 outcome and reason of a point told without a compile, the compiler's figures of a compiled one,
-the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/search.py asks).
+the HBM constraint TPE ranks by, and a trial's summary in the plan (planner/plans/plan_search.py asks).
 
 The keys go into the trial's record (studies/trial_record.py, as the tuner's): written once when
 the trial claims a compile and once when it is told; `records.attrs` reads a study of any version
@@ -15,12 +15,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tpu_tuner.planner.collectives import Collective
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.evaluate import judged
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.result import LayoutPlan
-from tpu_tuner.planner.space import PlanPoint, PlanSpace, point_of
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.plans.evaluate import judged
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_result import LayoutPlan
+from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace, point_of
+from tpu_tuner.planner.prediction.collectives import Collective
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import file_sha256
 from tpu_tuner.studies.records import PlanOutcome

@@ -35,23 +35,23 @@ from torch import nn
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.model.layouts import mesh_partition_spec, placements
-from tpu_tuner.planner.collectives import add_collectives, device_slices, parse_collectives
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.expert_parallel import expert_dispatch
-from tpu_tuner.planner.grouped_matmul import grouped_matmuls_per_device, sort_each_device
-from tpu_tuner.planner.loop_costs import block_loop_iteration, windowed_uncounted
-from tpu_tuner.planner.mesh import BATCH_AXES, layout_mesh
-from tpu_tuner.planner.optimizer import apply_update, initial_state
-from tpu_tuner.planner.quantized_matmul import BlockScope, install_quantized_linear
-from tpu_tuner.planner.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
-from tpu_tuner.planner.request import CompileJob
-from tpu_tuner.planner.step_parts import (
+from tpu_tuner.planner.compiler.compile_request import CompileJob
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.expert_parallel import expert_dispatch
+from tpu_tuner.planner.compiler.grouped_matmul import grouped_matmuls_per_device, sort_each_device
+from tpu_tuner.planner.compiler.loop_costs import block_loop_iteration, windowed_uncounted
+from tpu_tuner.planner.compiler.mesh import BATCH_AXES, layout_mesh
+from tpu_tuner.planner.compiler.optimizer import apply_update, initial_state
+from tpu_tuner.planner.compiler.quantized_matmul import BlockScope, install_quantized_linear
+from tpu_tuner.planner.compiler.remat import BLOCK_INPUT, block_tensor_roles, mlp_width, parse_remat
+from tpu_tuner.planner.compiler.step_parts import (
     ScannedBlocks,
     embedding_without_index_sort,
     name_block_tensors,
     sharded_attention,
 )
-from tpu_tuner.planner.vocab_tiling import cross_entropy, tiled_cross_entropy
+from tpu_tuner.planner.compiler.vocab_tiling import cross_entropy, tiled_cross_entropy
+from tpu_tuner.planner.prediction.collectives import add_collectives, device_slices, parse_collectives
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def compile_step(job: CompileJob, build_meta_model: Callable[[], nn.Module], dev
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_tuner.planner.torchax_compat import import_torchax
+    from tpu_tuner.planner.compiler.torchax_compat import import_torchax
 
     torchax = import_torchax()
     from jax.ad_checkpoint import checkpoint_name

@@ -11,13 +11,18 @@ from dataclasses import replace
 
 from tpu_tuner.core.errors import UserInputError, first_text_line
 from tpu_tuner.core.failures import is_compiler_out_of_memory, unknown_compile_option
-from tpu_tuner.planner.compile_pool import CompileJob, CompilePool
-from tpu_tuner.planner.compiled_step import CompiledStep, add_loop_iterations, combine_scanned, extrapolate_depth
-from tpu_tuner.planner.memory_estimate import estimate_record
-from tpu_tuner.planner.predict import predict
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.result import LayoutPlan
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compile_pool import CompileJob, CompilePool
+from tpu_tuner.planner.compiler.compiled_step import (
+    CompiledStep,
+    add_loop_iterations,
+    combine_scanned,
+    extrapolate_depth,
+)
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_result import LayoutPlan
+from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.hbm_estimate import estimate_record
+from tpu_tuner.planner.prediction.predict import predict
 
 log = logging.getLogger(__name__)
 

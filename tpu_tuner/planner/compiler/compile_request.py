@@ -10,12 +10,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.errors import TpuTuneError, first_line
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
+from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.planner.topology import MEGACORE
-from tpu_tuner.planner.xla_flags import xla_flags_text
 
 if TYPE_CHECKING:  # options.py imports this module
-    from tpu_tuner.planner.options import PlanOptions
+    from tpu_tuner.planner.plans.plan_options import PlanOptions
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.model.attention import local_attention_op
-from tpu_tuner.planner.remat import block_tensor_roles
+from tpu_tuner.planner.compiler.remat import block_tensor_roles
 
 
 def name_block_tensors(blocks: list[nn.Module], d_model: int, mlp_hidden: int) -> None:
@@ -182,7 +182,7 @@ def _flash_blocks(pallas_flash: Any, block: int | None, q: Any, k: Any) -> Any:
 
 def _heads_spec(mesh: Any) -> Any:
     """[batch, heads, seq, head_dim] per device: the batch over every axis that splits it
-    (fsdp_transpose and expert too: planner/mesh.py), heads over tensor, the sequence over context."""
+    (fsdp_transpose and expert too: planner/compiler/mesh.py), heads over tensor, the sequence over context."""
     from jax.sharding import PartitionSpec
 
     return PartitionSpec(

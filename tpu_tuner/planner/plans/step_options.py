@@ -9,10 +9,10 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.core.flags import ATTENTION, SEQ_LEN, at_least, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
-from tpu_tuner.planner.optimizer import check_optimizer
-from tpu_tuner.planner.quantized_matmul import QUANTIZATIONS
-from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.space import flash_block_refusal
+from tpu_tuner.planner.compiler.optimizer import check_optimizer
+from tpu_tuner.planner.compiler.quantized_matmul import QUANTIZATIONS
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.plans.plan_space import flash_block_refusal
 
 DTYPES = ("float32", "bfloat16")
 

@@ -1,14 +1,14 @@
 """The TPU compiler's per-device figures for one training step (`CompiledStep`), and the whole
 step's figures put together from a scanned program (`add_loop_iterations`, `combine_scanned`;
-why: planner/program.py), or from two shallower ones (`extrapolate_depth`). Plain data: no JAX, no torch.
+why: planner/compiler/program.py), or from two shallower ones (`extrapolate_depth`). Plain data: no JAX, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tpu_tuner.planner.collectives import Collective, add_collectives
-from tpu_tuner.planner.loop_costs import LoopIteration
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.prediction.collectives import Collective, add_collectives
 
 
 @dataclass(frozen=True)

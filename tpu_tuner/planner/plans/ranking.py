@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_tuner.planner.prices import Price
+from tpu_tuner.planner.plans.prices import Price
 
 RANKING_JSON = "ranking.json"  # the ranking folder's machine-readable ranking
 RANKING_MD = "ranking.md"

@@ -9,14 +9,14 @@ from typing import Any
 
 from tpu_tuner.model.attention_pattern import describe_spans
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.band import ErrorBand, Place
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.predict import Prediction, error_band
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.space import PlanPoint
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.band import ErrorBand, Place
+from tpu_tuner.planner.prediction.predict import Prediction, error_band
 from tpu_tuner.planner.topology import Topology
-from tpu_tuner.planner.xla_flags import xla_flags_text
 
 
 @dataclass

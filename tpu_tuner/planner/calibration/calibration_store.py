@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.planner.calibration import (
+from tpu_tuner.planner.calibration.fitting import (
     ADOPTED,
     OVERLAP,
     ROWS_FILE,
@@ -32,7 +32,7 @@ from tpu_tuner.planner.calibration import (
     load_rows,
     noise_floor,
 )
-from tpu_tuner.planner.predict import CostModel
+from tpu_tuner.planner.prediction.predict import CostModel
 
 log = logging.getLogger(__name__)
 

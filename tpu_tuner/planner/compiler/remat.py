@@ -81,7 +81,7 @@ class RematPolicy:
 
     @property
     def family(self) -> str:
-        """The policy's family, what the error band compares (planner/band.py): "offload" (any
+        """The policy's family, what the error band compares (planner/prediction/band.py): "offload" (any
         tensor in host memory), "minimal" (every weight matmul kept), "full" (only the scan's
         block input kept), "device" (some named tensors kept in HBM), "none" (nothing recomputed)."""
         if self.keep_all:

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.planner.band import BandRow, ErrorBand, Place
-from tpu_tuner.planner.band import error_band as band_of
-from tpu_tuner.planner.collectives import latency_steps, ring_seconds
-from tpu_tuner.planner.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place
+from tpu_tuner.planner.prediction.band import error_band as band_of
+from tpu_tuner.planner.prediction.collectives import latency_steps, ring_seconds
 from tpu_tuner.planner.topology import Topology
 
 # The MXU's width where it is not 128 (v6e's 256x256 systolic arrays; TPU7x's was not verifiable).
@@ -77,7 +77,7 @@ class CostModel:
     """The physical constants of the prediction and their error.
 
     The planner's are fitted to published TPU training runs (MaxText's and tpu-recipes'
-    configurations, docs/planner.md "Calibration"; planner/calibration.py, from the compiler
+    configurations, docs/planner.md "Calibration"; planner/calibration/fitting.py, from the compiler
     figures benchmarks/plan_calibration.py keeps in calibration_rows.json):
     an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not

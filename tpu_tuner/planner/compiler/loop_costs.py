@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from tpu_tuner.core.errors import first_line
-from tpu_tuner.planner.collectives import Collective, add_collectives, parse_collectives
+from tpu_tuner.planner.prediction.collectives import Collective, add_collectives, parse_collectives
 
 log = logging.getLogger(__name__)
 

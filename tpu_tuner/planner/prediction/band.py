@@ -1,6 +1,6 @@
 """The error band of a prediction: how far its MFU may be off, from the calibration's own misses.
 
-Every calibration row (a published run, planner/calibration.py) has a leave-one-out error: its
+Every calibration row (a published run, planner/calibration/fitting.py) has a leave-one-out error: its
 prediction's miss when the constants are fitted to the other rows. A new point's band is a
 quantile of the misses of the rows most like it:
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
-from tpu_tuner.planner.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
-from tpu_tuner.planner.predict import MXU_WIDTH
+from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
+from tpu_tuner.planner.prediction.predict import MXU_WIDTH
 
 log = logging.getLogger(__name__)
 

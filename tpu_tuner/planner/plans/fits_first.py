@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.planner.memory_estimate import FIT_MARGIN, MemoryEstimate, estimate
-from tpu_tuner.planner.problem import PlanProblem
-from tpu_tuner.planner.space import DEFAULT_REMATS, PlanPoint, invalid_reason
+from tpu_tuner.planner.plans.plan_problem import PlanProblem
+from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, PlanPoint, invalid_reason
+from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, MemoryEstimate, estimate
 
 # What a change costs, for choosing the smallest: a remat policy its recomputed FLOPs' share of the
 # step, a doubling of micro-batches this much (the same work in smaller matmuls), a slice twice

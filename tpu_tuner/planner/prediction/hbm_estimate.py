@@ -36,12 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpu_tuner.planner.optimizer import state_bytes_per_parameter
-from tpu_tuner.planner.remat import BLOCK_INPUT, RematPolicy, parse_remat
+from tpu_tuner.planner.compiler.optimizer import state_bytes_per_parameter
+from tpu_tuner.planner.compiler.remat import BLOCK_INPUT, RematPolicy, parse_remat
 
 if TYPE_CHECKING:
-    from tpu_tuner.planner.problem import PlanProblem
-    from tpu_tuner.planner.space import PlanPoint
+    from tpu_tuner.planner.plans.plan_problem import PlanProblem
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
 
 # A point is compiled when its estimate is at most this share of the compiler's HBM limit: the
 # estimate's errors on the kept peaks (docs/planner.md, "Memory first") are mostly within 10%, so

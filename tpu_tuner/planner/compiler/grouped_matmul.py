@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tpu_tuner.model.experts import MixtureOfExperts  # registers torch.ops.tpu_tune.grouped_matmul
-from tpu_tuner.planner.mesh import BATCH_AXES
+from tpu_tuner.planner.compiler.mesh import BATCH_AXES
 
 # MaxText's megablox tiles for the batch x sequence, embed and MLP dimensions (wi_tile_fwd_* in
 # configs/base.yml at e591f30), cut to the operands' sizes.

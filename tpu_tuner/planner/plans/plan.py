@@ -13,16 +13,16 @@ from pathlib import Path
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
 from tpu_tuner.model.layouts import Layout, enumerate_layouts
-from tpu_tuner.planner.compile_pool import CompilePool
-from tpu_tuner.planner.compiled_step import CompiledStep
-from tpu_tuner.planner.evaluate import evaluate, judged
-from tpu_tuner.planner.fits_first import choose
-from tpu_tuner.planner.options import PlanOptions
-from tpu_tuner.planner.problem import PlanProblem, build_problem
-from tpu_tuner.planner.remat import parse_remat
-from tpu_tuner.planner.result import LayoutPlan, PlanResult, attention_layers, result_of
-from tpu_tuner.planner.search import search
-from tpu_tuner.planner.space import PlanPoint, invalid_reason
+from tpu_tuner.planner.compiler.compile_pool import CompilePool
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.plans.evaluate import evaluate, judged
+from tpu_tuner.planner.plans.fits_first import choose
+from tpu_tuner.planner.plans.plan_options import PlanOptions
+from tpu_tuner.planner.plans.plan_problem import PlanProblem, build_problem
+from tpu_tuner.planner.plans.plan_result import LayoutPlan, PlanResult, attention_layers, result_of
+from tpu_tuner.planner.plans.plan_search import search
+from tpu_tuner.planner.plans.plan_space import PlanPoint, invalid_reason
 
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
