@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims, read_dims
@@ -16,8 +17,6 @@ from tpu_tuner.planner.plans.hf_plan import planned_workload
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.planner.prediction.hbm_estimate import BF16, Fitted, estimate, moe_dispatch_width
-from tpu_tuner.planner.prediction.predict import CostModel
-from tpu_tuner.planner.topology import parse_topology
 
 BASE = "decoder:vocab=1024,d_model=64,layers=2,heads=4,kv_heads=2,mlp=128,max_seq_len=256"
 POINT = PlanPoint(Layout(1, 8, 1))
@@ -32,22 +31,7 @@ def _dims(spec: str) -> Dims:
 
 
 def _problem(dims: Dims, seq: int = 1024) -> PlanProblem:
-    return PlanProblem(
-        source="decoder",
-        workload="decoder",
-        preset=None,
-        topology=parse_topology("v5p:2x2x2").as_compiled(8, 8 * 2**30),
-        step=StepSettings(16, seq),
-        dims=dims,
-        gated=True,
-        matmul_parameters=3_000_000,
-        parameters=3_100_000,
-        model_flops=1e12,
-        attention="full",
-        fast=True,
-        cost_model=CostModel(),
-        placements={},
-    )
+    return planner_problem(dims, hbm_gib=8, step=StepSettings(16, seq))
 
 
 def test_read_dims_reads_the_generic_decoders_kv_heads_experts_and_side_tables() -> None:

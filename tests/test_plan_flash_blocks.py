@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ScriptedPool
+from tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims
@@ -35,21 +36,12 @@ def _small_step(job) -> CompiledStep:
 
 
 def _problem(step: StepSettings) -> PlanProblem:
-    return PlanProblem(
-        source="decoder:vocab=1024,d_model=256,layers=2,heads=4,mlp=512",
-        workload="decoder",
-        preset=None,
-        topology=parse_topology("v5e-4").as_compiled(4, 6 * 2**30),  # four devices: few points to search
+    return planner_problem(
+        Dims(ModelShape(256, 4, 4, 512, 1024, 2), 64, scanned=2),  # the scripted pool compiles nothing
+        topology="v5e-4",  # four devices: few points to search
+        devices=4,
         step=step,
-        dims=Dims(ModelShape(256, 4, 4, 512, 1024, 2), 64, scanned=2),  # the scripted pool compiles nothing
-        gated=True,
-        matmul_parameters=3_000_000,
-        parameters=3_100_000,
-        model_flops=1e12,
-        attention="full",
-        fast=True,
-        cost_model=CostModel(),
-        placements={},
+        source="decoder:vocab=1024,d_model=256,layers=2,heads=4,mlp=512",
     )
 
 

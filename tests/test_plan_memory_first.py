@@ -4,19 +4,15 @@ make a point fit. A scripted compiler stands in for libtpu: nothing here compile
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import ScriptedPool
+from tiny_planner import tiny_llama_problem
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import read_dims
-from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration
 from tpu_tuner.planner.plans.fits_first import choose, what_would_fit
@@ -24,38 +20,13 @@ from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanSt
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace
 from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, estimate
-from tpu_tuner.planner.prediction.predict import CostModel
-from tpu_tuner.planner.topology import parse_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 POINT = PlanPoint(Layout(1, 8, 1))
 
 
-@functools.cache
-def _dims():  # read once: loading the example costs most of a test's time
-    workload = load_workload(EXAMPLES / "llama.py")
-    with torch.device("meta"):
-        return read_dims(workload.model_for_preset("tiny"))
-
-
 def _problem(hbm_gib: float = 6.0, **changes) -> PlanProblem:
-    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
-    problem = PlanProblem(
-        source=str(EXAMPLES / "llama.py"),
-        workload="llama",
-        preset="tiny",
-        topology=topology,
-        step=StepSettings(16, 1024),
-        dims=_dims(),
-        gated=True,
-        matmul_parameters=3_000_000,
-        parameters=3_100_000,
-        model_flops=1e12,
-        attention="full",
-        fast=True,
-        cost_model=CostModel(),
-        placements={},
-    )
+    problem = tiny_llama_problem(hbm_gib=hbm_gib, seq_len=1024)
     return replace(problem, step=replace(problem.step, **changes))
 
 

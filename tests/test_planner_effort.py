@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+from tiny_planner import tiny_llama_problem
 
 from tpu_tuner.model.layouts import Layout
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import read_dims
 from tpu_tuner.outputs.plan_report import hbm_status
 from tpu_tuner.planner.compiler.compile_request import StepSettings, topology_config
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
@@ -65,26 +63,7 @@ class _TwoEffortPool:
 
 
 def _problem(fast: bool) -> PlanProblem:
-    workload = load_workload(EXAMPLES / "llama.py")
-    with torch.device("meta"):
-        model = workload.model_for_preset("tiny")
-    topology = parse_topology("v5p:2x2x2").as_compiled(8, HBM)
-    return PlanProblem(
-        source=str(EXAMPLES / "llama.py"),
-        workload="llama",
-        preset="tiny",
-        topology=topology,
-        step=StepSettings(16, 128),
-        dims=read_dims(model),
-        gated=True,
-        matmul_parameters=3_000_000,
-        parameters=3_100_000,
-        model_flops=1e12,
-        attention="full",
-        fast=fast,
-        cost_model=CostModel(),
-        placements={},
-    )
+    return tiny_llama_problem(hbm_gib=HBM / 2**30, fast=fast)
 
 
 POINT = PlanPoint(Layout(1, 8, 1))

@@ -5,6 +5,7 @@ test_old_studies.py, test_compile_request.py)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import read_dims
+from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans.plan import PlanProblem
@@ -71,28 +72,59 @@ class ShapedPool:
         return results
 
 
-def tiny_llama_problem(hbm_gib: float = 6.0) -> PlanProblem:
-    """examples/llama.py's tiny preset planned for v5p:2x2x2 with `hbm_gib` GiB a device, priced by
-    the default cost model: the problem the search tests hand a `ShapedPool`."""
-    workload = load_workload(EXAMPLES / "llama.py")
-    with torch.device("meta"):
-        model = workload.model_for_preset("tiny")
-    topology = parse_topology("v5p:2x2x2").as_compiled(8, int(hbm_gib * 2**30))
+def planner_problem(
+    dims: Dims,
+    *,
+    topology: str = "v5p:2x2x2",
+    devices: int = 8,
+    hbm_gib: float = 6.0,
+    step: StepSettings | None = None,
+    source: str = "decoder",
+    workload: str = "decoder",
+    preset: str | None = None,
+    fast: bool = True,
+) -> PlanProblem:
+    """A plan's problem for the tests' scripted compilers: a model of `dims` on `topology` compiled
+    for `devices` devices of `hbm_gib` GiB, a step of batch 16 x 128 unless `step` says, with fixed
+    parameter and FLOP counts (3.1M parameters, 1e12 model FLOPs) and the default cost model."""
     return PlanProblem(
-        source=str(EXAMPLES / "llama.py"),
-        workload="llama",
-        preset="tiny",
-        topology=topology,
-        step=StepSettings(16, 128),
-        dims=read_dims(model),
+        source=source,
+        workload=workload,
+        preset=preset,
+        topology=parse_topology(topology).as_compiled(devices, int(hbm_gib * 2**30)),
+        step=step or StepSettings(16, 128),
+        dims=dims,
         gated=True,
         matmul_parameters=3_000_000,
         parameters=3_100_000,
         model_flops=1e12,
         attention="full",
-        fast=True,
+        fast=fast,
         cost_model=CostModel(),
         placements={},
+    )
+
+
+@functools.cache
+def tiny_llama_dims() -> Dims:
+    """The planner's reading of examples/llama.py's tiny preset (built on the meta device; read once:
+    loading the example costs most of a planner test's time)."""
+    workload = load_workload(EXAMPLES / "llama.py")
+    with torch.device("meta"):
+        return read_dims(workload.model_for_preset("tiny"))
+
+
+def tiny_llama_problem(hbm_gib: float = 6.0, fast: bool = True, seq_len: int = 128) -> PlanProblem:
+    """examples/llama.py's tiny preset planned for v5p:2x2x2 with `hbm_gib` GiB a device, batch 16 x
+    `seq_len`: the problem the search tests hand a `ShapedPool`."""
+    return planner_problem(
+        tiny_llama_dims(),
+        hbm_gib=hbm_gib,
+        step=StepSettings(16, seq_len),
+        source=str(EXAMPLES / "llama.py"),
+        workload="llama",
+        preset="tiny",
+        fast=fast,
     )
 
 
