@@ -26,7 +26,7 @@ from fuzz_strategies import (
     numbers,
     write,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tpu_tuner.core.errors import UserInputError
@@ -192,6 +192,7 @@ def offline() -> None:
 
 @budget(0.3)
 @given(near(HF_SOURCE))
+@example(text="hf:~0")  # a `~user` with no such user: Path.expanduser's RuntimeError, found by the full budget
 def test_hf_source(offline: None, text: str) -> None:
     """An ``hf:`` source: parsed, its config made (model types and folders; no network), and read
     as the generic decoder's shape or refused as not expressible (the planner then traces it)."""

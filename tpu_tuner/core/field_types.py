@@ -53,9 +53,10 @@ def _matches(hint: Any, value: Any) -> bool:
         return any(_matches(arm, value) for arm in get_args(hint))
     if origin is Literal:
         return value in get_args(hint)
-    if origin is tuple:
+    if origin in (tuple, list):
         arms = get_args(hint)
-        item = arms[0] if len(arms) == 2 and arms[1] is Ellipsis else Any
+        # tuple[X, ...] and list[X]: every item an X (`list[Layout]` had passed anything: `layouts=True`).
+        item = arms[0] if (origin is list and arms) or (len(arms) == 2 and arms[1] is Ellipsis) else Any
         return isinstance(value, (tuple, list)) and all(_matches(item, v) for v in value)
     if hint is type(None):
         return value is None
@@ -78,7 +79,7 @@ def _describe(hint: Any) -> str:
         return " or ".join(_describe(arm) for arm in get_args(hint))
     if origin is Literal:
         return "one of " + ", ".join(map(repr, get_args(hint)))
-    if origin is tuple:
+    if origin in (tuple, list):
         return f"a list, each item {_describe(get_args(hint)[0])}" if get_args(hint) else "a list"
     names = {type(None): "none", bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
     return names.get(hint, "a path" if hint is Path else getattr(hint, "__name__", str(hint)))

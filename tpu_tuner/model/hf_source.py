@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.key_values import parse_key_values
+from tpu_tuner.core.user_paths import expand_user
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -87,7 +88,7 @@ def parse(text: str | Path) -> HfSource:
         raise UserInputError("hf: needs a config folder, a hub id or a model type after it", text)
     options = _options(fragment, text)
     kind: Kind
-    if location.startswith((".", "/", "~")) or Path(location).expanduser().is_dir():
+    if location.startswith((".", "/", "~")) or expand_user(location).is_dir():
         kind = "directory"
     elif "/" in location:
         kind = "hub"
@@ -138,7 +139,7 @@ def load_config(source: HfSource) -> PretrainedConfig:
 def check_folder(source: HfSource) -> Path:
     """The folder a ``directory`` source names, once it is there with a config.json
     (`UserInputError` otherwise). Needs no transformers: the CLI runs it before importing that."""
-    folder = Path(source.location).expanduser()
+    folder = expand_user(source.location, source.text)
     if not folder.is_dir():
         raise UserInputError(f"no such folder: {folder}", source.text)
     if not (folder / "config.json").is_file():
@@ -244,7 +245,7 @@ def config_bytes(text: str) -> bytes:
     source = parse(text)
     if source.kind != "directory":
         return b""
-    file = Path(source.location).expanduser() / "config.json"
+    file = expand_user(source.location, text) / "config.json"
     return file.read_bytes() if file.is_file() else b""
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tpu_tuner.core.credentials import redact
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.core.user_paths import expand_user
 
 # The pip extra that installs each server database's default driver (pyproject.toml).
 DRIVER_EXTRAS = {"postgresql": "postgres"}
@@ -132,7 +133,7 @@ def check_storage(url: str, connect: bool = True, connect_timeout_s: int = CONNE
 def _check_sqlite(database: str | None, shown: str) -> None:
     if not database or database == ":memory:":
         raise UserInputError(f"--storage {shown!r}: an in-memory SQLite database cannot be resumed; name a file")
-    folder = Path(database).expanduser().resolve().parent
+    folder = expand_user(database, f"--storage {shown!r}").resolve().parent
     if not folder.is_dir():
         raise UserInputError(f"--storage {shown!r}: folder {folder} does not exist")
 
@@ -153,7 +154,7 @@ def check_sqlite_study(url: str) -> None:
     database = make_url(url).database
     if not database or database == ":memory:":
         return
-    path = Path(database).expanduser()
+    path = expand_user(database, url)
     try:
         with path.open("rb") as file:
             header = file.read(len(SQLITE_HEADER))
