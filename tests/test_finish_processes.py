@@ -3,7 +3,8 @@
 A Llama-class run on the chip (`--time-budget 8m`): the search stopped where the finish's room
 began, 7 minutes in, but the verification compared TorchTPU's DeferAndFuse against the Strict
 baseline in processes of their own, three blocks of 4 rounds, each block starting every process
-afresh (worker start, model, build: about a minute each); the run was still verifying at 9 min 50 s.
+afresh (a trial in a fresh worker had cost 98.8 s beyond compile and steps); the run was still
+verifying at 9 min 50 s.
 The finish was costed as one worker's builds and rounds. Now a window of processes runs its rounds
 in two blocks, and the finish is costed with the process starts the search measured."""
 

@@ -36,8 +36,8 @@ RESERVED_VERIFY_ROUNDS = 6
 # Where compared settings need processes of their own (TorchTPU's eager modes), a window alternates
 # blocks of rounds between their processes, each block starting every process afresh: two blocks
 # (one ordering, then the other) cancel a drift that is linear in time at the least process
-# starts; a Llama-class window of 3 blocks of 4 rounds on a v5e chip started 6 processes of about a
-# minute each and ran over its 8-minute clock by more than 2 minutes (docs/torchtpu.md).
+# starts; a Llama-class window of 3 blocks of 4 rounds on a v5e chip (a trial in a fresh worker there:
+# 98.8 s beyond compile and steps) ran over its 8-minute clock by more than 2 minutes (docs/torchtpu.md).
 PROCESS_BLOCKS = 2
 MIN_BLOCK_ROUNDS = 4
 # Kept for what follows the verification: the run folder's reports and plots, and the process's
