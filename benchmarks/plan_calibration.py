@@ -300,7 +300,7 @@ def print_bands(rows: list[CalibrationRow], checked: list[tuple[float, ErrorBand
         inside = sum(abs(e) <= b.points for e, b in mine)
         print(
             f"  {generation or 'all':>6}: inside their band {inside} of {len(mine)} ({share:.0%}; target >= 90%), "
-            f"median band +-{median:.1f} points (target <= 6)"
+            f"median band +-{median:.2f} points (target <= 6)"
         )
 
 

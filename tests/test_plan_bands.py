@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_tuner.planner.calibration.fitting import CalibrationRow, band_row, place_of
+from tpu_tuner.planner.calibration.fitting import CalibrationRow, band_row, fit_group, load_rows, place_of
 from tpu_tuner.planner.prediction.band import (
     MIN_COMPARABLE,
     BandRow,
@@ -17,6 +17,8 @@ from tpu_tuner.planner.prediction.band import (
     differences,
     distance,
     error_band,
+    fitted_groups,
+    interpolated_rows,
 )
 
 
@@ -106,3 +108,53 @@ def test_a_calibration_rows_place_carries_its_kind() -> None:
     assert (place.moe, place.offload, place.slices) == ("dropping", True, 1)
     banded = band_row(row, -1.5, None)
     assert banded.error == -1.5 and banded.moe == "dropping" and differences(place, banded) == []
+
+
+def _dense(generation: str, error: float, seq: int = 8192, batch: float = 4, slices: int = 1) -> BandRow:
+    return BandRow(generation, "full", seq, batch, error, moe="dense", offload=False, slices=slices)
+
+
+def test_an_error_measured_by_extrapolation_does_not_stand_for_an_interpolated_point() -> None:
+    """A row alone in its chip's efficiency (the lone v5e row) was predicted, when left out, with
+    the median chip's efficiency: its error is an extrapolation's, not what a point whose chip
+    has rows risks. Such a point's band leaves it out; the calibration's v4 and v5p points had
+    bands of 9.5 and 8.7 from the v5e row's -9.5 (issue 57 item 3)."""
+    rows = [_dense("v4", 1.0, 1024, 16), _dense("v4", -1.5, 1024, 10), _dense("v5e", -9.5, 2048, 6)]
+    rows += [_dense("v6e", e) for e in (0.5, -1.0, 1.5, -2.0, 0.2, 1.1, -0.7, 1.9)]
+    v4 = Place("v4", "full", 1024, 16, moe="dense", offload=False, slices=1)
+    assert fitted_groups(v4) == (("efficiency", "v4", "dense"),)
+    assert rows[2] not in interpolated_rows(v4, rows) and len(interpolated_rows(v4, rows)) == 10
+    near, which = comparable(v4, rows)
+    assert rows[2] not in near and "left out: 1 extrapolated error," in which
+    band = error_band(v4, rows)
+    assert band is not None and band.points == 2.0  # the v6e and v4 rows' largest, not the v5e row's 9.5
+    # A v5e point is predicted with the efficiency fitted to that one row: its band is the others'
+    # too (their errors are what a chip fitted to few rows risks), not the row's own extrapolation.
+    assert rows[2] not in comparable(Place("v5e", "full", 2048, 6, moe="dense", slices=1), rows)[0]
+    # A point whose efficiency no row fits (a dropless MoE step on v4) keeps every row.
+    dropless = Place("v4", "full", 1024, 16, moe="dropless", offload=False, slices=1)
+    assert fitted_groups(dropless) == (("efficiency", "v4", "dropless"),)
+    assert interpolated_rows(dropless, rows) == rows
+    # Too few interpolated rows to promise the coverage: every row, as before.
+    assert interpolated_rows(v4, rows[:5]) == rows[:5]
+
+
+def test_a_multi_slice_rows_error_with_no_other_multi_slice_row_fitted_is_an_extrapolation() -> None:
+    """The DCN step latency is fitted to the multi-slice rows alone: with one of them left out of
+    the band's rows (the nested check's held-out row), the other's error was measured with a
+    latency of 0 (the Gemma 3 4-slice row's +13.3 in the band of its 2-slice twin)."""
+    rows = [_dense("v6e", e) for e in (0.5, -1.0, 1.5, -2.0, 0.2, 1.1, -0.7, 1.9, 1.2)]
+    rows += [_dense("v6e", 8.4, 32768, 1), _dense("v6e", 13.3, 32768, 1, slices=4)]
+    two_slices = Place("v6e", "full", 32768, 1, moe="dense", offload=False, slices=2)
+    assert fitted_groups(two_slices) == (("efficiency", "v6e", "dense"), ("dcn",))
+    band = error_band(two_slices, rows)
+    assert band is not None and band.points == 8.4  # the single-slice row's, not the lone 4-slice row's
+    # With a second multi-slice row, both were fitted with the other's DCN steps: both stand.
+    rows.append(_dense("v6e", -2.3, 32768, 1, slices=2))
+    assert rows[10] in interpolated_rows(two_slices, rows)
+
+
+def test_the_bands_groups_are_the_fits_groups() -> None:
+    """band.fitted_groups' efficiency groups are calibration.fitting.fit_group's, row for row."""
+    pairs = {(fitted_groups(place_of(r))[0], fit_group(r.generation, r.moe)) for r in load_rows()}
+    assert len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs}) > 1

@@ -112,16 +112,14 @@ def test_the_shipped_calibrations_bands_cover_at_least_90_percent_of_the_rows() 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="median band 6.3 points (7.2 before the dropless MoE steps had their own efficiency): the "
-    "alike rows' own misses hold it: Llama 3.1 70B bf16 on TPU7x (-6.0, -5.6), gpt-oss on TPU7x (+8.1) and "
-    "Gemma 3 at 32k on v6e (+8.4 on one slice) (docs/planner.md, 'Calibration', issue 57)",
-)
 def test_the_shipped_calibrations_median_band_is_at_most_6_points() -> None:
-    """Issue 57's target: bands that decide, a median band of at most 6 MFU points."""
-    _, median = coverage_and_width(_shipped_band_check())
-    assert median <= 6.0
+    """Issue 57's target: bands that decide, a median band of at most 6 MFU points (5.96 since a
+    band leaves out the rows whose errors were extrapolations, band.interpolated_rows; 6.3
+    before). What holds it near 6: Llama 3.1 70B bf16 on TPU7x (-6.0, -5.6 leave-one-out) sets
+    the bands of the TPU7x fp8 70B rows and of the v4 and v5p dense rows (docs/planner.md,
+    'Calibration')."""
+    share, median = coverage_and_width(_shipped_band_check())
+    assert median <= 6.0 and share >= 0.9
 
 
 def test_dropless_moe_steps_have_their_own_efficiency_per_generation() -> None:

@@ -14,6 +14,15 @@ quantile of the misses of the rows most like it:
   how many were alike and what the others differ in. A dimension the point does not state
   (None) is not compared. The rows of other kinds (the dropless MoE rows' 11-21-point misses)
   no longer set the band of a point unlike them;
+* **errors measured as the point is predicted**: a row's leave-one-out error measured an
+  interpolation only if each constant its prediction takes from rows (`fitted_groups`: its
+  generation's efficiency, or its dropless MoE one; over several slices, the DCN step's latency)
+  was still fitted from another row when it was left out. A row alone in such a group was
+  predicted with a fallback (the median chip's efficiency, a DCN latency of 0): its error is an
+  extrapolation's (the lone v5e row's; in the nested check, a row whose twin is the one held
+  out). A point whose every group has rows is predicted by interpolation, so its band is made of
+  the interpolated rows alone (the errors split by kind, as Vovk et al.'s Mondrian conformal
+  predictors split them); a point with a group no row fits keeps every row;
 * **the quantile**: the split-conformal one, the ceil(0.9 (n + 1))-th smallest of n absolute
   errors (the largest where n < 9), so that a new point like the rows is covered at least 90% of
   the time when the rows are exchangeable (Vovk et al., "Algorithmic Learning in a Random World";
@@ -36,6 +45,7 @@ Plain data, no JAX: the planner computes a band per point, the calibration its c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 COVERAGE = 0.9
@@ -167,9 +177,35 @@ def gaps(place: Place, rows: list[BandRow] | list[Place]) -> list[str]:
     return list(gap_kinds(place, rows).values())
 
 
+def fitted_groups(place: Place) -> tuple[tuple[str, ...], ...]:
+    """The groups of rows whose fitted constants a prediction at `place` takes: its efficiency's
+    (the generation's, or for a dropless MoE step the generation's dropless one, as
+    calibration.fitting.fit_group groups them) and, over several slices, the DCN step latency's
+    (fitted to the multi-slice rows alone: the "+dcn" term)."""
+    out: list[tuple[str, ...]] = [("efficiency", place.generation, "dropless" if place.moe == "dropless" else "dense")]
+    if place.slices and place.slices > 1:
+        out.append(("dcn",))
+    return tuple(out)
+
+
+def interpolated_rows(place: Place, rows: list[BandRow]) -> list[BandRow]:
+    """The rows whose leave-one-out errors stand for `place`'s as it is predicted: where each of
+    its `fitted_groups` has rows, the rows that had another row of each of their own groups in
+    their leave-one-out fit (the others' errors were extrapolations); where one has none, or
+    fewer than `MIN_COMPARABLE` rows remain, every row."""
+    count = Counter(g for r in rows for g in fitted_groups(r))
+    if not all(count[g] for g in fitted_groups(place)):
+        return list(rows)
+    kept = [r for r in rows if all(count[g] >= 2 for g in fitted_groups(r))]
+    return kept if len(kept) >= MIN_COMPARABLE else list(rows)
+
+
 def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
-    """The rows whose errors stand for `place`'s: its `MIN_COMPARABLE` nearest (`distance`), with
-    any row as near as the last of them (all rows where there are fewer), and which they are."""
+    """The rows whose errors stand for `place`'s: of the `interpolated_rows`, its `MIN_COMPARABLE`
+    nearest (`distance`), with any row as near as the last of them (all rows where there are
+    fewer), and which they are."""
+    pool = interpolated_rows(place, rows)
+    left_out, rows = len(rows) - len(pool), pool
     far = [distance(place, r) for r in rows]
     radius = sorted(far)[min(MIN_COMPARABLE, len(rows)) - 1]
     near = [r for r, d in zip(rows, far) if d <= radius + 1e-9]
@@ -181,6 +217,11 @@ def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
     which = f"the {len(near)} rows most like it ({alike} alike"
     if unlike:  # the fallback: too few alike, the nearest unlike rows fill the set
         which += "; the others unlike it in " + ", ".join(f"{d} ({n})" for d, n in unlike.items())
+    if left_out:
+        which += (
+            f"; left out: {left_out} extrapolated error{'s' if left_out > 1 else ''}, each of a row with no "
+            "other row of its chip's efficiency or DCN term in its fit"
+        )
     return near, which + ")"
 
 
@@ -242,6 +283,8 @@ __all__ = [
     "differences",
     "distance",
     "error_band",
+    "fitted_groups",
     "gap_kinds",
     "gaps",
+    "interpolated_rows",
 ]
