@@ -116,7 +116,7 @@ def kept_points() -> list[tuple[str, PlanProblem, PlanPoint, dict]]:
     return found
 
 
-TERMS = ("gradients", "gathered", "logits", "dispatch", "side_tables")
+TERMS = ("gradients", "gathered", "logits", "dispatch", "dropless", "held_cotangent", "side_tables")
 
 
 def _zero() -> Fitted:

@@ -18,9 +18,13 @@ on points estimated to fit and can say which knob would make a point fit. Its te
 * **working set**: one layer's forward recomputed and its backward (every named tensor of a
   layer, context's gathered keys and values);
 * **logits**: the loss's [tokens, vocab / tensor] buffers, one tile of them under vocab tiling;
+  where the compiler windows the FSDP collectives (fsdp groups of at most `WINDOWED_FSDP`), the
+  logits' bf16 cotangent besides, held through the backward loop;
 * **MoE dispatch** (in the working set): a mixture of experts' routed rows of one layer, a
   d_model-wide row for each of a token's top_k choices (times the capacity factor where the layer
   drops tokens), and under capacity routing the dispatch and combine masks (moe_dispatch_width);
+  dropless routing keeps more copies of them (`dropless`: the rows sorted by expert, the ragged
+  matmuls' outputs, unsorted, and their cotangents) than capacity routing's einsums;
 * **side tables** (in the gathered term): lookup tables besides the token embedding (Gemma 3n / 4's
   per-layer inputs), whose gradient every device builds whole in bf16, and the per-layer inputs
   a token reads from them.
@@ -48,6 +52,12 @@ if TYPE_CHECKING:
 # a point estimated at 90% of the limit may still fit and one above it rarely does.
 FIT_MARGIN = 0.9
 BF16 = 2.0
+# The TPU compiler decomposes the FSDP all-gathers and reduce-scatters into windowed loops
+# (collective-permutes around slices of the matmuls) on fsdp groups of at most 32 devices, and
+# then holds the logits' cotangent through the backward loop: every kept compile with fsdp <= 32
+# has the loops, none with 64 or more (benchmarks/calibration_compiled.json's permutes; Llama 3.1
+# 8B's buffers on v6e-32 against v6e-64, docs/planner.md "Memory first").
+WINDOWED_FSDP = 32
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class Fitted:
     gathered: float = 1.0  # x one layer's bf16 weights gathered, and the head with its gradient
     logits: float = 1.0  # bytes a logit (bf16 logits, their fp32 softmax's cotangent: fitted)
     dispatch: float = 1.0  # x a mixture of experts' routed rows of one layer (moe_dispatch_width)
+    dropless: float = 1.0  # x the same rows again where the routing is dropless (more copies kept)
+    held_cotangent: float = 1.0  # x the logits' bf16 cotangent held through a windowed program's backward
     side_tables: float = 1.0  # x the side lookup tables' whole gradients and per-layer inputs (side_tables)
     # x the activations (saved + working set), by remat family (RematPolicy.family).
     activations: tuple[tuple[str, float], ...] = ()
@@ -68,14 +80,16 @@ class Fitted:
 
 
 # Fitted to the 41 kept compiled peaks (`python benchmarks/plan_memory_estimate.py --fit`, 2026-12-06):
-# 71% of them within 10% in sample, 66% left out (docs/planner.md, "Memory first").
+# 90% of them within 10% in sample, 80% left out (docs/planner.md, "Memory first").
 FITTED = Fitted(
-    gradients=1.839,
-    gathered=0.619,
-    logits=1.785,
-    dispatch=8.116,
-    side_tables=1.707,
-    activations=(("full", 0.952), ("minimal", 0.86), ("device", 0.945), ("offload", 1.019)),
+    gradients=1.177,
+    gathered=0.911,
+    logits=1.071,
+    dispatch=6.321,
+    dropless=5.911,
+    held_cotangent=1.045,
+    side_tables=1.656,
+    activations=(("full", 0.939), ("minimal", 0.887), ("device", 0.947), ("offload", 1.37)),
 )
 
 
@@ -233,7 +247,10 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     # A mixture of experts' routed rows: one layer's copies of its tokens, a d_model-wide row a
     # choice (times the capacity factor where it drops), and under capacity routing the
     # [tokens, experts x capacity] dispatch and combine masks (model/experts.py).
-    working += fitted.dispatch * BF16 * tokens * moe_dispatch_width(problem)
+    # Dropless routing keeps more copies of a routed row than capacity routing's einsums: the rows
+    # sorted by expert, the ragged matmuls' outputs and the unsorted result, with their cotangents.
+    routing = fitted.dispatch + (0.0 if problem.dims.capacity_factor else fitted.dropless)
+    working += routing * BF16 * tokens * moe_dispatch_width(problem)
     # Lookup tables besides the token embedding (per-layer inputs): the gradient of a lookup is
     # scattered into a whole bf16 table on every device before its all-reduce, and the compiled
     # step holds two such tables at its peak (Gemma 4 E2B's buffer assignment); the per-layer
@@ -243,6 +260,10 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
         2 * BF16 * dims.side_table_parameters / layout.tensor + (BF16 + 3 * 4.0) * tokens * dims.side_table_width
     )
     logits = fitted.logits * tokens / problem.step.vocab_tiling * shape.vocab / layout.tensor
+    if layout.fsdp <= WINDOWED_FSDP:
+        # The windowed program holds the logits' cotangent (bf16) through the backward loop
+        # (Llama 3.1 8B on v6e-32: bf16[3, 8192, 128256] live beside the loop; on v6e-64 not).
+        logits += fitted.held_cotangent * BF16 * tokens / problem.step.vocab_tiling * shape.vocab / layout.tensor
     return MemoryEstimate(weights, state, gradients, gathered + side, saved, working, logits)
 
 
@@ -263,6 +284,7 @@ __all__ = [
     "estimate_record",
     "estimate_text",
     "FIT_MARGIN",
+    "WINDOWED_FSDP",
     "Fitted",
     "LayerWidths",
     "MemoryEstimate",
