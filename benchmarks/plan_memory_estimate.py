@@ -254,7 +254,7 @@ def issue_shapes() -> None:
     """What fits-first does on the issue's two shapes (estimated; nothing compiled): the enumeration
     with --remat full and --max-layouts 3, and the search's first trials."""
     from tpu_tuner.model.layouts import enumerate_layouts
-    from tpu_tuner.planner.plans.fits_first import choose
+    from tpu_tuner.planner.plans.fits_first import choose, fitting_change
     from tpu_tuner.planner.plans.plan_space import default_space, valid_points
 
     for name, spec, topology_name, slices, hbm, batch, seq in ISSUE_SHAPES:
@@ -270,6 +270,14 @@ def issue_shapes() -> None:
         chosen, _ = choose(problem, points, 3, lambda line: print("  enumeration:", line))
         for point in chosen:
             print(f"  enumeration compiles: {point.name()}: {estimate(problem, point).text(problem.hbm)}")
+            # What this topology could compile in its place (the enumeration keeps --remat; plan.py's choice).
+            change = fitting_change(problem, point, same_devices=True)
+            if change is not None and not estimate(problem, point).fits(problem.hbm):
+                words, changed, changed_estimate = change
+                print(
+                    f"  on the same devices, {words} is estimated to fit: {changed.name()}: "
+                    + changed_estimate.text(problem.hbm)
+                )
         space = default_space(topology.devices, problem.dims.shape, seq, slices=slices)
         valid = valid_points(space, topology.devices, problem.dims.shape, batch, seq)
         chosen, _ = choose(problem, valid, 4, lambda line: print("  search:", line))

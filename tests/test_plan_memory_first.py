@@ -15,7 +15,7 @@ from tiny_planner import tiny_llama_problem
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration
-from tpu_tuner.planner.plans.fits_first import choose, what_would_fit
+from tpu_tuner.planner.plans.fits_first import choose, fitting_change, what_would_fit
 from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace
@@ -78,6 +78,31 @@ def test_nothing_estimated_to_fit_says_what_would_and_compiles_the_closest() -> 
     assert line.startswith("nothing is estimated to fit within 90% of HBM; closest: data 1 x fsdp 8 x tensor 1")
     assert "would fit (est " in line and line.endswith("compiling the closest point anyway")
     assert line == what_would_fit(problem, POINT) + "; compiling the closest point anyway"
+
+
+def test_the_fitting_change_on_the_same_devices_is_one_a_plan_could_compile() -> None:
+    full = estimate(_problem(), POINT)
+    problem = _problem(hbm_gib=full.total / 2**30)  # full remat over the 90% margin
+    change = fitting_change(problem, POINT, same_devices=True)
+    assert change is not None
+    words, changed, changed_estimate = change
+    assert changed.layout.devices == POINT.layout.devices and changed_estimate.fits(problem.hbm)
+    assert changed_estimate.total == estimate(problem, changed).total and words in what_would_fit(problem, POINT)
+    # Under a limit only a slice twice as large meets, the same devices offer nothing.
+    base = _problem()
+    doubled = estimate(base, replace(POINT, layout=Layout(1, 16, 1))).total
+    smallest = min(estimate(base, p).total for p in _same_device_changes(base, POINT))
+    assert doubled < smallest
+    over = _problem(hbm_gib=(doubled + smallest) / 2 / FIT_MARGIN / 2**30)
+    assert fitting_change(over, POINT, same_devices=True) is None
+    words, larger, _ = fitting_change(over, POINT) or ("", POINT, full)
+    assert larger.layout.devices == 16 and words.startswith("a slice of 16 devices")
+
+
+def _same_device_changes(problem: PlanProblem, point: PlanPoint) -> list[PlanPoint]:
+    from tpu_tuner.planner.plans.fits_first import _alternatives
+
+    return [p for _, _, p in _alternatives(problem, point) if p.layout.devices == point.layout.devices]
 
 
 def _fitting_step(job) -> CompiledStep:

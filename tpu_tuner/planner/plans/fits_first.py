@@ -78,15 +78,30 @@ def _valid(problem: PlanProblem, point: PlanPoint) -> bool:
     return invalid_reason(point, problem.dims.shape, step.global_batch, step.seq_len, step.flash_block) is None
 
 
+def fitting_change(
+    problem: PlanProblem, point: PlanPoint, same_devices: bool = False
+) -> tuple[str, PlanPoint, MemoryEstimate] | None:
+    """The smallest single change of `point` estimated to fit, with its words and estimate (None
+    if none does). `same_devices` leaves out the larger slice: the change a plan of this
+    topology could compile in place of `point` (another remat policy, more micro-batches)."""
+    for _, words, changed in sorted(_alternatives(problem, point), key=lambda a: a[0]):
+        if same_devices and changed.layout.devices != point.layout.devices:
+            continue
+        changed_estimate = estimate(problem, changed)
+        if changed_estimate.fits(problem.hbm):
+            return words, changed, changed_estimate
+    return None
+
+
 def what_would_fit(problem: PlanProblem, point: PlanPoint) -> str:
     """One line: `point`'s estimate, and the smallest single change estimated to fit, with its estimate."""
     hbm = problem.hbm
     here = estimate(problem, point)
     head = f"nothing is estimated to fit within {FIT_MARGIN:.0%} of HBM; closest: {point.name()}, {here.text(hbm)}"
-    for _, words, changed in sorted(_alternatives(problem, point), key=lambda a: a[0]):
-        changed_estimate = estimate(problem, changed)
-        if changed_estimate.fits(hbm):
-            return f"{head}; {words} would fit ({changed_estimate.text(hbm)})"
+    change = fitting_change(problem, point)
+    if change is not None:
+        words, _, changed_estimate = change
+        return f"{head}; {words} would fit ({changed_estimate.text(hbm)})"
     return f"{head}; no single change (remat, micro-batches, a slice twice as large) is estimated to fit"
 
 
@@ -110,4 +125,4 @@ def choose(
     return [nearest], [entry for entry in left_out if entry[0] != nearest]
 
 
-__all__ = ["choose", "closest", "fits_first", "layout_preference", "precompile_key", "what_would_fit"]
+__all__ = ["choose", "closest", "fits_first", "fitting_change", "layout_preference", "precompile_key", "what_would_fit"]
