@@ -252,10 +252,12 @@ ISSUE_SHAPES = (
 
 def issue_shapes() -> None:
     """What fits-first does on the issue's two shapes (estimated; nothing compiled): the enumeration
-    with --remat full and --max-layouts 3, and the search's first trials."""
+    with --max-layouts 3, the remat policy and micro-batches left to the planner (plan.py: with
+    nothing fitting under full remat and one micro-batch it plans others) and held to full, and the
+    search's first trials."""
     from tpu_tuner.model.layouts import enumerate_layouts
-    from tpu_tuner.planner.plans.fits_first import choose, fitting_change
-    from tpu_tuner.planner.plans.plan_space import default_space, valid_points
+    from tpu_tuner.planner.plans.fits_first import choose, fitting_change, widened
+    from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, default_space, valid_points
 
     for name, spec, topology_name, slices, hbm, batch, seq in ISSUE_SHAPES:
         topology = parse_topology(topology_name).with_slices(slices)
@@ -267,9 +269,19 @@ def issue_shapes() -> None:
         )
         layouts, _ = enumerate_layouts(topology.devices, problem.dims.shape, batch, seq, slices=slices)
         points = [PlanPoint(layout, "full") for layout in layouts]
-        chosen, _ = choose(problem, points, 3, lambda line: print("  enumeration:", line))
+        chosen, _ = choose(
+            problem,
+            points,
+            3,
+            lambda line: print("  enumeration:", line),
+            lambda problem=problem, points=points: widened(problem, points, DEFAULT_REMATS, (1, 2, 4, 8, 16)),
+        )
         for point in chosen:
             print(f"  enumeration compiles: {point.name()}: {estimate(problem, point).text(problem.hbm)}")
+        chosen, _ = choose(problem, points, 3, lambda line: print("  enumeration with --remat full:", line))
+        for point in chosen:
+            held = estimate(problem, point).text(problem.hbm)
+            print(f"  enumeration with --remat full compiles: {point.name()}: {held}")
             # What this topology could compile in its place (the enumeration keeps --remat; plan.py's choice).
             change = fitting_change(problem, point, same_devices=True)
             if change is not None and not estimate(problem, point).fits(problem.hbm):

@@ -139,3 +139,24 @@ def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> Non
     assert len({j.point.layout for j in pool.jobs} | {j.point.remat for j in pool.jobs}) > 1  # a search, not one point
     for plan in result.plans:  # plan.json keeps each point's estimate
         assert plan.memory_estimate and plan.memory_estimate["limit"] == problem.hbm
+
+
+def test_where_the_users_defaults_fit_nowhere_the_enumeration_plans_other_policies_and_micro_batches() -> None:
+    from tpu_tuner.planner.plans.plan import enumerated
+    from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanStep
+
+    full = estimate(_problem(), POINT)
+    problem = _problem(hbm_gib=full.total / 2**30)  # full remat, one micro-batch: over the 90% margin
+    pool = ScriptedPool(_fitting_step)
+    said: list[str] = []
+    left_to_the_planner = PlanOptions(PlanTarget("v5p:2x2x2"), enumeration=PlanEnumeration(max_layouts=2))
+    result = enumerated(problem, left_to_the_planner, pool, said.append, time.perf_counter())
+    assert len(result.plans) == 2 and all(estimate(problem, p.point).fits(problem.hbm) for p in result.plans)
+    assert all(p.remat != "full" or p.accumulation > 1 for p in result.plans)
+    assert any("points of other remat policies or micro-batches are: compiling the best-predicted" in s for s in said)
+    # A policy the user gave is held to: the closest point under it, compiled alone, and the line.
+    held = replace(left_to_the_planner, step=PlanStep(remat="full", accumulation=1))
+    said.clear()
+    result = enumerated(problem, held, pool, said.append, time.perf_counter())
+    assert [(p.remat, p.accumulation) for p in result.plans] == [("full", 1)]
+    assert any(s.endswith("compiling the closest point anyway") for s in said)

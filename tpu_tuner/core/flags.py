@@ -144,7 +144,8 @@ def comma_list(text: str) -> tuple[str, ...]:
 def at_least(minimum: int, *named: tuple[str, int | None]) -> None:
     """Refuse a (flag, value) below `minimum` (None is unset): a section's check."""
     for name, value in named:
-        if value is not None and type(value) is not int:  # "2" from the Python API: no TypeError below
+        # "2" or True from the Python API: no TypeError below (an int subclass marking a default is an int)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise UserInputError(f"{name} must be a whole number, not {value!r}")
         if value is not None and value < minimum:
             raise UserInputError(f"{name} must be at least {minimum}, not {value}")

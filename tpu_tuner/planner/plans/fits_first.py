@@ -105,12 +105,35 @@ def what_would_fit(problem: PlanProblem, point: PlanPoint) -> str:
     return f"{head}; no single change (remat, micro-batches, a slice twice as large) is estimated to fit"
 
 
+def widened(
+    problem: PlanProblem, points: Sequence[PlanPoint], remats: Sequence[str], accumulations: Sequence[int]
+) -> list[PlanPoint]:
+    """Every valid point of `points`' layouts under each of `remats` and `accumulations` (the axes
+    the user left to the planner), estimated to fit, best-predicted first."""
+    layouts = list(dict.fromkeys(p.layout for p in points))
+    wider = [
+        PlanPoint(layout, remat, steps, point_block)
+        for layout in layouts
+        for remat in remats
+        for steps in accumulations
+        for point_block in {p.flash_block for p in points}
+        if problem.step.global_batch % steps == 0
+    ]
+    return fits_first(problem, [p for p in wider if _valid(problem, p)])[0]
+
+
 def choose(
-    problem: PlanProblem, points: Sequence[PlanPoint], limit: int, emit: Callable[[str], None]
+    problem: PlanProblem,
+    points: Sequence[PlanPoint],
+    limit: int,
+    emit: Callable[[str], None],
+    wider: Callable[[], list[PlanPoint]] | None = None,
 ) -> tuple[list[PlanPoint], list[tuple[PlanPoint, str]]]:
     """(up to `limit` points to compile, fitting ones best-predicted first; the points left out
-    with why). With none estimated to fit, the line of `what_would_fit` goes to `emit` and the
-    closest point is compiled alone."""
+    with why). With none estimated to fit, the best-predicted of `wider`'s points (other remat
+    policies and micro-batches, where the user chose neither: `widened`) estimated to fit are
+    compiled instead, said in one line; with none of those either, the line of `what_would_fit`
+    goes to `emit` and the closest point is compiled alone."""
     if not points:
         return [], []
     fitting, estimates = fits_first(problem, points)
@@ -121,8 +144,26 @@ def choose(
             emit(f"{len(left_out)} of {len(points)} points are estimated not to fit in HBM: not compiled")
         return fitting[:limit], left_out
     nearest = closest(estimates)
+    alternatives = wider() if wider is not None else []
+    if alternatives:
+        emit(
+            f"nothing is estimated to fit within {FIT_MARGIN:.0%} of HBM with remat {nearest.remat} and "
+            f"{nearest.accumulation} micro-batch{'es' if nearest.accumulation > 1 else ''} (closest "
+            f"{nearest.name()}, {estimates[nearest].text(hbm)}); {len(alternatives)} points of other remat "
+            "policies or micro-batches are: compiling the best-predicted (give --remat / --accumulation to hold them)"
+        )
+        return alternatives[:limit], left_out
     emit(what_would_fit(problem, nearest) + "; compiling the closest point anyway")
     return [nearest], [entry for entry in left_out if entry[0] != nearest]
 
 
-__all__ = ["choose", "closest", "fits_first", "fitting_change", "layout_preference", "precompile_key", "what_would_fit"]
+__all__ = [
+    "choose",
+    "closest",
+    "fits_first",
+    "fitting_change",
+    "layout_preference",
+    "precompile_key",
+    "what_would_fit",
+    "widened",
+]

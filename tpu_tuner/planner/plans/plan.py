@@ -17,12 +17,13 @@ from tpu_tuner.planner.compiler.compile_pool import CompilePool
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.plans.evaluate import evaluate, judged
-from tpu_tuner.planner.plans.fits_first import choose
+from tpu_tuner.planner.plans.fits_first import choose, widened
 from tpu_tuner.planner.plans.plan_options import PlanOptions
 from tpu_tuner.planner.plans.plan_problem import PlanProblem, build_problem
 from tpu_tuner.planner.plans.plan_result import LayoutPlan, PlanResult, attention_layers, result_of
 from tpu_tuner.planner.plans.plan_search import search
-from tpu_tuner.planner.plans.plan_space import PlanPoint, invalid_reason
+from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, PlanPoint, invalid_reason
+from tpu_tuner.planner.plans.step_options import DefaultAccumulation, DefaultRemat
 
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
@@ -60,10 +61,19 @@ def enumerated(
         )
         candidates, too_big = _weights_fit(candidates, problem)
         rejected += too_big
-        # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py).
+        # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py);
+        # where none does, other remat policies and micro-batches the user left to the planner.
         remat = parse_remat(options.step.remat).name
         points = [PlanPoint(layout, remat, options.step.accumulation) for layout in sorted(candidates, key=_preference)]
-        chosen, unfit = choose(problem, points, options.enumeration.max_layouts, emit)
+        remats = DEFAULT_REMATS if isinstance(options.step.remat, DefaultRemat) else (remat,)
+        steps = (1, 2, 4, 8, 16) if isinstance(options.step.accumulation, DefaultAccumulation) else ()
+        chosen, unfit = choose(
+            problem,
+            points,
+            options.enumeration.max_layouts,
+            emit,
+            lambda: widened(problem, points, remats, steps or (options.step.accumulation,)),
+        )
         rejected += [(point.layout, why) for point, why in unfit]
         candidates = [point.layout for point in chosen]
     if not candidates:
@@ -71,9 +81,13 @@ def enumerated(
             f"no layout divides this model or fits it on {problem.topology.devices} devices: "
             + "; ".join(r for _, r in rejected[:3])
         )
-    points = [
-        PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
-    ]
+    points = (
+        chosen
+        if not options.enumeration.layouts
+        else [
+            PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
+        ]
+    )
     for point in points:
         reason = invalid_reason(point, shape, problem.step.global_batch, problem.step.seq_len, problem.step.flash_block)
         if reason:
@@ -87,7 +101,8 @@ def enumerated(
 
     evaluated = evaluate(problem, points, pool, emit, done)
     plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -p.predicted_mfu))
-    return result_of(problem, plans, rejected, parse_remat(options.step.remat).name, started)
+    remats = sorted({p.remat for p in points})  # more than one where the enumeration widened
+    return result_of(problem, plans, rejected, " / ".join(remats), started)
 
 
 def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layout], list[tuple[Layout, str]]]:

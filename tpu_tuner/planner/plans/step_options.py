@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
-from tpu_tuner.core.flags import ATTENTION, SEQ_LEN, at_least, option, uses
+from tpu_tuner.core.flags import ATTENTION, SEQ_LEN, DefaultWords, at_least, option, uses
 from tpu_tuner.metrics.flops import AttentionConvention
 from tpu_tuner.planner.compiler.optimizer import check_optimizer
 from tpu_tuner.planner.compiler.quantized_matmul import QUANTIZATIONS
@@ -15,6 +15,17 @@ from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.plans.plan_space import flash_block_refusal
 
 DTYPES = ("float32", "bfloat16")
+
+
+class DefaultRemat(str):
+    """The plan's remat policy when none was chosen (full), marked as the default: with nothing
+    estimated to fit, the enumeration may plan other policies (fits_first.widened); a policy the
+    user gave, `--remat full` included, is a plain str and is held to."""
+
+
+class DefaultAccumulation(int):
+    """One micro-batch when none was chosen, marked as the default as `DefaultRemat` is (on the
+    command line `--accumulation 1` reads as not given: argparse's int hands back a plain 1)."""
 
 
 @dataclass(frozen=True)
@@ -35,15 +46,16 @@ class PlanStep:
     )
     preset: str | None = option(None, "--preset", help="a named model size from the file's PRESETS, e.g. 70b")
     remat: str = option(
-        "full",
+        DefaultRemat("full"),
         "--remat",
         metavar="POLICY",
+        typed=DefaultWords("full"),
         help="per-block rematerialisation, by MaxText's names: full, minimal, save_dot_except_mlpwi, "
         "save_qkv_proj, qkv_proj_offloaded, minimal_offloaded, ..., none, or "
         "custom:decoder_layer_input=offload,query_proj=device,... (default %(default)s; docs/planner.md)",
     )
     accumulation: int = option(
-        1,
+        DefaultAccumulation(1),
         "--accumulation",
         type=int,
         metavar="N",
