@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+log = logging.getLogger(__name__)
 # Llama-shaped (heads 128 wide), ~335M parameters: AdamW state and activations fit one v5e chip (16 GiB).
 SHAPE = "decoder:vocab=32000,d_model=1024,layers=16,heads=8,mlp=4096,max_seq_len=2048"
 STEP_FILE = "step.jaxexport"
@@ -39,31 +42,44 @@ MEASURED_FILE = "measured.json"
 def export(
     out: Path, shape: str, topology: str, global_batch: int, seq_len: int, remat: str, flash_block: int | None
 ) -> None:
-    """Plan `shape` on `topology` with the policy `remat`, then write the best point's step and its
-    prediction into `out`."""
+    """Plan `shape` on the one-chip `topology` with the policy `remat` (in `flash_block` blocks;
+    None: the planner's choice): its one point compiled as `tpu-tune plan` compiles it, its step
+    serialized by `jax.export` from that very compile, its prediction written beside it."""
     # The project (and torch) only here: `run` must work where neither is installed.
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
-    from tpu_tuner.planner.compiler.compile_pool import run_job
-    from tpu_tuner.planner.plans.plan import plan
+    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.planner.compiler.compile_pool import CompilePool
+    from tpu_tuner.planner.plans.evaluate import evaluate
     from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanStep, PlanTarget
-    from tpu_tuner.planner.plans.plan_problem import build_problem
+    from tpu_tuner.planner.plans.plan_problem import PlanProblem, build_problem
+    from tpu_tuner.planner.plans.plan_result import result_of
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
     from tpu_tuner.planner.topology import parse_topology
 
-    options = PlanOptions(PlanTarget(topology), step=PlanStep(global_batch=global_batch, seq_len=seq_len, remat=remat))
-    result = plan(shape, options, progress=print)
-    best = result.best
-    if best is None or best.prediction is None:
-        print(f"{remat}: nothing fits {topology}: {[p.why for p in result.plans]}")
-        return
-    problem = build_problem(shape, options, parse_topology(topology), print)
+    step = PlanStep(global_batch=global_batch, seq_len=seq_len, remat=remat, flash_block=flash_block)
+    options = PlanOptions(PlanTarget(topology), step=step)
+    slice_ = parse_topology(topology)
+    if slice_.devices != 1:
+        raise SystemExit(f"the chip check plans one chip, not {topology}")
     out.mkdir(parents=True, exist_ok=True)
-    job = replace(
-        problem.job(best.point, problem.dims.scanned, fast=False),
-        export_to=str(out / STEP_FILE),
-    )
-    job = replace(job, step=replace(job.step, flash_block=flash_block))
-    exported = run_job(job)
+    exported_to = str(out / STEP_FILE)
+
+    class Exporting(PlanProblem):
+        """The plan's problem whose whole-step compile also serializes the step."""
+
+        def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> Any:
+            job = super().job(point, blocks, fast)
+            return replace(job, export_to=exported_to) if blocks == self.dims.scanned and not job.fast else job
+
+    problem = build_problem(shape, options, slice_, print)
+    problem = Exporting(**{f.name: getattr(problem, f.name) for f in fields(problem)})
+    point = PlanPoint(Layout(1, 1, 1), remat, 1)  # one chip: its only layout
+    with CompilePool(1) as pool:
+        best = result_of(problem, list(evaluate(problem, [point], pool, print).values()), [], remat, 0.0).plans[0]
+    if best.prediction is None or not best.fits:
+        print(f"{remat}: does not fit {topology}: {best.why}")
+        return
     prediction = best.prediction
     record = {
         "shape": shape,
@@ -72,11 +88,13 @@ def export(
         "seq_len": seq_len,
         "layout": str(best.layout),
         "remat": best.remat,
-        "flash_block": flash_block,
+        "flash_block": problem.flash_block_of(best.point),
         "accumulation": best.accumulation,
         "vocab": problem.dims.shape.vocab,
-        "model_flops_per_step": result.model_flops_per_step,
+        "model_flops_per_step": problem.model_flops,
         "compiled_flops": best.compiled.flops,
+        "compiled_bytes": best.compiled.bytes_accessed,
+        "predicted_attention_kernel_s": prediction.attention_kernel_seconds,
         "predicted_step_s": prediction.step_seconds,
         "predicted_compute_s": prediction.compute_seconds,
         "predicted_memory_s": prediction.memory_seconds,
@@ -85,8 +103,7 @@ def export(
         "band_points": best.band.points if best.band else None,
         "planned_peak_bytes": best.compiled.peak_bytes,
         "planned_allocated_bytes": best.compiled.allocated_bytes,
-        "exported_peak_bytes": exported.peak_bytes,
-        "peak_tflops_per_device": result.topology.peak_flops_per_device / 1e12,
+        "peak_tflops_per_device": slice_.peak_flops_per_device / 1e12,
     }
     (out / PREDICTED_FILE).write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))
@@ -97,6 +114,7 @@ def run(out: Path, steps: int) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from tpu_attention_kernel import libtpu_version  # beside this file: run needs no project installed
 
     predicted = json.loads((out / PREDICTED_FILE).read_text())
     exported = jax.export.deserialize(bytearray((out / STEP_FILE).read_bytes()))
@@ -135,6 +153,8 @@ def run(out: Path, steps: int) -> None:
     record = {
         "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__,
+        "libtpu": libtpu_version(),
+        "date": time.strftime("%Y-%m-%d"),
         "compile_s": compile_s,
         "step_s_median": statistics.median(steady),
         "step_s_min": min(steady),
@@ -169,11 +189,15 @@ def _device_op_times(trace_dir: str, steps: int) -> list[tuple[str, float]]:
                 if line.name == "XLA Ops":
                     for event in line.events:
                         by_op[event.name] += event.duration_ns / 1e6 / steps
+    # The Pallas kernels (a dense decoder's only ones are flash attention's), summed over every
+    # call: what a step's attention costs, to set beside the kernel's isolated timings.
+    kernels = sum(ms for name, ms in by_op.items() if "custom-call" in name or "custom_call" in name)
+    by_op["(sum of every Pallas custom call)"] = kernels
     if not by_op:  # another libtpu may name its planes otherwise: say what there was
         return [
             (f"no XLA Ops line; plane {plane.name}: {[line.name for line in plane.lines]}", 0.0) for plane in planes
         ]
-    return by_op.most_common(15)
+    return by_op.most_common(25)
 
 
 def _matmul_tflops(jax: Any, jnp: Any, n: int = 8192, repeats: int = 10) -> float:
@@ -188,55 +212,6 @@ def _matmul_tflops(jax: Any, jnp: Any, n: int = 8192, repeats: int = 10) -> floa
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
 
 
-def attention_blocks(out: Path, shape: tuple[int, int, int, int] = (8, 16, 2048, 64)) -> None:
-    """On the chip: causal attention's forward and backward through the planner's kernel (Pallas
-    flash attention) at its default 128 blocks and at larger ones, and through splash attention
-    at MaxText's default 512 blocks (``sa_block_*`` in MaxText's base.yml)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental.pallas.ops.tpu import flash_attention as flash
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
-
-    batch, heads, seq, head_dim = shape
-    q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i in range(3))
-
-    def flash_with(block: int | None) -> Any:
-        sizes = None if block is None else flash.BlockSizes(*(block, block, block, 1), *(block,) * 7)
-        return lambda q, k, v: flash.flash_attention(q, k, v, causal=True, sm_scale=head_dim**-0.5, block_sizes=sizes)
-
-    def splash_with(block: int) -> Any:
-        mask = masks.MultiHeadMask([masks.CausalMask((seq, seq))] * heads)
-        kernel = splash.make_splash_mha(
-            mask=mask, head_shards=1, q_seq_shards=1, block_sizes=splash.BlockSizes(*(block,) * 3, *(block,) * 5)
-        )
-        return lambda q, k, v: jax.vmap(kernel)(q * head_dim**-0.5, k, v)
-
-    variants = {
-        "flash, default blocks (128)": flash_with(None),
-        "flash, 512": flash_with(512),
-        "flash, 1024": flash_with(1024),
-        "splash, 512 (MaxText's default)": splash_with(512),
-    }
-    flops = 2 * batch * heads * seq * seq * head_dim * 3.5  # causal: half of 4bhs^2d forward, backward 2.5x
-    results = {}
-    for name, attend in variants.items():
-
-        def loss(q: Any, k: Any, v: Any, attend: Any = attend) -> Any:
-            return attend(q, k, v).astype(jnp.float32).sum()
-
-        step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        jax.block_until_ready(step(q, k, v))
-        start = time.perf_counter()
-        for _ in range(10):
-            grads = step(q, k, v)
-        jax.block_until_ready(grads)
-        ms = (time.perf_counter() - start) / 10 * 1e3
-        results[name] = {"ms_forward_and_backward": ms, "tflops": flops / ms / 1e9}
-        print(f"{name:34} {ms:8.2f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
-    (out / "attention_blocks.json").write_text(json.dumps({"shape": shape, **results}, indent=1))
-
-
 def compare(out: Path) -> None:
     """Print the prediction against the measurement of the step exported into `out`."""
     predicted = json.loads((out / PREDICTED_FILE).read_text())
@@ -249,8 +224,7 @@ def compare(out: Path) -> None:
         ("MFU", f"{predicted['predicted_mfu']:.1%} +- {predicted['band_points']:.1f} points", f"{mfu:.1%}"),
         (
             "peak HBM (GiB)",
-            f"{predicted['planned_peak_bytes'] / gib:.2f} "
-            f"(exported program {predicted['exported_peak_bytes'] / gib:.2f})",
+            f"{predicted['planned_peak_bytes'] / gib:.2f}",
             f"{(measured['peak_bytes_in_use'] or 0) / gib:.2f} in the allocator's buffers at the peak "
             "(no temporaries); the chip's compiler "
             f"{(measured['chip_compiler_peak_bytes'] or 0) / gib:.2f}",
@@ -266,9 +240,146 @@ def compare(out: Path) -> None:
     print(f"bf16 matmul on the chip: {measured['matmul_tflops']:.0f} TFLOP/s (peak {peak:.0f})")
 
 
+def repredicted(predicted: dict[str, Any], chip: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(step seconds, attention kernel seconds) the planner predicts now for an exported one-chip
+    program, from its kept compiler figures: the prediction re-made with the current cost model;
+    `chip` (efficiency, recompute weight) in place of the kept chip step constants (`fit`)."""
+    from dataclasses import replace
+
+    from tpu_tuner.planner.prediction.attention_kernel import ChipStep
+    from tpu_tuner.planner.prediction.predict import predict
+
+    problem, point, compiled = _planned(predicted)
+    kernel = problem.attention_kernel(point)
+    step = problem.chip_step(point)
+    if chip is not None:
+        step = ChipStep(chip[0], chip[1], 1, "a candidate of fit", problem.recomputed_flops(point))
+    elif step is not None:
+        step = replace(step, recomputed_flops=problem.recomputed_flops(point))
+    prediction = predict(
+        compiled,
+        problem.topology,
+        point.layout,
+        problem.dims.shape,
+        problem.dims.head_dim,
+        problem.model_flops,
+        problem.step.global_batch * problem.step.seq_len,
+        problem.cost_model,
+        problem.hardware_flops(point.remat),
+        problem.step.seq_len,
+        moe=problem.moe,
+        kernel=kernel,
+        chip=step,
+    )
+    return prediction.step_seconds, kernel.seconds if kernel else 0.0
+
+
+@functools.cache
+def _problem(shape: str, topology: str, global_batch: int, seq_len: int) -> Any:
+    from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanStep, PlanTarget
+    from tpu_tuner.planner.plans.plan_problem import build_problem
+    from tpu_tuner.planner.topology import parse_topology
+
+    slice_ = parse_topology(topology)
+    if slice_.devices != 1:
+        raise SystemExit(f"the chip check plans one chip, not {topology}")
+    step = PlanStep(global_batch=global_batch, seq_len=seq_len)
+    return build_problem(shape, PlanOptions(PlanTarget(topology), step=step), slice_, log.info)
+
+
+def _planned(predicted: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(problem, point, compiled step) of a kept one-chip prediction record."""
+    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+    from tpu_tuner.planner.plans.plan_space import PlanPoint
+
+    problem = _problem(predicted["shape"], predicted["topology"], predicted["global_batch"], predicted["seq_len"])
+    point = PlanPoint(Layout(1, 1, 1), predicted["remat"], predicted["accumulation"], predicted["flash_block"] or 128)
+    # Records from before 2026-12-06 kept the memory time, not the bytes: the bytes are that time's.
+    bandwidth = problem.topology.hbm_bytes_per_s_per_device
+    bytes_accessed = predicted.get("compiled_bytes") or predicted["predicted_memory_s"] * bandwidth
+    return problem, point, CompiledStep(predicted["compiled_flops"], bytes_accessed, 0.0, 0.0, 0.0, 0.0)
+
+
+def _measured_runs(out: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every (prediction record, measurement) kept under the folder `out`, or in the file `out`
+    (the kept runs: benchmarks/tpu_chip_check_steps_v5e.json, tpu_chip_check_v5e.json)."""
+    if out.is_file():
+        return [(run["predicted"], run["measured"]) for run in json.loads(out.read_text())["runs"]]
+    return [
+        (json.loads((f.parent / PREDICTED_FILE).read_text()), json.loads(f.read_text()))
+        for f in sorted(out.rglob(MEASURED_FILE))
+    ]
+
+
+def fit(out: Path, adopt: bool) -> None:
+    """Fit the chip's step constants (matmul efficiency, recompute weight: attention_kernel.ChipStep)
+    to every step measured under `out`, least squares on the relative error over a grid; print
+    each step's error in sample and with its decoder shape left out of the fit; with `adopt`,
+    keep them in chip_kernels.json for the chip's generation."""
+    from tpu_attention_kernel import GENERATION_OF_DEVICE
+
+    from tpu_tuner.planner.prediction.attention_kernel import KERNELS_FILE
+
+    runs = _measured_runs(out)
+    grid = [(e / 1000, w / 100) for e in range(400, 951, 5) for w in range(0, 101, 5)]
+
+    def best(kept: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[float, float]:
+        def loss(chip: tuple[float, float]) -> float:
+            return sum((repredicted(p, chip)[0] / m["step_s_median"] - 1) ** 2 for p, m in kept)
+
+        return min(grid, key=loss)
+
+    chip = best(runs)
+    print(f"fitted to {len(runs)} steps: matmul efficiency {chip[0]:.3f}, recompute weight {chip[1]:.2f}")
+    worst_out = 0.0
+    for predicted, measured in runs:
+        others = best([(p, m) for p, m in runs if p["shape"] != predicted["shape"]])
+        seen = measured["step_s_median"]
+        inside, left_out = (repredicted(predicted, c)[0] / seen - 1 for c in (chip, others))
+        worst_out = max(worst_out, abs(left_out))
+        print(
+            f"{predicted['shape'].removeprefix('decoder:'):70} {predicted['remat']:22} in sample {inside:+.1%}, "
+            f"its shape left out {left_out:+.1%} (efficiency {others[0]:.3f}, weight {others[1]:.2f})"
+        )
+    if adopt:
+        kept = json.loads(KERNELS_FILE.read_text())
+        generation = GENERATION_OF_DEVICE[runs[0][1]["device"]]
+        shapes = len({p["shape"] for p, _ in runs})
+        kept[generation]["step"] = {
+            "efficiency": chip[0],
+            "recompute_weight": chip[1],
+            "devices": 1,
+            "fitted_to": f"{len(runs)} steps ({shapes} decoder shapes x remat policies), measured "
+            f"{runs[0][1].get('date', '')}, libtpu {runs[0][1].get('libtpu')}; each shape left out: at most "
+            f"{worst_out:.1%} off",
+        }
+        KERNELS_FILE.write_text(json.dumps(kept, indent=1) + "\n")
+        print(f"kept for {generation} in {KERNELS_FILE}")
+
+
+def table(out: Path) -> None:
+    """Every step measured under `out`: the planner's prediction now against the chip's step, and
+    the attention kernels' predicted time against the profile's flash ops."""
+    rows = []
+    for predicted, measured in _measured_runs(out):
+        step, kernel = repredicted(predicted)
+        flash = sum(ms for name, ms in measured.get("top_ops_ms_per_step") or [] if name.startswith("%flash")) / 1e3
+        seen = measured["step_s_median"]
+        rows.append(abs(seen / step - 1) <= 0.10)
+        print(
+            f"{predicted['shape'].removeprefix('decoder:'):70} {predicted['global_batch']:>2} x {predicted['seq_len']} "
+            f"{predicted['remat']:22} blocks {predicted['flash_block'] or 128:>4}: predicted {step:.3f} s, measured "
+            f"{seen:.3f} s ({seen / step - 1:+.1%}); attention predicted {kernel * 1e3:.1f} ms"
+            + (f", the profile's flash kernels {flash * 1e3:.1f} ms" if flash else "")
+        )
+    print(f"{sum(rows)} of {len(rows)} steps predicted within 10% of the chip's")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("export", "run", "compare", "attention"))
+    parser.add_argument("what", choices=("export", "run", "compare", "table", "fit"))
+    parser.add_argument("--adopt", action="store_true", help="fit: keep the fitted constants for the planner")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "tpu_check")
     parser.add_argument("--topology", default="v5e-1")
     parser.add_argument(
@@ -278,17 +389,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--remats", default="full,save_dot_except_mlpwi,minimal", help="one point each")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument(
-        "--flash-block",
-        type=int,
-        default=512,
-        help="the exported program's flash blocks (MaxText's 512; 0: the kernel's 128)",
-    )
+    parser.add_argument("--flash-block", type=int, help="the planned program's flash blocks (default: the planner's)")
     args = parser.parse_args()
-    args.flash_block = args.flash_block or None
-    if args.what == "attention":
-        args.out.mkdir(parents=True, exist_ok=True)
-        attention_blocks(args.out)
+    if args.what == "table":
+        table(args.out)
+        return
+    if args.what == "fit":
+        fit(args.out, args.adopt)
         return
     for remat in args.remats.split(","):  # each policy's point in a folder of its own
         folder = args.out / remat

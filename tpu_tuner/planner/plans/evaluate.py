@@ -278,6 +278,8 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         problem.step.quantization,
         problem.quantized_share(),
         moe=problem.moe,  # a dropless step runs at its own fitted efficiency (docs/planner.md, "Calibration")
+        kernel=problem.attention_kernel(point),
+        chip=problem.chip_step(point),
     )
     # The margin of an accepted program over its allocation is not known: 0, at the limit.
     margin = 0.0 if over_but_accepted else hbm - full.peak_bytes

@@ -101,8 +101,8 @@ def enumerated(
 
     evaluated = evaluate(problem, points, pool, emit, done)
     plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -p.predicted_mfu))
-    remats = sorted({p.remat for p in points})  # more than one where the enumeration widened
-    return result_of(problem, plans, rejected, " / ".join(remats), started)
+    policies = sorted({p.remat for p in points})  # more than one where the enumeration widened
+    return result_of(problem, plans, rejected, " / ".join(policies), started)
 
 
 def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layout], list[tuple[Layout, str]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,10 +27,17 @@ from tpu_tuner.planner.compiler.remat import block_tensor_roles, forward_flops_p
 from tpu_tuner.planner.plans.hf_plan import TracedCausalLM, check_seq_len, planned_workload, source_digest
 from tpu_tuner.planner.plans.plan_options import PlanOptions
 from tpu_tuner.planner.plans.plan_space import MemoryBound, PlanPoint, flash_block_refusal, memory_lower_bound
+from tpu_tuner.planner.prediction.attention_kernel import (
+    AttentionKernelWork,
+    ChipStep,
+    attention_kernel_work,
+    chip_kernels,
+)
 from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import Topology
 
 log = logging.getLogger(__name__)
+MAXTEXT_BLOCK = 512  # MaxText's splash attention blocks (sa_block_* in configs/base.yml)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class PlanProblem:
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
     moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/experts.py)
+    # Flash blocks the planner chose where none was given: the fastest a chip of this generation
+    # timed (attention_kernel.py), for points whose devices hold whole sequences (None: the kernel's).
+    chosen_flash_block: int | None = None
 
     @property
     def hbm(self) -> float:
@@ -82,10 +93,72 @@ class PlanProblem:
         full = _model_flops(self.matmul_parameters, attention, self.dims, self.step.global_batch, seq, "full")
         return full + recomputed * self.step.global_batch * seq
 
+    def attention_kernel(self, point: PlanPoint) -> AttentionKernelWork | None:
+        """The step's flash attention costed from a chip's timings of the kernel, where the
+        generation has them and every layer is global causal attention on one device's whole
+        sequence (attention_kernel.py); None elsewhere: the prediction prices it as FLOPs."""
+        kernels = chip_kernels(self.topology.chip.generation)
+        if kernels is None or point.layout.context > 1 or any(s.window or s.chunk for s in self.spans):
+            return None
+        seq = self.step.seq_len
+        block = self.flash_block_of(point)
+        if block is None or seq % block:
+            block = 128  # the kernel's default blocks (step_parts._flash_blocks)
+        return attention_kernel_work(
+            kernels,
+            layers=self.dims.shape.n_layers,
+            heads=self.dims.shape.n_heads,
+            head_dim=self.dims.head_dim,
+            seq=seq,
+            block=block,
+            sequences_per_device=self.step.global_batch / self.topology.devices,
+            recomputed=parse_remat(point.remat).action("context") == "remat",
+        )
+
+    def chip_step(self, point: PlanPoint) -> ChipStep | None:
+        """The chip's own step constants (attention_kernel.ChipStep) with `point`'s recomputed FLOPs,
+        where the generation's whole steps were measured on a slice of this many devices and every
+        layer is dense global attention the timed kernel serves; else None."""
+        kernels = chip_kernels(self.topology.chip.generation)
+        step = kernels.step if kernels else None
+        if step is None or step.devices != self.topology.devices or self.moe != "dense":
+            return None
+        if self.attention_kernel(point) is None:
+            return None
+        return replace(step, recomputed_flops=self.recomputed_flops(point))
+
+    def recomputed_flops(self, point: PlanPoint) -> float:
+        """The block FLOPs per device `point`'s remat policy recomputes in a step, attention's own
+        left out (the timed kernel holds its recomputed forward): the projections and the MLP."""
+        shape, policy, seq = self.dims.shape, parse_remat(point.remat), self.step.seq_len
+        _, recomputed = forward_flops_per_token(
+            policy,
+            shape.d_model,
+            shape.n_heads,
+            shape.n_kv_heads,
+            self.dims.head_dim,
+            shape.mlp_hidden,
+            self.gated,
+            seq,
+        )
+        if policy.action("context") == "remat":
+            recomputed -= 4 * seq * shape.n_heads * self.dims.head_dim
+        return recomputed * shape.n_layers * self.step.global_batch * seq / self.topology.devices
+
+    def flash_block_of(self, point: PlanPoint) -> int | None:
+        """The flash blocks `point` compiles with: its own (a search's axis), the plan's
+        (--flash-block), else the planner's choice where its devices hold whole sequences."""
+        if point.flash_block is not None:
+            return point.flash_block
+        if self.step.flash_block is not None:
+            return self.step.flash_block
+        return self.chosen_flash_block if point.layout.context == 1 else None
+
     def job(self, point: PlanPoint, blocks: int, fast: bool | None = None) -> CompileJob:
         """The compile of `point` with `blocks` scanned blocks (`fast`: the plan's effort unless given),
-        in the point's flash blocks where a search gave it its own."""
-        step = self.step if point.flash_block is None else replace(self.step, flash_block=point.flash_block)
+        in its flash blocks (`flash_block_of`)."""
+        block = self.flash_block_of(point)
+        step = self.step if block == self.step.flash_block else replace(self.step, flash_block=block)
         return CompileJob(
             CompileModel(self.source, self.preset, self.dims.shape.d_model, blocks, scan=True),
             CompileTarget(self.topology.jax_name, self.topology.slices),
@@ -216,11 +289,27 @@ def build_problem(
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
         moe=moe_routing(meta_model),
+        chosen_flash_block=None
+        if options.search.flash_blocks
+        else chosen_flash_block(topology, dims.head_dim, seq_len),
         placements={
             name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
             for name, kind in placement.items()
         },
     )
+
+
+def chosen_flash_block(topology: Topology, head_dim: int, seq_len: int) -> int | None:
+    """The flash blocks the planner compiles with where none is given: on a generation whose
+    chip timed the kernel, the fastest timed block, or MaxText's 512 (`sa_block_*` in its
+    base.yml) where that is within 5% of it (closer than one isolated timing tells apart);
+    elsewhere None, the kernel's default, as the calibration rows were compiled."""
+    kernels = chip_kernels(topology.chip.generation)
+    fastest = kernels.fastest_block(head_dim, seq_len) if kernels else None
+    if kernels is None or fastest is None:
+        return None
+    at = {b: kernels.seconds(head_dim, seq_len, b, 1.0, 2) or math.inf for b in (fastest, MAXTEXT_BLOCK)}
+    return MAXTEXT_BLOCK if seq_len % MAXTEXT_BLOCK == 0 and at[MAXTEXT_BLOCK] <= 1.05 * at[fastest] else fastest
 
 
 def _model_flops(
@@ -230,4 +319,4 @@ def _model_flops(
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step
 
 
-__all__ = ["PlanProblem", "build_problem"]
+__all__ = ["PlanProblem", "build_problem", "chosen_flash_block"]

@@ -14,6 +14,7 @@ from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.attention_kernel import chip_kernels
 from tpu_tuner.planner.prediction.band import ErrorBand, Place
 from tpu_tuner.planner.prediction.predict import Prediction, error_band
 from tpu_tuner.planner.topology import Topology
@@ -173,7 +174,13 @@ def result_of(
             + ("; FAST screening compile (least optimisation effort)" if problem.fast else "")
             + ("; compiled with XLA flags " + " ".join(xla_flags_text(flags)) if flags else "")
             + _multislice(problem.topology, problem.cost_model.dcn_step_seconds)
-            + flash_blocks_said(problem.step.flash_block, {p.flash_block for p in plans if p.flash_block is not None})
+            + flash_blocks_said(
+                problem.step.flash_block,
+                {p.flash_block for p in plans if p.flash_block is not None},
+                problem.chosen_flash_block,
+                problem.topology.chip.generation,
+            )
+            + _chip_step_said(problem, plans)
         ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
@@ -186,15 +193,36 @@ def result_of(
     )
 
 
-def flash_blocks_said(step_block: int | None, searched: set[int]) -> str:
-    """Which blocks the attention's flash kernel compiled with: the chip ran attention 5x slower in
-    the default 128 than in 512 (docs/planner.md, "On a real chip"), and the prediction does not
-    tell them apart, so the plan says which it compiled."""
+def flash_blocks_said(
+    step_block: int | None, searched: set[int], chosen: int | None = None, generation: str = ""
+) -> str:
+    """Which blocks the attention's flash kernel compiled with (the chip ran attention 5x slower in
+    the default 128 than in 512: docs/planner.md, "On a real chip"), and whence the prediction's
+    attention time: a chip's timings of the kernel where the generation has them."""
+    kernels = chip_kernels(generation)
+    timed = f"; attention's time from the kernel {kernels.source()}" if kernels else ""
     if searched:
-        return f"; flash attention in blocks of {', '.join(map(str, sorted(searched)))} (each point's own)"
+        return f"; flash attention in blocks of {', '.join(map(str, sorted(searched)))} (each point's own){timed}"
     if step_block is not None:
-        return f"; flash attention in blocks of {step_block}"
+        return f"; flash attention in blocks of {step_block}{timed}"
+    if chosen is not None:
+        return (
+            f"; flash attention in blocks of {chosen} where a device holds whole sequences (the planner's "
+            f"choice: the fastest of those timed, or MaxText's 512 within 5% of it; --flash-block N){timed}"
+        )
     return "; flash attention in the kernel's default blocks (128, as the calibration rows; --flash-block N)"
+
+
+def _chip_step_said(problem: PlanProblem, plans: list[LayoutPlan]) -> str:
+    """Where the step's matmul efficiency and recomputation's weight are a chip's own (one chip of
+    the generation measured whole steps: attention_kernel.ChipStep), what they were fitted to."""
+    step = next((s for s in (problem.chip_step(p.point) for p in plans) if s is not None), None)
+    if step is None:
+        return ""
+    return (
+        f"; matmuls at {step.efficiency:.3f} of peak and recomputed FLOPs weighed {step.recompute_weight:.2f}, "
+        f"as this chip's steps measured ({step.fitted_to})"
+    )
 
 
 def attention_layers(problem: PlanProblem) -> str:

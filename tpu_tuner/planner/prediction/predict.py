@@ -23,7 +23,13 @@ The model, stated so it can be checked:
   only in part: `memory_overlap` of the shorter one hides under the longer; XLA's async
   collectives hide communication behind that busy time up to `overlap` of it.
 
-busy = max(compute, memory) + (1 - memory_overlap) x min(compute, memory);
+* **a chip's own figures** (attention_kernel.py), where a chip of the generation measured them:
+  global causal attention costs the flash kernel's timed seconds (forward, the recomputed forward,
+  backward, at the step's block size and head width) in place of its FLOPs, serial with the rest;
+  on a slice the size of the chip's measured steps (one chip), the matmul efficiency and the
+  weight of remat's recomputed FLOPs are the chip's, fitted to its steps.
+
+busy = max(compute, memory) + (1 - memory_overlap) x min(compute, memory) (+ the timed kernel);
 step = busy + max(0, communication - overlap x busy).
 Predicted MFU = model FLOPs per device (the profiler's formula and attention convention) / step /
 per-device peak.
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.prediction.attention_kernel import AttentionKernelWork, ChipStep
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place
 from tpu_tuner.planner.prediction.band import error_band as band_of
 from tpu_tuner.planner.prediction.collectives import latency_steps, ring_seconds
@@ -140,6 +147,7 @@ class Prediction:
     tokens_per_second: float
     dcn_seconds: float = 0.0  # the DCN collectives' ring time (multi-slice); comm_seconds is ICI's
     exposed_dcn_seconds: float = 0.0  # what the DCN collectives add to the step
+    attention_kernel_seconds: float = 0.0  # flash attention as a chip timed it (in compute_seconds)
 
 
 def ring_bandwidth(topology: Topology, group_devices: int) -> float:
@@ -207,16 +215,29 @@ def predict(
     quantization: str | None = None,
     quantized_share: float = 0.0,
     moe: str = "dense",
+    kernel: AttentionKernelWork | None = None,
+    chip: ChipStep | None = None,
 ) -> Prediction:
     """The step's time, MFU and tokens/s. With `quantization`, `quantized_share` of the FLOPs (the
     blocks' linear layers) run at the generation's 8-bit peak, the rest at bf16's, each at the
     fitted efficiency; MFU stays against the bf16 peak (MaxText's convention). `moe`: the step's
-    MoE routing (a dropless step runs at its own fitted efficiency: `CostModel.efficiency`)."""
+    MoE routing (a dropless step runs at its own fitted efficiency: `CostModel.efficiency`).
+    `kernel`: the step's flash attention as a chip timed it (attention_kernel.py): its seconds
+    run serial with the rest of the busy time, and its FLOPs and bytes leave the matmul work.
+    `chip`: the step as one chip of the generation measured it: its matmul efficiency, and the
+    point's recomputed FLOPs weighed at the share the chip's steps showed."""
     peak = topology.peak_flops_per_device
     mxu = MXU_WIDTH.get(topology.chip.generation, 128)
-    aligned = alignment(shape, layout, head_dim, mxu, seq_len)
-    flops = max(compiled.flops, hardware_flops_per_device)
-    scores = causal_score_elements(shape.n_layers, shape.n_heads, seq_len, tokens_per_step / topology.devices)
+    if kernel is None:
+        aligned = alignment(shape, layout, head_dim, mxu, seq_len)
+        flops = max(compiled.flops, hardware_flops_per_device)
+        scores = causal_score_elements(shape.n_layers, shape.n_heads, seq_len, tokens_per_step / topology.devices)
+        bytes_accessed = compiled.bytes_accessed
+    else:  # the timings hold the head width's waste and the softmax's vector work
+        aligned = alignment(shape, layout, head_dim, mxu)
+        flops = max(compiled.flops - kernel.counted_flops, hardware_flops_per_device - kernel.hardware_flops)
+        scores = 0.0
+        bytes_accessed = max(0.0, compiled.bytes_accessed - kernel.counted_bytes)
     # Seconds a FLOP at full efficiency: 8-bit matmuls at their own peak (docs/planner.md, "Precision of the step").
     per_flop = 1 / peak
     if quantization is not None and quantized_share:
@@ -225,8 +246,11 @@ def predict(
         )
         per_flop = (1 - quantized_share) / peak + quantized_share / quantized_peak
     at_peak = flops / aligned * per_flop + cost_model.score_flops * scores / peak
-    compute = at_peak / cost_model.efficiency(topology.chip.generation, moe)
-    memory = compiled.bytes_accessed / topology.hbm_bytes_per_s_per_device
+    if chip is not None:
+        at_peak -= (1 - chip.recompute_weight) * chip.recomputed_flops / aligned * per_flop
+    efficiency = chip.efficiency if chip is not None else cost_model.efficiency(topology.chip.generation, moe)
+    compute = at_peak / efficiency
+    memory = bytes_accessed / topology.hbm_bytes_per_s_per_device
     comm = sum(
         ring_seconds(c, ring_bandwidth(topology, c.group_size)) for c in compiled.collectives if c.network != "dcn"
     )
@@ -234,6 +258,8 @@ def predict(
     dcn = sum(ring_seconds(c, topology.dcn_bytes_per_s_per_device) for c in across_slices)
     dcn_latency = cost_model.dcn_step_seconds * sum(latency_steps(c) for c in across_slices)
     work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
+    if kernel is not None:
+        work += kernel.seconds
     if cost_model.host_gbytes_per_s:
         # Offloaded tensors go to the host in the forward pass and come back in the backward, over
         # the chip's host link, which a TPU7x chip's two devices share.
@@ -250,7 +276,7 @@ def predict(
 
     step, exposed, never_hidden = step_of(comm + dcn, dcn_latency)
     return Prediction(
-        compute_seconds=compute,
+        compute_seconds=compute + (kernel.seconds if kernel else 0.0),
         memory_seconds=memory,
         comm_seconds=comm,
         exposed_comm_seconds=exposed + never_hidden,
@@ -260,4 +286,5 @@ def predict(
         tokens_per_second=tokens_per_step / step,
         dcn_seconds=dcn,
         exposed_dcn_seconds=step - step_of(comm)[0] if across_slices else 0.0,
+        attention_kernel_seconds=kernel.seconds if kernel else 0.0,
     )
