@@ -36,7 +36,8 @@ TIMINGS = tuple(
     for block, ms in ((128, 2.0), (512, 1.0), (1024, 0.98))
     if seq % block == 0
 )
-KERNELS = ChipKernels("v5e", "TPU v5 lite", "2026-12-06", "0.10.2", "0.0.42", TIMINGS)
+STEP = ChipStep(efficiency=0.6, recompute_weight=0.3, devices=1, fitted_to="a made-up fit")
+KERNELS = ChipKernels("v5e", "TPU v5 lite", "2026-12-06", "0.10.2", "0.0.42", TIMINGS, STEP)
 
 
 def test_a_layer_is_its_forwards_and_its_backward_per_head() -> None:
@@ -91,6 +92,12 @@ def test_the_step_attention_is_costed_from_the_timings_only_where_they_apply(mon
     local = replace(problem, spans=(AttentionSpan(8, 128, window=512),) * 16)
     assert local.attention_kernel(point) is None  # a sliding window: splash's kernel, not timed
     assert replace(problem, chosen_flash_block=None).attention_kernel(point).block == 128  # the kernel's default
+    # On a slice larger than the chip's measured steps, attention stays FLOPs (the calibration's model).
+    on_four = replace(problem, topology=parse_topology("v5e-4").as_compiled(4, 16 * 2**30))
+    assert on_four.attention_kernel(PlanPoint(Layout(1, 4, 1), "full", 1)) is None
+    no_steps = replace(KERNELS, step=None)
+    monkeypatch.setattr(plan_problem, "chip_kernels", lambda generation: no_steps)
+    assert problem.attention_kernel(point) is None
 
 
 def test_the_prediction_pays_the_kernel_instead_of_attentions_flops() -> None:
@@ -125,10 +132,7 @@ def test_the_kept_timings_say_their_chip_date_and_libtpu() -> None:
 
 
 def test_the_chips_step_constants_apply_on_a_slice_of_the_measured_size_only(monkeypatch) -> None:
-    step = ChipStep(efficiency=0.6, recompute_weight=0.3, devices=1, fitted_to="a made-up fit")
-    monkeypatch.setattr(
-        plan_problem, "chip_kernels", lambda generation: replace(KERNELS, step=step) if generation == "v5e" else None
-    )
+    monkeypatch.setattr(plan_problem, "chip_kernels", lambda generation: KERNELS if generation == "v5e" else None)
     problem = _problem(chosen_flash_block=512)
     full, minimal = (PlanPoint(Layout(1, 1, 1), remat, 1) for remat in ("full", "minimal"))
     assert problem.recomputed_flops(minimal) == 0

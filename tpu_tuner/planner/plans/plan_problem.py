@@ -95,10 +95,14 @@ class PlanProblem:
 
     def attention_kernel(self, point: PlanPoint) -> AttentionKernelWork | None:
         """The step's flash attention costed from a chip's timings of the kernel, where the
-        generation has them and every layer is global causal attention on one device's whole
-        sequence (attention_kernel.py); None elsewhere: the prediction prices it as FLOPs."""
+        generation has them with whole steps measured on a slice of this size (the rest of the
+        step's constants are fitted with them: `ChipStep`; a larger slice keeps the calibration's,
+        fitted with attention as FLOPs) and every layer is global causal attention on one device's
+        whole sequence (attention_kernel.py); None elsewhere: the prediction prices it as FLOPs."""
         kernels = chip_kernels(self.topology.chip.generation)
-        if kernels is None or point.layout.context > 1 or any(s.window or s.chunk for s in self.spans):
+        if kernels is None or kernels.step is None or kernels.step.devices != self.topology.devices:
+            return None
+        if point.layout.context > 1 or any(s.window or s.chunk for s in self.spans):
             return None
         seq = self.step.seq_len
         block = self.flash_block_of(point)

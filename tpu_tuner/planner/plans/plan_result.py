@@ -179,6 +179,7 @@ def result_of(
                 {p.flash_block for p in plans if p.flash_block is not None},
                 problem.chosen_flash_block,
                 problem.topology.chip.generation,
+                problem.topology.devices,
             )
             + _chip_step_said(problem, plans)
         ),
@@ -194,13 +195,14 @@ def result_of(
 
 
 def flash_blocks_said(
-    step_block: int | None, searched: set[int], chosen: int | None = None, generation: str = ""
+    step_block: int | None, searched: set[int], chosen: int | None = None, generation: str = "", devices: int = 0
 ) -> str:
     """Which blocks the attention's flash kernel compiled with (the chip ran attention 5x slower in
     the default 128 than in 512: docs/planner.md, "On a real chip"), and whence the prediction's
     attention time: a chip's timings of the kernel where the generation has them."""
     kernels = chip_kernels(generation)
-    timed = f"; attention's time from the kernel {kernels.source()}" if kernels else ""
+    costed = kernels is not None and kernels.step is not None and kernels.step.devices == devices
+    timed = f"; attention's time from the kernel {kernels.source()}" if kernels and costed else ""
     if searched:
         return f"; flash attention in blocks of {', '.join(map(str, sorted(searched)))} (each point's own){timed}"
     if step_block is not None:

@@ -5,14 +5,14 @@ The compiler's count prices attention as matmuls: the Pallas forward kernel carr
 attention's FLOPs as its cost estimate and the backward kernels carry none. On a v5e chip that
 kernel ran at 6-100 TFLOP/s of its 197, five times faster in 512 blocks than in the default 128,
 and its backward took four times its forward (docs/planner.md, "On a real chip"). Where a chip
-timed the kernel (`chip_kernels.json`, written by `benchmarks/tpu_chip_check.py adopt`, with its
-chip, date, JAX and libtpu), a step's attention is costed from those timings, not its FLOPs: the
-forward once, again where the remat policy recomputes the attention, and the backward. Elsewhere
-(no timings for the generation, local or chunked layers, context parallelism) the prediction is
-what it was: FLOPs at the matmuls' efficiency. On a slice of as many chips as the whole steps
-were measured on (one), the step's matmul efficiency and the weight of recomputed FLOPs are the
-chip's (`ChipStep`). These figures are the chip's, kept apart from the calibration rows
-(published runs) and never fitted into them.
+timed the kernel (`chip_kernels.json`, written by `benchmarks/tpu_attention_kernel.py adopt`, with
+its chip, date, JAX and libtpu) and whole steps were measured on a slice of the plan's size (one
+chip: `ChipStep`), a step's attention is costed from those timings, not its FLOPs (the forward
+once, again where the remat policy recomputes the attention, and the backward), and the step's
+matmul efficiency and the weight of recomputed FLOPs are the chip's. Elsewhere (no timings for the
+generation, a larger slice, local or chunked layers, context parallelism) the prediction is what
+it was: FLOPs at the calibration's efficiency; the timings still choose the blocks. These figures
+are the chip's, kept apart from the calibration rows (published runs) and never fitted into them.
 """
 
 from __future__ import annotations

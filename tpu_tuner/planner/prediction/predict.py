@@ -23,11 +23,11 @@ The model, stated so it can be checked:
   only in part: `memory_overlap` of the shorter one hides under the longer; XLA's async
   collectives hide communication behind that busy time up to `overlap` of it.
 
-* **a chip's own figures** (attention_kernel.py), where a chip of the generation measured them:
-  global causal attention costs the flash kernel's timed seconds (forward, the recomputed forward,
-  backward, at the step's block size and head width) in place of its FLOPs, serial with the rest;
-  on a slice the size of the chip's measured steps (one chip), the matmul efficiency and the
-  weight of remat's recomputed FLOPs are the chip's, fitted to its steps.
+* **a chip's own figures** (attention_kernel.py), on a slice the size of the chip's measured steps
+  (one chip): global causal attention costs the flash kernel's timed seconds (forward, the
+  recomputed forward, backward, at the step's block size and head width) in place of its FLOPs,
+  serial with the rest, and the matmul efficiency and the weight of remat's recomputed FLOPs are
+  the chip's, fitted to its steps.
 
 busy = max(compute, memory) + (1 - memory_overlap) x min(compute, memory) (+ the timed kernel);
 step = busy + max(0, communication - overlap x busy).
