@@ -35,6 +35,8 @@ class CompiledStep:
     # The compiler's own peak of live bytes over its schedule (memory_analysis().peak_memory_in_bytes;
     # 0 where the compiler did not say).
     compiler_peak_bytes: float = 0.0
+    # How it was compiled where that differs from the plan's options (evaluate.py's retries).
+    note: str | None = None
 
     @property
     def allocated_bytes(self) -> float:

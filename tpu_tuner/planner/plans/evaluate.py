@@ -18,6 +18,8 @@ from tpu_tuner.planner.compiler.compiled_step import (
     combine_scanned,
     extrapolate_depth,
 )
+from tpu_tuner.planner.compiler.remat import parse_remat
+from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_result import LayoutPlan
 from tpu_tuner.planner.plans.plan_space import PlanPoint
@@ -45,6 +47,7 @@ def evaluate(
             done(by_job[job], step)
 
     scanned = {by_job[job]: step for job, step in pool.compile(list(jobs.values()), first_done).items()}
+    scanned.update(_without_sparsecore_offload(problem, scanned, pool, depth, emit))
     # A second round, only where needed. Block loops that could not be measured: the ends-only
     # program gives one block as the difference (program.combine_scanned; single micro-batch
     # programs only). Loops a full-effort compile peeled (its cost analysis then holds more than
@@ -143,6 +146,47 @@ def _unpeeled_by_depth(
 NEAR_LIMIT = 0.05  # a --fast peak within this share of the HBM limit (either side) is compiled again
 _REFUSED = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+# libtpu 0.0.42 aborts compiling host-offloading TPU7x programs in its SparseCore collective offload
+# ("Check failed: std::abs(inc) < core_count()" in offload_collective_strategies.cc: DeepSeek-V3 on
+# 4x4x8, docs/planner.md "Memory first"); with the collectives left on the TensorCores they compile.
+SPARSECORE_OFFLOAD_OFF: tuple[tuple[str, bool | int | str], ...] = tuple(
+    (f"xla_tpu_enable_sparse_core_collective_offload_{kind}", False)
+    for kind in ("all_gather", "reduce_scatter", "all_reduce", "2d_all_gather", "3d_all_gather", "nd_reduce_scatter")
+)
+
+
+def _without_sparsecore_offload(
+    problem: PlanProblem,
+    scanned: dict[PlanPoint, CompiledStep],
+    pool: CompilePool,
+    depth: int,
+    emit: Callable[[str], None],
+) -> dict[PlanPoint, CompiledStep]:
+    """The host-offloading points whose compile libtpu aborted, compiled once more with the
+    SparseCore collective offload off (unless the user's --xla-flags set it); each that compiles
+    then is said in one line, and its plan's compile carries the flags (`CompiledStep.note`)."""
+    given = {name for name, _ in problem.step.xla_flags}
+    retry = {
+        p: replace(job, step=replace(job.step, xla_flags=job.step.xla_flags + SPARSECORE_OFFLOAD_OFF))
+        for p, step in scanned.items()
+        if step.error and "SIGABRT" in step.error and parse_remat(p.remat).offloads
+        for job in (problem.job(p, depth),)
+        if not given & {name for name, _ in SPARSECORE_OFFLOAD_OFF}
+    }
+    if not retry:
+        return {}
+    emit(
+        f"libtpu aborted compiling {len(retry)} program{'s' if len(retry) != 1 else ''} that offload to host: "
+        f"compiling {'it' if len(retry) == 1 else 'them'} again with the SparseCore collective offload off "
+        f"(--xla-flags {' '.join(xla_flags_text(SPARSECORE_OFFLOAD_OFF))})"
+    )
+    again = pool.compile(list(retry.values()))
+    return {p: replace(again[job], note=SPARSECORE_NOTE) for p, job in retry.items() if not again[job].error}
+
+
+SPARSECORE_NOTE = "compiled with the SparseCore collective offload off (libtpu aborted with it on)"
 
 
 def _step_of(steps: dict[CompileJob, CompiledStep], job: CompileJob | None) -> CompiledStep | None:
@@ -262,6 +306,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
             if full.loop_peeled
             else ""
         )
+        + (f"; {full.note}" if full.note else "")
     )
     devices = problem.topology.devices
     prediction = predict(

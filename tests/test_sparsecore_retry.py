@@ -1,0 +1,47 @@
+"""A host-offloading point whose compile libtpu aborts (libtpu 0.0.42 on TPU7x, in its SparseCore
+collective offload: docs/planner.md, "Memory first") is compiled once more with that offload off,
+and its plan says so; other aborted points, and a user's own setting of those flags, are left."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from helpers import ScriptedPool
+from tiny_planner import tiny_llama_problem
+
+from tpu_tuner.model.layouts import Layout
+from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.loop_costs import LoopIteration
+from tpu_tuner.planner.plans.evaluate import SPARSECORE_NOTE, SPARSECORE_OFFLOAD_OFF, evaluate
+from tpu_tuner.planner.plans.plan_space import PlanPoint
+
+ABORTED = "the compiler process died from SIGABRT (libtpu aborted)"
+
+
+def _aborts_unless_offload_off(job) -> CompiledStep:
+    if not set(SPARSECORE_OFFLOAD_OFF) <= set(job.step.xla_flags):
+        return CompiledStep(0, 0, 0, 0, 0, 0, error=ABORTED)
+    iteration = LoopIteration(1e9, 1e6, [], loops=2)
+    return CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
+
+
+def test_an_aborted_offloading_point_is_compiled_again_with_the_sparsecore_offload_off() -> None:
+    problem = tiny_llama_problem(hbm_gib=64.0)
+    offloading, plain = PlanPoint(Layout(1, 8, 1), "minimal_offloaded"), PlanPoint(Layout(1, 8, 1), "full")
+    pool = ScriptedPool(_aborts_unless_offload_off)
+    said: list[str] = []
+    plans = evaluate(problem, [offloading, plain], pool, said.append)
+    assert plans[offloading].fits and SPARSECORE_NOTE in plans[offloading].why
+    assert not plans[plain].fits and "SIGABRT" in plans[plain].why  # nothing offloaded: left as the compiler said
+    assert sum(set(SPARSECORE_OFFLOAD_OFF) <= set(job.step.xla_flags) for job in pool.jobs) == 1
+    assert any(line.startswith("libtpu aborted compiling 1 program that offload") for line in said)
+
+
+def test_a_users_own_sparsecore_flags_are_not_overridden() -> None:
+    problem = tiny_llama_problem(hbm_gib=64.0)
+    given = ((SPARSECORE_OFFLOAD_OFF[0][0], True),)
+    problem = replace(problem, step=replace(problem.step, xla_flags=given))
+    point = PlanPoint(Layout(1, 8, 1), "minimal_offloaded")
+    pool = ScriptedPool(_aborts_unless_offload_off)
+    plans = evaluate(problem, [point], pool, lambda line: None)
+    assert not plans[point].fits and len(pool.jobs) == 1
