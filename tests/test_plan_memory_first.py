@@ -100,9 +100,9 @@ def test_the_fitting_change_on_the_same_devices_is_one_a_plan_could_compile() ->
 
 
 def _same_device_changes(problem: PlanProblem, point: PlanPoint) -> list[PlanPoint]:
-    from tpu_tuner.planner.plans.fits_first import _alternatives
+    from tpu_tuner.planner.plans.fits_first import single_changes
 
-    return [p for _, _, p in _alternatives(problem, point) if p.layout.devices == point.layout.devices]
+    return [p for _, _, p in single_changes(problem, point) if p.layout.devices == point.layout.devices]
 
 
 def _fitting_step(job) -> CompiledStep:

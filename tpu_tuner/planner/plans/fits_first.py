@@ -52,8 +52,9 @@ def closest(estimates: dict[PlanPoint, MemoryEstimate]) -> PlanPoint:
     return min(estimates, key=lambda p: estimates[p].total)
 
 
-def _alternatives(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, str, PlanPoint]]:
-    """Single changes of `point`, each with its cost and words."""
+def single_changes(problem: PlanProblem, point: PlanPoint) -> list[tuple[float, str, PlanPoint]]:
+    """Single changes of `point` (another remat policy, more micro-batches, a slice twice as large),
+    each with its cost and words, those the model and batch allow."""
     base = problem.hardware_flops(point.remat)
     found = []
     for remat in DEFAULT_REMATS:
@@ -84,7 +85,7 @@ def fitting_change(
     """The smallest single change of `point` estimated to fit, with its words and estimate (None
     if none does). `same_devices` leaves out the larger slice: the change a plan of this
     topology could compile in place of `point` (another remat policy, more micro-batches)."""
-    for _, words, changed in sorted(_alternatives(problem, point), key=lambda a: a[0]):
+    for _, words, changed in sorted(single_changes(problem, point), key=lambda a: a[0]):
         if same_devices and changed.layout.devices != point.layout.devices:
             continue
         changed_estimate = estimate(problem, changed)
@@ -164,6 +165,7 @@ __all__ = [
     "fitting_change",
     "layout_preference",
     "precompile_key",
+    "single_changes",
     "what_would_fit",
     "widened",
 ]
