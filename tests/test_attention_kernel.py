@@ -91,6 +91,7 @@ def test_the_step_attention_is_costed_from_the_timings_only_where_they_apply(mon
     assert problem.attention_kernel(PlanPoint(Layout(1, 1, 1, context=2), "full", 1)) is None
     local = replace(problem, spans=(AttentionSpan(8, 128, window=512),) * 16)
     assert local.attention_kernel(point) is None  # a sliding window: splash's kernel, not timed
+    assert replace(problem, moe="dropless").attention_kernel(point) is None  # the chip's steps were dense
     assert replace(problem, chosen_flash_block=None).attention_kernel(point).block == 128  # the kernel's default
     # On a slice larger than the chip's measured steps, attention stays FLOPs (the calibration's model).
     on_four = replace(problem, topology=parse_topology("v5e-4").as_compiled(4, 16 * 2**30))

@@ -102,8 +102,8 @@ class PlanProblem:
         kernels = chip_kernels(self.topology.chip.generation)
         if kernels is None or kernels.step is None or kernels.step.devices != self.topology.devices:
             return None
-        if point.layout.context > 1 or any(s.window or s.chunk for s in self.spans):
-            return None
+        if self.moe != "dense" or point.layout.context > 1 or any(s.window or s.chunk for s in self.spans):
+            return None  # the chip's steps were dense decoders of global attention
         seq = self.step.seq_len
         block = self.flash_block_of(point)
         if block is None or seq % block:
@@ -125,9 +125,7 @@ class PlanProblem:
         layer is dense global attention the timed kernel serves; else None."""
         kernels = chip_kernels(self.topology.chip.generation)
         step = kernels.step if kernels else None
-        if step is None or step.devices != self.topology.devices or self.moe != "dense":
-            return None
-        if self.attention_kernel(point) is None:
+        if step is None or self.attention_kernel(point) is None:
             return None
         return replace(step, recomputed_flops=self.recomputed_flops(point))
 
