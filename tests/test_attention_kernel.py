@@ -168,3 +168,13 @@ def test_the_kept_chip_step_says_what_it_was_fitted_to() -> None:
     assert kernels is not None and kernels.step is not None
     assert kernels.step.devices == 1 and 0 < kernels.step.recompute_weight <= 1 and 0.3 < kernels.step.efficiency < 1
     assert "steps" in kernels.step.fitted_to and "left out" in kernels.step.fitted_to
+
+
+def test_a_search_study_records_the_blocks_the_planner_chose() -> None:
+    from tpu_tuner.planner.plans.plan_records import plan_record
+    from tpu_tuner.planner.plans.plan_space import PlanSpace
+
+    space = PlanSpace(tensors=(1,), contexts=(1,), datas=(1,), remats=("full",), accumulations=(1,))
+    chosen, unchosen = _problem(chosen_flash_block=512), _problem()
+    assert plan_record(chosen, space)["chosen_flash_block"] == 512
+    assert "chosen_flash_block" not in plan_record(unchosen, space)  # earlier studies keep their record

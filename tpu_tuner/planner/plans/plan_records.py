@@ -43,6 +43,9 @@ def plan_record(problem: PlanProblem, space: PlanSpace) -> dict[str, Any]:
         "devices": problem.topology.devices,
         "fast": problem.fast,
         **problem.step.record(),
+        # The blocks the planner chose (a chip's timings) change every compile: present only where
+        # chosen, so a study planned without a choice keeps its record.
+        **({"chosen_flash_block": problem.chosen_flash_block} if problem.chosen_flash_block is not None else {}),
         "space": space.describe(),
     }
 
