@@ -244,34 +244,15 @@ def repredicted(predicted: dict[str, Any], chip: tuple[float, float] | None = No
     """(step seconds, attention kernel seconds) the planner predicts now for an exported one-chip
     program, from its kept compiler figures: the prediction re-made with the current cost model;
     `chip` (efficiency, recompute weight) in place of the kept chip step constants (`fit`)."""
-    from dataclasses import replace
-
+    from tpu_tuner.planner.plans.evaluate import predicted as prediction_of
     from tpu_tuner.planner.prediction.attention_kernel import ChipStep
-    from tpu_tuner.planner.prediction.predict import predict
 
     problem, point, compiled = _planned(predicted)
-    kernel = problem.attention_kernel(point)
-    step = problem.chip_step(point)
+    candidate = None
     if chip is not None:
-        step = ChipStep(chip[0], chip[1], 1, "a candidate of fit", problem.recomputed_flops(point))
-    elif step is not None:
-        step = replace(step, recomputed_flops=problem.recomputed_flops(point))
-    prediction = predict(
-        compiled,
-        problem.topology,
-        point.layout,
-        problem.dims.shape,
-        problem.dims.head_dim,
-        problem.model_flops,
-        problem.step.global_batch * problem.step.seq_len,
-        problem.cost_model,
-        problem.hardware_flops(point.remat),
-        problem.step.seq_len,
-        moe=problem.moe,
-        kernel=kernel,
-        chip=step,
-    )
-    return prediction.step_seconds, kernel.seconds if kernel else 0.0
+        candidate = ChipStep(chip[0], chip[1], 1, "a candidate of fit", problem.recomputed_flops(point))
+    prediction = prediction_of(problem, point, compiled, candidate)
+    return prediction.step_seconds, prediction.attention_kernel_seconds
 
 
 @functools.cache

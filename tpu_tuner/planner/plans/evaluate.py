@@ -23,8 +23,9 @@ from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_result import LayoutPlan
 from tpu_tuner.planner.plans.plan_space import PlanPoint
+from tpu_tuner.planner.prediction.attention_kernel import ChipStep
 from tpu_tuner.planner.prediction.hbm_estimate import estimate_record
-from tpu_tuner.planner.prediction.predict import predict
+from tpu_tuner.planner.prediction.predict import Prediction, predict
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +309,17 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         )
         + (f"; {full.note}" if full.note else "")
     )
+    prediction = predicted(problem, point, full)
+    # The margin of an accepted program over its allocation is not known: 0, at the limit.
+    margin = 0.0 if over_but_accepted else hbm - full.peak_bytes
+    return plan_of(fits, margin, why, prediction, over_limit_accepted=over_but_accepted)
+
+
+def predicted(problem: PlanProblem, point: PlanPoint, full: CompiledStep, chip: ChipStep | None = None) -> Prediction:
+    """The prediction of `point` from its whole step's compiler figures; `chip`: step constants in
+    place of the chip's kept ones (`PlanProblem.chip_step`; benchmarks/tpu_chip_check.py fits them)."""
     devices = problem.topology.devices
-    prediction = predict(
+    return predict(
         full,
         problem.topology,
         point.layout,
@@ -324,11 +334,8 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
         problem.quantized_share(),
         moe=problem.moe,  # a dropless step runs at its own fitted efficiency (docs/planner.md, "Calibration")
         kernel=problem.attention_kernel(point),
-        chip=problem.chip_step(point),
+        chip=chip or problem.chip_step(point),
     )
-    # The margin of an accepted program over its allocation is not known: 0, at the limit.
-    margin = 0.0 if over_but_accepted else hbm - full.peak_bytes
-    return plan_of(fits, margin, why, prediction, over_limit_accepted=over_but_accepted)
 
 
-__all__ = ["evaluate", "judged"]
+__all__ = ["evaluate", "judged", "predicted"]

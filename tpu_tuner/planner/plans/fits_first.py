@@ -113,11 +113,10 @@ def widened(
     the user left to the planner), estimated to fit, best-predicted first."""
     layouts = list(dict.fromkeys(p.layout for p in points))
     wider = [
-        PlanPoint(layout, remat, steps, point_block)
+        PlanPoint(layout, remat, steps)
         for layout in layouts
         for remat in remats
         for steps in accumulations
-        for point_block in {p.flash_block for p in points}
         if problem.step.global_batch % steps == 0
     ]
     return fits_first(problem, [p for p in wider if _valid(problem, p)])[0]

@@ -48,9 +48,10 @@ def enumerated(
     """The plan of `options.enumeration.layouts`, or of the first `max_layouts` enumerated layouts, each with
     the options' remat policy and micro-batch count."""
     shape = problem.dims.shape
+    remat = parse_remat(options.step.remat).name
     if options.enumeration.layouts:
         rejected: list[tuple[Layout, str]] = []
-        candidates = options.enumeration.layouts
+        points = [PlanPoint(layout, remat, options.step.accumulation) for layout in options.enumeration.layouts]
     else:
         candidates, rejected = enumerate_layouts(
             problem.topology.devices,
@@ -63,31 +64,24 @@ def enumerated(
         rejected += too_big
         # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py);
         # where none does, other remat policies and micro-batches the user left to the planner.
-        remat = parse_remat(options.step.remat).name
-        points = [PlanPoint(layout, remat, options.step.accumulation) for layout in sorted(candidates, key=_preference)]
+        enumerated_points = [
+            PlanPoint(layout, remat, options.step.accumulation) for layout in sorted(candidates, key=_preference)
+        ]
         remats = DEFAULT_REMATS if isinstance(options.step.remat, DefaultRemat) else (remat,)
-        steps = (1, 2, 4, 8, 16) if isinstance(options.step.accumulation, DefaultAccumulation) else ()
-        chosen, unfit = choose(
+        steps = WIDENED_ACCUMULATIONS if isinstance(options.step.accumulation, DefaultAccumulation) else None
+        points, unfit = choose(
             problem,
-            points,
+            enumerated_points,
             options.enumeration.max_layouts,
             emit,
-            lambda: widened(problem, points, remats, steps or (options.step.accumulation,)),
+            lambda: widened(problem, enumerated_points, remats, steps or (options.step.accumulation,)),
         )
         rejected += [(point.layout, why) for point, why in unfit]
-        candidates = [point.layout for point in chosen]
-    if not candidates:
+    if not points:
         raise UserInputError(
             f"no layout divides this model or fits it on {problem.topology.devices} devices: "
             + "; ".join(r for _, r in rejected[:3])
         )
-    points = (
-        chosen
-        if not options.enumeration.layouts
-        else [
-            PlanPoint(layout, parse_remat(options.step.remat).name, options.step.accumulation) for layout in candidates
-        ]
-    )
     for point in points:
         reason = invalid_reason(point, shape, problem.step.global_batch, problem.step.seq_len, problem.step.flash_block)
         if reason:
@@ -103,6 +97,10 @@ def enumerated(
     plans = sorted(evaluated.values(), key=lambda p: (not p.fits, -p.predicted_mfu))
     policies = sorted({p.remat for p in points})  # more than one where the enumeration widened
     return result_of(problem, plans, rejected, " / ".join(policies), started)
+
+
+# The micro-batch counts a widened enumeration tries (1 to 16: DeepSeek-V3's fitting points need 8 or 16).
+WIDENED_ACCUMULATIONS = (1, 2, 4, 8, 16)
 
 
 def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layout], list[tuple[Layout, str]]]:
