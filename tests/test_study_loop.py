@@ -192,15 +192,11 @@ def test_asks_without_a_claim_are_capped(rules: Rules, reason: str) -> None:
     assert end.reason == reason and end.spent == 0
 
 
-def test_the_queue_only_loop_stops_when_the_queue_does_and_coverage_stops_the_search() -> None:
-    study = optuna.create_study()
-    for key in ("s1", "s2", "s3"):
-        study.enqueue_trial({"x": key})
+def test_a_grid_walks_every_setting_once_and_coverage_stops_the_loop() -> None:
+    study = optuna.create_study(sampler=build_sampler("grid", 0, settings=[{"x": k} for k in KEYS], grid={"x": KEYS}))
     feature = Scripted()
-    assert run_loop(study, feature, Rules(budget=10, queue_only=True, batch=2), _worker()).reason == "queue"
-    assert feature.evaluated == ["s1", "s2", "s3"]
-    covered = run_loop(study, Scripted(), Rules(budget=10, space_size=3), _worker())
-    assert covered.reason == "covered"
+    end = run_loop(study, feature, Rules(budget=100, batch=2, space_size=len(KEYS)), _worker())
+    assert end.reason == "covered" and sorted(feature.evaluated) == sorted(KEYS)
 
 
 def test_two_workers_on_one_sqlite_study_evaluate_the_budget_each_setting_once(tmp_path) -> None:

@@ -45,13 +45,12 @@ class Rules:
     * ``batch``: claims evaluated together (the planner's compile workers; the tuner's 1).
     * ``wait_for_running``: when running trials hold the rest of the budget, wait for them (one
       may be lost and its setting queued again) rather than stop counting them as spent.
-    * ``queue_only``: ask only while the study has queued trials; stop when it has none.
     * ``look_between_asks``: after an ask that makes no claim, look at the study again (lost
       trials, failures, the stop rules) before the next ask, instead of filling the batch on:
       the tuner, one trial at a time, sees the clock and other workers' trials at every ask
-      (not with ``queue_only``, whose empty batch means an empty queue).
     * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
-    * ``space_size``: stop once this many distinct settings are settled.
+    * ``space_size``: stop once this many distinct settings are settled (with a grid sampler,
+      the one way a study walks every setting: the tuner's grid, the planner's exhaustive plan).
 
     Time is the feature's to keep (`Feature.stop_reason`): one deadline, on the clock the rest of
     its run keeps (the tuner's --time-budget and --timeout), never a second clock here.
@@ -60,7 +59,6 @@ class Rules:
     budget: int
     batch: int = 1
     wait_for_running: bool = True
-    queue_only: bool = False
     look_between_asks: bool = False
     max_asks: int | None = None
     max_idle_asks: int | None = None
@@ -87,7 +85,6 @@ class StopReason(StrEnum):
     COVERED = "covered"  # `space_size` settings settled
     ASKS = "asks"  # `max_asks` asked
     IDLE = "idle"  # `max_idle_asks` in a row without a claim
-    QUEUE = "queue"  # the queue is empty (`queue_only`)
 
 
 class Holding(Enum):
@@ -233,8 +230,6 @@ def run_loop(
                     rules.max_asks is not None and asked >= rules.max_asks
                 ):
                     break
-                if rules.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                    break
                 trial = _ask(study, feature)
                 asked += 1
                 # Beats from the ask on, so that a worker dying before its trial is told is seen.
@@ -259,8 +254,6 @@ def run_loop(
                 if rules.look_between_asks:
                     break
             if not batch:
-                if rules.queue_only:
-                    return LoopEnd(StopReason.QUEUE, spent, idle)
                 continue
             results = feature.evaluate(batch)
             for claim, result in zip(batch, results):

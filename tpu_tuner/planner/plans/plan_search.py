@@ -41,7 +41,6 @@ from tpu_tuner.planner.plans.plan_options import PlanOptions
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_records import (
     INVALID_VIOLATION,
-    params_key,
     params_of,
     plan_of_trial,
     plan_record,
@@ -120,24 +119,12 @@ def search(
         budget = sum(1 for p in valid if problem.lower_bound(p).total <= problem.hbm)
     else:
         budget = options.search.budget or 0
-    study, storage = _open_study(problem, options, space)
+    study, storage = _open_study(problem, options, space, valid)
     emit(
         f"search: {len(valid)} valid points (tensor {list(space.tensors)}, context {list(space.contexts)}, "
         f"data {list(space.datas)}, {len(space.remats)} remat policies, micro-batches {list(space.accumulations)}); "
         f"{options.search.sampler}, budget {budget} compiles; study {study.study_name!r}"
     )
-    if exhaustive:
-        # Every point not settled (compiled, refused, ruled out) or queued already; a released or
-        # lost trial's point is queued again.
-        settled = (PlanOutcome.COMPILED, PlanOutcome.REFUSED, PlanOutcome.INVALID, PlanOutcome.LOWER_BOUND)
-        done = {
-            params_key(t.params)
-            for t in study.get_trials(deepcopy=False)
-            if records.attrs(t).get(records.OUTCOME) in settled or t.state == TrialState.WAITING
-        }
-        for point in valid:
-            if params_key(params_of(point)) not in done:
-                study.enqueue_trial(params_of(point))
     allowed: set[str] = set()  # points compiled whatever their estimate (the closest, when none fits)
     if not exhaustive:
         # Memory first (fits_first.py): the first trials are the best-predicted points estimated to
@@ -149,14 +136,16 @@ def search(
                 allowed.add(point.key())
             if point.key() not in seen:
                 study.enqueue_trial(params_of(point))
-    # Exhaustive without a budget ends when the queue does (points ruled out before compiling included).
+    # Exhaustive: the grid of every valid point (plan_sampler), ended once each is settled, compiled
+    # or ruled out by the lower bound (`space_size`, as the tuner's grid is); a run of ruled-out
+    # points is at most the space long.
     limit = len(valid) if exhaustive and not options.search.budget else budget
     rules = Rules(
         budget=limit,
         batch=pool.workers,
         wait_for_running=False,
-        queue_only=exhaustive,
-        max_idle_asks=None if exhaustive else MAX_IDLE_ASKS,
+        max_idle_asks=len(valid) + MAX_IDLE_ASKS if exhaustive else MAX_IDLE_ASKS,
+        space_size=len(valid) if exhaustive else None,
     )
     feature = PlanTrials(
         problem,
@@ -200,11 +189,15 @@ def distributions(space: PlanSpace) -> dict[str, BaseDistribution]:
     return {axis: CategoricalDistribution(choices) for axis, choices in space.axes().items()}
 
 
-def plan_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+def plan_sampler(name: str, seed: int, space: PlanSpace, valid: Sequence[PlanPoint]) -> optuna.samplers.BaseSampler:
     """TPE for a small budget over categorical axes: multivariate (the axes interact: a policy
     that fits at one micro-batch count does not at another), a constant liar for the points
     compiling in parallel, and `STARTUP_TRIALS` random start-up trials; or random search, or
-    (exhaustive) the queue of every point. Every trial carries its "fits" constraint, which TPE reads."""
+    (exhaustive) the grid of every valid point, the tuner's grid sampler (studies/samplers.py).
+    Every trial carries its "fits" constraint, which TPE reads."""
+    if name == "exhaustive":
+        settings = [params_of(point) for point in valid]
+        return build_sampler("grid", seed, settings=settings, grid={a: list(c) for a, c in space.axes().items()})
     return build_sampler("tpe" if name == "tpe" else "random", seed, constant_liar=True, startup_trials=STARTUP_TRIALS)
 
 
@@ -278,12 +271,16 @@ class PlanTrials(Feature):
         return records.COMPILING in records.attrs(trial)  # written after the last parameter
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
+        # A point ruled out for HBM is settled too (a grid covers it), but spends no compile.
         found: dict[Hashable, FrozenTrial] = {}
         for t in trials:
             attrs = records.attrs(t)
-            if attrs.get(records.OUTCOME) in _COMPILED:
+            if attrs.get(records.OUTCOME) in (*_COMPILED, PlanOutcome.LOWER_BOUND):
                 found.setdefault(attrs.get(records.POINT), t)
         return found
+
+    def spends(self, trial: FrozenTrial) -> bool:
+        return records.attrs(trial).get(records.OUTCOME) in _COMPILED
 
     def holds_claim(self, trial: FrozenTrial) -> Holding:
         # The claim is its `compiling` flag: set at begin, cleared once it is settled without one.
@@ -323,12 +320,12 @@ class PlanTrials(Feature):
 
 
 def _open_study(
-    problem: PlanProblem, options: PlanOptions, space: PlanSpace
+    problem: PlanProblem, options: PlanOptions, space: PlanSpace, valid: Sequence[PlanPoint]
 ) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)
     if options.search.sampler == "exhaustive":
-        # Its queue of every point must not become another sampler's first proposals.
+        # A study every point of which is compiled is not another sampler's to resume.
         record["exhaustive"] = True
     name = (
         options.store.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest(record)}"
@@ -339,7 +336,9 @@ def _open_study(
     study, recorded = opened.study, opened.record
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
-    study.sampler = plan_sampler(options.search.sampler, options.search.seed + len(study.get_trials(deepcopy=False)))
+    # A grid keeps it: trial n takes the n-th setting of the one order every worker shares.
+    offset = 0 if options.search.sampler == "exhaustive" else len(study.get_trials(deepcopy=False))
+    study.sampler = plan_sampler(options.search.sampler, options.search.seed + offset, space, valid)
     if not recorded:  # a study of a plan that died before writing it
         study.set_user_attr(RECORD_ATTR, record)
     elif recorded != record:
