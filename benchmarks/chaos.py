@@ -2,7 +2,7 @@
 20-40 s, then the invariants a shared study must keep.
 
 Four `tpu-tune` processes (the CLI, as an operator starts them) tune benchmarks/chaos_model.py on one
-study of a Debian PostgreSQL server started as tests/postgres_server.py does: a 12-setting space
+study of a Debian PostgreSQL server started as tests/helpers/postgres_server.py does: a 12-setting space
 (matmul precision x autocast x intra-op threads; on a CPU the precision agent rejects "high" and
 "medium" unmeasured, so 4 are measured), ``--trials 12``, no warm start, trials of about a second.
 When a study's workers have all finished, the next study starts (a fresh name), until
@@ -168,7 +168,7 @@ class Chaos:
         kinds = ["db-restart"] + (["kill", "freeze"] if alive else [])
         kind = self.rng.choice(kinds)
         if kind == "db-restart":
-            from postgres_server import _as_postgres, binaries
+            from helpers.postgres_server import _as_postgres, binaries
 
             started = time.monotonic()
             # -l: the new server's output to the log, not to this pipe (which it would hold open forever).
@@ -295,7 +295,7 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))  # leave through the server's clean-up
     from chaos_model import BEST
-    from postgres_server import running_server
+    from helpers.postgres_server import running_server
 
     with tempfile.TemporaryDirectory(prefix="tpu-tune-chaos-") as folder, running_server() as server:
         out = (args.keep or Path(folder)).resolve()

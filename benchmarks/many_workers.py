@@ -8,7 +8,7 @@ on 2 workers.
    `fail_lost_trials` and `get_trials`, the measurement's record and constraint, tell) and
    nothing else. Per-trial milliseconds = wall time / measured trials, for an in-memory study
    (no storage: the loop and the sampler alone), SQLite (a file in a temporary folder) and
-   PostgreSQL (a loopback server, tests/postgres_server.py); the storages alternate, repeated.
+   PostgreSQL (a loopback server, tests/helpers/postgres_server.py); the storages alternate, repeated.
    The same on PostgreSQL and SQLite with 2 workers (forked processes, started together on one
    study; wall from the start to the last one's end).
 2. **A 12-trial study on 1 and on 2 workers.** Separate `tune` processes on one PostgreSQL study
@@ -254,7 +254,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
 
 
 def overhead(trials: int, repeats: int) -> None:
-    from postgres_server import running_server
+    from helpers.postgres_server import running_server
 
     with tempfile.TemporaryDirectory() as folder, running_server() as server:
         sqlite = f"sqlite:///{folder}/studies.db"
@@ -416,7 +416,7 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
 
 
 def studies(repeats: int) -> None:
-    from postgres_server import running_server
+    from helpers.postgres_server import running_server
 
     with tempfile.TemporaryDirectory() as folder, running_server() as server:
         space = Path(folder) / "space.toml"

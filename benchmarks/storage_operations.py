@@ -1,5 +1,5 @@
 """What each storage operation of one tuning trial costs on PostgreSQL (loopback,
-tests/postgres_server.py): the breakdown behind docs/many-workers.md's storage overhead.
+tests/helpers/postgres_server.py): the breakdown behind docs/many-workers.md's storage overhead.
 
 One worker's trial, step by step as the search loop does it (`run_loop`, `TuneTrials`), each
 step timed on its own: the ask; the trial's storage id and first heartbeat; the setting's
@@ -52,8 +52,8 @@ def operations(trials: int) -> dict[str, list[float]]:
     """Each step's milliseconds, one entry a trial."""
     import optuna
     import sqlalchemy
+    from helpers.postgres_server import running_server
     from many_workers import InstantRunner, _loop_options, _space
-    from postgres_server import running_server
 
     from tpu_tuner.runner.requests import MeasureRequest
     from tpu_tuner.studies.liveness import fail_lost_trials, open_storage, trial_id_of

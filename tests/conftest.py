@@ -19,7 +19,7 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.profiling import ProfilerSettings
 
 if TYPE_CHECKING:
-    from postgres_server import PostgresServer
+    from helpers.postgres_server import PostgresServer
 
     from tpu_tuner.devices.roofline import RooflineProbe
 
@@ -189,8 +189,8 @@ def processes_running(marker: str) -> list[int]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
-    """A real PostgreSQL server on a free loopback port for the session (tests/postgres_server.py)."""
-    from postgres_server import running_server
+    """A real PostgreSQL server on a free loopback port for the session (tests/helpers/postgres_server.py)."""
+    from helpers.postgres_server import running_server
 
     with running_server() as server:
         yield server

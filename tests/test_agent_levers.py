@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import AMX, matmul_heavy_profile, pin_cores, precision_agent, threads_profile
+from helpers.common import AMX, matmul_heavy_profile, pin_cores, precision_agent, threads_profile
 
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.knobs.quantization import NO_TORCHAO

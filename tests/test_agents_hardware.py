@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from conftest import use_probe
-from helpers import AMX, injected_probe, matmul_heavy_profile, precision_agent
+from helpers.common import AMX, injected_probe, matmul_heavy_profile, precision_agent
 
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.devices.cpu import CpuBackend

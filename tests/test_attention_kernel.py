@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from tiny_planner import planner_problem
+from helpers.tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims

@@ -29,7 +29,7 @@ CHANGED: dict[str, Any] = {
 
 
 def test_every_step_field_flows_from_the_options_to_the_job_and_the_record() -> None:
-    from tiny_planner import tiny_llama_problem
+    from helpers.tiny_planner import tiny_llama_problem
 
     options = PlanOptions(
         PlanTarget("v5e-4"),

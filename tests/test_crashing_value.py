@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 import pytest
-from helpers import step_measurement
+from helpers.common import step_measurement
 
 from tpu_tuner import TuneOptions
 from tpu_tuner.execution.measurement import EarlyStop, TrialFailure

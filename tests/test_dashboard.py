@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import FIXTURES, serving
-from helpers import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
+from helpers.common import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 
 import tpu_tuner
 from tpu_tuner.cli import main

@@ -113,7 +113,7 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
     table sorts, its chart decodes, and a slice's best point links to that slice's plan.md."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
-    from helpers import write_ranking_folder
+    from helpers.common import write_ranking_folder
     from playwright.sync_api import sync_playwright
 
     folder = write_ranking_folder(tmp_path, ["v5p-8", "v5p-16", "tpu7x-8"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib.dates as mdates
 import pandas as pd
 import pytest
-from helpers import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
+from helpers.common import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import FIXTURES, wait_until
-from postgres_server import PASSWORD
+from helpers.postgres_server import PASSWORD
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import is_lost, open_storage

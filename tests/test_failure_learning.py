@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 import pytest
 from conftest import FIXTURES
-from helpers import step_measurement
+from helpers.common import step_measurement
 
 from tpu_tuner import TuneOptions
 from tpu_tuner.execution.measurement import EarlyStop, TrialFailure

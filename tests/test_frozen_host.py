@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from helpers import Hosts, both_hosts_mid_job, json_lines, output_of, wait_for_nothing_left
+from helpers.common import Hosts, both_hosts_mid_job, json_lines, output_of, wait_for_nothing_left
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.runner.hosts import BEAT_S, SILENT_S

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_strategies import (
+from helpers.fuzz_strategies import (
     DURATION,
     LAYOUT,
     LENGTHS_TEXT,

@@ -3,7 +3,7 @@ is usable) or is refused with a one-line `UserInputError` (a `ValueError` where 
 stated refusal, turned into one by its caller), never another exception.
 
 Budgets: the `fuzz-quick` / `fuzz-full` Hypothesis profiles (tests/conftest.py; TPU_TUNE_FUZZ=full
-runs the large one). The inputs are near-valid (tests/fuzz_strategies.py)."""
+runs the large one). The inputs are near-valid (tests/helpers/fuzz_strategies.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from fuzz_strategies import (
+from helpers.fuzz_strategies import (
     DURATION,
     LAYOUT,
     LENGTHS_TEXT,

@@ -66,7 +66,7 @@ def test_a_native_file_says_its_declarations_or_the_flags_that_replaced_them() -
 
 
 def test_the_report_header_says_dims_not_a_guessed_batch(tmp_path) -> None:
-    from helpers import window_result
+    from helpers.common import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
     from tpu_tuner.tuning.run.shared_study import RECORD_ATTR

@@ -4,7 +4,7 @@ round trips; its setting and claim reach other workers before it is measured; wh
 back key for key as Optuna's RDBStorage stores it; a trial failed as lost elsewhere refuses its
 late writes; a trial whose beats stop is failed and retried, a beating one is not; a study that
 an earlier tpu-tune kept in Optuna's RDB tables is refused in one line. On a real server
-(tests/postgres_server.py)."""
+(tests/helpers/postgres_server.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import optuna
 import pytest
 import sqlalchemy
 from conftest import wait_until
+from helpers.postgres_server import PASSWORD
 from optuna.trial import TrialState
-from postgres_server import PASSWORD
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.execution.measurement import Measurement

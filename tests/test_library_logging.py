@@ -10,7 +10,7 @@ import io
 
 import optuna
 import pandas as pd
-from helpers import TRIALS_CSV
+from helpers.common import TRIALS_CSV
 
 from tpu_tuner.dashboard.analysis import knob_importance
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import FIXTURES
-from postgres_server import PASSWORD
+from helpers.postgres_server import PASSWORD
 
 from tpu_tuner.cli import main
 from tpu_tuner.studies import records

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_planner import planner_problem
+from helpers.tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims, read_dims

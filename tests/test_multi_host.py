@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 from conftest import FIXTURES, wait_until
-from helpers import (
+from helpers.common import (
     Hosts,
     both_hosts_mid_job,
     json_lines,

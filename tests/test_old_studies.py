@@ -12,11 +12,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import recorded_search
+from helpers.common import recorded_search
 
 # A test module imported by another, for now (tests/test_test_hygiene.py): the planner's search tests'
-# scripted compiler follows the planner's job, which is being refactored; it moves to helpers.py after.
-from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
+# scripted compiler follows the planner's job, which is being refactored; it moves to the helpers package after.
+from helpers.tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget

@@ -14,7 +14,7 @@ from wsgiref.util import setup_testing_defaults
 
 import optuna
 import pytest
-from postgres_server import PASSWORD
+from helpers.postgres_server import PASSWORD
 
 import tpu_tuner
 from tpu_tuner.cli import main

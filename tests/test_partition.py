@@ -1,5 +1,5 @@
 """A network partition between hosts: the two-host study of tests/test_multi_host.py run as two hosts
-with addresses of their own (network namespaces joined by a veth pair, tests/netns.py), the link
+with addresses of their own (network namespaces joined by a veth pair, tests/helpers/netns.py), the link
 cut for 20 s while a trial runs on both hosts' ranks. The trial fails naming the host that stopped
 answering (its heartbeat, `runner/hosts.py`), the study goes on or stops per --max-restarts, nothing
 measured is lost or measured twice, no trial is left RUNNING, and the namespaces are removed."""
@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import netns
 import pytest
 from conftest import FIXTURES, wait_until
-from helpers import REPO, Hosts, marked_processes, output_of, ranks_of, ranks_up, study_trials
+from helpers import netns
+from helpers.common import REPO, Hosts, marked_processes, output_of, ranks_of, ranks_up, study_trials
 
 from tpu_tuner.studies import records
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import ScriptedPool
-from tiny_planner import planner_problem
+from helpers.common import ScriptedPool
+from helpers.tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims

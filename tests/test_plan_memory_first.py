@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import ScriptedPool
-from tiny_planner import tiny_llama_problem
+from helpers.common import ScriptedPool
+from helpers.tiny_planner import tiny_llama_problem
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep

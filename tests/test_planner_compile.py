@@ -13,7 +13,7 @@ import tomllib
 import numpy as np
 import pytest
 from conftest import EXAMPLES
-from helpers import ScriptedPool
+from helpers.common import ScriptedPool
 
 from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanStep, PlanTarget
 

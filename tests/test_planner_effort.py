@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_planner import tiny_llama_problem
+from helpers.tiny_planner import tiny_llama_problem
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.outputs.plan_report import hbm_status

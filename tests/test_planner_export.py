@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from tiny_planner import TINY, needs_planner, planner_env
+from helpers.tiny_planner import TINY, needs_planner, planner_env
 
 
 @needs_planner

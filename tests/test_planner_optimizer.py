@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
+from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.layouts import Layout, ModelShape

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
+from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep

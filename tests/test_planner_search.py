@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
+from helpers.tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.model.decoder import Decoder, DecoderShape
@@ -237,7 +237,7 @@ def test_two_workers_share_one_plan_study_without_compiling_a_point_twice(tmp_pa
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
+        from helpers.tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
         from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
         from tpu_tuner.planner.plans.plan_search import search
 

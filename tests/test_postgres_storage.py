@@ -9,7 +9,7 @@ import json
 import optuna
 import pytest
 from conftest import FIXTURES, FakeClock, wait_until
-from postgres_server import PASSWORD
+from helpers.postgres_server import PASSWORD
 
 from tpu_tuner.api import tune
 from tpu_tuner.profiling import ProfilerSettings

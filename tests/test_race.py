@@ -5,7 +5,7 @@ and recommended; a lone leader is not raced."""
 from __future__ import annotations
 
 import pytest
-from helpers import precision_space, searched_study
+from helpers.common import precision_space, searched_study
 
 from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import window_result, window_samples
+from helpers.common import window_result, window_samples
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.outputs.tuning_report import render_report

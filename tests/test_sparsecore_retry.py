@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import ScriptedPool
-from tiny_planner import tiny_llama_problem
+from helpers.common import ScriptedPool
+from helpers.tiny_planner import tiny_llama_problem
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import sqlalchemy
 from conftest import wait_until
-from postgres_server import PASSWORD
+from helpers.postgres_server import PASSWORD
 
 from tpu_tuner.studies import outage
 from tpu_tuner.studies.journal import APPENDS_TABLE, HEARTBEAT_TABLE, JOURNAL_TABLE, PostgresJournal

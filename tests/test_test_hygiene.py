@@ -1,6 +1,6 @@
 """The tests' own layering (docs/testing.md, "Shared helpers" and "Private names in tests"): a test
-module imports what it shares with others from tests/helpers.py, tests/conftest.py or a helper
-module (fuzz_strategies, netns, postgres_server, tiny_planner), never from another test module; and
+module imports what it shares with others from the tests/helpers package (common, fuzz_strategies,
+netns, postgres_server, tiny_planner) or tests/conftest.py, never from another test module; and
 it reaches the package through public names, but for the private seams listed here with the reason
 each needs one."""
 
@@ -58,7 +58,7 @@ def private_imports(path: Path) -> list[tuple[str, str, str]]:
 
 def test_no_test_module_imports_another() -> None:
     found = [hit for path in sorted(TESTS.glob("*.py")) if path != HERE for hit in imports_of_test_modules(path)]
-    assert [hit for hit in found if hit not in TEST_MODULE_IMPORTS] == [], "import it from tests/helpers.py"
+    assert [hit for hit in found if hit not in TEST_MODULE_IMPORTS] == [], "import it from the tests/helpers package"
 
 
 def test_tests_import_no_private_name_but_the_listed_seams() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import pin_cores, threads_profile
+from helpers.common import pin_cores, threads_profile
 from torch import nn
 
 from tpu_tuner.core.host import usable_cores

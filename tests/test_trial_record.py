@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 import pytest
-from helpers import RECORD_BUDGET, RECORD_SETTINGS, recorded_search
+from helpers.common import RECORD_BUDGET, RECORD_SETTINGS, recorded_search
 
 from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count

@@ -138,7 +138,7 @@ def test_a_knob_whose_interval_holds_one_is_kept_and_called_not_significant(opti
     (kept,) = [c for c in v.contributions if c.param == "memory_format"]
     assert kept.speedup.ci_low < 1.0 < kept.speedup.ci_high and kept.judged == NOT_SIGNIFICANT
     assert v.trim is None and v.chosen_is_best and v.chosen.to_dict()["memory_format"] == "channels_last"
-    from helpers import window_result
+    from helpers.common import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
 
@@ -176,7 +176,7 @@ def test_a_trimmed_setting_the_search_found_inaccurate_is_not_recommended(option
 
 
 def test_the_results_figures_are_the_trimmed_settings_own_window(tmp_path) -> None:
-    from helpers import window_result
+    from helpers.common import window_result
 
     from tpu_tuner.metrics.paired import paired_speedup
     from tpu_tuner.outputs.tuning_report import render_report

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from conftest import FakeClock
-from helpers import precision_space, searched_study
+from helpers.common import precision_space, searched_study
 
 from tpu_tuner.core.plain_data import from_plain
 from tpu_tuner.metrics.disturbed import disturbed_rounds
@@ -230,7 +230,7 @@ def test_verify_names_the_disturbed_round_and_result_json_keeps_the_verdict() ->
 
 
 def test_report_md_names_the_disturbed_rounds_and_the_verdict(tmp_path) -> None:
-    from helpers import window_result
+    from helpers.common import window_result
 
     from tpu_tuner.outputs.tuning_report import render_report
     from tpu_tuner.tuning.verify.verification import DisturbedRound
@@ -335,7 +335,7 @@ class _DriftingRunner:
 
 
 def test_verify_records_the_unsteady_rounds_and_report_md_says_them(tmp_path) -> None:
-    from helpers import window_result
+    from helpers.common import window_result
 
     from tpu_tuner.metrics.unsteady import Unsteady
     from tpu_tuner.outputs.tuning_report import render_report

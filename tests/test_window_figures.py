@@ -11,7 +11,7 @@ import re
 
 import pytest
 from conftest import FIXTURES
-from helpers import WINDOW_FLOPS, WINDOW_PEAK, WINDOW_ROUNDS, window_result, window_samples
+from helpers.common import WINDOW_FLOPS, WINDOW_PEAK, WINDOW_ROUNDS, window_result, window_samples
 
 from tpu_tuner.core.plain_data import from_plain, json_default
 from tpu_tuner.knobs.candidate import Candidate

@@ -22,7 +22,7 @@ from tpu_tuner.planner.plans.plan_space import PlanSpace
 from tpu_tuner.planner.prediction.predict import CostModel
 from tpu_tuner.planner.topology import parse_topology
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # tests/helpers/tiny_planner.py
 
 needs_planner = pytest.mark.skipif(
     importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None,
@@ -36,7 +36,7 @@ TINY_MATRIX_PARAMETERS = 2 * 256 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256)
 
 def planner_env() -> dict[str, str]:
     """The environment of a subprocess that loads libtpu beside this one, with the repository importable."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])  # the repository
     return {
         **os.environ,
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",

@@ -528,7 +528,7 @@ def write_ranking_folder(root: Path, topologies: list[str], name: str = "gpt_70b
 # --- simulated hosts on loopback (tests/test_multi_host.py, test_frozen_host.py, test_partition.py) ---
 
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]  # tests/helpers/common.py
 HOSTS_MARK = "TPU_TUNE_TEST_HOSTS_MARK"
 
 
