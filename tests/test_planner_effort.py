@@ -3,6 +3,7 @@ fits (planner/plans/evaluate.py), and the plan says which effort decided; v4 pla
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,32 @@ def test_the_planner_and_plan_md_read_a_compiler_refusal_alike(refusal: str, out
     assert plan.fits is not out_of_memory  # else the fast compile's 98% decides
     refused = hbm_status(judged(problem, POINT, CompiledStep(0, 0, 0, 0, 0, 0, [], 1.0, error=refusal)))
     assert refused == ("DOES NOT FIT" if out_of_memory else "COMPILER FAILED")
+
+
+class _UnrolledAtFullEffort(_TwoEffortPool):
+    """As `_TwoEffortPool`, and with micro-batches the fast program has its micro-batch loop
+    measured while the full-effort one unrolled it past measuring (one block loop, no micro-batch
+    loop: Llama 3.1 70B on v6e-32 at 8 micro-batches, libtpu 0.0.42)."""
+
+    def compile(self, jobs, done=None):
+        out = super().compile(jobs, done)
+        for job, step in out.items():
+            if not step.error:
+                micro = LoopIteration(4e9, 4e6, [], loops=2) if job.fast else None
+                out[job] = replace(step, loop_iteration=LoopIteration(1e9, 1e6, [], loops=2, micro_batch=micro))
+        return out
+
+
+def test_full_effort_decides_memory_and_the_fast_program_counts_the_micro_batches() -> None:
+    point = PlanPoint(Layout(1, 8, 1), "full", 4)
+    pool = _UnrolledAtFullEffort(fast=0.98, full=0.95)
+    (plan,) = evaluate(_problem(fast=True), [point], pool, lambda message: None).values()
+    assert [job.fast for job in pool.jobs] == [True, False]
+    # Before: refused, "the micro-batch loop could not be measured in the compiled program".
+    assert plan.fits and plan.prediction is not None and plan.fit_effort.startswith("full effort")
+    assert plan.compiled.peak_bytes == pytest.approx(0.95 * HBM)  # the full-effort program's memory
+    blocks = _problem(fast=True).dims.scanned
+    assert plan.compiled.flops == pytest.approx(2e9 + 3 * 4e9 + 4 * (blocks - 1) * 1e9)  # the fast program's count
 
 
 def test_a_fast_point_far_from_the_limit_stays_fast_and_full_effort_plans_compile_once() -> None:

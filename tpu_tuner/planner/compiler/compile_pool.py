@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from multiprocessing.connection import wait
@@ -53,6 +53,16 @@ def run_job(job: CompileJob) -> CompiledStep:
     return compile_step(job, lambda: workload.model_for_preset(job.model.preset), job.target.devices())
 
 
+def compiler_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a compiler process gets besides the parent's environment: JAX's CPU platform alone
+    (where the user set none). Compile-only topologies need no chip, and on a TPU host a process
+    that initializes JAX's TPU platform opens the chip, which one process at a time may hold: with
+    a training run on it, or two compiler processes, every compile failed "TPU initialization
+    failed: open(/dev/vfio/N): Device or resource busy" (v5e host, 2026-12-06)."""
+    environ = os.environ if environ is None else environ
+    return {} if "JAX_PLATFORMS" in environ else {"JAX_PLATFORMS": "cpu"}
+
+
 class CompilePool:
     """Compiler processes, started as soon as the pool is made so that their start-up (JAX,
     torchax, libtpu: a few seconds each) overlaps the caller's own work; use it as a context
@@ -82,7 +92,7 @@ class CompilePool:
 
     def _start(self) -> WorkerProcess:
         """A compiler process (`python -m tpu_tuner.planner.compiler.compile_pool`), its output to the log."""
-        return WorkerProcess(WORKER_MODULE, output=self._log)
+        return WorkerProcess(WORKER_MODULE, output=self._log, env=compiler_environment())
 
     def close(self) -> None:
         """End every idle worker and close the log."""

@@ -95,7 +95,9 @@ def evaluate(
         if confirmed is not None and (confirmed.error is None or is_compiler_out_of_memory(confirmed.error)):
             # The full-effort program decides memory; the fast one, which never peels, counts the work.
             step, effort = confirmed, f"full effort (the --fast compile was within {NEAR_LIMIT:.0%} of the limit)"
-            cost_step = scanned[point] if confirmed.loop_peeled and not scanned[point].error else None
+            # Whatever the full-effort program made of its loops (peeled, or a micro-batch loop it
+            # unrolled past measuring: Llama 3.1 70B on v6e-32 at 8 micro-batches was refused so).
+            cost_step = scanned[point] if not scanned[point].error else None
         decided[point] = (step, effort, cost_step)
     shallow = _unpeeled_by_depth(problem, decided, pool, emit)
     judged_points = {}
@@ -216,9 +218,12 @@ def _judge(
     """One point's LayoutPlan from its compiled programs."""
     depth = problem.dims.scanned  # loop iterations: blocks, or repeats of a layer pattern
     failed = step if step.error else ends if ends is not None and ends.error else None
-    if failed is None and ends is None and step.loop_iteration is None:
+    if cost_step is not None and (cost_step.error or cost_step.loop_iteration is None):
+        cost_step = None
+    # The loops are measured in the program that counts the work: `cost_step` where there is one.
+    iteration = (cost_step or step).loop_iteration
+    if failed is None and ends is None and iteration is None:
         failed = replace(step, error="the block loops could not be measured in the compiled program")
-    iteration = step.loop_iteration
     if (
         failed is None
         and point.accumulation > 1
@@ -231,8 +236,6 @@ def _judge(
         failed = replace(step, error="the micro-batch loop could not be measured in the compiled program")
     if failed is not None:
         return judged(problem, point, failed)
-    if cost_step is not None and (cost_step.error or cost_step.loop_iteration is None):
-        cost_step = None
     if ends is not None:
         full = combine_scanned(ends, step, depth, cost_step)
     else:
