@@ -160,3 +160,28 @@ def test_where_the_users_defaults_fit_nowhere_the_enumeration_plans_other_polici
     result = enumerated(problem, held, pool, said.append, time.perf_counter())
     assert [(p.remat, p.accumulation) for p in result.plans] == [("full", 1)]
     assert any(s.endswith("compiling the closest point anyway") for s in said)
+
+
+def test_a_mixture_of_experts_is_enumerated_with_expert_axes_too() -> None:
+    from tpu_tuner.model.layouts import with_expert_axes
+    from tpu_tuner.planner.plans.plan import enumerated
+    from tpu_tuner.planner.plans.plan_options import PlanEnumeration
+
+    # Part of fsdp becomes the expert axis, in sizes dividing the experts and the fsdp axis (and its slices).
+    assert with_expert_axes([Layout(1, 8, 1), Layout(2, 2, 2)], 4) == [
+        Layout(1, 4, 1, expert=2),
+        Layout(1, 2, 1, expert=4),
+        Layout(2, 1, 2, expert=2),
+    ]
+    assert with_expert_axes([Layout(1, 4, 1, dcn_fsdp=2)], 4) == [Layout(1, 2, 1, expert=2, dcn_fsdp=2)]
+    every = PlanOptions(PlanTarget("v5p:2x2x2"), enumeration=PlanEnumeration(max_layouts=100))
+    dense = _problem(hbm_gib=1000.0)
+    moe = replace(dense, dims=replace(dense.dims, experts=4, top_k=2))
+    experts = {
+        name: {
+            p.layout.expert
+            for p in enumerated(problem, every, ScriptedPool(_fitting_step), lambda line: None, 0.0).plans
+        }
+        for name, problem in (("dense", dense), ("moe", moe))
+    }
+    assert experts == {"dense": {1}, "moe": {1, 2, 4}}

@@ -22,7 +22,7 @@ layout's ``data`` and ``fsdp`` are the whole axes, DCN ways included).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -248,6 +248,22 @@ def enumerate_layouts(
                     reason = why_not(layout, shape, global_batch, seq_len)
                     (rejected.append((layout, reason)) if reason else valid.append(layout))
     return valid, rejected
+
+
+def with_expert_axes(layouts: list[Layout], experts: int) -> list[Layout]:
+    """Each layout again with part of its fsdp axis made an expert axis, of every size above 1 that
+    divides `experts` and the fsdp axis (MaxText's ici_expert_parallelism): a mixture of experts'
+    layer then gathers a 1/expert share of its weights, which an all-FSDP layout of a large MoE
+    cannot fit (a 700B MoE on v6e-256: its published run is fsdp 16 x expert 16)."""
+    found = []
+    for layout in layouts:
+        if layout.expert > 1:
+            continue
+        for size in divisors(experts):
+            fsdp = layout.fsdp // size
+            if size > 1 and layout.fsdp % size == 0 and fsdp % layout.dcn_fsdp == 0:
+                found.append(replace(layout, fsdp=fsdp, expert=size))
+    return found
 
 
 def parse_layout(text: str, context: bool = True) -> Layout:

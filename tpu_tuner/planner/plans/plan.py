@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
-from tpu_tuner.model.layouts import Layout, enumerate_layouts
+from tpu_tuner.model.layouts import Layout, enumerate_layouts, with_expert_axes
 from tpu_tuner.planner.compiler.compile_pool import CompilePool
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.remat import parse_remat
@@ -60,6 +60,12 @@ def enumerated(
             problem.step.seq_len,
             slices=problem.topology.slices,
         )
+        if problem.dims.experts:  # a mixture of experts: expert axes too (model/layouts.with_expert_axes)
+            candidates += [
+                layout
+                for layout in with_expert_axes(candidates, problem.dims.experts)
+                if invalid_reason(PlanPoint(layout), shape, problem.step.global_batch, problem.step.seq_len) is None
+            ]
         candidates, too_big = _weights_fit(candidates, problem)
         rejected += too_big
         # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py);
