@@ -34,19 +34,27 @@ def describe_run(run_dir: Path) -> str:
     config = TunedConfig.load(run_dir / "tuned_config.toml")
     p = config.provenance
     v = p["verification"]
-    base, tuned = p["baseline"], p["tuned"]
+    base, tuned = p["baseline"], p.get("tuned")
     overheads = trial_overheads(run_dir)
-    lines = [
-        f"run: {run_dir}",
-        f"  chosen: {config.candidate.describe()}",
-        f"  baseline step {base['step_median_s'] * 1e3:.1f} ms (MFU {base['mfu']:.1%}); "
-        f"tuned step {tuned['step_median_s'] * 1e3:.1f} ms (MFU {tuned['mfu']:.1%}, compile {tuned['compile_s']:.1f} s "
-        "in the search)",
-        # Configs written before the source was recorded took their steps from the search.
-        f"  steps from: {tuned.get('step_source', 'the search')}",
-        f"  verification: {v['message']}",
-        f"  accuracy error of the chosen config: {tuned['accuracy_error']:.2e} (tolerance {p['tolerance']:g})",
-    ]
+    lines = [f"run: {run_dir}", f"  chosen: {config.candidate.describe()}"]
+    if tuned is None:
+        # A recommendation the search never measured (a knob that slowed the best was dropped and
+        # the rest re-verified): it has the verification's figures alone.
+        lines += [
+            f"  baseline step {base['step_median_s'] * 1e3:.1f} ms (MFU {base['mfu']:.1%}); the chosen "
+            "setting was not measured by the search (a knob dropped after the race)",
+            f"  verification: {v['message']}",
+        ]
+    else:
+        lines += [
+            f"  baseline step {base['step_median_s'] * 1e3:.1f} ms (MFU {base['mfu']:.1%}); "
+            f"tuned step {tuned['step_median_s'] * 1e3:.1f} ms (MFU {tuned['mfu']:.1%}, "
+            f"compile {tuned['compile_s']:.1f} s in the search)",
+            # Configs written before the source was recorded took their steps from the search.
+            f"  steps from: {tuned.get('step_source', 'the search')}",
+            f"  verification: {v['message']}",
+            f"  accuracy error of the chosen config: {tuned['accuracy_error']:.2e} (tolerance {p['tolerance']:g})",
+        ]
     if overheads:
         lines.append(
             f"  per-trial overhead outside warm-up and timed steps: median {statistics.median(overheads):.2f} s, "
