@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_calibration import Row, load_runs, moe_kind, published_rows
 
 from tpu_tuner.planner.compiler.xla_flags import parse_xla_flags
-from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanStep, PlanTarget
+from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanTarget
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
@@ -130,17 +130,7 @@ def compile_row(row: Row) -> dict | None:
         row.spec,
         PlanOptions(
             PlanTarget(topology=row.topology, slices=row.slices),
-            step=PlanStep(
-                global_batch=row.global_batch,
-                seq_len=row.seq,
-                remat=row.remat,
-                attention="causal" if row.attention == "none" else row.attention,
-                first_moment_dtype=row.mu_dtype,
-                optimizer=row.optimizer,
-                vocab_tiling=row.vocab_tiling,
-                weight_dtype=row.weight_dtype,
-                quantization=row.quantization,
-            ),
+            step=row.plan_step(remat=row.remat),
             enumeration=PlanEnumeration(layouts=[row.layout]),
             compile=PlanCompile(workers=1, cost_model=CostModel(), xla_flags=parse_xla_flags(row.xla_flags)),
         ),

@@ -260,9 +260,9 @@ def issue_shapes() -> None:
     with --max-layouts 3, the remat policy and micro-batches left to the planner (plan.py: with
     nothing fitting under full remat and one micro-batch it plans others) and held to full, and the
     search's first trials."""
-    from tpu_tuner.model.layouts import enumerate_layouts
-    from tpu_tuner.planner.plans.fits_first import choose, fitting_change, widened
-    from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, default_space, valid_points
+    from tpu_tuner.model.layouts import enumerate_layouts, with_expert_axes
+    from tpu_tuner.planner.plans.fits_first import choose, fitting_change, layout_preference, widened
+    from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, default_space, invalid_reason, valid_points
 
     for name, spec, topology_name, slices, hbm, batch, seq in ISSUE_SHAPES:
         topology = parse_topology(topology_name).with_slices(slices)
@@ -273,6 +273,13 @@ def issue_shapes() -> None:
             f"{batch / topology.devices:g} sequences of {seq} a device, HBM {hbm} GiB"
         )
         layouts, _ = enumerate_layouts(topology.devices, problem.dims.shape, batch, seq, slices=slices)
+        if problem.dims.experts:  # as plan.enumerated: expert axes too
+            layouts += [
+                layout
+                for layout in with_expert_axes(layouts, problem.dims.experts)
+                if invalid_reason(PlanPoint(layout), problem.dims.shape, batch, seq) is None
+            ]
+        layouts.sort(key=layout_preference)
         points = [PlanPoint(layout, "full") for layout in layouts]
         chosen, _ = choose(
             problem,

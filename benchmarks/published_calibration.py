@@ -70,6 +70,23 @@ class Row:
     in_calibration_before: bool  # one of the seven rows the planner was calibrated on before issue 29
     xla_flags: str = ""  # the recipe's XLA flags, compiled with where the file states them (--xla-flags)
 
+    def plan_step(self, **changes: Any) -> Any:
+        """The `PlanStep` of the published run (its batch, sequence, MFU convention, dtypes,
+        optimizer, vocabulary tiling and 8-bit matmuls), with `changes` (remat=...)."""
+        from tpu_tuner.planner.plans.plan_options import PlanStep
+
+        settings = {
+            "global_batch": self.global_batch,
+            "seq_len": self.seq,
+            "attention": "causal" if self.attention == "none" else self.attention,
+            "first_moment_dtype": self.mu_dtype,
+            "optimizer": self.optimizer,
+            "vocab_tiling": self.vocab_tiling,
+            "weight_dtype": self.weight_dtype,
+            "quantization": self.quantization,
+        }
+        return PlanStep(**{**settings, **changes})
+
 
 def moe_kind(run: dict[str, Any]) -> str:
     """A run's MoE kind as the error band compares rows (tpu_tuner/planner/prediction/band.py): "dense",
