@@ -33,6 +33,7 @@ from published_calibration import published_rows  # noqa: E402
 
 from tpu_tuner.metrics.flops import matmul_parameters  # noqa: E402
 from tpu_tuner.model.blocks import blocks_of  # noqa: E402
+from tpu_tuner.model.experts import moe_routing  # noqa: E402
 from tpu_tuner.model.structure import read_dims  # noqa: E402
 from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
 from tpu_tuner.planner.compiler.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
@@ -89,6 +90,7 @@ def problem_of(
         cost_model=CostModel(),
         placements={},
         spans=transformer.spans if transformer else (),
+        moe=moe_routing(model),
     )
 
 

@@ -185,3 +185,15 @@ def test_a_mixture_of_experts_is_enumerated_with_expert_axes_too() -> None:
         for name, problem in (("dense", dense), ("moe", moe))
     }
     assert experts == {"dense": {1}, "moe": {1, 2, 4}}
+
+
+def test_a_dropless_mixture_of_experts_compiles_tensor_axes_after_the_points_the_rows_have_seen() -> None:
+    from tpu_tuner.planner.plans.fits_first import fits_first
+
+    problem = _problem(hbm_gib=1000.0)
+    on_tensor, plain = PlanPoint(Layout(1, 4, 2), "minimal"), PlanPoint(Layout(1, 8, 1))
+    # Less recomputation first, whatever the tensor axis, where the estimate has rows like both...
+    for moe in ("dense", "dropping"):
+        assert fits_first(replace(problem, moe=moe), [plain, on_tensor])[0] == [on_tensor, plain]
+    # ...a dropless MoE's tensor axis last: no calibration row holds one (gpt-oss at 1.4-2.2x its estimate).
+    assert fits_first(replace(problem, moe="dropless"), [on_tensor, plain])[0] == [plain, on_tensor]
