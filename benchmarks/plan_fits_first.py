@@ -22,6 +22,8 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -81,6 +83,7 @@ def plan_row(row: Row, max_layouts: int, workers: int) -> dict:
         ],
         "seconds": round(time.perf_counter() - start, 1),
         "libtpu": importlib.metadata.version("libtpu"),
+        "host": f"{platform.node()}: {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
     }
 
@@ -124,7 +127,8 @@ def main() -> None:
         except Exception as exc:  # a row the planner refuses is reported, the others still planned
             print(f"{row.id}: not planned: {type(exc).__name__}: {exc}", flush=True)
             continue
-        kept[row.id] = entry
+        # Read again before writing: other processes may be planning other rows into the same file.
+        kept = {**(json.loads(args.kept.read_text()) if args.kept.exists() else {}), row.id: entry}
         args.kept.write_text(json.dumps(kept, indent=1, sort_keys=True))
         print(f"{row.id}: {entry['first']}: fits {entry['fits']} ({entry['seconds']:.0f} s)", flush=True)
     table(kept, rows)
