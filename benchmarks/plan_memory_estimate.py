@@ -262,9 +262,9 @@ def issue_shapes() -> None:
     with --max-layouts 3, the remat policy and micro-batches left to the planner (plan.py: with
     nothing fitting under full remat and one micro-batch it plans others) and held to full, and the
     search's first trials."""
-    from tpu_tuner.model.layouts import enumerate_layouts, with_expert_axes
-    from tpu_tuner.planner.plans.fits_first import choose, fitting_change, layout_preference, widened
-    from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, default_space, invalid_reason, valid_points
+    from tpu_tuner.planner.plans.fits_first import choose, fitting_change, widened
+    from tpu_tuner.planner.plans.plan import WIDENED_ACCUMULATIONS, candidate_layouts
+    from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, default_space, valid_points
 
     for name, spec, topology_name, slices, hbm, batch, seq in ISSUE_SHAPES:
         topology = parse_topology(topology_name).with_slices(slices)
@@ -274,21 +274,14 @@ def issue_shapes() -> None:
             f"\n{name}: {problem.parameters / 1e9:.0f}B parameters, {topology.devices} devices, "
             f"{batch / topology.devices:g} sequences of {seq} a device, HBM {hbm} GiB"
         )
-        layouts, _ = enumerate_layouts(topology.devices, problem.dims.shape, batch, seq, slices=slices)
-        if problem.dims.experts:  # as plan.enumerated: expert axes too
-            layouts += [
-                layout
-                for layout in with_expert_axes(layouts, problem.dims.experts)
-                if invalid_reason(PlanPoint(layout), problem.dims.shape, batch, seq) is None
-            ]
-        layouts.sort(key=layout_preference)
+        layouts, _ = candidate_layouts(problem)  # the enumeration's, as plan.enumerated builds them
         points = [PlanPoint(layout, "full") for layout in layouts]
         chosen, _ = choose(
             problem,
             points,
             3,
             lambda line: print("  enumeration:", line),
-            lambda problem=problem, points=points: widened(problem, points, DEFAULT_REMATS, (1, 2, 4, 8, 16)),
+            lambda problem=problem, points=points: widened(problem, points, DEFAULT_REMATS, WIDENED_ACCUMULATIONS),
         )
         for point in chosen:
             print(f"  enumeration compiles: {point.name()}: {estimate(problem, point).text(problem.hbm)}")

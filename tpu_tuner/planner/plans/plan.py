@@ -17,7 +17,7 @@ from tpu_tuner.planner.compiler.compile_pool import CompilePool
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.plans.evaluate import evaluate, judged
-from tpu_tuner.planner.plans.fits_first import choose, widened
+from tpu_tuner.planner.plans.fits_first import choose, layout_preference, widened
 from tpu_tuner.planner.plans.plan_options import PlanOptions
 from tpu_tuner.planner.plans.plan_problem import PlanProblem, build_problem
 from tpu_tuner.planner.plans.plan_result import LayoutPlan, PlanResult, attention_layers, result_of
@@ -53,26 +53,10 @@ def enumerated(
         rejected: list[tuple[Layout, str]] = []
         points = [PlanPoint(layout, remat, options.step.accumulation) for layout in options.enumeration.layouts]
     else:
-        candidates, rejected = enumerate_layouts(
-            problem.topology.devices,
-            shape,
-            problem.step.global_batch // max(1, options.step.accumulation),
-            problem.step.seq_len,
-            slices=problem.topology.slices,
-        )
-        if problem.dims.experts:  # a mixture of experts: expert axes too (model/layouts.with_expert_axes)
-            candidates += [
-                layout
-                for layout in with_expert_axes(candidates, problem.dims.experts)
-                if invalid_reason(PlanPoint(layout), shape, problem.step.global_batch, problem.step.seq_len) is None
-            ]
-        candidates, too_big = _weights_fit(candidates, problem)
-        rejected += too_big
+        candidates, rejected = candidate_layouts(problem, options.step.accumulation)
         # Memory first: only layouts estimated to fit compile, the best-predicted first (fits_first.py);
         # where none does, other remat policies and micro-batches the user left to the planner.
-        enumerated_points = [
-            PlanPoint(layout, remat, options.step.accumulation) for layout in sorted(candidates, key=_preference)
-        ]
+        enumerated_points = [PlanPoint(layout, remat, options.step.accumulation) for layout in candidates]
         remats = DEFAULT_REMATS if isinstance(options.step.remat, DefaultRemat) else (remat,)
         steps = WIDENED_ACCUMULATIONS if isinstance(options.step.accumulation, DefaultAccumulation) else None
         points, unfit = choose(
@@ -109,6 +93,29 @@ def enumerated(
 WIDENED_ACCUMULATIONS = (1, 2, 4, 8, 16)
 
 
+def candidate_layouts(problem: PlanProblem, accumulation: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """The enumeration's layouts, in the order practitioners reach for them (`fits_first.
+    layout_preference`), and those left out with why: every data x fsdp x tensor factorisation
+    that divides the model and its micro-batch, a mixture of experts' expert axes too
+    (model/layouts.with_expert_axes), less those whose weights alone overflow HBM."""
+    shape, step = problem.dims.shape, problem.step
+    candidates, rejected = enumerate_layouts(
+        problem.topology.devices,
+        shape,
+        step.global_batch // max(1, accumulation),
+        step.seq_len,
+        slices=problem.topology.slices,
+    )
+    if problem.dims.experts:
+        candidates += [
+            layout
+            for layout in with_expert_axes(candidates, problem.dims.experts)
+            if invalid_reason(PlanPoint(layout), shape, step.global_batch, step.seq_len) is None
+        ]
+    candidates, too_big = _weights_fit(candidates, problem)
+    return sorted(candidates, key=layout_preference), rejected + too_big
+
+
 def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """Drop, without compiling, layouts whose weights and optimizer state alone (in the problem's
     dtypes, AdamW's two moments or SGD's none, split over fsdp x context x tensor, replicated over
@@ -125,12 +132,6 @@ def _weights_fit(layouts: list[Layout], problem: PlanProblem) -> tuple[list[Layo
         else:
             keep.append(layout)
     return keep, drop
-
-
-def _preference(layout: Layout) -> tuple:
-    # Try the layouts practitioners reach for first: FSDP-heavy, small tensor axes, little pure DP.
-    # Data across slices costs no ICI: counted as MaxText's default (dcn_data) would have it.
-    return (layout.tensor > 8, layout.data // layout.dcn_data, layout.tensor, -layout.fsdp)
 
 
 # The planner's public names, importable from here.
