@@ -65,6 +65,18 @@ def test_the_moe_dispatch_counts_a_row_a_choice_and_capacity_routings_masks() ->
     assert estimate(dense, POINT, unit).total == estimate(dense, POINT, without).total
 
 
+def test_an_expert_axis_splits_the_gathered_layer_under_capacity_routing_only() -> None:
+    """Capacity routing's einsums move tokens to the experts over the expert axis, so a layer gathers
+    its share of the experts; dropless routing's grouped matmuls gather every expert (compiler/
+    grouped_matmul.py), so its gathered layer is the FSDP layout's."""
+    shape = ModelShape(64, 4, 2, 128, 1024, 2)
+    on_fsdp, on_experts = PlanPoint(Layout(1, 8, 1)), PlanPoint(Layout(1, 4, 1, expert=2))
+    for moe, split in (("dropping", True), ("dropless", False)):
+        problem = replace(_problem(Dims(shape, 16, experts=8, top_k=2, capacity_factor=1.25)), moe=moe)
+        fsdp, expert = (estimate(problem, p).gathered for p in (on_fsdp, on_experts))
+        assert (expert < fsdp) == split and (expert == fsdp) != split, moe
+
+
 def test_side_tables_count_their_whole_gradient_and_the_per_layer_inputs() -> None:
     shape = ModelShape(64, 4, 2, 128, 1024, 2)
     plain = _problem(Dims(shape, 16))

@@ -176,15 +176,17 @@ def test_a_mixture_of_experts_is_enumerated_with_expert_axes_too() -> None:
     assert with_expert_axes([Layout(1, 4, 1, dcn_fsdp=2)], 4) == [Layout(1, 2, 1, expert=2, dcn_fsdp=2)]
     every = PlanOptions(PlanTarget("v5p:2x2x2"), enumeration=PlanEnumeration(max_layouts=100))
     dense = _problem(hbm_gib=1000.0)
-    moe = replace(dense, dims=replace(dense.dims, experts=4, top_k=2))
+    moe = replace(dense, dims=replace(dense.dims, experts=4, top_k=2), moe="dropping")
+    # A dropless MoE gets none: its grouped matmuls gather every expert over the axis, as over fsdp.
+    dropless = replace(moe, moe="dropless")
     experts = {
         name: {
             p.layout.expert
             for p in enumerated(problem, every, ScriptedPool(_fitting_step), lambda line: None, 0.0).plans
         }
-        for name, problem in (("dense", dense), ("moe", moe))
+        for name, problem in (("dense", dense), ("moe", moe), ("dropless", dropless))
     }
-    assert experts == {"dense": {1}, "moe": {1, 2, 4}}
+    assert experts == {"dense": {1}, "moe": {1, 2, 4}, "dropless": {1}}
 
 
 def test_a_dropless_mixture_of_experts_compiles_tensor_axes_after_the_points_the_rows_have_seen() -> None:

@@ -108,16 +108,18 @@ def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
 
 
 def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
-    """Compile every ``tpu_tune::grouped_matmul`` per device on `mesh` (axes data, fsdp, context,
-    tensor): megablox's kernel when `megablox` (a TPU), else ``jax.lax.ragged_dot``; and every
-    ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
+    """Compile every ``tpu_tune::grouped_matmul`` per device on `mesh` (the rows over its batch axes,
+    the weights over tensor, every expert gathered): megablox's kernel when `megablox` (a TPU), else
+    ``jax.lax.ragged_dot``; and every ``tpu_tune::permute_rows`` as a gather with a gathering gradient."""
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
     from jax.sharding import PartitionSpec
     from torchax.interop import jax_view, torch_view
 
-    batch = ("data", "fsdp")
+    # The rows split over every axis that splits the batch (sort_each_device's groups): an expert or
+    # fsdp_transpose axis left out would hold every row on each of its devices, and compute it there.
+    batch = tuple(axis for axis in BATCH_AXES if axis in mesh.shape)
     tensor = mesh.shape["tensor"]
 
     def kernel(rows: Any, weights: Any, sizes: Any) -> Any:  # rows [sort groups, rows, k], sizes [sort groups, experts]

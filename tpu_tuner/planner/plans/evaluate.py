@@ -168,15 +168,17 @@ def _without_sparsecore_offload(
     emit: Callable[[str], None],
 ) -> dict[PlanPoint, CompiledStep]:
     """The host-offloading points whose compile libtpu aborted, compiled once more with the
-    SparseCore collective offload off (unless the user's --xla-flags set it); each that compiles
-    then is said in one line, and its plan's compile carries the flags (`CompiledStep.note`)."""
-    given = {name for name, _ in problem.step.xla_flags}
+    SparseCore collective offload off, the user's --xla-flags overridden where they turned it on
+    (gpt-oss-120b's published flags do, and its 2-micro-batch points abort with them); each such
+    point's plan says so (`CompiledStep.note`), and where the second compile fails too, its own
+    reason replaces the abort (a program over the host's memory says more than a crash)."""
+    given = {name for name, value in problem.step.xla_flags if value is True or str(value).lower() == "true"}
+    overridden = sorted(given & {name for name, _ in SPARSECORE_OFFLOAD_OFF})
     retry = {
         p: replace(job, step=replace(job.step, xla_flags=job.step.xla_flags + SPARSECORE_OFFLOAD_OFF))
         for p, step in scanned.items()
         if step.error and "SIGABRT" in step.error and parse_remat(p.remat).offloads
         for job in (problem.job(p, depth),)
-        if not given & {name for name, _ in SPARSECORE_OFFLOAD_OFF}
     }
     if not retry:
         return {}
@@ -184,9 +186,18 @@ def _without_sparsecore_offload(
         f"libtpu aborted compiling {len(retry)} program{'s' if len(retry) != 1 else ''} that offload to host: "
         f"compiling {'it' if len(retry) == 1 else 'them'} again with the SparseCore collective offload off "
         f"(--xla-flags {' '.join(xla_flags_text(SPARSECORE_OFFLOAD_OFF))})"
+        + (f", overriding the {len(overridden)} given --xla-flags that turn it on" if overridden else "")
     )
+    note = SPARSECORE_NOTE + ("; the given --xla-flags turned it on" if overridden else "")
     again = pool.compile(list(retry.values()))
-    return {p: replace(again[job], note=SPARSECORE_NOTE) for p, job in retry.items() if not again[job].error}
+    return {
+        p: replace(again[job], note=note)
+        if not again[job].error
+        else replace(
+            again[job], error=f"{again[job].error} (compiled again with the SparseCore collective offload off)"
+        )
+        for p, job in retry.items()
+    }
 
 
 SPARSECORE_NOTE = "compiled with the SparseCore collective offload off (libtpu aborted with it on)"

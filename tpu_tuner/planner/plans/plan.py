@@ -96,8 +96,8 @@ WIDENED_ACCUMULATIONS = (1, 2, 4, 8, 16)
 def candidate_layouts(problem: PlanProblem, accumulation: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """The enumeration's layouts, in the order practitioners reach for them (`fits_first.
     layout_preference`), and those left out with why: every data x fsdp x tensor factorisation
-    that divides the model and its micro-batch, a mixture of experts' expert axes too
-    (model/layouts.with_expert_axes), less those whose weights alone overflow HBM."""
+    that divides the model and its micro-batch, a capacity-routed mixture of experts' expert axes
+    too (model/layouts.with_expert_axes), less those whose weights alone overflow HBM."""
     shape, step = problem.dims.shape, problem.step
     candidates, rejected = enumerate_layouts(
         problem.topology.devices,
@@ -106,7 +106,9 @@ def candidate_layouts(problem: PlanProblem, accumulation: int = 1) -> tuple[list
         step.seq_len,
         slices=problem.topology.slices,
     )
-    if problem.dims.experts:
+    # A dropless MoE gets none: its grouped matmuls gather every expert's weights over the expert
+    # axis as over fsdp (compiler/grouped_matmul.py has no all-to-all), so the axis saves it nothing.
+    if problem.dims.experts and problem.moe != "dropless":
         candidates += [
             layout
             for layout in with_expert_axes(candidates, problem.dims.experts)

@@ -10,7 +10,7 @@ on points estimated to fit and can say which knob would make a point fit. Its te
   fsdp_transpose, expert): the compiled step's arguments;
 * **gradients**: the gradients and the step's bf16 copy of the weights, over the same shards;
   with micro-batches, the fp32 gradient sum besides;
-* **gathered**: a layer's weights gathered over fsdp in bf16 (split over tensor and expert only),
+* **gathered**: a layer's weights gathered over fsdp in bf16 (split over tensor, and expert under capacity routing),
   and the output head gathered with its gradient;
 * **saved activations**: for every layer, what the remat policy keeps in HBM (remat.py: the block
   input unless offloaded, each named tensor kept on the device), in bf16, tokens split over the
@@ -230,7 +230,10 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     layers = max(1, shape.n_layers)
     head = shape.vocab * shape.d_model
     layer_weights = max(0.0, problem.parameters - head) / layers
-    gathered = fitted.gathered * BF16 * (layer_weights / (layout.tensor * layout.expert) + 2 * head / layout.tensor)
+    # An expert axis splits what a layer gathers under capacity routing (its einsums' all-to-alls);
+    # dropless routing's grouped matmuls gather every expert (compiler/grouped_matmul.py).
+    experts_split = layout.expert if problem.moe != "dropless" else 1
+    gathered = fitted.gathered * BF16 * (layer_weights / (layout.tensor * experts_split) + 2 * head / layout.tensor)
     step = problem.step
     tokens = step.global_batch / point.accumulation / layout.batch_shards * step.seq_len / layout.context
     widths = layer_widths(problem)
