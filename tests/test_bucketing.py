@@ -205,8 +205,7 @@ def test_buckets_command_end_to_end(tmp_path) -> None:
     assert "chosen buckets:" in result.stdout
 
 
-@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.slow  # a whole run end to end, no clock (--time-budget none): .ci/run's full pass
 def test_tune_includes_the_best_buckets_when_inputs_vary(tmp_path) -> None:
     """The main study: a workload with a length sample gets each trial's best bucketing in its
     objective, and the chosen setting's buckets in the tuned config and report."""
@@ -219,6 +218,8 @@ def test_tune_includes_the_best_buckets_when_inputs_vary(tmp_path) -> None:
             str(FIXTURES / "tiny_encoder.py"),
             "--trials",
             "2",
+            "--time-budget",
+            "none",
             "--verify-rounds",
             "3",
             "--steps",

@@ -88,11 +88,12 @@ def test_bad_config_for_apply(tmp_path, capsys) -> None:
     assert "bad [settings]" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+# Slow: each command profiles the baseline before it refuses; no clock (--time-budget none), so load
+# cannot change what it says: it runs two at a time in .ci/run's full pass.
+@pytest.mark.slow
 def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts(tmp_path, capsys) -> None:
     llama = FIXTURES / "tiny_llama.py"  # batch 4
-    assert main(["-q", str(llama), "--nproc", "3", "--out", str(tmp_path)]) == 2
+    assert main(["-q", str(llama), "--nproc", "3", "--time-budget", "none", "--out", str(tmp_path)]) == 2
     assert "--nproc 3: the batch of 4 does not split over 3 ranks" in capsys.readouterr().err
     assert (
         main(
@@ -101,6 +102,8 @@ def test_nproc_needs_a_batch_that_splits_over_the_ranks_and_a_space_with_layouts
                 str(llama),
                 "--nproc",
                 "2",
+                "--time-budget",
+                "none",
                 "--space",
                 str(FIXTURES / "eager_precision_space.toml"),
                 "--out",

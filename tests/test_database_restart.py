@@ -88,7 +88,7 @@ def _finished(storage: optuna.storages.BaseStorage) -> int:
 
 
 @pytest.mark.slow  # two whole runs and a 30 s outage: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.timed  # a 30 s outage against a 12 s --storage-retry limit, the default limit riding it out
 def test_workers_ride_out_a_server_restart_and_a_30_s_outage_losing_and_doubling_nothing(postgres, tmp_path) -> None:
     url = postgres.url("secret", PASSWORD)
     results = tmp_path / "results"

@@ -99,7 +99,7 @@ def test_a_worker_stopped_briefly_and_continued_still_replies(fixtures_on_path: 
 
 
 @pytest.mark.slow  # two gloo ranks started by torch's launcher: about 10 s on 2 cores
-@pytest.mark.timed
+@pytest.mark.timed  # found within 60 s + FROZEN_GRACE_S, not the 300 s deadline
 def test_a_frozen_rank_fails_its_group_as_a_hang_naming_it_and_leaves_no_process(fixtures_on_path: None) -> None:
     from tpu_tuner.runner.launch import run_ranks
 

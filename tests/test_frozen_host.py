@@ -19,7 +19,7 @@ from tpu_tuner.runner.hosts import BEAT_S, SILENT_S
 
 
 @pytest.mark.slow  # two simulated hosts run two jobs: about 40 s on 2 cores
-@pytest.mark.timed
+@pytest.mark.timed  # the driver's silence limit (SILENT_S, 6 s) measured from the SIGSTOP
 def test_a_frozen_follower_agent_fails_its_job_as_a_hang_and_exits_once_continued(tmp_path) -> None:
     hosts = Hosts(tmp_path, "frozen", "--node-rank", "1")
     try:

@@ -30,7 +30,7 @@ def _pid_of(trial: optuna.trial.FrozenTrial) -> int | None:
 
 
 @pytest.mark.slow  # two workers tune a study end to end: about a minute on 2 cores
-@pytest.mark.timed
+@pytest.mark.timed  # the 4 s heartbeat grace, measured from the SIGSTOP
 def test_a_frozen_worker_s_trial_is_failed_and_retried_and_it_drops_its_result_when_continued(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     workers = []

@@ -127,8 +127,7 @@ def _resume_on_free_space(disk: Path, run_dir: Path, measured_before: list[tuple
     return after
 
 
-@pytest.mark.slow  # two tuning runs end to end: about 80 s on 2 cores
-@pytest.mark.timed
+@pytest.mark.slow  # two tuning runs end to end (no clock: RUN_FLAGS' --time-budget none): about 80 s on 2 cores
 def test_a_disk_full_while_writing_the_results_fails_in_one_line_and_resume_completes(small_disk: Path) -> None:
     done = _new_run(small_disk, "outputs")
     assert done.returncode == 1, done.stderr[-3000:]
@@ -147,8 +146,7 @@ def test_a_disk_full_while_writing_the_results_fails_in_one_line_and_resume_comp
     assert _resume_on_free_space(small_disk, run_dir, _measured(trials)) == _measured(trials)  # the search was done
 
 
-@pytest.mark.slow  # two tuning runs end to end: about 80 s on 2 cores
-@pytest.mark.timed
+@pytest.mark.slow  # two tuning runs end to end (no clock: RUN_FLAGS' --time-budget none): about 80 s on 2 cores
 def test_a_disk_full_mid_search_leaves_the_study_database_whole_and_resume_completes(small_disk: Path) -> None:
     """study.db is in the run folder, on the full filesystem: the next write to it fails, SQLite
     rolls that transaction back, and the run stops in one line; what was told before stays."""

@@ -188,8 +188,7 @@ def test_tpu_tuner_apply_splits_a_hugging_face_llama_by_its_plan_for_inference(m
 # --- a study ------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # a whole study on two ranks
-@pytest.mark.timed
+@pytest.mark.slow  # a whole study on two ranks; no clock (--time-budget none): its 4 trials, however slow
 def test_a_study_of_an_inference_file_on_two_ranks_measures_its_layouts(monkeypatch, tmp_path) -> None:
     import subprocess
     import sys
@@ -209,6 +208,8 @@ def test_a_study_of_an_inference_file_on_two_ranks_measures_its_layouts(monkeypa
             "2",
             "--trials",
             "4",
+            "--time-budget",
+            "none",
             "--space",
             str(FIXTURES / "inference_layout_space.toml"),
             "--verify-rounds",

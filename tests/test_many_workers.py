@@ -92,7 +92,7 @@ def _kill_one_mid_trial(url: str, workers: list[subprocess.Popen]) -> tuple[int,
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.timed  # the killed worker's trial is found by a 4 s heartbeat grace; a late live beat reads as lost
 def test_three_workers_one_killed_mid_trial_complete_the_budget_once(postgres, tmp_path, capsys) -> None:
     url = postgres.url("secret", PASSWORD)
     workers = _start_workers(postgres, tmp_path)

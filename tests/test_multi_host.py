@@ -132,7 +132,7 @@ def test_a_host_that_never_arrives_times_out_with_one_line_naming_what_is_missin
 
 
 @pytest.mark.slow  # about 40 s on 2 cores; the study test below kills a host the same way through the CLI
-@pytest.mark.timed
+@pytest.mark.timed  # heartbeats: a host silent for SILENT_S (6 s) fails its trial
 def test_jobs_run_on_both_hosts_ranks_and_a_sigkilled_host_fails_its_job_naming_it(tmp_path) -> None:
     """A driver (tests/fixtures/host_driver.py, node 0) runs two measure jobs on both hosts; the
     follower is the `tpu-tune` command itself (--node-rank 1). The first job is measured on both
@@ -174,7 +174,7 @@ def _pair_with_the_follower_killed_in_trial_2(hosts: Hosts) -> tuple[subprocess.
 
 
 @pytest.mark.slow  # two 2-host studies, one cut short by a kill: over a minute on 2 cores (the full CI run has it)
-@pytest.mark.timed
+@pytest.mark.timed  # heartbeats: a host silent for SILENT_S (6 s) fails its trial
 def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_completes_it(tmp_path) -> None:
     """Two simulated hosts tune a 2-trial study: the first trial runs on both hosts' ranks, host b's
     agent is SIGKILLed during the second, which fails naming it (one line; no process or port
@@ -233,7 +233,7 @@ def test_two_hosts_run_a_study_a_sigkilled_host_fails_its_trial_and_a_relaunch_c
 
 
 @pytest.mark.slow  # a host killed and started again mid-study: about a minute on 2 cores
-@pytest.mark.timed
+@pytest.mark.timed  # heartbeats: a host silent for SILENT_S (6 s) fails its trial
 def test_with_a_restart_left_the_driver_waits_for_the_lost_host_and_the_study_goes_on(tmp_path) -> None:
     """--max-restarts 1: host b's agent SIGKILLed during trial 2 fails that trial naming it; the
     driver waits at a re-rendezvous, the same command started again on b joins it, and the study

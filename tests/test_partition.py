@@ -109,7 +109,7 @@ def test_two_namespaces_reach_each_other_only_over_their_link_and_each_host_know
 
 @needs_netns
 @pytest.mark.slow  # a 2-host study with a 20 s partition, the driver waiting for the host: about 2 minutes on 2 cores
-@pytest.mark.timed
+@pytest.mark.timed  # a 20 s cut against the 6 s heartbeat silence limit
 @pytest.mark.parametrize("restarts", [1, 0])
 def test_a_partition_mid_trial_fails_it_naming_the_host_and_the_study_goes_on_or_stops(
     tmp_path, pair, restarts

@@ -37,14 +37,20 @@ FAST = ProfilerSettings(
 )
 
 
-@pytest.mark.slow  # a whole tuning run on the server (the quick run keeps its Optuna-tools and refusal tests)
-@pytest.mark.timed
+# Slow: a whole tuning run on the server (the quick run keeps its Optuna-tools and refusal tests). No
+# clock (time_budget_s=None): its three trials are measured however loaded the host.
+@pytest.mark.slow
 def test_a_study_runs_on_the_server_and_its_run_folder_never_holds_the_password(postgres, tmp_path) -> None:
     url = postgres.url("secret", PASSWORD)
     # Every trial measured to the end (no pruning): the test reads three complete trials back.
     options = TuneOptions(
         search=SearchOptions(
-            trials=3, sampler="grid", agents=(), prune=False, space=FIXTURES / "eager_precision_space.toml"
+            trials=3,
+            sampler="grid",
+            agents=(),
+            prune=False,
+            space=FIXTURES / "eager_precision_space.toml",
+            time_budget_s=None,
         ),
         objective=ObjectiveOptions(verify_rounds=2),
         store=StoreOptions(url=url),

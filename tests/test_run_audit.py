@@ -87,7 +87,7 @@ def test_each_planted_false_sentence_is_found(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timed
+@pytest.mark.timed  # the audit holds the run to its 60 s clock (a run 20% past it is a finding)
 def test_a_real_run_reads_clean(tmp_path: Path) -> None:
     subprocess.run(
         [

@@ -156,7 +156,7 @@ def test_a_placement_that_breaks_the_numerics_is_an_accuracy_failure_not_a_resul
     ],
 )
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.timed  # a group of 2 ranks with a 10 s deadline: a slow start reads as the hang
 def test_a_rank_that_fails_fails_the_trial_and_leaves_no_process(
     monkeypatch, tmp_path, mode: str, kind: str, says: str
 ) -> None:
@@ -200,9 +200,9 @@ def _plan(folder: Path) -> Path:
 
 
 # Slow (20 s): a whole study on two ranks; the default run checks the plan's mapping onto ranks
-# (test_sharding_from_plan) and layouts on two ranks (test_each_layout_is_measured_...).
+# (test_sharding_from_plan) and layouts on two ranks (test_each_layout_is_measured_...). No clock
+# (time_budget_s=None): its five trials are measured however loaded the host.
 @pytest.mark.slow
-@pytest.mark.timed
 def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> None:
     import optuna
 
@@ -214,7 +214,12 @@ def test_a_study_on_two_ranks_searches_layouts_seeded_from_a_plan(tmp_path) -> N
     # Every trial measured to the end (no pruning): the test reads five complete trials back.
     options = TuneOptions(
         search=SearchOptions(
-            trials=5, space=FIXTURES / "layout_space.toml", plan=plan, agents=("sharding", "precision"), prune=False
+            trials=5,
+            space=FIXTURES / "layout_space.toml",
+            plan=plan,
+            agents=("sharding", "precision"),
+            prune=False,
+            time_budget_s=None,
         ),
         runner=RunnerOptions(nproc=2),
         objective=ObjectiveOptions(verify_rounds=2),
@@ -272,8 +277,7 @@ def test_a_layout_is_given_up_only_when_it_fails_on_its_own() -> None:
     assert agent.validate(Candidate(layout="1x2x1")) is None
 
 
-@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.slow  # a whole run end to end, no clock (time_budget_s=None): .ci/run's full pass
 def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> None:
     """tiny_gpt's fused q/k/v cannot run tensor parallel: after its first error the layout is
     measured alone, fails there too, and the rest of its settings are rejected unmeasured."""
@@ -286,7 +290,12 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     # No pruning: the test counts the data-parallel settings measured to the end.
     options = TuneOptions(
         search=SearchOptions(
-            trials=8, sampler="grid", space=FIXTURES / "tensor_or_data_space.toml", agents=("sharding",), prune=False
+            trials=8,
+            sampler="grid",
+            space=FIXTURES / "tensor_or_data_space.toml",
+            agents=("sharding",),
+            prune=False,
+            time_budget_s=None,
         ),
         runner=RunnerOptions(nproc=2),
         objective=ObjectiveOptions(verify_rounds=2),

@@ -54,7 +54,7 @@ def test_layout_strings_are_checked() -> None:
     ],
 )
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.timed  # 2 ranks with an 8 s deadline: a slow start reads as the hang
 def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode: str, kind: str, says: str) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
     result = run_ranks(2, "misbehaving_rank", [mode], timeout_s=8)
@@ -64,8 +64,9 @@ def test_a_rank_that_fails_fails_the_run_and_leaves_no_process(monkeypatch, mode
     assert healthy.ok and sorted(healthy.reports) == [0, 1]
 
 
-@pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
-@pytest.mark.timed
+# Slow: two gloo ranks end to end (.ci/run's full pass). Not timed: it counts steps and compares the
+# ranks' state bytes, which no load changes (the runner's deadline is 120 s).
+@pytest.mark.slow
 def test_fsdp_holds_a_share_of_the_model_state_and_every_step_is_timed_on_the_slowest_rank() -> None:
     from tpu_tuner.runner.ranked_runner import RankedTrialRunner
     from tpu_tuner.runner.requests import ShardedStepRequest

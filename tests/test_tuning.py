@@ -77,7 +77,7 @@ def test_finds_the_known_best_and_rejects_the_inaccurate_one(grid_run) -> None:
 
 
 @pytest.mark.slow  # a whole search on a synthetic step whose speeds are timed
-@pytest.mark.timed
+@pytest.mark.timed  # TPE's pick, medium matmuls, is the fastest by measured step times
 def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
     # A host where "medium" really runs matmuls as bf16 (the precision agent skips it elsewhere).
     use_probe(monkeypatch, tmp_path / "cache", medium_relative_error=2.5e-3)
@@ -99,7 +99,7 @@ def test_tpe_reaches_the_best_within_budget(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.timed  # a 20 s trial timeout: a healthy trial on a loaded host could pass it
 def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     result = tune(FIXTURES / "failing.py", _options(tmp_path, trial_timeout_s=20.0))
     rows = _by_params(result.trials_dataframe())
@@ -125,11 +125,10 @@ def test_every_failure_kind_is_survived_and_recorded(tmp_path) -> None:
     assert "**timeout**" in report and "**crash**" in report and "**oom**" in report
 
 
-@pytest.mark.slow  # a whole run end to end: .ci/run's full pass
-@pytest.mark.timed
+@pytest.mark.slow  # two runs end to end, no clock (time_budget_s=None): .ci/run's full pass
 def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
     # No pruning: the test counts every setting of the grid measured to the end.
-    first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3, prune=False))
+    first = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=3, prune=False, time_budget_s=None))
     before = {t.number: (t.params, t.value, t.state) for t in first.study.trials}
     # Simulate a run killed mid-trial: a trial left RUNNING in the storage.
     storage = json.loads((first.run_dir / "run.json").read_text())
@@ -140,7 +139,10 @@ def test_resume_continues_without_losing_or_repeating(tmp_path) -> None:
             "autocast": optuna.distributions.CategoricalDistribution(["none", "bfloat16"]),
         }
     )
-    resumed = tune(FIXTURES / "synthetic_speed.py", _options(tmp_path, trials=6, resume=first.run_dir, prune=False))
+    resumed = tune(
+        FIXTURES / "synthetic_speed.py",
+        _options(tmp_path, trials=6, resume=first.run_dir, prune=False, time_budget_s=None),
+    )
     trials = resumed.study.trials
     assert resumed.run_dir == first.run_dir
     for number, (params, value, state) in before.items():  # completed trials kept as they were

@@ -159,8 +159,9 @@ def test_profile_prints_only_its_own_lines_and_keeps_the_workers_output(
     assert all(noise in logged for noise in NOISE) and "NOISY-IMPORT through print" in logged
 
 
-@pytest.mark.slow  # a whole tuning run (~20 s here): .ci/run's full pass; the quick CLI test checks its workers.log
-@pytest.mark.timed
+# Slow: a whole tuning run (~20 s here), no clock (--time-budget none): .ci/run's full pass; the quick
+# CLI test checks its workers.log.
+@pytest.mark.slow
 def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
@@ -179,6 +180,8 @@ def test_tune_prints_only_its_own_lines_and_keeps_the_workers_output(
                 str(FIXTURES / "noisy_mlp.py"),
                 "--trials",
                 "2",
+                "--time-budget",
+                "none",
                 "--verify-rounds",
                 "2",
                 "--space",
