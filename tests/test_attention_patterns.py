@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, score_pairs, transformer_model_flops
@@ -190,9 +191,8 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
     HLO) gives the FLOPs and all-gather traffic of the same model compiled with every layer
     unrolled. Memory is the scanned program's own (the program MaxText runs): at this toy size
     the loop's stacked buffers leave it a few percent above the unrolled one's (3% measured)."""
-    from tests.test_planner_compile import _run_python
 
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout
@@ -234,9 +234,8 @@ def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss()
     device is 128 MiB of bf16 logits (and as much again in the backward pass); in 8 tiles the
     compiled step's temporaries shrink by most of that, while the loss it computes (on the CPU, on
     random weights) is the untiled one's."""
-    from tests.test_planner_compile import _run_python
 
-    out = _run_python("""
+    out = run_planner_python("""
         import json
         import jax, jax.numpy as jnp, numpy as np
         from tpu_tuner.planner.compiler.compile_request import topology_devices

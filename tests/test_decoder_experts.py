@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
@@ -262,15 +262,7 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
                          len(re.findall(r"jit\\(tgmm\\)", texts[-1]))]
         print(json.dumps(out))
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout.strip().splitlines()[-1])
+    data = json.loads(run_planner_python(script))
     (k1, f1, *_), (k2, f2, gmm, tgmm), (dropping, _, dropping_gmm, _) = data["k1"], data["k2"], data["dropping"]
     assert gmm > 0 and tgmm > 0 and dropping_gmm == 0
     # Measured 1.025: the formula leaves out the added choice's activation, gathers and sort.
@@ -340,13 +332,5 @@ def test_an_expert_axis_splits_a_dropless_moes_rows_as_fsdp_does() -> None:
             out[name] = add_loop_iterations(step, 2).flops
         print(json.dumps(out))
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    flops = json.loads(result.stdout.strip().splitlines()[-1])
+    flops = json.loads(run_planner_python(script))
     assert flops["expert"] == pytest.approx(flops["fsdp"], rel=0.05), flops

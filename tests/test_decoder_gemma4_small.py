@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import matmul_parameters
@@ -162,9 +163,8 @@ def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolle
     """The tiny E2B compiled for v5e:2x2: the KV-shared layers scanned (the donors' keys and values
     and the per-layer inputs entering the loop), the plan's one-compile figures (the loop's other
     iterations measured in its HLO) against the same model with every layer unrolled."""
-    from tests.test_planner_compile import _run_python
 
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.model.layouts import Layout

@@ -8,15 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
@@ -225,15 +223,7 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         out["tpu"] = [tpu.error, tpu.flops]
         print(json.dumps(out))
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout.strip().splitlines()[-1])
+    data = json.loads(run_planner_python(script))
     (base_compiled, base_formula) = data["v32"]
     for wider in ("v96", "nope128"):  # measured 1.016 and 1.029: elementwise work the formula leaves out
         compiled, formula = data[wider]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import EXAMPLES
 from helpers.common import ScriptedPool
+from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanStep, PlanTarget
 
@@ -24,23 +25,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run_python(code: str, timeout: int = 900) -> str:
-    """Run planner code in a fresh interpreter: importing torchax registers a "jax" device with
-    torch that breaks torch.compile later in the same process, so tests keep it out of pytest's."""
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
-
-
 @pytest.mark.slow  # ranks or compilers end to end: .ci/run's full pass
 def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         import jax.numpy as jnp, numpy as np, torch
         from tpu_tuner.model.loader import load_workload
@@ -136,7 +123,7 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
     """libtpu's compile-only topologies as the planner asks for them: v4 as megacore (one device per
     chip, both TensorCores: topology.MEGACORE), TPU7x two per chip; the HBM limit each states
     (planner/compiler/hbm.py) is what a layout must fit in."""
-    out = _run_python("""
+    out = run_planner_python("""
         import json
         from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
@@ -166,7 +153,7 @@ def test_the_compiler_states_its_device_count_and_hbm_limit_for_every_generation
 @pytest.mark.slow  # a whole run end to end: .ci/run's full pass
 def test_memory_truth_from_the_compiler() -> None:
     """A batch that cannot fit in 16 GB of v5e HBM is reported as not fitting, with the buffers."""
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from tpu_tuner.model.layouts import Layout
         from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanOptions, PlanStep, PlanTarget
@@ -245,7 +232,7 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     iterations are XLA's generic count, which leaves out the TPU analysis's tile padding and matmul
     re-reads, so the plan's figure lies between the scanned program's own (one block) and the
     fallback's (every block counted by the TPU analysis)."""
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from tpu_tuner.model.loader import load_workload
         from tpu_tuner.planner.compiler.compile_request import topology_devices
@@ -282,7 +269,7 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     an error naming the signal; a fresh worker compiles the next job."""
     crashing = tmp_path / "crashing.py"
     crashing.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGFPE)\n")
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_pool import CompilePool
         from tpu_tuner.model.layouts import Layout
@@ -399,7 +386,7 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
     """MaxText's named policies keep what they name (the compiler's temporaries order them),
     host offload moves bytes to host memory, micro-batches cut activation memory but not the
     work, a context axis splits the sequence and gathers K/V; the HBM lower bound holds for all."""
-    out = _run_python(f"""
+    out = run_planner_python(f"""
         import json
         from dataclasses import replace
         from tpu_tuner.planner.compiler.compile_pool import CompilePool

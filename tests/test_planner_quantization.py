@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
+from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env, run_planner_python
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
@@ -20,14 +20,8 @@ from tpu_tuner.planner.topology import parse_topology
 
 
 def _run_python(code: str, timeout: int = 900) -> dict:
-    """Planner code in a fresh interpreter (torchax stays out of pytest's process, as in
-    test_planner_compile.py), with `dots` pasted in for __DOTS__; its last line of output is JSON."""
-    code = textwrap.dedent(code).replace("__DOTS__", _DOTS)
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=planner_env()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """Planner code in a fresh interpreter with `dots` pasted in for __DOTS__; its JSON line."""
+    return json.loads(run_planner_python(textwrap.dedent(code).replace("__DOTS__", _DOTS), timeout))
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:

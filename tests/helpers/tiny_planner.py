@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,21 @@ TINY = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256"
 # The tiny decoder's matrix weights: embedding + head (256 x 128 each) and, in each of 2 blocks,
 # q/k/v/o (128 x 128) and gate/up/down (128 x 256).
 TINY_MATRIX_PARAMETERS = 2 * 256 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 256)
+
+
+def run_planner_python(code: str, timeout: int = 900) -> str:
+    """Planner code in a fresh interpreter (importing torchax registers a "jax" device with torch
+    that breaks torch.compile later in the same process, so tests keep it out of pytest's); the last
+    line of its output, the script's JSON by convention. Its error output where it fails."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=planner_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
 
 
 def planner_env() -> dict[str, str]:
