@@ -62,3 +62,12 @@ def test_a_second_compile_that_fails_says_its_own_reason() -> None:
 
     plans = evaluate(problem, [point], ScriptedPool(aborts_then_runs_out_of_host_memory), lambda line: None)
     assert not plans[point].fits and "memory space host" in plans[point].why and "SIGABRT" not in plans[point].why
+
+
+def test_no_second_compile_where_the_users_flags_turn_the_offload_off_already() -> None:
+    problem = tiny_llama_problem(hbm_gib=64.0)
+    problem = replace(problem, step=replace(problem.step, xla_flags=SPARSECORE_OFFLOAD_OFF))
+    point = PlanPoint(Layout(1, 8, 1), "minimal_offloaded")
+    pool = ScriptedPool(lambda job: CompiledStep(0, 0, 0, 0, 0, 0, error=ABORTED))
+    plans = evaluate(problem, [point], pool, lambda line: None)
+    assert not plans[point].fits and "SIGABRT" in plans[point].why and len(pool.jobs) == 1

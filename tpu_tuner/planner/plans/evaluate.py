@@ -172,8 +172,11 @@ def _without_sparsecore_offload(
     (gpt-oss-120b's published flags do, and its 2-micro-batch points abort with them); each such
     point's plan says so (`CompiledStep.note`), and where the second compile fails too, its own
     reason replaces the abort (a program over the host's memory says more than a crash)."""
-    given = {name for name, value in problem.step.xla_flags if value is True or str(value).lower() == "true"}
-    overridden = sorted(given & {name for name, _ in SPARSECORE_OFFLOAD_OFF})
+    offload_flags = {name for name, _ in SPARSECORE_OFFLOAD_OFF}
+    given = dict(problem.step.xla_flags)
+    overridden = sorted(n for n in offload_flags & set(given) if str(given[n]).lower() == "true")
+    if offload_flags <= set(given) and not overridden:
+        return {}  # the user's flags turn it off already: compiled again, it would abort again
     retry = {
         p: replace(job, step=replace(job.step, xla_flags=job.step.xla_flags + SPARSECORE_OFFLOAD_OFF))
         for p, step in scanned.items()
