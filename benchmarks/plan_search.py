@@ -106,7 +106,7 @@ def main() -> None:
         options(
             args.slices,
             fast=fast,
-            sampler="exhaustive",
+            sampler="grid",
             budget=None,
             storage=f"sqlite:///{args.db.resolve()}",
             study="plan-search-70b-v5p-256-exhaustive"

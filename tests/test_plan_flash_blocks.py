@@ -50,7 +50,7 @@ def _search(tmp_path: Path, problem: PlanProblem, pool: ScriptedPool, **search_o
 
     options = PlanOptions(
         PlanTarget("v5e-4"),
-        search=PlanSearch(sampler="exhaustive", remats=("full",), accumulations=(1,), **search_options),
+        search=PlanSearch(sampler="grid", remats=("full",), accumulations=(1,), **search_options),
         store=PlanStore(study="flash-blocks"),  # in memory: no storage to open
     )
     return search(problem, options, pool, lambda message: None, time.perf_counter())

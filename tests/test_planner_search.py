@@ -1,6 +1,6 @@
 """The planner's joint space and its Optuna search, without the TPU compiler: remat policies by
 MaxText's names, the block tensors they name, valid points, the HBM lower bound, and the search
-loop (budget, pruning before compile, repeats, resume, exhaustive, a study that plans something
+loop (budget, pruning before compile, repeats, resume, the grid sampler, a study that plans something
 else) against a scripted compiler."""
 
 from __future__ import annotations
@@ -182,12 +182,12 @@ def test_the_same_plan_run_again_resumes_its_study(tmp_path) -> None:
     assert not earlier & {j.point for j in more.compiled}
 
 
-def test_exhaustive_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
+def test_the_grid_sampler_compiles_every_valid_point_that_may_fit(tmp_path) -> None:
     pool = ShapedPool()
     valid = valid_points(SEARCH_SPACE, 8, tiny_llama_problem().dims.shape, 16, 128)
     bounds = sorted(tiny_llama_problem().lower_bound(p).total for p in valid)
     problem = tiny_llama_problem(hbm_gib=bounds[len(bounds) // 2] / 2**30)  # half the points cannot fit
-    result = _search(tmp_path, pool, budget=None, sampler="exhaustive", problem=problem)
+    result = _search(tmp_path, pool, budget=None, sampler="grid", problem=problem)
     may_fit = [p for p in valid if problem.lower_bound(p).total <= problem.hbm]
     assert result.search["valid_points"] == len(valid)
     assert len(pool.compiled) == len(may_fit) < len(valid)

@@ -50,7 +50,7 @@ class Rules:
       the tuner, one trial at a time, sees the clock and other workers' trials at every ask
     * ``max_asks`` / ``max_idle_asks``: this worker's asks in all / in a row without a claim.
     * ``space_size``: stop once this many distinct settings are settled (with a grid sampler,
-      the one way a study walks every setting: the tuner's grid, the planner's exhaustive plan).
+      the one way a study walks every setting: the tuner's grid, the planner's grid plan).
 
     Time is the feature's to keep (`Feature.stop_reason`): one deadline, on the clock the rest of
     its run keeps (the tuner's --time-budget and --timeout), never a second clock here.

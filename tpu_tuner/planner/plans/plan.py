@@ -28,7 +28,7 @@ from tpu_tuner.planner.plans.step_options import DefaultAccumulation, DefaultRem
 
 def plan(model_file: str | Path, options: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
     """Plan `model_file` on `options.target`: the layout enumeration, or with `options.search.budget`
-    (or the exhaustive sampler) the search over the joint space."""
+    (or the grid sampler) the search over the joint space."""
     started = time.perf_counter()
     check_field_types(options)
     topology = options.target.slice()

@@ -42,7 +42,7 @@ from tpu_tuner.planner.plans.step_options import PlanStep
 from tpu_tuner.planner.prediction.predict import CostModel, quantized_peak_refusal
 from tpu_tuner.planner.topology import Topology, parse_slices
 
-PLAN_SAMPLERS = ("tpe", "random", "exhaustive")  # exhaustive: every valid point, in order
+PLAN_SAMPLERS = ("tpe", "random", "grid")  # the tuner's names (studies/samplers.py); grid: every valid point, in order
 
 
 def _ints(flag_name: str, text: str) -> tuple[int, ...]:
@@ -206,7 +206,7 @@ class PlanSearch:
         "tpe",
         SAMPLER,
         choices=PLAN_SAMPLERS,
-        help="tpe, random, or exhaustive (every valid point; --budget optional); default %(default)s",
+        help="tpe, random, or grid (every valid point; --budget optional); default %(default)s",
     )
     seed: int = uses(0, SEED)
 
@@ -227,8 +227,8 @@ class PlanSearch:
 
     @property
     def active(self) -> bool:
-        """Whether the plan searches (a budget, or the exhaustive sampler) rather than enumerates."""
-        return self.budget is not None or self.sampler == "exhaustive"
+        """Whether the plan searches (a budget, or the grid sampler) rather than enumerates."""
+        return self.budget is not None or self.sampler == "grid"
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class PlanStore:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """What to plan and how: the layout enumeration, or with a search budget (or the exhaustive
+    """What to plan and how: the layout enumeration, or with a search budget (or the grid
     sampler) the search over the joint space (``PlanOptions(PlanTarget("v5e-4"))``)."""
 
     target: PlanTarget
@@ -295,8 +295,7 @@ class PlanOptions:
                 raise UserInputError(f"--flash-blocks: {refusal}")
         if not search.active and search_only:
             raise UserInputError(
-                f"{', '.join(search_only)} set(s) the search's space or study: "
-                "give --budget N (or --sampler exhaustive)"
+                f"{', '.join(search_only)} set(s) the search's space or study: give --budget N (or --sampler grid)"
             )
         if search.active and self.enumeration.layouts:
             raise UserInputError(

@@ -114,8 +114,8 @@ def search(
         raise UserInputError(
             f"no point of the space divides this model and batch on {problem.topology.devices} devices"
         )
-    exhaustive = options.search.sampler == "exhaustive"
-    if exhaustive and not options.search.budget:  # every valid point that may fit
+    grid = options.search.sampler == "grid"
+    if grid and not options.search.budget:  # every valid point that may fit
         budget = sum(1 for p in valid if problem.lower_bound(p).total <= problem.hbm)
     else:
         budget = options.search.budget or 0
@@ -126,7 +126,7 @@ def search(
         f"{options.search.sampler}, budget {budget} compiles; study {study.study_name!r}"
     )
     allowed: set[str] = set()  # points compiled whatever their estimate (the closest, when none fits)
-    if not exhaustive:
+    if not grid:
         # Memory first (fits_first.py): the first trials are the best-predicted points estimated to
         # fit; with none, the line saying what would fit and the closest point, compiled anyway.
         first, _ = choose(problem, valid, min(STARTUP_TRIALS, budget), emit)
@@ -136,16 +136,16 @@ def search(
                 allowed.add(point.key())
             if point.key() not in seen:
                 study.enqueue_trial(params_of(point))
-    # Exhaustive: the grid of every valid point (plan_sampler), ended once each is settled, compiled
+    # A grid: every valid point (plan_sampler), ended once each is settled, compiled
     # or ruled out by the lower bound (`space_size`, as the tuner's grid is); a run of ruled-out
     # points is at most the space long.
-    limit = len(valid) if exhaustive and not options.search.budget else budget
+    limit = len(valid) if grid and not options.search.budget else budget
     rules = Rules(
         budget=limit,
         batch=pool.workers,
         wait_for_running=False,
-        max_idle_asks=len(valid) + MAX_IDLE_ASKS if exhaustive else MAX_IDLE_ASKS,
-        space_size=len(valid) if exhaustive else None,
+        max_idle_asks=len(valid) + MAX_IDLE_ASKS if grid else MAX_IDLE_ASKS,
+        space_size=len(valid) if grid else None,
     )
     feature = PlanTrials(
         problem,
@@ -156,7 +156,7 @@ def search(
         limit,
         evaluator or evaluate,
         Worker.this_process(storage),
-        None if exhaustive else allowed,
+        None if grid else allowed,
     )
     end = run_loop(study, feature, rules, feature.worker)
     if end.reason is StopReason.IDLE:
@@ -193,9 +193,9 @@ def plan_sampler(name: str, seed: int, space: PlanSpace, valid: Sequence[PlanPoi
     """TPE for a small budget over categorical axes: multivariate (the axes interact: a policy
     that fits at one micro-batch count does not at another), a constant liar for the points
     compiling in parallel, and `STARTUP_TRIALS` random start-up trials; or random search, or
-    (exhaustive) the grid of every valid point, the tuner's grid sampler (studies/samplers.py).
+    the grid of every valid point, the tuner's grid sampler (studies/samplers.py).
     Every trial carries its "fits" constraint, which TPE reads."""
-    if name == "exhaustive":
+    if name == "grid":
         settings = [params_of(point) for point in valid]
         return build_sampler("grid", seed, settings=settings, grid={a: list(c) for a, c in space.axes().items()})
     return build_sampler("tpe" if name == "tpe" else "random", seed, constant_liar=True, startup_trials=STARTUP_TRIALS)
@@ -215,7 +215,7 @@ class PlanTrials(Feature):
     evaluator: Evaluator
     worker: Worker
     # Keys of points compiled whatever their HBM estimate; None: the estimate rules nothing out
-    # (the exhaustive sampler, which compiles every point the lower bound leaves).
+    # (the grid sampler, which compiles every point the lower bound leaves).
     estimate_allows: set[str] | None = None
 
     def ask(self, study: optuna.Study) -> optuna.Trial:
@@ -324,8 +324,9 @@ def _open_study(
 ) -> tuple[optuna.Study, StudyStorage | None]:
     """The plan's study and the storage it was opened with (None: in memory)."""
     record = plan_record(problem, space)
-    if options.search.sampler == "exhaustive":
-        # A study every point of which is compiled is not another sampler's to resume.
+    if options.search.sampler == "grid":
+        # A study every point of which is compiled is not another sampler's to resume. The key keeps
+        # the sampler's name before issue 58 ("exhaustive"), so such a study's name, a digest, resumes.
         record["exhaustive"] = True
     name = (
         options.store.study or f"plan-{problem.workload}-{problem.topology.jax_name.replace(':', '-')}-{digest(record)}"
@@ -337,7 +338,7 @@ def _open_study(
     # A fresh plan uses the seed as given (reproducible); a worker joining or resuming a study
     # offsets it by the trials already there, so that two workers do not propose the same points.
     # A grid keeps it: trial n takes the n-th setting of the one order every worker shares.
-    offset = 0 if options.search.sampler == "exhaustive" else len(study.get_trials(deepcopy=False))
+    offset = 0 if options.search.sampler == "grid" else len(study.get_trials(deepcopy=False))
     study.sampler = plan_sampler(options.search.sampler, options.search.seed + offset, space, valid)
     if not recorded:  # a study of a plan that died before writing it
         study.set_user_attr(RECORD_ATTR, record)

@@ -177,7 +177,7 @@ def invalid_reason(
 
 
 def valid_points(space: PlanSpace, devices: int, shape: ModelShape, global_batch: int, seq_len: int) -> list[PlanPoint]:
-    """Every valid point of the space, in a fixed order (the exhaustive plan's)."""
+    """Every valid point of the space, in a fixed order (the grid plan's)."""
     axes = space.axes()
     points = []
     for choice in itertools.product(*axes.values()):
