@@ -57,11 +57,6 @@ def set_constraint(trial: optuna.Trial, gib_over: float) -> None:
     TrialRecord.of(trial).set(records.CONSTRAINT_VALUE, gib_over)
 
 
-def params_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """The trial parameters as a hashable key (a point asked before has the same)."""
-    return tuple(sorted(params.items()))
-
-
 def params_of(point: PlanPoint) -> dict[str, Any]:
     """The trial parameters that ask for `point` (the search's distributions)."""
     return {

@@ -37,10 +37,6 @@ class FittedClock:
     budget_s: float
     words: str = ""
 
-    @property
-    def fitted(self) -> bool:
-        return bool(self.words)
-
 
 def fit_default_clock(budget_s: float | None, device_kind: str, elapsed_s: float) -> FittedClock | None:
     """The clock for a run whose baseline was loaded and profiled in `elapsed_s` (the run's clock
