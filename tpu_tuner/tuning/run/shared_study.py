@@ -194,16 +194,9 @@ def record_verification(study: optuna.Study, verification: Any, run_dir: str, wo
     from tpu_tuner.core.plain_data import json_default
 
     plain = json.loads(json.dumps(dataclasses.asdict(verification), default=json_default))
-    study.set_user_attr(
-        VERIFICATION_ATTR,
-        {
-            **plain,
-            "run_dir": run_dir,
-            "worker": worker,
-            "measured": measured,
-            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        },
-    )
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record = dict(plain, run_dir=run_dir, worker=worker, measured=measured, recorded=stamp)
+    study.set_user_attr(VERIFICATION_ATTR, record)
 
 
 def recorded_verification(study: optuna.Study) -> dict[str, Any] | None:

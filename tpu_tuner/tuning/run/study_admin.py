@@ -80,12 +80,11 @@ class StudyStatus:
     best_label: str | None = None
     best_host: str | None = None
     verification: dict[str, Any] | None = None
-    # What the search learned (tuning/search/failure_learning.py, tuning/search/pruning.py): each cause in words, and
-    # how many trials were stopped early or asked for an excluded setting (never measured).
+    # What the search learned (tuning/search/failure_learning.py, tuning/search/pruning.py): each cause in words,
+    # the failure kinds blamed on no value, and how many trials were stopped early or asked for an excluded
+    # setting (never measured).
     exclusions: list[str] = field(default_factory=list)
-    not_blamed: list[str] = field(
-        default_factory=list
-    )  # failure kinds blamed on no value (tuning/search/failure_learning.py)
+    not_blamed: list[str] = field(default_factory=list)
     stopped_early: int = 0
     excluded_asks: int = 0
 
@@ -98,18 +97,16 @@ class StudyStatus:
             f"  measured  {self.measured} settings {budget}; trials: {states}"
             + (f" ({self.lost} lost with their worker)" if self.lost else ""),
         ]
-        for w in self.workers:
-            out.append(
-                f"  worker    {w.worker}: {w.measured} measured, {w.running} running"
-                + (f", {w.lost} lost" if w.lost else "")
-            )
-        if self.best_value is not None:
-            out.append(
-                f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} "
-                f"(measured on {self.best_host})"
-            )
-        else:
-            out.append("  best      none feasible yet")
+        out += [
+            f"  worker    {w.worker}: {w.measured} measured, {w.running} running"
+            + (f", {w.lost} lost" if w.lost else "")
+            for w in self.workers
+        ]
+        out.append(
+            f"  best      {self.best_value * 1e3:.2f} ms amortised: {self.best_label} (measured on {self.best_host})"
+            if self.best_value is not None
+            else "  best      none feasible yet"
+        )
         out += [f"  excluded  {words}" for words in self.exclusions]
         out += [f"  not blamed {words}" for words in self.not_blamed]
         if self.stopped_early or self.excluded_asks:
@@ -118,12 +115,11 @@ class StudyStatus:
                 f"{self.excluded_asks} ask(s) of an excluded setting told without measuring"
             )
         v = self.verification
-        if v is None:
-            out.append(
-                "  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)"
-            )
-        else:
-            out.append(f"  verified  on {v.get('host')} by {v.get('worker')}: {v.get('message')} ({v.get('run_dir')})")
+        out.append(
+            "  verified  not yet (the worker that completes the budget verifies; or `tpu-tune study finish`)"
+            if v is None
+            else f"  verified  on {v.get('host')} by {v.get('worker')}: {v.get('message')} ({v.get('run_dir')})"
+        )
         return out
 
 
