@@ -3,66 +3,12 @@
 A model shape in a small TOML file (or inline: ``decoder:d_model=4096,layers=32,heads=32``), no
 model code: Llama-style (gated SiLU MLP, RMSNorm, rotary positions, grouped-query attention) by
 default, GPT-3-style with ``gated = false``, ``activation = "gelu"``, ``norm = "layer"``,
-``positions = "learned"``, ``tied_embeddings = true``. model/decoder.py builds the model.
-
-```toml
-[model]
-vocab = 50257
-d_model = 12288
-layers = 96
-heads = 96
-kv_heads = 96          # default: heads (no grouped-query attention)
-head_dim = 128         # default: d_model / heads
-mlp = 49152            # the MLP's hidden width
-gated = false          # default true (SwiGLU-style: gate and up projections)
-activation = "gelu"    # silu (default), gelu, gelu_tanh, relu
-norm = "layer"         # rms (default), layer (with a bias)
-positions = "learned"  # rope (default), learned
-tied_embeddings = true # default false
-max_seq_len = 2048     # default 8192
-experts = 8            # default 0 (dense): a mixture of `experts` MLPs of width mlp in every block
-top_k = 2              # experts per token (default 2)
-capacity_factor = 1.25 # expert slots per sequence: ceil(seq x top_k / experts) x this (default 1.25)
-
-[run]                  # optional: the step's default sizes (--global-batch / --seq override them)
-batch_size = 8
-seq_len = 2048
-```
-
-The Hugging Face families the planner maps onto the decoder (model/hf_decoder.py) need more,
-all off by default: ``qkv_bias`` / ``out_bias`` / ``mlp_bias`` (Qwen2, GPT-2, GPT-NeoX),
-``qk_norm`` (Qwen3: an RMSNorm of each query and key head), ``post_norms`` (Gemma 2: norms on the
-attention's and the MLP's outputs as well), ``parallel_residual`` (GPT-NeoX: attention and MLP
-read the same input), ``rotary_fraction`` (GPT-NeoX, Phi-3: the share of each head's dimensions
-rotated), ``expert_mlp`` (each expert's width where it differs from the dense ``mlp``),
-``shared_expert_mlp`` (Qwen2-MoE: an always-on MLP beside the routed experts, behind a sigmoid
-gate) and ``dense_layers`` (layers whose MLP is dense among expert layers: ``mlp_only_layers``).
-
-Attention as today's models define it (docs/planner.md, "Attention patterns"), all off by default:
-``sliding_window`` (local layers see the last W tokens, themselves included: Mistral v0.1, Gemma 2/3,
-gpt-oss) or ``attention_chunk`` (local layers attend causally within chunks of C tokens: Llama 4);
-``global_every`` (every N-th layer, 1-based, is global: Gemma 3's 5 local : 1 global is 6; 0 with a
-window or chunk: every layer local); for the global layers only, ``global_head_dim``,
-``global_kv_heads``, ``global_rope = false`` (Llama 4's NoPE layers) and ``global_shared_kv`` (one
-projection serves as keys and values: Gemma 4); ``attention_sinks`` (a learned logit per head that
-joins every softmax: gpt-oss); ``moe_every`` (every N-th layer routes to experts, the others are
-dense: Llama 4 Maverick's interleave step).
-
-Mixtures of experts as run and latent attention (model/experts.py, model/latent_attention.py), off
-by default: ``moe_routing = "dropless"`` (every token through grouped matmuls; capacity_factor
-unused), ``router`` (topk_softmax, softmax_topk, sigmoid, topk_sigmoid) with ``norm_topk_prob`` and
-``routed_scaling_factor``, ``shared_experts`` (ungated always-on experts of width expert_mlp), and
-multi-head latent attention when ``kv_lora_rank`` > 0, with ``q_lora_rank``, ``qk_nope_head_dim``,
-``qk_rope_head_dim`` and ``v_head_dim``.
-
-gpt-oss's MoE (MaxText's layers/moe.py at 998b3e3, transformers' modeling_gpt_oss.py), off by
-default: ``router_bias`` (a bias on the router's logits), ``expert_bias`` (biases on every routed
-expert's gate, up and down projections, [experts, width] each) and ``activation = "clamped_swiglu"``
-(gate clipped above at ``swiglu_limit``, up clipped to +-``swiglu_limit``, out = (up + 1) x gate x
-sigmoid(``swiglu_alpha`` x gate); 1.702 and 7.0 by default, as gpt-oss has them).
-
-Gemma 3n / Gemma 4's small models (E2B, E4B), off by default: ``kv_shared_layers``,
-``per_layer_input`` / ``per_layer_vocab`` and ``double_wide_mlp`` (model/shape_checks.py).
+``positions = "learned"``, ``tied_embeddings = true``. model/decoder.py builds the model. The
+file's ``[model]`` table holds `DecoderShape`'s fields (each key's meaning and default beside its
+field); an optional ``[run]`` table, the step's default ``batch_size`` and ``seq_len``
+(--global-batch / --seq override them). The keys in prose, and whose models use them:
+docs/planner.md, "A shape without code", "Attention patterns", "Mixtures of experts as run, and
+latent attention", "gpt-oss" and "Layers that share keys and values" (Gemma 3n / Gemma 4 E2B, E4B).
 """
 
 from __future__ import annotations
@@ -119,7 +65,7 @@ class DecoderShape:
     expert_mlp: int | None = None  # each routed expert's width (default: mlp)
     shared_expert_mlp: int = 0  # width of an always-on, sigmoid-gated MLP beside the experts (0: none)
     dense_layers: tuple[int, ...] = ()  # with experts: the layers whose MLP is dense (width mlp)
-    # Attention patterns (the module docstring): local layers' window or chunk, which layers are global.
+    # Attention patterns (docs/planner.md): local layers' window or chunk, which layers are global.
     sliding_window: int = 0  # local layers attend to the last `sliding_window` tokens (0: no window)
     attention_chunk: int = 0  # local layers attend causally within chunks of this many tokens (0: none)
     global_every: int = 0  # layers i with (i + 1) % global_every == 0 are global (0: all local, or all global)
@@ -141,7 +87,8 @@ class DecoderShape:
     qk_nope_head_dim: int = 0  # each query/key head's dimensions without rotary positions
     qk_rope_head_dim: int = 0  # ... and with them (one rotary key shared by every head)
     v_head_dim: int = 0  # each value head's width
-    # gpt-oss's MoE (the module docstring; checked by shape_checks.check_gpt_oss_keys).
+    # gpt-oss's MoE (MaxText's layers/moe.py at 998b3e3, transformers' modeling_gpt_oss.py; docs/planner.md,
+    # "gpt-oss"; checked by shape_checks.check_gpt_oss_keys).
     router_bias: bool = False  # a bias on the router's logits
     expert_bias: bool = False  # biases on each routed expert's gate, up and down projections
     swiglu_alpha: float = 1.702  # clamped_swiglu: out = (up + 1) x gate x sigmoid(alpha x gate)
