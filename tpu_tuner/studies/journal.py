@@ -1,32 +1,22 @@
 """The storage of a study on a PostgreSQL server: Optuna's `JournalStorage` on a journal of one
 table, with heartbeats in a second one. Everything here is Optuna's and SQLAlchemy's public API.
 
-Why a journal (docs/design.md, "Optuna's public API"): Optuna's `RDBStorage` writes each of a
-trial's parameters in a transaction of its own and reads the trial back whole several times, 26
-transactions and about 90 ORM statements a tuning trial (105 ms on a 2-core host, against a
-target of 50), and its public API has no batched write. `JournalStorage` keeps the studies in
-memory, replayed from a log, and writes each operation as one appended entry; a read costs one
-statement that fetches the entries appended since the last one. Its backend
-(`optuna.storages.journal.BaseJournalBackend`) is two methods, made here on two tables of the
-database (created on first use, beside any other):
+Why a journal (RDBStorage's 26 transactions a trial, and no batched write in its public API):
+docs/design.md, "Optuna's public API". `JournalStorage` replays the studies from a log and writes
+each operation as one appended entry; its backend (`optuna.storages.journal.BaseJournalBackend`)
+is two methods, made here on tables of the database (created on first use, beside any other):
 
-* ``tpu_tune_journal(log_number, log)``: the entries, in order, as JSON text. An append numbers
-  its entries under a table lock, so that numbers are committed in order and a reader never
-  skips one committed later under a lower number.
-* ``tpu_tune_journal_appends(append_id, first_number)``: the id each append carries, a UUID the
-  worker draws once and sends again on every retry (studies/outage.py), written in the append's
-  transaction. An append whose connection dropped before its commit was acknowledged is retried
-  with the same id, and the server returns the first append's numbers instead of adding its
-  entries twice (under the same table lock, so a first try still in flight is waited for).
-* ``tpu_tune_heartbeats(trial_id, beat)``: a running trial's last beat, at the server's clock
-  (one upsert a beat; the stale check compares at the same clock, so hosts' clocks do not matter).
-  No trial is found stale until the server has been up for the grace period
-  (``pg_postmaster_start_time()``), nor until this worker has been back in touch with it that
-  long: a gap in the beats that a restart or an outage made is no dead worker.
+* ``tpu_tune_journal(log_number, log)``: the entries, in order, as JSON text, numbered under a
+  table lock so that a reader never skips one committed later under a lower number.
+* ``tpu_tune_journal_appends(append_id, first_number)``: each append's id, so that one retried
+  after a dropped connection is not added twice (docs/run-safety.md, "The database restarts").
+* ``tpu_tune_heartbeats(trial_id, beat)``: a running trial's last beat, at the server's clock; no
+  trial is stale until the server, and this worker's touch with it, have lasted the grace period
+  (the same section).
 
-Concurrency is the journal's: two workers popping the same queued trial, or failing the same
-lost one, both append, and the replay (every process's, in the same order) lets the first win;
-the other's `set_trial_state_values` returns False or raises `UpdateFinishedTrialError`.
+Concurrency is the journal's: two workers popping one queued trial, or failing one lost trial,
+both append, and every process's replay lets the first win (docs/many-workers.md, "Journal
+storage: Optuna's public API only").
 """
 
 from __future__ import annotations
