@@ -37,7 +37,9 @@ one factor per remat family, as the data shows they differ (docs/planner.md, "Me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import asdict, astuple, dataclass
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from tpu_tuner.planner.compiler.optimizer import state_bytes_per_parameter
@@ -109,15 +111,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        return (
-            self.weights
-            + self.optimizer_state
-            + self.gradients
-            + self.gathered
-            + self.saved_activations
-            + self.working_set
-            + self.logits
-        )
+        return reduce(operator.add, astuple(self))  # left to right: not sum(), which compensates on 3.12+
 
     def fits(self, hbm: float, margin: float = FIT_MARGIN) -> bool:
         """Whether the estimate is within `margin` of the HBM limit `hbm`."""
@@ -129,16 +123,7 @@ class MemoryEstimate:
 
     def terms(self) -> dict[str, float]:
         """Each term in bytes, and the total (plan.json's `memory_estimate`)."""
-        return {
-            "weights": self.weights,
-            "optimizer_state": self.optimizer_state,
-            "gradients": self.gradients,
-            "gathered": self.gathered,
-            "saved_activations": self.saved_activations,
-            "working_set": self.working_set,
-            "logits": self.logits,
-            "total": self.total,
-        }
+        return {**asdict(self), "total": self.total}
 
 
 @dataclass(frozen=True)
