@@ -68,7 +68,6 @@ class PlanStep:
         help="the step's optimizer, as MaxText's opt_type: adamw (two moments a parameter) or sgd "
         "(optax.sgd without momentum: no state); default %(default)s",
     )
-    # AdamW's first moment (MaxText's mu_dtype); None follows the weights', as MaxText's does.
     first_moment_dtype: str | None = option(
         None,
         "--mu-dtype",
@@ -100,8 +99,7 @@ class PlanStep:
         "the generic decoder's shapes; default %(default)s)",
     )
     attention: AttentionConvention = uses("full", ATTENTION)  # MFU convention
-    # The flash kernel's blocks (StepSettings.flash_block); None keeps the kernel's default, which
-    # the calibration rows were compiled with (docs/planner.md, "On a real chip").
+    # StepSettings.flash_block (docs/planner.md, "On a real chip").
     flash_block: int | None = option(
         None,
         "--flash-block",

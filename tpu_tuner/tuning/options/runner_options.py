@@ -44,8 +44,6 @@ class RunnerOptions:
     """How each trial runs: on which device, on how many ranks, at what sizes, for how long."""
 
     device: str | None = uses(None, DEVICE)  # None: the best device present
-    # Processes each trial runs on per host, one per device: the sharding layouts searched are
-    # those of nnodes x nproc ranks (`ranks`).
     nproc: int = option(
         1,
         "--nproc",
@@ -88,7 +86,6 @@ class RunnerOptions:
         metavar="S",
         help="seconds the hosts wait for each other at the rendezvous (default %(default)g)",
     )
-    # Re-rendezvous after a lost host (waiting for it to come back) this many times in a run.
     max_restarts: int = option(
         0,
         "--max-restarts",
@@ -97,7 +94,6 @@ class RunnerOptions:
         help="after a host is lost, meet again (waiting for it to be started again) up to R times; "
         "else the run stops (default %(default)s)",
     )
-    # A tensor-parallel group may span hosts (default: tensor sizes that divide nproc only).
     tensor_across_hosts: bool = option(
         False,
         "--tensor-across-hosts",
@@ -154,8 +150,6 @@ class RunnerOptions:
 class StoreOptions:
     """Where the study lives, and how its workers tell each other they are alive."""
 
-    # Optuna storage URL (stored as `storage`); None: $TPU_TUNE_STORAGE, else SQLite (the run
-    # folder's study.db, or the results folder's studies.db for a named study).
     url: str | None = uses(
         None,
         STORAGE,
@@ -163,8 +157,6 @@ class StoreOptions:
         "SQLite: the run folder's study.db, or with --study the results folder's studies.db); a "
         "password may also come from PGPASSWORD or ~/.pgpass",
     )
-    # A study shared by name: every worker given the same storage and name joins it
-    # (tuning/run/shared_study.py).
     study: str | None = uses(
         None,
         STUDY,
@@ -174,8 +166,6 @@ class StoreOptions:
     resume: Path | None = option(
         None, "--resume", type=Path, metavar="RUN_DIR", help="continue the study of an earlier run folder"
     )
-    # Trials keep heartbeats every `heartbeat_interval_s`; one without a beat for
-    # `grace_period_s` (None: three beats) is failed as lost and queued again.
     heartbeat_interval_s: int = option(
         HEARTBEAT_INTERVAL_S,
         "--heartbeat-interval",
@@ -191,9 +181,7 @@ class StoreOptions:
         help="seconds without a heartbeat before a trial's worker counts as lost and its setting is "
         "queued again (default: three heartbeats)",
     )
-
-    # Seconds a worker retries while the study's server is unreachable (studies/outage.py)
-    # before it stops in one line; PostgreSQL studies only (docs/run-safety.md).
+    # PostgreSQL studies only: studies/outage.py (docs/run-safety.md, "The database restarts").
     storage_retry_s: int = option(
         DEFAULT_STORAGE_RETRY_S,
         "--storage-retry",

@@ -59,8 +59,6 @@ class SearchOptions:
     prune: bool = option(
         True, "--no-prune", help="measure every trial to the end, however far behind the best its first steps are"
     )
-    # The whole run's clock in seconds: search, race and verification fit in it (tuning/run/clock.py);
-    # None: no limit (the trial budget alone ends the search).
     time_budget_s: float | None = option(
         DefaultBudget(parse_duration(TIME_BUDGET) or 0.0),
         "--time-budget",
@@ -79,7 +77,6 @@ class SearchOptions:
     warm_start: bool = option(
         True, "--cold", help="no warm start: do not enqueue the best settings of earlier studies first"
     )
-    # A `tpu-tune plan` folder whose ranked layouts the sharding agent seeds (with nproc > 1).
     plan: Path | None = option(
         None,
         "--plan",
@@ -133,8 +130,7 @@ class ObjectiveOptions:
     verify_rounds: int = option(
         12, "--verify-rounds", type=int, help="interleaved rounds of the final comparison (default %(default)s)"
     )
-    # Varying input lengths (tuning/search/bucketing_context.py): a length sample file, else the workload's
-    # sample_lengths(); the bucket limits the per-trial optimiser respects.
+    # Varying input lengths: tuning/search/bucketing_context.py.
     lengths_file: Path | None = uses(
         None,
         LENGTHS,
