@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -40,6 +40,7 @@ EXIT_GRACE_S = 10.0
 COMPILE_TIMEOUT_S = 3600.0
 
 log = logging.getLogger(__name__)
+Finish = Callable[[CompileJob, CompiledStep], None]  # told each job's outcome as it comes
 
 
 def default_workers() -> int:
@@ -105,9 +106,7 @@ class CompilePool:
             self._log.close()
             self._log = None
 
-    def compile(
-        self, jobs: Iterable[CompileJob], done: Callable[[CompileJob, CompiledStep], None] | None = None
-    ) -> dict[CompileJob, CompiledStep]:
+    def compile(self, jobs: Iterable[CompileJob], done: Finish | None = None) -> dict[CompileJob, CompiledStep]:
         """Compile every job, each worker on its own pipe, so a worker that dies (a libtpu abort,
         the kernel's OOM killer) costs exactly its own job, which gets a CompiledStep with the
         reason; a fresh worker takes the next job."""
@@ -145,26 +144,24 @@ class CompilePool:
                         continue
                     reason = _death(outcome) if isinstance(outcome, Died) else f"sent an unexpected reply {outcome}"
                     where = f" (its output is in {self.log_path})" if self.log_path is not None else ""
-                    log.warning(
-                        "compile worker for %s (%d blocks) %s%s",
-                        job.point.layout.name(),
-                        job.model.blocks,
-                        reason,
-                        where,
-                    )
-                    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], 0.0, error=f"the compiler process {reason}"))
+                    _failed(job, reason, finish, 0.0, where)
                     worker.close(grace_s=EXIT_GRACE_S)
         finally:
             for worker, _ in busy.values():  # only after an exception: their jobs are abandoned
                 worker.close(kill=True)
         return results
 
-    def _hung(self, worker: WorkerProcess, job: CompileJob, finish: Callable[[CompileJob, CompiledStep], None]) -> None:
+    def _hung(self, worker: WorkerProcess, job: CompileJob, finish: Finish) -> None:
         """A job past the timeout: its worker killed (a fresh one takes the next job), the job failed."""
         worker.close(kill=True)
         reason = f"was still compiling after {self.timeout_s:g} s (--compile-timeout) and was killed"
-        log.warning("compile worker for %s (%d blocks) %s", job.point.layout.name(), job.model.blocks, reason)
-        finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], self.timeout_s, error=f"the compiler process {reason}"))
+        _failed(job, reason, finish, self.timeout_s)
+
+
+def _failed(job: CompileJob, reason: str, finish: Finish, seconds: float, where: str = "") -> None:
+    """A job its compiler process ended without compiling: said in a log line, finished with the reason."""
+    log.warning("compile worker for %s (%d blocks) %s%s", job.point.layout.name(), job.model.blocks, reason, where)
+    finish(job, CompiledStep(0, 0, 0, 0, 0, 0, [], seconds, error=f"the compiler process {reason}"))
 
 
 @contextmanager
@@ -187,14 +184,12 @@ def stderr_to(path: str | Path | None) -> Iterator[None]:
 
 def _serve(read_fd: int, write_fd: int) -> None:
     """The worker's loop: compile each job it is sent until it is sent None."""
-    try:  # import the compile path's libraries while the caller still prepares its first job
+    with suppress(Exception):  # import the compile path's libraries while the caller still prepares its first job
         import jax  # noqa: F401
 
         from tpu_tuner.planner.compiler.torchax_compat import import_torchax
 
         import_torchax()
-    except Exception:
-        pass
     # Only Exception is caught: anything else (an interrupt) ends the worker, which reads as its death.
     serve(read_fd, write_fd, _compile, catch=Exception)
 

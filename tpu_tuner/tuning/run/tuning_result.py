@@ -22,6 +22,7 @@ import torch
 
 from tpu_tuner.core import run_folder
 from tpu_tuner.core.errors import UserInputError, first_line
+from tpu_tuner.core.version import __version__
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.metrics.mfu import common_peak, mfu
@@ -268,7 +269,7 @@ class TuningResult:
             "device": self.profile.device.name,
             "device_count": self.profile.device.count,
             "versions": {
-                "tpu_tuner": _version(),
+                "tpu_tuner": __version__,
                 "torch": torch.__version__,
                 "optuna": version("optuna"),
                 "python": platform.python_version(),
@@ -332,12 +333,6 @@ def _redact(url: str | None) -> str:
 
     # Never write a password: the one redaction every writer uses (credentials.py).
     return redact(url)
-
-
-def _version() -> str:
-    from tpu_tuner.core.version import __version__
-
-    return __version__
 
 
 __all__ = ["TuningResult"]
