@@ -7,31 +7,15 @@ Two ways to run routed experts, as MaxText has them (layers/moe.py):
   the rest dropped; dispatch and combine are one-hot einsums over [batch, seq, experts, slots].
 * **dropless** (MaxText's default since 2024: ``sparse_matmul=True``, ``megablox=True``,
   ``capacity_factor=-1``): every (token, choice) pair is sorted by its expert and the sorted rows
-  run through grouped matmuls (`grouped_matmul`, a torch custom op), no token dropped. The rows
-  are sorted a group of `sort_group` sequences at a time (default one): the planner sets it to the
-  sequences a device holds, so that each device sorts its rows once and runs one grouped matmul
-  over them, as MaxText's sparse_matmul does inside its shard_map. The grouping changes no row's
-  result. In plain torch the op is a per-group loop; the planner compiles it as a grouped matmul
-  kernel (planner/compiler/grouped_matmul.py).
+  run through grouped matmuls (`grouped_matmul`, a torch custom op), no token dropped, `sort_group`
+  sequences at a time (the planner sets it to a device's, as MaxText's sparse_matmul sorts inside
+  its shard_map; the grouping changes no row's result). In plain torch the op is a per-group loop;
+  the planner compiles it as a grouped matmul kernel (planner/compiler/grouped_matmul.py).
 
-Routers (`router`): ``topk_softmax`` (default: the top-k logits softmaxed among themselves,
-Mixtral, gpt-oss, MaxText's default), ``softmax_topk`` (softmax over all experts, then the top k,
-renormalised with `norm_topk_prob`: Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3: sigmoid scores, a
-selection bias, top k, renormalised with `norm_topk_prob`, times `routed_scaling_factor`),
-``topk_sigmoid`` (Llama 4: sigmoid of the top-k logits; Llama 4 scales the expert's input by it,
-here its output: the same matmuls). DeepSeek-V3's group-limited routing (``n_group`` /
-``topk_group``) only masks router scores before the top-k, a [tokens, experts] elementwise step:
-it changes no matmul and no buffer the compiler sizes, so it is not modelled.
-
-gpt-oss (``router_bias``, ``expert_bias``, ``activation = "clamped_swiglu"``): the router's logits
-carry a bias, and each projection's output its expert's bias, [experts, width], added after the
-grouped matmul to each sorted row by the expert the row was sorted to, as MaxText's sparse_matmul
-does (layers/moe.py at 998b3e3: ``transform_bias`` gathers ``bias[experts_index]``, then
-``layer_w0 + w0_bias``). The gather is ``F.embedding`` of the sorted expert ids: its gradient is the
-biases' own (a scatter-add of the rows' gradients by expert), outside the grouped-matmul op, whose
-gradients stay the weights' and the rows'; the planner compiles it as its embedding lookup, whose
-ids it declares sorted (here they are). Biases do no matmul FLOPs (metrics/flops.py leaves every
-parameter named ``*bias`` out of N).
+The routers (`router`), gpt-oss's router and expert biases (added after the grouped matmul by the
+expert each sorted row went to, an ``F.embedding`` of the sorted ids) and what is not modelled
+(DeepSeek-V3's group-limited routing): docs/planner.md, "Mixtures of experts as run, and latent
+attention" and "gpt-oss".
 """
 
 from __future__ import annotations

@@ -3,33 +3,11 @@
 Each mapped family is read from its config the way its transformers modeling file builds the
 model, so that the generic decoder (model/decoder.py) has the same parameters: tests build both
 from tiny configs and require equal counts (tests/test_hf_decoder.py), and the planner checks the
-count again for the config at hand (planner/plans/hf_plan.py). The families and what each adds to the
-Llama baseline (grouped-query attention, gated SiLU MLP, RMSNorm, rotary positions):
-
-- ``llama``, ``mistral``: ``attention_bias`` (every attention projection) and ``mlp_bias``; small
-  Llama 3.2s tie the output head to the embedding.
-- ``qwen2``: query/key/value biases (always, the output projection none); ``qwen3``: a head_dim of
-  its own and an RMSNorm of each query and key head (qk-norm).
-- ``gemma``: head_dim of its own, GELU (tanh) gate, tied embeddings; ``gemma2`` adds norms after
-  attention and after the MLP; ``gemma3_text`` adds qk-norm too; ``gemma4_text`` wider global heads
-  (one K=V projection where ``attention_k_eq_v``), KV-shared layers and per-layer inputs.
-- ``phi3``: fused qkv and gate/up projections, the same parameters as separate ones; partial rotary.
-- ``gpt2``: learned positions, LayerNorm (with bias), a plain GELU MLP, biases everywhere, tied.
-- ``gpt_neox``: LayerNorm, a plain GELU MLP with biases, fused qkv with biases, the parallel
-  residual and partial rotary (a quarter of each head by default).
-- ``mixtral``: routed experts (top-k of ``num_local_experts``) with a router; ``qwen2_moe``: experts
-  of ``moe_intermediate_size``, a shared expert behind a sigmoid gate, dense layers where
-  ``decoder_sparse_step`` / ``mlp_only_layers`` say; ``qwen3_moe``: experts with qk-norm.
-- ``gpt_oss``: dropless experts (top-k of ``num_local_experts``, each ``intermediate_size`` wide)
-  whose router and gate / up / down projections carry biases, the clamped SwiGLU (``swiglu_alpha``,
-  ``swiglu_limit``), attention biases and sinks, sliding-window layers alternating with global ones.
-
-Sliding windows and chunks are read by model/attention_pattern.py (every layer local, as in
-Mistral v0.1, or every N-th layer global: Gemma 2 and 3, Llama 4); an irregular pattern is not
-expressible. What changes neither parameters nor the matmul FLOPs is left out: Gemma's embedding
-scale and (1 + w) norm scale, Gemma 2's logit soft-capping, rope scaling, the local layers' own
-rope theta (Gemma 3). A config the decoder cannot express raises
-`NotExpressible`, whose message names what is missing (one line).
+count again for the config at hand (planner/plans/hf_plan.py). The families, what each adds to the
+Llama baseline, and what is left out because it changes neither parameters nor matmul FLOPs:
+docs/planner.md, "Planning a Hugging Face model". Sliding windows and chunks are read by
+model/attention_pattern.py (an irregular pattern is not expressible). A config the decoder cannot
+express raises `NotExpressible`, whose message names what is missing (one line).
 """
 
 from __future__ import annotations
