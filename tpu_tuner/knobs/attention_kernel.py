@@ -1,27 +1,17 @@
 """The `attention_kernel` knob: TorchTPU's splash attention in place of torch's SDPA.
 
-torch-tpu 0.2.0's ``torch.tpu.ops.splash_sdpa`` (``_internal/ops/splash_attention.py``: a
-"replacement for F.scaled_dot_product_attention" built on JAX's Pallas splash-attention kernel,
-with a backward; every block size defaults to 512) takes ``(q, k, v)`` of shape (batch, heads,
-length, head_dim), ``scale``, ``is_causal`` and ``enable_gqa`` (it checks that the head counts
-differ exactly when asked), and no mask or dropout. So the knob replaces
+torch-tpu 0.2.0's ``torch.tpu.ops.splash_sdpa`` (``_internal/ops/splash_attention.py``: JAX's
+Pallas splash-attention kernel, with a backward; every block size 512 by default) takes
+``(q, k, v)`` of shape (batch, heads, length, head_dim), ``scale``, ``is_causal`` and
+``enable_gqa``, and no mask or dropout. So the knob replaces
 ``torch.nn.functional.scaled_dot_product_attention`` with a function that serves the calls it can
 (no ``attn_mask``, no dropout, 4-D, as many keys as queries, on the step's device) and passes every
 other call to torch's own, unchanged. Values: ``default`` (torch's SDPA), ``splash`` (torch-tpu's
 block sizes) and ``splash:N`` (every block of the forward and the backward N; a multiple of 128,
-the TPU's lane width): a JAX check on a v5e chip found the Pallas flash kernel's 128 blocks 2x
-slower than 512, so the sizes are worth searching.
-
-**A context around each step** (`StepContext`), not a model or process change: the replacement
-must be in force exactly while this candidate's forward runs, including when dynamo first traces a
-compiled forward (that happens inside the step, and dynamo reads the module attribute then, so
-the compiled graph holds the kernel), and not while the fp32 reference or another candidate of a
-comparison window runs in the same worker. The function installed is one object per block size,
-so dynamo's guard on it holds from step to step (a new function each step would recompile).
-Models that bound the function at import (``from torch.nn.functional import
-scaled_dot_product_attention``) keep torch's. Offered only where the model calls SDPA
-(`WorkloadTraits.scaled_dot_product_attention`). Not measured on a chip: in the opt-in
-``torchtpu`` space only. ``splash_sdpa`` imports JAX: without it the trial fails with that error.
+the TPU's lane width). A context around each step (`StepContext`), one function object per block
+size so that dynamo's guard holds; why, and what a v5e chip showed of the block sizes:
+docs/knobs.md, "TorchTPU's levers". Offered only where the model calls SDPA
+(`WorkloadTraits.scaled_dot_product_attention`); in the opt-in ``torchtpu`` space only.
 """
 
 from __future__ import annotations

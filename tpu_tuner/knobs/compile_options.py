@@ -13,16 +13,10 @@ A value is ``default`` or flags joined by ``+`` (``freezing+max-autotune``):
 * ``cudagraphs`` (CUDA only): ``torch._inductor.config.triton.cudagraphs``, the CUDA-graph part
   of ``mode="reduce-overhead"``; CUDA graphs mean nothing off CUDA.
 
-They are applied twice over, on purpose. The ``process`` hook sets them process-wide (what the
-printed code does, and what ``tpu_tuner.apply`` keeps until ``AppliedConfig.restore()``). And the
-``forward`` hook (after `execution` compiled the forward) compiles it again with the same options
-passed to ``torch.compile(options=..., fullgraph=...)``: dynamo caches compiled code per Python
-code object and guards on the backend, not on inductor's global config, so in a worker that has
-already compiled the same model under plain inductor a second ``torch.compile`` reuses that
-graph and the new config never takes effect (freezing silently off: docs/knobs.md). A backend
-built with other options compares unequal, so the forward compiles anew with them. One knob with
-composite values (not four on/off knobs): they are all "how inductor compiles", share one condition, and the
-space lists only the combinations worth measuring (docs/knobs.md).
+Applied twice over, on purpose: process-wide by the ``process`` hook, and passed to
+``torch.compile`` again by the ``forward`` hook, since dynamo guards on the backend, not on
+inductor's global config (why, and why one knob of composite values: docs/knobs.md, "Compiler
+options: `compile_options`, and the conditional space").
 """
 
 from __future__ import annotations

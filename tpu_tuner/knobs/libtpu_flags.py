@@ -1,19 +1,12 @@
 """The `libtpu_flags` knob: named sets of XLA TPU compiler flags from published recipes, put in
 ``LIBTPU_INIT_ARGS`` (read once, when libtpu starts: a trial of one runs in a fresh worker).
 
-Only flags that act within one chip; collective, DCN, SparseCore-offload and host-offload flags
-are left out (they change nothing on one chip, and `layout` trials are not what they were tuned
-for). The sets, each as the recipe spells it:
-
-* ``vmem_dense``: ``--xla_tpu_scoped_vmem_limit_kib=98304``, MaxText's ``DENSE_VMEM_LIMIT_FLAG``
-  (AI-Hypercomputer/maxtext, benchmarks/xla_flags_library.py), also in the Llama 3 70B PyTorch
-  recipe for Trillium (gclouduniverse/reproducibility, Training/TPU-Trillium/Llama3-70B-PyTorch/
-  env.sh): more of the chip's VMEM for a kernel's scoped buffers;
-* ``vmem_moe``: ``--xla_tpu_scoped_vmem_limit_kib=81920``, MaxText's ``MOE_VMEM_LIMIT_FLAG`` (same
-  file), the limit its MoE configurations use;
-* ``no_bundle_cost_model``: ``--xla_tpu_use_bundle_aware_cost_model_for_fusions=false``,
-  MaxText's ``DISABLE_BUNDLE_AWARE_COST_MODEL`` (same file; "causing worse perf" there): fusion
-  decisions without the bundle-aware cost model.
+Only flags that act within one chip (collective, DCN, SparseCore-offload and host-offload flags
+change nothing on one chip). The sets, each as the recipe spells it (sources: docs/knobs.md,
+"TorchTPU's levers"): ``vmem_dense`` (``--xla_tpu_scoped_vmem_limit_kib=98304``, MaxText's
+``DENSE_VMEM_LIMIT_FLAG``), ``vmem_moe`` (``=81920``, its ``MOE_VMEM_LIMIT_FLAG``) and
+``no_bundle_cost_model`` (``--xla_tpu_use_bundle_aware_cost_model_for_fusions=false``, its
+``DISABLE_BUNDLE_AWARE_COST_MODEL``).
 
 The user's own ``LIBTPU_INIT_ARGS`` is kept and the set appended; a flag of the user's that the
 set also names is replaced by the set's (logged), so the trial measures the set. libtpu refuses

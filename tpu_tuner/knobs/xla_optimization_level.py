@@ -1,28 +1,13 @@
 """The `xla_optimization_level` knob: XLA's optimization effort for what TorchTPU compiles.
 
-torch-tpu 0.2.0 (``_internal/compiler_options/__init__.py``, public as
-``torch.tpu.compiler.custom_compiler_options``): a context manager that pushes XLA compiler
-options; "all operations *materialized* within the context" compile with them, and its docstring
-lists the special key ``xla_optimization_level`` with the values ``O0`` .. ``O3`` (XLA's
-``EffortLevel``). ``default`` pushes nothing: the compiler's own level.
-
+torch-tpu 0.2.0's ``torch.tpu.compiler.custom_compiler_options`` (``_internal/compiler_options``):
+a context manager that pushes XLA compiler options, its special key ``xla_optimization_level``
+taking ``O0`` .. ``O3`` (XLA's ``EffortLevel``); ``default`` pushes nothing: the compiler's own level.
 Applied as a process setting (the `process` hook), which the trial worker enters around building
-and running every step of the trial, outside any ``torch.compile`` region:
-
-* eager: every op TorchTPU compiles during the trial (forward, backward, optimizer) is inside it;
-* compiled (``execution = tpu``): the API is ``forbid_in_torch_compile`` (utils/annotations.py:
-  dynamo raises when it *traces* a call to it, "because a compiled graph is lowered to a single
-  executable and has one set of XLA compiler options for all of its ops"). Entered around the
-  compiled call it is never traced; the compiled path takes its ``xla::CompileOptions`` from
-  ``GetCompilationSpec``, which ``tpu_torch_compile_2_13_0.so`` imports and which reads the
-  thread's current compilation context (the one the context pushes; read from the shipped
-  library's symbols and disassembly). So a graph compiled inside the context gets the level for
-  all its ops, which is what the restriction protects. Not refused, and said so in docs/knobs.md.
-
-``TORCH_TPU_INTERNAL_XLA_OPTIONS`` (read once by ``libpywrap_2_13_0_common.so``, merged into every
-compilation spec) is not used: it is an internal start-up variable (its format, space-separated
-``key=value`` pairs, was read from the disassembly, not from any documentation), and the context
-above already reaches both paths. Not measured on a chip: in the opt-in ``torchtpu`` space only.
+and running every step of the trial, outside any ``torch.compile`` region: eager ops and a graph
+compiled there take the level. Why that is allowed though the API is ``forbid_in_torch_compile``,
+and why ``TORCH_TPU_INTERNAL_XLA_OPTIONS`` is not used: docs/knobs.md, "TorchTPU's levers". Not
+measured on a chip: in the opt-in ``torchtpu`` space only.
 """
 
 from __future__ import annotations
