@@ -1,11 +1,9 @@
 """Unsteady settings of an interleaved window: rounds in two clusters, or drifting, judged per setting.
 
-The paired estimate assumes each setting's rounds are draws from one steady distribution. Two
-ways they are not have been seen (issue 55): a tuned step *bimodal* (8 rounds near 22.5 ms, 4 at
-33-35 ms: something switched on and off) and a *drifting* ratio (8.65x at the window's start,
-6.52x at its end: the baseline read 171 ms in the window against 117 ms in the search). Neither is
-a slow outlier round (metrics/disturbed.py), so neither was flagged. The rules, stated before any
-round is timed, judge the log steps of each setting and the baseline/best log ratio, all rounds:
+The paired estimate assumes each setting's rounds are draws from one steady distribution; the
+two ways issue 55 saw they were not, neither a slow outlier round (metrics/disturbed.py):
+docs/tuning.md, "Unsteady settings". The rules, stated before any round is timed, judge the log
+steps of each setting and the baseline/best log ratio, all rounds:
 
 * **bimodal**: sorted, the values split at their widest gap into two clusters of at least
   `MIN_CLUSTER` rounds (and `MIN_CLUSTER_SHARE` of them), the gap at least `GAP_SPREADS` times
@@ -17,9 +15,7 @@ round is timed, judge the log steps of each setting and the baseline/best log ra
   implies over the window at least `MIN_DRIFT` (5%).
 
 Each needs `MIN_JUDGED_ROUNDS` rounds. A flag does not change the verdict's interval: the window
-adds rounds for it once when the clock allows (tuning/verify/verify_window.py) and says what it found. A
-drift every setting shares (the host slowing) cancels in the paired ratio: the ratio's own
-judgment says whether the estimate is touched.
+adds rounds for it once when the clock allows (tuning/verify/verify_window.py) and says what it found.
 """
 
 from __future__ import annotations
