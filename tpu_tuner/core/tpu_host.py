@@ -1,22 +1,13 @@
 """What this host has of TPUs, read from the PCI bus without loading any TPU library, and the
 environment that keeps libtpu from reaching for a TPU that is not there.
 
-Why tpu-tune sets anything: with torch-tpu installed, every ``import torch`` autoloads it (a
-``torch.backends`` entry point) and it loads libtpu. On a host without a TPU chip libtpu starts its
-runtime at the first autograd backward (the engine asks every device type for its device count)
-and, not finding the chip, asks Google Compute Engine's metadata server for the TPU's topology,
-retrying for minutes before the backward runs (docs/torchtpu.md, "`import torch_tpu` on a machine
-without a TPU"), with network traffic to an address no test may reach.
-``TPU_SKIP_MDS_QUERY=1`` tells libtpu not to ask. On a real TPU VM the metadata server is how libtpu
-learns its slice, so the variable is set only where the PCI bus shows no TPU chip, and never over
-a value the user set.
-
-Where torch-tpu is installed, tpu-tune's own processes on such a host (the CLI, when ``tpu_tuner``
-is imported before torch, and every worker, rank and compiler process it starts) also get
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (which turns off every ``torch.backends`` plugin): the autoload
-costs seconds per process (docs/torchtpu.md) and changes dynamo's settings (``allow_rnn``,
-``trace_autograd_ops``) and ``flex_attention`` for CPU and CUDA work too, which a CPU or GPU
-measurement should not carry.
+Only where the PCI bus shows no TPU chip, and never over a value the user set: ``TPU_SKIP_MDS_QUERY=1``
+(else libtpu, autoloaded with torch-tpu by every ``import torch``, asks GCE's metadata server for
+its topology at the first backward, for minutes) and, where torch-tpu is installed, for tpu-tune's
+own processes ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (the autoload costs seconds a process and changes
+dynamo's settings for CPU and CUDA work too). Measured, and why: docs/torchtpu.md, "`import
+torch_tpu` on a machine without a TPU". On a real TPU VM the metadata server is how libtpu learns
+its slice.
 """
 
 from __future__ import annotations

@@ -4,20 +4,9 @@ A memory knob: a checkpointed block keeps only its inputs for the backward pass 
 forward again there, so the step's peak memory drops (roughly by the blocks' saved activations)
 at the cost of one more forward of each checkpointed block. The study sees both: the step time is
 the objective, the peak memory a constraint (`--trial-memory-gb`, or the device's memory on
-CUDA/TPU; docs/knobs.md).
-
-Repeated blocks are found from the model's structure, as torchtitan and FSDP's auto-wrap
-policies do: the members of an ``nn.ModuleList`` / ``nn.Sequential`` whose two or more children
-are all one class with submodules of their own (transformer layers, ResNet stages' blocks), the
-outermost such container only. Each chosen block's forward runs through
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` while gradients are recorded; under
-``no_grad`` (inference, evaluation) it runs plainly. A model without repeated blocks is refused
-with that reason. A Hugging Face model checkpoints through its own switch
-(``activation_checkpointing_enable(every_n_layers=...)`` in transformers 5.24, else
-``gradient_checkpointing_enable`` for every block): its layers recompute themselves in training
-mode, as transformers' docs tell users to do. On TPU too: torch-tpu 0.2.0's compile keeps the recomputation (its FX pass
-``mark_activation_checkpoints`` puts an optimisation barrier after each recomputed region, so XLA
-does not fold it back into the forward) and eager mode runs ``checkpoint`` as on any device.
+CUDA/TPU). How the repeated blocks are found and wrapped, a Hugging Face model's own switch, and
+why it holds on TPU: docs/knobs.md, "`activation_checkpointing`: memory saved at a time cost" and
+docs/hf-models.md.
 """
 
 from __future__ import annotations
