@@ -1,19 +1,11 @@
 """The `intra_op_threads` knob: ``torch.set_num_threads`` on CPU, process-wide.
 
-PyTorch splits one CPU op across its intra-op threads (OpenMP); its default is the machine's
-physical core count. Fewer threads can win where the ops are small (the fork/join of every
-parallel region costs more than the split saves) or where other work shares the cores (a thread
-descheduled by another process stalls every parallel region at its barrier).
-
-The search space lists symbolic choices, resolved on the host at hand, never on the host a
-space was written for: ``all`` is torch's own default, left untouched (the baseline); ``half``
-is half the cores this process may run on (its CPU affinity), ``1`` one thread; a plain number
-is that many. Counts at or above the usable cores are dropped (not fewer threads than cores),
-and so are repeats: on a 2-core host the choices are ``all`` and ``1``, on a 1-core host only
-``all`` (not searched). A candidate holds the resolved count, so a tuned config applies the
-count that was measured.
-
-CPU only: on CUDA and TorchTPU the device's kernels do not use these threads (see docs/knobs.md).
+Fewer threads than torch's default (the physical core count) can win where the ops are small or
+other work shares the cores. The space's symbolic choices are resolved on the host at hand:
+``all`` (torch's default, left untouched: the baseline), ``half`` (half the cores this process may
+run on), ``1``, or a plain number; counts at or above the usable cores and repeats are dropped, and
+a candidate holds the resolved count, so a tuned config applies the count that was measured. Why,
+and why CPU only: docs/knobs.md, "`intra_op_threads`: fewer CPU threads than cores".
 """
 
 from __future__ import annotations

@@ -2,18 +2,11 @@
 
 Not autocast (which keeps fp32 weights and casts per op): the model's floating-point parameters
 and buffers become bfloat16 (``model.to(torch.bfloat16)``) in the `model` hook, which
-`execution/step.py` runs before the optimizer is built, so the optimizer's states (AdamW's moments,
-created like the parameters) are bfloat16 too: half the memory of weights, gradients and states,
-and bf16 matmuls throughout. The model's floating-point inputs are cast to bfloat16 on the way in
-(a forward pre-hook: the user's batch stays as it is) and its floating-point outputs back to
-float32 on the way out, so the loss and the accuracy guardrail see the dtype the user's code
-expects; the guardrail judges the setting like any other (nothing loosened). What it cannot see
-in one step: bf16 updates that round to nothing over a long run (no stochastic rounding or fp32
-master weights here).
-
-A training knob (``applies_to_workload``: an inference step has no optimizer states). Its choices
-are in the opt-in ``torchtpu`` space for CPU, CUDA and TPU: not measured on a chip, so not in
-the default space.
+`execution/step.py` runs before the optimizer is built, so the optimizer's states are bfloat16 too.
+Floating-point inputs are cast to bfloat16 on the way in (a forward pre-hook: the user's batch
+stays as it is) and outputs back to float32 on the way out, so the loss and the accuracy
+guardrail see the dtype the user's code expects. A training knob, in the opt-in ``torchtpu``
+space only (what one step cannot show: docs/knobs.md, "TorchTPU's levers").
 """
 
 from __future__ import annotations

@@ -2,20 +2,13 @@
 
 torchao's ``quantize_`` swaps each ``nn.Linear`` weight for a quantized tensor subclass in place
 (https://docs.pytorch.org/ao/stable/quick_start.html); torch.compile then fuses the quantize /
-int8-matmul / rescale steps. The choices:
-
-* ``int8_dynamic``: int8 weights and int8 activations quantized per token at run time
-  (``Int8DynamicActivationInt8WeightConfig``), integer matmuls: the compute-bound case;
-* ``int8_weight_only``: int8 weights dequantized in the matmul (``Int8WeightOnlyConfig``): less
-  weight traffic, the memory-bound (small-batch) case;
-* ``float8_dynamic``: fp8 weights and activations (``Float8DynamicActivationFloat8WeightConfig``),
-  CUDA only, on GPUs with fp8 units (compute capability 8.9+); elsewhere the trial fails saying so.
-
-Inference only: a training step's optimizer updates float weights, which a quantized weight is
-not (torchao's quantization-aware training is a different recipe with its own accuracy story).
-The accuracy guardrail judges every choice at the run's tolerance; nothing is loosened for it.
-torchao is an extra (``pip install 'tpu-tune[quant]'``): without it the choices are left out of
-the space with that reason. TorchTPU has its own int8 path, not torchao's: not a knob there.
+int8-matmul / rescale steps. The choices: ``int8_dynamic`` (int8 weights and activations,
+``Int8DynamicActivationInt8WeightConfig``), ``int8_weight_only`` (``Int8WeightOnlyConfig``) and
+``float8_dynamic`` (``Float8DynamicActivationFloat8WeightConfig``: CUDA only, on GPUs with fp8
+units; elsewhere the trial fails saying so). Inference only, judged by the accuracy guardrail at
+the run's tolerance (nothing loosened); torchao is an extra (``pip install 'tpu-tune[quant]'``):
+without it the choices are left out of the space with that reason. TorchTPU has its own int8 path,
+not torchao's: not a knob there. Why and what was measured: docs/knobs.md, "`quantization`".
 """
 
 from __future__ import annotations
