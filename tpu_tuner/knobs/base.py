@@ -1,23 +1,12 @@
 """The `Knob` core: one tunable setting, from its search-space choices to how it is applied.
 
 In the style of Optuna's samplers: a small base class, one subclass per knob, each in its own
-module of `tpu_tuner.knobs`. Every knob has a name, a default, its choices on a device, how it
-applies a value (hooks, each a no-op by default), and how it reads in reports, code and back:
-
-* ``process``: a context holding process-wide settings (matmul precision);
-* ``model``: a change to the model (memory format);
-* ``forward``: a wrapper of the model's forward (torch.compile);
-* ``describe`` / ``label`` / ``code``: words, a terse label and Python for ``tpu-tune apply``;
-* ``observe``: the setting read back, which the contract test compares.
-
-What only some knobs do is an opt-in kind (`knobs/capabilities.py`: start-up variables, a context
-around each step, the training step, placement over ranks, ...). The trial worker
+module of `tpu_tuner.knobs`, its apply hooks (``process``, ``model``, ``forward``) no-ops by
+default; what only some knobs do is an opt-in kind (`knobs/capabilities.py`). The trial worker
 (`execution/step.py`, through `Candidate`) and `tpu_tuner.apply` call the same hooks, so what was
-measured is what gets applied. A backend never sees a candidate: the hooks combine a value with
-the backend's primitives (its eager modes, its matmul dtypes).
-
-Knob modules import torch inside their hooks only: the CLI reads the registry (choices, names)
-before it may import torch (a bad option is refused first, docs/run-safety.md).
+measured is what gets applied; a backend never sees a candidate (docs/design.md, "A small knob
+base, opt-in kinds"; docs/knobs.md). Knob modules import torch inside their hooks only: the CLI
+reads the registry before it may import torch (a bad option is refused first, docs/run-safety.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The `layout` knob: how the ranks of a multi-process run (``--nproc N``) share a step.
 
-A value is a mesh, ``DATAxFSDPxTENSOR`` (the planner's `Layout`): ``Nx1x1`` is data parallel
-(the baseline of an N-rank study: DDP for a training step, replicas of the model for an
-inference step), ``1xNx1`` fully sharded (FSDP2), ``1x1xN`` tensor parallel (DTensor), and the
-mixes (HSDP, FSDP x TP, and data x TP for inference). It is applied by the one function every
-caller shares (`tpu_tuner.parallel.apply.apply_layout`) on the process group the ranks joined,
-and each rank then runs its slice of the global batch (`local_batch`), so every layout runs the
-same global batch per step and their step times compare directly. An inference step's outputs
-are gathered back into the global batch's for the accuracy guardrail (`gather_output`).
-
-The search space lists layout *families*, the mesh axes a layout may spread over ("data",
-"fsdp", "tensor", "data+fsdp", "fsdp+tensor", ...): for a run of N ranks each expands to every
-factorisation of N with exactly those axes above 1 (`choices`); with one process the knob has
-the single choice ``1x1x1`` and is not searched. The model's shapes narrow them further
-(`choice_refusal`: the batch must divide over data x fsdp, tensor parallelism must divide the
-column / row widths and head counts, fsdp needs repeated blocks, data x tensor an inference
-step). A Hugging Face transformers model splits as it declares (`parallel/hf.py`: its ``tp_plan``, its
-``_no_split_modules`` blocks), and the widths a tensor size must divide come from its plan.
+A value is a mesh, ``DATAxFSDPxTENSOR`` (the planner's `Layout`; ``Nx1x1``, data parallel, is the
+baseline), applied by the one function every caller shares (`tpu_tuner.parallel.apply.apply_layout`)
+on the process group the ranks joined; each rank runs its slice of the global batch (`local_batch`),
+so every layout's step times compare directly, and an inference step's outputs are gathered back
+for the accuracy guardrail (`gather_output`). The space lists layout *families* (the mesh axes a
+layout may spread over), expanded to every factorisation of N with exactly those axes above 1
+(`choices`) and narrowed by the model's shapes (`choice_refusal`); with one process the only choice
+is ``1x1x1``, not searched. A Hugging Face model splits as it declares (`parallel/hf.py`). More:
+docs/knobs.md, "`layout`: how N ranks share a step", and docs/sharding.md.
 """
 
 from __future__ import annotations
