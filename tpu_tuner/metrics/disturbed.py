@@ -2,8 +2,8 @@
 
 Another process taking the cores slows whatever runs at that moment; when it starts or stops
 inside a round, one setting of the round is slowed and the other not, and the round's ratio is
-wrong by the disturbance (issue 38: one round at 0.62x among rounds at 1.7-2.4x took a
-vision transformer's interval from about 2.0x down to 1.00-2.45). A round is *disturbed* when any
+wrong by the disturbance (issue 38's case: docs/tuning.md, "The verdict: rounds added, disturbed
+rounds re-run"). A round is *disturbed* when any
 setting's step in it lies more than `DISTURBED_DEVIATIONS` robust deviations above that setting's
 median over the window: deviations of the log step, 1.4826 x its median absolute deviation (the
 normal's sigma), never taken under `MIN_SPREAD`; so at least 1.49x the setting's median step.

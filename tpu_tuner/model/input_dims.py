@@ -1,10 +1,8 @@
 """Which sizes of a workload's inputs are its batch and its sequence, and how that was decided.
 
-The report's header printed a profile's ``batch_size`` as "batch". For a benchmark-style file
-(``Model`` + ``get_inputs()``) that is dimension 0 of the first input (model/batch.py's rule), and
-for a recurrent model without ``batch_first`` dimension 0 is the sequence: a GRU's report said
-"batch 512" where 512 was the sequence length and the batch 10 (issue 55). The sizes are now said
-from what the workload itself declares, each with where it came from:
+The sizes are said from what the workload itself declares, each with where it came from (not
+dimension 0 of a benchmark file's first input, the sequence of a recurrent model without
+``batch_first``: issue 55, docs/tuning.md, "Reading a run"):
 
 * a native file declares ``BATCH_SIZE`` (and ``SEQ_LEN``), or the run's ``--batch-size`` /
   ``--seq-len`` replaced them: "batch 8 (BATCH_SIZE), seq 128 (SEQ_LEN)";
