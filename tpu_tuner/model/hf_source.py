@@ -1,20 +1,16 @@
 """A Hugging Face model named on the command line: ``hf:`` plus where its config comes from.
 
-    hf:./Llama-3.2-1B/                         a local folder holding config.json
-    hf:Qwen/Qwen2.5-0.5B                        a hub id: config only, from the local hub cache,
-                                                or fetched where the machine has a network
-    hf:llama?hidden_size=512,num_hidden_layers=4  a transformers model type with overrides
-    hf:./bert-base/#inference                   after ``#``: workload options (inference,
-                                                weights, task=causal-lm|masked-lm|seq2seq|classification)
-
-Overrides (``?key=value,...``) apply to any of the three and must name a key the config knows.
-The CLI writes ``--inference`` and ``--weights`` into the ``#`` part, so the source string alone
-rebuilds the same workload in every worker process (workers load a workload from its path).
+A local folder holding config.json (``hf:./Llama-3.2-1B/``), a hub id (``hf:Qwen/Qwen2.5-0.5B``:
+config only, from the local hub cache or fetched), or a transformers model type
+(``hf:llama``); ``?key=value,...`` overrides a config key of any of the three, and after ``#`` come
+workload options (inference, weights, task=causal-lm|masked-lm|seq2seq|classification): the CLI
+writes ``--inference`` and ``--weights`` there, so the source string alone rebuilds the same
+workload in every worker process. docs/hf-models.md, "Where the config comes from".
 
 Only the config is read here (transformers' ``AutoConfig``); `model/hf_workload.py` builds the
 model. Every problem is one `UserInputError` naming the source, raised within seconds: a hub id
 that is neither cached nor reachable is refused after a 3 s connection probe instead of
-transformers' own retries (27 s measured on a machine with no network).
+transformers' own retries.
 """
 
 from __future__ import annotations
