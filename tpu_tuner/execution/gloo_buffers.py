@@ -1,26 +1,14 @@
 """The buffers gloo allocates for FSDP2's collectives, which torch's fake process group does not.
 
 A rank estimates on the communication-free fake group (`rank_memory.py`); its step then runs on
-gloo, whose collectives allocate beyond the tensors FSDP2 hands them (ProcessGroupGloo.cpp,
-torch 2.13):
-
-* **reduce-scatter** (`reduce_scatter_tensor_coalesced`) clones its whole input on the calling
-  thread, all-reduces the clone and copies the rank's chunk out; the clone lives until the work
-  is waited (FSDP2 waits at once). So the fake step clones the input here too: the tracker sees
-  that storage, and the malloc replay (`malloc_replay.py`) places it on the main heap.
-* **all-gather** (`AsyncAllgatherWork`) allocates a flat tensor of the whole output on the calling
-  thread (`newLikeFlat` in its output tensors: the profiler shows an `aten::empty` of the output's
-  size inside `c10d::_allgather_base_` on the main thread), held while the call runs (FSDP2's
-  default all-gather waits at once), so the fake step allocates it too; and it gathers, on one of
-  gloo's worker threads, into another flat tensor of the whole output before copying it into the
-  caller's output. A worker thread allocates from an arena of its own (glibc gives each thread
-  one, up to 8 a core), and what it frees stays there: the arena keeps at least its largest
-  buffer, and over the warm-up every worker serves the largest (FSDP2's root group). So the
-  estimate adds `threads x` the largest buffer below glibc's largest mmap threshold (a mapped one
-  is returned when freed) as `arena_bytes`: a lower bound (an arena keeps more, and the
-  reduce-scatter's all-reduce buffers on the worker threads are not modelled).
-
-Measured on this host: docs/tuning.md, "Memory before measurement".
+gloo, whose collectives allocate beyond the tensors FSDP2 hands them (ProcessGroupGloo.cpp, torch
+2.13): a reduce-scatter clones its whole input, an all-gather allocates a flat tensor of its whole
+output, both on the calling thread and held while the call runs, so the fake step allocates them
+too (the tracker sees them, the malloc replay places them on the main heap). The all-gather also
+gathers into another flat output on one of gloo's worker threads, whose arena keeps what it freed:
+the estimate adds `threads x` the largest buffer below glibc's largest mmap threshold as
+`arena_bytes`, a lower bound (the reduce-scatter's all-reduce buffers there are not modelled).
+What was measured, and why each part: docs/tuning.md, "Memory before measurement".
 """
 
 from __future__ import annotations
