@@ -208,12 +208,17 @@ def plan_finish(
 
 def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
     """What the next trial is expected to take: the median wall time of the measured ones."""
-    walls = [
+    walls = _walls(trials)
+    return statistics.median(walls) if walls else 0.0
+
+
+def _walls(trials: Sequence[FrozenTrial]) -> list[float]:
+    """The wall times of the measured trials (a repeat measured nothing)."""
+    return [
         float(attrs[records.TRIAL_WALL_S])
         for attrs in map(records.attrs, trials)
         if records.TRIAL_WALL_S in attrs and records.REPEAT_OF not in attrs
     ]
-    return statistics.median(walls) if walls else 0.0
 
 
 def reserved_finish_seconds(trials: Sequence[FrozenTrial]) -> float:
@@ -267,15 +272,8 @@ def expected_trial_seconds(trials: Sequence[FrozenTrial], execution: str) -> tup
     """What a trial of compile mode `execution` is expected to take, and whether that mode was
     seen: the longest wall time of the measured trials of that mode (its compile dominates: a
     max-autotune compile of 112 s against 10 s trials of others), else the median of all."""
-    walls = [
-        (trial.params.get("execution"), float(attrs[records.TRIAL_WALL_S]))
-        for trial in trials
-        if records.TRIAL_WALL_S in (attrs := records.attrs(trial)) and records.REPEAT_OF not in attrs
-    ]
-    same = [wall for mode, wall in walls if mode == execution]
-    if same:
-        return max(same), True
-    return (statistics.median(wall for _, wall in walls) if walls else 0.0), False
+    same = _walls([trial for trial in trials if trial.params.get("execution") == execution])
+    return (max(same), True) if same else (next_trial_seconds(trials), False)
 
 
 @dataclass(frozen=True)
