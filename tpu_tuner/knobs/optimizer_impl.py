@@ -8,11 +8,8 @@ the optimizer step launches. "default" is the optimizer exactly as the model fil
 
 The knob rebuilds the file's optimizer (``make_optimizer``; tpu-tune's AdamW stand-in where the
 file declares none) with the flag, keeping its parameter groups and hyper-parameters. An optimizer
-of another type has no such flag: the trial fails with a one-line reason (docs/knobs.md).
-TorchTPU: not offered. torch-tpu 0.2.0's own optimizers (``torch.tpu.optimizers.AdamW``, ...) are
-a functional API over parameter groups (``step(param_group, grads)``), not drop-in torch.optim
-classes, and whether torch.optim's ``foreach`` / ``fused`` flags lower to other TPU programs cannot
-be checked without a TPU.
+of another type has no such flag: the trial fails with a one-line reason. Not offered on
+TorchTPU (why: docs/knobs.md, "Knobs of the training step").
 """
 
 from __future__ import annotations

@@ -54,12 +54,9 @@ def keeps_journal(url: str) -> bool:
     return make_url(url).get_backend_name() == "postgresql"
 
 
-# SQLite's write-ahead log, synced at checkpoints rather than at every commit: Optuna commits ~26
-# times a trial (one a parameter), and each commit's fsyncs in the default rollback journal were
-# most of a trial's 57 ms (docs/many-workers.md). A commit survives a crash of the process, not
-# of the machine; readers (optuna-dashboard) open the log with the file. Not on a network
-# filesystem, where the log's shared memory does not work (https://www.sqlite.org/wal.html):
-# there the file keeps SQLite's default journal.
+# SQLite's write-ahead log, synced at checkpoints rather than at every commit (measured: docs/many-workers.md,
+# "SQLite: a write-ahead log"). A commit survives a crash of the process, not of the machine. Not on a
+# network filesystem, where the log's shared memory does not work (https://www.sqlite.org/wal.html).
 SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 NETWORK_FILESYSTEMS = (
     "nfs",
