@@ -1,15 +1,11 @@
 """The `attn_implementation` knob: which attention kernels a Hugging Face model runs.
 
-transformers models choose their attention code by name (``config._attn_implementation``):
-``eager`` (the matmul-softmax-matmul written out), ``sdpa`` (``torch.nn.functional.
-scaled_dot_product_attention``: a fused kernel where the device has one), ``flex_attention``
-(compiled by torch.compile). ``PreTrainedModel.set_attn_implementation`` switches a built model,
-which is what this knob does and what its code line tells the user to write. ``default`` leaves
-the model as transformers built it (sdpa for most models, eager for Gemma 2), so the baseline
-is the user's model as is. The choices are the ones the model supports (``_supports_sdpa``,
-``_supports_flex_attn``) other than the one it already uses (`knobs/traits.py`); other models
-have no such switch and do not search it. FlexAttention has no backward on the CPU (torch
-2.13: "FlexAttention does not support backward on CPU"), so the CPU space leaves it out.
+transformers models choose their attention code by name (``config._attn_implementation``:
+``eager``, ``sdpa``, ``flex_attention``); ``PreTrainedModel.set_attn_implementation`` switches a
+built model, which is what this knob does and what its code line tells the user to write.
+``default`` leaves the model as transformers built it; the other choices are the ones the model
+supports other than the one it uses (`knobs/traits.py`), and other models do not search it. Which
+choices each space holds and why: docs/hf-models.md, "Knobs the model declares".
 """
 
 from __future__ import annotations
