@@ -21,7 +21,9 @@ import pandas as pd
 import torch
 
 from tpu_tuner.core import run_folder
+from tpu_tuner.core.credentials import redact
 from tpu_tuner.core.errors import UserInputError, first_line
+from tpu_tuner.core.plain_data import from_plain, json_default
 from tpu_tuner.core.version import __version__
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.tuned_config import TunedConfig
@@ -207,9 +209,6 @@ class TuningResult:
         """result.json: what `load` needs besides the study and profile.json (the verification,
         the agents' findings, the options and the space). No password: the options' storage URL
         is stored without one and the whole text goes through `redact` (docs/run-safety.md)."""
-        from tpu_tuner.core.credentials import redact
-        from tpu_tuner.core.plain_data import json_default
-
         record = {
             "format": RESULT_FORMAT,
             "created": self.created,
@@ -232,8 +231,6 @@ class TuningResult:
         ~/.pgpass does not supply. Raises UserInputError, naming the folder, when `run_dir` is
         not a finished tuning run.
         """
-        from tpu_tuner.core.plain_data import from_plain
-
         run_dir = Path(run_dir)
         state, record = read_finished_run(run_dir)
         try:
@@ -329,8 +326,6 @@ def _redact(url: str | None) -> str:
     """A storage URL to show (None: Optuna's in-memory storage, by the name it always had here)."""
     if url is None:
         return "InMemoryStorage"
-    from tpu_tuner.core.credentials import redact
-
     # Never write a password: the one redaction every writer uses (credentials.py).
     return redact(url)
 
