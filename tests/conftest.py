@@ -63,10 +63,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `timed` test is a slow one too (pyproject.toml's markers): .ci/run's slow passes select
-    `slow and timed` (one at a time) and `slow and not timed` (two at a time)."""
+    `slow and timed` (a pass of their own, after the rest) and `not timed` (the rest of the suite)."""
     loose = [item.nodeid for item in items if item.get_closest_marker("timed") and not item.get_closest_marker("slow")]
     if loose:
         raise pytest.UsageError(f"marked timed but not slow (pyproject.toml's markers): {loose}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Longest first: xdist hands tests out in this order, so a slow test left to the end of a
+        # pass would keep one worker busy while the other idles (docs/testing.md, "Longest first").
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float, what: Callable[[], str] = lambda: "") -> None:
