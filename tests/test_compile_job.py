@@ -38,7 +38,7 @@ def test_a_worker_compiles_the_job_it_was_sent_on_its_targets_devices(monkeypatc
         return "compiled"
 
     monkeypatch.setattr(compile_pool, "compile_step", compiled)
-    monkeypatch.setattr(compile_pool, "_workload", lambda source: None)
+    monkeypatch.setattr(compile_pool, "planned_source", lambda source: None)
     monkeypatch.setattr(CompileTarget, "devices", lambda target: ("devices of", target.topology, target.slices))
     assert compile_pool.run_job(sent) == "compiled"
     assert seen == {"job": JOB, "devices": ("devices of", "v5e:2x2", 2)}

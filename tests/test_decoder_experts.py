@@ -239,7 +239,7 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
     script = textwrap.dedent("""
         import json, re, torch
         import tpu_tuner.planner.compiler.program as program
-        from tpu_tuner.planner.compiler.compile_pool import run_job, _workload
+        from tpu_tuner.planner.compiler.compile_pool import planned_source, run_job
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint
         from tpu_tuner.model.layouts import Layout
@@ -254,7 +254,7 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
             step = run_job(CompileJob(CompileModel(base + extra, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
                                       StepSettings(8, 256), PlanPoint(Layout(1, 4, 1), "none"), fast=True))
             assert step.error is None, step.error
-            workload = _workload(base + extra)
+            workload = planned_source(base + extra)
             with torch.device("meta"):
                 model = workload.build_model()
             formula = transformer_model_flops(matmul_parameters(model), workload.transformer, 8, 256, True).per_step / 4

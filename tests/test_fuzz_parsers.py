@@ -127,10 +127,10 @@ def test_remat(text: str) -> None:
 
 @given(st.sampled_from(["accumulations", "contexts"]), near(joined(numbers(), ",", 4)))
 def test_plan_sizes(flag: str, text: str) -> None:
-    from tpu_tuner.planner.plans.plan_options import PlanSearch, _ints
+    from tpu_tuner.planner.plans.plan_options import PlanSearch, comma_ints
 
     try:
-        sizes = _ints(f"--{flag}", text)
+        sizes = comma_ints(f"--{flag}", text)
         PlanSearch(**{flag: sizes})
     except UserInputError as exc:
         refused_in_one_line(exc)

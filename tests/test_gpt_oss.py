@@ -217,7 +217,7 @@ def test_megablox_tiles_a_width_without_a_128_multiple_divisor_irregularly() -> 
     """gpt-oss's 2880 (no multiple of 128 divides it) takes MaxText's 1024-wide tiles with a partial
     last one, not one 2880-wide block (which overflows the compiler's scoped VMEM); a narrower such
     width stays whole, and divisible widths keep the tiles they had."""
-    from tpu_tuner.planner.compiler.grouped_matmul import _tile
+    from tpu_tuner.planner.compiler.grouped_matmul import kernel_tile
 
-    assert _tile(2880, 1024) == 1024 and _tile(2880, 512) == 512
-    assert _tile(704, 1024) == 704 and _tile(2816, 1024) == 256 and _tile(4096, 1024) == 1024
+    assert kernel_tile(2880, 1024) == 1024 and kernel_tile(2880, 512) == 512
+    assert kernel_tile(704, 1024) == 704 and kernel_tile(2816, 1024) == 256 and kernel_tile(4096, 1024) == 1024

@@ -340,10 +340,10 @@ def test_a_search_names_an_hf_model_by_its_config_not_a_file() -> None:
 
 
 def test_the_plan_folder_and_the_command_keep_the_config_folder_name(tmp_path) -> None:
-    from tpu_tuner.cli.plan import _model_source
+    from tpu_tuner.cli.plan import model_source
     from tpu_tuner.outputs.write import plan_run_dir
 
-    assert _model_source("hf:./Llama-3.1-70B/") == "hf:./Llama-3.1-70B/"
+    assert model_source("hf:./Llama-3.1-70B/") == "hf:./Llama-3.1-70B/"
     assert plan_run_dir(tmp_path, "hf:./Llama-3.1-70B/", "v5p-256").name.startswith("Llama-3.1-70B-plan-v5p-256-")
     assert plan_run_dir(tmp_path, "hf:llama?hidden_size=512", "v5e-16").name.startswith("llama-plan-v5e-16-")
 

@@ -152,11 +152,11 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
 def test_an_expert_axis_the_experts_do_not_fill_is_refused_before_the_compile() -> None:
     code = """
         from tpu_tuner.model.layouts import parse_layout
-        from tpu_tuner.planner.compiler.compile_pool import _compile
+        from tpu_tuner.planner.compiler.compile_pool import compile_or_fail
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint
         spec = "decoder:vocab=256,d_model=128,layers=2,heads=4,mlp=256,experts=2,top_k=1"
-        step = _compile(CompileJob(CompileModel(spec, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
+        step = compile_or_fail(CompileJob(CompileModel(spec, None, 128, 2, scan=True), CompileTarget("v5e:2x2"),
                                    StepSettings(8, 256), PlanPoint(parse_layout("1x1x1,expert=4"), "full"), fast=True))
         print(step.error)
     """

@@ -17,15 +17,7 @@ HERE = Path(__file__).resolve()  # its own examples below are not imports
 TEST_MODULE_IMPORTS: dict[tuple[str, str], str] = {}
 
 # Private names of the package a test may import: (test file, module, name) -> why there is no public name.
-PRIVATE_SEAMS = {
-    # Left for later: tpu_tuner/planner/* and cli/plan.py are being refactored by another change.
-    ("test_compile_job.py", "tpu_tuner.planner.compiler.compile_pool", "_DEVICE_FIELDS"): "planner, under refactor",
-    ("test_fuzz_parsers.py", "tpu_tuner.planner.plans.plan_options", "_ints"): "planner, under refactor",
-    ("test_gpt_oss.py", "tpu_tuner.planner.compiler.grouped_matmul", "_tile"): "planner, under refactor",
-    ("test_decoder_experts.py", "tpu_tuner.planner.compiler.compile_pool", "_workload"): "planner, under refactor",
-    ("test_planner_mesh_axes.py", "tpu_tuner.planner.compiler.compile_pool", "_compile"): "planner, under refactor",
-    ("test_hf_decoder.py", "tpu_tuner.cli.plan", "_model_source"): "cli/plan.py, under the planner's refactor",
-}
+PRIVATE_SEAMS: dict[tuple[str, str, str], str] = {}
 
 PRIVATE_IMPORT_IN_TEXT = re.compile(r"from (tpu_tuner[\w.]*) import ([\w ,]+)")
 

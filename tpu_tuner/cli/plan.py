@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "model_file",
-        type=_model_source,
+        type=model_source,
         help="a training workload (native contract, with loss()), a decoder shape (shape.toml or "
         "decoder:d_model=...), or a Hugging Face config: hf:./folder, hf:org/name, "
         'hf:llama?hidden_size=512,... (docs/planner.md, "Planning a Hugging Face model")',
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out(parser)
 
 
-def _model_source(text: str) -> str | Path:
+def model_source(text: str) -> str | Path:
     """The model argument: an ``hf:`` source stays the text as written (a Path would turn
     ``hf:./Llama-3.1-70B/`` into ``hf:Llama-3.1-70B``, no longer a folder's name); else a path."""
     return text if text.startswith("hf:") else Path(text)

@@ -50,7 +50,7 @@ def default_workers() -> int:
 
 def run_job(job: CompileJob) -> CompiledStep:
     """Compile `job` in this process (the workers' entry point)."""
-    workload = _workload(job.model.source)
+    workload = planned_source(job.model.source)
     return compile_step(job, lambda: workload.model_for_preset(job.model.preset), job.target.devices())
 
 
@@ -191,10 +191,11 @@ def _serve(read_fd: int, write_fd: int) -> None:
 
         import_torchax()
     # Only Exception is caught: anything else (an interrupt) ends the worker, which reads as its death.
-    serve(read_fd, write_fd, _compile, catch=Exception)
+    serve(read_fd, write_fd, compile_or_fail, catch=Exception)
 
 
-def _compile(job: CompileJob) -> CompiledStep:
+def compile_or_fail(job: CompileJob) -> CompiledStep:
+    """`run_job`, an exception in it returned as the step's error (what a compile worker sends back)."""
     try:
         return run_job(job)
     except Exception as exc:
@@ -212,7 +213,8 @@ def _death(died: Died) -> str:
 
 
 @lru_cache(maxsize=4)
-def _workload(model_file: str) -> Any:
+def planned_source(model_file: str) -> Any:
+    """The workload of a plan's model source, loaded once a worker (a few sources a plan at most)."""
     from tpu_tuner.planner.plans.hf_plan import planned_workload
 
     return planned_workload(model_file)  # an hf: source takes the route the plan's process took

@@ -36,7 +36,7 @@ from tpu_tuner.planner.compiler.mesh import BATCH_AXES
 TILING = (512, 1024, 1024)
 
 
-def _tile(size: int, preferred: int) -> int:
+def kernel_tile(size: int, preferred: int) -> int:
     """A megablox tile for a dimension of `size`: the largest multiple of 128 up to `preferred` that
     divides it; else the whole dimension where it is no wider than `preferred` (the kernel takes a
     block equal to the array's), or `preferred` itself, the last tile partial (gmm and tgmm mask an
@@ -77,7 +77,7 @@ def _megablox(rows: Any, weights: Any, sizes: Any) -> Any:
     kernels = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
     groups, rows_tile = rows.shape[0], min(TILING[0], rows.shape[1])
-    embed, width = _tile(rows.shape[2], TILING[1]), _tile(weights.shape[2], TILING[2])
+    embed, width = kernel_tile(rows.shape[2], TILING[1]), kernel_tile(weights.shape[2], TILING[2])
 
     @jax.custom_vjp
     def grouped(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
@@ -177,4 +177,4 @@ def grouped_matmuls_per_device(env: Any, mesh: Any, megablox: bool) -> None:
     env.override_op_definition(torch.ops.tpu_tune.permute_rows.default, permute_rows)
 
 
-__all__ = ["TILING", "grouped_matmuls_per_device", "sort_each_device"]
+__all__ = ["TILING", "grouped_matmuls_per_device", "kernel_tile", "sort_each_device"]

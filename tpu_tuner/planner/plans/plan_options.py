@@ -45,7 +45,7 @@ from tpu_tuner.planner.topology import Topology, parse_slices
 PLAN_SAMPLERS = ("tpe", "random", "grid")  # the tuner's names (studies/samplers.py); grid: every valid point, in order
 
 
-def _ints(flag_name: str, text: str) -> tuple[int, ...]:
+def comma_ints(flag_name: str, text: str) -> tuple[int, ...]:
     """--accumulations / --contexts / --flash-blocks: whole numbers separated by commas (PlanSearch checks them)."""
     try:
         return tuple(int(x) for x in text.split(","))
@@ -185,21 +185,21 @@ class PlanSearch:
         DEFAULT_ACCUMULATIONS,
         "--accumulations",
         metavar="N1,N2,...",
-        convert=lambda text: _ints("--accumulations", text),
+        convert=lambda text: comma_ints("--accumulations", text),
         help=f"micro-batch counts to search (default {','.join(map(str, DEFAULT_ACCUMULATIONS))})",
     )
     contexts: tuple[int, ...] = option(
         DEFAULT_CONTEXTS,
         "--contexts",
         metavar="N1,N2,...",
-        convert=lambda text: _ints("--contexts", text),
+        convert=lambda text: comma_ints("--contexts", text),
         help=f"context-parallel sizes to search (default {','.join(map(str, DEFAULT_CONTEXTS))})",
     )
     flash_blocks: tuple[int, ...] = option(
         (),
         "--flash-blocks",
         metavar="N1,N2,...",
-        convert=lambda text: _ints("--flash-blocks", text),
+        convert=lambda text: comma_ints("--flash-blocks", text),
         help="flash kernel block sizes to search, e.g. 128,256,512 (default: no such axis, --flash-block's)",
     )
     sampler: str = uses(
@@ -317,4 +317,5 @@ __all__ = [
     "PlanStep",
     "PlanStore",
     "PlanTarget",
+    "comma_ints",
 ]
