@@ -130,10 +130,7 @@ def install_quantized_linear(env: Any, quantization: str, scope: BlockScope) -> 
 
     def linear(input, weight, bias=None):
         x, w = jax_view(input), jax_view(weight)
-        if scope.inside:
-            y = dot(x, w)
-        else:
-            y = jnp.einsum("...i,oi->...o", x, w)
+        y = dot(x, w) if scope.inside else jnp.einsum("...i,oi->...o", x, w)
         if bias is not None:
             y = y + jax_view(bias)
         return torch_view(y)
