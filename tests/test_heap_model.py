@@ -112,6 +112,8 @@ def test_the_replay_through_malloc_sees_the_fragmentation_the_model_leaves_out()
     # and a request that a chunk's alignment pushes beyond the hole, aside).
     assert 47 * MIB <= interleaved["malloc"] <= 49 * MIB, interleaved
     assert 31 * MIB <= together["malloc"] <= 35 * MIB, together
-    # The timed step replayed again frees what it allocated: no less, and not a step's more.
+    # The timed step replayed again frees what it allocated: not a step's more. Within a MiB of one
+    # replay, not "no less": two processes' heaps differ by pages (one run of the quick suite under
+    # load measured 16 KiB less after three replays than after one).
     repeated = fragmented("interleaved", 3)["malloc"]
-    assert interleaved["malloc"] <= repeated < 64 * MIB, repeated
+    assert interleaved["malloc"] - MIB <= repeated < 64 * MIB, repeated

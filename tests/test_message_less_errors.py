@@ -29,7 +29,7 @@ def test_a_compile_worker_reports_a_message_less_compiler_error_by_its_type(monk
         raise MessageLess()
 
     monkeypatch.setattr(compile_pool, "run_job", fail)
-    assert compile_pool._compile(object()).error == "MessageLess"  # type: ignore[arg-type]
+    assert compile_pool.compile_or_fail(object()).error == "MessageLess"  # type: ignore[arg-type]
 
 
 def test_a_loop_body_the_cost_analysis_refuses_without_a_message_is_logged(
