@@ -25,17 +25,19 @@ def _measure(candidate: Candidate, fast_settings) -> MeasureRequest:
 
 
 @pytest.mark.slow  # more compiled trials than dynamo's limit, each a compile (39 s at the default limit of 8)
-def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_settings, monkeypatch) -> None:
+def test_more_compiled_trials_than_dynamos_recompile_limit_all_compile(fast_settings) -> None:
     import torch._dynamo
 
     state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
     # A limit of 2, not the default 8: the same overrun (two trials past it) in 4 compiles, not 10.
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    limit = torch._dynamo.config.recompile_limit
-    # Each trial builds a new model: the same forward code object, a new cache entry each time.
-    for _ in range(limit + 2):
-        measured = run_measure(state, _measure(Candidate(execution="aot_eager"), fast_settings))
-        assert measured.compiles.get("torch_compile_graphs", 0) >= 1
+    # dynamo's own `config.patch`, not monkeypatch: undoing a setattr on the config module deletes
+    # the option, and the next compile in this worker fails "recompile_limit does not exist".
+    limit = 2
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        # Each trial builds a new model: the same forward code object, a new cache entry each time.
+        for _ in range(limit + 2):
+            measured = run_measure(state, _measure(Candidate(execution="aot_eager"), fast_settings))
+            assert measured.compiles.get("torch_compile_graphs", 0) >= 1
 
 
 def test_a_compiled_setting_that_compiles_nothing_is_not_a_measurement(fast_settings) -> None:
