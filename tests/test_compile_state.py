@@ -45,3 +45,20 @@ def test_a_compiled_setting_that_compiles_nothing_is_not_a_measurement(fast_sett
     with pytest.raises(RuntimeError, match="compiled no graph, so the step ran eager"):
         run_measure(state, _measure(Candidate(execution="aot_eager"), fast_settings))
     assert run_measure(state, _measure(Candidate(), fast_settings)).step_median > 0
+
+
+def test_a_window_s_compiled_setting_that_compiles_nothing_fails_the_window() -> None:
+    """Issue 68: the window counts each setting's compiles from its build, not after every
+    setting's warm-up, so a compiled setting that ran eager fails the window as its trial would."""
+    from tpu_tuner.runner.jobs import run_compare
+    from tpu_tuner.runner.requests import CompareRequest
+
+    state = WorkerState(str(FIXTURES / "never_compiles.py"), "cpu")
+    request = CompareRequest(
+        candidates=[Candidate().to_dict(), Candidate(execution="aot_eager").to_dict()], rounds=2, last=True
+    )
+    with pytest.raises(RuntimeError, match="compiled no graph in the window, so the step ran eager"):
+        run_compare(state, request)
+    eager = CompareRequest(candidates=[Candidate().to_dict(), Candidate().to_dict()], rounds=2, last=True)
+    compared = run_compare(state, eager)
+    assert [len(s) for s in compared.samples] == [2, 2] and compared.steps_per_sample == [1, 1]

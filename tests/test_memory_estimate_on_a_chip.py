@@ -59,7 +59,7 @@ def test_torchtpu_estimates_on_cpu_with_the_math_attention() -> None:
     keeps the attention matrix for the backward) and not with CPU's fused kernel (docs/torchtpu.md)."""
     from tpu_tuner.devices.torchtpu import TorchTpuBackend
 
-    assert TorchTpuBackend.fake_tensor_device == "cpu" and TorchTpuBackend.defers_work
+    assert TorchTpuBackend.fake_tensor_device == "cpu" and TorchTpuBackend.runs_ahead
     chip = object.__new__(TorchTpuBackend)  # no chip here: only its tables and the context
     assert torch.backends.cuda.flash_sdp_enabled()
     with chip.estimate_kernels():

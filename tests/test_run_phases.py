@@ -35,7 +35,7 @@ SPACE = SearchSpace.load(FIXTURES / "compile_precision_space.toml", "cpu")
 OPTIONS = TuneOptions(
     search=SearchOptions(space=str(FIXTURES / "compile_precision_space.toml"), agents=(), trials=4, time_budget_s=60.0)
 )
-CPU = types.SimpleNamespace(device=types.SimpleNamespace(kind="cpu"))
+CPU = types.SimpleNamespace(device=types.SimpleNamespace(kind="cpu", memory_bytes=None))
 
 
 class FakeRunner:

@@ -43,10 +43,10 @@ class Backend(ABC):
     # Whether the measured peak is of memory of the device's own that a step fills (its
     # allocator's), so that a study's memory limit defaults to the device's memory.
     memory_bounds_trials: ClassVar[bool] = False
-    # Whether work may be deferred past `synchronize` to a materialisation point (TorchTPU's
-    # DeferAndFuse): timed steps are then checked against steps run back to back
-    # (execution/sync_check.py).
-    defers_work: ClassVar[bool] = False
+    # Whether the host can queue steps ahead of the device (an asynchronous stream, TorchTPU's
+    # dispatch and DeferAndFuse): steps are then timed in blocks run back to back, each ended by a
+    # read of its result (execution/timer.py); elsewhere a block is one step.
+    runs_ahead: ClassVar[bool] = False
     # Where the memory estimate's fake tensors go when they cannot be placed on the device itself
     # (TorchTPU's: "Couldn't swap Embedding.weight"): the same shapes and dtypes, so the same bytes.
     fake_tensor_device: ClassVar[str | None] = None

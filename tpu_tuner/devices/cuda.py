@@ -18,6 +18,7 @@ class CudaBackend(Backend):
     label = "CUDA"
     process_group_backend = "nccl"  # NCCL: one GPU per rank
     memory_bounds_trials = True
+    runs_ahead = True  # kernels queue on a stream
 
     @classmethod
     def rank_environment(cls, rank: int) -> dict[str, str]:

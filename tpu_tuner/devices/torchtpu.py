@@ -59,7 +59,7 @@ class TorchTpuBackend(Backend):
     label = "TorchTPU"
     process_group_backend = PROCESS_GROUP_BACKEND  # TorchTPU's own; one process per device
     memory_bounds_trials = True
-    defers_work = True  # DeferAndFuse defers ops to a materialisation point
+    runs_ahead = True  # ops are dispatched asynchronously; DeferAndFuse defers them further
     # Fake tensors cannot move to the chip (torch-tpu 0.2.0: "_apply(): Couldn't swap
     # Embedding.weight"): the estimate traces the step on CPU fake tensors (docs/torchtpu.md).
     fake_tensor_device = "cpu"

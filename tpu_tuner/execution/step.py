@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,9 @@ class PreparedStep:
     run_eager: Callable[[], Any]
     forward: Callable[..., Any]  # the model as the candidate runs it (compiled or not)
     loss: Callable[[Any, Any], Any] | None = None
+    # Brings to the host a value that depends on a step's whole work, given `run`'s output
+    # (`result_read`): what ends a timed block of steps (execution/timer.py).
+    read: Callable[[Any], float] = lambda output: 0.0
 
 
 def prepare_step(
@@ -85,7 +88,52 @@ def prepare_step(
         run_eager=step_function(workload, backend, candidate, model, eager_loss, optimizer, inputs, target),
         forward=compiled,
         loss=loss,
+        read=result_read(model, workload.is_training),
     )
+
+
+def result_read(model: nn.Module, training: bool) -> Callable[[Any], float]:
+    """The host read that ends a timed block (execution/timer.py): a float computed from every
+    element of what the step's whole work produced. A training step's work ends in the optimizer's
+    update, so the read covers every trainable parameter (the loss is known before the backward
+    and the update run); an inference step's ends in its output. A full reduction, not one
+    element: a compiler may compute a slice of an elementwise result without the rest. A sharded
+    parameter is read in its local shard (no collective)."""
+    if not training:
+        return lambda output: _total(_tensors(output))
+    params = list({id(p): _local(p) for p in model.parameters() if p.requires_grad}.values())
+    return lambda output: _total(params)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an output (a tensor, or mappings and sequences of them, as a Hugging Face
+    model's output is), each as a float one (a norm needs one)."""
+    if isinstance(value, torch.Tensor):
+        tensor = _local(value)
+        return [tensor if tensor.is_floating_point() else tensor.float()]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _total(tensors: list[torch.Tensor]) -> float:
+    """The sum of the tensors' norms, on the host: one fused norm per dtype where the backend has
+    it, so a block's read launches a few programs, not one per tensor."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        if tensor.numel():
+            by_dtype.setdefault(tensor.dtype, []).append(tensor.detach())
+    with torch.no_grad():
+        sums = [torch.stack(torch._foreach_norm(group)).float().sum() for group in by_dtype.values()]
+        return float(torch.stack(sums).sum().item()) if sums else 0.0
 
 
 def step_function(

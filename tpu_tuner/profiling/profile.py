@@ -25,7 +25,7 @@ from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.memory_estimate import estimate_step_memory
 from tpu_tuner.execution.operators import OperatorTime, device_busy, top_operators
 from tpu_tuner.execution.step import prepare_step, run_user_step
-from tpu_tuner.execution.timer import WarmupResult, time_steps, warm_up
+from tpu_tuner.execution.timer import StepClock, WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import of_model
 from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
@@ -165,8 +165,9 @@ def profile(
         flops = flops_report(workload, step.model, counted, batch_size, seq_len, attention_convention)
         log.info("warming up %s", candidate.describe())
         warmup_min, warmup_max = settings.warmup_min_steps, settings.warmup_max_steps
+        clock = StepClock.of(step, backend)
         warmup = run_user_step(
-            lambda: warm_up(step.run, backend, warmup_min, warmup_max),
+            lambda: warm_up(clock, warmup_min, warmup_max),
             workload,
             "warm-up",
         )
@@ -176,7 +177,7 @@ def profile(
         backend.reset_peak_memory()
         log.info("timing at least %d steps", settings.timing_min_steps)
         timing, compiles_while_timing = time_steps(
-            step.run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
+            clock, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps
         )
         peak_memory, memory_method = backend.peak_memory_bytes()
         if any(compiles_while_timing.values()):

@@ -26,9 +26,9 @@ from tpu_tuner.execution.accuracy import (
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refuse
+from tpu_tuner.execution.reference_store import key_of, stored
 from tpu_tuner.execution.step import prepare_step, run_user_step
-from tpu_tuner.execution.sync_check import check_sync, finished_timing
-from tpu_tuner.execution.timer import compile_delta, time_steps, timed_call, warm_up
+from tpu_tuner.execution.timer import StepClock, compile_delta, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.model.loader import load_workload
@@ -61,6 +61,7 @@ class WorkerState:
         self.rank = rank
         self.backend.ranks = ranks
         self._references: dict[tuple[Any, Any, Any], Outputs] = {}  # by candidate, batch size, length
+        self.references_dir: str | None = None  # the run's stored outputs (a measure request names it)
         self._baselines: dict[tuple[Any, Any, Any], BaselineOutputs] = {}
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
@@ -69,20 +70,23 @@ class WorkerState:
         # The interleaved comparison runs as several jobs (a few rounds each, so the parent can
         # show progress); its built and warmed-up steps stay here between them.
         self.compare_key: str | None = None
-        self.compare_steps: list[Any] = []
-        self.compare_scales: list[float] = []  # each step's scale to hold its work (sync_check.py)
-        self.compare_notes: list[str] = []
+        self.compare_steps: list[Any] = []  # each candidate's `StepClock`, its step built and warm
         # Memory estimates by the settings that change them (execution/memory_estimate.py):
         # trials differing only in threads, matmul precision or compiler flags share one.
         self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
 
     def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate = REFERENCE) -> Outputs:
-        """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch; cached."""
+        """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch;
+        cached here, and in the run's `references_dir` for every other worker (reference_store.py)."""
         key = (candidate, batch_size, seq_len)
         if key not in self._references:
             ranks, self.backend.ranks = self.backend.ranks, 1  # one process, the whole batch: no collective
             try:
-                self._references[key] = self._reference(batch_size, seq_len, candidate)
+                self._references[key] = stored(
+                    self.references_dir,
+                    key_of(candidate.to_dict(), batch_size, seq_len),
+                    lambda: self._reference(batch_size, seq_len, candidate),
+                )
             finally:
                 self.backend.ranks = ranks
         return self._references[key]
@@ -130,6 +134,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     # The single-device fp32 reference on the whole batch: rank 0 compares (a single worker is rank 0),
     # and judges against the baseline's outputs, computed alike (none given: against fp32 alone).
     references_started = time.perf_counter()
+    state.references_dir = request.references_dir
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     baseline = Candidate.from_dict(request.baseline) if request.baseline is not None else None
     base = state.baseline(baseline, batch_size, seq_len) if reference is not None and baseline is not None else None
@@ -175,7 +180,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         first_call = time.perf_counter() - start
         errors = judge(outputs, reference, base, candidate == baseline) if reference is not None else AccuracyErrors()
         del outputs  # the gathered whole gradients: not part of the step's memory
-        warmup = warm_up(step.run, backend, settings.warmup_min_steps, settings.warmup_max_steps)
+        clock = StepClock.of(step, backend)
+        warmup = warm_up(clock, settings.warmup_min_steps, settings.warmup_max_steps)
         steady = list(warmup.steady_steps)
         # The compile's share of the first call and warm-up (never below 0: steps vary).
         compile_estimate = (
@@ -201,7 +207,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
             return early
         stop = (lambda samples: rule.hopeless(steady + samples, compile_estimate)) if rule is not None else None
         backend.reset_peak_memory()
-        timing, compiles_while_timing, disturbed = _steady_timing(step.run, backend, settings, stop)
+        timing, compiles_while_timing, disturbed = _steady_timing(clock, settings, stop)
         if (early := hopeless(steady + timing.samples)) is not None:
             return early
         flops = float(request.model_flops_per_step)
@@ -209,7 +215,6 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         peaks = state.peak_flops_per_s or backend.peak_of_ranks(
             {k: float(v) for k, v in request.peak_flops_per_s.items()}
         )
-        timing, unsynced = finished_timing(step.run, backend, timing, flops, max(peaks.values(), default=0.0))
         peak_memory, _ = backend.peak_memory_bytes()
         # The largest rank's; every rank takes part in the reduction (-1: none measured).
         largest = int(backend.max_over_ranks(-1 if peak_memory is None else peak_memory))
@@ -232,7 +237,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         state.peak_reprobed = True
     peak = choice.flops_per_s
     warnings = [f"recompiled while timing: {compiles_while_timing}"] if any(compiles_while_timing.values()) else []
-    warnings += disturbed + unsynced
+    warnings += disturbed
     if choice.note:
         warnings.append(choice.note)
     del step
@@ -258,6 +263,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         estimated_peak_bytes=estimate.peak_bytes,
         estimate_note=estimate.reason,
         reference_seconds=reference_seconds,
+        steps_per_sample=clock.block,
     )
 
 
@@ -266,7 +272,7 @@ RETIMES = 2
 
 
 def _steady_timing(
-    run: Callable[[], Any], backend: Backend, settings: ProfilerSettings, stop: Callable[[list[float]], bool] | None
+    clock: StepClock, settings: ProfilerSettings, stop: Callable[[list[float]], bool] | None
 ) -> tuple[Any, dict[str, int], list[str]]:
     """The trial's timed steps; timed again (up to `RETIMES` more times) while their robust CV is
     beyond the profile's own limit for a trusted verdict (another process took the cores), the
@@ -274,7 +280,7 @@ def _steady_timing(
     tries = []
     for _ in range(1 + RETIMES):
         timing, compiles = time_steps(
-            run, backend, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps, stop
+            clock, settings.timing_min_steps, settings.timing_min_seconds, settings.timing_max_steps, stop
         )
         tries.append((timing, compiles))
         # A hopeless trial stops early; its few steps are no spread to judge.
@@ -295,10 +301,13 @@ def _steady_timing(
 def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
     """Time the candidates interleaved in one window: A B C, B C A, C A B, ... each round.
 
-    Every candidate is built and warmed up first; then each round runs one synced step of each
-    candidate, rotating the order so that no candidate always runs first. The rounds may come in
-    chunks (``first_round``, ``rounds``, ``last``): the steps built by the first chunk are kept in
-    the worker until the chunk marked ``last``, so later chunks time the same warm steps.
+    Every candidate is built and warmed up first; then each round times one sample of each
+    candidate (a block of steps read to its result: execution/timer.py, the search's timer),
+    rotating the order so that no candidate always runs first. The rounds may come in chunks
+    (``first_round``, ``rounds``, ``last``): the steps built by the first chunk are kept in the
+    worker until the chunk marked ``last``, so later chunks time the same warm steps. A compiling
+    candidate whose build compiled nothing, in a process where nothing compiled, ran eager: the
+    window fails as its trial would (`run_measure`).
     """
     backend, workload = state.backend, state.workload
     candidates, batch_size, seq_len = request.candidates, request.batch_size, request.seq_len
@@ -310,17 +319,24 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         gc.collect()
         # Every candidate of the window keeps its compiled frames: room for all of them.
         backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
-        state.compare_scales, state.compare_notes = [], []
+        window_start = backend.compile_events()
         for candidate in parsed:
             with candidate.process(backend):
+                before = backend.compile_events()
                 step = prepare_step(workload, backend, candidate, batch_size, seq_len)
-                warm_up(step.run, backend, request.warmup_min_steps, request.warmup_max_steps)
-                scale, note = _sync_scale(step.run, backend, candidate)
-            state.compare_steps.append(step)
-            state.compare_scales.append(scale)
-            state.compare_notes += note
+                clock = StepClock.of(step, backend)
+                warm_up(clock, request.warmup_min_steps, request.warmup_max_steps)
+                after = backend.compile_events()
+            # Nothing compiled for it, nor before it in this process (so no graph to reuse).
+            if candidate.compiles() and not any(compile_delta(window_start, after).values()):
+                state.compare_steps = []
+                raise RuntimeError(
+                    f"{candidate.describe()}: torch.compile compiled no graph in the window, so the step ran "
+                    f"eager; nothing of the setting was measured (its build: {compile_delta(before, after)})"
+                )
+            state.compare_steps.append(clock)
         state.compare_key = key
-    steps, scales = state.compare_steps, state.compare_scales
+    clocks: list[StepClock] = state.compare_steps
     samples: list[list[float]] = [[] for _ in parsed]
     events_before = backend.compile_events()
     first = request.first_round
@@ -328,23 +344,13 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         for offset in range(len(parsed)):
             index = (round_index + offset) % len(parsed)
             with parsed[index].process(backend):
-                samples[index].append(timed_call(steps[index].run, backend) * scales[index])
+                samples[index].append(clocks[index].sample())
     compiles = compile_delta(events_before, backend.compile_events())
-    notes = list(state.compare_notes) if built else []  # said once, by the job that built the steps
+    blocks = [clock.block for clock in clocks]
     if request.last:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
-    return Comparison(samples=samples, compiles_while_comparing=compiles, notes=notes)
-
-
-def _sync_scale(run: Callable[[], Any], backend: Backend, candidate: Candidate) -> tuple[float, list[str]]:
-    """What a window's synced steps of `candidate` are scaled by to hold their work (on a device
-    that may defer work past its sync: execution/sync_check.py), and why, in words."""
-    if not backend.defers_work:
-        return 1.0, []
-    synced = sorted(timed_call(run, backend) for _ in range(3))[1]
-    sync = check_sync(run, backend, synced)
-    return sync.scale, [sync.note(candidate.describe() or "the baseline")] if sync.missed_work else []
+    return Comparison(samples=samples, compiles_while_comparing=compiles, steps_per_sample=blocks)
 
 
 # The job function of each request type.

@@ -74,6 +74,9 @@ class MeasureRequest(Request):
     # The search's baseline (its candidate's dict): the accuracy guardrail judges a setting by how
     # much less accurate than it it is (execution/accuracy.py); None: against fp32 alone.
     baseline: dict[str, Any] | None = None
+    # Where the run keeps the reference's and the baseline's outputs for every worker
+    # (execution/reference_store.py); None: each worker computes its own.
+    references_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,12 @@ class CompareRequest(Request):
 
 @dataclass(frozen=True)
 class Comparison:
-    """Per candidate, one steady step's seconds each round; the compiles seen while comparing."""
+    """Per candidate, one sample each round (seconds per step of a block read to its result:
+    execution/timer.py); the compiles seen while comparing; each candidate's steps per sample."""
 
     samples: list[list[float]]
     compiles_while_comparing: dict[str, int]
-    # What the window found of its timing (a synced step scaled to hold its deferred work).
-    notes: list[str] = field(default_factory=list)
+    steps_per_sample: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.step import prepare_step
-from tpu_tuner.execution.timer import time_steps, warm_up
+from tpu_tuner.execution.timer import StepClock, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.batch import batch_size_of
 from tpu_tuner.runner.requests import ShardedStepRequest, ShardedStepTiming
@@ -32,9 +32,10 @@ def run_sharded_step(state: Any, request: ShardedStepRequest) -> ShardedStepTimi
     candidate = Candidate(layout=request.layout)
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, request.batch_size)
-        warm_up(step.run, backend, request.warmup_steps, request.warmup_steps)
+        clock = StepClock.of(step, backend)
+        warm_up(clock, request.warmup_steps, request.warmup_steps)
         backend.reset_peak_memory()  # the timed steps' peak, not the build's
-        timing, _ = time_steps(step.run, backend, request.steps, 0.0, request.steps)
+        timing, _ = time_steps(clock, request.steps, 0.0, request.steps)
         peak, _ = backend.peak_memory_bytes()
         per_rank = _gather(backend, [float(peak or 0), float(_state_bytes(step.model, step.optimizer))])
     return ShardedStepTiming(

@@ -70,7 +70,7 @@ from tpu_tuner.tuning.run.shared_study import (
 from tpu_tuner.tuning.run.tuning_result import TuningResult
 from tpu_tuner.tuning.search.bucketing_context import BucketingContext
 from tpu_tuner.tuning.search.budget import search_budget
-from tpu_tuner.tuning.search.memory_limit import MemoryLimit
+from tpu_tuner.tuning.search.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.seeding import build_sampler, enqueue_seeds, warm_seeds
 from tpu_tuner.tuning.search.trials import run_search
@@ -78,6 +78,8 @@ from tpu_tuner.tuning.search.workload_features import features_of
 from tpu_tuner.tuning.verify.race import RACE_TOP, leaders
 from tpu_tuner.tuning.verify.verification import Verification, verify
 from tpu_tuner.tuning.verify.verify_lines import phases_not_run, round_words
+
+REFERENCES_FOLDER = "references"  # the run folder's stored reference and baseline outputs
 
 # Writes a finished result's run-folder files (reports, plots, the tuned config): the outputs layer's
 # `write_tuning`, which `tpu_tuner.api` passes in (this layer does not import it).
@@ -254,6 +256,7 @@ def plan(run: Run, profiled: Profiled) -> Planned:
         peak_flops_per_s=baseline.device.peak.flops_per_s,
         model_flops_per_step=baseline.flops.model_per_step,
         baseline=space.to_candidate(space.baseline_params()).to_dict(),  # accuracy is judged against it
+        references_dir=str(location.run_dir / REFERENCES_FOLDER),  # computed once, read by every worker
     )
     return Planned(profiled, space, agents, findings, memory, bucketing, measure_options, options)
 
@@ -347,7 +350,9 @@ def race_and_verify(run: Run, searched: Searched) -> Verified:
         run.say("verify", f"{round_words(done, first)}: best {ratio:.2f}x the baseline's speed so far")
 
     kind, options, agents = searched.profile.device.kind, searched.options, searched.agents
-    verification = verify(study, space, run.runner, options, kind, verify_progress, agents, run.clock)
+    memory = memory_limit(options.objective.memory_limit_bytes, kind, searched.profile.device.memory_bytes)
+    memory_bytes = memory.bytes if memory is not None else None
+    verification = verify(study, space, run.runner, options, kind, verify_progress, agents, run.clock, memory_bytes)
     for why in phases_not_run(planned, verification, len(leaders(study, space.baseline_params()))):
         run.say("verify", why)
     return Verified(searched, replace(verification, host=socket.gethostname()), measured_here=True, measured=measured)

@@ -8,6 +8,7 @@ go through `records.attrs`, which reads a study of any version.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -155,6 +156,30 @@ def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
     """The measurement a trial stored, or None for failed, rejected and repeated trials."""
     raw = records.attrs(trial).get(records.MEASUREMENT)
     return Measurement(**json.loads(raw)) if raw else None
+
+
+def _measured(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]], figure: Any) -> list[Any]:
+    """`figure(measurement)` of each of `settings` (a trial's params) from the search's measured
+    trials (the last one of those params), None where none ran it or it has no such figure."""
+    found: dict[str, Any] = {}
+    for trial in trials:
+        measured = measurement_of(trial)
+        if measured is not None and figure(measured):
+            found[json.dumps(trial.params, sort_keys=True)] = figure(measured)
+    return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
+
+
+def measured_peaks(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]) -> list[int | None]:
+    """The peak memory the search measured for each of `settings`: what a comparison needs to know
+    of steps kept side by side (tuning/verify/interleaved.py)."""
+    return _measured(trials, settings, lambda m: m.peak_memory_bytes)
+
+
+def measured_steps(
+    trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]
+) -> list[float | None]:
+    """The median step the search measured for each of `settings` (tuning/verify/search_agreement.py)."""
+    return _measured(trials, settings, lambda m: m.step_median)
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:

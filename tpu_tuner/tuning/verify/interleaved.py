@@ -6,6 +6,13 @@ cannot share a worker: switched inside one process, a TorchTPU DeferAndFuse step
 0.15-0.23 s alternating where a DeferAndFuse process ran 0.25 s (docs/torchtpu.md, "On a real
 chip"). Such settings are compared in processes of their own, each started with its environment,
 alternating blocks of rounds between them (docs/tuning.md, "Settings fixed per process").
+
+Settings that cannot be resident together are kept apart the same way: one built step holds its
+model, optimizer state and batch on the device until the window ends, so two Llama-class settings
+in fp32 with AdamW (about 4.8 GB each, a 12.3 GB step peak) do not fit a 15.7 GiB chip side by
+side (the issue's window measured both at ~318 ms, each ~243 / 165 ms alone). Where the
+settings' measured peaks add up to more than the device's memory, they run in blocks of their
+own, each block building and freeing its steps (`resident_groups`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,28 @@ from tpu_tuner.tuning.run.clock import MIN_BLOCK_ROUNDS, block_rounds
 
 # (rounds done, rounds in all, running baseline/best ratio)
 VerifyProgress = Callable[[int, int, float], None]
+
+
+def resident_groups(
+    environments: list[dict[str, str]], peaks: list[int | None], memory_bytes: int | None
+) -> list[tuple[dict[str, str], list[int]]]:
+    """The candidates (by index) in groups that run in one process together: those of one
+    start-up environment, split in order wherever their measured peaks (`peaks`, bytes; None:
+    not measured, taken as the largest measured) would add up to more than `memory_bytes` (None:
+    no bound). A group's peaks are summed whole, though only one step runs at a time: each built
+    step keeps its own weights, optimizer state and batch, and its peak is the bound known."""
+    largest = max((p for p in peaks if p is not None), default=0)
+    sizes = [largest if p is None else p for p in peaks]
+    groups: list[tuple[dict[str, str], list[int]]] = []
+    for index, env in enumerate(environments):
+        same = [g for g in groups if g[0] == env]
+        group = same[-1] if same else None
+        load = sum(sizes[i] for i in group[1]) if group else 0
+        if group is None or (memory_bytes is not None and load + sizes[index] > memory_bytes):
+            groups.append((env, [index]))
+        else:
+            group[1].append(index)
+    return groups
 
 
 def start_environments(candidates: list[dict[str, Any]], device_kind: str | None) -> list[dict[str, str]]:
@@ -52,28 +81,42 @@ class InterleavedWindow:
         now: Callable[[], float] = time.perf_counter,
         environments: list[dict[str, str]] | None = None,
         block: int = MIN_BLOCK_ROUNDS,
+        peaks: list[int | None] | None = None,
+        memory_bytes: int | None = None,
+        alone: bool = False,
     ) -> None:
         self.runner, self.candidates, self.trial, self.now = runner, candidates, trial, now
         self.block = block
         self.samples: list[list[float]] = [[] for _ in candidates]
         self.compiles: dict[str, int] = {}
-        self.notes: list[str] = []  # what the jobs found of their timing (runner/jobs.py, `Comparison.notes`)
         # Wall seconds of each job (each block of rounds, where settings need processes of their
         # own), and how many rounds it ran.
         self.jobs: list[tuple[float, int]] = []
         self._holding = False  # whether the worker keeps built steps for a later job
-        # The candidates by start-up environment (`start_environments`), in order of first appearance.
-        self.groups: list[tuple[dict[str, str], list[int]]] = []
-        for index, env in enumerate(environments or [{} for _ in candidates]):
-            group = next((g for g in self.groups if g[0] == env), None)
-            if group is None:
-                self.groups.append((env, [index]))
-            else:
-                group[1].append(index)
+        # The candidates by start-up environment (`start_environments`), in order of first
+        # appearance, split where they cannot be resident together (`resident_groups`).
+        environments = environments or [{} for _ in candidates]
+        self.groups = (
+            [(env, [index]) for index, env in enumerate(environments)]
+            if alone
+            else resident_groups(environments, peaks or [None for _ in candidates], memory_bytes)
+        )
+        # Why the settings run in groups of their own, in words (the window's notes); "" in one.
+        environment_count = len({tuple(sorted(env.items())) for env in environments})
+        self.apart = (
+            ""
+            if len(self.groups) < 2
+            else "groups of their own, each setting alone (re-measured)"
+            if alone
+            else "processes of their own (their start-up environments differ)"
+            if len(self.groups) == environment_count
+            else "groups built and freed in turn (their measured peaks add up to more than the device's memory)"
+        )
 
     @property
     def per_process(self) -> bool:
-        """Whether the candidates need processes of their own (more than one start-up environment)."""
+        """Whether the candidates run in groups of their own (start-up environments that differ, or
+        steps that cannot be resident together), a block of rounds at a time."""
         return len(self.groups) > 1
 
     @property
@@ -123,7 +166,6 @@ class InterleavedWindow:
                 kept.extend(new)
             for kind, count in outcome.value.compiles_while_comparing.items():
                 self.compiles[kind] = self.compiles.get(kind, 0) + int(count)
-            self.notes += outcome.value.notes
         return None
 
     def _run_blocks(self, target: int) -> str | None:
@@ -147,7 +189,6 @@ class InterleavedWindow:
                 if outcome.failure is not None:
                     return f"{outcome.failure.kind} in rounds {first + 1}-{first + count}: {outcome.failure.message}"
                 measured.update(zip(indices, outcome.value.samples))
-                self.notes += outcome.value.notes
                 for kind, compiles in outcome.value.compiles_while_comparing.items():
                     self.compiles[kind] = self.compiles.get(kind, 0) + int(compiles)
             self.jobs.append((self.now() - started, count))
@@ -190,11 +231,22 @@ def compare_interleaved(
     trial: RunnerOptions,
     progress: VerifyProgress | None,
     environments: list[dict[str, str]] | None = None,
+    peaks: list[int | None] | None = None,
+    memory_bytes: int | None = None,
 ) -> tuple[list[list[float]], dict[str, int]] | str:
     """`rounds` interleaved rounds of `candidates` in one window (`InterleavedWindow`); `trial`:
     the sizes, warm-up and timeout of a trial; `environments`: each candidate's start-up
-    environment. Returns per-candidate samples and compile counts, or why it failed."""
-    window = InterleavedWindow(runner, candidates, trial, environments=environments, block=block_rounds(rounds))
+    environment; `peaks` and `memory_bytes`: what keeps them apart (`resident_groups`). Returns
+    per-candidate samples and compile counts, or why it failed."""
+    window = InterleavedWindow(
+        runner,
+        candidates,
+        trial,
+        environments=environments,
+        block=block_rounds(rounds),
+        peaks=peaks,
+        memory_bytes=memory_bytes,
+    )
     step = window.per_job or rounds
     while window.rounds < rounds:
         failure = window.run(min(step, rounds - window.rounds), last=window.rounds + step >= rounds)

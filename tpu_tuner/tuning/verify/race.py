@@ -71,16 +71,26 @@ def race(
     options: TuneOptions,
     contenders: list[optuna.trial.FrozenTrial],
     rounds: int | None = None,
+    memory_bytes: int | None = None,
 ) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
     """Race `contenders` (fastest first by the search) against the baseline, interleaved, for
     `rounds` rounds (default: half the verification's, at least 4);
     returns the winner and every entry, or why the race failed (the caller keeps the search's
-    best then)."""
+    best then). Settings whose measured peaks exceed `memory_bytes` together are not built side by
+    side (`interleaved.resident_groups`)."""
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
     rounds = rounds or max(4, options.objective.verify_rounds // 2)
+    settings = [space.baseline_params()] + [dict(t.params) for t in contenders]
     compared = compare_interleaved(
-        runner, candidates, rounds, options.runner, None, start_environments(candidates, space.device_kind)
+        runner,
+        candidates,
+        rounds,
+        options.runner,
+        None,
+        start_environments(candidates, space.device_kind),
+        trial_attrs.measured_peaks(study.get_trials(deepcopy=False), settings),
+        memory_bytes,
     )
     if isinstance(compared, str):
         return compared

@@ -41,6 +41,7 @@ from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.verify.interleaved import InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.verify.race import RACE_TOP, RaceEntry, leaders, race
+from tpu_tuner.tuning.verify.search_agreement import agreed_window
 from tpu_tuner.tuning.verify.trim import TRIMMED, KnobContribution, Trim, trim
 from tpu_tuner.tuning.verify.verify_window import DecidedWindow, measure_until_decided, window_notes
 from tpu_tuner.tuning.verify.window_figures import WindowFigures
@@ -143,6 +144,7 @@ def verify(
     progress: VerifyProgress | None = None,
     agents: Sequence[Agent] = (),
     clock: Clock | None = None,
+    memory_bytes: int | None = None,
 ) -> Verification:
     """Re-measure the search's best against the baseline (and each knob reverted, unless an
     agent in `agents` rejects the reverted setting), interleaved; recommend the best only when
@@ -151,6 +153,8 @@ def verify(
     The speedup compares *steady* steps (each candidate is built and warmed up before the first
     round, so compile time is not in it); the search ranked by amortised step. With a `clock` of
     limited time, the race and the rounds are what fits the time left (tuning/run/clock.py).
+    Settings whose measured peaks add up to more than `memory_bytes` (the device's memory, or the
+    user's limit) are never built side by side (`interleaved.resident_groups`).
     """
     trials = study.get_trials(deepcopy=False)
     measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
@@ -198,7 +202,7 @@ def verify(
     plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, _seconds_left(clock)())
     contenders = leaders(study, baseline_params)[: plan.race_top]
     if len(contenders) > 1:
-        raced = race(study, space, runner, options, contenders, plan.race_rounds)
+        raced = race(study, space, runner, options, contenders, plan.race_rounds, memory_bytes)
         if isinstance(raced, str):
             log.warning("racing the search's leaders failed (%s); verifying its best by one measurement", raced)
         else:
@@ -228,20 +232,26 @@ def verify(
     compared = [space.to_candidate(params).to_dict() for params in labels.values()]
     now = time.perf_counter if clock is None else clock.now
     growth = UNCLOCKED_GROWTH * options.objective.verify_rounds if unclocked else CLOCKED_CEILING
-    decided = measure_until_decided(
-        InterleavedWindow(
+    settings = list(labels.values())
+    decided = agreed_window(
+        lambda alone: InterleavedWindow(
             runner,
             compared,
             options.runner,
             now,
             start_environments(compared, device_kind),
             block_rounds(plan.verify_rounds),
+            trial_attrs.measured_peaks(trials, settings),
+            memory_bytes,
+            alone,
         ),
-        plan.verify_rounds,
-        growth,
-        _seconds_left(clock),
-        progress,
+        lambda window: measure_until_decided(
+            window, plan.verify_rounds, growth, _seconds_left(clock), progress, list(labels)
+        ),
         list(labels),
+        trial_attrs.measured_steps(trials, settings),
+        _seconds_left(clock),
+        now,
     )
     if isinstance(decided, str):
         return Verification.keeping_baseline(
@@ -275,7 +285,10 @@ def verify(
     def reverify(params: dict[str, Any]) -> DecidedWindow | str:
         pair = [baseline.to_dict(), space.to_candidate(params).to_dict()]
         environments = start_environments(pair, device_kind)
-        window = InterleavedWindow(runner, pair, options.runner, now, environments, block_rounds(rounds or 0))
+        peaks = trial_attrs.measured_peaks(trials, [baseline_params, params])
+        window = InterleavedWindow(
+            runner, pair, options.runner, now, environments, block_rounds(rounds or 0), peaks, memory_bytes
+        )
         again = measure_until_decided(
             window, rounds or 0, growth, _seconds_left(clock), progress, ["baseline", TRIMMED]
         )

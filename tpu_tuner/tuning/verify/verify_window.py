@@ -41,11 +41,12 @@ class DecidedWindow:
     compiles: dict[str, int]  # compiles seen while comparing, by kind
     processes: int = 1  # processes the settings ran in (more than one: start-up environments differ)
     block: int = 0  # rounds a block ran, alternating between those processes (0: one process)
-    notes: tuple[str, ...] = ()  # what the jobs found of their timing (a step scaled to hold its work)
+    notes: tuple[str, ...] = ()  # what was found of the window beside its rounds (search_agreement.py)
     # The settings the last look judged unsteady (metrics/unsteady.py), and the rounds added for them
     # after a look that had decided (None: none was asked for; 0: the clock had no room).
     unsteady: tuple[Unsteady, ...] = ()
     added_for_unsteady: int | None = None
+    apart: str = ""  # why the settings ran in groups of their own (`InterleavedWindow.apart`)
 
     @property
     def verdict(self) -> VerdictKind:
@@ -87,9 +88,10 @@ def measure_until_decided(
                 window.compiles,
                 len(window.groups),
                 window.block if window.per_process else 0,
-                tuple(dict.fromkeys(window.notes)),
+                (),
                 tuple(unsteady),
                 None if extended_at is None else window.rounds - extended_at,
+                window.apart,
             )
 
         while True:
@@ -146,8 +148,8 @@ def measure_until_decided(
 
 def window_notes(decided: DecidedWindow) -> str:
     """What the window found besides its interval, each after "; ": the disturbed rounds left out
-    (each re-run where the clock allowed: the rounds kept are in the interval's count), processes
-    of their own, the jobs' timing notes, unsteady settings; empty when none."""
+    (each re-run where the clock allowed: the rounds kept are in the interval's count), groups of
+    their own, what was found against the search, unsteady settings; empty when none."""
     rerun = len(decided.disturbed)
     notes = (
         f"; {rerun} disturbed round{'s' if rerun > 1 else ''} left out "
@@ -156,10 +158,7 @@ def window_notes(decided: DecidedWindow) -> str:
         else ""
     )
     if decided.processes > 1:
-        notes += (
-            f"; compared in {decided.processes} processes of their own (their start-up environments differ), "
-            f"alternating every {decided.block} rounds"
-        )
+        notes += f"; compared in {decided.processes} {decided.apart}, alternating every {decided.block} rounds"
     notes += "".join(f"; {note}" for note in decided.notes)
     return notes + unsteady_note(decided)
 
