@@ -62,3 +62,47 @@ def test_close_asks_the_worker_to_exit(worker: WorkerProcess) -> None:
     assert worker.request(("echo", 1), timeout_s=60) == Replied(1)
     worker.close()
     assert worker.process.returncode == 0
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ")[1].startswith("Z"):  # killed, not yet reaped by its parent
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_killed_at_its_timeout_takes_what_it_started_with_it(worker: WorkerProcess) -> None:
+    """Issue 68: a worker stopped by the clock is killed with its process group, not alone."""
+    helper = worker.request(("spawn", 600), timeout_s=30)
+    assert isinstance(helper, Replied)
+    assert isinstance(worker.request(("sleep", 60), timeout_s=0.5), TimedOut)
+    assert _gone(int(helper.value))
+
+
+def test_a_worker_dies_with_its_parent(tmp_path: Path) -> None:
+    """The worker leads a session of its own (no terminal signal reaches it), so a parent that dies
+    without closing it must not leave it holding the device."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "from tpu_tuner.runner.worker_process import WorkerProcess, Replied\n"
+        "w = WorkerProcess('echo_worker')\n"
+        "assert w.request(('echo', 1), timeout_s=60) == Replied(1)\n"
+        "assert w.send(('sleep', 600))\n"  # busy: a closed pipe alone would not end it
+        "print(w.process.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert _gone(int(done.stdout.split()[-1]))

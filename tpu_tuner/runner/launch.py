@@ -27,6 +27,7 @@ from typing import Any
 from tpu_tuner.core.failures import FailureKind, classify, describe_end
 from tpu_tuner.core.tpu_host import child_environment
 from tpu_tuner.runner.frozen import LOOK_S, Frozen, FrozenWatch
+from tpu_tuner.runner.parent_death import die_with_parent
 from tpu_tuner.runner.worker_log import WorkerLog, telling_line
 
 # The process group's timeout for one collective, at least: a rank whose peer died usually hears
@@ -217,19 +218,9 @@ def init_rank(backend: str = "gloo") -> tuple[int, int]:
 
 
 def die_with_launcher() -> None:
-    """In a rank, first thing: be killed when the launcher that started it dies (Linux's
-    PR_SET_PDEATHSIG). `start_processes` puts each rank in a session of its own, so a launcher
-    killed with SIGKILL (a host agent of a multi-host run) would leave its ranks running, holding
-    their peers' collectives; a launcher already gone by now ends the rank at once."""
-    parent = os.environ.get(PARENT_VARIABLE)
-    if not sys.platform.startswith("linux") or parent is None:
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != int(parent):
-        os._exit(1)
+    """In a rank, first thing: be killed when the launcher that started it dies. `start_processes`
+    puts each rank in a session of its own (`parent_death.die_with_parent`)."""
+    die_with_parent(PARENT_VARIABLE)
 
 
 def write_report(report: dict[str, Any]) -> None:

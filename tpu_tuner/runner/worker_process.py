@@ -10,12 +10,16 @@ cost (`WorkerProcess.ready_s`) apart from its first job.
 
 A plain subprocess rather than multiprocessing's spawn: spawn re-imports the caller's main
 module, which breaks scripts that call the API without a ``__main__`` guard. The child is a fresh
-interpreter (not a fork: libtpu, JAX and torch hold threads).
+interpreter (not a fork: libtpu, JAX and torch hold threads). It leads a process group of its own,
+so that a child killed (a timeout, a freeze, the run's clock) is killed with whatever it started
+(compiler processes, a library's helpers), and it dies with its parent (`serve`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.runner.frozen import LOOK_S, Frozen, FrozenWatch
+from tpu_tuner.runner.parent_death import die_with_parent
 
 if TYPE_CHECKING:  # the log is handed in; this module never makes one
     from tpu_tuner.runner.worker_log import WorkerLog
@@ -36,6 +41,8 @@ if TYPE_CHECKING:  # the log is handed in; this module never makes one
 EXIT_WAIT_S = 10.0
 # What a child served with `ready` sends once its start-up is done, before any reply.
 READY = ("ready",)
+# The parent's pid, in the child's environment: the child dies with that process (`serve`).
+PARENT_VARIABLE = "TPU_TUNE_WORKER_PARENT"
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ class WorkerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(to_child_r), str(from_child_w), *args],
             pass_fds=(to_child_r, from_child_w),
-            env={**os.environ, **child_environment(), **(env or {})},
+            env={**os.environ, **child_environment(), **(env or {}), PARENT_VARIABLE: str(os.getpid())},
+            start_new_session=True,  # a group of its own: killed whole (`close`)
             **streams,
         )
         os.close(to_child_r)
@@ -182,6 +190,8 @@ class WorkerProcess:
                 pass
         if self.alive():
             self.process.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # what it started, in its group, too
         self.process.wait(EXIT_WAIT_S)
         self._send.close()
         self.connection.close()
@@ -206,6 +216,7 @@ def serve(
     `catch`, with ``(kind, message, traceback)`` from `describe(exc, job)` (default: `failure_of`),
     until the parent sends None or closes its end. An exception outside `catch` ends the child.
     With `ready`, the child first runs it (its start-up: it must not raise) and sends READY."""
+    die_with_parent(PARENT_VARIABLE)
     receive = Connection(read_fd, writable=False)
     send = Connection(write_fd, readable=False)
     if ready is not None:
