@@ -74,7 +74,8 @@ def threads():
 
 
 def test_every_bad_value_is_a_choice_of_the_default_cpu_space():
-    choices = {entry["name"]: entry["choices"]["cpu"] for entry in load_definition("search_spaces", "default")["param"]}
+    entries = load_definition("search_spaces", "default")["param"]
+    choices = {entry["name"]: entry["choices"]["cpu"] for entry in entries if "cpu" in entry["choices"]}
     for model in _benchmark().MODELS:
         assert model.path.exists()
         assert model.bad.value in choices[model.bad.param], model

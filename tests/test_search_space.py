@@ -69,3 +69,18 @@ def test_bad_definitions(tmp_path) -> None:
         empty = tmp_path / "empty.toml"
         empty.write_text('[[param]]\nname = "autocast"\nchoices.tpu = ["none", "bfloat16"]\n')
         SearchSpace.load(empty, "cpu")
+
+
+def test_a_knob_the_space_does_not_list_runs_at_the_devices_own_value(tmp_path) -> None:
+    """On a TPU v5e chip a space without matmul_precision ran its baseline at fp32's 6 passes
+    (482 ms) where the user's code runs TorchTPU's one (243 ms): an unlisted knob takes the
+    device's value, as the baseline of the user's code does."""
+    from tpu_tuner.knobs.candidate import Candidate
+
+    path = tmp_path / "compile_only.toml"
+    path.write_text(
+        '[space]\nname = "compile-only"\n\n[[param]]\nname = "execution"\nchoices.tpu = ["eager:strict", "tpu"]\n'
+    )
+    space = SearchSpace.load(str(path), "tpu")
+    assert space.to_candidate(space.baseline_params()) == Candidate.baseline("tpu")
+    assert space.to_candidate({"execution": "tpu"})["matmul_precision"] == "medium"

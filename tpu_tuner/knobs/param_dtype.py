@@ -5,8 +5,10 @@ and buffers become bfloat16 (``model.to(torch.bfloat16)``) in the `model` hook, 
 `execution/step.py` runs before the optimizer is built, so the optimizer's states are bfloat16 too.
 Floating-point inputs are cast to bfloat16 on the way in (a forward pre-hook: the user's batch
 stays as it is) and outputs back to float32 on the way out, so the loss and the accuracy
-guardrail see the dtype the user's code expects. A training knob, in the opt-in ``torchtpu``
-space only (what one step cannot show: docs/knobs.md, "TorchTPU's levers").
+guardrail see the dtype the user's code expects. A training knob: in the default space on TPU,
+where a v5e chip's Llama-class step ran 2.25x faster with it, and in the opt-in ``torchtpu`` space
+on every device (what one step cannot show, and the chip's figures: docs/knobs.md, "TorchTPU's
+levers").
 """
 
 from __future__ import annotations

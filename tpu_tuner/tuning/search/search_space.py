@@ -20,7 +20,13 @@ from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.core.errors import DefinitionError
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.capabilities import CANNOT_RUN, Conditional, NarrowedByWorkload, SpreadsOverRanks
+from tpu_tuner.knobs.capabilities import (
+    CANNOT_RUN,
+    Conditional,
+    DeviceBaseline,
+    NarrowedByWorkload,
+    SpreadsOverRanks,
+)
 from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
 
 if TYPE_CHECKING:
@@ -233,11 +239,19 @@ class SearchSpace:
 
     def to_candidate(self, params: dict[str, Any]) -> Candidate:
         """A Candidate from parameter values (unsearched parameters take their only choice;
-        conditional ones inactive under the others their knob's default)."""
+        conditional ones inactive under the others their knob's default; a knob the space does
+        not list, the device's own value where it has one: a space without matmul_precision runs
+        TorchTPU's medium, as the user's code does, not fp32's highest)."""
         try:
             values = {p.name: params.get(p.name, p.choices[0]) for p in self.params}
             context = {**self._fixed(), **values}
-            return Candidate({name: value for name, value in values.items() if self._active(name, context)})
+            unlisted = {
+                name: knob.device_default(self.device_kind)
+                for name, knob in knobs.REGISTRY.items()
+                if isinstance(knob, DeviceBaseline) and name not in values
+            }
+            active = {name: value for name, value in values.items() if self._active(name, context)}
+            return Candidate({**unlisted, **active})
         except ValueError as exc:
             raise DefinitionError(f"bad parameter values {params}: {exc}", self.name) from exc
 
