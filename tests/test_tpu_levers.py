@@ -1,0 +1,51 @@
+"""benchmarks/tpu_levers.py: the lever table from the chip's JSON (the figures docs/knobs.md
+states), and a whole run on the CPU with a tiny model (slow: each build compiles with inductor)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _levers():
+    spec = importlib.util.spec_from_file_location("tpu_levers", BENCHMARKS / "tpu_levers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tpu_levers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_chip_table_states_the_figures_the_docs_quote() -> None:
+    table = _levers().table(json.loads((BENCHMARKS / "tpu_levers_llama_v5e.json").read_text()))
+    assert "| bf16 parameters | 99.4 ms | 48.5% | 2.251x (1.903-2.661) | 13.90 GiB | 41.0 s |" in table
+    assert "| reference | 223.8 ms | 21.5% | 1 (itself) | 15.74 GiB | 36.1 s |" in table
+    assert "| optimizer compiled | failed: RuntimeError: execute(): failed to prepare compiled mode" in table
+    assert "torch-tpu': '0.2.0'" in table and "'libtpu': '0.0.52'" in table
+
+
+@pytest.mark.slow  # two builds a round, each compiled with inductor on CPU
+def test_a_run_on_the_cpu_pairs_each_lever_with_the_reference_by_round(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "levers.json"
+    levers = _levers()
+    status = levers.main(
+        ["--device", "cpu", "--model", str(FIXTURES / "tiny_gpt.py"), "--batch-size", "2", "--seq", "32"]
+        + ["--rounds", "2", "--steps", "3", "--only", "reference", "bf16 parameters", "--out", str(out)]
+    )
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert [len(result["settings"][name]["samples"]) for name in ("reference", "bf16 parameters")] == [2, 2]
+    assert result["model_flops_per_step"] > 0
+    assert "| bf16 parameters |" in capsys.readouterr().out
+
+
+def test_bad_sizes_exit_2_with_one_line(capsys) -> None:
+    assert _levers().main(["--rounds", "0"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
