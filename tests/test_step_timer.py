@@ -109,13 +109,21 @@ def test_the_block_fills_its_target_where_the_host_runs_ahead_and_is_one_step_el
     assert clock.fit_block(0.010) == 1  # a CPU's synced step is already its work
 
 
-def test_a_cpu_timing_is_the_steps_asked_one_sample_each() -> None:
-    device = DeferredDevice()
-    device.runs_ahead = False
+def test_a_cpu_timing_is_the_steps_asked_one_sample_each_without_a_read() -> None:
+    """A CPU's step is done when it returns: a read would only add its own cost to the step."""
+
+    class Cpu(DeferredDevice):
+        runs_ahead = False
+
+        def step(self) -> str:
+            self.now += WORK_S  # synchronous: the work is done when the call returns
+            return "output"
+
+    device = Cpu()
     clock = _clock(device)
     clock.fit_block(WORK_S)
     timing, _ = time_steps(clock, 3, 0.0, 3)
-    assert timing.count == 3 and timing.median == pytest.approx(WORK_S + HOST_S)
+    assert timing.count == 3 and timing.median == pytest.approx(WORK_S) and device.reads == 0
 
 
 def test_a_training_steps_read_depends_on_every_updated_parameter() -> None:

@@ -10,7 +10,8 @@ hand over before the work it depends on is done. Work a block leaves deferred pa
 is paid by the next block's, so contiguous blocks add up to their steps' work; a block's seconds
 divided by its steps is one sample. Where the host can queue steps ahead of the device
 (`Backend.runs_ahead`), a block is long enough (`TARGET_BLOCK_S`) that the read's round trip is
-a small share of it; elsewhere (a CPU) a block is one step, as a synced step is already its work.
+a small share of it; elsewhere (a CPU) a block is one step with no read, as a CPU step's return is
+already its end (the figures CPU runs had before).
 """
 
 from __future__ import annotations
@@ -56,13 +57,16 @@ class StepClock:
 
     def seconds(self, steps: int = 1) -> float:
         """Seconds per step of `steps` steps back to back, ended by the read of the last one's
-        result (and, as a rank of a sharded step, the slowest rank's figure on every rank)."""
+        result where the device may run behind the host (on a CPU the step's return is its end,
+        and a read would only add its own cost to a microsecond step), and, as a rank of a
+        sharded step, the slowest rank's figure on every rank."""
         self.backend.synchronize_ranks()
         start = self.now()
         output = None
         for _ in range(steps):
             output = self.run()
-        self.read(output)
+        if self.backend.runs_ahead:
+            self.read(output)
         self.backend.synchronize_ranks()
         return self.backend.max_over_ranks(self.now() - start) / steps
 
