@@ -208,6 +208,9 @@ def test_a_trials_wall_time_splits_into_start_compile_steps_and_the_rest() -> No
     )
     assert cost_keys(None, wall_s=4.0, start_s=1.0) == {}  # a failure: no split
     assert JobResult().start_s is None
+    # Issue 68: a sample is a block of steps, seconds per step: the block's steps all ran.
+    blocks = replace(_measurement(), steps_per_sample=3)  # 20 samples of 3 steps at 0.1 s: 6 s
+    assert cost_keys(blocks, wall_s=20.0, start_s=0.0)[STEPS_S] == pytest.approx(1.0 + 6.0)
 
 
 def test_the_reports_line_counts_measured_settings_per_minute_and_the_median_beyond() -> None:

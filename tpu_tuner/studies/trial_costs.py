@@ -28,8 +28,10 @@ def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, flo
     if isinstance(value, Measurement):
         compile_s = value.compile_seconds
         reference = {REFERENCE_S: value.reference_seconds}
-        # The first call and warm-up beyond the compile ran at the steady speed, as the timed steps.
-        steps = max(0.0, value.first_call_seconds + value.warmup_seconds - compile_s) + sum(value.samples)
+        # The first call and warm-up beyond the compile ran at the steady speed, as the timed steps
+        # (each sample a block of `steps_per_sample` steps: execution/timer.py).
+        timed = sum(value.samples) * value.steps_per_sample
+        steps = max(0.0, value.first_call_seconds + value.warmup_seconds - compile_s) + timed
     elif isinstance(value, EarlyStop):
         compile_s = value.compile_seconds
         steps = max(0.0, value.first_call_seconds - compile_s) + sum(value.steps)
