@@ -124,3 +124,35 @@ def test_off_search_names_each_setting_beyond_the_ratio_either_way() -> None:
     found = off_search(decided, ["baseline", "best", "other"], [0.30 / (OFF_SEARCH_RATIO + 0.01), 0.2, None])
     assert [line.split(":")[0] for line in found] == ["baseline", "best"]
     assert "(0.50x)" in found[1]
+
+
+def test_the_finish_is_costed_with_a_build_per_block_where_settings_are_kept_apart() -> None:
+    """The clock costs the window it will run: settings that cannot be resident together are
+    built again every block (no process start: they share an environment), and a round spends a
+    block of steps of each setting (execution/timer.py), not one step."""
+    from tpu_tuner.tuning.run.clock import FinishPlan, finish_seconds
+    from tpu_tuner.tuning.search.memory_limit import MemoryLimit
+
+    def study(memory: int, block: int, compile_s: float = 40.0) -> optuna.Study:
+        made = optuna.create_study()
+        for execution, step in ALONE.items():
+            made.enqueue_trial({"execution": execution, "matmul_precision": "medium"})
+            trial = made.ask()
+            params = SPACE.suggest(trial)
+            m = steady_measurement(
+                SPACE.to_candidate(params).to_dict(),
+                step,
+                peak_memory_bytes=PEAKS[execution],
+                compile_seconds=compile_s,
+                steps_per_sample=block,
+            )
+            made.tell(trial, trial_attrs.record_measurement(trial, m, 5000, 0.01, memory=MemoryLimit(memory, "test")))
+        return made
+
+    plan = FinishPlan(0, 0, 12, False, 0.0)  # 12 verification rounds of the baseline and the best
+    side_by_side = finish_seconds(study(64 * GIB, 1).get_trials(), plan)
+    apart = finish_seconds(study(CHIP, 1).get_trials(), plan)
+    builds = 0.3 * 40.0 * 2 + 3 * (0.243 + 0.165)  # each setting's cached build and warm-up
+    assert apart - side_by_side == pytest.approx(builds)  # two blocks: built twice, not once
+    blocks = finish_seconds(study(64 * GIB, 2).get_trials(), plan)
+    assert blocks - side_by_side == pytest.approx(12 * (0.243 + 0.165))  # two steps a round each

@@ -64,6 +64,9 @@ BASELINE_ACCURACY_ERROR = "baseline_accuracy_error"
 ACCURACY_ERROR_VS_BASELINE = "accuracy_error_vs_baseline"
 ACCURACY_EXCESS = "accuracy_excess"
 PEAK_MEMORY_BYTES = "peak_memory_bytes"
+# The study's memory limit the trial was judged under (the device's, or --trial-memory-gb): the
+# finish's clock knows from it which settings a window cannot keep side by side.
+MEMORY_LIMIT_BYTES = "memory_limit_bytes"
 # The peak estimated on fake tensors before the trial ran, its error against the measured peak,
 # and why there was none (execution/memory_estimate.py).
 ESTIMATED_PEAK_BYTES = "estimated_peak_bytes"

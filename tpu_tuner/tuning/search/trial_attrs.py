@@ -60,6 +60,7 @@ def record_measurement(
             records.MFU: m.mfu,
             **_accuracy_keys(m),
             records.PEAK_MEMORY_BYTES: m.peak_memory_bytes,
+            **({records.MEMORY_LIMIT_BYTES: memory.bytes} if memory is not None else {}),
             records.ESTIMATED_PEAK_BYTES: m.estimated_peak_bytes,
             records.ESTIMATE_ERROR: m.estimate_error,
             **({records.ESTIMATE_NOTE: m.estimate_note} if m.estimate_note else {}),

@@ -25,32 +25,10 @@ from typing import Any
 from tpu_tuner.runner.ranked_runner import Runner
 from tpu_tuner.runner.requests import CompareRequest
 from tpu_tuner.tuning.options.tune_options import RunnerOptions
-from tpu_tuner.tuning.run.clock import MIN_BLOCK_ROUNDS, block_rounds
+from tpu_tuner.tuning.run.clock import MIN_BLOCK_ROUNDS, block_rounds, resident_groups
 
 # (rounds done, rounds in all, running baseline/best ratio)
 VerifyProgress = Callable[[int, int, float], None]
-
-
-def resident_groups(
-    environments: list[dict[str, str]], peaks: list[int | None], memory_bytes: int | None
-) -> list[tuple[dict[str, str], list[int]]]:
-    """The candidates (by index) in groups that run in one process together: those of one
-    start-up environment, split in order wherever their measured peaks (`peaks`, bytes; None:
-    not measured, taken as the largest measured) would add up to more than `memory_bytes` (None:
-    no bound). A group's peaks are summed whole, though only one step runs at a time: each built
-    step keeps its own weights, optimizer state and batch, and its peak is the bound known."""
-    largest = max((p for p in peaks if p is not None), default=0)
-    sizes = [largest if p is None else p for p in peaks]
-    groups: list[tuple[dict[str, str], list[int]]] = []
-    for index, env in enumerate(environments):
-        same = [g for g in groups if g[0] == env]
-        group = same[-1] if same else None
-        load = sum(sizes[i] for i in group[1]) if group else 0
-        if group is None or (memory_bytes is not None and load + sizes[index] > memory_bytes):
-            groups.append((env, [index]))
-        else:
-            group[1].append(index)
-    return groups
 
 
 def start_environments(candidates: list[dict[str, Any]], device_kind: str | None) -> list[dict[str, str]]:
