@@ -28,12 +28,19 @@ LLAMA = (
     "hf:llama?num_hidden_layers=6,hidden_size=2048,intermediate_size=5632,num_attention_heads=16,"
     "num_key_value_heads=4,vocab_size=32000"
 )
+# The 335M decoder benchmarks/tpu_chip_check.py runs in JAX (d 1024, 16 layers, 8 heads of 128, MLP
+# 4096, vocab 32000) as a Hugging Face Llama, at the JAX step's batch (issue 68, item 4).
+DECODER_335M = (
+    "hf:llama?num_hidden_layers=16,hidden_size=1024,intermediate_size=4096,num_attention_heads=8,"
+    "num_key_value_heads=8,vocab_size=32000"
+)
 # name -> (model, extra arguments)
 WORKLOADS: dict[str, tuple[str, list[str]]] = {
     "gpt": ("examples/gpt.py", []),  # the README's: a training step
     "llama": (LLAMA, ["--batch-size", "2", "--seq", "2048"]),  # a training step
     "cnn": ("examples/cnn.py", []),  # vision, inference
     "llama-inference": (LLAMA, ["--inference", "--batch-size", "8", "--seq", "2048"]),
+    "decoder-335m": (DECODER_335M, ["--batch-size", "8", "--seq", "2048"]),  # a training step
 }
 
 
@@ -128,7 +135,9 @@ def _cell(step_ms: float | None, mfu: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(WORKLOADS), default=["gpt", "llama", "cnn", "llama-inference"]
+    )
     parser.add_argument("--time-budget", help="each run's clock (default: tpu-tune's own)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "tpu_runs")
     parser.add_argument("--list", action="store_true", help="print the commands, run nothing")
