@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             record.peak_memory_bytes = max(record.peak_memory_bytes or 0, block.peak_memory_bytes or 0) or None
             record.steps_per_sample = block.steps_per_sample
             print(f"round {round_index + 1}: {name}: {median * 1e3:.1f} ms", flush=True)
-        if args.out is not None:  # what is measured so far survives a run cut short
+            # What is measured so far survives a run cut short (the chip's first run lost a round).
             args.out.write_text(json.dumps(result(), indent=1))
     together: dict[str, Any] = {}
     if args.resident and {"baseline", "reference"} <= set(names):
