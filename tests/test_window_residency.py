@@ -21,9 +21,10 @@ from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.run.clock import resident_groups
 from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
-from tpu_tuner.tuning.verify.interleaved import InterleavedWindow, resident_groups
+from tpu_tuner.tuning.verify.interleaved import InterleavedWindow
 from tpu_tuner.tuning.verify.search_agreement import OFF_SEARCH_RATIO, off_search
 from tpu_tuner.tuning.verify.verification import verify
 from tpu_tuner.tuning.verify.verify_window import DecidedWindow

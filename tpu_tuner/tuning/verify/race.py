@@ -77,7 +77,7 @@ def race(
     `rounds` rounds (default: half the verification's, at least 4);
     returns the winner and every entry, or why the race failed (the caller keeps the search's
     best then). Settings whose measured peaks exceed `memory_bytes` together are not built side by
-    side (`interleaved.resident_groups`)."""
+    side (`clock.resident_groups`)."""
     baseline = space.to_candidate(space.baseline_params())
     candidates = [baseline.to_dict()] + [space.to_candidate(dict(t.params)).to_dict() for t in contenders]
     rounds = rounds or max(4, options.objective.verify_rounds // 2)

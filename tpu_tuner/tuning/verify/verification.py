@@ -154,7 +154,7 @@ def verify(
     round, so compile time is not in it); the search ranked by amortised step. With a `clock` of
     limited time, the race and the rounds are what fits the time left (tuning/run/clock.py).
     Settings whose measured peaks add up to more than `memory_bytes` (the device's memory, or the
-    user's limit) are never built side by side (`interleaved.resident_groups`).
+    user's limit) are never built side by side (`clock.resident_groups`).
     """
     trials = study.get_trials(deepcopy=False)
     measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
