@@ -32,10 +32,10 @@ class PreparedStep:
     run: Callable[[], Any]
     run_eager: Callable[[], Any]
     forward: Callable[..., Any]  # the model as the candidate runs it (compiled or not)
-    loss: Callable[[Any, Any], Any] | None = None
     # Brings to the host a value that depends on a step's whole work, given `run`'s output
     # (`result_read`): what ends a timed block of steps (execution/timer.py).
-    read: Callable[[Any], float] = lambda output: 0.0
+    read: Callable[[Any], float]
+    loss: Callable[[Any, Any], Any] | None = None
 
 
 def prepare_step(

@@ -159,28 +159,27 @@ def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
     return Measurement(**json.loads(raw)) if raw else None
 
 
-def _measured(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]], figure: Any) -> list[Any]:
-    """`figure(measurement)` of each of `settings` (a trial's params) from the search's measured
-    trials (the last one of those params), None where none ran it or it has no such figure."""
+def _measured(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]], key: str) -> list[Any]:
+    """The record's `key` figure of each of `settings` (a trial's params) from the search's trials
+    (the last one of those params that has it), None where none ran it or it has no such figure."""
     found: dict[str, Any] = {}
     for trial in trials:
-        measured = measurement_of(trial)
-        if measured is not None and figure(measured):
-            found[json.dumps(trial.params, sort_keys=True)] = figure(measured)
+        if value := records.attrs(trial).get(key):
+            found[json.dumps(trial.params, sort_keys=True)] = value
     return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
 
 
 def measured_peaks(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]) -> list[int | None]:
     """The peak memory the search measured for each of `settings`: what a comparison needs to know
-    of steps kept side by side (tuning/verify/interleaved.py)."""
-    return _measured(trials, settings, lambda m: m.peak_memory_bytes)
+    of steps kept side by side (tuning/run/clock.py, `resident_groups`)."""
+    return _measured(trials, settings, records.PEAK_MEMORY_BYTES)
 
 
 def measured_steps(
     trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]
 ) -> list[float | None]:
     """The median step the search measured for each of `settings` (tuning/verify/search_agreement.py)."""
-    return _measured(trials, settings, lambda m: m.step_median)
+    return _measured(trials, settings, records.STEP_MEDIAN_S)
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
