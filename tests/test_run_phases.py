@@ -151,7 +151,9 @@ def test_the_profile_phase_fits_the_run_clock_in_place(monkeypatch, tmp_path) ->
     opened = types.SimpleNamespace(study=optuna.create_study(), created=True, record={})
     monkeypatch.setattr(phases, "open_run_storage", lambda url, store: None)
     monkeypatch.setattr(phases, "open_or_join", lambda *args: opened)
-    on_tpu = types.SimpleNamespace(device=types.SimpleNamespace(kind="tpu"), workload=types.SimpleNamespace(dims=None))
+    on_tpu = types.SimpleNamespace(
+        device=types.SimpleNamespace(kind="tpu", once_s=0.0), workload=types.SimpleNamespace(dims=None)
+    )
     monkeypatch.setattr(phases, "profile_baseline", lambda *args: on_tpu)
     workload = types.SimpleNamespace(device_kind="cpu", source=FIXTURES / "model.py", dims=None)
     location = RunLocation(tmp_path, "sqlite://", "run", shared=False, resumed=False)

@@ -28,6 +28,9 @@ class DeviceInfo:
     # The measured probe (CPUs, unknown GPUs): rates per dtype with their spread, whether
     # "medium" changes the numerics, the per-op dispatch cost. None for datasheet peaks.
     probe: RooflineProbe | None = None
+    # Seconds this process spent on what a later process reads from a cache (the CPU's roofline
+    # probe, measured once per machine): not a cost each setting pays (tuning/run/fitted_clock.py).
+    once_s: float = 0.0
 
 
 class Backend(ABC):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class CpuBackend(Backend):
             return total
 
     def info(self) -> DeviceInfo:
+        started = time.perf_counter()
         probe, was_cached = cached_probe(self.device, self.synchronize)
         peak = probe.to_peak(probe.describe() + (" (cached)" if was_cached else ""))
         return DeviceInfo(
@@ -55,6 +57,7 @@ class CpuBackend(Backend):
             peak=peak,
             details={"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "usable_cores": usable_cores()},
             probe=probe,
+            once_s=0.0 if was_cached else time.perf_counter() - started,
         )
 
     def peak_of_ranks(self, flops_per_s: dict[str, float]) -> dict[str, float]:

@@ -27,14 +27,14 @@ from tpu_tuner.studies.samplers import SAMPLERS  # the sampler factory's own nam
 
 # The whole run's clock by default (--time-budget): search, race and verification (tuning/run/clock.py).
 TIME_BUDGET = "4m"
-# The longest a default clock is fitted to on a TPU (tuning/run/fitted_clock.py).
+# The longest a default clock is fitted to (tuning/run/fitted_clock.py).
 LONGEST_FITTED_BUDGET = "20m"
 
 
 class DefaultBudget(float):
     """The default clock's seconds, marked as the default (a float like any other), so that a run
-    on a TPU may fit it to what a setting costs there (tuning/run/fitted_clock.py); a budget the user
-    gave is a plain float and is held to."""
+    may fit it to what a setting costs on its device (tuning/run/fitted_clock.py); a budget the
+    user gave is a plain float and is held to."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class SearchOptions:
         typed=DefaultWords(TIME_BUDGET),
         convert=parse_duration,
         help="the whole run's clock: search, race and verification fit in it, e.g. 10m, 90s, 1h30m; "
-        "none: no clock, the trial budget alone (default %(default)s; on a TPU fitted to what the baseline's "
-        f"load and profile took, at most {LONGEST_FITTED_BUDGET})",
+        "none: no clock, the trial budget alone (default %(default)s, on every device grown to hold 8 settings "
+        f"and the verification at what the baseline's load and profile took, at most {LONGEST_FITTED_BUDGET})",
     )
     sampler: str = uses("tpe", SAMPLER, choices=tuple(SAMPLERS))
     seed: int = uses(0, SEED)

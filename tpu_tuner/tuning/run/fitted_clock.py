@@ -1,14 +1,17 @@
-"""The default clock fitted to what a setting costs on the device at hand (TPU).
+"""The default clock fitted to what a setting costs on the device at hand: one rule for every device.
 
-On a TPU a setting is expensive before its first timed step: a process opens the chip and a
+A setting can be expensive before its first timed step: on a TPU a process opens the chip and a
 compile runs from nothing (on a v5e, 25-40 s a setting against a 4-minute default, so the README
-example measured 8 settings and a Llama-class model 3; docs/torchtpu.md). A default clock sized
-for a CPU then spends itself on compiles and verifies nothing. So where the user left the clock
-at its default on a TPU, it is sized after the baseline's load and profile, from what they took:
-room for `MIN_SEARCH_SETTINGS` settings and the finish's `FINISH_SETTINGS`, each costed as the
-baseline's load and profile measured, never shorter than the default and never longer than
-`LONGEST_FITTED_S`. A given --time-budget is never changed, and no other device's default moves
-(their default was sized from measured runs: docs/search-efficiency.md).
+example measured 8 settings and a Llama-class model 3; docs/torchtpu.md); on a slow CPU a large
+model's steps alone fill the clock (KernelBench's MiniGPTBlock on a 2-core AMD EPYC host, a 9.0 s
+step: "undecided: only the baseline fit in 4.0 min"). A fixed default then spends itself on one
+or two settings and verifies nothing. So where the user left the clock at its default, on any
+device, it is sized after the baseline's load and profile, from what they took: room for
+`MIN_SEARCH_SETTINGS` settings and the finish's `FINISH_SETTINGS`, each costed as the baseline's
+load and profile measured (less what was done once for the machine, the CPU's peak probe), never
+shorter than the default and never longer than `LONGEST_FITTED_S`. A fast model keeps the
+default (the README example's load and profile take seconds). A given --time-budget is never
+changed.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from tpu_tuner.core.units import duration, parse_duration
 from tpu_tuner.tuning.options.search_options import LONGEST_FITTED_BUDGET, DefaultBudget
 from tpu_tuner.tuning.run.clock import WRAP_UP_S
 
-# The device kinds whose default clock is fitted (a process start and a compile per setting).
-FITTED_KINDS = ("tpu",)
 # Settings the search should measure within a fitted clock: the baseline and the agents' first
 # proposals, the few a verdict needs (on CPU the default clock measures about 12).
 MIN_SEARCH_SETTINGS = 8
@@ -38,14 +39,16 @@ class FittedClock:
     words: str = ""
 
 
-def fit_default_clock(budget_s: float | None, device_kind: str, elapsed_s: float) -> FittedClock | None:
+def fit_default_clock(
+    budget_s: float | None, device_kind: str, elapsed_s: float, once_s: float = 0.0
+) -> FittedClock | None:
     """The clock for a run whose baseline was loaded and profiled in `elapsed_s` (the run's clock
     so far: a worker started, the device opened, the model built, the baseline warmed up and
-    timed); None where the budget stays as it is (none, given by the user, another device kind,
-    or the default already room enough)."""
-    if budget_s is None or not isinstance(budget_s, DefaultBudget) or device_kind not in FITTED_KINDS:
+    timed), `once_s` of it on what no later setting pays again (a peak probe then cached); None
+    where the budget stays as it is (none, given by the user, or the default already room enough)."""
+    if budget_s is None or not isinstance(budget_s, DefaultBudget):
         return None
-    per_setting = max(elapsed_s, 0.0)
+    per_setting = max(elapsed_s - max(once_s, 0.0), 0.0)
     needed = elapsed_s + (MIN_SEARCH_SETTINGS + FINISH_SETTINGS) * per_setting + WRAP_UP_S
     if needed <= budget_s:
         return None

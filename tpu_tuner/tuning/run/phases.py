@@ -170,7 +170,9 @@ def profile(run: Run, started: Started) -> Profiled:
     if baseline is None:
         run.say("profile", "profiling the baseline")
         baseline = profile_baseline(run.runner, options, workload.source, workload.device_kind)
-        fitted = fit_default_clock(options.search.time_budget_s, baseline.device.kind, run.clock.elapsed())
+        fitted = fit_default_clock(
+            options.search.time_budget_s, baseline.device.kind, run.clock.elapsed(), baseline.device.once_s
+        )
         if fitted is not None:  # the clock every phase reads, and the options the study records
             run.clock.set_budget(fitted.budget_s)
             options = replace(options, search=replace(options.search, time_budget_s=fitted.budget_s))
