@@ -26,7 +26,7 @@ def summary_rows(p: Profile) -> list[tuple[str, str]]:
         ),
         (
             "step time",
-            f"median {ms(t.median)}, p10 {ms(t.p10)}, p90 {ms(t.p90)} over {t.count} synced steps "
+            f"median {ms(t.median)}, p10 {ms(t.p10)}, p90 {ms(t.p90)} over {t.count} samples timed to their result "
             f"(CV {t.cv:.1%}, robust CV {t.robust_cv:.1%})",
         ),
         (

@@ -156,10 +156,15 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
             note = f"excluded ({row[records.EXCLUDED_BY]}): not measured"
         if present(row.get(records.REPEAT_OF)):
             note = f"repeat of trial {int(row[records.REPEAT_OF])}, not re-measured" + (f"; {note}" if note else "")
+        step, mfu_cell = ms_or_blank(row.get(records.STEP_MEDIAN_S)), _pct(row.get(records.MFU))
+        superseded = present(row.get(records.SUPERSEDED)) and bool(row[records.SUPERSEDED])
+        if superseded:  # one figure per setting: the window's stands (tuning/verify/window_marks.py)
+            step += f" -> {ms_or_blank(row.get(records.WINDOW_STEP_S))}"
+            mfu_cell += f" -> {_pct(row.get(records.WINDOW_MFU))}" if present(row.get(records.WINDOW_MFU)) else ""
+            note = str(row[records.FIGURE_NOTE]) + (f"; {note}" if note else "")
         out.append(
             f"| {row['number']} | {_state(row)} | {settings} | {ms_or_blank(row.get(records.AMORTISED_STEP_S))} | "
-            f"{ms_or_blank(row.get(records.STEP_MEDIAN_S))} | {ms_or_blank(row.get(records.COMPILE_S))} | "
-            f"{_pct(row.get(records.MFU))} | "
+            f"{step} | {ms_or_blank(row.get(records.COMPILE_S))} | {mfu_cell} | "
             f"{_sci(row.get(records.ACCURACY_ERROR))} | {_sci(row.get(records.ACCURACY_ERROR_VS_BASELINE))} | "
             f"{note.replace('|', '/')} |"
         )
@@ -183,7 +188,8 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         "## How these were measured",
         "",
         f"- Each trial ran in an isolated worker: first call (compile) timed alone, warm-up until no compiles, then "
-        f"at least {trial_settings.timing_min_steps} synced steps; median reported.",
+        f"at least {trial_settings.timing_min_steps} samples, each a block of steps run back to back and ended by a "
+        "host read of the block's result (one step on a CPU: execution/timer.py); median per step reported.",
         "- The verification re-ran baseline, best and the knob ablations round-robin in one worker "
         f"({v.speedup.rounds if v.speedup else 0} rounds kept); speedups are geometric means of per-round ratios "
         "with t intervals stated at 95% for the window as a whole: rounds are added until the interval decides, "

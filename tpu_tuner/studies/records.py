@@ -89,6 +89,13 @@ BUCKETS = "buckets"
 PADDING_WASTE = "padding_waste"
 # How a setting was queued from an earlier study (tuning/search/warm_start.py); kept by a lost trial's retry.
 WARM_START = "warm_start"
+# Not stored on the trial (a finished trial's attributes are fixed): trials.csv's columns for a
+# trial that a window (the race, the verification) timed again, from result.json: its step and
+# MFU there, and whether they supersede the search's figures (tuning/verify/window_marks.py).
+WINDOW_STEP_S = "window_step_s"
+WINDOW_MFU = "window_mfu"
+SUPERSEDED = "search_figure_superseded"
+FIGURE_NOTE = "figure_note"
 
 # The planner's record: what became of a trial ("outcome", a `PlanOutcome`), why, the point it
 # holds, whether it holds a compile of the budget, and the compiler's figures.

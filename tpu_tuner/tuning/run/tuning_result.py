@@ -38,7 +38,14 @@ from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trials_table import trials_frame
 from tpu_tuner.tuning.verify.trim import TRIMMED
 from tpu_tuner.tuning.verify.verification import Verification, trial_measurement
-from tpu_tuner.tuning.verify.window_figures import ComparedSteps, WindowFigures, step_disagreement, with_window_step
+from tpu_tuner.tuning.verify.window_figures import (
+    ComparedSteps,
+    WindowFigures,
+    WindowStep,
+    step_disagreement,
+    with_window_step,
+)
+from tpu_tuner.tuning.verify.window_marks import WindowMark, mark_against_window, race_marks
 
 
 @dataclass
@@ -179,6 +186,28 @@ class TuningResult:
         return [said for label, search, window in sides if (said := step_disagreement(label, search, window))]
 
     @property
+    def window_marks(self) -> dict[int, WindowMark]:
+        """Each trial whose setting the race or the verification timed again, by trial number:
+        the window's step and whether the search's figure is superseded by it
+        (tuning/verify/window_marks.py). The verification's figures win over the race's."""
+        v, run_peak = self.verification, self.peak
+        marks = race_marks(v.race)
+        windows: list[tuple[int | None, dict[str, list[float]], str, str]] = [
+            (v.baseline_trial, v.samples, "baseline", "the verification window"),
+            (v.best_trial, v.samples, "best", "the verification window"),
+        ]
+        if v.trim is not None:
+            windows.append((v.trim.trial, v.trim.samples, TRIMMED, "the trimmed setting's window"))
+        for number, samples, label, where in windows:
+            search = self.on_run_peak(trial_measurement(self.study, number), run_peak)
+            if number is None or search is None or not samples.get(label):
+                continue
+            window = self.on_run_peak(with_window_step(search, WindowStep.of(samples[label]), samples[label]), run_peak)
+            if window is not None:
+                marks[number] = mark_against_window(search, window, where)
+        return marks
+
+    @property
     def best_config(self) -> TunedConfig:
         """The recommended config (the baseline when the win was not significant)."""
         return TunedConfig(
@@ -203,7 +232,8 @@ class TuningResult:
 
     def trials_dataframe(self) -> pd.DataFrame:
         """One row per trial: settings, outcome, objective, measurements, failures (trials_table.py)."""
-        return trials_frame(self.study, self.space, self.on_run_peak)
+        marks = {number: mark.columns() for number, mark in self.window_marks.items()}
+        return trials_frame(self.study, self.space, self.on_run_peak, marks)
 
     def to_json(self) -> str:
         """result.json: what `load` needs besides the study and profile.json (the verification,

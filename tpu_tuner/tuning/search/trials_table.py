@@ -7,7 +7,7 @@ number (Optuna's, as the failure learner's "excluded after trial N" says it) and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
@@ -46,6 +46,10 @@ TRIAL_COLUMNS = [
     *COST_KEYS,  # with compile_s, where TRIAL_WALL_S went
     records.HOST,
     "duration_s",
+    records.WINDOW_STEP_S,
+    records.WINDOW_MFU,
+    records.SUPERSEDED,
+    records.FIGURE_NOTE,
 ]
 # User attrs left out of trials.csv: whole records (kept in the study) and internal bookkeeping
 # (the worker that ran a trial of a shared study; "host" says where it ran).
@@ -55,10 +59,15 @@ INTEGER_COLUMNS = ("number", records.REPEAT_OF, records.PEAK_MEMORY_BYTES, recor
 
 
 def trials_frame(
-    study: optuna.Study, space: SearchSpace, on_run_peak: Callable[[Measurement | None], Measurement | None]
+    study: optuna.Study,
+    space: SearchSpace,
+    on_run_peak: Callable[[Measurement | None], Measurement | None],
+    window_marks: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> pd.DataFrame:
     """One row per trial that ran or was turned away (not one left queued): settings, outcome,
-    objective, measurements, failures; MFU recomputed by `on_run_peak` (the run's one peak)."""
+    objective, measurements, failures; MFU recomputed by `on_run_peak` (the run's one peak);
+    `window_marks`: the columns of each trial a window timed again, by number (a repeat takes
+    its first trial's, as it takes its figures)."""
     rows = []
     trials = study.get_trials(deepcopy=False)
     measurements = {t.number: trial_attrs.measurement_of(t) for t in trials}
@@ -77,6 +86,7 @@ def trials_frame(
         measured = on_run_peak(measurements.get(attrs.get(records.REPEAT_OF, t.number)))
         if measured is not None:
             row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
+        row.update((window_marks or {}).get(attrs.get(records.REPEAT_OF, t.number), {}))
         rows.append(row)
     frame = pd.DataFrame(rows)
     # A stable schema: every documented column is present, even when no trial set it.

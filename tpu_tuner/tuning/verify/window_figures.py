@@ -104,13 +104,19 @@ def with_window_step(m: Measurement | None, step: WindowStep, samples: Sequence[
     )
 
 
+def beyond_spreads(search: Measurement, window: Measurement) -> bool:
+    """Whether two measurements of one setting disagree beyond their spreads: their p10-p90
+    ranges do not overlap."""
+    return not (search.step_p10 <= window.step_p90 and window.step_p10 <= search.step_p90)
+
+
 def step_disagreement(label: str, search: Measurement | None, window: Measurement | None) -> str | None:
     """Where the search's one measurement of a setting and the window's rounds of it disagree
     beyond their spreads (their p10-p90 ranges do not overlap), which figure stands and why, in
     words; None where they agree or one is missing. MFU figures are of the same peak (`window`'s)."""
     if search is None or window is None or search.step_median <= 0 or window.step_median <= 0:
         return None
-    if search.step_p10 <= window.step_p90 and window.step_p10 <= search.step_p90:
+    if not beyond_spreads(search, window):
         return None
     ratio = window.step_median / search.step_median
     peak = window.peak_flops_per_s
@@ -133,6 +139,7 @@ __all__ = [
     "ComparedSteps",
     "WindowFigures",
     "WindowStep",
+    "beyond_spreads",
     "step_disagreement",
     "with_window_step",
 ]
