@@ -6,6 +6,7 @@ kernel's tests are in tests/test_torchtpu_levers_attention.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 from pathlib import Path
 
@@ -19,13 +20,10 @@ from tpu_tuner.execution.accuracy import REFERENCE, capture, relative_error
 from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 from tpu_tuner.knobs.libtpu_flags import in_force, with_flags
-from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.model.workload import Workload
-
-TRAINING = WorkloadTraits(training=True, conv_weights=0, repeated_blocks=0, batch_size=8)
-INFERENCE = WorkloadTraits(training=False, conv_weights=0, repeated_blocks=0, batch_size=8)
 
 
 @pytest.fixture
@@ -162,9 +160,25 @@ def test_bf16_parameters_are_judged_by_the_guardrail_like_any_setting() -> None:
     assert errors and all(0 < e < 0.1 for e in errors.values())  # bf16's rounding, finite and compared
 
 
-def test_param_dtype_is_a_training_knob_refusing_bad_values() -> None:
+def test_bf16_parameters_serve_an_inference_step_without_an_optimizer() -> None:
+    """Issue 69, item 2: a forward-only step takes bf16 weights (how a model is served); it builds
+    no optimizer and no gradients, and the guardrail judges its output."""
+    backend = CpuBackend()
+    workload = dataclasses.replace(_workload(), loss_fn=None, make_batch=lambda b, s: torch.randn(b, 6))
+    candidate = Candidate(param_dtype="bfloat16")
+    step = prepare_step(workload, backend, candidate)
+    assert step.optimizer is None and {p.dtype for p in step.model.parameters()} == {torch.bfloat16}
+    out = step.run()
+    assert out.dtype == torch.float32 and not out.requires_grad
+    assert all(p.grad is None for p in step.model.parameters())
+    reference = capture(prepare_step(workload, backend, REFERENCE), workload, backend, REFERENCE)
+    errors = relative_error(capture(step, workload, backend, candidate), reference)
+    assert set(errors) == {"output"} and 0 < errors["output"] < 0.1
+
+
+def test_param_dtype_applies_to_every_step_and_refuses_bad_values() -> None:
     knob = knobs.get("param_dtype")
-    assert knob.applies_to_workload(TRAINING) and not knob.applies_to_workload(INFERENCE)
+    assert not isinstance(knob, NarrowedByWorkload)  # training and inference alike
     with pytest.raises(ValueError, match=r"^param_dtype must be one of default, bfloat16, not 'float16'"):
         knob.check("float16")
     assert knob.observe(Mlp(), Mlp(), CpuBackend()) == "default"

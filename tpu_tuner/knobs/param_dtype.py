@@ -1,14 +1,15 @@
-"""The `param_dtype` knob: pure bfloat16 training, parameters and optimizer states in bfloat16.
+"""The `param_dtype` knob: pure bfloat16 steps, parameters (and a training step's optimizer states) in bfloat16.
 
 Not autocast (which keeps fp32 weights and casts per op): the model's floating-point parameters
 and buffers become bfloat16 (``model.to(torch.bfloat16)``) in the `model` hook, which
 `execution/step.py` runs before the optimizer is built, so the optimizer's states are bfloat16 too.
 Floating-point inputs are cast to bfloat16 on the way in (a forward pre-hook: the user's batch
 stays as it is) and outputs back to float32 on the way out, so the loss and the accuracy
-guardrail see the dtype the user's code expects. A training knob: in the default space on TPU,
-where a v5e chip's Llama-class step ran 2.25x faster with it, and in the opt-in ``torchtpu`` space
-on every device (what one step cannot show, and the chip's figures: docs/knobs.md, "TorchTPU's
-levers").
+guardrail see the dtype the user's code expects. In the default space on TPU, where a v5e chip's
+Llama-class training step ran 2.25x faster with it, and in the opt-in ``torchtpu`` space on every
+device (what one step cannot show, and the chip's figures: docs/knobs.md, "TorchTPU's levers").
+An inference step takes it too (issue 69, item 2): bf16 weights are how a model is served, and
+they halve what each forward reads where autocast reads fp32 weights and casts them every step.
 """
 
 from __future__ import annotations
@@ -17,21 +18,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
-from tpu_tuner.knobs.capabilities import NarrowedByWorkload, SetsComputeDtype
+from tpu_tuner.knobs.capabilities import SetsComputeDtype
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from tpu_tuner.devices.base import Backend
-    from tpu_tuner.knobs.traits import WorkloadTraits
 
 DEFAULT = "default"
 BFLOAT16 = "bfloat16"
 _MARK = "_tpu_tune_param_dtype"  # the dtype the knob cast the model to (its hooks are installed once)
 
 
-class ParamDtypeKnob(Knob, NarrowedByWorkload, SetsComputeDtype):
+class ParamDtypeKnob(Knob, SetsComputeDtype):
     """``default`` (the parameters as the model file built them) or ``bfloat16``."""
 
     name = "param_dtype"
@@ -39,16 +39,12 @@ class ParamDtypeKnob(Knob, NarrowedByWorkload, SetsComputeDtype):
     default = DEFAULT
     position = 36  # after autocast (30): the matmul dtype it decides is the last word
     values = (DEFAULT, BFLOAT16)
-    described = "{value} parameters and optimizer states"
-    not_applicable = "an inference step has no optimizer states (pure bf16 training only)"
+    described = "{value} parameters (and optimizer states)"
 
     def check(self, value: str) -> str:
         if not isinstance(value, str) or value not in self.values:
             raise ValueError(f"param_dtype must be one of {', '.join(self.values)}, not {value!r}")
         return value
-
-    def applies_to_workload(self, traits: WorkloadTraits) -> bool:
-        return traits.training
 
     def compute_dtype(self, value: str, dtype: str, backend: Backend) -> str:
         return BFLOAT16 if value == BFLOAT16 else dtype
