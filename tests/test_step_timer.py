@@ -13,7 +13,8 @@ from torch import nn
 
 from tpu_tuner.execution import timer
 from tpu_tuner.execution.step import result_read
-from tpu_tuner.execution.timer import MIN_SAMPLES, TARGET_BLOCK_S, StepClock, time_steps, timed_call, warm_up
+from tpu_tuner.execution.timer import MIN_SAMPLES, TARGET_BLOCK_S, StepClock, time_steps, warm_up
+from tpu_tuner.runner.bucket_jobs import ShapeRunner, probe_shapes
 
 WORK_S = 0.199  # a step's device work
 HOST_S = 0.001  # the host's time to issue it
@@ -77,8 +78,37 @@ def test_a_step_whose_sync_returns_early_is_timed_at_its_true_cost() -> None:
 def test_the_fake_reproduces_what_a_synced_step_read_on_the_chip(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timed between two syncs, as every step was before, the deferred step reads the host's time."""
     device = DeferredDevice()
+    start = device.clock()
+    device.synchronize()
+    device.step()
+    device.synchronize()
+    assert device.clock() - start == pytest.approx(HOST_S)
+
+
+def _shape_runner(device: DeferredDevice) -> ShapeRunner:
+    """A bucketing probe's runner on the deferred device: its steps at two lengths, its read."""
+    runner = object.__new__(ShapeRunner)  # no model: the fake device's steps stand for its steps
+    runner.backend, runner.read = device, device.read  # type: ignore[assignment]
+    runner._steps = {32: device.step, 64: device.step}
+    return runner
+
+
+def test_the_bucketing_probe_times_each_shape_to_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 69, item 1: `tpu-tune buckets` on a chip times a new shape's first step and the warm
+    steps it fits t(L) from to their result, as a trial's steps are, never between two syncs."""
+    device = DeferredDevice()
     monkeypatch.setattr(timer.time, "perf_counter", device.clock)
-    assert timed_call(device.step, device) == pytest.approx(HOST_S)  # type: ignore[arg-type]
+    runner = _shape_runner(device)
+    assert runner.timed(device.step) == pytest.approx(WORK_S + HOST_S)
+    shapes = probe_shapes(runner._steps, runner.timed, device.compile_events)
+    assert [s.warm_seconds for s in shapes] == pytest.approx([WORK_S + HOST_S] * 2)
+
+
+def test_a_replayed_stream_runs_back_to_back_and_is_read_once_at_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    device = DeferredDevice()
+    monkeypatch.setattr(timer.time, "perf_counter", device.clock)
+    seconds = _shape_runner(device).stream_seconds([32, 64, 32, 32])
+    assert seconds == pytest.approx(4 * (WORK_S + HOST_S)) and device.reads == 1
 
 
 def test_work_left_deferred_past_a_read_is_paid_by_the_next_block() -> None:

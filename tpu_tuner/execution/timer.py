@@ -110,16 +110,6 @@ def compiled(delta: dict[str, int]) -> bool:
     return delta.get("torch_compile_graphs", 0) > 0 or delta.get("tpu_compilations", 0) > 0
 
 
-def timed_call(step: Callable[[], Any], backend: Backend) -> float:
-    """Seconds of one call of `step` between two syncs: for what has no result to read (a new
-    shape's compile in the bucketing probe), never for a step's steady time (`StepClock`)."""
-    backend.synchronize_ranks()
-    start = time.perf_counter()
-    step()
-    backend.synchronize_ranks()
-    return backend.max_over_ranks(time.perf_counter() - start)
-
-
 def warm_up(clock: StepClock, min_steps: int, max_steps: int) -> WarmupResult:
     """Run steps, each read to its result, until one runs without compiling and at least
     `min_steps` have run; then fit the clock's block to the steady steps."""

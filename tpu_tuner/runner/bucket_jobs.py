@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from tpu_tuner.devices import Backend
-from tpu_tuner.execution.step import run_user_step, step_function
-from tpu_tuner.execution.timer import compile_delta, timed_call
+from tpu_tuner.execution.step import result_read, run_user_step, step_function
+from tpu_tuner.execution.timer import StepClock, compile_delta
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.bucket_cost import ShapeCost, compile_counter
 from tpu_tuner.model.workload import Workload, move_to
@@ -92,6 +92,9 @@ class ShapeRunner:
             if workload.loss_fn is None
             else candidate.training_loss(self.model, workload.loss_fn, self.forward, backend, static_shapes=True)
         )
+        # A step is timed to its result (execution/timer.py): where the device runs behind the host
+        # (TorchTPU), a sync can return with the step's work still deferred.
+        self.read = result_read(self.model, workload.is_training)
         self._steps: dict[int, Callable[[], Any]] = {}
 
     def step_at(self, length: int) -> Callable[[], Any]:
@@ -114,8 +117,23 @@ class ShapeRunner:
         return probe_shapes(steps, self.timed, self.backend.compile_events, steady_steps)
 
     def timed(self, step: Callable[[], Any]) -> float:
-        """Seconds of one call of `step`, synced with the device."""
-        return timed_call(step, self.backend)
+        """Seconds of one call of `step`, ended by a host read of its result where the device runs
+        behind the host (a new shape's compile included, for its first call)."""
+        return StepClock(step, self.read, self.backend).seconds()
+
+    def stream_seconds(self, lengths: Sequence[int]) -> float:
+        """Seconds of the steps at `lengths` (each built and compiled) run back to back as a data
+        pipeline sends them, ended by one read of the last one's result: the replay's whole stream
+        is timed to its result, with no sync or read between steps that the real run would not have."""
+        steps = [self.step_at(int(length)) for length in lengths]
+
+        def stream() -> Any:
+            output = None
+            for step in steps:
+                output = step()  # only the last output is kept: an inference step's can be large
+            return output
+
+        return StepClock(stream, self.read, self.backend).seconds() if steps else 0.0
 
 
 def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
@@ -143,7 +161,7 @@ def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
     bounds = sorted(int(b) for b in request.bounds)
     padded = [bounds[_bucket_index(bounds, int(length))] for length in request.stream]
     shapes = [runner.probe([bound])[0] for bound in dict.fromkeys(padded)]  # first-use order
-    step_seconds = sum(runner.timed(runner.step_at(bound)) for bound in padded)
+    step_seconds = runner.stream_seconds(padded)
     return BucketReplay(
         compile_seconds={s.length: s.compile_seconds for s in shapes},
         step_seconds=step_seconds,

@@ -4,8 +4,8 @@ plus what a layout changes per rank: its peak memory over the timed steps and th
 holds.
 
 Run as a `ShardedStepRequest` through `RankedTrialRunner` (ranks started by the launcher,
-`runner/rank_job.py`). Every step starts and ends on a barrier (`timed_call`), so a step's figure
-is the slowest rank's. The state bytes are the parameters and optimizer state a rank holds after
+`runner/rank_job.py`). Every block of steps starts and ends on a barrier (`StepClock`), so a
+step's figure is the slowest rank's. The state bytes are the parameters and optimizer state a rank holds after
 the timed steps (local shards; each step's zero_grad frees the gradients): on a CPU the resident
 set is mostly the interpreter, torch and activations, so the state is where sharding's saving shows.
 """
