@@ -25,6 +25,9 @@ RESULTS_DIR = "results"
 # Every run whose model file runs in workers (tune, profile, buckets): what the workers' libraries
 # print (inductor's autotune tables, the profiler's lines), kept off the terminal (runner/worker_log.py).
 WORKERS_LOG = "workers.log"
+# The same runs on a TPU host: what TorchTPU and libtpu write in the tpu-tune process itself (its
+# start-up lines), kept off the terminal (core/device_log.py).
+DEVICE_LOG = "device.log"
 
 # `tpu-tune profile` (and `tpu_tuner.outputs.write.save_profile`); a tuning run holds its baseline
 # profile.json too.

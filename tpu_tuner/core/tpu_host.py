@@ -52,6 +52,13 @@ def torch_tpu_installed() -> bool:
     return importlib.util.find_spec("torch_tpu") is not None
 
 
+def loads_torch_tpu(pci_devices: Path = PCI_DEVICES) -> bool:
+    """Whether ``import torch`` in a tpu-tune process loads torch-tpu here, start-up lines and all:
+    a host with a TPU chip (where tpu-tune leaves the autoload on) and torch-tpu installed. Also
+    where the user turned the autoload off: ``--device tpu`` imports torch_tpu itself."""
+    return bool(tpu_chips_on_host(pci_devices)) and torch_tpu_installed()
+
+
 def settle_tpu_environment(
     environ: MutableMapping[str, str] = os.environ, pci_devices: Path = PCI_DEVICES, torch_imported: bool | None = None
 ) -> dict[str, str]:
