@@ -17,8 +17,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import TpuTuneError
+
+if TYPE_CHECKING:
+    from tpu_tuner.core.device_log import DeviceLog
 
 log = logging.getLogger("tpu_tuner.cli")
 
@@ -27,6 +31,9 @@ log = logging.getLogger("tpu_tuner.cli")
 COMMANDS = ("profile", "tune", "plan", "buckets", "dashboard", "study", "devices", "apply")
 # The commands whose one positional argument is the model.
 MODEL_COMMANDS = ("tune", "profile", "plan", "buckets")
+# The commands that run a model on this host and write a run folder (`study finish` too): on a TPU
+# host their process's TorchTPU lines go to the folder's device.log, not the terminal.
+QUIET_COMMANDS = ("tune", "profile", "buckets")
 
 
 def _subcommand(name: str) -> ModuleType:
@@ -106,10 +113,44 @@ def _configure_logging(args: argparse.Namespace) -> None:
         handler.addFilter(RedactingFilter())
 
 
+def _quiet_device_output(words: list[str], command: str | None) -> DeviceLog | None:
+    """On a host where ``import torch`` loads torch-tpu, a command that runs a model keeps
+    TorchTPU's and libtpu's lines in its run folder's device.log, off the terminal
+    (core/device_log.py); begun before anything imports torch. --debug shows them, as it shows
+    every library's logs."""
+    finishes_a_study = command == "study" and words[words.index(command) + 1 :][:1] == ["finish"]
+    if (command not in QUIET_COMMANDS and not finishes_a_study) or "--debug" in words:
+        return None
+    from tpu_tuner.core.tpu_host import loads_torch_tpu
+
+    if not loads_torch_tpu():
+        return None
+    from tpu_tuner.core import device_log
+
+    return device_log.start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tpu-tune` console script."""
     words = _default_to_tune(list(sys.argv[1:] if argv is None else argv))
     command = _command_in(words)
+    captured = _quiet_device_output(words, command)
+    failed = True
+    try:
+        status = _run(words, command)
+        failed = status != 0
+        return status
+    except SystemExit:  # argparse's --help, or a usage error: nothing ran on the device
+        failed = False
+        raise
+    finally:
+        # No run folder was made: a failure's device lines may tell why, so they are kept and named.
+        if captured is not None and (kept := captured.finish(keep=failed)) is not None:
+            print(f"tpu-tune: what TorchTPU and libtpu wrote in this process is in {kept}", file=sys.stderr)
+
+
+def _run(words: list[str], command: str | None) -> int:
+    """The command `words` name, run; its exit status (a refusal's, too)."""
     if (model := _model_named_first(words, command)) is not None:
         from tpu_tuner.model.model_argument import check_model_argument
 

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from tpu_tuner.core import device_log
 from tpu_tuner.core.run_folder import NO_SPACE, WORKERS_LOG
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class WorkerLog:
         """Make the log `folder`/workers.log from here on: what is written so far is appended
         to it (a resumed run's log keeps its earlier runs) and a temporary file is removed.
         Returns the new path."""
+        # The run folder exists: this process's own TorchTPU lines (a TPU host's CLI) go there too.
+        device_log.move_into(folder)
         target = Path(folder) / WORKERS_LOG
         with self._lock:
             if self._file is None or target == self.path:
