@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,38 @@ def test_length_files(tmp_path) -> None:
         assert name in str(caught.value)
 
 
+def test_held_out_lengths_get_the_chosen_bounds_beside_strategies_made_from_them() -> None:
+    from tpu_tuner.bucketing.heldout import covering, held_out
+
+    model = BucketCostModel(2.0, (0.01, 1e-4, 0.0))
+    chosen = Strategy("optimal (DP)", (16, 64), "exact")
+    held = LengthHistogram.from_sample([5, 20, 20, 60, 70, 129])
+    covered, added = covering(chosen, held, 8)
+    assert added == [72, 136] and covered.bounds == (16, 64, 72, 136) and "2 bound(s)" in covered.note
+    assert covering(chosen, LengthHistogram.from_sample([3, 64]), 8) == (chosen, [])
+    result = held_out(chosen, held, Path("/data/held.csv"), model, 1000, 8, 8)
+    assert result.source == "held.csv" and result.samples == 6 and result.distinct_lengths == 5
+    names = [e.strategy.name for e in result.table]
+    assert names == ["optimal (DP)", "no bucketing", "pad to max", "powers of two", "multiples of 128"]
+    assert result.table[1].strategy.bounds == (5, 20, 60, 70, 129)  # one shape per held-out length
+    powers = next(e for e in result.table if e.strategy.name == "powers of two")
+    assert result.predicted_ratio() == pytest.approx(result.table[0].total_seconds / powers.total_seconds)
+
+
+@pytest.mark.parametrize("flag", ["--lengths", "--heldout-lengths"])
+def test_a_missing_length_file_exits_2_with_one_line(tmp_path, flag: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_tuner.cli", "buckets", str(FIXTURES / "tiny_encoder.py"), flag, "nowhere.txt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("tpu-tune: error: nowhere.txt: no such") and line.endswith("lengths file")
+
+
 def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
     bad = tmp_path / "lengths.txt"
     bad.write_text("10\n-3\n")
@@ -164,6 +197,9 @@ def test_bad_lengths_file_exits_2_with_one_line(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.timed
 def test_buckets_command_end_to_end(tmp_path) -> None:
+    # Held-out lengths the buckets were not chosen on, one past the sample's longest (64).
+    heldout, out = tmp_path / "heldout.txt", tmp_path / "out"
+    heldout.write_text("\n".join(map(str, [4, 6, 6, 10, 14, 14, 22, 33, 45, 45, 70])) + "\n")
     result = subprocess.run(
         [
             sys.executable,
@@ -179,26 +215,37 @@ def test_buckets_command_end_to_end(tmp_path) -> None:
             "3",
             "--replay",
             "12",
+            "--heldout-lengths",
+            str(heldout),
             "--out",
-            str(tmp_path),
+            str(out),
         ],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = out.iterdir()
     data = json.loads((run_dir / "buckets.json").read_text())
     chosen = data["chosen_buckets"]
     assert 1 <= len(chosen) <= 3 and chosen[-1] >= 64 and all(b % 8 == 0 for b in chosen)
     names = [row["strategy"]["name"] for row in data["table"]]
     assert names == ["optimal (DP)", "no bucketing", "pad to max", "powers of two", "multiples of 128"]
     assert len(data["cost_model"]["fit_points"]) >= 3 and data["cost_model"]["compile_seconds"] > 0
+    # The replays ran on the held-out stream, under the chosen bounds (a bound added for 70) and
+    # the strategies made from the held-out lengths; the sample's table keeps its predictions only.
+    held = data["heldout"]
+    assert held["samples"] == 11 and held["added_bounds"] == [72]
+    assert [row["strategy"]["name"] for row in held["table"]] == names
+    assert held["table"][0]["strategy"]["bounds"][-1] == 72 and held["table"][1]["strategy"]["bounds"][-1] == 70
     replayed = {r["strategy"]: r for r in data["replays"]}
     assert "optimal (DP)" in replayed and replayed["pad to max"]["compiled_shapes"] == 1
     assert all(r["compile_seconds"] > 0 and r["stream_steps"] == 12 for r in replayed.values())
+    assert "held-out lengths (heldout.txt)" in data["replay_note"]
+    assert "held-out lengths heldout.txt: 11 lengths" in result.stdout and "measured vs powers of two" in result.stdout
     config = tomllib.loads((run_dir / "bucket_config.toml").read_text())
     assert config["bucketing"]["buckets"] == chosen
+    assert "## Held-out lengths" in (run_dir / "buckets.md").read_text()
     for name in ("buckets.md", "length_histogram.png", "strategy_totals.png"):
         assert (run_dir / name).stat().st_size > 0
     assert (run_dir / "workers.log").is_file()  # the workers' own output, kept off the terminal

@@ -59,6 +59,14 @@ class BucketReplay:
         metavar="N",
         help="also replay N drawn steps through the workload per strategy and report measured totals",
     )
+    heldout_file: Path | None = option(
+        None,
+        "--heldout-lengths",
+        metavar="FILE",
+        type=Path,
+        help="also cost the chosen buckets on a held-out length sample they were not chosen on, beside "
+        "strategies made from it (as --lengths reads it); with --replay the replayed stream is drawn from it",
+    )
     max_compiles: int = 16  # strategies needing more compiled shapes are predicted only
     only: tuple[str, ...] | None = None  # replay just these strategies (names as in the table)
     seed: int = 0

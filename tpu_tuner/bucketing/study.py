@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tpu_tuner.bucketing.heldout import HeldOut, held_out
 from tpu_tuner.bucketing.options import BucketOptions
 from tpu_tuner.core.errors import TpuTuneError, UserInputError
 from tpu_tuner.core.field_types import check_field_types
@@ -91,6 +92,9 @@ class BucketResult:
     seconds: float = 0.0
     device_name: str = ""  # the device measured on, by name ("TPU v5e"); the kind where none
     chosen_shares: list[BucketShare] = field(default_factory=list)  # each chosen bucket's compile vs padding
+    # The chosen bounds on a held-out length sample, beside strategies made from it (bucketing/heldout.py);
+    # with it, `replays` ran on a stream drawn from the held-out sample.
+    heldout: HeldOut | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """buckets.json's content: every field, the histogram as lists, the chosen bounds."""
@@ -113,6 +117,11 @@ def plan_buckets(
     check_field_types(options)
     if options.choice.lengths_file is not None and not Path(options.choice.lengths_file).is_file():
         raise UserInputError("length sample file not found", options.choice.lengths_file)
+    heldout_file = options.replay.heldout_file
+    if heldout_file is not None and not Path(heldout_file).is_file():
+        raise UserInputError("no such held-out lengths file", heldout_file)
+    # Read before any worker starts: a bad file is a one-line error, not a study's end.
+    held = bucket_histogram(None, heldout_file) if heldout_file is not None else None
     # This process never imports the model file: a worker loads it and sends back a summary
     # (a crash at import becomes a WorkloadError, runner/load.py).
     with TrialRunner(
@@ -170,9 +179,16 @@ def plan_buckets(
         device_name=device_name,
         chosen_shares=bucket_shares(chosen_strategy, hist, model, options.choice.planned_steps),
     )
+    stream_hist = hist
+    if held is not None and heldout_file is not None:
+        c = options.choice
+        result.heldout = held_out(chosen_strategy, held, heldout_file, model, c.planned_steps, c.max_buckets, c.align)
+        strategies, stream_hist = [e.strategy for e in result.heldout.table], held
+        emit(f"held-out lengths ({heldout_file}): {_heldout_words(result.heldout)}")
     if options.replay.steps:
+        drawn_from = "the sample" if held is None else f"the held-out lengths ({Path(str(heldout_file)).name})"
         result.replays, result.replay_note = replay(
-            workload.source, hist, strategies, options, candidate, warmup, emit, workers_log
+            workload.source, stream_hist, strategies, options, candidate, warmup, emit, workers_log, drawn_from
         )
     result.seconds = time.perf_counter() - started
     return result
@@ -187,9 +203,10 @@ def replay(
     warmup: int,
     emit: Callable[[str], None],
     workers_log: WorkerLog | None = None,
+    drawn_from: str = "the sample",
 ) -> tuple[list[Replay], str]:
-    """Replay a drawn length stream through the real workload under each strategy, each in a
-    fresh worker (no compile inherited from another strategy)."""
+    """Replay a length stream drawn from `hist` (`drawn_from`, in words) through the real workload
+    under each strategy, each in a fresh worker (no compile inherited from another strategy)."""
     stream = hist.sample(options.replay.steps, options.replay.seed)
     scale = options.choice.planned_steps / len(stream)
     replays = []
@@ -228,7 +245,7 @@ def replay(
             )
         )
     note = (
-        f"replayed {len(stream)} steps drawn from the sample (seed {options.replay.seed}); measured total = measured "
+        f"replayed {len(stream)} steps drawn from {drawn_from} (seed {options.replay.seed}); measured total = measured "
         f"compiles + {scale:.4g} x the stream's measured step time, for a planned run of "
         f"{options.choice.planned_steps} steps"
     )
@@ -248,6 +265,14 @@ def cold_compile_env() -> Iterator[dict[str, str]]:
             "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
             TORCHTPU_CACHE_VARIABLE: os.path.join(folder, "torchtpu"),
         }
+
+
+def _heldout_words(heldout: HeldOut) -> str:
+    """The held-out comparison's verdict in a line."""
+    ratio = heldout.predicted_ratio()
+    added = f"; {len(heldout.added_bounds)} bound(s) added past the chosen ones" if heldout.added_bounds else ""
+    said = f"the chosen buckets predicted at {ratio:.3g}x powers of two" if ratio is not None else "no powers of two"
+    return f"{heldout.samples} lengths ({heldout.distinct_lengths} distinct), {said}{added}"
 
 
 def _summary(hist: LengthHistogram) -> dict[str, float]:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_tuner.bucketing.study import BucketResult
+from tpu_tuner.bucketing.heldout import POWERS_OF_TWO, HeldOut
+from tpu_tuner.bucketing.study import BucketResult, Replay
 from tpu_tuner.core.run_folder import LENGTHS_PNG, STRATEGIES_PNG
 from tpu_tuner.outputs.figure_file import save_figure
 
 
 def _row(result: BucketResult, name: str) -> dict[str, object]:
     evaluation = next(e for e in result.table if e.strategy.name == name)
-    replay = next((r for r in result.replays if r.strategy == name), None)
+    # With held-out lengths the replays ran on them: they belong to the held-out table.
+    replay = None if result.heldout else next((r for r in result.replays if r.strategy == name), None)
     return {
         "strategy": name,
         "shapes": evaluation.compiled_shapes,
@@ -41,21 +43,64 @@ def table_rows(result: BucketResult) -> list[dict[str, object]]:
     return rows
 
 
-def render_terminal(result: BucketResult) -> str:
-    rows = table_rows(result)
+def heldout_rows(heldout: HeldOut, replays: list[Replay]) -> list[dict[str, object]]:
+    """The held-out table: each strategy's predicted (and, where replayed, measured) total and
+    its ratio to powers of two on the same held-out lengths, compiles included."""
+    measured = {r.strategy: r.total_seconds for r in replays}
+    base = next((e for e in heldout.table if e.strategy.name == POWERS_OF_TWO), None)
+    rows = []
+    for e in heldout.table:
+        replayed = measured.get(e.strategy.name)
+        base_replayed = measured.get(POWERS_OF_TWO)
+        rows.append(
+            {
+                "strategy (held-out)": e.strategy.name,
+                "shapes": e.compiled_shapes,
+                "padding": f"{e.padding_waste:.1%}",
+                "predicted total s": _seconds(e.total_seconds),
+                "vs powers of two": f"{e.total_seconds / base.total_seconds:.3f}x" if base else "-",
+                "measured total s": _seconds(replayed) if replayed is not None else "-",
+                "measured vs powers of two": f"{replayed / base_replayed:.3f}x" if replayed and base_replayed else "-",
+            }
+        )
+    return rows
+
+
+def _heldout_head(result: BucketResult) -> str:
+    h = result.heldout
+    assert h is not None
+    added = (
+        f"; {len(h.added_bounds)} bound(s) added for lengths past the chosen: {h.added_bounds}"
+        if h.added_bounds
+        else ""
+    )
+    return (
+        f"held-out lengths {h.source}: {h.samples} lengths, {h.distinct_lengths} distinct, not used to choose the "
+        f"buckets; the other strategies are made from them{added}"
+    )
+
+
+def _aligned(rows: list[dict[str, object]]) -> list[str]:
     headers = list(rows[0])
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    return lines + ["  ".join(str(r[h]).ljust(w) for h, w in zip(headers, widths, strict=True)) for r in rows]
+
+
+def render_terminal(result: BucketResult) -> str:
+    """The study as the terminal prints it: the sample, the cost model, the strategies' table(s)."""
     lines = [
         f"{result.workload} on {result.device} (torch.compile backend {result.compile_backend!r}, static shapes): "
         f"{result.samples} lengths, {result.distinct_lengths} distinct, median {result.length_summary['median']:.0f}, "
         f"max {result.length_summary['max']}",
         f"cost model: {result.cost_model.describe()}",
         f"planned run: {result.steps} steps; at most {result.max_buckets} buckets, multiples of {result.align}",
-        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+        *_aligned(table_rows(result)),
     ]
-    lines += ["  ".join(str(r[h]).ljust(w) for h, w in zip(headers, widths, strict=True)) for r in rows]
     if any(not e.within_limits for e in result.table):
         lines.append(f"* compiles more shapes than --max-buckets {result.max_buckets}")
+    if result.heldout is not None:
+        lines += ["", _heldout_head(result), *_aligned(heldout_rows(result.heldout, result.replays))]
     if result.replay_note:
         lines.append(f"measured: {result.replay_note}")
     lines.append(
@@ -98,6 +143,11 @@ def render_markdown(result: BucketResult, plots: list[str]) -> str:
     lines += ["| " + " | ".join(str(r[h]) for h in headers) + " |" for r in rows]
     if any(not e.within_limits for e in result.table):
         lines.append(f"\n\\* compiles more shapes than the limit of {result.max_buckets}.")
+    if result.heldout is not None:
+        held = heldout_rows(result.heldout, result.replays)
+        lines += ["", "## Held-out lengths", "", _heldout_head(result) + ".", ""]
+        lines += ["| " + " | ".join(held[0]) + " |", "|" + "---|" * len(held[0])]
+        lines += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in held]
     if result.replay_note:
         lines += ["", f"Measured totals: {result.replay_note}."]
     lines += ["", "Bounds per strategy:", ""]
@@ -135,7 +185,7 @@ def write_plots(result: BucketResult, run_dir: Path) -> list[str]:
     positions = range(len(names))
     ax.barh(positions, steps_s, color="#4477aa", label="steps (predicted)")
     ax.barh(positions, compile_s, left=steps_s, color="#ee7733", label="compiles (predicted)")
-    measured = {r.strategy: r.total_seconds for r in result.replays}
+    measured = {} if result.heldout else {r.strategy: r.total_seconds for r in result.replays}
     points = [(measured[name], index) for index, name in enumerate(names) if name in measured]
     if points:
         ax.plot([x for x, _ in points], [y for _, y in points], "kD", linestyle="none", label="measured total")
