@@ -71,7 +71,7 @@ def test_empty_folder_gives_a_page_that_says_what_is_missing(tmp_path) -> None:
     assert collection.runs.empty and list(collection.runs.columns) == COLUMNS
     page = render_page(collection)
     assert f"no run folders in {tmp_path}" in page
-    assert "No tuning run or profile to list." in page and "No MFU measured yet" in page
+    assert "No tuning run, profile or bucketing run to list." in page and "No MFU measured yet" in page
 
 
 def test_profile_and_tuning_run_are_read(tmp_path, profile_json) -> None:
@@ -430,7 +430,7 @@ def _runs_for_plots(names: list[str], peaks: list[float]) -> pd.DataFrame:
 def test_best_mfu_model_names_never_overlap() -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from tpu_tuner.dashboard.plots import mfu_per_model_figure
+    from tpu_tuner.dashboard.mfu_plots import mfu_per_model_figure
 
     names = [
         "gpt",
@@ -452,12 +452,12 @@ def test_best_mfu_model_names_never_overlap() -> None:
 
 
 def test_two_rooflines_of_one_host_say_which_runs_they_are_from() -> None:
-    from tpu_tuner.dashboard.plots import roofline_figure
+    from tpu_tuner.dashboard.mfu_plots import roofline_figure
 
     runs = _runs_for_plots(["gpt", "encoder", "resnet18"], [698e9, 778e9, 778e9])
     legend = [t.get_text() for t in roofline_figure(runs).axes[0].get_legend().get_texts()]
     roofs = [text for text in legend if "FLOP/s" in text]
-    assert roofs[0].startswith("AMD EPYC 7B13: 698 GFLOP/s") and "probe of gpt-tune-20261110-092208" in roofs[0]
+    assert roofs[0].startswith("cpu: AMD EPYC 7B13\n  698 GFLOP/s") and "probe of gpt-tune-20261110-092208" in roofs[0]
     assert "probe of encoder-tune-20261111-092208\n  and of 1 more run(s)" in roofs[1]
     one_roof = roofline_figure(_runs_for_plots(["gpt", "encoder"], [778e9, 778e9]))
     assert not [t for t in one_roof.axes[0].get_legend().get_texts() if "probe of" in t.get_text()]

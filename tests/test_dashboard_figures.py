@@ -117,7 +117,7 @@ def html_text(page: str) -> str:
 def test_mfu_over_time_spans_the_runs_own_minutes_not_a_day(tmp_path, figures) -> None:
     write_tune_run(tmp_path)
     render_page(collect(tmp_path))
-    (fig,) = [f for f in figures if f.axes and f.axes[0].get_ylabel().startswith("MFU, % of device peak")]
+    (fig,) = [f for f in figures if f.axes and f.axes[0].get_title() == "CPU runs: MFU over time"]
     low, high = (mdates.num2date(x) for x in fig.axes[0].get_xlim())
     start, end = pd.Timestamp("2026-11-29T09:23:28Z"), pd.Timestamp("2026-11-29T09:24:33Z")
     assert low <= start and high >= end  # the run's span, from its baseline profile to its tuned config

@@ -37,6 +37,7 @@ from tpu_tuner.core.run_folder import (
     TUNED_CONFIG,
 )
 from tpu_tuner.dashboard.contributions import Contributions, read_contributions
+from tpu_tuner.dashboard.device_labels import peak_basis
 from tpu_tuner.dashboard.folder_files import (
     LIVE_WINDOW_S,
     base_row,
@@ -83,6 +84,8 @@ COLUMNS = [
     "settings",
     "achieved_flops_per_s",
     "peak_flops_per_s",
+    "peak_basis",
+    "peak_source",
     "peak_bytes_per_s",
     "arithmetic_intensity",
     "topology",
@@ -199,7 +202,9 @@ def _read_folder(folder: Path, collection: Collection) -> dict[str, Any] | None:
 
 
 def _profile_fields(folder: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """Device, MFU and the roofline coordinates of the folder's profile.json (returned)."""
+    """Device, MFU, the peak it is of and the roofline coordinates of the folder's profile.json
+    (returned). A tuning run's peak is its baseline profile's: tuned_config.toml names the tuned
+    MFU's peak dtype, not its figure (report.md states the peak both MFUs are of)."""
     profile = load_json(folder / PROFILE_JSON, "workload", "device", "mfu", "achieved_flops_per_s", "peak_flops_per_s")
     device = profile["device"]
     row["model"] = nested(profile, "workload", "name")
@@ -208,6 +213,9 @@ def _profile_fields(folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     row["peak_dtype"] = profile.get("peak_dtype")
     row["achieved_flops_per_s"] = profile.get("achieved_flops_per_s")
     row["peak_flops_per_s"] = profile.get("peak_flops_per_s")
+    # Whose peak the MFU is of: a CPU's is measured by the probe, a chip's looked up (device_labels.py).
+    row["peak_basis"] = peak_basis(device)
+    row["peak_source"] = nested(device, "peak", "source")
     row["peak_bytes_per_s"] = nested(device, "peak", "memory_bytes_per_s")
     row["arithmetic_intensity"] = nested(profile, "verdict", "arithmetic_intensity")
     return profile

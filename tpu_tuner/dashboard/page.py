@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 
+import tpu_tuner.dashboard.mfu_plots as mfu_plots
 import tpu_tuner.dashboard.plots as plots
 import tpu_tuner.dashboard.run_figure as run_figure
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
 from tpu_tuner.dashboard.collect import Collection, collect
 from tpu_tuner.dashboard.contributions import contributions_html
+from tpu_tuner.dashboard.device_labels import by_kind, device_label, kind_of, kind_title, mfu_of, peak_text
 from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.dashboard.html_cells import esc, figure_html, note, num_cell, pct, sortable_table
 from tpu_tuner.dashboard.planner_sections import buckets_section, plans_section, rankings_section
@@ -39,6 +41,8 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .bad{background:#fde8e8;border-left:4px solid #c00;padding:.4em .8em;margin:.4em 0}
 .muted{color:#777} img{max-width:100%;border:1px solid #eee;margin:.3em 0}
 .figs{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}
+/* a caption wraps at its image's width, so that a device kind's two figures sit side by side */
+.figs figure{display:table} .figs figcaption{display:table-caption;caption-side:bottom}
 """
 
 # Click a header to sort by it; numbers sort by their data-v value, text by its words.
@@ -73,10 +77,35 @@ def _speedup(row: pd.Series) -> str:
     return text
 
 
+# The runs the table lists: those measured on a device (plans and rankings are predictions, listed in
+# their own sections). A bucketing run measures compile and step times, no MFU.
+_MEASURED_KINDS = ["tune", "profile", "buckets"]
+
+
+def _mfu_cell(row: pd.Series, column: str, classes: str = "num") -> str:
+    """An MFU cell that says on hover whose peak it is of; a bucketing run's says it measures none."""
+    value = row[column]
+    if row["kind"] == "buckets":
+        why = "a bucketing run measures compile and step times, not MFU"
+        return f'<td class="{classes}" data-v="" title="{esc(why)}">–</td>'
+    sort = repr(float(value)) if finite(value) else ""
+    return f'<td class="{classes}" data-v="{sort}" title="{esc(mfu_of(row))}">{esc(pct(value))}</td>'
+
+
+def _peak_cell(row: pd.Series) -> str:
+    """The peak both MFU cells are shares of ("197 TFLOP/s bfloat16, spec"), its source on hover."""
+    if row["kind"] == "buckets":
+        return '<td class="num peak" data-v="">–</td>'
+    peak = row["peak_flops_per_s"]
+    sort = repr(float(peak)) if finite(peak) else ""
+    said = peak_text(row) or "not recorded"
+    return f'<td class="num peak" data-v="{sort}" title="{esc(row["peak_source"])}">{esc(said)}</td>'
+
+
 def _runs_table(runs: pd.DataFrame) -> str:
-    rows = runs[runs["kind"].isin(["tune", "profile"]) & (runs["status"] != "unreadable")] if len(runs) else runs
+    rows = runs[runs["kind"].isin(_MEASURED_KINDS) & (runs["status"] != "unreadable")] if len(runs) else runs
     if not len(rows):
-        return '<p class="note">No tuning run or profile to list.</p>'
+        return '<p class="note">No tuning run, profile or bucketing run to list.</p>'
     head = [
         "run",
         "kind",
@@ -85,6 +114,7 @@ def _runs_table(runs: pd.DataFrame) -> str:
         "date",
         "baseline MFU",
         "MFU",
+        "of peak (the device's own)",
         "verified speedup [interval]",
         "accuracy error",
         "trials",
@@ -97,16 +127,17 @@ def _runs_table(runs: pd.DataFrame) -> str:
         name = esc(row["run"])
         link = f'<a href="{esc(row["report"])}">{name}</a>' if row["report"] else name
         date = row["date"]
+        kind, device = kind_of(row["device"]), device_label(row["device"], row["device_name"])
         out.append(
-            f'<tr data-run="{name}"><td>{link}</td><td>{esc(row["kind"])}</td><td>{esc(row["model"])}</td>'
-            f'<td title="{esc(row["device_name"])}">{esc(row["device"])}</td>'
+            f'<tr data-run="{name}" data-device-kind="{esc(kind)}"><td>{link}</td><td>{esc(row["kind"])}</td>'
+            f'<td>{esc(row["model"])}</td><td class="device">{esc(device)}</td>'
             + num_cell(
                 date.timestamp() if not pd.isna(date) else None,
                 date.strftime("%Y-%m-%d %H:%M") if not pd.isna(date) else "",
             )
-            + num_cell(row["baseline_mfu"], pct(row["baseline_mfu"]))
-            + f'<td class="num mfu" data-v="{repr(float(row["mfu"])) if finite(row["mfu"]) else ""}" '
-            f'title="of the {esc(row["peak_dtype"])} peak">{pct(row["mfu"])}</td>'
+            + _mfu_cell(row, "baseline_mfu")
+            + _mfu_cell(row, "mfu", "num mfu")
+            + _peak_cell(row)
             + num_cell(row["speedup"], _speedup(row))
             + num_cell(row["accuracy_error"], f"{row['accuracy_error']:.2e}" if finite(row["accuracy_error"]) else "–")
             + num_cell(row["trials"], f"{row['trials']:.0f}" if finite(row["trials"]) else "–")
@@ -126,7 +157,10 @@ def _details(collection: Collection, limit: int) -> str:
     for index, (_, row) in enumerate(tuned.iterrows()):
         run = row["run"]
         if index < limit:
-            title = f"{run}: {row['model']} on {row['device']}"
+            peak = peak_text(row)
+            title = f"{run}: {row['model']} on {device_label(row['device'], row['device_name'])}" + (
+                f" (MFU of its {peak} peak)" if peak else ""
+            )
             out.append(
                 f'<section class="run" id="run-{esc(run)}"><h3>{esc(title)}</h3>'
                 + figure_html(
@@ -160,27 +194,42 @@ def _details(collection: Collection, limit: int) -> str:
 
 
 def _mfu_section(runs: pd.DataFrame) -> str:
-    """MFU over time, the best MFU per model and the roofline; one notice when nothing has an MFU."""
-    over_time = plots.figure_uri(plots.mfu_over_time(runs))
-    if over_time is None:
+    """Per device kind (chips first), its runs' MFU over time and best MFU per model, headed by whose
+    peaks they are of; then the roofline of every device. One notice when nothing has an MFU."""
+    rows = mfu_plots.measured(runs)
+    if not len(rows):
         return note("No MFU measured yet: no readable tuning run or profile.")
-    return (
-        '<div class="figs">'
-        + figure_html(
-            over_time,
-            "MFU over time; a tuning run: baseline at start, chosen at end",
-            "",
+    out = []
+    for kind, group in by_kind(rows):
+        # One section a device kind: a chip's MFU (of its spec peak) and a host's (of its measured
+        # peak) never share an axis (mfu_plots.py says why).
+        out.append(
+            f'<section class="mfu-kind" data-device-kind="{esc(kind)}"><h3>{esc(kind_title(kind, group))}</h3>'
+            '<div class="figs">'
+            + figure_html(
+                plots.figure_uri(mfu_plots.mfu_over_time(group)),
+                f"{kind.upper()} runs: MFU over time, each run against its own device's peak; a tuning run: "
+                "baseline at start, chosen at end",
+                "",
+            )
+            + figure_html(
+                plots.figure_uri(mfu_plots.mfu_per_model_figure(group)),
+                f"{kind.upper()} runs: best MFU per model and device, against that device's own peak",
+                "",
+            )
+            + "</div></section>"
         )
+    out.append(
+        '<section class="roofline"><h3>Roofline: every device under its own roof</h3>'
         + figure_html(
-            plots.figure_uri(plots.mfu_per_model_figure(runs)), "best MFU per model against the device peak", ""
-        )
-        + figure_html(
-            plots.figure_uri(plots.roofline_figure(runs)),
-            "roofline: achieved FLOP/s against arithmetic intensity (a tuning run contributes its baseline profile)",
+            plots.figure_uri(mfu_plots.roofline_figure(runs)),
+            "roofline: achieved FLOP/s against arithmetic intensity, in absolute units that compare across "
+            "devices (a tuning run contributes its baseline profile)",
             "No profile with arithmetic intensity and peaks for a roofline.",
         )
-        + "</div>"
+        + "</section>"
     )
+    return "".join(out)
 
 
 def render_page(collection: Collection, details: int = DEFAULT_DETAILS, refresh_s: int | None = None) -> str:

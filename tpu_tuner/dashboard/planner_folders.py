@@ -85,5 +85,7 @@ def read_buckets(folder: Path, row: dict[str, Any], collection: Collection) -> N
     collection.buckets[folder.name] = data
     row["model"] = data["workload"]
     row["device"] = data.get("device")
+    # The chip or host the costs were measured on (results written before it was kept name the kind only).
+    row["device_name"] = data.get("device_name") or None
     row["settings"] = "buckets " + ", ".join(str(b) for b in data["chosen_buckets"])
     row["report"] = report_link(folder, BUCKETS_MD)

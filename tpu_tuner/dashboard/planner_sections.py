@@ -10,6 +10,7 @@ import pandas as pd
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.units import ms
 from tpu_tuner.dashboard.collect import Collection
+from tpu_tuner.dashboard.device_labels import device_label, kind_of
 from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
 from tpu_tuner.model.layouts import Layout
@@ -183,8 +184,10 @@ def buckets_section(collection: Collection) -> str:
     for run, data in collection.buckets.items():
         chosen = data.get("chosen") or {}
         waste = chosen.get("padding_waste")
+        device = device_label(runs.loc[run, "device"], runs.loc[run, "device_name"])
         out.append(
-            f'<section class="buckets"><h3>{esc(data["workload"])} <a href="{esc(runs.loc[run, "report"])}">'
+            f'<section class="buckets" data-device-kind="{esc(kind_of(runs.loc[run, "device"]))}">'
+            f'<h3>{esc(data["workload"])} on {esc(device)} <a href="{esc(runs.loc[run, "report"])}">'
             f"{esc(run)}</a></h3><p>chosen bounds {esc(', '.join(map(str, data['chosen_buckets'])))}"
             + (f"; padding waste {waste:.1%}" if finite(waste) else "")
             + "</p>"

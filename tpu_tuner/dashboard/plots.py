@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 from typing import Any
 
-import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -34,10 +32,10 @@ TITLE = SMALL + 1
 # `img{max-width:100%}` shrinks a wider one, and its labels with it.
 PAGE_PX = 1400
 MAX_WIDTH_IN = (PAGE_PX - 17 - 2 * 21 - 2 * 40 - 2) / DPI
-_OK = "tab:blue"
+OK = "tab:blue"
 
 
-def _figure(
+def figure(
     width: float,
     height: float,
     bottom: float = 0.6,
@@ -69,142 +67,6 @@ def figure_uri(fig: Figure | None) -> str | None:
     return None if fig is None else to_data_uri(fig)
 
 
-def _measured(runs: pd.DataFrame) -> pd.DataFrame:
-    """Readable profiles and tuning runs that have an MFU."""
-    if not len(runs):
-        return runs
-    rows = runs[(runs["status"] == "ok") & runs["kind"].isin(["tune", "profile"])]
-    return rows[pd.to_numeric(rows["mfu"], errors="coerce").notna()]
-
-
-def mfu_over_time(runs: pd.DataFrame) -> Figure | None:
-    """MFU of each profile and tuning run against time, one line per model and device: a tuning run
-    goes from its baseline MFU at its start (its baseline profile) to its chosen MFU at its end. The
-    time axis spans the runs' own times: one run of a minute reads in seconds, not a day."""
-    rows = _measured(runs)
-    if not len(rows):
-        return None
-    fig = _figure(7, 3.6, bottom=0.7)
-    ax = fig.add_subplot()
-    points = _mfu_points(rows)
-    for index, ((model, device), group) in enumerate(points.groupby(["model", "device"], dropna=False, sort=False)):
-        color = f"C{index % 10}"
-        # Each run its own line: one run's end joined to the next run's baseline would read as a drop.
-        for number, (_, run) in enumerate(group.groupby("run", sort=False)):
-            run = run.sort_values("time")
-            label = f"{model} on {device}" if number == 0 else None
-            ax.plot(run["time"], run["mfu"] * 100, marker="o", color=color, label=label)
-    ax.set_ylabel("MFU, % of device peak")
-    ax.set_xlabel("time (UTC)")
-    ax.set_ylim(bottom=0)
-    first, last = points["time"].min(), points["time"].max()
-    # A margin of a twentieth of the span; a single instant gets a minute either side.
-    pad = (last - first) / 20 if last > first else pd.Timedelta(minutes=1)
-    ax.set_xlim(first - pad, last + pad)
-    locator = mdates.AutoDateLocator()
-    ax.xaxis.set_major_locator(locator)
-    # Seconds as 23:13:40, not a bare "40" beside minute ticks such as "23:14".
-    formats = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, formats=formats))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=SMALL, loc="lower left")  # "best" searches every point: slow with 200 runs
-    return fig
-
-
-def _mfu_points(rows: pd.DataFrame) -> pd.DataFrame:
-    """(run, model, device, time, mfu) of each run's end, and of each tuning run's start where its
-    baseline profile dates it."""
-    ends = rows.assign(time=rows["date"], mfu=rows["mfu"].astype(float))
-    tuned = rows[(rows["kind"] == "tune") & rows["started"].notna() & (rows["started"] < rows["date"])]
-    tuned = tuned[pd.to_numeric(tuned["baseline_mfu"], errors="coerce").notna()]
-    starts = tuned.assign(time=tuned["started"], mfu=tuned["baseline_mfu"].astype(float))
-    columns = ["run", "model", "device", "time", "mfu"]
-    return pd.concat([starts[columns], ends[columns]], ignore_index=True)
-
-
-def mfu_per_model_figure(runs: pd.DataFrame) -> Figure | None:
-    """Best MFU each model reached on each device, as a bar against the device peak (100 %):
-    one horizontal bar a model and device."""
-    rows = _measured(runs)
-    if not len(rows):
-        return None
-    best = rows.assign(mfu=rows["mfu"].astype(float)).sort_values("mfu").groupby(["model", "device"]).tail(1)
-    labels = [f"{m} on {d}" for m, d in zip(best["model"], best["device"])]
-    # Horizontal bars: a model name of any length sits on its own line, never over its neighbour's.
-    left = min(4.5, 0.3 + 0.08 * max(map(len, labels)))
-    fig = _figure(left + 5.0, 0.9 + 0.32 * len(labels), bottom=0.5, left=left, top=0.15)
-    ax = fig.add_subplot()
-    y = np.arange(len(labels))
-    ax.barh(y, best["mfu"] * 100, color=_OK)
-    ax.axvline(100, color="black", linestyle="--", linewidth=1, label="device peak")
-    for index, (mfu, dtype) in enumerate(zip(best["mfu"], best["peak_dtype"])):
-        ax.text(
-            mfu * 100 + 1,
-            index,
-            f"{mfu:.0%} ({dtype} peak)" if isinstance(dtype, str) else f"{mfu:.0%}",
-            va="center",
-            fontsize=SMALL,
-        )
-    ax.set_yticks(y, labels, fontsize=SMALL)
-    ax.set_ylim(-0.6, len(labels) - 0.4)
-    ax.set_xlabel("best MFU, % of device peak")
-    ax.set_xlim(0, 130)
-    ax.tick_params(labelsize=SMALL)
-    ax.legend(fontsize=SMALL, loc="lower right")
-    return fig
-
-
-def roofline_figure(runs: pd.DataFrame) -> Figure | None:
-    """Achieved FLOP/s against arithmetic intensity per profiled step, under each device's roof; a
-    device with several roofs (runs' probes differ) names their runs."""
-    rows = _measured(runs)
-    if not len(rows):
-        return None
-    cols = ["arithmetic_intensity", "achieved_flops_per_s", "peak_flops_per_s", "peak_bytes_per_s"]
-    rows = rows.dropna(subset=cols)
-    if not len(rows):
-        return None
-    fig = _figure(10.5, 3.8, bottom=0.55, left=0.85, right=4.7)
-    ax = fig.add_subplot()
-    intensity = rows["arithmetic_intensity"].astype(float)
-    x = np.logspace(math.log10(max(intensity.min() / 10, 1e-2)), math.log10(intensity.max() * 10), 100)
-    roofs = rows.groupby(["device_name", "peak_flops_per_s", "peak_bytes_per_s"])
-    for (device, peak, bandwidth), group in roofs:
-        ax.plot(
-            x,
-            np.minimum(peak, bandwidth * x),
-            linewidth=1,
-            label=f"{device}: {si(peak, 'FLOP/s')}, {si(bandwidth, 'B/s')}" + _probed_by(rows, device, group),
-        )
-    for (model, device), group in rows.groupby(["model", "device"]):
-        ax.scatter(
-            group["arithmetic_intensity"],
-            group["achieved_flops_per_s"],
-            marker="o",
-            zorder=3,
-            label=f"{model} on {device}",
-        )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.minorticks_off()
-    ax.set_xlabel("arithmetic intensity, FLOP per byte")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    return fig
-
-
-def _probed_by(rows: pd.DataFrame, device: str, group: pd.DataFrame) -> str:
-    """Which runs' roofline probe a roof is, where one device has several (a probe measures the
-    host at one moment: two runs on one host can measure 698 and 778 GFLOP/s)."""
-    if rows.loc[rows["device_name"] == device, ["peak_flops_per_s", "peak_bytes_per_s"]].drop_duplicates().shape[0] < 2:
-        return ""
-    runs = list(group["run"])
-    return f"\n  probe of {runs[0]}" + (
-        f"\n  and of {len(runs) - 1} more run(s) (the runs table)" if len(runs) > 1 else ""
-    )
-
-
 def step_split(prediction: dict[str, Any]) -> tuple[float, float, float]:
     """(compute, memory not hidden under compute, exposed communication) seconds; they sum to the step.
 
@@ -226,10 +88,10 @@ def plan(plan_data: dict[str, Any]) -> str:
     longest = 0.075 * max(map(len, labels), default=1)
     crowded = len(labels) * (longest + 0.1) > (width - 0.75) / 2 - 0.3
     below = longest if crowded else 0.0
-    fig = _figure(width, 3.65 + below, bottom=0.75 + below, left=0.6, top=0.6, wspace=0.25)
+    fig = figure(width, 3.65 + below, bottom=0.75 + below, left=0.6, top=0.6, wspace=0.25)
     mfu_ax, split_ax = fig.subplots(1, 2)
     colors = [
-        _OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red" for p in plans
+        OK if p.get("fits") else "tab:gray" if (p.get("compiled") or {}).get("error") else "tab:red" for p in plans
     ]
     bands = [((p.get("band") or {}).get("points") or 0.0) if p.get("prediction") else 0.0 for p in plans]
     mfu_ax.bar(labels, [p["mfu"] * 100 if p else 0 for p in predictions], color=colors, yerr=bands, capsize=3)
@@ -243,7 +105,7 @@ def plan(plan_data: dict[str, Any]) -> str:
     # Communication the model hides entirely is not modelled as exposed (the page's note says why).
     exposed = "exposed communication" + ("" if splits[:, 2].any() else ": none predicted (not modelled)")
     for column, (name, color) in enumerate(
-        (("compute", _OK), ("memory (not overlapped)", "tab:purple"), (exposed, "tab:orange"))
+        (("compute", OK), ("memory (not overlapped)", "tab:purple"), (exposed, "tab:orange"))
     ):
         split_ax.bar(labels, splits[:, column], bottom=bottom, color=color, label=name)
         bottom += splits[:, column]
@@ -261,7 +123,7 @@ def plan_scaling(points: pd.DataFrame) -> str | None:
     """Best predicted MFU against slice size (chips), one line per model; needs 2+ slice sizes."""
     if not len(points) or points.groupby("model")["chips"].nunique().max() < 2:
         return None
-    fig = _figure(6, 3.4, bottom=0.55)
+    fig = figure(6, 3.4, bottom=0.55)
     ax = fig.add_subplot()
     for model, group in points.groupby("model"):
         group = group.sort_values("chips")
@@ -284,7 +146,7 @@ def ranking(data: dict[str, Any]) -> str | None:
     fitting = [s for s in data["slices"] if s.get("fits") and s.get("tokens_per_second_per_chip")]
     if not fitting:
         return None
-    fig = _figure(10, max(2.2, 0.9 + 0.4 * len(fitting)), bottom=0.5, left=1.1, top=0.35, wspace=0.3)
+    fig = figure(10, max(2.2, 0.9 + 0.4 * len(fitting)), bottom=0.5, left=1.1, top=0.35, wspace=0.3)
     dollar_ax, chip_ax = fig.subplots(1, 2, sharey=True)
     labels = [s["topology"] for s in fitting]
     y = np.arange(len(fitting))
@@ -300,7 +162,7 @@ def ranking(data: dict[str, Any]) -> str | None:
             values,
             xerr=[values - low, high - values],
             capsize=3,
-            color=[_OK if s.get(key) is not None else "tab:gray" for s in fitting],
+            color=[OK if s.get(key) is not None else "tab:gray" for s in fitting],
         )
         for index, entry in enumerate(fitting):
             if entry.get(key) is None:
@@ -317,10 +179,10 @@ def ranking(data: dict[str, Any]) -> str | None:
 def buckets(data: dict[str, Any]) -> str:
     """The length histogram of a bucketing result, with the chosen bucket bounds."""
     hist = data["histogram"]
-    fig = _figure(7, 3, bottom=0.55)
+    fig = figure(7, 3, bottom=0.55)
     ax = fig.add_subplot()
     # One line collection, not a Rectangle per distinct length (hundreds of them).
-    ax.vlines(hist["lengths"], 0, hist["counts"], color=_OK, linewidth=1.5, label="sequences per length")
+    ax.vlines(hist["lengths"], 0, hist["counts"], color=OK, linewidth=1.5, label="sequences per length")
     ax.set_ylim(bottom=0)
     for index, bound in enumerate(data["chosen_buckets"]):
         ax.axvline(

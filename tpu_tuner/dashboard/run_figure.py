@@ -62,7 +62,8 @@ def run_detail(trials: pd.DataFrame, contributions: Contributions | None = None)
 
     mfu_values = pd.to_numeric(done.get(records.MFU), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
     mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
-    mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, %")
+    # One run, one device: the run's heading names the device and the peak this is a share of.
+    mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, % of the device's peak")
 
     _pareto(pareto, trials, done, step_ms)
     if measured:
