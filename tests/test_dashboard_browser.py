@@ -7,12 +7,14 @@ cannot pass without having looked at the page in a browser.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tomllib
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, serving
+from PIL import Image
 
 from tpu_tuner.cli import main
 
@@ -142,3 +144,114 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
         finally:
             browser.close()
     assert problems == []
+
+
+# The chip and CPU runs the dashboard is shown (tests/fixtures/dashboard_runs/README.md): a tuning run on
+# a lent TPU v5e, a profile and a bucketing run on this host, each folder as its command wrote it.
+DASHBOARD_RUNS = FIXTURES / "dashboard_runs"
+
+
+def _expected_devices() -> dict[str, str]:
+    """Each run's device as its own files name it: kind and name."""
+    tune = tomllib.loads((DASHBOARD_RUNS / "llama-tune-20261207-000235" / "tuned_config.toml").read_text())
+    profile = json.loads((DASHBOARD_RUNS / "gpt-20261207-030146" / "profile.json").read_text())
+    buckets = json.loads((DASHBOARD_RUNS / "encoder-buckets-20261207-030503" / "buckets.json").read_text())
+    return {
+        "llama-tune-20261207-000235": f"{tune['device_kind']}: {tune['provenance']['device']}",
+        "gpt-20261207-030146": f"{profile['device']['kind']}: {profile['device']['name']}",
+        "encoder-buckets-20261207-030503": f"{buckets['device']}: {buckets['device_name']}",
+    }
+
+
+def _inked(image: Image.Image) -> tuple[float, int]:
+    """The share of an image's pixels that are not near-white, and how many colours it holds."""
+    grey = image.convert("L")
+    pixels = grey.width * grey.height
+    dark = sum(count for level, count in enumerate(grey.histogram()) if level < 235)
+    return dark / pixels, len(image.convert("RGB").getcolors(maxcolors=1 << 16) or [])
+
+
+def test_chip_and_cpu_runs_in_headless_chromium(tmp_path) -> None:
+    """Issue 69, item 6: the chip's tuning run and the host's profile and bucketing run on one page:
+    every row names its device, each MFU says whose peak it is of, and the chip's MFU and the host's
+    are drawn in a figure each (one section per device kind), which the screenshot shows, inked."""
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    devices = _expected_devices()
+    tuned = tomllib.loads((DASHBOARD_RUNS / "llama-tune-20261207-000235" / "tuned_config.toml").read_text())
+    shot = tmp_path / "chip_and_cpu.png"
+    problems: list[str] = []
+    with serving(DASHBOARD_RUNS) as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            assert page.goto(server.url, wait_until="load").status == 200
+
+            # Every row, tuning, profile and bucketing alike, names its device: kind and name.
+            rows = page.locator("#runs tbody tr")
+            shown = {row.get_attribute("data-run"): row.locator("td.device").inner_text() for row in rows.all()}
+            assert shown == devices
+            chip = page.locator('#runs tr[data-run="llama-tune-20261207-000235"]')
+            assert chip.get_attribute("data-device-kind") == "tpu"
+            assert chip.locator("td.mfu").inner_text() == f"{tuned['provenance']['tuned']['mfu']:.1%}" == "11.7%"
+            # Each MFU says whose peak it is of: the chip's spec, the host's measurement.
+            assert chip.locator("td.peak").inner_text() == "197 TFLOP/s bfloat16, spec"
+            assert "TPU v5e's 197 TFLOP/s bfloat16, spec peak" in chip.locator("td.mfu").get_attribute("title")
+            host = page.locator('#runs tr[data-run="gpt-20261207-030146"]')
+            assert host.locator("td.mfu").inner_text() == "4.8%"
+            assert host.locator("td.peak").inner_text() == "153 GFLOP/s float32, measured"
+            assert "measured roofline probe" in host.locator("td.peak").get_attribute("title")
+            assert page.locator('#runs tr[data-run="encoder-buckets-20261207-030503"] td.mfu').inner_text() == "–"
+
+            # One MFU section a device kind, chips first, each headed by whose peaks its MFU is of.
+            kinds = page.locator("section.mfu-kind")
+            assert [k.get_attribute("data-device-kind") for k in kinds.all()] == ["tpu", "cpu"]
+            headings = kinds.locator("h3").all_inner_texts()
+            assert headings[0] == "TPU runs: MFU of each chip's own spec peak (TPU v5e: 197 TFLOP/s bfloat16)"
+            assert headings[1].startswith("CPU runs: MFU of each host's own measured peak (Intel(R) Xeon(R)")
+            for kind in kinds.all():
+                images = kind.locator("img")
+                assert images.count() == 2  # MFU over time, best MFU per model
+                assert min(images.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")) > 0
+                # Side by side at their own size: a kind's two figures on one row, neither shrunk.
+                shown = images.evaluate_all("imgs => imgs.map(i => [i.y, i.clientWidth, i.naturalWidth])")
+                assert shown[0][0] == shown[1][0] and all(client == natural for _, client, natural in shown), shown
+            # The buckets section names its device too.
+            assert devices["encoder-buckets-20261207-030503"] in page.locator("section.buckets h3").inner_text()
+
+            page.screenshot(path=str(shot), full_page=True)
+            # Where each device kind's figures lie on the page (page coordinates: the full-page shot's).
+            boxes = page.eval_on_selector_all(
+                "section.mfu-kind .figs",
+                "els => els.map(e => { const r = e.getBoundingClientRect();"
+                " return [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY]; })",
+            )
+        finally:
+            browser.close()
+    assert problems == []
+
+    image = Image.open(shot)
+    assert image.width == 1400 and image.height > 1000
+    ink, colours = _inked(image)
+    assert ink > 0.05 and colours > 50, (ink, colours)  # not a blank page
+    (tpu_box, cpu_box) = [tuple(round(v) for v in box) for box in boxes]
+    assert tpu_box[3] <= cpu_box[1]  # the chip's figures above the host's, apart
+    for box in (tpu_box, cpu_box):
+        panel = image.crop(box).convert("RGB")
+        ink, colours = _inked(panel)
+        # Both panels drawn in the screenshot: axes, labels and the runs' own marks (their lines,
+        # points and bars in matplotlib's first colour), not an empty frame.
+        data = sum(count for count, rgb in panel.getcolors(maxcolors=1 << 16) if _near(rgb, DATA_BLUE))
+        assert panel.height > 150 and ink > 0.03 and colours > 30 and data > 100, (panel.size, ink, colours, data)
+
+
+DATA_BLUE = (31, 119, 180)  # matplotlib's tab:blue, the first run's line and the bars
+
+
+def _near(rgb: tuple[int, int, int], target: tuple[int, int, int], within: int = 12) -> bool:
+    return all(abs(a - b) <= within for a, b in zip(rgb, target))
