@@ -120,9 +120,10 @@ class Mlp(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.register_buffer("scale", torch.ones(3))  # a floating buffer: cast with the parameters
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        return self.net(x) * self.scale
 
 
 def _workload() -> Workload:
@@ -183,3 +184,15 @@ def test_param_dtype_applies_to_every_step_and_refuses_bad_values() -> None:
         knob.check("float16")
     assert knob.observe(Mlp(), Mlp(), CpuBackend()) == "default"
     assert "cast_parameters(model, torch.bfloat16)" in "\n".join(knob.code("bfloat16", "cuda"))
+
+
+def test_bf16_parameters_are_estimated_before_they_run() -> None:
+    """Issue 69, item 3: the setting the TPU space seeds first had no memory estimate: fake tensors
+    refuse `model.to`'s swap ("Couldn't swap Embedding.weight"). Cast in place, it has one, below fp32's."""
+    from tpu_tuner.execution.memory_estimate import estimate_step_memory
+
+    backend, workload = CpuBackend(), _workload()
+    fp32 = estimate_step_memory(workload, backend, Candidate(), 64)
+    bf16 = estimate_step_memory(workload, backend, Candidate(param_dtype="bfloat16"), 64)
+    assert bf16.reason is None and bf16.step_bytes is not None and fp32.step_bytes is not None
+    assert bf16.step_bytes < fp32.step_bytes

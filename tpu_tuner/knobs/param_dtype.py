@@ -79,7 +79,12 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     floating-point inputs in `dtype` and giving floating-point outputs in float32."""
     import torch
 
-    model.to(dtype)  # in place: the Parameter objects stay, so an optimizer built earlier still holds them
+    try:
+        model.to(dtype)  # in place: the Parameter objects stay, so an optimizer built earlier still holds them
+    except RuntimeError:
+        # Fake tensors (the memory estimate, execution/memory_estimate.py) refuse `_apply`'s swap
+        # ("Couldn't swap Embedding.weight"); their `.data` takes the cast in place all the same.
+        _cast_tensors_in_place(model, dtype)
     if getattr(model, _MARK, None) is None:
         model.register_forward_pre_hook(
             lambda _module, args, kwargs: (_cast(args, dtype), _cast(kwargs, dtype)), with_kwargs=True
@@ -87,6 +92,17 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
         model.register_forward_hook(lambda _module, _args, output: _cast(output, torch.float32))
     setattr(model, _MARK, dtype)
     return model
+
+
+def _cast_tensors_in_place(model: nn.Module, dtype: torch.dtype) -> None:
+    """Each floating-point parameter (its `.data`, the Parameter kept) and buffer of `model` in `dtype`."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
