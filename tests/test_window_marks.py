@@ -51,6 +51,7 @@ def test_trials_csv_and_the_report_carry_the_mark(tmp_path) -> None:
 
 def test_the_plots_mark_the_superseded_figure(tmp_path, monkeypatch) -> None:
     from tpu_tuner.outputs import tuning_plots
+    from tpu_tuner.outputs.superseded_marks import SUPERSEDED_LABEL
 
     legends: dict[str, list[str]] = {}
 
@@ -62,7 +63,7 @@ def test_the_plots_mark_the_superseded_figure(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(tuning_plots, "save_figure", keep)
     tuning_plots.write_plots(window_result(tmp_path))
     assert len(legends) == 3
-    assert all(tuning_plots.SUPERSEDED_LABEL in texts for texts in legends.values()), legends
+    assert all(SUPERSEDED_LABEL in texts for texts in legends.values()), legends
 
 
 @pytest.mark.parametrize(("interleaved", "superseded"), [(0.150, True), (0.110, False), (0.080, True)])
@@ -70,3 +71,19 @@ def test_a_raced_setting_is_marked_beyond_the_search_agreement_ratio(interleaved
     mark = mark_against_race(RaceEntry(3, "inductor", 0.100, interleaved, 1.5))
     assert mark.superseded is superseded and mark.step_s == interleaved and mark.mfu is None
     assert mark.note.startswith("search figure superseded") is superseded
+
+
+def test_the_dashboards_run_figure_marks_what_trials_csv_marks(tmp_path, monkeypatch) -> None:
+    """The dashboard reads trials.csv (as written, booleans as text) and marks the same row."""
+    import tpu_tuner.dashboard.plots as plots
+    from tpu_tuner.dashboard.run_figure import run_detail
+    from tpu_tuner.outputs.superseded_marks import SUPERSEDED_LABEL
+
+    trials = pd.read_csv(io.StringIO(window_result(tmp_path).trials_dataframe().to_csv(index=False)))
+    figures = []
+    monkeypatch.setattr(plots, "to_data_uri", lambda fig: figures.append(fig) or "data:")
+    run_detail(trials)
+    history, mfu = figures[0].axes[:2]
+    assert SUPERSEDED_LABEL in [t.get_text() for t in history.get_legend().get_texts()]
+    bars = {round(p.get_x() + p.get_width() / 2): p.get_height() for p in mfu.patches}
+    assert bars[0] == pytest.approx(trials.loc[0, WINDOW_MFU] * 100)  # the baseline's bar is the window's MFU

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.dashboard.analysis import knob_importance, measured_trials, pareto_front
 from tpu_tuner.dashboard.contributions import Contribution, Contributions
+from tpu_tuner.outputs.superseded_marks import mark_superseded, superseded_rows, window_amortised
 from tpu_tuner.studies import records
 
 _OK = "tab:blue"
@@ -57,10 +58,18 @@ def run_detail(trials: pd.DataFrame, contributions: Contributions | None = None)
             color="tab:green",
             label="best so far",
         )
+    # One figure per setting: a search figure a window superseded is marked, the window's shown.
+    marked = superseded_rows(done)
+    if marked.any():
+        mark_superseded(history, number[marked], step_ms[marked], window_amortised(done)[marked] * 1e3)
     history.set(title="optimisation history", xlabel="trial", ylabel="amortised step, ms")
     history.legend(fontsize=plots.SMALL)
 
     mfu_values = pd.to_numeric(done.get(records.MFU), errors="coerce").to_numpy(dtype=float) * 100 if len(done) else []
+    if marked.any():  # the bar is the window's MFU; the search's is the hollow mark
+        window_mfu = pd.to_numeric(done[records.WINDOW_MFU], errors="coerce").to_numpy(dtype=float) * 100
+        mark_superseded(mfu, number[marked], mfu_values[marked], window_mfu[marked])
+        mfu_values = np.where(marked & np.isfinite(window_mfu), window_mfu, mfu_values)
     mfu.bar(number, mfu_values, color=[_OK if f else "tab:red" for f in feasible])
     # One run, one device: the run's heading names the device and the peak this is a share of.
     mfu.set(title="MFU per trial", xlabel="trial", ylabel="MFU, % of the device's peak")

@@ -13,6 +13,7 @@ import numpy as np
 from tpu_tuner.core.failures import MEASURED_AGAIN
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG
 from tpu_tuner.outputs.figure_file import save_figure
+from tpu_tuner.outputs.superseded_marks import mark_superseded, superseded_rows, window_amortised
 from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
@@ -32,25 +33,6 @@ def write_plots(result: TuningResult) -> dict[str, Path]:
     return out
 
 
-# How a search figure that a window superseded is drawn (tuning/verify/window_marks.py): hollow at
-# the search's figure, an arrow to the window's, so a plot never shows both unmarked.
-SUPERSEDED_LABEL = "search figure superseded (arrow: the window's)"
-
-
-def _superseded(done) -> np.ndarray:
-    """Which rows' search figures a window superseded."""
-    if records.SUPERSEDED not in done:
-        return np.zeros(len(done), dtype=bool)
-    return done[records.SUPERSEDED].map(lambda v: v is True or v == "True" or v == 1).to_numpy(dtype=bool)
-
-
-def _mark_superseded(ax, x, search, window) -> None:
-    """Hollow markers at the search's figures, each with an arrow to the window's."""
-    ax.scatter(x, search, facecolors="none", edgecolors="tab:orange", s=80, linewidths=1.5, label=SUPERSEDED_LABEL)
-    for xi, a, b in zip(x, search, window):
-        ax.annotate("", xy=(xi, b), xytext=(xi, a), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
-
-
 def _history(result: TuningResult, done) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(done):
@@ -62,13 +44,10 @@ def _history(result: TuningResult, done) -> Path:
         )
         best = np.minimum.accumulate(np.where(feasible, values, np.inf))
         ax.step(done["number"], best, where="post", color="tab:green", label="best feasible so far")
-        marked = _superseded(done)
-        if marked.any():  # the window's amortised step: its steady step + the search's compile share
-            shift = done[records.WINDOW_STEP_S].to_numpy(dtype=float) - done[records.STEP_MEDIAN_S].to_numpy(
-                dtype=float
-            )
-            window = values + shift * 1e3
-            _mark_superseded(ax, done["number"].to_numpy()[marked], values[marked], window[marked])
+        marked = superseded_rows(done)
+        if marked.any():
+            window = window_amortised(done) * 1e3
+            mark_superseded(ax, done["number"].to_numpy()[marked], values[marked], window[marked])
     ax.set_xlabel("trial")
     ax.set_ylabel(f"amortised step time, ms ({result.options.objective.planned_steps} planned steps)")
     ax.set_title("Optimisation history")
@@ -81,11 +60,11 @@ def _mfu(result: TuningResult, frame, done) -> Path:
     if len(done):
         colors = ["tab:blue" if f else "tab:red" for f in done[records.FEASIBLE].astype(bool)]
         heights = done[records.MFU].to_numpy(dtype=float) * 100
-        marked = _superseded(done)
+        marked = superseded_rows(done)
         if marked.any():  # the bar is the window's MFU; the search's is the hollow mark above or below it
             window = done[records.WINDOW_MFU].to_numpy(dtype=float) * 100
             numbers = done["number"].to_numpy()[marked]
-            _mark_superseded(ax, numbers, heights[marked], window[marked])
+            mark_superseded(ax, numbers, heights[marked], window[marked])
             heights = np.where(marked & np.isfinite(window), window, heights)
             ax.legend(loc="best", fontsize=8)
         ax.bar(done["number"], heights, color=colors)
@@ -117,10 +96,10 @@ def _pareto(result: TuningResult, done) -> Path:
         error = np.maximum(done[records.ACCURACY_ERROR].to_numpy(dtype=float), 1e-9)  # log axis: exact matches at 1e-9
         step = done[records.STEP_MEDIAN_S].to_numpy(dtype=float) * 1e3
         ax.scatter(error, step, color="tab:blue")
-        marked = _superseded(done)
+        marked = superseded_rows(done)
         if marked.any():
             window = done[records.WINDOW_STEP_S].to_numpy(dtype=float) * 1e3
-            _mark_superseded(ax, error[marked], step[marked], window[marked])
+            mark_superseded(ax, error[marked], step[marked], window[marked])
         for number, x, y in zip(done["number"], error, step):
             ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         order = np.argsort(error)
