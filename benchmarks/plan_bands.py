@@ -7,7 +7,13 @@ with the adopted model, no compiles). Printed: each row, then the share of rows 
 band (+- MFU points), over every row and per generation. Targets: at least 90% inside and a
 median band of at most 6 points.
 
-    python benchmarks/plan_bands.py [--rows-file FILE] [--kind MODEL]
+Then whole groups are left out (issue 70, `calibration.group_check`): one generation, one source
+(a README table, a recipe log) and one model family at a time, each left-out row predicted from
+the other groups' rows and given the band made from them alone. Printed per group, then a table
+of coverage, mean absolute error and median band: row-wise beside each grouping. Targets under
+leave-one-group-out: at least 90% inside, a median band of at most 8 points.
+
+    python benchmarks/plan_bands.py [--rows-file FILE] [--kind MODEL] [--groupings generation source family]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from tpu_tuner.planner.calibration.fitting import (
     load_rows,
     noise_floor,
 )
+from tpu_tuner.planner.calibration.group_check import GROUPINGS, Checked, group_check, row_checked, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_calibration import print_bands
@@ -41,6 +48,13 @@ def main() -> None:
     parser.add_argument(
         "--kind", default=ADOPTED, choices=EFFICIENCY_MODELS, help="the cost model whose bands to check"
     )
+    parser.add_argument(
+        "--groupings",
+        nargs="*",
+        default=list(GROUPINGS),
+        choices=list(GROUPINGS),
+        help="the groupings to leave out whole (default: all; none: row-wise only)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = load_rows(args.rows_file)
@@ -55,6 +69,37 @@ def main() -> None:
         time.perf_counter() - start,
     )
     print_bands(rows, checked)
+    table = {"row-wise (leave one row out)": row_checked(rows, checked)}
+    for grouping in args.groupings:
+        start = time.perf_counter()
+        by_group = group_check(rows, args.kind, GROUPINGS[grouping], floor)
+        log.info("\nleave one %s out (%.0f s):", grouping, time.perf_counter() - start)
+        print_groups(by_group)
+        table[f"leave one {grouping} out"] = by_group
+    print("\n| validation | groups | rows | inside their band | mean abs. error | median band |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, result in table.items():
+        fig = summary(result)
+        inside = sum(c.inside for c in result)
+        print(
+            f"| {name} | {fig.groups} | {fig.rows} | {inside} ({fig.coverage:.0%}) | "
+            f"{fig.mean_abs_error:.2f} | +-{fig.median_band:.2f} |"
+        )
+
+
+def print_groups(checked: list[Checked]) -> None:
+    """Each left-out row's error and band (with the reasons it names), then each group's figures."""
+    for c in checked:
+        print(
+            f"  {c.row.id:>36} {c.group[:40]:>40} error {c.error:+6.1f}  band {c.band.points:5.1f} "
+            f"{'inside ' if c.inside else 'OUTSIDE'}" + (f"  ({'; '.join(c.band.reasons)})" if c.band.reasons else "")
+        )
+    for group in sorted({c.group for c in checked}):
+        s = summary([c for c in checked if c.group == group])
+        print(
+            f"  {group:>52}: {s.rows:>2} rows, inside {s.coverage:4.0%}, "
+            f"MAE {s.mean_abs_error:5.2f}, median band +-{s.median_band:5.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ the leave-one-out predictions inside their own band; every row's fit verdict rig
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -245,7 +247,27 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
         ),
         moe=moe_kind(run),
         slices=run["slices"],
+        source=source_of(run),
+        family=model_family(run["model"]),
+        chips=run["chips"] // run["slices"],
     )
+
+
+def source_of(run: dict) -> str:
+    """The published table or log a run comes from: its repository and file, less a slice's own
+    folder ("v6e-32/", "2x-v6e-256/": one recipe's READMEs per slice are one source) and the
+    README name ("tpu-recipes:training/trillium/Llama3.1-8B-MaxText")."""
+    path = re.sub(r"(^|/)README\.md$", "", run["source_file"])
+    path = re.sub(r"/(\d+x-)?v\d+[a-z]*-\d+$", "", path)
+    return f"{run['source_repo'].split('/')[-1]}:{path or 'README.md'}"
+
+
+def model_family(model: str) -> str:
+    """A model's family: its name up to the first word with a digit, the first word always kept
+    ("llama3.1-70b" -> "llama3.1", "gpt-oss-120b" -> "gpt-oss", "gemma4-e2b" -> "gemma4")."""
+    first, *rest = model.split("-")
+    kept = list(itertools.takewhile(lambda w: not re.search(r"\d", w), rest))
+    return "-".join([first, *kept])
 
 
 def report(rows: list[CalibrationRow]) -> None:

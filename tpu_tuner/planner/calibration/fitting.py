@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
+from tpu_tuner.planner.calibration.rows import DROPLESS, CalibrationRow, fit_group
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
 from tpu_tuner.planner.prediction.predict import MXU_WIDTH
 
@@ -61,52 +62,6 @@ WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the pred
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(20, 101)]  # from 0.2: the TPU7x dropless MoE steps fit 0.40
 _MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 2)]
-
-
-@dataclass(frozen=True)
-class CalibrationRow:
-    """One published run as the prediction sees it (seconds per step, per device)."""
-
-    number: int
-    generation: str
-    fits: bool
-    peak_bytes: float
-    hbm_bytes: float
-    compute_at_full_efficiency: float
-    memory_seconds: float
-    comm_seconds: float
-    model_seconds_at_peak: float
-    published_mfu: float
-    # Where the row sits (the band's distance, band.py): its published run, the remat policy's
-    # family (full / minimal / offload / device), sequence length and per-device batch.
-    id: str = ""
-    remat_family: str = ""
-    seq: int = 0
-    per_device_batch: float = 0.0
-    # The cause terms' inputs (predict.py): host-offload traffic per chip a step (GB: the compiler's
-    # host buffers written in the forward pass and read back in the backward, times the devices
-    # that share the chip's host link), and the attention score
-    # elements per device per step divided by the per-device peak (seconds at one MXU FLOP each).
-    host_gbytes: float = 0.0
-    score_seconds: float = 0.0
-    # Latency-bound steps of the DCN collectives a step (collectives.latency_steps, summed): what
-    # the "+dcn" term charges its fitted seconds for, each.
-    dcn_steps: float = 0.0
-    # More of where the row sits, for the band's likeness (band.py): its MoE kind ("dense",
-    # "dropping": a capacity factor, "dropless") and the slices its run joined over DCN.
-    moe: str = "dense"
-    slices: int = 1
-
-
-DROPLESS = "dropless"
-
-
-def fit_group(generation: str, moe: str) -> str:
-    """The efficiency a row is fitted with: its generation's, or for a dropless MoE step its
-    generation's dropless one ("tpu7x/dropless"): the grouped matmuls (megablox, tokamax), the
-    token sort's gathers and the expert weights' gathers run well below the dense matmuls' share
-    of peak, by how much depending on the chip's kernel (docs/planner.md, "Calibration")."""
-    return f"{generation}/{DROPLESS}" if moe == DROPLESS else generation
 
 
 @dataclass(frozen=True)
