@@ -2,6 +2,7 @@
 against the peak its trial measured, in one process and on every training layout of 2 ranks.
 
     python benchmarks/memory_estimate.py [--models examples/gpt.py ...] [--nproc 2] [--layouts 2x1x1 ...]
+        [--settings autocast=bfloat16 execution=inductor,optimizer_impl=fused ...]
 
 Every figure is a real trial, run as the tuner runs one (`TrialRunner` in one worker,
 `RankedTrialRunner` for N ranks, a `MeasureRequest` of the baseline or of the layout): the
@@ -12,6 +13,12 @@ step's peak, what malloc's heap keeps beyond it and, for an FSDP rank on gloo, w
 threads keep (docs/tuning.md, "Memory before measurement"). The target (issue 38): within 10%.
 The control for the CPU miss (glibc's retained heap): run it again with
 ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (the workers inherit it).
+
+`--settings` measures each model's single-process trial of each setting (knob=value pairs joined
+by commas, the rest at baseline) beside the baseline's, as a search's trials are (issue 69: on a
+2-core AMD EPYC host 2 of 8 trials of `tpu-tune examples/gpt.py --time-budget 100s` were off by
+more than 15%; `--settings` names which knobs' estimates miss on the host at hand). The target
+for a search's trials is 15%.
 """
 
 from __future__ import annotations
@@ -32,9 +39,19 @@ LAYOUTS = ("2x1x1", "1x2x1", "1x1x2")  # DDP, FSDP, tensor parallel on 2 ranks
 TARGET = 0.10
 
 
-def request(layout: str | None) -> MeasureRequest:
-    """The baseline's trial (or the layout's), as the tuner asks a worker for one."""
+def parse_setting(text: str) -> dict[str, str]:
+    """``execution=inductor,autocast=bfloat16`` as knob -> value."""
+    pairs = [part.split("=", 1) for part in text.split(",") if part]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--settings {text!r}: give knob=value pairs joined by commas")
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
+def request(layout: str | None, setting: dict[str, str] | None = None) -> MeasureRequest:
+    """The baseline's trial (or the layout's, or `setting`'s), as the tuner asks a worker for one."""
     candidate = Candidate.baseline("cpu") if layout is None else Candidate(layout=layout)
+    if setting:
+        candidate = Candidate({**Candidate.baseline("cpu").to_dict(), **setting})
     return MeasureRequest(
         candidate=candidate.to_dict(),
         settings=default_trial_settings(),
@@ -65,16 +82,22 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=[f"examples/{name}.py" for name in EXAMPLES])
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--layouts", nargs="*", default=list(LAYOUTS))
+    parser.add_argument("--settings", nargs="*", default=[], help="knob=value[,knob=value] settings to measure too")
     args = parser.parse_args()
+    settings = {text: parse_setting(text) for text in args.settings}
     cpu = next((line.split(":", 1)[1].strip() for line in _lscpu() if line.startswith("Model name")), "?")
     print(f"host: {cpu}, {platform.machine()}, python {platform.python_version()}")
     errors: list[float] = []
     for model in args.models:
         with TrialRunner(model, "cpu", timeout_s=900.0) as single:
             line, error = row(Path(model).stem, "1 proc", single.run(request(None)))
-        print(line, flush=True)
-        errors += [error] if error is not None else []
-        if not load_workload(model).is_training:  # the layouts measured are training layouts
+            print(line, flush=True)
+            errors += [error] if error is not None else []
+            for text, setting in settings.items():
+                line, error = row(Path(model).stem, text, single.run(request(None, setting)))
+                print(line, flush=True)
+                errors += [error] if error is not None else []
+        if not args.layouts or not load_workload(model).is_training:  # the layouts measured are training layouts
             continue
         with RankedTrialRunner(model, "cpu", args.nproc, timeout_s=900.0) as ranked:
             for layout in args.layouts:
