@@ -155,7 +155,12 @@ def main() -> None:
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - start
         new = sorted(set((args.out / name).iterdir()) - before)
-        output = (done.stdout + done.stderr).strip().splitlines()
+        # tpu-tune's own last line: a failure before the run folder ends with where TorchTPU's lines were kept.
+        output = [
+            line
+            for line in (done.stdout + done.stderr).strip().splitlines()
+            if not line.startswith("tpu-tune: what TorchTPU and libtpu wrote")
+        ]
         rows.append(summarise(name, new[-1] if new else None, wall, done.returncode, output[-1] if output else ""))
         print(json.dumps(rows[-1]), flush=True)
     if rows:
