@@ -167,6 +167,23 @@ def serving(root: Path) -> Iterator:
         server.server_close()
 
 
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every figure the dashboard's page embeds, as drawn (captured on its way to a PNG)."""
+    import tpu_tuner.dashboard.plots as plots
+
+    drawn: list[Any] = []
+    to_png = plots.to_data_uri
+
+    def capture(fig: Any) -> str:
+        uri = to_png(fig)  # draws it: tick labels and legends exist from here on
+        drawn.append(fig)
+        return uri
+
+    monkeypatch.setattr(plots, "to_data_uri", capture)
+    return drawn
+
+
 def processes_running(marker: str) -> list[int]:
     """The pids of this host's processes whose command line holds `marker` (not this one) and that
     were started by this pytest worker: what a test of process clean-up expects to be empty.

@@ -61,6 +61,14 @@ def server(real_results):
         yield server
 
 
+def _page(browser, problems: list[str]):
+    """A 1400 x 1000 page whose console errors and page errors are appended to `problems`."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    return page
+
+
 def test_dashboard_in_headless_chromium(server, real_results, tmp_path) -> None:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("chromium is not installed: run .ci/run, or apt-get install -y chromium")
@@ -75,9 +83,7 @@ def test_dashboard_in_headless_chromium(server, real_results, tmp_path) -> None:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page = _page(browser, problems)
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
             response = page.goto(server.url, wait_until="load")
             assert response is not None and response.status == 200
@@ -123,9 +129,7 @@ def test_ranking_in_headless_chromium(tmp_path) -> None:
     with serving(tmp_path) as server, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page = _page(browser, problems)
             assert page.goto(server.url, wait_until="load").status == 200
             table = page.locator("table.ranking")
             topologies = lambda: table.locator("tbody tr td:nth-child(2)").all_inner_texts()  # noqa: E731
@@ -186,9 +190,7 @@ def test_chip_and_cpu_runs_in_headless_chromium(tmp_path) -> None:
     with serving(DASHBOARD_RUNS) as server, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page = _page(browser, problems)
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
             assert page.goto(server.url, wait_until="load").status == 200
 

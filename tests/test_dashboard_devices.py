@@ -24,21 +24,6 @@ CHIP, HOST, BUCKETS = "llama-tune-20261207-000235", "gpt-20261207-030146", "enco
 XEON = "Intel(R) Xeon(R) Processor @ 2.60GHz"
 
 
-@pytest.fixture
-def figures(monkeypatch) -> list[Figure]:
-    """Every figure the page embeds, as drawn (captured on its way to a PNG)."""
-    drawn: list[Figure] = []
-    to_png = plots.to_data_uri
-
-    def capture(fig: Figure) -> str:
-        uri = to_png(fig)  # draws it: tick labels and legends exist from here on
-        drawn.append(fig)
-        return uri
-
-    monkeypatch.setattr(plots, "to_data_uri", capture)
-    return drawn
-
-
 @pytest.mark.parametrize(
     ("kind", "name", "label"),
     [

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import matplotlib.dates as mdates
 import pandas as pd
-import pytest
 from helpers.common import TRIALS_CSV, TUNED_CONFIG, buckets_dict, plan_dict, write_json, write_ranking_folder
-from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import tpu_tuner.dashboard.plots as plots
@@ -76,21 +74,6 @@ def write_tune_run(root: Path, name: str = TUNE, result_json: str | None = None)
     if result_json is not None:
         (folder / "result.json").write_text(result_json)
     return folder
-
-
-@pytest.fixture
-def figures(monkeypatch) -> list[Figure]:
-    """Every figure the page embeds, as drawn (captured on its way to a PNG)."""
-    drawn: list[Figure] = []
-    to_png = plots.to_data_uri
-
-    def capture(fig: Figure) -> str:
-        uri = to_png(fig)  # draws it: tick labels and legends exist from here on
-        drawn.append(fig)
-        return uri
-
-    monkeypatch.setattr(plots, "to_data_uri", capture)
-    return drawn
 
 
 def test_each_notice_appears_once_and_no_markdown_shows_raw(tmp_path) -> None:
