@@ -221,6 +221,16 @@ def _recording(tracker_class: Any, kind: str) -> Any:
             self.changes: list[Change] = []
             super().__init__(*args)
 
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            # Micro-batches forward the whole model k times a step, which the tracker refuses as "multiple
+            # iterative calls"; its per-module stats are not read here (only the device's peak, kept apart),
+            # so a root module's second forward starts them afresh, as its message suggests.
+            name = self._mod_tracker.get_known_fqn(module)
+            is_root = set(self._mod_tracker.parents) - {name} == {"Global"}
+            if module in self.memory_tracking and not self._mod_tracker.is_bw and is_root:
+                self.reset_mod_stats()
+            super()._pre_fw_hook(module, inputs)
+
         def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
             if winfo.device.type != kind or u_type.name == "REF":
