@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
+from tpu_tuner.model.layouts import parse_layout
 from tpu_tuner.model.workload import TransformerDims
 from tpu_tuner.planner.calibration.calibration_store import FIT_FILE, store_fit
 from tpu_tuner.planner.calibration.fitting import (
@@ -47,6 +48,7 @@ from tpu_tuner.planner.calibration.fitting import (
 )
 from tpu_tuner.planner.prediction.band import ErrorBand, coverage_and_width
 from tpu_tuner.planner.prediction.collectives import Collective, latency_steps
+from tpu_tuner.planner.prediction.novelty import layout_kind
 from tpu_tuner.planner.prediction.predict import MXU_WIDTH, alignment, causal_score_elements
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -250,6 +252,7 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
         source=source_of(run),
         family=model_family(run["model"]),
         chips=run["chips"] // run["slices"],
+        layout=layout_kind(parse_layout(f["layout"])),
     )
 
 

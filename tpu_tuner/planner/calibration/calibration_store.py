@@ -32,6 +32,7 @@ from tpu_tuner.planner.calibration.fitting import (
     load_rows,
     noise_floor,
 )
+from tpu_tuner.planner.calibration.widening import fit_widening, widening_entries
 from tpu_tuner.planner.prediction.predict import CostModel
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,24 @@ def rows_digest(path: Path) -> str:
 
 
 def fit_record(rows: list[CalibrationRow], kind: str) -> dict[str, Any]:
-    """`kind` fitted to `rows`, with each row's leave-one-out error and its error with its
-    generation unseen, as JSON-able values."""
+    """`kind` fitted to `rows`, with each row's leave-one-out error, its error with its
+    generation unseen, its error with its source or family left out (the larger) and the band's
+    widening for novelty, as JSON-able values."""
     fitted = asdict(fit(rows, kind))
     fitted.pop("kind")
+    entries = widening_entries(rows, kind, noise_floor())
+    group: dict[str, float] = {}
+    for c in entries:  # each row's larger miss, left out with its source or with its family
+        group[c.row.id] = max(group.get(c.row.id, 0.0), abs(c.error))
     return {
         "kind": kind,
         "fitted": fitted,
         "leave_one_out": leave_one_out(rows, kind),
         "generation_unseen": leave_generation_out(rows, kind),
+        "group_unseen": [group.get(r.id) for r in rows],
+        # The band's widening a unit of novelty distance (novelty.py), from the rows left out by
+        # source and by model family (widening.py).
+        "band_widening": fit_widening(entries),
     }
 
 
@@ -82,7 +92,8 @@ def cost_model_from(rows: list[CalibrationRow], record: dict[str, Any]) -> CostM
     """The CostModel of a fit record (`fit_record`'s) of `rows`."""
     fitted = Fitted(record["kind"], **record["fitted"])
     loo, unseen = record["leave_one_out"], record["generation_unseen"]
-    bands = tuple(band_row(r, e, u) for r, e, u in zip(rows, loo, unseen))
+    group = record.get("group_unseen") or [None] * len(rows)
+    bands = tuple(band_row(r, e, u, g) for r, e, u, g in zip(rows, loo, unseen, group))
     return CostModel(
         mxu_efficiency=fitted.efficiency["*"],
         memory_overlap=fitted.memory_overlap,
@@ -97,6 +108,7 @@ def cost_model_from(rows: list[CalibrationRow], record: dict[str, Any]) -> CostM
         band_rows=bands,
         noise_floor_points=noise_floor(),
         fitted_rows=len(rows),
+        band_widening=record.get("band_widening", 0.0),
     )
 
 

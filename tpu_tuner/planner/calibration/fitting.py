@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -35,7 +36,8 @@ import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
 from tpu_tuner.planner.calibration.rows import DROPLESS, CalibrationRow, fit_group
-from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile, error_band
+from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile
+from tpu_tuner.planner.prediction.novelty import band_far
 from tpu_tuner.planner.prediction.predict import MXU_WIDTH
 
 log = logging.getLogger(__name__)
@@ -246,7 +248,8 @@ def _fitted(kind: str, efficiency: dict[str, float], overlap: float, **terms: fl
     most-published generation's), and the median dropless / dense ratio of the generations with both."""
     dense = {g: e for g, e in efficiency.items() if "/" not in g}
     ratios = [e / dense[g.split("/")[0]] for g, e in efficiency.items() if "/" in g and g.split("/")[0] in dense]
-    fallback = {"*": float(np.median(list(dense.values())))}
+    # Rows of dropless MoE steps alone (a nested check's remainder) leave no dense efficiency: their own then.
+    fallback = {"*": float(np.median(list(dense.values()) or list(efficiency.values())))}
     return Fitted(kind, {**efficiency, **fallback}, overlap, **terms, dropless_ratio=float(np.median(ratios or [1.0])))
 
 
@@ -320,12 +323,15 @@ def place_of(row: CalibrationRow) -> Place:
         moe=row.moe,
         offload=row.host_gbytes > 0,
         slices=row.slices,
+        chips=row.chips or None,
+        layout=row.layout or None,
     )
 
 
-def band_row(row: CalibrationRow, error: float, unseen: float | None) -> BandRow:
-    """A row's place with its leave-one-out error and its error with its generation unseen."""
-    return BandRow(**vars(place_of(row)), error=error, unseen_generation_error=unseen)
+def band_row(row: CalibrationRow, error: float, unseen: float | None, group: float | None = None) -> BandRow:
+    """A row's place with its leave-one-out error, its error with its generation unseen and its
+    error with its source or model family left out (None: not measured)."""
+    return BandRow(**vars(place_of(row)), error=error, unseen_generation_error=unseen, group_error=group)
 
 
 def noise_floor(path: Path = RERUNS_FILE) -> float:
@@ -339,15 +345,21 @@ def noise_floor(path: Path = RERUNS_FILE) -> float:
     return conformal_quantile(differences) if differences else 0.0
 
 
-def band_check(rows: list[CalibrationRow], kind: str, floor: float = 0.0) -> list[tuple[float, ErrorBand]]:
+def band_check(
+    rows: list[CalibrationRow],
+    kind: str,
+    floor: float = 0.0,
+    per_distance: Callable[[CalibrationRow], float] | None = None,
+) -> list[tuple[float, ErrorBand]]:
     """Each row's leave-one-out error with the band it would have been printed with: the band
     made from the other rows alone, each with its own leave-one-out error among them (nested), so
-    no row's error enters its own band. The share of |error| <= band is the bands' coverage."""
+    no row's error enters its own band; widened for its novelties by `per_distance(row)` a unit
+    of distance (novelty.py; None: not widened). The share of |error| <= band is the bands' coverage."""
     out: list[tuple[float, ErrorBand]] = []
     for i, row in enumerate(rows):
         others = rows[:i] + rows[i + 1 :]
         error = errors([row], fit(others, kind))[0]
-        band = error_band(place_of(row), band_rows(others, kind)[1], floor)
+        band = band_far(place_of(row), band_rows(others, kind)[1], floor, per_distance(row) if per_distance else 0.0)
         assert band is not None  # others is never empty here, so the band has rows
         out.append((error, band))
     return out

@@ -14,9 +14,11 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpu_tuner.planner.calibration.fitting import band_rows, errors, fit, place_of
+from tpu_tuner.planner.calibration.fitting import Fitted, band_rows, errors, fit, place_of
 from tpu_tuner.planner.calibration.rows import CalibrationRow
-from tpu_tuner.planner.prediction.band import ErrorBand, coverage_and_width, error_band
+from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, coverage_and_width, error_band
+from tpu_tuner.planner.prediction.novelty import distance as novelty_distance
+from tpu_tuner.planner.prediction.novelty import novelties, widened
 
 # What a row is grouped by: its chip, its published table or log, its model family.
 GROUPINGS: dict[str, Callable[[CalibrationRow], str]] = {
@@ -28,12 +30,17 @@ GROUPINGS: dict[str, Callable[[CalibrationRow], str]] = {
 
 @dataclass(frozen=True)
 class Checked:
-    """One row's error with its group left out of the fit, and the band it would have had."""
+    """One row's error with its group left out of the fit, and the band it would have had:
+    `base`, the band before widening (points), and `novel`, its novelties against the rows its band
+    was made of (novelty.py)."""
 
     row: CalibrationRow
     group: str
     error: float
     band: ErrorBand
+    base: float = 0.0
+    novel: tuple[str, ...] = ()
+    distance: float = 0.0
 
     @property
     def inside(self) -> bool:
@@ -52,25 +59,49 @@ class Summary:
     median_band: float
 
 
+# A row set's fit and band rows, by the ids of its rows: the nested checks ask for the same sets.
+Cache = dict[frozenset[str], tuple[Fitted, list[BandRow]]]
+
+
 def group_check(
-    rows: list[CalibrationRow], kind: str, key: Callable[[CalibrationRow], str], floor: float = 0.0
+    rows: list[CalibrationRow],
+    kind: str,
+    key: Callable[[CalibrationRow], str],
+    floor: float = 0.0,
+    per_distance: Callable[[str], float] | None = None,
+    cache: Cache | None = None,
 ) -> list[Checked]:
     """Each row's error when its group (`key`) is left out of the fit, with the band made from the
-    other groups' rows alone (nested: their own leave-one-out errors, among themselves). The rows
-    of a group that is every row are left out of the result (nothing to fit them from)."""
+    other groups' rows alone (nested: their own leave-one-out errors, among themselves), widened
+    for its novelties against them by `per_distance(group)` a unit of distance (None: not widened). The rows of a group
+    that is every row are left out of the result (nothing to fit them from)."""
     out: dict[int, Checked] = {}
     for group in sorted({key(r) for r in rows}):
         others = [r for r in rows if key(r) != group]
         if not others:
             continue
         mine = [(i, r) for i, r in enumerate(rows) if key(r) == group]
-        fitted = fit(others, kind)
-        _, others_bands = band_rows(others, kind)
+        fitted, others_bands = _fitted(others, kind, cache)
+        widening = per_distance(group) if per_distance else 0.0
         for (i, r), e in zip(mine, errors([r for _, r in mine], fitted)):
-            band = error_band(place_of(r), others_bands, floor)
-            assert band is not None  # others is not empty
-            out[i] = Checked(r, group, e, band)
+            place = place_of(r)
+            base = error_band(place, others_bands, floor)
+            assert base is not None  # others is not empty
+            found = novelties(place, others_bands)
+            band = widened(base, found, widening)
+            out[i] = Checked(r, group, e, band, base.points, tuple(found), novelty_distance(found))
     return [out[i] for i in sorted(out)]
+
+
+def _fitted(rows: list[CalibrationRow], kind: str, cache: Cache | None) -> tuple[Fitted, list[BandRow]]:
+    """`rows`' fit and band rows, from `cache` where it holds them."""
+    ids = frozenset(r.id for r in rows)
+    if cache is not None and ids in cache:
+        return cache[ids]
+    made = fit(rows, kind), band_rows(rows, kind)[1]
+    if cache is not None:
+        cache[ids] = made
+    return made
 
 
 def summary(checked: list[Checked]) -> Summary:

@@ -41,10 +41,11 @@ class CalibrationRow:
     slices: int = 1
     # What the row is grouped by when whole groups are left out (group_check.py) and how far a
     # prediction is from it (band.py's distance): the published table or log it comes from, its
-    # model family, and the chips of one of its slices.
+    # model family, the chips of one of its slices and its layout's kind (novelty.layout_kind).
     source: str = ""
     family: str = ""
     chips: int = 0
+    layout: str = ""
 
 
 DROPLESS = "dropless"

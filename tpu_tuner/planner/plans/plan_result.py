@@ -16,6 +16,7 @@ from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.planner.prediction.attention_kernel import chip_kernels
 from tpu_tuner.planner.prediction.band import ErrorBand, Place
+from tpu_tuner.planner.prediction.novelty import layout_kind
 from tpu_tuner.planner.prediction.predict import Prediction, error_band
 from tpu_tuner.planner.topology import Topology
 
@@ -138,6 +139,8 @@ def result_of(
                 p.per_device_batch,
                 moe=problem.moe,
                 slices=problem.topology.slices,
+                chips=problem.topology.chips // problem.topology.slices,
+                layout=layout_kind(p.layout),
             ),
             problem.cost_model,
         )

@@ -66,8 +66,9 @@ PER_DOUBLING = {"sequence": 0.5, "batch": 0.25}
 @dataclass(frozen=True)
 class Place:
     """Where a prediction sits: what the band compares with the calibration rows. `moe`: "dense",
-    "dropping" (capacity-factor MoE) or "dropless"; `moe`, `offload` and `slices` may be None (not
-    stated: not compared), and `offload` None reads the remat family ("offload" offloads)."""
+    "dropping" (capacity-factor MoE) or "dropless"; `moe`, `offload`, `slices`, `chips` and `layout`
+    may be None (not stated: not compared), and `offload` None reads the remat family ("offload"
+    offloads)."""
 
     generation: str
     remat_family: str
@@ -76,6 +77,10 @@ class Place:
     moe: str | None = field(default=None, kw_only=True)
     offload: bool | None = field(default=None, kw_only=True)
     slices: int | None = field(default=None, kw_only=True)
+    # The chips of one slice and the layout's kind (novelty.layout_kind): how far the point is from
+    # its generation's rows (novelty.py); None: not stated, not compared.
+    chips: int | None = field(default=None, kw_only=True)
+    layout: str | None = field(default=None, kw_only=True)
 
     @property
     def offloads(self) -> bool:
@@ -91,6 +96,9 @@ class BandRow(Place):
 
     error: float
     unseen_generation_error: float | None = None
+    # Its error when its source table, or its model family, was left out of the fit (the larger;
+    # calibration/group_check.py): what the band's `group_points` are made of. None: not measured.
+    group_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,10 @@ class ErrorBand:
     points: float
     source: str
     reasons: tuple[str, ...] = ()
+    # The group-wise width: the same rows' errors when their source table or model family was
+    # left out, as a run from a table the calibration has not seen would be predicted (None: the
+    # rows carry none).
+    group_points: float | None = None
 
 
 def conformal_quantile(values: list[float], coverage: float = COVERAGE) -> float:
@@ -254,7 +266,9 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
                 f"; fewer than {MIN_COMPARABLE} rows measured a generation left out: the largest error seen, "
                 f"widened by {WIDEN:.0%} per gap (assumed)"
             )
-    return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in kinds.values()))
+    grouped = [abs(r.group_error) for r in near if r.group_error is not None]
+    group_points = max(points, conformal_quantile(grouped)) if grouped else None  # said by novelty.band_far
+    return ErrorBand(points, source, tuple(f"extrapolated: {r}" for r in kinds.values()), group_points)
 
 
 def coverage_and_width(checked: list[tuple[float, ErrorBand]]) -> tuple[float, float]:

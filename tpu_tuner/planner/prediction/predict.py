@@ -45,8 +45,8 @@ from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.prediction.attention_kernel import AttentionKernelWork, ChipStep
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place
-from tpu_tuner.planner.prediction.band import error_band as band_of
 from tpu_tuner.planner.prediction.collectives import latency_steps, ring_seconds
+from tpu_tuner.planner.prediction.novelty import band_far
 from tpu_tuner.planner.topology import Topology
 
 # The MXU's width where it is not 128 (v6e's 256x256 systolic arrays; TPU7x's was not verifiable).
@@ -117,6 +117,9 @@ class CostModel:
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
     fitted_rows: int = 0
+    # The band's widening a unit of distance from the point's generation's rows (novelty.py:
+    # few rows, a larger slice, a remat family or layout kind not calibrated there). 0: none.
+    band_widening: float = 0.0
 
     def efficiency(self, generation: str, moe: str = "dense") -> float:
         """The fraction of peak that large aligned matmuls reach on `generation` in a step whose
@@ -132,7 +135,7 @@ def error_band(place: Place, cost_model: CostModel) -> ErrorBand | None:
     """The band printed with a prediction at `place` (band.py); None for an uncalibrated cost model."""
     if not cost_model.fitted_rows:
         return None
-    return band_of(place, list(cost_model.band_rows), cost_model.noise_floor_points)
+    return band_far(place, list(cost_model.band_rows), cost_model.noise_floor_points, cost_model.band_widening)
 
 
 @dataclass(frozen=True)
