@@ -1,9 +1,10 @@
 """The adopted cost model, fitted once and kept beside the rows it was fitted to.
 
 `benchmarks/plan_calibration.py --refit` fits the adopted model (calibration.ADOPTED) to the rows it
-writes and keeps the constants, with every row's leave-one-out error and its error with its
-generation unseen (what the bands are made of), in calibration_fit.json, under the SHA-256 of the
-rows file. The planner reads them back instead of fitting again at each start (a leave-one-out
+writes and keeps the constants, with every row's leave-one-out error, its error with its
+generation unseen and its error with its source or model family left out, and the band's
+widening for novelty (what the bands are made of: band.py, novelty.py), in calibration_fit.json,
+under the SHA-256 of the rows file. The planner reads them back instead of fitting again at each start (a leave-one-out
 pass is a fit a row). A kept fit of other rows or of another model is not used: the model is
 fitted again, as it was before the file existed.
 """

@@ -37,7 +37,10 @@ quantile of the misses of the rows most like it:
   assumption, said in the band's source).
 
 A generation, remat family, sequence length or per-device batch with no row near it is still
-named in the band's reasons ("extrapolated: no calibration row with full remat on v6e").
+named in the band's reasons ("extrapolated: no calibration row with full remat on v6e"). What the
+planner prints goes through novelty.band_far: widened where the point is far from its
+generation's rows, and with `group_points`, the same rows' misses with their source table or
+model family left out (issue 70).
 
 Plain data, no JAX: the planner computes a band per point, the calibration its coverage.
 """
