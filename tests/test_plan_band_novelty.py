@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 import pytest
+from helpers.common import calibration_row
 
 from tpu_tuner.model.layouts import Layout
 from tpu_tuner.planner.calibration import widening
@@ -101,26 +102,7 @@ def test_the_widening_is_the_quantile_of_what_each_novel_row_needed_per_distance
 
 
 def _row(n: int, generation: str, efficiency: float, source: str, chips: int) -> CalibrationRow:
-    return CalibrationRow(
-        number=n,
-        generation=generation,
-        fits=True,
-        peak_bytes=1.0,
-        hbm_bytes=2.0,
-        compute_at_full_efficiency=1.0,
-        memory_seconds=0.0,
-        comm_seconds=0.0,
-        model_seconds_at_peak=0.5,
-        published_mfu=0.5 * efficiency + 0.004 * (n % 3 - 1),
-        id=f"{generation}-{n}",
-        remat_family="full",
-        seq=4096,
-        per_device_batch=4.0,
-        source=source,
-        family=f"f{n % 2}",
-        chips=chips,
-        layout="fsdp",
-    )
+    return calibration_row(n, generation, efficiency, source, chips=chips, jitter=0.004)
 
 
 def test_a_left_out_groups_widening_is_fitted_without_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:

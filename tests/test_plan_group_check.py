@@ -4,6 +4,7 @@ a left-out group's rows never enter their own fit or band (small synthetic rows,
 from __future__ import annotations
 
 import pytest
+from helpers.common import calibration_row
 
 from tpu_tuner.planner.calibration import group_check as gc
 from tpu_tuner.planner.calibration.fitting import band_rows, errors, fit, leave_one_out, place_of
@@ -14,27 +15,9 @@ KIND = "per_generation"  # the fastest fit; the grouping logic is the same for e
 
 
 def _row(n: int, generation: str, efficiency: float, source: str, family: str) -> CalibrationRow:
-    """A compute-bound row whose published MFU is its generation's `efficiency` x 0.5 (compute
-    twice the model FLOPs' time), a little off by row so that leave-one-out errors are not 0."""
-    return CalibrationRow(
-        number=n,
-        generation=generation,
-        fits=True,
-        peak_bytes=1.0,
-        hbm_bytes=2.0,
-        compute_at_full_efficiency=1.0,
-        memory_seconds=0.0,
-        comm_seconds=0.0,
-        model_seconds_at_peak=0.5,
-        published_mfu=0.5 * efficiency + 0.002 * (n % 3 - 1),
-        id=f"{generation}-{n}",
-        remat_family="full",
-        seq=4096,
-        per_device_batch=4.0,
-        source=source,
-        family=family,
-        chips=64,
-    )
+    """A compute-bound row whose published MFU is its generation's `efficiency` x 0.5, a little
+    off by row so that leave-one-out errors are not 0 (its layout kind left unset)."""
+    return calibration_row(n, generation, efficiency, source, family, layout="")
 
 
 def _rows() -> list[CalibrationRow]:

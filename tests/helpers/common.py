@@ -720,3 +720,40 @@ class ScriptedPool:
             if done:
                 done(job, results[job])
         return results
+
+
+def calibration_row(
+    n: int,
+    generation: str,
+    efficiency: float,
+    source: str,
+    family: str = "",
+    chips: int = 64,
+    jitter: float = 0.002,
+    layout: str = "fsdp",
+) -> Any:
+    """A synthetic planner calibration row, compute-bound: its published MFU is its generation's
+    `efficiency` x 0.5 (compute twice the model FLOPs' time), off by `jitter` by row so that
+    leave-one-out errors are not 0; `family` defaults to one of two by row number."""
+    from tpu_tuner.planner.calibration.rows import CalibrationRow
+
+    return CalibrationRow(
+        number=n,
+        generation=generation,
+        fits=True,
+        peak_bytes=1.0,
+        hbm_bytes=2.0,
+        compute_at_full_efficiency=1.0,
+        memory_seconds=0.0,
+        comm_seconds=0.0,
+        model_seconds_at_peak=0.5,
+        published_mfu=0.5 * efficiency + jitter * (n % 3 - 1),
+        id=f"{generation}-{n}",
+        remat_family="full",
+        seq=4096,
+        per_device_batch=4.0,
+        source=source,
+        family=family or f"f{n % 2}",
+        chips=chips,
+        layout=layout,
+    )
