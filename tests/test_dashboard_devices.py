@@ -178,3 +178,15 @@ def test_the_csv_says_whose_peak_each_mfu_is_of(tmp_path) -> None:
     assert frame.loc[HOST, "peak_flops_per_s"] == pytest.approx(
         json.loads((DASHBOARD_RUNS / HOST / "profile.json").read_text())["peak_flops_per_s"]
     )
+
+
+def test_a_tuning_rows_peak_is_the_one_its_tuned_mfu_is_of(tmp_path) -> None:
+    """The run's one peak (a CPU trial may re-measure it above the profile's) is recorded with the
+    tuned MFU, and the row says it; a config written before it keeps the profile's."""
+    folder = shutil.copytree(DASHBOARD_RUNS / CHIP, tmp_path / CHIP)
+    config = folder / "tuned_config.toml"
+    before = collect(tmp_path).runs.set_index("run").loc[CHIP, "peak_flops_per_s"]
+    assert before == 197e12  # the profile's, as the shipped config records none
+    text = config.read_text().replace("[provenance.tuned]\n", "[provenance.tuned]\npeak_flops_per_s = 2.5e14\n", 1)
+    config.write_text(text)
+    assert collect(tmp_path).runs.set_index("run").loc[CHIP, "peak_flops_per_s"] == 2.5e14

@@ -46,6 +46,7 @@ def test_provenance_gives_the_window_figures_and_the_search_beside_them(tmp_path
     assert base["search_step_median_s"] == pytest.approx(0.447) and base["window_rounds"] == WINDOW_ROUNDS
     assert base["mfu"] == pytest.approx(WINDOW_FLOPS / base["step_median_s"] / WINDOW_PEAK)
     assert tuned["compile_s"] == pytest.approx(1.5)
+    assert base["peak_flops_per_s"] == tuned["peak_flops_per_s"] == pytest.approx(WINDOW_PEAK)  # what MFU is of
 
 
 def test_report_table_shows_the_window_and_the_search_row(tmp_path) -> None:

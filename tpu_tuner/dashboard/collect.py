@@ -320,6 +320,9 @@ def _read_tune(folder: Path, row: dict[str, Any], collection: Collection) -> Non
     row["tuned_mfu"] = nested(prov, "tuned", "mfu")
     row["step_s"] = nested(prov, "tuned", "step_median_s")
     row["peak_dtype"] = nested(prov, "tuned", "peak_dtype") or row.get("peak_dtype")
+    # The peak the tuned MFU is of (the run's one peak: a trial may re-measure a CPU's above the
+    # profile's); a config written before it was recorded keeps the profile's.
+    row["peak_flops_per_s"] = nested(prov, "tuned", "peak_flops_per_s") or row.get("peak_flops_per_s")
     row["mfu"] = row["tuned_mfu"] if row["tuned_mfu"] is not None else row["baseline_mfu"]
     verification = prov.get("verification") or {}
     row["speedup"] = verification.get("speedup")

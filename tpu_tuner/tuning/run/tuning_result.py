@@ -343,6 +343,7 @@ def _summary(
         "compile_s": m.compile_seconds,
         "amortised_step_s": m.amortised_step(planned_steps),
         "mfu": m.mfu,
+        "peak_flops_per_s": m.peak_flops_per_s,  # the run's one peak, which a trial may have raised
         "peak_dtype": m.peak_dtype,
         "peak_memory_bytes": m.peak_memory_bytes,
         "accuracy_error": m.accuracy_error,
