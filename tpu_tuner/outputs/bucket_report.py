@@ -49,9 +49,9 @@ def heldout_rows(heldout: HeldOut, replays: list[Replay]) -> list[dict[str, obje
     measured = {r.strategy: r.total_seconds for r in replays}
     base = next((e for e in heldout.table if e.strategy.name == POWERS_OF_TWO), None)
     rows = []
+    base_replayed = measured.get(POWERS_OF_TWO)
     for e in heldout.table:
         replayed = measured.get(e.strategy.name)
-        base_replayed = measured.get(POWERS_OF_TWO)
         rows.append(
             {
                 "strategy (held-out)": e.strategy.name,
