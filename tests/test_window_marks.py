@@ -7,6 +7,7 @@ never both unmarked. The run here: the search read a disturbed baseline at 447 m
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -87,3 +88,18 @@ def test_the_dashboards_run_figure_marks_what_trials_csv_marks(tmp_path, monkeyp
     assert SUPERSEDED_LABEL in [t.get_text() for t in history.get_legend().get_texts()]
     bars = {round(p.get_x() + p.get_width() / 2): p.get_height() for p in mfu.patches}
     assert bars[0] == pytest.approx(trials.loc[0, WINDOW_MFU] * 100)  # the baseline's bar is the window's MFU
+
+
+def test_a_window_the_verdict_calls_off_the_search_is_marked_though_the_spreads_overlap() -> None:
+    """A CPU run's verdict said "best: 1.56 s in the window against 1.05 s in the search", while its
+    trials.csv said "within the search's spread" (wide, overlapping spreads): one run, two words."""
+    from conftest import steady_measurement
+
+    from tpu_tuner.tuning.verify.window_marks import mark_against_window
+
+    def step(median: float, p10: float, p90: float) -> Any:
+        return steady_measurement({}, median, step_p10=p10, step_p90=p90)
+
+    mark = mark_against_window(step(1.045, 0.9, 1.7), step(1.564, 1.5, 1.6), "the verification window")
+    assert mark.superseded and "1.50x the search's" in mark.note and "more than 1.2x apart" in mark.note
+    assert not mark_against_window(step(1.5, 1.4, 1.6), step(1.55, 1.5, 1.6), "w").superseded

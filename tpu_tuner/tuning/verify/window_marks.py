@@ -41,12 +41,16 @@ class WindowMark:
 def mark_against_window(search: Measurement | None, window: Measurement, where: str) -> WindowMark:
     """The mark of a trial whose setting `where` (e.g. "the verification window") timed as
     `window` (the search's measurement with the window's steady step, on the run's peak)."""
-    superseded = search is not None and search.step_median > 0 and beyond_spreads(search, window)
+    # Superseded by either rule a run states: spreads that do not overlap, or the verdict's own
+    # `OFF_SEARCH_RATIO` (a run's verdict named a 1.5x disagreement that wide spreads overlapped).
+    ratio = window.step_median / search.step_median if search is not None and search.step_median > 0 else 1.0
+    apart = search is not None and search.step_median > 0 and beyond_spreads(search, window)
+    superseded = apart or ratio > OFF_SEARCH_RATIO or ratio < 1 / OFF_SEARCH_RATIO
     if superseded and search is not None:
-        ratio = window.step_median / search.step_median
+        why = "beyond both spreads" if apart else f"more than {OFF_SEARCH_RATIO:g}x apart"
         note = (
             f"search figure superseded: {where} timed {duration(window.step_median)} "
-            f"({ratio:.2f}x the search's {duration(search.step_median)}), beyond both spreads"
+            f"({ratio:.2f}x the search's {duration(search.step_median)}), {why}"
         )
     else:
         note = f"{where} timed {duration(window.step_median)}, within the search's spread"
