@@ -3,10 +3,12 @@
 Inference compares the model outputs; training compares the loss and the gradients of the
 first step (before any optimizer step; accumulated over the candidate's micro-batches), on the
 same seeded weights and inputs. The error is relative: ||trial - reference|| / ||reference||,
-per compared part, its norms in float64. The guardrail judges a setting by how much its error
-against fp32 exceeds the baseline's (execution/measurement.py, `accuracy_excess`): the baseline
-is what the user's code runs, one bf16 pass on a TPU (docs/tuning.md, "Accuracy against the
-baseline").
+per compared part, its norms in float64. A part of more than `SAMPLE` elements is compared on a
+fixed sample of them, the same in every process (`sampled`): a Llama-class model's gradients
+were 1.6 GB a copy, read back from the device, written and read again in every worker. The
+guardrail judges a setting by how much its error against fp32 exceeds the baseline's
+(execution/measurement.py, `accuracy_excess`): the baseline is what the user's code runs, one
+bf16 pass on a TPU (docs/tuning.md, "Accuracy against the baseline").
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ log = logging.getLogger(__name__)
 REFERENCE = Candidate()  # eager, fp32 "highest", no autocast
 # Elements a float64 copy is made of at a time: a whole model's gradients are never copied at once.
 CHUNK = 1 << 22
+# Elements compared per part at most. A uniform sample of 2^20 estimates the relative L2 error of
+# the whole to within a few percent of itself unless a handful of elements carry the difference
+# (docs/tuning.md, "Accuracy against the baseline"); it is 4 MiB read back, not the whole model.
+SAMPLE = 1 << 20
 
 
 @dataclass
@@ -53,8 +59,8 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
         # gradient whole (gathered from its shards; every rank takes part, in parameter order).
         loss = backend.mean_over_ranks(loss)
-        grads = [whole(p.grad).detach().float().flatten() for p in step.model.parameters() if p.grad is not None]
-        parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": torch.cat(grads).cpu()}
+        grads = [whole(p.grad).detach().flatten() for p in step.model.parameters() if p.grad is not None]
+        parts = {"loss": loss.detach().float().reshape(1).cpu(), "gradients": sampled(grads)}
         step.model.zero_grad(set_to_none=True)
     else:
         with torch.no_grad(), candidate.step(backend):
@@ -62,8 +68,29 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         # As a rank of a sharded step: the global batch's output, every rank's slice gathered in
         # batch order (every rank takes part), as one device computes it on the whole batch.
         output = candidate.gather_output(output, batch_size_of(inputs), backend)
-        parts = {"output": flatten_output(output).cpu()}
+        parts = {"output": sampled([flatten_output(output)])}
     return Outputs(parts)
+
+
+def sampled(pieces: list[torch.Tensor], limit: int | None = None) -> torch.Tensor:
+    """Flat `pieces` as one float32 CPU tensor: every element where they hold at most `limit`
+    (default `SAMPLE`), else `limit` of them drawn uniformly, each piece in proportion to its size.
+    The draw depends only on each piece's place and size (a seeded CPU generator per piece), so
+    the reference, the baseline and every trial compare the same elements; it is gathered on the
+    piece's device, and only the sample is read back."""
+    limit = SAMPLE if limit is None else limit
+    total = sum(piece.numel() for piece in pieces)
+    if total <= limit:
+        return torch.cat([piece.float().cpu() for piece in pieces]) if pieces else torch.zeros(0)
+    chosen = []
+    for place, piece in enumerate(pieces):
+        if not piece.numel():
+            continue
+        count = max(1, round(limit * piece.numel() / total))
+        generator = torch.Generator().manual_seed(place)
+        index = torch.randint(piece.numel(), (count,), generator=generator)
+        chosen.append(piece[index.to(piece.device)].float())
+    return torch.cat(chosen).cpu()
 
 
 def relative_error(trial: Outputs, reference: Outputs) -> dict[str, float]:

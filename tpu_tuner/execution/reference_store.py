@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from tpu_tuner.execution.accuracy import Outputs
+from tpu_tuner.execution.accuracy import SAMPLE, Outputs
 
 
 def key_of(candidate: dict[str, Any], batch_size: int | None, seq_len: int | None) -> str:
-    """The file name of a candidate's outputs at a batch size and length."""
-    text = json.dumps([candidate, batch_size, seq_len], sort_keys=True)
+    """The file name of a candidate's outputs at a batch size and length (and the sample size the
+    outputs were drawn at: a file of another version's whole gradients is never compared)."""
+    text = json.dumps([candidate, batch_size, seq_len, {"sample": SAMPLE}], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24] + ".pt"
 
 
