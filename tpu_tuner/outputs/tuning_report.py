@@ -53,6 +53,7 @@ def render_report(result: TuningResult, plots: dict[str, Path]) -> str:
         "Objective: amortised step time (steady step + compile "
         f"time / {planned} planned steps). {_tolerance_line(result)}",
         "",
+        *_fitted_lines(result.profile.fitted_to_memory, result.profile.warnings),
         (
             f"**Recommendation: {v.chosen.describe()}.** {v.message}"
             if result.verified
@@ -323,6 +324,15 @@ def _describe(m: Measurement) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
     return Candidate.from_dict(m.candidate).describe()
+
+
+def _fitted_lines(fitted: dict[str, str], warnings: list[str]) -> list[str]:
+    """Where the step as given did not fit the device: what the run's baseline is instead
+    (profiling/memory_fit.py wrote the profile's note)."""
+    if not fitted:
+        return []
+    note = next((w for w in warnings if w.startswith("the step as given needs")), "the step as given does not fit")
+    return [f"**The step as written does not fit the device**: {note}. Speedups here are over that baseline.", ""]
 
 
 def _tolerance_line(result: TuningResult) -> str:

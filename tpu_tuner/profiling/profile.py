@@ -22,13 +22,14 @@ import torch
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.devices import DeviceInfo, get_backend
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.accuracy import REFERENCE
 from tpu_tuner.execution.memory_estimate import estimate_step_memory
 from tpu_tuner.execution.operators import OperatorTime, device_busy, top_operators
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import StepClock, WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import of_model
-from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
+from tpu_tuner.metrics.estimate import StepEstimate
 from tpu_tuner.metrics.flops import AttentionConvention, count_step
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
@@ -39,6 +40,7 @@ from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.model.summary import input_signature
 from tpu_tuner.model.workload import Workload
 from tpu_tuner.profiling.flops_report import FlopsReport, flops_report, with_uncounted
+from tpu_tuner.profiling.memory_fit import estimate_or_fit
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.profiling.verdict import Verdict, decide
 
@@ -95,6 +97,14 @@ class Profile:
     # measured, or why not; both None in older profiles. The verdict's overhead term reads it.
     device_busy_seconds: float | None = None
     device_busy_method: str | None = None
+    # The knobs a step too large for the device was profiled under (profiling/memory_fit.py): the
+    # run's baseline carries them; empty where the step fits as given (and in older profiles).
+    fitted_to_memory: dict[str, str] = field(default_factory=dict)
+
+    def fp32_reference(self) -> dict[str, str] | None:
+        """The accuracy guardrail's fp32 reference for a run from this profile: eager fp32 with the
+        knobs the step was fitted to memory under (None: `accuracy.REFERENCE` as it is)."""
+        return Candidate({**REFERENCE.to_dict(), **self.fitted_to_memory}).to_dict() if self.fitted_to_memory else None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -128,8 +138,11 @@ def profile(
     seq_len: int | None = None,
     attention_convention: AttentionConvention = "full",
     settings: ProfilerSettings | None = None,
+    fit_memory: bool = False,
 ) -> Profile:
-    """Profile a workload (or a model file) on `device` (auto-detected when None)."""
+    """Profile a workload (or a model file) on `device` (auto-detected when None). `fit_memory`: a
+    training step too large for the device is profiled under the first memory setting that fits
+    (profiling/memory_fit.py; the profile's `candidate` and `fitted_to_memory` say which)."""
     if not isinstance(workload, Workload):
         workload = load_workload(workload)
     _check_positive(batch_size, "batch size")
@@ -140,17 +153,19 @@ def profile(
     candidate = candidate or Candidate()
     settings = settings or ProfilerSettings.load()
     info = backend.info()
-    compute_dtype = candidate.compute_dtype(backend)
     dispatch_cost = backend.dispatch_seconds_per_op()
     requested = (batch_size, seq_len)  # the flags as given: the header says which sizes came from them
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
-    estimate = _estimate_or_refuse(
-        workload, backend.available_memory_bytes(info.memory_bytes), info, batch_size, seq_len, settings
-    )
+    estimate, fitted = estimate_or_fit(workload, backend, candidate, info, (batch_size, seq_len), settings, fit_memory)
+    if fitted is not None:
+        candidate = fitted.candidate
+        warnings.append(fitted.note)
+    compute_dtype = candidate.compute_dtype(backend)
     deadline = time.monotonic() + settings.max_profile_seconds
-    fake = estimate_step_memory(workload, backend, candidate, batch_size, seq_len)  # beside the measured peak
+    # Beside the measured peak (a fitted step's was made while fitting it).
+    fake = fitted.estimate if fitted else estimate_step_memory(workload, backend, candidate, batch_size, seq_len)
 
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
@@ -259,6 +274,7 @@ def profile(
         warnings=warnings,
         mfu_is_lower_bound=mfu_is_lower_bound,
         estimate=estimate,
+        fitted_to_memory=fitted.values if fitted else {},
     )
 
 
@@ -287,30 +303,6 @@ def _with_peak(info: DeviceInfo, choice: PeakChoice) -> DeviceInfo:
 def _check_positive(value: int | None, what: str) -> None:
     if value is not None and value <= 0:
         raise UserInputError(f"{what} must be a positive integer, got {value}")
-
-
-def _estimate_or_refuse(
-    workload: Workload,
-    available_bytes: int | None,
-    info: DeviceInfo,
-    batch_size: int | None,
-    seq_len: int | None,
-    settings: ProfilerSettings,
-) -> StepEstimate | None:
-    """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot
-    fit in memory or in the time budget. None where the meta pass is impossible."""
-    estimate = estimate_step(workload, batch_size, seq_len)
-    if estimate is None:
-        return None
-    peak = max(info.peak.flops_per_s.values(), default=None)
-    seconds = estimate.seconds(peak, info.peak.memory_bytes_per_s)
-    log.info(
-        "meta-device estimate: %s; %s s per step at the device's peak",
-        estimate.describe(),
-        f"{seconds:.3g}" if seconds is not None else "n/a",
-    )
-    check_budget(estimate, available_bytes, seconds, settings.max_step_seconds, workload.source, resizable=True)
-    return estimate
 
 
 def _declared_dims(

@@ -62,6 +62,7 @@ class WorkerState:
         self.backend.ranks = ranks
         self._references: dict[tuple[Any, Any, Any], Outputs] = {}  # by candidate, batch size, length
         self.references_dir: str | None = None  # the run's stored outputs (a measure request names it)
+        self.reference_candidate = REFERENCE  # the run's fp32 reference (a measure request names it)
         self._baselines: dict[tuple[Any, Any, Any], BaselineOutputs] = {}
         # The peak table trials divide by, once a trial beat the profile's (re-measured or
         # raised): later trials of this worker start from it instead of re-probing again.
@@ -75,9 +76,10 @@ class WorkerState:
         # trials differing only in threads, matmul precision or compiler flags share one.
         self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
 
-    def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate = REFERENCE) -> Outputs:
+    def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate | None = None) -> Outputs:
         """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch;
         cached here, and in the run's `references_dir` for every other worker (reference_store.py)."""
+        candidate = self.reference_candidate if candidate is None else candidate
         key = (candidate, batch_size, seq_len)
         if key not in self._references:
             ranks, self.backend.ranks = self.backend.ranks, 1  # one process, the whole batch: no collective
@@ -102,7 +104,7 @@ class WorkerState:
         return self._baselines[key]
 
     def _reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate) -> Outputs:
-        what = "the reference step" if candidate == REFERENCE else "the baseline step"
+        what = "the reference step" if candidate == self.reference_candidate else "the baseline step"
         with candidate.process(self.backend):
             step = prepare_step(self.workload, self.backend, candidate, batch_size, seq_len)
             return run_user_step(lambda: capture(step, self.workload, self.backend, candidate), self.workload, what)
@@ -122,6 +124,7 @@ def run_profile(state: WorkerState, request: ProfileRequest) -> Any:
         seq_len=request.seq_len,
         attention_convention=request.attention_convention,
         settings=request.settings or ProfilerSettings.load(),
+        fit_memory=request.fit_memory,
     )
 
 
@@ -135,6 +138,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     # and judges against the baseline's outputs, computed alike (none given: against fp32 alone).
     references_started = time.perf_counter()
     state.references_dir = request.references_dir
+    state.reference_candidate = Candidate.from_dict(request.reference) if request.reference else REFERENCE
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     baseline = Candidate.from_dict(request.baseline) if request.baseline is not None else None
     base = state.baseline(baseline, batch_size, seq_len) if reference is not None and baseline is not None else None

@@ -49,6 +49,9 @@ class ProfileRequest(Request):
     seq_len: int | None = None
     settings: ProfilerSettings | None = None
     attention_convention: AttentionConvention = "full"
+    # A tuning run's baseline: a training step too large for the device is profiled under the
+    # first memory setting that fits (profiling/memory_fit.py) rather than refused.
+    fit_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class MeasureRequest(Request):
     # Where the run keeps the reference's and the baseline's outputs for every worker
     # (execution/reference_store.py); None: each worker computes its own.
     references_dir: str | None = None
+    # The fp32 reference's candidate; None: eager, fp32 (accuracy.REFERENCE). A baseline fitted to
+    # memory lends it its memory knobs: the reference must fit the device too.
+    reference: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,7 @@ def plan(run: Run, profiled: Profiled) -> Planned:
         model_flops_per_step=baseline.flops.model_per_step,
         baseline=space.to_candidate(space.baseline_params()).to_dict(),  # accuracy is judged against it
         references_dir=str(location.run_dir / REFERENCES_FOLDER),  # computed once, read by every worker
+        reference=baseline.fp32_reference(),  # a baseline fitted to memory lends it its memory knobs
     )
     return Planned(profiled, space, agents, findings, memory, bucketing, measure_options, options)
 

@@ -62,14 +62,19 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
 
 def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
-    (on TPU at TorchTPU's default matmul precision, medium). Out of memory under --trial-memory-gb
-    (the worker's address-space limit): that limit is refused."""
+    (on TPU at TorchTPU's default matmul precision, medium); a training step too large for the
+    device under the first memory setting that fits (profiling/memory_fit.py: the profile's
+    candidate is then the run's baseline). Out of memory under --trial-memory-gb (the worker's
+    address-space limit): that limit is refused."""
     baseline, run, limit = Candidate.baseline(device_kind), options.runner, options.objective.memory_limit_bytes
-    profiled = runner.run(
-        ProfileRequest(
-            candidate=baseline.to_dict(), batch_size=run.batch_size, seq_len=run.seq_len, settings=run.trial_settings
-        )
+    request = ProfileRequest(
+        candidate=baseline.to_dict(),
+        batch_size=run.batch_size,
+        seq_len=run.seq_len,
+        settings=run.trial_settings,
+        fit_memory=True,
     )
+    profiled = runner.run(request)
     failure = profiled.failure
     if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
         raise UserInputError(
@@ -140,7 +145,7 @@ def bucketing_context(
     say("profile", f"inputs vary ({len(hist.lengths)} distinct lengths): measuring step time at {probes}")
     measured = runner.run(
         BucketCostsRequest(
-            candidate=Candidate.baseline(profile.device.kind).to_dict(),
+            candidate=profile.candidate.to_dict(),  # the baseline, fitted to memory where it had to be
             lengths=probes,
             warmup_length=reference,
             batch_size=options.runner.batch_size,

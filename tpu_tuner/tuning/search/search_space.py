@@ -10,7 +10,7 @@ setting where it is inactive leaves it out. `settings()` enumerates only valid s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +92,23 @@ class SearchSpace:
     def for_profile(cls, name_or_path: str | Path, profile: Profile, ranks: int = 1) -> SearchSpace:
         """The space on the profiled device, narrowed to what can change the profiled workload's
         step (`for_workload` with the traits the profile recorded, knobs/traits.py)."""
-        return cls.load(name_or_path, profile.device.kind, ranks).for_workload(of_profile(profile.workload))
+        loaded = cls.load(name_or_path, profile.device.kind, ranks).starting_from(profile.fitted_to_memory)
+        return loaded.for_workload(of_profile(profile.workload))
+
+    def starting_from(self, values: dict[str, str]) -> SearchSpace:
+        """This space with `values` as its first choices (the baseline's): a step too large for
+        the device is tuned from the memory setting it was profiled under (profiling/memory_fit.py).
+        A value the space does not list is added, first; a knob the space lacks is added fixed."""
+        if not values:
+            return self
+        params = []
+        for p in self.params:
+            first = values.get(p.name)
+            choices = p.choices if first is None else (first, *(c for c in p.choices if c != first))
+            params.append(Param(p.name, p.agent, choices, p.help))
+        listed = {p.name for p in self.params}
+        params += [Param(n, knobs.get(n).agent, (v,), "fitted to memory") for n, v in values.items() if n not in listed]
+        return replace(self, params=tuple(params))
 
     def for_workload(self, traits: WorkloadTraits | None) -> SearchSpace:
         """This space narrowed to what can change `traits`' step: knobs that cannot

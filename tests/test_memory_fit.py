@@ -1,0 +1,97 @@
+"""A training step too large for the device (profiling/memory_fit.py, issue 68 item 4): a tuning
+run's profile fits it with the memory agent's first setting that fits, the run's space starts
+from that setting, and the fp32 reference carries its memory knobs; `tpu-tune profile` and a step
+that nothing fits are still refused with the estimate."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES
+
+import tpu_tuner
+from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.execution.memory_estimate import estimate_step_memory
+from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.metrics.estimate import estimate_step
+from tpu_tuner.model.loader import load_workload
+from tpu_tuner.profiling.profile import Profile
+from tpu_tuner.tuning.search.search_space import SearchSpace
+
+GPT, BATCH = FIXTURES / "tiny_gpt.py", 32
+CHECKPOINTED = {"activation_checkpointing": "blocks"}
+
+
+@pytest.fixture
+def device_just_below_the_step(monkeypatch) -> int:
+    """The CPU made to offer one byte less than the step as written needs (the meta estimate):
+    checkpointed blocks fit, by their fake-tensor estimate."""
+    workload = load_workload(GPT)
+    needed = estimate_step(workload, BATCH, None).memory_bytes
+    checkpointed = estimate_step_memory(workload, CpuBackend(), Candidate(CHECKPOINTED), BATCH).step_bytes
+    assert checkpointed is not None and checkpointed < 0.9 * (needed - 1), (checkpointed, needed)
+    monkeypatch.setattr(CpuBackend, "available_memory_bytes", lambda self, total: needed - 1)
+    return needed
+
+
+def test_a_tuning_runs_profile_fits_the_step_with_checkpointed_blocks(device_just_below_the_step, fast_settings):
+    profile = tpu_tuner.profile(GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True)
+    assert profile.fitted_to_memory == CHECKPOINTED
+    assert profile.candidate["activation_checkpointing"] == "blocks"
+    assert any(w.startswith("the step as given needs") and "checkpointed blocks" in w for w in profile.warnings)
+    # The fp32 reference keeps its arithmetic (eager, highest) and takes the memory knob.
+    reference = profile.fp32_reference()
+    assert reference is not None and reference["activation_checkpointing"] == "blocks"
+    assert reference["matmul_precision"] == "highest" and reference["execution"] == "eager"
+    # Read back from profile.json as written.
+    assert Profile.from_json(profile.to_json()).fitted_to_memory == CHECKPOINTED
+
+
+def test_the_profile_command_still_refuses_the_step(device_just_below_the_step, fast_settings):
+    with pytest.raises(UserInputError, match="one step needs ~.*pass --batch-size"):
+        tpu_tuner.profile(GPT, device="cpu", batch_size=BATCH, settings=fast_settings)
+
+
+def test_a_step_nothing_fits_is_refused_naming_what_was_tried(monkeypatch, fast_settings):
+    monkeypatch.setattr(CpuBackend, "available_memory_bytes", lambda self, total: 1 << 20)
+    with pytest.raises(UserInputError, match="neither checkpointed blocks nor 2 or 4 micro-batches fit"):
+        tpu_tuner.profile(GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True)
+
+
+def test_the_space_starts_from_the_fitted_setting() -> None:
+    space = SearchSpace.load("default", "tpu")
+    fitted = space.starting_from({**CHECKPOINTED, "micro_batches": "2"})
+    assert fitted.baseline_params()["activation_checkpointing"] == "blocks"
+    assert fitted.baseline_params()["micro_batches"] == "2"
+    # Every other choice is kept, and nothing else moves.
+    before = {p.name: set(p.choices) for p in space.params}
+    assert {p.name: set(p.choices) for p in fitted.params} == before
+    moved = ("activation_checkpointing", "micro_batches")
+    unchanged = {k: v for k, v in space.baseline_params().items() if k not in moved}
+    assert {k: fitted.baseline_params()[k] for k in unchanged} == unchanged
+    assert space.starting_from({}) is space
+
+
+def test_the_workers_reference_is_the_fitted_one(fast_settings, tmp_path) -> None:
+    """A measure request naming the fitted reference: the worker computes and stores that one
+    (checkpointed blocks, fp32), and the baseline it judges against is the fitted baseline."""
+    from tpu_tuner.execution.reference_store import key_of
+    from tpu_tuner.runner.jobs import WorkerState, run_measure
+    from tpu_tuner.runner.requests import MeasureRequest
+
+    baseline = Candidate({**Candidate.baseline("cpu").to_dict(), **CHECKPOINTED})
+    reference = Candidate({"execution": "eager", "matmul_precision": "highest", **CHECKPOINTED})
+    state = WorkerState(str(GPT), "cpu")
+    request = MeasureRequest(
+        candidate=Candidate({**baseline.to_dict(), "matmul_precision": "medium"}).to_dict(),
+        settings=fast_settings,
+        model_flops_per_step=1e6,
+        peak_flops_per_s={"float32": 1e12},
+        baseline=baseline.to_dict(),
+        references_dir=str(tmp_path),
+        reference=reference.to_dict(),
+    )
+    measured = run_measure(state, request)
+    assert state.reference_candidate == reference
+    assert (tmp_path / key_of(reference.to_dict(), None, None)).exists()
+    assert measured.accuracy_errors["gradients"] < 1e-2  # checkpointing changed nothing it computes
