@@ -562,6 +562,8 @@ def _result(tmp_path: Path, hosts: list[str], verified_on: str | None):
         peak_dtype="bfloat16",
         verdict=SimpleNamespace(summary="compute-bound"),
         flops=SimpleNamespace(model_formula="6N"),
+        fitted_to_memory={},  # the step fit the device as written
+        warnings=[],
     )
     return TuningResult(
         run_dir=tmp_path,

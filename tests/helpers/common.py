@@ -322,6 +322,8 @@ def window_result(tmp_path, window: bool = True, significant: bool = True) -> Tu
         verdict=SimpleNamespace(summary="compute-bound"),
         flops=SimpleNamespace(model_formula="counted"),
         memory=SimpleNamespace(peak_bytes=3 << 29, method="VmHWM"),  # the profile's: 1.5 GiB
+        fitted_to_memory={},  # the step fit the device as written
+        warnings=[],
     )
     return TuningResult(
         run_dir=tmp_path,

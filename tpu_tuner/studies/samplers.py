@@ -174,4 +174,14 @@ class ExcludingSampler(optuna.samplers.BaseSampler):
         self.base.reseed_rng()
 
 
-__all__ = ["SAMPLERS", "ExcludingSampler", "SettingsGrid", "build_sampler"]
+class PreferringSampler(ExcludingSampler):
+    """A sampler that draws `base`'s proposal again, up to `REDRAWS` times, where `preferred`
+    says no (a setting, or the part of one sampled so far): `base`'s proposal conditioned on the
+    preferred region where it gives one there, else its last proposal, kept. The tuner prefers
+    settings of the trial worker's start-up environment (tuning/search/environment_blocks.py)."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, preferred: Callable[[Mapping[str, Any]], bool]) -> None:
+        super().__init__(base, lambda setting: not preferred(setting))
+
+
+__all__ = ["SAMPLERS", "ExcludingSampler", "PreferringSampler", "SettingsGrid", "build_sampler"]

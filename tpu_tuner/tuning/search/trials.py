@@ -27,7 +27,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, StopReason, run_loop
-from tpu_tuner.studies.samplers import ExcludingSampler
+from tpu_tuner.studies.samplers import ExcludingSampler, PreferringSampler
 from tpu_tuner.studies.trial_costs import cost_keys
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.agents import Agent
@@ -36,6 +36,7 @@ from tpu_tuner.tuning.run.clock import CLOCK, Clock, search_may_go_on, trial_all
 from tpu_tuner.tuning.run.progress import Progress, ProgressCallback
 from tpu_tuner.tuning.search import stacking, trial_attrs
 from tpu_tuner.tuning.search.bucketing_context import BucketingContext
+from tpu_tuner.tuning.search.environment_blocks import EnvironmentBlocks
 from tpu_tuner.tuning.search.failure_learning import FailureLearning, label
 from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 from tpu_tuner.tuning.search.pruning import HopelessPruner, best_objective
@@ -84,7 +85,9 @@ def run_search(
     # The sampler never proposes what the study has excluded (ExcludingSampler redraws); the
     # study's pruner is the one the trials are stopped by (should_prune asks it).
     sampler, pruner = study.sampler, study.pruner
-    study.sampler = ExcludingSampler(sampler, lambda setting: feature.learning.excluded_by(setting) is not None)
+    # Within that, it keeps to the trial worker's start-up environment for a block (environment_blocks.py).
+    preferring = PreferringSampler(sampler, feature.blocks.preferred)
+    study.sampler = ExcludingSampler(preferring, lambda setting: feature.learning.excluded_by(setting) is not None)
     study.pruner = feature.pruner or optuna.pruners.NopPruner()
     try:
         end = run_loop(study, feature, rules, worker, RunningWatch(2 * options.runner.trial_timeout_s + 60))
@@ -130,6 +133,7 @@ class TuneTrials(Feature):
         self.clock = as_clock(run_clock, self.options)
         self.told: set[int] = set()  # failed trials the agents have heard of
         self.learning = FailureLearning(self.space, self.options.objective.tolerance)
+        self.blocks = EnvironmentBlocks(self.space)  # the worker's start-up environment, kept a block
         # A trial's expected step under its own buckets is no amortised step: no pruning with buckets.
         self.pruner = HopelessPruner() if self.options.search.prune and self.bucketing is None else None
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
@@ -214,6 +218,7 @@ class TuneTrials(Feature):
         # Start-up variables (TorchTPU eager modes): the backend names them; a trial with any runs
         # in a fresh worker started with them.
         env = self._environment(candidate)
+        self.blocks.measured(candidate)
         request = replace(
             self.measure_options,
             candidate=candidate.to_dict(),
