@@ -66,6 +66,11 @@ def main() -> None:
     parser.add_argument("--recompile", action="store_true", help="compile the rows again even where kept")
     parser.add_argument("--refit", action="store_true", help="fit from the kept figures without compiling")
     parser.add_argument("--list", action="store_true", help="list the rows and the runs left out, and stop")
+    parser.add_argument(
+        "--refloor",
+        action="store_true",
+        help="rescale each kept row's FLOPs to the current analytical floor (no compiles), then refit",
+    )
     parser.add_argument("--compiled", type=Path, default=COMPILED, help="the per-row compiler figures (read, written)")
     parser.add_argument(
         "--rows-file",
@@ -86,7 +91,12 @@ def main() -> None:
             print(f"{'left out':>36}: {run_id}: {reason}")
         return
     kept = json.loads(args.compiled.read_text()) if args.compiled.exists() else {}
-    if not args.refit:
+    if args.refloor:
+        for row in rows:
+            if row.id in kept and "error" not in kept[row.id]:
+                kept[row.id] = refloored(row, kept[row.id])
+        args.compiled.write_text(json.dumps(kept, indent=1, sort_keys=True))
+    if not args.refit and not args.refloor:
         todo = [r for r in rows if (args.only is None or r.id in args.only) and (args.recompile or r.id not in kept)]
         print(f"{len(rows)} rows, {len(todo)} to compile ({len(excluded)} published runs left out: --list)", flush=True)
         for row in todo:
@@ -194,6 +204,32 @@ def compile_row(row: Row) -> dict | None:
         flush=True,
     )
     return figures
+
+
+def refloored(row: Row, figures: dict) -> dict:
+    """`figures` with the FLOPs the prediction uses taken again from the analytical floor as the
+    planner computes it now (`PlanProblem.hardware_flops`; no compile: the compiler's own count is
+    kept). The kept FLOPs are max(compiled, floor) x the row's 8-bit factor (predict.py), so they
+    scale by the ratio of the new max to the old; the floor is kept as `floor_flops`, so run once
+    under the floor a row was compiled with (it records it), then under a changed one."""
+    from tpu_tuner.planner.plans.plan import PlanOptions
+    from tpu_tuner.planner.plans.plan_problem import build_problem
+    from tpu_tuner.planner.prediction.predict import CostModel
+
+    options = PlanOptions(
+        PlanTarget(topology=row.topology, slices=row.slices),
+        step=row.plan_step(remat=row.remat),
+        enumeration=PlanEnumeration(layouts=[row.layout]),
+        compile=PlanCompile(workers=1, cost_model=CostModel()),
+    )
+    problem = build_problem(row.spec, options, options.target.slice(), lambda message: None)
+    floor = problem.hardware_flops(row.remat) / problem.topology.devices
+    compiled = figures["compiled_flops"]
+    # A row without a kept floor was compiled under the floor as it is now: its FLOPs stand.
+    old = max(compiled, figures.get("floor_flops", floor))
+    scale = max(compiled, floor) / old
+    print(f"{row.id}: floor {floor:.4e}, compiled {compiled:.4e}, FLOPs x {scale:.3f}", flush=True)
+    return {**figures, "flops": figures["flops"] * scale, "floor_flops": floor}
 
 
 def attention_not_counted(row: Row) -> float:

@@ -288,3 +288,34 @@ def test_a_trial_read_while_its_point_is_half_written_has_no_key_and_is_not_writ
         distributions={"data": CategoricalDistribution([1, 2])},
     )
     assert trials.key_of(half) is None and not trials.setting_written(half)
+
+
+def test_full_remat_does_not_recompute_a_down_projection_nothing_reads() -> None:
+    # Its output only enters the residual sum: the backward pass never reads it (issue 70).
+    args = (256, 8, 2, 32, 768, True, 128)
+    total, counted = forward_flops_per_token(parse_remat("full"), *args)
+    _, plain = forward_flops_per_token(parse_remat("full"), *args, mlp_output_needed=False)
+    assert counted == total
+    assert plain == total - 2 * 768 * 256
+    # A policy that keeps the down-projection recomputes the same either way.
+    kept = parse_remat("save_dot_except_mlpwi")
+    assert forward_flops_per_token(kept, *args)[1] == forward_flops_per_token(kept, *args, mlp_output_needed=False)[1]
+
+
+def test_only_a_plain_dense_block_leaves_its_mlp_output_unread() -> None:
+    import torch
+
+    from tpu_tuner.model.decoder import Decoder
+    from tpu_tuner.model.decoder_shape import read_shape
+    from tpu_tuner.planner.plans.plan_problem import mlp_output_needed
+
+    base = "decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=128"
+
+    def block(extra: str = "") -> torch.nn.Module:
+        with torch.device("meta"):
+            return Decoder(read_shape(base + extra)[0]).layers[0]
+
+    assert not mlp_output_needed(block())
+    assert mlp_output_needed(block(",post_norms=true"))  # the norm's backward reads it
+    assert mlp_output_needed(block(",experts=4,top_k=2"))  # the router's weights' gradient reads it
+    assert mlp_output_needed(torch.nn.Linear(4, 4))  # not the generic decoder: as counted before

@@ -223,12 +223,21 @@ def forward_flops_per_token(
     mlp_hidden: int,
     gated: bool,
     seq_len: float,  # the keys a query attends: fewer than the sequence for a local layer
+    mlp_output_needed: bool = True,
 ) -> tuple[float, float]:
     """(a block's forward FLOPs per token, of which the backward pass recomputes under `policy`).
 
     A tensor not kept is recomputed by its producer: a weight matmul, or for ``context`` the
     attention itself (full attention counted, as the chips do it). The floor under the compiler's
-    FLOPs count (predict.py) adds the recomputed part to 3x the forward."""
+    FLOPs count (predict.py) adds the recomputed part to 3x the forward.
+
+    The MLP's down-projection (``mlpwo``) is recomputed only where the backward pass reads its
+    output (`mlp_output_needed`): a norm after the MLP, an MoE combine weighted by the router,
+    Gemma 4's per-layer gate on the block's output. Where it only enters the residual sum, whose
+    gradient passes through unchanged, nothing in the backward pass reads it: its gradients need
+    its input and the incoming gradient alone, so the rematerialised forward is dead code there
+    (jax.checkpoint's partial evaluation and XLA both drop it). Charging it anyway put a third of
+    a full-remat step's recompute on the v4 and v5e rows that the chips never ran (issue 70)."""
     parts = {
         "query_proj": 2 * d_model * heads * head_dim,
         "key_proj": 2 * d_model * kv_heads * head_dim,
@@ -239,5 +248,6 @@ def forward_flops_per_token(
         "mlpwi_1": 2 * d_model * mlp_hidden if gated else 0,
         "mlpwo": 2 * mlp_hidden * d_model,
     }
-    recomputed = sum(f for name, f in parts.items() if policy.action(name) == "remat")
+    dead = set() if mlp_output_needed else {"mlpwo"}
+    recomputed = sum(f for name, f in parts.items() if policy.action(name) == "remat" and name not in dead)
     return float(sum(parts.values())), float(recomputed)

@@ -15,9 +15,11 @@ from torch import nn
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
+from tpu_tuner.model.decoder import Block
 from tpu_tuner.model.decoder_shape import is_shape_source
 from tpu_tuner.model.experts import moe_routing
 from tpu_tuner.model.hf_source import is_hf_source
+from tpu_tuner.model.layer_parts import FeedForward
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
 from tpu_tuner.model.workload import AttentionSpan, TransformerDims
@@ -66,6 +68,9 @@ class PlanProblem:
     # Flash blocks the planner chose where none was given: the fastest a chip of this generation
     # timed (attention_kernel.py), for points whose devices hold whole sequences (None: the kernel's).
     chosen_flash_block: int | None = None
+    # Whether the backward pass reads the MLP's down-projection output (remat.forward_flops_per_token
+    # says why it decides what is recomputed); True where the blocks are not known to be plain.
+    mlp_output_needed: bool = True
 
     @property
     def hbm(self) -> float:
@@ -87,6 +92,7 @@ class PlanProblem:
                 shape.mlp_hidden if span.mlp is None else span.mlp,
                 self.gated,
                 score_pairs(seq, span.window, span.chunk, False) / seq,
+                self.mlp_output_needed,
             )[1]
             for span in spans
         )
@@ -143,6 +149,7 @@ class PlanProblem:
             shape.mlp_hidden,
             self.gated,
             seq,
+            self.mlp_output_needed,
         )
         if policy.action("context") == "remat":
             recomputed -= 4 * seq * shape.n_heads * self.dims.head_dim
@@ -296,10 +303,23 @@ def build_problem(
         chosen_flash_block=None
         if options.search.flash_blocks
         else chosen_flash_block(topology, dims.head_dim, seq_len),
+        mlp_output_needed=any(map(mlp_output_needed, every_block)),
         placements={
             name: "/".join(a or "-" for a in (partition_spec(kind, 2) or ("replicated",)))
             for name, kind in placement.items()
         },
+    )
+
+
+def mlp_output_needed(block: nn.Module) -> bool:
+    """Whether `block`'s backward pass reads its MLP's output (remat.forward_flops_per_token): not
+    for the generic decoder's dense block whose MLP output goes straight into the residual sum; for
+    any other block (an MoE combine, a norm after the MLP, a per-layer gate on the block's output,
+    a model the planner only traces) it is taken to, as the floor counted before."""
+    layers = [m for m in block.modules() if isinstance(m, Block)]  # a layer group holds several
+    return not layers or any(
+        not isinstance(b.feed_forward, FeedForward) or b.ffn_post_norm is not None or b.per_layer is not None
+        for b in layers
     )
 
 
@@ -323,4 +343,4 @@ def _model_flops(
     return transformer_model_flops(n_matmul, attention, batch, seq, True, convention).per_step
 
 
-__all__ = ["PlanProblem", "build_problem", "chosen_flash_block"]
+__all__ = ["PlanProblem", "build_problem", "chosen_flash_block", "mlp_output_needed"]

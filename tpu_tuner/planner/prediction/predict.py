@@ -3,7 +3,7 @@
 The model, stated so it can be checked:
 
 * **compute** = FLOPs / (bf16 peak x MXU efficiency x alignment), where FLOPs is the larger of the
-  compiler's count and the analytical hardware FLOPs (6N + 12LHQT per token, x4/3 under full remat).
+  compiler's count and the analytical hardware FLOPs (6N + 12LHQT per token, plus what remat recomputes).
   The floor is needed because XLA's cost analysis counts a while-loop body once, and on TPU it turns
   FSDP's gathered matmuls into windowed-einsum loops, which it then undercounts (docs/planner.md,
   "Prediction"). The efficiency is the fraction of peak large, aligned matmuls reach (per
