@@ -19,6 +19,7 @@ from tpu_tuner.bucketing import study
 from tpu_tuner.bucketing.measured import measurement_lines
 from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement, BucketOptions
 from tpu_tuner.devices.cpu import CpuBackend
+from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.lengths import LengthHistogram
 from tpu_tuner.runner import jobs
 from tpu_tuner.runner.trial_runner import JobResult
@@ -125,7 +126,9 @@ def test_a_tuning_run_measures_its_length_curve_on_tpu_and_buckets_each_trial(fa
     runner = InProcessRunner(str(ENCODER), "tpu")
     hist = LengthHistogram.from_sample(np.array([3, 5, 5, 8, 9, 12, 12, 12, 17, 20, 31, 40, 40, 64]))
     profile = types.SimpleNamespace(
-        workload=types.SimpleNamespace(seq_len=16), device=types.SimpleNamespace(kind="tpu")
+        workload=types.SimpleNamespace(seq_len=16),
+        device=types.SimpleNamespace(kind="tpu"),
+        candidate=Candidate.baseline("tpu"),  # the profiled baseline (no memory fit needed)
     )
     said: list[str] = []
     context = bucketing_context(
