@@ -9,7 +9,7 @@ import pandas as pd
 
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.units import ms
-from tpu_tuner.dashboard.collect import Collection
+from tpu_tuner.dashboard.collection import Collection
 from tpu_tuner.dashboard.device_labels import device_label, kind_of
 from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
