@@ -136,7 +136,7 @@ def test_apply_layout_refuses_a_head_split_before_anything_is_sharded(monkeypatc
 
 def test_the_search_offers_only_the_tensor_sizes_the_plan_divides() -> None:
     from tpu_tuner.knobs.layout import LayoutKnob
-    from tpu_tuner.knobs.traits import of_model
+    from tpu_tuner.knobs.model_traits import of_model
 
     traits = of_model(_model(LLAMA), training=True, batch_size=4)
     assert traits.tensor_divisor == 2  # 4 heads, 2 KV heads, widths 64 / 32 / 128, vocabulary 256

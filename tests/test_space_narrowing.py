@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
+from tpu_tuner.knobs.model_traits import of_model
+from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
 from tpu_tuner.model.profiled import ProfiledWorkload
 from tpu_tuner.tuning.options.tune_options import SearchOptions
 from tpu_tuner.tuning.search.search_space import SearchSpace

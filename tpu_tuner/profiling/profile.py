@@ -28,7 +28,7 @@ from tpu_tuner.execution.operators import OperatorTime, device_busy, top_operato
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import StepClock, WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.traits import of_model
+from tpu_tuner.knobs.model_traits import of_model
 from tpu_tuner.metrics.estimate import StepEstimate
 from tpu_tuner.metrics.flops import AttentionConvention, count_step
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
