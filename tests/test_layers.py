@@ -1,6 +1,7 @@
 """The package's layering (docs/design.md, "Layers"), enforced: every import of every module,
 module-level and inside functions (``if TYPE_CHECKING:`` blocks excepted), runs down the layers
-or stays in its own package, and no imports close a cycle."""
+or stays in its own package, and no imports close a cycle; inside a package not even with the
+imports made for types only."""
 
 from __future__ import annotations
 
@@ -55,13 +56,14 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imported_names(module: str, path: Path) -> set[str]:
-    """Every dotted name `module` imports (relative imports resolved), TYPE_CHECKING excepted."""
+def _imported_names(module: str, path: Path, types_too: bool = False) -> set[str]:
+    """Every dotted name `module` imports (relative imports resolved), TYPE_CHECKING excepted
+    unless `types_too`."""
     names: set[str] = set()
     stack: list[ast.AST] = [ast.parse(path.read_text())]
     while stack:
         for child in ast.iter_child_nodes(stack.pop()):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not types_too:
                 stack.extend(child.orelse)
                 continue
             stack.append(child)
@@ -79,8 +81,8 @@ def _imported_names(module: str, path: Path) -> set[str]:
     return names
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports."""
+def import_graph(package: Path = PACKAGE, types_too: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (with `types_too`, for types only as well)."""
     modules = _modules(package)
 
     def resolve(name: str) -> str | None:
@@ -89,7 +91,11 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
         return name or None
 
     return {
-        module: {target for name in _imported_names(module, path) if (target := resolve(name)) and target != module}
+        module: {
+            target
+            for name in _imported_names(module, path, types_too)
+            if (target := resolve(name)) and target != module
+        }
         for module, path in modules.items()
     }
 
@@ -147,6 +153,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def folder_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among the modules of one package (`tpu_tuner.X` and its rooms), counting only the
+    imports that stay inside it."""
+    inside = {
+        module: {t for t in targets if _package_of(t) == _package_of(module)} for module, targets in graph.items()
+    }
+    return cycles(inside)
+
+
 def test_every_package_has_a_layer() -> None:
     unknown = {_package_of(module) for module in import_graph()} - set(LAYERS)
     assert not unknown, f"packages with no layer in LAYERS (and docs/design.md): {sorted(unknown)}"
@@ -160,6 +175,34 @@ def test_imports_only_run_down_the_layers() -> None:
 def test_no_import_cycles() -> None:
     found = cycles(import_graph())
     assert not found, "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_no_circle_inside_a_folder() -> None:
+    # With the imports made for types only: such a circle runs nowhere, but a reader following the
+    # names still goes round it, and it is the first step to one that runs (issue 71 item 4).
+    found = folder_circles(import_graph(types_too=True))
+    assert not found, f"{len(found)} circles:\n" + "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_the_folder_check_counts_a_circle_closed_by_a_type_only_import(tmp_path: Path) -> None:
+    package = tmp_path / "tpu_tuner"
+    for_types = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tpu_tuner.knobs.reader import R\n"
+    for name, text in {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "knobs/__init__.py": "",
+        "knobs/record.py": for_types,
+        "knobs/reader.py": "from tpu_tuner.knobs.record import Record\nfrom tpu_tuner.core import units\n",
+        "core/units.py": for_types,
+    }.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    assert cycles(import_graph(package)) == []  # at run time there is none
+    # knobs' two modules circle; core <-> knobs is no circle inside a folder (and an upward import
+    # that runs is test_imports_only_run_down_the_layers's).
+    assert folder_circles(import_graph(package, types_too=True)) == [
+        ["tpu_tuner.knobs.reader", "tpu_tuner.knobs.record"]
+    ]
 
 
 def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
