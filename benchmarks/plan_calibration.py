@@ -32,7 +32,7 @@ from pathlib import Path
 from tpu_tuner.metrics.flops import transformer_model_flops
 from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.model.layouts import parse_layout
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.transformer_dims import TransformerDims
 from tpu_tuner.planner.calibration.calibration_store import FIT_FILE, store_fit
 from tpu_tuner.planner.calibration.fitting import (
     ADOPTED,

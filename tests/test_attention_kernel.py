@@ -13,7 +13,7 @@ from helpers.tiny_planner import planner_problem
 
 from tpu_tuner.model.layouts import Layout, ModelShape
 from tpu_tuner.model.structure import Dims
-from tpu_tuner.model.workload import AttentionSpan
+from tpu_tuner.model.transformer_dims import AttentionSpan
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans import plan_problem
 from tpu_tuner.planner.plans.plan_problem import chosen_flash_block

@@ -19,7 +19,7 @@ from tpu_tuner.model.attention import attention_mask, local_attention
 from tpu_tuner.model.decoder import Decoder, LayerGroup, decoder_module
 from tpu_tuner.model.decoder_shape import DecoderShape, read_shape
 from tpu_tuner.model.structure import read_dims
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.transformer_dims import TransformerDims
 
 BASE = "decoder:vocab=256,d_model=64,heads=4,kv_heads=2,mlp=128,max_seq_len=64"
 

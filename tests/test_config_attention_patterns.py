@@ -28,7 +28,7 @@ from tpu_tuner.model.decoder import decoder_module  # noqa: E402
 from tpu_tuner.model.decoder_shape import DecoderShape  # noqa: E402
 from tpu_tuner.model.hf_decoder import NotExpressible, attention_pattern  # noqa: E402
 from tpu_tuner.model.structure import read_dims  # noqa: E402
-from tpu_tuner.model.workload import TransformerDims  # noqa: E402
+from tpu_tuner.model.transformer_dims import TransformerDims  # noqa: E402
 from tpu_tuner.outputs.plan_report import render_terminal  # noqa: E402
 from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
 from tpu_tuner.planner.plans import plan as plan_module  # noqa: E402

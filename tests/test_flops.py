@@ -13,7 +13,7 @@ from torch import nn
 
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.transformer_dims import TransformerDims
 
 
 def _tiny_gpt(use_sdpa: bool):

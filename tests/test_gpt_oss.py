@@ -16,7 +16,7 @@ from tpu_tuner.model.decoder import Decoder, decoder_module
 from tpu_tuner.model.decoder_shape import read_shape
 from tpu_tuner.model.layer_parts import clamped_swiglu
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.transformer_dims import TransformerDims
 
 MOE = (
     "decoder:vocab=256,d_model=16,layers=1,heads=2,mlp=12,experts=4,top_k=2,router_bias=true,expert_bias=true,"

@@ -139,7 +139,7 @@ def test_a_convention_without_attention_takes_out_the_planners_causal_attention_
     from plan_calibration import attention_not_counted
 
     from tpu_tuner.metrics.flops import transformer_model_flops
-    from tpu_tuner.model.workload import TransformerDims
+    from tpu_tuner.model.transformer_dims import TransformerDims
 
     rows = {r.id: r for r in published_rows()[0]}
     v4 = rows["v4-synthetic-22b-v4-128"]

@@ -36,7 +36,7 @@ _EXPORTS = {
     "TuningResult": "tpu_tuner.tuning",
     "tune": "tpu_tuner.api",
     "study_storage": "tpu_tuner.api",
-    "TransformerDims": "tpu_tuner.model.workload",
+    "TransformerDims": "tpu_tuner.model.transformer_dims",
     "Workload": "tpu_tuner.model.workload",
     "PlanOptions": "tpu_tuner.planner.plans.plan",
     "plan": "tpu_tuner.planner.plans.plan",

@@ -27,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 import tpu_tuner.model.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
 from tpu_tuner.model.attention import local_attention_backward_op, local_attention_op
-from tpu_tuner.model.workload import AttentionSpan, TransformerDims
+from tpu_tuner.model.transformer_dims import AttentionSpan, TransformerDims
 
 aten = torch.ops.aten
 AttentionConvention = Literal["full", "causal"]

@@ -24,7 +24,7 @@ from tpu_tuner.model.experts import MixtureOfExperts
 from tpu_tuner.model.latent_attention import LatentAttention
 from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward, RMSNorm
 from tpu_tuner.model.shape_checks import kv_donors
-from tpu_tuner.model.workload import AttentionSpan
+from tpu_tuner.model.transformer_dims import AttentionSpan
 
 
 def _norm(shape: DecoderShape) -> nn.Module:

@@ -29,7 +29,8 @@ from torch import nn
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.model.batch import resize_batch
 from tpu_tuner.model.model_argument import check_model_file
-from tpu_tuner.model.workload import TransformerDims, Workload
+from tpu_tuner.model.transformer_dims import TransformerDims
+from tpu_tuner.model.workload import Workload
 
 NATIVE_REQUIRED = ("build_model", "make_batch")
 NATIVE_OPTIONAL_CALLABLES = ("loss", "make_optimizer", "sample_lengths", "model_flops")

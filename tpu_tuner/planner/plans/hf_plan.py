@@ -36,7 +36,8 @@ from tpu_tuner.model.decoder import Decoder, decoder_module
 from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape, max_positions, not_expressible
 from tpu_tuner.model.hf_source import HfSource, is_hf_source, load_config, parse
 from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims, Workload
+from tpu_tuner.model.transformer_dims import TransformerDims
+from tpu_tuner.model.workload import Workload
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -22,7 +22,7 @@ from tpu_tuner.model.hf_source import is_hf_source
 from tpu_tuner.model.layer_parts import FeedForward
 from tpu_tuner.model.layouts import partition_spec, placements
 from tpu_tuner.model.structure import Dims, read_dims
-from tpu_tuner.model.workload import AttentionSpan, TransformerDims
+from tpu_tuner.model.transformer_dims import AttentionSpan, TransformerDims
 from tpu_tuner.planner.compiler.compile_pool import stderr_to
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
