@@ -39,6 +39,11 @@ LAYERS = {
 }
 
 
+# The rooms of a package, each with its layer inside it (docs/design.md, "Layers"): a room imports
+# its own modules and rooms of a lower layer; rooms that share a layer never import each other.
+ROOMS = {"model": {"meshes": 0, "buckets": 0, "decoders": 1, "workloads": 2}}
+
+
 def _modules(package: Path) -> dict[str, Path]:
     modules = {}
     for path in package.rglob("*.py"):
@@ -153,6 +158,29 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _room_of(module: str) -> tuple[str, str | None]:
+    """(package, room) of a module, a room's face in its room; room None for a package without
+    rooms, the package's face, or a module beside the rooms."""
+    parts = module.split(".")
+    package = _package_of(module)
+    room = parts[2] if len(parts) > 2 else None
+    return package, room if room in ROOMS.get(package, {}) else None
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between two rooms of one package that run up or across its rooms' layers."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        (package, own), rooms = _room_of(module), ROOMS.get(_package_of(module), {})
+        for target in sorted(targets):
+            (other_package, other) = _room_of(target)
+            if own is None or other is None or other_package != package or own == other:
+                continue
+            if rooms[other] >= rooms[own]:
+                found.append(f"{module} (room {own}) imports {target} (room {other})")
+    return found
+
+
 def folder_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Cycles among the modules of one package (`tpu_tuner.X` and its rooms), counting only the
     imports that stay inside it."""
@@ -169,6 +197,22 @@ def test_every_package_has_a_layer() -> None:
 
 def test_imports_only_run_down_the_layers() -> None:
     violations = layer_violations(import_graph())
+    assert not violations, "\n".join(violations)
+
+
+def test_every_module_of_a_package_with_rooms_is_in_one() -> None:
+    # A module beside the rooms, or a room with no layer, would be outside the rule.
+    astray = [
+        module
+        for module, path in _modules(PACKAGE).items()
+        if _package_of(module) in ROOMS and path != PACKAGE / _package_of(module) / "__init__.py"
+        if _room_of(module)[1] is None
+    ]
+    assert not astray, f"in no room of ROOMS: {astray}"
+
+
+def test_imports_only_run_down_the_rooms() -> None:
+    violations = room_violations(import_graph())
     assert not violations, "\n".join(violations)
 
 
@@ -202,6 +246,25 @@ def test_the_folder_check_counts_a_circle_closed_by_a_type_only_import(tmp_path:
     # that runs is test_imports_only_run_down_the_layers's).
     assert folder_circles(import_graph(package, types_too=True)) == [
         ["tpu_tuner.knobs.reader", "tpu_tuner.knobs.record"]
+    ]
+
+
+def test_the_room_check_catches_an_import_up_or_across_the_rooms(tmp_path: Path) -> None:
+    package = tmp_path / "tpu_tuner"
+    for name, text in {
+        "__init__.py": "",
+        "model/__init__.py": "",
+        "model/meshes/__init__.py": "",
+        "model/meshes/layouts.py": "from tpu_tuner.model.buckets.lengths import read_lengths\n",
+        "model/buckets/__init__.py": "",
+        "model/buckets/lengths.py": "",
+        "model/workloads/__init__.py": "",
+        "model/workloads/loader.py": "from tpu_tuner.model.meshes.layouts import Layout\n",
+    }.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    assert room_violations(import_graph(package)) == [
+        "tpu_tuner.model.meshes.layouts (room meshes) imports tpu_tuner.model.buckets.lengths (room buckets)"
     ]
 
 

@@ -19,7 +19,7 @@ from tpu_tuner.bucketing import study
 from tpu_tuner.bucketing.measured import measurement_lines
 from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement, BucketOptions
 from tpu_tuner.devices.cpu import CpuBackend
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 from tpu_tuner.runner import jobs
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning.options.tune_options import TuneOptions

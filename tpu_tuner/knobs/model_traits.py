@@ -14,7 +14,7 @@ from torch import nn
 from tpu_tuner.knobs.attention_kernel import calls_sdpa
 from tpu_tuner.knobs.attn_implementation import offered
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.model.blocks import repeated_blocks
+from tpu_tuner.model.workloads.blocks import repeated_blocks
 from tpu_tuner.parallel.apply import tensor_widths
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 
 
 @dataclass(frozen=True)

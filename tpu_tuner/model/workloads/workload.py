@@ -1,7 +1,7 @@
 """The workload: what a user's model file provides, with no tuning knobs in it.
 
 A `Workload` knows how to build the model, make a batch of a given size, and (for training) the
-loss and optimizer. It is loaded from a file by `tpu_tuner.model.loader.load_workload`.
+loss and optimizer. It is loaded from a file by `tpu_tuner.model.workloads.loader.load_workload`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from tpu_tuner.model.transformer_dims import TransformerDims
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
 
 ModelInputs = Any  # a tensor, a tuple/list of positional inputs, or a dict of keyword inputs
 Batch = Any  # inference: ModelInputs; training: (ModelInputs, target)
@@ -67,7 +67,7 @@ class Workload:
 
     @property
     def step_kind(self) -> str:
-        from tpu_tuner.model.profiled import step_kind
+        from tpu_tuner.model.workloads.profiled import step_kind
 
         return step_kind(self.is_training)
 
