@@ -38,7 +38,7 @@ def measure(value: str, steps: int) -> dict[str, float | str]:
     from tpu_tuner.devices.cpu import CpuBackend
     from tpu_tuner.execution.step import prepare_step
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     backend, candidate = CpuBackend(), Candidate(activation_checkpointing=value)
     with candidate.process(backend):

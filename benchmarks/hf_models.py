@@ -180,9 +180,9 @@ def plan_part(name: str, source: str) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_tuner.model.decoder import Decoder
-    from tpu_tuner.model.hf_decoder import decoder_shape
-    from tpu_tuner.model.hf_source import load_config, parse
+    from tpu_tuner.model.decoders.decoder import Decoder
+    from tpu_tuner.model.decoders.hf_decoder import decoder_shape
+    from tpu_tuner.model.workloads.hf_source import load_config, parse
 
     config = load_config(parse(source))
     started = time.monotonic()

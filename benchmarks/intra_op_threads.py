@@ -24,7 +24,7 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.intra_op_threads import usable_cores
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.tuning.search.search_space import SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ import platform
 from pathlib import Path
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner

@@ -63,7 +63,7 @@ import tpu_tuner.planner.compiler.program as program
 from tpu_tuner.planner.compiler.compile_pool import run_job, _workload
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.plans.plan_space import PlanPoint
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 texts, parse = [], program.parse_collectives
@@ -96,8 +96,8 @@ LATENT = """
 import os, json
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, torch
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
 from tpu_tuner.planner.compiler.program import compile_step
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
@@ -125,7 +125,7 @@ print(json.dumps(out))
 
 DEEPSEEK = """
 import json, pathlib, torch, transformers
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
 path = pathlib.Path("examples/deepseek_v3.toml")  # the shipped shape (cwd: the checkout)
 workload = load_workload(path)

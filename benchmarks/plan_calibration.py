@@ -30,9 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tpu_tuner.metrics.flops import transformer_model_flops
-from tpu_tuner.model.decoder_shape import read_shape
-from tpu_tuner.model.layouts import parse_layout
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.decoders.decoder_shape import read_shape
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.meshes.layouts import parse_layout
 from tpu_tuner.planner.calibration.calibration_store import FIT_FILE, store_fit
 from tpu_tuner.planner.calibration.fitting import (
     ADOPTED,
@@ -249,8 +249,8 @@ def aligned(row: Row) -> float:
     a refit must divide the FLOPs by what a plan would (no compile needed, the shape suffices)."""
     import torch
 
-    from tpu_tuner.model.decoder import Decoder
-    from tpu_tuner.model.structure import read_dims
+    from tpu_tuner.model.decoders.decoder import Decoder
+    from tpu_tuner.model.workloads.structure import read_dims
 
     shape, _, _ = read_shape(row.spec)
     with torch.device("meta"):

@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE))
 from published_calibration import published_rows  # noqa: E402
 
 from tpu_tuner.metrics.flops import matmul_parameters  # noqa: E402
-from tpu_tuner.model.blocks import blocks_of  # noqa: E402
-from tpu_tuner.model.experts import moe_routing  # noqa: E402
-from tpu_tuner.model.structure import read_dims  # noqa: E402
+from tpu_tuner.model.decoders.experts import moe_routing  # noqa: E402
+from tpu_tuner.model.workloads.blocks import blocks_of  # noqa: E402
+from tpu_tuner.model.workloads.structure import read_dims  # noqa: E402
 from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
 from tpu_tuner.planner.compiler.remat import block_tensor_roles, mlp_width, parse_remat  # noqa: E402
 from tpu_tuner.planner.plans.hf_plan import planned_workload  # noqa: E402
@@ -202,7 +202,7 @@ def compile_small(fitted: Fitted) -> None:
     dims = read_dims(model)
     _, blocks = blocks_of(model)
     roles, _ = block_tensor_roles(blocks[0], dims.shape.d_model, mlp_width(blocks[0], dims.shape.d_model))
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
 
     topology = parse_topology("v5e:2x2")
     base = problem_of("decoder:vocab=4096,d_model=256,layers=4,heads=8,mlp=768", topology, 16, 512)

@@ -1,7 +1,7 @@
 """The calibration rows, built from the published runs (benchmarks/published_runs.toml).
 
 Each current (not superseded), non-quantized run whose recipe the planner can express exactly
-becomes one `Row`: the run's shape as an inline generic-decoder spec (tpu_tuner/model/decoder_shape.py),
+becomes one `Row`: the run's shape as an inline generic-decoder spec (tpu_tuner/model/decoders/decoder_shape.py),
 its slice, its mesh, its remat policy as MaxText's per-tensor choices, its per-device batch, its
 optimizer (AdamW, or SGD), first-moment dtype and its FLOPs convention. A run the planner cannot
 express is left out with the reason (`excluded`), never approximated: the fit would otherwise learn the approximation.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.remat import parse_remat
 
 PUBLISHED = Path(__file__).resolve().parent / "published_runs.toml"
@@ -150,7 +150,7 @@ _LOCAL = re.compile(r"(\d+) local \(window (\d+)\) : 1 global")
 _ALTERNATING = re.compile(r"alternating local \(window (\d+)\) / global")
 _CHUNKED = re.compile(r"chunked causal \(chunk (\d+)\) on RoPE layers, global causal on every (\d+)\w* \(NoPE\) layer")
 _GLOBAL_HEADS = re.compile(r"global layers head_dim (\d+)(?: with (\d+) KV heads)?")
-# Gemma 4 E2B / E4B (model/shape_checks.py): per_layer_input, kv_shared_layers, double_wide_mlp.
+# Gemma 4 E2B / E4B (model/decoders/shape_checks.py): per_layer_input, kv_shared_layers, double_wide_mlp.
 _PER_LAYER_INPUTS = re.compile(r"per-layer inputs \((\d+)\)")
 _KV_SHARED = re.compile(r"KV shared across the last (\d+) layers")
 # What the generic decoder has no keys for (docs/planner.md, "Attention patterns"): nothing today.

@@ -48,7 +48,7 @@ def export(
     # The project (and torch) only here: `run` must work where neither is installed.
     from dataclasses import fields, replace
 
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.planner.compiler.compile_pool import CompilePool
     from tpu_tuner.planner.plans.evaluate import evaluate
     from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanStep, PlanTarget
@@ -270,7 +270,7 @@ def _problem(shape: str, topology: str, global_batch: int, seq_len: int) -> Any:
 
 def _planned(predicted: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(problem, point, compiled step) of a kept one-chip prediction record."""
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.planner.compiler.compiled_step import CompiledStep
     from tpu_tuner.planner.plans.plan_space import PlanPoint
 

@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tpu_tuner.core.version import __version__
     from tpu_tuner.devices import get_backend
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     backend = get_backend(args.device)
     workload = load_workload(args.model)

@@ -70,7 +70,7 @@ def estimate(spec: str, batch: int | None, seq: int | None, setting: str) -> tup
     from tpu_tuner.devices.cpu import CpuBackend
     from tpu_tuner.devices.torchtpu import TorchTpuBackend
     from tpu_tuner.execution.memory_estimate import estimate_step_memory
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     class TorchTpuTables(CpuBackend):
         """This host in everything but what the estimate takes from TorchTPU's backend."""
@@ -96,7 +96,7 @@ def measure(name: str, spec: str, batch: int | None, seq: int | None, setting: s
     from tpu_tuner.devices import get_backend
     from tpu_tuner.execution.memory_estimate import estimate_step_memory
     from tpu_tuner.execution.step import prepare_step
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     backend, workload = get_backend("tpu"), load_workload(spec)
     candidate = _candidate(setting, True)

@@ -26,7 +26,7 @@ import json, sys, time
 import torch
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.execution.step import prepare_step
 
 model, batch, steps, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])

@@ -15,8 +15,8 @@ import pytest
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import WorkloadError
-from tpu_tuner.model.decoder_shape import DecoderShape, read_shape
-from tpu_tuner.model.shape_keys import REQUIRED_KEYS
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape, read_shape
+from tpu_tuner.model.decoders.shape_keys import REQUIRED_KEYS
 
 HEAVY = ("torch", "numpy", "optuna", "transformers", "jax")
 BAD_SHAPE = "decoder:d_model=100,layers=2,heads=3"
@@ -112,7 +112,7 @@ def test_every_required_shape_key_has_a_meaning() -> None:
 def test_a_model_type_is_suggested_only_when_close() -> None:
     pytest.importorskip("transformers")
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.model.hf_source import load_config, parse
+    from tpu_tuner.model.workloads.hf_source import load_config, parse
 
     def refusal(text: str) -> str:
         with pytest.raises(UserInputError) as info:

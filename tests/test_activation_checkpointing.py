@@ -26,8 +26,8 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.activation_checkpointing import checkpoint_blocks
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.blocks import repeated_blocks
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.blocks import repeated_blocks
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.tuning.search import trial_attrs

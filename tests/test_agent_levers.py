@@ -14,7 +14,7 @@ from helpers.common import AMX, matmul_heavy_profile, pin_cores, precision_agent
 from tpu_tuner.core.definitions import load_definition
 from tpu_tuner.knobs.quantization import NO_TORCHAO
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.tuning.agents import CompileAgent, load_agents
 from tpu_tuner.tuning.search.search_space import SearchSpace

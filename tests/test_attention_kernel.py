@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from helpers.tiny_planner import planner_problem
 
-from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.model.structure import Dims
-from tpu_tuner.model.workload import AttentionSpan
+from tpu_tuner.model.decoders.transformer_dims import AttentionSpan
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
+from tpu_tuner.model.workloads.structure import Dims
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans import plan_problem
 from tpu_tuner.planner.plans.plan_problem import chosen_flash_block

@@ -15,11 +15,11 @@ from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, score_pairs, transformer_model_flops
-from tpu_tuner.model.attention import attention_mask, local_attention
-from tpu_tuner.model.decoder import Decoder, LayerGroup, decoder_module
-from tpu_tuner.model.decoder_shape import DecoderShape, read_shape
-from tpu_tuner.model.structure import read_dims
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.decoders.attention import attention_mask, local_attention
+from tpu_tuner.model.decoders.decoder import Decoder, LayerGroup, decoder_module
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape, read_shape
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.workloads.structure import read_dims
 
 BASE = "decoder:vocab=256,d_model=64,heads=4,kv_heads=2,mlp=128,max_seq_len=64"
 
@@ -195,9 +195,9 @@ def test_a_layer_pattern_compiles_with_splash_attention_and_counts_the_work_of_e
     out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_request import topology_devices
-        from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.model.decoder import Decoder
-        from tpu_tuner.model.decoder_shape import read_shape
+        from tpu_tuner.model.meshes.layouts import Layout
+        from tpu_tuner.model.decoders.decoder import Decoder
+        from tpu_tuner.model.decoders.decoder_shape import read_shape
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         import tpu_tuner.planner.compiler.program as program
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
@@ -239,9 +239,9 @@ def test_vocabulary_tiling_keeps_one_tile_of_logits_and_computes_the_same_loss()
         import json
         import jax, jax.numpy as jnp, numpy as np
         from tpu_tuner.planner.compiler.compile_request import topology_devices
-        from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.model.decoder import Decoder
-        from tpu_tuner.model.decoder_shape import read_shape
+        from tpu_tuner.model.meshes.layouts import Layout
+        from tpu_tuner.model.decoders.decoder import Decoder
+        from tpu_tuner.model.decoders.decoder_shape import read_shape
         from tpu_tuner.planner.compiler.program import compile_step
         from tpu_tuner.planner.compiler.vocab_tiling import tiled_cross_entropy
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings

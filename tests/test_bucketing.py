@@ -25,8 +25,8 @@ from tpu_tuner.bucketing import (
     read_lengths,
 )
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.bucket_choice import Strategy, baselines, oracle_seconds
-from tpu_tuner.model.bucket_cost import fit_cost_model
+from tpu_tuner.model.buckets.bucket_choice import Strategy, baselines, oracle_seconds
+from tpu_tuner.model.buckets.bucket_cost import fit_cost_model
 
 
 def _random_case(rng: np.random.Generator) -> tuple[LengthHistogram, BucketCostModel, int, int, int]:

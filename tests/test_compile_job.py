@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler import compile_pool
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.compiler.program import compile_step

@@ -16,7 +16,7 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.registry import get
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.profiling import ProfilerSettings
 from tpu_tuner.tuning.agents.compiler_options import seeds, validate
 from tpu_tuner.tuning.options.tune_options import (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanOptions, PlanStep, PlanTarget
 from tpu_tuner.planner.plans.plan_records import plan_record

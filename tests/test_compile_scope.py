@@ -23,8 +23,8 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.tuning.agents import load_agents, loss_scope
 from tpu_tuner.tuning.search.search_space import SearchSpace
 

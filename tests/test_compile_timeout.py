@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compile_pool import CompilePool
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.plans.plan_options import PlanCompile

@@ -1,4 +1,4 @@
-"""Attention patterns read from any Hugging Face config (model/attention_pattern.py): windows,
+"""Attention patterns read from any Hugging Face config (model/decoders/attention_pattern.py): windows,
 chunks, per-layer kinds, periods, Qwen2's max_window_layers and sinks, from real config classes
 built in-process (no network); the model FLOPs that follow them on both planning routes, the plan's
 attention line, and the warning for an attention-looking field the reader does not know
@@ -18,17 +18,17 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tpu_tuner.metrics.flops import transformer_model_flops  # noqa: E402
-from tpu_tuner.model.attention_pattern import (  # noqa: E402
+from tpu_tuner.model.decoders.attention_pattern import (  # noqa: E402
     AttentionPattern,
     describe_layers,
     read_attention,
     warn_unread,
 )
-from tpu_tuner.model.decoder import decoder_module  # noqa: E402
-from tpu_tuner.model.decoder_shape import DecoderShape  # noqa: E402
-from tpu_tuner.model.hf_decoder import NotExpressible, attention_pattern  # noqa: E402
-from tpu_tuner.model.structure import read_dims  # noqa: E402
-from tpu_tuner.model.workload import TransformerDims  # noqa: E402
+from tpu_tuner.model.decoders.decoder import decoder_module  # noqa: E402
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape  # noqa: E402
+from tpu_tuner.model.decoders.hf_decoder import NotExpressible, attention_pattern  # noqa: E402
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims  # noqa: E402
+from tpu_tuner.model.workloads.structure import read_dims  # noqa: E402
 from tpu_tuner.outputs.plan_report import render_terminal  # noqa: E402
 from tpu_tuner.planner.compiler.compile_request import StepSettings  # noqa: E402
 from tpu_tuner.planner.plans import plan as plan_module  # noqa: E402
@@ -203,7 +203,7 @@ def test_an_attention_field_the_reader_does_not_know_is_a_warning_naming_it(capl
         {"model_type": "x", "num_hidden_layers": 2, "local_window_tokens": 512, "chunk_size_feed_forward": 4}
     )
     assert pattern.layers == (G, G) and pattern.unread == ("local_window_tokens = 512",)
-    with caplog.at_level(logging.WARNING, logger="tpu_tuner.model.attention_pattern"):
+    with caplog.at_level(logging.WARNING, logger="tpu_tuner.model.decoders.attention_pattern"):
         warn_unread(pattern, "x")
     assert "local_window_tokens = 512" in caplog.text and "treats that attention as global" in caplog.text
     # Empty values, fields the reader reads, and names that are not attention stay quiet.
@@ -214,6 +214,6 @@ def test_an_attention_field_the_reader_does_not_know_is_a_warning_naming_it(capl
     config |= {"attention_sink_size": 4, "layer_types": ["full_attention", "linear_attention"]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="tpu_tuner.model.attention_pattern"):
+    with caplog.at_level(logging.WARNING, logger="tpu_tuner.model.decoders.attention_pattern"):
         planned_workload(f"hf:{tmp_path}")
     assert "attention_sink_size = 4" in caplog.text and "layer_types[1] = 'linear_attention'" in caplog.text

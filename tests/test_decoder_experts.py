@@ -1,4 +1,4 @@
-"""Mixtures of experts as run (tpu_tuner/model/experts.py): dropless routing through grouped matmuls
+"""Mixtures of experts as run (tpu_tuner/model/decoders/experts.py): dropless routing through grouped matmuls
 beside the dropping router, the routers of Mixtral / Qwen / DeepSeek-V3 / Llama 4, ungated shared
 experts; the planner compiles the grouped matmuls as megablox kernels (planner/compiler/grouped_matmul.py)."""
 
@@ -18,9 +18,9 @@ from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model import experts
-from tpu_tuner.model.experts import grouped_matmul, permute_rows
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.decoders import experts
+from tpu_tuner.model.decoders.experts import grouped_matmul, permute_rows
+from tpu_tuner.model.workloads.loader import load_workload
 
 SPEC = "decoder:vocab=256,d_model=32,layers=1,heads=4,mlp=48,experts=4,top_k=2"
 
@@ -242,7 +242,7 @@ def test_the_planner_compiles_dropless_experts_as_grouped_matmuls_of_top_k_work(
         from tpu_tuner.planner.compiler.compile_pool import planned_source, run_job
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.metrics.flops import matmul_parameters, transformer_model_flops
         texts, parse = [], program.parse_collectives
@@ -314,8 +314,8 @@ def test_an_expert_axis_splits_a_dropless_moes_rows_as_fsdp_does() -> None:
         import os, json
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         import jax
-        from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.workloads.loader import load_workload
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.planner.compiler.program import compile_step
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings

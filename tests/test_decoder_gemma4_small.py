@@ -1,5 +1,5 @@
 """Gemma 3n / Gemma 4's small models in the generic decoder: KV-shared layers, per-layer inputs and
-the double-wide MLP (model/shape_checks.py), against transformers' Gemma 4 text model."""
+the double-wide MLP (model/decoders/shape_checks.py), against transformers' Gemma 4 text model."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import matmul_parameters
-from tpu_tuner.model.decoder import Decoder, LayerGroup, decoder_module
-from tpu_tuner.model.decoder_shape import DecoderShape
-from tpu_tuner.model.shape_checks import kv_donor
-from tpu_tuner.model.structure import read_dims
+from tpu_tuner.model.decoders.decoder import Decoder, LayerGroup, decoder_module
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.shape_checks import kv_donor
+from tpu_tuner.model.workloads.structure import read_dims
 
 # A tiny E2B: 4 local : 1 global, wider global heads, the last 4 of 10 layers KV-shared.
 TINY = dict(
@@ -167,9 +167,9 @@ def test_the_shared_stack_compiles_scanned_with_the_flops_of_every_layer_unrolle
     out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_request import topology_devices
-        from tpu_tuner.model.layouts import Layout
-        from tpu_tuner.model.decoder import Decoder
-        from tpu_tuner.model.decoder_shape import DecoderShape
+        from tpu_tuner.model.meshes.layouts import Layout
+        from tpu_tuner.model.decoders.decoder import Decoder
+        from tpu_tuner.model.decoders.decoder_shape import DecoderShape
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         import tpu_tuner.planner.compiler.program as program
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings

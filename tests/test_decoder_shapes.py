@@ -1,4 +1,4 @@
-"""A model shape without code (tpu_tuner/model/decoder.py): a TOML file or an inline spec builds
+"""A model shape without code (tpu_tuner/model/decoders/decoder.py): a TOML file or an inline spec builds
 the generic decoder, through the same loader a user's file goes through."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import matmul_parameters
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 
 GPT3_STYLE = """
 [model]

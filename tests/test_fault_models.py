@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from tpu_tuner.core.definitions import load_definition
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import Workload, call_model
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.workload import Workload, call_model
 from tpu_tuner.runner.worker_process import failure_of
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

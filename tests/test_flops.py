@@ -12,8 +12,8 @@ from conftest import EXAMPLES, FIXTURES
 from torch import nn
 
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.workloads.loader import load_workload
 
 
 def _tiny_gpt(use_sdpa: bool):

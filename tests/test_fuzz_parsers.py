@@ -62,7 +62,7 @@ def test_time_budget(text: str) -> None:
 
 @given(near(LAYOUT), st.booleans())
 def test_layout(text: str, context: bool) -> None:
-    from tpu_tuner.model.layouts import parse_layout
+    from tpu_tuner.model.meshes.layouts import parse_layout
 
     try:
         layout = parse_layout(text, context=context)
@@ -149,7 +149,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @given(near(LENGTHS_TEXT), st.sampled_from([1, 8, 128]))
 def test_lengths_file(scratch: Path, text: str, align: int) -> None:
     """A --lengths file as `tpu-tune buckets` reads it: the sample, its histogram, the probe lengths."""
-    from tpu_tuner.model.lengths import bucket_histogram, probe_lengths
+    from tpu_tuner.model.buckets.lengths import bucket_histogram, probe_lengths
 
     file = scratch / "lengths.csv"
     write(file, text)
@@ -197,8 +197,8 @@ def test_hf_source(offline: None, text: str) -> None:
     """An ``hf:`` source: parsed, its config made (model types and folders; no network), and read
     as the generic decoder's shape or refused as not expressible (the planner then traces it)."""
     pytest.importorskip("transformers")
-    from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape
-    from tpu_tuner.model.hf_source import load_config, parse
+    from tpu_tuner.model.decoders.hf_decoder import NotExpressible, decoder_shape
+    from tpu_tuner.model.workloads.hf_source import load_config, parse
 
     if not text.startswith("hf:"):
         text = "hf:" + text
@@ -235,7 +235,7 @@ def _check_shape_read(where: str | Path) -> None:
     """read_shape(where) works with every field of its declared type, or is refused in one line."""
     import dataclasses
 
-    from tpu_tuner.model.decoder_shape import read_shape
+    from tpu_tuner.model.decoders.decoder_shape import read_shape
 
     try:
         shape, sizes, name = read_shape(where)

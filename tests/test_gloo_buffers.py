@@ -16,7 +16,7 @@ from tpu_tuner.execution.gloo_buffers import WorkerBuffers, as_gloo  # noqa: E40
 from tpu_tuner.execution.heap_model import MMAP_THRESHOLD_MAX  # noqa: E402
 from tpu_tuner.execution.rank_memory import estimate_rank_memory, fake_group  # noqa: E402
 from tpu_tuner.knobs.candidate import Candidate  # noqa: E402
-from tpu_tuner.model.loader import load_workload  # noqa: E402
+from tpu_tuner.model.workloads.loader import load_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024

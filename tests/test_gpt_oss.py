@@ -1,4 +1,4 @@
-"""gpt-oss's MoE in the generic decoder (model/experts.py, model/layer_parts.py): router and expert
+"""gpt-oss's MoE in the generic decoder (model/decoders/experts.py, model/decoders/layer_parts.py): router and expert
 biases, the clamped SwiGLU, their gradients through the dropless path's custom ops, the FLOPs
 count, the shape keys' refusals, and the whole model against transformers' GptOssForCausalLM."""
 
@@ -12,11 +12,11 @@ from torch.func import functional_call
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.decoder import Decoder, decoder_module
-from tpu_tuner.model.decoder_shape import read_shape
-from tpu_tuner.model.layer_parts import clamped_swiglu
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims
+from tpu_tuner.model.decoders.decoder import Decoder, decoder_module
+from tpu_tuner.model.decoders.decoder_shape import read_shape
+from tpu_tuner.model.decoders.layer_parts import clamped_swiglu
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.workloads.loader import load_workload
 
 MOE = (
     "decoder:vocab=256,d_model=16,layers=1,heads=2,mlp=12,experts=4,top_k=2,router_bias=true,expert_bias=true,"
@@ -162,7 +162,7 @@ def test_the_decoder_computes_what_transformers_gpt_oss_computes() -> None:
     split into gate and up): the same logits, with a clamp limit that bites and a window shorter
     than the sequence."""
     transformers = pytest.importorskip("transformers")
-    from tpu_tuner.model.hf_decoder import decoder_shape
+    from tpu_tuner.model.decoders.hf_decoder import decoder_shape
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)

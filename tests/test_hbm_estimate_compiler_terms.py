@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from helpers.tiny_planner import planner_problem
 
-from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.model.structure import Dims
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
+from tpu_tuner.model.workloads.structure import Dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import PlanPoint

@@ -1,4 +1,4 @@
-"""Planning from a Hugging Face config (model/hf_decoder.py, planner/plans/hf_plan.py): each mapped family
+"""Planning from a Hugging Face config (model/decoders/hf_decoder.py, planner/plans/hf_plan.py): each mapped family
 becomes the generic decoder with exactly the parameters of the transformers model built from the
 same config; other decoders are traced through torchax; what neither expresses is refused in one
 line. Tiny configs are made in-process (no network)."""
@@ -17,10 +17,10 @@ from conftest import FIXTURES
 transformers = pytest.importorskip("transformers")
 
 from tpu_tuner.core.errors import UserInputError  # noqa: E402
-from tpu_tuner.model import hf_decoder  # noqa: E402
-from tpu_tuner.model.decoder import Decoder  # noqa: E402
-from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape  # noqa: E402
-from tpu_tuner.model.structure import read_dims  # noqa: E402
+from tpu_tuner.model.decoders import hf_decoder  # noqa: E402
+from tpu_tuner.model.decoders.decoder import Decoder  # noqa: E402
+from tpu_tuner.model.decoders.hf_decoder import NotExpressible, decoder_shape  # noqa: E402
+from tpu_tuner.model.workloads.structure import read_dims  # noqa: E402
 from tpu_tuner.planner.plans.hf_plan import planned_workload, source_digest  # noqa: E402
 
 LLAMA_3_2_1B = FIXTURES / "hf" / "llama-3.2-1b"
@@ -306,7 +306,7 @@ def test_the_families_keys_read_from_a_toml_shape_too(tmp_path) -> None:
     """The keys the families add are shape keys like any other: a TOML array of dense layers
     becomes a tuple (the shape stays hashable), and a layer out of range is refused."""
     from tpu_tuner.core.errors import WorkloadError
-    from tpu_tuner.model.decoder_shape import read_shape
+    from tpu_tuner.model.decoders.decoder_shape import read_shape
 
     path = tmp_path / "moe.toml"
     path.write_text(

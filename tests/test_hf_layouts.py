@@ -33,7 +33,7 @@ MIXTRAL = f"hf:mixtral?{TINY},num_local_experts=4,num_experts_per_tok=2"  # pack
 def _model(source: str):
     import torch
 
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     torch.manual_seed(0)
     return load_workload(source).build_model()
@@ -99,7 +99,7 @@ def test_the_plan_is_expanded_to_the_model_s_names_and_tied_weights_listed_once(
 
 
 def test_a_tensor_size_that_would_split_a_head_or_a_width_is_refused_in_one_line() -> None:
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.parallel.apply import why_not
 
     llama = _model(LLAMA)
@@ -125,7 +125,7 @@ def test_a_tensor_size_that_would_split_a_head_or_a_width_is_refused_in_one_line
 def test_apply_layout_refuses_a_head_split_before_anything_is_sharded(monkeypatch) -> None:
     import torch.distributed as dist
 
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.parallel.apply import LayoutError, apply_layout
 
     mqa = _model(LLAMA.replace("num_key_value_heads=2", "num_key_value_heads=1"))  # one KV head
@@ -136,7 +136,7 @@ def test_apply_layout_refuses_a_head_split_before_anything_is_sharded(monkeypatc
 
 def test_the_search_offers_only_the_tensor_sizes_the_plan_divides() -> None:
     from tpu_tuner.knobs.layout import LayoutKnob
-    from tpu_tuner.knobs.traits import of_model
+    from tpu_tuner.knobs.model_traits import of_model
 
     traits = of_model(_model(LLAMA), training=True, batch_size=4)
     assert traits.tensor_divisor == 2  # 4 heads, 2 KV heads, widths 64 / 32 / 128, vocabulary 256
@@ -173,7 +173,7 @@ def test_ordinary_models_never_import_transformers() -> None:
     code = (
         f"import sys; sys.path.insert(0, {str(FIXTURES)!r})\n"
         "import tiny_llama\n"
-        "from tpu_tuner.model.layouts import Layout\n"
+        "from tpu_tuner.model.meshes.layouts import Layout\n"
         "from tpu_tuner.parallel.apply import tensor_widths, why_not\n"
         "model = tiny_llama.build_model()\n"
         "assert tensor_widths(model) and why_not(model, Layout(1, 1, 2), 2, 4) is None\n"

@@ -18,10 +18,11 @@ from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.knobs.activation_checkpointing import ActivationCheckpointingKnob, checkpoint_blocks
 from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob
-from tpu_tuner.knobs.traits import WorkloadTraits, of_model
+from tpu_tuner.knobs.model_traits import of_model
+from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import call_model
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.workload import call_model
 from tpu_tuner.studies.fingerprint import file_sha256
 
 FOLDER = Path(__file__).parent / "fixtures" / "hf" / "tiny-qwen2"

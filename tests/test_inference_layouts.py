@@ -12,7 +12,7 @@ import pytest
 
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.traits import WorkloadTraits
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.runner.launch import run_ranks
 from tpu_tuner.runner.sharded_check import check_layout
 
@@ -41,7 +41,7 @@ def _check(source: str | Path, layout: str, nproc: int = 2) -> dict:
 def test_a_plain_mlp_splits_its_chain_of_linears_as_column_row_pairs() -> None:
     import torch
 
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
     from tpu_tuner.parallel.apply import linear_pairs, tensor_widths, why_not
 
     torch.manual_seed(0)
@@ -111,7 +111,7 @@ def test_channels_last_under_fsdp_is_rejected_unmeasured() -> None:
 
 def test_the_printed_code_of_an_inference_config_applies_an_inference_layout(tmp_path) -> None:
     from tpu_tuner.knobs.tuned_config import TunedConfig
-    from tpu_tuner.model.profiled import INFERENCE_STEP
+    from tpu_tuner.model.workloads.profiled import INFERENCE_STEP
 
     inference = TunedConfig(Candidate(layout="2x1x1"), "cpu", provenance={"workload": {"step": INFERENCE_STEP}})
     printed = "\n".join(inference.instructions(tmp_path / "c.toml"))

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 from conftest import FIXTURES
 
-from tpu_tuner.model.input_dims import InputDims, SizeOf, recorded_dims
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.model.summary import summarize
+from tpu_tuner.model.workloads.input_dims import InputDims, SizeOf, recorded_dims
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.summary import summarize
 
 CPU = SimpleNamespace(kind="cpu", device_name=lambda: "host cpu")
 

@@ -229,7 +229,7 @@ def _training_step_contract(knob: knobs.Knob, candidate: Candidate, expected: st
     reads the value back from its optimizer / micro-batch count; the model is left alone; the value
     round-trips through tuned_config.toml. (Its printed code: tests/test_training_step_knobs.py.)"""
     from tpu_tuner.execution.step import prepare_step
-    from tpu_tuner.model.workload import Workload
+    from tpu_tuner.model.workloads.workload import Workload
 
     workload = Workload(
         name="tiny",
@@ -367,7 +367,7 @@ def _profile_with(**shares: float) -> object:
     from types import SimpleNamespace
 
     from tpu_tuner.execution.operators import OperatorTime
-    from tpu_tuner.model.profiled import ProfiledWorkload
+    from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 
     return SimpleNamespace(
         operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],

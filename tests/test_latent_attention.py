@@ -1,4 +1,4 @@
-"""Multi-head latent attention (tpu_tuner/model/latent_attention.py): DeepSeek-V2/V3's compressed
+"""Multi-head latent attention (tpu_tuner/model/decoders/latent_attention.py): DeepSeek-V2/V3's compressed
 query and key/value projections with decoupled rotary keys, its parameters as transformers builds
 DeepSeek-V3, its FLOPs by the formula with value heads of their own width, and its compile for a TPU
 (values padded to the keys' width for JAX's flash kernel)."""
@@ -18,8 +18,8 @@ from helpers.tiny_planner import run_planner_python
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.metrics.flops import count_step, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.layer_parts import rotate
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.decoders.layer_parts import rotate
+from tpu_tuner.model.workloads.loader import load_workload
 
 MLA = (
     "decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=96,q_lora_rank=32,kv_lora_rank=16,qk_nope_head_dim=16,"
@@ -165,7 +165,7 @@ def test_the_up_projections_split_heads_over_tensor_and_carry_maxtexts_names() -
     """wq_b and wkv_b (latent in, heads out) are column-wise, as MaxText shards them (heads over
     tensor, the latent over fsdp); the block's checkpoint names are MaxText's query_proj / key_proj /
     out_proj, not the MLP's that the widths alone would suggest."""
-    from tpu_tuner.model.layouts import placements
+    from tpu_tuner.model.meshes.layouts import placements
     from tpu_tuner.planner.compiler.remat import block_tensor_roles, mlp_width
 
     spec = MLA.replace("mlp=96", "mlp=32") + ",experts=4,expert_mlp=16,moe_routing=dropless"
@@ -192,8 +192,8 @@ def test_the_compiled_step_follows_the_formula_and_compiles_with_the_flash_kerne
         import os, json
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         import jax, torch
-        from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.workloads.loader import load_workload
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.planner.compiler.program import compile_step

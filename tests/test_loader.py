@@ -6,7 +6,7 @@ import pytest
 from conftest import EXAMPLES, FIXTURES
 
 from tpu_tuner.core.errors import WorkloadError
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 
 
 def test_native_training_workload() -> None:

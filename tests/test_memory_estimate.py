@@ -23,7 +23,7 @@ from tpu_tuner.execution.memory_estimate import (  # noqa: E402
 )
 from tpu_tuner.execution.step import prepare_step  # noqa: E402
 from tpu_tuner.knobs.candidate import Candidate  # noqa: E402
-from tpu_tuner.model.loader import load_workload  # noqa: E402
+from tpu_tuner.model.workloads.loader import load_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ROOT / "examples" / "gpt.py"
@@ -136,7 +136,7 @@ FORCED = textwrap.dedent(
     from tpu_tuner.execution.memory_estimate import WouldNotFit, estimate_or_refuse
     from tpu_tuner.execution.step import prepare_step
     from tpu_tuner.knobs.candidate import Candidate
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     workload, backend, candidate = load_workload(sys.argv[1]), get_backend("cpu"), Candidate.baseline("cpu")
     probe = estimate_or_refuse(workload, backend, candidate, 64, 256, None, "")

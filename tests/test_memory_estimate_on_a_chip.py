@@ -11,7 +11,7 @@ from conftest import FIXTURES
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.execution.memory_estimate import estimate_step_memory, stand_in
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 
 GPT = FIXTURES / "tiny_gpt.py"
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers.tiny_planner import planner_problem
 
-from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.model.structure import Dims, read_dims
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
+from tpu_tuner.model.workloads.structure import Dims, read_dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.plans.hf_plan import planned_workload
 from tpu_tuner.planner.plans.plan_problem import PlanProblem

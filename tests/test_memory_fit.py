@@ -14,7 +14,7 @@ from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.execution.memory_estimate import estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.estimate import estimate_step
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.search.search_space import SearchSpace
 

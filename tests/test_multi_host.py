@@ -30,8 +30,8 @@ from helpers.common import (
 )
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.host_mesh import axes_within_hosts, describe_on_hosts
-from tpu_tuner.model.layouts import parse_layout
+from tpu_tuner.model.meshes.host_mesh import axes_within_hosts, describe_on_hosts
+from tpu_tuner.model.meshes.layouts import parse_layout
 from tpu_tuner.runner.hosts import HostsError, assign_nodes
 from tpu_tuner.studies import records
 

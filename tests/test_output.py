@@ -214,7 +214,7 @@ def test_apply_code_with_compile_and_autocast_runs(tmp_path) -> None:
 def test_compiler_output_goes_to_the_log_and_the_terminal_gets_one_line(tmp_path, capfd, caplog, monkeypatch) -> None:
     """A compiler process's own output (libtpu's start-up noise, a crash's stack dump) lands in the
     log file; the caller's terminal gets one warning line naming the event and the log."""
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.planner.compiler.compile_pool import CompilePool
     from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
     from tpu_tuner.planner.plans.plan_space import PlanPoint

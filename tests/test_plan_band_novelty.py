@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 import pytest
 from helpers.common import calibration_row
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.calibration import widening
 from tpu_tuner.planner.calibration.group_check import GROUPINGS, Checked, group_check
 from tpu_tuner.planner.calibration.rows import CalibrationRow

@@ -1,13 +1,13 @@
 """Issue 57, item 3: a plan's printed band compares its point with the calibration rows of the
 same MoE routing and slice count (planner/prediction/band.py's likeness): the plan states both, read from the
-model it compiles (`model.experts.moe_routing`) and the slice it plans for."""
+model it compiles (`model.decoders.experts.moe_routing`) and the slice it plans for."""
 
 from __future__ import annotations
 
 import torch
 
-from tpu_tuner.model.experts import moe_routing
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.decoders.experts import moe_routing
+from tpu_tuner.model.workloads.loader import load_workload
 
 BASE = "decoder:vocab=256,d_model=32,layers=1,heads=4,mlp=48"
 

@@ -14,8 +14,8 @@ import pytest
 from helpers.common import ScriptedPool
 from helpers.tiny_planner import planner_problem
 
-from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.model.structure import Dims
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
+from tpu_tuner.model.workloads.structure import Dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration

@@ -12,7 +12,7 @@ import pytest
 from helpers.common import ScriptedPool
 from helpers.tiny_planner import tiny_llama_problem
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration
 from tpu_tuner.planner.plans.fits_first import choose, fitting_change, what_would_fit
@@ -163,7 +163,7 @@ def test_where_the_users_defaults_fit_nowhere_the_enumeration_plans_other_polici
 
 
 def test_a_mixture_of_experts_is_enumerated_with_expert_axes_too() -> None:
-    from tpu_tuner.model.layouts import with_expert_axes
+    from tpu_tuner.model.meshes.layouts import with_expert_axes
     from tpu_tuner.planner.plans.plan import enumerated
     from tpu_tuner.planner.plans.plan_options import PlanEnumeration
 

@@ -142,7 +142,7 @@ def test_dropless_moe_steps_have_their_own_efficiency_per_generation() -> None:
 def test_the_fit_predicts_as_the_planner_does_with_every_cause_term() -> None:
     """calibration.predicted_mfu on a row made from compiler figures (as plan_calibration.py
     makes it) equals predict.predict on those figures, with host, attention, comm and DCN terms on."""
-    from tpu_tuner.model.layouts import Layout, ModelShape
+    from tpu_tuner.model.meshes.layouts import Layout, ModelShape
     from tpu_tuner.planner.compiler.compiled_step import CompiledStep
     from tpu_tuner.planner.prediction.collectives import Collective, latency_steps, ring_seconds
     from tpu_tuner.planner.prediction.predict import alignment, predict, ring_bandwidth

@@ -30,7 +30,7 @@ def test_torchax_runs_a_torch_model_on_jax_with_the_same_outputs() -> None:
     out = run_planner_python(f"""
         import json
         import jax.numpy as jnp, numpy as np, torch
-        from tpu_tuner.model.loader import load_workload
+        from tpu_tuner.model.workloads.loader import load_workload
         from tpu_tuner.planner.compiler.torchax_compat import SKIPPED, import_torchax
         torchax = import_torchax()
         from torchax.interop import JittableModule
@@ -155,7 +155,7 @@ def test_memory_truth_from_the_compiler() -> None:
     """A batch that cannot fit in 16 GB of v5e HBM is reported as not fitting, with the buffers."""
     out = run_planner_python(f"""
         import json
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanOptions, PlanStep, PlanTarget
         from tpu_tuner.planner.plans.plan import plan
         result = plan({str(EXAMPLES / "llama.py")!r}, PlanOptions(PlanTarget("v5e-4"),
@@ -180,8 +180,8 @@ def test_emulated_cpu_devices_agree_with_the_tpu_compile() -> None:
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
         import jax
         from jax.experimental import topologies
-        from tpu_tuner.model.loader import load_workload
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.workloads.loader import load_workload
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.planner.compiler.program import compile_step
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
@@ -234,9 +234,9 @@ def test_scanned_blocks_count_the_same_work_as_unrolled_ones() -> None:
     fallback's (every block counted by the TPU analysis)."""
     out = run_planner_python(f"""
         import json
-        from tpu_tuner.model.loader import load_workload
+        from tpu_tuner.model.workloads.loader import load_workload
         from tpu_tuner.planner.compiler.compile_request import topology_devices
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations, combine_scanned
         from tpu_tuner.planner.compiler.program import compile_step
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
@@ -272,7 +272,7 @@ def test_a_compiler_process_that_dies_costs_only_its_own_layout(tmp_path) -> Non
     out = run_planner_python(f"""
         import json
         from tpu_tuner.planner.compiler.compile_pool import CompilePool
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint
         jobs = [CompileJob(CompileModel(path, "tiny", 256, 1), CompileTarget("v5e:2x2"), StepSettings(8, 128),
@@ -292,7 +292,7 @@ def test_plan_falls_back_to_an_ends_program_only_where_the_loops_were_not_measur
     block-less program and the difference as one block; a layout with one needs no second compile."""
     import time
 
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.planner.compiler.compiled_step import CompiledStep
     from tpu_tuner.planner.compiler.loop_costs import LoopIteration
     from tpu_tuner.planner.plans.plan import PlanOptions, enumerated
@@ -390,11 +390,11 @@ def test_remat_policies_micro_batches_and_context_compile_as_they_should() -> No
         import json
         from dataclasses import replace
         from tpu_tuner.planner.compiler.compile_pool import CompilePool
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compiled_step import add_loop_iterations
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
-        from tpu_tuner.model.layouts import ModelShape
+        from tpu_tuner.model.meshes.layouts import ModelShape
         path = {str(EXAMPLES / "llama.py")!r}
         offload = "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload"
         cases = {{"full": ("full", 1, Layout(1, 4, 1)), "minimal": ("minimal", 1, Layout(1, 4, 1)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers.tiny_planner import tiny_llama_problem
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.outputs.plan_report import hbm_status
 from tpu_tuner.planner.compiler.compile_request import StepSettings, topology_config
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep

@@ -19,7 +19,7 @@ def test_the_exported_step_is_the_planned_training_step(tmp_path: object) -> Non
     code = f"""
         import json, math
         import jax, jax.numpy as jnp, numpy as np
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.plans.hf_plan import planned_workload
         from tpu_tuner.planner.compiler.program import compile_step
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings

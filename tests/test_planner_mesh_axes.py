@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import pytest
 
-from tpu_tuner.model.layouts import Layout, ModelShape, mesh_partition_spec, parse_layout, why_not
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape, mesh_partition_spec, parse_layout, why_not
 
 SHAPE = ModelShape(d_model=128, n_heads=4, n_kv_heads=4, mlp_hidden=256, vocab=256, n_layers=2)
 
@@ -106,7 +106,7 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
     fewer weight bytes than fsdp 4, which holds none; fsdp_transpose 2 x fsdp 2 compiles."""
     code = """
         import json
-        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.model.meshes.layouts import parse_layout
         from tpu_tuner.planner.compiler.compile_pool import run_job
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint
@@ -151,7 +151,7 @@ def test_the_expert_axis_moves_tokens_by_all_to_all_where_fsdp_gathers_weights()
 @pytest.mark.skipif(not _PLANNER, reason="the planner extra is not installed: pip install -e '.[plan]'")
 def test_an_expert_axis_the_experts_do_not_fill_is_refused_before_the_compile() -> None:
     code = """
-        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.model.meshes.layouts import parse_layout
         from tpu_tuner.planner.compiler.compile_pool import compile_or_fail
         from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
         from tpu_tuner.planner.plans.plan_space import PlanPoint

@@ -16,7 +16,7 @@ import pytest
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape, enumerate_layouts
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep, add_loop_iterations
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration
 from tpu_tuner.planner.compiler.mesh import mesh_devices
@@ -172,7 +172,7 @@ def test_fsdp_across_slices_ranks_below_data_across_slices_as_the_compiled_progr
     code = f"""
         import json
         from pathlib import Path
-        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.model.meshes.layouts import parse_layout
         from tpu_tuner.outputs.plan_report import render_terminal
         from tpu_tuner.plan_api import plan_to_folder
         from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget

@@ -12,7 +12,7 @@ import pytest
 from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout, ModelShape
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.optimizer import check_optimizer, state_bytes_per_parameter
 from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
 
@@ -48,7 +48,7 @@ def test_the_memory_lower_bound_follows_the_optimizer() -> None:
 def test_the_optimizer_is_part_of_a_searchs_study_record() -> None:
     from dataclasses import replace
 
-    from tpu_tuner.model.structure import Dims
+    from tpu_tuner.model.workloads.structure import Dims
     from tpu_tuner.planner.compiler.compile_request import StepSettings
     from tpu_tuner.planner.plans.plan_problem import PlanProblem
     from tpu_tuner.planner.plans.plan_records import plan_record
@@ -122,7 +122,7 @@ def test_an_unknown_optimizer_is_refused_in_one_line_with_exit_2() -> None:
 def test_the_sgd_step_compiles_without_adamws_two_moments() -> None:
     out = _last_json(f"""
         import json
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.compiler.compile_request import topology_devices
         from tpu_tuner.planner.plans.hf_plan import planned_workload
         from tpu_tuner.planner.compiler.program import compile_step

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from helpers.tiny_planner import TINY, TINY_MATRIX_PARAMETERS, needs_planner, planner_env, run_planner_python
 
-from tpu_tuner.model.layouts import Layout, ModelShape
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans.plan_space import PlanPoint, memory_lower_bound
 from tpu_tuner.planner.prediction.predict import QUANTIZED_PEAK_TFLOPS, CostModel, predict, quantized_peak_refusal
@@ -76,7 +76,7 @@ def test_fp8_runs_the_quantized_share_at_tpu7xs_fp8_peak_and_mfu_stays_against_b
 def test_the_precision_is_part_of_a_searchs_study_record() -> None:
     from dataclasses import replace
 
-    from tpu_tuner.model.structure import Dims
+    from tpu_tuner.model.workloads.structure import Dims
     from tpu_tuner.planner.compiler.compile_request import StepSettings
     from tpu_tuner.planner.plans.plan_problem import PlanProblem
     from tpu_tuner.planner.plans.plan_records import plan_record
@@ -185,7 +185,7 @@ _COMPILE = r"""
     texts = []
     as_text = stages.Compiled.as_text
     stages.Compiled.as_text = lambda self, *a, **k: texts.append(as_text(self, *a, **k)) or texts[-1]
-    from tpu_tuner.model.layouts import Layout
+    from tpu_tuner.model.meshes.layouts import Layout
     from tpu_tuner.planner.compiler.compile_request import topology_devices
     from tpu_tuner.planner.plans.hf_plan import planned_workload
     from tpu_tuner.planner.compiler.program import compile_step
@@ -249,7 +249,7 @@ def test_int8_and_fp8_steps_compile_8bit_dots_in_the_blocks_and_keep_the_logits_
 def test_fp8_on_tpu7x_plans_a_shorter_step_than_bf16_where_the_step_is_compute_bound() -> None:
     out = _run_python("""
         import json
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, PlanOptions, PlanStep, PlanTarget
         from tpu_tuner.planner.plans.plan import plan
         runs = {}

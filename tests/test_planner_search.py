@@ -14,10 +14,10 @@ import torch
 from helpers.tiny_planner import SEARCH_SPACE, ShapedPool, tiny_llama_problem
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.decoder import Decoder, DecoderShape
-from tpu_tuner.model.layouts import Layout, ModelShape
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import read_dims
+from tpu_tuner.model.decoders.decoder import Decoder, DecoderShape
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.structure import read_dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.compiler.remat import block_tensor_roles, forward_flops_per_token, parse_remat
 from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanStore, PlanTarget
@@ -305,8 +305,8 @@ def test_full_remat_does_not_recompute_a_down_projection_nothing_reads() -> None
 def test_only_a_plain_dense_block_leaves_its_mlp_output_unread() -> None:
     import torch
 
-    from tpu_tuner.model.decoder import Decoder
-    from tpu_tuner.model.decoder_shape import read_shape
+    from tpu_tuner.model.decoders.decoder import Decoder
+    from tpu_tuner.model.decoders.decoder_shape import read_shape
     from tpu_tuner.planner.plans.plan_problem import mlp_output_needed
 
     base = "decoder:vocab=256,d_model=64,layers=2,heads=4,mlp=128"

@@ -9,9 +9,9 @@ import torch
 from conftest import EXAMPLES
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import read_dims
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape, enumerate_layouts, partition_spec, placements
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.structure import read_dims
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep, add_loop_iterations, combine_scanned
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration, block_loop_iteration
 from tpu_tuner.planner.prediction.collectives import Collective, parse_collectives, ring_seconds

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.model.decoder_shape import read_shape
+from tpu_tuner.model.decoders.decoder_shape import read_shape
 from tpu_tuner.planner.calibration.fitting import RERUNS_FILE, noise_floor
 from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.prediction.band import conformal_quantile
@@ -139,7 +139,7 @@ def test_a_convention_without_attention_takes_out_the_planners_causal_attention_
     from plan_calibration import attention_not_counted
 
     from tpu_tuner.metrics.flops import transformer_model_flops
-    from tpu_tuner.model.workload import TransformerDims
+    from tpu_tuner.model.decoders.transformer_dims import TransformerDims
 
     rows = {r.id: r for r in published_rows()[0]}
     v4 = rows["v4-synthetic-22b-v4-128"]

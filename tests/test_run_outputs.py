@@ -228,7 +228,7 @@ def test_plan_cli_and_api_write_the_same_folder(tmp_path) -> None:
         from tpu_tuner import PlanOptions, plan_to_folder
         from tpu_tuner.cli import main
         from tpu_tuner.planner.plans.plan_options import PlanEnumeration, PlanStep, PlanTarget
-        from tpu_tuner.model.layouts import Layout
+        from tpu_tuner.model.meshes.layouts import Layout
         args = ["{EXAMPLES / "llama.py"}", "--preset", "tiny", "--topology", "v5e-4", "--global-batch", "8",
                 "--seq", "128", "--layout", "1x4x1"]
         assert main(["-q", "plan", *args, "--out", "{tmp_path / "cli"}"]) == 0

@@ -17,7 +17,7 @@ from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.estimate import LiveMemory, estimate_step
 from tpu_tuner.metrics.flops import count_step
-from tpu_tuner.model.loader import load_workload
+from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.profiling.profile import within_budget
 from tpu_tuner.profiling.settings import ProfilerSettings
 

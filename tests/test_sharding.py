@@ -120,7 +120,7 @@ def test_apply_prints_how_a_config_with_a_mesh_is_sharded(tmp_path) -> None:
 
 
 def test_one_layout_spelling_parses_and_formats_alike() -> None:
-    from tpu_tuner.model.layouts import Layout, parse_layout
+    from tpu_tuner.model.meshes.layouts import Layout, parse_layout
 
     for text in ("1x64x4", "1x32x4x2", "2x1x1"):
         layout = parse_layout(text)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.parallel.from_plan import planned_layouts, scale_to
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from tpu_tuner.knobs.traits import WorkloadTraits, of_model, of_profile
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.knobs.model_traits import of_model
+from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.tuning.options.tune_options import SearchOptions
 from tpu_tuner.tuning.search.search_space import SearchSpace
 
@@ -122,7 +123,7 @@ def test_narrowed_space_round_trips_through_its_stored_form() -> None:
 def test_the_examples_traits(example: str, training: bool) -> None:
     from pathlib import Path
 
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.loader import load_workload
 
     workload = load_workload(Path(__file__).resolve().parent.parent / "examples" / f"{example}.py")
     traits = of_model(workload.build_model(), workload.is_training, workload.batch_size)

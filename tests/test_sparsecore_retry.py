@@ -10,7 +10,7 @@ from dataclasses import replace
 from helpers.common import ScriptedPool
 from helpers.tiny_planner import tiny_llama_problem
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.loop_costs import LoopIteration
 from tpu_tuner.planner.plans.evaluate import SPARSECORE_NOTE, SPARSECORE_OFFLOAD_OFF, evaluate

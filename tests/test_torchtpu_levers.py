@@ -23,7 +23,7 @@ from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 from tpu_tuner.knobs.libtpu_flags import in_force, with_flags
 from tpu_tuner.knobs.tuned_config import TunedConfig
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.workload import Workload
 
 
 @pytest.fixture

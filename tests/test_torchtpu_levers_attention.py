@@ -15,7 +15,8 @@ from torch import nn
 
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.attention_kernel import BLOCK_KEYWORDS, calls_sdpa
-from tpu_tuner.knobs.traits import WorkloadTraits, of_model
+from tpu_tuner.knobs.model_traits import of_model
+from tpu_tuner.knobs.traits import WorkloadTraits
 from tpu_tuner.tuning.search.search_space import SearchSpace
 
 CPU = types.SimpleNamespace(kind="cpu")  # tensors here are CPU tensors: the "device" the kernel serves

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tpu_tuner.model.bucket_choice import Strategy, bucket_shares, evaluate, optimal_buckets
-from tpu_tuner.model.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.bucket_choice import Strategy, bucket_shares, evaluate, optimal_buckets
+from tpu_tuner.model.buckets.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 from tpu_tuner.runner.bucket_jobs import probe_shapes
 from tpu_tuner.tuning.search.bucketing_context import BucketingContext
 

@@ -20,7 +20,7 @@ from tpu_tuner.bucketing.measured import measurement_lines
 from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement, BucketOptions
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 from tpu_tuner.runner import jobs
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning.options.tune_options import TuneOptions

@@ -22,8 +22,8 @@ from tpu_tuner.execution.operators import OperatorTime
 from tpu_tuner.execution.step import accumulate_gradients, micro_batches, prepare_step
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.tuned_config import TunedConfig, apply
-from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.tuning.agents import load_agents, training_step
 from tpu_tuner.tuning.search.search_space import SearchSpace
 

@@ -152,12 +152,12 @@ def test_plan_screens_the_file_in_a_worker_first(tmp_path: Path) -> None:
 
 
 def test_tune_and_buckets_do_not_import_the_model_file_in_this_process(monkeypatch) -> None:
-    import tpu_tuner.model.loader
+    import tpu_tuner.model.workloads.loader
 
     def refuse(*args, **kwargs):
         raise AssertionError("the parent imported the model file")
 
-    monkeypatch.setattr(tpu_tuner.model.loader, "_import_file", refuse)
+    monkeypatch.setattr(tpu_tuner.model.workloads.loader, "_import_file", refuse)
     from tpu_tuner.bucketing.study import BucketOptions, plan_buckets
 
     # The worker loads the file (its own process, not patched); a file without a length sample is
@@ -191,7 +191,7 @@ def test_resume_with_another_model_is_refused_and_rewrites_nothing(tmp_path: Pat
 
 def test_the_fingerprint_compares_the_sizes_that_run() -> None:
     """--batch-size 32 on a file whose BATCH_SIZE is 32 resumes; --batch-size 16 does not."""
-    from tpu_tuner.model.summary import WorkloadSummary
+    from tpu_tuner.model.workloads.summary import WorkloadSummary
     from tpu_tuner.studies.fingerprint import differences, fingerprint
 
     summary = WorkloadSummary(

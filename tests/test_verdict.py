@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from tpu_tuner.core.definitions import load_definition
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.tuning.agents import CompileAgent
 

@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 from tpu_tuner.tuning.search import earlier_studies, warm_start

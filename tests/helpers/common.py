@@ -26,7 +26,7 @@ from tpu_tuner.devices import roofline
 from tpu_tuner.execution.measurement import Measurement, TrialFailure
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import paired_speedup
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.profiling.verdict import decide
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult

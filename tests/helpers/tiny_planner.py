@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.structure import Dims, read_dims
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.structure import Dims, read_dims
 from tpu_tuner.planner.compiler.compile_request import StepSettings
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans.plan import PlanProblem

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tpu_tuner.model.bucket_choice import Evaluation, Strategy, baselines, evaluate
-from tpu_tuner.model.bucket_cost import BucketCostModel
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.bucket_choice import Evaluation, Strategy, baselines, evaluate
+from tpu_tuner.model.buckets.bucket_cost import BucketCostModel
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 
 # The no-tuning strategy every bucketing is measured against (docs/bucketing.md's target).
 POWERS_OF_TWO = "powers of two"

@@ -3,8 +3,8 @@
 1. The length sample: `--lengths FILE` or the workload's ``sample_lengths()``.
 2. The cost model, measured on the present backend in an isolated worker: compile cost of a new
    shape and steady step time at a few lengths across the distribution (aligned quantiles), and
-   the fit of step time against length (model/bucket_cost.py).
-3. The exact optimiser (model/bucket_choice.py) under the user's limits, and the baselines, evaluated under
+   the fit of step time against length (model/buckets/bucket_cost.py).
+3. The exact optimiser (model/buckets/bucket_choice.py) under the user's limits, and the baselines, evaluated under
    the same model; the oracle bound.
 4. Optionally (`--replay N`), every strategy replayed end to end through the real workload on a
    stream of N lengths drawn from the sample, each in a fresh worker (runner/bucket_jobs.py). The
@@ -34,7 +34,7 @@ from tpu_tuner.core.tpu_host import TORCHTPU_CACHE_VARIABLE
 from tpu_tuner.devices import get_backend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compiled_with
-from tpu_tuner.model.bucket_choice import (
+from tpu_tuner.model.buckets.bucket_choice import (
     BucketShare,
     Evaluation,
     Strategy,
@@ -44,8 +44,8 @@ from tpu_tuner.model.bucket_choice import (
     optimal_buckets,
     oracle_seconds,
 )
-from tpu_tuner.model.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
-from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram, probe_lengths
+from tpu_tuner.model.buckets.bucket_cost import BucketCostModel, ShapeCost, fit_cost_model
+from tpu_tuner.model.buckets.lengths import LengthHistogram, bucket_histogram, probe_lengths
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.requests import BucketCostsRequest, BucketReplayRequest
 from tpu_tuner.runner.trial_runner import TrialRunner

@@ -5,7 +5,7 @@ Each subcommand module holds its `NAME`, `HELP`, `DESCRIPTION`, `add_arguments(p
 `run(args)`. Only the chosen subcommand's flags are built: they read their defaults from the
 options dataclasses, and building those of `plan` or `buckets` imports torch, which `tune`
 refuses bad options without. A model named right after its command is checked before any
-parser is built (model/model_argument.py): a missing file is refused before torch, numpy or
+parser is built (model/workloads/model_argument.py): a missing file is refused before torch, numpy or
 optuna is imported.
 """
 
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(words: list[str], command: str | None) -> int:
     """The command `words` name, run; its exit status (a refusal's, too)."""
     if (model := _model_named_first(words, command)) is not None:
-        from tpu_tuner.model.model_argument import check_model_argument
+        from tpu_tuner.model.workloads.model_argument import check_model_argument
 
         try:  # before the parser: plan's and buckets' flags import torch
             check_model_argument(model)
@@ -167,7 +167,7 @@ def _run(words: list[str], command: str | None) -> int:
     try:
         if getattr(args, "model_file", None) is not None:
             from tpu_tuner.cli.common import check_lengths, model_source
-            from tpu_tuner.model.model_argument import check_model_argument
+            from tpu_tuner.model.workloads.model_argument import check_model_argument
 
             check_model_argument(args.model_file)  # named after flags: not checked above
             if args.command != "plan":  # the planner reads an hf: config its own way

@@ -54,7 +54,7 @@ def model_source(args: argparse.Namespace) -> Path:
     worker rebuilds the same workload from it) after checking it names a config with a head to
     run, before any folder is made; `UserInputError` otherwise."""
     from tpu_tuner.core.errors import UserInputError
-    from tpu_tuner.model.hf_source import is_hf_source, parse
+    from tpu_tuner.model.workloads.hf_source import is_hf_source, parse
 
     inference, weights = getattr(args, "inference", False), getattr(args, "weights", False)
     if not is_hf_source(args.model_file):
@@ -66,7 +66,7 @@ def model_source(args: argparse.Namespace) -> Path:
                 args.model_file,
             )
         return args.model_file
-    from tpu_tuner.model.hf_workload import check_source
+    from tpu_tuner.model.workloads.hf_workload import check_source
 
     text = parse(str(args.model_file)).with_options(inference=inference, weights=weights)
     check_source(text)
@@ -77,7 +77,7 @@ def check_lengths(args: argparse.Namespace) -> None:
     """Read a --lengths file before anything loads the model, so a bad one costs no worker start
     (`UserInputError` naming the file and line)."""
     if getattr(args, "lengths_file", None) is not None:
-        from tpu_tuner.model.lengths import read_lengths
+        from tpu_tuner.model.buckets.lengths import read_lengths
 
         read_lengths(args.lengths_file)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,8 @@ from tpu_tuner.core.run_folder import (
     TRIALS_CSV,
     TUNED_CONFIG,
 )
-from tpu_tuner.dashboard.contributions import Contributions, read_contributions
+from tpu_tuner.dashboard.collection import Collection
+from tpu_tuner.dashboard.contributions import read_contributions
 from tpu_tuner.dashboard.device_labels import peak_basis
 from tpu_tuner.dashboard.folder_files import (
     LIVE_WINDOW_S,
@@ -95,35 +95,6 @@ COLUMNS = [
 ]
 # The knobs a tuning run's trials.csv may hold (TRIAL_COLUMNS in tuning/run/tuning_result.py).
 KNOBS = knobs.names()
-
-
-@dataclass
-class Collection:
-    """Everything the dashboard shows: the runs table plus the per-run data behind the plots."""
-
-    root: Path
-    runs: pd.DataFrame
-    trials: dict[str, pd.DataFrame] = field(default_factory=dict)  # run -> trials.csv
-    plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> plan.json
-    buckets: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> buckets.json
-    rankings: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> ranking.json
-    # run -> each knob's measured contribution (result.json's verification), where the run has one
-    contributions: dict[str, Contributions] = field(default_factory=dict)
-
-    @property
-    def live(self) -> bool:
-        """True when a tuning run is still being written (the served page then refreshes)."""
-        return bool((self.runs["status"] == "running").any()) if len(self.runs) else False
-
-    def missing(self) -> list[str]:
-        """What the page as a whole cannot show, in words: only that the folder holds no run. Each
-        section says itself what it lacks, so that no notice appears twice."""
-        if len(self.runs):
-            return []
-        return [
-            f"no run folders in {self.root}: run `tpu-tune profile`, `tpu-tune MODEL.py`, "
-            "`tpu-tune plan` or `tpu-tune buckets` with --out pointing here"
-        ]
 
 
 def collect(root: str | Path) -> Collection:

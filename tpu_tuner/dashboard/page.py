@@ -17,7 +17,8 @@ import tpu_tuner.dashboard.plots as plots
 import tpu_tuner.dashboard.run_figure as run_figure
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.run_folder import ACCURACY_PNG, HISTORY_PNG, MFU_PNG, write_atomic
-from tpu_tuner.dashboard.collect import Collection, collect
+from tpu_tuner.dashboard.collect import collect
+from tpu_tuner.dashboard.collection import Collection
 from tpu_tuner.dashboard.contributions import contributions_html
 from tpu_tuner.dashboard.device_labels import by_kind, device_label, kind_of, kind_title, mfu_of, peak_text
 from tpu_tuner.dashboard.folder_files import finite

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_tuner.core.run_folder import BUCKETS_JSON, BUCKETS_MD, PLAN_JSON, PLAN_MD
+from tpu_tuner.dashboard.collection import Collection
 from tpu_tuner.dashboard.folder_files import LIVE_WINDOW_S, base_row, date_of, load_json, nested, reason_of, report_link
-from tpu_tuner.model.decoder_shape import INLINE_PREFIX
+from tpu_tuner.model.decoders.decoder_shape import INLINE_PREFIX
 from tpu_tuner.planner.plans.ranking import RANKING_JSON, RANKING_MD
-
-if TYPE_CHECKING:
-    from tpu_tuner.dashboard.collect import Collection
 
 
 def read_plan(folder: Path, row: dict[str, Any], collection: Collection) -> None:

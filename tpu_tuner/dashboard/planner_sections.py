@@ -9,11 +9,11 @@ import pandas as pd
 
 import tpu_tuner.dashboard.plots as plots
 from tpu_tuner.core.units import ms
-from tpu_tuner.dashboard.collect import Collection
+from tpu_tuner.dashboard.collection import Collection
 from tpu_tuner.dashboard.device_labels import device_label, kind_of
 from tpu_tuner.dashboard.folder_files import finite
 from tpu_tuner.dashboard.html_cells import esc, figure_html, num_cell, pct, sortable_table
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.outputs.ranking_report import HEADER as RANKING_HEADER
 from tpu_tuner.outputs.ranking_report import cells as ranking_cells
 from tpu_tuner.outputs.ranking_report import notes as ranking_notes

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from tpu_tuner.core.units import si
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 
 DPI = 80
 # Every text at least 10 px where the page shows the PNG: at DPI px per inch that is 72 * 10 / DPI

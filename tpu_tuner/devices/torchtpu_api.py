@@ -108,7 +108,7 @@ PRIVATE_NAMES: tuple[str, ...] = (
 )
 CACHE_STATS_FIELDS: tuple[str, ...] = ("num_cache_reqs", "num_cache_hits", "num_compilations")
 COMPILE_BACKEND = "tpu"
-# torch.compile(backend="tpu", options={...}) keys: bounded dynamism (model/torchtpu_buckets.py).
+# torch.compile(backend="tpu", options={...}) keys: bounded dynamism (model/buckets/torchtpu_buckets.py).
 COMPILE_OPTIONS: tuple[str, ...] = ("num_dynamic_buckets", "bucket_size")
 PROCESS_GROUP_BACKEND = "tpu_dist"
 # libtpu's start-up flags (the libtpu_flags knob appends a set to the user's value); its name is

@@ -26,8 +26,8 @@ from tpu_tuner.execution.step import PreparedStep, accumulate_gradients, micro_b
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.batch import batch_size_of
-from tpu_tuner.model.workload import Workload, call_model
+from tpu_tuner.model.workloads.batch import batch_size_of
+from tpu_tuner.model.workloads.workload import Workload, call_model
 
 log = logging.getLogger(__name__)
 

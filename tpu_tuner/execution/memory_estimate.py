@@ -38,7 +38,7 @@ from tpu_tuner.execution.malloc_replay import heap_growth
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.workload import Workload
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from tpu_tuner.execution.gloo_buffers import GLOO_THREADS, WorkerBuffers, as_glo
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.layout import SINGLE, LayoutKnob, layout_in
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.workload import Workload
 
 
 def estimate_rank_memory(

@@ -13,8 +13,8 @@ from torch import nn
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.batch import batch_size_of, batch_slice
-from tpu_tuner.model.workload import Workload, call_model, loss_of, move_to
+from tpu_tuner.model.workloads.batch import batch_size_of, batch_slice
+from tpu_tuner.model.workloads.workload import Workload, call_model, loss_of, move_to
 
 
 @dataclass

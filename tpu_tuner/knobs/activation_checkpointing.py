@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload
-from tpu_tuner.model.blocks import repeated_blocks
+from tpu_tuner.model.workloads.blocks import repeated_blocks
 
 if TYPE_CHECKING:
     from torch import nn

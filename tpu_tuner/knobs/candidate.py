@@ -168,7 +168,7 @@ class Candidate:
         """``(inputs, target) -> loss`` as the candidate computes a training loss: `loss_fn` on the
         output of `forward` (the model as `wrap_forward` made it), or, where the forward compiles
         and a training-step knob asks (`compiles_loss`), model and loss compiled as one module."""
-        from tpu_tuner.model.workload import ModelWithLoss, loss_of
+        from tpu_tuner.model.workloads.workload import ModelWithLoss, loss_of
 
         if self.compiles() and any(
             knob.compiles_loss(value)

@@ -4,7 +4,7 @@ loss as one graph (torchtitan's ``compile.components = ["model", "loss"]``).
 ``model`` (the default) compiles the forward and computes the loss on its output, outside the
 compiled graph: the output head's logits are written out whole, and the loss (a log-softmax over
 the vocabulary, its backward) runs as eager kernels. ``model+loss`` compiles
-``loss_fn(model(inputs), target)`` as one module (`model.workload.ModelWithLoss`), with the
+``loss_fn(model(inputs), target)`` as one module (`model.workloads.workload.ModelWithLoss`), with the
 execution knob's backend and inductor's options, so the compiler fuses the loss with the head.
 Measured on examples/gpt.py (vocabulary 8192): docs/knobs.md, "compile_scope".
 
@@ -64,7 +64,7 @@ class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, Leav
     def observe_training(self, optimizer: Any, micro_batches: int, loss: Any) -> str | None:
         import torch
 
-        from tpu_tuner.model.workload import ModelWithLoss
+        from tpu_tuner.model.workloads.workload import ModelWithLoss
 
         compiled = isinstance(loss, torch._dynamo.eval_frame.OptimizedModule)
         return MODEL_AND_LOSS if compiled and isinstance(loss._orig_mod, ModelWithLoss) else MODEL

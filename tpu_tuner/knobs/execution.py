@@ -9,7 +9,7 @@ the search: ``eager:debug`` (a debugging mode, synchronous launches: never the f
 stays a valid value) and any ``tpu:<mode>``: the backend takes no mode (torch passes ``mode`` on
 and 0.2.0 raises ``TypeError: Unexpected keyword arguments: {'mode': ...}``), so it is refused
 here. Its options (``async_compile``: compile latency, not step time; ``num_dynamic_buckets`` /
-``bucket_size``: the bucketing study's, `model/torchtpu_buckets.py`) are no knob of this one.
+``bucket_size``: the bucketing study's, `model/buckets/torchtpu_buckets.py`) are no knob of this one.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload, SpreadsOverRanks
-from tpu_tuner.model.layouts import Layout, divisors, parse_layout, why_not_ranks
+from tpu_tuner.model.meshes.layouts import Layout, divisors, parse_layout, why_not_ranks
 
 if TYPE_CHECKING:
     from torch import nn
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 SINGLE = "1x1x1"
 AXES = ("data", "fsdp", "tensor")
 # The families a search space may list: each a set of axes. "data+tensor" runs only an inference
-# step (DDP cannot wrap tensor-parallel parameters; `model.layouts.why_not_ranks`).
+# step (DDP cannot wrap tensor-parallel parameters; `model.meshes.layouts.why_not_ranks`).
 FAMILIES = ("data", "fsdp", "tensor", "data+fsdp", "fsdp+tensor", "data+tensor", "data+fsdp+tensor")
 
 
@@ -69,7 +69,7 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
         return tuple(dict.fromkeys(expanded))
 
     def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
-        """`model.layouts.why_not_ranks` from the profile's numbers (`tensor_divisor`: the gcd
+        """`model.meshes.layouts.why_not_ranks` from the profile's numbers (`tensor_divisor`: the gcd
         of what a tensor axis must divide)."""
         layout = _layout(value)
         widths = (
@@ -112,7 +112,7 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
             return inputs, target
         import torch.distributed as dist
 
-        from tpu_tuner.model.batch import batch_size_of, batch_slice
+        from tpu_tuner.model.workloads.batch import batch_size_of, batch_slice
         from tpu_tuner.parallel.apply import batch_shard
 
         size = batch_size_of(inputs)
@@ -135,8 +135,8 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
         return gather_batch(output, _layout(value), local_batch)
 
     def within_hosts(self, value: str, ranks_per_host: int) -> bool:
-        """`model.host_mesh`: a tensor size that divides the ranks of a host."""
-        from tpu_tuner.model.host_mesh import tensor_within_host
+        """`model.meshes.host_mesh`: a tensor size that divides the ranks of a host."""
+        from tpu_tuner.model.meshes.host_mesh import tensor_within_host
 
         return tensor_within_host(_layout(value), ranks_per_host)
 
@@ -167,7 +167,7 @@ class LayoutKnob(Knob, NarrowedByWorkload, SpreadsOverRanks):
         lines = [
             "# one process per device, each joined to the process group first "
             f"(torchrun --nproc-per-node {layout.devices} script.py)",
-            "from tpu_tuner.model.layouts import Layout",
+            "from tpu_tuner.model.meshes.layouts import Layout",
             "from tpu_tuner.parallel.apply import apply_layout",
         ]
         if training:

@@ -1,8 +1,8 @@
 """What a workload is, as far as knobs care: the facts that decide which knobs and choices can
 mean anything for it.
 
-Read once from the baseline's built model in the profiling worker (`of_model`) and stored in the
-profile, so the parent, which never imports the model file, can narrow the search space
+Read once from the baseline's built model in the profiling worker (`knobs/model_traits.py`) and
+stored in the profile, so the parent, which never imports the model file, can narrow the space
 (`SearchSpace.for_workload`): a knob that cannot change this workload's step is not a parameter
 of its study, rather than a parameter whose other values are all rejected. That keeps the space,
 the grid and the trials table to what can be measured (a convolution-free training step has no
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpu_tuner.model.profiled import ProfiledWorkload
-
-if TYPE_CHECKING:
-    from torch import nn
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 
 
 @dataclass(frozen=True)
@@ -58,30 +55,6 @@ class WorkloadTraits:
             linear_layers=None if data.get("linear_layers") is None else int(data["linear_layers"]),
             scaled_dot_product_attention=bool(data.get("scaled_dot_product_attention", False)),
         )
-
-
-def of_model(model: nn.Module, training: bool, batch_size: int | None) -> WorkloadTraits:
-    """The traits of a built model (called in the worker, which has imported the file)."""
-    import math
-
-    import torch
-
-    from tpu_tuner.knobs.attention_kernel import calls_sdpa
-    from tpu_tuner.knobs.attn_implementation import offered
-    from tpu_tuner.model.blocks import repeated_blocks
-    from tpu_tuner.parallel.apply import tensor_widths
-
-    widths = list(tensor_widths(model).values())
-    return WorkloadTraits(
-        training=training,
-        conv_weights=sum(1 for p in model.parameters() if p.dim() == 4),
-        repeated_blocks=len(repeated_blocks(model)),
-        batch_size=batch_size,
-        tensor_divisor=math.gcd(*widths) if widths else None,
-        attention_implementations=offered(model),
-        linear_layers=sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear)),
-        scaled_dot_product_attention=calls_sdpa(model),
-    )
 
 
 def of_profile(workload: ProfiledWorkload | Mapping[str, Any]) -> WorkloadTraits | None:

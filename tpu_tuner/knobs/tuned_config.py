@@ -94,7 +94,7 @@ class TunedConfig:
     def training(self) -> bool:
         """Whether the tuned step trains: its provenance's workload step, a training step where
         none is recorded (a planner's sharding config plans training)."""
-        from tpu_tuner.model.profiled import INFERENCE_STEP
+        from tpu_tuner.model.workloads.profiled import INFERENCE_STEP
 
         workload = self.provenance.get("workload")
         return not (isinstance(workload, dict) and workload.get("step") == INFERENCE_STEP)

@@ -27,8 +27,8 @@ from torch.utils._pytree import tree_flatten
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import binary_bytes, si
 from tpu_tuner.metrics.flops import TrafficCounter, flop_counter
-from tpu_tuner.model.batch import leading_size
-from tpu_tuner.model.workload import Workload, call_model, move_to
+from tpu_tuner.model.workloads.batch import leading_size
+from tpu_tuner.model.workloads.workload import Workload, call_model, move_to
 
 log = logging.getLogger(__name__)
 

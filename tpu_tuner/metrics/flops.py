@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-import tpu_tuner.model.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
+import tpu_tuner.model.decoders.experts  # noqa: F401 - registers the tpu_tune:: grouped matmul ops counted below
 from tpu_tuner.metrics.rnn_flops import RNN_FLOP_FORMULAS
-from tpu_tuner.model.attention import local_attention_backward_op, local_attention_op
-from tpu_tuner.model.workload import AttentionSpan, TransformerDims
+from tpu_tuner.model.decoders.attention import local_attention_backward_op, local_attention_op
+from tpu_tuner.model.decoders.transformer_dims import AttentionSpan, TransformerDims
 
 aten = torch.ops.aten
 AttentionConvention = Literal["full", "causal"]
@@ -69,7 +69,7 @@ def score_pairs(seq: int, window: int, chunk: int, causal: bool) -> float:
 def _local_attention(
     query_shape, key_shape, value_shape, sinks_shape, window: int, chunk: int, *args: Any, **kwargs: Any
 ) -> int:
-    """The package's local attention operator (model/attention.py): two matmuls over the pairs
+    """The package's local attention operator (model/decoders/attention.py): two matmuls over the pairs
     its mask keeps, the causal mask not discounted (as for global attention)."""
     batch, heads, seq, dim_qk = query_shape
     return int(2 * batch * heads * score_pairs(seq, window, chunk, False) * (dim_qk + value_shape[-1]))
@@ -94,7 +94,7 @@ def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
 
 
 def _rows_grouped(x_shape, other_shape, *args: Any, **kwargs: Any) -> int:
-    """The dropless MoE's grouped matmuls (model/experts.py): every row of x [batch, rows, k] meets
+    """The dropless MoE's grouped matmuls (model/decoders/experts.py): every row of x [batch, rows, k] meets
     one group's [k, n] weights, forward (other: the weights [groups, k, n]) or for the weights'
     gradient (other: the output gradient [batch, rows, n]): 2 x batch x rows x k x n either way."""
     return 2 * x_shape[0] * x_shape[1] * x_shape[2] * other_shape[-1]

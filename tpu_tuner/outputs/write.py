@@ -80,8 +80,8 @@ def write_tuning(result: TuningResult) -> list[str]:
 def plan_run_dir(out: str | Path, model_file: str | Path, topology: str, preset: str | None = None) -> Path:
     """A new plan folder, ``<model>[_<preset>]-plan-<topology>-<timestamp>``; an ``hf:`` model is
     named by its config's folder, hub repository or model type."""
-    from tpu_tuner.model.decoder import INLINE_PREFIX
-    from tpu_tuner.model.hf_source import is_hf_source, parse
+    from tpu_tuner.model.decoders.decoder import INLINE_PREFIX
+    from tpu_tuner.model.workloads.hf_source import is_hf_source, parse
 
     if is_hf_source(model_file):
         stem = parse(model_file).name  # Path("hf:./Llama-3.1-70B").stem would be "Llama-3"
@@ -152,7 +152,7 @@ def write_buckets(run_dir: str | Path, result: BucketResult, model_file: str | P
     from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.knobs.execution import compiled_with
     from tpu_tuner.knobs.tuned_config import TunedConfig
-    from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
+    from tpu_tuner.model.buckets.torchtpu_buckets import torchtpu_instructions
     from tpu_tuner.outputs.bucket_report import render_markdown, write_plots
 
     run_dir = Path(run_dir)

@@ -2,7 +2,7 @@
 
 One function for every caller (the ranks of a trial, the numerics check, a user's script): the
 planner's `Layout` names the mesh, and the placements come from the model's structure as the
-planner derives them (`model.layouts.placements`):
+planner derives them (`model.meshes.layouts.placements`):
 
 * ``tensor`` > 1: inside each repeated block, column-wise linears become `ColwiseParallel`,
   row-wise ones `RowwiseParallel` (DTensor `parallelize_module`), and the block's head-count
@@ -32,9 +32,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from tpu_tuner.devices import backend_class, backend_classes
-from tpu_tuner.model import layouts
-from tpu_tuner.model.layouts import Layout, placements, why_not_ranks
-from tpu_tuner.model.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
+from tpu_tuner.model.meshes import layouts
+from tpu_tuner.model.meshes.layouts import Layout, placements, why_not_ranks
+from tpu_tuner.model.workloads.structure import HEAD_ATTRS, KV_HEAD_ATTRS, token_embedding
 from tpu_tuner.parallel import hf
 from tpu_tuner.parallel.errors import LayoutError
 
@@ -82,7 +82,7 @@ def why_not(
 ) -> str | None:
     """Why `layout` cannot run `model` on `world_size` ranks with a global batch of
     `batch_size` (a training step, or a forward alone where `inference`); None where it can."""
-    from tpu_tuner.model.blocks import repeated_blocks
+    from tpu_tuner.model.workloads.blocks import repeated_blocks
 
     if hf.is_hf_model(model):
         if layout.tensor > 1 and (reason := hf.why_not_tensor(model, layout.tensor)):
@@ -104,7 +104,7 @@ def tensor_widths(model: nn.Module) -> dict[str, int]:
     if hf.is_hf_model(model):
         return hf.tensor_widths(model)
 
-    from tpu_tuner.model.blocks import repeated_blocks
+    from tpu_tuner.model.workloads.blocks import repeated_blocks
 
     if not repeated_blocks(model):
         return {
@@ -185,7 +185,7 @@ def apply_layout(model: nn.Module, layout: Layout, device_type: str = "cpu", inf
     if layout.fsdp > 1:
         from torch.distributed.fsdp import fully_shard
 
-        from tpu_tuner.model.blocks import repeated_blocks
+        from tpu_tuner.model.workloads.blocks import repeated_blocks
 
         dp_mesh = mesh["data", "fsdp"] if layout.data > 1 else mesh["fsdp"]
         for block in hf.shard_blocks(model) if from_hf else repeated_blocks(model):
@@ -204,7 +204,7 @@ def _tensor_parallel(model: nn.Module, tensor_mesh: DeviceMesh, size: int) -> No
     from torch import nn
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from tpu_tuner.model.blocks import repeated_blocks
+    from tpu_tuner.model.workloads.blocks import repeated_blocks
 
     blocks = repeated_blocks(model)
     if not blocks:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def shard_blocks(model: nn.Module) -> list[nn.Module]:
         visit(model)
     if found:
         return found
-    from tpu_tuner.model.blocks import repeated_blocks
+    from tpu_tuner.model.workloads.blocks import repeated_blocks
 
     return repeated_blocks(model)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 
 
 def gather_batch(output: Any, layout: Layout, local_batch: int | None) -> Any:

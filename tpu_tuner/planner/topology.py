@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.flags import at_least
 from tpu_tuner.core.hardware import TPU_CHIPS, TpuChip
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 
 # Generations that JAX and TorchTPU run as megacore: one device per chip driving both TensorCores
 # with the chip's whole HBM (v4; MaxText's v4 scripts set TPU_MEGACORE=MEGACORE_DENSE,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, transformer_model_flops
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.profiling.uncounted import UncountedOp, describe, uncounted_operators
 

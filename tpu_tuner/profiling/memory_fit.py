@@ -22,7 +22,7 @@ from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.estimate import StepEstimate, check_budget, estimate_step
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.profiling.settings import ProfilerSettings
 
 log = logging.getLogger(__name__)

@@ -28,17 +28,17 @@ from tpu_tuner.execution.operators import OperatorTime, device_busy, top_operato
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import StepClock, WarmupResult, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.knobs.traits import of_model
+from tpu_tuner.knobs.model_traits import of_model
 from tpu_tuner.metrics.estimate import StepEstimate
 from tpu_tuner.metrics.flops import AttentionConvention, count_step
 from tpu_tuner.metrics.mfu import MFU_CONVENTION, PeakChoice, achieved_flops_per_s, mfu, utilisation_by_dtype
 from tpu_tuner.metrics.timing import TimingStats
-from tpu_tuner.model.batch import leading_size
-from tpu_tuner.model.input_dims import InputDims, read_dims
-from tpu_tuner.model.loader import SEQ_LEN_REFUSED, load_workload
-from tpu_tuner.model.profiled import ProfiledWorkload
-from tpu_tuner.model.summary import input_signature
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.batch import leading_size
+from tpu_tuner.model.workloads.input_dims import InputDims, read_dims
+from tpu_tuner.model.workloads.loader import SEQ_LEN_REFUSED, load_workload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.summary import input_signature
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.profiling.flops_report import FlopsReport, flops_report, with_uncounted
 from tpu_tuner.profiling.memory_fit import estimate_or_fit
 from tpu_tuner.profiling.settings import ProfilerSettings

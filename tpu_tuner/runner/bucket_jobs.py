@@ -25,8 +25,8 @@ from tpu_tuner.devices import Backend
 from tpu_tuner.execution.step import result_read, run_user_step, step_function
 from tpu_tuner.execution.timer import StepClock, compile_delta
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.bucket_cost import ShapeCost, compile_counter
-from tpu_tuner.model.workload import Workload, move_to
+from tpu_tuner.model.buckets.bucket_cost import ShapeCost, compile_counter
+from tpu_tuner.model.workloads.workload import Workload, move_to
 from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import StepClock, compile_delta, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.summary import WorkloadSummary, summarize
-from tpu_tuner.model.workload import Workload
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.summary import WorkloadSummary, summarize
+from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.profiling import ProfilerSettings, profile
 from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
 from tpu_tuner.runner.requests import (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
 from tpu_tuner.core.failures import FailureKind, describe_end
-from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.model.workloads.summary import WorkloadSummary
 from tpu_tuner.runner.requests import LoadRequest
 
 if TYPE_CHECKING:

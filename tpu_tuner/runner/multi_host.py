@@ -114,8 +114,8 @@ class MultiHostTrialRunner(RankedTrialRunner):
     def describe_hosts(self, layouts: Sequence[str] = ()) -> list[str]:
         """The hosts and the ranks each holds, then how each of `layouts` maps onto them (the mesh
         coordinates each host holds, which axes cross hosts): the run's findings."""
-        from tpu_tuner.model.host_mesh import describe_on_hosts
-        from tpu_tuner.model.layouts import parse_layout
+        from tpu_tuner.model.meshes.host_mesh import describe_on_hosts
+        from tpu_tuner.model.meshes.layouts import parse_layout
 
         n = self.nproc
         lines = [

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from tpu_tuner.metrics.flops import AttentionConvention
-    from tpu_tuner.model.bucket_cost import ShapeCost
+    from tpu_tuner.model.buckets.bucket_cost import ShapeCost
     from tpu_tuner.profiling.settings import ProfilerSettings
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.execution.accuracy import Outputs, relative_error, whole
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.runner.launch import RanksResult, finish_rank, init_rank, run_ranks, write_report
 
 SEED = 0
@@ -38,7 +38,7 @@ class RankStep:
     rank: int
     world: int
     layout: Layout
-    workload: Any  # tpu_tuner.model.workload.Workload
+    workload: Any  # tpu_tuner.model.workloads.workload.Workload
     model: Any  # nn.Module, built from SEED
     inputs: Any
     target: Any
@@ -47,7 +47,7 @@ class RankStep:
 
     @property
     def local_batch(self) -> int:
-        from tpu_tuner.model.batch import batch_size_of
+        from tpu_tuner.model.workloads.batch import batch_size_of
 
         return int(batch_size_of(self.local_inputs) or 0)
 
@@ -69,8 +69,8 @@ def prepare_rank_step(model_file: str, layout_text: str, batch_size: int | None)
     exits with the reason when the layout cannot run the model."""
     import torch
 
-    from tpu_tuner.model.batch import batch_slice
-    from tpu_tuner.model.loader import load_workload
+    from tpu_tuner.model.workloads.batch import batch_slice
+    from tpu_tuner.model.workloads.loader import load_workload
     from tpu_tuner.parallel.apply import batch_shard, why_not
 
     rank, world = init_rank()
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 
     from tpu_tuner.knobs.tuned_config import apply_sharding
-    from tpu_tuner.model.workload import call_model
+    from tpu_tuner.model.workloads.workload import call_model
     from tpu_tuner.parallel.apply import apply_layout
 
     step = prepare_rank_step(args.model_file, args.layout, args.batch_size)
@@ -169,7 +169,7 @@ def _check_inference(step: RankStep, layout: str) -> None:
 
     from tpu_tuner.execution.accuracy import flatten_output
     from tpu_tuner.knobs.tuned_config import apply_sharding
-    from tpu_tuner.model.workload import call_model
+    from tpu_tuner.model.workloads.workload import call_model
     from tpu_tuner.parallel.apply import apply_layout
     from tpu_tuner.parallel.inference import gather_batch
 

@@ -20,7 +20,7 @@ from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.execution.timer import StepClock, time_steps, warm_up
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.batch import batch_size_of
+from tpu_tuner.model.workloads.batch import batch_size_of
 from tpu_tuner.runner.requests import ShardedStepRequest, ShardedStepTiming
 
 

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.model.workloads.summary import WorkloadSummary
 
 # Keys compared on resume, with the words a refusal uses for them.
 LABELS = {
@@ -35,8 +35,8 @@ LABELS = {
 def file_sha256(path: str | Path) -> str:
     """sha256 of the file's bytes (of the text, for an inline ``decoder:...`` shape; of the text
     and the config.json it reads, for a Hugging Face model)."""
-    from tpu_tuner.model.decoder import INLINE_PREFIX
-    from tpu_tuner.model.hf_source import config_bytes, is_hf_source
+    from tpu_tuner.model.decoders.decoder import INLINE_PREFIX
+    from tpu_tuner.model.workloads.hf_source import config_bytes, is_hf_source
 
     if is_hf_source(path):
         return hashlib.sha256(str(path).encode() + config_bytes(str(path))).hexdigest()

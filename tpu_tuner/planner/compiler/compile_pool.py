@@ -24,9 +24,9 @@ from typing import Any
 
 from tpu_tuner.core.errors import first_line
 from tpu_tuner.core.failures import describe_end
-from tpu_tuner.core.host import usable_cores
 from tpu_tuner.planner.compiler.compile_request import CompileJob
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
+from tpu_tuner.planner.compiler.pool_defaults import COMPILE_TIMEOUT_S
 from tpu_tuner.planner.compiler.program import compile_step
 from tpu_tuner.runner.worker_log import WorkerLog
 from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
@@ -35,17 +35,9 @@ from tpu_tuner.runner.worker_process import Died, Replied, WorkerProcess, serve
 WORKER_MODULE = "tpu_tuner.planner.compiler.compile_pool"
 # An idle compile worker asked to exit is waited for this long before it is killed.
 EXIT_GRACE_S = 10.0
-# A compile running longer is taken as hung: its worker is killed and its job fails (the longest
-# compile measured here, Gemma 4 26B on 4x8x8, took 674 s; docs/planner.md).
-COMPILE_TIMEOUT_S = 3600.0
 
 log = logging.getLogger(__name__)
 Finish = Callable[[CompileJob, CompiledStep], None]  # told each job's outcome as it comes
-
-
-def default_workers() -> int:
-    """One worker per core, at most 4 (each 70B compile holds a few GiB of host memory)."""
-    return max(1, min(4, usable_cores()))
 
 
 def run_job(job: CompileJob) -> CompiledStep:

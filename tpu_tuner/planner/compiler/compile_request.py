@@ -14,7 +14,7 @@ from tpu_tuner.planner.compiler.xla_flags import xla_flags_text
 from tpu_tuner.planner.plans.plan_space import PlanPoint
 from tpu_tuner.planner.topology import MEGACORE
 
-if TYPE_CHECKING:  # options.py imports this module
+if TYPE_CHECKING:  # a type only: a compile worker, which unpickles jobs, needs none of the options' imports
     from tpu_tuner.planner.plans.plan_options import PlanOptions
 
 

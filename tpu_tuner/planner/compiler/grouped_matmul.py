@@ -1,5 +1,5 @@
 """The dropless MoE's grouped matmuls and row permutations (``tpu_tune::grouped_matmul``,
-``tpu_tune::permute_rows``, model/experts.py) as the planner compiles them. The matmuls: per
+``tpu_tune::permute_rows``, model/decoders/experts.py) as the planner compiles them. The matmuls: per
 device, under `shard_map`, as MaxText's ``sparse_matmul`` runs its experts
 (layers/moe.py at e591f30: the routed computation inside ``jax.shard_map``, the batch over the
 data-parallel axes, expert weights gathered over fsdp and split over tensor on the MLP width, the
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tpu_tuner.model.experts import MixtureOfExperts  # registers torch.ops.tpu_tune.grouped_matmul
+from tpu_tuner.model.decoders.experts import MixtureOfExperts  # registers torch.ops.tpu_tune.grouped_matmul
 from tpu_tuner.planner.compiler.mesh import BATCH_AXES
 
 # MaxText's megablox tiles for the batch x sequence, embed and MLP dimensions (wi_tile_fwd_* in

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tpu_tuner.model.layouts import MESH_AXES, Layout
+from tpu_tuner.model.meshes.layouts import MESH_AXES, Layout
 
 # The axes that split the batch (MaxText's activation_batch rule: data, fsdp, fsdp_transpose, expert).
 BATCH_AXES = ("data", "fsdp", "fsdp_transpose", "expert")

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import first_line
-from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
-from tpu_tuner.model.layouts import mesh_partition_spec, placements
+from tpu_tuner.model.meshes.layouts import mesh_partition_spec, placements
+from tpu_tuner.model.workloads.blocks import blocks_of, unscanned_blocks
 from tpu_tuner.planner.compiler.compile_request import CompileJob
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.expert_parallel import expert_dispatch

@@ -4,7 +4,7 @@ A policy says, for each named tensor of a decoder block, whether the backward pa
 saved in HBM ("device"), in the host's memory ("offload"), or recomputes it ("remat"). MaxText
 names the tensors inside its layers with `checkpoint_name`; a user's PyTorch block carries no
 names, so `block_tensor_roles` finds them from the block's structure (the same shapes
-`model.layouts.placements` reads), and the compiled program names the outputs of those linears.
+`model.meshes.layouts.placements` reads), and the compiled program names the outputs of those linears.
 
 Names (MaxText's): ``decoder_layer_input`` (the block's input, the scan carry), ``query_proj``,
 ``key_proj``, ``value_proj``, ``qkv_proj`` (a fused projection), ``context`` (the attention's

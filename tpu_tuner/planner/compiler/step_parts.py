@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tpu_tuner.model.attention import local_attention_op
+from tpu_tuner.model.decoders.attention import local_attention_op
 from tpu_tuner.planner.compiler.remat import block_tensor_roles
 
 
@@ -191,7 +191,7 @@ def _heads_spec(mesh: Any) -> Any:
 
 
 def _local_attention(mesh: Any, splash: bool) -> Callable[..., Any]:
-    """The package's local attention operator (model/attention.py: a sliding window or chunks,
+    """The package's local attention operator (model/decoders/attention.py: a sliding window or chunks,
     optional sinks) per device under `shard_map`, split as `sharded_attention` splits global
     attention; with `splash` as Pallas splash attention with its block-sparse mask
     (`LocalMask` / `ChunkedCausalMask`, as MaxText runs local layers), which visits only the

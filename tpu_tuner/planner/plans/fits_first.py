@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_space import DEFAULT_REMATS, PlanPoint, invalid_reason
 from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, MemoryEstimate, estimate

@@ -3,7 +3,7 @@
 Three routes, decided from the config alone, so that the plan's process and every compiler
 process (each loads the workload from the source text) take the same one:
 
-1. **The generic decoder**, for the families model/hf_decoder.py maps (Llama, Mistral, Qwen2/3,
+1. **The generic decoder**, for the families model/decoders/hf_decoder.py maps (Llama, Mistral, Qwen2/3,
    Gemma 1-3, Phi-3, GPT-2, GPT-NeoX, Mixtral, Qwen2/3-MoE, Llama 4, DeepSeek-V3, gpt-oss), when
    its parameter count equals that of the transformers model built from the same config on the
    meta device (a fraction of a second, no memory): the program is then the one `tpu-tune plan shape.toml` compiles.
@@ -30,13 +30,14 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.attention_pattern import read_attention, warn_unread
-from tpu_tuner.model.blocks import blocks_of
-from tpu_tuner.model.decoder import Decoder, decoder_module
-from tpu_tuner.model.hf_decoder import NotExpressible, decoder_shape, max_positions, not_expressible
-from tpu_tuner.model.hf_source import HfSource, is_hf_source, load_config, parse
-from tpu_tuner.model.loader import load_workload
-from tpu_tuner.model.workload import TransformerDims, Workload
+from tpu_tuner.model.decoders.attention_pattern import read_attention, warn_unread
+from tpu_tuner.model.decoders.decoder import Decoder, decoder_module
+from tpu_tuner.model.decoders.hf_decoder import NotExpressible, decoder_shape, max_positions, not_expressible
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.workloads.blocks import blocks_of
+from tpu_tuner.model.workloads.hf_source import HfSource, is_hf_source, load_config, parse
+from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.model.workloads.workload import Workload
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -148,7 +149,7 @@ def check_seq_len(workload: Workload, seq_len: int) -> None:
 
 
 def _check_causal_lm(config: PretrainedConfig, hf: HfSource) -> None:
-    from tpu_tuner.model.hf_workload import resolve_task
+    from tpu_tuner.model.workloads.hf_workload import resolve_task
 
     if hf.inference:
         raise UserInputError("the planner plans training steps: drop #inference", hf.text)
@@ -203,7 +204,7 @@ def planner_attention(
 
 
 def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Workload:
-    from tpu_tuner.model.hf_workload import declared_dims
+    from tpu_tuner.model.workloads.hf_workload import declared_dims
 
     dims = declared_dims(config)
     if dims is None:
@@ -218,7 +219,7 @@ def _traced(config: PretrainedConfig, text: str, name: str, note: str) -> Worklo
 
         transformers.AttentionInterface.register(ATTENTION, planner_attention)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
-        # The planner reads heads off the blocks (model/structure.py); transformers' attention
+        # The planner reads heads off the blocks (model/workloads/structure.py); transformers' attention
         # modules do not all carry them.
         for block in blocks_of(model)[1]:
             block.num_attention_heads, block.num_key_value_heads = dims["heads"], kv_heads  # type: ignore[assignment]  # Module.__setattr__ is typed for tensors and modules only

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.field_types import check_field_types
-from tpu_tuner.model.layouts import Layout, enumerate_layouts, with_expert_axes
+from tpu_tuner.model.meshes.layouts import Layout, enumerate_layouts, with_expert_axes
 from tpu_tuner.planner.compiler.compile_pool import CompilePool
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.remat import parse_remat
@@ -97,7 +97,7 @@ def candidate_layouts(problem: PlanProblem, accumulation: int = 1) -> tuple[list
     """The enumeration's layouts, in the order practitioners reach for them (`fits_first.
     layout_preference`), and those left out with why: every data x fsdp x tensor factorisation
     that divides the model and its micro-batch, a capacity-routed mixture of experts' expert axes
-    too (model/layouts.with_expert_axes), less those whose weights alone overflow HBM."""
+    too (model/meshes/layouts.with_expert_axes), less those whose weights alone overflow HBM."""
     shape, step = problem.dims.shape, problem.step
     candidates, rejected = enumerate_layouts(
         problem.topology.devices,

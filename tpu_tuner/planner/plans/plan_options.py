@@ -26,9 +26,9 @@ from tpu_tuner.core.flags import (
     positive,
     uses,
 )
-from tpu_tuner.model.layouts import Layout, parse_layout
+from tpu_tuner.model.meshes.layouts import Layout, parse_layout
 from tpu_tuner.planner.calibration.calibration_store import calibrated_cost_model
-from tpu_tuner.planner.compiler.compile_pool import COMPILE_TIMEOUT_S, default_workers
+from tpu_tuner.planner.compiler.pool_defaults import COMPILE_TIMEOUT_S, default_workers
 from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.compiler.xla_flags import parse_xla_flags
 from tpu_tuner.planner.plans.plan_space import (

@@ -14,15 +14,15 @@ from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
-from tpu_tuner.model.blocks import blocks_of, unscanned_blocks
-from tpu_tuner.model.decoder import Block
-from tpu_tuner.model.decoder_shape import is_shape_source
-from tpu_tuner.model.experts import moe_routing
-from tpu_tuner.model.hf_source import is_hf_source
-from tpu_tuner.model.layer_parts import FeedForward
-from tpu_tuner.model.layouts import partition_spec, placements
-from tpu_tuner.model.structure import Dims, read_dims
-from tpu_tuner.model.workload import AttentionSpan, TransformerDims
+from tpu_tuner.model.decoders.decoder import Block
+from tpu_tuner.model.decoders.decoder_shape import is_shape_source
+from tpu_tuner.model.decoders.experts import moe_routing
+from tpu_tuner.model.decoders.layer_parts import FeedForward
+from tpu_tuner.model.decoders.transformer_dims import AttentionSpan, TransformerDims
+from tpu_tuner.model.meshes.layouts import partition_spec, placements
+from tpu_tuner.model.workloads.blocks import blocks_of, unscanned_blocks
+from tpu_tuner.model.workloads.hf_source import is_hf_source
+from tpu_tuner.model.workloads.structure import Dims, read_dims
 from tpu_tuner.planner.compiler.compile_pool import stderr_to
 from tpu_tuner.planner.compiler.compile_request import CompileJob, CompileModel, CompileTarget, StepSettings
 from tpu_tuner.planner.compiler.hbm import compiler_hbm_limit
@@ -64,7 +64,7 @@ class PlanProblem:
     quantized_parameters: int = 0  # the weights of the blocks' linear layers (what --quantization quantizes)
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
-    moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/experts.py)
+    moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/decoders/experts.py)
     # Flash blocks the planner chose where none was given: the fastest a chip of this generation
     # timed (attention_kernel.py), for points whose devices hold whole sequences (None: the kernel's).
     chosen_flash_block: int | None = None

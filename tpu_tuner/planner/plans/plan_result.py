@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tpu_tuner.model.attention_pattern import describe_spans
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.decoders.attention_pattern import describe_spans
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.compiler.xla_flags import xla_flags_text

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from tpu_tuner.model.layouts import Layout, ModelShape, why_not
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape, why_not
 from tpu_tuner.planner.compiler.optimizer import state_bytes_per_parameter
 from tpu_tuner.planner.compiler.remat import BLOCK_INPUT, parse_remat
 

@@ -236,7 +236,7 @@ def estimate(problem: PlanProblem, point: PlanPoint, fitted: Fitted = FITTED) ->
     working *= factor * per_iteration
     # A mixture of experts' routed rows: one layer's copies of its tokens, a d_model-wide row a
     # choice (times the capacity factor where it drops), and under capacity routing the
-    # [tokens, experts x capacity] dispatch and combine masks (model/experts.py).
+    # [tokens, experts x capacity] dispatch and combine masks (model/decoders/experts.py).
     # Dropless routing keeps more copies of a routed row than capacity routing's einsums: the rows
     # sorted by expert, the ragged matmuls' outputs and the unsorted result, with their cotangents.
     routing = fitted.dispatch + (0.0 if problem.dims.capacity_factor else fitted.dropless)

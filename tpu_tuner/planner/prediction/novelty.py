@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 from tpu_tuner.planner.prediction.band import COVERAGE, MIN_COMPARABLE, BandRow, ErrorBand, Place, error_band
 
 # The kinds of distance a band is widened for, in the order a reason names them.

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 
 from tpu_tuner.metrics.mfu import mfu
-from tpu_tuner.model.layouts import Layout, ModelShape
+from tpu_tuner.model.meshes.layouts import Layout, ModelShape
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.prediction.attention_kernel import AttentionKernelWork, ChipStep
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place

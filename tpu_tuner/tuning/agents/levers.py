@@ -17,7 +17,7 @@ from typing import Any
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload
 from tpu_tuner.knobs.traits import WorkloadTraits, of_profile
-from tpu_tuner.model.profiled import ProfiledWorkload
+from tpu_tuner.model.workloads.profiled import ProfiledWorkload
 from tpu_tuner.tuning.search.search_space import SearchSpace
 
 Wanted = Callable[[str], bool]

@@ -28,8 +28,8 @@ import optuna
 
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.units import duration
-from tpu_tuner.model.lengths import LengthHistogram, bucket_histogram
-from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.model.buckets.lengths import LengthHistogram, bucket_histogram
+from tpu_tuner.model.workloads.summary import WorkloadSummary
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.multi_host import MultiHostTrialRunner

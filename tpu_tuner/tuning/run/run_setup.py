@@ -11,9 +11,9 @@ from tpu_tuner.core.errors import UserInputError, WorkloadError, first_text_line
 from tpu_tuner.core.failures import FailureKind, classify
 from tpu_tuner.devices import backend_class
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.model.bucket_cost import fit_cost_model
-from tpu_tuner.model.lengths import LengthHistogram, probe_lengths
-from tpu_tuner.model.summary import WorkloadSummary
+from tpu_tuner.model.buckets.bucket_cost import fit_cost_model
+from tpu_tuner.model.buckets.lengths import LengthHistogram, probe_lengths
+from tpu_tuner.model.workloads.summary import WorkloadSummary
 from tpu_tuner.parallel.from_plan import planned_layouts
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner

@@ -111,7 +111,7 @@ class TuningResult:
     @property
     def workload_sizes(self) -> str:
         """The batch and sequence as the report's header says them: from what the workload declares
-        (model/input_dims.py), else from its recorded sizes and input shapes, never a guessed batch."""
+        (model/workloads/input_dims.py), else from its recorded sizes and input shapes, never a guessed batch."""
         fingerprint = (self.study.user_attrs.get(RECORD_ATTR) or {}).get("fingerprint") or {}
         run = self.options.runner
         return self.profile.workload.sizes(fingerprint.get("inputs"), (run.batch_size, run.seq_len))
@@ -220,7 +220,7 @@ class TuningResult:
         for t in self.study.get_trials(deepcopy=False):
             attrs = records.attrs(t)
             if attrs.get(records.BUCKETS) and attrs.get(records.CANDIDATE) == chosen:
-                from tpu_tuner.model.torchtpu_buckets import torchtpu_instructions
+                from tpu_tuner.model.buckets.torchtpu_buckets import torchtpu_instructions
 
                 return {
                     "buckets": attrs[records.BUCKETS],

@@ -6,7 +6,7 @@ Eager pays none on CPU; TorchTPU's eager modes run ops as XLA programs (its prof
 `tt_jit_*` executables), which may compile per new shape too, and the trial's measured compile
 time (warm-up beyond its steady steps) holds whatever they cost. So when the workload has a
 length sample, every trial's objective is the expected per-step time over the planned run *with
-the bucketing best for that trial*, solved exactly by the DP of model/bucket_choice.py rather
+the bucketing best for that trial*, solved exactly by the DP of model/buckets/bucket_choice.py rather
 than sampled: the trial's own measured compile time is the cost of a shape, and its steady step
 at the reference length, scaled by the step-time-against-length curve measured once at the start
 of the study, is its t(L). The chosen trial's buckets go into the
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_tuner.model.bucket_choice import Evaluation, evaluate, optimal_buckets
-from tpu_tuner.model.bucket_cost import BucketCostModel
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.bucket_choice import Evaluation, evaluate, optimal_buckets
+from tpu_tuner.model.buckets.bucket_cost import BucketCostModel
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpu_tuner.model.bucket_cost import BucketCostModel
-from tpu_tuner.model.lengths import LengthHistogram
+from tpu_tuner.model.buckets.bucket_cost import BucketCostModel
+from tpu_tuner.model.buckets.lengths import LengthHistogram
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tpu_tuner.model.blocks import blocks_of, layer_count, unscanned_blocks
-from tpu_tuner.model.layouts import ModelShape
+from tpu_tuner.model.meshes.layouts import ModelShape
+from tpu_tuner.model.workloads.blocks import blocks_of, layer_count, unscanned_blocks
 
 HEAD_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads")
 KV_HEAD_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_kv_head")

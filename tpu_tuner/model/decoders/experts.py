@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.decoder_shape import DecoderShape
-from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward, gated_activation
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.layer_parts import ACTIVATIONS, FeedForward, gated_activation
 
 
 @torch.library.custom_op("tpu_tune::grouped_matmul", mutates_args=())

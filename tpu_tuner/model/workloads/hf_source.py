@@ -7,7 +7,7 @@ workload options (inference, weights, task=causal-lm|masked-lm|seq2seq|classific
 writes ``--inference`` and ``--weights`` there, so the source string alone rebuilds the same
 workload in every worker process. docs/hf-models.md, "Where the config comes from".
 
-Only the config is read here (transformers' ``AutoConfig``); `model/hf_workload.py` builds the
+Only the config is read here (transformers' ``AutoConfig``); `model/workloads/hf_workload.py` builds the
 model. Every problem is one `UserInputError` naming the source, raised within seconds: a hub id
 that is neither cached nor reachable is refused after a 3 s connection probe instead of
 transformers' own retries.

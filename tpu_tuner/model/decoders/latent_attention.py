@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.decoder_shape import DecoderShape
-from tpu_tuner.model.layer_parts import RMSNorm, rotate
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.layer_parts import RMSNorm, rotate
 
 
 class LatentAttention(nn.Module):

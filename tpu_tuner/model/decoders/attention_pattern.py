@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_tuner.model.workload import AttentionSpan
+from tpu_tuner.model.decoders.transformer_dims import AttentionSpan
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.hf_decoder import max_positions
-from tpu_tuner.model.hf_source import HfSource, load_config, parse
+from tpu_tuner.model.decoders.hf_decoder import max_positions
+from tpu_tuner.model.workloads.hf_source import HfSource, load_config, parse
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from tpu_tuner.model.layouts import Layout
+from tpu_tuner.model.meshes.layouts import Layout
 
 AXES = ("data", "fsdp", "tensor")
 

@@ -27,9 +27,10 @@ from typing import Any
 from torch import nn
 
 from tpu_tuner.core.errors import UserInputError, WorkloadError
-from tpu_tuner.model.batch import resize_batch
-from tpu_tuner.model.model_argument import check_model_file
-from tpu_tuner.model.workload import TransformerDims, Workload
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+from tpu_tuner.model.workloads.batch import resize_batch
+from tpu_tuner.model.workloads.model_argument import check_model_file
+from tpu_tuner.model.workloads.workload import Workload
 
 NATIVE_REQUIRED = ("build_model", "make_batch")
 NATIVE_OPTIONAL_CALLABLES = ("loss", "make_optimizer", "sample_lengths", "model_flops")
@@ -38,13 +39,13 @@ NATIVE_OPTIONAL_CALLABLES = ("loss", "make_optimizer", "sample_lengths", "model_
 def load_workload(path: str | Path) -> Workload:
     """Import `path` and return the workload it defines, or raise `WorkloadError`. A decoder
     shape (a .toml file or an inline ``decoder:d_model=...,layers=...`` spec) needs no code: the
-    generic decoder of tpu_tuner/model/decoder.py is built from it; an ``hf:`` source names a
-    Hugging Face model (model/hf_source.py)."""
-    from tpu_tuner.model.decoder import is_shape_source, shape_module
-    from tpu_tuner.model.hf_source import is_hf_source
+    generic decoder of tpu_tuner/model/decoders/decoder.py is built from it; an ``hf:`` source names a
+    Hugging Face model (model/workloads/hf_source.py)."""
+    from tpu_tuner.model.decoders.decoder import is_shape_source, shape_module
+    from tpu_tuner.model.workloads.hf_source import is_hf_source
 
     if is_hf_source(path):
-        from tpu_tuner.model.hf_workload import hf_module
+        from tpu_tuner.model.workloads.hf_workload import hf_module
 
         module = hf_module(str(path))
         workload = _native_workload(module, Path(str(path)))
@@ -143,7 +144,7 @@ def _benchmark_workload(module: types.ModuleType, path: Path) -> Workload:
 
     def make_batch(batch_size: int | None, seq_len: int | None) -> Any:
         # get_inputs() fixes the shapes. A batch size resizes dimension 0 of the inputs that share
-        # the leading size (model/batch.py); a sequence length has no dimension to apply to.
+        # the leading size (model/workloads/batch.py); a sequence length has no dimension to apply to.
         if seq_len is not None:
             raise UserInputError(SEQ_LEN_REFUSED, path)
         inputs = get_inputs()

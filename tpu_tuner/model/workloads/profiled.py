@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_tuner.model.input_dims import InputDims, recorded_dims
+from tpu_tuner.model.workloads.input_dims import InputDims, recorded_dims
 
 TRAINING_STEP = "training step"
 INFERENCE_STEP = "inference (forward)"
@@ -34,7 +34,7 @@ class ProfiledWorkload(Mapping[str, Any]):
 
     name: str
     source: str
-    convention: str  # "native" or "benchmark" (model/loader.py)
+    convention: str  # "native" or "benchmark" (model/workloads/loader.py)
     training: bool  # a training step (forward, backward, optimizer), not inference
     batch_size: int | None = None  # the batch the step ran (after any resize)
     seq_len: int | None = None
@@ -42,7 +42,7 @@ class ProfiledWorkload(Mapping[str, Any]):
     # What knobs are narrowed by (knobs/traits.py owns their schema), less `training`, which is
     # the flag above; None for a profile written before traits were recorded.
     traits: dict[str, Any] | None = None
-    # Which input sizes are the batch and the sequence, as the file declares them (model/input_dims.py,
+    # Which input sizes are the batch and the sequence, as the file declares them (model/workloads/input_dims.py,
     # read where the file was imported); None where not recorded.
     dims: InputDims | None = None
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_tuner.core.errors import WorkloadError
-from tpu_tuner.model.decoder_shape import is_shape_source, read_shape
-from tpu_tuner.model.hf_source import check_folder, is_hf_source, parse
+from tpu_tuner.model.decoders.decoder_shape import is_shape_source, read_shape
+from tpu_tuner.model.workloads.hf_source import check_folder, is_hf_source, parse
 
 
 def check_model_file(path: Path) -> None:

@@ -1,8 +1,8 @@
 """A generic decoder-only transformer built from a shape: what `tpu-tune plan shape.toml` plans.
 
-The shape (`DecoderShape`, model/decoder_shape.py) comes from a small TOML file, an inline
+The shape (`DecoderShape`, model/decoders/decoder_shape.py) comes from a small TOML file, an inline
 ``decoder:d_model=4096,layers=32,heads=32`` spec, or a Hugging Face config of a family the
-planner maps (model/hf_decoder.py). Llama-style by default (gated SiLU MLP, RMSNorm, rotary
+planner maps (model/decoders/hf_decoder.py). Llama-style by default (gated SiLU MLP, RMSNorm, rotary
 positions, grouped-query attention). The module names are Llama's (``wq``/``wk``/``wv``/``wo``,
 ``w_gate``/``w_up``/``w_down``): the planner places weights by structure, and a user's own file
 (examples/llama.py) stays the example of a model of one's own.
@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.attention import Attention
-from tpu_tuner.model.decoder_shape import INLINE_PREFIX, DecoderShape, is_shape_source, read_shape
-from tpu_tuner.model.experts import MixtureOfExperts
-from tpu_tuner.model.latent_attention import LatentAttention
-from tpu_tuner.model.layer_parts import ACTIVATIONS, FeedForward, RMSNorm
-from tpu_tuner.model.shape_checks import kv_donors
-from tpu_tuner.model.workload import AttentionSpan
+from tpu_tuner.model.decoders.attention import Attention
+from tpu_tuner.model.decoders.decoder_shape import INLINE_PREFIX, DecoderShape, is_shape_source, read_shape
+from tpu_tuner.model.decoders.experts import MixtureOfExperts
+from tpu_tuner.model.decoders.latent_attention import LatentAttention
+from tpu_tuner.model.decoders.layer_parts import ACTIVATIONS, FeedForward, RMSNorm
+from tpu_tuner.model.decoders.shape_checks import kv_donors
+from tpu_tuner.model.decoders.transformer_dims import AttentionSpan
 
 
 def _norm(shape: DecoderShape) -> nn.Module:
@@ -61,7 +61,7 @@ class Block(nn.Module):
         self.attention = LatentAttention(s) if s.kv_lora_rank else Attention(s, layer)
         # A global layer whose heads are wider than the local ones turns them with its own table.
         self.global_rope_table = not s.kv_lora_rank and self.attention.head_dim != s.n_head_dim
-        self.kv_shared = s.is_kv_shared(layer)  # reads a donor's keys and values (model/shape_checks.py)
+        self.kv_shared = s.is_kv_shared(layer)  # reads a donor's keys and values (model/decoders/shape_checks.py)
         self.kv_donor = bool(s.kv_shared_layers) and layer in kv_donors(s)
         self.attention_post_norm = _norm(s) if s.post_norms else None
         self.ffn_norm = _norm(s)
@@ -129,7 +129,7 @@ class Decoder(nn.Module):
     leading run of dense layers, a partial pattern at the end) are `leading` and `trailing`
     (DecoderShape.layer_groups)."""
 
-    scanned_blocks = "layers"  # model/blocks.py: the stack the planner scans, when there are several
+    scanned_blocks = "layers"  # model/workloads/blocks.py: the stack the planner scans, when there are several
     # Buffers registered by _rope_tables for rotary positions (the _global pair only where global
     # layers' head width differs); declared so their type is known.
     rope_cos: torch.Tensor

@@ -1,7 +1,7 @@
 """The workload: what a user's model file provides, with no tuning knobs in it.
 
 A `Workload` knows how to build the model, make a batch of a given size, and (for training) the
-loss and optimizer. It is loaded from a file by `tpu_tuner.model.loader.load_workload`.
+loss and optimizer. It is loaded from a file by `tpu_tuner.model.workloads.loader.load_workload`.
 """
 
 from __future__ import annotations
@@ -14,40 +14,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from tpu_tuner.model.decoders.transformer_dims import TransformerDims
+
 ModelInputs = Any  # a tensor, a tuple/list of positional inputs, or a dict of keyword inputs
 Batch = Any  # inference: ModelInputs; training: (ModelInputs, target)
-
-
-@dataclass(frozen=True)
-class AttentionSpan:
-    """One layer's attention as the model-FLOPs formula reads it: its heads and head width, and its
-    sliding window or chunk (0, 0: the whole causal sequence). The prediction's hardware floor
-    also reads the layer's key/value heads and MLP width where they are given (None: the model's)."""
-
-    heads: int
-    head_dim: int
-    window: int = 0
-    chunk: int = 0
-    kv_heads: int | None = None  # 0: the layer projects no keys or values (Gemma 4's KV-shared layers)
-    mlp: int | None = None  # its MLP's width (Gemma 4 E2B's double-wide MLPs)
-
-
-@dataclass(frozen=True)
-class TransformerDims:
-    """Attention shape of a transformer, for the analytical model-FLOPs formula.
-
-    `causal` says whether attention is masked causally; the FLOPs convention decides whether
-    that halves the attention term (MaxText) or not (PaLM / nanoGPT / torchtitan). `spans`, where
-    layers differ (local windows, chunks, wider global heads), gives every layer's attention;
-    empty: `layers` layers of `heads` x `head_dim` over the whole sequence.
-    """
-
-    layers: int
-    heads: int
-    head_dim: int
-    causal: bool = True
-    spans: tuple[AttentionSpan, ...] = ()
-    value_head_dim: int | None = None  # where value heads are narrower or wider than query/key heads (MLA)
 
 
 @dataclass
@@ -97,7 +67,7 @@ class Workload:
 
     @property
     def step_kind(self) -> str:
-        from tpu_tuner.model.profiled import step_kind
+        from tpu_tuner.model.workloads.profiled import step_kind
 
         return step_kind(self.is_training)
 

@@ -1,12 +1,12 @@
 """A Hugging Face decoder's config as the generic decoder's shape: what `tpu-tune plan hf:...` plans.
 
 Each mapped family is read from its config the way its transformers modeling file builds the
-model, so that the generic decoder (model/decoder.py) has the same parameters: tests build both
+model, so that the generic decoder (model/decoders/decoder.py) has the same parameters: tests build both
 from tiny configs and require equal counts (tests/test_hf_decoder.py), and the planner checks the
 count again for the config at hand (planner/plans/hf_plan.py). The families, what each adds to the
 Llama baseline, and what is left out because it changes neither parameters nor matmul FLOPs:
 docs/planner.md, "Planning a Hugging Face model". Sliding windows and chunks are read by
-model/attention_pattern.py (an irregular pattern is not expressible). A config the decoder cannot
+model/decoders/attention_pattern.py (an irregular pattern is not expressible). A config the decoder cannot
 express raises `NotExpressible`, whose message names what is missing (one line).
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.core.errors import WorkloadError
-from tpu_tuner.model.attention_pattern import read_attention
-from tpu_tuner.model.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.attention_pattern import read_attention
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -72,7 +72,7 @@ def _attention(config: PretrainedConfig) -> dict[str, Any]:
 
 
 def attention_pattern(config: PretrainedConfig) -> dict[str, Any]:
-    """The decoder's shape keys of the config's attention, as model/attention_pattern.py reads it:
+    """The decoder's shape keys of the config's attention, as model/decoders/attention_pattern.py reads it:
     none where every layer is global; every layer local, or every N-th layer global; another
     pattern (windows of different sizes, global layers not every N-th) is not expressible."""
     try:
@@ -255,7 +255,7 @@ def _deepseek_v3(config: PretrainedConfig) -> dict[str, Any]:
 def _gemma4(config: PretrainedConfig) -> dict[str, Any]:
     """Gemma 4's text model (transformers' modeling_gemma4.py): Gemma 3's reading, the global
     layers' own head width (and, with attention_k_eq_v, KV heads and one K=V projection), and the
-    small models' KV-shared layers, per-layer inputs and double-wide MLP (model/shape_checks.py)."""
+    small models' KV-shared layers, per-layer inputs and double-wide MLP (model/decoders/shape_checks.py)."""
     if getattr(config, "enable_moe_block", False):
         raise NotExpressible("Gemma 4's MoE block (a dense MLP beside the experts) is not expressible")
     # transformers refuses a per-layer key (head_dim, num_key_value_heads) read off the whole config

@@ -1,6 +1,6 @@
 """Pieces the generic decoder's attention and feed-forward modules share: the activations, RMSNorm,
-the rotary turn and the dense MLP. They live here, below model/decoder.py, so that the attention and
-expert modules (model/latent_attention.py, model/experts.py) can use them without importing the
+the rotary turn and the dense MLP. They live here, below model/decoders/decoder.py, so that the attention and
+expert modules (model/decoders/latent_attention.py, model/decoders/experts.py) can use them without importing the
 decoder that chooses among them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_tuner.core.errors import UserInputError
-from tpu_tuner.model.input_dims import InputDims, read_dims
+from tpu_tuner.model.workloads.input_dims import InputDims, read_dims
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,12 @@ class WorkloadSummary:
     # they could not be made on the meta device (see input_signature).
     inputs: list[Any] | None = None
     notes: list[str] = field(default_factory=list)
-    # Which input sizes are the batch and the sequence, as the file declares them (model/input_dims.py);
+    # Which input sizes are the batch and the sequence, as the file declares them (model/workloads/input_dims.py);
     # None where they could not be read.
     dims: InputDims | None = None
 
     def length_source(self) -> Any:
-        """What `model.lengths.bucket_histogram` reads: ``source`` and ``sample_lengths()``
+        """What `model.buckets.lengths.bucket_histogram` reads: ``source`` and ``sample_lengths()``
         (answered from the values the worker computed)."""
         import types
 

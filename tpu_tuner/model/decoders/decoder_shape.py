@@ -3,7 +3,7 @@
 A model shape in a small TOML file (or inline: ``decoder:d_model=4096,layers=32,heads=32``), no
 model code: Llama-style (gated SiLU MLP, RMSNorm, rotary positions, grouped-query attention) by
 default, GPT-3-style with ``gated = false``, ``activation = "gelu"``, ``norm = "layer"``,
-``positions = "learned"``, ``tied_embeddings = true``. model/decoder.py builds the model. The
+``positions = "learned"``, ``tied_embeddings = true``. model/decoders/decoder.py builds the model. The
 file's ``[model]`` table holds `DecoderShape`'s fields (each key's meaning and default beside its
 field); an optional ``[run]`` table, the step's default ``batch_size`` and ``seq_len``
 (--global-batch / --seq override them). The keys in prose, and whose models use them:
@@ -21,8 +21,8 @@ from typing import Any
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.core.field_types import wrong_type
 from tpu_tuner.core.key_values import parse_key_values
-from tpu_tuner.model.shape_checks import check_gpt_oss_keys, check_layer_sharing
-from tpu_tuner.model.shape_keys import refuse_incomplete
+from tpu_tuner.model.decoders.shape_checks import check_gpt_oss_keys, check_layer_sharing
+from tpu_tuner.model.decoders.shape_keys import refuse_incomplete
 
 INLINE_PREFIX = "decoder:"
 ACTIVATION_NAMES = ("silu", "gelu", "gelu_tanh", "relu", "clamped_swiglu")  # gelu_tanh: GELU's tanh approximation
@@ -75,8 +75,8 @@ class DecoderShape:
     global_shared_kv: bool = False  # global layers project keys once and use them as values too
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator
     moe_every: int = 1  # with experts: layers i with (i + 1) % moe_every == 0 route to experts
-    # Mixtures of experts as run, and multi-head latent attention (model/experts.py,
-    # model/latent_attention.py; checked by check_experts_and_latent).
+    # Mixtures of experts as run, and multi-head latent attention (model/decoders/experts.py,
+    # model/decoders/latent_attention.py; checked by check_experts_and_latent).
     moe_routing: str = "dropping"  # or "dropless": tokens sorted by expert through grouped matmuls, none dropped
     router: str = "topk_softmax"  # topk_softmax, softmax_topk, sigmoid (DeepSeek-V3), topk_sigmoid (Llama 4)
     norm_topk_prob: bool = False  # softmax_topk / sigmoid: renormalise the chosen weights to sum to 1
@@ -93,7 +93,7 @@ class DecoderShape:
     expert_bias: bool = False  # biases on each routed expert's gate, up and down projections
     swiglu_alpha: float = 1.702  # clamped_swiglu: out = (up + 1) x gate x sigmoid(alpha x gate)
     swiglu_limit: float = 7.0  # clamped_swiglu: gate clipped above at it, up to [-limit, limit]
-    # Gemma 3n / Gemma 4's small models (model/shape_checks.py; checked by check_layer_sharing).
+    # Gemma 3n / Gemma 4's small models (model/decoders/shape_checks.py; checked by check_layer_sharing).
     kv_shared_layers: int = 0  # the last N layers reuse the K/V of the last earlier layer of their kind
     per_layer_input: int = 0  # width of each layer's own input (a second embedding table, a gate)
     per_layer_vocab: int = 0  # the per-layer table's rows (0: vocab)
@@ -149,7 +149,7 @@ class DecoderShape:
         DeepSeek-V3's 3 dense layers lead 58 like ones, Gemma 3's 5 local : 1 global repeats with
         period 6, a uniform model is (0, 1, layers). The planner scans the repeats (MaxText's
         scannable blocks of a layer pattern) and unrolls the rest. With `first`, of layers `first`
-        on (`leading` counted from it): the KV-shared layers, scanned apart (model/decoder.py)."""
+        on (`leading` counted from it): the KV-shared layers, scanned apart (model/decoders/decoder.py)."""
         kinds = [self.layer_kind(i) for i in range(first, self.layers)]
         best: tuple[int, int, int, int] | None = None  # (blocks to compile, leading, period, groups)
         for leading in range(len(kinds)):

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_tuner.model.decoder_shape import DecoderShape
-from tpu_tuner.model.layer_parts import RMSNorm, rotate
+from tpu_tuner.model.decoders.decoder_shape import DecoderShape
+from tpu_tuner.model.decoders.layer_parts import RMSNorm, rotate
 
 
 def attention_mask(seq: int, window: int, chunk: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -150,7 +150,7 @@ class Attention(nn.Module):
 
     `window` and `chunk` are read by the planner's mask and the FLOPs count; `rope` is whether
     this layer turns its queries and keys (Llama 4's global layers do not). A KV-shared layer
-    (Gemma 4: model/shape_checks.py) has no key or value projection: its forward takes another
+    (Gemma 4: model/decoders/shape_checks.py) has no key or value projection: its forward takes another
     layer's keys and values, as that layer's `key_values` gave them."""
 
     def __init__(self, s: DecoderShape, layer: int = 0) -> None:

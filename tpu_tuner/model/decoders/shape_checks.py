@@ -1,6 +1,6 @@
 """Checks of the decoder shape's family-specific keys, and what Gemma 3n / Gemma 4's small models add.
 
-Kept apart from model/decoder_shape.py (which calls them from `DecoderShape.check`) so that module
+Kept apart from model/decoders/decoder_shape.py (which calls them from `DecoderShape.check`) so that module
 stays one screenful of keys. The shape arrives as an argument: this module imports nothing of it.
 
 Gemma 3n and Gemma 4's small models (E2B, E4B), all off by default, as transformers builds them
@@ -13,7 +13,7 @@ https://github.com/AI-Hypercomputer/maxtext/blob/1fecb0f17dab37d237f946052a07a8f
   (no key/value projections, no key norm); each attends with the keys and values of the last
   earlier layer of its own kind (local or global), its "donor", as computed there (normed and
   turned). The decoder runs the shared layers as the stack the planner scans, with the donors'
-  keys and values as inputs to every step, and the layers before them unrolled (model/decoder.py).
+  keys and values as inputs to every step, and the layers before them unrolled (model/decoders/decoder.py).
 - ``per_layer_input`` (``hidden_size_per_layer_input``) and ``per_layer_vocab``
   (``vocab_size_per_layer_input``; 0: vocab): a second embedding table of ``layers x
   per_layer_input`` columns and a projection of the embeddings to as many, normed per layer,

@@ -1,6 +1,6 @@
 """The decoder shape's required keys, what each means, and the refusal of a shape missing some.
 
-Kept apart from model/decoder_shape.py (which calls `refuse_incomplete` from `read_shape`) so that
+Kept apart from model/decoders/decoder_shape.py (which calls `refuse_incomplete` from `read_shape`) so that
 module stays under the size limit. A shape missing keys is refused naming each one with its
 meaning, and with the first rule the keys given already break (checked with stand-ins for the
 missing sizes): ``decoder:d_model=100,layers=2,heads=3`` says that vocab and mlp are missing
