@@ -81,7 +81,7 @@ def sampled(pieces: list[torch.Tensor], limit: int | None = None) -> torch.Tenso
     limit = SAMPLE if limit is None else limit
     total = sum(piece.numel() for piece in pieces)
     if total <= limit:
-        return torch.cat([piece.float().cpu() for piece in pieces]) if pieces else torch.zeros(0)
+        return torch.cat([piece.float() for piece in pieces]).cpu() if pieces else torch.zeros(0)  # one read back
     chosen = []
     for place, piece in enumerate(pieces):
         if not piece.numel():
