@@ -15,6 +15,7 @@ from tpu_tuner.execution.memory_estimate import estimate_step_memory
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.estimate import estimate_step
 from tpu_tuner.model.workloads.loader import load_workload
+from tpu_tuner.profiling.memory_fit import FITTED_NOTE
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.tuning.search.search_space import SearchSpace
 
@@ -38,7 +39,7 @@ def test_a_tuning_runs_profile_fits_the_step_with_checkpointed_blocks(device_jus
     profile = tpu_tuner.profile(GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True)
     assert profile.fitted_to_memory == CHECKPOINTED
     assert profile.candidate["activation_checkpointing"] == "blocks"
-    assert any(w.startswith("the step as given needs") and "checkpointed blocks" in w for w in profile.warnings)
+    assert any(w.startswith(FITTED_NOTE) and "checkpointed blocks" in w for w in profile.warnings)
     # The fp32 reference keeps its arithmetic (eager, highest) and takes the memory knob.
     reference = profile.fp32_reference()
     assert reference is not None and reference["activation_checkpointing"] == "blocks"
@@ -95,3 +96,16 @@ def test_the_workers_reference_is_the_fitted_one(fast_settings, tmp_path) -> Non
     assert state.reference_candidate == reference
     assert (tmp_path / key_of(reference.to_dict(), None, None)).exists()
     assert measured.accuracy_errors["gradients"] < 1e-2  # checkpointing changed nothing it computes
+
+
+def test_the_report_says_the_step_as_written_does_not_fit(tmp_path) -> None:
+    from helpers.common import window_result
+
+    from tpu_tuner.outputs.tuning_report import render_report
+
+    result = window_result(tmp_path)
+    assert "does not fit the device" not in render_report(result, {})
+    note = f"{FITTED_NOTE} ~50.8 GiB (meta device), 16 GiB available: the baseline is eager, checkpointed blocks"
+    result.profile.fitted_to_memory, result.profile.warnings = dict(CHECKPOINTED), [note]
+    said = render_report(result, {})
+    assert f"**The step as written does not fit the device**: {note}." in said

@@ -72,13 +72,12 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
     return Outputs(parts)
 
 
-def sampled(pieces: list[torch.Tensor], limit: int | None = None) -> torch.Tensor:
+def sampled(pieces: list[torch.Tensor], limit: int = SAMPLE) -> torch.Tensor:
     """Flat `pieces` as one float32 CPU tensor: every element where they hold at most `limit`
-    (default `SAMPLE`), else `limit` of them drawn uniformly, each piece in proportion to its size.
+    (`SAMPLE` by default), else `limit` of them drawn uniformly, each piece in proportion to its size.
     The draw depends only on each piece's place and size (a seeded CPU generator per piece), so
     the reference, the baseline and every trial compare the same elements; it is gathered on the
     piece's device, and only the sample is read back."""
-    limit = SAMPLE if limit is None else limit
     total = sum(piece.numel() for piece in pieces)
     if total <= limit:
         return torch.cat([piece.float() for piece in pieces]).cpu() if pieces else torch.zeros(0)  # one read back

@@ -329,9 +329,11 @@ def _describe(m: Measurement) -> str:
 def _fitted_lines(fitted: dict[str, str], warnings: list[str]) -> list[str]:
     """Where the step as given did not fit the device: what the run's baseline is instead
     (profiling/memory_fit.py wrote the profile's note)."""
+    from tpu_tuner.profiling.memory_fit import FITTED_NOTE
+
     if not fitted:
         return []
-    note = next((w for w in warnings if w.startswith("the step as given needs")), "the step as given does not fit")
+    note = next((w for w in warnings if w.startswith(FITTED_NOTE)), "the step as given does not fit")
     return [f"**The step as written does not fit the device**: {note}. Speedups here are over that baseline.", ""]
 
 

@@ -36,6 +36,8 @@ LADDER: tuple[dict[str, str], ...] = (
 # A fitted setting's fake-tensor estimate must leave this share of the device free: measured
 # estimates were off their peaks by up to a fifth on the chip (docs/knobs.md, memory estimates).
 HEADROOM = 0.9
+# How the profile's warning of a fitted step begins: report.md quotes that warning.
+FITTED_NOTE = "the step as given needs"
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def fit_to_memory(
         log.info("fitting to memory: %s estimated at %s", trial.describe(), fake.step_bytes or fake.reason)
         if fake.step_bytes is not None and fake.step_bytes <= HEADROOM * available_bytes:
             note = (
-                f"the step as given needs ~{binary_bytes(estimate.memory_bytes)} (meta device), "
+                f"{FITTED_NOTE} ~{binary_bytes(estimate.memory_bytes)} (meta device), "
                 f"{binary_bytes(available_bytes)} available: the baseline is {trial.describe()}, "
                 f"estimated at {binary_bytes(fake.step_bytes)} on fake tensors, the first of the "
                 "memory agent's settings that fits"
