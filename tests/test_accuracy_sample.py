@@ -19,13 +19,15 @@ def test_parts_within_the_limit_are_compared_whole() -> None:
     assert torch.equal(sampled(pieces, limit=100), torch.cat(pieces))
 
 
-def test_the_sample_is_the_same_elements_in_every_process_and_spread_by_size() -> None:
+def test_the_sample_is_the_same_elements_in_every_process_and_shared_out() -> None:
+    from tpu_tuner.execution.accuracy import sample_counts
+
     first, second = _gradients(0), _gradients(0)
     a, b = sampled(first, limit=4096), sampled(second, limit=4096)
-    assert torch.equal(a, b) and abs(a.numel() - 4096) <= len(first)
-    # A piece's share of the sample follows its size: the 7-element piece still gets one.
+    assert torch.equal(a, b) and a.numel() <= 4096
+    # The 7-element piece whole, the others an equal share of the rest.
     other = sampled([first[0], first[1] * 0, first[2], first[3]], limit=4096)
-    assert (other == 0).sum().item() == round(4096 * 50_000 / sum(p.numel() for p in first))
+    assert (other == 0).sum().item() == sample_counts([3000, 50_000, 7, 120_000], 4096)[1] == 1363
 
 
 def test_the_samples_relative_error_stands_for_the_wholes() -> None:
@@ -44,3 +46,21 @@ def test_a_bf16_piece_is_read_back_as_float32() -> None:
     pieces = [torch.randn(50_000).bfloat16()]
     assert sampled(pieces, limit=1000).dtype == torch.float32
     assert sampled(pieces, limit=10**6).dtype == torch.float32
+
+
+def test_a_small_piece_carrying_the_difference_is_seen_as_in_the_whole() -> None:
+    # A norm's weight: 64 elements whose gradients are large (summed over every token) and whose
+    # error is most of the step's; a share by size gave it no more than one element of the sample.
+    generator = torch.Generator().manual_seed(3)
+    reference = [torch.randn(200_000, generator=generator), 50 * torch.randn(64, generator=generator)]
+    trial = [reference[0] * 1.001, reference[1] * 1.3]
+    whole = relative_error(Outputs({"g": torch.cat(trial)}), Outputs({"g": torch.cat(reference)}))["g"]
+    part = relative_error(Outputs({"g": sampled(trial, 4096)}), Outputs({"g": sampled(reference, 4096)}))["g"]
+    assert abs(part - whole) < 0.05 * whole, (part, whole)
+
+
+def test_the_sample_is_shared_out_smallest_pieces_whole() -> None:
+    from tpu_tuner.execution.accuracy import sample_counts
+
+    assert sample_counts([10, 1000, 0, 5000], 1000) == [10, 495, 0, 495]
+    assert sum(sample_counts([7, 50_000, 3000, 120_000], 4096)) <= 4096

@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 REFERENCE = Candidate()  # eager, fp32 "highest", no autocast
 # Elements a float64 copy is made of at a time: a whole model's gradients are never copied at once.
 CHUNK = 1 << 22
-# Elements compared per part at most. A uniform sample of 2^20 estimates the relative L2 error of
-# the whole to within a few percent of itself unless a handful of elements carry the difference
-# (docs/tuning.md, "Accuracy against the baseline"); it is 4 MiB read back, not the whole model.
+# Elements compared per part at most. A stratified sample of 2^20 (`sampled`) estimates the
+# relative L2 error of the whole to within a few percent of itself unless a handful of elements
+# of a large piece carry the difference (docs/tuning.md, "On a sample"); 4 MiB read back.
 SAMPLE = 1 << 20
 
 
@@ -74,22 +74,39 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
 
 def sampled(pieces: list[torch.Tensor], limit: int = SAMPLE) -> torch.Tensor:
     """Flat `pieces` as one float32 CPU tensor: every element where they hold at most `limit`
-    (`SAMPLE` by default), else `limit` of them drawn uniformly, each piece in proportion to its size.
-    The draw depends only on each piece's place and size (a seeded CPU generator per piece), so
-    the reference, the baseline and every trial compare the same elements; it is gathered on the
-    piece's device, and only the sample is read back."""
+    (`SAMPLE` by default), else a stratified sample of `limit`: the smallest pieces whole, and an
+    equal share of what is left drawn uniformly from each larger one, scaled by sqrt(size / drawn)
+    so that the sample's squared norms estimate the whole's (docs/tuning.md, "On a sample").
+    Small pieces (a norm's weight) can carry most of a difference; a share by size gave one a
+    handful of elements. The draw depends only on each piece's place and size (a seeded CPU
+    generator per piece), so the reference, the baseline and every trial compare the same
+    elements; it is gathered on the piece's device, and only the sample is read back."""
     total = sum(piece.numel() for piece in pieces)
     if total <= limit:
         return torch.cat([piece.float() for piece in pieces]).cpu() if pieces else torch.zeros(0)  # one read back
+    counts = sample_counts([piece.numel() for piece in pieces], limit)
     chosen = []
-    for place, piece in enumerate(pieces):
-        if not piece.numel():
+    for place, (piece, count) in enumerate(zip(pieces, counts, strict=True)):
+        if count == piece.numel():
+            chosen.append(piece.float())
             continue
-        count = max(1, round(limit * piece.numel() / total))
         generator = torch.Generator().manual_seed(place)
         index = torch.randint(piece.numel(), (count,), generator=generator)
-        chosen.append(piece[index.to(piece.device)].float())
+        chosen.append(piece[index.to(piece.device)].float() * math.sqrt(piece.numel() / count))
     return torch.cat(chosen).cpu()
+
+
+def sample_counts(sizes: list[int], limit: int) -> list[int]:
+    """How many elements of each piece the sample takes: `limit` shared out equally, smallest
+    pieces first, each taking the whole of itself where that is less than its share."""
+    counts = [0] * len(sizes)
+    left, remaining = limit, sum(1 for size in sizes if size)
+    for place in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        if not sizes[place]:
+            continue
+        counts[place] = min(sizes[place], max(1, left // remaining))
+        left, remaining = left - counts[place], remaining - 1
+    return counts
 
 
 def relative_error(trial: Outputs, reference: Outputs) -> dict[str, float]:

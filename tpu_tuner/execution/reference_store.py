@@ -25,8 +25,8 @@ from tpu_tuner.execution.accuracy import SAMPLE, Outputs
 
 def key_of(candidate: dict[str, Any], batch_size: int | None, seq_len: int | None) -> str:
     """The file name of a candidate's outputs at a batch size and length (and the sample size the
-    outputs were drawn at: a file of another version's whole gradients is never compared)."""
-    text = json.dumps([candidate, batch_size, seq_len, {"sample": SAMPLE}], sort_keys=True)
+    outputs were drawn at, and how: a file of another version's sample is never compared)."""
+    text = json.dumps([candidate, batch_size, seq_len, {"sample": SAMPLE, "drawn": "stratified"}], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24] + ".pt"
 
 
