@@ -177,6 +177,45 @@ def test_bf16_parameters_serve_an_inference_step_without_an_optimizer() -> None:
     assert set(errors) == {"output"} and 0 < errors["output"] < 0.1
 
 
+class Rotary(nn.Module):
+    """Positions turned by frequencies derived from the config (a non-persistent buffer, as a
+    Llama's RoPE `inv_freq`), and a running statistic (a persistent buffer, as a norm's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64), persistent=False)
+        self.register_buffer("running", torch.ones(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        angles = torch.arange(x.shape[-2], dtype=torch.float32, device=x.device)[:, None] * self.inv_freq.float()
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        h = self.proj(x)
+        even, odd = h[..., ::2], h[..., 1::2]
+        return torch.cat([even * cos - odd * sin, even * sin + odd * cos], -1) * self.running
+
+
+def test_bf16_parameters_keep_the_models_derived_constants_in_their_dtype() -> None:
+    """The chip's `hf:llama` run: `model.to(bf16)` rounded RoPE's frequencies, turning positions
+    up to 2048 into other angles, and bf16 parameters failed the guardrail at 0.30 against fp32.
+    Parameters and persistent buffers follow the knob; non-persistent ones keep their dtype."""
+    from tpu_tuner.knobs.param_dtype import cast_parameters
+
+    torch.manual_seed(0)
+    model, x = Rotary(), torch.randn(1, 2048, 64)
+    reference = model(x)
+    cast = cast_parameters(Rotary().requires_grad_(False), torch.bfloat16)
+    cast.load_state_dict(model.state_dict())
+    assert cast.proj.weight.dtype == cast.running.dtype == torch.bfloat16 and cast.inv_freq.dtype == torch.float32
+    assert "inv_freq" in dict(cast.named_buffers())  # still a buffer, so `.to(device)` moves it
+    error = ((cast(x) - reference).norm() / reference.norm()).item()
+    rounded = Rotary()
+    rounded.load_state_dict(model.state_dict())
+    rounded.to(torch.bfloat16)  # every buffer cast, as before
+    rounded_error = ((rounded(x.bfloat16()).float() - reference).norm() / reference.norm()).item()
+    assert error < 0.02 < 0.1 < rounded_error, (error, rounded_error)  # 0.004 and 0.139 here
+
+
 def test_param_dtype_applies_to_every_step_and_refuses_bad_values() -> None:
     knob = knobs.get("param_dtype")
     assert not isinstance(knob, NarrowedByWorkload)  # training and inference alike

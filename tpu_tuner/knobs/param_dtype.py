@@ -1,8 +1,13 @@
 """The `param_dtype` knob: pure bfloat16 steps, parameters (and a training step's optimizer states) in bfloat16.
 
 Not autocast (which keeps fp32 weights and casts per op): the model's floating-point parameters
-and buffers become bfloat16 (``model.to(torch.bfloat16)``) in the `model` hook, which
-`execution/step.py` runs before the optimizer is built, so the optimizer's states are bfloat16 too.
+and persistent buffers (state such as a norm's running statistics) become bfloat16 in the `model`
+hook, which `execution/step.py` runs before the optimizer is built, so the optimizer's states are
+bfloat16 too. Non-persistent buffers, the constants a model derives from its config (rotary
+frequencies, sine tables), keep their dtype, as torchtitan's bf16 parameters do: a Llama-class
+`hf:` model's RoPE `inv_freq` rounded to bf16 turned positions up to 2048 into other angles, and
+its first-step gradients moved 0.298 from fp32 (0.0127 with the frequencies kept, one layer;
+docs/knobs.md).
 Floating-point inputs are cast to bfloat16 on the way in (a forward pre-hook: the user's batch
 stays as it is) and outputs back to float32 on the way out, so the loss and the accuracy
 guardrail see the dtype the user's code expects. In the default space on TPU, where a v5e chip's
@@ -75,16 +80,21 @@ class ParamDtypeKnob(Knob, SetsComputeDtype):
 
 
 def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`model` with its floating-point parameters and buffers in `dtype` (in place), taking
-    floating-point inputs in `dtype` and giving floating-point outputs in float32."""
+    """`model` with its floating-point parameters and persistent buffers in `dtype` (in place),
+    its non-persistent floating-point buffers as they were, taking floating-point inputs in
+    `dtype` and giving floating-point outputs in float32."""
     import torch
 
+    constants = derived_constants(model)
     try:
         model.to(dtype)  # in place: the Parameter objects stay, so an optimizer built earlier still holds them
     except RuntimeError:
         # Fake tensors (the memory estimate, execution/memory_estimate.py) refuse `_apply`'s swap
         # ("Couldn't swap Embedding.weight"); their `.data` takes the cast in place all the same.
         _cast_tensors_in_place(model, dtype)
+    for name, buffer in constants.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, buffer)  # still a buffer: the name is in its table
     if getattr(model, _MARK, None) is None:
         model.register_forward_pre_hook(
             lambda _module, args, kwargs: (_cast(args, dtype), _cast(kwargs, dtype)), with_kwargs=True
@@ -92,6 +102,13 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
         model.register_forward_hook(lambda _module, _args, output: _cast(output, torch.float32))
     setattr(model, _MARK, dtype)
     return model
+
+
+def derived_constants(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s non-persistent floating-point buffers by qualified name: those its state dict
+    leaves out (`register_buffer(..., persistent=False)`), constants derived from the config."""
+    persistent = model.state_dict(keep_vars=True).keys()  # references, no copies
+    return {name: b for name, b in model.named_buffers() if b.is_floating_point() and name not in persistent}
 
 
 def _cast_tensors_in_place(model: nn.Module, dtype: torch.dtype) -> None:
