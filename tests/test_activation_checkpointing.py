@@ -190,10 +190,12 @@ def test_the_limit_is_the_users_or_the_device_memory_and_none_on_cpu_without_one
     assert memory_limit(4 * GiB, "cuda", 80 * GiB) == MemoryLimit(4 * GiB, "--trial-memory-gb")
 
 
-def _profile(peak_bytes: int, training: bool = True) -> SimpleNamespace:
+def _profile(peak_bytes: int, training: bool = True, fitted: dict[str, str] | None = None) -> SimpleNamespace:
     step = "training step" if training else "inference (forward)"
     return SimpleNamespace(
-        workload=_profiled_workload(step), memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM")
+        workload=_profiled_workload(step),
+        memory=SimpleNamespace(peak_bytes=peak_bytes, method="VmHWM"),
+        fitted_to_memory=fitted or {},
     )
 
 
@@ -219,6 +221,24 @@ def test_memory_agent_seeds_checkpointing_only_near_the_limit() -> None:
     no_limit = _memory_agent(None)
     assert no_limit.seeds(_profile(20 * GiB), space) == []
     assert "no memory limit on this device" in no_limit.diagnose(_profile(1 * GiB))[0]
+
+
+def test_a_fitted_step_seeds_its_recompute_traded_for_micro_batches() -> None:
+    """On the chip the 335M decoder, fitted to memory with checkpointed blocks, reached 28.9% MFU
+    with bf16 parameters and checkpointing kept: the memory agent seeds half the recompute, then
+    no checkpointing with 4 or 2 micro-batches (no forward recomputed), and says so."""
+    fitted = _profile(int(3.9 * GiB), fitted={"activation_checkpointing": "blocks"})
+    space = SearchSpace.load("default", "tpu").starting_from(fitted.fitted_to_memory)
+    agent = _memory_agent(MemoryLimit(4 * GiB, "the device's memory"))
+    assert agent.seeds(fitted, space) == [
+        {"activation_checkpointing": "every_2nd"},
+        {"activation_checkpointing": "none", "micro_batches": "4"},
+        {"activation_checkpointing": "none", "micro_batches": "2"},
+    ]
+    assert "fitted to memory with checkpointing" in agent.diagnose(fitted, space)[1]
+    # Fitted with micro-batches alone (no recompute to trade), the rule near the limit stands.
+    split = _profile(int(3.9 * GiB), fitted={"micro_batches": "2"})
+    assert agent.seeds(split, space)[0] == {"activation_checkpointing": "blocks"}
 
 
 def test_memory_agent_skips_checkpointing_for_inference() -> None:

@@ -180,6 +180,7 @@ def _profile(step: str, memory_share: float = 0.1, **shares: float) -> SimpleNam
     return SimpleNamespace(
         workload=_profiled_workload(step),
         memory=SimpleNamespace(peak_bytes=int(memory_share * 2**30), method="test"),
+        fitted_to_memory={},
         device=SimpleNamespace(memory_bytes=2**30),
         operators=[OperatorTime(name, 1.0, share * 10, share) for name, share in shares.items()],
     )
