@@ -102,6 +102,8 @@ def _trial_costs(run_dir: Path) -> dict[str, Any]:
             None if costs.beyond_median_s is None else round(costs.beyond_median_s, 1)
         ),
         "worker_starts": json.loads(result.read_text()).get("worker_starts") if result.exists() else None,
+        # Of the beyond: the parts the worker told apart (memory estimate, build, accuracy check).
+        "phase_medians_s": {key: round(value, 1) for key, value in costs.phase_medians_s.items()},
     }
 
 

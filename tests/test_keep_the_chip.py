@@ -23,6 +23,7 @@ from tpu_tuner.outputs.trial_costs import cost_line, trial_costs
 from tpu_tuner.runner import trial_runner
 from tpu_tuner.runner.trial_runner import JobResult, TrialRunner
 from tpu_tuner.runner.worker_process import Replied, WorkerProcess
+from tpu_tuner.studies.records import BUILD_S, ESTIMATE_S, JUDGE_S
 from tpu_tuner.studies.trial_costs import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S, cost_keys
 from tpu_tuner.tuning.search import seeding
 from tpu_tuner.tuning.search.search_space import SearchSpace
@@ -195,7 +196,15 @@ def _measurement(**fields: Any) -> Measurement:
 
 def test_a_trials_wall_time_splits_into_start_compile_steps_and_the_rest() -> None:
     assert cost_keys(_measurement(), wall_s=10.0, start_s=3.0) == pytest.approx(
-        {WORKER_START_S: 3.0, STEPS_S: 3.0, OVERHEAD_S: 2.0, REFERENCE_S: 0.0}
+        {
+            WORKER_START_S: 3.0,
+            STEPS_S: 3.0,
+            OVERHEAD_S: 2.0,
+            REFERENCE_S: 0.0,
+            ESTIMATE_S: 0.0,
+            BUILD_S: 0.0,
+            JUDGE_S: 0.0,
+        }
     )
     # The reference's and the baseline's outputs this job computed: a part of the overhead.
     first = cost_keys(replace(_measurement(), reference_seconds=1.5), wall_s=10.0, start_s=3.0)
@@ -233,3 +242,11 @@ def test_the_reports_line_counts_measured_settings_per_minute_and_the_median_bey
         "outputs (worker starts: 3)."
     )
     assert "n/a" in cost_line(pd.DataFrame({"trial_wall_s": [1.0]}), 1)  # an older run's table
+    # Issue 68: the overhead's parts a worker told apart, as medians over the trials that have them.
+    phased = frame.assign(
+        **{ESTIMATE_S: [4.0, 2.0, None, None], BUILD_S: [3.0, 5.0, None, None], JUDGE_S: [0.1, 0.3, None, None]}
+    )
+    assert trial_costs(phased).phase_medians_s == pytest.approx({ESTIMATE_S: 3.0, BUILD_S: 4.0, JUDGE_S: 0.2})
+    assert cost_line(phased, 3).endswith(
+        "outputs; of it, medians: memory estimate 3.0 s, build 4.0 s, accuracy check 0.2 s (worker starts: 3)."
+    )

@@ -39,6 +39,9 @@ SINCE = (
     records.STEPS_S,
     records.OVERHEAD_S,
     records.REFERENCE_S,
+    records.ESTIMATE_S,
+    records.BUILD_S,
+    records.JUDGE_S,
     records.START_ENV,
 )
 

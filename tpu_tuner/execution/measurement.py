@@ -113,6 +113,11 @@ class Measurement(AccuracyFigures):
     # Seconds this job spent computing the fp32 reference's and the baseline's outputs (0 where the
     # worker had them from an earlier job): a trial's cost that a process comparing settings skips.
     reference_seconds: float = 0.0
+    # Seconds of this job's other phases beyond its compile and steps: the memory estimate before
+    # the step, building it (model, optimizer, batch), and judging its outputs (0 in older ones).
+    estimate_seconds: float = 0.0
+    build_seconds: float = 0.0
+    judge_seconds: float = 0.0
     # Steps run back to back for each sample, the block ended by a host read of the last step's
     # result (execution/timer.py); 1 in older measurements (each step synced alone).
     steps_per_sample: int = 1

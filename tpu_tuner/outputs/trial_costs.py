@@ -9,11 +9,14 @@ whether a run's time went into measuring or around it (issue 56).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_tuner.studies import records
-from tpu_tuner.studies.trial_costs import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
+from tpu_tuner.studies.trial_costs import BUILD_S, ESTIMATE_S, JUDGE_S, OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
+
+# The overhead's parts a worker tells apart, as report.md names them.
+PHASE_WORDS = {ESTIMATE_S: "memory estimate", BUILD_S: "build", JUDGE_S: "accuracy check"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class TrialCosts:
     trial_minutes: float
     beyond_median_s: float | None
     reference_s: float = 0.0  # in all, the fp32 reference's and the baseline's outputs (once a worker)
+    phase_medians_s: dict[str, float] = field(default_factory=dict)  # `PHASE_WORDS`' keys, where recorded
 
     @property
     def per_minute(self) -> float | None:
@@ -50,6 +54,11 @@ def trial_costs(frame: Any) -> TrialCosts:
         trial_minutes=sum(w for w in walls if w is not None) / 60,
         beyond_median_s=statistics.median(beyond) if beyond else None,
         reference_s=sum(r for r in _numbers(frame, REFERENCE_S) if r is not None),
+        phase_medians_s={
+            key: statistics.median(values)
+            for key in PHASE_WORDS
+            if (values := [v for v in _numbers(frame, key) if v is not None])
+        },
     )
 
 
@@ -61,6 +70,10 @@ def cost_line(frame: Any, worker_starts: int) -> str:
     beyond = "n/a" if costs.beyond_median_s is None else f"median {costs.beyond_median_s:.1f} s"
     if costs.reference_s > 0:
         beyond += f", {costs.reference_s:.1f} s of it in all computing the fp32 reference's and the baseline's outputs"
+    if costs.phase_medians_s:
+        beyond += "; of it, medians: " + ", ".join(
+            f"{PHASE_WORDS[key]} {seconds:.1f} s" for key, seconds in costs.phase_medians_s.items()
+        )
     return (
         f"- Settings measured per minute: {rate} ({costs.measured} in {costs.trial_minutes:.1f} min of trials); "
         f"per-trial cost beyond compile and timed steps: {beyond} (worker starts: {worker_starts})."

@@ -149,6 +149,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     deadline = rule.compile_limit_s() if rule is not None and candidate.compiles() and backend.ranks == 1 else None
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
     # Before anything is built: a step that cannot fit is refused here (WouldNotFit), unmeasured.
+    estimate_started = time.perf_counter()
     estimate = estimate_or_refuse(
         workload,
         backend,
@@ -159,8 +160,11 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         request.memory_limit_source,
         state.memory_estimates,
     )
+    estimate_seconds = time.perf_counter() - estimate_started
     with candidate.process(backend):
+        build_started = time.perf_counter()
         step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+        build_seconds = time.perf_counter() - build_started
         events_before = backend.compile_events()
         start = time.perf_counter()
         try:
@@ -182,7 +186,9 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
                 spent / rule.planned_steps,
             )
         first_call = time.perf_counter() - start
+        judge_started = time.perf_counter()
         errors = judge(outputs, reference, base, candidate == baseline) if reference is not None else AccuracyErrors()
+        judge_seconds = time.perf_counter() - judge_started
         del outputs  # the gathered whole gradients: not part of the step's memory
         clock = StepClock.of(step, backend)
         warmup = warm_up(clock, settings.warmup_min_steps, settings.warmup_max_steps)
@@ -267,6 +273,9 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
         estimated_peak_bytes=estimate.peak_bytes,
         estimate_note=estimate.reason,
         reference_seconds=reference_seconds,
+        estimate_seconds=estimate_seconds,
+        build_seconds=build_seconds,
+        judge_seconds=judge_seconds,
         steps_per_sample=clock.block,
     )
 

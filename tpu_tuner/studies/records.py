@@ -80,6 +80,11 @@ WORKER_START_S = "worker_start_s"
 STEPS_S = "steps_s"
 OVERHEAD_S = "overhead_s"
 REFERENCE_S = "reference_s"  # of the overhead: the fp32 reference's and the baseline's outputs
+# Of the overhead too, each measured in the trial's worker: the step's memory estimate on fake
+# tensors, building the model, optimizer and batch, and the accuracy check's comparison.
+ESTIMATE_S = "estimate_s"
+BUILD_S = "build_s"
+JUDGE_S = "judge_s"
 # The start-up variables the trial's worker was started with ("NAME=value" strings, sorted; none:
 # any worker runs it): settings with different ones are compared in processes of their own.
 START_ENV = "start_env"

@@ -4,9 +4,11 @@ Beside `records.COMPILE_S`, a measured trial's `records.TRIAL_WALL_S` splits int
 start-up (as the parent saw it: process start to the worker's READY, 0 on a warm worker), its
 steps at their steady speed (warm-up beyond the compile, and the timed steps) and the rest, the
 overhead (the reference and the accuracy check, the memory estimate, the model's build, re-timing,
-the pipe), of which the reference's and the baseline's outputs are told apart (`REFERENCE_S`: a
-process comparing settings does not compute them). Issue 56: on a TPU v5e chip a worker's start
-was about 15-20 s, and a Llama-class trial in a fresh worker had 78 s of overhead.
+the pipe), of which the worker tells apart the reference's and the baseline's outputs
+(`REFERENCE_S`: a process comparing settings does not compute them), the memory estimate, the
+build and the accuracy comparison (`PHASE_KEYS`). Issue 56: on a TPU v5e chip a worker's start
+was about 15-20 s, and a Llama-class trial in a fresh worker had 78 s of overhead; issue 68: a
+warm worker's Llama-class trial still had 14 s beyond its compile and steps, not told apart.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
-from tpu_tuner.studies.records import OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
+from tpu_tuner.studies.records import BUILD_S, ESTIMATE_S, JUDGE_S, OVERHEAD_S, REFERENCE_S, STEPS_S, WORKER_START_S
 
+# Parts of the overhead a measurement tells apart (studies/records.py).
+PHASE_KEYS = (REFERENCE_S, ESTIMATE_S, BUILD_S, JUDGE_S)
 # trials.csv's columns, in order.
-COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S, REFERENCE_S)
+COST_KEYS = (WORKER_START_S, STEPS_S, OVERHEAD_S, *PHASE_KEYS)
 
 
 def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, float | None]:
@@ -27,7 +31,12 @@ def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, flo
     reference: dict[str, float | None] = {}
     if isinstance(value, Measurement):
         compile_s = value.compile_seconds
-        reference = {REFERENCE_S: value.reference_seconds}
+        reference = {
+            REFERENCE_S: value.reference_seconds,
+            ESTIMATE_S: value.estimate_seconds,
+            BUILD_S: value.build_seconds,
+            JUDGE_S: value.judge_seconds,
+        }
         # The first call and warm-up beyond the compile ran at the steady speed, as the timed steps
         # (each sample a block of `steps_per_sample` steps: execution/timer.py).
         timed = sum(value.samples) * value.steps_per_sample
@@ -46,4 +55,4 @@ def cost_keys(value: Any, wall_s: float, start_s: float | None) -> dict[str, flo
     }
 
 
-__all__ = ["COST_KEYS", "OVERHEAD_S", "REFERENCE_S", "STEPS_S", "WORKER_START_S", "cost_keys"]
+__all__ = ["COST_KEYS", "OVERHEAD_S", "PHASE_KEYS", "REFERENCE_S", "STEPS_S", "WORKER_START_S", "cost_keys"]
