@@ -12,6 +12,7 @@ from torch import nn
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.weight_cache import WeightCache
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.workloads.batch import batch_size_of, batch_slice
 from tpu_tuner.model.workloads.workload import Workload, call_model, loss_of, move_to
@@ -45,11 +46,13 @@ def prepare_step(
     batch_size: int | None = None,
     seq_len: int | None = None,
     seed: int = 0,
+    weights: WeightCache | None = None,
 ) -> PreparedStep:
-    """Build the model and a batch (seeded, so reruns see the same weights and data)."""
+    """Build the model and a batch (seeded, so reruns see the same weights and data); with
+    `weights`, a worker's kept weights of an earlier build stand in for the init."""
     torch.manual_seed(seed)
     try:
-        model = workload.build_model()
+        model = weights.build(workload.build_model, seed) if weights is not None else workload.build_model()
     except Exception as exc:
         raise WorkloadError(f"building the model failed: {type(exc).__name__}: {exc}", workload.source) from exc
     if not isinstance(model, nn.Module):

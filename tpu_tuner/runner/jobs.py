@@ -29,6 +29,7 @@ from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refu
 from tpu_tuner.execution.reference_store import key_of, stored
 from tpu_tuner.execution.step import prepare_step, run_user_step
 from tpu_tuner.execution.timer import StepClock, compile_delta, time_steps, warm_up
+from tpu_tuner.execution.weight_cache import WeightCache
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
 from tpu_tuner.model.workloads.loader import load_workload
@@ -75,6 +76,8 @@ class WorkerState:
         # Memory estimates by the settings that change them (execution/memory_estimate.py):
         # trials differing only in threads, matmul precision or compiler flags share one.
         self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
+        # The seeded model's weights after its first build: later builds skip the init (weight_cache.py).
+        self.weights = WeightCache()
 
     def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate | None = None) -> Outputs:
         """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch;
@@ -106,7 +109,7 @@ class WorkerState:
     def _reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate) -> Outputs:
         what = "the reference step" if candidate == self.reference_candidate else "the baseline step"
         with candidate.process(self.backend):
-            step = prepare_step(self.workload, self.backend, candidate, batch_size, seq_len)
+            step = prepare_step(self.workload, self.backend, candidate, batch_size, seq_len, weights=self.weights)
             return run_user_step(lambda: capture(step, self.workload, self.backend, candidate), self.workload, what)
 
 
@@ -163,7 +166,7 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     estimate_seconds = time.perf_counter() - estimate_started
     with candidate.process(backend):
         build_started = time.perf_counter()
-        step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+        step = prepare_step(workload, backend, candidate, batch_size, seq_len, weights=state.weights)
         build_seconds = time.perf_counter() - build_started
         events_before = backend.compile_events()
         start = time.perf_counter()
@@ -336,7 +339,7 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
         for candidate in parsed:
             with candidate.process(backend):
                 before = backend.compile_events()
-                step = prepare_step(workload, backend, candidate, batch_size, seq_len)
+                step = prepare_step(workload, backend, candidate, batch_size, seq_len, weights=state.weights)
                 clock = StepClock.of(step, backend)
                 warm_up(clock, request.warmup_min_steps, request.warmup_max_steps)
                 after = backend.compile_events()
