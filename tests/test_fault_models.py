@@ -1,4 +1,4 @@
-"""The fault models of benchmarks/failure_learning.py fault under their knob value, and only there.
+"""The fault models of benchmarks/tuning/failure_learning.py fault under their knob value, and only there.
 
 Each model is run directly under the knob's state (bf16 autocast, a one-thread process, four
 micro-batches' slice, dynamo's fullgraph tracing), never through a tuning run, so the check takes
@@ -27,13 +27,13 @@ from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.model.workloads.workload import Workload, call_model
 from tpu_tuner.runner.worker_process import failure_of
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "tuning"
 FAULT_MODELS = BENCHMARKS / "fault_models"
 TOLERANCE = 0.01  # tpu-tune's default accuracy tolerance
 
 
 def _benchmark() -> types.ModuleType:
-    """benchmarks/failure_learning.py as a module (it imports its sibling _failure_runs)."""
+    """benchmarks/tuning/failure_learning.py as a module (it imports its sibling _failure_runs)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         spec = importlib.util.spec_from_file_location("failure_learning_under_test", BENCHMARKS / "failure_learning.py")

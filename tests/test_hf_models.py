@@ -212,7 +212,7 @@ def test_a_folder_without_config_and_the_flags_on_a_plain_file(
 
 
 def test_an_uncached_hub_id_offline_is_refused_in_one_line(tmp_path: Path) -> None:
-    """(How long it takes is benchmarks/hf_models.py's `refusals` part: timing is not a unit test.)"""
+    """(How long it takes is benchmarks/models/hf_models.py's `refusals` part: timing is not a unit test.)"""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
     done = subprocess.run(
         [

@@ -76,7 +76,7 @@ def test_leave_generation_out_predicts_each_generation_from_the_others() -> None
 
 
 def test_the_shipped_calibration_meets_the_issue_targets() -> None:
-    """Issues 29 and 36's targets on the shipped rows (benchmarks/plan_calibration.py compiled them):
+    """Issues 29 and 36's targets on the shipped rows (benchmarks/planner/plan_calibration.py compiled them):
     at least 20 published runs, each fitting in HBM as it did, every one fitted."""
     rows = load_rows()
     assert len(rows) >= 20 and all(r.fits for r in rows), [r.id for r in rows if not r.fits]

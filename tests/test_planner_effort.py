@@ -23,7 +23,7 @@ from tpu_tuner.planner.topology import parse_topology
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HBM = 8 * 2**30
 # libtpu's refusals as the compile pool keeps them (the exception's first line): out of HBM, out
-# of a kernel's scoped VMEM (benchmarks/calibration_compiled.json), and faults that are no verdict
+# of a kernel's scoped VMEM (benchmarks/planner/calibration_compiled.json), and faults that are no verdict
 # on memory though their text names it: a compiler process SIGKILLed, and a RET_CHECK in the form
 # of libtpu 0.0.42's (docs/planner.md), put in XLA's memory-space-assignment pass.
 HBM_OOM = (

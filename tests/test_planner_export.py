@@ -1,5 +1,5 @@
 """The planned step serialized by jax.export (program.compile_step's export_to): the program a
-machine with the chip runs in benchmarks/tpu_chip_check.py must be the planner's training step."""
+machine with the chip runs in benchmarks/chip/tpu_chip_check.py must be the planner's training step."""
 
 from __future__ import annotations
 

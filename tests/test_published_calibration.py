@@ -1,4 +1,5 @@
-"""The calibration rows built from benchmarks/published_runs.toml (benchmarks/published_calibration.py)."""
+"""The calibration rows built from benchmarks/planner/published_runs.toml
+(benchmarks/planner/published_calibration.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tpu_tuner.planner.compiler.remat import parse_remat
 from tpu_tuner.planner.prediction.band import conformal_quantile
 from tpu_tuner.planner.topology import parse_topology
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "planner"))
 from published_calibration import load_runs, published_rows, why_not
 
 

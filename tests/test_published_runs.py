@@ -1,4 +1,4 @@
-"""benchmarks/published_runs.toml: published MaxText / tpu-recipes training runs with their recipes.
+"""benchmarks/planner/published_runs.toml: published MaxText / tpu-recipes training runs with their recipes.
 
 The file is data for the planner's calibration (docs/published-runs.md says where each row comes
 from); these tests keep it well-formed: every row has the whole recipe with sane values, the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.toml"
+FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "planner" / "published_runs.toml"
 DATA = tomllib.loads(FILE.read_text())
 RUNS = DATA["run"]
 INCOMPLETE = DATA["incomplete"]

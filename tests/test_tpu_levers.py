@@ -1,4 +1,4 @@
-"""benchmarks/tpu_levers.py: the lever table from the chip's JSON (the figures docs/knobs.md
+"""benchmarks/chip/tpu_levers.py: the lever table from the chip's JSON (the figures docs/knobs.md
 states), and a whole run on the CPU with a tiny model (slow: each build compiles with inductor)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "chip"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

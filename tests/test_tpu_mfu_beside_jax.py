@@ -1,4 +1,4 @@
-"""benchmarks/tpu_mfu_beside_jax.py without a chip: its refusal, its dry run, the order and
+"""benchmarks/chip/tpu_mfu_beside_jax.py without a chip: its refusal, its dry run, the order and
 environments of its chip processes (subprocess.run replaced by one that writes the files each part
 leaves), and the table's MFU and ratio on one FLOP count and one peak.
 
@@ -12,12 +12,13 @@ import json
 import os
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "chip"
 FLOPS = 9496172691456.0  # 6N + 12LHQT x tokens of the default shape at 2 x 2048 (both sides count it)
 PREDICTED = {
     "shape": "decoder:vocab=32000,d_model=2048,layers=6,heads=16,kv_heads=4,mlp=5632,max_seq_len=2048",
@@ -59,14 +60,20 @@ message = "verified: 2.10x (95% CI 2.05-2.15, 12 interleaved rounds)"
 
 
 @pytest.fixture(scope="module")
-def beside() -> types.ModuleType:
-    """The benchmark as a module (it imports its sibling tpu_chip_check)."""
-    spec = importlib.util.spec_from_file_location("tpu_mfu_beside_jax_under_test", BENCHMARKS / "tpu_mfu_beside_jax.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def beside() -> Iterator[types.ModuleType]:
+    """The benchmark as a module. It imports its siblings (tpu_chip_check, tpu_attention_kernel), which a
+    script finds beside itself: here their folder is on sys.path while the module's tests run."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        path = BENCHMARKS / "tpu_mfu_beside_jax.py"
+        spec = importlib.util.spec_from_file_location("tpu_mfu_beside_jax_under_test", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def _exported(out: Path) -> Path:
@@ -141,7 +148,8 @@ def test_the_dry_run_plans_here_and_prints_the_chips_commands(
     assert "-m tpu_tuner.cli -q decoder:" in lines[1] and "--device tpu --batch-size 2 --seq 2048" in lines[1]
     assert "--time-budget 6m" in lines[1]
     assert "profile decoder:" in lines[2] and "--compile tpu --autocast bfloat16" in lines[2]
-    assert "python benchmarks/tpu_mfu_beside_jax.py --out" in printed and "--dry-run" not in printed.split("carried")[1]
+    assert "python benchmarks/chip/tpu_mfu_beside_jax.py --out" in printed
+    assert "--dry-run" not in printed.split("carried")[1]
     # tpu-tune's own clock and another space pass through; the export is not made twice.
     assert (
         beside.main(["--dry-run", "--out", str(tmp_path / "out"), "--time-budget", "default", "--space", "torchtpu"])

@@ -1,6 +1,6 @@
 """What a planned run costs under a bucketing: compiles plus padded steps.
 
-The model, stated so it can be checked (`benchmarks/bucketing_replay.py` measures it):
+The model, stated so it can be checked (`benchmarks/bucketing/bucketing_replay.py` measures it):
 
 * every distinct bucket bound is compiled once. What a new shape costs is measured at each probed
   length (`ShapeCost`: the first step at the length minus a warm step, counted only where the

@@ -1,6 +1,6 @@
 """The adopted cost model, fitted once and kept beside the rows it was fitted to.
 
-`benchmarks/plan_calibration.py --refit` fits the adopted model (calibration.ADOPTED) to the rows it
+`benchmarks/planner/plan_calibration.py --refit` fits the adopted model (calibration.ADOPTED) to the rows it
 writes and keeps the constants, with every row's leave-one-out error, its error with its
 generation unseen and its error with its source or model family left out, and the band's
 widening for novelty (what the bands are made of: band.py, novelty.py), in calibration_fit.json,

@@ -3,7 +3,7 @@
 A calibration row is one published run reduced to what the prediction needs (predict.py): the
 compute time at full MXU efficiency, the memory and communication times, and the model FLOPs'
 time at peak (MFU x step). Predicted MFU is then a function of the constants alone, so fits and
-leave-one-out errors need no compiles (benchmarks/plan_calibration.py compiles the rows once).
+leave-one-out errors need no compiles (benchmarks/planner/plan_calibration.py compiles the rows once).
 
 Efficiency models compared (EFFICIENCY_MODELS):
 
@@ -42,7 +42,7 @@ from tpu_tuner.planner.prediction.predict import MXU_WIDTH
 
 log = logging.getLogger(__name__)
 
-# The calibration rows' compiler figures, as benchmarks/plan_calibration.py measured and wrote them.
+# The calibration rows' compiler figures, as benchmarks/planner/plan_calibration.py measured and wrote them.
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
@@ -300,7 +300,7 @@ def leave_generation_out(rows: list[CalibrationRow], kind: str) -> list[float | 
 
 
 def load_rows(path: Path = ROWS_FILE) -> list[CalibrationRow]:
-    """The calibration rows kept in `path` (benchmarks/plan_calibration.py writes them)."""
+    """The calibration rows kept in `path` (benchmarks/planner/plan_calibration.py writes them)."""
     names = {f.name for f in fields(CalibrationRow)}
     return [CalibrationRow(**{k: v for k, v in row.items() if k in names}) for row in json.loads(path.read_text())]
 

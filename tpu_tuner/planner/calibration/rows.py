@@ -1,5 +1,5 @@
 """A calibration row: one published run reduced to what the prediction needs (fitting.py fits the
-constants to them; benchmarks/plan_calibration.py writes them)."""
+constants to them; benchmarks/planner/plan_calibration.py writes them)."""
 
 from __future__ import annotations
 

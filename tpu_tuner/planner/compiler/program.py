@@ -80,7 +80,7 @@ def compile_step(job: CompileJob, build_meta_model: Callable[[], nn.Module], dev
     stacked weights with `scan`, see the module docstring), on `devices`, the target's as this
     process built them. Micro-batches accumulate fp32 gradients, the optimizer once after them
     (MaxText's gradient_accumulation_steps); `export_to` takes the step serialized by `jax.export`
-    (benchmarks/tpu_chip_check.py). On a TPU topology it compiles with COMPILE_OPTIONS, or
+    (benchmarks/chip/tpu_chip_check.py). On a TPU topology it compiles with COMPILE_OPTIONS, or
     FAST_COMPILE_OPTIONS when `fast`, and the step's XLA flags on top."""
     blocks, scan, d_model = job.model.blocks, job.model.scan, job.model.d_model
     layout, remat, accumulation = job.point.layout, job.point.remat, job.point.accumulation

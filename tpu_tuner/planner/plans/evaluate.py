@@ -334,7 +334,7 @@ def judged(problem: PlanProblem, point: PlanPoint, full: CompiledStep) -> Layout
 
 def predicted(problem: PlanProblem, point: PlanPoint, full: CompiledStep, chip: ChipStep | None = None) -> Prediction:
     """The prediction of `point` from its whole step's compiler figures; `chip`: step constants in
-    place of the chip's kept ones (`PlanProblem.chip_step`; benchmarks/tpu_chip_check.py fits them)."""
+    place of the chip's kept ones (`PlanProblem.chip_step`; benchmarks/chip/tpu_chip_check.py fits them)."""
     devices = problem.topology.devices
     return predict(
         full,

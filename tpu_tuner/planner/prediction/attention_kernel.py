@@ -5,7 +5,7 @@ The compiler's count prices attention as matmuls: the Pallas forward kernel carr
 attention's FLOPs as its cost estimate and the backward kernels carry none. On a v5e chip that
 kernel ran at 6-100 TFLOP/s of its 197, five times faster in 512 blocks than in the default 128,
 and its backward took four times its forward (docs/planner.md, "On a real chip"). Where a chip
-timed the kernel (`chip_kernels.json`, written by `benchmarks/tpu_attention_kernel.py adopt`, with
+timed the kernel (`chip_kernels.json`, written by `benchmarks/chip/tpu_attention_kernel.py adopt`, with
 its chip, date, JAX and libtpu) and whole steps were measured on a slice of the plan's size (one
 chip: `ChipStep`), a step's attention is costed from those timings, not its FLOPs (the forward
 once, again where the remat policy recomputes the attention, and the backward), and the step's
@@ -44,7 +44,7 @@ class ChipStep:
     """What whole training steps on one chip of the generation measured beyond the kernel: the
     fraction of peak its matmul work reached (`efficiency`) and the share of a remat policy's
     recomputed FLOPs its step time showed (`recompute_weight`), fitted by
-    `benchmarks/tpu_chip_check.py fit` to steps of several decoder shapes and policies, for slices
+    `benchmarks/chip/tpu_chip_check.py fit` to steps of several decoder shapes and policies, for slices
     of `devices` devices (where they were measured); `recomputed_flops`: a point's, per device."""
 
     efficiency: float

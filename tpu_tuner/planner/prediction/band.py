@@ -28,7 +28,7 @@ quantile of the misses of the rows most like it:
   the time when the rows are exchangeable (Vovk et al., "Algorithmic Learning in a Random World";
   Lei et al. 2018, https://arxiv.org/abs/1604.04173);
 * **a floor**: a published recipe measured again differed by up to a few MFU points (software
-  drift, run-to-run noise: the superseded rows of benchmarks/published_runs.toml); a band is never
+  drift, run-to-run noise: the superseded rows of benchmarks/planner/published_runs.toml); a band is never
   narrower than the same quantile of those differences;
 * **a generation without rows**: leave-one-out errors say nothing about a chip the fit never saw,
   so such a point gets the quantile of each row's error when no row of its generation was fitted

@@ -30,7 +30,7 @@ on points estimated to fit and can say which knob would make a point fit. Its te
   a token reads from them.
 
 The constants (`FITTED`) are fitted to the compiled peaks the project keeps (benchmarks/
-calibration_compiled.json, `python benchmarks/plan_memory_estimate.py --fit`), but for the held
+calibration_compiled.json, `python benchmarks/planner/plan_memory_estimate.py --fit`), but for the held
 cotangent and the side tables, whose copies buffer assignments count; the activation terms carry
 one factor per remat family, as the data shows they differ (docs/planner.md, "Memory first").
 """
@@ -57,7 +57,7 @@ BF16 = 2.0
 # The TPU compiler decomposes the FSDP all-gathers and reduce-scatters into windowed loops
 # (collective-permutes around slices of the matmuls) on fsdp groups of at most 32 devices, and
 # then holds the logits' cotangent through the backward loop: every kept compile with fsdp <= 32
-# has the loops, none with 64 or more (benchmarks/calibration_compiled.json's permutes; Llama 3.1
+# has the loops, none with 64 or more (benchmarks/planner/calibration_compiled.json's permutes; Llama 3.1
 # 8B's buffers on v6e-32 against v6e-64, docs/planner.md "Memory first").
 WINDOWED_FSDP = 32
 
@@ -65,7 +65,7 @@ WINDOWED_FSDP = 32
 @dataclass(frozen=True)
 class Fitted:
     """The estimate's constants: multipliers of its physical terms, least-squares fitted to the
-    kept compiled peaks' relative error (benchmarks/plan_memory_estimate.py --fit prints them),
+    kept compiled peaks' relative error (benchmarks/planner/plan_memory_estimate.py --fit prints them),
     except the two a buffer assignment counts (`held_cotangent`, `side_tables`: kept at one)."""
 
     gradients: float = 1.0  # x (weight bytes + 2) bytes a parameter shard: gradients + the bf16 copy
@@ -82,7 +82,7 @@ class Fitted:
         return dict(self.activations).get(family, 1.0)
 
 
-# Fitted to the 41 kept compiled peaks (`python benchmarks/plan_memory_estimate.py --fit`, 2026-12-06):
+# Fitted to the 41 kept compiled peaks (`python benchmarks/planner/plan_memory_estimate.py --fit`, 2026-12-06):
 # 93% of them within 10% in sample, 90% left out (docs/planner.md, "Memory first"). The held
 # cotangent and the side tables are counted from buffer assignments (one copy; two tables), not fitted.
 FITTED = Fitted(

@@ -85,7 +85,7 @@ class CostModel:
 
     The planner's are fitted to published TPU training runs (MaxText's and tpu-recipes'
     configurations, docs/planner.md "Calibration"; planner/calibration/fitting.py, from the compiler
-    figures benchmarks/plan_calibration.py keeps in calibration_rows.json):
+    figures benchmarks/planner/plan_calibration.py keeps in calibration_rows.json):
     an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
     fitted. A dropless MoE step has its own efficiency per generation ("tpu7x/dropless" in

@@ -84,7 +84,7 @@ def validate(candidate: Candidate, training: bool | None, device_kind: str) -> s
     if FULLGRAPH in on and data > 1 and fsdp == tensor == 1 and training is not False:
         # (An inference step's data axis is plain replicas, which compile whole.)
         # Such a trial fails at its first step, so it is rejected unmeasured (the failures that
-        # showed it: docs/sharding.md, `benchmarks/sharded_study.py`).
+        # showed it: docs/sharding.md, `benchmarks/parallel/sharded_study.py`).
         return (
             "fullgraph skipped: under DDP (layout " + layout.short() + ") dynamo cannot compile the "
             "forward as one graph (it splits it at DDP's gradient buckets)"

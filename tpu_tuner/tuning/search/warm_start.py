@@ -190,7 +190,7 @@ def _best_of(
     base_candidate = _candidate_of(base_trial) if base_trial is not None else None
     # The setting the earlier run verified first: its race re-measured the search's leaders
     # interleaved, which orders settings a few percent apart that one measurement each cannot
-    # (benchmarks/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
+    # (benchmarks/tuning/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
     chosen = earlier.verified.best_trial if earlier.verified is not None else None
     feasible.sort(key=lambda t: int(records.attrs(t).get(records.REPEAT_OF, t.number)) != chosen)
     for t in feasible:
