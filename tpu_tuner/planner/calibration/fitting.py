@@ -249,9 +249,10 @@ def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bo
 
 
 def _fitted(kind: str, efficiency: dict[str, float], overlap: float, **terms: float) -> Fitted:
-    """The fit of per-group `efficiency`, with "*", a generation without rows (the median chip's
-    dense efficiency, each known generation one sample: a fit over all rows would be the
-    most-published generation's), and the median dropless / dense ratio of the generations with both."""
+    """The fit of per-group `efficiency`, with "*", a generation without rows and without a line
+    in its peak (`Fitted.efficiency_of`: the median chip's dense efficiency, each known generation
+    one sample: a fit over all rows would be the most-published generation's), and the median
+    dropless / dense ratio of the generations with both."""
     dense = {g: e for g, e in efficiency.items() if "/" not in g}
     ratios = [e / dense[g.split("/")[0]] for g, e in efficiency.items() if "/" in g and g.split("/")[0] in dense]
     # Rows of dropless MoE steps alone (a nested check's remainder) leave no dense efficiency: their own then.
