@@ -9,7 +9,8 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 * ``global``: one MXU efficiency for every generation, and one compute / memory overlap;
 * ``per_generation``: an efficiency per generation, the overlap shared; a generation with no
-  other row is predicted with the median of the other generations' efficiencies (so its
+  other row is predicted with the line of the other generations' efficiencies in the log of
+  their bf16 peaks, at its own (efficiency_prior.py; the median chip's where no line exists), so its
   leave-one-out error is that of a generation the fit never saw). Dropless MoE steps have their
   own efficiency per generation (`DROPLESS`: grouped-matmul kernels and token sorts, not the dense
   matmuls; a generation without such rows takes its dense efficiency x the median ratio of the
@@ -37,6 +38,7 @@ import numpy as np
 from tpu_tuner.metrics.mfu import share_of_peak
 from tpu_tuner.planner.calibration.rows import DROPLESS, CalibrationRow, fit_group
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile
+from tpu_tuner.planner.prediction.efficiency_prior import efficiency_prior
 from tpu_tuner.planner.prediction.novelty import band_far
 from tpu_tuner.planner.prediction.predict import MXU_WIDTH
 
@@ -84,7 +86,11 @@ class Fitted:
         own = self.efficiency.get(fit_group(generation, moe))
         if own is not None:
             return own
-        dense = self.efficiency.get(generation, self.efficiency["*"])
+        dense = self.efficiency.get(generation)
+        if dense is None:  # a generation without rows: the line in its published peak, else the median chip's
+            known = {g: e for g, e in self.efficiency.items() if "/" not in g and g != "*"}
+            prior = efficiency_prior(known, generation)
+            dense = self.efficiency["*"] if prior is None else prior
         return dense * self.dropless_ratio if moe == DROPLESS else dense
 
     def describe(self) -> str:
@@ -243,9 +249,10 @@ def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bo
 
 
 def _fitted(kind: str, efficiency: dict[str, float], overlap: float, **terms: float) -> Fitted:
-    """The fit of per-group `efficiency`, with "*", a generation without rows (the median chip's
-    dense efficiency, each known generation one sample: a fit over all rows would be the
-    most-published generation's), and the median dropless / dense ratio of the generations with both."""
+    """The fit of per-group `efficiency`, with "*", a generation without rows and without a line
+    in its peak (`Fitted.efficiency_of`: the median chip's dense efficiency, each known generation
+    one sample: a fit over all rows would be the most-published generation's), and the median
+    dropless / dense ratio of the generations with both."""
     dense = {g: e for g, e in efficiency.items() if "/" not in g}
     ratios = [e / dense[g.split("/")[0]] for g, e in efficiency.items() if "/" in g and g.split("/")[0] in dense]
     # Rows of dropless MoE steps alone (a nested check's remainder) leave no dense efficiency: their own then.

@@ -18,7 +18,7 @@ quantile of the misses of the rows most like it:
   interpolation only if each constant its prediction takes from rows (`fitted_groups`: its
   generation's efficiency, or its dropless MoE one; over several slices, the DCN step's latency)
   was still fitted from another row when it was left out. A row alone in such a group was
-  predicted with a fallback (the median chip's efficiency, a DCN latency of 0): its error is an
+  predicted with a fallback (an unseen chip's efficiency, efficiency_prior.py; a DCN latency of 0): its error is an
   extrapolation's (the lone v5e row's; in the nested check, a row whose twin is the one held
   out). A point whose every group has rows is predicted by interpolation, so its band is made of
   the interpolated rows alone (the errors split by kind, as Vovk et al.'s Mondrian conformal

@@ -46,6 +46,7 @@ from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.prediction.attention_kernel import AttentionKernelWork, ChipStep
 from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place
 from tpu_tuner.planner.prediction.collectives import latency_steps, ring_seconds
+from tpu_tuner.planner.prediction.efficiency_prior import efficiency_prior
 from tpu_tuner.planner.prediction.novelty import band_far
 from tpu_tuner.planner.topology import Topology
 
@@ -86,7 +87,8 @@ class CostModel:
     The planner's are fitted to published TPU training runs (MaxText's and tpu-recipes'
     configurations, docs/planner.md "Calibration"; planner/calibration/fitting.py, from the compiler
     figures benchmarks/planner/plan_calibration.py keeps in calibration_rows.json):
-    an MXU efficiency per generation (`mxu_efficiency` for a generation without rows) and one
+    an MXU efficiency per generation (for a generation without rows, the line of the others' in the
+    log of their bf16 peaks: efficiency_prior.py; `mxu_efficiency` where none can be drawn) and one
     compute / memory overlap; `overlap` (communication hidden behind busy time) is fixed, not
     fitted. A dropless MoE step has its own efficiency per generation ("tpu7x/dropless" in
     `efficiency_by_generation`; elsewhere the generation's x `dropless_ratio`). Each row's
@@ -125,10 +127,14 @@ class CostModel:
         """The fraction of peak that large aligned matmuls reach on `generation` in a step whose
         MoE routing is `moe` ("dense", "dropping" or "dropless": grouped matmuls and sorts)."""
         by = dict(self.efficiency_by_generation)
+        dense = by.get(generation)
+        if dense is None:  # no calibration row on it: the line in its published peak (efficiency_prior.py)
+            prior = efficiency_prior({g: e for g, e in by.items() if "/" not in g}, generation)
+            dense = self.mxu_efficiency if prior is None else prior
         if moe == "dropless":
             own = by.get(f"{generation}/dropless")
-            return own if own is not None else by.get(generation, self.mxu_efficiency) * self.dropless_ratio
-        return by.get(generation, self.mxu_efficiency)
+            return own if own is not None else dense * self.dropless_ratio
+        return dense
 
 
 def error_band(place: Place, cost_model: CostModel) -> ErrorBand | None:
