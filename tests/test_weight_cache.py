@@ -42,11 +42,19 @@ class Computes(Tied):
         self.scale = float(self.running.abs().max().item())
 
 
+class PlainMask(Tied):
+    """A tensor kept as a plain attribute: nothing kept stands for it, so no meta build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mask = torch.tril(torch.ones(4, 4))
+
+
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
-@pytest.mark.parametrize("factory", [Tied, Computes])
+@pytest.mark.parametrize("factory", [Tied, Computes, PlainMask])
 def test_a_later_build_is_the_fresh_builds_weights_and_random_state(factory) -> None:
     cache = WeightCache()
     first = cache.build(factory, seed=3)
@@ -60,7 +68,9 @@ def test_a_later_build_is_the_fresh_builds_weights_and_random_state(factory) -> 
         assert all(torch.equal(t, _state(fresh)[name]) for name, t in _state(model).items())
     assert torch.equal(after_first, after_fresh) and torch.equal(after_again, after_fresh)
     assert again.head.weight is again.embed.weight  # still tied
-    assert cache.reused == (1 if factory is Tied else 0)  # Computes: built as usual
+    assert cache.reused == (1 if factory is Tied else 0)  # the others: built as usual
+    if factory is PlainMask:
+        assert not again.mask.is_meta
 
 
 def test_the_kept_weights_are_copies_and_another_seed_is_built_afresh() -> None:

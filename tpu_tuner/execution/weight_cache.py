@@ -10,7 +10,8 @@ the build are kept. The next build constructs the model on the meta device (no i
 memory), gives it copies of the kept tensors and restores the generator's state,
 so the batch drawn next is the one a fresh build would have drawn. A model that cannot be built
 on the meta device (its constructor computes on its tensors), whose tensors differ by name,
-shape or dtype from the kept ones, or whose build left a tensor off the CPU, is built as usual.
+shape or dtype from the kept ones, that keeps a tensor as a plain attribute (no parameter or
+buffer), or whose build left a tensor off the CPU, is built as usual.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ class WeightCache:
                 log.debug("the model's tensors differ from the kept ones: built as usual")
                 return None
             _materialise(model, self.tensors)
-            if any(t.is_meta for _, t in _tensors(model)):
-                return None  # a tensor registered under a name the kept ones do not hold
+            if any(t.is_meta for _, t in _tensors(model)) or _plain_meta_tensors(model):
+                log.debug("the model holds tensors no kept one stands for: built as usual")
+                return None
             return model
         except Exception as exc:  # a constructor that computes on its tensors: built as usual
             log.debug("the model could not be built on the meta device (%s): built as usual", exc)
@@ -98,6 +100,19 @@ def _materialise(model: nn.Module, kept: dict[str, torch.Tensor]) -> None:
     for name, _ in list(model.named_buffers()):
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, kept[name].clone())  # still a buffer: its name is registered
+
+
+def _plain_meta_tensors(model: nn.Module) -> bool:
+    """Whether a module keeps a tensor as a plain attribute (not a parameter or buffer, so not
+    kept: a mask made in `__init__`), alone or in a list, tuple or dict, still on the meta device."""
+    for module in model.modules():
+        for value in vars(module).values():
+            values = (
+                value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else [value]
+            )
+            if any(isinstance(v, torch.Tensor) and v.is_meta for v in values):
+                return True
+    return False
 
 
 def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
