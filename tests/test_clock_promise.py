@@ -142,10 +142,11 @@ def test_without_a_clock_nothing_is_skipped_or_limited(monkeypatch) -> None:
 def test_a_search_the_clock_stopped_says_so_with_its_figures(monkeypatch) -> None:
     """An --nproc run stopped after 2 settings with 44 s left and said nothing of why."""
     from tpu_tuner.tuning.run.clock import clock_stop_words
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     order = [{"execution": "eager", "matmul_precision": "highest"}]
     study, _, now = _search(monkeypatch, 40.0, order)
-    words = clock_stop_words(study.trials, Clock(40.0, 0.0, now))
+    words = clock_stop_words(TuningTrial.all(study.trials), Clock(40.0, 0.0, now))
     left = re.match(
         r"search stopped by the clock with ([\d.]+) s left: the next trial \(about [\d.]+ s, the median", words
     )

@@ -24,6 +24,7 @@ from tpu_tuner.tuning.search.failure_learning import stored_causes, stored_not_b
 from tpu_tuner.tuning.search.pruning import HopelessPruner
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
@@ -346,7 +347,7 @@ def test_the_finish_shrinks_to_the_time_left() -> None:
         for key, value in ((records.STEP_MEDIAN_S, step), (records.COMPILE_S, 20.0), (records.FEASIBLE, True)):
             trial.set_user_attr(key, value)
         study.tell(trial, step)
-    trials = study.trials
+    trials = TuningTrial.all(study.trials)
     full = plan_finish(trials, 5, 12, None)
     assert (full.race_top, full.verify_rounds, full.ablations) == (5, 12, True)
     smaller = plan_finish(trials, 5, 12, full.seconds / 2)

@@ -8,7 +8,6 @@ go through `records.attrs`, which reads a study of any version.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -157,29 +156,6 @@ def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
     """The measurement a trial stored, or None for failed, rejected and repeated trials."""
     raw = records.attrs(trial).get(records.MEASUREMENT)
     return Measurement(**json.loads(raw)) if raw else None
-
-
-def _measured(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]], key: str) -> list[Any]:
-    """The record's `key` figure of each of `settings` (a trial's params) from the search's trials
-    (the last one of those params that has it), None where none ran it or it has no such figure."""
-    found: dict[str, Any] = {}
-    for trial in trials:
-        if value := records.attrs(trial).get(key):
-            found[json.dumps(trial.params, sort_keys=True)] = value
-    return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
-
-
-def measured_peaks(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]) -> list[int | None]:
-    """The peak memory the search measured for each of `settings`: what a comparison needs to know
-    of steps kept side by side (tuning/run/clock.py, `resident_groups`)."""
-    return _measured(trials, settings, records.PEAK_MEMORY_BYTES)
-
-
-def measured_steps(
-    trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]
-) -> list[float | None]:
-    """The median step the search measured for each of `settings` (tuning/verify/search_agreement.py)."""
-    return _measured(trials, settings, records.STEP_MEDIAN_S)
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:

@@ -42,6 +42,7 @@ from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 from tpu_tuner.tuning.search.pruning import HopelessPruner, best_objective
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trial_lines import objective_name, suspected_words, trial_figures
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class TuneTrials(Feature):
         self.pruner = HopelessPruner() if self.options.search.prune and self.bucketing is None else None
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
         self.out_of_time = False
-        self.seen: Sequence[FrozenTrial] = ()  # the study's trials as the loop last read them (`observe`)
+        self.seen: Sequence[TuningTrial] = ()  # the study's trials as the loop last read them (`observe`)
         self.stacked = False  # whether this worker queued the seeds' winners stacked (stacking.py)
         # The best feasible objective so far, for progress lines: from the loop's read of the
         # study (`observe`) and this worker's tells, not a read of the study a line.
@@ -308,7 +309,7 @@ class TuneTrials(Feature):
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
         self.best = best_objective(trials)
-        self.seen = trials  # the loop's read of the study this round: the clock's allowance reads it
+        self.seen = TuningTrial.all(trials)  # the loop's read of the study this round: the clock reads it
         for trial in trials:
             if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
                 self.told.add(trial.number)
@@ -331,7 +332,7 @@ class TuneTrials(Feature):
             )
         if self.pruner is not None:
             self.stop_above_s = self.pruner.threshold(trials)
-        self.out_of_time = not search_may_go_on(trials, self.clock)
+        self.out_of_time = not search_may_go_on(self.seen, self.clock)
 
     def stop_reason(self) -> StopReason | None:
         # --timeout on the run's clock too (the loop's own timeout would count on another).
