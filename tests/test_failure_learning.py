@@ -185,7 +185,7 @@ def test_a_hopeless_trial_is_pruned_through_the_pruner_interface() -> None:
     assert records.attrs(slow)[records.STOPPED_EARLY] == "too slow"
     assert slow.intermediate_values == {3: pytest.approx(0.012)}
     assert records.attrs(slow)[records.EARLY_STOP]["steps"] == [0.012] * 3
-    assert HopelessPruner().threshold(study.trials) == pytest.approx(1.5 * 0.003)
+    assert HopelessPruner().threshold(TuningTrial.all(study.trials)) == pytest.approx(1.5 * 0.003)
 
 
 def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> None:

@@ -79,6 +79,7 @@ def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "accuracy_excess": trial_attrs.accuracy_excess_of(a),
         "start_env": tuple(a.get(records.START_ENV, ())),
         "buckets": tuple(a[records.BUCKETS]) if records.BUCKETS in a else None,
+        "padding_waste": a.get(records.PADDING_WASTE),
         "warm_start": a.get(records.WARM_START),
     }
 

@@ -9,7 +9,7 @@ what the run reports as it goes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import InitVar, dataclass, replace
 from typing import Any
 
@@ -308,17 +308,17 @@ class TuneTrials(Feature):
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
-        self.best = best_objective(trials)
-        self.seen = TuningTrial.all(trials)  # the loop's read of the study this round: the clock reads it
-        for trial in trials:
-            if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
+        self.seen = TuningTrial.all(trials)  # the loop's read of the study this round, each trial read once
+        self.best = best_objective(self.seen)
+        for trial in self.seen:
+            if trial.failed_to_run and trial.number not in self.told:
                 self.told.add(trial.number)
-                _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, records.attrs(trial))
+                _tell_agents(self.study, self.agents, self.space, trial)
         for cause in self.learning.update(self.study, trials):
             self.emit(
                 Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left())
             )
-        if not self.stacked and (stacked := stacking.stacked_setting(self.study, trials, self.space)) is not None:
+        if not self.stacked and (stacked := stacking.stacked_setting(self.study, self.seen, self.space)) is not None:
             self.stacked = True
             self.study.enqueue_trial(stacked, skip_if_exists=True)
             self.emit(
@@ -331,7 +331,7 @@ class TuneTrials(Feature):
                 )
             )
         if self.pruner is not None:
-            self.stop_above_s = self.pruner.threshold(trials)
+            self.stop_above_s = self.pruner.threshold(self.seen)
         self.out_of_time = not search_may_go_on(self.seen, self.clock)
 
     def stop_reason(self) -> StopReason | None:
@@ -377,22 +377,15 @@ def as_clock(clock: Clock | float, options: TuneOptions) -> Clock:
     return Clock(options.search.time_budget_s, clock) if isinstance(clock, int | float) else clock
 
 
-def _tell_agents(
-    study: optuna.Study,
-    agents: list[Agent],
-    space: SearchSpace,
-    params: dict[str, Any],
-    number: int,
-    attrs: Mapping[str, Any],
-) -> None:
+def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, trial: TuningTrial) -> None:
     """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
     ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
-    kind = attrs.get(records.FAILURE_KIND)
-    if kind is None or kind in MEASURED_AGAIN or records.REJECTED_BY in attrs or records.REPEAT_OF in attrs:
+    failure = trial.failure
+    if failure is None or failure.kind in MEASURED_AGAIN or trial.rejected_by is not None or trial.is_repeat:
         return
-    candidate = space.to_candidate(dict(params))
+    candidate = space.to_candidate(dict(trial.params))
     for agent in agents:
-        for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get(records.FAILURE_MESSAGE, ""))):
+        for follow_up in agent.learn(candidate, trial.number, failure.kind, failure.message or ""):
             study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.core.failures import WORKER_FAILURES
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.studies import records
 from tpu_tuner.studies.outcome import Outcome, outcome_of
@@ -83,7 +84,8 @@ class TuningTrial:
     memory_limit_bytes: int | None
     accuracy_excess: float | None  # as `trial_attrs.accuracy_excess_of` judges it
     start_env: tuple[str, ...]
-    buckets: tuple[int, ...] | None
+    buckets: tuple[int, ...] | None  # with varying input lengths: the trial's best bucketing
+    padding_waste: float | None
     warm_start: dict[str, Any] | None
 
     @classmethod
@@ -131,6 +133,7 @@ class TuningTrial:
             accuracy_excess=_float(error),
             start_env=tuple(a.get(records.START_ENV) or ()),
             buckets=tuple(buckets) if buckets is not None else None,
+            padding_waste=a.get(records.PADDING_WASTE),
             warm_start=warm if isinstance(warm, dict) else None,
         )
 
@@ -155,6 +158,18 @@ class TuningTrial:
     def is_repeat(self) -> bool:
         """Whether the trial was answered from an earlier one's result (it measured nothing)."""
         return self.claims.repeat_of is not None
+
+    @property
+    def failed_to_run(self) -> bool:
+        """Whether the measurement failed in the worker (an error, crash, out-of-memory or timeout):
+        told as FAIL by earlier versions, as PRUNED with a failure kind now."""
+        failure = self.failure
+        return (
+            self.state != TrialState.COMPLETE
+            and failure is not None
+            and failure.kind in WORKER_FAILURES
+            and not self.is_repeat
+        )
 
     @property
     def finished(self) -> bool:
