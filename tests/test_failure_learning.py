@@ -145,16 +145,16 @@ def test_the_stored_causes_are_read_when_failures_are_new_or_a_while_passed(monk
     trial.suggest_categorical("autocast", ["none", "bfloat16"])
     study.tell(trial, 1.0)
     for _ in range(3):
-        learning.update(study, study.get_trials())
+        learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1]
     crashed = study.ask()
     crashed.set_user_attr(records.RECORD, {records.MEASURED: True, records.FAILURE_KIND: "crash"})
     study.tell(crashed, state=optuna.trial.TrialState.PRUNED)
-    learning.update(study, study.get_trials())
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
+    learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1, 1]
     monkeypatch.setattr(failure_learning, "CAUSES_REREAD_S", 0.0)
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1, 1, 1]
 
 
@@ -239,7 +239,7 @@ def test_only_single_values_lift_the_early_stop() -> None:
         trial.set_user_attr(records.RECORD, {records.MEASURED: True, **attrs})
         study.tell(trial, None if attrs else 0.01, state=None if not attrs else optuna.trial.TrialState.PRUNED)
     learning = FailureLearning(SPACE, 0.1)
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
     # highest and bf16 each worked once: only their pair is open, and it lifts nothing.
     assert learning.suspects == []
     assert learning.open_suspects_in({"matmul_precision": "highest", "autocast": "bfloat16"}) == []
@@ -301,15 +301,15 @@ def test_a_cause_found_before_the_baseline_failed_with_its_kind_is_lifted() -> N
     for precision, autocast, error in (("medium", "none", 0.5), ("high", "none", 0.5), ("high", "bfloat16", 0.0)):
         _told(study, precision, autocast, error)
     learning = FailureLearning(SPACE, 0.1)
-    (cause,) = learning.update(study, study.get_trials())
+    (cause,) = learning.update(study, TuningTrial.all(study.get_trials()))
     baseline = SPACE.complete(SPACE.baseline_params())
     assert cause.key == "autocast=none" and learning.excluded_by(baseline) is cause
     _told(study, "highest", "none", 0.5)  # the baseline
-    (note,) = learning.update(study, study.get_trials())
+    (note,) = learning.update(study, TuningTrial.all(study.get_trials()))
     assert note.describe().startswith("the baseline (trial 3) fails with accuracy too")
     assert learning.excluded_by(baseline) is None and learning.causes == {}
     assert stored_causes(study.user_attrs) == []
-    assert learning.update(study, study.get_trials()) == []  # said once
+    assert learning.update(study, TuningTrial.all(study.get_trials())) == []  # said once
 
 
 def test_a_device_fault_of_every_setting_excludes_nothing() -> None:

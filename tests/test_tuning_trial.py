@@ -59,6 +59,7 @@ def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "failure": None if kind is None else Failure(kind, a.get(records.FAILURE_MESSAGE)),
         "rejected_by": a.get(records.REJECTED_BY),
         "excluded_by": a.get(records.EXCLUDED_BY),
+        "probe_for": a.get(records.PROBE_FOR),
         "early_stop": EarlyStop(**a[records.EARLY_STOP]) if records.EARLY_STOP in a else None,
         "stopped_early": a.get(records.STOPPED_EARLY),
         "costs": TrialCosts(a.get(records.TRIAL_WALL_S), *(a.get(key) for key in COST_KEYS)),

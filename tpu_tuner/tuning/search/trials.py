@@ -314,7 +314,7 @@ class TuneTrials(Feature):
             if trial.failed_to_run and trial.number not in self.told:
                 self.told.add(trial.number)
                 _tell_agents(self.study, self.agents, self.space, trial)
-        for cause in self.learning.update(self.study, trials):
+        for cause in self.learning.update(self.study, self.seen):
             self.emit(
                 Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left())
             )

@@ -72,6 +72,7 @@ class TuningTrial:
     failure: Failure | None
     rejected_by: str | None
     excluded_by: str | None
+    probe_for: dict[str, Any] | None  # a probe queued by failure learning: what it tests
     early_stop: EarlyStop | None
     stopped_early: str | None  # the early stop's message
     costs: TrialCosts
@@ -110,6 +111,7 @@ class TuningTrial:
             failure=None if kind is None else Failure(str(kind), a.get(records.FAILURE_MESSAGE)),
             rejected_by=a.get(records.REJECTED_BY),
             excluded_by=a.get(records.EXCLUDED_BY),
+            probe_for=probe if isinstance(probe := a.get(records.PROBE_FOR), dict) else None,
             early_stop=_early_stop(a.get(records.EARLY_STOP)),
             stopped_early=a.get(records.STOPPED_EARLY),
             costs=TrialCosts(
