@@ -124,6 +124,8 @@ def test_a_fresh_study_and_a_flat_one_read_field_by_field_as_the_same_records(la
     ]
     assert read[0].measurement is not None and read[0].claims.worker == "worker-1"
     assert read[1].claims.repeat_of == 0 and read[1].measurement is None  # a repeat measured nothing
+    assert [t.measured_by for t in read] == [0, 0, 2, 3, 4]
+    assert [t.failed_to_run for t in read] == [False, False, False, False, True]
     assert read[2].rejected_by is not None and read[4].failure is not None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 
-from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import AccuracyFigures, EarlyStop, Measurement, TrialFailure, accuracy_refusal
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_costs import COST_KEYS
@@ -140,16 +140,6 @@ def accuracy_excess_of(attrs: Any) -> float | None:
     excess = attrs.get(records.ACCURACY_EXCESS)
     error = attrs.get(records.ACCURACY_ERROR) if excess is None else excess
     return None if error is None else float(error)
-
-
-def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial's measurement failed in the worker (an error, crash, out-of-memory or
-    timeout): told as FAIL by earlier versions, as PRUNED with a failure kind now."""
-    return (
-        trial.state != optuna.trial.TrialState.COMPLETE
-        and records.attrs(trial).get(records.FAILURE_KIND) in WORKER_FAILURES
-        and records.REPEAT_OF not in records.attrs(trial)
-    )
 
 
 def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:

@@ -162,6 +162,11 @@ class TuningTrial:
         return self.claims.repeat_of is not None
 
     @property
+    def measured_by(self) -> int:
+        """The number of the trial that measured this one's setting: the one it repeats, else itself."""
+        return self.number if self.claims.repeat_of is None else self.claims.repeat_of
+
+    @property
     def failed_to_run(self) -> bool:
         """Whether the measurement failed in the worker (an error, crash, out-of-memory or timeout):
         told as FAIL by earlier versions, as PRUNED with a failure kind now."""

@@ -169,11 +169,6 @@ def _in_space(space: SearchSpace, candidate: Candidate) -> dict[str, str] | None
     return space.complete(params)
 
 
-def _first(trial: TuningTrial) -> int:
-    """The trial that measured `trial`'s setting: the one it repeats, else itself."""
-    return trial.claims.repeat_of if trial.claims.repeat_of is not None else trial.number
-
-
 def _baseline_trial(
     trials: list[TuningTrial], verified: Verified | None, baselines: tuple[Candidate, ...]
 ) -> TuningTrial | None:
@@ -196,7 +191,7 @@ def _best_of(
     # interleaved, which orders settings a few percent apart that one measurement each cannot
     # (benchmarks/tuning/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
     chosen = earlier.verified.best_trial if earlier.verified is not None else None
-    feasible.sort(key=lambda t: _first(t) != chosen)
+    feasible.sort(key=lambda t: t.measured_by != chosen)
     for t in feasible:
         candidate = _candidate_of(t)
         if (
@@ -211,7 +206,7 @@ def _best_of(
                 "warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number, candidate.describe()
             )
             continue
-        number = _first(t)
+        number = t.measured_by
         if earlier.verified is not None and earlier.verified.applies_to(number, candidate, t is feasible[0]):
             speedup, verified = earlier.verified.speedup, True
         else:
