@@ -9,16 +9,16 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from tpu_tuner.core.units import ms
-from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 if TYPE_CHECKING:
     from tpu_tuner.tuning.run.tuning_result import TuningResult
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 
 def warm_start_section(result: TuningResult) -> list[str]:
     """Where each warm-start trial's setting came from (an earlier study's best: tuning/search/warm_start.py),
     what it measured there and what it measured here; nothing when no trial was warm-started."""
-    trials = [t for t in TuningTrial.all(result.study.get_trials(deepcopy=False)) if t.warm_start is not None]
+    trials = [t for t in result.trials() if t.warm_start is not None]
     if not trials:
         return []
     base = _trial_value(result, result.verification.baseline_trial)
@@ -53,7 +53,7 @@ def hosts_section(result: TuningResult) -> list[str]:
     """Which host measured what, when trials came from more than one (a shared study), and where
     the comparison was re-measured; one line when everything ran on one known host."""
     v = result.verification
-    trials = [t for t in TuningTrial.all(result.study.get_trials(deepcopy=False)) if t.claims.host]
+    trials = [t for t in result.trials() if t.claims.host]
     hosts = sorted({str(t.claims.host) for t in trials})
     verified_on = getattr(v, "host", None)
     if len(hosts) <= 1:

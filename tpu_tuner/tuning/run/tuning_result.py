@@ -69,6 +69,10 @@ class TuningResult:
     # redacted: Optuna gives a study's storage no public accessor.
     storage_url: str | None = None
 
+    def trials(self) -> list[TuningTrial]:
+        """The study's trials as records (tuning/search/tuning_trial.py), read now: the reports take these."""
+        return TuningTrial.all(self.study.get_trials(deepcopy=False))
+
     @property
     def peak(self) -> tuple[float, str]:
         """The run's one MFU peak (FLOP/s, dtype): the highest any part of the run used.
@@ -79,7 +83,7 @@ class TuningResult:
         and never above 100%.
         """
         peaks = [(self.profile.peak_flops_per_s, self.profile.peak_dtype)]
-        for t in TuningTrial.all(self.study.get_trials(deepcopy=False)):
+        for t in self.trials():
             m = t.measurement
             if m is not None and m.peak_flops_per_s > 0:
                 peaks.append((m.peak_flops_per_s, m.peak_dtype))
@@ -216,7 +220,7 @@ class TuningResult:
     def chosen_bucketing(self) -> dict[str, Any] | None:
         """The buckets of the chosen setting's trial, when the inputs vary (tuning/search/bucketing_context.py)."""
         chosen = self.verification.chosen.to_dict()
-        for t in TuningTrial.all(self.study.get_trials(deepcopy=False)):
+        for t in self.trials():
             if t.buckets and t.candidate == chosen:
                 from tpu_tuner.model.buckets.torchtpu_buckets import torchtpu_instructions
 
