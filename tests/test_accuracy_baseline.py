@@ -133,6 +133,7 @@ def test_failure_learning_reads_an_accuracy_failure_by_the_excess_not_the_fp32_e
     the guardrail: the learner must not count it an accuracy failure of its knob values."""
     from tpu_tuner.studies.trial_record import TrialRecord
     from tpu_tuner.tuning.search.failure_learning import evidence_of
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     study = optuna.create_study()
     baseline = {"output": 0.0193}
@@ -141,7 +142,7 @@ def test_failure_learning_reads_an_accuracy_failure_by_the_excess_not_the_fp32_e
         TrialRecord.of(trial).update({records.MEASURED: True})
         measured = _measurement({"output": error}, baseline, {"output": error - 0.0193})
         study.tell(trial, trial_attrs.record_measurement(trial, measured, 100, TOLERANCE))
-    passed, failed = evidence_of(study.trials, TOLERANCE)
+    passed, failed = evidence_of(TuningTrial.all(study.trials), TOLERANCE)
     assert passed.outcomes["accuracy"] is False and failed.outcomes["accuracy"] is True
 
 

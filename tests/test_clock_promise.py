@@ -24,6 +24,7 @@ from tpu_tuner.tuning.run.clock import WRAP_UP_S, Clock
 from tpu_tuner.tuning.search import trials
 from tpu_tuner.tuning.search.failure_learning import evidence_of
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 SPACE = SearchSpace.load(FIXTURES / "compile_precision_space.toml", "cpu")
 TAKES = {"eager": 5.0, "inductor": 100.0}  # seconds a trial of each compile mode takes
@@ -110,7 +111,7 @@ def test_a_mode_that_took_longer_than_is_left_is_skipped_unmeasured(monkeypatch)
     assert said is not None and said.startswith("clock: inductor trials took up to 100 s in this search")
     assert now.t <= 240.0 - WRAP_UP_S
     skipped = next(t.number for t in study.trials if records.attrs(t).get(records.REJECTED_BY))
-    assert skipped not in [e.number for e in evidence_of(study.trials, 0.01)]  # no evidence against it
+    assert skipped not in [e.number for e in evidence_of(TuningTrial.all(study.trials), 0.01)]  # no evidence against it
 
 
 def test_a_mode_not_seen_yet_is_stopped_where_the_finish_room_begins(monkeypatch) -> None:
@@ -145,7 +146,7 @@ def test_a_search_the_clock_stopped_says_so_with_its_figures(monkeypatch) -> Non
 
     order = [{"execution": "eager", "matmul_precision": "highest"}]
     study, _, now = _search(monkeypatch, 40.0, order)
-    words = clock_stop_words(study.trials, Clock(40.0, 0.0, now))
+    words = clock_stop_words(TuningTrial.all(study.trials), Clock(40.0, 0.0, now))
     left = re.match(
         r"search stopped by the clock with ([\d.]+) s left: the next trial \(about [\d.]+ s, the median", words
     )

@@ -24,6 +24,7 @@ from tpu_tuner.tuning.search.failure_learning import stored_causes, stored_not_b
 from tpu_tuner.tuning.search.pruning import HopelessPruner
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 SPACE = SearchSpace.load(FIXTURES / "eager_precision_space.toml", "cpu")
 STEP = {"highest": 0.012, "high": 0.008, "medium": 0.003}
@@ -144,16 +145,16 @@ def test_the_stored_causes_are_read_when_failures_are_new_or_a_while_passed(monk
     trial.suggest_categorical("autocast", ["none", "bfloat16"])
     study.tell(trial, 1.0)
     for _ in range(3):
-        learning.update(study, study.get_trials())
+        learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1]
     crashed = study.ask()
     crashed.set_user_attr(records.RECORD, {records.MEASURED: True, records.FAILURE_KIND: "crash"})
     study.tell(crashed, state=optuna.trial.TrialState.PRUNED)
-    learning.update(study, study.get_trials())
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
+    learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1, 1]
     monkeypatch.setattr(failure_learning, "CAUSES_REREAD_S", 0.0)
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
     assert reads == [1, 1, 1]
 
 
@@ -184,7 +185,7 @@ def test_a_hopeless_trial_is_pruned_through_the_pruner_interface() -> None:
     assert records.attrs(slow)[records.STOPPED_EARLY] == "too slow"
     assert slow.intermediate_values == {3: pytest.approx(0.012)}
     assert records.attrs(slow)[records.EARLY_STOP]["steps"] == [0.012] * 3
-    assert HopelessPruner().threshold(study.trials) == pytest.approx(1.5 * 0.003)
+    assert HopelessPruner().threshold(TuningTrial.all(study.trials)) == pytest.approx(1.5 * 0.003)
 
 
 def test_a_setting_that_can_settle_a_suspect_is_measured_to_its_verdict() -> None:
@@ -238,7 +239,7 @@ def test_only_single_values_lift_the_early_stop() -> None:
         trial.set_user_attr(records.RECORD, {records.MEASURED: True, **attrs})
         study.tell(trial, None if attrs else 0.01, state=None if not attrs else optuna.trial.TrialState.PRUNED)
     learning = FailureLearning(SPACE, 0.1)
-    learning.update(study, study.get_trials())
+    learning.update(study, TuningTrial.all(study.get_trials()))
     # highest and bf16 each worked once: only their pair is open, and it lifts nothing.
     assert learning.suspects == []
     assert learning.open_suspects_in({"matmul_precision": "highest", "autocast": "bfloat16"}) == []
@@ -300,15 +301,15 @@ def test_a_cause_found_before_the_baseline_failed_with_its_kind_is_lifted() -> N
     for precision, autocast, error in (("medium", "none", 0.5), ("high", "none", 0.5), ("high", "bfloat16", 0.0)):
         _told(study, precision, autocast, error)
     learning = FailureLearning(SPACE, 0.1)
-    (cause,) = learning.update(study, study.get_trials())
+    (cause,) = learning.update(study, TuningTrial.all(study.get_trials()))
     baseline = SPACE.complete(SPACE.baseline_params())
     assert cause.key == "autocast=none" and learning.excluded_by(baseline) is cause
     _told(study, "highest", "none", 0.5)  # the baseline
-    (note,) = learning.update(study, study.get_trials())
+    (note,) = learning.update(study, TuningTrial.all(study.get_trials()))
     assert note.describe().startswith("the baseline (trial 3) fails with accuracy too")
     assert learning.excluded_by(baseline) is None and learning.causes == {}
     assert stored_causes(study.user_attrs) == []
-    assert learning.update(study, study.get_trials()) == []  # said once
+    assert learning.update(study, TuningTrial.all(study.get_trials())) == []  # said once
 
 
 def test_a_device_fault_of_every_setting_excludes_nothing() -> None:
@@ -346,7 +347,7 @@ def test_the_finish_shrinks_to_the_time_left() -> None:
         for key, value in ((records.STEP_MEDIAN_S, step), (records.COMPILE_S, 20.0), (records.FEASIBLE, True)):
             trial.set_user_attr(key, value)
         study.tell(trial, step)
-    trials = study.trials
+    trials = TuningTrial.all(study.trials)
     full = plan_finish(trials, 5, 12, None)
     assert (full.race_top, full.verify_rounds, full.ablations) == (5, 12, True)
     smaller = plan_finish(trials, 5, 12, full.seconds / 2)

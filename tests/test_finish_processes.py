@@ -34,6 +34,7 @@ from tpu_tuner.tuning.run.clock import (
 )
 from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.verify.verification import verify
 
 SPACE = SearchSpace.load(Path(__file__).parent / "fixtures" / "tpu_eager_space.toml", "tpu")
@@ -68,21 +69,21 @@ def _study(rows=CHIP, envs: bool = True, reference_s: float = 0.0) -> optuna.Stu
 
 
 def test_a_process_costs_what_a_trial_in_a_worker_of_its_own_took_beyond_compile_and_steps() -> None:
-    trials = _study().get_trials()
+    trials = TuningTrial.all(_study().get_trials())
     assert process_seconds(trials) == pytest.approx(20.4 + 78.4)
     # No trial started a worker of its own: the largest overhead (the first worker's first trial).
-    assert process_seconds(_study(CHIP[:1]).get_trials()) == pytest.approx(62.9)
+    assert process_seconds(TuningTrial.all(_study(CHIP[:1]).get_trials())) == pytest.approx(62.9)
 
 
 def test_the_reference_outputs_a_trial_computed_are_not_a_process_start() -> None:
     study = _study(reference_s=50.0)
-    assert process_seconds(study.get_trials()) == pytest.approx(20.4 + 78.4 - 50.0)
+    assert process_seconds(TuningTrial.all(study.get_trials())) == pytest.approx(20.4 + 78.4 - 50.0)
 
 
 def test_the_finish_of_settings_in_processes_of_their_own_is_costed_with_their_starts() -> None:
     plan = FinishPlan(0, 0, 12, False, 0.0)
-    shared = finish_seconds(_study(envs=False).get_trials(), plan)
-    own = finish_seconds(_study().get_trials(), plan)
+    shared = finish_seconds(TuningTrial.all(_study(envs=False).get_trials()), plan)
+    own = finish_seconds(TuningTrial.all(_study().get_trials()), plan)
     # One worker: two builds and 12 rounds of both steps, under 10 s.
     assert shared == pytest.approx(0.3 * (2.74 + 7.85) + 3 * (0.2425 + 0.1488) + 12 * (0.2425 + 0.1488))
     # Two blocks of 6 rounds: three process starts (A B, B A), each setting built in each block.
@@ -92,7 +93,7 @@ def test_the_finish_of_settings_in_processes_of_their_own_is_costed_with_their_s
 
 
 def test_the_search_keeps_room_for_the_process_starts_and_the_finish_fits_what_is_left() -> None:
-    trials = _study().get_trials()
+    trials = TuningTrial.all(_study().get_trials())
     # A race and 6 rounds, each setting in a process of its own: five process starts of ~99 s.
     assert 500 < reserved_finish_seconds(trials) < 540  # the chip run kept about a minute
     now = [420.0]  # where the chip's search went on at 7 minutes of 8

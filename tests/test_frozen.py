@@ -122,6 +122,7 @@ def test_a_hang_teaches_nothing_covers_no_setting_and_is_measured_again() -> Non
     from tpu_tuner.studies.trial_record import TrialRecord
     from tpu_tuner.tuning.search.failure_learning import evidence_of
     from tpu_tuner.tuning.search.trial_attrs import record_failure
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     study = optuna.create_study()
     trial = study.ask({"layout": optuna.distributions.CategoricalDistribution(["2x1x1", "1x2x1"])})
@@ -129,4 +130,4 @@ def test_a_hang_teaches_nothing_covers_no_setting_and_is_measured_again() -> Non
     record_failure(trial, TrialFailure(FailureKind.HANG, "the worker (pid 7) froze: stopped (SIGSTOP) for 5 s"))
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     trials = study.get_trials()
-    assert evidence_of(trials, 1e-2) == [] and covered_settings(trials) == {}
+    assert evidence_of(TuningTrial.all(trials), 1e-2) == [] and covered_settings(trials) == {}

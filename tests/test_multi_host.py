@@ -102,7 +102,8 @@ def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -
     from tpu_tuner.studies.coverage import covered_settings
     from tpu_tuner.studies.trial_record import TrialRecord
     from tpu_tuner.tuning.search.failure_learning import evidence_of
-    from tpu_tuner.tuning.search.trial_attrs import failed_to_run, record_failure
+    from tpu_tuner.tuning.search.trial_attrs import record_failure
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     assert LOST_HOST == records.INTERRUPTED
     study = optuna.create_study()
@@ -111,7 +112,8 @@ def test_a_trial_a_lost_host_cut_short_teaches_nothing_and_covers_no_setting() -
     record_failure(trial, TrialFailure(LOST_HOST, "host b (node 1, agent pid 7) stopped answering"))
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     frozen = study.get_trials()
-    assert evidence_of(frozen, 1e-2) == [] and covered_settings(frozen) == {} and not failed_to_run(frozen[0])
+    read = TuningTrial.all(frozen)
+    assert evidence_of(read, 1e-2) == [] and covered_settings(frozen) == {} and not read[0].failed_to_run
 
 
 # --- hosts as process trees on loopback -------------------------------------------------------

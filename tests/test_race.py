@@ -11,6 +11,7 @@ from tpu_tuner.runner.requests import CompareRequest, Comparison
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning import TuneOptions
 from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, RunnerOptions
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.verify.race import leaders
 from tpu_tuner.tuning.verify.verification import verify
 
@@ -64,7 +65,8 @@ def test_a_leader_that_one_measurement_put_second_wins_the_race_and_is_verified(
 def test_a_lone_leader_and_a_distant_runner_up_are_not_raced(options) -> None:
     # 45 ms against 100 ms: beyond RACE_WITHIN of the leader, one measurement's noise cannot reverse that.
     study = searched_study({("none", "highest"): 0.100, ("none", "medium"): 0.040, ("bfloat16", "medium"): 0.080})
-    assert [t.params["matmul_precision"] for t in leaders(study, precision_space().baseline_params())] == ["medium"]
+    led = leaders(TuningTrial.all(study.trials), precision_space().baseline_params())
+    assert [t.params["matmul_precision"] for t in led] == ["medium"]
     runner = _ScriptedRunner()
     v = verify(study, precision_space(), runner, options, "cpu")
     assert v.race == [] and v.chosen.to_dict()["matmul_precision"] == "medium"
@@ -88,8 +90,9 @@ def test_the_race_is_kept_in_result_json(options) -> None:
 
 def test_a_bucketed_search_is_not_raced() -> None:
     figures = {("none", "highest"): 0.100, ("bfloat16", "highest"): 0.041, ("none", "medium"): 0.045}
-    assert len(leaders(searched_study(figures), precision_space().baseline_params())) == 2
-    assert leaders(searched_study(figures, buckets=[16, 32]), precision_space().baseline_params()) == []
+    baseline = precision_space().baseline_params()
+    assert len(leaders(TuningTrial.all(searched_study(figures).trials), baseline)) == 2
+    assert leaders(TuningTrial.all(searched_study(figures, buckets=[16, 32]).trials), baseline) == []
 
 
 def test_out_of_time_the_contributions_are_left_out_with_why_unless_one_knob_changed(options) -> None:

@@ -293,7 +293,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
 
     from tpu_tuner.api import tune
     from tpu_tuner.tuning.options.tune_options import TuneOptions
-    from tpu_tuner.tuning.search import trial_attrs
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     # No pruning: the test counts the data-parallel settings measured to the end.
     options = TuneOptions(
@@ -311,7 +311,7 @@ def test_a_study_measures_a_failing_layout_alone_then_gives_it_up(tmp_path) -> N
     )
     result = tune(FIXTURES / "tiny_gpt.py", options)
     tensor = [t for t in result.study.get_trials() if t.params.get("layout") == "1x1x2"]
-    failed = [t for t in tensor if trial_attrs.failed_to_run(t)]
+    failed = [t for t in tensor if TuningTrial.of(t).failed_to_run]
     # Given up unmeasured: rejected by the sharding agent once the layout failed alone, or, once it
     # failed twice with no success, excluded by the study (tuning/search/failure_learning.py), whichever came first.
     given_up = [t for t in tensor if {"rejected_by", "excluded_by"} & set(records.attrs(t))]

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.search.search_space import Param, SearchSpace
 from tpu_tuner.tuning.search.stacking import record_plan, stacked_setting
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 SPACE = SearchSpace(
     "test",
@@ -46,7 +47,7 @@ def _study(results: list[tuple[dict[str, str], float | None]]) -> optuna.Study:
 
 def _stacked(results: list[tuple[dict[str, str], float | None]]) -> dict[str, str] | None:
     study = _study(results)
-    return stacked_setting(study, study.get_trials(deepcopy=False), SPACE)
+    return stacked_setting(study, TuningTrial.all(study.get_trials(deepcopy=False)), SPACE)
 
 
 def test_the_variants_that_beat_the_combined_seed_are_stacked() -> None:

@@ -614,9 +614,13 @@ def test_trials_csv_keeps_host_and_names_the_warm_start_source(tmp_path: Path) -
 
 
 def test_the_report_reads_the_attr_warm_start_writes() -> None:
-    from tpu_tuner.outputs import trial_sources
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
-    assert trial_sources.WARM_START_ATTR == warm_start.TRIAL_ATTR == "warm_start"
+    study = optuna.create_study()
+    study.enqueue_trial({}, user_attrs={warm_start.TRIAL_ATTR: {"source": "earlier"}})
+    study.tell(study.ask(), 1.0)
+    assert warm_start.TRIAL_ATTR == "warm_start"  # the record (and the report) read it by this name
+    assert TuningTrial.of(study.trials[0]).warm_start == {"source": "earlier"}
 
 
 # --- through tune() ------------------------------------------------------------------------------

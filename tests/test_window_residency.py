@@ -133,6 +133,7 @@ def test_the_finish_is_costed_with_a_build_per_block_where_settings_are_kept_apa
     block of steps of each setting (execution/timer.py), not one step."""
     from tpu_tuner.tuning.run.clock import FinishPlan, finish_seconds
     from tpu_tuner.tuning.search.memory_limit import MemoryLimit
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     def study(memory: int, block: int, compile_s: float = 40.0) -> optuna.Study:
         made = optuna.create_study()
@@ -151,9 +152,9 @@ def test_the_finish_is_costed_with_a_build_per_block_where_settings_are_kept_apa
         return made
 
     plan = FinishPlan(0, 0, 12, False, 0.0)  # 12 verification rounds of the baseline and the best
-    side_by_side = finish_seconds(study(64 * GIB, 1).get_trials(), plan)
-    apart = finish_seconds(study(CHIP, 1).get_trials(), plan)
+    side_by_side = finish_seconds(TuningTrial.all(study(64 * GIB, 1).get_trials()), plan)
+    apart = finish_seconds(TuningTrial.all(study(CHIP, 1).get_trials()), plan)
     builds = 0.3 * 40.0 * 2 + 3 * (0.243 + 0.165)  # each setting's cached build and warm-up
     assert apart - side_by_side == pytest.approx(builds)  # two blocks: built twice, not once
-    blocks = finish_seconds(study(64 * GIB, 2).get_trials(), plan)
+    blocks = finish_seconds(TuningTrial.all(study(64 * GIB, 2).get_trials()), plan)
     assert blocks - side_by_side == pytest.approx(12 * (0.243 + 0.165))  # two steps a round each

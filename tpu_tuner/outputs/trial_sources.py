@@ -6,24 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from optuna.trial import TrialState
 
 from tpu_tuner.core.units import ms
-from tpu_tuner.studies import records
 
 if TYPE_CHECKING:
     from tpu_tuner.tuning.run.tuning_result import TuningResult
-
-
-# The trial user attr an enqueued earlier best carries (tuning/search/warm_start.py).
-WARM_START_ATTR = records.WARM_START
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 
 def warm_start_section(result: TuningResult) -> list[str]:
     """Where each warm-start trial's setting came from (an earlier study's best: tuning/search/warm_start.py),
     what it measured there and what it measured here; nothing when no trial was warm-started."""
-    trials = [
-        t for t in result.study.get_trials(deepcopy=False) if isinstance(records.attrs(t).get(WARM_START_ATTR), dict)
-    ]
+    trials = [t for t in result.trials() if t.warm_start is not None]
     if not trials:
         return []
     base = _trial_value(result, result.verification.baseline_trial)
@@ -39,7 +34,7 @@ def warm_start_section(result: TuningResult) -> list[str]:
         "|---:|---|---|---:|---:|",
     ]
     for t in trials:
-        seed = records.attrs(t)[WARM_START_ATTR]
+        seed = t.warm_start or {}
         earlier = f"trial {seed['trial']} of " if seed.get("trial") is not None else ""
         there = ms_or_blank(seed.get("objective_s"))
         if present(seed.get("speedup")):
@@ -58,8 +53,8 @@ def hosts_section(result: TuningResult) -> list[str]:
     """Which host measured what, when trials came from more than one (a shared study), and where
     the comparison was re-measured; one line when everything ran on one known host."""
     v = result.verification
-    trials = [t for t in result.study.get_trials(deepcopy=False) if records.attrs(t).get(records.HOST)]
-    hosts = sorted({str(records.attrs(t)[records.HOST]) for t in trials})
+    trials = [t for t in result.trials() if t.claims.host]
+    hosts = sorted({str(t.claims.host) for t in trials})
     verified_on = getattr(v, "host", None)
     if len(hosts) <= 1:
         if not verified_on:
@@ -78,11 +73,9 @@ def hosts_section(result: TuningResult) -> list[str]:
         "|---|---:|---:|",
     ]
     for host in hosts:
-        own = [
-            (t, a) for t in trials if str((a := records.attrs(t))[records.HOST]) == host and records.REPEAT_OF not in a
-        ]
-        measured = sum(1 for _, a in own if a.get(records.MEASURED))
-        values = [t.value for t, a in own if t.value is not None and a.get(records.FEASIBLE)]
+        own = [t for t in trials if t.claims.host == host and not t.is_repeat]
+        measured = sum(1 for t in own if t.measured)
+        values = [t.value for t in own if t.value is not None and t.feasible]
         out.append(f"| {host} | {measured} | {ms_or_blank(min(values)) if values else 'none feasible'} |")
     return out + [""]
 
@@ -102,29 +95,26 @@ def _trial_value(result: TuningResult, number: int | None) -> float | None:
     return trial.value if trial is not None else None
 
 
-def _measured_here(trial, baseline_value: float | None) -> str:
+def _measured_here(trial: TuningTrial, baseline_value: float | None) -> str:
     """A trial's objective here (and its ratio to the baseline's), or why it has none."""
-    import optuna
-
-    attrs = records.attrs(trial)
-    if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+    kind = trial.failure.kind if trial.failure is not None else None
+    if trial.state == TrialState.COMPLETE and trial.value is not None:
         text = ms_or_blank(trial.value)
         if baseline_value:
             text += f", {baseline_value / trial.value:.2f}x the baseline"
-        if not attrs.get(records.FEASIBLE, True):
-            text += f", infeasible ({attrs.get(records.FAILURE_KIND, 'constraint')})"
+        if not trial.feasible:  # a complete trial's record always says (trial_attrs.record_measurement)
+            text += f", infeasible ({kind or 'constraint'})"
         return text
-    if trial.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING):
+    if trial.state in (TrialState.WAITING, TrialState.RUNNING):
         return "not measured yet"
-    if attrs.get(records.REJECTED_BY):
-        return f"rejected ({str(attrs[records.REJECTED_BY]).replace('|', '/')})"
-    if attrs.get(records.EXCLUDED_BY):
-        return f"excluded ({attrs[records.EXCLUDED_BY]}), not measured"
-    if attrs.get(records.STOPPED_EARLY):
+    if trial.rejected_by:
+        return f"rejected ({trial.rejected_by.replace('|', '/')})"
+    if trial.excluded_by:
+        return f"excluded ({trial.excluded_by}), not measured"
+    if trial.stopped_early:
         return "stopped early (hopeless against the best so far)"
-    kind = attrs.get(records.FAILURE_KIND)
     # A failed measurement is told as pruned with a violated constraint (tuning/search/trials.py).
-    failed = trial.state == optuna.trial.TrialState.FAIL or kind is not None
+    failed = trial.state == TrialState.FAIL or kind is not None
     state = "failed" if failed else trial.state.name.lower()
     return state + (f" ({str(kind).replace('|', '/')})" if kind else "")
 

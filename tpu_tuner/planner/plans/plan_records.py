@@ -13,14 +13,14 @@ from dataclasses import asdict
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.plans.evaluate import judged
 from tpu_tuner.planner.plans.plan_problem import PlanProblem
 from tpu_tuner.planner.plans.plan_result import LayoutPlan
 from tpu_tuner.planner.plans.plan_space import PlanPoint, PlanSpace, point_of
-from tpu_tuner.planner.prediction.collectives import Collective
+from tpu_tuner.planner.plans.plan_trial import PlanTrial
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import file_sha256
 from tpu_tuner.studies.records import PlanOutcome
@@ -76,9 +76,9 @@ def tell_ruled_out(trial: optuna.Trial, outcome: PlanOutcome, gib_over: float, r
     trial.study.tell(trial, state=TrialState.PRUNED)
 
 
-def tell_repeat(trial: optuna.Trial, earlier: FrozenTrial) -> None:
+def tell_repeat(trial: optuna.Trial, earlier: PlanTrial) -> None:
     """Told the value and constraint of the `earlier` trial that compiled the same point."""
-    set_constraint(trial, records.attrs(earlier).get(records.CONSTRAINT_VALUE, REFUSED_VIOLATION))
+    set_constraint(trial, earlier.constraint if earlier.constraint is not None else REFUSED_VIOLATION)
     TrialRecord.of(trial).write(
         {records.OUTCOME: PlanOutcome.REPEAT, records.REASON: f"compiled in trial {earlier.number}"}
     )
@@ -107,33 +107,25 @@ def compiled_to_dict(step: CompiledStep) -> dict[str, Any]:
     return data
 
 
-def compiled_from_dict(data: dict[str, Any]) -> CompiledStep:
-    """The inverse of `compiled_to_dict`."""
-    fields = dict(data)
-    fields["collectives"] = [Collective(**c) for c in fields.get("collectives", [])]
-    return CompiledStep(**fields)
-
-
-def plan_of_trial(problem: PlanProblem, trial: FrozenTrial) -> LayoutPlan:
+def plan_of_trial(problem: PlanProblem, trial: PlanTrial) -> LayoutPlan:
     """A compiled trial's LayoutPlan, predicted anew with this plan's cost model."""
-    attrs = records.attrs(trial)
     point = point_of(trial.params, problem.topology.devices)
     assert point is not None  # a settled trial's parameters were valid: it was not ruled out
-    plan = judged(problem, point, compiled_from_dict(attrs[records.COMPILED_STEP]))
-    plan.fit_effort = attrs.get(records.FIT_EFFORT, "fast" if problem.fast else "full")
+    assert trial.compiled is not None  # a compiled (or refused) trial keeps the compiler's figures
+    plan = judged(problem, point, trial.compiled)
+    plan.fit_effort = trial.fit_effort or ("fast" if problem.fast else "full")
     return plan
 
 
-def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
+def trial_summary(trial: PlanTrial) -> dict[str, Any]:
     """A trial as the plan's JSON lists it."""
-    attrs = records.attrs(trial)
     return {
         "number": trial.number,
         "state": trial.state.name,
-        "outcome": attrs.get(records.OUTCOME),
-        "point": attrs.get(records.POINT),
+        "outcome": trial.outcome,
+        "point": trial.point,
         "params": trial.params,
-        "reason": attrs.get(records.REASON),
+        "reason": trial.reason,
         "tokens_per_second": trial.value if trial.state == TrialState.COMPLETE else None,
-        "worker": attrs.get(records.WORKER),
+        "worker": trial.worker,
     }

@@ -59,6 +59,7 @@ from tpu_tuner.planner.plans.plan_space import (
     point_of,
     valid_points,
 )
+from tpu_tuner.planner.plans.plan_trial import PlanTrial
 from tpu_tuner.planner.prediction.hbm_estimate import FIT_MARGIN, estimate, estimate_record
 from tpu_tuner.studies import records
 from tpu_tuner.studies.fingerprint import differing_keys, digest
@@ -79,8 +80,6 @@ MAX_IDLE_ASKS = 200
 # reached the best sooner on every kept search table (docs/planner.md, "The search over slices").
 STARTUP_TRIALS = 4
 
-
-_COMPILED = (PlanOutcome.COMPILED, PlanOutcome.REFUSED)  # the outcomes of a trial that compiled
 
 Evaluator = Callable[[PlanProblem, list[PlanPoint], CompilePool, Callable[[str], None]], dict[PlanPoint, LayoutPlan]]
 
@@ -130,7 +129,7 @@ def search(
         # Memory first (fits_first.py): the first trials are the best-predicted points estimated to
         # fit; with none, the line saying what would fit and the closest point, compiled anyway.
         first, _ = choose(problem, valid, min(STARTUP_TRIALS, budget), emit)
-        seen = {records.attrs(t).get(records.POINT) for t in study.get_trials(deepcopy=False)}
+        seen = {t.point for t in PlanTrial.all(study.get_trials(deepcopy=False))}
         for point in first:
             if not estimate(problem, point).fits(problem.hbm):
                 allowed.add(point.key())
@@ -164,8 +163,8 @@ def search(
             f"search: stopped after {end.idle} proposals in a row that were compiled, invalid or ruled out "
             f"({end.spent} of {limit} compiles): the sampler finds nothing new"
         )
-    trials = study.get_trials(deepcopy=False)
-    compiled = [t for t in trials if records.attrs(t).get(records.OUTCOME) in _COMPILED]
+    trials = PlanTrial.all(study.get_trials(deepcopy=False))  # each trial read once for the plan
+    compiled = [t for t in trials if t.spends]
     plans = [plan_of_trial(problem, t) for t in compiled]
     for plan in plans:  # a trial keeps the compiler's figures; the estimate is recomputed (cheap)
         plan.memory_estimate = estimate_record(problem, plan.point)
@@ -268,23 +267,23 @@ class PlanTrials(Feature):
         return point.key() if point is not None else None
 
     def setting_written(self, trial: FrozenTrial) -> bool:
-        return records.COMPILING in records.attrs(trial)  # written after the last parameter
+        return PlanTrial.of(trial).compiling is not None  # written after the last parameter
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
         # A point ruled out for HBM is settled too (a grid covers it), but spends no compile.
         found: dict[Hashable, FrozenTrial] = {}
         for t in trials:
-            attrs = records.attrs(t)
-            if attrs.get(records.OUTCOME) in (*_COMPILED, PlanOutcome.LOWER_BOUND):
-                found.setdefault(attrs.get(records.POINT), t)
+            record = PlanTrial.of(t)
+            if record.spends or record.outcome is PlanOutcome.LOWER_BOUND:
+                found.setdefault(record.point, t)
         return found
 
     def spends(self, trial: FrozenTrial) -> bool:
-        return records.attrs(trial).get(records.OUTCOME) in _COMPILED
+        return PlanTrial.of(trial).spends
 
     def holds_claim(self, trial: FrozenTrial) -> Holding:
         # The claim is its `compiling` flag: set at begin, cleared once it is settled without one.
-        compiling = records.attrs(trial).get(records.COMPILING)
+        compiling = PlanTrial.of(trial).compiling
         return Holding.DECIDING if compiling is None else Holding.YES if compiling else Holding.NO
 
     def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
@@ -292,7 +291,7 @@ class PlanTrials(Feature):
         if how is Settled.RELEASED or other is None:
             tell_ruled_out(trial, PlanOutcome.RELEASED, 0.0, "the budget was filled by earlier trials")
         elif how is Settled.REPEAT and other.state == TrialState.COMPLETE:
-            tell_repeat(trial, other)
+            tell_repeat(trial, PlanTrial.of(other))
         else:  # in flight, or a repeat of a trial not complete yet
             tell_ruled_out(trial, PlanOutcome.REPEAT, 0.0, f"compiling in trial {other.number}")
 

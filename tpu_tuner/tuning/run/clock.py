@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from tpu_tuner.core.units import duration
-from tpu_tuner.studies import records
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TrialCosts, TuningTrial
 
 MIN_VERIFY_ROUNDS = 4
 WARMUP_STEPS = 3  # steps a compared setting runs before its first timed round (about warm_up's minimum)
@@ -150,36 +149,34 @@ class _Setting:
         return (RECOMPILE_SHARE if cached else 1.0) * self.compile_s + WARMUP_STEPS * self.step_s
 
 
-def _measured(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, _Setting]]:
+def _measured(trials: Sequence[TuningTrial]) -> list[tuple[TuningTrial, _Setting]]:
     found = []
     for trial in trials:
-        attrs = records.attrs(trial)
-        step = attrs.get(records.STEP_MEDIAN_S)
-        if step is not None and trial_attrs.is_feasible(trial) and records.REPEAT_OF not in attrs:
-            env = tuple(attrs.get(records.START_ENV) or ())
-            measured = trial_attrs.measurement_of(trial)
-            block = measured.steps_per_sample if measured is not None else 1
-            peak, memory = attrs.get(records.PEAK_MEMORY_BYTES), attrs.get(records.MEMORY_LIMIT_BYTES)
-            compile_s = float(attrs.get(records.COMPILE_S) or 0.0)
-            found.append((trial, _Setting(float(step), compile_s, env, block, peak, memory)))
+        step = trial.step_median_s
+        if step is not None and trial.is_feasible and not trial.is_repeat:
+            block = trial.measurement.steps_per_sample if trial.measurement is not None else 1
+            compile_s = trial.compile_s or 0.0
+            setting = _Setting(
+                step, compile_s, trial.start_env, block, trial.peak_memory_bytes, trial.memory_limit_bytes
+            )
+            found.append((trial, setting))
     return sorted(found, key=lambda pair: pair[0].value if pair[0].value is not None else float("inf"))
 
 
-def process_seconds(trials: Sequence[FrozenTrial]) -> float:
+def process_seconds(trials: Sequence[TuningTrial]) -> float:
     """What starting a process for a compared setting costs beyond its compile and steps, as the
     search measured it: the median start-up and overhead of the trials that started a worker of
     their own, else the largest overhead of any trial (the first worker's first trial). Less the
     reference's and the baseline's outputs such a trial computed, which a comparing process skips."""
-    costs = [records.attrs(t) for t in trials]
+    costs = [t.costs for t in trials]
 
-    def beyond(a: Mapping[str, Any]) -> float:
-        overhead = float(a.get(records.OVERHEAD_S) or 0.0) - float(a.get(records.REFERENCE_S) or 0.0)
-        return float(a.get(records.WORKER_START_S) or 0.0) + max(0.0, overhead)
+    def beyond(c: TrialCosts) -> float:
+        return (c.worker_start_s or 0.0) + max(0.0, (c.overhead_s or 0.0) - (c.reference_s or 0.0))
 
-    fresh = [beyond(a) for a in costs if float(a.get(records.WORKER_START_S) or 0.0) > 0.0]
+    fresh = [beyond(c) for c in costs if (c.worker_start_s or 0.0) > 0.0]
     if fresh:
         return statistics.median(fresh)
-    return max((beyond(a) for a in costs), default=0.0)
+    return max((beyond(c) for c in costs), default=0.0)
 
 
 def window_seconds(settings: Sequence[_Setting], rounds: int, process_s: float, cached: Sequence[bool]) -> float:
@@ -202,7 +199,7 @@ def window_seconds(settings: Sequence[_Setting], rounds: int, process_s: float, 
     return starts * process_s + blocks * sum(builds) + steps
 
 
-def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_knobs: int = 3) -> float:
+def finish_seconds(trials: Sequence[TuningTrial], plan: FinishPlan, differing_knobs: int = 3) -> float:
     """Expected seconds of `plan` on the study's measured settings: the baseline (the first
     trial measured) and the best; each knob-reverted setting costs about as much as the best."""
     measured = _measured(trials)
@@ -224,7 +221,7 @@ def finish_seconds(trials: Sequence[FrozenTrial], plan: FinishPlan, differing_kn
 
 
 def plan_finish(
-    trials: Sequence[FrozenTrial],
+    trials: Sequence[TuningTrial],
     race_top: int,
     verify_rounds: int,
     seconds_left: float | None,
@@ -247,28 +244,24 @@ def plan_finish(
     return next((p for p in costed if p.seconds <= seconds_left), costed[-1])
 
 
-def next_trial_seconds(trials: Sequence[FrozenTrial]) -> float:
+def next_trial_seconds(trials: Sequence[TuningTrial]) -> float:
     """What the next trial is expected to take: the median wall time of the measured ones."""
     walls = _walls(trials)
     return statistics.median(walls) if walls else 0.0
 
 
-def _walls(trials: Sequence[FrozenTrial]) -> list[float]:
+def _walls(trials: Sequence[TuningTrial]) -> list[float]:
     """The wall times of the measured trials (a repeat measured nothing)."""
-    return [
-        float(attrs[records.TRIAL_WALL_S])
-        for attrs in map(records.attrs, trials)
-        if records.TRIAL_WALL_S in attrs and records.REPEAT_OF not in attrs
-    ]
+    return [t.costs.wall_s for t in trials if t.costs.wall_s is not None and not t.is_repeat]
 
 
-def reserved_finish_seconds(trials: Sequence[FrozenTrial]) -> float:
+def reserved_finish_seconds(trials: Sequence[TuningTrial]) -> float:
     """The room the search keeps for the finish: a race of `RESERVED_RACE_TOP` leaders and
     `RESERVED_VERIFY_ROUNDS` rounds, costed on the measured settings."""
     return finish_seconds(trials, FinishPlan(RESERVED_RACE_TOP, 4, RESERVED_VERIFY_ROUNDS, False, 0.0))
 
 
-def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
+def search_may_go_on(trials: Sequence[TuningTrial], clock: Clock) -> bool:
     """Whether one more trial (as long as the median one so far) fits before the room kept for
     the finish (`reserved_finish_seconds`)."""
     left = clock.left_to_work()
@@ -277,7 +270,7 @@ def search_may_go_on(trials: Sequence[FrozenTrial], clock: Clock) -> bool:
     return left - next_trial_seconds(trials) > reserved_finish_seconds(trials)
 
 
-def clock_stop_words(trials: Sequence[FrozenTrial], clock: Clock) -> str:
+def clock_stop_words(trials: Sequence[TuningTrial], clock: Clock) -> str:
     """Why the search stopped for the clock, with its figures (a search that stopped with 44 s
     left and said nothing, issue 55)."""
     left = clock.left()
@@ -289,14 +282,14 @@ def clock_stop_words(trials: Sequence[FrozenTrial], clock: Clock) -> str:
     )
 
 
-def only_baseline_words(trials: Sequence[FrozenTrial], clock: Clock | None, budget: int) -> str:
+def only_baseline_words(trials: Sequence[TuningTrial], clock: Clock | None, budget: int) -> str:
     """The verdict of a search that measured no setting but the baseline: undecided, with what a
     clock that measures `budget` settings would take (never "no gain": nothing was compared)."""
     # The clock is the cause where it turned settings away, or where nothing but the baseline was asked.
-    clock_refused = any(str(records.attrs(t).get(records.REJECTED_BY, "")).startswith(CLOCK) for t in trials)
+    clock_refused = any((t.rejected_by or "").startswith(CLOCK) for t in trials)
     # Settings queued (seeds) but never asked wait in the study: the clock left no room to ask them.
     asked = [t for t in trials if t.state is not TrialState.WAITING]
-    only_asked = all(records.attrs(t).get(records.MEASURED) for t in asked)
+    only_asked = all(t.measured for t in asked)
     if clock is None or clock.budget_s is None or not (clock_refused or only_asked):
         return (
             "undecided: no setting but the baseline was measured (every other was rejected, excluded or "
@@ -309,7 +302,7 @@ def only_baseline_words(trials: Sequence[FrozenTrial], clock: Clock | None, budg
     )
 
 
-def expected_trial_seconds(trials: Sequence[FrozenTrial], execution: str) -> tuple[float, bool]:
+def expected_trial_seconds(trials: Sequence[TuningTrial], execution: str) -> tuple[float, bool]:
     """What a trial of compile mode `execution` is expected to take, and whether that mode was
     seen: the longest wall time of the measured trials of that mode (its compile dominates: a
     max-autotune compile of 112 s against 10 s trials of others), else the median of all."""
@@ -326,12 +319,12 @@ class TrialAllowance:
     skip: str | None = None
 
 
-def trial_allowance(trials: Sequence[FrozenTrial], clock: Clock, execution: str) -> TrialAllowance:
+def trial_allowance(trials: Sequence[TuningTrial], clock: Clock, execution: str) -> TrialAllowance:
     """The clock's promise for a trial of compile mode `execution`: skipped when what this search
     saw that mode take does not fit what is left before the finish's room; else allowed that
     much, and stopped there (a mode not seen yet may compile for longer than any seen)."""
     left = clock.left_to_work()
-    if left is None or not any(records.MEASUREMENT in records.attrs(t) for t in trials):
+    if left is None or not any(t.measurement is not None for t in trials):
         # No budget, or nothing measured yet (the baseline, or its retry after a lost worker):
         # measured whatever the clock.
         return TrialAllowance()

@@ -74,6 +74,7 @@ from tpu_tuner.tuning.search.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.seeding import build_sampler, enqueue_seeds, warm_seeds
 from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.search.workload_features import features_of
 from tpu_tuner.tuning.verify.race import RACE_TOP, leaders
 from tpu_tuner.tuning.verify.verification import Verification, verify
@@ -302,7 +303,7 @@ def search(run: Run, planned: Planned) -> Searched:
         worker,
     )
     if end == StopReason.CLOCK:
-        run.say("search", clock_stop_words(study.get_trials(deepcopy=False), run.clock))
+        run.say("search", clock_stop_words(TuningTrial.all(study.get_trials(deepcopy=False)), run.clock))
     left_to = None
     if location.shared:
         run.say("verify", "settling: waiting for the study's running trials")
@@ -344,9 +345,8 @@ def race_and_verify(run: Run, searched: Searched) -> Verified:
         baseline = space.to_candidate(space.baseline_params())
         kept = Verification.keeping_baseline(baseline, f"not verified by this worker: {searched.left_to}")
         return Verified(searched, kept, measured_here=False, measured=measured)
-    planned = plan_finish(
-        study.get_trials(deepcopy=False), RACE_TOP, searched.options.objective.verify_rounds, run.clock.left_to_work()
-    )
+    trials = TuningTrial.all(study.get_trials(deepcopy=False))  # read once for the whole phase (`verify` too)
+    planned = plan_finish(trials, RACE_TOP, searched.options.objective.verify_rounds, run.clock.left_to_work())
     run.say("verify", f"re-measuring the leaders and the best against the baseline, interleaved: {planned.describe()}")
 
     def verify_progress(done: int, first: int, ratio: float) -> None:
@@ -354,9 +354,9 @@ def race_and_verify(run: Run, searched: Searched) -> Verified:
 
     kind, options, agents = searched.profile.device.kind, searched.options, searched.agents
     memory = memory_limit(options.objective.memory_limit_bytes, kind, searched.profile.device.memory_bytes)
-    memory_bytes = memory.bytes if memory is not None else None
-    verification = verify(study, space, run.runner, options, kind, verify_progress, agents, run.clock, memory_bytes)
-    for why in phases_not_run(planned, verification, len(leaders(study, space.baseline_params()))):
+    limit = memory.bytes if memory is not None else None
+    verification = verify(study, space, run.runner, options, kind, verify_progress, agents, run.clock, limit, trials)
+    for why in phases_not_run(planned, verification, len(leaders(trials, space.baseline_params()))):
         run.say("verify", why)
     return Verified(searched, replace(verification, host=socket.gethostname()), measured_here=True, measured=measured)
 

@@ -24,7 +24,6 @@ import optuna
 from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.core.polling import poll
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.studies import records
 from tpu_tuner.studies.coverage import covered_settings, last_measured, measured_count
 from tpu_tuner.studies.fingerprint import differences
 from tpu_tuner.studies.liveness import RunningWatch, Worker, fail_lost_trials
@@ -32,6 +31,7 @@ from tpu_tuner.studies.loop import StopReason
 from tpu_tuner.studies.opening import POLL_S, OpenedStudy, open_study
 from tpu_tuner.tuning.options.tune_options import TuneOptions
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 log = logging.getLogger(__name__)
 
@@ -236,12 +236,10 @@ def verification_left_to(study: optuna.Study, worker: Worker, end: StopReason, w
     if done is not None and done.get("measured") == measured:
         return f"the study was verified by worker {done.get('worker')} ({done.get('run_dir')})"
     last = last_measured(trials)
-    if last is None or records.attrs(last).get(records.WORKER) == worker.id:
+    last_worker = TuningTrial.of(last).claims.worker if last is not None else None
+    if last is None or last_worker == worker.id:
         return None
-    return (
-        f"worker {records.attrs(last).get(records.WORKER)} measured the study's last trial and verifies it "
-        "(or run `tpu-tune study finish`)"
-    )
+    return f"worker {last_worker} measured the study's last trial and verifies it (or run `tpu-tune study finish`)"
 
 
 __all__ = [

@@ -28,7 +28,7 @@ from tpu_tuner.core.run_folder import new_run_dir
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.load import load_summary
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, trial_runner
-from tpu_tuner.studies import records, run_file
+from tpu_tuner.studies import run_file
 from tpu_tuner.studies.coverage import covered_settings, measured_count
 from tpu_tuner.studies.fingerprint import file_sha256, fingerprint
 from tpu_tuner.studies.liveness import (
@@ -46,9 +46,9 @@ from tpu_tuner.tuning.run.phases import OutputsWriter, Run, Searched, Verified
 from tpu_tuner.tuning.run.run_setup import prepare_agents, start_ranks_on
 from tpu_tuner.tuning.run.shared_study import PROFILE_ATTR, RECORD_ATTR, join_differences, recorded_verification
 from tpu_tuner.tuning.run.tuning_result import TuningResult
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.failure_learning import label, stored_causes, stored_not_blamed
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.verify.verification import Verification
 
 log = logging.getLogger(__name__)
@@ -151,17 +151,17 @@ def study_status(storage: str, name: str) -> StudyStatus:
     trials = study.get_trials(deepcopy=False)
     states = Counter(t.state.name for t in trials)
     tallies: dict[str, WorkerTally] = {}
-    for t in trials:
-        attrs = records.attrs(t)
-        worker = attrs.get(records.WORKER)
+    read = TuningTrial.all(trials)
+    for t, r in zip(trials, read):
+        worker = r.claims.worker
         if worker is None:
             continue
-        tally = tallies.setdefault(worker, WorkerTally(worker, str(attrs.get(records.HOST, "?"))))
-        tally.measured += int(bool(attrs.get(records.MEASURED)) and records.REPEAT_OF not in attrs)
-        tally.running += int(t.state == optuna.trial.TrialState.RUNNING)
+        tally = tallies.setdefault(worker, WorkerTally(worker, r.claims.host or "?"))
+        tally.measured += int(r.measured and not r.is_repeat)
+        tally.running += int(r.state == optuna.trial.TrialState.RUNNING)
         tally.lost += int(is_lost(t))
-    feasible = [t for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
-    best = min(feasible, key=trial_attrs.objective) if feasible else None
+    feasible = [r for r in read if r.is_feasible and r.value is not None]
+    best = min(feasible, key=lambda r: r.objective) if feasible else None
     options = record.get("options", {})
     return StudyStatus(
         name=name,
@@ -173,14 +173,12 @@ def study_status(storage: str, name: str) -> StudyStatus:
         workers=list(tallies.values()),
         best_value=best.value if best else None,
         best_label=_label(best) if best else None,
-        best_host=str(records.attrs(best).get(records.HOST, "?")) if best else None,
+        best_host=(best.claims.host or "?") if best else None,
         verification=recorded_verification(study),
         exclusions=[cause.describe(label) for cause in stored_causes(study.user_attrs)],
         not_blamed=[note.describe() for note in stored_not_blamed(study.user_attrs)],
-        stopped_early=sum(
-            1 for a in map(records.attrs, trials) if records.STOPPED_EARLY in a and records.REPEAT_OF not in a
-        ),
-        excluded_asks=sum(1 for a in map(records.attrs, trials) if records.EXCLUDED_BY in a),
+        stopped_early=sum(1 for r in read if r.stopped_early is not None and not r.is_repeat),
+        excluded_asks=sum(1 for r in read if r.excluded_by is not None),
     )
 
 
@@ -208,7 +206,7 @@ def finish_study(
     )
     running = [t for t in fail_lost_trials(study, rdb) if t.state == optuna.trial.TrialState.RUNNING]
     if running and not now:
-        hosts = sorted({str(records.attrs(t).get(records.HOST, "?")) for t in running})
+        hosts = sorted({TuningTrial.of(t).claims.host or "?" for t in running})
         raise UserInputError(
             f"study {name!r}: {len(running)} trial(s) still running (on {', '.join(hosts)}); the worker "
             "that completes the budget verifies. Give --now to verify what is measured so far"
@@ -293,10 +291,10 @@ def _verified(run: Run, searched: Searched) -> Verified:
     return Verified(searched, from_plain(Verification, done), measured_here=False, measured=measured)
 
 
-def _label(trial: optuna.trial.FrozenTrial) -> str:
+def _label(trial: TuningTrial) -> str:
     from tpu_tuner.knobs.candidate import Candidate
 
-    candidate = records.attrs(trial).get(records.CANDIDATE)
+    candidate = trial.candidate
     if isinstance(candidate, dict):
         try:
             return Candidate.from_dict(candidate).describe()

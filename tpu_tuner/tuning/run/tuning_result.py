@@ -29,13 +29,12 @@ from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs.tuned_config import TunedConfig
 from tpu_tuner.metrics.mfu import common_peak, mfu
 from tpu_tuner.profiling.profile import Profile
-from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import TuneOptions
 from tpu_tuner.tuning.run.finished_run import RESULT_FORMAT, load_space, load_study, read_finished_run
 from tpu_tuner.tuning.run.shared_study import RECORD_ATTR
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trials_table import trials_frame
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.verify.trim import TRIMMED
 from tpu_tuner.tuning.verify.verification import Verification, trial_measurement
 from tpu_tuner.tuning.verify.window_figures import (
@@ -70,6 +69,10 @@ class TuningResult:
     # redacted: Optuna gives a study's storage no public accessor.
     storage_url: str | None = None
 
+    def trials(self) -> list[TuningTrial]:
+        """The study's trials as records (tuning/search/tuning_trial.py), read now: the reports take these."""
+        return TuningTrial.all(self.study.get_trials(deepcopy=False))
+
     @property
     def peak(self) -> tuple[float, str]:
         """The run's one MFU peak (FLOP/s, dtype): the highest any part of the run used.
@@ -80,8 +83,8 @@ class TuningResult:
         and never above 100%.
         """
         peaks = [(self.profile.peak_flops_per_s, self.profile.peak_dtype)]
-        for t in self.study.get_trials(deepcopy=False):
-            m = trial_attrs.measurement_of(t)
+        for t in self.trials():
+            m = t.measurement
             if m is not None and m.peak_flops_per_s > 0:
                 peaks.append((m.peak_flops_per_s, m.peak_dtype))
         return common_peak(peaks)
@@ -217,16 +220,15 @@ class TuningResult:
     def chosen_bucketing(self) -> dict[str, Any] | None:
         """The buckets of the chosen setting's trial, when the inputs vary (tuning/search/bucketing_context.py)."""
         chosen = self.verification.chosen.to_dict()
-        for t in self.study.get_trials(deepcopy=False):
-            attrs = records.attrs(t)
-            if attrs.get(records.BUCKETS) and attrs.get(records.CANDIDATE) == chosen:
+        for t in self.trials():
+            if t.buckets and t.candidate == chosen:
                 from tpu_tuner.model.buckets.torchtpu_buckets import torchtpu_instructions
 
                 return {
-                    "buckets": attrs[records.BUCKETS],
+                    "buckets": list(t.buckets),
                     "align": self.options.objective.bucket_align,
-                    "padding_waste": attrs.get(records.PADDING_WASTE),
-                    "torchtpu": torchtpu_instructions(attrs[records.BUCKETS]),
+                    "padding_waste": t.padding_waste,
+                    "torchtpu": torchtpu_instructions(list(t.buckets)),
                 }
         return None
 

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
 
 from tpu_tuner.core.failures import MEASURED_AGAIN, WORKER_FAILURES, FailureKind
 from tpu_tuner.knobs import registry as knobs
@@ -31,7 +30,7 @@ from tpu_tuner.studies import records
 from tpu_tuner.studies.attribution import Cause, Evidence, NotBlamed, Probe, Suspect, attribute
 from tpu_tuner.studies.coverage import setting_key
 from tpu_tuner.tuning.search.search_space import SearchSpace
-from tpu_tuner.tuning.search.trial_attrs import accuracy_excess_of
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +55,31 @@ def label(name: str, value: Any) -> str:
     return words or f"{name} {value}"
 
 
-def evidence_of(trials: Sequence[FrozenTrial], tolerance: float) -> list[Evidence]:
+def evidence_of(trials: Sequence[TuningTrial], tolerance: float) -> list[Evidence]:
     """The measured trials as evidence: the failure kind each failed with, and the kinds it got
     past. Rejected, repeated, excluded, lost and interrupted trials measured nothing and say nothing."""
     evidence = []
     for trial in trials:
-        attrs = records.attrs(trial)
-        kind = attrs.get(records.FAILURE_KIND)
-        if not attrs.get(records.MEASURED) or records.REPEAT_OF in attrs or kind in MEASURED_AGAIN:
+        kind = trial.failure.kind if trial.failure is not None else None
+        if not trial.measured or trial.is_repeat or kind in MEASURED_AGAIN:
             continue  # an interrupted trial (a host lost midway) was measured by nobody
-        early = attrs.get(records.EARLY_STOP) or {}
+        early = trial.early_stop
         if kind in WORKER_FAILURES:
             outcomes = {kind: True}
-        elif early and early.get("reason") == "compile":
+        elif early is not None and early.reason == "compile":
             # Cut off while compiling: a compile that cannot pay back is a failure of its own kind.
             outcomes = {COMPILE_COST: True}
         else:
             outcomes = dict.fromkeys((*WORKER_FAILURES, COMPILE_COST), False)
             # What the guardrail judged: the error beyond the baseline's, not the error against fp32
             # (a chip's default precision is itself more than the tolerance from fp32).
-            excess = accuracy_excess_of(attrs)
+            excess = trial.accuracy_excess
             if excess is not None:
                 outcomes[FailureKind.ACCURACY] = excess > tolerance
-            if not early:  # a stopped trial's peak memory was not measured
+            if early is None:  # a stopped trial's peak memory was not measured
                 outcomes[FailureKind.MEMORY] = kind == FailureKind.MEMORY
         evidence.append(
-            Evidence(trial.number, dict(trial.params), outcomes, str(attrs.get(records.FAILURE_MESSAGE, "")))
+            Evidence(trial.number, dict(trial.params), outcomes, (trial.failure and trial.failure.message) or "")
         )
     return evidence
 
@@ -117,7 +115,7 @@ class FailureLearning:
         self._read: tuple[float, int] | None = None  # when the stored causes were read; failures then
         self._said: set[tuple[str, bool]] = set()  # the kinds blamed on nothing said so far (kind, baseline's)
 
-    def update(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[Cause | NotBlamed]:
+    def update(self, study: optuna.Study, trials: Sequence[TuningTrial]) -> list[Cause | NotBlamed]:
         """Read the causes the study holds (again when `trials` hold failures not seen at the last
         read, or `CAUSES_REREAD_S` after it) and find new ones in `trials` (stored in the study,
         and probes queued); returns what this worker had not known of, in the order found: causes,
@@ -168,9 +166,9 @@ class FailureLearning:
         failure makes it a cause), so it is measured to its verdict, not stopped early."""
         return [suspect for suspect in self.suspects if suspect.matches(setting)]
 
-    def _queue_probes(self, study: optuna.Study, trials: Sequence[FrozenTrial], probes: list[Probe]) -> None:
+    def _queue_probes(self, study: optuna.Study, trials: Sequence[TuningTrial], probes: list[Probe]) -> None:
         held = {setting_key(t.params) for t in trials}  # waiting ones too: a probe is queued once
-        probes_for = (records.attrs(trial).get(records.PROBE_FOR) for trial in trials)
+        probes_for = (trial.probe_for for trial in trials)
         queued = Counter(probe_for.get("kind", "") for probe_for in probes_for if isinstance(probe_for, dict))
         for probe in probes:
             setting = self.space.complete(probe.setting)

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial
 
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 PRUNE_FACTOR = 1.5
 
 
-def best_objective(trials: Sequence[FrozenTrial]) -> float | None:
+def best_objective(trials: Sequence[TuningTrial]) -> float | None:
     """The best feasible objective among `trials`, or None before any."""
-    values = [t.value for t in trials if trial_attrs.is_feasible(t) and t.value is not None]
+    values = [t.value for t in trials if t.is_feasible and t.value is not None]
     return min(values) if values else None
 
 
@@ -36,7 +36,7 @@ class HopelessPruner(optuna.pruners.BasePruner):
     def __init__(self, factor: float = PRUNE_FACTOR) -> None:
         self.factor = factor
 
-    def threshold(self, trials: Sequence[FrozenTrial]) -> float | None:
+    def threshold(self, trials: Sequence[TuningTrial]) -> float | None:
         """The objective beyond which a trial is hopeless, given the study's `trials`."""
         best = best_objective(trials)
         return None if best is None else best * self.factor
@@ -44,7 +44,7 @@ class HopelessPruner(optuna.pruners.BasePruner):
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         if not trial.intermediate_values:
             return False
-        limit = self.threshold(study.get_trials(deepcopy=False))
+        limit = self.threshold(TuningTrial.all(study.get_trials(deepcopy=False)))
         _, last = max(trial.intermediate_values.items())
         return limit is not None and last > limit
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from tpu_tuner.knobs.candidate import Candidate
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 PLAN_ATTR = "seed_variants"  # {"combined": params, "variants": [params, ...]}
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -35,7 +35,7 @@ def record_plan(study: optuna.Study, combined: dict[str, Any], variants: list[di
         study.set_user_attr(PLAN_ATTR, {"combined": combined, "variants": variants})
 
 
-def stacked_setting(study: optuna.Study, trials: Sequence[FrozenTrial], space: SearchSpace) -> dict[str, Any] | None:
+def stacked_setting(study: optuna.Study, trials: Sequence[TuningTrial], space: SearchSpace) -> dict[str, Any] | None:
     """The combined seed with the changes of every variant that beat it (the best variant's first;
     a later one that changes a parameter an earlier one set is left out), once the combined seed
     and all of its variants have finished; None before then, or with fewer than two winners."""
@@ -50,7 +50,7 @@ def stacked_setting(study: optuna.Study, trials: Sequence[FrozenTrial], space: S
         candidate = space.to_candidate(dict(trial.params))
         if trial.state in FINISHED:
             finished.add(candidate)
-        if trial_attrs.is_feasible(trial) and trial.value is not None:
+        if trial.is_feasible and trial.value is not None:
             results[candidate] = min(trial.value, results.get(candidate, trial.value))
     if not {combined, *variants} <= finished or combined not in results:
         return None

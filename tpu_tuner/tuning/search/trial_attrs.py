@@ -8,12 +8,11 @@ go through `records.attrs`, which reads a study of any version.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import optuna
 
-from tpu_tuner.core.failures import WORKER_FAILURES, FailureKind
+from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.execution.measurement import AccuracyFigures, EarlyStop, Measurement, TrialFailure, accuracy_refusal
 from tpu_tuner.studies import records
 from tpu_tuner.studies.trial_costs import COST_KEYS
@@ -143,43 +142,10 @@ def accuracy_excess_of(attrs: Any) -> float | None:
     return None if error is None else float(error)
 
 
-def failed_to_run(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial's measurement failed in the worker (an error, crash, out-of-memory or
-    timeout): told as FAIL by earlier versions, as PRUNED with a failure kind now."""
-    return (
-        trial.state != optuna.trial.TrialState.COMPLETE
-        and records.attrs(trial).get(records.FAILURE_KIND) in WORKER_FAILURES
-        and records.REPEAT_OF not in records.attrs(trial)
-    )
-
-
 def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
     """The measurement a trial stored, or None for failed, rejected and repeated trials."""
     raw = records.attrs(trial).get(records.MEASUREMENT)
     return Measurement(**json.loads(raw)) if raw else None
-
-
-def _measured(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]], key: str) -> list[Any]:
-    """The record's `key` figure of each of `settings` (a trial's params) from the search's trials
-    (the last one of those params that has it), None where none ran it or it has no such figure."""
-    found: dict[str, Any] = {}
-    for trial in trials:
-        if value := records.attrs(trial).get(key):
-            found[json.dumps(trial.params, sort_keys=True)] = value
-    return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
-
-
-def measured_peaks(trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]) -> list[int | None]:
-    """The peak memory the search measured for each of `settings`: what a comparison needs to know
-    of steps kept side by side (tuning/run/clock.py, `resident_groups`)."""
-    return _measured(trials, settings, records.PEAK_MEMORY_BYTES)
-
-
-def measured_steps(
-    trials: Sequence[optuna.trial.FrozenTrial], settings: Sequence[dict[str, Any]]
-) -> list[float | None]:
-    """The median step the search measured for each of `settings` (tuning/verify/search_agreement.py)."""
-    return _measured(trials, settings, records.STEP_MEDIAN_S)
 
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:

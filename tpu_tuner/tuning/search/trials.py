@@ -9,7 +9,7 @@ what the run reports as it goes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import InitVar, dataclass, replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 from tpu_tuner.tuning.search.pruning import HopelessPruner, best_objective
 from tpu_tuner.tuning.search.search_space import SearchSpace
 from tpu_tuner.tuning.search.trial_lines import objective_name, suspected_words, trial_figures
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class TuneTrials(Feature):
         self.pruner = HopelessPruner() if self.options.search.prune and self.bucketing is None else None
         self.stop_above_s: float | None = None  # the pruner's threshold, read each round
         self.out_of_time = False
-        self.seen: Sequence[FrozenTrial] = ()  # the study's trials as the loop last read them (`observe`)
+        self.seen: Sequence[TuningTrial] = ()  # the study's trials as the loop last read them (`observe`)
         self.stacked = False  # whether this worker queued the seeds' winners stacked (stacking.py)
         # The best feasible objective so far, for progress lines: from the loop's read of the
         # study (`observe`) and this worker's tells, not a read of the study a line.
@@ -307,17 +308,17 @@ class TuneTrials(Feature):
     def observe(self, trials: Sequence[FrozenTrial]) -> None:
         """Tell the agents of every failed trial they have not heard of: this worker's, an earlier
         run's, or another worker's (each worker's agents learn from the whole study)."""
-        self.best = best_objective(trials)
-        self.seen = trials  # the loop's read of the study this round: the clock's allowance reads it
-        for trial in trials:
-            if trial_attrs.failed_to_run(trial) and trial.number not in self.told:
+        self.seen = TuningTrial.all(trials)  # the loop's read of the study this round, each trial read once
+        self.best = best_objective(self.seen)
+        for trial in self.seen:
+            if trial.failed_to_run and trial.number not in self.told:
                 self.told.add(trial.number)
-                _tell_agents(self.study, self.agents, self.space, trial.params, trial.number, records.attrs(trial))
-        for cause in self.learning.update(self.study, trials):
+                _tell_agents(self.study, self.agents, self.space, trial)
+        for cause in self.learning.update(self.study, self.seen):
             self.emit(
                 Progress("learn", cause.describe(label), elapsed=self.clock.elapsed(), time_left=self.clock.left())
             )
-        if not self.stacked and (stacked := stacking.stacked_setting(self.study, trials, self.space)) is not None:
+        if not self.stacked and (stacked := stacking.stacked_setting(self.study, self.seen, self.space)) is not None:
             self.stacked = True
             self.study.enqueue_trial(stacked, skip_if_exists=True)
             self.emit(
@@ -330,8 +331,8 @@ class TuneTrials(Feature):
                 )
             )
         if self.pruner is not None:
-            self.stop_above_s = self.pruner.threshold(trials)
-        self.out_of_time = not search_may_go_on(trials, self.clock)
+            self.stop_above_s = self.pruner.threshold(self.seen)
+        self.out_of_time = not search_may_go_on(self.seen, self.clock)
 
     def stop_reason(self) -> StopReason | None:
         # --timeout on the run's clock too (the loop's own timeout would count on another).
@@ -376,22 +377,15 @@ def as_clock(clock: Clock | float, options: TuneOptions) -> Clock:
     return Clock(options.search.time_budget_s, clock) if isinstance(clock, int | float) else clock
 
 
-def _tell_agents(
-    study: optuna.Study,
-    agents: list[Agent],
-    space: SearchSpace,
-    params: dict[str, Any],
-    number: int,
-    attrs: Mapping[str, Any],
-) -> None:
+def _tell_agents(study: optuna.Study, agents: list[Agent], space: SearchSpace, trial: TuningTrial) -> None:
     """Tell every agent that a measured trial failed, and how (`Agent.learn`); the settings they
     ask for to tell what failed are queued next (once: a setting the study holds is skipped)."""
-    kind = attrs.get(records.FAILURE_KIND)
-    if kind is None or kind in MEASURED_AGAIN or records.REJECTED_BY in attrs or records.REPEAT_OF in attrs:
+    failure = trial.failure
+    if failure is None or failure.kind in MEASURED_AGAIN or trial.rejected_by is not None or trial.is_repeat:
         return
-    candidate = space.to_candidate(dict(params))
+    candidate = space.to_candidate(dict(trial.params))
     for agent in agents:
-        for follow_up in agent.learn(candidate, number, str(kind), str(attrs.get(records.FAILURE_MESSAGE, ""))):
+        for follow_up in agent.learn(candidate, trial.number, failure.kind, failure.message or ""):
             study.enqueue_trial(space.complete(follow_up), skip_if_exists=True)
 
 

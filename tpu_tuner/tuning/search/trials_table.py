@@ -16,10 +16,10 @@ import pandas as pd
 from tpu_tuner.execution.measurement import Measurement
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.studies import records
-from tpu_tuner.studies.outcome import Outcome, outcome_of
+from tpu_tuner.studies.outcome import Outcome
 from tpu_tuner.studies.trial_costs import COST_KEYS
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 TRIAL_COLUMNS = [
     "number",
@@ -70,10 +70,12 @@ def trials_frame(
     its first trial's, as it takes its figures)."""
     rows = []
     trials = study.get_trials(deepcopy=False)
-    measurements = {t.number: trial_attrs.measurement_of(t) for t in trials}
-    for t in trials:
+    read = TuningTrial.all(trials)
+    measurements = {r.number: r.measurement for r in read}
+    for t, r in zip(trials, read):
+        # trials.csv's columns are the record's keys as stored (any version's): the one reader of the dict.
         attrs = records.attrs(t)
-        outcome = outcome_of(t.state.name, attrs)
+        outcome = r.outcome
         if outcome is Outcome.NEVER_RUN:
             continue  # a seed left queued when the search ended: no trial of this run
         row: dict[str, Any] = {"number": t.number, "state": t.state.name, "outcome": str(outcome)}
@@ -83,10 +85,10 @@ def trials_frame(
             row[records.WARM_START] = row[records.WARM_START].get("source")
         row["duration_s"] = t.duration.total_seconds() if t.duration else None
         # A repeat carries its first trial's figures: its MFU too, on the run's peak.
-        measured = on_run_peak(measurements.get(attrs.get(records.REPEAT_OF, t.number)))
+        measured = on_run_peak(measurements.get(r.measured_by))
         if measured is not None:
             row.update(mfu=measured.mfu, peak_dtype=measured.peak_dtype)
-        row.update((window_marks or {}).get(attrs.get(records.REPEAT_OF, t.number), {}))
+        row.update((window_marks or {}).get(r.measured_by, {}))
         rows.append(row)
     frame = pd.DataFrame(rows)
     # A stable schema: every documented column is present, even when no trial set it.

@@ -31,8 +31,8 @@ from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import StudyStorage
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.earlier_studies import EarlierStudy, Verified, folder_studies, storage_studies
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.search.workload_features import MAX_DISTANCE, WorkloadFeatures, distance
 
 if TYPE_CHECKING:
@@ -144,8 +144,8 @@ def enqueue_warm_seeds(study: optuna.Study, seeds: list[WarmSeed]) -> None:
 # --- the best setting of one study --------------------------------------------------------------
 
 
-def _candidate_of(trial: optuna.trial.FrozenTrial) -> Candidate | None:
-    stored = records.attrs(trial).get(records.CANDIDATE)
+def _candidate_of(trial: TuningTrial) -> Candidate | None:
+    stored = trial.candidate
     try:
         if isinstance(stored, Mapping):
             return Candidate.from_dict(stored)
@@ -170,8 +170,8 @@ def _in_space(space: SearchSpace, candidate: Candidate) -> dict[str, str] | None
 
 
 def _baseline_trial(
-    trials: list[optuna.trial.FrozenTrial], verified: Verified | None, baselines: tuple[Candidate, ...]
-) -> optuna.trial.FrozenTrial | None:
+    trials: list[TuningTrial], verified: Verified | None, baselines: tuple[Candidate, ...]
+) -> TuningTrial | None:
     if verified is not None and verified.baseline_trial is not None:
         named = next((t for t in trials if t.number == verified.baseline_trial), None)
         if named is not None:
@@ -182,17 +182,16 @@ def _baseline_trial(
 def _best_of(
     study: optuna.Study, space: SearchSpace, baseline: Candidate, earlier: EarlierStudy, d: float, match: str
 ) -> WarmSeed | None:
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    feasible = sorted(
-        (t for t in trials if trial_attrs.is_feasible(t) and t.value is not None), key=lambda t: (t.value, t.number)
-    )
+    trials = TuningTrial.all(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    feasible = [t for t in trials if t.is_feasible and t.value is not None]
+    feasible.sort(key=lambda t: (t.objective, t.number))
     base_trial = _baseline_trial(trials, earlier.verified, (baseline, Candidate()))
     base_candidate = _candidate_of(base_trial) if base_trial is not None else None
     # The setting the earlier run verified first: its race re-measured the search's leaders
     # interleaved, which orders settings a few percent apart that one measurement each cannot
     # (benchmarks/tuning/warm_start.py: offering the search's fastest instead cost 4 trials on a GPT pair).
     chosen = earlier.verified.best_trial if earlier.verified is not None else None
-    feasible.sort(key=lambda t: int(records.attrs(t).get(records.REPEAT_OF, t.number)) != chosen)
+    feasible.sort(key=lambda t: t.measured_by != chosen)
     for t in feasible:
         candidate = _candidate_of(t)
         if (
@@ -207,7 +206,7 @@ def _best_of(
                 "warm start: %s trial %d (%s) cannot run in this space", earlier.source, t.number, candidate.describe()
             )
             continue
-        number = int(records.attrs(t).get(records.REPEAT_OF, t.number))
+        number = t.measured_by
         if earlier.verified is not None and earlier.verified.applies_to(number, candidate, t is feasible[0]):
             speedup, verified = earlier.verified.speedup, True
         else:
@@ -218,7 +217,7 @@ def _best_of(
             source=earlier.source,
             match=match,
             distance=d,
-            objective_s=trial_attrs.objective(t),
+            objective_s=t.objective,
             speedup=speedup,
             verified=verified,
             trial=number,

@@ -12,16 +12,14 @@ the verification. A lone leader (no runner-up within reach) is not raced.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import optuna
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.ranked_runner import Runner
-from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import TuneOptions
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial, measured_peaks
 from tpu_tuner.tuning.verify.interleaved import compare_interleaved, start_environments
 
 # How many of the search's leaders are raced, and how far behind the best one may be: beyond
@@ -43,37 +41,32 @@ class RaceEntry:
     speedup_over_baseline: float
 
 
-def leaders(study: optuna.Study, baseline_params: dict[str, str]) -> list[optuna.trial.FrozenTrial]:
-    """The feasible, measured, non-baseline settings worth racing, fastest first."""
+def leaders(trials: Sequence[TuningTrial], baseline_params: dict[str, str]) -> list[TuningTrial]:
+    """The feasible, measured, non-baseline settings worth racing among the study's `trials`, fastest first."""
     feasible = [
         t
-        for t in study.get_trials(deepcopy=False)
-        if trial_attrs.is_feasible(t)
-        and trial_attrs.measurement_of(t) is not None
-        and records.REPEAT_OF not in records.attrs(t)
-        and t.params != baseline_params
+        for t in trials
+        if t.is_feasible and t.measurement is not None and not t.is_repeat and t.params != baseline_params
     ]
-    feasible.sort(key=trial_attrs.objective)
-    if not feasible or any(records.BUCKETS in records.attrs(t) for t in feasible):
+    feasible.sort(key=lambda t: t.objective)
+    if not feasible or any(t.buckets is not None for t in feasible):
         # With varying input lengths the objective is the expected step over the length sample
         # under each trial's own buckets (tuning/search/bucketing_context.py), which a race at one shape cannot
         # re-measure: the search's order stands.
         return []
-    return [
-        t for t in feasible[:RACE_TOP] if trial_attrs.objective(t) <= trial_attrs.objective(feasible[0]) * RACE_WITHIN
-    ]
+    return [t for t in feasible[:RACE_TOP] if t.objective <= feasible[0].objective * RACE_WITHIN]
 
 
 def race(
-    study: optuna.Study,
+    trials: Sequence[TuningTrial],
     space: SearchSpace,
     runner: Runner,
     options: TuneOptions,
-    contenders: list[optuna.trial.FrozenTrial],
+    contenders: list[TuningTrial],
     rounds: int | None = None,
     memory_bytes: int | None = None,
-) -> tuple[optuna.trial.FrozenTrial, list[RaceEntry]] | str:
-    """Race `contenders` (fastest first by the search) against the baseline, interleaved, for
+) -> tuple[TuningTrial, list[RaceEntry]] | str:
+    """Race `contenders` (fastest first by the search, of the study's `trials`) against the baseline, interleaved, for
     `rounds` rounds (default: half the verification's, at least 4);
     returns the winner and every entry, or why the race failed (the caller keeps the search's
     best then). Settings whose measured peaks exceed `memory_bytes` together are not built side by
@@ -89,7 +82,7 @@ def race(
         options.runner,
         None,
         start_environments(candidates, space.device_kind),
-        trial_attrs.measured_peaks(study.get_trials(deepcopy=False), settings),
+        measured_peaks(trials, settings),
         memory_bytes,
     )
     if isinstance(compared, str):
@@ -97,14 +90,14 @@ def race(
     samples = compared[0]
     entries = []
     for trial, times in zip(contenders, samples[1:]):
-        measured = trial_attrs.measurement_of(trial)
+        measured = trial.measurement
         compile_share = measured.compile_seconds / options.objective.planned_steps if measured is not None else 0.0
         median = sorted(times)[len(times) // 2]
         entries.append(
             RaceEntry(
                 trial=trial.number,
                 label=space.to_candidate(dict(trial.params)).describe(),
-                search_amortised_s=trial_attrs.objective(trial),
+                search_amortised_s=trial.objective,
                 interleaved_amortised_s=median + compile_share,
                 speedup_over_baseline=paired_speedup(samples[0], times).speedup,
             )

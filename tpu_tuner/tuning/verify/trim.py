@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.metrics.paired import PairedSpeedup, VerdictKind
-from tpu_tuner.tuning.search import trial_attrs
 
 if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
-
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
     from tpu_tuner.tuning.verify.verify_window import DecidedWindow
 
 TRIMMED = "trimmed"  # the trimmed setting's label in its window's samples
@@ -93,7 +91,7 @@ def trim(
     best_params: dict[str, Any],
     baseline_params: dict[str, Any],
     normalize: Callable[[dict[str, Any]], dict[str, Any]],
-    trials: Sequence[FrozenTrial],
+    trials: Sequence[TuningTrial],
     first: tuple[VerdictKind, str],
     reverify: Callable[[dict[str, Any]], DecidedWindow | str] | None,
     no_room: str,
@@ -112,7 +110,7 @@ def trim(
     names = [c.param for c in harmful]
     found = f"{_and(names)} slowed the best ({'; '.join(c.describe() for c in harmful)}: {_their(names)} below 1)"
     params = normalize({**best_params, **{c.param: c.baseline_value for c in harmful}})
-    trial = next((t for t in trials if t.params == params and trial_attrs.measurement_of(t) is not None), None)
+    trial = next((t for t in trials if t.params == params and t.measurement is not None), None)
     number = trial.number if trial is not None else None
 
     def keeping(why: str, measured: Trim | None = None) -> Trimmed:
@@ -120,7 +118,7 @@ def trim(
 
     if params == baseline_params:
         return keeping("and without them the setting is the baseline's")
-    if trial is not None and not trial_attrs.is_feasible(trial):
+    if trial is not None and not trial.is_feasible:
         return keeping(f"but the best without them failed the accuracy guardrail in the search (trial {number})")
     unchecked = (
         ""

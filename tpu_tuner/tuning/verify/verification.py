@@ -17,15 +17,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
 
 from tpu_tuner.core.failures import FailureKind
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.paired import MIN_GAIN, PairedSpeedup, VerdictKind, paired_speedup
 from tpu_tuner.metrics.unsteady import Unsteady
 from tpu_tuner.runner.ranked_runner import Runner
-from tpu_tuner.studies import records
-from tpu_tuner.studies.outcome import TRIED, outcome_of
+from tpu_tuner.studies.outcome import TRIED
 from tpu_tuner.tuning.agents.base import Agent
 from tpu_tuner.tuning.options.tune_options import TuneOptions
 from tpu_tuner.tuning.run.clock import (
@@ -37,8 +35,8 @@ from tpu_tuner.tuning.run.clock import (
     only_baseline_words,
     plan_finish,
 )
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial, measured_peaks, measured_steps
 from tpu_tuner.tuning.verify.interleaved import InterleavedWindow, VerifyProgress, start_environments
 from tpu_tuner.tuning.verify.race import RACE_TOP, RaceEntry, leaders, race
 from tpu_tuner.tuning.verify.search_agreement import agreed_window
@@ -145,6 +143,7 @@ def verify(
     agents: Sequence[Agent] = (),
     clock: Clock | None = None,
     memory_bytes: int | None = None,
+    trials: Sequence[TuningTrial] | None = None,
 ) -> Verification:
     """Re-measure the search's best against the baseline (and each knob reverted, unless an
     agent in `agents` rejects the reverted setting), interleaved; recommend the best only when
@@ -154,23 +153,27 @@ def verify(
     round, so compile time is not in it); the search ranked by amortised step. With a `clock` of
     limited time, the race and the rounds are what fits the time left (tuning/run/clock.py).
     Settings whose measured peaks add up to more than `memory_bytes` (the device's memory, or the
-    user's limit) are never built side by side (`clock.resident_groups`).
+    user's limit) are never built side by side (`clock.resident_groups`). `trials`: the study's
+    trials as the caller read them at the phase's start (None: read here).
     """
-    trials = study.get_trials(deepcopy=False)
-    measured = [t for t in trials if trial_attrs.measurement_of(t) is not None]
+    # Each trial read once (`TuningTrial`): the phase's helpers (the clock, the race, the trim) take these.
+    trials = TuningTrial.all(study.get_trials(deepcopy=False)) if trials is None else trials
+    measured = [t for t in trials if t.measurement is not None]
     baseline_params = space.baseline_params()
     baseline_trial = next((t for t in measured if t.params == baseline_params), None)
-    feasible = [t for t in measured if trial_attrs.is_feasible(t)]
+    feasible = [t for t in measured if t.is_feasible]
     baseline = space.to_candidate(baseline_params)
     # The baseline is what the user's code runs and what accuracy is judged against: its own error
     # never keeps it out of the comparison (it fails its guardrail only with outputs not finite, or
     # in a study of an earlier version, which judged it against fp32: TorchTPU's default failed).
-    kind = records.attrs(baseline_trial).get(records.FAILURE_KIND) if baseline_trial is not None else None
-    if baseline_trial is None or not (trial_attrs.is_feasible(baseline_trial) or kind == FailureKind.ACCURACY):
+    failure = baseline_trial.failure if baseline_trial is not None else None
+    kind = failure.kind if failure is not None else None
+    if baseline_trial is None or not (baseline_trial.is_feasible or kind == FailureKind.ACCURACY):
+        said = failure.message if failure is not None and failure.message is not None else kind
         reason = (
             "the baseline trial did not produce a measurement"
             if baseline_trial is None
-            else f"the baseline is infeasible ({records.attrs(baseline_trial).get(records.FAILURE_MESSAGE, kind)})"
+            else f"the baseline is infeasible ({said})"
         )
         return Verification.keeping_baseline(baseline, f"not verified: {reason}", VerdictKind.NOT_VERIFIED)
     if not feasible:
@@ -180,8 +183,8 @@ def verify(
             VerdictKind.NOT_VERIFIED,
             (baseline_trial.number, None),
         )
-    best_trial = min(feasible, key=trial_attrs.objective)
-    others = [t for t in trials if t.params != baseline_params and outcome_of(t.state.name, records.attrs(t)) in TRIED]
+    best_trial = min(feasible, key=lambda t: t.objective)
+    others = [t for t in trials if t.params != baseline_params and t.outcome in TRIED]
     if best_trial.params == baseline_params and not others:
         # Nothing was compared: a clock too short for any candidate is no evidence of "no gain".
         words = only_baseline_words(trials, clock, options.search.trials or 1)
@@ -200,16 +203,17 @@ def verify(
     # percent apart (tuning/verify/race.py).
     race_entries: list[RaceEntry] = []
     plan = plan_finish(trials, RACE_TOP, options.objective.verify_rounds, _seconds_left(clock)())
-    contenders = leaders(study, baseline_params)[: plan.race_top]
+    contenders = leaders(trials, baseline_params)[: plan.race_top]
     if len(contenders) > 1:
-        raced = race(study, space, runner, options, contenders, plan.race_rounds, memory_bytes)
+        raced = race(trials, space, runner, options, contenders, plan.race_rounds, memory_bytes)
         if isinstance(raced, str):
             log.warning("racing the search's leaders failed (%s); verifying its best by one measurement", raced)
         else:
             best_trial, race_entries = raced
 
     # What the verification itself can afford once the race is run.
-    plan = plan_finish(study.get_trials(deepcopy=False), 0, options.objective.verify_rounds, _seconds_left(clock)())
+    after_race = _reread(study, trials)
+    plan = plan_finish(after_race, 0, options.objective.verify_rounds, _seconds_left(clock)())
     best_params = dict(best_trial.params)
     # A conditional parameter the baseline lacks (inductor's options) differs from its first choice.
     differing = [
@@ -241,7 +245,7 @@ def verify(
             now,
             start_environments(compared, device_kind),
             block_rounds(plan.verify_rounds),
-            trial_attrs.measured_peaks(trials, settings),
+            measured_peaks(trials, settings),
             memory_bytes,
             alone,
         ),
@@ -249,7 +253,7 @@ def verify(
             window, plan.verify_rounds, growth, _seconds_left(clock), progress, list(labels)
         ),
         list(labels),
-        trial_attrs.measured_steps(trials, settings),
+        measured_steps(trials, settings),
         _seconds_left(clock),
         now,
     )
@@ -285,7 +289,7 @@ def verify(
     def reverify(params: dict[str, Any]) -> DecidedWindow | str:
         pair = [baseline.to_dict(), space.to_candidate(params).to_dict()]
         environments = start_environments(pair, device_kind)
-        peaks = trial_attrs.measured_peaks(trials, [baseline_params, params])
+        peaks = measured_peaks(trials, [baseline_params, params])
         window = InterleavedWindow(
             runner, pair, options.runner, now, environments, block_rounds(rounds or 0), peaks, memory_bytes
         )
@@ -295,13 +299,14 @@ def verify(
         trims.extend([] if isinstance(again, str) else [again])
         return f"its window failed: {again}" if isinstance(again, str) else again
 
-    rounds = _reverify_rounds(study.get_trials(deepcopy=False), options.objective.verify_rounds, _seconds_left(clock))
+    after_window = _reread(study, after_race)
+    rounds = _reverify_rounds(after_window, options.objective.verify_rounds, _seconds_left(clock))
     trimmed = trim(
         contributions,
         best_params,
         baseline_params,
         space.normalize,
-        study.get_trials(deepcopy=False),
+        after_window,
         (decided.verdict, message),
         reverify if rounds is not None else None,
         NO_ROOM,
@@ -335,12 +340,20 @@ def verify(
     )
 
 
+def _reread(study: optuna.Study, known: Sequence[TuningTrial]) -> list[TuningTrial]:
+    """The study's trials again after a window ran (in a shared study other workers go on adding and
+    finishing trials meanwhile): only those new or unfinished when `known` was read are read again,
+    since a finished trial's record no longer changes."""
+    kept = {t.number: t for t in known if t.finished}
+    return [kept.get(t.number) or TuningTrial.of(t) for t in study.get_trials(deepcopy=False)]
+
+
 def _seconds_left(clock: Clock | None) -> Callable[[], float | None]:
     return (lambda: None) if clock is None else clock.left_to_work
 
 
 def _reverify_rounds(
-    trials: Sequence[FrozenTrial], verify_rounds: int, seconds_left: Callable[[], float | None]
+    trials: Sequence[TuningTrial], verify_rounds: int, seconds_left: Callable[[], float | None]
 ) -> int | None:
     """The rounds a window of the trimmed setting against the baseline starts with: the most (down
     to `MIN_VERIFY_ROUNDS`, by twos) the clock has room for, None where it has room for none. The
@@ -377,4 +390,4 @@ def trial_measurement(study: optuna.Study, number: int | None) -> Any:
     """The stored measurement of trial `number` (None when absent)."""
     if number is None:
         return None
-    return trial_attrs.measurement_of(study.trials[number])
+    return TuningTrial.of(study.trials[number]).measurement

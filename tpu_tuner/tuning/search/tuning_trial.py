@@ -1,0 +1,238 @@
+"""A tuning trial read once: its stored record (studies/records.py) as a frozen, typed value.
+
+A trial's results live in one Optuna user attribute, a dict of string keys that every version of
+tpu-tune has written in its own layout (`records.attrs` reads them all). `TuningTrial.of` is the
+one place a tuning trial's keys are read: the measurement is parsed once, the figures typed, and
+readers take the record instead of turning the dict into their own figures again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tpu_tuner.core.failures import WORKER_FAILURES
+from tpu_tuner.execution.measurement import EarlyStop, Measurement
+from tpu_tuner.studies import records
+from tpu_tuner.studies.outcome import Outcome, outcome_of
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a trial ended when it measured nothing useful: its kind (a `FailureKind` value, as
+    stored) and the message."""
+
+    kind: str
+    message: str | None
+
+
+@dataclass(frozen=True)
+class TrialCosts:
+    """Where a measured trial's wall time went (studies/trial_costs.py); None where not stored."""
+
+    wall_s: float | None = None
+    worker_start_s: float | None = None
+    steps_s: float | None = None
+    overhead_s: float | None = None
+    reference_s: float | None = None
+    estimate_s: float | None = None
+    build_s: float | None = None
+    judge_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Who ran a trial and where, and what the loop said of it: a repeat of an earlier trial (one
+    in flight on another worker too), or released unmeasured over the budget."""
+
+    worker: str | None = None
+    host: str | None = None
+    hosts: tuple[str, ...] = ()
+    repeat_of: int | None = None
+    in_flight_elsewhere: bool = False
+    over_budget: bool = False
+
+
+@dataclass(frozen=True)
+class TuningTrial:
+    """One tuning trial as its record says (built by `of`): Optuna's own fields, then the record's."""
+
+    number: int
+    state: TrialState
+    params: dict[str, Any]
+    value: float | None
+    outcome: Outcome
+    measured: bool  # the loop's flag: the trial was asked to measure (not answered otherwise)
+    measurement: Measurement | None  # None for failed, rejected and repeated trials
+    candidate: dict[str, Any] | None
+    failure: Failure | None
+    rejected_by: str | None
+    excluded_by: str | None
+    probe_for: dict[str, Any] | None  # a probe queued by failure learning: what it tests
+    early_stop: EarlyStop | None
+    stopped_early: str | None  # the early stop's message
+    costs: TrialCosts
+    claims: Claims
+    feasible: bool  # the record's word (accuracy and memory), whatever the trial's state
+    step_median_s: float | None
+    compile_s: float | None
+    mfu: float | None
+    peak_memory_bytes: int | None
+    memory_limit_bytes: int | None
+    accuracy_excess: float | None  # as `trial_attrs.accuracy_excess_of` judges it
+    start_env: tuple[str, ...]
+    buckets: tuple[int, ...] | None  # with varying input lengths: the trial's best bucketing
+    padding_waste: float | None
+    warm_start: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> TuningTrial:
+        """The record of `trial`, from a study of any version (`records.attrs`)."""
+        a = records.attrs(trial)
+        raw = a.get(records.MEASUREMENT)
+        kind = a.get(records.FAILURE_KIND)
+        repeat_of = a.get(records.REPEAT_OF)
+        excess = a.get(records.ACCURACY_EXCESS)
+        error = a.get(records.ACCURACY_ERROR) if excess is None else excess
+        buckets, warm = a.get(records.BUCKETS), a.get(records.WARM_START)
+        return cls(
+            number=trial.number,
+            state=trial.state,
+            params=dict(trial.params),
+            value=trial.value,
+            outcome=outcome_of(trial.state.name, a),
+            measured=bool(a.get(records.MEASURED)),
+            measurement=Measurement(**json.loads(raw)) if raw else None,
+            candidate=a.get(records.CANDIDATE),
+            failure=None if kind is None else Failure(str(kind), a.get(records.FAILURE_MESSAGE)),
+            rejected_by=a.get(records.REJECTED_BY),
+            excluded_by=a.get(records.EXCLUDED_BY),
+            probe_for=probe if isinstance(probe := a.get(records.PROBE_FOR), dict) else None,
+            early_stop=_early_stop(a.get(records.EARLY_STOP)),
+            stopped_early=a.get(records.STOPPED_EARLY),
+            costs=TrialCosts(
+                _float(a.get(records.TRIAL_WALL_S)),
+                *(_float(a.get(key)) for key in _COST_FIELDS),
+            ),
+            claims=Claims(
+                a.get(records.WORKER),
+                a.get(records.HOST),
+                tuple(a.get(records.HOSTS) or ()),
+                None if repeat_of is None else int(repeat_of),
+                bool(a.get(records.IN_FLIGHT_ELSEWHERE)),
+                bool(a.get(records.OVER_BUDGET)),
+            ),
+            feasible=bool(a.get(records.FEASIBLE)),
+            step_median_s=_float(a.get(records.STEP_MEDIAN_S)),
+            compile_s=_float(a.get(records.COMPILE_S)),
+            mfu=_float(a.get(records.MFU)),
+            peak_memory_bytes=a.get(records.PEAK_MEMORY_BYTES),
+            memory_limit_bytes=a.get(records.MEMORY_LIMIT_BYTES),
+            accuracy_excess=_float(error),
+            start_env=tuple(a.get(records.START_ENV) or ()),
+            buckets=tuple(buckets) if buckets is not None else None,
+            padding_waste=a.get(records.PADDING_WASTE),
+            warm_start=warm if isinstance(warm, dict) else None,
+        )
+
+    @classmethod
+    def all(cls, trials: Iterable[FrozenTrial]) -> list[TuningTrial]:
+        """The records of `trials`, in order."""
+        return [cls.of(trial) for trial in trials]
+
+    @property
+    def is_feasible(self) -> bool:
+        """Whether the trial completed and its record says feasible (accuracy and memory)."""
+        return self.state == TrialState.COMPLETE and self.feasible
+
+    @property
+    def objective(self) -> float:
+        """The objective value of a complete trial (a feasible one always has it), in seconds."""
+        if self.value is None:
+            raise ValueError(f"trial {self.number} has no objective value (state {self.state.name})")
+        return self.value
+
+    @property
+    def is_repeat(self) -> bool:
+        """Whether the trial was answered from an earlier one's result (it measured nothing)."""
+        return self.claims.repeat_of is not None
+
+    @property
+    def measured_by(self) -> int:
+        """The number of the trial that measured this one's setting: the one it repeats, else itself."""
+        return self.number if self.claims.repeat_of is None else self.claims.repeat_of
+
+    @property
+    def failed_to_run(self) -> bool:
+        """Whether the measurement failed in the worker (an error, crash, out-of-memory or timeout):
+        told as FAIL by earlier versions, as PRUNED with a failure kind now."""
+        failure = self.failure
+        return (
+            self.state != TrialState.COMPLETE
+            and failure is not None
+            and failure.kind in WORKER_FAILURES
+            and not self.is_repeat
+        )
+
+    @property
+    def finished(self) -> bool:
+        """Whether the trial is told: a finished trial's record no longer changes."""
+        return self.state.is_finished()
+
+
+def measured_peaks(trials: Sequence[TuningTrial], settings: Sequence[Mapping[str, Any]]) -> list[int | None]:
+    """The peak memory the search measured for each of `settings`: what a comparison needs to know
+    of steps kept side by side (tuning/run/clock.py, `resident_groups`)."""
+    return _measured(trials, settings, lambda t: t.peak_memory_bytes)
+
+
+def measured_steps(trials: Sequence[TuningTrial], settings: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """The median step the search measured for each of `settings` (tuning/verify/search_agreement.py)."""
+    return _measured(trials, settings, lambda t: t.step_median_s)
+
+
+def _measured(
+    trials: Sequence[TuningTrial], settings: Sequence[Mapping[str, Any]], figure: Callable[[TuningTrial], Any]
+) -> list[Any]:
+    """The `figure` of each of `settings` (a trial's params) from the search's trials (the last one
+    of those params that has it), None where none ran it or it has no such figure."""
+    found: dict[str, Any] = {}
+    for trial in trials:
+        if value := figure(trial):
+            found[json.dumps(trial.params, sort_keys=True)] = value
+    return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
+
+
+# The cost fields after the wall time, in `TrialCosts`'s order, and the record key of each.
+_COST_FIELDS = (
+    records.WORKER_START_S,
+    records.STEPS_S,
+    records.OVERHEAD_S,
+    records.REFERENCE_S,
+    records.ESTIMATE_S,
+    records.BUILD_S,
+    records.JUDGE_S,
+)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _early_stop(data: Any) -> EarlyStop | None:
+    """The stored `EarlyStop` (its dict); a record of an earlier layout that does not build one
+    reads as None rather than failing the whole study's reading."""
+    if not isinstance(data, Mapping):
+        return None
+    known = {f.name for f in fields(EarlyStop)}
+    try:
+        return EarlyStop(**{key: value for key, value in data.items() if key in known})
+    except TypeError:
+        return None
+
+
+__all__ = ["Claims", "Failure", "TrialCosts", "TuningTrial", "measured_peaks", "measured_steps"]
