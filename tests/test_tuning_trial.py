@@ -27,8 +27,8 @@ from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.tuning_trial import (
     Claims,
     Failure,
-    TrialCosts,
     TuningTrial,
+    WallTimeSplit,
     measured_peaks,
     measured_steps,
 )
@@ -62,7 +62,7 @@ def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "probe_for": a.get(records.PROBE_FOR),
         "early_stop": EarlyStop(**a[records.EARLY_STOP]) if records.EARLY_STOP in a else None,
         "stopped_early": a.get(records.STOPPED_EARLY),
-        "costs": TrialCosts(a.get(records.TRIAL_WALL_S), *(a.get(key) for key in COST_KEYS)),
+        "costs": WallTimeSplit(a.get(records.TRIAL_WALL_S), *(a.get(key) for key in COST_KEYS)),
         "claims": Claims(
             a.get(records.WORKER),
             a.get(records.HOST),
@@ -170,7 +170,7 @@ def test_claims_costs_an_early_stop_and_a_warm_start_are_typed() -> None:
     record = _check(study.get_trials()[0])
     assert record.early_stop == stop and record.stopped_early == "hopeless" and not record.feasible
     assert record.outcome is Outcome.STOPPED_EARLY and record.compile_s == 1.5
-    assert record.costs == TrialCosts(9.0, 1.0, 2.0, 3.0, 0.5, 0.25, 0.125, 0.0625)
+    assert record.costs == WallTimeSplit(9.0, 1.0, 2.0, 3.0, 0.5, 0.25, 0.125, 0.0625)
     assert record.claims == Claims("w", "h", ("h (node 0)", "g (node 1)"))
     assert (record.start_env, record.buckets) == (("A=1",), (16, 32))
     assert record.warm_start == {"source": "earlier", "trial": 3}

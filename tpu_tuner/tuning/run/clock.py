@@ -21,7 +21,7 @@ from typing import TypeVar
 from optuna.trial import TrialState
 
 from tpu_tuner.core.units import duration
-from tpu_tuner.tuning.search.tuning_trial import TrialCosts, TuningTrial
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial, WallTimeSplit
 
 MIN_VERIFY_ROUNDS = 4
 WARMUP_STEPS = 3  # steps a compared setting runs before its first timed round (about warm_up's minimum)
@@ -170,7 +170,7 @@ def process_seconds(trials: Sequence[TuningTrial]) -> float:
     reference's and the baseline's outputs such a trial computed, which a comparing process skips."""
     costs = [t.costs for t in trials]
 
-    def beyond(c: TrialCosts) -> float:
+    def beyond(c: WallTimeSplit) -> float:
         return (c.worker_start_s or 0.0) + max(0.0, (c.overhead_s or 0.0) - (c.reference_s or 0.0))
 
     fresh = [beyond(c) for c in costs if (c.worker_start_s or 0.0) > 0.0]

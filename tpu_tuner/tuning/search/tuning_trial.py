@@ -31,7 +31,7 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class TrialCosts:
+class WallTimeSplit:
     """Where a measured trial's wall time went (studies/trial_costs.py); None where not stored."""
 
     wall_s: float | None = None
@@ -75,7 +75,7 @@ class TuningTrial:
     probe_for: dict[str, Any] | None  # a probe queued by failure learning: what it tests
     early_stop: EarlyStop | None
     stopped_early: str | None  # the early stop's message
-    costs: TrialCosts
+    costs: WallTimeSplit
     claims: Claims
     feasible: bool  # the record's word (accuracy and memory), whatever the trial's state
     step_median_s: float | None
@@ -114,7 +114,7 @@ class TuningTrial:
             probe_for=probe if isinstance(probe := a.get(records.PROBE_FOR), dict) else None,
             early_stop=_early_stop(a.get(records.EARLY_STOP)),
             stopped_early=a.get(records.STOPPED_EARLY),
-            costs=TrialCosts(
+            costs=WallTimeSplit(
                 _float(a.get(records.TRIAL_WALL_S)),
                 *(_float(a.get(key)) for key in _COST_FIELDS),
             ),
@@ -207,7 +207,7 @@ def _measured(
     return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
 
 
-# The cost fields after the wall time, in `TrialCosts`'s order, and the record key of each.
+# The cost fields after the wall time, in `WallTimeSplit`'s order, and the record key of each.
 _COST_FIELDS = (
     records.WORKER_START_S,
     records.STEPS_S,
@@ -235,4 +235,4 @@ def _early_stop(data: Any) -> EarlyStop | None:
         return None
 
 
-__all__ = ["Claims", "Failure", "TrialCosts", "TuningTrial", "measured_peaks", "measured_steps"]
+__all__ = ["Claims", "Failure", "WallTimeSplit", "TuningTrial", "measured_peaks", "measured_steps"]
