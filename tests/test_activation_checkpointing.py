@@ -33,6 +33,7 @@ from tpu_tuner.tuning.agents import load_agents
 from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.search.search_space import SearchSpace
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 GiB = 2**30
 
@@ -171,7 +172,7 @@ def test_a_trial_over_the_memory_limit_is_infeasible_with_the_reason() -> None:
     study.tell(over, 0.01)
     study.tell(under, 0.02)
     over_t, under_t = study.trials
-    assert not trial_attrs.is_feasible(over_t) and trial_attrs.is_feasible(under_t)
+    assert not TuningTrial.of(over_t).is_feasible and TuningTrial.of(under_t).is_feasible
     assert records.attrs(over_t)["failure_kind"] == "memory"
     assert records.attrs(over_t)["failure_message"] == "peak memory 3 GiB > 2 GiB (--trial-memory-gb)"
     assert over_t.constraints["memory"] == GiB and under_t.constraints["memory"] == -GiB
@@ -180,7 +181,7 @@ def test_a_trial_over_the_memory_limit_is_infeasible_with_the_reason() -> None:
     trial_attrs.copy_attrs(over_t, repeat, 1e-3)
     study.tell(repeat, 0.01)
     assert study.trials[-1].constraints["memory"] == GiB
-    assert not trial_attrs.is_feasible(study.trials[-1])
+    assert not TuningTrial.of(study.trials[-1]).is_feasible
 
 
 def test_the_limit_is_the_users_or_the_device_memory_and_none_on_cpu_without_one() -> None:

@@ -23,7 +23,7 @@ from tpu_tuner.planner.plans.plan_options import PlanOptions, PlanSearch, PlanSt
 from tpu_tuner.planner.plans.plan_search import search
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
 # Keys whose stored form changed since the fixture was written (a knob, the memory estimate and
@@ -70,7 +70,7 @@ def test_an_old_tuning_study_reads_as_the_same_search_stored_now(old_url: str) -
         if candidates[0] is not None:
             assert Candidate.from_dict(candidates[0]) == Candidate.from_dict(candidates[1])
         assert plain[0] == plain[1], o.number
-        old_m, new_m = trial_attrs.measurement_of(o), trial_attrs.measurement_of(n)
+        old_m, new_m = TuningTrial.of(o).measurement, TuningTrial.of(n).measurement
         assert (old_m is None) == (new_m is None)
         if old_m is not None and new_m is not None:
             assert Candidate.from_dict(old_m.candidate) == Candidate.from_dict(new_m.candidate)

@@ -17,7 +17,7 @@ from tpu_tuner.studies.coverage import covered_settings, last_measured, measured
 from tpu_tuner.studies.liveness import is_lost, trial_id_of
 from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord, write_stored
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -102,8 +102,7 @@ def test_a_study_of_the_old_way_reads_as_the_new_one(studies) -> None:
     new_trials, old_trials = new.get_trials(), old.get_trials()
     for n, o in zip(new_trials, old_trials):
         assert records.attrs(o) is o.user_attrs  # nothing to merge: read as stored
-        assert trial_attrs.measurement_of(n) == trial_attrs.measurement_of(o)
-        assert trial_attrs.is_feasible(n) == trial_attrs.is_feasible(o)
+        assert TuningTrial.of(n) == TuningTrial.of(o)
         assert is_lost(n) == is_lost(o)
     new_covered, old_covered = covered_settings(new_trials), covered_settings(old_trials)
     assert {k: t.number for k, t in new_covered.items()} == {k: t.number for k, t in old_covered.items()}

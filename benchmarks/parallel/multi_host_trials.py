@@ -158,7 +158,7 @@ def trials(args: argparse.Namespace) -> None:
 def kill(args: argparse.Namespace) -> None:
     import optuna
 
-    from tpu_tuner.studies import records
+    from tpu_tuner.studies.study_trial import StudyTrial
 
     root = Path(tempfile.mkdtemp(prefix="tpu-tune-bench-kill-"))
     study = f"kill-{uuid.uuid4().hex[:8]}"
@@ -208,10 +208,9 @@ def kill(args: argparse.Namespace) -> None:
     print("  " + [line for line in (root / "a" / "out.txt").read_text().splitlines() if "error" in line][-1])
     before = stored()
     done = {t.number: t.params for t in before if t.state.name == "COMPLETE"}
-    for t in before:
-        attrs = records.attrs(t)
-        if attrs.get(records.FAILURE_KIND):
-            print(f"  trial {t.number} {t.params}: {attrs[records.FAILURE_KIND]}: {attrs[records.FAILURE_MESSAGE]}")
+    for t in StudyTrial.all(before):
+        if t.failure is not None and t.failure.kind:
+            print(f"  trial {t.number} {t.params}: {t.failure.kind}: {t.failure.message}")
     print(
         f"  before the relaunch: {len(done)} measured ({sorted(done)}), "
         f"{sum(t.state.name == 'WAITING' for t in before)} queued"
@@ -225,17 +224,15 @@ def kill(args: argparse.Namespace) -> None:
     after = stored()
     kept = {t.number: t.params for t in after if t.number in done}
     measured = Counter(
-        tuple(sorted(t.params.items()))
-        for t in after
-        if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)
+        tuple(sorted(t.params.items())) for t in StudyTrial.all(after) if t.state.name == "COMPLETE" and not t.is_repeat
     )
     print(
         f"  earlier measurements kept: {kept == done}; measured settings {sum(measured.values())} "
         f"(budget {args.trials}); measured twice: {[dict(k) for k, n in measured.items() if n > 1] or 'none'}"
     )
-    for t in after:
+    for t in StudyTrial.all(after):
         if t.number not in done and t.state.name == "COMPLETE":
-            print(f"  trial {t.number} {t.params} on {records.attrs(t).get(records.HOSTS)}")
+            print(f"  trial {t.number} {t.params} on {list(t.claims.hosts) or None}")
 
 
 def main() -> None:

@@ -20,35 +20,37 @@ import optuna
 
 from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import OutputOptions, RunnerOptions, SearchOptions
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 
 def summarise(study: optuna.Study) -> list[str]:
     """One line per layout, and one per distinct failure or rejection reason of the layouts."""
-    by_layout: dict[str, list[optuna.trial.FrozenTrial]] = collections.defaultdict(list)
-    for trial in study.get_trials(deepcopy=False):
-        if "layout" in trial.params and "repeat_of" not in records.attrs(trial):
+    by_layout: dict[str, list[TuningTrial]] = collections.defaultdict(list)
+    for trial in TuningTrial.all(study.get_trials(deepcopy=False)):
+        if "layout" in trial.params and not trial.is_repeat:
             by_layout[trial.params["layout"]].append(trial)
     lines = []
     for layout, trials in by_layout.items():
-        measured = [t for t in trials if records.attrs(t).get("measured")]
-        feasible = [t for t in measured if trial_attrs.is_feasible(t)]
+        measured = [t for t in trials if t.measured]
+        feasible = [t for t in measured if t.is_feasible]
         failed = [t for t in measured if t.state == optuna.trial.TrialState.FAIL]
-        rejected = [t for t in trials if str(records.attrs(t).get("rejected_by", "")).startswith("sharding")]
-        best = min(feasible, key=lambda t: t.value) if feasible else None
+        rejected = [t for t in trials if str(t.rejected_by or "").startswith("sharding")]
+        best = min(feasible, key=lambda t: t.objective) if feasible else None
         line = (
             f"{layout}: {len(measured)} measured, {len(feasible)} feasible, {len(failed)} failed, "
             f"{len(rejected)} given up by the sharding agent"
         )
         if best is not None:
-            worst = max(float(records.attrs(t).get("accuracy_error", 0.0)) for t in feasible)
+            worst = max(float(t.stored.get(records.ACCURACY_ERROR, 0.0)) for t in feasible)
             others = {k: v for k, v in best.params.items() if k != "layout"}
-            line += f"; best {best.value * 1e3:.1f} ms amortised (trial {best.number}, {others}); max error {worst:.1e}"
+            line += (
+                f"; best {best.objective * 1e3:.1f} ms amortised (trial {best.number}, {others}); max error {worst:.1e}"
+            )
         lines.append(line)
-        reasons = collections.Counter(str(records.attrs(t).get("failure_message", ""))[:140] for t in failed)
+        reasons = collections.Counter(str(t.failure.message if t.failure else "")[:140] for t in failed)
         lines += [f"    failed x{count}: {reason}" for reason, count in reasons.most_common(3)]
         if rejected:
-            lines.append(f"    given up: {str(rejected[0].user_attrs['rejected_by'])[:200]}")
+            lines.append(f"    given up: {str(rejected[0].rejected_by)[:200]}")
     return lines
 
 

@@ -243,15 +243,16 @@ def check(url: str, study: Study) -> dict[str, object]:
     """The invariants of one study, as figures."""
     import optuna
 
-    from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import read_storage
+    from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
     # A server study is tpu-tune's journal (studies/journal.py), not Optuna's RDB tables.
-    trials = optuna.load_study(study_name=study.name, storage=read_storage(url)).get_trials(deepcopy=False)
-    originals = [t for t in trials if t.state.name == "COMPLETE" and records.REPEAT_OF not in records.attrs(t)]
+    stored = optuna.load_study(study_name=study.name, storage=read_storage(url)).get_trials(deepcopy=False)
+    trials = TuningTrial.all(stored)
+    originals = [t for t in trials if t.state.name == "COMPLETE" and not t.is_repeat]
     settings = Counter(tuple(sorted(t.params.items())) for t in originals)
-    feasible = [t for t in originals if records.attrs(t).get(records.FEASIBLE) and t.values]
-    best = min(feasible, key=lambda t: t.values[0]) if feasible else None
+    feasible = [t for t in originals if t.feasible and t.value is not None]
+    best = min(feasible, key=lambda t: t.objective) if feasible else None
     left = orphans(study.mark)
     return {
         "trials": len(trials),
@@ -261,7 +262,7 @@ def check(url: str, study: Study) -> dict[str, object]:
         "failed": sum(1 for t in trials if t.state.name == "FAIL"),
         "orphans": left,
         "best": {k: best.params.get(k) for k in ("autocast", "intra_op_threads")} if best else None,
-        "best_s": best.values[0] if best else None,
+        "best_s": best.objective if best else None,
         "deaths": len(study.deaths),
     }
 

@@ -127,8 +127,8 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     import optuna
 
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import Worker, open_storage
+    from tpu_tuner.studies.study_trial import StudyTrial
     from tpu_tuner.tuning.search.seeding import build_sampler
     from tpu_tuner.tuning.search.trials import run_search
 
@@ -165,9 +165,7 @@ def _run_loop(url: str | None, name: str, trials: int, shared: bool) -> tuple[fl
     ended = time.time()
     counted, committed = statements[0], commits[0]
     mine = sum(
-        1
-        for t in study.get_trials(deepcopy=False)
-        if (attrs := records.attrs(t)).get("worker") == worker.id and attrs.get("measured")
+        1 for t in StudyTrial.all(study.get_trials(deepcopy=False)) if t.claims.worker == worker.id and t.measured
     )
     if storage is not None:
         storage.engine.dispose()
@@ -189,8 +187,8 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     import optuna
 
     from tpu_tuner.runner.requests import MeasureRequest
-    from tpu_tuner.studies import records
     from tpu_tuner.studies.liveness import Worker, open_storage
+    from tpu_tuner.studies.study_trial import StudyTrial
     from tpu_tuner.tuning.search.seeding import build_sampler
     from tpu_tuner.tuning.search.trials import run_search
 
@@ -210,7 +208,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
             time.perf_counter(),
             worker=Worker.this_process(None),
         )
-        spans = [(start, time.time(), sum(1 for t in study.trials if records.attrs(t).get("measured")), 0, 0)]
+        spans = [(start, time.time(), sum(1 for t in StudyTrial.all(study.trials) if t.measured), 0, 0)]
         done = study.get_trials(deepcopy=False)
     else:
         storage = open_storage(url, 1)
@@ -236,9 +234,7 @@ def overhead_once(url: str | None, trials: int, workers: int) -> tuple[float, fl
     assert measured == trials, (measured, trials)
     start = min(s[0] for s in spans)
     told = sorted(
-        t.datetime_complete.timestamp()
-        for t in done
-        if t.datetime_complete is not None and records.attrs(t).get("measured")
+        t.datetime_complete.timestamp() for t in StudyTrial.all(done) if t.datetime_complete is not None and t.measured
     )
     quarter = max(1, trials // 4)
     first_q = (told[quarter - 1] - start) * 1e3 / quarter
@@ -388,7 +384,7 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
     the settings measured."""
     import optuna
 
-    from tpu_tuner.studies import records
+    from tpu_tuner.studies.study_trial import StudyTrial
 
     name = f"mw{workers}-{uuid.uuid4().hex[:8]}"
     logs = [out / f"{name}-{i}.log" for i in range(workers)]
@@ -411,7 +407,7 @@ def study_once(url: str, workers: int, space: Path, out: Path) -> tuple[float, l
     from tpu_tuner.studies.liveness import read_storage  # the journal on PostgreSQL
 
     trials = optuna.load_study(study_name=name, storage=read_storage(url)).get_trials(deepcopy=False)
-    measured = sum(1 for t in trials if (attrs := records.attrs(t)).get("measured") and "repeat_of" not in attrs)
+    measured = sum(1 for t in StudyTrial.all(trials) if t.measured and not t.is_repeat)
     return wall, phases, measured
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import optuna
 
 from tpu_tuner.knobs.tuned_config import TunedConfig
-from tpu_tuner.studies import records
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 
 def load_study(run_dir: Path) -> optuna.Study:
@@ -21,9 +20,8 @@ def load_study(run_dir: Path) -> optuna.Study:
 def trial_overheads(run_dir: Path) -> list[float]:
     """Per measured trial: wall time seen by the parent minus first call, warm-up and timed steps."""
     overheads = []
-    for trial in load_study(run_dir).trials:
-        m = trial_attrs.measurement_of(trial)
-        wall = records.attrs(trial).get("trial_wall_s")
+    for trial in TuningTrial.all(load_study(run_dir).trials):
+        m, wall = trial.measurement, trial.costs.wall_s
         if m is not None and wall is not None:
             overheads.append(wall - m.first_call_seconds - m.warmup_seconds - sum(m.samples))
     return overheads

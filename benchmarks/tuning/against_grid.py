@@ -18,9 +18,8 @@ from pathlib import Path
 
 from tpu_tuner.metrics.paired import paired_speedup
 from tpu_tuner.runner.trial_runner import TrialRunner
-from tpu_tuner.studies import records
 from tpu_tuner.tuning import TuningResult
-from tpu_tuner.tuning.search import trial_attrs
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.verify.interleaved import compare_interleaved
 
 WITHIN = 0.97
@@ -39,8 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     grid = TuningResult.load(args.grid_run)
-    feasible = [t for t in grid.study.trials if trial_attrs.is_feasible(t) and "repeat_of" not in records.attrs(t)]
-    ranked = sorted(feasible, key=lambda t: t.value)[: max(1, args.top)]
+    feasible = [t for t in TuningTrial.all(grid.study.trials) if t.is_feasible and not t.is_repeat]
+    ranked = sorted(feasible, key=lambda t: t.objective)[: max(1, args.top)]
     candidates = {"baseline": grid.space.to_candidate(grid.space.baseline_params())}
     if args.run is not None:
         run = TuningResult.load(args.run)

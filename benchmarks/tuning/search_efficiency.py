@@ -37,12 +37,11 @@ from tpu_tuner.profiling import profile
 from tpu_tuner.profiling.settings import ProfilerSettings
 from tpu_tuner.runner.requests import MeasureRequest
 from tpu_tuner.runner.trial_runner import JobResult
-from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, SearchOptions, default_trial_settings
 from tpu_tuner.tuning.run.run_setup import prepare_agents
-from tpu_tuner.tuning.search import trial_attrs
 from tpu_tuner.tuning.search.seeding import build_sampler, enqueue_seeds
 from tpu_tuner.tuning.search.trials import run_search
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 from tpu_tuner.tuning.search.warm_start import WarmSeed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,17 +64,15 @@ class TableRunner:
     def __init__(self, study: optuna.Study) -> None:
         self.table: dict[str, tuple[JobResult, float]] = {}
         self.values: dict[str, float] = {}  # the grid's objective of each feasible setting
-        for trial in study.trials:
-            m = trial_attrs.measurement_of(trial)
-            attrs = records.attrs(trial)
-            key = attrs.get("candidate")
-            wall = float(attrs.get("trial_wall_s") or 0.0)
+        for trial in TuningTrial.all(study.trials):
+            m, key = trial.measurement, trial.candidate
+            wall = float(trial.costs.wall_s or 0.0)
             if m is not None:
                 self.table[_key(m.candidate)] = (JobResult(value=m, seconds=wall), wall)
-                if trial_attrs.is_feasible(trial) and trial.value is not None:
+                if trial.is_feasible and trial.value is not None:
                     self.values[_key(m.candidate)] = float(trial.value)
-            elif attrs.get("failure_kind") and key:
-                failure = TrialFailure(attrs["failure_kind"], "from table")
+            elif trial.failure is not None and trial.failure.kind and key:
+                failure = TrialFailure(trial.failure.kind, "from table")
                 self.table[_key(key)] = (JobResult(failure=failure, seconds=wall), wall)
         self.workers_started = 0
 
@@ -147,20 +144,25 @@ def _key(candidate: dict) -> str:
     return repr(sorted(Candidate.from_dict(candidate).to_dict().items()))
 
 
-def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+def _measured(study: optuna.Study) -> list[TuningTrial]:
     """Trials that cost a measurement, in order (not rejected, not a repeat answered from an
     earlier one, not an ask of an excluded setting, told without running it)."""
     return [
         t
-        for t in sorted(study.trials, key=lambda t: t.number)
-        if not {"repeat_of", "rejected_by", "excluded_by", "over_budget"} & set(records.attrs(t))
+        for t in TuningTrial.all(sorted(study.trials, key=lambda t: t.number))
+        if not t.is_repeat and t.rejected_by is None and t.excluded_by is None and not t.claims.over_budget
     ]
+
+
+def label(trial: TuningTrial) -> object:
+    """How a trial is named in a line: its label where a record of an early version kept one, else its params."""
+    return trial.stored.get("label", trial.params)
 
 
 def trials_to_target(study: optuna.Study, target: float) -> int | None:
     """Measured trials until the best feasible amortised step is within `target`."""
     for count, trial in enumerate(_measured(study), start=1):
-        if trial_attrs.is_feasible(trial) and trial.value is not None and trial.value <= target:
+        if trial.is_feasible and trial.value is not None and trial.value <= target:
             return count
     return None
 
@@ -172,15 +174,15 @@ def seconds_to_target(study: optuna.Study, target: float, runner: TableRunner) -
     noisier estimate of them; a trial stopped early found nothing."""
     spent = 0.0
     for trial in _measured(study):
-        spent += float(records.attrs(trial).get("trial_wall_s") or 0.0)
-        grid_value = runner.values.get(_key(records.attrs(trial).get("candidate") or {}))
-        if trial_attrs.is_feasible(trial) and grid_value is not None and grid_value <= target:
+        spent += float(trial.costs.wall_s or 0.0)
+        grid_value = runner.values.get(_key(trial.candidate or {}))
+        if trial.is_feasible and grid_value is not None and grid_value <= target:
             return spent
     return None
 
 
 def best_feasible(study: optuna.Study) -> float | None:
-    values = [t.value for t in _measured(study) if trial_attrs.is_feasible(t) and t.value is not None]
+    values = [t.value for t in _measured(study) if t.is_feasible and t.value is not None]
     return min(values) if values else None
 
 
@@ -268,13 +270,13 @@ def main() -> None:
         grid.profile = fresh
     runner = TableRunner(grid.study)
     measured = _measured(grid.study)
-    rejected = sum(1 for t in grid.study.trials if "rejected_by" in records.attrs(t))
+    rejected = sum(1 for t in TuningTrial.all(grid.study.trials) if t.rejected_by is not None)
     best = best_feasible(grid.study)
     if best is None:
         raise SystemExit(f"{args.grid_run}: no feasible measured setting")
     target = best * WITHIN
     budget = args.budget or max(1, math.floor(BUDGET_SHARE * len(measured)))
-    best_trial = next(t for t in measured if t.value == best and trial_attrs.is_feasible(t))
+    best_trial = next(t for t in measured if t.value == best and t.is_feasible)
     print(
         f"grid run {args.grid_run} ({grid.profile.workload['name']}, {grid.profile.workload['step']}): "
         f"space of {grid.space.size()} valid settings; {len(measured)} measured, {rejected} rejected by the "
@@ -282,7 +284,7 @@ def main() -> None:
     )
     print(
         f"grid's best amortised step {best * 1e3:.2f} ms "
-        f"({records.attrs(best_trial).get('label', best_trial.params)}); "
+        f"({label(best_trial)}); "
         f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials "
         f"({budget / len(measured):.0%} of the grid's {len(measured)})"
     )
@@ -338,9 +340,7 @@ def main() -> None:
         shown = ", ".join("-" if w is None else f"{w:.0f}" for w in walls[name])
         reached = [w for w in walls[name] if w is not None]
         summary = f"median {statistics.median(reached):.0f} s, worst {max(reached):.0f} s" if reached else "never"
-        whole_by[name] = [
-            sum(float(records.attrs(t).get("trial_wall_s") or 0.0) for t in _measured(s)) for s in studies
-        ]
+        whole_by[name] = [sum(float(t.costs.wall_s or 0.0) for t in _measured(s)) for s in studies]
         whole = statistics.median(whole_by[name])
         print(
             f"  {name:38}: reached {len(reached)}/{len(studies)}, {summary}; whole search of {budget} "

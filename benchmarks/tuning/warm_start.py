@@ -41,11 +41,10 @@ import time
 from pathlib import Path
 
 import optuna
-from search_efficiency import WITHIN, TableRunner, _measured, best_feasible, replay, trials_to_target
+from search_efficiency import WITHIN, TableRunner, _measured, best_feasible, label, replay, trials_to_target
 
 from tpu_tuner import TuneOptions, TuningResult, tune
 from tpu_tuner.runner.requests import MeasureRequest
-from tpu_tuner.studies import records
 from tpu_tuner.tuning.options.tune_options import ObjectiveOptions, OutputOptions, RunnerOptions, SearchOptions
 from tpu_tuner.tuning.run.run_setup import prepare_agents
 from tpu_tuner.tuning.search.budget import search_budget
@@ -249,12 +248,10 @@ def main() -> None:
         f"{len(measured)} settings measured"
     )
     print(
-        f"grid's best {best * 1e3:.2f} ms amortised ({records.attrs(best_trial).get('label', best_trial.params)}); "
+        f"grid's best {best * 1e3:.2f} ms amortised ({label(best_trial)}); "
         f"target within 3%: <= {target * 1e3:.2f} ms; budget {budget} measured trials"
     )
-    ranked = sorted(
-        (t for t in measured if t.value is not None and records.attrs(t).get("feasible")), key=lambda t: t.value
-    )
+    ranked = sorted((t for t in measured if t.value is not None and t.feasible), key=lambda t: t.value)
     within = [t for t in ranked if t.value <= target]
     print(f"settings of the grid within 3% of its best: {len(within)} of {len(measured)}")
 

@@ -12,8 +12,7 @@ from typing import Any
 import optuna
 
 from tpu_tuner.core.failures import MEASURED_AGAIN
-from tpu_tuner.studies import records
-from tpu_tuner.studies.liveness import is_lost
+from tpu_tuner.studies.study_trial import StudyTrial
 
 SettingKey = tuple[tuple[str, Any], ...]
 
@@ -33,12 +32,12 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
     for t in trials:
         if not t.state.is_finished():
             continue
-        attrs = records.attrs(t)
+        read = StudyTrial.of(t)
         if (
-            records.REPEAT_OF not in attrs
-            and records.OVER_BUDGET not in attrs
-            and attrs.get(records.FAILURE_KIND) not in MEASURED_AGAIN
-            and not is_lost(t)
+            not read.is_repeat
+            and not read.claims.over_budget
+            and read.failure_kind not in MEASURED_AGAIN
+            and not read.lost
         ):
             covered[setting_key(t.params)] = t
     return covered
@@ -47,7 +46,7 @@ def covered_settings(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[Setting
 def measured_count(covered: dict[Any, optuna.trial.FrozenTrial]) -> int:
     """What the budget counts: settings *measured* (rejections cost nothing; repeats are answered
     from the earlier trial, so a bound on asks stops a sampler that only repeats)."""
-    return sum(1 for t in covered.values() if records.REJECTED_BY not in records.attrs(t))
+    return sum(1 for t in covered.values() if StudyTrial.of(t).rejected_by is None)
 
 
 def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
@@ -55,9 +54,7 @@ def last_measured(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.Fr
     measured = [
         t
         for t in trials
-        if t.datetime_complete is not None
-        and (attrs := records.attrs(t)).get(records.MEASURED)
-        and records.REPEAT_OF not in attrs
+        if t.datetime_complete is not None and (read := StudyTrial.of(t)).measured and not read.is_repeat
     ]
     return max(measured, key=lambda t: (t.datetime_complete, t.number)) if measured else None
 

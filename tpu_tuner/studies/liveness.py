@@ -35,6 +35,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from tpu_tuner.studies import outage, records
 from tpu_tuner.studies.journal import JournalStudyStorage
 from tpu_tuner.studies.storage import HEARTBEAT_INTERVAL_S, keeps_journal, sqlite_pragmas
+from tpu_tuner.studies.study_trial import StudyTrial
 
 log = logging.getLogger(__name__)
 
@@ -182,13 +183,11 @@ class RetryLostTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
             super().__init__(max_retry=MAX_RETRIES)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        trial.user_attrs = {k: v for k, v in records.attrs(trial).items() if k in KEPT_ON_RETRY}
+        # A write of the retry's own attributes; what it keeps is read from the record like any key.
+        kept = StudyTrial.of(trial).warm_start
+        trial.user_attrs = {} if kept is None else {records.WARM_START: kept}
         with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
             super().__call__(study, trial)
-
-
-# The user attributes a retried trial keeps.
-KEPT_ON_RETRY = (records.WARM_START,)
 
 
 @dataclass(frozen=True)
@@ -373,7 +372,7 @@ def is_lost(trial: FrozenTrial) -> bool:
     """Whether `trial` was failed because its worker was lost. Every failure a worker records
     names its kind (`trial_attrs.record_failure`, "interrupted" on resume); a lost worker
     records none, even when it died halfway through recording a measurement."""
-    return trial.state == TrialState.FAIL and records.FAILURE_KIND not in records.attrs(trial)
+    return StudyTrial.of(trial).lost
 
 
 __all__ = [

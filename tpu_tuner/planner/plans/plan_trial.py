@@ -1,8 +1,9 @@
 """A planner trial read once: its stored record (studies/records.py) as a frozen, typed value.
 
-`PlanTrial.of` is the one place a planner trial's keys are read (a study of any version:
-`records.attrs`; planner studies before issue 37 hold each key as its own attribute): the loop's
-hooks, the plan's compiled trials and its summary take the record instead of the dict.
+`PlanTrial.of` is the one place a planner trial's keys are read (a study of any version, through
+the study layer's record, studies/study_trial.py; planner studies before issue 37 hold each key as
+its own attribute): the loop's hooks, the plan's compiled trials and its summary take the record
+instead of the dict.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.prediction.collectives import Collective
 from tpu_tuner.studies import records
 from tpu_tuner.studies.records import PlanOutcome
+from tpu_tuner.studies.study_trial import StudyTrial
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,14 @@ class PlanTrial:
     @classmethod
     def of(cls, trial: FrozenTrial) -> PlanTrial:
         """The record of `trial`, from a study of any version."""
-        a = records.attrs(trial)
+        study = StudyTrial.of(trial)  # the record as stored (any layout), read once by the study layer
+        a = study.stored
         outcome, compiled = a.get(records.OUTCOME), a.get(records.COMPILED_STEP)
         constraint = a.get(records.CONSTRAINT_VALUE)
         return cls(
             number=trial.number,
             state=trial.state,
-            params=dict(trial.params),
+            params=study.params,
             value=trial.value,
             outcome=None if outcome is None else PlanOutcome(outcome),
             reason=a.get(records.REASON),
@@ -55,7 +58,7 @@ class PlanTrial:
             compiled=compiled_from_dict(compiled) if isinstance(compiled, dict) else None,
             fit_effort=a.get(records.FIT_EFFORT),
             constraint=None if constraint is None else float(constraint),
-            worker=a.get(records.WORKER),
+            worker=study.claims.worker,
         )
 
     @classmethod

@@ -2,7 +2,7 @@
 
 A trial's keys go into its record (studies/trial_record.py) and are stored together, once, just
 before it is told: one storage call for the whole measurement instead of one per key. Readers
-go through `records.attrs`, which reads a study of any version.
+take the trial's record, `TuningTrial.of` (tuning_trial.py), which reads a study of any version.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tpu_tuner.studies.trial_costs import COST_KEYS
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.search.bucketing_context import BucketingContext
 from tpu_tuner.tuning.search.memory_limit import MemoryLimit
+from tpu_tuner.tuning.search.tuning_trial import TuningTrial
 
 MAX_STORED_SAMPLES = 200
 
@@ -133,33 +134,6 @@ def _accuracy_failure(figures: AccuracyFigures, tolerance: float) -> dict[str, A
     return {records.FAILURE_KIND: FailureKind.ACCURACY, records.FAILURE_MESSAGE: message}
 
 
-def accuracy_excess_of(attrs: Any) -> float | None:
-    """What the guardrail judged of a stored trial (its record's keys): its error against fp32
-    beyond the baseline's; a record without baseline figures (older versions) its error against
-    fp32; None where it has no accuracy figure."""
-    excess = attrs.get(records.ACCURACY_EXCESS)
-    error = attrs.get(records.ACCURACY_ERROR) if excess is None else excess
-    return None if error is None else float(error)
-
-
-def measurement_of(trial: optuna.trial.FrozenTrial) -> Measurement | None:
-    """The measurement a trial stored, or None for failed, rejected and repeated trials."""
-    raw = records.attrs(trial).get(records.MEASUREMENT)
-    return Measurement(**json.loads(raw)) if raw else None
-
-
-def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether `trial` completed and its record says feasible (accuracy and memory)."""
-    return trial.state == optuna.trial.TrialState.COMPLETE and bool(records.attrs(trial).get(records.FEASIBLE))
-
-
-def objective(trial: optuna.trial.FrozenTrial) -> float:
-    """The objective value of a complete trial (a feasible one always has it), in seconds."""
-    if trial.value is None:
-        raise ValueError(f"trial {trial.number} has no objective value (state {trial.state.name})")
-    return trial.value
-
-
 # What a repeat does not take from the trial it repeats: the measurement itself, and what says
 # who ran the trial and where (a repeat is answered by the worker that asked for it, measuring
 # nothing: it must not pass for the earlier worker's measured trial), or how it was queued.
@@ -177,11 +151,12 @@ NOT_COPIED = (
 
 def copy_attrs(source: optuna.trial.FrozenTrial, target: optuna.Trial, tolerance: float) -> None:
     """Make a repeated parameter set carry its first measurement's figures (one record write)."""
-    attrs = records.attrs(source)
+    read = TuningTrial.of(source)
     record = TrialRecord.of(target)
-    record.update({key: value for key, value in attrs.items() if key not in NOT_COPIED})
+    # The keys pass on as stored (any version's, those this one no longer names too).
+    record.update({key: value for key, value in read.stored.items() if key not in NOT_COPIED})
     record.write({records.REPEAT_OF: source.number})
-    excess = accuracy_excess_of(attrs)
+    excess = read.accuracy_excess
     if excess is not None:
         target.set_constraint("accuracy", excess - tolerance)
     if "memory" in source.constraints:

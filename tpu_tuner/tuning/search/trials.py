@@ -28,6 +28,7 @@ from tpu_tuner.studies.coverage import covered_settings, setting_key
 from tpu_tuner.studies.liveness import RunningWatch, Worker
 from tpu_tuner.studies.loop import Claim, Feature, Rules, Settled, StopReason, run_loop
 from tpu_tuner.studies.samplers import ExcludingSampler, PreferringSampler
+from tpu_tuner.studies.study_trial import StudyTrial
 from tpu_tuner.studies.trial_costs import cost_keys
 from tpu_tuner.studies.trial_record import TrialRecord
 from tpu_tuner.tuning.agents import Agent
@@ -163,15 +164,15 @@ class TuneTrials(Feature):
         return setting_key(trial.params)
 
     def setting_written(self, trial: FrozenTrial) -> bool:
-        return records.WORKER in records.attrs(trial)  # the claim follows the last parameter (begin)
+        return StudyTrial.of(trial).claims.worker is not None  # the claim follows the last parameter (begin)
 
     def settled(self, trials: Sequence[FrozenTrial]) -> dict[Hashable, FrozenTrial]:
         return covered_settings(trials)  # type: ignore[return-value]  # dict is invariant: SettingKey keys are Hashable
 
     def spends(self, trial: FrozenTrial) -> bool:
-        attrs = records.attrs(trial)
-        refused = attrs.get(records.FAILURE_KIND) == FailureKind.WOULD_NOT_FIT  # refused unmeasured
-        return records.REJECTED_BY not in attrs and records.EXCLUDED_BY not in attrs and not refused
+        read = StudyTrial.of(trial)  # the loop's keys only: no measurement to parse
+        refused = read.failure_kind == FailureKind.WOULD_NOT_FIT  # refused unmeasured
+        return read.rejected_by is None and read.excluded_by is None and not refused
 
     def tell_settled(self, trial: optuna.Trial, how: Settled, other: FrozenTrial | None) -> None:
         if how is Settled.REPEAT and other is not None:

@@ -73,14 +73,13 @@ def trials_frame(
     read = TuningTrial.all(trials)
     measurements = {r.number: r.measurement for r in read}
     for t, r in zip(trials, read):
-        # trials.csv's columns are the record's keys as stored (any version's): the one reader of the dict.
-        attrs = records.attrs(t)
         outcome = r.outcome
         if outcome is Outcome.NEVER_RUN:
             continue  # a seed left queued when the search ended: no trial of this run
         row: dict[str, Any] = {"number": t.number, "state": t.state.name, "outcome": str(outcome)}
         row.update(t.params)
-        row.update({k: v for k, v in attrs.items() if k not in HIDDEN_ATTRS})
+        # trials.csv's columns are the record's keys as stored (any version's), passed on verbatim.
+        row.update({k: v for k, v in r.stored.items() if k not in HIDDEN_ATTRS})
         if isinstance(row.get(records.WARM_START), dict):  # where the setting came from, not a dict repr
             row[records.WARM_START] = row[records.WARM_START].get("source")
         row["duration_s"] = t.duration.total_seconds() if t.duration else None

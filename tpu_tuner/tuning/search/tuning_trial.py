@@ -2,15 +2,16 @@
 
 A trial's results live in one Optuna user attribute, a dict of string keys that every version of
 tpu-tune has written in its own layout (`records.attrs` reads them all). `TuningTrial.of` is the
-one place a tuning trial's keys are read: the measurement is parsed once, the figures typed, and
-readers take the record instead of turning the dict into their own figures again.
+one place a tuning trial's keys are read, on the study layer's record of the same trial
+(studies/study_trial.py: claims, failure, rejection): the measurement is parsed once, the figures
+typed, and readers take the record instead of turning the dict into their own figures again.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -19,15 +20,7 @@ from tpu_tuner.core.failures import WORKER_FAILURES
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.studies import records
 from tpu_tuner.studies.outcome import Outcome, outcome_of
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How a trial ended when it measured nothing useful: its kind (a `FailureKind` value, as
-    stored) and the message."""
-
-    kind: str
-    message: str | None
+from tpu_tuner.studies.study_trial import Claims, Failure, StudyTrial
 
 
 @dataclass(frozen=True)
@@ -42,19 +35,6 @@ class WallTimeSplit:
     estimate_s: float | None = None
     build_s: float | None = None
     judge_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Claims:
-    """Who ran a trial and where, and what the loop said of it: a repeat of an earlier trial (one
-    in flight on another worker too), or released unmeasured over the budget."""
-
-    worker: str | None = None
-    host: str | None = None
-    hosts: tuple[str, ...] = ()
-    repeat_of: int | None = None
-    in_flight_elsewhere: bool = False
-    over_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,34 +63,37 @@ class TuningTrial:
     mfu: float | None
     peak_memory_bytes: int | None
     memory_limit_bytes: int | None
-    accuracy_excess: float | None  # as `trial_attrs.accuracy_excess_of` judges it
+    # What the guardrail judged: its error against fp32 beyond the baseline's; a record without
+    # baseline figures (older versions) its error against fp32; None without an accuracy figure.
+    accuracy_excess: float | None
     start_env: tuple[str, ...]
     buckets: tuple[int, ...] | None  # with varying input lengths: the trial's best bucketing
     padding_waste: float | None
     warm_start: dict[str, Any] | None
+    # Every key as stored (`StudyTrial.stored`): trials.csv's columns and a repeat's copy pass them on.
+    stored: Mapping[str, Any] = field(compare=False, repr=False)
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> TuningTrial:
         """The record of `trial`, from a study of any version (`records.attrs`)."""
-        a = records.attrs(trial)
+        study = StudyTrial.of(trial)  # the study layer's keys, read once; this record's from its `stored`
+        a = study.stored
         raw = a.get(records.MEASUREMENT)
-        kind = a.get(records.FAILURE_KIND)
-        repeat_of = a.get(records.REPEAT_OF)
         excess = a.get(records.ACCURACY_EXCESS)
         error = a.get(records.ACCURACY_ERROR) if excess is None else excess
-        buckets, warm = a.get(records.BUCKETS), a.get(records.WARM_START)
+        buckets = a.get(records.BUCKETS)
         return cls(
             number=trial.number,
             state=trial.state,
-            params=dict(trial.params),
+            params=study.params,
             value=trial.value,
             outcome=outcome_of(trial.state.name, a),
-            measured=bool(a.get(records.MEASURED)),
+            measured=study.measured,
             measurement=Measurement(**json.loads(raw)) if raw else None,
             candidate=a.get(records.CANDIDATE),
-            failure=None if kind is None else Failure(str(kind), a.get(records.FAILURE_MESSAGE)),
-            rejected_by=a.get(records.REJECTED_BY),
-            excluded_by=a.get(records.EXCLUDED_BY),
+            failure=study.failure,
+            rejected_by=study.rejected_by,
+            excluded_by=study.excluded_by,
             probe_for=probe if isinstance(probe := a.get(records.PROBE_FOR), dict) else None,
             early_stop=_early_stop(a.get(records.EARLY_STOP)),
             stopped_early=a.get(records.STOPPED_EARLY),
@@ -118,14 +101,7 @@ class TuningTrial:
                 _float(a.get(records.TRIAL_WALL_S)),
                 *(_float(a.get(key)) for key in _COST_FIELDS),
             ),
-            claims=Claims(
-                a.get(records.WORKER),
-                a.get(records.HOST),
-                tuple(a.get(records.HOSTS) or ()),
-                None if repeat_of is None else int(repeat_of),
-                bool(a.get(records.IN_FLIGHT_ELSEWHERE)),
-                bool(a.get(records.OVER_BUDGET)),
-            ),
+            claims=study.claims,
             feasible=bool(a.get(records.FEASIBLE)),
             step_median_s=_float(a.get(records.STEP_MEDIAN_S)),
             compile_s=_float(a.get(records.COMPILE_S)),
@@ -136,7 +112,8 @@ class TuningTrial:
             start_env=tuple(a.get(records.START_ENV) or ()),
             buckets=tuple(buckets) if buckets is not None else None,
             padding_waste=a.get(records.PADDING_WASTE),
-            warm_start=warm if isinstance(warm, dict) else None,
+            warm_start=study.warm_start,
+            stored=a,
         )
 
     @classmethod
