@@ -131,9 +131,9 @@ def test_an_error_measured_by_extrapolation_does_not_stand_for_an_interpolated_p
     # A v5e point is predicted with the efficiency fitted to that one row: its band is the others'
     # too (their errors are what a chip fitted to few rows risks), not the row's own extrapolation.
     assert rows[2] not in comparable(Place("v5e", "full", 2048, 6, moe="dense", slices=1), rows)[0]
-    # A point whose efficiency no row fits (a dropless MoE step on v4) keeps every row.
+    # A point whose route passes no row fits (a dropless MoE step, no dropless row) keeps every row.
     dropless = Place("v4", "full", 1024, 16, moe="dropless", offload=False, slices=1)
-    assert fitted_groups(dropless) == (("efficiency", "v4", "dropless"),)
+    assert fitted_groups(dropless) == (("efficiency", "v4", "dense"), ("route",))
     assert interpolated_rows(dropless, rows) == rows
     # Too few interpolated rows to promise the coverage: every row, as before.
     assert interpolated_rows(v4, rows[:5]) == rows[:5]
@@ -155,6 +155,7 @@ def test_a_multi_slice_rows_error_with_no_other_multi_slice_row_fitted_is_an_ext
 
 
 def test_the_bands_groups_are_the_fits_groups() -> None:
-    """band.fitted_groups' efficiency groups are calibration.fitting.fit_group's, row for row."""
-    pairs = {(fitted_groups(place_of(r))[0], fit_group(r.generation, r.moe)) for r in load_rows()}
+    """band.fitted_groups' efficiency groups are the adopted fit's (calibration.fitting.fit_group,
+    dropless steps not apart under the "+route" term), row for row."""
+    pairs = {(fitted_groups(place_of(r))[0], fit_group(r.generation, r.moe, apart=False)) for r in load_rows()}
     assert len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs}) > 1

@@ -52,7 +52,7 @@ from tpu_tuner.planner.plans.plan_options import PlanCompile, PlanEnumeration, P
 from tpu_tuner.planner.prediction.band import ErrorBand, coverage_and_width
 from tpu_tuner.planner.prediction.collectives import Collective, latency_steps
 from tpu_tuner.planner.prediction.novelty import layout_kind
-from tpu_tuner.planner.prediction.predict import MXU_WIDTH, alignment, causal_score_elements
+from tpu_tuner.planner.prediction.predict import MXU_WIDTH, alignment, causal_score_elements, routed_seconds
 
 COMPILED = Path(__file__).resolve().parent / "calibration_compiled.json"
 
@@ -286,7 +286,18 @@ def calibration_row(f: dict, run: dict) -> CalibrationRow:
         family=model_family(run["model"]),
         chips=run["chips"] // run["slices"],
         layout=layout_kind(parse_layout(f["layout"])),
+        route_seconds=route_of(f, run),
     )
+
+
+def route_of(f: dict, run: dict) -> float:
+    """One HBM pass over a dropless row's routed tokens (predict.routed_seconds, what a plan of its
+    shape is charged per pass); 0 for a dense or dropping row."""
+    if moe_kind(run) != "dropless":
+        return 0.0
+    moe_layers = (run["layers"] - (run.get("first_dense_layers") or 0)) // run["moe_layer_interval"]
+    tokens = f["per_device_batch"] * f["seq"]
+    return routed_seconds(tokens, run["top_k"] * run["d_model"] * moe_layers, f["hbm_bytes_per_s"])
 
 
 def source_of(run: dict) -> str:

@@ -247,6 +247,23 @@ class MixtureOfExperts(nn.Module):
 __all__ = ["MixtureOfExperts", "grouped_matmul", "grouped_matmul_weight_grad", "permute_rows"]
 
 
+def routed_per_token(model: nn.Module) -> float:
+    """The activations a token sends through dropless routing a step, summed over the routed
+    layers: top_k x d_model each (the planner's "+route" term charges HBM passes over them:
+    planner/prediction/predict.routed_seconds). A traced Hugging Face MoE's top_k and width are
+    read where the module names them (`top_k` or `num_experts_per_tok`; its router's input), else 0."""
+    total = 0.0
+    for module in model.modules():
+        if isinstance(module, MixtureOfExperts):
+            total += module.top_k * module.router.in_features if module.dropless else 0.0
+        elif isinstance(getattr(module, "experts", None), nn.Module):
+            top_k = getattr(module, "top_k", None) or getattr(module, "num_experts_per_tok", None)
+            router = getattr(module, "gate", None) or getattr(module, "router", None)
+            width = getattr(router, "in_features", None)
+            total += top_k * width if isinstance(top_k, int) and isinstance(width, int) else 0.0
+    return total
+
+
 def moe_routing(model: nn.Module) -> str:
     """How `model` routes tokens to experts, as the planner's error band compares it with the
     calibration rows (planner/prediction/band.py): "dense" (no experts), "dropping" (a capacity factor) or

@@ -104,6 +104,7 @@ def cost_model_from(rows: list[CalibrationRow], record: dict[str, Any]) -> CostM
         comm_exposed=fitted.comm_exposed,
         dcn_step_seconds=fitted.dcn_step_seconds,
         dropless_ratio=fitted.dropless_ratio,
+        route_passes=fitted.route_passes,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo),
         band_rows=bands,

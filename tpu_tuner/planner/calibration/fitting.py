@@ -21,7 +21,8 @@ Efficiency models compared (EFFICIENCY_MODELS):
 
 A ``+term`` adds a cause term with one constant shared by every row (CostModel says what each
 charges): ``host`` (offload bandwidth), ``attention`` (vector work a score element), ``comm``
-(a share of the collectives never hidden), ``dcn`` (the latency of one step of a DCN collective).
+(a share of the collectives never hidden), ``dcn`` (the latency of one step of a DCN collective),
+``route`` (HBM passes over a dropless step's routed tokens; its matmuls then at the dense efficiency).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
-ADOPTED = "per_generation+dcn"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
+ADOPTED = "per_generation+dcn+route"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
 
 EFFICIENCY_MODELS = (
     "global",
@@ -61,6 +62,7 @@ EFFICIENCY_MODELS = (
     "per_generation+host+attention",
     "per_generation+dcn",
     "per_generation+host+dcn",
+    "per_generation+dcn+route",
 )
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
@@ -80,10 +82,16 @@ class Fitted:
     dropless_ratio: float = (
         1.0  # a dropless step's efficiency / the dense one, where its generation has no dropless row
     )
+    route_passes: float = 0.0  # the "+route" term: HBM passes over a dropless step's routed tokens (0: none)
+
+    @property
+    def dropless_apart(self) -> bool:
+        """Whether dropless steps have their own efficiency (else the "+route" term charges them)."""
+        return "route" not in self.kind.split("+")
 
     def efficiency_of(self, generation: str, moe: str = "dense") -> float:
         """The efficiency a step of `generation` and MoE kind `moe` is predicted with."""
-        own = self.efficiency.get(fit_group(generation, moe))
+        own = self.efficiency.get(fit_group(generation, moe, self.dropless_apart))
         if own is not None:
             return own
         dense = self.efficiency.get(generation)
@@ -91,7 +99,7 @@ class Fitted:
             known = {g: e for g, e in self.efficiency.items() if "/" not in g and g != "*"}
             prior = efficiency_prior(known, generation)
             dense = self.efficiency["*"] if prior is None else prior
-        return dense * self.dropless_ratio if moe == DROPLESS else dense
+        return dense * self.dropless_ratio if moe == DROPLESS and self.dropless_apart else dense
 
     def describe(self) -> str:
         effs = ", ".join(f"{g} {e:.2f}" for g, e in sorted(self.efficiency.items()))
@@ -100,6 +108,7 @@ class Fitted:
             + (f"; {self.score_flops:g} MXU FLOPs per attention score element" if self.score_flops else "")
             + (f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
             + (f"; {self.dcn_step_seconds * 1e3:.2f} ms a DCN step" if self.dcn_step_seconds else "")
+            + (f"; {self.route_passes:g} HBM passes over the routed tokens" if self.route_passes else "")
         )
         return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
@@ -112,11 +121,13 @@ def predicted_mfu(
     score_flops: float = 0.0,
     comm_exposed: float = 0.0,
     dcn_step_seconds: float = 0.0,
+    route_passes: float = 0.0,
 ) -> float:
     """predict.py's MFU for the row's figures and these constants."""
     fitted = Fitted(
         "", {"*": efficiency}, memory_overlap, host_gbytes_per_s, score_flops, comm_exposed, dcn_step_seconds
     )
+    fitted = replace(fitted, route_passes=route_passes)
     return float(_predictions([row], fitted)[0])
 
 
@@ -132,6 +143,7 @@ def _arrays(rows: list[CalibrationRow]) -> dict[str, np.ndarray]:
             ("host", "host_gbytes"),
             ("score", "score_seconds"),
             ("dcn_steps", "dcn_steps"),
+            ("route", "route_seconds"),
         )
     }
 
@@ -144,6 +156,7 @@ def _with_terms(a: dict[str, np.ndarray], terms: Fitted) -> dict[str, np.ndarray
     extra_compute = terms.score_flops * a["score"]
     host = a["host"] / terms.host_gbytes_per_s if terms.host_gbytes_per_s else np.zeros_like(a["host"])
     serial = host + terms.comm_exposed * a["comm"] + terms.dcn_step_seconds * a["dcn_steps"]
+    serial = serial + terms.route_passes * a["route"]
     return {**a, "compute": a["compute"] + extra_compute, "host_seconds": serial}
 
 
@@ -175,6 +188,7 @@ HOST_GBYTES_PER_S = tuple(float(round(5 * 1.25**k, 1)) for k in range(0, 22))  #
 SCORE_FLOPS = tuple(float(x) for x in (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
 COMM_EXPOSED = tuple(x / 4 for x in range(0, 17))  # 0 .. 4 x the ring model's collective time
 DCN_STEP_SECONDS = (0.0,) + tuple(1e-5 * 1.5**k for k in range(0, 16))  # 10 us .. 4.4 ms a DCN step
+ROUTE_PASSES = (0.0,) + tuple(float(round(10 * 1.25**k, 1)) for k in range(0, 24))  # 10 .. 1700 passes
 
 
 def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
@@ -182,11 +196,13 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
     with cause terms: "per_generation+host", "per_generation+dcn", "per_generation+host+attention"."""
     base, *terms = kind.split("+")
-    unknown = set(terms) - {"host", "attention", "comm", "dcn"}
+    unknown = set(terms) - {"host", "attention", "comm", "dcn", "route"}
     if unknown:
-        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm, dcn)")
-    if base == "per_generation" and set(terms) <= {"host", "dcn"} and terms:
-        return _fit_serial_terms(rows, kind, "host" in terms, "dcn" in terms)
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm, dcn, route)")
+    if base == "per_generation" and set(terms) <= {"host", "dcn", "route"} and terms:
+        return _fit_serial_terms(rows, kind, "host" in terms, "dcn" in terms, "route" in terms)
+    if "route" in terms:
+        raise ValueError(f"{kind!r}: the route term goes with per_generation and the host / dcn terms alone")
     if terms:
         best: tuple[float, Fitted] | None = None
         grid = itertools.product(
@@ -212,39 +228,50 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     return _fit_base(rows, base, _arrays(rows))
 
 
-def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bool) -> Fitted:
-    """`fit`'s grid for per_generation with the host and / or DCN terms, in one pass: a row's error
-    depends on the host bandwidth only if it offloads and on the DCN step only if it crosses
-    slices, so each row is evaluated on its own terms' grids alone ([host, dcn, efficiency,
-    overlap] sums per generation instead of a fit per grid point: the leave-one-out passes and
-    the nested band check take seconds, not the better part of an hour)."""
+def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bool, route: bool = False) -> Fitted:
+    """`fit`'s grid for per_generation with the host, DCN and / or route terms, in one pass: a row's
+    error depends on the host bandwidth only if it offloads, on the DCN step only if it crosses
+    slices and on the route passes only if it is a dropless MoE step, so each row is evaluated on
+    its own terms' grids alone ([host, dcn, route, efficiency, overlap] sums per efficiency group
+    instead of a fit per grid point: the leave-one-out passes and the nested band check take
+    seconds, not the better part of an hour)."""
     a = _arrays(rows)
-    hosts = np.asarray(HOST_GBYTES_PER_S if host else (0.0,))
-    dcns = np.asarray(DCN_STEP_SECONDS if dcn else (0.0,))
+    grids = [
+        np.asarray(grid if on else (0.0,))
+        for grid, on in ((HOST_GBYTES_PER_S, host), (DCN_STEP_SECONDS, dcn), (ROUTE_PASSES, route))
+    ]
     eff = np.asarray(_EFFICIENCIES)[:, None, None]
     overlap = np.asarray(_MEMORY_OVERLAPS)[None, :, None]
-    offloads = (a["host"] > 0) & host
-    crosses = (a["dcn_steps"] > 0) & dcn
-    generations = sorted({fit_group(r.generation, r.moe) for r in rows})
-    of_generation = np.asarray([generations.index(fit_group(r.generation, r.moe)) for r in rows])
-    sums = np.zeros((len(generations), len(hosts), len(dcns), len(_EFFICIENCIES), len(_MEMORY_OVERLAPS)))
-    for on_host, on_dcn in itertools.product((False, True), repeat=2):
-        cols = (offloads == on_host) & (crosses == on_dcn)
+    uses = [(a["host"] > 0) & host, (a["dcn_steps"] > 0) & dcn, (a["route"] > 0) & route]
+    groups = [fit_group(r.generation, r.moe, not route) for r in rows]
+    names = sorted(set(groups))
+    of_group = np.asarray([names.index(g) for g in groups])
+    sums = np.zeros((len(names), *(len(g) for g in grids), len(_EFFICIENCIES), len(_MEMORY_OVERLAPS)))
+    for on in itertools.product((False, True), repeat=3):
+        cols = np.logical_and.reduce([u == o for u, o in zip(uses, on)])
         if not cols.any():
             continue
         sub = {name: values[cols] for name, values in a.items()}
+        none = np.zeros((1, int(cols.sum())))
         with np.errstate(divide="ignore"):
-            host_seconds = sub["host"] / hosts[:, None] if on_host else np.zeros((1, cols.sum()))
-        dcn_seconds = dcns[:, None] * sub["dcn_steps"] if on_dcn else np.zeros((1, cols.sum()))
-        sub["host_seconds"] = (host_seconds[:, None, :] + dcn_seconds[None, :, :])[:, :, None, None, :]
-        abs_err = np.abs(_predicted(sub, eff, overlap) - sub["published"])  # [host, dcn, eff, overlap, row]
-        for g in range(len(generations)):
-            sums[g] += abs_err[..., of_generation[cols] == g].sum(axis=-1)
-    totals = sums.min(axis=3).sum(axis=0)  # [host, dcn, overlap]: each generation at its best efficiency
-    h, d, o = map(int, np.unravel_index(np.argmin(totals), totals.shape))
-    efficiency = {gen: _EFFICIENCIES[int(np.argmin(sums[g, h, d, :, o]))] for g, gen in enumerate(generations)}
+            host_seconds = sub["host"] / grids[0][:, None] if on[0] else none
+        dcn_seconds = grids[1][:, None] * sub["dcn_steps"] if on[1] else none
+        route_seconds = grids[2][:, None] * sub["route"] if on[2] else none
+        serial = host_seconds[:, None, None, :] + dcn_seconds[None, :, None, :] + route_seconds[None, None, :, :]
+        sub["host_seconds"] = serial[:, :, :, None, None, :]
+        abs_err = np.abs(_predicted(sub, eff, overlap) - sub["published"])  # [host, dcn, route, eff, overlap, row]
+        for g in range(len(names)):
+            sums[g] += abs_err[..., of_group[cols] == g].sum(axis=-1)
+    totals = sums.min(axis=4).sum(axis=0)  # [host, dcn, route, overlap]: each group at its best efficiency
+    h, d, r, o = map(int, np.unravel_index(np.argmin(totals), totals.shape))
+    efficiency = {name: _EFFICIENCIES[int(np.argmin(sums[g, h, d, r, :, o]))] for g, name in enumerate(names)}
     return _fitted(
-        kind, efficiency, _MEMORY_OVERLAPS[o], host_gbytes_per_s=float(hosts[h]), dcn_step_seconds=float(dcns[d])
+        kind,
+        efficiency,
+        _MEMORY_OVERLAPS[o],
+        host_gbytes_per_s=float(grids[0][h]),
+        dcn_step_seconds=float(grids[1][d]),
+        route_passes=float(grids[2][r]),
     )
 
 

@@ -46,14 +46,19 @@ class CalibrationRow:
     family: str = ""
     chips: int = 0
     layout: str = ""
+    # A dropless MoE step's routed activations read once at HBM bandwidth (tokens per device x
+    # top_k x d_model x 2 bytes x MoE layers / the device's HBM bandwidth): what the "+route" term
+    # charges its fitted passes for, each (the token sort's gathers and scatters); 0 elsewhere.
+    route_seconds: float = 0.0
 
 
 DROPLESS = "dropless"
 
 
-def fit_group(generation: str, moe: str) -> str:
+def fit_group(generation: str, moe: str, apart: bool = True) -> str:
     """The efficiency a row is fitted with: its generation's, or for a dropless MoE step its
     generation's dropless one ("tpu7x/dropless"): the grouped matmuls (megablox, tokamax), the
     token sort's gathers and the expert weights' gathers run well below the dense matmuls' share
-    of peak, by how much depending on the chip's kernel (docs/planner.md, "Calibration")."""
-    return f"{generation}/{DROPLESS}" if moe == DROPLESS else generation
+    of peak, by how much depending on the chip's kernel (docs/planner.md, "Calibration"). Not
+    `apart` (the "+route" term charges the routing instead): the generation's."""
+    return f"{generation}/{DROPLESS}" if moe == DROPLESS and apart else generation

@@ -350,6 +350,7 @@ def predicted(problem: PlanProblem, point: PlanPoint, full: CompiledStep, chip: 
         problem.step.quantization,
         problem.quantized_share(),
         moe=problem.moe,  # a dropless step runs at its own fitted efficiency (docs/planner.md, "Calibration")
+        routed_per_token=problem.routed_per_token,  # or is charged passes over its routed tokens ("+route")
         kernel=problem.attention_kernel(point),
         chip=chip or problem.chip_step(point),
     )

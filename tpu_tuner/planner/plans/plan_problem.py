@@ -16,7 +16,7 @@ from tpu_tuner.core.errors import UserInputError
 from tpu_tuner.metrics.flops import AttentionConvention, matmul_parameters, score_pairs, transformer_model_flops
 from tpu_tuner.model.decoders.decoder import Block
 from tpu_tuner.model.decoders.decoder_shape import is_shape_source
-from tpu_tuner.model.decoders.experts import moe_routing
+from tpu_tuner.model.decoders.experts import moe_routing, routed_per_token
 from tpu_tuner.model.decoders.layer_parts import FeedForward
 from tpu_tuner.model.decoders.transformer_dims import AttentionSpan, TransformerDims
 from tpu_tuner.model.meshes.layouts import partition_spec, placements
@@ -65,6 +65,7 @@ class PlanProblem:
     model_digest: str | None = None  # what a search's study record names the model by (None: the file's sha256)
     spans: tuple[AttentionSpan, ...] = ()  # every layer's attention where layers differ (TransformerDims.spans)
     moe: str = "dense"  # how tokens reach experts: "dense", "dropping" or "dropless" (model/decoders/experts.py)
+    routed_per_token: float = 0.0  # top_k x d_model over the dropless layers (experts.routed_per_token)
     # Flash blocks the planner chose where none was given: the fastest a chip of this generation
     # timed (attention_kernel.py), for points whose devices hold whole sequences (None: the kernel's).
     chosen_flash_block: int | None = None
@@ -300,6 +301,7 @@ def build_problem(
         model_digest=source_digest(str(model_file)) if hf else None,
         spans=transformer.spans if transformer else (),
         moe=moe_routing(meta_model),
+        routed_per_token=routed_per_token(meta_model),
         chosen_flash_block=None
         if options.search.flash_blocks
         else chosen_flash_block(topology, dims.head_dim, seq_len),

@@ -193,11 +193,14 @@ def gaps(place: Place, rows: list[BandRow] | list[Place]) -> list[str]:
 
 
 def fitted_groups(place: Place) -> tuple[tuple[str, ...], ...]:
-    """The groups of rows whose fitted constants a prediction at `place` takes: its efficiency's
-    (the generation's, or for a dropless MoE step the generation's dropless one, as
-    calibration.fitting.fit_group groups them) and, over several slices, the DCN step latency's
-    (fitted to the multi-slice rows alone: the "+dcn" term)."""
-    out: list[tuple[str, ...]] = [("efficiency", place.generation, "dropless" if place.moe == "dropless" else "dense")]
+    """The groups of rows whose fitted constants a prediction at `place` takes, as the adopted fit
+    (calibration.fitting: per_generation+dcn+route) groups them: its generation's efficiency (a
+    dropless MoE step's too), for a dropless step the route passes (fitted to every generation's
+    dropless rows: the "+route" term) and, over several slices, the DCN step latency's (fitted to
+    the multi-slice rows alone: the "+dcn" term)."""
+    out: list[tuple[str, ...]] = [("efficiency", place.generation, "dense")]
+    if place.moe == "dropless":
+        out.append(("route",))
     if place.slices and place.slices > 1:
         out.append(("dcn",))
     return tuple(out)

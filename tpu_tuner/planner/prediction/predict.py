@@ -115,6 +115,10 @@ class CostModel:
     # A dropless MoE step's efficiency over the dense one's, for a generation without dropless rows
     # (the median over the generations with both: calibration.Fitted).
     dropless_ratio: float = 1.0
+    # HBM passes over a dropless step's routed tokens (`routed_seconds`: the sort's gathers and
+    # scatters), serial with the busy time; fitted to the dropless rows. With it a dropless step
+    # runs its matmuls at its generation's dense efficiency. 0: off.
+    route_passes: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
@@ -131,7 +135,7 @@ class CostModel:
         if dense is None:  # no calibration row on it: the line in its published peak (efficiency_prior.py)
             prior = efficiency_prior({g: e for g, e in by.items() if "/" not in g}, generation)
             dense = self.mxu_efficiency if prior is None else prior
-        if moe == "dropless":
+        if moe == "dropless" and not self.route_passes:
             own = by.get(f"{generation}/dropless")
             return own if own is not None else dense * self.dropless_ratio
         return dense
@@ -210,6 +214,15 @@ def causal_score_elements(layers: int, heads: int, seq_len: int, tokens_per_devi
     return layers * heads * seq_len * tokens_per_device / 2
 
 
+def routed_seconds(tokens_per_device: float, routed_per_token: float, hbm_bytes_per_s: float) -> float:
+    """One HBM pass over a dropless MoE step's routed tokens: each token's top_k copies of its
+    d_model bf16 activations in each routed layer (`routed_per_token`: top_k x d_model summed over
+    those layers), at the device's HBM bandwidth. The "+route"
+    term charges a fitted number of such passes (docs/planner.md, issue 70: the sort's gathers and
+    scatters, which a v5e chip ran at a sixth of the HBM bandwidth)."""
+    return tokens_per_device * routed_per_token * 2 / hbm_bytes_per_s
+
+
 def predict(
     compiled: CompiledStep,
     topology: Topology,
@@ -224,13 +237,16 @@ def predict(
     quantization: str | None = None,
     quantized_share: float = 0.0,
     moe: str = "dense",
+    routed_per_token: float = 0.0,
     kernel: AttentionKernelWork | None = None,
     chip: ChipStep | None = None,
 ) -> Prediction:
     """The step's time, MFU and tokens/s. With `quantization`, `quantized_share` of the FLOPs (the
     blocks' linear layers) run at the generation's 8-bit peak, the rest at bf16's, each at the
     fitted efficiency; MFU stays against the bf16 peak (MaxText's convention). `moe`: the step's
-    MoE routing (a dropless step runs at its own fitted efficiency: `CostModel.efficiency`).
+    MoE routing (a dropless step runs at its own fitted efficiency: `CostModel.efficiency`; or,
+    with `CostModel.route_passes`, at the dense one plus that many passes over its routed tokens,
+    `routed_per_token` of them: experts.routed_per_token).
     `kernel`: the step's flash attention as a chip timed it (attention_kernel.py): its seconds
     run serial with the rest of the busy time, and its FLOPs and bytes leave the matmul work.
     `chip`: the step as one chip of the generation measured it: its matmul efficiency, and the
@@ -274,6 +290,9 @@ def predict(
         # the chip's host link, which a TPU7x chip's two devices share.
         host_bytes_per_chip = 2 * compiled.host_temp_bytes * topology.devices_per_chip
         work += host_bytes_per_chip / (cost_model.host_gbytes_per_s * 1e9)
+    if moe == "dropless" and cost_model.route_passes:
+        tokens = tokens_per_step / topology.devices
+        work += cost_model.route_passes * routed_seconds(tokens, routed_per_token, topology.hbm_bytes_per_s_per_device)
 
     def step_of(communication: float, latency: float = 0.0) -> tuple[float, float, float]:
         """(step, exposed communication, never hidden) with `communication` seconds of collectives
