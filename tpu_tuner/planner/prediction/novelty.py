@@ -73,21 +73,30 @@ def distance(found: Mapping[str, Novelty]) -> float:
 
 def widened(band: ErrorBand, found: Mapping[str, Novelty], per_distance: float) -> ErrorBand:
     """`band` x (1 + `per_distance` x the novelties' `distance`), naming them; unchanged where
-    there are none or `per_distance` is 0."""
+    there are none. Where the fitted `per_distance` is 0 the novelties are still named (the user is
+    told how far the point lies from the calibration), the width left as the rows gave it."""
     d = distance(found)
-    if not d or per_distance <= 0:
+    if not d:
         return band
-    factor = 1 + per_distance * d
     named = [n.reason for n in found.values()]
+    # A remat family already named as extrapolated (band.gap_kinds) is not named twice.
+    reasons = band.reasons + tuple(
+        f"far from the calibration: {r}" for r in named if f"extrapolated: {r}" not in band.reasons
+    )
+    if per_distance <= 0:
+        note = (
+            f"; not widened for its distance from its generation's rows ({d:.2f}): the widening "
+            "fitted to the rows left out by source and model family is 0"
+        )
+        return replace(band, source=band.source + note, reasons=reasons)
+    factor = 1 + per_distance * d
     return replace(
         band,
         points=band.points * factor,
         source=band.source
         + f"; widened x{factor:.2f} for its distance from its generation's rows ({d:.2f} x {per_distance:.2f}, "
         "fitted to the rows left out by source and model family)",
-        # A remat family already named as extrapolated (band.gap_kinds) is not named twice.
-        reasons=band.reasons
-        + tuple(f"far from the calibration: {r}" for r in named if f"extrapolated: {r}" not in band.reasons),
+        reasons=reasons,
     )
 
 
