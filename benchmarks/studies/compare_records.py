@@ -33,7 +33,8 @@ DEFAULT_IGNORE = r"(^|\.)(\w*_s|\w*seconds\w*|worker|host|hosts|datetime\w*|tria
 # What a timed measurement gives: differs between two tuning runs on any host.
 TIMING_IGNORE = (
     r"(^|\.)(samples|step\w*|mfu|\w*_mfu|amortised\w*|\w*peak_memory\w*|estimated_peak\w*|speed\w*"
-    r"|tokens_per_s\w*|accuracy\w*|\w*_error\w*|values|rounds|spread\w*|ratio|best_so_far|message)$"
+    r"|tokens_per_s\w*|accuracy\w*|\w*_error\w*|values|rounds|spread\w*|ratio|best_so_far|message|stopped_early"
+    r"|warnings)$"
 )
 
 
@@ -95,12 +96,14 @@ def compare(before: optuna.Study, after: optuna.Study, ignore: re.Pattern[str]) 
     for b, a in pairs:
         fb, fa = _fields(b), _fields(a)
         for name in fb.keys() | fa.keys():
-            if ignore.search(name):
-                ignored.add(name)
-            elif name not in fa:
+            # A field one side lacks is said even where its value would be ignored: a field added
+            # or dropped is a change of the format.
+            if name not in fa:
                 only["before"][name] += 1
             elif name not in fb:
                 only["after"][name] += 1
+            elif ignore.search(name):
+                ignored.add(name)
             elif fb[name] == fa[name]:
                 same[name] += 1
             else:
