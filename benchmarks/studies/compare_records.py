@@ -93,7 +93,13 @@ def compare(before: optuna.Study, after: optuna.Study, ignore: re.Pattern[str]) 
     differ: dict[str, list[str]] = defaultdict(list)
     only: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
     ignored: set[str] = set()
+    ended_apart: list[str] = []
     for b, a in pairs:
+        if b.state != a.state:
+            # Measured on one side, stopped early or pruned on the other (a timed decision): their
+            # records hold different fields by design, so only the state is compared.
+            ended_apart.append(f"#{b.number}/#{a.number}: {b.state.name} -> {a.state.name}")
+            continue
         fb, fa = _fields(b), _fields(a)
         for name in fb.keys() | fa.keys():
             # A field one side lacks is said even where its value would be ignored: a field added
@@ -112,6 +118,8 @@ def compare(before: optuna.Study, after: optuna.Study, ignore: re.Pattern[str]) 
     lines = [
         f"trials: {len(before.trials)} before, {len(after.trials)} after; {len(pairs)} paired by setting, "
         f"{unpaired[0]} before and {unpaired[1]} after without a pair",
+        f"pairs that ended in different states (fields not compared): {len(ended_apart)}"
+        + (f" ({'; '.join(ended_apart[:5])})" if ended_apart else ""),
         f"fields identical in every pair where both have them: {sum(1 for n in same if n not in differ)}",
     ]
     for name in sorted(differ):
