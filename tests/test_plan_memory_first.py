@@ -111,32 +111,31 @@ def _fitting_step(job) -> CompiledStep:
     return CompiledStep(2e9, 2e6, 1e8, 0.0, 1e8, 0.0, [], 1.0, loop_iteration=iteration)
 
 
-def test_the_search_never_compiles_a_point_estimated_not_to_fit(tmp_path) -> None:
+def test_the_search_compiles_no_point_estimated_beyond_the_limit_and_its_error(tmp_path) -> None:
     from tpu_tuner.planner.plans.plan_search import search
 
     space = PlanSpace(tensors=(1, 2), remats=("full", "minimal", "save_qkv_proj"), accumulations=(1, 2))
     probe = _problem()
-    estimates = sorted(
-        estimate(probe, PlanPoint(Layout(1, 8 // t, t), r, a)).total
-        for t in (1, 2)
-        for r in space.remats
-        for a in (1, 2)
-    )
-    hbm = estimates[len(estimates) // 2] / FIT_MARGIN  # about half the points estimated to fit
+    points = [PlanPoint(Layout(1, 8 // t, t), r, a) for t in (1, 2) for r in space.remats for a in (1, 2)]
+    estimates = sorted(estimate(probe, p).total for p in points)
+    hbm = estimates[len(estimates) // 2]  # about half the points estimated over the limit itself
     problem = _problem(hbm_gib=hbm / 2**30)
+    may = [p for p in points if not estimate(problem, p).beyond(problem.hbm)]
+    assert len(may) < len(points) and any(not estimate(problem, p).fits(problem.hbm) for p in may)
     pool = ScriptedPool(_fitting_step, workers=2)
     options = PlanOptions(
         PlanTarget("v5p:2x2x2"),
-        search=PlanSearch(budget=4, space=space, sampler="tpe", seed=0),
+        search=PlanSearch(budget=len(may), space=space, sampler="random", seed=0),
         store=PlanStore(url=f"sqlite:///{tmp_path / 'plans.db'}"),
     )
     said: list[str] = []
     result = search(problem, options, pool, said.append, time.perf_counter())
-    assert pool.jobs, "something compiled"
-    for job in pool.jobs:
-        point = job.point
-        assert estimate(problem, point).fits(problem.hbm), point.name()
-    assert len({j.point.layout for j in pool.jobs} | {j.point.remat for j in pool.jobs}) > 1  # a search, not one point
+    compiled = {j.point for j in pool.jobs}
+    assert compiled and compiled <= set(may), [p.name() for p in compiled - set(may)]
+    # A point estimated between 90% of the limit and the limit over 90% may fit: the compiler
+    # says (on a 70B over two v5p-256 slices the best layouts sat there, estimated 11-24% high).
+    assert any(not estimate(problem, p).fits(problem.hbm) for p in compiled)
+    assert len({p.layout for p in compiled} | {p.remat for p in compiled}) > 1  # a search, not one point
     for plan in result.plans:  # plan.json keeps each point's estimate
         assert plan.memory_estimate and plan.memory_estimate["limit"] == problem.hbm
 

@@ -117,6 +117,12 @@ class MemoryEstimate:
         """Whether the estimate is within `margin` of the HBM limit `hbm`."""
         return self.total <= margin * hbm
 
+    def beyond(self, hbm: float, margin: float = FIT_MARGIN) -> bool:
+        """Whether the estimate exceeds the HBM limit `hbm` by more than its error (`margin`): read
+        `1 - margin` low, it still would not fit. The search rules out only such points; one
+        estimated between `margin` and `1 / margin` of the limit may fit, and the compiler says."""
+        return self.total * margin > hbm
+
     def text(self, hbm: float) -> str:
         """'est 84.1 GiB / 95.7 GiB', as a plan row shows it."""
         return f"est {self.total / 2**30:.1f} GiB / {hbm / 2**30:.1f} GiB"
