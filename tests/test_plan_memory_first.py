@@ -138,6 +138,9 @@ def test_the_search_compiles_no_point_estimated_beyond_the_limit_and_its_error(t
     assert len({p.layout for p in compiled} | {p.remat for p in compiled}) > 1  # a search, not one point
     for plan in result.plans:  # plan.json keeps each point's estimate
         assert plan.memory_estimate and plan.memory_estimate["limit"] == problem.hbm
+    # The first trials' line does not say "not compiled" of points the search may still compile.
+    (left_out,) = [line for line in said if "estimated not to fit in HBM" in line]
+    assert left_out.endswith("not among the first trials (compiled if proposed and 90% of the estimate fits)")
 
 
 def test_where_the_users_defaults_fit_nowhere_the_enumeration_plans_other_policies_and_micro_batches() -> None:

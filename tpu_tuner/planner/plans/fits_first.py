@@ -141,12 +141,14 @@ def choose(
     limit: int,
     emit: Callable[[str], None],
     wider: Callable[[], list[PlanPoint]] | None = None,
+    left_out_fate: str = "not compiled",
 ) -> tuple[list[PlanPoint], list[tuple[PlanPoint, str]]]:
     """(up to `limit` points to compile, fitting ones best-predicted first; the points left out
     with why). With none estimated to fit, the best-predicted of `wider`'s points (other remat
     policies and micro-batches, where the user chose neither: `widened`) estimated to fit are
     compiled instead, said in one line; with none of those either, the line of `what_would_fit`
-    goes to `emit` and the closest point is compiled alone."""
+    goes to `emit` and the closest point is compiled alone. `left_out_fate` ends the line counting
+    the points left out (a search may still compile one later: plan_search says so)."""
     if not points:
         return [], []
     fitting, estimates = fits_first(problem, points)
@@ -154,7 +156,7 @@ def choose(
     left_out = [(p, f"{estimates[p].text(hbm)}: above {FIT_MARGIN:.0%} of HBM") for p in points if p not in fitting]
     if fitting:
         if left_out:
-            emit(f"{len(left_out)} of {len(points)} points are estimated not to fit in HBM: not compiled")
+            emit(f"{len(left_out)} of {len(points)} points are estimated not to fit in HBM: {left_out_fate}")
         return fitting[:limit], left_out
     nearest = closest(estimates)
     alternatives = wider() if wider is not None else []

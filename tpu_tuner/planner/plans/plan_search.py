@@ -128,7 +128,13 @@ def search(
     if not grid:
         # Memory first (fits_first.py): the first trials are the best-predicted points estimated to
         # fit; with none, the line saying what would fit and the closest point, compiled anyway.
-        first, _ = choose(problem, valid, min(STARTUP_TRIALS, budget), emit)
+        first, _ = choose(
+            problem,
+            valid,
+            min(STARTUP_TRIALS, budget),
+            emit,
+            left_out_fate="not among the first trials (compiled if proposed and 90% of the estimate fits)",
+        )
         seen = {t.point for t in PlanTrial.all(study.get_trials(deepcopy=False))}
         for point in first:
             if not estimate(problem, point).fits(problem.hbm):
