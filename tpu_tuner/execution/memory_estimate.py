@@ -181,9 +181,9 @@ def _fake_step_peak(
     snaps = [snap for dev, snap in peaks.items() if dev.type == device.type]
     if not snaps:
         return 0, 0, []
-    snap = max(snaps, key=lambda s: s["Total"])
+    snap = max(snaps, key=lambda s: s[TOTAL])
     transient = sum(v for k, v in snap.items() if k in TRANSIENT)
-    return int(snap["Total"]), int(snap["Total"] - transient), tracker.changes
+    return int(snap[TOTAL]), int(snap[TOTAL] - transient), tracker.changes
 
 
 class _StandIn:
@@ -231,6 +231,14 @@ def _recording(tracker_class: Any, kind: str) -> Any:
                 self.reset_mod_stats()
             super()._pre_fw_hook(module, inputs)
 
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # Only the device's peak is read. torch's own also keeps every module's peak, walking
+            # every module at every operator: 21 s of a 16-layer decoder's 33 s estimate.
+            for device, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snap[TOTAL]:
+                    self._peak_mem[device] = snap[TOTAL]
+                    self._peak_mem_snap[device] = dict(snap)
+
         def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
             if winfo.device.type != kind or u_type.name == "REF":
@@ -242,6 +250,7 @@ def _recording(tracker_class: Any, kind: str) -> Any:
     return Recording
 
 
+TOTAL = "Total"  # the tracker's key of a snapshot's sum
 # The tracker's categories (its reference types' values) that a compiled step may hold less of.
 TRANSIENT = ("Activation", "Temp", "All Gather", "Reduce Scatter")
 
