@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 from tpu_tuner.cli import main
 from tpu_tuner.core.errors import UserInputError
+from tpu_tuner.knobs import activation_checkpointing
 from tpu_tuner.knobs.activation_checkpointing import ActivationCheckpointingKnob, checkpoint_blocks
 from tpu_tuner.knobs.attn_implementation import AttnImplementationKnob
 from tpu_tuner.knobs.model_traits import of_model
@@ -164,8 +165,15 @@ def test_the_attention_knob_on_the_trial_path_and_the_apply_path(tmp_path: Path)
         applied.restore()
 
 
+@pytest.mark.parametrize("before_every_n_layers", [False, True])
 @pytest.mark.parametrize(("value", "every"), [("blocks", 1), ("every_2nd", 2)])
-def test_activation_checkpointing_goes_through_the_models_own_switch(value: str, every: int) -> None:
+def test_activation_checkpointing_goes_through_the_models_own_switch(
+    value: str, every: int, before_every_n_layers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through `activation_checkpointing_enable`, or the layers' own flags in a transformers
+    without it (5.17, on the chip: this module's wrapper failed there under `tpu` compile)."""
+    if before_every_n_layers:
+        monkeypatch.setattr(activation_checkpointing, "takes_every_n_layers", lambda model: False)
     workload = load_workload(f"hf:llama?{SMALL.replace('num_hidden_layers=2', 'num_hidden_layers=4')}")
     torch.manual_seed(0)
     plain = workload.build_model()

@@ -101,15 +101,35 @@ def _own_switch(model: nn.Module, every: int) -> bool:
     if not getattr(model, "supports_gradient_checkpointing", False):
         return False
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
+    blocks = _declared_blocks(model)
+    if takes_every_n_layers(model):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)  # type: ignore[operator]  # nn.Module.__getattr__'s type
-    elif every == 1 and hasattr(model, "gradient_checkpointing_enable"):
+    elif hasattr(model, "gradient_checkpointing_enable") and (every == 1 or _layers_own_flag(blocks)):
+        # transformers before `activation_checkpointing_enable` (5.17, the chip's): every layer's
+        # own flag on, then off but on every n-th. Why not this module's wrapper: docs/knobs.md.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]  # as above
+        for index, block in enumerate(blocks):
+            if index % every:
+                block.gradient_checkpointing = False
     else:
         return False
-    for block in _declared_blocks(model):
+    for block in blocks:
         setattr(block, _MARK, bool(getattr(block, "gradient_checkpointing", False)))
     return True
+
+
+def takes_every_n_layers(model: nn.Module) -> bool:
+    """Whether `model` has transformers' ``activation_checkpointing_enable(every_n_layers=...)``
+    (after 5.17)."""
+    return hasattr(model, "activation_checkpointing_enable")
+
+
+def _layers_own_flag(blocks: list[nn.Module]) -> bool:
+    """Whether every block checkpoints itself by its own ``gradient_checkpointing`` flag
+    (transformers' ``GradientCheckpointingLayer``), so that layers can be left out one by one."""
+    return bool(blocks) and all(
+        isinstance(getattr(type(block), "gradient_checkpointing", None), bool) for block in blocks
+    )
 
 
 def _declared_blocks(model: nn.Module) -> list[nn.Module]:
