@@ -176,3 +176,13 @@ def test_the_cause_of_a_failed_job_over_hosts_is_decided_once(
 ) -> None:
     failure = host_cause({outcome.node: outcome for outcome in outcomes})
     assert (failure.kind, failure.message) == (kind, message)
+
+
+def test_a_raised_jobs_traceback_is_in_the_workers_log(runner: TrialRunner) -> None:
+    """The report keeps a failure's first line; its whole traceback is in workers.log (a chip
+    trial's CheckpointError was cut to the line that names no tensor)."""
+    result = runner.run(("raise", "bad input"))  # type: ignore[arg-type]  # the echo worker's jobs are tuples
+    assert result.failure is not None
+    written = runner.log.tail()
+    assert "the job failed in the worker (error)" in written and "Traceback" in written, written
+    assert "ValueError: bad input" in written.split("the job failed in the worker")[1]

@@ -141,7 +141,8 @@ class TrialRunner:
             case Replied(value):
                 return JobResult(value=value, seconds=seconds, start_s=start_s)
             case Raised(kind, message, trace):
-                log.debug("worker job failed: %s", trace)
+                # The report keeps the first line; the traceback goes where the workers' output is.
+                self.log.write(f"tpu-tune: the job failed in the worker ({kind.value}):\n{trace}\n".encode())
                 return JobResult(failure=TrialFailure(kind, message), seconds=seconds, start_s=start_s)
         self._worker = None  # killed (a timeout, a freeze) or dead: the next job starts another
         # A killed worker's last line is whatever ran, not a cause: only a death's is quoted.
