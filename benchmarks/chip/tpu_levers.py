@@ -277,6 +277,13 @@ def _versions() -> dict[str, str]:
     return found
 
 
+def _shape(result: dict[str, Any]) -> str:
+    """The batch the levers ran at, as the table's title says it."""
+    if result["batch_size"] is None and result["seq"] is None:
+        return "the model's own batch"
+    return f"batch {result['batch_size']} x {result['seq']}"
+
+
 def table(result: dict[str, Any]) -> str:
     """The markdown table: each lever's step against the reference's, paired by round."""
     from tpu_tuner.metrics.paired import paired_speedup
@@ -285,7 +292,7 @@ def table(result: dict[str, Any]) -> str:
     reference = settings["reference"]["samples"]
     flops, peak = result["model_flops_per_step"], result["peak_flops_per_s"]
     lines = [
-        f"{result['model']} (batch {result['batch_size']} x {result['seq']}) on {result['device']}, "
+        f"{result['model']} ({_shape(result)}) on {result['device']}, "
         f"{result['rounds']} rounds; versions {result['versions']}",
         "",
         "| setting | step (median of rounds) | MFU | reference / setting (95% CI) | peak memory | first call |",
@@ -324,8 +331,8 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=LLAMA)
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, help="default: 2 for the Llama-class model, else the model's own")
+    parser.add_argument("--seq", type=int, help="default: 2048 for the Llama-class model, else the model's own")
     parser.add_argument("--device", default="tpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="steps timed per block at the least")
@@ -341,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is not None:
         print(table(json.loads(args.table.read_text())))
         return 0
-    if args.rounds < 1 or args.batch_size < 1 or args.seq < 1:
+    if args.model == LLAMA:
+        args.batch_size, args.seq = args.batch_size or 2, args.seq or 2048
+    if args.rounds < 1 or min(args.batch_size or 1, args.seq or 1) < 1:
         print("tpu_levers: --rounds, --batch-size and --seq must be positive", file=sys.stderr)
         return 2
     result = run(args)
