@@ -19,6 +19,7 @@ from tpu_tuner.planner.plans.plan_trial import PlanTrial, compiled_from_dict
 from tpu_tuner.studies import records
 from tpu_tuner.studies.liveness import read_storage
 from tpu_tuner.studies.records import PlanOutcome
+from tpu_tuner.studies.study_trial import StudyTrial
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
 
@@ -26,11 +27,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "old_studies.sql"
 def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     a = records.attrs(trial)
     compiled = a.get(records.COMPILED_STEP)
+    study = StudyTrial.of(trial)  # the study layer's fields, read as tests/test_study_trial.py checks
     return {
-        "number": trial.number,
-        "state": trial.state,
-        "params": trial.params,
-        "value": trial.value,
+        **{f.name: getattr(study, f.name) for f in fields(StudyTrial)},
         "outcome": a.get(records.OUTCOME),
         "reason": a.get(records.REASON),
         "point": a.get(records.POINT),
@@ -38,7 +37,6 @@ def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "compiled": compiled_from_dict(compiled) if compiled is not None else None,
         "fit_effort": a.get(records.FIT_EFFORT),
         "constraint": a.get(records.CONSTRAINT_VALUE),
-        "worker": a.get(records.WORKER),
     }
 
 
@@ -46,6 +44,7 @@ def _check(trials: list[optuna.trial.FrozenTrial]) -> list[PlanTrial]:
     read = PlanTrial.all(trials)
     for trial, record in zip(trials, read):
         assert {f.name: getattr(record, f.name) for f in fields(record)} == _expected(trial), trial.number
+        assert record.worker == records.attrs(trial).get(records.WORKER)
         assert record.spends == (record.outcome in (PlanOutcome.COMPILED, PlanOutcome.REFUSED))
     return read
 

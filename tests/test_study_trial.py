@@ -58,6 +58,7 @@ def _check(trial: optuna.trial.FrozenTrial) -> StudyTrial:
         "number": trial.number,
         "state": trial.state,
         "params": trial.params,
+        "value": trial.value,
         "datetime_complete": trial.datetime_complete,
         "claims": Claims(
             a.get(records.WORKER),

@@ -54,6 +54,7 @@ def _expected(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "state": trial.state,
         "params": trial.params,
         "value": trial.value,
+        "datetime_complete": trial.datetime_complete,
         "outcome": outcome_of(trial.state.name, a),
         "measured": bool(a.get(records.MEASURED)),
         "measurement": Measurement(**json.loads(raw)) if raw else None,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Self
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -45,12 +45,16 @@ class Claims:
 
 @dataclass(frozen=True)
 class StudyTrial:
-    """One trial as the study layer reads it (built by `of`): Optuna's fields, then the record's."""
+    """One trial as the study layer reads it (built by `of`): Optuna's fields, then the record's.
+    A feature's record (`TuningTrial`, `PlanTrial`) extends it with its own keys, read in its `of`."""
 
     number: int
     state: TrialState
     params: dict[str, Any]
-    datetime_complete: datetime | None
+    value: float | None
+    # When it was told: not part of equality, as `stored`: the same search run twice, or one trial
+    # stored by two versions, reads as the same records (compare_records.py drops it likewise).
+    datetime_complete: datetime | None = field(compare=False)
     claims: Claims
     failure: Failure | None
     rejected_by: str | None
@@ -63,7 +67,7 @@ class StudyTrial:
     stored: Mapping[str, Any] = field(compare=False, repr=False)
 
     @classmethod
-    def of(cls, trial: FrozenTrial) -> StudyTrial:
+    def of(cls, trial: FrozenTrial) -> Self:
         """The record of `trial`, from a study of any version: the one reader of the attribute dict."""
         a = MappingProxyType(dict(records.attrs(trial)))
         kind, repeat_of, warm = a.get(records.FAILURE_KIND), a.get(records.REPEAT_OF), a.get(records.WARM_START)
@@ -71,6 +75,7 @@ class StudyTrial:
             number=trial.number,
             state=trial.state,
             params=dict(trial.params),
+            value=trial.value,
             datetime_complete=trial.datetime_complete,
             claims=Claims(
                 a.get(records.WORKER),
@@ -89,7 +94,7 @@ class StudyTrial:
         )
 
     @classmethod
-    def all(cls, trials: Iterable[FrozenTrial]) -> list[StudyTrial]:
+    def all(cls, trials: Iterable[FrozenTrial]) -> list[Self]:
         """The records of `trials`, in order."""
         return [cls.of(trial) for trial in trials]
 

@@ -8,11 +8,10 @@ instead of the dict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from tpu_tuner.planner.compiler.compiled_step import CompiledStep
 from tpu_tuner.planner.prediction.collectives import Collective
@@ -22,14 +21,10 @@ from tpu_tuner.studies.study_trial import StudyTrial
 
 
 @dataclass(frozen=True)
-class PlanTrial:
-    """One planner trial as its record says: what became of it, the point it holds, its claim on a
-    compile and the compiler's figures."""
+class PlanTrial(StudyTrial):
+    """One planner trial as its record says: the study layer's record, then what became of it, the
+    point it holds, its claim on a compile and the compiler's figures."""
 
-    number: int
-    state: TrialState
-    params: dict[str, Any]
-    value: float | None
     outcome: PlanOutcome | None  # None: not settled yet
     reason: str | None  # why it was told without a compile
     point: str | None  # the point's key
@@ -37,20 +32,16 @@ class PlanTrial:
     compiled: CompiledStep | None  # the compiler's figures (refused: with its error)
     fit_effort: str | None  # which compile decided "fits" (None: written before it was recorded)
     constraint: float | None  # its HBM constraint, GiB past the device's
-    worker: str | None
 
     @classmethod
-    def of(cls, trial: FrozenTrial) -> PlanTrial:
+    def of(cls, trial: FrozenTrial) -> Self:
         """The record of `trial`, from a study of any version."""
         study = StudyTrial.of(trial)  # the record as stored (any layout), read once by the study layer
         a = study.stored
         outcome, compiled = a.get(records.OUTCOME), a.get(records.COMPILED_STEP)
         constraint = a.get(records.CONSTRAINT_VALUE)
         return cls(
-            number=trial.number,
-            state=trial.state,
-            params=study.params,
-            value=trial.value,
+            **vars(study),
             outcome=None if outcome is None else PlanOutcome(outcome),
             reason=a.get(records.REASON),
             point=a.get(records.POINT),
@@ -58,13 +49,12 @@ class PlanTrial:
             compiled=compiled_from_dict(compiled) if isinstance(compiled, dict) else None,
             fit_effort=a.get(records.FIT_EFFORT),
             constraint=None if constraint is None else float(constraint),
-            worker=study.claims.worker,
         )
 
-    @classmethod
-    def all(cls, trials: Iterable[FrozenTrial]) -> list[PlanTrial]:
-        """The records of `trials`, in order."""
-        return [cls.of(trial) for trial in trials]
+    @property
+    def worker(self) -> str | None:
+        """The worker that claimed it (`claims.worker`)."""
+        return self.claims.worker
 
     @property
     def spends(self) -> bool:

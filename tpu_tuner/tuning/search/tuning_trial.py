@@ -10,9 +10,9 @@ typed, and readers take the record instead of turning the dict into their own fi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -38,25 +38,17 @@ class WallTimeSplit:
 
 
 @dataclass(frozen=True)
-class TuningTrial:
-    """One tuning trial as its record says (built by `of`): Optuna's own fields, then the record's."""
+class TuningTrial(StudyTrial):
+    """One tuning trial as its record says (built by `of`): the study layer's record, then a tuning
+    trial's own keys."""
 
-    number: int
-    state: TrialState
-    params: dict[str, Any]
-    value: float | None
     outcome: Outcome
-    measured: bool  # the loop's flag: the trial was asked to measure (not answered otherwise)
     measurement: Measurement | None  # None for failed, rejected and repeated trials
     candidate: dict[str, Any] | None
-    failure: Failure | None
-    rejected_by: str | None
-    excluded_by: str | None
     probe_for: dict[str, Any] | None  # a probe queued by failure learning: what it tests
     early_stop: EarlyStop | None
     stopped_early: str | None  # the early stop's message
     costs: WallTimeSplit
-    claims: Claims
     feasible: bool  # the record's word (accuracy and memory), whatever the trial's state
     step_median_s: float | None
     compile_s: float | None
@@ -69,12 +61,9 @@ class TuningTrial:
     start_env: tuple[str, ...]
     buckets: tuple[int, ...] | None  # with varying input lengths: the trial's best bucketing
     padding_waste: float | None
-    warm_start: dict[str, Any] | None
-    # Every key as stored (`StudyTrial.stored`): trials.csv's columns and a repeat's copy pass them on.
-    stored: Mapping[str, Any] = field(compare=False, repr=False)
 
     @classmethod
-    def of(cls, trial: FrozenTrial) -> TuningTrial:
+    def of(cls, trial: FrozenTrial) -> Self:
         """The record of `trial`, from a study of any version (`records.attrs`)."""
         study = StudyTrial.of(trial)  # the study layer's keys, read once; this record's from its `stored`
         a = study.stored
@@ -83,17 +72,10 @@ class TuningTrial:
         error = a.get(records.ACCURACY_ERROR) if excess is None else excess
         buckets = a.get(records.BUCKETS)
         return cls(
-            number=trial.number,
-            state=trial.state,
-            params=study.params,
-            value=trial.value,
+            **vars(study),
             outcome=outcome_of(trial.state.name, a),
-            measured=study.measured,
             measurement=Measurement(**json.loads(raw)) if raw else None,
             candidate=a.get(records.CANDIDATE),
-            failure=study.failure,
-            rejected_by=study.rejected_by,
-            excluded_by=study.excluded_by,
             probe_for=probe if isinstance(probe := a.get(records.PROBE_FOR), dict) else None,
             early_stop=_early_stop(a.get(records.EARLY_STOP)),
             stopped_early=a.get(records.STOPPED_EARLY),
@@ -101,7 +83,6 @@ class TuningTrial:
                 _float(a.get(records.TRIAL_WALL_S)),
                 *(_float(a.get(key)) for key in _COST_FIELDS),
             ),
-            claims=study.claims,
             feasible=bool(a.get(records.FEASIBLE)),
             step_median_s=_float(a.get(records.STEP_MEDIAN_S)),
             compile_s=_float(a.get(records.COMPILE_S)),
@@ -112,14 +93,7 @@ class TuningTrial:
             start_env=tuple(a.get(records.START_ENV) or ()),
             buckets=tuple(buckets) if buckets is not None else None,
             padding_waste=a.get(records.PADDING_WASTE),
-            warm_start=study.warm_start,
-            stored=a,
         )
-
-    @classmethod
-    def all(cls, trials: Iterable[FrozenTrial]) -> list[TuningTrial]:
-        """The records of `trials`, in order."""
-        return [cls.of(trial) for trial in trials]
 
     @property
     def is_feasible(self) -> bool:
@@ -132,11 +106,6 @@ class TuningTrial:
         if self.value is None:
             raise ValueError(f"trial {self.number} has no objective value (state {self.state.name})")
         return self.value
-
-    @property
-    def is_repeat(self) -> bool:
-        """Whether the trial was answered from an earlier one's result (it measured nothing)."""
-        return self.claims.repeat_of is not None
 
     @property
     def measured_by(self) -> int:
