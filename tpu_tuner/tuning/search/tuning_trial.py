@@ -21,11 +21,13 @@ from tpu_tuner.execution.measurement import EarlyStop, Measurement
 from tpu_tuner.studies import records
 from tpu_tuner.studies.outcome import Outcome, outcome_of
 from tpu_tuner.studies.study_trial import Claims, Failure, StudyTrial
+from tpu_tuner.studies.trial_costs import COST_KEYS
 
 
 @dataclass(frozen=True)
 class WallTimeSplit:
-    """Where a measured trial's wall time went (studies/trial_costs.py); None where not stored."""
+    """Where a measured trial's wall time went: after it, `COST_KEYS`' figures in their order
+    (studies/trial_costs.py); None where not stored."""
 
     wall_s: float | None = None
     worker_start_s: float | None = None
@@ -81,7 +83,7 @@ class TuningTrial(StudyTrial):
             stopped_early=a.get(records.STOPPED_EARLY),
             costs=WallTimeSplit(
                 _float(a.get(records.TRIAL_WALL_S)),
-                *(_float(a.get(key)) for key in _COST_FIELDS),
+                *(_float(a.get(key)) for key in COST_KEYS),
             ),
             feasible=bool(a.get(records.FEASIBLE)),
             step_median_s=_float(a.get(records.STEP_MEDIAN_S)),
@@ -151,18 +153,6 @@ def _measured(
         if value := figure(trial):
             found[json.dumps(trial.params, sort_keys=True)] = value
     return [found.get(json.dumps(dict(params), sort_keys=True)) for params in settings]
-
-
-# The cost fields after the wall time, in `WallTimeSplit`'s order, and the record key of each.
-_COST_FIELDS = (
-    records.WORKER_START_S,
-    records.STEPS_S,
-    records.OVERHEAD_S,
-    records.REFERENCE_S,
-    records.ESTIMATE_S,
-    records.BUILD_S,
-    records.JUDGE_S,
-)
 
 
 def _float(value: Any) -> float | None:
