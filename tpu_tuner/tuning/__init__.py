@@ -12,7 +12,6 @@ from tpu_tuner.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tpu_tuner.tuning.options.tune_options import TuneOptions
-    from tpu_tuner.tuning.run.progress import Progress
     from tpu_tuner.tuning.run.tuning_result import TuningResult
 
 __getattr__, __dir__ = lazy_exports(
@@ -20,8 +19,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "TuneOptions": f"{__name__}.options.tune_options",
         "TuningResult": f"{__name__}.run.tuning_result",
-        "Progress": f"{__name__}.run.progress",
     },
 )
 
-__all__ = ["Progress", "TuneOptions", "TuningResult"]
+__all__ = ["TuneOptions", "TuningResult"]

@@ -18,14 +18,11 @@ _EXPORTS = {
     "Agent": "tpu_tuner.tuning.agents.base",
     "CompileAgent": "tpu_tuner.tuning.agents.compile_agent",
     "PrecisionAgent": "tpu_tuner.tuning.agents.precision_agent",
-    "MemoryAgent": "tpu_tuner.tuning.agents.memory_agent",
-    "ThreadsAgent": "tpu_tuner.tuning.agents.threads_agent",
-    "ShardingAgent": "tpu_tuner.tuning.agents.sharding_agent",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["Agent", "CompileAgent", "PrecisionAgent", "ThreadsAgent", "load_agents"]
+__all__ = ["Agent", "CompileAgent", "PrecisionAgent", "load_agents"]
 
 
 def agent_classes() -> dict[str, type[Agent]]:
