@@ -6,7 +6,7 @@ spent), the verification's hand-over between the workers of a shared study, `stu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -17,7 +17,7 @@ from tpu_tuner.studies.study_trial import StudyTrial
 SettingKey = tuple[tuple[str, Any], ...]
 
 
-def setting_key(params: dict[str, Any]) -> SettingKey:
+def setting_key(params: Mapping[str, Any]) -> SettingKey:
     """A setting as a hashable key (its parameters, sorted)."""
     return tuple(sorted(params.items()))
 

@@ -16,6 +16,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tpu_tuner.studies.coverage import setting_key
+
 SAMPLERS = ("tpe", "random", "grid")
 
 
@@ -52,10 +54,6 @@ def build_sampler(
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=startup_trials, multivariate=True, group=group, constant_liar=constant_liar
         )
-
-
-def _key(setting: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(setting.items()))
 
 
 class SettingsGrid(optuna.samplers.BaseSampler):
@@ -113,17 +111,17 @@ class SettingsGrid(optuna.samplers.BaseSampler):
             if other.number == trial.number:
                 continue
             if other.state.is_finished():
-                finished.add(_key(other.params))
+                finished.add(setting_key(other.params))
             elif other.state == TrialState.RUNNING:
                 held = self._chosen.get(other.number)  # this process's: its params may be partial yet
-                running.add(_key(held if held is not None else other.params))
+                running.add(setting_key(held if held is not None else other.params))
         if trial.number < len(self._settings):
             own = self._settings[trial.number]
-            if _key(own) not in finished | running:
+            if setting_key(own) not in finished | running:
                 return own
-        unvisited = [s for s in self._settings if _key(s) not in finished | running]
+        unvisited = [s for s in self._settings if setting_key(s) not in finished | running]
         # Every setting started: one not finished yet, as GridSampler does; else any.
-        unvisited = unvisited or [s for s in self._settings if _key(s) not in finished] or self._settings
+        unvisited = unvisited or [s for s in self._settings if setting_key(s) not in finished] or self._settings
         return unvisited[int(self._rng.choice(len(unvisited)))]
 
 
