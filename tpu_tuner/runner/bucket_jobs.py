@@ -26,6 +26,7 @@ from tpu_tuner.execution.step import result_read, run_user_step, step_function
 from tpu_tuner.execution.timer import StepClock, compile_delta
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.buckets.bucket_cost import ShapeCost, compile_counter
+from tpu_tuner.model.workloads.summary import device_name_or_kind
 from tpu_tuner.model.workloads.workload import Workload, move_to
 from tpu_tuner.runner.requests import BucketCosts, BucketCostsRequest, BucketPoint, BucketReplay, BucketReplayRequest
 
@@ -148,7 +149,7 @@ def run_bucket_costs(state: Any, request: BucketCostsRequest) -> BucketCosts:
     points: list[BucketPoint] = [
         BucketPoint(shape.length, shape.compile_seconds, shape.warm_seconds, shape=shape) for shape in shapes
     ]
-    return BucketCosts(points, device_name=_device_name(state.backend))
+    return BucketCosts(points, device_name=device_name_or_kind(state.backend))
 
 
 def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
@@ -168,14 +169,6 @@ def run_bucket_replay(state: Any, request: BucketReplayRequest) -> BucketReplay:
         steps=len(padded),
         shapes=shapes,
     )
-
-
-def _device_name(backend: Backend) -> str:
-    """The device's name (`Backend.device_name`), else its kind: a report names what it measured."""
-    try:
-        return str(backend.device_name())
-    except Exception:  # a name is a label; a backend that cannot give one still measured
-        return backend.kind
 
 
 def _bucket_index(bounds: list[int], length: int) -> int:

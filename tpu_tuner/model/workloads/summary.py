@@ -91,7 +91,7 @@ def summarize(
         sample_lengths=lengths,
         sample_lengths_error=lengths_error,
         device_kind=backend.kind,
-        device_name=_device_name(backend),
+        device_name=device_name_or_kind(backend),
         inputs=inputs,
         notes=list(workload.notes),
         dims=dims,
@@ -126,12 +126,13 @@ def input_signature(workload: Any, batch_size: int | None, seq_len: int | None) 
     return leaf(batch)
 
 
-def _device_name(backend: Any) -> str:
-    """The device's name (`Backend.device_name`, which measures nothing), else its kind."""
+def device_name_or_kind(backend: Any) -> str:
+    """The device's name (`Backend.device_name`, which measures nothing), else its kind: a report
+    names what it measured, and a backend that cannot name its device still measured."""
     try:
         return str(backend.device_name())
     except Exception:
         return str(backend.kind)
 
 
-__all__ = ["WorkloadSummary", "input_signature", "summarize"]
+__all__ = ["WorkloadSummary", "device_name_or_kind", "input_signature", "summarize"]
