@@ -34,6 +34,7 @@ DECODER_335M = (
     "hf:llama?num_hidden_layers=16,hidden_size=1024,intermediate_size=4096,num_attention_heads=8,"
     "num_key_value_heads=8,vocab_size=32000"
 )
+MEMORY_GRID = REPO / "benchmarks" / "chip" / "decoder_335m_memory.toml"
 # name -> (model, extra arguments)
 WORKLOADS: dict[str, tuple[str, list[str]]] = {
     "gpt": ("examples/gpt.py", []),  # the README's: a training step
@@ -41,6 +42,11 @@ WORKLOADS: dict[str, tuple[str, list[str]]] = {
     "cnn": ("examples/cnn.py", []),  # vision, inference
     "llama-inference": (LLAMA, ["--inference", "--batch-size", "8", "--seq", "2048"]),
     "decoder-335m": (DECODER_335M, ["--batch-size", "8", "--seq", "2048"]),  # a training step
+    # The same step on a diagnostic grid: bf16 under `tpu` by checkpointing and attention kernel.
+    "decoder-335m-memory": (
+        DECODER_335M,
+        ["--batch-size", "8", "--seq", "2048", "--sampler", "grid", "--space", str(MEMORY_GRID)],
+    ),
 }
 
 
