@@ -151,11 +151,10 @@ def trial_runner(
     nproc: int,
     timeout_s: float,
     memory_limit_bytes: int | None,
-    log: WorkerLog | None = None,
 ) -> Runner:
     """The runner for trials on `nproc` processes: a single worker for one, ranks for more; the
-    workers' output goes to `log` (None: the runner's own, which `runner.log.move_into` moves
-    into the run folder once it exists)."""
+    workers' output goes to the runner's own log, which `runner.log.move_into` moves into the run
+    folder once it exists."""
     if nproc == 1:
-        return TrialRunner(workload_path, device, timeout_s, memory_limit_bytes, log=log)
-    return RankedTrialRunner(workload_path, device, nproc, timeout_s, memory_limit_bytes, log=log)
+        return TrialRunner(workload_path, device, timeout_s, memory_limit_bytes)
+    return RankedTrialRunner(workload_path, device, nproc, timeout_s, memory_limit_bytes)

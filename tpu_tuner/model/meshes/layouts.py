@@ -228,25 +228,23 @@ def enumerate_layouts(
     shape: ModelShape,
     global_batch: int,
     seq_len: int | None = None,
-    contexts: tuple[int, ...] = (1,),
     slices: int = 1,
 ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """All data x fsdp x tensor (x context, for each of `contexts`) factorisations of `devices`,
-    split into valid and rejected (why). Over `slices` slices, each factorisation once per way of
-    spreading the slices over data and fsdp that divides them (data first: MaxText's default)."""
+    """All data x fsdp x tensor factorisations of `devices`, split into valid and rejected (why).
+    Over `slices` slices, each factorisation once per way of spreading the slices over data and
+    fsdp that divides them (data first: MaxText's default)."""
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
-    for context in (c for c in contexts if devices % c == 0):
-        for tensor in divisors(devices // context):
-            for fsdp in divisors(devices // context // tensor):
-                data = devices // context // tensor // fsdp
-                for dcn_data in sorted(divisors(slices), reverse=True):
-                    dcn_fsdp = slices // dcn_data
-                    if data % dcn_data or fsdp % dcn_fsdp:
-                        continue
-                    layout = Layout(data, fsdp, tensor, context, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp)
-                    reason = why_not(layout, shape, global_batch, seq_len)
-                    (rejected.append((layout, reason)) if reason else valid.append(layout))
+    for tensor in divisors(devices):
+        for fsdp in divisors(devices // tensor):
+            data = devices // tensor // fsdp
+            for dcn_data in sorted(divisors(slices), reverse=True):
+                dcn_fsdp = slices // dcn_data
+                if data % dcn_data or fsdp % dcn_fsdp:
+                    continue
+                layout = Layout(data, fsdp, tensor, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp)
+                reason = why_not(layout, shape, global_batch, seq_len)
+                (rejected.append((layout, reason)) if reason else valid.append(layout))
     return valid, rejected
 
 

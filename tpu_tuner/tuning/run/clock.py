@@ -225,7 +225,6 @@ def plan_finish(
     race_top: int,
     verify_rounds: int,
     seconds_left: float | None,
-    differing_knobs: int = 3,
 ) -> FinishPlan:
     """The fullest finish that fits `seconds_left` (the whole one without a budget)."""
     full = FinishPlan(race_top, max(4, verify_rounds // 2), verify_rounds, True, 0.0)
@@ -238,7 +237,7 @@ def plan_finish(
     plans.append(replace(full, race_top=0, ablations=False))
     for rounds in range(verify_rounds - 2, fewest - 1, -2):
         plans.append(replace(full, race_top=0, verify_rounds=rounds, ablations=False))
-    costed = [replace(p, seconds=finish_seconds(trials, p, differing_knobs)) for p in plans]
+    costed = [replace(p, seconds=finish_seconds(trials, p)) for p in plans]
     if seconds_left is None:
         return costed[0]
     return next((p for p in costed if p.seconds <= seconds_left), costed[-1])
