@@ -51,34 +51,4 @@ _EXPORTS = {
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "AppliedConfig",
-    "Backend",
-    "BackendError",
-    "BucketOptions",
-    "Candidate",
-    "DefinitionError",
-    "DeviceInfo",
-    "PlanOptions",
-    "Profile",
-    "ProfilerSettings",
-    "TpuTuneError",
-    "TransformerDims",
-    "TuneOptions",
-    "TunedConfig",
-    "TuningResult",
-    "UserInputError",
-    "Workload",
-    "WorkloadError",
-    "apply",
-    "get_backend",
-    "load_workload",
-    "plan",
-    "plan_buckets",
-    "plan_to_folder",
-    "profile",
-    "save_buckets",
-    "save_profile",
-    "study_storage",
-    "tune",
-]
+__all__ = sorted(_EXPORTS)  # the public names, listed once: the keys above
