@@ -90,3 +90,21 @@ def test_an_unseen_generation_takes_the_quantile_of_the_errors_with_generations_
     # Without such errors, the assumed rule: the largest leave-one-out error x 1.25.
     plain = [BandRow(r.generation, r.remat_family, r.seq, r.per_device_batch, r.error) for r in rows]
     assert error_band(Place("v5e", "offload", 8192, 4), plain).points == pytest.approx(0.5 * 1.25)
+
+
+def test_an_unseen_generation_takes_the_unseen_errors_of_the_rows_most_like_it() -> None:
+    # Dense rows that missed by a few points with their generation left out, and dropless MoE rows
+    # that missed by 11-14: a dense point of a generation without rows is like the dense rows.
+    dense = [BandRow("v6e", "full", 8192, 4, 0.5, u, moe="dense") for u in (1, -2, 1.5, 0.5, -1, 2, 2.5, -1.5, 3)]
+    dropless = [BandRow("tpu7x", "full", 8192, 4, 1.0, u, moe="dropless") for u in (12.0, -14.0, 11.0)]
+    rows = dense + dropless
+    band = error_band(Place("v5p", "full", 8192, 4, moe="dense"), rows)
+    # The 9 dense rows' unseen errors (their largest), not the 12 rows' 90% quantile (14, the old rule).
+    assert band is not None and band.points == 3.0
+    assert "rows most like it (generation not compared)" in band.source
+    # A dropless point: 3 rows of its kind cannot give a 90% quantile: every row's (the 12th smallest).
+    moe = error_band(Place("v5p", "full", 8192, 4, moe="dropless"), rows)
+    assert moe is not None and moe.points == 14.0 and "every row (12: 3 of its MoE kind, dropless)" in moe.source
+    # Over two slices, with no multi-slice row to fit the DCN step: predicted with a second fallback, every row.
+    slices = error_band(Place("v5p", "full", 8192, 4, moe="dense", slices=2), rows)
+    assert slices is not None and slices.points == 14.0 and "no row fits its dcn term either" in slices.source

@@ -31,8 +31,10 @@ quantile of the misses of the rows most like it:
   drift, run-to-run noise: the superseded rows of benchmarks/planner/published_runs.toml); a band is never
   narrower than the same quantile of those differences;
 * **a generation without rows**: leave-one-out errors say nothing about a chip the fit never saw,
-  so such a point gets the quantile of each row's error when no row of its generation was fitted
-  (`BandRow.unseen_generation_error`), widened by `WIDEN` per further gap; with fewer than
+  so such a point gets the quantile of the errors its rows had when no row of their generation
+  was fitted (`BandRow.unseen_generation_error`): of the `MIN_COMPARABLE` rows most like it, as
+  above with the generation not compared (every row is of another), so a dense point no longer
+  takes the MoE and long-context rows' misses; widened by `WIDEN` per further gap; with fewer than
   `MIN_COMPARABLE` such errors, the largest leave-one-out error, widened by `WIDEN` per gap (an
   assumption, said in the band's source).
 
@@ -135,11 +137,11 @@ def _doublings(a: float, b: float) -> float:
     return abs(math.log2(a / b)) if a > 0 and b > 0 else 1.0
 
 
-def differences(place: Place, row: Place) -> list[str]:
+def differences(place: Place, row: Place, *, generation: bool = True) -> list[str]:
     """The dimensions in which `row` is unlike `place` (unstated ones not compared; a sequence or
-    batch when not within `NEAR`)."""
+    batch when not within `NEAR`; the generation only where `generation`)."""
     out = []
-    if row.generation != place.generation:
+    if generation and row.generation != place.generation:
         out.append("generation")
     if place.moe is not None and row.moe is not None and row.moe != place.moe:
         out.append("moe")
@@ -156,10 +158,11 @@ def differences(place: Place, row: Place) -> list[str]:
     return out
 
 
-def distance(place: Place, row: Place) -> float:
-    """How unlike `row` is to `place`: the `MISMATCH` weights of their differences, plus
-    `PER_DOUBLING` for each doubling between their sequence lengths and per-device batches."""
-    categorical = sum(MISMATCH.get(d, 0.0) for d in differences(place, row))
+def distance(place: Place, row: Place, *, generation: bool = True) -> float:
+    """How unlike `row` is to `place`: the `MISMATCH` weights of their differences (the generation
+    only where `generation`), plus `PER_DOUBLING` for each doubling between their sequence lengths
+    and per-device batches."""
+    categorical = sum(MISMATCH.get(d, 0.0) for d in differences(place, row, generation=generation))
     return (
         categorical
         + PER_DOUBLING["sequence"] * _doublings(row.seq, place.seq)
@@ -218,15 +221,21 @@ def interpolated_rows(place: Place, rows: list[BandRow]) -> list[BandRow]:
     return kept if len(kept) >= MIN_COMPARABLE else list(rows)
 
 
+def nearest(place: Place, rows: list[BandRow], *, generation: bool = True) -> list[BandRow]:
+    """`rows`' `MIN_COMPARABLE` nearest to `place` (`distance`, the generation compared only
+    where `generation`), with any row as near as the last of them; all of them where fewer."""
+    far = [distance(place, r, generation=generation) for r in rows]
+    radius = sorted(far)[min(MIN_COMPARABLE, len(rows)) - 1]
+    return [r for r, d in zip(rows, far) if d <= radius + 1e-9]
+
+
 def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
     """The rows whose errors stand for `place`'s: of the `interpolated_rows`, its `MIN_COMPARABLE`
     nearest (`distance`), with any row as near as the last of them (all rows where there are
     fewer), and which they are."""
     pool = interpolated_rows(place, rows)
-    left_out, rows = len(rows) - len(pool), pool
-    far = [distance(place, r) for r in rows]
-    radius = sorted(far)[min(MIN_COMPARABLE, len(rows)) - 1]
-    near = [r for r, d in zip(rows, far) if d <= radius + 1e-9]
+    left_out = len(rows) - len(pool)
+    near = nearest(place, pool)
     alike = sum(1 for r in near if not differences(place, r))
     unlike: dict[str, int] = {}
     for r in near:
@@ -241,6 +250,24 @@ def comparable(place: Place, rows: list[BandRow]) -> tuple[list[BandRow], str]:
             "other row of its chip's efficiency or DCN term in its fit"
         )
     return near, which + ")"
+
+
+def unseen_comparable(place: Place, measured: list[BandRow]) -> tuple[list[BandRow], str]:
+    """For a point of a generation without rows, the rows whose errors with their generation left
+    out stand for its own: its `nearest` with the generation not compared (every row is of
+    another); every row where another of its `fitted_groups` (the route passes, the DCN step) has
+    no row either, as `interpolated_rows` keeps every row for a point predicted with a fallback, and
+    where fewer than `MIN_COMPARABLE` rows are of its MoE kind (split by kind, Mondrian: fewer
+    errors of its kind cannot give their 90% quantile, and the nearest would be of another kind)."""
+    count = Counter(g for r in measured for g in fitted_groups(r))
+    unfitted = [g[0] for g in fitted_groups(place)[1:] if not count[g]]
+    if unfitted:
+        return list(measured), f"every row ({len(measured)}: no row fits its {' or '.join(unfitted)} term either)"
+    kind = [r for r in measured if "moe" not in differences(place, r, generation=False)]
+    if len(kind) < MIN_COMPARABLE:
+        return list(measured), f"every row ({len(measured)}: {len(kind)} of its MoE kind, {place.moe})"
+    alike = nearest(place, measured, generation=False)
+    return alike, f"the {len(alike)} rows most like it (generation not compared)"
 
 
 def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBand | None:
@@ -258,12 +285,14 @@ def error_band(place: Place, rows: list[BandRow], floor: float = 0.0) -> ErrorBa
     kinds = gap_kinds(place, rows)
     if "generation" in kinds:
         m = len(kinds)
-        unseen = [abs(r.unseen_generation_error) for r in rows if r.unseen_generation_error is not None]
-        if len(unseen) >= MIN_COMPARABLE:
+        measured = [r for r in rows if r.unseen_generation_error is not None]
+        if len(measured) >= MIN_COMPARABLE:
+            alike, which = unseen_comparable(place, measured)
+            unseen = [abs(r.unseen_generation_error or 0.0) for r in alike]
             points = max(points, conformal_quantile(unseen)) * (1 + WIDEN * (m - 1))
             source += (
-                f"; for a generation without rows, the {COVERAGE:.0%} quantile of the {len(unseen)} rows' "
-                "errors when their own generation was left out of the fit"
+                f"; for a generation without rows, the {COVERAGE:.0%} quantile of the errors of {which} "
+                "when their own generation was left out of the fit"
                 + (f", widened by {WIDEN:.0%} per further gap (assumed)" if m > 1 else "")
             )
         else:
@@ -307,4 +336,6 @@ __all__ = [
     "gap_kinds",
     "gaps",
     "interpolated_rows",
+    "nearest",
+    "unseen_comparable",
 ]
