@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.core.failures import FailureKind, classify, describe_end
+from tpu_tuner.core.failures import FailureKind, classify, describe_end, failure_line
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner import trial_runner
 from tpu_tuner.runner.host_jobs import HostOutcome
@@ -76,6 +76,33 @@ def test_a_process_that_never_exited_is_a_crash() -> None:
 )
 def test_an_exception_is_classified_from_its_text(message: str, kind: FailureKind) -> None:
     assert classify(message=message) is kind
+
+
+def test_a_compilers_failure_keeps_the_error_its_first_line_announces() -> None:
+    """dynamo wraps a backend's error in a first line that only says "backend=... raised:"; the
+    failure's line must carry the compiler's own error (the chip kept nothing else of one)."""
+    import torch
+
+    def refusing_backend(graph, example_inputs):
+        raise ValueError("block_kv must be a multiple of 128")
+
+    with pytest.raises(Exception) as raised:
+        torch.compile(lambda x: x.sin() + 1, backend=refusing_backend)(torch.ones(3))
+    line = failure_line(raised.value)
+    assert line.startswith("BackendCompilerFailed: backend='refusing_backend' raised:")
+    assert line.endswith("ValueError: block_kv must be a multiple of 128")
+
+
+def test_a_wrapper_with_no_second_line_names_its_cause() -> None:
+    try:
+        try:
+            raise KeyError("splash_sdpa")
+        except KeyError as inner:
+            raise RuntimeError("the kernel raised:") from inner
+    except RuntimeError as outer:
+        assert failure_line(outer) == "RuntimeError: the kernel raised: KeyError: 'splash_sdpa'"
+    assert failure_line(ValueError("one\ntwo")) == "ValueError: one"
+    assert len(failure_line(ValueError("x" * 900))) == 500
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +245,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 median, block = measure(name, args, workload, backend, base)
             except Exception as exc:  # a lever that fails is a row of the table, not the end of the run
-                record.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                from tpu_tuner.core.failures import failure_line
+
+                record.failure = failure_line(exc)
+                traceback.print_exc()  # the whole chain in the call's output: the JSON keeps one line
                 gc.collect()
                 continue
             record.samples.append(median)

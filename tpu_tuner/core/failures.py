@@ -50,6 +50,19 @@ def classify(
     return FailureKind.OOM if any(marker in message.lower() for marker in markers) else FailureKind.ERROR
 
 
+def failure_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception's first line, "Type: message", with its cause where that line only announces
+    one: dynamo's `BackendCompilerFailed` reads "backend='tpu' raised:" and names the compiler's
+    error on the next line (the chip's splash failure of 2026-12-07 kept nothing else)."""
+    lines = [line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    head = lines[0] if lines else type(exc).__name__
+    if head.endswith(":"):
+        cause = exc.__cause__
+        rest = lines[1] if len(lines) > 1 else (failure_line(cause, limit) if cause is not None else "")
+        head = f"{head} {rest}".strip()
+    return head[:limit]
+
+
 def describe_end(exit_code: int | None) -> str:
     """How a process ended, in every failure message's words: "died from SIGSEGV", "exited with status 3"."""
     if exit_code is None or exit_code >= 0:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from tpu_tuner.core.failures import FailureKind, classify
+from tpu_tuner.core.failures import FailureKind, classify, failure_line
 from tpu_tuner.runner.frozen import LOOK_S, Frozen, FrozenWatch
 from tpu_tuner.runner.parent_death import die_with_parent
 
@@ -199,9 +199,8 @@ class WorkerProcess:
 
 def failure_of(exc: BaseException) -> tuple[FailureKind, str]:
     """An exception as a failure kind (`core.failures.classify`: out of memory or an error) and
-    its first line (500 characters at most)."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return classify(message=text), text.splitlines()[0][:500]
+    its first line, with the cause a wrapper's line announces (`core.failures.failure_line`)."""
+    return classify(message=f"{type(exc).__name__}: {exc}".strip()), failure_line(exc)
 
 
 def serve(
