@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload
-from tpu_tuner.model.workloads.blocks import repeated_blocks
+from tpu_tuner.model.workloads.blocks import declared_blocks, model_blocks
 
 if TYPE_CHECKING:
     from torch import nn
@@ -65,7 +65,7 @@ class ActivationCheckpointingKnob(Knob, NarrowedByWorkload):
         ]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
-        blocks = _declared_blocks(model) or repeated_blocks(model)
+        blocks = model_blocks(model)
         if not blocks:
             return NONE
         pattern = [bool(getattr(block, _MARK, False)) for block in blocks]
@@ -81,7 +81,7 @@ def checkpoint_blocks(model: nn.Module, every: int = 1) -> nn.Module:
     gradients are recorded. Raises WorkloadError when the model has no repeated blocks."""
     if _own_switch(model, every):
         return model
-    blocks = _declared_blocks(model) or repeated_blocks(model)
+    blocks = model_blocks(model)
     if not blocks:
         raise WorkloadError(
             f"activation checkpointing needs repeated blocks (an nn.ModuleList or nn.Sequential "
@@ -101,7 +101,7 @@ def _own_switch(model: nn.Module, every: int) -> bool:
     if not getattr(model, "supports_gradient_checkpointing", False):
         return False
     kwargs = {"use_reentrant": False}
-    blocks = _declared_blocks(model)
+    blocks = declared_blocks(model)
     if takes_every_n_layers(model):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)  # type: ignore[operator]  # nn.Module.__getattr__'s type
     elif hasattr(model, "gradient_checkpointing_enable") and (every == 1 or _layers_own_flag(blocks)):
@@ -130,12 +130,6 @@ def _layers_own_flag(blocks: list[nn.Module]) -> bool:
     return bool(blocks) and all(
         isinstance(getattr(type(block), "gradient_checkpointing", None), bool) for block in blocks
     )
-
-
-def _declared_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks a transformers model declares whole (``_no_split_modules``), in order."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names] if names else []
 
 
 def _checkpointed_forward(block: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -104,7 +104,7 @@ class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload, LeavesMemory):
     def forward(
         self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
     ) -> Callable[..., Any]:
-        from tpu_tuner.knobs.execution import EXECUTION_ATTR, compile_options, split
+        from tpu_tuner.knobs.execution import COMPILE_KWARGS_ATTR, EXECUTION_ATTR, compile_options, split
 
         execution = getattr(fn, EXECUTION_ATTR, None)  # set by the execution knob's forward
         if value == DEFAULT or execution is None or split(execution)[0] != INDUCTOR:
@@ -131,6 +131,7 @@ class CompileOptionsKnob(Knob, Conditional, NarrowedByWorkload, LeavesMemory):
             kwargs["dynamic"] = False
         compiled = torch.compile(original, **kwargs)
         setattr(compiled, EXECUTION_ATTR, execution)
+        setattr(compiled, COMPILE_KWARGS_ATTR, kwargs)
         return compiled
 
     def describe(self, value: str) -> str:

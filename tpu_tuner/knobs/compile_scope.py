@@ -1,5 +1,6 @@
-"""The `compile_scope` knob: what a training step compiles, the model alone or the model and its
-loss as one graph (torchtitan's ``compile.components = ["model", "loss"]``).
+"""The `compile_scope` knob: what a step compiles: the model as one graph, the model and its loss
+as one graph (torchtitan's ``compile.components = ["model", "loss"]``), or each repeated block on
+its own (regional compilation, as torchtitan compiles each transformer block).
 
 ``model`` (the default) compiles the forward and computes the loss on its output, outside the
 compiled graph: the output head's logits are written out whole, and the loss (a log-softmax over
@@ -8,8 +9,16 @@ the vocabulary, its backward) runs as eager kernels. ``model+loss`` compiles
 execution knob's backend and inductor's options, so the compiler fuses the loss with the head.
 Measured on examples/gpt.py (vocabulary 8192): docs/knobs.md, "compile_scope".
 
-Searched only where the forward compiles (under eager there is nothing to compile the loss into)
-and only for training steps (an inference step has no loss).
+``blocks`` compiles each of the model's repeated blocks on its own, with the execution's
+``torch.compile`` options, and leaves the rest (embedding, head, loss) eager: blocks of one class
+give one graph shape, so a backend with a compilation cache (TorchTPU's) compiles one program for
+all of them instead of one program as deep as the model (a 16-layer decoder's whole-model compile
+took 82-112 s on a v5e). What it costs a step (no fusion across blocks, an eager head):
+docs/knobs.md, "compile_scope".
+
+Searched only where the forward compiles (under eager there is nothing to compile); ``model+loss``
+only for training steps (an inference step has no loss), ``blocks`` only for models with two or
+more like blocks.
 """
 
 from __future__ import annotations
@@ -17,28 +26,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tpu_tuner.knobs.base import Knob
+from tpu_tuner.core.errors import WorkloadError
+from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import Conditional, LeavesMemory, NarrowedByWorkload, TrainingStep
+from tpu_tuner.model.workloads.blocks import COMPILED_BLOCK_ATTR, compiled_blocks, model_blocks
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch import nn
+
     from tpu_tuner.knobs.traits import WorkloadTraits
 
 MODEL = "model"
 MODEL_AND_LOSS = "model+loss"
+BLOCKS = "blocks"
 
 
 class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, LeavesMemory):  # estimated eager
-    """``model`` or ``model+loss``: the loss compiled with the model, as one graph."""
+    """``model``, ``model+loss`` (the loss compiled with the model, as one graph) or ``blocks``
+    (each repeated block compiled on its own)."""
 
     name = "compile_scope"
     agent = "compile"
     default = MODEL
     position = 17  # after execution (10), which it is conditional on, and inductor's options (15)
-    values = (MODEL, MODEL_AND_LOSS)
-    not_applicable = "an inference step has no loss to compile with the model"
+    values = (MODEL, MODEL_AND_LOSS, BLOCKS)
+    not_applicable = (
+        "an inference step has no loss to compile with the model, and the model no two like blocks to compile apart"
+    )
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
-        return traits.training
+        return traits.training or traits.repeated_blocks >= 2
+
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
+        if value == MODEL_AND_LOSS and not traits.training:
+            return "an inference step has no loss to compile with the model"
+        if value == BLOCKS and traits.repeated_blocks < 2:
+            return "the model has no two like blocks to compile apart"
+        return None
 
     def active(self, settings: Mapping[str, str]) -> bool:
         """Searched only where the forward compiles."""
@@ -49,8 +75,37 @@ class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, Leav
     def compiles_loss(self, value: str) -> bool:
         return self.check(value) == MODEL_AND_LOSS
 
+    def forward(
+        self, value: str, fn: Callable[..., Any], backend: BackendLike, static_shapes: bool = False
+    ) -> Callable[..., Any]:
+        """For ``blocks``: the model the execution knob compiled whole, uncompiled, with each of its
+        blocks compiled on its own with the same options (the execution and compiler-option knobs
+        come first, `position`)."""
+        from tpu_tuner.knobs.execution import COMPILE_KWARGS_ATTR, EXECUTION_ATTR
+
+        execution = getattr(fn, EXECUTION_ATTR, None)
+        if value != BLOCKS or execution is None:
+            return fn  # eager: nothing compiles, so there is nothing to compile apart
+        model = getattr(fn, "_orig_mod", None)  # torch.compile's module wrapper holds the module
+        if model is None:
+            raise WorkloadError("compile_scope = blocks compiles a model's blocks; the step's forward is no module")
+        compile_blocks(model, **getattr(fn, COMPILE_KWARGS_ATTR))
+        setattr(model, EXECUTION_ATTR, execution)  # what the execution knob's `observe` reports
+        return model
+
+    def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
+        return BLOCKS if compiled_blocks(forward) else None  # the other two are read from the loss
+
     def describe(self, value: str) -> str:
-        return "loss compiled with the model" if value == MODEL_AND_LOSS else ""
+        return {MODEL_AND_LOSS: "loss compiled with the model", BLOCKS: "each block compiled apart"}.get(value, "")
+
+    def code(self, value: str, device_kind: str) -> list[str]:
+        if value != BLOCKS:
+            return []
+        return [
+            "from tpu_tuner.knobs.compile_scope import compile_blocks",
+            "model = compile_blocks(model)  # each repeated block compiled on its own, with the options above",
+        ]
 
     def training_code(self, value: str, device_kind: str) -> list[str]:
         if value != MODEL_AND_LOSS:
@@ -68,3 +123,25 @@ class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, Leav
 
         compiled = isinstance(loss, torch._dynamo.eval_frame.OptimizedModule)
         return MODEL_AND_LOSS if compiled and isinstance(loss._orig_mod, ModelWithLoss) else MODEL
+
+
+def compile_blocks(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Each repeated block of `model` compiled on its own (``nn.Module.compile``, in place), the rest
+    left eager; returns the module. `model` as ``torch.compile`` returned it takes its backend
+    (and no other option); a plain module takes `compile_kwargs`. Raises WorkloadError where the
+    model has no two like blocks."""
+    if not compile_kwargs and hasattr(model, "_orig_mod"):
+        from tpu_tuner.knobs.execution import compiled_backend_name
+
+        backend = compiled_backend_name(model)
+        compile_kwargs = {"backend": backend} if backend else {}
+    model = getattr(model, "_orig_mod", model)
+    blocks = model_blocks(model)
+    if len(blocks) < 2:
+        raise WorkloadError(f"compile_scope = blocks needs two or more like blocks and {type(model).__name__} has none")
+    for block in blocks:
+        # One compile wrapper a block: a wrapper shared by all would guard on each block's identity
+        # and recompile per block, past dynamo's recompile limit on a deep model.
+        block.compile(**compile_kwargs)
+        setattr(block, COMPILED_BLOCK_ATTR, dict(compile_kwargs))
+    return model

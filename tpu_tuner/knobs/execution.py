@@ -30,6 +30,8 @@ EAGER = "eager"
 TPU_COMPILE_BACKEND = "tpu"  # torch.compile(backend="tpu"): TorchTPU's
 # Set on a compiled forward: the execution value it was compiled for (torch cannot say its mode).
 EXECUTION_ATTR = "_tpu_tune_execution"
+# Set on a compiled forward: the torch.compile keyword arguments it took (compile_scope's blocks take them).
+COMPILE_KWARGS_ATTR = "_tpu_tune_compile_kwargs"
 
 
 def split(value: str) -> tuple[str, str]:
@@ -107,6 +109,7 @@ class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment, LeavesMem
 
         compiled = torch.compile(fn, **options)
         setattr(compiled, EXECUTION_ATTR, value)  # what `observe` reports once it sees a compiled forward
+        setattr(compiled, COMPILE_KWARGS_ATTR, options)
         return compiled
 
     def compiles(self, value: str) -> bool:
@@ -136,15 +139,20 @@ class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment, LeavesMem
             forward, torch._dynamo.eval_frame.OptimizedModule
         )
         if not compiled:
-            return EAGER
-        backend_name = _compiled_backend_name(forward)
+            from tpu_tuner.model.workloads.blocks import COMPILED_BLOCK_ATTR, compiled_blocks
+
+            blocks = compiled_blocks(forward)  # compile_scope = blocks: each block compiled on its own
+            if not blocks:
+                return EAGER
+            return getattr(forward, EXECUTION_ATTR, None) or getattr(blocks[0], COMPILED_BLOCK_ATTR)["backend"]
+        backend_name = compiled_backend_name(forward)
         tagged = getattr(forward, EXECUTION_ATTR, None)
         if tagged is not None and (backend_name is None or split(tagged)[0] == backend_name):
             return tagged  # the mode is not recoverable from torch; the backend name agreed
         return backend_name
 
 
-def _compiled_backend_name(forward: Any) -> str | None:
+def compiled_backend_name(forward: Any) -> str | None:
     """The torch.compile backend of a compiled forward, read from dynamo's wrappers (private
     attributes: None where this torch version lays them out differently)."""
     try:

@@ -1,8 +1,9 @@
 """A model's repeated blocks, found from its module tree (torch is imported only when called).
 
 Two readings of "the blocks", kept apart because their users need different things: activation
-checkpointing and the sharding layouts wrap every block of the outermost stack
-(`repeated_blocks`); the planner scans the longest `ModuleList` and needs its name (`blocks_of`).
+checkpointing, regional compilation and the sharding layouts wrap every block of the outermost
+stack (`repeated_blocks`, or the blocks a transformers model declares: `model_blocks`); the
+planner scans the longest `ModuleList` and needs its name (`blocks_of`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,30 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
     visit(model)
     return found
+
+
+def declared_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks a transformers model declares whole (``_no_split_modules``), in order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names] if names else []
+
+
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks a transformers model declares, else the outermost stack's (`repeated_blocks`)."""
+    return declared_blocks(model) or repeated_blocks(model)
+
+
+# Set on a block compiled on its own (`knobs/compile_scope.compile_blocks`): the options it took.
+COMPILED_BLOCK_ATTR = "_tpu_tune_compiled_block"
+
+
+def compiled_blocks(model: object) -> list[nn.Module]:
+    """The blocks of `model` compiled on their own (regional compilation); empty for anything else."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        return []
+    return [block for block in model_blocks(model) if getattr(block, COMPILED_BLOCK_ATTR, None) is not None]
 
 
 def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList]:

@@ -71,13 +71,13 @@ def hf_module(path: str) -> types.ModuleType:
         # 32000), which the embedding refuses as its padding index.
         config.pad_token_id = None
     dropped = switch_off_dropout(config)
-    if source.inference:
-        # The inference step is one forward pass: no KV cache kept for a next token (a cache
-        # object is no output the accuracy guardrail can compare, on one device or gathered from
-        # ranks, whose caches would hold their own heads).
-        for part in (config, config.get_text_config() if hasattr(config, "get_text_config") else config):
-            if hasattr(part, "use_cache"):
-                part.use_cache = False
+    # A step is one forward pass (and a backward): no KV cache kept for a next token. A cache
+    # object is no output the accuracy guardrail can compare (on one device or gathered from ranks,
+    # whose caches would hold their own heads), and a layer updating it guards on its own index,
+    # so compiling each block apart (compile_scope = blocks) would recompile per layer.
+    for part in (config, config.get_text_config() if hasattr(config, "get_text_config") else config):
+        if hasattr(part, "use_cache"):
+            part.use_cache = False
     module = types.ModuleType(f"tpu_tune_hf_{source.name}")
 
     def build_model() -> nn.Module:
