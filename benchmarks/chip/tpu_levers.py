@@ -91,6 +91,10 @@ SETTINGS: dict[str, Setting] = {
     "XLA O3": Setting({"xla_optimization_level": "O3"}, about="custom_compiler_options O3"),
     "XLA O1": Setting({"xla_optimization_level": "O1"}, about="custom_compiler_options O1"),
     "matmul high": Setting({"matmul_precision": "high"}, about="3 bf16 passes (a cost, for scale)"),
+    "blocks compiled": Setting({"compile_scope": "blocks"}, about="each repeated block compiled on its own"),
+    "checkpointed blocks": Setting({"activation_checkpointing": "blocks"}, about="every block recomputed"),
+    "every 2nd block": Setting({"activation_checkpointing": "every_2nd"}, about="every 2nd block recomputed"),
+    "no checkpointing": Setting({"activation_checkpointing": "none"}, about="no block recomputed"),
     "stack": Setting(
         {"param_dtype": "bfloat16", "compile_scope": "model+loss"},
         compile_optimizer,
@@ -209,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **Candidate.baseline(backend.kind).to_dict(),
         "execution": backend.default_compile_backend(),
         "autocast": "bfloat16",
+        **args.base,
     }
     names = args.only or list(SETTINGS)
     names = ["reference"] + [n for n in names if n != "reference"]
@@ -332,6 +337,20 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def base_settings(pairs: list[str]) -> dict[str, str]:
+    """``KNOB=VALUE`` words as knob values, each checked by its knob (ValueError names a bad one)."""
+    from tpu_tuner.knobs.candidate import Candidate
+
+    settings = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not value:
+            raise ValueError(f"{pair!r} is not KNOB=VALUE")
+        settings[name] = value
+    Candidate(settings)  # raises ValueError naming an unknown knob or a bad value
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=LLAMA)
@@ -347,6 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="then the baseline and the reference built side by side, timed alternately",
     )
+    parser.add_argument(
+        "--base",
+        nargs="+",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="knob values over the reference's, for every setting (a step that fits only with them: "
+        "param_dtype=bfloat16 activation_checkpointing=every_2nd)",
+    )
     parser.add_argument("--table", type=Path, help="print the table of a finished run's JSON, run nothing")
     args = parser.parse_args(argv)
     if args.table is not None:
@@ -356,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_size, args.seq = args.batch_size or 2, args.seq or 2048
     if args.rounds < 1 or min(args.batch_size or 1, args.seq or 1) < 1:
         print("tpu_levers: --rounds, --batch-size and --seq must be positive", file=sys.stderr)
+        return 2
+    try:
+        args.base = base_settings(args.base)
+    except ValueError as exc:
+        print(f"tpu_levers: --base: {exc}", file=sys.stderr)
         return 2
     result = run(args)
     args.out.write_text(
