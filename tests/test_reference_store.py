@@ -19,13 +19,13 @@ from tpu_tuner.runner.requests import MeasureRequest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _request(candidate: Candidate, settings, references: Path) -> MeasureRequest:
+def _request(candidate: Candidate, settings, references: Path, baseline: Candidate | None = None) -> MeasureRequest:
     return MeasureRequest(
         candidate=candidate.to_dict(),
         settings=settings,
         model_flops_per_step=1e6,
         peak_flops_per_s={"float32": 1e12},
-        baseline=Candidate.baseline("cpu").to_dict(),
+        baseline=(baseline or Candidate.baseline("cpu")).to_dict(),
         references_dir=str(references),
     )
 
@@ -55,3 +55,36 @@ def test_a_damaged_file_is_computed_again_and_replaced(tmp_path: Path) -> None:
     read = stored(str(tmp_path), key, lambda: Outputs({"loss": torch.zeros(1)}))
     assert torch.equal(read.parts["loss"], torch.ones(1))  # the replaced file, not computed again
     assert key_of(Candidate().to_dict(), 4, None) != key_of(Candidate().to_dict(), 8, None)
+
+
+def test_the_baselines_own_trial_gives_the_baselines_outputs_without_a_second_build(
+    fast_settings, tmp_path: Path
+) -> None:
+    """The run's first trial is the baseline's: its first call's outputs are the baseline's, so its
+    step is built and compiled once, not once for the outputs and again for the trial (82 s each
+    for the 335M decoder's baseline on a v5e). Stored, they serve every later worker."""
+    baseline = Candidate(matmul_precision="medium")  # not the fp32 reference, as on a TPU
+    computed: list[Candidate] = []
+    state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
+    compute = state._reference
+
+    def spy(batch_size, seq_len, candidate):
+        computed.append(candidate)
+        return compute(batch_size, seq_len, candidate)
+
+    state._reference = spy  # type: ignore[method-assign]
+    measured = run_measure(state, _request(baseline, fast_settings, tmp_path, baseline))
+    assert computed == [state.reference_candidate]  # the fp32 reference only
+    assert (tmp_path / key_of(baseline.to_dict(), None, None)).exists()
+    assert measured.error_vs_baseline == 0.0 and measured.baseline_errors == measured.accuracy_errors
+
+    # A later worker judges another setting against the stored baseline, computing neither.
+    second = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
+
+    def never(*args: object) -> Outputs:
+        raise AssertionError("the second worker computed an output the first had stored")
+
+    second._reference = never  # type: ignore[method-assign]
+    other = Candidate(matmul_precision="medium", intra_op_threads="1")
+    judged = run_measure(second, _request(other, fast_settings, tmp_path, baseline))
+    assert judged.baseline_error == pytest.approx(measured.accuracy_error)

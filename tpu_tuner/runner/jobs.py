@@ -10,31 +10,23 @@ from __future__ import annotations
 import gc
 import json
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
-from tpu_tuner.devices import Backend, get_backend
 from tpu_tuner.execution.accuracy import (
     REFERENCE,
     AccuracyErrors,
-    BaselineOutputs,
-    Outputs,
-    baseline_outputs,
     capture,
     judge,
 )
 from tpu_tuner.execution.early_stop import CompileCutOff, StopRule, compile_deadline
 from tpu_tuner.execution.measurement import EarlyStop, Measurement
-from tpu_tuner.execution.memory_estimate import MemoryEstimate, estimate_or_refuse
-from tpu_tuner.execution.reference_store import key_of, stored
-from tpu_tuner.execution.step import prepare_step, run_user_step
+from tpu_tuner.execution.memory_estimate import estimate_or_refuse
+from tpu_tuner.execution.step import prepare_step
 from tpu_tuner.execution.timer import StepClock, compile_delta, time_steps, warm_up
-from tpu_tuner.execution.weight_cache import WeightCache
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.metrics.mfu import mfu
-from tpu_tuner.model.workloads.loader import load_workload
 from tpu_tuner.model.workloads.summary import WorkloadSummary, summarize
-from tpu_tuner.model.workloads.workload import Workload
 from tpu_tuner.profiling import ProfilerSettings, profile
 from tpu_tuner.runner.bucket_jobs import run_bucket_costs, run_bucket_replay
 from tpu_tuner.runner.requests import (
@@ -49,68 +41,7 @@ from tpu_tuner.runner.requests import (
     ShardedStepRequest,
 )
 from tpu_tuner.runner.sharded_step import run_sharded_step
-
-
-class WorkerState:
-    """Per-process caches: the loaded workload, the backend, the reference's and the baseline's outputs."""
-
-    def __init__(self, workload_path: str, device: str | None, rank: int = 0, ranks: int = 1) -> None:
-        self.workload: Workload = load_workload(workload_path)
-        self.backend: Backend = get_backend(device)
-        # A rank of a sharded trial (runner/rank_job.py): its steps sync with the other ranks;
-        # rank 0 holds the reference and returns the measurement.
-        self.rank = rank
-        self.backend.ranks = ranks
-        self._references: dict[tuple[Any, Any, Any], Outputs] = {}  # by candidate, batch size, length
-        self.references_dir: str | None = None  # the run's stored outputs (a measure request names it)
-        self.reference_candidate = REFERENCE  # the run's fp32 reference (a measure request names it)
-        self._baselines: dict[tuple[Any, Any, Any], BaselineOutputs] = {}
-        # The peak table trials divide by, once a trial beat the profile's (re-measured or
-        # raised): later trials of this worker start from it instead of re-probing again.
-        self.peak_flops_per_s: dict[str, float] | None = None
-        self.peak_reprobed = False  # a worker re-probes at most once; later beats raise the peak
-        # The interleaved comparison runs as several jobs (a few rounds each, so the parent can
-        # show progress); its built and warmed-up steps stay here between them.
-        self.compare_key: str | None = None
-        self.compare_steps: list[Any] = []  # each candidate's `StepClock`, its step built and warm
-        # Memory estimates by the settings that change them (execution/memory_estimate.py):
-        # trials differing only in threads, matmul precision or compiler flags share one.
-        self.memory_estimates: dict[Hashable, MemoryEstimate] = {}
-        # The seeded model's weights after its first build: later builds skip the init (weight_cache.py).
-        self.weights = WeightCache()
-
-    def reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate | None = None) -> Outputs:
-        """`candidate`'s outputs (the fp32 reference's by default) on one process, the whole batch;
-        cached here, and in the run's `references_dir` for every other worker (reference_store.py)."""
-        candidate = self.reference_candidate if candidate is None else candidate
-        key = (candidate, batch_size, seq_len)
-        if key not in self._references:
-            ranks, self.backend.ranks = self.backend.ranks, 1  # one process, the whole batch: no collective
-            try:
-                self._references[key] = stored(
-                    self.references_dir,
-                    key_of(candidate.to_dict(), batch_size, seq_len),
-                    lambda: self._reference(batch_size, seq_len, candidate),
-                )
-            finally:
-                self.backend.ranks = ranks
-        return self._references[key]
-
-    def baseline(self, baseline: Candidate, batch_size: int | None, seq_len: int | None) -> BaselineOutputs:
-        """The baseline's outputs and errors against the fp32 reference, computed once (the same
-        cache as the reference's: on CPU the baseline is the reference, computed once for both)."""
-        key = (baseline, batch_size, seq_len)
-        if key not in self._baselines:
-            self._baselines[key] = baseline_outputs(
-                lambda c: self.reference(batch_size, seq_len, c), baseline, self.reference(batch_size, seq_len)
-            )
-        return self._baselines[key]
-
-    def _reference(self, batch_size: int | None, seq_len: int | None, candidate: Candidate) -> Outputs:
-        what = "the reference step" if candidate == self.reference_candidate else "the baseline step"
-        with candidate.process(self.backend):
-            step = prepare_step(self.workload, self.backend, candidate, batch_size, seq_len, weights=self.weights)
-            return run_user_step(lambda: capture(step, self.workload, self.backend, candidate), self.workload, what)
+from tpu_tuner.runner.worker_state import WorkerState
 
 
 def run_load(state: WorkerState, request: LoadRequest) -> WorkloadSummary:
@@ -144,7 +75,10 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     state.reference_candidate = Candidate.from_dict(request.reference) if request.reference else REFERENCE
     reference = state.reference(batch_size, seq_len) if state.rank == 0 else None
     baseline = Candidate.from_dict(request.baseline) if request.baseline is not None else None
-    base = state.baseline(baseline, batch_size, seq_len) if reference is not None and baseline is not None else None
+    # The baseline's own trial, first in the run: its outputs are the baseline's (taken below).
+    adopts = reference is not None and state.computes_baseline_as(candidate, baseline, batch_size, seq_len)
+    wanted = baseline is not None and reference is not None and not adopts
+    base = state.baseline(baseline, batch_size, seq_len) if wanted and baseline is not None else None
     reference_seconds = time.perf_counter() - references_started
     settings = request.settings or ProfilerSettings.load()
     rule = StopRule(request.stop_above_s, request.planned_steps) if request.stop_above_s else None
@@ -190,6 +124,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
             )
         first_call = time.perf_counter() - start
         judge_started = time.perf_counter()
+        if adopts and baseline is not None:
+            base = state.adopt_baseline(baseline, batch_size, seq_len, outputs)
         errors = judge(outputs, reference, base, candidate == baseline) if reference is not None else AccuracyErrors()
         judge_seconds = time.perf_counter() - judge_started
         del outputs  # the gathered whole gradients: not part of the step's memory
