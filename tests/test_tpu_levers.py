@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -49,3 +50,33 @@ def test_a_run_on_the_cpu_pairs_each_lever_with_the_reference_by_round(tmp_path:
 def test_bad_sizes_exit_2_with_one_line(capsys) -> None:
     assert _levers().main(["--rounds", "0"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_the_readme_example_and_cnn_tables_state_the_figures_the_docs_quote() -> None:
+    gpt = _levers().table(json.loads((BENCHMARKS / "tpu_levers_gpt_v5e_3rounds.json").read_text()))
+    assert "| loss compiled | 13.2 ms | 1.1% | 1.074x (1.037-1.112) |" in gpt
+    assert "| splash | failed: BackendCompilerFailed" in gpt
+    cnn = _levers().table(json.loads((BENCHMARKS / "tpu_levers_cnn_v5e_3rounds.json").read_text()))
+    assert "| bf16 parameters | 0.8 ms | 9.1% | 0.517x (0.473-0.565) |" in cnn
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (["param_dtype"], "'param_dtype' is not KNOB=VALUE"),
+        (["nosuch=1"], "unknown candidate settings: ['nosuch']"),
+        (["param_dtype=bf16"], "param_dtype must be one of default, bfloat16, not 'bf16'"),
+    ],
+)
+def test_a_bad_base_exits_2_with_one_line_naming_it(words: list[str], message: str, capsys) -> None:
+    assert _levers().main(["--device", "cpu", "--base", *words]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
+def test_the_base_reaches_every_setting_but_the_baseline() -> None:
+    levers = _levers()
+    base = {"execution": "tpu", "autocast": "bfloat16", **levers.base_settings(["param_dtype=bfloat16"])}
+    splash = levers.candidate_of("splash", SimpleNamespace(kind="tpu"), base)
+    assert splash["param_dtype"] == "bfloat16" and splash["attention_kernel"] == "splash"
+    assert levers.candidate_of("baseline", SimpleNamespace(kind="tpu"), base)["param_dtype"] == "default"

@@ -235,6 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model_flops_per_step": flops,
             "peak_flops_per_s": peak,
             "rounds": args.rounds,
+            "base": dict(args.base),  # knob values over the reference's, for every setting (--base)
             "wall_s": round(time.perf_counter() - started, 1),
             "settings": {name: {**vars(records[name]), "about": SETTINGS[name].about} for name in names},
             "needs_own_process": dict(apart),
@@ -302,7 +303,8 @@ def table(result: dict[str, Any]) -> str:
     flops, peak = result["model_flops_per_step"], result["peak_flops_per_s"]
     lines = [
         f"{result['model']} ({_shape(result)}) on {result['device']}, "
-        f"{result['rounds']} rounds; versions {result['versions']}",
+        f"{result['rounds']} rounds; versions {result['versions']}"
+        + (f"; every setting over {result['base']}" if result.get("base") else ""),
         "",
         "| setting | step (median of rounds) | MFU | reference / setting (95% CI) | peak memory | first call |",
         "|---|---:|---:|---:|---:|---:|",
