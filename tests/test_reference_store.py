@@ -88,3 +88,14 @@ def test_the_baselines_own_trial_gives_the_baselines_outputs_without_a_second_bu
     other = Candidate(matmul_precision="medium", intra_op_threads="1")
     judged = run_measure(second, _request(other, fast_settings, tmp_path, baseline))
     assert judged.baseline_error == pytest.approx(measured.accuracy_error)
+
+
+def test_a_baseline_that_is_the_fp32_reference_is_not_taken_again(fast_settings) -> None:
+    """On a CPU the baseline is the fp32 reference, computed before the trial: nothing to take."""
+    state = WorkerState(str(FIXTURES / "tiny_mlp_benchmark.py"), "cpu")
+    baseline = Candidate.baseline("cpu")
+    assert state.computes_baseline_as(baseline, baseline, None, None)  # nothing computed yet
+    state.reference(None, None)
+    assert state.reference_candidate == baseline
+    assert not state.computes_baseline_as(baseline, baseline, None, None)
+    assert not state.computes_baseline_as(Candidate(matmul_precision="medium"), baseline, None, None)

@@ -90,8 +90,8 @@ class WorkerState:
         once, not twice (the 335M decoder's baseline compiled for 82 s, twice, on a v5e)."""
         if baseline is None or candidate != baseline or single_device(baseline) != baseline or self.rank != 0:
             return False
-        if (baseline, batch_size, seq_len) in self._baselines:
-            return False
+        if (baseline, batch_size, seq_len) in self._baselines or (baseline, batch_size, seq_len) in self._references:
+            return False  # at hand already (on a CPU the baseline is the fp32 reference, computed first)
         stored_at = self.references_dir and Path(self.references_dir) / key_of(baseline.to_dict(), batch_size, seq_len)
         return not (stored_at and stored_at.exists())
 
