@@ -161,13 +161,22 @@ def test_the_tpu_space_offers_it_where_the_model_has_like_blocks() -> None:
     assert "blocks" not in cpu["compile_scope"]  # not measured there
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "every_2nd"])
-def test_a_transformers_decoder_compiles_one_graph_for_all_its_layers(checkpointing: str) -> None:
+@pytest.mark.parametrize(
+    ("checkpointing", "before_every_n_layers"), [("none", False), ("every_2nd", False), ("every_2nd", True)]
+)
+def test_a_transformers_decoder_compiles_one_graph_for_all_its_layers(
+    checkpointing: str, before_every_n_layers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ten layers, past dynamo's recompile limit (8): a layer guarding on its index (a KV cache's
     `layer_idx`) would recompile per layer and leave the last ones eager; tpu-tune's hf models run
-    without a cache, so one graph serves all ten, under transformers' own checkpointing too."""
+    without a cache, so one graph serves all ten, under transformers' own checkpointing too (its
+    `activation_checkpointing_enable`, or the layers' own flags of transformers 5.17, the chip's)."""
     pytest.importorskip("transformers")
+    from tpu_tuner.knobs import activation_checkpointing
     from tpu_tuner.model.workloads.loader import load_workload
+
+    if before_every_n_layers:
+        monkeypatch.setattr(activation_checkpointing, "takes_every_n_layers", lambda model: False)
 
     workload = load_workload(
         "hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=10,num_attention_heads=4,"
