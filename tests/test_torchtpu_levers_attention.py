@@ -114,7 +114,8 @@ def test_values_are_checked_and_canonical() -> None:
         with pytest.raises(ValueError, match=r"^attention_kernel must be default, splash or splash:N"):
             knob.check(bad)
     assert knob.step_code("splash:256", "tpu") == 'splash_attention(256, "tpu")'
-    assert knob.code("splash", "tpu") == ["from tpu_tuner.knobs.attention_kernel import splash_attention"]
+    assert knob.code("splash", "tpu")[0] == "from tpu_tuner.knobs.attention_kernel import splash_attention"
+    assert knob.code("splash", "tpu")[-1].startswith("model = leave_causal_mask_to_kernel(model)")
     assert knob.describe("splash:256") == "splash:256 attention"
 
 
@@ -148,3 +149,65 @@ def test_offered_only_where_the_model_calls_sdpa() -> None:
         "splash:256",
         "splash:1024",
     )
+
+
+LLAMA = (
+    "hf:llama?hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,vocab_size=256"
+)
+
+
+def _compiled_loss(spec: str, switched: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tiny transformers model's loss, compiled (aot_eager) inside the splash step's context, with
+    and without the knob's model hook; and the same model's loss eager with torch's SDPA."""
+    pytest.importorskip("transformers")
+    from tpu_tuner.model.workloads.loader import load_workload
+    from tpu_tuner.model.workloads.workload import call_model
+
+    workload, knob = load_workload(spec), knobs.get("attention_kernel")
+    inputs, target = workload.split_batch(workload.batch(2, 16))
+    torch.manual_seed(0)
+    reference = workload.loss_fn(call_model(workload.build_model(), inputs), target)
+    torch.manual_seed(0)
+    model = workload.build_model()
+    if switched:
+        model = knob.model("splash", model, CPU)
+    torch._dynamo.reset()
+    with knob.step("splash", CPU):
+        loss = workload.loss_fn(call_model(torch.compile(model, backend="aot_eager"), inputs), target)
+    return loss, reference
+
+
+@pytest.fixture
+def exact_splash(monkeypatch) -> list[dict]:
+    """A stand-in that records each call and answers exactly as torch's causal SDPA does."""
+    calls: list[dict] = []
+    original = F.scaled_dot_product_attention
+
+    def splash_sdpa(q, k, v, **keywords):
+        calls.append(keywords)
+        return original(q, k, v, is_causal=keywords["is_causal"], scale=keywords["scale"], enable_gqa=True)
+
+    monkeypatch.setattr(
+        torch, "tpu", types.SimpleNamespace(ops=types.SimpleNamespace(splash_sdpa=splash_sdpa)), raising=False
+    )
+    return calls
+
+
+def test_a_compiled_transformers_model_reaches_splash_only_with_its_causal_mask_left_to_the_kernel(
+    exact_splash,
+) -> None:
+    """Compiled, transformers hands SDPA a materialised mask, which splash cannot take: no call
+    reached it (the chip's "splash" rows on the Llama-class model were torch's SDPA). Switched by
+    the knob's model hook, every layer's call reaches it as causal, with the same loss."""
+    _compiled_loss(LLAMA, switched=False)
+    assert exact_splash == []
+    loss, reference = _compiled_loss(LLAMA, switched=True)
+    assert len(exact_splash) == 2 and all(call["is_causal"] for call in exact_splash)
+    torch.testing.assert_close(loss, reference)
+
+
+def test_a_sliding_window_shorter_than_the_keys_keeps_its_mask(exact_splash) -> None:
+    loss, reference = _compiled_loss(LLAMA.replace("hf:llama", "hf:mistral") + ",sliding_window=8", switched=True)
+    assert exact_splash == []  # the window's mask is no causal mask: torch's own SDPA takes it
+    torch.testing.assert_close(loss, reference)

@@ -11,7 +11,10 @@ block sizes) and ``splash:N`` (every block of the forward and the backward N; a 
 the TPU's lane width). A context around each step (`StepContext`), one function object per block
 size so that dynamo's guard holds; why, and what a v5e chip showed of the block sizes:
 docs/knobs.md, "TorchTPU's levers". Offered only where the model calls SDPA
-(`WorkloadTraits.scaled_dot_product_attention`); in the opt-in ``torchtpu`` space only.
+(`WorkloadTraits.scaled_dot_product_attention`); in the opt-in ``torchtpu`` space only. A
+transformers model, which hands SDPA a materialised causal mask whenever it is compiled, is
+switched to an implementation that leaves a plain causal mask to ``is_causal``
+(`model/workloads/hf_causal_mask.py`): without it no compiled call of it reaches the kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_tuner.knobs.base import BackendLike, Knob
 from tpu_tuner.knobs.capabilities import NarrowedByWorkload, StepContext
+from tpu_tuner.model.workloads.hf_causal_mask import CAUSAL_SDPA, leave_causal_mask_to_kernel
 
 if TYPE_CHECKING:
     from torch import nn
@@ -66,6 +70,9 @@ class AttentionKernelKnob(Knob, NarrowedByWorkload, StepContext):
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
         return traits.scaled_dot_product_attention
 
+    def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
+        return model if value == DEFAULT else leave_causal_mask_to_kernel(model)
+
     def step(self, value: str, backend: BackendLike) -> contextlib.AbstractContextManager[Any]:
         return splash_attention(block(value), backend.kind) if value != DEFAULT else contextlib.nullcontext()
 
@@ -73,7 +80,13 @@ class AttentionKernelKnob(Knob, NarrowedByWorkload, StepContext):
         return None if value == DEFAULT else f'splash_attention({block(value)}, "{device_kind}")'
 
     def code(self, value: str, device_kind: str) -> list[str]:
-        return [] if value == DEFAULT else ["from tpu_tuner.knobs.attention_kernel import splash_attention"]
+        if value == DEFAULT:
+            return []
+        return [
+            "from tpu_tuner.knobs.attention_kernel import splash_attention",
+            "from tpu_tuner.model.workloads.hf_causal_mask import leave_causal_mask_to_kernel",
+            "model = leave_causal_mask_to_kernel(model)  # a transformers model: its causal mask left to the kernel",
+        ]
 
     def observe(self, model: nn.Module, forward: Callable[..., Any], backend: BackendLike) -> str | None:
         import torch
@@ -150,7 +163,7 @@ def calls_sdpa(model: nn.Module) -> bool:
     import inspect
 
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == "sdpa":
+    if getattr(config, "_attn_implementation", None) in ("sdpa", CAUSAL_SDPA):
         return True
     for kind in {type(module) for module in model.modules()}:
         if kind.__name__ in _TORCH_SDPA_MODULES and kind.__module__.startswith("torch.nn"):
