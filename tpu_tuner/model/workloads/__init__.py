@@ -8,11 +8,12 @@ dimensions as the layouts read them).
 * `loader.py`: `load_workload` from a file of either convention, a shape or an ``hf:`` source;
   `model_argument.py` checks the argument first without importing torch;
 * `hf_source.py`, `hf_workload.py`: an ``hf:`` source to a transformers config, and the native
-  contract built from it;
+  contract built from it; `hf_causal_mask.py`: its ``sdpa`` attention with a plain causal mask
+  left to ``is_causal`` (so a mask-free kernel, splash, serves a compiled transformers model);
 * `batch.py`, `input_dims.py`: a batch resized or sliced, and which input sizes are the batch and
   the sequence;
 * `profiled.py`: the workload as the profiler ran it (`Profile.workload`); `summary.py`: what the
   parent process knows of a model file without importing it;
-* `blocks.py`, `structure.py`: a model's repeated blocks and its dimensions (width, depth, heads,
-  vocabulary), read off its module tree.
+* `blocks.py`, `structure.py`: a model's repeated blocks (and which of them are compiled on their
+  own) and its dimensions (width, depth, heads, vocabulary), read off its module tree.
 """
