@@ -21,7 +21,7 @@ from tpu_tuner.bucketing.options import BucketChoice, BucketMeasurement, BucketO
 from tpu_tuner.devices.cpu import CpuBackend
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.buckets.lengths import LengthHistogram
-from tpu_tuner.runner import jobs
+from tpu_tuner.runner import jobs, worker_state
 from tpu_tuner.runner.trial_runner import JobResult
 from tpu_tuner.tuning.options.tune_options import TuneOptions
 from tpu_tuner.tuning.run.run_setup import bucketing_context
@@ -80,7 +80,7 @@ class InProcessRunner:
 
 @pytest.fixture
 def fake_chip(monkeypatch):
-    monkeypatch.setattr(jobs, "get_backend", lambda name=None: FakeTorchTpu())
+    monkeypatch.setattr(worker_state, "get_backend", lambda name=None: FakeTorchTpu())
     monkeypatch.setattr(study, "get_backend", lambda name=None: FakeTorchTpu())
     monkeypatch.setattr(study, "TrialRunner", InProcessRunner)
 
