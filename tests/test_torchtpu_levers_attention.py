@@ -22,20 +22,33 @@ from tpu_tuner.tuning.search.search_space import SearchSpace
 CPU = types.SimpleNamespace(kind="cpu")  # tensors here are CPU tensors: the "device" the kernel serves
 
 
-@pytest.fixture
-def splash(monkeypatch) -> list[dict]:
-    """Records each call's keywords; answers with torch's own SDPA (so outputs compare)."""
+def _stand_in(monkeypatch, mark: float) -> list[dict]:
+    """Installs a ``torch.tpu.ops.splash_sdpa`` that records each call's keywords and answers with
+    torch's own SDPA plus `mark` (so a test can tell its outputs apart); returns the calls."""
     calls: list[dict] = []
     original = F.scaled_dot_product_attention
 
     def splash_sdpa(q, k, v, **keywords):
         calls.append(keywords)
-        return original(q, k, v, is_causal=keywords["is_causal"], scale=keywords["scale"]) + 1  # marked
+        gqa = q.shape[1] != k.shape[1]
+        return original(q, k, v, is_causal=keywords["is_causal"], scale=keywords["scale"], enable_gqa=gqa) + mark
 
     monkeypatch.setattr(
         torch, "tpu", types.SimpleNamespace(ops=types.SimpleNamespace(splash_sdpa=splash_sdpa)), raising=False
     )
     return calls
+
+
+@pytest.fixture
+def splash(monkeypatch) -> list[dict]:
+    """The stand-in, its outputs marked (+1)."""
+    return _stand_in(monkeypatch, 1.0)
+
+
+@pytest.fixture
+def exact_splash(monkeypatch) -> list[dict]:
+    """The stand-in answering exactly as torch's SDPA does (a model's loss compares)."""
+    return _stand_in(monkeypatch, 0.0)
 
 
 def _qkv(heads_kv: int = 2, kv_length: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -176,22 +189,6 @@ def _compiled_loss(spec: str, switched: bool) -> tuple[torch.Tensor, torch.Tenso
     with knob.step("splash", CPU):
         loss = workload.loss_fn(call_model(torch.compile(model, backend="aot_eager"), inputs), target)
     return loss, reference
-
-
-@pytest.fixture
-def exact_splash(monkeypatch) -> list[dict]:
-    """A stand-in that records each call and answers exactly as torch's causal SDPA does."""
-    calls: list[dict] = []
-    original = F.scaled_dot_product_attention
-
-    def splash_sdpa(q, k, v, **keywords):
-        calls.append(keywords)
-        return original(q, k, v, is_causal=keywords["is_causal"], scale=keywords["scale"], enable_gqa=True)
-
-    monkeypatch.setattr(
-        torch, "tpu", types.SimpleNamespace(ops=types.SimpleNamespace(splash_sdpa=splash_sdpa)), raising=False
-    )
-    return calls
 
 
 def test_a_compiled_transformers_model_reaches_splash_only_with_its_causal_mask_left_to_the_kernel(
