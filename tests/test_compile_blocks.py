@@ -115,6 +115,22 @@ def test_its_gradients_match_the_eager_reference(checkpointing: str) -> None:
     assert errors["loss"] < 1e-6 and errors["gradients"] < 1e-6, errors
 
 
+def test_the_eager_step_and_the_memory_estimate_run_the_blocks_eagerly() -> None:
+    """The step's eager twin (FLOP counting) and the memory estimate (fake tensors) call the
+    compiled blocks: they must not compile them (a TPU backend on a CPU's fake tensors)."""
+    from tpu_tuner.execution.memory_estimate import estimate_step_memory
+
+    GRAPHS.clear()
+    torch._dynamo.reset()
+    step = prepare_step(_workload(), CpuBackend(), BLOCKS)
+    step.run_eager()
+    assert GRAPHS == []
+    estimate = estimate_step_memory(_workload(), CpuBackend(), BLOCKS)
+    assert GRAPHS == [] and estimate.peak_bytes, estimate
+    step.run()
+    assert len(GRAPHS) == 1  # the step itself still compiles its blocks
+
+
 def test_eager_execution_leaves_it_inactive() -> None:
     step = prepare_step(_workload(), CpuBackend(), Candidate(compile_scope="blocks"))
     assert step.forward is step.model or not hasattr(step.forward, "_orig_mod")

@@ -22,9 +22,11 @@ from tpu_tuner.model.workloads.workload import Workload, call_model, loss_of, mo
 class PreparedStep:
     """One workload step, ready to run: `run()` does a step and returns its output.
 
-    `run_eager` is the same step without torch.compile, for counting FLOPs: the dispatch-level
-    counters only see ops that eager code dispatches. `loss` is a training step's
-    ``(inputs, target) -> loss`` as the candidate computes it (None for inference).
+    `run_eager` is the same step without torch.compile, for counting FLOPs and estimating memory:
+    the dispatch-level counters only see ops that eager code dispatches. Regions compiled inside
+    the model itself (its blocks, `compile_scope = blocks`, or the user's own) run eagerly there
+    too. `loss` is a training step's ``(inputs, target) -> loss`` as the candidate computes it
+    (None for inference).
     """
 
     model: nn.Module
@@ -88,11 +90,21 @@ def prepare_step(
         optimizer=optimizer,
         batch=(inputs, target),
         run=step_function(workload, backend, candidate, compiled, loss, optimizer, inputs, target),
-        run_eager=step_function(workload, backend, candidate, model, eager_loss, optimizer, inputs, target),
+        run_eager=eagerly(step_function(workload, backend, candidate, model, eager_loss, optimizer, inputs, target)),
         forward=compiled,
         loss=loss,
         read=result_read(model, workload.is_training),
     )
+
+
+def eagerly(step: Callable[[], Any]) -> Callable[[], Any]:
+    """`step` with every compiled region it reaches run eagerly (``torch.compiler.set_stance``)."""
+
+    def run() -> Any:
+        with torch.compiler.set_stance("force_eager"):
+            return step()
+
+    return run
 
 
 def result_read(model: nn.Module, training: bool) -> Callable[[Any], float]:
