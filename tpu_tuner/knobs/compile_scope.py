@@ -134,7 +134,9 @@ def compile_blocks(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
         from tpu_tuner.knobs.execution import compiled_backend_name
 
         backend = compiled_backend_name(model)
-        compile_kwargs = {"backend": backend} if backend else {}
+        if backend is None:  # this torch lays out dynamo's wrappers otherwise
+            raise WorkloadError("compile_blocks cannot read the compiled model's backend: pass backend=...")
+        compile_kwargs = {"backend": backend}
     model = getattr(model, "_orig_mod", model)
     blocks = model_blocks(model)
     if len(blocks) < 2:

@@ -144,7 +144,9 @@ class ExecutionKnob(Knob, Compiles, PickedByFlags, StartupEnvironment, LeavesMem
             blocks = compiled_blocks(forward)  # compile_scope = blocks: each block compiled on its own
             if not blocks:
                 return EAGER
-            return getattr(forward, EXECUTION_ATTR, None) or getattr(blocks[0], COMPILED_BLOCK_ATTR)["backend"]
+            given = getattr(blocks[0], COMPILED_BLOCK_ATTR)
+            # torch.compile's default backend where the blocks were given none
+            return getattr(forward, EXECUTION_ATTR, None) or given.get("backend", "inductor")
         backend_name = compiled_backend_name(forward)
         tagged = getattr(forward, EXECUTION_ATTR, None)
         if tagged is not None and (backend_name is None or split(tagged)[0] == backend_name):
