@@ -110,6 +110,25 @@ def _trial_costs(run_dir: Path) -> dict[str, Any]:
         "worker_starts": json.loads(result.read_text()).get("worker_starts") if result.exists() else None,
         # Of the beyond: the parts the worker told apart (memory estimate, build, accuracy check).
         "phase_medians_s": {key: round(value, 1) for key, value in costs.phase_medians_s.items()},
+        "trials": [_trial(row) for _, row in measured.iterrows()],
+    }
+
+
+def _trial(row: Any) -> dict[str, Any]:
+    """One measured trial in a line: its setting, step, compile and outcome (what a compile scope
+    or a memory trade did to them, read off the run at a glance)."""
+    from tpu_tuner.knobs import registry as knobs
+
+    # The columns trials.csv has: the knobs the run's space searched (a single-choice one has none).
+    searched = [f"{name}={row[name]}" for name in knobs.names() if name in row and row[name] == row[name]]
+    step = row.get("step_median_s")
+    return {
+        "number": int(row["number"]),
+        "setting": ", ".join(searched),
+        "outcome": row.get("outcome"),
+        "step_ms": _ms(step) if step == step else None,
+        "compile_s": round(float(row["compile_s"]), 1) if row.get("compile_s") == row.get("compile_s") else None,
+        "failure": row.get("failure_message") if row.get("failure_message") == row.get("failure_message") else None,
     }
 
 
