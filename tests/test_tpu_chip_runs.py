@@ -4,21 +4,16 @@ line a measured trial, with its setting as the run's space searched it."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from helpers.common import benchmark_script
 
 RUNS = Path(__file__).resolve().parent.parent / "benchmarks" / "chip" / "tpu_chip_runs.py"
 RUN = Path(__file__).parent / "fixtures" / "chip_run"
 
 
 def _runs():
-    spec = importlib.util.spec_from_file_location("tpu_chip_runs", RUNS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tpu_chip_runs"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script(RUNS)
 
 
 def test_the_summary_names_each_trials_setting_step_and_compile() -> None:

@@ -3,25 +3,19 @@ states), and a whole run on the CPU with a tiny model (slow: each build compiles
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.common import benchmark_script
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "chip"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _levers():
-    spec = importlib.util.spec_from_file_location("tpu_levers", BENCHMARKS / "tpu_levers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tpu_levers"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script(BENCHMARKS / "tpu_levers.py")
 
 
 def test_the_chip_table_states_the_figures_the_docs_quote() -> None:

@@ -7,7 +7,6 @@ EPYC host, 2026-12-06); the measured steps are made up for the arithmetic, not f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.common import benchmark_script
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "chip"
 FLOPS = 9496172691456.0  # 6N + 12LHQT x tokens of the default shape at 2 x 2048 (both sides count it)
@@ -65,13 +65,7 @@ def beside() -> Iterator[types.ModuleType]:
     script finds beside itself: here their folder is on sys.path while the module's tests run."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        path = BENCHMARKS / "tpu_mfu_beside_jax.py"
-        spec = importlib.util.spec_from_file_location("tpu_mfu_beside_jax_under_test", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        yield module
+        yield benchmark_script(BENCHMARKS / "tpu_mfu_beside_jax.py", "tpu_mfu_beside_jax_under_test")
     finally:
         sys.path.remove(str(BENCHMARKS))
 

@@ -4,6 +4,7 @@ imports from here (or from conftest.py), never from another test module (tests/t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -759,3 +760,14 @@ def calibration_row(
         chips=chips,
         layout=layout,
     )
+
+
+def benchmark_script(path: Path, name: str | None = None) -> Any:
+    """A script of benchmarks/ imported as a module (registered under `name`, default its stem),
+    for tests of its functions: the scripts are run as files, not imported as a package."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
