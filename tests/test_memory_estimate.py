@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers.common import allocation_peak  # noqa: E402
+
 from tpu_tuner.core.failures import FailureKind, classify  # noqa: E402
 from tpu_tuner.devices import get_backend  # noqa: E402
 from tpu_tuner.execution.memory_estimate import (  # noqa: E402
@@ -27,29 +29,6 @@ from tpu_tuner.model.workloads.loader import load_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ROOT / "examples" / "gpt.py"
-
-
-def allocation_peak(step_of: object) -> int:
-    """The peak of the c10 CPU allocator's live bytes over building the step and two steps, read
-    from the profiler's allocation events: an instrument independent of the estimate's."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step = step_of()  # type: ignore[operator]
-        step.run_eager()
-        step.run_eager()
-    sizes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation:
-            sizes.append((event.start_time_ns, event.extra_fields.alloc_size))
-    live = peak = 0
-    for _, size in sorted(sizes):
-        live += size
-        peak = max(peak, live)
-    return peak
 
 
 @pytest.mark.slow  # two real training steps profiled for their allocations: about 14 s on 2 cores
@@ -264,10 +243,10 @@ def test_trials_that_differ_only_in_memory_neutral_settings_share_one_estimate(m
     base = Candidate()
     neutral = Candidate(matmul_precision="medium", intra_op_threads="1", execution="inductor")
     autotuned = Candidate(execution="inductor", compile_options="max-autotune")
-    assert len({memory_estimate.memory_key(c, 8, 64) for c in (base, neutral, autotuned)}) == 1
+    assert len({memory_estimate.memory_key(c, 8, 64, "cpu") for c in (base, neutral, autotuned)}) == 1
     for other in (Candidate(autocast="bfloat16"), Candidate(execution="inductor", compile_options="freezing")):
-        assert memory_estimate.memory_key(other, 8, 64) != memory_estimate.memory_key(base, 8, 64), other
-    assert memory_estimate.memory_key(base, 16, 64) != memory_estimate.memory_key(base, 8, 64)
+        assert memory_estimate.memory_key(other, 8, 64, "cpu") != memory_estimate.memory_key(base, 8, 64, "cpu"), other
+    assert memory_estimate.memory_key(base, 16, 64, "cpu") != memory_estimate.memory_key(base, 8, 64, "cpu")
 
     made: list[Candidate] = []
 

@@ -13,7 +13,8 @@ On a CPU the tensors' peak is not the resident set's: the storage changes are re
 the process's own malloc (`malloc_replay.py`, its fragmentation included; glibc's heap model,
 `heap_model.py`, where that cannot run and as the floor) for what malloc keeps beyond it. What it
 cannot see (docs/tuning.md, "Memory before measurement"): inductor's compiled graphs (the eager
-step stands for them; compiled code frees and fuses more, so the estimate is high there), memory a
+step stands for them; compiled code frees and fuses more, so the estimate is high there; a
+cross-entropy compiled with the model is estimated as fused: `fused_loss.py`), memory a
 kernel or a collective allocates outside the dispatcher (oneDNN scratchpads; inside gloo, beyond
 the tensors and the least of its workers' arenas that `gloo_buffers.py` models), the small
 objects the real step places between its tensors, and the process itself. A model that does not run on fake tensors
@@ -23,6 +24,7 @@ runs as it would without one.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
@@ -38,6 +40,7 @@ from tpu_tuner.execution.malloc_replay import heap_growth
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.execution import ExecutionKnob, compile_options
 from tpu_tuner.model.workloads.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -159,10 +162,13 @@ def _fake_step_peak(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from tpu_tuner.execution.fused_loss import FusedCrossEntropy
     from tpu_tuner.execution.step import prepare_step
 
     built_on = stand_in(backend)
-    with candidate.process(backend), backend.estimate_kernels(), FakeTensorMode(allow_non_fake_inputs=True):
+    # A loss compiled with the model by a fusing backend holds no vocabulary-sized temporaries.
+    loss = FusedCrossEntropy() if fuses_loss(candidate, backend.kind) else contextlib.nullcontext()
+    with candidate.process(backend), backend.estimate_kernels(), FakeTensorMode(allow_non_fake_inputs=True), loss:
         step = prepare_step(workload, built_on, candidate, batch_size, seq_len)
         fsdp = _is_fsdp2(step.model)
         recording = _recording(fsdp_mem_tracker if fsdp else mem_tracker, torch.device(built_on.device).type)
@@ -286,15 +292,30 @@ def over_limit(estimate: MemoryEstimate, limit_bytes: int | None, source: str, c
     )
 
 
-def memory_key(candidate: Candidate, batch_size: int | None, seq_len: int | None) -> Hashable:
-    """What a step's estimate depends on: the batch and the knobs' values that change memory
-    (a `LeavesMemory` knob's neutral values left out, so trials differing only in them share one)."""
+# torch.compile backends that fuse a compiled loss as `fused_loss.py` says; measured on inductor
+# only (TorchTPU's `tpu` leaves it to XLA's own buffer assignment: not measured, estimated eagerly).
+FUSING_BACKENDS = ("inductor",)
+
+
+def fuses_loss(candidate: Candidate, device_kind: str) -> bool:
+    """Whether `candidate`'s training step compiles its loss with the model on a backend that
+    fuses it (`fused_loss.py`): its estimate then holds the fused loss's memory, not eager's."""
+    options = compile_options(candidate[ExecutionKnob.name])
+    return options is not None and options["backend"] in FUSING_BACKENDS and candidate.compiles_loss(device_kind)
+
+
+def memory_key(candidate: Candidate, batch_size: int | None, seq_len: int | None, device_kind: str) -> Hashable:
+    """What a step's estimate depends on: the batch, the knobs' values that change memory (a
+    `LeavesMemory` knob's neutral values left out, so trials differing only in them share one)
+    and whether the loss is fused (`fuses_loss`: the execution and compile scope it depends on
+    leave memory as they are otherwise)."""
 
     def neutral(name: str, value: str) -> bool:
         knob = registry.get(name)
         return isinstance(knob, kinds.LeavesMemory) and knob.leaves_memory(value)
 
-    return batch_size, seq_len, tuple(sorted((n, v) for n, v in candidate.changed.items() if not neutral(n, v)))
+    changed = tuple(sorted((n, v) for n, v in candidate.changed.items() if not neutral(n, v)))
+    return batch_size, seq_len, changed, fuses_loss(candidate, device_kind)
 
 
 def cached_estimate(
@@ -307,7 +328,7 @@ def cached_estimate(
 ) -> MemoryEstimate:
     """`estimate_step_memory`, kept in `cache` by `memory_key`; a kept one is reused with what the
     process holds now (the step's own bytes do not change between trials of one worker)."""
-    key = memory_key(candidate, batch_size, seq_len)
+    key = memory_key(candidate, batch_size, seq_len, backend.kind)
     kept = cache.get(key) if cache is not None else None
     if kept is not None:
         return replace(as_of_now(kept, backend), seconds=0.0)

@@ -170,13 +170,19 @@ class Candidate:
         and a training-step knob asks (`compiles_loss`), model and loss compiled as one module."""
         from tpu_tuner.model.workloads.workload import ModelWithLoss, loss_of
 
-        if self.compiles() and any(
-            knob.compiles_loss(value)
-            for knob, value in self._active(backend.kind)
-            if isinstance(knob, kinds.TrainingStep)
-        ):
+        if self.compiles_loss(backend.kind):
             return self.wrap_forward(ModelWithLoss(model, loss_fn), backend, static_shapes)
         return loss_of(forward, loss_fn)
+
+    def compiles_loss(self, device_kind: str) -> bool:
+        """Whether a training step compiles its loss with the model, as one graph (the forward
+        compiles and a training-step knob asks: `compiles_loss`)."""
+        steps = (
+            knob.compiles_loss(value)
+            for knob, value in self._active(device_kind)
+            if isinstance(knob, kinds.TrainingStep)
+        )
+        return self.compiles() and any(steps)
 
     @contextlib.contextmanager
     def step(self, backend: BackendLike) -> Iterator[None]:

@@ -90,7 +90,7 @@ def estimate_before_joining(state: WorkerState, request: object) -> None:
     if not isinstance(request, MeasureRequest):
         return
     candidate, batch_size, seq_len = Candidate.from_dict(request.candidate), request.batch_size, request.seq_len
-    state.memory_estimates[memory_key(candidate, batch_size, seq_len)] = estimate_rank_memory(
+    state.memory_estimates[memory_key(candidate, batch_size, seq_len, state.backend.kind)] = estimate_rank_memory(
         state.workload, state.backend, candidate, batch_size, seq_len, state.rank, state.backend.ranks
     )
 
