@@ -91,18 +91,40 @@ def test_the_planner_band_takes_the_cost_models_widening() -> None:
     assert wide.points == pytest.approx(plain.points * (1 + 0.4 * 2))  # few rows, slice
 
 
-def _checked(error: float, base: float, d: float) -> Checked:
+def _checked(error: float, base: float, d: float, unseen: bool = False) -> Checked:
     row = CalibrationRow(0, "v5p", True, 0, 0, 1, 0, 0, 1, 0.5, id=f"r{error}{base}{d}")
-    return Checked(row, "g", error, ErrorBand(base, ""), base, ("few rows",) if d else (), d)
+    return Checked(row, "g", error, ErrorBand(base, ""), base, ("few rows",) if d else (), d, unseen)
 
 
 def test_the_widening_is_the_quantile_of_what_each_novel_row_needed_per_distance() -> None:
     # Rows inside their band need nothing; a row 3x outside at distance 2 needs 1.0 a unit.
-    entries = [_checked(1.0, 2.0, 1.0), _checked(6.0, 2.0, 2.0), _checked(9.0, 1.0, 0.0)]
+    entries = [_checked(1.0, 2.0, 1.0), _checked(6.0, 2.0, 2.0)]
     assert widening.fit_widening(entries) == pytest.approx(1.0)  # under 9 entries: the largest
     assert widening.fit_widening([_checked(9.0, 1.0, 0.0)]) == 0.0  # no novelty: no widening
     needed = [_checked(2.0 + i, 2.0, 1.0) for i in range(19)]  # (|e| / 2 - 1): 0, 0.5, ... 9.0
     assert widening.fit_widening(needed) == pytest.approx(8.5)  # the ceil(0.9 x 20) = 18th of 19
+    # Plain rows inside their bands leave the reference at 1: the same widening.
+    assert widening.fit_widening(entries + [_checked(1.0, 2.0, 0.0)] * 9) == pytest.approx(1.0)
+
+
+def test_the_widening_is_what_novel_rows_needed_beyond_the_plain_rows() -> None:
+    # Plain rows (no novelty, their generation calibrated) that miss their bands by up to 2x: a
+    # novel row 3x outside at distance 1 needed 3 / 2 - 1 = 0.5 a unit beyond them, not 2.
+    plain = [_checked(1.0 + 0.1 * i, 1.0, 0.0) for i in range(9)] + [_checked(2.0, 1.0, 0.0)]
+    assert widening.fit_widening(plain + [_checked(3.0, 1.0, 1.0)]) == pytest.approx(0.5)
+    # As far outside as the plain rows: no widening (the cost model's miss, not the novelty's).
+    assert widening.fit_widening(plain + [_checked(2.0, 1.0, 1.0)]) == 0.0
+    # Rows of a generation without rows (band.py's own rule) are no reference.
+    unseen = [_checked(5.0, 1.0, 0.0, unseen=True)] * 10
+    assert widening.fit_widening(unseen + [_checked(3.0, 1.0, 1.0)]) == pytest.approx(2.0)
+
+
+def test_a_rows_band_made_without_its_generation_is_marked_unseen() -> None:
+    rows = [_row(i, "a", 0.5, f"a{i % 3}", 64) for i in range(9)]
+    rows += [_row(10 + i, "b", 0.6, "b", 64) for i in range(3)]
+    checked = group_check(rows, "per_generation", GROUPINGS["source"])
+    assert {c.row.generation for c in checked if c.unseen} == {"b"}  # source "b" is all of b
+    assert not any(c.unseen for c in checked if c.row.generation == "a")
 
 
 def _row(n: int, generation: str, efficiency: float, source: str, chips: int) -> CalibrationRow:

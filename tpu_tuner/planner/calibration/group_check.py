@@ -32,7 +32,8 @@ GROUPINGS: dict[str, Callable[[CalibrationRow], str]] = {
 class Checked:
     """One row's error with its group left out of the fit, and the band it would have had:
     `base`, the band before widening (points), and `novel`, its novelties against the rows its band
-    was made of (novelty.py)."""
+    was made of (novelty.py); `unseen`: no row of its generation was among them (band.py's rule for
+    a generation without rows made its band)."""
 
     row: CalibrationRow
     group: str
@@ -41,6 +42,7 @@ class Checked:
     base: float = 0.0
     novel: tuple[str, ...] = ()
     distance: float = 0.0
+    unseen: bool = False
 
     @property
     def inside(self) -> bool:
@@ -89,7 +91,8 @@ def group_check(
             assert base is not None  # others is not empty
             found = novelties(place, others_bands)
             band = widened(base, found, widening)
-            out[i] = Checked(r, group, e, band, base.points, tuple(found), novelty_distance(found))
+            unseen = not any(b.generation == place.generation for b in others_bands)
+            out[i] = Checked(r, group, e, band, base.points, tuple(found), novelty_distance(found), unseen)
     return [out[i] for i in sorted(out)]
 
 

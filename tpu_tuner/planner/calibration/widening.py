@@ -2,12 +2,17 @@
 
 Each row is left out with its source table, then with its model family (group_check.py); where
 it then had a novelty against the rows left in (few rows of its generation, a larger slice, a
-remat family or layout kind not on its generation), (|error| / band - 1) / its novelty distance
-says how much wider the band had to be a unit of distance. The widening is the conformal 90%
-quantile of those over the rows that had novelties (band.conformal_quantile: the largest where
-fewer than 9 had any), never below 0. A
-generation left out whole is not used: its rows have no generation to be far from (band.py's own
-rule covers a generation without rows).
+remat family or layout kind not on its generation), |error| / band says how far outside its band
+it fell. The widening is what a novel row needed beyond what the rows without a novelty needed
+(its generation calibrated, its band the interpolated one: the same rule, nothing new): the
+conformal 90% quantile of the plain rows' |error| / band (at least 1) is the reference, and each
+novel row needed (|error| / band / reference - 1) / its novelty distance. The widening is the
+conformal 90% quantile of those over the rows that had novelties (band.conformal_quantile: the
+largest where fewer than 9 had any), never below 0. A row that misses its band as far with no
+novelty (Gemma 3 at 32k, gpt-oss: the cost model's misses, issue 70) is thus no evidence that
+novelty costs more; where it is novel in a subset (a nested fold with few rows of its chip left)
+it no longer sets the widening alone. A generation left out whole is not used: its rows have no
+generation to be far from (band.py's own rule covers a generation without rows).
 """
 
 from __future__ import annotations
@@ -30,9 +35,15 @@ def widening_entries(
 
 def fit_widening(entries: list[Checked]) -> float:
     """The band's widening a unit of novelty distance (novelty.widened): the conformal 90%
-    quantile of (|error| / band - 1) / distance over the entries with novelties (a ratio inside
-    its band counts as 0), 0 where none had any."""
-    needed = [max(0.0, abs(c.error) / c.base - 1) / c.distance for c in entries if c.distance > 0 and c.base > 0]
+    quantile, over the entries with novelties, of (|error| / band / reference - 1) / distance (a
+    ratio inside the reference counts as 0), where the reference is the conformal 90% quantile of
+    |error| / band over the plain entries (no novelty, their generation calibrated), at least 1
+    (1 where there are none); 0 where no entry had a novelty."""
+    plain = [abs(c.error) / c.base for c in entries if not c.distance and not c.unseen and c.base > 0]
+    reference = max(1.0, conformal_quantile(plain)) if plain else 1.0
+    needed = [
+        max(0.0, abs(c.error) / c.base / reference - 1) / c.distance for c in entries if c.distance > 0 and c.base > 0
+    ]
     return conformal_quantile(needed) if needed else 0.0
 
 

@@ -8,7 +8,8 @@ Llama 4 Scout on v5p, the v5p and v5e runs planned from outside the calibration)
 difference is a `NOVELTIES` kind at a distance of 1; the band of a point is multiplied by
 1 + w x its count of them, w fitted from the rows
 that had novelties when their group was left out (calibration/widening.py): the conformal 90%
-quantile of their (|error| / band - 1) / distance. One constant: the rows that miss beyond their
+quantile of what each needed beyond the rows without a novelty, (|error| / band / their 90%
+quantile of |error| / band, at least 1, - 1) / distance. One constant: the rows that miss beyond their
 band are few (Llama 4 Scout on v5p has every kind at once), too few to fit a factor per kind.
 A generation without any row keeps band.py's own rule (its errors with their generation unseen).
 """
