@@ -62,13 +62,31 @@ def test_the_stand_in_leaves_other_calls_as_they_are() -> None:
     assert legacy.shape == (6,) and legacy.grad_fn is not None and "Nll" in type(legacy.grad_fn).__name__
 
 
+def test_an_upcast_of_bf16_logits_is_fused_into_its_reader_and_a_copy_elsewhere_is_not() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), FusedCrossEntropy():
+        low = torch.empty(64, 32, dtype=torch.bfloat16, requires_grad=True)
+        fused = low.float()  # never written out: one element broadcast
+        also_fused = low.to(torch.float32)
+        moved = low.to("cpu", torch.float32)  # a device named: an ordinary copy
+        frozen = low.detach().float()  # no gradient to keep the bf16 one for
+        widened = low.to(torch.float64)
+    assert fused.dtype == torch.float32 and fused.shape == low.shape
+    assert fused.untyped_storage().nbytes() == also_fused.untyped_storage().nbytes() == 4
+    for copy in (moved, frozen, widened):
+        assert copy.untyped_storage().nbytes() == copy.numel() * copy.element_size()
+
+
 @pytest.mark.slow  # inductor compiles the step: about 12 s on 2 cores
-def test_the_fused_estimate_is_within_ten_percent_of_the_compiled_steps_allocated_peak() -> None:
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_the_fused_estimate_is_within_fifteen_percent_of_the_compiled_steps_allocated_peak(autocast: str) -> None:
     workload, backend = load_workload(str(HEAD_LM)), get_backend("cpu")
-    fused = estimate_step_memory(workload, backend, FUSED, BATCH, SEQ)
+    candidate = _candidate(execution="inductor", compile_scope="model+loss", autocast=autocast)
+    fused = estimate_step_memory(workload, backend, candidate, BATCH, SEQ)
 
     def compiled_step() -> object:
-        step = prepare_step(workload, backend, FUSED, BATCH, SEQ)
+        step = prepare_step(workload, backend, candidate, BATCH, SEQ)
 
         class Compiled:  # allocation_peak runs `run_eager`: here the compiled step itself
             run_eager = staticmethod(step.run)
@@ -77,7 +95,7 @@ def test_the_fused_estimate_is_within_ten_percent_of_the_compiled_steps_allocate
 
     measured = allocation_peak(compiled_step)
     assert fused.step_bytes is not None
-    assert abs(fused.step_bytes / measured - 1) < 0.10, (fused.step_bytes, measured)
+    assert abs(fused.step_bytes / measured - 1) < 0.15, (fused.step_bytes, measured)  # issue 69's target
     # The eager stand-in it replaces was more than twice the compiled step's peak here.
-    eager = estimate_step_memory(workload, backend, _candidate(execution="inductor"), BATCH, SEQ)
+    eager = estimate_step_memory(workload, backend, _candidate(execution="inductor", autocast=autocast), BATCH, SEQ)
     assert eager.step_bytes is not None and eager.step_bytes > 2 * measured
