@@ -43,7 +43,8 @@ MODEL_AND_LOSS = "model+loss"
 BLOCKS = "blocks"
 
 
-class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, LeavesMemory):  # estimated eager
+# Estimated eagerly, but for a loss inductor fuses (memory_estimate.fuses_loss: in the estimate's key).
+class CompileScopeKnob(Knob, Conditional, NarrowedByWorkload, TrainingStep, LeavesMemory):
     """``model``, ``model+loss`` (the loss compiled with the model, as one graph) or ``blocks``
     (each repeated block compiled on its own)."""
 
