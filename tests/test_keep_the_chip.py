@@ -35,6 +35,13 @@ SPACE = SearchSpace.load(TESTS / "fixtures" / "tpu_eager_space.toml", "tpu")
 DEFER = {"TORCH_TPU_DEFER_AND_FUSE": "1"}
 
 
+def run_folder(results: Path) -> Path:
+    """A run's folder in the results folder `results`, as `core.run_folder.new_run_dir` makes it."""
+    folder = results / "gpt-tune-1"
+    folder.mkdir()
+    return folder
+
+
 @pytest.fixture
 def child_runner(monkeypatch, tmp_path) -> TrialRunner:
     """A TrialRunner whose workers are the stand-in (a start of 0.1 s), its log in `tmp_path`."""
@@ -64,11 +71,13 @@ def test_a_job_says_what_its_workers_start_cost_and_nothing_on_a_warm_worker(chi
     assert second.ok and second.start_s == 0.0 and second.value["pid"] == first.value["pid"]
 
 
-def test_a_tpu_runs_workers_keep_its_compilations_in_the_run_folder_without_a_restart(child_runner, tmp_path) -> None:
+def test_a_tpu_runs_workers_keep_its_compilations_in_the_results_folder_without_a_restart(
+    child_runner, tmp_path
+) -> None:
     cache = str(tmp_path / COMPILATION_CACHE_FOLDER)
     child_runner.run("load")  # the load job: no run folder and no device kind yet
     child_runner.device_kind = "tpu"
-    child_runner.log.move_into(tmp_path)
+    child_runner.log.move_into(run_folder(tmp_path))  # the run folder, in the results folder
     warm = child_runner.run("profile")
     assert warm.start_s == 0.0 and child_runner.workers_started == 1  # the same for every job: no restart
     defer = child_runner.run("trial", env=DEFER)  # another start-up environment: a new worker
@@ -79,8 +88,33 @@ def test_a_tpu_runs_workers_keep_its_compilations_in_the_run_folder_without_a_re
     assert Path(cache).is_dir()
 
 
+def test_the_first_worker_is_inside_the_cache_where_the_device_and_results_folder_are_known(
+    child_runner, tmp_path
+) -> None:
+    """Issue 68, item 5: the first worker loads the model before the run folder is named; given
+    the results folder and a TPU up front (`tune_run`), it starts inside the cache and stays."""
+    cache = str(tmp_path / COMPILATION_CACHE_FOLDER)
+    child_runner.cache_home, child_runner.device_kind = tmp_path, "tpu"
+    load = child_runner.run("load")
+    assert load.value["env"][COMPILATION_CACHE_VARIABLE] == cache
+    child_runner.log.move_into(run_folder(tmp_path))
+    trial = child_runner.run("trial")
+    assert trial.start_s == 0.0 and child_runner.workers_started == 1  # the same worker, no restart
+    assert trial.value["env"][COMPILATION_CACHE_VARIABLE] == cache
+
+
+def test_the_device_is_known_before_loading_where_asked_for_or_where_the_pci_bus_shows_tpus(monkeypatch) -> None:
+    from tpu_tuner.core import tpu_host
+    from tpu_tuner.tuning.run.tune_run import expected_device_kind
+
+    monkeypatch.setattr(tpu_host, "tpu_chips_on_host", lambda: {})
+    assert [expected_device_kind(d) for d in ("tpu", "cpu", "auto", None)] == ["tpu", "cpu", None, None]
+    monkeypatch.setattr(tpu_host, "tpu_chips_on_host", lambda: {"TPU v5e": 1})
+    assert [expected_device_kind(d) for d in ("cpu", "auto", None)] == ["cpu", "tpu", "tpu"]
+
+
 def test_no_cache_on_cpu_and_the_users_own_value_wins(child_runner, tmp_path, monkeypatch) -> None:
-    child_runner.log.move_into(tmp_path)
+    child_runner.log.move_into(run_folder(tmp_path))
     child_runner.device_kind = "cpu"
     assert child_runner.run("job", env=DEFER).value["env"][COMPILATION_CACHE_VARIABLE] is None
     monkeypatch.setenv(COMPILATION_CACHE_VARIABLE, "/mine")
@@ -103,7 +137,7 @@ def test_ranks_of_a_sharded_trial_get_the_runs_variables(monkeypatch, tmp_path) 
 
     monkeypatch.setattr(launch, "run_ranks", fake_run_ranks)
     with RankedTrialRunner("unused.py", "tpu", 2) as runner:
-        runner.log.move_into(tmp_path)
+        runner.log.move_into(run_folder(tmp_path))
         runner.device_kind = "tpu"
         runner.launch_environment = {"TORCH_TPU_TOPOLOGY": "1x2"}
         runner.run(MeasureRequest(), env=DEFER)

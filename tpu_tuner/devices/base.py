@@ -151,10 +151,11 @@ class Backend(ABC):
         return None
 
     @classmethod
-    def worker_environment(cls, run_folder: Path) -> dict[str, str]:
-        """Start-up variables every worker and rank of a run in `run_folder` gets, the same for
-        every job (so they never decide a worker restart): TorchTPU's compilation cache kept in
-        the folder; none by default. A variable the user set is left to the user."""
+    def worker_environment(cls, results_folder: Path) -> dict[str, str]:
+        """Start-up variables every worker and rank of a run in `results_folder` gets, the same
+        for every job (so they never decide a worker restart): TorchTPU's compilation cache kept
+        in the folder, shared by its runs; none by default. A variable the user set is left to
+        the user."""
         return {}
 
     # --- a rank of a sharded step: every rank must take the same decisions --------------------

@@ -41,11 +41,12 @@ MIN_LIBTPU = (0, 0, 50)
 XPROF_DIR_VARIABLE = "TPU_TUNE_XPROF_DIR"
 # Set by a process whose installed torch-tpu passed the API check, to that version.
 API_CHECKED_VARIABLE = "TPU_TUNE_TORCHTPU_API_CHECKED"
-# TorchTPU's persistent compilation cache (core/tpu_host.py), kept in the run folder under
-# COMPILATION_CACHE_FOLDER so that a restarted worker, the verification and a resume reuse the
-# search's compiles. Its Tier-2 cache is off for a world size of 1 ("disabled for world size 1").
+# TorchTPU's persistent compilation cache (core/tpu_host.py), kept in the results folder under
+# COMPILATION_CACHE_FOLDER and shared by its runs (as inductor's FX graph cache is by every run of a
+# user), so that every worker, the verification, a resume and the next run reuse the search's
+# compiles. Its Tier-2 cache is off for a world size of 1 ("disabled for world size 1").
 COMPILATION_CACHE_VARIABLE = TORCHTPU_CACHE_VARIABLE
-COMPILATION_CACHE_FOLDER = "torchtpu_cache"
+COMPILATION_CACHE_FOLDER = ".torchtpu_cache"  # hidden: the dashboard and the warm start skip it
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -216,12 +217,12 @@ class TorchTpuBackend(Backend):
         return decided
 
     @classmethod
-    def worker_environment(cls, run_folder: Path) -> dict[str, str]:
-        """TorchTPU's compilation cache in `run_folder`/torchtpu_cache (made here), unless the
+    def worker_environment(cls, results_folder: Path) -> dict[str, str]:
+        """TorchTPU's compilation cache in `results_folder`/.torchtpu_cache (made here), unless the
         user set the variable: workers inherit the user's value then."""
         if os.environ.get(COMPILATION_CACHE_VARIABLE):
             return {}
-        cache = Path(run_folder) / COMPILATION_CACHE_FOLDER
+        cache = Path(results_folder) / COMPILATION_CACHE_FOLDER
         cache.mkdir(parents=True, exist_ok=True)
         return {COMPILATION_CACHE_VARIABLE: str(cache)}
 

@@ -7,10 +7,11 @@ with a fresh worker. A warm worker is reused across jobs that need the same star
 environment (TorchTPU eager-mode variables are read once, at process start). The workers'
 stdout and stderr go to a `WorkerLog`, not the terminal; a death's message quotes its last line.
 
-Every worker started once the run folder is known (the log moved into it) and the device kind
-too (`device_kind`, set by the load job's caller) also gets the backend's variables for that
-folder (`Backend.worker_environment`: TorchTPU's compilation cache), which are the same for every
-job and so never decide a restart. A job that started its worker says what the start cost
+Every worker started once the results folder its run shares with other runs is known (`cache_home`,
+set before the first worker, or the parent of the run folder the log moved into) and the device
+kind too (`device_kind`, set then or by the load job's caller) also gets the backend's variables
+for that folder (`Backend.worker_environment`: TorchTPU's compilation cache), which are the same
+for every job and so never decide a restart. A job that started its worker says what the start cost
 (`JobResult.start_s`: process start to the worker's READY; 0 on a warm worker).
 """
 
@@ -72,6 +73,7 @@ class Runner(Protocol):
     log: WorkerLog
     timeout_s: float  # a job's default limit
     device_kind: str | None  # the workers' device kind once known (the load job's caller sets it)
+    cache_home: Path | None  # the results folder whose runs share the backend's caches, where known early
 
     def check_usable(self) -> None:
         """Raise when no job can run here any more (a multi-host runner whose hosts are gone)."""
@@ -116,6 +118,9 @@ class TrialRunner:
         self._env: dict[str, str] = {}
         self.workers_started = 0
         self.device_kind: str | None = None
+        # The results folder whose runs share the backend's caches, where the caller knows it
+        # before the first worker starts (None: the run folder's parent, once the log is there).
+        self.cache_home: Path | None = None
         self._owns_log = log is None
         self.log = log if log is not None else WorkerLog()
 
@@ -177,14 +182,17 @@ class TrialRunner:
         self.close()
 
     def run_environment(self) -> dict[str, str]:
-        """The variables every worker of this run gets, whatever its job: the backend's for the run
-        folder (`Backend.worker_environment`), once the log is in that folder and the device kind
-        is known; empty before, and on backends that need none."""
-        if self.device_kind is None or self.log.temporary:
+        """The variables every worker of this run gets, whatever its job: the backend's for the
+        results folder its runs share (`Backend.worker_environment`), once that folder and the
+        device kind are known; empty before, and on backends that need none."""
+        home = self.cache_home
+        if home is None and not self.log.temporary:
+            home = Path(self.log.path).parent.parent  # the log is in the run folder
+        if self.device_kind is None or home is None:
             return {}
         from tpu_tuner.devices import backend_class
 
-        return backend_class(self.device_kind).worker_environment(Path(self.log.path).parent)
+        return backend_class(self.device_kind).worker_environment(home)
 
     def _start(self, env: dict[str, str]) -> None:
         """Start a worker (`python -m tpu_tuner.runner.trial_worker`); start-up environment

@@ -67,6 +67,10 @@ def run_tuning(
             str(model_file), given.device, hosts, given.trial_timeout_s, options.objective.memory_limit_bytes
         )
     ) as runner:
+        # The first worker loads the model before the run folder is named: it is inside the
+        # device's caches from its start where the results folder and the device are known now.
+        runner.cache_home = Path(options.store.resume).parent if options.store.resume else Path(options.outputs.out)
+        runner.device_kind = expected_device_kind(given.device)
         run = Run(runner, clock, progress or (lambda event: None))
         started = phases.start(run, Path(model_file), options)
         location = started.location
@@ -91,4 +95,15 @@ def run_tuning(
     return result
 
 
-__all__ = ["run_tuning"]
+def expected_device_kind(device: str | None) -> str | None:
+    """The device kind the workers will run on where it is known before the model is loaded:
+    the one asked for, or a TPU on a host whose PCI bus shows TPU chips (`--device auto` runs
+    there or stops, never on its CPU); None where the load decides."""
+    if device not in (None, "auto"):
+        return device
+    from tpu_tuner.core.tpu_host import tpu_chips_on_host
+
+    return "tpu" if tpu_chips_on_host() else None
+
+
+__all__ = ["expected_device_kind", "run_tuning"]
