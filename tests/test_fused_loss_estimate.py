@@ -55,9 +55,10 @@ def test_the_fused_estimate_holds_no_log_probabilities_and_no_second_gradient() 
 def test_the_stand_in_leaves_other_calls_as_they_are() -> None:
     logits = torch.randn(6, 5)
     target = torch.randint(0, 5, (6,))
+    weights = torch.randn(5, 5, requires_grad=True)
     with FusedCrossEntropy():
         no_grad = F.cross_entropy(logits, target)  # nothing to hold for a backward: computed
-        legacy = F.cross_entropy(logits.requires_grad_(), target, reduce=False)  # torch's old arguments
+        legacy = F.cross_entropy(logits @ weights, target, reduce=False)  # torch's old arguments
     assert no_grad.item() == pytest.approx(F.cross_entropy(logits.detach(), target).item())
     assert legacy.shape == (6,) and legacy.grad_fn is not None and "Nll" in type(legacy.grad_fn).__name__
 
@@ -66,16 +67,22 @@ def test_an_upcast_of_bf16_logits_is_fused_into_its_reader_and_a_copy_elsewhere_
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(), FusedCrossEntropy():
-        low = torch.empty(64, 32, dtype=torch.bfloat16, requires_grad=True)
+        weight = torch.empty(64, 32, dtype=torch.bfloat16, requires_grad=True)
+        low = weight * 2  # an activation
         fused = low.float()  # never written out: one element broadcast
         also_fused = low.to(torch.float32)
         moved = low.to("cpu", torch.float32)  # a device named: an ordinary copy
         frozen = low.detach().float()  # no gradient to keep the bf16 one for
         widened = low.to(torch.float64)
+        parameter = weight.float()  # a parameter's gradient is a buffer of its own
+        scores = F.cross_entropy(
+            torch.empty(4, 10, 7, requires_grad=True) * 1, torch.zeros(4, 7, dtype=torch.long), reduction="none"
+        )
     assert fused.dtype == torch.float32 and fused.shape == low.shape
     assert fused.untyped_storage().nbytes() == also_fused.untyped_storage().nbytes() == 4
-    for copy in (moved, frozen, widened):
+    for copy in (moved, frozen, widened, parameter):
         assert copy.untyped_storage().nbytes() == copy.numel() * copy.element_size()
+    assert scores.shape == (4, 7)  # the classes are dim 1 of (N, C, d)
 
 
 @pytest.mark.slow  # inductor compiles the step: about 12 s on 2 cores

@@ -35,7 +35,9 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, reduction: str) -> torch.Tensor:
-        row_lse = logits.new_empty(logits.shape[:-1])
+        rows = list(logits.shape)
+        del rows[1 if logits.dim() >= 2 else 0]  # the classes: dim 1 of (N, C, ...), else the only one
+        row_lse = logits.new_empty(rows)
         ctx.save_for_backward(logits, row_lse)
         return row_lse.new_empty(()) if reduction != "none" else row_lse.new_empty(row_lse.shape)
 
@@ -67,7 +69,8 @@ def _upcast(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None
     if not args or not isinstance(args[0], torch.Tensor):
         return None
     tensor = args[0]
-    if tensor.dtype not in (torch.bfloat16, torch.float16) or not tensor.requires_grad:
+    # A parameter's upcast is read in place too, but its gradient is a buffer of its own.
+    if tensor.dtype not in (torch.bfloat16, torch.float16) or not tensor.requires_grad or tensor.is_leaf:
         return None
     if func is torch.Tensor.float and len(args) == 1 and not kwargs:
         return tensor
@@ -95,6 +98,7 @@ class FusedCrossEntropy(TorchFunctionMode):
             legacy = any(kwargs.get(name) is not None for name in ("size_average", "reduce")) or any(
                 arg is not None for arg in args[3:6:2]
             )
-            if isinstance(logits, torch.Tensor) and logits.requires_grad and reduction in REDUCTIONS and not legacy:
+            computed = isinstance(logits, torch.Tensor) and logits.requires_grad and not logits.is_leaf
+            if computed and reduction in REDUCTIONS and not legacy:
                 return _FusedCrossEntropyFunction.apply(logits, reduction)
         return func(*args, **kwargs)
