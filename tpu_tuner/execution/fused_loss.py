@@ -64,8 +64,9 @@ class _FusedUpcastFunction(torch.autograd.Function):
 
 
 def _upcast(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The tensor a ``Tensor.float()`` or ``Tensor.to(torch.float32)`` call upcasts from a 16-bit
-    float and that needs a gradient, or None for any other call (a device or a copy asked for)."""
+    """The activation (not a parameter) a ``Tensor.float()`` or ``Tensor.to(torch.float32)`` call
+    upcasts from a 16-bit float and that needs a gradient, or None for any other call (a device or
+    a copy asked for)."""
     if not args or not isinstance(args[0], torch.Tensor):
         return None
     tensor = args[0]
@@ -82,7 +83,7 @@ def _upcast(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None
 
 class FusedCrossEntropy(TorchFunctionMode):
     """While active, ``F.cross_entropy`` on logits that need a gradient allocates what a fused
-    kernel does, and so does an upcast of a 16-bit tensor to float32 (the loss's ``.float()``:
+    kernel does, and so does an upcast of a 16-bit activation to float32 (the loss's ``.float()``:
     inductor reads the bf16 logits in its loss kernel); a fake step's stand-in, the values are
     not computed. Other calls run as they are."""
 
