@@ -284,3 +284,10 @@ def test_the_reports_line_counts_measured_settings_per_minute_and_the_median_bey
     assert cost_line(phased, 3).endswith(
         "outputs; of it, medians: memory estimate 3.0 s, build 4.0 s, accuracy check 0.2 s (worker starts: 3)."
     )
+
+
+def test_a_relative_results_folder_gives_the_workers_an_absolute_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(COMPILATION_CACHE_VARIABLE, raising=False)
+    monkeypatch.chdir(tmp_path)
+    env = TorchTpuBackend.worker_environment(Path("results"))
+    assert env == {COMPILATION_CACHE_VARIABLE: str(tmp_path / "results" / COMPILATION_CACHE_FOLDER)}

@@ -222,7 +222,7 @@ class TorchTpuBackend(Backend):
         user set the variable: workers inherit the user's value then."""
         if os.environ.get(COMPILATION_CACHE_VARIABLE):
             return {}
-        cache = Path(results_folder) / COMPILATION_CACHE_FOLDER
+        cache = Path(results_folder).absolute() / COMPILATION_CACHE_FOLDER  # the same for a worker elsewhere
         cache.mkdir(parents=True, exist_ok=True)
         return {COMPILATION_CACHE_VARIABLE: str(cache)}
 
