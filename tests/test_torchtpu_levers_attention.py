@@ -208,3 +208,38 @@ def test_a_sliding_window_shorter_than_the_keys_keeps_its_mask(exact_splash) -> 
     loss, reference = _compiled_loss(LLAMA.replace("hf:llama", "hf:mistral") + ",sliding_window=8", switched=True)
     assert exact_splash == []  # the window's mask is no causal mask: torch's own SDPA takes it
     torch.testing.assert_close(loss, reference)
+
+
+def _transposed_layout(t: torch.Tensor) -> torch.Tensor:
+    """`t` (batch, heads, length, dim) stored as (batch, length, heads, dim), as a kernel may lay out."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def test_the_kernels_output_and_gradients_reach_the_model_in_a_plain_layout(monkeypatch) -> None:
+    """Under `tpu` compile the kernel's traced strides were not the ones it returned, forward and
+    backward, so transformers' transpose + reshape, traced as a view, failed on the chip: the knob
+    hands on its output and its q, k, v gradients contiguous whatever layout the kernel used."""
+
+    sdpa = F.scaled_dot_product_attention  # torch's own: inside the step the name is the knob's
+
+    class Kernel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return _transposed_layout(sdpa(q, k, v))
+
+        @staticmethod
+        def backward(ctx, grad):
+            return tuple(_transposed_layout(torch.ones_like(grad)) for _ in range(3))
+
+    kernel = types.SimpleNamespace(ops=types.SimpleNamespace(splash_sdpa=lambda q, k, v, **_: Kernel.apply(q, k, v)))
+    monkeypatch.setattr(torch, "tpu", kernel, raising=False)
+    leaves = [t.requires_grad_() for t in _qkv()]
+    inputs = [t * 1.0 for t in leaves]  # not leaves: their gradients keep the layout they arrive in
+    layouts: list[bool] = []
+    for t in inputs:
+        t.register_hook(lambda grad: layouts.append(grad.is_contiguous()))
+    with knobs.get("attention_kernel").step("splash", CPU):
+        out = F.scaled_dot_product_attention(*inputs)
+    assert out.is_contiguous()
+    out.sum().backward()
+    assert layouts == [True, True, True]

@@ -95,6 +95,10 @@ SETTINGS: dict[str, Setting] = {
     "checkpointed blocks": Setting({"activation_checkpointing": "blocks"}, about="every block recomputed"),
     "every 2nd block": Setting({"activation_checkpointing": "every_2nd"}, about="every 2nd block recomputed"),
     "no checkpointing": Setting({"activation_checkpointing": "none"}, about="no block recomputed"),
+    "splash, no checkpointing": Setting(
+        {"attention_kernel": "splash", "activation_checkpointing": "none"},
+        about="splash (no score matrix kept) lets every block keep its activations",
+    ),
     "stack": Setting(
         {"param_dtype": "bfloat16", "compile_scope": "model+loss"},
         compile_optimizer,

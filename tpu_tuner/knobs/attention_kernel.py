@@ -119,6 +119,9 @@ def splash_attention(block_size: int | None = None, device_type: str = "tpu") ->
 def _replacement(original: Callable[..., Any], block_size: int | None, device_type: str) -> Callable[..., Any]:
     """One function per (torch's SDPA, block size, device), so dynamo's guard on it holds."""
     blocks = {} if block_size is None else dict.fromkeys(BLOCK_KEYWORDS, block_size)
+    # The kernel's backward, like its forward, traces other strides than it returns, so a reshape of
+    # its gradient traced as a view fails: the gradients of q, k and v are copied to a plain layout.
+    contiguous_gradient = _contiguous_gradient_function()
 
     def scaled_dot_product_attention(
         query: Any,
@@ -142,13 +145,38 @@ def _replacement(original: Callable[..., Any], block_size: int | None, device_ty
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         import torch
 
-        return torch.tpu.ops.splash_sdpa(  # type: ignore[attr-defined]  # torch.tpu: torch-tpu's
+        query, key, value = (
+            contiguous_gradient.apply(query),
+            contiguous_gradient.apply(key),
+            contiguous_gradient.apply(value),
+        )
+        out = torch.tpu.ops.splash_sdpa(  # type: ignore[attr-defined]  # torch.tpu: torch-tpu's
             query, key, value, scale=scale, is_causal=is_causal, enable_gqa=bool(enable_gqa), **blocks
         )
+        # Under `tpu` compile the kernel's traced strides differ from its real output's, so a caller's
+        # transpose + reshape traced as a view fails at run time (chip, 2026-12-07); a copy agrees.
+        return out.clone(memory_format=torch.contiguous_format)
 
     label = SPLASH if block_size in (None, TORCH_TPU_BLOCK) else f"{SPLASH}:{block_size}"
     setattr(scaled_dot_product_attention, _VALUE_ATTR, label)
     return scaled_dot_product_attention
+
+
+@cache
+def _contiguous_gradient_function() -> Any:
+    """One autograd function (dynamo traces a module-level class, not one made per call)."""
+    import torch
+
+    class ContiguousGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad.clone(memory_format=torch.contiguous_format)
+
+    return ContiguousGradient
 
 
 # torch modules whose forward reaches SDPA through torch.nn.functional (multi_head_attention_forward).
