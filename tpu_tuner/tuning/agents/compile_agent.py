@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import shutil
 
+import tpu_tuner.tuning.agents.attention as attention
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
 import tpu_tuner.tuning.agents.loss_scope as loss_scope
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.knobs import registry as knobs
+from tpu_tuner.knobs.attention_kernel import SPLASH
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.knobs.layout import layout_in
@@ -75,6 +77,9 @@ class CompileAgent(Agent):
         findings += loss_scope.findings(profile, self.left_out(loss_scope.KNOB, profile, space))
         if knobs.get("compile_options").applies_to(self.device_kind):
             findings += compiler_options.findings(profile, self.left_out(compiler_options.KNOB, profile, space))
+        if knobs.get(attention.KNOB).applies_to(self.device_kind):
+            splash = self.left_out(attention.KNOB, profile, space, lambda c: c == SPLASH)
+            findings += attention.findings(splash)
         return findings
 
     def _layout_finding(self, profile: Profile, left_out: str | None = None) -> str:
@@ -98,9 +103,11 @@ class CompileAgent(Agent):
             self._conv_share = convolution_share(profile)
             self._training = profile.workload.training
         choices = {p.name: p.choices for p in self.params(space)}
-        seeds += loss_scope.seeds(profile, choices, seeds)
+        execution = list(seeds)
+        seeds += loss_scope.seeds(profile, choices, execution)
         seeds += training_step.seeds(profile, choices)
         seeds += compiler_options.seeds(profile, choices)
+        seeds += attention.seeds(choices, execution)
         layout = next((p for p in self.params(space) if p.name == "memory_format"), None)
         if layout is None or "channels_last" not in layout.choices or (self._conv_share or 0.0) < CONV_SEED_SHARE:
             return seeds
