@@ -74,3 +74,14 @@ def test_the_base_reaches_every_setting_but_the_baseline() -> None:
     splash = levers.candidate_of("splash", SimpleNamespace(kind="tpu"), base)
     assert splash["param_dtype"] == "bfloat16" and splash["attention_kernel"] == "splash"
     assert levers.candidate_of("baseline", SimpleNamespace(kind="tpu"), base)["param_dtype"] == "default"
+
+
+def test_the_splash_tables_state_the_figures_the_docs_quote() -> None:
+    """The sixth chip session: splash runs (its output and gradients copied to a plain layout)."""
+    decoder = _levers().table(json.loads((BENCHMARKS / "tpu_levers_335m_v5e_splash.json").read_text()))
+    assert "| reference | 601.2 ms | 30.6% | 1 (itself) |" in decoder
+    assert "| splash | 491.1 ms | 37.4% | 1.219x (0.411-3.618) |" in decoder
+    gpt = _levers().table(json.loads((BENCHMARKS / "tpu_levers_gpt_v5e_splash.json").read_text()))
+    assert "| splash | 13.7 ms | 1.0% | 1.049x (1.009-1.091) |" in gpt
+    every_2nd = _levers().table(json.loads((BENCHMARKS / "tpu_levers_335m_v5e_every2nd.json").read_text()))
+    assert "| splash, no checkpointing | failed: RuntimeError: failed to compile MLIR module" in every_2nd

@@ -31,80 +31,18 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, the settings
+from tpu_lever_settings import SETTINGS
 
 LLAMA = (
     "hf:llama?num_hidden_layers=6,hidden_size=2048,intermediate_size=5632,num_attention_heads=16,"
     "num_key_value_heads=4,vocab_size=32000"
 )
-
-
-def compile_optimizer(step: Any, backend: Any) -> None:
-    """The optimizer's update compiled with the device's backend (PyTorch's "compiled optimizer"
-    recipe: torch.compile of a function calling `opt.step()`), so the whole step runs as compiled
-    programs: forward and backward (the execution knob) and the update. Off the CPU the optimizer
-    is made `capturable`, so that its step counts live on the device: on a v5e chip they stayed on
-    the CPU and the compiled update failed ("expected tensor to be on tpu, got cpu")."""
-    import torch
-
-    optimizer = step.optimizer
-    if optimizer is None:
-        return
-    if backend.kind != "cpu":
-        for group in optimizer.param_groups:
-            if "capturable" in group:
-                group["capturable"] = True
-    eager_step = optimizer.step
-
-    @torch.compile(backend=backend.default_compile_backend(), fullgraph=False)
-    def compiled_step() -> None:
-        eager_step()
-
-    optimizer.step = compiled_step
-
-
-@dataclass(frozen=True)
-class Setting:
-    """Knob values over the reference's, and a change made to the built step (a lever no knob has yet)."""
-
-    knobs: dict[str, str] = field(default_factory=dict)
-    patch: Callable[[Any, Any], None] | None = None
-    about: str = ""
-    baseline: bool = False  # the device's defaults (the user's code unchanged), not the reference's
-
-
-# The reference is `tpu` compile (the device's torch.compile backend) + bf16 autocast, TorchTPU's
-# default matmul precision; every other setting changes one thing, but "stack".
-SETTINGS: dict[str, Setting] = {
-    "reference": Setting(about="torch.compile(backend='tpu') of the model, bf16 autocast, fp32 AdamW in eager"),
-    "baseline": Setting(baseline=True, about="the user's code unchanged: eager (Strict), fp32, matmul medium"),
-    "optimizer compiled": Setting(patch=compile_optimizer, about="the optimizer's step compiled too (whole step)"),
-    "bf16 parameters": Setting({"param_dtype": "bfloat16"}, about="parameters and AdamW states in bf16"),
-    "loss compiled": Setting({"compile_scope": "model+loss"}, about="the loss compiled with the model"),
-    "splash": Setting({"attention_kernel": "splash"}, about="torch.tpu.ops.splash_sdpa, blocks 512"),
-    "splash 1024": Setting({"attention_kernel": "splash:1024"}, about="splash_sdpa, every block 1024"),
-    "XLA O3": Setting({"xla_optimization_level": "O3"}, about="custom_compiler_options O3"),
-    "XLA O1": Setting({"xla_optimization_level": "O1"}, about="custom_compiler_options O1"),
-    "matmul high": Setting({"matmul_precision": "high"}, about="3 bf16 passes (a cost, for scale)"),
-    "blocks compiled": Setting({"compile_scope": "blocks"}, about="each repeated block compiled on its own"),
-    "checkpointed blocks": Setting({"activation_checkpointing": "blocks"}, about="every block recomputed"),
-    "every 2nd block": Setting({"activation_checkpointing": "every_2nd"}, about="every 2nd block recomputed"),
-    "no checkpointing": Setting({"activation_checkpointing": "none"}, about="no block recomputed"),
-    "splash, no checkpointing": Setting(
-        {"attention_kernel": "splash", "activation_checkpointing": "none"},
-        about="splash (no score matrix kept) lets every block keep its activations",
-    ),
-    "stack": Setting(
-        {"param_dtype": "bfloat16", "compile_scope": "model+loss"},
-        compile_optimizer,
-        "bf16 parameters, loss and optimizer compiled",
-    ),
-}
 
 
 @dataclass
@@ -142,6 +80,15 @@ def measure(
     del clock
     gc.collect()
     return timing.median, record
+
+
+def reference_base(backend: Any, over: dict[str, str]) -> dict[str, str]:
+    """The reference's knob values (`tpu` compile, or the device's compile backend, + bf16
+    autocast), with `over` (--base) on top: what every setting but the baseline changes."""
+    from tpu_tuner.knobs.candidate import Candidate
+
+    defaults = Candidate.baseline(backend.kind).to_dict()
+    return {**defaults, "execution": backend.default_compile_backend(), "autocast": "bfloat16", **over}
 
 
 def candidate_of(name: str, backend: Any, base: dict[str, str]) -> Any:
@@ -208,17 +155,11 @@ def model_flops(args: argparse.Namespace, workload: Any, backend: Any, base: dic
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tpu_tuner.core.version import __version__
     from tpu_tuner.devices import get_backend
-    from tpu_tuner.knobs.candidate import Candidate
     from tpu_tuner.model.workloads.loader import load_workload
 
     backend = get_backend(args.device)
     workload = load_workload(args.model)
-    base = {
-        **Candidate.baseline(backend.kind).to_dict(),
-        "execution": backend.default_compile_backend(),
-        "autocast": "bfloat16",
-        **args.base,
-    }
+    base = reference_base(backend, args.base)
     names = args.only or list(SETTINGS)
     names = ["reference"] + [n for n in names if n != "reference"]
     apart = {n: env for n in names if (env := candidate_of(n, backend, base).environment(backend))}
