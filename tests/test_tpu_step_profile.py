@@ -27,18 +27,23 @@ def profiler():
 
 def test_the_table_puts_the_device_busy_time_beside_the_step(profiler) -> None:
     operator = {"name": "xla::program", "calls_per_step": 2.0, "self_ms_per_step": 380.0, "share": 0.95}
+    allocator = {
+        "step_built": {"memory_allocated": 12 * 2**30, "memory_reserved": 14 * 2**30},
+        "released": {"memory_allocated": 2**30, "memory_reserved": None},
+    }
     result = {
         "model": "m",
         "device": "TPU v5e",
         "base": {"param_dtype": "bfloat16"},
         "settings": {
-            "splash": {"step_s": 0.491, "device_busy_s": 0.40, "operators": [operator]},
+            "splash": {"step_s": 0.491, "device_busy_s": 0.40, "operators": [operator], "allocator_bytes": allocator},
             "reference": {"failure": "RuntimeError: out of memory"},
         },
     }
     text = profiler.table(result)
     assert "splash: step 491.0 ms, device busy 400.0 ms (81% of the step)" in text
     assert "| xla::program | 2.0 | 380.00 | 95.0% |" in text
+    assert "allocator, allocated / reserved GiB: step built 12.00 / 14.00, released 1.00 / -" in text
     assert "reference: failed: RuntimeError: out of memory" in text
 
 
@@ -57,5 +62,6 @@ def test_a_cpu_run_times_and_profiles_the_setting(profiler, tmp_path: Path, caps
     assert profiler.main(argv) == 0
     found = json.loads(out.read_text())["settings"]["reference"]
     assert found["step_s"] > 0 and found["device_busy_s"] is None  # a CPU trace has no device events
+    assert set(found["allocator_bytes"]) == {"step_built", "step_freed", "released"}
     assert 0 < len(found["operators"]) <= 4 and found["operators"][0]["name"].startswith("aten::")
     assert "reference: step" in capsys.readouterr().out

@@ -79,6 +79,7 @@ def measure(
     )
     del clock
     gc.collect()
+    backend.release_cached_memory()  # as the tuner's worker does before each trial
     return timing.median, record
 
 
@@ -149,6 +150,7 @@ def model_flops(args: argparse.Namespace, workload: Any, backend: Any, base: dic
         report = flops_report(workload, step.model, counted, args.batch_size, args.seq, "full")
     del step
     gc.collect()
+    backend.release_cached_memory()  # the eager step's cache, before the first compiled setting
     return float(report.model_per_step)
 
 

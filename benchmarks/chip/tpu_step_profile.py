@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import gc
 import json
 import sys
 from pathlib import Path
@@ -40,17 +42,48 @@ def profile_setting(name: str, args: argparse.Namespace, workload: Any, backend:
         timing, _ = time_steps(clock, args.steps, 1.0, 200)
         events: list[Any] = []
         shares: dict[str, float] = {}
-        operators = top_operators(
-            lambda: clock.seconds(1), backend, args.profile_steps, args.top, events_out=events, shares_out=shares
-        )
+        one_step = functools.partial(clock.seconds, 1)  # a step read to its result, as timed
+        operators = top_operators(one_step, backend, args.profile_steps, args.top, events_out=events, shares_out=shares)
         busy = device_busy(events, args.profile_steps)
+        allocator = {"step_built": allocator_bytes()}
+        del clock, one_step
+        gc.collect()
+        allocator["step_freed"] = allocator_bytes()
+        backend.release_cached_memory()
+        allocator["released"] = allocator_bytes()
     return {
+        # Whether TorchTPU's allocator keeps freed memory cached (reserved above allocated once the
+        # step is freed) and what the worker's release before each trial hands back.
+        "allocator_bytes": allocator,
         "step_s": timing.median,
         "device_busy_s": busy.seconds_per_step if busy else None,
         "device_busy_method": busy.method if busy else "no device events in the trace (host time only)",
         "optimizer_share": shares.get("optimizer_step"),
         "operators": [dataclasses.asdict(op) for op in operators],
     }
+
+
+def allocator_bytes() -> dict[str, int | None]:
+    """torch's device-generic allocator figures (None where the device's allocator has none)."""
+    import torch
+
+    found: dict[str, int | None] = {}
+    for name in ("memory_allocated", "memory_reserved"):
+        try:
+            found[name] = int(getattr(torch.accelerator, name)())
+        except Exception:  # a device without them: said as None, the profile goes on
+            found[name] = None
+    return found
+
+
+def _allocator_words(stages: dict[str, dict[str, int | None]]) -> str:
+    def gib(value: int | None) -> str:
+        return "-" if value is None else f"{value / 2**30:.2f}"
+
+    return ", ".join(
+        f"{stage.replace('_', ' ')} {gib(found['memory_allocated'])} / {gib(found['memory_reserved'])}"
+        for stage, found in stages.items()
+    )
 
 
 def table(result: dict[str, Any]) -> str:
@@ -62,12 +95,10 @@ def table(result: dict[str, Any]) -> str:
             continue
         step, busy = found["step_s"], found["device_busy_s"]
         said = f"device busy {busy * 1e3:.1f} ms ({busy / step:.0%} of the step)" if busy else "no device events"
-        lines += [
-            "",
-            f"{name}: step {step * 1e3:.1f} ms, {said}",
-            "",
-            "| operator | calls a step | ms a step | share |",
-        ]
+        lines += ["", f"{name}: step {step * 1e3:.1f} ms, {said}"]
+        if found.get("allocator_bytes"):
+            lines.append("allocator, allocated / reserved GiB: " + _allocator_words(found["allocator_bytes"]))
+        lines += ["", "| operator | calls a step | ms a step | share |"]
         lines.append("|---|---:|---:|---:|")
         for op in found["operators"]:
             name_cell = op["name"][:90].replace("|", "/")

@@ -150,6 +150,12 @@ class Backend(ABC):
         """Start a new peak-memory window; nothing to reset where the backend tracks no peak."""
         return None
 
+    def release_cached_memory(self) -> None:
+        """Hand back what the framework's allocator keeps cached of freed tensors, before a trial
+        builds its step; nothing by default (a CPU's allocator returns it, and CUDA's compiled kernels
+        allocate from the same cache, so nothing they need is held away from them)."""
+        return None
+
     @classmethod
     def worker_environment(cls, results_folder: Path) -> dict[str, str]:
         """Start-up variables every worker and rank of a run in `results_folder` gets, the same

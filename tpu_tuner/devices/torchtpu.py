@@ -11,6 +11,8 @@ moved. Nothing here swallows a TorchTPU error: an API change fails loudly.
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -47,6 +49,8 @@ API_CHECKED_VARIABLE = "TPU_TUNE_TORCHTPU_API_CHECKED"
 # compiles. Its Tier-2 cache is off for a world size of 1 ("disabled for world size 1").
 COMPILATION_CACHE_VARIABLE = TORCHTPU_CACHE_VARIABLE
 COMPILATION_CACHE_FOLDER = ".torchtpu_cache"  # hidden: the dashboard and the warm start skip it
+
+log = logging.getLogger(__name__)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -162,6 +166,18 @@ class TorchTpuBackend(Backend):
 
     def reset_peak_memory(self) -> None:
         torch.accelerator.reset_peak_memory_stats()
+
+    def release_cached_memory(self) -> None:
+        # An XLA program's temporaries are the runtime's, not the torch allocator's: memory the
+        # allocator keeps cached after an eager step (the references, an earlier trial) may be
+        # what the next compiled program cannot get (a suspect of the sixth chip session's
+        # RuntimeProgramAllocationFailure; docs/torchtpu.md). torch's device-generic call, after a
+        # collection so that tensors only cycles still hold are freed first.
+        gc.collect()
+        try:
+            torch.accelerator.empty_cache()
+        except Exception as exc:  # unmeasured on a chip so far: a release that fails never fails a trial
+            log.debug("torch.accelerator.empty_cache() on TorchTPU: %s", exc)
 
     def peak_memory_bytes(self) -> tuple[int | None, str]:
         return int(torch.accelerator.max_memory_allocated()), "torch.accelerator.max_memory_allocated"

@@ -85,6 +85,8 @@ def run_measure(state: WorkerState, request: MeasureRequest) -> Measurement | Ea
     # A rank cut off alone would leave the others waiting in a collective: one process only.
     deadline = rule.compile_limit_s() if rule is not None and candidate.compiles() and backend.ranks == 1 else None
     backend.fresh_compile_state()  # each trial compiles as a fresh process would (no stale frames)
+    # What the references' eager steps and earlier trials left cached goes back to the device first.
+    backend.release_cached_memory()
     # Before anything is built: a step that cannot fit is refused here (WouldNotFit), unmeasured.
     estimate_started = time.perf_counter()
     estimate = estimate_or_refuse(
@@ -269,6 +271,7 @@ def run_compare(state: WorkerState, request: CompareRequest) -> Comparison:
     if built:
         state.compare_key, state.compare_steps = None, []
         gc.collect()
+        backend.release_cached_memory()
         # Every candidate of the window keeps its compiled frames: room for all of them.
         backend.fresh_compile_state(graphs=max(64, 8 * len(parsed)))
         window_start = backend.compile_events()
