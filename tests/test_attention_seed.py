@@ -46,3 +46,16 @@ def test_a_model_without_sdpa_gets_no_splash_seed_and_is_told_why() -> None:
 def test_cpu_has_no_splash_at_all() -> None:
     (agent,) = load_agents(["compile"], "cpu")
     assert not any("attention_kernel" in seed for seed in agent.seeds(None, _space(Attends(), "cpu")))
+
+
+def test_without_jax_splash_is_left_out_and_not_seeded(monkeypatch) -> None:
+    """torch-tpu's splash_sdpa runs JAX's kernel: without JAX the space says so instead of a trial failing."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a))
+    (agent,) = load_agents(["compile"], "tpu")
+    space = _space(Attends())
+    assert not any("attention_kernel" in seed for seed in agent.seeds(None, space))
+    reason = agent.left_out(attention.KNOB, None, space, lambda c: c == "splash")
+    assert reason is not None and "JAX is not installed" in reason

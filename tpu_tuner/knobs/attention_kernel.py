@@ -20,6 +20,7 @@ switched to an implementation that leaves a plain causal mask to ``is_causal``
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT = "default"
 SPLASH = "splash"
 LANE = 128  # TPU vector lane width: block sizes are multiples of it
+NO_JAX = "JAX is not installed (torch-tpu's splash_sdpa runs JAX's kernel: pip install 'tpu-tune[tpu]')"
 TORCH_TPU_BLOCK = 512  # splash_sdpa's default for every block
 MAX_BLOCK = 8192
 # splash_sdpa's block-size keywords, each set to the value's N (the forward's and the backward's).
@@ -69,6 +71,10 @@ class AttentionKernelKnob(Knob, NarrowedByWorkload, StepContext):
 
     def applies_to_workload(self, traits: WorkloadTraits) -> bool:
         return traits.scaled_dot_product_attention
+
+    def choice_refusal(self, value: str, traits: WorkloadTraits) -> str | None:
+        # splash_sdpa imports JAX's Pallas kernel: without JAX every splash trial would fail.
+        return NO_JAX if importlib.util.find_spec("jax") is None else None
 
     def model(self, value: str, model: nn.Module, backend: BackendLike) -> nn.Module:
         return model if value == DEFAULT else leave_causal_mask_to_kernel(model)
