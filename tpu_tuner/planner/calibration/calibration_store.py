@@ -105,6 +105,7 @@ def cost_model_from(rows: list[CalibrationRow], record: dict[str, Any]) -> CostM
         dcn_step_seconds=fitted.dcn_step_seconds,
         dropless_ratio=fitted.dropless_ratio,
         route_passes=fitted.route_passes,
+        host_link_gbytes_per_s=fitted.host_link_gbytes_per_s,
         efficiency_by_generation=tuple(sorted((g, e) for g, e in fitted.efficiency.items() if g != "*")),
         loo_error_points=statistics.mean(abs(e) for e in loo),
         band_rows=bands,

@@ -22,7 +22,9 @@ Efficiency models compared (EFFICIENCY_MODELS):
 A ``+term`` adds a cause term with one constant shared by every row (CostModel says what each
 charges): ``host`` (offload bandwidth), ``attention`` (vector work a score element), ``comm``
 (a share of the collectives never hidden), ``dcn`` (the latency of one step of a DCN collective),
-``route`` (HBM passes over a dropless step's routed tokens; its matmuls then at the dense efficiency).
+``route`` (HBM passes over a dropless step's routed tokens; its matmuls then at the dense efficiency),
+``link`` (the host link as a roofline: a step is no shorter than its offload traffic at the fastest
+host rate a fitted row sustained, host_link.py; no constant searched).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from tpu_tuner.metrics.mfu import share_of_peak
-from tpu_tuner.planner.calibration.rows import DROPLESS, CalibrationRow, fit_group
-from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, Place, conformal_quantile
+from tpu_tuner.planner.calibration.host_link import host_link_bound
+from tpu_tuner.planner.calibration.rows import DROPLESS, CalibrationRow, band_row, fit_group, place_of
+from tpu_tuner.planner.prediction.band import BandRow, ErrorBand, conformal_quantile
 from tpu_tuner.planner.prediction.efficiency_prior import efficiency_prior
 from tpu_tuner.planner.prediction.novelty import band_far
 from tpu_tuner.planner.prediction.predict import MXU_WIDTH
@@ -49,7 +52,8 @@ log = logging.getLogger(__name__)
 ROWS_FILE = Path(__file__).with_name("calibration_rows.json")
 # Published recipes measured twice (a superseded figure and the current one), MFU points apart.
 RERUNS_FILE = Path(__file__).with_name("calibration_reruns.json")
-ADOPTED = "per_generation+dcn+route"  # the model the planner predicts with (docs/planner.md, "Calibration", says why)
+# The model the planner predicts with (docs/planner.md, "Calibration" and "an eighth session", say why).
+ADOPTED = "per_generation+dcn+route+link"
 
 EFFICIENCY_MODELS = (
     "global",
@@ -63,10 +67,12 @@ EFFICIENCY_MODELS = (
     "per_generation+dcn",
     "per_generation+host+dcn",
     "per_generation+dcn+route",
+    "per_generation+dcn+route+link",
 )
 WIDE_MXU = tuple(g for g, width in MXU_WIDTH.items() if width > 128)  # the prediction's own table
 OVERLAP = 0.9  # communication hidden behind busy time (fixed, not fitted: predict.CostModel)
 _EFFICIENCIES = [e / 100 for e in range(20, 101)]  # from 0.2: the TPU7x dropless MoE steps fit 0.40
+TERMS = ("host", "attention", "comm", "dcn", "route", "link")  # the cause terms a kind may add
 _MEMORY_OVERLAPS = [g / 100 for g in range(0, 101, 2)]
 
 
@@ -83,6 +89,7 @@ class Fitted:
         1.0  # a dropless step's efficiency / the dense one, where its generation has no dropless row
     )
     route_passes: float = 0.0  # the "+route" term: HBM passes over a dropless step's routed tokens (0: none)
+    host_link_gbytes_per_s: float = 0.0  # the "+link" roofline: a chip's host link, GB/s (0: none)
 
     @property
     def dropless_apart(self) -> bool:
@@ -109,6 +116,7 @@ class Fitted:
             + (f"; {self.comm_exposed:g} x the collectives' time exposed" if self.comm_exposed else "")
             + (f"; {self.dcn_step_seconds * 1e3:.2f} ms a DCN step" if self.dcn_step_seconds else "")
             + (f"; {self.route_passes:g} HBM passes over the routed tokens" if self.route_passes else "")
+            + (f"; host link {self.host_link_gbytes_per_s:.1f} GB/s a chip" if self.host_link_gbytes_per_s else "")
         )
         return f"MXU efficiency {effs}; memory overlap {self.memory_overlap:.2f}{terms}"
 
@@ -157,7 +165,13 @@ def _with_terms(a: dict[str, np.ndarray], terms: Fitted) -> dict[str, np.ndarray
     host = a["host"] / terms.host_gbytes_per_s if terms.host_gbytes_per_s else np.zeros_like(a["host"])
     serial = host + terms.comm_exposed * a["comm"] + terms.dcn_step_seconds * a["dcn_steps"]
     serial = serial + terms.route_passes * a["route"]
-    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": serial}
+    return {**a, "compute": a["compute"] + extra_compute, "host_seconds": serial, **link_seconds(a, terms)}
+
+
+def link_seconds(a: dict[str, np.ndarray], terms: Fitted) -> dict[str, np.ndarray]:
+    """The host link's time a step (the rows' host traffic at `terms`' link bandwidth), keyed
+    "link" for `_predicted`'s roofline; nothing without the "+link" term."""
+    return {"link": a["host"] / terms.host_link_gbytes_per_s} if terms.host_link_gbytes_per_s else {}
 
 
 def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap: np.ndarray) -> np.ndarray:
@@ -165,7 +179,8 @@ def _predicted(a: dict[str, np.ndarray], efficiency: np.ndarray, memory_overlap:
     compute = a["compute"] / efficiency
     busy = np.maximum(compute, a["memory"]) + (1 - memory_overlap) * np.minimum(compute, a["memory"])
     busy = busy + a.get("host_seconds", 0.0)  # host DMA beside HBM traffic: serial (predict.py says why)
-    return share_of_peak(a["model"], busy + np.maximum(0.0, a["comm"] - OVERLAP * busy))
+    step = busy + np.maximum(0.0, a["comm"] - OVERLAP * busy)
+    return share_of_peak(a["model"], np.maximum(step, a.get("link", 0.0)))  # the host link's roofline
 
 
 def _predictions(rows: list[CalibrationRow], fitted: Fitted) -> np.ndarray:
@@ -196,13 +211,14 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     vectorised: a handful of rows and a few constants). A kind is an efficiency model, optionally
     with cause terms: "per_generation+host", "per_generation+dcn", "per_generation+host+attention"."""
     base, *terms = kind.split("+")
-    unknown = set(terms) - {"host", "attention", "comm", "dcn", "route"}
+    unknown = set(terms) - set(TERMS)
     if unknown:
-        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: host, attention, comm, dcn, route)")
-    if base == "per_generation" and set(terms) <= {"host", "dcn", "route"} and terms:
-        return _fit_serial_terms(rows, kind, "host" in terms, "dcn" in terms, "route" in terms)
-    if "route" in terms:
-        raise ValueError(f"{kind!r}: the route term goes with per_generation and the host / dcn terms alone")
+        raise ValueError(f"unknown term(s) {sorted(unknown)} in {kind!r} (known: {', '.join(TERMS)})")
+    if base == "per_generation" and set(terms) <= {"host", "dcn", "route", "link"} and terms:
+        link = host_link_bound(rows) if "link" in terms else 0.0
+        return _fit_serial_terms(rows, kind, "host" in terms, "dcn" in terms, "route" in terms, link)
+    if {"route", "link"} & set(terms):
+        raise ValueError(f"{kind!r}: the route and link terms go with per_generation and the host / dcn terms alone")
     if terms:
         best: tuple[float, Fitted] | None = None
         grid = itertools.product(
@@ -228,14 +244,17 @@ def fit(rows: list[CalibrationRow], kind: str) -> Fitted:
     return _fit_base(rows, base, _arrays(rows))
 
 
-def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bool, route: bool = False) -> Fitted:
+def _fit_serial_terms(
+    rows: list[CalibrationRow], kind: str, host: bool, dcn: bool, route: bool = False, link: float = 0.0
+) -> Fitted:
     """`fit`'s grid for per_generation with the host, DCN and / or route terms, in one pass: a row's
     error depends on the host bandwidth only if it offloads, on the DCN step only if it crosses
     slices and on the route passes only if it is a dropless MoE step, so each row is evaluated on
     its own terms' grids alone ([host, dcn, route, efficiency, overlap] sums per efficiency group
     instead of a fit per grid point: the leave-one-out passes and the nested band check take
-    seconds, not the better part of an hour)."""
+    seconds, not the better part of an hour). `link`: the host link's GB/s a chip (0: no roofline)."""
     a = _arrays(rows)
+    a |= link_seconds(a, Fitted(kind, {}, 0.0, host_link_gbytes_per_s=link))
     grids = [
         np.asarray(grid if on else (0.0,))
         for grid, on in ((HOST_GBYTES_PER_S, host), (DCN_STEP_SECONDS, dcn), (ROUTE_PASSES, route))
@@ -272,6 +291,7 @@ def _fit_serial_terms(rows: list[CalibrationRow], kind: str, host: bool, dcn: bo
         host_gbytes_per_s=float(grids[0][h]),
         dcn_step_seconds=float(grids[1][d]),
         route_passes=float(grids[2][r]),
+        host_link_gbytes_per_s=link,
     )
 
 
@@ -345,27 +365,6 @@ def band_rows(rows: list[CalibrationRow], kind: str) -> tuple[list[float], list[
     loo = leave_one_out(rows, kind)
     unseen = leave_generation_out(rows, kind)
     return loo, [band_row(r, e, u) for r, e, u in zip(rows, loo, unseen)]
-
-
-def place_of(row: CalibrationRow) -> Place:
-    """Where a row sits, as the band compares places (offload: the row moved bytes to the host)."""
-    return Place(
-        row.generation,
-        row.remat_family,
-        row.seq,
-        row.per_device_batch,
-        moe=row.moe,
-        offload=row.host_gbytes > 0,
-        slices=row.slices,
-        chips=row.chips or None,
-        layout=row.layout or None,
-    )
-
-
-def band_row(row: CalibrationRow, error: float, unseen: float | None, group: float | None = None) -> BandRow:
-    """A row's place with its leave-one-out error, its error with its generation unseen and its
-    error with its source or model family left out (None: not measured)."""
-    return BandRow(**vars(place_of(row)), error=error, unseen_generation_error=unseen, group_error=group)
 
 
 def noise_floor(path: Path = RERUNS_FILE) -> float:

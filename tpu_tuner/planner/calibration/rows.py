@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_tuner.planner.prediction.band import BandRow, Place
+
 
 @dataclass(frozen=True)
 class CalibrationRow:
@@ -62,3 +64,24 @@ def fit_group(generation: str, moe: str, apart: bool = True) -> str:
     of peak, by how much depending on the chip's kernel (docs/planner.md, "Calibration"). Not
     `apart` (the "+route" term charges the routing instead): the generation's."""
     return f"{generation}/{DROPLESS}" if moe == DROPLESS and apart else generation
+
+
+def place_of(row: CalibrationRow) -> Place:
+    """Where a row sits, as the band compares places (offload: the row moved bytes to the host)."""
+    return Place(
+        row.generation,
+        row.remat_family,
+        row.seq,
+        row.per_device_batch,
+        moe=row.moe,
+        offload=row.host_gbytes > 0,
+        slices=row.slices,
+        chips=row.chips or None,
+        layout=row.layout or None,
+    )
+
+
+def band_row(row: CalibrationRow, error: float, unseen: float | None, group: float | None = None) -> BandRow:
+    """A row's place with its leave-one-out error, its error with its generation unseen and its
+    error with its source or model family left out (None: not measured)."""
+    return BandRow(**vars(place_of(row)), error=error, unseen_generation_error=unseen, group_error=group)

@@ -29,8 +29,12 @@ The model, stated so it can be checked:
   serial with the rest, and the matmul efficiency and the weight of remat's recomputed FLOPs are
   the chip's, fitted to its steps.
 
+* **the host link** (`CostModel.host_link_gbytes_per_s`): offloaded tensors cross the chip's host
+  link while the step computes, so the step is no shorter than that traffic's time (a roofline, at
+  the fastest host rate a calibration row sustained: calibration/host_link.py).
+
 busy = max(compute, memory) + (1 - memory_overlap) x min(compute, memory) (+ the timed kernel);
-step = busy + max(0, communication - overlap x busy).
+step = max(busy + max(0, communication - overlap x busy), host traffic / host link).
 Predicted MFU = model FLOPs per device (the profiler's formula and attention convention) / step /
 per-device peak.
 """
@@ -119,6 +123,9 @@ class CostModel:
     # scatters), serial with the busy time; fitted to the dropless rows. With it a dropless step
     # runs its matmuls at its generation's dense efficiency. 0: off.
     route_passes: float = 0.0
+    # A chip's host link (GB/s, both directions), as a roofline under the step: the fastest host
+    # rate a calibration row sustained (calibration/host_link.py). 0: off.
+    host_link_gbytes_per_s: float = 0.0
     loo_error_points: float = 0.0  # the mean absolute leave-one-out error, MFU points
     band_rows: tuple[BandRow, ...] = ()
     noise_floor_points: float = 0.0  # the narrowest band: re-measured published recipes' spread
@@ -161,6 +168,7 @@ class Prediction:
     dcn_seconds: float = 0.0  # the DCN collectives' ring time (multi-slice); comm_seconds is ICI's
     exposed_dcn_seconds: float = 0.0  # what the DCN collectives add to the step
     attention_kernel_seconds: float = 0.0  # flash attention as a chip timed it (in compute_seconds)
+    host_link_seconds: float = 0.0  # the offloaded tensors' time on the host link (a floor under the step)
 
 
 def ring_bandwidth(topology: Topology, group_devices: int) -> float:
@@ -285,11 +293,12 @@ def predict(
     work = max(compute, memory) + (1 - cost_model.memory_overlap) * min(compute, memory)
     if kernel is not None:
         work += kernel.seconds
+    # Offloaded tensors go to the host in the forward pass and come back in the backward, over the
+    # chip's host link, which a TPU7x chip's two devices share.
+    host_bytes_per_chip = 2 * compiled.host_temp_bytes * topology.devices_per_chip
     if cost_model.host_gbytes_per_s:
-        # Offloaded tensors go to the host in the forward pass and come back in the backward, over
-        # the chip's host link, which a TPU7x chip's two devices share.
-        host_bytes_per_chip = 2 * compiled.host_temp_bytes * topology.devices_per_chip
         work += host_bytes_per_chip / (cost_model.host_gbytes_per_s * 1e9)
+    link = host_bytes_per_chip / (cost_model.host_link_gbytes_per_s * 1e9) if cost_model.host_link_gbytes_per_s else 0.0
     if moe == "dropless" and cost_model.route_passes:
         tokens = tokens_per_step / topology.devices
         work += cost_model.route_passes * routed_seconds(tokens, routed_per_token, topology.hbm_bytes_per_s_per_device)
@@ -300,7 +309,7 @@ def predict(
         never_hidden = cost_model.comm_exposed * communication
         busy = work + never_hidden + latency
         exposed = max(0.0, communication - cost_model.overlap * busy)
-        return busy + exposed, exposed, never_hidden + latency
+        return max(busy + exposed, link), exposed, never_hidden + latency
 
     step, exposed, never_hidden = step_of(comm + dcn, dcn_latency)
     return Prediction(
@@ -315,4 +324,5 @@ def predict(
         dcn_seconds=dcn,
         exposed_dcn_seconds=step - step_of(comm)[0] if across_slices else 0.0,
         attention_kernel_seconds=kernel.seconds if kernel else 0.0,
+        host_link_seconds=link,
     )
