@@ -1,6 +1,7 @@
 """The settings benchmarks/chip/tpu_levers.py measures: TorchTPU's levers, each a change over the
 reference (`tpu` compile + bf16 autocast), and the one change no knob makes yet (the optimizer's
-update compiled). benchmarks/chip/tpu_step_profile.py profiles any of them."""
+update compiled; the whole step traced, tpu_single_trace.py). benchmarks/chip/tpu_step_profile.py
+profiles any of them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpu_single_trace import trace_whole_step
 
-def compile_optimizer(step: Any, backend: Any) -> None:
+
+def compile_optimizer(step: Any, backend: Any, workload: Any = None, candidate: Any = None) -> None:
     """The optimizer's update compiled with the device's backend (PyTorch's "compiled optimizer"
     recipe: torch.compile of a function calling `opt.step()`), so the whole step runs as compiled
     programs: forward and backward (the execution knob) and the update. Off the CPU the optimizer
@@ -35,10 +38,11 @@ def compile_optimizer(step: Any, backend: Any) -> None:
 
 @dataclass(frozen=True)
 class Setting:
-    """Knob values over the reference's, and a change made to the built step (a lever no knob has yet)."""
+    """Knob values over the reference's, and a change made to the built step (a lever no knob has
+    yet): `patch(step, backend, workload, candidate)`."""
 
     knobs: dict[str, str] = field(default_factory=dict)
-    patch: Callable[[Any, Any], None] | None = None
+    patch: Callable[[Any, Any, Any, Any], None] | None = None
     about: str = ""
     baseline: bool = False  # the device's defaults (the user's code unchanged), not the reference's
 
@@ -63,6 +67,11 @@ SETTINGS: dict[str, Setting] = {
     "splash, no checkpointing": Setting(
         {"attention_kernel": "splash", "activation_checkpointing": "none"},
         about="splash (no score matrix kept) lets every block keep its activations",
+    ),
+    "whole step traced": Setting(
+        {"compile_scope": "model"},  # the model's blocks left whole: the trainer traces the model itself
+        trace_whole_step,
+        "forward, backward and AdamW (bf16 moments) as one traced program: torch.tpu.optimizers.SingleTraceTrainer",
     ),
     "stack": Setting(
         {"param_dtype": "bfloat16", "compile_scope": "model+loss"},

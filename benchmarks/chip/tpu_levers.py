@@ -108,7 +108,7 @@ def build(name: str, args: argparse.Namespace, workload: Any, backend: Any, base
     candidate = candidate_of(name, backend, base)
     step = prepare_step(workload, backend, candidate, args.batch_size, args.seq)
     if SETTINGS[name].patch is not None:
-        SETTINGS[name].patch(step, backend)  # type: ignore[misc]
+        SETTINGS[name].patch(step, backend, workload, candidate)  # type: ignore[misc]
     clock = StepClock.of(step, backend)
     return clock, warm_up(clock, 2, 20)
 
