@@ -71,3 +71,27 @@ def test_the_plan_names_its_host_bound_points() -> None:
     free = LayoutPlan(Layout(1, 8, 1), step, True, 0.0, "", predict(*args, replace(model, host_link_gbytes_per_s=0.0)))
     assert "1 point host-bound" in _host_bound_said(10.0, [bound, free])
     assert _host_bound_said(10.0, [free]) == ""
+
+
+def test_the_plan_table_shows_each_points_host_link_time_where_a_point_offloads() -> None:
+    from types import SimpleNamespace
+
+    from tpu_tuner.outputs.plan_report import HOST_LINK_HEADER, header, host_link_cell
+    from tpu_tuner.planner.plans.plan_result import LayoutPlan
+
+    topology = parse_topology("v6e-8")
+    shape = ModelShape(4096, 32, 8, 14336, 128256, 32)
+    model = CostModel(efficiency_by_generation=(("v6e", 0.6),), host_link_gbytes_per_s=10.0)
+
+    def plan(host_bytes: float) -> LayoutPlan:
+        step = CompiledStep(1e14, 1e11, 1e9, 0, 1e9, 0, [], host_temp_bytes=host_bytes)
+        prediction = predict(step, topology, Layout(1, 8, 1), shape, 128, 8e13, 8 * 8192, model)
+        return LayoutPlan(Layout(1, 8, 1), step, True, 0.0, "", prediction)
+
+    bound, plain = plan(50e9), plan(0.0)
+    assert bound.prediction is not None and bound.prediction.host_link_seconds > 0
+    assert host_link_cell(bound).endswith("(sets the step)") and host_link_cell(plain) == "none"
+    with_offload = SimpleNamespace(plans=[bound, plain], topology=SimpleNamespace(slices=1))
+    without = SimpleNamespace(plans=[plain], topology=SimpleNamespace(slices=1))
+    assert header(with_offload)[-1] == HOST_LINK_HEADER  # type: ignore[arg-type]
+    assert HOST_LINK_HEADER not in header(without)  # type: ignore[arg-type]

@@ -66,8 +66,23 @@ def table_rows(result: PlanResult) -> list[list[str]]:
                 collectives if not c.error else p.why,
             ]
             + ([dcn_cell(p)] if result.topology.slices > 1 else [])
+            + ([host_link_cell(p)] if offloads(result) else [])
         )
     return rows
+
+
+def offloads(result: PlanResult) -> bool:
+    """Whether any point of the plan moves tensors over the host link (a host-offload remat)."""
+    return any(p.prediction and p.prediction.host_link_seconds > 0 for p in result.plans)
+
+
+def host_link_cell(p: LayoutPlan) -> str:
+    """A point's offloaded tensors' time on the host link, a floor under its step (predict.py's
+    roofline), and whether it is what sets the step."""
+    pr = p.prediction
+    if pr is None or pr.host_link_seconds <= 0:
+        return "none" if pr else "n/a"
+    return ms(pr.host_link_seconds) + (" (sets the step)" if pr.step_seconds <= pr.host_link_seconds else "")
 
 
 def dcn_cell(p: LayoutPlan) -> str:
@@ -80,9 +95,15 @@ def dcn_cell(p: LayoutPlan) -> str:
 DCN_HEADER = "DCN collectives (exposed)"  # a column of multi-slice plans only
 
 
+HOST_LINK_HEADER = "host link (offloaded tensors)"  # a column of plans where a point offloads
+
+
 def header(result: PlanResult) -> list[str]:
-    """The table's columns: HEADER, and DCN_HEADER for a plan over several slices."""
-    return HEADER + ([DCN_HEADER] if result.topology.slices > 1 else [])
+    """The table's columns: HEADER, DCN_HEADER for a plan over several slices, HOST_LINK_HEADER
+    where a point offloads to the host."""
+    return (
+        HEADER + ([DCN_HEADER] if result.topology.slices > 1 else []) + ([HOST_LINK_HEADER] if offloads(result) else [])
+    )
 
 
 HEADER = [
@@ -181,6 +202,7 @@ def render_terminal(result: PlanResult, model_file: str = "MODEL.py", run_dir: s
         )
     lines.append("")
     short = [0, 1, 2, 3, 7, 8, 9] + ([len(HEADER)] if result.topology.slices > 1 else [])
+    short += [len(header(result)) - 1] if offloads(result) else []  # the host link's column, last
     shown = table_rows(result)[:TERMINAL_ROWS]
     rows = [[header(result)[i] for i in short]] + [[r[i] for i in short] for r in shown]
     widths = [max(len(r[i]) for r in rows) for i in range(len(short))]
