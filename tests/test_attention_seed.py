@@ -59,3 +59,12 @@ def test_without_jax_splash_is_left_out_and_not_seeded(monkeypatch) -> None:
     assert not any("attention_kernel" in seed for seed in agent.seeds(None, space))
     reason = agent.left_out(attention.KNOB, None, space, lambda c: c == "splash")
     assert reason is not None and "JAX is not installed" in reason
+
+
+def test_without_a_compiling_execution_splash_is_searched_but_not_seeded_and_said_so() -> None:
+    words = attention.findings(None, "the search space 'eager' does not search it on tpu")
+    assert words == [
+        "the model calls SDPA: TorchTPU's splash attention is searched, not seeded "
+        "(the search space 'eager' does not search it on tpu)"
+    ]
+    assert attention.seeds({"attention_kernel": ("default", "splash")}, [{"execution": "eager:strict"}]) == []

@@ -17,11 +17,14 @@ from tpu_tuner.tuning.agents.levers import not_searched
 KNOB = "attention_kernel"
 
 
-def findings(left_out: str | None = None) -> list[str]:
+def findings(left_out: str | None = None, compiling_left_out: str | None = None) -> list[str]:
     """What the agent says of the attention kernel where the knob applies to the device (the caller
-    asks): seeded, or why the space does not search it (`left_out`)."""
+    asks): seeded, or why the space does not search it (`left_out`); searched but not seeded where
+    no compiling execution is (`compiling_left_out`: why)."""
     if left_out is not None:
         return [not_searched("TorchTPU's splash attention", left_out)]
+    if compiling_left_out is not None:
+        return [f"the model calls SDPA: TorchTPU's splash attention is searched, not seeded ({compiling_left_out})"]
     return ["the model calls SDPA: TorchTPU's splash attention kernel is seeded under a compiling execution"]
 
 

@@ -79,7 +79,7 @@ class CompileAgent(Agent):
             findings += compiler_options.findings(profile, self.left_out(compiler_options.KNOB, profile, space))
         if knobs.get(attention.KNOB).applies_to(self.device_kind):
             splash = self.left_out(attention.KNOB, profile, space, lambda c: c == SPLASH)
-            findings += attention.findings(splash)
+            findings += attention.findings(splash, compiling)
         return findings
 
     def _layout_finding(self, profile: Profile, left_out: str | None = None) -> str:
