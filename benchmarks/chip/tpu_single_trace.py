@@ -42,7 +42,8 @@ def trace_whole_step(step: Any, backend: Any, workload: Any, candidate: Any) -> 
     trainer = optimizers.SingleTraceTrainer(
         step.model,
         adamw,
-        compile_fn=torch._dynamo.lookup_backend(backend.default_compile_backend()),
+        # torch.compile of the traced graph (the public way to reach the device's backend).
+        compile_fn=lambda graph: torch.compile(graph, backend=backend.default_compile_backend()),
         compute_loss_fn=compute_loss,
     )
     batch = step.batch  # (inputs, target), on the device
