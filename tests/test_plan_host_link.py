@@ -60,7 +60,7 @@ def test_the_planner_charges_the_host_link_as_the_fit_does() -> None:
 
 
 def test_the_plan_names_its_host_bound_points() -> None:
-    from tpu_tuner.planner.plans.plan_result import LayoutPlan, _host_bound_said
+    from tpu_tuner.planner.plans.plan_result import LayoutPlan, host_bound_said
 
     topology = parse_topology("v6e-8")
     step = CompiledStep(1e14, 1e11, 1e9, 0, 1e9, 0, [], host_temp_bytes=50e9)
@@ -69,8 +69,8 @@ def test_the_plan_names_its_host_bound_points() -> None:
     model = CostModel(efficiency_by_generation=(("v6e", 0.6),), host_link_gbytes_per_s=10.0)
     bound = LayoutPlan(Layout(1, 8, 1), step, True, 0.0, "", predict(*args, model))
     free = LayoutPlan(Layout(1, 8, 1), step, True, 0.0, "", predict(*args, replace(model, host_link_gbytes_per_s=0.0)))
-    assert "1 point host-bound" in _host_bound_said(10.0, [bound, free])
-    assert _host_bound_said(10.0, [free]) == ""
+    assert "1 point host-bound" in host_bound_said(10.0, [bound, free])
+    assert host_bound_said(10.0, [free]) == ""
 
 
 def test_the_plan_table_shows_each_points_host_link_time_where_a_point_offloads() -> None:

@@ -63,5 +63,6 @@ def test_a_cpu_run_times_and_profiles_the_setting(profiler, tmp_path: Path, caps
     found = json.loads(out.read_text())["settings"]["reference"]
     assert found["step_s"] > 0 and found["device_busy_s"] is None  # a CPU trace has no device events
     assert set(found["allocator_bytes"]) == {"step_built", "step_freed", "released"}
-    assert 0 < len(found["operators"]) <= 4 and found["operators"][0]["name"].startswith("aten::")
+    # The top rows are operators, or the optimizer's profiler range (torch.optim names its step so).
+    assert 0 < len(found["operators"]) <= 4 and any(op["name"].startswith("aten::") for op in found["operators"])
     assert "reference: step" in capsys.readouterr().out

@@ -185,7 +185,7 @@ def result_of(
                 problem.topology.devices,
             )
             + _chip_step_said(problem, plans)
-            + _host_bound_said(problem.cost_model.host_link_gbytes_per_s, plans)
+            + host_bound_said(problem.cost_model.host_link_gbytes_per_s, plans)
         ),
         seconds=time.perf_counter() - started,
         error_band=shown.band if shown else None,
@@ -260,10 +260,10 @@ def _multislice(topology: Topology, dcn_step_seconds: float) -> str:
     )
 
 
-__all__ = ["LayoutPlan", "PlanResult", "attention_layers", "result_of"]
+__all__ = ["LayoutPlan", "PlanResult", "attention_layers", "host_bound_said", "result_of"]
 
 
-def _host_bound_said(link_gbytes_per_s: float, plans: list[LayoutPlan]) -> str:
+def host_bound_said(link_gbytes_per_s: float, plans: list[LayoutPlan]) -> str:
     """Which points the host link bounds (predict.py's roofline): their offloaded tensors take longer
     over the chip's host link than the rest of their step; empty where none is."""
     bound = sum(1 for p in plans if p.prediction and 0 < p.prediction.step_seconds <= p.prediction.host_link_seconds)
