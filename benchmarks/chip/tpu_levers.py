@@ -143,7 +143,12 @@ def model_flops(args: argparse.Namespace, workload: Any, backend: Any, base: dic
     from tpu_tuner.metrics.flops import count_step
     from tpu_tuner.profiling.flops_report import flops_report
 
-    candidate = Candidate({**base, "execution": Candidate.baseline(backend.kind)["execution"]})
+    # Counted with the device's own attention: a kernel (splash) is opaque to the counters, and
+    # splash run eagerly under them with blocks recomputed failed the recompute's check on a v5e.
+    defaults = Candidate.baseline(backend.kind)
+    candidate = Candidate(
+        {**base, "execution": defaults["execution"], "attention_kernel": defaults["attention_kernel"]}
+    )
     with candidate.process(backend):
         step = prepare_step(workload, backend, candidate, args.batch_size, args.seq)
         counted = count_step(step.run_eager)
