@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_tuner.core.failures import FailureKind, classify, describe_end, failure_line
+from tpu_tuner.core.failures import FailureKind, classify, describe_end, device_out_of_memory_line, failure_line
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner import trial_runner
 from tpu_tuner.runner.host_jobs import HostOutcome
@@ -131,6 +131,35 @@ def test_a_trial_workers_failures_come_out_in_the_vocabulary(
     result = runner.run(job, timeout_s=timeout_s)  # type: ignore[arg-type]  # the echo worker's jobs are tuples
     assert result.failure is not None and result.failure.kind is kind
     assert result.failure.message.startswith(message)
+
+
+def test_a_job_whose_device_log_says_it_ran_out_is_out_of_memory_and_its_worker_replaced(runner: TrialRunner) -> None:
+    """torch-tpu raises "a required argument is in a failed state" where libtpu logged (to stderr
+    only) that a buffer did not fit: the device's line makes it an OOM, and the next job starts a
+    fresh worker (a device that ran out may be left unusable)."""
+    result = runner.run(("device_oom", None))  # type: ignore[arg-type]  # the echo worker's jobs are tuples
+    assert result.failure is not None and result.failure.kind is FailureKind.OOM
+    assert result.failure.message.startswith("RuntimeError: a required argument is in a failed state")
+    assert "(the device: [MaterializationWorker] ExecutionTask failed: RESOURCE_EXHAUSTED" in result.failure.message
+    started = runner.workers_started
+    assert runner.run(("echo", 1)).value == 1  # type: ignore[arg-type]
+    assert runner.workers_started == started + 1
+    # A plain error keeps its worker warm, and its kind.
+    assert runner.run(("raise", "bad")).failure.kind is FailureKind.ERROR  # type: ignore[arg-type, union-attr]
+    assert runner.run(("echo", 2)).value == 2 and runner.workers_started == started + 1  # type: ignore[arg-type]
+
+
+def test_the_device_out_of_memory_line_is_found_in_a_workers_output() -> None:
+    output = (
+        "I0000 00:00:1 libtpu_version.cc:63] Setting libtpu version to: 0.0.52\n"
+        "E0000 00:00:1796686155.70 4411 tpu_compiler.cc:12] CompileTimeHbmOom: Ran out of memory on HBM, the total "
+        "memory required for HLO temporaries (16.68G) exceeds available HBM (15.75G).\n"
+    )
+    assert device_out_of_memory_line(output) == (
+        "CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO temporaries (16.68G) "
+        "exceeds available HBM (15.75G)."
+    )
+    assert device_out_of_memory_line("a compiler warning about memory layouts\n") is None
 
 
 def _host(

@@ -109,3 +109,50 @@ def test_the_report_says_the_step_as_written_does_not_fit(tmp_path) -> None:
     result.profile.fitted_to_memory, result.profile.warnings = dict(CHECKPOINTED), [note]
     said = render_report(result, {})
     assert f"**The step as written does not fit the device**: {note}." in said
+
+
+DEVICE_LINE = "RuntimeError: a required argument is in a failed state (the device: RESOURCE_EXHAUSTED: allocating 256M)"
+
+
+def test_a_step_that_ran_out_of_device_memory_is_fitted_past_what_ran_out(fast_settings):
+    """The estimate says the step fits; the device said otherwise (a v5e chip, docs/torchtpu.md):
+    the profile takes the memory agent's next setting after each that ran out."""
+    once = tpu_tuner.profile(
+        GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,)
+    )
+    assert once.fitted_to_memory == CHECKPOINTED
+    note = next(w for w in once.warnings if w.startswith(FITTED_NOTE))
+    assert "ran out of device memory (RuntimeError: a required argument" in note and note.endswith("settings that ran")
+    twice = tpu_tuner.profile(
+        GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,) * 2
+    )
+    assert twice.fitted_to_memory == {"activation_checkpointing": "blocks", "micro_batches": "2"}
+    with pytest.raises(UserInputError, match="ran out of device memory as given and under 3 of the memory agent's"):
+        tpu_tuner.profile(
+            GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,) * 4
+        )
+
+
+def test_a_tuning_run_profiles_its_baseline_again_after_the_device_ran_out() -> None:
+    """profile_baseline: a profile that ran out of device memory is asked for again, in a fresh
+    worker, with what ran out; an inference step (nothing to fit) is not."""
+    from types import SimpleNamespace
+
+    from tpu_tuner.core.errors import WorkloadError
+    from tpu_tuner.core.failures import FailureKind
+    from tpu_tuner.execution.measurement import TrialFailure
+    from tpu_tuner.runner.trial_runner import JobResult
+    from tpu_tuner.tuning.options.tune_options import RunnerOptions, TuneOptions
+    from tpu_tuner.tuning.run.run_setup import profile_baseline
+
+    requests: list = []
+    answers = [JobResult(failure=TrialFailure(FailureKind.OOM, DEVICE_LINE)), JobResult(value="the profile")]
+    runner = SimpleNamespace(run=lambda request: (requests.append(request), answers.pop(0))[1])
+    options = TuneOptions(runner=RunnerOptions(device="tpu"))
+    assert profile_baseline(runner, options, GPT, "tpu") == "the profile"  # type: ignore[arg-type]
+    assert [r.ran_out for r in requests] == [(), (DEVICE_LINE,)]
+    requests.clear()
+    answers[:] = [JobResult(failure=TrialFailure(FailureKind.OOM, DEVICE_LINE)), JobResult(value="never")]
+    with pytest.raises(WorkloadError, match=r"profiling the baseline failed \(oom\)"):
+        profile_baseline(runner, options, GPT, "tpu", training=False)  # type: ignore[arg-type]
+    assert len(requests) == 1

@@ -155,7 +155,7 @@ def test_the_profile_phase_fits_the_run_clock_in_place(monkeypatch, tmp_path) ->
         device=types.SimpleNamespace(kind="tpu", once_s=0.0), workload=types.SimpleNamespace(dims=None)
     )
     monkeypatch.setattr(phases, "profile_baseline", lambda *args: on_tpu)
-    workload = types.SimpleNamespace(device_kind="cpu", source=FIXTURES / "model.py", dims=None)
+    workload = types.SimpleNamespace(device_kind="cpu", source=FIXTURES / "model.py", dims=None, is_training=True)
     location = RunLocation(tmp_path, "sqlite://", "run", shared=False, resumed=False)
     started = phases.Started(workload, None, {"model_file": "model.py"}, location, TuneOptions())  # type: ignore[arg-type]
     events: list[Any] = []

@@ -78,6 +78,24 @@ def is_compiler_out_of_memory(error: str) -> bool:
     return "RESOURCE_EXHAUSTED" in error or "exceeds available HBM" in error
 
 
+# What a TPU runtime's own log says where a program or a buffer did not fit: torch-tpu 0.2.0 raises
+# "a required argument is in a failed state" in Python, and libtpu writes the cause to stderr only
+# ("RESOURCE_EXHAUSTED ... RuntimeBufferAllocationFailure", seen on a v5e chip).
+_DEVICE_OOM_MARKERS = ("RESOURCE_EXHAUSTED", "RuntimeBufferAllocationFailure", "exceeds available HBM")
+_ABSL_PREFIX = re.compile(
+    r"^[IWEF]\d{4} [\d:.]+(?:\s+\d+)?\s+[\w.]+:\d+\] "
+)  # "E0000 00:00:17.5 4411 materialize.cc:583] "
+
+
+def device_out_of_memory_line(output: str) -> str | None:
+    """The first line of a worker's output (its libraries' own log) saying the device ran out of
+    memory, stripped of the logger's prefix; None where none does."""
+    for line in output.splitlines():
+        if any(marker in line for marker in _DEVICE_OOM_MARKERS):
+            return _ABSL_PREFIX.sub("", line).strip()
+    return None
+
+
 def unknown_compile_option(error: str) -> str | None:
     """The option a TPU compile was refused for not having ("No such compile option: 'NAME'"),
     else None: a user's flag, wrong for every program alike."""

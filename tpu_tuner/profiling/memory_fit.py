@@ -8,6 +8,11 @@ first that fits with room for the estimate's error. That setting is the run's ba
 the race and the verification start from it, and the fp32 reference takes its memory knobs (they
 change what the step keeps, not what it computes). JAX programs of this size run with full remat
 for the same reason. `tpu-tune profile` (no `fit`) still refuses with the estimate.
+
+The estimate can be short of what a device holds (a 335M decoder's fp32 step estimated to fit ran
+out of a v5e chip's memory at warm-up: docs/torchtpu.md). A tuning run then profiles again in a
+fresh worker with the failures so far (`ran_out`: the device's line for the step as given, then
+for each setting tried), and the ladder goes on past the settings that ran out.
 """
 
 from __future__ import annotations
@@ -58,10 +63,12 @@ def estimate_or_fit(
     sizes: tuple[int | None, int | None],
     settings: ProfilerSettings,
     fit: bool,
+    ran_out: tuple[str, ...] = (),
 ) -> tuple[StepEstimate | None, Fitted | None]:
     """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot fit
-    in memory or in the time budget, unless `fit` and a setting of `LADDER` fits (`Fitted`).
-    No estimate where the meta pass is impossible."""
+    in memory or in the time budget, unless `fit` and a setting of `LADDER` fits (`Fitted`); with
+    `ran_out` (measured failures, the step as given first) the ladder starts past them whatever the
+    estimate says. No estimate where the meta pass is impossible."""
     batch_size, seq_len = sizes
     estimate = estimate_step(workload, batch_size, seq_len)
     if estimate is None:
@@ -75,8 +82,15 @@ def estimate_or_fit(
         f"{seconds:.3g}" if seconds is not None else "n/a",
     )
     fitted = None
-    if fit and workload.is_training and available is not None and estimate.memory_bytes > available:
-        fitted = fit_to_memory(workload, backend, candidate, available, sizes, estimate)
+    too_large = ran_out or estimate.memory_bytes > (available or 0)
+    if fit and workload.is_training and available is not None and too_large:
+        fitted = fit_to_memory(workload, backend, candidate, available, sizes, estimate, ran_out)
+        if fitted is None and ran_out:
+            raise UserInputError(
+                f"the step ran out of device memory as given and under {len(ran_out) - 1} of the memory "
+                f"agent's settings (the last: {ran_out[-1][:160]}); pass --batch-size to shrink it",
+                workload.source,
+            )
         if fitted is None:
             raise UserInputError(
                 f"one step needs ~{binary_bytes(estimate.memory_bytes)} (estimated on the meta device), "
@@ -96,21 +110,28 @@ def fit_to_memory(
     available_bytes: int,
     sizes: tuple[int | None, int | None],
     estimate: StepEstimate,
+    ran_out: tuple[str, ...] = (),
 ) -> Fitted | None:
-    """The first setting of `LADDER` (on top of `candidate`) whose fake-tensor estimate leaves
-    `HEADROOM` of `available_bytes`; None where none does."""
-    for values in LADDER:
+    """The first setting of `LADDER` (on top of `candidate`, past the `len(ran_out) - 1` that ran
+    out of device memory) whose fake-tensor estimate leaves `HEADROOM` of `available_bytes`; None
+    where none does."""
+    for values in LADDER[max(len(ran_out) - 1, 0) :]:
         trial = Candidate({**candidate.to_dict(), **values})
         fake = estimate_step_memory(workload, backend, trial, *sizes)
         # The step's own tensors against what is free now (a CPU's heap model and the process's
         # holdings are the measured peak's terms, already out of `available_bytes`).
         log.info("fitting to memory: %s estimated at %s", trial.describe(), fake.step_bytes or fake.reason)
         if fake.step_bytes is not None and fake.step_bytes <= HEADROOM * available_bytes:
+            needs = (
+                f"more than the device's {binary_bytes(available_bytes)}: it ran out of device memory "
+                f"({ran_out[0][:160]}; estimated at ~{binary_bytes(estimate.memory_bytes)} on the meta device)"
+                if ran_out
+                else f"~{binary_bytes(estimate.memory_bytes)} (meta device), {binary_bytes(available_bytes)} available"
+            )
             note = (
-                f"{FITTED_NOTE} ~{binary_bytes(estimate.memory_bytes)} (meta device), "
-                f"{binary_bytes(available_bytes)} available: the baseline is {trial.describe()}, "
+                f"{FITTED_NOTE} {needs}: the baseline is {trial.describe()}, "
                 f"estimated at {binary_bytes(fake.step_bytes)} on fake tensors, the first of the "
-                "memory agent's settings that fits"
+                f"memory agent's settings that {'ran' if ran_out else 'fits'}"
             )
             return Fitted(trial, dict(values), note, fake)
     return None

@@ -139,10 +139,12 @@ def profile(
     attention_convention: AttentionConvention = "full",
     settings: ProfilerSettings | None = None,
     fit_memory: bool = False,
+    ran_out: tuple[str, ...] = (),
 ) -> Profile:
     """Profile a workload (or a model file) on `device` (auto-detected when None). `fit_memory`: a
     training step too large for the device is profiled under the first memory setting that fits
-    (profiling/memory_fit.py; the profile's `candidate` and `fitted_to_memory` say which)."""
+    (profiling/memory_fit.py; the profile's `candidate` and `fitted_to_memory` say which), past
+    the settings `ran_out` says ran out of device memory when measured (the step as given first)."""
     if not isinstance(workload, Workload):
         workload = load_workload(workload)
     _check_positive(batch_size, "batch size")
@@ -158,7 +160,9 @@ def profile(
     batch_size = batch_size or workload.batch_size
     seq_len = seq_len or workload.seq_len
     warnings: list[str] = []
-    estimate, fitted = estimate_or_fit(workload, backend, candidate, info, (batch_size, seq_len), settings, fit_memory)
+    estimate, fitted = estimate_or_fit(
+        workload, backend, candidate, info, (batch_size, seq_len), settings, fit_memory, ran_out
+    )
     if fitted is not None:
         candidate = fitted.candidate
         warnings.append(fitted.note)

@@ -59,6 +59,7 @@ def run_profile(state: WorkerState, request: ProfileRequest) -> Any:
         attention_convention=request.attention_convention,
         settings=request.settings or ProfilerSettings.load(),
         fit_memory=request.fit_memory,
+        ran_out=request.ran_out,
     )
 
 

@@ -52,6 +52,9 @@ class ProfileRequest(Request):
     # A tuning run's baseline: a training step too large for the device is profiled under the
     # first memory setting that fits (profiling/memory_fit.py) rather than refused.
     fit_memory: bool = False
+    # With fit_memory: the device's out-of-memory lines of the profiles before this one (the step as
+    # given first, then each memory setting tried): the fit goes on past them.
+    ran_out: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

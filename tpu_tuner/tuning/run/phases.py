@@ -170,7 +170,7 @@ def profile(run: Run, started: Started) -> Profiled:
     keeper = baseline is None  # its first worker, or a joining one whose first worker died profiling
     if baseline is None:
         run.say("profile", "profiling the baseline")
-        baseline = profile_baseline(run.runner, options, workload.source, workload.device_kind)
+        baseline = profile_baseline(run.runner, options, workload.source, workload.device_kind, workload.is_training)
         fitted = fit_default_clock(
             options.search.time_budget_s, baseline.device.kind, run.clock.elapsed(), baseline.device.once_s
         )

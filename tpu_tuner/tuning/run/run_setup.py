@@ -4,6 +4,7 @@ lengths the step time against length that every trial's bucketing is costed from
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tpu_tuner.model.buckets.bucket_cost import fit_cost_model
 from tpu_tuner.model.buckets.lengths import LengthHistogram, probe_lengths
 from tpu_tuner.model.workloads.summary import WorkloadSummary
 from tpu_tuner.parallel.from_plan import planned_layouts
+from tpu_tuner.profiling.memory_fit import LADDER
 from tpu_tuner.profiling.profile import Profile
 from tpu_tuner.runner.ranked_runner import RankedTrialRunner, Runner
 from tpu_tuner.runner.requests import BucketCostsRequest, ProfileRequest
@@ -25,6 +27,8 @@ from tpu_tuner.tuning.options.tune_options import TuneOptions
 from tpu_tuner.tuning.search.bucketing_context import BucketingContext
 from tpu_tuner.tuning.search.memory_limit import MemoryLimit, memory_limit
 from tpu_tuner.tuning.search.search_space import SearchSpace
+
+log = logging.getLogger(__name__)
 
 
 def check_ranks(workload: WorkloadSummary, lengths: LengthHistogram | None, nproc: int) -> None:
@@ -60,27 +64,37 @@ def start_ranks_on(runner: RankedTrialRunner, profile: Profile, nproc: int) -> N
     runner.device_kind = profile.device.kind
 
 
-def profile_baseline(runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None) -> Profile:
+def profile_baseline(
+    runner: Runner, options: TuneOptions, model_file: Path, device_kind: str | None, training: bool = True
+) -> Profile:
     """The baseline's profile, measured in the trial worker: the code as it runs on the device
     (on TPU at TorchTPU's default matmul precision, medium); a training step too large for the
     device under the first memory setting that fits (profiling/memory_fit.py: the profile's
-    candidate is then the run's baseline). Out of memory under --trial-memory-gb (the worker's
-    address-space limit): that limit is refused."""
+    candidate is then the run's baseline), by its estimate, or by measurement where a profile ran
+    out of device memory (profiled again in a fresh worker, past each setting that ran out). Out of
+    memory under --trial-memory-gb (the worker's address-space limit): that limit is refused."""
     baseline, run, limit = Candidate.baseline(device_kind), options.runner, options.objective.memory_limit_bytes
-    request = ProfileRequest(
-        candidate=baseline.to_dict(),
-        batch_size=run.batch_size,
-        seq_len=run.seq_len,
-        settings=run.trial_settings,
-        fit_memory=True,
-    )
-    profiled = runner.run(request)
-    failure = profiled.failure
-    if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
-        raise UserInputError(
-            f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
-            f"it under that address-space limit ran out of memory ({first_text_line(failure.message)[:160]})"
+    ran_out: tuple[str, ...] = ()
+    while True:
+        request = ProfileRequest(
+            candidate=baseline.to_dict(),
+            batch_size=run.batch_size,
+            seq_len=run.seq_len,
+            settings=run.trial_settings,
+            fit_memory=True,
+            ran_out=ran_out,
         )
+        profiled = runner.run(request)
+        failure = profiled.failure
+        if failure is not None and limit and FailureKind.OOM in (failure.kind, classify(message=failure.message)):
+            raise UserInputError(
+                f"--trial-memory-gb {limit / 2**30:g} is too little for the baseline itself: profiling "
+                f"it under that address-space limit ran out of memory ({first_text_line(failure.message)[:160]})"
+            )
+        if failure is None or failure.kind != FailureKind.OOM or not training or len(ran_out) > len(LADDER):
+            break
+        ran_out += (first_text_line(failure.message),)
+        log.warning("the baseline's profile ran out of device memory: profiling it again under a memory setting")
     if failure is not None and failure.kind == FailureKind.REFUSED:
         raise WorkloadError(failure.message)  # the worker's own one-line error, naming the file
     if failure is not None:
