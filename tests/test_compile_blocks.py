@@ -169,12 +169,12 @@ def test_the_tpu_space_offers_it_where_the_model_has_like_blocks() -> None:
         traits = WorkloadTraits(training=training, conv_weights=0, repeated_blocks=blocks, batch_size=8)
         return {p.name: p.choices for p in space.for_workload(traits).params}.get("compile_scope", ())
 
-    assert choices(True, 16) == ("model", "model+loss", "blocks")
-    assert choices(False, 16) == ("model", "blocks")  # an inference step: no loss to compile
-    assert choices(True, 0) == ("model", "model+loss")
+    assert choices(True, 16) == ("model", "model+loss", "blocks", "step")
+    assert choices(False, 16) == ("model", "blocks")  # an inference step: no loss to compile, no step to trace
+    assert choices(True, 0) == ("model", "model+loss", "step")
     assert choices(False, 0) in ((), ("model",))  # nothing to choose: left out
     cpu = {p.name: p.choices for p in SearchSpace.load("default", "cpu").params}
-    assert "blocks" not in cpu["compile_scope"]  # not measured there
+    assert "blocks" not in cpu["compile_scope"] and "step" not in cpu["compile_scope"]  # not measured there
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The settings benchmarks/chip/tpu_levers.py measures: TorchTPU's levers, each a change over the
-reference (`tpu` compile + bf16 autocast), and the one change no knob makes yet (the optimizer's
-update compiled; the whole step traced, tpu_single_trace.py). benchmarks/chip/tpu_step_profile.py
+reference (`tpu` compile + bf16 autocast), and the one change no knob makes (the optimizer's
+update compiled). benchmarks/chip/tpu_step_profile.py
 profiles any of them."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from tpu_single_trace import trace_whole_step
 
 
 def compile_optimizer(step: Any, backend: Any, workload: Any = None, candidate: Any = None) -> None:
@@ -69,9 +67,8 @@ SETTINGS: dict[str, Setting] = {
         about="splash (no score matrix kept) lets every block keep its activations",
     ),
     "whole step traced": Setting(
-        {"compile_scope": "model"},  # the model's blocks left whole: the trainer traces the model itself
-        trace_whole_step,
-        "forward, backward and AdamW (bf16 moments) as one traced program: torch.tpu.optimizers.SingleTraceTrainer",
+        {"compile_scope": "step"},
+        about="forward, backward and AdamW as one traced program: torch.tpu.optimizers.SingleTraceTrainer",
     ),
     "stack": Setting(
         {"param_dtype": "bfloat16", "compile_scope": "model+loss"},

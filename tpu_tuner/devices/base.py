@@ -272,6 +272,11 @@ class Backend(ABC):
         """The torch.compile backend that suits this device."""
         return "inductor"
 
+    def step_tracer(self) -> Any:
+        """The device's whole-step tracer, a module with ``SingleTraceTrainer`` and ``AdamW`` (TorchTPU's
+        ``torch.tpu.optimizers``: execution/traced_step.py), or None where the device has none."""
+        return None
+
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU]
 

@@ -196,6 +196,9 @@ class TorchTpuBackend(Backend):
     def default_compile_backend(self) -> str:
         return "tpu"
 
+    def step_tracer(self) -> Any:
+        return torch_tpu_module().optimizers
+
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         # TorchTPU registers its device tracer as torch.profiler's PrivateUse1 activity.
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]

@@ -73,6 +73,8 @@ PUBLIC_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.tpu.profiler", "TpuProfilerConfig"),  # torch.profiler's XPlane (XProf) trace on TPU
     ("torch.tpu.compiler", "custom_compiler_options"),  # XLA options for a block (xla_optimization_level knob)
     ("torch.tpu.ops", "splash_sdpa"),  # the splash attention kernel (attention_kernel knob)
+    ("torch.tpu.optimizers", "SingleTraceTrainer"),  # the whole step traced (compile_scope = step)
+    ("torch.tpu.optimizers", "AdamW"),  # its functional AdamW
 )
 ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
     "EagerMode": tuple(EAGER_MODE_ENUM.values()),
@@ -84,6 +86,8 @@ PARAMETERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("torch.tpu.distributed", "topology_aware_mesh"): ("mesh_shape",),
     ("torch.tpu.profiler", "TpuProfilerConfig"): ("run_dir", "worker_rank"),
     ("torch.tpu.compiler", "custom_compiler_options"): ("options",),
+    ("torch.tpu.optimizers", "SingleTraceTrainer"): ("optimizer", "compile_fn", "compute_loss_fn"),
+    ("torch.tpu.optimizers", "AdamW"): ("lr", "weight_decay", "beta1", "beta2", "eps", "use_bfloat16_moments"),
     ("torch.tpu.ops", "splash_sdpa"): (
         "scale",
         "is_causal",

@@ -23,6 +23,7 @@ import torch
 
 from tpu_tuner.devices.base import Backend
 from tpu_tuner.execution.step import PreparedStep, accumulate_gradients, micro_batches
+from tpu_tuner.execution.traced_step import traced_gradients
 from tpu_tuner.knobs import capabilities as kinds
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.candidate import Candidate
@@ -54,8 +55,11 @@ def capture(step: PreparedStep, workload: Workload, backend: Backend, candidate:
         assert step.loss is not None
         # The candidate's own accumulation (micro-batches, loss / k): its accumulated gradients
         # are what is compared with the whole-batch fp32 reference.
-        slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
-        loss = accumulate_gradients(step.loss, slices, lambda: candidate.step(backend))
+        if candidate.traces_step(backend.kind):  # the traced program's own loss and gradients
+            loss = traced_gradients(step, workload, backend, candidate)
+        else:
+            slices = micro_batches(inputs, target, candidate.micro_batches(backend), workload)
+            loss = accumulate_gradients(step.loss, slices, lambda: candidate.step(backend))
         # As a rank of a sharded step: its slice's loss averaged over the ranks, and every
         # gradient whole (gathered from its shards; every rank takes part, in parameter order).
         loss = backend.mean_over_ranks(loss)

@@ -169,7 +169,7 @@ def _fake_step_peak(
     # A loss compiled with the model by a fusing backend holds no vocabulary-sized temporaries.
     loss = FusedCrossEntropy() if fuses_loss(candidate, backend.kind) else contextlib.nullcontext()
     with candidate.process(backend), backend.estimate_kernels(), FakeTensorMode(allow_non_fake_inputs=True), loss:
-        step = prepare_step(workload, built_on, candidate, batch_size, seq_len)
+        step = prepare_step(workload, built_on, candidate, batch_size, seq_len, trace=False)
         fsdp = _is_fsdp2(step.model)
         recording = _recording(fsdp_mem_tracker if fsdp else mem_tracker, torch.device(built_on.device).type)
         tracker = recording(step.model, step.optimizer) if fsdp else recording()

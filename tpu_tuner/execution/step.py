@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from torch import nn
 
 from tpu_tuner.core.errors import WorkloadError
 from tpu_tuner.devices.base import Backend
+from tpu_tuner.execution.host_read import float_tensors, local_tensor, read_total
 from tpu_tuner.execution.weight_cache import WeightCache
 from tpu_tuner.knobs.candidate import Candidate
 from tpu_tuner.model.workloads.batch import batch_size_of, batch_slice
@@ -49,9 +50,12 @@ def prepare_step(
     seq_len: int | None = None,
     seed: int = 0,
     weights: WeightCache | None = None,
+    trace: bool = True,
 ) -> PreparedStep:
     """Build the model and a batch (seeded, so reruns see the same weights and data); with
-    `weights`, a worker's kept weights of an earlier build stand in for the init."""
+    `weights`, a worker's kept weights of an earlier build stand in for the init. `trace` False
+    leaves a step the candidate traces whole (`compile_scope = step`) untraced: for a caller that
+    runs only `run_eager` (the memory estimate, on fake tensors)."""
     torch.manual_seed(seed)
     try:
         model = weights.build(workload.build_model, seed) if weights is not None else workload.build_model()
@@ -85,7 +89,7 @@ def prepare_step(
         loss = candidate.training_loss(model, workload.loss_fn, compiled, backend)
         eager_loss = loss_of(model, workload.loss_fn)
 
-    return PreparedStep(
+    prepared = PreparedStep(
         model=model,
         optimizer=optimizer,
         batch=(inputs, target),
@@ -95,6 +99,11 @@ def prepare_step(
         loss=loss,
         read=result_read(model, workload.is_training),
     )
+    if trace and workload.is_training and candidate.traces_step(backend.kind):
+        from tpu_tuner.execution.traced_step import trace_whole_step  # it builds on this module
+
+        trace_whole_step(prepared, workload, backend, candidate)
+    return prepared
 
 
 def eagerly(step: Callable[[], Any]) -> Callable[[], Any]:
@@ -115,40 +124,9 @@ def result_read(model: nn.Module, training: bool) -> Callable[[Any], float]:
     element: a compiler may compute a slice of an elementwise result without the rest. A sharded
     parameter is read in its local shard (no collective)."""
     if not training:
-        return lambda output: _total(_tensors(output))
-    params = list({id(p): _local(p) for p in model.parameters() if p.requires_grad}.values())
-    return lambda output: _total(params)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in an output (a tensor, or mappings and sequences of them, as a Hugging Face
-    model's output is), each as a float one (a norm needs one)."""
-    if isinstance(value, torch.Tensor):
-        tensor = _local(value)
-        return [tensor if tensor.is_floating_point() else tensor.float()]
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    return []
-
-
-def _total(tensors: list[torch.Tensor]) -> float:
-    """The sum of the tensors' norms, on the host: one fused norm per dtype where the backend has
-    it, so a block's read launches a few programs, not one per tensor."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for tensor in tensors:
-        if tensor.numel():
-            by_dtype.setdefault(tensor.dtype, []).append(tensor.detach())
-    with torch.no_grad():
-        sums = [torch.stack(torch._foreach_norm(group)).float().sum() for group in by_dtype.values()]
-        return float(torch.stack(sums).sum().item()) if sums else 0.0
+        return lambda output: read_total(float_tensors(output))
+    params = list({id(p): local_tensor(p) for p in model.parameters() if p.requires_grad}.values())
+    return lambda output: read_total(params)
 
 
 def step_function(

@@ -184,6 +184,14 @@ class Candidate:
         )
         return self.compiles() and any(steps)
 
+    def traces_step(self, device_kind: str) -> bool:
+        """Whether the training step runs as one traced program (forward, backward and update:
+        execution/traced_step.py): the forward compiles and a training-step knob asks."""
+        steps = (
+            knob.traces_step(value) for knob, value in self._active(device_kind) if isinstance(knob, kinds.TrainingStep)
+        )
+        return self.compiles() and any(steps)
+
     @contextlib.contextmanager
     def step(self, backend: BackendLike) -> Iterator[None]:
         """The context of one step (autocast). Entered on every timed step: only `StepContext`

@@ -154,6 +154,11 @@ class TrainingStep(TrainingCode):
         (False: the loss runs on the compiled forward's output, outside it)."""
         return False
 
+    def traces_step(self, value: str) -> bool:
+        """Whether the whole training step (forward, backward and the optimizer's update) runs as
+        one traced program, where the forward compiles (execution/traced_step.py)."""
+        return False
+
     @abstractmethod
     def observe_training(self, optimizer: Any, micro_batches: int, loss: Any) -> str | None:
         """The value in force in a built training step (its optimizer, its micro-batch count, the

@@ -12,10 +12,12 @@ import shutil
 import tpu_tuner.tuning.agents.attention as attention
 import tpu_tuner.tuning.agents.compiler_options as compiler_options
 import tpu_tuner.tuning.agents.loss_scope as loss_scope
+import tpu_tuner.tuning.agents.step_trace as step_trace
 import tpu_tuner.tuning.agents.training_step as training_step
 from tpu_tuner.knobs import registry as knobs
 from tpu_tuner.knobs.attention_kernel import SPLASH
 from tpu_tuner.knobs.candidate import Candidate
+from tpu_tuner.knobs.compile_scope import STEP
 from tpu_tuner.knobs.execution import compile_options
 from tpu_tuner.knobs.layout import layout_in
 from tpu_tuner.profiling.profile import Profile
@@ -80,6 +82,9 @@ class CompileAgent(Agent):
         if knobs.get(attention.KNOB).applies_to(self.device_kind):
             splash = self.left_out(attention.KNOB, profile, space, lambda c: c == SPLASH)
             findings += attention.findings(splash, compiling)
+        if self.device_kind == "tpu":  # the one device with a whole-step tracer (Backend.step_tracer)
+            traced = self.left_out(step_trace.KNOB, profile, space, lambda c: c == STEP)
+            findings += step_trace.findings(profile.workload.training, traced is None, traced)
         return findings
 
     def _layout_finding(self, profile: Profile, left_out: str | None = None) -> str:
@@ -104,6 +109,8 @@ class CompileAgent(Agent):
             self._training = profile.workload.training
         choices = {p.name: p.choices for p in self.params(space)}
         execution = list(seeds)
+        # The traced step first of the variants: the largest lever measured on the chip.
+        seeds += step_trace.seeds(choices, execution)
         seeds += loss_scope.seeds(profile, choices, execution)
         seeds += training_step.seeds(profile, choices)
         seeds += compiler_options.seeds(profile, choices)
@@ -196,6 +203,8 @@ class CompileAgent(Agent):
                 f"channels_last skipped: under fsdp (layout {candidate['layout']}) FSDP2 refuses the "
                 "non-contiguous convolution weights channels_last makes"
             )
-        return compiler_options.validate(candidate, self._training, self.device_kind) or training_step.validate(
-            candidate, self._training
+        return (
+            compiler_options.validate(candidate, self._training, self.device_kind)
+            or step_trace.validate(candidate)
+            or training_step.validate(candidate, self._training)
         )
