@@ -37,6 +37,7 @@ class StandInTrainer:
 
     def __init__(self, model, optimizer, compile_fn=None, compute_loss_fn=None) -> None:
         self.model, self.optimizer, self.compute_loss_fn = model, optimizer, compute_loss_fn
+        self.compile_fn = compile_fn
         self.traced_under_autocast: bool | None = None
         self.params = dict(model.named_parameters())
         StandInTrainer.made.append(self)
@@ -45,6 +46,8 @@ class StandInTrainer:
         self.traced_under_autocast = torch.is_autocast_enabled("cpu")
 
         def train_step(inputs):
+            if self.compile_fn is not None:  # a graph compiled each step, as the real trainer's program runs
+                self.compile_fn(lambda x: x * 2)(torch.ones(1))
             loss = self.compute_loss_fn(self.model, tuple(inputs), {})
             loss.backward()
             if self.optimizer is not None:
@@ -148,3 +151,25 @@ def test_the_memory_estimate_builds_the_step_untraced(tracer) -> None:
 
     estimate = estimate_step_memory(load_workload(str(TINY)), CpuBackend(), Candidate(TRACED), 2, 16)
     assert estimate.step_bytes and not StandInTrainer.made
+
+
+def test_a_trial_of_the_traced_step_is_measured_and_judged_in_a_worker(tracer, monkeypatch, fast_settings) -> None:
+    """The trial path (runner/jobs.py's run_measure, in process): built traced, timed to what the
+    update wrote, its guardrail errors from the traced program's gradients against fp32 eager."""
+    from tpu_tuner.runner.jobs import WorkerState, run_measure
+    from tpu_tuner.runner.requests import MeasureRequest
+
+    monkeypatch.setattr(CpuBackend, "default_compile_backend", lambda self: "aot_eager")
+    state = WorkerState(str(TINY), "cpu")
+    request = MeasureRequest(
+        candidate={"execution": "aot_eager", "compile_scope": "step"},
+        batch_size=2,
+        seq_len=16,
+        settings=fast_settings,
+        model_flops_per_step=1e6,
+        peak_flops_per_s={"float32": 1e12, "bfloat16": 1e12},
+    )
+    measured = run_measure(state, request)
+    assert measured.step_median > 0 and measured.compiles.get("torch_compile_graphs", 0) >= 1
+    assert any(t.optimizer is None for t in StandInTrainer.made)  # the guardrail's trainer
+    assert measured.accuracy_errors and max(measured.accuracy_errors.values()) < 1e-5
