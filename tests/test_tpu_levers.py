@@ -85,3 +85,38 @@ def test_the_splash_tables_state_the_figures_the_docs_quote() -> None:
     assert "| splash | 13.7 ms | 1.0% | 1.049x (1.009-1.091) |" in gpt
     every_2nd = _levers().table(json.loads((BENCHMARKS / "tpu_levers_335m_v5e_every2nd.json").read_text()))
     assert "| splash, no checkpointing | failed: RuntimeError: failed to compile MLIR module" in every_2nd
+
+
+def test_the_whole_step_and_optimizer_tables_state_the_figures_the_docs_quote() -> None:
+    gpt = _levers().table(json.loads((BENCHMARKS / "tpu_levers_gpt_v5e_whole_step.json").read_text()))
+    assert "| whole step traced | 6.1 ms | 2.3% | 2.307x (2.063-2.581) | 0.26 GiB | 25.1 s |" in gpt
+    decoder = _levers().table(json.loads((BENCHMARKS / "tpu_levers_335m_v5e_optimizer.json").read_text()))
+    assert "| reference | 477.0 ms | 38.5% | 1 (itself) | 15.75 GiB | 46.5 s |" in decoder
+    assert "| optimizer compiled | 637.0 ms | 28.9% | 0.749x (0.723-0.776) | 15.75 GiB | 85.2 s |" in decoder
+
+
+def test_the_deferred_optimizer_runs_each_update_inside_the_devices_defer_and_fuse_mode() -> None:
+    import contextlib
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        settings = benchmark_script(BENCHMARKS / "tpu_lever_settings.py")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    modes: list[str | None] = []
+    inside: list[bool] = []
+
+    @contextlib.contextmanager
+    def eager_mode(mode):
+        modes.append(mode)
+        yield
+
+    def update():
+        inside.append(len(modes) == 1)
+
+    step = SimpleNamespace(optimizer=SimpleNamespace(step=update))
+    settings.defer_optimizer(step, SimpleNamespace(eager_mode=eager_mode))
+    step.optimizer.step()
+    assert modes == ["defer_and_fuse"] and inside == [True]
+    assert settings.SETTINGS["optimizer deferred"].patch is settings.defer_optimizer

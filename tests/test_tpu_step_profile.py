@@ -66,3 +66,35 @@ def test_a_cpu_run_times_and_profiles_the_setting(profiler, tmp_path: Path, caps
     # The top rows are operators, or the optimizer's profiler range (torch.optim names its step so).
     assert 0 < len(found["operators"]) <= 4 and any(op["name"].startswith("aten::") for op in found["operators"])
     assert "reference: step" in capsys.readouterr().out
+
+
+def test_the_host_ranges_say_what_the_host_does_a_step(profiler) -> None:
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name: str, inclusive_us: float, self_us: float, device=DeviceType.CPU):
+        return SimpleNamespace(name=name, device_type=device, cpu_time_total=inclusive_us, self_cpu_time_total=self_us)
+
+    events = [
+        event("Optimizer.step#AdamW.step", 60_000, 1_000),
+        event("Optimizer.step#AdamW.step", 64_000, 1_000),
+        event("aten::_foreach_mul_", 20_000, 20_000),
+        event("Torch-Compiled Region", 10_000, 500),
+        event("xla::program", 400_000, 400_000, device=DeviceType.PrivateUse1),  # the device's: not host time
+    ]
+    rows = profiler.host_ranges(events, steps=2, top=2)
+    assert [row["name"] for row in rows] == ["Optimizer.step#AdamW.step", "aten::_foreach_mul_"]
+    assert rows[0] == {
+        "name": "Optimizer.step#AdamW.step",
+        "calls_per_step": 1.0,
+        "inclusive_ms_per_step": 62.0,
+        "self_ms_per_step": 1.0,
+    }
+    result = {
+        "model": "m",
+        "device": "TPU v5e",
+        "base": {},
+        "settings": {"splash": {"step_s": 0.53, "device_busy_s": 0.37, "operators": [], "host_ranges": rows}},
+    }
+    assert "| Optimizer.step#AdamW.step | 1.0 | 62.00 | 1.00 |" in profiler.table(result)

@@ -6,8 +6,9 @@ each setting named (over --base, as tpu_levers.py builds it), this script times 
 tuner's timer, then runs a few steps under torch.profiler with the device's activities (TorchTPU's
 device tracer is the PrivateUse1 activity; with $TPU_TUNE_XPROF_DIR set it also writes the XPlane
 trace XProf reads) and reports the step's wall time beside the device's busy time (the union of
-the trace's device events: what is not busy is host time the device waits through) and the
-operators that take the most device time (host time on a CPU).
+the trace's device events: what is not busy is host time the device waits through), the
+operators that take the most device time (host time on a CPU), and the host's ranges by
+inclusive time (what the host does meanwhile).
 
     python benchmarks/chip/tpu_step_profile.py --model "hf:llama?num_hidden_layers=16,..." --batch-size 8 \\
         --seq 2048 --base param_dtype=bfloat16 activation_checkpointing=blocks --settings reference splash
@@ -60,7 +61,33 @@ def profile_setting(name: str, args: argparse.Namespace, workload: Any, backend:
         "device_busy_method": busy.method if busy else "no device events in the trace (host time only)",
         "optimizer_share": shares.get("optimizer_step"),
         "operators": [dataclasses.asdict(op) for op in operators],
+        # What the host does while the device waits (the seventh session's 163 ms a step): its
+        # ranges by inclusive time, read from the same trace, so no XPlane file need come back.
+        "host_ranges": host_ranges(events, args.profile_steps, args.top),
     }
+
+
+def host_ranges(events: list[Any], steps: int, top: int) -> list[dict[str, Any]]:
+    """The host's profiler ranges and operators (CPU events) by inclusive time a step, with their
+    own (self) time: the optimizer's range, the compiled regions, the reads, the autograd engine."""
+    from torch.autograd import DeviceType
+
+    found: dict[str, list[float]] = {}
+    for event in events:
+        if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
+            continue
+        calls, inclusive, own = found.setdefault(event.name, [0.0, 0.0, 0.0])
+        found[event.name] = [calls + 1, inclusive + event.cpu_time_total, own + event.self_cpu_time_total]
+    rows = sorted(found.items(), key=lambda item: -item[1][1])[:top]
+    return [
+        {
+            "name": name,
+            "calls_per_step": calls / steps,
+            "inclusive_ms_per_step": inclusive / steps / 1e3,
+            "self_ms_per_step": own / steps / 1e3,
+        }
+        for name, (calls, inclusive, own) in rows
+    ]
 
 
 def allocator_bytes() -> dict[str, int | None]:
@@ -105,6 +132,15 @@ def table(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {name_cell} | {op['calls_per_step']:.1f} | {op['self_ms_per_step']:.2f} | {op['share']:.1%} |"
             )
+        if found.get("host_ranges"):
+            lines += ["", "| host range (CPU) | calls a step | inclusive ms a step | self ms a step |"]
+            lines.append("|---|---:|---:|---:|")
+            for host in found["host_ranges"]:
+                cell = host["name"][:90].replace("|", "/")
+                lines.append(
+                    f"| {cell} | {host['calls_per_step']:.1f} | {host['inclusive_ms_per_step']:.2f} "
+                    f"| {host['self_ms_per_step']:.2f} |"
+                )
     return "\n".join(lines)
 
 
