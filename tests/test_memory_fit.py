@@ -122,15 +122,25 @@ def test_a_step_that_ran_out_of_device_memory_is_fitted_past_what_ran_out(fast_s
     )
     assert once.fitted_to_memory == CHECKPOINTED
     note = next(w for w in once.warnings if w.startswith(FITTED_NOTE))
-    assert "ran out of device memory (RuntimeError: a required argument" in note and note.endswith("settings that ran")
+    assert "1 profile(s) ran out of device memory (the first: RuntimeError: a required argument" in note
+    assert note.endswith("settings that ran")
     twice = tpu_tuner.profile(
         GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,) * 2
     )
     assert twice.fitted_to_memory == {"activation_checkpointing": "blocks", "micro_batches": "2"}
-    with pytest.raises(UserInputError, match="ran out of device memory as given and under 3 of the memory agent's"):
+    with pytest.raises(UserInputError, match=r"ran out of device memory in 4 profile\(s\), as given or under"):
         tpu_tuner.profile(
             GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,) * 4
         )
+
+
+def test_a_step_fitted_by_its_estimate_that_ran_out_takes_the_next_setting(device_just_below_the_step, fast_settings):
+    """The first profile was already fitted (checkpointed blocks, by the estimate) and ran out: the
+    next takes the ladder's next setting, not checkpointed blocks again."""
+    again = tpu_tuner.profile(
+        GPT, device="cpu", batch_size=BATCH, settings=fast_settings, fit_memory=True, ran_out=(DEVICE_LINE,)
+    )
+    assert again.fitted_to_memory == {"activation_checkpointing": "blocks", "micro_batches": "2"}
 
 
 def test_a_tuning_run_profiles_its_baseline_again_after_the_device_ran_out() -> None:

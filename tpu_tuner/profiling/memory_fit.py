@@ -9,10 +9,11 @@ the race and the verification start from it, and the fp32 reference takes its me
 change what the step keeps, not what it computes). JAX programs of this size run with full remat
 for the same reason. `tpu-tune profile` (no `fit`) still refuses with the estimate.
 
-The estimate can be short of what a device holds (a 335M decoder's fp32 step estimated to fit ran
-out of a v5e chip's memory at warm-up: docs/torchtpu.md). A tuning run then profiles again in a
-fresh worker with the failures so far (`ran_out`: the device's line for the step as given, then
-for each setting tried), and the ladder goes on past the settings that ran out.
+The estimate can be short of what a device holds (a 335M decoder's fp32 baseline ran out of a v5e
+chip's memory at warm-up: docs/torchtpu.md). A tuning run then profiles again in a fresh worker
+with the failures so far (`ran_out`, one line a profile that ran out), and each profile takes the
+next step of one sequence, the same in every attempt (the estimates are deterministic): the step
+as given where its estimate fits, then each setting of the ladder whose estimate fits.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def estimate_or_fit(
 ) -> tuple[StepEstimate | None, Fitted | None]:
     """Size the step on the meta device; refuse it (one line, with the estimate) when it cannot fit
     in memory or in the time budget, unless `fit` and a setting of `LADDER` fits (`Fitted`); with
-    `ran_out` (measured failures, the step as given first) the ladder starts past them whatever the
-    estimate says. No estimate where the meta pass is impossible."""
+    `ran_out` (one line a profile that ran out of device memory) the sequence goes on past as many
+    of its steps. No estimate where the meta pass is impossible."""
     batch_size, seq_len = sizes
     estimate = estimate_step(workload, batch_size, seq_len)
     if estimate is None:
@@ -82,13 +83,17 @@ def estimate_or_fit(
         f"{seconds:.3g}" if seconds is not None else "n/a",
     )
     fitted = None
-    too_large = ran_out or estimate.memory_bytes > (available or 0)
-    if fit and workload.is_training and available is not None and too_large:
-        fitted = fit_to_memory(workload, backend, candidate, available, sizes, estimate, ran_out)
+    fits_as_given = available is not None and estimate.memory_bytes <= available
+    if fit and workload.is_training and available is not None and (ran_out or not fits_as_given):
+        # The ladder's settings that fit to pass over: those the earlier profiles ran out under
+        # (the first of them was the step as given where its estimate fits).
+        skip = len(ran_out) - 1 if fits_as_given else len(ran_out)
+        fitted = fit_to_memory(workload, backend, candidate, available, sizes, estimate, ran_out, skip)
         if fitted is None and ran_out:
             raise UserInputError(
-                f"the step ran out of device memory as given and under {len(ran_out) - 1} of the memory "
-                f"agent's settings (the last: {ran_out[-1][:160]}); pass --batch-size to shrink it",
+                f"the step ran out of device memory in {len(ran_out)} profile(s), as given or under the memory "
+                f"agent's settings that fit by estimate (the last: {ran_out[-1][:160]}); "
+                "pass --batch-size to shrink it",
                 workload.source,
             )
         if fitted is None:
@@ -111,27 +116,33 @@ def fit_to_memory(
     sizes: tuple[int | None, int | None],
     estimate: StepEstimate,
     ran_out: tuple[str, ...] = (),
+    skip: int = 0,
 ) -> Fitted | None:
-    """The first setting of `LADDER` (on top of `candidate`, past the `len(ran_out) - 1` that ran
-    out of device memory) whose fake-tensor estimate leaves `HEADROOM` of `available_bytes`; None
-    where none does."""
-    for values in LADDER[max(len(ran_out) - 1, 0) :]:
+    """The first setting of `LADDER` (on top of `candidate`) whose fake-tensor estimate leaves
+    `HEADROOM` of `available_bytes`, past the first `skip` such settings (they ran out of device
+    memory when measured, `ran_out` says how); None where none is left."""
+    for values in LADDER:
         trial = Candidate({**candidate.to_dict(), **values})
         fake = estimate_step_memory(workload, backend, trial, *sizes)
         # The step's own tensors against what is free now (a CPU's heap model and the process's
         # holdings are the measured peak's terms, already out of `available_bytes`).
         log.info("fitting to memory: %s estimated at %s", trial.describe(), fake.step_bytes or fake.reason)
-        if fake.step_bytes is not None and fake.step_bytes <= HEADROOM * available_bytes:
-            needs = (
-                f"more than the device's {binary_bytes(available_bytes)}: it ran out of device memory "
-                f"({ran_out[0][:160]}; estimated at ~{binary_bytes(estimate.memory_bytes)} on the meta device)"
-                if ran_out
-                else f"~{binary_bytes(estimate.memory_bytes)} (meta device), {binary_bytes(available_bytes)} available"
-            )
-            note = (
-                f"{FITTED_NOTE} {needs}: the baseline is {trial.describe()}, "
-                f"estimated at {binary_bytes(fake.step_bytes)} on fake tensors, the first of the "
-                f"memory agent's settings that {'ran' if ran_out else 'fits'}"
-            )
-            return Fitted(trial, dict(values), note, fake)
+        if fake.step_bytes is None or fake.step_bytes > HEADROOM * available_bytes:
+            continue
+        if skip > 0:
+            skip -= 1  # it fits by estimate, and ran out when measured
+            continue
+        needs = (
+            f"more than the device's {binary_bytes(available_bytes)}: {len(ran_out)} profile(s) ran out of "
+            f"device memory (the first: {ran_out[0][:160]}; the step as given estimated at "
+            f"~{binary_bytes(estimate.memory_bytes)} on the meta device)"
+            if ran_out
+            else f"~{binary_bytes(estimate.memory_bytes)} (meta device), {binary_bytes(available_bytes)} available"
+        )
+        note = (
+            f"{FITTED_NOTE} {needs}: the baseline is {trial.describe()}, "
+            f"estimated at {binary_bytes(fake.step_bytes)} on fake tensors, the first of the "
+            f"memory agent's settings that {'ran' if ran_out else 'fits'}"
+        )
+        return Fitted(trial, dict(values), note, fake)
     return None
