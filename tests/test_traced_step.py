@@ -112,6 +112,24 @@ def test_what_the_step_cannot_take_is_refused_by_name(tracer, monkeypatch) -> No
         _step({})
 
 
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda params: torch.optim.AdamW(params, lr=1e-3, amsgrad=True), "has no amsgrad"),
+        (
+            lambda params: torch.optim.AdamW(
+                [{"params": params[:1], "weight_decay": 0.0}, {"params": params[1:]}], lr=1e-3
+            ),
+            "groups differ in weight_decay",
+        ),
+    ],
+)
+def test_adamw_settings_the_devices_adamw_cannot_take_are_refused(tracer, monkeypatch, make, message) -> None:
+    monkeypatch.setattr(Workload, "optimizer_for", lambda self, model: make(list(model.parameters())))
+    with pytest.raises(WorkloadError, match=message):
+        _step({})
+
+
 def test_a_device_without_a_tracer_refuses_it() -> None:
     with pytest.raises(WorkloadError, match="needs a device that traces a whole step .*cpu has none"):
         _step({})

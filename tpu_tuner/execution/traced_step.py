@@ -34,10 +34,7 @@ def trace_whole_step(step: Any, workload: Workload, backend: Backend, candidate:
     """Make `step` run as one traced program: `step.run` the traced step (its loss out), `step.read`
     a read of every parameter the update wrote. Raises WorkloadError for what it cannot trace."""
     tracer = _tracer(workload, backend)
-    if not isinstance(step.optimizer, torch.optim.AdamW):
-        name = type(step.optimizer).__name__
-        raise WorkloadError(f"compile_scope = step takes an AdamW optimizer (the device's own), not {name}")
-    group = step.optimizer.param_groups[0]
+    group = _adamw_group(step.optimizer, workload)
     beta1, beta2 = group["betas"]
     adamw = tracer.AdamW(
         lr=float(group["lr"]),
@@ -67,6 +64,33 @@ def traced_gradients(step: Any, workload: Workload, backend: Backend, candidate:
     with candidate.step(backend):
         traced = trainer.make_compiled_train_step(step.batch)
         return traced(step.batch)
+
+
+# AdamW settings the device's AdamW has no way to take: refused rather than silently dropped.
+_UNTAKEN = ("amsgrad", "maximize")
+_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
+def _adamw_group(optimizer: Any, workload: Workload) -> dict[str, Any]:
+    """The user's one set of AdamW hyperparameters, which the device's AdamW takes for every
+    parameter; WorkloadError naming what it cannot take (another optimizer, groups that differ)."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        name = type(optimizer).__name__
+        raise WorkloadError(
+            f"compile_scope = step takes an AdamW optimizer (the device's own), not {name}", workload.source
+        )
+    groups = optimizer.param_groups
+    for option in _UNTAKEN:
+        if any(group.get(option) for group in groups):
+            raise WorkloadError(f"compile_scope = step: the device's AdamW has no {option}", workload.source)
+    differing = [key for key in _HYPERPARAMETERS if len({repr(group[key]) for group in groups}) > 1]
+    if differing:
+        raise WorkloadError(
+            f"compile_scope = step: the device's AdamW takes one set of hyperparameters, and the parameter "
+            f"groups differ in {', '.join(differing)}",
+            workload.source,
+        )
+    return dict(groups[0])
 
 
 def _tracer(workload: Workload, backend: Backend) -> Any:
