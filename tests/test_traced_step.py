@@ -67,9 +67,11 @@ class StandInAdamW:
 
 @pytest.fixture
 def tracer(monkeypatch):
-    """The CPU backend with the stand-in as its whole-step tracer."""
+    """The CPU backend with the stand-in as its whole-step tracer, compiling with aot_eager (the
+    stand-in's graph is a toy: inductor's first compile in a process would cost the test 10 s)."""
     optimizers = types.SimpleNamespace(AdamW=StandInAdamW, SingleTraceTrainer=StandInTrainer)
     monkeypatch.setattr(CpuBackend, "step_tracer", lambda self: optimizers)
+    monkeypatch.setattr(CpuBackend, "default_compile_backend", lambda self: "aot_eager")
     StandInTrainer.made.clear()
     return optimizers
 
@@ -177,7 +179,6 @@ def test_a_trial_of_the_traced_step_is_measured_and_judged_in_a_worker(tracer, m
     from tpu_tuner.runner.jobs import WorkerState, run_measure
     from tpu_tuner.runner.requests import MeasureRequest
 
-    monkeypatch.setattr(CpuBackend, "default_compile_backend", lambda self: "aot_eager")
     state = WorkerState(str(TINY), "cpu")
     request = MeasureRequest(
         candidate={"execution": "aot_eager", "compile_scope": "step"},
