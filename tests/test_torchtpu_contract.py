@@ -107,6 +107,16 @@ def test_the_tpu_compile_backend_is_registered_and_refuses_a_mode() -> None:
         lookup_backend("tpu")(graph, [torch.ones(2)], options={"num_dynamic_buckets": 9})
 
 
+def test_the_fused_adamw_the_tpu_space_offers_has_a_kernel_for_the_device() -> None:
+    """`optimizer_impl = fused` on TPU (search_spaces/default.toml) runs torch's fused AdamW, which
+    torch-tpu implements for its device: the dispatcher holds a kernel for the device's key."""
+    code = """
+        import torch, torch_tpu
+        print(torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", "PrivateUse1"))
+    """
+    assert _python(code, env={"TPU_SKIP_MDS_QUERY": "1"}) == "True"
+
+
 def test_a_multi_host_slice_s_launch_environment_comes_from_set_tpu_launch_env_with_nnodes() -> None:
     """TorchTPU's own multi-host path, run without a chip: two workers named in
     TPU_WORKER_HOSTNAMES, this one JOB_COMPLETION_INDEX 1 (a JobSet's second pod). The adapter

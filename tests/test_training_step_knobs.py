@@ -206,6 +206,23 @@ def test_the_compile_agent_seeds_and_rejects_the_optimizer_implementation() -> N
     assert agent.validate(Candidate(optimizer_impl="fused")) is None
 
 
+def test_on_tpu_the_fused_adamw_is_offered_and_seeded_and_foreach_is_the_default() -> None:
+    """torch-tpu 0.2.0 implements torch's fused AdamW for its device (docs/knobs.md, "Knobs of the
+    training step"): the TPU space offers it beside the file's own optimizer (foreach there, torch's
+    default on a PrivateUse1 device), and the compile agent seeds it as on CPU."""
+    from tpu_tuner.knobs import registry as knobs
+
+    def choices(name: str) -> list[str]:
+        return SearchSpace.load(name, "tpu").grid()["optimizer_impl"]
+
+    space = SearchSpace.load("default", "tpu")
+    assert choices("default") == ["default", "fused"] and choices("torchtpu") == ["default", "fused"]
+    assert knobs.get("optimizer_impl").applies_to("tpu")
+    (agent,) = load_agents(["compile"], "tpu")
+    heavy = _profile("training step", **{"aten::_foreach_addcdiv_": 0.15, "aten::addmm": 0.85})
+    assert {"optimizer_impl": "fused"} in agent.seeds(heavy, space)
+
+
 def test_the_memory_agent_seeds_micro_batching_only_near_the_memory_limit() -> None:
     from tpu_tuner.tuning.search.memory_limit import MemoryLimit
 

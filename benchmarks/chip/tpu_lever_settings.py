@@ -70,6 +70,7 @@ SETTINGS: dict[str, Setting] = {
     "baseline": Setting(baseline=True, about="the user's code unchanged: eager (Strict), fp32, matmul medium"),
     "optimizer compiled": Setting(patch=compile_optimizer, about="the optimizer's step compiled too (whole step)"),
     "optimizer deferred": Setting(patch=defer_optimizer, about="the optimizer's step under DeferAndFuse eager mode"),
+    "optimizer fused": Setting({"optimizer_impl": "fused"}, about="AdamW(fused=True): torch-tpu's fused AdamW kernel"),
     "bf16 parameters": Setting({"param_dtype": "bfloat16"}, about="parameters and AdamW states in bf16"),
     "loss compiled": Setting({"compile_scope": "model+loss"}, about="the loss compiled with the model"),
     "splash": Setting({"attention_kernel": "splash"}, about="torch.tpu.ops.splash_sdpa, blocks 512"),

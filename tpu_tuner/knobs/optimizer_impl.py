@@ -8,8 +8,8 @@ the optimizer step launches. "default" is the optimizer exactly as the model fil
 
 The knob rebuilds the file's optimizer (``make_optimizer``; tpu-tune's AdamW stand-in where the
 file declares none) with the flag, keeping its parameter groups and hyper-parameters. An optimizer
-of another type has no such flag: the trial fails with a one-line reason. Not offered on
-TorchTPU (why: docs/knobs.md, "Knobs of the training step").
+of another type has no such flag: the trial fails with a one-line reason. On TorchTPU "fused"
+runs torch-tpu 0.2.0's own fused AdamW kernel (docs/knobs.md, "Knobs of the training step").
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class OptimizerImplKnob(Knob, NarrowedByWorkload, TrainingStep):
     default = DEFAULT
     position = 60
     values = (DEFAULT, FORLOOP, FOREACH, FUSED)
-    device_kinds = ("cpu", "cuda")
+    device_kinds = ("cpu", "cuda", "tpu")
     not_applicable = "an inference step has no optimizer"
     described = "{value} optimizer"
 
