@@ -38,3 +38,19 @@ def test_cross_entropy_lowers_without_a_gather() -> None:
     text = jax.jit(lambda x, t: cross_entropy(x, t).mean()).lower(logits, targets).as_text()
     assert "gather" not in text
     assert "gather" in jax.jit(lambda x, t: jnp.take_along_axis(x, t[..., None], -1)).lower(logits, targets).as_text()
+
+
+def test_the_floor_counts_the_head_forward_a_tiled_loss_recomputes() -> None:
+    """With the loss in vocabulary tiles the backward computes each tile's logits again (MaxText's
+    vocab tiling; the planner's `jax.checkpoint` tile): the work the chips do, under the compiler's
+    count, holds one more forward of the head, 2 x vocab x d_model a token."""
+    from dataclasses import replace
+
+    from helpers.tiny_planner import tiny_llama_problem
+
+    plain = tiny_llama_problem()
+    tiled = replace(plain, step=replace(plain.step, vocab_tiling=4))
+    shape, tokens = plain.dims.shape, plain.step.global_batch * plain.step.seq_len
+    for remat in ("full", "minimal"):
+        more = tiled.hardware_flops(remat) - plain.hardware_flops(remat)
+        assert more == 2 * shape.vocab * shape.d_model * tokens

@@ -79,7 +79,8 @@ class PlanProblem:
 
     def hardware_flops(self, remat: str) -> float:
         """The work the chips do, a floor under the compiler's count (predict.py): the model's
-        FLOPs with full attention plus what `remat` recomputes of each block's forward."""
+        FLOPs with full attention plus what `remat` recomputes of each block's forward, and with
+        the loss in vocabulary tiles the head's forward recomputed."""
         shape, policy, seq = self.dims.shape, parse_remat(remat), self.step.seq_len
         spans = self.spans or (AttentionSpan(shape.n_heads, self.dims.head_dim),) * shape.n_layers
         # A local layer's attention recomputes its window's keys per query, not the sequence's.
@@ -97,6 +98,10 @@ class PlanProblem:
             )[1]
             for span in spans
         )
+        if self.step.vocab_tiling > 1:
+            # The loss in tiles keeps no logits: the backward computes each tile's again (MaxText's
+            # vocab tiling and compiler/vocab_tiling.py alike), one more forward of the head.
+            recomputed += 2 * shape.vocab * shape.d_model
         attention = TransformerDims(shape.n_layers, shape.n_heads, self.dims.head_dim, True, self.spans)
         full = _model_flops(self.matmul_parameters, attention, self.dims, self.step.global_batch, seq, "full")
         return full + recomputed * self.step.global_batch * seq
