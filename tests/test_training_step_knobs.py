@@ -206,7 +206,7 @@ def test_the_compile_agent_seeds_and_rejects_the_optimizer_implementation() -> N
     assert agent.validate(Candidate(optimizer_impl="fused")) is None
 
 
-def test_on_tpu_the_fused_adamw_is_offered_and_seeded_and_foreach_is_the_default() -> None:
+def test_on_tpu_the_fused_adamw_is_offered_and_seeded() -> None:
     """torch-tpu 0.2.0 implements torch's fused AdamW for its device (docs/knobs.md, "Knobs of the
     training step"): the TPU space offers it beside the file's own optimizer (foreach there, torch's
     default on a PrivateUse1 device), and the compile agent seeds it as on CPU."""
