@@ -23,6 +23,7 @@ import functools
 import gc
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,23 +126,28 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", f"{name}: step {step * 1e3:.1f} ms, {said}"]
         if found.get("allocator_bytes"):
             lines.append("allocator, allocated / reserved GiB: " + _allocator_words(found["allocator_bytes"]))
-        lines += ["", "| operator | calls a step | ms a step | share |"]
-        lines.append("|---|---:|---:|---:|")
-        for op in found["operators"]:
-            name_cell = op["name"][:90].replace("|", "/")
-            lines.append(
-                f"| {name_cell} | {op['calls_per_step']:.1f} | {op['self_ms_per_step']:.2f} | {op['share']:.1%} |"
-            )
+        lines += _table(
+            "| operator | calls a step | ms a step | share |",
+            found["operators"],
+            lambda op: f"{op['self_ms_per_step']:.2f} | {op['share']:.1%}",
+        )
         if found.get("host_ranges"):
-            lines += ["", "| host range (CPU) | calls a step | inclusive ms a step | self ms a step |"]
-            lines.append("|---|---:|---:|---:|")
-            for host in found["host_ranges"]:
-                cell = host["name"][:90].replace("|", "/")
-                lines.append(
-                    f"| {cell} | {host['calls_per_step']:.1f} | {host['inclusive_ms_per_step']:.2f} "
-                    f"| {host['self_ms_per_step']:.2f} |"
-                )
+            lines += _table(
+                "| host range (CPU) | calls a step | inclusive ms a step | self ms a step |",
+                found["host_ranges"],
+                lambda host: f"{host['inclusive_ms_per_step']:.2f} | {host['self_ms_per_step']:.2f}",
+            )
     return "\n".join(lines)
+
+
+def _table(header: str, rows: list[dict], figures: Callable[[dict], str]) -> list[str]:
+    """A markdown table after a blank line: each row's name (pipes made slashes), its calls a step,
+    then `figures` of it."""
+    lines = ["", header, "|---|---:|---:|---:|"]
+    for row in rows:
+        name = row["name"][:90].replace("|", "/")
+        lines.append(f"| {name} | {row['calls_per_step']:.1f} | {figures(row)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

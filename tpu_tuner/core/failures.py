@@ -96,6 +96,13 @@ def device_out_of_memory_line(output: str) -> str | None:
     return None
 
 
+def with_device_cause(kind: FailureKind, message: str, output: str) -> tuple[FailureKind, str]:
+    """A worker's failure as its device's log tells it: an error whose `output` holds the device's
+    out-of-memory line is that OOM, the line quoted; anything else as it was."""
+    line = device_out_of_memory_line(output) if kind is FailureKind.ERROR else None
+    return (kind, message) if line is None else (FailureKind.OOM, f"{message} (the device: {line[:200]})")
+
+
 def unknown_compile_option(error: str) -> str | None:
     """The option a TPU compile was refused for not having ("No such compile option: 'NAME'"),
     else None: a user's flag, wrong for every program alike."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_tuner.core.failures import FailureKind, device_out_of_memory_line
+from tpu_tuner.core.failures import FailureKind, with_device_cause
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.trial_runner import JobResult, Runner, TrialRunner
@@ -101,9 +101,8 @@ class RankedTrialRunner(TrialRunner):
             failure = rank_account(
                 read_accounts(job_file, range(outcome.ranks)), outcome.failed_rank, outcome.kind
             ) or TrialFailure(outcome.kind or FailureKind.ERROR, outcome.failure or "the ranks failed")
-            device_line = device_out_of_memory_line(self.log.tail(since)) if failure.kind is FailureKind.ERROR else None
-            if device_line is not None:  # a rank's device logged what its Python error did not say
-                failure = TrialFailure(FailureKind.OOM, f"{failure.message} (the device: {device_line[:200]})")
+            # A rank's device may have logged what its Python error did not say (an out-of-memory).
+            failure = TrialFailure(*with_device_cause(failure.kind, failure.message, self.log.tail(since)))
             # The ranks' accounts already quote the telling line; the log has the rest.
             note = self.log.failure_note(quote=False, since=since)
             return JobResult(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-from tpu_tuner.core.failures import FailureKind, describe_end, device_out_of_memory_line
+from tpu_tuner.core.failures import FailureKind, describe_end, with_device_cause
 from tpu_tuner.execution.measurement import TrialFailure
 from tpu_tuner.runner.requests import Request
 from tpu_tuner.runner.worker_log import WorkerLog
@@ -146,9 +146,8 @@ class TrialRunner:
             case Replied(value):
                 return JobResult(value=value, seconds=seconds, start_s=start_s)
             case Raised(kind, message, trace):
-                device_line = device_out_of_memory_line(self.log.tail(since)) if kind is FailureKind.ERROR else None
-                if device_line is not None:  # the device's own log names the cause Python did not
-                    kind, message = FailureKind.OOM, f"{message} (the device: {device_line[:200]})"
+                # The device's own log may name the cause Python did not (an out-of-memory).
+                kind, message = with_device_cause(kind, message, self.log.tail(since))
                 # The report keeps the first line; the traceback goes where the workers' output is.
                 self.log.write(f"tpu-tune: the job failed in the worker ({kind.value}):\n{trace}\n".encode())
                 if kind is FailureKind.OOM:
